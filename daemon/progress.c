@@ -1,0 +1,1 @@
+typedef int tr_placeholder_t;

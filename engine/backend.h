@@ -1,0 +1,143 @@
+/* The device interface every compute backend implements.
+ *
+ * The trainer drives one host thread per device; every kernel below is
+ * called from the thread that owns `dev`, on that device's compute stream,
+ * and takes device pointers of that device.  The CPU backend is the
+ * reference: its devices are plain host memory and its kernels run on the
+ * calling thread (BLAS may use more threads).  A CUDA backend enqueues the
+ * same calls on a stream and only blocks in `sync`.
+ *
+ * Matrices are row-major.  Every function returns 0 or a negative errno-style
+ * code; the backend records a human-readable reason retrievable with
+ * `last_error`.  Nothing here logs or exits.
+ */
+#ifndef TR_BACKEND_H
+#define TR_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tr_backend tr_backend_t;
+typedef struct tr_comm tr_comm_t;
+
+enum tr_act {
+	TR_ACT_RELU,
+	TR_ACT_GELU,      /* exact, erf form */
+	TR_ACT_GELU_TANH, /* tanh approximation */
+	TR_ACT_TANH,
+	TR_ACT_SIGMOID,
+};
+
+/* Hyper-parameters of one optimizer update; the same for every element. */
+struct tr_optim_hp {
+	float lr;
+	float weight_decay;
+	/* sgd */
+	float momentum;
+	float dampening;
+	bool nesterov;
+	/* adam / adamw */
+	float beta1, beta2, eps;
+	bool decoupled; /* adamw: decay the weights, not the gradient */
+	int64_t step;   /* 1-based update count, for bias correction and
+			   for sgd's "first step copies the gradient" rule */
+};
+
+typedef struct tr_backend_i {
+	const char *name;
+	void (*destroy)(tr_backend_t *be);
+	int (*device_count)(tr_backend_t *be);
+	/* Writes a short description ("cpu0", "NVIDIA H200") into buf. */
+	void (*device_name)(tr_backend_t *be, int dev, char *buf, size_t len);
+	const char *(*last_error)(tr_backend_t *be);
+
+	/* Memory.  alloc returns zeroed device memory or NULL. */
+	void *(*alloc)(tr_backend_t *be, int dev, size_t bytes);
+	void (*free)(tr_backend_t *be, int dev, void *ptr);
+	/* Host memory suitable for fast async copies (pinned on CUDA). */
+	void *(*host_alloc)(tr_backend_t *be, size_t bytes);
+	void (*host_free)(tr_backend_t *be, void *ptr);
+	/* Copies; may be asynchronous with respect to the host until `sync`. */
+	int (*to_device)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
+	int (*to_host)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
+	int (*copy)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
+	int (*memset0)(tr_backend_t *be, int dev, void *dst, size_t bytes);
+	/* Waits until everything enqueued on dev has finished. */
+	int (*sync)(tr_backend_t *be, int dev);
+
+	/* C[m,n] = alpha * op(A) op(B) + beta * C; op(A) is m x k. */
+	int (*gemm)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k,
+		    float alpha, const float *a, const float *b, float beta, float *c);
+	/* y[r,c] += bias[c] */
+	int (*add_bias)(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias);
+	/* out[c] = sum_r x[r,c] (overwrites out) */
+	int (*col_sum)(tr_backend_t *be, int dev, int rows, int cols, const float *x, float *out);
+	int (*act_forward)(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y);
+	/* dx = dy * act'(x); y is the forward output (cheaper derivative for tanh/sigmoid). */
+	int (*act_backward)(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x,
+			    const float *y, const float *dy, float *dx);
+	/* Inverted dropout.  Element (r, c) is kept when
+	 * tr_rng_uniform(key, (row0 + r) * cols + c) >= rate; mask receives 0 or
+	 * 1/(1-rate).  row0 is the row's position in the step's global sample
+	 * list, so the mask does not depend on how the step was split. */
+	int (*dropout_forward)(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key,
+			       int64_t row0, const float *x, float *y, float *mask);
+	int (*mul)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
+	/* LayerNorm over the last dim; mean/rstd have `rows` entries. */
+	int (*layernorm_forward)(tr_backend_t *be, int dev, int rows, int cols, float eps, const float *x,
+				 const float *gamma, const float *beta, float *y, float *mean, float *rstd);
+	/* Writes dx and ADDS into dgamma/dbeta. */
+	int (*layernorm_backward)(tr_backend_t *be, int dev, int rows, int cols, const float *x,
+				  const float *gamma, const float *mean, const float *rstd, const float *dy,
+				  float *dx, float *dgamma, float *dbeta);
+	/* Softmax cross-entropy with integer class labels stored as floats.
+	 * dlogits = scale * (softmax - onehot); out[0] += sum of per-sample
+	 * losses (unscaled), out[1] += number of correct argmax predictions.
+	 * A label outside [0, classes) is an error (-EINVAL). */
+	int (*softmax_ce)(tr_backend_t *be, int dev, int rows, int classes, const float *logits,
+			  const float *labels, float scale, float *dlogits, double *out);
+	/* Mean squared error per sample = mean over cols of (p - t)^2.
+	 * dpred = scale * 2 (p - t) / cols; out[0] += sum of per-sample losses. */
+	int (*mse)(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target,
+		   float scale, float *dpred, double *out);
+	int (*scale)(tr_backend_t *be, int dev, size_t n, float *x, float alpha);
+	/* Sum of squares, accumulated in double, written to host *out. */
+	int (*sumsq)(tr_backend_t *be, int dev, size_t n, const float *x, double *out);
+	/* One optimizer update of n parameters.  state1/state2: momentum buffer
+	 * (sgd) or first/second moments (adam); sgd ignores state2. */
+	int (*sgd_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
+			const struct tr_optim_hp *hp);
+	int (*adam_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m,
+			 float *v, const struct tr_optim_hp *hp);
+
+	/* Collectives over a job's devices.  comm_create is called once by the
+	 * job; every rank then calls allreduce_sum from its own thread with its
+	 * own buffer.  The sum is taken in rank order, so results are
+	 * deterministic for a given device count.  comm_abort wakes every
+	 * waiting rank with -ECANCELED. */
+	tr_comm_t *(*comm_create)(tr_backend_t *be, int ndev, const int *devs);
+	int (*allreduce_sum)(tr_comm_t *comm, int rank, float *buf, size_t n);
+	void (*comm_abort)(tr_comm_t *comm);
+	void (*comm_destroy)(tr_comm_t *comm);
+} tr_backend_i;
+
+struct tr_backend {
+	const tr_backend_i *i;
+};
+
+/* Creates the CPU backend with `devices` devices (1..64).  `blas_threads`
+ * is the total BLAS thread budget (0 = all cores).  NULL on bad input. */
+tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
+
+/* Creates the CUDA backend; NULL with a reason in err when no usable GPU. */
+tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen);
+bool tr_cuda_available(void);
+
+static inline void tr_backend_destroy(tr_backend_t *be)
+{
+	if (be)
+		be->i->destroy(be);
+}
+
+#endif

@@ -1,0 +1,166 @@
+/* The job spec: parsing, validation and the normalized form.
+ *
+ * A spec arrives as JSON (DESIGN.md §5).  tr_spec_parse checks every field
+ * and, on the first problem, fills a tr_spec_error with the JSON pointer of
+ * the offending value and a message ("/optimizer/lr: must be > 0").  Unknown
+ * keys are errors.  The parsed struct owns all its strings; free it with
+ * tr_spec_finish.  Paths are stored as written; resolving them against data
+ * roots is the caller's job (tr_spec_resolve_paths).
+ */
+#ifndef TR_SPEC_H
+#define TR_SPEC_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define TR_SPEC_MAX_LAYERS 64
+#define TR_SPEC_MAX_TRANSFORMS 16
+#define TR_SPEC_MAX_MONITORS 32
+#define TR_SPEC_MAX_DEVICES 64
+#define TR_SPEC_MAX_LABEL_COLS 64
+
+struct tr_spec_error {
+	char pointer[256]; /* JSON pointer, "" for the document itself */
+	char message[512]; /* full text, starts with the pointer */
+};
+
+enum tr_layer_type {
+	TR_LAYER_DENSE,
+	TR_LAYER_RELU,
+	TR_LAYER_GELU,
+	TR_LAYER_TANH,
+	TR_LAYER_SIGMOID,
+	TR_LAYER_DROPOUT,
+	TR_LAYER_LAYERNORM,
+};
+
+struct tr_layer_spec {
+	enum tr_layer_type type;
+	int units;         /* dense */
+	bool bias;         /* dense, default true */
+	bool gelu_tanh;    /* gelu "approximate": "tanh" */
+	float rate;        /* dropout, [0, 1) */
+	float eps;         /* layernorm, default 1e-5 */
+};
+
+enum tr_loss { TR_LOSS_SOFTMAX_CE, TR_LOSS_MSE };
+
+enum tr_data_format { TR_DATA_CSV, TR_DATA_NPY, TR_DATA_IDX, TR_DATA_SYNTHETIC };
+
+enum tr_synth_task { TR_SYNTH_CLASSIFICATION, TR_SYNTH_REGRESSION };
+
+/* One data source ("train" or "validation"). */
+struct tr_source_spec {
+	bool present;
+	enum tr_data_format format;
+	/* csv */
+	char *path;
+	int label_cols[TR_SPEC_MAX_LABEL_COLS]; /* as written; negative from the end */
+	int n_label_cols;                       /* default 1 column: -1 */
+	bool header;                            /* csv: skip first line */
+	/* npy */
+	char *x_path, *y_path;
+	/* idx */
+	char *images_path, *labels_path;
+	/* synthetic */
+	enum tr_synth_task task;
+	int64_t samples;
+	int features;
+	int classes;       /* classification */
+	int outputs;       /* regression, default 1 */
+	float noise;       /* default 0.1 */
+	int64_t load_cost_us; /* default 0 */
+	uint64_t data_seed;   /* "seed" inside the source; default = job seed */
+};
+
+enum tr_transform_type { TR_TF_SCALE, TR_TF_STANDARDIZE, TR_TF_GAUSSIAN_NOISE };
+
+struct tr_transform_spec {
+	enum tr_transform_type type;
+	float factor; /* scale */
+	float std;    /* gaussian_noise */
+};
+
+enum tr_last_batch { TR_LAST_PARTIAL, TR_LAST_DROP, TR_LAST_PAD, TR_LAST_ROLLOVER };
+
+enum tr_optim_type { TR_OPT_SGD, TR_OPT_ADAM, TR_OPT_ADAMW };
+
+enum tr_sched_type { TR_SCHED_CONSTANT, TR_SCHED_STEP, TR_SCHED_COSINE, TR_SCHED_LINEAR };
+
+enum tr_backend_choice { TR_BACKEND_AUTO, TR_BACKEND_CPU, TR_BACKEND_CUDA };
+
+struct tr_monitor_spec {
+	char name[64]; /* grad_norm, weight_norm, device_step_ms */
+	int every_steps;
+};
+
+struct tr_spec {
+	char *name;
+	uint64_t seed; /* default 0 */
+	/* model */
+	int inputs;
+	struct tr_layer_spec layers[TR_SPEC_MAX_LAYERS];
+	int n_layers;
+	enum tr_loss loss;
+	/* data */
+	struct tr_source_spec train, validation;
+	float validation_split; /* 0 = none; in (0, 1) */
+	bool shuffle;           /* default true */
+	enum tr_last_batch last_batch;
+	struct tr_transform_spec transforms[TR_SPEC_MAX_TRANSFORMS];
+	int n_transforms;
+	/* training */
+	int batch_size;
+	int epochs;        /* 0 = not given */
+	int64_t max_steps; /* 0 = not given; at least one of the two is set */
+	struct {
+		enum tr_optim_type type;
+		float lr;
+		float momentum, dampening; /* sgd */
+		bool nesterov;
+		float weight_decay; /* default 0, adamw 0.01 as torch */
+		float beta1, beta2, eps; /* default 0.9, 0.999, 1e-8 */
+	} optimizer;
+	struct {
+		enum tr_sched_type type;
+		int64_t warmup_steps;  /* linear warmup from 0, all types */
+		int64_t step_size;     /* step: decay every step_size steps */
+		float gamma;           /* step: factor, default 0.1 */
+		float min_lr;          /* cosine/linear: final lr, default 0 */
+	} schedule;
+	float clip_grad_norm; /* 0 = off */
+	/* devices */
+	int device_count;                  /* 0 = "all" */
+	int device_ids[TR_SPEC_MAX_DEVICES];
+	int n_device_ids;                  /* > 0 when a list was given */
+	enum tr_backend_choice backend;
+	bool tf32;                         /* "precision": "tf32" */
+	int prefetch_workers; /* default 2 */
+	int prefetch_depth;   /* default 4 */
+	int log_every_steps;  /* default 1 */
+	int eval_every_epochs; /* default 1 */
+	int checkpoint_every_steps; /* 0 = off */
+	int checkpoint_every_seconds;
+	int checkpoint_keep; /* default 3 */
+	struct tr_monitor_spec monitors[TR_SPEC_MAX_MONITORS];
+	int n_monitors;
+	char *init_from; /* safetensors path or NULL */
+};
+
+/* Parses and validates `doc` (borrowed).  Returns 0, or -EINVAL with *err
+ * filled.  On success *spec must be released with tr_spec_finish. */
+int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_spec_error *err);
+
+/* Convenience: parse from text; JSON syntax errors name line and column. */
+int tr_spec_parse_text(const char *text, struct tr_spec *spec, struct tr_spec_error *err);
+
+void tr_spec_finish(struct tr_spec *spec);
+
+/* Returns a new reference: the spec with every default filled in. */
+json_t *tr_spec_to_json(const struct tr_spec *spec);
+
+/* Output width of the model (units of the last dense layer). */
+int tr_spec_output_dim(const struct tr_spec *spec);
+
+#endif
