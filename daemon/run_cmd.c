@@ -1,1 +1,307 @@
-typedef int tr_placeholder_t;
+/* `trainerd run JOB.json`: one job in the foreground, no daemon.
+ *
+ * Writes DIR/model.safetensors, DIR/metrics.jsonl and DIR/summary.json
+ * (DESIGN.md §7).  Ctrl-C asks the trainer to stop after the current step,
+ * so the outputs are still written; a second Ctrl-C kills the process.
+ * Exit status: 0 completed (or stopped by Ctrl-C), 1 the job failed,
+ * 2 bad command line or spec.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/cli.h"
+#include "engine/backend.h"
+#include "engine/spec.h"
+#include "engine/trainer.h"
+
+struct run_ctx {
+	FILE *metrics;
+	struct tr_progress_display progress;
+	int quiet;
+	int metrics_failed;
+};
+
+static tr_trainer_t *volatile running_trainer;
+
+static void on_sigint(int sig)
+{
+	(void)sig;
+	tr_trainer_t *t = running_trainer;
+	if (t)
+		tr_trainer_stop(t); /* only sets an atomic flag */
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+}
+
+static void on_metric(void *ctx, const struct tr_metric_point *p)
+{
+	struct run_ctx *rc = ctx;
+	if (!rc->metrics)
+		return;
+	/* %.9g keeps floats exact enough to compare runs. */
+	if (fprintf(rc->metrics, "{\"step\":%lld,\"epoch\":%lld,\"name\":\"%s\",\"value\":%.9g}\n",
+		    (long long)p->step, (long long)p->epoch, p->name, isfinite(p->value) ? p->value : 0.0) < 0)
+		rc->metrics_failed = 1;
+}
+
+static void on_progress(void *ctx, const struct tr_progress *p)
+{
+	struct run_ctx *rc = ctx;
+	if (!rc->quiet)
+		tr_progress_update(&rc->progress, p);
+}
+
+static void on_log(void *ctx, enum tr_log_level lvl, const char *msg)
+{
+	struct run_ctx *rc = ctx;
+	if (rc->quiet && lvl > TR_LOG_WARNING)
+		return;
+	tr_progress_finish(&rc->progress);
+	rc->progress.printed_bar = 0;
+	fprintf(stderr, "trainerd: %s\n", msg);
+}
+
+static int mkdir_p(const char *path)
+{
+	char buf[PATH_MAX];
+	snprintf(buf, sizeof buf, "%s", path);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p == '/') {
+			*p = 0;
+			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+				return -errno;
+			*p = '/';
+		}
+	}
+	if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+static int write_summary(const char *path, const struct tr_summary *s, int ndev, int workers, const char *state,
+			 const char *error)
+{
+	json_t *j = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i, s:i, s:s}", "steps", (json_int_t)s->steps,
+			      "epochs", (json_int_t)s->epochs, "samples", (json_int_t)s->samples, "final_loss",
+			      s->final_loss, "wall_s", s->wall_s, "samples_per_sec", s->samples_per_sec,
+			      "data_wait_fraction", s->data_wait_fraction, "devices", ndev, "workers", workers,
+			      "state", state);
+	if (!j)
+		return -ENOMEM;
+	json_object_set_new(j, "val_loss", isfinite(s->val_loss) ? json_real(s->val_loss) : json_null());
+	json_object_set_new(j, "val_accuracy", isfinite(s->val_accuracy) ? json_real(s->val_accuracy) : json_null());
+	json_object_set_new(j, "error", error ? json_string(error) : json_null());
+	int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	json_decref(j);
+	return rc == 0 ? 0 : -EIO;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: trainerd run JOB.json [--devices N] [--backend cpu|cuda] [--workers W] [--out DIR] "
+			"[--quiet]\n");
+}
+
+static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *out)
+{
+	char *end;
+	long n = v ? strtol(v, &end, 10) : 0;
+	if (!v || *end || n < lo || n > hi) {
+		fprintf(stderr, "trainerd run: %s needs an integer in [%d, %d], got '%s'\n", flag, lo, hi,
+			v ? v : "");
+		return -1;
+	}
+	*out = (int)n;
+	return 0;
+}
+
+int tr_cmd_run(int argc, char **argv)
+{
+	const char *job = NULL, *out_dir = NULL, *backend_name = NULL;
+	int devices = 0, workers = 0, quiet = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--devices") == 0) {
+			if (parse_int_arg(a, v, 1, 64, &devices) < 0)
+				return 2;
+			i++;
+		} else if (strcmp(a, "--workers") == 0) {
+			if (parse_int_arg(a, v, 1, 64, &workers) < 0)
+				return 2;
+			i++;
+		} else if (strcmp(a, "--out") == 0 && v) {
+			out_dir = v;
+			i++;
+		} else if (strcmp(a, "--backend") == 0 && v) {
+			backend_name = v;
+			i++;
+		} else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
+			quiet = 1;
+		} else if (a[0] == '-' || job) {
+			fprintf(stderr, "trainerd run: unexpected argument '%s'\n", a);
+			usage();
+			return 2;
+		} else {
+			job = a;
+		}
+	}
+	if (!job) {
+		usage();
+		return 2;
+	}
+
+	json_error_t jerr;
+	json_t *doc = json_load_file(job, 0, &jerr);
+	if (!doc) {
+		fprintf(stderr, "trainerd run: %s:%d:%d: %s\n", job, jerr.line, jerr.column, jerr.text);
+		return 2;
+	}
+	struct tr_spec spec;
+	struct tr_spec_error serr;
+	int rc = tr_spec_parse(doc, &spec, &serr);
+	json_decref(doc);
+	if (rc < 0) {
+		fprintf(stderr, "trainerd run: %s: %s\n", job, serr.message);
+		return 2;
+	}
+	if (backend_name) {
+		if (strcmp(backend_name, "cpu") == 0)
+			spec.backend = TR_BACKEND_CPU;
+		else if (strcmp(backend_name, "cuda") == 0)
+			spec.backend = TR_BACKEND_CUDA;
+		else {
+			fprintf(stderr, "trainerd run: --backend must be cpu or cuda, got '%s'\n", backend_name);
+			tr_spec_finish(&spec);
+			return 2;
+		}
+	}
+
+	char errbuf[1024] = "";
+	tr_backend_t *be = NULL;
+	if (spec.backend != TR_BACKEND_CPU) {
+		be = tr_cuda_backend_create(errbuf, sizeof errbuf);
+		if (!be && spec.backend == TR_BACKEND_CUDA) {
+			fprintf(stderr, "trainerd run: /backend: cuda requested but unavailable: %s\n", errbuf);
+			tr_spec_finish(&spec);
+			return 2;
+		}
+		if (!be && !quiet)
+			fprintf(stderr, "trainerd: no usable GPU (%s); using CPU devices\n", errbuf);
+	}
+	if (!be) {
+		int n = devices;
+		if (n == 0)
+			n = spec.n_device_ids > 0 ? 0 : spec.device_count;
+		if (spec.n_device_ids > 0 && devices == 0)
+			for (int i = 0; i < spec.n_device_ids; i++)
+				if (spec.device_ids[i] + 1 > n)
+					n = spec.device_ids[i] + 1;
+		if (n == 0) {
+			long cores = sysconf(_SC_NPROCESSORS_ONLN);
+			n = cores > 0 ? (int)cores : 1;
+		}
+		be = tr_cpu_backend_create(n, 0);
+		if (!be) {
+			fprintf(stderr, "trainerd run: cannot create %d CPU devices\n", n);
+			tr_spec_finish(&spec);
+			return 1;
+		}
+	}
+
+	char out_buf[PATH_MAX];
+	if (!out_dir) {
+		snprintf(out_buf, sizeof out_buf, "out/%s", spec.name ? spec.name : "job");
+		out_dir = out_buf;
+	}
+	if ((rc = mkdir_p(out_dir)) < 0) {
+		fprintf(stderr, "trainerd run: --out %s: %s\n", out_dir, strerror(-rc));
+		tr_backend_destroy(be);
+		tr_spec_finish(&spec);
+		return 2;
+	}
+	char path[PATH_MAX + 64];
+	struct run_ctx ctx = {.quiet = quiet};
+	tr_progress_init(&ctx.progress, stderr);
+	snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+	ctx.metrics = fopen(path, "w");
+	if (!ctx.metrics) {
+		fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(errno));
+		tr_backend_destroy(be);
+		tr_spec_finish(&spec);
+		return 2;
+	}
+
+	struct tr_trainer_options opt = {
+		.spec = &spec,
+		.backend = be,
+		.devices = devices,
+		.workers = workers,
+		.base_dir = NULL,
+		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .ctx = &ctx},
+	};
+	tr_trainer_t *t = NULL;
+	int exit_code = 0;
+	rc = tr_trainer_create(&opt, &t, errbuf, sizeof errbuf);
+	if (rc < 0) {
+		fprintf(stderr, "trainerd run: %s: %s\n", job, errbuf);
+		exit_code = rc == -EINVAL ? 2 : 1;
+		goto out;
+	}
+	running_trainer = t;
+	signal(SIGINT, on_sigint);
+	signal(SIGTERM, on_sigint);
+	rc = tr_trainer_run(t, errbuf, sizeof errbuf);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	running_trainer = NULL;
+	tr_progress_finish(&ctx.progress);
+
+	struct tr_summary sum;
+	tr_trainer_summary(t, &sum);
+	const char *state = rc < 0 ? "failed" : sum.stopped ? "stopped" : "completed";
+	snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+	char werr[1024];
+	if (tr_trainer_save_weights(t, path, werr, sizeof werr) < 0) {
+		fprintf(stderr, "trainerd run: %s\n", werr);
+		exit_code = 1;
+	}
+	snprintf(path, sizeof path, "%s/summary.json", out_dir);
+	if (write_summary(path, &sum, tr_trainer_device_count(t), workers ? workers : spec.prefetch_workers, state,
+			  rc < 0 ? errbuf : NULL) < 0) {
+		fprintf(stderr, "trainerd run: cannot write %s\n", path);
+		exit_code = 1;
+	}
+	if (rc < 0) {
+		fprintf(stderr, "trainerd run: failed: %s\n", errbuf);
+		exit_code = 1;
+	} else if (!quiet) {
+		fprintf(stderr, "trainerd: %s after %lld steps (%lld samples) in %.2f s: loss %.6f", state,
+			(long long)sum.steps, (long long)sum.samples, sum.wall_s, sum.final_loss);
+		if (isfinite(sum.val_loss))
+			fprintf(stderr, ", val_loss %.6f", sum.val_loss);
+		if (isfinite(sum.val_accuracy))
+			fprintf(stderr, ", val_accuracy %.4f", sum.val_accuracy);
+		fprintf(stderr, "; %.0f samples/s, data wait %.1f%%; outputs in %s/\n", sum.samples_per_sec,
+			sum.data_wait_fraction * 100, out_dir);
+	}
+out:
+	if (ctx.metrics && fclose(ctx.metrics) != 0)
+		ctx.metrics_failed = 1;
+	if (ctx.metrics_failed) {
+		fprintf(stderr, "trainerd run: writing %s/metrics.jsonl failed\n", out_dir);
+		exit_code = exit_code ? exit_code : 1;
+	}
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+	return exit_code;
+}

@@ -1,2 +1,780 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* The data-parallel step loop (see trainer.h).
+ *
+ * Step protocol: the coordinator (rank 0's thread) takes the batch, bumps a
+ * generation counter that releases ranks 1..D-1, runs rank 0's share itself,
+ * then waits for the others.  The allreduce inside the step is the only
+ * point where ranks wait on each other; an error on any rank aborts the
+ * communicator so no rank can block forever.  Control flags (stop, cancel)
+ * are read between steps; cancel additionally wakes the prefetch ring and
+ * the communicator.
+ */
+#include "engine/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/data/plan.h"
+#include "engine/data/prefetch.h"
+#include "engine/optim/optimizer.h"
+#include "engine/optim/schedule.h"
+#include "engine/safetensors.h"
+
+#define ERRLEN 512
+
+struct rank_ctx {
+	struct tr_trainer *t;
+	int rank;
+	tr_replica_t rep;
+	pthread_t thread;
+	bool started;
+	double loss[2];   /* this step: loss sum, correct count */
+	double step_ms;
+	double grad_sumsq;
+	int rc;
+	char err[ERRLEN];
+};
+
+struct tr_trainer {
+	struct tr_trainer_options opt;
+	const struct tr_spec *spec;
+	tr_backend_t *be;
+	int ndev;
+	int devs[TR_SPEC_MAX_DEVICES];
+	tr_model_t model;
+	struct tr_plan plan;
+	tr_reader_t *train, *val;          /* in use */
+	tr_reader_t *own_train, *own_val;  /* opened here, freed here */
+	tr_reader_t *val_base;             /* owned base of a validation split slice */
+	tr_transforms_t *transforms;
+	tr_comm_t *comm;
+	struct rank_ctx ranks[TR_SPEC_MAX_DEVICES];
+	int opt_buffers;
+
+	/* step dispatch */
+	pthread_mutex_t lock;
+	pthread_cond_t go, done;
+	int64_t gen;
+	int finished_ranks;
+	bool quit;
+	const struct tr_batch *batch;
+	int64_t step; /* 0-based index of the step being run */
+	float lr;
+	bool want_grad_norm;
+
+	atomic_bool stop_requested, cancel_requested;
+	tr_prefetch_t *prefetch;
+
+	struct tr_summary summary;
+	double wait_total_ms;
+};
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void logf_(struct tr_trainer *t, enum tr_log_level lvl, const char *fmt, ...)
+{
+	if (!t->opt.hooks.log)
+		return;
+	char buf[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	t->opt.hooks.log(t->opt.hooks.ctx, lvl, buf);
+}
+
+static void emit(struct tr_trainer *t, const char *name, int64_t step, int64_t epoch, double value)
+{
+	if (!t->opt.hooks.metric)
+		return;
+	struct tr_metric_point p = {.name = name, .step = step, .epoch = epoch, .wall = wall_s(), .value = value};
+	t->opt.hooks.metric(t->opt.hooks.ctx, &p);
+}
+
+/* ---- data -------------------------------------------------------------- */
+
+static int open_data(struct tr_trainer *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	int rc;
+	if (t->opt.train_reader) {
+		t->train = t->opt.train_reader;
+	} else {
+		rc = tr_reader_open(&s->train, s->seed, t->opt.base_dir, &t->own_train, err, errlen);
+		if (rc < 0)
+			return rc;
+		t->train = t->own_train;
+	}
+	if (t->opt.val_reader) {
+		t->val = t->opt.val_reader;
+	} else if (s->validation.present) {
+		rc = tr_reader_open(&s->validation, s->seed, t->opt.base_dir, &t->own_val, err, errlen);
+		if (rc < 0)
+			return rc;
+		t->val = t->own_val;
+	} else if (s->validation_split > 0.0f) {
+		/* The last fraction of the file, in file order, as Keras does:
+		 * predictable and independent of the seed. */
+		int64_t n = t->train->info.samples;
+		int64_t nval = (int64_t)floor((double)n * s->validation_split);
+		if (nval < 1 || nval >= n) {
+			snprintf(err, errlen, "/data/validation_split: %g of %lld samples leaves an empty %s set",
+				 s->validation_split, (long long)n, nval < 1 ? "validation" : "training");
+			return -EINVAL;
+		}
+		tr_reader_t *base = t->train;
+		t->train = tr_reader_slice(base, 0, n - nval);
+		t->val = tr_reader_slice(base, n - nval, n);
+		/* The slices borrow the base: keep it until they are gone, and free
+		 * it only when it was opened here. */
+		if (t->own_train == base)
+			t->val_base = base;
+		t->own_train = t->train;
+		t->own_val = t->val;
+		if (!t->train || !t->val) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+	}
+	if (t->val && (t->val->info.features != t->train->info.features ||
+		       t->val->info.label_dim != t->train->info.label_dim)) {
+		snprintf(err, errlen,
+			 "/data/validation: %d features and %d label columns, the training data has %d and %d",
+			 t->val->info.features, t->val->info.label_dim, t->train->info.features,
+			 t->train->info.label_dim);
+		return -EINVAL;
+	}
+	return tr_transforms_create(s, t->train, &t->transforms, err, errlen);
+}
+
+/* ---- model ------------------------------------------------------------- */
+
+static int check_model_against_data(struct tr_trainer *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	const struct tr_reader_info *info = &t->train->info;
+	if (s->inputs > 0 && s->inputs != info->features) {
+		snprintf(err, errlen, "/model/inputs: %d does not match the %d features of %s", s->inputs,
+			 info->features, t->train->name);
+		return -EINVAL;
+	}
+	int out = tr_spec_output_dim(s);
+	if (s->loss == TR_LOSS_SOFTMAX_CE && info->label_dim != 1) {
+		snprintf(err, errlen,
+			 "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
+			 t->train->name, info->label_dim);
+		return -EINVAL;
+	}
+	if (s->loss == TR_LOSS_SOFTMAX_CE && out < 2) {
+		snprintf(err, errlen, "/model/layers: softmax_cross_entropy needs at least 2 outputs, the model has %d",
+			 out);
+		return -EINVAL;
+	}
+	if (s->loss == TR_LOSS_MSE && out != info->label_dim) {
+		snprintf(err, errlen, "/model/layers: mse needs %d outputs to match the label columns of %s, the "
+				      "model has %d",
+			 info->label_dim, t->train->name, out);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen)
+{
+	char path[4096];
+	const char *p = t->spec->init_from;
+	if (p[0] != '/' && t->opt.base_dir)
+		snprintf(path, sizeof path, "%s/%s", t->opt.base_dir, p);
+	else
+		snprintf(path, sizeof path, "%s", p);
+	tr_st_file_t *f;
+	int rc = tr_st_open(path, &f, err, errlen);
+	if (rc < 0)
+		return rc;
+	int n = tr_model_param_count(&t->model);
+	for (int i = 0; i < n && rc == 0; i++) {
+		struct tr_param_view v;
+		tr_model_param_view(&t->model, i, &v);
+		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err, errlen);
+	}
+	if (rc == 0 && tr_st_count(f) != n) {
+		snprintf(err, errlen, "/init/from: %s has %d tensors, the model has %d", path, tr_st_count(f), n);
+		rc = -EINVAL;
+	}
+	tr_st_close(f);
+	return rc;
+}
+
+/* ---- one step on one rank --------------------------------------------- */
+
+static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
+{
+	double t0 = mono_s();
+	tr_replica_t *r = &rc->rep;
+	tr_backend_t *be = t->be;
+	const struct tr_batch *b = t->batch;
+	const int F = t->model.inputs, L = r->label_dim;
+	size_t np = t->model.n_params;
+	int off, len, ret;
+	tr_plan_share(b->count, t->ndev, rc->rank, &off, &len);
+	rc->loss[0] = rc->loss[1] = 0.0;
+
+	/* Cleared every step, never reused: an idle rank's contribution to the
+	 * allreduce is exactly zero (the stale-gradient bug this exists for). */
+	if ((ret = be->i->memset0(be, r->dev, r->grads, np * sizeof(float))) < 0)
+		goto fail;
+	if (len > 0) {
+		if ((ret = be->i->to_device(be, r->dev, r->input, b->x + (size_t)off * F,
+					    (size_t)len * F * sizeof(float))) < 0 ||
+		    (ret = be->i->to_device(be, r->dev, r->labels, b->y + (size_t)off * L,
+					    (size_t)len * L * sizeof(float))) < 0 ||
+		    (ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
+		    (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
+		    (ret = tr_replica_backward(r, len)) < 0)
+			goto fail;
+	}
+	if (t->ndev > 1 && (ret = be->i->allreduce_sum(t->comm, rc->rank, r->grads, np)) < 0)
+		goto fail;
+
+	float clip = t->spec->clip_grad_norm;
+	rc->grad_sumsq = 0.0;
+	if (clip > 0.0f || t->want_grad_norm) {
+		if ((ret = be->i->sumsq(be, r->dev, np, r->grads, &rc->grad_sumsq)) < 0)
+			goto fail;
+	}
+	if (clip > 0.0f) {
+		/* torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped at 1 */
+		double coef = clip / (sqrt(rc->grad_sumsq) + 1e-6);
+		if (coef < 1.0 && (ret = be->i->scale(be, r->dev, np, r->grads, (float)coef)) < 0)
+			goto fail;
+	}
+	struct tr_optim_hp hp = tr_optim_hp_from_spec(t->spec, t->lr, t->step + 1);
+	if ((ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, np, r->params, r->grads, r->state1, r->state2,
+				  &hp)) < 0)
+		goto fail;
+	if (t->opt.debug_poison_grads) {
+		float *garbage = malloc(np * sizeof(float));
+		if (garbage) {
+			for (size_t i = 0; i < np; i++)
+				garbage[i] = 1e3f + (float)(i % 7);
+			be->i->to_device(be, r->dev, r->grads, garbage, np * sizeof(float));
+			be->i->sync(be, r->dev);
+			free(garbage);
+		}
+	}
+	if ((ret = be->i->sync(be, r->dev)) < 0)
+		goto fail;
+	rc->step_ms = (mono_s() - t0) * 1e3;
+	return 0;
+fail:
+	snprintf(rc->err, sizeof rc->err, "device %d (rank %d), step %lld: %s", r->dev, rc->rank,
+		 (long long)t->step + 1, ret == -ECANCELED ? "cancelled" : be->i->last_error(be));
+	if (t->comm)
+		be->i->comm_abort(t->comm);
+	return ret;
+}
+
+static void *rank_main(void *arg)
+{
+	struct rank_ctx *rc = arg;
+	struct tr_trainer *t = rc->t;
+	int64_t seen = 0;
+	for (;;) {
+		pthread_mutex_lock(&t->lock);
+		while (t->gen == seen && !t->quit)
+			pthread_cond_wait(&t->go, &t->lock);
+		if (t->quit) {
+			pthread_mutex_unlock(&t->lock);
+			break;
+		}
+		seen = t->gen;
+		pthread_mutex_unlock(&t->lock);
+
+		rc->rc = rank_step(t, rc);
+
+		pthread_mutex_lock(&t->lock);
+		t->finished_ranks++;
+		pthread_cond_signal(&t->done);
+		pthread_mutex_unlock(&t->lock);
+	}
+	return NULL;
+}
+
+/* ---- create / destroy ------------------------------------------------- */
+
+int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, char *err, size_t errlen)
+{
+	const struct tr_spec *s = opt->spec;
+	tr_backend_t *be = opt->backend;
+	struct tr_trainer *t = calloc(1, sizeof *t);
+	if (!t) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	t->opt = *opt;
+	t->spec = s;
+	t->be = be;
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->go, NULL);
+	pthread_cond_init(&t->done, NULL);
+	t->summary.val_loss = t->summary.val_accuracy = NAN;
+	int rc;
+
+	int avail = be->i->device_count(be);
+	if (s->n_device_ids > 0 && opt->devices == 0) {
+		t->ndev = s->n_device_ids;
+		for (int i = 0; i < t->ndev; i++) {
+			if (s->device_ids[i] >= avail) {
+				snprintf(err, errlen, "/devices/%d: device %d does not exist (%d available)", i,
+					 s->device_ids[i], avail);
+				rc = -EINVAL;
+				goto fail;
+			}
+			t->devs[i] = s->device_ids[i];
+		}
+	} else {
+		t->ndev = opt->devices > 0 ? opt->devices : (s->device_count > 0 ? s->device_count : avail);
+		if (t->ndev > avail) {
+			snprintf(err, errlen, "/devices: %d requested, %d available on backend %s", t->ndev, avail,
+				 be->i->name);
+			rc = -EINVAL;
+			goto fail;
+		}
+		for (int i = 0; i < t->ndev; i++)
+			t->devs[i] = i;
+	}
+
+	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0)
+		goto fail;
+	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
+		goto fail;
+	if ((rc = tr_plan_init(&t->plan, t->train->info.samples, s->batch_size, s->last_batch, s->shuffle, s->seed,
+			       s->epochs, s->max_steps, err, errlen)) < 0)
+		goto fail;
+
+	float *host = malloc(t->model.n_params * sizeof(float));
+	if (!host) {
+		snprintf(err, errlen, "out of memory for %zu parameters", t->model.n_params);
+		rc = -ENOMEM;
+		goto fail;
+	}
+	tr_model_init_params(&t->model, host);
+	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
+		free(host);
+		goto fail;
+	}
+	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
+	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
+	for (int i = 0; i < t->ndev; i++) {
+		struct rank_ctx *r = &t->ranks[i];
+		r->t = t;
+		r->rank = i;
+		rc = tr_replica_init(&r->rep, &t->model, be, t->devs[i], max_rows, t->train->info.label_dim,
+				     t->opt_buffers, err, errlen);
+		if (rc == 0)
+			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
+		if (rc == 0)
+			rc = be->i->sync(be, t->devs[i]);
+		if (rc < 0) {
+			free(host);
+			goto fail;
+		}
+	}
+	free(host);
+	if (t->ndev > 1) {
+		t->comm = be->i->comm_create(be, t->ndev, t->devs);
+		if (!t->comm) {
+			snprintf(err, errlen, "cannot create a communicator over %d devices: %s", t->ndev,
+				 be->i->last_error(be));
+			rc = -EIO;
+			goto fail;
+		}
+	}
+	*out = t;
+	return 0;
+fail:
+	tr_trainer_destroy(t);
+	return rc;
+}
+
+static void stop_rank_threads(struct tr_trainer *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->quit = true;
+	pthread_cond_broadcast(&t->go);
+	pthread_mutex_unlock(&t->lock);
+	for (int i = 1; i < t->ndev; i++) {
+		if (t->ranks[i].started)
+			pthread_join(t->ranks[i].thread, NULL);
+		t->ranks[i].started = false;
+	}
+}
+
+void tr_trainer_destroy(tr_trainer_t *t)
+{
+	if (!t)
+		return;
+	stop_rank_threads(t);
+	tr_prefetch_destroy(t->prefetch);
+	for (int i = 0; i < t->ndev; i++)
+		tr_replica_finish(&t->ranks[i].rep);
+	if (t->comm)
+		t->be->i->comm_destroy(t->comm);
+	tr_transforms_destroy(t->transforms);
+	tr_reader_destroy(t->own_val);
+	tr_reader_destroy(t->own_train);
+	tr_reader_destroy(t->val_base);
+	pthread_cond_destroy(&t->go);
+	pthread_cond_destroy(&t->done);
+	pthread_mutex_destroy(&t->lock);
+	free(t);
+}
+
+/* ---- evaluation -------------------------------------------------------- */
+
+static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, size_t errlen)
+{
+	tr_replica_t *r = &t->ranks[0].rep;
+	tr_backend_t *be = t->be;
+	const int F = t->model.inputs, L = r->label_dim, chunk = r->max_rows;
+	int64_t n = t->val->info.samples;
+	float *x = malloc((size_t)chunk * F * sizeof(float));
+	float *y = malloc((size_t)chunk * L * sizeof(float));
+	double sums[2] = {0, 0};
+	int rc = 0;
+	if (!x || !y) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory for validation");
+		goto out;
+	}
+	for (int64_t base = 0; base < n && rc == 0; base += chunk) {
+		int rows = (int)(n - base < chunk ? n - base : chunk);
+		for (int i = 0; i < rows && rc == 0; i++) {
+			rc = tr_reader_get(t->val, base + i, x + (size_t)i * F, y + (size_t)i * L, err, errlen);
+			if (rc == 0 && t->transforms)
+				tr_transforms_apply(t->transforms, x + (size_t)i * F, F, t->spec->seed, 0, base + i, 0);
+		}
+		if (rc < 0)
+			break;
+		if ((rc = be->i->to_device(be, r->dev, r->input, x, (size_t)rows * F * sizeof(float))) < 0 ||
+		    (rc = be->i->to_device(be, r->dev, r->labels, y, (size_t)rows * L * sizeof(float))) < 0 ||
+		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
+		    (rc = tr_replica_loss(r, rows, 0.0f, sums)) < 0 || (rc = be->i->sync(be, r->dev)) < 0)
+			snprintf(err, errlen, "validation: %s", be->i->last_error(be));
+	}
+	*loss = sums[0] / (double)n;
+	*acc = sums[1] / (double)n;
+out:
+	free(x);
+	free(y);
+	return rc;
+}
+
+/* ---- the loop ---------------------------------------------------------- */
+
+static int start_rank_threads(struct tr_trainer *t, char *err, size_t errlen)
+{
+	for (int i = 1; i < t->ndev; i++) {
+		if (pthread_create(&t->ranks[i].thread, NULL, rank_main, &t->ranks[i]) != 0) {
+			snprintf(err, errlen, "cannot start the thread of device %d", t->devs[i]);
+			return -EAGAIN;
+		}
+		t->ranks[i].started = true;
+	}
+	return 0;
+}
+
+/* Runs one step on every rank; returns the first rank error. */
+static int run_step_all(struct tr_trainer *t, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&t->lock);
+	t->finished_ranks = 0;
+	t->gen++;
+	pthread_cond_broadcast(&t->go);
+	pthread_mutex_unlock(&t->lock);
+
+	t->ranks[0].rc = rank_step(t, &t->ranks[0]);
+
+	pthread_mutex_lock(&t->lock);
+	while (t->finished_ranks < t->ndev - 1)
+		pthread_cond_wait(&t->done, &t->lock);
+	pthread_mutex_unlock(&t->lock);
+
+	/* Report the root cause, not the ranks woken by the abort. */
+	int first = 0;
+	for (int i = 0; i < t->ndev; i++) {
+		if (t->ranks[i].rc < 0 && t->ranks[i].rc != -ECANCELED) {
+			snprintf(err, errlen, "%s", t->ranks[i].err);
+			return t->ranks[i].rc;
+		}
+		if (t->ranks[i].rc < 0 && !first)
+			first = t->ranks[i].rc;
+	}
+	if (first)
+		snprintf(err, errlen, "cancelled");
+	return first;
+}
+
+static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
+			      double step_ms, double wait_ms)
+{
+	const struct tr_spec *s = t->spec;
+	bool last = done == t->plan.total_steps;
+	if (done % s->log_every_steps == 0 || last) {
+		emit(t, "loss", done, epoch, loss);
+		emit(t, "lr", done, epoch, t->lr);
+		emit(t, "step_ms", done, epoch, step_ms);
+		emit(t, "data_wait_ms", done, epoch, wait_ms);
+		emit(t, "samples_per_sec", done, epoch, step_ms > 0 ? count / (step_ms / 1e3) : 0.0);
+	}
+	for (int m = 0; m < s->n_monitors; m++) {
+		const struct tr_monitor_spec *mon = &s->monitors[m];
+		if (done % mon->every_steps != 0)
+			continue;
+		if (strcmp(mon->name, "grad_norm") == 0) {
+			emit(t, "grad_norm", done, epoch, sqrt(t->ranks[0].grad_sumsq));
+		} else if (strcmp(mon->name, "weight_norm") == 0) {
+			double ss = 0;
+			tr_replica_t *r = &t->ranks[0].rep;
+			if (t->be->i->sumsq(t->be, r->dev, t->model.n_params, r->params, &ss) == 0)
+				emit(t, "weight_norm", done, epoch, sqrt(ss));
+		} else if (strcmp(mon->name, "device_step_ms") == 0) {
+			for (int k = 0; k < t->ndev; k++) {
+				char name[32];
+				snprintf(name, sizeof name, "device%d_step_ms", k);
+				emit(t, name, done, epoch, t->ranks[k].step_ms);
+			}
+		}
+	}
+}
+
+static bool grad_norm_due(const struct tr_spec *s, int64_t done)
+{
+	for (int m = 0; m < s->n_monitors; m++)
+		if (strcmp(s->monitors[m].name, "grad_norm") == 0 && done % s->monitors[m].every_steps == 0)
+			return true;
+	return false;
+}
+
+int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	int workers = t->opt.workers > 0 ? t->opt.workers : s->prefetch_workers;
+	int64_t total = t->plan.total_steps;
+	int rc;
+	struct tr_prefetch_config pc = {
+		.reader = t->train,
+		.transforms = t->transforms,
+		.plan = &t->plan,
+		.backend = t->be,
+		.seed = s->seed,
+		.workers = workers,
+		.depth = s->prefetch_depth,
+		.first_step = 0,
+		.end_step = total,
+	};
+	tr_prefetch_t *pf;
+	if ((rc = tr_prefetch_create(&pc, &pf, err, errlen)) < 0)
+		return rc;
+	pthread_mutex_lock(&t->lock);
+	t->prefetch = pf;
+	pthread_mutex_unlock(&t->lock);
+	if ((rc = start_rank_threads(t, err, errlen)) < 0)
+		return rc;
+	logf_(t, TR_LOG_INFO, "training %zu parameters on %d %s device(s), %lld steps, %d loader thread(s)",
+	      t->model.n_params, t->ndev, t->be->i->name, (long long)total, workers);
+
+	double start = mono_s();
+	double samples = 0;
+	int64_t step;
+	for (step = 0; step < total; step++) {
+		if (atomic_load(&t->stop_requested)) {
+			t->summary.stopped = true;
+			break;
+		}
+		if (atomic_load(&t->cancel_requested)) {
+			rc = -ECANCELED;
+			snprintf(err, errlen, "cancelled");
+			break;
+		}
+		const struct tr_batch *b;
+		double wait_ms = 0;
+		double t0 = mono_s();
+		rc = tr_prefetch_next(t->prefetch, step, &b, &wait_ms);
+		if (rc < 0) {
+			if (rc == -ECANCELED)
+				snprintf(err, errlen, "cancelled");
+			else
+				snprintf(err, errlen, "%s", tr_prefetch_error(t->prefetch));
+			break;
+		}
+		t->wait_total_ms += wait_ms;
+		t->batch = b;
+		t->step = step;
+		t->lr = tr_schedule_lr(s, step, total);
+		t->want_grad_norm = grad_norm_due(s, step + 1);
+		rc = run_step_all(t, err, errlen);
+		int count = b->count;
+		int64_t epoch = b->epoch;
+		tr_prefetch_release(t->prefetch, step);
+		if (rc < 0) {
+			if (atomic_load(&t->cancel_requested)) {
+				rc = -ECANCELED;
+				snprintf(err, errlen, "cancelled");
+			}
+			break;
+		}
+		double loss_sum = 0;
+		for (int i = 0; i < t->ndev; i++)
+			loss_sum += t->ranks[i].loss[0];
+		double loss = loss_sum / count;
+		if (!isfinite(loss)) {
+			snprintf(err, errlen, "step %lld: the loss is %f (diverged); lower /optimizer/lr or set "
+					      "/clip_grad_norm",
+				 (long long)step + 1, loss);
+			rc = -EDOM;
+			break;
+		}
+		double step_ms = (mono_s() - t0) * 1e3;
+		samples += count;
+		t->summary.steps = step + 1;
+		t->summary.samples = (int64_t)samples;
+		t->summary.final_loss = loss;
+		t->summary.epochs = epoch + 1;
+		emit_step_metrics(t, step + 1, epoch, count, loss, step_ms, wait_ms);
+
+		bool epoch_end = step + 1 == total || tr_plan_step_epoch(&t->plan, step + 1) != epoch;
+		if (epoch_end && t->val && ((epoch + 1) % s->eval_every_epochs == 0 || step + 1 == total)) {
+			double vl, va;
+			rc = evaluate(t, &vl, &va, err, errlen);
+			if (rc < 0)
+				break;
+			t->summary.val_loss = vl;
+			emit(t, "val_loss", step + 1, epoch, vl);
+			if (s->loss == TR_LOSS_SOFTMAX_CE) {
+				t->summary.val_accuracy = va;
+				emit(t, "val_accuracy", step + 1, epoch, va);
+			}
+		}
+		if (t->opt.hooks.progress) {
+			double el = mono_s() - start;
+			struct tr_progress p = {
+				.step = step + 1,
+				.total_steps = total,
+				.epoch = epoch,
+				.epochs = t->plan.epochs,
+				.loss = loss,
+				.samples_per_sec = el > 0 ? samples / el : 0,
+				.elapsed_s = el,
+				.eta_s = el / (step + 1) * (total - step - 1),
+				.data_wait_fraction = el > 0 ? t->wait_total_ms / 1e3 / el : 0,
+			};
+			t->opt.hooks.progress(t->opt.hooks.ctx, &p);
+		}
+	}
+	double el = mono_s() - start;
+	t->summary.wall_s = el;
+	t->summary.samples_per_sec = el > 0 ? samples / el : 0;
+	t->summary.data_wait_fraction = el > 0 ? t->wait_total_ms / 1e3 / el : 0;
+	stop_rank_threads(t);
+	pthread_mutex_lock(&t->lock);
+	t->prefetch = NULL;
+	pthread_mutex_unlock(&t->lock);
+	tr_prefetch_destroy(pf);
+	if (rc < 0)
+		logf_(t, rc == -ECANCELED ? TR_LOG_WARNING : TR_LOG_ERROR, "%s", err);
+	return rc < 0 ? rc : 0;
+}
+
+void tr_trainer_stop(tr_trainer_t *t)
+{
+	atomic_store(&t->stop_requested, true);
+}
+
+void tr_trainer_cancel(tr_trainer_t *t)
+{
+	atomic_store(&t->cancel_requested, true);
+	/* The lock keeps the prefetch pointer alive while we use it: the run
+	 * thread clears it under the same lock before destroying the pool. */
+	pthread_mutex_lock(&t->lock);
+	if (t->prefetch)
+		tr_prefetch_cancel(t->prefetch);
+	if (t->comm)
+		t->be->i->comm_abort(t->comm);
+	pthread_mutex_unlock(&t->lock);
+}
+
+void tr_trainer_summary(const tr_trainer_t *t, struct tr_summary *out)
+{
+	*out = t->summary;
+}
+
+const tr_model_t *tr_trainer_model(const tr_trainer_t *t)
+{
+	return &t->model;
+}
+
+int tr_trainer_device_count(const tr_trainer_t *t)
+{
+	return t->ndev;
+}
+
+int tr_trainer_copy_params(tr_trainer_t *t, int rank, float *host)
+{
+	tr_replica_t *r = &t->ranks[rank].rep;
+	int rc = t->be->i->to_host(t->be, r->dev, host, r->params, t->model.n_params * sizeof(float));
+	return rc < 0 ? rc : t->be->i->sync(t->be, r->dev);
+}
+
+int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t errlen)
+{
+	const tr_model_t *m = &t->model;
+	int n = tr_model_param_count(m);
+	float *host = malloc(m->n_params * sizeof(float));
+	struct tr_st_tensor *ts = calloc((size_t)n, sizeof *ts);
+	struct tr_param_view *vs = calloc((size_t)n, sizeof *vs);
+	int rc = -ENOMEM;
+	if (!host || !ts || !vs) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	if ((rc = tr_trainer_copy_params(t, 0, host)) < 0) {
+		snprintf(err, errlen, "cannot read the weights: %s", t->be->i->last_error(t->be));
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		tr_model_param_view(m, i, &vs[i]);
+		ts[i] = (struct tr_st_tensor){.name = vs[i].name, .ndim = vs[i].ndim, .data = host + vs[i].offset};
+		ts[i].shape[0] = vs[i].shape[0];
+		ts[i].shape[1] = vs[i].shape[1];
+	}
+	json_t *meta = json_pack("{s:s, s:s, s:s}", "format", "pt", "producer", "trainerd " TR_VERSION, "step", "");
+	char step[32];
+	snprintf(step, sizeof step, "%lld", (long long)t->summary.steps);
+	json_object_set_new(meta, "step", json_string(step));
+	rc = tr_st_write(path, ts, n, meta, err, errlen);
+	json_decref(meta);
+out:
+	free(host);
+	free(ts);
+	free(vs);
+	return rc;
+}

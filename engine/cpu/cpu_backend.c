@@ -1,2 +1,286 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* The CPU backend: the reference implementation of engine/backend.h.
+ *
+ * A CPU "device" is a host thread owned by the trainer; its memory is plain
+ * host memory, so copies are memcpy and sync has nothing to wait for.  This
+ * file holds the backend object, memory management and error reporting;
+ * the kernels live in cpu_kernels.c and the collectives in cpu_comm.c, which
+ * fill their parts of the function table through tr_cpu_kernels_fill and
+ * tr_cpu_comm_fill.
+ *
+ * BLAS threading: OpenBLAS's pthread build has one process-wide thread
+ * count.  With D devices, D host threads call BLAS at the same time, so
+ * each call gets max(1, budget / D) threads; otherwise D callers each
+ * spawning `budget` workers would oversubscribe the cores and OpenBLAS would
+ * serialise them on its single worker pool anyway.  Because the count is
+ * global, the most recently created CPU backend decides it.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+
+/* Shared with cpu_kernels.c and cpu_comm.c (no private header to hold them). */
+void tr_cpu_kernels_fill(tr_backend_i *t);
+void tr_cpu_comm_fill(tr_backend_i *t);
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
+
+/* Weak so that a build against a generic BLAS (no OpenBLAS extensions)
+ * still links; then the BLAS library's own default applies. */
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+#define ALIGN 64
+#define ERR_LEN 512
+
+struct cpu_backend {
+	struct tr_backend base; /* first: tr_backend_t * converts to this */
+	tr_backend_i table;
+	uint64_t id;      /* never reused, unlike the address */
+	int devices;
+	int blas_threads; /* per calling device thread */
+	pthread_mutex_t err_mu;
+	char err[ERR_LEN]; /* latest error from any thread, under err_mu */
+};
+
+/* Device threads fail concurrently, so each thread keeps its own latest
+ * error and last_error prefers it; the shared copy serves a thread that
+ * asks about an error raised elsewhere (e.g. after joining the devices). */
+static atomic_uint_fast64_t next_id = 1;
+static _Thread_local uint64_t tls_owner; /* id of the backend tls_err is about */
+static _Thread_local char tls_err[ERR_LEN];
+static _Thread_local char tls_view[ERR_LEN];
+
+static struct cpu_backend *cpu(tr_backend_t *be)
+{
+	return (struct cpu_backend *)be;
+}
+
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
+{
+	struct cpu_backend *b = cpu(be);
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(tls_err, sizeof(tls_err), fmt, ap);
+	va_end(ap);
+	tls_owner = b->id;
+	pthread_mutex_lock(&b->err_mu);
+	memcpy(b->err, tls_err, sizeof(b->err));
+	pthread_mutex_unlock(&b->err_mu);
+	return code;
+}
+
+int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what)
+{
+	if (dev < 0 || dev >= cpu(be)->devices)
+		return tr_cpu_set_error(be, -EINVAL, "%s: device %d out of range [0, %d)", what, dev,
+					cpu(be)->devices);
+	return 0;
+}
+
+/* The returned text stays valid until the calling thread's next call. */
+static const char *cpu_last_error(tr_backend_t *be)
+{
+	struct cpu_backend *b = cpu(be);
+
+	if (tls_owner == b->id && tls_err[0])
+		return tls_err;
+	pthread_mutex_lock(&b->err_mu);
+	memcpy(tls_view, b->err, sizeof(tls_view));
+	pthread_mutex_unlock(&b->err_mu);
+	return tls_view;
+}
+
+static void cpu_destroy(tr_backend_t *be)
+{
+	struct cpu_backend *b = cpu(be);
+
+	if (!b)
+		return;
+	pthread_mutex_destroy(&b->err_mu);
+	free(b);
+}
+
+static int cpu_device_count(tr_backend_t *be)
+{
+	return cpu(be)->devices;
+}
+
+static void cpu_device_name(tr_backend_t *be, int dev, char *buf, size_t len)
+{
+	if (!buf || !len)
+		return;
+	if (dev < 0 || dev >= cpu(be)->devices)
+		snprintf(buf, len, "cpu?");
+	else
+		snprintf(buf, len, "cpu%d", dev);
+}
+
+/* aligned_alloc wants a size that is a multiple of the alignment; a zero
+ * request still returns a block so that NULL always means failure. */
+static void *alloc_zeroed(size_t bytes)
+{
+	size_t sz;
+	void *p;
+
+	if (bytes > SIZE_MAX - ALIGN)
+		return NULL;
+	sz = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+	if (sz == 0)
+		sz = ALIGN;
+	p = aligned_alloc(ALIGN, sz);
+	if (p)
+		memset(p, 0, sz);
+	return p;
+}
+
+static void *cpu_alloc(tr_backend_t *be, int dev, size_t bytes)
+{
+	void *p;
+
+	if (tr_cpu_check_dev(be, dev, "alloc"))
+		return NULL;
+	p = alloc_zeroed(bytes);
+	if (!p)
+		tr_cpu_set_error(be, -ENOMEM, "alloc: out of memory allocating %zu bytes on cpu%d", bytes, dev);
+	return p;
+}
+
+static void cpu_free(tr_backend_t *be, int dev, void *ptr)
+{
+	(void)be;
+	(void)dev;
+	free(ptr);
+}
+
+static void *cpu_host_alloc(tr_backend_t *be, size_t bytes)
+{
+	void *p = alloc_zeroed(bytes);
+
+	if (!p)
+		tr_cpu_set_error(be, -ENOMEM, "host_alloc: out of memory allocating %zu bytes", bytes);
+	return p;
+}
+
+static void cpu_host_free(tr_backend_t *be, void *ptr)
+{
+	(void)be;
+	free(ptr);
+}
+
+static int copy_bytes(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes, const char *what)
+{
+	int rc = tr_cpu_check_dev(be, dev, what);
+
+	if (rc)
+		return rc;
+	if (!bytes)
+		return 0;
+	if (!dst || !src)
+		return tr_cpu_set_error(be, -EINVAL, "%s: NULL pointer for %zu bytes", what, bytes);
+	/* memmove: the interface does not promise disjoint ranges for copy */
+	if (dst != src)
+		memmove(dst, src, bytes);
+	return 0;
+}
+
+static int cpu_to_device(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	return copy_bytes(be, dev, dst, src, bytes, "to_device");
+}
+
+static int cpu_to_host(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	return copy_bytes(be, dev, dst, src, bytes, "to_host");
+}
+
+static int cpu_copy(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	return copy_bytes(be, dev, dst, src, bytes, "copy");
+}
+
+static int cpu_memset0(tr_backend_t *be, int dev, void *dst, size_t bytes)
+{
+	int rc = tr_cpu_check_dev(be, dev, "memset0");
+
+	if (rc)
+		return rc;
+	if (!bytes)
+		return 0;
+	if (!dst)
+		return tr_cpu_set_error(be, -EINVAL, "memset0: NULL pointer for %zu bytes", bytes);
+	memset(dst, 0, bytes);
+	return 0;
+}
+
+/* Kernels run synchronously on the calling thread. */
+static int cpu_sync(tr_backend_t *be, int dev)
+{
+	return tr_cpu_check_dev(be, dev, "sync");
+}
+
+/* Cores this process may run on (affinity/cpuset aware), at least 1. */
+static int usable_cores(void)
+{
+	cpu_set_t set;
+	long n;
+
+	if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+		return CPU_COUNT(&set);
+	n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
+tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
+{
+	struct cpu_backend *b;
+	int budget;
+
+	if (devices < 1 || devices > 64 || blas_threads < 0)
+		return NULL;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return NULL;
+	if (pthread_mutex_init(&b->err_mu, NULL) != 0)
+		goto fail_mutex;
+
+	b->table = (tr_backend_i){
+		.name = "cpu",
+		.destroy = cpu_destroy,
+		.device_count = cpu_device_count,
+		.device_name = cpu_device_name,
+		.last_error = cpu_last_error,
+		.alloc = cpu_alloc,
+		.free = cpu_free,
+		.host_alloc = cpu_host_alloc,
+		.host_free = cpu_host_free,
+		.to_device = cpu_to_device,
+		.to_host = cpu_to_host,
+		.copy = cpu_copy,
+		.memset0 = cpu_memset0,
+		.sync = cpu_sync,
+	};
+	tr_cpu_kernels_fill(&b->table);
+	tr_cpu_comm_fill(&b->table);
+	b->base.i = &b->table;
+	b->devices = devices;
+	b->id = atomic_fetch_add(&next_id, 1);
+
+	budget = blas_threads > 0 ? blas_threads : usable_cores();
+	b->blas_threads = budget / devices > 1 ? budget / devices : 1;
+	if (openblas_set_num_threads)
+		openblas_set_num_threads(b->blas_threads);
+	return &b->base;
+
+fail_mutex:
+	free(b);
+	return NULL;
+}

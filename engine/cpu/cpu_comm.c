@@ -1,2 +1,200 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* Collectives between CPU devices, which are threads of one process.
+ *
+ * allreduce_sum is a two-barrier exchange through shared memory: every rank
+ * publishes its buffer, then rank r reduces the r-th contiguous chunk of the
+ * elements over all buffers in rank order 0..ndev-1 and writes the sum back
+ * into every buffer.  Each element is summed in the same order whichever
+ * rank handles it, so the result is deterministic for a device count and
+ * identical on all ranks.  The second barrier keeps any rank from returning
+ * (and reusing its buffer) while others still read or write it.
+ *
+ * The barrier is a mutex/condvar pair with a generation counter rather than
+ * pthread_barrier_t, because a job that fails on one device must be able to
+ * wake the others: comm_abort makes every current and future wait return
+ * -ECANCELED.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "engine/backend.h"
+
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void tr_cpu_comm_fill(tr_backend_i *t);
+
+struct tr_comm {
+	tr_backend_t *be; /* borrowed, for error messages */
+	int ndev;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int arrived;      /* ranks waiting in the current barrier */
+	uint64_t gen;     /* completed barriers */
+	atomic_bool aborted;
+	bool mismatch;    /* set by the last arriver of the publish barrier */
+	float **bufs;     /* published by each rank, read between barriers */
+	size_t *lens;
+};
+
+/* Called with mu held.  The last rank to arrive also runs `on_full`, still
+ * under the lock, so its result is visible to every rank it wakes. */
+static int barrier(struct tr_comm *cm, void (*on_full)(struct tr_comm *))
+{
+	uint64_t gen = cm->gen;
+
+	if (atomic_load(&cm->aborted))
+		return -ECANCELED;
+	if (++cm->arrived == cm->ndev) {
+		cm->arrived = 0;
+		if (on_full)
+			on_full(cm);
+		cm->gen++;
+		pthread_cond_broadcast(&cm->cv);
+		return 0;
+	}
+	while (cm->gen == gen && !atomic_load(&cm->aborted))
+		pthread_cond_wait(&cm->cv, &cm->mu);
+	return cm->gen == gen ? -ECANCELED : 0;
+}
+
+static void check_lengths(struct tr_comm *cm)
+{
+	cm->mismatch = false;
+	for (int r = 1; r < cm->ndev; r++)
+		if (cm->lens[r] != cm->lens[0])
+			cm->mismatch = true;
+}
+
+/* Sums chunk [lo, hi) into rank 0's buffer in rank order, then copies the
+ * result out.  Ranks own disjoint chunks, so no locking is needed. */
+static void reduce_chunk(float *const *bufs, int ndev, size_t lo, size_t hi)
+{
+	float *restrict acc = bufs[0];
+
+	for (int k = 1; k < ndev; k++) {
+		const float *restrict src = bufs[k];
+		for (size_t i = lo; i < hi; i++)
+			acc[i] += src[i];
+	}
+	for (int k = 1; k < ndev; k++) {
+		float *restrict dst = bufs[k];
+		for (size_t i = lo; i < hi; i++)
+			dst[i] = acc[i];
+	}
+}
+
+static int cpu_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
+{
+	int rc;
+
+	if (!cm || rank < 0 || rank >= cm->ndev)
+		return -EINVAL;
+	if (cm->ndev == 1)
+		return atomic_load(&cm->aborted) ? -ECANCELED : 0;
+
+	pthread_mutex_lock(&cm->mu);
+	cm->bufs[rank] = buf;
+	cm->lens[rank] = n;
+	rc = barrier(cm, check_lengths);
+	if (rc == 0 && cm->mismatch)
+		rc = -EINVAL;
+	pthread_mutex_unlock(&cm->mu);
+	/* every rank records it: last_error is read per device thread */
+	if (rc == -EINVAL)
+		return tr_cpu_set_error(cm->be, rc, "allreduce_sum: rank %d: ranks passed different lengths", rank);
+	if (rc)
+		return rc;
+
+	/* chunk boundaries n*r/ndev: sizes differ by at most one element */
+	size_t lo = (size_t)((unsigned __int128)n * rank / cm->ndev);
+	size_t hi = (size_t)((unsigned __int128)n * (rank + 1) / cm->ndev);
+	reduce_chunk(cm->bufs, cm->ndev, lo, hi);
+
+	pthread_mutex_lock(&cm->mu);
+	rc = barrier(cm, NULL);
+	pthread_mutex_unlock(&cm->mu);
+	return rc;
+}
+
+/* Waiters return -ECANCELED without touching last_error: the reason for
+ * the abort was recorded by whoever failed first. */
+static void cpu_comm_abort(tr_comm_t *cm)
+{
+	if (!cm)
+		return;
+	pthread_mutex_lock(&cm->mu);
+	atomic_store(&cm->aborted, true);
+	pthread_cond_broadcast(&cm->cv);
+	pthread_mutex_unlock(&cm->mu);
+}
+
+static void cpu_comm_destroy(tr_comm_t *cm)
+{
+	if (!cm)
+		return;
+	pthread_cond_destroy(&cm->cv);
+	pthread_mutex_destroy(&cm->mu);
+	free(cm->bufs);
+	free(cm->lens);
+	free(cm);
+}
+
+/* devs may be NULL (devices 0..ndev-1); otherwise distinct valid ids.  The
+ * CPU reduction does not depend on which devices take part, only on the
+ * rank order. */
+static tr_comm_t *cpu_comm_create(tr_backend_t *be, int ndev, const int *devs)
+{
+	int count = be->i->device_count(be);
+	struct tr_comm *cm;
+
+	if (ndev < 1 || ndev > count) {
+		tr_cpu_set_error(be, -EINVAL, "comm_create: %d ranks on a backend with %d devices", ndev, count);
+		return NULL;
+	}
+	for (int r = 0; devs && r < ndev; r++) {
+		if (devs[r] < 0 || devs[r] >= count) {
+			tr_cpu_set_error(be, -EINVAL, "comm_create: rank %d: device %d out of range", r, devs[r]);
+			return NULL;
+		}
+		for (int q = 0; q < r; q++) {
+			if (devs[q] == devs[r]) {
+				tr_cpu_set_error(be, -EINVAL, "comm_create: device %d given twice", devs[r]);
+				return NULL;
+			}
+		}
+	}
+
+	cm = calloc(1, sizeof(*cm));
+	if (!cm)
+		goto fail_alloc;
+	cm->be = be;
+	cm->ndev = ndev;
+	atomic_init(&cm->aborted, false);
+	cm->bufs = calloc((size_t)ndev, sizeof(*cm->bufs));
+	cm->lens = calloc((size_t)ndev, sizeof(*cm->lens));
+	if (!cm->bufs || !cm->lens)
+		goto fail_arrays;
+	if (pthread_mutex_init(&cm->mu, NULL) != 0)
+		goto fail_arrays;
+	if (pthread_cond_init(&cm->cv, NULL) != 0)
+		goto fail_cond;
+	return cm;
+
+fail_cond:
+	pthread_mutex_destroy(&cm->mu);
+fail_arrays:
+	free(cm->bufs);
+	free(cm->lens);
+	free(cm);
+fail_alloc:
+	tr_cpu_set_error(be, -ENOMEM, "comm_create: out of memory");
+	return NULL;
+}
+
+void tr_cpu_comm_fill(tr_backend_i *t)
+{
+	t->comm_create = cpu_comm_create;
+	t->allreduce_sum = cpu_allreduce_sum;
+	t->comm_abort = cpu_comm_abort;
+	t->comm_destroy = cpu_comm_destroy;
+}

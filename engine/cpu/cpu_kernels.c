@@ -1,2 +1,480 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* CPU kernels: the compute half of the backend table.
+ *
+ * These are the reference every other backend is tested against, so they
+ * favour clarity and PyTorch's formulas over cleverness: reductions that
+ * decide a loss or a norm accumulate in double, elementwise loops stay
+ * plain so that -O2 vectorises them (small models spend most of their time
+ * here, not in gemm).  Elementwise kernels accept exact in-place use
+ * (output == input); partially overlapping buffers are not supported.
+ * Matrices are row-major; gemm goes to cblas_sgemm.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/rng.h"
+
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
+void tr_cpu_kernels_fill(tr_backend_i *t);
+
+/* Argument checks share one shape: record what was wrong, return -EINVAL. */
+#define ENSURE(cond, ...)                                                   \
+	do {                                                                \
+		if (!(cond))                                                \
+			return tr_cpu_set_error(be, -EINVAL, __VA_ARGS__); \
+	} while (0)
+
+#define ENSURE_DEV(what)                                 \
+	do {                                             \
+		int rc_ = tr_cpu_check_dev(be, dev, what); \
+		if (rc_)                                 \
+			return rc_;                      \
+	} while (0)
+
+/* ---- linear algebra ---------------------------------------------------- */
+
+static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+		    const float *a, const float *b, float beta, float *c)
+{
+	ENSURE_DEV("gemm");
+	ENSURE(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=%d n=%d k=%d", m, n, k);
+	if (m == 0 || n == 0)
+		return 0;
+	ENSURE(c && (k == 0 || (a && b)), "gemm: NULL matrix");
+	if (k == 0) {
+		/* BLAS rejects a zero leading dimension; the product is empty,
+		 * only the beta term remains (beta == 0 must not read C). */
+		size_t mn = (size_t)m * n;
+		for (size_t i = 0; i < mn; i++)
+			c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+		return 0;
+	}
+	cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,
+		    k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+	return 0;
+}
+
+static int cpu_add_bias(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias)
+{
+	ENSURE_DEV("add_bias");
+	ENSURE(rows >= 0 && cols >= 0, "add_bias: negative size %dx%d", rows, cols);
+	for (int r = 0; r < rows; r++) {
+		float *restrict yr = y + (size_t)r * cols;
+		const float *restrict br = bias;
+		for (int c = 0; c < cols; c++)
+			yr[c] += br[c];
+	}
+	return 0;
+}
+
+/* Row by row so the inner loop runs along memory and vectorises. */
+static int cpu_col_sum(tr_backend_t *be, int dev, int rows, int cols, const float *x, float *out)
+{
+	ENSURE_DEV("col_sum");
+	ENSURE(rows >= 0 && cols >= 0, "col_sum: negative size %dx%d", rows, cols);
+	float *restrict o = out;
+	for (int c = 0; c < cols; c++)
+		o[c] = 0.0f;
+	for (int r = 0; r < rows; r++) {
+		const float *restrict xr = x + (size_t)r * cols;
+		for (int c = 0; c < cols; c++)
+			o[c] += xr[c];
+	}
+	return 0;
+}
+
+/* ---- activations ------------------------------------------------------- */
+
+/* Constants as PyTorch's GeluKernel spells them. */
+#define GELU_ALPHA 0.70710678118654752440f  /* 1/sqrt(2) */
+#define GELU_PDF 0.39894228040143267794f    /* 1/sqrt(2 pi) */
+#define GELU_BETA 0.79788456080286535588f   /* sqrt(2/pi) */
+#define GELU_KAPPA 0.044715f
+
+static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y)
+{
+	ENSURE_DEV("act_forward");
+	switch (act) {
+	case TR_ACT_RELU:
+		/* x <= 0 (not x > 0) so that NaN propagates, as torch.relu */
+		for (size_t i = 0; i < n; i++)
+			y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+		break;
+	case TR_ACT_GELU:
+		for (size_t i = 0; i < n; i++)
+			y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * GELU_ALPHA));
+		break;
+	case TR_ACT_GELU_TANH:
+		for (size_t i = 0; i < n; i++) {
+			float v = x[i];
+			float inner = GELU_BETA * (v + GELU_KAPPA * (v * v * v));
+			y[i] = 0.5f * v * (1.0f + tanhf(inner));
+		}
+		break;
+	case TR_ACT_TANH:
+		for (size_t i = 0; i < n; i++)
+			y[i] = tanhf(x[i]);
+		break;
+	case TR_ACT_SIGMOID:
+		for (size_t i = 0; i < n; i++)
+			y[i] = 1.0f / (1.0f + expf(-x[i]));
+		break;
+	default:
+		return tr_cpu_set_error(be, -EINVAL, "act_forward: unknown activation %d", (int)act);
+	}
+	return 0;
+}
+
+static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, const float *y,
+			    const float *dy, float *dx)
+{
+	ENSURE_DEV("act_backward");
+	switch (act) {
+	case TR_ACT_RELU:
+		/* the derivative at 0 is taken as 0, as PyTorch */
+		for (size_t i = 0; i < n; i++)
+			dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+		break;
+	case TR_ACT_GELU:
+		for (size_t i = 0; i < n; i++) {
+			float v = x[i];
+			float cdf = 0.5f * (1.0f + erff(v * GELU_ALPHA));
+			float pdf = expf(-0.5f * v * v) * GELU_PDF;
+			dx[i] = dy[i] * (cdf + v * pdf);
+		}
+		break;
+	case TR_ACT_GELU_TANH:
+		for (size_t i = 0; i < n; i++) {
+			float v = x[i];
+			float v2 = v * v;
+			float t = tanhf(GELU_BETA * (v + GELU_KAPPA * (v2 * v)));
+			float left = 0.5f * v;
+			float dleft = 0.5f * (1.0f + t);
+			float dright = left * (1.0f - t * t) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * v2);
+			dx[i] = dy[i] * (dleft + dright);
+		}
+		break;
+	case TR_ACT_TANH:
+		for (size_t i = 0; i < n; i++)
+			dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+		break;
+	case TR_ACT_SIGMOID:
+		for (size_t i = 0; i < n; i++)
+			dx[i] = dy[i] * (1.0f - y[i]) * y[i];
+		break;
+	default:
+		return tr_cpu_set_error(be, -EINVAL, "act_backward: unknown activation %d", (int)act);
+	}
+	return 0;
+}
+
+/* ---- dropout and elementwise ------------------------------------------ */
+
+static int cpu_dropout_forward(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key, int64_t row0,
+			       const float *x, float *y, float *mask)
+{
+	ENSURE_DEV("dropout_forward");
+	ENSURE(rows >= 0 && cols >= 0 && row0 >= 0, "dropout_forward: bad shape %dx%d at row %lld", rows, cols,
+	       (long long)row0);
+	ENSURE(rate >= 0.0f && rate < 1.0f, "dropout_forward: rate %g outside [0, 1)", (double)rate);
+	float keep_scale = 1.0f / (1.0f - rate);
+	for (int r = 0; r < rows; r++) {
+		size_t off = (size_t)r * cols;
+		uint64_t base = (uint64_t)(row0 + r) * (uint64_t)cols;
+		for (int c = 0; c < cols; c++) {
+			float mk = tr_rng_uniform(key, base + (uint64_t)c) >= rate ? keep_scale : 0.0f;
+			mask[off + c] = mk;
+			y[off + c] = x[off + c] * mk;
+		}
+	}
+	return 0;
+}
+
+static int cpu_mul(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out)
+{
+	ENSURE_DEV("mul");
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] * b[i];
+	return 0;
+}
+
+static int cpu_scale(tr_backend_t *be, int dev, size_t n, float *x, float alpha)
+{
+	ENSURE_DEV("scale");
+	for (size_t i = 0; i < n; i++)
+		x[i] *= alpha;
+	return 0;
+}
+
+static int cpu_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double *out)
+{
+	ENSURE_DEV("sumsq");
+	ENSURE(out, "sumsq: NULL output");
+	double s = 0.0;
+	for (size_t i = 0; i < n; i++)
+		s += (double)x[i] * (double)x[i];
+	*out = s;
+	return 0;
+}
+
+/* ---- layernorm ---------------------------------------------------------- */
+
+/* Biased variance with eps inside the square root, as torch.nn.LayerNorm.
+ * Two passes in double: the one-pass E[x^2]-E[x]^2 form loses everything
+ * when |mean| >> std. */
+static int cpu_layernorm_forward(tr_backend_t *be, int dev, int rows, int cols, float eps, const float *x,
+				 const float *gamma, const float *beta, float *y, float *mean, float *rstd)
+{
+	ENSURE_DEV("layernorm_forward");
+	ENSURE(rows >= 0 && cols >= 1, "layernorm_forward: bad shape %dx%d", rows, cols);
+	ENSURE(gamma && beta, "layernorm_forward: gamma and beta are required");
+	for (int r = 0; r < rows; r++) {
+		const float *xr = x + (size_t)r * cols;
+		float *yr = y + (size_t)r * cols;
+		double s = 0.0, ss = 0.0;
+		for (int c = 0; c < cols; c++)
+			s += xr[c];
+		double mu = s / cols;
+		for (int c = 0; c < cols; c++) {
+			double d = xr[c] - mu;
+			ss += d * d;
+		}
+		float m = (float)mu;
+		float rs = (float)(1.0 / sqrt(ss / cols + (double)eps));
+		/* y from the stored float statistics, so that backward sees
+		 * exactly the normalisation forward applied */
+		for (int c = 0; c < cols; c++)
+			yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+		mean[r] = m;
+		rstd[r] = rs;
+	}
+	return 0;
+}
+
+/* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma. */
+static int cpu_layernorm_backward(tr_backend_t *be, int dev, int rows, int cols, const float *x,
+				  const float *gamma, const float *mean, const float *rstd, const float *dy,
+				  float *dx, float *dgamma, float *dbeta)
+{
+	ENSURE_DEV("layernorm_backward");
+	ENSURE(rows >= 0 && cols >= 1, "layernorm_backward: bad shape %dx%d", rows, cols);
+	ENSURE(gamma && dgamma && dbeta, "layernorm_backward: gamma, dgamma and dbeta are required");
+	for (int r = 0; r < rows; r++) {
+		const float *xr = x + (size_t)r * cols;
+		const float *dyr = dy + (size_t)r * cols;
+		float *dxr = dx + (size_t)r * cols;
+		float m = mean[r], rs = rstd[r];
+		double sg = 0.0, sgx = 0.0;
+		for (int c = 0; c < cols; c++) {
+			float xh = (xr[c] - m) * rs;
+			float g = dyr[c] * gamma[c];
+			sg += g;
+			sgx += (double)g * xh;
+		}
+		for (int c = 0; c < cols; c++) {
+			float xh = (xr[c] - m) * rs;
+			dgamma[c] += dyr[c] * xh;
+			dbeta[c] += dyr[c];
+		}
+		float a = (float)(sg / cols), b = (float)(sgx / cols);
+		for (int c = 0; c < cols; c++) {
+			float xh = (xr[c] - m) * rs;
+			dxr[c] = rs * (dyr[c] * gamma[c] - a - xh * b);
+		}
+	}
+	return 0;
+}
+
+/* ---- losses ------------------------------------------------------------- */
+
+/* Checked before any output is touched, so a bad batch leaves out[] and
+ * dlogits as they were. */
+static int check_labels(tr_backend_t *be, int rows, int classes, const float *labels)
+{
+	for (int r = 0; r < rows; r++) {
+		float l = labels[r];
+		if (!(l >= 0.0f && l < (float)classes) || l != floorf(l))
+			return tr_cpu_set_error(be, -EINVAL,
+						"softmax_ce: row %d: label %g is not an integer class in [0, %d)", r,
+						(double)l, classes);
+	}
+	return 0;
+}
+
+/* log-sum-exp around the row maximum; dlogits may be NULL (evaluation). */
+static int cpu_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits,
+			  const float *labels, float scale, float *dlogits, double *out)
+{
+	ENSURE_DEV("softmax_ce");
+	ENSURE(rows >= 0 && classes >= 1, "softmax_ce: bad shape %dx%d", rows, classes);
+	int rc = check_labels(be, rows, classes, labels);
+	if (rc)
+		return rc;
+	double loss = 0.0, correct = 0.0;
+	for (int r = 0; r < rows; r++) {
+		const float *z = logits + (size_t)r * classes;
+		int label = (int)labels[r];
+		int arg = 0;
+		float mx = z[0];
+		for (int c = 1; c < classes; c++) {
+			if (z[c] > mx) {
+				mx = z[c];
+				arg = c;
+			}
+		}
+		double sum = 0.0;
+		for (int c = 0; c < classes; c++)
+			sum += expf(z[c] - mx);
+		loss += (double)mx + log(sum) - (double)z[label];
+		correct += arg == label;
+		if (dlogits) {
+			float *d = dlogits + (size_t)r * classes;
+			float inv = (float)(1.0 / sum);
+			for (int c = 0; c < classes; c++)
+				d[c] = scale * (expf(z[c] - mx) * inv);
+			d[label] -= scale;
+		}
+	}
+	if (out) {
+		out[0] += loss;
+		out[1] += correct;
+	}
+	return 0;
+}
+
+static int cpu_mse(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target, float scale,
+		   float *dpred, double *out)
+{
+	ENSURE_DEV("mse");
+	ENSURE(rows >= 0 && cols >= 1, "mse: bad shape %dx%d", rows, cols);
+	float coef = scale * 2.0f / (float)cols;
+	double loss = 0.0;
+	for (int r = 0; r < rows; r++) {
+		const float *p = pred + (size_t)r * cols;
+		const float *t = target + (size_t)r * cols;
+		double s = 0.0;
+		for (int c = 0; c < cols; c++) {
+			double d = (double)p[c] - (double)t[c];
+			s += d * d;
+		}
+		loss += s / cols;
+		if (dpred) {
+			float *restrict d = dpred + (size_t)r * cols;
+			for (int c = 0; c < cols; c++)
+				d[c] = coef * (p[c] - t[c]);
+		}
+	}
+	if (out)
+		out[0] += loss;
+	return 0;
+}
+
+/* ---- optimizers --------------------------------------------------------- */
+
+/* torch.optim.SGD, _single_tensor_sgd:
+ *   g = grad + wd * p
+ *   buf = g (first step) | buf = momentum * buf + (1 - dampening) * g
+ *   g = nesterov ? g + momentum * buf : buf
+ *   p -= lr * g                                                          */
+static int cpu_sgd_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
+			const struct tr_optim_hp *hp)
+{
+	ENSURE_DEV("sgd_step");
+	ENSURE(hp && hp->step >= 1, "sgd_step: step must be >= 1");
+	ENSURE(hp->momentum == 0.0f || state1, "sgd_step: momentum needs a state buffer");
+	float *restrict p = param;
+	const float *restrict gr = grad;
+	float *restrict buf = state1;
+	const float lr = hp->lr, wd = hp->weight_decay, mom = hp->momentum;
+	const float damp1 = (float)(1.0 - (double)hp->dampening);
+
+	if (mom == 0.0f) {
+		for (size_t i = 0; i < n; i++) {
+			float g = gr[i] + wd * p[i];
+			p[i] = p[i] + -lr * g;
+		}
+	} else if (hp->step == 1) {
+		for (size_t i = 0; i < n; i++) {
+			float g = gr[i] + wd * p[i];
+			buf[i] = g;
+			g = hp->nesterov ? g + mom * g : g;
+			p[i] = p[i] + -lr * g;
+		}
+	} else if (hp->nesterov) {
+		for (size_t i = 0; i < n; i++) {
+			float g = gr[i] + wd * p[i];
+			float b = buf[i] * mom + damp1 * g;
+			buf[i] = b;
+			p[i] = p[i] + -lr * (g + mom * b);
+		}
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			float g = gr[i] + wd * p[i];
+			float b = buf[i] * mom + damp1 * g;
+			buf[i] = b;
+			p[i] = p[i] + -lr * b;
+		}
+	}
+	return 0;
+}
+
+/* torch.optim.Adam / AdamW, _single_tensor_adam(w) (foreach=False):
+ *   adamw: p *= 1 - lr * wd      adam: g = grad + wd * p
+ *   m.lerp_(g, 1 - b1)           (m + (1 - b1) * (g - m))
+ *   v = v * b2 + ((1 - b2) * g) * g
+ *   denom = sqrt(v) / sqrt(1 - b2^t) + eps
+ *   p += -(lr / (1 - b1^t)) * (m / denom)
+ * Scalars are formed in double, as Python does, then rounded to float. */
+static int cpu_adam_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m, float *v,
+			 const struct tr_optim_hp *hp)
+{
+	ENSURE_DEV("adam_step");
+	ENSURE(hp && hp->step >= 1, "adam_step: step must be >= 1");
+	ENSURE(n == 0 || (m && v), "adam_step: needs two state buffers");
+	float *restrict p = param;
+	const float *restrict gr = grad;
+	float *restrict mm = m;
+	float *restrict vv = v;
+	const double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay;
+	const float wd_g = hp->decoupled ? 0.0f : (float)wd;
+	const float p_keep = hp->decoupled ? (float)(1.0 - lr * wd) : 1.0f;
+	const float w1 = (float)(1.0 - b1), beta2 = (float)b2, w2 = (float)(1.0 - b2);
+	const float neg_step = (float)(-(lr / (1.0 - pow(b1, (double)hp->step))));
+	const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)hp->step));
+	const float eps = hp->eps;
+
+	for (size_t i = 0; i < n; i++) {
+		float pi = p[i] * p_keep;
+		float g = gr[i] + wd_g * pi;
+		float mi = mm[i] + w1 * (g - mm[i]);
+		float vi = vv[i] * beta2 + w2 * g * g;
+		float denom = sqrtf(vi) / bc2_sqrt + eps;
+		mm[i] = mi;
+		vv[i] = vi;
+		p[i] = pi + neg_step * (mi / denom);
+	}
+	return 0;
+}
+
+void tr_cpu_kernels_fill(tr_backend_i *t)
+{
+	t->gemm = cpu_gemm;
+	t->add_bias = cpu_add_bias;
+	t->col_sum = cpu_col_sum;
+	t->act_forward = cpu_act_forward;
+	t->act_backward = cpu_act_backward;
+	t->dropout_forward = cpu_dropout_forward;
+	t->mul = cpu_mul;
+	t->layernorm_forward = cpu_layernorm_forward;
+	t->layernorm_backward = cpu_layernorm_backward;
+	t->softmax_ce = cpu_softmax_ce;
+	t->mse = cpu_mse;
+	t->scale = cpu_scale;
+	t->sumsq = cpu_sumsq;
+	t->sgd_step = cpu_sgd_step;
+	t->adam_step = cpu_adam_step;
+}

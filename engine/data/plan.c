@@ -1,2 +1,126 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* Batch plan: epoch permutations and step composition (see plan.h). */
+#include "engine/data/plan.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+#include "engine/rng.h"
+
+#define FEISTEL_ROUNDS 6
+
+int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_batch last_batch, bool shuffle,
+		 uint64_t seed, int epochs, int64_t max_steps, char *err, size_t errlen)
+{
+	if (samples <= 0) {
+		snprintf(err, errlen, "the training set is empty");
+		return -EINVAL;
+	}
+	if (batch <= 0 || (epochs <= 0 && max_steps <= 0)) {
+		snprintf(err, errlen, "batch_size and one of epochs or max_steps must be positive");
+		return -EINVAL;
+	}
+	*plan = (struct tr_plan){
+		.samples = samples,
+		.batch = batch,
+		.last_batch = last_batch,
+		.shuffle = shuffle,
+		.seed = seed,
+		.epochs = epochs > 0 ? epochs : 0,
+	};
+	int bits = 1;
+	while ((1LL << (2 * bits)) < samples)
+		bits++;
+	plan->feistel_bits = bits;
+
+	switch (last_batch) {
+	case TR_LAST_DROP:
+		plan->steps_per_epoch = samples / batch;
+		if (plan->steps_per_epoch == 0) {
+			snprintf(err, errlen,
+				 "/data/last_batch: \"drop\" with batch_size %d and only %lld training samples "
+				 "leaves no step",
+				 batch, (long long)samples);
+			return -EINVAL;
+		}
+		break;
+	case TR_LAST_PARTIAL:
+	case TR_LAST_PAD:
+	case TR_LAST_ROLLOVER:
+		plan->steps_per_epoch = (samples + batch - 1) / batch;
+		break;
+	}
+
+	int64_t total = 0;
+	if (plan->epochs > 0) {
+		if (last_batch == TR_LAST_ROLLOVER)
+			total = (plan->epochs * samples + batch - 1) / batch;
+		else
+			total = plan->epochs * plan->steps_per_epoch;
+	}
+	if (max_steps > 0 && (total == 0 || max_steps < total))
+		total = max_steps;
+	plan->total_steps = total;
+	return 0;
+}
+
+/* One balanced Feistel pass over 2*bits bits; a bijection for any key. */
+static uint64_t feistel(uint64_t x, int bits, uint64_t key)
+{
+	uint64_t mask = (1ULL << bits) - 1;
+	uint64_t left = x >> bits, right = x & mask;
+	for (int round = 0; round < FEISTEL_ROUNDS; round++) {
+		uint64_t f = tr_rng_u64(key, ((uint64_t)round << 40) | right) & mask;
+		uint64_t next = left ^ f;
+		left = right;
+		right = next;
+	}
+	return (left << bits) | right;
+}
+
+int64_t tr_plan_sample(const struct tr_plan *plan, int64_t epoch, int64_t pos)
+{
+	if (!plan->shuffle)
+		return pos;
+	uint64_t key = tr_rng_key(plan->seed, (uint64_t)epoch, 0, TR_RNG_SHUFFLE);
+	/* Cycle walking: re-apply until the value lands inside [0, n).  The
+	 * domain is at most 4n, so this takes a few rounds on average. */
+	uint64_t x = (uint64_t)pos;
+	do
+		x = feistel(x, plan->feistel_bits, key);
+	while (x >= (uint64_t)plan->samples);
+	return (int64_t)x;
+}
+
+int64_t tr_plan_step_epoch(const struct tr_plan *plan, int64_t step)
+{
+	if (plan->last_batch == TR_LAST_ROLLOVER) {
+		int64_t end = (step + 1) * plan->batch;
+		if (plan->epochs > 0 && end > plan->epochs * plan->samples)
+			end = plan->epochs * plan->samples;
+		return (end - 1) / plan->samples;
+	}
+	return step / plan->steps_per_epoch;
+}
+
+int tr_plan_step(const struct tr_plan *plan, int64_t step, int64_t *idx, int64_t *epoch)
+{
+	int64_t n = plan->samples, b = plan->batch;
+	if (plan->last_batch == TR_LAST_ROLLOVER) {
+		int64_t begin = step * b, end = begin + b;
+		if (plan->epochs > 0 && end > plan->epochs * n)
+			end = plan->epochs * n;
+		for (int64_t p = begin; p < end; p++)
+			idx[p - begin] = tr_plan_sample(plan, p / n, p % n);
+		*epoch = (end - 1) / n;
+		return (int)(end - begin);
+	}
+	int64_t e = step / plan->steps_per_epoch;
+	int64_t begin = (step % plan->steps_per_epoch) * b;
+	int64_t count = b;
+	if (plan->last_batch == TR_LAST_PARTIAL && begin + count > n)
+		count = n - begin;
+	for (int64_t j = 0; j < count; j++)
+		idx[j] = tr_plan_sample(plan, e, (begin + j) % n);
+	*epoch = e;
+	return (int)count;
+}

@@ -1,2 +1,238 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* Prefetch pool: loader threads, a bounded ring of step slots (prefetch.h). */
+#include "engine/data/prefetch.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum slot_state { SLOT_FREE, SLOT_LOADING, SLOT_READY, SLOT_FAILED };
+
+struct slot {
+	enum slot_state state;
+	struct tr_batch batch;
+};
+
+struct tr_prefetch {
+	struct tr_prefetch_config cfg;
+	int features, label_dim;
+	pthread_mutex_t lock;
+	pthread_cond_t changed; /* any slot state change, cancel, error */
+	struct slot *slots;
+	int64_t next_claim;   /* next step a loader will take */
+	int64_t next_free;    /* steps below this (mod depth) have been released */
+	bool cancelled;
+	bool failed;
+	char error[512];
+	pthread_t *threads;
+	int nthreads;
+};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void *slot_alloc(tr_backend_t *be, size_t bytes)
+{
+	if (bytes == 0)
+		bytes = 8;
+	return be ? be->i->host_alloc(be, bytes) : calloc(1, bytes);
+}
+
+static void slot_free(tr_backend_t *be, void *p)
+{
+	if (be)
+		be->i->host_free(be, p);
+	else
+		free(p);
+}
+
+/* Loads one step into its slot without holding the lock. */
+static int fill_slot(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, char *err, size_t errlen)
+{
+	const struct tr_prefetch_config *c = &pf->cfg;
+	b->count = tr_plan_step(c->plan, step, b->index, &b->epoch);
+	for (int i = 0; i < b->count; i++) {
+		float *x = b->x + (size_t)i * pf->features;
+		float *y = b->y + (size_t)i * pf->label_dim;
+		int rc = tr_reader_get(c->reader, b->index[i], x, y, err, errlen);
+		if (rc < 0)
+			return rc;
+		if (c->transforms)
+			tr_transforms_apply(c->transforms, x, pf->features, c->seed, b->epoch, b->index[i], 1);
+	}
+	return 0;
+}
+
+static void *loader_main(void *arg)
+{
+	struct tr_prefetch *pf = arg;
+	char err[512];
+	pthread_mutex_lock(&pf->lock);
+	for (;;) {
+		if (pf->cancelled || pf->failed || pf->next_claim >= pf->cfg.end_step)
+			break;
+		int64_t step = pf->next_claim++;
+		struct slot *s = &pf->slots[step % pf->cfg.depth];
+		/* The slot is ours once the consumer has released step - depth. */
+		while (!pf->cancelled && pf->next_free <= step - pf->cfg.depth)
+			pthread_cond_wait(&pf->changed, &pf->lock);
+		if (pf->cancelled)
+			break;
+		s->state = SLOT_LOADING;
+		s->batch.step = step;
+		pthread_mutex_unlock(&pf->lock);
+
+		err[0] = 0;
+		int rc = fill_slot(pf, &s->batch, step, err, sizeof err);
+
+		pthread_mutex_lock(&pf->lock);
+		if (rc < 0) {
+			s->state = SLOT_FAILED;
+			if (!pf->failed) {
+				pf->failed = true;
+				snprintf(pf->error, sizeof pf->error, "%s", err[0] ? err : "loading failed");
+			}
+		} else {
+			s->state = SLOT_READY;
+		}
+		pthread_cond_broadcast(&pf->changed);
+	}
+	pthread_mutex_unlock(&pf->lock);
+	return NULL;
+}
+
+int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out, char *err, size_t errlen)
+{
+	if (cfg->workers < 1 || cfg->depth < 1 || !cfg->reader || !cfg->plan) {
+		snprintf(err, errlen, "prefetch: workers and depth must be at least 1");
+		return -EINVAL;
+	}
+	struct tr_prefetch *pf = calloc(1, sizeof *pf);
+	if (!pf)
+		goto fail_alloc;
+	pf->cfg = *cfg;
+	pf->features = cfg->reader->info.features;
+	pf->label_dim = cfg->reader->info.label_dim;
+	pf->next_claim = cfg->first_step;
+	pf->next_free = cfg->first_step;
+	pthread_mutex_init(&pf->lock, NULL);
+	pthread_cond_init(&pf->changed, NULL);
+
+	pf->slots = calloc((size_t)cfg->depth, sizeof *pf->slots);
+	if (!pf->slots)
+		goto fail_slots;
+	size_t b = (size_t)cfg->plan->batch;
+	for (int i = 0; i < cfg->depth; i++) {
+		struct tr_batch *tb = &pf->slots[i].batch;
+		tb->x = slot_alloc(cfg->backend, b * pf->features * sizeof(float));
+		tb->y = slot_alloc(cfg->backend, b * pf->label_dim * sizeof(float));
+		tb->index = calloc(b, sizeof *tb->index);
+		if (!tb->x || !tb->y || !tb->index)
+			goto fail_threads;
+	}
+
+	pf->threads = calloc((size_t)cfg->workers, sizeof *pf->threads);
+	if (!pf->threads)
+		goto fail_threads;
+	for (int i = 0; i < cfg->workers; i++) {
+		if (pthread_create(&pf->threads[i], NULL, loader_main, pf) != 0) {
+			snprintf(err, errlen, "prefetch: cannot start loader thread %d", i);
+			tr_prefetch_destroy(pf);
+			return -EAGAIN;
+		}
+		pf->nthreads++;
+	}
+	*out = pf;
+	return 0;
+
+fail_threads:
+	tr_prefetch_destroy(pf);
+	snprintf(err, errlen, "prefetch: out of memory for %d slots of %d samples", cfg->depth, cfg->plan->batch);
+	return -ENOMEM;
+fail_slots:
+	pthread_cond_destroy(&pf->changed);
+	pthread_mutex_destroy(&pf->lock);
+	free(pf);
+fail_alloc:
+	snprintf(err, errlen, "prefetch: out of memory");
+	return -ENOMEM;
+}
+
+int tr_prefetch_next(tr_prefetch_t *pf, int64_t step, const struct tr_batch **batch, double *wait_ms)
+{
+	double t0 = now_ms();
+	int rc = 0;
+	struct slot *s = &pf->slots[step % pf->cfg.depth];
+	pthread_mutex_lock(&pf->lock);
+	for (;;) {
+		if (pf->cancelled) {
+			rc = -ECANCELED;
+			break;
+		}
+		bool ours = s->batch.step == step;
+		if (ours && s->state == SLOT_READY)
+			break;
+		if (ours && s->state == SLOT_FAILED) {
+			rc = -EIO;
+			break;
+		}
+		pthread_cond_wait(&pf->changed, &pf->lock);
+	}
+	pthread_mutex_unlock(&pf->lock);
+	if (wait_ms)
+		*wait_ms = now_ms() - t0;
+	if (rc == 0)
+		*batch = &s->batch;
+	return rc;
+}
+
+void tr_prefetch_release(tr_prefetch_t *pf, int64_t step)
+{
+	pthread_mutex_lock(&pf->lock);
+	pf->slots[step % pf->cfg.depth].state = SLOT_FREE;
+	if (step + 1 > pf->next_free)
+		pf->next_free = step + 1;
+	pthread_cond_broadcast(&pf->changed);
+	pthread_mutex_unlock(&pf->lock);
+}
+
+void tr_prefetch_cancel(tr_prefetch_t *pf)
+{
+	pthread_mutex_lock(&pf->lock);
+	pf->cancelled = true;
+	pthread_cond_broadcast(&pf->changed);
+	pthread_mutex_unlock(&pf->lock);
+}
+
+const char *tr_prefetch_error(tr_prefetch_t *pf)
+{
+	return pf->error;
+}
+
+void tr_prefetch_destroy(tr_prefetch_t *pf)
+{
+	if (!pf)
+		return;
+	tr_prefetch_cancel(pf);
+	for (int i = 0; i < pf->nthreads; i++)
+		pthread_join(pf->threads[i], NULL);
+	free(pf->threads);
+	if (pf->slots) {
+		for (int i = 0; i < pf->cfg.depth; i++) {
+			slot_free(pf->cfg.backend, pf->slots[i].batch.x);
+			slot_free(pf->cfg.backend, pf->slots[i].batch.y);
+			free(pf->slots[i].batch.index);
+		}
+		free(pf->slots);
+	}
+	pthread_cond_destroy(&pf->changed);
+	pthread_mutex_destroy(&pf->lock);
+	free(pf);
+}

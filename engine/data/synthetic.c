@@ -1,2 +1,172 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* Synthetic datasets: every sample is a pure function of (seed, index).
+ *
+ * They let examples, tests and benchmarks run offline, and because nothing
+ * is stored or streamed, any loader thread may produce any sample in any
+ * order and get the same bytes.  Classification draws a class per sample
+ * and scatters it around a class center in [-1, 1]^features, so it is
+ * learnable whenever the noise is small next to the distance between
+ * centers; regression is a fixed random linear map plus noise.
+ * load_cost_us makes each sample cost that much wall time, to model slow
+ * storage when measuring how well the prefetch pool hides it.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "engine/data/reader.h"
+#include "engine/rng.h"
+
+int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
+		      size_t errlen);
+
+/* Second key word per stream: samples, class centers and regression
+ * weights must never share a key even when an index equals a class. */
+enum { STREAM_SAMPLE = 0, STREAM_CENTER = 1, STREAM_WEIGHT = 2 };
+
+struct synth_reader {
+	tr_reader_t base;
+	enum tr_synth_task task;
+	uint64_t seed;
+	int classes;
+	float noise;
+	int64_t load_cost_us;
+	float *w; /* regression: [outputs, features] */
+};
+
+static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void errorf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static void sleep_us(int64_t us)
+{
+	struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+{
+	struct synth_reader *s = (struct synth_reader *)r;
+	int nf = r->info.features;
+	uint64_t key;
+
+	if (index < 0 || index >= r->info.samples) {
+		errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+		       (long long)r->info.samples);
+		return -ERANGE;
+	}
+	if (s->load_cost_us > 0)
+		sleep_us(s->load_cost_us);
+	/* Counter 0 picks the class, 1..features the feature noise,
+	 * features+1.. the target noise. */
+	key = tr_rng_key(s->seed, (uint64_t)index, STREAM_SAMPLE, TR_RNG_SYNTH);
+	if (s->task == TR_SYNTH_CLASSIFICATION) {
+		uint64_t c = tr_rng_below(key, 0, (uint64_t)s->classes);
+		uint64_t ckey = tr_rng_key(s->seed, c, STREAM_CENTER, TR_RNG_SYNTH);
+
+		for (int j = 0; j < nf; j++)
+			x[j] = 2.0f * tr_rng_uniform(ckey, (uint64_t)j) - 1.0f +
+			       s->noise * tr_rng_normal(key, 1 + (uint64_t)j);
+		y[0] = (float)c;
+	} else {
+		for (int j = 0; j < nf; j++)
+			x[j] = tr_rng_normal(key, 1 + (uint64_t)j);
+		for (int o = 0; o < r->info.label_dim; o++) {
+			const float *w = s->w + (size_t)o * (size_t)nf;
+			double acc = 0.0;
+
+			for (int j = 0; j < nf; j++)
+				acc += (double)w[j] * x[j];
+			y[o] = (float)acc + s->noise * tr_rng_normal(key, 1 + (uint64_t)nf + (uint64_t)o);
+		}
+	}
+	return 0;
+}
+
+static void synth_destroy(tr_reader_t *r)
+{
+	struct synth_reader *s = (struct synth_reader *)r;
+
+	free(s->w);
+	free(s);
+}
+
+static const struct tr_reader_i synth_i = {
+	.get = synth_get,
+	.destroy = synth_destroy,
+};
+
+int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
+		      size_t errlen)
+{
+	struct synth_reader *s;
+	int outputs = src->outputs > 0 ? src->outputs : 1;
+
+	if (src->samples <= 0 || src->features <= 0) {
+		errorf(err, errlen, "synthetic: samples (%lld) and features (%d) must be > 0",
+		       (long long)src->samples, src->features);
+		return -EINVAL;
+	}
+	if (src->task == TR_SYNTH_CLASSIFICATION && src->classes <= 0) {
+		errorf(err, errlen, "synthetic: classes (%d) must be > 0", src->classes);
+		return -EINVAL;
+	}
+	if (src->task != TR_SYNTH_CLASSIFICATION && src->task != TR_SYNTH_REGRESSION) {
+		errorf(err, errlen, "synthetic: unknown task %d", (int)src->task);
+		return -EINVAL;
+	}
+	if (!(src->noise >= 0.0f) || !isfinite(src->noise) || src->load_cost_us < 0 || src->outputs < 0) {
+		errorf(err, errlen, "synthetic: noise, outputs and load_cost_us must be >= 0");
+		return -EINVAL;
+	}
+	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > ((size_t)1 << 28)) {
+		errorf(err, errlen, "synthetic: outputs x features (%d x %d) is too large", outputs, src->features);
+		return -EINVAL;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		goto oom;
+	s->base.i = &synth_i;
+	s->base.info.samples = src->samples;
+	s->base.info.features = src->features;
+	s->base.info.label_dim = src->task == TR_SYNTH_CLASSIFICATION ? 1 : outputs;
+	snprintf(s->base.name, sizeof(s->base.name), "synthetic");
+	s->task = src->task;
+	s->seed = seed;
+	s->classes = src->classes;
+	s->noise = src->noise;
+	s->load_cost_us = src->load_cost_us;
+	if (s->task == TR_SYNTH_REGRESSION) {
+		size_t nw = (size_t)outputs * (size_t)src->features;
+		/* 1/sqrt(features) keeps each target's variance near 1
+		 * whatever the width, so default learning rates work. */
+		float gain = 1.0f / sqrtf((float)src->features);
+		uint64_t wkey = tr_rng_key(seed, 0, STREAM_WEIGHT, TR_RNG_SYNTH);
+
+		s->w = malloc(nw * sizeof(float));
+		if (!s->w)
+			goto oom;
+		for (size_t i = 0; i < nw; i++)
+			s->w[i] = gain * tr_rng_normal(wkey, i);
+	}
+	*out = &s->base;
+	return 0;
+oom:
+	if (s)
+		synth_destroy(&s->base);
+	errorf(err, errlen, "synthetic: out of memory");
+	return -ENOMEM;
+}

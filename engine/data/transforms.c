@@ -1,2 +1,212 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* Feature transforms applied by the loader threads after each read.
+ *
+ * The list runs in spec order.  standardize needs statistics, which are
+ * computed once at create time over the whole training reader with the
+ * transforms before it applied (noise left out: statistics of a random
+ * draw would make them depend on the epoch), in double so a million
+ * samples do not drift.  Gaussian noise is keyed by (seed, epoch, sample)
+ * and counted by feature, so a sample gets the same noise whichever thread
+ * loads it, and fresh noise each epoch.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/data/reader.h"
+#include "engine/rng.h"
+
+struct op {
+	enum tr_transform_type type;
+	float factor;  /* scale */
+	float std;     /* gaussian_noise */
+	int noise_k;   /* which noise op this is, to keep their draws apart */
+	float *mean;   /* standardize: [features] */
+	float *sd;     /* standardize: [features], never 0 */
+};
+
+struct tr_transforms {
+	int n;
+	int features; /* of the training reader, for standardize */
+	struct op ops[TR_SPEC_MAX_TRANSFORMS];
+};
+
+static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void errorf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* Runs ops [0, end) on x. */
+static void apply_ops(const tr_transforms_t *t, int end, float *x, int features, uint64_t seed, int64_t epoch,
+		      int64_t sample_index, int training)
+{
+	for (int k = 0; k < end; k++) {
+		const struct op *o = &t->ops[k];
+
+		switch (o->type) {
+		case TR_TF_SCALE:
+			for (int j = 0; j < features; j++)
+				x[j] *= o->factor;
+			break;
+		case TR_TF_STANDARDIZE: {
+			int n = features < t->features ? features : t->features;
+
+			for (int j = 0; j < n; j++)
+				x[j] = (x[j] - o->mean[j]) / o->sd[j];
+			break;
+		}
+		case TR_TF_GAUSSIAN_NOISE: {
+			uint64_t key;
+
+			if (!training || o->std == 0.0f)
+				break;
+			key = tr_rng_key(seed, (uint64_t)epoch, (uint64_t)sample_index, TR_RNG_NOISE);
+			for (int j = 0; j < features; j++)
+				x[j] += o->std * tr_rng_normal(key, ((uint64_t)o->noise_k << 32) + (uint64_t)j);
+			break;
+		}
+		}
+	}
+}
+
+/* Fills ops[k].mean/sd from `train` as seen through ops [0, k). */
+static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, char *err, size_t errlen)
+{
+	struct op *o = &t->ops[k];
+	int nf = train->info.features;
+	int64_t n = train->info.samples;
+	float *x = NULL, *y = NULL;
+	double *shift = NULL, *s1 = NULL, *s2 = NULL;
+	int ret = 0;
+
+	if (n <= 0 || nf <= 0) {
+		errorf(err, errlen, "standardize: %s has no samples", train->name);
+		return -EINVAL;
+	}
+	o->mean = malloc((size_t)nf * sizeof(float));
+	o->sd = malloc((size_t)nf * sizeof(float));
+	x = malloc((size_t)nf * sizeof(float));
+	y = malloc((size_t)(train->info.label_dim > 0 ? train->info.label_dim : 1) * sizeof(float));
+	shift = malloc((size_t)nf * sizeof(double));
+	s1 = calloc((size_t)nf, sizeof(double));
+	s2 = calloc((size_t)nf, sizeof(double));
+	if (!o->mean || !o->sd || !x || !y || !shift || !s1 || !s2) {
+		errorf(err, errlen, "standardize: out of memory");
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* Sums of (x - first sample) instead of x: the textbook
+	 * sum-of-squares formula cancels badly when |mean| >> std. */
+	for (int64_t i = 0; i < n; i++) {
+		ret = tr_reader_get(train, i, x, y, err, errlen);
+		if (ret)
+			goto out;
+		apply_ops(t, k, x, nf, 0, 0, i, 0);
+		for (int j = 0; j < nf; j++) {
+			double d;
+
+			if (i == 0)
+				shift[j] = x[j];
+			d = (double)x[j] - shift[j];
+			s1[j] += d;
+			s2[j] += d * d;
+		}
+	}
+	for (int j = 0; j < nf; j++) {
+		double m = s1[j] / (double)n;
+		double var = s2[j] / (double)n - m * m;
+		double sd = var > 0.0 ? sqrt(var) : 0.0;
+
+		o->mean[j] = (float)(shift[j] + m);
+		o->sd[j] = sd > 0.0 && (float)sd > 0.0f ? (float)sd : 1.0f;
+	}
+out:
+	free(x);
+	free(y);
+	free(shift);
+	free(s1);
+	free(s2);
+	return ret;
+}
+
+int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, char *err,
+			 size_t errlen)
+{
+	tr_transforms_t *t;
+	int noise_k = 0, ret;
+
+	*out = NULL;
+	if (spec->n_transforms < 0 || spec->n_transforms > TR_SPEC_MAX_TRANSFORMS) {
+		errorf(err, errlen, "too many transforms (%d)", spec->n_transforms);
+		return -EINVAL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		errorf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	t->features = train ? train->info.features : 0;
+	for (int k = 0; k < spec->n_transforms; k++) {
+		const struct tr_transform_spec *ts = &spec->transforms[k];
+		struct op *o = &t->ops[k];
+
+		o->type = ts->type;
+		o->factor = ts->factor;
+		o->std = ts->std;
+		switch (ts->type) {
+		case TR_TF_SCALE:
+			break;
+		case TR_TF_GAUSSIAN_NOISE:
+			o->noise_k = noise_k++;
+			break;
+		case TR_TF_STANDARDIZE:
+			if (!train) {
+				errorf(err, errlen, "/data/transforms/%d: standardize needs training data", k);
+				ret = -EINVAL;
+				goto fail;
+			}
+			ret = standardize_stats(t, k, train, err, errlen);
+			if (ret)
+				goto fail;
+			break;
+		default:
+			errorf(err, errlen, "/data/transforms/%d: unknown transform type %d", k, (int)ts->type);
+			ret = -EINVAL;
+			goto fail;
+		}
+		t->n = k + 1;
+	}
+	*out = t;
+	return 0;
+fail:
+	tr_transforms_destroy(t);
+	return ret;
+}
+
+void tr_transforms_apply(const tr_transforms_t *t, float *x, int features, uint64_t seed, int64_t epoch,
+			 int64_t sample_index, int training)
+{
+	if (t)
+		apply_ops(t, t->n, x, features, seed, epoch, sample_index, training);
+}
+
+void tr_transforms_destroy(tr_transforms_t *t)
+{
+	if (!t)
+		return;
+	/* All slots, not just t->n: a failed create leaves arrays past it. */
+	for (int k = 0; k < TR_SPEC_MAX_TRANSFORMS; k++) {
+		free(t->ops[k].mean);
+		free(t->ops[k].sd);
+	}
+	free(t);
+}

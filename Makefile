@@ -1,0 +1,41 @@
+# Thin wrapper over meson: `make run`, `make test`, `make bench`.
+BUILD ?= build
+MESON_FLAGS ?=
+TRAINERD = $(BUILD)/daemon/trainerd
+
+.PHONY: all deps build run test test-asan test-tsan bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	meson setup $(BUILD) $(MESON_FLAGS)
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+# Trains the quickstart job in the foreground with a live progress display.
+run: build
+	$(TRAINERD) run examples/quickstart.json --out out/quickstart
+
+test: build
+	python3 tests/run_tests.py $(BUILD)
+
+# The suite under AddressSanitizer+UBSan and under ThreadSanitizer, CPU only.
+test-asan: deps
+	[ -f build-asan/build.ninja ] || meson setup build-asan -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false
+	ninja -C build-asan
+	python3 tests/run_tests.py build-asan
+
+test-tsan: deps
+	[ -f build-tsan/build.ninja ] || meson setup build-tsan -Dcuda=disabled -Db_sanitize=thread
+	ninja -C build-tsan
+	python3 tests/run_tests.py build-tsan
+
+bench: build
+	bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

@@ -1,0 +1,90 @@
+/* The sequential model: parameter layout, initialisation and one replica's
+ * forward and backward pass on a backend device.
+ *
+ * The layout (tr_model_t) is shared by all replicas: every parameter lives
+ * at a fixed offset in one contiguous buffer, gradients mirror it, so a step
+ * needs a single allreduce.  Names and shapes follow PyTorch's
+ * nn.Sequential ("<layer index>.weight", dense weight [out, in]) so exported
+ * weights load into the equivalent torch model.
+ */
+#ifndef TR_MODEL_H
+#define TR_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/spec.h"
+
+struct tr_layer {
+	enum tr_layer_type type;
+	int in, out;          /* feature widths */
+	size_t w_off, b_off;  /* float offsets in the parameter buffer */
+	size_t w_len, b_len;  /* 0 when absent */
+	enum tr_act act;
+	float rate, eps;
+};
+
+typedef struct tr_model {
+	struct tr_layer layers[TR_SPEC_MAX_LAYERS];
+	int n_layers;
+	int inputs, outputs, max_width;
+	enum tr_loss loss;
+	size_t n_params;
+	uint64_t seed;
+} tr_model_t;
+
+/* Builds the layout for `inputs` features.  Returns 0 or -EINVAL. */
+int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen);
+
+/* PyTorch default initialisation from the counter-based generator:
+ * dense weight and bias U(-1/sqrt(in), 1/sqrt(in)), layernorm 1 and 0. */
+void tr_model_init_params(const tr_model_t *m, float *host_params);
+
+/* One named tensor of the layout, for export and import.  Returns the
+ * number of tensors when idx is out of range (call with idx 0.. until it
+ * returns 0). */
+struct tr_param_view {
+	char name[32];
+	int64_t shape[2];
+	int ndim;
+	size_t offset, len;
+};
+int tr_model_param_count(const tr_model_t *m);
+void tr_model_param_view(const tr_model_t *m, int idx, struct tr_param_view *out);
+
+/* One device's copy of the model and its work buffers. */
+typedef struct tr_replica {
+	const tr_model_t *model;
+	tr_backend_t *be;
+	int dev;
+	int max_rows;
+	float *params, *grads, *state1, *state2;
+	float *input, *labels;
+	float *acts[TR_SPEC_MAX_LAYERS + 1]; /* acts[0] = input */
+	float *aux[TR_SPEC_MAX_LAYERS];      /* dropout mask or layernorm mean */
+	float *aux2[TR_SPEC_MAX_LAYERS];     /* layernorm rstd */
+	float *dbuf[2];
+	int label_dim;
+} tr_replica_t;
+
+int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int dev, int max_rows, int label_dim,
+		    int opt_state_buffers, char *err, size_t errlen);
+void tr_replica_finish(tr_replica_t *r);
+
+/* Forward pass over r->input (rows x inputs).  training enables dropout,
+ * keyed by (seed, step, layer) with row positions starting at row0 in the
+ * step's global sample list. */
+int tr_replica_forward(tr_replica_t *r, int rows, int64_t row0, int64_t step, int training);
+
+/* Loss of the last forward against r->labels; writes the output gradient
+ * scaled by `scale` into the first dbuf and ADDS (loss sum, correct count)
+ * to out[0..1]. */
+int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out);
+
+/* Backward pass after tr_replica_loss.  Accumulates into r->grads, which
+ * the caller clears at the start of every step (an idle device contributes
+ * that zero buffer as is). */
+int tr_replica_backward(tr_replica_t *r, int rows);
+
+#endif

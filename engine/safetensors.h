@@ -1,0 +1,49 @@
+/* safetensors files: the weights format trainerd writes and reads.
+ *
+ * Layout: 8-byte little-endian header length N, N bytes of JSON header
+ * ({"<name>": {"dtype": "F32", "shape": [...], "data_offsets": [b, e]},
+ * "__metadata__": {"k": "v"}}), then the raw little-endian data.  The
+ * header is padded with spaces to a multiple of 8 so the data is aligned.
+ */
+#ifndef TR_SAFETENSORS_H
+#define TR_SAFETENSORS_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tr_st_tensor {
+	const char *name;
+	int ndim;
+	int64_t shape[4];
+	const float *data; /* F32, product(shape) elements */
+};
+
+/* Writes atomically (temporary file, fsync, rename).  metadata (borrowed,
+ * may be NULL) must be an object of string values.  Returns 0 or -errno
+ * with err set. */
+int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata, char *err,
+		size_t errlen);
+
+/* Serialises into memory instead: *out (malloc'd, caller frees), *len. */
+int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out,
+		    size_t *len, char *err, size_t errlen);
+
+typedef struct tr_st_file tr_st_file_t;
+
+/* Opens and validates a file (header JSON, offsets inside the file, no
+ * overlaps).  Errors name the file. */
+int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen);
+void tr_st_close(tr_st_file_t *f); /* accepts NULL */
+
+/* Copies tensor `name` into dst after checking dtype F32 and that its shape
+ * equals shape[0..ndim).  Errors name the tensor and both shapes. */
+int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
+		   size_t errlen);
+
+/* Borrowed: the __metadata__ object or NULL. */
+const json_t *tr_st_metadata(const tr_st_file_t *f);
+/* Number of tensors in the file. */
+int tr_st_count(const tr_st_file_t *f);
+
+#endif

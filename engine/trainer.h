@@ -1,0 +1,102 @@
+/* The data-parallel trainer: one replica per device, exact uneven steps.
+ *
+ * For each step the trainer takes the step's batch from the prefetch ring,
+ * gives every device an even share (sizes differ by at most one; a device
+ * may get none), has each device compute the sum of its samples' gradients
+ * scaled by 1/N_step into a freshly cleared buffer, allreduces (SUM), and
+ * applies the identical optimizer update on every replica.  The result is
+ * the gradient one device would compute on the whole step, whatever the
+ * device count (DESIGN.md §1).
+ *
+ * Rank 0 runs on the thread that calls tr_trainer_run; ranks 1..D-1 have a
+ * host thread each.  Metrics, progress and log lines go to caller hooks from
+ * the tr_trainer_run thread.  The trainer knows nothing of HTTP or SQLite.
+ */
+#ifndef TR_TRAINER_H
+#define TR_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/data/reader.h"
+#include "engine/model/model.h"
+#include "engine/spec.h"
+
+struct tr_metric_point {
+	const char *name;
+	int64_t step;  /* 1-based count of updates done */
+	int64_t epoch; /* 0-based epoch of that step */
+	double wall;   /* seconds since the Unix epoch */
+	double value;
+};
+
+struct tr_progress {
+	int64_t step, total_steps; /* steps done, steps planned */
+	int64_t epoch, epochs;     /* epochs: 0 when only max_steps bounds the run */
+	double loss;
+	double samples_per_sec;
+	double elapsed_s, eta_s;
+	double data_wait_fraction;
+};
+
+enum tr_log_level { TR_LOG_ERROR = 3, TR_LOG_WARNING = 4, TR_LOG_INFO = 6, TR_LOG_DEBUG = 7 };
+
+struct tr_trainer_hooks {
+	void (*metric)(void *ctx, const struct tr_metric_point *p);
+	void (*progress)(void *ctx, const struct tr_progress *p);
+	void (*log)(void *ctx, enum tr_log_level level, const char *msg);
+	void *ctx;
+};
+
+struct tr_trainer_options {
+	const struct tr_spec *spec; /* borrowed; must outlive the trainer */
+	tr_backend_t *backend;      /* borrowed */
+	int devices;                /* ranks to use; 0 = spec's count, capped by the backend */
+	int workers;                /* loader threads; 0 = spec's prefetch.workers */
+	const char *base_dir;       /* relative data paths resolve here; NULL = cwd */
+	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
+	tr_reader_t *val_reader;    /* optional, borrowed */
+	struct tr_trainer_hooks hooks;
+	/* Tests only: after every update fill each gradient buffer with garbage,
+	 * so a device that does not clear its buffer corrupts the next step. */
+	bool debug_poison_grads;
+};
+
+struct tr_summary {
+	int64_t steps, epochs, samples;
+	double final_loss;
+	double wall_s, samples_per_sec, data_wait_fraction;
+	double val_loss, val_accuracy; /* NAN when there is no validation */
+	bool stopped;                  /* ended early by tr_trainer_stop */
+};
+
+typedef struct tr_trainer tr_trainer_t;
+
+/* Opens the data, builds the model and replicas, starts nothing yet.
+ * Errors name the spec field, file or line. */
+int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, char *err, size_t errlen);
+
+/* Trains to the end of the plan.  Returns 0 when it completed or was
+ * stopped (summary.stopped), -ECANCELED when cancelled, or another negative
+ * code with err set (a loader error names file and sample). */
+int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen);
+
+/* Graceful: finish the current step, then return.  Async-signal-safe. */
+void tr_trainer_stop(tr_trainer_t *t);
+/* Immediate: wakes every wait (loaders, collectives); run returns
+ * -ECANCELED.  Safe from any thread. */
+void tr_trainer_cancel(tr_trainer_t *t);
+
+void tr_trainer_summary(const tr_trainer_t *t, struct tr_summary *out);
+const tr_model_t *tr_trainer_model(const tr_trainer_t *t);
+/* Copies rank `rank`'s parameters to host memory (model n_params floats). */
+int tr_trainer_copy_params(tr_trainer_t *t, int rank, float *host);
+/* Writes the weights as safetensors with PyTorch names. */
+int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t errlen);
+int tr_trainer_device_count(const tr_trainer_t *t);
+
+/* Joins every thread and frees everything.  Accepts NULL. */
+void tr_trainer_destroy(tr_trainer_t *t);
+
+#endif
