@@ -176,8 +176,6 @@ enum {
 #define NONNEG F_LO
 #define UNIT_OPEN (F_LO | F_HI | F_HI_OPEN) /* [0, 1) */
 
-struct field;
-
 /* v is NULL when the key is absent (apply the default).  The context
  * pointer names the field. */
 typedef int (*parse_fn)(struct ctx *c, const json_t *v, void *base);
@@ -1039,7 +1037,8 @@ static const struct field optimizer_fields[] = {
 static const struct field schedule_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = SPEC(schedule.type), .flags = F_VARIANT, .names = sched_names},
 	{.key = "warmup_steps", .kind = K_I64, .off = SPEC(schedule.warmup_steps), .flags = NONNEG},
-	{.key = "step_size", .kind = K_I64, .off = SPEC(schedule.step_size), .only = SCH_STEP, .flags = F_REQ | POSITIVE},
+	{.key = "step_size", .kind = K_I64, .off = SPEC(schedule.step_size), .only = SCH_STEP,
+	 .flags = F_REQ | POSITIVE},
 	{.key = "gamma", .kind = K_FLOAT, .off = SPEC(schedule.gamma), .only = SCH_STEP,
 	 .flags = F_LO | F_LO_OPEN | F_HI, .lo = 0, .hi = 1, .def = 0.1},
 	{.key = "min_lr", .kind = K_FLOAT, .off = SPEC(schedule.min_lr), .only = SCH_DECAY, .flags = NONNEG},
@@ -1047,8 +1046,10 @@ static const struct field schedule_fields[] = {
 };
 
 static const struct field prefetch_fields[] = {
-	{.key = "workers", .kind = K_INT, .off = SPEC(prefetch_workers), .flags = F_LO | F_HI, .lo = 1, .hi = 64, .def = 2},
-	{.key = "depth", .kind = K_INT, .off = SPEC(prefetch_depth), .flags = F_LO | F_HI, .lo = 1, .hi = 256, .def = 4},
+	{.key = "workers", .kind = K_INT, .off = SPEC(prefetch_workers), .flags = F_LO | F_HI, .lo = 1, .hi = 64,
+	 .def = 2},
+	{.key = "depth", .kind = K_INT, .off = SPEC(prefetch_depth), .flags = F_LO | F_HI, .lo = 1, .hi = 256,
+	 .def = 4},
 	{0},
 };
 
@@ -1071,6 +1072,7 @@ static const struct field init_fields[] = {
 	{0},
 };
 
+/* "seed" comes before "data": sources default their seed to it. */
 static const struct field root_fields[] = {
 	{.key = "name", .kind = K_STR, .off = SPEC(name), .defstr = "job"},
 	{.key = "seed", .kind = K_U64, .off = SPEC(seed), .flags = NONNEG},
@@ -1108,12 +1110,12 @@ static int last_dense(const struct tr_spec *spec)
 
 /* Synthetic sources know their shapes at parse time, so a model that
  * cannot fit them is reported here, with a pointer, rather than as a shape
- * error once the job runs. */
+ * error once the job runs.  The cross checks enter() the pointer of what
+ * they blame without leaving it: the first error ends parsing. */
 static int check_synthetic(struct ctx *c, const struct tr_spec *spec)
 {
 	const struct tr_source_spec *tr = &spec->train, *va = &spec->validation;
 	int last = last_dense(spec);
-	char ptr[64];
 
 	if (tr->format != TR_DATA_SYNTHETIC)
 		return 0;
@@ -1123,7 +1125,8 @@ static int check_synthetic(struct ctx *c, const struct tr_spec *spec)
 	}
 	if (spec->loss == TR_LOSS_SOFTMAX_CE && tr->task == TR_SYNTH_REGRESSION) {
 		enter(c, "model");
-		return fail(c, "loss", "softmax_cross_entropy needs class labels but the train source is a regression task");
+		return fail(c, "loss",
+			    "softmax_cross_entropy needs class labels but the train source is a regression task");
 	}
 	if (last >= 0) {
 		int want = 0;
@@ -1135,10 +1138,10 @@ static int check_synthetic(struct ctx *c, const struct tr_spec *spec)
 		if (want && spec->layers[last].units != want) {
 			enter(c, "model");
 			enter(c, "layers");
-			snprintf(ptr, sizeof(ptr), "%d", last);
-			enter(c, ptr);
-			return fail(c, "units", "the last dense layer must have %d units to match the train source's %s",
-				    want, spec->loss == TR_LOSS_SOFTMAX_CE ? "classes" : "outputs");
+			enter_index(c, (size_t)last);
+			return fail(c, "units",
+				    "the last dense layer must have %d units to match the train source's %s", want,
+				    spec->loss == TR_LOSS_SOFTMAX_CE ? "classes" : "outputs");
 		}
 	}
 	if (va->present && va->format == TR_DATA_SYNTHETIC) {
@@ -1336,7 +1339,9 @@ static int emit_field(const struct field *f, const void *base, json_t *obj)
 		if (!a)
 			return -1;
 		for (int i = 0; i < n; i++) {
-			if (json_array_append_new(a, emit_object(f->sub, cat(base, f->off + (size_t)i * f->size), -1))) {
+			const void *elem = cat(base, f->off + (size_t)i * f->size);
+
+			if (json_array_append_new(a, emit_object(f->sub, elem, -1))) {
 				json_decref(a);
 				return -1;
 			}

@@ -111,6 +111,15 @@ static void emit(struct tr_trainer *t, const char *name, int64_t step, int64_t e
 
 /* ---- data -------------------------------------------------------------- */
 
+/* Both sources synthetic from the same generator (task, shape and seed). */
+static bool synthetic_pair(const struct tr_spec *s)
+{
+	const struct tr_source_spec *a = &s->train, *b = &s->validation;
+	return a->format == TR_DATA_SYNTHETIC && b->format == TR_DATA_SYNTHETIC && a->task == b->task &&
+	       a->features == b->features && a->classes == b->classes && a->outputs == b->outputs &&
+	       a->data_seed == b->data_seed;
+}
+
 static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 {
 	const struct tr_spec *s = t->spec;
@@ -125,6 +134,20 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 	}
 	if (t->opt.val_reader) {
 		t->val = t->opt.val_reader;
+	} else if (s->validation.present && synthetic_pair(s)) {
+		/* Synthetic sample i is a pure function of (seed, i): the same
+		 * indices would repeat the training samples.  Validation takes the
+		 * indices after the training set's from one generator instead. */
+		struct tr_source_spec both = s->validation;
+		both.samples = s->train.samples + s->validation.samples;
+		rc = tr_reader_open(&both, s->seed, t->opt.base_dir, &t->val_base, err, errlen);
+		if (rc < 0)
+			return rc;
+		t->own_val = t->val = tr_reader_slice(t->val_base, s->train.samples, both.samples);
+		if (!t->val) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
 	} else if (s->validation.present) {
 		rc = tr_reader_open(&s->validation, s->seed, t->opt.base_dir, &t->own_val, err, errlen);
 		if (rc < 0)

@@ -57,11 +57,13 @@ static int barrier(struct tr_comm *cm, void (*on_full)(struct tr_comm *))
 	return cm->gen == gen ? -ECANCELED : 0;
 }
 
-static void check_lengths(struct tr_comm *cm)
+/* Bad arguments are judged after everyone has arrived, so that all ranks
+ * fail together instead of one leaving the others stuck in the barrier. */
+static void check_published(struct tr_comm *cm)
 {
 	cm->mismatch = false;
-	for (int r = 1; r < cm->ndev; r++)
-		if (cm->lens[r] != cm->lens[0])
+	for (int r = 0; r < cm->ndev; r++)
+		if (cm->lens[r] != cm->lens[0] || (!cm->bufs[r] && cm->lens[r]))
 			cm->mismatch = true;
 }
 
@@ -95,13 +97,13 @@ static int cpu_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
 	pthread_mutex_lock(&cm->mu);
 	cm->bufs[rank] = buf;
 	cm->lens[rank] = n;
-	rc = barrier(cm, check_lengths);
+	rc = barrier(cm, check_published);
 	if (rc == 0 && cm->mismatch)
 		rc = -EINVAL;
 	pthread_mutex_unlock(&cm->mu);
 	/* every rank records it: last_error is read per device thread */
 	if (rc == -EINVAL)
-		return tr_cpu_set_error(cm->be, rc, "allreduce_sum: rank %d: ranks passed different lengths", rank);
+		return tr_cpu_set_error(cm->be, rc, "allreduce_sum: rank %d: ranks passed different lengths or a NULL buffer", rank);
 	if (rc)
 		return rc;
 

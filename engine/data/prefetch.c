@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ struct tr_prefetch {
 	struct slot *slots;
 	int64_t next_claim;   /* next step a loader will take */
 	int64_t next_free;    /* steps below this (mod depth) have been released */
-	bool cancelled;
+	atomic_bool cancelled; /* also polled between samples, without the lock */
 	bool failed;
 	char error[512];
 	pthread_t *threads;
@@ -59,6 +60,12 @@ static int fill_slot(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, c
 	const struct tr_prefetch_config *c = &pf->cfg;
 	b->count = tr_plan_step(c->plan, step, b->index, &b->epoch);
 	for (int i = 0; i < b->count; i++) {
+		/* A step of slow samples can take seconds: notice a cancel between
+		 * samples so destroy joins promptly. */
+		if (atomic_load_explicit(&pf->cancelled, memory_order_relaxed)) {
+			snprintf(err, errlen, "cancelled");
+			return -ECANCELED;
+		}
 		float *x = b->x + (size_t)i * pf->features;
 		float *y = b->y + (size_t)i * pf->label_dim;
 		int rc = tr_reader_get(c->reader, b->index[i], x, y, err, errlen);

@@ -121,6 +121,23 @@ Test(cpu_create, bad_arguments)
 	tr_backend_destroy(b);
 }
 
+extern int openblas_get_num_threads(void) __attribute__((weak));
+
+/* The budget is split between device threads, never below one. */
+Test(cpu_create, blas_thread_budget)
+{
+	static const int cases[][3] = {{1, 2, 2}, {4, 3, 1}, {2, 8, 4}, {3, 8, 2}};
+	if (!openblas_get_num_threads)
+		cr_skip_test("not linked against OpenBLAS");
+	for (size_t k = 0; k < 4; k++) {
+		tr_backend_t *b = tr_cpu_backend_create(cases[k][0], cases[k][1]);
+		cr_assert(b);
+		cr_assert_eq(openblas_get_num_threads(), cases[k][2], "devices %d budget %d: %d threads",
+			     cases[k][0], cases[k][1], openblas_get_num_threads());
+		tr_backend_destroy(b);
+	}
+}
+
 Test(cpu, names_and_errors)
 {
 	char buf[32];
@@ -833,13 +850,14 @@ struct block_arg {
 	int rank;
 	size_t n;
 	int rc;
+	bool null_buf;
 };
 
 static void *block_thread(void *p)
 {
 	struct block_arg *a = p;
 	float buf[4] = {1, 2, 3, 4};
-	a->rc = be->i->allreduce_sum(a->comm, a->rank, buf, a->n);
+	a->rc = be->i->allreduce_sum(a->comm, a->rank, a->null_buf ? NULL : buf, a->n);
 	return NULL;
 }
 
@@ -853,7 +871,7 @@ static double now_s(void)
 Test(cpu, comm_abort_wakes_blocked_rank)
 {
 	tr_comm_t *comm = be->i->comm_create(be, 2, NULL);
-	struct block_arg a = {comm, 0, 4, 1};
+	struct block_arg a = {comm, 0, 4, 1, false};
 	pthread_t th;
 	struct timespec deadline;
 	cr_assert(comm);
@@ -883,7 +901,7 @@ Test(cpu, comm_abort_wakes_blocked_rank)
 Test(cpu, allreduce_length_mismatch)
 {
 	tr_comm_t *comm = be->i->comm_create(be, 2, NULL);
-	struct block_arg a = {comm, 0, 4, 1}, b = {comm, 1, 3, 1};
+	struct block_arg a = {comm, 0, 4, 1, false}, b = {comm, 1, 3, 1, false};
 	pthread_t ta, tb;
 	cr_assert(comm);
 	cr_assert_eq(pthread_create(&ta, NULL, block_thread, &a), 0);
@@ -892,6 +910,23 @@ Test(cpu, allreduce_length_mismatch)
 	pthread_join(tb, NULL);
 	cr_assert_eq(a.rc, -EINVAL);
 	cr_assert_eq(b.rc, -EINVAL);
+	cr_assert(strstr(be->i->last_error(be), "different lengths"), "%s", be->i->last_error(be));
+	/* the comm stays usable; a NULL buffer fails every rank alike */
+	a.null_buf = true;
+	b.n = 4;
+	cr_assert_eq(pthread_create(&ta, NULL, block_thread, &a), 0);
+	cr_assert_eq(pthread_create(&tb, NULL, block_thread, &b), 0);
+	pthread_join(ta, NULL);
+	pthread_join(tb, NULL);
+	cr_assert_eq(a.rc, -EINVAL);
+	cr_assert_eq(b.rc, -EINVAL);
+	a.null_buf = false;
+	cr_assert_eq(pthread_create(&ta, NULL, block_thread, &a), 0);
+	cr_assert_eq(pthread_create(&tb, NULL, block_thread, &b), 0);
+	pthread_join(ta, NULL);
+	pthread_join(tb, NULL);
+	cr_assert_eq(a.rc, 0);
+	cr_assert_eq(b.rc, 0);
 	be->i->comm_destroy(comm);
 }
 

@@ -1,0 +1,172 @@
+/* Whole-model gradient checks: the backward pass of every layer type and
+ * both losses against central finite differences of the forward loss, plus
+ * the parameter layout that exported files rely on. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model/model.h"
+#include "engine/rng.h"
+#include "engine/spec.h"
+
+struct fixture {
+	struct tr_spec spec;
+	tr_model_t model;
+	tr_backend_t *be;
+	tr_replica_t rep;
+	int rows;
+};
+
+static void setup_model(struct fixture *f, const char *layers, const char *loss, int inputs, int rows,
+			int label_dim)
+{
+	char text[2048];
+	snprintf(text, sizeof text,
+		 "{\"seed\": 9, \"model\": {\"inputs\": %d, \"layers\": %s, \"loss\": \"%s\"},"
+		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 10, \"features\": %d,"
+		 " \"classes\": 3}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+		 inputs, layers, loss, inputs);
+	struct tr_spec_error e;
+	cr_assert_eq(tr_spec_parse_text(text, &f->spec, &e), 0, "%s", e.message);
+	char err[256];
+	cr_assert_eq(tr_model_init(&f->model, &f->spec, inputs, err, sizeof err), 0, "%s", err);
+	f->be = tr_cpu_backend_create(1, 1);
+	f->rows = rows;
+	cr_assert_eq(tr_replica_init(&f->rep, &f->model, f->be, 0, rows, label_dim, 0, err, sizeof err), 0);
+	tr_model_init_params(&f->model, f->rep.params);
+	/* Move parameters off their defaults so layernorm's gamma/beta matter. */
+	uint64_t key = tr_rng_key(1, 2, 3, TR_RNG_INIT);
+	for (size_t i = 0; i < f->model.n_params; i++)
+		f->rep.params[i] += 0.3f * (tr_rng_uniform(key, i) - 0.5f);
+	for (int i = 0; i < rows * inputs; i++)
+		f->rep.input[i] = 2.0f * tr_rng_uniform(key, 1000 + i) - 1.0f;
+	for (int i = 0; i < rows * label_dim; i++)
+		f->rep.labels[i] = strcmp(loss, "mse") == 0 ? tr_rng_normal(key, 5000 + i)
+							   : (float)tr_rng_below(key, 5000 + i, 3);
+}
+
+static void teardown_model(struct fixture *f)
+{
+	tr_replica_finish(&f->rep);
+	tr_backend_destroy(f->be);
+	tr_spec_finish(&f->spec);
+}
+
+/* Loss (mean over rows) for the current parameters; the same step keeps
+ * the same dropout mask. */
+static double loss_of(struct fixture *f)
+{
+	double out[2] = {0, 0};
+	cr_assert_eq(tr_replica_forward(&f->rep, f->rows, 0, 5, 1), 0);
+	cr_assert_eq(tr_replica_loss(&f->rep, f->rows, 1.0f / f->rows, out), 0);
+	return out[0] / f->rows;
+}
+
+static void gradient_check(const char *layers, const char *loss, int label_dim)
+{
+	struct fixture f;
+	setup_model(&f, layers, loss, 5, 6, label_dim);
+	loss_of(&f);
+	memset(f.rep.grads, 0, f.model.n_params * sizeof(float));
+	cr_assert_eq(tr_replica_backward(&f.rep, f.rows), 0);
+	float *analytic = malloc(f.model.n_params * sizeof(float));
+	memcpy(analytic, f.rep.grads, f.model.n_params * sizeof(float));
+	const double h = 1e-2;
+	int checked = 0;
+	for (size_t i = 0; i < f.model.n_params; i++) {
+		float orig = f.rep.params[i];
+		f.rep.params[i] = orig + (float)h;
+		double up = loss_of(&f);
+		f.rep.params[i] = orig - (float)h;
+		double down = loss_of(&f);
+		f.rep.params[i] = orig;
+		double numeric = (up - down) / (2 * h);
+		double diff = fabs(numeric - analytic[i]);
+		cr_assert_leq(diff, 2e-3 + 2e-2 * fabs(numeric), "%s / %s: param %zu: analytic %.6g numeric %.6g",
+			      layers, loss, i, analytic[i], numeric);
+		checked++;
+	}
+	cr_assert_gt(checked, 0);
+	free(analytic);
+	teardown_model(&f);
+}
+
+Test(model, gradcheck_dense_relu_softmax)
+{
+	gradient_check("[{\"type\": \"dense\", \"units\": 7}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
+		       "softmax_cross_entropy", 1);
+}
+
+Test(model, gradcheck_gelu_both_forms)
+{
+	gradient_check("[{\"type\": \"dense\", \"units\": 6}, {\"type\": \"gelu\"}, {\"type\": \"dense\", \"units\": 6},"
+		       " {\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"dense\", \"units\": 3}]",
+		       "softmax_cross_entropy", 1);
+}
+
+Test(model, gradcheck_tanh_sigmoid_mse)
+{
+	gradient_check("[{\"type\": \"dense\", \"units\": 6}, {\"type\": \"tanh\"}, {\"type\": \"dense\", \"units\": 4},"
+		       " {\"type\": \"sigmoid\"}, {\"type\": \"dense\", \"units\": 2}]",
+		       "mse", 2);
+}
+
+Test(model, gradcheck_layernorm_dropout)
+{
+	gradient_check("[{\"type\": \"dense\", \"units\": 8}, {\"type\": \"layernorm\"}, {\"type\": \"dropout\", \"rate\": 0.3},"
+		       " {\"type\": \"dense\", \"units\": 3, \"bias\": false}]",
+		       "softmax_cross_entropy", 1);
+}
+
+Test(model, layout_follows_pytorch_names)
+{
+	struct fixture f;
+	setup_model(&f,
+		    "[{\"type\": \"dense\", \"units\": 4}, {\"type\": \"relu\"}, {\"type\": \"layernorm\"},"
+		    " {\"type\": \"dense\", \"units\": 3, \"bias\": false}]",
+		    "softmax_cross_entropy", 5, 2, 1);
+	cr_assert_eq(tr_model_param_count(&f.model), 5);
+	struct tr_param_view v;
+	tr_model_param_view(&f.model, 0, &v);
+	cr_assert_str_eq(v.name, "0.weight");
+	cr_assert_eq(v.ndim, 2);
+	cr_assert_eq(v.shape[0], 4);
+	cr_assert_eq(v.shape[1], 5);
+	tr_model_param_view(&f.model, 1, &v);
+	cr_assert_str_eq(v.name, "0.bias");
+	cr_assert_eq(v.offset, 20);
+	tr_model_param_view(&f.model, 2, &v);
+	cr_assert_str_eq(v.name, "2.weight");
+	cr_assert_eq(v.shape[0], 4);
+	tr_model_param_view(&f.model, 3, &v);
+	cr_assert_str_eq(v.name, "2.bias");
+	/* 3.weight is the last tensor: the bias-free dense layer has no 3.bias. */
+	tr_model_param_view(&f.model, 4, &v);
+	cr_assert_str_eq(v.name, "3.weight");
+	cr_assert_eq(v.shape[0], 3);
+	cr_assert_eq(v.shape[1], 4);
+	cr_assert_eq(f.model.n_params, 20 + 4 + 8 + 12);
+	teardown_model(&f);
+}
+
+Test(model, init_matches_pytorch_bounds)
+{
+	struct fixture f;
+	setup_model(&f, "[{\"type\": \"dense\", \"units\": 300}, {\"type\": \"layernorm\"}]", "mse", 16, 1, 300);
+	float *p = calloc(f.model.n_params, sizeof(float));
+	tr_model_init_params(&f.model, p);
+	float bound = 0.25f; /* 1/sqrt(16) */
+	double mean = 0;
+	for (int i = 0; i < 300 * 16; i++) {
+		cr_assert_leq(fabsf(p[i]), bound);
+		mean += p[i];
+	}
+	cr_assert_lt(fabs(mean / 4800), 0.02);
+	for (int i = 0; i < 300; i++) {
+		cr_assert_eq(p[4800 + 300 + i], 1.0f); /* layernorm weight */
+		cr_assert_eq(p[4800 + 600 + i], 0.0f);
+	}
+	free(p);
+	teardown_model(&f);
+}

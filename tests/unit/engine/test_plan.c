@@ -1,0 +1,140 @@
+/* Batch plan: permutations are bijections, every policy covers the data
+ * as documented, and device shares are even. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/data/plan.h"
+
+static struct tr_plan make(int64_t n, int b, enum tr_last_batch lb, bool shuffle, int epochs)
+{
+	struct tr_plan p;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&p, n, b, lb, shuffle, 42, epochs, 0, err, sizeof err), 0, "%s", err);
+	return p;
+}
+
+Test(plan, permutation_is_bijection_and_depends_on_epoch)
+{
+	int64_t sizes[] = {1, 2, 3, 7, 100, 1000, 4097};
+	for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+		int64_t n = sizes[k];
+		struct tr_plan p = make(n, 4, TR_LAST_PARTIAL, true, 1);
+		char *seen = calloc((size_t)n, 1);
+		int64_t same_as_next_epoch = 0;
+		for (int64_t i = 0; i < n; i++) {
+			int64_t s = tr_plan_sample(&p, 0, i);
+			cr_assert(s >= 0 && s < n);
+			cr_assert_eq(seen[s], 0, "n=%lld: %lld appears twice", (long long)n, (long long)s);
+			seen[s] = 1;
+			same_as_next_epoch += s == tr_plan_sample(&p, 1, i);
+		}
+		if (n >= 100)
+			cr_assert_lt(same_as_next_epoch, n / 10, "epochs 0 and 1 share %lld positions",
+				     (long long)same_as_next_epoch);
+		free(seen);
+	}
+}
+
+Test(plan, no_shuffle_keeps_file_order)
+{
+	struct tr_plan p = make(10, 4, TR_LAST_PARTIAL, false, 2);
+	int64_t idx[4], epoch;
+	cr_assert_eq(tr_plan_step(&p, 3, idx, &epoch), 4);
+	cr_assert_eq(epoch, 1);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(idx[i], i);
+	cr_assert_eq(tr_plan_step(&p, 5, idx, &epoch), 2);
+	cr_assert_eq(idx[0], 8);
+	cr_assert_eq(idx[1], 9);
+}
+
+static void check_epoch_cover(struct tr_plan *p, int64_t first, int64_t steps, int64_t expect_each)
+{
+	int64_t n = p->samples;
+	int *count = calloc((size_t)n, sizeof *count);
+	int64_t *idx = calloc((size_t)p->batch, sizeof *idx);
+	for (int64_t s = first; s < first + steps; s++) {
+		int64_t e;
+		int c = tr_plan_step(p, s, idx, &e);
+		for (int i = 0; i < c; i++)
+			count[idx[i]]++;
+	}
+	for (int64_t i = 0; i < n; i++)
+		cr_assert_eq(count[i], expect_each, "sample %lld seen %d times", (long long)i, count[i]);
+	free(count);
+	free(idx);
+}
+
+Test(plan, partial_covers_each_sample_once_per_epoch)
+{
+	struct tr_plan p = make(103, 10, TR_LAST_PARTIAL, true, 3);
+	cr_assert_eq(p.total_steps, 33);
+	check_epoch_cover(&p, 11, 11, 1);
+	int64_t idx[10], e;
+	cr_assert_eq(tr_plan_step(&p, 10, idx, &e), 3);
+}
+
+Test(plan, drop_skips_remainder_and_refuses_empty)
+{
+	struct tr_plan p = make(103, 10, TR_LAST_DROP, true, 2);
+	cr_assert_eq(p.total_steps, 20);
+	struct tr_plan q;
+	char err[256];
+	cr_assert_lt(tr_plan_init(&q, 5, 10, TR_LAST_DROP, true, 1, 1, 0, err, sizeof err), 0);
+	cr_assert_not_null(strstr(err, "/data/last_batch"));
+}
+
+Test(plan, pad_wraps_to_start_of_epoch)
+{
+	struct tr_plan p = make(25, 10, TR_LAST_PAD, true, 1);
+	int64_t idx[10], e;
+	cr_assert_eq(tr_plan_step(&p, 2, idx, &e), 10);
+	for (int i = 5; i < 10; i++)
+		cr_assert_eq(idx[i], tr_plan_sample(&p, 0, i - 5));
+}
+
+Test(plan, rollover_is_one_stream_over_epochs)
+{
+	struct tr_plan p = make(25, 10, TR_LAST_ROLLOVER, true, 3);
+	cr_assert_eq(p.total_steps, 8);
+	check_epoch_cover(&p, 0, 8, 3);
+	int64_t idx[10], e;
+	/* Step 2 takes positions 20..29: 5 from epoch 0 and 5 from epoch 1. */
+	cr_assert_eq(tr_plan_step(&p, 2, idx, &e), 10);
+	cr_assert_eq(e, 1);
+	cr_assert_eq(idx[4], tr_plan_sample(&p, 0, 24));
+	cr_assert_eq(idx[5], tr_plan_sample(&p, 1, 0));
+	cr_assert_eq(tr_plan_step(&p, 7, idx, &e), 5);
+	cr_assert_eq(tr_plan_step_epoch(&p, 7), 2);
+}
+
+Test(plan, max_steps_caps_and_extends)
+{
+	struct tr_plan p;
+	char err[128];
+	cr_assert_eq(tr_plan_init(&p, 50, 10, TR_LAST_PARTIAL, true, 1, 0, 17, err, sizeof err), 0);
+	cr_assert_eq(p.total_steps, 17);
+	cr_assert_eq(tr_plan_step_epoch(&p, 16), 3);
+	cr_assert_eq(tr_plan_init(&p, 50, 10, TR_LAST_PARTIAL, true, 1, 1, 17, err, sizeof err), 0);
+	cr_assert_eq(p.total_steps, 5);
+}
+
+Test(plan, shares_are_even_and_contiguous)
+{
+	for (int count = 0; count <= 20; count++) {
+		for (int ndev = 1; ndev <= 8; ndev++) {
+			int next = 0, lo = count, hi = 0;
+			for (int r = 0; r < ndev; r++) {
+				int off, len;
+				tr_plan_share(count, ndev, r, &off, &len);
+				cr_assert_eq(off, next);
+				next += len;
+				lo = len < lo ? len : lo;
+				hi = len > hi ? len : hi;
+			}
+			cr_assert_eq(next, count);
+			cr_assert_leq(hi - lo, 1);
+		}
+	}
+}

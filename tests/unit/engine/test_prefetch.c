@@ -1,0 +1,162 @@
+/* Prefetch pool: same batches for any worker count and depth, never more
+ * than `depth` steps loaded ahead, and every wait wakes on cancel/error. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/data/prefetch.h"
+
+struct test_reader {
+	struct tr_reader base;
+	atomic_long loaded; /* samples loaded minus samples consumed */
+	long max_ahead;
+	pthread_mutex_t lock;
+	int64_t fail_at;
+	int sleep_us;
+};
+
+static int test_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+{
+	struct test_reader *t = (struct test_reader *)r;
+	if (t->sleep_us)
+		usleep((useconds_t)t->sleep_us);
+	if (index == t->fail_at) {
+		snprintf(err, errlen, "%s: sample %lld: bad", r->name, (long long)index);
+		return -EIO;
+	}
+	long now = atomic_fetch_add(&t->loaded, 1) + 1;
+	pthread_mutex_lock(&t->lock);
+	if (now > t->max_ahead)
+		t->max_ahead = now;
+	pthread_mutex_unlock(&t->lock);
+	for (int j = 0; j < r->info.features; j++)
+		x[j] = (float)index + 0.5f * (float)j;
+	y[0] = (float)(index % 3);
+	return 0;
+}
+
+static void test_destroy(tr_reader_t *r)
+{
+	(void)r;
+}
+
+static const struct tr_reader_i test_i = {.get = test_get, .destroy = test_destroy};
+
+static void reader_init(struct test_reader *t, int64_t n)
+{
+	memset(t, 0, sizeof *t);
+	t->base.i = &test_i;
+	t->base.info = (struct tr_reader_info){.samples = n, .features = 3, .label_dim = 1};
+	snprintf(t->base.name, sizeof t->base.name, "test.bin");
+	pthread_mutex_init(&t->lock, NULL);
+	t->fail_at = -1;
+}
+
+Test(prefetch, batches_match_plan_for_any_workers_and_depth)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 91, 8, TR_LAST_PARTIAL, true, 9, 3, 0, err, sizeof err), 0);
+	int configs[][2] = {{1, 1}, {3, 2}, {8, 5}, {2, 8}};
+	for (size_t c = 0; c < 4; c++) {
+		struct test_reader tr;
+		reader_init(&tr, 91);
+		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = configs[c][0],
+						 .depth = configs[c][1], .end_step = plan.total_steps};
+		tr_prefetch_t *pf;
+		cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
+		for (int64_t s = 0; s < plan.total_steps; s++) {
+			const struct tr_batch *b;
+			double wait;
+			cr_assert_eq(tr_prefetch_next(pf, s, &b, &wait), 0);
+			int64_t idx[8], epoch;
+			int n = tr_plan_step(&plan, s, idx, &epoch);
+			cr_assert_eq(b->count, n);
+			cr_assert_eq(b->epoch, epoch);
+			for (int i = 0; i < n; i++) {
+				cr_assert_eq(b->index[i], idx[i]);
+				cr_assert_float_eq(b->x[i * 3 + 2], (float)idx[i] + 1.0f, 0.0);
+			}
+			atomic_fetch_sub(&tr.loaded, n);
+			tr_prefetch_release(pf, s);
+		}
+		tr_prefetch_destroy(pf);
+		/* depth slots of 8 samples may be loaded ahead of the consumer, plus
+		 * the slot being consumed. */
+		cr_assert_leq(tr.max_ahead, (long)(configs[c][1] + 1) * 8, "workers %d depth %d: %ld ahead",
+			      configs[c][0], configs[c][1], tr.max_ahead);
+	}
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+struct waiter {
+	tr_prefetch_t *pf;
+	int rc;
+};
+
+static void *wait_step(void *arg)
+{
+	struct waiter *w = arg;
+	const struct tr_batch *b;
+	w->rc = tr_prefetch_next(w->pf, 0, &b, NULL);
+	return NULL;
+}
+
+Test(prefetch, cancel_wakes_a_blocked_consumer)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 1000, 100, TR_LAST_PARTIAL, true, 1, 1, 0, err, sizeof err), 0);
+	struct test_reader tr;
+	reader_init(&tr, 1000);
+	tr.sleep_us = 20000; /* 2 s per step */
+	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 2, .depth = 2,
+					 .end_step = plan.total_steps};
+	tr_prefetch_t *pf;
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	struct waiter w = {.pf = pf};
+	pthread_t th;
+	pthread_create(&th, NULL, wait_step, &w);
+	usleep(100000);
+	double t0 = now_s();
+	tr_prefetch_cancel(pf);
+	pthread_join(th, NULL);
+	tr_prefetch_destroy(pf);
+	cr_assert_eq(w.rc, -ECANCELED);
+	/* A loader mid-step finishes its current sample (20 ms) and stops. */
+	cr_assert_lt(now_s() - t0, 1.0);
+}
+
+Test(prefetch, loader_error_reaches_the_consumer_at_that_step)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 40, 4, TR_LAST_PARTIAL, false, 1, 1, 0, err, sizeof err), 0);
+	struct test_reader tr;
+	reader_init(&tr, 40);
+	tr.fail_at = 13; /* step 3 */
+	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 4,
+					 .end_step = plan.total_steps};
+	tr_prefetch_t *pf;
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	for (int64_t s = 0; s < 3; s++) {
+		const struct tr_batch *b;
+		cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0, "step %lld", (long long)s);
+		tr_prefetch_release(pf, s);
+	}
+	const struct tr_batch *b;
+	cr_assert_eq(tr_prefetch_next(pf, 3, &b, NULL), -EIO);
+	cr_assert_not_null(strstr(tr_prefetch_error(pf), "test.bin: sample 13"), "%s", tr_prefetch_error(pf));
+	tr_prefetch_destroy(pf);
+}
