@@ -8,13 +8,6 @@
  * (output == input); partially overlapping buffers are not supported.
  * Matrices are row-major; gemm goes to cblas_sgemm.
  */
-/* GCC 12's -O2 vectorises only loops whose trip count needs no epilogue,
- * i.e. none of ours: 3-5x slower elementwise kernels.  This belongs in the
- * build's c_args for this file; until then, ask here.  (Adam's loop also
- * needs -fno-math-errno, which a pragma cannot give: sqrtf stays scalar.) */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("vect-cost-model=dynamic")
-#endif
 
 #include <cblas.h>
 #include <errno.h>

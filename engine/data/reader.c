@@ -95,8 +95,8 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const ch
 			ret = tr_idx_open(a, b, out, err, errlen);
 		break;
 	case TR_DATA_SYNTHETIC:
-		/* The spec has no "seed given" flag, so 0 stands for "none". */
-		ret = tr_synthetic_open(src, src->data_seed ? src->data_seed : job_seed, out, err, errlen);
+		(void)job_seed; /* the spec parser fills data_seed (default: the job seed) */
+		ret = tr_synthetic_open(src, src->data_seed, out, err, errlen);
 		break;
 	default:
 		errorf(err, errlen, "unknown data format %d", (int)src->format);

@@ -607,6 +607,33 @@ ParameterizedTest(struct bad_case *bc, spec, invalid)
 	tr_spec_finish(&s);
 }
 
+Test(spec, array_limits)
+{
+	json_t *doc = load(base_spec), *layers = json_array();
+	struct tr_spec s;
+	struct tr_spec_error err;
+
+	for (int i = 0; i < TR_SPEC_MAX_LAYERS; i++)
+		json_array_append_new(layers, json_pack("{ss si}", "type", "dense", "units", 4));
+	json_object_set_new(json_object_get(doc, "model"), "layers", layers);
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect_eq(s.n_layers, TR_SPEC_MAX_LAYERS);
+	tr_spec_finish(&s);
+	json_array_append_new(layers, json_pack("{ss}", "type", "relu"));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
+	cr_expect_str_eq(err.pointer, "/model/layers");
+
+	json_t *mons = json_array();
+
+	json_array_remove(layers, TR_SPEC_MAX_LAYERS);
+	for (int i = 0; i <= TR_SPEC_MAX_MONITORS; i++)
+		json_array_append_new(mons, json_pack("{ss}", "metric", "grad_norm"));
+	json_object_set_new(doc, "monitors", mons);
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
+	cr_expect_str_eq(err.pointer, "/monitors");
+	json_decref(doc);
+}
+
 /* ---- text, messages, lifecycle ---- */
 
 Test(spec, some_messages)

@@ -1,0 +1,2 @@
+/* placeholder: being written */
+typedef int tr_placeholder_t;

@@ -1,0 +1,159 @@
+/* trainerd's persistent state in one SQLite database.
+ *
+ * Tables: jobs (spec as given, normalized spec, state, timestamps, devices,
+ * error, priority, progress), events (per-job, monotonically numbered:
+ * state changes, log lines, metric batches), metrics (name, step, epoch,
+ * wall, value; indexed for name/step-range queries), logs.
+ *
+ * The database runs in WAL mode with synchronous=NORMAL, foreign keys on,
+ * a busy timeout, and a schema versioned by PRAGMA user_version with
+ * forward-only migrations.  Metric points and log lines are appended to a
+ * bounded in-memory queue and written by a background writer thread in
+ * batches (one transaction per flush, at most every 200 ms), so training
+ * never waits for a disk; a full queue drops points and counts the drops.
+ *
+ * All functions are thread-safe (one connection per thread role, guarded
+ * internally).  They return 0 or a negative errno-style code, with a
+ * message in the store's error buffer for the caller's thread
+ * (tr_store_error).  Strings in output structs are malloc'd and owned by
+ * the caller (tr_job_row_finish frees them); json_t results are new
+ * references.
+ */
+#ifndef TR_STORE_H
+#define TR_STORE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tr_store tr_store_t;
+
+struct tr_store_options {
+	size_t metrics_queue_max; /* points buffered before drops; default 1,000,000 */
+	int flush_interval_ms;    /* default 200 */
+};
+
+/* Opens (creating if needed) and migrates `path`.  opts may be NULL. */
+int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, char *err,
+		  size_t errlen);
+/* Flushes the queue, stops the writer, closes.  Accepts NULL. */
+void tr_store_close(tr_store_t *s);
+/* The calling thread's last error message. */
+const char *tr_store_error(tr_store_t *s);
+/* Runs PRAGMA integrity_check; 0 when "ok". */
+int tr_store_integrity_check(tr_store_t *s);
+
+/* ---- jobs ---------------------------------------------------------------- */
+
+struct tr_job_row {
+	int64_t id;
+	char *name;
+	char *state;           /* queued running stopping paused completed failed cancelled interrupted */
+	int priority;          /* higher runs first */
+	char *spec;            /* JSON text as submitted */
+	char *normalized;      /* JSON text with defaults filled */
+	char *devices;         /* JSON array text, "[]" when none */
+	char *error;           /* JSON object text {"code","message","step"} or NULL */
+	char *idempotency_key; /* or NULL */
+	char *request_hash;    /* hex digest of the request body, with the key */
+	double submitted_at, started_at, finished_at; /* Unix seconds, 0 = not yet */
+	int64_t step, total_steps, epoch;
+	double loss;       /* latest, NAN when none */
+	double updated_at; /* last progress update */
+};
+
+void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
+
+/* Inserts a new job in state "queued"; sets row->id.  When
+ * idempotency_key is set and a job with that key exists, inserts nothing,
+ * stores the existing job's id in *existing_id and returns -EEXIST (the
+ * caller compares request_hash). */
+int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id);
+int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out); /* -ENOENT */
+/* Jobs with id > after (0 = from the start), ascending id, at most limit;
+ * state NULL = any.  *rows is malloc'd (free each with tr_job_row_finish,
+ * then free the array). */
+int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
+		      int *count);
+/* Jobs in any of `states` (NULL-terminated), ordered by priority desc,
+ * submitted_at asc, id asc: the scheduler's queue and restart scan. */
+int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count);
+/* Sets state (and error JSON or NULL, devices JSON or NULL = unchanged),
+ * stamps started_at when entering "running" the first time and
+ * finished_at when entering a terminal state, and appends a "state" event
+ * {"state":..,"error":..} in the same transaction. */
+int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+			   const char *devices_json);
+int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
+			      double loss);
+int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority);
+/* Deletes a job and all its events, metrics and logs (ON DELETE CASCADE). */
+int tr_store_job_delete(tr_store_t *s, int64_t id);
+
+/* ---- events (for SSE) --------------------------------------------------- */
+
+/* Event ids are global and increasing (INTEGER PRIMARY KEY). */
+struct tr_event {
+	int64_t id;
+	int64_t job_id;
+	char *type; /* "state", "log", "metrics" */
+	char *data; /* JSON text */
+	double at;
+};
+/* Events of job with id > after, ascending, at most limit.  "metrics"
+ * events are written by the metrics writer once per flush per job, with
+ * data {"points": [{"name","step","epoch","wall","value"}, ...]}, so an SSE
+ * client that resumes from Last-Event-ID sees every point exactly once. */
+int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
+			  int *count);
+void tr_events_free(struct tr_event *events, int count);
+/* Highest event id so far (0 when none). */
+int64_t tr_store_last_event_id(tr_store_t *s);
+/* Blocks until an event with id > after exists for job_id (any job when
+ * job_id == 0), or timeout_ms passes, or tr_store_wake_all is called.
+ * Returns 1 when there is something new, 0 on timeout/wake. */
+int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms);
+void tr_store_wake_all(tr_store_t *s);
+
+/* ---- metrics ------------------------------------------------------------- */
+
+/* Queues one point; never blocks on I/O.  Returns -ENOBUFS (and counts a
+ * drop) when the queue is full. */
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
+			   double wall, double value);
+/* Points dropped for job_id since it started (0 = total). */
+int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);
+/* Writes everything queued now and waits for it to be committed. */
+int tr_store_flush(tr_store_t *s);
+
+struct tr_metrics_query {
+	const char *const *names; /* NULL-terminated, NULL = all names */
+	int64_t from_step;        /* inclusive, default 0 */
+	int64_t to_step;          /* inclusive, default INT64_MAX */
+	int max_points;           /* per series; 0 = no downsampling */
+	bool with_epochs, with_times;
+};
+/* Returns {"series": {"loss": {"steps": [...], "values": [...],
+ * ["epochs": [...]], ["times": [...]]}, ...}} as a new reference, series in
+ * name order, points in step order.  With max_points > 0 and more points
+ * than that, the step range is cut into max_points/2 equal buckets and each
+ * bucket keeps its min and max value points (in step order), so spikes
+ * survive downsampling.  NULL on error. */
+json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q);
+/* Distinct metric names of a job, as a JSON array (new reference). */
+json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
+/* Deletes a job's points with step > step (used when a job resumes from an
+ * earlier checkpoint, so replayed steps replace rather than double). */
+int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step);
+
+/* ---- logs ---------------------------------------------------------------- */
+
+/* Queued like metrics (also emits a "log" event on flush).  level: syslog
+ * priority 0..7. */
+int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message);
+/* Log lines with id > after, ascending, at most limit: JSON array of
+ * {"id","time","level","message"} (new reference). */
+json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int limit);
+
+#endif
