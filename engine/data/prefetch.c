@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 enum slot_state { SLOT_FREE, SLOT_LOADING, SLOT_READY, SLOT_FAILED };
@@ -81,6 +82,9 @@ static void *loader_main(void *arg)
 {
 	struct tr_prefetch *pf = arg;
 	char err[512];
+	/* Loaders sleep on slow storage (and synthetic load_cost_us); the
+	 * default 50 us timer slack would stretch every short wait. */
+	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
 	pthread_mutex_lock(&pf->lock);
 	for (;;) {
 		if (pf->cancelled || pf->failed || pf->next_claim >= pf->cfg.end_step)

@@ -792,7 +792,8 @@ Test(spec, every_example_parses)
 	cr_expect_geq(found, 2, "expected at least quickstart.json and regression.json");
 }
 
-Test(spec, quickstart_is_what_the_docs_say)
+/* make run trains the quickstart on any machine: it must need no files. */
+Test(spec, quickstart_runs_offline)
 {
 	const char *data = getenv("TR_TEST_DATA");
 	char path[4096];
@@ -805,20 +806,8 @@ Test(spec, quickstart_is_what_the_docs_say)
 	parse_ok(text, &s);
 	free(text);
 	cr_expect_eq(s.train.format, TR_DATA_SYNTHETIC);
-	cr_expect_eq(s.train.samples, 20000);
-	cr_expect_eq(s.train.features, 32);
-	cr_expect_eq(s.train.classes, 10);
-	cr_expect_eq(s.train.noise, 0.5f);
-	cr_expect_eq(s.n_layers, 4);
-	cr_expect_eq(tr_spec_output_dim(&s), 10);
-	cr_expect_eq(s.optimizer.type, TR_OPT_ADAMW);
-	cr_expect_eq(s.optimizer.lr, 0.003f);
-	cr_expect_eq(s.schedule.type, TR_SCHED_COSINE);
-	cr_expect_eq(s.schedule.warmup_steps, 20);
-	cr_expect_eq(s.batch_size, 128);
-	cr_expect_eq(s.epochs, 5);
-	cr_expect_eq(s.device_count, 2);
-	cr_expect_eq(s.validation_split, 0.1f);
-	cr_expect_eq(s.n_monitors, 1);
+	cr_expect(s.validation_split > 0.0f, "the quickstart shows validation metrics");
+	cr_expect_geq(s.n_monitors, 1, "the quickstart shows a monitor");
+	cr_expect_eq(s.init_from, NULL);
 	tr_spec_finish(&s);
 }

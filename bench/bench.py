@@ -1,0 +1,483 @@
+#!/usr/bin/python3
+"""trainerd benchmarks against PyTorch and the OpenBLAS ceiling (bench/README.md).
+
+Run through bench/run.sh, which builds sgemm_rate and picks the output folder:
+
+    /usr/bin/python3 bench/bench.py --trainerd BUILD/daemon/trainerd \
+        --sgemm bench/results/sgemm_rate --out bench/results/RUN
+
+Three benchmarks:
+  1. MLP 784-1024-1024-10, batch 256, SGD momentum 0.9: throughput vs
+     PyTorch and vs the sgemm rate of the step's exact gemm shapes.
+  2. MLP 64-128-10, batch 64: same comparison (step overhead dominates).
+  3. Background loading: loading costs ~3x the compute; prefetch workers
+     1, 2, 4, 8 vs the ideal max(compute, load/W) and vs torch DataLoader.
+
+trainerd and PyTorch alternate run by run (PyTorch runs in this process,
+idle while trainerd runs) so that noise from other work on the machine hits
+both sides alike.  Everything goes to OUT: raw trainerd outputs, the specs as
+run, results.json and results.md (the tables for the README).
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = os.path.join(HERE, "workloads")
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    HAVE_TORCH = True
+except ImportError as e:  # the trainerd half still runs
+    HAVE_TORCH = False
+    TORCH_ERR = str(e)
+
+
+def log(*a):
+    print("[bench]", *a, file=sys.stderr, flush=True)
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def load_spec(name):
+    with open(os.path.join(WORKLOADS, name)) as f:
+        return json.load(f)
+
+
+def dims_of(spec):
+    d = [spec["model"]["inputs"]]
+    d += [l["units"] for l in spec["model"]["layers"] if l["type"] == "dense"]
+    return d
+
+
+def gemm_flop(batch, dims):
+    """FLOPs of one step's gemms: fwd, dW and dx per dense layer, no dx for layer 0."""
+    f = 0
+    for i in range(len(dims) - 1):
+        f += 3 * 2 * batch * dims[i] * dims[i + 1]
+    return f - 2 * batch * dims[0] * dims[1]
+
+
+# ---- trainerd ---------------------------------------------------------------
+
+def run_trainerd(args, spec, tag, cwd=None, workers=None, warm=5):
+    """Runs one job; returns per-run figures.  spec: dict, written to OUT."""
+    d = os.path.join(args.out, "runs", tag)
+    os.makedirs(d, exist_ok=True)
+    spec_path = os.path.join(d, "job.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    cmd = [args.trainerd, "run", spec_path, "--devices", "1", "--out", d, "--quiet"]
+    if workers:
+        cmd += ["--workers", str(workers)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=cwd or d, capture_output=True, text=True, timeout=300)
+    proc_s = time.perf_counter() - t0
+    with open(os.path.join(d, "stderr.txt"), "w") as f:
+        f.write(p.stdout + p.stderr)
+    if p.returncode != 0:
+        raise RuntimeError("trainerd failed (%d) on %s: %s" % (p.returncode, tag, p.stderr.strip()[-2000:]))
+    with open(os.path.join(d, "summary.json")) as f:
+        summ = json.load(f)
+    step_ms, wait_ms = [], []
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        for line in f:
+            pt = json.loads(line)
+            if pt["name"] == "step_ms":
+                step_ms.append(pt["value"])
+            elif pt["name"] == "data_wait_ms":
+                wait_ms.append(pt["value"])
+    # model.safetensors is not needed and is large for the big MLP
+    try:
+        os.remove(os.path.join(d, "model.safetensors"))
+    except OSError:
+        pass
+    steady = step_ms[warm:]
+    batch = spec["batch_size"]
+    return {
+        "tag": tag,
+        "steps": summ["steps"],
+        "wall_s": summ["wall_s"],
+        "process_s": proc_s,
+        "summary_samples_per_sec": summ["samples_per_sec"],
+        "data_wait_fraction": summ["data_wait_fraction"],
+        "warmup_steps_excluded": warm,
+        "median_step_ms": med(steady),
+        "median_data_wait_ms": med(wait_ms[warm:]),
+        "steady_samples_per_sec": batch / (med(steady) / 1e3),
+        "final_loss": summ["final_loss"],
+    }
+
+
+# ---- PyTorch ----------------------------------------------------------------
+
+def torch_model(dims):
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class TorchCompute:
+    """Same model, batch, loss and optimizer; data pre-generated in memory."""
+
+    def __init__(self, dims, batch, lr, momentum, nbuf=8):
+        torch.manual_seed(0)
+        self.model = torch_model(dims)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=momentum)
+        self.loss = nn.CrossEntropyLoss()
+        self.x = torch.randn(nbuf, batch, dims[0])
+        self.y = torch.randint(0, dims[-1], (nbuf, batch))
+        self.batch = batch
+
+    def steps(self, n):
+        times = []
+        m, opt, lf, x, y = self.model, self.opt, self.loss, self.x, self.y
+        nb = x.shape[0]
+        t_start = time.perf_counter()
+        for s in range(n):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            l = lf(m(x[s % nb]), y[s % nb])
+            l.backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        total = time.perf_counter() - t_start
+        return {
+            "steps": n,
+            "wall_s": total,
+            "samples_per_sec": n * self.batch / total,
+            "median_step_ms": med(times) * 1e3,
+            "steady_samples_per_sec": self.batch / med(times),
+            "final_loss": float(l),
+        }
+
+
+if HAVE_TORCH:
+    class SleepyDataset(torch.utils.data.Dataset):
+        """Pre-generated samples; __getitem__ sleeps like trainerd's load_cost_us."""
+
+        def __init__(self, n, features, classes, sleep_us):
+            g = torch.Generator().manual_seed(0)
+            self.x = torch.randn(n, features, generator=g)
+            self.y = torch.randint(0, classes, (n,), generator=g)
+            self.sleep_s = sleep_us / 1e6
+
+        def __len__(self):
+            return self.x.shape[0]
+
+        def __getitem__(self, i):
+            if self.sleep_s > 0:
+                time.sleep(self.sleep_s)
+            return self.x[i], self.y[i]
+
+
+def torch_loader_run(dims, batch, steps, workers, sleep_us, lr, momentum):
+    torch.manual_seed(0)
+    ds = SleepyDataset(steps * batch, dims[0], dims[-1], sleep_us)
+    model = torch_model(dims)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    lf = nn.CrossEntropyLoss()
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers)
+    wait = 0.0
+    n = 0
+    t0 = time.perf_counter()
+    it = iter(dl)  # forks the workers: counted, as trainerd counts its loaders' start
+    while True:
+        tw = time.perf_counter()
+        try:
+            xb, yb = next(it)
+        except StopIteration:
+            break
+        wait += time.perf_counter() - tw
+        opt.zero_grad(set_to_none=True)
+        l = lf(model(xb), yb)
+        l.backward()
+        opt.step()
+        n += 1
+    wall = time.perf_counter() - t0
+    del it
+    return {"steps": n, "wall_s": wall, "data_wait_fraction": wait / wall}
+
+
+def sleep_overshoot(us, n=300):
+    """Mean real duration of a sleep of `us` microseconds (timer slack etc.)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        time.sleep(us / 1e6)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+# ---- the benchmarks ---------------------------------------------------------
+
+def sgemm(args, batch, dims, reps):
+    cmd = [args.sgemm, str(batch)] + [str(d) for d in dims] + ["--threads", str(args.threads), "--reps", str(reps)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(p.stdout)
+
+
+def make_npy(path_dir, name, samples, features, classes):
+    """Pre-generated data for the *_npy workloads (the reader mmaps it)."""
+    rng = np.random.default_rng(0)
+    np.save(os.path.join(path_dir, name + "_x.npy"), rng.standard_normal((samples, features), dtype=np.float32))
+    np.save(os.path.join(path_dir, name + "_y.npy"), rng.integers(0, classes, samples, dtype=np.int64))
+
+
+def compute_bench(args, key, spec_name, npy_spec_name, npy_samples, rounds, torch_steps, torch_warm, warm):
+    spec = load_spec(spec_name)
+    dims = dims_of(spec)
+    batch = spec["batch_size"]
+    opt = spec["optimizer"]
+    log("%s: dims %s batch %d" % (key, dims, batch))
+    sg = sgemm(args, batch, dims, args.sgemm_reps)
+    npy_spec = load_spec(npy_spec_name)
+    npy_dir = os.path.join(args.out, "data")
+    os.makedirs(npy_dir, exist_ok=True)
+    base = npy_spec["data"]["train"]["x"].replace("_x.npy", "")
+    make_npy(npy_dir, base, npy_samples, dims[0], dims[-1])
+    tc = None
+    if HAVE_TORCH:
+        tc = TorchCompute(dims, batch, opt["lr"], opt.get("momentum", 0.0))
+        tc.steps(torch_warm)  # warm-up, not timed
+    runs = {"trainerd": [], "trainerd_npy": [], "torch": []}
+    for r in range(rounds):
+        runs["trainerd"].append(run_trainerd(args, spec, "%s/synthetic-%d" % (key, r), warm=warm))
+        runs["trainerd_npy"].append(run_trainerd(args, npy_spec, "%s/npy-%d" % (key, r), cwd=npy_dir, warm=warm))
+        if tc:
+            runs["torch"].append(tc.steps(torch_steps))
+        log("%s round %d: trainerd %.0f/s (npy %.0f/s), torch %s/s" % (
+            key, r + 1, runs["trainerd"][-1]["steady_samples_per_sec"],
+            runs["trainerd_npy"][-1]["steady_samples_per_sec"],
+            "%.0f" % runs["torch"][-1]["steady_samples_per_sec"] if tc else "n/a"))
+    flop = gemm_flop(batch, dims)
+    assert abs(flop - sg["step_flop"]) < 1, (flop, sg["step_flop"])
+    res = {"dims": dims, "batch": batch, "rounds": rounds, "gemm_flop_per_step": flop, "sgemm": sg, "runs": runs}
+    summ = {}
+    for side in ("trainerd", "trainerd_npy", "torch"):
+        rs = runs[side]
+        if not rs:
+            continue
+        s = {
+            "steady_samples_per_sec": med([x["steady_samples_per_sec"] for x in rs]),
+            "median_step_ms": med([x["median_step_ms"] for x in rs]),
+            "wall_samples_per_sec": med([x.get("summary_samples_per_sec", x.get("samples_per_sec")) for x in rs]),
+        }
+        s["gflops"] = flop / (s["median_step_ms"] / 1e3) * 1e-9
+        s["pct_of_sgemm"] = 100.0 * sg["ideal_step_ms"] / s["median_step_ms"]
+        if "data_wait_fraction" in rs[0]:
+            s["data_wait_fraction"] = med([x["data_wait_fraction"] for x in rs])
+        summ[side] = s
+    if "torch" in summ:
+        for side in ("trainerd", "trainerd_npy"):
+            summ[side]["vs_torch_steady"] = summ[side]["steady_samples_per_sec"] / summ["torch"]["steady_samples_per_sec"]
+            summ[side]["vs_torch_wall"] = summ[side]["wall_samples_per_sec"] / summ["torch"]["wall_samples_per_sec"]
+            # per-round ratios: both sides saw the same noise
+            summ[side]["vs_torch_per_round_median"] = med([
+                a["steady_samples_per_sec"] / b["steady_samples_per_sec"]
+                for a, b in zip(runs[side], runs["torch"])])
+    res["summary"] = summ
+    return res
+
+
+def loader_bench(args, compute_step_ms, rounds, workers_list, steps):
+    spec = load_spec("loader.json")
+    dims = dims_of(spec)
+    batch = spec["batch_size"]
+    opt = spec["optimizer"]
+    # batch * load_cost_us = 3 x the compute step time measured in benchmark 1
+    load_us = int(round(3.0 * compute_step_ms * 1e3 / batch))
+    spec["data"]["train"]["load_cost_us"] = load_us
+    spec["data"]["train"]["samples"] = steps * batch
+    load_ms = batch * load_us / 1e3
+    eff_us = sleep_overshoot(load_us) if HAVE_TORCH or True else load_us
+    log("loader: compute %.1f ms/step, load_cost_us %d -> %.1f ms/step on one thread (real sleep %.0f us)" % (
+        compute_step_ms, load_us, load_ms, eff_us))
+    runs = {"trainerd": {w: [] for w in workers_list}, "torch": {w: [] for w in workers_list}}
+    for r in range(rounds):
+        for w in workers_list:
+            s = json.loads(json.dumps(spec))
+            s["prefetch"] = {"workers": w, "depth": max(2, 2 * w)}
+            runs["trainerd"][w].append(run_trainerd(args, s, "loader/w%d-%d" % (w, r), workers=w, warm=0))
+            if HAVE_TORCH:
+                runs["torch"][w].append(torch_loader_run(dims, batch, steps, w, load_us, opt["lr"],
+                                                         opt.get("momentum", 0.0)))
+            log("loader round %d W=%d: trainerd %.2fs (wait %.0f%%), torch %s" % (
+                r + 1, w, runs["trainerd"][w][-1]["wall_s"], 100 * runs["trainerd"][w][-1]["data_wait_fraction"],
+                "%.2fs" % runs["torch"][w][-1]["wall_s"] if HAVE_TORCH else "n/a"))
+    rows = []
+    for w in workers_list:
+        tr = runs["trainerd"][w]
+        row = {
+            "workers": w,
+            "depth": max(2, 2 * w),
+            "ideal_s": steps * max(compute_step_ms, load_ms / w) / 1e3,
+            "ideal_real_sleep_s": steps * max(compute_step_ms, batch * eff_us / 1e3 / w) / 1e3,
+            "trainerd_wall_s": med([x["wall_s"] for x in tr]),
+            "trainerd_data_wait_fraction": med([x["data_wait_fraction"] for x in tr]),
+        }
+        row["trainerd_vs_ideal"] = row["trainerd_wall_s"] / row["ideal_s"]
+        if HAVE_TORCH:
+            to = runs["torch"][w]
+            row["torch_wall_s"] = med([x["wall_s"] for x in to])
+            row["torch_data_wait_fraction"] = med([x["data_wait_fraction"] for x in to])
+            row["torch_over_trainerd"] = row["torch_wall_s"] / row["trainerd_wall_s"]
+            row["torch_over_trainerd_per_round_median"] = med([
+                b["wall_s"] / a["wall_s"] for a, b in zip(tr, to)])
+        rows.append(row)
+    return {"dims": dims, "batch": batch, "steps": steps, "compute_step_ms": compute_step_ms,
+            "load_cost_us": load_us, "load_ms_per_step": load_ms, "real_sleep_us": eff_us,
+            "rounds": rounds, "rows": rows,
+            "runs": {k: {str(w): v for w, v in d.items()} for k, d in runs.items()}}
+
+
+# ---- report -----------------------------------------------------------------
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def buildtype(trainerd):
+    p = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(trainerd))), "meson-info",
+                     "intro-buildoptions.json")
+    try:
+        with open(p) as f:
+            for o in json.load(f):
+                if o["name"] == "buildtype":
+                    return o["value"]
+    except (OSError, ValueError):
+        pass
+    return "unknown"
+
+
+def markdown(res):
+    env = res["env"]
+    out = []
+    out.append("Machine: %s, %d cores; trainerd build type `%s`; PyTorch %s (%d threads); OpenBLAS %d threads; %s." % (
+        env["cpu"], env["cores"], env["buildtype"], env["torch"], env["threads"], env["threads"], env["date"]))
+    out.append("")
+    for key, title, target in (("mlp_large", "1. MLP 784-1024-1024-10, batch 256", 2.0),
+                               ("mlp_small", "2. MLP 64-128-10, batch 64", 3.0)):
+        b = res.get(key)
+        if not b:
+            continue
+        s = b["summary"]
+        out.append("#### %s (median of %d runs)" % (title, b["rounds"]))
+        out.append("")
+        out.append("| | samples/s (batch / median step) | median step ms | samples/s (whole run) | GFLOP/s | % of sgemm | vs PyTorch (steady) | vs PyTorch (whole run) | data wait |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        names = {"trainerd": "trainerd, synthetic data (the workload)",
+                 "trainerd_npy": "trainerd, npy data (mmap, compute-bound)",
+                 "torch": "PyTorch, data in memory"}
+        for side in ("trainerd", "trainerd_npy", "torch"):
+            if side not in s:
+                continue
+            x = s[side]
+            vs = ("%.2fx" % x["vs_torch_steady"], "%.2fx" % x["vs_torch_wall"]) if "vs_torch_steady" in x else ("1", "1")
+            out.append("| %s | %.0f | %.2f | %.0f | %.1f | %.0f%% | %s | %s | %s |" % (
+                names[side], x["steady_samples_per_sec"], x["median_step_ms"], x["wall_samples_per_sec"],
+                x["gflops"], x["pct_of_sgemm"], vs[0], vs[1],
+                "%.1f%%" % (100 * x["data_wait_fraction"]) if "data_wait_fraction" in x else "-"))
+        sg = b["sgemm"]
+        out.append("| OpenBLAS sgemm, the step's gemms only | %.0f | %.2f | | %.1f | 100%% | | | |" % (
+            b["batch"] / (sg["ideal_step_ms"] / 1e3), sg["ideal_step_ms"], sg["gflops"]))
+        out.append("")
+        out.append("GEMM FLOPs per step: %.4g (fwd + dW + dx per dense layer, no dx for layer 0)." % b["gemm_flop_per_step"])
+        if "torch" in s:
+            r = s["trainerd"]["vs_torch_steady"]
+            out.append("Target >= %gx PyTorch: %s (%.2fx; npy data %.2fx)." % (
+                target, "met" if r >= target else "MISSED", r, s["trainerd_npy"]["vs_torch_steady"]))
+        if key == "mlp_large":
+            p = s["trainerd"]["pct_of_sgemm"]
+            out.append("Target >= 70%% of sgemm's FLOP rate: %s (%.0f%%; npy data %.0f%%)." % (
+                "met" if p >= 70 else "MISSED", p, s["trainerd_npy"]["pct_of_sgemm"]))
+        out.append("")
+    lb = res.get("loader")
+    if lb:
+        out.append("#### 3. Background loading (median of %d runs per row)" % lb["rounds"])
+        out.append("")
+        out.append("Compute step %.1f ms (benchmark 1, trainerd synthetic); load_cost_us = %d -> %.1f ms of loading per "
+                   "step on one thread (a sleep of %d us really takes %.0f us here); %d steps of batch %d." % (
+                       lb["compute_step_ms"], lb["load_cost_us"], lb["load_ms_per_step"], lb["load_cost_us"],
+                       lb["real_sleep_us"], lb["steps"], lb["batch"]))
+        out.append("")
+        out.append("| workers W | depth | ideal s max(compute, load/W) | trainerd wall s | trainerd / ideal | trainerd data wait | PyTorch DataLoader wall s | PyTorch data wait | PyTorch / trainerd |")
+        out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for row in lb["rows"]:
+            out.append("| %d | %d | %.2f | %.2f | %.2f | %.1f%% | %s | %s | %s |" % (
+                row["workers"], row["depth"], row["ideal_s"], row["trainerd_wall_s"], row["trainerd_vs_ideal"],
+                100 * row["trainerd_data_wait_fraction"],
+                "%.2f" % row["torch_wall_s"] if "torch_wall_s" in row else "n/a",
+                "%.1f%%" % (100 * row["torch_data_wait_fraction"]) if "torch_wall_s" in row else "n/a",
+                "%.2fx" % row["torch_over_trainerd"] if "torch_wall_s" in row else "n/a"))
+        out.append("")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trainerd", required=True)
+    ap.add_argument("--sgemm", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch and sgemm threads")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--loader-rounds", type=int, default=3)
+    ap.add_argument("--sgemm-reps", type=int, default=50)
+    ap.add_argument("--only", default="mlp_large,mlp_small,loader")
+    args = ap.parse_args()
+    args.trainerd = os.path.abspath(args.trainerd)
+    args.sgemm = os.path.abspath(args.sgemm)
+    os.makedirs(args.out, exist_ok=True)
+    only = set(args.only.split(","))
+    if HAVE_TORCH:
+        torch.set_num_threads(args.threads)
+    else:
+        log("PyTorch unavailable (%s): peer columns are n/a" % TORCH_ERR)
+    res = {"env": {
+        "cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads,
+        "buildtype": buildtype(args.trainerd),
+        "torch": torch.__version__ if HAVE_TORCH else "n/a",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "uname": " ".join(platform.uname()),
+    }}
+    t0 = time.perf_counter()
+    if "mlp_large" in only or "loader" in only:
+        res["mlp_large"] = compute_bench(args, "mlp_large", "mlp_large.json", "mlp_large_npy.json", 2048,
+                                         args.rounds, torch_steps=80, torch_warm=10, warm=5)
+    if "mlp_small" in only:
+        res["mlp_small"] = compute_bench(args, "mlp_small", "mlp_small.json", "mlp_small_npy.json", 6400,
+                                         args.rounds, torch_steps=2000, torch_warm=200, warm=100)
+    if "loader" in only:
+        step = res["mlp_large"]["summary"]["trainerd"]["median_step_ms"]
+        res["loader"] = loader_bench(args, step, args.loader_rounds, [1, 2, 4, 8], steps=40)
+    res["elapsed_s"] = time.perf_counter() - t0
+    shutil.rmtree(os.path.join(args.out, "data"), ignore_errors=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    md = markdown(res)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    log("done in %.0f s; raw outputs in %s" % (res["elapsed_s"], args.out))
+
+
+if __name__ == "__main__":
+    main()
