@@ -9,6 +9,9 @@
 /* trainerd run JOB.json [...]: one job in the foreground. */
 int tr_cmd_run(int argc, char **argv);
 
+/* trainerd serve [...]: the daemon. */
+int tr_cmd_serve(int argc, char **argv);
+
 /* Terminal progress: a redrawn bar on a TTY, a plain line every few
  * seconds otherwise. */
 struct tr_progress_display {

@@ -36,8 +36,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (strcmp(cmd, "serve") == 0) {
-		fprintf(stderr, "trainerd: 'serve' is not built yet in this version; use 'trainerd run JOB.json'\n");
-		return 2;
+		return tr_cmd_serve(argc - 1, argv + 1);
 	}
 	fprintf(stderr, "trainerd: unknown command '%s'\n", cmd);
 	usage(stderr);

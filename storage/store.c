@@ -1,2 +1,387 @@
-/* placeholder: being written */
-typedef int tr_placeholder_t;
+/* Store lifecycle and plumbing: open (pragmas, migration, connection pool,
+ * writer thread), close, the per-thread error message, the statement cache
+ * and the transaction helpers every other storage file uses.
+ *
+ * Connections: one belongs to the writer thread; STORE_POOL_SIZE more serve
+ * requests, each lent to one thread for one call.  WAL lets the readers run
+ * while the writer commits; SQLite itself runs serialized as a second line
+ * of defence.
+ */
+#include "storage/internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Per thread, so that two threads failing at once each read their own
+ * message (and a message survives the store being closed). */
+static _Thread_local char tls_err[512];
+
+int tr_store_fail(int code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(tls_err, sizeof tls_err, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+void tr_store_errcpy(char *buf, size_t len)
+{
+	if (buf && len)
+		snprintf(buf, len, "%s", tls_err);
+}
+
+const char *tr_store_error(tr_store_t *s)
+{
+	(void)s;
+	return tls_err;
+}
+
+static int errno_of(sqlite3 *db, int rc)
+{
+	int sys = db ? sqlite3_system_errno(db) : 0;
+	switch (rc & 0xff) {
+	case SQLITE_BUSY:
+	case SQLITE_LOCKED:
+		return -EBUSY;
+	case SQLITE_NOMEM:
+		return -ENOMEM;
+	case SQLITE_FULL:
+		return -ENOSPC;
+	case SQLITE_READONLY:
+		return -EROFS;
+	case SQLITE_PERM:
+	case SQLITE_AUTH:
+		return -EACCES;
+	case SQLITE_TOOBIG:
+		return -E2BIG;
+	case SQLITE_CONSTRAINT:
+	case SQLITE_MISMATCH:
+	case SQLITE_RANGE:
+		return -EINVAL;
+	case SQLITE_CANTOPEN:
+	case SQLITE_IOERR:
+		return sys > 0 ? -sys : -EIO;
+	default:
+		return -EIO;
+	}
+}
+
+int tr_store_sqlfail(sqlite3 *db, int rc, const char *what, const char *file, int line)
+{
+	/* meson compiles with paths relative to the build dir ("../storage/x.c"). */
+	while (strncmp(file, "../", 3) == 0)
+		file += 3;
+	const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+	return tr_store_fail(errno_of(db, rc), "%s:%d: %s: %s", file, line, what, msg);
+}
+
+double tr_store_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- statements and transactions --------------------------------------------- */
+
+sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql)
+{
+	for (int i = 0; i < c->ncache; i++) {
+		if (c->cache[i].sql == sql) {
+			sqlite3_reset(c->cache[i].st);
+			sqlite3_clear_bindings(c->cache[i].st);
+			return c->cache[i].st;
+		}
+	}
+	if (c->ncache == c->capcache) {
+		int cap = c->capcache ? 2 * c->capcache : 32;
+		struct stmt_cache_entry *n = realloc(c->cache, (size_t)cap * sizeof *n);
+		if (!n) {
+			tr_store_fail(-ENOMEM, "out of memory");
+			return NULL;
+		}
+		c->cache = n;
+		c->capcache = cap;
+	}
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL);
+	if (rc != SQLITE_OK) {
+		SQLFAIL(c, rc, sql);
+		return NULL;
+	}
+	c->cache[c->ncache++] = (struct stmt_cache_entry){sql, st};
+	return st;
+}
+
+static int step_done(struct conn *c, const char *sql)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
+	if (!st)
+		return -EIO;
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, sql);
+}
+
+int tr_store_begin(struct conn *c, bool write)
+{
+	return step_done(c, write ? "BEGIN IMMEDIATE" : "BEGIN");
+}
+
+int tr_store_commit(struct conn *c)
+{
+	return step_done(c, "COMMIT");
+}
+
+void tr_store_rollback(struct conn *c)
+{
+	/* Keeps the caller's error message: the rollback's own outcome does
+	 * not matter (SQLite may already have rolled back). */
+	if (!sqlite3_get_autocommit(c->db))
+		sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+int tr_store_exec(struct conn *c, const char *sql)
+{
+	int rc = sqlite3_exec(c->db, sql, NULL, NULL, NULL);
+	return rc == SQLITE_OK ? 0 : SQLFAIL(c, rc, sql);
+}
+
+/* ---- connections ---------------------------------------------------------------- */
+
+void tr_store_conn_close(struct conn *c)
+{
+	for (int i = 0; i < c->ncache; i++)
+		sqlite3_finalize(c->cache[i].st);
+	free(c->cache);
+	c->cache = NULL;
+	c->ncache = c->capcache = 0;
+	if (c->db)
+		sqlite3_close(c->db);
+	c->db = NULL;
+}
+
+/* Settings that SQLite keeps per connection, not in the file. */
+static int conn_open(struct conn *c, const char *path)
+{
+	memset(c, 0, sizeof *c);
+	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
+	int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
+	if (rc != SQLITE_OK) {
+		int err = tr_store_fail(errno_of(c->db, rc), "%s: cannot open: %s", path,
+					c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+		tr_store_conn_close(c);
+		return err;
+	}
+	sqlite3_extended_result_codes(c->db, 1);
+	sqlite3_busy_timeout(c->db, STORE_BUSY_TIMEOUT_MS);
+	int err = tr_store_exec(c, "PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL;"
+				   "PRAGMA journal_size_limit=67108864");
+	if (err < 0)
+		tr_store_conn_close(c);
+	return err;
+}
+
+/* WAL is a property of the file; setting it needs a moment of exclusive
+ * access, so it is done once, on the first connection. */
+static int enable_wal(struct conn *c, const char *path)
+{
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(c->db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return SQLFAIL(c, rc, "PRAGMA journal_mode=WAL");
+	rc = sqlite3_step(st);
+	int err = 0;
+	if (rc != SQLITE_ROW) {
+		err = SQLFAIL(c, rc, "PRAGMA journal_mode=WAL");
+	} else {
+		const char *mode = (const char *)sqlite3_column_text(st, 0);
+		if (!mode || strcmp(mode, "wal") != 0)
+			err = tr_store_fail(-ENOTSUP, "%s: cannot use write-ahead logging (journal mode is %s)", path,
+					    mode ? mode : "unknown");
+	}
+	sqlite3_finalize(st);
+	return err;
+}
+
+struct conn *tr_store_conn_get(tr_store_t *s)
+{
+	pthread_mutex_lock(&s->pool_lock);
+	for (;;) {
+		for (int i = 0; i < STORE_POOL_SIZE; i++) {
+			if (!s->pool[i].busy) {
+				s->pool[i].busy = true;
+				pthread_mutex_unlock(&s->pool_lock);
+				return &s->pool[i];
+			}
+		}
+		pthread_cond_wait(&s->pool_cond, &s->pool_lock);
+	}
+}
+
+void tr_store_conn_put(tr_store_t *s, struct conn *c)
+{
+	/* A statement left mid-result would pin a read snapshot and stall
+	 * WAL checkpoints; a transaction left open would block the writer. */
+	for (int i = 0; i < c->ncache; i++)
+		sqlite3_reset(c->cache[i].st);
+	tr_store_rollback(c);
+	pthread_mutex_lock(&s->pool_lock);
+	c->busy = false;
+	pthread_cond_signal(&s->pool_cond);
+	pthread_mutex_unlock(&s->pool_lock);
+}
+
+static int64_t read_last_event_id(struct conn *c)
+{
+	/* AUTOINCREMENT keeps the high-water mark in sqlite_sequence even when
+	 * the newest events were deleted with their job. */
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT seq FROM sqlite_sequence WHERE name = 'events'");
+	int64_t id = 0;
+	if (st && sqlite3_step(st) == SQLITE_ROW)
+		id = sqlite3_column_int64(st, 0);
+	if (st)
+		sqlite3_reset(st);
+	return id;
+}
+
+static void init_cond_monotonic(pthread_cond_t *cv)
+{
+	pthread_condattr_t a;
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(cv, &a);
+	pthread_condattr_destroy(&a);
+}
+
+int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, char *err,
+		  size_t errlen)
+{
+	int rc;
+	tr_store_t *s = NULL;
+	*out = NULL;
+	if (!path || !*path) {
+		rc = tr_store_fail(-EINVAL, "store path is empty");
+		goto fail_early;
+	}
+	if (!sqlite3_threadsafe()) {
+		rc = tr_store_fail(-ENOTSUP, "SQLite was built without thread support");
+		goto fail_early;
+	}
+	if (opts && opts->flush_interval_ms < 0) {
+		rc = tr_store_fail(-EINVAL, "flush_interval_ms must be >= 0 (0 = default 200)");
+		goto fail_early;
+	}
+	s = calloc(1, sizeof *s);
+	if (!s) {
+		rc = tr_store_fail(-ENOMEM, "out of memory");
+		goto fail_early;
+	}
+	s->path = strdup(path);
+	s->queue_max = opts && opts->metrics_queue_max ? opts->metrics_queue_max : STORE_DEFAULT_QUEUE_MAX;
+	s->flush_ms = opts && opts->flush_interval_ms ? opts->flush_interval_ms : STORE_DEFAULT_FLUSH_MS;
+	pthread_mutex_init(&s->pool_lock, NULL);
+	pthread_cond_init(&s->pool_cond, NULL);
+	pthread_mutex_init(&s->q_lock, NULL);
+	init_cond_monotonic(&s->q_work);
+	pthread_cond_init(&s->q_done, NULL);
+	pthread_mutex_init(&s->ev_lock, NULL);
+	init_cond_monotonic(&s->ev_cond);
+	if (!s->path) {
+		rc = tr_store_fail(-ENOMEM, "out of memory");
+		goto fail;
+	}
+
+	rc = conn_open(&s->wconn, path);
+	if (rc < 0)
+		goto fail;
+	rc = enable_wal(&s->wconn, path);
+	if (rc < 0)
+		goto fail;
+	rc = tr_store_migrate(&s->wconn);
+	if (rc < 0)
+		goto fail;
+	for (int i = 0; i < STORE_POOL_SIZE; i++) {
+		rc = conn_open(&s->pool[i], path);
+		if (rc < 0)
+			goto fail;
+	}
+	s->last_event_id = read_last_event_id(&s->wconn);
+	rc = tr_store_writer_start(s);
+	if (rc < 0)
+		goto fail;
+	*out = s;
+	return 0;
+
+fail:
+	tr_store_close(s);
+fail_early:
+	tr_store_errcpy(err, errlen);
+	return rc;
+}
+
+void tr_store_close(tr_store_t *s)
+{
+	if (!s)
+		return;
+	tr_store_writer_stop(s);
+	for (int i = 0; i < STORE_POOL_SIZE; i++)
+		tr_store_conn_close(&s->pool[i]);
+	/* Closed last: the last connection to close checkpoints the WAL. */
+	tr_store_conn_close(&s->wconn);
+	for (size_t i = 0; i < s->pending.n; i++)
+		free(s->pending.v[i].heap);
+	free(s->pending.v);
+	free(s->drops);
+	pthread_mutex_destroy(&s->pool_lock);
+	pthread_cond_destroy(&s->pool_cond);
+	pthread_mutex_destroy(&s->q_lock);
+	pthread_cond_destroy(&s->q_work);
+	pthread_cond_destroy(&s->q_done);
+	pthread_mutex_destroy(&s->ev_lock);
+	pthread_cond_destroy(&s->ev_cond);
+	free(s->path);
+	free(s);
+}
+
+int tr_store_integrity_check(tr_store_t *s)
+{
+	struct conn *c = tr_store_conn_get(s);
+	int err = 0;
+	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA integrity_check");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		err = SQLFAIL(c, rc, "PRAGMA integrity_check");
+		goto cleanup;
+	}
+	const char *first = (const char *)sqlite3_column_text(st, 0);
+	if (!first || strcmp(first, "ok") != 0) {
+		err = tr_store_fail(-EIO, "%s: integrity check failed: %s", s->path, first ? first : "?");
+		goto cleanup;
+	}
+	sqlite3_reset(st);
+	/* integrity_check does not look at foreign keys. */
+	st = tr_store_stmt(c, "PRAGMA foreign_key_check");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		err = tr_store_fail(-EIO, "%s: foreign key violation in table %s, rowid %lld", s->path,
+				    (const char *)sqlite3_column_text(st, 0), (long long)sqlite3_column_int64(st, 1));
+	else if (rc != SQLITE_DONE)
+		err = SQLFAIL(c, rc, "PRAGMA foreign_key_check");
+cleanup:
+	tr_store_conn_put(s, c);
+	return err;
+}

@@ -9,15 +9,17 @@
  * a busy timeout, and a schema versioned by PRAGMA user_version with
  * forward-only migrations.  Metric points and log lines are appended to a
  * bounded in-memory queue and written by a background writer thread in
- * batches (one transaction per flush, at most every 200 ms), so training
+ * batches (one transaction per flush -- a flush above 50,000 items takes
+ * several -- at most every 200 ms), so training
  * never waits for a disk; a full queue drops points and counts the drops.
  *
  * All functions are thread-safe (one connection per thread role, guarded
- * internally).  They return 0 or a negative errno-style code, with a
- * message in the store's error buffer for the caller's thread
- * (tr_store_error).  Strings in output structs are malloc'd and owned by
- * the caller (tr_job_row_finish frees them); json_t results are new
- * references.
+ * internally: the writer thread's own, and a small pool for requests).
+ * They return 0 or a negative errno-style code, with a message in the
+ * store's error buffer for the caller's thread (tr_store_error).  A limit
+ * <= 0 in the paging calls means no limit.  Strings in output structs are
+ * malloc'd and owned by the caller (tr_job_row_finish frees them); json_t
+ * results are new references.
  */
 #ifndef TR_STORE_H
 #define TR_STORE_H
@@ -34,7 +36,9 @@ struct tr_store_options {
 	int flush_interval_ms;    /* default 200 */
 };
 
-/* Opens (creating if needed) and migrates `path`.  opts may be NULL. */
+/* Opens (creating if needed) and migrates `path`.  opts may be NULL; zero
+ * fields take the defaults.  A database written by a newer trainerd
+ * (higher schema version) is refused with -ENOTSUP, naming both versions. */
 int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, char *err,
 		  size_t errlen);
 /* Flushes the queue, stops the writer, closes.  Accepts NULL. */
@@ -101,10 +105,13 @@ struct tr_event {
 	char *data; /* JSON text */
 	double at;
 };
-/* Events of job with id > after, ascending, at most limit.  "metrics"
- * events are written by the metrics writer once per flush per job, with
- * data {"points": [{"name","step","epoch","wall","value"}, ...]}, so an SSE
- * client that resumes from Last-Event-ID sees every point exactly once. */
+/* Events of job with id > after, ascending, at most limit (job_id 0: all
+ * jobs).  "metrics" events are written by the metrics writer once per
+ * flush per job, with data {"points": [{"name","step","epoch","wall",
+ * "value"}, ...]} (a flush of more than 10,000 points for one job is split
+ * over several events), so an SSE client that resumes from Last-Event-ID
+ * sees every point exactly once.  "log" events carry the same object as
+ * tr_store_logs_query's entries.  Non-finite numbers are written as null. */
 int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
 			  int *count);
 void tr_events_free(struct tr_event *events, int count);
@@ -112,17 +119,20 @@ void tr_events_free(struct tr_event *events, int count);
 int64_t tr_store_last_event_id(tr_store_t *s);
 /* Blocks until an event with id > after exists for job_id (any job when
  * job_id == 0), or timeout_ms passes, or tr_store_wake_all is called.
- * Returns 1 when there is something new, 0 on timeout/wake. */
+ * Returns 1 when there is something new, 0 on timeout/wake.  timeout_ms
+ * < 0 waits without a deadline. */
 int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms);
 void tr_store_wake_all(tr_store_t *s);
 
 /* ---- metrics ------------------------------------------------------------- */
 
 /* Queues one point; never blocks on I/O.  Returns -ENOBUFS (and counts a
- * drop) when the queue is full. */
+ * drop) when the queue is full.  name: non-empty UTF-8; |step| <= 2^62.
+ * Points of a job deleted before they are written vanish silently. */
 int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
 			   double wall, double value);
-/* Points dropped for job_id since it started (0 = total). */
+/* Points dropped for job_id since it started (0 = total); log lines
+ * dropped from the shared queue count too. */
 int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);
 /* Writes everything queued now and waits for it to be committed. */
 int tr_store_flush(tr_store_t *s);
@@ -139,18 +149,25 @@ struct tr_metrics_query {
  * name order, points in step order.  With max_points > 0 and more points
  * than that, the step range is cut into max_points/2 equal buckets and each
  * bucket keeps its min and max value points (in step order), so spikes
- * survive downsampling.  NULL on error. */
+ * survive downsampling.  NULL on error.
+ * Precisely: the step range is [lo, hi], the first and last steps of the
+ * series within [from_step, to_step]; bucket k of nb starts at
+ * lo + floor(k * (hi - lo + 1) / nb); min/max ties go to the earliest step;
+ * NaN counts as the largest value (a diverged loss shows).  Non-finite
+ * values come out as null.  Names without points in range are left out.
+ * max_points 1 keeps the single max point. */
 json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q);
 /* Distinct metric names of a job, as a JSON array (new reference). */
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
 /* Deletes a job's points with step > step (used when a job resumes from an
- * earlier checkpoint, so replayed steps replace rather than double). */
+ * earlier checkpoint, so replayed steps replace rather than double).
+ * Flushes first, so points appended before the call are deleted too. */
 int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step);
 
 /* ---- logs ---------------------------------------------------------------- */
 
 /* Queued like metrics (also emits a "log" event on flush).  level: syslog
- * priority 0..7. */
+ * priority 0..7.  Invalid UTF-8 bytes in message become '?'. */
 int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message);
 /* Log lines with id > after, ascending, at most limit: JSON array of
  * {"id","time","level","message"} (new reference). */

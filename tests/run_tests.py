@@ -19,6 +19,7 @@ suites = sys.argv[2:]
 tests = json.loads(subprocess.check_output(["meson", "introspect", "--tests", build]))
 
 SYNTH = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
+SANITIZER = re.compile(r"ERROR: (LeakSanitizer|AddressSanitizer)|runtime error:|WARNING: ThreadSanitizer")
 RESULT = re.compile(r"^RESULT: (\d+) passed, (\d+) failed", re.M)
 
 passed = failed = 0
@@ -50,6 +51,11 @@ for t in tests:
         ok, bad = (1, 0) if rc == 0 else (0, 1)
     if rc != 0 and bad == 0:
         bad = 1  # a non-zero exit is never a pass
+    # Criterion reports a test that leaked or raced as passed: the sanitizer
+    # report in the output is what counts.
+    if SANITIZER.search(out) and bad == 0:
+        bad = 1
+        ok = max(ok - 1, 0)
     passed += ok
     failed += bad
     status = "ok" if bad == 0 else "FAIL"

@@ -1,0 +1,92 @@
+/* The HTTP/JSON API server (libmicrohttpd + jansson).
+ *
+ * The API reads jobs, metrics, events and logs straight from the store and
+ * asks the daemon, through a table of operations, for anything that
+ * changes the queue or needs live state (submit, control, devices).  It
+ * knows nothing of the scheduler's internals: the daemon fills
+ * tr_api_ops and owns every decision; the API owns HTTP (routing, limits,
+ * content types, error bodies, SSE framing).
+ *
+ * Errors are JSON: {"error": {"code": "...", "message": "...",
+ * "pointer": "/json/pointer"}} with a fitting status (DESIGN.md §8).
+ */
+#ifndef TR_API_H
+#define TR_API_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/store.h"
+
+/* What a daemon operation reports when it refuses. */
+struct tr_api_error {
+	int status;        /* HTTP status: 400, 404, 409, 422, 503, ... */
+	char code[48];     /* machine-readable: invalid_spec, not_found, conflict, ... */
+	char message[768];
+	char pointer[256]; /* JSON pointer into the request body, or "" */
+};
+
+enum tr_job_control { TR_CONTROL_CANCEL, TR_CONTROL_STOP, TR_CONTROL_PAUSE, TR_CONTROL_RESUME };
+
+struct tr_api_submit {
+	const json_t *spec;          /* borrowed: the request body's job spec */
+	const char *body;            /* the raw body text, for the idempotency hash */
+	size_t body_len;
+	const char *idempotency_key; /* or NULL */
+	int priority;                /* from "?priority=" or 0 */
+};
+
+/* Implemented by the daemon.  Every function is called from API threads,
+ * concurrently; each returns 0 or fills *err (and returns negative). */
+struct tr_api_ops {
+	/* Validates and queues a job; *job_id receives its id.  When the
+	 * idempotency key matches an earlier request with the same body,
+	 * returns 0 with that job's id and *replayed = true. */
+	int (*submit)(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed,
+		      struct tr_api_error *err);
+	int (*control)(void *ctx, int64_t job_id, enum tr_job_control op, struct tr_api_error *err);
+	int (*set_priority)(void *ctx, int64_t job_id, int priority, struct tr_api_error *err);
+	/* Deletes a job in a terminal state with all its data (409 otherwise). */
+	int (*remove)(void *ctx, int64_t job_id, struct tr_api_error *err);
+	/* New reference: [{"id":0,"name":"cpu0","kind":"cpu","memory_total":..,
+	 * "memory_free":..,"job":17|null}, ...] */
+	json_t *(*devices)(void *ctx);
+	/* New reference or NULL: live fields of a running job merged into its
+	 * "progress" object, e.g. {"eta_s":..,"samples_per_sec":..}. */
+	json_t *(*live_progress)(void *ctx, int64_t job_id);
+	/* Readiness: false while starting up or shutting down. */
+	bool (*ready)(void *ctx);
+};
+
+struct tr_api_config {
+	const char *listen_host;   /* "127.0.0.1" (default), "::1", "0.0.0.0" */
+	int port;                  /* 0 = ephemeral; see tr_api_port */
+	size_t max_body;           /* default 1 MiB */
+	int sse_heartbeat_s;       /* default 15 */
+	int sse_max_idle_s;        /* a stream with no client activity ends after this; default 3600 */
+	const char *const *tokens; /* NULL-terminated bearer tokens; NULL = no auth
+				      (refused by tr_api_start for a non-loopback host) */
+	const char *openapi_path;  /* file served at GET /openapi.yaml, or NULL */
+	const char *version;       /* for GET /version */
+	tr_store_t *store;         /* borrowed */
+	struct tr_api_ops ops;
+	void *ctx;                 /* passed to every op */
+};
+
+typedef struct tr_api tr_api_t;
+
+/* Binds and starts serving.  NULL with err set (e.g. address in use). */
+tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen);
+/* The bound port (useful with port 0). */
+int tr_api_port(const tr_api_t *api);
+/* Stops accepting, ends every SSE stream, waits for in-flight requests,
+ * frees.  Accepts NULL. */
+void tr_api_stop(tr_api_t *api);
+
+/* Renders a job row (plus live progress, borrowed, may be NULL) as the
+ * API's job object; new reference.  Exposed for the daemon's tests. */
+json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live);
+
+#endif

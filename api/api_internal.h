@@ -1,0 +1,147 @@
+/* Shared state of the API's source files: the server, one request, one
+ * reply, and the helpers every handler uses (error replies, query and path
+ * parameters, request bodies, job lookups).  Handlers never touch
+ * libmicrohttpd responses directly except the SSE handler, which hands the
+ * server a ready streaming response; everything else is a status, a JSON
+ * body (or text) and a few headers that server.c turns into a response.
+ */
+#ifndef TR_API_INTERNAL_H
+#define TR_API_INTERNAL_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/api.h"
+#include "api/routes.h"
+
+#define TR_API_DEFAULT_MAX_BODY ((size_t)1 << 20)
+#define TR_API_DEFAULT_HEARTBEAT_S 15
+#define TR_API_DEFAULT_SSE_IDLE_S 3600
+/* Enough threads for a dashboard per user and many SSE streams, few
+ * enough that a connection flood cannot exhaust the process. */
+#define TR_API_MAX_CONNECTIONS 512
+/* Idle keep-alive and slow clients are dropped after this (SSE streams
+ * turn it off for themselves). */
+#define TR_API_CONNECTION_TIMEOUT_S 60
+#define TR_API_MAX_PARAMS 2
+#define TR_API_MAX_HEADERS 4
+
+struct tr_api {
+	struct MHD_Daemon *mhd;
+	/* A copy of the caller's config whose strings point into the owned
+	 * copies below, so the caller may free its own after tr_api_start. */
+	struct tr_api_config cfg;
+	char *listen_host;
+	char *version;
+	char *openapi_path;
+	char **tokens; /* NULL-terminated copy, or NULL for no auth */
+	int port;
+	atomic_bool stopping;
+};
+
+/* One HTTP request, alive from its headers until MHD reports it done. */
+struct tr_api_request {
+	tr_api_t *api;
+	struct MHD_Connection *conn;
+	const char *method; /* owned by MHD, valid for the request */
+	const char *url;
+	const struct tr_api_route *route;
+	/* Path parameters ("{id}") in pattern order, NUL-terminated copies. */
+	char params[TR_API_MAX_PARAMS][32];
+	int nparams;
+	char *body; /* NUL-terminated; only buffered for routes that take one */
+	size_t body_len, body_cap;
+	size_t discarded;  /* bytes thrown away past the cap */
+	bool too_large;    /* the body went past cfg.max_body */
+	bool answered;     /* a response was queued */
+};
+
+struct tr_api_header {
+	const char *name; /* static string */
+	char *value;      /* owned */
+};
+
+/* What a handler produces.  Exactly one of json, text and stream is set,
+ * or none for an empty body (204, 202 without a job). */
+struct tr_api_reply {
+	int status;
+	json_t *json;                  /* owned; rendered compact plus "\n" */
+	char *text;                    /* owned */
+	size_t text_len;
+	const char *content_type;      /* for text; static string */
+	struct MHD_Response *stream;   /* owned until queued */
+	struct tr_api_header headers[TR_API_MAX_HEADERS];
+	int nheaders;
+};
+
+/* ---- errors.c ---- */
+
+/* The one error helper: replaces whatever the reply held with
+ * {"error": {"code", "message"[, "pointer"]}} and the status.  pointer
+ * may be NULL or "". */
+void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt,
+		 ...) __attribute__((format(printf, 5, 6)));
+/* A refusal from a daemon operation; a status of 0 (the op forgot to
+ * fill err) becomes 500 "internal". */
+void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_api_error *err);
+/* A store failure: 500 "internal" with the store's message. */
+void tr_api_fail_store(struct tr_api_reply *rp, tr_store_t *store, const char *what);
+
+/* ---- request.c ---- */
+
+/* Adds a response header; value is copied.  Silently drops headers past
+ * TR_API_MAX_HEADERS, which only a programming error can reach. */
+void tr_api_reply_header(struct tr_api_reply *rp, const char *name, const char *value);
+/* Sets a JSON body; takes the reference. */
+void tr_api_reply_json(struct tr_api_reply *rp, int status, json_t *body);
+/* Drops whatever body and headers the reply holds. */
+void tr_api_reply_finish(struct tr_api_reply *rp);
+
+/* A query argument (already percent-decoded by MHD) or NULL. */
+const char *tr_api_query(const struct tr_api_request *rq, const char *name);
+/* Integer query argument in [min, max]; def when absent.  On error fills
+ * rp with 400 "invalid_parameter" naming the parameter, returns -1. */
+int tr_api_query_int(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, int64_t min,
+		     int64_t max, int64_t def, int64_t *out);
+/* "true" or "false"; def when absent; -1 with rp filled otherwise. */
+int tr_api_query_bool(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, bool def,
+		      bool *out);
+/* Parses text as an integer in [min, max]; 0 or -1, no reply. */
+int tr_api_parse_int(const char *text, int64_t min, int64_t max, int64_t *out);
+/* The "{id}" path parameter as a positive job id; -1 with 400
+ * "invalid_parameter" in rp otherwise. */
+int tr_api_path_id(const struct tr_api_request *rq, struct tr_api_reply *rp, int64_t *id);
+/* Parses the request body as a JSON object.  New reference in *out, or
+ * -1 with 400 "invalid_json" / "invalid_request" in rp. */
+int tr_api_body_object(const struct tr_api_request *rq, struct tr_api_reply *rp, json_t **out);
+
+/* Writes prefix + "/" + key, the key escaped as RFC 6901 asks ("~0",
+ * "~1"); cut to len. */
+void tr_api_pointer(char *buf, size_t len, const char *prefix, const char *key);
+
+/* ---- job_json.c ---- */
+
+/* Loads a job row; -1 with 404 "not_found" (or 500) in rp.  On success
+ * the caller finishes the row with tr_job_row_finish. */
+int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row);
+/* Loads a job, merges its live progress and sets it as the reply's body
+ * with the given status; fills an error otherwise. */
+void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_t id);
+/* Formats Unix seconds as RFC 3339 UTC with milliseconds; new reference,
+ * JSON null for 0 (not yet). */
+json_t *tr_api_time_json(double t);
+/* True for completed, failed and cancelled: states a job never leaves. */
+bool tr_api_state_terminal(const char *state);
+/* True for one of the store's job states. */
+bool tr_api_state_valid(const char *state);
+
+/* ---- server.c ---- */
+
+/* Wall-clock Unix seconds. */
+double tr_api_now(void);
+
+#endif

@@ -1,0 +1,137 @@
+/* The API's job object (DESIGN.md §8), built from a store row plus the
+ * daemon's live progress.  The row keeps spec, devices and error as JSON
+ * text; they are parsed back so clients get objects, not strings.  Times
+ * are RFC 3339 UTC with milliseconds, null until they happen.
+ */
+#include "api/api_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const states[] = {"queued",	  "running",  "stopping",  "paused",
+				     "completed", "failed", "cancelled", "interrupted"};
+
+bool tr_api_state_valid(const char *state)
+{
+	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+		if (strcmp(states[i], state) == 0)
+			return true;
+	return false;
+}
+
+bool tr_api_state_terminal(const char *state)
+{
+	return state && (strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 ||
+			 strcmp(state, "cancelled") == 0);
+}
+
+json_t *tr_api_time_json(double t)
+{
+	char buf[64];
+	struct tm tm;
+	time_t sec;
+	long ms;
+
+	if (!(t > 0) || !isfinite(t))
+		return json_null();
+	sec = (time_t)floor(t);
+	ms = lround((t - (double)sec) * 1000.0);
+	if (ms >= 1000) {
+		sec++;
+		ms -= 1000;
+	}
+	if (!gmtime_r(&sec, &tm))
+		return json_null();
+	size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+
+	snprintf(buf + n, sizeof(buf) - n, ".%03ldZ", ms);
+	return json_string(buf);
+}
+
+/* Text the store holds as JSON; a row that is somehow not JSON (a bug
+ * elsewhere) is shown as its text rather than hiding the whole job. */
+static json_t *parsed(const char *text, json_t *fallback)
+{
+	json_t *j;
+
+	if (!text)
+		return fallback;
+	j = json_loads(text, JSON_DECODE_ANY, NULL);
+	if (!j) {
+		j = json_string(text);
+		if (!j)
+			return fallback;
+	}
+	json_decref(fallback);
+	return j;
+}
+
+static json_t *number_or_null(double v)
+{
+	json_t *j = isfinite(v) ? json_real(v) : NULL;
+
+	return j ? j : json_null();
+}
+
+json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
+{
+	json_t *job, *progress;
+
+	progress = json_pack("{s:I, s:I, s:I, s:o}", "step", (json_int_t)row->step, "total_steps",
+			     (json_int_t)row->total_steps, "epoch", (json_int_t)row->epoch, "loss",
+			     number_or_null(row->loss));
+	if (!progress)
+		return NULL;
+	/* Live values (ETA, throughput, a fresher step) win over the row,
+	 * which the runner only writes now and then. */
+	if (json_is_object(live))
+		json_object_update(progress, (json_t *)live);
+
+	job = json_pack("{s:I, s:s?, s:s?, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)row->id,
+			"name", row->name, "state", row->state, "priority", row->priority, "spec",
+			parsed(row->spec, json_null()), "devices", parsed(row->devices, json_array()), "progress",
+			progress, "error", parsed(row->error, json_null()), "submitted_at",
+			tr_api_time_json(row->submitted_at), "started_at", tr_api_time_json(row->started_at),
+			"finished_at", tr_api_time_json(row->finished_at));
+	return job;
+}
+
+int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row)
+{
+	int rc;
+
+	memset(row, 0, sizeof(*row));
+	rc = tr_store_job_get(api->cfg.store, id, row);
+	if (rc == 0)
+		return 0;
+	tr_job_row_finish(row);
+	memset(row, 0, sizeof(*row));
+	if (rc == -ENOENT)
+		tr_api_fail(rp, 404, "not_found", NULL, "job %" PRId64 " not found", id);
+	else
+		tr_api_fail_store(rp, api->cfg.store, "reading the job");
+	return -1;
+}
+
+void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_t id)
+{
+	struct tr_job_row row;
+	json_t *live = NULL, *job;
+
+	if (tr_api_load_job(api, rp, id, &row) < 0)
+		return;
+	if (api->cfg.ops.live_progress && !tr_api_state_terminal(row.state))
+		live = api->cfg.ops.live_progress(api->cfg.ctx, id);
+	job = tr_api_job_json(&row, live);
+	json_decref(live);
+	tr_job_row_finish(&row);
+	if (!job) {
+		tr_api_fail(rp, 500, "internal", NULL, "job %" PRId64 " cannot be rendered as JSON", id);
+		return;
+	}
+	tr_api_reply_json(rp, status, job);
+}

@@ -1,0 +1,251 @@
+/* The /jobs resource: submit, list, read, control, reprioritize, delete.
+ * Reads come from the store; every change goes through the daemon's ops,
+ * which own the queue and the state machine, and the answer is the job as
+ * the store holds it afterwards (plus live progress), so a client never
+ * sees a state the daemon did not commit.
+ */
+#include "api/api_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PRIORITY_MIN -1000
+#define PRIORITY_MAX 1000
+#define LIST_DEFAULT 100
+#define LIST_MAX 1000
+
+static bool ops_missing(struct tr_api_reply *rp, bool present)
+{
+	if (present)
+		return false;
+	tr_api_fail(rp, 503, "unavailable", NULL, "the daemon does not offer this operation");
+	return true;
+}
+
+/* Printable ASCII, 1..255 characters: keys are echoed into logs and
+ * compared byte for byte, so nothing invisible or multi-byte. */
+static bool valid_idempotency_key(const char *key)
+{
+	size_t n = strlen(key);
+
+	if (n < 1 || n > 255)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (key[i] < 0x20 || key[i] > 0x7e)
+			return false;
+	return true;
+}
+
+void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_api_error err = {0};
+	struct tr_api_submit req = {0};
+	bool replayed = false;
+	int64_t priority, id = 0;
+	const char *key;
+	json_t *spec;
+	char location[64];
+	int rc;
+
+	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0)
+		return;
+	key = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Idempotency-Key");
+	if (key && !valid_idempotency_key(key)) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "Idempotency-Key: must be 1 to 255 printable ASCII characters");
+		return;
+	}
+	if (ops_missing(rp, api->cfg.ops.submit != NULL))
+		return;
+	if (tr_api_body_object(rq, rp, &spec) < 0)
+		return;
+	req.spec = spec;
+	req.body = rq->body ? rq->body : "";
+	req.body_len = rq->body_len;
+	req.idempotency_key = key;
+	req.priority = (int)priority;
+	rc = api->cfg.ops.submit(api->cfg.ctx, &req, &id, &replayed, &err);
+	json_decref(spec);
+	if (rc < 0) {
+		tr_api_fail_op(rp, &err);
+		return;
+	}
+	tr_api_reply_job(api, rp, replayed ? 200 : 201, id);
+	if (rp->status >= 300)
+		return;
+	snprintf(location, sizeof(location), "/jobs/%" PRId64, id);
+	tr_api_reply_header(rp, MHD_HTTP_HEADER_LOCATION, location);
+	if (replayed)
+		tr_api_reply_header(rp, "Idempotent-Replayed", "true");
+}
+
+void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_job_row *rows = NULL;
+	const char *state = tr_api_query(rq, "state");
+	int64_t limit, after;
+	json_t *jobs, *next;
+	int count = 0, rc;
+
+	if (state && !tr_api_state_valid(state)) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "state: must be one of queued, running, stopping, paused, completed, failed, "
+			    "cancelled, interrupted");
+		return;
+	}
+	if (tr_api_query_int(rq, rp, "limit", 1, LIST_MAX, LIST_DEFAULT, &limit) < 0 ||
+	    tr_api_query_int(rq, rp, "after", 0, INT64_MAX, 0, &after) < 0)
+		return;
+	rc = tr_store_job_list(api->cfg.store, state, after, (int)limit, &rows, &count);
+	if (rc < 0) {
+		tr_api_fail_store(rp, api->cfg.store, "listing jobs");
+		return;
+	}
+	jobs = json_array();
+	for (int i = 0; i < count; i++) {
+		json_t *live = NULL;
+
+		if (api->cfg.ops.live_progress && !tr_api_state_terminal(rows[i].state))
+			live = api->cfg.ops.live_progress(api->cfg.ctx, rows[i].id);
+		json_array_append_new(jobs, tr_api_job_json(&rows[i], live));
+		json_decref(live);
+	}
+	/* A string, so clients in languages without 64-bit integers pass
+	 * the cursor back unchanged. */
+	if (count == (int)limit && count > 0) {
+		char buf[32];
+
+		snprintf(buf, sizeof(buf), "%" PRId64, rows[count - 1].id);
+		next = json_string(buf);
+	} else {
+		next = json_null();
+	}
+	for (int i = 0; i < count; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+	tr_api_reply_json(rp, 200, json_pack("{s:o, s:o}", "jobs", jobs, "next", next));
+}
+
+void tr_api_jobs_get(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	int64_t id;
+
+	if (tr_api_path_id(rq, rp, &id) < 0)
+		return;
+	tr_api_reply_job(rq->api, rp, 200, id);
+}
+
+/* Answers 404 for an unknown job before asking the daemon, so the
+ * message is the same on every route whatever the daemon would say. */
+static int job_exists(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t id)
+{
+	struct tr_job_row row;
+
+	if (tr_api_load_job(rq->api, rp, id, &row) < 0)
+		return -1;
+	tr_job_row_finish(&row);
+	return 0;
+}
+
+static void control(struct tr_api_request *rq, struct tr_api_reply *rp, enum tr_job_control op)
+{
+	tr_api_t *api = rq->api;
+	struct tr_api_error err = {0};
+	int64_t id;
+
+	if (tr_api_path_id(rq, rp, &id) < 0 || job_exists(rq, rp, id) < 0)
+		return;
+	if (ops_missing(rp, api->cfg.ops.control != NULL))
+		return;
+	if (api->cfg.ops.control(api->cfg.ctx, id, op, &err) < 0) {
+		tr_api_fail_op(rp, &err);
+		return;
+	}
+	tr_api_reply_job(api, rp, 202, id);
+}
+
+void tr_api_jobs_cancel(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	control(rq, rp, TR_CONTROL_CANCEL);
+}
+
+void tr_api_jobs_stop(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	control(rq, rp, TR_CONTROL_STOP);
+}
+
+void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	control(rq, rp, TR_CONTROL_PAUSE);
+}
+
+void tr_api_jobs_resume(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	control(rq, rp, TR_CONTROL_RESUME);
+}
+
+void tr_api_jobs_patch(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_api_error err = {0};
+	json_t *body = NULL, *value;
+	const char *key;
+	int64_t id;
+	json_int_t priority;
+
+	if (tr_api_path_id(rq, rp, &id) < 0 || job_exists(rq, rp, id) < 0)
+		return;
+	if (tr_api_body_object(rq, rp, &body) < 0)
+		return;
+	json_object_foreach(body, key, value) {
+		if (strcmp(key, "priority") != 0) {
+			char ptr[256];
+
+			tr_api_pointer(ptr, sizeof(ptr), "", key);
+			tr_api_fail(rp, 400, "invalid_request", ptr,
+				    "unknown key \"%s\" (only \"priority\" can change)", key);
+			goto cleanup;
+		}
+	}
+	value = json_object_get(body, "priority");
+	if (!value) {
+		tr_api_fail(rp, 400, "invalid_request", "/priority", "priority: required");
+		goto cleanup;
+	}
+	priority = json_is_integer(value) ? json_integer_value(value) : PRIORITY_MAX + 1;
+	if (priority < PRIORITY_MIN || priority > PRIORITY_MAX) {
+		tr_api_fail(rp, 400, "invalid_request", "/priority", "priority: must be an integer in [%d, %d]",
+			    PRIORITY_MIN, PRIORITY_MAX);
+		goto cleanup;
+	}
+	if (ops_missing(rp, api->cfg.ops.set_priority != NULL))
+		goto cleanup;
+	if (api->cfg.ops.set_priority(api->cfg.ctx, id, (int)priority, &err) < 0) {
+		tr_api_fail_op(rp, &err);
+		goto cleanup;
+	}
+	tr_api_reply_job(api, rp, 200, id);
+cleanup:
+	json_decref(body);
+}
+
+void tr_api_jobs_delete(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_api_error err = {0};
+	int64_t id;
+
+	if (tr_api_path_id(rq, rp, &id) < 0 || job_exists(rq, rp, id) < 0)
+		return;
+	if (ops_missing(rp, api->cfg.ops.remove != NULL))
+		return;
+	if (api->cfg.ops.remove(api->cfg.ctx, id, &err) < 0) {
+		tr_api_fail_op(rp, &err);
+		return;
+	}
+	rp->status = 204;
+}

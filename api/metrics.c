@@ -1,0 +1,253 @@
+/* /jobs/{id}/metrics: reading series (name filter, step range, min/max
+ * downsampling done by the store) and pushing custom monitor points.
+ * Pushed names may not shadow the engine's own metrics (DESIGN.md §6):
+ * a monitor writing "loss" would silently corrupt the curve everyone
+ * reads.  A push is validated whole before any point is queued, so a bad
+ * point 9000 does not leave 8999 points behind.
+ */
+#include "api/api_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_MAX_LEN 64
+#define MAX_NAMES 256
+#define MAX_POINTS_PARAM 100000
+#define PUSH_MAX 10000
+
+static const char *const engine_names[] = {
+	"loss",	    "lr",	    "samples_per_sec", "step_ms",  "data_wait_ms",
+	"val_loss", "val_accuracy", "grad_norm",       "weight_norm",
+};
+
+static bool valid_name(const char *s, size_t len)
+{
+	if (len < 1 || len > NAME_MAX_LEN)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+		      c == '.' || c == ':' || c == '/' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+static bool engine_name(const char *s)
+{
+	size_t n = strlen(s), digits;
+
+	for (size_t i = 0; i < sizeof(engine_names) / sizeof(engine_names[0]); i++)
+		if (strcmp(s, engine_names[i]) == 0)
+			return true;
+	/* device<k>_step_ms */
+	if (n < strlen("device0_step_ms") || strncmp(s, "device", 6) != 0)
+		return false;
+	digits = strspn(s + 6, "0123456789");
+	return digits > 0 && strcmp(s + 6 + digits, "_step_ms") == 0;
+}
+
+/* Splits "a,b" into a NULL-terminated array pointing into *copy. */
+static int split_names(const char *text, char **copy, const char ***names, struct tr_api_reply *rp)
+{
+	size_t n = 1, i = 0;
+	char *p;
+
+	for (const char *t = text; *t; t++)
+		n += *t == ',';
+	if (n > MAX_NAMES) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "names: at most %d names", MAX_NAMES);
+		return -1;
+	}
+	*copy = strdup(text);
+	*names = calloc(n + 1, sizeof(**names));
+	if (!*copy || !*names) {
+		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
+		return -1;
+	}
+	p = *copy;
+	for (;;) {
+		char *comma = strchr(p, ',');
+
+		if (comma)
+			*comma = '\0';
+		if (!valid_name(p, strlen(p))) {
+			tr_api_fail(rp, 400, "invalid_parameter", NULL,
+				    "names: \"%s\" is not a metric name (1 to %d of A-Z a-z 0-9 _ . : / -)", p,
+				    NAME_MAX_LEN);
+			return -1;
+		}
+		(*names)[i++] = p;
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	return 0;
+}
+
+void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_metrics_query q = {0};
+	struct tr_job_row row;
+	const char *names_text = tr_api_query(rq, "names");
+	const char **names = NULL;
+	char *copy = NULL;
+	int64_t id, from, to, max_points;
+	json_t *result = NULL, *series;
+
+	if (tr_api_path_id(rq, rp, &id) < 0)
+		return;
+	if (tr_api_load_job(api, rp, id, &row) < 0)
+		return;
+	tr_job_row_finish(&row);
+	if (tr_api_query_int(rq, rp, "from_step", 0, INT64_MAX, 0, &from) < 0 ||
+	    tr_api_query_int(rq, rp, "to_step", 0, INT64_MAX, INT64_MAX, &to) < 0 ||
+	    tr_api_query_int(rq, rp, "max_points", 0, MAX_POINTS_PARAM, 0, &max_points) < 0 ||
+	    tr_api_query_bool(rq, rp, "epochs", false, &q.with_epochs) < 0 ||
+	    tr_api_query_bool(rq, rp, "times", false, &q.with_times) < 0)
+		goto cleanup;
+	if (from > to) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "from_step: %" PRId64 " is greater than to_step %" PRId64, from, to);
+		goto cleanup;
+	}
+	if (names_text && split_names(names_text, &copy, &names, rp) < 0)
+		goto cleanup;
+	q.names = names;
+	q.from_step = from;
+	q.to_step = to;
+	q.max_points = (int)max_points;
+	result = tr_store_metrics_query(api->cfg.store, id, &q);
+	if (!result) {
+		tr_api_fail_store(rp, api->cfg.store, "reading metrics");
+		goto cleanup;
+	}
+	series = json_object_get(result, "series");
+	tr_api_reply_json(rp, 200,
+			  json_pack("{s:I, s:O}", "job", (json_int_t)id, "series", series ? series : json_object()));
+cleanup:
+	json_decref(result);
+	free(names);
+	free(copy);
+}
+
+/* Checks one pushed point; fills rp (with a pointer into the body) and
+ * returns -1 when it is not acceptable. */
+static int check_point(json_t *p, size_t i, struct tr_api_reply *rp)
+{
+	char ptr[128];
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(p)) {
+		snprintf(ptr, sizeof(ptr), "/points/%zu", i);
+		tr_api_fail(rp, 400, "invalid_request", ptr, "a point must be an object");
+		return -1;
+	}
+	json_object_foreach(p, key, v) {
+		if (strcmp(key, "name") && strcmp(key, "step") && strcmp(key, "value") && strcmp(key, "epoch")) {
+			char prefix[32];
+
+			snprintf(prefix, sizeof(prefix), "/points/%zu", i);
+			tr_api_pointer(ptr, sizeof(ptr), prefix, key);
+			tr_api_fail(rp, 400, "invalid_request", ptr,
+				    "unknown key \"%s\" (a point has name, step, value and epoch)", key);
+			return -1;
+		}
+	}
+	v = json_object_get(p, "name");
+	snprintf(ptr, sizeof(ptr), "/points/%zu/name", i);
+	if (!json_is_string(v) || !valid_name(json_string_value(v), json_string_length(v))) {
+		tr_api_fail(rp, 400, "invalid_request", ptr,
+			    "name: must be 1 to %d characters of A-Z a-z 0-9 _ . : / -", NAME_MAX_LEN);
+		return -1;
+	}
+	if (engine_name(json_string_value(v))) {
+		tr_api_fail(rp, 400, "invalid_request", ptr, "name: \"%s\" is recorded by the engine itself",
+			    json_string_value(v));
+		return -1;
+	}
+	v = json_object_get(p, "step");
+	if (!json_is_integer(v) || json_integer_value(v) < 0) {
+		snprintf(ptr, sizeof(ptr), "/points/%zu/step", i);
+		tr_api_fail(rp, 400, "invalid_request", ptr, "step: must be an integer >= 0");
+		return -1;
+	}
+	v = json_object_get(p, "value");
+	if (!json_is_number(v) || !isfinite(json_number_value(v))) {
+		snprintf(ptr, sizeof(ptr), "/points/%zu/value", i);
+		tr_api_fail(rp, 400, "invalid_request", ptr, "value: must be a finite number");
+		return -1;
+	}
+	v = json_object_get(p, "epoch");
+	if (v && (!json_is_integer(v) || json_integer_value(v) < 0)) {
+		snprintf(ptr, sizeof(ptr), "/points/%zu/epoch", i);
+		tr_api_fail(rp, 400, "invalid_request", ptr, "epoch: must be an integer >= 0");
+		return -1;
+	}
+	return 0;
+}
+
+void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_job_row row;
+	json_t *body = NULL, *points, *p, *v;
+	const char *key;
+	int64_t id, job_epoch;
+	size_t i, n, accepted = 0;
+	double wall;
+
+	if (tr_api_path_id(rq, rp, &id) < 0)
+		return;
+	if (tr_api_load_job(api, rp, id, &row) < 0)
+		return;
+	job_epoch = row.epoch;
+	tr_job_row_finish(&row);
+	if (tr_api_body_object(rq, rp, &body) < 0)
+		return;
+	json_object_foreach(body, key, v) {
+		if (strcmp(key, "points") != 0) {
+			char ptr[128];
+
+			tr_api_pointer(ptr, sizeof(ptr), "", key);
+			tr_api_fail(rp, 400, "invalid_request", ptr, "unknown key \"%s\" (the body has \"points\")",
+				    key);
+			goto cleanup;
+		}
+	}
+	points = json_object_get(body, "points");
+	n = json_array_size(points);
+	if (!json_is_array(points) || n < 1 || n > PUSH_MAX) {
+		tr_api_fail(rp, 400, "invalid_request", "/points", "points: must be an array of 1 to %d points",
+			    PUSH_MAX);
+		goto cleanup;
+	}
+	json_array_foreach(points, i, p)
+		if (check_point(p, i, rp) < 0)
+			goto cleanup;
+
+	wall = tr_api_now();
+	json_array_foreach(points, i, p) {
+		v = json_object_get(p, "epoch");
+		/* Without an epoch the point belongs to the job's current one. */
+		if (tr_store_metric_append(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
+					   json_integer_value(json_object_get(p, "step")),
+					   v ? json_integer_value(v) : job_epoch, wall,
+					   json_number_value(json_object_get(p, "value"))) == 0)
+			accepted++;
+	}
+	if (accepted < n) {
+		tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
+			    accepted, n);
+		goto cleanup;
+	}
+	tr_api_reply_json(rp, 202, json_pack("{s:I}", "accepted", (json_int_t)accepted));
+cleanup:
+	json_decref(body);
+}

@@ -1,0 +1,101 @@
+/* Small routes about the daemon itself: liveness (always 200 while the
+ * process answers, and open without a token so probes need no secret),
+ * readiness (the daemon's say, and false while the API shuts down),
+ * version, devices, and the OpenAPI document, read from disk on each
+ * request so the file on disk is the one truth.
+ */
+#include "api/api_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The spec is a few tens of kilobytes; anything far larger is not it. */
+#define OPENAPI_MAX ((long)8 << 20)
+
+void tr_api_health(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	(void)rq;
+	tr_api_reply_json(rp, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+void tr_api_ready(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	bool ready = !atomic_load(&api->stopping);
+
+	if (ready && api->cfg.ops.ready)
+		ready = api->cfg.ops.ready(api->cfg.ctx);
+	if (!ready) {
+		tr_api_fail(rp, 503, "not_ready", NULL, "the daemon is starting up or shutting down");
+		return;
+	}
+	tr_api_reply_json(rp, 200, json_pack("{s:b}", "ready", 1));
+}
+
+void tr_api_version(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_reply_json(rp, 200, json_pack("{s:s, s:i}", "version", rq->api->cfg.version, "api", 1));
+}
+
+void tr_api_devices(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	json_t *devices = api->cfg.ops.devices ? api->cfg.ops.devices(api->cfg.ctx) : json_array();
+
+	if (!devices) {
+		tr_api_fail(rp, 500, "internal", NULL, "the device list is not available");
+		return;
+	}
+	tr_api_reply_json(rp, 200, json_pack("{s:o}", "devices", devices));
+}
+
+static int read_file(const char *path, char **out, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long size;
+
+	if (!f)
+		return -errno;
+	if (fseek(f, 0, SEEK_END) < 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) < 0)
+		goto fail;
+	if (size > OPENAPI_MAX) {
+		fclose(f);
+		return -EFBIG;
+	}
+	buf = malloc((size_t)size + 1);
+	if (!buf)
+		goto fail;
+	if (fread(buf, 1, (size_t)size, f) != (size_t)size)
+		goto fail;
+	fclose(f);
+	buf[size] = '\0';
+	*out = buf;
+	*len = (size_t)size;
+	return 0;
+fail:
+	free(buf);
+	fclose(f);
+	return -EIO;
+}
+
+void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	const char *path = rq->api->cfg.openapi_path;
+	int rc;
+
+	if (!path) {
+		tr_api_fail(rp, 404, "not_found", NULL, "this daemon serves no OpenAPI document");
+		return;
+	}
+	rc = read_file(path, &rp->text, &rp->text_len);
+	if (rc < 0) {
+		tr_api_fail(rp, rc == -ENOENT ? 404 : 500, rc == -ENOENT ? "not_found" : "internal", NULL,
+			    "cannot read the OpenAPI document %s: %s", path, strerror(-rc));
+		return;
+	}
+	rp->content_type = "application/yaml";
+	rp->status = 200;
+}

@@ -1,0 +1,111 @@
+/* The route table and path matching.  The table is the only list of what
+ * the API serves (DESIGN.md §8); a unit test checks it against
+ * openapi/openapi.yaml, so a route added here without the spec, or the
+ * other way round, fails the build's tests.
+ */
+#include "api/routes.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* More "{...}" segments than any pattern has. */
+#define MAX_PARAMS 8
+
+static const struct tr_api_route routes[] = {
+	{"GET", "/healthz", tr_api_health, TR_ROUTE_PUBLIC},
+	{"GET", "/readyz", tr_api_ready, 0},
+	{"GET", "/version", tr_api_version, 0},
+	{"GET", "/devices", tr_api_devices, 0},
+	{"GET", "/openapi.yaml", tr_api_openapi, 0},
+	{"POST", "/jobs", tr_api_jobs_submit, TR_ROUTE_JSON_BODY},
+	{"GET", "/jobs", tr_api_jobs_list, 0},
+	{"GET", "/jobs/{id}", tr_api_jobs_get, 0},
+	{"PATCH", "/jobs/{id}", tr_api_jobs_patch, TR_ROUTE_JSON_BODY},
+	{"DELETE", "/jobs/{id}", tr_api_jobs_delete, 0},
+	{"POST", "/jobs/{id}/cancel", tr_api_jobs_cancel, 0},
+	{"POST", "/jobs/{id}/stop", tr_api_jobs_stop, 0},
+	{"POST", "/jobs/{id}/pause", tr_api_jobs_pause, 0},
+	{"POST", "/jobs/{id}/resume", tr_api_jobs_resume, 0},
+	{"GET", "/jobs/{id}/metrics", tr_api_metrics_get, 0},
+	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY},
+	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0},
+	{"GET", "/jobs/{id}/logs", tr_api_logs_get, 0},
+};
+
+const struct tr_api_route *tr_api_routes(size_t *count)
+{
+	*count = sizeof(routes) / sizeof(routes[0]);
+	return routes;
+}
+
+/* Matches path against one pattern segment by segment.  Captured
+ * parameters go to params when it is not NULL. */
+static bool path_matches(const char *pattern, const char *path, char (*params)[32], int max_params,
+			 int *nparams)
+{
+	const char *p = pattern, *s = path;
+	int n = 0;
+
+	while (*p && *s) {
+		if (*p != '/' || *s != '/')
+			return false;
+		p++;
+		s++;
+		size_t plen = strcspn(p, "/"), slen = strcspn(s, "/");
+
+		if (plen >= 2 && p[0] == '{' && p[plen - 1] == '}') {
+			if (slen == 0 || n >= max_params)
+				return false;
+			if (params) {
+				size_t keep = slen < 31 ? slen : 31;
+
+				memcpy(params[n], s, keep);
+				params[n][keep] = '\0';
+			}
+			n++;
+		} else if (plen != slen || memcmp(p, s, plen) != 0) {
+			return false;
+		}
+		p += plen;
+		s += slen;
+	}
+	if (*p || *s)
+		return false;
+	if (nparams)
+		*nparams = n;
+	return true;
+}
+
+const struct tr_api_route *tr_api_route_match(const char *method, const char *path, char (*params)[32],
+					      int max_params, int *nparams, bool *path_known)
+{
+	*path_known = false;
+	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+		if (!path_matches(routes[i].path, path, NULL, max_params, NULL))
+			continue;
+		*path_known = true;
+		if (strcmp(routes[i].method, method) == 0) {
+			path_matches(routes[i].path, path, params, max_params, nparams);
+			return &routes[i];
+		}
+	}
+	return NULL;
+}
+
+void tr_api_route_allow(const char *path, char *buf, size_t len)
+{
+	size_t used = 0;
+
+	if (len == 0)
+		return;
+	buf[0] = '\0';
+	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+		if (!path_matches(routes[i].path, path, NULL, MAX_PARAMS, NULL))
+			continue;
+		int n = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", routes[i].method);
+
+		if (n < 0 || (size_t)n >= len - used)
+			break;
+		used += (size_t)n;
+	}
+}

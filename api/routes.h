@@ -1,0 +1,69 @@
+/* The API's route table: every {method, path pattern, handler} the server
+ * answers, in one place, so that dispatch, the 405 Allow header and the
+ * test that compares the routes with openapi/openapi.yaml all read the
+ * same list.  Patterns are written as in OpenAPI ("/jobs/{id}/metrics");
+ * a "{name}" segment matches one non-empty path segment.
+ */
+#ifndef TR_API_ROUTES_H
+#define TR_API_ROUTES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct tr_api_request;
+struct tr_api_reply;
+
+/* Every handler has this shape: read the request, fill the reply. */
+typedef void (*tr_api_handler_fn)(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+enum {
+	/* The route reads a JSON body: Content-Type must be
+	 * application/json and the body is buffered (up to max_body). */
+	TR_ROUTE_JSON_BODY = 1u << 0,
+	/* Answered without a bearer token. */
+	TR_ROUTE_PUBLIC = 1u << 1,
+};
+
+struct tr_api_route {
+	const char *method; /* "GET", "POST", "PATCH", "DELETE" */
+	const char *path;   /* OpenAPI-style pattern */
+	tr_api_handler_fn handler;
+	unsigned flags;
+};
+
+/* The table (static storage) and its length. */
+const struct tr_api_route *tr_api_routes(size_t *count);
+
+/* Finds the route for method and path.  Fills params with the "{...}"
+ * segments (at most max_params, each cut to param_len - 1 bytes: longer
+ * ones cannot be valid ids anyway) and *nparams.  Returns NULL when none
+ * matches; then *path_known tells whether another method would. */
+const struct tr_api_route *tr_api_route_match(const char *method, const char *path, char (*params)[32],
+					      int max_params, int *nparams, bool *path_known);
+/* Writes the methods allowed on path, ", "-separated, into buf. */
+void tr_api_route_allow(const char *path, char *buf, size_t len);
+
+/* ---- handlers (one file per resource) ---- */
+
+void tr_api_health(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_ready(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_version(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_devices(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_get(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_patch(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_cancel(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_stop(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_resume(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_logs_get(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+#endif

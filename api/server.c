@@ -1,0 +1,509 @@
+/* The HTTP server: libmicrohttpd setup, request admission and dispatch.
+ *
+ * MHD runs one thread per connection with an internal polling thread, so
+ * a handler or an SSE callback may block on the store without stalling
+ * other clients; connections are capped and idle ones time out.  Each
+ * request is admitted as soon as its headers arrive: routing (404/405),
+ * bearer auth, Content-Type and a declared Content-Length over the cap
+ * are answered before a byte of body is read.  Bodies of routes that take
+ * JSON are buffered up to cfg.max_body; a chunked body that grows past it
+ * is discarded as it streams (MHD cannot answer mid-upload) and answered
+ * with 413 at its end, or cut off if it goes on far beyond the cap.
+ * Handlers fill a struct tr_api_reply; this file turns it into a response.
+ */
+#include "api/api_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A chunked body is read and thrown away up to this far past the cap so
+ * the client still gets its 413; beyond it the connection is closed. */
+#define DISCARD_LIMIT ((size_t)16 << 20)
+
+double tr_api_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- responses ---- */
+
+static struct MHD_Response *json_response(json_t *json)
+{
+	size_t n = json_dumpb(json, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(15));
+	char *buf;
+
+	if (n == 0)
+		return NULL;
+	buf = malloc(n + 1);
+	if (!buf)
+		return NULL;
+	if (json_dumpb(json, buf, n, JSON_COMPACT | JSON_REAL_PRECISION(15)) != n) {
+		free(buf);
+		return NULL;
+	}
+	/* Every JSON body ends with a newline so `curl` output and
+	 * line-oriented tools behave. */
+	buf[n] = '\n';
+	return MHD_create_response_from_buffer(n + 1, buf, MHD_RESPMEM_MUST_FREE);
+}
+
+static enum MHD_Result send_reply(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	struct MHD_Response *resp = NULL;
+	const char *type = NULL;
+	enum MHD_Result ret;
+
+	if (rp->status == 0)
+		tr_api_fail(rp, 500, "internal", NULL, "the handler produced no reply");
+	if (rp->stream) {
+		resp = rp->stream;
+		rp->stream = NULL;
+	} else if (rp->json) {
+		resp = json_response(rp->json);
+		type = "application/json";
+	} else if (rp->text) {
+		resp = MHD_create_response_from_buffer(rp->text_len, rp->text, MHD_RESPMEM_MUST_FREE);
+		if (resp)
+			rp->text = NULL;
+		type = rp->content_type ? rp->content_type : "text/plain; charset=utf-8";
+	} else {
+		resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+	}
+	if (!resp) {
+		tr_api_reply_finish(rp);
+		rq->answered = true;
+		return MHD_NO;
+	}
+	if (type)
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+	for (int i = 0; i < rp->nheaders; i++)
+		MHD_add_response_header(resp, rp->headers[i].name, rp->headers[i].value);
+	ret = MHD_queue_response(rq->conn, (unsigned int)rp->status, resp);
+	MHD_destroy_response(resp);
+	tr_api_reply_finish(rp);
+	rq->answered = true;
+	return ret;
+}
+
+/* ---- admission ---- */
+
+/* Compares in time that depends only on the presented token's length, so
+ * response timing does not reveal how much of a token was right. */
+static bool token_equal(const char *given, size_t glen, const char *want)
+{
+	size_t wlen = strlen(want);
+	unsigned char diff = glen != wlen;
+
+	for (size_t i = 0; i < glen; i++)
+		diff |= (unsigned char)given[i] ^ (unsigned char)(i < wlen ? want[i] : 0);
+	return diff == 0;
+}
+
+static int check_auth(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	char *const *tokens = rq->api->tokens;
+	const char *h;
+	bool ok = false;
+	size_t len;
+
+	if (!tokens)
+		return 0;
+	h = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	if (!h || strncasecmp(h, "Bearer ", 7) != 0) {
+		tr_api_fail(rp, 401, "unauthorized", NULL, "this route needs an Authorization: Bearer token");
+		tr_api_reply_header(rp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"trainerd\"");
+		return -1;
+	}
+	h += 7;
+	while (*h == ' ')
+		h++;
+	len = strlen(h);
+	/* No early exit: every configured token is compared. */
+	for (size_t i = 0; tokens[i]; i++)
+		ok |= token_equal(h, len, tokens[i]);
+	if (!ok) {
+		tr_api_fail(rp, 403, "forbidden", NULL, "the bearer token is not valid");
+		return -1;
+	}
+	return 0;
+}
+
+/* application/json, with or without parameters such as charset. */
+static bool is_json_type(const char *v)
+{
+	size_t n;
+
+	if (!v)
+		return false;
+	while (*v == ' ' || *v == '\t')
+		v++;
+	n = strlen("application/json");
+	if (strncasecmp(v, "application/json", n) != 0)
+		return false;
+	v += n;
+	while (*v == ' ' || *v == '\t')
+		v++;
+	return *v == '\0' || *v == ';';
+}
+
+/* Runs on the request's headers.  Returns -1 with rp filled when the
+ * request is answered now. */
+static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	const char *v;
+	bool known;
+	int64_t len;
+
+	/* HEAD is GET without the body (MHD drops it), for probes that
+	 * only look at the status. */
+	const char *method = strcmp(rq->method, MHD_HTTP_METHOD_HEAD) == 0 ? MHD_HTTP_METHOD_GET : rq->method;
+
+	rq->route = tr_api_route_match(method, rq->url, rq->params, TR_API_MAX_PARAMS, &rq->nparams, &known);
+	/* Unknown paths need a token too, so the route list does not leak
+	 * to unauthenticated clients. */
+	if (!(rq->route && (rq->route->flags & TR_ROUTE_PUBLIC)) && check_auth(rq, rp) < 0)
+		return -1;
+	if (!rq->route && !known) {
+		tr_api_fail(rp, 404, "not_found", NULL, "no route for %s", rq->url);
+		return -1;
+	}
+	if (!rq->route) {
+		char allow[128];
+
+		tr_api_route_allow(rq->url, allow, sizeof(allow));
+		tr_api_fail(rp, 405, "method_not_allowed", NULL, "%s is not allowed on %s (allowed: %s)", rq->method,
+			    rq->url, allow);
+		tr_api_reply_header(rp, MHD_HTTP_HEADER_ALLOW, allow);
+		return -1;
+	}
+	if (rq->route->flags & TR_ROUTE_JSON_BODY) {
+		v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+		if (!is_json_type(v)) {
+			tr_api_fail(rp, 415, "unsupported_media_type", NULL,
+				    "Content-Type must be application/json, not %s", v ? v : "(none)");
+			return -1;
+		}
+	}
+	v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+	if (v && tr_api_parse_int(v, 0, INT64_MAX, &len) == 0 && (uint64_t)len > api->cfg.max_body) {
+		tr_api_fail(rp, 413, "payload_too_large", NULL, "the request body is %s bytes; the limit is %zu", v,
+			    api->cfg.max_body);
+		return -1;
+	}
+	return 0;
+}
+
+/* Buffers (or discards) one piece of body.  false closes the connection. */
+static bool take_body(struct tr_api_request *rq, const char *data, size_t size)
+{
+	size_t cap = rq->api->cfg.max_body;
+
+	if (!rq->too_large && size > cap - rq->body_len) {
+		rq->too_large = true;
+		free(rq->body);
+		rq->body = NULL;
+		rq->body_len = rq->body_cap = 0;
+	}
+	if (rq->too_large) {
+		rq->discarded += size;
+		return rq->discarded <= DISCARD_LIMIT + cap;
+	}
+	/* Bodies of other routes are read so the connection stays usable,
+	 * but nothing looks at them. */
+	if (!(rq->route->flags & TR_ROUTE_JSON_BODY)) {
+		rq->body_len += size;
+		return true;
+	}
+	if (rq->body_len + size + 1 > rq->body_cap) {
+		size_t ncap = rq->body_cap ? rq->body_cap : 4096;
+		char *nb;
+
+		while (ncap < rq->body_len + size + 1)
+			ncap *= 2;
+		if (ncap > cap + 1)
+			ncap = cap + 1;
+		nb = realloc(rq->body, ncap);
+		if (!nb)
+			return false;
+		rq->body = nb;
+		rq->body_cap = ncap;
+	}
+	memcpy(rq->body + rq->body_len, data, size);
+	rq->body_len += size;
+	rq->body[rq->body_len] = '\0';
+	return true;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+				  const char *version, const char *upload_data, size_t *upload_data_size,
+				  void **con_cls)
+{
+	struct tr_api_request *rq = *con_cls;
+	struct tr_api_reply rp = {0};
+
+	(void)version;
+	if (!rq) {
+		rq = calloc(1, sizeof(*rq));
+		if (!rq)
+			return MHD_NO;
+		*con_cls = rq;
+		rq->api = cls;
+		rq->conn = conn;
+		rq->method = method;
+		rq->url = url;
+		if (admit(rq, &rp) < 0)
+			return send_reply(rq, &rp);
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		bool ok = take_body(rq, upload_data, *upload_data_size);
+
+		*upload_data_size = 0;
+		return ok ? MHD_YES : MHD_NO;
+	}
+	if (rq->answered)
+		return MHD_YES;
+	if (rq->too_large) {
+		tr_api_fail(&rp, 413, "payload_too_large", NULL, "the request body is over the limit of %zu bytes",
+			    rq->api->cfg.max_body);
+		return send_reply(rq, &rp);
+	}
+	rq->route->handler(rq, &rp);
+	return send_reply(rq, &rp);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+			 enum MHD_RequestTerminationCode why)
+{
+	struct tr_api_request *rq = *con_cls;
+
+	(void)cls;
+	(void)conn;
+	(void)why;
+	if (!rq)
+		return;
+	free(rq->body);
+	free(rq);
+	*con_cls = NULL;
+}
+
+/* ---- lifecycle ---- */
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+
+		if (IN6_IS_ADDR_LOOPBACK(a))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+	}
+	return false;
+}
+
+static void free_api(tr_api_t *api)
+{
+	if (!api)
+		return;
+	if (api->tokens)
+		for (size_t i = 0; api->tokens[i]; i++)
+			free(api->tokens[i]);
+	free(api->tokens);
+	free(api->listen_host);
+	free(api->version);
+	free(api->openapi_path);
+	free(api);
+}
+
+/* Copies the caller's strings so the API does not depend on their
+ * lifetime.  Refuses empty token lists and empty tokens: either would
+ * lock every client out (or, worse, match an empty header). */
+static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err, size_t errlen)
+{
+	api->cfg = *cfg;
+	if (!api->cfg.max_body)
+		api->cfg.max_body = TR_API_DEFAULT_MAX_BODY;
+	if (api->cfg.sse_heartbeat_s <= 0)
+		api->cfg.sse_heartbeat_s = TR_API_DEFAULT_HEARTBEAT_S;
+	if (api->cfg.sse_max_idle_s <= 0)
+		api->cfg.sse_max_idle_s = TR_API_DEFAULT_SSE_IDLE_S;
+	api->listen_host = strdup(cfg->listen_host && *cfg->listen_host ? cfg->listen_host : "127.0.0.1");
+	api->version = strdup(cfg->version ? cfg->version : "unknown");
+	if (!api->listen_host || !api->version)
+		goto oom;
+	if (cfg->openapi_path && !(api->openapi_path = strdup(cfg->openapi_path)))
+		goto oom;
+	if (cfg->tokens) {
+		size_t n = 0;
+
+		while (cfg->tokens[n])
+			n++;
+		if (n == 0) {
+			snprintf(err, errlen, "the bearer token list is empty; pass NULL to turn auth off");
+			return -1;
+		}
+		api->tokens = calloc(n + 1, sizeof(*api->tokens));
+		if (!api->tokens)
+			goto oom;
+		for (size_t i = 0; i < n; i++) {
+			if (!cfg->tokens[i][0]) {
+				snprintf(err, errlen, "bearer token %zu is empty", i + 1);
+				return -1;
+			}
+			if (!(api->tokens[i] = strdup(cfg->tokens[i])))
+				goto oom;
+		}
+	}
+	api->cfg.listen_host = api->listen_host;
+	api->cfg.version = api->version;
+	api->cfg.openapi_path = api->openapi_path;
+	api->cfg.tokens = (const char *const *)api->tokens;
+	return 0;
+oom:
+	snprintf(err, errlen, "out of memory");
+	return -1;
+}
+
+/* Binds ourselves rather than through MHD so a failure comes back with
+ * its errno ("address in use") instead of a bare NULL. */
+static int bind_listener(tr_api_t *api, bool *ipv6, char *err, size_t errlen)
+{
+	struct addrinfo hints = {0}, *res = NULL;
+	char port[16];
+	int fd = -1, one = 1, rc;
+
+	if (api->cfg.port < 0 || api->cfg.port > 65535) {
+		snprintf(err, errlen, "port %d is out of range", api->cfg.port);
+		return -1;
+	}
+	snprintf(port, sizeof(port), "%d", api->cfg.port);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	rc = getaddrinfo(api->listen_host, port, &hints, &res);
+	if (rc != 0) {
+		snprintf(err, errlen, "listen address %s: %s", api->listen_host, gai_strerror(rc));
+		return -1;
+	}
+	if (!is_loopback(res->ai_addr) && !api->tokens) {
+		snprintf(err, errlen,
+			 "listening on %s (not loopback) needs bearer tokens: anyone who can reach the port "
+			 "could submit and cancel jobs",
+			 api->listen_host);
+		goto fail;
+	}
+	*ipv6 = res->ai_family == AF_INET6;
+	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		snprintf(err, errlen, "socket: %s", strerror(errno));
+		goto fail;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
+		snprintf(err, errlen, "cannot listen on %s port %d: %s", api->listen_host, api->cfg.port,
+			 strerror(errno));
+		goto fail;
+	}
+	if (listen(fd, 128) < 0) {
+		snprintf(err, errlen, "listen: %s", strerror(errno));
+		goto fail;
+	}
+	freeaddrinfo(res);
+	return fd;
+fail:
+	if (fd >= 0)
+		close(fd);
+	freeaddrinfo(res);
+	return -1;
+}
+
+static int bound_port(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+		return -1;
+	if (ss.ss_family == AF_INET)
+		return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
+tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen)
+{
+	unsigned int flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+			     MHD_USE_ITC;
+	tr_api_t *api;
+	bool ipv6 = false;
+	int fd;
+
+	if (!cfg->store) {
+		snprintf(err, errlen, "the API needs a store");
+		return NULL;
+	}
+	api = calloc(1, sizeof(*api));
+	if (!api) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	atomic_init(&api->stopping, false);
+	if (copy_config(api, cfg, err, errlen) < 0)
+		goto fail_api;
+	fd = bind_listener(api, &ipv6, err, errlen);
+	if (fd < 0)
+		goto fail_api;
+	api->port = bound_port(fd);
+	if (ipv6)
+		flags |= MHD_USE_IPv6;
+	api->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, api, MHD_OPTION_LISTEN_SOCKET, fd,
+				    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)TR_API_MAX_CONNECTIONS,
+				    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)TR_API_CONNECTION_TIMEOUT_S,
+				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_END);
+	if (!api->mhd) {
+		/* The socket is not closed here: whether MHD already closed it
+		 * on its failure path differs between versions, and closing a
+		 * descriptor number another thread may have reused is worse
+		 * than leaking one on a path that ends the daemon anyway. */
+		snprintf(err, errlen, "cannot start the HTTP server on %s port %d", api->listen_host, api->port);
+		goto fail_api;
+	}
+	return api;
+fail_api:
+	free_api(api);
+	return NULL;
+}
+
+int tr_api_port(const tr_api_t *api)
+{
+	return api ? api->port : -1;
+}
+
+void tr_api_stop(tr_api_t *api)
+{
+	if (!api)
+		return;
+	/* SSE callbacks check the flag between waits of at most a second;
+	 * the wake cuts the current wait short. */
+	atomic_store(&api->stopping, true);
+	tr_store_wake_all(api->cfg.store);
+	MHD_stop_daemon(api->mhd);
+	free_api(api);
+}

@@ -1,0 +1,41 @@
+/* trainerd serve's configuration: one table gives every option's name,
+ * default, parser, validation and help text, used alike by the command
+ * line (--name VALUE), the config file (name = value) and `--help`. */
+#ifndef TR_DAEMON_CONFIG_H
+#define TR_DAEMON_CONFIG_H
+
+#include <stddef.h>
+
+#define TR_CONFIG_MAX_ROOTS 16
+#define TR_CONFIG_MAX_TOKENS 16
+
+struct tr_config {
+	char listen_host[128];
+	int listen_port;
+	char state_dir[1024];
+	char *data_roots[TR_CONFIG_MAX_ROOTS + 1]; /* NULL-terminated */
+	int n_data_roots;
+	int cpu_devices;      /* 0 = one per core */
+	char backend[16];     /* auto | cpu | cuda */
+	long max_body;        /* bytes */
+	int log_level;        /* syslog priority: 0..7 */
+	int sse_heartbeat_s;
+	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
+	long metrics_queue;   /* points buffered before drops */
+	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
+	int n_tokens;
+	char openapi_path[1024];
+	char submit_if_empty[1024]; /* a job spec submitted when the queue has never had a job */
+};
+
+/* Fills defaults. */
+void tr_config_defaults(struct tr_config *c);
+/* Applies argv (after "serve"); a --config FILE is read where it appears,
+ * so later flags override it.  Returns 0, 1 when --help was printed, or -1
+ * with a message naming the flag, file and line in err. */
+int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, size_t errlen);
+int tr_config_load_file(struct tr_config *c, const char *path, char *err, size_t errlen);
+void tr_config_print_help(void);
+void tr_config_finish(struct tr_config *c);
+
+#endif

@@ -1,0 +1,162 @@
+/* Job runner: one thread per running job.  It builds the trainer, forwards
+ * its metrics, progress and log lines to the store, and records how the
+ * job ended: completed, failed (with code, message and step), cancelled,
+ * or interrupted when the daemon is shutting down. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/log.h"
+#include "daemon/scheduler_internal.h"
+
+static double mono_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void on_metric(void *ctx, const struct tr_metric_point *p)
+{
+	struct running_job *j = ctx;
+	tr_store_metric_append(j->sched->cfg.store, j->id, p->name, p->step, p->epoch, p->wall, p->value);
+}
+
+static void on_progress(void *ctx, const struct tr_progress *p)
+{
+	struct running_job *j = ctx;
+	struct tr_scheduler *s = j->sched;
+	pthread_mutex_lock(&s->lock);
+	j->progress = *p;
+	j->have_progress = true;
+	pthread_mutex_unlock(&s->lock);
+	/* The row is for listings and restarts; the live view comes from
+	 * memory, so once a second is plenty and keeps SQLite off the step. */
+	double now = mono_now();
+	if (now - j->last_store_progress >= 1.0 || p->step == p->total_steps) {
+		j->last_store_progress = now;
+		tr_store_job_set_progress(s->cfg.store, j->id, p->step, p->total_steps, p->epoch, p->loss);
+	}
+}
+
+static void on_log(void *ctx, enum tr_log_level level, const char *msg)
+{
+	struct running_job *j = ctx;
+	tr_store_log_append(j->sched->cfg.store, j->id, (int)level, msg);
+	tr_log(TR_LOG_DBG, "job %lld: %s", (long long)j->id, msg);
+}
+
+static void finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step)
+{
+	struct tr_scheduler *s = j->sched;
+	char *error_text = NULL;
+	if (code) {
+		json_t *e = json_pack("{s:s, s:s, s:I}", "code", code, "message", message, "step", (json_int_t)step);
+		error_text = json_dumps(e, JSON_COMPACT);
+		json_decref(e);
+	}
+	/* Points first, then the state: a client that sees "completed" can
+	 * read every metric. */
+	tr_store_flush(s->cfg.store);
+	if (tr_store_job_set_state(s->cfg.store, j->id, state, error_text, NULL) < 0)
+		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state,
+		       tr_store_error(s->cfg.store));
+	free(error_text);
+	int64_t drops = tr_store_metric_drops(s->cfg.store, j->id);
+	if (drops > 0) {
+		char line[128];
+		snprintf(line, sizeof line, "%lld metric points were dropped because the database fell behind",
+			 (long long)drops);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_WARN, line);
+	}
+	tr_log(code && strcmp(state, "failed") == 0 ? TR_LOG_WARN : TR_LOG_INF, "job %lld %s%s%s", (long long)j->id,
+	       state, message ? ": " : "", message ? message : "");
+	pthread_mutex_lock(&s->lock);
+	j->finished = true;
+	j->trainer = NULL;
+	s->dirty = true;
+	pthread_cond_broadcast(&s->wake);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void *runner_main(void *arg)
+{
+	struct running_job *j = arg;
+	struct tr_scheduler *s = j->sched;
+	char err[1024] = "";
+	char line[256];
+	snprintf(line, sizeof line, "started on %d %s device(s)", j->ndev, s->cfg.backend->i->name);
+	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line);
+
+	/* Paths were checked at submit; files may have moved since. */
+	char pointer[256], msg[768];
+	if (tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
+		finish(j, "failed", "invalid_path", msg, 0);
+		return NULL;
+	}
+	/* The job's ranks are the pool's devices it was given. */
+	if (j->spec.n_device_ids == 0 || j->spec.n_device_ids != j->ndev) {
+		j->spec.n_device_ids = j->ndev;
+		memcpy(j->spec.device_ids, j->devices, sizeof(int) * (size_t)j->ndev);
+	}
+	struct tr_trainer_options opt = {
+		.spec = &j->spec,
+		.backend = s->cfg.backend,
+		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .ctx = j},
+	};
+	tr_trainer_t *t = NULL;
+	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	if (rc < 0) {
+		finish(j, "failed", rc == -EINVAL ? "invalid_data" : "start_failed", err, 0);
+		return NULL;
+	}
+	pthread_mutex_lock(&s->lock);
+	j->trainer = t;
+	/* A control request may have arrived while the trainer was built. */
+	if (atomic_load(&j->cancel_requested))
+		tr_trainer_cancel(t);
+	else if (atomic_load(&j->stop_requested))
+		tr_trainer_stop(t);
+	pthread_mutex_unlock(&s->lock);
+
+	rc = tr_trainer_run(t, err, sizeof err);
+
+	pthread_mutex_lock(&s->lock);
+	j->trainer = NULL; /* control requests stop reaching it before it is freed */
+	bool shutdown = s->shutting_down;
+	pthread_mutex_unlock(&s->lock);
+	struct tr_summary sum;
+	tr_trainer_summary(t, &sum);
+	tr_trainer_destroy(t);
+
+	bool cancelled = atomic_load(&j->cancel_requested);
+	if (rc == 0 && !sum.stopped) {
+		finish(j, "completed", NULL, NULL, sum.steps);
+	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
+		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		finish(j, "interrupted", NULL, NULL, sum.steps);
+	} else if (rc == 0) {
+		snprintf(line, sizeof line, "stopped by request after step %lld of %lld", (long long)sum.steps,
+			 (long long)j->progress.total_steps);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		finish(j, "completed", NULL, NULL, sum.steps);
+	} else if (rc == -ECANCELED || cancelled) {
+		finish(j, "cancelled", "cancelled", "cancelled by request", sum.steps);
+	} else {
+		finish(j, "failed", "training_failed", err, sum.steps + 1);
+	}
+	return NULL;
+}
+
+int tr_runner_start(struct running_job *j, char *err, size_t errlen)
+{
+	if (pthread_create(&j->thread, NULL, runner_main, j) != 0) {
+		snprintf(err, errlen, "cannot start the job's thread");
+		return -EAGAIN;
+	}
+	return 0;
+}

@@ -1,0 +1,314 @@
+/* Scheduler core: device pool, dispatcher thread, recovery and shutdown
+ * (see scheduler.h).  The scheduler lock guards the device owners, the
+ * running list and every queued->running transition, so an API control
+ * request never races with a job being started. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/log.h"
+#include "daemon/scheduler_internal.h"
+
+void tr_sched_kick(struct tr_scheduler *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->dirty = true;
+	pthread_cond_broadcast(&s->wake);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, char *err, size_t errlen)
+{
+	struct tr_scheduler *s = calloc(1, sizeof *s);
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	s->cfg = *cfg;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->wake, &ca);
+	pthread_condattr_destroy(&ca);
+	s->ndev = cfg->backend->i->device_count(cfg->backend);
+	if (s->ndev > TR_MAX_POOL_DEVICES)
+		s->ndev = TR_MAX_POOL_DEVICES;
+	int n = 0;
+	while (cfg->data_roots && cfg->data_roots[n])
+		n++;
+	s->roots = calloc((size_t)(n > 0 ? n : 1) + 1, sizeof *s->roots);
+	char real[PATH_MAX];
+	for (int i = 0; i < n; i++) {
+		if (!realpath(cfg->data_roots[i], real)) {
+			snprintf(err, errlen, "--data-root %s: %s", cfg->data_roots[i], strerror(errno));
+			tr_scheduler_destroy(s);
+			return -EINVAL;
+		}
+		s->roots[i] = strdup(real);
+	}
+	if (n == 0)
+		s->roots[0] = strdup(getcwd(real, sizeof real) ? real : "/");
+	*out = s;
+	return 0;
+}
+
+/* How many devices a spec asks for, and which when it names them. */
+static int wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec)
+{
+	if (spec->n_device_ids > 0)
+		return spec->n_device_ids;
+	return spec->device_count > 0 ? spec->device_count : s->ndev;
+}
+
+/* Reserves devices for `spec` when free; returns the count or 0. */
+static int reserve(struct tr_scheduler *s, const struct tr_spec *spec, int64_t id, int *devs)
+{
+	int want = wanted_devices(s, spec);
+	if (spec->n_device_ids > 0) {
+		for (int i = 0; i < spec->n_device_ids; i++)
+			if (spec->device_ids[i] >= s->ndev || s->owner[spec->device_ids[i]])
+				return 0;
+		for (int i = 0; i < spec->n_device_ids; i++)
+			devs[i] = spec->device_ids[i];
+	} else {
+		int got = 0;
+		for (int d = 0; d < s->ndev && got < want; d++)
+			if (!s->owner[d])
+				devs[got++] = d;
+		if (got < want)
+			return 0;
+	}
+	for (int i = 0; i < want; i++)
+		s->owner[devs[i]] = id;
+	return want;
+}
+
+static void fail_job(struct tr_scheduler *s, int64_t id, const char *code, const char *message)
+{
+	json_t *e = json_pack("{s:s, s:s, s:I}", "code", code, "message", message, "step", (json_int_t)0);
+	char *text = json_dumps(e, JSON_COMPACT);
+	tr_store_job_set_state(s->cfg.store, id, "failed", text, NULL);
+	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message);
+	tr_log(TR_LOG_WARN, "job %lld failed: %s", (long long)id, message);
+	free(text);
+	json_decref(e);
+}
+
+/* Starts queued jobs in order until the first that does not fit.  Called
+ * with the lock held. */
+static void start_queued(struct tr_scheduler *s)
+{
+	static const char *const queued[] = {"queued", NULL};
+	struct tr_job_row *rows = NULL;
+	int n = 0;
+	if (tr_store_job_list_states(s->cfg.store, queued, &rows, &n) < 0) {
+		tr_log(TR_LOG_ERR, "cannot read the queue: %s", tr_store_error(s->cfg.store));
+		return;
+	}
+	bool blocked = false;
+	for (int i = 0; i < n && !blocked; i++) {
+		struct tr_job_row *r = &rows[i];
+		struct running_job *job = calloc(1, sizeof *job);
+		struct tr_spec_error serr;
+		if (!job)
+			break;
+		if (tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
+			fail_job(s, r->id, "invalid_spec", serr.message);
+			free(job);
+			continue;
+		}
+		job->ndev = reserve(s, &job->spec, r->id, job->devices);
+		if (job->ndev == 0) {
+			/* Strict order: nothing overtakes the first job that waits. */
+			tr_spec_finish(&job->spec);
+			free(job);
+			blocked = true;
+			break;
+		}
+		job->sched = s;
+		job->id = r->id;
+		json_t *devs = json_array();
+		for (int d = 0; d < job->ndev; d++)
+			json_array_append_new(devs, json_integer(job->devices[d]));
+		char *devs_text = json_dumps(devs, JSON_COMPACT);
+		json_decref(devs);
+		char err[512];
+		int rc = tr_store_job_set_state(s->cfg.store, r->id, "running", NULL, devs_text);
+		free(devs_text);
+		if (rc == 0)
+			rc = tr_runner_start(job, err, sizeof err);
+		else
+			snprintf(err, sizeof err, "store: %s", tr_store_error(s->cfg.store));
+		if (rc < 0) {
+			for (int d = 0; d < job->ndev; d++)
+				s->owner[job->devices[d]] = 0;
+			fail_job(s, r->id, "start_failed", err);
+			tr_spec_finish(&job->spec);
+			free(job);
+			continue;
+		}
+		job->next = s->running;
+		s->running = job;
+	}
+	for (int i = 0; i < n; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+}
+
+/* Joins runners that have finished and frees their devices.  Lock held. */
+static void reap(struct tr_scheduler *s)
+{
+	struct running_job **pp = &s->running;
+	while (*pp) {
+		struct running_job *j = *pp;
+		if (!j->finished) {
+			pp = &j->next;
+			continue;
+		}
+		*pp = j->next;
+		pthread_mutex_unlock(&s->lock);
+		pthread_join(j->thread, NULL);
+		pthread_mutex_lock(&s->lock);
+		for (int d = 0; d < j->ndev; d++)
+			s->owner[j->devices[d]] = 0;
+		tr_spec_finish(&j->spec);
+		free(j);
+		s->dirty = true;
+	}
+}
+
+static void *dispatcher_main(void *arg)
+{
+	struct tr_scheduler *s = arg;
+	pthread_mutex_lock(&s->lock);
+	while (!s->shutting_down) {
+		reap(s);
+		if (s->dirty && !s->shutting_down) {
+			s->dirty = false;
+			start_queued(s);
+		}
+		if (s->dirty || s->shutting_down)
+			continue;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_sec += 1; /* also a safety net against a missed wake-up */
+		pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+		s->dirty = true;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
+{
+	/* Jobs a previous run left running died with it (crash, kill -9): they
+	 * are interrupted.  Without checkpoints they restart from step 0, so
+	 * their old points are removed rather than doubled. */
+	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
+	struct tr_job_row *rows = NULL;
+	int n = 0;
+	if (tr_store_job_list_states(s->cfg.store, stale, &rows, &n) < 0) {
+		snprintf(err, errlen, "store: %s", tr_store_error(s->cfg.store));
+		return -1;
+	}
+	for (int i = 0; i < n; i++) {
+		int64_t id = rows[i].id;
+		if (strcmp(rows[i].state, "interrupted") != 0)
+			tr_store_job_set_state(s->cfg.store, id, "interrupted", NULL, NULL);
+		tr_store_metrics_truncate(s->cfg.store, id, 0);
+		tr_store_job_set_progress(s->cfg.store, id, 0, rows[i].total_steps, 0, NAN);
+		tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]");
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
+				    "the daemon restarted while this job ran; restarting it from step 0 "
+				    "(no checkpoint)");
+		tr_log(TR_LOG_NOTICE, "job %lld was interrupted by a restart; queued again from step 0",
+		       (long long)id);
+		tr_job_row_finish(&rows[i]);
+	}
+	free(rows);
+	s->dirty = true;
+	if (pthread_create(&s->dispatcher, NULL, dispatcher_main, s) != 0) {
+		snprintf(err, errlen, "cannot start the dispatcher thread");
+		return -1;
+	}
+	s->started = true;
+	atomic_store(&s->ready, true);
+	return 0;
+}
+
+static double mono_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void tr_scheduler_shutdown(tr_scheduler_t *s, int grace_s)
+{
+	atomic_store(&s->ready, false);
+	pthread_mutex_lock(&s->lock);
+	s->shutting_down = true;
+	pthread_cond_broadcast(&s->wake);
+	for (struct running_job *j = s->running; j; j = j->next) {
+		atomic_store(&j->stop_requested, true);
+		if (j->trainer)
+			tr_trainer_stop(j->trainer);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (s->started)
+		pthread_join(s->dispatcher, NULL);
+	s->started = false;
+
+	/* Give runners the grace period to reach a step boundary, then cancel
+	 * whatever still runs (a slow loader, a long step). */
+	double deadline = mono_now() + grace_s;
+	bool cancelled = false;
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		bool any = false;
+		for (struct running_job *j = s->running; j; j = j->next)
+			any |= !j->finished;
+		if (!any)
+			break;
+		if (!cancelled && mono_now() >= deadline) {
+			for (struct running_job *j = s->running; j; j = j->next) {
+				atomic_store(&j->cancel_requested, true);
+				if (j->trainer)
+					tr_trainer_cancel(j->trainer);
+			}
+			cancelled = true;
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 50 * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+	}
+	reap(s);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void tr_scheduler_destroy(tr_scheduler_t *s)
+{
+	if (!s)
+		return;
+	if (s->started || s->running)
+		tr_scheduler_shutdown(s, 1);
+	if (s->roots) {
+		for (int i = 0; s->roots[i]; i++)
+			free(s->roots[i]);
+		free(s->roots);
+	}
+	pthread_cond_destroy(&s->wake);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}

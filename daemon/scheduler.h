@@ -1,0 +1,38 @@
+/* The scheduler: the job queue, device allocation and job runner threads.
+ *
+ * The queue lives in the store (state "queued", ordered by priority, then
+ * submit time); the scheduler keeps in memory only what runs.  Jobs start
+ * in strict queue order: when the first queued job does not fit the free
+ * devices, nothing behind it starts, so priorities are never overtaken.
+ * Each running job has one runner thread that owns its trainer; its
+ * devices are disjoint from every other job's.
+ */
+#ifndef TR_DAEMON_SCHEDULER_H
+#define TR_DAEMON_SCHEDULER_H
+
+#include "api/api.h"
+#include "engine/backend.h"
+#include "storage/store.h"
+
+typedef struct tr_scheduler tr_scheduler_t;
+
+struct tr_scheduler_config {
+	tr_store_t *store;              /* borrowed */
+	tr_backend_t *backend;          /* borrowed: its devices are the pool */
+	const char *const *data_roots;  /* NULL-terminated absolute directories */
+};
+
+int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, char *err, size_t errlen);
+/* Fills the API's operation table with this scheduler (ops.ctx = s). */
+void tr_scheduler_api_ops(tr_scheduler_t *s, struct tr_api_ops *ops, void **ctx);
+/* Recovers jobs a previous run left running (they become interrupted and
+ * are queued again) and starts dispatching. */
+int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen);
+/* Submits a spec file unless the store already has jobs (make run). */
+int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err, size_t errlen);
+/* Stops running jobs at a step boundary and records them as interrupted;
+ * after grace_s cancels what is still running.  Joins every thread. */
+void tr_scheduler_shutdown(tr_scheduler_t *s, int grace_s);
+void tr_scheduler_destroy(tr_scheduler_t *s);
+
+#endif

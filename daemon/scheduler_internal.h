@@ -1,0 +1,60 @@
+/* Shared by the scheduler's files: the running-job record and the
+ * scheduler's state.  Not for use outside daemon/scheduler*.c,
+ * daemon/runner.c and daemon/submit.c. */
+#ifndef TR_DAEMON_SCHEDULER_INTERNAL_H
+#define TR_DAEMON_SCHEDULER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "daemon/scheduler.h"
+#include "engine/spec.h"
+#include "engine/trainer.h"
+
+#define TR_MAX_POOL_DEVICES 64
+
+struct running_job {
+	struct tr_scheduler *sched;
+	int64_t id;
+	struct tr_spec spec;
+	int devices[TR_MAX_POOL_DEVICES];
+	int ndev;
+	pthread_t thread;
+	bool finished; /* runner done; the dispatcher joins it */
+	/* Control requested through the API; read by the runner. */
+	atomic_bool cancel_requested, stop_requested;
+	tr_trainer_t *trainer; /* set while the trainer exists (under sched lock) */
+	/* Live progress, guarded by sched lock. */
+	struct tr_progress progress;
+	bool have_progress;
+	double last_store_progress;
+	struct running_job *next;
+};
+
+struct tr_scheduler {
+	struct tr_scheduler_config cfg;
+	char **roots; /* realpath'd data roots, NULL-terminated */
+	int ndev;
+	pthread_mutex_t lock;
+	pthread_cond_t wake;
+	bool dirty;         /* the queue may have changed */
+	bool shutting_down;
+	bool started;
+	atomic_bool ready;
+	int64_t owner[TR_MAX_POOL_DEVICES]; /* job id per device, 0 = free */
+	struct running_job *running;
+	pthread_t dispatcher;
+};
+
+/* Wakes the dispatcher to look at the queue again. */
+void tr_sched_kick(struct tr_scheduler *s);
+/* Starts a job's runner thread; devices already reserved. */
+int tr_runner_start(struct running_job *job, char *err, size_t errlen);
+/* Resolves the spec's data paths against the data roots in place.
+ * Returns 0 or -1 with the JSON pointer and message filled. */
+int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
+			  size_t mlen);
+bool tr_state_is_terminal(const char *state);
+
+#endif

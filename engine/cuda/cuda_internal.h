@@ -1,0 +1,109 @@
+/* Shared between the CUDA backend's translation units (CUDA C++ only).
+ *
+ * cuda_backend.cu owns the backend object: devices, streams, memory,
+ * copies and error reporting.  cuda_kernels.cu fills the compute half of
+ * the function table, cuda_nccl.cu the collectives.  Every entry point
+ * makes its device current first (tr_cuda_use), because the trainer calls
+ * a device from more than one host thread over a job's life (its rank
+ * thread, and the coordinator for evaluation and monitors).
+ */
+#ifndef TR_CUDA_INTERNAL_H
+#define TR_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "engine/backend.h"
+#include "engine/cuda/cuda.h"
+}
+
+#define TR_CUDA_ERR_LEN 512
+/* Blocks of a reduction's first pass; each writes one partial per
+ * quantity, the second pass sums them in index order.  The grid depends
+ * only on the problem size, so every reduction is deterministic. */
+#define TR_CUDA_RED_SLOTS 1024
+/* "No bad label": larger than any row count a device can hold, and what
+ * cudaMemsetAsync with byte 0x7f writes. */
+#define TR_CUDA_NO_BAD_ROW 0x7f7f7f7f
+
+/* What a reduction hands back to the host: two sums and, for softmax_ce,
+ * the first row whose label is not a class. */
+struct cuda_result {
+	double sum[2];
+	int bad_row;
+	int pad_;
+};
+
+struct cuda_dev {
+	int ordinal;                  /* CUDA device number */
+	cudaStream_t stream;          /* compute: every kernel, copy and cuBLAS call */
+	cublasHandle_t blas;          /* bound to `stream` */
+	double *partials;             /* device: 2 x TR_CUDA_RED_SLOTS */
+	struct cuda_result *result;   /* device */
+	struct cuda_result *host_res; /* pinned host mirror of `result` */
+	char name[256];
+	size_t total_mem;
+	int cc_major, cc_minor;
+};
+
+struct cuda_backend {
+	struct tr_backend base; /* first: tr_backend_t * converts to this */
+	tr_backend_i table;
+	uint64_t id; /* never reused, unlike the address */
+	bool tf32;
+	int ndev;
+	struct cuda_dev *dev;
+	pthread_mutex_t err_mu;
+	char err[TR_CUDA_ERR_LEN]; /* latest error from any thread, under err_mu */
+};
+
+static inline struct cuda_backend *cuda_be(tr_backend_t *be)
+{
+	return (struct cuda_backend *)be;
+}
+
+/* Records a formatted reason for the calling thread and the backend and
+ * returns `code` (negative). */
+int tr_cuda_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* 0 for cudaSuccess; otherwise records "what (file:line): name: text",
+ * clears the runtime's pending error and returns -ENOMEM for allocation
+ * failures, -EIO for everything else. */
+int tr_cuda_check_rt(tr_backend_t *be, cudaError_t e, const char *what, const char *file, int line);
+int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, const char *file, int line);
+/* Checks that dev exists and makes it current for the calling thread. */
+int tr_cuda_use(tr_backend_t *be, int dev, const char *what);
+
+void tr_cuda_kernels_fill(tr_backend_i *t);
+void tr_cuda_comm_fill(tr_backend_i *t);
+/* Proves that this build's kernels can run on device dev (a binary or a
+ * PTX image that the driver accepts); a clear error otherwise. */
+int tr_cuda_kernels_probe(tr_backend_t *be, int dev);
+
+#define CUDA_CHECK(be, stmt)                                                              \
+	do {                                                                              \
+		int rc_ = tr_cuda_check_rt((be), (stmt), #stmt, __FILE__, __LINE__);      \
+		if (rc_)                                                                  \
+			return rc_;                                                       \
+	} while (0)
+
+#define CUBLAS_CHECK(be, stmt)                                                            \
+	do {                                                                              \
+		int rc_ = tr_cuda_check_blas((be), (stmt), #stmt, __FILE__, __LINE__);    \
+		if (rc_)                                                                  \
+			return rc_;                                                       \
+	} while (0)
+
+/* After a kernel launch: configuration errors show up here, faults inside
+ * the kernel at the next synchronising call. */
+#define LAUNCH_CHECK(be, kernel)                                                                   \
+	do {                                                                                       \
+		int rc_ = tr_cuda_check_rt((be), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__); \
+		if (rc_)                                                                           \
+			return rc_;                                                                \
+	} while (0)
+
+#endif

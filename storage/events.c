@@ -1,0 +1,189 @@
+/* Events for SSE: insertion (inside the caller's transaction), paging by id,
+ * and the condition variable that SSE handlers sleep on.  Every commit that
+ * adds events (a state change, a writer flush) reports its highest new id
+ * through tr_store_events_committed, which wakes all waiters; a waiter then
+ * re-checks its own job in the database, so a wake-up is never lost and a
+ * spurious one only costs an indexed lookup.
+ */
+#include "storage/internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at,
+			  int64_t *id)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, "INSERT INTO events (job_id, type, data, at) VALUES (?1, ?2, ?3, ?4)");
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, job_id);
+	sqlite3_bind_text(st, 2, type, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, data, -1, SQLITE_STATIC);
+	sqlite3_bind_double(st, 4, at);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE)
+		return SQLFAIL(c, rc, "INSERT INTO events");
+	*id = sqlite3_last_insert_rowid(c->db);
+	return 0;
+}
+
+void tr_store_events_committed(tr_store_t *s, int64_t max_id)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	if (max_id > s->last_event_id)
+		s->last_event_id = max_id;
+	s->ev_gen++;
+	pthread_cond_broadcast(&s->ev_cond);
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+void tr_events_free(struct tr_event *events, int count)
+{
+	if (!events)
+		return;
+	for (int i = 0; i < count; i++) {
+		free(events[i].type);
+		free(events[i].data);
+	}
+	free(events);
+}
+
+int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
+			  int *count)
+{
+	*events = NULL;
+	*count = 0;
+	struct conn *c = tr_store_conn_get(s);
+	struct tr_event *v = NULL;
+	int n = 0, cap = 0, rc, err = 0;
+	/* job_id 0 pages through all jobs' events (a global feed).  Two
+	 * statements rather than "(?1 = 0 OR job_id = ?1)", which would keep
+	 * SQLite from using the (job_id, id) index. */
+	sqlite3_stmt *st = job_id ? tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
+						     " WHERE job_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3")
+				  : tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
+						     " WHERE ?1 = 0 AND id > ?2 ORDER BY id LIMIT ?3");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	sqlite3_bind_int64(st, 1, job_id);
+	sqlite3_bind_int64(st, 2, after);
+	sqlite3_bind_int(st, 3, limit > 0 ? limit : -1);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			struct tr_event *nv = realloc(v, (size_t)cap * sizeof *nv);
+			if (!nv) {
+				err = tr_store_fail(-ENOMEM, "out of memory");
+				goto cleanup;
+			}
+			v = nv;
+		}
+		struct tr_event *e = &v[n];
+		e->id = sqlite3_column_int64(st, 0);
+		e->job_id = sqlite3_column_int64(st, 1);
+		e->type = strdup((const char *)sqlite3_column_text(st, 2));
+		e->data = strdup((const char *)sqlite3_column_text(st, 3));
+		e->at = sqlite3_column_double(st, 4);
+		n++;
+		if (!e->type || !e->data) {
+			err = tr_store_fail(-ENOMEM, "out of memory");
+			goto cleanup;
+		}
+	}
+	if (rc != SQLITE_DONE)
+		err = SQLFAIL(c, rc, "SELECT events");
+cleanup:
+	tr_store_conn_put(s, c);
+	if (err < 0) {
+		tr_events_free(v, n);
+		return err;
+	}
+	*events = v;
+	*count = n;
+	return 0;
+}
+
+int64_t tr_store_last_event_id(tr_store_t *s)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	int64_t id = s->last_event_id;
+	pthread_mutex_unlock(&s->ev_lock);
+	return id;
+}
+
+/* 1 when job_id has an event with id > after, 0 when not, <0 on error. */
+static int job_has_event_after(tr_store_t *s, int64_t job_id, int64_t after)
+{
+	struct conn *c = tr_store_conn_get(s);
+	int ret = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT 1 FROM events WHERE job_id = ?1 AND id > ?2 LIMIT 1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_int64(st, 2, after);
+		int rc = sqlite3_step(st);
+		ret = rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, "SELECT events");
+	}
+	tr_store_conn_put(s, c);
+	return ret;
+}
+
+/* timeout_ms < 0 waits without a deadline (until an event or a wake). */
+int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms)
+{
+	struct timespec deadline;
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
+	if (timeout_ms > 0) {
+		deadline.tv_sec += timeout_ms / 1000;
+		deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+		if (deadline.tv_nsec >= 1000000000L) {
+			deadline.tv_sec++;
+			deadline.tv_nsec -= 1000000000L;
+		}
+	}
+	pthread_mutex_lock(&s->ev_lock);
+	uint64_t wake0 = s->wake_gen;
+	for (;;) {
+		/* Read the generation before checking, so a commit that lands
+		 * between the check and the wait changes it and is not missed. */
+		uint64_t gen = s->ev_gen;
+		int64_t last = s->last_event_id;
+		if (last > after) {
+			if (job_id == 0) {
+				pthread_mutex_unlock(&s->ev_lock);
+				return 1;
+			}
+			pthread_mutex_unlock(&s->ev_lock);
+			int has = job_has_event_after(s, job_id, after);
+			if (has != 0)
+				return has;
+			pthread_mutex_lock(&s->ev_lock);
+		}
+		int rc = 0;
+		while (rc == 0 && s->ev_gen == gen && s->wake_gen == wake0) {
+			if (timeout_ms < 0)
+				rc = pthread_cond_wait(&s->ev_cond, &s->ev_lock);
+			else if (timeout_ms == 0)
+				rc = ETIMEDOUT;
+			else
+				rc = pthread_cond_timedwait(&s->ev_cond, &s->ev_lock, &deadline);
+		}
+		/* A commit that raced the deadline is still checked. */
+		if (s->wake_gen != wake0 || (rc == ETIMEDOUT && s->ev_gen == gen)) {
+			pthread_mutex_unlock(&s->ev_lock);
+			return 0;
+		}
+	}
+}
+
+void tr_store_wake_all(tr_store_t *s)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	s->wake_gen++;
+	pthread_cond_broadcast(&s->ev_cond);
+	pthread_mutex_unlock(&s->ev_lock);
+}

@@ -1,0 +1,204 @@
+/* Library-internal declarations shared by the storage/ files: the store
+ * struct, the connection pool, the thread-local error helpers, the metric
+ * summary ("rollup") arithmetic and the event notification hook.  Nothing
+ * here is part of the store.h contract; names keep the tr_store_ prefix only
+ * so that a static link with the other libraries cannot clash.
+ */
+#ifndef TR_STORE_INTERNAL_H
+#define TR_STORE_INTERNAL_H
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/store.h"
+
+#define STORE_DEFAULT_QUEUE_MAX 1000000
+#define STORE_DEFAULT_FLUSH_MS 200
+#define STORE_BUSY_TIMEOUT_MS 5000
+#define STORE_POOL_SIZE 4
+/* Steps are kept within +-2^62 so that block and bucket arithmetic on them
+ * can never overflow int64. */
+#define STORE_STEP_LIMIT (INT64_C(1) << 62)
+
+/* Metric rollup pyramid: level k (1..ROLLUP_LEVELS) holds, per series and
+ * per aligned block of ROLLUP_FANOUT^k steps, the point count and the min
+ * and max points.  Level 0 is the raw metrics table. */
+#define ROLLUP_FANOUT 16
+#define ROLLUP_LEVELS 5
+
+/* ---- connections ---------------------------------------------------------- */
+
+struct stmt_cache_entry {
+	const char *sql; /* keyed by pointer: only static SQL strings are cached */
+	sqlite3_stmt *st;
+};
+
+struct conn {
+	sqlite3 *db;
+	struct stmt_cache_entry *cache;
+	int ncache, capcache;
+	bool busy; /* handed out by the pool */
+};
+
+/* One queued metric point or log line. */
+struct qitem {
+	int64_t job_id, step, epoch;
+	double wall, value;
+	int level;  /* syslog level of a log line; -1 for a metric point */
+	char *heap; /* name or message when it does not fit in inl */
+	char inl[24];
+};
+
+struct qvec {
+	struct qitem *v;
+	size_t n, cap;
+};
+
+struct drop_count {
+	int64_t job_id, count;
+};
+
+struct tr_store {
+	char *path;
+	size_t queue_max;
+	int flush_ms;
+
+	/* Request connections: any thread takes a free one for one call. */
+	pthread_mutex_t pool_lock;
+	pthread_cond_t pool_cond;
+	struct conn pool[STORE_POOL_SIZE];
+
+	/* Writer thread and its queue; all fields below under q_lock. */
+	struct conn wconn; /* used by the writer thread only */
+	pthread_t writer;
+	bool writer_started;
+	pthread_mutex_t q_lock;
+	pthread_cond_t q_work; /* writer: data, flush request or stop */
+	pthread_cond_t q_done; /* flushers: seq_done advanced */
+	struct qvec pending;
+	size_t inflight;            /* items taken by the writer, not yet committed */
+	uint64_t seq_in, seq_done;  /* items accepted / items written (or failed) */
+	bool flush_req, stopping;
+	uint64_t err_seq; /* seq_done after the last failed batch, 0 = none */
+	int err_code;
+	char err_msg[512];
+	struct drop_count *drops;
+	size_t ndrops, capdrops;
+	int64_t drops_total;
+
+	/* Event notification for tr_store_wait_events. */
+	pthread_mutex_t ev_lock;
+	pthread_cond_t ev_cond;
+	int64_t last_event_id;
+	uint64_t ev_gen, wake_gen;
+};
+
+/* Takes a free request connection, waiting for one; never NULL. */
+struct conn *tr_store_conn_get(tr_store_t *s);
+/* Resets its statements (releasing read snapshots) and returns it. */
+void tr_store_conn_put(tr_store_t *s, struct conn *c);
+/* A prepared statement for a static SQL string, cached per connection,
+ * reset and with bindings cleared.  NULL on error (message set). */
+sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql);
+void tr_store_conn_close(struct conn *c);
+
+/* "BEGIN IMMEDIATE" for writes (so a read-to-write upgrade can never fail
+ * with SQLITE_BUSY mid-transaction), "BEGIN" for consistent reads. */
+int tr_store_begin(struct conn *c, bool write);
+int tr_store_commit(struct conn *c);
+void tr_store_rollback(struct conn *c);
+/* Runs SQL without results (no caching). */
+int tr_store_exec(struct conn *c, const char *sql);
+
+/* ---- errors ----------------------------------------------------------------- */
+
+/* Sets the calling thread's message; returns code (a negative errno). */
+int tr_store_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records "file:line: what: sqlite message" and maps rc to a negative errno. */
+int tr_store_sqlfail(sqlite3 *db, int rc, const char *what, const char *file, int line);
+#define SQLFAIL(c, rc, what) tr_store_sqlfail((c)->db, (rc), (what), __FILE__, __LINE__)
+/* Copies the calling thread's message into buf. */
+void tr_store_errcpy(char *buf, size_t len);
+
+/* ---- schema ------------------------------------------------------------------ */
+
+/* Highest schema version this binary knows. */
+int tr_store_schema_version(void);
+/* Applies forward migrations on c; refuses a newer database. */
+int tr_store_migrate(struct conn *c);
+
+/* ---- events ------------------------------------------------------------------ */
+
+/* Called after every commit that added events, max_id the highest new id. */
+void tr_store_events_committed(tr_store_t *s, int64_t max_id);
+int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at,
+			  int64_t *id);
+
+/* ---- writer ------------------------------------------------------------------ */
+
+int tr_store_writer_start(tr_store_t *s);
+void tr_store_writer_stop(tr_store_t *s);
+/* Writes items to the database on the writer connection, in transactions
+ * of bounded size; counts items of failed transactions as drops. */
+void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n);
+void tr_store_drops_add(tr_store_t *s, int64_t job_id, int64_t n); /* q_lock held */
+void tr_store_drops_forget(tr_store_t *s, int64_t job_id);
+
+/* ---- metric summaries -------------------------------------------------------- */
+
+struct mpoint {
+	int64_t step, epoch;
+	double wall, value;
+};
+
+struct msum {
+	int64_t n;
+	struct mpoint min, max; /* valid when n > 0 */
+};
+
+/* Order of values for min/max: NaN counts as larger than +inf, so a
+ * diverged loss shows up as a bucket's max. */
+int tr_store_value_cmp(double a, double b);
+void tr_store_msum_add(struct msum *m, const struct mpoint *p);
+void tr_store_msum_merge(struct msum *m, const struct msum *o);
+bool tr_store_mpoint_same(const struct mpoint *a, const struct mpoint *b);
+
+int64_t tr_store_rollup_width(int level); /* ROLLUP_FANOUT^level */
+int64_t tr_store_floordiv(int64_t a, int64_t b);
+/* Merges the points of one series, sorted by step, into the rollup. */
+int tr_store_rollup_add(struct conn *c, int64_t job_id, const char *name, const struct mpoint *pts, size_t n);
+/* Recomputes one block from the level below (raw points for level 1);
+ * deletes the row when the block became empty. */
+int tr_store_rollup_rebuild(struct conn *c, int64_t job_id, const char *name, int level, int64_t block);
+/* Fetches blocks [b0, b1] of one level, ascending; *rows malloc'd. */
+struct rollup_row {
+	int64_t block;
+	struct msum sum;
+};
+int tr_store_rollup_fetch(struct conn *c, int64_t job_id, const char *name, int level, int64_t b0, int64_t b1,
+			  struct rollup_row **rows, size_t *count);
+
+/* Point values: SQLite stores NaN as NULL, so NULL reads back as NaN. */
+double tr_store_col_value(sqlite3_stmt *st, int col);
+double tr_store_now(void); /* Unix seconds */
+
+/* ---- JSON text building (for event data, without a json_t per point) --------- */
+
+struct jbuf {
+	char *p;
+	size_t n, cap;
+	bool oom;
+};
+void tr_store_jbuf_raw(struct jbuf *b, const char *s, size_t len);
+void tr_store_jbuf_str(struct jbuf *b, const char *s); /* quoted and escaped */
+void tr_store_jbuf_int(struct jbuf *b, int64_t v);
+void tr_store_jbuf_num(struct jbuf *b, double v); /* null when not finite */
+/* JSON text must be UTF-8 (jansson refuses anything else). */
+bool tr_store_utf8_valid(const char *s);
+void tr_store_utf8_fix(char *s); /* invalid bytes become '?', in place */
+#define JBUF_LIT(b, lit) tr_store_jbuf_raw((b), (lit), sizeof(lit) - 1)
+
+#endif

@@ -1,0 +1,139 @@
+/* A growable text buffer for JSON written directly as text: a flush can
+ * carry a million points, and a json_t per number would cost far more
+ * memory and time than the text itself.  Errors are sticky (oom), checked
+ * once at the end.
+ */
+#include "storage/internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool reserve(struct jbuf *b, size_t more)
+{
+	if (b->oom)
+		return false;
+	if (b->n + more <= b->cap)
+		return true;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap < b->n + more)
+		cap *= 2;
+	char *p = realloc(b->p, cap);
+	if (!p) {
+		b->oom = true;
+		return false;
+	}
+	b->p = p;
+	b->cap = cap;
+	return true;
+}
+
+void tr_store_jbuf_raw(struct jbuf *b, const char *s, size_t len)
+{
+	if (!reserve(b, len))
+		return;
+	memcpy(b->p + b->n, s, len);
+	b->n += len;
+}
+
+void tr_store_jbuf_str(struct jbuf *b, const char *s)
+{
+	static const char hex[] = "0123456789abcdef";
+	tr_store_jbuf_raw(b, "\"", 1);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		char esc[6];
+		if (*p == '"' || *p == '\\') {
+			esc[0] = '\\';
+			esc[1] = (char)*p;
+			tr_store_jbuf_raw(b, esc, 2);
+		} else if (*p < 0x20) {
+			/* Control characters must be escaped; bytes >= 0x80 pass
+			 * through (UTF-8 from the caller). */
+			memcpy(esc, "\\u00", 4);
+			esc[4] = hex[*p >> 4];
+			esc[5] = hex[*p & 15];
+			tr_store_jbuf_raw(b, esc, 6);
+		} else {
+			tr_store_jbuf_raw(b, (const char *)p, 1);
+		}
+	}
+	tr_store_jbuf_raw(b, "\"", 1);
+}
+
+void tr_store_jbuf_int(struct jbuf *b, int64_t v)
+{
+	char tmp[24];
+	int len = snprintf(tmp, sizeof tmp, "%" PRId64, v);
+	tr_store_jbuf_raw(b, tmp, (size_t)len);
+}
+
+void tr_store_jbuf_num(struct jbuf *b, double v)
+{
+	if (!isfinite(v)) {
+		tr_store_jbuf_raw(b, "null", 4); /* JSON has no NaN or infinity */
+		return;
+	}
+	char tmp[32];
+	/* The shorter form when it reads back exactly (0.1, not
+	 * 0.10000000000000001); %.17g always does. */
+	int len = snprintf(tmp, sizeof tmp, "%.15g", v);
+	if (strtod(tmp, NULL) != v)
+		len = snprintf(tmp, sizeof tmp, "%.17g", v);
+	tr_store_jbuf_raw(b, tmp, (size_t)len);
+}
+
+/* Length of the valid UTF-8 sequence at p, 0 when invalid (overlong
+ * forms, surrogates and code points above U+10FFFF included). */
+static size_t utf8_len(const unsigned char *p)
+{
+	if (p[0] < 0x80)
+		return 1;
+	size_t n;
+	uint32_t cp;
+	if ((p[0] & 0xe0) == 0xc0) {
+		n = 2;
+		cp = p[0] & 0x1f;
+	} else if ((p[0] & 0xf0) == 0xe0) {
+		n = 3;
+		cp = p[0] & 0x0f;
+	} else if ((p[0] & 0xf8) == 0xf0) {
+		n = 4;
+		cp = p[0] & 0x07;
+	} else {
+		return 0;
+	}
+	for (size_t i = 1; i < n; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0; /* also stops at the NUL */
+		cp = (cp << 6) | (p[i] & 0x3f);
+	}
+	static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+	if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return n;
+}
+
+bool tr_store_utf8_valid(const char *s)
+{
+	for (const unsigned char *p = (const unsigned char *)s; *p;) {
+		size_t n = utf8_len(p);
+		if (!n)
+			return false;
+		p += n;
+	}
+	return true;
+}
+
+void tr_store_utf8_fix(char *s)
+{
+	for (unsigned char *p = (unsigned char *)s; *p;) {
+		size_t n = utf8_len(p);
+		if (n) {
+			p += n;
+		} else {
+			*p++ = '?';
+		}
+	}
+}

@@ -1,0 +1,444 @@
+/* Job rows: insert (with idempotency keys), get, list (cursor pages and the
+ * scheduler's priority order), state changes with their "state" events,
+ * progress, priority and delete.  Every write is one IMMEDIATE transaction
+ * on a pooled request connection.
+ */
+#include "storage/internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JOB_COLS                                                                                         \
+	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
+	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at"
+
+static const char *const known_states[] = {"queued",    "running", "stopping",  "paused",
+					   "completed", "failed",  "cancelled", "interrupted"};
+
+static bool is_terminal(const char *state)
+{
+	return strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
+}
+
+static bool is_known_state(const char *state)
+{
+	for (size_t i = 0; i < sizeof known_states / sizeof known_states[0]; i++)
+		if (strcmp(state, known_states[i]) == 0)
+			return true;
+	return false;
+}
+
+void tr_job_row_finish(struct tr_job_row *row)
+{
+	if (!row)
+		return;
+	free(row->name);
+	free(row->state);
+	free(row->spec);
+	free(row->normalized);
+	free(row->devices);
+	free(row->error);
+	free(row->idempotency_key);
+	free(row->request_hash);
+	memset(row, 0, sizeof *row);
+}
+
+static int col_strdup(sqlite3_stmt *st, int col, char **out)
+{
+	const unsigned char *t = sqlite3_column_text(st, col);
+	if (!t) {
+		*out = NULL;
+		return 0;
+	}
+	*out = strdup((const char *)t);
+	return *out ? 0 : -ENOMEM;
+}
+
+/* Reads a row selected with JOB_COLS. */
+static int read_row(sqlite3_stmt *st, struct tr_job_row *r)
+{
+	memset(r, 0, sizeof *r);
+	r->id = sqlite3_column_int64(st, 0);
+	r->priority = sqlite3_column_int(st, 3);
+	r->submitted_at = sqlite3_column_double(st, 10);
+	r->started_at = sqlite3_column_double(st, 11);
+	r->finished_at = sqlite3_column_double(st, 12);
+	r->step = sqlite3_column_int64(st, 13);
+	r->total_steps = sqlite3_column_int64(st, 14);
+	r->epoch = sqlite3_column_int64(st, 15);
+	r->loss = sqlite3_column_type(st, 16) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 16);
+	r->updated_at = sqlite3_column_double(st, 17);
+	int err = 0;
+	err |= col_strdup(st, 1, &r->name);
+	err |= col_strdup(st, 2, &r->state);
+	err |= col_strdup(st, 4, &r->spec);
+	err |= col_strdup(st, 5, &r->normalized);
+	err |= col_strdup(st, 6, &r->devices);
+	err |= col_strdup(st, 7, &r->error);
+	err |= col_strdup(st, 8, &r->idempotency_key);
+	err |= col_strdup(st, 9, &r->request_hash);
+	if (err) {
+		tr_job_row_finish(r);
+		return tr_store_fail(-ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+/* Steps st to the end, appending each row to a malloc'd array. */
+static int read_rows(struct conn *c, sqlite3_stmt *st, struct tr_job_row **rows, int *count)
+{
+	struct tr_job_row *v = NULL;
+	int n = 0, cap = 0, rc, err = 0;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			struct tr_job_row *nv = realloc(v, (size_t)cap * sizeof *nv);
+			if (!nv) {
+				err = tr_store_fail(-ENOMEM, "out of memory");
+				goto fail;
+			}
+			v = nv;
+		}
+		err = read_row(st, &v[n]);
+		if (err < 0)
+			goto fail;
+		n++;
+	}
+	if (rc != SQLITE_DONE) {
+		err = SQLFAIL(c, rc, sqlite3_sql(st));
+		goto fail;
+	}
+	*rows = v;
+	*count = n;
+	return 0;
+fail:
+	for (int i = 0; i < n; i++)
+		tr_job_row_finish(&v[i]);
+	free(v);
+	return err;
+}
+
+static int check_json(const char *text, json_type type, const char *what)
+{
+	if (!text)
+		return 0;
+	json_error_t jerr;
+	json_t *j = json_loads(text, JSON_DECODE_ANY, &jerr);
+	if (!j)
+		return tr_store_fail(-EINVAL, "%s is not valid JSON: %s (column %d)", what, jerr.text, jerr.column);
+	int ok = json_typeof(j) == type;
+	json_decref(j);
+	if (!ok)
+		return tr_store_fail(-EINVAL, "%s must be a JSON %s", what, type == JSON_ARRAY ? "array" : "object");
+	return 0;
+}
+
+int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id)
+{
+	if (!row || !row->spec)
+		return tr_store_fail(-EINVAL, "job insert: spec is required");
+	int err = check_json(row->devices, JSON_ARRAY, "devices");
+	if (err < 0)
+		return err;
+	err = check_json(row->error, JSON_OBJECT, "error");
+	if (err < 0)
+		return err;
+	if (existing_id)
+		*existing_id = 0;
+
+	struct conn *c = tr_store_conn_get(s);
+	sqlite3_stmt *st;
+	/* The key lookup and the insert share one write transaction, so two
+	 * concurrent submissions with one key cannot both insert. */
+	err = tr_store_begin(c, true);
+	if (err < 0)
+		goto cleanup;
+	if (row->idempotency_key) {
+		st = tr_store_stmt(c, "SELECT id FROM jobs WHERE idempotency_key = ?1");
+		if (!st) {
+			err = -EIO;
+			goto cleanup;
+		}
+		sqlite3_bind_text(st, 1, row->idempotency_key, -1, SQLITE_STATIC);
+		int rc = sqlite3_step(st);
+		if (rc == SQLITE_ROW) {
+			if (existing_id)
+				*existing_id = sqlite3_column_int64(st, 0);
+			err = tr_store_fail(-EEXIST, "a job with idempotency key \"%s\" exists (id %lld)",
+					    row->idempotency_key, (long long)sqlite3_column_int64(st, 0));
+			goto cleanup;
+		}
+		if (rc != SQLITE_DONE) {
+			err = SQLFAIL(c, rc, "SELECT job by idempotency key");
+			goto cleanup;
+		}
+	}
+	double now = tr_store_now();
+	double submitted = row->submitted_at > 0 ? row->submitted_at : now;
+	static const char insert_sql[] =
+		"INSERT INTO jobs (name, state, priority, spec, normalized, devices, error, idempotency_key,"
+		" request_hash, submitted_at, updated_at) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)";
+	st = tr_store_stmt(c, insert_sql);
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	sqlite3_bind_text(st, 1, row->name ? row->name : "", -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 2, row->priority);
+	sqlite3_bind_text(st, 3, row->spec, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 4, row->normalized, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 5, row->devices ? row->devices : "[]", -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 6, row->error, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 7, row->idempotency_key, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 8, row->request_hash, -1, SQLITE_STATIC);
+	sqlite3_bind_double(st, 9, submitted);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_DONE) {
+		err = SQLFAIL(c, rc, "INSERT INTO jobs");
+		goto cleanup;
+	}
+	int64_t id = sqlite3_last_insert_rowid(c->db);
+	err = tr_store_commit(c);
+	if (err < 0)
+		goto cleanup;
+	row->id = id;
+	row->submitted_at = submitted;
+cleanup:
+	tr_store_conn_put(s, c); /* rolls back an unfinished transaction */
+	return err;
+}
+
+int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out)
+{
+	memset(out, 0, sizeof *out);
+	struct conn *c = tr_store_conn_get(s);
+	int err;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs WHERE id = ?1");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	sqlite3_bind_int64(st, 1, id);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		err = read_row(st, out);
+	else if (rc == SQLITE_DONE)
+		err = tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+	else
+		err = SQLFAIL(c, rc, "SELECT job");
+cleanup:
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
+		      int *count)
+{
+	*rows = NULL;
+	*count = 0;
+	struct conn *c = tr_store_conn_get(s);
+	int err;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs"
+					    " WHERE id > ?1 AND (?2 IS NULL OR state = ?2) ORDER BY id LIMIT ?3");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	sqlite3_bind_int64(st, 1, after);
+	sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+	sqlite3_bind_int(st, 3, limit > 0 ? limit : -1); /* LIMIT -1: no limit */
+	err = read_rows(c, st, rows, count);
+cleanup:
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count)
+{
+	*rows = NULL;
+	*count = 0;
+	int nstates = 0;
+	while (states && states[nstates])
+		nstates++;
+	if (nstates > 32)
+		return tr_store_fail(-EINVAL, "too many states (%d, at most 32)", nstates);
+	char sql[512];
+	int len = snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs");
+	for (int i = 0; i < nstates; i++)
+		len += snprintf(sql + len, sizeof sql - (size_t)len, "%s?%d", i ? ", " : " WHERE state IN (",
+				i + 1);
+	snprintf(sql + len, sizeof sql - (size_t)len, "%s ORDER BY priority DESC, submitted_at, id",
+		 nstates ? ")" : "");
+
+	struct conn *c = tr_store_conn_get(s);
+	sqlite3_stmt *st = NULL;
+	int err;
+	/* Not cached: the text depends on the number of states. */
+	int rc = sqlite3_prepare_v2(c->db, sql, -1, &st, NULL);
+	if (rc != SQLITE_OK) {
+		err = SQLFAIL(c, rc, sql);
+		goto cleanup;
+	}
+	for (int i = 0; i < nstates; i++)
+		sqlite3_bind_text(st, i + 1, states[i], -1, SQLITE_STATIC);
+	err = read_rows(c, st, rows, count);
+cleanup:
+	sqlite3_finalize(st);
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+/* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
+static char *state_event_data(const char *state, const char *error_json)
+{
+	json_t *err = error_json ? json_loads(error_json, 0, NULL) : json_null();
+	json_t *o = json_pack("{s:s, s:o}", "state", state, "error", err ? err : json_null());
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return text;
+}
+
+int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+			   const char *devices_json)
+{
+	if (!state || !is_known_state(state))
+		return tr_store_fail(-EINVAL, "unknown job state \"%s\"", state ? state : "(null)");
+	int err = check_json(error_json, JSON_OBJECT, "error");
+	if (err < 0)
+		return err;
+	err = check_json(devices_json, JSON_ARRAY, "devices");
+	if (err < 0)
+		return err;
+	char *data = state_event_data(state, error_json);
+	if (!data)
+		return tr_store_fail(-ENOMEM, "out of memory");
+
+	struct conn *c = tr_store_conn_get(s);
+	int64_t event_id = 0;
+	double now = tr_store_now();
+	err = tr_store_begin(c, true);
+	if (err < 0)
+		goto cleanup;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT state, finished_at FROM jobs WHERE id = ?1");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	sqlite3_bind_int64(st, 1, id);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_DONE) {
+		err = tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+		goto cleanup;
+	}
+	if (rc != SQLITE_ROW) {
+		err = SQLFAIL(c, rc, "SELECT job state");
+		goto cleanup;
+	}
+	bool was_terminal = is_terminal((const char *)sqlite3_column_text(st, 0));
+	double finished_at = sqlite3_column_double(st, 1);
+	sqlite3_reset(st);
+	/* "0 = not yet": a job that leaves a terminal state (re-queued) is
+	 * not finished any more; re-entering one re-stamps. */
+	if (!is_terminal(state))
+		finished_at = 0;
+	else if (!was_terminal || finished_at == 0)
+		finished_at = now;
+
+	st = tr_store_stmt(c, "UPDATE jobs SET state = ?2, error = ?3, devices = coalesce(?4, devices),"
+			      " started_at = CASE WHEN ?2 = 'running' AND started_at = 0 THEN ?5 ELSE started_at END,"
+			      " finished_at = ?6 WHERE id = ?1");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	sqlite3_bind_int64(st, 1, id);
+	sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, error_json, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 4, devices_json, -1, SQLITE_STATIC);
+	sqlite3_bind_double(st, 5, now);
+	sqlite3_bind_double(st, 6, finished_at);
+	rc = sqlite3_step(st);
+	if (rc != SQLITE_DONE) {
+		err = SQLFAIL(c, rc, "UPDATE job state");
+		goto cleanup;
+	}
+	err = tr_store_event_insert(c, id, "state", data, now, &event_id);
+	if (err < 0)
+		goto cleanup;
+	err = tr_store_commit(c);
+cleanup:
+	tr_store_conn_put(s, c);
+	free(data);
+	if (err == 0)
+		tr_store_events_committed(s, event_id);
+	return err;
+}
+
+/* Runs a one-row UPDATE; -ENOENT when no job has that id. */
+static int update_one(tr_store_t *s, struct conn *c, sqlite3_stmt *st, int64_t id)
+{
+	(void)s;
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_DONE)
+		return SQLFAIL(c, rc, sqlite3_sql(st));
+	if (sqlite3_changes(c->db) == 0)
+		return tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+	return 0;
+}
+
+int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
+			      double loss)
+{
+	struct conn *c = tr_store_conn_get(s);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET step = ?2, total_steps = ?3, epoch = ?4, loss = ?5,"
+					    " updated_at = ?6 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int64(st, 2, step);
+		sqlite3_bind_int64(st, 3, total_steps);
+		sqlite3_bind_int64(st, 4, epoch);
+		if (isnan(loss))
+			sqlite3_bind_null(st, 5); /* read back as NAN: "none" */
+		else
+			sqlite3_bind_double(st, 5, loss);
+		sqlite3_bind_double(st, 6, tr_store_now());
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority)
+{
+	struct conn *c = tr_store_conn_get(s);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET priority = ?2 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int(st, 2, priority);
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_job_delete(tr_store_t *s, int64_t id)
+{
+	struct conn *c = tr_store_conn_get(s);
+	int err = -EIO;
+	/* Foreign keys cascade to events, metrics, rollups and logs; points
+	 * still queued for the job are dropped by the writer. */
+	sqlite3_stmt *st = tr_store_stmt(c, "DELETE FROM jobs WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	if (err == 0)
+		tr_store_drops_forget(s, id);
+	return err;
+}

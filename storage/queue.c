@@ -1,0 +1,269 @@
+/* The metrics/log queue and its writer thread.  Appends only take a mutex
+ * and copy the point, so a training step never waits for the disk.  The
+ * writer swaps the whole queue out at most every flush_interval_ms (or at
+ * once on tr_store_flush or close) and writes it with tr_store_write_batch.
+ *
+ * Bounded memory: points accepted but not yet committed (queued plus the
+ * batch being written) never exceed queue_max; beyond that appends fail
+ * with -ENOBUFS and are counted per job and in total.
+ */
+#include "storage/internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A batch this large keeps its array for reuse; larger ones are freed
+ * after writing, so a burst does not pin its memory. */
+#define KEEP_CAPACITY 65536
+
+static int64_t *drop_slot(tr_store_t *s, int64_t job_id)
+{
+	for (size_t i = 0; i < s->ndrops; i++)
+		if (s->drops[i].job_id == job_id)
+			return &s->drops[i].count;
+	if (s->ndrops == s->capdrops) {
+		size_t cap = s->capdrops ? 2 * s->capdrops : 16;
+		struct drop_count *n = realloc(s->drops, cap * sizeof *n);
+		if (!n)
+			return NULL;
+		s->drops = n;
+		s->capdrops = cap;
+	}
+	s->drops[s->ndrops] = (struct drop_count){job_id, 0};
+	return &s->drops[s->ndrops++].count;
+}
+
+void tr_store_drops_add(tr_store_t *s, int64_t job_id, int64_t n)
+{
+	s->drops_total += n;
+	int64_t *slot = drop_slot(s, job_id);
+	if (slot)
+		*slot += n;
+}
+
+void tr_store_drops_forget(tr_store_t *s, int64_t job_id)
+{
+	pthread_mutex_lock(&s->q_lock);
+	for (size_t i = 0; i < s->ndrops; i++) {
+		if (s->drops[i].job_id == job_id) {
+			s->drops[i] = s->drops[--s->ndrops];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->q_lock);
+}
+
+int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id)
+{
+	pthread_mutex_lock(&s->q_lock);
+	int64_t n = 0;
+	if (job_id == 0) {
+		n = s->drops_total;
+	} else {
+		for (size_t i = 0; i < s->ndrops; i++)
+			if (s->drops[i].job_id == job_id)
+				n = s->drops[i].count;
+	}
+	pthread_mutex_unlock(&s->q_lock);
+	return n;
+}
+
+/* Takes ownership of *it's text on success only. */
+static int enqueue(tr_store_t *s, const struct qitem *it)
+{
+	pthread_mutex_lock(&s->q_lock);
+	if (s->stopping) {
+		pthread_mutex_unlock(&s->q_lock);
+		return tr_store_fail(-ESHUTDOWN, "store is closing");
+	}
+	if (s->pending.n + s->inflight >= s->queue_max) {
+		tr_store_drops_add(s, it->job_id, 1);
+		pthread_mutex_unlock(&s->q_lock);
+		return tr_store_fail(-ENOBUFS, "metrics queue full (%zu points): point dropped", s->queue_max);
+	}
+	if (s->pending.n == s->pending.cap) {
+		size_t cap = s->pending.cap ? 2 * s->pending.cap : 1024;
+		if (cap > s->queue_max)
+			cap = s->queue_max;
+		struct qitem *n = realloc(s->pending.v, cap * sizeof *n);
+		if (!n) {
+			tr_store_drops_add(s, it->job_id, 1);
+			pthread_mutex_unlock(&s->q_lock);
+			return tr_store_fail(-ENOMEM, "out of memory queueing a point");
+		}
+		s->pending.v = n;
+		s->pending.cap = cap;
+	}
+	s->pending.v[s->pending.n++] = *it;
+	s->seq_in++;
+	/* The writer only needs a kick when the queue becomes non-empty; it
+	 * paces itself after that. */
+	if (s->pending.n == 1)
+		pthread_cond_signal(&s->q_work);
+	pthread_mutex_unlock(&s->q_lock);
+	return 0;
+}
+
+static int set_text(struct qitem *it, const char *text)
+{
+	size_t len = strlen(text);
+	if (len < sizeof it->inl) {
+		memcpy(it->inl, text, len + 1);
+		it->heap = NULL;
+		return 0;
+	}
+	it->heap = strdup(text);
+	return it->heap ? 0 : tr_store_fail(-ENOMEM, "out of memory");
+}
+
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
+			   double wall, double value)
+{
+	if (job_id <= 0)
+		return tr_store_fail(-EINVAL, "metric point: job id must be > 0");
+	if (!name || !*name)
+		return tr_store_fail(-EINVAL, "metric point: name is empty");
+	if (!tr_store_utf8_valid(name))
+		return tr_store_fail(-EINVAL, "metric point: name is not valid UTF-8");
+	if (step < -STORE_STEP_LIMIT || step > STORE_STEP_LIMIT)
+		return tr_store_fail(-EINVAL, "metric point %s: step %lld out of range", name, (long long)step);
+	struct qitem it = {.job_id = job_id, .step = step, .epoch = epoch, .wall = wall, .value = value, .level = -1};
+	int err = set_text(&it, name);
+	if (err < 0)
+		return err;
+	err = enqueue(s, &it);
+	if (err < 0)
+		free(it.heap);
+	return err;
+}
+
+int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message)
+{
+	if (job_id <= 0)
+		return tr_store_fail(-EINVAL, "log line: job id must be > 0");
+	if (level < 0 || level > 7)
+		return tr_store_fail(-EINVAL, "log line: level %d is not a syslog priority (0..7)", level);
+	if (!message)
+		return tr_store_fail(-EINVAL, "log line: message is NULL");
+	struct qitem it = {.job_id = job_id, .wall = tr_store_now(), .level = level};
+	int err = set_text(&it, message);
+	if (err < 0)
+		return err;
+	/* A log line may quote a data file's bytes; keep it, readable. */
+	tr_store_utf8_fix(it.heap ? it.heap : it.inl);
+	err = enqueue(s, &it);
+	if (err < 0)
+		free(it.heap);
+	return err;
+}
+
+int tr_store_flush(tr_store_t *s)
+{
+	pthread_mutex_lock(&s->q_lock);
+	uint64_t target = s->seq_in;
+	uint64_t start = s->seq_done;
+	if (s->seq_done < target) {
+		s->flush_req = true;
+		pthread_cond_signal(&s->q_work);
+		while (s->seq_done < target)
+			pthread_cond_wait(&s->q_done, &s->q_lock);
+	}
+	int err = 0;
+	/* A failed batch after our start may have held our points. */
+	if (s->err_seq > start) {
+		err = s->err_code;
+		tr_store_fail(err, "%s", s->err_msg);
+	}
+	pthread_mutex_unlock(&s->q_lock);
+	return err;
+}
+
+static void deadline_after(struct timespec *t, const struct timespec *from, int ms)
+{
+	*t = *from;
+	t->tv_sec += ms / 1000;
+	t->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (t->tv_nsec >= 1000000000L) {
+		t->tv_sec++;
+		t->tv_nsec -= 1000000000L;
+	}
+}
+
+static bool reached(const struct timespec *t)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec > t->tv_sec || (now.tv_sec == t->tv_sec && now.tv_nsec >= t->tv_nsec);
+}
+
+static void *writer_main(void *arg)
+{
+	tr_store_t *s = arg;
+	struct qvec batch = {0};
+	struct timespec last, next;
+	clock_gettime(CLOCK_MONOTONIC, &last);
+	pthread_mutex_lock(&s->q_lock);
+	for (;;) {
+		if (s->pending.n == 0 && !s->flush_req) {
+			if (s->stopping)
+				break;
+			pthread_cond_wait(&s->q_work, &s->q_lock);
+			continue;
+		}
+		/* Pace: at most one flush per interval, unless asked. */
+		deadline_after(&next, &last, s->flush_ms);
+		if (!s->flush_req && !s->stopping && !reached(&next)) {
+			pthread_cond_timedwait(&s->q_work, &s->q_lock, &next);
+			continue;
+		}
+		struct qvec t = s->pending;
+		s->pending = batch;
+		s->pending.n = 0;
+		batch = t;
+		s->inflight = batch.n;
+		s->flush_req = false;
+		pthread_mutex_unlock(&s->q_lock);
+
+		size_t done = batch.n;
+		tr_store_write_batch(s, batch.v, done);
+		for (size_t i = 0; i < done; i++)
+			free(batch.v[i].heap);
+		batch.n = 0;
+		if (batch.cap > KEEP_CAPACITY) {
+			free(batch.v);
+			batch = (struct qvec){0};
+		}
+		clock_gettime(CLOCK_MONOTONIC, &last);
+
+		pthread_mutex_lock(&s->q_lock);
+		s->seq_done += done;
+		s->inflight = 0;
+		pthread_cond_broadcast(&s->q_done);
+	}
+	pthread_mutex_unlock(&s->q_lock);
+	free(batch.v);
+	return NULL;
+}
+
+int tr_store_writer_start(tr_store_t *s)
+{
+	int rc = pthread_create(&s->writer, NULL, writer_main, s);
+	if (rc != 0)
+		return tr_store_fail(-rc, "cannot start the metrics writer thread");
+	s->writer_started = true;
+	return 0;
+}
+
+void tr_store_writer_stop(tr_store_t *s)
+{
+	if (!s->writer_started)
+		return;
+	pthread_mutex_lock(&s->q_lock);
+	s->stopping = true; /* the writer drains the queue before it exits */
+	pthread_cond_signal(&s->q_work);
+	pthread_mutex_unlock(&s->q_lock);
+	pthread_join(s->writer, NULL);
+	s->writer_started = false;
+}

@@ -1,0 +1,137 @@
+/* Schema and forward-only migrations.  PRAGMA user_version holds the number
+ * of migrations applied; each migration runs in its own write transaction
+ * together with the version bump, so a crash leaves the database at one
+ * version or the next, never between.  A database from a newer trainerd is
+ * refused rather than guessed at.
+ */
+#include "storage/internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+/* Append new migrations at the end; never edit a released one. */
+static const char *const migrations[] = {
+	/* 1: initial schema.
+	 * AUTOINCREMENT on jobs and events: ids are handed to clients (URLs,
+	 * Last-Event-ID), so a deleted job's ids must never come back.
+	 * metrics_rollup is the min/max pyramid behind downsampling (rollup.c):
+	 * it is derived data, written in the same transactions as metrics. */
+	"CREATE TABLE jobs ("
+	"  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  name TEXT NOT NULL DEFAULT '',"
+	"  state TEXT NOT NULL,"
+	"  priority INTEGER NOT NULL DEFAULT 0,"
+	"  spec TEXT NOT NULL,"
+	"  normalized TEXT,"
+	"  devices TEXT NOT NULL DEFAULT '[]',"
+	"  error TEXT,"
+	"  idempotency_key TEXT UNIQUE,"
+	"  request_hash TEXT,"
+	"  submitted_at REAL NOT NULL,"
+	"  started_at REAL NOT NULL DEFAULT 0,"
+	"  finished_at REAL NOT NULL DEFAULT 0,"
+	"  step INTEGER NOT NULL DEFAULT 0,"
+	"  total_steps INTEGER NOT NULL DEFAULT 0,"
+	"  epoch INTEGER NOT NULL DEFAULT 0,"
+	"  loss REAL,"
+	"  updated_at REAL NOT NULL DEFAULT 0"
+	");"
+	"CREATE INDEX jobs_by_state ON jobs(state, priority DESC, submitted_at, id);"
+	"CREATE TABLE events ("
+	"  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  type TEXT NOT NULL,"
+	"  data TEXT NOT NULL,"
+	"  at REAL NOT NULL"
+	");"
+	"CREATE INDEX events_by_job ON events(job_id, id);"
+	"CREATE TABLE metrics ("
+	"  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  name TEXT NOT NULL,"
+	"  step INTEGER NOT NULL,"
+	"  epoch INTEGER NOT NULL,"
+	"  wall REAL NOT NULL,"
+	"  value REAL" /* NULL = NaN (SQLite cannot store NaN) */
+	");"
+	"CREATE INDEX metrics_series ON metrics(job_id, name, step);"
+	"CREATE TABLE metrics_rollup ("
+	"  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  name TEXT NOT NULL,"
+	"  level INTEGER NOT NULL,"
+	"  block INTEGER NOT NULL,"
+	"  n INTEGER NOT NULL,"
+	"  min_step INTEGER NOT NULL, min_epoch INTEGER NOT NULL, min_wall REAL NOT NULL, min_value REAL,"
+	"  max_step INTEGER NOT NULL, max_epoch INTEGER NOT NULL, max_wall REAL NOT NULL, max_value REAL,"
+	"  PRIMARY KEY (job_id, name, level, block)"
+	") WITHOUT ROWID;"
+	"CREATE TABLE logs ("
+	"  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  time REAL NOT NULL,"
+	"  level INTEGER NOT NULL,"
+	"  message TEXT NOT NULL"
+	");"
+	"CREATE INDEX logs_by_job ON logs(job_id, id);",
+};
+
+#define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
+
+int tr_store_schema_version(void)
+{
+	return NMIGRATIONS;
+}
+
+static int read_version(struct conn *c, int *version)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA user_version");
+	if (!st)
+		return -EIO;
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		int err = SQLFAIL(c, rc, "PRAGMA user_version");
+		sqlite3_reset(st);
+		return err;
+	}
+	*version = sqlite3_column_int(st, 0);
+	sqlite3_reset(st);
+	return 0;
+}
+
+int tr_store_migrate(struct conn *c)
+{
+	for (;;) {
+		/* The version is read inside the write transaction, so two
+		 * processes opening a fresh file cannot both apply a step. */
+		int err = tr_store_begin(c, true);
+		if (err < 0)
+			return err;
+		int version = 0;
+		err = read_version(c, &version);
+		if (err < 0)
+			goto fail;
+		if (version > NMIGRATIONS) {
+			err = tr_store_fail(-ENOTSUP,
+					    "%s: database schema version %d is newer than this trainerd supports "
+					    "(version %d); use a newer trainerd",
+					    sqlite3_db_filename(c->db, "main"), version, NMIGRATIONS);
+			goto fail;
+		}
+		if (version == NMIGRATIONS)
+			return tr_store_commit(c);
+		err = tr_store_exec(c, migrations[version]);
+		if (err < 0)
+			goto fail;
+		char sql[64];
+		snprintf(sql, sizeof sql, "PRAGMA user_version=%d", version + 1);
+		err = tr_store_exec(c, sql);
+		if (err < 0)
+			goto fail;
+		err = tr_store_commit(c);
+		if (err < 0)
+			goto fail;
+		continue;
+	fail:
+		tr_store_rollback(c);
+		return err;
+	}
+}

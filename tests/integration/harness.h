@@ -1,0 +1,49 @@
+/* Integration test harness: starts a real `trainerd serve` on an ephemeral
+ * loopback port with a temporary state directory and talks HTTP to it
+ * through libcurl.  The binary comes from $TR_TRAINERD. */
+#ifndef TR_TEST_HARNESS_H
+#define TR_TEST_HARNESS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct daemon {
+	pid_t pid;
+	char dir[128];      /* state dir, also the data root */
+	char base_url[128]; /* http://127.0.0.1:PORT */
+	char log_path[192];
+};
+
+struct http_reply {
+	long status;
+	char *body;        /* NUL-terminated, malloc'd */
+	size_t len;
+	char headers[4096];
+	json_t *json;      /* parsed body or NULL */
+};
+
+/* Starts the daemon with extra flags (NULL-terminated, may be NULL). */
+void daemon_start(struct daemon *d, int cpu_devices, const char *const *extra);
+/* Restarts on the same state dir (after daemon_stop/daemon_kill). */
+void daemon_restart(struct daemon *d, int cpu_devices, const char *const *extra);
+/* SIGTERM and wait; returns seconds taken and the exit status. */
+double daemon_stop(struct daemon *d, int *status);
+void daemon_kill(struct daemon *d); /* SIGKILL */
+void daemon_cleanup(struct daemon *d); /* removes the state dir */
+void daemon_dump_log(const struct daemon *d);
+
+/* method: GET POST PATCH DELETE; body may be NULL; content_type NULL =
+ * application/json when there is a body.  extra_header may be NULL. */
+void http(const struct daemon *d, const char *method, const char *path, const char *body, const char *content_type,
+	  const char *extra_header, struct http_reply *r);
+void http_free(struct http_reply *r);
+/* Convenience: returns a job id from POST /jobs (asserts 201). */
+long long submit_job(const struct daemon *d, const char *spec_json);
+/* Polls GET /jobs/{id} until the state is one of `states` ('|'-separated)
+ * or timeout_s passes; returns the final state (static buffer). */
+const char *wait_state(const struct daemon *d, long long id, const char *states, double timeout_s);
+double now_s(void);
+
+#endif

@@ -1,0 +1,582 @@
+/* The daemon over HTTP: a real `trainerd serve` on an ephemeral port.
+ * Job lifecycle, metrics, logs, SSE with resumption, bad requests,
+ * concurrency with priorities on shared devices, and SIGTERM. */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ~1-2 s of training with visible progress: 40 steps, loading costs 10 ms
+ * a step. */
+#define SMALL_JOB(name, extra)                                                                                 \
+	"{\"name\": \"" name "\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"   \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
+	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3, \"load_cost_us\": 300},"            \
+	" \"validation_split\": 0.1}, \"batch_size\": 32, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\","   \
+	" \"lr\": 0.01}, \"prefetch\": {\"workers\": 2, \"depth\": 2}" extra "}"
+
+static struct daemon d;
+
+/* SMALL_JOB with top-level keys replaced (JSON object text). */
+static const char *spec_with(const char *overrides)
+{
+	static char out[8][4096];
+	static int next;
+	json_t *base = json_loads(SMALL_JOB("x", ""), 0, NULL);
+	json_t *over = json_loads(overrides, 0, NULL);
+	cr_assert_not_null(over, "bad override %s", overrides);
+	json_object_update(base, over);
+	char *text = json_dumps(base, JSON_COMPACT);
+	char *slot = out[next++ % 8];
+	snprintf(slot, sizeof out[0], "%s", text);
+	free(text);
+	json_decref(base);
+	json_decref(over);
+	return slot;
+}
+
+static void start1(void)
+{
+	daemon_start(&d, 2, NULL);
+}
+
+static void stop1(void)
+{
+	daemon_cleanup(&d);
+}
+
+/* ---- SSE ---------------------------------------------------------------- */
+
+struct sse_event {
+	long long id;
+	char type[16];
+	char *data;
+};
+
+struct sse_stream {
+	char *buf;
+	size_t len;
+	struct sse_event ev[20000];
+	int n;
+};
+
+static size_t sse_body(char *p, size_t size, size_t n, void *ud)
+{
+	struct sse_stream *s = ud;
+	size_t len = size * n;
+	s->buf = realloc(s->buf, s->len + len + 1);
+	memcpy(s->buf + s->len, p, len);
+	s->len += len;
+	s->buf[s->len] = 0;
+	return len;
+}
+
+/* Reads /jobs/{id}/events for at most ms milliseconds (0 = until the
+ * server ends the stream) and parses the complete frames. */
+static void sse_read(long long job, long long last_id, long ms, struct sse_stream *s)
+{
+	memset(s, 0, sizeof *s);
+	CURL *c = curl_easy_init();
+	char url[256], hdr[64];
+	snprintf(url, sizeof url, "%s/jobs/%lld/events", d.base_url, job);
+	struct curl_slist *h = NULL;
+	if (last_id > 0) {
+		snprintf(hdr, sizeof hdr, "Last-Event-ID: %lld", last_id);
+		h = curl_slist_append(h, hdr);
+	}
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sse_body);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, s);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, ms ? ms : 60000L);
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_perform(c);
+	curl_slist_free_all(h);
+	curl_easy_cleanup(c);
+	/* Only frames terminated by a blank line count: a cut-off frame is
+	 * exactly what Last-Event-ID resumption must re-send. */
+	char *p = s->buf;
+	while (p && *p) {
+		char *end = strstr(p, "\n\n");
+		if (!end)
+			break;
+		*end = 0;
+		struct sse_event e = {0};
+		bool has_id = false;
+		for (char *line = strtok(p, "\n"); line; line = strtok(NULL, "\n")) {
+			if (strncmp(line, "id: ", 4) == 0) {
+				e.id = atoll(line + 4);
+				has_id = true;
+			} else if (strncmp(line, "event: ", 7) == 0) {
+				snprintf(e.type, sizeof e.type, "%s", line + 7);
+			} else if (strncmp(line, "data: ", 6) == 0) {
+				e.data = strdup(line + 6);
+			}
+		}
+		if (has_id && s->n < 20000)
+			s->ev[s->n++] = e;
+		else
+			free(e.data);
+		p = end + 2;
+	}
+}
+
+static void sse_free(struct sse_stream *s)
+{
+	for (int i = 0; i < s->n; i++)
+		free(s->ev[i].data);
+	free(s->buf);
+}
+
+static int count_points(const struct sse_stream *s, const char *name)
+{
+	int n = 0;
+	for (int i = 0; i < s->n; i++) {
+		if (strcmp(s->ev[i].type, "metrics") != 0)
+			continue;
+		json_t *j = json_loads(s->ev[i].data, 0, NULL);
+		json_t *pts = json_object_get(j, "points");
+		size_t k;
+		json_t *pt;
+		json_array_foreach(pts, k, pt)
+		{
+			if (strcmp(json_string_value(json_object_get(pt, "name")), name) == 0)
+				n++;
+		}
+		json_decref(j);
+	}
+	return n;
+}
+
+Test(daemon, lifecycle_metrics_logs_and_sse, .init = start1, .fini = stop1, .timeout = 120)
+{
+	long long id = submit_job(&d, SMALL_JOB("life", ", \"monitors\": [{\"metric\": \"grad_norm\", \"every_steps\": 5}]"));
+	cr_assert_str_eq(wait_state(&d, id, "running|completed", 20), "running");
+
+	/* Watch the live stream for a while, then drop the connection. */
+	struct sse_stream first;
+	sse_read(id, 0, 700, &first);
+	cr_assert_gt(first.n, 0, "no events in the first 700 ms");
+	cr_assert_str_eq(first.ev[0].type, "state");
+
+	/* Metrics and logs are readable during the run. */
+	char path[128];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=loss", id);
+	double t0 = now_s();
+	int during = 0;
+	while (now_s() - t0 < 10 && during == 0) {
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200, "%s", r.body);
+		during = (int)json_array_size(json_object_get(
+			json_object_get(json_object_get(r.json, "series"), "loss"), "steps"));
+		http_free(&r);
+		usleep(100000);
+	}
+	cr_assert_gt(during, 0, "no loss points visible while running");
+
+	/* Resume exactly after the last complete frame we saw. */
+	struct sse_stream rest;
+	sse_read(id, first.ev[first.n - 1].id, 0, &rest);
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "completed");
+
+	struct sse_stream all;
+	sse_read(id, 0, 0, &all);
+	cr_assert_eq(first.n + rest.n, all.n, "%d + %d events after resuming, %d in a full replay", first.n, rest.n,
+		     all.n);
+	for (int i = 0; i < all.n; i++) {
+		const struct sse_event *e = i < first.n ? &first.ev[i] : &rest.ev[i - first.n];
+		cr_assert_eq(e->id, all.ev[i].id, "event %d: id %lld vs %lld", i, e->id, all.ev[i].id);
+		if (i > 0)
+			cr_assert_gt(all.ev[i].id, all.ev[i - 1].id);
+	}
+	cr_assert_str_eq(all.ev[all.n - 1].type, "state");
+	cr_assert_not_null(strstr(all.ev[all.n - 1].data, "completed"));
+
+	/* Every step's loss arrived through SSE exactly once: 576 training
+	 * samples / 32 = 18 steps an epoch, 2 epochs. */
+	cr_assert_eq(count_points(&all, "loss"), 36);
+	cr_assert_eq(count_points(&all, "grad_norm"), 7);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *loss = json_object_get(json_object_get(r.json, "series"), "loss");
+	cr_assert_eq(json_array_size(json_object_get(loss, "steps")), 36);
+	cr_assert_eq(json_integer_value(json_array_get(json_object_get(loss, "steps"), 35)), 36);
+	http_free(&r);
+
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *prog = json_object_get(r.json, "progress");
+	cr_assert_eq(json_integer_value(json_object_get(prog, "step")), 36);
+	cr_assert(json_is_null(json_object_get(r.json, "error")));
+	cr_assert_eq(json_array_size(json_object_get(r.json, "devices")), 1);
+	http_free(&r);
+
+	snprintf(path, sizeof path, "/jobs/%lld/logs", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	cr_assert_not_null(strstr(r.body, "submitted"), "%s", r.body);
+	cr_assert_not_null(strstr(r.body, "started on"), "%s", r.body);
+	http_free(&r);
+
+	/* Downsampling keeps at most max_points and the extremes. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=loss&max_points=10", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *ds = json_object_get(json_object_get(json_object_get(r.json, "series"), "loss"), "values");
+	cr_assert_leq(json_array_size(ds), 10);
+	cr_assert_gt(json_array_size(ds), 0);
+	http_free(&r);
+	sse_free(&first);
+	sse_free(&rest);
+	sse_free(&all);
+}
+
+Test(daemon, custom_monitor_points, .init = start1, .fini = stop1, .timeout = 60)
+{
+	long long id = submit_job(&d, SMALL_JOB("mon", ""));
+	char path[128];
+	snprintf(path, sizeof path, "/jobs/%lld/metrics", id);
+	struct http_reply r;
+	http(&d, "POST", path,
+	     "{\"points\": [{\"name\": \"bleu\", \"step\": 1, \"value\": 0.25},"
+	     " {\"name\": \"bleu\", \"step\": 2, \"value\": 0.5}]}",
+	     NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%ld %s", r.status, r.body);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=bleu", id);
+	double t0 = now_s();
+	size_t n = 0;
+	while (n < 2 && now_s() - t0 < 3) {
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		n = json_array_size(json_object_get(json_object_get(json_object_get(r.json, "series"), "bleu"), "values"));
+		http_free(&r);
+		usleep(50000);
+	}
+	cr_assert_eq(n, 2, "pushed points not readable within 3 s");
+}
+
+/* ---- bad requests --------------------------------------------------------- */
+
+struct bad {
+	const char *method, *path, *body, *ctype, *header;
+	long status;
+	const char *code;
+};
+
+Test(daemon, bad_requests_get_clear_errors, .init = start1, .fini = stop1, .timeout = 120)
+{
+	long long id = submit_job(&d, SMALL_JOB("target", ""));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed", 60), "completed");
+	char big[1200000];
+	memset(big, ' ', sizeof big - 1);
+	big[0] = '{';
+	big[sizeof big - 3] = '}';
+	big[sizeof big - 2] = 0;
+	char jp[64], jm[64], jc[64];
+	snprintf(jp, sizeof jp, "/jobs/%lld", id);
+	snprintf(jm, sizeof jm, "/jobs/%lld/metrics", id);
+	snprintf(jc, sizeof jc, "/jobs/%lld/cancel", id);
+	struct bad cases[] = {
+		{"POST", "/jobs", "{\"seed\": ", NULL, NULL, 400, "invalid_json"},
+		{"POST", "/jobs", "[1, 2]", NULL, NULL, 400, NULL},
+		{"POST", "/jobs", "{}", "text/plain", NULL, 415, "unsupported_media_type"},
+		{"POST", "/jobs", big, NULL, NULL, 413, "payload_too_large"},
+		{"POST", "/jobs", spec_with("{\"colour\": 1}"), NULL, NULL, 400, "invalid_spec"},
+		{"POST", "/jobs", spec_with("{\"batch_size\": -4}"), NULL, NULL, 400, "invalid_spec"},
+		{"POST", "/jobs", spec_with("{\"epochs\": \"ten\"}"), NULL, NULL, 400, "invalid_spec"},
+		{"POST", "/jobs", SMALL_JOB("x", ", \"devices\": 3"), NULL, NULL, 422, "unsatisfiable"},
+		{"POST", "/jobs", SMALL_JOB("x", ", \"devices\": [0, 5]"), NULL, NULL, 422, "unsatisfiable"},
+		{"POST", "/jobs", SMALL_JOB("x", ", \"backend\": \"cuda\""), NULL, NULL, 422, "backend_unavailable"},
+		{"POST", "/jobs",
+		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\": {\"train\": {\"format\":"
+		 " \"csv\", \"path\": \"../../etc/passwd\"}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\":"
+		 " {\"type\": \"sgd\", \"lr\": 0.1}}",
+		 NULL, NULL, 422, "invalid_path"},
+		{"POST", "/jobs",
+		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\": {\"train\": {\"format\":"
+		 " \"csv\", \"path\": \"missing.csv\"}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\":"
+		 " {\"type\": \"sgd\", \"lr\": 0.1}}",
+		 NULL, NULL, 422, "invalid_path"},
+		{"GET", "/jobs/999999", NULL, NULL, NULL, 404, "not_found"},
+		{"GET", "/jobs/abc", NULL, NULL, NULL, 400, NULL},
+		{"POST", "/jobs/999999/cancel", NULL, NULL, NULL, 404, "not_found"},
+		{"POST", jc, NULL, NULL, NULL, 409, "conflict"},
+		{"GET", "/jobs?limit=0", NULL, NULL, NULL, 400, "invalid_parameter"},
+		{"GET", "/jobs?limit=abc", NULL, NULL, NULL, 400, "invalid_parameter"},
+		{"GET", "/jobs?state=sleeping", NULL, NULL, NULL, 400, "invalid_parameter"},
+		{"GET", "/jobs?after=-3", NULL, NULL, NULL, 400, "invalid_parameter"},
+		{"GET", "/jobs/1/metrics?max_points=-1", NULL, NULL, NULL, 400, "invalid_parameter"},
+		{"GET", "/jobs/1/metrics?from_step=10&to_step=5", NULL, NULL, NULL, 400, "invalid_parameter"},
+		{"PATCH", jp, "{\"priority\": \"high\"}", NULL, NULL, 400, NULL},
+		{"PATCH", jp, "{\"prio\": 1}", NULL, NULL, 400, NULL},
+		{"POST", jm, "{\"points\": [{\"name\": \"loss\", \"step\": 1, \"value\": 1}]}", NULL, NULL, 400, NULL},
+		{"POST", jm, "{\"points\": [{\"name\": \"a b\", \"step\": 1, \"value\": 1}]}", NULL, NULL, 400, NULL},
+		{"POST", jm, "{\"points\": [{\"name\": \"ok\", \"step\": -1, \"value\": 1}]}", NULL, NULL, 400, NULL},
+		{"POST", jm, "{\"points\": []}", NULL, NULL, 400, NULL},
+		{"DELETE", "/jobs/999999", NULL, NULL, NULL, 404, "not_found"},
+		{"GET", "/nowhere", NULL, NULL, NULL, 404, "not_found"},
+		{"DELETE", "/healthz", NULL, NULL, NULL, 405, "method_not_allowed"},
+		{"POST", "/jobs/1/pause", NULL, NULL, NULL, 0, NULL}, /* 409 or 501: never 2xx for a finished job */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct bad *b = &cases[i];
+		struct http_reply r;
+		http(&d, b->method, b->path, b->body, b->ctype, b->header, &r);
+		if (b->status)
+			cr_expect_eq(r.status, b->status, "case %zu: %s %s -> %ld %s", i, b->method, b->path, r.status,
+				     r.body);
+		else
+			cr_expect_geq(r.status, 400, "case %zu: %s %s -> %ld", i, b->method, b->path, r.status);
+		json_t *err = json_object_get(r.json, "error");
+		cr_expect(json_is_object(err), "case %zu: no error object in %s", i, r.body);
+		cr_expect(json_is_string(json_object_get(err, "message")), "case %zu: no message", i);
+		if (b->code)
+			cr_expect_str_eq(json_string_value(json_object_get(err, "code")), b->code, "case %zu: %s", i,
+					 r.body);
+		http_free(&r);
+	}
+	/* A spec error names its JSON pointer. */
+	struct http_reply r;
+	http(&d, "POST", "/jobs", spec_with("{\"optimizer\": {\"type\": \"sgd\", \"lr\": 0}}"), NULL, NULL, &r);
+	cr_assert_eq(r.status, 400);
+	cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "pointer")),
+			 "/optimizer/lr");
+	http_free(&r);
+	/* Idempotency: same key and body -> same job; another body -> 409. */
+	const char *key = "Idempotency-Key: abc-123";
+	http(&d, "POST", "/jobs", SMALL_JOB("idem", ""), NULL, key, &r);
+	cr_assert_eq(r.status, 201);
+	long long first = json_integer_value(json_object_get(r.json, "id"));
+	http_free(&r);
+	http(&d, "POST", "/jobs", SMALL_JOB("idem", ""), NULL, key, &r);
+	cr_assert_lt(r.status, 300);
+	cr_assert_eq(json_integer_value(json_object_get(r.json, "id")), first);
+	http_free(&r);
+	http(&d, "POST", "/jobs", SMALL_JOB("idem2", ""), NULL, key, &r);
+	cr_assert_eq(r.status, 409);
+	http_free(&r);
+	/* Still healthy. */
+	http(&d, "GET", "/healthz", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	http_free(&r);
+}
+
+/* ---- concurrency --------------------------------------------------------- */
+
+#define NJOBS 30
+#define NCLIENTS 50
+
+static long long job_ids[NJOBS];
+static int job_prio[NJOBS];
+
+struct client {
+	int index;
+};
+
+static void *client_main(void *arg)
+{
+	struct client *c = arg;
+	if (c->index < NJOBS) {
+		static const int prios[] = {-5, 0, 5, 10};
+		int p = prios[(c->index * 7) % 4];
+		bool two = c->index % 5 == 0;
+		char body[2048], path[64];
+		snprintf(body, sizeof body,
+			 "{\"name\": \"c%d\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+			 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 3,"
+			 " \"classes\": 2, \"load_cost_us\": 500}}, \"batch_size\": 16, \"epochs\": 2,"
+			 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": %d}",
+			 c->index, two ? 2 : 1);
+		snprintf(path, sizeof path, "/jobs?priority=%d", p);
+		struct http_reply r;
+		http(&d, "POST", path, body, NULL, NULL, &r);
+		if (r.status == 201) {
+			job_ids[c->index] = json_integer_value(json_object_get(r.json, "id"));
+			job_prio[c->index] = p;
+		}
+		http_free(&r);
+	} else {
+		/* Dashboards: bounded polling while jobs are submitted. */
+		for (int i = 0; i < 20; i++) {
+			struct http_reply r;
+			http(&d, "GET", i % 2 ? "/jobs?limit=50" : "/devices", NULL, NULL, NULL, &r);
+			http_free(&r);
+		}
+	}
+	return NULL;
+}
+
+static double parse_time(json_t *v)
+{
+	const char *s = json_string_value(v);
+	if (!s)
+		return NAN;
+	struct tm tm = {0};
+	int ms = 0;
+	if (sscanf(s, "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+		   &tm.tm_sec, &ms) < 6)
+		return NAN;
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	return (double)timegm(&tm) + ms / 1000.0;
+}
+
+Test(daemon, fifty_clients_thirty_jobs_two_devices, .init = start1, .fini = stop1, .timeout = 240)
+{
+	/* A blocker holds both devices so the whole queue forms before anything
+	 * else starts; then the order of starts is the queue order. */
+	long long blocker = submit_job(
+		&d, "{\"name\": \"blocker\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		    " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 100000, \"features\": 3, \"classes\": 2,"
+		    " \"load_cost_us\": 100}}, \"batch_size\": 16, \"epochs\": 5, \"optimizer\": {\"type\": \"sgd\","
+		    " \"lr\": 0.1}, \"devices\": 2}");
+	cr_assert_str_eq(wait_state(&d, blocker, "running", 20), "running");
+
+	pthread_t th[NCLIENTS];
+	struct client cl[NCLIENTS];
+	for (int i = 0; i < NCLIENTS; i++) {
+		cl[i].index = i;
+		pthread_create(&th[i], NULL, client_main, &cl[i]);
+	}
+	for (int i = 0; i < NCLIENTS; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < NJOBS; i++)
+		cr_assert_gt(job_ids[i], 0, "job %d was not accepted", i);
+
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld/cancel", blocker);
+	struct http_reply r;
+	http(&d, "POST", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	http_free(&r);
+
+	double start[NJOBS], end[NJOBS];
+	int devs[NJOBS][2], ndevs[NJOBS];
+	for (int i = 0; i < NJOBS; i++) {
+		cr_assert_str_eq(wait_state(&d, job_ids[i], "completed|failed|cancelled", 120), "completed", "job %d",
+				 i);
+		snprintf(path, sizeof path, "/jobs/%lld", job_ids[i]);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		start[i] = parse_time(json_object_get(r.json, "started_at"));
+		end[i] = parse_time(json_object_get(r.json, "finished_at"));
+		json_t *dv = json_object_get(r.json, "devices");
+		ndevs[i] = (int)json_array_size(dv);
+		for (int k = 0; k < ndevs[i] && k < 2; k++)
+			devs[i][k] = (int)json_integer_value(json_array_get(dv, (size_t)k));
+		http_free(&r);
+		cr_assert(isfinite(start[i]) && isfinite(end[i]), "job %d has no start/finish time", i);
+		cr_assert_eq(ndevs[i], i % 5 == 0 ? 2 : 1);
+
+		/* Exactly one run: one "running" state event in its history. */
+		snprintf(path, sizeof path, "/jobs/%lld/events", job_ids[i]);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		int runs = 0;
+		for (char *p = r.body; (p = strstr(p, "\"state\":\"running\"")) != NULL; p++)
+			runs++;
+		cr_assert_eq(runs, 1, "job %d ran %d times", i, runs);
+		http_free(&r);
+	}
+	/* Never two jobs on one device at once. */
+	for (int a = 0; a < NJOBS; a++)
+		for (int b = a + 1; b < NJOBS; b++)
+			for (int x = 0; x < ndevs[a]; x++)
+				for (int y = 0; y < ndevs[b]; y++)
+					if (devs[a][x] == devs[b][y])
+						cr_assert(end[a] <= start[b] + 1e-3 || end[b] <= start[a] + 1e-3,
+							  "jobs %d and %d overlap on device %d", a, b, devs[a][x]);
+	/* Queue order: higher priority first, then submission order. */
+	for (int a = 0; a < NJOBS; a++)
+		for (int b = 0; b < NJOBS; b++)
+			if (job_prio[a] > job_prio[b] || (job_prio[a] == job_prio[b] && job_ids[a] < job_ids[b]))
+				cr_assert_leq(start[a], start[b] + 1e-3,
+					      "job %lld (prio %d) started after job %lld (prio %d)", job_ids[a],
+					      job_prio[a], job_ids[b], job_prio[b]);
+}
+
+/* ---- SIGTERM -------------------------------------------------------------- */
+
+static int sql_count(const char *db, const char *sql)
+{
+	sqlite3 *h;
+	cr_assert_eq(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(h, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+	int n = -1;
+	if (sqlite3_step(st) == SQLITE_ROW)
+		n = sqlite3_column_int(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(h);
+	return n;
+}
+
+Test(daemon, sigterm_interrupts_and_restart_requeues, .init = start1, .fini = stop1, .timeout = 120)
+{
+	const char *slow =
+		"{\"name\": \"slow\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+		" {\"type\": \"dense\", \"units\": 2}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 30000,"
+		" \"features\": 4, \"classes\": 2, \"load_cost_us\": 200}}, \"batch_size\": 32, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+	long long a = submit_job(&d, slow), b = submit_job(&d, slow);
+	cr_assert_str_eq(wait_state(&d, a, "running", 20), "running");
+	cr_assert_str_eq(wait_state(&d, b, "running", 20), "running");
+	usleep(500000);
+	int status;
+	double took = daemon_stop(&d, &status);
+	cr_assert_lt(took, 10.0, "SIGTERM took %.1f s", took);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
+
+	char db[256];
+	snprintf(db, sizeof db, "%s/trainerd.db", d.dir);
+	sqlite3 *h;
+	cr_assert_eq(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+	sqlite3_stmt *st;
+	sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &st, NULL);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	cr_assert_str_eq((const char *)sqlite3_column_text(st, 0), "ok");
+	sqlite3_finalize(st);
+	sqlite3_close(h);
+	cr_assert_eq(sql_count(db, "SELECT count(*) FROM jobs WHERE state = 'interrupted'"), 2);
+
+	/* A restart queues them again and they finish. */
+	daemon_restart(&d, 2, NULL);
+	cr_assert_str_eq(wait_state(&d, a, "completed|failed", 60), "completed");
+	cr_assert_str_eq(wait_state(&d, b, "completed|failed", 60), "completed");
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=loss", a);
+	struct http_reply r;
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *steps = json_object_get(json_object_get(json_object_get(r.json, "series"), "loss"), "steps");
+	cr_assert_eq(json_array_size(steps), 938, "loss points after restart: %zu", json_array_size(steps));
+	http_free(&r);
+}
+
+Test(daemon, health_version_devices, .init = start1, .fini = stop1)
+{
+	struct http_reply r;
+	http(&d, "GET", "/healthz", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	http_free(&r);
+	http(&d, "GET", "/readyz", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	http_free(&r);
+	http(&d, "GET", "/version", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	cr_assert(json_is_string(json_object_get(r.json, "version")));
+	http_free(&r);
+	http(&d, "GET", "/devices", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	cr_assert_eq(json_array_size(json_object_get(r.json, "devices")), 2);
+	http_free(&r);
+	http(&d, "GET", "/openapi.yaml", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	cr_assert_not_null(strstr(r.body, "openapi:"));
+	http_free(&r);
+}

@@ -1,0 +1,1443 @@
+/* The HTTP API against a real store in a temporary directory and fake
+ * daemon ops (below), over real HTTP with libcurl: every route's success
+ * path, a table of bad requests with their status and error code, bearer
+ * auth, body limits, and the SSE stream (history, live events, resume by
+ * Last-Event-ID without duplicates, prompt end on tr_api_stop).
+ *
+ * The fake ops keep the daemon's rules small but real: submit inserts a
+ * row and honours Idempotency-Key by comparing request hashes; control
+ * moves the state with the store (cancel of a finished job is 409);
+ * remove only deletes finished jobs.
+ */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "api/routes.h"
+
+static char dir[PATH_MAX];
+static tr_store_t *store;
+static tr_api_t *api;
+static int port;
+static const char *token; /* sent as Bearer when set */
+static atomic_bool daemon_ready = true;
+
+/* ---- fake daemon ---- */
+
+static void set_err(struct tr_api_error *err, int status, const char *code, const char *pointer, const char *msg)
+{
+	err->status = status;
+	snprintf(err->code, sizeof(err->code), "%s", code);
+	snprintf(err->pointer, sizeof(err->pointer), "%s", pointer ? pointer : "");
+	snprintf(err->message, sizeof(err->message), "%s", msg);
+}
+
+static char *body_hash(const char *body, size_t len, const char *key)
+{
+	uint64_t h = 1469598103934665603ull;
+	char *out = malloc(17);
+
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char)body[i]) * 1099511628211ull;
+	for (const char *k = key ? key : ""; *k; k++)
+		h = (h ^ (unsigned char)*k) * 1099511628211ull;
+	snprintf(out, 17, "%016" PRIx64, h);
+	return out;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed,
+		       struct tr_api_error *err)
+{
+	struct tr_job_row row = {0}, old = {0};
+	const char *name = json_string_value(json_object_get(req->spec, "name"));
+	int64_t existing = 0;
+	int rc;
+
+	(void)ctx;
+	if (json_object_get(req->spec, "bad")) {
+		set_err(err, 422, "invalid_spec", "/bad", "/bad: unknown key");
+		return -EINVAL;
+	}
+	row.name = strdup(name ? name : "job");
+	row.priority = req->priority;
+	row.spec = strndup(req->body, req->body_len);
+	row.normalized = strdup(row.spec);
+	row.devices = strdup("[]");
+	row.idempotency_key = req->idempotency_key ? strdup(req->idempotency_key) : NULL;
+	row.request_hash = body_hash(req->body, req->body_len, req->idempotency_key);
+	row.submitted_at = now_s();
+	row.loss = NAN;
+	rc = tr_store_job_insert(store, &row, &existing);
+	if (rc == -EEXIST) {
+		tr_store_job_get(store, existing, &old);
+		if (old.request_hash && strcmp(old.request_hash, row.request_hash) == 0) {
+			*job_id = existing;
+			*replayed = true;
+			rc = 0;
+		} else {
+			set_err(err, 409, "idempotency_conflict", NULL, "the key was used with another body");
+		}
+		tr_job_row_finish(&old);
+	} else if (rc == 0) {
+		*job_id = row.id;
+	} else {
+		set_err(err, 500, "internal", NULL, tr_store_error(store));
+	}
+	tr_job_row_finish(&row);
+	return rc;
+}
+
+static bool terminal(const char *s)
+{
+	return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+}
+
+static int fake_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_api_error *err)
+{
+	static const char *const next[] = {"cancelled", "stopping", "paused", "queued"};
+	struct tr_job_row row = {0};
+	bool ok;
+	int rc;
+
+	(void)ctx;
+	if (tr_store_job_get(store, id, &row) < 0) {
+		set_err(err, 404, "not_found", NULL, "no such job");
+		return -ENOENT;
+	}
+	switch (op) {
+	case TR_CONTROL_CANCEL: ok = !terminal(row.state); break;
+	case TR_CONTROL_STOP: ok = !strcmp(row.state, "running"); break;
+	case TR_CONTROL_PAUSE: ok = !strcmp(row.state, "running") || !strcmp(row.state, "queued"); break;
+	default: ok = !strcmp(row.state, "paused"); break;
+	}
+	if (!ok) {
+		char msg[128];
+
+		snprintf(msg, sizeof(msg), "job is %s", row.state);
+		set_err(err, 409, "conflict", NULL, msg);
+		tr_job_row_finish(&row);
+		return -EBUSY;
+	}
+	tr_job_row_finish(&row);
+	rc = tr_store_job_set_state(store, id, next[op], NULL, NULL);
+	if (rc < 0)
+		set_err(err, 500, "internal", NULL, tr_store_error(store));
+	return rc;
+}
+
+static int fake_set_priority(void *ctx, int64_t id, int priority, struct tr_api_error *err)
+{
+	(void)ctx;
+	if (tr_store_job_set_priority(store, id, priority) < 0) {
+		set_err(err, 500, "internal", NULL, tr_store_error(store));
+		return -EIO;
+	}
+	return 0;
+}
+
+static int fake_remove(void *ctx, int64_t id, struct tr_api_error *err)
+{
+	struct tr_job_row row = {0};
+	bool done;
+
+	(void)ctx;
+	if (tr_store_job_get(store, id, &row) < 0) {
+		set_err(err, 404, "not_found", NULL, "no such job");
+		return -ENOENT;
+	}
+	done = terminal(row.state);
+	tr_job_row_finish(&row);
+	if (!done) {
+		set_err(err, 409, "conflict", NULL, "the job is not finished");
+		return -EBUSY;
+	}
+	return tr_store_job_delete(store, id);
+}
+
+static json_t *fake_devices(void *ctx)
+{
+	(void)ctx;
+	return json_pack("[{s:i, s:s, s:s, s:i, s:i, s:n}]", "id", 0, "name", "cpu0", "kind", "cpu", "memory_total",
+			 1024, "memory_free", 512, "job");
+}
+
+static json_t *fake_live(void *ctx, int64_t id)
+{
+	struct tr_job_row row = {0};
+	json_t *live = NULL;
+
+	(void)ctx;
+	if (tr_store_job_get(store, id, &row) == 0 && !strcmp(row.state, "running"))
+		live = json_pack("{s:f}", "eta_s", 12.5);
+	tr_job_row_finish(&row);
+	return live;
+}
+
+static bool fake_ready(void *ctx)
+{
+	(void)ctx;
+	return atomic_load(&daemon_ready);
+}
+
+/* ---- server lifecycle ---- */
+
+struct start_opts {
+	const char *const *tokens;
+	int heartbeat_s;
+	const char *openapi;
+	const char *host;
+	int port;
+};
+
+static tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen)
+{
+	struct tr_api_config cfg = {
+		.listen_host = o->host,
+		.port = o->port,
+		.sse_heartbeat_s = o->heartbeat_s,
+		.tokens = o->tokens,
+		.openapi_path = o->openapi,
+		.version = "1.2.3-test",
+		.store = store,
+		.ops = {.submit = fake_submit,
+			.control = fake_control,
+			.set_priority = fake_set_priority,
+			.remove = fake_remove,
+			.devices = fake_devices,
+			.live_progress = fake_live,
+			.ready = fake_ready},
+	};
+
+	return tr_api_start(&cfg, err, errlen);
+}
+
+static void restart(const struct start_opts *o)
+{
+	char err[256] = "";
+
+	tr_api_stop(api);
+	api = start_with(o, err, sizeof(err));
+	cr_assert_not_null(api, "tr_api_start: %s", err);
+	port = tr_api_port(api);
+}
+
+static void setup(void)
+{
+	char path[PATH_MAX + 16], err[256] = "";
+	struct start_opts o = {0};
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	snprintf(dir, sizeof(dir), "/tmp/tr-api-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/state.db", dir);
+	cr_assert_eq(tr_store_open(path, NULL, &store, err, sizeof(err)), 0, "tr_store_open: %s", err);
+	api = NULL;
+	token = NULL;
+	restart(&o);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static void teardown(void)
+{
+	tr_api_stop(api);
+	api = NULL;
+	tr_store_close(store);
+	store = NULL;
+	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	curl_global_cleanup();
+}
+
+TestSuite(api, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---- HTTP client ---- */
+
+struct buf {
+	char *data;
+	size_t len;
+};
+
+struct resp {
+	long status;
+	struct buf body, headers;
+	json_t *json;
+};
+
+static size_t on_data(char *p, size_t size, size_t n, void *cls)
+{
+	struct buf *b = cls;
+	size_t len = size * n;
+
+	b->data = realloc(b->data, b->len + len + 1);
+	memcpy(b->data + b->len, p, len);
+	b->len += len;
+	b->data[b->len] = '\0';
+	return len;
+}
+
+struct upload {
+	size_t left;
+};
+
+/* A body of spaces: with chunked encoding nobody declares its size. */
+static size_t on_read(char *p, size_t size, size_t n, void *cls)
+{
+	struct upload *u = cls;
+	size_t len = size * n < u->left ? size * n : u->left;
+
+	memset(p, ' ', len);
+	u->left -= len;
+	return len;
+}
+
+static bool has_header(const char *const *hdrs, const char *prefix)
+{
+	for (size_t i = 0; hdrs && hdrs[i]; i++)
+		if (!strncasecmp(hdrs[i], prefix, strlen(prefix)))
+			return true;
+	return false;
+}
+
+/* method, path, body (NULL for none), NULL-terminated extra headers.  A
+ * body gets Content-Type: application/json unless hdrs set one.
+ * chunked_size > 0 sends that many bytes chunked instead of body. */
+static struct resp http_full(const char *method, const char *path, const char *body, const char *const *hdrs,
+			     size_t chunked_size)
+{
+	struct resp r = {0};
+	struct curl_slist *list = NULL;
+	struct upload up = {chunked_size};
+	char url[512], auth[256];
+	CURL *c = curl_easy_init();
+
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", port, path);
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
+	curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_data);
+	curl_easy_setopt(c, CURLOPT_HEADERDATA, &r.headers);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
+	if (strcmp(method, "HEAD") == 0)
+		curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+	else if (strcmp(method, "GET") != 0)
+		curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+	if (chunked_size) {
+		curl_easy_setopt(c, CURLOPT_POST, 1L);
+		curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
+		curl_easy_setopt(c, CURLOPT_READDATA, &up);
+		list = curl_slist_append(list, "Transfer-Encoding: chunked");
+	} else if (body) {
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+	}
+	if ((body || chunked_size) && !has_header(hdrs, "Content-Type:"))
+		list = curl_slist_append(list, "Content-Type: application/json");
+	if (token && !has_header(hdrs, "Authorization:")) {
+		snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
+		list = curl_slist_append(list, auth);
+	}
+	for (size_t i = 0; hdrs && hdrs[i]; i++)
+		list = curl_slist_append(list, hdrs[i]);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
+	CURLcode rc = curl_easy_perform(c);
+
+	cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
+	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+	curl_slist_free_all(list);
+	curl_easy_cleanup(c);
+	if (r.body.len)
+		r.json = json_loadb(r.body.data, r.body.len, 0, NULL);
+	return r;
+}
+
+static struct resp http(const char *method, const char *path, const char *body)
+{
+	return http_full(method, path, body, NULL, 0);
+}
+
+static void resp_free(struct resp *r)
+{
+	free(r->body.data);
+	free(r->headers.data);
+	json_decref(r->json);
+	memset(r, 0, sizeof(*r));
+}
+
+/* The last value of a response header, copied into out ("" if none). */
+static const char *header(const struct resp *r, const char *name, char *out, size_t len)
+{
+	const char *p = r->headers.data;
+	size_t n = strlen(name);
+
+	out[0] = '\0';
+	while (p && *p) {
+		const char *eol = strstr(p, "\r\n");
+		size_t line = eol ? (size_t)(eol - p) : strlen(p);
+
+		if (line > n && !strncasecmp(p, name, n) && p[n] == ':') {
+			const char *v = p + n + 1;
+
+			while (*v == ' ')
+				v++;
+			snprintf(out, len, "%.*s", (int)(line - (size_t)(v - p)), v);
+		}
+		p = eol ? eol + 2 : p + line;
+	}
+	return out;
+}
+
+static const char *jstr(const json_t *j, const char *path)
+{
+	/* "a.b.c" into nested objects */
+	char key[64];
+	const char *dot;
+
+	while ((dot = strchr(path, '.'))) {
+		snprintf(key, sizeof(key), "%.*s", (int)(dot - path), path);
+		j = json_object_get(j, key);
+		path = dot + 1;
+	}
+	return json_string_value(json_object_get(j, path));
+}
+
+static json_int_t jint(const json_t *j, const char *key)
+{
+	return json_integer_value(json_object_get(j, key));
+}
+
+/* Submits a job and returns its id. */
+static int64_t submit(const char *name)
+{
+	char body[256];
+	struct resp r;
+	int64_t id;
+
+	snprintf(body, sizeof(body), "{\"name\": \"%s\", \"epochs\": 1}", name);
+	r = http("POST", "/jobs", body);
+	cr_assert_eq(r.status, 201, "submit: %ld %s", r.status, r.body.data);
+	id = jint(r.json, "id");
+	resp_free(&r);
+	return id;
+}
+
+static void expect_status(struct resp *r, long status, const char *what)
+{
+	cr_assert_eq(r->status, status, "%s: got %ld %s", what, r->status, r->body.data ? r->body.data : "");
+	if (r->body.len) {
+		cr_assert_eq(r->body.data[r->body.len - 1], '\n', "%s: body must end with a newline", what);
+		cr_assert_not_null(r->json, "%s: body is not JSON: %s", what, r->body.data);
+	}
+}
+
+/* ---- small routes ---- */
+
+Test(api, health_ready_version_devices)
+{
+	struct resp r = http("GET", "/healthz", NULL);
+	char h[128];
+
+	expect_status(&r, 200, "healthz");
+	cr_assert_str_eq(jstr(r.json, "status"), "ok");
+	cr_assert_str_eq(header(&r, "Content-Type", h, sizeof(h)), "application/json");
+	resp_free(&r);
+
+	/* HEAD works where GET does, for probes; the body is dropped. */
+	r = http_full("HEAD", "/healthz", NULL, NULL, 0);
+	cr_assert_eq(r.status, 200);
+	cr_assert_eq(r.body.len, 0);
+	resp_free(&r);
+
+	r = http("GET", "/readyz", NULL);
+	expect_status(&r, 200, "readyz");
+	cr_assert(json_is_true(json_object_get(r.json, "ready")));
+	resp_free(&r);
+
+	atomic_store(&daemon_ready, false);
+	r = http("GET", "/readyz", NULL);
+	atomic_store(&daemon_ready, true);
+	expect_status(&r, 503, "readyz while not ready");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "not_ready");
+	resp_free(&r);
+
+	r = http("GET", "/version", NULL);
+	expect_status(&r, 200, "version");
+	cr_assert_str_eq(jstr(r.json, "version"), "1.2.3-test");
+	cr_assert_eq(jint(r.json, "api"), 1);
+	resp_free(&r);
+
+	r = http("GET", "/devices", NULL);
+	expect_status(&r, 200, "devices");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "devices")), 1);
+	cr_assert_str_eq(jstr(json_array_get(json_object_get(r.json, "devices"), 0), "name"), "cpu0");
+	resp_free(&r);
+
+	/* No document configured. */
+	r = http("GET", "/openapi.yaml", NULL);
+	expect_status(&r, 404, "openapi.yaml unset");
+	resp_free(&r);
+}
+
+Test(api, openapi_document)
+{
+	char path[PATH_MAX + 16], h[128];
+	const char *text = "openapi: 3.0.3\ninfo:\n  title: trainerd\n";
+	struct start_opts o = {0};
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/openapi.yaml", dir);
+	f = fopen(path, "w");
+	fputs(text, f);
+	fclose(f);
+	o.openapi = path;
+	restart(&o);
+
+	struct resp r = http("GET", "/openapi.yaml", NULL);
+
+	cr_assert_eq(r.status, 200);
+	cr_assert_str_eq(r.body.data, text);
+	cr_assert_str_eq(header(&r, "Content-Type", h, sizeof(h)), "application/yaml");
+	resp_free(&r);
+}
+
+/* ---- jobs ---- */
+
+Test(api, submit_returns_job_with_location)
+{
+	regex_t re;
+	char h[128];
+	struct resp r = http_full("POST", "/jobs?priority=5", "{\"name\": \"mlp\", \"epochs\": 3}",
+				  (const char *const[]){"Content-Type: application/json; charset=utf-8", NULL}, 0);
+
+	expect_status(&r, 201, "submit");
+	int64_t id = jint(r.json, "id");
+
+	cr_assert_gt(id, 0);
+	snprintf(h, sizeof(h), "/jobs/%" PRId64, id);
+	char loc[128];
+
+	cr_assert_str_eq(header(&r, "Location", loc, sizeof(loc)), h);
+	cr_assert_str_eq(jstr(r.json, "name"), "mlp");
+	cr_assert_str_eq(jstr(r.json, "state"), "queued");
+	cr_assert_eq(jint(r.json, "priority"), 5);
+	cr_assert_eq(jint(json_object_get(r.json, "spec"), "epochs"), 3);
+	cr_assert(json_is_array(json_object_get(r.json, "devices")));
+	cr_assert(json_is_null(json_object_get(r.json, "error")));
+	json_t *progress = json_object_get(r.json, "progress");
+
+	cr_assert(json_is_object(progress));
+	cr_assert(json_is_integer(json_object_get(progress, "step")));
+	cr_assert(json_is_null(json_object_get(progress, "loss")), "loss is null before any step");
+	cr_assert_eq(regcomp(&re, "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$",
+			     REG_EXTENDED | REG_NOSUB),
+		     0);
+	cr_assert_eq(regexec(&re, jstr(r.json, "submitted_at"), 0, NULL, 0), 0, "%s", jstr(r.json, "submitted_at"));
+	regfree(&re);
+	cr_assert(json_is_null(json_object_get(r.json, "started_at")));
+	cr_assert(json_is_null(json_object_get(r.json, "finished_at")));
+	resp_free(&r);
+}
+
+Test(api, idempotency_key_replays_and_conflicts)
+{
+	const char *const key[] = {"Idempotency-Key: abc-123", NULL};
+	struct resp a = http_full("POST", "/jobs", "{\"name\": \"x\"}", key, 0);
+	struct resp b = http_full("POST", "/jobs", "{\"name\": \"x\"}", key, 0);
+	struct resp c = http_full("POST", "/jobs", "{\"name\": \"y\"}", key, 0);
+	char h[64];
+
+	expect_status(&a, 201, "first");
+	expect_status(&b, 200, "replay");
+	cr_assert_str_eq(header(&b, "Idempotent-Replayed", h, sizeof(h)), "true");
+	cr_assert_eq(jint(a.json, "id"), jint(b.json, "id"));
+	cr_assert_str_eq(header(&a, "Idempotent-Replayed", h, sizeof(h)), "");
+	expect_status(&c, 409, "same key, other body");
+	cr_assert_str_eq(jstr(c.json, "error.code"), "idempotency_conflict");
+	resp_free(&a);
+	resp_free(&b);
+	resp_free(&c);
+}
+
+Test(api, list_paginates_and_filters)
+{
+	int64_t ids[5];
+	char path[128];
+	struct resp r;
+
+	for (int i = 0; i < 5; i++)
+		ids[i] = submit("j");
+	cr_assert_eq(tr_store_job_set_state(store, ids[3], "cancelled", NULL, NULL), 0);
+
+	r = http("GET", "/jobs?limit=2", NULL);
+	expect_status(&r, 200, "page 1");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "jobs")), 2);
+	cr_assert_eq(jint(json_array_get(json_object_get(r.json, "jobs"), 0), "id"), ids[0]);
+	cr_assert(json_is_string(json_object_get(r.json, "next")));
+	snprintf(path, sizeof(path), "/jobs?limit=2&after=%s", jstr(r.json, "next"));
+	resp_free(&r);
+
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "page 2");
+	cr_assert_eq(jint(json_array_get(json_object_get(r.json, "jobs"), 0), "id"), ids[2]);
+	resp_free(&r);
+
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 200, "all");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "jobs")), 5);
+	cr_assert(json_is_null(json_object_get(r.json, "next")), "fewer than limit: no next page");
+	resp_free(&r);
+
+	r = http("GET", "/jobs?state=cancelled", NULL);
+	expect_status(&r, 200, "by state");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "jobs")), 1);
+	cr_assert_eq(jint(json_array_get(json_object_get(r.json, "jobs"), 0), "id"), ids[3]);
+	resp_free(&r);
+}
+
+Test(api, get_merges_live_progress)
+{
+	int64_t id = submit("live");
+	char path[64];
+	struct resp r;
+
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, "[0]"), 0);
+	cr_assert_eq(tr_store_job_set_progress(store, id, 40, 100, 1, 0.25), 0);
+	snprintf(path, sizeof(path), "/jobs/%" PRId64, id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "get");
+	json_t *p = json_object_get(r.json, "progress");
+
+	cr_assert_str_eq(jstr(r.json, "state"), "running");
+	cr_assert_eq(jint(p, "step"), 40);
+	cr_assert_eq(jint(p, "total_steps"), 100);
+	cr_assert_eq(jint(p, "epoch"), 1);
+	cr_assert_float_eq(json_real_value(json_object_get(p, "loss")), 0.25, 1e-12);
+	cr_assert_float_eq(json_real_value(json_object_get(p, "eta_s")), 12.5, 1e-12);
+	cr_assert_eq(json_integer_value(json_array_get(json_object_get(r.json, "devices"), 0)), 0);
+	cr_assert(json_is_string(json_object_get(r.json, "started_at")));
+	resp_free(&r);
+}
+
+Test(api, control_patch_delete)
+{
+	int64_t id = submit("ctl"), other = submit("other");
+	char path[64];
+	struct resp r;
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/pause", id);
+	r = http("POST", path, NULL);
+	expect_status(&r, 202, "pause");
+	cr_assert_str_eq(jstr(r.json, "state"), "paused");
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/resume", id);
+	r = http("POST", path, NULL);
+	expect_status(&r, 202, "resume");
+	cr_assert_str_eq(jstr(r.json, "state"), "queued");
+	resp_free(&r);
+
+	cr_assert_eq(tr_store_job_set_state(store, other, "running", NULL, NULL), 0);
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/stop", other);
+	r = http("POST", path, NULL);
+	expect_status(&r, 202, "stop");
+	cr_assert_str_eq(jstr(r.json, "state"), "stopping");
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64, id);
+	r = http("PATCH", path, "{\"priority\": -7}");
+	expect_status(&r, 200, "patch");
+	cr_assert_eq(jint(r.json, "priority"), -7);
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/cancel", id);
+	r = http("POST", path, NULL);
+	expect_status(&r, 202, "cancel");
+	cr_assert_str_eq(jstr(r.json, "state"), "cancelled");
+	cr_assert(json_is_string(json_object_get(r.json, "finished_at")));
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64, id);
+	r = http("DELETE", path, NULL);
+	cr_assert_eq(r.status, 204);
+	cr_assert_eq(r.body.len, 0);
+	resp_free(&r);
+
+	r = http("GET", path, NULL);
+	expect_status(&r, 404, "deleted");
+	resp_free(&r);
+}
+
+static void *submit_many(void *cls)
+{
+	int64_t *ids = cls;
+
+	for (int i = 0; i < 10; i++)
+		ids[i] = submit("concurrent");
+	return NULL;
+}
+
+Test(api, concurrent_submits)
+{
+	pthread_t th[8];
+	int64_t ids[80];
+	struct resp r;
+
+	for (int t = 0; t < 8; t++)
+		pthread_create(&th[t], NULL, submit_many, ids + 10 * t);
+	for (int t = 0; t < 8; t++)
+		pthread_join(th[t], NULL);
+	for (int i = 0; i < 80; i++)
+		for (int j = 0; j < i; j++)
+			cr_assert_neq(ids[i], ids[j]);
+	r = http("GET", "/jobs?limit=1000", NULL);
+	expect_status(&r, 200, "list");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "jobs")), 80);
+	resp_free(&r);
+}
+
+/* ---- metrics and logs ---- */
+
+Test(api, metrics_push_and_query)
+{
+	int64_t id = submit("m");
+	char path[128];
+	struct resp r;
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics", id);
+	r = http("POST", path,
+		 "{\"points\": [{\"name\": \"eval/bleu\", \"step\": 1, \"value\": 0.5, \"epoch\": 0},"
+		 " {\"name\": \"eval/bleu\", \"step\": 2, \"value\": 0.75},"
+		 " {\"name\": \"gpu:temp\", \"step\": 2, \"value\": 61}]}");
+	expect_status(&r, 202, "push");
+	cr_assert_eq(jint(r.json, "accepted"), 3);
+	resp_free(&r);
+	for (int s = 1; s <= 50; s++)
+		tr_store_metric_append(store, id, "loss", s, 0, now_s(), 1.0 / s);
+	cr_assert_eq(tr_store_flush(store), 0);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?names=eval/bleu&epochs=true&times=true", id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "query");
+	cr_assert_eq(jint(r.json, "job"), id);
+	json_t *series = json_object_get(r.json, "series");
+	json_t *bleu = json_object_get(series, "eval/bleu");
+
+	cr_assert_eq(json_object_size(series), 1);
+	cr_assert_eq(json_array_size(json_object_get(bleu, "steps")), 2);
+	cr_assert_float_eq(json_number_value(json_array_get(json_object_get(bleu, "values"), 1)), 0.75, 1e-12);
+	cr_assert_eq(json_array_size(json_object_get(bleu, "epochs")), 2);
+	cr_assert_eq(json_array_size(json_object_get(bleu, "times")), 2);
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?names=loss&from_step=10&to_step=19", id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "range");
+	json_t *loss = json_object_get(json_object_get(r.json, "series"), "loss");
+
+	cr_assert_eq(json_array_size(json_object_get(loss, "steps")), 10);
+	cr_assert_eq(json_integer_value(json_array_get(json_object_get(loss, "steps"), 0)), 10);
+	cr_assert_null(json_object_get(loss, "epochs"));
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?names=loss&max_points=10", id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "downsampled");
+	loss = json_object_get(json_object_get(r.json, "series"), "loss");
+	cr_assert_leq(json_array_size(json_object_get(loss, "steps")), 10);
+	cr_assert_gt(json_array_size(json_object_get(loss, "steps")), 0);
+	resp_free(&r);
+
+	/* All names, in name order. */
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics", id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "all");
+	cr_assert_eq(json_object_size(json_object_get(r.json, "series")), 3);
+	resp_free(&r);
+
+	/* Late monitors: pushing to a finished job is fine. */
+	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL), 0);
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics", id);
+	r = http("POST", path, "{\"points\": [{\"name\": \"late\", \"step\": 3, \"value\": 1e-3}]}");
+	expect_status(&r, 202, "push to finished job");
+	resp_free(&r);
+}
+
+Test(api, logs_paginate)
+{
+	int64_t id = submit("l");
+	char path[128];
+	struct resp r;
+
+	for (int i = 0; i < 5; i++) {
+		char msg[32];
+
+		snprintf(msg, sizeof(msg), "line %d", i);
+		cr_assert_eq(tr_store_log_append(store, id, 6, msg), 0);
+	}
+	cr_assert_eq(tr_store_flush(store), 0);
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/logs?limit=3", id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "logs");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "logs")), 3);
+	cr_assert_str_eq(jstr(json_array_get(json_object_get(r.json, "logs"), 0), "message"), "line 0");
+	cr_assert(json_is_string(json_object_get(r.json, "next")));
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/logs?after=%s", id, jstr(r.json, "next"));
+	resp_free(&r);
+
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "logs page 2");
+	cr_assert_eq(json_array_size(json_object_get(r.json, "logs")), 2);
+	cr_assert_str_eq(jstr(json_array_get(json_object_get(r.json, "logs"), 0), "message"), "line 3");
+	cr_assert(json_is_null(json_object_get(r.json, "next")));
+	resp_free(&r);
+}
+
+/* ---- bad requests ---- */
+
+struct bad {
+	const char *method, *path, *body;
+	const char *hdr; /* one extra header or NULL */
+	long status;
+	const char *code;
+	const char *pointer;     /* expected error.pointer, or NULL for none */
+	const char *msg_prefix;  /* expected start of error.message, or NULL */
+};
+
+static char *points_json(int n)
+{
+	size_t cap = (size_t)n * 48 + 32, len = 0;
+	char *s = malloc(cap);
+
+	len += (size_t)snprintf(s + len, cap - len, "{\"points\": [");
+	for (int i = 0; i < n; i++)
+		len += (size_t)snprintf(s + len, cap - len, "%s{\"name\": \"m\", \"step\": %d, \"value\": 1}",
+					i ? "," : "", i);
+	snprintf(s + len, cap - len, "]}");
+	return s;
+}
+
+Test(api, bad_requests)
+{
+	int64_t id = submit("victim"), running = submit("busy");
+	char *too_many = points_json(10001);
+	char long_key[300] = "Idempotency-Key: ";
+
+	memset(long_key + strlen(long_key), 'k', 256);
+	cr_assert_eq(tr_store_job_set_state(store, id, "cancelled", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, running, "running", NULL, NULL), 0);
+	cr_assert_eq(id, 1, "the table below uses job 1 (cancelled) and 2 (running)");
+	/* Burn an idempotency key so the conflict case has one. */
+	struct resp k = http_full("POST", "/jobs", "{\"name\":\"a\"}",
+				  (const char *const[]){"Idempotency-Key: K", NULL}, 0);
+
+	resp_free(&k);
+
+	const struct bad cases[] = {
+		{"POST", "/jobs", "{\"name\": ", NULL, 400, "invalid_json", NULL, "line 1, column"},
+		{"POST", "/jobs", "", NULL, 400, "invalid_json", NULL, "line 1, column"},
+		{"POST", "/jobs", "[1, 2]", NULL, 400, "invalid_request", NULL, NULL},
+		{"POST", "/jobs", "\"spec\"", NULL, 400, "invalid_request", NULL, NULL},
+		{"POST", "/jobs", "{\"a\": 1, \"a\": 2}", NULL, 400, "invalid_json", NULL, NULL},
+		{"POST", "/jobs", "{}", "Content-Type: text/plain", 415, "unsupported_media_type", NULL, NULL},
+		{"POST", "/jobs", "{}", "Content-Type: application/jsonx", 415, "unsupported_media_type", NULL, NULL},
+		{"POST", "/jobs", "{}", "Content-Type:", 415, "unsupported_media_type", NULL, NULL},
+		{"POST", "/jobs?priority=2000", "{}", NULL, 400, "invalid_parameter", NULL, "priority:"},
+		{"POST", "/jobs?priority=x", "{}", NULL, 400, "invalid_parameter", NULL, "priority:"},
+		{"POST", "/jobs", "{\"bad\": 1}", NULL, 422, "invalid_spec", "/bad", NULL},
+		{"POST", "/jobs", "{\"name\":\"b\"}", "Idempotency-Key: K", 409, "idempotency_conflict", NULL, NULL},
+		{"POST", "/jobs", "{}", long_key, 400, "invalid_parameter", NULL, "Idempotency-Key"},
+		{"POST", "/jobs", "{}", "Idempotency-Key: caf\xc3\xa9", 400, "invalid_parameter", NULL, NULL},
+		{"GET", "/jobs/999", NULL, NULL, 404, "not_found", NULL, "job 999 not found"},
+		{"GET", "/jobs/abc", NULL, NULL, 400, "invalid_parameter", NULL, "id:"},
+		{"GET", "/jobs/0", NULL, NULL, 400, "invalid_parameter", NULL, NULL},
+		{"GET", "/jobs/-1", NULL, NULL, 400, "invalid_parameter", NULL, NULL},
+		{"GET", "/jobs/99999999999999999999", NULL, NULL, 400, "invalid_parameter", NULL, NULL},
+		{"GET", "/jobs?limit=0", NULL, NULL, 400, "invalid_parameter", NULL,
+		 "limit: must be an integer in [1, 1000]"},
+		{"GET", "/jobs?limit=abc", NULL, NULL, 400, "invalid_parameter", NULL, "limit:"},
+		{"GET", "/jobs?limit=1001", NULL, NULL, 400, "invalid_parameter", NULL, "limit:"},
+		{"GET", "/jobs?after=-5", NULL, NULL, 400, "invalid_parameter", NULL, "after:"},
+		{"GET", "/jobs?state=done", NULL, NULL, 400, "invalid_parameter", NULL, "state:"},
+		{"GET", "/jobs/1/metrics?max_points=-1", NULL, NULL, 400, "invalid_parameter", NULL,
+		 "max_points: must be an integer in [0, 100000]"},
+		{"GET", "/jobs/1/metrics?max_points=100001", NULL, NULL, 400, "invalid_parameter", NULL, "max_points:"},
+		{"GET", "/jobs/1/metrics?from_step=10&to_step=5", NULL, NULL, 400, "invalid_parameter", NULL,
+		 "from_step:"},
+		{"GET", "/jobs/1/metrics?epochs=yes", NULL, NULL, 400, "invalid_parameter", NULL, "epochs:"},
+		{"GET", "/jobs/1/metrics?names=a,,b", NULL, NULL, 400, "invalid_parameter", NULL, "names:"},
+		{"GET", "/jobs/77/metrics", NULL, NULL, 404, "not_found", NULL, NULL},
+		{"POST", "/jobs/1/cancel", NULL, NULL, 409, "conflict", NULL, NULL},
+		{"POST", "/jobs/1/resume", NULL, NULL, 409, "conflict", NULL, NULL},
+		{"POST", "/jobs/42/cancel", NULL, NULL, 404, "not_found", NULL, "job 42 not found"},
+		{"DELETE", "/jobs/2", NULL, NULL, 409, "conflict", NULL, NULL},
+		{"PATCH", "/jobs/1", "{\"colour\": \"red\"}", NULL, 400, "invalid_request", "/colour", NULL},
+		{"PATCH", "/jobs/1", "{\"a/b\": 1}", NULL, 400, "invalid_request", "/a~1b", NULL},
+		{"PATCH", "/jobs/1", "{\"priority\": 5000}", NULL, 400, "invalid_request", "/priority", NULL},
+		{"PATCH", "/jobs/1", "{\"priority\": \"high\"}", NULL, 400, "invalid_request", "/priority", NULL},
+		{"PATCH", "/jobs/1", "{\"priority\": 1.5}", NULL, 400, "invalid_request", "/priority", NULL},
+		{"PATCH", "/jobs/1", "{}", NULL, 400, "invalid_request", "/priority", NULL},
+		{"PATCH", "/jobs/1", "{\"priority\": 1}", "Content-Type: text/json", 415, "unsupported_media_type",
+		 NULL, NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"loss\", \"step\": 1, \"value\": 1}]}",
+		 NULL, 400, "invalid_request", "/points/0/name", NULL},
+		{"POST", "/jobs/1/metrics",
+		 "{\"points\": [{\"name\": \"device3_step_ms\", \"step\": 1, \"value\": 1}]}", NULL,
+		 400, "invalid_request", "/points/0/name", NULL},
+		{"POST", "/jobs/1/metrics",
+		 "{\"points\": [{\"name\":\"a\",\"step\":1,\"value\":1}, {\"name\":\"b\",\"step\":1,\"value\":1},"
+		 " {\"name\": \"bad name!\", \"step\": 1, \"value\": 1}]}",
+		 NULL, 400, "invalid_request", "/points/2/name", NULL},
+		{"POST", "/jobs/1/metrics",
+		 "{\"points\": [{\"name\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\", "
+		 "\"step\": 1, \"value\": 1}]}",
+		 NULL, 400, "invalid_request", "/points/0/name", NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": \"1\"}]}",
+		 NULL, 400, "invalid_request", "/points/0/value", NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": -1, \"value\": 1}]}", NULL, 400,
+		 "invalid_request", "/points/0/step", NULL},
+		{"POST", "/jobs/1/metrics",
+		 "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1, \"epoch\": -2}]}",
+		 NULL, 400, "invalid_request", "/points/0/epoch", NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1, \"x\": 0}]}",
+		 NULL, 400, "invalid_request", "/points/0/x", NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": []}", NULL, 400, "invalid_request", "/points", NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": 3}", NULL, 400, "invalid_request", "/points", NULL},
+		{"POST", "/jobs/1/metrics", too_many, NULL, 400, "invalid_request", "/points", NULL},
+		{"POST", "/jobs/1/metrics", "{\"pts\": []}", NULL, 400, "invalid_request", "/pts", NULL},
+		{"POST", "/jobs/77/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1}]}", NULL, 404,
+		 "not_found", NULL, NULL},
+		{"GET", "/jobs/1/events", NULL, "Last-Event-ID: x", 400, "invalid_parameter", NULL, "Last-Event-ID:"},
+		{"GET", "/jobs/1/events?last_event_id=-1", NULL,
+		 NULL, 400, "invalid_parameter", NULL, "last_event_id:"},
+		{"GET", "/jobs/1/logs?limit=10001", NULL, NULL, 400, "invalid_parameter", NULL, "limit:"},
+		{"GET", "/jobs/1/logs?after=z", NULL, NULL, 400, "invalid_parameter", NULL, "after:"},
+		{"GET", "/nope", NULL, NULL, 404, "not_found", NULL, NULL},
+		{"GET", "/jobs/1/nope", NULL, NULL, 404, "not_found", NULL, NULL},
+		{"GET", "/jobs/", NULL, NULL, 404, "not_found", NULL, NULL},
+		{"DELETE", "/jobs", NULL, NULL, 405, "method_not_allowed", NULL, NULL},
+		{"PUT", "/jobs/1", "{}", NULL, 405, "method_not_allowed", NULL, NULL},
+		{"GET", "/jobs/1/cancel", NULL, NULL, 405, "method_not_allowed", NULL, NULL},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct bad *c = &cases[i];
+		const char *hdrs[] = {c->hdr, NULL};
+		struct resp r = http_full(c->method, c->path, c->body, hdrs, 0);
+		char what[160];
+
+		snprintf(what, sizeof(what), "case %zu: %s %s", i, c->method, c->path);
+		expect_status(&r, c->status, what);
+		cr_assert_str_eq(jstr(r.json, "error.code"), c->code, "%s: %s", what, r.body.data);
+		cr_assert(json_is_string(json_object_get(json_object_get(r.json, "error"), "message")), "%s", what);
+		if (c->pointer)
+			cr_assert_str_eq(jstr(r.json, "error.pointer"), c->pointer, "%s: %s", what, r.body.data);
+		else
+			cr_assert_null(json_object_get(json_object_get(r.json, "error"), "pointer"), "%s: %s", what,
+				       r.body.data);
+		if (c->msg_prefix)
+			cr_assert(!strncmp(jstr(r.json, "error.message"), c->msg_prefix, strlen(c->msg_prefix)),
+				  "%s: message %s", what, jstr(r.json, "error.message"));
+		resp_free(&r);
+	}
+	free(too_many);
+
+	/* 405 names what is allowed. */
+	struct resp r = http("DELETE", "/jobs", NULL);
+	char allow[64];
+
+	header(&r, "Allow", allow, sizeof(allow));
+	cr_assert(strstr(allow, "GET") && strstr(allow, "POST"), "Allow: %s", allow);
+	resp_free(&r);
+
+	r = http("GET", "/healthz", NULL);
+	expect_status(&r, 200, "healthz after the abuse");
+	resp_free(&r);
+}
+
+Test(api, body_limits)
+{
+	size_t big = (size_t)2 << 20;
+	char *body = malloc(big + 1);
+	struct resp r;
+
+	memset(body, ' ', big);
+	body[0] = '{';
+	body[big - 1] = '}';
+	body[big] = '\0';
+	r = http("POST", "/jobs", body);
+	expect_status(&r, 413, "declared Content-Length over the cap");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "payload_too_large");
+	resp_free(&r);
+
+	r = http_full("POST", "/jobs", NULL, NULL, big);
+	expect_status(&r, 413, "chunked body over the cap");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "payload_too_large");
+	resp_free(&r);
+
+	/* Just under the cap is fine (a spec padded with whitespace). */
+	memset(body, ' ', (size_t)1 << 20);
+	memcpy(body, "{\"name\": \"pad\"}", 15);
+	body[(size_t)1 << 20] = '\0';
+	r = http("POST", "/jobs", body);
+	expect_status(&r, 201, "body at the cap");
+	resp_free(&r);
+	free(body);
+
+	r = http("GET", "/healthz", NULL);
+	expect_status(&r, 200, "healthz after big bodies");
+	resp_free(&r);
+}
+
+/* ---- auth and start ---- */
+
+Test(api, bearer_tokens)
+{
+	const char *const tokens[] = {"s3cret", "other-token", NULL};
+	struct start_opts o = {.tokens = tokens};
+	char h[128];
+	struct resp r;
+
+	restart(&o);
+	r = http("GET", "/healthz", NULL);
+	expect_status(&r, 200, "healthz needs no token");
+	resp_free(&r);
+
+	r = http("GET", "/version", NULL);
+	expect_status(&r, 401, "no token");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "unauthorized");
+	cr_assert(!strncmp(header(&r, "WWW-Authenticate", h, sizeof(h)), "Bearer", 6), "%s", h);
+	resp_free(&r);
+
+	r = http("GET", "/nope", NULL);
+	expect_status(&r, 401, "unknown route without a token");
+	resp_free(&r);
+
+	r = http_full("GET", "/jobs", NULL, (const char *const[]){"Authorization: Basic dXNlcjpwdw==", NULL}, 0);
+	expect_status(&r, 401, "not a bearer token");
+	resp_free(&r);
+
+	token = "s3cre";
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 403, "wrong token");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "forbidden");
+	resp_free(&r);
+
+	token = "s3cret!";
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 403, "longer token");
+	resp_free(&r);
+
+	token = "other-token";
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 200, "second token");
+	resp_free(&r);
+	token = "s3cret";
+	r = http("POST", "/jobs", "{\"name\": \"authed\"}");
+	expect_status(&r, 201, "submit with token");
+	resp_free(&r);
+}
+
+Test(api, start_refuses_bad_configs)
+{
+	char err[256] = "";
+	struct start_opts o = {.host = "0.0.0.0"};
+	const char *const empty[] = {NULL};
+
+	cr_assert_null(start_with(&o, err, sizeof(err)));
+	cr_assert(strstr(err, "token"), "%s", err);
+
+	o = (struct start_opts){.tokens = empty};
+	err[0] = '\0';
+	cr_assert_null(start_with(&o, err, sizeof(err)));
+	cr_assert(strstr(err, "empty"), "%s", err);
+
+	o = (struct start_opts){.port = port};
+	err[0] = '\0';
+	cr_assert_null(start_with(&o, err, sizeof(err)));
+	cr_assert(strstr(err, "in use"), "%s", err);
+
+	o = (struct start_opts){.host = "not-an-address.invalid"};
+	err[0] = '\0';
+	cr_assert_null(start_with(&o, err, sizeof(err)));
+	cr_assert_neq(err[0], '\0');
+
+	/* Loopback IPv6 without tokens is fine (when the host has IPv6). */
+	o = (struct start_opts){.host = "::1"};
+	tr_api_t *v6 = start_with(&o, err, sizeof(err));
+
+	if (v6)
+		cr_assert_gt(tr_api_port(v6), 0);
+	tr_api_stop(v6);
+	tr_api_stop(NULL);
+}
+
+/* ---- routes and job JSON ---- */
+
+Test(api, route_table)
+{
+	size_t n;
+	const struct tr_api_route *routes = tr_api_routes(&n);
+	char params[2][32], allow[64];
+	int np = 0;
+	bool known;
+
+	cr_assert_geq(n, 18);
+	for (size_t i = 0; i < n; i++) {
+		cr_assert_not_null(routes[i].handler);
+		cr_assert_eq(routes[i].path[0], '/');
+		for (size_t j = 0; j < i; j++)
+			cr_assert(strcmp(routes[i].method, routes[j].method) || strcmp(routes[i].path, routes[j].path),
+				  "duplicate %s %s", routes[i].method, routes[i].path);
+	}
+	const struct tr_api_route *r = tr_api_route_match("GET", "/jobs/17/metrics", params, 2, &np, &known);
+
+	cr_assert_not_null(r);
+	cr_assert_str_eq(r->path, "/jobs/{id}/metrics");
+	cr_assert_eq(np, 1);
+	cr_assert_str_eq(params[0], "17");
+	cr_assert_null(tr_api_route_match("PUT", "/jobs/17", params, 2, &np, &known));
+	cr_assert(known);
+	cr_assert_null(tr_api_route_match("GET", "/jobs/17/x", params, 2, &np, &known));
+	cr_assert(!known);
+	tr_api_route_allow("/jobs/{x}", allow, sizeof(allow));
+	cr_assert_str_eq(allow, "GET, PATCH, DELETE");
+}
+
+Test(api, job_json_from_row)
+{
+	struct tr_job_row row = {
+		.id = 9,
+		.name = "n",
+		.state = "failed",
+		.priority = 3,
+		.spec = "{\"epochs\": 2}",
+		.devices = "[0, 1]",
+		.error = "{\"code\": \"loader\", \"message\": \"x.csv line 3\", \"step\": 7}",
+		.submitted_at = 1700000000.1234,
+		.started_at = 1700000001.9996,
+		.finished_at = 0,
+		.step = 7,
+		.total_steps = 10,
+		.epoch = 0,
+		.loss = NAN,
+	};
+	json_t *live = json_pack("{s:I, s:f}", "step", (json_int_t)8, "eta_s", 3.0);
+	json_t *j = tr_api_job_json(&row, live);
+
+	cr_assert_not_null(j);
+	cr_assert_eq(jint(j, "id"), 9);
+	cr_assert_str_eq(jstr(j, "state"), "failed");
+	cr_assert_eq(jint(json_object_get(j, "spec"), "epochs"), 2);
+	cr_assert_eq(json_array_size(json_object_get(j, "devices")), 2);
+	cr_assert_str_eq(jstr(j, "error.code"), "loader");
+	cr_assert_str_eq(jstr(j, "submitted_at"), "2023-11-14T22:13:20.123Z");
+	cr_assert_str_eq(jstr(j, "started_at"), "2023-11-14T22:13:22.000Z");
+	cr_assert(json_is_null(json_object_get(j, "finished_at")));
+	cr_assert_eq(jint(json_object_get(j, "progress"), "step"), 8, "live values win");
+	cr_assert(json_is_null(json_object_get(json_object_get(j, "progress"), "loss")));
+	json_decref(j);
+	json_decref(live);
+}
+
+/* ---- SSE ---- */
+
+struct frame {
+	int64_t id;
+	char type[32];
+	char *data;
+};
+
+struct sse_client {
+	char path[256];
+	char last_event_id[32];
+	struct buf got;
+	pthread_mutex_t lock;
+	long status;
+	CURLcode rc;
+	char content_type[128];
+	double elapsed;
+};
+
+static size_t sse_on_data(char *p, size_t size, size_t n, void *cls)
+{
+	struct sse_client *c = cls;
+	size_t rc;
+
+	pthread_mutex_lock(&c->lock);
+	rc = on_data(p, size, n, &c->got);
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+static void *sse_run(void *cls)
+{
+	struct sse_client *c = cls;
+	struct curl_slist *list = NULL;
+	char url[512], h[64], *ct = NULL;
+	double t0 = now_s();
+	CURL *e = curl_easy_init();
+
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", port, c->path);
+	curl_easy_setopt(e, CURLOPT_URL, url);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sse_on_data);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
+	curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
+	if (c->last_event_id[0]) {
+		snprintf(h, sizeof(h), "Last-Event-ID: %s", c->last_event_id);
+		list = curl_slist_append(list, h);
+	}
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, list);
+	c->rc = curl_easy_perform(e);
+	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &c->status);
+	curl_easy_getinfo(e, CURLINFO_CONTENT_TYPE, &ct);
+	snprintf(c->content_type, sizeof(c->content_type), "%s", ct ? ct : "");
+	c->elapsed = now_s() - t0;
+	curl_slist_free_all(list);
+	curl_easy_cleanup(e);
+	return NULL;
+}
+
+static void sse_init(struct sse_client *c, int64_t job, const char *last_id)
+{
+	memset(c, 0, sizeof(*c));
+	snprintf(c->path, sizeof(c->path), "/jobs/%" PRId64 "/events", job);
+	snprintf(c->last_event_id, sizeof(c->last_event_id), "%s", last_id ? last_id : "");
+	pthread_mutex_init(&c->lock, NULL);
+}
+
+/* Parses "id:/event:/data:" frames; comments and retry lines are skipped. */
+static int parse_frames(const char *text, struct frame *out, int max)
+{
+	int n = 0;
+	const char *p = text;
+
+	while (p && *p && n < max) {
+		const char *end = strstr(p, "\n\n");
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		char *blk = strndup(p, len), *save = NULL;
+		struct frame f = {0};
+		bool any = false;
+
+		for (char *line = strtok_r(blk, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+			if (!strncmp(line, "id: ", 4)) {
+				f.id = strtoll(line + 4, NULL, 10);
+				any = true;
+			} else if (!strncmp(line, "event: ", 7)) {
+				snprintf(f.type, sizeof(f.type), "%s", line + 7);
+			} else if (!strncmp(line, "data: ", 6)) {
+				f.data = strdup(line + 6);
+			}
+		}
+		free(blk);
+		if (any)
+			out[n++] = f;
+		else
+			free(f.data);
+		p = end ? end + 2 : NULL;
+	}
+	return n;
+}
+
+static void frames_free(struct frame *f, int n)
+{
+	for (int i = 0; i < n; i++)
+		free(f[i].data);
+}
+
+static bool wait_for(struct sse_client *c, const char *needle, double seconds)
+{
+	double until = now_s() + seconds;
+
+	while (now_s() < until) {
+		bool found;
+
+		pthread_mutex_lock(&c->lock);
+		found = c->got.data && strstr(c->got.data, needle);
+		pthread_mutex_unlock(&c->lock);
+		if (found)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+static int count_type(const struct frame *f, int n, const char *type)
+{
+	int k = 0;
+
+	for (int i = 0; i < n; i++)
+		k += !strcmp(f[i].type, type);
+	return k;
+}
+
+Test(api, sse_live_then_resume_without_duplicates)
+{
+	int64_t id = submit("sse");
+	struct sse_client c, again;
+	struct frame f[64], g[64];
+	pthread_t th;
+	int n, m;
+	char last[32];
+
+	sse_init(&c, id, NULL);
+	pthread_create(&th, NULL, sse_run, &c);
+	cr_assert(wait_for(&c, "retry:", 5), "stream opened");
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(store, id, "loss", 1, 0, now_s(), 0.5), 0);
+	cr_assert_eq(tr_store_log_append(store, id, 6, "step 1 done"), 0);
+	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert(wait_for(&c, "step 1 done", 5), "live log event arrives");
+	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL), 0);
+	pthread_join(th, NULL);
+
+	cr_assert_eq(c.rc, CURLE_OK, "%s", curl_easy_strerror(c.rc));
+	cr_assert_eq(c.status, 200);
+	cr_assert_str_eq(c.content_type, "text/event-stream");
+	n = parse_frames(c.got.data, f, 64);
+	cr_assert_geq(count_type(f, n, "state"), 2, "%s", c.got.data);
+	cr_assert_eq(count_type(f, n, "metrics"), 1, "%s", c.got.data);
+	cr_assert_eq(count_type(f, n, "log"), 1, "%s", c.got.data);
+	cr_assert_str_eq(f[n - 1].type, "state", "the stream ends on the terminal state");
+	json_t *d = json_loads(f[n - 1].data, 0, NULL);
+
+	cr_assert_str_eq(jstr(d, "state"), "completed");
+	json_decref(d);
+	for (int i = 1; i < n; i++)
+		cr_assert_gt(f[i].id, f[i - 1].id, "ids increase");
+
+	/* Monitors may arrive after the end; a reconnect picks them up,
+	 * and only them. */
+	cr_assert_eq(tr_store_metric_append(store, id, "late", 5, 0, now_s(), 1.0), 0);
+	cr_assert_eq(tr_store_flush(store), 0);
+	snprintf(last, sizeof(last), "%" PRId64, f[n - 1].id);
+	sse_init(&again, id, last);
+	sse_run(&again);
+	m = parse_frames(again.got.data, g, 64);
+	cr_assert_eq(m, 1, "%s", again.got.data);
+	cr_assert_str_eq(g[0].type, "metrics");
+	cr_assert(strstr(g[0].data, "late"));
+
+	/* Resuming from the middle of the history gives exactly the rest. */
+	int k = n / 2;
+
+	frames_free(g, m);
+	free(again.got.data);
+	snprintf(last, sizeof(last), "%" PRId64, f[k].id);
+	sse_init(&again, id, last);
+	sse_run(&again);
+	m = parse_frames(again.got.data, g, 64);
+	cr_assert_eq(m, n - k - 1 + 1, "rest of history plus the late metrics: %s", again.got.data);
+	for (int i = 0; i < n - k - 1; i++) {
+		cr_assert_eq(g[i].id, f[k + 1 + i].id);
+		cr_assert_str_eq(g[i].data, f[k + 1 + i].data);
+	}
+	frames_free(g, m);
+	free(again.got.data);
+
+	/* The query parameter works like the header. */
+	char path[128];
+	struct resp r;
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/events?last_event_id=%" PRId64, id, f[n - 2].id);
+	r = http("GET", path, NULL);
+	cr_assert_eq(r.status, 200);
+	m = parse_frames(r.body.data, g, 64);
+	cr_assert_eq(m, 2, "%s", r.body.data);
+	cr_assert_eq(g[0].id, f[n - 1].id);
+	frames_free(g, m);
+	resp_free(&r);
+
+	frames_free(f, n);
+	free(c.got.data);
+}
+
+Test(api, sse_heartbeat)
+{
+	struct start_opts o = {.heartbeat_s = 1};
+	int64_t id;
+	struct sse_client c;
+	pthread_t th;
+
+	restart(&o);
+	id = submit("hb");
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL), 0);
+	sse_init(&c, id, NULL);
+	pthread_create(&th, NULL, sse_run, &c);
+	cr_assert(wait_for(&c, ": keepalive\n\n", 5), "a keepalive comment within the heartbeat");
+	cr_assert_eq(tr_store_job_set_state(store, id, "failed", "{\"code\":\"x\",\"message\":\"y\"}", NULL), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(c.rc, CURLE_OK);
+	free(c.got.data);
+}
+
+Test(api, sse_ends_when_job_is_deleted)
+{
+	struct start_opts o = {.heartbeat_s = 1};
+	struct sse_client c;
+	pthread_t th;
+	int64_t id;
+
+	restart(&o);
+	id = submit("gone");
+	struct resp r = http("GET", "/jobs/999/events", NULL);
+
+	expect_status(&r, 404, "events of an unknown job");
+	resp_free(&r);
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL), 0);
+	sse_init(&c, id, NULL);
+	pthread_create(&th, NULL, sse_run, &c);
+	cr_assert(wait_for(&c, "event: state", 5));
+	cr_assert_eq(tr_store_job_delete(store, id), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(c.rc, CURLE_OK);
+	cr_assert_lt(c.elapsed, 5.0);
+	free(c.got.data);
+}
+
+Test(api, stop_ends_open_streams_promptly)
+{
+	int64_t id = submit("long");
+	struct sse_client c;
+	pthread_t th;
+	double t0;
+
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL), 0);
+	sse_init(&c, id, NULL);
+	pthread_create(&th, NULL, sse_run, &c);
+	cr_assert(wait_for(&c, "event: state", 5), "history replayed: %s", c.got.data ? c.got.data : "");
+	t0 = now_s();
+	tr_api_stop(api);
+	api = NULL;
+	cr_assert_lt(now_s() - t0, 2.0, "tr_api_stop took %.2f s", now_s() - t0);
+	pthread_join(th, NULL);
+	cr_assert_lt(c.elapsed, 10.0);
+	free(c.got.data);
+}

@@ -1,0 +1,1161 @@
+/* Storage: schema versions, jobs, events, the metrics queue and writer,
+ * downsampling (checked against a brute-force computation, and timed on a
+ * million points), truncation, logs and concurrent use. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "storage/store.h"
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static char dir[64], db_path[128];
+
+static void make_dir(void)
+{
+	snprintf(dir, sizeof dir, "/tmp/trstore-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(db_path, sizeof db_path, "%s/state.db", dir);
+}
+
+static void remove_dir(void)
+{
+	const char *suffix[] = {"", "-wal", "-shm"};
+	char p[160];
+	for (int i = 0; i < 3; i++) {
+		snprintf(p, sizeof p, "%s%s", db_path, suffix[i]);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
+TestSuite(schema, .init = make_dir, .fini = remove_dir);
+TestSuite(jobs, .init = make_dir, .fini = remove_dir);
+TestSuite(events, .init = make_dir, .fini = remove_dir);
+TestSuite(metrics, .init = make_dir, .fini = remove_dir);
+TestSuite(logs, .init = make_dir, .fini = remove_dir);
+TestSuite(store, .init = make_dir, .fini = remove_dir);
+
+static tr_store_t *open_store(const struct tr_store_options *opts)
+{
+	tr_store_t *s = NULL;
+	char err[256] = "";
+	int rc = tr_store_open(db_path, opts, &s, err, sizeof err);
+	cr_assert_eq(rc, 0, "open: %d %s", rc, err);
+	return s;
+}
+
+static int64_t add_job(tr_store_t *s, const char *name, int priority)
+{
+	struct tr_job_row r = {.name = (char *)name, .spec = "{\"epochs\":1}", .priority = priority};
+	int rc = tr_store_job_insert(s, &r, NULL);
+	cr_assert_eq(rc, 0, "insert: %s", tr_store_error(s));
+	cr_assert_gt(r.id, 0);
+	return r.id;
+}
+
+/* A single integer from SQL run on a separate raw connection. */
+static int64_t sql_int(const char *sql)
+{
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql, sqlite3_errmsg(db));
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	int64_t v = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return v;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static json_t *series_of(json_t *result, const char *name)
+{
+	return json_object_get(json_object_get(result, "series"), name);
+}
+
+static size_t count_events(tr_store_t *s, int64_t job, const char *type)
+{
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n), 0);
+	size_t k = 0;
+	for (int i = 0; i < n; i++)
+		k += strcmp(ev[i].type, type) == 0;
+	tr_events_free(ev, n);
+	return k;
+}
+
+/* ---- schema -------------------------------------------------------------------- */
+
+Test(schema, open_migrate_reopen)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	cr_assert_eq(tr_store_integrity_check(s), 0);
+	tr_store_close(s);
+	int64_t v = sql_int("PRAGMA user_version");
+	cr_assert_geq(v, 1);
+
+	s = open_store(NULL);
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_str_eq(r.name, "a");
+	tr_job_row_finish(&r);
+	tr_store_close(s);
+	cr_assert_eq(sql_int("PRAGMA user_version"), v, "reopening must not migrate again");
+
+	sqlite3 *db;
+	sqlite3_open(db_path, &db);
+	sqlite3_stmt *st;
+	sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	cr_assert_str_eq((const char *)sqlite3_column_text(st, 0), "wal");
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+}
+
+Test(schema, refuses_newer_version)
+{
+	tr_store_close(open_store(NULL));
+	int64_t v = sql_int("PRAGMA user_version");
+	sqlite3 *db;
+	sqlite3_open(db_path, &db);
+	cr_assert_eq(sqlite3_exec(db, "PRAGMA user_version=99", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+
+	tr_store_t *s = NULL;
+	char err[256] = "";
+	int rc = tr_store_open(db_path, NULL, &s, err, sizeof err);
+	cr_assert_lt(rc, 0);
+	cr_assert_null(s);
+	char known[16];
+	snprintf(known, sizeof known, "%lld", (long long)v);
+	cr_assert_not_null(strstr(err, "99"), "%s", err);
+	cr_assert_not_null(strstr(err, known), "%s", err);
+	cr_assert_eq(sql_int("PRAGMA user_version"), 99, "a refused database is left alone");
+}
+
+Test(schema, bad_path_is_an_error)
+{
+	tr_store_t *s = NULL;
+	char err[256] = "";
+	cr_assert_lt(tr_store_open("/nonexistent-dir/x/state.db", NULL, &s, err, sizeof err), 0);
+	cr_assert_null(s);
+	cr_assert_not_null(strstr(err, "/nonexistent-dir/x/state.db"), "%s", err);
+	tr_store_close(NULL);
+}
+
+/* ---- jobs ---------------------------------------------------------------------- */
+
+Test(jobs, insert_and_get)
+{
+	tr_store_t *s = open_store(NULL);
+	struct tr_job_row in = {.name = "mlp",
+				.spec = "{\"a\":1}",
+				.normalized = "{\"a\":1,\"b\":2}",
+				.priority = 3,
+				.idempotency_key = "k1",
+				.request_hash = "abc"};
+	cr_assert_eq(tr_store_job_insert(s, &in, NULL), 0);
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, in.id, &r), 0);
+	cr_assert_eq(r.id, in.id);
+	cr_assert_str_eq(r.name, "mlp");
+	cr_assert_str_eq(r.state, "queued");
+	cr_assert_eq(r.priority, 3);
+	cr_assert_str_eq(r.spec, "{\"a\":1}");
+	cr_assert_str_eq(r.normalized, "{\"a\":1,\"b\":2}");
+	cr_assert_str_eq(r.devices, "[]");
+	cr_assert_null(r.error);
+	cr_assert_str_eq(r.idempotency_key, "k1");
+	cr_assert_str_eq(r.request_hash, "abc");
+	cr_assert_gt(r.submitted_at, 1.6e9);
+	cr_assert_eq(r.started_at, 0);
+	cr_assert_eq(r.finished_at, 0);
+	cr_assert(isnan(r.loss));
+	tr_job_row_finish(&r);
+	tr_job_row_finish(&r); /* a finished row is a zeroed row */
+
+	cr_assert_eq(tr_store_job_get(s, 9999, &r), -ENOENT);
+	cr_assert_not_null(strstr(tr_store_error(s), "9999"));
+	struct tr_job_row bad = {.name = "x"};
+	cr_assert_eq(tr_store_job_insert(s, &bad, NULL), -EINVAL);
+	tr_store_close(s);
+}
+
+Test(jobs, list_filter_and_cursor)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t ids[7];
+	for (int i = 0; i < 7; i++)
+		ids[i] = add_job(s, "j", 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[1], "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[4], "running", NULL, NULL), 0);
+
+	/* Pages of 3 cover every job once, in id order. */
+	int64_t after = 0, seen = 0;
+	for (;;) {
+		struct tr_job_row *rows;
+		int n;
+		cr_assert_eq(tr_store_job_list(s, NULL, after, 3, &rows, &n), 0);
+		cr_assert_leq(n, 3);
+		for (int i = 0; i < n; i++) {
+			cr_assert_eq(rows[i].id, ids[seen++]);
+			tr_job_row_finish(&rows[i]);
+		}
+		if (n)
+			after = ids[seen - 1];
+		free(rows);
+		if (n < 3)
+			break;
+	}
+	cr_assert_eq(seen, 7);
+
+	struct tr_job_row *rows;
+	int n;
+	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n), 0);
+	cr_assert_eq(n, 2);
+	cr_assert_eq(rows[0].id, ids[1]);
+	cr_assert_eq(rows[1].id, ids[4]);
+	for (int i = 0; i < n; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+	cr_assert_eq(tr_store_job_list(s, "running", ids[1], 10, &rows, &n), 0);
+	cr_assert_eq(n, 1);
+	tr_job_row_finish(&rows[0]);
+	free(rows);
+	cr_assert_eq(tr_store_job_list(s, "failed", 0, 10, &rows, &n), 0);
+	cr_assert_eq(n, 0);
+	free(rows);
+	tr_store_close(s);
+}
+
+Test(jobs, idempotency_key)
+{
+	tr_store_t *s = open_store(NULL);
+	struct tr_job_row a = {.name = "a", .spec = "{}", .idempotency_key = "key-1", .request_hash = "h1"};
+	cr_assert_eq(tr_store_job_insert(s, &a, NULL), 0);
+	struct tr_job_row b = {.name = "b", .spec = "{}", .idempotency_key = "key-1", .request_hash = "h2"};
+	int64_t existing = 0;
+	cr_assert_eq(tr_store_job_insert(s, &b, &existing), -EEXIST);
+	cr_assert_eq(existing, a.id);
+	cr_assert_eq(b.id, 0);
+	struct tr_job_row c = {.name = "c", .spec = "{}", .idempotency_key = "key-2"};
+	cr_assert_eq(tr_store_job_insert(s, &c, &existing), 0);
+	cr_assert_neq(c.id, a.id);
+	/* Jobs without a key never collide. */
+	add_job(s, "d", 0);
+	add_job(s, "e", 0);
+	tr_store_close(s);
+}
+
+Test(jobs, set_state_stamps_times_and_adds_events)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0,1]"), 0);
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_str_eq(r.state, "running");
+	cr_assert_str_eq(r.devices, "[0,1]");
+	double started = r.started_at;
+	cr_assert_gt(started, 0);
+	cr_assert_eq(r.finished_at, 0);
+	tr_job_row_finish(&r);
+
+	usleep(20000);
+	cr_assert_eq(tr_store_job_set_state(s, id, "paused", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	const char *error = "{\"code\":\"loader\",\"message\":\"x.csv:3: bad\",\"step\":7}";
+	cr_assert_eq(tr_store_job_set_state(s, id, "failed", error, NULL), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(r.started_at, started, "started_at is stamped the first time only");
+	cr_assert_gt(r.finished_at, started);
+	cr_assert_str_eq(r.devices, "[0,1]", "NULL devices leaves them unchanged");
+	cr_assert_str_eq(r.error, error);
+	tr_job_row_finish(&r);
+
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n), 0);
+	cr_assert_eq(n, 4);
+	const char *want[] = {"running", "paused", "running", "failed"};
+	for (int i = 0; i < n; i++) {
+		cr_assert_str_eq(ev[i].type, "state");
+		cr_assert_eq(ev[i].job_id, id);
+		if (i)
+			cr_assert_gt(ev[i].id, ev[i - 1].id);
+		json_t *d = json_loads(ev[i].data, 0, NULL);
+		cr_assert_not_null(d);
+		cr_assert_str_eq(json_string_value(json_object_get(d, "state")), want[i]);
+		json_t *e = json_object_get(d, "error");
+		if (i < 3)
+			cr_assert(json_is_null(e));
+		else
+			cr_assert_eq(json_integer_value(json_object_get(e, "step")), 7);
+		json_decref(d);
+	}
+	cr_assert_eq(tr_store_last_event_id(s), ev[n - 1].id);
+	tr_events_free(ev, n);
+
+	cr_assert_eq(tr_store_job_set_state(s, id, "exploded", NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, id, "failed", "{not json", NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, 12345, "running", NULL, NULL), -ENOENT);
+	tr_store_close(s);
+}
+
+Test(jobs, list_states_priority_order)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t low = add_job(s, "low", 0);
+	int64_t high = add_job(s, "high", 10);
+	int64_t mid1 = add_job(s, "mid1", 5);
+	int64_t mid2 = add_job(s, "mid2", 5);
+	int64_t done = add_job(s, "done", 100);
+	int64_t intr = add_job(s, "interrupted", 1);
+	cr_assert_eq(tr_store_job_set_state(s, done, "completed", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, intr, "interrupted", NULL, NULL), 0);
+
+	const char *const states[] = {"queued", "interrupted", NULL};
+	struct tr_job_row *rows;
+	int n;
+	cr_assert_eq(tr_store_job_list_states(s, states, &rows, &n), 0);
+	int64_t want[] = {high, mid1, mid2, intr, low};
+	cr_assert_eq(n, 5);
+	for (int i = 0; i < n; i++) {
+		cr_assert_eq(rows[i].id, want[i], "position %d", i);
+		tr_job_row_finish(&rows[i]);
+	}
+	free(rows);
+
+	cr_assert_eq(tr_store_job_set_priority(s, low, 50), 0);
+	cr_assert_eq(tr_store_job_set_priority(s, 999, 1), -ENOENT);
+	const char *const queued[] = {"queued", NULL};
+	cr_assert_eq(tr_store_job_list_states(s, queued, &rows, &n), 0);
+	cr_assert_eq(n, 4);
+	cr_assert_eq(rows[0].id, low);
+	for (int i = 0; i < n; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+	tr_store_close(s);
+}
+
+Test(jobs, progress)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	cr_assert_eq(tr_store_job_set_progress(s, id, 40, 100, 2, 0.25), 0);
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(r.step, 40);
+	cr_assert_eq(r.total_steps, 100);
+	cr_assert_eq(r.epoch, 2);
+	cr_assert_float_eq(r.loss, 0.25, 1e-12);
+	cr_assert_gt(r.updated_at, 0);
+	tr_job_row_finish(&r);
+	cr_assert_eq(tr_store_job_set_progress(s, id, 41, 100, 2, NAN), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert(isnan(r.loss));
+	tr_job_row_finish(&r);
+	cr_assert_eq(tr_store_job_set_progress(s, 777, 1, 1, 1, 1), -ENOENT);
+	tr_store_close(s);
+}
+
+Test(jobs, delete_cascades)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+	for (int64_t job = a; job <= b; job++) {
+		cr_assert_eq(tr_store_job_set_state(s, job, "running", NULL, NULL), 0);
+		for (int i = 0; i < 100; i++)
+			cr_assert_eq(tr_store_metric_append(s, job, "loss", i, 0, 1.0, i * 0.5), 0);
+		cr_assert_eq(tr_store_log_append(s, job, 6, "hello"), 0);
+	}
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_gt(sql_int("SELECT count(*) FROM metrics_rollup"), 0);
+	cr_assert_eq(tr_store_job_delete(s, a), 0);
+	cr_assert_eq(tr_store_job_delete(s, a), -ENOENT);
+
+	char sql[128];
+	const char *tables[] = {"metrics", "metrics_rollup", "events", "logs"};
+	for (int t = 0; t < 4; t++) {
+		snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE job_id = %lld", tables[t], (long long)a);
+		cr_assert_eq(sql_int(sql), 0, "%s", tables[t]);
+		snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE job_id = %lld", tables[t], (long long)b);
+		cr_assert_gt(sql_int(sql), 0, "%s of the other job", tables[t]);
+	}
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, a, &r), -ENOENT);
+	/* Ids are never reused: URLs and Last-Event-IDs stay unambiguous. */
+	int64_t c = add_job(s, "c", 0);
+	cr_assert_gt(c, b);
+	cr_assert_eq(tr_store_integrity_check(s), 0);
+	tr_store_close(s);
+}
+
+/* ---- metrics ------------------------------------------------------------------- */
+
+Test(metrics, append_flush_query)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	for (int i = 0; i < 50; i++) {
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, i / 10, 1000.0 + i, 1.0 / (i + 1)), 0);
+		if (i % 5 == 0)
+			cr_assert_eq(tr_store_metric_append(s, id, "val_loss", i, i / 10, 2000.0 + i, 2.0 * i), 0);
+	}
+	cr_assert_eq(tr_store_metric_append(s, id, "lr", 3, 0, 1, NAN), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "lr", 4, 0, 1, INFINITY), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "", 4, 0, 1, 1), -EINVAL);
+	cr_assert_eq(tr_store_metric_append(s, 0, "x", 4, 0, 1, 1), -EINVAL);
+	cr_assert_eq(tr_store_flush(s), 0);
+
+	json_t *names = tr_store_metric_names(s, id);
+	cr_assert_eq(json_array_size(names), 3);
+	cr_assert_str_eq(json_string_value(json_array_get(names, 0)), "loss");
+	cr_assert_str_eq(json_string_value(json_array_get(names, 1)), "lr");
+	cr_assert_str_eq(json_string_value(json_array_get(names, 2)), "val_loss");
+	json_decref(names);
+
+	struct tr_metrics_query q = {.from_step = 0, .to_step = INT64_MAX};
+	json_t *res = tr_store_metrics_query(s, id, &q);
+	cr_assert_not_null(res, "%s", tr_store_error(s));
+	const char *key;
+	json_t *val;
+	const char *order[] = {"loss", "lr", "val_loss"};
+	int k = 0;
+	json_object_foreach(json_object_get(res, "series"), key, val)
+		cr_assert_str_eq(key, order[k++], "series in name order");
+	cr_assert_eq(k, 3);
+	json_t *loss = series_of(res, "loss");
+	cr_assert_eq(json_array_size(json_object_get(loss, "steps")), 50);
+	cr_assert_null(json_object_get(loss, "epochs"));
+	cr_assert_null(json_object_get(loss, "times"));
+	for (int i = 0; i < 50; i++) {
+		cr_assert_eq(json_integer_value(json_array_get(json_object_get(loss, "steps"), i)), i);
+		cr_assert_eq(json_real_value(json_array_get(json_object_get(loss, "values"), i)), 1.0 / (i + 1));
+	}
+	json_t *lr = json_object_get(series_of(res, "lr"), "values");
+	cr_assert(json_is_null(json_array_get(lr, 0)), "NaN comes out as null");
+	cr_assert(json_is_null(json_array_get(lr, 1)), "inf comes out as null");
+	json_decref(res);
+
+	const char *const only[] = {"val_loss", "nope", NULL};
+	q = (struct tr_metrics_query){
+		.names = only, .from_step = 10, .to_step = 30, .with_epochs = true, .with_times = true};
+	res = tr_store_metrics_query(s, id, &q);
+	cr_assert_not_null(res);
+	cr_assert_eq(json_object_size(json_object_get(res, "series")), 1);
+	json_t *vl = series_of(res, "val_loss");
+	json_t *steps = json_object_get(vl, "steps"), *epochs = json_object_get(vl, "epochs"),
+	       *times = json_object_get(vl, "times");
+	cr_assert_eq(json_array_size(steps), 5); /* 10 15 20 25 30 */
+	for (int i = 0; i < 5; i++) {
+		int step = 10 + 5 * i;
+		cr_assert_eq(json_integer_value(json_array_get(steps, i)), step);
+		cr_assert_eq(json_integer_value(json_array_get(epochs, i)), step / 10);
+		cr_assert_eq(json_real_value(json_array_get(times, i)), 2000.0 + step);
+	}
+	json_decref(res);
+
+	q = (struct tr_metrics_query){.to_step = INT64_MAX, .max_points = -1};
+	cr_assert_null(tr_store_metrics_query(s, id, &q));
+	cr_assert_not_null(strstr(tr_store_error(s), "max_points"));
+	/* Other jobs see nothing. */
+	q.max_points = 0;
+	res = tr_store_metrics_query(s, id + 100, &q);
+	cr_assert_eq(json_object_size(json_object_get(res, "series")), 0);
+	json_decref(res);
+	tr_store_close(s);
+}
+
+Test(metrics, queryable_within_a_second_without_flush)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	double t0 = now_ms();
+	cr_assert_eq(tr_store_metric_append(s, id, "loss", 1, 0, 1, 0.5), 0);
+	const char *const loss[] = {"loss", NULL};
+	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX};
+	double seen = -1;
+	while (now_ms() - t0 < 2000) {
+		json_t *res = tr_store_metrics_query(s, id, &q);
+		bool found = series_of(res, "loss") != NULL;
+		json_decref(res);
+		if (found) {
+			seen = now_ms() - t0;
+			break;
+		}
+		usleep(5000);
+	}
+	cr_assert(seen >= 0 && seen < 1000, "visible after %.0f ms", seen);
+	tr_store_close(s);
+}
+
+/* Brute force: every point of [lo, hi] in step order (ties in insertion
+ * order), bucket k = ceil((off + 1) * nb / span) - 1. */
+struct bpt {
+	int64_t step;
+	double value;
+};
+
+static int vcmp(double a, double b)
+{
+	if (isnan(a))
+		return isnan(b) ? 0 : 1;
+	if (isnan(b))
+		return -1;
+	return (a > b) - (a < b);
+}
+
+static int cmp_bpt(const void *a, const void *b)
+{
+	const struct bpt *x = a, *y = b;
+	return (x->step > y->step) - (x->step < y->step);
+}
+
+/* Expected output for pts (sorted by step) within [from, to]. */
+static size_t brute(const struct bpt *pts, size_t n, int64_t from, int64_t to, int max_points, struct bpt *out)
+{
+	size_t i0 = 0, i1 = n;
+	while (i0 < n && pts[i0].step < from)
+		i0++;
+	while (i1 > i0 && pts[i1 - 1].step > to)
+		i1--;
+	if (i0 == i1)
+		return 0;
+	size_t total = i1 - i0, m = 0;
+	if (max_points == 0 || total <= (size_t)max_points) {
+		memcpy(out, pts + i0, total * sizeof *out);
+		return total;
+	}
+	int64_t lo = pts[i0].step, hi = pts[i1 - 1].step, span = hi - lo + 1;
+	int64_t nb = max_points > 1 ? max_points / 2 : 1;
+	if (nb > span)
+		nb = span;
+	size_t i = i0;
+	for (int64_t k = 0; k < nb; k++) {
+		const struct bpt *mn = NULL, *mx = NULL;
+		for (; i < i1; i++) {
+			int64_t off = pts[i].step - lo;
+			int64_t bk = ((off + 1) * nb + span - 1) / span - 1;
+			if (bk != k)
+				break;
+			if (!mn || vcmp(pts[i].value, mn->value) < 0)
+				mn = &pts[i];
+			if (!mx || vcmp(pts[i].value, mx->value) > 0)
+				mx = &pts[i];
+		}
+		if (!mn)
+			continue;
+		if (max_points == 1 || (mn->step == mx->step && vcmp(mn->value, mx->value) == 0)) {
+			out[m++] = *mx;
+		} else if (mx->step < mn->step) {
+			out[m++] = *mx;
+			out[m++] = *mn;
+		} else {
+			out[m++] = *mn;
+			out[m++] = *mx;
+		}
+	}
+	return m;
+}
+
+static void check_against_brute(tr_store_t *s, int64_t job, const char *name, const struct bpt *pts, size_t n,
+				int64_t from, int64_t to, int max_points)
+{
+	struct bpt *want = malloc((n + 1) * sizeof *want);
+	size_t nw = brute(pts, n, from, to, max_points, want);
+	const char *const names[] = {name, NULL};
+	struct tr_metrics_query q = {.names = names, .from_step = from, .to_step = to, .max_points = max_points};
+	json_t *res = tr_store_metrics_query(s, job, &q);
+	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *ser = series_of(res, name);
+	json_t *steps = json_object_get(ser, "steps"), *values = json_object_get(ser, "values");
+	cr_assert_eq(json_array_size(steps), nw, "[%lld, %lld] max %d: %zu points, want %zu", (long long)from,
+		     (long long)to, max_points, json_array_size(steps), nw);
+	if (max_points)
+		cr_assert_leq(nw, (size_t)max_points);
+	for (size_t i = 0; i < nw; i++) {
+		json_t *v = json_array_get(values, i);
+		double got = json_is_null(v) ? NAN : json_real_value(v);
+		cr_assert_eq(json_integer_value(json_array_get(steps, i)), want[i].step,
+			     "[%lld, %lld] max %d: point %zu", (long long)from, (long long)to, max_points, i);
+		cr_assert(vcmp(got, want[i].value) == 0 || (!isfinite(got) && !isfinite(want[i].value)),
+			  "[%lld, %lld] max %d: point %zu: %g, want %g", (long long)from, (long long)to,
+			  max_points, i, got, want[i].value);
+	}
+	json_decref(res);
+	free(want);
+}
+
+Test(metrics, downsample_keeps_bucket_extremes)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	int n = 10000;
+	for (int i = 0; i < n; i++) {
+		double v = sin(i * 0.01);
+		if (i == 1234)
+			v = 100; /* a spike must survive */
+		if (i == 8765)
+			v = -100;
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, v), 0);
+	}
+	cr_assert_eq(tr_store_flush(s), 0);
+	const char *const loss[] = {"loss", NULL};
+	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 100};
+	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *steps = json_object_get(series_of(res, "loss"), "steps");
+	json_t *values = json_object_get(series_of(res, "loss"), "values");
+	size_t m = json_array_size(steps);
+	cr_assert_leq(m, 100);
+	cr_assert_geq(m, 50);
+	bool spike = false, dip = false;
+	for (size_t i = 0; i < m; i++) {
+		int64_t st = json_integer_value(json_array_get(steps, i));
+		if (i)
+			cr_assert_geq(st, json_integer_value(json_array_get(steps, i - 1)), "step order");
+		spike |= st == 1234 && json_real_value(json_array_get(values, i)) == 100;
+		dip |= st == 8765 && json_real_value(json_array_get(values, i)) == -100;
+	}
+	cr_assert(spike && dip);
+	/* 50 buckets of 200 steps: bucket k keeps its min and max. */
+	for (int k = 0; k < 50; k++) {
+		double lo = INFINITY, hi = -INFINITY, got_lo = INFINITY, got_hi = -INFINITY;
+		for (int i = k * 200; i < (k + 1) * 200; i++) {
+			double v = i == 1234 ? 100 : i == 8765 ? -100 : sin(i * 0.01);
+			lo = fmin(lo, v);
+			hi = fmax(hi, v);
+		}
+		for (size_t i = 0; i < m; i++) {
+			int64_t st = json_integer_value(json_array_get(steps, i));
+			if (st / 200 == k) {
+				got_lo = fmin(got_lo, json_real_value(json_array_get(values, i)));
+				got_hi = fmax(got_hi, json_real_value(json_array_get(values, i)));
+			}
+		}
+		cr_assert_eq(got_lo, lo, "bucket %d", k);
+		cr_assert_eq(got_hi, hi, "bucket %d", k);
+	}
+	json_decref(res);
+	tr_store_close(s);
+}
+
+Test(metrics, downsample_matches_brute_force_1e5)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	size_t n = 100000;
+	struct bpt *pts = malloc(n * sizeof *pts);
+	srand(7);
+	int64_t step = 3;
+	for (size_t i = 0; i < n; i++) {
+		/* Gaps, repeated steps, ties, a few NaNs and infinities. */
+		int r = rand() % 100;
+		step += r < 70 ? 1 : r < 80 ? 0 : r < 97 ? rand() % 40 : 5000;
+		double v = (rand() % 2000) / 100.0;
+		if (rand() % 5000 == 0)
+			v = NAN;
+		else if (rand() % 7000 == 0)
+			v = rand() % 2 ? INFINITY : -INFINITY;
+		pts[i] = (struct bpt){step, v};
+		cr_assert_eq(tr_store_metric_append(s, id, "m", step, 0, 0, v), 0);
+		if (i % 25000 == 24999)
+			cr_assert_eq(tr_store_flush(s), 0); /* rollups merge across flushes */
+	}
+	cr_assert_eq(tr_store_flush(s), 0);
+	qsort(pts, n, sizeof *pts, cmp_bpt); /* steps were non-decreasing: a no-op, kept for clarity */
+	int64_t last = pts[n - 1].step;
+	int maxes[] = {1, 2, 3, 10, 100, 500, 999, 5000, 200000};
+	for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++)
+		check_against_brute(s, id, "m", pts, n, 0, INT64_MAX, maxes[k]);
+	srand(11);
+	for (int t = 0; t < 40; t++) {
+		int64_t a = rand() % (last + 10) - 5, b = a + rand() % (last / (1 + rand() % 50) + 1);
+		check_against_brute(s, id, "m", pts, n, a, b, 2 + rand() % 700);
+	}
+	free(pts);
+	tr_store_close(s);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	size_t n = 1000000;
+	double t0 = now_ms();
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3),
+			     0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	double t_write = now_ms() - t0;
+	const char *const loss[] = {"loss", NULL};
+	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 500};
+	double times[21];
+	for (int r = 0; r < 22; r++) {
+		double t = now_ms();
+		json_t *res = tr_store_metrics_query(s, id, &q);
+		double dt = now_ms() - t;
+		cr_assert_not_null(res);
+		size_t m = json_array_size(json_object_get(series_of(res, "loss"), "steps"));
+		cr_assert(m > 250 && m <= 500, "%zu points", m);
+		json_decref(res);
+		if (r > 0)
+			times[r - 1] = dt; /* the first run warms the page cache */
+	}
+	qsort(times, 21, sizeof times[0], cmp_double);
+	/* Also a window in the middle, which cuts blocks at both ends. */
+	q.from_step = 123457;
+	q.to_step = 876543;
+	double tw = now_ms();
+	json_t *res = tr_store_metrics_query(s, id, &q);
+	tw = now_ms() - tw;
+	json_decref(res);
+	cr_log_info("1e6 points: write+flush %.0f ms, downsample to 500: median %.2f ms (min %.2f, max %.2f),"
+		    " window %.2f ms",
+		    t_write, times[10], times[0], times[20], tw);
+	fprintf(stderr,
+		"[storage] 1e6 points: write+flush %.0f ms; downsample max_points=500 median %.2f ms (min %.2f, max "
+		"%.2f); window query %.2f ms\n",
+		t_write, times[10], times[0], times[20], tw);
+	/* Generous: sanitizer builds run this too. */
+	cr_assert_lt(times[10], 100.0, "median %.2f ms", times[10]);
+	tr_store_close(s);
+}
+
+Test(metrics, queue_full_drops_are_counted)
+{
+	struct tr_store_options o = {.metrics_queue_max = 10, .flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+	int ok = 0, dropped = 0;
+	for (int i = 0; i < 15; i++) {
+		int rc = tr_store_metric_append(s, i < 12 ? a : b, "loss", i, 0, 0, i);
+		if (rc == 0)
+			ok++;
+		else {
+			cr_assert_eq(rc, -ENOBUFS);
+			dropped++;
+		}
+	}
+	cr_assert_eq(ok, 10);
+	cr_assert_eq(dropped, 5);
+	cr_assert_eq(tr_store_metric_drops(s, a), 2);
+	cr_assert_eq(tr_store_metric_drops(s, b), 3);
+	cr_assert_eq(tr_store_metric_drops(s, 0), 5);
+	cr_assert_eq(tr_store_flush(s), 0);
+	/* Room again after the flush. */
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 100, 0, 0, 1), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 11);
+	tr_store_close(s);
+}
+
+Test(metrics, points_of_a_deleted_job_are_dropped_silently)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+	for (int i = 0; i < 10; i++) {
+		cr_assert_eq(tr_store_metric_append(s, a, "loss", i, 0, 0, i), 0);
+		cr_assert_eq(tr_store_metric_append(s, b, "loss", i, 0, 0, i), 0);
+		cr_assert_eq(tr_store_metric_append(s, 999, "loss", i, 0, 0, i), 0); /* never existed */
+	}
+	cr_assert_eq(tr_store_log_append(s, a, 3, "gone"), 0);
+	cr_assert_eq(tr_store_job_delete(s, a), 0);
+	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 10);
+	cr_assert_eq(sql_int("SELECT count(*) FROM logs"), 0);
+	cr_assert_eq(count_events(s, b, "metrics"), 1);
+	cr_assert_eq(tr_store_integrity_check(s), 0);
+	tr_store_close(s);
+}
+
+Test(metrics, truncate_replaces_replayed_steps)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	size_t n = 0;
+	struct bpt *pts = malloc(6000 * sizeof *pts);
+	for (int i = 0; i < 3000; i++) {
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, cos(i * 0.37) * 10), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "lr", i, 0, 0, i), 0);
+	}
+	/* Queued, not flushed: truncate must still remove them. */
+	cr_assert_eq(tr_store_metrics_truncate(s, id, 1999), 0);
+	for (int i = 0; i < 2000; i++)
+		pts[n++] = (struct bpt){i, cos(i * 0.37) * 10};
+	cr_assert_eq(sql_int("SELECT max(step) FROM metrics"), 1999);
+	check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, 64);
+	check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, 0);
+	/* The resumed run writes the steps again, with other values. */
+	for (int i = 2000; i < 5000; i++) {
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, sin(i * 0.11)), 0);
+		pts[n++] = (struct bpt){i, sin(i * 0.11)};
+	}
+	cr_assert_eq(tr_store_flush(s), 0);
+	for (int m = 2; m < 400; m += 37)
+		check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, m);
+	check_against_brute(s, id, "loss", pts, n, 1500, 2500, 40);
+	cr_assert_eq(tr_store_metrics_truncate(s, id, -1), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics_rollup"), 0);
+	free(pts);
+	tr_store_close(s);
+}
+
+/* ---- events -------------------------------------------------------------------- */
+
+Test(events, paging_and_metrics_exactly_once)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+	int per_flush = 7, flushes = 5;
+	for (int f = 0; f < flushes; f++) {
+		for (int i = 0; i < per_flush; i++) {
+			int step = f * per_flush + i;
+			cr_assert_eq(tr_store_metric_append(s, a, "loss", step, 0, 1.5, step * 0.25), 0);
+			cr_assert_eq(tr_store_metric_append(s, a, "acc", step, 0, 1.5, 1), 0);
+			cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 1.5, 9), 0);
+		}
+		cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? "paused" : "running", NULL, NULL), 0);
+	}
+	/* Pages of 2, resuming from the last id seen, as an SSE client would. */
+	int64_t after = 0;
+	int metrics_events = 0, state_events = 0, loss_points = 0, acc_points = 0;
+	bool seen[35] = {0};
+	for (;;) {
+		struct tr_event *ev;
+		int n;
+		cr_assert_eq(tr_store_events_after(s, a, after, 2, &ev, &n), 0);
+		for (int i = 0; i < n; i++) {
+			cr_assert_gt(ev[i].id, after);
+			after = ev[i].id;
+			cr_assert_eq(ev[i].job_id, a);
+			if (strcmp(ev[i].type, "state") == 0) {
+				state_events++;
+				continue;
+			}
+			cr_assert_str_eq(ev[i].type, "metrics");
+			metrics_events++;
+			json_t *d = json_loads(ev[i].data, 0, NULL);
+			cr_assert_not_null(d, "%s", ev[i].data);
+			size_t k;
+			json_t *p;
+			json_array_foreach(json_object_get(d, "points"), k, p)
+			{
+				const char *name = json_string_value(json_object_get(p, "name"));
+				int64_t step = json_integer_value(json_object_get(p, "step"));
+				cr_assert_eq(json_number_value(json_object_get(p, "wall")), 1.5);
+				cr_assert_not_null(json_object_get(p, "epoch"));
+				if (strcmp(name, "loss") == 0) {
+					cr_assert_not(seen[step], "step %lld twice", (long long)step);
+					seen[step] = true;
+					cr_assert_eq(json_number_value(json_object_get(p, "value")), step * 0.25);
+					loss_points++;
+				} else {
+					acc_points++;
+				}
+			}
+			json_decref(d);
+		}
+		tr_events_free(ev, n);
+		if (n < 2)
+			break;
+	}
+	cr_assert_eq(metrics_events, flushes, "one metrics event per flush per job");
+	cr_assert_eq(state_events, flushes);
+	cr_assert_eq(loss_points, flushes * per_flush);
+	cr_assert_eq(acc_points, flushes * per_flush);
+	cr_assert_eq(count_events(s, b, "metrics"), (size_t)flushes);
+
+	/* job 0: every job's events. */
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, 0, 0, 0, &ev, &n), 0);
+	cr_assert_eq(n, 3 * flushes);
+	cr_assert_eq(ev[n - 1].id, tr_store_last_event_id(s));
+	tr_events_free(ev, n);
+	tr_store_close(s);
+}
+
+struct waiter {
+	tr_store_t *s;
+	int64_t job, after;
+	int timeout_ms, result;
+	double waited_ms;
+	atomic_int started;
+};
+
+static void *wait_main(void *arg)
+{
+	struct waiter *w = arg;
+	atomic_store(&w->started, 1);
+	double t = now_ms();
+	w->result = tr_store_wait_events(w->s, w->job, w->after, w->timeout_ms);
+	w->waited_ms = now_ms() - t;
+	return NULL;
+}
+
+static void start_waiter(struct waiter *w, pthread_t *th)
+{
+	cr_assert_eq(pthread_create(th, NULL, wait_main, w), 0);
+	while (!atomic_load(&w->started))
+		usleep(1000);
+	usleep(50000); /* let it block */
+}
+
+Test(events, wait_wakes_on_flush_timeout_and_wake_all)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+
+	/* A flush of job a's points wakes a waiter on job a. */
+	struct waiter w = {.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = 10000};
+	pthread_t th;
+	start_waiter(&w, &th);
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 1, 0, 0, 1), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(w.result, 1);
+	cr_assert_lt(w.waited_ms, 5000);
+
+	/* Events of another job do not end the wait; the timeout does. */
+	w = (struct waiter){.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = 400};
+	start_waiter(&w, &th);
+	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(w.result, 0);
+	cr_assert_geq(w.waited_ms, 350);
+
+	/* Any job (0): the state change is enough. */
+	w = (struct waiter){.s = s, .job = 0, .after = tr_store_last_event_id(s), .timeout_ms = 10000};
+	start_waiter(&w, &th);
+	cr_assert_eq(tr_store_job_set_state(s, b, "paused", NULL, NULL), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(w.result, 1);
+
+	/* Something already there: no wait at all. */
+	cr_assert_eq(tr_store_wait_events(s, a, 0, 10000), 1);
+
+	w = (struct waiter){.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = -1};
+	start_waiter(&w, &th);
+	tr_store_wake_all(s);
+	pthread_join(th, NULL);
+	cr_assert_eq(w.result, 0);
+	tr_store_close(s);
+}
+
+/* ---- logs ---------------------------------------------------------------------- */
+
+Test(logs, query_and_events)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	for (int i = 0; i < 10; i++) {
+		char msg[64];
+		snprintf(msg, sizeof msg, "line %d with \"quotes\"\tand a tab and a long tail to go off-struct", i);
+		cr_assert_eq(tr_store_log_append(s, id, i % 8, msg), 0);
+	}
+	cr_assert_eq(tr_store_log_append(s, id, 6, "bad \xff byte"), 0);
+	cr_assert_eq(tr_store_log_append(s, id, 8, "x"), -EINVAL);
+	cr_assert_eq(tr_store_flush(s), 0);
+
+	json_t *all = tr_store_logs_query(s, id, 0, 0);
+	cr_assert_eq(json_array_size(all), 11);
+	json_t *l3 = json_array_get(all, 3);
+	cr_assert_eq(json_integer_value(json_object_get(l3, "level")), 3);
+	cr_assert_not_null(strstr(json_string_value(json_object_get(l3, "message")), "line 3 with \"quotes\"\t"));
+	cr_assert_gt(json_real_value(json_object_get(l3, "time")), 1.6e9);
+	cr_assert_str_eq(json_string_value(json_object_get(json_array_get(all, 10), "message")), "bad ? byte");
+	int64_t after = json_integer_value(json_object_get(json_array_get(all, 4), "id"));
+	json_t *page = tr_store_logs_query(s, id, after, 3);
+	cr_assert_eq(json_array_size(page), 3);
+	cr_assert_eq(json_integer_value(json_object_get(json_array_get(page, 0), "id")),
+		     json_integer_value(json_object_get(json_array_get(all, 5), "id")));
+	json_decref(page);
+
+	/* One "log" event per line, with the same object as the query. */
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n), 0);
+	cr_assert_eq(n, 11);
+	for (int i = 0; i < n; i++) {
+		cr_assert_str_eq(ev[i].type, "log");
+		json_t *d = json_loads(ev[i].data, 0, NULL);
+		cr_assert_not_null(d, "%s", ev[i].data);
+		cr_assert(json_equal(d, json_array_get(all, (size_t)i)), "%s", ev[i].data);
+		json_decref(d);
+	}
+	tr_events_free(ev, n);
+	json_decref(all);
+	tr_store_close(s);
+}
+
+/* ---- store --------------------------------------------------------------------- */
+
+Test(store, integrity_check)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	for (int i = 0; i < 1000; i++)
+		tr_store_metric_append(s, id, "loss", i, 0, 0, i);
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	tr_store_close(s);
+}
+
+static void *fail_main(void *arg)
+{
+	tr_store_t *s = arg;
+	struct tr_job_row r;
+	for (int i = 0; i < 200; i++) {
+		cr_assert_eq(tr_store_job_get(s, 424242, &r), -ENOENT);
+		cr_assert_not_null(strstr(tr_store_error(s), "424242"), "%s", tr_store_error(s));
+	}
+	return NULL;
+}
+
+Test(store, error_message_is_per_thread)
+{
+	tr_store_t *s = open_store(NULL);
+	pthread_t th;
+	pthread_create(&th, NULL, fail_main, s);
+	for (int i = 0; i < 200; i++) {
+		cr_assert_eq(tr_store_job_set_state(s, 1717, "running", NULL, NULL), -ENOENT);
+		cr_assert_not_null(strstr(tr_store_error(s), "1717"), "%s", tr_store_error(s));
+	}
+	pthread_join(th, NULL);
+	tr_store_close(s);
+}
+
+struct worker {
+	tr_store_t *s;
+	int64_t job;
+	int index, points;
+	atomic_int *stop;
+	int queries;
+};
+
+static void *append_main(void *arg)
+{
+	struct worker *w = arg;
+	char name[16];
+	snprintf(name, sizeof name, "m%d", w->index);
+	for (int i = 0; i < w->points; i++) {
+		int rc = tr_store_metric_append(w->s, w->job, name, i, 0, 0, i % 100);
+		cr_assert(rc == 0 || rc == -ENOBUFS);
+		if (i % 1000 == 0)
+			tr_store_log_append(w->s, w->job, 6, "progress");
+		if (i % 5000 == 0)
+			tr_store_job_set_progress(w->s, w->job, i, w->points, 0, i);
+	}
+	return NULL;
+}
+
+static void *query_main(void *arg)
+{
+	struct worker *w = arg;
+	int64_t after = 0;
+	while (!atomic_load(w->stop)) {
+		struct tr_metrics_query q = {.to_step = INT64_MAX, .max_points = 100, .with_times = true};
+		json_t *res = tr_store_metrics_query(w->s, w->job, &q);
+		cr_assert_not_null(res, "%s", tr_store_error(w->s));
+		json_t *v;
+		const char *k;
+		json_object_foreach(json_object_get(res, "series"), k, v)
+			cr_assert_leq(json_array_size(json_object_get(v, "steps")), 100);
+		json_decref(res);
+		struct tr_event *ev;
+		int n;
+		cr_assert_eq(tr_store_events_after(w->s, w->job, after, 50, &ev, &n), 0);
+		for (int i = 0; i < n; i++) {
+			cr_assert_gt(ev[i].id, after, "events come once, in order");
+			after = ev[i].id;
+		}
+		tr_events_free(ev, n);
+		struct tr_job_row r;
+		cr_assert_eq(tr_store_job_get(w->s, w->job, &r), 0);
+		tr_job_row_finish(&r);
+		w->queries++;
+	}
+	return NULL;
+}
+
+Test(store, concurrent_appends_and_queries, .timeout = 300)
+{
+	struct tr_store_options o = {.flush_interval_ms = 20};
+	tr_store_t *s = open_store(&o);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+	atomic_int stop = 0;
+	struct worker ws[6];
+	pthread_t th[6];
+	for (int i = 0; i < 6; i++) {
+		ws[i] = (struct worker){.s = s, .job = i % 2 ? b : a, .index = i, .points = 20000, .stop = &stop};
+		cr_assert_eq(pthread_create(&th[i], NULL, i < 4 ? append_main : query_main, &ws[i]), 0);
+	}
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	cr_assert_eq(tr_store_flush(s), 0);
+	atomic_store(&stop, 1);
+	for (int i = 4; i < 6; i++)
+		pthread_join(th[i], NULL);
+	cr_assert_gt(ws[4].queries + ws[5].queries, 0);
+	int64_t drops = tr_store_metric_drops(s, 0);
+	/* Log lines share the queue. */
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics") + sql_int("SELECT count(*) FROM logs") + drops,
+		     4 * 20000 + 4 * 20, "drops %lld", (long long)drops);
+	cr_assert_eq(tr_store_integrity_check(s), 0);
+	/* Every point shows up in exactly one metrics event. */
+	int64_t in_events = 0;
+	for (int64_t job = a; job <= b; job++) {
+		struct tr_event *ev;
+		int n;
+		cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n), 0);
+		for (int i = 0; i < n; i++) {
+			if (strcmp(ev[i].type, "metrics"))
+				continue;
+			json_t *d = json_loads(ev[i].data, 0, NULL);
+			in_events += (int64_t)json_array_size(json_object_get(d, "points"));
+			json_decref(d);
+		}
+		tr_events_free(ev, n);
+	}
+	cr_assert_eq(in_events, sql_int("SELECT count(*) FROM metrics"));
+	tr_store_close(s);
+}
+
+Test(store, close_flushes_the_queue)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t id = add_job(s, "a", 0);
+	for (int i = 0; i < 500; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
+	tr_store_close(s);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 500);
+}
