@@ -3,7 +3,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 TRAINERD = $(BUILD)/daemon/trainerd
 
-.PHONY: all deps build run test test-asan test-tsan bench clean
+.PHONY: all deps build run train test test-asan test-tsan bench clean
 
 all: build
 
@@ -16,8 +16,13 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# Trains the quickstart job in the foreground with a live progress display.
+# Starts the daemon in the foreground (state in ./var, CPU devices when no
+# GPU); on first start it submits the quickstart job.  Ctrl-C stops it.
 run: build
+	$(TRAINERD) serve --state-dir var --submit-if-empty examples/quickstart.json
+
+# One job in the foreground without the daemon, with a live progress bar.
+train: build
 	$(TRAINERD) run examples/quickstart.json --out out/quickstart
 
 test: build
