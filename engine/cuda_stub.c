@@ -3,11 +3,19 @@
 #include <stdio.h>
 
 #include "engine/backend.h"
+#include "engine/cuda/cuda.h"
+
+tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, char *err, size_t errlen)
+{
+	(void)opt;
+	if (err && errlen)
+		snprintf(err, errlen, "this trainerd was built without CUDA support (-Dcuda=disabled or no toolkit)");
+	return NULL;
+}
 
 tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen)
 {
-	snprintf(err, errlen, "this trainerd was built without CUDA support (-Dcuda=disabled or no toolkit)");
-	return NULL;
+	return tr_cuda_backend_create_opts(NULL, err, errlen);
 }
 
 bool tr_cuda_available(void)

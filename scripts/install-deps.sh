@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-	gcc pkg-config meson ninja-build python3
+	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema
 	libopenblas-dev libjansson-dev libcriterion-dev
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev
 	"$@"

@@ -20,6 +20,8 @@
 #define TX_ITEMS 50000
 /* Bounds one event's JSON text (SSE frames, memory of readers). */
 #define EVENT_POINTS 10000
+/* Each waits the busy timeout (5 s) first. */
+#define BUSY_RETRIES 5
 
 struct batch_job {
 	int64_t id;
@@ -229,6 +231,7 @@ static int write_tx(tr_store_t *s, const struct qitem *items, size_t n, int64_t 
 	struct batch_job *jobs = NULL;
 	size_t nj = 0;
 	double now = tr_store_now();
+	*max_event = 0; /* ids of a rolled-back try do not count */
 	int err = tr_store_begin(c, true);
 	if (err < 0)
 		return err;
@@ -266,6 +269,11 @@ void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 		size_t m = n - i < TX_ITEMS ? n - i : TX_ITEMS;
 		int64_t max_event = 0;
 		int err = write_tx(s, items + i, m, &max_event);
+		/* Busy means another connection held the write lock past the
+		 * busy timeout (a huge cascade delete): the chunk was rolled
+		 * back whole, so trying again is safe, and beats dropping. */
+		for (int tries = 0; err == -EBUSY && tries < BUSY_RETRIES; tries++)
+			err = write_tx(s, items + i, m, &max_event);
 		if (err == 0) {
 			if (max_event)
 				tr_store_events_committed(s, max_event);
@@ -276,7 +284,8 @@ void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 		pthread_mutex_lock(&s->q_lock);
 		for (size_t k = i; k < i + m; k++)
 			tr_store_drops_add(s, items[k].job_id, 1);
-		s->err_seq = s->seq_done + i + m;
+		s->err_from = s->seq_done + i;
+		s->err_to = s->seq_done + i + m;
 		s->err_code = err;
 		tr_store_errcpy(s->err_msg, sizeof s->err_msg);
 		pthread_mutex_unlock(&s->q_lock);

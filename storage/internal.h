@@ -82,7 +82,7 @@ struct tr_store {
 	size_t inflight;            /* items taken by the writer, not yet committed */
 	uint64_t seq_in, seq_done;  /* items accepted / items written (or failed) */
 	bool flush_req, stopping;
-	uint64_t err_seq; /* seq_done after the last failed batch, 0 = none */
+	uint64_t err_from, err_to; /* seq range (from, to] of the last failed chunk */
 	int err_code;
 	char err_msg[512];
 	struct drop_count *drops;

@@ -171,8 +171,8 @@ int tr_store_flush(tr_store_t *s)
 			pthread_cond_wait(&s->q_done, &s->q_lock);
 	}
 	int err = 0;
-	/* A failed batch after our start may have held our points. */
-	if (s->err_seq > start) {
+	/* Report the last failure only if it held some of our points. */
+	if (s->err_to > start && s->err_from < target) {
 		err = s->err_code;
 		tr_store_fail(err, "%s", s->err_msg);
 	}

@@ -320,6 +320,12 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 
 fail:
 	tr_store_close(s);
+	/* Name the file in every open failure ("file is not a database"). */
+	if (strncmp(tls_err, path, strlen(path)) != 0) {
+		char msg[sizeof tls_err];
+		snprintf(msg, sizeof msg, "%s", tls_err);
+		tr_store_fail(rc, "%s: %s", path, msg);
+	}
 fail_early:
 	tr_store_errcpy(err, errlen);
 	return rc;

@@ -149,7 +149,9 @@ static int init_device(tr_backend_t *be, int idx)
 	d->total_mem = p.totalGlobalMem;
 	d->cc_major = p.major;
 	d->cc_minor = p.minor;
-	if (p.computeMode == cudaComputeModeProhibited)
+	int mode = cudaComputeModeDefault;
+	CUDA_CHECK(be, cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, d->ordinal));
+	if (mode == cudaComputeModeProhibited)
 		return tr_cuda_set_error(be, -EBUSY, "device %d (%s) is in compute-prohibited mode", idx, d->name);
 
 	CUDA_CHECK(be, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));

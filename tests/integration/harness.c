@@ -6,9 +6,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,6 +168,45 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud)
 	return len;
 }
 
+/* With TR_RECORD_DIR set, writes each exchange to a JSON file there for
+ * tests/openapi/validate_responses.py, which checks every response against
+ * openapi/openapi.yaml.  Criterion runs each test in its own process and
+ * some tests call http() from many threads, so a file is named by pid and
+ * a per-process counter, and written under a temporary name first. */
+static json_t *string_or_null(const char *s, size_t len)
+{
+	json_t *j = s ? json_stringn(s, len) : NULL; /* NULL too when not UTF-8 */
+	return j ? j : json_null();
+}
+
+static void record_exchange(const char *method, const char *path, const char *body, const char *content_type,
+			    const char *extra_header, const char *resp_type, const struct http_reply *r)
+{
+	static atomic_ulong seq;
+	const char *dir = getenv("TR_RECORD_DIR");
+	if (!dir || !*dir)
+		return;
+	size_t blen = body ? strlen(body) : 0;
+	json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:I, s:i, s:o, s:o, s:o}", "method", method, "path", path,
+			      "request_headers", extra_header ? json_pack("[s]", extra_header) : json_array(),
+			      "request_content_type",
+			      body ? json_string(content_type ? content_type : "application/json") : json_null(),
+			      /* Big bodies (the 413 case) are left out; their length is kept. */
+			      "request_body", blen <= 65536 ? string_or_null(body, blen) : json_null(),
+			      "request_body_len", (json_int_t)blen, "status", (int)r->status, "content_type",
+			      string_or_null(resp_type, resp_type ? strlen(resp_type) : 0), "headers",
+			      string_or_null(r->headers, strlen(r->headers)), "body", string_or_null(r->body, r->len));
+	cr_assert_not_null(o, "cannot build the recording of %s %s", method, path);
+	mkdir(dir, 0755); /* EEXIST is fine; a real failure shows at the write */
+	char tmp[4200], final[4096];
+	unsigned long n = atomic_fetch_add(&seq, 1);
+	snprintf(final, sizeof final, "%s/%ld-%06lu.json", dir, (long)getpid(), n);
+	snprintf(tmp, sizeof tmp, "%s.tmp", final);
+	cr_assert_eq(json_dump_file(o, tmp, JSON_COMPACT), 0, "cannot write %s", tmp);
+	cr_assert_eq(rename(tmp, final), 0, "cannot rename %s: %s", tmp, strerror(errno));
+	json_decref(o);
+}
+
 void http(const struct daemon *d, const char *method, const char *path, const char *body, const char *content_type,
 	  const char *extra_header, struct http_reply *r)
 {
@@ -199,11 +240,16 @@ void http(const struct daemon *d, const char *method, const char *path, const ch
 	CURLcode rc = curl_easy_perform(c);
 	cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
 	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+	char *ctype = NULL, resp_type[256] = "";
+	curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ctype);
+	if (ctype)
+		snprintf(resp_type, sizeof resp_type, "%s", ctype);
 	curl_slist_free_all(h);
 	curl_easy_cleanup(c);
 	if (!r->body)
 		r->body = calloc(1, 1);
 	r->json = json_loads(r->body, JSON_DECODE_ANY, NULL);
+	record_exchange(method, path, body, content_type, extra_header, resp_type[0] ? resp_type : NULL, r);
 }
 
 void http_free(struct http_reply *r)

@@ -22,6 +22,9 @@ fail() {
 
 command -v node >/dev/null || fail "node is not installed (Debian: nodejs; needs >= 20.19)"
 command -v npm >/dev/null || fail "npm is not installed"
+node -e 'const [a, b] = process.versions.node.split(".").map(Number);
+	process.exit((a == 20 && b >= 19) || (a == 22 && b >= 12) || a > 22 ? 0 : 1)' ||
+	fail "Redocly CLI $REDOCLY_VERSION needs Node.js >= 20.19 (20.x) or >= 22.12; this is $(node --version)"
 # Redocly checks for updates and sends usage data unless told not to; CI
 # has no use for either.
 export REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true NO_UPDATE_NOTIFIER=1

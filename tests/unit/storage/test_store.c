@@ -830,7 +830,9 @@ Test(metrics, truncate_replaces_replayed_steps)
 
 Test(events, paging_and_metrics_exactly_once)
 {
-	tr_store_t *s = open_store(NULL);
+	/* Only forced flushes, so that each one makes exactly one event. */
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
 	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
 	int per_flush = 7, flushes = 5;
 	for (int f = 0; f < flushes; f++) {
@@ -899,6 +901,42 @@ Test(events, paging_and_metrics_exactly_once)
 	cr_assert_eq(n, 3 * flushes);
 	cr_assert_eq(ev[n - 1].id, tr_store_last_event_id(s));
 	tr_events_free(ev, n);
+	tr_store_close(s);
+}
+
+Test(events, large_flush_is_split_but_complete)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t id = add_job(s, "a", 0);
+	int n = 60000; /* two transactions (50,000 + 10,000), events of <= 10,000 points */
+	for (int i = 0; i < n; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	struct tr_event *ev;
+	int ne;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne), 0);
+	cr_assert_eq(ne, 6);
+	bool *seen = calloc((size_t)n, 1);
+	int total = 0;
+	for (int i = 0; i < ne; i++) {
+		json_t *d = json_loads(ev[i].data, 0, NULL);
+		json_t *pts = json_object_get(d, "points");
+		cr_assert_leq(json_array_size(pts), 10000);
+		size_t k;
+		json_t *p;
+		json_array_foreach(pts, k, p)
+		{
+			int64_t step = json_integer_value(json_object_get(p, "step"));
+			cr_assert_not(seen[step]);
+			seen[step] = true;
+			total++;
+		}
+		json_decref(d);
+	}
+	cr_assert_eq(total, n);
+	free(seen);
+	tr_events_free(ev, ne);
 	tr_store_close(s);
 }
 
@@ -1053,6 +1091,18 @@ Test(store, error_message_is_per_thread)
 	tr_store_close(s);
 }
 
+struct flush_arg {
+	tr_store_t *s;
+	int rc;
+};
+
+static void *flush_main(void *arg)
+{
+	struct flush_arg *f = arg;
+	f->rc = tr_store_flush(f->s);
+	return NULL;
+}
+
 struct worker {
 	tr_store_t *s;
 	int64_t job;
@@ -1146,6 +1196,32 @@ Test(store, concurrent_appends_and_queries, .timeout = 300)
 		tr_events_free(ev, n);
 	}
 	cr_assert_eq(in_events, sql_int("SELECT count(*) FROM metrics"));
+	tr_store_close(s);
+}
+
+Test(store, writer_outlasts_a_long_write_lock, .timeout = 120)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t id = add_job(s, "a", 0);
+	/* Another connection holds the write lock past the 5 s busy timeout. */
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+	for (int i = 0; i < 100; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
+	struct flush_arg wf = {s, -1};
+	pthread_t th;
+	double t0 = now_ms();
+	cr_assert_eq(pthread_create(&th, NULL, flush_main, &wf), 0);
+	sleep(7);
+	sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+	sqlite3_close(db);
+	pthread_join(th, NULL);
+	cr_assert_eq(wf.rc, 0, "%s", tr_store_error(s));
+	cr_assert_geq(now_ms() - t0, 7000);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 100);
+	cr_assert_eq(tr_store_metric_drops(s, 0), 0);
 	tr_store_close(s);
 }
 
