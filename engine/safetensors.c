@@ -153,11 +153,25 @@ int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, con
 }
 
 struct tr_st_file {
-	int fd;
-	char *path;
+	int fd;             /* -1 for a memory image */
+	const uint8_t *mem; /* borrowed memory image, or NULL */
+	char *path;         /* file name, or a caller's label, for messages */
 	json_t *header;
 	uint64_t data_start, file_size;
 };
+
+/* Reads len bytes at off from the file or the memory image. */
+static ssize_t read_at(tr_st_file_t *f, void *buf, size_t len, uint64_t off)
+{
+	if (f->mem) {
+		if (off > f->file_size)
+			return 0;
+		size_t n = len < f->file_size - off ? len : (size_t)(f->file_size - off);
+		memcpy(buf, f->mem + off, n);
+		return (ssize_t)n;
+	}
+	return pread(f->fd, buf, len, (off_t)off);
+}
 
 void tr_st_close(tr_st_file_t *f)
 {
@@ -190,6 +204,51 @@ static int check_entry(tr_st_file_t *f, const char *name, json_t *e, char *err, 
 	return 0;
 }
 
+/* Parses the header once the size is known and reads can be made. */
+static int parse_header(tr_st_file_t *f, char *err, size_t errlen)
+{
+	const char *path = f->path;
+	uint8_t len8[8];
+	if (f->file_size < 8 || read_at(f, len8, 8, 0) != 8) {
+		snprintf(err, errlen, "%s: not a safetensors file (shorter than 8 bytes)", path);
+		return -EINVAL;
+	}
+	uint64_t hlen = 0;
+	for (int i = 0; i < 8; i++)
+		hlen |= (uint64_t)len8[i] << (8 * i);
+	if (hlen > MAX_HEADER || 8 + hlen > f->file_size) {
+		snprintf(err, errlen, "%s: header length %llu does not fit the file (%llu bytes)", path,
+			 (unsigned long long)hlen, (unsigned long long)f->file_size);
+		return -EINVAL;
+	}
+	char *text = malloc(hlen + 1);
+	if (!text || read_at(f, text, hlen, 8) != (ssize_t)hlen) {
+		free(text);
+		snprintf(err, errlen, "%s: cannot read header", path);
+		return -EIO;
+	}
+	text[hlen] = 0;
+	json_error_t jerr;
+	f->header = json_loads(text, 0, &jerr);
+	free(text);
+	if (!json_is_object(f->header)) {
+		snprintf(err, errlen, "%s: header is not a JSON object (%s)", path, jerr.text);
+		return -EINVAL;
+	}
+	f->data_start = 8 + hlen;
+	const char *name;
+	json_t *e;
+	json_object_foreach(f->header, name, e)
+	{
+		if (strcmp(name, "__metadata__") == 0)
+			continue;
+		int rc = check_entry(f, name, e, err, errlen);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen)
 {
 	tr_st_file_t *f = calloc(1, sizeof *f);
@@ -200,60 +259,40 @@ int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen)
 	f->path = strdup(path);
 	f->fd = open(path, O_RDONLY | O_CLOEXEC);
 	int rc = 0;
-	if (f->fd < 0) {
+	struct stat st;
+	if (f->fd < 0 || fstat(f->fd, &st) < 0) {
 		rc = -errno;
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		goto fail;
 	}
-	struct stat st;
-	uint8_t len8[8];
-	if (fstat(f->fd, &st) < 0 || pread(f->fd, len8, 8, 0) != 8) {
-		snprintf(err, errlen, "%s: not a safetensors file (shorter than 8 bytes)", path);
-		rc = -EINVAL;
-		goto fail;
-	}
-	uint64_t hlen = 0;
-	for (int i = 0; i < 8; i++)
-		hlen |= (uint64_t)len8[i] << (8 * i);
 	f->file_size = (uint64_t)st.st_size;
-	if (hlen > MAX_HEADER || 8 + hlen > f->file_size) {
-		snprintf(err, errlen, "%s: header length %llu does not fit the file (%llu bytes)", path,
-			 (unsigned long long)hlen, (unsigned long long)f->file_size);
-		rc = -EINVAL;
+	if ((rc = parse_header(f, err, errlen)) < 0)
 		goto fail;
-	}
-	char *text = malloc(hlen + 1);
-	if (!text || pread(f->fd, text, hlen, 8) != (ssize_t)hlen) {
-		free(text);
-		snprintf(err, errlen, "%s: cannot read header", path);
-		rc = -EIO;
-		goto fail;
-	}
-	text[hlen] = 0;
-	json_error_t jerr;
-	f->header = json_loads(text, 0, &jerr);
-	free(text);
-	if (!json_is_object(f->header)) {
-		snprintf(err, errlen, "%s: header is not a JSON object (%s)", path, jerr.text);
-		rc = -EINVAL;
-		goto fail;
-	}
-	f->data_start = 8 + hlen;
-	const char *name;
-	json_t *e;
-	json_object_foreach(f->header, name, e)
-	{
-		if (strcmp(name, "__metadata__") == 0)
-			continue;
-		rc = check_entry(f, name, e, err, errlen);
-		if (rc)
-			goto fail;
-	}
 	*out = f;
 	return 0;
 fail:
 	tr_st_close(f);
 	return rc;
+}
+
+int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, char *err, size_t errlen)
+{
+	tr_st_file_t *f = calloc(1, sizeof *f);
+	if (!f) {
+		snprintf(err, errlen, "%s: out of memory", label);
+		return -ENOMEM;
+	}
+	f->fd = -1;
+	f->mem = data;
+	f->file_size = len;
+	f->path = strdup(label);
+	int rc = parse_header(f, err, errlen);
+	if (rc < 0) {
+		tr_st_close(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
 }
 
 int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
@@ -300,7 +339,7 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 	uint8_t *p = (uint8_t *)dst;
 	size_t done = 0;
 	while (done < want_bytes) {
-		ssize_t r = pread(f->fd, p + done, want_bytes - done, (off_t)(f->data_start + b + done));
+		ssize_t r = read_at(f, p + done, want_bytes - done, f->data_start + b + done);
 		if (r <= 0) {
 			snprintf(err, errlen, "%s: short read in tensor '%s'", f->path, name);
 			return -EIO;
@@ -319,4 +358,9 @@ int tr_st_count(const tr_st_file_t *f)
 {
 	int n = (int)json_object_size(f->header);
 	return json_object_get(f->header, "__metadata__") ? n - 1 : n;
+}
+
+bool tr_st_has(const tr_st_file_t *f, const char *name)
+{
+	return strcmp(name, "__metadata__") != 0 && json_object_get(f->header, name) != NULL;
 }

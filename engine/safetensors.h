@@ -9,6 +9,7 @@
 #define TR_SAFETENSORS_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +35,9 @@ typedef struct tr_st_file tr_st_file_t;
 /* Opens and validates a file (header JSON, offsets inside the file, no
  * overlaps).  Errors name the file. */
 int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen);
+/* The same over a memory image (borrowed; must outlive the handle); label
+ * names it in messages. */
+int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, char *err, size_t errlen);
 void tr_st_close(tr_st_file_t *f); /* accepts NULL */
 
 /* Copies tensor `name` into dst after checking dtype F32 and that its shape
@@ -43,6 +47,8 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 
 /* Borrowed: the __metadata__ object or NULL. */
 const json_t *tr_st_metadata(const tr_st_file_t *f);
+/* Whether the file holds a tensor of that name. */
+bool tr_st_has(const tr_st_file_t *f, const char *name);
 /* Number of tensors in the file. */
 int tr_st_count(const tr_st_file_t *f);
 

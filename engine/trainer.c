@@ -68,7 +68,10 @@ struct tr_trainer {
 	float lr;
 	bool want_grad_norm;
 
-	atomic_bool stop_requested, cancel_requested;
+	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
+	int64_t start_step;
+	int64_t last_checkpoint_step;
+	double last_checkpoint_time;
 	tr_prefetch_t *prefetch;
 
 	struct tr_summary summary;
@@ -400,7 +403,22 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	tr_model_init_params(&t->model, host);
-	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
+	if (opt->resume) {
+		if (opt->resume->n_params != t->model.n_params ||
+		    opt->resume->n_state != tr_optim_state_buffers(s->optimizer.type, s) ||
+		    opt->resume->step < 0 || opt->resume->step > t->plan.total_steps) {
+			snprintf(err, errlen, "the checkpoint (%zu parameters, %d optimizer buffers, step %lld) does not "
+					      "fit this job (%zu parameters, %d buffers, %lld steps)",
+				 opt->resume->n_params, opt->resume->n_state, (long long)opt->resume->step,
+				 t->model.n_params, tr_optim_state_buffers(s->optimizer.type, s),
+				 (long long)t->plan.total_steps);
+			free(host);
+			rc = -EINVAL;
+			goto fail;
+		}
+		memcpy(host, opt->resume->params, t->model.n_params * sizeof(float));
+		t->start_step = opt->resume->step;
+	} else if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
 		free(host);
 		goto fail;
 	}
@@ -414,6 +432,9 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 				     t->opt_buffers, err, errlen);
 		if (rc == 0)
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
+		for (int k = 0; rc == 0 && opt->resume && k < opt->resume->n_state; k++)
+			rc = be->i->to_device(be, t->devs[i], k == 0 ? r->rep.state1 : r->rep.state2,
+					      opt->resume->state[k], t->model.n_params * sizeof(float));
 		if (rc == 0)
 			rc = be->i->sync(be, t->devs[i]);
 		if (rc < 0) {
@@ -597,6 +618,86 @@ static bool grad_norm_due(const struct tr_spec *s, int64_t done)
 	return false;
 }
 
+struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
+{
+	struct tr_snapshot *snap = calloc(1, sizeof *snap);
+	if (!snap)
+		return NULL;
+	size_t n = t->model.n_params;
+	snap->step = step;
+	snap->epoch = epoch;
+	snap->n_params = n;
+	snap->n_state = t->opt_buffers;
+	snap->params = malloc(n * sizeof(float));
+	for (int k = 0; k < snap->n_state; k++)
+		snap->state[k] = malloc(n * sizeof(float));
+	tr_replica_t *r = &t->ranks[0].rep;
+	tr_backend_t *be = t->be;
+	bool ok = snap->params && (snap->n_state < 1 || snap->state[0]) && (snap->n_state < 2 || snap->state[1]);
+	ok = ok && be->i->to_host(be, r->dev, snap->params, r->params, n * sizeof(float)) == 0;
+	for (int k = 0; ok && k < snap->n_state; k++)
+		ok = be->i->to_host(be, r->dev, snap->state[k], k == 0 ? r->state1 : r->state2, n * sizeof(float)) == 0;
+	ok = ok && be->i->sync(be, r->dev) == 0;
+	if (!ok) {
+		tr_snapshot_free(snap);
+		return NULL;
+	}
+	char hash[17], buf[32];
+	tr_spec_hash(t->spec, hash);
+	snap->meta = json_pack("{s:s, s:s, s:s, s:s}", "format", "pt", "kind", "checkpoint", "producer",
+			       "trainerd " TR_VERSION, "spec_hash", hash);
+	snprintf(buf, sizeof buf, "%lld", (long long)step);
+	json_object_set_new(snap->meta, "step", json_string(buf));
+	snprintf(buf, sizeof buf, "%lld", (long long)epoch);
+	json_object_set_new(snap->meta, "epoch", json_string(buf));
+	snprintf(buf, sizeof buf, "%d", t->ndev);
+	json_object_set_new(snap->meta, "devices", json_string(buf));
+	json_object_set_new(snap->meta, "backend", json_string(be->i->name));
+	static const char *opt_names[] = {"sgd", "adam", "adamw"};
+	json_object_set_new(snap->meta, "optimizer", json_string(opt_names[t->spec->optimizer.type]));
+	json_object_set_new(snap->meta, "reason", json_string(reason));
+	return snap;
+}
+
+void tr_trainer_request_checkpoint(tr_trainer_t *t)
+{
+	atomic_store(&t->checkpoint_requested, true);
+}
+
+/* Takes a checkpoint after step `done` when one is due (or final). */
+static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, bool final)
+{
+	if (!t->opt.hooks.checkpoint)
+		return;
+	const struct tr_spec *s = t->spec;
+	double now = mono_s();
+	const char *reason = NULL;
+	if (final)
+		reason = t->summary.stopped ? "stop" : "final";
+	else if (atomic_exchange(&t->checkpoint_requested, false))
+		reason = "request";
+	else if (s->checkpoint_every_steps > 0 && done % s->checkpoint_every_steps == 0)
+		reason = "every_steps";
+	else if (s->checkpoint_every_seconds > 0 && now - t->last_checkpoint_time >= s->checkpoint_every_seconds)
+		reason = "every_seconds";
+	if (!reason)
+		return;
+	/* A final checkpoint at a step that is already saved adds nothing. */
+	if (final && done == t->last_checkpoint_step && done > 0)
+		return;
+	struct tr_snapshot *snap = tr_trainer_snapshot(t, done, epoch, reason);
+	if (!snap) {
+		logf_(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for a checkpoint", (long long)done);
+		return;
+	}
+	if (t->opt.hooks.checkpoint(t->opt.hooks.ctx, snap, final) != 0) {
+		tr_snapshot_free(snap);
+		return;
+	}
+	t->last_checkpoint_step = done;
+	t->last_checkpoint_time = now;
+}
+
 int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 {
 	const struct tr_spec *s = t->spec;
@@ -611,7 +712,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		.seed = s->seed,
 		.workers = workers,
 		.depth = s->prefetch_depth,
-		.first_step = 0,
+		.first_step = t->start_step,
 		.end_step = total,
 	};
 	tr_prefetch_t *pf;
@@ -628,7 +729,13 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	double start = mono_s();
 	double samples = 0;
 	int64_t step;
-	for (step = 0; step < total; step++) {
+	t->summary.first_step = t->start_step;
+	t->summary.steps = t->start_step;
+	t->last_checkpoint_step = t->start_step;
+	t->last_checkpoint_time = start;
+	if (t->start_step > 0)
+		logf_(t, TR_LOG_INFO, "resuming at step %lld of %lld", (long long)t->start_step, (long long)total);
+	for (step = t->start_step; step < total; step++) {
 		if (atomic_load(&t->stop_requested)) {
 			t->summary.stopped = true;
 			break;
@@ -707,12 +814,17 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 				.loss = loss,
 				.samples_per_sec = el > 0 ? samples / el : 0,
 				.elapsed_s = el,
-				.eta_s = el / (step + 1) * (total - step - 1),
+				.eta_s = el / (double)(step + 1 - t->start_step) * (double)(total - step - 1),
 				.data_wait_fraction = el > 0 ? t->wait_total_ms / 1e3 / el : 0,
 			};
 			t->opt.hooks.progress(t->opt.hooks.ctx, &p);
 		}
+		maybe_checkpoint(t, step + 1, epoch, false);
 	}
+	/* The end of a completed or stopped run is always kept: for a completed
+	 * job it is the result, for a stopped one the place to resume. */
+	if (rc == 0)
+		maybe_checkpoint(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, true);
 	double el = mono_s() - start;
 	t->summary.wall_s = el;
 	t->summary.samples_per_sec = el > 0 ? samples / el : 0;

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/checkpoint.h"
 #include "engine/data/reader.h"
 #include "engine/model/model.h"
 #include "engine/spec.h"
@@ -46,6 +47,11 @@ struct tr_trainer_hooks {
 	void (*metric)(void *ctx, const struct tr_metric_point *p);
 	void (*progress)(void *ctx, const struct tr_progress *p);
 	void (*log)(void *ctx, enum tr_log_level level, const char *msg);
+	/* A checkpoint is due (periodic, requested, or `final` at the end of a
+	 * completed or stopped run).  The hook owns snap when it returns 0;
+	 * otherwise the trainer frees it (a busy writer may skip a periodic
+	 * checkpoint, never a final one: it should wait instead). */
+	int (*checkpoint)(void *ctx, struct tr_snapshot *snap, bool final);
 	void *ctx;
 };
 
@@ -58,6 +64,8 @@ struct tr_trainer_options {
 	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
 	tr_reader_t *val_reader;    /* optional, borrowed */
 	struct tr_trainer_hooks hooks;
+	/* Continue from this snapshot (borrowed; only read by create). */
+	const struct tr_snapshot *resume;
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;
@@ -69,6 +77,7 @@ struct tr_summary {
 	double wall_s, samples_per_sec, data_wait_fraction;
 	double val_loss, val_accuracy; /* NAN when there is no validation */
 	bool stopped;                  /* ended early by tr_trainer_stop */
+	int64_t first_step;            /* 0, or the step a resumed run started at */
 };
 
 typedef struct tr_trainer tr_trainer_t;
@@ -84,6 +93,11 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen);
 
 /* Graceful: finish the current step, then return.  Async-signal-safe. */
 void tr_trainer_stop(tr_trainer_t *t);
+/* Asks for a checkpoint at the next step boundary.  Safe from any thread. */
+void tr_trainer_request_checkpoint(tr_trainer_t *t);
+/* A host snapshot of rank 0 now (between runs or from a hook).  NULL on
+ * failure. */
+struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason);
 /* Immediate: wakes every wait (loaders, collectives); run returns
  * -ECANCELED.  Safe from any thread. */
 void tr_trainer_cancel(tr_trainer_t *t);

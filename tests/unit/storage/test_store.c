@@ -1199,7 +1199,7 @@ Test(store, concurrent_appends_and_queries, .timeout = 300)
 	tr_store_close(s);
 }
 
-Test(store, writer_outlasts_a_long_write_lock, .timeout = 120)
+Test(store, writer_outlasts_a_long_write_lock)
 {
 	struct tr_store_options o = {.flush_interval_ms = 60000};
 	tr_store_t *s = open_store(&o);

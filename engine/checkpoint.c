@@ -1,0 +1,230 @@
+/* Checkpoint layout and parsing (see checkpoint.h). */
+#include "engine/checkpoint.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/optim/optimizer.h"
+#include "engine/rng.h"
+#include "engine/safetensors.h"
+
+void tr_snapshot_free(struct tr_snapshot *s)
+{
+	if (!s)
+		return;
+	free(s->params);
+	free(s->state[0]);
+	free(s->state[1]);
+	json_decref(s->meta);
+	free(s);
+}
+
+static const char *state_name(enum tr_optim_type opt, int k)
+{
+	if (opt == TR_OPT_SGD)
+		return "momentum_buffer";
+	return k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+/* Builds the tensor list: params (and optionally the state) in offset
+ * order.  Names live in names[] (caller-sized). */
+static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s, int with_state,
+		       struct tr_st_tensor *ts, char (*names)[96])
+{
+	int np = tr_model_param_count(m), n = 0;
+	int passes = with_state ? 1 + s->n_state : 1;
+	for (int pass = 0; pass < passes; pass++) {
+		const float *base = pass == 0 ? s->params : s->state[pass - 1];
+		for (int i = 0; i < np; i++) {
+			struct tr_param_view v;
+			tr_model_param_view(m, i, &v);
+			if (pass == 0)
+				snprintf(names[n], 96, "%s", v.name);
+			else
+				snprintf(names[n], 96, "optimizer.%s.%s", state_name(opt, pass - 1), v.name);
+			ts[n] = (struct tr_st_tensor){.name = names[n], .ndim = v.ndim, .data = base + v.offset};
+			ts[n].shape[0] = v.shape[0];
+			ts[n].shape[1] = v.shape[1];
+			n++;
+		}
+	}
+	return n;
+}
+
+/* Serialises just the header of a tensor list (the data is written from
+ * the snapshot's buffers directly). */
+static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t **out, size_t *len, char *err,
+		     size_t errlen)
+{
+	/* Only the header: the data is written later straight from the
+	 * snapshot's buffers, without a second copy of the model. */
+	json_t *h = json_object();
+	if (meta)
+		json_object_set(h, "__metadata__", (json_t *)meta);
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		json_t *shape = json_array();
+		size_t elems = 1;
+		for (int d = 0; d < ts[i].ndim; d++) {
+			json_array_append_new(shape, json_integer(ts[i].shape[d]));
+			elems *= (size_t)ts[i].shape[d];
+		}
+		size_t bytes = elems * sizeof(float);
+		json_object_set_new(h, ts[i].name,
+				    json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape, "data_offsets",
+					      (json_int_t)off, (json_int_t)(off + bytes)));
+		off += bytes;
+	}
+	char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(h);
+	if (!text) {
+		snprintf(err, errlen, "checkpoint: cannot build the header");
+		return -ENOMEM;
+	}
+	size_t tl = strlen(text), padded = (tl + 7) & ~(size_t)7;
+	uint8_t *buf = malloc(8 + padded);
+	if (!buf) {
+		free(text);
+		snprintf(err, errlen, "checkpoint: out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < 8; i++)
+		buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+	memcpy(buf + 8, text, tl);
+	memset(buf + 8 + tl, ' ', padded - tl);
+	free(text);
+	*out = buf;
+	*len = 8 + padded;
+	return 0;
+}
+
+int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s,
+			 struct tr_checkpoint_layout *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	int np = tr_model_param_count(m);
+	int cap = np * 3;
+	struct tr_st_tensor *ts = calloc((size_t)cap, sizeof *ts);
+	char(*names)[96] = calloc((size_t)cap, sizeof *names);
+	int rc = -ENOMEM;
+	if (!ts || !names) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		goto out;
+	}
+	int n_all = tensor_list(m, opt, s, 1, ts, names);
+	if ((rc = header_of(ts, n_all, s->meta, &out->header, &out->header_len, err, errlen)) < 0)
+		goto out;
+	json_t *model_meta = json_deep_copy(s->meta);
+	if (model_meta)
+		json_object_set_new(model_meta, "kind", json_string("model"));
+	rc = header_of(ts, np, model_meta, &out->model_header, &out->model_header_len, err, errlen);
+	json_decref(model_meta);
+	if (rc < 0)
+		goto out;
+	out->params_bytes = s->n_params * sizeof(float);
+	out->seg[0] = s->params;
+	out->seg_len[0] = out->params_bytes;
+	out->nseg = 1;
+	for (int k = 0; k < s->n_state; k++) {
+		out->seg[out->nseg] = s->state[k];
+		out->seg_len[out->nseg++] = out->params_bytes;
+	}
+	out->total_bytes = out->header_len;
+	for (int k = 0; k < out->nseg; k++)
+		out->total_bytes += out->seg_len[k];
+out:
+	free(ts);
+	free(names);
+	if (rc < 0)
+		tr_checkpoint_layout_finish(out);
+	return rc;
+}
+
+void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l)
+{
+	free(l->header);
+	free(l->model_header);
+	memset(l, 0, sizeof *l);
+}
+
+int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt,
+			struct tr_snapshot **out, char *err, size_t errlen)
+{
+	tr_st_file_t *f;
+	int rc = tr_st_open_mem(data, len, "checkpoint", &f, err, errlen);
+	if (rc < 0)
+		return rc;
+	struct tr_snapshot *s = calloc(1, sizeof *s);
+	if (!s) {
+		tr_st_close(f);
+		return -ENOMEM;
+	}
+	s->n_params = m->n_params;
+	const json_t *meta = tr_st_metadata(f);
+	s->meta = meta ? json_deep_copy(meta) : json_object();
+	const char *step = json_string_value(json_object_get(meta, "step"));
+	const char *epoch = json_string_value(json_object_get(meta, "epoch"));
+	if (!step || !epoch) {
+		snprintf(err, errlen, "checkpoint: metadata has no step/epoch");
+		rc = -EINVAL;
+		goto fail;
+	}
+	s->step = strtoll(step, NULL, 10);
+	s->epoch = strtoll(epoch, NULL, 10);
+	/* SGD keeps a momentum buffer only when it uses momentum; the file
+	 * says which. */
+	int want_state = 2;
+	if (opt == TR_OPT_SGD) {
+		struct tr_param_view v;
+		tr_model_param_view(m, 0, &v);
+		char probe[96];
+		snprintf(probe, sizeof probe, "optimizer.momentum_buffer.%s", v.name);
+		want_state = tr_st_has(f, probe) ? 1 : 0;
+	}
+	s->n_state = want_state;
+	s->params = malloc(s->n_params * sizeof(float));
+	for (int k = 0; k < s->n_state; k++)
+		s->state[k] = malloc(s->n_params * sizeof(float));
+	if (!s->params || (s->n_state > 0 && !s->state[0]) || (s->n_state > 1 && !s->state[1])) {
+		snprintf(err, errlen, "checkpoint: out of memory");
+		rc = -ENOMEM;
+		goto fail;
+	}
+	int np = tr_model_param_count(m);
+	for (int pass = 0; pass < 1 + s->n_state && rc == 0; pass++) {
+		float *base = pass == 0 ? s->params : s->state[pass - 1];
+		for (int i = 0; i < np && rc == 0; i++) {
+			struct tr_param_view v;
+			tr_model_param_view(m, i, &v);
+			char name[96];
+			if (pass == 0)
+				snprintf(name, sizeof name, "%s", v.name);
+			else
+				snprintf(name, sizeof name, "optimizer.%s.%s", state_name(opt, pass - 1), v.name);
+			rc = tr_st_read_f32(f, name, v.ndim, v.shape, base + v.offset, err, errlen);
+		}
+	}
+	if (rc < 0)
+		goto fail;
+	tr_st_close(f);
+	*out = s;
+	return 0;
+fail:
+	tr_st_close(f);
+	tr_snapshot_free(s);
+	return rc;
+}
+
+void tr_spec_hash(const struct tr_spec *spec, char out[17])
+{
+	json_t *j = tr_spec_to_json(spec);
+	char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(j);
+	uint64_t h = 0x6a09e667f3bcc908ULL;
+	for (const char *p = text ? text : ""; *p; p++)
+		h = tr_mix64(h ^ (uint8_t)*p);
+	free(text);
+	snprintf(out, 17, "%016llx", (unsigned long long)h);
+}

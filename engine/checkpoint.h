@@ -1,0 +1,68 @@
+/* Checkpoints: a host snapshot of a trainer and its safetensors layout.
+ *
+ * A checkpoint is one safetensors file: the parameters under their PyTorch
+ * names, then the optimizer state ("optimizer.exp_avg.<name>",
+ * "optimizer.exp_avg_sq.<name>" for Adam/AdamW,
+ * "optimizer.momentum_buffer.<name>" for SGD with momentum), and in
+ * __metadata__ the resume position (step, epoch), spec hash, device count,
+ * backend and build version.  The parameters come first in the data region
+ * and in one contiguous run, so the weights-only file (model.safetensors)
+ * is a different header followed by a prefix of the same data: a download
+ * can stream it from the stored checkpoint without rewriting anything.
+ *
+ * Because all randomness is counter-based and the batch plan is a pure
+ * function of the step, (parameters, optimizer state, step) is the whole
+ * training state: a trainer resumed from it continues bit-identically on
+ * the same devices and build.
+ */
+#ifndef TR_CHECKPOINT_H
+#define TR_CHECKPOINT_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model/model.h"
+#include "engine/spec.h"
+
+struct tr_snapshot {
+	int64_t step;  /* updates done; training resumes at this 0-based step */
+	int64_t epoch; /* epoch of the last step done */
+	size_t n_params;
+	int n_state;     /* optimizer state buffers: 0, 1 or 2 */
+	float *params;   /* n_params floats, malloc'd */
+	float *state[2]; /* n_params floats each, malloc'd */
+	json_t *meta;    /* object of strings; owned */
+};
+
+/* Frees the buffers and the snapshot itself.  Accepts NULL. */
+void tr_snapshot_free(struct tr_snapshot *s);
+
+/* How to write a snapshot: `header` (8-byte length + JSON, padded) followed
+ * by the segments in order.  model_header is the weights-only file's
+ * header; its data is the first params_bytes bytes of the data region. */
+struct tr_checkpoint_layout {
+	uint8_t *header;
+	size_t header_len;
+	uint8_t *model_header;
+	size_t model_header_len;
+	const void *seg[3];
+	size_t seg_len[3];
+	int nseg;
+	size_t params_bytes;
+	size_t total_bytes; /* header_len + all segments */
+};
+
+int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s,
+			 struct tr_checkpoint_layout *out, char *err, size_t errlen);
+void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l);
+
+/* Parses a checkpoint image (borrowed) into a new snapshot for model m and
+ * optimizer opt; names and shapes are checked, errors name the tensor. */
+int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt,
+			struct tr_snapshot **out, char *err, size_t errlen);
+
+/* A stable hash of the normalized spec, hex; for the metadata. */
+void tr_spec_hash(const struct tr_spec *spec, char out[17]);
+
+#endif
