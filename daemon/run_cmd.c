@@ -173,6 +173,13 @@ int tr_cmd_run(int argc, char **argv)
 		fprintf(stderr, "trainerd run: %s: %s\n", job, serr.message);
 		return 2;
 	}
+	if (spec.init_job > 0) {
+		fprintf(stderr, "trainerd run: %s: /init/from: starting from job %lld's checkpoint needs the daemon "
+				"(trainerd serve); give a safetensors file instead\n",
+			job, (long long)spec.init_job);
+		tr_spec_finish(&spec);
+		return 2;
+	}
 	if (backend_name) {
 		if (strcmp(backend_name, "cpu") == 0)
 			spec.backend = TR_BACKEND_CPU;

@@ -1067,8 +1067,65 @@ static const struct field monitor_fields[] = {
 	{0},
 };
 
+/* init.from: a safetensors path, or {"job": ID, "step": S | "latest"} to
+ * fine-tune from an earlier job's checkpoint. */
+static int parse_init_from(struct ctx *c, const json_t *v, void *base)
+{
+	struct tr_spec *spec = base;
+
+	spec->init_job = 0;
+	spec->init_step = -1;
+	if (!v)
+		return 0; /* F_REQ reports a missing "from" inside a present "init" */
+	if (json_is_string(v)) {
+		if (json_string_length(v) == 0)
+			return fail(c, NULL, "must not be empty");
+		spec->init_from = strdup(json_string_value(v));
+		return spec->init_from ? 0 : fail_oom(c);
+	}
+	if (!json_is_object(v))
+		return fail(c, NULL, "must be a file path or {\"job\": ID, \"step\": STEP or \"latest\"}");
+	const char *key;
+	const json_t *e;
+	json_object_foreach((json_t *)v, key, e)
+	{
+		if (strcmp(key, "job") != 0 && strcmp(key, "step") != 0)
+			return fail(c, key, "unknown key '%s'", key);
+	}
+	const json_t *job = json_object_get(v, "job"), *step = json_object_get(v, "step");
+	if (!job)
+		return fail(c, "job", "is required");
+	if (!json_is_integer(job) || json_integer_value(job) < 1)
+		return fail(c, "job", "must be a job id (an integer >= 1)");
+	spec->init_job = json_integer_value(job);
+	if (step && json_is_string(step) && strcmp(json_string_value(step), "latest") == 0)
+		spec->init_step = -1;
+	else if (step && (!json_is_integer(step) || json_integer_value(step) < 0))
+		return fail(c, "step", "must be a step (an integer >= 0) or \"latest\"");
+	else if (step)
+		spec->init_step = json_integer_value(step);
+	return 0;
+}
+
+static int emit_init_from(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_spec *spec = base;
+
+	if (spec->init_from)
+		return json_object_set_new(obj, key, json_string(spec->init_from));
+	if (spec->init_job > 0) {
+		json_t *o = json_pack("{s:I}", "job", (json_int_t)spec->init_job);
+		if (!o)
+			return -1;
+		json_object_set_new(o, "step",
+				    spec->init_step < 0 ? json_string("latest") : json_integer(spec->init_step));
+		return json_object_set_new(obj, key, o);
+	}
+	return 0;
+}
+
 static const struct field init_fields[] = {
-	{.key = "from", .kind = K_STR, .off = SPEC(init_from), .flags = F_REQ},
+	{.key = "from", .kind = K_CUSTOM, .flags = F_REQ, .parse = parse_init_from, .emit = emit_init_from},
 	{0},
 };
 

@@ -145,7 +145,9 @@ struct tr_spec {
 	int checkpoint_keep; /* default 3 */
 	struct tr_monitor_spec monitors[TR_SPEC_MAX_MONITORS];
 	int n_monitors;
-	char *init_from; /* safetensors path or NULL */
+	char *init_from;   /* safetensors path or NULL */
+	int64_t init_job;  /* > 0: initialise from this job's checkpoint */
+	int64_t init_step; /* that checkpoint's step; -1 = the newest */
 };
 
 /* Parses and validates `doc` (borrowed).  Returns 0, or -EINVAL with *err

@@ -418,6 +418,15 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		}
 		memcpy(host, opt->resume->params, t->model.n_params * sizeof(float));
 		t->start_step = opt->resume->step;
+	} else if (opt->init) {
+		if (opt->init->n_params != t->model.n_params) {
+			snprintf(err, errlen, "/init/from: the checkpoint has %zu parameters, this model %zu",
+				 opt->init->n_params, t->model.n_params);
+			free(host);
+			rc = -EINVAL;
+			goto fail;
+		}
+		memcpy(host, opt->init->params, t->model.n_params * sizeof(float));
 	} else if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
 		free(host);
 		goto fail;

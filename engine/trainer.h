@@ -66,6 +66,9 @@ struct tr_trainer_options {
 	struct tr_trainer_hooks hooks;
 	/* Continue from this snapshot (borrowed; only read by create). */
 	const struct tr_snapshot *resume;
+	/* Start from these weights (another job's checkpoint, for init.from
+	 * {"job": ...}); optimizer state and step start fresh.  Borrowed. */
+	const struct tr_snapshot *init;
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;
