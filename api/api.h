@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "storage/checkpoints.h"
 #include "storage/store.h"
 
 /* What a daemon operation reports when it refuses. */
@@ -56,6 +57,9 @@ struct tr_api_ops {
 	/* New reference or NULL: live fields of a running job merged into its
 	 * "progress" object, e.g. {"eta_s":..,"samples_per_sec":..}. */
 	json_t *(*live_progress)(void *ctx, int64_t job_id);
+	/* Asks a running job for a checkpoint at its next step boundary
+	 * (202); 404 unknown job, 409 when it is not running. */
+	int (*checkpoint_now)(void *ctx, int64_t job_id, struct tr_api_error *err);
 	/* Readiness: false while starting up or shutting down. */
 	bool (*ready)(void *ctx);
 };

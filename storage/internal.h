@@ -103,6 +103,10 @@ void tr_store_conn_put(tr_store_t *s, struct conn *c);
 /* A prepared statement for a static SQL string, cached per connection,
  * reset and with bindings cleared.  NULL on error (message set). */
 sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql);
+/* Opens a connection with the per-connection settings (foreign keys,
+ * synchronous=NORMAL, busy timeout); for a module that needs its own,
+ * e.g. to stream large blobs without holding a pooled one. */
+int tr_store_conn_open(struct conn *c, const char *path);
 void tr_store_conn_close(struct conn *c);
 
 /* "BEGIN IMMEDIATE" for writes (so a read-to-write upgrade can never fail

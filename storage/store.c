@@ -167,7 +167,7 @@ void tr_store_conn_close(struct conn *c)
 }
 
 /* Settings that SQLite keeps per connection, not in the file. */
-static int conn_open(struct conn *c, const char *path)
+int tr_store_conn_open(struct conn *c, const char *path)
 {
 	memset(c, 0, sizeof *c);
 	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
@@ -297,7 +297,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		goto fail;
 	}
 
-	rc = conn_open(&s->wconn, path);
+	rc = tr_store_conn_open(&s->wconn, path);
 	if (rc < 0)
 		goto fail;
 	rc = enable_wal(&s->wconn, path);
@@ -307,7 +307,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	if (rc < 0)
 		goto fail;
 	for (int i = 0; i < STORE_POOL_SIZE; i++) {
-		rc = conn_open(&s->pool[i], path);
+		rc = tr_store_conn_open(&s->pool[i], path);
 		if (rc < 0)
 			goto fail;
 	}
