@@ -30,6 +30,10 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY},
 	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0},
 	{"GET", "/jobs/{id}/logs", tr_api_logs_get, 0},
+	{"GET", "/jobs/{id}/checkpoints", tr_api_checkpoints_list, 0},
+	{"POST", "/jobs/{id}/checkpoints", tr_api_checkpoints_request, 0},
+	{"GET", "/jobs/{id}/checkpoints/{step}/model.safetensors", tr_api_checkpoints_model, 0},
+	{"GET", "/jobs/{id}/checkpoints/{step}/checkpoint.safetensors", tr_api_checkpoints_blob, 0},
 };
 
 const struct tr_api_route *tr_api_routes(size_t *count)

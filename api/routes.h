@@ -66,4 +66,9 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_logs_get(struct tr_api_request *rq, struct tr_api_reply *rp);
 
+void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_checkpoints_request(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_checkpoints_model(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_checkpoints_blob(struct tr_api_request *rq, struct tr_api_reply *rp);
+
 #endif

@@ -11,6 +11,7 @@
 
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
+#include "storage/checkpoints.h"
 
 static double mono_now(void)
 {
@@ -47,6 +48,111 @@ static void on_log(void *ctx, enum tr_log_level level, const char *msg)
 	struct running_job *j = ctx;
 	tr_store_log_append(j->sched->cfg.store, j->id, (int)level, msg);
 	tr_log(TR_LOG_DBG, "job %lld: %s", (long long)j->id, msg);
+}
+
+static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	struct running_job *j = ctx;
+	int rc = tr_checkpointer_submit(j->sched->checkpointer, j->id, tr_trainer_model(j->trainer_for_hooks),
+					j->spec.optimizer.type, j->spec.checkpoint_keep, snap, final);
+	/* A final checkpoint always hands the snapshot over (and waited for its
+	 * write, whose failure the writer logs); a periodic one the writer was
+	 * too busy for stays with the trainer, which frees it. */
+	return final ? 0 : rc;
+}
+
+/* Loads the newest checkpoint of `job_id` (step < 0) or the one at `step`
+ * whose checksum verifies, skipping corrupt ones with a log line.  NULL
+ * when there is none. */
+static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id, int64_t step, bool weights_only,
+					   int64_t *found_step)
+{
+	tr_store_t *st = j->sched->cfg.store;
+	const tr_model_t *m = tr_trainer_model(j->trainer_for_hooks);
+	struct tr_ckpt_row *rows = NULL;
+	int n = 0;
+	char line[768], err[512];
+	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0)
+		return NULL;
+	struct tr_snapshot *snap = NULL;
+	for (int i = 0; i < n && !snap; i++) {
+		if (step >= 0 && rows[i].step != step)
+			continue;
+		void *data = NULL;
+		size_t len = 0;
+		int rc = tr_store_ckpt_load(st, &rows[i], &data, &len);
+		if (rc == -EBADMSG) {
+			snprintf(line, sizeof line,
+				 "checkpoint at step %lld of job %lld is corrupt (SHA-256 mismatch); skipped",
+				 (long long)rows[i].step, (long long)job_id);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			continue;
+		}
+		if (rc < 0) {
+			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld cannot be read: %s; skipped",
+				 (long long)rows[i].step, (long long)job_id, tr_store_error(st));
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			continue;
+		}
+		rc = tr_checkpoint_parse(data, len, m, j->spec.optimizer.type, weights_only, &snap, err, sizeof err);
+		free(data);
+		if (rc < 0) {
+			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld does not fit this model: %s",
+				 (long long)rows[i].step, (long long)job_id, err);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			snap = NULL;
+			continue;
+		}
+		*found_step = rows[i].step;
+	}
+	tr_ckpt_rows_free(rows, n);
+	return snap;
+}
+
+/* Resumes from the job's own newest valid checkpoint, or sets up init.from
+ * another job's.  Returns 0, or -1 with err set when init.from cannot be
+ * honoured (a fresh job must not silently start from random weights). */
+static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t errlen)
+{
+	tr_store_t *st = j->sched->cfg.store;
+	char line[256];
+	int64_t step = 0;
+	struct tr_snapshot *snap = load_checkpoint(j, j->id, -1, false, &step);
+	if (snap) {
+		int rc = tr_trainer_restore(t, snap, false, err, errlen);
+		tr_snapshot_free(snap);
+		if (rc < 0)
+			return -1;
+		snprintf(line, sizeof line, "resuming from the checkpoint at step %lld", (long long)step);
+		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line);
+		/* Points the interrupted run wrote after the checkpoint are
+		 * replayed, not doubled. */
+		tr_store_metrics_truncate(st, j->id, step);
+		return 0;
+	}
+	/* Nothing to resume: whatever an earlier attempt wrote starts over. */
+	tr_store_metrics_truncate(st, j->id, 0);
+	struct tr_job_row row = {0};
+	if (tr_store_job_get(st, j->id, &row) == 0 && row.step > 0) {
+		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0");
+	}
+	tr_job_row_finish(&row);
+	if (j->spec.init_job > 0) {
+		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step);
+		if (!snap) {
+			snprintf(err, errlen, "/init/from: job %lld has no valid checkpoint%s", (long long)j->spec.init_job,
+				 j->spec.init_step >= 0 ? " at that step" : "");
+			return -1;
+		}
+		int rc = tr_trainer_restore(t, snap, true, err, errlen);
+		tr_snapshot_free(snap);
+		if (rc < 0)
+			return -1;
+		snprintf(line, sizeof line, "initialised from job %lld's checkpoint at step %lld",
+			 (long long)j->spec.init_job, (long long)step);
+		tr_store_log_append(st, j->id, TR_LOG_INF, line);
+	}
+	return 0;
 }
 
 static void finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step)
@@ -105,12 +211,19 @@ static void *runner_main(void *arg)
 	struct tr_trainer_options opt = {
 		.spec = &j->spec,
 		.backend = s->cfg.backend,
-		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .ctx = j},
+		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
+			  .ctx = j},
 	};
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
 	if (rc < 0) {
 		finish(j, "failed", rc == -EINVAL ? "invalid_data" : "start_failed", err, 0);
+		return NULL;
+	}
+	j->trainer_for_hooks = t;
+	if (restore(j, t, err, sizeof err) < 0) {
+		tr_trainer_destroy(t);
+		finish(j, "failed", "invalid_init", err, 0);
 		return NULL;
 	}
 	pthread_mutex_lock(&s->lock);
@@ -130,15 +243,21 @@ static void *runner_main(void *arg)
 	pthread_mutex_unlock(&s->lock);
 	struct tr_summary sum;
 	tr_trainer_summary(t, &sum);
+	j->trainer_for_hooks = NULL;
 	tr_trainer_destroy(t);
 
 	bool cancelled = atomic_load(&j->cancel_requested);
+	bool paused = atomic_load(&j->pause_requested);
 	if (rc == 0 && !sum.stopped) {
 		finish(j, "completed", NULL, NULL, sum.steps);
 	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
 		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
 		finish(j, "interrupted", NULL, NULL, sum.steps);
+	} else if (rc == 0 && paused) {
+		snprintf(line, sizeof line, "paused at step %lld", (long long)sum.steps);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		finish(j, "paused", NULL, NULL, sum.steps);
 	} else if (rc == 0) {
 		snprintf(line, sizeof line, "stopped by request after step %lld of %lld", (long long)sum.steps,
 			 (long long)j->progress.total_steps);

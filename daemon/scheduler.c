@@ -36,6 +36,12 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->wake, &ca);
 	pthread_condattr_destroy(&ca);
+	s->checkpointer = tr_checkpointer_create(cfg->store);
+	if (!s->checkpointer) {
+		snprintf(err, errlen, "cannot start the checkpoint writer");
+		tr_scheduler_destroy(s);
+		return -ENOMEM;
+	}
 	s->ndev = cfg->backend->i->device_count(cfg->backend);
 	if (s->ndev > TR_MAX_POOL_DEVICES)
 		s->ndev = TR_MAX_POOL_DEVICES;
@@ -207,9 +213,9 @@ static void *dispatcher_main(void *arg)
 
 int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 {
-	/* Jobs a previous run left running died with it (crash, kill -9): they
-	 * are interrupted.  Without checkpoints they restart from step 0, so
-	 * their old points are removed rather than doubled. */
+	/* Jobs a previous run left running died with it (crash, kill -9) or
+	 * were interrupted by a shutdown: they go back to the queue and resume
+	 * from their newest valid checkpoint when they start again. */
 	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
@@ -221,14 +227,11 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 		int64_t id = rows[i].id;
 		if (strcmp(rows[i].state, "interrupted") != 0)
 			tr_store_job_set_state(s->cfg.store, id, "interrupted", NULL, NULL);
-		tr_store_metrics_truncate(s->cfg.store, id, 0);
-		tr_store_job_set_progress(s->cfg.store, id, 0, rows[i].total_steps, 0, NAN);
 		tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]");
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-				    "the daemon restarted while this job ran; restarting it from step 0 "
-				    "(no checkpoint)");
-		tr_log(TR_LOG_NOTICE, "job %lld was interrupted by a restart; queued again from step 0",
-		       (long long)id);
+				    "queued again after the daemon restarted; it resumes from its newest valid "
+				    "checkpoint");
+		tr_log(TR_LOG_NOTICE, "job %lld was interrupted; queued again", (long long)id);
 		tr_job_row_finish(&rows[i]);
 	}
 	free(rows);
@@ -303,6 +306,7 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 		return;
 	if (s->started || s->running)
 		tr_scheduler_shutdown(s, 1);
+	tr_checkpointer_destroy(s->checkpointer);
 	if (s->roots) {
 		for (int i = 0; s->roots[i]; i++)
 			free(s->roots[i]);

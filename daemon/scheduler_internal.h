@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "daemon/checkpointer.h"
 #include "daemon/scheduler.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
@@ -23,8 +24,9 @@ struct running_job {
 	pthread_t thread;
 	bool finished; /* runner done; the dispatcher joins it */
 	/* Control requested through the API; read by the runner. */
-	atomic_bool cancel_requested, stop_requested;
-	tr_trainer_t *trainer; /* set while the trainer exists (under sched lock) */
+	atomic_bool cancel_requested, stop_requested, pause_requested;
+	tr_trainer_t *trainer; /* set while the trainer runs (under sched lock) */
+	tr_trainer_t *trainer_for_hooks; /* the runner's own: set from create to destroy */
 	/* Live progress, guarded by sched lock. */
 	struct tr_progress progress;
 	bool have_progress;
@@ -42,6 +44,7 @@ struct tr_scheduler {
 	bool shutting_down;
 	bool started;
 	atomic_bool ready;
+	tr_checkpointer_t *checkpointer;
 	int64_t owner[TR_MAX_POOL_DEVICES]; /* job id per device, 0 = free */
 	struct running_job *running;
 	pthread_t dispatcher;

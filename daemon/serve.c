@@ -168,6 +168,11 @@ int tr_cmd_serve(int argc, char **argv)
 		break;
 	}
 	notify("STOPPING=1");
+#ifdef TR_HAVE_SYSTEMD
+	/* Jobs write a final checkpoint before they stop: ask systemd for the
+	 * grace period rather than be killed in the middle of it. */
+	sd_notifyf(0, "EXTEND_TIMEOUT_USEC=%llu", (unsigned long long)(cfg.shutdown_grace_s + 10) * 1000000ULL);
+#endif
 	exit_code = 0;
 out:
 	tr_api_stop(api);

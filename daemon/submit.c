@@ -12,6 +12,7 @@
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "engine/rng.h"
+#include "storage/checkpoints.h"
 
 static int refuse(struct tr_api_error *e, int status, const char *code, const char *pointer, const char *fmt, ...)
 {
@@ -85,6 +86,20 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	int rc = check_devices(s, &spec, err);
 	if (rc == 0 && tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
 		rc = refuse(err, 422, "invalid_path", pointer, "%s", msg);
+	if (rc == 0 && spec.init_job > 0) {
+		struct tr_ckpt_row ck = {0};
+		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {
+			if (spec.init_step >= 0)
+				rc = refuse(err, 422, "invalid_init", "/init/from",
+					    "/init/from: job %lld has no checkpoint at step %lld", (long long)spec.init_job,
+					    (long long)spec.init_step);
+			else
+				rc = refuse(err, 422, "invalid_init", "/init/from",
+					    "/init/from: job %lld does not exist or has no checkpoint yet",
+					    (long long)spec.init_job);
+		}
+		tr_ckpt_row_finish(&ck);
+	}
 	if (rc < 0) {
 		tr_spec_finish(&spec);
 		return rc;
@@ -150,10 +165,7 @@ static struct running_job *find_running(struct tr_scheduler *s, int64_t id)
 static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_api_error *err)
 {
 	struct tr_scheduler *s = ctx;
-	static const char *names[] = {"cancel", "stop", "pause", "resume"};
-	if (op == TR_CONTROL_PAUSE || op == TR_CONTROL_RESUME)
-		return refuse(err, 501, "not_implemented", "",
-			      "%s needs checkpoints, which this version of trainerd does not write yet", names[op]);
+	static const char *names[] = {"cancelled", "stopped", "paused", "resumed"};
 	pthread_mutex_lock(&s->lock);
 	struct tr_job_row row = {0};
 	int rc = tr_store_job_get(s->cfg.store, id, &row);
@@ -163,9 +175,37 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
 	} else if (tr_state_is_terminal(row.state)) {
 		rc = refuse(err, 409, "conflict", "", "job %lld is %s; it cannot be %s", (long long)id, row.state,
-			    op == TR_CONTROL_CANCEL ? "cancelled" : "stopped");
+			    names[op]);
+	} else if (op == TR_CONTROL_RESUME) {
+		if (strcmp(row.state, "paused") != 0)
+			rc = refuse(err, 409, "conflict", "", "job %lld is %s, not paused", (long long)id, row.state);
+		else if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]") < 0)
+			rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		else {
+			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
+					    "resumed: queued; it continues from its newest checkpoint");
+			s->dirty = true;
+			pthread_cond_broadcast(&s->wake);
+		}
+	} else if (strcmp(row.state, "paused") == 0) {
+		if (op == TR_CONTROL_CANCEL) {
+			rc = tr_store_job_set_state(s->cfg.store, id, "cancelled",
+						    "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}",
+						    NULL);
+			if (rc < 0)
+				rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		} else {
+			rc = refuse(err, 409, "conflict", "", "job %lld is already paused", (long long)id);
+		}
+	} else if (op == TR_CONTROL_PAUSE &&
+		   (strcmp(row.state, "queued") == 0 || strcmp(row.state, "interrupted") == 0)) {
+		/* Not running: it simply waits out of the queue. */
+		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL) < 0)
+			rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		else
+			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
 	} else if (strcmp(row.state, "queued") == 0 || strcmp(row.state, "interrupted") == 0) {
-		/* Not running: nothing to wind down, it simply never starts. */
+		/* Cancel or stop before it ran: nothing to wind down. */
 		rc = tr_store_job_set_state(s->cfg.store, id, "cancelled",
 					    "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
 					    NULL);
@@ -178,6 +218,15 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 		if (!j) {
 			rc = refuse(err, 409, "conflict", "", "job %lld is %s and not running here", (long long)id,
 				    row.state);
+		} else if (op == TR_CONTROL_PAUSE) {
+			/* A stop whose final checkpoint is the resume point; the runner
+			 * records the job as paused and frees its devices. */
+			atomic_store(&j->pause_requested, true);
+			atomic_store(&j->stop_requested, true);
+			if (j->trainer)
+				tr_trainer_stop(j->trainer);
+			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
+					    "pause requested: checkpointing at the next step boundary");
 		} else if (op == TR_CONTROL_CANCEL) {
 			atomic_store(&j->cancel_requested, true);
 			if (j->trainer)
@@ -196,6 +245,29 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 	}
 	pthread_mutex_unlock(&s->lock);
 	tr_job_row_finish(&row);
+	return rc < 0 ? -1 : 0;
+}
+
+static int op_checkpoint_now(void *ctx, int64_t id, struct tr_api_error *err)
+{
+	struct tr_scheduler *s = ctx;
+	int rc = 0;
+	pthread_mutex_lock(&s->lock);
+	struct running_job *j = find_running(s, id);
+	if (j && j->trainer) {
+		tr_trainer_request_checkpoint(j->trainer);
+	} else {
+		struct tr_job_row row = {0};
+		if (tr_store_job_get(s->cfg.store, id, &row) == -ENOENT)
+			rc = refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
+		else
+			rc = refuse(err, 409, "conflict", "", "job %lld is %s; only a running job can take a checkpoint",
+				    (long long)id, row.state ? row.state : "not running");
+		tr_job_row_finish(&row);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (rc == 0)
+		tr_store_log_append(s->cfg.store, id, TR_LOG_INF, "checkpoint requested");
 	return rc < 0 ? -1 : 0;
 }
 
@@ -291,6 +363,7 @@ void tr_scheduler_api_ops(tr_scheduler_t *s, struct tr_api_ops *ops, void **ctx)
 		.devices = op_devices,
 		.live_progress = op_live_progress,
 		.ready = op_ready,
+		.checkpoint_now = op_checkpoint_now,
 	};
 	*ctx = s;
 }

@@ -149,7 +149,7 @@ void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l)
 	memset(l, 0, sizeof *l);
 }
 
-int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt,
+int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt, bool weights_only,
 			struct tr_snapshot **out, char *err, size_t errlen)
 {
 	tr_st_file_t *f;
@@ -176,7 +176,9 @@ int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum 
 	/* SGD keeps a momentum buffer only when it uses momentum; the file
 	 * says which. */
 	int want_state = 2;
-	if (opt == TR_OPT_SGD) {
+	if (weights_only) {
+		want_state = 0;
+	} else if (opt == TR_OPT_SGD) {
 		struct tr_param_view v;
 		tr_model_param_view(m, 0, &v);
 		char probe[96];

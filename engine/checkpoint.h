@@ -58,8 +58,10 @@ int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const stru
 void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l);
 
 /* Parses a checkpoint image (borrowed) into a new snapshot for model m and
- * optimizer opt; names and shapes are checked, errors name the tensor. */
-int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt,
+ * optimizer opt; names and shapes are checked, errors name the tensor.
+ * weights_only reads just the parameters (n_state 0), for a checkpoint of
+ * another job that may have used another optimizer. */
+int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt, bool weights_only,
 			struct tr_snapshot **out, char *err, size_t errlen);
 
 /* A stable hash of the normalized spec, hex; for the metadata. */

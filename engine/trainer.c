@@ -403,31 +403,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	tr_model_init_params(&t->model, host);
-	if (opt->resume) {
-		if (opt->resume->n_params != t->model.n_params ||
-		    opt->resume->n_state != tr_optim_state_buffers(s->optimizer.type, s) ||
-		    opt->resume->step < 0 || opt->resume->step > t->plan.total_steps) {
-			snprintf(err, errlen, "the checkpoint (%zu parameters, %d optimizer buffers, step %lld) does not "
-					      "fit this job (%zu parameters, %d buffers, %lld steps)",
-				 opt->resume->n_params, opt->resume->n_state, (long long)opt->resume->step,
-				 t->model.n_params, tr_optim_state_buffers(s->optimizer.type, s),
-				 (long long)t->plan.total_steps);
-			free(host);
-			rc = -EINVAL;
-			goto fail;
-		}
-		memcpy(host, opt->resume->params, t->model.n_params * sizeof(float));
-		t->start_step = opt->resume->step;
-	} else if (opt->init) {
-		if (opt->init->n_params != t->model.n_params) {
-			snprintf(err, errlen, "/init/from: the checkpoint has %zu parameters, this model %zu",
-				 opt->init->n_params, t->model.n_params);
-			free(host);
-			rc = -EINVAL;
-			goto fail;
-		}
-		memcpy(host, opt->init->params, t->model.n_params * sizeof(float));
-	} else if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
+	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
 		free(host);
 		goto fail;
 	}
@@ -441,9 +417,6 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 				     t->opt_buffers, err, errlen);
 		if (rc == 0)
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
-		for (int k = 0; rc == 0 && opt->resume && k < opt->resume->n_state; k++)
-			rc = be->i->to_device(be, t->devs[i], k == 0 ? r->rep.state1 : r->rep.state2,
-					      opt->resume->state[k], t->model.n_params * sizeof(float));
 		if (rc == 0)
 			rc = be->i->sync(be, t->devs[i]);
 		if (rc < 0) {
@@ -666,6 +639,40 @@ struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t e
 	json_object_set_new(snap->meta, "optimizer", json_string(opt_names[t->spec->optimizer.type]));
 	json_object_set_new(snap->meta, "reason", json_string(reason));
 	return snap;
+}
+
+int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	int want_state = tr_optim_state_buffers(s->optimizer.type, s);
+	if (snap->n_params != t->model.n_params) {
+		snprintf(err, errlen, "the checkpoint has %zu parameters, this model %zu", snap->n_params,
+			 t->model.n_params);
+		return -EINVAL;
+	}
+	if (!weights_only && (snap->n_state != want_state || snap->step < 0 || snap->step > t->plan.total_steps)) {
+		snprintf(err, errlen, "the checkpoint (%d optimizer buffers, step %lld) does not fit this job (%d "
+				      "buffers, %lld steps)",
+			 snap->n_state, (long long)snap->step, want_state, (long long)t->plan.total_steps);
+		return -EINVAL;
+	}
+	tr_backend_t *be = t->be;
+	size_t bytes = t->model.n_params * sizeof(float);
+	for (int i = 0; i < t->ndev; i++) {
+		tr_replica_t *r = &t->ranks[i].rep;
+		int rc = be->i->to_device(be, r->dev, r->params, snap->params, bytes);
+		for (int k = 0; rc == 0 && !weights_only && k < snap->n_state; k++)
+			rc = be->i->to_device(be, r->dev, k == 0 ? r->state1 : r->state2, snap->state[k], bytes);
+		if (rc == 0)
+			rc = be->i->sync(be, r->dev);
+		if (rc < 0) {
+			snprintf(err, errlen, "device %d: %s", r->dev, be->i->last_error(be));
+			return rc;
+		}
+	}
+	if (!weights_only)
+		t->start_step = snap->step;
+	return 0;
 }
 
 void tr_trainer_request_checkpoint(tr_trainer_t *t)

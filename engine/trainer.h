@@ -64,11 +64,6 @@ struct tr_trainer_options {
 	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
 	tr_reader_t *val_reader;    /* optional, borrowed */
 	struct tr_trainer_hooks hooks;
-	/* Continue from this snapshot (borrowed; only read by create). */
-	const struct tr_snapshot *resume;
-	/* Start from these weights (another job's checkpoint, for init.from
-	 * {"job": ...}); optimizer state and step start fresh.  Borrowed. */
-	const struct tr_snapshot *init;
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;
@@ -96,6 +91,11 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen);
 
 /* Graceful: finish the current step, then return.  Async-signal-safe. */
 void tr_trainer_stop(tr_trainer_t *t);
+/* Before run: continue from a snapshot (weights, optimizer state and
+ * position), or with weights_only take just its weights (init.from another
+ * job's checkpoint; optimizer and position start fresh).  The snapshot is
+ * only read. */
+int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, char *err, size_t errlen);
 /* Asks for a checkpoint at the next step boundary.  Safe from any thread. */
 void tr_trainer_request_checkpoint(tr_trainer_t *t);
 /* A host snapshot of rank 0 now (between runs or from a hook).  NULL on

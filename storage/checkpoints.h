@@ -10,7 +10,10 @@
  * when tr_store_ckpt_commit marks it complete (with its SHA-256) in one
  * transaction, which also prunes older checkpoints beyond `keep`.  An
  * incomplete checkpoint (crash, disk full) is never listed and is removed
- * by tr_store_ckpt_abort or at the next open.
+ * by tr_store_ckpt_abort (on a failed write or commit, at once) or at the
+ * next tr_store_open.  A full database (SQLITE_FULL, or the cap of
+ * tr_store_options.max_bytes) gives -ENOSPC with a message that says so;
+ * the checkpoints committed before stay valid.
  *
  * The weights-only file of a checkpoint (model.safetensors) is its
  * model_header followed by bytes [params_offset, params_offset +
@@ -38,39 +41,64 @@ void tr_ckpt_row_finish(struct tr_ckpt_row *row); /* accepts zeroed rows */
 
 typedef struct tr_ckpt_writer tr_ckpt_writer_t;
 
-/* Starts a checkpoint of job_id at step.  meta_json may be NULL. */
+/* Starts a checkpoint of job_id at step (0 <= step, epoch <= 2^62).
+ * meta_json: a JSON object or NULL.  Opens a connection for the writer.
+ * -ENOENT when the job does not exist.  The writer is used by one thread
+ * at a time and must be committed or aborted before the store is closed. */
 int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epoch, const char *meta_json,
 			tr_ckpt_writer_t **out);
 /* Appends bytes (any sizes; chunked internally) and feeds the SHA-256.
- * -ENOSPC when the database is full (SQLITE_FULL), -EIO otherwise. */
+ * -ENOSPC when the database is full (SQLITE_FULL), -EIO otherwise.  Any
+ * failure deletes the partial checkpoint at once (earlier checkpoints stay
+ * valid) and sticks: later writes and the commit return it again; the
+ * caller still calls tr_store_ckpt_abort (or commit) to free w. */
 int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len);
 /* Marks the checkpoint complete, keeps the newest `keep` complete ones of
- * the job (older ones deleted), frees w.  *out (may be NULL) receives the
- * row.  On failure the checkpoint is aborted. */
+ * the job (older ones deleted), frees w.  The checkpoint just committed is
+ * always one of the `keep`, even when others have higher steps; keep <= 0
+ * prunes nothing.  [params_offset, params_offset + params_bytes) must lie
+ * within the blob.  *out (may be NULL) receives the row (free it with
+ * tr_ckpt_row_finish).  On failure the checkpoint is aborted (and w freed). */
 int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len,
 			 int64_t params_offset, int64_t params_bytes, int keep, struct tr_ckpt_row *out);
-/* Deletes the partial checkpoint and frees w.  Accepts NULL. */
+/* Deletes the partial checkpoint and frees w.  Accepts NULL.  Keeps the
+ * thread's error message. */
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
 
-/* Complete checkpoints of a job, newest (highest step, then id) first. */
+/* Complete checkpoints of a job, newest (highest step, then id) first.
+ * *rows is malloc'd (NULL when there are none); free with tr_ckpt_rows_free. */
 int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count);
 void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count);
-/* One complete checkpoint: step >= 0 exact, step < 0 the newest.
- * -ENOENT when there is none. */
+/* One complete checkpoint: step >= 0 exact (the newest of several at that
+ * step), step < 0 the newest.  -ENOENT when there is none. */
 int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out);
+/* Deletes a checkpoint with its chunks; -ENOENT when there is none.  It
+ * disappears from lists at once; its chunks are then deleted a few per
+ * transaction (as are those of checkpoints pruned by a commit), so that
+ * the write lock is never held for the whole blob. */
 int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id);
+/* A complete checkpoint's model_header (malloc'd *data, at least 1 byte
+ * even when *len is 0; the caller frees).  -ENOENT when there is none. */
+int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size_t *len);
 
 typedef struct tr_ckpt_reader tr_ckpt_reader_t;
 
-/* Random-access reads over a checkpoint's blob, a chunk at a time. */
+/* Random-access reads over a complete checkpoint's blob (-ENOENT when
+ * there is none; -EBADMSG when its chunks are missing or of the wrong
+ * size).  The reader has a connection of its own and holds one read
+ * transaction until it is closed, so it sees the checkpoint as it was at
+ * open even if it is deleted meanwhile; as a consequence the WAL cannot be
+ * restarted while it is open, so close it when done.  One thread at a
+ * time per reader. */
 int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out);
 /* Reads up to len bytes at offset; returns the count (0 at the end) or a
  * negative code. */
 ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size_t len);
 void tr_store_ckpt_close(tr_ckpt_reader_t *r); /* accepts NULL */
 
-/* Reads the whole blob into memory (malloc'd *data, *len) and checks its
- * SHA-256: -EBADMSG on a mismatch, with nothing returned. */
+/* Reads the whole blob of row->id into memory (malloc'd *data, at least 1
+ * byte; *len) and checks its SHA-256 against the stored one (and row's,
+ * when set): -EBADMSG on a mismatch, with nothing returned. */
 int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len);
 
 /* SHA-256 (FIPS 180-4), for the store and for tests. */

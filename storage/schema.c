@@ -72,6 +72,37 @@ static const char *const migrations[] = {
 	"  message TEXT NOT NULL"
 	");"
 	"CREATE INDEX logs_by_job ON logs(job_id, id);",
+
+	/* 2: checkpoints (storage/checkpoints.c).  A checkpoint row is
+	 * inserted with complete = 0 and flipped to 1 by the commit, so a
+	 * crash mid-write leaves a row that readers skip and the next open
+	 * deletes.  Chunks are a rowid table (sqlite3_blob_open needs one) with
+	 * the blob as the last column, so the few small columns sit on the
+	 * leaf page and length(data) is read without touching the blob's
+	 * overflow pages.  The explicit INTEGER PRIMARY KEY keeps rowids
+	 * stable across VACUUM. */
+	"CREATE TABLE checkpoints ("
+	"  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  step INTEGER NOT NULL,"
+	"  epoch INTEGER NOT NULL,"
+	"  created_at REAL NOT NULL,"
+	"  bytes INTEGER NOT NULL DEFAULT 0,"
+	"  sha256 TEXT,"
+	"  meta TEXT,"
+	"  model_header BLOB,"
+	"  params_offset INTEGER NOT NULL DEFAULT 0,"
+	"  params_bytes INTEGER NOT NULL DEFAULT 0,"
+	"  complete INTEGER NOT NULL DEFAULT 0"
+	");"
+	"CREATE INDEX checkpoints_by_job ON checkpoints(job_id, step, id);"
+	"CREATE TABLE checkpoint_chunks ("
+	"  id INTEGER PRIMARY KEY,"
+	"  checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,"
+	"  seq INTEGER NOT NULL,"
+	"  data BLOB NOT NULL,"
+	"  UNIQUE (checkpoint_id, seq)"
+	");",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -237,6 +237,26 @@ void tr_store_conn_put(tr_store_t *s, struct conn *c)
 	pthread_mutex_unlock(&s->pool_lock);
 }
 
+/* tr_store_options.max_bytes.  max_page_count is kept per connection, not
+ * in the file, so every connection that may write sets it. */
+static int set_max_bytes(struct conn *c, int64_t max_bytes)
+{
+	if (max_bytes <= 0)
+		return 0;
+	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA page_size");
+	if (!st)
+		return -EIO;
+	int rc = sqlite3_step(st);
+	int64_t page = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+	sqlite3_reset(st);
+	if (rc != SQLITE_ROW)
+		return SQLFAIL(c, rc, "PRAGMA page_size");
+	int64_t pages = page > 0 ? max_bytes / page : 0;
+	char sql[64];
+	snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)(pages > 0 ? pages : 1));
+	return tr_store_exec(c, sql);
+}
+
 static int64_t read_last_event_id(struct conn *c)
 {
 	/* AUTOINCREMENT keeps the high-water mark in sqlite_sequence even when
@@ -277,6 +297,11 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		rc = tr_store_fail(-EINVAL, "flush_interval_ms must be >= 0 (0 = default 200)");
 		goto fail_early;
 	}
+	if (opts && opts->max_bytes < 0) {
+		rc = tr_store_fail(-EINVAL, "max_bytes must be >= 0 (0 = no cap)");
+		goto fail_early;
+	}
+	int64_t max_bytes = opts ? opts->max_bytes : 0;
 	s = calloc(1, sizeof *s);
 	if (!s) {
 		rc = tr_store_fail(-ENOMEM, "out of memory");
@@ -303,11 +328,22 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	rc = enable_wal(&s->wconn, path);
 	if (rc < 0)
 		goto fail;
+	rc = set_max_bytes(&s->wconn, max_bytes);
+	if (rc < 0)
+		goto fail;
 	rc = tr_store_migrate(&s->wconn);
+	if (rc < 0)
+		goto fail;
+	/* Checkpoints still incomplete were being written when a previous run
+	 * died (storage/checkpoints.c); their chunks cascade. */
+	rc = tr_store_exec(&s->wconn, "DELETE FROM checkpoints WHERE complete = 0");
 	if (rc < 0)
 		goto fail;
 	for (int i = 0; i < STORE_POOL_SIZE; i++) {
 		rc = tr_store_conn_open(&s->pool[i], path);
+		if (rc < 0)
+			goto fail;
+		rc = set_max_bytes(&s->pool[i], max_bytes);
 		if (rc < 0)
 			goto fail;
 	}

@@ -34,11 +34,21 @@ typedef struct tr_store tr_store_t;
 struct tr_store_options {
 	size_t metrics_queue_max; /* points buffered before drops; default 1,000,000 */
 	int flush_interval_ms;    /* default 200 */
+	/* Caps the database file: when > 0, every connection (pool, metrics
+	 * writer, checkpoint writers) sets PRAGMA max_page_count = max_bytes /
+	 * page_size, so a write that would grow the file past the cap fails
+	 * with SQLITE_FULL (-ENOSPC), as on a full disk.  For operators who
+	 * want a bound, and for tests that provoke a full database.  A cap
+	 * below the current size holds the file at its current size.  0 = no
+	 * cap (SQLite's own limit); negative is refused. */
+	int64_t max_bytes;
 };
 
 /* Opens (creating if needed) and migrates `path`.  opts may be NULL; zero
  * fields take the defaults.  A database written by a newer trainerd
- * (higher schema version) is refused with -ENOTSUP, naming both versions. */
+ * (higher schema version) is refused with -ENOTSUP, naming both versions.
+ * Incomplete checkpoints (storage/checkpoints.h) left by a crash are
+ * deleted: one database belongs to one daemon, so none can be in progress. */
 int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, char *err,
 		  size_t errlen);
 /* Flushes the queue, stops the writer, closes.  Accepts NULL. */

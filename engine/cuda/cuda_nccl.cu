@@ -66,6 +66,16 @@ static int nccl_error(tr_backend_t *be, ncclResult_t r, ncclComm_t nc, const cha
 				 detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
+/* For calls that complete at once; collectives and initialisation may
+ * also answer ncclInProgress on these non-blocking communicators and are
+ * handled where they are made. */
+#define NCCL_CHECK(be, nc, stmt)                                                         \
+	do {                                                                             \
+		ncclResult_t r_ = (stmt);                                                \
+		if (r_ != ncclSuccess)                                                   \
+			return nccl_error((be), r_, (nc), #stmt, __FILE__, __LINE__);    \
+	} while (0)
+
 #define NCCL_FAILED(r) ((r) != ncclSuccess && (r) != ncclInProgress)
 
 static bool is_aborted(const struct tr_comm *cm)
@@ -100,7 +110,7 @@ static ncclResult_t settle_all(struct tr_comm *cm, double timeout_s, int *failed
 	unsigned spins = 0;
 
 	for (int r = 0; r < cm->ndev; r++) {
-		ncclResult_t st = ncclInProgress;
+		ncclResult_t st = ncclSuccess; /* a rank without a communicator has nothing pending */
 		while (cm->ranks[r].nc) {
 			ncclResult_t q = ncclCommGetAsyncError(cm->ranks[r].nc, &st);
 			if (q != ncclSuccess)
@@ -188,12 +198,8 @@ static int init_nccl(struct tr_comm *cm)
 
 	cfg.blocking = 0;
 	cfg.commName = "trainerd";
-	r = ncclGetUniqueId(&id);
-	if (r != ncclSuccess)
-		return nccl_error(be, r, NULL, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
-	r = ncclGroupStart();
-	if (r != ncclSuccess)
-		return nccl_error(be, r, NULL, "ncclGroupStart()", __FILE__, __LINE__);
+	NCCL_CHECK(be, NULL, ncclGetUniqueId(&id));
+	NCCL_CHECK(be, NULL, ncclGroupStart());
 	for (int i = 0; i < cm->ndev; i++) {
 		struct nccl_rank *rk = &cm->ranks[i];
 		if (cudaSetDevice(b->dev[rk->dev].ordinal) != cudaSuccess) {

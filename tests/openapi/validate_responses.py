@@ -20,7 +20,11 @@ of that response's media types; the body validates against the response's
 schema (JSON Schema 2020-12 with $refs into components; a text/event-stream
 body is split into frames and each parsed frame validated against the
 media type's contentSchema); required response headers are present and
-match their schemas; a response without content has an empty body.  A
+match their schemas; a response without content has an empty body.  An
+application/octet-stream body (a download) is recorded as null when it is
+not UTF-8, so only its length can be checked, against Content-Length, and
+only when it was recorded.  HEAD is checked as the path's GET with an
+empty body (the daemon answers HEAD wherever it answers GET).  A
 path no route serves must be answered 404 with an Error body, a method the
 path does not serve 405 with an Error body and an Allow header naming the
 documented methods.  For successful (2xx) exchanges the request is checked
@@ -359,6 +363,15 @@ def check_request(spec, op, path_item, rec, params, query, problems):
 def check_response_body(spec, media, rec, problems):
     mt = media_type(rec.get("content_type"))
     body = rec.get("body")
+    if mt == "application/octet-stream":
+        # Binary: the harness keeps the bytes only when they happen to be
+        # UTF-8.  Whatever was kept must be the whole body.
+        length = parse_headers(rec.get("headers")).get("content-length")
+        if body is not None and length is not None and length.isdigit() and \
+                len(body.encode("utf-8")) != int(length):
+            problems.append("the body is %d bytes, Content-Length says %s"
+                            % (len(body.encode("utf-8")), length))
+        return
     if body is None:
         problems.append("the body is not valid UTF-8")
         return
@@ -407,10 +420,14 @@ def check_exchange(spec, rec, allow_500):
     url = urllib.parse.urlsplit(rec["path"])
     template, params = spec.match(url.path)
     method = rec["method"].lower()
+    head = (method == "head" and template is not None and "head" not in spec.doc["paths"][template]
+            and "get" in spec.doc["paths"][template])
+    if head:
+        method = "get"
     if template is None or method not in spec.doc["paths"][template]:
         check_unrouted(spec, rec, template, problems)
         return "unrouted", problems
-    label = "%s %s" % (method.upper(), template)
+    label = "%s %s" % ("HEAD" if head else method.upper(), template)
     path_item = spec.doc["paths"][template]
     op = path_item[method]
     status = rec["status"]
@@ -429,6 +446,9 @@ def check_exchange(spec, rec, allow_500):
         mt = media_type(rec.get("content_type"))
         if mt not in content:
             problems.append("Content-Type %r is not one of %s" % (rec.get("content_type"), ", ".join(content)))
+        elif head:
+            if rec.get("body") != "":
+                problems.append("HEAD answered with a body")
         else:
             check_response_body(spec, content[mt], rec, problems)
     elif rec.get("body"):

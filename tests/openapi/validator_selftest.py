@@ -32,6 +32,12 @@ def rec(method, path, status, body=None, ctype=JSON, headers=(), req=None, req_h
             "request_body_len": len(json.dumps(req)) if req is not None else 0}
 
 
+def download(path, body, headers, method="GET"):
+    """A download: body None is what the harness records for bytes that
+    are not UTF-8."""
+    return dict(rec(method, path, 200, body or "x", headers=headers), content_type=OCTETS, body=body)
+
+
 def err(code):
     return {"error": {"code": code, "message": "m"}}
 
@@ -47,6 +53,9 @@ SSE_OK = ('retry: 3000\n\nid: 3\nevent: state\ndata: {"state":"running","error":
           'id: 5\nevent: metrics\ndata: {"points":[{"name":"loss","step":1,"epoch":0,"wall":2.5,"value":null}]}\n\n'
           'id: 6\nevent: sta')  # a frame cut off by the client: ignored
 SPEC_BODY = JOB["spec"]
+OCTETS = "application/octet-stream"
+CKPT = {"step": 200, "epoch": 1, "created_at": "2026-11-29T18:56:41.118Z", "bytes": 1024, "sha256": "0" * 64}
+MODEL_HEADERS = ['Content-Disposition: attachment; filename="job-17-step-200-model.safetensors"']
 
 CASES = [
     # (what, exchange, must find a problem)
@@ -99,6 +108,37 @@ CASES = [
     ("logs ok", rec("GET", "/jobs/17/logs?limit=10", 200,
                     {"logs": [{"id": 1, "time": 2.5, "level": 6, "message": "m"}], "next": None}), False),
     ("logs bad cursor", rec("GET", "/jobs/17/logs", 200, {"logs": [], "next": 5}), True),
+    ("checkpoints list", rec("GET", "/jobs/17/checkpoints", 200, {"checkpoints": [CKPT]}), False),
+    ("checkpoints list with a bad sha256", rec("GET", "/jobs/17/checkpoints", 200,
+                                               {"checkpoints": [dict(CKPT, sha256="abc")]}), True),
+    ("checkpoint requested", rec("POST", "/jobs/17/checkpoints", 202, {"requested": True, "job": 17}), False),
+    ("model download", rec("GET", "/jobs/17/checkpoints/latest/model.safetensors", 200, "\u0008abc",
+                           ctype=OCTETS, headers=MODEL_HEADERS + ["Content-Length: 4"]), False),
+    ("model download of undecodable bytes", download("/jobs/17/checkpoints/200/model.safetensors", None,
+                                                     MODEL_HEADERS + ["Content-Length: 9"]), False),
+    ("model download shorter than Content-Length",
+     rec("GET", "/jobs/17/checkpoints/200/model.safetensors", 200, "abc", ctype=OCTETS,
+         headers=MODEL_HEADERS + ["Content-Length: 4"]), True),
+    ("model download without Content-Length",
+     rec("GET", "/jobs/17/checkpoints/200/model.safetensors", 200, "abc", ctype=OCTETS, headers=MODEL_HEADERS),
+     True),
+    ("model download as JSON", rec("GET", "/jobs/17/checkpoints/200/model.safetensors", 200, {"x": 1},
+                                   headers=MODEL_HEADERS + ["Content-Length: 9"]), True),
+    ("model download of a bad step", rec("GET", "/jobs/17/checkpoints/newest/model.safetensors", 200, "abc",
+                                         ctype=OCTETS, headers=MODEL_HEADERS + ["Content-Length: 3"]), True),
+    ("checkpoint download without ETag",
+     rec("GET", "/jobs/17/checkpoints/200/checkpoint.safetensors", 200, "abc", ctype=OCTETS,
+         headers=["Content-Length: 3", 'Content-Disposition: attachment; filename="job-17-step-200-checkpoint'
+                  '.safetensors"']), True),
+    ("checkpoint download 404", rec("GET", "/jobs/17/checkpoints/5/checkpoint.safetensors", 404,
+                                    err("not_found")), False),
+    ("HEAD of a download", download("/jobs/17/checkpoints/latest/model.safetensors", "",
+                                    MODEL_HEADERS + ["Content-Length: 1234"], method="HEAD"), False),
+    ("HEAD of a download with a body", download("/jobs/17/checkpoints/latest/model.safetensors", "abc",
+                                                MODEL_HEADERS + ["Content-Length: 3"], method="HEAD"), True),
+    ("HEAD with a body", rec("HEAD", "/jobs/17", 200, job()), True),
+    ("HEAD of a POST-only path", rec("HEAD", "/jobs/17/cancel", 405, err("method_not_allowed"),
+                                     headers=["Allow: POST"]), False),
     ("openapi yaml", rec("GET", "/openapi.yaml", 200, "openapi: 3.1.0\n", ctype="application/yaml"), False),
     ("openapi not yaml of a spec", rec("GET", "/openapi.yaml", 200, "- 1\n", ctype="application/yaml"), True),
 ]

@@ -9,22 +9,30 @@
  * that needs one is skipped with the reason, printed on stderr as well
  * because Criterion shows skips only with --verbose.
  *
- * Tolerances, and why:
- *   exact          add_bias, mul, scale, dropout (mask and output), relu:
- *                  one float operation each, or integer RNG arithmetic.
- *   1 ulp-ish      mse gradient, sgd/adam updates (rtol 1e-6): the same
- *                  float operations in the same order (cuda_kernels.cu is
- *                  built with --fmad=false); slack only for a CPU build
- *                  that contracts to FMA.
- *   rtol 2e-5      gelu, gelu_tanh, tanh, sigmoid forward and backward:
- *                  CUDA's erff/expf/tanhf are within 2 ulp, glibc's 1.
- *   1e-5 x sum|.|  gemm, col_sum, layernorm parameter gradients: float
- *                  sums in another order; bounded by the sum of absolute
- *                  terms (TF32 gemm: 5e-3 x sum|a||b|).
- *   rtol 1e-5      layernorm output and dx, softmax_ce dlogits: float math
- *                  on double statistics that differ in the last bits.
- *   rtol 1e-9      sumsq and the mse loss (double sums, other order);
- *                  softmax_ce loss 1e-6 (expf differs by ulps per term).
+ * Tolerances (|cuda - cpu| <= atol + rtol * |cpu| unless said), and why:
+ *   exact            add_bias, mul, scale, relu, dropout (mask and output),
+ *                    gemm with k = 0: one float operation per element, or
+ *                    integer RNG arithmetic.
+ *   rtol 1e-6        mse gradient, sgd/adam parameters and states: the same
+ *                    float operations in the same order (cuda_kernels.cu is
+ *                    built with --fmad=false); slack only for a CPU build
+ *                    that contracts to FMA.
+ *   rtol 2e-5        gelu, gelu_tanh, tanh, sigmoid forward and backward
+ *   atol 1e-6        (CUDA's erff/expf/tanhf are within 2 ulp, glibc's 1).
+ *   1e-5 x sum|.|    gemm (sum of |alpha a b| + |beta c|), layernorm
+ *                    dgamma/dbeta, col_sum (sum|x|): float sums in
+ *                    another order, bounded by the sum of absolute terms.
+ *                    TF32 gemm: 5e-3 x sum|a b| (10-bit mantissas).
+ *   rtol 1e-5        layernorm y (atol 1e-5) and rstd, mean 1e-6, dx 1e-4
+ *                    (atol 2e-5): float math on double statistics whose
+ *                    summation order differs.
+ *   rtol 1e-5        softmax_ce dlogits, atol 5e-7 for the label's entry
+ *                    p - scale, which cancels when p ~ scale; the loss sum
+ *                    1e-6 (expf differs by ulps per term); the correct
+ *                    count exactly.
+ *   rtol 1e-9        sumsq and the mse loss: double sums in another order.
+ *   rel 1e-3         whole jobs: every step's loss and the final weights
+ *                    (1e-3 x max(1, |w|)), the task's requirement.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -162,6 +170,10 @@ static void check_bounded(const char *what, const float *got, const float *want,
 			  (double)got[i], (double)want[i], err, atol + rtol * bound[i]);
 	}
 }
+
+/* Every .timeout in this file is the same 300 s: Criterion 2.4.1 leaks
+ * (and LeakSanitizer fails the ASan run) when tests with different
+ * timeouts run in parallel. */
 
 static const int sizes[] = {1, 7, 1023};
 #define N_SIZES 3
@@ -361,6 +373,8 @@ static void gemm_case(tr_backend_t *g, bool ta, bool tb, int m, int n, int k, fl
 		}
 	}
 	float *da = up(a, mk), *db = up(b, kn), *dc = up(c0, mn);
+	/* g may be another backend (another stream): let the uploads finish */
+	cr_assert_eq(gpu->i->sync(gpu, 0), 0);
 	cr_assert_eq(g->i->gemm(g, 0, ta, tb, m, n, k, alpha, da, db, beta, dc), 0, "%s", g->i->last_error(g));
 	float *got = malloc(mn * sizeof(float));
 	cr_assert_eq(g->i->to_host(g, 0, got, dc, mn * sizeof(float)), 0);
@@ -368,9 +382,9 @@ static void gemm_case(tr_backend_t *g, bool ta, bool tb, int m, int n, int k, fl
 	char what[96];
 	snprintf(what, sizeof what, "gemm ta=%d tb=%d m=%d n=%d k=%d", ta, tb, m, n, k);
 	check_bounded(what, got, want, bound, mn, rtol, 1e-6);
-	g->i->free(g, 0, da);
-	g->i->free(g, 0, db);
-	g->i->free(g, 0, dc);
+	dfree(da);
+	dfree(db);
+	dfree(dc);
 	free(a);
 	free(b);
 	free(c0);
@@ -457,7 +471,7 @@ Test(cuda, add_bias_and_col_sum)
 			for (int r = 0; r < rows; r++)
 				for (int c = 0; c < cols; c++)
 					bound[c] += fabs(want[(size_t)r * cols + c]);
-			check_bounded("col_sum", got, sum_cpu, bound, (size_t)cols, 1e-6, 1e-6);
+			check_bounded("col_sum", got, sum_cpu, bound, (size_t)cols, 1e-5, 1e-6);
 			free(got);
 			free(bound);
 			free(y);
@@ -705,7 +719,8 @@ Test(cuda, softmax_ce_matches_cpu)
 			float *gdz = down(d_dz, n);
 			char what[64];
 			snprintf(what, sizeof what, "softmax_ce dlogits %dx%d", rows, classes);
-			check_close(what, gdz, dz, n, 1e-5, 1e-8);
+			/* atol: the label's entry is p - scale, which cancels when p ~ scale */
+			check_close(what, gdz, dz, n, 1e-5, 5e-7);
 			cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-6 * fabs(out_cpu[0]) + 1e-9,
 				  "softmax_ce loss %dx%d: cuda %.12g cpu %.12g", rows, classes, out_gpu[0], out_cpu[0]);
 			cr_assert_eq(out_gpu[1], out_cpu[1], "softmax_ce correct count %dx%d", rows, classes);
@@ -942,7 +957,7 @@ static const char *JOB_SGD_MSE =
 	" \"nesterov\": true, \"weight_decay\": 0.001}}";
 
 /* The jobs above must stay valid specs even where no GPU runs them. */
-Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 120)
+Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 {
 	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE};
 	tr_backend_t *c = tr_cpu_backend_create(1, 1);
@@ -1055,7 +1070,7 @@ static void *ar_thread(void *p)
 	return NULL;
 }
 
-Test(cuda_multi, allreduce_sums_and_agrees_on_every_rank, .timeout = 120)
+Test(cuda_multi, allreduce_sums_and_agrees_on_every_rank, .timeout = 300)
 {
 	int nd = NEED_GPUS(2);
 	size_t lens[] = {1, 7, 1023, (1u << 22) + 5};
@@ -1115,7 +1130,7 @@ static bool wait_finished(struct ar_arg *a, double seconds)
 
 /* Rank 1 never arrives; rank 0 waits in sync behind its collective until
  * comm_abort releases it, and later calls are cancelled. */
-Test(cuda_multi, abort_releases_a_waiting_rank, .timeout = 120)
+Test(cuda_multi, abort_releases_a_waiting_rank, .timeout = 300)
 {
 	NEED_GPUS(2);
 	int devs[2] = {0, 1};
@@ -1141,7 +1156,7 @@ Test(cuda_multi, abort_releases_a_waiting_rank, .timeout = 120)
 }
 
 /* Different lengths would make NCCL hang or read out of bounds. */
-Test(cuda_multi, length_mismatch_fails_without_hanging, .timeout = 120)
+Test(cuda_multi, length_mismatch_fails_without_hanging, .timeout = 300)
 {
 	NEED_GPUS(2);
 	tr_comm_t *comm = gpu->i->comm_create(gpu, 2, NULL);

@@ -446,7 +446,7 @@ static struct tr_snapshot *round_trip(const tr_model_t *m, enum tr_optim_type op
 		p += l.seg_len[k];
 	}
 	struct tr_snapshot *back;
-	cr_assert_eq(tr_checkpoint_parse(img, l.total_bytes, m, opt, &back, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_checkpoint_parse(img, l.total_bytes, m, opt, false, &back, err, sizeof err), 0, "%s", err);
 	/* The weights-only file is its own header plus the params prefix. */
 	size_t mlen = l.model_header_len + l.params_bytes;
 	uint8_t *model = malloc(mlen);
@@ -491,8 +491,8 @@ static void exact_resume(const char *job, int devices)
 		struct tr_snapshot *snap = round_trip(&model, spec.optimizer.type, sink.snaps[i]);
 		cr_assert_eq(snap->step, sink.snaps[i]->step);
 		opt.hooks = (struct tr_trainer_hooks){0};
-		opt.resume = snap;
 		cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_trainer_restore(t, snap, false, err, sizeof err), 0, "%s", err);
 		cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
 		float *resumed = malloc(n * sizeof(float));
 		tr_trainer_copy_params(t, 0, resumed);

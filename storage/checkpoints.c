@@ -1,0 +1,979 @@
+/* Checkpoints (storage/checkpoints.h): a blob split into 4 MiB chunk rows,
+ * streamed in by a writer and out by a reader, each on a connection of its
+ * own so that neither holds a pooled one (or the write lock) for the length
+ * of a large transfer.
+ *
+ * Writing: begin inserts the checkpoint row with complete = 0 in one short
+ * transaction; every full chunk is inserted in its own short BEGIN
+ * IMMEDIATE transaction, so the metrics writer waits at most one chunk; the
+ * commit stores the last partial chunk, checks what the database holds
+ * against what was written, stores the SHA-256 (computed as the bytes came
+ * in), flips complete and hides the checkpoints it prunes, all in one
+ * transaction, then deletes the pruned ones (below).
+ * Any failure discards the partial checkpoint at once, so a full disk is
+ * given back its space before the caller even calls abort; a failed
+ * discard is finished by the next tr_store_open.
+ *
+ * Deleting: a checkpoint leaves in two steps.  One short transaction hides
+ * it (complete = 0: the commit does this for the checkpoints it prunes,
+ * atomically with completing the new one); then its chunks are deleted a
+ * few per transaction and the row last.  Deleting 100 MB in one
+ * transaction would hold the write lock, and so the metrics writer, for
+ * half a second.  What a crash leaves hidden is deleted at the next open.
+ *
+ * Reading: a reader opens a read transaction, checks the chunk layout once
+ * and then reads with incremental blob I/O (sqlite3_blob_reopen moves the
+ * handle between chunks without compiling a statement), straight into the
+ * caller's buffer.
+ *
+ * Hashing runs at about the speed of SQLite's own work on a chunk, so a
+ * chunk is hashed on a short-lived helper thread while the calling thread
+ * inserts it (or, in tr_store_ckpt_load, reads the next one): both only
+ * read the bytes, and the join orders the digest state.  This nearly
+ * halves the time of a large checkpoint.
+ */
+#include "storage/checkpoints.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/internal.h"
+#include "storage/sha256.h"
+
+#define CHUNK_BYTES ((size_t)4 << 20)
+/* Below this a helper thread costs more than it saves. */
+#define BG_HASH_MIN ((size_t)256 << 10)
+/* Chunks deleted per transaction: freeing a chunk reads each of its
+ * overflow pages (about 20 ms per 4 MiB), and the write lock is held
+ * meanwhile. */
+#define PURGE_CHUNKS 2
+
+/* length(model_header) rather than the header itself: rows are listed
+ * often and the header is only needed for a weights-only download. */
+#define CKPT_COLS                                                                                        \
+	"id, job_id, step, epoch, created_at, bytes, sha256, params_offset, params_bytes, " \
+	"length(model_header), meta"
+
+static const char sql_insert_ckpt[] = "INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete)"
+				      " VALUES (?1, ?2, ?3, ?4, ?5, 0)";
+static const char sql_insert_chunk[] = "INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (?1, ?2, ?3)";
+/* length() of a blob column is read from the record header: the chunks'
+ * overflow pages are not touched. */
+static const char sql_chunk_totals[] = "SELECT count(*), coalesce(sum(length(data)), 0), coalesce(max(seq), -1)"
+				       " FROM checkpoint_chunks WHERE checkpoint_id = ?1";
+static const char sql_complete[] = "UPDATE checkpoints SET bytes = ?2, sha256 = ?3, model_header = ?4,"
+				   " params_offset = ?5, params_bytes = ?6, complete = 1"
+				   " WHERE id = ?1 AND complete = 0";
+/* The checkpoint just committed always stays, even when an older-step
+ * checkpoint is written after newer ones (a job resumed from an earlier
+ * step): keep - 1 others survive beside it. */
+static const char sql_prunable[] = "SELECT id FROM checkpoints WHERE job_id = ?1 AND complete = 1 AND id <> ?2"
+				   " ORDER BY step DESC, id DESC LIMIT -1 OFFSET ?3";
+static const char sql_hide[] = "UPDATE checkpoints SET complete = 0 WHERE id = ?1";
+static const char sql_purge_chunks[] = "DELETE FROM checkpoint_chunks WHERE id IN"
+				       " (SELECT id FROM checkpoint_chunks WHERE checkpoint_id = ?1 ORDER BY seq LIMIT ?2)";
+static const char sql_purge_row[] = "DELETE FROM checkpoints WHERE id = ?1 AND complete = 0";
+static const char sql_row_by_id[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE id = ?1";
+static const char sql_list[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
+			       " ORDER BY step DESC, id DESC";
+static const char sql_get_step[] = "SELECT " CKPT_COLS " FROM checkpoints"
+				   " WHERE job_id = ?1 AND step = ?2 AND complete = 1 ORDER BY id DESC LIMIT 1";
+static const char sql_get_newest[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
+				     " ORDER BY step DESC, id DESC LIMIT 1";
+static const char sql_header[] = "SELECT model_header FROM checkpoints WHERE id = ?1 AND complete = 1";
+static const char sql_reader_row[] = "SELECT job_id, step, bytes, sha256 FROM checkpoints WHERE id = ?1 AND complete = 1";
+static const char sql_reader_chunks[] = "SELECT seq, id, length(data) FROM checkpoint_chunks"
+					" WHERE checkpoint_id = ?1 ORDER BY seq";
+
+struct tr_ckpt_writer {
+	struct conn c; /* opened at begin, closed at commit or abort */
+	int64_t id;    /* the incomplete row; 0 once committed or discarded */
+	int64_t job_id, step;
+	int64_t bytes;   /* appended so far */
+	int64_t nchunks; /* chunks stored */
+	unsigned char *buf; /* the chunk being filled; allocated when first needed */
+	size_t nbuf;
+	struct tr_sha256 sha;
+	int err; /* first failure: every later call repeats it */
+	char errmsg[512];
+};
+
+struct tr_ckpt_reader {
+	struct conn c;
+	sqlite3_blob *blob;
+	int64_t cur; /* the chunk blob points at; -1 = none */
+	int64_t id, job_id, step, bytes, nchunks;
+	int64_t *rowids; /* of chunk 0 .. nchunks-1 */
+	char sha256[65];
+};
+
+/* ---- rows ------------------------------------------------------------------ */
+
+void tr_ckpt_row_finish(struct tr_ckpt_row *row)
+{
+	if (!row)
+		return;
+	free(row->meta);
+	memset(row, 0, sizeof *row);
+}
+
+void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count)
+{
+	if (!rows)
+		return;
+	for (int i = 0; i < count; i++)
+		tr_ckpt_row_finish(&rows[i]);
+	free(rows);
+}
+
+/* Reads a row selected with CKPT_COLS. */
+static int read_row(sqlite3_stmt *st, struct tr_ckpt_row *r)
+{
+	memset(r, 0, sizeof *r);
+	r->id = sqlite3_column_int64(st, 0);
+	r->job_id = sqlite3_column_int64(st, 1);
+	r->step = sqlite3_column_int64(st, 2);
+	r->epoch = sqlite3_column_int64(st, 3);
+	r->created_at = sqlite3_column_double(st, 4);
+	r->bytes = sqlite3_column_int64(st, 5);
+	const unsigned char *sha = sqlite3_column_text(st, 6);
+	snprintf(r->sha256, sizeof r->sha256, "%s", sha ? (const char *)sha : "");
+	r->params_offset = sqlite3_column_int64(st, 7);
+	r->params_bytes = sqlite3_column_int64(st, 8);
+	r->model_header_len = sqlite3_column_int64(st, 9);
+	const unsigned char *meta = sqlite3_column_text(st, 10);
+	if (meta && !(r->meta = strdup((const char *)meta)))
+		return tr_store_fail(-ENOMEM, "out of memory");
+	return 0;
+}
+
+/* ---- hashing beside I/O ---------------------------------------------------- */
+
+struct bg_hash {
+	pthread_t thread;
+	bool running;
+	struct tr_sha256 *sha;
+	const void *p;
+	size_t n;
+};
+
+static void *bg_hash_main(void *arg)
+{
+	struct bg_hash *h = arg;
+	tr_sha256_update(h->sha, h->p, h->n);
+	return NULL;
+}
+
+/* Feeds p[0, n) to sha, on a helper thread when that is worth it (and
+ * possible: without one the bytes are hashed here).  Until bg_hash_wait,
+ * the bytes must not change and sha must not be touched. */
+static void bg_hash_start(struct bg_hash *h, struct tr_sha256 *sha, const void *p, size_t n)
+{
+	*h = (struct bg_hash){.sha = sha, .p = p, .n = n};
+	if (n >= BG_HASH_MIN && pthread_create(&h->thread, NULL, bg_hash_main, h) == 0)
+		h->running = true;
+	else
+		tr_sha256_update(sha, p, n);
+}
+
+static void bg_hash_wait(struct bg_hash *h)
+{
+	if (h->running)
+		pthread_join(h->thread, NULL);
+	h->running = false;
+}
+
+/* ---- connections ------------------------------------------------------------- */
+
+/* Opens a connection of the checkpoint code's own.  PRAGMA max_page_count
+ * (tr_store_options.max_bytes) is a setting of each connection, not of the
+ * file, so a writing connection copies it from a pooled one, which
+ * tr_store_open configured.  Readers never allocate pages and skip this. */
+static int open_own(tr_store_t *s, struct conn *c, bool writes)
+{
+	int64_t limit = 0;
+	if (writes) {
+		struct conn *p = tr_store_conn_get(s);
+		int err = -EIO;
+		sqlite3_stmt *st = tr_store_stmt(p, "PRAGMA max_page_count");
+		if (st) {
+			int rc = sqlite3_step(st);
+			if (rc == SQLITE_ROW) {
+				limit = sqlite3_column_int64(st, 0);
+				err = 0;
+			} else {
+				err = SQLFAIL(p, rc, "PRAGMA max_page_count");
+			}
+		}
+		tr_store_conn_put(s, p);
+		if (err < 0)
+			return err;
+	}
+	int err = tr_store_conn_open(c, s->path);
+	if (err < 0 || limit <= 0)
+		return err;
+	char sql[64];
+	snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)limit);
+	err = tr_store_exec(c, sql);
+	if (err < 0)
+		tr_store_conn_close(c);
+	return err;
+}
+
+/* ---- deleting ------------------------------------------------------------------ */
+
+/* One statement on id in a write transaction of its own; *changes (may be
+ * NULL) receives the row count. */
+static int exec_id(struct conn *c, const char *sql, int64_t id, int64_t arg, int *changes)
+{
+	int err = tr_store_begin(c, true);
+	if (err < 0)
+		return err;
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
+	if (!st) {
+		err = -EIO;
+	} else {
+		sqlite3_bind_int64(st, 1, id);
+		if (sqlite3_bind_parameter_count(st) >= 2)
+			sqlite3_bind_int64(st, 2, arg);
+		int rc = sqlite3_step(st);
+		if (rc != SQLITE_DONE)
+			err = SQLFAIL(c, rc, sql);
+		sqlite3_reset(st);
+	}
+	if (changes)
+		*changes = sqlite3_changes(c->db);
+	if (err == 0)
+		err = tr_store_commit(c);
+	if (err < 0)
+		tr_store_rollback(c);
+	return err;
+}
+
+/* Deletes a hidden (complete = 0) checkpoint: its chunks PURGE_CHUNKS per
+ * transaction, then the row. */
+static int purge(struct conn *c, int64_t id)
+{
+	for (;;) {
+		int n = 0;
+		int err = exec_id(c, sql_purge_chunks, id, PURGE_CHUNKS, &n);
+		if (err < 0)
+			return err;
+		if (n == 0)
+			return exec_id(c, sql_purge_row, id, 0, NULL);
+	}
+}
+
+/* ---- writing ------------------------------------------------------------------- */
+
+/* Deletes the incomplete checkpoint.  Keeps the calling thread's error
+ * message: it runs on failure paths, where that message is the one the
+ * caller needs. */
+static int discard(struct tr_ckpt_writer *w)
+{
+	if (!w->id || !w->c.db)
+		return 0;
+	char saved[512];
+	tr_store_errcpy(saved, sizeof saved);
+	tr_store_rollback(&w->c);
+	int err = purge(&w->c, w->id);
+	/* Not retried: tr_store_open deletes what is left. */
+	w->id = 0;
+	tr_store_fail(0, "%s", saved);
+	return err;
+}
+
+/* Every failure of a writer ends here: discards the partial checkpoint,
+ * words the message (a full database says so), and makes the failure
+ * sticky.  Returns err. */
+static int writer_fail(struct tr_ckpt_writer *w, int err)
+{
+	char cause[512];
+	tr_store_errcpy(cause, sizeof cause);
+	bool discarded = discard(w) == 0;
+	const char *fate = discarded ? "the partial checkpoint was deleted"
+				     : "the partial checkpoint will be deleted at the next open";
+	if (err == -ENOSPC)
+		tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s); %s, earlier checkpoints are intact",
+			      (long long)w->job_id, (long long)w->step, cause, fate);
+	else
+		tr_store_fail(err, "checkpoint of job %lld at step %lld: %s; %s", (long long)w->job_id,
+			      (long long)w->step, cause, fate);
+	w->err = err;
+	tr_store_errcpy(w->errmsg, sizeof w->errmsg);
+	return err;
+}
+
+/* Maps a failed step on a checkpoint table: a foreign key failure means
+ * the row it hangs from is gone. */
+static int step_fail(struct tr_ckpt_writer *w, int rc, const char *what)
+{
+	if (rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+		return tr_store_fail(-ENOENT, "the checkpoint was deleted while being written (was job %lld deleted?)",
+				     (long long)w->job_id);
+	return SQLFAIL(&w->c, rc, what);
+}
+
+/* Inserts chunk number w->nchunks and feeds it to the digest.  own_txn: in
+ * a short transaction of its own (the commit stores the last chunk inside
+ * its transaction). */
+static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n, bool own_txn)
+{
+	struct bg_hash hash;
+	bg_hash_start(&hash, &w->sha, p, n);
+	int err = 0;
+	if (own_txn && (err = tr_store_begin(&w->c, true)) < 0) {
+		bg_hash_wait(&hash);
+		return err;
+	}
+	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_insert_chunk);
+	if (!st) {
+		err = -EIO;
+	} else {
+		sqlite3_bind_int64(st, 1, w->id);
+		sqlite3_bind_int64(st, 2, w->nchunks);
+		/* SQLITE_STATIC: SQLite copies the bytes into its pages anyway;
+		 * a transient copy would be a second 4 MiB memcpy. */
+		sqlite3_bind_blob64(st, 3, p, n, SQLITE_STATIC);
+		int rc = sqlite3_step(st);
+		if (rc != SQLITE_DONE)
+			err = step_fail(w, rc, "insert a checkpoint chunk");
+		sqlite3_reset(st);
+		sqlite3_clear_bindings(st); /* drops the pointer to the caller's bytes */
+	}
+	if (own_txn) {
+		if (err == 0)
+			err = tr_store_commit(&w->c);
+		if (err < 0)
+			tr_store_rollback(&w->c);
+	}
+	bg_hash_wait(&hash);
+	if (err == 0)
+		w->nchunks++;
+	return err;
+}
+
+static int check_meta(const char *meta)
+{
+	if (!meta)
+		return 0;
+	if (!tr_store_utf8_valid(meta))
+		return tr_store_fail(-EINVAL, "checkpoint meta is not valid UTF-8");
+	json_error_t jerr;
+	json_t *j = json_loads(meta, 0, &jerr);
+	if (!j)
+		return tr_store_fail(-EINVAL, "checkpoint meta is not valid JSON: %s (column %d)", jerr.text,
+				     jerr.column);
+	bool object = json_is_object(j);
+	json_decref(j);
+	return object ? 0 : tr_store_fail(-EINVAL, "checkpoint meta must be a JSON object");
+}
+
+int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epoch, const char *meta_json,
+			tr_ckpt_writer_t **out)
+{
+	if (!out)
+		return tr_store_fail(-EINVAL, "checkpoint begin: no output pointer");
+	*out = NULL;
+	if (!s)
+		return tr_store_fail(-EINVAL, "checkpoint begin: no store");
+	/* Negative steps are refused: tr_store_ckpt_get reads step < 0 as
+	 * "the newest", so such a checkpoint could never be fetched. */
+	if (step < 0 || step > STORE_STEP_LIMIT || epoch < 0 || epoch > STORE_STEP_LIMIT)
+		return tr_store_fail(-EINVAL, "checkpoint of job %lld: step %lld and epoch %lld must be in [0, 2^62]",
+				     (long long)job_id, (long long)step, (long long)epoch);
+	int err = check_meta(meta_json);
+	if (err < 0)
+		return err;
+
+	struct tr_ckpt_writer *w = calloc(1, sizeof *w);
+	if (!w)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	w->job_id = job_id;
+	w->step = step;
+	tr_sha256_init(&w->sha);
+	err = open_own(s, &w->c, true);
+	if (err < 0)
+		goto fail_free;
+	err = tr_store_begin(&w->c, true);
+	if (err < 0)
+		goto fail_conn;
+	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_insert_ckpt);
+	if (!st) {
+		err = -EIO;
+		goto fail_txn;
+	}
+	sqlite3_bind_int64(st, 1, job_id);
+	sqlite3_bind_int64(st, 2, step);
+	sqlite3_bind_int64(st, 3, epoch);
+	sqlite3_bind_double(st, 4, tr_store_now());
+	if (meta_json)
+		sqlite3_bind_text(st, 5, meta_json, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE) {
+		err = rc == SQLITE_CONSTRAINT_FOREIGNKEY ? tr_store_fail(-ENOENT, "job %lld does not exist", (long long)job_id)
+							 : SQLFAIL(&w->c, rc, "insert a checkpoint");
+		goto fail_txn;
+	}
+	w->id = sqlite3_last_insert_rowid(w->c.db);
+	err = tr_store_commit(&w->c);
+	if (err < 0)
+		goto fail_txn;
+	*out = w;
+	return 0;
+
+fail_txn:
+	tr_store_rollback(&w->c);
+fail_conn:
+	tr_store_conn_close(&w->c);
+fail_free:
+	free(w);
+	if (err == -ENOSPC) {
+		char cause[512];
+		tr_store_errcpy(cause, sizeof cause);
+		tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s)", (long long)job_id,
+			      (long long)step, cause);
+	}
+	return err;
+}
+
+int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
+{
+	if (!w)
+		return tr_store_fail(-EINVAL, "checkpoint write: no writer");
+	if (w->err)
+		return tr_store_fail(w->err, "%s", w->errmsg);
+	if (len && !data)
+		return tr_store_fail(-EINVAL, "checkpoint write: NULL data");
+	if ((uint64_t)len > (uint64_t)(INT64_MAX - w->bytes))
+		return writer_fail(w, tr_store_fail(-EFBIG, "a checkpoint cannot exceed 2^63 bytes"));
+	const unsigned char *p = data;
+	w->bytes += (int64_t)len;
+	while (len) {
+		int err;
+		if (w->nbuf == 0 && len >= CHUNK_BYTES) {
+			/* Whole chunks go from the caller's memory to SQLite. */
+			err = store_chunk(w, p, CHUNK_BYTES, true);
+			if (err < 0)
+				return writer_fail(w, err);
+			p += CHUNK_BYTES;
+			len -= CHUNK_BYTES;
+			continue;
+		}
+		if (!w->buf && !(w->buf = malloc(CHUNK_BYTES)))
+			return writer_fail(w, tr_store_fail(-ENOMEM, "out of memory"));
+		size_t n = CHUNK_BYTES - w->nbuf < len ? CHUNK_BYTES - w->nbuf : len;
+		memcpy(w->buf + w->nbuf, p, n);
+		w->nbuf += n;
+		p += n;
+		len -= n;
+		if (w->nbuf == CHUNK_BYTES) {
+			err = store_chunk(w, w->buf, CHUNK_BYTES, true);
+			if (err < 0)
+				return writer_fail(w, err);
+			w->nbuf = 0;
+		}
+	}
+	return 0;
+}
+
+static void writer_free(struct tr_ckpt_writer *w)
+{
+	tr_store_conn_close(&w->c);
+	free(w->buf);
+	free(w);
+}
+
+/* What the database holds for the checkpoint must be what was written:
+ * chunks 0..n-1, their lengths summing to the byte count. */
+static int check_chunks(struct tr_ckpt_writer *w)
+{
+	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_chunk_totals);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, w->id);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		int err = SQLFAIL(&w->c, rc, "count checkpoint chunks");
+		sqlite3_reset(st);
+		return err;
+	}
+	int64_t n = sqlite3_column_int64(st, 0), total = sqlite3_column_int64(st, 1), max = sqlite3_column_int64(st, 2);
+	sqlite3_reset(st);
+	if (n != w->nchunks || max != w->nchunks - 1 || total != w->bytes)
+		return tr_store_fail(-EIO, "the database holds %lld bytes in %lld chunks (last %lld), but %lld bytes in %lld chunks were written",
+				     (long long)total, (long long)n, (long long)max, (long long)w->bytes,
+				     (long long)w->nchunks);
+	return 0;
+}
+
+/* Hides (complete = 0) the job's complete checkpoints beyond the newest
+ * keep - 1 other than w's own, inside the commit's transaction; their ids
+ * go to *ids (malloc'd) for the purge after the commit. */
+static int hide_pruned(struct tr_ckpt_writer *w, int keep, int64_t **ids, size_t *n)
+{
+	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_prunable);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, w->job_id);
+	sqlite3_bind_int64(st, 2, w->id);
+	sqlite3_bind_int(st, 3, keep - 1);
+	size_t cap = 0;
+	int rc, err = 0;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (*n == cap) {
+			cap = cap ? 2 * cap : 8;
+			int64_t *v = realloc(*ids, cap * sizeof *v);
+			if (!v) {
+				err = tr_store_fail(-ENOMEM, "out of memory");
+				break;
+			}
+			*ids = v;
+		}
+		(*ids)[(*n)++] = sqlite3_column_int64(st, 0);
+	}
+	if (err == 0 && rc != SQLITE_DONE)
+		err = SQLFAIL(&w->c, rc, "find checkpoints to prune");
+	sqlite3_reset(st);
+	for (size_t i = 0; err == 0 && i < *n; i++) {
+		st = tr_store_stmt(&w->c, sql_hide);
+		if (!st)
+			return -EIO;
+		sqlite3_bind_int64(st, 1, (*ids)[i]);
+		rc = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (rc != SQLITE_DONE)
+			err = SQLFAIL(&w->c, rc, "prune a checkpoint");
+	}
+	return err;
+}
+
+int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len,
+			 int64_t params_offset, int64_t params_bytes, int keep, struct tr_ckpt_row *out)
+{
+	if (out)
+		memset(out, 0, sizeof *out);
+	if (!w)
+		return tr_store_fail(-EINVAL, "checkpoint commit: no writer");
+	int64_t *pruned = NULL;
+	size_t npruned = 0;
+	int err;
+	if (w->err) {
+		err = tr_store_fail(w->err, "%s", w->errmsg);
+		goto cleanup;
+	}
+	if (params_offset < 0 || params_bytes < 0 || params_offset > w->bytes || params_bytes > w->bytes - params_offset) {
+		err = writer_fail(w, tr_store_fail(-EINVAL, "parameter range [%lld, +%lld) is outside the %lld-byte blob",
+						   (long long)params_offset, (long long)params_bytes,
+						   (long long)w->bytes));
+		goto cleanup;
+	}
+	if ((model_header_len && !model_header) || model_header_len > INT_MAX) {
+		err = writer_fail(w, tr_store_fail(-EINVAL, "bad model header (%zu bytes)", model_header_len));
+		goto cleanup;
+	}
+	err = tr_store_begin(&w->c, true);
+	if (err < 0)
+		goto fail;
+	if (w->nbuf) {
+		err = store_chunk(w, w->buf, w->nbuf, false);
+		if (err < 0)
+			goto fail;
+		w->nbuf = 0;
+	}
+	char hex[65];
+	tr_sha256_final_hex(&w->sha, hex);
+	err = check_chunks(w);
+	if (err < 0)
+		goto fail;
+
+	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_complete);
+	if (!st) {
+		err = -EIO;
+		goto fail;
+	}
+	sqlite3_bind_int64(st, 1, w->id);
+	sqlite3_bind_int64(st, 2, w->bytes);
+	sqlite3_bind_text(st, 3, hex, 64, SQLITE_STATIC);
+	/* An empty header is stored as X'' (not NULL): length() is then 0. */
+	sqlite3_bind_blob(st, 4, model_header_len ? model_header : "", (int)model_header_len, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 5, params_offset);
+	sqlite3_bind_int64(st, 6, params_bytes);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE) {
+		err = step_fail(w, rc, "complete a checkpoint");
+		goto fail;
+	}
+	if (sqlite3_changes(w->c.db) != 1) {
+		err = tr_store_fail(-ENOENT, "the checkpoint was deleted while being written (was job %lld deleted?)",
+				    (long long)w->job_id);
+		goto fail;
+	}
+
+	if (keep > 0) {
+		err = hide_pruned(w, keep, &pruned, &npruned);
+		if (err < 0)
+			goto fail;
+	}
+
+	if (out) {
+		st = tr_store_stmt(&w->c, sql_row_by_id);
+		if (!st) {
+			err = -EIO;
+			goto fail;
+		}
+		sqlite3_bind_int64(st, 1, w->id);
+		rc = sqlite3_step(st);
+		err = rc == SQLITE_ROW ? read_row(st, out) : SQLFAIL(&w->c, rc, "read the checkpoint back");
+		sqlite3_reset(st);
+		if (err < 0)
+			goto fail;
+	}
+	err = tr_store_commit(&w->c);
+	if (err < 0)
+		goto fail;
+	w->id = 0; /* committed: nothing left to discard */
+	/* The commit has succeeded whatever happens here: what a failed purge
+	 * leaves is hidden, and deleted at the next open. */
+	for (size_t i = 0; i < npruned; i++)
+		purge(&w->c, pruned[i]);
+	goto cleanup;
+
+fail:
+	tr_store_rollback(&w->c);
+	if (out)
+		tr_ckpt_row_finish(out);
+	err = writer_fail(w, err);
+cleanup:
+	free(pruned);
+	writer_free(w);
+	return err;
+}
+
+void tr_store_ckpt_abort(tr_ckpt_writer_t *w)
+{
+	if (!w)
+		return;
+	discard(w);
+	writer_free(w);
+}
+
+/* ---- listing ------------------------------------------------------------------- */
+
+int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count)
+{
+	*rows = NULL;
+	*count = 0;
+	struct conn *c = tr_store_conn_get(s);
+	struct tr_ckpt_row *v = NULL;
+	int n = 0, cap = 0, err = -EIO, rc;
+	sqlite3_stmt *st = tr_store_stmt(c, sql_list);
+	if (!st)
+		goto cleanup;
+	sqlite3_bind_int64(st, 1, job_id);
+	err = 0;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (n == cap) {
+			cap = cap ? 2 * cap : 8;
+			struct tr_ckpt_row *nv = realloc(v, (size_t)cap * sizeof *nv);
+			if (!nv) {
+				err = tr_store_fail(-ENOMEM, "out of memory");
+				goto cleanup;
+			}
+			v = nv;
+		}
+		err = read_row(st, &v[n]);
+		n++; /* a failed row is zeroed or holds what to free */
+		if (err < 0)
+			goto cleanup;
+	}
+	if (rc != SQLITE_DONE)
+		err = SQLFAIL(c, rc, "list checkpoints");
+cleanup:
+	tr_store_conn_put(s, c);
+	if (err < 0) {
+		tr_ckpt_rows_free(v, n);
+		return err;
+	}
+	*rows = v;
+	*count = n;
+	return 0;
+}
+
+int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out)
+{
+	memset(out, 0, sizeof *out);
+	struct conn *c = tr_store_conn_get(s);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, step >= 0 ? sql_get_step : sql_get_newest);
+	if (!st)
+		goto cleanup;
+	sqlite3_bind_int64(st, 1, job_id);
+	if (step >= 0)
+		sqlite3_bind_int64(st, 2, step);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		err = read_row(st, out);
+	else if (rc == SQLITE_DONE && step >= 0)
+		err = tr_store_fail(-ENOENT, "job %lld has no checkpoint at step %lld", (long long)job_id,
+				    (long long)step);
+	else if (rc == SQLITE_DONE)
+		err = tr_store_fail(-ENOENT, "job %lld has no checkpoint", (long long)job_id);
+	else
+		err = SQLFAIL(c, rc, "get a checkpoint");
+cleanup:
+	tr_store_conn_put(s, c);
+	if (err < 0)
+		tr_ckpt_row_finish(out);
+	return err;
+}
+
+int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
+{
+	struct conn *c = tr_store_conn_get(s);
+	int n = 0;
+	int err = exec_id(c, sql_hide, ckpt_id, 0, &n);
+	if (err == 0 && n == 0)
+		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
+	/* Hidden now: a failed purge is finished by the next open. */
+	if (err == 0)
+		purge(c, ckpt_id);
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size_t *len)
+{
+	*data = NULL;
+	*len = 0;
+	struct conn *c = tr_store_conn_get(s);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, sql_header);
+	if (!st)
+		goto cleanup;
+	sqlite3_bind_int64(st, 1, ckpt_id);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_DONE) {
+		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
+		goto cleanup;
+	}
+	if (rc != SQLITE_ROW) {
+		err = SQLFAIL(c, rc, "read a model header");
+		goto cleanup;
+	}
+	const void *p = sqlite3_column_blob(st, 0);
+	size_t n = (size_t)sqlite3_column_bytes(st, 0);
+	/* One byte at least, so that an empty header is still a pointer the
+	 * caller frees. */
+	void *copy = malloc(n ? n : 1);
+	if (!copy) {
+		err = tr_store_fail(-ENOMEM, "out of memory");
+		goto cleanup;
+	}
+	if (n)
+		memcpy(copy, p, n);
+	*data = copy;
+	*len = n;
+	err = 0;
+cleanup:
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+/* ---- reading ------------------------------------------------------------------- */
+
+static int reader_layout(struct tr_ckpt_reader *r)
+{
+	sqlite3_stmt *st = tr_store_stmt(&r->c, sql_reader_row);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, r->id);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW) {
+		int err = rc == SQLITE_DONE ? tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)r->id)
+					    : SQLFAIL(&r->c, rc, "open a checkpoint");
+		sqlite3_reset(st);
+		return err;
+	}
+	r->job_id = sqlite3_column_int64(st, 0);
+	r->step = sqlite3_column_int64(st, 1);
+	r->bytes = sqlite3_column_int64(st, 2);
+	const unsigned char *sha = sqlite3_column_text(st, 3);
+	snprintf(r->sha256, sizeof r->sha256, "%s", sha ? (const char *)sha : "");
+	sqlite3_reset(st);
+
+	r->nchunks = r->bytes ? (r->bytes - 1) / (int64_t)CHUNK_BYTES + 1 : 0;
+	if (r->nchunks && !(r->rowids = malloc((size_t)r->nchunks * sizeof *r->rowids)))
+		return tr_store_fail(-ENOMEM, "out of memory");
+	st = tr_store_stmt(&r->c, sql_reader_chunks);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, r->id);
+	int64_t i = 0;
+	int err = 0;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		int64_t seq = sqlite3_column_int64(st, 0), len = sqlite3_column_int64(st, 2);
+		int64_t want = i < r->nchunks - 1 ? (int64_t)CHUNK_BYTES : r->bytes - i * (int64_t)CHUNK_BYTES;
+		if (i >= r->nchunks || seq != i || len != want) {
+			err = tr_store_fail(-EBADMSG,
+					    "checkpoint %lld of job %lld (step %lld) is damaged: chunk %lld has %lld bytes, expected chunk %lld of %lld bytes",
+					    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)seq,
+					    (long long)len, (long long)i, (long long)want);
+			break;
+		}
+		r->rowids[i++] = sqlite3_column_int64(st, 1);
+	}
+	if (err == 0 && rc != SQLITE_DONE)
+		err = SQLFAIL(&r->c, rc, "read checkpoint chunks");
+	else if (err == 0 && i != r->nchunks)
+		err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
+				    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)i,
+				    (long long)r->nchunks);
+	sqlite3_reset(st);
+	return err;
+}
+
+int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out)
+{
+	*out = NULL;
+	struct tr_ckpt_reader *r = calloc(1, sizeof *r);
+	if (!r)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	r->id = ckpt_id;
+	r->cur = -1;
+	int err = open_own(s, &r->c, false);
+	if (err < 0) {
+		free(r);
+		return err;
+	}
+	/* One read transaction for the reader's life: every read sees the
+	 * checkpoint as it was at open, even if it is pruned meanwhile. */
+	err = tr_store_begin(&r->c, false);
+	if (err == 0)
+		err = reader_layout(r);
+	if (err < 0) {
+		tr_store_ckpt_close(r);
+		return err;
+	}
+	*out = r;
+	return 0;
+}
+
+ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size_t len)
+{
+	if (!r || (len && !buf))
+		return tr_store_fail(-EINVAL, "checkpoint read: bad arguments");
+	if (offset >= (uint64_t)r->bytes)
+		return 0;
+	if (len > (uint64_t)r->bytes - offset)
+		len = (size_t)((uint64_t)r->bytes - offset);
+	if (len > SSIZE_MAX)
+		len = SSIZE_MAX;
+	size_t done = 0;
+	while (done < len) {
+		uint64_t at = offset + done;
+		int64_t seq = (int64_t)(at / CHUNK_BYTES);
+		size_t in = (size_t)(at % CHUNK_BYTES);
+		int rc = SQLITE_OK;
+		if (seq != r->cur) {
+			if (r->blob)
+				rc = sqlite3_blob_reopen(r->blob, r->rowids[seq]);
+			else
+				rc = sqlite3_blob_open(r->c.db, "main", "checkpoint_chunks", "data", r->rowids[seq], 0,
+						       &r->blob);
+			r->cur = rc == SQLITE_OK ? seq : -1;
+		}
+		size_t n = CHUNK_BYTES - in < len - done ? CHUNK_BYTES - in : len - done;
+		if (rc == SQLITE_OK)
+			rc = sqlite3_blob_read(r->blob, (char *)buf + done, (int)n, (int)in);
+		if (rc != SQLITE_OK) {
+			int err = SQLFAIL(&r->c, rc, "read a checkpoint chunk");
+			/* A handle that failed is aborted for good: start over. */
+			sqlite3_blob_close(r->blob);
+			r->blob = NULL;
+			r->cur = -1;
+			return err;
+		}
+		done += n;
+	}
+	return (ssize_t)done;
+}
+
+void tr_store_ckpt_close(tr_ckpt_reader_t *r)
+{
+	if (!r)
+		return;
+	if (r->blob)
+		sqlite3_blob_close(r->blob);
+	if (r->c.db)
+		tr_store_rollback(&r->c); /* ends the read transaction */
+	tr_store_conn_close(&r->c);
+	free(r->rowids);
+	free(r);
+}
+
+int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len)
+{
+	*data = NULL;
+	*len = 0;
+	if (!row)
+		return tr_store_fail(-EINVAL, "checkpoint load: no row");
+	tr_ckpt_reader_t *r;
+	int err = tr_store_ckpt_open(s, row->id, &r);
+	if (err < 0)
+		return err;
+	unsigned char *buf = NULL;
+	if ((uint64_t)r->bytes > SIZE_MAX - 1) {
+		err = tr_store_fail(-EFBIG, "checkpoint %lld: %lld bytes do not fit in memory", (long long)r->id,
+				    (long long)r->bytes);
+		goto fail;
+	}
+	if (row->sha256[0] && strcmp(row->sha256, r->sha256) != 0) {
+		err = tr_store_fail(-EBADMSG, "checkpoint %lld: the row's SHA-256 %s is not the stored %s",
+				    (long long)r->id, row->sha256, r->sha256);
+		goto fail;
+	}
+	buf = malloc(r->bytes ? (size_t)r->bytes : 1);
+	if (!buf) {
+		err = tr_store_fail(-ENOMEM, "checkpoint %lld: cannot allocate %lld bytes", (long long)r->id,
+				    (long long)r->bytes);
+		goto fail;
+	}
+	/* Chunk by chunk: each is hashed while the next one is read. */
+	struct tr_sha256 sha;
+	tr_sha256_init(&sha);
+	struct bg_hash hash = {0};
+	for (uint64_t off = 0; off < (uint64_t)r->bytes;) {
+		ssize_t n = tr_store_ckpt_read(r, off, buf + off, CHUNK_BYTES);
+		bg_hash_wait(&hash);
+		if (n <= 0) {
+			err = n < 0 ? (int)n : tr_store_fail(-EIO, "checkpoint %lld: short read", (long long)r->id);
+			goto fail;
+		}
+		bg_hash_start(&hash, &sha, buf + off, (size_t)n);
+		off += (uint64_t)n;
+	}
+	bg_hash_wait(&hash);
+	char hex[65];
+	tr_sha256_final_hex(&sha, hex);
+	if (strcmp(hex, r->sha256) != 0) {
+		err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
+				    (long long)r->id, (long long)r->job_id, (long long)r->step, hex,
+				    r->sha256[0] ? r->sha256 : "(none stored)");
+		goto fail;
+	}
+	*data = buf;
+	*len = (size_t)r->bytes;
+	tr_store_ckpt_close(r);
+	return 0;
+fail:
+	free(buf);
+	tr_store_ckpt_close(r);
+	return err;
+}

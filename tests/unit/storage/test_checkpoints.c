@@ -1,0 +1,716 @@
+/* Storage checkpoints: SHA-256 against the FIPS 180-4 vectors, chunked
+ * write/commit/list/get/load round trips at the chunk-size edges, random
+ * access reads across chunk boundaries, pruning, incomplete checkpoints,
+ * corruption, a full database, job deletion and the metrics writer running
+ * beside a large checkpoint. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "storage/checkpoints.h"
+#include "storage/sha256.h"
+#include "storage/store.h"
+
+#define MiB ((size_t)1 << 20)
+#define CHUNK (4 * MiB)
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static char dir[64], db_path[128];
+
+static void make_dir(void)
+{
+	snprintf(dir, sizeof dir, "/tmp/trckpt-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(db_path, sizeof db_path, "%s/state.db", dir);
+}
+
+static void remove_dir(void)
+{
+	const char *suffix[] = {"", "-wal", "-shm"};
+	char p[160];
+	for (int i = 0; i < 3; i++) {
+		snprintf(p, sizeof p, "%s%s", db_path, suffix[i]);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
+TestSuite(sha256);
+TestSuite(ckpt, .init = make_dir, .fini = remove_dir);
+
+static tr_store_t *open_store(const struct tr_store_options *opts)
+{
+	tr_store_t *s = NULL;
+	char err[256] = "";
+	int rc = tr_store_open(db_path, opts, &s, err, sizeof err);
+	cr_assert_eq(rc, 0, "open: %d %s", rc, err);
+	return s;
+}
+
+static int64_t add_job(tr_store_t *s)
+{
+	struct tr_job_row r = {.name = "j", .spec = "{\"epochs\":1}"};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL), 0, "insert: %s", tr_store_error(s));
+	return r.id;
+}
+
+/* A single integer from SQL on a separate raw connection. */
+static int64_t sql_int(const char *sql)
+{
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql, sqlite3_errmsg(db));
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "%s", sql);
+	int64_t v = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return v;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static uint64_t splitmix(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15u);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+	return z ^ (z >> 31);
+}
+
+static unsigned char *random_bytes(size_t n, uint64_t seed)
+{
+	unsigned char *p = malloc(n ? n : 1);
+	cr_assert_not_null(p);
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t v = splitmix(&seed);
+		memcpy(p + i, &v, n - i < 8 ? n - i : 8);
+	}
+	return p;
+}
+
+/* Writes data in pieces of irregular sizes (small ones, ones that straddle
+ * a chunk edge, whole chunks) and commits.  Returns commit's result. */
+static int write_ckpt(tr_store_t *s, int64_t job, int64_t step, const unsigned char *data, size_t n, int keep,
+		      struct tr_ckpt_row *row)
+{
+	tr_ckpt_writer_t *w;
+	int rc = tr_store_ckpt_begin(s, job, step, step / 10, "{\"kind\":\"test\"}", &w);
+	cr_assert_eq(rc, 0, "begin: %s", tr_store_error(s));
+	static const size_t pieces[] = {1, 4093, 3 * MiB, 5 * MiB, 65536, 4 * MiB, 777777};
+	size_t off = 0;
+	for (int i = 0; off < n; i++) {
+		size_t k = pieces[i % 7] < n - off ? pieces[i % 7] : n - off;
+		rc = tr_store_ckpt_write(w, data + off, k);
+		if (rc < 0) {
+			tr_store_ckpt_abort(w);
+			return rc;
+		}
+		off += k;
+	}
+	static const char header[] = "{\"__metadata__\":{}}";
+	size_t poff = n / 3, plen = n - n / 3 - n / 5;
+	return tr_store_ckpt_commit(w, header, sizeof header - 1, (int64_t)poff, (int64_t)plen, keep, row);
+}
+
+static void expect_load(tr_store_t *s, const struct tr_ckpt_row *row, const unsigned char *data, size_t n)
+{
+	void *got = NULL;
+	size_t len = 0;
+	int rc = tr_store_ckpt_load(s, row, &got, &len);
+	cr_assert_eq(rc, 0, "load %zu bytes: %d %s", n, rc, tr_store_error(s));
+	cr_assert_not_null(got);
+	cr_assert_eq(len, n);
+	cr_assert(n == 0 || memcmp(got, data, n) == 0, "loaded bytes differ (%zu bytes)", n);
+	free(got);
+}
+
+/* ---- SHA-256 --------------------------------------------------------------------- */
+
+Test(sha256, fips_vectors)
+{
+	static const struct {
+		const char *msg, *hex;
+	} v[] = {
+		{"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+		{"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+		{"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+		 "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+		{"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu",
+		 "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
+	};
+	char hex[65];
+	for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+		tr_sha256_hex(v[i].msg, strlen(v[i].msg), hex);
+		cr_assert_str_eq(hex, v[i].hex, "vector %zu", i);
+	}
+	size_t n = 1000000;
+	char *a = malloc(n);
+	cr_assert_not_null(a);
+	memset(a, 'a', n);
+	tr_sha256_hex(a, n, hex);
+	cr_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	free(a);
+}
+
+Test(sha256, incremental_equals_one_shot)
+{
+	/* Every split of the padding edge cases (55, 56, 63, 64, 65 bytes)
+	 * and pieces of irregular sizes over a larger buffer. */
+	size_t n = 300000;
+	unsigned char *p = random_bytes(n, 7);
+	char one[65], inc[65];
+	for (size_t len = 0; len < 200; len++) {
+		tr_sha256_hex(p, len, one);
+		for (size_t cut = 0; cut <= len; cut += len / 7 + 1) {
+			struct tr_sha256 c;
+			tr_sha256_init(&c);
+			tr_sha256_update(&c, p, cut);
+			tr_sha256_update(&c, p + cut, len - cut);
+			tr_sha256_final_hex(&c, inc);
+			cr_assert_str_eq(inc, one, "len %zu cut %zu", len, cut);
+		}
+	}
+	tr_sha256_hex(p, n, one);
+	struct tr_sha256 c;
+	tr_sha256_init(&c);
+	uint64_t seed = 3;
+	for (size_t off = 0; off < n;) {
+		size_t k = splitmix(&seed) % 1000;
+		k = k < n - off ? k : n - off;
+		tr_sha256_update(&c, p + off, k);
+		off += k;
+	}
+	tr_sha256_final_hex(&c, inc);
+	cr_assert_str_eq(inc, one);
+	free(p);
+}
+
+/* ---- round trip ------------------------------------------------------------------ */
+
+Test(ckpt, round_trip_sizes)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	const size_t sizes[] = {0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 13 * MiB + 12345};
+	const size_t nsizes = sizeof sizes / sizeof sizes[0];
+	for (size_t i = 0; i < nsizes; i++) {
+		size_t n = sizes[i];
+		unsigned char *data = random_bytes(n, 100 + i);
+		struct tr_ckpt_row row;
+		int64_t step = 100 * (int64_t)(i + 1);
+		int rc = write_ckpt(s, job, step, data, n, 0, &row);
+		cr_assert_eq(rc, 0, "commit %zu bytes: %d %s", n, rc, tr_store_error(s));
+		char hex[65];
+		tr_sha256_hex(data, n, hex);
+		cr_assert_str_eq(row.sha256, hex);
+		cr_assert_eq(row.bytes, (int64_t)n);
+		cr_assert_eq(row.job_id, job);
+		cr_assert_eq(row.step, step);
+		cr_assert_eq(row.epoch, step / 10);
+		cr_assert_eq(row.params_offset, (int64_t)(n / 3));
+		cr_assert_eq(row.params_bytes, (int64_t)(n - n / 3 - n / 5));
+		cr_assert_eq(row.model_header_len, 19);
+		cr_assert_gt(row.created_at, 1e9);
+		cr_assert_str_eq(row.meta, "{\"kind\":\"test\"}");
+
+		char sql[128];
+		snprintf(sql, sizeof sql, "SELECT count(*) FROM checkpoint_chunks WHERE checkpoint_id = %lld",
+			 (long long)row.id);
+		cr_assert_eq(sql_int(sql), (int64_t)((n + CHUNK - 1) / CHUNK), "chunks of %zu bytes", n);
+
+		struct tr_ckpt_row got;
+		cr_assert_eq(tr_store_ckpt_get(s, job, step, &got), 0, "%s", tr_store_error(s));
+		cr_assert_eq(got.id, row.id);
+		cr_assert_str_eq(got.sha256, hex);
+		tr_ckpt_row_finish(&got);
+		cr_assert_eq(tr_store_ckpt_get(s, job, -1, &got), 0);
+		cr_assert_eq(got.id, row.id, "the newest is the one just written");
+		tr_ckpt_row_finish(&got);
+
+		expect_load(s, &row, data, n);
+
+		void *hdr;
+		size_t hlen;
+		cr_assert_eq(tr_store_ckpt_model_header(s, row.id, &hdr, &hlen), 0);
+		cr_assert_eq(hlen, 19);
+		cr_assert_arr_eq(hdr, "{\"__metadata__\":{}}", 19);
+		free(hdr);
+		tr_ckpt_row_finish(&row);
+		free(data);
+	}
+
+	struct tr_ckpt_row *rows;
+	int count;
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, (int)nsizes);
+	for (int i = 0; i < count; i++)
+		cr_assert_eq(rows[i].step, 100 * (int64_t)(nsizes - (size_t)i), "newest first");
+	tr_ckpt_rows_free(rows, count);
+	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	tr_store_close(s);
+
+	/* Everything survives a reopen. */
+	s = open_store(NULL);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, (int)nsizes);
+	unsigned char *data = random_bytes(sizes[nsizes - 1], 100 + nsizes - 1);
+	expect_load(s, &rows[0], data, sizes[nsizes - 1]);
+	free(data);
+	tr_ckpt_rows_free(rows, count);
+	tr_store_close(s);
+}
+
+Test(ckpt, reads_across_chunk_boundaries)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 13 * MiB + 4321;
+	unsigned char *data = random_bytes(n, 42);
+	struct tr_ckpt_row row;
+	cr_assert_eq(write_ckpt(s, job, 1, data, n, 0, &row), 0, "%s", tr_store_error(s));
+
+	tr_ckpt_reader_t *r;
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), 0, "%s", tr_store_error(s));
+	unsigned char *buf = malloc(n + 16);
+	cr_assert_not_null(buf);
+	struct {
+		uint64_t off;
+		size_t len;
+	} fixed[] = {
+		{0, 1},           {CHUNK - 1, 2},      {CHUNK - 10, 20},   {2 * CHUNK - 1, CHUNK + 2},
+		{CHUNK, CHUNK},   {1, 3 * CHUNK},      {3 * CHUNK - 5, 5}, {3 * CHUNK, n - 3 * CHUNK},
+		{0, n},           {n - 1, 1},          {123, 0},
+	};
+	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+		ssize_t got = tr_store_ckpt_read(r, fixed[i].off, buf, fixed[i].len);
+		cr_assert_eq(got, (ssize_t)fixed[i].len, "read %zu at %llu: %zd %s", fixed[i].len,
+			     (unsigned long long)fixed[i].off, got, tr_store_error(s));
+		cr_assert_arr_eq(buf, data + fixed[i].off, fixed[i].len, "read %zu", i);
+	}
+	uint64_t seed = 9;
+	for (int i = 0; i < 300; i++) {
+		uint64_t off = splitmix(&seed) % n;
+		size_t len = (size_t)(splitmix(&seed) % (i % 3 == 0 ? 9 * MiB : 70000));
+		size_t want = len < n - off ? len : n - off;
+		ssize_t got = tr_store_ckpt_read(r, off, buf, len);
+		cr_assert_eq(got, (ssize_t)want, "read %zu at %llu", len, (unsigned long long)off);
+		cr_assert_arr_eq(buf, data + off, want, "read %zu at %llu", len, (unsigned long long)off);
+	}
+	/* At and past the end: 0; across it: the bytes that are there. */
+	cr_assert_eq(tr_store_ckpt_read(r, n, buf, 10), 0);
+	cr_assert_eq(tr_store_ckpt_read(r, n + 5 * MiB, buf, 10), 0);
+	cr_assert_eq(tr_store_ckpt_read(r, n - 3, buf, 16), 3);
+	cr_assert_arr_eq(buf, data + n - 3, 3);
+
+	/* The reader keeps its snapshot when the checkpoint is deleted. */
+	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 7, buf, 2 * CHUNK + 10), (ssize_t)(2 * CHUNK + 10));
+	cr_assert_arr_eq(buf, data + CHUNK - 7, 2 * CHUNK + 10);
+	tr_store_ckpt_close(r);
+	tr_store_ckpt_close(NULL);
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -ENOENT);
+	cr_assert_null(r);
+	cr_assert_eq(tr_store_ckpt_delete(s, row.id), -ENOENT);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+
+	free(buf);
+	free(data);
+	tr_ckpt_row_finish(&row);
+	tr_store_close(s);
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
+
+Test(ckpt, keep_prunes_oldest)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s), other = add_job(s);
+	size_t n = 5 * MiB;
+	unsigned char *data = random_bytes(n, 5);
+	cr_assert_eq(write_ckpt(s, other, 10, data, n, 0, NULL), 0);
+	for (int64_t step = 10; step <= 30; step += 10)
+		cr_assert_eq(write_ckpt(s, job, step, data, n, 2, NULL), 0, "%s", tr_store_error(s));
+
+	struct tr_ckpt_row *rows;
+	int count;
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, 2);
+	cr_assert_eq(rows[0].step, 30);
+	cr_assert_eq(rows[1].step, 20);
+	tr_ckpt_rows_free(rows, count);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 3 * 2, "the pruned one's chunks are gone");
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_get(s, job, 10, &row), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_get(s, other, 10, &row), 0, "another job's checkpoints are left alone");
+	tr_ckpt_row_finish(&row);
+
+	/* Two at the same step: the later one wins, the other still counts. */
+	cr_assert_eq(write_ckpt(s, job, 30, data, 10, 3, &row), 0);
+	struct tr_ckpt_row got;
+	cr_assert_eq(tr_store_ckpt_get(s, job, 30, &got), 0);
+	cr_assert_eq(got.id, row.id);
+	cr_assert_eq(got.bytes, 10);
+	tr_ckpt_row_finish(&got);
+	tr_ckpt_row_finish(&row);
+
+	/* A lower step written last (a job resumed from an earlier point) is
+	 * kept: pruning never removes the checkpoint it is committing. */
+	cr_assert_eq(write_ckpt(s, job, 5, data, 100, 1, &row), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, 1);
+	cr_assert_eq(rows[0].id, row.id);
+	tr_ckpt_rows_free(rows, count);
+	tr_ckpt_row_finish(&row);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 2);
+	free(data);
+	tr_store_close(s);
+}
+
+Test(ckpt, incomplete_is_hidden_and_removed)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 9 * MiB;
+	unsigned char *data = random_bytes(n, 11);
+	cr_assert_eq(write_ckpt(s, job, 1, data, 100, 0, NULL), 0);
+
+	/* Aborted: nothing left. */
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 2, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 1);
+	tr_store_ckpt_abort(w);
+	tr_store_ckpt_abort(NULL);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 1);
+
+	/* Left behind (a crash): never listed, gone at the next open. */
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0);
+	struct tr_ckpt_row *rows;
+	int count;
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, 1);
+	cr_assert_eq(rows[0].step, 1);
+	tr_ckpt_rows_free(rows, count);
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_get(s, job, 3, &row), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0);
+	cr_assert_eq(row.step, 1);
+	int64_t partial = sql_int("SELECT max(id) FROM checkpoints");
+	tr_ckpt_reader_t *r;
+	cr_assert_eq(tr_store_ckpt_open(s, partial, &r), -ENOENT, "an incomplete checkpoint cannot be read");
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 1 + 2);
+	tr_store_close(s);
+
+	s = open_store(NULL);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 1);
+	expect_load(s, &row, data, 100);
+	tr_ckpt_row_finish(&row);
+	/* The stray writer is harmless: committing it fails, aborting it
+	 * deletes nothing else. */
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), -ENOENT);
+	cr_assert_eq(row.id, 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
+	free(data);
+	tr_store_close(s);
+}
+
+Test(ckpt, bad_arguments)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job + 100, 1, 0, NULL, &w), -ENOENT);
+	cr_assert_null(w);
+	cr_assert(strstr(tr_store_error(s), "does not exist"), "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_begin(s, job, -1, 0, NULL, &w), -EINVAL);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, "[1]", &w), -EINVAL);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, "{bad", &w), -EINVAL);
+
+	/* A parameter range outside the blob fails the commit and discards. */
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10), 0);
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_commit(w, "h", 1, 4, 7, 1, &row), -EINVAL);
+	cr_assert(strstr(tr_store_error(s), "outside"), "%s", tr_store_error(s));
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10), 0);
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 4, 6, 1, &row), 0);
+	cr_assert_eq(row.model_header_len, 0);
+	cr_assert_null(row.meta);
+	void *hdr;
+	size_t hlen;
+	cr_assert_eq(tr_store_ckpt_model_header(s, row.id, &hdr, &hlen), 0);
+	cr_assert_eq(hlen, 0);
+	free(hdr);
+	cr_assert_eq(tr_store_ckpt_model_header(s, row.id + 1, &hdr, &hlen), -ENOENT);
+	expect_load(s, &row, (const unsigned char *)"0123456789", 10);
+	tr_ckpt_row_finish(&row);
+	tr_store_close(s);
+}
+
+Test(ckpt, flipped_byte_is_detected)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 9 * MiB;
+	unsigned char *data = random_bytes(n, 13);
+	struct tr_ckpt_row row;
+	cr_assert_eq(write_ckpt(s, job, 1, data, n, 0, &row), 0);
+	expect_load(s, &row, data, n);
+
+	/* One byte of chunk 1 flipped behind the store's back. */
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	char sql[160];
+	snprintf(sql, sizeof sql, "SELECT id FROM checkpoint_chunks WHERE checkpoint_id = %lld AND seq = 1",
+		 (long long)row.id);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	sqlite3_int64 rowid = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_blob *b;
+	cr_assert_eq(sqlite3_blob_open(db, "main", "checkpoint_chunks", "data", rowid, 1, &b), SQLITE_OK);
+	unsigned char byte;
+	cr_assert_eq(sqlite3_blob_read(b, &byte, 1, 12345), SQLITE_OK);
+	byte ^= 0x20;
+	cr_assert_eq(sqlite3_blob_write(b, &byte, 1, 12345), SQLITE_OK);
+	cr_assert_eq(sqlite3_blob_close(b), SQLITE_OK);
+
+	void *got = (void *)1;
+	size_t len = 1;
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+	cr_assert_null(got);
+	cr_assert_eq(len, 0);
+	cr_assert(strstr(tr_store_error(s), "corrupt"), "%s", tr_store_error(s));
+
+	/* A missing chunk is caught before anything is read. */
+	snprintf(sql, sizeof sql, "DELETE FROM checkpoint_chunks WHERE checkpoint_id = %lld AND seq = 2",
+		 (long long)row.id);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+	tr_ckpt_reader_t *r;
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -EBADMSG);
+	cr_assert(strstr(tr_store_error(s), "damaged"), "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+	tr_ckpt_row_finish(&row);
+	free(data);
+	tr_store_close(s);
+}
+
+Test(ckpt, full_database)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t small = 1 * MiB + 77;
+	unsigned char *a = random_bytes(small, 21);
+	struct tr_ckpt_row first;
+	cr_assert_eq(write_ckpt(s, job, 1, a, small, 5, &first), 0);
+	tr_store_close(s);
+
+	int64_t used = sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size");
+	struct tr_store_options opts = {.max_bytes = used + 2 * (int64_t)MiB};
+	s = open_store(&opts);
+
+	size_t big = 8 * MiB;
+	unsigned char *b = random_bytes(big, 22);
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 2, 0, NULL, &w), 0);
+	int rc = 0;
+	for (size_t off = 0; off < big && rc == 0; off += MiB)
+		rc = tr_store_ckpt_write(w, b + off, MiB);
+	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, tr_store_error(s));
+	cr_assert(strstr(tr_store_error(s), "database is full"), "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_write(w, b, 1), -ENOSPC, "a failed writer stays failed");
+	tr_store_ckpt_abort(w);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 0,
+		     "the partial checkpoint is deleted at once");
+
+	/* The earlier one is intact and still verifies. */
+	expect_load(s, &first, a, small);
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0);
+	cr_assert_eq(row.id, first.id);
+	tr_ckpt_row_finish(&row);
+
+	/* A smaller one fits in the space the aborted one gave back. */
+	unsigned char *c = random_bytes(small, 23);
+	rc = write_ckpt(s, job, 3, c, small, 5, &row);
+	cr_assert_eq(rc, 0, "%d %s", rc, tr_store_error(s));
+	expect_load(s, &row, c, small);
+	tr_ckpt_row_finish(&row);
+	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	cr_assert_leq(sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size"), opts.max_bytes);
+	tr_store_close(s);
+
+	struct tr_store_options bad = {.max_bytes = -1};
+	char err[256];
+	cr_assert_eq(tr_store_open(db_path, &bad, &s, err, sizeof err), -EINVAL);
+	tr_ckpt_row_finish(&first);
+	free(a);
+	free(b);
+	free(c);
+}
+
+Test(ckpt, job_delete_cascades)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s), other = add_job(s);
+	size_t n = 5 * MiB;
+	unsigned char *data = random_bytes(n, 31);
+	cr_assert_eq(write_ckpt(s, job, 1, data, n, 0, NULL), 0);
+	cr_assert_eq(write_ckpt(s, job, 2, data, n, 0, NULL), 0);
+	cr_assert_eq(write_ckpt(s, other, 1, data, n, 0, NULL), 0);
+
+	/* A writer in progress for the job fails cleanly once it is gone. */
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK), 0);
+
+	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 2);
+	struct tr_ckpt_row *rows;
+	int count;
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, 0);
+	cr_assert_null(rows);
+
+	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK), -ENOENT, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL), -ENOENT);
+	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	free(data);
+	tr_store_close(s);
+}
+
+/* ---- concurrency ------------------------------------------------------------------ */
+
+Test(ckpt, metrics_flush_between_chunks)
+{
+	/* Between chunks the writer holds no lock: a flush on the same
+	 * thread would otherwise wait out the busy timeout and fail. */
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 3 * CHUNK + 5;
+	unsigned char *data = random_bytes(n, 41);
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	for (int k = 0; k < 3; k++) {
+		cr_assert_eq(tr_store_ckpt_write(w, data + (size_t)k * CHUNK, CHUNK), 0);
+		cr_assert_eq(tr_store_metric_append(s, job, "loss", k, 0, 0, 1.0 / (k + 1)), 0);
+		double t0 = now_ms();
+		cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+		cr_assert_lt(now_ms() - t0, 2000.0, "the flush waited for the checkpoint writer");
+	}
+	cr_assert_eq(tr_store_ckpt_write(w, data + 3 * CHUNK, 5), 0);
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0);
+	cr_assert_eq(tr_store_metric_drops(s, job), 0);
+	json_t *names = tr_store_metric_names(s, job);
+	cr_assert_eq(json_array_size(names), 1);
+	json_decref(names);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 3);
+	expect_load(s, &row, data, n);
+	tr_ckpt_row_finish(&row);
+	free(data);
+	tr_store_close(s);
+}
+
+struct bg_ckpt {
+	tr_store_t *s;
+	int64_t job;
+	const unsigned char *data;
+	size_t n;
+	atomic_bool done;
+	double ms;
+	int rc;
+};
+
+/* Two checkpoints, the second pruning the first (keep = 1). */
+static void *bg_write(void *arg)
+{
+	struct bg_ckpt *b = arg;
+	double t0 = now_ms();
+	for (int64_t step = 1; step <= 2 && b->rc == 0; step++) {
+		tr_ckpt_writer_t *w;
+		b->rc = tr_store_ckpt_begin(b->s, b->job, step, 0, NULL, &w);
+		for (size_t off = 0; b->rc == 0 && off < b->n; off += 256 * 1024) {
+			size_t k = b->n - off < 256 * 1024 ? b->n - off : 256 * 1024;
+			b->rc = tr_store_ckpt_write(w, b->data + off, k);
+		}
+		if (b->rc == 0)
+			b->rc = tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL);
+		else
+			tr_store_ckpt_abort(w);
+	}
+	b->ms = now_ms() - t0;
+	atomic_store(&b->done, true);
+	return NULL;
+}
+
+Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 48 * MiB;
+	unsigned char *data = random_bytes(n, 51);
+	struct bg_ckpt b = {.s = s, .job = job, .data = data, .n = n};
+	atomic_init(&b.done, false);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, bg_write, &b), 0);
+
+	int during = 0, step = 0;
+	double worst = 0;
+	while (!atomic_load(&b.done)) {
+		for (int i = 0; i < 10; i++, step++)
+			cr_assert_eq(tr_store_metric_append(s, job, "loss", step, 0, 0, 1.0), 0);
+		double t0 = now_ms();
+		cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+		double ms = now_ms() - t0;
+		if (!atomic_load(&b.done)) {
+			during++;
+			worst = ms > worst ? ms : worst;
+		}
+		usleep(2000);
+	}
+	pthread_join(t, NULL);
+	cr_assert_eq(b.rc, 0, "checkpoint: %s", tr_store_error(s));
+	cr_log_info("2 x 48 MiB checkpoints: %.0f ms; %d metric flushes meanwhile, the slowest %.1f ms", b.ms,
+		    during, worst);
+	cr_assert_geq(during, 2, "only %d flushes in %.0f ms of checkpoint writing", during, b.ms);
+	cr_assert_lt(worst, b.ms / 2, "a flush took %.0f ms of the checkpoint's %.0f ms", worst, b.ms);
+	cr_assert_eq(tr_store_metric_drops(s, job), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), step);
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0);
+	cr_assert_eq(row.step, 2);
+	expect_load(s, &row, data, n);
+	tr_ckpt_row_finish(&row);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), (int64_t)(n / CHUNK));
+	free(data);
+	tr_store_close(s);
+}
