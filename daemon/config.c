@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum opt_kind { OPT_STRING, OPT_INT, OPT_LONG, OPT_LIST, OPT_LISTEN, OPT_LEVEL, OPT_CHOICE };
+enum opt_kind { OPT_STRING, OPT_INT, OPT_LONG, OPT_LLONG, OPT_LIST, OPT_LISTEN, OPT_LEVEL, OPT_CHOICE };
 
 struct option_row {
 	const char *name;
@@ -51,6 +51,8 @@ static const struct option_row options[] = {
 	 "seconds running jobs get on SIGTERM to stop at a step boundary and write their checkpoint before they are cancelled"},
 	{"metrics-queue", OPT_LONG, OFF(metrics_queue), 0, 1000, 100000000L, NULL, "1000000",
 	 "metric points buffered for the database writer before points are dropped"},
+	{"state-max-bytes", OPT_LLONG, OFF(state_max_bytes), 0, 0, 0x7fffffffffffffffLL, NULL, "0",
+	 "cap on the database size in bytes (0 = none); a checkpoint that does not fit fails cleanly"},
 	{"token", OPT_LIST, OFF(tokens), 0, 0, TR_CONFIG_MAX_TOKENS, NULL, NULL,
 	 "bearer token accepted by the API (repeatable); required for a non-loopback listen address"},
 	{"openapi", OPT_STRING, OFF(openapi_path), SZ(openapi_path), 0, 0, NULL, "openapi/openapi.yaml",
@@ -92,6 +94,16 @@ static int set_value(struct tr_config *c, const struct option_row *o, const char
 		}
 		snprintf(base + o->offset, o->size, "%s", v);
 		return 0;
+	case OPT_LLONG: {
+		errno = 0;
+		long long n = strtoll(v, &end, 10);
+		if (errno || !*v || *end || n < 0) {
+			snprintf(err, errlen, "%s%s: must be a non-negative integer, got '%s'", where, o->name, v);
+			return -1;
+		}
+		*(long long *)(base + o->offset) = n;
+		return 0;
+	}
 	case OPT_INT:
 	case OPT_LONG: {
 		errno = 0;

@@ -22,6 +22,7 @@ struct tr_config {
 	int sse_heartbeat_s;
 	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
 	long metrics_queue;   /* points buffered before drops */
+	long long state_max_bytes; /* database size cap, 0 = none */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char openapi_path[1024];

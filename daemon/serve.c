@@ -112,7 +112,8 @@ int tr_cmd_serve(int argc, char **argv)
 	}
 	char db[1200];
 	snprintf(db, sizeof db, "%s/trainerd.db", cfg.state_dir);
-	struct tr_store_options sopt = {.metrics_queue_max = (size_t)cfg.metrics_queue};
+	struct tr_store_options sopt = {.metrics_queue_max = (size_t)cfg.metrics_queue,
+					.max_bytes = (int64_t)cfg.state_max_bytes};
 	if (tr_store_open(db, &sopt, &store, err, sizeof err) < 0) {
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
