@@ -287,8 +287,15 @@ def make_npy(path_dir, name, samples, features, classes):
     np.save(os.path.join(path_dir, name + "_y.npy"), rng.integers(0, classes, samples, dtype=np.int64))
 
 
+def over_budget(args, share):
+    """True once this run has used `share` of --budget-s: later rounds are
+    skipped (at least one always runs) so that a loaded machine cannot push
+    `make bench` far past its time bound.  Skips are logged and counted."""
+    return time.perf_counter() - args.t0 > share * args.budget_s
+
+
 def compute_bench(args, key, spec_name, npy_spec_name, npy_samples, rounds, torch_steps, torch_warm, warm,
-                  torch_extra_threads=()):
+                  torch_extra_threads=(), budget_share=1.0):
     spec = load_spec(spec_name)
     dims = dims_of(spec)
     batch = spec["batch_size"]
@@ -314,6 +321,9 @@ def compute_bench(args, key, spec_name, npy_spec_name, npy_samples, rounds, torc
         runs[side] = []
     sg_rounds = [sg]
     for r in range(rounds):
+        if r > 0 and over_budget(args, budget_share):
+            log("%s: time budget reached, %d of %d rounds done" % (key, r, rounds))
+            break
         if r > 0:  # the ceiling is measured in every round too: the machine's load drifts
             sg_rounds.append(sgemm(args, batch, dims, args.sgemm_reps))
         runs["trainerd"].append(run_trainerd(args, spec, "%s/synthetic-%d" % (key, r), warm=warm))
@@ -335,7 +345,8 @@ def compute_bench(args, key, spec_name, npy_spec_name, npy_samples, rounds, torc
     sg["gflops"] = flop / (sg["ideal_step_ms"] / 1e3) * 1e-9
     sg["ideal_step_ms_per_round"] = [x["ideal_step_ms"] for x in sg_rounds]
     sg["gemms_per_round"] = [x["gemms"] for x in sg_rounds]
-    res = {"dims": dims, "batch": batch, "rounds": rounds, "gemm_flop_per_step": flop, "sgemm": sg, "runs": runs}
+    res = {"dims": dims, "batch": batch, "rounds": len(runs["trainerd"]), "rounds_planned": rounds,
+           "gemm_flop_per_step": flop, "sgemm": sg, "runs": runs}
     summ = {}
     for side, rs in runs.items():
         if not rs:
@@ -386,7 +397,12 @@ def loader_bench(args, compute_step_ms, torch_step_ms, rounds, workers_list, ste
     log("loader: compute %.1f ms/step, load_cost_us %d -> %.1f ms/step on one thread (real sleep %.0f us)" % (
         compute_step_ms, load_us, load_ms, eff_us))
     runs = {"trainerd": {w: [] for w in workers_list}, "torch": {w: [] for w in workers_list}}
+    done = 0
     for r in range(rounds):
+        if r > 0 and over_budget(args, 1.0):
+            log("loader: time budget reached, %d of %d rounds done" % (r, rounds))
+            break
+        done += 1
         for w in workers_list:
             s = json.loads(json.dumps(spec))
             s["prefetch"] = {"workers": w, "depth": max(2, 2 * w)}
@@ -426,7 +442,7 @@ def loader_bench(args, compute_step_ms, torch_step_ms, rounds, workers_list, ste
             "torch_compute_step_ms": torch_step_ms,
             "load_cost_us": load_us, "load_ms_per_step": load_ms, "real_sleep_us": eff_us,
             "real_sleep_default_slack_us": default_slack_us,
-            "rounds": rounds, "rows": rows,
+            "rounds": done, "rounds_planned": rounds, "rows": rows,
             "runs": {k: {str(w): v for w, v in d.items()} for k, d in runs.items()}}
 
 
@@ -574,6 +590,8 @@ def main():
     ap.add_argument("--loader-rounds", type=int, default=3)
     ap.add_argument("--sgemm-reps", type=int, default=30)
     ap.add_argument("--only", default="mlp_large,mlp_small,loader")
+    ap.add_argument("--budget-s", type=float, default=420,
+                    help="stop adding rounds after this long (typical run: ~140 s on an idle machine)")
     args = ap.parse_args()
     args.trainerd = os.path.abspath(args.trainerd)
     args.sgemm = os.path.abspath(args.sgemm)
@@ -595,14 +613,14 @@ def main():
         "uname": " ".join(platform.uname()),
         "loadavg_start": os.getloadavg()[0],
     }}
-    t0 = time.perf_counter()
+    t0 = args.t0 = time.perf_counter()
     if "mlp_large" in only or "loader" in only:
         res["mlp_large"] = compute_bench(args, "mlp_large", "mlp_large.json", "mlp_large_npy.json", 2048,
-                                         args.rounds, torch_steps=80, torch_warm=10, warm=5)
+                                         args.rounds, torch_steps=80, torch_warm=10, warm=5, budget_share=0.45)
     if "mlp_small" in only:
         res["mlp_small"] = compute_bench(args, "mlp_small", "mlp_small.json", "mlp_small_npy.json", 6400,
                                          args.rounds, torch_steps=2000, torch_warm=200, warm=100,
-                                         torch_extra_threads=(1,))
+                                         torch_extra_threads=(1,), budget_share=0.6)
     if "loader" in only:
         step = res["mlp_large"]["summary"]["trainerd"]["median_step_ms"]
         tstep = res["mlp_large"]["summary"].get("torch", {}).get("median_step_ms")

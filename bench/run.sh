@@ -6,7 +6,9 @@
 # bench/bench.py, which alternates trainerd and PyTorch runs and writes
 # bench/results/<timestamp>/{results.md,results.json,runs/...}; the
 # newest run is also reachable as bench/results/latest.  Bounded: the
-# whole thing takes ~3-5 minutes on 2 cores and is killed after 15.
+# whole thing takes ~2.5 minutes on an idle 2-core machine; bench.py stops
+# adding rounds after --budget-s (420 s) and the script is killed after 10
+# minutes, so a loaded machine gives fewer rounds, not a hang.
 #
 # Environment: PYTHON (default /usr/bin/python3, Debian's, which has
 # torch), BENCH_ARGS (extra bench.py arguments, e.g. "--rounds 3").
@@ -38,5 +40,5 @@ if [ -n "$bt" ] && [ "$bt" != release ]; then
 fi
 
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-timeout 900 "$PYTHON" "$ROOT/bench/bench.py" --trainerd "$TRAINERD" --sgemm "$SGEMM" --out "$RUN" ${BENCH_ARGS:-}
+timeout 600 "$PYTHON" "$ROOT/bench/bench.py" --trainerd "$TRAINERD" --sgemm "$SGEMM" --out "$RUN" ${BENCH_ARGS:-}
 echo "bench: results in $RUN (results.md, results.json)" >&2

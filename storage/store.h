@@ -38,9 +38,10 @@ struct tr_store_options {
 	 * writer, checkpoint writers) sets PRAGMA max_page_count = max_bytes /
 	 * page_size, so a write that would grow the file past the cap fails
 	 * with SQLITE_FULL (-ENOSPC), as on a full disk.  For operators who
-	 * want a bound, and for tests that provoke a full database.  A cap
-	 * below the current size holds the file at its current size.  0 = no
-	 * cap (SQLite's own limit); negative is refused. */
+	 * want a bound, and for tests that provoke a full database.  The WAL
+	 * file beside it is not counted.  A cap below the current size holds
+	 * the file at its current size.  0 = no cap (SQLite's own limit);
+	 * negative is refused. */
 	int64_t max_bytes;
 };
 

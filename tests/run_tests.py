@@ -24,7 +24,9 @@ RESULT = re.compile(r"^RESULT: (\d+) passed, (\d+) failed", re.M)
 
 passed = failed = 0
 for t in tests:
-    if suites and not any(s in t.get("suite", []) or s == t["name"] for s in suites):
+    # meson names suites "project:suite"; accept either form.
+    names = set(t.get("suite", [])) | {x.split(":")[-1] for x in t.get("suite", [])}
+    if suites and not any(s in names or s == t["name"] for s in suites):
         continue
     env = dict(os.environ)
     env.update(t.get("env") or {})

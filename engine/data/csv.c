@@ -13,15 +13,11 @@
 #include <errno.h>
 #include <locale.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/data/reader.h"
-
-int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t **out, char *err,
-		size_t errlen);
+#include "engine/data/reader_internal.h"
 
 struct csv_reader {
 	tr_reader_t base;
@@ -29,27 +25,14 @@ struct csv_reader {
 	float *y; /* [samples, label_dim] */
 };
 
-static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
 {
 	struct csv_reader *c = (struct csv_reader *)r;
 	size_t f = (size_t)r->info.features, l = (size_t)r->info.label_dim;
 
 	if (index < 0 || index >= r->info.samples) {
-		errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
-		       (long long)r->info.samples);
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	memcpy(x, c->x + (size_t)index * f, f * sizeof(float));
@@ -81,7 +64,7 @@ static int slurp(const char *path, char **buf, size_t *len, char *err, size_t er
 
 	if (!f) {
 		ret = -errno;
-		errorf(err, errlen, "%s: %s", path, strerror(errno));
+		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
 		return ret;
 	}
 	for (;;) {
@@ -91,7 +74,7 @@ static int slurp(const char *path, char **buf, size_t *len, char *err, size_t er
 			nb = realloc(b, nc);
 			if (!nb) {
 				ret = -ENOMEM;
-				errorf(err, errlen, "%s: out of memory", path);
+				tr_data_errorf(err, errlen, "%s: out of memory", path);
 				goto fail;
 			}
 			b = nb;
@@ -104,7 +87,7 @@ static int slurp(const char *path, char **buf, size_t *len, char *err, size_t er
 	}
 	if (ferror(f)) {
 		ret = errno ? -errno : -EIO;
-		errorf(err, errlen, "%s: %s", path, strerror(-ret));
+		tr_data_errorf(err, errlen, "%s: %s", path, strerror(-ret));
 		goto fail;
 	}
 	b[n] = '\0';
@@ -155,7 +138,7 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 	int f = 0;
 
 	if (src->n_label_cols > TR_SPEC_MAX_LABEL_COLS) {
-		errorf(err, errlen, "%s: too many label columns (%d)", path, src->n_label_cols);
+		tr_data_errorf(err, errlen, "%s: too many label columns (%d)", path, src->n_label_cols);
 		return -EINVAL;
 	}
 	for (int c = 0; c < ncols; c++)
@@ -165,12 +148,13 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 		int c = want < 0 ? ncols + want : want;
 
 		if (c < 0 || c >= ncols) {
-			errorf(err, errlen, "%s:%lld: label column %d out of range (the file has %d columns)", path,
-			       line, want, ncols);
+			tr_data_errorf(err, errlen,
+				       "%s:%lld: label column %d out of range (the file has %d columns)",
+				       path, line, want, ncols);
 			return -EINVAL;
 		}
 		if (dest[c] < 0) {
-			errorf(err, errlen, "%s: label column %d given twice", path, want);
+			tr_data_errorf(err, errlen, "%s: label column %d given twice", path, want);
 			return -EINVAL;
 		}
 		dest[c] = -(k + 1);
@@ -179,7 +163,8 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 		if (dest[c] == 0)
 			dest[c] = f++;
 	if (f == 0) {
-		errorf(err, errlen, "%s:%lld: no feature columns (all %d columns are labels)", path, line, ncols);
+		tr_data_errorf(err, errlen, "%s:%lld: no feature columns (all %d columns are labels)", path,
+			       line, ncols);
 		return -EINVAL;
 	}
 	*n_labels = nl;
@@ -202,7 +187,7 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 	cloc = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
 	if (cloc == (locale_t)0) {
 		free(buf);
-		errorf(err, errlen, "%s: cannot create the C locale", path);
+		tr_data_errorf(err, errlen, "%s: cannot create the C locale", path);
 		return -ENOMEM;
 	}
 	c = calloc(1, sizeof(*c));
@@ -225,7 +210,7 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 		for (q = p; q < e; q++)
 			cols += *q == ',';
 		if (cols > (1 << 24)) {
-			errorf(err, errlen, "%s:%lld: too many columns (%lld)", path, line, cols);
+			tr_data_errorf(err, errlen, "%s:%lld: too many columns (%lld)", path, line, cols);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -239,7 +224,8 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 				goto fail;
 			nf = ncols - nl;
 		} else if (cols != ncols) {
-			errorf(err, errlen, "%s:%lld: expected %d columns, found %lld", path, line, ncols, cols);
+			tr_data_errorf(err, errlen, "%s:%lld: expected %d columns, found %lld", path, line,
+				       ncols, cols);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -257,7 +243,8 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 			while (te > q && (te[-1] == ' ' || te[-1] == '\t' || te[-1] == '\r'))
 				te--;
 			if (is_blank(q, te)) {
-				errorf(err, errlen, "%s:%lld: column %d: empty value", path, line, col + 1);
+				tr_data_errorf(err, errlen, "%s:%lld: column %d: empty value", path, line,
+					       col + 1);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -265,9 +252,9 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 			 * cannot run past the field. */
 			v = strtof_l(q, &ne, cloc);
 			if (ne != te || !isfinite(v)) {
-				errorf(err, errlen, "%s:%lld: column %d: '%.*s' is not a %snumber", path, line,
-				       col + 1, (int)(te - q > 40 ? 40 : te - q), q,
-				       ne == te ? "finite " : "");
+				tr_data_errorf(err, errlen, "%s:%lld: column %d: '%.*s' is not a %snumber",
+					       path, line, col + 1, (int)(te - q > 40 ? 40 : te - q), q,
+					       ne == te ? "finite " : "");
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -282,8 +269,8 @@ next:
 		p = e + 1;
 	}
 	if (rows == 0) {
-		errorf(err, errlen, "%s:%lld: no data rows%s", path, line + 1,
-		       src->header && line > 0 ? " after the header" : "");
+		tr_data_errorf(err, errlen, "%s:%lld: no data rows%s", path, line + 1,
+			       src->header && line > 0 ? " after the header" : "");
 		ret = -EINVAL;
 		goto fail;
 	}
@@ -299,7 +286,7 @@ next:
 	return 0;
 oom:
 	ret = -ENOMEM;
-	errorf(err, errlen, "%s: out of memory", path);
+	tr_data_errorf(err, errlen, "%s: out of memory", path);
 fail:
 	free(dest);
 	free(buf);

@@ -7,22 +7,14 @@
  * files, so a gzip header gets its own message rather than "bad magic".
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "engine/data/reader.h"
-
-int tr_idx_open(const char *images_path, const char *labels_path, tr_reader_t **out, char *err,
-		size_t errlen);
+#include "engine/data/reader_internal.h"
 
 struct idx_file {
-	void *map;
+	const void *map;
 	size_t map_len;
 	const unsigned char *data;
 	int64_t count; /* first dimension */
@@ -34,27 +26,14 @@ struct idx_reader {
 	struct idx_file images, labels;
 };
 
-static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
 {
 	struct idx_reader *d = (struct idx_reader *)r;
 	const unsigned char *p;
 
 	if (index < 0 || index >= r->info.samples) {
-		errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
-		       (long long)r->info.samples);
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	p = d->images.data + (size_t)index * (size_t)d->images.width;
@@ -66,8 +45,7 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 
 static void file_unmap(struct idx_file *f)
 {
-	if (f->map)
-		munmap(f->map, f->map_len);
+	tr_data_unmap_file(f->map, f->map_len);
 	f->map = NULL;
 }
 
@@ -95,62 +73,40 @@ static uint32_t be32(const unsigned char *p)
 static int file_open(const char *path, int images, struct idx_file *f, char *err, size_t errlen)
 {
 	const unsigned char *m;
-	struct stat st;
-	int fd, ret, ndims;
+	int ret, ndims;
 	size_t hdr;
 	uint64_t total;
 
 	memset(f, 0, sizeof(*f));
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		ret = -errno;
-		errorf(err, errlen, "%s: %s", path, strerror(errno));
+	ret = tr_data_map_file(path, 8, "an IDX file", &f->map, &f->map_len, err, errlen);
+	if (ret)
 		return ret;
-	}
-	if (fstat(fd, &st) < 0) {
-		ret = -errno;
-		errorf(err, errlen, "%s: %s", path, strerror(errno));
-		close(fd);
-		return ret;
-	}
-	if (!S_ISREG(st.st_mode) || st.st_size < 8) {
-		errorf(err, errlen, "%s: not an IDX file (%s)", path,
-		       S_ISREG(st.st_mode) ? "too short" : "not a regular file");
-		close(fd);
-		return -EINVAL;
-	}
-	f->map_len = (size_t)st.st_size;
-	f->map = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-	ret = -errno;
-	close(fd);
-	if (f->map == MAP_FAILED) {
-		f->map = NULL;
-		errorf(err, errlen, "%s: mmap: %s", path, strerror(-ret));
-		return ret;
-	}
 	m = f->map;
 	if (m[0] == 0x1f && m[1] == 0x8b) {
-		errorf(err, errlen, "%s: file is gzip-compressed; decompress it first (gunzip)", path);
+		tr_data_errorf(err, errlen, "%s: file is gzip-compressed; decompress it first (gunzip)",
+			       path);
 		goto invalid;
 	}
 	if (m[0] != 0 || m[1] != 0) {
-		errorf(err, errlen, "%s: not an IDX file (bad magic 0x%08x)", path, be32(m));
+		tr_data_errorf(err, errlen, "%s: not an IDX file (bad magic 0x%08x)", path, be32(m));
 		goto invalid;
 	}
 	if (m[2] != 0x08) {
-		errorf(err, errlen, "%s: IDX element type 0x%02x is not supported (only unsigned byte, 0x08)",
-		       path, m[2]);
+		tr_data_errorf(err, errlen,
+			       "%s: IDX element type 0x%02x is not supported (only unsigned byte, 0x08)",
+			       path, m[2]);
 		goto invalid;
 	}
 	ndims = m[3];
 	if (images ? ndims < 2 : ndims != 1) {
-		errorf(err, errlen, "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)",
-		       path, images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
+		tr_data_errorf(err, errlen,
+			       "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)",
+			       path, images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
 		goto invalid;
 	}
 	hdr = 4 + 4 * (size_t)ndims;
 	if (f->map_len < hdr) {
-		errorf(err, errlen, "%s: truncated IDX header", path);
+		tr_data_errorf(err, errlen, "%s: truncated IDX header", path);
 		goto invalid;
 	}
 	f->count = be32(m + 4);
@@ -160,21 +116,22 @@ static int file_open(const char *path, int images, struct idx_file *f, char *err
 
 		if (d > 0) {
 			if (v > INT32_MAX / (uint64_t)f->width) {
-				errorf(err, errlen, "%s: too many values per sample", path);
+				tr_data_errorf(err, errlen, "%s: too many values per sample", path);
 				goto invalid;
 			}
 			f->width *= (int64_t)v;
 		}
 	}
 	if (f->count == 0 || f->width == 0) {
-		errorf(err, errlen, "%s: IDX file holds no data", path);
+		tr_data_errorf(err, errlen, "%s: IDX file holds no data", path);
 		goto invalid;
 	}
 	/* count < 2^32 and width < 2^31, so the product cannot overflow. */
 	total = (uint64_t)f->count * (uint64_t)f->width;
 	if (total > f->map_len - hdr) {
-		errorf(err, errlen, "%s: truncated: the header promises %llu bytes of data, the file has %llu", path,
-		       (unsigned long long)total, (unsigned long long)(f->map_len - hdr));
+		tr_data_errorf(err, errlen,
+			       "%s: truncated: the header promises %llu bytes of data, the file has %llu",
+			       path, (unsigned long long)total, (unsigned long long)(f->map_len - hdr));
 		goto invalid;
 	}
 	f->data = m + hdr;
@@ -191,7 +148,7 @@ int tr_idx_open(const char *images_path, const char *labels_path, tr_reader_t **
 	int ret;
 
 	if (!d) {
-		errorf(err, errlen, "%s: out of memory", images_path);
+		tr_data_errorf(err, errlen, "%s: out of memory", images_path);
 		return -ENOMEM;
 	}
 	ret = file_open(images_path, 1, &d->images, err, errlen);
@@ -201,8 +158,8 @@ int tr_idx_open(const char *images_path, const char *labels_path, tr_reader_t **
 	if (ret)
 		goto fail;
 	if (d->images.count != d->labels.count) {
-		errorf(err, errlen, "%s has %lld images but %s has %lld labels", images_path,
-		       (long long)d->images.count, labels_path, (long long)d->labels.count);
+		tr_data_errorf(err, errlen, "%s has %lld images but %s has %lld labels", images_path,
+			       (long long)d->images.count, labels_path, (long long)d->labels.count);
 		ret = -EINVAL;
 		goto fail;
 	}

@@ -9,25 +9,18 @@
  * other than numpy to align the data.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "engine/data/reader.h"
-
-int tr_npy_open(const char *x_path, const char *y_path, tr_reader_t **out, char *err, size_t errlen);
+#include "engine/data/reader_internal.h"
 
 enum dtype { DT_F4, DT_F8, DT_I4, DT_I8, DT_U1, DT_I1 };
 
 #define MAX_DIMS 32
 
 struct npy_array {
-	void *map;
+	const void *map;
 	size_t map_len;
 	const unsigned char *data;
 	enum dtype dtype;
@@ -41,19 +34,6 @@ struct npy_reader {
 	tr_reader_t base;
 	struct npy_array x, y;
 };
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static void convert(const struct npy_array *a, int64_t row, float *dst)
 {
@@ -104,8 +84,8 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	struct npy_reader *n = (struct npy_reader *)r;
 
 	if (index < 0 || index >= r->info.samples) {
-		errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
-		       (long long)r->info.samples);
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	convert(&n->x, index, x);
@@ -115,8 +95,7 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 
 static void array_unmap(struct npy_array *a)
 {
-	if (a->map)
-		munmap(a->map, a->map_len);
+	tr_data_unmap_file(a->map, a->map_len);
 	a->map = NULL;
 }
 
@@ -249,45 +228,20 @@ static int parse_descr(const char *d, enum dtype *dt, size_t *itemsize)
 static int array_open(const char *path, int is_x, struct npy_array *a, char *err, size_t errlen)
 {
 	const unsigned char *m;
-	struct stat st;
 	struct lexer lx;
 	char key[32], descr[32] = "";
 	int64_t dims[MAX_DIMS];
-	int ndim = -1, fortran = -1, fd, ret;
+	int ndim = -1, fortran = -1, ret;
 	size_t hoff, hlen, data_off;
 	uint64_t count = 1;
 
 	memset(a, 0, sizeof(*a));
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		ret = -errno;
-		errorf(err, errlen, "%s: %s", path, strerror(errno));
+	ret = tr_data_map_file(path, 10, "a .npy file", &a->map, &a->map_len, err, errlen);
+	if (ret)
 		return ret;
-	}
-	if (fstat(fd, &st) < 0) {
-		ret = -errno;
-		errorf(err, errlen, "%s: %s", path, strerror(errno));
-		close(fd);
-		return ret;
-	}
-	if (!S_ISREG(st.st_mode) || st.st_size < 10) {
-		errorf(err, errlen, "%s: not a .npy file (%s)", path,
-		       S_ISREG(st.st_mode) ? "too short" : "not a regular file");
-		close(fd);
-		return -EINVAL;
-	}
-	a->map_len = (size_t)st.st_size;
-	a->map = mmap(NULL, a->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-	ret = -errno;
-	close(fd);
-	if (a->map == MAP_FAILED) {
-		a->map = NULL;
-		errorf(err, errlen, "%s: mmap: %s", path, strerror(-ret));
-		return ret;
-	}
 	m = a->map;
 	if (memcmp(m, "\x93NUMPY", 6) != 0) {
-		errorf(err, errlen, "%s: not a .npy file (bad magic)", path);
+		tr_data_errorf(err, errlen, "%s: not a .npy file (bad magic)", path);
 		goto invalid;
 	}
 	if (m[6] == 1) {
@@ -297,11 +251,11 @@ static int array_open(const char *path, int is_x, struct npy_array *a, char *err
 		hoff = 12;
 		hlen = (size_t)m[8] | (size_t)m[9] << 8 | (size_t)m[10] << 16 | (size_t)m[11] << 24;
 	} else {
-		errorf(err, errlen, "%s: unsupported .npy format version %d.%d", path, m[6], m[7]);
+		tr_data_errorf(err, errlen, "%s: unsupported .npy format version %d.%d", path, m[6], m[7]);
 		goto invalid;
 	}
 	if (hlen > a->map_len - hoff) {
-		errorf(err, errlen, "%s: truncated .npy header", path);
+		tr_data_errorf(err, errlen, "%s: truncated .npy header", path);
 		goto invalid;
 	}
 	data_off = hoff + hlen;
@@ -314,7 +268,7 @@ static int array_open(const char *path, int is_x, struct npy_array *a, char *err
 			goto bad_header;
 		if (strcmp(key, "descr") == 0) {
 			if (accept(&lx, '[')) {
-				errorf(err, errlen, "%s: structured dtypes are not supported", path);
+				tr_data_errorf(err, errlen, "%s: structured dtypes are not supported", path);
 				goto invalid;
 			}
 			if (lex_string(&lx, descr, sizeof(descr)))
@@ -341,23 +295,26 @@ static int array_open(const char *path, int is_x, struct npy_array *a, char *err
 	if (!descr[0] || fortran < 0 || ndim < 0)
 		goto bad_header;
 	if (fortran) {
-		errorf(err, errlen,
-		       "%s: Fortran-order arrays are not supported; save with np.ascontiguousarray", path);
+		tr_data_errorf(err, errlen,
+			       "%s: Fortran-order arrays are not supported; save with np.ascontiguousarray",
+			       path);
 		goto invalid;
 	}
 	if (parse_descr(descr, &a->dtype, &a->itemsize)) {
-		errorf(err, errlen, "%s: unsupported dtype '%s' (use <f4, <f8, <i4, <i8, |u1 or |i1)", path,
-		       descr);
+		tr_data_errorf(err, errlen, "%s: unsupported dtype '%s' (use <f4, <f8, <i4, <i8, |u1 or |i1)",
+			       path, descr);
 		goto invalid;
 	}
 	if (is_x && ndim < 2) {
-		errorf(err, errlen, "%s: x must have at least 2 dimensions [samples, features], got %d", path,
-		       ndim);
+		tr_data_errorf(err, errlen,
+			       "%s: x must have at least 2 dimensions [samples, features], got %d", path,
+			       ndim);
 		goto invalid;
 	}
 	if (!is_x && (ndim < 1 || ndim > 2)) {
-		errorf(err, errlen, "%s: y must be 1-D [samples] or 2-D [samples, outputs], got %d dimensions",
-		       path, ndim);
+		tr_data_errorf(err, errlen,
+			       "%s: y must be 1-D [samples] or 2-D [samples, outputs], got %d dimensions",
+			       path, ndim);
 		goto invalid;
 	}
 	a->ndim = ndim;
@@ -365,32 +322,33 @@ static int array_open(const char *path, int is_x, struct npy_array *a, char *err
 	a->width = 1;
 	for (int d = 1; d < ndim; d++) {
 		if (dims[d] > 0 && a->width > INT32_MAX / dims[d]) {
-			errorf(err, errlen, "%s: too many values per sample", path);
+			tr_data_errorf(err, errlen, "%s: too many values per sample", path);
 			goto invalid;
 		}
 		a->width *= dims[d];
 	}
 	if (a->rows == 0 || a->width == 0) {
-		errorf(err, errlen, "%s: array is empty", path);
+		tr_data_errorf(err, errlen, "%s: array is empty", path);
 		goto invalid;
 	}
 	for (int d = 0; d < ndim; d++) {
 		if ((uint64_t)dims[d] > UINT64_MAX / a->itemsize / count) {
-			errorf(err, errlen, "%s: shape too large", path);
+			tr_data_errorf(err, errlen, "%s: shape too large", path);
 			goto invalid;
 		}
 		count *= (uint64_t)dims[d];
 	}
 	if (count * a->itemsize > a->map_len - data_off) {
-		errorf(err, errlen, "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-		       path, (unsigned long long)(count * a->itemsize),
-		       (unsigned long long)(a->map_len - data_off));
+		tr_data_errorf(err, errlen,
+			       "%s: truncated: the header promises %llu bytes of data, the file has %llu",
+			       path, (unsigned long long)(count * a->itemsize),
+			       (unsigned long long)(a->map_len - data_off));
 		goto invalid;
 	}
 	a->data = m + data_off;
 	return 0;
 bad_header:
-	errorf(err, errlen, "%s: malformed .npy header", path);
+	tr_data_errorf(err, errlen, "%s: malformed .npy header", path);
 invalid:
 	array_unmap(a);
 	return -EINVAL;
@@ -402,12 +360,12 @@ int tr_npy_open(const char *x_path, const char *y_path, tr_reader_t **out, char 
 	int ret;
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-	errorf(err, errlen, "%s: .npy files are only supported on little-endian hosts", x_path);
+	tr_data_errorf(err, errlen, "%s: .npy files are only supported on little-endian hosts", x_path);
 	return -ENOTSUP;
 #endif
 	n = calloc(1, sizeof(*n));
 	if (!n) {
-		errorf(err, errlen, "%s: out of memory", x_path);
+		tr_data_errorf(err, errlen, "%s: out of memory", x_path);
 		return -ENOMEM;
 	}
 	ret = array_open(x_path, 1, &n->x, err, errlen);
@@ -417,8 +375,8 @@ int tr_npy_open(const char *x_path, const char *y_path, tr_reader_t **out, char 
 	if (ret)
 		goto fail;
 	if (n->x.rows != n->y.rows) {
-		errorf(err, errlen, "%s has %lld samples but %s has %lld", x_path, (long long)n->x.rows, y_path,
-		       (long long)n->y.rows);
+		tr_data_errorf(err, errlen, "%s has %lld samples but %s has %lld", x_path,
+			       (long long)n->x.rows, y_path, (long long)n->y.rows);
 		ret = -EINVAL;
 		goto fail;
 	}

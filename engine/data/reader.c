@@ -4,29 +4,23 @@
  * against base_dir, so the format files only ever see the path they open
  * (and name in their messages).  Slices are the one reader type that owns
  * no data: they borrow a base reader and shift indices, which is all that
- * validation_split needs.
+ * validation_split needs.  The helpers every reader shares (the error
+ * formatter and the read-only file mapping, see reader_internal.h) live
+ * here too.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include "engine/data/reader.h"
+#include "engine/data/reader_internal.h"
 
-/* Format openers, defined in csv.c, npy.c, idx.c and synthetic.c.  Each
- * takes already resolved paths; the prototypes are repeated there. */
-int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t **out, char *err,
-		size_t errlen);
-int tr_npy_open(const char *x_path, const char *y_path, tr_reader_t **out, char *err, size_t errlen);
-int tr_idx_open(const char *images_path, const char *labels_path, tr_reader_t **out, char *err,
-		size_t errlen);
-int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
-		      size_t errlen);
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...)
+void tr_data_errorf(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -37,6 +31,49 @@ static void errorf(char *err, size_t errlen, const char *fmt, ...)
 	va_end(ap);
 }
 
+int tr_data_map_file(const char *path, size_t min_size, const char *kind, const void **map, size_t *len,
+		     char *err, size_t errlen)
+{
+	struct stat st;
+	void *m;
+	int fd, ret;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+		return ret;
+	}
+	if (fstat(fd, &st) < 0) {
+		ret = -errno;
+		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+		close(fd);
+		return ret;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_size < (off_t)min_size) {
+		tr_data_errorf(err, errlen, "%s: not %s (%s)", path, kind,
+			       S_ISREG(st.st_mode) ? "too short" : "not a regular file");
+		close(fd);
+		return -EINVAL;
+	}
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	ret = -errno;
+	close(fd);
+	if (m == MAP_FAILED) {
+		tr_data_errorf(err, errlen, "%s: mmap: %s", path, strerror(-ret));
+		return ret;
+	}
+	*map = m;
+	*len = (size_t)st.st_size;
+	return 0;
+}
+
+void tr_data_unmap_file(const void *map, size_t len)
+{
+	if (map)
+		munmap((void *)map, len);
+}
+
 /* Joins `path` to base_dir unless it is absolute; *out is a new string
  * the caller frees.  `what` names the missing path in the message. */
 static int resolve(const char *base_dir, const char *path, const char *what, char **out, char *err,
@@ -44,7 +81,7 @@ static int resolve(const char *base_dir, const char *path, const char *what, cha
 {
 	*out = NULL;
 	if (!path || !*path) {
-		errorf(err, errlen, "data source has no %s path", what);
+		tr_data_errorf(err, errlen, "data source has no %s path", what);
 		return -EINVAL;
 	}
 	if (path[0] == '/' || !base_dir || !*base_dir) {
@@ -57,7 +94,7 @@ static int resolve(const char *base_dir, const char *path, const char *what, cha
 			*out = NULL;
 	}
 	if (!*out) {
-		errorf(err, errlen, "out of memory");
+		tr_data_errorf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	return 0;
@@ -70,7 +107,7 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const ch
 	int ret;
 
 	if (!src || !out) {
-		errorf(err, errlen, "no data source");
+		tr_data_errorf(err, errlen, "no data source");
 		return -EINVAL;
 	}
 	*out = NULL;
@@ -99,7 +136,7 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const ch
 		ret = tr_synthetic_open(src, src->data_seed, out, err, errlen);
 		break;
 	default:
-		errorf(err, errlen, "unknown data format %d", (int)src->format);
+		tr_data_errorf(err, errlen, "unknown data format %d", (int)src->format);
 		ret = -EINVAL;
 		break;
 	}
@@ -125,8 +162,8 @@ static int slice_get(tr_reader_t *r, int64_t index, float *x, float *y, char *er
 	struct slice *s = (struct slice *)r;
 
 	if (index < 0 || index >= r->info.samples) {
-		errorf(err, errlen, "%s: sample %lld out of range (slice of %lld samples)", r->name,
-		       (long long)index, (long long)r->info.samples);
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (slice of %lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	return tr_reader_get(s->src, s->begin + index, x, y, err, errlen);

@@ -11,16 +11,12 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "engine/data/reader.h"
+#include "engine/data/reader_internal.h"
 #include "engine/rng.h"
-
-int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
-		      size_t errlen);
 
 /* Second key word per stream: samples, class centers and regression
  * weights must never share a key even when an index equals a class. */
@@ -35,19 +31,6 @@ struct synth_reader {
 	int64_t load_cost_us;
 	float *w; /* regression: [outputs, features] */
 };
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static void sleep_us(int64_t us)
 {
@@ -64,8 +47,8 @@ static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, char *er
 	uint64_t key;
 
 	if (index < 0 || index >= r->info.samples) {
-		errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
-		       (long long)r->info.samples);
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	if (s->load_cost_us > 0)
@@ -116,24 +99,25 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 	int outputs = src->outputs > 0 ? src->outputs : 1;
 
 	if (src->samples <= 0 || src->features <= 0) {
-		errorf(err, errlen, "synthetic: samples (%lld) and features (%d) must be > 0",
-		       (long long)src->samples, src->features);
+		tr_data_errorf(err, errlen, "synthetic: samples (%lld) and features (%d) must be > 0",
+			       (long long)src->samples, src->features);
 		return -EINVAL;
 	}
 	if (src->task == TR_SYNTH_CLASSIFICATION && src->classes <= 0) {
-		errorf(err, errlen, "synthetic: classes (%d) must be > 0", src->classes);
+		tr_data_errorf(err, errlen, "synthetic: classes (%d) must be > 0", src->classes);
 		return -EINVAL;
 	}
 	if (src->task != TR_SYNTH_CLASSIFICATION && src->task != TR_SYNTH_REGRESSION) {
-		errorf(err, errlen, "synthetic: unknown task %d", (int)src->task);
+		tr_data_errorf(err, errlen, "synthetic: unknown task %d", (int)src->task);
 		return -EINVAL;
 	}
 	if (!(src->noise >= 0.0f) || !isfinite(src->noise) || src->load_cost_us < 0 || src->outputs < 0) {
-		errorf(err, errlen, "synthetic: noise, outputs and load_cost_us must be >= 0");
+		tr_data_errorf(err, errlen, "synthetic: noise, outputs and load_cost_us must be >= 0");
 		return -EINVAL;
 	}
 	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > ((size_t)1 << 28)) {
-		errorf(err, errlen, "synthetic: outputs x features (%d x %d) is too large", outputs, src->features);
+		tr_data_errorf(err, errlen, "synthetic: outputs x features (%d x %d) is too large", outputs,
+			       src->features);
 		return -EINVAL;
 	}
 	s = calloc(1, sizeof(*s));
@@ -167,6 +151,6 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 oom:
 	if (s)
 		synth_destroy(&s->base);
-	errorf(err, errlen, "synthetic: out of memory");
+	tr_data_errorf(err, errlen, "synthetic: out of memory");
 	return -ENOMEM;
 }

@@ -10,11 +10,9 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/data/reader.h"
+#include "engine/data/reader_internal.h"
 #include "engine/rng.h"
 
 struct op {
@@ -31,19 +29,6 @@ struct tr_transforms {
 	int features; /* of the training reader, for standardize */
 	struct op ops[TR_SPEC_MAX_TRANSFORMS];
 };
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* Runs ops [0, end) on x. */
 static void apply_ops(const tr_transforms_t *t, int end, float *x, int features, uint64_t seed, int64_t epoch,
@@ -89,7 +74,7 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, char
 	int ret = 0;
 
 	if (n <= 0 || nf <= 0) {
-		errorf(err, errlen, "standardize: %s has no samples", train->name);
+		tr_data_errorf(err, errlen, "standardize: %s has no samples", train->name);
 		return -EINVAL;
 	}
 	o->mean = malloc((size_t)nf * sizeof(float));
@@ -100,7 +85,7 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, char
 	s1 = calloc((size_t)nf, sizeof(double));
 	s2 = calloc((size_t)nf, sizeof(double));
 	if (!o->mean || !o->sd || !x || !y || !shift || !s1 || !s2) {
-		errorf(err, errlen, "standardize: out of memory");
+		tr_data_errorf(err, errlen, "standardize: out of memory");
 		ret = -ENOMEM;
 		goto out;
 	}
@@ -146,12 +131,12 @@ int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_tran
 
 	*out = NULL;
 	if (spec->n_transforms < 0 || spec->n_transforms > TR_SPEC_MAX_TRANSFORMS) {
-		errorf(err, errlen, "too many transforms (%d)", spec->n_transforms);
+		tr_data_errorf(err, errlen, "too many transforms (%d)", spec->n_transforms);
 		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t) {
-		errorf(err, errlen, "out of memory");
+		tr_data_errorf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	t->features = train ? train->info.features : 0;
@@ -170,7 +155,8 @@ int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_tran
 			break;
 		case TR_TF_STANDARDIZE:
 			if (!train) {
-				errorf(err, errlen, "/data/transforms/%d: standardize needs training data", k);
+				tr_data_errorf(err, errlen,
+					       "/data/transforms/%d: standardize needs training data", k);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -179,7 +165,8 @@ int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_tran
 				goto fail;
 			break;
 		default:
-			errorf(err, errlen, "/data/transforms/%d: unknown transform type %d", k, (int)ts->type);
+			tr_data_errorf(err, errlen, "/data/transforms/%d: unknown transform type %d", k,
+				       (int)ts->type);
 			ret = -EINVAL;
 			goto fail;
 		}

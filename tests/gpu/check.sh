@@ -301,7 +301,7 @@ if [ $built -eq 0 ]; then
 		FAILED=1
 	fi
 	stage "GPU benchmarks (quick)" 170 "$WORK/logs/bench.log" \
-		"$ROOT/bench/gpu/run.sh" "$BUILD" "$WORK/bench" --quick
+		sh "$ROOT/bench/gpu/run.sh" "$BUILD" "$WORK/bench" --quick
 	stage "whole test suite" 150 "$REPORT/suite.log" \
 		python3 "$ROOT/tests/run_tests.py" "$BUILD"
 fi

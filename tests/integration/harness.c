@@ -197,6 +197,8 @@ static void record_exchange(const char *method, const char *path, const char *bo
 			      string_or_null(resp_type, resp_type ? strlen(resp_type) : 0), "headers",
 			      string_or_null(r->headers, strlen(r->headers)), "body", string_or_null(r->body, r->len));
 	cr_assert_not_null(o, "cannot build the recording of %s %s", method, path);
+	/* A binary body (a download) is recorded as null; its length is kept. */
+	json_object_set_new(o, "body_len", json_integer((json_int_t)r->len));
 	mkdir(dir, 0755); /* EEXIST is fine; a real failure shows at the write */
 	char tmp[4200], final[4096];
 	unsigned long n = atomic_fetch_add(&seq, 1);
@@ -225,7 +227,11 @@ void http(const struct daemon *d, const char *method, const char *path, const ch
 		h = curl_slist_append(h, extra_header);
 	h = curl_slist_append(h, "Expect:");
 	curl_easy_setopt(c, CURLOPT_URL, url);
-	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+	/* HEAD must not wait for a body: curl's own HEAD (CURLOPT_NOBODY). */
+	if (strcmp(method, "HEAD") == 0)
+		curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+	else
+		curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
 	if (body) {
 		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
 		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
@@ -257,6 +263,23 @@ void http_free(struct http_reply *r)
 	free(r->body);
 	json_decref(r->json);
 	memset(r, 0, sizeof *r);
+}
+
+long http_download(const struct daemon *d, const char *path, const char *file, size_t *len)
+{
+	struct http_reply r;
+	http(d, "GET", path, NULL, NULL, NULL, &r);
+	long status = r.status;
+	if (len)
+		*len = r.len;
+	if (status == 200) {
+		FILE *f = fopen(file, "wb");
+		cr_assert_not_null(f, "cannot create %s: %s", file, strerror(errno));
+		cr_assert_eq(fwrite(r.body, 1, r.len, f), r.len, "cannot write %s", file);
+		cr_assert_eq(fclose(f), 0, "cannot write %s", file);
+	}
+	http_free(&r);
+	return status;
 }
 
 long long submit_job(const struct daemon *d, const char *spec_json)

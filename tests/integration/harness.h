@@ -34,11 +34,14 @@ void daemon_kill(struct daemon *d); /* SIGKILL */
 void daemon_cleanup(struct daemon *d); /* removes the state dir */
 void daemon_dump_log(const struct daemon *d);
 
-/* method: GET POST PATCH DELETE; body may be NULL; content_type NULL =
+/* method: GET HEAD POST PATCH DELETE (HEAD reads no body); body may be NULL; content_type NULL =
  * application/json when there is a body.  extra_header may be NULL. */
 void http(const struct daemon *d, const char *method, const char *path, const char *body, const char *content_type,
 	  const char *extra_header, struct http_reply *r);
 void http_free(struct http_reply *r);
+/* GET path and, when the answer is 200, write its body (binary-safe) to
+ * file.  Returns the status; *len (may be NULL) gets the body's length. */
+long http_download(const struct daemon *d, const char *path, const char *file, size_t *len);
 /* Convenience: returns a job id from POST /jobs (asserts 201). */
 long long submit_job(const struct daemon *d, const char *spec_json);
 /* Polls GET /jobs/{id} until the state is one of `states` ('|'-separated)

@@ -1,0 +1,759 @@
+/* Checkpoints, exact resume and crash recovery, with a real daemon.
+ *
+ * DESIGN.md section 2: a job resumed from a checkpoint continues
+ * bit-identically to the run that was never interrupted (same devices,
+ * same build), and a crash loses at most the work since the last
+ * checkpoint.  Each test runs a reference job in a daemon nobody disturbs
+ * and the same spec in a daemon that is killed (SIGKILL), stopped
+ * (SIGTERM), paused, fed a corrupted checkpoint or a full database, and
+ * compares the final weights byte for byte and the loss curves point for
+ * point.
+ *
+ * Timing: the jobs sleep in their loaders (synthetic load_cost_us), so
+ * they take seconds of wall time but little CPU, and two tests (each with
+ * two daemons) share this machine's cores without slowing each other much.
+ */
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* The exact-resume job: an MLP with dropout on shuffled synthetic data,
+ * AdamW with a warm-up and cosine schedule, a short last batch (2000 =
+ * 62 * 32 + 16), 5 epochs = 315 steps in about 4 s, a checkpoint every
+ * 10 steps.  315 is not a multiple of 10, so every run ends with a
+ * "final" checkpoint at step 315.  A resumed run writes the same one: its
+ * header's metadata holds the step, epoch, device count, reason, build and
+ * a hash of the spec, all the same when the spec is (the hash covers the
+ * job's name too, so compared jobs share their name), so the whole
+ * model.safetensors, header included, must match byte for byte. */
+#define EXACT_STEPS 315
+#define EXACT_JOB_FMT                                                                                          \
+	"{\"name\": \"%s\", \"seed\": 7, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 32},"          \
+	" {\"type\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 4}]},"   \
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 2000, \"features\": 16, \"classes\": 4," \
+	" \"noise\": 0.5, \"load_cost_us\": %d}, \"shuffle\": true}, \"batch_size\": 32, \"epochs\": 5,"          \
+	" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.01},"                            \
+	" \"schedule\": {\"type\": \"cosine\", \"warmup_steps\": 20}, \"devices\": %d,"                            \
+	" \"prefetch\": {\"workers\": 2, \"depth\": 4}%s}"
+
+static const char *exact_job(const char *name, int devices, int load_cost_us, const char *extra)
+{
+	static char out[4][2048];
+	static int next;
+	char *slot = out[next++ % 4];
+	snprintf(slot, sizeof out[0], EXACT_JOB_FMT, name, load_cost_us, devices,
+		 extra ? extra : ", \"checkpoint\": {\"every_steps\": 10}");
+	return slot;
+}
+
+/* Up to two daemons per test; .fini stops and removes whatever started. */
+static struct daemon da, db;
+
+static void cleanup_daemons(void)
+{
+	daemon_cleanup(&da);
+	daemon_cleanup(&db);
+}
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static json_t *get_json(const struct daemon *d, const char *path)
+{
+	struct http_reply r;
+	http(d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "GET %s: %ld %s", path, r.status, r.body);
+	cr_assert_not_null(r.json, "GET %s: not JSON: %s", path, r.body);
+	json_t *j = json_incref(r.json);
+	http_free(&r);
+	return j;
+}
+
+static long post_status(const struct daemon *d, const char *path, char *body_out, size_t body_len)
+{
+	struct http_reply r;
+	http(d, "POST", path, NULL, NULL, NULL, &r);
+	long status = r.status;
+	if (body_out)
+		snprintf(body_out, body_len, "%s", r.body);
+	http_free(&r);
+	return status;
+}
+
+/* The job's state and progress step.  *live: the step is this run's own
+ * (the daemon's in-memory progress, present once the run has done a step
+ * since it started), not the stored row that a restart shows first. */
+static long long job_step(const struct daemon *d, long long id, char state[32], bool *live)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	json_t *j = get_json(d, path);
+	const char *s = json_string_value(json_object_get(j, "state"));
+	snprintf(state, 32, "%s", s ? s : "?");
+	json_t *p = json_object_get(j, "progress");
+	long long step = json_integer_value(json_object_get(p, "step"));
+	if (live)
+		*live = json_object_get(p, "elapsed_s") != NULL;
+	json_decref(j);
+	return step;
+}
+
+/* Waits (bounded) until the job is running in this daemon run and has
+ * done step `step` or more; returns the step seen. */
+static long long wait_live_step(const struct daemon *d, long long id, long long step, double timeout_s)
+{
+	double deadline = now_s() + timeout_s;
+	char state[32];
+	for (;;) {
+		bool live;
+		long long s = job_step(d, id, state, &live);
+		if (strcmp(state, "running") == 0 && live && s >= step)
+			return s;
+		cr_assert(strcmp(state, "completed") != 0 && strcmp(state, "failed") != 0 &&
+				  strcmp(state, "cancelled") != 0,
+			  "job %lld is %s at step %lld, waiting for step %lld", id, state, s, step);
+		cr_assert_lt(now_s(), deadline, "job %lld: still %s at step %lld after %.0f s (waiting for %lld)", id,
+			     state, s, timeout_s, step);
+		usleep(5000);
+	}
+}
+
+/* All of the job's log messages, one a line (malloc'd). */
+static char *job_logs(const struct daemon *d, long long id)
+{
+	char path[96];
+	snprintf(path, sizeof path, "/jobs/%lld/logs?limit=10000", id);
+	json_t *j = get_json(d, path);
+	json_t *logs = json_object_get(j, "logs");
+	size_t cap = 1, len = 0, i;
+	json_t *line;
+	json_array_foreach (logs, i, line) {
+		const char *m = json_string_value(json_object_get(line, "message"));
+		cap += strlen(m ? m : "") + 1;
+	}
+	char *out = calloc(1, cap);
+	json_array_foreach (logs, i, line) {
+		const char *m = json_string_value(json_object_get(line, "message"));
+		len += (size_t)sprintf(out + len, "%s\n", m ? m : "");
+	}
+	cr_assert(json_is_null(json_object_get(j, "next")), "job %lld has more than 10000 log lines", id);
+	json_decref(j);
+	return out;
+}
+
+static int count_substr(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+		n++;
+	return n;
+}
+
+static unsigned char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "cannot open %s: %s", path, strerror(errno));
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	unsigned char *buf = malloc((size_t)n + 1);
+	cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n, "cannot read %s", path);
+	fclose(f);
+	*len = (size_t)n;
+	return buf;
+}
+
+static void sha256_file(const char *path, char out[65])
+{
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "sha256sum '%s'", path);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	char line[256] = "";
+	cr_assert_not_null(fgets(line, sizeof line, p), "sha256sum %s: no output", path);
+	pclose(p);
+	cr_assert_geq(strlen(line), 64);
+	memcpy(out, line, 64);
+	out[64] = 0;
+}
+
+/* A response header's value ("" when absent; static buffer). */
+static const char *header_value(const struct http_reply *r, const char *name)
+{
+	static char value[256];
+	value[0] = 0;
+	size_t n = strlen(name);
+	for (const char *p = r->headers; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+		if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+			const char *v = p + n + 1;
+			while (*v == ' ')
+				v++;
+			size_t len = strcspn(v, "\r\n");
+			snprintf(value, sizeof value, "%.*s", (int)len, v);
+		}
+	}
+	return value;
+}
+
+static const char *python(void)
+{
+	return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+}
+
+/* Runs tests/integration/check_safetensors.py on file (and ref, may be
+ * NULL); returns its exit status. */
+static int check_safetensors(const char *file, const char *ref)
+{
+	const char *script = "tests/integration/check_safetensors.py"; /* meson runs us in the source root */
+	cr_assert_eq(access(script, R_OK), 0, "%s not found (run from the source root)", script);
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "%s %s '%s'%s%s%s 1>&2", python(), script, file, ref ? " '" : "", ref ? ref : "",
+		 ref ? "'" : "");
+	int rc = system(cmd);
+	return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* The job's checkpoint list (new reference). */
+static json_t *checkpoints(const struct daemon *d, long long id)
+{
+	char path[96];
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints", id);
+	json_t *j = get_json(d, path);
+	json_t *list = json_incref(json_object_get(j, "checkpoints"));
+	json_decref(j);
+	cr_assert(json_is_array(list));
+	return list;
+}
+
+/* The job's loss series (new reference to {"steps": [...], "values": [...]}). */
+static json_t *loss_series(const struct daemon *d, long long id)
+{
+	char path[96];
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=loss", id);
+	json_t *j = get_json(d, path);
+	json_t *s = json_incref(json_object_get(json_object_get(j, "series"), "loss"));
+	json_decref(j);
+	cr_assert_not_null(s, "job %lld has no loss series", id);
+	return s;
+}
+
+/* Every step 1..steps exactly once, in order, and exactly the reference's
+ * values. */
+static void assert_same_losses(const struct daemon *dref, long long ref, const struct daemon *d, long long id,
+			       int steps)
+{
+	json_t *a = loss_series(dref, ref), *b = loss_series(d, id);
+	json_t *sa = json_object_get(a, "steps"), *sb = json_object_get(b, "steps");
+	json_t *va = json_object_get(a, "values"), *vb = json_object_get(b, "values");
+	cr_assert_eq(json_array_size(sa), (size_t)steps, "reference job %lld: %zu loss points, want %d", ref,
+		     json_array_size(sa), steps);
+	for (int i = 0; i < steps && i < (int)json_array_size(sb); i++)
+		cr_assert_eq(json_integer_value(json_array_get(sb, i)), i + 1,
+			     "job %lld: loss point %d is at step %lld, want %d (a gap or a duplicate)", id, i,
+			     json_integer_value(json_array_get(sb, i)), i + 1);
+	cr_assert_eq(json_array_size(sb), (size_t)steps, "job %lld: %zu loss points, want one per step 1..%d", id,
+		     json_array_size(sb), steps);
+	for (int i = 0; i < steps; i++) {
+		cr_assert_eq(json_integer_value(json_array_get(sa, i)), i + 1);
+		double x = json_number_value(json_array_get(va, i)), y = json_number_value(json_array_get(vb, i));
+		cr_assert(x == y, "loss at step %d: %.17g (job %lld) vs %.17g (reference %lld)", i + 1, y, id, x,
+			  ref);
+	}
+	json_decref(a);
+	json_decref(b);
+}
+
+/* Both jobs completed with the same final weights, byte for byte (names,
+ * shapes, data and the header's metadata), the same whole checkpoint
+ * (optimizer state too: the listed SHA-256 of the latest) and the same
+ * loss curve. */
+static void assert_same_result(const struct daemon *dref, long long ref, const struct daemon *d, long long id,
+			       int steps, const char *tag)
+{
+	char fa[256], fb[256], path[128];
+	snprintf(fa, sizeof fa, "%s/%s-reference.safetensors", d->dir, tag);
+	snprintf(fb, sizeof fb, "%s/%s-resumed.safetensors", d->dir, tag);
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", ref);
+	cr_assert_eq(http_download(dref, path, fa, NULL), 200, "GET %s", path);
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", id);
+	cr_assert_eq(http_download(d, path, fb, NULL), 200, "GET %s", path);
+	size_t la, lb;
+	unsigned char *a = slurp(fa, &la), *b = slurp(fb, &lb);
+	bool same = la == lb && memcmp(a, b, la) == 0;
+	free(a);
+	free(b);
+	if (!same) /* says which tensors differ, and by how much */
+		check_safetensors(fb, fa);
+	cr_assert(same, "%s: job %lld's final model.safetensors (%zu bytes) differs from the uninterrupted job "
+			"%lld's (%zu bytes)",
+		  tag, id, lb, ref, la);
+
+	json_t *ca = checkpoints(dref, ref), *cb = checkpoints(d, id);
+	json_t *na = json_array_get(ca, 0), *nb = json_array_get(cb, 0);
+	cr_assert_not_null(na);
+	cr_assert_not_null(nb);
+	cr_assert_eq(json_integer_value(json_object_get(na, "step")), steps);
+	cr_assert_eq(json_integer_value(json_object_get(nb, "step")), steps, "%s: job %lld's latest checkpoint is "
+									      "at step %lld",
+		     tag, id, json_integer_value(json_object_get(nb, "step")));
+	cr_assert_str_eq(json_string_value(json_object_get(nb, "sha256")),
+			 json_string_value(json_object_get(na, "sha256")),
+			 "%s: the final checkpoints (with optimizer state) differ", tag);
+	json_decref(ca);
+	json_decref(cb);
+	assert_same_losses(dref, ref, d, id, steps);
+}
+
+/* ---- 1. exact resume after SIGKILL at random points ---------------------- */
+
+static unsigned resume_seed(void)
+{
+	const char *s = getenv("TR_RESUME_SEED");
+	return s && *s ? (unsigned)strtoul(s, NULL, 10) : 20261129u;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+	return *(const int *)a - *(const int *)b;
+}
+
+static void exact_resume_after_kills(int ndev)
+{
+	enum { KILLS = 10 };
+	char devs[8];
+	snprintf(devs, sizeof devs, "%d", ndev);
+	/* The reference, undisturbed, in its own daemon, at the same time. */
+	daemon_start(&da, ndev, NULL);
+	long long ref = submit_job(&da, exact_job("exact", ndev, 800, NULL));
+	daemon_start(&db, ndev, NULL);
+	long long id = submit_job(&db, exact_job("exact", ndev, 800, NULL));
+
+	/* Ten kill points spread over the run, from a fixed seed: a step to
+	 * reach, then 0-15 ms more, so kills land anywhere in a step: in the
+	 * update, while a checkpoint is being written, before the first one. */
+	unsigned seed = resume_seed() + (unsigned)ndev;
+	srand(seed);
+	int target[KILLS];
+	for (int i = 0; i < KILLS; i++)
+		target[i] = 3 + rand() % (EXACT_STEPS - 40);
+	qsort(target, KILLS, sizeof target[0], cmp_int);
+	char killed_at[512] = "";
+	size_t used = 0;
+	for (int i = 0; i < KILLS; i++) {
+		/* Running again in this daemon run, with some progress made. */
+		long long s = wait_live_step(&db, id, target[i], 60);
+		usleep((useconds_t)(rand() % 15000));
+		daemon_kill(&db);
+		used += (size_t)snprintf(killed_at + used, sizeof killed_at - used, "%s%lld", i ? "," : "", s);
+		daemon_restart(&db, ndev, NULL);
+	}
+	cr_log_info("devices %d, seed %u: SIGKILL at steps %s (+0-15 ms)", ndev, seed, killed_at);
+
+	cr_assert_str_eq(wait_state(&da, ref, "completed|failed|cancelled", 120), "completed");
+	const char *st = wait_state(&db, id, "completed|failed|cancelled", 120);
+	char *log = job_logs(&db, id);
+	cr_assert_str_eq(st, "completed", "job %lld is %s; log:\n%s", id, st, log);
+	/* Each run after a kill past the first checkpoint resumed from one. */
+	int resumed = count_substr(log, "resuming from the checkpoint at step ");
+	cr_assert_geq(resumed, KILLS - 2, "%d of %d restarts resumed from a checkpoint (kills at %s); log:\n%s",
+		      resumed, KILLS, killed_at, log);
+	cr_assert_eq(count_substr(log, "started on"), KILLS + 1, "log:\n%s", log);
+	cr_assert_null(strstr(log, "corrupt"), "log:\n%s", log);
+	free(log);
+	char tag[32];
+	snprintf(tag, sizeof tag, "kill-%ddev", ndev);
+	assert_same_result(&da, ref, &db, id, EXACT_STEPS, tag);
+}
+
+Test(resume, exact_after_sigkill_1_device, .fini = cleanup_daemons, .timeout = 240)
+{
+	exact_resume_after_kills(1);
+}
+
+Test(resume, exact_after_sigkill_3_devices, .fini = cleanup_daemons, .timeout = 240)
+{
+	exact_resume_after_kills(3);
+}
+
+/* ---- 2. pause/resume and SIGTERM/restart --------------------------------- */
+
+Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons, .timeout = 240)
+{
+	daemon_start(&da, 2, NULL);
+	long long ref = submit_job(&da, exact_job("exact", 1, 800, NULL));
+	long long p = submit_job(&da, exact_job("exact", 1, 800, NULL));
+
+	/* Pause mid-epoch, between two periodic checkpoints. */
+	wait_live_step(&da, p, 77, 60);
+	char path[96], body[1024];
+	snprintf(path, sizeof path, "/jobs/%lld/pause", p);
+	long status = post_status(&da, path, body, sizeof body);
+	cr_assert(status >= 200 && status < 300, "POST %s: %ld %s", path, status, body);
+	cr_assert_str_eq(wait_state(&da, p, "paused|completed|failed", 30), "paused");
+	char *log = job_logs(&da, p);
+	const char *at = strstr(log, "paused at step ");
+	cr_assert_not_null(at, "paused, but the log does not say where:\n%s", log);
+	long long paused_step = atoll(at + strlen("paused at step "));
+	free(log);
+	cr_assert_geq(paused_step, 77);
+	char state[32];
+	long long shown = job_step(&da, p, state, NULL);
+	cr_assert_eq(shown, paused_step, "paused at step %lld, GET /jobs/%lld shows progress.step %lld", paused_step,
+		     p, shown);
+	/* The pause's checkpoint is the newest and is where the job stopped. */
+	json_t *list = checkpoints(&da, p);
+	cr_assert_eq(json_integer_value(json_object_get(json_array_get(list, 0), "step")), paused_step,
+		     "paused at step %lld, newest checkpoint at step %lld", paused_step,
+		     json_integer_value(json_object_get(json_array_get(list, 0), "step")));
+	json_decref(list);
+	usleep(300000);
+	cr_assert_eq(job_step(&da, p, state, NULL), paused_step, "a paused job moved on");
+	cr_assert_str_eq(state, "paused");
+	snprintf(path, sizeof path, "/jobs/%lld/resume", p);
+	status = post_status(&da, path, body, sizeof body);
+	cr_assert(status >= 200 && status < 300, "POST %s: %ld %s", path, status, body);
+	cr_assert_str_eq(wait_state(&da, p, "completed|failed|cancelled", 60), "completed");
+	cr_assert_str_eq(wait_state(&da, ref, "completed|failed|cancelled", 60), "completed");
+	log = job_logs(&da, p);
+	char want[128];
+	snprintf(want, sizeof want, "resuming from the checkpoint at step %lld\n", paused_step);
+	cr_assert_not_null(strstr(log, want), "no '%s' in the log:\n%s", want, log);
+	free(log);
+	assert_same_result(&da, ref, &da, p, EXACT_STEPS, "pause");
+
+	/* SIGTERM: the job stops at a step boundary with a checkpoint there,
+	 * is recorded as interrupted, and resumes exactly there. */
+	long long t = submit_job(&da, exact_job("exact", 1, 800, NULL));
+	wait_live_step(&da, t, 143, 60);
+	int wstatus;
+	double took = daemon_stop(&da, &wstatus);
+	cr_assert(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0, "exit status %d", wstatus);
+	cr_assert_lt(took, 10.0, "SIGTERM took %.1f s", took);
+	daemon_restart(&da, 2, NULL);
+	cr_assert_str_eq(wait_state(&da, t, "completed|failed|cancelled", 60), "completed");
+	log = job_logs(&da, t);
+	at = strstr(log, "interrupted by daemon shutdown at step ");
+	cr_assert_not_null(at, "log:\n%s", log);
+	long long stopped = atoll(at + strlen("interrupted by daemon shutdown at step "));
+	cr_assert_gt(stopped, 142);
+	snprintf(want, sizeof want, "resuming from the checkpoint at step %lld\n", stopped);
+	cr_assert_not_null(strstr(log, want), "interrupted at step %lld, but no '%s' in the log:\n%s", stopped, want,
+			   log);
+	free(log);
+	assert_same_result(&da, ref, &da, t, EXACT_STEPS, "sigterm");
+}
+
+/* ---- 3. a corrupt newest checkpoint -------------------------------------- */
+
+Test(resume, corrupt_newest_checkpoint_is_skipped, .fini = cleanup_daemons, .timeout = 240)
+{
+	daemon_start(&da, 1, NULL);
+	long long ref = submit_job(&da, exact_job("exact", 1, 800, NULL));
+	daemon_start(&db, 1, NULL);
+	long long id = submit_job(&db, exact_job("exact", 1, 800, NULL));
+	wait_live_step(&db, id, 155, 60);
+	daemon_kill(&db);
+
+	/* While the daemon is down: flip one byte in the middle of the newest
+	 * complete checkpoint's first chunk (its data, past the header). */
+	char dbpath[256];
+	snprintf(dbpath, sizeof dbpath, "%s/trainerd.db", db.dir);
+	sqlite3 *h;
+	cr_assert_eq(sqlite3_open_v2(dbpath, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+	sqlite3_busy_timeout(h, 5000);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(h,
+					"SELECT id, step FROM checkpoints WHERE job_id = ?1 AND complete = 1"
+					" ORDER BY step DESC, id DESC LIMIT 2",
+					-1, &st, NULL),
+		     SQLITE_OK, "%s", sqlite3_errmsg(h));
+	sqlite3_bind_int64(st, 1, id);
+	long long ck[2] = {0, 0}, step[2] = {-1, -1};
+	for (int i = 0; i < 2 && sqlite3_step(st) == SQLITE_ROW; i++) {
+		ck[i] = sqlite3_column_int64(st, 0);
+		step[i] = sqlite3_column_int64(st, 1);
+	}
+	sqlite3_finalize(st);
+	cr_assert_geq(step[1], 10, "want two complete checkpoints, have steps %lld, %lld", step[0], step[1]);
+	cr_assert_eq(sqlite3_prepare_v2(h, "SELECT data FROM checkpoint_chunks WHERE checkpoint_id = ?1 AND seq = 0",
+					-1, &st, NULL),
+		     SQLITE_OK);
+	sqlite3_bind_int64(st, 1, ck[0]);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "checkpoint %lld has no chunk 0", ck[0]);
+	int n = sqlite3_column_bytes(st, 0);
+	cr_assert_gt(n, 1000);
+	unsigned char *blob = malloc((size_t)n);
+	memcpy(blob, sqlite3_column_blob(st, 0), (size_t)n);
+	sqlite3_finalize(st);
+	blob[n / 2] ^= 0x01;
+	cr_assert_eq(sqlite3_prepare_v2(h, "UPDATE checkpoint_chunks SET data = ?1 WHERE checkpoint_id = ?2 AND seq = 0",
+					-1, &st, NULL),
+		     SQLITE_OK);
+	sqlite3_bind_blob(st, 1, blob, n, SQLITE_TRANSIENT);
+	sqlite3_bind_int64(st, 2, ck[0]);
+	cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(h));
+	cr_assert_eq(sqlite3_changes(h), 1);
+	sqlite3_finalize(st);
+	free(blob);
+	cr_assert_eq(sqlite3_close(h), SQLITE_OK);
+
+	daemon_restart(&db, 1, NULL);
+	cr_assert_str_eq(wait_state(&da, ref, "completed|failed|cancelled", 60), "completed");
+	const char *s = wait_state(&db, id, "completed|failed|cancelled", 60);
+	char *log = job_logs(&db, id);
+	cr_assert_str_eq(s, "completed", "log:\n%s", log);
+	char want[160];
+	snprintf(want, sizeof want, "checkpoint at step %lld of job %lld is corrupt (SHA-256 mismatch); skipped\n",
+		 step[0], id);
+	cr_assert_not_null(strstr(log, want), "no '%s' in the log:\n%s", want, log);
+	snprintf(want, sizeof want, "resuming from the checkpoint at step %lld\n", step[1]);
+	cr_assert_not_null(strstr(log, want), "no '%s' in the log:\n%s", want, log);
+	free(log);
+	assert_same_result(&da, ref, &db, id, EXACT_STEPS, "corrupt");
+}
+
+/* ---- 4. the database fills up while a checkpoint is written -------------- */
+
+Test(resume, full_database_keeps_the_previous_checkpoint, .fini = cleanup_daemons, .timeout = 180)
+{
+	/* 1024 inputs -> 512 -> 4 with Adam: 526,852 parameters, so a
+	 * checkpoint (parameters and two moment buffers) is 6.3 MB.  The cap
+	 * leaves room for one and most of a second. */
+	const char *job =
+		"{\"name\": \"big\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 512},"
+		" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\":"
+		" \"synthetic\", \"samples\": 1600, \"features\": 1024, \"classes\": 4, \"load_cost_us\": 1500}},"
+		" \"batch_size\": 16, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.001},"
+		" \"prefetch\": {\"workers\": 2, \"depth\": 2}, \"checkpoint\": {\"every_steps\": 20}}";
+	const long long ckpt_bytes = 526852LL * 4 * 3;
+
+	/* The database as a fresh daemon leaves it, then the cap above it. */
+	daemon_start(&da, 1, NULL);
+	daemon_stop(&da, NULL);
+	char path[256];
+	struct stat sb;
+	long long base = 0;
+	snprintf(path, sizeof path, "%s/trainerd.db", da.dir);
+	if (stat(path, &sb) == 0)
+		base += sb.st_size;
+	snprintf(path, sizeof path, "%s/trainerd.db-wal", da.dir);
+	if (stat(path, &sb) == 0)
+		base += sb.st_size;
+	char cap[32];
+	snprintf(cap, sizeof cap, "%lld", base + ckpt_bytes * 3 / 2);
+	const char *extra[] = {"--state-max-bytes", cap, NULL};
+	daemon_restart(&da, 1, extra);
+
+	long long id = submit_job(&da, job);
+	const char *s = wait_state(&da, id, "completed|failed|cancelled", 90);
+	char *log = job_logs(&da, id);
+	cr_assert_str_eq(s, "completed", "job %lld is %s (cap %s bytes); log:\n%s", id, s, cap, log);
+	cr_assert_not_null(strstr(log, "checkpoint at step 20 (every_steps)"), "cap %s; log:\n%s", cap, log);
+	/* Each later checkpoint fails, says why and what is still valid, and
+	 * the next one is tried again: steps 40, 60, 80 and the final 100. */
+	const char *fail = "failed: the database is full (disk or size limit); the checkpoint at step 20 stays valid";
+	int failures = count_substr(log, fail);
+	cr_assert_geq(failures, 2, "%d checkpoint failures (cap %s); log:\n%s", failures, cap, log);
+	const char *first = strstr(log, "checkpoint at step 40 failed: the database is full");
+	cr_assert_not_null(first, "log:\n%s", log);
+	/* Training went on after the failure, to the end. */
+	char state[32];
+	cr_assert_eq(job_step(&da, id, state, NULL), 100);
+	cr_assert_not_null(strstr(first + 1, "checkpoint at step 60 failed: the database is full"),
+			   "no retry after the failure at step 40; log:\n%s", log);
+	free(log);
+
+	/* The checkpoint at step 20 is still listed, downloads whole and
+	 * matches its SHA-256; nothing half-written is listed. */
+	json_t *list = checkpoints(&da, id);
+	cr_assert_eq(json_array_size(list), 1, "%zu checkpoints listed", json_array_size(list));
+	json_t *c = json_array_get(list, 0);
+	cr_assert_eq(json_integer_value(json_object_get(c, "step")), 20);
+	long long bytes = json_integer_value(json_object_get(c, "bytes"));
+	cr_assert_gt(bytes, ckpt_bytes);
+	char file[256], url[128], sha[65];
+	snprintf(file, sizeof file, "%s/step20-checkpoint.safetensors", da.dir);
+	snprintf(url, sizeof url, "/jobs/%lld/checkpoints/20/checkpoint.safetensors", id);
+	size_t got = 0;
+	cr_assert_eq(http_download(&da, url, file, &got), 200);
+	cr_assert_eq((long long)got, bytes, "downloaded %zu bytes, listed %lld", got, bytes);
+	sha256_file(file, sha);
+	cr_assert_str_eq(sha, json_string_value(json_object_get(c, "sha256")), "the download's SHA-256 differs");
+	json_decref(list);
+	snprintf(file, sizeof file, "%s/step20-model.safetensors", da.dir);
+	snprintf(url, sizeof url, "/jobs/%lld/checkpoints/latest/model.safetensors", id);
+	cr_assert_eq(http_download(&da, url, file, NULL), 200);
+	cr_assert_eq(check_safetensors(file, NULL), 0, "%s is not a valid safetensors file", file);
+
+	/* The daemon is still well and takes new work. */
+	struct http_reply r;
+	http(&da, "GET", "/healthz", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+}
+
+/* ---- 5. the download loads with numpy and equals `trainerd run` ---------- */
+
+Test(resume, model_download_loads_with_numpy_and_equals_trainerd_run, .fini = cleanup_daemons, .timeout = 120)
+{
+	const char *job = exact_job("numpy", 1, 0, "");
+	daemon_start(&da, 1, NULL);
+	long long id = submit_job(&da, job);
+
+	/* The same spec in the foreground, no daemon. */
+	char spec[256], out[256], cmd[1024];
+	snprintf(spec, sizeof spec, "%s/job.json", da.dir);
+	FILE *f = fopen(spec, "w");
+	cr_assert_not_null(f);
+	fputs(job, f);
+	fclose(f);
+	snprintf(out, sizeof out, "%s/run-out", da.dir);
+	snprintf(cmd, sizeof cmd, "'%s' run '%s' --devices 1 --quiet --out '%s' >'%s/run.log' 2>&1",
+		 getenv("TR_TRAINERD"), spec, out, da.dir);
+	int rc = system(cmd);
+	cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "%s: status %d", cmd, rc);
+
+	cr_assert_str_eq(wait_state(&da, id, "completed|failed|cancelled", 60), "completed");
+	char file[256], url[128], run_model[300];
+	snprintf(file, sizeof file, "%s/daemon-model.safetensors", da.dir);
+	snprintf(url, sizeof url, "/jobs/%lld/checkpoints/latest/model.safetensors", id);
+	cr_assert_eq(http_download(&da, url, file, NULL), 200);
+	snprintf(run_model, sizeof run_model, "%s/model.safetensors", out);
+	cr_assert_eq(check_safetensors(file, run_model), 0,
+		     "the daemon's model.safetensors and trainerd run's differ (or do not parse); see above");
+}
+
+/* ---- 6. checkpoint routes ------------------------------------------------- */
+
+Test(resume, checkpoint_on_request_list_and_head, .fini = cleanup_daemons, .timeout = 120)
+{
+	/* No periodic checkpoints: only those asked for, and the stop's. */
+	daemon_start(&da, 1, NULL);
+	long long id = submit_job(&da, exact_job("on-request", 1, 800, ""));
+	wait_live_step(&da, id, 10, 30);
+	json_t *list = checkpoints(&da, id);
+	cr_assert_eq(json_array_size(list), 0);
+	json_decref(list);
+
+	char path[128], body[1024];
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints", id);
+	for (size_t want = 1; want <= 2; want++) {
+		long status = post_status(&da, path, body, sizeof body);
+		cr_assert_eq(status, 202, "POST %s: %ld %s", path, status, body);
+		double deadline = now_s() + 10;
+		size_t n;
+		do {
+			usleep(20000);
+			list = checkpoints(&da, id);
+			n = json_array_size(list);
+			json_decref(list);
+		} while (n < want && now_s() < deadline);
+		cr_assert_eq(n, want, "after %zu requests, %zu checkpoints", want, n);
+		char state[32];
+		wait_live_step(&da, id, job_step(&da, id, state, NULL) + 3, 30);
+	}
+	snprintf(path, sizeof path, "/jobs/%lld/stop", id);
+	long status = post_status(&da, path, body, sizeof body);
+	cr_assert(status >= 200 && status < 300, "POST %s: %ld %s", path, status, body);
+	cr_assert_str_eq(wait_state(&da, id, "completed|failed|cancelled", 30), "completed");
+	char *log = job_logs(&da, id);
+	cr_assert_eq(count_substr(log, "checkpoint requested"), 2, "log:\n%s", log);
+	cr_assert_eq(count_substr(log, "(request)"), 2, "log:\n%s", log);
+	cr_assert_eq(count_substr(log, "(stop)"), 1, "log:\n%s", log);
+	free(log);
+
+	/* A completed job cannot take one; an unknown job is 404. */
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints", id);
+	status = post_status(&da, path, body, sizeof body);
+	cr_assert_eq(status, 409, "POST %s on a completed job: %ld %s", path, status, body);
+	cr_assert_not_null(strstr(body, "\"conflict\""), "%s", body);
+	status = post_status(&da, "/jobs/999999/checkpoints", body, sizeof body);
+	cr_assert_eq(status, 404, "%ld %s", status, body);
+
+	/* The list: newest first, each with step, epoch, created_at, bytes,
+	 * sha256; HEAD and GET agree with it. */
+	list = checkpoints(&da, id);
+	cr_assert_eq(json_array_size(list), 3, "%zu checkpoints", json_array_size(list));
+	long long prev = -1;
+	size_t i;
+	json_t *c;
+	json_array_foreach (list, i, c) {
+		long long step = json_integer_value(json_object_get(c, "step"));
+		long long bytes = json_integer_value(json_object_get(c, "bytes"));
+		const char *sha = json_string_value(json_object_get(c, "sha256"));
+		cr_assert_gt(step, 0);
+		cr_assert(prev < 0 || step < prev, "not newest first: step %lld after %lld", step, prev);
+		prev = step;
+		cr_assert(json_is_integer(json_object_get(c, "epoch")));
+		cr_assert(json_is_string(json_object_get(c, "created_at")));
+		cr_assert_gt(bytes, 0);
+		cr_assert_not_null(sha);
+		cr_assert_eq(strlen(sha), 64);
+		for (int k = 0; k < 64; k++)
+			cr_assert(isxdigit((unsigned char)sha[k]) && !isupper((unsigned char)sha[k]), "sha256 %s", sha);
+
+		struct http_reply r;
+		snprintf(path, sizeof path, "/jobs/%lld/checkpoints/%lld/checkpoint.safetensors", id, step);
+		http(&da, "HEAD", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200, "HEAD %s: %ld", path, r.status);
+		cr_assert_eq(r.len, 0, "HEAD %s has a body", path);
+		cr_assert_eq(atoll(header_value(&r, "Content-Length")), bytes, "HEAD %s: Content-Length %s, listed %lld",
+			     path, header_value(&r, "Content-Length"), bytes);
+		http_free(&r);
+
+		char file[256], sum[65];
+		snprintf(file, sizeof file, "%s/ck-%lld.safetensors", da.dir, step);
+		http(&da, "GET", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200);
+		cr_assert_eq((long long)r.len, bytes, "GET %s: %zu bytes, listed %lld", path, r.len, bytes);
+		char etag[70];
+		snprintf(etag, sizeof etag, "\"%s\"", sha);
+		cr_assert_str_eq(header_value(&r, "ETag"), etag);
+		FILE *f = fopen(file, "wb");
+		cr_assert_not_null(f);
+		fwrite(r.body, 1, r.len, f);
+		fclose(f);
+		http_free(&r);
+		sha256_file(file, sum);
+		cr_assert_str_eq(sum, sha, "%s: the bytes' SHA-256 is not the listed one", path);
+	}
+	long long newest = json_integer_value(json_object_get(json_array_get(list, 0), "step"));
+	json_decref(list);
+
+	/* The weights-only file: HEAD's length is the download's, and
+	 * "latest" names the real step. */
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", id);
+	http(&da, "HEAD", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	long long head_len = atoll(header_value(&r, "Content-Length"));
+	char want[128];
+	snprintf(want, sizeof want, "attachment; filename=\"job-%lld-step-%lld-model.safetensors\"", id, newest);
+	cr_assert_str_eq(header_value(&r, "Content-Disposition"), want);
+	http_free(&r);
+	char file[256];
+	size_t len = 0;
+	snprintf(file, sizeof file, "%s/latest-model.safetensors", da.dir);
+	cr_assert_eq(http_download(&da, path, file, &len), 200);
+	cr_assert_eq((long long)len, head_len, "model.safetensors: %zu bytes, HEAD said %lld", len, head_len);
+	cr_assert_eq(check_safetensors(file, NULL), 0);
+
+	/* Steps that do not exist or are malformed. */
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/999999/model.safetensors", id);
+	http(&da, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 404, "%s: %ld", path, r.status);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/01/checkpoint.safetensors", id);
+	http(&da, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s: %ld", path, r.status);
+	http_free(&r);
+}
