@@ -3,6 +3,7 @@
  * job ended: completed, failed (with code, message and step), cancelled,
  * or interrupted when the daemon is shutting down. */
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,16 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 	return snap;
 }
 
+static bool earlier_attempt_wrote(tr_store_t *st, int64_t id)
+{
+	static const char *const loss[] = {"loss", NULL};
+	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 2};
+	json_t *r = tr_store_metrics_query(st, id, &q);
+	bool any = json_object_size(json_object_get(r, "series")) > 0;
+	json_decref(r);
+	return any;
+}
+
 /* Resumes from the job's own newest valid checkpoint, or sets up init.from
  * another job's.  Returns 0, or -1 with err set when init.from cannot be
  * honoured (a fresh job must not silently start from random weights). */
@@ -130,13 +141,13 @@ static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t err
 		tr_store_metrics_truncate(st, j->id, step);
 		return 0;
 	}
-	/* Nothing to resume: whatever an earlier attempt wrote starts over. */
-	tr_store_metrics_truncate(st, j->id, 0);
-	struct tr_job_row row = {0};
-	if (tr_store_job_get(st, j->id, &row) == 0 && row.step > 0) {
+	/* Nothing to resume: whatever an earlier attempt wrote starts over.
+	 * Only an earlier attempt writes "loss"; points a client pushed before
+	 * the first start are left alone. */
+	if (earlier_attempt_wrote(st, j->id)) {
+		tr_store_metrics_truncate(st, j->id, 0);
 		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0");
 	}
-	tr_job_row_finish(&row);
 	if (j->spec.init_job > 0) {
 		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step);
 		if (!snap) {
@@ -164,8 +175,15 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 		error_text = json_dumps(e, JSON_COMPACT);
 		json_decref(e);
 	}
-	/* Points first, then the state: a client that sees "completed" can
+	/* The row's progress is throttled while running: make it exact now.
+	 * Points first, then the state: a client that sees "completed" can
 	 * read every metric. */
+	pthread_mutex_lock(&s->lock);
+	struct tr_progress last = j->progress;
+	bool have = j->have_progress;
+	pthread_mutex_unlock(&s->lock);
+	if (have)
+		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss);
 	tr_store_flush(s->cfg.store);
 	if (tr_store_job_set_state(s->cfg.store, j->id, state, error_text, NULL) < 0)
 		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state,

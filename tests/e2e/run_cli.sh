@@ -33,7 +33,7 @@ cat >"$work/job.json" <<'JSON'
 JSON
 
 # 1. a normal run writes the three outputs
-"$TRAINERD" run "$work/job.json" --devices 3 --out "$work/a" --quiet 2>"$work/a.err"
+"$TRAINERD" run "$work/job.json" --backend cpu --devices 3 --out "$work/a" --quiet 2>"$work/a.err"
 check "run exits 0" test $? -eq 0
 check "model.safetensors written" test -s "$work/a/model.safetensors"
 check "summary says completed" grep -q '"state": "completed"' "$work/a/summary.json"
@@ -64,7 +64,7 @@ PY
 fi
 
 # 3. device count does not change the result (1 vs 3 devices)
-"$TRAINERD" run "$work/job.json" --devices 1 --out "$work/b" --quiet 2>/dev/null
+"$TRAINERD" run "$work/job.json" --backend cpu --devices 1 --out "$work/b" --quiet 2>/dev/null
 "$py" - "$work/a/metrics.jsonl" "$work/b/metrics.jsonl" <<'PY'
 import json, sys
 def losses(p):

@@ -85,7 +85,7 @@ def main():
         return 2
     try:
         got, meta = load(sys.argv[1])
-        ref = load(sys.argv[2])[0] if len(sys.argv) == 3 else None
+        ref, ref_meta = load(sys.argv[2]) if len(sys.argv) == 3 else (None, None)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         print("check_safetensors: %s" % e)
         return 1
@@ -117,6 +117,11 @@ def main():
                                    float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))))
     for p in problems:
         print("check_safetensors: " + p)
+    if ref is not None and meta != ref_meta:
+        # Not a failure: the caller decides whether metadata must match.
+        print("check_safetensors: note: __metadata__ differs: %s" % ", ".join(
+            "%s: %r vs %r" % (k, meta.get(k), ref_meta.get(k))
+            for k in sorted(set(meta) | set(ref_meta)) if meta.get(k) != ref_meta.get(k)))
     print("check_safetensors: %s: %d tensors, %d values%s; %s" % (
         sys.argv[1], len(got), sum(a.size for a in got.values()),
         ", metadata %s" % json.dumps(meta, sort_keys=True) if meta else "",
