@@ -53,6 +53,12 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, char *err, siz
 		rc = tr_store_ckpt_write(w, l.header, l.header_len);
 	for (int k = 0; rc == 0 && k < l.nseg; k++)
 		rc = tr_store_ckpt_write(w, l.seg[k], l.seg_len[k]);
+	/* Every point of steps up to this one was queued before the snapshot
+	 * was taken: make them durable before the checkpoint becomes visible,
+	 * so a crash can never leave a resumable checkpoint ahead of its
+	 * metrics (the resumed run replays only the steps after it). */
+	if (rc == 0)
+		tr_store_flush(cp->store);
 	if (rc == 0) {
 		rc = tr_store_ckpt_commit(w, l.model_header, l.model_header_len, (int64_t)l.header_len,
 					  (int64_t)l.params_bytes, it->keep, NULL);
