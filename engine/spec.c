@@ -474,7 +474,7 @@ static int parse_value(struct ctx *c, const struct field *f, const json_t *v, vo
 		break;
 	}
 	case K_FLOAT: {
-		float x;
+		float x = 0.0f; /* set by check_float; GCC 12 -O3 cannot see it */
 
 		if ((rc = check_float(c, v, &x)))
 			return rc;
