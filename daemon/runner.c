@@ -110,6 +110,18 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 	return snap;
 }
 
+static void drop_checkpoints_after(tr_store_t *st, int64_t job_id, int64_t step)
+{
+	struct tr_ckpt_row *rows = NULL;
+	int n = 0;
+	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0)
+		return;
+	for (int i = 0; i < n; i++)
+		if (rows[i].step > step)
+			tr_store_ckpt_delete(st, rows[i].id);
+	tr_ckpt_rows_free(rows, n);
+}
+
 static bool earlier_attempt_wrote(tr_store_t *st, int64_t id)
 {
 	static const char *const loss[] = {"loss", NULL};
@@ -129,6 +141,9 @@ static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t err
 	char line[256];
 	int64_t step = 0;
 	struct tr_snapshot *snap = load_checkpoint(j, j->id, -1, false, &step);
+	/* Checkpoints beyond the resume point (corrupt ones, or from an
+	 * abandoned run) would otherwise shadow the new ones as "latest". */
+	drop_checkpoints_after(st, j->id, snap ? step : -1);
 	if (snap) {
 		int rc = tr_trainer_restore(t, snap, false, err, errlen);
 		tr_snapshot_free(snap);

@@ -192,7 +192,14 @@ static void bg_hash_wait(struct bg_hash *h)
 /* Opens a connection of the checkpoint code's own.  PRAGMA max_page_count
  * (tr_store_options.max_bytes) is a setting of each connection, not of the
  * file, so a writing connection copies it from a pooled one, which
- * tr_store_open configured.  Readers never allocate pages and skip this. */
+ * tr_store_open configured.  Readers never allocate pages and skip this.
+ *
+ * Writing connections also set secure_delete=FAST: SQLite builds such as
+ * Debian's turn secure_delete on, which zero-fills every freed page, so
+ * deleting a 100 MB checkpoint would write 100 MB of zeros to the WAL and
+ * again to the file (it doubled the time of a commit that prunes).  FAST
+ * still clears deleted content inside b-tree pages; freed blob pages keep
+ * old checkpoint bytes until reused, in a file only the daemon reads. */
 static int open_own(tr_store_t *s, struct conn *c, bool writes)
 {
 	int64_t limit = 0;
@@ -214,11 +221,14 @@ static int open_own(tr_store_t *s, struct conn *c, bool writes)
 			return err;
 	}
 	int err = tr_store_conn_open(c, s->path);
-	if (err < 0 || limit <= 0)
+	if (err < 0 || !writes)
 		return err;
-	char sql[64];
-	snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)limit);
-	err = tr_store_exec(c, sql);
+	err = tr_store_exec(c, "PRAGMA secure_delete=FAST");
+	if (err == 0 && limit > 0) {
+		char sql[64];
+		snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)limit);
+		err = tr_store_exec(c, sql);
+	}
 	if (err < 0)
 		tr_store_conn_close(c);
 	return err;
@@ -736,15 +746,20 @@ cleanup:
 
 int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
 {
-	struct conn *c = tr_store_conn_get(s);
+	/* Its own connection: the purge takes several transactions, and a
+	 * pooled connection would keep secure_delete on (see open_own). */
+	struct conn c;
+	int err = open_own(s, &c, true);
+	if (err < 0)
+		return err;
 	int n = 0;
-	int err = exec_id(c, sql_hide, ckpt_id, 0, &n);
+	err = exec_id(&c, sql_hide, ckpt_id, 0, &n);
 	if (err == 0 && n == 0)
 		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
 	/* Hidden now: a failed purge is finished by the next open. */
 	if (err == 0)
-		purge(c, ckpt_id);
-	tr_store_conn_put(s, c);
+		purge(&c, ckpt_id);
+	tr_store_conn_close(&c);
 	return err;
 }
 

@@ -180,8 +180,11 @@ int tr_store_conn_open(struct conn *c, const char *path)
 	}
 	sqlite3_extended_result_codes(c->db, 1);
 	sqlite3_busy_timeout(c->db, STORE_BUSY_TIMEOUT_MS);
+	/* secure_delete=FAST: Debian's SQLite zero-fills freed pages, which
+	 * makes deleting a job with large checkpoints hold the write lock for
+	 * ~0.5 s per 100 MB; FAST only clears what is cheap to clear. */
 	int err = tr_store_exec(c, "PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL;"
-				   "PRAGMA journal_size_limit=67108864");
+				   "PRAGMA journal_size_limit=67108864; PRAGMA secure_delete=FAST");
 	if (err < 0)
 		tr_store_conn_close(c);
 	return err;
