@@ -120,9 +120,9 @@ static void *writer_main(void *arg)
 		cp->current = NULL;
 		it->result = rc;
 		it->done = true;
-		if (it->wait)
-			pthread_cond_broadcast(&cp->finished);
-		else
+		/* Waiters for their own item and for a job going idle. */
+		pthread_cond_broadcast(&cp->finished);
+		if (!it->wait)
 			free(it);
 	}
 	pthread_mutex_unlock(&cp->lock);
@@ -189,6 +189,14 @@ int tr_checkpointer_submit(tr_checkpointer_t *cp, int64_t job_id, const tr_model
 	}
 	pthread_mutex_unlock(&cp->lock);
 	return rc;
+}
+
+void tr_checkpointer_wait_idle(tr_checkpointer_t *cp, int64_t job_id)
+{
+	pthread_mutex_lock(&cp->lock);
+	while (job_busy(cp, job_id))
+		pthread_cond_wait(&cp->finished, &cp->lock);
+	pthread_mutex_unlock(&cp->lock);
 }
 
 void tr_checkpointer_destroy(tr_checkpointer_t *cp)

@@ -193,6 +193,7 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	/* The row's progress is throttled while running: make it exact now.
 	 * Points first, then the state: a client that sees "completed" can
 	 * read every metric. */
+	tr_checkpointer_wait_idle(s->checkpointer, j->id);
 	pthread_mutex_lock(&s->lock);
 	struct tr_progress last = j->progress;
 	bool have = j->have_progress;
