@@ -221,7 +221,16 @@ fail:
 
 void tr_spec_hash(const struct tr_spec *spec, char out[17])
 {
-	json_t *j = tr_spec_to_json(spec);
+	/* The hash names the computation, not where it ran: the daemon fills
+	 * in the ids of the pool devices a job was given, which differ from
+	 * run to run (and between a job and its resumption); only their
+	 * count affects the result. */
+	struct tr_spec c = *spec;
+	if (c.n_device_ids > 0) {
+		c.device_count = c.n_device_ids;
+		c.n_device_ids = 0;
+	}
+	json_t *j = tr_spec_to_json(&c);
 	char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(j);
 	uint64_t h = 0x6a09e667f3bcc908ULL;

@@ -57,6 +57,7 @@ struct conn {
 	char *rbuf;
 	size_t rlen;
 	long need;       /* total bytes of the response once headers are parsed, -1 = unknown */
+	int status;      /* of the response being read, once its header is parsed */
 	char wbuf[2048];
 	size_t wlen, woff;
 };
@@ -129,14 +130,14 @@ static int flush_write(struct conn *c)
 
 /* Parses the header once it is complete; returns 1 when the whole
  * response is in, 0 when more is needed, -1 on a protocol problem. */
-static int check_response(struct conn *c, int *status)
+static int check_response(struct conn *c)
 {
 	if (c->need < 0) {
 		char *end = memmem(c->rbuf, c->rlen, "\r\n\r\n", 4);
 		if (!end)
 			return 0;
 		size_t hlen = (size_t)(end - c->rbuf) + 4;
-		if (sscanf(c->rbuf, "HTTP/1.%*d %d", status) != 1)
+		if (sscanf(c->rbuf, "HTTP/1.%*d %d", &c->status) != 1)
 			return -1;
 		long clen = -1;
 		for (char *p = c->rbuf; p && p < end; p = memmem(p, (size_t)(end - p), "\r\n", 2)) {
@@ -327,12 +328,12 @@ int main(int argc, char **argv)
 					closed = true;
 				break;
 			}
-			int status = 0, rc = c->busy ? check_response(c, &status) : 0;
+			int rc = c->busy ? check_response(c) : 0;
 			if (c->busy && rc == 1) {
 				struct req *q = &reqs[c->req];
 				q->done = now_s() - t0;
-				q->status = status;
-				if (status < 200 || status >= 300)
+				q->status = c->status;
+				if (c->status < 200 || c->status >= 300)
 					errors++;
 				note_step(c->rbuf, c->rlen);
 				completed++;

@@ -6,11 +6,20 @@
  * helper thread) and memcpy.
  *
  *   ckpt_store DIR MB [ROUNDS]
+ *   ckpt_store --sqlite DIR MB PAGE_SIZE AUTOCHECKPOINT
  *
  * DIR: a directory for the database (created; each round uses a fresh
  * database file there, deleted afterwards).  MB: the blob size in 1e6
  * bytes, split 1/3 parameters + 2/3 Adam state like a checkpoint.  One
  * JSON line per round on stdout.
+ *
+ * --sqlite: a diagnostic of SQLite alone (no hashing, no trainerd code):
+ * the same chunk table, connection settings (WAL, synchronous=NORMAL,
+ * journal_size_limit 64 MiB) and one BEGIN IMMEDIATE transaction per 4 MiB
+ * chunk as storage/checkpoints.c, with the page size and
+ * wal_autocheckpoint given (trainerd runs with SQLite's defaults, 4096 and
+ * 1000; AUTOCHECKPOINT 0 = off, one TRUNCATE checkpoint at the end, timed
+ * in).  Shows what the storage engine itself costs per MB.
  *
  * Build (bench/checkpoint/run.sh does this):
  *   cc -O2 -std=c11 -I. bench/checkpoint/ckpt_store.c BUILD/storage/libtrstore.a \
@@ -25,6 +34,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sqlite3.h>
 
 #include "storage/checkpoints.h"
 #include "storage/sha256.h"
@@ -60,8 +71,79 @@ static void rm_db(const char *path)
 	}
 }
 
+static int exec(sqlite3 *db, const char *sql)
+{
+	char *msg = NULL;
+	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+		fprintf(stderr, "ckpt_store: %s: %s\n", sql, msg ? msg : "?");
+		sqlite3_free(msg);
+		return -1;
+	}
+	return 0;
+}
+
+static int sqlite_only(const char *dir, double mb, int page_size, int autockpt)
+{
+	const size_t chunk = (size_t)4 << 20;
+	size_t total = (size_t)(mb * 1e6);
+	unsigned char *buf = malloc(total);
+	if (!buf)
+		return 1;
+	fill((float *)buf, total / 4, 7);
+	mkdir(dir, 0755);
+	char path[4096], sql[256];
+	snprintf(path, sizeof path, "%s/sqlite_only.db", dir);
+	rm_db(path);
+	sqlite3 *db;
+	if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL) !=
+	    SQLITE_OK)
+		return 1;
+	snprintf(sql, sizeof sql, "PRAGMA page_size=%d", page_size);
+	if (exec(db, sql) || exec(db, "PRAGMA journal_mode=WAL") ||
+	    exec(db, "PRAGMA synchronous=NORMAL; PRAGMA journal_size_limit=67108864"))
+		return 1;
+	snprintf(sql, sizeof sql, "PRAGMA wal_autocheckpoint=%d", autockpt);
+	if (exec(db, sql) || exec(db, "CREATE TABLE c (id INTEGER PRIMARY KEY, checkpoint_id INTEGER NOT NULL,"
+				      " seq INTEGER NOT NULL, data BLOB NOT NULL, UNIQUE (checkpoint_id, seq))"))
+		return 1;
+	sqlite3_stmt *st;
+	if (sqlite3_prepare_v2(db, "INSERT INTO c (checkpoint_id, seq, data) VALUES (1, ?1, ?2)", -1, &st, NULL) !=
+	    SQLITE_OK)
+		return 1;
+	double t0 = now_s();
+	int64_t seq = 0;
+	for (size_t off = 0; off < total; off += chunk, seq++) {
+		size_t n = total - off < chunk ? total - off : chunk;
+		if (exec(db, "BEGIN IMMEDIATE"))
+			return 1;
+		sqlite3_bind_int64(st, 1, seq);
+		sqlite3_bind_blob64(st, 2, buf + off, n, SQLITE_STATIC);
+		if (sqlite3_step(st) != SQLITE_DONE) {
+			fprintf(stderr, "ckpt_store: insert: %s\n", sqlite3_errmsg(db));
+			return 1;
+		}
+		sqlite3_reset(st);
+		if (exec(db, "COMMIT"))
+			return 1;
+	}
+	double t1 = now_s();
+	if (autockpt == 0 && exec(db, "PRAGMA wal_checkpoint(TRUNCATE)"))
+		return 1;
+	double t2 = now_s();
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	printf("{\"mode\":\"sqlite_only\",\"mb\":%.1f,\"page_size\":%d,\"wal_autocheckpoint\":%d,"
+	       "\"insert_ms\":%.1f,\"final_checkpoint_ms\":%.1f,\"mb_per_s\":%.1f}\n",
+	       total / 1e6, page_size, autockpt, (t1 - t0) * 1e3, (t2 - t1) * 1e3, total / 1e6 / (t2 - t0));
+	rm_db(path);
+	free(buf);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 6 && strcmp(argv[1], "--sqlite") == 0)
+		return sqlite_only(argv[2], atof(argv[3]), atoi(argv[4]), atoi(argv[5]));
 	if (argc < 3) {
 		fprintf(stderr, "usage: ckpt_store DIR MB [ROUNDS]\n");
 		return 2;

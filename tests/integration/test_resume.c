@@ -7,7 +7,11 @@
  * and the same spec in a daemon that is killed (SIGKILL), stopped
  * (SIGTERM), paused, fed a corrupted checkpoint or a full database, and
  * compares the final weights byte for byte and the loss curves point for
- * point.
+ * point.  Also: a model.safetensors read with numpy alone equals `trainerd
+ * run`'s (tests/integration/check_safetensors.py), the checkpoint routes
+ * (request, list, HEAD, downloads and their SHA-256), and "completed"
+ * meaning the final weights are stored.  TR_RESUME_SEED changes the kill
+ * points (the seed in use is logged).
  *
  * Timing: the jobs sleep in their loaders (synthetic load_cost_us), so
  * they take seconds of wall time but little CPU, and two tests (each with
@@ -34,7 +38,8 @@
  * "final" checkpoint at step 315.  A resumed run writes the same one: its
  * header's metadata holds the step, epoch, device count, reason, build and
  * a hash of the spec, all the same when the spec is (the hash covers the
- * job's name too, so compared jobs share their name), so the whole
+ * job's name too, so compared jobs share their name; it must not depend on
+ * which of the daemon's devices a run was placed on), so the whole
  * model.safetensors, header included, must match byte for byte. */
 #define EXACT_STEPS 315
 #define EXACT_JOB_FMT                                                                                          \
@@ -343,8 +348,6 @@ static int cmp_int(const void *a, const void *b)
 static void exact_resume_after_kills(int ndev)
 {
 	enum { KILLS = 10 };
-	char devs[8];
-	snprintf(devs, sizeof devs, "%d", ndev);
 	/* The reference, undisturbed, in its own daemon, at the same time. */
 	daemon_start(&da, ndev, NULL);
 	long long ref = submit_job(&da, exact_job("exact", ndev, 800, NULL));

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""bench/checkpoint: checkpoint write throughput and the step-time cost of
+periodic checkpoints (see bench/checkpoint/RESULTS.md).
+
+1. Throughput through the daemon: a job whose parameters + Adam state come
+   to ~100 MB / ~1 GB, one step, checkpoint at completion; the figure is the
+   job log's "checkpoint at step N (final): X MB in Y ms (Z MB/s)".  Each
+   run uses a fresh daemon and state directory; right after it, the same
+   number of bytes is written to the same directory with
+   `dd if=/dev/zero of=F bs=4M count=N conv=fsync` (the raw ceiling).
+   Rounds alternate which goes first.
+2. The same through the storage library alone (ckpt_store), with the
+   ceilings that bound it: SHA-256 on one thread, SQLite alone with
+   trainerd's settings and with 64 KiB pages, OpenSSL's SHA-256.
+3. Step-time overhead: the ~100 MB model with checkpoint.every_steps = 100
+   against the same job without, alternating, fresh daemon per job;
+   step_ms (median, mean) and wall time per step from the metric
+   timestamps (step_ms does not include the snapshot copy, which happens
+   after the step's clock stops).
+
+Standard library only.  Writes under --out; prints the path of
+results.json.  Daemons are started and stopped here, by pid.
+"""
+import argparse
+import http.client
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+
+def log(*a):
+    print("bench-ckpt:", *a, file=sys.stderr, flush=True)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def cpu_info():
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if ":" not in line:
+                continue
+            k, v = (x.strip() for x in line.split(":", 1))
+            if k in ("model name", "cpu family", "model", "cpu MHz") and k not in info:
+                info[k] = v
+            if k == "flags" and "flags" not in info:
+                info["sha_ni"] = "sha_ni" in v.split()
+    info["cores"] = os.cpu_count()
+    with open("/proc/meminfo") as f:
+        info["mem_total_gb"] = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
+    return info
+
+
+def vm_hwm_mb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+class Daemon:
+    def __init__(self, trainerd, state, logpath):
+        os.makedirs(state, exist_ok=True)
+        self.state = state
+        self.logf = open(logpath, "ab")
+        self.proc = subprocess.Popen(
+            [trainerd, "serve", "--listen", "127.0.0.1:0", "--state-dir", state, "--cpu-devices", "1",
+             "--openapi", "", "--log-level", "notice"],
+            stdout=self.logf, stderr=self.logf, cwd=state)
+        self.pid = self.proc.pid
+        addr_file = os.path.join(state, "listen.addr")
+        deadline = time.time() + 15
+        url = ""
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"trainerd exited with {self.proc.returncode}; see {logpath}")
+            if os.path.exists(addr_file):
+                with open(addr_file) as f:
+                    url = f.read().strip()
+                if url:
+                    break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("trainerd did not write listen.addr")
+        host, port = url.split("://", 1)[1].rstrip("/").rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=120)
+
+    def json(self, method, path, body=None, want=(200,)):
+        headers = {}
+        if body is not None:
+            body = json.dumps(body, separators=(",", ":"))
+            headers["Content-Type"] = "application/json"
+        self.conn.request(method, path, body, headers)
+        r = self.conn.getresponse()
+        data = r.read()
+        if r.status not in want:
+            raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+        return json.loads(data)
+
+    def wait_state(self, job, states, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            st = self.json("GET", f"/jobs/{job}")["state"]
+            if st in states:
+                return st
+            time.sleep(0.1)
+        raise RuntimeError(f"job {job} not in {states} after {timeout}s")
+
+    def logs(self, job):
+        return [l["message"] for l in self.json("GET", f"/jobs/{job}/logs")["logs"]]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.logf.close()
+
+
+def model_spec(name, inputs, hidden, batch, steps, every=None):
+    """dense inputs-hidden[0]-relu-hidden[1]-relu-10, Adam (2 state buffers)."""
+    layers = []
+    for h in hidden:
+        layers += [{"type": "dense", "units": h}, {"type": "relu"}]
+    layers.append({"type": "dense", "units": 10})
+    spec = {
+        "name": name,
+        "seed": 1,
+        "model": {"inputs": inputs, "layers": layers, "loss": "softmax_cross_entropy"},
+        "data": {"train": {"format": "synthetic", "task": "classification", "samples": max(64, batch * 16),
+                           "features": inputs, "classes": 10, "noise": 0.5}},
+        "batch_size": batch,
+        "max_steps": steps,
+        "optimizer": {"type": "adam", "lr": 0.0005},
+        "devices": 1,
+        "prefetch": {"workers": 1, "depth": 2},
+    }
+    if every:
+        spec["checkpoint"] = {"every_steps": every}
+    return spec
+
+
+def n_params(inputs, hidden):
+    n, prev = 0, inputs
+    for h in list(hidden) + [10]:
+        n += prev * h + h
+        prev = h
+    return n
+
+
+# ~100 MB and ~1 GB of parameters + Adam's two buffers (4 bytes each).
+MODELS = {
+    "100MB": (1024, (4096, 1024)),
+    "1GB": (2048, (8192, 8192)),
+}
+
+CKPT_RE = re.compile(r"checkpoint at step (\d+) \(([a-z_]+)\): ([\d.]+) MB in (\d+) ms \((\d+) MB/s\)")
+
+
+def run_job(args, out, tag, spec, timeout):
+    state = os.path.join(out, "state")
+    shutil.rmtree(state, ignore_errors=True)
+    d = Daemon(args.trainerd, state, os.path.join(out, "raw", f"daemon_{tag}.log"))
+    try:
+        t0 = time.time()
+        job = d.json("POST", "/jobs", spec, want=(201,))["id"]
+        st = d.wait_state(job, ("completed", "failed", "cancelled"), timeout)
+        wall = time.time() - t0
+        time.sleep(0.4)  # the log queue is flushed every 200 ms
+        logs = d.logs(job)
+        metrics = None
+        if spec["max_steps"] > 5:
+            metrics = d.json("GET", f"/jobs/{job}/metrics?names=step_ms&times=true")["series"]["step_ms"]
+        hwm = vm_hwm_mb(d.pid)
+    finally:
+        d.stop()
+    with open(os.path.join(out, "raw", f"job_{tag}.json"), "w") as f:
+        json.dump({"spec": spec, "state": st, "logs": logs, "step_ms": metrics}, f)
+    if st != "completed":
+        raise RuntimeError(f"{tag}: job ended {st}: {logs[-3:]}")
+    ckpts = [dict(zip(("step", "reason", "mb", "ms", "mb_per_s"), m.groups())) for m in map(CKPT_RE.search, logs) if m]
+    for c in ckpts:
+        c.update(step=int(c["step"]), mb=float(c["mb"]), ms=int(c["ms"]), mb_per_s=int(c["mb_per_s"]))
+    return {"state": st, "wall_s": wall, "checkpoints": ckpts, "step_ms": metrics, "daemon_peak_rss_mb": hwm,
+            "state_dir": state}
+
+
+def dd(directory, mb, tag, out):
+    count = max(1, math.ceil(mb * 1e6 / (4 << 20)))
+    f = os.path.join(directory, "dd.bin")
+    t0 = time.time()
+    p = subprocess.run(["dd", "if=/dev/zero", f"of={f}", "bs=4M", f"count={count}", "conv=fsync"],
+                       capture_output=True, text=True, timeout=300)
+    el = time.time() - t0
+    os.unlink(f)
+    with open(os.path.join(out, "raw", f"dd_{tag}.txt"), "w") as fh:
+        fh.write(p.stderr)
+    m = re.search(r"copied, ([\d.]+) s", p.stderr)
+    secs = float(m.group(1)) if m else el
+    return {"bytes": count * (4 << 20), "s": secs, "mb_per_s": count * (4 << 20) / 1e6 / secs}
+
+
+def part_throughput(args, out):
+    rows = []
+    for rnd in range(args.rounds):
+        for size in args.sizes:
+            inputs, hidden = MODELS[size]
+            spec = model_spec(f"bench-ckpt-{size}", inputs, hidden, 8, 1)
+            order = ["ckpt", "dd"] if rnd % 2 == 0 else ["dd", "ckpt"]
+            r = {"round": rnd + 1, "size": size, "n_params": n_params(inputs, hidden), "load": loadavg()}
+            mb = n_params(inputs, hidden) * 12 / 1e6
+            for what in order:
+                if what == "ckpt":
+                    j = run_job(args, out, f"tput_{size}_r{rnd + 1}", spec, 600)
+                    c = [c for c in j["checkpoints"] if c["reason"] == "final"]
+                    r["ckpt"] = c[0] if c else None
+                    r["job_wall_s"] = j["wall_s"]
+                    r["daemon_peak_rss_mb"] = j["daemon_peak_rss_mb"]
+                    shutil.rmtree(j["state_dir"], ignore_errors=True)
+                else:
+                    state = os.path.join(out, "state")
+                    os.makedirs(state, exist_ok=True)
+                    r["dd"] = dd(state, mb, f"{size}_r{rnd + 1}", out)
+                    shutil.rmtree(state, ignore_errors=True)
+            r["ratio"] = r["ckpt"]["mb"] / (r["ckpt"]["ms"] / 1e3) / r["dd"]["mb_per_s"] if r.get("ckpt") else None
+            rows.append(r)
+            log(f"throughput {size} r{rnd + 1}: checkpoint {r['ckpt'] and r['ckpt']['mb_per_s']} MB/s "
+                f"({r['ckpt'] and r['ckpt']['ms']} ms), dd {r['dd']['mb_per_s']:.0f} MB/s, ratio "
+                f"{r['ratio'] and round(r['ratio'], 3)}; daemon peak RSS {r['daemon_peak_rss_mb']:.0f} MB")
+    return rows
+
+
+def part_storage(args, out):
+    res = {"ckpt_store": [], "sqlite_only": [], "dd": []}
+    d = os.path.join(out, "state")
+    for size, rounds in (("100", args.rounds), ("1000", 1)):
+        p = subprocess.run([args.ckpt_store, d, size, str(rounds)], capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"ckpt_store: {p.stderr}")
+        rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        res["ckpt_store"] += rows
+        os.makedirs(d, exist_ok=True)
+        res["dd"].append(dict(dd(d, float(size), f"storage_{size}", out), mb=float(size)))
+        log(f"ckpt_store {size} MB: {[r['mb_per_s'] for r in rows]} MB/s; dd {res['dd'][-1]['mb_per_s']:.0f} MB/s")
+    for page, autockpt in ((4096, 1000), (65536, 1000)):
+        p = subprocess.run([args.ckpt_store, "--sqlite", d, "100", str(page), str(autockpt)], capture_output=True,
+                           text=True, timeout=120)
+        if p.returncode == 0:
+            res["sqlite_only"].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            log(f"sqlite only, page {page}: {res['sqlite_only'][-1]['mb_per_s']} MB/s")
+    shutil.rmtree(d, ignore_errors=True)
+    if shutil.which("openssl"):
+        p = subprocess.run(["openssl", "speed", "-seconds", "1", "-bytes", "16384", "-evp", "sha256"],
+                           capture_output=True, text=True, timeout=60)
+        m = re.search(r"^sha256\s+([\d.]+)k", p.stdout, re.M)
+        res["openssl_sha256_mb_per_s"] = float(m.group(1)) * 1e3 / 1e6 if m else None
+    with open(os.path.join(out, "raw", "storage.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return res
+
+
+def step_stats(series, skip, ckpt_steps=()):
+    steps, vals, times = series["steps"], series["values"], series["times"]
+    idx = [i for i, s in enumerate(steps) if s > skip]
+    v = [vals[i] for i in idx]
+    # Wall time per step from the points' timestamps: it includes whatever
+    # happens between steps (the snapshot copy), which step_ms does not.
+    walls = [(times[i] - times[i - 1]) * 1e3 for i in idx if i > 0]
+    return {
+        "steps": len(v),
+        "step_ms_median": statistics.median(v),
+        "step_ms_mean": statistics.fmean(v),
+        "wall_ms_median": statistics.median(walls),
+        "wall_ms_mean": statistics.fmean(walls),
+        "wall_s": times[idx[-1]] - times[idx[0] - 1],
+        "step_ms_p90": sorted(v)[int(0.9 * len(v))],
+    }
+
+
+def part_overhead(args, out):
+    inputs, hidden = MODELS["100MB"]
+    rows = []
+    for rnd in range(args.rounds):
+        order = [True, False] if rnd % 2 == 0 else [False, True]
+        for ck in order:
+            tag = f"overhead_{'ckpt' if ck else 'none'}_r{rnd + 1}"
+            spec = model_spec("bench-ckpt-overhead", inputs, hidden, args.batch, args.steps,
+                              args.every if ck else None)
+            j = run_job(args, out, tag, spec, 600)
+            shutil.rmtree(j["state_dir"], ignore_errors=True)
+            s = step_stats(j["step_ms"], args.skip)
+            periodic = [c for c in j["checkpoints"] if c["reason"] == "every_steps"]
+            r = dict(s, round=rnd + 1, checkpointing=ck, load=loadavg(), checkpoints=periodic,
+                     ckpt_ms_median=statistics.median([c["ms"] for c in periodic]) if periodic else None)
+            rows.append(r)
+            log(f"overhead {tag}: step_ms median {s['step_ms_median']:.1f} mean {s['step_ms_mean']:.1f}, wall/step "
+                f"median {s['wall_ms_median']:.1f} mean {s['wall_ms_mean']:.1f} ms; checkpoints "
+                f"{[(c['step'], c['ms']) for c in periodic]}")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trainerd", required=True)
+    ap.add_argument("--ckpt-store", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", type=lambda s: s.split(","), default=["100MB", "1GB"])
+    ap.add_argument("--steps", type=int, default=300, help="steps of each overhead job")
+    ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out")
+    ap.add_argument("--only", choices=["throughput", "storage", "overhead"])
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the daemon on the way out
+
+    out = args.out
+    os.makedirs(os.path.join(out, "raw"), exist_ok=True)
+    res = {"machine": cpu_info(), "load_start": loadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "args": vars(args), "models": {k: {"inputs": v[0], "hidden": v[1], "n_params": n_params(*v),
+                                              "mb_params_adam": n_params(*v) * 12 / 1e6}
+                                          for k, v in MODELS.items()}}
+    t0 = time.time()
+    try:
+        if args.only in (None, "throughput"):
+            res["throughput"] = part_throughput(args, out)
+        if args.only in (None, "storage"):
+            res["storage"] = part_storage(args, out)
+        if args.only in (None, "overhead"):
+            res["overhead"] = part_overhead(args, out)
+    finally:
+        shutil.rmtree(os.path.join(out, "state"), ignore_errors=True)
+    res["load_end"] = loadavg()
+    res["took_s"] = time.time() - t0
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    summarize(res, out)
+    print(os.path.join(out, "results.json"))
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, nd=1):
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def summarize(res, out):
+    L = []
+    m = res["machine"]
+    L.append(f"Machine: {m.get('model name')} (family {m.get('cpu family')} model {m.get('model')}, "
+             f"{m.get('cpu MHz')} MHz, sha_ni {m.get('sha_ni')}), {m.get('cores')} cores, {m.get('mem_total_gb')} GB; "
+             f"load average {res['load_start']:.2f} at start, {res['load_end']:.2f} at end; took {res['took_s']:.0f} s")
+    tp = res.get("throughput")
+    if tp:
+        L.append("")
+        L.append("Checkpoint write through the daemon (job log line) vs dd conv=fsync, medians over rounds:")
+        L.append("")
+        L.append("| model | params | checkpoint MB | checkpoint ms | checkpoint MB/s | dd MB/s | ratio (same-round median) | daemon peak RSS MB | rounds |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for size in res["args"]["sizes"]:
+            rs = [r for r in tp if r["size"] == size and r.get("ckpt")]
+            if not rs:
+                continue
+            L.append(f"| {size} | {rs[0]['n_params']:,} | {rs[0]['ckpt']['mb']:.1f} | "
+                     f"{fmt(med([r['ckpt']['ms'] for r in rs]), 0)} | "
+                     f"{fmt(med([r['ckpt']['mb'] / r['ckpt']['ms'] * 1e3 for r in rs]), 0)} | "
+                     f"{fmt(med([r['dd']['mb_per_s'] for r in rs]), 0)} | {fmt(med([r['ratio'] for r in rs]), 3)} | "
+                     f"{fmt(med([r['daemon_peak_rss_mb'] for r in rs]), 0)} | {len(rs)} |")
+    st = res.get("storage")
+    if st:
+        L.append("")
+        L.append("Storage library alone (ckpt_store: tr_store_ckpt_begin/write/commit on a fresh database):")
+        L.append("")
+        L.append("| MB | runs MB/s | median MB/s | dd MB/s (right after) | ratio | SHA-256 1 thread MB/s |")
+        L.append("|---:|---|---:|---:|---:|---:|")
+        for ddr in st["dd"]:
+            rs = [r for r in st["ckpt_store"] if abs(r["mb"] - ddr["mb"]) < 1]
+            mm = med([r["mb_per_s"] for r in rs])
+            L.append(f"| {ddr['mb']:.0f} | {[r['mb_per_s'] for r in rs]} | {fmt(mm, 0)} | {ddr['mb_per_s']:.0f} | "
+                     f"{fmt(mm / ddr['mb_per_s'] if mm else None, 3)} | "
+                     f"{fmt(med([r['sha256_1thread_mb_per_s'] for r in rs]), 0)} |")
+        for r in st["sqlite_only"]:
+            L.append(f"SQLite alone, 100 MB in 4 MiB chunk transactions, page_size {r['page_size']}, wal_autocheckpoint "
+                     f"{r['wal_autocheckpoint']}: {r['mb_per_s']:.0f} MB/s")
+        if st.get("openssl_sha256_mb_per_s"):
+            L.append(f"OpenSSL SHA-256 (16 KiB blocks, SHA-NI when the CPU has it): {st['openssl_sha256_mb_per_s']:.0f} MB/s")
+    ov = res.get("overhead")
+    if ov:
+        L.append("")
+        L.append("Step time with checkpoint.every_steps = 100 vs none (~100 MB model, steps after the warm-up):")
+        L.append("")
+        L.append("| round | checkpoints | steps | step_ms median | step_ms mean | step_ms p90 | wall ms/step median | wall ms/step mean | checkpoint ms (median) | load |")
+        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in ov:
+            L.append(f"| {r['round']} | {'every 100' if r['checkpointing'] else 'none'} | {r['steps']} | "
+                     f"{r['step_ms_median']:.1f} | {r['step_ms_mean']:.1f} | {r['step_ms_p90']:.1f} | "
+                     f"{r['wall_ms_median']:.1f} | {r['wall_ms_mean']:.1f} | {fmt(r['ckpt_ms_median'], 0)} | {r['load']:.2f} |")
+        L.append("")
+        for key in ("step_ms_median", "step_ms_mean", "wall_ms_mean"):
+            ratios = []
+            for rnd in sorted({r["round"] for r in ov}):
+                a = [r for r in ov if r["round"] == rnd and r["checkpointing"]]
+                b = [r for r in ov if r["round"] == rnd and not r["checkpointing"]]
+                if a and b:
+                    ratios.append(a[0][key] / b[0][key])
+            allc = med([r[key] for r in ov if r["checkpointing"]])
+            alln = med([r[key] for r in ov if not r["checkpointing"]])
+            L.append(f"{key}: with {fmt(allc, 1)} vs without {fmt(alln, 1)} (medians over rounds): overhead "
+                     f"{fmt(100 * (allc / alln - 1) if allc and alln else None, 1)}%; same-round ratios "
+                     f"{[round(x, 3) for x in ratios]}, median overhead {fmt(100 * (med(ratios) - 1) if ratios else None, 1)}%")
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+    print("\n".join(L), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
