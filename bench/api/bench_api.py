@@ -545,8 +545,8 @@ def main():
     ap.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[50, 100, 150, 200, 300])
     ap.add_argument("--sweep-secs", type=float, default=4)
     ap.add_argument("--poll-rate", type=int, default=200)
-    ap.add_argument("--windows", type=int, default=8, help="windows per condition")
-    ap.add_argument("--window-s", type=float, default=5)
+    ap.add_argument("--windows", type=int, default=10, help="windows per condition")
+    ap.add_argument("--window-s", type=float, default=4)
     ap.add_argument("--warmup-s", type=float, default=4)
     ap.add_argument("--skip-s", type=float, default=0.5, help="left out at each window's start")
     ap.add_argument("--perf", action="store_true")
@@ -585,6 +585,19 @@ def main():
 
 def fmt(x, nd=1):
     return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def fmt_lat(x, nd=2):
+    # None: more than that share of the requests were still unanswered
+    # when the drain time ran out (the queue grew without bound).
+    return "unbounded" if x is None else f"{x:.{nd}f}"
+
+
+def med_lat(xs):
+    # An unbounded value sorts last.
+    xs = sorted(xs, key=lambda x: math.inf if x is None else x)
+    return xs[(len(xs) - 1) // 2] if len(xs) % 2 else (
+        None if xs[len(xs) // 2] is None else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
 
 
 def summarize(res, out):
@@ -631,15 +644,15 @@ def summarize(res, out):
         for s in ("trainerd", "nginx"):
             rs = [r for r in a["fixed"] if r["server"] == s]
             L.append(f"| {s} | {rs[0]['target_rate']:.0f} | {fmt(med([r['achieved_rate'] for r in rs]), 0)} | "
-                     f"{fmt(med([r['latency_ms']['p50'] for r in rs]), 2)} | "
-                     f"{fmt(med([r['latency_ms']['p99'] for r in rs]), 2)} | "
-                     f"{fmt(med([r['latency_ms']['max'] for r in rs]), 1)} | "
+                     f"{fmt_lat(med_lat([r['latency_ms']['p50'] for r in rs]))} | "
+                     f"{fmt_lat(med_lat([r['latency_ms']['p99'] for r in rs]))} | "
+                     f"{fmt_lat(med_lat([r['latency_ms']['max'] for r in rs]), 1)} | "
                      f"{med([r['unfinished'] for r in rs])} | {fmt(med([r['service_ms']['p99'] for r in rs]), 2)} | "
                      f"{len(rs)} |")
         for r in a["sweep"]:
             L.append(f"| trainerd (sweep) | {r['target_rate']:.0f} | {fmt(r['achieved_rate'], 0)} | "
-                     f"{fmt(r['latency_ms']['p50'], 2)} | {fmt(r['latency_ms']['p99'], 2)} | "
-                     f"{fmt(r['latency_ms']['max'], 1)} | {r['unfinished']} | {fmt(r['service_ms']['p99'], 2)} | 1 |")
+                     f"{fmt_lat(r['latency_ms']['p50'])} | {fmt_lat(r['latency_ms']['p99'])} | "
+                     f"{fmt_lat(r['latency_ms']['max'], 1)} | {r['unfinished']} | {fmt(r['service_ms']['p99'], 2)} | 1 |")
     b = res.get("b")
     if b:
         L.append("")

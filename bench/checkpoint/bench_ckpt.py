@@ -276,14 +276,21 @@ def part_storage(args, out):
     return res
 
 
-def step_stats(series, skip, ckpt_steps=()):
+def step_stats(series, skip, every=None):
     steps, vals, times = series["steps"], series["values"], series["times"]
     idx = [i for i, s in enumerate(steps) if s > skip]
     v = [vals[i] for i in idx]
     # Wall time per step from the points' timestamps: it includes whatever
     # happens between steps (the snapshot copy), which step_ms does not.
     walls = [(times[i] - times[i - 1]) * 1e3 for i in idx if i > 0]
+    # Time between steps = wall interval - step_ms: ~0, except after a step
+    # at which a checkpoint was due (the trainer copies the model then).
+    gap = {steps[i]: (times[i] - times[i - 1]) * 1e3 - vals[i] for i in range(1, len(steps))}
+    due = [g for st, g in gap.items() if every and (st - 1) % every == 0 and st > 1]
+    other = [g for st, g in gap.items() if not (every and (st - 1) % every == 0)]
     return {
+        "snapshot_ms": due,
+        "between_steps_ms_median_other": statistics.median(other) if other else None,
         "steps": len(v),
         "step_ms_median": statistics.median(v),
         "step_ms_mean": statistics.fmean(v),
@@ -305,7 +312,7 @@ def part_overhead(args, out):
                               args.every if ck else None)
             j = run_job(args, out, tag, spec, 600)
             shutil.rmtree(j["state_dir"], ignore_errors=True)
-            s = step_stats(j["step_ms"], args.skip)
+            s = step_stats(j["step_ms"], args.skip, args.every if ck else None)
             periodic = [c for c in j["checkpoints"] if c["reason"] == "every_steps"]
             r = dict(s, round=rnd + 1, checkpointing=ck, load=loadavg(), checkpoints=periodic,
                      ckpt_ms_median=statistics.median([c["ms"] for c in periodic]) if periodic else None)
@@ -409,12 +416,13 @@ def summarize(res, out):
         L.append("")
         L.append("Step time with checkpoint.every_steps = 100 vs none (~100 MB model, steps after the warm-up):")
         L.append("")
-        L.append("| round | checkpoints | steps | step_ms median | step_ms mean | step_ms p90 | wall ms/step median | wall ms/step mean | checkpoint ms (median) | load |")
-        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| round | checkpoints | steps | step_ms median | step_ms mean | step_ms p90 | wall ms/step median | wall ms/step mean | checkpoint ms (median) | snapshot ms (outside step_ms) | load |")
+        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
         for r in ov:
             L.append(f"| {r['round']} | {'every 100' if r['checkpointing'] else 'none'} | {r['steps']} | "
                      f"{r['step_ms_median']:.1f} | {r['step_ms_mean']:.1f} | {r['step_ms_p90']:.1f} | "
-                     f"{r['wall_ms_median']:.1f} | {r['wall_ms_mean']:.1f} | {fmt(r['ckpt_ms_median'], 0)} | {r['load']:.2f} |")
+                     f"{r['wall_ms_median']:.1f} | {r['wall_ms_mean']:.1f} | {fmt(r['ckpt_ms_median'], 0)} | "
+                     f"{', '.join(f'{x:.0f}' for x in r['snapshot_ms']) or '-'} | {r['load']:.2f} |")
         L.append("")
         for key in ("step_ms_median", "step_ms_mean", "wall_ms_mean"):
             ratios = []
