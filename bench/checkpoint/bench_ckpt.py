@@ -288,7 +288,23 @@ def step_stats(series, skip, every=None):
     gap = {steps[i]: (times[i] - times[i - 1]) * 1e3 - vals[i] for i in range(1, len(steps))}
     due = [g for st, g in gap.items() if every and (st - 1) % every == 0 and st > 1]
     other = [g for st, g in gap.items() if not (every and (st - 1) % every == 0)]
+    # Within-job estimate, robust to slow drifts in the machine's load: for
+    # each periodic checkpoint at step k, the wall time of steps k+1..k+W
+    # beyond W times the median step of the W steps before it, over the
+    # time of the every-steps interval at that median.
+    wall_of = {steps[i]: (times[i] - times[i - 1]) * 1e3 for i in range(1, len(steps))}
+    excess = []
+    if every:
+        W = 40
+        for k in range(every, steps[-1] - W + 1, every):
+            before = [wall_of[j] for j in range(k - W + 1, k + 1) if j in wall_of]
+            after = [wall_of[j] for j in range(k + 1, k + W + 1) if j in wall_of]
+            if len(before) == W and len(after) == W:
+                base = statistics.median(before)
+                excess.append({"step": k, "excess_ms": sum(after) - W * base, "base_ms": base,
+                               "overhead": (sum(after) - W * base) / (every * base)})
     return {
+        "excess": excess,
         "snapshot_ms": due,
         "between_steps_ms_median_other": statistics.median(other) if other else None,
         "steps": len(v),
@@ -323,6 +339,33 @@ def part_overhead(args, out):
     return rows
 
 
+def part_busy(args, out):
+    """Checkpoints due more often than they can be written: every due step
+    still snapshots the model (on the training thread) and the snapshot is
+    thrown away when the writer is busy.  Gap = wall interval - step_ms of
+    the step after a due step."""
+    inputs, hidden = MODELS["100MB"]
+    spec = model_spec("bench-ckpt-busy", inputs, hidden, args.batch, args.busy_steps, args.busy_every)
+    j = run_job(args, out, "busy", spec, 300)
+    shutil.rmtree(j["state_dir"], ignore_errors=True)
+    sr = j["step_ms"]
+    steps, vals, times = sr["steps"], sr["values"], sr["times"]
+    gap = {steps[i]: (times[i] - times[i - 1]) * 1e3 - vals[i] for i in range(1, len(steps))}
+    written = {c["step"] for c in j["checkpoints"] if c["reason"] == "every_steps"}
+    due = [k for k in range(args.busy_every, steps[-1], args.busy_every)]
+    g_written = [gap[k + 1] for k in due if k in written and k + 1 in gap]
+    g_skipped = [gap[k + 1] for k in due if k not in written and k + 1 in gap]
+    g_other = [g for st, g in gap.items() if (st - 1) % args.busy_every != 0]
+    r = {"every_steps": args.busy_every, "steps": steps[-1], "due": len(due), "written": len(written),
+         "gap_ms_written_median": med(g_written), "gap_ms_skipped_median": med(g_skipped),
+         "gap_ms_other_median": med(g_other), "skipped_snapshot_ms_total": sum(g_skipped),
+         "step_ms_median": statistics.median(vals), "checkpoints": j["checkpoints"]}
+    log(f"busy: every {args.busy_every} steps, {len(due)} due, {len(written)} written; time between steps after a "
+        f"written one {fmt(r['gap_ms_written_median'])} ms, after a skipped one {fmt(r['gap_ms_skipped_median'])} ms, "
+        f"otherwise {fmt(r['gap_ms_other_median'], 2)} ms")
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainerd", required=True)
@@ -330,11 +373,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", type=lambda s: s.split(","), default=["100MB", "1GB"])
-    ap.add_argument("--steps", type=int, default=300, help="steps of each overhead job")
+    ap.add_argument("--steps", type=int, default=400, help="steps of each overhead job")
+    ap.add_argument("--busy-steps", type=int, default=120)
+    ap.add_argument("--busy-every", type=int, default=5)
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out")
-    ap.add_argument("--only", choices=["throughput", "storage", "overhead"])
+    ap.add_argument("--only", choices=["throughput", "storage", "overhead", "busy"])
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the daemon on the way out
 
@@ -352,6 +397,8 @@ def main():
             res["storage"] = part_storage(args, out)
         if args.only in (None, "overhead"):
             res["overhead"] = part_overhead(args, out)
+        if args.only in (None, "busy"):
+            res["busy"] = part_busy(args, out)
     finally:
         shutil.rmtree(os.path.join(out, "state"), ignore_errors=True)
     res["load_end"] = loadavg()
@@ -436,6 +483,30 @@ def summarize(res, out):
             L.append(f"{key}: with {fmt(allc, 1)} vs without {fmt(alln, 1)} (medians over rounds): overhead "
                      f"{fmt(100 * (allc / alln - 1) if allc and alln else None, 1)}%; same-round ratios "
                      f"{[round(x, 3) for x in ratios]}, median overhead {fmt(100 * (med(ratios) - 1) if ratios else None, 1)}%")
+    if ov:
+        ex = [e for r in ov if r["checkpointing"] for e in r.get("excess", [])]
+        if ex:
+            L.append("")
+            L.append("Within-job estimate (each checkpoint: wall time of the 40 steps after it beyond 40 x the median "
+                     "of the 40 steps before, over 100 such steps):")
+            L.append("")
+            L.append("| round | at step | base step ms | excess ms | overhead |")
+            L.append("|---:|---:|---:|---:|---:|")
+            for r in ov:
+                for e in r.get("excess", []):
+                    L.append(f"| {r['round']} | {e['step']} | {e['base_ms']:.1f} | {e['excess_ms']:.0f} | "
+                             f"{100 * e['overhead']:.1f}% |")
+            L.append("")
+            L.append(f"Median overhead over {len(ex)} checkpoints: {100 * med([e['overhead'] for e in ex]):.1f}%")
+    bz = res.get("busy")
+    if bz:
+        L.append("")
+        L.append(f"Checkpoint due every {bz['every_steps']} steps ({bz['steps']} steps, median step "
+                 f"{bz['step_ms_median']:.1f} ms): {bz['due']} due, {bz['written']} written; time between steps "
+                 f"(wall - step_ms) after a due step whose checkpoint was written: median "
+                 f"{fmt(bz['gap_ms_written_median'])} ms; after one skipped because the writer was busy: median "
+                 f"{fmt(bz['gap_ms_skipped_median'])} ms (total {bz['skipped_snapshot_ms_total']:.0f} ms); other "
+                 f"steps: {fmt(bz['gap_ms_other_median'], 2)} ms")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(L) + "\n")
     print("\n".join(L), file=sys.stderr)
