@@ -251,7 +251,8 @@ static void *runner_main(void *arg)
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
 	if (rc < 0) {
-		finish(j, "failed", rc == -EINVAL ? "invalid_data" : "start_failed", err, 0);
+		finish(j, "failed", rc == -EINVAL ? "invalid_data" : rc == -ENOMEM ? "insufficient_memory" : "start_failed",
+		       err, 0);
 		return NULL;
 	}
 	j->trainer_for_hooks = t;

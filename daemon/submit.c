@@ -317,9 +317,13 @@ static json_t *op_devices(void *ctx)
 	pthread_mutex_lock(&s->lock);
 	for (int d = 0; d < s->ndev; d++) {
 		char name[128];
+		size_t total = 0, free_bytes = 0;
 		be->i->device_name(be, d, name, sizeof name);
-		json_array_append_new(list, json_pack("{s:i, s:s, s:s, s:n, s:n, s:o}", "id", d, "name", name, "kind",
-						       be->i->name, "memory_total", "memory_free", "job",
+		bool mem = be->i->memory_info && be->i->memory_info(be, d, &total, &free_bytes) == 0 && total > 0;
+		json_array_append_new(list, json_pack("{s:i, s:s, s:s, s:o, s:o, s:o}", "id", d, "name", name, "kind",
+						       be->i->name, "memory_total",
+						       mem ? json_integer((json_int_t)total) : json_null(), "memory_free",
+						       mem ? json_integer((json_int_t)free_bytes) : json_null(), "job",
 						       s->owner[d] ? json_integer(s->owner[d]) : json_null()));
 	}
 	pthread_mutex_unlock(&s->lock);

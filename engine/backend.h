@@ -51,6 +51,9 @@ typedef struct tr_backend_i {
 	/* Writes a short description ("cpu0", "NVIDIA H200") into buf. */
 	void (*device_name)(tr_backend_t *be, int dev, char *buf, size_t len);
 	const char *(*last_error)(tr_backend_t *be);
+	/* Memory of device dev in bytes (host RAM for CPU devices, which share
+	 * it).  May be NULL when a backend cannot tell. */
+	int (*memory_info)(tr_backend_t *be, int dev, size_t *total, size_t *free_bytes);
 
 	/* Memory.  alloc returns zeroed device memory or NULL. */
 	void *(*alloc)(tr_backend_t *be, int dev, size_t bytes);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/cuda/cuda.h"
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
 #include "engine/optim/optimizer.h"
@@ -249,6 +250,33 @@ static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen
 	return rc;
 }
 
+/* A GPU job that cannot fit is refused before anything is allocated, with
+ * the estimate and the free memory, instead of failing halfway through
+ * replica set-up.  CPU devices share host memory and are not checked. */
+static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, size_t errlen)
+{
+	tr_backend_t *be = t->be;
+	if (!be->i->memory_info || strcmp(be->i->name, "cuda") != 0)
+		return 0;
+	size_t need = tr_cuda_estimate_bytes(&t->model, max_rows, t->train->info.label_dim, t->opt_buffers, t->ndev);
+	for (int i = 0; i < t->ndev; i++) {
+		size_t total, free_bytes;
+		if (be->i->memory_info(be, t->devs[i], &total, &free_bytes) < 0)
+			continue;
+		/* The estimate includes the CUDA context, which a device in use
+		 * already has: compare against free memory plus that share. */
+		if (need > free_bytes + TR_CUDA_CONTEXT_BYTES) {
+			snprintf(err, errlen,
+				 "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
+				 "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",
+				 t->devs[i], need / 1048576.0, t->spec->batch_size, t->ndev, t->model.n_params,
+				 free_bytes / 1048576.0, total / 1048576.0);
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
 /* ---- one step on one rank --------------------------------------------- */
 
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
@@ -409,6 +437,10 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	}
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
 	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
+	if ((rc = check_device_memory(t, max_rows, err, errlen)) < 0) {
+		free(host);
+		goto fail;
+	}
 	for (int i = 0; i < t->ndev; i++) {
 		struct rank_ctx *r = &t->ranks[i];
 		r->t = t;

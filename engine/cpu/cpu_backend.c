@@ -114,6 +114,31 @@ static int cpu_device_count(tr_backend_t *be)
 	return cpu(be)->devices;
 }
 
+/* CPU devices share the host's memory: report it (MemAvailable, which
+ * counts reclaimable cache, is what a new job can really use). */
+static int cpu_memory_info(tr_backend_t *be, int dev, size_t *total, size_t *free_bytes)
+{
+	(void)be;
+	(void)dev;
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	*total = pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+	*free_bytes = 0;
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (f) {
+		char line[128];
+		unsigned long long kb;
+		while (fgets(line, sizeof line, f))
+			if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+				*free_bytes = (size_t)kb * 1024;
+		fclose(f);
+	}
+	if (*free_bytes == 0) {
+		long avail = sysconf(_SC_AVPHYS_PAGES);
+		*free_bytes = avail > 0 && size > 0 ? (size_t)avail * (size_t)size : 0;
+	}
+	return 0;
+}
+
 static void cpu_device_name(tr_backend_t *be, int dev, char *buf, size_t len)
 {
 	if (!buf || !len)
@@ -257,6 +282,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 		.destroy = cpu_destroy,
 		.device_count = cpu_device_count,
 		.device_name = cpu_device_name,
+		.memory_info = cpu_memory_info,
 		.last_error = cpu_last_error,
 		.alloc = cpu_alloc,
 		.free = cpu_free,

@@ -111,6 +111,21 @@ static void cuda_device_name(tr_backend_t *be, int dev, char *buf, size_t len)
 		snprintf(buf, len, "%s", b->dev[dev].name);
 }
 
+static int cuda_memory_info(tr_backend_t *be, int dev, size_t *total, size_t *free_bytes)
+{
+	struct cuda_backend *b = cuda_be(be);
+
+	*total = *free_bytes = 0;
+	if (dev < 0 || dev >= b->ndev)
+		return -EINVAL;
+	if (cudaSetDevice(b->dev[dev].ordinal) != cudaSuccess ||
+	    cudaMemGetInfo(free_bytes, total) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return -EIO;
+	}
+	return 0;
+}
+
 /* Releases what init_device set up; safe on a partly initialised device
  * (the backend is calloc'ed, so absent members are NULL). */
 static void finish_device(struct cuda_dev *d)
@@ -399,6 +414,7 @@ tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, cha
 	b->table.destroy = cuda_destroy;
 	b->table.device_count = cuda_device_count;
 	b->table.device_name = cuda_device_name;
+	b->table.memory_info = cuda_memory_info;
 	b->table.last_error = cuda_last_error;
 	b->table.alloc = cuda_alloc;
 	b->table.free = cuda_free;
