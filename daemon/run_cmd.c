@@ -19,6 +19,7 @@
 
 #include "daemon/cli.h"
 #include "engine/backend.h"
+#include "engine/cuda/cuda.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
 
@@ -195,7 +196,8 @@ int tr_cmd_run(int argc, char **argv)
 	char errbuf[1024] = "";
 	tr_backend_t *be = NULL;
 	if (spec.backend != TR_BACKEND_CPU) {
-		be = tr_cuda_backend_create(errbuf, sizeof errbuf);
+		struct tr_cuda_options copt = {.tf32 = spec.tf32};
+		be = tr_cuda_backend_create_opts(&copt, errbuf, sizeof errbuf);
 		if (!be && spec.backend == TR_BACKEND_CUDA) {
 			fprintf(stderr, "trainerd run: /backend: cuda requested but unavailable: %s\n", errbuf);
 			tr_spec_finish(&spec);
