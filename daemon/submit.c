@@ -154,6 +154,17 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	return rc < 0 ? -1 : 0;
 }
 
+/* Reads job id into row; refuses with 404 or 503 when it cannot. */
+static int load_job(struct tr_scheduler *s, int64_t id, struct tr_job_row *row, struct tr_api_error *err)
+{
+	int rc = tr_store_job_get(s->cfg.store, id, row);
+	if (rc == -ENOENT)
+		return refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
+	if (rc < 0)
+		return refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+	return 0;
+}
+
 static struct running_job *find_running(struct tr_scheduler *s, int64_t id)
 {
 	for (struct running_job *j = s->running; j; j = j->next)
@@ -168,11 +179,9 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 	static const char *names[] = {"cancelled", "stopped", "paused", "resumed"};
 	pthread_mutex_lock(&s->lock);
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->cfg.store, id, &row);
-	if (rc == -ENOENT) {
-		rc = refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
-	} else if (rc < 0) {
-		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+	int rc = load_job(s, id, &row, err);
+	if (rc < 0) {
+		/* refused by load_job */
 	} else if (tr_state_is_terminal(row.state)) {
 		rc = refuse(err, 409, "conflict", "", "job %lld is %s; it cannot be %s", (long long)id, row.state,
 			    names[op]);
@@ -275,15 +284,11 @@ static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_api_er
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->cfg.store, id, &row);
-	if (rc == -ENOENT)
-		rc = refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
-	else if (rc < 0)
-		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
-	else if (tr_state_is_terminal(row.state))
+	int rc = load_job(s, id, &row, err);
+	if (rc == 0 && tr_state_is_terminal(row.state))
 		rc = refuse(err, 409, "conflict", "/priority", "job %lld is %s; its priority no longer matters",
 			    (long long)id, row.state);
-	else if (tr_store_job_set_priority(s->cfg.store, id, priority) < 0)
+	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority) < 0)
 		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
 	if (rc == 0)
@@ -295,15 +300,11 @@ static int op_remove(void *ctx, int64_t id, struct tr_api_error *err)
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->cfg.store, id, &row);
-	if (rc == -ENOENT)
-		rc = refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
-	else if (rc < 0)
-		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
-	else if (!tr_state_is_terminal(row.state))
+	int rc = load_job(s, id, &row, err);
+	if (rc == 0 && !tr_state_is_terminal(row.state))
 		rc = refuse(err, 409, "conflict", "", "job %lld is %s; cancel it before deleting it", (long long)id,
 			    row.state);
-	else if (tr_store_job_delete(s->cfg.store, id) < 0)
+	if (rc == 0 && tr_store_job_delete(s->cfg.store, id) < 0)
 		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
 	return rc < 0 ? -1 : 0;

@@ -77,6 +77,14 @@ def children(pid):
     return kids
 
 
+def machine_busy_s():
+    """CPU seconds all processes have used (non-idle, non-iowait time of
+    /proc/stat, all CPUs), for "CPU used by others" = this - our process."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
@@ -464,6 +472,7 @@ def part_b(args, d, out):
         poll = i % 2 == 1
         before = set(thread_cpu(d.pid))
         c0 = proc_cpu_s(d.pid)
+        m0 = machine_busy_s()
         t0 = time.time()
         lg = None
         if poll:
@@ -482,8 +491,10 @@ def part_b(args, d, out):
             time.sleep(0.02)
         t1 = time.time()
         c1 = proc_cpu_s(d.pid)
+        m1 = machine_busy_s()
+        # CPU used by every other process (the poller included: ~0.01 s/s).
         w = {"window": i + 1, "polling": poll, "start": t0, "end": t1, "daemon_cpu_s_per_s": (c1 - c0) / (t1 - t0),
-             "load": loadavg()}
+             "others_cpu_s_per_s": max(0.0, (m1 - m0) - (c1 - c0)) / (t1 - t0), "load": loadavg()}
         if lg:
             so, se = lg.communicate(timeout=30)
             w["loadgen"] = json.loads(so.strip().splitlines()[-1]) if so.strip() else {"error": se}
@@ -511,13 +522,17 @@ def part_b(args, d, out):
     busy = [w["median_samples_per_sec"] for w in windows if w["polling"]]
     # Same-run ratios: each polling window against the mean of the quiet
     # windows on either side of it.
-    pairs = []
+    pairs, calm = [], []
     for i, w in enumerate(windows):
         if w["polling"]:
-            nb = [windows[j]["median_samples_per_sec"] for j in (i - 1, i + 1)
-                  if 0 <= j < len(windows) and not windows[j]["polling"]]
+            nbw = [windows[j] for j in (i - 1, i + 1) if 0 <= j < len(windows) and not windows[j]["polling"]]
+            nb = [x["median_samples_per_sec"] for x in nbw]
             if nb and w["median_samples_per_sec"]:
                 pairs.append(w["median_samples_per_sec"] / statistics.fmean(nb))
+                # Uncontended: other processes used (nearly) no CPU in
+                # this window and in the quiet windows around it.
+                if all(x["others_cpu_s_per_s"] <= args.calm_others for x in nbw + [w]):
+                    calm.append(pairs[-1])
     return {
         "job": job,
         "windows": windows,
@@ -526,6 +541,8 @@ def part_b(args, d, out):
         "slowdown": 1 - med(busy) / med(quiet) if quiet and busy else None,
         "pair_ratios": pairs,
         "slowdown_pairs_median": 1 - statistics.median(pairs) if pairs else None,
+        "calm_pair_ratios": calm,
+        "slowdown_calm_pairs_median": 1 - statistics.median(calm) if calm else None,
         "poll_cpu_s_per_s": med([w.get("poll_threads_cpu_s_per_s") for w in windows if w["polling"]]),
     }
 
@@ -549,6 +566,8 @@ def main():
     ap.add_argument("--window-s", type=float, default=4)
     ap.add_argument("--warmup-s", type=float, default=4)
     ap.add_argument("--skip-s", type=float, default=0.5, help="left out at each window's start")
+    ap.add_argument("--calm-others", type=float, default=0.1,
+                    help="most CPU s/s other processes may use in a pair's windows for it to count as uncontended")
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--only", choices=["a", "b"])
     ap.add_argument("--keep-state", action="store_true")
@@ -658,13 +677,14 @@ def summarize(res, out):
         L.append("")
         L.append("Training under polling (job samples_per_sec, median per window):")
         L.append("")
-        L.append("| window | polling | steps | median samples/s | wall samples/s | daemon CPU s/s | poller req/s | poller p99 ms | load |")
-        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| window | polling | steps | median samples/s | wall samples/s | daemon CPU s/s | others' CPU s/s | poller req/s | poller p99 ms | load |")
+        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for w in b["windows"]:
             lg = w.get("loadgen") or {}
             L.append(f"| {w['window']} | {'yes' if w['polling'] else 'no'} | {w['steps']} | "
                      f"{fmt(w['median_samples_per_sec'], 0)} | {fmt(w['wall_samples_per_sec'], 0)} | "
-                     f"{w['daemon_cpu_s_per_s']:.2f} | {fmt(lg.get('achieved_rate'), 0) if lg else ''} | "
+                     f"{w['daemon_cpu_s_per_s']:.2f} | {w['others_cpu_s_per_s']:.2f} | "
+                     f"{fmt(lg.get('achieved_rate'), 0) if lg else ''} | "
                      f"{fmt((lg.get('latency_ms') or {}).get('p99'), 2) if lg else ''} | {w['load']:.2f} |")
         L.append("")
         L.append(f"Median quiet {fmt(b['median_quiet'], 0)} samples/s, polling {fmt(b['median_polling'], 0)}: "
@@ -672,6 +692,10 @@ def summarize(res, out):
                  f"same-run pair ratios {[round(x, 4) for x in b['pair_ratios']]}, median slowdown "
                  f"{fmt(100 * b['slowdown_pairs_median'] if b['slowdown_pairs_median'] is not None else None, 2)}%; "
                  f"CPU of the poller's connection threads {fmt(b['poll_cpu_s_per_s'], 3)} s/s")
+        L.append("")
+        L.append(f"Uncontended pairs only (other processes used <= {res['args']['calm_others']:.2f} CPU s/s in the "
+                 f"polling window and the quiet windows on both sides): {[round(x, 4) for x in b['calm_pair_ratios']]}, median slowdown "
+                 f"{fmt(100 * b['slowdown_calm_pairs_median'] if b['slowdown_calm_pairs_median'] is not None else None, 2)}%")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(L) + "\n")
     print("\n".join(L), file=sys.stderr)

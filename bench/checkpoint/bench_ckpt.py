@@ -39,6 +39,14 @@ def log(*a):
     print("bench-ckpt:", *a, file=sys.stderr, flush=True)
 
 
+def machine_busy_s():
+    """CPU seconds all processes have used (non-idle, non-iowait time of
+    /proc/stat, all CPUs), for "CPU used by others" = this - our process."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
@@ -59,6 +67,15 @@ def cpu_info():
     with open("/proc/meminfo") as f:
         info["mem_total_gb"] = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
     return info
+
+
+def proc_cpu_s(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
 
 
 def vm_hwm_mb(pid):
@@ -180,9 +197,12 @@ def run_job(args, out, tag, spec, timeout):
     d = Daemon(args.trainerd, state, os.path.join(out, "raw", f"daemon_{tag}.log"))
     try:
         t0 = time.time()
+        m0, c0 = machine_busy_s(), proc_cpu_s(d.pid)
         job = d.json("POST", "/jobs", spec, want=(201,))["id"]
         st = d.wait_state(job, ("completed", "failed", "cancelled"), timeout)
         wall = time.time() - t0
+        # CPU used meanwhile by every other process on the machine.
+        others = max(0.0, (machine_busy_s() - m0) - (proc_cpu_s(d.pid) - c0)) / wall
         time.sleep(0.4)  # the log queue is flushed every 200 ms
         logs = d.logs(job)
         metrics = None
@@ -199,7 +219,7 @@ def run_job(args, out, tag, spec, timeout):
     for c in ckpts:
         c.update(step=int(c["step"]), mb=float(c["mb"]), ms=int(c["ms"]), mb_per_s=int(c["mb_per_s"]))
     return {"state": st, "wall_s": wall, "checkpoints": ckpts, "step_ms": metrics, "daemon_peak_rss_mb": hwm,
-            "state_dir": state}
+            "state_dir": state, "others_cpu_s_per_s": others}
 
 
 def dd(directory, mb, tag, out):
@@ -232,6 +252,7 @@ def part_throughput(args, out):
                     c = [c for c in j["checkpoints"] if c["reason"] == "final"]
                     r["ckpt"] = c[0] if c else None
                     r["job_wall_s"] = j["wall_s"]
+                    r["others_cpu_s_per_s"] = j["others_cpu_s_per_s"]
                     r["daemon_peak_rss_mb"] = j["daemon_peak_rss_mb"]
                     shutil.rmtree(j["state_dir"], ignore_errors=True)
                 else:
@@ -331,6 +352,7 @@ def part_overhead(args, out):
             s = step_stats(j["step_ms"], args.skip, args.every if ck else None)
             periodic = [c for c in j["checkpoints"] if c["reason"] == "every_steps"]
             r = dict(s, round=rnd + 1, checkpointing=ck, load=loadavg(), checkpoints=periodic,
+                     others_cpu_s_per_s=j["others_cpu_s_per_s"],
                      ckpt_ms_median=statistics.median([c["ms"] for c in periodic]) if periodic else None)
             rows.append(r)
             log(f"overhead {tag}: step_ms median {s['step_ms_median']:.1f} mean {s['step_ms_mean']:.1f}, wall/step "
@@ -429,8 +451,8 @@ def summarize(res, out):
         L.append("")
         L.append("Checkpoint write through the daemon (job log line) vs dd conv=fsync, medians over rounds:")
         L.append("")
-        L.append("| model | params | checkpoint MB | checkpoint ms | checkpoint MB/s | dd MB/s | ratio (same-round median) | daemon peak RSS MB | rounds |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| model | params | checkpoint MB | checkpoint ms | checkpoint MB/s | dd MB/s | ratio (same-round median) | daemon peak RSS MB | others' CPU s/s | rounds |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for size in res["args"]["sizes"]:
             rs = [r for r in tp if r["size"] == size and r.get("ckpt")]
             if not rs:
@@ -439,7 +461,13 @@ def summarize(res, out):
                      f"{fmt(med([r['ckpt']['ms'] for r in rs]), 0)} | "
                      f"{fmt(med([r['ckpt']['mb'] / r['ckpt']['ms'] * 1e3 for r in rs]), 0)} | "
                      f"{fmt(med([r['dd']['mb_per_s'] for r in rs]), 0)} | {fmt(med([r['ratio'] for r in rs]), 3)} | "
-                     f"{fmt(med([r['daemon_peak_rss_mb'] for r in rs]), 0)} | {len(rs)} |")
+                     f"{fmt(med([r['daemon_peak_rss_mb'] for r in rs]), 0)} | "
+                     f"{fmt(med([r.get('others_cpu_s_per_s') for r in rs]), 2)} | {len(rs)} |")
+            L.append("")
+            L.append(f"{size} per round: " + "; ".join(
+                f"r{r['round']} {r['ckpt']['mb'] / r['ckpt']['ms'] * 1e3:.0f} vs {r['dd']['mb_per_s']:.0f} MB/s"
+                for r in rs))
+            L.append("")
     st = res.get("storage")
     if st:
         L.append("")
@@ -463,13 +491,14 @@ def summarize(res, out):
         L.append("")
         L.append("Step time with checkpoint.every_steps = 100 vs none (~100 MB model, steps after the warm-up):")
         L.append("")
-        L.append("| round | checkpoints | steps | step_ms median | step_ms mean | step_ms p90 | wall ms/step median | wall ms/step mean | checkpoint ms (median) | snapshot ms (outside step_ms) | load |")
-        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+        L.append("| round | checkpoints | steps | step_ms median | step_ms mean | step_ms p90 | wall ms/step median | wall ms/step mean | checkpoint ms (median) | snapshot ms (outside step_ms) | others' CPU s/s | load |")
+        L.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
         for r in ov:
             L.append(f"| {r['round']} | {'every 100' if r['checkpointing'] else 'none'} | {r['steps']} | "
                      f"{r['step_ms_median']:.1f} | {r['step_ms_mean']:.1f} | {r['step_ms_p90']:.1f} | "
                      f"{r['wall_ms_median']:.1f} | {r['wall_ms_mean']:.1f} | {fmt(r['ckpt_ms_median'], 0)} | "
-                     f"{', '.join(f'{x:.0f}' for x in r['snapshot_ms']) or '-'} | {r['load']:.2f} |")
+                     f"{', '.join(f'{x:.0f}' for x in r['snapshot_ms']) or '-'} | {r['others_cpu_s_per_s']:.2f} | "
+                     f"{r['load']:.2f} |")
         L.append("")
         for key in ("step_ms_median", "step_ms_mean", "wall_ms_mean"):
             ratios = []
