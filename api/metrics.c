@@ -8,6 +8,7 @@
 #include "api/api_internal.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,78 @@ static bool engine_name(const char *s)
 }
 
 /* Splits "a,b" into a NULL-terminated array pointing into *copy. */
+/* ---- response cache ------------------------------------------------------
+ *
+ * Dashboards poll the same downsampled series again and again, and a
+ * series only changes when the store commits (at most every 200 ms while
+ * a job runs, never once it ended), while each answer costs milliseconds
+ * of SQLite reads.  A few rendered answers are kept with the store's data
+ * generation; an entry is served only while that generation is unchanged.
+ * Entries are deep-copied out under the lock, so no json_t is shared
+ * between request threads. */
+
+#define CACHE_SLOTS 16
+
+struct cache_entry {
+	const tr_store_t *store;
+	int64_t job;
+	char *key;
+	uint64_t gen;
+	json_t *body;
+};
+
+static struct cache_entry cache[CACHE_SLOTS];
+static unsigned cache_next;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static json_t *cache_get(const tr_store_t *store, int64_t job, const char *key, uint64_t gen)
+{
+	json_t *out = NULL;
+	pthread_mutex_lock(&cache_lock);
+	for (int i = 0; i < CACHE_SLOTS && !out; i++) {
+		struct cache_entry *e = &cache[i];
+		if (e->body && e->store == store && e->job == job && e->gen == gen && strcmp(e->key, key) == 0)
+			out = json_deep_copy(e->body);
+	}
+	pthread_mutex_unlock(&cache_lock);
+	return out;
+}
+
+static void cache_put(const tr_store_t *store, int64_t job, const char *key, uint64_t gen, const json_t *body)
+{
+	json_t *copy = json_deep_copy(body);
+	char *k = strdup(key);
+	if (!copy || !k) {
+		json_decref(copy);
+		free(k);
+		return;
+	}
+	pthread_mutex_lock(&cache_lock);
+	struct cache_entry *e = NULL;
+	for (int i = 0; i < CACHE_SLOTS && !e; i++)
+		if (cache[i].body && cache[i].store == store && cache[i].job == job && strcmp(cache[i].key, key) == 0)
+			e = &cache[i];
+	if (!e)
+		e = &cache[cache_next++ % CACHE_SLOTS];
+	json_decref(e->body);
+	free(e->key);
+	*e = (struct cache_entry){.store = store, .job = job, .key = k, .gen = gen, .body = copy};
+	pthread_mutex_unlock(&cache_lock);
+}
+
+void tr_api_metrics_cache_forget(const tr_store_t *store)
+{
+	pthread_mutex_lock(&cache_lock);
+	for (int i = 0; i < CACHE_SLOTS; i++) {
+		if (cache[i].store != store)
+			continue;
+		json_decref(cache[i].body);
+		free(cache[i].key);
+		cache[i] = (struct cache_entry){0};
+	}
+	pthread_mutex_unlock(&cache_lock);
+}
+
 static int split_names(const char *text, char **copy, const char ***names, struct tr_api_reply *rp)
 {
 	size_t n = 1, i = 0;
@@ -122,14 +195,24 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	q.from_step = from;
 	q.to_step = to;
 	q.max_points = (int)max_points;
+	char key[1200];
+	snprintf(key, sizeof key, "%s|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%d", names_text ? names_text : "*", from, to,
+		 max_points, (int)q.with_epochs, (int)q.with_times);
+	uint64_t gen = tr_store_data_generation(api->cfg.store);
+	json_t *cached = cache_get(api->cfg.store, id, key, gen);
+	if (cached) {
+		tr_api_reply_json(rp, 200, cached);
+		goto cleanup;
+	}
 	result = tr_store_metrics_query(api->cfg.store, id, &q);
 	if (!result) {
 		tr_api_fail_store(rp, api->cfg.store, "reading metrics");
 		goto cleanup;
 	}
 	series = json_object_get(result, "series");
-	tr_api_reply_json(rp, 200,
-			  json_pack("{s:I, s:O}", "job", (json_int_t)id, "series", series ? series : json_object()));
+	json_t *body = json_pack("{s:I, s:O}", "job", (json_int_t)id, "series", series ? series : json_object());
+	cache_put(api->cfg.store, id, key, gen, body);
+	tr_api_reply_json(rp, 200, body);
 cleanup:
 	json_decref(result);
 	free(names);

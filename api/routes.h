@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "storage/store.h"
+
 struct tr_api_request;
 struct tr_api_reply;
 
@@ -62,6 +64,8 @@ void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_resume(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* Forgets cached metrics answers of a store that is going away. */
+void tr_api_metrics_cache_forget(const tr_store_t *store);
 void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_logs_get(struct tr_api_request *rq, struct tr_api_reply *rp);

@@ -505,5 +505,6 @@ void tr_api_stop(tr_api_t *api)
 	atomic_store(&api->stopping, true);
 	tr_store_wake_all(api->cfg.store);
 	MHD_stop_daemon(api->mhd);
+	tr_api_metrics_cache_forget(api->cfg.store);
 	free_api(api);
 }

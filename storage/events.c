@@ -36,8 +36,24 @@ void tr_store_events_committed(tr_store_t *s, int64_t max_id)
 	if (max_id > s->last_event_id)
 		s->last_event_id = max_id;
 	s->ev_gen++;
+	s->data_gen++;
 	pthread_cond_broadcast(&s->ev_cond);
 	pthread_mutex_unlock(&s->ev_lock);
+}
+
+void tr_store_data_changed(tr_store_t *s)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	s->data_gen++;
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+uint64_t tr_store_data_generation(tr_store_t *s)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	uint64_t g = s->data_gen;
+	pthread_mutex_unlock(&s->ev_lock);
+	return g;
 }
 
 void tr_events_free(struct tr_event *events, int count)

@@ -94,6 +94,7 @@ struct tr_store {
 	pthread_cond_t ev_cond;
 	int64_t last_event_id;
 	uint64_t ev_gen, wake_gen;
+	uint64_t data_gen; /* bumped by every change a metrics query could see */
 };
 
 /* Takes a free request connection, waiting for one; never NULL. */
@@ -204,5 +205,8 @@ void tr_store_jbuf_num(struct jbuf *b, double v); /* null when not finite */
 bool tr_store_utf8_valid(const char *s);
 void tr_store_utf8_fix(char *s); /* invalid bytes become '?', in place */
 #define JBUF_LIT(b, lit) tr_store_jbuf_raw((b), (lit), sizeof(lit) - 1)
+
+/* Marks stored metrics as changed (truncate, delete) for response caches. */
+void tr_store_data_changed(tr_store_t *s);
 
 #endif

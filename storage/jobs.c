@@ -438,7 +438,9 @@ int tr_store_job_delete(tr_store_t *s, int64_t id)
 		err = update_one(s, c, st, id);
 	}
 	tr_store_conn_put(s, c);
-	if (err == 0)
+	if (err == 0) {
 		tr_store_drops_forget(s, id);
+		tr_store_data_changed(s);
+	}
 	return err;
 }

@@ -459,5 +459,7 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step)
 		err = tr_store_commit(c);
 	tr_store_conn_put(s, c);
 	names_free(&ns);
+	if (err == 0)
+		tr_store_data_changed(s);
 	return err;
 }

@@ -170,7 +170,11 @@ void tr_store_conn_close(struct conn *c)
 int tr_store_conn_open(struct conn *c, const char *path)
 {
 	memset(c, 0, sizeof *c);
-	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX;
+	/* NOMUTEX: a connection is only ever used by one thread at a time (the
+	 * pool hands each out exclusively; the writer and checkpoint
+	 * connections have one owner), and serialized mode's per-call mutex
+	 * cost ~20% of a downsampling query. */
+	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
 	int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
 	if (rc != SQLITE_OK) {
 		int err = tr_store_fail(errno_of(c->db, rc), "%s: cannot open: %s", path,

@@ -126,6 +126,11 @@ struct tr_event {
 int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
 			  int *count);
 void tr_events_free(struct tr_event *events, int count);
+/* A counter that changes whenever anything a metrics or job query could
+ * return may have changed (every commit that adds events, truncation,
+ * deletion).  Equal values mean an earlier answer is still right, which
+ * lets the API cache rendered responses. */
+uint64_t tr_store_data_generation(tr_store_t *s);
 /* Highest event id so far (0 when none). */
 int64_t tr_store_last_event_id(tr_store_t *s);
 /* Blocks until an event with id > after exists for job_id (any job when

@@ -518,40 +518,51 @@ def part_b(args, d, out):
         w["median_samples_per_sec"] = statistics.median(vals) if vals else None
         w["mean_samples_per_sec"] = statistics.fmean(vals) if vals else None
         w["wall_samples_per_sec"] = (len(steps) * TRAIN["batch_size"] / (w["end"] - w["start"])) if steps else None
+    return dict({"job": job, "windows": windows}, **pair_stats(windows, args.calm_others))
+
+
+def pair_stats(windows, calm_others, stable=0.05):
+    """Slowdown figures from the windows: pooled medians, and same-run
+    ratios of each polling window to the mean of the quiet windows on
+    either side (all pairs; pairs where other processes were idle; pairs
+    whose two quiet neighbours agree within `stable`, i.e. not straddling
+    a change in the machine's speed)."""
     quiet = [w["median_samples_per_sec"] for w in windows if not w["polling"]]
     busy = [w["median_samples_per_sec"] for w in windows if w["polling"]]
-    # Same-run ratios: each polling window against the mean of the quiet
-    # windows on either side of it.
-    pairs, calm = [], []
+    pairs, calm, steady = [], [], []
     for i, w in enumerate(windows):
-        if w["polling"]:
-            nbw = [windows[j] for j in (i - 1, i + 1) if 0 <= j < len(windows) and not windows[j]["polling"]]
-            nb = [x["median_samples_per_sec"] for x in nbw]
-            if nb and w["median_samples_per_sec"]:
-                pairs.append(w["median_samples_per_sec"] / statistics.fmean(nb))
-                # Uncontended: other processes used (nearly) no CPU in
-                # this window and in the quiet windows around it.
-                if all(x["others_cpu_s_per_s"] <= args.calm_others for x in nbw + [w]):
-                    calm.append(pairs[-1])
+        if not w["polling"]:
+            continue
+        nbw = [windows[j] for j in (i - 1, i + 1) if 0 <= j < len(windows) and not windows[j]["polling"]]
+        nb = [x["median_samples_per_sec"] for x in nbw]
+        if not nb or not w["median_samples_per_sec"] or None in nb:
+            continue
+        r = w["median_samples_per_sec"] / statistics.fmean(nb)
+        pairs.append(r)
+        if all(x.get("others_cpu_s_per_s", 0) <= calm_others for x in nbw + [w]):
+            calm.append(r)
+        if len(nb) == 2 and abs(nb[0] - nb[1]) <= stable * statistics.fmean(nb):
+            steady.append(r)
+    slow = lambda xs: 1 - statistics.median(xs) if xs else None
     return {
-        "job": job,
-        "windows": windows,
         "median_quiet": med(quiet),
         "median_polling": med(busy),
         "slowdown": 1 - med(busy) / med(quiet) if quiet and busy else None,
         "pair_ratios": pairs,
-        "slowdown_pairs_median": 1 - statistics.median(pairs) if pairs else None,
+        "slowdown_pairs_median": slow(pairs),
         "calm_pair_ratios": calm,
-        "slowdown_calm_pairs_median": 1 - statistics.median(calm) if calm else None,
+        "slowdown_calm_pairs_median": slow(calm),
+        "steady_pair_ratios": steady,
+        "slowdown_steady_pairs_median": slow(steady),
         "poll_cpu_s_per_s": med([w.get("poll_threads_cpu_s_per_s") for w in windows if w["polling"]]),
     }
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trainerd", required=True)
-    ap.add_argument("--loadgen", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--trainerd")
+    ap.add_argument("--loadgen")
+    ap.add_argument("--out")
     ap.add_argument("--points", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wrk-conns", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
@@ -571,7 +582,20 @@ def main():
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--only", choices=["a", "b"])
     ap.add_argument("--keep-state", action="store_true")
+    ap.add_argument("--resummarize", metavar="RESULTS_JSON",
+                    help="recompute part B's pair figures and summary.md from a finished run, run nothing")
     args = ap.parse_args()
+    if args.resummarize:
+        with open(args.resummarize) as f:
+            res = json.load(f)
+        if res.get("b"):
+            res["b"].update(pair_stats(res["b"]["windows"], res["args"].get("calm_others", 0.1)))
+        with open(args.resummarize, "w") as f:
+            json.dump(res, f, indent=1)
+        summarize(res, os.path.dirname(os.path.abspath(args.resummarize)))
+        return
+    if not (args.trainerd and args.loadgen and args.out):
+        ap.error("--trainerd, --loadgen and --out are required")
     # `timeout` sends SIGTERM: unwind so that the daemon and nginx are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -693,6 +717,10 @@ def summarize(res, out):
                  f"{fmt(100 * b['slowdown_pairs_median'] if b['slowdown_pairs_median'] is not None else None, 2)}%; "
                  f"CPU of the poller's connection threads {fmt(b['poll_cpu_s_per_s'], 3)} s/s")
         L.append("")
+        L.append("")
+        L.append(f"Steady pairs only (the two quiet neighbours within 5% of each other, so the pair does not straddle "
+                 f"a change in the machine's speed): {[round(x, 4) for x in b['steady_pair_ratios']]}, median slowdown "
+                 f"{fmt(100 * b['slowdown_steady_pairs_median'] if b['slowdown_steady_pairs_median'] is not None else None, 2)}%")
         L.append(f"Uncontended pairs only (other processes used <= {res['args']['calm_others']:.2f} CPU s/s in the "
                  f"polling window and the quiet windows on both sides): {[round(x, 4) for x in b['calm_pair_ratios']]}, median slowdown "
                  f"{fmt(100 * b['slowdown_calm_pairs_median'] if b['slowdown_calm_pairs_median'] is not None else None, 2)}%")

@@ -35,10 +35,11 @@ if [ -n "$need" ]; then
 	[ "$(id -u)" -eq 0 ] || SUDO=sudo
 	echo "bench/api: installing$need" >&2
 	# nginx-light is the small flavour; on releases without it, nginx.
-	# shellcheck disable=SC2086
+	alt=$(echo "$need" | sed 's/nginx-light/nginx/')
+	# shellcheck disable=SC2086  # $need and $alt are lists of packages
 	$SUDO apt-get install -y $need >/dev/null 2>&1 ||
 		{ $SUDO apt-get update >/dev/null && $SUDO apt-get install -y $need >/dev/null 2>&1; } ||
-		{ $SUDO apt-get install -y $(echo "$need" | sed 's/nginx-light/nginx/') >/dev/null; }
+		$SUDO apt-get install -y $alt >/dev/null
 fi
 PATH=$PATH:/usr/sbin
 export PATH
@@ -52,8 +53,10 @@ RESULTS=$ROOT/bench/results
 RUN=$RESULTS/api-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN/raw"
 ln -sfn "$(basename "$RUN")" "$RESULTS/api-latest"
-echo "build $BUILD ($bt)" >"$RUN/build.txt"
-git -C "$ROOT" rev-parse HEAD >>"$RUN/build.txt" 2>/dev/null || true
+{
+	echo "build $BUILD ($bt), trainerd built $(date -r "$TRAINERD" '+%Y-%m-%d %H:%M:%S %Z')"
+	echo "tree now: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
+} >"$RUN/build.txt"
 
 cc -O2 -std=c11 -Wall -Wextra -o "$RUN/loadgen" "$ROOT/bench/api/loadgen.c"
 

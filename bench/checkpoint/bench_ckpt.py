@@ -390,9 +390,9 @@ def part_busy(args, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trainerd", required=True)
-    ap.add_argument("--ckpt-store", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--trainerd")
+    ap.add_argument("--ckpt-store")
+    ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", type=lambda s: s.split(","), default=["100MB", "1GB"])
     ap.add_argument("--steps", type=int, default=400, help="steps of each overhead job")
@@ -402,7 +402,15 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out")
     ap.add_argument("--only", choices=["throughput", "storage", "overhead", "busy"])
+    ap.add_argument("--resummarize", metavar="RESULTS_JSON", help="rewrite summary.md of a finished run, run nothing")
     args = ap.parse_args()
+    if args.resummarize:
+        with open(args.resummarize) as f:
+            res = json.load(f)
+        summarize(res, os.path.dirname(os.path.abspath(args.resummarize)))
+        return
+    if not (args.trainerd and args.ckpt_store and args.out):
+        ap.error("--trainerd, --ckpt-store and --out are required")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the daemon on the way out
 
     out = args.out
@@ -453,6 +461,7 @@ def summarize(res, out):
         L.append("")
         L.append("| model | params | checkpoint MB | checkpoint ms | checkpoint MB/s | dd MB/s | ratio (same-round median) | daemon peak RSS MB | others' CPU s/s | rounds |")
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        per_round = []
         for size in res["args"]["sizes"]:
             rs = [r for r in tp if r["size"] == size and r.get("ckpt")]
             if not rs:
@@ -463,11 +472,11 @@ def summarize(res, out):
                      f"{fmt(med([r['dd']['mb_per_s'] for r in rs]), 0)} | {fmt(med([r['ratio'] for r in rs]), 3)} | "
                      f"{fmt(med([r['daemon_peak_rss_mb'] for r in rs]), 0)} | "
                      f"{fmt(med([r.get('others_cpu_s_per_s') for r in rs]), 2)} | {len(rs)} |")
-            L.append("")
-            L.append(f"{size} per round: " + "; ".join(
+            per_round.append(f"{size} per round (checkpoint vs dd): " + "; ".join(
                 f"r{r['round']} {r['ckpt']['mb'] / r['ckpt']['ms'] * 1e3:.0f} vs {r['dd']['mb_per_s']:.0f} MB/s"
                 for r in rs))
-            L.append("")
+        L.append("")
+        L += per_round
     st = res.get("storage")
     if st:
         L.append("")

@@ -37,8 +37,10 @@ RESULTS=$ROOT/bench/results
 RUN=$RESULTS/checkpoint-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN/raw"
 ln -sfn "$(basename "$RUN")" "$RESULTS/checkpoint-latest"
-echo "build $BUILD ($bt)" >"$RUN/build.txt"
-git -C "$ROOT" rev-parse HEAD >>"$RUN/build.txt" 2>/dev/null || true
+{
+	echo "build $BUILD ($bt), trainerd built $(date -r "$TRAINERD" '+%Y-%m-%d %H:%M:%S %Z')"
+	echo "tree now: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
+} >"$RUN/build.txt"
 
 # -O2 like a release build of the library's callers; the library itself
 # comes from BUILD_DIR as built.

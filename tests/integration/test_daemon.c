@@ -261,6 +261,23 @@ Test(daemon, custom_monitor_points, .init = start1, .fini = stop1, .timeout = 60
 		usleep(50000);
 	}
 	cr_assert_eq(n, 2, "pushed points not readable within 3 s");
+
+	/* The same query again, answered from the cache, must still see a
+	 * point pushed after it was cached. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics", id);
+	http(&d, "POST", path, "{\"points\": [{\"name\": \"bleu\", \"step\": 3, \"value\": 0.75}]}", NULL, NULL,
+	     &r);
+	cr_assert_eq(r.status, 202, "%ld %s", r.status, r.body);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=bleu", id);
+	t0 = now_s();
+	while (n < 3 && now_s() - t0 < 3) {
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		n = json_array_size(json_object_get(json_object_get(json_object_get(r.json, "series"), "bleu"), "values"));
+		http_free(&r);
+		usleep(50000);
+	}
+	cr_assert_eq(n, 3, "a cached answer hid a newer point");
 }
 
 /* ---- bad requests --------------------------------------------------------- */
