@@ -191,6 +191,14 @@ int tr_checkpointer_submit(tr_checkpointer_t *cp, int64_t job_id, const tr_model
 	return rc;
 }
 
+bool tr_checkpointer_busy(tr_checkpointer_t *cp, int64_t job_id)
+{
+	pthread_mutex_lock(&cp->lock);
+	bool busy = job_busy(cp, job_id);
+	pthread_mutex_unlock(&cp->lock);
+	return busy;
+}
+
 void tr_checkpointer_wait_idle(tr_checkpointer_t *cp, int64_t job_id)
 {
 	pthread_mutex_lock(&cp->lock);

@@ -22,6 +22,8 @@ tr_checkpointer_t *tr_checkpointer_create(tr_store_t *store);
  * write's result. */
 int tr_checkpointer_submit(tr_checkpointer_t *cp, int64_t job_id, const tr_model_t *model, enum tr_optim_type opt,
 			   int keep, struct tr_snapshot *snap, bool wait);
+/* Whether job_id has a checkpoint queued or being written. */
+bool tr_checkpointer_busy(tr_checkpointer_t *cp, int64_t job_id);
 /* Returns once nothing of job_id is queued or being written: a job's state
  * may say "completed" only when its last checkpoint is durable. */
 void tr_checkpointer_wait_idle(tr_checkpointer_t *cp, int64_t job_id);

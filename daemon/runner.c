@@ -62,6 +62,12 @@ static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
 	return final ? 0 : rc;
 }
 
+static bool on_checkpoint_busy(void *ctx)
+{
+	struct running_job *j = ctx;
+	return tr_checkpointer_busy(j->sched->checkpointer, j->id);
+}
+
 /* Loads the newest checkpoint of `job_id` (step < 0) or the one at `step`
  * whose checksum verifies, skipping corrupt ones with a log line.  NULL
  * when there is none. */
@@ -246,6 +252,7 @@ static void *runner_main(void *arg)
 		.spec = &j->spec,
 		.backend = s->cfg.backend,
 		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
+			  .checkpoint_busy = on_checkpoint_busy,
 			  .ctx = j},
 	};
 	tr_trainer_t *t = NULL;

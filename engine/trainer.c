@@ -733,6 +733,11 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	/* A final checkpoint at a step that is already saved adds nothing. */
 	if (final && done == t->last_checkpoint_step && done > 0)
 		return;
+	if (!final && t->opt.hooks.checkpoint_busy && t->opt.hooks.checkpoint_busy(t->opt.hooks.ctx)) {
+		if (strcmp(reason, "request") == 0)
+			atomic_store(&t->checkpoint_requested, true); /* keep asking */
+		return;
+	}
 	struct tr_snapshot *snap = tr_trainer_snapshot(t, done, epoch, reason);
 	if (!snap) {
 		logf_(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for a checkpoint", (long long)done);

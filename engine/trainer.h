@@ -52,6 +52,10 @@ struct tr_trainer_hooks {
 	 * otherwise the trainer frees it (a busy writer may skip a periodic
 	 * checkpoint, never a final one: it should wait instead). */
 	int (*checkpoint)(void *ctx, struct tr_snapshot *snap, bool final);
+	/* Optional: true while a periodic checkpoint would be refused anyway
+	 * (the writer is still busy with the previous one), so the trainer
+	 * skips copying the model for nothing. */
+	bool (*checkpoint_busy)(void *ctx);
 	void *ctx;
 };
 

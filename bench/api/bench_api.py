@@ -7,6 +7,9 @@ GET /jobs/{id}/metrics?max_points=500 with wrk (closed loop, saturation)
 and with loadgen (open loop, fixed rate), against trainerd and against
 nginx serving the same response body from a file.
 
+Part A is repeated at the fixed rate, against trainerd and nginx, while
+part B's job trains (the daemon's metrics commits and the shared cores).
+
 Part B, training under dashboard polling: one running job, alternating
 windows without and with 200 requests/s of polling (GET /jobs/{id} and
 GET /jobs/{id}/metrics?names=loss&max_points=500&from_step=<last progress
@@ -341,7 +344,7 @@ def push_points(d, job, total, name="bench_loss"):
     return {"points": total, "push_s": pushed, "visible_s": time.time() - t0, "queue_full_retries": retries}
 
 
-def part_a(args, d, out):
+def part_a(args, d, out, keep_nginx):
     res = {}
     job = d.submit(HOLDER)
     d.wait_state(job, ("completed",), 60)
@@ -350,6 +353,7 @@ def part_a(args, d, out):
     res["push"]["points_per_s"] = args.points / res["push"]["visible_s"]
     log(f"part A: pushed in {res['push']['push_s']:.1f}s, all visible after {res['push']['visible_s']:.1f}s")
     path = f"/jobs/{job}/metrics?max_points=500"
+    res["path"] = path
     st, body = d.req("GET", path)
     assert st == 200, st
     body_file = os.path.join(out, "metrics_response.json")
@@ -365,79 +369,77 @@ def part_a(args, d, out):
     res["db_bytes"] = os.path.getsize(db) if os.path.exists(db) else None
 
     ngx = Nginx(os.path.join(out, "nginx"), body_file)
-    try:
-        targets = {
-            "trainerd": (d.hostport, path, lambda: proc_cpu_s(d.pid)),
-            "nginx": (ngx.hostport, "/metrics.json", ngx.cpu_s),
-        }
-        # Same body?
-        c = http.client.HTTPConnection("127.0.0.1", ngx.port, timeout=10)
-        c.request("GET", "/metrics.json")
-        nb = c.getresponse().read()
-        c.close()
-        res["nginx_body_identical"] = nb == body
+    keep_nginx.append(ngx)  # part B uses it again; main() stops it
+    targets = {
+        "trainerd": (d.hostport, path, lambda: proc_cpu_s(d.pid)),
+        "nginx": (ngx.hostport, "/metrics.json", ngx.cpu_s),
+    }
+    # Same body?
+    c = http.client.HTTPConnection("127.0.0.1", ngx.port, timeout=10)
+    c.request("GET", "/metrics.json")
+    nb = c.getresponse().read()
+    c.close()
+    res["nginx_body_identical"] = nb == body
 
-        # Saturation with wrk: alternate servers, several rounds.
-        wrk_runs = []
-        for rnd in range(args.rounds):
-            order = ["trainerd", "nginx"] if rnd % 2 == 0 else ["nginx", "trainerd"]
-            for conns in args.wrk_conns:
-                for name in order:
-                    hp, p, cpu = targets[name]
-                    raw = os.path.join(out, "raw", f"wrk_{name}_c{conns}_r{rnd + 1}.txt")
-                    r = run_wrk(hp, p, conns, args.wrk_secs, raw, cpu)
-                    r.update(server=name, conns=conns, round=rnd + 1, load=loadavg())
-                    wrk_runs.append(r)
-                    log(f"wrk {name} c{conns} r{rnd + 1}: {r['req_per_s']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} ms"
-                        f" cpu/req {r['server_cpu_ms_per_req'] and round(r['server_cpu_ms_per_req'], 3)} ms")
-        res["wrk"] = wrk_runs
-
-        # Fixed rate with loadgen.
-        fixed = []
-        for rnd in range(args.rounds):
-            order = ["trainerd", "nginx"] if rnd % 2 == 0 else ["nginx", "trainerd"]
+    # Saturation with wrk: alternate servers, several rounds.
+    wrk_runs = []
+    for rnd in range(args.rounds):
+        order = ["trainerd", "nginx"] if rnd % 2 == 0 else ["nginx", "trainerd"]
+        for conns in args.wrk_conns:
             for name in order:
                 hp, p, cpu = targets[name]
-                c0 = cpu()
-                r = run_loadgen(args.loadgen, hp, [p], args.rate, args.fixed_secs, args.fixed_conns,
-                                os.path.join(out, "raw", f"loadgen_{name}_{args.rate}rps_r{rnd + 1}.tsv"),
-                                f"{name}@{args.rate}")
-                r.update(server=name, round=rnd + 1, load=loadavg(),
-                         server_cpu_s_per_s=(cpu() - c0) / args.fixed_secs)
-                fixed.append(r)
-                log(f"loadgen {name} {args.rate}/s r{rnd + 1}: achieved {r['achieved_rate']}/s, p50"
-                    f" {r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} ms, unfinished {r['unfinished']}")
-        res["fixed"] = fixed
+                raw = os.path.join(out, "raw", f"wrk_{name}_c{conns}_r{rnd + 1}.txt")
+                r = run_wrk(hp, p, conns, args.wrk_secs, raw, cpu)
+                r.update(server=name, conns=conns, round=rnd + 1, load=loadavg())
+                wrk_runs.append(r)
+                log(f"wrk {name} c{conns} r{rnd + 1}: {r['req_per_s']} req/s p50 {r['p50_ms']} p99 {r['p99_ms']} ms"
+                    f" cpu/req {r['server_cpu_ms_per_req'] and round(r['server_cpu_ms_per_req'], 3)} ms")
+    res["wrk"] = wrk_runs
 
-        # trainerd at lower rates: where does p99 cross 10 ms?
-        sweep = []
-        for rate in args.sweep:
-            r = run_loadgen(args.loadgen, d.hostport, [path], rate, args.sweep_secs, args.fixed_conns,
-                            os.path.join(out, "raw", f"loadgen_trainerd_{rate}rps_sweep.tsv"), f"trainerd@{rate}")
-            r.update(server="trainerd", load=loadavg())
-            sweep.append(r)
-            log(f"sweep trainerd {rate}/s: achieved {r['achieved_rate']}/s p50 {r['latency_ms']['p50']}"
-                f" p99 {r['latency_ms']['p99']} ms")
-        res["sweep"] = sweep
+    # Fixed rate with loadgen.
+    fixed = []
+    for rnd in range(args.rounds):
+        order = ["trainerd", "nginx"] if rnd % 2 == 0 else ["nginx", "trainerd"]
+        for name in order:
+            hp, p, cpu = targets[name]
+            c0 = cpu()
+            r = run_loadgen(args.loadgen, hp, [p], args.rate, args.fixed_secs, args.fixed_conns,
+                            os.path.join(out, "raw", f"loadgen_{name}_{args.rate}rps_r{rnd + 1}.tsv"),
+                            f"{name}@{args.rate}")
+            r.update(server=name, round=rnd + 1, load=loadavg(),
+                     server_cpu_s_per_s=(cpu() - c0) / args.fixed_secs)
+            fixed.append(r)
+            log(f"loadgen {name} {args.rate}/s r{rnd + 1}: achieved {r['achieved_rate']}/s, p50"
+                f" {r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} ms, unfinished {r['unfinished']}")
+    res["fixed"] = fixed
 
-        if args.perf and shutil.which("perf"):
-            # A flat profile of trainerd at saturation (release builds have no
-            # frame pointers; see RESULTS.md for a DWARF call-graph run).
-            hp, p, _ = targets["trainerd"]
-            wrk = subprocess.Popen(["wrk", "-t1", "-c4", "-d8s", f"http://{hp}{p}"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-            time.sleep(1)
-            pdata = os.path.join(out, "raw", "perf_trainerd_metrics.data")
-            subprocess.run(["perf", "record", "-F", "999", "-p", str(d.pid), "-o", pdata, "--", "sleep", "5"],
-                           capture_output=True, timeout=60)
-            wrk.wait(timeout=30)
-            rep = subprocess.run(["perf", "report", "-i", pdata, "--no-children", "--sort", "dso,symbol",
-                                  "--percent-limit", "0.7", "--stdio"], capture_output=True, text=True, timeout=120)
-            with open(os.path.join(out, "raw", "perf_trainerd_metrics.txt"), "w") as f:
-                f.write(rep.stdout)
-            os.unlink(pdata)
-    finally:
-        ngx.stop()
+    # trainerd at lower rates: where does p99 cross 10 ms?
+    sweep = []
+    for rate in args.sweep:
+        r = run_loadgen(args.loadgen, d.hostport, [path], rate, args.sweep_secs, args.fixed_conns,
+                        os.path.join(out, "raw", f"loadgen_trainerd_{rate}rps_sweep.tsv"), f"trainerd@{rate}")
+        r.update(server="trainerd", load=loadavg())
+        sweep.append(r)
+        log(f"sweep trainerd {rate}/s: achieved {r['achieved_rate']}/s p50 {r['latency_ms']['p50']}"
+            f" p99 {r['latency_ms']['p99']} ms")
+    res["sweep"] = sweep
+
+    if args.perf and shutil.which("perf"):
+        # A flat profile of trainerd at saturation (release builds have no
+        # frame pointers; see RESULTS.md for a DWARF call-graph run).
+        hp, p, _ = targets["trainerd"]
+        wrk = subprocess.Popen(["wrk", "-t1", "-c4", "-d8s", f"http://{hp}{p}"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        time.sleep(1)
+        pdata = os.path.join(out, "raw", "perf_trainerd_metrics.data")
+        subprocess.run(["perf", "record", "-F", "999", "-p", str(d.pid), "-o", pdata, "--", "sleep", "5"],
+                       capture_output=True, timeout=60)
+        wrk.wait(timeout=30)
+        rep = subprocess.run(["perf", "report", "-i", pdata, "--no-children", "--sort", "dso,symbol",
+                              "--percent-limit", "0.7", "--stdio"], capture_output=True, text=True, timeout=120)
+        with open(os.path.join(out, "raw", "perf_trainerd_metrics.txt"), "w") as f:
+            f.write(rep.stdout)
+        os.unlink(pdata)
     return res
 
 
@@ -461,11 +463,29 @@ TRAIN = {
 }
 
 
-def part_b(args, d, out):
+def part_b(args, d, out, holder_path=None, ngx=None):
     job = d.submit(TRAIN)
     d.wait_state(job, ("running",), 60)
     log(f"part B: training job {job} running; warm-up {args.warmup_s}s")
     time.sleep(args.warmup_s)
+    # Part A's query again, at the fixed rate, while this job trains: its
+    # metrics land every 200 ms, so whatever the daemon caches is
+    # invalidated that often, and the server shares the cores with training.
+    # nginx under the same conditions separates the cost of sharing the
+    # cores with training from the daemon's own.
+    busy_fixed = []
+    targets = [("trainerd", d.hostport, holder_path)] + ([("nginx", ngx.hostport, "/metrics.json")] if ngx else [])
+    for rnd in range(args.rounds if holder_path else 0):
+        for name, hp, p in (targets if rnd % 2 == 0 else targets[::-1]):
+            r = run_loadgen(args.loadgen, hp, [p], args.rate, args.fixed_secs, args.fixed_conns,
+                            os.path.join(out, "raw", f"loadgen_{name}_{args.rate}rps_training_r{rnd + 1}.tsv"),
+                            f"{name}@{args.rate}+training")
+            r.update(server=name, round=rnd + 1, load=loadavg())
+            busy_fixed.append(r)
+            log(f"loadgen {name} {args.rate}/s while training r{rnd + 1}: achieved {r['achieved_rate']}/s, p50"
+                f" {r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} ms, unfinished {r['unfinished']}")
+    if busy_fixed:
+        time.sleep(2)
     urls = [f"/jobs/{job}", f"/jobs/{job}/metrics?names=loss&max_points=500&from_step={{step}}"]
     windows = []
     for i in range(2 * args.windows):
@@ -518,7 +538,8 @@ def part_b(args, d, out):
         w["median_samples_per_sec"] = statistics.median(vals) if vals else None
         w["mean_samples_per_sec"] = statistics.fmean(vals) if vals else None
         w["wall_samples_per_sec"] = (len(steps) * TRAIN["batch_size"] / (w["end"] - w["start"])) if steps else None
-    return dict({"job": job, "windows": windows}, **pair_stats(windows, args.calm_others))
+    return dict({"job": job, "windows": windows, "fixed_while_training": busy_fixed},
+                **pair_stats(windows, args.calm_others))
 
 
 def pair_stats(windows, calm_others, stable=0.05):
@@ -609,12 +630,15 @@ def main():
     res["nginx_version"] = (p.stderr or p.stdout).strip()
     t_start = time.time()
     d = Daemon(args.trainerd, os.path.join(out, "state"), os.path.join(out, "daemon.log"))
+    ngx = []
     try:
         if args.only in (None, "a"):
-            res["a"] = part_a(args, d, out)
+            res["a"] = part_a(args, d, out, ngx)
         if args.only in (None, "b"):
-            res["b"] = part_b(args, d, out)
+            res["b"] = part_b(args, d, out, res["a"]["path"] if "a" in res else None, ngx[0] if ngx else None)
     finally:
+        for n in ngx:
+            n.stop()
         d.stop()
         if not args.keep_state:
             shutil.rmtree(os.path.join(out, "state"), ignore_errors=True)
@@ -692,6 +716,18 @@ def summarize(res, out):
                      f"{fmt_lat(med_lat([r['latency_ms']['max'] for r in rs]), 1)} | "
                      f"{med([r['unfinished'] for r in rs])} | {fmt(med([r['service_ms']['p99'] for r in rs]), 2)} | "
                      f"{len(rs)} |")
+        bfa = (res.get("b") or {}).get("fixed_while_training") or []
+        for srv in ("trainerd", "nginx"):
+            bf = [r for r in bfa if r["server"] == srv or (srv == "trainerd" and r["server"].startswith("trainerd,"))]
+            if not bf:
+                continue
+            L.append(f"| {srv}, a job training meanwhile | {bf[0]['target_rate']:.0f} | "
+                     f"{fmt(med([r['achieved_rate'] for r in bf]), 0)} | "
+                     f"{fmt_lat(med_lat([r['latency_ms']['p50'] for r in bf]))} | "
+                     f"{fmt_lat(med_lat([r['latency_ms']['p99'] for r in bf]))} | "
+                     f"{fmt_lat(med_lat([r['latency_ms']['max'] for r in bf]), 1)} | "
+                     f"{med([r['unfinished'] for r in bf])} | {fmt(med([r['service_ms']['p99'] for r in bf]), 2)} | "
+                     f"{len(bf)} |")
         for r in a["sweep"]:
             L.append(f"| trainerd (sweep) | {r['target_rate']:.0f} | {fmt(r['achieved_rate'], 0)} | "
                      f"{fmt_lat(r['latency_ms']['p50'])} | {fmt_lat(r['latency_ms']['p99'])} | "
