@@ -629,11 +629,49 @@ static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
 static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", NULL};
 
+/* How a list of distinct integers names its items in error messages. */
+struct int_list_words {
+	const char *plural;  /* "must have at most %d <plural>" */
+	const char *item;    /* "duplicate <item> %d" */
+	bool show_range;     /* out of range: "must be in [lo, hi]" rather than "is out of range" */
+};
+
+/* A non-empty array of at most `max` distinct integers in [lo, hi] into
+ * `out`; returns the count or -EINVAL with the offending element's pointer. */
+static int parse_distinct_ints(struct ctx *c, const json_t *v, int *out, size_t max, json_int_t lo, json_int_t hi,
+			       const struct int_list_words *w)
+{
+	size_t n = json_array_size(v);
+
+	if (n == 0)
+		return fail(c, NULL, "must not be empty");
+	if (n > max)
+		return fail(c, NULL, "must have at most %zu %s", max, w->plural);
+	for (size_t i = 0; i < n; i++) {
+		const json_t *e = json_array_get(v, i);
+		char idx[24];
+		json_int_t x;
+
+		snprintf(idx, sizeof(idx), "%zu", i);
+		if (!json_is_integer(e))
+			return fail(c, idx, "must be an integer");
+		x = json_integer_value(e);
+		if (x < lo || x > hi)
+			return w->show_range ? fail(c, idx, "must be in [%lld, %lld]", (long long)lo, (long long)hi)
+					     : fail(c, idx, "is out of range");
+		for (size_t j = 0; j < i; j++)
+			if (out[j] == (int)x)
+				return fail(c, idx, "duplicate %s %d", w->item, (int)x);
+		out[i] = (int)x;
+	}
+	return (int)n;
+}
+
 /* csv "label": one column or a list of columns, negative from the end. */
 static int parse_label(struct ctx *c, const json_t *v, void *base)
 {
 	struct tr_source_spec *src = base;
-	size_t n;
+	int rc;
 
 	if (!v) {
 		src->label_cols[0] = -1;
@@ -651,28 +689,11 @@ static int parse_label(struct ctx *c, const json_t *v, void *base)
 	}
 	if (!json_is_array(v))
 		return fail(c, NULL, "must be a column index or an array of column indices");
-	n = json_array_size(v);
-	if (n == 0)
-		return fail(c, NULL, "must not be empty");
-	if (n > TR_SPEC_MAX_LABEL_COLS)
-		return fail(c, NULL, "must have at most %d columns", TR_SPEC_MAX_LABEL_COLS);
-	for (size_t i = 0; i < n; i++) {
-		const json_t *e = json_array_get(v, i);
-		char idx[24];
-		json_int_t x;
-
-		snprintf(idx, sizeof(idx), "%zu", i);
-		if (!json_is_integer(e))
-			return fail(c, idx, "must be an integer");
-		x = json_integer_value(e);
-		if (x < INT_MIN || x > INT_MAX)
-			return fail(c, idx, "is out of range");
-		for (size_t j = 0; j < i; j++)
-			if (src->label_cols[j] == (int)x)
-				return fail(c, idx, "duplicate label column %d", (int)x);
-		src->label_cols[i] = (int)x;
-	}
-	src->n_label_cols = (int)n;
+	rc = parse_distinct_ints(c, v, src->label_cols, TR_SPEC_MAX_LABEL_COLS, INT_MIN, INT_MAX,
+				 &(struct int_list_words){"columns", "label column", false});
+	if (rc < 0)
+		return rc;
+	src->n_label_cols = rc;
 	return 0;
 }
 
@@ -788,7 +809,7 @@ static int emit_validation(const void *base, json_t *obj, const char *key)
 static int parse_devices(struct ctx *c, const json_t *v, void *base)
 {
 	struct tr_spec *spec = base;
-	size_t n;
+	int rc;
 
 	spec->n_device_ids = 0;
 	if (!v) {
@@ -810,29 +831,12 @@ static int parse_devices(struct ctx *c, const json_t *v, void *base)
 	}
 	if (!json_is_array(v))
 		return fail(c, NULL, "must be a device count, an array of device ids or \"all\"");
-	n = json_array_size(v);
-	if (n == 0)
-		return fail(c, NULL, "must not be empty");
-	if (n > TR_SPEC_MAX_DEVICES)
-		return fail(c, NULL, "must have at most %d device ids", TR_SPEC_MAX_DEVICES);
-	for (size_t i = 0; i < n; i++) {
-		const json_t *e = json_array_get(v, i);
-		char idx[24];
-		json_int_t x;
-
-		snprintf(idx, sizeof(idx), "%zu", i);
-		if (!json_is_integer(e))
-			return fail(c, idx, "must be an integer");
-		x = json_integer_value(e);
-		if (x < 0 || x >= TR_SPEC_MAX_DEVICES)
-			return fail(c, idx, "must be in [0, %d]", TR_SPEC_MAX_DEVICES - 1);
-		for (size_t j = 0; j < i; j++)
-			if (spec->device_ids[j] == (int)x)
-				return fail(c, idx, "duplicate device id %d", (int)x);
-		spec->device_ids[i] = (int)x;
-	}
-	spec->n_device_ids = (int)n;
-	spec->device_count = (int)n;
+	rc = parse_distinct_ints(c, v, spec->device_ids, TR_SPEC_MAX_DEVICES, 0, TR_SPEC_MAX_DEVICES - 1,
+				 &(struct int_list_words){"device ids", "device id", true});
+	if (rc < 0)
+		return rc;
+	spec->n_device_ids = rc;
+	spec->device_count = rc;
 	return 0;
 }
 
