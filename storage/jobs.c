@@ -136,6 +136,15 @@ static int check_json(const char *text, json_type type, const char *what)
 	return 0;
 }
 
+static char *state_event_data(const char *state, const char *error_json)
+{
+	json_t *err = error_json ? json_loads(error_json, 0, NULL) : json_null();
+	json_t *o = json_pack("{s:s, s:o}", "state", state, "error", err ? err : json_null());
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return text;
+}
+
 int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id)
 {
 	if (!row || !row->spec)
@@ -151,6 +160,7 @@ int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing
 
 	struct conn *c = tr_store_conn_get(s);
 	sqlite3_stmt *st;
+	int64_t event_id = 0;
 	/* The key lookup and the insert share one write transaction, so two
 	 * concurrent submissions with one key cannot both insert. */
 	err = tr_store_begin(c, true);
@@ -201,6 +211,18 @@ int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing
 		goto cleanup;
 	}
 	int64_t id = sqlite3_last_insert_rowid(c->db);
+	/* A job's event stream starts with its "queued" state, in the insert's
+	 * transaction: an SSE client always sees the state first, whatever the
+	 * batched log writer (which carries "submitted") does meanwhile. */
+	char *data = state_event_data("queued", NULL);
+	if (!data) {
+		err = tr_store_fail(-ENOMEM, "out of memory");
+		goto cleanup;
+	}
+	err = tr_store_event_insert(c, id, "state", data, submitted, &event_id);
+	free(data);
+	if (err < 0)
+		goto cleanup;
 	err = tr_store_commit(c);
 	if (err < 0)
 		goto cleanup;
@@ -208,6 +230,8 @@ int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing
 	row->submitted_at = submitted;
 cleanup:
 	tr_store_conn_put(s, c); /* rolls back an unfinished transaction */
+	if (err == 0)
+		tr_store_events_committed(s, event_id, &row->id, 1);
 	return err;
 }
 
@@ -292,15 +316,6 @@ cleanup:
 }
 
 /* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
-static char *state_event_data(const char *state, const char *error_json)
-{
-	json_t *err = error_json ? json_loads(error_json, 0, NULL) : json_null();
-	json_t *o = json_pack("{s:s, s:o}", "state", state, "error", err ? err : json_null());
-	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
-	return text;
-}
-
 int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
 			   const char *devices_json)
 {
@@ -373,7 +388,7 @@ cleanup:
 	tr_store_conn_put(s, c);
 	free(data);
 	if (err == 0)
-		tr_store_events_committed(s, event_id);
+		tr_store_events_committed(s, event_id, &id, 1);
 	return err;
 }
 

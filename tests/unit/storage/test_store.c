@@ -293,8 +293,8 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	struct tr_event *ev;
 	int n;
 	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n), 0);
-	cr_assert_eq(n, 4);
-	const char *want[] = {"running", "paused", "running", "failed"};
+	cr_assert_eq(n, 5);
+	const char *want[] = {"queued", "running", "paused", "running", "failed"};
 	for (int i = 0; i < n; i++) {
 		cr_assert_str_eq(ev[i].type, "state");
 		cr_assert_eq(ev[i].job_id, id);
@@ -304,7 +304,7 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 		cr_assert_not_null(d);
 		cr_assert_str_eq(json_string_value(json_object_get(d, "state")), want[i]);
 		json_t *e = json_object_get(d, "error");
-		if (i < 3)
+		if (i < 4)
 			cr_assert(json_is_null(e));
 		else
 			cr_assert_eq(json_integer_value(json_object_get(e, "step")), 7);
@@ -828,6 +828,21 @@ Test(metrics, truncate_replaces_replayed_steps)
 
 /* ---- events -------------------------------------------------------------------- */
 
+/* Every job's event stream opens with its "queued" state, written with the
+ * job: checks that and returns its id, to read what follows. */
+static int64_t queued_event_id(tr_store_t *s, int64_t job)
+{
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, job, 0, 1, &ev, &n), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_str_eq(ev[0].type, "state");
+	cr_assert_str_eq(ev[0].data, "{\"state\":\"queued\",\"error\":null}");
+	int64_t id = ev[0].id;
+	tr_events_free(ev, n);
+	return id;
+}
+
 Test(events, paging_and_metrics_exactly_once)
 {
 	/* Only forced flushes, so that each one makes exactly one event. */
@@ -889,7 +904,7 @@ Test(events, paging_and_metrics_exactly_once)
 			break;
 	}
 	cr_assert_eq(metrics_events, flushes, "one metrics event per flush per job");
-	cr_assert_eq(state_events, flushes);
+	cr_assert_eq(state_events, flushes + 1, "one per state change, and \"queued\" first");
 	cr_assert_eq(loss_points, flushes * per_flush);
 	cr_assert_eq(acc_points, flushes * per_flush);
 	cr_assert_eq(count_events(s, b, "metrics"), (size_t)flushes);
@@ -898,7 +913,7 @@ Test(events, paging_and_metrics_exactly_once)
 	struct tr_event *ev;
 	int n;
 	cr_assert_eq(tr_store_events_after(s, 0, 0, 0, &ev, &n), 0);
-	cr_assert_eq(n, 3 * flushes);
+	cr_assert_eq(n, 3 * flushes + 2);
 	cr_assert_eq(ev[n - 1].id, tr_store_last_event_id(s));
 	tr_events_free(ev, n);
 	tr_store_close(s);
@@ -915,7 +930,7 @@ Test(events, large_flush_is_split_but_complete)
 	cr_assert_eq(tr_store_flush(s), 0);
 	struct tr_event *ev;
 	int ne;
-	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &ne), 0);
 	cr_assert_eq(ne, 6);
 	bool *seen = calloc((size_t)n, 1);
 	int total = 0;
@@ -1040,7 +1055,7 @@ Test(logs, query_and_events)
 	/* One "log" event per line, with the same object as the query. */
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &n), 0);
 	cr_assert_eq(n, 11);
 	for (int i = 0; i < n; i++) {
 		cr_assert_str_eq(ev[i].type, "log");
@@ -1234,4 +1249,82 @@ Test(store, close_flushes_the_queue)
 		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
 	tr_store_close(s);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 500);
+}
+
+/* ---- data generations ------------------------------------------------------------ */
+
+/* Response caches keep an answer while its job's generation holds: it must
+ * change after each of that job's commits and stay put for other jobs'. */
+Test(events, job_data_generation_is_per_job)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
+	uint64_t ga = tr_store_job_data_generation(s, a), gb = tr_store_job_data_generation(s, b);
+	uint64_t all = tr_store_data_generation(s);
+
+	/* b trains: its points, logs and state move b and the store, not a. */
+	for (int step = 0; step < 5; step++) {
+		cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 0, 1.0), 0);
+		cr_assert_eq(tr_store_flush(s), 0);
+		uint64_t g = tr_store_job_data_generation(s, b);
+		cr_assert_gt(g, gb, "b's flush %d left b's generation", step);
+		gb = g;
+	}
+	cr_assert_eq(tr_store_log_append(s, b, 6, "hello"), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
+	gb = tr_store_job_data_generation(s, b);
+	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL), 0);
+	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
+	cr_assert_gt(tr_store_data_generation(s), all);
+	cr_assert_eq(tr_store_job_data_generation(s, a), ga, "b's commits changed a's generation");
+
+	/* a's own changes, truncation included. */
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 1, 0, 0, 1.0), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
+	ga = tr_store_job_data_generation(s, a);
+	gb = tr_store_job_data_generation(s, b);
+	cr_assert_eq(tr_store_metrics_truncate(s, a, 0), 0);
+	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
+	cr_assert_eq(tr_store_job_data_generation(s, b), gb);
+
+	/* Nothing committed, nothing changes: flushing an empty queue. */
+	ga = tr_store_job_data_generation(s, a);
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_job_data_generation(s, a), ga);
+
+	/* A deletion moves every job (it is not tied to one answer). */
+	cr_assert_eq(tr_store_job_delete(s, b), 0);
+	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
+	tr_store_close(s);
+}
+
+/* Jobs whose ids share a slot of the generation table push each other out
+ * of it: an evicted job's generation must still change with its commits
+ * and never go back. */
+Test(events, job_data_generation_survives_eviction, .timeout = 120)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t first = add_job(s, "first", 0), other = 0;
+	for (int i = 0; i < 1024; i++)
+		other = add_job(s, "filler", 0);
+	cr_assert_eq(other - first, 1024, "ids are not consecutive");
+
+	uint64_t gf = tr_store_job_data_generation(s, first), go = tr_store_job_data_generation(s, other);
+	for (int round = 0; round < 4; round++) {
+		int64_t j = round % 2 ? other : first;
+		cr_assert_eq(tr_store_metric_append(s, j, "loss", round, 0, 0, 1.0), 0);
+		cr_assert_eq(tr_store_flush(s), 0);
+		uint64_t nf = tr_store_job_data_generation(s, first), no = tr_store_job_data_generation(s, other);
+		cr_assert_geq(nf, gf, "first went back in round %d", round);
+		cr_assert_geq(no, go, "other went back in round %d", round);
+		if (j == first)
+			cr_assert_gt(nf, gf, "first's commit left its generation in round %d", round);
+		else
+			cr_assert_gt(no, go, "other's commit left its generation in round %d", round);
+		gf = nf;
+		go = no;
+	}
+	tr_store_close(s);
 }
