@@ -6,9 +6,10 @@
  * point 9000 does not leave 8999 points behind.
  */
 #include "api/api_internal.h"
+#include "api/rcache.h"
 
+#include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,79 +53,67 @@ static bool engine_name(const char *s)
 	return digits > 0 && strcmp(s + 6 + digits, "_step_ms") == 0;
 }
 
-/* Splits "a,b" into a NULL-terminated array pointing into *copy. */
 /* ---- response cache ------------------------------------------------------
  *
  * Dashboards poll the same downsampled series again and again, and a
- * series only changes when the store commits (at most every 200 ms while
- * a job runs, never once it ended), while each answer costs milliseconds
- * of SQLite reads.  A few rendered answers are kept with the store's data
- * generation; an entry is served only while that generation is unchanged.
- * Entries are deep-copied out under the lock, so no json_t is shared
- * between request threads. */
+ * series only changes when the store commits that job's data (at most
+ * every 200 ms while it runs, never once it ended), while each answer
+ * costs milliseconds of SQLite reads.  Rendered answers are kept with the
+ * job's data generation (api/rcache.h): another job's commits leave them
+ * valid, concurrent misses of one answer compute it once, and a hit is a
+ * copy of the bytes rather than another rendering of the JSON. */
 
-#define CACHE_SLOTS 16
-
-struct cache_entry {
-	const tr_store_t *store;
-	int64_t job;
-	char *key;
-	uint64_t gen;
-	json_t *body;
-};
-
-static struct cache_entry cache[CACHE_SLOTS];
-static unsigned cache_next;
-static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static json_t *cache_get(const tr_store_t *store, int64_t job, const char *key, uint64_t gen)
-{
-	json_t *out = NULL;
-	pthread_mutex_lock(&cache_lock);
-	for (int i = 0; i < CACHE_SLOTS && !out; i++) {
-		struct cache_entry *e = &cache[i];
-		if (e->body && e->store == store && e->job == job && e->gen == gen && strcmp(e->key, key) == 0)
-			out = json_deep_copy(e->body);
-	}
-	pthread_mutex_unlock(&cache_lock);
-	return out;
-}
-
-static void cache_put(const tr_store_t *store, int64_t job, const char *key, uint64_t gen, const json_t *body)
-{
-	json_t *copy = json_deep_copy(body);
-	char *k = strdup(key);
-	if (!copy || !k) {
-		json_decref(copy);
-		free(k);
-		return;
-	}
-	pthread_mutex_lock(&cache_lock);
-	struct cache_entry *e = NULL;
-	for (int i = 0; i < CACHE_SLOTS && !e; i++)
-		if (cache[i].body && cache[i].store == store && cache[i].job == job && strcmp(cache[i].key, key) == 0)
-			e = &cache[i];
-	if (!e)
-		e = &cache[cache_next++ % CACHE_SLOTS];
-	json_decref(e->body);
-	free(e->key);
-	*e = (struct cache_entry){.store = store, .job = job, .key = k, .gen = gen, .body = copy};
-	pthread_mutex_unlock(&cache_lock);
-}
+/* Far above a query's usual milliseconds: only a stuck computation makes
+ * its waiters compute on their own. */
+#define CACHE_WAIT_MS 2000
 
 void tr_api_metrics_cache_forget(const tr_store_t *store)
 {
-	pthread_mutex_lock(&cache_lock);
-	for (int i = 0; i < CACHE_SLOTS; i++) {
-		if (cache[i].store != store)
-			continue;
-		json_decref(cache[i].body);
-		free(cache[i].key);
-		cache[i] = (struct cache_entry){0};
-	}
-	pthread_mutex_unlock(&cache_lock);
+	tr_rcache_forget(store);
 }
 
+struct metrics_compute {
+	tr_store_t *store;
+	int64_t job;
+	const struct tr_metrics_query *q;
+	struct tr_api_reply *rp; /* receives the error of a failed query */
+};
+
+/* The same bytes as a JSON reply rendered by server.c: compact, "\n". */
+static int render(const json_t *body, char **out, size_t *len)
+{
+	size_t n = json_dumpb(body, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(15));
+	char *buf = n ? malloc(n + 1) : NULL;
+	if (!buf || json_dumpb(body, buf, n, JSON_COMPACT | JSON_REAL_PRECISION(15)) != n) {
+		free(buf);
+		return -1;
+	}
+	buf[n] = '\n';
+	*out = buf;
+	*len = n + 1;
+	return 0;
+}
+
+static int compute_answer(void *ctx, char **out, size_t *len)
+{
+	struct metrics_compute *mc = ctx;
+	json_t *result = tr_store_metrics_query(mc->store, mc->job, mc->q);
+	if (!result) {
+		tr_api_fail_store(mc->rp, mc->store, "reading metrics");
+		return -1;
+	}
+	json_t *series = json_object_get(result, "series");
+	json_t *body = json_pack("{s:I, s:o}", "job", (json_int_t)mc->job, "series",
+				 series ? json_incref(series) : json_object());
+	int rc = body ? render(body, out, len) : -1;
+	if (rc < 0)
+		tr_api_fail(mc->rp, 500, "internal", NULL, "out of memory");
+	json_decref(body);
+	json_decref(result);
+	return rc;
+}
+
+/* Splits "a,b" into a NULL-terminated array pointing into *copy. */
 static int split_names(const char *text, char **copy, const char ***names, struct tr_api_reply *rp)
 {
 	size_t n = 1, i = 0;
@@ -171,7 +160,7 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	const char **names = NULL;
 	char *copy = NULL;
 	int64_t id, from, to, max_points;
-	json_t *result = NULL, *series;
+	char *key = NULL;
 
 	if (tr_api_path_id(rq, rp, &id) < 0)
 		return;
@@ -195,26 +184,36 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	q.from_step = from;
 	q.to_step = to;
 	q.max_points = (int)max_points;
-	char key[1200];
-	snprintf(key, sizeof key, "%s|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%d", names_text ? names_text : "*", from, to,
-		 max_points, (int)q.with_epochs, (int)q.with_times);
-	uint64_t gen = tr_store_data_generation(api->cfg.store);
-	json_t *cached = cache_get(api->cfg.store, id, key, gen);
-	if (cached) {
-		tr_api_reply_json(rp, 200, cached);
+	/* Sized to fit: a cut key would give two queries one answer. */
+#define KEY_FMT "%s|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%d"
+#define KEY_ARGS names_text ? names_text : "*", from, to, max_points, (int)q.with_epochs, (int)q.with_times
+	size_t key_len = (size_t)snprintf(NULL, 0, KEY_FMT, KEY_ARGS) + 1;
+	key = malloc(key_len);
+	if (!key) {
+		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
 		goto cleanup;
 	}
-	result = tr_store_metrics_query(api->cfg.store, id, &q);
-	if (!result) {
-		tr_api_fail_store(rp, api->cfg.store, "reading metrics");
+	snprintf(key, key_len, KEY_FMT, KEY_ARGS);
+#undef KEY_FMT
+#undef KEY_ARGS
+	/* Read before the query, so a commit racing the query changes it and
+	 * the answer is not kept as current past that commit. */
+	struct tr_rcache_key ck = {api->cfg.store, id, key, tr_store_job_data_generation(api->cfg.store, id)};
+	struct metrics_compute mc = {api->cfg.store, id, &q, rp};
+	char *text;
+	size_t len;
+	int rc = tr_rcache_get(&ck, CACHE_WAIT_MS, compute_answer, &mc, &text, &len);
+	if (rc == -ENOMEM)
+		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
+	if (rc < 0)
 		goto cleanup;
-	}
-	series = json_object_get(result, "series");
-	json_t *body = json_pack("{s:I, s:O}", "job", (json_int_t)id, "series", series ? series : json_object());
-	cache_put(api->cfg.store, id, key, gen, body);
-	tr_api_reply_json(rp, 200, body);
+	tr_api_reply_finish(rp);
+	rp->status = 200;
+	rp->text = text;
+	rp->text_len = len;
+	rp->content_type = "application/json";
 cleanup:
-	json_decref(result);
+	free(key);
 	free(names);
 	free(copy);
 }

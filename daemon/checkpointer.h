@@ -3,7 +3,10 @@
  * size is written.  A periodic checkpoint that finds the job's previous
  * one still being written is skipped (the next one comes soon); a final
  * checkpoint (completion, stop, pause, shutdown) waits for its turn and
- * for its own write. */
+ * for its own write.  After each commit the thread copies the store's
+ * write-ahead log into the database file (tr_store_ckpt_settle), still
+ * counted as busy, so a checkpoint's time to durability excludes that
+ * copy but the next checkpoint does not start during it. */
 #ifndef TR_DAEMON_CHECKPOINTER_H
 #define TR_DAEMON_CHECKPOINTER_H
 
@@ -25,7 +28,9 @@ int tr_checkpointer_submit(tr_checkpointer_t *cp, int64_t job_id, const tr_model
 /* Whether job_id has a checkpoint queued or being written. */
 bool tr_checkpointer_busy(tr_checkpointer_t *cp, int64_t job_id);
 /* Returns once nothing of job_id is queued or being written: a job's state
- * may say "completed" only when its last checkpoint is durable. */
+ * may say "completed" only when its last checkpoint is durable.  When no
+ * job has anything left to write, frees the spare snapshot buffers
+ * (tr_snapshot_trim). */
 void tr_checkpointer_wait_idle(tr_checkpointer_t *cp, int64_t job_id);
 /* Writes what is queued, then stops the thread.  Accepts NULL. */
 void tr_checkpointer_destroy(tr_checkpointer_t *cp);

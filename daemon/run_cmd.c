@@ -204,7 +204,7 @@ int tr_cmd_run(int argc, char **argv)
 			return 2;
 		}
 		if (!be && !quiet)
-			fprintf(stderr, "trainerd: no usable GPU (%s); using CPU devices\n", errbuf);
+			fprintf(stderr, "trainerd: no usable GPU: %s; using CPU devices\n", errbuf);
 	}
 	if (!be) {
 		int n = devices;
@@ -225,6 +225,11 @@ int tr_cmd_run(int argc, char **argv)
 			return 1;
 		}
 	}
+
+	/* As in the daemon: where gemm is FP32 only, tf32 has no effect. */
+	if (spec.tf32 && !quiet && (!be->i->set_tf32 || be->i->set_tf32(be, 0, true) == -ENOTSUP))
+		fprintf(stderr, "trainerd: precision tf32 has no effect on %s devices: matrix products run in FP32\n",
+			be->i->name);
 
 	char out_buf[PATH_MAX];
 	if (!out_dir) {

@@ -228,13 +228,50 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* The spec's "precision", on the job's devices: they are the job's alone
+ * until it ends.  fp32 is set too, so that a TF32 job leaves nothing
+ * behind for the next job on the same devices.  Where gemm is FP32 only
+ * (CPU devices) tf32 has no effect: the job runs in FP32 and says so in
+ * its log.  Returns the precision in effect, or NULL with err filled. */
+static const char *apply_precision(struct running_job *j, char *err, size_t errlen)
+{
+	tr_backend_t *be = j->sched->cfg.backend;
+	bool tf32 = j->spec.tf32 && be->i->set_tf32;
+
+	for (int i = 0; be->i->set_tf32 && i < j->ndev; i++) {
+		int rc = be->i->set_tf32(be, j->devices[i], tf32);
+		if (rc == -ENOTSUP && tf32) {
+			tf32 = false; /* FP32 on every device, from the first */
+			i = -1;
+			continue;
+		}
+		if (rc < 0) {
+			snprintf(err, errlen, "/precision: device %d: %s", j->devices[i], be->i->last_error(be));
+			return NULL;
+		}
+	}
+	if (j->spec.tf32 && !tf32) {
+		char line[160];
+		snprintf(line, sizeof line, "precision tf32 has no effect on %s devices: matrix products run in FP32",
+			 be->i->name);
+		tr_store_log_append(j->sched->cfg.store, j->id, TR_LOG_NOTICE, line);
+	}
+	return tf32 ? "tf32" : "fp32";
+}
+
 static void *runner_main(void *arg)
 {
 	struct running_job *j = arg;
 	struct tr_scheduler *s = j->sched;
 	char err[1024] = "";
 	char line[256];
-	snprintf(line, sizeof line, "started on %d %s device(s)", j->ndev, s->cfg.backend->i->name);
+	const char *precision = apply_precision(j, err, sizeof err);
+	if (!precision) {
+		finish(j, "failed", "start_failed", err, 0);
+		return NULL;
+	}
+	snprintf(line, sizeof line, "started on %d %s device(s), %s matrix products", j->ndev, s->cfg.backend->i->name,
+		 precision);
 	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line);
 
 	/* Paths were checked at submit; files may have moved since. */

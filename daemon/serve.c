@@ -37,18 +37,21 @@ static void notify(const char *state)
 #endif
 }
 
+/* One backend for every job: CUDA over all visible GPUs, else CPU
+ * devices.  Falling back is worth one notice-level line with the reason
+ * (no driver, no device, a build without CUDA): it is the difference
+ * between a GPU machine and a slow one.  Per-job settings such as the
+ * gemm precision are applied by each job's runner on its own devices. */
 static tr_backend_t *pick_backend(const struct tr_config *c, char *err, size_t errlen)
 {
 	tr_backend_t *be = NULL;
+	char why[512] = "";
 	if (strcmp(c->backend, "cpu") != 0) {
-		char why[512] = "";
 		be = tr_cuda_backend_create(why, sizeof why);
 		if (!be && strcmp(c->backend, "cuda") == 0) {
 			snprintf(err, errlen, "--backend cuda: %s", why);
 			return NULL;
 		}
-		if (!be)
-			tr_log(TR_LOG_INF, "no usable GPU (%s); using CPU devices", why);
 	}
 	if (!be) {
 		int n = c->cpu_devices;
@@ -59,6 +62,8 @@ static tr_backend_t *pick_backend(const struct tr_config *c, char *err, size_t e
 		be = tr_cpu_backend_create(n, 0);
 		if (!be)
 			snprintf(err, errlen, "cannot create %d CPU devices", n);
+		else if (why[0])
+			tr_log(TR_LOG_NOTICE, "no usable GPU: %s; using %d CPU devices", why, n);
 	}
 	return be;
 }

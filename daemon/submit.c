@@ -64,9 +64,13 @@ static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, str
 			      "/devices: %d devices requested, this daemon has %d", spec->device_count, s->ndev);
 	}
 	const char *have = s->cfg.backend->i->name;
+	/* Only on refusal: asking the driver costs a few milliseconds. */
 	if (spec->backend == TR_BACKEND_CUDA && strcmp(have, "cuda") != 0)
 		return refuse(err, 422, "backend_unavailable", "/backend",
-			      "/backend: cuda requested, but this daemon runs on %s devices (no usable GPU)", have);
+			      "/backend: cuda requested, but this daemon runs on %s devices (%s)", have,
+			      tr_cuda_available() ? "a GPU is visible, but the daemon was started with --backend cpu or "
+						    "could not use it: see its log"
+						  : "no usable GPU");
 	if (spec->backend == TR_BACKEND_CPU && strcmp(have, "cpu") != 0)
 		return refuse(err, 422, "backend_unavailable", "/backend",
 			      "/backend: cpu requested, but this daemon's devices are %s", have);

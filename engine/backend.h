@@ -68,6 +68,13 @@ typedef struct tr_backend_i {
 	int (*memset0)(tr_backend_t *be, int dev, void *dst, size_t bytes);
 	/* Waits until everything enqueued on dev has finished. */
 	int (*sync)(tr_backend_t *be, int dev);
+	/* Whether gemm on dev may round its inputs to TF32 (tensor cores,
+	 * relative error ~1e-3) or must stay FP32, the default.  Devices belong
+	 * to one job at a time, which sets this on its devices before it
+	 * starts, so the choice holds for that job alone.  allow = false
+	 * always succeeds; allow = true is -ENOTSUP where gemm is FP32 only
+	 * (the CPU backend).  May be NULL: the same as FP32 only. */
+	int (*set_tf32)(tr_backend_t *be, int dev, bool allow);
 
 	/* C[m,n] = alpha * op(A) op(B) + beta * C; op(A) is m x k. */
 	int (*gemm)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k,

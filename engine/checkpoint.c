@@ -2,6 +2,7 @@
 #include "engine/checkpoint.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,15 +11,91 @@
 #include "engine/rng.h"
 #include "engine/safetensors.h"
 
+/* One snapshot's worth of spare buffers, all of `n` floats.  A fresh
+ * malloc of tens of MB is a fresh mmap, whose every page faults in (and is
+ * zeroed) while the training thread copies the model into it: about half
+ * of the time a snapshot took.  Periodic checkpoints of a job are all the
+ * same size, so the buffers of the last one written are kept for the next;
+ * a snapshot of another size replaces them.  Process-wide (several jobs
+ * share it; a mismatch just falls back to malloc), locked, never more than
+ * SPARE_MAX buffers. */
+#define SPARE_MAX 3
+static struct {
+	pthread_mutex_t lock;
+	size_t n;
+	int count;
+	float *buf[SPARE_MAX];
+} spare = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static float *spare_take(size_t n)
+{
+	float *p = NULL;
+	pthread_mutex_lock(&spare.lock);
+	if (spare.n == n && spare.count > 0)
+		p = spare.buf[--spare.count];
+	pthread_mutex_unlock(&spare.lock);
+	return p ? p : malloc(n * sizeof(float));
+}
+
+static void spare_put(float *p, size_t n)
+{
+	if (!p)
+		return;
+	float *drop[SPARE_MAX + 1];
+	int ndrop = 0;
+	pthread_mutex_lock(&spare.lock);
+	if (spare.n != n) {
+		while (spare.count > 0)
+			drop[ndrop++] = spare.buf[--spare.count];
+		spare.n = n;
+	}
+	if (spare.count < SPARE_MAX)
+		spare.buf[spare.count++] = p;
+	else
+		drop[ndrop++] = p;
+	pthread_mutex_unlock(&spare.lock);
+	while (ndrop > 0)
+		free(drop[--ndrop]); /* outside the lock: munmap takes a while */
+}
+
+struct tr_snapshot *tr_snapshot_alloc(size_t n_params, int n_state)
+{
+	struct tr_snapshot *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	s->n_params = n_params;
+	s->n_state = n_state;
+	s->params = spare_take(n_params);
+	for (int k = 0; k < n_state; k++)
+		s->state[k] = spare_take(n_params);
+	if (!s->params || (n_state > 0 && !s->state[0]) || (n_state > 1 && !s->state[1])) {
+		tr_snapshot_free(s);
+		return NULL;
+	}
+	return s;
+}
+
 void tr_snapshot_free(struct tr_snapshot *s)
 {
 	if (!s)
 		return;
-	free(s->params);
-	free(s->state[0]);
-	free(s->state[1]);
+	spare_put(s->params, s->n_params);
+	spare_put(s->state[0], s->n_params);
+	spare_put(s->state[1], s->n_params);
 	json_decref(s->meta);
 	free(s);
+}
+
+void tr_snapshot_trim(void)
+{
+	float *drop[SPARE_MAX];
+	pthread_mutex_lock(&spare.lock);
+	int n = spare.count;
+	memcpy(drop, spare.buf, sizeof drop);
+	spare.count = 0;
+	pthread_mutex_unlock(&spare.lock);
+	while (n > 0)
+		free(drop[--n]);
 }
 
 static const char *state_name(enum tr_optim_type opt, int k)
@@ -156,12 +233,13 @@ int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum 
 	int rc = tr_st_open_mem(data, len, "checkpoint", &f, err, errlen);
 	if (rc < 0)
 		return rc;
-	struct tr_snapshot *s = calloc(1, sizeof *s);
+	/* How many optimizer buffers the file has is known only below: the
+	 * snapshot starts with none. */
+	struct tr_snapshot *s = tr_snapshot_alloc(m->n_params, 0);
 	if (!s) {
 		tr_st_close(f);
 		return -ENOMEM;
 	}
-	s->n_params = m->n_params;
 	const json_t *meta = tr_st_metadata(f);
 	s->meta = meta ? json_deep_copy(meta) : json_object();
 	const char *step = json_string_value(json_object_get(meta, "step"));
@@ -186,10 +264,9 @@ int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum 
 		want_state = tr_st_has(f, probe) ? 1 : 0;
 	}
 	s->n_state = want_state;
-	s->params = malloc(s->n_params * sizeof(float));
 	for (int k = 0; k < s->n_state; k++)
-		s->state[k] = malloc(s->n_params * sizeof(float));
-	if (!s->params || (s->n_state > 0 && !s->state[0]) || (s->n_state > 1 && !s->state[1])) {
+		s->state[k] = spare_take(s->n_params);
+	if ((s->n_state > 0 && !s->state[0]) || (s->n_state > 1 && !s->state[1])) {
 		snprintf(err, errlen, "checkpoint: out of memory");
 		rc = -ENOMEM;
 		goto fail;

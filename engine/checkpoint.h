@@ -35,8 +35,17 @@ struct tr_snapshot {
 	json_t *meta;    /* object of strings; owned */
 };
 
-/* Frees the buffers and the snapshot itself.  Accepts NULL. */
+/* A snapshot with uninitialised buffers for n_params floats and n_state
+ * (0-2) optimizer buffers, meta NULL; NULL when out of memory.  Buffers
+ * come from the spares that tr_snapshot_free keeps when their size fits:
+ * reusing them spares the training thread the page faults of fresh ones. */
+struct tr_snapshot *tr_snapshot_alloc(size_t n_params, int n_state);
+/* Frees the snapshot; its buffers are kept as spares for the next
+ * snapshot of the same size (one snapshot's worth at most, process-wide).
+ * Accepts NULL. */
 void tr_snapshot_free(struct tr_snapshot *s);
+/* Frees the spare buffers (after a job's last checkpoint). */
+void tr_snapshot_trim(void);
 
 /* How to write a snapshot: `header` (8-byte length + JSON, padded) followed
  * by the segments in order.  model_header is the weights-only file's

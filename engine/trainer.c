@@ -291,9 +291,10 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	tr_plan_share(b->count, t->ndev, rc->rank, &off, &len);
 	rc->loss[0] = rc->loss[1] = 0.0;
 
-	/* Cleared every step, never reused: an idle rank's contribution to the
-	 * allreduce is exactly zero (the stale-gradient bug this exists for). */
-	if ((ret = be->i->memset0(be, r->dev, r->grads, np * sizeof(float))) < 0)
+	/* Never reused from the last step: the backward pass overwrites every
+	 * gradient, and an idle rank clears its buffer so that its contribution
+	 * to the allreduce is exactly zero (the stale-gradient bug). */
+	if (len == 0 && (ret = be->i->memset0(be, r->dev, r->grads, np * sizeof(float))) < 0)
 		goto fail;
 	if (len > 0) {
 		if ((ret = be->i->to_device(be, r->dev, r->input, b->x + (size_t)off * F,
@@ -634,21 +635,17 @@ static bool grad_norm_due(const struct tr_spec *s, int64_t done)
 
 struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
 {
-	struct tr_snapshot *snap = calloc(1, sizeof *snap);
+	size_t n = t->model.n_params;
+	/* Buffers recycled from the previous checkpoint when there is one (see
+	 * tr_snapshot_alloc): the copy below then faults no page in. */
+	struct tr_snapshot *snap = tr_snapshot_alloc(n, t->opt_buffers);
 	if (!snap)
 		return NULL;
-	size_t n = t->model.n_params;
 	snap->step = step;
 	snap->epoch = epoch;
-	snap->n_params = n;
-	snap->n_state = t->opt_buffers;
-	snap->params = malloc(n * sizeof(float));
-	for (int k = 0; k < snap->n_state; k++)
-		snap->state[k] = malloc(n * sizeof(float));
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
-	bool ok = snap->params && (snap->n_state < 1 || snap->state[0]) && (snap->n_state < 2 || snap->state[1]);
-	ok = ok && be->i->to_host(be, r->dev, snap->params, r->params, n * sizeof(float)) == 0;
+	bool ok = be->i->to_host(be, r->dev, snap->params, r->params, n * sizeof(float)) == 0;
 	for (int k = 0; ok && k < snap->n_state; k++)
 		ok = be->i->to_host(be, r->dev, snap->state[k], k == 0 ? r->state1 : r->state2, n * sizeof(float)) == 0;
 	ok = ok && be->i->sync(be, r->dev) == 0;

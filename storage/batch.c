@@ -225,7 +225,10 @@ cleanup:
 	return err;
 }
 
-static int write_tx(tr_store_t *s, const struct qitem *items, size_t n, int64_t *max_event)
+/* touched (room for n) receives the ids of the jobs the chunk wrote to;
+ * NULL when the caller could not make room. */
+static int write_tx(tr_store_t *s, const struct qitem *items, size_t n, int64_t *max_event, int64_t *touched,
+		    size_t *ntouched)
 {
 	struct conn *c = &s->wconn;
 	struct batch_job *jobs = NULL;
@@ -254,6 +257,10 @@ static int write_tx(tr_store_t *s, const struct qitem *items, size_t n, int64_t 
 		err = update_rollups(c, items, n, jobs, nj);
 	if (!err)
 		err = tr_store_commit(c);
+	*ntouched = 0;
+	for (size_t j = 0; j < nj && !err && touched; j++)
+		if (jobs[j].exists)
+			touched[(*ntouched)++] = jobs[j].id;
 cleanup:
 	if (err < 0)
 		tr_store_rollback(c);
@@ -265,18 +272,22 @@ cleanup:
 
 void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 {
+	/* Only the jobs written to get a new data generation, so a running
+	 * job's flushes leave other jobs' cached answers valid; without room
+	 * for the list, every job does. */
+	int64_t *touched = malloc((n < TX_ITEMS ? n : TX_ITEMS) * sizeof *touched);
 	for (size_t i = 0; i < n; i += TX_ITEMS) {
-		size_t m = n - i < TX_ITEMS ? n - i : TX_ITEMS;
+		size_t m = n - i < TX_ITEMS ? n - i : TX_ITEMS, ntouched = 0;
 		int64_t max_event = 0;
-		int err = write_tx(s, items + i, m, &max_event);
+		int err = write_tx(s, items + i, m, &max_event, touched, &ntouched);
 		/* Busy means another connection held the write lock past the
 		 * busy timeout (a huge cascade delete): the chunk was rolled
 		 * back whole, so trying again is safe, and beats dropping. */
 		for (int tries = 0; err == -EBUSY && tries < BUSY_RETRIES; tries++)
-			err = write_tx(s, items + i, m, &max_event);
+			err = write_tx(s, items + i, m, &max_event, touched, &ntouched);
 		if (err == 0) {
 			if (max_event)
-				tr_store_events_committed(s, max_event);
+				tr_store_events_committed(s, max_event, touched, ntouched);
 			continue;
 		}
 		/* Nothing of this chunk was written: count it as dropped and
@@ -290,4 +301,5 @@ void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 		tr_store_errcpy(s->err_msg, sizeof s->err_msg);
 		pthread_mutex_unlock(&s->q_lock);
 	}
+	free(touched);
 }

@@ -26,20 +26,31 @@
  * handle between chunks without compiling a statement), straight into the
  * caller's buffer.
  *
- * Hashing runs at about the speed of SQLite's own work on a chunk, so a
- * chunk is hashed on a short-lived helper thread while the calling thread
- * inserts it (or, in tr_store_ckpt_load, reads the next one): both only
- * read the bytes, and the join orders the digest state.  This nearly
- * halves the time of a large checkpoint.
+ * The write-ahead log: a writer's connection never auto-checkpoints, so
+ * the chunks are written once, into the WAL, on the way to the commit
+ * (which alone syncs it: synchronous=FULL for that transaction, NORMAL
+ * for the rest); tr_store_ckpt_settle copies them into the database file
+ * afterwards, outside the checkpoint's own time.  Until then the WAL holds
+ * the whole checkpoint, so a checkpoint needs its size in free disk twice
+ * over for a moment.
+ *
+ * Hashing: a chunk is hashed on a short-lived helper thread while the
+ * calling thread inserts it (or, in tr_store_ckpt_load, reads the next
+ * one): both only read the bytes, and the join orders the digest state.
+ * With the SHA extensions (storage/sha256.c) the hash takes a fraction of
+ * SQLite's time on a chunk; without them it is the slower of the two.
  */
 #include "storage/checkpoints.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "storage/internal.h"
 #include "storage/sha256.h"
@@ -100,6 +111,7 @@ struct tr_ckpt_writer {
 	struct tr_sha256 sha;
 	int err; /* first failure: every later call repeats it */
 	char errmsg[512];
+	int wal_fd; /* the WAL, for writeback hints only; -1 = none */
 };
 
 struct tr_ckpt_reader {
@@ -110,6 +122,19 @@ struct tr_ckpt_reader {
 	int64_t *rowids; /* of chunk 0 .. nchunks-1 */
 	char sha256[65];
 };
+
+/* Checkpoint writers open in this process (begin to commit or abort):
+ * while there are any, the store's other connections do not
+ * auto-checkpoint (store.c), so the metrics writer does not copy a
+ * checkpoint's chunks out of the WAL while they are still coming in, inside
+ * one of its flushes (which the writer itself waits for before its
+ * commit).  Process-wide rather than per store: a daemon has one store. */
+static atomic_int open_writers;
+
+bool tr_store_ckpt_writing(void)
+{
+	return atomic_load_explicit(&open_writers, memory_order_relaxed) > 0;
+}
 
 /* ---- rows ------------------------------------------------------------------ */
 
@@ -223,7 +248,12 @@ static int open_own(tr_store_t *s, struct conn *c, bool writes)
 	int err = tr_store_conn_open(c, s->path);
 	if (err < 0 || !writes)
 		return err;
-	err = tr_store_exec(c, "PRAGMA secure_delete=FAST");
+	/* wal_autocheckpoint=0: a checkpoint's chunks go to the WAL only; the
+	 * copy into the database file is deferred to tr_store_ckpt_settle
+	 * instead of running after nearly every chunk (a 4 MiB chunk is about
+	 * a whole autocheckpoint interval at 4 KiB pages), which wrote every
+	 * byte twice on the way to the commit. */
+	err = tr_store_exec(c, "PRAGMA secure_delete=FAST; PRAGMA wal_autocheckpoint=0");
 	if (err == 0 && limit > 0) {
 		char sql[64];
 		snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)limit);
@@ -290,6 +320,9 @@ static int discard(struct tr_ckpt_writer *w)
 	char saved[512];
 	tr_store_errcpy(saved, sizeof saved);
 	tr_store_rollback(&w->c);
+	/* A failed commit may have left FULL: the purge's many transactions
+	 * need no sync each. */
+	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
 	int err = purge(&w->c, w->id);
 	/* Not retried: tr_store_open deletes what is left. */
 	w->id = 0;
@@ -328,6 +361,37 @@ static int step_fail(struct tr_ckpt_writer *w, int rc, const char *what)
 	return SQLFAIL(&w->c, rc, what);
 }
 
+/* The chunks' commits leave the WAL's pages dirty in the page cache
+ * (synchronous=NORMAL), so without a hint the disk would start on them only
+ * at the final commit's sync, and a checkpoint would take the time to write
+ * it plus the time to sync it.  After each chunk the kernel is asked to
+ * start writing what is dirty (without waiting for it), so the disk works
+ * while the next chunks come in and the final sync waits only for the
+ * tail.  A hint: a descriptor of our own on the same file, and nothing
+ * depends on it working. */
+static int open_wal(tr_store_t *s)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+	char path[4096];
+	if ((size_t)snprintf(path, sizeof path, "%s-wal", s->path) >= sizeof path)
+		return -1;
+	return open(path, O_RDONLY | O_CLOEXEC);
+#else
+	(void)s;
+	return -1;
+#endif
+}
+
+static void start_writeback(struct tr_ckpt_writer *w)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+	if (w->wal_fd >= 0)
+		sync_file_range(w->wal_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+	(void)w;
+#endif
+}
+
 /* Inserts chunk number w->nchunks and feeds it to the digest.  own_txn: in
  * a short transaction of its own (the commit stores the last chunk inside
  * its transaction). */
@@ -360,6 +424,8 @@ static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n, bool o
 			err = tr_store_commit(&w->c);
 		if (err < 0)
 			tr_store_rollback(&w->c);
+		else
+			start_writeback(w);
 	}
 	bg_hash_wait(&hash);
 	if (err == 0)
@@ -406,6 +472,8 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
 	w->job_id = job_id;
 	w->step = step;
 	tr_sha256_init(&w->sha);
+	atomic_fetch_add(&open_writers, 1); /* undone by writer_free */
+	w->wal_fd = -1;
 	err = open_own(s, &w->c, true);
 	if (err < 0)
 		goto fail_free;
@@ -434,6 +502,7 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
 	err = tr_store_commit(&w->c);
 	if (err < 0)
 		goto fail_txn;
+	w->wal_fd = open_wal(s); /* the WAL exists now */
 	*out = w;
 	return 0;
 
@@ -442,6 +511,7 @@ fail_txn:
 fail_conn:
 	tr_store_conn_close(&w->c);
 fail_free:
+	atomic_fetch_sub(&open_writers, 1);
 	free(w);
 	if (err == -ENOSPC) {
 		char cause[512];
@@ -494,9 +564,12 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 
 static void writer_free(struct tr_ckpt_writer *w)
 {
+	if (w->wal_fd >= 0)
+		close(w->wal_fd);
 	tr_store_conn_close(&w->c);
 	free(w->buf);
 	free(w);
+	atomic_fetch_sub(&open_writers, 1);
 }
 
 /* What the database holds for the checkpoint must be what was written:
@@ -587,7 +660,12 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		err = writer_fail(w, tr_store_fail(-EINVAL, "bad model header (%zu bytes)", model_header_len));
 		goto cleanup;
 	}
-	err = tr_store_begin(&w->c, true);
+	/* synchronous=FULL for this one transaction: the WAL, which now holds
+	 * all of the checkpoint's chunks (their own commits did not sync it),
+	 * is synced at the commit, so a visible checkpoint is a durable one. */
+	err = tr_store_exec(&w->c, "PRAGMA synchronous=FULL");
+	if (err == 0)
+		err = tr_store_begin(&w->c, true);
 	if (err < 0)
 		goto fail;
 	if (w->nbuf) {
@@ -650,7 +728,9 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		goto fail;
 	w->id = 0; /* committed: nothing left to discard */
 	/* The commit has succeeded whatever happens here: what a failed purge
-	 * leaves is hidden, and deleted at the next open. */
+	 * leaves is hidden, and deleted at the next open.  Its many short
+	 * transactions need no sync each. */
+	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
 	for (size_t i = 0; i < npruned; i++)
 		purge(&w->c, pruned[i]);
 	goto cleanup;
@@ -663,6 +743,26 @@ fail:
 cleanup:
 	free(pruned);
 	writer_free(w);
+	return err;
+}
+
+int tr_store_ckpt_settle(tr_store_t *s, int *frames_left)
+{
+	if (frames_left)
+		*frames_left = 0;
+	struct conn c;
+	int err = open_own(s, &c, false);
+	if (err < 0)
+		return err;
+	int log = 0, done = 0;
+	int rc = sqlite3_wal_checkpoint_v2(c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+	if (rc == SQLITE_BUSY)
+		err = 1; /* another connection is copying right now: the same frames */
+	else if (rc != SQLITE_OK)
+		err = SQLFAIL(&c, rc, "copy the write-ahead log into the database");
+	else if (frames_left)
+		*frames_left = log > done ? log - done : 0;
+	tr_store_conn_close(&c);
 	return err;
 }
 

@@ -6,9 +6,10 @@
  * checkpoint_chunks (checkpoint_id, seq, data BLOB, 4 MiB each), both ON
  * DELETE CASCADE from jobs.  A checkpoint is written chunk by chunk in
  * short transactions on its own connection, so the metrics writer is never
- * blocked for the length of a large checkpoint; it becomes visible only
- * when tr_store_ckpt_commit marks it complete (with its SHA-256) in one
- * transaction, which also prunes older checkpoints beyond `keep`.  An
+ * blocked for the length of a large checkpoint; it becomes visible (and
+ * durable) only when tr_store_ckpt_commit marks it complete (with its
+ * SHA-256) in one transaction, which also prunes older checkpoints beyond
+ * `keep`.  An
  * incomplete checkpoint (crash, disk full) is never listed and is removed
  * by tr_store_ckpt_abort (on a failed write or commit, at once) or at the
  * next tr_store_open.  A full database (SQLITE_FULL, or the cap of
@@ -22,6 +23,7 @@
 #ifndef TR_STORE_CHECKPOINTS_H
 #define TR_STORE_CHECKPOINTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -64,6 +66,18 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 /* Deletes the partial checkpoint and frees w.  Accepts NULL.  Keeps the
  * thread's error message. */
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
+/* A committed checkpoint is durable in SQLite's write-ahead log; this
+ * copies the log into the database file (a passive WAL checkpoint on a
+ * connection of its own: it waits for no reader and blocks no writer), so
+ * the log can start over.  Call it after a commit, off any path that waits
+ * for the checkpoint.  Returns 0, 1 when another connection was copying
+ * at that moment (it copies the same frames), or a negative code.
+ * *frames_left (may be NULL): WAL frames it could not copy yet (readers
+ * still use them; a later checkpoint copies them). */
+int tr_store_ckpt_settle(tr_store_t *s, int *frames_left);
+/* Storage-internal: whether a checkpoint writer is open in this process
+ * (the store's connections then leave the WAL alone, see store.c). */
+bool tr_store_ckpt_writing(void);
 
 /* Complete checkpoints of a job, newest (highest step, then id) first.
  * *rows is malloc'd (NULL when there are none); free with tr_ckpt_rows_free. */

@@ -30,13 +30,56 @@ int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, cons
 	return 0;
 }
 
-void tr_store_events_committed(tr_store_t *s, int64_t max_id)
+/* ---- data generations ----------------------------------------------------
+ *
+ * Response caches keep an answer while the generation they read before
+ * computing it is unchanged, so a generation must change after (never
+ * before) every commit the answer could see.  Every change takes a new
+ * value of the store-wide counter data_gen.  A job's generation is the
+ * value of its last change, kept in a direct-mapped table: a job that
+ * loses its slot to another is answered with the slot's `evicted`, the
+ * newest change of any job that left it, and all_jobs_gen is the newest
+ * change not tied to one job.  Both only grow, so what a job reads never
+ * goes back, and its next change takes a value larger than anything read
+ * before.  One job's commits leave other jobs' values alone, unless two
+ * live jobs share a slot (ids 1,024 apart), which costs cache hits only. */
+
+static struct job_gen *job_slot(tr_store_t *s, int64_t job_id)
+{
+	return &s->job_gens[(uint64_t)job_id % STORE_JOB_GEN_SLOTS];
+}
+
+/* ev_lock held. */
+static void job_changed(tr_store_t *s, int64_t job_id)
+{
+	struct job_gen *g = job_slot(s, job_id);
+	if (g->job != job_id) {
+		if (g->gen > g->evicted)
+			g->evicted = g->gen;
+		g->job = job_id;
+	}
+	g->gen = s->data_gen;
+}
+
+/* ev_lock held; jobs NULL: every job. */
+static void jobs_changed(tr_store_t *s, const int64_t *jobs, size_t njobs)
+{
+	s->data_gen++;
+	if (!jobs) {
+		s->all_jobs_gen = s->data_gen;
+		return;
+	}
+	for (size_t i = 0; i < njobs; i++)
+		job_changed(s, jobs[i]);
+}
+
+void tr_store_events_committed(tr_store_t *s, int64_t max_id, const int64_t *jobs, size_t njobs)
 {
 	pthread_mutex_lock(&s->ev_lock);
 	if (max_id > s->last_event_id)
 		s->last_event_id = max_id;
 	s->ev_gen++;
-	s->data_gen++;
+	jobs_changed(s, jobs, njobs);
 	pthread_cond_broadcast(&s->ev_cond);
 	pthread_mutex_unlock(&s->ev_lock);
 }
@@ -44,7 +87,14 @@ void tr_store_events_committed(tr_store_t *s, int64_t max_id)
 void tr_store_data_changed(tr_store_t *s)
 {
 	pthread_mutex_lock(&s->ev_lock);
-	s->data_gen++;
+	jobs_changed(s, NULL, 0);
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+void tr_store_job_data_changed(tr_store_t *s, int64_t job_id)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	jobs_changed(s, &job_id, 1);
 	pthread_mutex_unlock(&s->ev_lock);
 }
 
@@ -52,6 +102,17 @@ uint64_t tr_store_data_generation(tr_store_t *s)
 {
 	pthread_mutex_lock(&s->ev_lock);
 	uint64_t g = s->data_gen;
+	pthread_mutex_unlock(&s->ev_lock);
+	return g;
+}
+
+uint64_t tr_store_job_data_generation(tr_store_t *s, int64_t job_id)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	const struct job_gen *slot = job_slot(s, job_id);
+	uint64_t g = slot->job == job_id ? slot->gen : slot->evicted;
+	if (s->all_jobs_gen > g)
+		g = s->all_jobs_gen;
 	pthread_mutex_unlock(&s->ev_lock);
 	return g;
 }

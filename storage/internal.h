@@ -61,6 +61,15 @@ struct drop_count {
 	int64_t job_id, count;
 };
 
+/* A slot of the per-job generation table: the job it holds and that
+ * job's last change, or, for jobs it does not hold, `evicted`: the newest
+ * change of any job that has left the slot. */
+#define STORE_JOB_GEN_SLOTS 1024
+struct job_gen {
+	int64_t job;
+	uint64_t gen, evicted;
+};
+
 struct tr_store {
 	char *path;
 	size_t queue_max;
@@ -95,6 +104,10 @@ struct tr_store {
 	int64_t last_event_id;
 	uint64_t ev_gen, wake_gen;
 	uint64_t data_gen; /* bumped by every change a metrics query could see */
+	/* Per-job generations (tr_store_job_data_generation): direct-mapped by
+	 * job id, values drawn from data_gen; all under ev_lock. */
+	uint64_t all_jobs_gen;
+	struct job_gen job_gens[STORE_JOB_GEN_SLOTS];
 };
 
 /* Takes a free request connection, waiting for one; never NULL. */
@@ -137,8 +150,9 @@ int tr_store_migrate(struct conn *c);
 
 /* ---- events ------------------------------------------------------------------ */
 
-/* Called after every commit that added events, max_id the highest new id. */
-void tr_store_events_committed(tr_store_t *s, int64_t max_id);
+/* Called after every commit that added events, max_id the highest new id;
+ * jobs[0..njobs) are the jobs whose data it changed (NULL: unknown, any). */
+void tr_store_events_committed(tr_store_t *s, int64_t max_id, const int64_t *jobs, size_t njobs);
 int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at,
 			  int64_t *id);
 
@@ -206,7 +220,9 @@ bool tr_store_utf8_valid(const char *s);
 void tr_store_utf8_fix(char *s); /* invalid bytes become '?', in place */
 #define JBUF_LIT(b, lit) tr_store_jbuf_raw((b), (lit), sizeof(lit) - 1)
 
-/* Marks stored metrics as changed (truncate, delete) for response caches. */
+/* Marks stored data as changed for response caches, after the commit:
+ * of every job (a deletion), or of one. */
 void tr_store_data_changed(tr_store_t *s);
+void tr_store_job_data_changed(tr_store_t *s, int64_t job_id);
 
 #endif

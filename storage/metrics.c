@@ -460,6 +460,6 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step)
 	tr_store_conn_put(s, c);
 	names_free(&ns);
 	if (err == 0)
-		tr_store_data_changed(s);
+		tr_store_job_data_changed(s, job_id);
 	return err;
 }

@@ -3,10 +3,23 @@
  * digest so that a damaged blob is refused at load instead of resuming a
  * job from silently corrupted weights.  Words are read big-endian byte by
  * byte, so the code needs no knowledge of the host's byte order.
+ *
+ * The portable block function runs at ~275 MB/s on the machines trainerd
+ * is benchmarked on, which made hashing the slowest part of writing a
+ * checkpoint; on x86 CPUs with the SHA extensions (Intel since Ice Lake /
+ * Goldmont, AMD since Zen) a second block function uses them (~1.7 GB/s).
+ * It is chosen at run time (CPUID), so one binary runs everywhere.
  */
 #include "storage/sha256.h"
 
+#include <stdatomic.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_SHA_NI 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 #include "storage/checkpoints.h"
 
@@ -38,7 +51,7 @@ static inline uint32_t rotr(uint32_t x, unsigned n)
 
 /* 6.2.2: one 512-bit block.  The schedule is kept as a 16-word ring rather
  * than the 64-word array of the text: the same values, less stack. */
-static void compress(uint32_t h[8], const unsigned char *p)
+static void compress_one(uint32_t h[8], const unsigned char *p)
 {
 	uint32_t w[16];
 	for (int t = 0; t < 16; t++)
@@ -74,7 +87,93 @@ static void compress(uint32_t h[8], const unsigned char *p)
 	h[7] += hh;
 }
 
+static void portable_blocks(uint32_t h[8], const unsigned char *p, size_t n)
+{
+	for (; n; n--, p += 64)
+		compress_one(h, p);
+}
+
+#ifdef HAVE_SHA_NI
+/* The same 64 rounds with the SHA extensions.  SHA256RNDS2 does two rounds
+ * on the working variables packed as {A,B,E,F} and {C,D,G,H} (high lane
+ * first), taking W[t] + K[t] for its two rounds from the low 64 bits of a
+ * third operand; SHA256MSG1 and SHA256MSG2 compute the sigma0 and sigma1
+ * halves of the message schedule (6.2.2 step 1) four words at a time.
+ * Words are byte-swapped with PSHUFB, as the text reads them big-endian. */
+__attribute__((target("sha,sse4.1,ssse3"))) static void sha_ni_blocks(uint32_t h[8], const unsigned char *p,
+									size_t n)
+{
+	const __m128i bswap = _mm_set_epi8(12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3);
+	/* h[0..3] = {a,b,c,d} and h[4..7] = {e,f,g,h}, lane 0 first. */
+	__m128i abcd = _mm_loadu_si128((const __m128i *)&h[0]);
+	__m128i efgh = _mm_loadu_si128((const __m128i *)&h[4]);
+	__m128i badc = _mm_shuffle_epi32(abcd, 0xB1);     /* lanes b,a,d,c */
+	__m128i hgfe = _mm_shuffle_epi32(efgh, 0x1B);     /* lanes h,g,f,e */
+	__m128i abef = _mm_alignr_epi8(badc, hgfe, 8);    /* lanes f,e,b,a */
+	__m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0); /* lanes h,g,d,c */
+	for (; n; n--, p += 64) {
+		__m128i abef0 = abef, cdgh0 = cdgh;
+		__m128i w[4]; /* W[4i..4i+3] of the last four groups, a ring */
+#pragma GCC unroll 16
+		for (int i = 0; i < 16; i++) {
+			__m128i *x = &w[i & 3];
+			if (i < 4) {
+				*x = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), bswap);
+			} else {
+				/* W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16]: MSG1
+				 * adds s0 to the oldest group, the W[t-7] come from the
+				 * two newest, MSG2 adds s1 (of words it has just made, for
+				 * the upper two lanes). */
+				const __m128i newest = w[(i + 3) & 3], older = w[(i + 2) & 3];
+				__m128i t = _mm_sha256msg1_epu32(*x, w[(i + 1) & 3]);
+				t = _mm_add_epi32(t, _mm_alignr_epi8(newest, older, 4));
+				*x = _mm_sha256msg2_epu32(t, newest);
+			}
+			__m128i wk = _mm_add_epi32(*x, _mm_loadu_si128((const __m128i *)&K[4 * i]));
+			/* Two rounds turn {A,B,E,F} into the next {C,D,G,H}. */
+			cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+			abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
+		}
+		abef = _mm_add_epi32(abef, abef0);
+		cdgh = _mm_add_epi32(cdgh, cdgh0);
+	}
+	__m128i feba = _mm_shuffle_epi32(abef, 0x1B); /* lanes a,b,e,f */
+	__m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1); /* lanes g,h,c,d */
+	_mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+	_mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static bool cpu_has_sha_ni(void)
+{
+	unsigned a, b, c, d;
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSSE3) || !(c & bit_SSE4_1))
+		return false;
+	return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA);
+}
+#endif
+
+bool tr_sha256_accelerated(void)
+{
+#ifdef HAVE_SHA_NI
+	/* CPUID traps to the hypervisor in a VM: ask once. 0 = not yet. */
+	static atomic_int known;
+	int v = atomic_load_explicit(&known, memory_order_relaxed);
+	if (v == 0) {
+		v = cpu_has_sha_ni() ? 2 : 1;
+		atomic_store_explicit(&known, v, memory_order_relaxed);
+	}
+	return v == 2;
+#else
+	return false;
+#endif
+}
+
 void tr_sha256_init(struct tr_sha256 *c)
+{
+	tr_sha256_init_impl(c, TR_SHA256_AUTO);
+}
+
+void tr_sha256_init_impl(struct tr_sha256 *c, enum tr_sha256_impl impl)
 {
 	/* 5.3.3: the first 32 bits of the fractional parts of the square
 	 * roots of the first 8 primes. */
@@ -83,6 +182,13 @@ void tr_sha256_init(struct tr_sha256 *c)
 	memcpy(c->h, h0, sizeof h0);
 	c->bytes = 0;
 	c->nbuf = 0;
+	c->blocks = portable_blocks;
+#ifdef HAVE_SHA_NI
+	if (impl == TR_SHA256_AUTO && tr_sha256_accelerated())
+		c->blocks = sha_ni_blocks;
+#else
+	(void)impl;
+#endif
 }
 
 void tr_sha256_update(struct tr_sha256 *c, const void *data, size_t len)
@@ -97,12 +203,15 @@ void tr_sha256_update(struct tr_sha256 *c, const void *data, size_t len)
 		len -= n;
 		if (c->nbuf < 64)
 			return;
-		compress(c->h, c->buf);
+		c->blocks(c->h, c->buf, 1);
 		c->nbuf = 0;
 	}
 	/* Whole blocks straight from the caller's memory: no copy. */
-	for (; len >= 64; p += 64, len -= 64)
-		compress(c->h, p);
+	if (len >= 64) {
+		c->blocks(c->h, p, len / 64);
+		p += len / 64 * 64;
+		len %= 64;
+	}
 	if (len) {
 		memcpy(c->buf, p, len);
 		c->nbuf = len;

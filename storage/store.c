@@ -11,10 +11,21 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "storage/checkpoints.h"
+
+/* The page size of new databases.  Checkpoint chunks (4 MiB blobs) are
+ * stored in overflow pages, and SQLite's work per chunk (WAL frames, page
+ * cache entries, one write call each) grows with their number: at 4 KiB a
+ * chunk is 1024 pages, at 16 KiB 256.  Every metrics flush rewrites the
+ * pages it touches in full, so larger pages cost metrics writes bytes:
+ * docs/design.md has the figures behind 16 KiB. */
+#define STORE_PAGE_SIZE_NEW "16384"
 
 /* Per thread, so that two threads failing at once each read their own
  * message (and a message survives the store being closed). */
@@ -166,6 +177,47 @@ void tr_store_conn_close(struct conn *c)
 	c->db = NULL;
 }
 
+/* The WAL is copied into the database file (auto-checkpointed) by the
+ * connection whose commit makes it hold WAL_AUTOCHECKPOINT_BYTES, whatever
+ * the page size (SQLite's default of 1000 pages is 4 MB at 4 KiB pages),
+ * and not while a checkpoint is being written: the metrics writer would
+ * then copy the checkpoint's chunks as they come in, inside a flush that
+ * the checkpoint writer waits for before its commit.  The checkpoint
+ * writer copies its own afterwards (tr_store_ckpt_settle).  64 MiB is also
+ * journal_size_limit: the log's size after a restart. */
+#define WAL_AUTOCHECKPOINT_BYTES (64 << 20)
+
+/* SQLite's own auto-checkpoint hook, plus the exception above. */
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
+{
+	if (frames >= (int)(intptr_t)arg && !tr_store_ckpt_writing())
+		sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+	return SQLITE_OK;
+}
+
+/* The database's page size in bytes. */
+static int page_size(struct conn *c, int64_t *page)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA page_size");
+	if (!st)
+		return -EIO;
+	int rc = sqlite3_step(st);
+	*page = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW ? 0 : SQLFAIL(c, rc, "PRAGMA page_size");
+}
+
+static int set_autocheckpoint(struct conn *c)
+{
+	int64_t page;
+	int rc = page_size(c, &page);
+	if (rc < 0)
+		return rc;
+	intptr_t frames = page > 0 ? WAL_AUTOCHECKPOINT_BYTES / page : 1000;
+	sqlite3_wal_hook(c->db, wal_hook, (void *)frames);
+	return 0;
+}
+
 /* Settings that SQLite keeps per connection, not in the file. */
 int tr_store_conn_open(struct conn *c, const char *path)
 {
@@ -189,6 +241,8 @@ int tr_store_conn_open(struct conn *c, const char *path)
 	 * ~0.5 s per 100 MB; FAST only clears what is cheap to clear. */
 	int err = tr_store_exec(c, "PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL;"
 				   "PRAGMA journal_size_limit=67108864; PRAGMA secure_delete=FAST");
+	if (err == 0)
+		err = set_autocheckpoint(c);
 	if (err < 0)
 		tr_store_conn_close(c);
 	return err;
@@ -250,14 +304,10 @@ static int set_max_bytes(struct conn *c, int64_t max_bytes)
 {
 	if (max_bytes <= 0)
 		return 0;
-	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA page_size");
-	if (!st)
-		return -EIO;
-	int rc = sqlite3_step(st);
-	int64_t page = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
-	sqlite3_reset(st);
-	if (rc != SQLITE_ROW)
-		return SQLFAIL(c, rc, "PRAGMA page_size");
+	int64_t page;
+	int rc = page_size(c, &page);
+	if (rc < 0)
+		return rc;
 	int64_t pages = page > 0 ? max_bytes / page : 0;
 	char sql[64];
 	snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)(pages > 0 ? pages : 1));
@@ -332,7 +382,15 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	rc = tr_store_conn_open(&s->wconn, path);
 	if (rc < 0)
 		goto fail;
+	/* Only a new, empty database takes the page size (SQLite ignores the
+	 * pragma once the file has pages, and WAL mode then fixes it): older
+	 * databases keep theirs and work as before. */
+	rc = tr_store_exec(&s->wconn, "PRAGMA page_size=" STORE_PAGE_SIZE_NEW);
+	if (rc < 0)
+		goto fail;
 	rc = enable_wal(&s->wconn, path);
+	if (rc == 0)
+		rc = set_autocheckpoint(&s->wconn); /* the page size is final now */
 	if (rc < 0)
 		goto fail;
 	rc = set_max_bytes(&s->wconn, max_bytes);

@@ -131,6 +131,11 @@ void tr_events_free(struct tr_event *events, int count);
  * deletion).  Equal values mean an earlier answer is still right, which
  * lets the API cache rendered responses. */
 uint64_t tr_store_data_generation(tr_store_t *s);
+/* The same for one job: changes after every commit of that job's metrics,
+ * logs, events or state, its truncation and any deletion; other jobs'
+ * commits leave it unchanged (but for jobs whose ids are a multiple of
+ * 1,024 apart).  A value is only comparable with the same job's. */
+uint64_t tr_store_job_data_generation(tr_store_t *s, int64_t job_id);
 /* Highest event id so far (0 when none). */
 int64_t tr_store_last_event_id(tr_store_t *s);
 /* Blocks until an event with id > after exists for job_id (any job when

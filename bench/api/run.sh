@@ -10,7 +10,7 @@
 # (summary.md, results.json, raw/ with every wrk and loadgen output, the
 # daemon log); bench/results/api-latest points at the newest.
 #
-# Bounded: about 4.5 minutes on the 2-core machine; the Python driver is
+# Bounded: about 5 minutes on the 2-core machine; the Python driver is
 # killed after 9 minutes.  Extra driver arguments: BENCH_API_ARGS, e.g.
 # "--rounds 1 --only a" or "--perf" (adds a 5 s flat profile of trainerd
 # at saturation under raw/).

@@ -188,7 +188,10 @@ MODELS = {
     "1GB": (2048, (8192, 8192)),
 }
 
-CKPT_RE = re.compile(r"checkpoint at step (\d+) \(([a-z_]+)\): ([\d.]+) MB in (\d+) ms \((\d+) MB/s\)")
+# The tail (trainerd after the write-ahead log change): the copy from the
+# WAL into the database file after the commit, outside "Y ms".
+CKPT_RE = re.compile(r"checkpoint at step (\d+) \(([a-z_]+)\): ([\d.]+) MB in (\d+) ms \((\d+) MB/s\)"
+                     r"(?:; copied from the write-ahead log into the database file in (\d+) ms)?")
 
 
 def run_job(args, out, tag, spec, timeout):
@@ -215,9 +218,11 @@ def run_job(args, out, tag, spec, timeout):
         json.dump({"spec": spec, "state": st, "logs": logs, "step_ms": metrics}, f)
     if st != "completed":
         raise RuntimeError(f"{tag}: job ended {st}: {logs[-3:]}")
-    ckpts = [dict(zip(("step", "reason", "mb", "ms", "mb_per_s"), m.groups())) for m in map(CKPT_RE.search, logs) if m]
+    ckpts = [dict(zip(("step", "reason", "mb", "ms", "mb_per_s", "settle_ms"), m.groups()))
+             for m in map(CKPT_RE.search, logs) if m]
     for c in ckpts:
-        c.update(step=int(c["step"]), mb=float(c["mb"]), ms=int(c["ms"]), mb_per_s=int(c["mb_per_s"]))
+        c.update(step=int(c["step"]), mb=float(c["mb"]), ms=int(c["ms"]), mb_per_s=int(c["mb_per_s"]),
+                 settle_ms=int(c["settle_ms"]) if c["settle_ms"] else None)
     return {"state": st, "wall_s": wall, "checkpoints": ckpts, "step_ms": metrics, "daemon_peak_rss_mb": hwm,
             "state_dir": state, "others_cpu_s_per_s": others}
 
@@ -280,12 +285,22 @@ def part_storage(args, out):
         os.makedirs(d, exist_ok=True)
         res["dd"].append(dict(dd(d, float(size), f"storage_{size}", out), mb=float(size)))
         log(f"ckpt_store {size} MB: {[r['mb_per_s'] for r in rows]} MB/s; dd {res['dd'][-1]['mb_per_s']:.0f} MB/s")
-    for page, autockpt in ((4096, 1000), (65536, 1000)):
+    for page, autockpt in ((4096, 1000), (16384, 0), (65536, 1000)):
         p = subprocess.run([args.ckpt_store, "--sqlite", d, "100", str(page), str(autockpt)], capture_output=True,
                            text=True, timeout=120)
         if p.returncode == 0:
             res["sqlite_only"].append(json.loads(p.stdout.strip().splitlines()[-1]))
             log(f"sqlite only, page {page}: {res['sqlite_only'][-1]['mb_per_s']} MB/s")
+    # What the page size of new databases costs metrics writes.
+    res["metrics_only"] = []
+    for page in (4096, 16384, 65536):
+        p = subprocess.run([args.ckpt_store, "--metrics", d, str(page), "200000"], capture_output=True, text=True,
+                           timeout=180)
+        if p.returncode == 0:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            res["metrics_only"].append(r)
+            log(f"metrics only, page {page}: {r['points_per_s']} points/s, CPU {r['cpu_ms']} ms, "
+                f"{r['written_mb']} MB written")
     shutil.rmtree(d, ignore_errors=True)
     if shutil.which("openssl"):
         p = subprocess.run(["openssl", "speed", "-seconds", "1", "-bytes", "16384", "-evp", "sha256"],
@@ -459,8 +474,8 @@ def summarize(res, out):
         L.append("")
         L.append("Checkpoint write through the daemon (job log line) vs dd conv=fsync, medians over rounds:")
         L.append("")
-        L.append("| model | params | checkpoint MB | checkpoint ms | checkpoint MB/s | dd MB/s | ratio (same-round median) | daemon peak RSS MB | others' CPU s/s | rounds |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| model | params | checkpoint MB | checkpoint ms | checkpoint MB/s | dd MB/s | ratio (same-round median) | WAL copy after, ms | daemon peak RSS MB | others' CPU s/s | rounds |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         per_round = []
         for size in res["args"]["sizes"]:
             rs = [r for r in tp if r["size"] == size and r.get("ckpt")]
@@ -470,6 +485,7 @@ def summarize(res, out):
                      f"{fmt(med([r['ckpt']['ms'] for r in rs]), 0)} | "
                      f"{fmt(med([r['ckpt']['mb'] / r['ckpt']['ms'] * 1e3 for r in rs]), 0)} | "
                      f"{fmt(med([r['dd']['mb_per_s'] for r in rs]), 0)} | {fmt(med([r['ratio'] for r in rs]), 3)} | "
+                     f"{fmt(med([r['ckpt'].get('settle_ms') for r in rs]), 0)} | "
                      f"{fmt(med([r['daemon_peak_rss_mb'] for r in rs]), 0)} | "
                      f"{fmt(med([r.get('others_cpu_s_per_s') for r in rs]), 2)} | {len(rs)} |")
             per_round.append(f"{size} per round (checkpoint vs dd): " + "; ".join(
@@ -493,6 +509,10 @@ def summarize(res, out):
         for r in st["sqlite_only"]:
             L.append(f"SQLite alone, 100 MB in 4 MiB chunk transactions, page_size {r['page_size']}, wal_autocheckpoint "
                      f"{r['wal_autocheckpoint']}: {r['mb_per_s']:.0f} MB/s")
+        for r in st.get("metrics_only", []):
+            L.append(f"Metrics alone, 200,000 points flushed every 1,000, page_size {r['page_size']}: "
+                     f"{r['points_per_s']:.0f} points/s, CPU {r['cpu_ms']:.0f} ms, {r['written_mb']:.1f} MB written, "
+                     f"flush median {r['flush_ms_median']:.1f} ms, max {r['flush_ms_max']:.0f} ms")
         if st.get("openssl_sha256_mb_per_s"):
             L.append(f"OpenSSL SHA-256 (16 KiB blocks, SHA-NI when the CPU has it): {st['openssl_sha256_mb_per_s']:.0f} MB/s")
     ov = res.get("overhead")

@@ -5,13 +5,16 @@
  * bound it: SHA-256 on one thread (the writer hashes beside SQLite on a
  * helper thread) and memcpy.
  *
- *   ckpt_store DIR MB [ROUNDS]
+ *   ckpt_store DIR MB [ROUNDS [PAGE_SIZE]]
  *   ckpt_store --sqlite DIR MB PAGE_SIZE AUTOCHECKPOINT
+ *   ckpt_store --metrics DIR PAGE_SIZE POINTS
  *
  * DIR: a directory for the database (created; each round uses a fresh
  * database file there, deleted afterwards).  MB: the blob size in 1e6
  * bytes, split 1/3 parameters + 2/3 Adam state like a checkpoint.  One
- * JSON line per round on stdout.
+ * JSON line per round on stdout.  PAGE_SIZE: create the database with
+ * this page size first (as an older trainerd did with 4096) instead of
+ * letting tr_store_open choose.
  *
  * --sqlite: a diagnostic of SQLite alone (no hashing, no trainerd code):
  * the same chunk table, connection settings (WAL, synchronous=NORMAL,
@@ -20,6 +23,13 @@
  * wal_autocheckpoint given (trainerd runs with SQLite's defaults, 4096 and
  * 1000; AUTOCHECKPOINT 0 = off, one TRUNCATE checkpoint at the end, timed
  * in).  Shows what the storage engine itself costs per MB.
+ *
+ * --metrics: what the page size costs metrics writes: a store whose
+ * database was created with PAGE_SIZE (4096 = databases made before
+ * trainerd chose 65536) takes POINTS points (5 names, step by step) through
+ * tr_store_metric_append, flushed every 1,000 points (a flush interval's
+ * worth for a fast job); the total time, the median and worst flush, the
+ * process's CPU time and the bytes it wrote (WAL and database file).
  *
  * Build (bench/checkpoint/run.sh does this):
  *   cc -O2 -std=c11 -I. bench/checkpoint/ckpt_store.c BUILD/storage/libtrstore.a \
@@ -140,10 +150,98 @@ static int sqlite_only(const char *dir, double mb, int page_size, int autockpt)
 	return 0;
 }
 
+/* An empty WAL database with the given page size (which SQLite then keeps). */
+static int precreate(const char *path, int page_size)
+{
+	sqlite3 *db;
+	char sql[64];
+	if (sqlite3_open(path, &db) != SQLITE_OK)
+		return -1;
+	snprintf(sql, sizeof sql, "PRAGMA page_size=%d", page_size);
+	int rc = exec(db, sql) || exec(db, "PRAGMA journal_mode=WAL") ? -1 : 0;
+	sqlite3_close(db);
+	return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Bytes this process has handed to write calls so far (/proc/self/io). */
+static long long written_bytes(void)
+{
+	FILE *f = fopen("/proc/self/io", "r");
+	long long v = -1;
+	char line[128];
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "wchar: %lld", &v) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int metrics_only(const char *dir, int page_size, long points)
+{
+	char path[4096];
+	mkdir(dir, 0755);
+	snprintf(path, sizeof path, "%s/metrics_only.db", dir);
+	rm_db(path);
+	if (precreate(path, page_size) < 0)
+		return 1;
+	tr_store_t *s;
+	char err[512];
+	if (tr_store_open(path, NULL, &s, err, sizeof err) < 0) {
+		fprintf(stderr, "ckpt_store: %s\n", err);
+		return 1;
+	}
+	struct tr_job_row row = {.name = "metrics-bench", .spec = "{}", .normalized = "{}", .devices = "[]"};
+	if (tr_store_job_insert(s, &row, NULL) < 0)
+		return 1;
+	static const char *names[] = {"loss", "lr", "step_ms", "data_wait_ms", "samples_per_sec"};
+	long nflush = points / 1000 + 1, k = 0;
+	double *flush_ms = calloc((size_t)nflush, sizeof *flush_ms);
+	double t0 = now_s(), c0 = cpu_s();
+	long long w0 = written_bytes();
+	for (long i = 0; i < points; i++) {
+		if (tr_store_metric_append(s, row.id, names[i % 5], i / 5, 0, 0, 1.0 / (double)(i + 1)) < 0)
+			return 1;
+		if ((i + 1) % 1000 == 0 || i + 1 == points) {
+			double t = now_s();
+			if (tr_store_flush(s) < 0)
+				return 1;
+			flush_ms[k++] = (now_s() - t) * 1e3;
+		}
+	}
+	double total = now_s() - t0, cpu = cpu_s() - c0;
+	long long written = written_bytes() - w0;
+	tr_store_close(s);
+	qsort(flush_ms, (size_t)k, sizeof *flush_ms, cmp_double);
+	printf("{\"mode\":\"metrics_only\",\"page_size\":%d,\"points\":%ld,\"total_ms\":%.1f,"
+	       "\"points_per_s\":%.0f,\"flush_ms_median\":%.2f,\"flush_ms_max\":%.2f,\"cpu_ms\":%.1f,"
+	       "\"written_mb\":%.1f}\n",
+	       page_size, points, total * 1e3, points / total, flush_ms[k / 2], flush_ms[k - 1], cpu * 1e3,
+	       written / 1e6);
+	free(flush_ms);
+	rm_db(path);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 6 && strcmp(argv[1], "--sqlite") == 0)
 		return sqlite_only(argv[2], atof(argv[3]), atoi(argv[4]), atoi(argv[5]));
+	if (argc == 5 && strcmp(argv[1], "--metrics") == 0)
+		return metrics_only(argv[2], atoi(argv[3]), atol(argv[4]));
 	if (argc < 3) {
 		fprintf(stderr, "usage: ckpt_store DIR MB [ROUNDS]\n");
 		return 2;
@@ -151,6 +249,7 @@ int main(int argc, char **argv)
 	const char *dir = argv[1];
 	double mb = atof(argv[2]);
 	int rounds = argc > 3 ? atoi(argv[3]) : 1;
+	int page_size = argc > 4 ? atoi(argv[4]) : 0;
 	if (mb <= 0 || mb > 8000 || rounds < 1 || rounds > 20) {
 		fprintf(stderr, "ckpt_store: 0 < MB <= 8000, 1 <= ROUNDS <= 20\n");
 		return 2;
@@ -193,6 +292,8 @@ int main(int argc, char **argv)
 	snprintf(path, sizeof path, "%s/ckpt_store.db", dir);
 	for (int r = 0; r < rounds; r++) {
 		rm_db(path);
+		if (page_size > 0 && precreate(path, page_size) < 0)
+			return 1;
 		tr_store_t *s;
 		char err[512];
 		if (tr_store_open(path, NULL, &s, err, sizeof err) < 0) {
@@ -205,6 +306,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		tr_ckpt_writer_t *w;
+		double c0 = cpu_s(); /* all threads: the hashing helpers too */
 		double t0 = now_s();
 		int rc = tr_store_ckpt_begin(s, row.id, 100, 0, "{\"reason\":\"bench\"}", &w);
 		double t1 = now_s();
@@ -219,22 +321,31 @@ int main(int argc, char **argv)
 						  &out);
 		else
 			tr_store_ckpt_abort(w);
-		double t3 = now_s();
+		double t3 = now_s(), c3 = cpu_s();
 		if (rc < 0) {
 			fprintf(stderr, "ckpt_store: %s\n", tr_store_error(s));
 			return 1;
 		}
 		tr_ckpt_row_finish(&out);
+		/* As the daemon's checkpointer does after each commit. */
+		rc = tr_store_ckpt_settle(s, NULL);
+		double t3b = now_s(), c3b = cpu_s();
+		if (rc < 0) {
+			fprintf(stderr, "ckpt_store: settle: %s\n", tr_store_error(s));
+			return 1;
+		}
 		tr_store_close(s);
 		double t4 = now_s();
 		struct stat st;
 		long long db_bytes = stat(path, &st) == 0 ? (long long)st.st_size : -1;
 		double total_mb = (double)(3 * bytes + sizeof header) / 1e6;
 		printf("{\"round\":%d,\"mb\":%.1f,\"begin_ms\":%.1f,\"write_ms\":%.1f,\"commit_ms\":%.1f,"
-		       "\"total_ms\":%.1f,\"mb_per_s\":%.1f,\"close_ms\":%.1f,\"db_bytes\":%lld,"
+		       "\"total_ms\":%.1f,\"mb_per_s\":%.1f,\"cpu_ms\":%.1f,\"settle_ms\":%.1f,\"settle_cpu_ms\":%.1f,"
+		       "\"close_ms\":%.1f,\"db_bytes\":%lld,"
 		       "\"sha256_1thread_mb_per_s\":%.1f,\"memcpy_mb_per_s\":%.1f}\n",
 		       r + 1, total_mb, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3,
-		       total_mb / (t3 - t0), (t4 - t3) * 1e3, db_bytes, 3 * bytes / 1e6 / sha_s,
+		       total_mb / (t3 - t0), (c3 - c0) * 1e3, (t3b - t3) * 1e3, (c3b - c3) * 1e3, (t4 - t3b) * 1e3, db_bytes,
+		       3 * bytes / 1e6 / sha_s,
 		       3 * bytes / 1e6 / memcpy_s);
 		fflush(stdout);
 		rm_db(path);

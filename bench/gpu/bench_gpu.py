@@ -183,8 +183,9 @@ def write_md(path, res):
             if "error" in r:
                 lines.append("| %s | trainerd %s | error: %s | | | | | |" % (key, r["tag"], r["error"][:200]))
                 continue
-            lines.append("| %s | trainerd, %d GPU | %s | %s | %s | %s | %.1f%% | %.4f |" % (
-                key, r["devices"], fmt(r["samples_per_sec"]), fmt(r["device_samples_per_sec"]),
+            lines.append("| %s | trainerd, %d GPU%s | %s | %s | %s | %s | %.1f%% | %.4f |" % (
+                key, r["devices"], ", tf32" if r["tag"].endswith("-tf32") else "",
+                fmt(r["samples_per_sec"]), fmt(r["device_samples_per_sec"]),
                 fmt(r["median_device0_step_ms"], "%.2f"), fmt(r["device_tflops"], "%.1f"),
                 100 * r["data_wait_fraction"], r["final_loss"]))
         for name, t in w["torch"].items():
@@ -240,6 +241,14 @@ def main():
             w["trainerd"].append(run_trainerd(args, spec, key + "-1gpu"))
         except subprocess.TimeoutExpired:
             w["trainerd"].append({"tag": key + "-1gpu", "error": "timed out"})
+        if key == "mlp_4096":
+            # "precision": "tf32", the peer of PyTorch's TF32 run below
+            log("%s: trainerd, 1 GPU, tf32" % key)
+            tf = dict(spec, precision="tf32")
+            try:
+                w["trainerd"].append(run_trainerd(args, tf, key + "-1gpu-tf32"))
+            except subprocess.TimeoutExpired:
+                w["trainerd"].append({"tag": key + "-1gpu-tf32", "error": "timed out"})
         if ngpu >= 2 and key == "mlp_4096":
             log("%s: trainerd, %d GPUs" % (key, ngpu))
             try:

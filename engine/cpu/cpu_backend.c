@@ -13,6 +13,18 @@
  * spawning `budget` workers would oversubscribe the cores and OpenBLAS would
  * serialise them on its single worker pool anyway.  Because the count is
  * global, the most recently created CPU backend decides it.
+ *
+ * Small gemms run on one thread (tr_cpu_blas_threads_for, used by gemm):
+ * waking OpenBLAS's workers costs more than they save below a few million
+ * multiply-adds (SMALL_GEMM_MNK), and a worker that was woken then spins in
+ * sched_yield, taking the core a loader thread needs.  OpenBLAS's sums
+ * depend on its thread count (1- and 2-thread sgemm differ in the last
+ * bits), so the count must follow from the gemm's shape and the backend
+ * alone, never from timing: only a backend with one device switches, and
+ * then its single device thread is the only BLAS caller (the daemon's
+ * backend has one device only with --cpu-devices 1, which runs one job at
+ * a time).  Within the pool already started, OpenBLAS 0.3.21's setter is a
+ * single store of the count, read when a call starts.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -32,10 +44,17 @@ void tr_cpu_comm_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
+void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k);
 
 /* Weak so that a build against a generic BLAS (no OpenBLAS extensions)
  * still links; then the BLAS library's own default applies. */
 extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+/* m*n*k below which a gemm runs on one BLAS thread: ~130 us of work on
+ * one core, where a worker's wake-up and hand-off (tens of us, far more
+ * when the machine is busy) eat most of what a second thread could save.
+ * 64x128x64 (0.5M) ran 2.4x slower on two threads than on one. */
+#define SMALL_GEMM_MNK ((int64_t)1 << 23)
 
 #define ALIGN 64
 #define ERR_LEN 512
@@ -54,6 +73,8 @@ struct cpu_backend {
  * error and last_error prefers it; the shared copy serves a thread that
  * asks about an error raised elsewhere (e.g. after joining the devices). */
 static atomic_uint_fast64_t next_id = 1;
+/* OpenBLAS's current process-wide thread count as last set here. */
+static atomic_int blas_now;
 static _Thread_local uint64_t tls_owner; /* id of the backend tls_err is about */
 static _Thread_local char tls_err[ERR_LEN];
 static _Thread_local char tls_view[ERR_LEN];
@@ -84,6 +105,21 @@ int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what)
 		return tr_cpu_set_error(be, -EINVAL, "%s: device %d out of range [0, %d)", what, dev,
 					cpu(be)->devices);
 	return 0;
+}
+
+static void set_blas_threads(int n)
+{
+	if (openblas_set_num_threads && atomic_exchange_explicit(&blas_now, n, memory_order_relaxed) != n)
+		openblas_set_num_threads(n);
+}
+
+void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k)
+{
+	struct cpu_backend *b = cpu(be);
+
+	if (b->devices != 1 || b->blas_threads <= 1)
+		return;
+	set_blas_threads((int64_t)m * n * k < SMALL_GEMM_MNK ? 1 : b->blas_threads);
 }
 
 /* The returned text stays valid until the calling thread's next call. */
@@ -252,6 +288,16 @@ static int cpu_sync(tr_backend_t *be, int dev)
 	return tr_cpu_check_dev(be, dev, "sync");
 }
 
+/* cblas_sgemm has no TF32 mode: FP32 is the only answer. */
+static int cpu_set_tf32(tr_backend_t *be, int dev, bool allow)
+{
+	int rc = tr_cpu_check_dev(be, dev, "set_tf32");
+
+	if (rc == 0 && allow)
+		rc = tr_cpu_set_error(be, -ENOTSUP, "set_tf32: CPU devices compute matrix products in FP32 only");
+	return rc;
+}
+
 /* Cores this process may run on (affinity/cpuset aware), at least 1. */
 static int usable_cores(void)
 {
@@ -293,6 +339,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 		.copy = cpu_copy,
 		.memset0 = cpu_memset0,
 		.sync = cpu_sync,
+		.set_tf32 = cpu_set_tf32,
 	};
 	tr_cpu_kernels_fill(&b->table);
 	tr_cpu_comm_fill(&b->table);
@@ -302,8 +349,10 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 
 	budget = blas_threads > 0 ? blas_threads : usable_cores();
 	b->blas_threads = budget / devices > 1 ? budget / devices : 1;
-	if (openblas_set_num_threads)
+	if (openblas_set_num_threads) {
+		atomic_store_explicit(&blas_now, b->blas_threads, memory_order_relaxed);
 		openblas_set_num_threads(b->blas_threads);
+	}
 	return &b->base;
 
 fail_mutex:

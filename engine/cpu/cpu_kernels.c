@@ -21,6 +21,7 @@
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
 void tr_cpu_kernels_fill(tr_backend_i *t);
+void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k);
 
 /* Argument checks share one shape: record what was wrong, return -EINVAL. */
 #define ENSURE(cond, ...)                                                   \
@@ -54,6 +55,15 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 			c[i] = beta == 0.0f ? 0.0f : beta * c[i];
 		return 0;
 	}
+	if (beta == 0.0f) {
+		/* OpenBLAS implements beta 0 as a zeroing pass (sgemm_beta) and
+		 * then accumulates; its loop is several times slower than memset
+		 * (measured: 6 us of a 90 us step of the 64-128-10 MLP), and the
+		 * sum is the same bits either way. */
+		memset(c, 0, (size_t)m * n * sizeof(float));
+		beta = 1.0f;
+	}
+	tr_cpu_blas_threads_for(be, m, n, k);
 	cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,
 		    k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
 	return 0;

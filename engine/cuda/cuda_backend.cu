@@ -11,8 +11,9 @@
  *
  * Without a driver or a device nothing here crashes: the runtime answers
  * cudaErrorInsufficientDriver / cudaErrorNoDevice, which become the reason
- * tr_cuda_backend_create gives.  TF32 is off unless asked for, so gemm
- * agrees with the CPU reference to float rounding.
+ * tr_cuda_backend_create gives.  TF32 is off unless asked for (at
+ * creation for every device, or per device with set_tf32), so gemm agrees
+ * with the CPU reference to float rounding.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -357,6 +358,21 @@ static int cuda_sync(tr_backend_t *be, int dev)
 	return 0;
 }
 
+/* Per device, for the job that owns it (the daemon runs jobs with
+ * different precisions on one backend).  The handle is only used by that
+ * job's threads, which start after this call, and a math mode applies to
+ * the cuBLAS calls made after it, so work already enqueued is unaffected. */
+static int cuda_set_tf32(tr_backend_t *be, int dev, bool allow)
+{
+	int rc = tr_cuda_use(be, dev, "set_tf32");
+
+	if (rc)
+		return rc;
+	CUBLAS_CHECK(be, cublasSetMathMode(cuda_be(be)->dev[dev].blas,
+					   allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+	return 0;
+}
+
 /* ---- lifecycle ---------------------------------------------------------- */
 
 static void cuda_destroy(tr_backend_t *be)
@@ -425,6 +441,7 @@ tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, cha
 	b->table.copy = cuda_copy;
 	b->table.memset0 = cuda_memset0;
 	b->table.sync = cuda_sync;
+	b->table.set_tf32 = cuda_set_tf32;
 	tr_cuda_kernels_fill(&b->table);
 	tr_cuda_comm_fill(&b->table);
 

@@ -54,7 +54,7 @@ struct cuda_backend {
 	struct tr_backend base; /* first: tr_backend_t * converts to this */
 	tr_backend_i table;
 	uint64_t id; /* never reused, unlike the address */
-	bool tf32;
+	bool tf32; /* every device's initial math mode; set_tf32 changes one */
 	int ndev;
 	struct cuda_dev *dev;
 	pthread_mutex_t err_mu;

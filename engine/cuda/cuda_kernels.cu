@@ -164,15 +164,16 @@ __global__ void k_add_bias(size_t n, int cols, float *y, const float *bias)
 __global__ void k_col_sum(int rows, int cols, const float *x, float *out)
 {
 	__shared__ float part[COL_ROWS][COL_TILE + 1];
-	int c = blockIdx.x * COL_TILE + threadIdx.x;
+	/* unsigned: the last tile may reach past INT_MAX */
+	unsigned c = blockIdx.x * COL_TILE + threadIdx.x;
 	float acc = 0.0f;
 
-	if (c < cols)
+	if (c < (unsigned)cols)
 		for (int r = threadIdx.y; r < rows; r += COL_ROWS)
 			acc += x[(size_t)r * cols + c];
 	part[threadIdx.y][threadIdx.x] = acc;
 	__syncthreads();
-	if (threadIdx.y == 0 && c < cols) {
+	if (threadIdx.y == 0 && c < (unsigned)cols) {
 		float s = part[0][threadIdx.x];
 		for (unsigned k = 1; k < COL_ROWS; k++)
 			s += part[k][threadIdx.x];
@@ -318,10 +319,10 @@ __global__ void k_layernorm_backward_params(int rows, int cols, const float *x, 
 					    const float *dy, float *dgamma, float *dbeta)
 {
 	__shared__ float pg[COL_ROWS][COL_TILE + 1], pb[COL_ROWS][COL_TILE + 1];
-	int c = blockIdx.x * COL_TILE + threadIdx.x;
+	unsigned c = blockIdx.x * COL_TILE + threadIdx.x;
 	float ag = 0.0f, ab = 0.0f;
 
-	if (c < cols) {
+	if (c < (unsigned)cols) {
 		for (int r = threadIdx.y; r < rows; r += COL_ROWS) {
 			size_t i = (size_t)r * cols + c;
 			float xh = (x[i] - mean[r]) * rstd[r];
@@ -332,7 +333,7 @@ __global__ void k_layernorm_backward_params(int rows, int cols, const float *x, 
 	pg[threadIdx.y][threadIdx.x] = ag;
 	pb[threadIdx.y][threadIdx.x] = ab;
 	__syncthreads();
-	if (threadIdx.y == 0 && c < cols) {
+	if (threadIdx.y == 0 && c < (unsigned)cols) {
 		float sg = pg[0][threadIdx.x], sb = pb[0][threadIdx.x];
 		for (unsigned k = 1; k < COL_ROWS; k++) {
 			sg += pg[k][threadIdx.x];
@@ -365,7 +366,7 @@ __global__ void k_softmax_ce(int rows, int classes, const float *logits, const f
 	int lane = threadIdx.x & 31;
 	double loss = 0.0, correct = 0.0;
 
-	for (int r = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5); r < rows;
+	for (int64_t r = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5); r < rows;
 	     r += gridDim.x * WARPS_PER_BLOCK) {
 		const float *z = logits + (size_t)r * classes;
 		int label = (int)labels[r];
@@ -423,7 +424,7 @@ __global__ void k_mse(int rows, int cols, const float *pred, const float *target
 	int lane = threadIdx.x & 31;
 	double loss = 0.0, unused = 0.0;
 
-	for (int r = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5); r < rows;
+	for (int64_t r = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5); r < rows;
 	     r += gridDim.x * WARPS_PER_BLOCK) {
 		const float *p = pred + (size_t)r * cols;
 		const float *t = target + (size_t)r * cols;

@@ -129,6 +129,25 @@ static ncclResult_t settle_all(struct tr_comm *cm, double timeout_s, int *failed
 	return ncclSuccess;
 }
 
+/* Polls s until it is idle: false on a stream error or past deadline (a
+ * collective whose peer never came), where cudaStreamSynchronize would
+ * wait forever. */
+static bool stream_idle_by(cudaStream_t s, double deadline)
+{
+	unsigned spins = 0;
+
+	for (;;) {
+		cudaError_t e = cudaStreamQuery(s);
+		if (e == cudaSuccess)
+			return true;
+		if (e != cudaErrorNotReady || mono_s() > deadline) {
+			(void)cudaGetLastError();
+			return false;
+		}
+		backoff(&spins);
+	}
+}
+
 static void abort_all(struct tr_comm *cm)
 {
 	for (int r = 0; r < cm->ndev; r++) {
@@ -396,9 +415,11 @@ static void cuda_comm_abort(tr_comm_t *cm)
 		abort_all(cm);
 }
 
-/* After every rank has stopped calling.  A clean shutdown finalizes all
- * communicators (non-blocking, so all of them from this thread) and then
- * destroys them; if that fails or stalls, abort instead. */
+/* After every rank has stopped calling.  A clean shutdown waits for the
+ * last collectives, finalizes all communicators (non-blocking, so all of
+ * them from this thread) and then destroys them; if any of that fails or
+ * stalls past FINALIZE_TIMEOUT_S, abort instead, so that teardown always
+ * ends. */
 static void cuda_comm_destroy(tr_comm_t *cm)
 {
 	if (!cm)
@@ -406,11 +427,12 @@ static void cuda_comm_destroy(tr_comm_t *cm)
 	if (cm->ndev > 1 && !is_aborted(cm)) {
 		struct cuda_backend *b = cuda_be(cm->be);
 		ncclResult_t st = ncclSuccess;
+		double deadline = mono_s() + FINALIZE_TIMEOUT_S;
 		int bad = -1;
 		for (int r = 0; r < cm->ndev && st == ncclSuccess; r++) {
 			struct nccl_rank *rk = &cm->ranks[r];
 			if (cudaSetDevice(b->dev[rk->dev].ordinal) != cudaSuccess ||
-			    cudaStreamSynchronize(rk->stream) != cudaSuccess)
+			    !stream_idle_by(rk->stream, deadline))
 				st = ncclUnhandledCudaError;
 			(void)cudaGetLastError();
 		}

@@ -2,11 +2,27 @@
 #include "engine/data/plan.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 
 #include "engine/rng.h"
 
 #define FEISTEL_ROUNDS 6
+
+/* The round function is tr_rng_u64(key, round << 40 | right), i.e.
+ * mix(key ^ mix(round << 40 | right)); the inner mix does not depend on the
+ * key, so for half-widths up to TABLE_BITS (data sets up to 16M samples)
+ * it is looked up: one mix per round instead of two, same permutation. */
+#define TABLE_BITS 12
+static uint64_t round_input[FEISTEL_ROUNDS][1 << TABLE_BITS];
+static pthread_once_t round_input_once = PTHREAD_ONCE_INIT;
+
+static void fill_round_input(void)
+{
+	for (uint64_t r = 0; r < FEISTEL_ROUNDS; r++)
+		for (uint64_t x = 0; x < (1u << TABLE_BITS); x++)
+			round_input[r][x] = tr_mix64((r << 40) | x);
+}
 
 int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_batch last_batch, bool shuffle,
 		 uint64_t seed, int epochs, int64_t max_steps, char *err, size_t errlen)
@@ -31,6 +47,8 @@ int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_
 	while ((1LL << (2 * bits)) < samples)
 		bits++;
 	plan->feistel_bits = bits;
+	if (bits <= TABLE_BITS)
+		pthread_once(&round_input_once, fill_round_input);
 
 	switch (last_batch) {
 	case TR_LAST_DROP:
@@ -69,7 +87,8 @@ static uint64_t feistel(uint64_t x, int bits, uint64_t key)
 	uint64_t mask = (1ULL << bits) - 1;
 	uint64_t left = x >> bits, right = x & mask;
 	for (int round = 0; round < FEISTEL_ROUNDS; round++) {
-		uint64_t f = tr_rng_u64(key, ((uint64_t)round << 40) | right) & mask;
+		uint64_t f = (bits <= TABLE_BITS ? tr_mix64(key ^ round_input[round][right])
+						 : tr_rng_u64(key, ((uint64_t)round << 40) | right)) & mask;
 		uint64_t next = left ^ f;
 		left = right;
 		right = next;
@@ -77,11 +96,17 @@ static uint64_t feistel(uint64_t x, int bits, uint64_t key)
 	return (left << bits) | right;
 }
 
-int64_t tr_plan_sample(const struct tr_plan *plan, int64_t epoch, int64_t pos)
+static uint64_t epoch_key(const struct tr_plan *plan, int64_t epoch)
+{
+	return tr_rng_key(plan->seed, (uint64_t)epoch, 0, TR_RNG_SHUFFLE);
+}
+
+/* tr_plan_sample with the epoch's key already derived (three mixes, as
+ * much as the permutation itself for small data sets). */
+static int64_t sample_keyed(const struct tr_plan *plan, uint64_t key, int64_t pos)
 {
 	if (!plan->shuffle)
 		return pos;
-	uint64_t key = tr_rng_key(plan->seed, (uint64_t)epoch, 0, TR_RNG_SHUFFLE);
 	/* Cycle walking: re-apply until the value lands inside [0, n).  The
 	 * domain is at most 4n, so this takes a few rounds on average. */
 	uint64_t x = (uint64_t)pos;
@@ -89,6 +114,11 @@ int64_t tr_plan_sample(const struct tr_plan *plan, int64_t epoch, int64_t pos)
 		x = feistel(x, plan->feistel_bits, key);
 	while (x >= (uint64_t)plan->samples);
 	return (int64_t)x;
+}
+
+int64_t tr_plan_sample(const struct tr_plan *plan, int64_t epoch, int64_t pos)
+{
+	return plan->shuffle ? sample_keyed(plan, epoch_key(plan, epoch), pos) : pos;
 }
 
 int64_t tr_plan_step_epoch(const struct tr_plan *plan, int64_t step)
@@ -102,25 +132,50 @@ int64_t tr_plan_step_epoch(const struct tr_plan *plan, int64_t step)
 	return step / plan->steps_per_epoch;
 }
 
-int tr_plan_step(const struct tr_plan *plan, int64_t step, int64_t *idx, int64_t *epoch)
+int tr_plan_step_count(const struct tr_plan *plan, int64_t step, int64_t *epoch)
 {
 	int64_t n = plan->samples, b = plan->batch;
 	if (plan->last_batch == TR_LAST_ROLLOVER) {
 		int64_t begin = step * b, end = begin + b;
 		if (plan->epochs > 0 && end > plan->epochs * n)
 			end = plan->epochs * n;
-		for (int64_t p = begin; p < end; p++)
-			idx[p - begin] = tr_plan_sample(plan, p / n, p % n);
 		*epoch = (end - 1) / n;
 		return (int)(end - begin);
 	}
-	int64_t e = step / plan->steps_per_epoch;
 	int64_t begin = (step % plan->steps_per_epoch) * b;
 	int64_t count = b;
 	if (plan->last_batch == TR_LAST_PARTIAL && begin + count > n)
 		count = n - begin;
-	for (int64_t j = 0; j < count; j++)
-		idx[j] = tr_plan_sample(plan, e, (begin + j) % n);
-	*epoch = e;
+	*epoch = step / plan->steps_per_epoch;
 	return (int)count;
+}
+
+void tr_plan_step_range(const struct tr_plan *plan, int64_t step, int begin, int end, int64_t *idx)
+{
+	int64_t n = plan->samples, b = plan->batch;
+	if (plan->last_batch == TR_LAST_ROLLOVER) {
+		int64_t e = -1;
+		uint64_t key = 0;
+		for (int j = begin; j < end; j++) {
+			int64_t p = step * b + j;
+			if (p / n != e) {
+				e = p / n;
+				key = epoch_key(plan, e);
+			}
+			idx[j] = sample_keyed(plan, key, p % n);
+		}
+		return;
+	}
+	int64_t e = step / plan->steps_per_epoch;
+	int64_t first = (step % plan->steps_per_epoch) * b;
+	uint64_t key = epoch_key(plan, e);
+	for (int j = begin; j < end; j++)
+		idx[j] = sample_keyed(plan, key, (first + j) % n);
+}
+
+int tr_plan_step(const struct tr_plan *plan, int64_t step, int64_t *idx, int64_t *epoch)
+{
+	int count = tr_plan_step_count(plan, step, epoch);
+	tr_plan_step_range(plan, step, 0, count, idx);
+	return count;
 }

@@ -54,6 +54,11 @@ int64_t tr_plan_sample(const struct tr_plan *plan, int64_t epoch, int64_t pos);
  * returns the count and stores the step's epoch. */
 int tr_plan_step(const struct tr_plan *plan, int64_t step, int64_t *idx, int64_t *epoch);
 
+/* The same in parts, so loaders can share one step: the step's sample count
+ * and epoch, and its samples [begin, end) written to idx[begin..end). */
+int tr_plan_step_count(const struct tr_plan *plan, int64_t step, int64_t *epoch);
+void tr_plan_step_range(const struct tr_plan *plan, int64_t step, int begin, int end, int64_t *idx);
+
 /* Epoch of a step without listing its samples. */
 int64_t tr_plan_step_epoch(const struct tr_plan *plan, int64_t step);
 

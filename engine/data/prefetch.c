@@ -13,19 +13,30 @@
 
 enum slot_state { SLOT_FREE, SLOT_LOADING, SLOT_READY, SLOT_FAILED };
 
+/* A step is cut into `chunks` row ranges so that several loaders can fill
+ * it at once; a chunk never has fewer than MIN_CHUNK_ROWS rows, because
+ * every chunk costs a lock round trip. */
+#define MIN_CHUNK_ROWS 8
+
 struct slot {
 	enum slot_state state;
+	int chunks; /* row ranges of this step */
+	int done;   /* chunks finished */
 	struct tr_batch batch;
 };
 
 struct tr_prefetch {
 	struct tr_prefetch_config cfg;
 	int features, label_dim;
+	int wake_free; /* free slots that make it worth waking sleeping loaders */
 	pthread_mutex_t lock;
-	pthread_cond_t changed; /* any slot state change, cancel, error */
+	pthread_cond_t ready; /* consumer: a slot became ready or failed; cancel */
+	pthread_cond_t space; /* loaders: slots were released; cancel, error */
 	struct slot *slots;
-	int64_t next_claim;   /* next step a loader will take */
+	int64_t claim_step;   /* the step loaders are claiming chunks of */
+	int claim_chunk;      /* its next unclaimed chunk */
 	int64_t next_free;    /* steps below this (mod depth) have been released */
+	int sleeping;         /* loaders waiting on `space` */
 	atomic_bool cancelled; /* also polled between samples, without the lock */
 	bool failed;
 	char error[512];
@@ -55,12 +66,14 @@ static void slot_free(tr_backend_t *be, void *p)
 		free(p);
 }
 
-/* Loads one step into its slot without holding the lock. */
-static int fill_slot(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, char *err, size_t errlen)
+/* Loads rows [begin, end) of a step without holding the lock.  Rows are a
+ * pure function of (step, row), so who loads which range changes nothing. */
+static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, int64_t epoch, int begin, int end,
+		     char *err, size_t errlen)
 {
 	const struct tr_prefetch_config *c = &pf->cfg;
-	b->count = tr_plan_step(c->plan, step, b->index, &b->epoch);
-	for (int i = 0; i < b->count; i++) {
+	tr_plan_step_range(c->plan, step, begin, end, b->index);
+	for (int i = begin; i < end; i++) {
 		/* A step of slow samples can take seconds: notice a cancel between
 		 * samples so destroy joins promptly. */
 		if (atomic_load_explicit(&pf->cancelled, memory_order_relaxed)) {
@@ -73,9 +86,41 @@ static int fill_slot(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, c
 		if (rc < 0)
 			return rc;
 		if (c->transforms)
-			tr_transforms_apply(c->transforms, x, pf->features, c->seed, b->epoch, b->index[i], 1);
+			tr_transforms_apply(c->transforms, x, pf->features, c->seed, epoch, b->index[i], 1);
 	}
 	return 0;
+}
+
+/* Opens claim_step's slot for loading (under the lock): its size and how
+ * many chunks it is cut into. */
+static void open_slot(struct tr_prefetch *pf, struct slot *s, int64_t step)
+{
+	int count = tr_plan_step_count(pf->cfg.plan, step, &s->batch.epoch);
+	int chunks = count / MIN_CHUNK_ROWS;
+	if (chunks > pf->cfg.workers)
+		chunks = pf->cfg.workers;
+	s->state = SLOT_LOADING;
+	s->batch.step = step;
+	s->batch.count = count;
+	s->chunks = chunks > 1 ? chunks : 1;
+	s->done = 0;
+}
+
+/* Steps loaders may start now without waiting for a release. */
+static int64_t free_slots(const struct tr_prefetch *pf)
+{
+	return pf->next_free + pf->cfg.depth - pf->claim_step;
+}
+
+static void record_failure(struct tr_prefetch *pf, struct slot *s, const char *err)
+{
+	s->state = SLOT_FAILED;
+	if (!pf->failed) {
+		pf->failed = true;
+		snprintf(pf->error, sizeof pf->error, "%s", err[0] ? err : "loading failed");
+	}
+	pthread_cond_broadcast(&pf->ready);
+	pthread_cond_broadcast(&pf->space);
 }
 
 static void *loader_main(void *arg)
@@ -87,33 +132,38 @@ static void *loader_main(void *arg)
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
 	pthread_mutex_lock(&pf->lock);
 	for (;;) {
-		if (pf->cancelled || pf->failed || pf->next_claim >= pf->cfg.end_step)
+		if (pf->cancelled || pf->failed || pf->claim_step >= pf->cfg.end_step)
 			break;
-		int64_t step = pf->next_claim++;
+		/* The slot is free once the consumer has released step - depth. */
+		if (free_slots(pf) <= 0) {
+			pf->sleeping++;
+			pthread_cond_wait(&pf->space, &pf->lock);
+			pf->sleeping--;
+			continue;
+		}
+		int64_t step = pf->claim_step;
 		struct slot *s = &pf->slots[step % pf->cfg.depth];
-		/* The slot is ours once the consumer has released step - depth. */
-		while (!pf->cancelled && pf->next_free <= step - pf->cfg.depth)
-			pthread_cond_wait(&pf->changed, &pf->lock);
-		if (pf->cancelled)
-			break;
-		s->state = SLOT_LOADING;
-		s->batch.step = step;
+		if (pf->claim_chunk == 0)
+			open_slot(pf, s, step);
+		int chunk = pf->claim_chunk++;
+		if (pf->claim_chunk == s->chunks) {
+			pf->claim_step++;
+			pf->claim_chunk = 0;
+		}
+		int64_t count = s->batch.count, epoch = s->batch.epoch;
+		int begin = (int)(count * chunk / s->chunks), end = (int)(count * (chunk + 1) / s->chunks);
 		pthread_mutex_unlock(&pf->lock);
 
 		err[0] = 0;
-		int rc = fill_slot(pf, &s->batch, step, err, sizeof err);
+		int rc = fill_rows(pf, &s->batch, step, epoch, begin, end, err, sizeof err);
 
 		pthread_mutex_lock(&pf->lock);
 		if (rc < 0) {
-			s->state = SLOT_FAILED;
-			if (!pf->failed) {
-				pf->failed = true;
-				snprintf(pf->error, sizeof pf->error, "%s", err[0] ? err : "loading failed");
-			}
-		} else {
+			record_failure(pf, s, err);
+		} else if (++s->done == s->chunks && s->state == SLOT_LOADING) {
 			s->state = SLOT_READY;
+			pthread_cond_signal(&pf->ready);
 		}
-		pthread_cond_broadcast(&pf->changed);
 	}
 	pthread_mutex_unlock(&pf->lock);
 	return NULL;
@@ -131,10 +181,14 @@ int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out
 	pf->cfg = *cfg;
 	pf->features = cfg->reader->info.features;
 	pf->label_dim = cfg->reader->info.label_dim;
-	pf->next_claim = cfg->first_step;
+	pf->claim_step = cfg->first_step;
 	pf->next_free = cfg->first_step;
+	/* Waking a loader per released slot costs a futex round trip per
+	 * step; waking it once half the ring is free amortises that. */
+	pf->wake_free = cfg->depth / 2 > 1 ? cfg->depth / 2 : 1;
 	pthread_mutex_init(&pf->lock, NULL);
-	pthread_cond_init(&pf->changed, NULL);
+	pthread_cond_init(&pf->ready, NULL);
+	pthread_cond_init(&pf->space, NULL);
 
 	pf->slots = calloc((size_t)cfg->depth, sizeof *pf->slots);
 	if (!pf->slots)
@@ -168,7 +222,8 @@ fail_threads:
 	snprintf(err, errlen, "prefetch: out of memory for %d slots of %d samples", cfg->depth, cfg->plan->batch);
 	return -ENOMEM;
 fail_slots:
-	pthread_cond_destroy(&pf->changed);
+	pthread_cond_destroy(&pf->ready);
+	pthread_cond_destroy(&pf->space);
 	pthread_mutex_destroy(&pf->lock);
 	free(pf);
 fail_alloc:
@@ -194,7 +249,11 @@ int tr_prefetch_next(tr_prefetch_t *pf, int64_t step, const struct tr_batch **ba
 			rc = -EIO;
 			break;
 		}
-		pthread_cond_wait(&pf->changed, &pf->lock);
+		/* Loaders held back by release's hysteresis must not sleep
+		 * while the consumer waits for them. */
+		if (pf->sleeping && free_slots(pf) > 0)
+			pthread_cond_broadcast(&pf->space);
+		pthread_cond_wait(&pf->ready, &pf->lock);
 	}
 	pthread_mutex_unlock(&pf->lock);
 	if (wait_ms)
@@ -210,7 +269,8 @@ void tr_prefetch_release(tr_prefetch_t *pf, int64_t step)
 	pf->slots[step % pf->cfg.depth].state = SLOT_FREE;
 	if (step + 1 > pf->next_free)
 		pf->next_free = step + 1;
-	pthread_cond_broadcast(&pf->changed);
+	if (pf->sleeping && free_slots(pf) >= pf->wake_free)
+		pthread_cond_broadcast(&pf->space);
 	pthread_mutex_unlock(&pf->lock);
 }
 
@@ -218,7 +278,8 @@ void tr_prefetch_cancel(tr_prefetch_t *pf)
 {
 	pthread_mutex_lock(&pf->lock);
 	pf->cancelled = true;
-	pthread_cond_broadcast(&pf->changed);
+	pthread_cond_broadcast(&pf->ready);
+	pthread_cond_broadcast(&pf->space);
 	pthread_mutex_unlock(&pf->lock);
 }
 
@@ -243,7 +304,8 @@ void tr_prefetch_destroy(tr_prefetch_t *pf)
 		}
 		free(pf->slots);
 	}
-	pthread_cond_destroy(&pf->changed);
+	pthread_cond_destroy(&pf->ready);
+	pthread_cond_destroy(&pf->space);
 	pthread_mutex_destroy(&pf->lock);
 	free(pf);
 }

@@ -1,13 +1,18 @@
 /* The prefetch pool: W loader threads fill a ring of `depth` step slots
  * ahead of the compute devices.
  *
- * Loaders claim steps in order from a shared counter, wait for the slot
- * (step mod depth) to be released by the consumer, then fill it without
- * holding the lock.  Because every sample is a pure function of its index
- * and the plan, the slot contents do not depend on which loader filled it
- * or when: batches are bit-identical for any worker count.  Memory is
- * exactly `depth` slots.  Every wait (loader or consumer) also wakes on
- * cancel and on a loader error; destroy joins every thread.
+ * Loaders claim work in order from a shared cursor: each step is cut into
+ * up to W row ranges ("chunks", at least 8 rows each), so W loaders fill
+ * one step together and the first step waits for 1/W of a step's loading,
+ * not all of it.  A step's slot is (step mod depth); loaders wait for the
+ * consumer to release its previous occupant, and are woken only once half
+ * the ring is free (or when the consumer would otherwise wait), so a
+ * loader that runs ahead costs one wake-up per few steps, not per step.
+ * Because every sample is a pure function of its index and the plan, the
+ * slot contents do not depend on which loader filled which rows or when:
+ * batches are bit-identical for any worker count.  Memory is exactly
+ * `depth` slots.  Every wait (loader or consumer) also wakes on cancel and
+ * on a loader error; destroy joins every thread.
  */
 #ifndef TR_DATA_PREFETCH_H
 #define TR_DATA_PREFETCH_H

@@ -282,8 +282,8 @@ int tr_replica_backward(tr_replica_t *r, int rows)
 		bool need_dx = i > 0;
 		switch (l->type) {
 		case TR_LAYER_DENSE:
-			/* dW[out,in] += dy^T x ; db = sum over rows of dy ; dx = dy W */
-			TRY(bi->gemm(be, r->dev, true, false, l->out, l->in, rows, 1.0f, dy, x, 1.0f,
+			/* dW[out,in] = dy^T x ; db = sum over rows of dy ; dx = dy W */
+			TRY(bi->gemm(be, r->dev, true, false, l->out, l->in, rows, 1.0f, dy, x, 0.0f,
 				     r->grads + l->w_off));
 			if (l->b_len)
 				TRY(bi->col_sum(be, r->dev, rows, l->out, dy, r->grads + l->b_off));
@@ -309,6 +309,8 @@ int tr_replica_backward(tr_replica_t *r, int rows)
 			}
 			break;
 		case TR_LAYER_LAYERNORM:
+			/* the kernel adds into dgamma/dbeta (adjacent, see tr_model_init) */
+			TRY(bi->memset0(be, r->dev, r->grads + l->w_off, 2 * (size_t)l->out * sizeof(float)));
 			TRY(bi->layernorm_backward(be, r->dev, rows, l->out, x, r->params + l->w_off, r->aux[i],
 						   r->aux2[i], dy, dx, r->grads + l->w_off, r->grads + l->b_off));
 			break;

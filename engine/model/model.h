@@ -82,9 +82,10 @@ int tr_replica_forward(tr_replica_t *r, int rows, int64_t row0, int64_t step, in
  * to out[0..1]. */
 int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out);
 
-/* Backward pass after tr_replica_loss.  Accumulates into r->grads, which
- * the caller clears at the start of every step (an idle device contributes
- * that zero buffer as is). */
+/* Backward pass after tr_replica_loss (rows >= 1).  Overwrites every entry
+ * of r->grads (dense dW with beta 0, bias sums, layernorm's after a
+ * clear), so the caller need not clear it first; a device with no rows
+ * this step does not call this and must zero r->grads itself. */
 int tr_replica_backward(tr_replica_t *r, int rows);
 
 #endif

@@ -5,13 +5,15 @@
 # with -Dcuda=enabled in a fresh build directory, runs the CUDA backend's
 # tests (tests/unit/engine/test_cuda_backend.c: every kernel against the
 # CPU backend, whole jobs CUDA vs CPU, NCCL with 2+ GPUs), the GPU
-# benchmarks (bench/gpu/, quick mode) and then the whole test suite, whose
-# CLI and daemon tests pick the GPU by default.  Every stage runs under
+# benchmarks (bench/gpu/, quick mode) and then the rest of the test suite
+# (its daemon and CLI tests ask for CPU devices, so that they behave the
+# same on every machine; the daemon's fallback test notices the GPU and
+# skips).  Every stage runs under
 # `timeout` and the stages share a budget of CHECK_BUDGET seconds (default
 # 450), so the script ends within 8 minutes; a stage that would not fit is
 # reported as skipped.  Exit status: 0 when everything that ran passed.
 #
-# Report (REPORT_DIR, 7 files, under the device tool's limit of 8):
+# Report (REPORT_DIR, 7 files, few enough to collect as they are):
 #   report.md      verdict per stage, environment, failures, benchmark table
 #   build.log      meson and ninja output
 #   cuda_tests.log the CUDA test binary's verbose output
@@ -26,8 +28,8 @@
 #   1. on a developer machine (Debian 12, as CI), in the repository root:
 #          echo /.debs/ >> .git/info/exclude
 #          tests/gpu/fetch_debs.sh .debs           # about 22 MB
-#   2. run this script there with .debs carried along (device tool:
-#          carry [".debs"], command: bash tests/gpu/check.sh "$OUT")
+#   2. copy the checkout with .debs to the GPU machine and run
+#          bash tests/gpu/check.sh REPORT_DIR
 # Only when pkg-config cannot find a needed module, every .deb in .debs
 # (or in $TR_DEBS) is unpacked with `dpkg -x` into a private prefix
 # ($WORK/deps), never into /; its .pc files are rewritten to point there,
@@ -294,16 +296,27 @@ built=$?
 if [ $built -eq 0 ]; then
 	md "| trainerd --version | $("$BUILD/daemon/trainerd" --version 2>&1 | head -1) | |"
 	if [ -x "$BUILD/tests/engine_test_cuda_backend" ]; then
-		stage "CUDA backend tests" 200 "$REPORT/cuda_tests.log" \
-			"$BUILD/tests/engine_test_cuda_backend" --verbose
+		# Single-device tests in parallel; the NCCL ones (2+ GPUs) one at a
+		# time, so that no two processes' communicators compete for the
+		# same GPUs (NCCL kernels of unrelated communicators can starve each
+		# other) and the abort test's timing is its own.
+		stage "CUDA backend tests" 160 "$REPORT/cuda_tests.log" \
+			"$BUILD/tests/engine_test_cuda_backend" --verbose --filter='!(cuda_multi)/*'
+		stage "CUDA multi-GPU tests (serial)" 90 "$REPORT/cuda_tests.log" \
+			"$BUILD/tests/engine_test_cuda_backend" --verbose --jobs 1 --filter='cuda_multi/*'
 	else
 		md "| CUDA backend tests | FAILED: not built (tests/meson.build lacks engine/test_cuda_backend?) | |"
 		FAILED=1
 	fi
 	stage "GPU benchmarks (quick)" 170 "$WORK/logs/bench.log" \
 		sh "$ROOT/bench/gpu/run.sh" "$BUILD" "$WORK/bench" --quick
-	stage "whole test suite" 150 "$REPORT/suite.log" \
-		python3 "$ROOT/tests/run_tests.py" "$BUILD"
+	# The CUDA tests have had their own stage: the suite runs the rest, so
+	# that its share of the budget is not spent on them a second time.
+	rest=$(meson introspect --tests "$BUILD" | python3 -c 'import json, sys
+print(" ".join(t["name"] for t in json.load(sys.stdin) if t["name"] != "engine_test_cuda_backend"))')
+	# shellcheck disable=SC2086  # test names, one word each
+	stage "test suite (all but the CUDA tests)" 150 "$REPORT/suite.log" \
+		python3 "$ROOT/tests/run_tests.py" "$BUILD" $rest
 fi
 
 # ---- report -------------------------------------------------------------
@@ -312,8 +325,9 @@ if [ -f "$REPORT/cuda_tests.log" ]; then
 	md ""
 	md "## CUDA tests"
 	md '```'
-	# Criterion's own lines; the tests' duplicate "[SKIP] <suite>_<test>_impl" lines are left out
-	grep -E '^\[(FAIL|SKIP|====)\]|Assertion|failed' "$REPORT/cuda_tests.log" | grep -v '_impl: ' | head -60 >>"$MD"
+	# Criterion's own lines, without the tests' duplicate "[SKIP]
+	# <suite>_<test>_impl" lines and the tests a stage's filter left out
+	grep -E '^\[(FAIL|SKIP|====)\]|Assertion|failed' "$REPORT/cuda_tests.log" | grep -v -e '_impl: ' -e 'Test is disabled' | head -60 >>"$MD"
 	md '```'
 fi
 if [ -f "$REPORT/suite.log" ]; then

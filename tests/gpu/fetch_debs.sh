@@ -6,7 +6,7 @@
 # registry and may lack them.  tests/gpu/check.sh unpacks them there with
 # `dpkg -x` into a private prefix, never into /, and uses only the
 # libraries that machine does not already have.  Run it on a developer
-# machine (Debian 12, like CI), then carry DIR along; see check.sh.
+# machine (Debian 12, like CI), then copy DIR along; see check.sh.
 #
 # The list is the build dependencies of scripts/install-deps.sh plus the
 # runtime libraries they pull in that a CUDA image is unlikely to have.

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "api/rcache.h"
 #include "api/routes.h"
 #include "engine/safetensors.h"
 
@@ -814,6 +815,314 @@ Test(api, metrics_push_and_query)
 	r = http("POST", path, "{\"points\": [{\"name\": \"late\", \"step\": 3, \"value\": 1e-3}]}");
 	expect_status(&r, 202, "push to finished job");
 	resp_free(&r);
+}
+
+/* ---- the metrics response cache ---- */
+
+/* The last step of a series in a metrics answer, -1 when absent. */
+static int64_t last_step(const json_t *answer, const char *name)
+{
+	json_t *steps = json_object_get(json_object_get(json_object_get(answer, "series"), name), "steps");
+	size_t n = json_array_size(steps);
+
+	return n ? json_integer_value(json_array_get(steps, n - 1)) : -1;
+}
+
+/* A point is in the first answer after the flush that wrote it, however
+ * often the query was answered before; another job's flushes do not make
+ * a finished job's cached answer be computed again. */
+Test(api, metrics_cache_fresh_and_per_job)
+{
+	int64_t done = submit("finished"), live = submit("running");
+	char pd[128], pl[128];
+	struct tr_rcache_stats s0, s1;
+
+	for (int i = 0; i < 2000; i++)
+		cr_assert_eq(tr_store_metric_append(store, done, "x", i, 0, now_s(), sin(i * 0.01)), 0);
+	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert_eq(tr_store_job_set_state(store, done, "completed", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, live, "running", NULL, NULL), 0);
+	snprintf(pd, sizeof(pd), "/jobs/%" PRId64 "/metrics?max_points=100", done);
+	snprintf(pl, sizeof(pl), "/jobs/%" PRId64 "/metrics?names=loss&max_points=100", live);
+	struct resp first = http("GET", pd, NULL);
+	expect_status(&first, 200, "finished job");
+	cr_assert_eq(last_step(first.json, "x"), 1999);
+
+	for (int step = 0; step < 20; step++) {
+		cr_assert_eq(tr_store_metric_append(store, live, "loss", step, 0, now_s(), 1.0 / (step + 1)), 0);
+		cr_assert_eq(tr_store_flush(store), 0);
+		/* The second answer comes from the cache. */
+		for (int k = 0; k < 2; k++) {
+			struct resp r = http("GET", pl, NULL);
+
+			expect_status(&r, 200, "running job");
+			cr_assert_eq(last_step(r.json, "loss"), step, "answer %d after the flush of step %d is stale",
+				     k, step);
+			resp_free(&r);
+		}
+		tr_rcache_stats(&s0);
+		struct resp r = http("GET", pd, NULL);
+		tr_rcache_stats(&s1);
+		expect_status(&r, 200, "finished job");
+		cr_assert_str_eq(r.body.data, first.body.data);
+		cr_assert_eq(s1.computed, s0.computed, "the flush of step %d made the finished job's answer recomputed",
+			     step);
+		cr_assert_eq(s1.hits, s0.hits + 1);
+		resp_free(&r);
+	}
+	/* A resume from an earlier checkpoint truncates: also seen at once. */
+	cr_assert_eq(tr_store_metrics_truncate(store, live, 9), 0);
+	struct resp r = http("GET", pl, NULL);
+	expect_status(&r, 200, "truncated");
+	cr_assert_eq(last_step(r.json, "loss"), 9, "a cached answer outlived the truncation");
+	resp_free(&r);
+	resp_free(&first);
+}
+
+struct poller {
+	const char *path;
+	atomic_bool *stop;
+	int64_t max_written; /* read after the join */
+	int bad, answers;
+	int64_t highest;
+};
+
+static void *poll_metrics(void *cls)
+{
+	struct poller *p = cls;
+
+	while (!atomic_load(p->stop)) {
+		struct resp r = http("GET", p->path, NULL);
+
+		if (r.status != 200 || !r.json)
+			p->bad++;
+		else if (last_step(r.json, "loss") > p->highest)
+			p->highest = last_step(r.json, "loss");
+		p->answers++;
+		resp_free(&r);
+	}
+	return NULL;
+}
+
+/* The same, with other clients asking the same query all the time, so
+ * the writer's flushes race cache fills and shared computations. */
+Test(api, metrics_cache_fresh_under_concurrent_polling)
+{
+	int64_t id = submit("polled");
+	char path[128];
+	atomic_bool stop = false;
+	struct poller p[4];
+	pthread_t th[4];
+
+	/* Enough points that a computation takes a while. */
+	for (int i = 0; i < 20000; i++)
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), cos(i * 0.001)), 0);
+	cr_assert_eq(tr_store_flush(store), 0);
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?names=loss&max_points=500", id);
+	for (int t = 0; t < 4; t++) {
+		p[t] = (struct poller){.path = path, .stop = &stop, .highest = -1};
+		pthread_create(&th[t], NULL, poll_metrics, &p[t]);
+	}
+	/* Each new point is the largest value so far, so it is the maximum
+	 * of the last bucket and must be in the downsampled answer. */
+	int64_t stale = -1, seen = -1;
+	for (int step = 20000; step < 20030 && stale < 0; step++) {
+		int rc = tr_store_metric_append(store, id, "loss", step, 0, now_s(), 2.0 + step);
+
+		if (rc == 0)
+			rc = tr_store_flush(store);
+		struct resp r = http("GET", path, NULL);
+
+		seen = r.status == 200 && r.json ? last_step(r.json, "loss") : -2;
+		if (rc != 0 || seen != step)
+			stale = step;
+		resp_free(&r);
+	}
+	atomic_store(&stop, true);
+	for (int t = 0; t < 4; t++)
+		pthread_join(th[t], NULL);
+	cr_assert_lt(stale, 0, "the answer after the flush of step %" PRId64 " ends at step %" PRId64, stale, seen);
+	for (int t = 0; t < 4; t++) {
+		cr_assert_eq(p[t].bad, 0);
+		cr_assert_gt(p[t].answers, 0);
+		cr_assert_leq(p[t].highest, 20029);
+	}
+}
+
+/* A computation for tr_rcache_get that the test steers: the first call
+ * waits until `expect` callers have arrived (and a little longer, so they
+ * reach their wait), then until `release` when `hold` is set, then fails
+ * when `fail_first` is set. */
+struct steered {
+	atomic_int calls, arrived;
+	int expect;
+	bool hold, fail_first;
+	atomic_bool release;
+};
+
+static int steered_answer(void *ctx, char **body, size_t *len)
+{
+	struct steered *sc = ctx;
+	double t0 = now_s();
+
+	if (atomic_fetch_add(&sc->calls, 1) == 0) {
+		while (atomic_load(&sc->arrived) < sc->expect && now_s() - t0 < 10)
+			usleep(1000);
+		usleep(200000);
+		while (sc->hold && !atomic_load(&sc->release) && now_s() - t0 < 10)
+			usleep(1000);
+		if (sc->fail_first)
+			return -EIO;
+	}
+	*body = strdup("answer\n");
+	*len = 7;
+	return 0;
+}
+
+struct asker {
+	const struct tr_rcache_key *key;
+	int wait_ms;
+	struct steered *sc;
+	int rc;
+	char *body;
+	size_t len;
+};
+
+static void *ask(void *cls)
+{
+	struct asker *a = cls;
+
+	atomic_fetch_add(&a->sc->arrived, 1);
+	a->rc = tr_rcache_get(a->key, a->wait_ms, steered_answer, a->sc, &a->body, &a->len);
+	return NULL;
+}
+
+/* Asks key from n threads at once; returns the stats' change. */
+static struct tr_rcache_stats ask_together(const struct tr_rcache_key *key, int wait_ms, struct steered *sc,
+					   struct asker *a, int n)
+{
+	pthread_t th[8];
+	struct tr_rcache_stats s0, s1;
+
+	tr_rcache_stats(&s0);
+	for (int i = 0; i < n; i++) {
+		a[i] = (struct asker){.key = key, .wait_ms = wait_ms, .sc = sc};
+		pthread_create(&th[i], NULL, ask, &a[i]);
+	}
+	for (int i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	tr_rcache_stats(&s1);
+	return (struct tr_rcache_stats){s1.hits - s0.hits, s1.shared - s0.shared, s1.computed - s0.computed,
+					s1.wait_timeouts - s0.wait_timeouts};
+}
+
+Test(api, rcache_computes_once_for_concurrent_misses)
+{
+	static const char owner[] = "once";
+	struct tr_rcache_key key = {owner, 1, "q", 5};
+	struct steered sc = {.expect = 8};
+	struct asker a[8];
+	struct tr_rcache_stats d = ask_together(&key, 5000, &sc, a, 8);
+
+	cr_assert_eq(atomic_load(&sc.calls), 1, "%d computations", atomic_load(&sc.calls));
+	cr_assert_eq(d.computed, 1);
+	cr_assert_eq(d.shared, 7);
+	cr_assert_eq(d.wait_timeouts, 0);
+	for (int i = 0; i < 8; i++) {
+		cr_assert_eq(a[i].rc, 0);
+		cr_assert_eq(a[i].len, 7);
+		cr_assert_eq(memcmp(a[i].body, "answer\n", 7), 0);
+		free(a[i].body);
+	}
+	tr_rcache_forget(owner);
+}
+
+Test(api, rcache_serves_its_generation_and_newer)
+{
+	static const char owner[] = "gens";
+	struct tr_rcache_key key = {owner, 1, "q", 5};
+	struct steered sc = {0};
+	char *body;
+	size_t len;
+
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(tr_rcache_get(&key, 100, steered_answer, &sc, &body, &len), 0);
+		free(body);
+	}
+	cr_assert_eq(atomic_load(&sc.calls), 1, "the same generation was computed again");
+	key.gen = 4; /* asked by someone who read an older generation */
+	cr_assert_eq(tr_rcache_get(&key, 100, steered_answer, &sc, &body, &len), 0);
+	free(body);
+	cr_assert_eq(atomic_load(&sc.calls), 1);
+	key.gen = 6;
+	cr_assert_eq(tr_rcache_get(&key, 100, steered_answer, &sc, &body, &len), 0);
+	free(body);
+	cr_assert_eq(atomic_load(&sc.calls), 2, "a newer generation was served an older answer");
+	key.job = 2;
+	cr_assert_eq(tr_rcache_get(&key, 100, steered_answer, &sc, &body, &len), 0);
+	free(body);
+	cr_assert_eq(atomic_load(&sc.calls), 3, "another job was served this job's answer");
+	tr_rcache_forget(owner);
+	cr_assert_eq(tr_rcache_get(&key, 100, steered_answer, &sc, &body, &len), 0);
+	free(body);
+	cr_assert_eq(atomic_load(&sc.calls), 4, "forgotten entries were served");
+	tr_rcache_forget(owner);
+}
+
+/* A failing computation hands its waiters no answer and no long wait:
+ * each computes on its own at once. */
+Test(api, rcache_failed_computation_releases_its_waiters)
+{
+	static const char owner[] = "fail";
+	struct tr_rcache_key key = {owner, 1, "q", 5};
+	struct steered sc = {.expect = 4, .fail_first = true};
+	struct asker a[4];
+	double t0 = now_s();
+	struct tr_rcache_stats d = ask_together(&key, 5000, &sc, a, 4);
+	int failed = 0;
+
+	cr_assert_lt(now_s() - t0, 4.0, "waiters sat out their wait bound");
+	cr_assert_eq(d.wait_timeouts, 0);
+	for (int i = 0; i < 4; i++) {
+		if (a[i].rc == -EIO)
+			failed++;
+		else
+			cr_assert(a[i].rc == 0 && a[i].len == 7 && memcmp(a[i].body, "answer\n", 7) == 0);
+		free(a[i].body);
+	}
+	cr_assert_eq(failed, 1, "%d callers saw the failure", failed);
+	tr_rcache_forget(owner);
+}
+
+/* A stuck computation holds the others for wait_ms at most. */
+Test(api, rcache_wait_is_bounded)
+{
+	static const char owner[] = "stuck";
+	struct tr_rcache_key key = {owner, 1, "q", 5};
+	struct steered sc = {.expect = 1, .hold = true};
+	struct asker leader = {.key = &key, .wait_ms = 5000, .sc = &sc}, late;
+	pthread_t th;
+	struct tr_rcache_stats s0, s1;
+
+	pthread_create(&th, NULL, ask, &leader);
+	while (atomic_load(&sc.calls) == 0)
+		usleep(1000);
+	tr_rcache_stats(&s0);
+	late = (struct asker){.key = &key, .wait_ms = 100, .sc = &sc};
+	double t0 = now_s();
+	ask(&late);
+	double waited = now_s() - t0;
+	tr_rcache_stats(&s1);
+	cr_assert_eq(late.rc, 0);
+	cr_assert_geq(waited, 0.09, "did not wait for the computation (%.3f s)", waited);
+	cr_assert_lt(waited, 3.0, "waited %.3f s", waited);
+	cr_assert_eq(s1.wait_timeouts, s0.wait_timeouts + 1);
+	atomic_store(&sc.release, true);
+	pthread_join(th, NULL);
+	cr_assert_eq(leader.rc, 0);
+	free(leader.body);
+	free(late.body);
+	tr_rcache_forget(owner);
 }
 
 Test(api, logs_paginate)

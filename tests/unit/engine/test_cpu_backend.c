@@ -138,6 +138,35 @@ Test(cpu_create, blas_thread_budget)
 	}
 }
 
+/* Small gemms run on one BLAS thread, large ones on the device's share;
+ * only a single-device backend switches (several device threads share the
+ * process-wide count).  The results are the same either way. */
+Test(cpu_create, small_gemms_use_one_blas_thread)
+{
+	enum { M = 256, N = 256, K = 256 };
+	if (!openblas_get_num_threads)
+		cr_skip_test("not linked against OpenBLAS");
+	float *a = calloc((size_t)M * K, sizeof(float)), *w = calloc((size_t)N * K, sizeof(float));
+	float *c = calloc((size_t)M * N, sizeof(float));
+	cr_assert(a && w && c);
+	tr_backend_t *b = tr_cpu_backend_create(1, 2);
+	cr_assert(b);
+	cr_assert_eq(b->i->gemm(b, 0, false, true, 64, 128, 64, 1.0f, a, w, 0.0f, c), 0);
+	cr_assert_eq(openblas_get_num_threads(), 1);
+	cr_assert_eq(b->i->gemm(b, 0, false, true, M, N, K, 1.0f, a, w, 0.0f, c), 0);
+	cr_assert_eq(openblas_get_num_threads(), 2);
+	tr_backend_destroy(b);
+
+	b = tr_cpu_backend_create(2, 4);
+	cr_assert(b);
+	cr_assert_eq(b->i->gemm(b, 0, false, true, 64, 128, 64, 1.0f, a, w, 0.0f, c), 0);
+	cr_assert_eq(openblas_get_num_threads(), 2);
+	tr_backend_destroy(b);
+	free(a);
+	free(w);
+	free(c);
+}
+
 Test(cpu, names_and_errors)
 {
 	char buf[32];

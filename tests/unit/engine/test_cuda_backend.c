@@ -22,7 +22,9 @@
  *   1e-5 x sum|.|    gemm (sum of |alpha a b| + |beta c|), layernorm
  *                    dgamma/dbeta, col_sum (sum|x|): float sums in
  *                    another order, bounded by the sum of absolute terms.
- *                    TF32 gemm: 5e-3 x sum|a b| (10-bit mantissas).
+ *                    TF32 gemm: 5e-3 x sum|a b| (10-bit mantissas);
+ *                    set_tf32 on and off: exact values chosen so that
+ *                    only TF32 rounding changes them.
  *   rtol 1e-5        layernorm y (atol 1e-5) and rstd, mean 1e-6, dx 1e-4
  *                    (atol 2e-5): float math on double statistics whose
  *                    summation order differs.
@@ -262,6 +264,158 @@ Test(cuda_estimate, covers_every_replica_buffer)
 	cr_assert_gt(two, one, "NCCL's buffers are not counted");
 	tr_backend_destroy(c.inner);
 	tr_spec_finish(&spec);
+}
+
+/* The estimate follows the optimizer's state buffers, the rows and the
+ * device count the way the replica and NCCL do, and stays an upper bound
+ * of what tr_replica_init allocates for every optimizer. */
+Test(cuda_estimate, follows_state_buffers_rows_and_devices)
+{
+	const char *text =
+		"{\"seed\": 1, \"model\": {\"inputs\": 7, \"layers\": [{\"type\": \"dense\", \"units\": 1}],"
+		" \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\","
+		" \"samples\": 10, \"features\": 7, \"outputs\": 1}}, \"batch_size\": 1, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+	struct tr_spec spec;
+	struct tr_spec_error e;
+	char err[256];
+	tr_model_t model;
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
+	cr_assert_eq(tr_model_init(&model, &spec, 7, err, sizeof err), 0, "%s", err);
+	/* 8 parameters: every buffer is one 512-byte granule */
+	cr_assert_eq(model.n_params, 8);
+	size_t base = tr_cuda_estimate_bytes(&model, 1, 1, 0, 1);
+	cr_assert_eq(tr_cuda_estimate_bytes(&model, 1, 1, 1, 1), base + 512);
+	cr_assert_eq(tr_cuda_estimate_bytes(&model, 1, 1, 2, 1), base + 1024);
+	/* fewer than one row counts as one */
+	cr_assert_eq(tr_cuda_estimate_bytes(&model, 0, 1, 0, 1), base);
+	/* 1000 rows: 7 inputs, 1 label, 1 output and two gradient buffers of
+	 * the widest layer (7) per row, 4 bytes each */
+	size_t rows1000 = tr_cuda_estimate_bytes(&model, 1000, 1, 0, 1);
+	cr_assert_geq(rows1000, base + 4000 * (7 + 1 + 1 + 2 * 7) - 2560, "rows are not counted: %zu vs %zu",
+		      rows1000, base);
+	cr_assert_eq(tr_cuda_estimate_bytes(&model, 1, 1, 0, 2), tr_cuda_estimate_bytes(&model, 1, 1, 0, 8),
+		     "the NCCL allowance is per device, not per peer");
+	cr_assert_gt(tr_cuda_estimate_bytes(&model, 1, 1, 0, 2), base);
+	cr_assert_geq(base, TR_CUDA_CONTEXT_BYTES);
+
+	for (int bufs = 0; bufs <= 2; bufs++) {
+		struct counting c = {0};
+		c.inner = tr_cpu_backend_create(1, 1);
+		cr_assert_not_null(c.inner);
+		c.table = *c.inner->i;
+		c.table.alloc = counting_alloc;
+		c.table.free = counting_free;
+		c.base.i = &c.table;
+		tr_replica_t rep;
+		cr_assert_eq(tr_replica_init(&rep, &model, &c.base, 0, 1000, 1, bufs, err, sizeof err), 0, "%s", err);
+		tr_replica_finish(&rep);
+		cr_assert_geq(tr_cuda_estimate_bytes(&model, 1000, 1, bufs, 1), c.bytes + TR_CUDA_CONTEXT_BYTES,
+			      "%d state buffers: estimate below the %zu bytes allocated", bufs, c.bytes);
+		tr_backend_destroy(c.inner);
+	}
+	tr_spec_finish(&spec);
+}
+
+/* Just enough of a CUDA backend for tr_trainer_create to reach its memory
+ * check: one device with 1 GiB, of which 1 MiB is free. */
+static int tiny_device_count(tr_backend_t *be)
+{
+	(void)be;
+	return 1;
+}
+
+static int tiny_memory_info(tr_backend_t *be, int dev, size_t *total, size_t *free_bytes)
+{
+	(void)be;
+	(void)dev;
+	*total = (size_t)1 << 30;
+	*free_bytes = (size_t)1 << 20;
+	return 0;
+}
+
+static const char *tiny_last_error(tr_backend_t *be)
+{
+	(void)be;
+	return "";
+}
+
+/* A job that cannot fit is refused before anything is allocated, with
+ * the estimate and the free memory in the message (the daemon records it
+ * as insufficient_memory). */
+Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
+{
+	tr_backend_i table = {.name = "cuda",
+			      .device_count = tiny_device_count,
+			      .memory_info = tiny_memory_info,
+			      .last_error = tiny_last_error};
+	struct tr_backend tiny = {.i = &table};
+	const char *text =
+		"{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 5,"
+		" \"classes\": 4}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\","
+		" \"lr\": 0.1}}";
+	struct tr_spec spec;
+	struct tr_spec_error e;
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
+	struct tr_trainer_options opt = {.spec = &spec, .backend = &tiny, .devices = 1, .workers = 1};
+	tr_trainer_t *t = NULL;
+	char err[512] = "";
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ENOMEM, "%s", err);
+	cr_assert_null(t);
+	cr_assert_not_null(strstr(err, "needs an estimated"), "%s", err);
+	cr_assert_not_null(strstr(err, "has 1 MiB free of 1024 MiB"), "%s", err);
+	tr_spec_finish(&spec);
+}
+
+/* ---- precision (the CPU half runs everywhere) ----------------------------- */
+
+/* The daemon applies a job's "precision" through set_tf32: CPU devices
+ * accept FP32 and refuse TF32 with -ENOTSUP and a reason, which the runner
+ * turns into "no effect" in the job's log. */
+Test(precision, cpu_devices_are_fp32_only)
+{
+	tr_backend_t *c = tr_cpu_backend_create(2, 1);
+	cr_assert_not_null(c);
+	cr_assert_not_null(c->i->set_tf32, "the CPU backend must answer set_tf32");
+	cr_assert_eq(c->i->set_tf32(c, 1, false), 0);
+	cr_assert_eq(c->i->set_tf32(c, 0, true), -ENOTSUP);
+	cr_assert_not_null(strstr(c->i->last_error(c), "FP32"), "%s", c->i->last_error(c));
+	cr_assert_eq(c->i->set_tf32(c, 2, false), -EINVAL);
+	tr_backend_destroy(c);
+}
+
+/* With TF32 allowed, cuBLAS rounds inputs to 10-bit mantissas: every
+ * 1 + 2^-12 becomes 1, so a 256-term dot product of them with ones gives
+ * 256 instead of FP32's exact 256.0625.  set_tf32 switches one device of
+ * a running backend both ways, as the daemon does per job. */
+Test(cuda, set_tf32_switches_gemm_per_device)
+{
+	NEED_GPU();
+	enum { N = 256 };
+	float *a = malloc(N * N * sizeof(float)), *b = malloc(N * N * sizeof(float));
+	for (int i = 0; i < N * N; i++) {
+		a[i] = 1.0f + 0x1p-12f;
+		b[i] = 1.0f;
+	}
+	float *da = up(a, N * N), *db = up(b, N * N), *dc = up(b, N * N);
+	const float want[3] = {256.0625f, 256.0f, 256.0625f};
+	for (int round = 0; round < 3; round++) {
+		cr_assert_eq(gpu->i->set_tf32(gpu, 0, round == 1), 0, "%s", gpu->i->last_error(gpu));
+		cr_assert_eq(gpu->i->gemm(gpu, 0, false, false, N, N, N, 1.0f, da, db, 0.0f, dc), 0, "%s",
+			     gpu->i->last_error(gpu));
+		float *got = down(dc, N * N);
+		for (int i = 0; i < N * N; i += 97)
+			cr_assert_eq(got[i], want[round], "round %d (tf32 %s): c[%d] = %.9g, want %.9g", round,
+				     round == 1 ? "on" : "off", i, (double)got[i], (double)want[round]);
+		free(got);
+	}
+	cr_assert_eq(gpu->i->set_tf32(gpu, gpu->i->device_count(gpu), true), -EINVAL);
+	dfree(da);
+	dfree(db);
+	dfree(dc);
+	free(a);
+	free(b);
 }
 
 /* ---- lifecycle and memory ------------------------------------------------ */

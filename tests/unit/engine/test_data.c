@@ -780,6 +780,58 @@ Test(data, synthetic_regression)
 	tr_reader_destroy(r);
 }
 
+/* Feature noise: zero mean, unit variance, bounded tails (four-uniform
+ * Irwin-Hall); centers at 0 noise reproduce the class center exactly. */
+Test(data, synthetic_noise_is_unit_normal_like)
+{
+	enum { N = 4000, F = 16 };
+	struct tr_source_spec s = synth_src(TR_SYNTH_REGRESSION, N, F, 0, 0.0f, 3);
+	tr_reader_t *r = open_ok(&s);
+	float x[F], y[1];
+	double sum = 0, sumsq = 0, big = 0;
+
+	for (int i = 0; i < N; i++) {
+		get_ok(r, i, x, y);
+		for (int j = 0; j < F; j++) {
+			sum += x[j];
+			sumsq += (double)x[j] * x[j];
+			big += fabsf(x[j]) > 2.0f;
+			cr_assert_lt(fabsf(x[j]), 3.47f);
+		}
+	}
+	sum /= N * F;
+	sumsq /= N * F;
+	cr_assert_lt(fabs(sum), 0.03, "mean %g", sum);
+	cr_assert(sumsq > 0.96 && sumsq < 1.04, "variance %g", sumsq);
+	/* a normal has 4.6% beyond 2 sigma; the approximation ~4.0% */
+	cr_assert(big / (N * F) > 0.03 && big / (N * F) < 0.06, "beyond 2: %g", big / (N * F));
+	tr_reader_destroy(r);
+}
+
+/* Class centers are cached up to a size and recomputed per sample beyond
+ * it; both give the same values (a center's feature j does not depend on
+ * the width), and so does the noise. */
+Test(data, synthetic_wide_samples_match_cached_centers)
+{
+	enum { WIDE = (1 << 22) + 1 };
+	struct tr_source_spec s = synth_src(TR_SYNTH_CLASSIFICATION, 4, 8, 1, 0.3f, 11);
+	tr_reader_t *narrow = open_ok(&s), *wide;
+	float *xw = malloc(WIDE * sizeof(float)), x[8], y[1], yw[1];
+
+	cr_assert(xw);
+	s.features = WIDE;
+	wide = open_ok(&s);
+	for (int i = 0; i < 4; i++) {
+		get_ok(narrow, i, x, y);
+		get_ok(wide, i, xw, yw);
+		cr_assert_arr_eq(x, xw, sizeof(x));
+		cr_assert_eq(y[0], yw[0]);
+	}
+	free(xw);
+	tr_reader_destroy(narrow);
+	tr_reader_destroy(wide);
+}
+
 Test(data, synthetic_invalid)
 {
 	struct tr_source_spec s = synth_src(TR_SYNTH_CLASSIFICATION, 0, 4, 2, 0.1f, 1);

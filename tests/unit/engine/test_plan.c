@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/data/plan.h"
+#include "engine/rng.h"
 
 static struct tr_plan make(int64_t n, int b, enum tr_last_batch lb, bool shuffle, int epochs)
 {
@@ -135,6 +136,61 @@ Test(plan, shares_are_even_and_contiguous)
 			}
 			cr_assert_eq(next, count);
 			cr_assert_leq(hi - lo, 1);
+		}
+	}
+}
+
+/* Loaders fill a step in row ranges: any cut gives the step's samples, and
+ * the count and epoch need no sample list. */
+Test(plan, step_in_ranges_matches_whole_step)
+{
+	enum tr_last_batch policies[] = {TR_LAST_PARTIAL, TR_LAST_DROP, TR_LAST_PAD, TR_LAST_ROLLOVER};
+	for (size_t k = 0; k < 4; k++) {
+		struct tr_plan p = make(23, 5, policies[k], true, 3);
+		for (int64_t s = 0; s < p.total_steps; s++) {
+			int64_t whole[5], parts[5], epoch, epoch2;
+			int n = tr_plan_step(&p, s, whole, &epoch);
+			cr_assert_eq(tr_plan_step_count(&p, s, &epoch2), n);
+			cr_assert_eq(epoch2, epoch);
+			memset(parts, 0xff, sizeof parts);
+			int cut = (int)(s % (n + 1));
+			tr_plan_step_range(&p, s, cut, n, parts);
+			tr_plan_step_range(&p, s, 0, cut, parts);
+			cr_assert_arr_eq(parts, whole, (size_t)n * sizeof whole[0], "policy %zu step %lld", k,
+					 (long long)s);
+		}
+	}
+}
+
+/* The shuffle order is part of what a resumed job relies on: pin it to the
+ * documented construction (6-round Feistel on tr_rng_u64 with cycle
+ * walking), for half-widths inside and outside the round-input table. */
+static int64_t reference_sample(uint64_t seed, int bits, int64_t n, int64_t epoch, int64_t pos)
+{
+	uint64_t key = tr_rng_key(seed, (uint64_t)epoch, 0, TR_RNG_SHUFFLE), mask = (1ULL << bits) - 1;
+	uint64_t x = (uint64_t)pos;
+	do {
+		uint64_t left = x >> bits, right = x & mask;
+		for (int round = 0; round < 6; round++) {
+			uint64_t f = tr_rng_u64(key, ((uint64_t)round << 40) | right) & mask;
+			uint64_t next = left ^ f;
+			left = right;
+			right = next;
+		}
+		x = (left << bits) | right;
+	} while (x >= (uint64_t)n);
+	return (int64_t)x;
+}
+
+Test(plan, shuffle_order_is_the_documented_feistel)
+{
+	int64_t sizes[] = {5, 1000, 16777216, 16777217};
+	for (size_t k = 0; k < 4; k++) {
+		struct tr_plan p = make(sizes[k], 4, TR_LAST_PARTIAL, true, 2);
+		for (int64_t i = 0; i < 500; i++) {
+			int64_t pos = (i * 7919) % sizes[k];
+			cr_assert_eq(tr_plan_sample(&p, 1, pos), reference_sample(42, p.feistel_bits, sizes[k], 1, pos),
+				     "n %lld pos %lld", (long long)sizes[k], (long long)pos);
 		}
 	}
 }

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,11 +19,33 @@ struct test_reader {
 	pthread_mutex_t lock;
 	int64_t fail_at;
 	int sleep_us;
+	/* meet: the first sample read waits (up to 5 s) until a second
+	 * thread is reading too; met tells whether one came */
+	bool meet, met;
+	int inside;
+	pthread_cond_t arrived;
 };
+
+static void meet_another_thread(struct test_reader *t)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	pthread_mutex_lock(&t->lock);
+	if (t->meet && ++t->inside >= 2) {
+		t->met = true;
+		pthread_cond_broadcast(&t->arrived);
+	}
+	while (t->meet && !t->met && pthread_cond_timedwait(&t->arrived, &t->lock, &until) == 0)
+		;
+	t->meet = false;
+	pthread_mutex_unlock(&t->lock);
+}
 
 static int test_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
 {
 	struct test_reader *t = (struct test_reader *)r;
+	meet_another_thread(t);
 	if (t->sleep_us)
 		usleep((useconds_t)t->sleep_us);
 	if (index == t->fail_at) {
@@ -47,6 +70,13 @@ static void test_destroy(tr_reader_t *r)
 
 static const struct tr_reader_i test_i = {.get = test_get, .destroy = test_destroy};
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static void reader_init(struct test_reader *t, int64_t n)
 {
 	memset(t, 0, sizeof *t);
@@ -54,7 +84,92 @@ static void reader_init(struct test_reader *t, int64_t n)
 	t->base.info = (struct tr_reader_info){.samples = n, .features = 3, .label_dim = 1};
 	snprintf(t->base.name, sizeof t->base.name, "test.bin");
 	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->arrived, NULL);
 	t->fail_at = -1;
+}
+
+/* Steps of 37 and 64 rows are cut into chunks of >= 8 rows, one per loader
+ * at most: every worker count and depth gives the plan's batches. */
+Test(prefetch, chunked_steps_match_plan_for_any_workers)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 677, 64, TR_LAST_PARTIAL, true, 5, 2, 0, err, sizeof err), 0);
+	int configs[][2] = {{1, 2}, {2, 1}, {2, 4}, {7, 3}, {7, 14}};
+	for (size_t c = 0; c < 5; c++) {
+		struct test_reader tr;
+		reader_init(&tr, 677);
+		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = configs[c][0],
+						 .depth = configs[c][1], .end_step = plan.total_steps};
+		tr_prefetch_t *pf;
+		cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
+		for (int64_t s = 0; s < plan.total_steps; s++) {
+			const struct tr_batch *b;
+			cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0);
+			int64_t idx[64], epoch;
+			int n = tr_plan_step(&plan, s, idx, &epoch);
+			cr_assert_eq(b->count, n);
+			cr_assert_eq(b->epoch, epoch);
+			cr_assert_arr_eq(b->index, idx, (size_t)n * sizeof idx[0]);
+			for (int i = 0; i < n; i++) {
+				float want[3] = {(float)idx[i], (float)idx[i] + 0.5f, (float)idx[i] + 1.0f};
+				cr_assert_arr_eq(b->x + i * 3, want, sizeof want, "workers %d step %lld row %d",
+						 configs[c][0], (long long)s, i);
+				cr_assert_eq(b->y[i], (float)(idx[i] % 3));
+			}
+			atomic_fetch_sub(&tr.loaded, n);
+			tr_prefetch_release(pf, s);
+		}
+		tr_prefetch_destroy(pf);
+		cr_assert_leq(tr.max_ahead, (long)(configs[c][1] + 1) * 64);
+	}
+}
+
+/* With one slot, only step 0 can be loading at first: several loaders must
+ * share it (one loader per step would leave the first reader alone). */
+Test(prefetch, loaders_share_a_step)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 256, 32, TR_LAST_DROP, false, 1, 1, 0, err, sizeof err), 0);
+	struct test_reader tr;
+	reader_init(&tr, 256);
+	tr.meet = true;
+	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 1,
+					 .end_step = plan.total_steps};
+	tr_prefetch_t *pf;
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	const struct tr_batch *b;
+	cr_assert_eq(tr_prefetch_next(pf, 0, &b, NULL), 0);
+	tr_prefetch_release(pf, 0);
+	tr_prefetch_destroy(pf);
+	cr_assert(tr.met, "step 0 was loaded by one thread");
+}
+
+/* A failing sample in a later chunk of a step fails that step, with the
+ * reader's message, and the pool still shuts down. */
+Test(prefetch, chunk_error_names_the_sample)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 320, 32, TR_LAST_DROP, false, 1, 1, 0, err, sizeof err), 0);
+	struct test_reader tr;
+	reader_init(&tr, 320);
+	tr.fail_at = 2 * 32 + 27; /* step 2, last chunk */
+	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 3,
+					 .end_step = plan.total_steps};
+	tr_prefetch_t *pf;
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	const struct tr_batch *b;
+	for (int64_t s = 0; s < 2; s++) {
+		cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0, "step %lld", (long long)s);
+		tr_prefetch_release(pf, s);
+	}
+	cr_assert_eq(tr_prefetch_next(pf, 2, &b, NULL), -EIO);
+	cr_assert_not_null(strstr(tr_prefetch_error(pf), "test.bin: sample 91"), "%s", tr_prefetch_error(pf));
+	double t0 = now_s();
+	tr_prefetch_destroy(pf);
+	cr_assert_lt(now_s() - t0, 1.0);
 }
 
 Test(prefetch, batches_match_plan_for_any_workers_and_depth)
@@ -91,13 +206,6 @@ Test(prefetch, batches_match_plan_for_any_workers_and_depth)
 		cr_assert_leq(tr.max_ahead, (long)(configs[c][1] + 1) * 8, "workers %d depth %d: %ld ahead",
 			      configs[c][0], configs[c][1], tr.max_ahead);
 	}
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 struct waiter {

@@ -1,8 +1,11 @@
-/* Storage checkpoints: SHA-256 against the FIPS 180-4 vectors, chunked
+/* Storage checkpoints: SHA-256 against the FIPS 180-4 vectors (both block
+ * functions, the SHA-NI one against the portable one), chunked
  * write/commit/list/get/load round trips at the chunk-size edges, random
  * access reads across chunk boundaries, pruning, incomplete checkpoints,
- * corruption, a full database, job deletion and the metrics writer running
- * beside a large checkpoint. */
+ * corruption, a full database, job deletion, the metrics writer running
+ * beside a large checkpoint, the page size of new and old databases, the
+ * copy out of the write-ahead log after the commit, and the reuse of
+ * snapshot buffers. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -11,9 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/checkpoint.h"
 #include "storage/checkpoints.h"
 #include "storage/sha256.h"
 #include "storage/store.h"
@@ -197,6 +202,75 @@ Test(sha256, incremental_equals_one_shot)
 	}
 	tr_sha256_final_hex(&c, inc);
 	cr_assert_str_eq(inc, one);
+	free(p);
+}
+
+static void hash_pieces(enum tr_sha256_impl impl, const unsigned char *p, size_t n, size_t piece, char hex[65])
+{
+	struct tr_sha256 c;
+	tr_sha256_init_impl(&c, impl);
+	for (size_t off = 0; off < n; off += piece)
+		tr_sha256_update(&c, p + off, piece < n - off ? piece : n - off);
+	tr_sha256_final_hex(&c, hex);
+}
+
+/* Both block functions, not just the one this CPU picks: the FIPS vectors
+ * (the million 'a's fed in pieces that straddle blocks) through each. */
+Test(sha256, both_implementations_fips)
+{
+	size_t n = 1000000;
+	unsigned char *a = malloc(n);
+	cr_assert_not_null(a);
+	memset(a, 'a', n);
+	static const size_t pieces[] = {1, 63, 64, 65, 4097, 1 << 20, 1000000};
+	enum tr_sha256_impl impls[] = {TR_SHA256_AUTO, TR_SHA256_PORTABLE};
+	char hex[65];
+	for (int i = 0; i < 2; i++) {
+		for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+			hash_pieces(impls[i], a, n, pieces[k], hex);
+			cr_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0",
+					 "impl %d piece %zu", i, pieces[k]);
+		}
+		hash_pieces(impls[i], (const unsigned char *)"abc", 3, 3, hex);
+		cr_assert_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	}
+	free(a);
+}
+
+/* The accelerated path (when the CPU has one) agrees with the portable one
+ * on every length around the padding edges, and on a multi-chunk message
+ * hashed incrementally chunk by chunk (as the checkpoint writer does) and
+ * in irregular pieces. */
+Test(sha256, accelerated_matches_portable)
+{
+	cr_log_info("SHA-256 uses the SHA extensions on this CPU: %s", tr_sha256_accelerated() ? "yes" : "no");
+	size_t n = 3 * CHUNK + 12345;
+	unsigned char *p = random_bytes(n, 11);
+	char fast[65], slow[65];
+	for (size_t len = 0; len < 300; len++) {
+		hash_pieces(TR_SHA256_AUTO, p, len, len ? len : 1, fast);
+		hash_pieces(TR_SHA256_PORTABLE, p, len, len ? len : 1, slow);
+		cr_assert_str_eq(fast, slow, "len %zu", len);
+	}
+	hash_pieces(TR_SHA256_PORTABLE, p, n, n, slow);
+	hash_pieces(TR_SHA256_AUTO, p, n, CHUNK, fast);
+	cr_assert_str_eq(fast, slow, "4 MiB chunks");
+	hash_pieces(TR_SHA256_AUTO, p, n, 4093, fast);
+	cr_assert_str_eq(fast, slow, "odd pieces");
+	struct tr_sha256 c;
+	tr_sha256_init(&c);
+	uint64_t seed = 5;
+	for (size_t off = 0; off < n;) {
+		size_t k = splitmix(&seed) % 300000;
+		k = k < n - off ? k : n - off;
+		tr_sha256_update(&c, p + off, k);
+		off += k;
+	}
+	tr_sha256_final_hex(&c, fast);
+	cr_assert_str_eq(fast, slow, "random pieces");
+	/* The one-shot helper the store uses goes the same way. */
+	tr_sha256_hex(p, n, fast);
+	cr_assert_str_eq(fast, slow, "one shot");
 	free(p);
 }
 
@@ -711,6 +785,227 @@ Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
 	tr_ckpt_row_finish(&row);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), (int64_t)(n / CHUNK));
+	free(data);
+	tr_store_close(s);
+}
+
+/* ---- page size and the write-ahead log -------------------------------------------- */
+
+static int64_t file_size(const char *suffix)
+{
+	char p[160];
+	snprintf(p, sizeof p, "%s%s", db_path, suffix);
+	struct stat st;
+	return stat(p, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+/* A checkpoint's chunks go to the WAL only, and the commit makes them
+ * visible from there; tr_store_ckpt_settle copies them into the database
+ * file.  With an auto-checkpoint on the writer's connection the file would
+ * grow during the write. */
+static void expect_deferred_copy(tr_store_t *s, size_t n)
+{
+	int64_t job = add_job(s);
+	unsigned char *data = random_bytes(n, 61);
+	int64_t before = file_size("");
+	struct tr_ckpt_row row;
+	cr_assert_eq(write_ckpt(s, job, 1, data, n, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_lt(file_size("") - before, (int64_t)n / 4, "the chunks were copied into the database during the write");
+	cr_assert_geq(file_size("-wal"), (int64_t)n);
+	expect_load(s, &row, data, n);
+	int left = -1;
+	cr_assert_eq(tr_store_ckpt_settle(s, &left), 0, "%s", tr_store_error(s));
+	cr_assert_eq(left, 0);
+	cr_assert_geq(file_size("") - before, (int64_t)n, "settle did not copy the chunks");
+	expect_load(s, &row, data, n);
+	tr_ckpt_row_finish(&row);
+	free(data);
+}
+
+Test(ckpt, new_database_has_large_pages_and_defers_the_copy)
+{
+	tr_store_t *s = open_store(NULL);
+	cr_assert_eq(sql_int("PRAGMA page_size"), 16384);
+	expect_deferred_copy(s, 3 * CHUNK + 99);
+	tr_store_close(s);
+}
+
+/* A database created with 4 KiB pages (by an earlier trainerd) keeps them,
+ * and checkpoints in it work and are written once too: SQLite's default
+ * auto-checkpoint (1000 pages, 4 MB here) would copy after every chunk. */
+Test(ckpt, old_database_keeps_its_page_size)
+{
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, "PRAGMA page_size=4096; PRAGMA journal_mode=WAL", NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+	tr_store_t *s = open_store(NULL);
+	cr_assert_eq(sql_int("PRAGMA page_size"), 4096);
+	expect_deferred_copy(s, 3 * CHUNK + 99);
+	tr_store_close(s);
+	s = open_store(NULL);
+	cr_assert_eq(sql_int("PRAGMA page_size"), 4096);
+	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_get(s, 1, -1, &row), 0, "%s", tr_store_error(s));
+	void *got = NULL;
+	size_t len = 0;
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), 0, "%s", tr_store_error(s));
+	cr_assert_eq(len, 3 * CHUNK + 99);
+	free(got);
+	tr_ckpt_row_finish(&row);
+	tr_store_close(s);
+}
+
+/* ---- snapshot buffers ------------------------------------------------------------- */
+
+TestSuite(snapshot);
+
+static bool among(const float *p, float *const set[3])
+{
+	return p == set[0] || p == set[1] || p == set[2];
+}
+
+/* A freed snapshot's buffers serve the next snapshot of the same size (no
+ * fresh pages to fault in), never one of another size. */
+Test(snapshot, buffers_are_reused_for_the_same_size_only)
+{
+	size_t n = 1 << 20;
+	struct tr_snapshot *a = tr_snapshot_alloc(n, 2);
+	cr_assert_not_null(a);
+	float *old[3] = {a->params, a->state[0], a->state[1]};
+	tr_snapshot_free(a);
+	struct tr_snapshot *b = tr_snapshot_alloc(n, 2);
+	cr_assert_not_null(b);
+	cr_assert(among(b->params, old) && among(b->state[0], old) && among(b->state[1], old), "not reused");
+	cr_assert(b->params != b->state[0] && b->state[0] != b->state[1] && b->params != b->state[1]);
+	tr_snapshot_free(b);
+	/* Bigger: fresh buffers of the full size (ASan checks the extent). */
+	struct tr_snapshot *c = tr_snapshot_alloc(n + 1, 1);
+	cr_assert_not_null(c);
+	cr_assert(!among(c->params, old) && !among(c->state[0], old));
+	memset(c->params, 1, (n + 1) * sizeof(float));
+	memset(c->state[0], 1, (n + 1) * sizeof(float));
+	cr_assert_null(c->state[1]);
+	tr_snapshot_free(c);
+	tr_snapshot_trim();
+	struct tr_snapshot *d = tr_snapshot_alloc(n + 1, 0);
+	cr_assert_not_null(d);
+	memset(d->params, 2, (n + 1) * sizeof(float));
+	tr_snapshot_free(d);
+	tr_snapshot_trim();
+}
+
+/* ---- durability: which writes sync the WAL ------------------------------------------- */
+
+/* A VFS over the default one that counts xSync calls on WAL files: the
+ * files stay the default VFS's own, only a WAL file's method table is a
+ * copy with xSync (and xClose, to forget the file) wrapped. */
+static sqlite3_vfs *real_vfs, counting_vfs;
+static const sqlite3_io_methods *real_io;
+static sqlite3_io_methods counting_io;
+static atomic_int wal_syncs;
+static sqlite3_file *wal_files[16];
+static pthread_mutex_t wal_files_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int counting_sync(sqlite3_file *f, int flags)
+{
+	pthread_mutex_lock(&wal_files_lock);
+	for (int i = 0; i < 16; i++)
+		if (wal_files[i] == f)
+			atomic_fetch_add(&wal_syncs, 1);
+	pthread_mutex_unlock(&wal_files_lock);
+	return real_io->xSync(f, flags);
+}
+
+static int counting_close(sqlite3_file *f)
+{
+	pthread_mutex_lock(&wal_files_lock);
+	for (int i = 0; i < 16; i++)
+		if (wal_files[i] == f)
+			wal_files[i] = NULL;
+	pthread_mutex_unlock(&wal_files_lock);
+	return real_io->xClose(f);
+}
+
+static int counting_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out)
+{
+	(void)vfs;
+	int rc = real_vfs->xOpen(real_vfs, name, f, flags, out);
+	if (rc != SQLITE_OK || !f->pMethods || !(flags & SQLITE_OPEN_WAL))
+		return rc;
+	cr_assert(!real_io || real_io == f->pMethods, "WAL files of several method tables");
+	if (!real_io) {
+		real_io = f->pMethods;
+		counting_io = *real_io;
+		counting_io.xSync = counting_sync;
+		counting_io.xClose = counting_close;
+	}
+	f->pMethods = &counting_io;
+	pthread_mutex_lock(&wal_files_lock);
+	for (int i = 0; i < 16; i++) {
+		if (!wal_files[i]) {
+			wal_files[i] = f;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&wal_files_lock);
+	return rc;
+}
+
+/* The chunks' own commits do not sync the WAL (that would cost a sync per
+ * 4 MiB); the commit that makes the checkpoint visible does, so a listed
+ * checkpoint survives a power cut. */
+Test(ckpt, only_the_visible_commit_syncs_the_wal)
+{
+	real_vfs = sqlite3_vfs_find(NULL);
+	counting_vfs = *real_vfs;
+	counting_vfs.zName = "trckpt-counting";
+	counting_vfs.xOpen = counting_open;
+	cr_assert_eq(sqlite3_vfs_register(&counting_vfs, 1), SQLITE_OK);
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 3 * CHUNK + 7;
+	unsigned char *data = random_bytes(n, 71);
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	int before = atomic_load(&wal_syncs);
+	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0, "%s", tr_store_error(s));
+	cr_assert_eq(atomic_load(&wal_syncs), before, "a chunk's commit synced the WAL");
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_gt(atomic_load(&wal_syncs), before, "the commit did not sync the WAL");
+	expect_load(s, &row, data, n);
+	tr_ckpt_row_finish(&row);
+	free(data);
+	tr_store_close(s);
+	sqlite3_vfs_unregister(&counting_vfs);
+}
+
+/* Past the auto-checkpoint size (64 MiB of WAL), a metrics flush during a
+ * checkpoint write still leaves the chunks in the WAL: copying them there
+ * would double the writes while the checkpoint is coming in, inside a
+ * flush the writer waits for before its commit. */
+Test(ckpt, metrics_flush_leaves_an_open_checkpoint_in_the_wal)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	size_t n = 17 * CHUNK;
+	unsigned char *data = random_bytes(n, 81);
+	int64_t before = file_size("");
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_metric_append(s, job, "loss", 1, 0, 0, 0.5), 0);
+	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_lt(file_size("") - before, (int64_t)n / 4, "the flush copied the open checkpoint");
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_settle(s, NULL), 0, "%s", tr_store_error(s));
+	cr_assert_geq(file_size("") - before, (int64_t)n);
+	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 1);
+	expect_load(s, &row, data, n);
+	tr_ckpt_row_finish(&row);
 	free(data);
 	tr_store_close(s);
 }
