@@ -310,8 +310,10 @@ static void *runner_main(void *arg)
 	/* A control request may have arrived while the trainer was built. */
 	if (atomic_load(&j->cancel_requested))
 		tr_trainer_cancel(t);
+	else if (atomic_load(&j->stop_requested) && s->shutting_down)
+		tr_trainer_stop_for(t, TR_STOP_SHUTDOWN);
 	else if (atomic_load(&j->stop_requested))
-		tr_trainer_stop(t);
+		tr_trainer_stop_for(t, atomic_load(&j->pause_requested) ? TR_STOP_PAUSE : TR_STOP_STOP);
 	pthread_mutex_unlock(&s->lock);
 
 	rc = tr_trainer_run(t, err, sizeof err);

@@ -261,7 +261,7 @@ void tr_scheduler_shutdown(tr_scheduler_t *s, int grace_s)
 	for (struct running_job *j = s->running; j; j = j->next) {
 		atomic_store(&j->stop_requested, true);
 		if (j->trainer)
-			tr_trainer_stop(j->trainer);
+			tr_trainer_stop_for(j->trainer, TR_STOP_SHUTDOWN);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (s->started)

@@ -237,7 +237,7 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 			atomic_store(&j->pause_requested, true);
 			atomic_store(&j->stop_requested, true);
 			if (j->trainer)
-				tr_trainer_stop(j->trainer);
+				tr_trainer_stop_for(j->trainer, TR_STOP_PAUSE);
 			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 					    "pause requested: checkpointing at the next step boundary");
 		} else if (op == TR_CONTROL_CANCEL) {

@@ -70,6 +70,7 @@ struct tr_trainer {
 	bool want_grad_norm;
 
 	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
+	atomic_int stop_reason; /* enum tr_stop_reason of the last stop request */
 	int64_t start_step;
 	int64_t last_checkpoint_step;
 	double last_checkpoint_time;
@@ -709,6 +710,18 @@ void tr_trainer_request_checkpoint(tr_trainer_t *t)
 	atomic_store(&t->checkpoint_requested, true);
 }
 
+static const char *stop_reason_name(int why)
+{
+	switch (why) {
+	case TR_STOP_PAUSE:
+		return "pause";
+	case TR_STOP_SHUTDOWN:
+		return "shutdown";
+	default:
+		return "stop";
+	}
+}
+
 /* Takes a checkpoint after step `done` when one is due (or final). */
 static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, bool final)
 {
@@ -718,7 +731,7 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	double now = mono_s();
 	const char *reason = NULL;
 	if (final)
-		reason = t->summary.stopped ? "stop" : "final";
+		reason = t->summary.stopped ? stop_reason_name(atomic_load(&t->stop_reason)) : "final";
 	else if (atomic_exchange(&t->checkpoint_requested, false))
 		reason = "request";
 	else if (s->checkpoint_every_steps > 0 && done % s->checkpoint_every_steps == 0)
@@ -889,9 +902,15 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	return rc < 0 ? rc : 0;
 }
 
+void tr_trainer_stop_for(tr_trainer_t *t, enum tr_stop_reason why)
+{
+	atomic_store(&t->stop_reason, (int)why);
+	atomic_store(&t->stop_requested, true);
+}
+
 void tr_trainer_stop(tr_trainer_t *t)
 {
-	atomic_store(&t->stop_requested, true);
+	tr_trainer_stop_for(t, TR_STOP_STOP);
 }
 
 void tr_trainer_cancel(tr_trainer_t *t)

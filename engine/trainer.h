@@ -93,8 +93,17 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
  * code with err set (a loader error names file and sample). */
 int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen);
 
+/* Why a trainer was stopped early: names its last checkpoint's reason. */
+enum tr_stop_reason {
+	TR_STOP_STOP,     /* "stop": asked to stop */
+	TR_STOP_PAUSE,    /* "pause": to be resumed later */
+	TR_STOP_SHUTDOWN, /* "shutdown": the process is going away */
+};
+
 /* Graceful: finish the current step, then return.  Async-signal-safe. */
 void tr_trainer_stop(tr_trainer_t *t);
+/* The same, saying why (the last stop request's reason wins). */
+void tr_trainer_stop_for(tr_trainer_t *t, enum tr_stop_reason why);
 /* Before run: continue from a snapshot (weights, optimizer state and
  * position), or with weights_only take just its weights (init.from another
  * job's checkpoint; optimizer and position start fresh).  The snapshot is

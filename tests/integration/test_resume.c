@@ -430,6 +430,9 @@ Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons
 	cr_assert_not_null(at, "paused, but the log does not say where:\n%s", log);
 	long long paused_step = atoll(at + strlen("paused at step "));
 	cr_assert_geq(paused_step, 77);
+	char ckpt_line[96];
+	snprintf(ckpt_line, sizeof ckpt_line, "checkpoint at step %lld (pause)", paused_step);
+	cr_assert_not_null(strstr(log, ckpt_line), "no '%s' in the log:\n%s", ckpt_line, log);
 	char state[32];
 	long long shown = job_step(&da, p, state, NULL);
 	cr_assert_eq(shown, paused_step, "paused at step %lld, GET /jobs/%lld shows progress.step %lld", paused_step,
@@ -469,6 +472,8 @@ Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons
 	cr_assert_not_null(at, "log:\n%s", log);
 	long long stopped = atoll(at + strlen("interrupted by daemon shutdown at step "));
 	cr_assert_gt(stopped, 142);
+	snprintf(ckpt_line, sizeof ckpt_line, "checkpoint at step %lld (shutdown)", stopped);
+	cr_assert_not_null(strstr(log, ckpt_line), "no '%s' in the log:\n%s", ckpt_line, log);
 	snprintf(want, sizeof want, "resuming from the checkpoint at step %lld\n", stopped);
 	cr_assert_not_null(strstr(log, want), "interrupted at step %lld, but no '%s' in the log:\n%s", stopped, want,
 			   log);
