@@ -100,6 +100,8 @@ void tr_api_reply_header(struct tr_api_reply *rp, const char *name, const char *
 void tr_api_reply_json(struct tr_api_reply *rp, int status, json_t *body);
 /* Drops whatever body and headers the reply holds. */
 void tr_api_reply_finish(struct tr_api_reply *rp);
+/* The bytes of a JSON reply: compact, then "\n".  0, or -1 out of memory. */
+int tr_api_render_json(const json_t *body, char **out, size_t *len);
 
 /* A query argument (already percent-decoded by MHD) or NULL. */
 const char *tr_api_query(const struct tr_api_request *rq, const char *name);

@@ -79,21 +79,6 @@ struct metrics_compute {
 	struct tr_api_reply *rp; /* receives the error of a failed query */
 };
 
-/* The same bytes as a JSON reply rendered by server.c: compact, "\n". */
-static int render(const json_t *body, char **out, size_t *len)
-{
-	size_t n = json_dumpb(body, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(15));
-	char *buf = n ? malloc(n + 1) : NULL;
-	if (!buf || json_dumpb(body, buf, n, JSON_COMPACT | JSON_REAL_PRECISION(15)) != n) {
-		free(buf);
-		return -1;
-	}
-	buf[n] = '\n';
-	*out = buf;
-	*len = n + 1;
-	return 0;
-}
-
 static int compute_answer(void *ctx, char **out, size_t *len)
 {
 	struct metrics_compute *mc = ctx;
@@ -105,7 +90,7 @@ static int compute_answer(void *ctx, char **out, size_t *len)
 	json_t *series = json_object_get(result, "series");
 	json_t *body = json_pack("{s:I, s:o}", "job", (json_int_t)mc->job, "series",
 				 series ? json_incref(series) : json_object());
-	int rc = body ? render(body, out, len) : -1;
+	int rc = body ? tr_api_render_json(body, out, len) : -1;
 	if (rc < 0)
 		tr_api_fail(mc->rp, 500, "internal", NULL, "out of memory");
 	json_decref(body);

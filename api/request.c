@@ -28,6 +28,23 @@ void tr_api_reply_json(struct tr_api_reply *rp, int status, json_t *body)
 	rp->status = status;
 }
 
+int tr_api_render_json(const json_t *body, char **out, size_t *len)
+{
+	size_t n = json_dumpb(body, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(15));
+	char *buf = n ? malloc(n + 1) : NULL;
+
+	if (!buf || json_dumpb(body, buf, n, JSON_COMPACT | JSON_REAL_PRECISION(15)) != n) {
+		free(buf);
+		return -1;
+	}
+	/* Every JSON body ends with a newline so `curl` output and
+	 * line-oriented tools behave. */
+	buf[n] = '\n';
+	*out = buf;
+	*len = n + 1;
+	return 0;
+}
+
 void tr_api_reply_finish(struct tr_api_reply *rp)
 {
 	json_decref(rp->json);

@@ -41,22 +41,12 @@ double tr_api_now(void)
 
 static struct MHD_Response *json_response(json_t *json)
 {
-	size_t n = json_dumpb(json, NULL, 0, JSON_COMPACT | JSON_REAL_PRECISION(15));
 	char *buf;
+	size_t len;
 
-	if (n == 0)
+	if (tr_api_render_json(json, &buf, &len) < 0)
 		return NULL;
-	buf = malloc(n + 1);
-	if (!buf)
-		return NULL;
-	if (json_dumpb(json, buf, n, JSON_COMPACT | JSON_REAL_PRECISION(15)) != n) {
-		free(buf);
-		return NULL;
-	}
-	/* Every JSON body ends with a newline so `curl` output and
-	 * line-oriented tools behave. */
-	buf[n] = '\n';
-	return MHD_create_response_from_buffer(n + 1, buf, MHD_RESPMEM_MUST_FREE);
+	return MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
 }
 
 static enum MHD_Result send_reply(struct tr_api_request *rq, struct tr_api_reply *rp)
