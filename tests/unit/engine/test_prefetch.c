@@ -88,26 +88,28 @@ static void reader_init(struct test_reader *t, int64_t n)
 	t->fail_at = -1;
 }
 
-/* Steps of 37 and 64 rows are cut into chunks of >= 8 rows, one per loader
- * at most: every worker count and depth gives the plan's batches. */
-Test(prefetch, chunked_steps_match_plan_for_any_workers)
+/* Runs the plan through prefetch rings of each {workers, depth} and checks
+ * every batch against the plan: indices, epoch, every feature and label,
+ * and that no more than the ring's slots plus the one being consumed
+ * (of `batch` samples each) were ever loaded ahead. */
+static void check_batches_match_plan(const struct tr_plan *plan, const int (*configs)[2], size_t nconfigs)
 {
-	struct tr_plan plan;
 	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 677, 64, TR_LAST_PARTIAL, true, 5, 2, 0, err, sizeof err), 0);
-	int configs[][2] = {{1, 2}, {2, 1}, {2, 4}, {7, 3}, {7, 14}};
-	for (size_t c = 0; c < 5; c++) {
+	for (size_t c = 0; c < nconfigs; c++) {
 		struct test_reader tr;
-		reader_init(&tr, 677);
-		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = configs[c][0],
-						 .depth = configs[c][1], .end_step = plan.total_steps};
+		reader_init(&tr, plan->samples);
+		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = plan, .workers = configs[c][0],
+						 .depth = configs[c][1], .end_step = plan->total_steps};
 		tr_prefetch_t *pf;
 		cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
-		for (int64_t s = 0; s < plan.total_steps; s++) {
+		int64_t *idx = malloc((size_t)plan->batch * sizeof *idx);
+		cr_assert_not_null(idx);
+		for (int64_t s = 0; s < plan->total_steps; s++) {
 			const struct tr_batch *b;
-			cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0);
-			int64_t idx[64], epoch;
-			int n = tr_plan_step(&plan, s, idx, &epoch);
+			double wait;
+			cr_assert_eq(tr_prefetch_next(pf, s, &b, &wait), 0);
+			int64_t epoch;
+			int n = tr_plan_step(plan, s, idx, &epoch);
 			cr_assert_eq(b->count, n);
 			cr_assert_eq(b->epoch, epoch);
 			cr_assert_arr_eq(b->index, idx, (size_t)n * sizeof idx[0]);
@@ -120,9 +122,22 @@ Test(prefetch, chunked_steps_match_plan_for_any_workers)
 			atomic_fetch_sub(&tr.loaded, n);
 			tr_prefetch_release(pf, s);
 		}
+		free(idx);
 		tr_prefetch_destroy(pf);
-		cr_assert_leq(tr.max_ahead, (long)(configs[c][1] + 1) * 64);
+		cr_assert_leq(tr.max_ahead, (long)(configs[c][1] + 1) * plan->batch, "workers %d depth %d: %ld ahead",
+			      configs[c][0], configs[c][1], tr.max_ahead);
 	}
+}
+
+/* Steps of 37 and 64 rows are cut into chunks of >= 8 rows, one per loader
+ * at most: every worker count and depth gives the plan's batches. */
+Test(prefetch, chunked_steps_match_plan_for_any_workers)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 677, 64, TR_LAST_PARTIAL, true, 5, 2, 0, err, sizeof err), 0);
+	const int configs[][2] = {{1, 2}, {2, 1}, {2, 4}, {7, 3}, {7, 14}};
+	check_batches_match_plan(&plan, configs, 5);
 }
 
 /* With one slot, only step 0 can be loading at first: several loaders must
@@ -177,35 +192,8 @@ Test(prefetch, batches_match_plan_for_any_workers_and_depth)
 	struct tr_plan plan;
 	char err[256];
 	cr_assert_eq(tr_plan_init(&plan, 91, 8, TR_LAST_PARTIAL, true, 9, 3, 0, err, sizeof err), 0);
-	int configs[][2] = {{1, 1}, {3, 2}, {8, 5}, {2, 8}};
-	for (size_t c = 0; c < 4; c++) {
-		struct test_reader tr;
-		reader_init(&tr, 91);
-		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = configs[c][0],
-						 .depth = configs[c][1], .end_step = plan.total_steps};
-		tr_prefetch_t *pf;
-		cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
-		for (int64_t s = 0; s < plan.total_steps; s++) {
-			const struct tr_batch *b;
-			double wait;
-			cr_assert_eq(tr_prefetch_next(pf, s, &b, &wait), 0);
-			int64_t idx[8], epoch;
-			int n = tr_plan_step(&plan, s, idx, &epoch);
-			cr_assert_eq(b->count, n);
-			cr_assert_eq(b->epoch, epoch);
-			for (int i = 0; i < n; i++) {
-				cr_assert_eq(b->index[i], idx[i]);
-				cr_assert_float_eq(b->x[i * 3 + 2], (float)idx[i] + 1.0f, 0.0);
-			}
-			atomic_fetch_sub(&tr.loaded, n);
-			tr_prefetch_release(pf, s);
-		}
-		tr_prefetch_destroy(pf);
-		/* depth slots of 8 samples may be loaded ahead of the consumer, plus
-		 * the slot being consumed. */
-		cr_assert_leq(tr.max_ahead, (long)(configs[c][1] + 1) * 8, "workers %d depth %d: %ld ahead",
-			      configs[c][0], configs[c][1], tr.max_ahead);
-	}
+	const int configs[][2] = {{1, 1}, {3, 2}, {8, 5}, {2, 8}};
+	check_batches_match_plan(&plan, configs, 4);
 }
 
 struct waiter {
