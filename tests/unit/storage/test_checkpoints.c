@@ -172,6 +172,21 @@ Test(sha256, fips_vectors)
 	free(a);
 }
 
+/* Hashes p[0..n) with the default implementation, fed in pieces of random
+ * sizes below max_piece (some empty) drawn from seed. */
+static void hash_random_pieces(const unsigned char *p, size_t n, uint64_t seed, size_t max_piece, char hex[65])
+{
+	struct tr_sha256 c;
+	tr_sha256_init(&c);
+	for (size_t off = 0; off < n;) {
+		size_t k = splitmix(&seed) % max_piece;
+		k = k < n - off ? k : n - off;
+		tr_sha256_update(&c, p + off, k);
+		off += k;
+	}
+	tr_sha256_final_hex(&c, hex);
+}
+
 Test(sha256, incremental_equals_one_shot)
 {
 	/* Every split of the padding edge cases (55, 56, 63, 64, 65 bytes)
@@ -191,16 +206,7 @@ Test(sha256, incremental_equals_one_shot)
 		}
 	}
 	tr_sha256_hex(p, n, one);
-	struct tr_sha256 c;
-	tr_sha256_init(&c);
-	uint64_t seed = 3;
-	for (size_t off = 0; off < n;) {
-		size_t k = splitmix(&seed) % 1000;
-		k = k < n - off ? k : n - off;
-		tr_sha256_update(&c, p + off, k);
-		off += k;
-	}
-	tr_sha256_final_hex(&c, inc);
+	hash_random_pieces(p, n, 3, 1000, inc);
 	cr_assert_str_eq(inc, one);
 	free(p);
 }
@@ -257,16 +263,7 @@ Test(sha256, accelerated_matches_portable)
 	cr_assert_str_eq(fast, slow, "4 MiB chunks");
 	hash_pieces(TR_SHA256_AUTO, p, n, 4093, fast);
 	cr_assert_str_eq(fast, slow, "odd pieces");
-	struct tr_sha256 c;
-	tr_sha256_init(&c);
-	uint64_t seed = 5;
-	for (size_t off = 0; off < n;) {
-		size_t k = splitmix(&seed) % 300000;
-		k = k < n - off ? k : n - off;
-		tr_sha256_update(&c, p + off, k);
-		off += k;
-	}
-	tr_sha256_final_hex(&c, fast);
+	hash_random_pieces(p, n, 5, 300000, fast);
 	cr_assert_str_eq(fast, slow, "random pieces");
 	/* The one-shot helper the store uses goes the same way. */
 	tr_sha256_hex(p, n, fast);
