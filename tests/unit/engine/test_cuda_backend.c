@@ -230,6 +230,18 @@ static void counting_free(tr_backend_t *be, int dev, void *p)
 	c->inner->i->free(c->inner, dev, p);
 }
 
+/* A one-device CPU backend whose alloc and free count what passes through. */
+static void counting_init(struct counting *c)
+{
+	*c = (struct counting){0};
+	c->inner = tr_cpu_backend_create(1, 1);
+	cr_assert_not_null(c->inner);
+	c->table = *c->inner->i;
+	c->table.alloc = counting_alloc;
+	c->table.free = counting_free;
+	c->base.i = &c->table;
+}
+
 Test(cuda_estimate, covers_every_replica_buffer)
 {
 	const char *text =
@@ -245,13 +257,8 @@ Test(cuda_estimate, covers_every_replica_buffer)
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	cr_assert_eq(tr_model_init(&model, &spec, 33, err, sizeof err), 0, "%s", err);
 
-	struct counting c = {0};
-	c.inner = tr_cpu_backend_create(1, 1);
-	cr_assert_not_null(c.inner);
-	c.table = *c.inner->i;
-	c.table.alloc = counting_alloc;
-	c.table.free = counting_free;
-	c.base.i = &c.table;
+	struct counting c;
+	counting_init(&c);
 	tr_replica_t rep;
 	cr_assert_eq(tr_replica_init(&rep, &model, &c.base, 0, 100, 1, 2, err, sizeof err), 0, "%s", err);
 	tr_replica_finish(&rep);
@@ -300,13 +307,8 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 	cr_assert_geq(base, TR_CUDA_CONTEXT_BYTES);
 
 	for (int bufs = 0; bufs <= 2; bufs++) {
-		struct counting c = {0};
-		c.inner = tr_cpu_backend_create(1, 1);
-		cr_assert_not_null(c.inner);
-		c.table = *c.inner->i;
-		c.table.alloc = counting_alloc;
-		c.table.free = counting_free;
-		c.base.i = &c.table;
+		struct counting c;
+		counting_init(&c);
 		tr_replica_t rep;
 		cr_assert_eq(tr_replica_init(&rep, &model, &c.base, 0, 1000, 1, bufs, err, sizeof err), 0, "%s", err);
 		tr_replica_finish(&rep);
