@@ -130,10 +130,16 @@ struct tr_ckpt_reader {
  * one of its flushes (which the writer itself waits for before its
  * commit).  Process-wide rather than per store: a daemon has one store. */
 static atomic_int open_writers;
+/* Committed checkpoints whose WAL frames tr_store_ckpt_settle has not
+ * copied yet.  Until it runs, the metrics writer leaves them alone too:
+ * otherwise the first flush after a commit copies the whole checkpoint
+ * inside the flush (0.1-1 s), the very wait the deferred copy avoids. */
+static atomic_int unsettled;
 
 bool tr_store_ckpt_writing(void)
 {
-	return atomic_load_explicit(&open_writers, memory_order_relaxed) > 0;
+	return atomic_load_explicit(&open_writers, memory_order_relaxed) > 0 ||
+	       atomic_load_explicit(&unsettled, memory_order_relaxed) > 0;
 }
 
 /* ---- rows ------------------------------------------------------------------ */
@@ -390,6 +396,16 @@ static void start_writeback(struct tr_ckpt_writer *w)
 #else
 	(void)w;
 #endif
+}
+
+/* Syncs the chunks already in the WAL before the final commit takes the
+ * write lock: the commit's own sync (which makes it durable) then waits
+ * only for its last pages, so the metrics writer, which needs the same
+ * lock, is not held up for the whole checkpoint's sync.  Also a hint. */
+static void sync_chunks(struct tr_ckpt_writer *w)
+{
+	if (w->wal_fd >= 0)
+		fdatasync(w->wal_fd);
 }
 
 /* Inserts chunk number w->nchunks and feeds it to the digest.  own_txn: in
@@ -663,6 +679,7 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 	/* synchronous=FULL for this one transaction: the WAL, which now holds
 	 * all of the checkpoint's chunks (their own commits did not sync it),
 	 * is synced at the commit, so a visible checkpoint is a durable one. */
+	sync_chunks(w);
 	err = tr_store_exec(&w->c, "PRAGMA synchronous=FULL");
 	if (err == 0)
 		err = tr_store_begin(&w->c, true);
@@ -727,6 +744,7 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 	if (err < 0)
 		goto fail;
 	w->id = 0; /* committed: nothing left to discard */
+	atomic_fetch_add(&unsettled, 1);
 	/* The commit has succeeded whatever happens here: what a failed purge
 	 * leaves is hidden, and deleted at the next open.  Its many short
 	 * transactions need no sync each. */
@@ -755,6 +773,9 @@ int tr_store_ckpt_settle(tr_store_t *s, int *frames_left)
 	if (err < 0)
 		return err;
 	int log = 0, done = 0;
+	/* Whatever was committed before this copy is in it (or in the one
+	 * running now, on BUSY). */
+	atomic_store(&unsettled, 0);
 	int rc = sqlite3_wal_checkpoint_v2(c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
 	if (rc == SQLITE_BUSY)
 		err = 1; /* another connection is copying right now: the same frames */

@@ -75,8 +75,9 @@ void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
  * *frames_left (may be NULL): WAL frames it could not copy yet (readers
  * still use them; a later checkpoint copies them). */
 int tr_store_ckpt_settle(tr_store_t *s, int *frames_left);
-/* Storage-internal: whether a checkpoint writer is open in this process
- * (the store's connections then leave the WAL alone, see store.c). */
+/* Storage-internal: whether a checkpoint writer is open in this process,
+ * or a committed checkpoint awaits tr_store_ckpt_settle (the store's
+ * connections then leave the WAL alone, up to a bound: see store.c). */
 bool tr_store_ckpt_writing(void);
 
 /* Complete checkpoints of a job, newest (highest step, then id) first.

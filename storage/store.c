@@ -186,11 +186,18 @@ void tr_store_conn_close(struct conn *c)
  * writer copies its own afterwards (tr_store_ckpt_settle).  64 MiB is also
  * journal_size_limit: the log's size after a restart. */
 #define WAL_AUTOCHECKPOINT_BYTES (64 << 20)
+/* While a checkpoint is open or unsettled, the WAL may grow to this many
+ * times that before the other connections copy it regardless. */
+#define WAL_UNSETTLED_LIMIT_FACTOR 32
 
 /* SQLite's own auto-checkpoint hook, plus the exception above. */
 static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
 {
-	if (frames >= (int)(intptr_t)arg && !tr_store_ckpt_writing())
+	int limit = (int)(intptr_t)arg;
+	/* A checkpoint being written or not yet settled is left to its writer,
+	 * up to a bound: a WAL that keeps growing past it (a settle that never
+	 * comes) is copied here anyway. */
+	if (frames >= limit && (!tr_store_ckpt_writing() || frames >= WAL_UNSETTLED_LIMIT_FACTOR * limit))
 		sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
 	return SQLITE_OK;
 }
