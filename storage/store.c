@@ -225,6 +225,20 @@ static int set_autocheckpoint(struct conn *c)
 	return 0;
 }
 
+/* Waits for the write lock in 1 ms polls, up to STORE_BUSY_TIMEOUT_MS.
+ * SQLite's own busy timeout backs off to 100 ms sleeps, so a waiter keeps
+ * missing the short gaps between a checkpoint's chunk transactions and a
+ * metrics flush could wait out the whole checkpoint. */
+static int busy_wait(void *arg, int tries)
+{
+	(void)arg;
+	if (tries >= STORE_BUSY_TIMEOUT_MS)
+		return 0;
+	struct timespec ms = {0, 1000000};
+	nanosleep(&ms, NULL);
+	return 1;
+}
+
 /* Settings that SQLite keeps per connection, not in the file. */
 int tr_store_conn_open(struct conn *c, const char *path)
 {
@@ -242,7 +256,7 @@ int tr_store_conn_open(struct conn *c, const char *path)
 		return err;
 	}
 	sqlite3_extended_result_codes(c->db, 1);
-	sqlite3_busy_timeout(c->db, STORE_BUSY_TIMEOUT_MS);
+	sqlite3_busy_handler(c->db, busy_wait, NULL);
 	/* secure_delete=FAST: Debian's SQLite zero-fills freed pages, which
 	 * makes deleting a job with large checkpoints hold the write lock for
 	 * ~0.5 s per 100 MB; FAST only clears what is cheap to clear. */
