@@ -172,21 +172,40 @@ class TorchCompute:
 
 if HAVE_TORCH:
     class SleepyDataset(torch.utils.data.Dataset):
-        """Pre-generated samples; __getitem__ sleeps like trainerd's load_cost_us."""
+        """Pre-generated samples; indexed by a whole batch of indices (the
+        DataLoader gets a BatchSampler), it sleeps like trainerd's
+        load_cost_us: the batch's cost in slices of at most SLICE_US."""
 
         def __init__(self, n, features, classes, sleep_us):
             g = torch.Generator().manual_seed(0)
             self.x = torch.randn(n, features, generator=g)
             self.y = torch.randint(0, classes, (n,), generator=g)
-            self.sleep_s = sleep_us / 1e6
+            self.sleep_us = sleep_us
 
         def __len__(self):
             return self.x.shape[0]
 
-        def __getitem__(self, i):
-            if self.sleep_s > 0:
-                time.sleep(self.sleep_s)
-            return self.x[i], self.y[i]
+        def __getitem__(self, idx):
+            sleep_in_slices(self.sleep_us * len(idx))
+            return self.x[idx], self.y[idx]
+
+
+# trainerd's loaders owe load_cost_us per sample and sleep it in slices of
+# 20 ms, or less at the end of their row range (engine/data/synthetic.c).
+SLICE_US = 20000
+
+
+def sleep_in_slices(total_us):
+    while total_us > 0:
+        time.sleep(min(total_us, SLICE_US) / 1e6)
+        total_us -= SLICE_US
+
+
+def real_sleep_per_sample(load_us, samples, slack_1ns=True):
+    """Real wall time per sample of sleeping `samples` samples' cost the
+    way the loaders do (sleep_overshoot measures the slices)."""
+    per_slice = max(1, min(samples, SLICE_US // max(load_us, 1)))
+    return sleep_overshoot(load_us * per_slice, n=max(20, 3000 // per_slice), slack_1ns=slack_1ns) / per_slice
 
 
 PR_SET_TIMERSLACK = 29
@@ -211,7 +230,8 @@ def torch_loader_run(dims, batch, steps, workers, sleep_us, lr, momentum):
     model = torch_model(dims)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     lf = nn.CrossEntropyLoss()
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
+    batches = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds), batch, drop_last=True)
+    dl = torch.utils.data.DataLoader(ds, sampler=batches, batch_size=None, num_workers=workers,
                                      worker_init_fn=set_timer_slack_1ns)
     wait = 0.0
     n = 0
@@ -402,8 +422,8 @@ def loader_bench(args, compute_step_ms, torch_step_ms, rounds, workers_list, ste
     spec["data"]["train"]["load_cost_us"] = load_us
     spec["data"]["train"]["samples"] = steps * batch
     load_ms = batch * load_us / 1e3
-    eff_us = sleep_overshoot(load_us)
-    default_slack_us = sleep_overshoot(load_us, slack_1ns=False)
+    eff_us = real_sleep_per_sample(load_us, batch // max(workers_list))
+    default_slack_us = real_sleep_per_sample(load_us, batch // max(workers_list), slack_1ns=False)
     log("loader: compute %.1f ms/step, load_cost_us %d -> %.1f ms/step on one thread (real sleep %.0f us)" % (
         compute_step_ms, load_us, load_ms, eff_us))
     runs = {"trainerd": {w: [] for w in workers_list}, "torch": {w: [] for w in workers_list}}
@@ -586,9 +606,11 @@ def markdown(res):
             lb["rounds"], lb["steps"], lb["batch"]))
         out.append("")
         out.append("Compute step %.1f ms (trainerd, benchmark 1); load_cost_us = %d, so one loader thread needs "
-                   "%.1f ms per step (3x). A %d us sleep really takes %.0f us on a thread with 1 ns timer slack "
-                   "(trainerd's loaders, and the DataLoader workers here via worker_init_fn), %.0f us with the "
-                   "default slack; the ideal with fill uses the former: %.1f ms per step." % (
+                   "%.1f ms per step (3x). Both sides sleep a run of samples' cost in slices of at most 20 ms "
+                   "(trainerd's loaders per row range, the DataLoader's dataset per batch); a sample's %d us "
+                   "really takes %.0f us that way on a thread with 1 ns timer slack (trainerd's loaders, and the "
+                   "DataLoader workers here via worker_init_fn), %.0f us with the default slack; the ideal with "
+                   "fill uses the former: %.1f ms per step." % (
                        lb["compute_step_ms"], lb["load_cost_us"], lb["load_ms_per_step"], lb["load_cost_us"],
                        lb["real_sleep_us"], lb.get("real_sleep_default_slack_us", float("nan")),
                        lb["batch"] * lb["real_sleep_us"] / 1e3))

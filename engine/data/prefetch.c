@@ -88,6 +88,7 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 		if (c->transforms)
 			tr_transforms_apply(c->transforms, x, pf->features, c->seed, epoch, b->index[i], 1);
 	}
+	tr_data_pay_deferred_wait();
 	return 0;
 }
 

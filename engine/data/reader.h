@@ -51,6 +51,12 @@ static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *
 
 void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
 
+/* Sleeps whatever simulated storage latency (synthetic load_cost_us) the
+ * calling thread's reads have owed but not yet slept; call it after a run
+ * of tr_reader_get calls whose result is about to be used, so the run is
+ * ready no earlier than its samples' full cost.  Cheap when nothing is owed. */
+void tr_data_pay_deferred_wait(void);
+
 /* A reader over samples [begin, end) of `base`, which it borrows (base
  * must outlive it).  Used for validation_split. */
 tr_reader_t *tr_reader_slice(tr_reader_t *base, int64_t begin, int64_t end);

@@ -7,7 +7,9 @@
  * learnable whenever the noise is small next to the distance between
  * centers; regression is a fixed random linear map plus noise.
  * load_cost_us makes each sample cost that much wall time, to model slow
- * storage when measuring how well the prefetch pool hides it.
+ * storage when measuring how well the prefetch pool hides it.  The wait is
+ * owed per sample but slept in slices (see owed_us), as slow storage serves
+ * a loader's run of samples in few requests.
  *
  * Generation has to be cheap: loaders share the cores with compute, and a
  * benchmark on synthetic data should measure the engine, not this file.
@@ -69,6 +71,24 @@ static void sleep_us(int64_t us)
 		;
 }
 
+/* load_cost_us this thread owes but has not slept yet.  A sleep per sample
+ * of a few hundred microseconds measured the scheduler more than storage:
+ * each wake-up preempts a compute thread, and on a small machine the ~250
+ * wake-ups of a batch slowed every step by ~10%.  So the cost accumulates
+ * and is slept once it reaches a slice, and whatever is left at the end of
+ * a run of samples (tr_data_pay_deferred_wait, called by the prefetch
+ * loaders after each row range): a range is ready no sooner than its
+ * samples' full cost, and a cancel is still noticed within a slice. */
+enum { WAIT_SLICE_US = 20000 };
+static _Thread_local int64_t owed_us;
+
+void tr_data_pay_deferred_wait(void)
+{
+	if (owed_us > 0)
+		sleep_us(owed_us);
+	owed_us = 0;
+}
+
 static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
 {
 	struct synth_reader *s = (struct synth_reader *)r;
@@ -80,8 +100,8 @@ static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, char *er
 			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
-	if (s->load_cost_us > 0)
-		sleep_us(s->load_cost_us);
+	if (s->load_cost_us > 0 && (owed_us += s->load_cost_us) >= WAIT_SLICE_US)
+		tr_data_pay_deferred_wait();
 	/* Counter 0 picks the class, 1..features the feature noise,
 	 * features+1.. the target noise. */
 	key = tr_rng_key(s->seed, (uint64_t)index, STREAM_SAMPLE, TR_RNG_SYNTH);

@@ -863,12 +863,33 @@ Test(data, synthetic_load_cost)
 	float x[4], y[1];
 	double t0;
 
+	/* 4 x 5 ms: slept by the reads themselves once a 20 ms slice is owed. */
 	s.load_cost_us = 5000;
 	r = open_ok(&s);
 	t0 = now_s();
 	for (int i = 0; i < 4; i++)
 		get_ok(r, i, x, y);
 	cr_assert_geq(now_s() - t0, 0.019);
+	tr_reader_destroy(r);
+}
+
+/* Below a slice the cost is owed, not lost: paying it sleeps it all. */
+Test(data, synthetic_load_cost_below_a_slice_is_paid_at_the_end)
+{
+	struct tr_source_spec s = synth_src(TR_SYNTH_CLASSIFICATION, 10, 4, 2, 0.1f, 1);
+	float x[4], y[1];
+
+	s.load_cost_us = 1500;
+	tr_reader_t *r = open_ok(&s);
+	double t0 = now_s();
+	for (int i = 0; i < 6; i++)
+		get_ok(r, i, x, y);
+	tr_data_pay_deferred_wait();
+	cr_assert_geq(now_s() - t0, 0.0089);
+	/* Paid once: nothing is owed after it. */
+	t0 = now_s();
+	tr_data_pay_deferred_wait();
+	cr_assert_lt(now_s() - t0, 0.0089);
 	tr_reader_destroy(r);
 }
 

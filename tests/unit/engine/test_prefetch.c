@@ -196,6 +196,31 @@ Test(prefetch, batches_match_plan_for_any_workers_and_depth)
 	check_batches_match_plan(&plan, configs, 4);
 }
 
+/* Synthetic load_cost_us below a slice is slept when a loader finishes its
+ * row range: the step is not ready before its samples' full cost. */
+Test(prefetch, a_step_is_ready_after_its_full_load_cost)
+{
+	struct tr_plan plan;
+	char err[256];
+	cr_assert_eq(tr_plan_init(&plan, 64, 8, TR_LAST_DROP, false, 1, 1, 0, err, sizeof err), 0);
+	struct tr_source_spec src = {.format = TR_DATA_SYNTHETIC, .task = TR_SYNTH_CLASSIFICATION,
+				     .samples = 64, .features = 3, .classes = 2, .load_cost_us = 1500};
+	tr_reader_t *r = NULL;
+	cr_assert_eq(tr_reader_open(&src, 1, NULL, &r, err, sizeof err), 0, "%s", err);
+	struct tr_prefetch_config cfg = {.reader = r, .plan = &plan, .workers = 1, .depth = 1,
+					 .end_step = plan.total_steps};
+	double t0 = now_s();
+	tr_prefetch_t *pf;
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	const struct tr_batch *b;
+	cr_assert_eq(tr_prefetch_next(pf, 0, &b, NULL), 0);
+	double took = now_s() - t0;
+	tr_prefetch_release(pf, 0);
+	tr_prefetch_destroy(pf);
+	tr_reader_destroy(r);
+	cr_assert_geq(took, 8 * 1500e-6 - 1e-4, "step 0 ready after %.1f ms", took * 1e3);
+}
+
 struct waiter {
 	tr_prefetch_t *pf;
 	int rc;
