@@ -66,8 +66,23 @@ typedef struct tr_backend_i {
 	int (*to_host)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
 	int (*copy)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
 	int (*memset0)(tr_backend_t *be, int dev, void *dst, size_t bytes);
-	/* Waits until everything enqueued on dev has finished. */
+	/* Waits until everything enqueued on dev has finished, on its compute
+	 * stream and on its copy stream (to_device_async). */
 	int (*sync)(tr_backend_t *be, int dev);
+	/* Upload-ahead, optional: both NULL (the trainer then uploads each
+	 * step's share on the compute stream right before using it) or both
+	 * set.  to_device_async enqueues a host-to-device copy on dev's copy
+	 * stream, which runs beside the compute stream, so that the next
+	 * step's inputs travel while this step computes.  src must stay valid
+	 * and unchanged until the next `sync` of dev returns; it overlaps only
+	 * from host_alloc memory (pinned on CUDA).  The two streams are ordered
+	 * only by copies_fence and sync, so dst must not be used by compute
+	 * work that has not finished (alloc's zeroing included: sync once
+	 * after alloc).  copies_fence makes work enqueued afterwards on the
+	 * compute stream wait for every copy enqueued so far on the copy
+	 * stream; it does not block the host. */
+	int (*to_device_async)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
+	int (*copies_fence)(tr_backend_t *be, int dev);
 	/* Whether gemm on dev may round its inputs to TF32 (tensor cores,
 	 * relative error ~1e-3) or must stay FP32, the default.  Devices belong
 	 * to one job at a time, which sets this on its devices before it

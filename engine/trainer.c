@@ -7,6 +7,15 @@
  * communicator so no rank can block forever.  Control flags (stop, cancel)
  * are read between steps; cancel additionally wakes the prefetch ring and
  * the communicator.
+ *
+ * Upload-ahead (backends with to_device_async): while step s runs, each
+ * rank looks whether step s+1 is loaded already and, if so, enqueues its
+ * share of s+1 on the device's copy stream into a second pair of input
+ * buffers; step s+1 then swaps the pairs and only fences.  The look never
+ * waits, so a slow ring costs nothing (step s+1 copies at its start, as
+ * without the feature).  Slot s+1 stays valid throughout: the run loop
+ * releases a step only after running it, and step s's final sync (or the
+ * failure path's) waits for the copy stream before any slot can be freed.
  */
 #include "engine/trainer.h"
 
@@ -33,6 +42,10 @@ struct rank_ctx {
 	struct tr_trainer *t;
 	int rank;
 	tr_replica_t rep;
+	/* The other input/label pair (upload-ahead only); swapped with the
+	 * replica's when it holds the step about to run. */
+	float *spare_input, *spare_labels;
+	int64_t ahead_step; /* the step whose share the spare pair holds, or -1 */
 	pthread_t thread;
 	bool started;
 	double loss[2];   /* this step: loss sum, correct count */
@@ -57,6 +70,7 @@ struct tr_trainer {
 	tr_comm_t *comm;
 	struct rank_ctx ranks[TR_SPEC_MAX_DEVICES];
 	int opt_buffers;
+	bool upload_ahead; /* the backend has a copy stream (to_device_async) */
 
 	/* step dispatch */
 	pthread_mutex_t lock;
@@ -280,13 +294,76 @@ static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, si
 
 /* ---- one step on one rank --------------------------------------------- */
 
+/* The forward pass reads acts[0], the loss reads labels: after the swap
+ * both point at the pair that holds this step's share. */
+static void swap_inputs(struct rank_ctx *rc)
+{
+	tr_replica_t *r = &rc->rep;
+	float *x = r->input, *y = r->labels;
+	r->input = r->acts[0] = rc->spare_input;
+	r->labels = rc->spare_labels;
+	rc->spare_input = x;
+	rc->spare_labels = y;
+}
+
+/* Puts this rank's share of the current step (len > 0 rows from off) in
+ * the replica's input buffers: uploaded ahead during the previous step,
+ * then the compute stream only waits for that copy, or copied now. */
+static int upload_share(struct tr_trainer *t, struct rank_ctx *rc, int off, int len)
+{
+	tr_backend_t *be = t->be;
+	tr_replica_t *r = &rc->rep;
+	const struct tr_batch *b = t->batch;
+	const int F = t->model.inputs, L = r->label_dim;
+	if (rc->ahead_step == t->step) {
+		rc->ahead_step = -1;
+		swap_inputs(rc);
+		return be->i->copies_fence(be, r->dev);
+	}
+	int ret = be->i->to_device(be, r->dev, r->input, b->x + (size_t)off * F, (size_t)len * F * sizeof(float));
+	if (ret == 0)
+		ret = be->i->to_device(be, r->dev, r->labels, b->y + (size_t)off * L,
+				       (size_t)len * L * sizeof(float));
+	return ret;
+}
+
+/* When the ring holds step s+1 already, enqueues this rank's share of it
+ * into the spare pair on the copy stream, so that it travels while step s
+ * computes.  Never waits for data (nor counts in data_wait_ms): a step not
+ * loaded yet copies its share itself when it runs; a cancel or a loading
+ * error is the run loop's to report.  The spare pair is idle: its last
+ * reader was an earlier step, finished by that step's sync. */
+static int upload_ahead(struct tr_trainer *t, struct rank_ctx *rc)
+{
+	int64_t next = t->step + 1;
+	if (!t->upload_ahead || rc->ahead_step == next || next >= t->plan.total_steps)
+		return 0;
+	const struct tr_batch *b;
+	if (tr_prefetch_try_next(t->prefetch, next, &b) < 0)
+		return 0;
+	tr_backend_t *be = t->be;
+	const int F = t->model.inputs, L = rc->rep.label_dim;
+	int off, len;
+	tr_plan_share(b->count, t->ndev, rc->rank, &off, &len);
+	if (len == 0)
+		return 0; /* idle next step: it clears its gradient, nothing to copy */
+	/* Set first: after a failed enqueue the other copy may be in flight,
+	 * and the failure path must wait for it (see rank_step). */
+	rc->ahead_step = next;
+	int ret = be->i->to_device_async(be, rc->rep.dev, rc->spare_input, b->x + (size_t)off * F,
+					 (size_t)len * F * sizeof(float));
+	if (ret == 0)
+		ret = be->i->to_device_async(be, rc->rep.dev, rc->spare_labels, b->y + (size_t)off * L,
+					     (size_t)len * L * sizeof(float));
+	return ret;
+}
+
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 {
 	double t0 = mono_s();
 	tr_replica_t *r = &rc->rep;
 	tr_backend_t *be = t->be;
 	const struct tr_batch *b = t->batch;
-	const int F = t->model.inputs, L = r->label_dim;
 	size_t np = t->model.n_params;
 	int off, len, ret;
 	tr_plan_share(b->count, t->ndev, rc->rank, &off, &len);
@@ -297,12 +374,14 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	 * to the allreduce is exactly zero (the stale-gradient bug). */
 	if (len == 0 && (ret = be->i->memset0(be, r->dev, r->grads, np * sizeof(float))) < 0)
 		goto fail;
+	if (len > 0 && (ret = upload_share(t, rc, off, len)) < 0)
+		goto fail;
+	/* Looked for twice: from here the copy overlaps the whole step; before
+	 * the final sync the ring has had the step's time to load s+1. */
+	if ((ret = upload_ahead(t, rc)) < 0)
+		goto fail;
 	if (len > 0) {
-		if ((ret = be->i->to_device(be, r->dev, r->input, b->x + (size_t)off * F,
-					    (size_t)len * F * sizeof(float))) < 0 ||
-		    (ret = be->i->to_device(be, r->dev, r->labels, b->y + (size_t)off * L,
-					    (size_t)len * L * sizeof(float))) < 0 ||
-		    (ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
+		if ((ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
 		    (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
 		    (ret = tr_replica_backward(r, len)) < 0)
 			goto fail;
@@ -336,6 +415,8 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 			free(garbage);
 		}
 	}
+	if ((ret = upload_ahead(t, rc)) < 0)
+		goto fail;
 	if ((ret = be->i->sync(be, r->dev)) < 0)
 		goto fail;
 	rc->step_ms = (mono_s() - t0) * 1e3;
@@ -345,6 +426,11 @@ fail:
 		 (long long)t->step + 1, ret == -ECANCELED ? "cancelled" : be->i->last_error(be));
 	if (t->comm)
 		be->i->comm_abort(t->comm);
+	/* A copy of step s+1 may still read its prefetch slot, which the run
+	 * loop frees once this failure has ended the job.  After the abort, so
+	 * that no collective holds the device. */
+	if (rc->ahead_step == t->step + 1)
+		(void)be->i->sync(be, r->dev);
 	return ret;
 }
 
@@ -376,6 +462,32 @@ static void *rank_main(void *arg)
 
 /* ---- create / destroy ------------------------------------------------- */
 
+/* The second input/label pair, sized like the replica's. */
+static int alloc_spare(struct tr_trainer *t, struct rank_ctx *r, char *err, size_t errlen)
+{
+	tr_backend_t *be = t->be;
+	size_t rows = (size_t)r->rep.max_rows;
+	size_t label_floats = rows * (size_t)r->rep.label_dim;
+	r->spare_input = be->i->alloc(be, r->rep.dev, rows * (size_t)t->model.inputs * sizeof(float));
+	r->spare_labels = be->i->alloc(be, r->rep.dev, (label_floats ? label_floats : 1) * sizeof(float));
+	if (!r->spare_input || !r->spare_labels) {
+		snprintf(err, errlen, "device %d: out of memory for the second input buffers of %d rows: %s",
+			 r->rep.dev, r->rep.max_rows, be->i->last_error(be));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void free_spare(struct tr_trainer *t, int rank)
+{
+	struct rank_ctx *r = &t->ranks[rank];
+	if (r->spare_input)
+		t->be->i->free(t->be, t->devs[rank], r->spare_input);
+	if (r->spare_labels)
+		t->be->i->free(t->be, t->devs[rank], r->spare_labels);
+	r->spare_input = r->spare_labels = NULL;
+}
+
 int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, char *err, size_t errlen)
 {
 	const struct tr_spec *s = opt->spec;
@@ -392,6 +504,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	pthread_cond_init(&t->go, NULL);
 	pthread_cond_init(&t->done, NULL);
 	t->summary.val_loss = t->summary.val_accuracy = NAN;
+	t->upload_ahead = be->i->to_device_async && be->i->copies_fence;
 	int rc;
 
 	int avail = be->i->device_count(be);
@@ -449,6 +562,10 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		r->rank = i;
 		rc = tr_replica_init(&r->rep, &t->model, be, t->devs[i], max_rows, t->train->info.label_dim,
 				     t->opt_buffers, err, errlen);
+		/* Before the sync below: it also finishes the spare pair's zeroing,
+		 * which the copy stream is not ordered with. */
+		if (rc == 0 && t->upload_ahead)
+			rc = alloc_spare(t, r, err, errlen);
 		if (rc == 0)
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
 		if (rc == 0)
@@ -494,8 +611,10 @@ void tr_trainer_destroy(tr_trainer_t *t)
 		return;
 	stop_rank_threads(t);
 	tr_prefetch_destroy(t->prefetch);
-	for (int i = 0; i < t->ndev; i++)
+	for (int i = 0; i < t->ndev; i++) {
+		free_spare(t, i);
 		tr_replica_finish(&t->ranks[i].rep);
+	}
 	if (t->comm)
 		t->be->i->comm_destroy(t->comm);
 	tr_transforms_destroy(t->transforms);
@@ -784,6 +903,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	pthread_mutex_lock(&t->lock);
 	t->prefetch = pf;
 	pthread_mutex_unlock(&t->lock);
+	for (int i = 0; i < t->ndev; i++)
+		t->ranks[i].ahead_step = -1;
 	if ((rc = start_rank_threads(t, err, errlen)) < 0)
 		return rc;
 	logf_(t, TR_LOG_INFO, "training %zu parameters on %d %s device(s), %lld steps, %d loader thread(s)",

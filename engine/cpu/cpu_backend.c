@@ -258,6 +258,20 @@ static int cpu_to_device(tr_backend_t *be, int dev, void *dst, const void *src, 
 	return copy_bytes(be, dev, dst, src, bytes, "to_device");
 }
 
+/* There is no copy stream: the copy is done when this returns, so the
+ * trainer's upload-ahead path runs on CPU devices too (and every test
+ * exercises it) with exactly the data the synchronous path would copy. */
+static int cpu_to_device_async(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	return copy_bytes(be, dev, dst, src, bytes, "to_device_async");
+}
+
+/* Every copy has already finished. */
+static int cpu_copies_fence(tr_backend_t *be, int dev)
+{
+	return tr_cpu_check_dev(be, dev, "copies_fence");
+}
+
 static int cpu_to_host(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
 {
 	return copy_bytes(be, dev, dst, src, bytes, "to_host");
@@ -339,6 +353,8 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 		.copy = cpu_copy,
 		.memset0 = cpu_memset0,
 		.sync = cpu_sync,
+		.to_device_async = cpu_to_device_async,
+		.copies_fence = cpu_copies_fence,
 		.set_tf32 = cpu_set_tf32,
 	};
 	tr_cpu_kernels_fill(&b->table);

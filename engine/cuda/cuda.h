@@ -34,8 +34,9 @@ struct tr_cuda_options {
 tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, char *err, size_t errlen);
 
 /* Bytes of device memory one device of a job will need: the replica's
- * buffers exactly as tr_replica_init allocates them (rounded to the
- * allocator's granularity) plus this backend's fixed costs (reduction
+ * buffers exactly as tr_replica_init allocates them and the trainer's
+ * second input and label buffers (upload-ahead), rounded to the
+ * allocator's granularity, plus this backend's fixed costs (reduction
  * scratch, cuBLAS workspace) and, when ndev > 1, an allowance for NCCL's
  * buffers.  The CUDA context itself (a few hundred MiB, outside
  * cudaMalloc) is included as TR_CUDA_CONTEXT_BYTES so that the result can

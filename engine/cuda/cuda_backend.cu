@@ -5,9 +5,12 @@
  * a little scratch for reductions whose result the host needs (losses,
  * sumsq).  Every call of engine/backend.h enqueues on the compute stream
  * and returns; only sync, the losses and sumsq wait for the device.
- * Host-to-device copies go on the compute stream too: the trainer uploads
- * a step's inputs right before using them, so a separate copy stream
- * would add events without adding overlap.
+ * A second non-blocking stream per device carries to_device_async alone:
+ * the trainer uploads step s+1's inputs there from pinned prefetch slots
+ * while step s computes, and copies_fence (an event on the copy stream
+ * that the compute stream waits for) orders step s+1's kernels after
+ * them.  Nothing else crosses between the two streams, and sync waits for
+ * both.
  *
  * Without a driver or a device nothing here crashes: the runtime answers
  * cudaErrorInsufficientDriver / cudaErrorNoDevice, which become the reason
@@ -135,10 +138,16 @@ static void finish_device(struct cuda_dev *d)
 		(void)cudaGetLastError();
 		return;
 	}
+	if (d->copy_stream)
+		cudaStreamSynchronize(d->copy_stream);
 	if (d->stream)
 		cudaStreamSynchronize(d->stream);
 	if (d->blas)
 		cublasDestroy(d->blas);
+	if (d->copied)
+		cudaEventDestroy(d->copied);
+	if (d->copy_stream)
+		cudaStreamDestroy(d->copy_stream);
 	if (d->stream)
 		cudaStreamDestroy(d->stream);
 	cudaFree(d->partials);
@@ -146,6 +155,8 @@ static void finish_device(struct cuda_dev *d)
 	cudaFreeHost(d->host_res);
 	(void)cudaGetLastError();
 	d->blas = NULL;
+	d->copied = NULL;
+	d->copy_stream = NULL;
 	d->stream = NULL;
 	d->partials = NULL;
 	d->result = NULL;
@@ -171,6 +182,9 @@ static int init_device(tr_backend_t *be, int idx)
 		return tr_cuda_set_error(be, -EBUSY, "device %d (%s) is in compute-prohibited mode", idx, d->name);
 
 	CUDA_CHECK(be, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+	CUDA_CHECK(be, cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking));
+	/* Only ever waited on by a stream, never timed. */
+	CUDA_CHECK(be, cudaEventCreateWithFlags(&d->copied, cudaEventDisableTiming));
 	CUBLAS_CHECK(be, cublasCreate(&d->blas));
 	CUBLAS_CHECK(be, cublasSetStream(d->blas, d->stream));
 	/* CUBLAS_DEFAULT_MATH never uses TF32 for sgemm (cuBLAS >= 11). */
@@ -235,7 +249,9 @@ static void *cuda_alloc(tr_backend_t *be, int dev, size_t bytes)
 		return NULL;
 	}
 	/* Zeroed in stream order: everything that touches p goes through this
-	 * stream (or waits on it, as the collectives do). */
+	 * stream (or waits on it, as the collectives do); the copy stream does
+	 * not, which is why backend.h asks for a sync before to_device_async
+	 * writes into a new buffer. */
 	if (bytes && tr_cuda_check_rt(be, cudaMemsetAsync(p, 0, bytes, b->dev[dev].stream), "alloc: zeroing", __FILE__,
 				      __LINE__)) {
 		cudaFree(p);
@@ -296,6 +312,34 @@ static int cuda_to_device(tr_backend_t *be, int dev, void *dst, const void *src,
 	return 0;
 }
 
+/* The same copy on the copy stream: it overlaps the compute stream's work
+ * (from pinned memory; from pageable memory the runtime stages it first).
+ * Nothing orders it with the compute stream until copies_fence or sync. */
+static int cuda_to_device_async(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	int rc = copy_args(be, dev, dst, src, bytes, "to_device_async");
+
+	if (rc || !bytes)
+		return rc;
+	CUDA_CHECK(be,
+		   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_be(be)->dev[dev].copy_stream));
+	return 0;
+}
+
+/* A stream-side wait: the host returns at once.  The wait applies to the
+ * event's latest record, so one event per device serves every step. */
+static int cuda_copies_fence(tr_backend_t *be, int dev)
+{
+	int rc = tr_cuda_use(be, dev, "copies_fence");
+
+	if (rc)
+		return rc;
+	struct cuda_dev *d = &cuda_be(be)->dev[dev];
+	CUDA_CHECK(be, cudaEventRecord(d->copied, d->copy_stream));
+	CUDA_CHECK(be, cudaStreamWaitEvent(d->stream, d->copied, 0));
+	return 0;
+}
+
 /* Into pageable memory the runtime returns only when the data is there;
  * into pinned memory dst is valid after sync. */
 static int cuda_to_host(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
@@ -347,15 +391,20 @@ static int cuda_memset0(tr_backend_t *be, int dev, void *dst, size_t bytes)
 	return 0;
 }
 
-/* Also where a fault inside an earlier kernel surfaces. */
+/* Also where a fault inside an earlier kernel surfaces.  Both streams are
+ * waited for even when the copy stream reports an error, so that after a
+ * failed step no copy still reads a prefetch slot about to be freed. */
 static int cuda_sync(tr_backend_t *be, int dev)
 {
 	int rc = tr_cuda_use(be, dev, "sync");
 
 	if (rc)
 		return rc;
-	CUDA_CHECK(be, cudaStreamSynchronize(cuda_be(be)->dev[dev].stream));
-	return 0;
+	struct cuda_dev *d = &cuda_be(be)->dev[dev];
+	int copy_rc = tr_cuda_check_rt(be, cudaStreamSynchronize(d->copy_stream), "cudaStreamSynchronize(copy_stream)",
+				       __FILE__, __LINE__);
+	CUDA_CHECK(be, cudaStreamSynchronize(d->stream));
+	return copy_rc;
 }
 
 /* Per device, for the job that owns it (the daemon runs jobs with
@@ -441,6 +490,8 @@ tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, cha
 	b->table.copy = cuda_copy;
 	b->table.memset0 = cuda_memset0;
 	b->table.sync = cuda_sync;
+	b->table.to_device_async = cuda_to_device_async;
+	b->table.copies_fence = cuda_copies_fence;
 	b->table.set_tf32 = cuda_set_tf32;
 	tr_cuda_kernels_fill(&b->table);
 	tr_cuda_comm_fill(&b->table);

@@ -2,7 +2,9 @@
  *
  * Plain C and host arithmetic only, so that a daemon can size jobs (or a
  * test can check the arithmetic) in any build.  The replica part mirrors
- * tr_replica_init allocation by allocation: keep the two in step.
+ * tr_replica_init allocation by allocation, plus the second input and
+ * label buffers tr_trainer_create allocates for upload-ahead: keep them in
+ * step.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -39,8 +41,11 @@ size_t tr_cuda_estimate_bytes(const struct tr_model *m, int max_rows, int label_
 		total += block(m->n_params);
 	if (opt_state_buffers >= 2)
 		total += block(m->n_params);
-	total += block(rows * (size_t)label_dim);
-	total += block(rows * (size_t)m->inputs);
+	/* Two of each: the replica's input and label buffers, and the pair
+	 * the trainer adds for upload-ahead (the next step's share arrives
+	 * there while this step computes). */
+	total += 2 * block(rows * (size_t)label_dim);
+	total += 2 * block(rows * (size_t)m->inputs);
 	for (int i = 0; i < m->n_layers; i++) {
 		const struct tr_layer *l = &m->layers[i];
 		total += block(rows * (size_t)l->out);

@@ -41,6 +41,8 @@ struct cuda_result {
 struct cuda_dev {
 	int ordinal;                  /* CUDA device number */
 	cudaStream_t stream;          /* compute: every kernel, copy and cuBLAS call */
+	cudaStream_t copy_stream;     /* to_device_async only: the next step's inputs */
+	cudaEvent_t copied;           /* copies_fence: recorded on copy_stream */
 	cublasHandle_t blas;          /* bound to `stream` */
 	double *partials;             /* device: 2 x TR_CUDA_RED_SLOTS */
 	struct cuda_result *result;   /* device */

@@ -264,6 +264,26 @@ int tr_prefetch_next(tr_prefetch_t *pf, int64_t step, const struct tr_batch **ba
 	return rc;
 }
 
+/* Loaders that release's hysteresis keeps asleep are not woken here, as
+ * tr_prefetch_next does: nobody waits, and a look-ahead made every step
+ * would cost the futex round trip per step the hysteresis saves. */
+int tr_prefetch_try_next(tr_prefetch_t *pf, int64_t step, const struct tr_batch **batch)
+{
+	struct slot *s = &pf->slots[step % pf->cfg.depth];
+	int rc = -EAGAIN;
+	pthread_mutex_lock(&pf->lock);
+	if (pf->cancelled)
+		rc = -ECANCELED;
+	else if (s->batch.step == step && s->state == SLOT_READY)
+		rc = 0;
+	else if (s->batch.step == step && s->state == SLOT_FAILED)
+		rc = -EIO;
+	pthread_mutex_unlock(&pf->lock);
+	if (rc == 0)
+		*batch = &s->batch;
+	return rc;
+}
+
 void tr_prefetch_release(tr_prefetch_t *pf, int64_t step)
 {
 	pthread_mutex_lock(&pf->lock);

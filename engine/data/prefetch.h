@@ -54,6 +54,13 @@ int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out
  * spent blocked.  Returns 0, -ECANCELED after cancel, or -EIO when loading
  * this step failed (tr_prefetch_error tells why, naming file and sample). */
 int tr_prefetch_next(tr_prefetch_t *pf, int64_t step, const struct tr_batch **batch, double *wait_ms);
+/* The same without waiting: 0 with *batch when `step` is loaded, -EAGAIN
+ * when it is not (yet), -ECANCELED or -EIO as above.  For looking one step
+ * ahead while the previous one is still held (so with depth >= 2; with
+ * depth 1 the answer is always -EAGAIN).  A step seen here is consumed
+ * like one from tr_prefetch_next: the caller still calls next for it in
+ * order (which then returns at once) and releases it once. */
+int tr_prefetch_try_next(tr_prefetch_t *pf, int64_t step, const struct tr_batch **batch);
 void tr_prefetch_release(tr_prefetch_t *pf, int64_t step);
 /* Wakes every waiter; later calls return -ECANCELED.  Safe from any thread. */
 void tr_prefetch_cancel(tr_prefetch_t *pf);

@@ -319,6 +319,75 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 	tr_spec_finish(&spec);
 }
 
+/* The CPU backend with alloc patched in its own table (the object stays
+ * the CPU backend's, so every other function works as it is): counts what
+ * a whole trainer allocates on its device. */
+static const tr_backend_i *patched_orig;
+static size_t patched_bytes;
+
+static void *patched_alloc(tr_backend_t *be, int dev, size_t bytes)
+{
+	patched_bytes += bytes;
+	return patched_orig->alloc(be, dev, bytes);
+}
+
+/* Besides the replica, the trainer allocates a second input and label
+ * buffer where the backend uploads the next step ahead (the CPU backend
+ * does, as CUDA does): the estimate counts them too. */
+Test(cuda_estimate, covers_the_trainers_second_input_buffers)
+{
+	const char *text =
+		"{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 9}, {\"type\": \"relu\"},"
+		" {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\": \"synthetic\","
+		" \"samples\": 50, \"features\": 2000, \"classes\": 4}}, \"batch_size\": 300, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
+	struct tr_spec spec;
+	struct tr_spec_error e;
+	char err[256];
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	cr_assert_not_null(be);
+	cr_assert_not_null(be->i->to_device_async, "the CPU backend no longer uploads ahead");
+	tr_backend_i table = *be->i;
+	patched_orig = be->i;
+	patched_bytes = 0;
+	table.alloc = patched_alloc;
+	be->i = &table;
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1, .workers = 1};
+	tr_trainer_t *t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	size_t trainer_bytes = patched_bytes;
+
+	/* the replica alone, for the difference */
+	const tr_model_t *model = tr_trainer_model(t);
+	size_t rep_bytes[2];
+	int rows[2] = {1, 300};
+	for (int i = 0; i < 2; i++) {
+		patched_bytes = 0;
+		tr_replica_t rep;
+		cr_assert_eq(tr_replica_init(&rep, model, be, 0, rows[i], 1, 2, err, sizeof err), 0, "%s", err);
+		tr_replica_finish(&rep);
+		rep_bytes[i] = patched_bytes;
+	}
+	size_t spare = (size_t)300 * (2000 + 1) * sizeof(float);
+	cr_assert_eq(trainer_bytes - rep_bytes[1], spare, "the trainer allocated %zu bytes besides the replica's %zu",
+		     trainer_bytes - rep_bytes[1], rep_bytes[1]);
+	size_t est = tr_cuda_estimate_bytes(model, 300, 1, 2, 1);
+	cr_assert_geq(est, trainer_bytes + TR_CUDA_CONTEXT_BYTES, "estimate %zu below the %zu bytes allocated", est,
+		      trainer_bytes);
+	/* The fixed costs dwarf 2.4 MB: compare what grows with the rows,
+	 * where the second pair is a sixth of the total (rounding to the
+	 * 512-byte granule moves each of the 10 buffers by less than one). */
+	size_t grows = tr_cuda_estimate_bytes(model, 300, 1, 2, 1) - tr_cuda_estimate_bytes(model, 1, 1, 2, 1);
+	size_t need = rep_bytes[1] - rep_bytes[0] + spare - spare / 300;
+	cr_assert_geq(grows + 10 * 512, need, "the estimate grows by %zu bytes from 1 to 300 rows, the trainer's "
+					       "buffers by %zu", grows, need);
+	tr_trainer_destroy(t);
+	be->i = patched_orig;
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
 /* Just enough of a CUDA backend for tr_trainer_create to reach its memory
  * check: one device with 1 GiB, of which 1 MiB is free. */
 static int tiny_device_count(tr_backend_t *be)
@@ -455,6 +524,49 @@ Test(cuda, memory_is_zeroed_and_round_trips)
 	gpu->i->host_free(gpu, pinned);
 	gpu->i->free(gpu, 0, NULL);
 	gpu->i->host_free(gpu, NULL);
+}
+
+/* to_device_async runs on the copy stream: a kernel enqueued after
+ * copies_fence sees the data, and sync waits for the copy stream as well.
+ * 64 MiB take milliseconds to copy, so a missing fence would let the
+ * kernel read the zeros the buffer starts with. */
+Test(cuda, copy_stream_upload_fence_and_sync, .timeout = 300)
+{
+	NEED_GPU();
+	cr_assert_not_null(gpu->i->to_device_async);
+	cr_assert_not_null(gpu->i->copies_fence);
+	size_t n = (size_t)16 << 20;
+	float *src = gpu->i->host_alloc(gpu, n * sizeof(float));
+	cr_assert_not_null(src, "%s", gpu->i->last_error(gpu));
+	for (size_t i = 0; i < n; i++)
+		src[i] = (float)(i % 1000) - 500.0f;
+	float *d = gpu->i->alloc(gpu, 0, n * sizeof(float));
+	cr_assert_not_null(d, "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->sync(gpu, 0), 0, "%s", gpu->i->last_error(gpu)); /* the zeroing, on compute */
+	cr_assert_eq(gpu->i->to_device_async(gpu, 0, d, src, n * sizeof(float)), 0, "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->copies_fence(gpu, 0), 0, "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->scale(gpu, 0, n, d, 2.0f), 0, "%s", gpu->i->last_error(gpu));
+	float *h = down(d, n);
+	for (size_t i = 0; i < n; i++)
+		cr_assert(h[i] == 2.0f * src[i], "after the fence [%zu]: %g, want %g", i, (double)h[i],
+			  2.0 * (double)src[i]);
+	free(h);
+	/* sync alone covers the copy stream */
+	float *e = gpu->i->alloc(gpu, 0, n * sizeof(float));
+	cr_assert_not_null(e);
+	cr_assert_eq(gpu->i->sync(gpu, 0), 0);
+	cr_assert_eq(gpu->i->to_device_async(gpu, 0, e, src, n * sizeof(float)), 0, "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->sync(gpu, 0), 0, "%s", gpu->i->last_error(gpu));
+	h = down(e, n);
+	check_exact("after sync", h, src, n);
+	free(h);
+	cr_assert_eq(gpu->i->to_device_async(gpu, 0, NULL, src, 4), -EINVAL);
+	cr_assert_eq(gpu->i->to_device_async(gpu, 99, e, src, 4), -EINVAL);
+	cr_assert_eq(gpu->i->copies_fence(gpu, 99), -EINVAL);
+	cr_assert_eq(gpu->i->to_device_async(gpu, 0, e, src, 0), 0);
+	dfree(d);
+	dfree(e);
+	gpu->i->host_free(gpu, src);
 }
 
 /* copy has memmove semantics, like the CPU backend's. */
@@ -1173,6 +1285,32 @@ Test(cuda_job, repeatable_bit_for_bit, .timeout = 300)
 	cr_assert_eq(memcmp(a.params, b.params, a.nparams * sizeof(float)), 0, "weights differ between runs");
 	free(a.params);
 	free(b.params);
+}
+
+/* Uploading each step's share ahead on the copy stream changes no bit:
+ * the same job with the backend's upload-ahead ops removed (the trainer's
+ * synchronous path) gives the same losses and weights. */
+Test(cuda_job, upload_ahead_is_bit_identical_to_synchronous, .timeout = 300)
+{
+	NEED_GPU();
+	struct run_result ahead, plain;
+	run_job(JOB_ADAMW, gpu, 1, &ahead);
+	const tr_backend_i *orig = gpu->i;
+	tr_backend_i table = *orig;
+	table.to_device_async = NULL;
+	table.copies_fence = NULL;
+	gpu->i = &table;
+	run_job(JOB_ADAMW, gpu, 1, &plain);
+	gpu->i = orig;
+	cr_assert_eq(ahead.rc, 0, "%s", ahead.err);
+	cr_assert_eq(plain.rc, 0, "%s", plain.err);
+	cr_assert_eq(ahead.nloss, plain.nloss);
+	cr_assert_eq(memcmp(ahead.loss, plain.loss, sizeof(double) * (size_t)ahead.nloss), 0,
+		     "losses differ with upload-ahead");
+	cr_assert_eq(memcmp(ahead.params, plain.params, ahead.nparams * sizeof(float)), 0,
+		     "weights differ with upload-ahead");
+	free(ahead.params);
+	free(plain.params);
 }
 
 /* ---- several GPUs: NCCL ------------------------------------------------------ */

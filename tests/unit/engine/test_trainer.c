@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,15 +47,15 @@ static void parse(const char *text, struct tr_spec *spec)
 	cr_assert_eq(rc, 0, "spec: %s", e.message);
 }
 
-/* Runs `text` on `devices` CPU devices with `workers` loaders. */
-static void run_job(const char *text, int devices, int workers, bool poison, tr_reader_t *reader,
-		    struct run_result *out)
+static void record_run(tr_backend_t *be, bool on);
+
+/* Runs `text` on `devices` devices of be with `workers` loaders. */
+static void run_job_on(tr_backend_t *be, const char *text, int devices, int workers, bool poison, tr_reader_t *reader,
+		       struct run_result *out)
 {
 	memset(out, 0, sizeof *out);
 	struct tr_spec spec;
 	parse(text, &spec);
-	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
-	cr_assert_not_null(be);
 	struct tr_trainer_options opt = {
 		.spec = &spec,
 		.backend = be,
@@ -66,14 +68,17 @@ static void run_job(const char *text, int devices, int workers, bool poison, tr_
 	tr_trainer_t *t = NULL;
 	out->rc = tr_trainer_create(&opt, &t, out->err, sizeof out->err);
 	if (out->rc == 0) {
+		record_run(be, true);
 		out->rc = tr_trainer_run(t, out->err, sizeof out->err);
+		record_run(be, false);
 		tr_trainer_summary(t, &out->summary);
 		out->nparams = tr_trainer_model(t)->n_params;
 		out->params = malloc(out->nparams * sizeof(float));
 		cr_assert_eq(tr_trainer_copy_params(t, 0, out->params), 0);
-		/* Every replica must hold the same weights after identical updates. */
+		/* Every replica must hold the same weights after identical updates
+		 * (a failed step may have updated some replicas only). */
 		float *other = malloc(out->nparams * sizeof(float));
-		for (int r = 1; r < tr_trainer_device_count(t); r++) {
+		for (int r = 1; out->rc == 0 && r < tr_trainer_device_count(t); r++) {
 			cr_assert_eq(tr_trainer_copy_params(t, r, other), 0);
 			cr_assert_eq(memcmp(other, out->params, out->nparams * sizeof(float)), 0,
 				     "replica %d differs from replica 0", r);
@@ -81,8 +86,17 @@ static void run_job(const char *text, int devices, int workers, bool poison, tr_
 		free(other);
 	}
 	tr_trainer_destroy(t);
-	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
+}
+
+/* Runs `text` on `devices` CPU devices with `workers` loaders. */
+static void run_job(const char *text, int devices, int workers, bool poison, tr_reader_t *reader,
+		    struct run_result *out)
+{
+	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
+	cr_assert_not_null(be);
+	run_job_on(be, text, devices, workers, poison, reader, out);
+	tr_backend_destroy(be);
 }
 
 static void free_result(struct run_result *r)
@@ -532,4 +546,501 @@ Test(trainer, exact_resume_sgd_momentum)
 	char job[2048];
 	snprintf(job, sizeof job, "%.*s, \"checkpoint\": {\"every_steps\": 5}}", (int)strlen(SGD_JOB) - 1, SGD_JOB);
 	exact_resume(job, 2);
+}
+
+/* ---- upload-ahead -------------------------------------------------------- */
+
+/* The CPU backend with its function table replaced by a patched copy (the
+ * object stays the CPU backend's, so its own functions work unchanged).
+ * While a run is recorded, each device logs the calls that show where a
+ * step's inputs come from, in order; a device's log is written only by the
+ * thread of its rank.  The patch can also hold each device's first upload
+ * until the ring is full (so that every later step is loaded ahead), and
+ * fail one optimizer call. */
+enum ev_kind { EV_TO_DEVICE, EV_ASYNC, EV_FENCE, EV_MEMSET0, EV_GEMM, EV_SYNC, EV_FAIL };
+
+struct ev {
+	enum ev_kind kind;
+	uint64_t hash; /* of the bytes copied (EV_TO_DEVICE, EV_ASYNC) */
+};
+
+#define REC_DEVS 4
+#define REC_EVENTS 8192
+
+struct dev_log {
+	struct ev ev[REC_EVENTS];
+	int n;
+	bool held;
+	int sgd_calls;
+	atomic_int syncs;
+};
+
+struct count_reader {
+	struct tr_reader base;
+	atomic_llong served;
+	int lag_batch; /* > 0: sample i waits until every device synced step i / lag_batch - 1 */
+};
+
+static struct recorder {
+	tr_backend_t *be;
+	const tr_backend_i *orig;
+	tr_backend_i table;
+	int ndev;
+	bool on; /* written only while no rank thread runs */
+	struct dev_log dev[REC_DEVS];
+	atomic_int asyncs;
+	struct count_reader *gate; /* first uploads wait until it served gate_samples */
+	int64_t gate_samples;
+	int fail_dev, fail_call; /* this device's fail_call-th sgd_step (0-based) fails */
+} rec;
+
+static uint64_t fnv(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 0xcbf29ce484222325ULL;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+static void log_ev(int dev, enum ev_kind kind, uint64_t hash)
+{
+	struct dev_log *l = &rec.dev[dev];
+	if (rec.on && l->n < REC_EVENTS)
+		l->ev[l->n++] = (struct ev){kind, hash};
+}
+
+/* Every step of the job is loaded (and marked ready, which follows the
+ * last sample within microseconds: 50 ms is plenty) before any device
+ * starts its first step. */
+static void hold_first_upload(int dev)
+{
+	if (!rec.on || !rec.gate || rec.dev[dev].held)
+		return;
+	rec.dev[dev].held = true;
+	for (int i = 0; i < 10000 && atomic_load(&rec.gate->served) < rec.gate_samples; i++)
+		usleep(1000);
+	usleep(50 * 1000);
+}
+
+static int rec_to_device(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	hold_first_upload(dev);
+	log_ev(dev, EV_TO_DEVICE, fnv(src, bytes));
+	return rec.orig->to_device(be, dev, dst, src, bytes);
+}
+
+static int rec_to_device_async(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
+{
+	log_ev(dev, EV_ASYNC, fnv(src, bytes));
+	if (rec.on)
+		atomic_fetch_add(&rec.asyncs, 1);
+	return rec.orig->to_device_async(be, dev, dst, src, bytes);
+}
+
+static int rec_copies_fence(tr_backend_t *be, int dev)
+{
+	hold_first_upload(dev);
+	log_ev(dev, EV_FENCE, 0);
+	return rec.orig->copies_fence(be, dev);
+}
+
+static int rec_memset0(tr_backend_t *be, int dev, void *dst, size_t bytes)
+{
+	log_ev(dev, EV_MEMSET0, 0);
+	return rec.orig->memset0(be, dev, dst, bytes);
+}
+
+static int rec_gemm(tr_backend_t *be, int dev, bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
+		    const float *b, float beta, float *c)
+{
+	log_ev(dev, EV_GEMM, 0);
+	return rec.orig->gemm(be, dev, ta, tb, m, n, k, alpha, a, b, beta, c);
+}
+
+static int rec_sync(tr_backend_t *be, int dev)
+{
+	log_ev(dev, EV_SYNC, 0);
+	if (rec.on)
+		atomic_fetch_add(&rec.dev[dev].syncs, 1);
+	return rec.orig->sync(be, dev);
+}
+
+/* The failure comes from the CPU backend itself (a device out of range),
+ * so that last_error has a real message. */
+static int rec_sgd_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
+			const struct tr_optim_hp *hp)
+{
+	if (rec.on && dev == rec.fail_dev && rec.dev[dev].sgd_calls++ == rec.fail_call) {
+		log_ev(dev, EV_FAIL, 0);
+		return rec.orig->sgd_step(be, 99, n, param, grad, state1, hp);
+	}
+	return rec.orig->sgd_step(be, dev, n, param, grad, state1, hp);
+}
+
+/* A CPU backend of `devices` devices recorded as above; ahead = false
+ * removes the upload-ahead ops, which gives the trainer's synchronous
+ * path (the reference for bit-identity). */
+static tr_backend_t *rec_backend(int devices, bool ahead)
+{
+	cr_assert_leq(devices, REC_DEVS);
+	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
+	cr_assert_not_null(be);
+	memset(&rec, 0, sizeof rec);
+	rec.be = be;
+	rec.orig = be->i;
+	rec.ndev = devices;
+	rec.fail_dev = -1;
+	rec.table = *be->i;
+	rec.table.to_device = rec_to_device;
+	rec.table.to_device_async = ahead ? rec_to_device_async : NULL;
+	rec.table.copies_fence = ahead ? rec_copies_fence : NULL;
+	rec.table.memset0 = rec_memset0;
+	rec.table.gemm = rec_gemm;
+	rec.table.sync = rec_sync;
+	rec.table.sgd_step = rec_sgd_step;
+	be->i = &rec.table;
+	return be;
+}
+
+static void rec_backend_destroy(tr_backend_t *be)
+{
+	be->i = rec.orig;
+	tr_backend_destroy(be);
+	rec.be = NULL;
+}
+
+static void record_run(tr_backend_t *be, bool on)
+{
+	if (be == rec.be)
+		rec.on = on;
+}
+
+/* The smallest number of steps every device has finished (synced). */
+static int steps_synced(void)
+{
+	int low = INT32_MAX;
+	for (int d = 0; d < rec.ndev; d++) {
+		int n = atomic_load(&rec.dev[d].syncs);
+		low = n < low ? n : low;
+	}
+	return low;
+}
+
+/* Sample i: features and a class (of 3) that are a function of i alone. */
+static int count_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+{
+	struct count_reader *c = (struct count_reader *)r;
+	if (c->lag_batch > 0) {
+		int64_t step = index / c->lag_batch;
+		int i = 0;
+		for (; i < 10000 && steps_synced() < step; i++)
+			usleep(1000);
+		if (i == 10000) {
+			snprintf(err, errlen, "sample %lld: step %lld never finished", (long long)index, (long long)step);
+			return -ETIMEDOUT;
+		}
+	}
+	for (int j = 0; j < r->info.features; j++)
+		x[j] = (float)((index * 31 + j * 7) % 17) / 8.0f - 1.0f;
+	y[0] = (float)(index % 3);
+	atomic_fetch_add(&c->served, 1);
+	return 0;
+}
+
+static const struct tr_reader_i count_i = {.get = count_get, .destroy = failing_destroy};
+
+static void count_reader_init(struct count_reader *c, int64_t samples, int features)
+{
+	memset(c, 0, sizeof *c);
+	c->base.i = &count_i;
+	c->base.info = (struct tr_reader_info){.samples = samples, .features = features, .label_dim = 1};
+	snprintf(c->base.name, sizeof c->base.name, "counting");
+	atomic_init(&c->served, 0);
+}
+
+/* One step of one device's log: the events up to and including the
+ * step's final sync. */
+struct seg {
+	int begin, end; /* [begin, end) in the device's log */
+	int uploads, asyncs, fences, memsets;
+	uint64_t up_hash[2], async_hash[2];
+	int first_fence, first_gemm; /* log positions, -1 when absent */
+};
+
+static int split_steps(const struct dev_log *l, struct seg *segs, int max)
+{
+	int n = 0, begin = 0;
+	for (int i = 0; i < l->n && n < max; i++) {
+		if (l->ev[i].kind != EV_SYNC)
+			continue;
+		struct seg *g = &segs[n++];
+		*g = (struct seg){.begin = begin, .end = i + 1, .first_fence = -1, .first_gemm = -1};
+		for (int k = begin; k <= i; k++) {
+			const struct ev *e = &l->ev[k];
+			if (e->kind == EV_TO_DEVICE && g->uploads < 2)
+				g->up_hash[g->uploads] = e->hash;
+			if (e->kind == EV_ASYNC && g->asyncs < 2)
+				g->async_hash[g->asyncs] = e->hash;
+			g->uploads += e->kind == EV_TO_DEVICE;
+			g->asyncs += e->kind == EV_ASYNC;
+			g->fences += e->kind == EV_FENCE;
+			g->memsets += e->kind == EV_MEMSET0;
+			if (e->kind == EV_FENCE && g->first_fence < 0)
+				g->first_fence = k;
+			if (e->kind == EV_GEMM && g->first_gemm < 0)
+				g->first_gemm = k;
+		}
+		begin = i + 1;
+	}
+	return n;
+}
+
+static void assert_bit_identical(const struct run_result *a, const struct run_result *b, const char *what)
+{
+	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err);
+	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err);
+	cr_assert_eq(a->nloss, b->nloss, "%s", what);
+	cr_assert_eq(memcmp(a->loss, b->loss, sizeof(double) * (size_t)a->nloss), 0, "%s: losses differ", what);
+	cr_assert_eq(a->nparams, b->nparams);
+	cr_assert_eq(memcmp(a->params, b->params, a->nparams * sizeof(float)), 0, "%s: weights differ", what);
+	cr_assert(memcmp(&a->summary.val_loss, &b->summary.val_loss, sizeof(double)) == 0,
+		  "%s: val_loss %.17g vs %.17g", what, a->summary.val_loss, b->summary.val_loss);
+}
+
+/* 18 samples, batch 8: steps of 8, 8 and 2 in each of 3 epochs.  With 3
+ * devices the shares are 3,3,2 and on the last step 1,1,0 (rank 2 idle);
+ * with 2 devices 4,4 and 1,1.  A ring of 16 slots holds all 9 steps. */
+static const char *AHEAD_JOB =
+	"{\"seed\": 13, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 10}, {\"type\": \"tanh\"},"
+	" {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 18, \"features\": 5, \"classes\": 3},"
+	" \"shuffle\": true, \"transforms\": [{\"type\": \"gaussian_noise\", \"std\": 0.1}]},"
+	" \"batch_size\": 8, \"epochs\": 3, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},"
+	" \"prefetch\": {\"workers\": 2, \"depth\": 16}}";
+#define AHEAD_STEPS 9
+
+/* Runs AHEAD_JOB on the counting reader with the ring full before step 1
+ * starts; `log` receives each device's log. */
+static void run_ahead_job(int devices, bool ahead, struct run_result *out, struct dev_log *logs)
+{
+	struct count_reader cr;
+	count_reader_init(&cr, 18, 5);
+	tr_backend_t *be = rec_backend(devices, ahead);
+	rec.gate = &cr;
+	rec.gate_samples = 18 * 3;
+	run_job_on(be, AHEAD_JOB, devices, 2, false, &cr.base, out);
+	for (int d = 0; d < devices; d++)
+		logs[d] = rec.dev[d];
+	rec_backend_destroy(be);
+}
+
+/* When step s+1 is loaded while step s runs, every device with a share of
+ * s+1 enqueues it (the same bytes the synchronous path copies at the start
+ * of s+1) on the copy stream before step s's final sync; step s+1 then
+ * copies nothing itself and fences before its first kernel.  The first
+ * step copies synchronously, the last step looks at nothing beyond the
+ * end, an idle rank neither copies nor fences, and every result is bit for
+ * bit that of the synchronous path. */
+Test(upload_ahead, next_share_enqueued_before_final_sync)
+{
+	static struct dev_log old_logs[REC_DEVS], new_logs[REC_DEVS];
+	for (int devices = 1; devices <= 3; devices++) {
+		struct run_result old, neu;
+		run_ahead_job(devices, false, &old, old_logs);
+		run_ahead_job(devices, true, &neu, new_logs);
+		char what[64];
+		snprintf(what, sizeof what, "%d device(s)", devices);
+		assert_bit_identical(&old, &neu, what);
+		int idle_steps = 0;
+		for (int d = 0; d < devices; d++) {
+			struct seg o[AHEAD_STEPS + 1], n[AHEAD_STEPS + 1];
+			cr_assert_eq(split_steps(&old_logs[d], o, AHEAD_STEPS + 1), AHEAD_STEPS, "%s", what);
+			cr_assert_eq(split_steps(&new_logs[d], n, AHEAD_STEPS + 1), AHEAD_STEPS, "%s", what);
+			for (int s = 0; s < AHEAD_STEPS; s++) {
+				bool idle = o[s].uploads == 0;
+				cr_assert_eq(o[s].asyncs + o[s].fences, 0, "the synchronous path used the copy stream");
+				cr_assert(idle ? o[s].memsets == 1 : o[s].uploads == 2, "%s dev %d step %d", what, d, s);
+				idle_steps += idle;
+				/* what this step was given ahead, and how it started */
+				bool given = s > 0 && !idle;
+				cr_assert_eq(s > 0 ? n[s - 1].asyncs : 0, given ? 2 : 0,
+					     "%s dev %d: %d async copies of step %d during step %d", what, d,
+					     n[s - 1].asyncs, s + 1, s);
+				if (given) {
+					cr_assert(n[s - 1].async_hash[0] == o[s].up_hash[0] &&
+							  n[s - 1].async_hash[1] == o[s].up_hash[1],
+						  "%s dev %d: step %d's async copies are not its share", what, d, s + 1);
+					cr_assert_eq(n[s].uploads, 0, "%s dev %d step %d copied synchronously", what, d,
+						     s + 1);
+					cr_assert_eq(n[s].fences, 1, "%s dev %d step %d", what, d, s + 1);
+					cr_assert(n[s].first_gemm > n[s].first_fence,
+						  "%s dev %d step %d computes before its fence", what, d, s + 1);
+				} else {
+					cr_assert_eq(n[s].fences, 0, "%s dev %d step %d", what, d, s + 1);
+					cr_assert_eq(n[s].uploads, o[s].uploads, "%s dev %d step %d", what, d, s + 1);
+				}
+			}
+			cr_assert_eq(n[AHEAD_STEPS - 1].asyncs, 0, "%s: the last step copied beyond the end", what);
+		}
+		cr_assert_eq(idle_steps, devices == 3 ? 3 : 0, "%s: %d idle device-steps", what, idle_steps);
+		free_result(&old);
+		free_result(&neu);
+	}
+}
+
+/* Results do not depend on whether a step's share was uploaded ahead, at
+ * whatever timing: epoch ends, the short last step, idle ranks,
+ * validation passes between steps (rank 0's spare buffers hold the next
+ * step meanwhile), rollover, and 1 to 3 devices against the synchronous
+ * path. */
+Test(upload_ahead, bit_identical_to_synchronous_uploads)
+{
+	const char *jobs[] = {
+		"{\"seed\": 17, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 12}, {\"type\": \"gelu\"},"
+		" {\"type\": \"dropout\", \"rate\": 0.25}, {\"type\": \"layernorm\"}, {\"type\": \"dense\", \"units\": 3}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 80, \"features\": 6, \"classes\": 3},"
+		" \"validation_split\": 0.25, \"transforms\": [{\"type\": \"gaussian_noise\", \"std\": 0.05}]},"
+		" \"batch_size\": 8, \"epochs\": 3, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01},"
+		" \"clip_grad_norm\": 1.0, \"prefetch\": {\"workers\": 2, \"depth\": 4}}",
+		"{\"seed\": 19, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+		" {\"type\": \"dense\", \"units\": 2}], \"loss\": \"mse\"},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\", \"samples\": 41,"
+		" \"features\": 4, \"outputs\": 2}, \"last_batch\": \"rollover\"}, \"batch_size\": 6, \"epochs\": 4,"
+		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}, \"prefetch\": {\"depth\": 2}}",
+		/* one slot: step s+1 can never be loaded while s holds the ring */
+		"{\"seed\": 29, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 5}, {\"type\": \"relu\"},"
+		" {\"type\": \"dense\", \"units\": 3}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 29, \"features\": 3, \"classes\": 3}},"
+		" \"batch_size\": 7, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.02},"
+		" \"prefetch\": {\"workers\": 3, \"depth\": 1}}",
+	};
+	for (size_t j = 0; j < sizeof jobs / sizeof jobs[0]; j++) {
+		for (int devices = 1; devices <= 3; devices++) {
+			struct run_result old, neu;
+			tr_backend_t *be = rec_backend(devices, false);
+			run_job_on(be, jobs[j], devices, 2, false, NULL, &old);
+			rec_backend_destroy(be);
+			be = rec_backend(devices, true);
+			run_job_on(be, jobs[j], devices, 3, false, NULL, &neu);
+			int asyncs = atomic_load(&rec.asyncs);
+			rec_backend_destroy(be);
+			char what[64];
+			snprintf(what, sizeof what, "job %zu, %d device(s)", j, devices);
+			assert_bit_identical(&old, &neu, what);
+			if (j == 2)
+				cr_assert_eq(asyncs, 0, "%s: a step was copied ahead from a one-slot ring", what);
+			free_result(&old);
+			free_result(&neu);
+		}
+	}
+}
+
+/* A step is never held up waiting for the next one's data: step s+1's
+ * samples can only load once every device has finished step s, so a
+ * trainer that waited for s+1 inside step s would never finish (the
+ * reader gives up after 10 s and fails the job).  Every step then copies
+ * its own share when it starts, and the results are those of the
+ * synchronous path. */
+Test(upload_ahead, slow_ring_never_blocks_the_step)
+{
+	const char *job =
+		"{\"seed\": 23, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 6}, {\"type\": \"relu\"},"
+		" {\"type\": \"dense\", \"units\": 3}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 30, \"features\": 4, \"classes\": 3},"
+		" \"shuffle\": false}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},"
+		" \"prefetch\": {\"workers\": 2, \"depth\": 4}}";
+	for (int devices = 1; devices <= 3; devices++) {
+		struct count_reader cr;
+		struct run_result old, neu;
+		count_reader_init(&cr, 30, 4);
+		cr.lag_batch = 8;
+		tr_backend_t *be = rec_backend(devices, false);
+		run_job_on(be, job, devices, 2, false, &cr.base, &old);
+		rec_backend_destroy(be);
+		count_reader_init(&cr, 30, 4);
+		cr.lag_batch = 8;
+		be = rec_backend(devices, true);
+		run_job_on(be, job, devices, 2, false, &cr.base, &neu);
+		int asyncs = atomic_load(&rec.asyncs);
+		rec_backend_destroy(be);
+		char what[64];
+		snprintf(what, sizeof what, "%d device(s)", devices);
+		assert_bit_identical(&old, &neu, what);
+		cr_assert_eq(neu.summary.steps, 4);
+		cr_assert_eq(asyncs, 0, "%s: %d copies of a step that was not loaded", what, asyncs);
+		free_result(&old);
+		free_result(&neu);
+	}
+}
+
+/* A step that fails after its device enqueued the next step's share waits
+ * for that copy (a sync after the failure) before the job ends and the
+ * ring frees the slot it reads; the error names the device and step, and
+ * nothing leaks (ASan). */
+Test(upload_ahead, failed_step_waits_for_copies_in_flight)
+{
+	static struct dev_log logs[REC_DEVS];
+	struct count_reader cr;
+	struct run_result r;
+	count_reader_init(&cr, 18, 5);
+	tr_backend_t *be = rec_backend(2, true);
+	rec.gate = &cr;
+	rec.gate_samples = 18 * 3;
+	rec.fail_dev = 1;
+	rec.fail_call = 3; /* step 4 */
+	run_job_on(be, AHEAD_JOB, 2, 2, false, &cr.base, &r);
+	for (int d = 0; d < 2; d++)
+		logs[d] = rec.dev[d];
+	rec_backend_destroy(be);
+	cr_assert_lt(r.rc, 0);
+	cr_assert_not_null(strstr(r.err, "step 4"), "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "device 1"), "%s", r.err);
+	cr_assert_not_null(strstr(r.err, "device 99 out of range"), "%s", r.err);
+	cr_assert_eq(r.summary.steps, 3);
+	const struct dev_log *l = &logs[1];
+	int fail = -1, async_before = 0, sync_after = 0;
+	for (int i = 0; i < l->n; i++) {
+		if (l->ev[i].kind == EV_FAIL)
+			fail = i;
+	}
+	cr_assert_geq(fail, 0, "the injected failure did not happen");
+	for (int i = fail - 1; i >= 0 && l->ev[i].kind != EV_SYNC; i--)
+		async_before += l->ev[i].kind == EV_ASYNC;
+	for (int i = fail + 1; i < l->n; i++)
+		sync_after += l->ev[i].kind == EV_SYNC;
+	cr_assert_eq(async_before, 2, "step 4 did not enqueue step 5's share before failing");
+	cr_assert_eq(sync_after, 1, "the failed step did not wait for its copies");
+	free_result(&r);
+}
+
+/* A cancel that lands while shares are uploaded ahead ends the run with
+ * -ECANCELED and joins every thread promptly; a copy in flight is waited
+ * for (ASan/TSan see no use of a freed slot, no leak). */
+Test(upload_ahead, cancel_mid_run_joins_cleanly)
+{
+	struct tr_spec spec;
+	parse(HEAVY_COMPUTE_JOB, &spec);
+	tr_backend_t *be = rec_backend(3, true);
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 3};
+	char err[512];
+	struct bg_run b = {0};
+	cr_assert_eq(tr_trainer_create(&opt, &b.t, err, sizeof err), 0, "%s", err);
+	rec.on = true;
+	pthread_t th;
+	pthread_create(&th, NULL, bg_main, &b);
+	for (int i = 0; i < 10000 && atomic_load(&rec.asyncs) < 6; i++)
+		usleep(1000);
+	double t0 = now_s();
+	tr_trainer_cancel(b.t);
+	pthread_join(th, NULL);
+	rec.on = false;
+	tr_trainer_destroy(b.t);
+	double took = now_s() - t0;
+	int asyncs = atomic_load(&rec.asyncs);
+	rec_backend_destroy(be);
+	tr_spec_finish(&spec);
+	cr_assert_geq(asyncs, 6, "no share was uploaded ahead in 10 s (%d copies)", asyncs);
+	cr_assert_lt(took, 1.0, "run and destroy took %.3f s after the cancel", took);
+	cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err);
 }
