@@ -611,8 +611,8 @@ static void log_ev(int dev, enum ev_kind kind, uint64_t hash)
 }
 
 /* Every step of the job is loaded (and marked ready, which follows the
- * last sample within microseconds: 50 ms is plenty) before any device
- * starts its first step. */
+ * last sample within microseconds; 200 ms leaves room for a loader
+ * preempted on a loaded machine) before any device starts its first step. */
 static void hold_first_upload(int dev)
 {
 	if (!rec.on || !rec.gate || rec.dev[dev].held)
@@ -620,7 +620,7 @@ static void hold_first_upload(int dev)
 	rec.dev[dev].held = true;
 	for (int i = 0; i < 10000 && atomic_load(&rec.gate->served) < rec.gate_samples; i++)
 		usleep(1000);
-	usleep(50 * 1000);
+	usleep(200 * 1000);
 }
 
 static int rec_to_device(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
