@@ -57,6 +57,7 @@ struct tr_api_request {
 	size_t body_len, body_cap;
 	size_t discarded;  /* bytes thrown away past the cap */
 	bool too_large;    /* the body went past cfg.max_body */
+	int64_t declared_len; /* Content-Length when it alone made the body too large */
 	bool answered;     /* a response was queued */
 };
 

@@ -5,10 +5,13 @@
  * other clients; connections are capped and idle ones time out.  Each
  * request is admitted as soon as its headers arrive: routing (404/405),
  * bearer auth, Content-Type and a declared Content-Length over the cap
- * are answered before a byte of body is read.  Bodies of routes that take
- * JSON are buffered up to cfg.max_body; a chunked body that grows past it
- * is discarded as it streams (MHD cannot answer mid-upload) and answered
- * with 413 at its end, or cut off if it goes on far beyond the cap.
+ * are answered before a byte of body is read (the last only when the
+ * client waits for "100 Continue"; otherwise the body, if not huge, is
+ * read and dropped first, so the client sees the 413 and not a reset).
+ * Bodies of routes that take JSON are buffered up to cfg.max_body; a
+ * chunked body that grows past it is discarded as it streams (MHD cannot
+ * answer mid-upload) and answered with 413 at its end, or cut off if it
+ * goes on far beyond the cap.
  * Handlers fill a struct tr_api_reply; this file turns it into a response.
  */
 #include "api/api_internal.h"
@@ -25,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A chunked body is read and thrown away up to this far past the cap so
+/* A body over the cap is read and thrown away up to this far past it so
  * the client still gets its 413; beyond it the connection is closed. */
 #define DISCARD_LIMIT ((size_t)16 << 20)
 
@@ -189,6 +192,18 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	}
 	v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
 	if (v && tr_api_parse_int(v, 0, INT64_MAX, &len) == 0 && (uint64_t)len > api->cfg.max_body) {
+		/* A client that does not wait for "100 Continue" is already
+		 * sending: answering now closes the connection under it, and it
+		 * may see a reset instead of the 413.  So a body within the
+		 * discard limit is read and dropped first (on_request answers at
+		 * its end); one that waits, or a huge one, is answered now. */
+		const char *expect = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+		bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+		if (!waits && (uint64_t)len - api->cfg.max_body <= DISCARD_LIMIT) {
+			rq->too_large = true;
+			rq->declared_len = len;
+			return 0;
+		}
 		tr_api_fail(rp, 413, "payload_too_large", NULL, "the request body is %s bytes; the limit is %zu", v,
 			    api->cfg.max_body);
 		return -1;
@@ -267,8 +282,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (rq->answered)
 		return MHD_YES;
 	if (rq->too_large) {
-		tr_api_fail(&rp, 413, "payload_too_large", NULL, "the request body is over the limit of %zu bytes",
-			    rq->api->cfg.max_body);
+		if (rq->declared_len)
+			tr_api_fail(&rp, 413, "payload_too_large", NULL, "the request body is %lld bytes; the limit is %zu",
+				    (long long)rq->declared_len, rq->api->cfg.max_body);
+		else
+			tr_api_fail(&rp, 413, "payload_too_large", NULL, "the request body is over the limit of %zu bytes",
+				    rq->api->cfg.max_body);
 		return send_reply(rq, &rp);
 	}
 	rq->route->handler(rq, &rp);

@@ -317,6 +317,7 @@ struct resp {
 	long status;
 	struct buf body, headers;
 	json_t *json;
+	curl_off_t uploaded; /* body bytes curl sent */
 };
 
 static size_t on_data(char *p, size_t size, size_t n, void *cls)
@@ -333,6 +334,7 @@ static size_t on_data(char *p, size_t size, size_t n, void *cls)
 
 struct upload {
 	size_t left;
+	bool slow; /* 16 KiB a millisecond: still sending when a reply comes */
 };
 
 /* A body of spaces: with chunked encoding nobody declares its size. */
@@ -341,6 +343,10 @@ static size_t on_read(char *p, size_t size, size_t n, void *cls)
 	struct upload *u = cls;
 	size_t len = size * n < u->left ? size * n : u->left;
 
+	if (u->slow) {
+		len = len < 16384 ? len : 16384;
+		usleep(1000);
+	}
 	memset(p, ' ', len);
 	u->left -= len;
 	return len;
@@ -356,13 +362,15 @@ static bool has_header(const char *const *hdrs, const char *prefix)
 
 /* method, path, body (NULL for none), NULL-terminated extra headers.  A
  * body gets Content-Type: application/json unless hdrs set one.
- * chunked_size > 0 sends that many bytes chunked instead of body. */
+ * chunked_size > 0 sends that many bytes chunked instead of body, or,
+ * when hdrs has a Content-Length (curl then sends its own, of that size),
+ * slowly with that length. */
 static struct resp http_full(const char *method, const char *path, const char *body, const char *const *hdrs,
 			     size_t chunked_size)
 {
 	struct resp r = {0};
 	struct curl_slist *list = NULL;
-	struct upload up = {chunked_size};
+	struct upload up = {chunked_size, has_header(hdrs, "Content-Length:")};
 	char url[512], auth[256];
 	CURL *c = curl_easy_init();
 
@@ -381,7 +389,11 @@ static struct resp http_full(const char *method, const char *path, const char *b
 		curl_easy_setopt(c, CURLOPT_POST, 1L);
 		curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
 		curl_easy_setopt(c, CURLOPT_READDATA, &up);
-		list = curl_slist_append(list, "Transfer-Encoding: chunked");
+		/* A declared length (hdrs) sends the same spaces slowly instead. */
+		if (up.slow)
+			curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)chunked_size);
+		else
+			list = curl_slist_append(list, "Transfer-Encoding: chunked");
 	} else if (body) {
 		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
 		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
@@ -399,6 +411,7 @@ static struct resp http_full(const char *method, const char *path, const char *b
 
 	cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
 	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+	curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &r.uploaded);
 	curl_slist_free_all(list);
 	curl_easy_cleanup(c);
 	if (r.body.len)
@@ -1356,6 +1369,19 @@ Test(api, body_limits)
 	r = http("POST", "/jobs", body);
 	expect_status(&r, 413, "declared Content-Length over the cap");
 	cr_assert_str_eq(jstr(r.json, "error.code"), "payload_too_large");
+	resp_free(&r);
+
+	/* A client that sends at once, without waiting for "100 Continue",
+	 * and slowly: answered after its body is read, not with the
+	 * connection closed under it mid-upload (curl: "Failed sending data
+	 * to the peer").  The message names the size. */
+	const char *no_expect[] = {"Expect:", "Content-Length: 2097152", NULL};
+	r = http_full("POST", "/jobs", NULL, no_expect, big);
+	expect_status(&r, 413, "declared Content-Length over the cap, no Expect, slow");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "payload_too_large");
+	cr_assert(strstr(jstr(r.json, "error.message"), "2097152 bytes"), "%s", jstr(r.json, "error.message"));
+	cr_assert_eq(r.uploaded, (curl_off_t)big, "the 413 came after %lld of %zu bytes: the rest would be reset",
+		     (long long)r.uploaded, big);
 	resp_free(&r);
 
 	r = http_full("POST", "/jobs", NULL, NULL, big);
