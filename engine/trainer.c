@@ -653,6 +653,7 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 		}
 		if (rc < 0)
 			break;
+		tr_data_pay_deferred_wait(); /* the chunk is ready after its full loading cost */
 		if ((rc = be->i->to_device(be, r->dev, r->input, x, (size_t)rows * F * sizeof(float))) < 0 ||
 		    (rc = be->i->to_device(be, r->dev, r->labels, y, (size_t)rows * L * sizeof(float))) < 0 ||
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
