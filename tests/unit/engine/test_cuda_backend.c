@@ -209,37 +209,33 @@ Test(cuda_create, reason_when_unavailable)
 /* ---- memory estimate (runs everywhere) ----------------------------------- */
 
 /* A CPU backend that counts what is allocated through it. */
-struct counting {
-	struct tr_backend base;
+/* What a one-device CPU backend allocates.  Its own function table is
+ * copied with alloc patched (the object stays the CPU backend's, so every
+ * other op works on it: a replica or a whole trainer). */
+static struct {
+	const tr_backend_i *orig;
 	tr_backend_i table;
-	tr_backend_t *inner;
 	size_t bytes, allocs;
-};
+} counted;
 
-static void *counting_alloc(tr_backend_t *be, int dev, size_t bytes)
+static void *counted_alloc(tr_backend_t *be, int dev, size_t bytes)
 {
-	struct counting *c = (struct counting *)be;
-	c->bytes += bytes;
-	c->allocs++;
-	return c->inner->i->alloc(c->inner, dev, bytes);
+	counted.bytes += bytes;
+	counted.allocs++;
+	return counted.orig->alloc(be, dev, bytes);
 }
 
-static void counting_free(tr_backend_t *be, int dev, void *p)
+/* A fresh counting backend (counts at zero); tr_backend_destroy frees it. */
+static tr_backend_t *counting_backend(void)
 {
-	struct counting *c = (struct counting *)be;
-	c->inner->i->free(c->inner, dev, p);
-}
-
-/* A one-device CPU backend whose alloc and free count what passes through. */
-static void counting_init(struct counting *c)
-{
-	*c = (struct counting){0};
-	c->inner = tr_cpu_backend_create(1, 1);
-	cr_assert_not_null(c->inner);
-	c->table = *c->inner->i;
-	c->table.alloc = counting_alloc;
-	c->table.free = counting_free;
-	c->base.i = &c->table;
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	cr_assert_not_null(be);
+	counted.orig = be->i;
+	counted.table = *be->i;
+	counted.table.alloc = counted_alloc;
+	counted.bytes = counted.allocs = 0;
+	be->i = &counted.table;
+	return be;
 }
 
 Test(cuda_estimate, covers_every_replica_buffer)
@@ -257,19 +253,19 @@ Test(cuda_estimate, covers_every_replica_buffer)
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	cr_assert_eq(tr_model_init(&model, &spec, 33, err, sizeof err), 0, "%s", err);
 
-	struct counting c;
-	counting_init(&c);
+	tr_backend_t *be = counting_backend();
 	tr_replica_t rep;
-	cr_assert_eq(tr_replica_init(&rep, &model, &c.base, 0, 100, 1, 2, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_replica_init(&rep, &model, be, 0, 100, 1, 2, err, sizeof err), 0, "%s", err);
 	tr_replica_finish(&rep);
 
 	size_t one = tr_cuda_estimate_bytes(&model, 100, 1, 2, 1);
 	size_t two = tr_cuda_estimate_bytes(&model, 100, 1, 2, 2);
-	cr_assert_geq(one, c.bytes + TR_CUDA_CONTEXT_BYTES, "estimate %zu below the %zu bytes allocated", one, c.bytes);
+	cr_assert_geq(one, counted.bytes + TR_CUDA_CONTEXT_BYTES, "estimate %zu below the %zu bytes allocated", one,
+		      counted.bytes);
 	/* fixed costs are tens of MiB, not a multiple of the model */
-	cr_assert_leq(one, c.bytes + TR_CUDA_CONTEXT_BYTES + ((size_t)64 << 20) + 512 * c.allocs);
+	cr_assert_leq(one, counted.bytes + TR_CUDA_CONTEXT_BYTES + ((size_t)64 << 20) + 512 * counted.allocs);
 	cr_assert_gt(two, one, "NCCL's buffers are not counted");
-	tr_backend_destroy(c.inner);
+	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
 }
 
@@ -307,28 +303,15 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 	cr_assert_geq(base, TR_CUDA_CONTEXT_BYTES);
 
 	for (int bufs = 0; bufs <= 2; bufs++) {
-		struct counting c;
-		counting_init(&c);
+		tr_backend_t *be = counting_backend();
 		tr_replica_t rep;
-		cr_assert_eq(tr_replica_init(&rep, &model, &c.base, 0, 1000, 1, bufs, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_replica_init(&rep, &model, be, 0, 1000, 1, bufs, err, sizeof err), 0, "%s", err);
 		tr_replica_finish(&rep);
-		cr_assert_geq(tr_cuda_estimate_bytes(&model, 1000, 1, bufs, 1), c.bytes + TR_CUDA_CONTEXT_BYTES,
-			      "%d state buffers: estimate below the %zu bytes allocated", bufs, c.bytes);
-		tr_backend_destroy(c.inner);
+		cr_assert_geq(tr_cuda_estimate_bytes(&model, 1000, 1, bufs, 1), counted.bytes + TR_CUDA_CONTEXT_BYTES,
+			      "%d state buffers: estimate below the %zu bytes allocated", bufs, counted.bytes);
+		tr_backend_destroy(be);
 	}
 	tr_spec_finish(&spec);
-}
-
-/* The CPU backend with alloc patched in its own table (the object stays
- * the CPU backend's, so every other function works as it is): counts what
- * a whole trainer allocates on its device. */
-static const tr_backend_i *patched_orig;
-static size_t patched_bytes;
-
-static void *patched_alloc(tr_backend_t *be, int dev, size_t bytes)
-{
-	patched_bytes += bytes;
-	return patched_orig->alloc(be, dev, bytes);
 }
 
 /* Besides the replica, the trainer allocates a second input and label
@@ -345,29 +328,23 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 	struct tr_spec_error e;
 	char err[256];
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
-	tr_backend_t *be = tr_cpu_backend_create(1, 1);
-	cr_assert_not_null(be);
+	tr_backend_t *be = counting_backend();
 	cr_assert_not_null(be->i->to_device_async, "the CPU backend no longer uploads ahead");
-	tr_backend_i table = *be->i;
-	patched_orig = be->i;
-	patched_bytes = 0;
-	table.alloc = patched_alloc;
-	be->i = &table;
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1, .workers = 1};
 	tr_trainer_t *t = NULL;
 	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	size_t trainer_bytes = patched_bytes;
+	size_t trainer_bytes = counted.bytes;
 
 	/* the replica alone, for the difference */
 	const tr_model_t *model = tr_trainer_model(t);
 	size_t rep_bytes[2];
 	int rows[2] = {1, 300};
 	for (int i = 0; i < 2; i++) {
-		patched_bytes = 0;
+		counted.bytes = 0;
 		tr_replica_t rep;
 		cr_assert_eq(tr_replica_init(&rep, model, be, 0, rows[i], 1, 2, err, sizeof err), 0, "%s", err);
 		tr_replica_finish(&rep);
-		rep_bytes[i] = patched_bytes;
+		rep_bytes[i] = counted.bytes;
 	}
 	size_t spare = (size_t)300 * (2000 + 1) * sizeof(float);
 	cr_assert_eq(trainer_bytes - rep_bytes[1], spare, "the trainer allocated %zu bytes besides the replica's %zu",
@@ -383,7 +360,6 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 	cr_assert_geq(grows + 10 * 512, need, "the estimate grows by %zu bytes from 1 to 300 rows, the trainer's "
 					       "buffers by %zu", grows, need);
 	tr_trainer_destroy(t);
-	be->i = patched_orig;
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
 }
