@@ -163,6 +163,29 @@ static int precreate(const char *path, int page_size)
 	return rc;
 }
 
+/* A fresh database at path (page_size 0: tr_store_open's choice) holding
+ * one job named `name`; NULL with a message on stderr. */
+static tr_store_t *fresh_store(const char *path, int page_size, const char *name, int64_t *job)
+{
+	rm_db(path);
+	if (page_size > 0 && precreate(path, page_size) < 0)
+		return NULL;
+	tr_store_t *s;
+	char err[512];
+	if (tr_store_open(path, NULL, &s, err, sizeof err) < 0) {
+		fprintf(stderr, "ckpt_store: %s\n", err);
+		return NULL;
+	}
+	struct tr_job_row row = {.name = (char *)name, .spec = "{}", .normalized = "{}", .devices = "[]"};
+	if (tr_store_job_insert(s, &row, NULL) < 0) {
+		fprintf(stderr, "ckpt_store: job insert: %s\n", tr_store_error(s));
+		tr_store_close(s);
+		return NULL;
+	}
+	*job = row.id;
+	return s;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -195,17 +218,9 @@ static int metrics_only(const char *dir, int page_size, long points)
 	char path[4096];
 	mkdir(dir, 0755);
 	snprintf(path, sizeof path, "%s/metrics_only.db", dir);
-	rm_db(path);
-	if (precreate(path, page_size) < 0)
-		return 1;
-	tr_store_t *s;
-	char err[512];
-	if (tr_store_open(path, NULL, &s, err, sizeof err) < 0) {
-		fprintf(stderr, "ckpt_store: %s\n", err);
-		return 1;
-	}
-	struct tr_job_row row = {.name = "metrics-bench", .spec = "{}", .normalized = "{}", .devices = "[]"};
-	if (tr_store_job_insert(s, &row, NULL) < 0)
+	int64_t job;
+	tr_store_t *s = fresh_store(path, page_size, "metrics-bench", &job);
+	if (!s)
 		return 1;
 	static const char *names[] = {"loss", "lr", "step_ms", "data_wait_ms", "samples_per_sec"};
 	long nflush = points / 1000 + 1, k = 0;
@@ -213,7 +228,7 @@ static int metrics_only(const char *dir, int page_size, long points)
 	double t0 = now_s(), c0 = cpu_s();
 	long long w0 = written_bytes();
 	for (long i = 0; i < points; i++) {
-		if (tr_store_metric_append(s, row.id, names[i % 5], i / 5, 0, 0, 1.0 / (double)(i + 1)) < 0)
+		if (tr_store_metric_append(s, job, names[i % 5], i / 5, 0, 0, 1.0 / (double)(i + 1)) < 0)
 			return 1;
 		if ((i + 1) % 1000 == 0 || i + 1 == points) {
 			double t = now_s();
@@ -291,24 +306,14 @@ int main(int argc, char **argv)
 	char path[4096];
 	snprintf(path, sizeof path, "%s/ckpt_store.db", dir);
 	for (int r = 0; r < rounds; r++) {
-		rm_db(path);
-		if (page_size > 0 && precreate(path, page_size) < 0)
+		int64_t job;
+		tr_store_t *s = fresh_store(path, page_size, "ckpt-bench", &job);
+		if (!s)
 			return 1;
-		tr_store_t *s;
-		char err[512];
-		if (tr_store_open(path, NULL, &s, err, sizeof err) < 0) {
-			fprintf(stderr, "ckpt_store: %s\n", err);
-			return 1;
-		}
-		struct tr_job_row row = {.name = "ckpt-bench", .spec = "{}", .normalized = "{}", .devices = "[]"};
-		if (tr_store_job_insert(s, &row, NULL) < 0) {
-			fprintf(stderr, "ckpt_store: job insert: %s\n", tr_store_error(s));
-			return 1;
-		}
 		tr_ckpt_writer_t *w;
 		double c0 = cpu_s(); /* all threads: the hashing helpers too */
 		double t0 = now_s();
-		int rc = tr_store_ckpt_begin(s, row.id, 100, 0, "{\"reason\":\"bench\"}", &w);
+		int rc = tr_store_ckpt_begin(s, job, 100, 0, "{\"reason\":\"bench\"}", &w);
 		double t1 = now_s();
 		if (rc == 0)
 			rc = tr_store_ckpt_write(w, header, sizeof header);
