@@ -117,6 +117,9 @@ void tr_store_conn_put(tr_store_t *s, struct conn *c);
 /* A prepared statement for a static SQL string, cached per connection,
  * reset and with bindings cleared.  NULL on error (message set). */
 sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql);
+/* Runs a PRAGMA that returns one integer (sql: a static string, as for
+ * tr_store_stmt, e.g. "PRAGMA page_size") into *value. */
+int tr_store_pragma_int(struct conn *c, const char *sql, int64_t *value);
 /* Opens a connection with the per-connection settings (foreign keys,
  * synchronous=NORMAL, busy timeout); for a module that needs its own,
  * e.g. to stream large blobs without holding a pooled one. */

@@ -112,22 +112,6 @@ int tr_store_schema_version(void)
 	return NMIGRATIONS;
 }
 
-static int read_version(struct conn *c, int *version)
-{
-	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA user_version");
-	if (!st)
-		return -EIO;
-	int rc = sqlite3_step(st);
-	if (rc != SQLITE_ROW) {
-		int err = SQLFAIL(c, rc, "PRAGMA user_version");
-		sqlite3_reset(st);
-		return err;
-	}
-	*version = sqlite3_column_int(st, 0);
-	sqlite3_reset(st);
-	return 0;
-}
-
 int tr_store_migrate(struct conn *c)
 {
 	for (;;) {
@@ -136,15 +120,15 @@ int tr_store_migrate(struct conn *c)
 		int err = tr_store_begin(c, true);
 		if (err < 0)
 			return err;
-		int version = 0;
-		err = read_version(c, &version);
+		int64_t version = 0;
+		err = tr_store_pragma_int(c, "PRAGMA user_version", &version);
 		if (err < 0)
 			goto fail;
 		if (version > NMIGRATIONS) {
 			err = tr_store_fail(-ENOTSUP,
-					    "%s: database schema version %d is newer than this trainerd supports "
+					    "%s: database schema version %lld is newer than this trainerd supports "
 					    "(version %d); use a newer trainerd",
-					    sqlite3_db_filename(c->db, "main"), version, NMIGRATIONS);
+					    sqlite3_db_filename(c->db, "main"), (long long)version, NMIGRATIONS);
 			goto fail;
 		}
 		if (version == NMIGRATIONS)
@@ -153,7 +137,7 @@ int tr_store_migrate(struct conn *c)
 		if (err < 0)
 			goto fail;
 		char sql[64];
-		snprintf(sql, sizeof sql, "PRAGMA user_version=%d", version + 1);
+		snprintf(sql, sizeof sql, "PRAGMA user_version=%lld", (long long)version + 1);
 		err = tr_store_exec(c, sql);
 		if (err < 0)
 			goto fail;

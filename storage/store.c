@@ -202,22 +202,22 @@ static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
 	return SQLITE_OK;
 }
 
-/* The database's page size in bytes. */
-static int page_size(struct conn *c, int64_t *page)
+int tr_store_pragma_int(struct conn *c, const char *sql, int64_t *value)
 {
-	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA page_size");
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
 	if (!st)
 		return -EIO;
 	int rc = sqlite3_step(st);
-	*page = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+	int err = rc == SQLITE_ROW ? 0 : SQLFAIL(c, rc, sql);
+	*value = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
 	sqlite3_reset(st);
-	return rc == SQLITE_ROW ? 0 : SQLFAIL(c, rc, "PRAGMA page_size");
+	return err;
 }
 
 static int set_autocheckpoint(struct conn *c)
 {
 	int64_t page;
-	int rc = page_size(c, &page);
+	int rc = tr_store_pragma_int(c, "PRAGMA page_size", &page);
 	if (rc < 0)
 		return rc;
 	intptr_t frames = page > 0 ? WAL_AUTOCHECKPOINT_BYTES / page : 1000;
@@ -326,7 +326,7 @@ static int set_max_bytes(struct conn *c, int64_t max_bytes)
 	if (max_bytes <= 0)
 		return 0;
 	int64_t page;
-	int rc = page_size(c, &page);
+	int rc = tr_store_pragma_int(c, "PRAGMA page_size", &page);
 	if (rc < 0)
 		return rc;
 	int64_t pages = page > 0 ? max_bytes / page : 0;
