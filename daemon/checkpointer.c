@@ -95,23 +95,10 @@ static void *writer_main(void *arg)
 		double took = mono_s() - t0;
 		size_t mb = it->snap->n_params * sizeof(float) * (size_t)(1 + it->snap->n_state);
 		if (rc == 0) {
-			/* The snapshot's memory is not needed for the copy into the
-			 * database file: hand it back (to be reused) first. */
 			const char *reason = json_string_value(json_object_get(it->snap->meta, "reason"));
-			int n = snprintf(line, sizeof line, "checkpoint at step %lld (%s): %.1f MB in %.0f ms (%.0f MB/s)",
-					 (long long)it->snap->step, reason ? reason : "?", mb / 1e6, took * 1e3,
-					 took > 0 ? mb / 1e6 / took : 0.0);
-			tr_snapshot_free(it->snap);
-			it->snap = NULL;
-			double t1 = mono_s();
-			int left = 0, settled = tr_store_ckpt_settle(cp->store, &left);
-			if (settled == 0 && n > 0 && (size_t)n < sizeof line)
-				snprintf(line + n, sizeof line - (size_t)n,
-					 "; copied from the write-ahead log into the database file in %.0f ms%s",
-					 (mono_s() - t1) * 1e3, left ? " (partly: readers still use the rest)" : "");
-			else if (settled > 0 && n > 0 && (size_t)n < sizeof line)
-				snprintf(line + n, sizeof line - (size_t)n,
-					 "; another connection was copying the write-ahead log into the database file");
+			snprintf(line, sizeof line, "checkpoint at step %lld (%s): %.1f MB in %.0f ms (%.0f MB/s)",
+				 (long long)it->snap->step, reason ? reason : "?", mb / 1e6, took * 1e3,
+				 took > 0 ? mb / 1e6 / took : 0.0);
 			tr_store_log_append(cp->store, it->job_id, TR_LOG_INF, line);
 		} else {
 			struct tr_ckpt_row prev = {0};

@@ -3,10 +3,7 @@
  * size is written.  A periodic checkpoint that finds the job's previous
  * one still being written is skipped (the next one comes soon); a final
  * checkpoint (completion, stop, pause, shutdown) waits for its turn and
- * for its own write.  After each commit the thread copies the store's
- * write-ahead log into the database file (tr_store_ckpt_settle), still
- * counted as busy, so a checkpoint's time to durability excludes that
- * copy but the next checkpoint does not start during it. */
+ * for its own write. */
 #ifndef TR_DAEMON_CHECKPOINTER_H
 #define TR_DAEMON_CHECKPOINTER_H
 

@@ -1,38 +1,48 @@
-/* Checkpoints (storage/checkpoints.h): a blob split into 4 MiB chunk rows,
- * streamed in by a writer and out by a reader, each on a connection of its
- * own so that neither holds a pooled one (or the write lock) for the length
- * of a large transfer.
+/* Checkpoints (storage/checkpoints.h): a blob split into 4 MiB chunks,
+ * streamed in by a writer and out by a reader.
+ *
+ * Where the bytes live: each checkpoint's chunks are the rows of a SQLite
+ * database of its own, "<store path>-checkpoints/<id>.sqlite" (table
+ * chunks: seq, data), while its row in the store (checkpoints: step, size,
+ * SHA-256, complete flag) says whether it exists.  Such a file is written
+ * once and never changed, so it needs no journal: it is created with
+ * journal_mode=OFF and 64 KiB pages, and a failed or crashed write is
+ * simply deleted.  That writes every byte once (SQLite's page, the page
+ * cache, the disk); through the store's WAL it went there, then into the
+ * database file, and cost the training steps beside it about twice the
+ * memory traffic and CPU (bench/checkpoint/RESULTS.md).  Pruning deletes a
+ * file instead of freeing thousands of pages inside a transaction.
+ * Checkpoints written before (chunk_file = 0) keep their chunks in the
+ * store's checkpoint_chunks table and are read and deleted as before.
  *
  * Writing: begin inserts the checkpoint row with complete = 0 in one short
- * transaction; every full chunk is inserted in its own short BEGIN
- * IMMEDIATE transaction, so the metrics writer waits at most one chunk; the
- * commit stores the last partial chunk, checks what the database holds
- * against what was written, stores the SHA-256 (computed as the bytes came
- * in), flips complete and hides the checkpoints it prunes, all in one
- * transaction, then deletes the pruned ones (below).
- * Any failure discards the partial checkpoint at once, so a full disk is
- * given back its space before the caller even calls abort; a failed
- * discard is finished by the next tr_store_open.
+ * transaction, then creates the file; every full chunk is committed in the
+ * file as it comes.  The commit stores the last partial chunk, checks what
+ * the file holds against what was written, syncs the file (and its
+ * directory), then in one store transaction stores the SHA-256 (computed
+ * as the bytes came in), flips complete and hides the checkpoints it
+ * prunes; then deletes the pruned ones.  So a visible checkpoint is a
+ * durable one.  Any failure discards the partial checkpoint at once, so a
+ * full disk is given back its space before the caller even calls abort;
+ * a failed discard is finished by the next tr_store_open, which deletes
+ * incomplete rows and files without a row (tr_store_ckpt_sweep).
+ *
+ * Space: tr_store_options.max_bytes caps the store and the checkpoint
+ * files together: a new file may take what the others and the database
+ * leave (SQLITE_FULL past that, like a full disk).
  *
  * Deleting: a checkpoint leaves in two steps.  One short transaction hides
  * it (complete = 0: the commit does this for the checkpoints it prunes,
- * atomically with completing the new one); then its chunks are deleted a
- * few per transaction and the row last.  Deleting 100 MB in one
- * transaction would hold the write lock, and so the metrics writer, for
- * half a second.  What a crash leaves hidden is deleted at the next open.
+ * atomically with completing the new one); then its file is unlinked (a
+ * reader that has it open keeps reading) or, for an older checkpoint, its
+ * chunks are deleted a few per transaction; the row goes last.  What a
+ * crash leaves hidden is deleted at the next open.
  *
- * Reading: a reader opens a read transaction, checks the chunk layout once
- * and then reads with incremental blob I/O (sqlite3_blob_reopen moves the
+ * Reading: a reader opens the file read-only (or, for an older checkpoint,
+ * holds a read transaction on the store), checks the chunk layout once and
+ * then reads with incremental blob I/O (sqlite3_blob_reopen moves the
  * handle between chunks without compiling a statement), straight into the
  * caller's buffer.
- *
- * The write-ahead log: a writer's connection never auto-checkpoints, so
- * the chunks are written once, into the WAL, on the way to the commit
- * (which alone syncs it: synchronous=FULL for that transaction, NORMAL
- * for the rest); tr_store_ckpt_settle copies them into the database file
- * afterwards, outside the checkpoint's own time.  Until then the WAL holds
- * the whole checkpoint, so a checkpoint needs its size in free disk twice
- * over for a moment.
  *
  * Hashing: a chunk is hashed on a short-lived helper thread while the
  * calling thread inserts it (or, in tr_store_ckpt_load, reads the next
@@ -42,14 +52,15 @@
  */
 #include "storage/checkpoints.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "storage/internal.h"
@@ -58,10 +69,16 @@
 #define CHUNK_BYTES ((size_t)4 << 20)
 /* Below this a helper thread costs more than it saves. */
 #define BG_HASH_MIN ((size_t)256 << 10)
-/* Chunks deleted per transaction: freeing a chunk reads each of its
- * overflow pages (about 20 ms per 4 MiB), and the write lock is held
- * meanwhile. */
+/* Chunks of an older (chunk_file = 0) checkpoint deleted per transaction:
+ * freeing a chunk reads each of its overflow pages (about 20 ms per
+ * 4 MiB), and the write lock is held meanwhile. */
 #define PURGE_CHUNKS 2
+/* Checkpoint files: large pages make SQLite's work per chunk small (64
+ * overflow pages per 4 MiB); a cache of 4 MiB holds one chunk's pages. */
+#define FILE_PAGE_SIZE 65536
+static const char file_setup[] = "PRAGMA page_size=65536; PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
+				 " PRAGMA cache_size=-4096;"
+				 " CREATE TABLE chunks (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)";
 
 /* length(model_header) rather than the header itself: rows are listed
  * often and the header is only needed for a weights-only download. */
@@ -69,13 +86,13 @@
 	"id, job_id, step, epoch, created_at, bytes, sha256, params_offset, params_bytes, " \
 	"length(model_header), meta"
 
-static const char sql_insert_ckpt[] = "INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete)"
-				      " VALUES (?1, ?2, ?3, ?4, ?5, 0)";
-static const char sql_insert_chunk[] = "INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (?1, ?2, ?3)";
+static const char sql_insert_ckpt[] = "INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete, chunk_file)"
+				      " VALUES (?1, ?2, ?3, ?4, ?5, 0, 1)";
+static const char sql_insert_chunk[] = "INSERT INTO chunks (seq, data) VALUES (?1, ?2)";
 /* length() of a blob column is read from the record header: the chunks'
  * overflow pages are not touched. */
 static const char sql_chunk_totals[] = "SELECT count(*), coalesce(sum(length(data)), 0), coalesce(max(seq), -1)"
-				       " FROM checkpoint_chunks WHERE checkpoint_id = ?1";
+				       " FROM chunks";
 static const char sql_complete[] = "UPDATE checkpoints SET bytes = ?2, sha256 = ?3, model_header = ?4,"
 				   " params_offset = ?5, params_bytes = ?6, complete = 1"
 				   " WHERE id = ?1 AND complete = 0";
@@ -88,6 +105,8 @@ static const char sql_hide[] = "UPDATE checkpoints SET complete = 0 WHERE id = ?
 static const char sql_purge_chunks[] = "DELETE FROM checkpoint_chunks WHERE id IN"
 				       " (SELECT id FROM checkpoint_chunks WHERE checkpoint_id = ?1 ORDER BY seq LIMIT ?2)";
 static const char sql_purge_row[] = "DELETE FROM checkpoints WHERE id = ?1 AND complete = 0";
+static const char sql_incomplete[] = "SELECT id FROM checkpoints WHERE complete = 0";
+static const char sql_has_file[] = "SELECT 1 FROM checkpoints WHERE id = ?1 AND chunk_file = 1";
 static const char sql_row_by_id[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE id = ?1";
 static const char sql_list[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
 			       " ORDER BY step DESC, id DESC";
@@ -96,12 +115,18 @@ static const char sql_get_step[] = "SELECT " CKPT_COLS " FROM checkpoints"
 static const char sql_get_newest[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
 				     " ORDER BY step DESC, id DESC LIMIT 1";
 static const char sql_header[] = "SELECT model_header FROM checkpoints WHERE id = ?1 AND complete = 1";
-static const char sql_reader_row[] = "SELECT job_id, step, bytes, sha256 FROM checkpoints WHERE id = ?1 AND complete = 1";
+static const char sql_reader_row[] = "SELECT job_id, step, bytes, sha256, chunk_file FROM checkpoints"
+				     " WHERE id = ?1 AND complete = 1";
 static const char sql_reader_chunks[] = "SELECT seq, id, length(data) FROM checkpoint_chunks"
 					" WHERE checkpoint_id = ?1 ORDER BY seq";
+static const char sql_reader_file_chunks[] = "SELECT seq, seq, length(data) FROM chunks ORDER BY seq";
 
 struct tr_ckpt_writer {
-	struct conn c; /* opened at begin, closed at commit or abort */
+	struct conn c; /* the store: the checkpoint's row; opened at begin, closed at commit or abort */
+	struct conn f; /* the checkpoint's file */
+	char *dir;     /* of the store's checkpoint files (the writer never touches the store object after begin) */
+	char *path;    /* of the file */
+	int fd;        /* the file, for writeback hints and the final sync; -1 = none */
 	int64_t id;    /* the incomplete row; 0 once committed or discarded */
 	int64_t job_id, step;
 	int64_t bytes;   /* appended so far */
@@ -111,36 +136,17 @@ struct tr_ckpt_writer {
 	struct tr_sha256 sha;
 	int err; /* first failure: every later call repeats it */
 	char errmsg[512];
-	int wal_fd; /* the WAL, for writeback hints only; -1 = none */
 };
 
 struct tr_ckpt_reader {
-	struct conn c;
+	struct conn c; /* the store: a read transaction while f is unused */
+	struct conn f; /* the checkpoint's file, when it has one */
 	sqlite3_blob *blob;
 	int64_t cur; /* the chunk blob points at; -1 = none */
 	int64_t id, job_id, step, bytes, nchunks;
 	int64_t *rowids; /* of chunk 0 .. nchunks-1 */
 	char sha256[65];
 };
-
-/* Checkpoint writers open in this process (begin to commit or abort):
- * while there are any, the store's other connections do not
- * auto-checkpoint (store.c), so the metrics writer does not copy a
- * checkpoint's chunks out of the WAL while they are still coming in, inside
- * one of its flushes (which the writer itself waits for before its
- * commit).  Process-wide rather than per store: a daemon has one store. */
-static atomic_int open_writers;
-/* Committed checkpoints whose WAL frames tr_store_ckpt_settle has not
- * copied yet.  Until it runs, the metrics writer leaves them alone too:
- * otherwise the first flush after a commit copies the whole checkpoint
- * inside the flush (0.1-1 s), the very wait the deferred copy avoids. */
-static atomic_int unsettled;
-
-bool tr_store_ckpt_writing(void)
-{
-	return atomic_load_explicit(&open_writers, memory_order_relaxed) > 0 ||
-	       atomic_load_explicit(&unsettled, memory_order_relaxed) > 0;
-}
 
 /* ---- rows ------------------------------------------------------------------ */
 
@@ -220,33 +226,22 @@ static void bg_hash_wait(struct bg_hash *h)
 
 /* ---- connections ------------------------------------------------------------- */
 
-/* Opens a connection of the checkpoint code's own.  PRAGMA max_page_count
- * (tr_store_options.max_bytes) is a setting of each connection, not of the
- * file, so a writing connection copies it from a pooled one, which
- * tr_store_open configured.  Readers never allocate pages and skip this.
+/* Opens a connection of the checkpoint code's own on the store.  PRAGMA
+ * max_page_count (tr_store_options.max_bytes) is a setting of each
+ * connection, not of the file, so a writing connection copies it from a
+ * pooled one, which tr_store_open configured.  Readers never allocate pages
+ * and skip this.
  *
  * Writing connections also set secure_delete=FAST: SQLite builds such as
  * Debian's turn secure_delete on, which zero-fills every freed page, so
- * deleting a 100 MB checkpoint would write 100 MB of zeros to the WAL and
- * again to the file (it doubled the time of a commit that prunes).  FAST
- * still clears deleted content inside b-tree pages; freed blob pages keep
- * old checkpoint bytes until reused, in a file only the daemon reads. */
+ * deleting an older checkpoint's chunks would write their size in zeros.
+ * FAST still clears deleted content inside b-tree pages. */
 static int open_own(tr_store_t *s, struct conn *c, bool writes)
 {
 	int64_t limit = 0;
 	if (writes) {
 		struct conn *p = tr_store_conn_get(s);
-		int err = -EIO;
-		sqlite3_stmt *st = tr_store_stmt(p, "PRAGMA max_page_count");
-		if (st) {
-			int rc = sqlite3_step(st);
-			if (rc == SQLITE_ROW) {
-				limit = sqlite3_column_int64(st, 0);
-				err = 0;
-			} else {
-				err = SQLFAIL(p, rc, "PRAGMA max_page_count");
-			}
-		}
+		int err = tr_store_pragma_int(p, "PRAGMA max_page_count", &limit);
 		tr_store_conn_put(s, p);
 		if (err < 0)
 			return err;
@@ -254,13 +249,8 @@ static int open_own(tr_store_t *s, struct conn *c, bool writes)
 	int err = tr_store_conn_open(c, s->path);
 	if (err < 0 || !writes)
 		return err;
-	/* wal_autocheckpoint=0: a checkpoint's chunks go to the WAL only; the
-	 * copy into the database file is deferred to tr_store_ckpt_settle
-	 * instead of running after nearly every chunk (a 4 MiB chunk is about
-	 * a whole autocheckpoint interval at 4 KiB pages), which wrote every
-	 * byte twice on the way to the commit. */
-	err = tr_store_exec(c, "PRAGMA secure_delete=FAST; PRAGMA wal_autocheckpoint=0");
-	if (err == 0 && limit > 0) {
+	err = tr_store_exec(c, "PRAGMA secure_delete=FAST");
+	if (err == 0 && s->max_bytes > 0) {
 		char sql[64];
 		snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)limit);
 		err = tr_store_exec(c, sql);
@@ -268,6 +258,65 @@ static int open_own(tr_store_t *s, struct conn *c, bool writes)
 	if (err < 0)
 		tr_store_conn_close(c);
 	return err;
+}
+
+/* The directory of the store's checkpoint files, "<store path>-checkpoints"
+ * (malloc'd; NULL when out of memory). */
+static char *files_dir(const tr_store_t *s)
+{
+	char *p = NULL;
+	return asprintf(&p, "%s-checkpoints", s->path) < 0 ? NULL : p;
+}
+
+/* Checkpoint id's file in dir (malloc'd; NULL when out of memory). */
+static char *file_path(const char *dir, int64_t id)
+{
+	char *p = NULL;
+	return asprintf(&p, "%s/%lld.sqlite", dir, (long long)id) < 0 ? NULL : p;
+}
+
+/* Opens a checkpoint file: read-only for readers (it never changes once
+ * complete), created empty with file_setup for the writer. */
+static int open_file(struct conn *c, const char *path, bool create)
+{
+	memset(c, 0, sizeof *c);
+	int flags = SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY);
+	int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
+	if (rc != SQLITE_OK) {
+		int sys = c->db ? sqlite3_system_errno(c->db) : 0;
+		int err = tr_store_fail(sys > 0 ? -sys : -EIO, "%s: cannot open: %s", path,
+					c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+		tr_store_conn_close(c);
+		return err;
+	}
+	sqlite3_extended_result_codes(c->db, 1);
+	int err = create ? tr_store_exec(c, file_setup) : 0;
+	if (err < 0)
+		tr_store_conn_close(c);
+	return err;
+}
+
+/* Bytes the store's database, its WAL and its checkpoint files take now. */
+static int64_t state_bytes(const tr_store_t *s)
+{
+	int64_t total = 0;
+	struct stat st;
+	char *wal = NULL;
+	if (stat(s->path, &st) == 0)
+		total += st.st_size;
+	if (asprintf(&wal, "%s-wal", s->path) >= 0 && stat(wal, &st) == 0)
+		total += st.st_size;
+	free(wal);
+	char *dir = files_dir(s);
+	DIR *d = dir ? opendir(dir) : NULL;
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		if (e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			total += st.st_size;
+	if (d)
+		closedir(d);
+	free(dir);
+	return total;
 }
 
 /* ---- deleting ------------------------------------------------------------------ */
@@ -300,13 +349,28 @@ static int exec_id(struct conn *c, const char *sql, int64_t id, int64_t arg, int
 	return err;
 }
 
-/* Deletes a hidden (complete = 0) checkpoint: its chunks PURGE_CHUNKS per
- * transaction, then the row. */
-static int purge(struct conn *c, int64_t id)
+/* Unlinks checkpoint id's file in dir; one that is not there is fine. */
+static int unlink_file(const char *dir, int64_t id)
 {
+	char *path = file_path(dir, id);
+	if (!path)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	int err = unlink(path) == 0 || errno == ENOENT ? 0 : tr_store_fail(-errno, "%s: cannot delete: %s", path, strerror(errno));
+	free(path);
+	return err;
+}
+
+/* Deletes a hidden (complete = 0) checkpoint: its file, or its chunks in
+ * the store PURGE_CHUNKS per transaction, then the row.  A file that cannot
+ * be deleted keeps its row, so that the next open tries again. */
+static int purge(const char *dir, struct conn *c, int64_t id)
+{
+	int err = dir ? unlink_file(dir, id) : tr_store_fail(-ENOMEM, "out of memory");
+	if (err < 0)
+		return err;
 	for (;;) {
 		int n = 0;
-		int err = exec_id(c, sql_purge_chunks, id, PURGE_CHUNKS, &n);
+		err = exec_id(c, sql_purge_chunks, id, PURGE_CHUNKS, &n);
 		if (err < 0)
 			return err;
 		if (n == 0)
@@ -314,22 +378,85 @@ static int purge(struct conn *c, int64_t id)
 	}
 }
 
+/* Unlinks the checkpoint files no row names (a file is only created after
+ * its row is committed, so a file without a row is never one being
+ * written). */
+void tr_store_ckpt_sweep_files(tr_store_t *s, struct conn *c)
+{
+	char *dir = files_dir(s);
+	DIR *d = dir ? opendir(dir) : NULL;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		char *end;
+		errno = 0;
+		long long id = strtoll(e->d_name, &end, 10);
+		if (errno || id <= 0 || strcmp(end, ".sqlite") != 0)
+			continue; /* not ours */
+		sqlite3_stmt *st = tr_store_stmt(c, sql_has_file);
+		if (!st)
+			break;
+		sqlite3_bind_int64(st, 1, id);
+		int rc = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (rc == SQLITE_DONE)
+			unlinkat(dirfd(d), e->d_name, 0);
+	}
+	if (d)
+		closedir(d);
+	free(dir);
+}
+
+int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, sql_incomplete);
+	if (!st)
+		return -EIO;
+	char *dir = files_dir(s);
+	if (!dir) {
+		sqlite3_reset(st);
+		return tr_store_fail(-ENOMEM, "out of memory");
+	}
+	int rc;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+		unlink_file(dir, sqlite3_column_int64(st, 0));
+	sqlite3_reset(st);
+	free(dir);
+	if (rc != SQLITE_DONE)
+		return SQLFAIL(c, rc, "find incomplete checkpoints");
+	/* The chunks of older checkpoints cascade. */
+	int err = tr_store_exec(c, "DELETE FROM checkpoints WHERE complete = 0");
+	if (err == 0)
+		tr_store_ckpt_sweep_files(s, c);
+	return err;
+}
+
 /* ---- writing ------------------------------------------------------------------- */
+
+/* Closes and deletes the writer's file. */
+static void drop_file(struct tr_ckpt_writer *w)
+{
+	tr_store_conn_close(&w->f);
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = -1;
+	if (w->path)
+		unlink(w->path);
+}
 
 /* Deletes the incomplete checkpoint.  Keeps the calling thread's error
  * message: it runs on failure paths, where that message is the one the
  * caller needs. */
 static int discard(struct tr_ckpt_writer *w)
 {
+	drop_file(w);
 	if (!w->id || !w->c.db)
 		return 0;
 	char saved[512];
 	tr_store_errcpy(saved, sizeof saved);
 	tr_store_rollback(&w->c);
-	/* A failed commit may have left FULL: the purge's many transactions
-	 * need no sync each. */
+	/* A failed commit may have left FULL. */
 	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
-	int err = purge(&w->c, w->id);
+	int err = purge(w->dir, &w->c, w->id);
 	/* Not retried: tr_store_open deletes what is left. */
 	w->id = 0;
 	tr_store_fail(0, "%s", saved);
@@ -337,7 +464,7 @@ static int discard(struct tr_ckpt_writer *w)
 }
 
 /* Every failure of a writer ends here: discards the partial checkpoint,
- * words the message (a full database says so), and makes the failure
+ * words the message (a full disk or cap says so), and makes the failure
  * sticky.  Returns err. */
 static int writer_fail(struct tr_ckpt_writer *w, int err)
 {
@@ -357,8 +484,8 @@ static int writer_fail(struct tr_ckpt_writer *w, int err)
 	return err;
 }
 
-/* Maps a failed step on a checkpoint table: a foreign key failure means
- * the row it hangs from is gone. */
+/* Maps a failed step on the store's checkpoint tables: a foreign key
+ * failure means the row it hangs from is gone. */
 static int step_fail(struct tr_ckpt_writer *w, int rc, const char *what)
 {
 	if (rc == SQLITE_CONSTRAINT_FOREIGNKEY)
@@ -367,82 +494,50 @@ static int step_fail(struct tr_ckpt_writer *w, int rc, const char *what)
 	return SQLFAIL(&w->c, rc, what);
 }
 
-/* The chunks' commits leave the WAL's pages dirty in the page cache
- * (synchronous=NORMAL), so without a hint the disk would start on them only
- * at the final commit's sync, and a checkpoint would take the time to write
- * it plus the time to sync it.  After each chunk the kernel is asked to
- * start writing what is dirty (without waiting for it), so the disk works
- * while the next chunks come in and the final sync waits only for the
- * tail.  A hint: a descriptor of our own on the same file, and nothing
+/* A chunk's commit (synchronous=OFF) leaves its pages dirty in the page
+ * cache, so without a hint the disk would start on them only at the final
+ * sync, and a checkpoint would take the time to write it plus the time to
+ * sync it.  After each chunk the kernel is asked to start writing what is
+ * dirty (without waiting for it), so the disk works while the next chunks
+ * come in and the final sync waits only for the tail.  A hint: nothing
  * depends on it working. */
-static int open_wal(tr_store_t *s)
-{
-#ifdef SYNC_FILE_RANGE_WRITE
-	char path[4096];
-	if ((size_t)snprintf(path, sizeof path, "%s-wal", s->path) >= sizeof path)
-		return -1;
-	return open(path, O_RDONLY | O_CLOEXEC);
-#else
-	(void)s;
-	return -1;
-#endif
-}
-
 static void start_writeback(struct tr_ckpt_writer *w)
 {
 #ifdef SYNC_FILE_RANGE_WRITE
-	if (w->wal_fd >= 0)
-		sync_file_range(w->wal_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+	if (w->fd >= 0)
+		sync_file_range(w->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 #else
 	(void)w;
 #endif
 }
 
-/* Syncs the chunks already in the WAL before the final commit takes the
- * write lock: the commit's own sync (which makes it durable) then waits
- * only for its last pages, so the metrics writer, which needs the same
- * lock, is not held up for the whole checkpoint's sync.  Also a hint. */
-static void sync_chunks(struct tr_ckpt_writer *w)
-{
-	if (w->wal_fd >= 0)
-		fdatasync(w->wal_fd);
-}
-
-/* Inserts chunk number w->nchunks and feeds it to the digest.  own_txn: in
- * a short transaction of its own (the commit stores the last chunk inside
- * its transaction). */
-static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n, bool own_txn)
+/* Inserts chunk number w->nchunks into the file, in a transaction of its
+ * own, and feeds it to the digest. */
+static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 {
 	struct bg_hash hash;
 	bg_hash_start(&hash, &w->sha, p, n);
-	int err = 0;
-	if (own_txn && (err = tr_store_begin(&w->c, true)) < 0) {
-		bg_hash_wait(&hash);
-		return err;
-	}
-	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_insert_chunk);
-	if (!st) {
-		err = -EIO;
-	} else {
-		sqlite3_bind_int64(st, 1, w->id);
-		sqlite3_bind_int64(st, 2, w->nchunks);
+	int err = tr_store_begin(&w->f, true);
+	sqlite3_stmt *st = err < 0 ? NULL : tr_store_stmt(&w->f, sql_insert_chunk);
+	if (st) {
+		sqlite3_bind_int64(st, 1, w->nchunks);
 		/* SQLITE_STATIC: SQLite copies the bytes into its pages anyway;
 		 * a transient copy would be a second 4 MiB memcpy. */
-		sqlite3_bind_blob64(st, 3, p, n, SQLITE_STATIC);
+		sqlite3_bind_blob64(st, 2, p, n, SQLITE_STATIC);
 		int rc = sqlite3_step(st);
 		if (rc != SQLITE_DONE)
-			err = step_fail(w, rc, "insert a checkpoint chunk");
+			err = SQLFAIL(&w->f, rc, "insert a checkpoint chunk");
 		sqlite3_reset(st);
 		sqlite3_clear_bindings(st); /* drops the pointer to the caller's bytes */
-	}
-	if (own_txn) {
 		if (err == 0)
-			err = tr_store_commit(&w->c);
-		if (err < 0)
-			tr_store_rollback(&w->c);
-		else
-			start_writeback(w);
+			err = tr_store_commit(&w->f);
+	} else if (err == 0) {
+		err = -EIO;
 	}
+	/* No rollback on failure: the file is deleted (without a journal,
+	 * SQLite cannot roll it back anyway). */
+	if (err == 0)
+		start_writeback(w);
 	bg_hash_wait(&hash);
 	if (err == 0)
 		w->nchunks++;
@@ -463,6 +558,69 @@ static int check_meta(const char *meta)
 	bool object = json_is_object(j);
 	json_decref(j);
 	return object ? 0 : tr_store_fail(-EINVAL, "checkpoint meta must be a JSON object");
+}
+
+/* Inserts the incomplete row (w->id). */
+static int insert_row(struct tr_ckpt_writer *w, int64_t epoch, const char *meta_json)
+{
+	int err = tr_store_begin(&w->c, true);
+	if (err < 0)
+		return err;
+	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_insert_ckpt);
+	if (!st) {
+		tr_store_rollback(&w->c);
+		return -EIO;
+	}
+	sqlite3_bind_int64(st, 1, w->job_id);
+	sqlite3_bind_int64(st, 2, w->step);
+	sqlite3_bind_int64(st, 3, epoch);
+	sqlite3_bind_double(st, 4, tr_store_now());
+	if (meta_json)
+		sqlite3_bind_text(st, 5, meta_json, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE)
+		err = rc == SQLITE_CONSTRAINT_FOREIGNKEY ? tr_store_fail(-ENOENT, "job %lld does not exist", (long long)w->job_id)
+							 : SQLFAIL(&w->c, rc, "insert a checkpoint");
+	if (err == 0) {
+		int64_t id = sqlite3_last_insert_rowid(w->c.db);
+		err = tr_store_commit(&w->c);
+		if (err == 0)
+			w->id = id;
+	}
+	if (err < 0)
+		tr_store_rollback(&w->c);
+	return err;
+}
+
+/* Creates the checkpoint's file (after its row: a file without one is
+ * garbage to tr_store_ckpt_sweep_files) with the room the cap leaves. */
+static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
+{
+	w->path = file_path(w->dir, w->id);
+	if (!w->path)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	if (mkdir(w->dir, 0700) < 0 && errno != EEXIST)
+		return tr_store_fail(-errno, "%s: cannot create: %s", w->dir, strerror(errno));
+	unlink(w->path); /* ids are never reused (AUTOINCREMENT); in case */
+	int err = open_file(&w->f, w->path, true);
+	if (err < 0)
+		return err;
+	if (s->max_bytes > 0) {
+		/* What the database and the other files leave; this file's own
+		 * two header pages count too. */
+		int64_t room = s->max_bytes - state_bytes(s);
+		char sql[64];
+		snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld",
+			 (long long)(room > 2 * FILE_PAGE_SIZE ? room / FILE_PAGE_SIZE : 2));
+		err = tr_store_exec(&w->f, sql);
+		if (err < 0)
+			return err;
+	}
+	w->fd = open(w->path, O_RDONLY | O_CLOEXEC);
+	if (w->fd < 0)
+		return tr_store_fail(-errno, "%s: cannot open: %s", w->path, strerror(errno));
+	return 0;
 }
 
 int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epoch, const char *meta_json,
@@ -487,55 +645,29 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
 		return tr_store_fail(-ENOMEM, "out of memory");
 	w->job_id = job_id;
 	w->step = step;
+	w->fd = -1;
 	tr_sha256_init(&w->sha);
-	atomic_fetch_add(&open_writers, 1); /* undone by writer_free */
-	w->wal_fd = -1;
-	err = open_own(s, &w->c, true);
-	if (err < 0)
-		goto fail_free;
-	err = tr_store_begin(&w->c, true);
-	if (err < 0)
-		goto fail_conn;
-	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_insert_ckpt);
-	if (!st) {
-		err = -EIO;
-		goto fail_txn;
-	}
-	sqlite3_bind_int64(st, 1, job_id);
-	sqlite3_bind_int64(st, 2, step);
-	sqlite3_bind_int64(st, 3, epoch);
-	sqlite3_bind_double(st, 4, tr_store_now());
-	if (meta_json)
-		sqlite3_bind_text(st, 5, meta_json, -1, SQLITE_STATIC);
-	int rc = sqlite3_step(st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE) {
-		err = rc == SQLITE_CONSTRAINT_FOREIGNKEY ? tr_store_fail(-ENOENT, "job %lld does not exist", (long long)job_id)
-							 : SQLFAIL(&w->c, rc, "insert a checkpoint");
-		goto fail_txn;
-	}
-	w->id = sqlite3_last_insert_rowid(w->c.db);
-	err = tr_store_commit(&w->c);
-	if (err < 0)
-		goto fail_txn;
-	w->wal_fd = open_wal(s); /* the WAL exists now */
-	*out = w;
-	return 0;
-
-fail_txn:
-	tr_store_rollback(&w->c);
-fail_conn:
-	tr_store_conn_close(&w->c);
-fail_free:
-	atomic_fetch_sub(&open_writers, 1);
-	free(w);
-	if (err == -ENOSPC) {
+	w->dir = files_dir(s);
+	err = w->dir ? open_own(s, &w->c, true) : tr_store_fail(-ENOMEM, "out of memory");
+	if (err == 0)
+		err = insert_row(w, epoch, meta_json);
+	if (err == 0)
+		err = create_file(s, w);
+	if (err < 0) {
 		char cause[512];
 		tr_store_errcpy(cause, sizeof cause);
-		tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s)", (long long)job_id,
-			      (long long)step, cause);
+		discard(w);
+		tr_store_conn_close(&w->c);
+		free(w->dir);
+		free(w->path);
+		free(w);
+		if (err == -ENOSPC)
+			return tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s)",
+					     (long long)job_id, (long long)step, cause);
+		return tr_store_fail(err, "%s", cause);
 	}
-	return err;
+	*out = w;
+	return 0;
 }
 
 int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
@@ -554,7 +686,7 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 		int err;
 		if (w->nbuf == 0 && len >= CHUNK_BYTES) {
 			/* Whole chunks go from the caller's memory to SQLite. */
-			err = store_chunk(w, p, CHUNK_BYTES, true);
+			err = store_chunk(w, p, CHUNK_BYTES);
 			if (err < 0)
 				return writer_fail(w, err);
 			p += CHUNK_BYTES;
@@ -569,7 +701,7 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 		p += n;
 		len -= n;
 		if (w->nbuf == CHUNK_BYTES) {
-			err = store_chunk(w, w->buf, CHUNK_BYTES, true);
+			err = store_chunk(w, w->buf, CHUNK_BYTES);
 			if (err < 0)
 				return writer_fail(w, err);
 			w->nbuf = 0;
@@ -580,35 +712,50 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 
 static void writer_free(struct tr_ckpt_writer *w)
 {
-	if (w->wal_fd >= 0)
-		close(w->wal_fd);
+	tr_store_conn_close(&w->f);
+	if (w->fd >= 0)
+		close(w->fd);
 	tr_store_conn_close(&w->c);
+	free(w->dir);
+	free(w->path);
 	free(w->buf);
 	free(w);
-	atomic_fetch_sub(&open_writers, 1);
 }
 
-/* What the database holds for the checkpoint must be what was written:
- * chunks 0..n-1, their lengths summing to the byte count. */
+/* What the file holds must be what was written: chunks 0..n-1, their
+ * lengths summing to the byte count. */
 static int check_chunks(struct tr_ckpt_writer *w)
 {
-	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_chunk_totals);
+	sqlite3_stmt *st = tr_store_stmt(&w->f, sql_chunk_totals);
 	if (!st)
 		return -EIO;
-	sqlite3_bind_int64(st, 1, w->id);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
-		int err = SQLFAIL(&w->c, rc, "count checkpoint chunks");
+		int err = SQLFAIL(&w->f, rc, "count checkpoint chunks");
 		sqlite3_reset(st);
 		return err;
 	}
 	int64_t n = sqlite3_column_int64(st, 0), total = sqlite3_column_int64(st, 1), max = sqlite3_column_int64(st, 2);
 	sqlite3_reset(st);
 	if (n != w->nchunks || max != w->nchunks - 1 || total != w->bytes)
-		return tr_store_fail(-EIO, "the database holds %lld bytes in %lld chunks (last %lld), but %lld bytes in %lld chunks were written",
-				     (long long)total, (long long)n, (long long)max, (long long)w->bytes,
+		return tr_store_fail(-EIO, "%s holds %lld bytes in %lld chunks (last %lld), but %lld bytes in %lld chunks were written",
+				     w->path, (long long)total, (long long)n, (long long)max, (long long)w->bytes,
 				     (long long)w->nchunks);
 	return 0;
+}
+
+/* Closes the file and makes it durable: its bytes, then its name in the
+ * directory (a new file's entry is not synced with its data). */
+static int seal_file(struct tr_ckpt_writer *w)
+{
+	tr_store_conn_close(&w->f);
+	if (fdatasync(w->fd) < 0)
+		return tr_store_fail(errno == ENOSPC ? -ENOSPC : -EIO, "%s: cannot sync: %s", w->path, strerror(errno));
+	int fd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int err = fd >= 0 && fsync(fd) == 0 ? 0 : tr_store_fail(-EIO, "%s: cannot sync: %s", w->dir, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return err;
 }
 
 /* Hides (complete = 0) the job's complete checkpoints beyond the newest
@@ -676,26 +823,25 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		err = writer_fail(w, tr_store_fail(-EINVAL, "bad model header (%zu bytes)", model_header_len));
 		goto cleanup;
 	}
-	/* synchronous=FULL for this one transaction: the WAL, which now holds
-	 * all of the checkpoint's chunks (their own commits did not sync it),
-	 * is synced at the commit, so a visible checkpoint is a durable one. */
-	sync_chunks(w);
-	err = tr_store_exec(&w->c, "PRAGMA synchronous=FULL");
-	if (err == 0)
-		err = tr_store_begin(&w->c, true);
-	if (err < 0)
-		goto fail;
 	if (w->nbuf) {
-		err = store_chunk(w, w->buf, w->nbuf, false);
+		err = store_chunk(w, w->buf, w->nbuf);
 		if (err < 0)
 			goto fail;
 		w->nbuf = 0;
 	}
-	char hex[65];
-	tr_sha256_final_hex(&w->sha, hex);
 	err = check_chunks(w);
+	if (err == 0)
+		err = seal_file(w);
+	/* synchronous=FULL for the one transaction that makes the checkpoint
+	 * visible: visible means durable. */
+	if (err == 0)
+		err = tr_store_exec(&w->c, "PRAGMA synchronous=FULL");
+	if (err == 0)
+		err = tr_store_begin(&w->c, true);
 	if (err < 0)
 		goto fail;
+	char hex[65];
+	tr_sha256_final_hex(&w->sha, hex);
 
 	sqlite3_stmt *st = tr_store_stmt(&w->c, sql_complete);
 	if (!st) {
@@ -744,13 +890,12 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 	if (err < 0)
 		goto fail;
 	w->id = 0; /* committed: nothing left to discard */
-	atomic_fetch_add(&unsettled, 1);
 	/* The commit has succeeded whatever happens here: what a failed purge
-	 * leaves is hidden, and deleted at the next open.  Its many short
+	 * leaves is hidden, and deleted at the next open.  Its short
 	 * transactions need no sync each. */
 	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
 	for (size_t i = 0; i < npruned; i++)
-		purge(&w->c, pruned[i]);
+		purge(w->dir, &w->c, pruned[i]);
 	goto cleanup;
 
 fail:
@@ -761,29 +906,6 @@ fail:
 cleanup:
 	free(pruned);
 	writer_free(w);
-	return err;
-}
-
-int tr_store_ckpt_settle(tr_store_t *s, int *frames_left)
-{
-	if (frames_left)
-		*frames_left = 0;
-	struct conn c;
-	int err = open_own(s, &c, false);
-	if (err < 0)
-		return err;
-	int log = 0, done = 0;
-	/* Whatever was committed before this copy is in it (or in the one
-	 * running now, on BUSY). */
-	atomic_store(&unsettled, 0);
-	int rc = sqlite3_wal_checkpoint_v2(c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-	if (rc == SQLITE_BUSY)
-		err = 1; /* another connection is copying right now: the same frames */
-	else if (rc != SQLITE_OK)
-		err = SQLFAIL(&c, rc, "copy the write-ahead log into the database");
-	else if (frames_left)
-		*frames_left = log > done ? log - done : 0;
-	tr_store_conn_close(&c);
 	return err;
 }
 
@@ -867,8 +989,7 @@ cleanup:
 
 int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
 {
-	/* Its own connection: the purge takes several transactions, and a
-	 * pooled connection would keep secure_delete on (see open_own). */
+	/* Its own connection: the purge may take several transactions. */
 	struct conn c;
 	int err = open_own(s, &c, true);
 	if (err < 0)
@@ -878,8 +999,11 @@ int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
 	if (err == 0 && n == 0)
 		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
 	/* Hidden now: a failed purge is finished by the next open. */
-	if (err == 0)
-		purge(&c, ckpt_id);
+	if (err == 0) {
+		char *dir = files_dir(s);
+		purge(dir, &c, ckpt_id);
+		free(dir);
+	}
 	tr_store_conn_close(&c);
 	return err;
 }
@@ -924,7 +1048,38 @@ cleanup:
 
 /* ---- reading ------------------------------------------------------------------- */
 
-static int reader_layout(struct tr_ckpt_reader *r)
+/* Opens the reader's checkpoint file.  A file that cannot be opened is
+ * damage if the row is still there, a race with a prune if it is not. */
+static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r)
+{
+	char *dir = files_dir(s), *path = dir ? file_path(dir, r->id) : NULL;
+	free(dir);
+	if (!path)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	int err = open_file(&r->f, path, false);
+	if (err == 0)
+		err = tr_store_begin(&r->f, false);
+	if (err < 0) {
+		char cause[512];
+		tr_store_errcpy(cause, sizeof cause);
+		tr_store_rollback(&r->c); /* a fresh look at the row */
+		sqlite3_stmt *st = tr_store_stmt(&r->c, sql_reader_row);
+		if (st)
+			sqlite3_bind_int64(st, 1, r->id);
+		int rc = st ? sqlite3_step(st) : SQLITE_ERROR;
+		if (st)
+			sqlite3_reset(st);
+		if (rc == SQLITE_DONE)
+			err = tr_store_fail(-ENOENT, "checkpoint %lld was deleted", (long long)r->id);
+		else
+			err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
+					    (long long)r->id, (long long)r->job_id, (long long)r->step, cause);
+	}
+	free(path);
+	return err;
+}
+
+static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 {
 	sqlite3_stmt *st = tr_store_stmt(&r->c, sql_reader_row);
 	if (!st)
@@ -942,15 +1097,27 @@ static int reader_layout(struct tr_ckpt_reader *r)
 	r->bytes = sqlite3_column_int64(st, 2);
 	const unsigned char *sha = sqlite3_column_text(st, 3);
 	snprintf(r->sha256, sizeof r->sha256, "%s", sha ? (const char *)sha : "");
+	bool in_file = sqlite3_column_int64(st, 4) != 0;
 	sqlite3_reset(st);
+	struct conn *c = &r->c;
+	if (in_file) {
+		int err = reader_open_file(s, r);
+		if (err < 0)
+			return err;
+		c = &r->f;
+		/* The store's read transaction is not needed any more: the open
+		 * file stays readable even if the checkpoint is deleted. */
+		tr_store_rollback(&r->c);
+	}
 
 	r->nchunks = r->bytes ? (r->bytes - 1) / (int64_t)CHUNK_BYTES + 1 : 0;
 	if (r->nchunks && !(r->rowids = malloc((size_t)r->nchunks * sizeof *r->rowids)))
 		return tr_store_fail(-ENOMEM, "out of memory");
-	st = tr_store_stmt(&r->c, sql_reader_chunks);
+	st = tr_store_stmt(c, in_file ? sql_reader_file_chunks : sql_reader_chunks);
 	if (!st)
 		return -EIO;
-	sqlite3_bind_int64(st, 1, r->id);
+	if (!in_file)
+		sqlite3_bind_int64(st, 1, r->id);
 	int64_t i = 0;
 	int err = 0;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -966,7 +1133,7 @@ static int reader_layout(struct tr_ckpt_reader *r)
 		r->rowids[i++] = sqlite3_column_int64(st, 1);
 	}
 	if (err == 0 && rc != SQLITE_DONE)
-		err = SQLFAIL(&r->c, rc, "read checkpoint chunks");
+		err = SQLFAIL(c, rc, "read checkpoint chunks");
 	else if (err == 0 && i != r->nchunks)
 		err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
 				    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)i,
@@ -988,11 +1155,12 @@ int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out)
 		free(r);
 		return err;
 	}
-	/* One read transaction for the reader's life: every read sees the
-	 * checkpoint as it was at open, even if it is pruned meanwhile. */
+	/* A read transaction (on the file, or for an older checkpoint on the
+	 * store) for the reader's life: every read sees the checkpoint as it
+	 * was at open, even if it is pruned meanwhile. */
 	err = tr_store_begin(&r->c, false);
 	if (err == 0)
-		err = reader_layout(r);
+		err = reader_layout(s, r);
 	if (err < 0) {
 		tr_store_ckpt_close(r);
 		return err;
@@ -1017,19 +1185,20 @@ ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size
 		int64_t seq = (int64_t)(at / CHUNK_BYTES);
 		size_t in = (size_t)(at % CHUNK_BYTES);
 		int rc = SQLITE_OK;
+		struct conn *c = r->f.db ? &r->f : &r->c;
 		if (seq != r->cur) {
 			if (r->blob)
 				rc = sqlite3_blob_reopen(r->blob, r->rowids[seq]);
 			else
-				rc = sqlite3_blob_open(r->c.db, "main", "checkpoint_chunks", "data", r->rowids[seq], 0,
-						       &r->blob);
+				rc = sqlite3_blob_open(c->db, "main", r->f.db ? "chunks" : "checkpoint_chunks", "data",
+						       r->rowids[seq], 0, &r->blob);
 			r->cur = rc == SQLITE_OK ? seq : -1;
 		}
 		size_t n = CHUNK_BYTES - in < len - done ? CHUNK_BYTES - in : len - done;
 		if (rc == SQLITE_OK)
 			rc = sqlite3_blob_read(r->blob, (char *)buf + done, (int)n, (int)in);
 		if (rc != SQLITE_OK) {
-			int err = SQLFAIL(&r->c, rc, "read a checkpoint chunk");
+			int err = SQLFAIL(c, rc, "read a checkpoint chunk");
 			/* A handle that failed is aborted for good: start over. */
 			sqlite3_blob_close(r->blob);
 			r->blob = NULL;
@@ -1047,6 +1216,9 @@ void tr_store_ckpt_close(tr_ckpt_reader_t *r)
 		return;
 	if (r->blob)
 		sqlite3_blob_close(r->blob);
+	if (r->f.db)
+		tr_store_rollback(&r->f);
+	tr_store_conn_close(&r->f);
 	if (r->c.db)
 		tr_store_rollback(&r->c); /* ends the read transaction */
 	tr_store_conn_close(&r->c);

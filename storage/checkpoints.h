@@ -66,19 +66,6 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 /* Deletes the partial checkpoint and frees w.  Accepts NULL.  Keeps the
  * thread's error message. */
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
-/* A committed checkpoint is durable in SQLite's write-ahead log; this
- * copies the log into the database file (a passive WAL checkpoint on a
- * connection of its own: it waits for no reader and blocks no writer), so
- * the log can start over.  Call it after a commit, off any path that waits
- * for the checkpoint.  Returns 0, 1 when another connection was copying
- * at that moment (it copies the same frames), or a negative code.
- * *frames_left (may be NULL): WAL frames it could not copy yet (readers
- * still use them; a later checkpoint copies them). */
-int tr_store_ckpt_settle(tr_store_t *s, int *frames_left);
-/* Storage-internal: whether a checkpoint writer is open in this process,
- * or a committed checkpoint awaits tr_store_ckpt_settle (the store's
- * connections then leave the WAL alone, up to a bound: see store.c). */
-bool tr_store_ckpt_writing(void);
 
 /* Complete checkpoints of a job, newest (highest step, then id) first.
  * *rows is malloc'd (NULL when there are none); free with tr_ckpt_rows_free. */

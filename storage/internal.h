@@ -72,6 +72,7 @@ struct job_gen {
 
 struct tr_store {
 	char *path;
+	int64_t max_bytes; /* tr_store_options.max_bytes: database plus checkpoint files; 0 = no cap */
 	size_t queue_max;
 	int flush_ms;
 
@@ -125,6 +126,13 @@ int tr_store_pragma_int(struct conn *c, const char *sql, int64_t *value);
  * e.g. to stream large blobs without holding a pooled one. */
 int tr_store_conn_open(struct conn *c, const char *path);
 void tr_store_conn_close(struct conn *c);
+
+/* Checkpoint files (storage/checkpoints.c).  At open, with no writer
+ * running: deletes checkpoints left incomplete by a previous run, then any
+ * checkpoint file without a row.  tr_store_ckpt_sweep_files does the
+ * second part alone (after a job's rows were deleted). */
+int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c);
+void tr_store_ckpt_sweep_files(tr_store_t *s, struct conn *c);
 
 /* "BEGIN IMMEDIATE" for writes (so a read-to-write upgrade can never fail
  * with SQLITE_BUSY mid-transaction), "BEGIN" for consistent reads. */

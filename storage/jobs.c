@@ -452,6 +452,8 @@ int tr_store_job_delete(tr_store_t *s, int64_t id)
 		sqlite3_bind_int64(st, 1, id);
 		err = update_one(s, c, st, id);
 	}
+	if (err == 0)
+		tr_store_ckpt_sweep_files(s, c); /* the job's checkpoint files */
 	tr_store_conn_put(s, c);
 	if (err == 0) {
 		tr_store_drops_forget(s, id);

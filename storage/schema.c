@@ -103,6 +103,13 @@ static const char *const migrations[] = {
 	"  data BLOB NOT NULL,"
 	"  UNIQUE (checkpoint_id, seq)"
 	");",
+
+	/* 3: checkpoint files.  chunk_file = 1: the checkpoint's chunks are in
+	 * a SQLite file of its own (storage/checkpoints.c), so its bytes are
+	 * written once instead of into this database's WAL and then again
+	 * into this file.  Rows from before keep 0 and their chunks in
+	 * checkpoint_chunks, which is still read. */
+	"ALTER TABLE checkpoints ADD COLUMN chunk_file INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -179,25 +179,18 @@ void tr_store_conn_close(struct conn *c)
 
 /* The WAL is copied into the database file (auto-checkpointed) by the
  * connection whose commit makes it hold WAL_AUTOCHECKPOINT_BYTES, whatever
- * the page size (SQLite's default of 1000 pages is 4 MB at 4 KiB pages),
- * and not while a checkpoint is being written: the metrics writer would
- * then copy the checkpoint's chunks as they come in, inside a flush that
- * the checkpoint writer waits for before its commit.  The checkpoint
- * writer copies its own afterwards (tr_store_ckpt_settle).  64 MiB is also
- * journal_size_limit: the log's size after a restart. */
+ * the page size (SQLite's default of 1000 pages is 4 MB at 4 KiB pages).
+ * Checkpoint payloads do not pass through this WAL (they have files of
+ * their own: storage/checkpoints.c), so it only ever holds metadata and
+ * metrics.  64 MiB is also journal_size_limit: the log's size after a
+ * restart. */
 #define WAL_AUTOCHECKPOINT_BYTES (64 << 20)
-/* While a checkpoint is open or unsettled, the WAL may grow to this many
- * times that before the other connections copy it regardless. */
-#define WAL_UNSETTLED_LIMIT_FACTOR 32
 
-/* SQLite's own auto-checkpoint hook, plus the exception above. */
+/* SQLite's own auto-checkpoint hook, at a size in bytes. */
 static int wal_hook(void *arg, sqlite3 *db, const char *name, int frames)
 {
 	int limit = (int)(intptr_t)arg;
-	/* A checkpoint being written or not yet settled is left to its writer,
-	 * up to a bound: a WAL that keeps growing past it (a settle that never
-	 * comes) is copied here anyway. */
-	if (frames >= limit && (!tr_store_ckpt_writing() || frames >= WAL_UNSETTLED_LIMIT_FACTOR * limit))
+	if (frames >= limit)
 		sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
 	return SQLITE_OK;
 }
@@ -386,6 +379,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		goto fail_early;
 	}
 	s->path = strdup(path);
+	s->max_bytes = max_bytes;
 	s->queue_max = opts && opts->metrics_queue_max ? opts->metrics_queue_max : STORE_DEFAULT_QUEUE_MAX;
 	s->flush_ms = opts && opts->flush_interval_ms ? opts->flush_interval_ms : STORE_DEFAULT_FLUSH_MS;
 	pthread_mutex_init(&s->pool_lock, NULL);
@@ -421,8 +415,8 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	if (rc < 0)
 		goto fail;
 	/* Checkpoints still incomplete were being written when a previous run
-	 * died (storage/checkpoints.c); their chunks cascade. */
-	rc = tr_store_exec(&s->wconn, "DELETE FROM checkpoints WHERE complete = 0");
+	 * died; checkpoint files without a row were being deleted. */
+	rc = tr_store_ckpt_sweep(s, &s->wconn);
 	if (rc < 0)
 		goto fail;
 	for (int i = 0; i < STORE_POOL_SIZE; i++) {

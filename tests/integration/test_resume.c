@@ -512,26 +512,21 @@ Test(resume, corrupt_newest_checkpoint_is_skipped, .fini = cleanup_daemons, .tim
 	}
 	sqlite3_finalize(st);
 	cr_assert_geq(step[1], 10, "want two complete checkpoints, have steps %lld, %lld", step[0], step[1]);
-	cr_assert_eq(sqlite3_prepare_v2(h, "SELECT data FROM checkpoint_chunks WHERE checkpoint_id = ?1 AND seq = 0",
-					-1, &st, NULL),
-		     SQLITE_OK);
-	sqlite3_bind_int64(st, 1, ck[0]);
-	cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "checkpoint %lld has no chunk 0", ck[0]);
-	int n = sqlite3_column_bytes(st, 0);
+	cr_assert_eq(sqlite3_close(h), SQLITE_OK);
+	/* The checkpoint's chunks are in a file of its own. */
+	char ckpath[320];
+	snprintf(ckpath, sizeof ckpath, "%s-checkpoints/%lld.sqlite", dbpath, ck[0]);
+	cr_assert_eq(sqlite3_open_v2(ckpath, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK, "%s", ckpath);
+	sqlite3_blob *b;
+	cr_assert_eq(sqlite3_blob_open(h, "main", "chunks", "data", 0, 1, &b), SQLITE_OK, "%s: %s", ckpath,
+		     sqlite3_errmsg(h));
+	int n = sqlite3_blob_bytes(b);
 	cr_assert_gt(n, 1000);
-	unsigned char *blob = malloc((size_t)n);
-	memcpy(blob, sqlite3_column_blob(st, 0), (size_t)n);
-	sqlite3_finalize(st);
-	blob[n / 2] ^= 0x01;
-	cr_assert_eq(sqlite3_prepare_v2(h, "UPDATE checkpoint_chunks SET data = ?1 WHERE checkpoint_id = ?2 AND seq = 0",
-					-1, &st, NULL),
-		     SQLITE_OK);
-	sqlite3_bind_blob(st, 1, blob, n, SQLITE_TRANSIENT);
-	sqlite3_bind_int64(st, 2, ck[0]);
-	cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(h));
-	cr_assert_eq(sqlite3_changes(h), 1);
-	sqlite3_finalize(st);
-	free(blob);
+	unsigned char byte;
+	cr_assert_eq(sqlite3_blob_read(b, &byte, 1, n / 2), SQLITE_OK);
+	byte ^= 0x01;
+	cr_assert_eq(sqlite3_blob_write(b, &byte, 1, n / 2), SQLITE_OK);
+	cr_assert_eq(sqlite3_blob_close(b), SQLITE_OK);
 	cr_assert_eq(sqlite3_close(h), SQLITE_OK);
 
 	daemon_restart(&db, 1, NULL);

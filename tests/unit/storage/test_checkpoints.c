@@ -4,9 +4,11 @@
  * access reads across chunk boundaries, pruning, incomplete checkpoints,
  * corruption, a full database, job deletion, the metrics writer running
  * beside a large checkpoint, the page size of new and old databases, the
- * copy out of the write-ahead log after the commit, and the reuse of
- * snapshot buffers. */
+ * checkpoint files (written once, beside the store's write-ahead log;
+ * leftovers swept at open; older checkpoints stored in the database still
+ * read), and the reuse of snapshot buffers. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -28,17 +30,26 @@
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static char dir[64], db_path[128];
+static char dir[64], db_path[128], files_dir[160];
 
 static void make_dir(void)
 {
 	snprintf(dir, sizeof dir, "/tmp/trckpt-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(db_path, sizeof db_path, "%s/state.db", dir);
+	snprintf(files_dir, sizeof files_dir, "%s-checkpoints", db_path);
 }
 
 static void remove_dir(void)
 {
+	DIR *d = opendir(files_dir);
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		if (e->d_name[0] != '.')
+			unlinkat(dirfd(d), e->d_name, 0);
+	if (d)
+		closedir(d);
+	rmdir(files_dir);
 	const char *suffix[] = {"", "-wal", "-shm"};
 	char p[160];
 	for (int i = 0; i < 3; i++) {
@@ -67,11 +78,11 @@ static int64_t add_job(tr_store_t *s)
 	return r.id;
 }
 
-/* A single integer from SQL on a separate raw connection. */
-static int64_t sql_int(const char *sql)
+/* A single integer from SQL on a separate raw connection to path. */
+static int64_t path_int(const char *path, const char *sql)
 {
 	sqlite3 *db;
-	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK, "%s", path);
 	sqlite3_busy_timeout(db, 5000);
 	sqlite3_stmt *st;
 	cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s: %s", sql, sqlite3_errmsg(db));
@@ -80,6 +91,73 @@ static int64_t sql_int(const char *sql)
 	sqlite3_finalize(st);
 	sqlite3_close(db);
 	return v;
+}
+
+/* ... on the store's database. */
+static int64_t sql_int(const char *sql)
+{
+	return path_int(db_path, sql);
+}
+
+/* Checkpoint id's own file. */
+static void file_of(int64_t id, char *out, size_t n)
+{
+	snprintf(out, n, "%s/%lld.sqlite", files_dir, (long long)id);
+}
+
+/* Checkpoint id's chunks in its file; -1 when it has none. */
+static int64_t file_chunks(int64_t id)
+{
+	char p[256];
+	file_of(id, p, sizeof p);
+	return access(p, F_OK) == 0 ? path_int(p, "SELECT count(*) FROM chunks") : -1;
+}
+
+/* The store's pages plus its checkpoint files' bytes. */
+static int64_t state_bytes(void)
+{
+	int64_t n = sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size");
+	DIR *d = opendir(files_dir);
+	struct dirent *e;
+	struct stat st;
+	while (d && (e = readdir(d)))
+		if (e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &st, 0) == 0)
+			n += st.st_size;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* Files in the checkpoint file directory. */
+static int count_files(void)
+{
+	int n = 0;
+	DIR *d = opendir(files_dir);
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		n += e->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* Chunks stored anywhere: in checkpoint files and (older checkpoints) in
+ * the store's checkpoint_chunks. */
+static int64_t stored_chunks(void)
+{
+	int64_t n = sql_int("SELECT count(*) FROM checkpoint_chunks");
+	DIR *d = opendir(files_dir);
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char p[512];
+		snprintf(p, sizeof p, "%s/%s", files_dir, e->d_name);
+		n += path_int(p, "SELECT count(*) FROM chunks");
+	}
+	if (d)
+		closedir(d);
+	return n;
 }
 
 static double now_ms(void)
@@ -299,10 +377,7 @@ Test(ckpt, round_trip_sizes)
 		cr_assert_gt(row.created_at, 1e9);
 		cr_assert_str_eq(row.meta, "{\"kind\":\"test\"}");
 
-		char sql[128];
-		snprintf(sql, sizeof sql, "SELECT count(*) FROM checkpoint_chunks WHERE checkpoint_id = %lld",
-			 (long long)row.id);
-		cr_assert_eq(sql_int(sql), (int64_t)((n + CHUNK - 1) / CHUNK), "chunks of %zu bytes", n);
+		cr_assert_eq(file_chunks(row.id), (int64_t)((n + CHUNK - 1) / CHUNK), "chunks of %zu bytes", n);
 
 		struct tr_ckpt_row got;
 		cr_assert_eq(tr_store_ckpt_get(s, job, step, &got), 0, "%s", tr_store_error(s));
@@ -390,7 +465,8 @@ Test(ckpt, reads_across_chunk_boundaries)
 
 	/* The reader keeps its snapshot when the checkpoint is deleted. */
 	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+	cr_assert_eq(stored_chunks(), 0);
+	cr_assert_eq(count_files(), 0, "the file is unlinked while the reader has it open");
 	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 7, buf, 2 * CHUNK + 10), (ssize_t)(2 * CHUNK + 10));
 	cr_assert_arr_eq(buf, data + CHUNK - 7, 2 * CHUNK + 10);
 	tr_store_ckpt_close(r);
@@ -398,7 +474,7 @@ Test(ckpt, reads_across_chunk_boundaries)
 	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -ENOENT);
 	cr_assert_null(r);
 	cr_assert_eq(tr_store_ckpt_delete(s, row.id), -ENOENT);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+	cr_assert_eq(stored_chunks(), 0);
 
 	free(buf);
 	free(data);
@@ -425,7 +501,7 @@ Test(ckpt, keep_prunes_oldest)
 	cr_assert_eq(rows[0].step, 30);
 	cr_assert_eq(rows[1].step, 20);
 	tr_ckpt_rows_free(rows, count);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 3 * 2, "the pruned one's chunks are gone");
+	cr_assert_eq(stored_chunks(), 3 * 2, "the pruned one's chunks are gone");
 	struct tr_ckpt_row row;
 	cr_assert_eq(tr_store_ckpt_get(s, job, 10, &row), -ENOENT);
 	cr_assert_eq(tr_store_ckpt_get(s, other, 10, &row), 0, "another job's checkpoints are left alone");
@@ -469,7 +545,7 @@ Test(ckpt, incomplete_is_hidden_and_removed)
 	tr_store_ckpt_abort(w);
 	tr_store_ckpt_abort(NULL);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 0);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 1);
+	cr_assert_eq(stored_chunks(), 1);
 
 	/* Left behind (a crash): never listed, gone at the next open. */
 	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
@@ -487,17 +563,20 @@ Test(ckpt, incomplete_is_hidden_and_removed)
 	int64_t partial = sql_int("SELECT max(id) FROM checkpoints");
 	tr_ckpt_reader_t *r;
 	cr_assert_eq(tr_store_ckpt_open(s, partial, &r), -ENOENT, "an incomplete checkpoint cannot be read");
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 1 + 2);
+	cr_assert_eq(stored_chunks(), 1 + 2);
+	cr_assert_eq(file_chunks(partial), 2);
 	tr_store_close(s);
 
 	s = open_store(NULL);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 0);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 1);
+	cr_assert_eq(stored_chunks(), 1);
+	cr_assert_eq(file_chunks(partial), -1, "the incomplete one's file is deleted at open");
+	cr_assert_eq(count_files(), 1);
 	expect_load(s, &row, data, 100);
 	tr_ckpt_row_finish(&row);
 	/* The stray writer is harmless: committing it fails, aborting it
 	 * deletes nothing else. */
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), -ENOENT);
+	{ int rc_ = tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row); cr_assert_eq(rc_, -ENOENT, "%d %s", rc_, tr_store_error(s)); }
 	cr_assert_eq(row.id, 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	free(data);
@@ -523,7 +602,7 @@ Test(ckpt, bad_arguments)
 	cr_assert_eq(tr_store_ckpt_commit(w, "h", 1, 4, 7, 1, &row), -EINVAL);
 	cr_assert(strstr(tr_store_error(s), "outside"), "%s", tr_store_error(s));
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 0);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+	cr_assert_eq(stored_chunks(), 0);
 
 	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
 	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10), 0);
@@ -552,19 +631,12 @@ Test(ckpt, flipped_byte_is_detected)
 	expect_load(s, &row, data, n);
 
 	/* One byte of chunk 1 flipped behind the store's back. */
+	char path[256];
+	file_of(row.id, path, sizeof path);
 	sqlite3 *db;
-	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
-	sqlite3_busy_timeout(db, 5000);
-	char sql[160];
-	snprintf(sql, sizeof sql, "SELECT id FROM checkpoint_chunks WHERE checkpoint_id = %lld AND seq = 1",
-		 (long long)row.id);
-	sqlite3_stmt *st;
-	cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
-	sqlite3_int64 rowid = sqlite3_column_int64(st, 0);
-	sqlite3_finalize(st);
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
 	sqlite3_blob *b;
-	cr_assert_eq(sqlite3_blob_open(db, "main", "checkpoint_chunks", "data", rowid, 1, &b), SQLITE_OK);
+	cr_assert_eq(sqlite3_blob_open(db, "main", "chunks", "data", 1, 1, &b), SQLITE_OK, "%s", sqlite3_errmsg(db));
 	unsigned char byte;
 	cr_assert_eq(sqlite3_blob_read(b, &byte, 1, 12345), SQLITE_OK);
 	byte ^= 0x20;
@@ -579,14 +651,19 @@ Test(ckpt, flipped_byte_is_detected)
 	cr_assert(strstr(tr_store_error(s), "corrupt"), "%s", tr_store_error(s));
 
 	/* A missing chunk is caught before anything is read. */
-	snprintf(sql, sizeof sql, "DELETE FROM checkpoint_chunks WHERE checkpoint_id = %lld AND seq = 2",
-		 (long long)row.id);
-	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, "DELETE FROM chunks WHERE seq = 2", NULL, NULL, NULL), SQLITE_OK);
 	sqlite3_close(db);
 	tr_ckpt_reader_t *r;
 	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -EBADMSG);
 	cr_assert(strstr(tr_store_error(s), "damaged"), "%s", tr_store_error(s));
 	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+
+	/* So is a missing file, with its name. */
+	cr_assert_eq(unlink(path), 0);
+	{ int rc_ = tr_store_ckpt_open(s, row.id, &r); cr_assert_eq(rc_, -EBADMSG, "%d %s", rc_, tr_store_error(s)); }
+	cr_assert(strstr(tr_store_error(s), "damaged") && strstr(tr_store_error(s), path), "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+	cr_assert_null(got);
 	tr_ckpt_row_finish(&row);
 	free(data);
 	tr_store_close(s);
@@ -602,7 +679,8 @@ Test(ckpt, full_database)
 	cr_assert_eq(write_ckpt(s, job, 1, a, small, 5, &first), 0);
 	tr_store_close(s);
 
-	int64_t used = sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size");
+	/* The cap covers the database and the checkpoint files together. */
+	int64_t used = state_bytes();
 	struct tr_store_options opts = {.max_bytes = used + 2 * (int64_t)MiB};
 	s = open_store(&opts);
 
@@ -634,7 +712,8 @@ Test(ckpt, full_database)
 	expect_load(s, &row, c, small);
 	tr_ckpt_row_finish(&row);
 	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
-	cr_assert_leq(sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size"), opts.max_bytes);
+	cr_assert_leq(state_bytes(), opts.max_bytes);
+	cr_assert_eq(count_files(), 2, "the aborted one's file is gone");
 	tr_store_close(s);
 
 	struct tr_store_options bad = {.max_bytes = -1};
@@ -663,15 +742,19 @@ Test(ckpt, job_delete_cascades)
 
 	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 2);
 	struct tr_ckpt_row *rows;
 	int count;
 	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
 	cr_assert_eq(count, 0);
 	cr_assert_null(rows);
 
-	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK), -ENOENT, "%s", tr_store_error(s));
+	cr_assert_eq(count_files(), 1, "the job's files are deleted with it, the writer's too");
+	/* The writer's chunks go to its (now unlinked) file; its commit finds
+	 * the row gone. */
+	tr_store_ckpt_write(w, data, CHUNK);
 	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL), -ENOENT);
+	cr_assert_eq(count_files(), 1);
+	cr_assert_eq(stored_chunks(), 2);
 	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
 	free(data);
 	tr_store_close(s);
@@ -784,7 +867,7 @@ Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
 	expect_load(s, &row, data, n);
 	tr_ckpt_row_finish(&row);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), (int64_t)(n / CHUNK));
+	cr_assert_eq(stored_chunks(), (int64_t)(n / CHUNK));
 	free(data);
 	tr_store_close(s);
 }
@@ -799,40 +882,41 @@ static int64_t file_size(const char *suffix)
 	return stat(p, &st) == 0 ? (int64_t)st.st_size : -1;
 }
 
-/* A checkpoint's chunks go to the WAL only, and the commit makes them
- * visible from there; tr_store_ckpt_settle copies them into the database
- * file.  With an auto-checkpoint on the writer's connection the file would
- * grow during the write. */
-static void expect_deferred_copy(tr_store_t *s, size_t n)
+/* A checkpoint's bytes go to a file of its own, once: neither the store's
+ * database nor its WAL grows by them, and the file is about their size
+ * (64 KiB pages, no journal). */
+static void expect_written_once(tr_store_t *s, size_t n)
 {
 	int64_t job = add_job(s);
 	unsigned char *data = random_bytes(n, 61);
-	int64_t before = file_size("");
+	int64_t db0 = file_size(""), wal0 = file_size("-wal");
 	struct tr_ckpt_row row;
 	cr_assert_eq(write_ckpt(s, job, 1, data, n, 1, &row), 0, "%s", tr_store_error(s));
-	cr_assert_lt(file_size("") - before, (int64_t)n / 4, "the chunks were copied into the database during the write");
-	cr_assert_geq(file_size("-wal"), (int64_t)n);
-	expect_load(s, &row, data, n);
-	int left = -1;
-	cr_assert_eq(tr_store_ckpt_settle(s, &left), 0, "%s", tr_store_error(s));
-	cr_assert_eq(left, 0);
-	cr_assert_geq(file_size("") - before, (int64_t)n, "settle did not copy the chunks");
+	cr_assert_lt(file_size("") - db0, (int64_t)n / 4, "the chunks went into the database");
+	cr_assert_lt(file_size("-wal") - (wal0 > 0 ? wal0 : 0), (int64_t)n / 4, "the chunks went through the WAL");
+	char p[256];
+	file_of(row.id, p, sizeof p);
+	struct stat st;
+	cr_assert_eq(stat(p, &st), 0, "%s", p);
+	cr_assert_geq(st.st_size, (int64_t)n);
+	cr_assert_lt(st.st_size, (int64_t)(n + n / 16 + 4 * 65536), "%lld bytes for %zu", (long long)st.st_size, n);
+	cr_assert_eq(path_int(p, "PRAGMA page_size"), 65536);
 	expect_load(s, &row, data, n);
 	tr_ckpt_row_finish(&row);
 	free(data);
 }
 
-Test(ckpt, new_database_has_large_pages_and_defers_the_copy)
+Test(ckpt, new_database_has_large_pages_and_checkpoints_are_written_once)
 {
 	tr_store_t *s = open_store(NULL);
 	cr_assert_eq(sql_int("PRAGMA page_size"), 16384);
-	expect_deferred_copy(s, 3 * CHUNK + 99);
+	expect_written_once(s, 3 * CHUNK + 99);
+	expect_written_once(s, 17 * CHUNK); /* past the WAL's auto-checkpoint size */
 	tr_store_close(s);
 }
 
 /* A database created with 4 KiB pages (by an earlier trainerd) keeps them,
- * and checkpoints in it work and are written once too: SQLite's default
- * auto-checkpoint (1000 pages, 4 MB here) would copy after every chunk. */
+ * and checkpoints beside it work the same. */
 Test(ckpt, old_database_keeps_its_page_size)
 {
 	sqlite3 *db;
@@ -841,7 +925,7 @@ Test(ckpt, old_database_keeps_its_page_size)
 	sqlite3_close(db);
 	tr_store_t *s = open_store(NULL);
 	cr_assert_eq(sql_int("PRAGMA page_size"), 4096);
-	expect_deferred_copy(s, 3 * CHUNK + 99);
+	expect_written_once(s, 3 * CHUNK + 99);
 	tr_store_close(s);
 	s = open_store(NULL);
 	cr_assert_eq(sql_int("PRAGMA page_size"), 4096);
@@ -854,6 +938,96 @@ Test(ckpt, old_database_keeps_its_page_size)
 	cr_assert_eq(len, 3 * CHUNK + 99);
 	free(got);
 	tr_ckpt_row_finish(&row);
+	tr_store_close(s);
+}
+
+/* Checkpoints written by an earlier trainerd keep their chunks in the
+ * store's checkpoint_chunks table (chunk_file = 0): they are still listed,
+ * read across chunk edges, verified, and pruned like the others. */
+Test(ckpt, older_checkpoints_in_the_database_are_still_read_and_pruned)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	tr_store_close(s);
+	size_t n = 2 * CHUNK + 5;
+	unsigned char *data = random_bytes(n, 91);
+	char hex[65];
+	tr_sha256_hex(data, n, hex);
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	char sql[512];
+	snprintf(sql, sizeof sql,
+		 "INSERT INTO checkpoints (id, job_id, step, epoch, created_at, bytes, sha256, model_header, params_offset,"
+		 " params_bytes, complete) VALUES (50, %lld, 7, 0, 1e9, %zu, '%s', X'', 0, %zu, 1)",
+		 (long long)job, n, hex, n);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(db, "INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (50, ?1, ?2)", -1,
+					&st, NULL),
+		     SQLITE_OK);
+	for (int k = 0; k < 3; k++) {
+		size_t off = (size_t)k * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+		sqlite3_bind_int(st, 1, k);
+		sqlite3_bind_blob64(st, 2, data + off, len, SQLITE_STATIC);
+		cr_assert_eq(sqlite3_step(st), SQLITE_DONE);
+		sqlite3_reset(st);
+	}
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+
+	s = open_store(NULL);
+	struct tr_ckpt_row row;
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(row.id, 50);
+	expect_load(s, &row, data, n);
+	tr_ckpt_reader_t *r;
+	cr_assert_eq(tr_store_ckpt_open(s, 50, &r), 0, "%s", tr_store_error(s));
+	unsigned char buf[64];
+	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 20, buf, 40), 40);
+	cr_assert_arr_eq(buf, data + CHUNK - 20, 40);
+	tr_store_ckpt_close(r);
+	tr_ckpt_row_finish(&row);
+
+	/* A new checkpoint (in a file) with keep = 1 prunes the old one. */
+	cr_assert_eq(write_ckpt(s, job, 8, data, 100, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
+	cr_assert_eq(file_chunks(row.id), 1);
+	expect_load(s, &row, data, 100);
+	tr_ckpt_row_finish(&row);
+	free(data);
+	tr_store_close(s);
+}
+
+/* Files a crash left behind (a checkpoint file whose row never came, or
+ * whose delete was cut short) are deleted at open; files that are not
+ * checkpoint files are not touched. */
+Test(ckpt, leftover_files_are_swept_at_open)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	unsigned char *data = random_bytes(CHUNK + 1, 93);
+	struct tr_ckpt_row row;
+	cr_assert_eq(write_ckpt(s, job, 1, data, CHUNK + 1, 0, &row), 0, "%s", tr_store_error(s));
+	tr_store_close(s);
+	const char *names[] = {"999.sqlite", "notes.txt", "12.sqlite.bak"};
+	for (int i = 0; i < 3; i++) {
+		char p[256];
+		snprintf(p, sizeof p, "%s/%s", files_dir, names[i]);
+		FILE *f = fopen(p, "w");
+		cr_assert_not_null(f, "%s", p);
+		fputs("x", f);
+		fclose(f);
+	}
+	cr_assert_eq(count_files(), 4);
+	s = open_store(NULL);
+	cr_assert_eq(count_files(), 3, "only the stray checkpoint file goes");
+	char p[256];
+	snprintf(p, sizeof p, "%s/999.sqlite", files_dir);
+	cr_assert_neq(access(p, F_OK), 0);
+	expect_load(s, &row, data, CHUNK + 1);
+	tr_ckpt_row_finish(&row);
+	free(data);
 	tr_store_close(s);
 }
 
@@ -953,9 +1127,9 @@ static int counting_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, in
 	return rc;
 }
 
-/* The chunks' own commits do not sync the WAL (that would cost a sync per
- * 4 MiB); the commit that makes the checkpoint visible does, so a listed
- * checkpoint survives a power cut. */
+/* The chunks never touch the store's WAL, so writing them syncs nothing
+ * there; the commit that makes the checkpoint visible syncs it (after the
+ * file's own sync), so a listed checkpoint survives a power cut. */
 Test(ckpt, only_the_visible_commit_syncs_the_wal)
 {
 	real_vfs = sqlite3_vfs_find(NULL);
@@ -982,30 +1156,3 @@ Test(ckpt, only_the_visible_commit_syncs_the_wal)
 	sqlite3_vfs_unregister(&counting_vfs);
 }
 
-/* Past the auto-checkpoint size (64 MiB of WAL), a metrics flush during a
- * checkpoint write still leaves the chunks in the WAL: copying them there
- * would double the writes while the checkpoint is coming in, inside a
- * flush the writer waits for before its commit. */
-Test(ckpt, metrics_flush_leaves_an_open_checkpoint_in_the_wal)
-{
-	tr_store_t *s = open_store(NULL);
-	int64_t job = add_job(s);
-	size_t n = 17 * CHUNK;
-	unsigned char *data = random_bytes(n, 81);
-	int64_t before = file_size("");
-	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
-	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0, "%s", tr_store_error(s));
-	cr_assert_eq(tr_store_metric_append(s, job, "loss", 1, 0, 0, 0.5), 0);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
-	cr_assert_lt(file_size("") - before, (int64_t)n / 4, "the flush copied the open checkpoint");
-	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0, "%s", tr_store_error(s));
-	cr_assert_eq(tr_store_ckpt_settle(s, NULL), 0, "%s", tr_store_error(s));
-	cr_assert_geq(file_size("") - before, (int64_t)n);
-	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 1);
-	expect_load(s, &row, data, n);
-	tr_ckpt_row_finish(&row);
-	free(data);
-	tr_store_close(s);
-}
