@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/optim/optimizer.h"
 #include "engine/rng.h"
@@ -73,6 +74,25 @@ struct tr_snapshot *tr_snapshot_alloc(size_t n_params, int n_state)
 		return NULL;
 	}
 	return s;
+}
+
+void tr_snapshot_prepare(size_t n_params, int n_state)
+{
+	struct tr_snapshot *s = tr_snapshot_alloc(n_params, n_state);
+	if (!s)
+		return; /* the snapshot itself will report it */
+	/* Writing a float per page faults every page in (malloc'd memory is
+	 * not backed until first written). */
+	long page = sysconf(_SC_PAGESIZE);
+	size_t stride = page > 0 ? (size_t)page / sizeof(float) : 1024;
+	float *bufs[3] = {s->params, s->state[0], s->state[1]};
+	for (int k = 0; k < 3 && n_params > 0; k++) {
+		for (size_t i = 0; bufs[k] && i < n_params; i += stride)
+			bufs[k][i] = 0.0f;
+		if (bufs[k])
+			bufs[k][n_params - 1] = 0.0f; /* the last page, when the buffer is not page-aligned */
+	}
+	tr_snapshot_free(s);
 }
 
 void tr_snapshot_free(struct tr_snapshot *s)

@@ -44,6 +44,11 @@ struct tr_snapshot *tr_snapshot_alloc(size_t n_params, int n_state);
  * snapshot of the same size (one snapshot's worth at most, process-wide).
  * Accepts NULL. */
 void tr_snapshot_free(struct tr_snapshot *s);
+/* Allocates a snapshot's buffers, faults their pages in and keeps them as
+ * spares (as tr_snapshot_free does), so that a job's first snapshot is a
+ * plain copy: a trainer calls it before its first step when it will take
+ * periodic checkpoints.  Best effort: does nothing without the memory. */
+void tr_snapshot_prepare(size_t n_params, int n_state);
 /* Frees the spare buffers (after a job's last checkpoint). */
 void tr_snapshot_trim(void);
 

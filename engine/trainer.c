@@ -906,6 +906,11 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	pthread_mutex_unlock(&t->lock);
 	for (int i = 0; i < t->ndev; i++)
 		t->ranks[i].ahead_step = -1;
+	/* The first periodic checkpoint's snapshot would otherwise fault its
+	 * buffers in between two steps (~80 ms for 100 MB here, against ~15
+	 * ms for a copy into recycled ones). */
+	if (s->checkpoint_every_steps > 0 || s->checkpoint_every_seconds > 0)
+		tr_snapshot_prepare(t->model.n_params, t->opt_buffers);
 	if ((rc = start_rank_threads(t, err, errlen)) < 0)
 		return rc;
 	logf_(t, TR_LOG_INFO, "training %zu parameters on %d %s device(s), %lld steps, %d loader thread(s)",

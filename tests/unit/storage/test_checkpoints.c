@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1067,6 +1068,49 @@ Test(snapshot, buffers_are_reused_for_the_same_size_only)
 	cr_assert_not_null(d);
 	memset(d->params, 2, (n + 1) * sizeof(float));
 	tr_snapshot_free(d);
+	tr_snapshot_trim();
+}
+
+/* Pages of p[0, n) that are in memory. */
+static size_t resident_pages(const float *p, size_t n, size_t *pages)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(page - 1), hi = (uintptr_t)(p + n);
+	size_t count = (hi - lo + (size_t)page - 1) / (size_t)page;
+	unsigned char *vec = malloc(count);
+	cr_assert_not_null(vec);
+	cr_assert_eq(mincore((void *)lo, hi - lo, vec), 0, "mincore: %s", strerror(errno));
+	size_t in = 0;
+	for (size_t i = 0; i < count; i++)
+		in += vec[i] & 1;
+	free(vec);
+	*pages = count;
+	return in;
+}
+
+/* A prepared snapshot's buffers are the next snapshot's, already in
+ * memory: its copy faults nothing in. */
+Test(snapshot, prepared_buffers_are_resident_and_reused)
+{
+	tr_snapshot_trim();
+	size_t n = 8 << 20; /* 32 MiB per buffer: fresh mappings */
+	tr_snapshot_prepare(n, 2);
+	struct tr_snapshot *s = tr_snapshot_alloc(n, 2);
+	cr_assert_not_null(s);
+	float *bufs[3] = {s->params, s->state[0], s->state[1]};
+	for (int k = 0; k < 3; k++) {
+		size_t pages, in = resident_pages(bufs[k], n, &pages);
+		cr_assert_eq(in, pages, "buffer %d: %zu of %zu pages in memory", k, in, pages);
+	}
+	tr_snapshot_free(s);
+	/* Another size, without optimizer state. */
+	tr_snapshot_trim();
+	tr_snapshot_prepare(n / 2 + 3, 0);
+	s = tr_snapshot_alloc(n / 2 + 3, 0);
+	cr_assert_not_null(s);
+	size_t pages, in = resident_pages(s->params, n / 2 + 3, &pages);
+	cr_assert_eq(in, pages, "%zu of %zu pages in memory", in, pages);
+	tr_snapshot_free(s);
 	tr_snapshot_trim();
 }
 
