@@ -365,6 +365,10 @@ def part_overhead(args, out):
             j = run_job(args, out, tag, spec, 600)
             shutil.rmtree(j["state_dir"], ignore_errors=True)
             s = step_stats(j["step_ms"], args.skip, args.every if ck else None)
+            if not ck:
+                # The same estimate at the same steps of a job that takes no
+                # checkpoints: what the estimator reads from noise alone.
+                s["excess_null"] = step_stats(j["step_ms"], args.skip, args.every)["excess"]
             periodic = [c for c in j["checkpoints"] if c["reason"] == "every_steps"]
             r = dict(s, round=rnd + 1, checkpointing=ck, load=loadavg(), checkpoints=periodic,
                      others_cpu_s_per_s=j["others_cpu_s_per_s"],
@@ -556,6 +560,14 @@ def summarize(res, out):
                              f"{100 * e['overhead']:.1f}% |")
             L.append("")
             L.append(f"Median overhead over {len(ex)} checkpoints: {100 * med([e['overhead'] for e in ex]):.1f}%")
+            null = [e for r in ov if not r["checkpointing"] for e in r.get("excess_null", [])]
+            if null:
+                L.append("")
+                L.append(f"The same estimate at the same steps of the jobs without checkpoints (the estimator's "
+                         f"reading of noise alone): median {100 * med([e['overhead'] for e in null]):.1f}% over "
+                         f"{len(null)} (range {100 * min(e['overhead'] for e in null):.1f} to "
+                         f"{100 * max(e['overhead'] for e in null):.1f}%); net of it: "
+                         f"{100 * (med([e['overhead'] for e in ex]) - med([e['overhead'] for e in null])):.1f}%")
     bz = res.get("busy")
     if bz:
         L.append("")
