@@ -1,20 +1,24 @@
 /* Checkpoints in the store: chunked blobs with a SHA-256, streamed in and
  * out so a checkpoint of any size is never held in memory twice.
  *
- * Tables: checkpoints (job_id, step, epoch, created_at, bytes, sha256,
- * meta JSON, model_header BLOB, params_offset, params_bytes, complete) and
- * checkpoint_chunks (checkpoint_id, seq, data BLOB, 4 MiB each), both ON
- * DELETE CASCADE from jobs.  A checkpoint is written chunk by chunk in
- * short transactions on its own connection, so the metrics writer is never
- * blocked for the length of a large checkpoint; it becomes visible (and
- * durable) only when tr_store_ckpt_commit marks it complete (with its
- * SHA-256) in one transaction, which also prunes older checkpoints beyond
- * `keep`.  An
+ * Where: a checkpoints row (job_id, step, epoch, created_at, bytes,
+ * sha256, meta JSON, model_header BLOB, params_offset, params_bytes,
+ * complete, chunk_file; ON DELETE CASCADE from jobs) in the store's
+ * database, and the blob's 4 MiB chunks in a SQLite file of the
+ * checkpoint's own, "<store path>-checkpoints/<id>.sqlite" (checkpoints
+ * written before chunk_file existed keep theirs in the store's
+ * checkpoint_chunks table, and are still read and deleted).  A checkpoint
+ * is written chunk by chunk into its file, without touching the store's
+ * write lock; it becomes visible (and durable: the file is synced first)
+ * only when tr_store_ckpt_commit marks it complete (with its SHA-256) in
+ * one transaction, which also prunes older checkpoints beyond `keep`.  An
  * incomplete checkpoint (crash, disk full) is never listed and is removed
- * by tr_store_ckpt_abort (on a failed write or commit, at once) or at the
- * next tr_store_open.  A full database (SQLITE_FULL, or the cap of
- * tr_store_options.max_bytes) gives -ENOSPC with a message that says so;
- * the checkpoints committed before stay valid.
+ * with its file by tr_store_ckpt_abort (on a failed write or commit, at
+ * once) or at the next tr_store_open, which also deletes checkpoint files
+ * that no row names.  A full disk (SQLITE_FULL), or the cap of
+ * tr_store_options.max_bytes on the database plus the files, gives
+ * -ENOSPC with a message that says so; the checkpoints committed before
+ * stay valid.
  *
  * The weights-only file of a checkpoint (model.safetensors) is its
  * model_header followed by bytes [params_offset, params_offset +
@@ -75,9 +79,10 @@ void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count);
  * step), step < 0 the newest.  -ENOENT when there is none. */
 int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out);
 /* Deletes a checkpoint with its chunks; -ENOENT when there is none.  It
- * disappears from lists at once; its chunks are then deleted a few per
- * transaction (as are those of checkpoints pruned by a commit), so that
- * the write lock is never held for the whole blob. */
+ * disappears from lists at once; then its file is unlinked (or an older
+ * checkpoint's chunks are deleted a few per transaction, so that the write
+ * lock is never held for the whole blob), as for checkpoints pruned by a
+ * commit. */
 int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id);
 /* A complete checkpoint's model_header (malloc'd *data, at least 1 byte
  * even when *len is 0; the caller frees).  -ENOENT when there is none. */
@@ -86,12 +91,12 @@ int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size
 typedef struct tr_ckpt_reader tr_ckpt_reader_t;
 
 /* Random-access reads over a complete checkpoint's blob (-ENOENT when
- * there is none; -EBADMSG when its chunks are missing or of the wrong
- * size).  The reader has a connection of its own and holds one read
- * transaction until it is closed, so it sees the checkpoint as it was at
- * open even if it is deleted meanwhile; as a consequence the WAL cannot be
- * restarted while it is open, so close it when done.  One thread at a
- * time per reader. */
+ * there is none; -EBADMSG when its file or chunks are missing or of the
+ * wrong size).  The reader has its own connection to the checkpoint's file
+ * (or, for an older checkpoint, to the store, with a read transaction that
+ * keeps the WAL from restarting until it is closed), so it sees the
+ * checkpoint as it was at open even if it is deleted meanwhile.  One
+ * thread at a time per reader. */
 int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out);
 /* Reads up to len bytes at offset; returns the count (0 at the end) or a
  * negative code. */

@@ -41,15 +41,40 @@ static void make_dir(void)
 	snprintf(files_dir, sizeof files_dir, "%s-checkpoints", db_path);
 }
 
-static void remove_dir(void)
+/* What a walk over the checkpoint files adds up. */
+enum file_fact { FILE_COUNT, FILE_BYTES, FILE_CHUNKS, FILE_REMOVE };
+static int64_t path_int(const char *path, const char *sql);
+
+/* Walks the checkpoint file directory (missing = empty): counts its files,
+ * sums their sizes or their chunk rows, or removes them. */
+static int64_t over_files(enum file_fact what)
 {
+	int64_t n = 0;
 	DIR *d = opendir(files_dir);
 	struct dirent *e;
-	while (d && (e = readdir(d)))
-		if (e->d_name[0] != '.')
-			unlinkat(dirfd(d), e->d_name, 0);
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char p[512];
+		snprintf(p, sizeof p, "%s/%s", files_dir, e->d_name);
+		struct stat st;
+		if (what == FILE_COUNT)
+			n++;
+		else if (what == FILE_BYTES && stat(p, &st) == 0)
+			n += st.st_size;
+		else if (what == FILE_CHUNKS)
+			n += path_int(p, "SELECT count(*) FROM chunks");
+		else if (what == FILE_REMOVE)
+			unlink(p);
+	}
 	if (d)
 		closedir(d);
+	return n;
+}
+
+static void remove_dir(void)
+{
+	over_files(FILE_REMOVE);
 	rmdir(files_dir);
 	const char *suffix[] = {"", "-wal", "-shm"};
 	char p[160];
@@ -117,48 +142,19 @@ static int64_t file_chunks(int64_t id)
 /* The store's pages plus its checkpoint files' bytes. */
 static int64_t state_bytes(void)
 {
-	int64_t n = sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size");
-	DIR *d = opendir(files_dir);
-	struct dirent *e;
-	struct stat st;
-	while (d && (e = readdir(d)))
-		if (e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &st, 0) == 0)
-			n += st.st_size;
-	if (d)
-		closedir(d);
-	return n;
+	return sql_int("PRAGMA page_count") * sql_int("PRAGMA page_size") + over_files(FILE_BYTES);
 }
 
-/* Files in the checkpoint file directory. */
 static int count_files(void)
 {
-	int n = 0;
-	DIR *d = opendir(files_dir);
-	struct dirent *e;
-	while (d && (e = readdir(d)))
-		n += e->d_name[0] != '.';
-	if (d)
-		closedir(d);
-	return n;
+	return (int)over_files(FILE_COUNT);
 }
 
 /* Chunks stored anywhere: in checkpoint files and (older checkpoints) in
  * the store's checkpoint_chunks. */
 static int64_t stored_chunks(void)
 {
-	int64_t n = sql_int("SELECT count(*) FROM checkpoint_chunks");
-	DIR *d = opendir(files_dir);
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		char p[512];
-		snprintf(p, sizeof p, "%s/%s", files_dir, e->d_name);
-		n += path_int(p, "SELECT count(*) FROM chunks");
-	}
-	if (d)
-		closedir(d);
-	return n;
+	return sql_int("SELECT count(*) FROM checkpoint_chunks") + over_files(FILE_CHUNKS);
 }
 
 static double now_ms(void)
@@ -577,7 +573,7 @@ Test(ckpt, incomplete_is_hidden_and_removed)
 	tr_ckpt_row_finish(&row);
 	/* The stray writer is harmless: committing it fails, aborting it
 	 * deletes nothing else. */
-	{ int rc_ = tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row); cr_assert_eq(rc_, -ENOENT, "%d %s", rc_, tr_store_error(s)); }
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), -ENOENT, "%s", tr_store_error(s));
 	cr_assert_eq(row.id, 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	free(data);
@@ -661,7 +657,7 @@ Test(ckpt, flipped_byte_is_detected)
 
 	/* So is a missing file, with its name. */
 	cr_assert_eq(unlink(path), 0);
-	{ int rc_ = tr_store_ckpt_open(s, row.id, &r); cr_assert_eq(rc_, -EBADMSG, "%d %s", rc_, tr_store_error(s)); }
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -EBADMSG, "%s", tr_store_error(s));
 	cr_assert(strstr(tr_store_error(s), "damaged") && strstr(tr_store_error(s), path), "%s", tr_store_error(s));
 	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
 	cr_assert_null(got);
