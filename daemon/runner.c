@@ -70,17 +70,22 @@ static bool on_checkpoint_busy(void *ctx)
 
 /* Loads the newest checkpoint of `job_id` (step < 0) or the one at `step`
  * whose checksum verifies, skipping corrupt ones with a log line.  NULL
- * when there is none. */
+ * when there is none.  *unreadable: whether the list or a checkpoint could
+ * not be read for a reason other than damage (out of descriptors, an I/O
+ * error): such a checkpoint may be good. */
 static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id, int64_t step, bool weights_only,
-					   int64_t *found_step)
+					   int64_t *found_step, bool *unreadable)
 {
 	tr_store_t *st = j->sched->cfg.store;
 	const tr_model_t *m = tr_trainer_model(j->trainer_for_hooks);
 	struct tr_ckpt_row *rows = NULL;
 	int n = 0;
 	char line[768], err[512];
-	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0)
+	*unreadable = false;
+	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0) {
+		*unreadable = true;
 		return NULL;
+	}
 	struct tr_snapshot *snap = NULL;
 	for (int i = 0; i < n && !snap; i++) {
 		if (step >= 0 && rows[i].step != step)
@@ -99,6 +104,7 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld cannot be read: %s; skipped",
 				 (long long)rows[i].step, (long long)job_id, tr_store_error(st));
 			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			*unreadable = true;
 			continue;
 		}
 		rc = tr_checkpoint_parse(data, len, m, j->spec.optimizer.type, weights_only, &snap, err, sizeof err);
@@ -146,10 +152,14 @@ static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t err
 	tr_store_t *st = j->sched->cfg.store;
 	char line[256];
 	int64_t step = 0;
-	struct tr_snapshot *snap = load_checkpoint(j, j->id, -1, false, &step);
+	bool unreadable = false;
+	struct tr_snapshot *snap = load_checkpoint(j, j->id, -1, false, &step, &unreadable);
 	/* Checkpoints beyond the resume point (corrupt ones, or from an
-	 * abandoned run) would otherwise shadow the new ones as "latest". */
-	drop_checkpoints_after(st, j->id, snap ? step : -1);
+	 * abandoned run) would otherwise shadow the new ones as "latest".
+	 * Not when one could not be read at all: it may be good, and since
+	 * resumed training is exact it holds what this run will reach anyway. */
+	if (!unreadable)
+		drop_checkpoints_after(st, j->id, snap ? step : -1);
 	if (snap) {
 		int rc = tr_trainer_restore(t, snap, false, err, errlen);
 		tr_snapshot_free(snap);
@@ -170,7 +180,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t err
 		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0");
 	}
 	if (j->spec.init_job > 0) {
-		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step);
+		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step, &unreadable);
 		if (!snap) {
 			snprintf(err, errlen, "/init/from: job %lld has no valid checkpoint%s", (long long)j->spec.init_job,
 				 j->spec.init_step >= 0 ? " at that step" : "");

@@ -275,6 +275,26 @@ static char *file_path(const char *dir, int64_t id)
 	return asprintf(&p, "%s/%lld.sqlite", dir, (long long)id) < 0 ? NULL : p;
 }
 
+static int sync_dir(const char *dir);
+
+/* Syncs the directory that holds path. */
+static int sync_dir_of(const char *path)
+{
+	char *parent = strdup(path);
+	if (!parent)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	char *slash = strrchr(parent, '/');
+	if (slash == parent)
+		slash[1] = 0; /* "/x": the root */
+	else if (slash)
+		*slash = 0;
+	else
+		strcpy(parent, ".");
+	int err = sync_dir(parent);
+	free(parent);
+	return err;
+}
+
 /* Opens a checkpoint file: read-only for readers (it never changes once
  * complete), created empty with file_setup for the writer. */
 static int open_file(struct conn *c, const char *path, bool create)
@@ -600,8 +620,14 @@ static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
 	w->path = file_path(w->dir, w->id);
 	if (!w->path)
 		return tr_store_fail(-ENOMEM, "out of memory");
-	if (mkdir(w->dir, 0700) < 0 && errno != EEXIST)
+	if (mkdir(w->dir, 0700) == 0) {
+		/* The new directory's own name, in the store's directory. */
+		int err = sync_dir_of(w->dir);
+		if (err < 0)
+			return err;
+	} else if (errno != EEXIST) {
 		return tr_store_fail(-errno, "%s: cannot create: %s", w->dir, strerror(errno));
+	}
 	unlink(w->path); /* ids are never reused (AUTOINCREMENT); in case */
 	int err = open_file(&w->f, w->path, true);
 	if (err < 0)
@@ -744,18 +770,32 @@ static int check_chunks(struct tr_ckpt_writer *w)
 	return 0;
 }
 
+/* A failed sync's errno as a result code: out of space or quota reads
+ * as a full disk (the "database is full" message). */
+static int sync_fail(const char *path)
+{
+	int e = errno == EDQUOT ? ENOSPC : errno ? errno : EIO;
+	return tr_store_fail(-e, "%s: cannot sync: %s", path, strerror(errno));
+}
+
+/* Syncs directory dir: the names it holds. */
+static int sync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int err = fd >= 0 && fsync(fd) == 0 ? 0 : sync_fail(dir);
+	if (fd >= 0)
+		close(fd);
+	return err;
+}
+
 /* Closes the file and makes it durable: its bytes, then its name in the
  * directory (a new file's entry is not synced with its data). */
 static int seal_file(struct tr_ckpt_writer *w)
 {
 	tr_store_conn_close(&w->f);
 	if (fdatasync(w->fd) < 0)
-		return tr_store_fail(errno == ENOSPC ? -ENOSPC : -EIO, "%s: cannot sync: %s", w->path, strerror(errno));
-	int fd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int err = fd >= 0 && fsync(fd) == 0 ? 0 : tr_store_fail(-EIO, "%s: cannot sync: %s", w->dir, strerror(errno));
-	if (fd >= 0)
-		close(fd);
-	return err;
+		return sync_fail(w->path);
+	return sync_dir(w->dir);
 }
 
 /* Hides (complete = 0) the job's complete checkpoints beyond the newest
@@ -995,7 +1035,11 @@ int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
 	if (err < 0)
 		return err;
 	int n = 0;
-	err = exec_id(&c, sql_hide, ckpt_id, 0, &n);
+	/* The hide must be durable before the file goes: after a power cut a
+	 * complete row without its file would be listed as damaged. */
+	err = tr_store_exec(&c, "PRAGMA synchronous=FULL");
+	if (err == 0)
+		err = exec_id(&c, sql_hide, ckpt_id, 0, &n);
 	if (err == 0 && n == 0)
 		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
 	/* Hidden now: a failed purge is finished by the next open. */
@@ -1059,7 +1103,15 @@ static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r)
 	int err = open_file(&r->f, path, false);
 	if (err == 0)
 		err = tr_store_begin(&r->f, false);
-	if (err < 0) {
+	/* Only a missing file is damage (or a prune): any other failure (out of
+	 * descriptors, a permission) says nothing about the checkpoint, and a
+	 * resume must not give up on a good checkpoint for it. */
+	if (err < 0 && err != -ENOENT) {
+		char cause[512];
+		tr_store_errcpy(cause, sizeof cause);
+		err = tr_store_fail(err, "checkpoint %lld of job %lld (step %lld): %s", (long long)r->id,
+				    (long long)r->job_id, (long long)r->step, cause);
+	} else if (err < 0) {
 		char cause[512];
 		tr_store_errcpy(cause, sizeof cause);
 		tr_store_rollback(&r->c); /* a fresh look at the row */
@@ -1105,9 +1157,10 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 		if (err < 0)
 			return err;
 		c = &r->f;
-		/* The store's read transaction is not needed any more: the open
-		 * file stays readable even if the checkpoint is deleted. */
+		/* The store's connection is not needed any more: the open file
+		 * stays readable even if the checkpoint is deleted. */
 		tr_store_rollback(&r->c);
+		tr_store_conn_close(&r->c);
 	}
 
 	r->nchunks = r->bytes ? (r->bytes - 1) / (int64_t)CHUNK_BYTES + 1 : 0;
@@ -1133,7 +1186,11 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 		r->rowids[i++] = sqlite3_column_int64(st, 1);
 	}
 	if (err == 0 && rc != SQLITE_DONE)
-		err = SQLFAIL(c, rc, "read checkpoint chunks");
+		err = (rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_CORRUPT
+			      ? tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
+					      (long long)r->id, (long long)r->job_id, (long long)r->step,
+					      sqlite3_errmsg(c->db))
+			      : SQLFAIL(c, rc, "read checkpoint chunks");
 	else if (err == 0 && i != r->nchunks)
 		err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
 				    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)i,

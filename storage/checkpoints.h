@@ -15,10 +15,9 @@
  * incomplete checkpoint (crash, disk full) is never listed and is removed
  * with its file by tr_store_ckpt_abort (on a failed write or commit, at
  * once) or at the next tr_store_open, which also deletes checkpoint files
- * that no row names.  A full disk (SQLITE_FULL), or the cap of
- * tr_store_options.max_bytes on the database plus the files, gives
- * -ENOSPC with a message that says so; the checkpoints committed before
- * stay valid.
+ * that no row names.  A full disk (SQLITE_FULL), or a new file reaching
+ * what tr_store_options.max_bytes leaves (store.h), gives -ENOSPC with a
+ * message that says so; the checkpoints committed before stay valid.
  *
  * The weights-only file of a checkpoint (model.safetensors) is its
  * model_header followed by bytes [params_offset, params_offset +

@@ -448,9 +448,12 @@ int tr_store_job_delete(tr_store_t *s, int64_t id)
 	/* Foreign keys cascade to events, metrics, rollups and logs; points
 	 * still queued for the job are dropped by the writer. */
 	sqlite3_stmt *st = tr_store_stmt(c, "DELETE FROM jobs WHERE id = ?1");
-	if (st) {
+	/* Durable before its checkpoint files are unlinked below: after a
+	 * power cut the job must not come back without them. */
+	if (st && tr_store_exec(c, "PRAGMA synchronous=FULL") == 0) {
 		sqlite3_bind_int64(st, 1, id);
 		err = update_one(s, c, st, id);
+		tr_store_exec(c, "PRAGMA synchronous=NORMAL");
 	}
 	if (err == 0)
 		tr_store_ckpt_sweep_files(s, c); /* the job's checkpoint files */

@@ -19,11 +19,12 @@
 
 #include "storage/checkpoints.h"
 
-/* The page size of new databases.  Checkpoint chunks (4 MiB blobs) are
- * stored in overflow pages, and SQLite's work per chunk (WAL frames, page
- * cache entries, one write call each) grows with their number: at 4 KiB a
- * chunk is 1024 pages, at 16 KiB 256.  Every metrics flush rewrites the
- * pages it touches in full, so larger pages cost metrics writes bytes:
+/* The page size of new databases, chosen when checkpoint chunks (4 MiB
+ * blobs in overflow pages) were stored here: SQLite's work per chunk grows
+ * with the number of pages (at 4 KiB 1024, at 16 KiB 256).  They have
+ * files of their own now (storage/checkpoints.c), but older checkpoints'
+ * chunks still live here.  Every metrics flush rewrites the pages it
+ * touches in full, so larger pages cost metrics writes bytes:
  * docs/design.md has the figures behind 16 KiB. */
 #define STORE_PAGE_SIZE_NEW "16384"
 
@@ -220,8 +221,8 @@ static int set_autocheckpoint(struct conn *c)
 
 /* Waits for the write lock in 1 ms polls, up to STORE_BUSY_TIMEOUT_MS.
  * SQLite's own busy timeout backs off to 100 ms sleeps, so a waiter keeps
- * missing the short gaps between a checkpoint's chunk transactions and a
- * metrics flush could wait out the whole checkpoint. */
+ * missing short gaps between other writers' transactions (a purge of an
+ * older checkpoint's chunks takes many) and could wait out all of them. */
 static int busy_wait(void *arg, int tries)
 {
 	(void)arg;

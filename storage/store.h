@@ -34,14 +34,16 @@ typedef struct tr_store tr_store_t;
 struct tr_store_options {
 	size_t metrics_queue_max; /* points buffered before drops; default 1,000,000 */
 	int flush_interval_ms;    /* default 200 */
-	/* Caps the database file: when > 0, every connection (pool, metrics
-	 * writer, checkpoint writers) sets PRAGMA max_page_count = max_bytes /
-	 * page_size, so a write that would grow the file past the cap fails
-	 * with SQLITE_FULL (-ENOSPC), as on a full disk.  For operators who
-	 * want a bound, and for tests that provoke a full database.  The WAL
-	 * file beside it is not counted.  A cap below the current size holds
-	 * the file at its current size.  0 = no cap (SQLite's own limit);
-	 * negative is refused. */
+	/* Caps the state: when > 0, every connection to the database (pool,
+	 * metrics writer, checkpoint writers) sets PRAGMA max_page_count =
+	 * max_bytes / page_size, so a write that would grow the file past the
+	 * cap fails with SQLITE_FULL (-ENOSPC), as on a full disk; and a new
+	 * checkpoint file may only take what the database, its WAL and the
+	 * other checkpoint files leave of the cap (measured when it begins).
+	 * The database alone may still grow to the whole cap.  For operators
+	 * who want a bound, and for tests that provoke a full disk.  A cap
+	 * below the current size holds the database at its current size.  0 =
+	 * no cap (SQLite's own limit); negative is refused. */
 	int64_t max_bytes;
 };
 

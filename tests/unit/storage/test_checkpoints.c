@@ -1190,9 +1190,45 @@ Test(ckpt, only_the_visible_commit_syncs_the_wal)
 	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0, "%s", tr_store_error(s));
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the commit did not sync the WAL");
 	expect_load(s, &row, data, n);
+
+	/* Deleting a checkpoint, or a job with its checkpoints, is durable
+	 * before the files go: a complete row must never outlive its file. */
+	cr_assert_eq(write_ckpt(s, job, 2, data, 100, 0, NULL), 0, "%s", tr_store_error(s));
+	before = atomic_load(&wal_syncs);
+	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
+	cr_assert_gt(atomic_load(&wal_syncs), before, "the delete did not sync the WAL");
+	before = atomic_load(&wal_syncs);
+	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
+	cr_assert_gt(atomic_load(&wal_syncs), before, "the job's delete did not sync the WAL");
+	cr_assert_eq(count_files(), 0);
 	tr_ckpt_row_finish(&row);
 	free(data);
 	tr_store_close(s);
 	sqlite3_vfs_unregister(&counting_vfs);
+}
+
+/* A checkpoint file that cannot be read for a reason other than being
+ * missing (here a directory stands in its place) is an error with its
+ * cause, not "damaged": a resume must not give a good checkpoint up for
+ * a passing failure such as running out of descriptors. */
+Test(ckpt, unreadable_file_is_not_called_damaged)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	unsigned char *data = random_bytes(1000, 95);
+	struct tr_ckpt_row row;
+	cr_assert_eq(write_ckpt(s, job, 1, data, 1000, 0, &row), 0, "%s", tr_store_error(s));
+	char p[256];
+	file_of(row.id, p, sizeof p);
+	cr_assert_eq(unlink(p), 0);
+	cr_assert_eq(mkdir(p, 0700), 0);
+	tr_ckpt_reader_t *r;
+	int rc = tr_store_ckpt_open(s, row.id, &r);
+	cr_assert(rc < 0 && rc != -EBADMSG && rc != -ENOENT, "%d %s", rc, tr_store_error(s));
+	cr_assert(strstr(tr_store_error(s), "damaged") == NULL, "%s", tr_store_error(s));
+	cr_assert_eq(rmdir(p), 0);
+	tr_ckpt_row_finish(&row);
+	free(data);
+	tr_store_close(s);
 }
 
