@@ -879,16 +879,36 @@ static int64_t file_size(const char *suffix)
 	return stat(p, &st) == 0 ? (int64_t)st.st_size : -1;
 }
 
+/* Bytes this process has handed to write calls so far. */
+static int64_t bytes_written(void)
+{
+	FILE *f = fopen("/proc/self/io", "r");
+	cr_assert_not_null(f);
+	long long v = -1;
+	char line[128];
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "wchar: %lld", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
 /* A checkpoint's bytes go to a file of its own, once: neither the store's
- * database nor its WAL grows by them, and the file is about their size
- * (64 KiB pages, no journal). */
+ * database nor its WAL grows by them, the file is about their size (64
+ * KiB pages, no journal), and the process writes them about once (a page
+ * written early and again later, or a second copy anywhere, would double
+ * it). */
 static void expect_written_once(tr_store_t *s, size_t n)
 {
 	int64_t job = add_job(s);
 	unsigned char *data = random_bytes(n, 61);
 	int64_t db0 = file_size(""), wal0 = file_size("-wal");
 	struct tr_ckpt_row row;
+	int64_t w0 = bytes_written();
 	cr_assert_eq(write_ckpt(s, job, 1, data, n, 1, &row), 0, "%s", tr_store_error(s));
+	int64_t wrote = bytes_written() - w0;
+	cr_assert(wrote >= (int64_t)n && wrote < (int64_t)(n + n / 16 + 2 * MiB), "%lld bytes written for %zu",
+		  (long long)wrote, n);
 	cr_assert_lt(file_size("") - db0, (int64_t)n / 4, "the chunks went into the database");
 	cr_assert_lt(file_size("-wal") - (wal0 > 0 ? wal0 : 0), (int64_t)n / 4, "the chunks went through the WAL");
 	char p[256];
