@@ -44,10 +44,11 @@
  * handle between chunks without compiling a statement), straight into the
  * caller's buffer.
  *
- * Hashing: the writer hashes each 256 KiB piece of a chunk right before
- * SQLite copies it (store_chunk), on its one thread.  tr_store_ckpt_load
- * hashes a chunk on a short-lived helper thread while it reads the next
- * one: both only read the bytes, and the join orders the digest state.
+ * Hashing: a chunk is hashed on a short-lived helper thread while the
+ * calling thread inserts it (or, in tr_store_ckpt_load, reads the next
+ * one): both only read the bytes, and the join orders the digest state.
+ * With the SHA extensions (storage/sha256.c) the hash takes a fraction of
+ * SQLite's time on a chunk; without them it is the slower of the two.
  */
 #include "storage/checkpoints.h"
 
@@ -68,17 +69,14 @@
 #define CHUNK_BYTES ((size_t)4 << 20)
 /* Below this a helper thread costs more than it saves. */
 #define BG_HASH_MIN ((size_t)256 << 10)
-/* A writer hashes and stores a chunk in pieces of this size: small enough
- * to stay in the core's cache between the hash and SQLite's copy. */
-#define HASH_PIECE ((size_t)256 << 10)
 /* Chunks of an older (chunk_file = 0) checkpoint deleted per transaction:
  * freeing a chunk reads each of its overflow pages (about 20 ms per
  * 4 MiB), and the write lock is held meanwhile. */
 #define PURGE_CHUNKS 2
 /* Checkpoint files: large pages make SQLite's work per chunk small (64
  * overflow pages per 4 MiB); a cache of 8 MiB holds one chunk's pages with
- * room to spare, so none is written before the chunk's commit (a zeroblob
- * page spilled early would be written twice). */
+ * room to spare, so no page is spilled before the chunk's commit and then
+ * written again. */
 #define FILE_PAGE_SIZE 65536
 static const char file_setup[] = "PRAGMA page_size=65536; PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
 				 " PRAGMA cache_size=-8192;"
@@ -92,7 +90,7 @@ static const char file_setup[] = "PRAGMA page_size=65536; PRAGMA journal_mode=OF
 
 static const char sql_insert_ckpt[] = "INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete, chunk_file)"
 				      " VALUES (?1, ?2, ?3, ?4, ?5, 0, 1)";
-static const char sql_insert_chunk[] = "INSERT INTO chunks (seq, data) VALUES (?1, zeroblob(?2))";
+static const char sql_insert_chunk[] = "INSERT INTO chunks (seq, data) VALUES (?1, ?2)";
 /* length() of a blob column is read from the record header: the chunks'
  * overflow pages are not touched. */
 static const char sql_chunk_totals[] = "SELECT count(*), coalesce(sum(length(data)), 0), coalesce(max(seq), -1)"
@@ -536,47 +534,39 @@ static void start_writeback(struct tr_ckpt_writer *w)
 }
 
 /* Inserts chunk number w->nchunks into the file, in a transaction of its
- * own, and feeds it to the digest.  The row is inserted as a zeroblob and
- * filled piece by piece, each piece hashed right before SQLite copies it:
- * the copy then reads what the hash has just brought into the cache, and
- * the whole write runs on this one thread.  Measured against hashing on a
- * helper thread beside one bound 4 MiB blob: ~15% less CPU per checkpoint,
- * and never two cores at once (bench/checkpoint/RESULTS.md).  The file's
- * page cache holds a whole chunk, so its pages are written once, at the
- * commit, with the data. */
+ * own, and feeds it to the digest on a helper thread meanwhile.  (Hashing
+ * each 256 KiB piece on this thread right before SQLite copies it into a
+ * zeroblob row took ~15% less CPU but ~15% longer per checkpoint, and the
+ * training steps beside it did not measurably gain: bench/checkpoint/
+ * RESULTS.md.) */
 static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 {
+	struct bg_hash hash;
+	bg_hash_start(&hash, &w->sha, p, n);
 	int err = tr_store_begin(&w->f, true);
 	sqlite3_stmt *st = err < 0 ? NULL : tr_store_stmt(&w->f, sql_insert_chunk);
-	if (!st)
-		return err < 0 ? err : -EIO;
-	sqlite3_bind_int64(st, 1, w->nchunks);
-	sqlite3_bind_int64(st, 2, (sqlite3_int64)n);
-	int rc = sqlite3_step(st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
-		return SQLFAIL(&w->f, rc, "insert a checkpoint chunk");
-	sqlite3_blob *blob;
-	rc = sqlite3_blob_open(w->f.db, "main", "chunks", "data", w->nchunks, 1, &blob);
-	if (rc != SQLITE_OK)
-		return SQLFAIL(&w->f, rc, "open a checkpoint chunk");
-	const unsigned char *bytes = p;
-	for (size_t off = 0; off < n && rc == SQLITE_OK; off += HASH_PIECE) {
-		size_t k = n - off < HASH_PIECE ? n - off : HASH_PIECE;
-		tr_sha256_update(&w->sha, bytes + off, k);
-		rc = sqlite3_blob_write(blob, bytes + off, (int)k, (int)off);
+	if (st) {
+		sqlite3_bind_int64(st, 1, w->nchunks);
+		/* SQLITE_STATIC: SQLite copies the bytes into its pages anyway;
+		 * a transient copy would be a second 4 MiB memcpy. */
+		sqlite3_bind_blob64(st, 2, p, n, SQLITE_STATIC);
+		int rc = sqlite3_step(st);
+		if (rc != SQLITE_DONE)
+			err = SQLFAIL(&w->f, rc, "insert a checkpoint chunk");
+		sqlite3_reset(st);
+		sqlite3_clear_bindings(st); /* drops the pointer to the caller's bytes */
+		if (err == 0)
+			err = tr_store_commit(&w->f);
+	} else if (err == 0) {
+		err = -EIO;
 	}
-	if (rc != SQLITE_OK)
-		err = SQLFAIL(&w->f, rc, "write a checkpoint chunk");
-	sqlite3_blob_close(blob);
 	/* No rollback on failure: the file is deleted (without a journal,
 	 * SQLite cannot roll it back anyway). */
 	if (err == 0)
-		err = tr_store_commit(&w->f);
-	if (err == 0) {
 		start_writeback(w);
+	bg_hash_wait(&hash);
+	if (err == 0)
 		w->nchunks++;
-	}
 	return err;
 }
 
