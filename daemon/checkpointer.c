@@ -208,9 +208,12 @@ void tr_checkpointer_wait_idle(tr_checkpointer_t *cp, int64_t job_id)
 	pthread_mutex_unlock(&cp->lock);
 	/* The snapshot buffers kept for reuse (tr_snapshot_free) serve a
 	 * running job's next checkpoint; with nothing left to write they
-	 * would only hold memory (up to a model and its optimizer state). */
-	if (idle)
+	 * would only hold memory (up to a model and its optimizer state).
+	 * Likewise the spare checkpoint file, on disk. */
+	if (idle) {
 		tr_snapshot_trim();
+		tr_store_ckpt_drop_spare(cp->store);
+	}
 }
 
 void tr_checkpointer_destroy(tr_checkpointer_t *cp)

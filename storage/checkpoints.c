@@ -78,9 +78,17 @@
  * room to spare, so no page is spilled before the chunk's commit and then
  * written again. */
 #define FILE_PAGE_SIZE 65536
-static const char file_setup[] = "PRAGMA page_size=65536; PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
-				 " PRAGMA cache_size=-8192;"
+#define FILE_SETTINGS                                                                     \
+	"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-8192;" \
+	" PRAGMA secure_delete=OFF;"
+/* secure_delete=OFF: rows of a reused file that are replaced or left over
+ * are freed without zeroing their pages (Debian's SQLite zeroes them). */
+static const char file_settings[] = FILE_SETTINGS;
+static const char file_setup[] = "PRAGMA page_size=65536; " FILE_SETTINGS
 				 " CREATE TABLE chunks (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)";
+static const char sql_chunk_len[] = "SELECT length(data) FROM chunks WHERE seq = ?1";
+static const char sql_drop_chunk[] = "DELETE FROM chunks WHERE seq = ?1";
+static const char sql_drop_chunks_from[] = "DELETE FROM chunks WHERE seq >= ?1";
 
 /* length(model_header) rather than the header itself: rows are listed
  * often and the header is only needed for a weights-only download. */
@@ -129,6 +137,7 @@ struct tr_ckpt_writer {
 	char *dir;     /* of the store's checkpoint files (the writer never touches the store object after begin) */
 	char *path;    /* of the file */
 	int fd;        /* the file, for writeback hints and the final sync; -1 = none */
+	bool reused;   /* the file was the spare: its rows are overwritten */
 	int64_t id;    /* the incomplete row; 0 once committed or discarded */
 	int64_t job_id, step;
 	int64_t bytes;   /* appended so far */
@@ -148,6 +157,7 @@ struct tr_ckpt_reader {
 	int64_t id, job_id, step, bytes, nchunks;
 	int64_t *rowids; /* of chunk 0 .. nchunks-1 */
 	char sha256[65];
+	bool registered; /* in the readers table (its file must not become the spare) */
 };
 
 /* ---- rows ------------------------------------------------------------------ */
@@ -298,11 +308,14 @@ static int sync_dir_of(const char *path)
 }
 
 /* Opens a checkpoint file: read-only for readers (it never changes once
- * complete), created empty with file_setup for the writer. */
-static int open_file(struct conn *c, const char *path, bool create)
+ * complete), created empty with file_setup for the writer, or (create
+ * false, write true) an existing one for the writer to overwrite. */
+static int open_file(struct conn *c, const char *path, bool create, bool write)
 {
 	memset(c, 0, sizeof *c);
-	int flags = SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY);
+	int flags = SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+					   : write ? SQLITE_OPEN_READWRITE
+						   : SQLITE_OPEN_READONLY);
 	int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
 	if (rc != SQLITE_OK) {
 		int sys = c->db ? sqlite3_system_errno(c->db) : 0;
@@ -382,12 +395,111 @@ static int unlink_file(const char *dir, int64_t id)
 	return err;
 }
 
-/* Deletes a hidden (complete = 0) checkpoint: its file, or its chunks in
- * the store PURGE_CHUNKS per transaction, then the row.  A file that cannot
- * be deleted keeps its row, so that the next open tries again. */
-static int purge(const char *dir, struct conn *c, int64_t id)
+/* ---- the spare file ---------------------------------------------------------------- */
+
+/* A pruned checkpoint's file is not deleted but kept as "spare.sqlite",
+ * and the next checkpoint is written over it in place: its page-cache
+ * pages and disk blocks are reused instead of fresh ones allocated (and
+ * the old ones freed).  For a job writing the same size every time that
+ * saves a good part of the kernel's work per checkpoint (on the
+ * benchmark's VM, where fresh memory is dear: ~15-25 ms of CPU and half the
+ * wall time per 100 MB; bench/checkpoint/RESULTS.md).  One spare at most;
+ * it holds no checkpoint (its row is gone), and it goes when the
+ * checkpointer idles (tr_store_ckpt_drop_spare) or at the next open.
+ *
+ * A file a reader has open is never made the spare (a download must not
+ * see its bytes overwritten): readers register the id before they open
+ * the file and until they close it, and the pruner looks under the same
+ * lock. */
+static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
+struct reader_count {
+	int64_t id;
+	int count;
+};
+static struct reader_count *readers;
+static size_t nreaders, capreaders;
+
+static int reader_register(int64_t id)
 {
-	int err = dir ? unlink_file(dir, id) : tr_store_fail(-ENOMEM, "out of memory");
+	int err = 0;
+	pthread_mutex_lock(&readers_lock);
+	size_t i = 0;
+	while (i < nreaders && readers[i].id != id)
+		i++;
+	if (i == nreaders) {
+		if (nreaders == capreaders) {
+			size_t cap = capreaders ? 2 * capreaders : 8;
+			void *v = realloc(readers, cap * sizeof *readers);
+			if (!v)
+				err = tr_store_fail(-ENOMEM, "out of memory");
+			else
+				readers = v, capreaders = cap;
+		}
+		if (err == 0)
+			readers[nreaders++] = (struct reader_count){.id = id, .count = 0};
+	}
+	if (err == 0)
+		readers[i].count++;
+	pthread_mutex_unlock(&readers_lock);
+	return err;
+}
+
+static void reader_unregister(int64_t id)
+{
+	pthread_mutex_lock(&readers_lock);
+	for (size_t i = 0; i < nreaders; i++) {
+		if (readers[i].id == id && --readers[i].count == 0) {
+			readers[i] = readers[--nreaders];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&readers_lock);
+}
+
+static char *spare_path(const char *dir)
+{
+	char *p = NULL;
+	return asprintf(&p, "%s/spare.sqlite", dir) < 0 ? NULL : p;
+}
+
+/* Makes checkpoint id's file (its row hidden) the spare, or deletes it
+ * when a reader has it open. */
+static int retire_file(const char *dir, int64_t id)
+{
+	char *path = file_path(dir, id), *spare = spare_path(dir);
+	int err = 0;
+	if (!path || !spare) {
+		err = tr_store_fail(-ENOMEM, "out of memory");
+	} else {
+		pthread_mutex_lock(&readers_lock);
+		bool open = false;
+		for (size_t i = 0; i < nreaders; i++)
+			open |= readers[i].id == id;
+		if (open || rename(path, spare) < 0)
+			err = unlink_file(dir, id);
+		pthread_mutex_unlock(&readers_lock);
+	}
+	free(path);
+	free(spare);
+	return err;
+}
+
+void tr_store_ckpt_drop_spare(tr_store_t *s)
+{
+	char *dir = files_dir(s), *spare = dir ? spare_path(dir) : NULL;
+	if (spare)
+		unlink(spare);
+	free(spare);
+	free(dir);
+}
+
+/* Deletes a hidden (complete = 0) checkpoint: its file (or, retire = true,
+ * makes it the spare), or its chunks in the store PURGE_CHUNKS per
+ * transaction, then the row.  A file that cannot be deleted keeps its row,
+ * so that the next open tries again. */
+static int purge(const char *dir, struct conn *c, int64_t id, bool retire)
+{
+	int err = !dir ? tr_store_fail(-ENOMEM, "out of memory") : retire ? retire_file(dir, id) : unlink_file(dir, id);
 	if (err < 0)
 		return err;
 	for (;;) {
@@ -449,6 +561,7 @@ int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c)
 	int err = tr_store_exec(c, "DELETE FROM checkpoints WHERE complete = 0");
 	if (err == 0)
 		tr_store_ckpt_sweep_files(s, c);
+	tr_store_ckpt_drop_spare(s);
 	return err;
 }
 
@@ -478,7 +591,7 @@ static int discard(struct tr_ckpt_writer *w)
 	tr_store_rollback(&w->c);
 	/* A failed commit may have left FULL. */
 	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
-	int err = purge(w->dir, &w->c, w->id);
+	int err = purge(w->dir, &w->c, w->id, false);
 	/* Not retried: tr_store_open deletes what is left. */
 	w->id = 0;
 	tr_store_fail(0, "%s", saved);
@@ -533,6 +646,42 @@ static void start_writeback(struct tr_ckpt_writer *w)
 #endif
 }
 
+/* Inside the chunk's transaction in a reused file: overwrites row
+ * w->nchunks in place when it holds n bytes (returns 1), or deletes it (if
+ * any) so that it is inserted anew (returns 0). */
+static int overwrite_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
+{
+	sqlite3_stmt *st = tr_store_stmt(&w->f, sql_chunk_len);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, w->nchunks);
+	int rc = sqlite3_step(st);
+	int64_t len = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+	sqlite3_reset(st);
+	if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+		return SQLFAIL(&w->f, rc, "read a checkpoint chunk's size");
+	if (len == (int64_t)n) {
+		sqlite3_blob *blob;
+		rc = sqlite3_blob_open(w->f.db, "main", "chunks", "data", w->nchunks, 1, &blob);
+		if (rc == SQLITE_OK) {
+			rc = sqlite3_blob_write(blob, p, (int)n, 0);
+			int closed = sqlite3_blob_close(blob);
+			if (rc == SQLITE_OK)
+				rc = closed;
+		}
+		return rc == SQLITE_OK ? 1 : SQLFAIL(&w->f, rc, "overwrite a checkpoint chunk");
+	}
+	if (len < 0)
+		return 0;
+	st = tr_store_stmt(&w->f, sql_drop_chunk);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, w->nchunks);
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : SQLFAIL(&w->f, rc, "replace a checkpoint chunk");
+}
+
 /* Inserts chunk number w->nchunks into the file, in a transaction of its
  * own, and feeds it to the digest on a helper thread meanwhile.  (Hashing
  * each 256 KiB piece on this thread right before SQLite copies it into a
@@ -544,8 +693,13 @@ static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 	struct bg_hash hash;
 	bg_hash_start(&hash, &w->sha, p, n);
 	int err = tr_store_begin(&w->f, true);
-	sqlite3_stmt *st = err < 0 ? NULL : tr_store_stmt(&w->f, sql_insert_chunk);
-	if (st) {
+	int done = err == 0 && w->reused ? overwrite_chunk(w, p, n) : 0;
+	if (done < 0)
+		err = done;
+	sqlite3_stmt *st = err < 0 || done ? NULL : tr_store_stmt(&w->f, sql_insert_chunk);
+	if (done > 0) {
+		err = tr_store_commit(&w->f);
+	} else if (st) {
 		sqlite3_bind_int64(st, 1, w->nchunks);
 		/* SQLITE_STATIC: SQLite copies the bytes into its pages anyway;
 		 * a transient copy would be a second 4 MiB memcpy. */
@@ -619,6 +773,35 @@ static int insert_row(struct tr_ckpt_writer *w, int64_t epoch, const char *meta_
 	return err;
 }
 
+/* Takes the spare over as the writer's file when there is one that is a
+ * checkpoint file of this format (w->reused); anything else is deleted. */
+static int take_spare(struct tr_ckpt_writer *w)
+{
+	char *spare = spare_path(w->dir);
+	if (!spare)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	int moved = rename(spare, w->path);
+	free(spare);
+	if (moved < 0)
+		return 0; /* none (or another writer took it) */
+	int64_t page = 0;
+	int err = open_file(&w->f, w->path, false, true);
+	if (err == 0)
+		err = tr_store_exec(&w->f, file_settings);
+	if (err == 0)
+		err = tr_store_pragma_int(&w->f, "PRAGMA page_size", &page);
+	sqlite3_stmt *st = err == 0 && page == FILE_PAGE_SIZE ? tr_store_stmt(&w->f, sql_chunk_totals) : NULL;
+	if (st) {
+		w->reused = sqlite3_step(st) == SQLITE_ROW;
+		sqlite3_reset(st);
+	}
+	if (!w->reused) {
+		tr_store_conn_close(&w->f);
+		unlink(w->path);
+	}
+	return 0;
+}
+
 /* Creates the checkpoint's file (after its row: a file without one is
  * garbage to tr_store_ckpt_sweep_files) with the room the cap leaves. */
 static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
@@ -635,13 +818,18 @@ static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
 		return tr_store_fail(-errno, "%s: cannot create: %s", w->dir, strerror(errno));
 	}
 	unlink(w->path); /* ids are never reused (AUTOINCREMENT); in case */
-	int err = open_file(&w->f, w->path, true);
+	int err = take_spare(w);
+	if (err == 0 && !w->reused)
+		err = open_file(&w->f, w->path, true, true);
 	if (err < 0)
 		return err;
 	if (s->max_bytes > 0) {
-		/* What the database and the other files leave; this file's own
-		 * two header pages count too. */
-		int64_t room = s->max_bytes - state_bytes(s);
+		/* What the database and the other files leave (a spare taken
+		 * over counts as room); this file's own two header pages count
+		 * too. */
+		struct stat st;
+		int64_t own = w->reused && stat(w->path, &st) == 0 ? (int64_t)st.st_size : 0;
+		int64_t room = s->max_bytes - (state_bytes(s) - own);
 		char sql[64];
 		snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld",
 			 (long long)(room > 2 * FILE_PAGE_SIZE ? room / FILE_PAGE_SIZE : 2));
@@ -794,6 +982,19 @@ static int sync_dir(const char *dir)
 	return err;
 }
 
+/* A reused file's rows past the new checkpoint's end (the spare held a
+ * larger one) go. */
+static int drop_leftovers(struct tr_ckpt_writer *w)
+{
+	sqlite3_stmt *st = tr_store_stmt(&w->f, sql_drop_chunks_from);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, w->nchunks);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : SQLFAIL(&w->f, rc, "drop a reused file's extra chunks");
+}
+
 /* Closes the file and makes it durable: its bytes, then its name in the
  * directory (a new file's entry is not synced with its data). */
 static int seal_file(struct tr_ckpt_writer *w)
@@ -875,7 +1076,9 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 			goto fail;
 		w->nbuf = 0;
 	}
-	err = check_chunks(w);
+	err = w->reused ? drop_leftovers(w) : 0;
+	if (err == 0)
+		err = check_chunks(w);
 	if (err == 0)
 		err = seal_file(w);
 	/* synchronous=FULL for the one transaction that makes the checkpoint
@@ -941,7 +1144,7 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 	 * transactions need no sync each. */
 	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
 	for (size_t i = 0; i < npruned; i++)
-		purge(w->dir, &w->c, pruned[i]);
+		purge(w->dir, &w->c, pruned[i], true);
 	goto cleanup;
 
 fail:
@@ -1051,7 +1254,7 @@ int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
 	/* Hidden now: a failed purge is finished by the next open. */
 	if (err == 0) {
 		char *dir = files_dir(s);
-		purge(dir, &c, ckpt_id);
+		purge(dir, &c, ckpt_id, false);
 		free(dir);
 	}
 	tr_store_conn_close(&c);
@@ -1106,7 +1309,13 @@ static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r)
 	free(dir);
 	if (!path)
 		return tr_store_fail(-ENOMEM, "out of memory");
-	int err = open_file(&r->f, path, false);
+	int err = reader_register(r->id);
+	if (err < 0) {
+		free(path);
+		return err;
+	}
+	r->registered = true;
+	err = open_file(&r->f, path, false, false);
 	if (err == 0)
 		err = tr_store_begin(&r->f, false);
 	/* Only a missing file is damage (or a prune): any other failure (out of
@@ -1282,6 +1491,8 @@ void tr_store_ckpt_close(tr_ckpt_reader_t *r)
 	if (r->f.db)
 		tr_store_rollback(&r->f);
 	tr_store_conn_close(&r->f);
+	if (r->registered)
+		reader_unregister(r->id);
 	if (r->c.db)
 		tr_store_rollback(&r->c); /* ends the read transaction */
 	tr_store_conn_close(&r->c);

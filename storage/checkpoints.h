@@ -70,6 +70,11 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
  * thread's error message. */
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
 
+/* Deletes the spare file (a pruned checkpoint's file kept to be written
+ * over by the next checkpoint: see storage/checkpoints.c), if any.  For
+ * when no checkpoint is expected soon; the next open does it too. */
+void tr_store_ckpt_drop_spare(tr_store_t *s);
+
 /* Complete checkpoints of a job, newest (highest step, then id) first.
  * *rows is malloc'd (NULL when there are none); free with tr_ckpt_rows_free. */
 int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count);

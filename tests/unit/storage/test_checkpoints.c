@@ -45,15 +45,18 @@ static void make_dir(void)
 enum file_fact { FILE_COUNT, FILE_BYTES, FILE_CHUNKS, FILE_REMOVE };
 static int64_t path_int(const char *path, const char *sql);
 
-/* Walks the checkpoint file directory (missing = empty): counts its files,
- * sums their sizes or their chunk rows, or removes them. */
+/* Walks the checkpoint file directory (missing = empty): counts its
+ * checkpoint files or sums their chunk rows (the spare, a pruned file kept
+ * for reuse, holds no checkpoint and is left out), sums the sizes of all
+ * files, or removes them all. */
 static int64_t over_files(enum file_fact what)
 {
 	int64_t n = 0;
 	DIR *d = opendir(files_dir);
 	struct dirent *e;
 	while (d && (e = readdir(d))) {
-		if (e->d_name[0] == '.')
+		if (e->d_name[0] == '.' ||
+		    ((what == FILE_COUNT || what == FILE_CHUNKS) && strcmp(e->d_name, "spare.sqlite") == 0))
 			continue;
 		char p[512];
 		snprintf(p, sizeof p, "%s/%s", files_dir, e->d_name);
@@ -1013,6 +1016,85 @@ Test(ckpt, older_checkpoints_in_the_database_are_still_read_and_pruned)
 	expect_load(s, &row, data, 100);
 	tr_ckpt_row_finish(&row);
 	free(data);
+	tr_store_close(s);
+}
+
+static ino_t inode_of(const char *path)
+{
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0, "%s", path);
+	return st.st_ino;
+}
+
+static bool spare_exists(void)
+{
+	char p[256];
+	snprintf(p, sizeof p, "%s/spare.sqlite", files_dir);
+	return access(p, F_OK) == 0;
+}
+
+/* A pruned checkpoint's file becomes the spare and the next checkpoint is
+ * written over it in place (same inode, the bytes written once), whatever
+ * the sizes; a file a reader has open is never reused; the spare goes on
+ * request and at the next open. */
+Test(ckpt, a_pruned_file_is_written_over_by_the_next_checkpoint)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s);
+	const size_t sizes[] = {2 * CHUNK + 5, 2 * CHUNK + 5, 2 * CHUNK + 5, CHUNK + 7, 4 * CHUNK + 1, 3 * CHUNK, 100};
+	unsigned char *data[7];
+	struct tr_ckpt_row row[7];
+	ino_t ino[7];
+	char p[256];
+	tr_ckpt_reader_t *r = NULL;
+	for (int i = 0; i < 7; i++) {
+		data[i] = random_bytes(sizes[i], 100 + (uint64_t)i);
+		if (i == 5) /* a download of checkpoint 4 is under way when it is pruned */
+			cr_assert_eq(tr_store_ckpt_open(s, row[4].id, &r), 0, "%s", tr_store_error(s));
+		int64_t w0 = bytes_written();
+		cr_assert_eq(write_ckpt(s, job, i + 1, data[i], sizes[i], 1, &row[i]), 0, "%d: %s", i, tr_store_error(s));
+		int64_t wrote = bytes_written() - w0;
+		cr_assert_lt(wrote, (int64_t)(sizes[i] + sizes[i] / 16 + 2 * MiB), "%d: %lld bytes written", i,
+			     (long long)wrote);
+		file_of(row[i].id, p, sizeof p);
+		ino[i] = inode_of(p);
+		cr_assert_eq(file_chunks(row[i].id), (int64_t)((sizes[i] + CHUNK - 1) / CHUNK), "%d", i);
+		expect_load(s, &row[i], data[i], sizes[i]);
+		cr_assert_eq(count_files(), 1, "%d: keep = 1", i);
+	}
+	/* Two files take turns: each checkpoint prunes the one before into
+	 * the spare and is written over the one before that, at the same size
+	 * (3 over 1), a smaller one (4 over 2) and a larger one (5 over 3).
+	 * 6 is written over 4's file and prunes 5, which a reader has open:
+	 * that file is deleted, not reused, so 7 gets a new one. */
+	cr_assert_eq(ino[2], ino[0], "checkpoint 3 did not reuse checkpoint 1's file");
+	cr_assert_eq(ino[3], ino[1], "checkpoint 4 did not reuse checkpoint 2's file");
+	cr_assert_eq(ino[4], ino[2], "checkpoint 5 did not reuse checkpoint 3's file");
+	cr_assert_eq(ino[5], ino[3], "checkpoint 6 did not reuse checkpoint 4's file");
+	cr_assert_neq(ino[6], ino[4], "checkpoint 7 reused the file a reader had open");
+	/* The reader still reads checkpoint 5's bytes (it opened 5: row[4]). */
+	unsigned char *buf = malloc(sizes[4]);
+	cr_assert_eq(tr_store_ckpt_read(r, 0, buf, sizes[4]), (ssize_t)sizes[4]);
+	cr_assert_arr_eq(buf, data[4], sizes[4]);
+	free(buf);
+	tr_store_ckpt_close(r);
+
+	cr_assert(spare_exists());
+	tr_store_ckpt_drop_spare(s);
+	cr_assert(!spare_exists());
+	cr_assert_eq(write_ckpt(s, job, 8, data[0], 10, 1, NULL), 0, "%s", tr_store_error(s));
+	cr_assert(spare_exists());
+	tr_store_close(s);
+	s = open_store(NULL);
+	cr_assert(!spare_exists(), "the spare outlived a restart");
+	struct tr_ckpt_row last;
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &last), 0);
+	expect_load(s, &last, data[0], 10);
+	tr_ckpt_row_finish(&last);
+	for (int i = 0; i < 7; i++) {
+		tr_ckpt_row_finish(&row[i]);
+		free(data[i]);
+	}
 	tr_store_close(s);
 }
 
