@@ -410,7 +410,9 @@ static int unlink_file(const char *dir, int64_t id)
  * A file a reader has open is never made the spare (a download must not
  * see its bytes overwritten): readers register the id before they open
  * the file and until they close it, and the pruner looks under the same
- * lock. */
+ * lock.  The table is process-wide and keyed by id alone: a daemon has one
+ * store, and an id of another store only makes the pruner delete a file it
+ * could have kept. */
 static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
 struct reader_count {
 	int64_t id;
