@@ -78,13 +78,14 @@
  * room to spare, so no page is spilled before the chunk's commit and then
  * written again. */
 #define FILE_PAGE_SIZE 65536
+#define FILE_PAGE_SIZE_SQL "65536" /* the same, for the pragma below */
 #define FILE_SETTINGS                                                                     \
 	"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-8192;" \
 	" PRAGMA secure_delete=OFF;"
 /* secure_delete=OFF: rows of a reused file that are replaced or left over
  * are freed without zeroing their pages (Debian's SQLite zeroes them). */
 static const char file_settings[] = FILE_SETTINGS;
-static const char file_setup[] = "PRAGMA page_size=65536; " FILE_SETTINGS
+static const char file_setup[] = "PRAGMA page_size=" FILE_PAGE_SIZE_SQL "; " FILE_SETTINGS
 				 " CREATE TABLE chunks (seq INTEGER PRIMARY KEY, data BLOB NOT NULL)";
 static const char sql_chunk_len[] = "SELECT length(data) FROM chunks WHERE seq = ?1";
 static const char sql_drop_chunk[] = "DELETE FROM chunks WHERE seq = ?1";
@@ -238,35 +239,15 @@ static void bg_hash_wait(struct bg_hash *h)
 
 /* ---- connections ------------------------------------------------------------- */
 
-/* Opens a connection of the checkpoint code's own on the store.  PRAGMA
- * max_page_count (tr_store_options.max_bytes) is a setting of each
- * connection, not of the file, so a writing connection copies it from a
- * pooled one, which tr_store_open configured.  Readers never allocate pages
- * and skip this.
- *
- * Writing connections also set secure_delete=FAST: SQLite builds such as
- * Debian's turn secure_delete on, which zero-fills every freed page, so
- * deleting an older checkpoint's chunks would write their size in zeros.
- * FAST still clears deleted content inside b-tree pages. */
+/* Opens a connection of the checkpoint code's own on the store, with the
+ * store's settings (tr_store_conn_open) and, when it writes, its size cap.
+ * Readers never allocate pages and skip that. */
 static int open_own(tr_store_t *s, struct conn *c, bool writes)
 {
-	int64_t limit = 0;
-	if (writes) {
-		struct conn *p = tr_store_conn_get(s);
-		int err = tr_store_pragma_int(p, "PRAGMA max_page_count", &limit);
-		tr_store_conn_put(s, p);
-		if (err < 0)
-			return err;
-	}
 	int err = tr_store_conn_open(c, s->path);
 	if (err < 0 || !writes)
 		return err;
-	err = tr_store_exec(c, "PRAGMA secure_delete=FAST");
-	if (err == 0 && s->max_bytes > 0) {
-		char sql[64];
-		snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld", (long long)limit);
-		err = tr_store_exec(c, sql);
-	}
+	err = tr_store_set_max_bytes(c, s->max_bytes);
 	if (err < 0)
 		tr_store_conn_close(c);
 	return err;
@@ -287,7 +268,23 @@ static char *file_path(const char *dir, int64_t id)
 	return asprintf(&p, "%s/%lld.sqlite", dir, (long long)id) < 0 ? NULL : p;
 }
 
-static int sync_dir(const char *dir);
+/* A failed sync's errno as a result code: out of space or quota reads
+ * as a full disk (the "database is full" message). */
+static int sync_fail(const char *path)
+{
+	int e = errno == EDQUOT ? ENOSPC : errno ? errno : EIO;
+	return tr_store_fail(-e, "%s: cannot sync: %s", path, strerror(errno));
+}
+
+/* Syncs directory dir: the names it holds. */
+static int sync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int err = fd >= 0 && fsync(fd) == 0 ? 0 : sync_fail(dir);
+	if (fd >= 0)
+		close(fd);
+	return err;
+}
 
 /* Syncs the directory that holds path. */
 static int sync_dir_of(const char *path)
@@ -312,20 +309,12 @@ static int sync_dir_of(const char *path)
  * false, write true) an existing one for the writer to overwrite. */
 static int open_file(struct conn *c, const char *path, bool create, bool write)
 {
-	memset(c, 0, sizeof *c);
-	int flags = SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
-					   : write ? SQLITE_OPEN_READWRITE
-						   : SQLITE_OPEN_READONLY);
-	int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
-	if (rc != SQLITE_OK) {
-		int sys = c->db ? sqlite3_system_errno(c->db) : 0;
-		int err = tr_store_fail(sys > 0 ? -sys : -EIO, "%s: cannot open: %s", path,
-					c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
-		tr_store_conn_close(c);
-		return err;
-	}
-	sqlite3_extended_result_codes(c->db, 1);
-	int err = create ? tr_store_exec(c, file_setup) : 0;
+	int flags = create  ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+		    : write ? SQLITE_OPEN_READWRITE
+			    : SQLITE_OPEN_READONLY;
+	int err = tr_store_db_open(c, path, flags);
+	if (err == 0 && create)
+		err = tr_store_exec(c, file_setup);
 	if (err < 0)
 		tr_store_conn_close(c);
 	return err;
@@ -356,25 +345,29 @@ static int64_t state_bytes(const tr_store_t *s)
 
 /* ---- deleting ------------------------------------------------------------------ */
 
-/* One statement on id in a write transaction of its own; *changes (may be
- * NULL) receives the row count. */
+/* Runs a statement that returns no rows with ?1 = id (and ?2 = arg when
+ * it has a second parameter). */
+static int run_id(struct conn *c, const char *sql, int64_t id, int64_t arg)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, id);
+	if (sqlite3_bind_parameter_count(st) >= 2)
+		sqlite3_bind_int64(st, 2, arg);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, sql);
+}
+
+/* run_id in a write transaction of its own; *changes (may be NULL)
+ * receives the row count. */
 static int exec_id(struct conn *c, const char *sql, int64_t id, int64_t arg, int *changes)
 {
 	int err = tr_store_begin(c, true);
 	if (err < 0)
 		return err;
-	sqlite3_stmt *st = tr_store_stmt(c, sql);
-	if (!st) {
-		err = -EIO;
-	} else {
-		sqlite3_bind_int64(st, 1, id);
-		if (sqlite3_bind_parameter_count(st) >= 2)
-			sqlite3_bind_int64(st, 2, arg);
-		int rc = sqlite3_step(st);
-		if (rc != SQLITE_DONE)
-			err = SQLFAIL(c, rc, sql);
-		sqlite3_reset(st);
-	}
+	err = run_id(c, sql, id, arg);
 	if (changes)
 		*changes = sqlite3_changes(c->db);
 	if (err == 0)
@@ -421,13 +414,20 @@ struct reader_count {
 static struct reader_count *readers;
 static size_t nreaders, capreaders;
 
+/* id's entry in the readers table, or nreaders (under readers_lock). */
+static size_t reader_index(int64_t id)
+{
+	size_t i = 0;
+	while (i < nreaders && readers[i].id != id)
+		i++;
+	return i;
+}
+
 static int reader_register(int64_t id)
 {
 	int err = 0;
 	pthread_mutex_lock(&readers_lock);
-	size_t i = 0;
-	while (i < nreaders && readers[i].id != id)
-		i++;
+	size_t i = reader_index(id);
 	if (i == nreaders) {
 		if (nreaders == capreaders) {
 			size_t cap = capreaders ? 2 * capreaders : 8;
@@ -449,12 +449,9 @@ static int reader_register(int64_t id)
 static void reader_unregister(int64_t id)
 {
 	pthread_mutex_lock(&readers_lock);
-	for (size_t i = 0; i < nreaders; i++) {
-		if (readers[i].id == id && --readers[i].count == 0) {
-			readers[i] = readers[--nreaders];
-			break;
-		}
-	}
+	size_t i = reader_index(id);
+	if (i < nreaders && --readers[i].count == 0)
+		readers[i] = readers[--nreaders];
 	pthread_mutex_unlock(&readers_lock);
 }
 
@@ -474,9 +471,7 @@ static int retire_file(const char *dir, int64_t id)
 		err = tr_store_fail(-ENOMEM, "out of memory");
 	} else {
 		pthread_mutex_lock(&readers_lock);
-		bool open = false;
-		for (size_t i = 0; i < nreaders; i++)
-			open |= readers[i].id == id;
+		bool open = reader_index(id) < nreaders;
 		if (open || rename(path, spare) < 0)
 			err = unlink_file(dir, id);
 		pthread_mutex_unlock(&readers_lock);
@@ -569,13 +564,19 @@ int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c)
 
 /* ---- writing ------------------------------------------------------------------- */
 
-/* Closes and deletes the writer's file. */
-static void drop_file(struct tr_ckpt_writer *w)
+/* Closes the writer's file (its connection and descriptor). */
+static void close_file(struct tr_ckpt_writer *w)
 {
 	tr_store_conn_close(&w->f);
 	if (w->fd >= 0)
 		close(w->fd);
 	w->fd = -1;
+}
+
+/* Closes and deletes the writer's file. */
+static void drop_file(struct tr_ckpt_writer *w)
+{
+	close_file(w);
 	if (w->path)
 		unlink(w->path);
 }
@@ -673,18 +674,26 @@ static int overwrite_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 		}
 		return rc == SQLITE_OK ? 1 : SQLFAIL(&w->f, rc, "overwrite a checkpoint chunk");
 	}
-	if (len < 0)
-		return 0;
-	st = tr_store_stmt(&w->f, sql_drop_chunk);
+	return len < 0 ? 0 : run_id(&w->f, sql_drop_chunk, w->nchunks, 0);
+}
+
+/* Inserts row w->nchunks with the chunk's bytes (inside its transaction). */
+static int insert_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
+{
+	sqlite3_stmt *st = tr_store_stmt(&w->f, sql_insert_chunk);
 	if (!st)
 		return -EIO;
 	sqlite3_bind_int64(st, 1, w->nchunks);
-	rc = sqlite3_step(st);
+	/* SQLITE_STATIC: SQLite copies the bytes into its pages anyway; a
+	 * transient copy would be a second 4 MiB memcpy. */
+	sqlite3_bind_blob64(st, 2, p, n, SQLITE_STATIC);
+	int rc = sqlite3_step(st);
 	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : SQLFAIL(&w->f, rc, "replace a checkpoint chunk");
+	sqlite3_clear_bindings(st); /* drops the pointer to the caller's bytes */
+	return rc == SQLITE_DONE ? 0 : SQLFAIL(&w->f, rc, "insert a checkpoint chunk");
 }
 
-/* Inserts chunk number w->nchunks into the file, in a transaction of its
+/* Stores chunk number w->nchunks in the file, in a transaction of its
  * own, and feeds it to the digest on a helper thread meanwhile.  (Hashing
  * each 256 KiB piece on this thread right before SQLite copies it into a
  * zeroblob row took ~15% less CPU but ~15% longer per checkpoint, and the
@@ -698,24 +707,10 @@ static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 	int done = err == 0 && w->reused ? overwrite_chunk(w, p, n) : 0;
 	if (done < 0)
 		err = done;
-	sqlite3_stmt *st = err < 0 || done ? NULL : tr_store_stmt(&w->f, sql_insert_chunk);
-	if (done > 0) {
+	if (err == 0 && !done)
+		err = insert_chunk(w, p, n);
+	if (err == 0)
 		err = tr_store_commit(&w->f);
-	} else if (st) {
-		sqlite3_bind_int64(st, 1, w->nchunks);
-		/* SQLITE_STATIC: SQLite copies the bytes into its pages anyway;
-		 * a transient copy would be a second 4 MiB memcpy. */
-		sqlite3_bind_blob64(st, 2, p, n, SQLITE_STATIC);
-		int rc = sqlite3_step(st);
-		if (rc != SQLITE_DONE)
-			err = SQLFAIL(&w->f, rc, "insert a checkpoint chunk");
-		sqlite3_reset(st);
-		sqlite3_clear_bindings(st); /* drops the pointer to the caller's bytes */
-		if (err == 0)
-			err = tr_store_commit(&w->f);
-	} else if (err == 0) {
-		err = -EIO;
-	}
 	/* No rollback on failure: the file is deleted (without a journal,
 	 * SQLite cannot roll it back anyway). */
 	if (err == 0)
@@ -878,11 +873,7 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
 	if (err < 0) {
 		char cause[512];
 		tr_store_errcpy(cause, sizeof cause);
-		discard(w);
-		tr_store_conn_close(&w->c);
-		free(w->dir);
-		free(w->path);
-		free(w);
+		tr_store_ckpt_abort(w);
 		if (err == -ENOSPC)
 			return tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s)",
 					     (long long)job_id, (long long)step, cause);
@@ -934,9 +925,7 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 
 static void writer_free(struct tr_ckpt_writer *w)
 {
-	tr_store_conn_close(&w->f);
-	if (w->fd >= 0)
-		close(w->fd);
+	close_file(w);
 	tr_store_conn_close(&w->c);
 	free(w->dir);
 	free(w->path);
@@ -964,37 +953,6 @@ static int check_chunks(struct tr_ckpt_writer *w)
 				     w->path, (long long)total, (long long)n, (long long)max, (long long)w->bytes,
 				     (long long)w->nchunks);
 	return 0;
-}
-
-/* A failed sync's errno as a result code: out of space or quota reads
- * as a full disk (the "database is full" message). */
-static int sync_fail(const char *path)
-{
-	int e = errno == EDQUOT ? ENOSPC : errno ? errno : EIO;
-	return tr_store_fail(-e, "%s: cannot sync: %s", path, strerror(errno));
-}
-
-/* Syncs directory dir: the names it holds. */
-static int sync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int err = fd >= 0 && fsync(fd) == 0 ? 0 : sync_fail(dir);
-	if (fd >= 0)
-		close(fd);
-	return err;
-}
-
-/* A reused file's rows past the new checkpoint's end (the spare held a
- * larger one) go. */
-static int drop_leftovers(struct tr_ckpt_writer *w)
-{
-	sqlite3_stmt *st = tr_store_stmt(&w->f, sql_drop_chunks_from);
-	if (!st)
-		return -EIO;
-	sqlite3_bind_int64(st, 1, w->nchunks);
-	int rc = sqlite3_step(st);
-	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : SQLFAIL(&w->f, rc, "drop a reused file's extra chunks");
 }
 
 /* Closes the file and makes it durable: its bytes, then its name in the
@@ -1078,7 +1036,9 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 			goto fail;
 		w->nbuf = 0;
 	}
-	err = w->reused ? drop_leftovers(w) : 0;
+	/* A reused file's rows past this checkpoint's end (the spare held a
+	 * larger one) go. */
+	err = w->reused ? run_id(&w->f, sql_drop_chunks_from, w->nchunks, 0) : 0;
 	if (err == 0)
 		err = check_chunks(w);
 	if (err == 0)

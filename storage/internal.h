@@ -125,7 +125,14 @@ int tr_store_pragma_int(struct conn *c, const char *sql, int64_t *value);
  * synchronous=NORMAL, busy timeout); for a module that needs its own,
  * e.g. to stream large blobs without holding a pooled one. */
 int tr_store_conn_open(struct conn *c, const char *path);
+/* Just the open (sqlite3_open_v2 flags, NOMUTEX added), with extended
+ * result codes and a message that names the file; for databases other than
+ * the store's own (checkpoint files). */
+int tr_store_db_open(struct conn *c, const char *path, int flags);
 void tr_store_conn_close(struct conn *c);
+/* Applies tr_store_options.max_bytes (0 = none) to a connection that may
+ * write: PRAGMA max_page_count is a setting of each connection. */
+int tr_store_set_max_bytes(struct conn *c, int64_t max_bytes);
 
 /* Checkpoint files (storage/checkpoints.c).  At open, with no writer
  * running: deletes checkpoints left incomplete by a previous run, then any

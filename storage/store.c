@@ -234,15 +234,14 @@ static int busy_wait(void *arg, int tries)
 }
 
 /* Settings that SQLite keeps per connection, not in the file. */
-int tr_store_conn_open(struct conn *c, const char *path)
+int tr_store_db_open(struct conn *c, const char *path, int flags)
 {
 	memset(c, 0, sizeof *c);
 	/* NOMUTEX: a connection is only ever used by one thread at a time (the
 	 * pool hands each out exclusively; the writer and checkpoint
 	 * connections have one owner), and serialized mode's per-call mutex
 	 * cost ~20% of a downsampling query. */
-	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
-	int rc = sqlite3_open_v2(path, &c->db, flags, NULL);
+	int rc = sqlite3_open_v2(path, &c->db, flags | SQLITE_OPEN_NOMUTEX, NULL);
 	if (rc != SQLITE_OK) {
 		int err = tr_store_fail(errno_of(c->db, rc), "%s: cannot open: %s", path,
 					c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
@@ -250,6 +249,14 @@ int tr_store_conn_open(struct conn *c, const char *path)
 		return err;
 	}
 	sqlite3_extended_result_codes(c->db, 1);
+	return 0;
+}
+
+int tr_store_conn_open(struct conn *c, const char *path)
+{
+	int rc = tr_store_db_open(c, path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+	if (rc < 0)
+		return rc;
 	sqlite3_busy_handler(c->db, busy_wait, NULL);
 	/* secure_delete=FAST: Debian's SQLite zero-fills freed pages, which
 	 * makes deleting a job with large checkpoints hold the write lock for
@@ -315,7 +322,7 @@ void tr_store_conn_put(tr_store_t *s, struct conn *c)
 
 /* tr_store_options.max_bytes.  max_page_count is kept per connection, not
  * in the file, so every connection that may write sets it. */
-static int set_max_bytes(struct conn *c, int64_t max_bytes)
+int tr_store_set_max_bytes(struct conn *c, int64_t max_bytes)
 {
 	if (max_bytes <= 0)
 		return 0;
@@ -409,7 +416,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		rc = set_autocheckpoint(&s->wconn); /* the page size is final now */
 	if (rc < 0)
 		goto fail;
-	rc = set_max_bytes(&s->wconn, max_bytes);
+	rc = tr_store_set_max_bytes(&s->wconn, max_bytes);
 	if (rc < 0)
 		goto fail;
 	rc = tr_store_migrate(&s->wconn);
@@ -424,7 +431,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		rc = tr_store_conn_open(&s->pool[i], path);
 		if (rc < 0)
 			goto fail;
-		rc = set_max_bytes(&s->pool[i], max_bytes);
+		rc = tr_store_set_max_bytes(&s->pool[i], max_bytes);
 		if (rc < 0)
 			goto fail;
 	}
