@@ -306,6 +306,20 @@ static void swap_inputs(struct rank_ctx *rc)
 	rc->spare_labels = y;
 }
 
+typedef int (*copy_to_device_fn)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
+
+/* Copies rows [off, off + len) of host inputs x (F wide) and labels y (L
+ * wide) into device buffers dx, dy with `copy` (to_device or
+ * to_device_async). */
+static int copy_rows(copy_to_device_fn copy, tr_backend_t *be, int dev, float *dx, float *dy, const float *x,
+		     const float *y, int off, int len, int F, int L)
+{
+	int ret = copy(be, dev, dx, x + (size_t)off * F, (size_t)len * F * sizeof(float));
+	if (ret == 0)
+		ret = copy(be, dev, dy, y + (size_t)off * L, (size_t)len * L * sizeof(float));
+	return ret;
+}
+
 /* Puts this rank's share of the current step (len > 0 rows from off) in
  * the replica's input buffers: uploaded ahead during the previous step,
  * then the compute stream only waits for that copy, or copied now. */
@@ -320,11 +334,7 @@ static int upload_share(struct tr_trainer *t, struct rank_ctx *rc, int off, int 
 		swap_inputs(rc);
 		return be->i->copies_fence(be, r->dev);
 	}
-	int ret = be->i->to_device(be, r->dev, r->input, b->x + (size_t)off * F, (size_t)len * F * sizeof(float));
-	if (ret == 0)
-		ret = be->i->to_device(be, r->dev, r->labels, b->y + (size_t)off * L,
-				       (size_t)len * L * sizeof(float));
-	return ret;
+	return copy_rows(be->i->to_device, be, r->dev, r->input, r->labels, b->x, b->y, off, len, F, L);
 }
 
 /* When the ring holds step s+1 already, enqueues this rank's share of it
@@ -350,12 +360,8 @@ static int upload_ahead(struct tr_trainer *t, struct rank_ctx *rc)
 	/* Set first: after a failed enqueue the other copy may be in flight,
 	 * and the failure path must wait for it (see rank_step). */
 	rc->ahead_step = next;
-	int ret = be->i->to_device_async(be, rc->rep.dev, rc->spare_input, b->x + (size_t)off * F,
-					 (size_t)len * F * sizeof(float));
-	if (ret == 0)
-		ret = be->i->to_device_async(be, rc->rep.dev, rc->spare_labels, b->y + (size_t)off * L,
-					     (size_t)len * L * sizeof(float));
-	return ret;
+	return copy_rows(be->i->to_device_async, be, rc->rep.dev, rc->spare_input, rc->spare_labels, b->x, b->y, off,
+			 len, F, L);
 }
 
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
@@ -654,8 +660,7 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 		if (rc < 0)
 			break;
 		tr_data_pay_deferred_wait(); /* the chunk is ready after its full loading cost */
-		if ((rc = be->i->to_device(be, r->dev, r->input, x, (size_t)rows * F * sizeof(float))) < 0 ||
-		    (rc = be->i->to_device(be, r->dev, r->labels, y, (size_t)rows * L * sizeof(float))) < 0 ||
+		if ((rc = copy_rows(be->i->to_device, be, r->dev, r->input, r->labels, x, y, 0, rows, F, L)) < 0 ||
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
 		    (rc = tr_replica_loss(r, rows, 0.0f, sums)) < 0 || (rc = be->i->sync(be, r->dev)) < 0)
 			snprintf(err, errlen, "validation: %s", be->i->last_error(be));

@@ -299,17 +299,26 @@ static int copy_args(tr_backend_t *be, int dev, void *dst, const void *src, size
 	return 0;
 }
 
+/* One host<->device copy enqueued on dev's compute stream or, on_copy_stream,
+ * its copy stream. */
+static int enqueue_copy(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+			bool on_copy_stream, const char *what)
+{
+	int rc = copy_args(be, dev, dst, src, bytes, what);
+
+	if (rc || !bytes)
+		return rc;
+	struct cuda_dev *d = &cuda_be(be)->dev[dev];
+	CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, kind, on_copy_stream ? d->copy_stream : d->stream));
+	return 0;
+}
+
 /* From pageable memory the runtime stages the data before returning, so
  * src may be reused at once; from pinned memory (host_alloc) the copy is
  * truly asynchronous and src must stay untouched until sync. */
 static int cuda_to_device(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
 {
-	int rc = copy_args(be, dev, dst, src, bytes, "to_device");
-
-	if (rc || !bytes)
-		return rc;
-	CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_be(be)->dev[dev].stream));
-	return 0;
+	return enqueue_copy(be, dev, dst, src, bytes, cudaMemcpyHostToDevice, false, "to_device");
 }
 
 /* The same copy on the copy stream: it overlaps the compute stream's work
@@ -317,13 +326,7 @@ static int cuda_to_device(tr_backend_t *be, int dev, void *dst, const void *src,
  * Nothing orders it with the compute stream until copies_fence or sync. */
 static int cuda_to_device_async(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
 {
-	int rc = copy_args(be, dev, dst, src, bytes, "to_device_async");
-
-	if (rc || !bytes)
-		return rc;
-	CUDA_CHECK(be,
-		   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_be(be)->dev[dev].copy_stream));
-	return 0;
+	return enqueue_copy(be, dev, dst, src, bytes, cudaMemcpyHostToDevice, true, "to_device_async");
 }
 
 /* A stream-side wait: the host returns at once.  The wait applies to the
@@ -344,12 +347,7 @@ static int cuda_copies_fence(tr_backend_t *be, int dev)
  * into pinned memory dst is valid after sync. */
 static int cuda_to_host(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
 {
-	int rc = copy_args(be, dev, dst, src, bytes, "to_host");
-
-	if (rc || !bytes)
-		return rc;
-	CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_be(be)->dev[dev].stream));
-	return 0;
+	return enqueue_copy(be, dev, dst, src, bytes, cudaMemcpyDeviceToHost, false, "to_host");
 }
 
 /* memmove semantics, as the CPU backend: cudaMemcpy is undefined for
