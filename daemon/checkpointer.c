@@ -76,6 +76,7 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, char *err, siz
 static void *writer_main(void *arg)
 {
 	struct tr_checkpointer *cp = arg;
+	pthread_setname_np(pthread_self(), "tr-ckpt-write");
 	pthread_mutex_lock(&cp->lock);
 	for (;;) {
 		while (!cp->head && !cp->stopping)

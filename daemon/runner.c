@@ -274,6 +274,9 @@ static void *runner_main(void *arg)
 	struct running_job *j = arg;
 	struct tr_scheduler *s = j->sched;
 	char err[1024] = "";
+	char name[16];
+	snprintf(name, sizeof name, "tr-job%lld", (long long)j->id); /* also rank 0's thread */
+	pthread_setname_np(pthread_self(), name);
 	char line[256];
 	const char *precision = apply_precision(j, err, sizeof err);
 	if (!precision) {

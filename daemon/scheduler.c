@@ -192,6 +192,7 @@ static void reap(struct tr_scheduler *s)
 static void *dispatcher_main(void *arg)
 {
 	struct tr_scheduler *s = arg;
+	pthread_setname_np(pthread_self(), "tr-dispatch");
 	pthread_mutex_lock(&s->lock);
 	while (!s->shutting_down) {
 		reap(s);

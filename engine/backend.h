@@ -135,6 +135,23 @@ typedef struct tr_backend_i {
 			const struct tr_optim_hp *hp);
 	int (*adam_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m,
 			 float *v, const struct tr_optim_hp *hp);
+	/* Optional (both NULL or both set): the same updates, bit for bit,
+	 * reading param and state from one set of buffers and writing the
+	 * results to another that does not overlap it; the inputs are left
+	 * as they were.  With memory_is_host, this lets a checkpoint take
+	 * rank 0's buffers as its snapshot instead of copying them: the next
+	 * update writes elsewhere (engine/checkpoint.h, snapshot leases). */
+	int (*sgd_step_into)(tr_backend_t *be, int dev, size_t n, const float *param, const float *grad,
+			     const float *state1, float *param_out, float *state1_out, const struct tr_optim_hp *hp);
+	int (*adam_step_into)(tr_backend_t *be, int dev, size_t n, const float *param, const float *grad,
+			      const float *m, const float *v, float *param_out, float *m_out, float *v_out,
+			      const struct tr_optim_hp *hp);
+	/* Device memory is host memory: pointers from alloc are plain host
+	 * pointers, 64-byte aligned, released with free() (the backend's own
+	 * free does exactly that), readable from any thread, and they stay
+	 * valid after the backend is destroyed; and every call has finished
+	 * with its buffers when it returns.  The CPU backend. */
+	bool memory_is_host;
 
 	/* Collectives over a job's devices.  comm_create is called once by the
 	 * job; every rank then calls allreduce_sum from its own thread with its

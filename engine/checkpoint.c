@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,10 @@ static struct {
 	float *buf[SPARE_MAX];
 } spare = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* Aligned like the CPU backend's device memory: a spare may become a
+ * replica's buffer (zero-copy snapshots) and go back to it. */
+#define SPARE_ALIGN 64
+
 static float *spare_take(size_t n)
 {
 	float *p = NULL;
@@ -35,7 +40,12 @@ static float *spare_take(size_t n)
 	if (spare.n == n && spare.count > 0)
 		p = spare.buf[--spare.count];
 	pthread_mutex_unlock(&spare.lock);
-	return p ? p : malloc(n * sizeof(float));
+	if (p)
+		return p;
+	if (n > (SIZE_MAX - SPARE_ALIGN) / sizeof(float))
+		return NULL;
+	size_t bytes = (n * sizeof(float) + SPARE_ALIGN - 1) / SPARE_ALIGN * SPARE_ALIGN;
+	return aligned_alloc(SPARE_ALIGN, bytes ? bytes : SPARE_ALIGN);
 }
 
 static void spare_put(float *p, size_t n)
@@ -95,10 +105,76 @@ void tr_snapshot_prepare(size_t n_params, int n_state)
 	tr_snapshot_free(s);
 }
 
+float *tr_snapshot_buffer_take(size_t n)
+{
+	return spare_take(n);
+}
+
+void tr_snapshot_buffer_put(float *p, size_t n)
+{
+	spare_put(p, n);
+}
+
+struct tr_snapshot_lease {
+	atomic_int refs;
+	size_t n;
+	int nbuf;
+	float *buf[3];
+};
+
+struct tr_snapshot_lease *tr_snapshot_lease_new(size_t n, int nbuf, float *const *bufs)
+{
+	if (nbuf < 1 || nbuf > 3)
+		return NULL;
+	struct tr_snapshot_lease *l = calloc(1, sizeof *l);
+	if (!l)
+		return NULL;
+	atomic_init(&l->refs, 1);
+	l->n = n;
+	l->nbuf = nbuf;
+	for (int k = 0; k < nbuf; k++)
+		l->buf[k] = bufs[k];
+	return l;
+}
+
+struct tr_snapshot *tr_snapshot_borrow(struct tr_snapshot_lease *l, int n_state)
+{
+	if (n_state < 0 || 1 + n_state > l->nbuf)
+		return NULL;
+	struct tr_snapshot *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
+	s->lease = l;
+	s->n_params = l->n;
+	s->n_state = n_state;
+	s->params = l->buf[0];
+	for (int k = 0; k < n_state; k++)
+		s->state[k] = l->buf[1 + k];
+	return s;
+}
+
+void tr_snapshot_lease_drop(struct tr_snapshot_lease *l)
+{
+	/* acq_rel: every read of the buffers by either holder happens before
+	 * the last holder hands them on. */
+	if (!l || atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	for (int k = 0; k < l->nbuf; k++)
+		spare_put(l->buf[k], l->n);
+	free(l);
+}
+
 void tr_snapshot_free(struct tr_snapshot *s)
 {
 	if (!s)
 		return;
+	if (s->lease) {
+		tr_snapshot_lease_drop(s->lease);
+		json_decref(s->meta);
+		free(s);
+		return;
+	}
 	spare_put(s->params, s->n_params);
 	spare_put(s->state[0], s->n_params);
 	spare_put(s->state[1], s->n_params);

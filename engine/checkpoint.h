@@ -33,6 +33,10 @@ struct tr_snapshot {
 	float *params;   /* n_params floats, malloc'd */
 	float *state[2]; /* n_params floats each, malloc'd */
 	json_t *meta;    /* object of strings; owned */
+	/* Set when the buffers above are a trainer's own, lent rather than
+	 * copied (see "Zero-copy snapshots" below); tr_snapshot_free then
+	 * drops this reference instead of freeing them. */
+	struct tr_snapshot_lease *lease;
 };
 
 /* A snapshot with uninitialised buffers for n_params floats and n_state
@@ -51,6 +55,33 @@ void tr_snapshot_free(struct tr_snapshot *s);
 void tr_snapshot_prepare(size_t n_params, int n_state);
 /* Frees the spare buffers (after a job's last checkpoint). */
 void tr_snapshot_trim(void);
+/* One buffer of n floats from the spares (64-byte aligned, released with
+ * free()), or freshly allocated; NULL when out of memory.  put hands it
+ * back to the spares (or frees it); accepts NULL. */
+float *tr_snapshot_buffer_take(size_t n);
+void tr_snapshot_buffer_put(float *p, size_t n);
+
+/* Zero-copy snapshots.  Where device memory is host memory (the CPU
+ * backend), copying rank 0's parameters and optimizer state at every
+ * checkpoint would cost the training thread a pass over the whole model;
+ * instead the trainer lends those very buffers to the snapshot.  Both hold
+ * a reference on the lease: the snapshot until its owner frees it (the
+ * writer, after the checkpoint is stored), the trainer until its next
+ * update has written the new values into other buffers (taken with
+ * tr_snapshot_buffer_take), since until then the replica still reads
+ * these.  Nobody writes the lent buffers; whichever side lets go last
+ * hands them back to the spares.  So the writer may finish before or after
+ * that update, and a trainer may end while its snapshot is still out. */
+struct tr_snapshot_lease;
+/* A lease on bufs[0..nbuf) of n floats each (memory tr_snapshot_buffer_put
+ * accepts), holding one reference for the caller; NULL when out of
+ * memory. */
+struct tr_snapshot_lease *tr_snapshot_lease_new(size_t n, int nbuf, float *const *bufs);
+/* A snapshot over the lease's buffers (params, then n_state state
+ * buffers), holding a reference of its own; NULL when out of memory. */
+struct tr_snapshot *tr_snapshot_borrow(struct tr_snapshot_lease *l, int n_state);
+/* Drops one reference; the last returns the buffers.  Accepts NULL. */
+void tr_snapshot_lease_drop(struct tr_snapshot_lease *l);
 
 /* How to write a snapshot: `header` (8-byte length + JSON, padded) followed
  * by the segments in order.  model_header is the weights-only file's

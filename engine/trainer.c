@@ -71,6 +71,15 @@ struct tr_trainer {
 	struct rank_ctx ranks[TR_SPEC_MAX_DEVICES];
 	int opt_buffers;
 	bool upload_ahead; /* the backend has a copy stream (to_device_async) */
+	/* Zero-copy snapshots (engine/checkpoint.h): possible on host-memory
+	 * devices with out-of-place updates.  While a snapshot shares rank
+	 * 0's current buffers, `lent` is the trainer's reference on them and
+	 * next_bufs the buffers rank 0's next update writes into instead.
+	 * All three are touched only by the thread that calls run (rank 0's
+	 * steps run on it) and by create/restore/destroy. */
+	bool zero_copy;
+	struct tr_snapshot_lease *lent;
+	float *next_bufs[3];
 
 	/* step dispatch */
 	pthread_mutex_t lock;
@@ -364,6 +373,55 @@ static int upload_ahead(struct tr_trainer *t, struct rank_ctx *rc)
 			 len, F, L);
 }
 
+/* Rank 0's update while a snapshot shares its buffers: the results go to
+ * next_bufs, which become the replica's; the lent ones are left to the
+ * snapshot. */
+static int update_lent(struct tr_trainer *t, tr_replica_t *r, const struct tr_optim_hp *hp)
+{
+	float **nb = t->next_bufs;
+	int ret = tr_optim_apply_into(t->be, r->dev, t->spec->optimizer.type, t->model.n_params, r->params, r->grads,
+				      r->state1, r->state2, nb[0], nb[1], nb[2], hp);
+	if (ret < 0)
+		return ret;
+	r->params = nb[0];
+	if (t->opt_buffers > 0)
+		r->state1 = nb[1];
+	if (t->opt_buffers > 1)
+		r->state2 = nb[2];
+	nb[0] = nb[1] = nb[2] = NULL;
+	tr_snapshot_lease_drop(t->lent);
+	t->lent = NULL;
+	return 0;
+}
+
+/* Ends a loan early (the trainer is going away or being restored): the
+ * replica keeps its buffers' values in buffers of its own.  keep_values
+ * false: they are about to be freed or overwritten anyway. */
+static int unlend(struct tr_trainer *t, bool keep_values)
+{
+	if (!t->lent)
+		return 0;
+	tr_replica_t *r = &t->ranks[0].rep;
+	float **cur[3] = {&r->params, &r->state1, &r->state2};
+	size_t bytes = t->model.n_params * sizeof(float);
+	for (int k = 0; k <= t->opt_buffers; k++) {
+		if (keep_values) {
+			int rc = t->be->i->copy(t->be, r->dev, t->next_bufs[k], *cur[k], bytes);
+			if (rc < 0)
+				return rc;
+		}
+	}
+	for (int k = 0; k <= t->opt_buffers; k++) {
+		*cur[k] = keep_values ? t->next_bufs[k] : NULL;
+		if (!keep_values)
+			tr_snapshot_buffer_put(t->next_bufs[k], t->model.n_params);
+		t->next_bufs[k] = NULL;
+	}
+	tr_snapshot_lease_drop(t->lent);
+	t->lent = NULL;
+	return 0;
+}
+
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 {
 	double t0 = mono_s();
@@ -408,8 +466,12 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 			goto fail;
 	}
 	struct tr_optim_hp hp = tr_optim_hp_from_spec(t->spec, t->lr, t->step + 1);
-	if ((ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, np, r->params, r->grads, r->state1, r->state2,
-				  &hp)) < 0)
+	if (rc->rank == 0 && t->lent)
+		ret = update_lent(t, r, &hp);
+	else
+		ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, np, r->params, r->grads, r->state1,
+				     r->state2, &hp);
+	if (ret < 0)
 		goto fail;
 	if (t->opt.debug_poison_grads) {
 		float *garbage = malloc(np * sizeof(float));
@@ -445,6 +507,9 @@ static void *rank_main(void *arg)
 	struct rank_ctx *rc = arg;
 	struct tr_trainer *t = rc->t;
 	int64_t seen = 0;
+	char name[16];
+	snprintf(name, sizeof name, "tr-rank%d", rc->rank);
+	pthread_setname_np(pthread_self(), name); /* for top -H and perf */
 	for (;;) {
 		pthread_mutex_lock(&t->lock);
 		while (t->gen == seen && !t->quit)
@@ -557,6 +622,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
+	t->zero_copy = t->be->i->memory_is_host && t->be->i->sgd_step_into && t->be->i->adam_step_into;
 	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
 	if ((rc = check_device_memory(t, max_rows, err, errlen)) < 0) {
 		free(host);
@@ -617,6 +683,7 @@ void tr_trainer_destroy(tr_trainer_t *t)
 		return;
 	stop_rank_threads(t);
 	tr_prefetch_destroy(t->prefetch);
+	unlend(t, false);
 	for (int i = 0; i < t->ndev; i++) {
 		free_spare(t, i);
 		tr_replica_finish(&t->ranks[i].rep);
@@ -759,16 +826,42 @@ static bool grad_norm_due(const struct tr_spec *s, int64_t done)
 	return false;
 }
 
-struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
+/* A snapshot sharing rank 0's buffers (zero-copy): the buffers the next
+ * update will write into are taken now, so that the update cannot fail
+ * for want of memory.  A second snapshot before that update shares the
+ * same lease. */
+static struct tr_snapshot *lend_snapshot(struct tr_trainer *t)
+{
+	tr_replica_t *r = &t->ranks[0].rep;
+	size_t n = t->model.n_params;
+	int nbuf = 1 + t->opt_buffers;
+	if (!t->lent) {
+		float *next[3] = {NULL, NULL, NULL};
+		float *cur[3] = {r->params, r->state1, r->state2};
+		bool ok = true;
+		for (int k = 0; k < nbuf; k++)
+			ok = ok && (next[k] = tr_snapshot_buffer_take(n)) != NULL;
+		struct tr_snapshot_lease *l = ok ? tr_snapshot_lease_new(n, nbuf, cur) : NULL;
+		if (!l) {
+			for (int k = 0; k < nbuf; k++)
+				tr_snapshot_buffer_put(next[k], n);
+			return NULL;
+		}
+		t->lent = l;
+		memcpy(t->next_bufs, next, sizeof next);
+	}
+	return tr_snapshot_borrow(t->lent, t->opt_buffers);
+}
+
+/* A snapshot copied from rank 0, into buffers recycled from the previous
+ * checkpoint when there is one (see tr_snapshot_alloc): the copy then
+ * faults no page in. */
+static struct tr_snapshot *copy_snapshot(struct tr_trainer *t)
 {
 	size_t n = t->model.n_params;
-	/* Buffers recycled from the previous checkpoint when there is one (see
-	 * tr_snapshot_alloc): the copy below then faults no page in. */
 	struct tr_snapshot *snap = tr_snapshot_alloc(n, t->opt_buffers);
 	if (!snap)
 		return NULL;
-	snap->step = step;
-	snap->epoch = epoch;
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
 	bool ok = be->i->to_host(be, r->dev, snap->params, r->params, n * sizeof(float)) == 0;
@@ -779,6 +872,17 @@ struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t e
 		tr_snapshot_free(snap);
 		return NULL;
 	}
+	return snap;
+}
+
+struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
+{
+	struct tr_snapshot *snap = t->zero_copy ? lend_snapshot(t) : copy_snapshot(t);
+	if (!snap)
+		return NULL;
+	snap->step = step;
+	snap->epoch = epoch;
+	tr_backend_t *be = t->be;
 	char hash[17], buf[32];
 	tr_spec_hash(t->spec, hash);
 	snap->meta = json_pack("{s:s, s:s, s:s, s:s}", "format", "pt", "kind", "checkpoint", "producer",
@@ -813,6 +917,11 @@ int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool wei
 	}
 	tr_backend_t *be = t->be;
 	size_t bytes = t->model.n_params * sizeof(float);
+	/* Writes below must not reach buffers a snapshot still reads. */
+	if (unlend(t, true) < 0) {
+		snprintf(err, errlen, "device %d: %s", t->ranks[0].rep.dev, be->i->last_error(be));
+		return -EIO;
+	}
 	for (int i = 0; i < t->ndev; i++) {
 		tr_replica_t *r = &t->ranks[i].rep;
 		int rc = be->i->to_device(be, r->dev, r->params, snap->params, bytes);

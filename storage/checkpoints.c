@@ -214,6 +214,7 @@ struct bg_hash {
 static void *bg_hash_main(void *arg)
 {
 	struct bg_hash *h = arg;
+	pthread_setname_np(pthread_self(), "tr-ckpt-hash");
 	tr_sha256_update(h->sha, h->p, h->n);
 	return NULL;
 }

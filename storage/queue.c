@@ -202,6 +202,7 @@ static void *writer_main(void *arg)
 {
 	tr_store_t *s = arg;
 	struct qvec batch = {0};
+	pthread_setname_np(pthread_self(), "tr-metrics");
 	struct timespec last, next;
 	clock_gettime(CLOCK_MONOTONIC, &last);
 	pthread_mutex_lock(&s->q_lock);

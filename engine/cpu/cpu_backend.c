@@ -24,7 +24,10 @@
  * then its single device thread is the only BLAS caller (the daemon's
  * backend has one device only with --cpu-devices 1, which runs one job at
  * a time).  Within the pool already started, OpenBLAS 0.3.21's setter is a
- * single store of the count, read when a call starts.
+ * single store of the count, read when a call starts.  The trainerd
+ * executable also has the worker sleep right after each gemm instead of
+ * spinning ~0.1 s (OPENBLAS_THREAD_TIMEOUT, daemon/main.c), so that a
+ * single-threaded phase leaves the other core to the checkpoint writer.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -339,6 +342,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 
 	b->table = (tr_backend_i){
 		.name = "cpu",
+		.memory_is_host = true,
 		.destroy = cpu_destroy,
 		.device_count = cpu_device_count,
 		.device_name = cpu_device_name,

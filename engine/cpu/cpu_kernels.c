@@ -390,51 +390,111 @@ static int cpu_mse(tr_backend_t *be, int dev, int rows, int cols, const float *p
 
 /* ---- optimizers --------------------------------------------------------- */
 
+/* Each update is written once, with separate input and output buffers, and
+ * serves both the in-place kernels (outputs == inputs, the usual case) and
+ * the _into ones (other buffers, for a zero-copy snapshot: see
+ * engine/backend.h).  So the pointers cannot be `restrict`; instead every
+ * iteration reads its element's inputs before it writes, touches no other
+ * element, and IVDEP tells the compiler that nothing carries over between
+ * iterations, which keeps the loops vectorised.  Out-of-place use with
+ * partially overlapping buffers is rejected by the _into kernels. */
+#if defined(__clang__)
+#define IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define IVDEP _Pragma("GCC ivdep")
+#else
+#define IVDEP
+#endif
+
+/* Whether the n-float buffers a and b share an element (NULL shares
+ * nothing). */
+static bool overlap(const float *a, const float *b, size_t n)
+{
+	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b, len = n * sizeof(float);
+	return a && b && n > 0 && x < y + len && y < x + len;
+}
+
+/* The _into kernels' promise: every output is apart from every input and
+ * from the other outputs (the loops below would otherwise mix old and new
+ * values without a word). */
+static bool outputs_apart(const float *const *in, int nin, float *const *out, int nout, size_t n)
+{
+	for (int o = 0; o < nout; o++) {
+		for (int i = 0; i < nin; i++)
+			if (overlap(out[o], in[i], n))
+				return false;
+		for (int p = o + 1; p < nout; p++)
+			if (overlap(out[o], out[p], n))
+				return false;
+	}
+	return true;
+}
+
 /* torch.optim.SGD, _single_tensor_sgd:
  *   g = grad + wd * p
  *   buf = g (first step) | buf = momentum * buf + (1 - dampening) * g
  *   g = nesterov ? g + momentum * buf : buf
  *   p -= lr * g                                                          */
-static int cpu_sgd_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
-			const struct tr_optim_hp *hp)
+static int sgd_update(tr_backend_t *be, int dev, size_t n, const float *p, const float *gr, const float *buf,
+		      float *p_out, float *buf_out, const struct tr_optim_hp *hp)
 {
 	ENSURE_DEV("sgd_step");
 	ENSURE(hp && hp->step >= 1, "sgd_step: step must be >= 1");
-	ENSURE(hp->momentum == 0.0f || state1, "sgd_step: momentum needs a state buffer");
-	float *restrict p = param;
-	const float *restrict gr = grad;
-	float *restrict buf = state1;
+	ENSURE(hp->momentum == 0.0f || (buf && buf_out), "sgd_step: momentum needs a state buffer");
 	const float lr = hp->lr, wd = hp->weight_decay, mom = hp->momentum;
 	const float damp1 = (float)(1.0 - (double)hp->dampening);
 
 	if (mom == 0.0f) {
+		IVDEP
 		for (size_t i = 0; i < n; i++) {
-			float g = gr[i] + wd * p[i];
-			p[i] = p[i] + -lr * g;
+			float pi = p[i];
+			float g = gr[i] + wd * pi;
+			p_out[i] = pi + -lr * g;
 		}
 	} else if (hp->step == 1) {
+		IVDEP
 		for (size_t i = 0; i < n; i++) {
-			float g = gr[i] + wd * p[i];
-			buf[i] = g;
+			float pi = p[i];
+			float g = gr[i] + wd * pi;
+			buf_out[i] = g;
 			g = hp->nesterov ? g + mom * g : g;
-			p[i] = p[i] + -lr * g;
+			p_out[i] = pi + -lr * g;
 		}
 	} else if (hp->nesterov) {
+		IVDEP
 		for (size_t i = 0; i < n; i++) {
-			float g = gr[i] + wd * p[i];
+			float pi = p[i];
+			float g = gr[i] + wd * pi;
 			float b = buf[i] * mom + damp1 * g;
-			buf[i] = b;
-			p[i] = p[i] + -lr * (g + mom * b);
+			buf_out[i] = b;
+			p_out[i] = pi + -lr * (g + mom * b);
 		}
 	} else {
+		IVDEP
 		for (size_t i = 0; i < n; i++) {
-			float g = gr[i] + wd * p[i];
+			float pi = p[i];
+			float g = gr[i] + wd * pi;
 			float b = buf[i] * mom + damp1 * g;
-			buf[i] = b;
-			p[i] = p[i] + -lr * b;
+			buf_out[i] = b;
+			p_out[i] = pi + -lr * b;
 		}
 	}
 	return 0;
+}
+
+static int cpu_sgd_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
+			const struct tr_optim_hp *hp)
+{
+	return sgd_update(be, dev, n, param, grad, state1, param, state1, hp);
+}
+
+static int cpu_sgd_step_into(tr_backend_t *be, int dev, size_t n, const float *param, const float *grad,
+			     const float *state1, float *param_out, float *state1_out, const struct tr_optim_hp *hp)
+{
+	const float *in[] = {param, grad, state1};
+	float *out[] = {param_out, state1_out};
+	ENSURE(outputs_apart(in, 3, out, 2, n), "sgd_step_into: the output buffers overlap the inputs or each other");
+	return sgd_update(be, dev, n, param, grad, state1, param_out, state1_out, hp);
 }
 
 /* torch.optim.Adam / AdamW, _single_tensor_adam(w) (foreach=False):
@@ -444,16 +504,12 @@ static int cpu_sgd_step(tr_backend_t *be, int dev, size_t n, float *param, const
  *   denom = sqrt(v) / sqrt(1 - b2^t) + eps
  *   p += -(lr / (1 - b1^t)) * (m / denom)
  * Scalars are formed in double, as Python does, then rounded to float. */
-static int cpu_adam_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m, float *v,
-			 const struct tr_optim_hp *hp)
+static int adam_update(tr_backend_t *be, int dev, size_t n, const float *p, const float *gr, const float *m,
+		       const float *v, float *p_out, float *m_out, float *v_out, const struct tr_optim_hp *hp)
 {
 	ENSURE_DEV("adam_step");
 	ENSURE(hp && hp->step >= 1, "adam_step: step must be >= 1");
-	ENSURE(n == 0 || (m && v), "adam_step: needs two state buffers");
-	float *restrict p = param;
-	const float *restrict gr = grad;
-	float *restrict mm = m;
-	float *restrict vv = v;
+	ENSURE(n == 0 || (m && v && m_out && v_out), "adam_step: needs two state buffers");
 	const double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay;
 	const float wd_g = hp->decoupled ? 0.0f : (float)wd;
 	const float p_keep = hp->decoupled ? (float)(1.0 - lr * wd) : 1.0f;
@@ -462,17 +518,35 @@ static int cpu_adam_step(tr_backend_t *be, int dev, size_t n, float *param, cons
 	const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)hp->step));
 	const float eps = hp->eps;
 
+	IVDEP
 	for (size_t i = 0; i < n; i++) {
 		float pi = p[i] * p_keep;
 		float g = gr[i] + wd_g * pi;
-		float mi = mm[i] + w1 * (g - mm[i]);
-		float vi = vv[i] * beta2 + w2 * g * g;
+		float m0 = m[i];
+		float mi = m0 + w1 * (g - m0);
+		float vi = v[i] * beta2 + w2 * g * g;
 		float denom = sqrtf(vi) / bc2_sqrt + eps;
-		mm[i] = mi;
-		vv[i] = vi;
-		p[i] = pi + neg_step * (mi / denom);
+		m_out[i] = mi;
+		v_out[i] = vi;
+		p_out[i] = pi + neg_step * (mi / denom);
 	}
 	return 0;
+}
+
+static int cpu_adam_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m, float *v,
+			 const struct tr_optim_hp *hp)
+{
+	return adam_update(be, dev, n, param, grad, m, v, param, m, v, hp);
+}
+
+static int cpu_adam_step_into(tr_backend_t *be, int dev, size_t n, const float *param, const float *grad,
+			      const float *m, const float *v, float *param_out, float *m_out, float *v_out,
+			      const struct tr_optim_hp *hp)
+{
+	const float *in[] = {param, grad, m, v};
+	float *out[] = {param_out, m_out, v_out};
+	ENSURE(outputs_apart(in, 4, out, 3, n), "adam_step_into: the output buffers overlap the inputs or each other");
+	return adam_update(be, dev, n, param, grad, m, v, param_out, m_out, v_out, hp);
 }
 
 void tr_cpu_kernels_fill(tr_backend_i *t)
@@ -492,4 +566,6 @@ void tr_cpu_kernels_fill(tr_backend_i *t)
 	t->sumsq = cpu_sumsq;
 	t->sgd_step = cpu_sgd_step;
 	t->adam_step = cpu_adam_step;
+	t->sgd_step_into = cpu_sgd_step_into;
+	t->adam_step_into = cpu_adam_step_into;
 }

@@ -128,6 +128,7 @@ static void *loader_main(void *arg)
 {
 	struct tr_prefetch *pf = arg;
 	char err[512];
+	pthread_setname_np(pthread_self(), "tr-loader");
 	/* Loaders sleep on slow storage (and synthetic load_cost_us); the
 	 * default 50 us timer slack would stretch every short wait. */
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);

@@ -52,3 +52,23 @@ int tr_optim_apply(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n,
 	}
 	return -EINVAL;
 }
+
+int tr_optim_apply_into(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n, const float *param,
+			const float *grad, const float *state1, const float *state2, float *param_out, float *state1_out,
+			float *state2_out, const struct tr_optim_hp *hp)
+{
+	if (!be->i->sgd_step_into || !be->i->adam_step_into)
+		return -ENOTSUP;
+	switch (type) {
+	case TR_OPT_SGD:
+		return be->i->sgd_step_into(be, dev, n, param, grad, state1, param_out, state1_out, hp);
+	case TR_OPT_ADAM:
+	case TR_OPT_ADAMW: {
+		struct tr_optim_hp h = *hp;
+		h.decoupled = type == TR_OPT_ADAMW;
+		return be->i->adam_step_into(be, dev, n, param, grad, state1, state2, param_out, state1_out, state2_out,
+					     &h);
+	}
+	}
+	return -EINVAL;
+}

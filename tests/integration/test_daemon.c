@@ -756,3 +756,54 @@ Test(daemon, precision_is_per_job_on_gpu, .fini = stop1, .timeout = 120)
 	cr_assert_not_null(strstr(log, "cuda device(s), fp32 matrix products"), "%s", log);
 	free(log);
 }
+
+/* Whether /proc/PID/environ holds the entry `kv` (NAME=value). */
+static bool environ_has(pid_t pid, const char *kv)
+{
+	char path[64], buf[65536];
+	snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s", path);
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+		if (strcmp(buf + i, kv) == 0)
+			return true;
+	return false;
+}
+
+static void assert_named_trainerd(pid_t pid)
+{
+	char path[64], comm[32] = "";
+	snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	cr_assert_not_null(fgets(comm, sizeof comm, f));
+	fclose(f);
+	cr_assert_str_eq(comm, "trainerd\n", "the process is named %s", comm);
+}
+
+/* OpenBLAS's workers would spin ~0.1 s after every threaded gemm and keep a
+ * core from the checkpoint writer; the executable starts itself again with
+ * them set to sleep at once (daemon/main.c): same pid, same name, the
+ * setting in its environment, and a value the user chose is kept. */
+Test(daemon, blas_workers_told_to_sleep_between_gemms, .fini = stop1, .timeout = 60)
+{
+	unsetenv("OPENBLAS_THREAD_TIMEOUT");
+	daemon_start(&d, 1, NULL);
+	cr_assert(environ_has(d.pid, "OPENBLAS_THREAD_TIMEOUT=4"), "the daemon did not set OPENBLAS_THREAD_TIMEOUT");
+	assert_named_trainerd(d.pid);
+	struct http_reply r;
+	http(&d, "GET", "/healthz", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	http_free(&r);
+	int status;
+	daemon_stop(&d, &status);
+	setenv("OPENBLAS_THREAD_TIMEOUT", "12", 1);
+	daemon_restart(&d, 1, NULL);
+	unsetenv("OPENBLAS_THREAD_TIMEOUT");
+	cr_assert(environ_has(d.pid, "OPENBLAS_THREAD_TIMEOUT=12"), "the user's OPENBLAS_THREAD_TIMEOUT was replaced");
+	cr_assert(!environ_has(d.pid, "OPENBLAS_THREAD_TIMEOUT=4"));
+	assert_named_trainerd(d.pid);
+}

@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "engine/backend.h"
@@ -237,6 +238,104 @@ Test(optim, bad_arguments)
 	cr_assert_eq(tr_optim_apply(be, 0, TR_OPT_ADAM, 2, p, g, m, NULL, &hp), -EINVAL);
 	cr_assert_eq(tr_optim_apply(be, 0, (enum tr_optim_type)42, 2, p, g, m, NULL, &hp), -EINVAL);
 	cr_assert_eq(tr_optim_state_buffers((enum tr_optim_type)42, &s), -EINVAL);
+}
+
+/* The out-of-place kernels (zero-copy snapshots) must give the in-place
+ * results bit for bit, leave their inputs as they were, and refuse outputs
+ * that overlap the inputs.  1031 elements: the vectorised body and its
+ * remainder both run. */
+#define M 1031
+
+static void fill(float *x, size_t n, uint64_t seed, float scale)
+{
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+		x[i] = scale * ((float)(seed >> 40) / (float)(1 << 24) - 0.5f);
+	}
+}
+
+static void into_matches_in_place(const char *what, const struct tr_spec *spec)
+{
+	enum tr_optim_type type = spec->optimizer.type;
+	size_t bytes = M * sizeof(float);
+	/* set 0: updated in place; sets 1 and 2: updated from one into the
+	 * other, alternately; 3: copy of the inputs of the latest update */
+	float *buf[4][3];
+	for (int k = 0; k < 4; k++)
+		for (int b = 0; b < 3; b++)
+			buf[k][b] = be->i->alloc(be, 0, bytes);
+	float *g = be->i->alloc(be, 0, bytes);
+	fill(buf[0][0], M, 1, 4.0f);
+	fill(buf[0][1], M, 2, 0.5f);
+	fill(buf[0][2], M, 3, 0.0f); /* second moments start at zero */
+	for (int b = 0; b < 3; b++)
+		memcpy(buf[1][b], buf[0][b], bytes);
+	int from = 1;
+	for (int step = 1; step <= 3; step++) {
+		fill(g, M, 10 + (uint64_t)step, 2.0f);
+		struct tr_optim_hp hp = tr_optim_hp_from_spec(spec, spec->optimizer.lr, step);
+		int to = 3 - from;
+		for (int b = 0; b < 3; b++)
+			memcpy(buf[3][b], buf[from][b], bytes);
+		cr_assert_eq(tr_optim_apply(be, 0, type, M, buf[0][0], g, buf[0][1], buf[0][2], &hp), 0, "%s: %s",
+			     what, be->i->last_error(be));
+		cr_assert_eq(tr_optim_apply_into(be, 0, type, M, buf[from][0], g, buf[from][1], buf[from][2],
+						 buf[to][0], buf[to][1], buf[to][2], &hp),
+			     0, "%s: %s", what, be->i->last_error(be));
+		for (int b = 0; b < 3; b++) {
+			cr_assert_eq(memcmp(buf[from][b], buf[3][b], bytes), 0, "%s step %d: buffer %d of the inputs changed",
+				     what, step, b);
+			if (b == 0 || (b == 1 && tr_optim_state_buffers(type, spec) >= 1) ||
+			    tr_optim_state_buffers(type, spec) == 2)
+				cr_assert_eq(memcmp(buf[to][b], buf[0][b], bytes), 0,
+					     "%s step %d: buffer %d differs from the in-place update", what, step, b);
+		}
+		from = to;
+	}
+	for (int k = 0; k < 4; k++)
+		for (int b = 0; b < 3; b++)
+			be->i->free(be, 0, buf[k][b]);
+	be->i->free(be, 0, g);
+}
+
+Test(optim, into_matches_in_place)
+{
+	struct tr_spec s = make_spec(TR_OPT_SGD, 0.1f);
+	into_matches_in_place("sgd", &s);
+	s.optimizer.momentum = 0.9f;
+	s.optimizer.dampening = 0.1f;
+	s.optimizer.weight_decay = 0.01f;
+	into_matches_in_place("sgd momentum", &s);
+	s.optimizer.dampening = 0.0f;
+	s.optimizer.nesterov = true;
+	into_matches_in_place("sgd nesterov", &s);
+	s = make_spec(TR_OPT_ADAM, 0.01f);
+	s.optimizer.weight_decay = 0.01f;
+	into_matches_in_place("adam", &s);
+	s.optimizer.type = TR_OPT_ADAMW;
+	into_matches_in_place("adamw", &s);
+}
+
+Test(optim, into_refuses_overlapping_outputs)
+{
+	struct tr_spec s = make_spec(TR_OPT_ADAM, 0.01f);
+	float a[16] = {0}, b[16] = {0}, g[8] = {0};
+	struct tr_optim_hp hp = tr_optim_hp_from_spec(&s, 0.01f, 1);
+	/* param written over itself, or over half of the first moments */
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_ADAM, 8, a, g, b, b + 8, a, a + 8, b + 4, &hp), -EINVAL);
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_ADAM, 8, a, g, b, b + 8, a + 8, b + 4, a + 4, &hp), -EINVAL);
+	cr_assert(strstr(be->i->last_error(be), "overlap"), "%s", be->i->last_error(be));
+	s = make_spec(TR_OPT_SGD, 0.1f);
+	s.optimizer.momentum = 0.9f;
+	hp = tr_optim_hp_from_spec(&s, 0.1f, 2);
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_SGD, 8, a, g, b, NULL, a + 2, b + 8, NULL, &hp), -EINVAL);
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_SGD, 8, a, g, b, NULL, a + 8, b, NULL, &hp), -EINVAL);
+	/* an output over the gradient, or two outputs over each other */
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_SGD, 8, a, g, b, NULL, g, b + 8, NULL, &hp), -EINVAL);
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_SGD, 8, a, g, b, NULL, a + 8, a + 12, NULL, &hp), -EINVAL);
+	/* disjoint: fine */
+	cr_assert_eq(tr_optim_apply_into(be, 0, TR_OPT_SGD, 8, a, g, b, NULL, a + 8, b + 8, NULL, &hp), 0, "%s",
+		     be->i->last_error(be));
 }
 
 /* ---- schedules ------------------------------------------------------------- */

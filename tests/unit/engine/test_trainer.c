@@ -548,6 +548,166 @@ Test(trainer, exact_resume_sgd_momentum)
 	exact_resume(job, 2);
 }
 
+/* ---- zero-copy snapshots ------------------------------------------------ */
+
+/* On CPU devices a checkpoint's snapshot shares rank 0's buffers until the
+ * next update writes elsewhere (engine/checkpoint.h).  The sink either
+ * holds every snapshot with a copy of its values taken at once, or frees
+ * it at once (a writer that finished before the next update) and then
+ * scribbles over the spare buffers the next snapshot would get: buffers
+ * handed back too early would be scribbled on while still training. */
+struct lend_sink {
+	bool scribble;
+	int n, lent;
+	struct tr_snapshot *snaps[64];
+	float *copies[64];
+};
+
+static int lend_hook(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	(void)final;
+	struct lend_sink *k = ctx;
+	cr_assert_lt(k->n, 64);
+	k->lent += snap->lease != NULL;
+	size_t n = snap->n_params, bytes = n * sizeof(float);
+	int ns = snap->n_state;
+	if (!k->scribble) {
+		float *c = malloc(bytes * (size_t)(1 + ns));
+		memcpy(c, snap->params, bytes);
+		for (int b = 0; b < ns; b++)
+			memcpy(c + n * (size_t)(1 + b), snap->state[b], bytes);
+		k->copies[k->n] = c;
+		k->snaps[k->n++] = snap;
+		return 0;
+	}
+	k->n++;
+	tr_snapshot_free(snap);
+	struct tr_snapshot *other = tr_snapshot_alloc(n, ns);
+	cr_assert_not_null(other);
+	for (size_t i = 0; i < n; i++) {
+		other->params[i] = NAN;
+		for (int b = 0; b < ns; b++)
+			other->state[b][i] = NAN;
+	}
+	tr_snapshot_free(other);
+	return 0;
+}
+
+/* Rank 0's final weights (every replica checked equal); with a sink that
+ * holds its snapshots, the trainer is also restored from the first one
+ * before it goes, which must not touch the snapshots either. */
+static float *train_lending(tr_backend_t *be, const struct tr_spec *spec, int devices, struct lend_sink *sink,
+			    size_t *n_params)
+{
+	char err[512];
+	struct tr_trainer_options opt = {.spec = spec, .backend = be, .devices = devices,
+					 .hooks = {.checkpoint = sink ? lend_hook : NULL, .ctx = sink}};
+	tr_trainer_t *t;
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	size_t n = tr_trainer_model(t)->n_params;
+	float *out = malloc(n * sizeof(float)), *other = malloc(n * sizeof(float));
+	cr_assert_eq(tr_trainer_copy_params(t, 0, out), 0);
+	for (int r = 1; r < devices; r++) {
+		cr_assert_eq(tr_trainer_copy_params(t, r, other), 0);
+		cr_assert_eq(memcmp(other, out, n * sizeof(float)), 0, "replica %d differs from replica 0", r);
+	}
+	free(other);
+	if (sink && !sink->scribble && sink->n > 0) {
+		/* Weights only: the optimizer state must survive the end of the
+		 * loan as it was (the final snapshot's), the weights become the
+		 * first snapshot's, and neither snapshot may change. */
+		const struct tr_snapshot *first = sink->snaps[0];
+		const float *last_copy = sink->copies[sink->n - 1];
+		cr_assert_eq(tr_trainer_restore(t, first, true, err, sizeof err), 0, "%s", err);
+		struct tr_snapshot *now = tr_trainer_snapshot(t, 0, 0, "test");
+		cr_assert_not_null(now);
+		cr_assert_eq(memcmp(now->params, sink->copies[0], n * sizeof(float)), 0,
+			     "a weights-only restore did not load the weights");
+		for (int b = 0; b < now->n_state; b++)
+			cr_assert_eq(memcmp(now->state[b], last_copy + n * (size_t)(1 + b), n * sizeof(float)), 0,
+				     "optimizer buffer %d changed when the loan ended", b);
+		tr_snapshot_free(now);
+		cr_assert_eq(tr_trainer_restore(t, first, false, err, sizeof err), 0, "%s", err);
+	}
+	tr_trainer_destroy(t);
+	*n_params = n;
+	return out;
+}
+
+/* lend = false: the backend without its out-of-place kernels, so the
+ * trainer copies its snapshots (as on GPUs); the same promises hold. */
+static void zero_copy_snapshots(const char *job, int devices, bool lend)
+{
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
+	const tr_backend_i *orig = be->i;
+	tr_backend_i copying = *orig;
+	copying.sgd_step_into = NULL;
+	copying.adam_step_into = NULL;
+	if (!lend)
+		be->i = &copying;
+	int every = spec.checkpoint_every_steps;
+	cr_assert_gt(every, 0);
+	spec.checkpoint_every_steps = 0;
+	size_t n;
+	float *plain = train_lending(be, &spec, devices, NULL, &n);
+	spec.checkpoint_every_steps = every;
+	for (int scribble = 0; scribble < 2; scribble++) {
+		struct lend_sink sink = {.scribble = scribble};
+		float *got = train_lending(be, &spec, devices, &sink, &n);
+		cr_assert_geq(sink.n, 3);
+		cr_assert_eq(sink.lent, lend ? sink.n : 0, "%d of %d snapshots were lent", sink.lent, sink.n);
+		cr_assert_eq(memcmp(got, plain, n * sizeof(float)), 0, "%d devices: checkpoints (%s) changed the result",
+			     devices, scribble ? "freed at once, spares reused" : "held");
+		/* The trainer is gone: what the held snapshots show is theirs. */
+		for (int i = 0; !scribble && i < sink.n; i++) {
+			struct tr_snapshot *s = sink.snaps[i];
+			size_t bytes = n * sizeof(float);
+			cr_assert_eq(memcmp(s->params, sink.copies[i], bytes), 0,
+				     "the snapshot at step %lld changed after it was taken", (long long)s->step);
+			for (int b = 0; b < s->n_state; b++)
+				cr_assert_eq(memcmp(s->state[b], sink.copies[i] + n * (size_t)(1 + b), bytes), 0,
+					     "the snapshot at step %lld: optimizer buffer %d changed", (long long)s->step,
+					     b);
+			tr_snapshot_free(s);
+			free(sink.copies[i]);
+		}
+		free(got);
+	}
+	free(plain);
+	be->i = orig;
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+Test(trainer, zero_copy_snapshots_adamw_one_device)
+{
+	zero_copy_snapshots(RESUME_JOB, 1, true);
+}
+
+Test(trainer, zero_copy_snapshots_sgd_momentum_three_devices)
+{
+	char job[2048];
+	snprintf(job, sizeof job, "%.*s, \"checkpoint\": {\"every_steps\": 3}}", (int)strlen(SGD_JOB) - 1, SGD_JOB);
+	zero_copy_snapshots(job, 3, true);
+}
+
+Test(trainer, zero_copy_snapshots_plain_sgd_two_devices)
+{
+	const char *job = "{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+			  " {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\": \"synthetic\","
+			  " \"samples\": 90, \"features\": 4, \"classes\": 3}, \"shuffle\": true}, \"batch_size\": 10,"
+			  " \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"checkpoint\": {\"every_steps\": 4}}";
+	zero_copy_snapshots(job, 2, true);
+}
+
+Test(trainer, copied_snapshots_without_out_of_place_kernels)
+{
+	zero_copy_snapshots(RESUME_JOB, 3, false);
+}
+
 /* ---- upload-ahead -------------------------------------------------------- */
 
 /* The CPU backend with its function table replaced by a patched copy (the
@@ -699,6 +859,10 @@ static tr_backend_t *rec_backend(int devices, bool ahead)
 	rec.table.gemm = rec_gemm;
 	rec.table.sync = rec_sync;
 	rec.table.sgd_step = rec_sgd_step;
+	/* Rank 0's update after a checkpoint would go through sgd_step_into,
+	 * around rec_sgd_step's fault injection: snapshots are copied here. */
+	rec.table.sgd_step_into = NULL;
+	rec.table.adam_step_into = NULL;
 	be->i = &rec.table;
 	return be;
 }
