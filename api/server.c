@@ -151,6 +151,18 @@ static bool is_json_type(const char *v)
 	return *v == '\0' || *v == ';';
 }
 
+/* The 413 for a body over the cap: with its size when the client declared
+ * one (Content-Length), else (a chunked body) just the cap. */
+static void fail_too_large(struct tr_api_reply *rp, size_t max_body, int64_t declared_len)
+{
+	if (declared_len > 0)
+		tr_api_fail(rp, 413, "payload_too_large", NULL, "the request body is %lld bytes; the limit is %zu",
+			    (long long)declared_len, max_body);
+	else
+		tr_api_fail(rp, 413, "payload_too_large", NULL, "the request body is over the limit of %zu bytes",
+			    max_body);
+}
+
 /* Runs on the request's headers.  Returns -1 with rp filled when the
  * request is answered now. */
 static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
@@ -204,8 +216,7 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 			rq->declared_len = len;
 			return 0;
 		}
-		tr_api_fail(rp, 413, "payload_too_large", NULL, "the request body is %s bytes; the limit is %zu", v,
-			    api->cfg.max_body);
+		fail_too_large(rp, api->cfg.max_body, len);
 		return -1;
 	}
 	return 0;
@@ -282,12 +293,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (rq->answered)
 		return MHD_YES;
 	if (rq->too_large) {
-		if (rq->declared_len)
-			tr_api_fail(&rp, 413, "payload_too_large", NULL, "the request body is %lld bytes; the limit is %zu",
-				    (long long)rq->declared_len, rq->api->cfg.max_body);
-		else
-			tr_api_fail(&rp, 413, "payload_too_large", NULL, "the request body is over the limit of %zu bytes",
-				    rq->api->cfg.max_body);
+		fail_too_large(&rp, rq->api->cfg.max_body, rq->declared_len);
 		return send_reply(rq, &rp);
 	}
 	rq->route->handler(rq, &rp);

@@ -170,14 +170,12 @@ void tr_snapshot_free(struct tr_snapshot *s)
 	if (!s)
 		return;
 	if (s->lease) {
-		tr_snapshot_lease_drop(s->lease);
-		json_decref(s->meta);
-		free(s);
-		return;
+		tr_snapshot_lease_drop(s->lease); /* the buffers are the lease's */
+	} else {
+		spare_put(s->params, s->n_params);
+		spare_put(s->state[0], s->n_params);
+		spare_put(s->state[1], s->n_params);
 	}
-	spare_put(s->params, s->n_params);
-	spare_put(s->state[0], s->n_params);
-	spare_put(s->state[1], s->n_params);
 	json_decref(s->meta);
 	free(s);
 }

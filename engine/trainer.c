@@ -75,9 +75,8 @@ struct tr_trainer {
 	 * devices with out-of-place updates.  While a snapshot shares rank
 	 * 0's current buffers, `lent` is the trainer's reference on them and
 	 * next_bufs the buffers rank 0's next update writes into instead.
-	 * All three are touched only by the thread that calls run (rank 0's
-	 * steps run on it) and by create/restore/destroy. */
-	bool zero_copy;
+	 * Both are touched only by the thread that calls run (rank 0's steps
+	 * run on it) and by restore/destroy. */
 	struct tr_snapshot_lease *lent;
 	float *next_bufs[3];
 
@@ -373,52 +372,58 @@ static int upload_ahead(struct tr_trainer *t, struct rank_ctx *rc)
 			 len, F, L);
 }
 
+/* Whether snapshots can share rank 0's buffers (engine/backend.h). */
+static bool can_lend(const tr_backend_t *be)
+{
+	return be->i->memory_is_host && be->i->sgd_step_into && be->i->adam_step_into;
+}
+
+/* Ends the loan: rank 0's replica takes next_bufs as its buffers (adopt;
+ * they hold its values by now), or lets go of the lent ones and hands
+ * next_bufs back (it is going away).  The lent buffers stay the
+ * snapshot's. */
+static void end_loan(struct tr_trainer *t, bool adopt)
+{
+	tr_replica_t *r = &t->ranks[0].rep;
+	float **cur[3] = {&r->params, &r->state1, &r->state2};
+	for (int k = 0; k <= t->opt_buffers; k++) {
+		if (!adopt)
+			tr_snapshot_buffer_put(t->next_bufs[k], t->model.n_params);
+		*cur[k] = adopt ? t->next_bufs[k] : NULL;
+		t->next_bufs[k] = NULL;
+	}
+	tr_snapshot_lease_drop(t->lent);
+	t->lent = NULL;
+}
+
 /* Rank 0's update while a snapshot shares its buffers: the results go to
- * next_bufs, which become the replica's; the lent ones are left to the
- * snapshot. */
+ * next_bufs, which become the replica's. */
 static int update_lent(struct tr_trainer *t, tr_replica_t *r, const struct tr_optim_hp *hp)
 {
 	float **nb = t->next_bufs;
 	int ret = tr_optim_apply_into(t->be, r->dev, t->spec->optimizer.type, t->model.n_params, r->params, r->grads,
 				      r->state1, r->state2, nb[0], nb[1], nb[2], hp);
-	if (ret < 0)
-		return ret;
-	r->params = nb[0];
-	if (t->opt_buffers > 0)
-		r->state1 = nb[1];
-	if (t->opt_buffers > 1)
-		r->state2 = nb[2];
-	nb[0] = nb[1] = nb[2] = NULL;
-	tr_snapshot_lease_drop(t->lent);
-	t->lent = NULL;
-	return 0;
+	if (ret == 0)
+		end_loan(t, true);
+	return ret;
 }
 
-/* Ends a loan early (the trainer is going away or being restored): the
- * replica keeps its buffers' values in buffers of its own.  keep_values
- * false: they are about to be freed or overwritten anyway. */
+/* Ends a loan early (the trainer is going away or being restored).
+ * keep_values: the replica's values are copied into buffers of its own;
+ * otherwise they are about to be freed anyway. */
 static int unlend(struct tr_trainer *t, bool keep_values)
 {
 	if (!t->lent)
 		return 0;
 	tr_replica_t *r = &t->ranks[0].rep;
-	float **cur[3] = {&r->params, &r->state1, &r->state2};
+	float *cur[3] = {r->params, r->state1, r->state2};
 	size_t bytes = t->model.n_params * sizeof(float);
-	for (int k = 0; k <= t->opt_buffers; k++) {
-		if (keep_values) {
-			int rc = t->be->i->copy(t->be, r->dev, t->next_bufs[k], *cur[k], bytes);
-			if (rc < 0)
-				return rc;
-		}
+	for (int k = 0; keep_values && k <= t->opt_buffers; k++) {
+		int rc = t->be->i->copy(t->be, r->dev, t->next_bufs[k], cur[k], bytes);
+		if (rc < 0)
+			return rc;
 	}
-	for (int k = 0; k <= t->opt_buffers; k++) {
-		*cur[k] = keep_values ? t->next_bufs[k] : NULL;
-		if (!keep_values)
-			tr_snapshot_buffer_put(t->next_bufs[k], t->model.n_params);
-		t->next_bufs[k] = NULL;
-	}
-	tr_snapshot_lease_drop(t->lent);
-	t->lent = NULL;
+	end_loan(t, keep_values);
 	return 0;
 }
 
@@ -622,7 +627,6 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
-	t->zero_copy = t->be->i->memory_is_host && t->be->i->sgd_step_into && t->be->i->adam_step_into;
 	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
 	if ((rc = check_device_memory(t, max_rows, err, errlen)) < 0) {
 		free(host);
@@ -877,7 +881,7 @@ static struct tr_snapshot *copy_snapshot(struct tr_trainer *t)
 
 struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
 {
-	struct tr_snapshot *snap = t->zero_copy ? lend_snapshot(t) : copy_snapshot(t);
+	struct tr_snapshot *snap = can_lend(t->be) ? lend_snapshot(t) : copy_snapshot(t);
 	if (!snap)
 		return NULL;
 	snap->step = step;

@@ -36,6 +36,14 @@ int tr_optim_state_buffers(enum tr_optim_type type, const struct tr_spec *spec)
 	return -EINVAL;
 }
 
+/* The type, not a stale hp, decides Adam's weight-decay coupling. */
+static struct tr_optim_hp adam_hp(enum tr_optim_type type, const struct tr_optim_hp *hp)
+{
+	struct tr_optim_hp h = *hp;
+	h.decoupled = type == TR_OPT_ADAMW;
+	return h;
+}
+
 int tr_optim_apply(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n, float *param, const float *grad,
 		   float *state1, float *state2, const struct tr_optim_hp *hp)
 {
@@ -44,9 +52,7 @@ int tr_optim_apply(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n,
 		return be->i->sgd_step(be, dev, n, param, grad, state1, hp);
 	case TR_OPT_ADAM:
 	case TR_OPT_ADAMW: {
-		/* the type, not a stale hp, decides weight-decay coupling */
-		struct tr_optim_hp h = *hp;
-		h.decoupled = type == TR_OPT_ADAMW;
+		struct tr_optim_hp h = adam_hp(type, hp);
 		return be->i->adam_step(be, dev, n, param, grad, state1, state2, &h);
 	}
 	}
@@ -64,8 +70,7 @@ int tr_optim_apply_into(tr_backend_t *be, int dev, enum tr_optim_type type, size
 		return be->i->sgd_step_into(be, dev, n, param, grad, state1, param_out, state1_out, hp);
 	case TR_OPT_ADAM:
 	case TR_OPT_ADAMW: {
-		struct tr_optim_hp h = *hp;
-		h.decoupled = type == TR_OPT_ADAMW;
+		struct tr_optim_hp h = adam_hp(type, hp);
 		return be->i->adam_step_into(be, dev, n, param, grad, state1, state2, param_out, state1_out, state2_out,
 					     &h);
 	}
