@@ -1,6 +1,7 @@
 /* Small routes about the daemon itself: liveness (always 200 while the
  * process answers, and open without a token so probes need no secret),
- * readiness (the daemon's say, and false while the API shuts down),
+ * readiness (the daemon's say, false while the API shuts down and while
+ * the state database refuses writes),
  * version, devices, and the OpenAPI document, read from disk on each
  * request so the file on disk is the one truth.
  */
@@ -29,6 +30,13 @@ void tr_api_ready(struct tr_api_request *rq, struct tr_api_reply *rp)
 		ready = api->cfg.ops.ready(api->cfg.ctx);
 	if (!ready) {
 		tr_api_fail(rp, 503, "not_ready", NULL, "the daemon is starting up or shutting down");
+		return;
+	}
+	/* Not ready while the state database refuses writes: submits would
+	 * fail, and what jobs do is only held in memory. */
+	char why[768];
+	if (api->cfg.store && tr_store_health(api->cfg.store, why, sizeof why) < 0) {
+		tr_api_fail(rp, 503, "storage_unavailable", NULL, "%s", why);
 		return;
 	}
 	tr_api_reply_json(rp, 200, json_pack("{s:b}", "ready", 1));

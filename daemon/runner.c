@@ -217,7 +217,13 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	if (have)
 		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss);
 	tr_store_flush(s->cfg.store);
-	if (tr_store_job_set_state(s->cfg.store, j->id, state, error_text, NULL) < 0)
+	/* The job has ended whatever the disk says: a change storage refuses
+	 * now is held and written when it can be, and shown meanwhile. */
+	int rc = tr_store_job_record_state(s->cfg.store, j->id, state, error_text, NULL);
+	if (rc > 0)
+		tr_log(TR_LOG_WARN, "job %lld: state %s not written yet, held until storage takes it: %s",
+		       (long long)j->id, state, tr_store_error(s->cfg.store));
+	else if (rc < 0)
 		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state,
 		       tr_store_error(s->cfg.store));
 	free(error_text);

@@ -147,6 +147,19 @@ static void start_queued(struct tr_scheduler *s)
 		char err[512];
 		int rc = tr_store_job_set_state(s->cfg.store, r->id, "running", NULL, devs_text);
 		free(devs_text);
+		if (rc < 0 && rc != -ENOENT && rc != -EINVAL) {
+			/* Storage refuses the start (full, read-only): the job
+			 * stays queued, first in line, and starts once storage
+			 * works (the dispatcher looks again every second). */
+			tr_log(TR_LOG_DBG, "job %lld cannot start yet: %s", (long long)r->id,
+			       tr_store_error(s->cfg.store));
+			for (int d = 0; d < job->ndev; d++)
+				s->owner[job->devices[d]] = 0;
+			tr_spec_finish(&job->spec);
+			free(job);
+			blocked = true;
+			break;
+		}
 		if (rc == 0)
 			rc = tr_runner_start(job, err, sizeof err);
 		else

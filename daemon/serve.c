@@ -185,6 +185,19 @@ out:
 	if (sched)
 		tr_scheduler_shutdown(sched, cfg.shutdown_grace_s);
 	tr_scheduler_destroy(sched);
+	if (store) {
+		/* State changes storage refused until now (docs/design.md,
+		 * "Storage failures"): saved beside the database for the next
+		 * start, or, when even that fails, named here as lost. */
+		char msg[2048];
+		int n = tr_store_job_states_save(store, msg, sizeof msg);
+		if (n > 0)
+			tr_log(TR_LOG_WARN, "%s", msg);
+		else if (n < 0)
+			tr_log(TR_LOG_ERR, "%s after a restart these jobs show their last written state; one "
+					   "written as running is queued again and resumes from its newest checkpoint",
+			       msg);
+	}
 	tr_store_close(store);
 	tr_backend_destroy(be);
 	tr_config_finish(&cfg);

@@ -202,9 +202,11 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 		}
 	} else if (strcmp(row.state, "paused") == 0) {
 		if (op == TR_CONTROL_CANCEL) {
-			rc = tr_store_job_set_state(s->cfg.store, id, "cancelled",
-						    "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}",
-						    NULL);
+			/* Held and shown when storage refuses it (the job must
+			 * not come back), like every cancel below. */
+			rc = tr_store_job_record_state(s->cfg.store, id, "cancelled",
+						       "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}",
+						       NULL);
 			if (rc < 0)
 				rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
 		} else {
@@ -219,10 +221,10 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
 	} else if (strcmp(row.state, "queued") == 0 || strcmp(row.state, "interrupted") == 0) {
 		/* Cancel or stop before it ran: nothing to wind down. */
-		rc = tr_store_job_set_state(s->cfg.store, id, "cancelled",
-					    "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
-					    NULL);
-		if (rc == 0)
+		rc = tr_store_job_record_state(s->cfg.store, id, "cancelled",
+					       "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
+					       NULL);
+		if (rc >= 0)
 			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued");
 		else
 			rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
@@ -250,7 +252,7 @@ static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_a
 				atomic_store(&j->stop_requested, true);
 				if (j->trainer)
 					tr_trainer_stop(j->trainer);
-				tr_store_job_set_state(s->cfg.store, id, "stopping", NULL, NULL);
+				tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL);
 				tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 						    "stop requested: finishing the current step");
 			}

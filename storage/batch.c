@@ -270,13 +270,14 @@ cleanup:
 	return err;
 }
 
-void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
+size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 {
 	/* Only the jobs written to get a new data generation, so a running
 	 * job's flushes leave other jobs' cached answers valid; without room
 	 * for the list, every job does. */
 	int64_t *touched = malloc((n < TX_ITEMS ? n : TX_ITEMS) * sizeof *touched);
-	for (size_t i = 0; i < n; i += TX_ITEMS) {
+	size_t i;
+	for (i = 0; i < n; i += TX_ITEMS) {
 		size_t m = n - i < TX_ITEMS ? n - i : TX_ITEMS, ntouched = 0;
 		int64_t max_event = 0;
 		int err = write_tx(s, items + i, m, &max_event, touched, &ntouched);
@@ -290,16 +291,24 @@ void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 				tr_store_events_committed(s, max_event, touched, ntouched);
 			continue;
 		}
-		/* Nothing of this chunk was written: count it as dropped and
-		 * let the next tr_store_flush report why. */
 		pthread_mutex_lock(&s->q_lock);
-		for (size_t k = i; k < i + m; k++)
-			tr_store_drops_add(s, items[k].job_id, 1);
 		s->err_from = s->seq_done + i;
 		s->err_to = s->seq_done + i + m;
 		s->err_code = err;
 		tr_store_errcpy(s->err_msg, sizeof s->err_msg);
+		if (tr_store_err_transient(err)) {
+			/* Storage will take it later (a full disk freed, a
+			 * read-only directory fixed): keep this chunk and
+			 * everything after it, in order, for the next try. */
+			pthread_mutex_unlock(&s->q_lock);
+			break;
+		}
+		/* Nothing of this chunk was written and never will be: count
+		 * it as dropped and let the next tr_store_flush report why. */
+		for (size_t k = i; k < i + m; k++)
+			tr_store_drops_add(s, items[k].job_id, 1);
 		pthread_mutex_unlock(&s->q_lock);
 	}
 	free(touched);
+	return i < n ? i : n;
 }

@@ -38,6 +38,10 @@ struct stmt_cache_entry {
 
 struct conn {
 	sqlite3 *db;
+	/* The store whose state database this connection writes, for the
+	 * storage health (tr_store_health); NULL for checkpoint files and
+	 * other connections whose failures say nothing about it. */
+	struct tr_store *store;
 	struct stmt_cache_entry *cache;
 	int ncache, capcache;
 	bool busy; /* handed out by the pool */
@@ -60,6 +64,19 @@ struct qvec {
 struct drop_count {
 	int64_t job_id, count;
 };
+
+/* A job state change that could not be written yet (storage/pending.c). */
+struct pending_state {
+	int64_t job_id;
+	char *state, *error, *devices; /* error/devices: JSON text or NULL */
+	double at;                     /* when it happened: its event's and its stamps' time */
+};
+
+/* Bounds the state changes held in memory while storage fails: far more
+ * than a daemon's live jobs can make (each makes a handful). */
+#define STORE_PENDING_STATES_MAX 4096
+/* How often held writes are tried again while storage fails. */
+#define STORE_RETRY_MS 1000
 
 /* A slot of the per-job generation table: the job it holds and that
  * job's last change, or, for jobs it does not hold, `evicted`: the newest
@@ -95,9 +112,28 @@ struct tr_store {
 	uint64_t err_from, err_to; /* seq range (from, to] of the last failed chunk */
 	int err_code;
 	char err_msg[512];
+	uint64_t seq_tried;        /* every item up to here was tried at least once */
+	bool write_failing;        /* the last batch kept items back for a retry */
 	struct drop_count *drops;
 	size_t ndrops, capdrops;
 	int64_t drops_total;
+
+	/* State changes not written yet, in the order they happened; all
+	 * under st_lock, which also orders every job state write. */
+	pthread_mutex_t st_lock;
+	struct pending_state *pst;
+	size_t npst, cappst;
+	_Atomic size_t pst_count; /* npst, for the writer's wake-up test */
+	bool pst_saved; /* the side file holds them: delete it once all are written */
+
+	/* Storage health: the last write to the state database failed for
+	 * want of storage and none has succeeded since.  Under h_lock;
+	 * h_failing is read without it as a hint. */
+	pthread_mutex_t h_lock;
+	_Atomic int h_failing;
+	int h_err;
+	double h_since;
+	char h_msg[512];
 
 	/* Event notification for tr_store_wait_events. */
 	pthread_mutex_t ev_lock;
@@ -155,7 +191,22 @@ int tr_store_exec(struct conn *c, const char *sql);
 int tr_store_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Records "file:line: what: sqlite message" and maps rc to a negative errno. */
 int tr_store_sqlfail(sqlite3 *db, int rc, const char *what, const char *file, int line);
-#define SQLFAIL(c, rc, what) tr_store_sqlfail((c)->db, (rc), (what), __FILE__, __LINE__)
+#define SQLFAIL(c, rc, what) tr_store_sqlfail_c((c), (rc), (what), __FILE__, __LINE__)
+/* The same, noting a storage failure of the connection's store. */
+int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *file, int line);
+/* A write failed for want of storage (full, read-only, I/O error). */
+bool tr_store_err_storage(int err);
+/* A write failed for a reason that may pass: storage, a lock held too
+ * long, memory.  Such writes are kept and tried again, not dropped. */
+bool tr_store_err_transient(int err);
+/* Storage health bookkeeping (storage/store.c): a write to the state
+ * database failed (err, message from the thread's buffer), or one
+ * succeeded. */
+void tr_store_health_fail(tr_store_t *s, int err);
+void tr_store_health_ok(tr_store_t *s);
+/* Test-only fault switch (storage/fault.c); a no-op unless the
+ * environment asks for it. */
+void tr_store_fault_install(void);
 /* Copies the calling thread's message into buf. */
 void tr_store_errcpy(char *buf, size_t len);
 
@@ -179,8 +230,11 @@ int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, cons
 int tr_store_writer_start(tr_store_t *s);
 void tr_store_writer_stop(tr_store_t *s);
 /* Writes items to the database on the writer connection, in transactions
- * of bounded size; counts items of failed transactions as drops. */
-void tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n);
+ * of bounded size.  Returns how many leading items are done with: written,
+ * or dropped (and counted) for a failure that cannot pass.  The rest, from
+ * the first chunk that failed for a transient reason (a full disk), are
+ * the caller's to try again. */
+size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n);
 void tr_store_drops_add(tr_store_t *s, int64_t job_id, int64_t n); /* q_lock held */
 void tr_store_drops_forget(tr_store_t *s, int64_t job_id);
 
@@ -237,6 +291,28 @@ void tr_store_jbuf_num(struct jbuf *b, double v); /* null when not finite */
 bool tr_store_utf8_valid(const char *s);
 void tr_store_utf8_fix(char *s); /* invalid bytes become '?', in place */
 #define JBUF_LIT(b, lit) tr_store_jbuf_raw((b), (lit), sizeof(lit) - 1)
+
+/* ---- pending state changes (storage/pending.c) ------------------------------- */
+
+/* Writes one state change on c in its own transaction, stamping with
+ * `at`; *event_id receives the state event's id.  No events_committed. */
+int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, const char *error_json,
+			     const char *devices_json, double at, int64_t *event_id);
+/* With st_lock held: writes the pending changes in order on c until one
+ * fails for a transient reason (returned; the rest stay); changes that
+ * can never be written (their job was deleted) are dropped. 0 = none left. */
+int tr_store_states_drain_locked(tr_store_t *s, struct conn *c);
+/* Takes st_lock and drains on c (the writer's retry). */
+int tr_store_states_retry(tr_store_t *s, struct conn *c);
+size_t tr_store_states_pending(tr_store_t *s);
+/* Forgets a deleted job's pending changes. */
+void tr_store_states_forget(tr_store_t *s, int64_t job_id);
+/* Shows a row as its pending changes will leave it. */
+void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row);
+/* At open: loads changes a previous run could not write (the side file)
+ * and tries them. */
+int tr_store_states_load(tr_store_t *s);
+void tr_store_states_free(tr_store_t *s);
 
 /* Marks stored data as changed for response caches, after the commit:
  * of every job (a deletion), or of one. */

@@ -255,7 +255,139 @@ int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out)
 		err = SQLFAIL(c, rc, "SELECT job");
 cleanup:
 	tr_store_conn_put(s, c);
+	if (err == 0)
+		tr_store_job_overlay(s, out);
 	return err;
+}
+
+/* ---- held state changes in lists ------------------------------------------- */
+
+struct held_job {
+	int64_t id;
+	char *state; /* the state its held changes leave it in */
+};
+
+/* Jobs with held changes (storage/pending.c), once each. */
+static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n)
+{
+	*out = NULL;
+	*n = 0;
+	int err = 0;
+	pthread_mutex_lock(&s->st_lock);
+	struct held_job *v = s->npst ? calloc(s->npst, sizeof *v) : NULL;
+	if (s->npst && !v)
+		err = tr_store_fail(-ENOMEM, "out of memory");
+	for (size_t i = 0; v && i < s->npst; i++) {
+		size_t k = 0;
+		while (k < *n && v[k].id != s->pst[i].job_id)
+			k++;
+		if (k == *n)
+			v[(*n)++].id = s->pst[i].job_id;
+		v[k].state = s->pst[i].state; /* the last one wins */
+	}
+	for (size_t k = 0; k < *n; k++)
+		if (!(v[k].state = strdup(v[k].state)))
+			err = tr_store_fail(-ENOMEM, "out of memory");
+	pthread_mutex_unlock(&s->st_lock);
+	if (err < 0) {
+		for (size_t k = 0; k < *n; k++)
+			free(v[k].state);
+		free(v);
+		*n = 0;
+		return err;
+	}
+	*out = v;
+	return 0;
+}
+
+static bool in_states(const char *state, const char *const *states)
+{
+	for (int i = 0; states[i]; i++)
+		if (strcmp(states[i], state) == 0)
+			return true;
+	return false;
+}
+
+/* Makes a list the database answered show the held changes: overlays
+ * each row, drops rows whose shown state is not wanted, and adds the jobs
+ * a held change brings into the wanted states (id > after).  rows grows
+ * as needed. */
+static int apply_held(tr_store_t *s, const char *const *states, int64_t after, struct tr_job_row **rows,
+		      int *count)
+{
+	struct held_job *held = NULL;
+	size_t nheld = 0;
+	int err = held_jobs(s, &held, &nheld);
+	if (err < 0 || nheld == 0)
+		return err;
+	struct tr_job_row *v = *rows;
+	int n = *count, kept = 0;
+	for (int i = 0; i < n; i++) {
+		tr_store_job_overlay(s, &v[i]);
+		if (!states || in_states(v[i].state, states))
+			v[kept++] = v[i];
+		else
+			tr_job_row_finish(&v[i]);
+	}
+	n = kept;
+	for (size_t k = 0; states && k < nheld && !err; k++) {
+		if (held[k].id <= after || !in_states(held[k].state, states))
+			continue;
+		bool present = false;
+		for (int i = 0; i < n && !present; i++)
+			present = v[i].id == held[k].id;
+		if (present)
+			continue;
+		struct tr_job_row row;
+		int rc = tr_store_job_get(s, held[k].id, &row);
+		if (rc == -ENOENT)
+			continue;
+		if (rc < 0) {
+			err = rc;
+			break;
+		}
+		if (!in_states(row.state, states)) {
+			tr_job_row_finish(&row);
+			continue;
+		}
+		struct tr_job_row *nv = realloc(v, (size_t)(n + 1) * sizeof *nv);
+		if (!nv) {
+			tr_job_row_finish(&row);
+			err = tr_store_fail(-ENOMEM, "out of memory");
+			break;
+		}
+		v = nv;
+		v[n++] = row;
+	}
+	for (size_t k = 0; k < nheld; k++)
+		free(held[k].state);
+	free(held);
+	*rows = v;
+	*count = n;
+	return err;
+}
+
+static void rows_free(struct tr_job_row *rows, int n)
+{
+	for (int i = 0; i < n; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+}
+
+static int cmp_row_id(const void *a, const void *b)
+{
+	int64_t x = ((const struct tr_job_row *)a)->id, y = ((const struct tr_job_row *)b)->id;
+	return (x > y) - (x < y);
+}
+
+static int cmp_row_queue(const void *a, const void *b)
+{
+	const struct tr_job_row *x = a, *y = b;
+	if (x->priority != y->priority)
+		return x->priority > y->priority ? -1 : 1;
+	if (x->submitted_at != y->submitted_at)
+		return x->submitted_at < y->submitted_at ? -1 : 1;
+	return (x->id > y->id) - (x->id < y->id);
 }
 
 int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
@@ -263,6 +395,9 @@ int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit
 {
 	*rows = NULL;
 	*count = 0;
+	/* Held changes can take jobs out of the page: ask for that many
+	 * more, so a page is only short at the end. */
+	size_t held = state ? tr_store_states_pending(s) : 0;
 	struct conn *c = tr_store_conn_get(s);
 	int err;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs"
@@ -273,10 +408,26 @@ int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit
 	}
 	sqlite3_bind_int64(st, 1, after);
 	sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
-	sqlite3_bind_int(st, 3, limit > 0 ? limit : -1); /* LIMIT -1: no limit */
+	sqlite3_bind_int64(st, 3, limit > 0 ? (int64_t)limit + (int64_t)held : -1); /* LIMIT -1: no limit */
 	err = read_rows(c, st, rows, count);
 cleanup:
 	tr_store_conn_put(s, c);
+	if (err == 0) {
+		const char *one[] = {state, NULL};
+		err = apply_held(s, state ? one : NULL, after, rows, count);
+		if (err == 0)
+			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_id);
+		if (err == 0 && limit > 0 && *count > limit) {
+			for (int i = limit; i < *count; i++)
+				tr_job_row_finish(&(*rows)[i]);
+			*count = limit;
+		}
+		if (err < 0) {
+			rows_free(*rows, *count);
+			*rows = NULL;
+			*count = 0;
+		}
+	}
 	return err;
 }
 
@@ -312,29 +463,29 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
 cleanup:
 	sqlite3_finalize(st);
 	tr_store_conn_put(s, c);
+	/* A job whose cancellation is held must not be started again; one
+	 * held as queued (resumed) must be. */
+	if (err == 0) {
+		err = apply_held(s, nstates ? states : NULL, 0, rows, count);
+		if (err == 0)
+			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_queue);
+		else {
+			rows_free(*rows, *count);
+			*rows = NULL;
+			*count = 0;
+		}
+	}
 	return err;
 }
 
-/* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
-int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
-			   const char *devices_json)
+int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, const char *error_json,
+			     const char *devices_json, double now, int64_t *event_id)
 {
-	if (!state || !is_known_state(state))
-		return tr_store_fail(-EINVAL, "unknown job state \"%s\"", state ? state : "(null)");
-	int err = check_json(error_json, JSON_OBJECT, "error");
-	if (err < 0)
-		return err;
-	err = check_json(devices_json, JSON_ARRAY, "devices");
-	if (err < 0)
-		return err;
 	char *data = state_event_data(state, error_json);
 	if (!data)
 		return tr_store_fail(-ENOMEM, "out of memory");
-
-	struct conn *c = tr_store_conn_get(s);
-	int64_t event_id = 0;
-	double now = tr_store_now();
-	err = tr_store_begin(c, true);
+	*event_id = 0;
+	int err = tr_store_begin(c, true);
 	if (err < 0)
 		goto cleanup;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT state, finished_at FROM jobs WHERE id = ?1");
@@ -380,13 +531,42 @@ int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const c
 		err = SQLFAIL(c, rc, "UPDATE job state");
 		goto cleanup;
 	}
-	err = tr_store_event_insert(c, id, "state", data, now, &event_id);
+	err = tr_store_event_insert(c, id, "state", data, now, event_id);
 	if (err < 0)
 		goto cleanup;
 	err = tr_store_commit(c);
 cleanup:
-	tr_store_conn_put(s, c);
+	if (err < 0)
+		tr_store_rollback(c);
 	free(data);
+	return err;
+}
+
+/* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
+int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+			   const char *devices_json)
+{
+	if (!state || !is_known_state(state))
+		return tr_store_fail(-EINVAL, "unknown job state \"%s\"", state ? state : "(null)");
+	int err = check_json(error_json, JSON_OBJECT, "error");
+	if (err < 0)
+		return err;
+	err = check_json(devices_json, JSON_ARRAY, "devices");
+	if (err < 0)
+		return err;
+
+	int64_t event_id = 0;
+	/* st_lock orders this write after every held change
+	 * (storage/pending.c): they are written first, or this fails as they
+	 * do. */
+	pthread_mutex_lock(&s->st_lock);
+	struct conn *c = tr_store_conn_get(s);
+	if (s->npst)
+		err = tr_store_states_drain_locked(s, c);
+	if (err == 0)
+		err = tr_store_job_write_state(c, id, state, error_json, devices_json, tr_store_now(), &event_id);
+	tr_store_conn_put(s, c);
+	pthread_mutex_unlock(&s->st_lock);
 	if (err == 0)
 		tr_store_events_committed(s, event_id, &id, 1);
 	return err;
@@ -459,6 +639,7 @@ int tr_store_job_delete(tr_store_t *s, int64_t id)
 		tr_store_ckpt_sweep_files(s, c); /* the job's checkpoint files */
 	tr_store_conn_put(s, c);
 	if (err == 0) {
+		tr_store_states_forget(s, id);
 		tr_store_drops_forget(s, id);
 		tr_store_data_changed(s);
 	}

@@ -4,12 +4,20 @@
  * once on tr_store_flush or close) and writes it with tr_store_write_batch.
  *
  * Bounded memory: points accepted but not yet committed (queued plus the
- * batch being written) never exceed queue_max; beyond that appends fail
- * with -ENOBUFS and are counted per job and in total.
+ * batch being written or held) never exceed queue_max; beyond that appends
+ * fail with -ENOBUFS and are counted per job and in total.
+ *
+ * Storage failures: a chunk that fails for a reason that may pass (full,
+ * read-only, I/O error) is held with everything after it, in order, and
+ * tried again once a second, followed by the held job state changes
+ * (storage/pending.c); with nothing to write, a failing store is probed
+ * at the same pace so that tr_store_health recovers.
  */
 #include "storage/internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -164,15 +172,19 @@ int tr_store_flush(tr_store_t *s)
 	pthread_mutex_lock(&s->q_lock);
 	uint64_t target = s->seq_in;
 	uint64_t start = s->seq_done;
-	if (s->seq_done < target) {
-		s->flush_req = true;
-		pthread_cond_signal(&s->q_work);
-		while (s->seq_done < target)
-			pthread_cond_wait(&s->q_done, &s->q_lock);
+	/* Waits for one try of everything queued now, not for success: while
+	 * storage fails, points are held and tried again later. */
+	while (s->seq_tried < target) {
+		if (!s->flush_req) {
+			s->flush_req = true;
+			pthread_cond_signal(&s->q_work);
+		}
+		pthread_cond_wait(&s->q_done, &s->q_lock);
 	}
 	int err = 0;
-	/* Report the last failure only if it held some of our points. */
-	if (s->err_to > start && s->err_from < target) {
+	/* Report the last failure only if it held some of our points: kept
+	 * for a retry (not done yet), or dropped. */
+	if (s->seq_done < target || (s->err_to > start && s->err_from < target)) {
 		err = s->err_code;
 		tr_store_fail(err, "%s", s->err_msg);
 	}
@@ -198,51 +210,127 @@ static bool reached(const struct timespec *t)
 	return now.tv_sec > t->tv_sec || (now.tv_sec == t->tv_sec && now.tv_nsec >= t->tv_nsec);
 }
 
+/* A write with nothing else to write: tells whether the state database
+ * takes writes again (rewrites the header's user_version as it is), so
+ * that readiness recovers without other traffic. */
+static int probe(tr_store_t *s)
+{
+	struct conn *c = &s->wconn;
+	int64_t v = 0;
+	char sql[64];
+	int err = tr_store_begin(c, true);
+	if (err == 0)
+		err = tr_store_pragma_int(c, "PRAGMA user_version", &v);
+	if (err == 0) {
+		snprintf(sql, sizeof sql, "PRAGMA user_version=%lld", (long long)v);
+		err = tr_store_exec(c, sql);
+	}
+	if (err == 0)
+		err = tr_store_commit(c);
+	if (err < 0)
+		tr_store_rollback(c);
+	return err;
+}
+
+/* Appends the queue to the held items (they stay first: order is kept).
+ * False when memory is short; then the queue waits for the next round. */
+static bool take_pending(tr_store_t *s, struct qvec *batch)
+{
+	if (batch->n == 0) {
+		struct qvec t = s->pending;
+		s->pending = *batch;
+		s->pending.n = 0;
+		*batch = t;
+		return true;
+	}
+	if (s->pending.n == 0)
+		return true;
+	size_t need = batch->n + s->pending.n;
+	if (need > batch->cap) {
+		struct qitem *n = realloc(batch->v, need * sizeof *n);
+		if (!n)
+			return false;
+		batch->v = n;
+		batch->cap = need;
+	}
+	memcpy(batch->v + batch->n, s->pending.v, s->pending.n * sizeof *s->pending.v);
+	batch->n = need;
+	s->pending.n = 0;
+	return true;
+}
+
 static void *writer_main(void *arg)
 {
 	tr_store_t *s = arg;
-	struct qvec batch = {0};
+	struct qvec batch = {0}; /* items held after a failure first, then the newest */
+	bool failing = false;    /* the last round kept something back */
+	bool stop_tried = false;
 	pthread_setname_np(pthread_self(), "tr-metrics");
 	struct timespec last, next;
 	clock_gettime(CLOCK_MONOTONIC, &last);
 	pthread_mutex_lock(&s->q_lock);
 	for (;;) {
-		if (s->pending.n == 0 && !s->flush_req) {
+		bool retry = batch.n > 0 || atomic_load(&s->pst_count) > 0 || atomic_load(&s->h_failing);
+		if (s->pending.n == 0 && !s->flush_req && !retry) {
 			if (s->stopping)
 				break;
 			pthread_cond_wait(&s->q_work, &s->q_lock);
 			continue;
 		}
-		/* Pace: at most one flush per interval, unless asked. */
-		deadline_after(&next, &last, s->flush_ms);
+		/* Closing: one more try, then what storage refuses is lost. */
+		if (s->stopping && stop_tried && (failing || (s->pending.n == 0 && batch.n == 0)))
+			break;
+		/* Pace: at most one flush per interval, unless asked; while
+		 * storage fails (or only a probe is due), one try a second. */
+		bool slow = failing || (s->pending.n == 0 && batch.n == 0);
+		deadline_after(&next, &last, slow ? STORE_RETRY_MS : s->flush_ms);
 		if (!s->flush_req && !s->stopping && !reached(&next)) {
 			pthread_cond_timedwait(&s->q_work, &s->q_lock, &next);
 			continue;
 		}
-		struct qvec t = s->pending;
-		s->pending = batch;
-		s->pending.n = 0;
-		batch = t;
+		stop_tried = s->stopping;
+		take_pending(s, &batch);
+		uint64_t upto = s->seq_done + batch.n;
 		s->inflight = batch.n;
 		s->flush_req = false;
 		pthread_mutex_unlock(&s->q_lock);
 
-		size_t done = batch.n;
-		tr_store_write_batch(s, batch.v, done);
+		size_t done = batch.n ? tr_store_write_batch(s, batch.v, batch.n) : 0;
+		bool kept = done < batch.n;
+		int err = 0;
+		/* Held state changes go after the points, so that a job shown
+		 * finished has its metrics written, as without a failure. */
+		if (!kept)
+			err = tr_store_states_retry(s, &s->wconn);
+		if (!kept && err == 0 && batch.n == 0 && atomic_load(&s->h_failing))
+			err = probe(s);
 		for (size_t i = 0; i < done; i++)
 			free(batch.v[i].heap);
-		batch.n = 0;
-		if (batch.cap > KEEP_CAPACITY) {
+		memmove(batch.v, batch.v + done, (batch.n - done) * sizeof *batch.v);
+		batch.n -= done;
+		if (batch.n == 0 && batch.cap > KEEP_CAPACITY) {
 			free(batch.v);
 			batch = (struct qvec){0};
 		}
 		clock_gettime(CLOCK_MONOTONIC, &last);
 
 		pthread_mutex_lock(&s->q_lock);
+		failing = kept || err < 0;
+		s->write_failing = failing;
 		s->seq_done += done;
-		s->inflight = 0;
+		if (upto > s->seq_tried)
+			s->seq_tried = upto;
+		s->inflight = batch.n;
 		pthread_cond_broadcast(&s->q_done);
 	}
+	/* Closing while storage fails: the held points are lost; count them. */
+	for (size_t i = 0; i < batch.n; i++) {
+		tr_store_drops_add(s, batch.v[i].job_id, 1);
+		free(batch.v[i].heap);
+	}
+	s->seq_done += batch.n;
+	s->inflight = 0;
+	pthread_cond_broadcast(&s->q_done);
 	pthread_mutex_unlock(&s->q_lock);
 	free(batch.v);
 	return NULL;

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,68 @@ int tr_store_sqlfail(sqlite3 *db, int rc, const char *what, const char *file, in
 	return tr_store_fail(errno_of(db, rc), "%s:%d: %s: %s", file, line, what, msg);
 }
 
+int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *file, int line)
+{
+	int err = tr_store_sqlfail(c->db, rc, what, file, line);
+	if (c->store && tr_store_err_storage(err))
+		tr_store_health_fail(c->store, err);
+	return err;
+}
+
+bool tr_store_err_storage(int err)
+{
+	return err == -ENOSPC || err == -EROFS || err == -EIO || err == -EACCES || err == -EPERM ||
+	       err == -EDQUOT;
+}
+
+bool tr_store_err_transient(int err)
+{
+	return tr_store_err_storage(err) || err == -EBUSY || err == -ENOMEM || err == -EAGAIN;
+}
+
+/* ---- storage health --------------------------------------------------------------- */
+
+void tr_store_health_fail(tr_store_t *s, int err)
+{
+	pthread_mutex_lock(&s->h_lock);
+	bool was = atomic_load(&s->h_failing);
+	if (!was)
+		s->h_since = tr_store_now();
+	s->h_err = err;
+	snprintf(s->h_msg, sizeof s->h_msg, "%s", tls_err);
+	atomic_store(&s->h_failing, 1);
+	pthread_mutex_unlock(&s->h_lock);
+	if (!was && s->writer_started) {
+		/* The writer probes until a write succeeds again. */
+		pthread_mutex_lock(&s->q_lock);
+		pthread_cond_signal(&s->q_work);
+		pthread_mutex_unlock(&s->q_lock);
+	}
+}
+
+void tr_store_health_ok(tr_store_t *s)
+{
+	if (!atomic_load(&s->h_failing))
+		return;
+	pthread_mutex_lock(&s->h_lock);
+	atomic_store(&s->h_failing, 0);
+	pthread_mutex_unlock(&s->h_lock);
+}
+
+int tr_store_health(tr_store_t *s, char *msg, size_t msglen)
+{
+	int err = 0;
+	pthread_mutex_lock(&s->h_lock);
+	if (atomic_load(&s->h_failing)) {
+		err = s->h_err;
+		if (msg && msglen)
+			snprintf(msg, msglen, "writes to the state database fail for %.0f s: %s",
+				 tr_store_now() - s->h_since, s->h_msg);
+	}
+	pthread_mutex_unlock(&s->h_lock);
+	return err;
+}
+
 double tr_store_now(void)
 {
 	struct timespec ts;
@@ -147,7 +210,10 @@ int tr_store_begin(struct conn *c, bool write)
 
 int tr_store_commit(struct conn *c)
 {
-	return step_done(c, "COMMIT");
+	int err = step_done(c, "COMMIT");
+	if (err == 0 && c->store)
+		tr_store_health_ok(c->store);
+	return err;
 }
 
 void tr_store_rollback(struct conn *c)
@@ -397,6 +463,9 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	pthread_cond_init(&s->q_done, NULL);
 	pthread_mutex_init(&s->ev_lock, NULL);
 	init_cond_monotonic(&s->ev_cond);
+	pthread_mutex_init(&s->st_lock, NULL);
+	pthread_mutex_init(&s->h_lock, NULL);
+	tr_store_fault_install();
 	if (!s->path) {
 		rc = tr_store_fail(-ENOMEM, "out of memory");
 		goto fail;
@@ -436,6 +505,16 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 			goto fail;
 	}
 	s->last_event_id = read_last_event_id(&s->wconn);
+	/* From here on, failures of these connections' writes are the
+	 * state's health (the open's own failures are the open's). */
+	s->wconn.store = s;
+	for (int i = 0; i < STORE_POOL_SIZE; i++)
+		s->pool[i].store = s;
+	/* State changes a previous run could not write: shown (and kept from
+	 * the queue) from the start, written as soon as storage allows. */
+	rc = tr_store_states_load(s);
+	if (rc < 0)
+		goto fail;
 	rc = tr_store_writer_start(s);
 	if (rc < 0)
 		goto fail;
@@ -460,6 +539,9 @@ void tr_store_close(tr_store_t *s)
 	if (!s)
 		return;
 	tr_store_writer_stop(s);
+	if (s->wconn.db)
+		tr_store_job_states_save(s, NULL, 0);
+	tr_store_states_free(s);
 	for (int i = 0; i < STORE_POOL_SIZE; i++)
 		tr_store_conn_close(&s->pool[i]);
 	/* Closed last: the last connection to close checkpoints the WAL. */
@@ -475,6 +557,8 @@ void tr_store_close(tr_store_t *s)
 	pthread_cond_destroy(&s->q_done);
 	pthread_mutex_destroy(&s->ev_lock);
 	pthread_cond_destroy(&s->ev_cond);
+	pthread_mutex_destroy(&s->st_lock);
+	pthread_mutex_destroy(&s->h_lock);
 	free(s->path);
 	free(s);
 }

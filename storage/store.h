@@ -13,6 +13,15 @@
  * several -- at most every 200 ms), so training
  * never waits for a disk; a full queue drops points and counts the drops.
  *
+ * Storage failures (a full disk, a read-only state directory, I/O errors):
+ * queued points and log lines that could not be written stay queued, in
+ * order, and are tried again every second (they still count against the
+ * queue's bound, so a long failure ends in counted drops, not unbounded
+ * memory); a job state change that must not be lost is held the same way
+ * (tr_store_job_record_state) and every job query shows the job as that
+ * change leaves it, with state_pending set; tr_store_health reports the
+ * failure until a write succeeds again.
+ *
  * All functions are thread-safe (one connection per thread role, guarded
  * internally: the writer thread's own, and a small pool for requests).
  * They return 0 or a negative errno-style code, with a message in the
@@ -78,6 +87,7 @@ struct tr_job_row {
 	int64_t step, total_steps, epoch;
 	double loss;       /* latest, NAN when none */
 	double updated_at; /* last progress update */
+	bool state_pending; /* state/error/devices/stamps shown are not written yet */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -102,6 +112,36 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
  * {"state":..,"error":..} in the same transaction. */
 int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
 			   const char *devices_json);
+/* The same for a change that has happened and must not be lost (a job
+ * ended, was cancelled): when storage fails for a reason that may pass
+ * (full, read-only, I/O error, busy), the change is held in memory, in
+ * order after any earlier held change, and written by the metrics writer
+ * thread as soon as storage works (tried every second); meanwhile
+ * tr_store_job_get and the lists show it, with state_pending set.  Returns
+ * 0 when written, 1 when held, or a negative code (unknown job or state,
+ * invalid JSON, STORE_PENDING_STATES_MAX changes already held).
+ * tr_store_job_set_state on a job with held changes writes them first, or
+ * fails as they do, so a job's changes are always written in order. */
+int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+			      const char *devices_json);
+/* Held state changes that are not written yet. */
+size_t tr_store_job_states_pending(tr_store_t *s);
+/* Called at shutdown (tr_store_close does it too): tries the held state
+ * changes once more, and saves what still cannot be written to a side
+ * file beside the database (<path>-unrecorded-states), which the next
+ * tr_store_open applies (and deletes once written).  Returns how many were
+ * saved (0: nothing was held), or a negative code with msg (may be NULL)
+ * saying which changes are lost when even the side file cannot be
+ * written. */
+int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen);
+
+/* Storage health: 0 when the state database takes writes (as far as the
+ * last write knows), else the negative code of the failing write with
+ * msg (may be NULL) saying what fails and since when.  While failing,
+ * the metrics writer probes the database every second, so the answer
+ * recovers without other traffic. */
+int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
+
 int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
 			      double loss);
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority);
