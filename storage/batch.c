@@ -292,8 +292,6 @@ size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 			continue;
 		}
 		pthread_mutex_lock(&s->q_lock);
-		s->err_from = s->seq_done + i;
-		s->err_to = s->seq_done + i + m;
 		s->err_code = err;
 		tr_store_errcpy(s->err_msg, sizeof s->err_msg);
 		if (tr_store_err_transient(err)) {
@@ -305,6 +303,8 @@ size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 		}
 		/* Nothing of this chunk was written and never will be: count
 		 * it as dropped and let the next tr_store_flush report why. */
+		s->err_from = s->seq_done + i;
+		s->err_to = s->seq_done + i + m;
 		for (size_t k = i; k < i + m; k++)
 			tr_store_drops_add(s, items[k].job_id, 1);
 		pthread_mutex_unlock(&s->q_lock);

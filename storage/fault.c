@@ -16,6 +16,7 @@
  */
 #include "storage/internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,20 +63,27 @@ static int f_read(sqlite3_file *f, void *p, int n, sqlite3_int64 off)
 {
 	return REAL(f)->pMethods->xRead(REAL(f), p, n, off);
 }
+/* SQLite reads errno for an I/O error's cause (sqlite3_system_errno). */
+static int failed(int rc)
+{
+	errno = rc == SQLITE_FULL ? ENOSPC : rc == SQLITE_READONLY ? EROFS : EIO;
+	return rc;
+}
+
 static int f_write(sqlite3_file *f, const void *p, int n, sqlite3_int64 off)
 {
 	int rc = fault_now();
-	return rc != SQLITE_OK ? rc : REAL(f)->pMethods->xWrite(REAL(f), p, n, off);
+	return rc != SQLITE_OK ? failed(rc) : REAL(f)->pMethods->xWrite(REAL(f), p, n, off);
 }
 static int f_truncate(sqlite3_file *f, sqlite3_int64 size)
 {
 	int rc = fault_now();
-	return rc != SQLITE_OK ? rc : REAL(f)->pMethods->xTruncate(REAL(f), size);
+	return rc != SQLITE_OK ? failed(rc) : REAL(f)->pMethods->xTruncate(REAL(f), size);
 }
 static int f_sync(sqlite3_file *f, int flags)
 {
 	int rc = fault_now();
-	return rc != SQLITE_OK ? SQLITE_IOERR_FSYNC : REAL(f)->pMethods->xSync(REAL(f), flags);
+	return rc != SQLITE_OK ? failed(SQLITE_IOERR_FSYNC) : REAL(f)->pMethods->xSync(REAL(f), flags);
 }
 static int f_size(sqlite3_file *f, sqlite3_int64 *size)
 {

@@ -112,7 +112,7 @@ struct tr_store {
 	uint64_t err_from, err_to; /* seq range (from, to] of the last failed chunk */
 	int err_code;
 	char err_msg[512];
-	uint64_t seq_tried;        /* every item up to here was tried at least once */
+	uint64_t rounds_started, rounds_done; /* the writer's rounds, for flushes */
 	bool write_failing;        /* the last batch kept items back for a retry */
 	struct drop_count *drops;
 	size_t ndrops, capdrops;

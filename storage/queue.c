@@ -172,9 +172,11 @@ int tr_store_flush(tr_store_t *s)
 	pthread_mutex_lock(&s->q_lock);
 	uint64_t target = s->seq_in;
 	uint64_t start = s->seq_done;
-	/* Waits for one try of everything queued now, not for success: while
-	 * storage fails, points are held and tried again later. */
-	while (s->seq_tried < target) {
+	/* Waits until everything queued now is written, or one round that
+	 * begins after this call has tried it: while storage fails, points
+	 * are held and tried again later, not waited for. */
+	uint64_t round = s->rounds_started + 1;
+	while (s->seq_done < target && s->rounds_done < round) {
 		if (!s->flush_req) {
 			s->flush_req = true;
 			pthread_cond_signal(&s->q_work);
@@ -290,7 +292,7 @@ static void *writer_main(void *arg)
 		}
 		stop_tried = s->stopping;
 		take_pending(s, &batch);
-		uint64_t upto = s->seq_done + batch.n;
+		uint64_t round = ++s->rounds_started;
 		s->inflight = batch.n;
 		s->flush_req = false;
 		pthread_mutex_unlock(&s->q_lock);
@@ -318,8 +320,7 @@ static void *writer_main(void *arg)
 		failing = kept || err < 0;
 		s->write_failing = failing;
 		s->seq_done += done;
-		if (upto > s->seq_tried)
-			s->seq_tried = upto;
+		s->rounds_done = round;
 		s->inflight = batch.n;
 		pthread_cond_broadcast(&s->q_done);
 	}
@@ -329,6 +330,7 @@ static void *writer_main(void *arg)
 		free(batch.v[i].heap);
 	}
 	s->seq_done += batch.n;
+	s->rounds_done = s->rounds_started;
 	s->inflight = 0;
 	pthread_cond_broadcast(&s->q_done);
 	pthread_mutex_unlock(&s->q_lock);

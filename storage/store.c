@@ -144,8 +144,14 @@ void tr_store_health_ok(tr_store_t *s)
 int tr_store_health(tr_store_t *s, char *msg, size_t msglen)
 {
 	int err = 0;
+	/* Held points or state changes mean a write is still refused, even
+	 * when a smaller one has fit since (a size cap). */
+	pthread_mutex_lock(&s->q_lock);
+	bool held = s->write_failing;
+	pthread_mutex_unlock(&s->q_lock);
+	held = held || atomic_load(&s->pst_count) > 0;
 	pthread_mutex_lock(&s->h_lock);
-	if (atomic_load(&s->h_failing)) {
+	if (atomic_load(&s->h_failing) || (held && s->h_err)) {
 		err = s->h_err;
 		if (msg && msglen)
 			snprintf(msg, msglen, "writes to the state database fail for %.0f s: %s",

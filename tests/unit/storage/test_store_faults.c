@@ -1,0 +1,395 @@
+/* Storage that refuses writes (a full disk, a size cap, a read-only state
+ * directory): job state changes that happened are held in order and shown
+ * by every query, metric points and log lines are held rather than
+ * dropped, health reports the failure, and all of it is written once
+ * storage works, or saved beside the database at close and written at the
+ * next open.  The failures come from the store's test-only fault switch
+ * (TRAINERD_TEST_STORE_FAULT, storage/fault.c), which works for root too,
+ * and from the real size cap (max_bytes). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "storage/store.h"
+
+static char dir[64], db_path[128], fault_path[128], side_path[160];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof dir, "/tmp/trfault-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(db_path, sizeof db_path, "%s/state.db", dir);
+	snprintf(fault_path, sizeof fault_path, "%s/fault", dir);
+	snprintf(side_path, sizeof side_path, "%s-unrecorded-states", db_path);
+	/* Read at the first open in this (forked) test process. */
+	setenv("TRAINERD_TEST_STORE_FAULT", fault_path, 1);
+}
+
+static void teardown(void)
+{
+	const char *suffix[] = {"", "-wal", "-shm", "-unrecorded-states"};
+	char p[200];
+	for (int i = 0; i < 4; i++) {
+		snprintf(p, sizeof p, "%s%s", db_path, suffix[i]);
+		unlink(p);
+	}
+	unlink(fault_path);
+	snprintf(p, sizeof p, "%s-checkpoints", db_path);
+	rmdir(p);
+	rmdir(dir);
+}
+
+TestSuite(faults, .init = setup, .fini = teardown, .timeout = 60);
+
+static void fault(const char *kind)
+{
+	if (!kind) {
+		cr_assert(unlink(fault_path) == 0 || errno == ENOENT);
+		return;
+	}
+	FILE *f = fopen(fault_path, "w");
+	cr_assert_not_null(f);
+	fputs(kind, f);
+	fclose(f);
+}
+
+static tr_store_t *open_store(const struct tr_store_options *opts)
+{
+	tr_store_t *s = NULL;
+	char err[256] = "";
+	int rc = tr_store_open(db_path, opts, &s, err, sizeof err);
+	cr_assert_eq(rc, 0, "open: %d %s", rc, err);
+	return s;
+}
+
+static int64_t add_job(tr_store_t *s)
+{
+	struct tr_job_row r = {.name = "j", .spec = "{\"epochs\":1}"};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL), 0, "insert: %s", tr_store_error(s));
+	return r.id;
+}
+
+static void get(tr_store_t *s, int64_t id, char *state, size_t len, bool *pending)
+{
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0, "%s", tr_store_error(s));
+	snprintf(state, len, "%s", r.state);
+	*pending = r.state_pending;
+	tr_job_row_finish(&r);
+}
+
+/* The state the database file itself holds, read without the store. */
+static void db_state(int64_t id, char *state, size_t len)
+{
+	sqlite3 *db = NULL;
+	cr_assert_eq(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+	sqlite3_stmt *st = NULL;
+	cr_assert_eq(sqlite3_prepare_v2(db, "SELECT state FROM jobs WHERE id = ?1", -1, &st, NULL), SQLITE_OK);
+	sqlite3_bind_int64(st, 1, id);
+	state[0] = '\0';
+	if (sqlite3_step(st) == SQLITE_ROW)
+		snprintf(state, len, "%s", (const char *)sqlite3_column_text(st, 0));
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+}
+
+/* Waits (bounded) for the held changes to be written. */
+static void wait_written(tr_store_t *s)
+{
+	for (int i = 0; i < 100 && tr_store_job_states_pending(s) > 0; i++)
+		usleep(50000);
+	cr_assert_eq(tr_store_job_states_pending(s), 0, "held state changes were not written");
+}
+
+static bool in_list(struct tr_job_row *rows, int n, int64_t id)
+{
+	bool found = false;
+	for (int i = 0; i < n; i++) {
+		found |= rows[i].id == id;
+		tr_job_row_finish(&rows[i]);
+	}
+	free(rows);
+	return found;
+}
+
+Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s), other = add_job(s);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0]"), 0);
+	char msg[1024];
+	cr_assert_eq(tr_store_health(s, msg, sizeof msg), 0);
+
+	fault("full");
+	int rc = tr_store_job_record_state(s, id, "cancelled", "{\"code\":\"cancelled\",\"message\":\"m\"}", NULL);
+	cr_assert_eq(rc, 1, "record_state: %d %s", rc, tr_store_error(s));
+	cr_assert_eq(tr_store_job_states_pending(s), 1);
+	/* Cancelling a queued job is held the same way. */
+	cr_assert_eq(tr_store_job_record_state(s, other, "cancelled", NULL, NULL), 1);
+
+	char state[32];
+	bool pending;
+	get(s, id, state, sizeof state, &pending);
+	cr_assert_str_eq(state, "cancelled");
+	cr_assert(pending);
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert(r.finished_at > 0, "a held terminal state is shown finished");
+	cr_assert_not_null(r.error);
+	cr_assert_not_null(strstr(r.error, "cancelled"));
+	cr_assert_str_eq(r.devices, "[0]");
+	tr_job_row_finish(&r);
+	db_state(id, state, sizeof state);
+	cr_assert_str_eq(state, "running", "the database already has it");
+
+	/* The scheduler's scans and the API's filtered lists agree with it. */
+	static const char *const live[] = {"queued", "running", "stopping", "interrupted", NULL};
+	struct tr_job_row *rows;
+	int n;
+	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n), 0);
+	cr_assert_not(in_list(rows, n, id), "a held cancel must keep the job from being started again");
+	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n), 0);
+	cr_assert_not(in_list(rows, n, other));
+	cr_assert_eq(tr_store_job_list(s, "cancelled", 0, 10, &rows, &n), 0);
+	cr_assert_eq(n, 2, "%d cancelled jobs listed", n);
+	cr_assert(in_list(rows, n, id));
+	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n), 0);
+	cr_assert_eq(n, 0);
+	free(rows);
+
+	/* Health says why, while it lasts. */
+	rc = tr_store_health(s, msg, sizeof msg);
+	cr_assert_eq(rc, -ENOSPC, "health %d: %s", rc, msg);
+	cr_assert_not_null(strstr(msg, "full"), "%s", msg);
+
+	fault(NULL);
+	wait_written(s);
+	get(s, id, state, sizeof state, &pending);
+	cr_assert_str_eq(state, "cancelled");
+	cr_assert_not(pending);
+	db_state(id, state, sizeof state);
+	cr_assert_str_eq(state, "cancelled");
+	db_state(other, state, sizeof state);
+	cr_assert_str_eq(state, "cancelled");
+	cr_assert_eq(tr_store_health(s, msg, sizeof msg), 0, "%s", msg);
+
+	/* Its state event was written with it. */
+	struct tr_event *ev;
+	int ne;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne), 0);
+	cr_assert_not_null(strstr(ev[ne - 1].data, "\"cancelled\""), "%s", ev[ne - 1].data);
+	tr_events_free(ev, ne);
+	tr_store_close(s);
+}
+
+Test(faults, held_changes_are_written_in_order_and_direct_writes_wait_for_them)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	fault("readonly");
+	cr_assert_eq(tr_store_job_record_state(s, id, "stopping", NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, "completed", NULL, NULL), 1);
+	/* A direct write cannot overtake them: it fails as they do. */
+	int rc = tr_store_job_set_state(s, id, "failed", NULL, NULL);
+	cr_assert_eq(rc, -EROFS, "set_state: %d %s", rc, tr_store_error(s));
+	char msg[512];
+	cr_assert_eq(tr_store_health(s, msg, sizeof msg), -EROFS, "%s", msg);
+	fault(NULL);
+	wait_written(s);
+	struct tr_event *ev;
+	int ne;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne), 0);
+	cr_assert_eq(ne, 4, "%d events", ne);
+	cr_assert_not_null(strstr(ev[1].data, "\"running\""));
+	cr_assert_not_null(strstr(ev[2].data, "\"stopping\""));
+	cr_assert_not_null(strstr(ev[3].data, "\"completed\""));
+	tr_events_free(ev, ne);
+	tr_store_close(s);
+}
+
+Test(faults, metrics_and_logs_are_held_not_dropped)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	fault("ioerr");
+	for (int i = 0; i < 100; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1)), 0);
+	cr_assert_eq(tr_store_log_append(s, id, 6, "while the disk was full"), 0);
+	int rc = tr_store_flush(s);
+	cr_assert_lt(rc, 0, "flush while storage fails must say so");
+	cr_assert_eq(tr_store_metric_drops(s, id), 0, "points were dropped");
+	char msg[512];
+	cr_assert_lt(tr_store_health(s, msg, sizeof msg), 0);
+	/* More points arrive while it fails; order is kept. */
+	for (int i = 100; i < 150; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1)), 0);
+
+	fault(NULL);
+	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	struct tr_metrics_query q = {.to_step = INT64_MAX};
+	json_t *r = tr_store_metrics_query(s, id, &q);
+	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
+	cr_assert_eq(json_array_size(steps), 150, "%zu points stored", json_array_size(steps));
+	for (size_t i = 0; i < 150; i++)
+		cr_assert_eq(json_integer_value(json_array_get(steps, i)), (json_int_t)i);
+	json_decref(r);
+	json_t *logs = tr_store_logs_query(s, id, 0, 0);
+	char *text = json_dumps(logs, 0);
+	cr_assert_not_null(strstr(text, "while the disk was full"), "%s", text);
+	free(text);
+	json_decref(logs);
+	cr_assert_eq(tr_store_metric_drops(s, id), 0);
+	cr_assert_eq(tr_store_health(s, msg, sizeof msg), 0, "%s", msg);
+	tr_store_close(s);
+}
+
+Test(faults, held_points_are_bounded_by_the_queue)
+{
+	struct tr_store_options o = {.metrics_queue_max = 64};
+	tr_store_t *s = open_store(&o);
+	int64_t id = add_job(s);
+	fault("full");
+	int accepted = 0, refused = 0;
+	for (int i = 0; i < 200; i++) {
+		if (tr_store_metric_append(s, id, "loss", i, 0, 0, 1) == 0)
+			accepted++;
+		else
+			refused++;
+		if (i % 20 == 0)
+			tr_store_flush(s); /* the writer tries, fails, holds */
+	}
+	cr_assert_leq(accepted, 64, "%d points held past the bound", accepted);
+	cr_assert_eq(tr_store_metric_drops(s, id), refused);
+	fault(NULL);
+	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	struct tr_metrics_query q = {.to_step = INT64_MAX};
+	json_t *r = tr_store_metrics_query(s, id, &q);
+	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
+	cr_assert_eq((int)json_array_size(steps), accepted);
+	json_decref(r);
+	tr_store_close(s);
+}
+
+Test(faults, health_recovers_without_other_writes)
+{
+	tr_store_t *s = open_store(NULL);
+	fault("full");
+	/* A failed insert (a submit) is the only write. */
+	struct tr_job_row r = {.name = "j", .spec = "{}"};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL), -ENOSPC, "%s", tr_store_error(s));
+	cr_assert_lt(tr_store_health(s, NULL, 0), 0);
+	fault(NULL);
+	int rc = -1;
+	for (int i = 0; i < 100 && (rc = tr_store_health(s, NULL, 0)) != 0; i++)
+		usleep(50000);
+	cr_assert_eq(rc, 0, "health did not recover: the writer must probe");
+	tr_store_close(s);
+}
+
+Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	fault("full");
+	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL), 1);
+	char msg[512];
+	int n = tr_store_job_states_save(s, msg, sizeof msg);
+	cr_assert_eq(n, 1, "save: %d %s", n, msg);
+	cr_assert_not_null(strstr(msg, "saved to"), "%s", msg);
+	tr_store_close(s);
+	struct stat sb;
+	cr_assert_eq(stat(side_path, &sb), 0, "no side file");
+
+	/* Still failing at the next open: shown, kept from the queue. */
+	s = open_store(NULL);
+	char state[32];
+	bool pending;
+	get(s, id, state, sizeof state, &pending);
+	cr_assert_str_eq(state, "cancelled");
+	cr_assert(pending);
+	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
+	struct tr_job_row *rows;
+	int nr;
+	cr_assert_eq(tr_store_job_list_states(s, stale, &rows, &nr), 0);
+	cr_assert_not(in_list(rows, nr, id), "the restart scan would queue the cancelled job again");
+	tr_store_close(s);
+
+	/* Storage works again: the next open writes it and deletes the file. */
+	fault(NULL);
+	s = open_store(NULL);
+	cr_assert_eq(tr_store_job_states_pending(s), 0);
+	get(s, id, state, sizeof state, &pending);
+	cr_assert_str_eq(state, "cancelled");
+	cr_assert_not(pending);
+	cr_assert_neq(stat(side_path, &sb), 0, "the side file outlived its changes");
+	tr_store_close(s);
+	db_state(id, state, sizeof state);
+	cr_assert_str_eq(state, "cancelled");
+}
+
+Test(faults, side_file_is_deleted_once_the_writer_writes_its_changes)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	fault("full");
+	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL), 1);
+	tr_store_close(s); /* saves by itself */
+	s = open_store(NULL);
+	cr_assert_eq(tr_store_job_states_pending(s), 1);
+	fault(NULL);
+	wait_written(s);
+	struct stat sb;
+	cr_assert_neq(stat(side_path, &sb), 0, "the side file outlived its changes");
+	tr_store_close(s);
+	char state[32];
+	db_state(id, state, sizeof state);
+	cr_assert_str_eq(state, "cancelled");
+}
+
+/* The real thing: the size cap (SQLITE_FULL), freed by deleting a job. */
+Test(faults, size_cap_full_then_freed_by_a_delete)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t big = add_job(s), id = add_job(s);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	tr_store_close(s);
+	struct stat sb;
+	cr_assert_eq(stat(db_path, &sb), 0);
+	/* Room for some points, not many: the cap is reached mid-way. */
+	struct tr_store_options o = {.max_bytes = sb.st_size + (1 << 20)};
+	s = open_store(&o);
+	int rc = 0;
+	for (int round = 0; round < 200 && rc == 0; round++) {
+		for (int i = 0; i < 2000; i++)
+			tr_store_metric_append(s, big, "filler", round * 2000 + i, 0, 0, i);
+		rc = tr_store_flush(s);
+	}
+	cr_assert_eq(rc, -ENOSPC, "the cap was never reached: %d %s", rc, tr_store_error(s));
+	cr_assert_lt(tr_store_health(s, NULL, 0), 0);
+	/* A small write may still fit under the cap, or be held. */
+	rc = tr_store_job_record_state(s, id, "cancelled", NULL, NULL);
+	cr_assert(rc == 0 || rc == 1, "%d %s", rc, tr_store_error(s));
+	cr_assert_lt(tr_store_health(s, NULL, 0), 0, "points are still held: storage still fails");
+	/* The held filler points are the big job's: deleting it frees its
+	 * pages and lets them go (they are skipped: their job is gone). */
+	rc = tr_store_job_delete(s, big);
+	cr_assert_eq(rc, 0, "delete on a full database: %d %s", rc, tr_store_error(s));
+	wait_written(s);
+	char state[32];
+	bool pending;
+	get(s, id, state, sizeof state, &pending);
+	cr_assert_str_eq(state, "cancelled");
+	cr_assert_not(pending);
+	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_health(s, NULL, 0), 0);
+	tr_store_close(s);
+}
