@@ -56,9 +56,11 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, char *err, siz
 	/* Every point of steps up to this one was queued before the snapshot
 	 * was taken: make them durable before the checkpoint becomes visible,
 	 * so a crash can never leave a resumable checkpoint ahead of its
-	 * metrics (the resumed run replays only the steps after it). */
+	 * metrics (the resumed run replays only the steps after it).  While
+	 * storage refuses them they are held, not written: no checkpoint
+	 * then (the next one tries again). */
 	if (rc == 0)
-		tr_store_flush(cp->store);
+		rc = tr_store_flush(cp->store);
 	if (rc == 0) {
 		rc = tr_store_ckpt_commit(w, l.model_header, l.model_header_len, (int64_t)l.header_len,
 					  (int64_t)l.params_bytes, it->keep, NULL);
