@@ -308,7 +308,8 @@ static void *writer_main(void *arg)
 			err = probe(s);
 		for (size_t i = 0; i < done; i++)
 			free(batch.v[i].heap);
-		memmove(batch.v, batch.v + done, (batch.n - done) * sizeof *batch.v);
+		if (done < batch.n)
+			memmove(batch.v, batch.v + done, (batch.n - done) * sizeof *batch.v);
 		batch.n -= done;
 		if (batch.n == 0 && batch.cap > KEEP_CAPACITY) {
 			free(batch.v);
