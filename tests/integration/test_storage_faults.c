@@ -108,16 +108,24 @@ static long wait_ready(long want, double timeout_s, char *msg, size_t len)
 	}
 }
 
+/* Whether every device is free, waiting up to 10 s: the runner records
+ * the end, then hands the devices back. */
 static bool devices_free(void)
 {
-	struct http_reply r;
-	http(&d, "GET", "/devices", NULL, NULL, NULL, &r);
-	bool free_all = r.status == 200;
-	json_t *v;
-	size_t i;
-	json_array_foreach(json_object_get(r.json, "devices"), i, v) free_all &= json_is_null(json_object_get(v, "job"));
-	http_free(&r);
-	return free_all;
+	double deadline = now_s() + 10;
+	for (;;) {
+		struct http_reply r;
+		http(&d, "GET", "/devices", NULL, NULL, NULL, &r);
+		bool free_all = r.status == 200;
+		json_t *v;
+		size_t i;
+		json_array_foreach(json_object_get(r.json, "devices"), i, v) free_all &=
+			json_is_null(json_object_get(v, "job"));
+		http_free(&r);
+		if (free_all || now_s() > deadline)
+			return free_all;
+		usleep(100000);
+	}
 }
 
 static char *logs_of(long long id)
