@@ -239,9 +239,11 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 	}
 	for (int i = 0; i < n; i++) {
 		int64_t id = rows[i].id;
+		/* Held when storage refuses them (and shown): the job then
+		 * waits in the queue until its start can be written. */
 		if (strcmp(rows[i].state, "interrupted") != 0)
-			tr_store_job_set_state(s->cfg.store, id, "interrupted", NULL, NULL);
-		tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]");
+			tr_store_job_record_state(s->cfg.store, id, "interrupted", NULL, NULL);
+		tr_store_job_record_state(s->cfg.store, id, "queued", NULL, "[]");
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "
 				    "checkpoint");
