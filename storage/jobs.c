@@ -273,6 +273,8 @@ static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n)
 	*out = NULL;
 	*n = 0;
 	int err = 0;
+	if (tr_store_states_pending(s) == 0)
+		return 0; /* the common case, without waiting for st_lock */
 	pthread_mutex_lock(&s->st_lock);
 	struct held_job *v = s->npst ? calloc(s->npst, sizeof *v) : NULL;
 	if (s->npst && !v)

@@ -119,10 +119,7 @@ int tr_store_states_retry(tr_store_t *s, struct conn *c)
 
 size_t tr_store_states_pending(tr_store_t *s)
 {
-	pthread_mutex_lock(&s->st_lock);
-	size_t n = s->npst;
-	pthread_mutex_unlock(&s->st_lock);
-	return n;
+	return atomic_load(&s->pst_count);
 }
 
 size_t tr_store_job_states_pending(tr_store_t *s)
@@ -153,6 +150,10 @@ static int replace(char **dst, const char *src)
 
 void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row)
 {
+	/* st_lock is held across state writes: readers skip it when nothing
+	 * is held, so a slow write never delays a GET. */
+	if (atomic_load(&s->pst_count) == 0)
+		return;
 	pthread_mutex_lock(&s->st_lock);
 	for (size_t i = 0; i < s->npst; i++) {
 		const struct pending_state *p = &s->pst[i];
