@@ -301,3 +301,45 @@ Test(storage_faults, cancel_not_written_before_a_stop_is_written_at_the_next_sta
 	long long small = submit_job(&d, small_job);
 	cr_assert_str_eq(wait_state(&d, small, "completed|failed|cancelled", 60), "completed");
 }
+
+Test(storage_faults, job_interrupted_while_failing_waits_in_the_queue_and_resumes_after_recovery)
+{
+	daemon_start(&d, 1, NULL);
+	long long id = submit_job(&d, slow_job);
+	cr_assert_str_eq(wait_state(&d, id, "running", 30), "running");
+	char state[32], msg[1024];
+	bool pending;
+	long long step = 0;
+	double deadline = now_s() + 20;
+	do {
+		usleep(100000);
+		job(id, state, sizeof state, &pending, &step);
+	} while (step < 20 && now_s() < deadline);
+
+	/* Stopped while storage fails: "interrupted" is saved beside the
+	 * database, and on the next start the job is queued again (held). */
+	fault(true);
+	int status;
+	daemon_stop(&d, &status);
+	cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
+	daemon_restart(&d, 1, NULL);
+	job(id, state, sizeof state, &pending, NULL);
+	cr_assert_str_eq(state, "queued", "after a restart while storage fails the job shows %s", state);
+	cr_assert(pending);
+	usleep(1500000);
+	job(id, state, sizeof state, &pending, NULL);
+	cr_assert_str_eq(state, "queued", "a job whose start cannot be written must wait, not show %s", state);
+	cr_assert(devices_free());
+	cr_assert_eq(wait_ready(503, 5, msg, sizeof msg), 503);
+
+	/* Storage works: it starts and trains on. */
+	fault(false);
+	cr_assert_str_eq(wait_state(&d, id, "running", 20), "running");
+	cr_assert_eq(wait_ready(200, 15, msg, sizeof msg), 200, "%s", msg);
+	job(id, state, sizeof state, &pending, NULL);
+	cr_assert_not(pending);
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld/cancel", id);
+	cr_assert_eq(status_of("POST", path, NULL, NULL, 0), 202);
+	cr_assert_str_eq(wait_state(&d, id, "cancelled|completed|failed", 30), "cancelled");
+}
