@@ -258,6 +258,12 @@ static bool take_pending(tr_store_t *s, struct qvec *batch)
 	memcpy(batch->v + batch->n, s->pending.v, s->pending.n * sizeof *s->pending.v);
 	batch->n = need;
 	s->pending.n = 0;
+	/* During a long failure both arrays would grow to the bound: keep
+	 * one (at the default bound, 1,000,000 items of 80 bytes). */
+	if (s->pending.cap > KEEP_CAPACITY) {
+		free(s->pending.v);
+		s->pending = (struct qvec){0};
+	}
 	return true;
 }
 

@@ -223,8 +223,10 @@ Test(storage_faults, cancel_while_full_is_shown_kept_and_written_after_recovery)
 
 	/* Storage works again: everything held is written. */
 	fault(false);
+	double t0 = now_s();
 	st = wait_ready(200, 15, msg, sizeof msg);
 	cr_assert_eq(st, 200, "/readyz did not recover: %s", msg);
+	double recovered = now_s() - t0;
 	char state[32];
 	bool pending;
 	long long step;
@@ -234,6 +236,10 @@ Test(storage_faults, cancel_while_full_is_shown_kept_and_written_after_recovery)
 	long long last = last_loss_step(id);
 	cr_assert_gt(last, step_at_fault, "points trained while storage failed were lost (last %lld, fault at %lld)",
 		     last, step_at_fault);
+	fprintf(stderr,
+		"[storage_faults] /readyz 200 again %.2f s after storage recovered; loss points of steps %lld..%lld, "
+		"trained while it failed, were held and written\n",
+		recovered, step_at_fault + 1, last);
 	char *log = logs_of(id);
 	cr_assert_not_null(strstr(log, "cancel requested"), "log lines of the failure were lost: %s", log);
 	free(log);
