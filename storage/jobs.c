@@ -417,7 +417,7 @@ cleanup:
 	if (err == 0) {
 		const char *one[] = {state, NULL};
 		err = apply_held(s, state ? one : NULL, after, rows, count);
-		if (err == 0)
+		if (err == 0 && *count > 1)
 			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_id);
 		if (err == 0 && limit > 0 && *count > limit) {
 			for (int i = limit; i < *count; i++)
@@ -469,9 +469,9 @@ cleanup:
 	 * held as queued (resumed) must be. */
 	if (err == 0) {
 		err = apply_held(s, nstates ? states : NULL, 0, rows, count);
-		if (err == 0)
+		if (err == 0 && *count > 1)
 			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_queue);
-		else {
+		else if (err < 0) {
 			rows_free(*rows, *count);
 			*rows = NULL;
 			*count = 0;
