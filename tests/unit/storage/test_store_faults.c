@@ -393,3 +393,23 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 	cr_assert_eq(tr_store_health(s, NULL, 0), 0);
 	tr_store_close(s);
 }
+
+/* Even the side file cannot be written (here its name is taken by a
+ * directory, which fails for root too): the caller is told which changes
+ * are lost, so the daemon's log can name them. */
+Test(faults, lost_changes_are_named_when_the_side_file_cannot_be_written)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	fault("readonly");
+	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL), 1);
+	cr_assert_eq(mkdir(side_path, 0700), 0);
+	char msg[512], want[64];
+	int rc = tr_store_job_states_save(s, msg, sizeof msg);
+	cr_assert_lt(rc, 0, "save: %d %s", rc, msg);
+	snprintf(want, sizeof want, "job %lld cancelled", (long long)id);
+	cr_assert_not_null(strstr(msg, want), "%s", msg);
+	cr_assert_not_null(strstr(msg, "lost"), "%s", msg);
+	tr_store_close(s);
+	rmdir(side_path);
+}
