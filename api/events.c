@@ -11,7 +11,8 @@
  * read cfg.sse_buffer_bytes of event data at a time (one event, itself
  * bounded by the store, when a single one is larger), the next read only
  * happens once MHD has taken all of it, which it does only as the socket
- * drains, and a buffer grown by a burst is freed once sent.  A client that
+ * drains, and a buffer grown by a burst is freed once sent; the socket's
+ * send buffer is set to the same size.  A client that
  * reads nothing for cfg.sse_stall_s is disconnected (MHD's connection
  * timeout, which counts only successful reads and writes; a healthy
  * stream writes at least a heartbeat); its events stay in the store, so
@@ -31,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #define BATCH 256
@@ -292,6 +294,14 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 	 * timeout for ordinary requests does not fit; the stall limit does
 	 * (see the top of this file). */
 	MHD_set_connection_option(rq->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)api->cfg.sse_stall_s);
+	/* The kernel's send buffer grows to megabytes for a client that does
+	 * not read; the stream's own bound fits it as well. */
+	const union MHD_ConnectionInfo *fd = MHD_get_connection_info(rq->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (fd) {
+		int sndbuf = (int)api->cfg.sse_buffer_bytes;
+
+		setsockopt(fd->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+	}
 	rp->stream = resp;
 	rp->status = 200;
 }

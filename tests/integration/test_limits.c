@@ -429,11 +429,14 @@ static long long job_with_points(int n)
 }
 
 /* Twelve clients that never read (small receive buffers) while the job has
- * ~10 MB of events: the daemon's memory stays bounded.  (Each used to
- * buffer up to 256 events, up to 0.9 MB each.) */
+ * ~25 MB of events: the daemon's memory stays bounded.  (Each stream used
+ * to buffer up to 256 events of up to 0.9 MB, here all 25 MB: +400 MB.
+ * The bound leaves room for sanitizer builds, whose freed memory is
+ * quarantined rather than reused: under 1 MB a stream in a plain build,
+ * about 2 under ASan.) */
 Test(limits, streams_that_never_read_keep_memory_bounded)
 {
-	enum { CLIENTS = 12, POINTS = 150000 };
+	enum { CLIENTS = 12, POINTS = 300000 };
 	int fds[CLIENTS];
 	char req[128];
 
@@ -456,7 +459,7 @@ Test(limits, streams_that_never_read_keep_memory_bounded)
 	}
 	fprintf(stderr, "daemon RSS with %d streams that never read: %lld kB before, %lld kB peak (+%lld kB)\n",
 		CLIENTS, before, peak, peak - before);
-	cr_expect_lt(peak - before, 48 * 1024, "RSS grew by %lld kB with %d streams that never read", peak - before,
+	cr_expect_lt(peak - before, 64 * 1024, "RSS grew by %lld kB with %d streams that never read", peak - before,
 		     CLIENTS);
 	for (int i = 0; i < CLIENTS; i++)
 		close(fds[i]);
