@@ -413,14 +413,14 @@ static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
 	if (c->connection_reserve >= c->max_connections)
 		c->connection_reserve = c->max_connections / 4;
 	if (c->max_connections_per_client > c->max_connections) {
-		snprintf(err, errlen, "max connections per client (%d) is above max connections (%d)",
+		snprintf(err, errlen, "max-connections-per-client (%d) is above max-connections (%d)",
 			 c->max_connections_per_client, c->max_connections);
 		return -1;
 	}
 	if (c->sse_stall_s <= c->sse_heartbeat_s) {
 		/* A healthy stream writes at least every heartbeat; a stall
 		 * limit below that would cut streams that are merely quiet. */
-		snprintf(err, errlen, "the event stream stall limit (%d s) must be above the heartbeat (%d s)",
+		snprintf(err, errlen, "sse-stall-timeout (%d s) must be above sse-heartbeat (%d s)",
 			 c->sse_stall_s, c->sse_heartbeat_s);
 		return -1;
 	}
