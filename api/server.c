@@ -388,8 +388,8 @@ static void free_api(tr_api_t *api)
 	free(api);
 }
 
-/* Fills the connection limits left at 0 and refuses combinations that
- * would lock clients out. */
+/* Fills the connection limits left at 0, fits them to each other and
+ * refuses a stall limit that would cut streams that are merely quiet. */
 static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
 {
 	if (c->max_connections <= 0)
@@ -409,14 +409,10 @@ static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
 	if (c->sse_stall_s <= 0)
 		c->sse_stall_s = TR_API_DEFAULT_SSE_STALL_S > 4 * c->sse_heartbeat_s ? TR_API_DEFAULT_SSE_STALL_S
 										       : 4 * c->sse_heartbeat_s;
-	/* The reserve may shrink to fit a small server, never to nothing. */
+	/* A per-client cap above the global one is the global one; the
+	 * reserve may shrink to fit a small server, never to nothing. */
 	if (c->connection_reserve >= c->max_connections)
 		c->connection_reserve = c->max_connections / 4;
-	if (c->max_connections_per_client > c->max_connections) {
-		snprintf(err, errlen, "max-connections-per-client (%d) is above max-connections (%d)",
-			 c->max_connections_per_client, c->max_connections);
-		return -1;
-	}
 	if (c->sse_stall_s <= c->sse_heartbeat_s) {
 		/* A healthy stream writes at least every heartbeat; a stall
 		 * limit below that would cut streams that are merely quiet. */
