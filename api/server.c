@@ -2,7 +2,8 @@
  *
  * MHD runs one thread per connection with an internal polling thread, so
  * a handler or an SSE callback may block on the store without stalling
- * other clients; connections are capped and idle ones time out.  Each
+ * other clients; connections are capped (in all and per client address)
+ * and requests have a deadline to arrive, see limits.c.  Each
  * request is admitted as soon as its headers arrive: routing (404/405),
  * bearer auth, Content-Type and a declared Content-Length over the cap
  * are answered before a byte of body is read (the last only when the
