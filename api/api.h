@@ -70,6 +70,16 @@ struct tr_api_config {
 	size_t max_body;           /* default 1 MiB */
 	int sse_heartbeat_s;       /* default 15 */
 	int sse_max_idle_s;        /* a stream with no client activity ends after this; default 3600 */
+	/* Connection and stream limits (docs/design.md, "Connection limits");
+	 * 0 takes the default. */
+	int max_connections;       /* all clients together; default 512 */
+	int max_connections_per_client; /* one client address; default 64 */
+	int connection_reserve;    /* slots kept for addresses holding few connections; default 64 */
+	int request_timeout_s;     /* a request's headers and body must arrive within this; default 30 */
+	int max_streams;           /* open event streams, all clients; default 256 */
+	int max_streams_per_client; /* open event streams of one client address; default 16 */
+	size_t sse_buffer_bytes;   /* event bytes one stream holds at a time; default 256 KiB */
+	int sse_stall_s;           /* a stream whose client reads nothing for this long is closed; default 60 */
 	const char *const *tokens; /* NULL-terminated bearer tokens; NULL = no auth
 				      (refused by tr_api_start for a non-loopback host) */
 	const char *openapi_path;  /* file served at GET /openapi.yaml, or NULL */

@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,12 +24,33 @@
 #define TR_API_DEFAULT_SSE_IDLE_S 3600
 /* Enough threads for a dashboard per user and many SSE streams, few
  * enough that a connection flood cannot exhaust the process. */
-#define TR_API_MAX_CONNECTIONS 512
+#define TR_API_DEFAULT_MAX_CONNECTIONS 512
+#define TR_API_DEFAULT_MAX_CONNECTIONS_PER_CLIENT 64
+#define TR_API_DEFAULT_CONNECTION_RESERVE 64
+#define TR_API_DEFAULT_REQUEST_TIMEOUT_S 30
+#define TR_API_DEFAULT_MAX_STREAMS 256
+#define TR_API_DEFAULT_MAX_STREAMS_PER_CLIENT 16
+/* Enough for a burst of events, small enough that many streams whose
+ * clients do not read cannot exhaust memory. */
+#define TR_API_DEFAULT_SSE_BUFFER ((size_t)256 << 10)
+#define TR_API_DEFAULT_SSE_STALL_S 60
 /* Idle keep-alive and slow clients are dropped after this (SSE streams
  * turn it off for themselves). */
 #define TR_API_CONNECTION_TIMEOUT_S 60
 #define TR_API_MAX_PARAMS 2
 #define TR_API_MAX_HEADERS 4
+
+/* limits.c's state: the accepted connections and the deadline reaper. */
+struct tr_api_limits {
+	pthread_mutex_t lock;
+	pthread_cond_t wake;
+	struct tr_api_conn *head; /* under lock */
+	int count;                /* under lock */
+	pthread_t reaper;
+	bool initialized, reaper_started, stop;
+	atomic_ulong refused; /* connections refused by the accept policy */
+	atomic_ulong cut;     /* requests cut at their deadline */
+};
 
 struct tr_api {
 	struct MHD_Daemon *mhd;
@@ -41,6 +63,7 @@ struct tr_api {
 	char **tokens; /* NULL-terminated copy, or NULL for no auth */
 	int port;
 	atomic_bool stopping;
+	struct tr_api_limits limits;
 };
 
 /* One HTTP request, alive from its headers until MHD reports it done. */
@@ -141,6 +164,27 @@ json_t *tr_api_time_json(double t);
 bool tr_api_state_terminal(const char *state);
 /* True for one of the store's job states. */
 bool tr_api_state_valid(const char *state);
+
+/* ---- limits.c ---- */
+
+/* Starts the deadline reaper; -1 with err filled. */
+int tr_api_limits_init(tr_api_t *api, char *err, size_t errlen);
+/* Stops it; after MHD_stop_daemon.  Safe when init failed or never ran. */
+void tr_api_limits_finish(tr_api_t *api);
+/* MHD's accept policy (cls is the api): per-address cap and reserve. */
+enum MHD_Result tr_api_limits_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen);
+/* MHD's connection notification: adds and removes the records. */
+void tr_api_limits_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code);
+/* The request's headers and body are in: its deadline no longer applies. */
+void tr_api_limits_request_read(struct tr_api_request *rq);
+/* The response is done: the connection's next request has its deadline
+ * from now, and any stream on it is closed. */
+void tr_api_limits_request_done(tr_api_t *api, struct MHD_Connection *conn);
+/* Admits an event stream on rq's connection: 0, or -1 with 503
+ * "too_many_streams" in rp when the global or the per-address cap is
+ * reached. */
+int tr_api_limits_stream_open(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 /* ---- server.c ---- */
 

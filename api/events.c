@@ -7,6 +7,17 @@
  * Event ids are the store's, so a client that reconnects with
  * Last-Event-ID resumes exactly after the last frame it saw.
  *
+ * Memory is bounded per stream, whatever the client does: the store is
+ * read cfg.sse_buffer_bytes of event data at a time (one event, itself
+ * bounded by the store, when a single one is larger), the next read only
+ * happens once MHD has taken all of it, which it does only as the socket
+ * drains, and a buffer grown by a burst is freed once sent; the socket's
+ * send buffer is set to the same size.  A client that
+ * reads nothing for cfg.sse_stall_s is disconnected (MHD's connection
+ * timeout, which counts only successful reads and writes; a healthy
+ * stream writes at least a heartbeat); its events stay in the store, so
+ * it loses nothing when it reconnects with Last-Event-ID.
+ *
  * The stream ends once the job is over: when it was already terminal at
  * connect, after replaying its history; otherwise after the terminal
  * "state" event and whatever the store had already written behind it
@@ -21,10 +32,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #define BATCH 256
 #define BLOCK_SIZE (16 * 1024)
+/* A buffer grown past this by a burst is freed once it is sent. */
+#define KEEP_CAP (64 * 1024)
 /* Tells EventSource clients how soon to reconnect, and gets the response
  * headers and a first byte out before the job has anything to say. */
 #define PREAMBLE "retry: 3000\n\n"
@@ -137,7 +151,8 @@ static int next_events(struct stream *s)
 	struct tr_event *ev = NULL;
 	int n = 0, rc;
 
-	rc = tr_store_events_after(s->api->cfg.store, s->job_id, s->last_id, BATCH, &ev, &n);
+	rc = tr_store_events_after_max(s->api->cfg.store, s->job_id, s->last_id, BATCH, s->api->cfg.sse_buffer_bytes,
+				       &ev, &n);
 	if (rc < 0)
 		return rc;
 	for (int i = 0; i < n && rc == 0; i++) {
@@ -181,6 +196,11 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 			return (ssize_t)n;
 		}
 		s->off = s->len = 0;
+		if (s->cap > KEEP_CAP) {
+			free(s->buf);
+			s->buf = NULL;
+			s->cap = 0;
+		}
 		if (s->done || atomic_load(&api->stopping))
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		if (!s->started) {
@@ -250,6 +270,8 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s: must be an integer >= 0", what);
 		return;
 	}
+	if (tr_api_limits_stream_open(rq, rp) < 0)
+		return;
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
@@ -268,9 +290,18 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	/* Reverse proxies (nginx) would otherwise hold frames back. */
 	MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-	/* The stream is quiet between heartbeats by design; the idle timeout
-	 * is for connections nobody uses. */
-	MHD_set_connection_option(rq->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+	/* The stream is quiet between heartbeats by design, so the idle
+	 * timeout for ordinary requests does not fit; the stall limit does
+	 * (see the top of this file). */
+	MHD_set_connection_option(rq->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)api->cfg.sse_stall_s);
+	/* The kernel's send buffer grows to megabytes for a client that does
+	 * not read; the stream's own bound fits it as well. */
+	const union MHD_ConnectionInfo *fd = MHD_get_connection_info(rq->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (fd) {
+		int sndbuf = (int)api->cfg.sse_buffer_bytes;
+
+		setsockopt(fd->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+	}
 	rp->stream = resp;
 	rp->status = 200;
 }

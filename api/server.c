@@ -2,7 +2,8 @@
  *
  * MHD runs one thread per connection with an internal polling thread, so
  * a handler or an SSE callback may block on the store without stalling
- * other clients; connections are capped and idle ones time out.  Each
+ * other clients; connections are capped (in all and per client address)
+ * and requests have a deadline to arrive, see limits.c.  Each
  * request is admitted as soon as its headers arrive: routing (404/405),
  * bearer auth, Content-Type and a declared Content-Length over the cap
  * are answered before a byte of body is read (the last only when the
@@ -74,6 +75,9 @@ static enum MHD_Result send_reply(struct tr_api_request *rq, struct tr_api_reply
 	} else {
 		resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
 	}
+	/* Whatever is left of the request is the client's to send at its
+	 * pace now: the request deadline is for getting one in. */
+	tr_api_limits_request_read(rq);
 	if (!resp) {
 		tr_api_reply_finish(rp);
 		rq->answered = true;
@@ -163,6 +167,41 @@ static void fail_too_large(struct tr_api_reply *rp, size_t max_body, int64_t dec
 			    max_body);
 }
 
+struct length_scan {
+	const char *first;
+	bool conflict;
+};
+
+static enum MHD_Result scan_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+	struct length_scan *ls = cls;
+
+	(void)kind;
+	if (!key || strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0)
+		return MHD_YES;
+	if (!ls->first)
+		ls->first = value ? value : "";
+	else if (strcmp(ls->first, value ? value : "") != 0)
+		ls->conflict = true;
+	return MHD_YES;
+}
+
+/* Two Content-Length headers that disagree leave the body's end up to
+ * whoever reads the request (MHD takes the first, a proxy in front may
+ * take the last): the classic request-smuggling set-up, refused with the
+ * connection closed.  Repeats of one value are harmless (RFC 9110 §8.6). */
+static int check_lengths(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	struct length_scan ls = {0};
+
+	MHD_get_connection_values(rq->conn, MHD_HEADER_KIND, scan_length, &ls);
+	if (!ls.conflict)
+		return 0;
+	tr_api_fail(rp, 400, "invalid_request", NULL, "the request has Content-Length headers that disagree");
+	tr_api_reply_header(rp, MHD_HTTP_HEADER_CONNECTION, "close");
+	return -1;
+}
+
 /* Runs on the request's headers.  Returns -1 with rp filled when the
  * request is answered now. */
 static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
@@ -176,6 +215,8 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	 * only look at the status. */
 	const char *method = strcmp(rq->method, MHD_HTTP_METHOD_HEAD) == 0 ? MHD_HTTP_METHOD_GET : rq->method;
 
+	if (check_lengths(rq, rp) < 0)
+		return -1;
 	rq->route = tr_api_route_match(method, rq->url, rq->params, TR_API_MAX_PARAMS, &rq->nparams, &known);
 	/* Unknown paths need a token too, so the route list does not leak
 	 * to unauthenticated clients. */
@@ -305,9 +346,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 {
 	struct tr_api_request *rq = *con_cls;
 
-	(void)cls;
-	(void)conn;
 	(void)why;
+	tr_api_limits_request_done(cls, conn);
 	if (!rq)
 		return;
 	free(rq->body);
@@ -338,6 +378,7 @@ static void free_api(tr_api_t *api)
 {
 	if (!api)
 		return;
+	tr_api_limits_finish(api);
 	if (api->tokens)
 		for (size_t i = 0; api->tokens[i]; i++)
 			free(api->tokens[i]);
@@ -346,6 +387,41 @@ static void free_api(tr_api_t *api)
 	free(api->version);
 	free(api->openapi_path);
 	free(api);
+}
+
+/* Fills the connection limits left at 0, fits them to each other and
+ * refuses a stall limit that would cut streams that are merely quiet. */
+static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
+{
+	if (c->max_connections <= 0)
+		c->max_connections = TR_API_DEFAULT_MAX_CONNECTIONS;
+	if (c->max_connections_per_client <= 0)
+		c->max_connections_per_client = TR_API_DEFAULT_MAX_CONNECTIONS_PER_CLIENT;
+	if (c->connection_reserve <= 0)
+		c->connection_reserve = TR_API_DEFAULT_CONNECTION_RESERVE;
+	if (c->request_timeout_s <= 0)
+		c->request_timeout_s = TR_API_DEFAULT_REQUEST_TIMEOUT_S;
+	if (c->max_streams <= 0)
+		c->max_streams = TR_API_DEFAULT_MAX_STREAMS;
+	if (c->max_streams_per_client <= 0)
+		c->max_streams_per_client = TR_API_DEFAULT_MAX_STREAMS_PER_CLIENT;
+	if (!c->sse_buffer_bytes)
+		c->sse_buffer_bytes = TR_API_DEFAULT_SSE_BUFFER;
+	if (c->sse_stall_s <= 0)
+		c->sse_stall_s = TR_API_DEFAULT_SSE_STALL_S > 4 * c->sse_heartbeat_s ? TR_API_DEFAULT_SSE_STALL_S
+										       : 4 * c->sse_heartbeat_s;
+	/* A per-client cap above the global one is the global one; the
+	 * reserve may shrink to fit a small server, never to nothing. */
+	if (c->connection_reserve >= c->max_connections)
+		c->connection_reserve = c->max_connections / 4;
+	if (c->sse_stall_s <= c->sse_heartbeat_s) {
+		/* A healthy stream writes at least every heartbeat; a stall
+		 * limit below that would cut streams that are merely quiet. */
+		snprintf(err, errlen, "sse-stall-timeout (%d s) must be above sse-heartbeat (%d s)",
+			 c->sse_stall_s, c->sse_heartbeat_s);
+		return -1;
+	}
+	return 0;
 }
 
 /* Copies the caller's strings so the API does not depend on their
@@ -360,6 +436,8 @@ static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err
 		api->cfg.sse_heartbeat_s = TR_API_DEFAULT_HEARTBEAT_S;
 	if (api->cfg.sse_max_idle_s <= 0)
 		api->cfg.sse_max_idle_s = TR_API_DEFAULT_SSE_IDLE_S;
+	if (limit_defaults(&api->cfg, err, errlen) < 0)
+		return -1;
 	api->listen_host = strdup(cfg->listen_host && *cfg->listen_host ? cfg->listen_host : "127.0.0.1");
 	api->version = strdup(cfg->version ? cfg->version : "unknown");
 	if (!api->listen_host || !api->version)
@@ -482,16 +560,19 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen
 	atomic_init(&api->stopping, false);
 	if (copy_config(api, cfg, err, errlen) < 0)
 		goto fail_api;
+	if (tr_api_limits_init(api, err, errlen) < 0)
+		goto fail_api;
 	fd = bind_listener(api, &ipv6, err, errlen);
 	if (fd < 0)
 		goto fail_api;
 	api->port = bound_port(fd);
 	if (ipv6)
 		flags |= MHD_USE_IPv6;
-	api->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, api, MHD_OPTION_LISTEN_SOCKET, fd,
-				    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)TR_API_MAX_CONNECTIONS,
+	api->mhd = MHD_start_daemon(flags, 0, tr_api_limits_accept, api, on_request, api, MHD_OPTION_LISTEN_SOCKET,
+				    fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)api->cfg.max_connections,
 				    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)TR_API_CONNECTION_TIMEOUT_S,
-				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_END);
+				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_NOTIFY_CONNECTION,
+				    tr_api_limits_notify, api, MHD_OPTION_END);
 	if (!api->mhd) {
 		/* The socket is not closed here: whether MHD already closed it
 		 * on its failure path differs between versions, and closing a

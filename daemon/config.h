@@ -20,6 +20,14 @@ struct tr_config {
 	long max_body;        /* bytes */
 	int log_level;        /* syslog priority: 0..7 */
 	int sse_heartbeat_s;
+	int max_connections;            /* HTTP connections, all clients */
+	int max_connections_per_client; /* of one client address */
+	int connection_reserve;         /* slots kept for addresses holding few connections */
+	int request_timeout_s;          /* a request's headers and body must arrive within this */
+	int max_streams;                /* open event streams, all clients */
+	int max_streams_per_client;     /* of one client address */
+	long sse_buffer;                /* event bytes one stream holds at a time */
+	int sse_stall_s;                /* a stream whose client reads nothing for this long is closed; 0 = auto */
 	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
 	long metrics_queue;   /* points buffered before drops */
 	long long state_max_bytes; /* database size cap, 0 = none */

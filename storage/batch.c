@@ -18,8 +18,11 @@
 /* Bounds the time the writer holds SQLite's write lock (request writers
  * wait on it, up to the busy timeout) and the size of one transaction. */
 #define TX_ITEMS 50000
-/* Bounds one event's JSON text (SSE frames, memory of readers). */
+/* Bound one event's JSON text (SSE frames, memory of readers): an event
+ * stream holds a few hundred KB at a time, and a single event may not be
+ * split across fetches (docs/design.md, "Event streams"). */
 #define EVENT_POINTS 10000
+#define EVENT_BYTES (64 * 1024)
 /* Each waits the busy timeout (5 s) first. */
 #define BUSY_RETRIES 5
 
@@ -152,7 +155,7 @@ static int insert_point(struct conn *c, struct batch_job *j, const struct qitem 
 	JBUF_LIT(b, ",\"value\":");
 	tr_store_jbuf_num(b, it->value);
 	JBUF_LIT(b, "}");
-	if (++j->npoints == EVENT_POINTS)
+	if (++j->npoints == EVENT_POINTS || j->buf.n >= EVENT_BYTES)
 		return emit_metrics_event(c, j, now, max_event);
 	return 0;
 }

@@ -131,11 +131,18 @@ void tr_events_free(struct tr_event *events, int count)
 int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
 			  int *count)
 {
+	return tr_store_events_after_max(s, job_id, after, limit, 0, events, count);
+}
+
+int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes,
+			      struct tr_event **events, int *count)
+{
 	*events = NULL;
 	*count = 0;
 	struct conn *c = tr_store_conn_get(s);
 	struct tr_event *v = NULL;
 	int n = 0, cap = 0, rc, err = 0;
+	size_t bytes = 0;
 	/* job_id 0 pages through all jobs' events (a global feed).  Two
 	 * statements rather than "(?1 = 0 OR job_id = ?1)", which would keep
 	 * SQLite from using the (job_id, id) index. */
@@ -151,6 +158,14 @@ int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limi
 	sqlite3_bind_int64(st, 2, after);
 	sqlite3_bind_int(st, 3, limit > 0 ? limit : -1);
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		/* The size is known before the text is copied: an event that
+		 * would go past the budget is left for the next call. */
+		size_t len = (size_t)sqlite3_column_bytes(st, 3);
+		if (max_bytes && n > 0 && bytes + len > max_bytes) {
+			rc = SQLITE_DONE;
+			break;
+		}
+		bytes += len;
 		if (n == cap) {
 			cap = cap ? 2 * cap : 16;
 			struct tr_event *nv = realloc(v, (size_t)cap * sizeof *nv);

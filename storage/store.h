@@ -161,12 +161,17 @@ struct tr_event {
 /* Events of job with id > after, ascending, at most limit (job_id 0: all
  * jobs).  "metrics" events are written by the metrics writer once per
  * flush per job, with data {"points": [{"name","step","epoch","wall",
- * "value"}, ...]} (a flush of more than 10,000 points for one job is split
- * over several events), so an SSE client that resumes from Last-Event-ID
+ * "value"}, ...]} (a flush of more than 10,000 points or about 64 KiB of
+ * text for one job is split over several events), so an SSE client that resumes from Last-Event-ID
  * sees every point exactly once.  "log" events carry the same object as
  * tr_store_logs_query's entries.  Non-finite numbers are written as null. */
 int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
 			  int *count);
+/* The same, stopping before the event whose data would take the total
+ * past max_bytes (0: no byte limit); the first event is always returned,
+ * whatever its size. */
+int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes,
+			      struct tr_event **events, int *count);
 void tr_events_free(struct tr_event *events, int count);
 /* A counter that changes whenever anything a metrics or job query could
  * return may have changed (every commit that adds events, truncation,
