@@ -83,7 +83,7 @@ static struct tr_source_spec csv_src(const char *path)
 static tr_reader_t *open_ok(const struct tr_source_spec *s)
 {
 	tr_reader_t *r = NULL;
-	int ret = tr_reader_open(s, 0, NULL, &r, err, sizeof(err));
+	int ret = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
 
 	cr_assert_eq(ret, 0, "open failed: %d %s", ret, err);
 	cr_assert_not_null(r);
@@ -97,7 +97,7 @@ static int open_fail(const struct tr_source_spec *s)
 	int ret;
 
 	err[0] = '\0';
-	ret = tr_reader_open(s, 0, NULL, &r, err, sizeof(err));
+	ret = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
 	cr_assert_lt(ret, 0, "open unexpectedly succeeded");
 	cr_assert_null(r);
 	cr_assert_neq(err[0], '\0', "no error message");
@@ -292,23 +292,32 @@ Test(data, csv_empty_and_missing)
 	cr_assert_eq(open_fail(&s), -EINVAL);
 }
 
-Test(data, relative_paths_join_base_dir)
+Test(data, relative_paths_resolve_against_the_roots)
 {
 	struct tr_source_spec s = csv_src("rel.csv");
 	tr_reader_t *r = NULL;
+	tr_data_roots_t *roots = NULL;
 	char slash[300];
+	const char *dirs[] = {"/nonexistent-root-for-test", NULL};
 
 	write_text("rel.csv", "1,2\n");
-	cr_assert_eq(tr_reader_open(&s, 0, tmp_dir, &r, err, sizeof(err)), 0, "%s", err);
-	tr_reader_destroy(r);
+	cr_assert_lt(tr_data_roots_create(dirs, &roots, err, sizeof(err)), 0);
+	expect_err("/nonexistent-root-for-test");
 	snprintf(slash, sizeof(slash), "%s/", tmp_dir);
-	cr_assert_eq(tr_reader_open(&s, 0, slash, &r, err, sizeof(err)), 0, "%s", err);
+	dirs[0] = slash;
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert(strstr(r->name, "/rel.csv") && r->name[0] == '/', "%s", r->name);
 	tr_reader_destroy(r);
-	/* Absolute paths ignore base_dir. */
+	/* An absolute path inside a root opens beneath it. */
 	s = csv_src(tmp_path("rel.csv"));
-	cr_assert_eq(tr_reader_open(&s, 0, "/nonexistent", &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	tr_reader_destroy(r);
+	/* Without roots, paths open as written. */
+	cr_assert_eq(tr_reader_open(&s, 0, NULL, NULL, &r, err, sizeof(err)), 0, "%s", err);
 	tr_reader_destroy(r);
 	tr_reader_destroy(NULL);
+	tr_data_roots_destroy(roots);
 }
 
 /* ---- npy ---- */
@@ -637,8 +646,8 @@ Test(data, synthetic_deterministic_any_order)
 	/* The source's data_seed decides, whatever the job seed (the spec
 	 * parser defaults it to the job seed), and 0 is a seed like any other. */
 	s.data_seed = 0;
-	cr_assert_eq(tr_reader_open(&s, 43, NULL, &a, err, sizeof(err)), 0);
-	cr_assert_eq(tr_reader_open(&s, 7, NULL, &b, err, sizeof(err)), 0);
+	cr_assert_eq(tr_reader_open(&s, 43, NULL, NULL, &a, err, sizeof(err)), 0);
+	cr_assert_eq(tr_reader_open(&s, 7, NULL, NULL, &b, err, sizeof(err)), 0);
 	get_ok(a, 3, xa, ya);
 	get_ok(b, 3, xb, yb);
 	cr_assert_arr_eq(xa, xb, sizeof(xa));
