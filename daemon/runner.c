@@ -322,7 +322,11 @@ static void *runner_main(void *arg)
 		return NULL;
 	}
 	if (rc < 0) {
-		finish(j, "failed", rc == -EINVAL ? "invalid_data" : rc == -ENOMEM ? "insufficient_memory" : "start_failed",
+		finish(j, "failed",
+		       rc == -EINVAL	 ? "invalid_data"
+		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
+		       : rc == -ENOMEM ? "insufficient_memory"
+				       : "start_failed",
 		       err, 0);
 		return NULL;
 	}
