@@ -24,6 +24,7 @@ struct idx_file {
 
 struct idx_reader {
 	tr_reader_t base;
+	_Atomic int64_t last_check; /* tr_data_check_due */
 	struct idx_file images, labels;
 };
 
@@ -53,9 +54,17 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 static int idx_check(tr_reader_t *r, char *err, size_t errlen)
 {
 	struct idx_reader *d = (struct idx_reader *)r;
-	int rc = tr_data_map_check(&d->images.map, err, errlen);
+	int rc;
 
-	return rc ? rc : tr_data_map_check(&d->labels.map, err, errlen);
+	if (!tr_data_check_due(&d->last_check))
+		return 0;
+	rc = tr_data_map_check(&d->images.map, err, errlen);
+
+	if (rc == 0)
+		rc = tr_data_map_check(&d->labels.map, err, errlen);
+	if (rc)
+		atomic_store(&d->last_check, -1);
+	return rc;
 }
 
 static void file_unmap(struct idx_file *f)

@@ -37,6 +37,7 @@ struct npy_array {
 
 struct npy_reader {
 	tr_reader_t base;
+	_Atomic int64_t last_check; /* tr_data_check_due */
 	struct npy_array x, y;
 };
 
@@ -107,9 +108,17 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 static int npy_check(tr_reader_t *r, char *err, size_t errlen)
 {
 	struct npy_reader *n = (struct npy_reader *)r;
-	int rc = tr_data_map_check(&n->x.map, err, errlen);
+	int rc;
 
-	return rc ? rc : tr_data_map_check(&n->y.map, err, errlen);
+	if (!tr_data_check_due(&n->last_check))
+		return 0;
+	rc = tr_data_map_check(&n->x.map, err, errlen);
+
+	if (rc == 0)
+		rc = tr_data_map_check(&n->y.map, err, errlen);
+	if (rc)
+		atomic_store(&n->last_check, -1);
+	return rc;
 }
 
 static void array_unmap(struct npy_array *a)

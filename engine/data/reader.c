@@ -46,7 +46,7 @@ void tr_data_sanitize(char *s)
 /* The calling thread's guard: where to jump on a fault in one of its maps,
  * and which map faulted.  Initial-exec TLS (the engine is linked into the
  * executable), so the handler may read it. */
-static __thread struct {
+static __thread __attribute__((tls_model("initial-exec"))) struct {
 	sigjmp_buf *jb;
 	const struct tr_data_map *const *maps;
 	int n;
@@ -202,6 +202,22 @@ int tr_data_map_check(const struct tr_data_map *m, char *err, size_t errlen)
 	if (st.st_mtim.tv_sec != m->mtime.tv_sec || st.st_mtim.tv_nsec != m->mtime.tv_nsec)
 		return changed(m, "it was written to", err, errlen);
 	return 0;
+}
+
+int tr_data_check_due(_Atomic int64_t *last)
+{
+	struct timespec ts;
+	int64_t now, prev;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	prev = atomic_load_explicit(last, memory_order_relaxed);
+	if (prev < 0)
+		return 1; /* a check failed: every later one looks again */
+	if (prev && now - prev < (int64_t)TR_DATA_CHECK_MS * 1000000)
+		return 0;
+	/* One of the threads that find it due does the check. */
+	return atomic_compare_exchange_strong(last, &prev, now);
 }
 
 /* ---- opening ---------------------------------------------------------------- */

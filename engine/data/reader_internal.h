@@ -64,6 +64,16 @@ void tr_data_map_release(struct tr_data_map *m);
  * naming it. */
 int tr_data_map_check(const struct tr_data_map *m, char *err, size_t errlen);
 
+/* Rate limit for a reader's check: 1 when at least TR_DATA_CHECK_MS passed
+ * since the last time it said 1 for *last (CLOCK_MONOTONIC_COARSE ns; set
+ * it to 0 at open, and to -1 when a check fails, so that every later call
+ * checks again).  An fstat costs ~2.5 us here; checked after every row
+ * range it was 6% of a core for a 64-128-10 model (bench/README.md).  A
+ * step loaded within that interval after a rewrite may be trained on
+ * before the next check fails the job, which then fails all the same. */
+#define TR_DATA_CHECK_MS 5
+int tr_data_check_due(_Atomic int64_t *last);
+
 /* Reads of mapped files under a SIGBUS guard, on the calling thread:
  *
  *	sigjmp_buf jb;

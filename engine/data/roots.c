@@ -62,14 +62,14 @@ int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *e
 		goto oom;
 	for (; dirs[r->n]; r->n++) {
 		const char *d = dirs[r->n];
-		struct root *x = &r->r[r->n];
+		struct root *x;
 
-		x->fd = -1;
 		if (r->n == MAX_ROOTS) {
 			tr_data_errorf(err, errlen, "more than %d data roots", MAX_ROOTS);
 			ret = -E2BIG;
 			goto fail;
 		}
+		x = &r->r[r->n];
 		x->fd = open(d, O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (x->fd < 0 || !realpath(d, real)) {
 			ret = -errno;
