@@ -389,3 +389,29 @@ Test(datafiles, outside_paths_get_one_answer_whether_they_exist_or_not, .timeout
 	refusal("not-here.csv", b, sizeof b);
 	cr_assert_str_eq(a, b);
 }
+
+/* ---- the re-open after a restart goes through the same confined open ---- */
+
+Test(datafiles, a_job_resumed_after_restart_does_not_follow_a_new_symlink_out, .timeout = 120)
+{
+	char good[256], target[256];
+	in_dir(good, sizeof good, d.dir, "resume.csv");
+	in_dir(target, sizeof target, outside, "secret.csv");
+	write_csv(good, 64, 3);
+	write_csv(target, 64, 7);
+	long long id = submit_job(&d, csv_job("resumed", "resume.csv", 100000, 1));
+	cr_assert_str_eq(wait_state(&d, id, "running", 30), "running");
+	int status;
+	daemon_stop(&d, &status);
+	/* While the daemon is down the file becomes a symlink out of the root. */
+	cr_assert_eq(unlink(good), 0);
+	cr_assert_eq(symlink(target, good), 0);
+	daemon_restart(&d, 2, NULL);
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
+	char code[64];
+	const char *msg = job_error(id, code, sizeof code);
+	cr_assert_null(strstr(msg, "6 features"), "the resumed job read the file outside the root: %s", msg);
+	cr_assert_str_eq(code, "invalid_path", "%s", msg);
+	cr_assert(strstr(msg, "resume.csv' in the daemon's data roots"), "%s", msg);
+	assert_healthy_and_small_job_completes();
+}
