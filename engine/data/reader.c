@@ -85,8 +85,10 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
 
 static void install_sigbus(void)
 {
-	/* SA_NODEFER: siglongjmp(jb, 0-mask) leaves the handler without
-	 * restoring a mask, so SIGBUS must not be blocked inside it. */
+	/* SA_NODEFER: sigsetjmp(jb, 0) saves no signal mask, so leaving the
+	 * handler by siglongjmp restores none and SIGBUS must not be blocked
+	 * inside it.  For the same reason no thread may block SIGBUS (a
+	 * blocked synchronous SIGBUS kills the process whatever the handler). */
 	struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK};
 
 	sigemptyset(&sa.sa_mask);
