@@ -132,8 +132,15 @@ static int changed(const struct tr_data_map *m, const char *how, char *err, size
 int tr_data_guard_failed(char *err, size_t errlen)
 {
 	const struct tr_data_map *m = guard.faulted;
+	sigset_t bus;
 
 	tr_data_guard_end();
+	/* SA_NODEFER should have kept SIGBUS unblocked; a runtime that wraps
+	 * handlers (ThreadSanitizer) may not pass it on, and a blocked SIGBUS
+	 * at the next fault would end the process.  Rare path: cheap. */
+	sigemptyset(&bus);
+	sigaddset(&bus, SIGBUS);
+	pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
 	if (!m) {
 		tr_data_errorf(err, errlen, "a data file changed while the job was reading it");
 		return -ESTALE;
