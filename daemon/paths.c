@@ -1,53 +1,52 @@
 /* Data-root confinement: a job may read only files under the daemon's data
- * roots.  Paths are resolved with realpath, so "..", symlinks and absolute
- * paths cannot escape a root. */
+ * roots.  Each path is opened with tr_data_open, beneath a descriptor of a
+ * root, so "..", symlinks and absolute paths cannot leave it, and the spec
+ * then names the file by the absolute path it opened as.  The check here
+ * opens and closes; the readers open again through the same function when
+ * the job starts and read only through their own descriptors, so a file
+ * swapped after this check is confined just the same.
+ *
+ * A path that is missing and a path that leads out of the roots get the
+ * same answer: anything else would tell a client which files exist
+ * outside them. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/scheduler_internal.h"
 
-static bool inside(const char *root, const char *path)
-{
-	size_t n = strlen(root);
-	if (strcmp(root, "/") == 0)
-		return true;
-	return strncmp(root, path, n) == 0 && (path[n] == '/' || path[n] == 0);
-}
-
-/* Resolves one path; on success replaces *field with the absolute path. */
+/* Opens one path; on success replaces *field with the absolute name. */
 static int resolve_one(struct tr_scheduler *s, char **field, const char *ptr, char *pointer, size_t plen,
 		       char *msg, size_t mlen)
 {
-	const char *p = *field;
-	char buf[PATH_MAX * 2], real[PATH_MAX];
-	bool outside = false;
-	for (int i = 0; s->roots[i]; i++) {
-		if (p[0] == '/')
-			snprintf(buf, sizeof buf, "%s", p);
-		else
-			snprintf(buf, sizeof buf, "%s/%s", s->roots[i], p);
-		if (!realpath(buf, real))
-			continue;
-		if (!inside(s->roots[i], real)) {
-			outside = true;
-			continue;
+	char shown[PATH_MAX + 256], why[1024];
+	int fd = tr_data_open(s->roots, *field, NULL, shown, sizeof shown, why, sizeof why);
+	if (fd >= 0) {
+		close(fd);
+		char *copy = strdup(shown);
+		if (!copy) {
+			snprintf(pointer, plen, "%s", ptr);
+			snprintf(msg, mlen, "%s: out of memory", ptr);
+			return -1;
 		}
-		char *copy = strdup(real);
-		if (!copy)
-			break;
 		free(*field);
 		*field = copy;
 		return 0;
 	}
 	snprintf(pointer, plen, "%s", ptr);
-	if (outside)
-		snprintf(msg, mlen, "%s: '%s' is outside the daemon's data roots", ptr, p);
-	else
-		snprintf(msg, mlen, "%s: no file '%s' in the daemon's data roots (%s%s)", ptr, p, s->roots[0],
-			 s->roots[1] ? ", ..." : "");
+	if (fd == -ENOENT) {
+		char list[1024];
+		tr_data_roots_describe(s->roots, list, sizeof list);
+		snprintf(msg, mlen,
+			 "%s: no file '%s' in the daemon's data roots (%s); paths resolve against the roots, "
+			 "which are set with --data-root DIR or data-root lines in the config file",
+			 ptr, *field, list);
+	} else {
+		snprintf(msg, mlen, "%s: %s", ptr, why);
+	}
 	return -1;
 }
 

@@ -259,7 +259,7 @@ int tr_cmd_run(int argc, char **argv)
 		.backend = be,
 		.devices = devices,
 		.workers = workers,
-		.base_dir = NULL,
+		.data_roots = NULL, /* a person's own files: paths as written */
 		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .ctx = &ctx},
 	};
 	tr_trainer_t *t = NULL;

@@ -293,7 +293,8 @@ static void *runner_main(void *arg)
 		 precision);
 	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line);
 
-	/* Paths were checked at submit; files may have moved since. */
+	/* Paths were checked at submit; files may have moved since.  The
+	 * readers open them again through the same confined open. */
 	char pointer[256], msg[768];
 	if (tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
 		finish(j, "failed", "invalid_path", msg, 0);
@@ -307,14 +308,31 @@ static void *runner_main(void *arg)
 	struct tr_trainer_options opt = {
 		.spec = &j->spec,
 		.backend = s->cfg.backend,
+		.data_roots = s->roots,
+		/* A cancel (or shutdown past its grace) while the data opens. */
+		.cancel = &j->cancel_requested,
 		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
 			  .checkpoint_busy = on_checkpoint_busy,
 			  .ctx = j},
 	};
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	if (rc == -ECANCELED) {
+		pthread_mutex_lock(&s->lock);
+		bool shutdown = s->shutting_down;
+		pthread_mutex_unlock(&s->lock);
+		if (shutdown)
+			finish(j, "interrupted", NULL, NULL, 0);
+		else
+			finish(j, "cancelled", "cancelled", "cancelled by request while opening the data", 0);
+		return NULL;
+	}
 	if (rc < 0) {
-		finish(j, "failed", rc == -EINVAL ? "invalid_data" : rc == -ENOMEM ? "insufficient_memory" : "start_failed",
+		finish(j, "failed",
+		       rc == -EINVAL	 ? "invalid_data"
+		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
+		       : rc == -ENOMEM ? "insufficient_memory"
+				       : "start_failed",
 		       err, 0);
 		return NULL;
 	}

@@ -45,21 +45,15 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	s->ndev = cfg->backend->i->device_count(cfg->backend);
 	if (s->ndev > TR_MAX_POOL_DEVICES)
 		s->ndev = TR_MAX_POOL_DEVICES;
-	int n = 0;
-	while (cfg->data_roots && cfg->data_roots[n])
-		n++;
-	s->roots = calloc((size_t)(n > 0 ? n : 1) + 1, sizeof *s->roots);
-	char real[PATH_MAX];
-	for (int i = 0; i < n; i++) {
-		if (!realpath(cfg->data_roots[i], real)) {
-			snprintf(err, errlen, "--data-root %s: %s", cfg->data_roots[i], strerror(errno));
-			tr_scheduler_destroy(s);
-			return -EINVAL;
-		}
-		s->roots[i] = strdup(real);
+	char cwd[PATH_MAX];
+	const char *here[] = {getcwd(cwd, sizeof cwd) ? cwd : "/", NULL};
+	const char *const *dirs = cfg->data_roots && cfg->data_roots[0] ? cfg->data_roots : here;
+	char msg[512];
+	if (tr_data_roots_create(dirs, &s->roots, msg, sizeof msg) < 0) {
+		snprintf(err, errlen, "--data-root %s", msg);
+		tr_scheduler_destroy(s);
+		return -EINVAL;
 	}
-	if (n == 0)
-		s->roots[0] = strdup(getcwd(real, sizeof real) ? real : "/");
 	*out = s;
 	return 0;
 }
@@ -323,11 +317,7 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 	if (s->started || s->running)
 		tr_scheduler_shutdown(s, 1);
 	tr_checkpointer_destroy(s->checkpointer);
-	if (s->roots) {
-		for (int i = 0; s->roots[i]; i++)
-			free(s->roots[i]);
-		free(s->roots);
-	}
+	tr_data_roots_destroy(s->roots);
 	pthread_cond_destroy(&s->wake);
 	pthread_mutex_destroy(&s->lock);
 	free(s);

@@ -36,7 +36,7 @@ struct running_job {
 
 struct tr_scheduler {
 	struct tr_scheduler_config cfg;
-	char **roots; /* realpath'd data roots, NULL-terminated */
+	tr_data_roots_t *roots; /* every data file opens beneath these */
 	int ndev;
 	pthread_mutex_t lock;
 	pthread_cond_t wake;
@@ -54,7 +54,8 @@ struct tr_scheduler {
 void tr_sched_kick(struct tr_scheduler *s);
 /* Starts a job's runner thread; devices already reserved. */
 int tr_runner_start(struct running_job *job, char *err, size_t errlen);
-/* Resolves the spec's data paths against the data roots in place.
+/* Checks that every data and init path of the spec opens in the data roots
+ * (tr_data_open) and rewrites each to the absolute name it opened as.
  * Returns 0 or -1 with the JSON pointer and message filled. */
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
 			  size_t mlen);

@@ -232,7 +232,12 @@ static int parse_header(tr_st_file_t *f, char *err, size_t errlen)
 	f->header = json_loads(text, 0, &jerr);
 	free(text);
 	if (!json_is_object(f->header)) {
-		snprintf(err, errlen, "%s: header is not a JSON object (%s)", path, jerr.text);
+		/* The position, not jansson's text: that quotes the file. */
+		if (f->header)
+			snprintf(err, errlen, "%s: header is not a JSON object", path);
+		else
+			snprintf(err, errlen, "%s: header is not valid JSON (byte %d of the header)", path,
+				 jerr.position);
 		return -EINVAL;
 	}
 	f->data_start = 8 + hlen;
@@ -251,16 +256,28 @@ static int parse_header(tr_st_file_t *f, char *err, size_t errlen)
 
 int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen)
 {
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		int rc = -errno;
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return rc;
+	}
+	return tr_st_open_fd(fd, path, out, err, errlen);
+}
+
+int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, char *err, size_t errlen)
+{
 	tr_st_file_t *f = calloc(1, sizeof *f);
 	if (!f) {
 		snprintf(err, errlen, "%s: out of memory", path);
+		close(fd);
 		return -ENOMEM;
 	}
 	f->path = strdup(path);
-	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	f->fd = fd;
 	int rc = 0;
 	struct stat st;
-	if (f->fd < 0 || fstat(f->fd, &st) < 0) {
+	if (fstat(f->fd, &st) < 0) {
 		rc = -errno;
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		goto fail;
@@ -305,7 +322,7 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 	}
 	const char *dtype = json_string_value(json_object_get(e, "dtype"));
 	if (strcmp(dtype, "F32") != 0) {
-		snprintf(err, errlen, "%s: tensor '%s' has dtype %s, expected F32", f->path, name, dtype);
+		snprintf(err, errlen, "%s: tensor '%s' has dtype %.8s, expected F32", f->path, name, dtype);
 		return -EINVAL;
 	}
 	json_t *js = json_object_get(e, "shape");

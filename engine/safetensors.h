@@ -35,6 +35,9 @@ typedef struct tr_st_file tr_st_file_t;
 /* Opens and validates a file (header JSON, offsets inside the file, no
  * overlaps).  Errors name the file. */
 int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen);
+/* The same over an open descriptor, owned from the call on (closed by
+ * tr_st_close, or here on error); path names it in messages. */
+int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, char *err, size_t errlen);
 /* The same over a memory image (borrowed; must outlive the handle); label
  * names it in messages. */
 int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, char *err, size_t errlen);

@@ -154,7 +154,7 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 	if (t->opt.train_reader) {
 		t->train = t->opt.train_reader;
 	} else {
-		rc = tr_reader_open(&s->train, s->seed, t->opt.base_dir, &t->own_train, err, errlen);
+		rc = tr_reader_open(&s->train, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_train, err, errlen);
 		if (rc < 0)
 			return rc;
 		t->train = t->own_train;
@@ -167,7 +167,7 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 		 * indices after the training set's from one generator instead. */
 		struct tr_source_spec both = s->validation;
 		both.samples = s->train.samples + s->validation.samples;
-		rc = tr_reader_open(&both, s->seed, t->opt.base_dir, &t->val_base, err, errlen);
+		rc = tr_reader_open(&both, s->seed, t->opt.data_roots, t->opt.cancel, &t->val_base, err, errlen);
 		if (rc < 0)
 			return rc;
 		t->own_val = t->val = tr_reader_slice(t->val_base, s->train.samples, both.samples);
@@ -176,7 +176,7 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 			return -ENOMEM;
 		}
 	} else if (s->validation.present) {
-		rc = tr_reader_open(&s->validation, s->seed, t->opt.base_dir, &t->own_val, err, errlen);
+		rc = tr_reader_open(&s->validation, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_val, err, errlen);
 		if (rc < 0)
 			return rc;
 		t->val = t->own_val;
@@ -249,14 +249,14 @@ static int check_model_against_data(struct tr_trainer *t, char *err, size_t errl
 
 static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen)
 {
-	char path[4096];
-	const char *p = t->spec->init_from;
-	if (p[0] != '/' && t->opt.base_dir)
-		snprintf(path, sizeof path, "%s/%s", t->opt.base_dir, p);
-	else
-		snprintf(path, sizeof path, "%s", p);
+	char path[4096], msg[1024];
+	int fd = tr_data_open(t->opt.data_roots, t->spec->init_from, NULL, path, sizeof path, msg, sizeof msg);
+	if (fd < 0) {
+		snprintf(err, errlen, "/init/from: %s", msg);
+		return fd;
+	}
 	tr_st_file_t *f;
-	int rc = tr_st_open(path, &f, err, errlen);
+	int rc = tr_st_open_fd(fd, path, &f, err, errlen);
 	if (rc < 0)
 		return rc;
 	int n = tr_model_param_count(&t->model);
@@ -728,6 +728,8 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 			if (rc == 0 && t->transforms)
 				tr_transforms_apply(t->transforms, x + (size_t)i * F, F, t->spec->seed, 0, base + i, 0);
 		}
+		if (rc == 0)
+			rc = tr_reader_check(t->val, err, errlen);
 		if (rc < 0)
 			break;
 		tr_data_pay_deferred_wait(); /* the chunk is ready after its full loading cost */

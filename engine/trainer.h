@@ -15,6 +15,7 @@
 #ifndef TR_TRAINER_H
 #define TR_TRAINER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -64,7 +65,12 @@ struct tr_trainer_options {
 	tr_backend_t *backend;      /* borrowed */
 	int devices;                /* ranks to use; 0 = spec's count, capped by the backend */
 	int workers;                /* loader threads; 0 = spec's prefetch.workers */
-	const char *base_dir;       /* relative data paths resolve here; NULL = cwd */
+	/* Data and init.from files open through tr_data_open(data_roots, ...);
+	 * NULL: as written, relative to the working directory. */
+	const tr_data_roots_t *data_roots; /* borrowed */
+	/* Optional: set (by another thread) to make create give up opening the
+	 * data and return -ECANCELED, as tr_trainer_cancel does once it runs. */
+	const atomic_bool *cancel;
 	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
 	tr_reader_t *val_reader;    /* optional, borrowed */
 	struct tr_trainer_hooks hooks;

@@ -16,8 +16,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/data/reader_internal.h"
+
+/* The most of a bad field an error quotes. */
+#define QUOTE_MAX 12
 
 struct csv_reader {
 	tr_reader_t base;
@@ -54,20 +58,24 @@ static const struct tr_reader_i csv_i = {
 	.destroy = csv_destroy,
 };
 
-/* Reads the whole file, NUL terminated.  *len excludes the terminator. */
-static int slurp(const char *path, char **buf, size_t *len, char *err, size_t errlen)
+/* Reads the whole of fd (owned: closed here), NUL terminated.  *len
+ * excludes the terminator.  Checks `cancel` between reads, so a huge file
+ * on slow storage does not hold a cancelled job. */
+static int slurp(int fd, const char *path, const atomic_bool *cancel, char **buf, size_t *len, char *err,
+		 size_t errlen)
 {
-	FILE *f = fopen(path, "rb");
-	size_t cap = 0, n = 0, got;
+	size_t cap = 0, n = 0;
 	char *b = NULL, *nb;
 	int ret;
 
-	if (!f) {
-		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
-		return ret;
-	}
 	for (;;) {
+		ssize_t got;
+
+		if (cancel && atomic_load(cancel)) {
+			ret = -ECANCELED;
+			tr_data_errorf(err, errlen, "cancelled");
+			goto fail;
+		}
 		if (cap - n < 2) {
 			size_t nc = cap ? cap * 2 : (size_t)1 << 16;
 
@@ -80,24 +88,26 @@ static int slurp(const char *path, char **buf, size_t *len, char *err, size_t er
 			b = nb;
 			cap = nc;
 		}
-		got = fread(b + n, 1, cap - n - 1, f);
-		n += got;
+		got = read(fd, b + n, cap - n - 1);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			ret = -errno;
+			tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+			goto fail;
+		}
 		if (got == 0)
 			break;
-	}
-	if (ferror(f)) {
-		ret = errno ? -errno : -EIO;
-		tr_data_errorf(err, errlen, "%s: %s", path, strerror(-ret));
-		goto fail;
+		n += (size_t)got;
 	}
 	b[n] = '\0';
-	fclose(f);
+	close(fd);
 	*buf = b;
 	*len = n;
 	return 0;
 fail:
 	free(b);
-	fclose(f);
+	close(fd);
 	return ret;
 }
 
@@ -171,8 +181,8 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 	return 0;
 }
 
-int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t **out, char *err,
-		size_t errlen)
+int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, const atomic_bool *cancel,
+		tr_reader_t **out, char *err, size_t errlen)
 {
 	struct csv_reader *c = NULL;
 	char *buf = NULL, *p, *end;
@@ -181,7 +191,7 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 	long long line = 0;
 	locale_t cloc;
 
-	ret = slurp(path, &buf, &len, err, errlen);
+	ret = slurp(fd, path, cancel, &buf, &len, err, errlen);
 	if (ret)
 		return ret;
 	cloc = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
@@ -205,6 +215,11 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 		if (!e)
 			e = end;
 		line++;
+		if ((line & 0xfff) == 0 && cancel && atomic_load(cancel)) {
+			tr_data_errorf(err, errlen, "cancelled");
+			ret = -ECANCELED;
+			goto fail;
+		}
 		if ((line == 1 && src->header) || is_blank(p, e))
 			goto next;
 		for (q = p; q < e; q++)
@@ -252,8 +267,16 @@ int tr_csv_open(const struct tr_source_spec *src, const char *path, tr_reader_t 
 			 * cannot run past the field. */
 			v = strtof_l(q, &ne, cloc);
 			if (ne != te || !isfinite(v)) {
-				tr_data_errorf(err, errlen, "%s:%lld: column %d: '%.*s' is not a %snumber",
-					       path, line, col + 1, (int)(te - q > 40 ? 40 : te - q), q,
+				/* Enough of the field to recognise it, no more: an
+				 * error is no way to read a file's contents. */
+				char shown[QUOTE_MAX + 1];
+				size_t w = (size_t)(te - q) > QUOTE_MAX ? QUOTE_MAX : (size_t)(te - q);
+
+				memcpy(shown, q, w);
+				shown[w] = '\0';
+				tr_data_sanitize(shown);
+				tr_data_errorf(err, errlen, "%s:%lld: column %d: '%s%s' is not a %snumber", path,
+					       line, col + 1, shown, (size_t)(te - q) > QUOTE_MAX ? "..." : "",
 					       ne == te ? "finite " : "");
 				ret = -EINVAL;
 				goto fail;

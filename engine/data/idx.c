@@ -1,6 +1,7 @@
 /* IDX reader (the MNIST file format): an images file and a labels file.
  *
- * Both files are memory-mapped read-only; `get` widens one image's bytes to
+ * Both files are memory-mapped read-only, read under the SIGBUS guard and
+ * checked for changes like .npy files (npy.c); `get` widens one image's bytes to
  * floats 0..255 (scaling is left to a "scale" transform so the reader stays
  * a plain view of the file).  Only unsigned-byte files are accepted, which
  * is what MNIST, Fashion-MNIST and EMNIST ship.  The downloads are gzip
@@ -10,12 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/data/reader_internal.h"
 
 struct idx_file {
-	const void *map;
-	size_t map_len;
+	struct tr_data_map map;
 	const unsigned char *data;
 	int64_t count; /* first dimension */
 	int64_t width; /* product of the others */
@@ -23,6 +24,7 @@ struct idx_file {
 
 struct idx_reader {
 	tr_reader_t base;
+	_Atomic int64_t last_check; /* tr_data_check_due */
 	struct idx_file images, labels;
 };
 
@@ -36,17 +38,38 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 			       (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
+	const struct tr_data_map *maps[] = {&d->images.map, &d->labels.map};
+	sigjmp_buf jb;
+	if (sigsetjmp(jb, 0))
+		return tr_data_guard_failed(err, errlen);
+	tr_data_guard_begin(&jb, maps, 2);
 	p = d->images.data + (size_t)index * (size_t)d->images.width;
 	for (int64_t i = 0; i < d->images.width; i++)
 		x[i] = (float)p[i];
 	y[0] = (float)d->labels.data[index];
+	tr_data_guard_end();
 	return 0;
+}
+
+static int idx_check(tr_reader_t *r, char *err, size_t errlen)
+{
+	struct idx_reader *d = (struct idx_reader *)r;
+	int rc;
+
+	if (!tr_data_check_due(&d->last_check))
+		return 0;
+	rc = tr_data_map_check(&d->images.map, err, errlen);
+
+	if (rc == 0)
+		rc = tr_data_map_check(&d->labels.map, err, errlen);
+	if (rc)
+		atomic_store(&d->last_check, -1);
+	return rc;
 }
 
 static void file_unmap(struct idx_file *f)
 {
-	tr_data_unmap_file(f->map, f->map_len);
-	f->map = NULL;
+	tr_data_map_release(&f->map);
 }
 
 static void idx_destroy(tr_reader_t *r)
@@ -61,6 +84,7 @@ static void idx_destroy(tr_reader_t *r)
 static const struct tr_reader_i idx_i = {
 	.get = idx_get,
 	.destroy = idx_destroy,
+	.check = idx_check,
 };
 
 static uint32_t be32(const unsigned char *p)
@@ -68,20 +92,20 @@ static uint32_t be32(const unsigned char *p)
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* Maps an IDX file of unsigned bytes; images need >= 2 dimensions
- * (0x00000803 is [N, rows, cols]), labels exactly 1 (0x00000801). */
-static int file_open(const char *path, int images, struct idx_file *f, char *err, size_t errlen)
+/* Maps an IDX file of unsigned bytes (fd is owned from here on); images
+ * need >= 2 dimensions (0x00000803 is [N, rows, cols]), labels exactly 1
+ * (0x00000801).  Runs under the caller's SIGBUS guard. */
+static int file_open(int fd, const char *path, int images, struct idx_file *f, char *err, size_t errlen)
 {
 	const unsigned char *m;
 	int ret, ndims;
 	size_t hdr;
 	uint64_t total;
 
-	memset(f, 0, sizeof(*f));
-	ret = tr_data_map_file(path, 8, "an IDX file", &f->map, &f->map_len, err, errlen);
+	ret = tr_data_map_open(fd, path, 8, "an IDX file", &f->map, err, errlen);
 	if (ret)
 		return ret;
-	m = f->map;
+	m = f->map.base;
 	if (m[0] == 0x1f && m[1] == 0x8b) {
 		tr_data_errorf(err, errlen, "%s: file is gzip-compressed; decompress it first (gunzip)",
 			       path);
@@ -105,7 +129,7 @@ static int file_open(const char *path, int images, struct idx_file *f, char *err
 		goto invalid;
 	}
 	hdr = 4 + 4 * (size_t)ndims;
-	if (f->map_len < hdr) {
+	if (f->map.len < hdr) {
 		tr_data_errorf(err, errlen, "%s: truncated IDX header", path);
 		goto invalid;
 	}
@@ -128,10 +152,10 @@ static int file_open(const char *path, int images, struct idx_file *f, char *err
 	}
 	/* count < 2^32 and width < 2^31, so the product cannot overflow. */
 	total = (uint64_t)f->count * (uint64_t)f->width;
-	if (total > f->map_len - hdr) {
+	if (total > f->map.len - hdr) {
 		tr_data_errorf(err, errlen,
 			       "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-			       path, (unsigned long long)total, (unsigned long long)(f->map_len - hdr));
+			       path, (unsigned long long)total, (unsigned long long)(f->map.len - hdr));
 		goto invalid;
 	}
 	f->data = m + hdr;
@@ -141,20 +165,32 @@ invalid:
 	return -EINVAL;
 }
 
-int tr_idx_open(const char *images_path, const char *labels_path, tr_reader_t **out, char *err,
-		size_t errlen)
+int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const char *labels_path, tr_reader_t **out,
+		char *err, size_t errlen)
 {
 	struct idx_reader *d = calloc(1, sizeof(*d));
+	volatile int labels_owned = 1; /* labels_fd not yet handed on */
 	int ret;
 
 	if (!d) {
 		tr_data_errorf(err, errlen, "%s: out of memory", images_path);
+		close(images_fd);
+		close(labels_fd);
 		return -ENOMEM;
 	}
-	ret = file_open(images_path, 1, &d->images, err, errlen);
-	if (ret)
+	const struct tr_data_map *maps[] = {&d->images.map, &d->labels.map};
+	sigjmp_buf jb;
+	if (sigsetjmp(jb, 0)) {
+		ret = tr_data_guard_failed(err, errlen);
 		goto fail;
-	ret = file_open(labels_path, 0, &d->labels, err, errlen);
+	}
+	tr_data_guard_begin(&jb, maps, 2);
+	ret = file_open(images_fd, images_path, 1, &d->images, err, errlen);
+	if (ret == 0) {
+		labels_owned = 0;
+		ret = file_open(labels_fd, labels_path, 0, &d->labels, err, errlen);
+	}
+	tr_data_guard_end();
 	if (ret)
 		goto fail;
 	if (d->images.count != d->labels.count) {
@@ -171,6 +207,8 @@ int tr_idx_open(const char *images_path, const char *labels_path, tr_reader_t **
 	*out = &d->base;
 	return 0;
 fail:
+	if (labels_owned)
+		close(labels_fd);
 	idx_destroy(&d->base);
 	return ret;
 }

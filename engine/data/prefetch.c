@@ -88,6 +88,11 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 		if (c->transforms)
 			tr_transforms_apply(c->transforms, x, pf->features, c->seed, epoch, b->index[i], 1);
 	}
+	/* After the reads: rows read from a file rewritten under the job fail
+	 * the step instead of being trained on (reader.h, check). */
+	int rc = tr_reader_check(c->reader, err, errlen);
+	if (rc < 0)
+		return rc;
 	tr_data_pay_deferred_wait();
 	return 0;
 }

@@ -1,15 +1,18 @@
-/* Reader dispatch, slices and path resolution.
+/* Reader dispatch, slices and the guarded file mapping.
  *
- * tr_reader_open picks the format's opener and resolves relative paths
- * against base_dir, so the format files only ever see the path they open
- * (and name in their messages).  Slices are the one reader type that owns
+ * tr_reader_open picks the format's opener and opens its files through
+ * tr_data_open, so the format files only ever see a descriptor and the
+ * name to give it in messages.  Slices are the one reader type that owns
  * no data: they borrow a base reader and shift indices, which is all that
  * validation_split needs.  The helpers every reader shares (the error
- * formatter and the read-only file mapping, see reader_internal.h) live
- * here too.
+ * formatter and the guarded read-only mapping, see reader_internal.h)
+ * live here too.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,79 +34,221 @@ void tr_data_errorf(char *err, size_t errlen, const char *fmt, ...)
 	va_end(ap);
 }
 
-int tr_data_map_file(const char *path, size_t min_size, const char *kind, const void **map, size_t *len,
+void tr_data_sanitize(char *s)
+{
+	for (; *s; s++)
+		if (*s < 0x20 || *s > 0x7e)
+			*s = '?';
+}
+
+/* ---- guarded mappings ---------------------------------------------------- */
+
+/* The calling thread's guard: where to jump on a fault in one of its maps,
+ * and which map faulted.  Initial-exec TLS (the engine is linked into the
+ * executable), so the handler may read it. */
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+	sigjmp_buf *jb;
+	const struct tr_data_map *const *maps;
+	int n;
+	const struct tr_data_map *faulted;
+} guard;
+
+static struct sigaction old_sigbus;
+static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
+
+/* A SIGBUS in a guarded read leaves the read; any other goes where it went
+ * before (the previous handler, or the default action: the faulting access
+ * repeats and ends the process as it would have). */
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	const unsigned char *a = si->si_addr;
+
+	for (int i = 0; guard.jb && i < guard.n; i++) {
+		const struct tr_data_map *m = guard.maps[i];
+
+		if (m->base && a >= m->base && a < m->base + m->len) {
+			guard.faulted = m;
+			siglongjmp(*guard.jb, 1);
+		}
+	}
+	if ((old_sigbus.sa_flags & SA_SIGINFO) && old_sigbus.sa_sigaction) {
+		old_sigbus.sa_sigaction(sig, si, uc);
+	} else if (!(old_sigbus.sa_flags & SA_SIGINFO) && old_sigbus.sa_handler != SIG_DFL &&
+		   old_sigbus.sa_handler != SIG_IGN) {
+		old_sigbus.sa_handler(sig);
+	} else {
+		struct sigaction dfl = {.sa_handler = SIG_DFL};
+
+		sigaction(SIGBUS, &dfl, NULL);
+	}
+}
+
+static void install_sigbus(void)
+{
+	/* SA_NODEFER: sigsetjmp(jb, 0) saves no signal mask, so leaving the
+	 * handler by siglongjmp restores none and SIGBUS must not be blocked
+	 * inside it.  For the same reason no thread may block SIGBUS (a
+	 * blocked synchronous SIGBUS kills the process whatever the handler). */
+	struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK};
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, &old_sigbus);
+}
+
+void tr_data_guard_begin(sigjmp_buf *jb, const struct tr_data_map *const *maps, int n)
+{
+	guard.maps = maps;
+	guard.n = n;
+	guard.faulted = NULL;
+	atomic_signal_fence(memory_order_seq_cst);
+	guard.jb = jb;
+	atomic_signal_fence(memory_order_seq_cst);
+}
+
+void tr_data_guard_end(void)
+{
+	atomic_signal_fence(memory_order_seq_cst);
+	guard.jb = NULL;
+	atomic_signal_fence(memory_order_seq_cst);
+}
+
+static int changed(const struct tr_data_map *m, const char *how, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (fstat(m->fd, &st) == 0 && (size_t)st.st_size != m->len)
+		tr_data_errorf(err, errlen,
+			       "%s: the file changed while the job was reading it (%s; now %lld bytes, %zu when the "
+			       "job opened it): a data file must not be modified while a job uses it",
+			       m->name, how, (long long)st.st_size, m->len);
+	else
+		tr_data_errorf(err, errlen,
+			       "%s: the file changed while the job was reading it (%s): a data file must not be "
+			       "modified while a job uses it",
+			       m->name, how);
+	return -ESTALE;
+}
+
+int tr_data_guard_failed(char *err, size_t errlen)
+{
+	const struct tr_data_map *m = guard.faulted;
+	sigset_t bus;
+
+	tr_data_guard_end();
+	/* SA_NODEFER should have kept SIGBUS unblocked; a runtime that wraps
+	 * handlers (ThreadSanitizer) may not pass it on, and a blocked SIGBUS
+	 * at the next fault would end the process.  Rare path: cheap. */
+	sigemptyset(&bus);
+	sigaddset(&bus, SIGBUS);
+	pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+	if (!m) {
+		tr_data_errorf(err, errlen, "a data file changed while the job was reading it");
+		return -ESTALE;
+	}
+	return changed(m, "truncated", err, errlen);
+}
+
+int tr_data_map_open(int fd, const char *name, size_t min_size, const char *kind, struct tr_data_map *m,
 		     char *err, size_t errlen)
 {
 	struct stat st;
-	void *m;
-	int fd, ret;
+	void *p;
+	int ret;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
-		return ret;
-	}
+	memset(m, 0, sizeof(*m));
+	m->fd = -1;
 	if (fstat(fd, &st) < 0) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+		tr_data_errorf(err, errlen, "%s: %s", name, strerror(errno));
 		close(fd);
 		return ret;
 	}
-	if (!S_ISREG(st.st_mode) || st.st_size < (off_t)min_size) {
-		tr_data_errorf(err, errlen, "%s: not %s (%s)", path, kind,
-			       S_ISREG(st.st_mode) ? "too short" : "not a regular file");
+	if (st.st_size < (off_t)min_size) {
+		tr_data_errorf(err, errlen, "%s: not %s (too short)", name, kind);
 		close(fd);
 		return -EINVAL;
 	}
-	m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-	ret = -errno;
-	close(fd);
-	if (m == MAP_FAILED) {
-		tr_data_errorf(err, errlen, "%s: mmap: %s", path, strerror(-ret));
+	pthread_once(&sigbus_once, install_sigbus);
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED) {
+		ret = -errno;
+		tr_data_errorf(err, errlen, "%s: mmap: %s", name, strerror(errno));
+		close(fd);
 		return ret;
 	}
-	*map = m;
-	*len = (size_t)st.st_size;
+	m->base = p;
+	m->len = (size_t)st.st_size;
+	m->fd = fd;
+	m->mtime = st.st_mtim;
+	snprintf(m->name, sizeof(m->name), "%s", name);
 	return 0;
 }
 
-void tr_data_unmap_file(const void *map, size_t len)
+void tr_data_map_release(struct tr_data_map *m)
 {
-	if (map)
-		munmap((void *)map, len);
+	if (m->base) {
+		munmap((void *)m->base, m->len);
+		close(m->fd);
+	}
+	m->base = NULL;
+	m->fd = -1;
 }
 
-/* Joins `path` to base_dir unless it is absolute; *out is a new string
- * the caller frees.  `what` names the missing path in the message. */
-static int resolve(const char *base_dir, const char *path, const char *what, char **out, char *err,
-		   size_t errlen)
+int tr_data_map_check(const struct tr_data_map *m, char *err, size_t errlen)
 {
-	*out = NULL;
+	struct stat st;
+
+	if (!m->base)
+		return 0;
+	if (fstat(m->fd, &st) < 0) {
+		int ret = -errno;
+
+		tr_data_errorf(err, errlen, "%s: %s", m->name, strerror(errno));
+		return ret;
+	}
+	if ((size_t)st.st_size != m->len)
+		return changed(m, "its size changed", err, errlen);
+	if (st.st_mtim.tv_sec != m->mtime.tv_sec || st.st_mtim.tv_nsec != m->mtime.tv_nsec)
+		return changed(m, "it was written to", err, errlen);
+	return 0;
+}
+
+int tr_data_check_due(_Atomic int64_t *last)
+{
+	struct timespec ts;
+	int64_t now, prev;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	prev = atomic_load_explicit(last, memory_order_relaxed);
+	if (prev < 0)
+		return 1; /* a check failed: every later one looks again */
+	if (prev && now - prev < (int64_t)TR_DATA_CHECK_MS * 1000000)
+		return 0;
+	/* One of the threads that find it due does the check. */
+	return atomic_compare_exchange_strong(last, &prev, now);
+}
+
+/* ---- opening ---------------------------------------------------------------- */
+
+/* Opens one of the source's files; *fd and name (the file's name for
+ * messages) are set on success.  `what` names a missing path. */
+static int open_one(const tr_data_roots_t *roots, const char *path, const char *what, int *fd, char *name,
+		    size_t namelen, char *err, size_t errlen)
+{
 	if (!path || !*path) {
 		tr_data_errorf(err, errlen, "data source has no %s path", what);
 		return -EINVAL;
 	}
-	if (path[0] == '/' || !base_dir || !*base_dir) {
-		*out = strdup(path);
-	} else {
-		size_t bl = strlen(base_dir);
-		int slash = base_dir[bl - 1] != '/';
-
-		if (asprintf(out, "%s%s%s", base_dir, slash ? "/" : "", path) < 0)
-			*out = NULL;
-	}
-	if (!*out) {
-		tr_data_errorf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
-	return 0;
+	*fd = tr_data_open(roots, path, NULL, name, namelen, err, errlen);
+	return *fd < 0 ? *fd : 0;
 }
 
-int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const char *base_dir,
-		   tr_reader_t **out, char *err, size_t errlen)
+int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr_data_roots_t *roots,
+		   const atomic_bool *cancel, tr_reader_t **out, char *err, size_t errlen)
 {
-	char *a = NULL, *b = NULL;
+	char a_name[PATH_MAX], b_name[PATH_MAX];
+	int a = -1, b = -1;
 	int ret;
 
 	if (!src || !out) {
@@ -111,25 +256,33 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const ch
 		return -EINVAL;
 	}
 	*out = NULL;
+	if (cancel && atomic_load(cancel)) {
+		tr_data_errorf(err, errlen, "cancelled");
+		return -ECANCELED;
+	}
 	switch (src->format) {
 	case TR_DATA_CSV:
-		ret = resolve(base_dir, src->path, "csv", &a, err, errlen);
+		ret = open_one(roots, src->path, "csv", &a, a_name, sizeof a_name, err, errlen);
 		if (ret == 0)
-			ret = tr_csv_open(src, a, out, err, errlen);
+			ret = tr_csv_open(src, a, a_name, cancel, out, err, errlen);
 		break;
 	case TR_DATA_NPY:
-		ret = resolve(base_dir, src->x_path, "npy x", &a, err, errlen);
+		ret = open_one(roots, src->x_path, "npy x", &a, a_name, sizeof a_name, err, errlen);
 		if (ret == 0)
-			ret = resolve(base_dir, src->y_path, "npy y", &b, err, errlen);
+			ret = open_one(roots, src->y_path, "npy y", &b, b_name, sizeof b_name, err, errlen);
 		if (ret == 0)
-			ret = tr_npy_open(a, b, out, err, errlen);
+			ret = tr_npy_open(a, a_name, b, b_name, out, err, errlen);
+		else if (a >= 0)
+			close(a);
 		break;
 	case TR_DATA_IDX:
-		ret = resolve(base_dir, src->images_path, "idx images", &a, err, errlen);
+		ret = open_one(roots, src->images_path, "idx images", &a, a_name, sizeof a_name, err, errlen);
 		if (ret == 0)
-			ret = resolve(base_dir, src->labels_path, "idx labels", &b, err, errlen);
+			ret = open_one(roots, src->labels_path, "idx labels", &b, b_name, sizeof b_name, err, errlen);
 		if (ret == 0)
-			ret = tr_idx_open(a, b, out, err, errlen);
+			ret = tr_idx_open(a, a_name, b, b_name, out, err, errlen);
+		else if (a >= 0)
+			close(a);
 		break;
 	case TR_DATA_SYNTHETIC:
 		(void)job_seed; /* the spec parser fills data_seed (default: the job seed) */
@@ -140,8 +293,6 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const ch
 		ret = -EINVAL;
 		break;
 	}
-	free(a);
-	free(b);
 	return ret;
 }
 
@@ -174,9 +325,15 @@ static void slice_destroy(tr_reader_t *r)
 	free(r);
 }
 
+static int slice_check(tr_reader_t *r, char *err, size_t errlen)
+{
+	return tr_reader_check(((struct slice *)r)->src, err, errlen);
+}
+
 static const struct tr_reader_i slice_i = {
 	.get = slice_get,
 	.destroy = slice_destroy,
+	.check = slice_check,
 };
 
 tr_reader_t *tr_reader_slice(tr_reader_t *base, int64_t begin, int64_t end)

@@ -3,7 +3,8 @@
  * A reader is opened once per job (files are parsed or memory-mapped at
  * open, so format errors surface before training starts, naming file and
  * line) and then read concurrently by the loader threads: `get` must be
- * thread-safe and must not depend on call order.  Samples are returned as
+ * thread-safe and must not depend on call order.  Files are opened through
+ * tr_data_open (roots.h) and read only through those descriptors.  Samples are returned as
  * float features plus a float label row (a class index for classification,
  * target values for regression).  Readers are a small vtable so tests can
  * supply their own (for example one that fails at a given sample).
@@ -11,9 +12,11 @@
 #ifndef TR_DATA_READER_H
 #define TR_DATA_READER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/data/roots.h"
 #include "engine/spec.h"
 
 typedef struct tr_reader tr_reader_t;
@@ -30,6 +33,11 @@ struct tr_reader_i {
 	 * sample (or line) into err. */
 	int (*get)(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen);
 	void (*destroy)(tr_reader_t *r);
+	/* Optional: 0 while the files read so far are as they were at open,
+	 * else an error naming the changed file.  Called after each run of
+	 * gets whose samples are about to be used, so that nothing read from a
+	 * file rewritten under the job is trained on. */
+	int (*check)(tr_reader_t *r, char *err, size_t errlen);
 };
 
 struct tr_reader {
@@ -38,15 +46,22 @@ struct tr_reader {
 	char name[256]; /* file name or "synthetic", for messages */
 };
 
-/* Opens `src`.  Relative paths are joined to base_dir (NULL = as written).
- * job_seed seeds synthetic data when the source has no seed of its own.
+/* Opens `src`, its files through tr_data_open(roots, ...) (roots NULL: as
+ * written, relative to the working directory).  job_seed seeds synthetic
+ * data when the source has no seed of its own.  `cancel` (may be NULL)
+ * interrupts a long open: it returns -ECANCELED once *cancel is set.
  * Returns 0 and *out, or a negative code with a message in err. */
-int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const char *base_dir,
-		   tr_reader_t **out, char *err, size_t errlen);
+int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr_data_roots_t *roots,
+		   const atomic_bool *cancel, tr_reader_t **out, char *err, size_t errlen);
 
 static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
 {
 	return r->i->get(r, index, x, y, err, errlen);
+}
+
+static inline int tr_reader_check(tr_reader_t *r, char *err, size_t errlen)
+{
+	return r->i->check ? r->i->check(r, err, errlen) : 0;
 }
 
 void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */

@@ -9,9 +9,11 @@
 #include <ftw.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,7 +85,7 @@ static struct tr_source_spec csv_src(const char *path)
 static tr_reader_t *open_ok(const struct tr_source_spec *s)
 {
 	tr_reader_t *r = NULL;
-	int ret = tr_reader_open(s, 0, NULL, &r, err, sizeof(err));
+	int ret = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
 
 	cr_assert_eq(ret, 0, "open failed: %d %s", ret, err);
 	cr_assert_not_null(r);
@@ -97,7 +99,7 @@ static int open_fail(const struct tr_source_spec *s)
 	int ret;
 
 	err[0] = '\0';
-	ret = tr_reader_open(s, 0, NULL, &r, err, sizeof(err));
+	ret = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
 	cr_assert_lt(ret, 0, "open unexpectedly succeeded");
 	cr_assert_null(r);
 	cr_assert_neq(err[0], '\0', "no error message");
@@ -292,23 +294,32 @@ Test(data, csv_empty_and_missing)
 	cr_assert_eq(open_fail(&s), -EINVAL);
 }
 
-Test(data, relative_paths_join_base_dir)
+Test(data, relative_paths_resolve_against_the_roots)
 {
 	struct tr_source_spec s = csv_src("rel.csv");
 	tr_reader_t *r = NULL;
+	tr_data_roots_t *roots = NULL;
 	char slash[300];
+	const char *dirs[] = {"/nonexistent-root-for-test", NULL};
 
 	write_text("rel.csv", "1,2\n");
-	cr_assert_eq(tr_reader_open(&s, 0, tmp_dir, &r, err, sizeof(err)), 0, "%s", err);
-	tr_reader_destroy(r);
+	cr_assert_lt(tr_data_roots_create(dirs, &roots, err, sizeof(err)), 0);
+	expect_err("/nonexistent-root-for-test");
 	snprintf(slash, sizeof(slash), "%s/", tmp_dir);
-	cr_assert_eq(tr_reader_open(&s, 0, slash, &r, err, sizeof(err)), 0, "%s", err);
+	dirs[0] = slash;
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert(strstr(r->name, "/rel.csv") && r->name[0] == '/', "%s", r->name);
 	tr_reader_destroy(r);
-	/* Absolute paths ignore base_dir. */
+	/* An absolute path inside a root opens beneath it. */
 	s = csv_src(tmp_path("rel.csv"));
-	cr_assert_eq(tr_reader_open(&s, 0, "/nonexistent", &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	tr_reader_destroy(r);
+	/* Without roots, paths open as written. */
+	cr_assert_eq(tr_reader_open(&s, 0, NULL, NULL, &r, err, sizeof(err)), 0, "%s", err);
 	tr_reader_destroy(r);
 	tr_reader_destroy(NULL);
+	tr_data_roots_destroy(roots);
 }
 
 /* ---- npy ---- */
@@ -637,8 +648,8 @@ Test(data, synthetic_deterministic_any_order)
 	/* The source's data_seed decides, whatever the job seed (the spec
 	 * parser defaults it to the job seed), and 0 is a seed like any other. */
 	s.data_seed = 0;
-	cr_assert_eq(tr_reader_open(&s, 43, NULL, &a, err, sizeof(err)), 0);
-	cr_assert_eq(tr_reader_open(&s, 7, NULL, &b, err, sizeof(err)), 0);
+	cr_assert_eq(tr_reader_open(&s, 43, NULL, NULL, &a, err, sizeof(err)), 0);
+	cr_assert_eq(tr_reader_open(&s, 7, NULL, NULL, &b, err, sizeof(err)), 0);
 	get_ok(a, 3, xa, ya);
 	get_ok(b, 3, xb, yb);
 	cr_assert_arr_eq(xa, xb, sizeof(xa));
@@ -1178,4 +1189,134 @@ Test(data, transform_standardize_reader_error)
 	cr_assert_eq(tr_transforms_create(&spec, &fr, &tf, err, sizeof(err)), -EIO);
 	cr_assert_null(tf);
 	expect_err("broken.bin: sample 3");
+}
+
+/* ---- files that change under a reader, and what errors quote ---- */
+
+/* x: 4096 rows of 64 f4 (1 MiB, many pages), y: 4096 i8. */
+static tr_reader_t *open_big_npy(const char **xp_out)
+{
+	static float xs[4096 * 64];
+	static int64_t ys[4096];
+	long xshape[2] = {4096, 64}, yshape[1] = {4096};
+
+	for (int i = 0; i < 4096 * 64; i++)
+		xs[i] = (float)i;
+	for (int i = 0; i < 4096; i++)
+		ys[i] = i % 10;
+	const char *xp = write_npy("big_x.npy", 1, "<f4", false, xshape, 2, xs, sizeof xs);
+	const char *yp = write_npy("big_y.npy", 1, "<i8", false, yshape, 1, ys, sizeof ys);
+	struct tr_source_spec s = npy_src(xp, yp);
+	*xp_out = xp;
+	return open_ok(&s);
+}
+
+Test(data, npy_truncated_under_the_reader_fails_the_read_not_the_process)
+{
+	const char *xp;
+	tr_reader_t *r = open_big_npy(&xp);
+	float x[64], y[1];
+
+	get_ok(r, 4095, x, y);
+	cr_assert_eq(x[0], 4095.0f * 64);
+	/* The pages past the new end are gone: reading them raises SIGBUS,
+	 * which used to end the process. */
+	cr_assert_eq(truncate(xp, 128), 0);
+	err[0] = 0;
+	cr_assert_eq(tr_reader_get(r, 4000, x, y, err, sizeof err), -ESTALE);
+	expect_err("big_x.npy: the file changed while the job was reading it (truncated; now 128 bytes");
+	/* The thread's guard is cleared: a fault outside a guarded read would
+	 * still be a fault, and the next guarded read works the same. */
+	cr_assert_eq(tr_reader_get(r, 4001, x, y, err, sizeof err), -ESTALE);
+	cr_assert_eq(tr_reader_check(r, err, sizeof err), -ESTALE);
+	expect_err("its size changed");
+	tr_reader_destroy(r);
+}
+
+Test(data, npy_rewritten_in_place_fails_the_check)
+{
+	const char *xp;
+	tr_reader_t *r = open_big_npy(&xp);
+	float x[64], y[1];
+
+	cr_assert_eq(tr_reader_check(r, err, sizeof err), 0, "%s", err);
+	/* File times tick at the kernel's coarse clock (<= 10 ms): let one
+	 * pass, then rewrite the same bytes in place, as np.save over the
+	 * file does with an array of the same shape. */
+	usleep(30 * 1000);
+	FILE *f = fopen(xp, "r+b");
+	cr_assert_not_null(f);
+	cr_assert_eq(fseek(f, 4000, SEEK_SET), 0);
+	cr_assert_eq(fwrite("zz", 1, 2, f), 2);
+	cr_assert_eq(fclose(f), 0);
+	get_ok(r, 1, x, y);
+	cr_assert_eq(tr_reader_check(r, err, sizeof err), -ESTALE);
+	expect_err("big_x.npy: the file changed while the job was reading it (it was written to)");
+	/* A slice checks its base. */
+	tr_reader_t *sl = tr_reader_slice(r, 0, 10);
+	cr_assert_eq(tr_reader_check(sl, err, sizeof err), -ESTALE);
+	tr_reader_destroy(sl);
+	tr_reader_destroy(r);
+}
+
+Test(data, idx_truncated_under_the_reader_fails_the_read)
+{
+	static unsigned char img[16 + 2000 * 28 * 28];
+	unsigned char lab[8 + 2000];
+
+	memcpy(img, "\x00\x00\x08\x03\x00\x00\x07\xd0\x00\x00\x00\x1c\x00\x00\x00\x1c", 16);
+	memcpy(lab, "\x00\x00\x08\x01\x00\x00\x07\xd0", 8);
+	memset(lab + 8, 3, 2000);
+	const char *ip = write_file("img.idx", img, sizeof img);
+	const char *lp = write_file("lab.idx", lab, sizeof lab);
+	struct tr_source_spec s;
+	memset(&s, 0, sizeof s);
+	s.format = TR_DATA_IDX;
+	s.images_path = (char *)ip;
+	s.labels_path = (char *)lp;
+	tr_reader_t *r = open_ok(&s);
+	float x[28 * 28], y[1];
+
+	cr_assert_eq(truncate(ip, 16), 0);
+	cr_assert_eq(tr_reader_get(r, 1999, x, y, err, sizeof err), -ESTALE);
+	expect_err("img.idx: the file changed");
+	tr_reader_destroy(r);
+}
+
+Test(data, fifo_and_directory_are_refused_without_blocking)
+{
+	const char *p = tmp_path("pipe.csv");
+	cr_assert_eq(mkfifo(p, 0600), 0);
+	struct tr_source_spec s = csv_src(p);
+	/* No writer: a blocking open would wait for one for good. */
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("is a FIFO, not a regular file");
+	s = npy_src(tmp_dir, tmp_dir);
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("is a directory");
+}
+
+Test(data, a_cancelled_open_gives_up)
+{
+	atomic_bool cancel = true;
+	struct tr_source_spec s = csv_src(write_text("c.csv", "1,2\n"));
+	tr_reader_t *r = NULL;
+
+	cr_assert_eq(tr_reader_open(&s, 0, NULL, &cancel, &r, err, sizeof err), -ECANCELED);
+	cr_assert_null(r);
+}
+
+Test(data, csv_errors_quote_only_a_few_sanitized_bytes)
+{
+	char line[300];
+	snprintf(line, sizeof line, "1,%s,3\n", "secret-password-1234567890-do-not-show");
+	write_text("q.csv", line);
+	struct tr_source_spec s = csv_src(tmp_path("q.csv"));
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("column 2: 'secret-passw...' is not a number");
+	cr_assert_null(strstr(err, "1234567890"), "%s", err);
+	write_text("q2.csv", "1,\x01\x02x\xff,3\n");
+	s = csv_src(tmp_path("q2.csv"));
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("column 2: '??x?' is not a number");
 }

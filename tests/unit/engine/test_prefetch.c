@@ -206,7 +206,7 @@ Test(prefetch, a_step_is_ready_after_its_full_load_cost)
 	struct tr_source_spec src = {.format = TR_DATA_SYNTHETIC, .task = TR_SYNTH_CLASSIFICATION,
 				     .samples = 64, .features = 3, .classes = 2, .load_cost_us = 1500};
 	tr_reader_t *r = NULL;
-	cr_assert_eq(tr_reader_open(&src, 1, NULL, &r, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&src, 1, NULL, NULL, &r, err, sizeof err), 0, "%s", err);
 	struct tr_prefetch_config cfg = {.reader = r, .plan = &plan, .workers = 1, .depth = 1,
 					 .end_step = plan.total_steps};
 	double t0 = now_s();

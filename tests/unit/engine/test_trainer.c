@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1207,4 +1208,82 @@ Test(upload_ahead, cancel_mid_run_joins_cleanly)
 	cr_assert_geq(asyncs, 6, "no share was uploaded ahead in 10 s (%d copies)", asyncs);
 	cr_assert_lt(took, 1.0, "run and destroy took %.3f s after the cancel", took);
 	cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err);
+}
+
+/* ---- opening the data: cancel flag, confinement of init.from ------------ */
+
+static void write_lines(const char *path, int lines)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f, "%s", path);
+	for (int i = 1; i <= lines; i++)
+		fprintf(f, "%d.5,0.25,%d\n", i, i % 2);
+	fclose(f);
+}
+
+Test(trainer, a_set_cancel_flag_stops_create_before_the_data_is_read)
+{
+	char dir[] = "/tmp/trainer-cancel-XXXXXX", path[256], job[1024], err[512];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/data.csv", dir);
+	write_lines(path, 30);
+	snprintf(job, sizeof job,
+		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		 " \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"%s\"}},"
+		 " \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+		 path);
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	atomic_bool cancel = true;
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .cancel = &cancel};
+	tr_trainer_t *t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ECANCELED, "%s", err);
+	cr_assert_null(t);
+	atomic_store(&cancel, false);
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+	unlink(path);
+	rmdir(dir);
+}
+
+Test(trainer, init_from_opens_beneath_the_data_roots)
+{
+	char dir[] = "/tmp/trainer-roots-XXXXXX", root[256], path[300], link[300], job[1024], err[1024];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(root, sizeof root, "%s/root", dir);
+	cr_assert_eq(mkdir(root, 0700), 0);
+	snprintf(path, sizeof path, "%s/data.csv", root);
+	write_lines(path, 30);
+	/* A weights file next to the root, reachable only by a symlink out. */
+	snprintf(path, sizeof path, "%s/w.safetensors", dir);
+	write_lines(path, 1);
+	snprintf(link, sizeof link, "%s/w.safetensors", root);
+	cr_assert_eq(symlink("../w.safetensors", link), 0);
+	snprintf(job, sizeof job,
+		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		 " \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"data.csv\"}},"
+		 " \"init\": {\"from\": \"w.safetensors\"},"
+		 " \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}");
+	struct tr_spec spec;
+	parse(job, &spec);
+	const char *dirs[] = {root, NULL};
+	tr_data_roots_t *roots;
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof err), 0, "%s", err);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .data_roots = roots};
+	tr_trainer_t *t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ENOENT, "%s", err);
+	cr_assert(strstr(err, "/init/from: 'w.safetensors' is not a file in the data roots"), "%s", err);
+	tr_backend_destroy(be);
+	tr_data_roots_destroy(roots);
+	tr_spec_finish(&spec);
+	unlink(link);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/data.csv", root);
+	unlink(path);
+	rmdir(root);
+	rmdir(dir);
 }
