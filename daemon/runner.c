@@ -304,9 +304,22 @@ static void *runner_main(void *arg)
 		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
 			  .checkpoint_busy = on_checkpoint_busy,
 			  .ctx = j},
+		/* No trainer exists yet for a cancel to reach: set-up watches
+		 * the job's own flag (a cancel, or shutdown after its grace). */
+		.cancel = &j->cancel_requested,
 	};
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	if (rc == -ECANCELED) {
+		pthread_mutex_lock(&s->lock);
+		bool shutdown = s->shutting_down;
+		pthread_mutex_unlock(&s->lock);
+		if (shutdown)
+			finish(j, "interrupted", NULL, NULL, 0);
+		else
+			finish(j, "cancelled", "cancelled", "cancelled by request", 0);
+		return NULL;
+	}
 	if (rc < 0) {
 		finish(j, "failed", rc == -EINVAL ? "invalid_data" : rc == -ENOMEM ? "insufficient_memory" : "start_failed",
 		       err, 0);

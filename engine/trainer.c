@@ -147,6 +147,15 @@ static bool synthetic_pair(const struct tr_spec *s)
 	       a->data_seed == b->data_seed;
 }
 
+/* Set-up gives up once the caller's flag or tr_trainer_cancel says so. */
+static bool setup_cancelled(struct tr_trainer *t, char *err, size_t errlen)
+{
+	if (!atomic_load(&t->cancel_requested) && !(t->opt.cancel && atomic_load(t->opt.cancel)))
+		return false;
+	snprintf(err, errlen, "cancelled");
+	return true;
+}
+
 static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 {
 	const struct tr_spec *s = t->spec;
@@ -212,7 +221,9 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 			 t->train->info.label_dim);
 		return -EINVAL;
 	}
-	return tr_transforms_create(s, t->train, &t->transforms, err, errlen);
+	if (setup_cancelled(t, err, errlen))
+		return -ECANCELED;
+	return tr_transforms_create_cancellable(s, t->train, t->opt.cancel, &t->transforms, err, errlen);
 }
 
 /* ---- model ------------------------------------------------------------- */
@@ -607,6 +618,10 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			t->devs[i] = i;
 	}
 
+	if (setup_cancelled(t, err, errlen)) {
+		rc = -ECANCELED;
+		goto fail;
+	}
 	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0)
 		goto fail;
 	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
@@ -621,7 +636,12 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		rc = -ENOMEM;
 		goto fail;
 	}
-	tr_model_init_params(&t->model, host);
+	if (tr_model_init_params_cancellable(&t->model, host, t->opt.cancel) < 0 || setup_cancelled(t, err, errlen)) {
+		snprintf(err, errlen, "cancelled");
+		free(host);
+		rc = -ECANCELED;
+		goto fail;
+	}
 	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
 		free(host);
 		goto fail;
@@ -646,6 +666,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
 		if (rc == 0)
 			rc = be->i->sync(be, t->devs[i]);
+		if (rc == 0 && setup_cancelled(t, err, errlen))
+			rc = -ECANCELED;
 		if (rc < 0) {
 			free(host);
 			goto fail;
@@ -723,6 +745,12 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 	}
 	for (int64_t base = 0; base < n && rc == 0; base += chunk) {
 		int rows = (int)(n - base < chunk ? n - base : chunk);
+		/* A validation set may be as large as a training set. */
+		if (atomic_load(&t->cancel_requested)) {
+			snprintf(err, errlen, "cancelled");
+			rc = -ECANCELED;
+			break;
+		}
 		for (int i = 0; i < rows && rc == 0; i++) {
 			rc = tr_reader_get(t->val, base + i, x + (size_t)i * F, y + (size_t)i * L, err, errlen);
 			if (rc == 0 && t->transforms)

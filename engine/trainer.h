@@ -15,6 +15,7 @@
 #ifndef TR_TRAINER_H
 #define TR_TRAINER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -68,6 +69,11 @@ struct tr_trainer_options {
 	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
 	tr_reader_t *val_reader;    /* optional, borrowed */
 	struct tr_trainer_hooks hooks;
+	/* Optional, borrowed: the caller's cancel flag.  tr_trainer_create
+	 * looks at it between phases and inside its long loops (standardize
+	 * statistics, parameter initialisation) and returns -ECANCELED once
+	 * it is set, since no trainer exists yet for tr_trainer_cancel. */
+	const atomic_bool *cancel;
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;
