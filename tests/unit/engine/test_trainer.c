@@ -1208,3 +1208,58 @@ Test(upload_ahead, cancel_mid_run_joins_cleanly)
 	cr_assert_lt(took, 1.0, "run and destroy took %.3f s after the cancel", took);
 	cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err);
 }
+
+/* ---- cancel during set-up ------------------------------------------------ */
+
+struct delayed_flag {
+	atomic_bool *flag;
+	int delay_ms;
+	double set_at;
+};
+
+static void *set_flag_later(void *arg)
+{
+	struct delayed_flag *d = arg;
+	usleep((useconds_t)d->delay_ms * 1000);
+	d->set_at = now_s();
+	atomic_store(d->flag, true);
+	return NULL;
+}
+
+/* standardize reads the whole training set at create time: with 2^40
+ * synthetic samples (the most a spec may ask for) that is days of work, so
+ * before set-up watched the caller's cancel flag a job in set-up could be
+ * neither cancelled nor shut down. */
+Test(trainer, cancel_during_setup_returns_promptly, .timeout = 60)
+{
+	char job[1024];
+	snprintf(job, sizeof job,
+		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": %lld, \"features\": 4, \"classes\": 2},"
+		 " \"transforms\": [{\"type\": \"standardize\"}]}, \"batch_size\": 64, \"epochs\": 1,"
+		 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+		 (long long)TR_SPEC_MAX_SAMPLES);
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	atomic_bool cancel = false;
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1, .cancel = &cancel};
+	struct delayed_flag d = {.flag = &cancel, .delay_ms = 300};
+	pthread_t th;
+	pthread_create(&th, NULL, set_flag_later, &d);
+	tr_trainer_t *t = NULL;
+	char err[512];
+	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	double took = now_s() - d.set_at;
+	pthread_join(th, NULL);
+	cr_assert_eq(rc, -ECANCELED, "rc %d: %s", rc, err);
+	cr_assert_null(t);
+	cr_assert_lt(took, 2.0, "create returned %.2f s after the cancel", took);
+
+	/* A flag already set stops set-up before it opens anything. */
+	t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ECANCELED, "%s", err);
+	cr_assert_null(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
