@@ -1181,6 +1181,7 @@ static const struct field root_fields[] = {
 	{.key = "optimizer", .kind = K_OBJECT, .flags = F_REQ, .sub = optimizer_fields, .post = post_optimizer},
 	{.key = "schedule", .kind = K_OBJECT, .sub = schedule_fields},
 	{.key = "clip_grad_norm", .kind = K_FLOAT, .off = SPEC(clip_grad_norm), .flags = NONNEG},
+	{.key = "stop_on_nan", .kind = K_BOOL, .off = SPEC(stop_on_nan), .def = 1},
 	{.key = "devices", .kind = K_CUSTOM, .parse = parse_devices, .emit = emit_devices},
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},

@@ -155,6 +155,7 @@ struct tr_spec {
 		float min_lr;          /* cosine/linear: final lr, default 0 */
 	} schedule;
 	float clip_grad_norm; /* 0 = off */
+	bool stop_on_nan;     /* default true: a non-finite loss or gradient fails the job */
 	/* devices */
 	int device_count;                  /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];

@@ -51,6 +51,7 @@ struct rank_ctx {
 	double loss[2];   /* this step: loss sum, correct count */
 	double step_ms;
 	double grad_sumsq;
+	bool grads_nonfinite; /* stop_on_nan: this step's update was not applied */
 	int rc;
 	char err[ERRLEN];
 };
@@ -470,10 +471,21 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 		goto fail;
 
 	float clip = t->spec->clip_grad_norm;
+	bool stop_on_nan = t->spec->stop_on_nan;
 	rc->grad_sumsq = 0.0;
-	if (clip > 0.0f || t->want_grad_norm) {
+	rc->grads_nonfinite = false;
+	if (clip > 0.0f || t->want_grad_norm || stop_on_nan) {
 		if ((ret = be->i->sumsq(be, r->dev, np, r->grads, &rc->grad_sumsq)) < 0)
 			goto fail;
+	}
+	/* The sum of squares (in double: no overflow from finite floats) is
+	 * finite exactly when every gradient is.  After the allreduce every
+	 * rank holds the same gradient and reaches the same verdict, so all
+	 * skip the update together and the replicas stay equal; the run loop
+	 * then fails the job before any checkpoint can take the bad step. */
+	if (stop_on_nan && !isfinite(rc->grad_sumsq)) {
+		rc->grads_nonfinite = true;
+		goto synced;
 	}
 	if (clip > 0.0f) {
 		/* torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped at 1 */
@@ -499,6 +511,7 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 			free(garbage);
 		}
 	}
+synced:
 	if ((ret = upload_ahead(t, rc)) < 0)
 		goto fail;
 	if ((ret = be->i->sync(be, r->dev)) < 0)
@@ -850,6 +863,36 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 	}
 }
 
+/* stop_on_nan's message: the step, then the first tensor that went bad, in
+ * the order the step computes them: the loss (forward), then the
+ * gradients in parameter order (PyTorch names).  Only on failure, so the
+ * per-tensor sums cost nothing in a healthy run. */
+static void describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, char *err, size_t errlen)
+{
+	const char *hint = "lower /optimizer/lr, set /clip_grad_norm or check the data";
+	tr_replica_t *r = &t->ranks[0].rep;
+	char first[64] = "";
+
+	for (int i = 0; t->ranks[0].grads_nonfinite && i < tr_model_param_count(&t->model) && !first[0]; i++) {
+		struct tr_param_view v;
+		double ss = 0;
+		tr_model_param_view(&t->model, i, &v);
+		if (t->be->i->sumsq(t->be, r->dev, v.len, r->grads + v.offset, &ss) == 0 && !isfinite(ss))
+			snprintf(first, sizeof first, "%s", v.name);
+	}
+	if (!isfinite(loss))
+		snprintf(err, errlen,
+			 "/stop_on_nan: step %lld: the loss is %s%s%s; the job stopped before the step's checkpoint "
+			 "(%s)",
+			 (long long)done, isnan(loss) ? "NaN" : "infinite",
+			 first[0] ? ", and so is the gradient of " : "", first, hint);
+	else
+		snprintf(err, errlen,
+			 "/stop_on_nan: step %lld: the gradient of %s is not finite (NaN or infinite); the update was "
+			 "not applied and the job stopped before the step's checkpoint (%s)",
+			 (long long)done, first[0] ? first : "the model", hint);
+}
+
 static bool grad_norm_due(const struct tr_spec *s, int64_t done)
 {
 	for (int m = 0; m < s->n_monitors; m++)
@@ -1112,10 +1155,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		for (int i = 0; i < t->ndev; i++)
 			loss_sum += t->ranks[i].loss[0];
 		double loss = loss_sum / count;
-		if (!isfinite(loss)) {
-			snprintf(err, errlen, "step %lld: the loss is %f (diverged); lower /optimizer/lr or set "
-					      "/clip_grad_norm",
-				 (long long)step + 1, loss);
+		if (s->stop_on_nan && (!isfinite(loss) || t->ranks[0].grads_nonfinite)) {
+			describe_nonfinite(t, step + 1, loss, err, errlen);
 			rc = -EDOM;
 			break;
 		}

@@ -1263,3 +1263,116 @@ Test(trainer, cancel_during_setup_returns_promptly, .timeout = 60)
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
 }
+
+/* ---- stop_on_nan ---------------------------------------------------------- */
+
+/* Ordinary samples, except sample `bad`: its features are 1e30 (finite, but
+ * the weight gradient x * dpred overflows float) or, with nan_label, its
+ * label is NaN (the loss and every gradient go NaN). */
+struct blowup_reader {
+	struct tr_reader base;
+	int64_t bad;
+	bool nan_label;
+};
+
+static int blowup_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+{
+	struct blowup_reader *b = (struct blowup_reader *)r;
+	(void)err;
+	(void)errlen;
+	for (int j = 0; j < r->info.features; j++)
+		x[j] = index == b->bad && !b->nan_label ? 1e30f : (float)((index * 7 + j) % 5) - 2.0f;
+	y[0] = index == b->bad && b->nan_label ? NAN : (float)(index % 3);
+	return 0;
+}
+
+static const struct tr_reader_i blowup_i = {.get = blowup_get, .destroy = failing_destroy};
+
+/* shuffle off, batch 4: sample 10 lies in step 3 (1-based). */
+static const char *NAN_JOB_FMT =
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 1}], \"loss\": \"mse\"},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 3, \"classes\": 2},"
+	" \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
+	" \"checkpoint\": {\"every_steps\": 1}%s}";
+
+static void nan_case(bool nan_label, int devices, const char *want)
+{
+	struct blowup_reader br = {
+		.base = {.i = &blowup_i, .info = {.samples = 40, .features = 3, .label_dim = 1}},
+		.bad = 10,
+		.nan_label = nan_label,
+	};
+	snprintf(br.base.name, sizeof br.base.name, "blowup");
+	char job[1024];
+	snprintf(job, sizeof job, NAN_JOB_FMT, "");
+	struct tr_spec spec;
+	parse(job, &spec);
+	cr_assert(spec.stop_on_nan, "stop_on_nan defaults to true");
+	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
+	struct ckpt_sink sink = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
+					 .hooks = {.checkpoint = keep_snapshot, .ctx = &sink}};
+	tr_trainer_t *t = NULL;
+	char err[1024];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	int rc = tr_trainer_run(t, err, sizeof err);
+	cr_assert_eq(rc, -EDOM, "rc %d: %s", rc, err);
+	cr_log_info("%s", err);
+	cr_assert_not_null(strstr(err, "step 3:"), "%s", err);
+	cr_assert_not_null(strstr(err, want), "%s", err);
+	cr_assert_not_null(strstr(err, "0.weight"), "%s", err);
+	struct tr_summary sum;
+	tr_trainer_summary(t, &sum);
+	cr_assert_eq(sum.steps, 2, "steps done: %lld", (long long)sum.steps);
+	/* The checkpoints are the good steps only, with finite weights; and the
+	 * update of the bad step was not applied on any replica. */
+	cr_assert_eq(sink.n, 2, "%d checkpoints", sink.n);
+	cr_assert(!sink.saw_final);
+	for (int k = 0; k < sink.n; k++) {
+		cr_assert_eq(sink.snaps[k]->step, k + 1);
+		for (size_t i = 0; i < sink.snaps[k]->n_params; i++)
+			cr_assert(isfinite(sink.snaps[k]->params[i]), "checkpoint %d weight %zu", k, i);
+	}
+	size_t np = tr_trainer_model(t)->n_params;
+	float *w = malloc(np * sizeof(float));
+	for (int r = 0; r < devices; r++) {
+		cr_assert_eq(tr_trainer_copy_params(t, r, w), 0);
+		for (size_t i = 0; i < np; i++)
+			cr_assert(isfinite(w[i]), "replica %d weight %zu", r, i);
+	}
+	free(w);
+	tr_trainer_destroy(t);
+	for (int k = 0; k < sink.n; k++)
+		tr_snapshot_free(sink.snaps[k]);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+Test(trainer, stop_on_nan_names_step_and_first_bad_gradient)
+{
+	nan_case(false, 1, "the gradient of 0.weight is not finite");
+	nan_case(false, 3, "the gradient of 0.weight is not finite");
+}
+
+Test(trainer, stop_on_nan_names_a_nan_loss)
+{
+	nan_case(true, 2, "the loss is NaN");
+}
+
+Test(trainer, stop_on_nan_false_trains_through)
+{
+	struct blowup_reader br = {
+		.base = {.i = &blowup_i, .info = {.samples = 40, .features = 3, .label_dim = 1}},
+		.bad = 10,
+		.nan_label = true,
+	};
+	snprintf(br.base.name, sizeof br.base.name, "blowup");
+	char job[1024];
+	snprintf(job, sizeof job, NAN_JOB_FMT, ", \"stop_on_nan\": false");
+	struct run_result r;
+	run_job(job, 1, 1, false, &br.base, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.summary.steps, 10);
+	cr_assert(isnan(r.loss[2]), "step 3's loss %g", r.loss[2]);
+	free_result(&r);
+}
