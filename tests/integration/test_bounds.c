@@ -296,3 +296,74 @@ Test(bounds, long_setup_answers_cancel_delete_and_sigterm, .init = start, .fini 
 	cr_assert_str_eq(wait_state(&d, id, "cancelled|completed|failed", 10), "cancelled");
 	expect_healthy_and_training();
 }
+
+/* ---- stop_on_nan through the daemon ------------------------------------- */
+
+/* A float32 .npy of rows x cols (cols 0: a vector) in the data root. */
+static void write_npy(const char *name, const float *v, int rows, int cols)
+{
+	char path[256], header[128];
+	snprintf(path, sizeof path, "%s/%s", d.dir, name);
+	int n = cols ? snprintf(header, sizeof header, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }",
+				rows, cols)
+		     : snprintf(header, sizeof header, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d,), }",
+				rows);
+	int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	unsigned short hlen = (unsigned short)(n + pad + 1);
+	fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+	fputc(hlen & 0xff, f);
+	fputc(hlen >> 8, f);
+	fwrite(header, 1, (size_t)n, f);
+	for (int i = 0; i < pad; i++)
+		fputc(' ', f);
+	fputc('\n', f);
+	fwrite(v, sizeof(float), (size_t)rows * (size_t)(cols ? cols : 1), f);
+	fclose(f);
+}
+
+/* Sample 10 has features of 1e30: finite, but its weight gradient
+ * overflows float in step 3 (batch 4, no shuffle).  The job fails there,
+ * naming the step and 0.weight, and no checkpoint follows step 2. */
+Test(bounds, stop_on_nan_fails_at_the_step_and_keeps_good_checkpoints, .init = start, .fini = stop, .timeout = 60)
+{
+	float x[40 * 3], y[40];
+	for (int i = 0; i < 40; i++) {
+		for (int j = 0; j < 3; j++)
+			x[i * 3 + j] = i == 10 ? 1e30f : (float)((i * 7 + j) % 5) - 2.0f;
+		y[i] = (float)(i % 3);
+	}
+	write_npy("nan_x.npy", x, 40, 3);
+	write_npy("nan_y.npy", y, 40, 0);
+	long long id = submit_job(
+		&d, "{\"name\": \"blows-up\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 1}], \"loss\": \"mse\"},"
+		    " \"data\": {\"train\": {\"format\": \"npy\", \"x\": \"nan_x.npy\", \"y\": \"nan_y.npy\"},"
+		    " \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
+		    " \"checkpoint\": {\"every_steps\": 1, \"keep\": 10}}");
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 30), "failed");
+	char path[96];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *e = json_object_get(r.json, "error");
+	const char *msg = json_string_value(json_object_get(e, "message"));
+	cr_assert_not_null(msg, "%s", r.body);
+	cr_log_info("%s", msg);
+	cr_assert_not_null(strstr(msg, "step 3:"), "%s", msg);
+	cr_assert_not_null(strstr(msg, "0.weight"), "%s", msg);
+	cr_assert_eq(json_integer_value(json_object_get(e, "step")), 3, "%s", r.body);
+	http_free(&r);
+
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	json_t *list = json_object_get(r.json, "checkpoints"), *c;
+	size_t i;
+	cr_assert_gt(json_array_size(list), 0, "no good checkpoint kept: %s", r.body);
+	json_array_foreach(list, i, c)
+		cr_assert_leq(json_integer_value(json_object_get(c, "step")), 2, "a checkpoint after the bad step: %s",
+			      r.body);
+	http_free(&r);
+	expect_healthy_and_training();
+}
