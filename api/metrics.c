@@ -46,6 +46,14 @@ static bool engine_name(const char *s)
 	for (size_t i = 0; i < sizeof(engine_names) / sizeof(engine_names[0]); i++)
 		if (strcmp(s, engine_names[i]) == 0)
 			return true;
+	/* grad_norm.<layer> and weight_norm.<layer> (per_layer monitors) */
+	for (size_t i = 0; i < 2; i++) {
+		const char *base = i ? "weight_norm." : "grad_norm.";
+		size_t len = strlen(base);
+
+		if (strncmp(s, base, len) == 0 && n > len && strspn(s + len, "0123456789") == n - len)
+			return true;
+	}
 	/* device<k>_step_ms */
 	if (n < strlen("device0_step_ms") || strncmp(s, "device", 6) != 0)
 		return false;

@@ -981,6 +981,16 @@ static int post_monitors(struct ctx *c, const json_t *v, void *base)
 	const struct tr_spec *spec = base;
 
 	(void)v;
+	for (int i = 0; i < spec->n_monitors; i++) {
+		if (spec->monitors[i].per_layer && strcmp(spec->monitors[i].name, "grad_norm") != 0 &&
+		    strcmp(spec->monitors[i].name, "weight_norm") != 0) {
+			size_t saved = enter_index(c, (size_t)i);
+			int rc = fail(c, "per_layer", "applies to grad_norm and weight_norm only");
+
+			leave(c, saved);
+			return rc;
+		}
+	}
 	for (int i = 1; i < spec->n_monitors; i++) {
 		for (int j = 0; j < i; j++) {
 			if (strcmp(spec->monitors[i].name, spec->monitors[j].name) == 0) {
@@ -1096,6 +1106,7 @@ static const struct field monitor_fields[] = {
 	{.key = "metric", .kind = K_NAME, .off = MON(name), .flags = F_REQ, .names = metric_names,
 	 .size = sizeof(((struct tr_monitor_spec *)0)->name)},
 	{.key = "every_steps", .kind = K_INT, .off = MON(every_steps), .flags = POSITIVE, .def = 10},
+	{.key = "per_layer", .kind = K_BOOL, .off = MON(per_layer)},
 	{0},
 };
 

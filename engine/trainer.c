@@ -91,6 +91,8 @@ struct tr_trainer {
 	int64_t step; /* 0-based index of the step being run */
 	float lr;
 	bool want_grad_norm;
+	bool want_layer_grad_norms;                 /* rank 0 fills layer_grad_sumsq this step */
+	double layer_grad_sumsq[TR_SPEC_MAX_LAYERS]; /* before clipping, as grad_norm */
 
 	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
 	atomic_int stop_reason; /* enum tr_stop_reason of the last stop request */
@@ -439,6 +441,27 @@ static int unlend(struct tr_trainer *t, bool keep_values)
 	return 0;
 }
 
+/* Sum of squares of each layer's parameters (weight and bias together) in
+ * buf, a parameter-sized buffer on rank 0's device; 0 for layers without
+ * parameters. */
+static int layer_sumsq(struct tr_trainer *t, const float *buf, double *out)
+{
+	const tr_model_t *m = &t->model;
+	tr_backend_t *be = t->be;
+	int dev = t->ranks[0].rep.dev;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		double w = 0, b = 0;
+		int ret;
+		if (l->w_len && (ret = be->i->sumsq(be, dev, l->w_len, buf + l->w_off, &w)) < 0)
+			return ret;
+		if (l->b_len && (ret = be->i->sumsq(be, dev, l->b_len, buf + l->b_off, &b)) < 0)
+			return ret;
+		out[i] = w + b;
+	}
+	return 0;
+}
+
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 {
 	double t0 = mono_s();
@@ -487,6 +510,11 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 		rc->grads_nonfinite = true;
 		goto synced;
 	}
+	/* Per layer, before clipping like the global norm (the allreduced
+	 * gradient is the same on every rank, so rank 0's serves). */
+	if (rc->rank == 0 && t->want_layer_grad_norms &&
+	    (ret = layer_sumsq(t, r->grads, t->layer_grad_sumsq)) < 0)
+		goto fail;
 	if (clip > 0.0f) {
 		/* torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped at 1 */
 		double coef = clip / (sqrt(rc->grad_sumsq) + 1e-6);
@@ -830,6 +858,19 @@ static int run_step_all(struct tr_trainer *t, char *err, size_t errlen)
 	return first;
 }
 
+/* "<name>.<layer index>" for each layer that has parameters (docs/design.md:
+ * per-layer names follow the safetensors names' layer index). */
+static void emit_per_layer(struct tr_trainer *t, const char *name, int64_t done, int64_t epoch, const double *sumsq)
+{
+	for (int i = 0; i < t->model.n_layers; i++) {
+		if (!t->model.layers[i].w_len && !t->model.layers[i].b_len)
+			continue;
+		char key[80];
+		snprintf(key, sizeof key, "%s.%d", name, i);
+		emit(t, key, done, epoch, sqrt(sumsq[i]));
+	}
+}
+
 static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
 			      double step_ms, double wait_ms)
 {
@@ -848,11 +889,15 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 			continue;
 		if (strcmp(mon->name, "grad_norm") == 0) {
 			emit(t, "grad_norm", done, epoch, sqrt(t->ranks[0].grad_sumsq));
+			if (mon->per_layer)
+				emit_per_layer(t, "grad_norm", done, epoch, t->layer_grad_sumsq);
 		} else if (strcmp(mon->name, "weight_norm") == 0) {
-			double ss = 0;
+			double ss = 0, layers[TR_SPEC_MAX_LAYERS];
 			tr_replica_t *r = &t->ranks[0].rep;
 			if (t->be->i->sumsq(t->be, r->dev, t->model.n_params, r->params, &ss) == 0)
 				emit(t, "weight_norm", done, epoch, sqrt(ss));
+			if (mon->per_layer && layer_sumsq(t, r->params, layers) == 0)
+				emit_per_layer(t, "weight_norm", done, epoch, layers);
 		} else if (strcmp(mon->name, "device_step_ms") == 0) {
 			for (int k = 0; k < t->ndev; k++) {
 				char name[32];
@@ -893,10 +938,11 @@ static void describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, 
 			 (long long)done, first[0] ? first : "the model", hint);
 }
 
-static bool grad_norm_due(const struct tr_spec *s, int64_t done)
+static bool grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer)
 {
 	for (int m = 0; m < s->n_monitors; m++)
-		if (strcmp(s->monitors[m].name, "grad_norm") == 0 && done % s->monitors[m].every_steps == 0)
+		if (strcmp(s->monitors[m].name, "grad_norm") == 0 && done % s->monitors[m].every_steps == 0 &&
+		    (!per_layer || s->monitors[m].per_layer))
 			return true;
 	return false;
 }
@@ -1139,7 +1185,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		t->batch = b;
 		t->step = step;
 		t->lr = tr_schedule_lr(s, step, total);
-		t->want_grad_norm = grad_norm_due(s, step + 1);
+		t->want_grad_norm = grad_norm_due(s, step + 1, false);
+		t->want_layer_grad_norms = grad_norm_due(s, step + 1, true);
 		rc = run_step_all(t, err, errlen);
 		int count = b->count;
 		int64_t epoch = b->epoch;

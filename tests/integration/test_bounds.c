@@ -236,6 +236,10 @@ Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init =
 	     NULL, NULL, &r);
 	expect_error(&r, 400, "invalid_request", "/points/0/epoch");
 	http_free(&r);
+	/* Per-layer monitor names belong to the engine, like grad_norm. */
+	http(&d, "POST", path, "{\"points\": [{\"name\": \"grad_norm.3\", \"step\": 1, \"value\": 1}]}", NULL, NULL, &r);
+	expect_error(&r, 400, "invalid_request", "/points/0/name");
+	http_free(&r);
 	/* 2^62 itself is the store's last step. */
 	http(&d, "POST", path, "{\"points\": [{\"name\": \"far\", \"step\": 4611686018427387904, \"value\": 1}]}", NULL,
 	     NULL, &r);

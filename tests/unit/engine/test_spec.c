@@ -610,6 +610,7 @@ ParameterizedTestParameters(spec, invalid)
 		{"/checkpoint", "{\"keep\": 10001}", "/checkpoint/keep"},
 		{"/name", "\"two\\nlines\"", "/name"},
 		{"/name", "\"tab\\there\"", "/name"},
+		{"/monitors", "[{\"metric\": \"device_step_ms\", \"per_layer\": true}]", "/monitors/0/per_layer"},
 	};
 	return cr_make_param_array(struct bad_case, cases, sizeof(cases) / sizeof(cases[0]));
 }

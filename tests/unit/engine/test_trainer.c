@@ -1376,3 +1376,99 @@ Test(trainer, stop_on_nan_false_trains_through)
 	cr_assert(isnan(r.loss[2]), "step 3's loss %g", r.loss[2]);
 	free_result(&r);
 }
+
+/* ---- per-layer monitors ------------------------------------------------- */
+
+struct named_points {
+	char names[32][32];
+	double values[32];
+	int n;
+};
+
+static void collect_named(void *ctx, const struct tr_metric_point *p)
+{
+	struct named_points *np = ctx;
+	if (p->step == 1 && np->n < 32 && (strncmp(p->name, "grad_norm", 9) == 0 || strncmp(p->name, "weight_norm", 11) == 0)) {
+		snprintf(np->names[np->n], sizeof np->names[0], "%s", p->name);
+		np->values[np->n++] = p->value;
+	}
+}
+
+static double named(const struct named_points *np, const char *name)
+{
+	for (int i = 0; i < np->n; i++)
+		if (strcmp(np->names[i], name) == 0)
+			return np->values[i];
+	cr_assert_fail("no point %s", name);
+	return NAN;
+}
+
+static double slice_norm(const float *a, const float *b, float scale, size_t off, size_t len)
+{
+	double s = 0;
+	for (size_t i = 0; i < len; i++) {
+		double v = b ? ((double)a[off + i] - (double)b[off + i]) / scale : (double)a[off + i];
+		s += v * v;
+	}
+	return s;
+}
+
+/* One plain SGD step (lr 0.5, no momentum or decay) gives the gradient
+ * back as (before - after) / lr: each layer's grad_norm.<i> and
+ * weight_norm.<i> are checked against that direct computation, on two
+ * devices (the allreduced gradient), and the layers' squares add up to
+ * the global grad_norm. */
+Test(trainer, per_layer_norms_match_direct_computation)
+{
+	const char *job =
+		"{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 12}, {\"type\": \"tanh\"},"
+		" {\"type\": \"layernorm\"}, {\"type\": \"dense\", \"units\": 3, \"bias\": false}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 5, \"classes\": 3}},"
+		" \"batch_size\": 32, \"max_steps\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.5},"
+		" \"monitors\": [{\"metric\": \"grad_norm\", \"every_steps\": 1, \"per_layer\": true},"
+		" {\"metric\": \"weight_norm\", \"every_steps\": 1, \"per_layer\": true}]}";
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(2, 1);
+	struct named_points pts = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
+					 .hooks = {.metric = collect_named, .ctx = &pts}};
+	tr_trainer_t *t = NULL;
+	char err[512];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	const tr_model_t *m = tr_trainer_model(t);
+	float *before = malloc(m->n_params * sizeof(float)), *after = malloc(m->n_params * sizeof(float));
+	cr_assert_eq(tr_trainer_copy_params(t, 0, before), 0);
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_copy_params(t, 0, after), 0);
+
+	double total = 0;
+	int layers_with_params = 0;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		char name[32];
+		snprintf(name, sizeof name, "grad_norm.%d", i);
+		if (!l->w_len && !l->b_len) {
+			for (int k = 0; k < pts.n; k++)
+				cr_assert_str_neq(pts.names[k], name, "a layer without parameters has a norm");
+			continue;
+		}
+		layers_with_params++;
+		double g = slice_norm(before, after, 0.5f, l->w_off, l->w_len) +
+			   slice_norm(before, after, 0.5f, l->b_off, l->b_len);
+		double w = slice_norm(after, NULL, 1, l->w_off, l->w_len) + slice_norm(after, NULL, 1, l->b_off, l->b_len);
+		cr_assert_leq(rel(named(&pts, name), sqrt(g)), 1e-4, "%s: %g vs direct %g", name, named(&pts, name),
+			      sqrt(g));
+		snprintf(name, sizeof name, "weight_norm.%d", i);
+		cr_assert_leq(rel(named(&pts, name), sqrt(w)), 1e-6, "%s: %g vs direct %g", name, named(&pts, name),
+			      sqrt(w));
+		total += g;
+	}
+	cr_assert_eq(layers_with_params, 3);
+	cr_assert_leq(rel(named(&pts, "grad_norm"), sqrt(total)), 1e-4);
+	free(before);
+	free(after);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
