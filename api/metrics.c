@@ -46,9 +46,9 @@ static bool engine_name(const char *s)
 	for (size_t i = 0; i < sizeof(engine_names) / sizeof(engine_names[0]); i++)
 		if (strcmp(s, engine_names[i]) == 0)
 			return true;
-	/* grad_norm.<layer> and weight_norm.<layer> (per_layer monitors) */
-	for (size_t i = 0; i < 2; i++) {
-		const char *base = i ? "weight_norm." : "grad_norm.";
+	/* grad_norm.<layer>, weight_norm.<layer> (per_layer) and update_ratio.<layer> */
+	for (size_t i = 0; i < 3; i++) {
+		const char *base = i == 0 ? "grad_norm." : i == 1 ? "weight_norm." : "update_ratio.";
 		size_t len = strlen(base);
 
 		if (strncmp(s, base, len) == 0 && n > len && strspn(s + len, "0123456789") == n - len)

@@ -646,7 +646,7 @@ static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", "linear", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
-static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", NULL};
+static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio", NULL};
 
 /* How a list of distinct integers names its items in error messages. */
 struct int_list_words {

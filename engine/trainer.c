@@ -93,6 +93,8 @@ struct tr_trainer {
 	bool want_grad_norm;
 	bool want_layer_grad_norms;                 /* rank 0 fills layer_grad_sumsq this step */
 	double layer_grad_sumsq[TR_SPEC_MAX_LAYERS]; /* before clipping, as grad_norm */
+	float *ratio_before, *ratio_after;         /* update_ratio: host copies of rank 0's weights */
+	bool ratio_due;                             /* ratio_before holds this step's weights */
 
 	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
 	atomic_int stop_reason; /* enum tr_stop_reason of the last stop request */
@@ -757,6 +759,8 @@ void tr_trainer_destroy(tr_trainer_t *t)
 	}
 	if (t->comm)
 		t->be->i->comm_destroy(t->comm);
+	free(t->ratio_before);
+	free(t->ratio_after);
 	tr_transforms_destroy(t->transforms);
 	tr_reader_destroy(t->own_val);
 	tr_reader_destroy(t->own_train);
@@ -858,6 +862,58 @@ static int run_step_all(struct tr_trainer *t, char *err, size_t errlen)
 	return first;
 }
 
+static bool monitor_due(const struct tr_spec *s, const char *name, int64_t done)
+{
+	for (int m = 0; m < s->n_monitors; m++)
+		if (strcmp(s->monitors[m].name, name) == 0 && done % s->monitors[m].every_steps == 0)
+			return true;
+	return false;
+}
+
+/* update_ratio: before a due step, rank 0's weights to the host (lazily
+ * allocated, only jobs that ask pay for the two copies). */
+static int ratio_prepare(struct tr_trainer *t, int64_t done)
+{
+	t->ratio_due = monitor_due(t->spec, "update_ratio", done);
+	if (!t->ratio_due)
+		return 0;
+	size_t bytes = t->model.n_params * sizeof(float);
+	if (!t->ratio_before && !(t->ratio_before = malloc(bytes)))
+		return -ENOMEM;
+	if (!t->ratio_after && !(t->ratio_after = malloc(bytes)))
+		return -ENOMEM;
+	return tr_trainer_copy_params(t, 0, t->ratio_before);
+}
+
+/* update_ratio.<i> = ||w_after - w_before|| / ||w_before|| over layer i's
+ * weight and bias, in double on the host: the step's relative change, the
+ * ~1e-3 rule of thumb's quantity.  A layer whose weights were all zero
+ * gets no point for the step (the ratio has no value). */
+static void emit_update_ratio(struct tr_trainer *t, int64_t done, int64_t epoch)
+{
+	if (!t->ratio_due || tr_trainer_copy_params(t, 0, t->ratio_after) < 0)
+		return;
+	for (int i = 0; i < t->model.n_layers; i++) {
+		const struct tr_layer *l = &t->model.layers[i];
+		size_t offs[2] = {l->w_off, l->b_off}, lens[2] = {l->w_len, l->b_len};
+		double du = 0, w = 0;
+		for (int k = 0; k < 2; k++) {
+			for (size_t j = offs[k]; j < offs[k] + lens[k]; j++) {
+				double b = t->ratio_before[j], d = (double)t->ratio_after[j] - b;
+				du += d * d;
+				w += b * b;
+			}
+		}
+		if (!l->w_len && !l->b_len)
+			continue;
+		if (w > 0) {
+			char key[80];
+			snprintf(key, sizeof key, "update_ratio.%d", i);
+			emit(t, key, done, epoch, sqrt(du) / sqrt(w));
+		}
+	}
+}
+
 /* "<name>.<layer index>" for each layer that has parameters (docs/design.md:
  * per-layer names follow the safetensors names' layer index). */
 static void emit_per_layer(struct tr_trainer *t, const char *name, int64_t done, int64_t epoch, const double *sumsq)
@@ -898,6 +954,8 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 				emit(t, "weight_norm", done, epoch, sqrt(ss));
 			if (mon->per_layer && layer_sumsq(t, r->params, layers) == 0)
 				emit_per_layer(t, "weight_norm", done, epoch, layers);
+		} else if (strcmp(mon->name, "update_ratio") == 0) {
+			emit_update_ratio(t, done, epoch);
 		} else if (strcmp(mon->name, "device_step_ms") == 0) {
 			for (int k = 0; k < t->ndev; k++) {
 				char name[32];
@@ -1168,6 +1226,11 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		if (atomic_load(&t->cancel_requested)) {
 			rc = -ECANCELED;
 			snprintf(err, errlen, "cancelled");
+			break;
+		}
+		/* Before the step's slot is taken, so a failure here holds none. */
+		if ((rc = ratio_prepare(t, step + 1)) < 0) {
+			snprintf(err, errlen, "update_ratio: cannot copy the weights before step %lld", (long long)step + 1);
 			break;
 		}
 		const struct tr_batch *b;

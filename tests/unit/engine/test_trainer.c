@@ -1472,3 +1472,75 @@ Test(trainer, per_layer_norms_match_direct_computation)
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
 }
+
+static void collect_ratio(void *ctx, const struct tr_metric_point *p)
+{
+	struct named_points *np = ctx;
+	if (strncmp(p->name, "update_ratio", 12) == 0 && np->n < 32) {
+		snprintf(np->names[np->n], sizeof np->names[0], "%s@%lld", p->name, (long long)p->step);
+		np->values[np->n++] = p->value;
+	}
+}
+
+/* update_ratio.<i> against ||after - before|| / ||before|| of layer i,
+ * from the weights around step 3 (every_steps 3 of 4 steps, Adam, two
+ * devices throughout). */
+Test(trainer, update_ratio_matches_direct_computation)
+{
+	const char *job =
+		"{\"seed\": 2, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 10}, {\"type\": \"relu\"},"
+		" {\"type\": \"layernorm\"}, {\"type\": \"dense\", \"units\": 3}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 4, \"classes\": 3}},"
+		" \"batch_size\": 16, \"max_steps\": 4, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
+		" \"monitors\": [{\"metric\": \"update_ratio\", \"every_steps\": 3}]}";
+	/* The weights before and after step 3: the same job stopped after
+	 * steps 2 and 3 (runs are deterministic). */
+	struct run_result r2, r3;
+	char j2[1024], j3[1024];
+	snprintf(j2, sizeof j2, "%.*s2%s", (int)(strstr(job, "\"max_steps\": 4") - job + 13), job,
+		 strstr(job, "\"max_steps\": 4") + 14);
+	snprintf(j3, sizeof j3, "%.*s3%s", (int)(strstr(job, "\"max_steps\": 4") - job + 13), job,
+		 strstr(job, "\"max_steps\": 4") + 14);
+	run_job(j2, 2, 1, false, NULL, &r2);
+	run_job(j3, 2, 1, false, NULL, &r3);
+	cr_assert_eq(r2.rc, 0, "%s", r2.err);
+	cr_assert_eq(r3.rc, 0, "%s", r3.err);
+
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(2, 1);
+	struct named_points pts = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
+					 .hooks = {.metric = collect_ratio, .ctx = &pts}};
+	tr_trainer_t *t = NULL;
+	char err[512];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	const tr_model_t *m = tr_trainer_model(t);
+	int checked = 0;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		char name[48];
+		snprintf(name, sizeof name, "update_ratio.%d@3", i);
+		if (!l->w_len && !l->b_len)
+			continue;
+		double du = 0, w = 0;
+		size_t offs[2] = {l->w_off, l->b_off}, lens[2] = {l->w_len, l->b_len};
+		for (int k = 0; k < 2; k++)
+			for (size_t j = offs[k]; j < offs[k] + lens[k]; j++) {
+				double d = (double)r3.params[j] - r2.params[j];
+				du += d * d;
+				w += (double)r2.params[j] * r2.params[j];
+			}
+		double want = sqrt(du) / sqrt(w);
+		cr_assert_leq(rel(named(&pts, name), want), 1e-5, "%s: %g vs direct %g", name, named(&pts, name), want);
+		checked++;
+	}
+	cr_assert_eq(checked, 3);
+	cr_assert_eq(pts.n, 3, "points only at step 3: %d", pts.n);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+	free_result(&r2);
+	free_result(&r3);
+}
