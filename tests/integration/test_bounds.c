@@ -237,7 +237,14 @@ Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init =
 	expect_error(&r, 400, "invalid_request", "/points/0/epoch");
 	http_free(&r);
 	/* Per-layer monitor names belong to the engine, like grad_norm. */
-	http(&d, "POST", path, "{\"points\": [{\"name\": \"grad_norm.3\", \"step\": 1, \"value\": 1}]}", NULL, NULL, &r);
+	http(&d, "POST", path,
+	     "{\"points\": [{\"name\": \"bleu\", \"step\": 1, \"value\": 1},"
+	     " {\"name\": \"grad_norm.3\", \"step\": 1, \"value\": 1}]}",
+	     NULL, NULL, &r);
+	expect_error(&r, 400, "invalid_request", "/points/1/name");
+	http_free(&r);
+	http(&d, "POST", path, "{\"points\": [{\"name\": \"update_ratio.0\", \"step\": 1, \"value\": 1}]}", NULL,
+	     NULL, &r);
 	expect_error(&r, 400, "invalid_request", "/points/0/name");
 	http_free(&r);
 	/* 2^62 itself is the store's last step. */
