@@ -46,6 +46,14 @@ static bool engine_name(const char *s)
 	for (size_t i = 0; i < sizeof(engine_names) / sizeof(engine_names[0]); i++)
 		if (strcmp(s, engine_names[i]) == 0)
 			return true;
+	/* grad_norm.<layer>, weight_norm.<layer> (per_layer) and update_ratio.<layer> */
+	for (size_t i = 0; i < 3; i++) {
+		const char *base = i == 0 ? "grad_norm." : i == 1 ? "weight_norm." : "update_ratio.";
+		size_t len = strlen(base);
+
+		if (strncmp(s, base, len) == 0 && n > len && strspn(s + len, "0123456789") == n - len)
+			return true;
+	}
 	/* device<k>_step_ms */
 	if (n < strlen("device0_step_ms") || strncmp(s, "device", 6) != 0)
 		return false;
@@ -239,10 +247,13 @@ static int check_point(json_t *p, size_t i, struct tr_api_reply *rp)
 			    json_string_value(v));
 		return -1;
 	}
+	/* The store keeps steps within 2^62 and would drop a point beyond
+	 * (storage/store.h): refused here, by name, instead. */
 	v = json_object_get(p, "step");
-	if (!json_is_integer(v) || json_integer_value(v) < 0) {
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > TR_STORE_STEP_LIMIT) {
 		snprintf(ptr, sizeof(ptr), "/points/%zu/step", i);
-		tr_api_fail(rp, 400, "invalid_request", ptr, "step: must be an integer >= 0");
+		tr_api_fail(rp, 400, "invalid_request", ptr, "step: must be an integer in [0, %" PRId64 "]",
+			    TR_STORE_STEP_LIMIT);
 		return -1;
 	}
 	v = json_object_get(p, "value");
@@ -252,9 +263,10 @@ static int check_point(json_t *p, size_t i, struct tr_api_reply *rp)
 		return -1;
 	}
 	v = json_object_get(p, "epoch");
-	if (v && (!json_is_integer(v) || json_integer_value(v) < 0)) {
+	if (v && (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > TR_STORE_STEP_LIMIT)) {
 		snprintf(ptr, sizeof(ptr), "/points/%zu/epoch", i);
-		tr_api_fail(rp, 400, "invalid_request", ptr, "epoch: must be an integer >= 0");
+		tr_api_fail(rp, 400, "invalid_request", ptr, "epoch: must be an integer in [0, %" PRId64 "]",
+			    TR_STORE_STEP_LIMIT);
 		return -1;
 	}
 	return 0;
@@ -268,6 +280,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	const char *key;
 	int64_t id, job_epoch;
 	size_t i, n, accepted = 0;
+	int rc, first_error = 0;
 	double wall;
 
 	if (tr_api_path_id(rq, rp, &id) < 0)
@@ -303,15 +316,27 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	json_array_foreach(points, i, p) {
 		v = json_object_get(p, "epoch");
 		/* Without an epoch the point belongs to the job's current one. */
-		if (tr_store_metric_append(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
-					   json_integer_value(json_object_get(p, "step")),
-					   v ? json_integer_value(v) : job_epoch, wall,
-					   json_number_value(json_object_get(p, "value"))) == 0)
+		rc = tr_store_metric_append(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
+					    json_integer_value(json_object_get(p, "step")),
+					    v ? json_integer_value(v) : job_epoch, wall,
+					    json_number_value(json_object_get(p, "value")));
+		if (rc == 0)
 			accepted++;
+		else if (rc != -ENOBUFS && !first_error)
+			first_error = rc;
 	}
+	/* Every point was checked above, so only a full queue or a closing
+	 * store can refuse one; anything else is the daemon's fault, said so. */
 	if (accepted < n) {
-		tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
-			    accepted, n);
+		if (first_error == -ESHUTDOWN)
+			tr_api_fail(rp, 503, "unavailable", NULL, "the daemon is shutting down: accepted %zu of %zu points",
+				    accepted, n);
+		else if (first_error)
+			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n,
+				    tr_store_error(api->cfg.store));
+		else
+			tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
+				    accepted, n);
 		goto cleanup;
 	}
 	tr_api_reply_json(rp, 202, json_pack("{s:I}", "accepted", (json_int_t)accepted));

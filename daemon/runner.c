@@ -309,11 +309,12 @@ static void *runner_main(void *arg)
 		.spec = &j->spec,
 		.backend = s->cfg.backend,
 		.data_roots = s->roots,
-		/* A cancel (or shutdown past its grace) while the data opens. */
-		.cancel = &j->cancel_requested,
 		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
 			  .checkpoint_busy = on_checkpoint_busy,
 			  .ctx = j},
+		/* No trainer exists yet for a cancel to reach: set-up watches
+		 * the job's own flag (a cancel, or shutdown after its grace). */
+		.cancel = &j->cancel_requested,
 	};
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
@@ -324,7 +325,7 @@ static void *runner_main(void *arg)
 		if (shutdown)
 			finish(j, "interrupted", NULL, NULL, 0);
 		else
-			finish(j, "cancelled", "cancelled", "cancelled by request while opening the data", 0);
+			finish(j, "cancelled", "cancelled", "cancelled by request during set-up", 0);
 		return NULL;
 	}
 	if (rc < 0) {

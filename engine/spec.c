@@ -170,6 +170,7 @@ enum {
 	F_NODEF = 1 << 6,   /* the caller presets the default */
 	F_VARIANT = 1 << 7, /* this enum picks which other keys are valid */
 	F_NONEMPTY = 1 << 8,
+	F_NOCTRL = 1 << 9,  /* K_STR: no control characters (it goes into logs) */
 };
 
 #define POSITIVE (F_LO | F_LO_OPEN)
@@ -196,7 +197,7 @@ struct field {
 	const struct field *sub; /* K_OBJECT, K_ARRAY */
 	size_t size;             /* K_ARRAY element size, K_NAME buffer size */
 	size_t count_off;        /* K_ARRAY */
-	int max;                 /* K_ARRAY */
+	int max;                 /* K_ARRAY: most elements; K_STR: most bytes (0: TR_SPEC_MAX_PATH) */
 	parse_fn parse;
 	emit_fn emit;
 	post_fn post;
@@ -330,6 +331,24 @@ static int check_string(struct ctx *c, const json_t *v, const char **out)
 		return fail(c, NULL, "must not contain NUL characters");
 	if (!**out)
 		return fail(c, NULL, "must not be empty");
+	return 0;
+}
+
+/* A free string's length and, with F_NOCTRL, its characters: a job name is
+ * repeated in every listing and log line, so neither a megabyte nor a line
+ * break may ride on it. */
+static int check_text(struct ctx *c, const struct field *f, const char *s)
+{
+	size_t max = f->max > 0 ? (size_t)f->max : TR_SPEC_MAX_PATH, n = strlen(s);
+
+	if (n > max)
+		return fail(c, NULL, "must be at most %zu bytes (it has %zu)", max, n);
+	if (f->flags & F_NOCTRL) {
+		for (size_t i = 0; i < n; i++)
+			if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+				return fail(c, NULL, "must not contain control characters (byte %zu is 0x%02x)", i,
+					    (unsigned)(unsigned char)s[i]);
+	}
 	return 0;
 }
 
@@ -497,7 +516,7 @@ static int parse_value(struct ctx *c, const struct field *f, const json_t *v, vo
 	case K_STR: {
 		char **p = at(base, f->off);
 
-		if ((rc = check_string(c, v, &s)))
+		if ((rc = check_string(c, v, &s)) || (rc = check_text(c, f, s)))
 			return rc;
 		free(*p);
 		if (!(*p = strdup(s)))
@@ -627,7 +646,7 @@ static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", "linear", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
-static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", NULL};
+static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio", NULL};
 
 /* How a list of distinct integers names its items in error messages. */
 struct int_list_words {
@@ -736,12 +755,17 @@ static const struct field source_fields[] = {
 	{.key = "images", .kind = K_STR, .off = SRC(images_path), .only = V_IDX, .flags = F_REQ},
 	{.key = "labels", .kind = K_STR, .off = SRC(labels_path), .only = V_IDX, .flags = F_REQ},
 	{.key = "task", .kind = K_ENUM, .off = SRC(task), .only = V_SYN, .names = task_names},
-	{.key = "samples", .kind = K_I64, .off = SRC(samples), .only = V_SYN, .flags = F_REQ | POSITIVE},
-	{.key = "features", .kind = K_INT, .off = SRC(features), .only = V_SYN, .flags = F_REQ | POSITIVE},
-	{.key = "classes", .kind = K_INT, .off = SRC(classes), .only = V_SYN_CLS, .flags = F_REQ | F_LO, .lo = 2},
-	{.key = "outputs", .kind = K_INT, .off = SRC(outputs), .only = V_SYN_REG, .flags = POSITIVE, .def = 1},
+	{.key = "samples", .kind = K_I64, .off = SRC(samples), .only = V_SYN, .flags = F_REQ | POSITIVE | F_HI,
+	 .hi = (double)TR_SPEC_MAX_SAMPLES},
+	{.key = "features", .kind = K_INT, .off = SRC(features), .only = V_SYN, .flags = F_REQ | POSITIVE | F_HI,
+	 .hi = TR_SPEC_MAX_WIDTH},
+	{.key = "classes", .kind = K_INT, .off = SRC(classes), .only = V_SYN_CLS, .flags = F_REQ | F_LO | F_HI, .lo = 2,
+	 .hi = TR_SPEC_MAX_WIDTH},
+	{.key = "outputs", .kind = K_INT, .off = SRC(outputs), .only = V_SYN_REG, .flags = POSITIVE | F_HI,
+	 .hi = TR_SPEC_MAX_WIDTH, .def = 1},
 	{.key = "noise", .kind = K_FLOAT, .off = SRC(noise), .only = V_SYN, .flags = NONNEG, .def = 0.1},
-	{.key = "load_cost_us", .kind = K_I64, .off = SRC(load_cost_us), .only = V_SYN, .flags = NONNEG},
+	{.key = "load_cost_us", .kind = K_I64, .off = SRC(load_cost_us), .only = V_SYN, .flags = NONNEG | F_HI,
+	 .hi = TR_SPEC_MAX_LOAD_COST_US},
 	{.key = "seed", .kind = K_U64, .off = SRC(data_seed), .only = V_SYN, .flags = NONNEG | F_NODEF},
 	{0},
 };
@@ -957,6 +981,16 @@ static int post_monitors(struct ctx *c, const json_t *v, void *base)
 	const struct tr_spec *spec = base;
 
 	(void)v;
+	for (int i = 0; i < spec->n_monitors; i++) {
+		if (spec->monitors[i].per_layer && strcmp(spec->monitors[i].name, "grad_norm") != 0 &&
+		    strcmp(spec->monitors[i].name, "weight_norm") != 0) {
+			size_t saved = enter_index(c, (size_t)i);
+			int rc = fail(c, "per_layer", "applies to grad_norm and weight_norm only");
+
+			leave(c, saved);
+			return rc;
+		}
+	}
 	for (int i = 1; i < spec->n_monitors; i++) {
 		for (int j = 0; j < i; j++) {
 			if (strcmp(spec->monitors[i].name, spec->monitors[j].name) == 0) {
@@ -980,7 +1014,8 @@ static int post_monitors(struct ctx *c, const json_t *v, void *base)
 
 static const struct field layer_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = LAY(type), .flags = F_REQ | F_VARIANT, .names = layer_names},
-	{.key = "units", .kind = K_INT, .off = LAY(units), .only = 1u << TR_LAYER_DENSE, .flags = F_REQ | POSITIVE},
+	{.key = "units", .kind = K_INT, .off = LAY(units), .only = 1u << TR_LAYER_DENSE,
+	 .flags = F_REQ | POSITIVE | F_HI, .hi = TR_SPEC_MAX_WIDTH},
 	{.key = "bias", .kind = K_BOOL, .off = LAY(bias), .only = 1u << TR_LAYER_DENSE, .def = 1},
 	{.key = "approximate", .kind = K_BOOLENUM, .off = LAY(gelu_tanh), .only = 1u << TR_LAYER_GELU,
 	 .names = approx_names},
@@ -992,7 +1027,8 @@ static const struct field layer_fields[] = {
 };
 
 static const struct field model_fields[] = {
-	{.key = "inputs", .kind = K_INT, .off = SPEC(inputs), .flags = POSITIVE | F_OMIT0},
+	{.key = "inputs", .kind = K_INT, .off = SPEC(inputs), .flags = POSITIVE | F_HI | F_OMIT0,
+	 .hi = TR_SPEC_MAX_WIDTH},
 	{.key = "layers", .kind = K_ARRAY, .off = SPEC(layers), .flags = F_REQ | F_NONEMPTY, .sub = layer_fields,
 	 .size = sizeof(struct tr_layer_spec), .count_off = SPEC(n_layers), .max = TR_SPEC_MAX_LAYERS},
 	{.key = "loss", .kind = K_ENUM, .off = SPEC(loss), .names = loss_names},
@@ -1040,9 +1076,10 @@ static const struct field optimizer_fields[] = {
 
 static const struct field schedule_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = SPEC(schedule.type), .flags = F_VARIANT, .names = sched_names},
-	{.key = "warmup_steps", .kind = K_I64, .off = SPEC(schedule.warmup_steps), .flags = NONNEG},
+	{.key = "warmup_steps", .kind = K_I64, .off = SPEC(schedule.warmup_steps), .flags = NONNEG | F_HI,
+	 .hi = (double)TR_SPEC_MAX_STEPS},
 	{.key = "step_size", .kind = K_I64, .off = SPEC(schedule.step_size), .only = SCH_STEP,
-	 .flags = F_REQ | POSITIVE},
+	 .flags = F_REQ | POSITIVE | F_HI, .hi = (double)TR_SPEC_MAX_STEPS},
 	{.key = "gamma", .kind = K_FLOAT, .off = SPEC(schedule.gamma), .only = SCH_STEP,
 	 .flags = F_LO | F_LO_OPEN | F_HI, .lo = 0, .hi = 1, .def = 0.1},
 	{.key = "min_lr", .kind = K_FLOAT, .off = SPEC(schedule.min_lr), .only = SCH_DECAY, .flags = NONNEG},
@@ -1060,7 +1097,8 @@ static const struct field prefetch_fields[] = {
 static const struct field checkpoint_fields[] = {
 	{.key = "every_steps", .kind = K_INT, .off = SPEC(checkpoint_every_steps), .flags = NONNEG},
 	{.key = "every_seconds", .kind = K_INT, .off = SPEC(checkpoint_every_seconds), .flags = NONNEG},
-	{.key = "keep", .kind = K_INT, .off = SPEC(checkpoint_keep), .flags = F_LO, .lo = 1, .def = 3},
+	{.key = "keep", .kind = K_INT, .off = SPEC(checkpoint_keep), .flags = F_LO | F_HI, .lo = 1,
+	 .hi = TR_SPEC_MAX_CHECKPOINT_KEEP, .def = 3},
 	{0},
 };
 
@@ -1068,6 +1106,7 @@ static const struct field monitor_fields[] = {
 	{.key = "metric", .kind = K_NAME, .off = MON(name), .flags = F_REQ, .names = metric_names,
 	 .size = sizeof(((struct tr_monitor_spec *)0)->name)},
 	{.key = "every_steps", .kind = K_INT, .off = MON(every_steps), .flags = POSITIVE, .def = 10},
+	{.key = "per_layer", .kind = K_BOOL, .off = MON(per_layer)},
 	{0},
 };
 
@@ -1084,6 +1123,11 @@ static int parse_init_from(struct ctx *c, const json_t *v, void *base)
 	if (json_is_string(v)) {
 		if (json_string_length(v) == 0)
 			return fail(c, NULL, "must not be empty");
+		if (strlen(json_string_value(v)) != json_string_length(v))
+			return fail(c, NULL, "must not contain NUL characters");
+		if (json_string_length(v) > TR_SPEC_MAX_PATH)
+			return fail(c, NULL, "must be at most %d bytes (it has %zu)", TR_SPEC_MAX_PATH,
+				    json_string_length(v));
 		spec->init_from = strdup(json_string_value(v));
 		return spec->init_from ? 0 : fail_oom(c);
 	}
@@ -1135,16 +1179,20 @@ static const struct field init_fields[] = {
 
 /* "seed" comes before "data": sources default their seed to it. */
 static const struct field root_fields[] = {
-	{.key = "name", .kind = K_STR, .off = SPEC(name), .defstr = "job"},
+	{.key = "name", .kind = K_STR, .off = SPEC(name), .flags = F_NOCTRL, .defstr = "job", .max = TR_SPEC_MAX_NAME},
 	{.key = "seed", .kind = K_U64, .off = SPEC(seed), .flags = NONNEG},
 	{.key = "model", .kind = K_OBJECT, .flags = F_REQ, .sub = model_fields, .post = post_model},
 	{.key = "data", .kind = K_OBJECT, .flags = F_REQ, .sub = data_fields, .post = post_data},
-	{.key = "batch_size", .kind = K_INT, .off = SPEC(batch_size), .flags = F_REQ | POSITIVE},
-	{.key = "epochs", .kind = K_INT, .off = SPEC(epochs), .flags = POSITIVE | F_OMIT0},
-	{.key = "max_steps", .kind = K_I64, .off = SPEC(max_steps), .flags = POSITIVE | F_OMIT0},
+	{.key = "batch_size", .kind = K_INT, .off = SPEC(batch_size), .flags = F_REQ | POSITIVE | F_HI,
+	 .hi = TR_SPEC_MAX_BATCH},
+	{.key = "epochs", .kind = K_INT, .off = SPEC(epochs), .flags = POSITIVE | F_HI | F_OMIT0,
+	 .hi = TR_SPEC_MAX_EPOCHS},
+	{.key = "max_steps", .kind = K_I64, .off = SPEC(max_steps), .flags = POSITIVE | F_HI | F_OMIT0,
+	 .hi = (double)TR_SPEC_MAX_STEPS},
 	{.key = "optimizer", .kind = K_OBJECT, .flags = F_REQ, .sub = optimizer_fields, .post = post_optimizer},
 	{.key = "schedule", .kind = K_OBJECT, .sub = schedule_fields},
 	{.key = "clip_grad_norm", .kind = K_FLOAT, .off = SPEC(clip_grad_norm), .flags = NONNEG},
+	{.key = "stop_on_nan", .kind = K_BOOL, .off = SPEC(stop_on_nan), .def = 1},
 	{.key = "devices", .kind = K_CUSTOM, .parse = parse_devices, .emit = emit_devices},
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},
@@ -1180,6 +1228,14 @@ static int check_synthetic(struct ctx *c, const struct tr_spec *spec)
 
 	if (tr->format != TR_DATA_SYNTHETIC)
 		return 0;
+	/* The regression generator holds an outputs x features weight matrix. */
+	if (tr->task == TR_SYNTH_REGRESSION &&
+	    (int64_t)tr->outputs * tr->features > (int64_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
+		enter(c, "data");
+		enter(c, "train");
+		return fail(c, "outputs", "outputs x features (%d x %d) must be at most %d", tr->outputs, tr->features,
+			    TR_SPEC_MAX_SYNTH_WEIGHTS);
+	}
 	if (spec->inputs && spec->inputs != tr->features) {
 		enter(c, "model");
 		return fail(c, "inputs", "must equal the train source's features (%d)", tr->features);
@@ -1225,6 +1281,38 @@ static int check_synthetic(struct ctx *c, const struct tr_spec *spec)
 	return 0;
 }
 
+/* The model's parameter count, where the input width is known (given, or
+ * a synthetic source's features); files only tell it when the job starts,
+ * where tr_model_init applies the same bound.  Each term is below 2^49
+ * (widths <= 2^24) and there are at most 64 layers: no overflow. */
+static int check_params(struct ctx *c, const struct tr_spec *spec)
+{
+	int64_t width = spec->inputs, total = 0;
+
+	if (!width && spec->train.format == TR_DATA_SYNTHETIC)
+		width = spec->train.features;
+	if (!width)
+		return 0;
+	for (int i = 0; i < spec->n_layers; i++) {
+		const struct tr_layer_spec *l = &spec->layers[i];
+
+		if (l->type == TR_LAYER_DENSE) {
+			total += width * l->units + (l->bias ? l->units : 0);
+			width = l->units;
+		} else if (l->type == TR_LAYER_LAYERNORM) {
+			total += 2 * width;
+		}
+		if (total > TR_SPEC_MAX_PARAMS) {
+			enter(c, "model");
+			enter(c, "layers");
+			enter_index(c, (size_t)i);
+			return fail(c, NULL, "the model reaches %lld parameters here, more than the %lld the engine takes",
+				    (long long)total, (long long)TR_SPEC_MAX_PARAMS);
+		}
+	}
+	return 0;
+}
+
 static int check_cross(struct ctx *c, const struct tr_spec *spec)
 {
 	int rc;
@@ -1237,6 +1325,8 @@ static int check_cross(struct ctx *c, const struct tr_spec *spec)
 		return fail(c, "min_lr", "must be <= the optimizer's lr (%g)", (double)spec->optimizer.lr);
 	}
 	if ((rc = check_synthetic(c, spec)))
+		return rc;
+	if ((rc = check_params(c, spec)))
 		return rc;
 	return 0;
 }

@@ -20,6 +20,31 @@
 #define TR_SPEC_MAX_DEVICES 64
 #define TR_SPEC_MAX_LABEL_COLS 64
 
+/* Upper bounds on every size in a spec, so that no index, product or
+ * memory estimate the engine forms from them can overflow, and no set-up
+ * loop runs unbounded (docs/design.md, "Bounds on a spec").  A larger value
+ * is refused at submit with its JSON pointer.
+ *   samples x epochs <= 2^60 and max_steps x batch_size <= 2^60: sample
+ *     positions and step counts stay far inside int64, and steps inside the
+ *     metric store's +-2^62;
+ *   widths (features, inputs, units, classes, outputs) <= 2^24: labels are
+ *     floats, exact integers only up to 2^24, and a layer's weight count
+ *     (<= 2^48) times 4 bytes times the optimizer's buffers fits size_t;
+ *   parameters <= 2^36 (256 GiB per FP32 buffer), checked where the input
+ *     width is known. */
+#define TR_SPEC_MAX_SAMPLES (INT64_C(1) << 40)
+#define TR_SPEC_MAX_EPOCHS (1 << 20)
+#define TR_SPEC_MAX_STEPS (INT64_C(1) << 40)
+#define TR_SPEC_MAX_BATCH (1 << 20)
+#define TR_SPEC_MAX_WIDTH (1 << 24)
+#define TR_SPEC_MAX_PARAMS (INT64_C(1) << 36)
+#define TR_SPEC_MAX_SYNTH_WEIGHTS (1 << 28) /* synthetic regression: outputs x features */
+#define TR_SPEC_MAX_LOAD_COST_US 1000000    /* one second per sample */
+#define TR_SPEC_MAX_CHECKPOINT_KEEP 10000
+/* Free strings: a job name is echoed in every listing and log line. */
+#define TR_SPEC_MAX_NAME 256  /* bytes */
+#define TR_SPEC_MAX_PATH 4096 /* bytes, PATH_MAX */
+
 struct tr_spec_error {
 	char pointer[256]; /* JSON pointer, "" for the document itself */
 	char message[512]; /* full text, starts with the pointer */
@@ -91,8 +116,9 @@ enum tr_sched_type { TR_SCHED_CONSTANT, TR_SCHED_STEP, TR_SCHED_COSINE, TR_SCHED
 enum tr_backend_choice { TR_BACKEND_AUTO, TR_BACKEND_CPU, TR_BACKEND_CUDA };
 
 struct tr_monitor_spec {
-	char name[64]; /* grad_norm, weight_norm, device_step_ms */
+	char name[64]; /* grad_norm, weight_norm, device_step_ms, update_ratio */
 	int every_steps;
+	bool per_layer; /* grad_norm, weight_norm: also "<name>.<layer index>" per layer with parameters */
 };
 
 struct tr_spec {
@@ -130,6 +156,7 @@ struct tr_spec {
 		float min_lr;          /* cosine/linear: final lr, default 0 */
 	} schedule;
 	float clip_grad_norm; /* 0 = off */
+	bool stop_on_nan;     /* default true: a non-finite loss or gradient fails the job */
 	/* devices */
 	int device_count;                  /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];

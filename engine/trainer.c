@@ -51,6 +51,7 @@ struct rank_ctx {
 	double loss[2];   /* this step: loss sum, correct count */
 	double step_ms;
 	double grad_sumsq;
+	bool grads_nonfinite; /* stop_on_nan: this step's update was not applied */
 	int rc;
 	char err[ERRLEN];
 };
@@ -90,6 +91,10 @@ struct tr_trainer {
 	int64_t step; /* 0-based index of the step being run */
 	float lr;
 	bool want_grad_norm;
+	bool want_layer_grad_norms;                 /* rank 0 fills layer_grad_sumsq this step */
+	double layer_grad_sumsq[TR_SPEC_MAX_LAYERS]; /* before clipping, as grad_norm */
+	float *ratio_before, *ratio_after;         /* update_ratio: host copies of rank 0's weights */
+	bool ratio_due;                             /* ratio_before holds this step's weights */
 
 	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
 	atomic_int stop_reason; /* enum tr_stop_reason of the last stop request */
@@ -145,6 +150,15 @@ static bool synthetic_pair(const struct tr_spec *s)
 	return a->format == TR_DATA_SYNTHETIC && b->format == TR_DATA_SYNTHETIC && a->task == b->task &&
 	       a->features == b->features && a->classes == b->classes && a->outputs == b->outputs &&
 	       a->data_seed == b->data_seed;
+}
+
+/* Set-up gives up once the caller's flag or tr_trainer_cancel says so. */
+static bool setup_cancelled(struct tr_trainer *t, char *err, size_t errlen)
+{
+	if (!atomic_load(&t->cancel_requested) && !(t->opt.cancel && atomic_load(t->opt.cancel)))
+		return false;
+	snprintf(err, errlen, "cancelled");
+	return true;
 }
 
 static int open_data(struct tr_trainer *t, char *err, size_t errlen)
@@ -212,7 +226,9 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 			 t->train->info.label_dim);
 		return -EINVAL;
 	}
-	return tr_transforms_create(s, t->train, &t->transforms, err, errlen);
+	if (setup_cancelled(t, err, errlen))
+		return -ECANCELED;
+	return tr_transforms_create_cancellable(s, t->train, t->opt.cancel, &t->transforms, err, errlen);
 }
 
 /* ---- model ------------------------------------------------------------- */
@@ -427,6 +443,27 @@ static int unlend(struct tr_trainer *t, bool keep_values)
 	return 0;
 }
 
+/* Sum of squares of each layer's parameters (weight and bias together) in
+ * buf, a parameter-sized buffer on rank 0's device; 0 for layers without
+ * parameters. */
+static int layer_sumsq(struct tr_trainer *t, const float *buf, double *out)
+{
+	const tr_model_t *m = &t->model;
+	tr_backend_t *be = t->be;
+	int dev = t->ranks[0].rep.dev;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		double w = 0, b = 0;
+		int ret;
+		if (l->w_len && (ret = be->i->sumsq(be, dev, l->w_len, buf + l->w_off, &w)) < 0)
+			return ret;
+		if (l->b_len && (ret = be->i->sumsq(be, dev, l->b_len, buf + l->b_off, &b)) < 0)
+			return ret;
+		out[i] = w + b;
+	}
+	return 0;
+}
+
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 {
 	double t0 = mono_s();
@@ -459,11 +496,27 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 		goto fail;
 
 	float clip = t->spec->clip_grad_norm;
+	bool stop_on_nan = t->spec->stop_on_nan;
 	rc->grad_sumsq = 0.0;
-	if (clip > 0.0f || t->want_grad_norm) {
+	rc->grads_nonfinite = false;
+	if (clip > 0.0f || t->want_grad_norm || stop_on_nan) {
 		if ((ret = be->i->sumsq(be, r->dev, np, r->grads, &rc->grad_sumsq)) < 0)
 			goto fail;
 	}
+	/* The sum of squares (in double: no overflow from finite floats) is
+	 * finite exactly when every gradient is.  After the allreduce every
+	 * rank holds the same gradient and reaches the same verdict, so all
+	 * skip the update together and the replicas stay equal; the run loop
+	 * then fails the job before any checkpoint can take the bad step. */
+	if (stop_on_nan && !isfinite(rc->grad_sumsq)) {
+		rc->grads_nonfinite = true;
+		goto synced;
+	}
+	/* Per layer, before clipping like the global norm (the allreduced
+	 * gradient is the same on every rank, so rank 0's serves). */
+	if (rc->rank == 0 && t->want_layer_grad_norms &&
+	    (ret = layer_sumsq(t, r->grads, t->layer_grad_sumsq)) < 0)
+		goto fail;
 	if (clip > 0.0f) {
 		/* torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped at 1 */
 		double coef = clip / (sqrt(rc->grad_sumsq) + 1e-6);
@@ -488,6 +541,7 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 			free(garbage);
 		}
 	}
+synced:
 	if ((ret = upload_ahead(t, rc)) < 0)
 		goto fail;
 	if ((ret = be->i->sync(be, r->dev)) < 0)
@@ -607,6 +661,10 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			t->devs[i] = i;
 	}
 
+	if (setup_cancelled(t, err, errlen)) {
+		rc = -ECANCELED;
+		goto fail;
+	}
 	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0)
 		goto fail;
 	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
@@ -621,7 +679,12 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		rc = -ENOMEM;
 		goto fail;
 	}
-	tr_model_init_params(&t->model, host);
+	if (tr_model_init_params_cancellable(&t->model, host, t->opt.cancel) < 0 || setup_cancelled(t, err, errlen)) {
+		snprintf(err, errlen, "cancelled");
+		free(host);
+		rc = -ECANCELED;
+		goto fail;
+	}
 	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
 		free(host);
 		goto fail;
@@ -646,6 +709,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
 		if (rc == 0)
 			rc = be->i->sync(be, t->devs[i]);
+		if (rc == 0 && setup_cancelled(t, err, errlen))
+			rc = -ECANCELED;
 		if (rc < 0) {
 			free(host);
 			goto fail;
@@ -694,6 +759,8 @@ void tr_trainer_destroy(tr_trainer_t *t)
 	}
 	if (t->comm)
 		t->be->i->comm_destroy(t->comm);
+	free(t->ratio_before);
+	free(t->ratio_after);
 	tr_transforms_destroy(t->transforms);
 	tr_reader_destroy(t->own_val);
 	tr_reader_destroy(t->own_train);
@@ -723,6 +790,12 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 	}
 	for (int64_t base = 0; base < n && rc == 0; base += chunk) {
 		int rows = (int)(n - base < chunk ? n - base : chunk);
+		/* A validation set may be as large as a training set. */
+		if (atomic_load(&t->cancel_requested)) {
+			snprintf(err, errlen, "cancelled");
+			rc = -ECANCELED;
+			break;
+		}
 		for (int i = 0; i < rows && rc == 0; i++) {
 			rc = tr_reader_get(t->val, base + i, x + (size_t)i * F, y + (size_t)i * L, err, errlen);
 			if (rc == 0 && t->transforms)
@@ -791,6 +864,71 @@ static int run_step_all(struct tr_trainer *t, char *err, size_t errlen)
 	return first;
 }
 
+static bool monitor_due(const struct tr_spec *s, const char *name, int64_t done)
+{
+	for (int m = 0; m < s->n_monitors; m++)
+		if (strcmp(s->monitors[m].name, name) == 0 && done % s->monitors[m].every_steps == 0)
+			return true;
+	return false;
+}
+
+/* update_ratio: before a due step, rank 0's weights to the host (lazily
+ * allocated, only jobs that ask pay for the two copies). */
+static int ratio_prepare(struct tr_trainer *t, int64_t done)
+{
+	t->ratio_due = monitor_due(t->spec, "update_ratio", done);
+	if (!t->ratio_due)
+		return 0;
+	size_t bytes = t->model.n_params * sizeof(float);
+	if (!t->ratio_before && !(t->ratio_before = malloc(bytes)))
+		return -ENOMEM;
+	if (!t->ratio_after && !(t->ratio_after = malloc(bytes)))
+		return -ENOMEM;
+	return tr_trainer_copy_params(t, 0, t->ratio_before);
+}
+
+/* update_ratio.<i> = ||w_after - w_before|| / ||w_before|| over layer i's
+ * weight and bias, in double on the host: the step's relative change, the
+ * ~1e-3 rule of thumb's quantity.  A layer whose weights were all zero
+ * gets no point for the step (the ratio has no value). */
+static void emit_update_ratio(struct tr_trainer *t, int64_t done, int64_t epoch)
+{
+	if (!t->ratio_due || tr_trainer_copy_params(t, 0, t->ratio_after) < 0)
+		return;
+	for (int i = 0; i < t->model.n_layers; i++) {
+		const struct tr_layer *l = &t->model.layers[i];
+		size_t offs[2] = {l->w_off, l->b_off}, lens[2] = {l->w_len, l->b_len};
+		double du = 0, w = 0;
+		for (int k = 0; k < 2; k++) {
+			for (size_t j = offs[k]; j < offs[k] + lens[k]; j++) {
+				double b = t->ratio_before[j], d = (double)t->ratio_after[j] - b;
+				du += d * d;
+				w += b * b;
+			}
+		}
+		if (!l->w_len && !l->b_len)
+			continue;
+		if (w > 0) {
+			char key[80];
+			snprintf(key, sizeof key, "update_ratio.%d", i);
+			emit(t, key, done, epoch, sqrt(du) / sqrt(w));
+		}
+	}
+}
+
+/* "<name>.<layer index>" for each layer that has parameters (docs/design.md:
+ * per-layer names follow the safetensors names' layer index). */
+static void emit_per_layer(struct tr_trainer *t, const char *name, int64_t done, int64_t epoch, const double *sumsq)
+{
+	for (int i = 0; i < t->model.n_layers; i++) {
+		if (!t->model.layers[i].w_len && !t->model.layers[i].b_len)
+			continue;
+		char key[80];
+		snprintf(key, sizeof key, "%s.%d", name, i);
+		emit(t, key, done, epoch, sqrt(sumsq[i]));
+	}
+}
+
 static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
 			      double step_ms, double wait_ms)
 {
@@ -809,11 +947,17 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 			continue;
 		if (strcmp(mon->name, "grad_norm") == 0) {
 			emit(t, "grad_norm", done, epoch, sqrt(t->ranks[0].grad_sumsq));
+			if (mon->per_layer)
+				emit_per_layer(t, "grad_norm", done, epoch, t->layer_grad_sumsq);
 		} else if (strcmp(mon->name, "weight_norm") == 0) {
-			double ss = 0;
+			double ss = 0, layers[TR_SPEC_MAX_LAYERS];
 			tr_replica_t *r = &t->ranks[0].rep;
 			if (t->be->i->sumsq(t->be, r->dev, t->model.n_params, r->params, &ss) == 0)
 				emit(t, "weight_norm", done, epoch, sqrt(ss));
+			if (mon->per_layer && layer_sumsq(t, r->params, layers) == 0)
+				emit_per_layer(t, "weight_norm", done, epoch, layers);
+		} else if (strcmp(mon->name, "update_ratio") == 0) {
+			emit_update_ratio(t, done, epoch);
 		} else if (strcmp(mon->name, "device_step_ms") == 0) {
 			for (int k = 0; k < t->ndev; k++) {
 				char name[32];
@@ -824,10 +968,41 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 	}
 }
 
-static bool grad_norm_due(const struct tr_spec *s, int64_t done)
+/* stop_on_nan's message: the step, then the first tensor that went bad, in
+ * the order the step computes them: the loss (forward), then the
+ * gradients in parameter order (PyTorch names).  Only on failure, so the
+ * per-tensor sums cost nothing in a healthy run. */
+static void describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, char *err, size_t errlen)
+{
+	const char *hint = "lower /optimizer/lr, set /clip_grad_norm or check the data";
+	tr_replica_t *r = &t->ranks[0].rep;
+	char first[64] = "";
+
+	for (int i = 0; t->ranks[0].grads_nonfinite && i < tr_model_param_count(&t->model) && !first[0]; i++) {
+		struct tr_param_view v;
+		double ss = 0;
+		tr_model_param_view(&t->model, i, &v);
+		if (t->be->i->sumsq(t->be, r->dev, v.len, r->grads + v.offset, &ss) == 0 && !isfinite(ss))
+			snprintf(first, sizeof first, "%s", v.name);
+	}
+	if (!isfinite(loss))
+		snprintf(err, errlen,
+			 "/stop_on_nan: step %lld: the loss is %s%s%s; the job stopped before the step's checkpoint "
+			 "(%s)",
+			 (long long)done, isnan(loss) ? "NaN" : "infinite",
+			 first[0] ? ", and so is the gradient of " : "", first, hint);
+	else
+		snprintf(err, errlen,
+			 "/stop_on_nan: step %lld: the gradient of %s is not finite (NaN or infinite); the update was "
+			 "not applied and the job stopped before the step's checkpoint (%s)",
+			 (long long)done, first[0] ? first : "the model", hint);
+}
+
+static bool grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer)
 {
 	for (int m = 0; m < s->n_monitors; m++)
-		if (strcmp(s->monitors[m].name, "grad_norm") == 0 && done % s->monitors[m].every_steps == 0)
+		if (strcmp(s->monitors[m].name, "grad_norm") == 0 && done % s->monitors[m].every_steps == 0 &&
+		    (!per_layer || s->monitors[m].per_layer))
 			return true;
 	return false;
 }
@@ -1055,6 +1230,11 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 			snprintf(err, errlen, "cancelled");
 			break;
 		}
+		/* Before the step's slot is taken, so a failure here holds none. */
+		if ((rc = ratio_prepare(t, step + 1)) < 0) {
+			snprintf(err, errlen, "update_ratio: cannot copy the weights before step %lld", (long long)step + 1);
+			break;
+		}
 		const struct tr_batch *b;
 		double wait_ms = 0;
 		double t0 = mono_s();
@@ -1070,7 +1250,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		t->batch = b;
 		t->step = step;
 		t->lr = tr_schedule_lr(s, step, total);
-		t->want_grad_norm = grad_norm_due(s, step + 1);
+		t->want_grad_norm = grad_norm_due(s, step + 1, false);
+		t->want_layer_grad_norms = grad_norm_due(s, step + 1, true);
 		rc = run_step_all(t, err, errlen);
 		int count = b->count;
 		int64_t epoch = b->epoch;
@@ -1086,10 +1267,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		for (int i = 0; i < t->ndev; i++)
 			loss_sum += t->ranks[i].loss[0];
 		double loss = loss_sum / count;
-		if (!isfinite(loss)) {
-			snprintf(err, errlen, "step %lld: the loss is %f (diverged); lower /optimizer/lr or set "
-					      "/clip_grad_norm",
-				 (long long)step + 1, loss);
+		if (s->stop_on_nan && (!isfinite(loss) || t->ranks[0].grads_nonfinite)) {
+			describe_nonfinite(t, step + 1, loss, err, errlen);
 			rc = -EDOM;
 			break;
 		}

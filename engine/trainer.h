@@ -68,12 +68,15 @@ struct tr_trainer_options {
 	/* Data and init.from files open through tr_data_open(data_roots, ...);
 	 * NULL: as written, relative to the working directory. */
 	const tr_data_roots_t *data_roots; /* borrowed */
-	/* Optional: set (by another thread) to make create give up opening the
-	 * data and return -ECANCELED, as tr_trainer_cancel does once it runs. */
-	const atomic_bool *cancel;
 	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
 	tr_reader_t *val_reader;    /* optional, borrowed */
 	struct tr_trainer_hooks hooks;
+	/* Optional, borrowed: the caller's cancel flag.  tr_trainer_create
+	 * looks at it between phases, while it opens and parses the data and
+	 * inside its long loops (standardize statistics, parameter
+	 * initialisation) and returns -ECANCELED once
+	 * it is set, since no trainer exists yet for tr_trainer_cancel. */
+	const atomic_bool *cancel;
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;

@@ -21,7 +21,7 @@
 #define STORE_POOL_SIZE 4
 /* Steps are kept within +-2^62 so that block and bucket arithmetic on them
  * can never overflow int64. */
-#define STORE_STEP_LIMIT (INT64_C(1) << 62)
+#define STORE_STEP_LIMIT TR_STORE_STEP_LIMIT
 
 /* Metric rollup pyramid: level k (1..ROLLUP_LEVELS) holds, per series and
  * per aligned block of ROLLUP_FANOUT^k steps, the point count and the min

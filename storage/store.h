@@ -194,6 +194,12 @@ void tr_store_wake_all(tr_store_t *s);
 
 /* ---- metrics ------------------------------------------------------------- */
 
+/* Steps a metric point may carry: within +-2^62, so that
+ * block and bucket arithmetic on them never overflows int64.  Public so
+ * that callers can refuse a point with their own message instead of
+ * having it dropped. */
+#define TR_STORE_STEP_LIMIT (INT64_C(1) << 62)
+
 /* Queues one point; never blocks on I/O.  Returns -ENOBUFS (and counts a
  * drop) when the queue is full.  name: non-empty UTF-8; |step| <= 2^62.
  * Points of a job deleted before they are written vanish silently. */

@@ -229,10 +229,18 @@ static int cpu_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double
 {
 	ENSURE_DEV("sumsq");
 	ENSURE(out, "sumsq: NULL output");
-	double s = 0.0;
-	for (size_t i = 0; i < n; i++)
-		s += (double)x[i] * (double)x[i];
-	*out = s;
+	/* Eight partial sums, then combined in a fixed order: one chain of
+	 * dependent adds ran at ~6 GB/s, a quarter of what the memory gives,
+	 * and stop_on_nan takes this sum every step.  The order is fixed, so
+	 * the result is the same on every run and every rank. */
+	double p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int k = 0; k < 8; k++)
+			p[k] += (double)x[i + k] * (double)x[i + k];
+	for (int k = 0; i < n; i++, k++)
+		p[k] += (double)x[i] * (double)x[i];
+	*out = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 	return 0;
 }
 

@@ -35,6 +35,18 @@ int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_
 		snprintf(err, errlen, "batch_size and one of epochs or max_steps must be positive");
 		return -EINVAL;
 	}
+	/* The spec bounds samples, epochs, max_steps and the batch far below
+	 * this (engine/spec.h); readers of files and callers other than the
+	 * daemon are held here to what the arithmetic below can take: the
+	 * Feistel domain 4^bits must fit 64 bits, and epochs x samples and
+	 * max_steps x batch must fit int64. */
+	if (samples > TR_PLAN_MAX_SAMPLES || epochs > TR_SPEC_MAX_EPOCHS || max_steps > TR_SPEC_MAX_STEPS ||
+	    batch > TR_SPEC_MAX_BATCH) {
+		snprintf(err, errlen,
+			 "%lld samples, %d epochs, %lld max_steps or batch_size %d: more than the engine can index",
+			 (long long)samples, epochs, (long long)max_steps, batch);
+		return -EINVAL;
+	}
 	*plan = (struct tr_plan){
 		.samples = samples,
 		.batch = batch,
@@ -43,8 +55,9 @@ int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_
 		.seed = seed,
 		.epochs = epochs > 0 ? epochs : 0,
 	};
+	/* samples <= 2^62, so this ends by bits = 31 without shifting past 63. */
 	int bits = 1;
-	while ((1LL << (2 * bits)) < samples)
+	while (((uint64_t)1 << (2 * bits)) < (uint64_t)samples)
 		bits++;
 	plan->feistel_bits = bits;
 	if (bits <= TABLE_BITS)

@@ -30,6 +30,10 @@
 
 #include "engine/spec.h"
 
+/* The most samples a plan takes: with epochs <= TR_SPEC_MAX_EPOCHS (2^20),
+ * epochs x samples stays below 2^62.  The spec's own bound is lower. */
+#define TR_PLAN_MAX_SAMPLES (INT64_C(1) << 42)
+
 struct tr_plan {
 	int64_t samples;
 	int batch;

@@ -82,6 +82,10 @@ typedef struct tr_transforms tr_transforms_t;
 
 int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, char *err,
 			 size_t errlen);
+/* The same, giving up with -ECANCELED once *cancel is set (NULL: never):
+ * standardize reads the whole training set, which may be huge. */
+int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *train, const atomic_bool *cancel,
+				     tr_transforms_t **out, char *err, size_t errlen);
 /* Applies to one sample's features in place.  Noise is applied only when
  * `training`; it is keyed by (seed, epoch, sample index) so it is the same
  * whichever thread loads the sample. */

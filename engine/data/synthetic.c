@@ -182,11 +182,13 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 		tr_data_errorf(err, errlen, "synthetic: unknown task %d", (int)src->task);
 		return -EINVAL;
 	}
-	if (!(src->noise >= 0.0f) || !isfinite(src->noise) || src->load_cost_us < 0 || src->outputs < 0) {
-		tr_data_errorf(err, errlen, "synthetic: noise, outputs and load_cost_us must be >= 0");
+	if (!(src->noise >= 0.0f) || !isfinite(src->noise) || src->load_cost_us < 0 || src->outputs < 0 ||
+	    src->load_cost_us > TR_SPEC_MAX_LOAD_COST_US) {
+		tr_data_errorf(err, errlen, "synthetic: noise, outputs and load_cost_us must be >= 0, load_cost_us at most %d",
+			       TR_SPEC_MAX_LOAD_COST_US);
 		return -EINVAL;
 	}
-	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > ((size_t)1 << 28)) {
+	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > (size_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
 		tr_data_errorf(err, errlen, "synthetic: outputs x features (%d x %d) is too large", outputs,
 			       src->features);
 		return -EINVAL;

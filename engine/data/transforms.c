@@ -64,7 +64,8 @@ static void apply_ops(const tr_transforms_t *t, int end, float *x, int features,
 }
 
 /* Fills ops[k].mean/sd from `train` as seen through ops [0, k). */
-static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, char *err, size_t errlen)
+static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, const atomic_bool *cancel, char *err,
+			     size_t errlen)
 {
 	struct op *o = &t->ops[k];
 	int nf = train->info.features;
@@ -92,6 +93,12 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, char
 	/* Sums of (x - first sample) instead of x: the textbook
 	 * sum-of-squares formula cancels badly when |mean| >> std. */
 	for (int64_t i = 0; i < n; i++) {
+		/* A look every 4096 samples: a few ms of reading at most. */
+		if ((i & 4095) == 0 && cancel && atomic_load_explicit(cancel, memory_order_relaxed)) {
+			tr_data_errorf(err, errlen, "cancelled");
+			ret = -ECANCELED;
+			goto out;
+		}
 		ret = tr_reader_get(train, i, x, y, err, errlen);
 		if (ret)
 			goto out;
@@ -125,6 +132,12 @@ out:
 
 int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, char *err,
 			 size_t errlen)
+{
+	return tr_transforms_create_cancellable(spec, train, NULL, out, err, errlen);
+}
+
+int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *train, const atomic_bool *cancel,
+				     tr_transforms_t **out, char *err, size_t errlen)
 {
 	tr_transforms_t *t;
 	int noise_k = 0, ret;
@@ -160,7 +173,7 @@ int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_tran
 				ret = -EINVAL;
 				goto fail;
 			}
-			ret = standardize_stats(t, k, train, err, errlen);
+			ret = standardize_stats(t, k, train, cancel, err, errlen);
 			if (ret)
 				goto fail;
 			break;

@@ -16,6 +16,13 @@
 int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen)
 {
 	memset(m, 0, sizeof *m);
+	/* The spec bounds widths it knows; a data file's width is known only
+	 * now and gets the same bound (engine/spec.h). */
+	if (inputs < 1 || inputs > TR_SPEC_MAX_WIDTH) {
+		snprintf(err, errlen, "/model/inputs: the data has %d features; the engine takes 1 to %d", inputs,
+			 TR_SPEC_MAX_WIDTH);
+		return -EINVAL;
+	}
 	m->inputs = inputs;
 	m->loss = spec->loss;
 	m->seed = spec->seed;
@@ -73,6 +80,11 @@ int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *e
 	m->outputs = width;
 	m->max_width = max_width;
 	m->n_params = off;
+	if (off > (size_t)TR_SPEC_MAX_PARAMS) {
+		snprintf(err, errlen, "/model/layers: the model has %zu parameters, more than the %lld the engine takes",
+			 off, (long long)TR_SPEC_MAX_PARAMS);
+		return -EINVAL;
+	}
 	if (off == 0) {
 		snprintf(err, errlen, "/model/layers: the model has no parameters");
 		return -EINVAL;
@@ -80,7 +92,15 @@ int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *e
 	return 0;
 }
 
-void tr_model_init_params(const tr_model_t *m, float *p)
+/* Elements filled between two looks at the cancel flag (a few ms). */
+#define INIT_CHUNK ((size_t)1 << 20)
+
+static bool cancelled(const atomic_bool *cancel)
+{
+	return cancel && atomic_load_explicit(cancel, memory_order_relaxed);
+}
+
+int tr_model_init_params_cancellable(const tr_model_t *m, float *p, const atomic_bool *cancel)
 {
 	for (int i = 0; i < m->n_layers; i++) {
 		const struct tr_layer *l = &m->layers[i];
@@ -88,8 +108,11 @@ void tr_model_init_params(const tr_model_t *m, float *p)
 			float bound = 1.0f / sqrtf((float)l->in);
 			uint64_t kw = tr_rng_key(m->seed, (uint64_t)i, 0, TR_RNG_INIT);
 			uint64_t kb = tr_rng_key(m->seed, (uint64_t)i, 1, TR_RNG_INIT);
-			for (size_t j = 0; j < l->w_len; j++)
+			for (size_t j = 0; j < l->w_len; j++) {
+				if (j % INIT_CHUNK == 0 && cancelled(cancel))
+					return -ECANCELED;
 				p[l->w_off + j] = (2.0f * tr_rng_uniform(kw, j) - 1.0f) * bound;
+			}
 			for (size_t j = 0; j < l->b_len; j++)
 				p[l->b_off + j] = (2.0f * tr_rng_uniform(kb, j) - 1.0f) * bound;
 		} else if (l->type == TR_LAYER_LAYERNORM) {
@@ -99,6 +122,12 @@ void tr_model_init_params(const tr_model_t *m, float *p)
 				p[l->b_off + j] = 0.0f;
 		}
 	}
+	return cancelled(cancel) ? -ECANCELED : 0;
+}
+
+void tr_model_init_params(const tr_model_t *m, float *p)
+{
+	tr_model_init_params_cancellable(m, p, NULL);
 }
 
 int tr_model_param_count(const tr_model_t *m)

@@ -10,6 +10,7 @@
 #ifndef TR_MODEL_H
 #define TR_MODEL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,10 @@ int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *e
 /* PyTorch default initialisation from the counter-based generator:
  * dense weight and bias U(-1/sqrt(in), 1/sqrt(in)), layernorm 1 and 0. */
 void tr_model_init_params(const tr_model_t *m, float *host_params);
+/* The same, returning -ECANCELED (host_params partly written) as soon as
+ * *cancel is set; a model may hold billions of parameters.  cancel may be
+ * NULL.  Returns 0 otherwise. */
+int tr_model_init_params_cancellable(const tr_model_t *m, float *host_params, const atomic_bool *cancel);
 
 /* One named tensor of the layout, for export and import.  Returns the
  * number of tensors when idx is out of range (call with idx 0.. until it

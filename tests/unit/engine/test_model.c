@@ -2,6 +2,7 @@
  * both losses against central finite differences of the forward loss, plus
  * the parameter layout that exported files rely on. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,5 +172,43 @@ Test(model, init_matches_pytorch_bounds)
 		cr_assert_eq(p[4800 + 600 + i], 0.0f);
 	}
 	free(p);
+	teardown_model(&f);
+}
+
+/* A data file's width is known only when the job starts: the model gets the
+ * spec's bounds then (widths 2^24, parameters 2^36), not an overflowing
+ * layout. */
+Test(model, widths_and_parameters_from_data_are_bounded)
+{
+	const char *text =
+		"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16777216}, {\"type\": \"dense\", \"units\": 2}]},"
+		" \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}}, \"batch_size\": 4, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+	struct tr_spec spec;
+	struct tr_spec_error e;
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
+	tr_model_t m;
+	char err[256];
+	cr_assert_eq(tr_model_init(&m, &spec, TR_SPEC_MAX_WIDTH + 1, err, sizeof err), -EINVAL);
+	cr_assert_not_null(strstr(err, "/model/inputs"), "%s", err);
+	cr_assert_eq(tr_model_init(&m, &spec, 4096, err, sizeof err), -EINVAL);
+	cr_assert_not_null(strstr(err, "/model/layers"), "%s", err);
+	cr_assert_eq(tr_model_init(&m, &spec, 4, err, sizeof err), 0, "%s", err);
+	tr_spec_finish(&spec);
+}
+
+Test(model, parameter_init_observes_cancel)
+{
+	struct fixture f;
+	setup_model(&f, "[{\"type\": \"dense\", \"units\": 300}, {\"type\": \"layernorm\"}]", "mse", 16, 1, 300);
+	float *a = calloc(f.model.n_params, sizeof(float)), *b = calloc(f.model.n_params, sizeof(float));
+	atomic_bool cancel = false;
+	cr_assert_eq(tr_model_init_params_cancellable(&f.model, a, &cancel), 0);
+	tr_model_init_params(&f.model, b);
+	cr_assert_eq(memcmp(a, b, f.model.n_params * sizeof(float)), 0);
+	atomic_store(&cancel, true);
+	cr_assert_eq(tr_model_init_params_cancellable(&f.model, a, &cancel), -ECANCELED);
+	free(a);
+	free(b);
 	teardown_model(&f);
 }

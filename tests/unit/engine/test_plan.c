@@ -1,6 +1,7 @@
 /* Batch plan: permutations are bijections, every policy covers the data
  * as documented, and device shares are even. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,4 +194,35 @@ Test(plan, shuffle_order_is_the_documented_feistel)
 				     "n %lld pos %lld", (long long)sizes[k], (long long)pos);
 		}
 	}
+}
+
+/* 2^62 + 1 samples once spun forever here (the width loop shifted 1 by 64
+ * bits); sizes the engine cannot index are refused at once, the largest it
+ * takes get a Feistel network that still permutes. */
+Test(plan, sizes_beyond_indexing_are_refused, .timeout = 10)
+{
+	struct tr_plan p;
+	char err[256];
+	int64_t huge[] = {(INT64_C(1) << 62) + 1, INT64_MAX, TR_PLAN_MAX_SAMPLES + 1};
+	for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+		cr_assert_eq(tr_plan_init(&p, huge[i], 32, TR_LAST_PARTIAL, true, 1, 1, 0, err, sizeof err), -EINVAL,
+			     "%lld samples", (long long)huge[i]);
+		cr_assert_not_null(strstr(err, "more than the engine can index"), "%s", err);
+	}
+	cr_assert_eq(tr_plan_init(&p, 1000, TR_SPEC_MAX_BATCH + 1, TR_LAST_PARTIAL, true, 1, 1, 0, err, sizeof err),
+		     -EINVAL);
+	cr_assert_eq(tr_plan_init(&p, 1000, 10, TR_LAST_PARTIAL, true, 1, 0, TR_SPEC_MAX_STEPS + 1, err, sizeof err),
+		     -EINVAL);
+
+	/* The largest: epochs x samples in rollover stays exact. */
+	cr_assert_eq(tr_plan_init(&p, TR_PLAN_MAX_SAMPLES, TR_SPEC_MAX_BATCH, TR_LAST_ROLLOVER, true, 1,
+				  TR_SPEC_MAX_EPOCHS, 0, err, sizeof err),
+		     0, "%s", err);
+	cr_assert_eq(p.feistel_bits, 21);
+	cr_assert_eq(p.total_steps, (TR_PLAN_MAX_SAMPLES / TR_SPEC_MAX_BATCH) * TR_SPEC_MAX_EPOCHS);
+	int64_t last = p.total_steps - 1, epoch;
+	cr_assert_eq(tr_plan_step_count(&p, last, &epoch), TR_SPEC_MAX_BATCH);
+	cr_assert_eq(epoch, TR_SPEC_MAX_EPOCHS - 1);
+	int64_t a = tr_plan_sample(&p, 3, 0), b = tr_plan_sample(&p, 3, TR_PLAN_MAX_SAMPLES - 1);
+	cr_assert(a >= 0 && a < TR_PLAN_MAX_SAMPLES && b >= 0 && b < TR_PLAN_MAX_SAMPLES && a != b);
 }

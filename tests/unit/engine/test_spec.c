@@ -582,6 +582,35 @@ ParameterizedTestParameters(spec, invalid)
 		{"/schedule", "{\"type\": \"cosine\", \"min_lr\": 0.5}", "/schedule/min_lr"},
 		{"/monitors", "[{\"metric\": \"grad_norm\"}, {\"metric\": \"grad_norm\", \"every_steps\": 5}]",
 		 "/monitors/1/metric"},
+		/* sizes beyond what the engine can index (engine/spec.h): 2^62 + 1
+		 * samples once made the batch plan loop forever */
+		{"/data/train/samples", "4611686018427387905", "/data/train/samples"},
+		{"/data/train/samples", "9223372036854775807", "/data/train/samples"},
+		{"/data/train/samples", "1099511627777", "/data/train/samples"},
+		{"/data/train/features", "16777217", "/data/train/features"},
+		{"/data/train/classes", "16777217", "/data/train/classes"},
+		{"/data/train/load_cost_us", "1000001", "/data/train/load_cost_us"},
+		{"/data/train", SYN "\"task\": \"regression\", \"outputs\": 16777217}", "/data/train/outputs"},
+		{"/data/train",
+		 "{\"format\": \"synthetic\", \"task\": \"regression\", \"samples\": 10, \"features\": 65536,"
+		 " \"outputs\": 8192}",
+		 "/data/train/outputs"},
+		{"/data/validation", SYN "\"classes\": 4, \"samples\": 1099511627777}", "/data/validation/samples"},
+		{"/batch_size", "1048577", "/batch_size"},
+		{"/epochs", "1048577", "/epochs"},
+		{"/max_steps", "1099511627777", "/max_steps"},
+		{"/model/inputs", "16777217", "/model/inputs"},
+		{"/model/layers/0/units", "16777217", "/model/layers/0/units"},
+		{"/model/layers",
+		 "[{\"type\": \"dense\", \"units\": 16777216}, {\"type\": \"dense\", \"units\": 16777216},"
+		 " {\"type\": \"dense\", \"units\": 4}]",
+		 "/model/layers/1"},
+		{"/schedule", "{\"type\": \"step\", \"step_size\": 1099511627777}", "/schedule/step_size"},
+		{"/schedule", "{\"warmup_steps\": 1099511627777}", "/schedule/warmup_steps"},
+		{"/checkpoint", "{\"keep\": 10001}", "/checkpoint/keep"},
+		{"/name", "\"two\\nlines\"", "/name"},
+		{"/name", "\"tab\\there\"", "/name"},
+		{"/monitors", "[{\"metric\": \"device_step_ms\", \"per_layer\": true}]", "/monitors/0/per_layer"},
 	};
 	return cr_make_param_array(struct bad_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -631,6 +660,106 @@ Test(spec, array_limits)
 	json_object_set_new(doc, "monitors", mons);
 	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
 	cr_expect_str_eq(err.pointer, "/monitors");
+	json_decref(doc);
+}
+
+/* Each bound is inclusive: the largest value the engine takes parses, one
+ * more is refused at its pointer; free strings likewise by their bytes. */
+static void expect_refused_at(json_t *doc, const char *pointer)
+{
+	struct tr_spec s;
+	struct tr_spec_error err;
+
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL, "expected %s to be refused", pointer);
+	cr_expect_str_eq(err.pointer, pointer, "%s", err.message);
+	cr_log_info("%s", err.message);
+}
+
+static char *repeat(char c, size_t n)
+{
+	char *s = malloc(n + 1);
+
+	cr_assert_not_null(s);
+	memset(s, c, n);
+	s[n] = '\0';
+	return s;
+}
+
+Test(spec, size_bounds_are_inclusive)
+{
+	json_t *doc = load(base_spec), *train;
+	struct tr_spec s;
+	struct tr_spec_error err;
+
+	train = json_object_get(json_object_get(doc, "data"), "train");
+	json_object_set_new(train, "samples", json_integer(TR_SPEC_MAX_SAMPLES));
+	json_object_set_new(train, "load_cost_us", json_integer(TR_SPEC_MAX_LOAD_COST_US));
+	json_object_set_new(doc, "batch_size", json_integer(TR_SPEC_MAX_BATCH));
+	json_object_set_new(doc, "epochs", json_integer(TR_SPEC_MAX_EPOCHS));
+	json_object_set_new(doc, "max_steps", json_integer(TR_SPEC_MAX_STEPS));
+	json_object_set_new(doc, "checkpoint", json_pack("{si}", "keep", TR_SPEC_MAX_CHECKPOINT_KEEP));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect_eq(s.train.samples, TR_SPEC_MAX_SAMPLES);
+	cr_expect_eq(s.max_steps, TR_SPEC_MAX_STEPS);
+	tr_spec_finish(&s);
+
+	json_object_set_new(train, "samples", json_integer(TR_SPEC_MAX_SAMPLES + 1));
+	expect_refused_at(doc, "/data/train/samples");
+	json_object_set_new(train, "samples", json_integer(100));
+	json_object_set_new(doc, "batch_size", json_integer(TR_SPEC_MAX_BATCH + 1));
+	expect_refused_at(doc, "/batch_size");
+	json_decref(doc);
+
+	/* Parameters: 8 x 2^24 + 2^24 (bias) + 2^24 x 4086 + ... is just under
+	 * 2^36; one more unit in the second layer is over. */
+	doc = load(base_spec);
+	json_t *layers = json_pack("[{ss si}, {ss si}, {ss si}]", "type", "dense", "units", TR_SPEC_MAX_WIDTH, "type",
+				   "dense", "units", 4086, "type", "dense", "units", 4);
+	cr_assert_not_null(layers);
+	json_object_set_new(json_object_get(doc, "model"), "layers", layers);
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	tr_spec_finish(&s);
+	json_object_set_new(json_array_get(layers, 1), "units", json_integer(4087));
+	expect_refused_at(doc, "/model/layers/1");
+	json_decref(doc);
+}
+
+Test(spec, free_strings_are_bounded)
+{
+	json_t *doc = load(base_spec);
+	struct tr_spec s;
+	struct tr_spec_error err;
+	char *name = repeat('n', TR_SPEC_MAX_NAME), *path = repeat('p', TR_SPEC_MAX_PATH);
+
+	/* At the bound: accepted. */
+	json_object_set_new(doc, "name", json_string(name));
+	json_object_set_new(doc, "init", json_pack("{ss}", "from", path));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect_eq(strlen(s.name), TR_SPEC_MAX_NAME);
+	tr_spec_finish(&s);
+
+	/* A megabyte name, as in the attack that made GET /jobs 100 MB. */
+	char *huge = repeat('x', 1 << 20);
+	json_object_set_new(doc, "name", json_string(huge));
+	expect_refused_at(doc, "/name");
+	free(huge);
+	char *over = repeat('n', TR_SPEC_MAX_NAME + 1);
+	json_object_set_new(doc, "name", json_string(over));
+	expect_refused_at(doc, "/name");
+	free(over);
+	json_object_set_new(doc, "name", json_string("ok"));
+
+	/* One byte past PATH_MAX, for a path in the spec and for init.from. */
+	char *long_path = repeat('p', TR_SPEC_MAX_PATH + 1);
+	json_object_set_new(doc, "init", json_pack("{ss}", "from", long_path));
+	expect_refused_at(doc, "/init/from");
+	json_object_del(doc, "init");
+	json_object_set_new(json_object_get(doc, "data"), "train",
+			    json_pack("{ss ss}", "format", "csv", "path", long_path));
+	expect_refused_at(doc, "/data/train/path");
+	free(long_path);
+	free(name);
+	free(path);
 	json_decref(doc);
 }
 

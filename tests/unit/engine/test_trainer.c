@@ -1287,3 +1287,339 @@ Test(trainer, init_from_opens_beneath_the_data_roots)
 	rmdir(root);
 	rmdir(dir);
 }
+
+/* ---- cancel during set-up ------------------------------------------------ */
+
+struct delayed_flag {
+	atomic_bool *flag;
+	int delay_ms;
+	double set_at;
+};
+
+static void *set_flag_later(void *arg)
+{
+	struct delayed_flag *d = arg;
+	usleep((useconds_t)d->delay_ms * 1000);
+	d->set_at = now_s();
+	atomic_store(d->flag, true);
+	return NULL;
+}
+
+/* standardize reads the whole training set at create time: with 2^40
+ * synthetic samples (the most a spec may ask for) that is days of work, so
+ * before set-up watched the caller's cancel flag a job in set-up could be
+ * neither cancelled nor shut down. */
+Test(trainer, cancel_during_setup_returns_promptly, .timeout = 60)
+{
+	char job[1024];
+	snprintf(job, sizeof job,
+		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": %lld, \"features\": 4, \"classes\": 2},"
+		 " \"transforms\": [{\"type\": \"standardize\"}]}, \"batch_size\": 64, \"epochs\": 1,"
+		 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+		 (long long)TR_SPEC_MAX_SAMPLES);
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	atomic_bool cancel = false;
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1, .cancel = &cancel};
+	struct delayed_flag d = {.flag = &cancel, .delay_ms = 300};
+	pthread_t th;
+	pthread_create(&th, NULL, set_flag_later, &d);
+	tr_trainer_t *t = NULL;
+	char err[512];
+	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	double took = now_s() - d.set_at;
+	pthread_join(th, NULL);
+	cr_assert_eq(rc, -ECANCELED, "rc %d: %s", rc, err);
+	cr_assert_null(t);
+	cr_assert_lt(took, 2.0, "create returned %.2f s after the cancel", took);
+
+	/* A flag already set stops set-up before it opens anything. */
+	t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ECANCELED, "%s", err);
+	cr_assert_null(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+/* ---- stop_on_nan ---------------------------------------------------------- */
+
+/* Ordinary samples, except sample `bad`: its features are 1e30 (finite, but
+ * the weight gradient x * dpred overflows float) or, with nan_label, its
+ * label is NaN (the loss and every gradient go NaN). */
+struct blowup_reader {
+	struct tr_reader base;
+	int64_t bad;
+	bool nan_label;
+};
+
+static int blowup_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+{
+	struct blowup_reader *b = (struct blowup_reader *)r;
+	(void)err;
+	(void)errlen;
+	for (int j = 0; j < r->info.features; j++)
+		x[j] = index == b->bad && !b->nan_label ? 1e30f : (float)((index * 7 + j) % 5) - 2.0f;
+	y[0] = index == b->bad && b->nan_label ? NAN : (float)(index % 3);
+	return 0;
+}
+
+static const struct tr_reader_i blowup_i = {.get = blowup_get, .destroy = failing_destroy};
+
+/* shuffle off, batch 4: sample 10 lies in step 3 (1-based). */
+static const char *NAN_JOB_FMT =
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 1}], \"loss\": \"mse\"},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 3, \"classes\": 2},"
+	" \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
+	" \"checkpoint\": {\"every_steps\": 1}%s}";
+
+static void nan_case(bool nan_label, int devices, const char *want)
+{
+	struct blowup_reader br = {
+		.base = {.i = &blowup_i, .info = {.samples = 40, .features = 3, .label_dim = 1}},
+		.bad = 10,
+		.nan_label = nan_label,
+	};
+	snprintf(br.base.name, sizeof br.base.name, "blowup");
+	char job[1024];
+	snprintf(job, sizeof job, NAN_JOB_FMT, "");
+	struct tr_spec spec;
+	parse(job, &spec);
+	cr_assert(spec.stop_on_nan, "stop_on_nan defaults to true");
+	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
+	struct ckpt_sink sink = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
+					 .hooks = {.checkpoint = keep_snapshot, .ctx = &sink}};
+	tr_trainer_t *t = NULL;
+	char err[1024];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	int rc = tr_trainer_run(t, err, sizeof err);
+	cr_assert_eq(rc, -EDOM, "rc %d: %s", rc, err);
+	cr_log_info("%s", err);
+	cr_assert_not_null(strstr(err, "step 3:"), "%s", err);
+	cr_assert_not_null(strstr(err, want), "%s", err);
+	cr_assert_not_null(strstr(err, "0.weight"), "%s", err);
+	struct tr_summary sum;
+	tr_trainer_summary(t, &sum);
+	cr_assert_eq(sum.steps, 2, "steps done: %lld", (long long)sum.steps);
+	/* The checkpoints are the good steps only, with finite weights; and the
+	 * update of the bad step was not applied on any replica. */
+	cr_assert_eq(sink.n, 2, "%d checkpoints", sink.n);
+	cr_assert(!sink.saw_final);
+	for (int k = 0; k < sink.n; k++) {
+		cr_assert_eq(sink.snaps[k]->step, k + 1);
+		for (size_t i = 0; i < sink.snaps[k]->n_params; i++)
+			cr_assert(isfinite(sink.snaps[k]->params[i]), "checkpoint %d weight %zu", k, i);
+	}
+	size_t np = tr_trainer_model(t)->n_params;
+	float *w = malloc(np * sizeof(float));
+	for (int r = 0; r < devices; r++) {
+		cr_assert_eq(tr_trainer_copy_params(t, r, w), 0);
+		for (size_t i = 0; i < np; i++)
+			cr_assert(isfinite(w[i]), "replica %d weight %zu", r, i);
+	}
+	free(w);
+	tr_trainer_destroy(t);
+	for (int k = 0; k < sink.n; k++)
+		tr_snapshot_free(sink.snaps[k]);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+Test(trainer, stop_on_nan_names_step_and_first_bad_gradient)
+{
+	nan_case(false, 1, "the gradient of 0.weight is not finite");
+	nan_case(false, 3, "the gradient of 0.weight is not finite");
+}
+
+Test(trainer, stop_on_nan_names_a_nan_loss)
+{
+	nan_case(true, 2, "the loss is NaN");
+}
+
+Test(trainer, stop_on_nan_false_trains_through)
+{
+	struct blowup_reader br = {
+		.base = {.i = &blowup_i, .info = {.samples = 40, .features = 3, .label_dim = 1}},
+		.bad = 10,
+		.nan_label = true,
+	};
+	snprintf(br.base.name, sizeof br.base.name, "blowup");
+	char job[1024];
+	snprintf(job, sizeof job, NAN_JOB_FMT, ", \"stop_on_nan\": false");
+	struct run_result r;
+	run_job(job, 1, 1, false, &br.base, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.summary.steps, 10);
+	cr_assert(isnan(r.loss[2]), "step 3's loss %g", r.loss[2]);
+	free_result(&r);
+}
+
+/* ---- per-layer monitors ------------------------------------------------- */
+
+struct named_points {
+	char names[32][32];
+	double values[32];
+	int n;
+};
+
+static void collect_named(void *ctx, const struct tr_metric_point *p)
+{
+	struct named_points *np = ctx;
+	if (p->step == 1 && np->n < 32 && (strncmp(p->name, "grad_norm", 9) == 0 || strncmp(p->name, "weight_norm", 11) == 0)) {
+		snprintf(np->names[np->n], sizeof np->names[0], "%s", p->name);
+		np->values[np->n++] = p->value;
+	}
+}
+
+static double named(const struct named_points *np, const char *name)
+{
+	for (int i = 0; i < np->n; i++)
+		if (strcmp(np->names[i], name) == 0)
+			return np->values[i];
+	cr_assert_fail("no point %s", name);
+	return NAN;
+}
+
+static double slice_norm(const float *a, const float *b, float scale, size_t off, size_t len)
+{
+	double s = 0;
+	for (size_t i = 0; i < len; i++) {
+		double v = b ? ((double)a[off + i] - (double)b[off + i]) / scale : (double)a[off + i];
+		s += v * v;
+	}
+	return s;
+}
+
+/* One plain SGD step (lr 0.5, no momentum or decay) gives the gradient
+ * back as (before - after) / lr: each layer's grad_norm.<i> and
+ * weight_norm.<i> are checked against that direct computation, on two
+ * devices (the allreduced gradient), and the layers' squares add up to
+ * the global grad_norm. */
+Test(trainer, per_layer_norms_match_direct_computation)
+{
+	const char *job =
+		"{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 12}, {\"type\": \"tanh\"},"
+		" {\"type\": \"layernorm\"}, {\"type\": \"dense\", \"units\": 3, \"bias\": false}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 5, \"classes\": 3}},"
+		" \"batch_size\": 32, \"max_steps\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.5},"
+		" \"monitors\": [{\"metric\": \"grad_norm\", \"every_steps\": 1, \"per_layer\": true},"
+		" {\"metric\": \"weight_norm\", \"every_steps\": 1, \"per_layer\": true}]}";
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(2, 1);
+	struct named_points pts = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
+					 .hooks = {.metric = collect_named, .ctx = &pts}};
+	tr_trainer_t *t = NULL;
+	char err[512];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	const tr_model_t *m = tr_trainer_model(t);
+	float *before = malloc(m->n_params * sizeof(float)), *after = malloc(m->n_params * sizeof(float));
+	cr_assert_eq(tr_trainer_copy_params(t, 0, before), 0);
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_copy_params(t, 0, after), 0);
+
+	double total = 0;
+	int layers_with_params = 0;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		char name[32];
+		snprintf(name, sizeof name, "grad_norm.%d", i);
+		if (!l->w_len && !l->b_len) {
+			for (int k = 0; k < pts.n; k++)
+				cr_assert_str_neq(pts.names[k], name, "a layer without parameters has a norm");
+			continue;
+		}
+		layers_with_params++;
+		double g = slice_norm(before, after, 0.5f, l->w_off, l->w_len) +
+			   slice_norm(before, after, 0.5f, l->b_off, l->b_len);
+		double w = slice_norm(after, NULL, 1, l->w_off, l->w_len) + slice_norm(after, NULL, 1, l->b_off, l->b_len);
+		cr_assert_leq(rel(named(&pts, name), sqrt(g)), 1e-4, "%s: %g vs direct %g", name, named(&pts, name),
+			      sqrt(g));
+		snprintf(name, sizeof name, "weight_norm.%d", i);
+		cr_assert_leq(rel(named(&pts, name), sqrt(w)), 1e-6, "%s: %g vs direct %g", name, named(&pts, name),
+			      sqrt(w));
+		total += g;
+	}
+	cr_assert_eq(layers_with_params, 3);
+	cr_assert_leq(rel(named(&pts, "grad_norm"), sqrt(total)), 1e-4);
+	free(before);
+	free(after);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+static void collect_ratio(void *ctx, const struct tr_metric_point *p)
+{
+	struct named_points *np = ctx;
+	if (strncmp(p->name, "update_ratio", 12) == 0 && np->n < 32) {
+		snprintf(np->names[np->n], sizeof np->names[0], "%s@%lld", p->name, (long long)p->step);
+		np->values[np->n++] = p->value;
+	}
+}
+
+/* update_ratio.<i> against ||after - before|| / ||before|| of layer i,
+ * from the weights around step 3 (every_steps 3 of 4 steps, Adam, two
+ * devices throughout). */
+Test(trainer, update_ratio_matches_direct_computation)
+{
+	const char *job =
+		"{\"seed\": 2, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 10}, {\"type\": \"relu\"},"
+		" {\"type\": \"layernorm\"}, {\"type\": \"dense\", \"units\": 3}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 4, \"classes\": 3}},"
+		" \"batch_size\": 16, \"max_steps\": 4, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
+		" \"monitors\": [{\"metric\": \"update_ratio\", \"every_steps\": 3}]}";
+	/* The weights before and after step 3: the same job stopped after
+	 * steps 2 and 3 (runs are deterministic). */
+	struct run_result r2, r3;
+	char j2[1024], j3[1024];
+	snprintf(j2, sizeof j2, "%.*s2%s", (int)(strstr(job, "\"max_steps\": 4") - job + 13), job,
+		 strstr(job, "\"max_steps\": 4") + 14);
+	snprintf(j3, sizeof j3, "%.*s3%s", (int)(strstr(job, "\"max_steps\": 4") - job + 13), job,
+		 strstr(job, "\"max_steps\": 4") + 14);
+	run_job(j2, 2, 1, false, NULL, &r2);
+	run_job(j3, 2, 1, false, NULL, &r3);
+	cr_assert_eq(r2.rc, 0, "%s", r2.err);
+	cr_assert_eq(r3.rc, 0, "%s", r3.err);
+
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(2, 1);
+	struct named_points pts = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
+					 .hooks = {.metric = collect_ratio, .ctx = &pts}};
+	tr_trainer_t *t = NULL;
+	char err[512];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	const tr_model_t *m = tr_trainer_model(t);
+	int checked = 0;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		char name[48];
+		snprintf(name, sizeof name, "update_ratio.%d@3", i);
+		if (!l->w_len && !l->b_len)
+			continue;
+		double du = 0, w = 0;
+		size_t offs[2] = {l->w_off, l->b_off}, lens[2] = {l->w_len, l->b_len};
+		for (int k = 0; k < 2; k++)
+			for (size_t j = offs[k]; j < offs[k] + lens[k]; j++) {
+				double d = (double)r3.params[j] - r2.params[j];
+				du += d * d;
+				w += (double)r2.params[j] * r2.params[j];
+			}
+		double want = sqrt(du) / sqrt(w);
+		cr_assert_leq(rel(named(&pts, name), want), 1e-5, "%s: %g vs direct %g", name, named(&pts, name), want);
+		checked++;
+	}
+	cr_assert_eq(checked, 3);
+	cr_assert_eq(pts.n, 3, "points only at step 3: %d", pts.n);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+	free_result(&r2);
+	free_result(&r3);
+}
