@@ -1,0 +1,297 @@
+/* `watch ID` and `logs ID -f`: follow a job's event stream
+ * (GET /jobs/{id}/events) to its end.
+ *
+ * Metrics events feed the progress line (step, loss, throughput, the
+ * share of step time spent waiting for data, and an ETA from the recent
+ * step time); state events and log lines are printed above it.  When the
+ * connection drops or the daemon restarts, the stream is opened again
+ * with Last-Event-ID, so no event is lost or shown twice; the daemon may
+ * stay away for --reconnect-timeout seconds before watch gives up (exit
+ * 3).  The exit code says how the job ended: 0 completed, 1 failed or
+ * cancelled.
+ */
+#include "cli/trainctl.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct follow {
+	struct tr_ctl *c;
+	int64_t id;
+	bool logs_only;
+	struct tr_bar bar;
+	struct tr_bar_state st;
+	double step_ms_ema;        /* recent step time, for the ETA */
+	double last_wait, last_ms; /* data_wait_ms and step_ms of the newest step */
+	int64_t wait_step;
+	char state[32];
+	char error[512];
+	bool terminal;
+	bool progressed; /* a metrics event came: the bar has something to show */
+	bool got;        /* an event came since the last (re)connect */
+	struct tr_sse sse;
+};
+
+/* Refreshes what the event stream does not carry: total steps, epochs,
+ * the daemon's ETA. */
+static void refresh_job(struct follow *f, bool print_failures)
+{
+	struct tr_ctl_reply r;
+	char path[64];
+	json_t *p;
+	int rc;
+
+	snprintf(path, sizeof path, "/jobs/%" PRId64, f->id);
+	rc = print_failures ? tr_ctl_call(f->c, "GET", path, NULL, &r) : tr_ctl_request(f->c, "GET", path, NULL, NULL, &r);
+	if (rc || r.status != 200) {
+		tr_ctl_reply_finish(&r);
+		return;
+	}
+	p = json_object_get(r.json, "progress");
+	f->st.total_steps = json_integer_value(json_object_get(p, "total_steps"));
+	f->st.epochs = json_integer_value(json_object_get(p, "epochs"));
+	if (json_is_integer(json_object_get(p, "step")) && json_integer_value(json_object_get(p, "step")) > f->st.step)
+		f->st.step = json_integer_value(json_object_get(p, "step"));
+	if (json_is_number(json_object_get(p, "eta_s")))
+		f->st.eta_s = json_number_value(json_object_get(p, "eta_s"));
+	tr_ctl_reply_finish(&r);
+}
+
+static void on_state(struct follow *f, const json_t *d)
+{
+	const char *state = json_string_value(json_object_get(d, "state"));
+	const json_t *err = json_object_get(d, "error");
+
+	if (!state)
+		return;
+	snprintf(f->state, sizeof f->state, "%s", state);
+	f->terminal = strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
+	if (json_is_object(err))
+		snprintf(f->error, sizeof f->error, "%s", json_string_value(json_object_get(err, "message")) ?: "");
+	if (f->logs_only)
+		return;
+	/* The final numbers, unless the last line already showed them. */
+	if (f->terminal && f->progressed && (f->bar.tty || f->st.step != f->bar.printed_step))
+		tr_bar_update(&f->bar, &f->st, true);
+	tr_bar_line(&f->bar, "job %" PRId64 " %s%s%s", f->id, state, f->error[0] && f->terminal ? ": " : "",
+		    f->terminal ? f->error : "");
+	if (!f->terminal)
+		refresh_job(f, false);
+}
+
+static void on_log(struct follow *f, const json_t *d)
+{
+	const char *msg = json_string_value(json_object_get(d, "message"));
+	double t = json_number_value(json_object_get(d, "time"));
+	int level = (int)json_integer_value(json_object_get(d, "level"));
+	char when[32] = "";
+	time_t secs = (time_t)t;
+	struct tm tm;
+
+	if (!msg)
+		return;
+	if (localtime_r(&secs, &tm))
+		strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+	tr_bar_line(&f->bar, "%s %s%s", when, level <= 3 ? "error: " : level == 4 ? "warning: " : "", msg);
+}
+
+static void on_metrics(struct follow *f, const json_t *d)
+{
+	const json_t *pts = json_object_get(d, "points"), *pt;
+	size_t i;
+	double val_loss = NAN, val_acc = NAN;
+	int64_t val_epoch = -1;
+
+	json_array_foreach(pts, i, pt)
+	{
+		const char *name = json_string_value(json_object_get(pt, "name"));
+		int64_t step = json_integer_value(json_object_get(pt, "step"));
+		const json_t *jv = json_object_get(pt, "value");
+		double v = json_is_number(jv) ? json_number_value(jv) : NAN;
+
+		if (!name)
+			continue;
+		if (step > f->st.step)
+			f->st.step = step;
+		f->st.epoch = json_integer_value(json_object_get(pt, "epoch"));
+		if (strcmp(name, "loss") == 0) {
+			f->st.loss = v;
+		} else if (strcmp(name, "samples_per_sec") == 0) {
+			f->st.samples_per_sec = v;
+		} else if (strcmp(name, "step_ms") == 0 && isfinite(v)) {
+			f->step_ms_ema = f->step_ms_ema > 0 ? 0.9 * f->step_ms_ema + 0.1 * v : v;
+			f->last_ms = v;
+			f->wait_step = step;
+		} else if (strcmp(name, "data_wait_ms") == 0 && isfinite(v)) {
+			f->last_wait = v;
+		} else if (strcmp(name, "val_loss") == 0) {
+			val_loss = v, val_epoch = f->st.epoch;
+		} else if (strcmp(name, "val_accuracy") == 0) {
+			val_acc = v, val_epoch = f->st.epoch;
+		}
+	}
+	if (f->last_ms > 0)
+		f->st.data_wait = f->last_wait / f->last_ms;
+	if (f->step_ms_ema > 0 && f->st.total_steps > 0)
+		f->st.eta_s = (double)(f->st.total_steps - f->st.step) * f->step_ms_ema / 1000.0;
+	f->progressed = true;
+	if (f->logs_only)
+		return;
+	if (val_epoch >= 0) {
+		char acc[48] = "";
+
+		if (isfinite(val_acc))
+			snprintf(acc, sizeof acc, " val_accuracy %.4f", val_acc);
+		tr_bar_line(&f->bar, "epoch %lld step %lld: val_loss %.4f%s", (long long)val_epoch + 1,
+			    (long long)f->st.step, val_loss, acc);
+	}
+	tr_bar_update(&f->bar, &f->st, false);
+}
+
+static bool on_event(const char *event, const char *id, const char *data, void *ud)
+{
+	struct follow *f = ud;
+	json_t *d = json_loads(data, 0, NULL);
+
+	(void)id;
+	f->got = true;
+	if (strcmp(event, "state") == 0)
+		on_state(f, d);
+	else if (strcmp(event, "log") == 0)
+		on_log(f, d);
+	else if (strcmp(event, "metrics") == 0)
+		on_metrics(f, d);
+	json_decref(d);
+	return true;
+}
+
+static bool sink(const char *data, size_t len, void *ud)
+{
+	struct follow *f = ud;
+
+	return tr_sse_feed(&f->sse, data, len);
+}
+
+int tr_ctl_follow(struct tr_ctl *c, int64_t id, bool logs_only, double reconnect_timeout_s)
+{
+	struct follow f = {.c = c, .id = id, .logs_only = logs_only};
+	char path[64], err[512], header[64];
+	double outage = 0, backoff = 0.25;
+	bool warned = false;
+	int rc = TR_CTL_OK;
+
+	f.st.loss = NAN;
+	f.st.data_wait = NAN;
+	f.st.eta_s = NAN;
+	tr_bar_init(&f.bar, stdout, !logs_only && isatty(STDOUT_FILENO));
+	tr_sse_init(&f.sse, on_event, &f);
+	/* The job's existence and shape first: a wrong id is exit 4 here. */
+	{
+		struct tr_ctl_reply r;
+
+		snprintf(path, sizeof path, "/jobs/%" PRId64, id);
+		rc = tr_ctl_call(c, "GET", path, NULL, &r);
+		if (rc)
+			return rc;
+		tr_ctl_reply_finish(&r);
+		refresh_job(&f, false);
+	}
+	snprintf(path, sizeof path, "/jobs/%" PRId64 "/events", id);
+	for (;;) {
+		struct tr_ctl_reply r;
+		const char *hdrs[2] = {NULL, NULL};
+
+		if (f.sse.last_id[0]) {
+			snprintf(header, sizeof header, "Last-Event-ID: %s", f.sse.last_id);
+			hdrs[0] = header;
+		}
+		/* A frame cut by a dropped connection is not dispatched: the
+		 * reconnect asks for everything after the last whole one. */
+		f.sse.len = f.sse.dlen = 0;
+		f.sse.event[0] = '\0';
+		rc = tr_ctl_stream(c, path, hdrs, sink, &f, &r, err, sizeof err);
+		if (rc == 0 && r.status != 200) {
+			if (r.status != 503) { /* 503: starting up; try again */
+				tr_bar_finish(&f.bar);
+				rc = tr_ctl_http_error(c, &r);
+				tr_ctl_reply_finish(&r);
+				break;
+			}
+			snprintf(err, sizeof err, "HTTP 503");
+			rc = TR_CTL_UNREACHABLE;
+		}
+		tr_ctl_reply_finish(&r);
+		if (f.terminal) {
+			rc = strcmp(f.state, "completed") == 0 ? TR_CTL_OK : TR_CTL_JOB_FAILED;
+			break;
+		}
+		/* The stream ended with the job still going: the daemon shut
+		 * down or restarts, the connection broke, or the stream idled
+		 * out.  A stream that delivered events ends the outage. */
+		if (rc == 0)
+			snprintf(err, sizeof err, "the daemon closed the event stream");
+		if (f.got) {
+			outage = 0;
+			backoff = 0.25;
+			warned = false;
+			f.got = false;
+		}
+		if (outage == 0)
+			outage = tr_mono_now();
+		if (tr_mono_now() - outage > reconnect_timeout_s) {
+			tr_bar_finish(&f.bar);
+			fprintf(stderr, "trainctl: lost the daemon at %s for over %.0f s (%s); giving up\n", c->url,
+				reconnect_timeout_s, err);
+			rc = TR_CTL_UNREACHABLE;
+			break;
+		}
+		if (!warned) {
+			tr_bar_finish(&f.bar);
+			fprintf(stderr, "trainctl: %s; reconnecting after event %s\n", err,
+				f.sse.last_id[0] ? f.sse.last_id : "0");
+			warned = true;
+		}
+		usleep((useconds_t)(backoff * 1e6));
+		backoff = backoff * 2 > 2 ? 2 : backoff * 2;
+	}
+	tr_bar_finish(&f.bar);
+	tr_sse_finish(&f.sse);
+	if (logs_only && (rc == TR_CTL_OK || rc == TR_CTL_JOB_FAILED))
+		return TR_CTL_OK;
+	return rc;
+}
+
+int tr_cmd_watch(struct tr_ctl *c, int argc, char **argv)
+{
+	static const struct option opts[] = {{"reconnect-timeout", required_argument, NULL, 'r'},
+					     {"help", no_argument, NULL, 'h'},
+					     {NULL, 0, NULL, 0}};
+	double timeout = 300;
+	int ch;
+
+	while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (ch == 'h')
+			return tr_ctl_help("watch");
+		if (ch == 'r') {
+			char *end;
+
+			timeout = strtod(optarg, &end);
+			if (*end || !(timeout >= 0))
+				return tr_ctl_usage("watch", "--reconnect-timeout: not a number of seconds: %s", optarg);
+		} else {
+			return tr_ctl_usage("watch", "unknown option");
+		}
+	}
+	if (argc - optind != 1)
+		return tr_ctl_usage("watch", "expects one job id");
+	int64_t id = tr_ctl_job_id("watch", argv[optind]);
+
+	if (id < 0)
+		return TR_CTL_USAGE;
+	return tr_ctl_follow(c, id, false, timeout);
+}
