@@ -347,21 +347,21 @@ static int put_running(struct out *o, tr_api_t *api)
 	free(rows);
 	head(o, "trainerd_job_step", "gauge", "The running job's last completed step.");
 	for (int i = 0; i < n; i++)
-		put(o, "trainerd_job_step{job=\"%" PRId64 "\"} %s\n", js[i].id, num(v, sizeof v, js[i].step));
+		put(o, "trainerd_job_step{job_id=\"%" PRId64 "\"} %s\n", js[i].id, num(v, sizeof v, js[i].step));
 	head(o, "trainerd_job_samples_per_second", "gauge", "The running job's training throughput.");
 	for (int i = 0; i < n; i++)
 		if (!isnan(js[i].sps))
-			put(o, "trainerd_job_samples_per_second{job=\"%" PRId64 "\"} %s\n", js[i].id,
+			put(o, "trainerd_job_samples_per_second{job_id=\"%" PRId64 "\"} %s\n", js[i].id,
 			    num(v, sizeof v, js[i].sps));
 	head(o, "trainerd_job_loss", "gauge", "The running job's latest training loss.");
 	for (int i = 0; i < n; i++)
 		if (!isnan(js[i].loss))
-			put(o, "trainerd_job_loss{job=\"%" PRId64 "\"} %s\n", js[i].id, num(v, sizeof v, js[i].loss));
+			put(o, "trainerd_job_loss{job_id=\"%" PRId64 "\"} %s\n", js[i].id, num(v, sizeof v, js[i].loss));
 	head(o, "trainerd_job_data_wait_ratio", "gauge",
 	     "Share of the running job's step time spent waiting for input data (0 to 1).");
 	for (int i = 0; i < n; i++)
 		if (!isnan(js[i].wait))
-			put(o, "trainerd_job_data_wait_ratio{job=\"%" PRId64 "\"} %s\n", js[i].id,
+			put(o, "trainerd_job_data_wait_ratio{job_id=\"%" PRId64 "\"} %s\n", js[i].id,
 			    num(v, sizeof v, js[i].wait));
 	free(js);
 	return 0;
@@ -383,7 +383,7 @@ static void put_devices(struct out *o, tr_api_t *api)
 			snprintf(job, sizeof job, "%" JSON_INTEGER_FORMAT, json_integer_value(owner));
 		else
 			job[0] = '\0';
-		put(o, "trainerd_device_info{device=\"%" JSON_INTEGER_FORMAT "\",name=\"%s\",job=\"%s\"} 1\n",
+		put(o, "trainerd_device_info{device=\"%" JSON_INTEGER_FORMAT "\",name=\"%s\",job_id=\"%s\"} 1\n",
 		    json_integer_value(json_object_get(d, "id")),
 		    esc(name, sizeof name, json_string_value(json_object_get(d, "name"))), job);
 	}
