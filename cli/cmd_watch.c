@@ -28,12 +28,16 @@ struct follow {
 	struct tr_bar_state st;
 	double step_ms_ema;        /* recent step time, for the ETA */
 	double last_wait, last_ms; /* data_wait_ms and step_ms of the newest step */
-	int64_t wait_step;
 	char state[32];
 	char error[512];
 	bool terminal;
 	bool progressed; /* a metrics event came: the bar has something to show */
 	bool got;        /* an event came since the last (re)connect */
+	/* A validation result being gathered: its points may come in two
+	 * events; printed once the next step's points (or the end) come. */
+	int64_t val_step, val_epoch;
+	double val_loss, val_acc;
+	bool val_pending;
 	struct tr_sse sse;
 };
 
@@ -52,11 +56,13 @@ static void refresh_job(struct follow *f, bool print_failures)
 		tr_ctl_reply_finish(&r);
 		return;
 	}
+	/* The step comes from the events only: a replayed history must
+	 * count up from its start, not show the job's present step. */
 	p = json_object_get(r.json, "progress");
 	f->st.total_steps = json_integer_value(json_object_get(p, "total_steps"));
 	f->st.epochs = json_integer_value(json_object_get(p, "epochs"));
-	if (json_is_integer(json_object_get(p, "step")) && json_integer_value(json_object_get(p, "step")) > f->st.step)
-		f->st.step = json_integer_value(json_object_get(p, "step"));
+	if (!f->st.epochs) /* live progress only; the spec says it too */
+		f->st.epochs = json_integer_value(json_object_get(json_object_get(r.json, "spec"), "epochs"));
 	if (json_is_number(json_object_get(p, "eta_s")))
 		f->st.eta_s = json_number_value(json_object_get(p, "eta_s"));
 	tr_ctl_reply_finish(&r);
@@ -73,6 +79,7 @@ static void on_state(struct follow *f, const json_t *d)
 	f->terminal = strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
 	if (json_is_object(err))
 		snprintf(f->error, sizeof f->error, "%s", json_string_value(json_object_get(err, "message")) ?: "");
+	flush_val(f);
 	if (f->logs_only)
 		return;
 	/* The final numbers, unless the last line already showed them. */
@@ -100,12 +107,27 @@ static void on_log(struct follow *f, const json_t *d)
 	tr_bar_line(&f->bar, "%s %s%s", when, level <= 3 ? "error: " : level == 4 ? "warning: " : "", msg);
 }
 
+static void flush_val(struct follow *f)
+{
+	char loss[32] = "", acc[48] = "";
+
+	if (!f->val_pending)
+		return;
+	f->val_pending = false;
+	if (f->logs_only)
+		return;
+	if (isfinite(f->val_loss))
+		snprintf(loss, sizeof loss, " val_loss %.4f", f->val_loss);
+	if (isfinite(f->val_acc))
+		snprintf(acc, sizeof acc, " val_accuracy %.4f", f->val_acc);
+	tr_bar_line(&f->bar, "epoch %lld step %lld:%s%s", (long long)f->val_epoch + 1, (long long)f->val_step, loss,
+		    acc);
+}
+
 static void on_metrics(struct follow *f, const json_t *d)
 {
 	const json_t *pts = json_object_get(d, "points"), *pt;
 	size_t i;
-	double val_loss = NAN, val_acc = NAN;
-	int64_t val_epoch = -1;
 
 	json_array_foreach(pts, i, pt)
 	{
@@ -113,12 +135,21 @@ static void on_metrics(struct follow *f, const json_t *d)
 		int64_t step = json_integer_value(json_object_get(pt, "step"));
 		const json_t *jv = json_object_get(pt, "value");
 		double v = json_is_number(jv) ? json_number_value(jv) : NAN;
+		bool val = name && (strcmp(name, "val_loss") == 0 || strcmp(name, "val_accuracy") == 0);
 
 		if (!name)
 			continue;
+		if (f->val_pending && step != f->val_step && (val || step > f->val_step))
+			flush_val(f);
 		if (step > f->st.step)
 			f->st.step = step;
 		f->st.epoch = json_integer_value(json_object_get(pt, "epoch"));
+		if (val && !f->val_pending) {
+			f->val_pending = true;
+			f->val_step = step;
+			f->val_epoch = f->st.epoch;
+			f->val_loss = f->val_acc = NAN;
+		}
 		if (strcmp(name, "loss") == 0) {
 			f->st.loss = v;
 		} else if (strcmp(name, "samples_per_sec") == 0) {
@@ -126,31 +157,23 @@ static void on_metrics(struct follow *f, const json_t *d)
 		} else if (strcmp(name, "step_ms") == 0 && isfinite(v)) {
 			f->step_ms_ema = f->step_ms_ema > 0 ? 0.9 * f->step_ms_ema + 0.1 * v : v;
 			f->last_ms = v;
-			f->wait_step = step;
 		} else if (strcmp(name, "data_wait_ms") == 0 && isfinite(v)) {
 			f->last_wait = v;
 		} else if (strcmp(name, "val_loss") == 0) {
-			val_loss = v, val_epoch = f->st.epoch;
+			f->val_loss = v;
 		} else if (strcmp(name, "val_accuracy") == 0) {
-			val_acc = v, val_epoch = f->st.epoch;
+			f->val_acc = v;
 		}
 	}
+	if (f->val_pending && isfinite(f->val_loss) && isfinite(f->val_acc))
+		flush_val(f);
 	if (f->last_ms > 0)
 		f->st.data_wait = f->last_wait / f->last_ms;
 	if (f->step_ms_ema > 0 && f->st.total_steps > 0)
 		f->st.eta_s = (double)(f->st.total_steps - f->st.step) * f->step_ms_ema / 1000.0;
 	f->progressed = true;
-	if (f->logs_only)
-		return;
-	if (val_epoch >= 0) {
-		char acc[48] = "";
-
-		if (isfinite(val_acc))
-			snprintf(acc, sizeof acc, " val_accuracy %.4f", val_acc);
-		tr_bar_line(&f->bar, "epoch %lld step %lld: val_loss %.4f%s", (long long)val_epoch + 1,
-			    (long long)f->st.step, val_loss, acc);
-	}
-	tr_bar_update(&f->bar, &f->st, false);
+	if (!f->logs_only)
+		tr_bar_update(&f->bar, &f->st, false);
 }
 
 static bool on_event(const char *event, const char *id, const char *data, void *ud)

@@ -223,8 +223,10 @@ void tr_bar_line(struct tr_bar *b, const char *fmt, ...)
 	va_end(ap);
 	fputc('\n', b->out);
 	fflush(b->out);
-	/* The next update redraws the bar at once. */
-	b->last = 0;
+	/* On a terminal the next update redraws the bar at once; piped,
+	 * progress lines keep their own pace. */
+	if (b->tty)
+		b->last = 0;
 }
 
 void tr_bar_finish(struct tr_bar *b)
