@@ -68,6 +68,8 @@ static void refresh_job(struct follow *f, bool print_failures)
 	tr_ctl_reply_finish(&r);
 }
 
+static void flush_val(struct follow *f);
+
 static void on_state(struct follow *f, const json_t *d)
 {
 	const char *state = json_string_value(json_object_get(d, "state"));
