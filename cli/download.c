@@ -92,9 +92,14 @@ static int resolve(struct tr_ctl *c, int64_t id, const char *which, int64_t *ste
 		if (rc)
 			return rc;
 		if (h.status != 200) {
-			rc = h.status == 404 ? (fprintf(stderr, "trainctl: job %" PRId64 " has no best checkpoint\n", id),
-						TR_CTL_HTTP)
-					     : tr_ctl_http_error(c, &h);
+			/* A HEAD answer has no body: ask for one byte to get the
+			 * daemon's message. */
+			const char *one[] = {"Range: bytes=0-0", NULL};
+
+			tr_ctl_reply_finish(&h);
+			rc = tr_ctl_request(c, "GET", path, NULL, one, &h);
+			if (rc == 0)
+				rc = tr_ctl_http_error(c, &h);
 			tr_ctl_reply_finish(&h);
 			return rc;
 		}

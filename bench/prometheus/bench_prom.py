@@ -133,10 +133,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trainerd")
     ap.add_argument("out")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--scrapes", type=int, default=300)
-    ap.add_argument("--steps", type=int, default=8000)
+    ap.add_argument("--steps", type=int, default=3000)
     a = ap.parse_args()
+    # A TERM (run.sh's timeout) unwinds through the finally that stops the daemon.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     os.makedirs(a.out, exist_ok=True)
     daemon, host, port = start_daemon(a.trainerd, os.path.join(a.out, "state"), 22)
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count()}
