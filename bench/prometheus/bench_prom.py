@@ -96,6 +96,28 @@ def scrape_latency(cl, n):
             "max_ms": max(lat), "bytes": size}
 
 
+def cpu_s(pid):
+    """utime + stime of a process, seconds (/proc/PID/stat fields 14, 15)."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape_cpu(cl, pid, n):
+    """The daemon's CPU time per scrape: CPU over n back-to-back scrapes
+    minus its CPU over an equally long quiet window (what the jobs cost
+    meanwhile).  CPU time, unlike wall time, barely depends on what else
+    the machine runs."""
+    c0, t0 = cpu_s(pid), time.perf_counter()
+    for _ in range(n):
+        cl.call("GET", "/metrics")
+    busy, wall = cpu_s(pid) - c0, time.perf_counter() - t0
+    c0 = cpu_s(pid)
+    time.sleep(wall)
+    quiet = cpu_s(pid) - c0
+    return {"n": n, "cpu_ms_per_scrape": (busy - quiet) / n * 1e3, "busy_cpu_s": busy, "quiet_cpu_s": quiet,
+            "wall_s": wall}
+
+
 def parse_time(s):
     return datetime.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
@@ -134,7 +156,7 @@ def main():
     ap.add_argument("trainerd")
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--scrapes", type=int, default=300)
+    ap.add_argument("--scrapes", type=int, default=500)
     ap.add_argument("--steps", type=int, default=3000)
     a = ap.parse_args()
     # A TERM (run.sh's timeout) unwinds through the finally that stops the daemon.
@@ -145,6 +167,7 @@ def main():
     try:
         cl = Client(host, port)
         res["idle"] = scrape_latency(cl, a.scrapes)
+        res["idle"]["cpu"] = scrape_cpu(cl, daemon.pid, 1000)
         # 20 jobs that stay running: their loader sleeps (load_cost_us),
         # so they hold little CPU while /metrics is measured.
         ids = []
@@ -154,6 +177,7 @@ def main():
             ids.append(json.loads(data)["id"])
         wait_states(cl, ids, {"running"}, 120)
         res["running20"] = scrape_latency(cl, a.scrapes)
+        res["running20"]["cpu"] = scrape_cpu(cl, daemon.pid, 1000)
         text = cl.call("GET", "/metrics")[1].decode()
         res["running20"]["job_series"] = sum(1 for l in text.splitlines() if l.startswith("trainerd_job_step{"))
         for i in ids:
@@ -173,11 +197,12 @@ def main():
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
     json.dump(res, open(os.path.join(a.out, "results.json"), "w"), indent=1)
-    lines = ["| condition | p50 ms | p90 ms | p99 ms | max ms | bytes |", "|---|---|---|---|---|---|"]
+    lines = ["| condition | p50 ms | p90 ms | p99 ms | max ms | bytes | daemon CPU ms per scrape |",
+             "|---|---|---|---|---|---|---|"]
     for k, label in (("idle", "no job running"), ("running20", "20 jobs running")):
         s = res[k]
         lines.append(f"| {label} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | {s['p99_ms']:.2f} | {s['max_ms']:.2f} "
-                     f"| {s['bytes']} |")
+                     f"| {s['bytes']} | {s['cpu']['cpu_ms_per_scrape']:.3f} |")
     lines += ["", "| scraping | mean step_ms | vs none | median step_ms | vs none | wall s | scrapes/run | "
               "mean step_ms per run |", "|---|---|---|---|---|---|---|---|"]
     med = lambda name, k: statistics.median(x[k] for x in res["training"][name])

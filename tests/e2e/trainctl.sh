@@ -175,6 +175,16 @@ check "the resumed file is whole" cmp -s "$f" resumed.safetensors
 check "the part is gone" test ! -e resumed.safetensors.part
 tc download "$id" --weights -o w.safetensors >"$work/o"
 check "download --weights" has "$work/o" "weights of step 225"
+# the daemon's Range handling itself
+u="$TRAINERD_URL/jobs/$id/checkpoints/225/checkpoint.safetensors"
+check "a range past the end is 416" test "$(curl -s -o /dev/null -w '%{http_code}' -H 'Range: bytes=99999999-' "$u")" = 416
+curl -s -D hdr -o tail.bin -H 'Range: bytes=-10' "$u"
+check "a suffix range is the file's tail" cmp -s tail.bin <(tail -c 10 "$f")
+check "206 names the range" grep -qi "^Content-Range: bytes $((size - 10))-$((size - 1))/$size" hdr
+curl -s -o other.bin -H 'Range: bytes=10-' -H 'If-Range: "0000"' "$u"
+check "If-Range of another file sends it whole" cmp -s other.bin "$f"
+curl -s -o two.bin -H 'Range: bytes=0-1,5-6' "$u"
+check "several ranges send the whole file" cmp -s two.bin "$f"
 # a part whose bytes are not the file's: the hash check refuses it
 head -c $((size / 2)) "$f" | tr '\000-\377' '\001-\377\000' >bad.safetensors.part
 tc download "$id" -o bad.safetensors >/dev/null 2>"$work/e"
