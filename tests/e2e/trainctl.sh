@@ -254,7 +254,11 @@ wait_state "$long" running
 port=${TRAINERD_URL##*:}
 tc watch --reconnect-timeout 60 "$long" >"$work/w.out" 2>"$work/w.err" &
 watcher=$!
-sleep 1
+for _ in $(seq 100); do
+	[ -s "$work/w.out" ] && break
+	sleep 0.1
+done
+sleep 0.5
 stop
 sleep 1
 start "$port"
@@ -267,9 +271,13 @@ check "no event shown twice after reconnecting" test "$(count "$work/w.out" " su
 # the daemon gone for good: watch gives up with exit 3
 long=$(tc submit "$work/long.json")
 wait_state "$long" running
-tc watch --reconnect-timeout 1 "$long" >/dev/null 2>"$work/e" &
+tc watch --reconnect-timeout 1 "$long" >"$work/o" 2>"$work/e" &
 watcher=$!
-sleep 0.5
+# stopped only once watch follows the stream (it has printed a line)
+for _ in $(seq 100); do
+	[ -s "$work/o" ] && break
+	sleep 0.1
+done
 stop
 wait "$watcher"
 check "watch gives up on a daemon that stays away (exit 3)" test $? -eq 3
