@@ -85,8 +85,10 @@ static void on_state(struct follow *f, const json_t *d)
 	if (f->logs_only)
 		return;
 	/* The final numbers, unless the last line already showed them. */
-	if (f->terminal && f->progressed && (f->bar.tty || f->st.step != f->bar.printed_step))
+	if (f->terminal && f->progressed && (f->bar.tty || f->st.step != f->bar.printed_step)) {
 		tr_bar_update(&f->bar, &f->st, true);
+		tr_bar_finish(&f->bar); /* the final bar stays on screen */
+	}
 	tr_bar_line(&f->bar, "job %" PRId64 " %s%s%s", f->id, state, f->error[0] && f->terminal ? ": " : "",
 		    f->terminal ? f->error : "");
 	if (!f->terminal)
