@@ -8,6 +8,7 @@ set -u
 TRAINERD=$(realpath "${1:?usage: trainctl.sh TRAINERD TRAINCTL}")
 TRAINCTL=$(realpath "${2:?usage: trainctl.sh TRAINERD TRAINCTL}")
 work=$(mktemp -d)
+completion=$(realpath cli/trainctl.bash-completion)
 daemon_pid=
 cleanup() {
 	[ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
@@ -282,6 +283,16 @@ stop
 wait "$watcher"
 check "watch gives up on a daemon that stays away (exit 3)" test $? -eq 3
 check "and says so" has "$work/e" "giving up"
+
+# ---- bash completion (without the bash-completion package's helpers) ----
+comp() { # comp WORDS...: the completions of the last word
+	bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _trainctl; echo "${COMPREPLY[*]}"' \
+		_ "$completion" "$@"
+}
+check "completion of commands" test "$(comp trainctl me)" = "metrics"
+check "completion of options" test "$(comp trainctl ls --st)" = "--state"
+check "completion of states" test "$(comp trainctl ls --state c)" = "completed cancelled"
+check "completion of aliases" test "$(comp trainctl download 3 l)" = "latest"
 
 # ---- tokens ----
 echo "sekrit" >"$work/token"
