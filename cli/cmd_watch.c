@@ -241,6 +241,8 @@ int tr_ctl_follow(struct tr_ctl *c, int64_t id, bool logs_only, double reconnect
 		 * reconnect asks for everything after the last whole one. */
 		f.sse.len = f.sse.dlen = 0;
 		f.sse.event[0] = '\0';
+		f.sse.after_cr = false;
+		memcpy(f.sse.id, f.sse.last_id, sizeof(f.sse.id));
 		rc = tr_ctl_stream(c, path, hdrs, sink, &f, &r, err, sizeof err);
 		if (rc == 0 && r.status != 200) {
 			if (r.status != 503) { /* 503: starting up; try again */

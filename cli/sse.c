@@ -46,6 +46,9 @@ static bool dispatch(struct tr_sse *p)
 {
 	bool go = true;
 
+	/* The id counts once its frame is whole: a reconnect after a cut
+	 * frame must ask for that frame again. */
+	memcpy(p->last_id, p->id, sizeof(p->last_id));
 	if (p->dlen > 0) {
 		p->data[p->dlen - 1] = '\0'; /* the last data line's "\n" */
 		go = p->on_event(p->event[0] ? p->event : "message", p->id, p->data, p->ud);
@@ -89,7 +92,6 @@ static bool line(struct tr_sse *p, const char *s, size_t n)
 		copy_field(p->event, sizeof(p->event), v, vlen);
 	} else if (flen == 2 && memcmp(s, "id", 2) == 0) {
 		copy_field(p->id, sizeof(p->id), v, vlen);
-		copy_field(p->last_id, sizeof(p->last_id), v, vlen);
 	}
 	return true;
 }
@@ -98,10 +100,13 @@ bool tr_sse_feed(struct tr_sse *p, const char *buf, size_t len)
 {
 	for (size_t i = 0; i < len && !p->stop; i++) {
 		char ch = buf[i];
+		bool after_cr = p->after_cr;
 
+		p->after_cr = ch == '\r';
 		if (ch == '\n' || ch == '\r') {
-			/* A CRLF's LF ends nothing: the CR did. */
-			if (ch == '\n' && p->len == 0 && i > 0 && buf[i - 1] == '\r')
+			/* A CRLF's LF ends nothing: the CR did (also when the two
+			 * arrive in different pieces). */
+			if (ch == '\n' && after_cr)
 				continue;
 			if (!line(p, p->line ? p->line : "", p->len))
 				p->stop = true;

@@ -74,11 +74,12 @@ struct tr_sse {
 	char *data;
 	size_t dlen, dcap;
 	char event[64];
-	char id[32];
-	char last_id[32];
+	char id[32];      /* of the frame being read */
+	char last_id[32]; /* of the last whole frame */
 	bool (*on_event)(const char *event, const char *id, const char *data, void *ud);
 	void *ud;
 	bool stop;
+	bool after_cr; /* the last byte fed was a CR: a LF next ends nothing */
 };
 void tr_sse_init(struct tr_sse *p, bool (*on_event)(const char *, const char *, const char *, void *), void *ud);
 /* false when on_event asked to stop (or out of memory). */
