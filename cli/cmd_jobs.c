@@ -296,9 +296,14 @@ int tr_cmd_show(struct tr_ctl *c, int argc, char **argv)
 	progress_cells(j, step, sizeof step, pct, sizeof pct, loss, sizeof loss);
 	snprintf(buf, sizeof buf, "%s (%s)", step, pct);
 	field("step", buf);
-	if (json_is_integer(json_object_get(p, "epochs")))
+	/* epochs: in the live progress, else in the spec (a max_steps job has none) */
+	const json_t *epochs = json_object_get(p, "epochs");
+
+	if (!json_is_integer(epochs))
+		epochs = json_object_get(json_object_get(j, "spec"), "epochs");
+	if (json_is_integer(epochs))
 		snprintf(buf, sizeof buf, "%lld/%lld", (long long)json_integer_value(json_object_get(p, "epoch")) + 1,
-			 (long long)json_integer_value(json_object_get(p, "epochs")));
+			 (long long)json_integer_value(epochs));
 	else
 		snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(json_object_get(p, "epoch")) + 1);
 	field("epoch", buf);

@@ -189,11 +189,12 @@ int tr_ctl_http_error(const struct tr_ctl *c, const struct tr_ctl_reply *r)
 		fprintf(stderr, " (at %s)", ptr);
 	if (code)
 		fprintf(stderr, " [%s]", code);
-	fputc('\n', stderr);
+	/* One line, with what to do about a token problem. */
 	if (r->status == 401)
-		fprintf(stderr, "trainctl: the daemon at %s needs a token: set TRAINERD_TOKEN or --token-file\n", c->url);
+		fprintf(stderr, "; the daemon at %s needs a token: set TRAINERD_TOKEN or --token-file", c->url);
 	else if (r->status == 403 && code && strcmp(code, "forbidden") == 0)
-		fprintf(stderr, "trainctl: the token was refused: check TRAINERD_TOKEN or --token-file\n");
+		fprintf(stderr, "; check TRAINERD_TOKEN or --token-file");
+	fputc('\n', stderr);
 	return TR_CTL_HTTP;
 }
 

@@ -307,9 +307,11 @@ done
 TRAINERD_URL=$(cat "$work/state2/listen.addr")
 tc ls >/dev/null 2>"$work/e"
 check "no token: exit 4" test $? -eq 4
-check "no token: a hint" has "$work/e" "needs a token"
+check "no token: a hint" has "$work/e" "needs a token: set TRAINERD_TOKEN"
+check "no token: one line" test "$(wc -l <"$work/e")" -eq 1
 TRAINERD_TOKEN=wrong tc ls >/dev/null 2>"$work/e"
-check "a wrong token: exit 4 with a hint" test $? -eq 4 -a -n "$(grep 'token was refused' "$work/e")"
+check "a wrong token: exit 4 with a hint" test $? -eq 4 -a -n "$(grep 'not valid .*check TRAINERD_TOKEN' "$work/e")"
+check "a wrong token: one line" test "$(wc -l <"$work/e")" -eq 1
 TRAINERD_TOKEN=sekrit tc ls >/dev/null
 check "TRAINERD_TOKEN" test $? -eq 0
 tc --token-file "$work/token" ls >/dev/null
