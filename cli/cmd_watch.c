@@ -20,13 +20,26 @@
 #include <time.h>
 #include <unistd.h>
 
+#define RING 256
+#define RATE_WINDOW_S 20.0
+
 struct follow {
 	struct tr_ctl *c;
 	int64_t id;
 	bool logs_only;
 	struct tr_bar bar;
 	struct tr_bar_state st;
-	double step_ms_ema;        /* recent step time, for the ETA */
+	double step_ms_ema;        /* recent step time: the ETA until the window fills */
+	/* (wall time, step) of recent metrics events: the ETA and the
+	 * throughput shown come from the steps done over the last
+	 * RATE_WINDOW_S seconds, which includes every pause between steps
+	 * (evaluation, checkpoints) and does not jump with one slow step. */
+	struct {
+		double wall;
+		int64_t step;
+	} ring[RING];
+	int ring_n, ring_head;
+	double sps_ema;
 	double last_wait, last_ms; /* data_wait_ms and step_ms of the newest step */
 	char state[32];
 	char error[512];
@@ -111,6 +124,31 @@ static void on_log(struct follow *f, const json_t *d)
 	tr_bar_line(&f->bar, "%s %s%s", when, level <= 3 ? "error: " : level == 4 ? "warning: " : "", msg);
 }
 
+/* Remaining steps over the step rate of the last RATE_WINDOW_S seconds;
+ * from the recent step time while the window holds under a second. */
+static double rate_eta(const struct follow *f)
+{
+	int newest = (f->ring_head + RING - 1) % RING, oldest = newest;
+	double span;
+
+	if (f->st.total_steps <= 0)
+		return NAN;
+	for (int k = 1; k < f->ring_n; k++) {
+		int i = (newest + RING - k) % RING;
+
+		if (f->ring[newest].wall - f->ring[i].wall > RATE_WINDOW_S)
+			break;
+		oldest = i;
+	}
+	span = f->ring[newest].wall - f->ring[oldest].wall;
+	if (f->ring_n > 1 && span >= 1.0 && f->ring[newest].step > f->ring[oldest].step)
+		return (double)(f->st.total_steps - f->st.step) * span /
+		       (double)(f->ring[newest].step - f->ring[oldest].step);
+	if (f->step_ms_ema > 0)
+		return (double)(f->st.total_steps - f->st.step) * f->step_ms_ema / 1000.0;
+	return NAN;
+}
+
 static void flush_val(struct follow *f)
 {
 	char loss[32] = "", acc[48] = "";
@@ -133,11 +171,14 @@ static void on_metrics(struct follow *f, const json_t *d)
 	const json_t *pts = json_object_get(d, "points"), *pt;
 	size_t i;
 
+	double newest_wall = 0;
+
 	json_array_foreach(pts, i, pt)
 	{
 		const char *name = json_string_value(json_object_get(pt, "name"));
 		int64_t step = json_integer_value(json_object_get(pt, "step"));
 		const json_t *jv = json_object_get(pt, "value");
+		double wall = json_number_value(json_object_get(pt, "wall"));
 		double v = json_is_number(jv) ? json_number_value(jv) : NAN;
 		bool val = name && (strcmp(name, "val_loss") == 0 || strcmp(name, "val_accuracy") == 0);
 
@@ -145,8 +186,10 @@ static void on_metrics(struct follow *f, const json_t *d)
 			continue;
 		if (f->val_pending && step != f->val_step && (val || step > f->val_step))
 			flush_val(f);
-		if (step > f->st.step)
+		if (step > f->st.step) {
 			f->st.step = step;
+			newest_wall = wall;
+		}
 		f->st.epoch = json_integer_value(json_object_get(pt, "epoch"));
 		if (val && !f->val_pending) {
 			f->val_pending = true;
@@ -156,8 +199,9 @@ static void on_metrics(struct follow *f, const json_t *d)
 		}
 		if (strcmp(name, "loss") == 0) {
 			f->st.loss = v;
-		} else if (strcmp(name, "samples_per_sec") == 0) {
-			f->st.samples_per_sec = v;
+		} else if (strcmp(name, "samples_per_sec") == 0 && isfinite(v)) {
+			f->sps_ema = f->sps_ema > 0 ? 0.9 * f->sps_ema + 0.1 * v : v;
+			f->st.samples_per_sec = f->sps_ema;
 		} else if (strcmp(name, "step_ms") == 0 && isfinite(v)) {
 			f->step_ms_ema = f->step_ms_ema > 0 ? 0.9 * f->step_ms_ema + 0.1 * v : v;
 			f->last_ms = v;
@@ -173,8 +217,14 @@ static void on_metrics(struct follow *f, const json_t *d)
 		flush_val(f);
 	if (f->last_ms > 0)
 		f->st.data_wait = f->last_wait / f->last_ms;
-	if (f->step_ms_ema > 0 && f->st.total_steps > 0)
-		f->st.eta_s = (double)(f->st.total_steps - f->st.step) * f->step_ms_ema / 1000.0;
+	if (newest_wall > 0) {
+		f->ring[f->ring_head].wall = newest_wall;
+		f->ring[f->ring_head].step = f->st.step;
+		f->ring_head = (f->ring_head + 1) % RING;
+		if (f->ring_n < RING)
+			f->ring_n++;
+	}
+	f->st.eta_s = rate_eta(f);
 	f->progressed = true;
 	if (!f->logs_only)
 		tr_bar_update(&f->bar, &f->st, false);
