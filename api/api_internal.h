@@ -82,6 +82,7 @@ struct tr_api_request {
 	bool too_large;    /* the body went past cfg.max_body */
 	int64_t declared_len; /* Content-Length when it alone made the body too large */
 	bool answered;     /* a response was queued */
+	double started;    /* tr_prom_clock() at the headers, for /metrics */
 };
 
 struct tr_api_header {

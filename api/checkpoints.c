@@ -12,7 +12,11 @@
  * length is known up front, so clients get a Content-Length (and HEAD
  * answers with it without reading the blob).  The store's reader keeps a
  * read transaction for the whole download, so a checkpoint pruned
- * meanwhile still downloads whole.
+ * meanwhile still downloads whole.  A single byte range ("Range:
+ * bytes=A-B", "bytes=A-", "bytes=-N") is answered with 206, so an
+ * interrupted download resumes where it stopped; If-Range with the
+ * checkpoint's ETag guards a resume against a different file under the
+ * same URL (latest moved on).
  */
 #include "api/api_internal.h"
 
@@ -99,8 +103,9 @@ struct download {
 	tr_ckpt_reader_t *reader;
 	unsigned char *head; /* model.safetensors' header, or NULL */
 	uint64_t head_len;
-	uint64_t offset; /* where the streamed range starts in the blob */
-	uint64_t total;  /* the response's length */
+	uint64_t offset; /* where the file's parameter part starts in the blob */
+	uint64_t skip;   /* the file offset the response starts at (a Range) */
+	uint64_t total;  /* the file offset the response ends at (exclusive) */
 };
 
 static void free_download(void *cls)
@@ -117,6 +122,7 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 	struct download *d = cls;
 	ssize_t n;
 
+	pos += d->skip;
 	if (pos >= d->total)
 		return MHD_CONTENT_READER_END_OF_STREAM;
 	if (max > d->total - pos)
@@ -188,13 +194,71 @@ static int load_ckpt(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t
 	return -1;
 }
 
-/* Builds the streaming response over d (taken: freed on failure too). */
-static void reply_download(struct tr_api_reply *rp, struct download *d, const char *filename, const char *etag)
+/* Reads a Range header against a file of size bytes: 1 with [*start,
+ * *end) set for one satisfiable range, 0 to send the whole file (no
+ * header, several ranges, a syntax this server does not take; RFC 9110
+ * lets a server ignore Range), -1 for a range past the end (416). */
+static int parse_range(const char *h, uint64_t size, uint64_t *start, uint64_t *end)
+{
+	int64_t a = -1, b = -1;
+	const char *dash;
+	char num[24];
+
+	if (!h || strncmp(h, "bytes=", 6) != 0 || strchr(h, ','))
+		return 0;
+	h += 6;
+	dash = strchr(h, '-');
+	if (!dash || (size_t)(dash - h) >= sizeof(num))
+		return 0;
+	memcpy(num, h, (size_t)(dash - h));
+	num[dash - h] = '\0';
+	if (num[0] && tr_api_parse_int(num, 0, INT64_MAX, &a) < 0)
+		return 0;
+	if (dash[1] && tr_api_parse_int(dash + 1, 0, INT64_MAX, &b) < 0)
+		return 0;
+	if (a < 0) { /* "-N": the last N bytes */
+		if (b <= 0)
+			return b == 0 ? -1 : 0;
+		*start = (uint64_t)b >= size ? 0 : size - (uint64_t)b;
+		*end = size;
+		return 1;
+	}
+	if (b >= 0 && b < a)
+		return 0;
+	if ((uint64_t)a >= size)
+		return -1;
+	*start = (uint64_t)a;
+	*end = b >= 0 && (uint64_t)b < size ? (uint64_t)b + 1 : size;
+	return 1;
+}
+
+/* Builds the streaming response over d (taken: freed on failure too),
+ * the whole file or the range the request asks for. */
+static void reply_download(struct tr_api_request *rq, struct tr_api_reply *rp, struct download *d,
+			   const char *filename, const char *etag)
 {
 	struct MHD_Response *resp;
-	char disposition[160];
+	char disposition[160], range[96];
+	const char *h = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
+	const char *if_range = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_RANGE);
+	uint64_t size = d->total, start = 0, end = size;
+	int ranged = 0;
 
-	resp = MHD_create_response_from_callback(d->total, BLOCK_SIZE, fill, d, free_download);
+	/* If-Range names the file the client holds a part of; another file
+	 * (or a date, which this server does not compare) gets it whole. */
+	if (!if_range || (etag && strcmp(if_range, etag) == 0))
+		ranged = parse_range(h, size, &start, &end);
+	if (ranged < 0) {
+		free_download(d);
+		tr_api_fail(rp, 416, "range_not_satisfiable", NULL, "the range %s starts past the end of the %" PRIu64
+			    "-byte file", h, size);
+		snprintf(range, sizeof(range), "bytes */%" PRIu64, size);
+		tr_api_reply_header(rp, MHD_HTTP_HEADER_CONTENT_RANGE, range);
+		return;
+	}
+	d->skip = start;
+	d->total = end;
+	resp = MHD_create_response_from_callback(end - start, BLOCK_SIZE, fill, d, free_download);
 	if (!resp) {
 		free_download(d);
 		tr_api_fail(rp, 500, "internal", NULL, "cannot create the download");
@@ -205,12 +269,17 @@ static void reply_download(struct tr_api_reply *rp, struct download *d, const ch
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition);
 	if (etag)
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, etag);
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
+	if (ranged) {
+		snprintf(range, sizeof(range), "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, start, end - 1, size);
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, range);
+	}
 	/* The connection keeps its idle timeout (it counts from the last
 	 * byte sent, so a slow download goes on): a client that stops
 	 * reading is dropped, and with it the reader's read transaction,
 	 * which would otherwise keep the WAL from being recycled. */
 	rp->stream = resp;
-	rp->status = 200;
+	rp->status = ranged ? 206 : 200;
 }
 
 /* Opens the blob for d; -1 with rp filled otherwise. */
@@ -251,7 +320,7 @@ void tr_api_checkpoints_blob(struct tr_api_request *rq, struct tr_api_reply *rp)
 	/* The blob's SHA-256 is its identity: strong, and the same on every
 	 * daemon that holds these bytes. */
 	snprintf(etag, sizeof(etag), "\"%s\"", row.sha256);
-	reply_download(rp, d, filename, etag);
+	reply_download(rq, rp, d, filename, etag);
 	d = NULL;
 cleanup:
 	if (d)
@@ -302,7 +371,7 @@ void tr_api_checkpoints_model(struct tr_api_request *rq, struct tr_api_reply *rp
 	d->offset = (uint64_t)row.params_offset;
 	d->total = (uint64_t)head_len + (uint64_t)row.params_bytes;
 	snprintf(filename, sizeof(filename), "job-%" PRId64 "-step-%" PRId64 "-model.safetensors", id, row.step);
-	reply_download(rp, d, filename, NULL);
+	reply_download(rq, rp, d, filename, NULL);
 	d = NULL;
 cleanup:
 	if (d)

@@ -17,6 +17,7 @@ static const struct tr_api_route routes[] = {
 	{"GET", "/version", tr_api_version, 0},
 	{"GET", "/devices", tr_api_devices, 0},
 	{"GET", "/openapi.yaml", tr_api_openapi, 0},
+	{"GET", "/metrics", tr_api_prometheus, 0},
 	{"POST", "/jobs", tr_api_jobs_submit, TR_ROUTE_JSON_BODY},
 	{"GET", "/jobs", tr_api_jobs_list, 0},
 	{"GET", "/jobs/{id}", tr_api_jobs_get, 0},

@@ -16,6 +16,7 @@
  * Handlers fill a struct tr_api_reply; this file turns it into a response.
  */
 #include "api/api_internal.h"
+#include "api/prometheus.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -83,6 +84,7 @@ static enum MHD_Result send_reply(struct tr_api_request *rq, struct tr_api_reply
 		rq->answered = true;
 		return MHD_NO;
 	}
+	tr_prom_request_done(rq->route, rp->status, tr_prom_clock() - rq->started);
 	if (type)
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
 	for (int i = 0; i < rp->nheaders; i++)
@@ -321,6 +323,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		rq->conn = conn;
 		rq->method = method;
 		rq->url = url;
+		rq->started = tr_prom_clock();
 		if (admit(rq, &rp) < 0)
 			return send_reply(rq, &rp);
 		return MHD_YES;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/prometheus.h"
 #include "daemon/log.h"
 #include "storage/checkpoints.h"
 
@@ -39,7 +40,8 @@ static double mono_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int write_one(struct tr_checkpointer *cp, struct item *it, char *err, size_t errlen)
+/* *written receives the bytes of the stored blob (for /metrics). */
+static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *written, char *err, size_t errlen)
 {
 	struct tr_checkpoint_layout l;
 	int rc = tr_checkpoint_layout(&it->model, it->opt, it->snap, &l, err, errlen);
@@ -49,10 +51,15 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, char *err, siz
 	tr_ckpt_writer_t *w = NULL;
 	rc = tr_store_ckpt_begin(cp->store, it->job_id, it->snap->step, it->snap->epoch, meta, &w);
 	free(meta);
+	*written = 0;
 	if (rc == 0)
 		rc = tr_store_ckpt_write(w, l.header, l.header_len);
-	for (int k = 0; rc == 0 && k < l.nseg; k++)
+	if (rc == 0)
+		*written += l.header_len;
+	for (int k = 0; rc == 0 && k < l.nseg; k++) {
 		rc = tr_store_ckpt_write(w, l.seg[k], l.seg_len[k]);
+		*written += l.seg_len[k];
+	}
 	/* Every point of steps up to this one was queued before the snapshot
 	 * was taken: make them durable before the checkpoint becomes visible,
 	 * so a crash can never leave a resumable checkpoint ahead of its
@@ -94,8 +101,11 @@ static void *writer_main(void *arg)
 
 		char err[512] = "", line[768];
 		double t0 = mono_s();
-		int rc = write_one(cp, it, err, sizeof err);
+		uint64_t written = 0;
+		int rc = write_one(cp, it, &written, err, sizeof err);
 		double took = mono_s() - t0;
+		if (rc == 0)
+			tr_prom_checkpoint_written(took, written);
 		size_t mb = it->snap->n_params * sizeof(float) * (size_t)(1 + it->snap->n_state);
 		if (rc == 0) {
 			const char *reason = json_string_value(json_object_get(it->snap->meta, "reason"));

@@ -480,6 +480,54 @@ cleanup:
 	return err;
 }
 
+int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted)
+{
+	int nstates = 0;
+	while (states && states[nstates])
+		nstates++;
+	if (nstates > 32)
+		return tr_store_fail(-EINVAL, "too many states (%d, at most 32)", nstates);
+	for (int i = 0; i < nstates; i++)
+		counts[i] = 0;
+	if (submitted)
+		*submitted = 0;
+	struct conn *c = tr_store_conn_get(s);
+	int err = 0, rc;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *state = (const char *)sqlite3_column_text(st, 0);
+		for (int i = 0; state && i < nstates; i++)
+			if (strcmp(state, states[i]) == 0)
+				counts[i] = sqlite3_column_int64(st, 1);
+	}
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE) {
+		err = SQLFAIL(c, rc, "SELECT job counts");
+		goto cleanup;
+	}
+	if (!submitted)
+		goto cleanup;
+	/* No row until the first insert. */
+	st = tr_store_stmt(c, "SELECT seq FROM sqlite_sequence WHERE name = 'jobs'");
+	if (!st) {
+		err = -EIO;
+		goto cleanup;
+	}
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*submitted = sqlite3_column_int64(st, 0);
+	else if (rc != SQLITE_DONE)
+		err = SQLFAIL(c, rc, "SELECT job sequence");
+	sqlite3_reset(st);
+cleanup:
+	tr_store_conn_put(s, c);
+	return err;
+}
+
 int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, const char *error_json,
 			     const char *devices_json, double now, int64_t *event_id)
 {

@@ -92,6 +92,13 @@ struct tr_job_row {
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
 
+/* Counts jobs by state: counts[i] receives the number of jobs in
+ * states[i] (NULL-terminated, at most 32).  *submitted (may be NULL)
+ * receives the number of jobs ever submitted to this store, deleted ones
+ * included (the jobs table's AUTOINCREMENT sequence), which only grows.
+ * One query over the table: cheap enough for every Prometheus scrape. */
+int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted);
+
 /* Inserts a new job in state "queued"; sets row->id.  When
  * idempotency_key is set and a job with that key exists, inserts nothing,
  * stores the existing job's id in *existing_id and returns -EEXIST (the

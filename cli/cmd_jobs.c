@@ -1,0 +1,427 @@
+/* Job commands: submit, ls, show, and the controls (stop, cancel, pause,
+ * resume, delete, priority).
+ *
+ * submit sends an Idempotency-Key (random, or --idempotency-key) and
+ * retries a request whose answer was lost, so a flaky network never makes
+ * two jobs: the daemon answers a repeated key with the first job.
+ */
+#include "cli/trainctl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SUBMIT_TRIES 3
+
+static char *read_all(FILE *f, size_t *len)
+{
+	size_t cap = 65536, n = 0, got;
+	char *buf = malloc(cap + 1), *nb;
+
+	while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+		n += got;
+		if (n == cap) {
+			nb = realloc(buf, cap * 2 + 1);
+			if (!nb) {
+				free(buf);
+				return NULL;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	if (buf)
+		buf[n] = '\0';
+	*len = n;
+	return buf;
+}
+
+static int random_key(char *out, size_t len)
+{
+	unsigned char b[16];
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, b, sizeof b) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	if (n != (ssize_t)sizeof b || len < 33)
+		return -1;
+	for (size_t i = 0; i < sizeof b; i++)
+		snprintf(out + 2 * i, 3, "%02x", b[i]);
+	return 0;
+}
+
+int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
+{
+	static const struct option opts[] = {{"wait", no_argument, NULL, 'w'},
+					     {"priority", required_argument, NULL, 'p'},
+					     {"idempotency-key", required_argument, NULL, 'k'},
+					     {"help", no_argument, NULL, 'h'},
+					     {NULL, 0, NULL, 0}};
+	bool wait = false;
+	const char *prio = NULL, *key = NULL;
+	char keybuf[40], path[64], header[300];
+	struct tr_ctl_reply r = {0};
+	char *body = NULL;
+	size_t len;
+	FILE *f;
+	int ch, rc;
+
+	while ((ch = getopt_long(argc, argv, "wp:k:h", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'w': wait = true; break;
+		case 'p': prio = optarg; break;
+		case 'k': key = optarg; break;
+		case 'h': return tr_ctl_help("submit");
+		default: return tr_ctl_usage("submit", "unknown option");
+		}
+	}
+	if (argc - optind != 1)
+		return tr_ctl_usage("submit", "expects one job spec file (or - for standard input)");
+	if (prio) {
+		char *end;
+		long v = strtol(prio, &end, 10);
+
+		if (*end || !*prio || v < -1000000 || v > 1000000)
+			return tr_ctl_usage("submit", "--priority: not an integer: %s", prio);
+	}
+	if (strcmp(argv[optind], "-") == 0) {
+		body = read_all(stdin, &len);
+	} else {
+		f = fopen(argv[optind], "rb");
+		if (!f) {
+			fprintf(stderr, "trainctl: %s: %s\n", argv[optind], strerror(errno));
+			return TR_CTL_LOCAL;
+		}
+		body = read_all(f, &len);
+		fclose(f);
+	}
+	if (!body) {
+		fprintf(stderr, "trainctl: cannot read %s\n", argv[optind]);
+		return TR_CTL_LOCAL;
+	}
+	if (!key) {
+		if (random_key(keybuf, sizeof keybuf) < 0) {
+			fprintf(stderr, "trainctl: cannot read /dev/urandom for an idempotency key\n");
+			free(body);
+			return TR_CTL_LOCAL;
+		}
+		key = keybuf;
+	}
+	snprintf(header, sizeof header, "Idempotency-Key: %s", key);
+	snprintf(path, sizeof path, "/jobs%s%s", prio ? "?priority=" : "", prio ? prio : "");
+	const char *hdrs[] = {header, NULL};
+
+	/* The same key on every try: a job the first try made (its answer
+	 * lost) comes back instead of a second one. */
+	for (int t = 1;; t++) {
+		rc = tr_ctl_request(c, "POST", path, body, hdrs, &r);
+		if (rc == 0 || t == SUBMIT_TRIES)
+			break;
+		fprintf(stderr, "trainctl: retrying the submission (%d of %d) with the same idempotency key\n", t + 1,
+			SUBMIT_TRIES);
+		sleep(1);
+	}
+	free(body);
+	if (rc)
+		return rc;
+	if (r.status != 200 && r.status != 201) {
+		rc = tr_ctl_http_error(c, &r);
+		tr_ctl_reply_finish(&r);
+		return rc;
+	}
+	int64_t id = json_integer_value(json_object_get(r.json, "id"));
+
+	tr_ctl_reply_finish(&r);
+	printf("%" PRId64 "\n", id);
+	fflush(stdout);
+	if (!wait)
+		return TR_CTL_OK;
+	return tr_ctl_follow(c, id, false, 300);
+}
+
+/* ---- ls ---- */
+
+static void progress_cells(const json_t *job, char *step, size_t slen, char *pct, size_t plen, char *loss,
+			   size_t llen)
+{
+	const json_t *p = json_object_get(job, "progress");
+	json_int_t s = json_integer_value(json_object_get(p, "step"));
+	json_int_t total = json_integer_value(json_object_get(p, "total_steps"));
+	const json_t *l = json_object_get(p, "loss");
+
+	snprintf(step, slen, "%lld/%lld", (long long)s, (long long)total);
+	if (total > 0)
+		snprintf(pct, plen, "%d%%", (int)(100.0 * (double)s / (double)total));
+	else
+		snprintf(pct, plen, "-");
+	if (json_is_number(l))
+		snprintf(loss, llen, "%.4f", json_number_value(l));
+	else
+		snprintf(loss, llen, "-");
+}
+
+int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
+{
+	static const struct option opts[] = {{"state", required_argument, NULL, 's'},
+					     {"json", no_argument, NULL, 'j'},
+					     {"help", no_argument, NULL, 'h'},
+					     {NULL, 0, NULL, 0}};
+	static const char *heads[] = {"ID", "NAME", "STATE", "PRIO", "STEP", "DONE", "LOSS", "SUBMITTED"};
+	static const bool right[] = {true, false, false, true, true, true, true, false};
+	const char *state = NULL;
+	bool as_json = false;
+	json_t *all = json_array();
+	char path[256], after[32] = "";
+	int ch, rc = 0;
+
+	while ((ch = getopt_long(argc, argv, "s:jh", opts, NULL)) != -1) {
+		switch (ch) {
+		case 's': state = optarg; break;
+		case 'j': as_json = true; break;
+		case 'h': json_decref(all); return tr_ctl_help("ls");
+		default: json_decref(all); return tr_ctl_usage("ls", "unknown option");
+		}
+	}
+	if (argc != optind) {
+		json_decref(all);
+		return tr_ctl_usage("ls", "takes no arguments");
+	}
+	if (state && strspn(state, "abcdefghijklmnopqrstuvwxyz") != strlen(state)) {
+		json_decref(all);
+		return tr_ctl_usage("ls", "--state: not a job state: %s", state);
+	}
+	/* Every page: the API's cursor until it says there is no more. */
+	for (;;) {
+		struct tr_ctl_reply r;
+		const char *next;
+
+		snprintf(path, sizeof path, "/jobs?limit=1000%s%s%s%s", state ? "&state=" : "", state ? state : "",
+			 after[0] ? "&after=" : "", after);
+		rc = tr_ctl_call(c, "GET", path, NULL, &r);
+		if (rc)
+			break;
+		json_array_extend(all, json_object_get(r.json, "jobs"));
+		next = json_string_value(json_object_get(r.json, "next"));
+		if (next)
+			snprintf(after, sizeof after, "%s", next);
+		tr_ctl_reply_finish(&r);
+		if (!next)
+			break;
+	}
+	if (rc) {
+		json_decref(all);
+		return rc;
+	}
+	if (as_json) {
+		tr_print_json(all, stdout);
+	} else {
+		struct tr_table t;
+		size_t i;
+		json_t *job;
+
+		tr_table_init(&t, 8, heads, right);
+		json_array_foreach(all, i, job)
+		{
+			char id[24], prio[16], step[48], pct[16], loss[32], when[32];
+
+			snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(job, "id")));
+			snprintf(prio, sizeof prio, "%lld", (long long)json_integer_value(json_object_get(job, "priority")));
+			progress_cells(job, step, sizeof step, pct, sizeof pct, loss, sizeof loss);
+			tr_fmt_time(when, sizeof when, json_string_value(json_object_get(job, "submitted_at")));
+			tr_table_add(&t, id, json_string_value(json_object_get(job, "name")),
+				     json_string_value(json_object_get(job, "state")), prio, step, pct, loss, when);
+		}
+		tr_table_print(&t, stdout);
+		tr_table_finish(&t);
+	}
+	json_decref(all);
+	return TR_CTL_OK;
+}
+
+/* ---- show ---- */
+
+static void field(const char *name, const char *value)
+{
+	printf("%-12s %s\n", name, value && *value ? value : "-");
+}
+
+int tr_cmd_show(struct tr_ctl *c, int argc, char **argv)
+{
+	static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+					     {"help", no_argument, NULL, 'h'},
+					     {NULL, 0, NULL, 0}};
+	bool as_json = false;
+	struct tr_ctl_reply r;
+	char path[64], buf[256], a[48], b[48];
+	int ch, rc;
+
+	while ((ch = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+		if (ch == 'j')
+			as_json = true;
+		else if (ch == 'h')
+			return tr_ctl_help("show");
+		else
+			return tr_ctl_usage("show", "unknown option");
+	}
+	if (argc - optind != 1)
+		return tr_ctl_usage("show", "expects one job id");
+	int64_t id = tr_ctl_job_id("show", argv[optind]);
+
+	if (id < 0)
+		return TR_CTL_USAGE;
+	snprintf(path, sizeof path, "/jobs/%" PRId64, id);
+	rc = tr_ctl_call(c, "GET", path, NULL, &r);
+	if (rc)
+		return rc;
+	if (as_json) {
+		tr_print_json(r.json, stdout);
+		tr_ctl_reply_finish(&r);
+		return TR_CTL_OK;
+	}
+	const json_t *j = r.json, *p = json_object_get(j, "progress"), *e = json_object_get(j, "error");
+	char step[48], pct[16], loss[32];
+
+	snprintf(buf, sizeof buf, "%" PRId64, id);
+	field("id", buf);
+	field("name", json_string_value(json_object_get(j, "name")));
+	field("state", json_string_value(json_object_get(j, "state")));
+	snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(json_object_get(j, "priority")));
+	field("priority", buf);
+	progress_cells(j, step, sizeof step, pct, sizeof pct, loss, sizeof loss);
+	snprintf(buf, sizeof buf, "%s (%s)", step, pct);
+	field("step", buf);
+	/* epochs: in the live progress, else in the spec (a max_steps job has none) */
+	const json_t *epochs = json_object_get(p, "epochs");
+
+	if (!json_is_integer(epochs))
+		epochs = json_object_get(json_object_get(j, "spec"), "epochs");
+	if (json_is_integer(epochs))
+		snprintf(buf, sizeof buf, "%lld/%lld", (long long)json_integer_value(json_object_get(p, "epoch")) + 1,
+			 (long long)json_integer_value(epochs));
+	else
+		snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(json_object_get(p, "epoch")) + 1);
+	field("epoch", buf);
+	field("loss", loss);
+	if (json_is_number(json_object_get(p, "samples_per_sec"))) {
+		snprintf(buf, sizeof buf, "%.0f", json_number_value(json_object_get(p, "samples_per_sec")));
+		field("samples/s", buf);
+	}
+	if (json_is_number(json_object_get(p, "data_wait_fraction"))) {
+		snprintf(buf, sizeof buf, "%.1f%%", 100 * json_number_value(json_object_get(p, "data_wait_fraction")));
+		field("data wait", buf);
+	}
+	if (json_is_number(json_object_get(p, "eta_s"))) {
+		tr_fmt_duration(a, sizeof a, json_number_value(json_object_get(p, "eta_s")));
+		field("eta", a);
+	}
+	char *devs = json_dumps(json_object_get(j, "devices"), JSON_COMPACT);
+
+	field("devices", devs);
+	free(devs);
+	tr_fmt_time(a, sizeof a, json_string_value(json_object_get(j, "submitted_at")));
+	field("submitted", a);
+	tr_fmt_time(a, sizeof a, json_string_value(json_object_get(j, "started_at")));
+	tr_fmt_time(b, sizeof b, json_string_value(json_object_get(j, "finished_at")));
+	field("started", a);
+	field("finished", b);
+	if (json_is_object(e)) {
+		snprintf(buf, sizeof buf, "%s (%s)", json_string_value(json_object_get(e, "message")) ?: "",
+			 json_string_value(json_object_get(e, "code")) ?: "?");
+		field("error", buf);
+	}
+	const json_t *info = json_object_get(j, "info");
+	const char *k;
+	json_t *v;
+
+	json_object_foreach((json_t *)info, k, v)
+	{
+		snprintf(buf, sizeof buf, "info.%s", k);
+		field(buf, json_string_value(v));
+	}
+	tr_ctl_reply_finish(&r);
+	return TR_CTL_OK;
+}
+
+/* ---- controls ---- */
+
+int tr_cmd_control(struct tr_ctl *c, int argc, char **argv)
+{
+	const char *cmd = argv[0];
+	struct tr_ctl_reply r;
+	char path[96];
+	int rc;
+
+	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+		return tr_ctl_help(cmd);
+	if (argc != 2)
+		return tr_ctl_usage(cmd, "expects one job id");
+	int64_t id = tr_ctl_job_id(cmd, argv[1]);
+
+	if (id < 0)
+		return TR_CTL_USAGE;
+	snprintf(path, sizeof path, "/jobs/%" PRId64 "/%s", id, cmd);
+	rc = tr_ctl_call(c, "POST", path, "", &r);
+	if (rc)
+		return rc;
+	printf("job %" PRId64 ": %s requested (state %s)\n", id, cmd,
+	       json_string_value(json_object_get(r.json, "state")) ?: "?");
+	tr_ctl_reply_finish(&r);
+	return TR_CTL_OK;
+}
+
+int tr_cmd_delete(struct tr_ctl *c, int argc, char **argv)
+{
+	struct tr_ctl_reply r;
+	char path[64];
+	int rc;
+
+	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+		return tr_ctl_help("delete");
+	if (argc != 2)
+		return tr_ctl_usage("delete", "expects one job id");
+	int64_t id = tr_ctl_job_id("delete", argv[1]);
+
+	if (id < 0)
+		return TR_CTL_USAGE;
+	snprintf(path, sizeof path, "/jobs/%" PRId64, id);
+	rc = tr_ctl_call(c, "DELETE", path, NULL, &r);
+	if (rc)
+		return rc;
+	printf("job %" PRId64 " deleted\n", id);
+	tr_ctl_reply_finish(&r);
+	return TR_CTL_OK;
+}
+
+int tr_cmd_priority(struct tr_ctl *c, int argc, char **argv)
+{
+	struct tr_ctl_reply r;
+	char path[64], body[64], *end;
+	long prio;
+	int rc;
+
+	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+		return tr_ctl_help("priority");
+	if (argc != 3)
+		return tr_ctl_usage("priority", "expects a job id and a priority");
+	int64_t id = tr_ctl_job_id("priority", argv[1]);
+
+	if (id < 0)
+		return TR_CTL_USAGE;
+	prio = strtol(argv[2], &end, 10);
+	if (*end || !*argv[2])
+		return tr_ctl_usage("priority", "not an integer priority: %s", argv[2]);
+	snprintf(path, sizeof path, "/jobs/%" PRId64, id);
+	snprintf(body, sizeof body, "{\"priority\": %ld}", prio);
+	rc = tr_ctl_call(c, "PATCH", path, body, &r);
+	if (rc)
+		return rc;
+	printf("job %" PRId64 ": priority %lld\n", id, (long long)json_integer_value(json_object_get(r.json, "priority")));
+	tr_ctl_reply_finish(&r);
+	return TR_CTL_OK;
+}
