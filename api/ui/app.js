@@ -541,13 +541,15 @@
 			title.textContent = '#' + job.id + ' ' + job.name;
 			document.title = '#' + job.id + ' ' + job.name + ' – trainerd';
 			badge.replaceChildren(stateBadge(job.state));
+			/* A request's feedback lasts until the job has ended. */
+			if (TERMINAL.includes(job.state) && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
 			for (const b of Object.values(buttons))
 				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
 			const rows = [
 				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
 				['Epoch', p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch],
 				['ETA', TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s)],
-				['Elapsed', fmtDuration(p.elapsed_s)],
+				['Elapsed', fmtDuration(p.elapsed_s !== undefined ? p.elapsed_s : job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null)],
 				['Loss', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
 				['Val loss', fmtNum(s.val_loss !== undefined ? s.val_loss : lastValue('val_loss'))],
 				['Val accuracy', fmtNum(s.val_accuracy !== undefined ? s.val_accuracy : lastValue('val_accuracy'))],
@@ -585,8 +587,9 @@
 					h('dt', { text: 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
 					h('dt', { text: 'Backend' }), h('dd', { text: spec.backend || 'auto' }),
 					h('dt', { text: 'Loader threads' }), h('dd', { text: pf.workers !== undefined ? pf.workers : 'default' }),
-					h('dt', { text: 'Data-wait share' }), h('dd', { text: fmtPct(wait) })),
-				mine.length ? deviceTable(mine) : '');
+					h('dt', { text: 'Data-wait share' }), h('dd', { text: fmtPct(wait) }),
+					mine.flatMap((dv) => [h('dt', { text: dv.name }),
+						h('dd', { 'data-device': dv.id, text: dv.kind + (dv.memory_total ? ', ' + fmtBytes(dv.memory_total - (dv.memory_free || 0)) + ' / ' + fmtBytes(dv.memory_total) + ' used' : '') })])));
 		}
 		async function loadCheckpoints() {
 			const r = await api('/jobs/' + id + '/checkpoints');
@@ -887,7 +890,7 @@
 		/* Server-Sent Events read with fetch(), which, unlike EventSource,
 		 * can send the Authorization header; reconnects resume with
 		 * Last-Event-ID. */
-		let lastEventId = null, streaming = false;
+		let lastEventId = null, streaming = false, ckptTimer = null;
 		async function followEvents() {
 			if (streaming) return;
 			streaming = true;
@@ -939,7 +942,14 @@
 		function onEvent(type, data) {
 			let d;
 			try { d = JSON.parse(data); } catch (e) { return; }
-			if (type === 'log') addLog(d);
+			if (type === 'log') {
+				addLog(d);
+				/* A new checkpoint is announced in the log: list it now. */
+				if (/^checkpoint at step \d+ \(/.test(d.message || '')) {
+					clearTimeout(ckptTimer);
+					ckptTimer = setTimeout(() => loadCheckpoints().catch(() => {}), 300);
+				}
+			}
 			else if (type === 'state') {
 				if (st.job && st.job.state !== d.state) {
 					st.job.state = d.state;
