@@ -663,20 +663,23 @@
 			const epochs = p.epochs || spec.epochs;
 			return epochs && p.total_steps ? p.total_steps / epochs : null;
 		}
-		function xValues(s) {
+		/* jid: whose series (null: this job's); wall time counts from that
+		 * job's own first point, so compared runs start together. */
+		function xValues(s, jid) {
 			if (st.x === 'epoch') {
 				const spe = stepsPerEpoch();
 				return spe ? s.steps.map((x) => x / spe) : s.epochs.map((e, i) => (e === null ? s.steps[i] : e));
 			}
 			if (st.x === 'time') {
-				const t0 = firstTime();
+				const o = jid ? st.overlays.get(jid) : null;
+				const t0 = firstTime(o ? o.series : st.series);
 				return s.times.map((t) => (t === null ? null : t - t0));
 			}
 			return s.steps;
 		}
-		function firstTime() {
+		function firstTime(store) {
 			let t0 = Infinity;
-			for (const s of Object.values(st.series)) if (s.times.length && s.times[0] !== null) t0 = Math.min(t0, s.times[0]);
+			for (const s of Object.values(store)) if (s.times.length && s.times[0] !== null) t0 = Math.min(t0, s.times[0]);
 			return isFinite(t0) ? t0 : 0;
 		}
 		function allNames() {
@@ -754,12 +757,14 @@
 			c.renderChips(lines);
 			const main = lines.find((l) => !l.jid);
 			c.el.dataset.points = main ? String(main.s.steps.length) : '0';
+			/* For bench/dashboard: when the page first showed a curve. */
+			if (main && !performance.getEntriesByName('trainerd:first-chart').length) performance.mark('trainerd:first-chart');
 			const pos = (v) => (st.log && !(v > 0) ? null : v);
 			const tables = [];
 			const series = [{ label: st.x }];
 			const bands = [];
 			for (const ln of lines) {
-				const xs = xValues(ln.s);
+				const xs = xValues(ln.s, ln.jid);
 				const smoothOn = st.smooth > 0;
 				const raw = ln.s.values.map(pos);
 				const table = [xs, raw];
@@ -810,7 +815,7 @@
 		async function zoom(c, x0, x1) {
 			const ref = (chartLines(c).find((l) => !l.jid) || {}).s || Object.values(st.series)[0];
 			if (!ref) return;
-			const xs = xValues(ref);
+			const xs = xValues(ref, null);
 			let from = Infinity, to = -Infinity;
 			for (let i = 0; i < xs.length; i++)
 				if (xs[i] !== null && xs[i] >= x0 && xs[i] <= x1) { from = Math.min(from, ref.steps[i]); to = Math.max(to, ref.steps[i]); }
@@ -1022,6 +1027,10 @@
 			document.title = 'trainerd';
 		};
 	}
+
+	/* The pure pieces, for the browser test to check against direct
+	 * computations. */
+	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries });
 
 	window.addEventListener('hashchange', route);
 	route();

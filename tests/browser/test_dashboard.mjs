@@ -63,10 +63,10 @@ async function finish(code) {
 	process.exit(code === undefined ? (failed ? 1 : 0) : code);
 }
 
-async function startDaemon(extra) {
+async function startDaemon(devices, extra) {
 	const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'trainerd-browser-'));
 	const proc = spawn(trainerd, ['serve', '--listen', '127.0.0.1:0', '--state-dir', dir, '--data-root', dir,
-		'--cpu-devices', '2', '--backend', 'cpu', '--openapi', '', ...extra],
+		'--cpu-devices', String(devices), '--backend', 'cpu', '--openapi', '', ...extra],
 	{ stdio: ['ignore', 'ignore', fs.openSync(path.join(artifacts, `daemon-${daemons.length}.log`), 'w')] });
 	const d = { proc, dir, url: null };
 	daemons.push(d);
@@ -123,7 +123,8 @@ try {
 		args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'] });
 
 	// ---- daemon without a token ----
-	const d = await startDaemon([]);
+	// Four devices: the long job and one submitted from the page both run.
+	const d = await startDaemon(4, []);
 	const id = await submit(d, longJob);
 	await waitFor('job running', async () => (await jobState(d, id)) === 'running', 30000);
 
@@ -161,10 +162,12 @@ try {
 		await page.screenshot({ path: path.join(artifacts, 'submit-error.png'), fullPage: true });
 	});
 
+	let shortId = 0;
 	await step('submit form submits a good spec and opens its page', async () => {
 		await page.fill('#spec-text', JSON.stringify(shortJob, null, 2));
 		await page.click('#submit-btn');
 		await page.waitForURL(/#\/jobs\/\d+$/, { timeout: 10000 });
+		shortId = Number(/(\d+)$/.exec(page.url())[1]);
 		await page.waitForSelector('#job-title', { timeout: 10000 });
 	});
 
@@ -208,6 +211,39 @@ try {
 		await page.waitForSelector('.reset-zoom:not([hidden])', { timeout: 10000 });
 		await page.screenshot({ path: path.join(artifacts, 'job-zoomed.png'), fullPage: true });
 		await page.click('.reset-zoom');
+	});
+
+	await step('job page: x by epoch and wall time, log y, smoothing, another chart, another job', async () => {
+		await page.selectOption('#x-axis', 'epoch');
+		await page.selectOption('#x-axis', 'time');
+		await page.selectOption('#y-scale', 'log');
+		await page.fill('#smoothing', '0');
+		await page.selectOption('#add-chart', 'lr');
+		await page.waitForSelector('[data-chart="1"] canvas', { timeout: 5000 });
+		await page.fill('#overlay-job', String(shortId));
+		await page.click('#overlay-add');
+		await page.waitForSelector(`#overlay-chips .chip`, { timeout: 10000 });
+		await waitFor('the other job\'s loss line', async () =>
+			(await page.textContent('.chart-card')).includes('#' + shortId + ' loss'), 10000);
+		await page.screenshot({ path: path.join(artifacts, 'job-controls.png'), fullPage: true });
+		await page.selectOption('#x-axis', 'step');
+		await page.selectOption('#y-scale', 'linear');
+		await page.fill('#smoothing', '0.6');
+	});
+
+	await step('smoothing is TensorBoard\'s debiased EMA; pointers map to their text', async () => {
+		const got = await page.evaluate(() => trainerdDashboard.ema([1, 2, NaN, 4, 8], 0.5));
+		/* By hand: last = 0.5, 1.25, (skip), 2.625, 5.3125; debias 1 - 0.5^n for n = 1, 2, 3, 4. */
+		const want = [1, 1.25 / 0.75, NaN, 2.625 / 0.875, 5.3125 / 0.9375];
+		if (!got.every((v, i) => (Number.isNaN(want[i]) ? v === null || Number.isNaN(v) : Math.abs(v - want[i]) < 1e-12)))
+			throw new Error('ema gave ' + JSON.stringify(got));
+		const where = await page.evaluate(() => {
+			const text = '{"a": [1, {"b/c": 2, "d~e": "x"}], "f": null}';
+			const m = trainerdDashboard.pointerMap(text);
+			return ['/a/1/b~1c', '/a/1/d~0e', '/f', '/a/0'].map((p) => text.slice(...m.get(p)));
+		});
+		if (JSON.stringify(where) !== JSON.stringify(['"b/c": 2', '"d~e": "x"', '"f": null', '1']))
+			throw new Error('pointerMap gave ' + JSON.stringify(where));
 	});
 
 	await step('job page: checkpoints listed with download links', async () => {
@@ -254,7 +290,7 @@ try {
 	await context.close();
 
 	// ---- daemon with a token ----
-	const t = await startDaemon(['--token', TOKEN]);
+	const t = await startDaemon(2, ['--token', TOKEN]);
 	const tid = await submit(t, shortJob, TOKEN);
 	const tctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
 	const tpage = await tctx.newPage();
