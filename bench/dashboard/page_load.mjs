@@ -9,11 +9,13 @@
 //     first open is the cold one (the daemon's answer cache is empty).
 //  B. Cost of open dashboards to training: the same training job (fixed
 //     steps, synthetic data, 1 CPU device) run alternately with 0 and with
-//     5 job pages open on it, --rounds rounds; samples/s from
-//     steps * batch / (finished_at - started_at).
+//     5 job pages open on it in chromium (on the same machine, so the
+//     browser's own CPU counts too), and with 5 clients making the page's
+//     requests without a browser (the daemon's share), --rounds rounds;
+//     samples/s from steps * batch / (finished_at - started_at).
 //
 // Usage: node bench/dashboard/page_load.mjs BUILD_DIR [--runs 5] [--rounds 3]
-//        [--points 1000000] [--steps 3000] [--only open|load]
+//        [--points 1000000] [--steps 40000] [--only open|load]
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -31,9 +33,13 @@ const opt = (name, def) => {
 	return i >= 0 ? args[i + 1] : def;
 };
 const RUNS = Number(opt('--runs', 5)), ROUNDS = Number(opt('--rounds', 3));
-const POINTS = Number(opt('--points', 1000000)), STEPS = Number(opt('--steps', 3000));
+const POINTS = Number(opt('--points', 1000000)), STEPS = Number(opt('--steps', 40000));
 const ONLY = opt('--only', '');
 const trainerd = path.resolve(build, 'daemon', 'trainerd');
+
+const daemons = [];
+process.on('exit', () => { for (const d of daemons) { try { d.proc.kill('SIGKILL'); } catch (e) { /* gone */ } } });
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(1));
 
 async function startDaemon(devices) {
 	const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'trainerd-bench-ui-'));
@@ -44,7 +50,9 @@ async function startDaemon(devices) {
 		await new Promise((r) => setTimeout(r, 100));
 		try {
 			const addr = fs.readFileSync(path.join(dir, 'listen.addr'), 'utf8').trim();
-			return { proc, dir, url: addr.startsWith('http') ? addr : 'http://' + addr };
+			const d = { proc, dir, url: addr.startsWith('http') ? addr : 'http://' + addr };
+			daemons.push(d);
+			return d;
 		} catch (e) { /* not yet */ }
 	}
 	throw new Error('trainerd did not start');
@@ -76,6 +84,30 @@ const job = (name, steps, devices) => ({
 	data: { train: { format: 'synthetic', samples: 8192, features: 32, classes: 4 }, validation_split: 0.1 },
 	batch_size: 64, max_steps: steps, optimizer: { type: 'adam', lr: 0.002 }, devices,
 });
+/* What one open job page asks of the daemon, without the browser: the
+ * event stream, and each second the new metric steps and the job (plus
+ * checkpoints and devices every 5 s), as api/ui/app.js does. */
+async function dashboardRequests(d, id, signal) {
+	const sse = fetch(d.url + '/jobs/' + id + '/events', { signal }).then(async (r) => {
+		const reader = r.body.getReader();
+		for (;;) { const { done } = await reader.read(); if (done) break; }
+	}).catch(() => {});
+	let last = -1;
+	for (let tick = 0; !signal.aborted; tick++) {
+		try {
+			const q = 'max_points=2000&epochs=true&times=true' + (last >= 0 ? '&from_step=' + (last + 1) : '');
+			const m = await (await fetch(d.url + '/jobs/' + id + '/metrics?' + q, { signal })).json();
+			for (const s of Object.values(m.series)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
+			await (await fetch(d.url + '/jobs/' + id, { signal })).text();
+			if (tick % 5 === 0) {
+				await (await fetch(d.url + '/jobs/' + id + '/checkpoints', { signal })).text();
+				await (await fetch(d.url + '/devices', { signal })).text();
+			}
+		} catch (e) { if (signal.aborted) break; }
+		await new Promise((r) => { const t = setTimeout(r, 1000); signal.addEventListener('abort', () => { clearTimeout(t); r(); }, { once: true }); });
+	}
+	await sse;
+}
 const median = (a) => { const s = [...a].sort((x, y) => x - y); return s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2; };
 
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
@@ -135,25 +167,33 @@ try {
 	}
 	if (ONLY !== 'open') {
 		const d = await startDaemon(1);
-		const rates = { 0: [], 5: [] };
+		const rates = { 0: [], 5: [], http5: [] };
 		for (let round = 0; round < ROUNDS; round++) {
-			for (const n of [0, 5]) {
+			for (const n of [0, 5, 'http5']) {
 				const { id } = await post(d.url + '/jobs', job('bench-load-' + n, STEPS, 1));
 				await waitState(d, id, ['running', 'completed'], 30000);
-				const pages = [];
-				for (let i = 0; i < n; i++) {
-					const p = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-					await p.goto(d.url + '/#/jobs/' + id);
-					pages.push(p);
+				const pages = [], stop = new AbortController();
+				const clients = [];
+				if (n === 'http5') {
+					for (let i = 0; i < 5; i++) clients.push(dashboardRequests(d, id, stop.signal));
+				} else {
+					for (let i = 0; i < n; i++) {
+						const p = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+						await p.goto(d.url + '/#/jobs/' + id);
+						pages.push(p);
+					}
 				}
 				const j = await waitState(d, id, ['completed', 'failed'], 600000);
+				stop.abort();
+				await Promise.allSettled(clients);
 				for (const p of pages) await p.close();
 				const wall = (Date.parse(j.finished_at) - Date.parse(j.started_at)) / 1000;
 				rates[n].push((STEPS * 64) / wall);
 				console.error(`round ${round}: ${n} dashboards: ${((STEPS * 64) / wall).toFixed(0)} samples/s (${wall.toFixed(2)} s)`);
 			}
 		}
-		const m0 = median(rates[0]), m5 = median(rates[5]);
+		const m0 = median(rates[0]), m5 = median(rates[5]), mh = median(rates.http5);
+		out.push(`| training, ${STEPS} steps, 1 CPU device | 5 dashboards' requests without a browser ${mh.toFixed(0)} samples/s | slowdown ${(100 * (1 - mh / m0)).toFixed(1)}% (rounds: ${rates.http5.map((x) => x.toFixed(0)).join(', ')}) |`);
 		out.push(`| load average ${os.loadavg()[0].toFixed(1)} on ${os.cpus().length} cores |`);
 		out.push(`| training, ${STEPS} steps, 1 CPU device | 0 dashboards ${m0.toFixed(0)} samples/s | 5 dashboards ${m5.toFixed(0)} samples/s | slowdown ${(100 * (1 - m5 / m0)).toFixed(1)}% (rounds: ${rates[0].map((x) => x.toFixed(0)).join(', ')} vs ${rates[5].map((x) => x.toFixed(0)).join(', ')}) |`);
 		stopDaemon(d);
