@@ -1006,6 +1006,8 @@
 		}
 
 		(async () => {
+			/* The metrics read is the slow one: start it beside the job's. */
+			const firstMetrics = pollMetrics().catch(() => {});
 			try {
 				await loadJob();
 			} catch (e) {
@@ -1015,7 +1017,8 @@
 			}
 			loadDevices().catch(() => {});
 			loadCheckpoints().catch(() => {});
-			try { await pollMetrics(); } catch (e) { if (signal.aborted) return; }
+			await firstMetrics;
+			if (signal.aborted) return;
 			if (!live()) loadLogsOnce().catch(() => {});
 			startLive();
 			poller(signal, () => (live() ? 5000 : 60000), async () => { await loadCheckpoints(); await loadDevices(); });

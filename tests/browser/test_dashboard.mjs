@@ -51,12 +51,18 @@ async function step(name, fn) {
 async function finish(code) {
 	clearTimeout(hardStop);
 	if (browser) await browser.close().catch(() => {});
+	/* Each daemon must shut down cleanly on SIGTERM, without a sanitizer
+	 * report (the ASan build runs this test too). */
 	for (const d of daemons) {
+		const exited = d.exit || new Promise((r) => setTimeout(() => r(null), 20000));
 		try { d.proc.kill('SIGTERM'); } catch (e) { /* already gone */ }
-	}
-	await new Promise((r) => setTimeout(r, 300));
-	for (const d of daemons) {
+		const how = await Promise.race([exited, new Promise((r) => setTimeout(() => r(null), 20000))]);
 		try { d.proc.kill('SIGKILL'); } catch (e) { /* already gone */ }
+		const log = fs.readFileSync(d.log, 'utf8');
+		const report = /ERROR: \w+Sanitizer|runtime error:/.exec(log);
+		if (code === undefined)
+			check('daemon ' + path.basename(d.log) + ' exits cleanly on SIGTERM', how && how.code === 0 && !report,
+				how ? 'exit ' + how.code + ' signal ' + how.signal + (report ? ', ' + report[0] + ' in its log' : '') : 'still running after 20 s');
 		fs.rmSync(d.dir, { recursive: true, force: true });
 	}
 	console.log(`RESULT: ${passed} passed, ${failed} failed`);
@@ -65,10 +71,12 @@ async function finish(code) {
 
 async function startDaemon(devices, extra) {
 	const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'trainerd-browser-'));
+	const log = path.join(artifacts, `daemon-${daemons.length}.log`);
 	const proc = spawn(trainerd, ['serve', '--listen', '127.0.0.1:0', '--state-dir', dir, '--data-root', dir,
 		'--cpu-devices', String(devices), '--backend', 'cpu', '--openapi', '', ...extra],
-	{ stdio: ['ignore', 'ignore', fs.openSync(path.join(artifacts, `daemon-${daemons.length}.log`), 'w')] });
-	const d = { proc, dir, url: null };
+	{ stdio: ['ignore', 'ignore', fs.openSync(log, 'w')] });
+	const d = { proc, dir, log, url: null };
+	d.exit = new Promise((r) => proc.on('exit', (c, sig) => r({ code: c, signal: sig })));
 	daemons.push(d);
 	for (let i = 0; i < 100 && !d.url; i++) {
 		await new Promise((r) => setTimeout(r, 100));
