@@ -136,6 +136,7 @@
 	function route() {
 		if (cleanup) { try { cleanup(); } catch (e) { /* the old page is gone anyway */ } }
 		cleanup = null;
+		setConn('');
 		const main = $('#main');
 		main.replaceChildren();
 		const hash = location.hash || '#/';
@@ -153,7 +154,10 @@
 		(async () => {
 			while (!signal.aborted) {
 				if (!document.hidden) {
-					try { await fn(); setConn(''); } catch (e) {
+					try {
+						await fn();
+						if ($('#conn').textContent !== 'live') setConn('');
+					} catch (e) {
 						if (signal.aborted) return;
 						setConn(e instanceof ApiError ? e.message : 'daemon unreachable');
 					}
