@@ -101,7 +101,8 @@ async function jobState(d, id, token) {
 }
 
 /* Long enough to watch (the test stops it); checkpoints every 40 steps
- * make log lines and downloads appear while it trains. */
+ * make log lines and downloads appear while it trains (keep 10: a listed
+ * one is not pruned before the test downloads it). */
 const longJob = {
 	name: 'browser-long', seed: 3,
 	model: { inputs: 32, layers: [{ type: 'dense', units: 64 }, { type: 'relu' }, { type: 'dense', units: 4 }],
@@ -109,7 +110,7 @@ const longJob = {
 	data: { train: { format: 'synthetic', task: 'classification', samples: 4096, features: 32, classes: 4,
 		noise: 1.0, load_cost_us: 300 }, validation_split: 0.1 },
 	batch_size: 64, max_steps: 200000, optimizer: { type: 'adamw', lr: 0.002 },
-	devices: 2, checkpoint: { every_steps: 40, keep: 2 },
+	devices: 2, checkpoint: { every_steps: 40, keep: 10 },
 };
 const shortJob = { ...longJob, name: 'browser-short', max_steps: 60, checkpoint: { every_steps: 30, keep: 2 } };
 
@@ -256,14 +257,21 @@ try {
 
 	await step('job page: checkpoints listed with download links', async () => {
 		await page.waitForSelector('#job-checkpoints a[href$="model.safetensors"]', { timeout: 20000 });
-		const href = await page.getAttribute('#job-checkpoints a[href$="model.safetensors"]', 'href');
-		const r = await fetch(d.url + href);
-		if (r.status !== 200) throw new Error('download ' + href + ': HTTP ' + r.status);
+		/* The newest listed one; on a very slow machine the list may lag
+		 * behind pruning, so look again a few times. */
+		let status = 0, href = '';
+		for (let tries = 0; tries < 5 && status !== 200; tries++) {
+			if (tries) await new Promise((r) => setTimeout(r, 2000));
+			href = await page.getAttribute('#job-checkpoints a[href$="model.safetensors"]', 'href');
+			status = (await fetch(d.url + href)).status;
+		}
+		if (status !== 200) throw new Error('download ' + href + ': HTTP ' + status);
 	});
 
 	await step('job page screenshot (laptop and phone)', async () => {
 		await page.screenshot({ path: path.join(artifacts, 'job.png'), fullPage: true });
-		const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2 });
+		/* The phone in the dark scheme, so both themes get looked at. */
+		const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, colorScheme: 'dark' });
 		await phone.goto(d.url + '/#/jobs/' + id);
 		await phone.waitForSelector('[data-chart="0"] canvas', { timeout: 15000 });
 		const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
@@ -284,8 +292,16 @@ try {
 		await page.focus('#btn-stop');
 		await page.keyboard.press('Enter');
 		await page.waitForSelector('#confirm-dialog[open]', { timeout: 5000 });
+		/* Feedback comes at once and may be gone again as soon as the job
+		 * has stopped: record every text it shows. */
+		await page.evaluate(() => {
+			const fb = document.querySelector('#job-feedback');
+			window.feedbackSeen = [];
+			new MutationObserver(() => window.feedbackSeen.push(fb.textContent))
+				.observe(fb, { childList: true, characterData: true, subtree: true });
+		});
 		await page.click('#confirm-ok');
-		await page.waitForFunction(() => /stop/.test(document.querySelector('#job-feedback').textContent), null, { timeout: 5000 });
+		await page.waitForFunction(() => window.feedbackSeen.some((t) => /stop/.test(t)), null, { timeout: 5000 });
 		await page.waitForSelector('#job-state [data-state="completed"]', { timeout: 60000 });
 		if ((await jobState(d, id)) !== 'completed') throw new Error('the daemon says ' + (await jobState(d, id)));
 		const step = Number((await page.textContent('#job-info dd')).split('/')[0]);
