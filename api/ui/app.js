@@ -662,8 +662,9 @@
 		}
 
 		/* ---- charts ---- */
-		function stepsPerEpoch() {
-			const job = st.job || {}, p = job.progress || {}, spec = job.spec || {};
+		function stepsPerEpoch(jid) {
+			const o = jid ? st.overlays.get(jid) : null;
+			const job = (o ? o.job : st.job) || {}, p = job.progress || {}, spec = job.spec || {};
 			const epochs = p.epochs || spec.epochs;
 			return epochs && p.total_steps ? p.total_steps / epochs : null;
 		}
@@ -671,7 +672,7 @@
 		 * job's own first point, so compared runs start together. */
 		function xValues(s, jid) {
 			if (st.x === 'epoch') {
-				const spe = stepsPerEpoch();
+				const spe = stepsPerEpoch(jid);
 				return spe ? s.steps.map((x) => x / spe) : s.epochs.map((e, i) => (e === null ? s.steps[i] : e));
 			}
 			if (st.x === 'time') {
@@ -849,7 +850,9 @@
 			try {
 				const store = {};
 				mergeSeries(store, (await api('/jobs/' + jid + '/metrics?' + metricsQuery({}), { signal })).series);
-				st.overlays.set(jid, { series: store });
+				/* Its own epoch length, for x by epoch. */
+				const other = await api('/jobs/' + jid, { signal }).catch(() => null);
+				st.overlays.set(jid, { series: store, job: other });
 				overlayChips.append(h('span', { class: 'chip' }, '#' + jid, h('button', { type: 'button', 'aria-label': 'stop comparing with #' + jid, text: '×',
 					onclick: (ev) => { st.overlays.delete(jid); ev.target.parentNode.remove(); redrawAll(true); } })));
 				overlayIn.value = '';
