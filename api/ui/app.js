@@ -747,11 +747,12 @@
 			const sources = [[null, c.zoom ? c.zoom.series : st.series]];
 			for (const [jid, o] of st.overlays) sources.push([jid, c.zoom ? (c.zoom.overlays[jid] || {}) : o.series]);
 			c.names.forEach((name, k) => {
-				for (const [jid, store] of sources) {
+				for (const [n, [jid, store]] of sources.entries()) {
 					const s = store[name];
 					if (!s || !s.steps.length) continue;
 					lines.push({ name, jid, s, label: (jid ? '#' + jid + ' ' : '') + name,
-						color: PALETTE[k % PALETTE.length], dash: jid ? [6, 4] : null,
+						/* A compared job: dashed, in a colour of its own. */
+						color: PALETTE[(k + 4 * n + (n ? 1 : 0)) % PALETTE.length], dash: jid ? [6, 4] : null,
 						last: s.values[s.values.length - 1] });
 				}
 			});
