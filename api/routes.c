@@ -12,6 +12,8 @@
 #define MAX_PARAMS 8
 
 static const struct tr_api_route routes[] = {
+	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC},
+	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC},
 	{"GET", "/healthz", tr_api_health, TR_ROUTE_PUBLIC},
 	{"GET", "/readyz", tr_api_ready, 0},
 	{"GET", "/version", tr_api_version, 0},

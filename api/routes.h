@@ -47,6 +47,10 @@ void tr_api_route_allow(const char *path, char *buf, size_t len);
 
 /* ---- handlers (one file per resource) ---- */
 
+/* The dashboard (api/ui.c). */
+void tr_api_ui_index(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_ui_asset(struct tr_api_request *rq, struct tr_api_reply *rp);
+
 void tr_api_health(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_ready(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_version(struct tr_api_request *rq, struct tr_api_reply *rp);

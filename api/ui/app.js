@@ -1,0 +1,1048 @@
+/* trainerd dashboard (docs/design.md §10).  It uses only the daemon's public
+ * API, from the same origin, and builds every element with the DOM (no
+ * HTML from data), so a job name cannot inject markup.  Pages: #/ (jobs and
+ * the submit form), #/jobs/<id> (charts, info, log, checkpoints, controls),
+ * #/devices.  Charts are uPlot (chosen by bench/dashboard: fastest of the
+ * maintained candidates at four series of 100,000 points). */
+'use strict';
+(function () {
+	const TOKEN_KEY = 'trainerd.token';
+	const MAX_POINTS = 2000; /* per series and request: about two per pixel */
+	const LOG_LINES = 300;
+	const TERMINAL = ['completed', 'failed', 'cancelled'];
+	const STATES = ['queued', 'running', 'stopping', 'paused', 'completed', 'failed', 'cancelled', 'interrupted'];
+	const PALETTE = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#db2777', '#65a30d'];
+	const LEVELS = { 0: 'emerg', 1: 'alert', 2: 'crit', 3: 'error', 4: 'warn', 5: 'notice', 6: 'info', 7: 'debug' };
+
+	/* ---- small helpers ---- */
+	function h(tag, attrs, ...children) {
+		const el = document.createElement(tag);
+		for (const [k, v] of Object.entries(attrs || {})) {
+			if (v === null || v === undefined || v === false) continue;
+			if (k === 'class') el.className = v;
+			else if (k === 'text') el.textContent = v;
+			else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+			else if (k === 'style') el.style.cssText = v;
+			else el.setAttribute(k, v === true ? '' : v);
+		}
+		for (const c of children.flat()) {
+			if (c === null || c === undefined || c === false) continue;
+			el.append(c instanceof Node ? c : String(c));
+		}
+		return el;
+	}
+	const $ = (sel, root) => (root || document).querySelector(sel);
+	const sleep = (ms, signal) => new Promise((resolve) => {
+		const t = setTimeout(resolve, ms);
+		if (signal) signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
+	});
+	function fmtNum(v, digits) {
+		if (v === null || v === undefined || !isFinite(v)) return '–';
+		const a = Math.abs(v);
+		if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
+		return v.toFixed(digits === undefined ? (a >= 100 ? 1 : 4) : digits);
+	}
+	function fmtDuration(s) {
+		if (s === null || s === undefined || !isFinite(s)) return '–';
+		s = Math.max(0, Math.round(s));
+		if (s < 60) return s + 's';
+		if (s < 3600) return Math.floor(s / 60) + 'm ' + (s % 60) + 's';
+		if (s < 86400) return Math.floor(s / 3600) + 'h ' + Math.floor((s % 3600) / 60) + 'm';
+		return Math.floor(s / 86400) + 'd ' + Math.floor((s % 86400) / 3600) + 'h';
+	}
+	function fmtBytes(b) {
+		if (b === null || b === undefined) return '–';
+		const u = ['B', 'KB', 'MB', 'GB', 'TB'];
+		let i = 0;
+		while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+		return (i ? b.toFixed(1) : b) + ' ' + u[i];
+	}
+	const age = (iso) => (iso ? fmtDuration((Date.now() - Date.parse(iso)) / 1000) : '–');
+	let toastTimer = null;
+	function toast(msg, bad) {
+		const t = $('#toast');
+		t.textContent = msg;
+		t.className = 'show' + (bad ? ' bad' : '');
+		clearTimeout(toastTimer);
+		toastTimer = setTimeout(() => { t.className = ''; }, bad ? 6000 : 3000);
+	}
+
+	/* ---- the API, with the bearer token asked for once ---- */
+	class ApiError extends Error {
+		constructor(status, body) {
+			const e = (body && body.error) || {};
+			super(e.message || ('HTTP ' + status));
+			this.status = status;
+			this.code = e.code || 'http_' + status;
+			this.pointer = e.pointer || null;
+		}
+	}
+	let tokenAsk = null;
+	/* One dialog however many requests were refused; they all retry once
+	 * the user has answered. */
+	function askToken(why) {
+		if (tokenAsk) return tokenAsk;
+		tokenAsk = new Promise((resolve) => {
+			const dlg = $('#token-dialog'), input = $('#token-input');
+			$('#token-why').textContent = why;
+			input.value = '';
+			const done = (ev) => {
+				ev.preventDefault();
+				if (!input.value.trim()) return;
+				sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+				$('#token-form').removeEventListener('submit', done);
+				dlg.close();
+				tokenAsk = null;
+				resolve();
+			};
+			$('#token-form').addEventListener('submit', done);
+			/* Esc would leave the page without data: keep asking. */
+			dlg.addEventListener('cancel', (ev) => ev.preventDefault(), { once: true });
+			dlg.showModal();
+			input.focus();
+		});
+		return tokenAsk;
+	}
+	/* fetch() with the token as Authorization: Bearer (never in a URL). */
+	async function apiFetch(path, opts) {
+		opts = opts || {};
+		for (let attempt = 0; ; attempt++) {
+			const headers = new Headers(opts.headers || {});
+			const tok = sessionStorage.getItem(TOKEN_KEY);
+			if (tok) headers.set('Authorization', 'Bearer ' + tok);
+			const r = await fetch(path, Object.assign({}, opts, { headers }));
+			const method = (opts.method || 'GET').toUpperCase();
+			/* 401: no token sent.  403 on a read: the token is not valid at
+			 * all (a write may be refused to a read-only token instead). */
+			const rejected = r.status === 401 || (r.status === 403 && tok && method === 'GET');
+			if (!rejected || attempt >= 3) return r;
+			if (r.status === 403) sessionStorage.removeItem(TOKEN_KEY);
+			await askToken(r.status === 401 ? 'This daemon needs a bearer token.'
+				: 'That token was not accepted; enter another.');
+		}
+	}
+	async function api(path, opts) {
+		const r = await apiFetch(path, opts);
+		const text = await r.text();
+		let body = null;
+		try { body = text ? JSON.parse(text) : null; } catch (e) { body = null; }
+		if (!r.ok) throw new ApiError(r.status, body);
+		return body;
+	}
+	function setConn(text) { $('#conn').textContent = text || ''; }
+
+	/* ---- router: each page returns a cleanup function ---- */
+	let cleanup = null;
+	function route() {
+		if (cleanup) { try { cleanup(); } catch (e) { /* the old page is gone anyway */ } }
+		cleanup = null;
+		setConn('');
+		const main = $('#main');
+		main.replaceChildren();
+		const hash = location.hash || '#/';
+		let m, page = 'jobs';
+		if ((m = /^#\/jobs\/(\d+)$/.exec(hash))) { page = 'job'; cleanup = jobPage(main, Number(m[1])); }
+		else if (hash === '#/devices') { page = 'devices'; cleanup = devicesPage(main); }
+		else cleanup = jobsPage(main);
+		for (const a of document.querySelectorAll('[data-nav]'))
+			a.toggleAttribute('aria-current', a.dataset.nav === page || (page === 'job' && a.dataset.nav === 'jobs'));
+		for (const a of document.querySelectorAll('[data-nav]'))
+			if (a.hasAttribute('aria-current')) a.setAttribute('aria-current', 'page');
+	}
+	/* A poll loop that stops with the page and rests while the tab is hidden. */
+	function poller(signal, ms, fn) {
+		(async () => {
+			while (!signal.aborted) {
+				if (!document.hidden) {
+					try {
+						await fn();
+						if ($('#conn').textContent !== 'live') setConn('');
+					} catch (e) {
+						if (signal.aborted) return;
+						setConn(e instanceof ApiError ? e.message : 'daemon unreachable');
+					}
+				}
+				await sleep(typeof ms === 'function' ? ms() : ms, signal);
+			}
+		})();
+	}
+	function stateBadge(state, extra) {
+		return h('span', { class: 'state ' + state, 'data-state': state, text: extra || state });
+	}
+
+	/* ---- JSON pointer → place in the spec text ---- */
+	/* Parses text as JSON and records where each value is, by JSON pointer
+	 * (RFC 6901), so a daemon error's pointer can be shown in the text the
+	 * user wrote.  Returns a Map pointer → [start, end), or null when the
+	 * text is not JSON (the daemon's message then gives line and column). */
+	function pointerMap(text) {
+		const map = new Map();
+		let i = 0;
+		const ws = () => { while (i < text.length && ' \t\r\n'.includes(text[i])) i++; };
+		const esc = (k) => k.replace(/~/g, '~0').replace(/\//g, '~1');
+		function str() {
+			const start = i++;
+			while (i < text.length && text[i] !== '"') i += text[i] === '\\' ? 2 : 1;
+			i++;
+			return JSON.parse(text.slice(start, i));
+		}
+		function value(ptr) {
+			ws();
+			const start = i, c = text[i];
+			if (c === '{') {
+				i++; ws();
+				if (text[i] === '}') i++;
+				else for (;;) {
+					ws();
+					if (text[i] !== '"') throw new Error('key');
+					const keyStart = i, key = str();
+					ws();
+					if (text[i++] !== ':') throw new Error(':');
+					const sub = ptr + '/' + esc(key);
+					value(sub);
+					/* The key is what a user looks for: start there. */
+					map.set(sub, [keyStart, map.get(sub)[1]]);
+					ws();
+					if (text[i] === ',') { i++; continue; }
+					if (text[i++] !== '}') throw new Error('}');
+					break;
+				}
+			} else if (c === '[') {
+				i++; ws();
+				if (text[i] === ']') i++;
+				else for (let n = 0; ; n++) {
+					value(ptr + '/' + n);
+					ws();
+					if (text[i] === ',') { i++; continue; }
+					if (text[i++] !== ']') throw new Error(']');
+					break;
+				}
+			} else if (c === '"') {
+				str();
+			} else {
+				const m = /^(-?\d+(\.\d+)?([eE][+-]?\d+)?|true|false|null)/.exec(text.slice(i, i + 64));
+				if (!m) throw new Error('value');
+				i += m[0].length;
+			}
+			map.set(ptr, [start, i]);
+		}
+		try { value(''); return map; } catch (e) { return null; }
+	}
+	/* The place to show for pointer: the value itself, or the nearest
+	 * enclosing one that exists (a missing key's object). */
+	function locate(text, pointer, message) {
+		const map = pointerMap(text);
+		if (map && pointer !== null) {
+			let p = pointer;
+			while (!map.has(p) && p) p = p.slice(0, p.lastIndexOf('/'));
+			if (map.has(p)) return { range: map.get(p), exact: p === pointer };
+		}
+		const lc = /line (\d+), column (\d+)/.exec(message || '');
+		if (lc) {
+			const lines = text.split('\n'), line = Math.min(Number(lc[1]), lines.length);
+			let off = 0;
+			for (let n = 1; n < line; n++) off += lines[n - 1].length + 1;
+			const col = Math.max(0, Math.min(Number(lc[2]) - 1, lines[line - 1].length));
+			return { range: [off + col, off + col + 1], exact: true };
+		}
+		return null;
+	}
+	function lineOf(text, off) { return text.slice(0, off).split('\n').length; }
+	/* A few lines around the error, the offending text marked. */
+	function excerpt(text, range) {
+		const lines = text.split('\n');
+		const first = lineOf(text, range[0]), last = lineOf(text, Math.max(range[0], range[1] - 1));
+		const from = Math.max(1, first - 2), to = Math.min(lines.length, Math.min(last, first + 6) + 2);
+		const box = h('div', { class: 'excerpt', 'data-testid': 'spec-excerpt' });
+		let off = 0;
+		for (let n = 1; n < from; n++) off += lines[n - 1].length + 1;
+		for (let n = from; n <= to; n++) {
+			const line = lines[n - 1], a = Math.max(0, range[0] - off), b = Math.min(line.length, range[1] - off);
+			const row = h('div', { class: n >= first && n <= last ? 'hit' : '' }, h('span', { class: 'ln', text: n }));
+			if (b > a && n >= first && n <= last) row.append(line.slice(0, a), h('mark', { text: line.slice(a, b) }), line.slice(b));
+			else row.append(line);
+			box.append(row);
+			off += line.length + 1;
+		}
+		return box;
+	}
+
+	/* ---- Jobs page ---- */
+	let listFields = 'id,name,state,priority,devices,progress,summary,submitted_at,started_at,finished_at,error';
+	async function fetchJobs(state) {
+		const jobs = [];
+		let after = null;
+		for (let page = 0; page < 10; page++) {
+			const q = new URLSearchParams({ limit: '1000' });
+			if (state) q.set('state', state);
+			if (after) q.set('after', after);
+			if (listFields) q.set('fields', listFields);
+			let body;
+			try {
+				body = await api('/jobs?' + q);
+			} catch (e) {
+				/* An older daemon without fields=: ask for whole jobs. */
+				if (listFields && e.status === 400 && /fields/.test(e.message)) { listFields = null; page--; continue; }
+				throw e;
+			}
+			jobs.push(...body.jobs);
+			if (!body.next) break;
+			after = body.next;
+		}
+		return jobs.sort((a, b) => b.id - a.id);
+	}
+	function jobsPage(main) {
+		const ctl = new AbortController();
+		const filter = h('select', { id: 'state-filter', 'aria-label': 'Filter by state' },
+			h('option', { value: '', text: 'all states' }), STATES.map((s) => h('option', { value: s, text: s })));
+		filter.value = sessionStorage.getItem('trainerd.filter') || '';
+		const tbody = h('tbody');
+		const empty = h('p', { class: 'muted', text: 'Loading jobs…' });
+		const table = h('table', { id: 'jobs-table' },
+			h('thead', {}, h('tr', {}, ['Job', 'State', 'Progress', 'ETA', 'Loss', 'Samples/s', 'Devices', 'Priority', 'Age']
+				.map((t, i) => h('th', { class: i >= 3 && i !== 6 ? 'num' : '', text: t })))), tbody);
+		main.append(
+			h('div', { class: 'card' },
+				h('div', { class: 'row' }, h('h1', { text: 'Jobs' }), h('span', { class: 'spacer' }),
+					h('label', { for: 'state-filter', text: 'State' }), filter),
+				h('div', { class: 'table-wrap' }, table), empty),
+			submitForm());
+		async function refresh() {
+			const jobs = await fetchJobs(filter.value);
+			tbody.replaceChildren(...jobs.map(jobRow));
+			empty.textContent = jobs.length ? '' : (filter.value ? 'No ' + filter.value + ' jobs.' : 'No jobs yet: submit one below.');
+		}
+		filter.addEventListener('change', () => { sessionStorage.setItem('trainerd.filter', filter.value); refresh().catch(() => {}); });
+		poller(ctl.signal, 2000, refresh);
+		return () => ctl.abort();
+	}
+	function jobRow(job) {
+		const p = job.progress || {}, s = job.summary || {};
+		const total = p.total_steps || 0, step = p.step || 0;
+		const pct = total ? Math.min(100, (100 * step) / total) : 0;
+		const link = h('a', { href: '#/jobs/' + job.id, text: '#' + job.id + ' ' + job.name });
+		const tr = h('tr', { class: 'job-row', 'data-job': job.id },
+			h('td', {}, link),
+			h('td', {}, stateBadge(job.state)),
+			h('td', {}, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
+				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
+			h('td', { class: 'num', text: TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s) }),
+			h('td', { class: 'num', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
+			h('td', { class: 'num', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
+			h('td', { text: (job.devices || []).join(', ') || '–' }),
+			h('td', { class: 'num', text: job.priority }),
+			h('td', { class: 'num', text: age(job.submitted_at), title: job.submitted_at || '' }));
+		return tr;
+	}
+	function submitForm() {
+		const text = h('textarea', { id: 'spec-text', spellcheck: 'false', 'aria-label': 'Job spec (JSON)',
+			placeholder: '{"name": "...", "model": {...}, "data": {...}, ...}' });
+		text.value = sessionStorage.getItem('trainerd.draft') || '';
+		text.addEventListener('input', () => sessionStorage.setItem('trainerd.draft', text.value));
+		const file = h('input', { type: 'file', id: 'spec-file', accept: '.json,application/json' });
+		const prio = h('input', { type: 'number', id: 'spec-priority', min: -1000, max: 1000, value: 0, style: 'width:6rem' });
+		const out = h('div', { id: 'submit-result', 'aria-live': 'polite' });
+		const btn = h('button', { type: 'submit', class: 'primary', id: 'submit-btn', text: 'Submit job' });
+		file.addEventListener('change', async () => {
+			if (!file.files.length) return;
+			text.value = await file.files[0].text();
+			sessionStorage.setItem('trainerd.draft', text.value);
+		});
+		const form = h('form', { id: 'submit-form' },
+			h('p', { class: 'muted small', text: 'Paste a job spec or load a .json file; the daemon checks it and points at any error.' }),
+			text,
+			h('div', { class: 'row', style: 'margin-top:.5rem' },
+				h('label', { for: 'spec-file', text: 'File' }), file,
+				h('label', { for: 'spec-priority', text: 'Priority' }), prio,
+				h('span', { class: 'spacer' }), btn),
+			out);
+		form.addEventListener('submit', async (ev) => {
+			ev.preventDefault();
+			out.replaceChildren();
+			btn.disabled = true;
+			btn.textContent = 'Submitting…';
+			try {
+				const job = await api('/jobs?priority=' + encodeURIComponent(prio.value || '0'),
+					{ method: 'POST', headers: { 'Content-Type': 'application/json' }, body: text.value });
+				sessionStorage.removeItem('trainerd.draft');
+				toast('Submitted job #' + job.id);
+				location.hash = '#/jobs/' + job.id;
+			} catch (e) {
+				out.append(specError(text, e));
+			} finally {
+				btn.disabled = false;
+				btn.textContent = 'Submit job';
+			}
+		});
+		return h('details', { class: 'card', id: 'submit', open: text.value ? true : null },
+			h('summary', { text: 'Submit a job' }), form);
+	}
+	function specError(textarea, e) {
+		const box = h('div', { class: 'error-box', role: 'alert', 'data-testid': 'spec-error' },
+			h('strong', { text: e.code ? e.code + ': ' : 'error: ' }), e.message);
+		if (!(e instanceof ApiError)) return box;
+		const where = locate(textarea.value, e.pointer, e.message);
+		if (e.pointer)
+			box.append(h('div', { class: 'small' }, 'at ', h('code', { class: 'pointer', 'data-testid': 'spec-pointer', text: e.pointer }),
+				where ? ', line ' + lineOf(textarea.value, where.range[0]) + (where.exact ? '' : ' (the enclosing value; the key is missing)') : ''));
+		if (where) {
+			box.append(excerpt(textarea.value, where.range));
+			textarea.focus();
+			textarea.setSelectionRange(where.range[0], where.range[1]);
+			/* Bring the selection into view: setSelectionRange does not scroll. */
+			const line = lineOf(textarea.value, where.range[0]);
+			textarea.scrollTop = Math.max(0, (line - 3) * parseFloat(getComputedStyle(textarea).lineHeight || '18'));
+		}
+		return box;
+	}
+
+	/* ---- Devices page ---- */
+	function deviceTable(devices, highlightJob) {
+		return h('div', { class: 'table-wrap' }, h('table', { id: 'devices-table' },
+			h('thead', {}, h('tr', {}, ['Id', 'Device', 'Kind', 'Memory used', 'Job'].map((t) => h('th', { text: t })))),
+			h('tbody', {}, devices.map((d) => {
+				const used = d.memory_total ? d.memory_total - (d.memory_free || 0) : null;
+				return h('tr', { 'data-device': d.id, class: highlightJob && d.job === highlightJob ? 'mine' : '' },
+					h('td', { text: d.id }), h('td', { text: d.name }), h('td', { text: d.kind }),
+					h('td', {}, d.memory_total ? [h('progress', { class: 'memory', max: d.memory_total, value: used,
+						'aria-label': 'memory of device ' + d.id }), h('span', { class: 'pct', text: fmtBytes(used) + ' / ' + fmtBytes(d.memory_total) })] : '–'),
+					h('td', {}, d.job ? h('a', { href: '#/jobs/' + d.job, text: '#' + d.job }) : h('span', { class: 'muted', text: 'free' })));
+			}))));
+	}
+	function devicesPage(main) {
+		const ctl = new AbortController();
+		const body = h('div', {}, h('p', { class: 'muted', text: 'Loading devices…' }));
+		main.append(h('div', { class: 'card' }, h('h1', { text: 'Devices' }), body));
+		poller(ctl.signal, 3000, async () => {
+			const r = await api('/devices');
+			body.replaceChildren(r.devices.length ? deviceTable(r.devices) : h('p', { class: 'muted', text: 'No devices.' }));
+		});
+		return () => ctl.abort();
+	}
+
+	/* ---- series data ---- */
+	/* A series as the page keeps it: parallel arrays in step order.  min
+	 * and max are the bucket envelope of downsampled answers (equal to the
+	 * value where a point stands for itself). */
+	function emptySeries() { return { steps: [], values: [], epochs: [], times: [], min: [], max: [] }; }
+	function lowerBound(a, x) {
+		let lo = 0, hi = a.length;
+		while (lo < hi) { const mid = (lo + hi) >> 1; if (a[mid] < x) lo = mid + 1; else hi = mid; }
+		return lo;
+	}
+	/* Merges an answer's series into store, keeping step order and
+	 * skipping steps it already has. */
+	function mergeSeries(store, series) {
+		let added = 0;
+		for (const [name, s] of Object.entries(series || {})) {
+			const dst = store[name] || (store[name] = emptySeries());
+			for (let i = 0; i < s.steps.length; i++) {
+				const step = s.steps[i], v = s.values[i];
+				const pt = [step, v, s.epochs ? s.epochs[i] : null, s.times ? s.times[i] : null,
+					s.min ? s.min[i] : v, s.max ? s.max[i] : v];
+				const n = dst.steps.length;
+				let at = n;
+				if (n && step <= dst.steps[n - 1]) {
+					at = lowerBound(dst.steps, step);
+					if (dst.steps[at] === step) continue;
+				}
+				const keys = ['steps', 'values', 'epochs', 'times', 'min', 'max'];
+				if (at === n) keys.forEach((k, j) => dst[k].push(pt[j]));
+				else keys.forEach((k, j) => dst[k].splice(at, 0, pt[j]));
+				added++;
+			}
+		}
+		return added;
+	}
+	function lastStep(store) {
+		let last = -1;
+		for (const s of Object.values(store)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
+		return last;
+	}
+	/* TensorBoard's smoothing: an EMA debiased by 1 - w^n, so the first
+	 * points are not dragged towards zero. */
+	function ema(values, w) {
+		const out = new Array(values.length);
+		let last = 0, n = 0;
+		for (let i = 0; i < values.length; i++) {
+			const v = values[i];
+			if (v === null || !isFinite(v)) { out[i] = v; continue; }
+			last = last * w + (1 - w) * v;
+			n++;
+			out[i] = w === 0 ? v : last / (1 - Math.pow(w, n));
+		}
+		return out;
+	}
+	function metricsQuery(params) {
+		const q = new URLSearchParams(Object.assign({ max_points: String(MAX_POINTS), epochs: 'true', times: 'true' }, params));
+		return q.toString();
+	}
+
+	/* ---- Job page ---- */
+	function jobPage(main, id) {
+		const ctl = new AbortController(), signal = ctl.signal;
+		const st = {
+			job: null, series: {}, overlays: new Map(), charts: [], x: 'step', log: false, smooth: 0.6, envelope: true,
+			logLines: [], polling: false,
+		};
+		/* ---- layout ---- */
+		const title = h('h1', { id: 'job-title', text: 'Job #' + id });
+		const badge = h('span', { id: 'job-state' });
+		const buttons = {};
+		const actions = h('div', { class: 'row', id: 'job-actions' });
+		const ACTIONS = [
+			['stop', 'Stop', 'finishes its current step, takes a final checkpoint and ends as completed', ['running']],
+			['pause', 'Pause', 'takes a checkpoint and leaves its devices until resumed', ['queued', 'running']],
+			['resume', 'Resume', 'queues it again; it continues from its newest checkpoint', ['paused']],
+			['cancel', 'Cancel', 'ends it at once, without a final checkpoint', ['queued', 'running', 'stopping', 'paused', 'interrupted']],
+		];
+		for (const [op, label, what, states] of ACTIONS) {
+			const b = h('button', { type: 'button', id: 'btn-' + op, class: op === 'cancel' ? 'danger' : '', text: label, disabled: true });
+			b.dataset.states = states.join(' ');
+			b.addEventListener('click', () => control(op, label, what, b));
+			buttons[op] = b;
+			actions.append(b);
+		}
+		const feedback = h('span', { id: 'job-feedback', class: 'muted small', role: 'status', 'aria-live': 'polite' });
+		const info = h('dl', { class: 'info', id: 'job-info' });
+		const devPanel = h('div', { id: 'job-devices' }, h('p', { class: 'muted', text: '–' }));
+		const ckptPanel = h('div', { id: 'job-checkpoints' }, h('p', { class: 'muted', text: 'none yet' }));
+		const logPre = h('pre', { class: 'log', id: 'job-log', tabindex: '0', 'aria-label': 'log tail' });
+		const chartsBox = h('div', { id: 'charts' });
+
+		const xSel = h('select', { id: 'x-axis', 'aria-label': 'X axis' },
+			h('option', { value: 'step', text: 'step' }), h('option', { value: 'epoch', text: 'epoch' }), h('option', { value: 'time', text: 'wall time (s)' }));
+		const ySel = h('select', { id: 'y-scale', 'aria-label': 'Y scale' },
+			h('option', { value: 'linear', text: 'linear' }), h('option', { value: 'log', text: 'log' }));
+		const smooth = h('input', { type: 'range', id: 'smoothing', min: 0, max: 0.99, step: 0.01, value: st.smooth, 'aria-label': 'Smoothing' });
+		const smoothOut = h('output', { for: 'smoothing', text: st.smooth.toFixed(2) });
+		const env = h('input', { type: 'checkbox', id: 'envelope', checked: true });
+		const overlayIn = h('input', { type: 'number', id: 'overlay-job', min: 1, placeholder: 'job id', style: 'width:6.5rem', 'aria-label': 'Compare with job' });
+		const overlayBtn = h('button', { type: 'button', id: 'overlay-add', text: 'Compare' });
+		const addChartSel = h('select', { id: 'add-chart', 'aria-label': 'Add a chart of a series' }, h('option', { value: '', text: '+ chart of…' }));
+		const overlayChips = h('span', { class: 'chips', id: 'overlay-chips' });
+
+		main.append(
+			h('div', { class: 'job-head' }, h('a', { href: '#/', text: '← Jobs' }), title, badge, h('span', { class: 'spacer' }), feedback, actions),
+			h('div', { class: 'job-grid' },
+				h('div', {},
+					h('div', { class: 'card controls', id: 'chart-controls' },
+						h('label', {}, 'X ', xSel), h('label', {}, 'Y ', ySel),
+						h('label', {}, 'Smoothing ', smooth, smoothOut),
+						h('label', {}, env, 'min/max band'),
+						h('span', { class: 'row' }, overlayIn, overlayBtn, overlayChips),
+						addChartSel),
+					chartsBox,
+					h('div', { class: 'card' }, h('h2', { text: 'Log' }), logPre)),
+				h('aside', {},
+					h('div', { class: 'card' }, h('h2', { text: 'Info' }), info),
+					h('div', { class: 'card' }, h('h2', { text: 'Devices' }), devPanel),
+					h('div', { class: 'card' }, h('h2', { text: 'Checkpoints' }), ckptPanel))));
+
+		/* ---- job info ---- */
+		function renderJob() {
+			const job = st.job, p = job.progress || {}, s = job.summary || {};
+			title.textContent = '#' + job.id + ' ' + job.name;
+			document.title = '#' + job.id + ' ' + job.name + ' – trainerd';
+			badge.replaceChildren(stateBadge(job.state));
+			/* A request's feedback lasts until the job has ended. */
+			if (TERMINAL.includes(job.state) && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
+			for (const b of Object.values(buttons))
+				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
+			const rows = [
+				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
+				['Epoch', p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch],
+				['ETA', TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s)],
+				['Elapsed', fmtDuration(p.elapsed_s !== undefined ? p.elapsed_s : job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null)],
+				['Loss', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
+				['Val loss', fmtNum(s.val_loss !== undefined ? s.val_loss : lastValue('val_loss'))],
+				['Val accuracy', fmtNum(s.val_accuracy !== undefined ? s.val_accuracy : lastValue('val_accuracy'))],
+				['Samples/s', fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0)],
+				['Data wait', fmtPct(p.data_wait_fraction !== undefined ? p.data_wait_fraction : s.data_wait_fraction)],
+				['Priority', job.priority],
+				['Submitted', job.submitted_at ? age(job.submitted_at) + ' ago' : '–'],
+				['Started', job.started_at ? age(job.started_at) + ' ago' : '–'],
+				['Finished', job.finished_at ? age(job.finished_at) + ' ago' : '–'],
+			];
+			for (const [k, v] of Object.entries(job.info || {})) rows.push([k, v]);
+			if (job.error) rows.push(['Error', job.error.code + ': ' + job.error.message + (job.error.step !== undefined ? ' (step ' + job.error.step + ')' : '')]);
+			info.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', { text: k }), h('dd', { text: v === undefined || v === null ? '–' : String(v) })]));
+		}
+		function fmtPct(f) { return f === undefined || f === null ? '–' : (100 * f).toFixed(1) + '%'; }
+		function lastValue(name) {
+			const s = st.series[name];
+			return s && s.values.length ? s.values[s.values.length - 1] : null;
+		}
+		async function loadJob() {
+			st.job = await api('/jobs/' + id);
+			renderJob();
+		}
+		async function loadDevices() {
+			const job = st.job;
+			if (!job) return;
+			const spec = job.spec || {}, pf = spec.prefetch || {};
+			let devices = [];
+			try { devices = (await api('/devices')).devices; } catch (e) { /* shown as ids only */ }
+			const mine = devices.filter((d) => (job.devices || []).includes(d.id));
+			const p = job.progress || {}, s = job.summary || {};
+			const wait = p.data_wait_fraction !== undefined ? p.data_wait_fraction : s.data_wait_fraction;
+			devPanel.replaceChildren(
+				h('dl', { class: 'info' },
+					h('dt', { text: 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
+					h('dt', { text: 'Backend' }), h('dd', { text: spec.backend || 'auto' }),
+					h('dt', { text: 'Loader threads' }), h('dd', { text: pf.workers !== undefined ? pf.workers : 'default' }),
+					h('dt', { text: 'Data-wait share' }), h('dd', { text: fmtPct(wait) }),
+					mine.flatMap((dv) => [h('dt', { text: dv.name }),
+						h('dd', { 'data-device': dv.id, text: dv.kind + (dv.memory_total ? ', ' + fmtBytes(dv.memory_total - (dv.memory_free || 0)) + ' / ' + fmtBytes(dv.memory_total) + ' used' : '') })])));
+		}
+		async function loadCheckpoints() {
+			const r = await api('/jobs/' + id + '/checkpoints');
+			if (!r.checkpoints.length) { ckptPanel.replaceChildren(h('p', { class: 'muted', text: 'none yet' })); return; }
+			ckptPanel.replaceChildren(h('div', { class: 'table-wrap' }, h('table', {},
+				h('thead', {}, h('tr', {}, ['Step', 'Size', 'Download'].map((t) => h('th', { text: t })))),
+				h('tbody', {}, r.checkpoints.map((c) => h('tr', {},
+					h('td', { text: c.step, title: c.created_at }), h('td', { text: fmtBytes(c.bytes) }),
+					h('td', {}, download('/jobs/' + id + '/checkpoints/' + c.step + '/model.safetensors', 'weights', 'job' + id + '-step' + c.step + '-model.safetensors'),
+						' · ', download('/jobs/' + id + '/checkpoints/' + c.step + '/checkpoint.safetensors', 'full', 'job' + id + '-step' + c.step + '-checkpoint.safetensors'))))))));
+		}
+		/* A plain link without a token; with one, the click fetches the
+		 * file with the Authorization header (a link cannot carry it). */
+		function download(href, label, filename) {
+			const a = h('a', { href, download: filename, text: label });
+			a.addEventListener('click', async (ev) => {
+				if (!sessionStorage.getItem(TOKEN_KEY)) return;
+				ev.preventDefault();
+				try {
+					const r = await apiFetch(href);
+					if (!r.ok) throw new Error('HTTP ' + r.status);
+					const url = URL.createObjectURL(await r.blob());
+					const tmp = h('a', { href: url, download: filename });
+					document.body.append(tmp);
+					tmp.click();
+					tmp.remove();
+					setTimeout(() => URL.revokeObjectURL(url), 10000);
+				} catch (e) { toast('Download failed: ' + e.message, true); }
+			});
+			return a;
+		}
+
+		/* ---- controls ---- */
+		async function confirmDialog(text, okLabel) {
+			const dlg = $('#confirm-dialog');
+			$('#confirm-text').textContent = text;
+			$('#confirm-ok').textContent = okLabel;
+			$('#confirm-title').textContent = okLabel + '?';
+			dlg.returnValue = '';
+			return new Promise((resolve) => {
+				dlg.addEventListener('close', () => resolve(dlg.returnValue === 'ok'), { once: true });
+				dlg.showModal();
+				$('#confirm-cancel').focus();
+			});
+		}
+		async function control(op, label, what, b) {
+			if (!(await confirmDialog('Job #' + id + ' ' + what + '.', label + ' job #' + id))) return;
+			const old = b.textContent;
+			b.dataset.busy = '1';
+			b.disabled = true;
+			b.textContent = label.replace(/e$/, '') + 'ing…';
+			feedback.textContent = op + ' requested…';
+			try {
+				st.job = await api('/jobs/' + id + '/' + op, { method: 'POST' });
+				feedback.textContent = op + ' accepted: ' + st.job.state;
+				toast(label + ': job #' + id + ' is ' + st.job.state);
+			} catch (e) {
+				feedback.textContent = '';
+				toast(label + ' refused: ' + e.message, true);
+			} finally {
+				delete b.dataset.busy;
+				b.textContent = old;
+				if (st.job) renderJob();
+			}
+			startLive();
+		}
+
+		/* ---- charts ---- */
+		function stepsPerEpoch(jid) {
+			const o = jid ? st.overlays.get(jid) : null;
+			const job = (o ? o.job : st.job) || {}, p = job.progress || {}, spec = job.spec || {};
+			const epochs = p.epochs || spec.epochs;
+			return epochs && p.total_steps ? p.total_steps / epochs : null;
+		}
+		/* jid: whose series (null: this job's); wall time counts from that
+		 * job's own first point, so compared runs start together. */
+		function xValues(s, jid) {
+			if (st.x === 'epoch') {
+				const spe = stepsPerEpoch(jid);
+				return spe ? s.steps.map((x) => x / spe) : s.epochs.map((e, i) => (e === null ? s.steps[i] : e));
+			}
+			if (st.x === 'time') {
+				const o = jid ? st.overlays.get(jid) : null;
+				const t0 = firstTime(o ? o.series : st.series);
+				return s.times.map((t) => (t === null ? null : t - t0));
+			}
+			return s.steps;
+		}
+		function firstTime(store) {
+			let t0 = Infinity;
+			for (const s of Object.values(store)) if (s.times.length && s.times[0] !== null) t0 = Math.min(t0, s.times[0]);
+			return isFinite(t0) ? t0 : 0;
+		}
+		function allNames() {
+			return Object.keys(st.series).sort();
+		}
+		function refreshPickers() {
+			const names = allNames();
+			const have = new Set([...addChartSel.options].map((o) => o.value));
+			for (const n of names) if (!have.has(n)) addChartSel.append(h('option', { value: n, text: n }));
+			for (const c of st.charts) c.refreshPicker(names);
+		}
+		function addChart(names) {
+			const c = { names: names.slice(), u: null, zoom: null, key: '' };
+			const el = h('div', { class: 'chart', 'data-chart': st.charts.length, 'data-points': '0' });
+			const chips = h('span', { class: 'chips' });
+			const picker = h('select', { 'aria-label': 'Add a series to this chart' }, h('option', { value: '', text: '+ series' }));
+			const zoomNote = h('span', { class: 'zoom-note' });
+			const reset = h('button', { type: 'button', class: 'reset-zoom', text: 'Reset zoom', hidden: true });
+			const remove = h('button', { type: 'button', 'aria-label': 'Remove chart', text: 'Remove' });
+			const card = h('div', { class: 'card chart-card' },
+				h('div', { class: 'row' }, chips, picker, h('span', { class: 'spacer' }), zoomNote, reset, remove), el);
+			c.el = el;
+			c.card = card;
+			c.refreshPicker = (all) => {
+				const have = new Set([...picker.options].map((o) => o.value));
+				for (const n of all) if (!have.has(n)) picker.append(h('option', { value: n, text: n }));
+			};
+			picker.addEventListener('change', () => {
+				if (picker.value && !c.names.includes(picker.value)) { c.names.push(picker.value); c.zoom = null; }
+				picker.value = '';
+				draw(c, true);
+			});
+			remove.addEventListener('click', () => {
+				if (c.u) c.u.destroy();
+				card.remove();
+				st.charts.splice(st.charts.indexOf(c), 1);
+			});
+			reset.addEventListener('click', () => { c.zoom = null; draw(c, true); });
+			el.addEventListener('dblclick', () => { if (c.zoom) { c.zoom = null; draw(c, true); } });
+			c.renderChips = (lines) => {
+				chips.replaceChildren(...lines.map((ln) => h('span', { class: 'chip' },
+					h('span', { class: 'sw', style: 'background:' + ln.color }), ln.label,
+					h('span', { class: 'val', text: fmtNum(ln.last) }),
+					h('button', { type: 'button', 'aria-label': 'remove ' + ln.label, text: '×', onclick: () => {
+						c.names = c.names.filter((n) => n !== ln.name);
+						draw(c, true);
+					} }))));
+				zoomNote.textContent = c.zoom ? 'steps ' + c.zoom.from + '–' + c.zoom.to + ' (full resolution)' : '';
+				reset.hidden = !c.zoom;
+			};
+			st.charts.push(c);
+			chartsBox.append(card);
+			c.refreshPicker(allNames());
+			draw(c, true);
+			return c;
+		}
+		/* The lines of a chart: this job's series, then each compared job's. */
+		function chartLines(c) {
+			const lines = [];
+			const sources = [[null, c.zoom ? c.zoom.series : st.series]];
+			for (const [jid, o] of st.overlays) sources.push([jid, c.zoom ? (c.zoom.overlays[jid] || {}) : o.series]);
+			c.names.forEach((name, k) => {
+				for (const [n, [jid, store]] of sources.entries()) {
+					const s = store[name];
+					if (!s || !s.steps.length) continue;
+					lines.push({ name, jid, s, label: (jid ? '#' + jid + ' ' : '') + name,
+						/* A compared job: dashed, in a colour of its own. */
+						color: PALETTE[(k + 4 * n + (n ? 1 : 0)) % PALETTE.length], dash: jid ? [6, 4] : null,
+						last: s.values[s.values.length - 1] });
+				}
+			});
+			return lines;
+		}
+		function draw(c, rebuild) {
+			const lines = chartLines(c);
+			c.renderChips(lines);
+			const main = lines.find((l) => !l.jid);
+			c.el.dataset.points = main ? String(main.s.steps.length) : '0';
+			/* For bench/dashboard: when the page first showed a curve. */
+			if (main && !performance.getEntriesByName('trainerd:first-chart').length) performance.mark('trainerd:first-chart');
+			const pos = (v) => (st.log && !(v > 0) ? null : v);
+			const tables = [];
+			const series = [{ label: st.x }];
+			const bands = [];
+			for (const ln of lines) {
+				const xs = xValues(ln.s, ln.jid);
+				const smoothOn = st.smooth > 0;
+				const raw = ln.s.values.map(pos);
+				const table = [xs, raw];
+				series.push({ label: ln.label + (smoothOn ? ' (raw)' : ''), stroke: smoothOn ? ln.color + '40' : ln.color,
+					width: 1, dash: ln.dash, spanGaps: true, points: { show: false } });
+				if (smoothOn) {
+					table.push(ema(ln.s.values, st.smooth).map(pos));
+					series.push({ label: ln.label, stroke: ln.color, width: 1.6, dash: ln.dash, spanGaps: true, points: { show: false } });
+				}
+				const hasEnv = st.envelope && ln.s.min.some((v, i) => v !== ln.s.max[i]);
+				if (hasEnv) {
+					table.push(ln.s.max.map(pos), ln.s.min.map(pos));
+					const hi = series.length, lo = hi + 1;
+					series.push({ label: ln.label + ' max', stroke: 'transparent', width: 0, spanGaps: true, points: { show: false } },
+						{ label: ln.label + ' min', stroke: 'transparent', width: 0, spanGaps: true, points: { show: false } });
+					bands.push({ series: [hi, lo], fill: ln.color + '26' });
+				}
+				tables.push(table);
+			}
+			const data = tables.length === 1 ? tables[0] : tables.length ? uPlot.join(tables) : [[]];
+			const key = series.map((s) => s.label).join('|') + '|' + st.log + '|' + st.x;
+			if (c.u && !rebuild && key === c.key) {
+				c.u.setData(data, !c.zoom);
+				return;
+			}
+			if (c.u) c.u.destroy();
+			c.key = key;
+			const width = Math.max(280, c.el.clientWidth || chartsBox.clientWidth || 600);
+			c.u = new uPlot({
+				width, height: width < 500 ? 220 : 300,
+				scales: { x: { time: false }, y: { distr: st.log ? 3 : 1 } },
+				series, bands,
+				legend: { show: false },
+				axes: [{ label: st.x === 'time' ? 'seconds' : st.x, stroke: getComputedStyle(document.body).color,
+					grid: { stroke: '#8882' } },
+				{ stroke: getComputedStyle(document.body).color, grid: { stroke: '#8882' }, size: 60 }],
+				cursor: { drag: { x: true, y: false, setScale: false } },
+				hooks: { setSelect: [(u) => {
+					if (u.select.width < 4) return;
+					const x0 = u.posToVal(u.select.left, 'x'), x1 = u.posToVal(u.select.left + u.select.width, 'x');
+					u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+					zoom(c, x0, x1);
+				}] },
+			}, data, c.el);
+		}
+		/* Drag to zoom: the x range becomes a step range, fetched again at
+		 * full resolution (max_points still caps a huge range). */
+		async function zoom(c, x0, x1) {
+			const ref = (chartLines(c).find((l) => !l.jid) || {}).s || Object.values(st.series)[0];
+			if (!ref) return;
+			const xs = xValues(ref, null);
+			let from = Infinity, to = -Infinity;
+			for (let i = 0; i < xs.length; i++)
+				if (xs[i] !== null && xs[i] >= x0 && xs[i] <= x1) { from = Math.min(from, ref.steps[i]); to = Math.max(to, ref.steps[i]); }
+			if (st.x === 'step') { from = Math.max(0, Math.ceil(x0)); to = Math.floor(x1); }
+			if (!isFinite(from) || to < from) return;
+			const q = { names: c.names.join(','), from_step: String(from), to_step: String(to) };
+			const z = { from, to, series: {}, overlays: {} };
+			try {
+				mergeSeries(z.series, (await api('/jobs/' + id + '/metrics?' + metricsQuery(q), { signal })).series);
+				for (const jid of st.overlays.keys()) {
+					z.overlays[jid] = {};
+					mergeSeries(z.overlays[jid], (await api('/jobs/' + jid + '/metrics?' + metricsQuery(q), { signal })).series);
+				}
+			} catch (e) { if (!signal.aborted) toast('Zoom failed: ' + e.message, true); return; }
+			c.zoom = z;
+			draw(c, true);
+		}
+		function redrawAll(rebuild) { for (const c of st.charts) draw(c, rebuild); }
+		xSel.addEventListener('change', () => { st.x = xSel.value; for (const c of st.charts) c.zoom = null; redrawAll(true); });
+		ySel.addEventListener('change', () => { st.log = ySel.value === 'log'; redrawAll(true); });
+		smooth.addEventListener('input', () => { st.smooth = Number(smooth.value); smoothOut.textContent = st.smooth.toFixed(2); redrawAll(true); });
+		env.addEventListener('change', () => { st.envelope = env.checked; redrawAll(true); });
+		addChartSel.addEventListener('change', () => { if (addChartSel.value) addChart([addChartSel.value]); addChartSel.value = ''; });
+		overlayBtn.addEventListener('click', async () => {
+			const jid = Number(overlayIn.value);
+			if (!jid || jid === id || st.overlays.has(jid)) return;
+			try {
+				const store = {};
+				mergeSeries(store, (await api('/jobs/' + jid + '/metrics?' + metricsQuery({}), { signal })).series);
+				/* Its own epoch length, for x by epoch. */
+				const other = await api('/jobs/' + jid, { signal }).catch(() => null);
+				st.overlays.set(jid, { series: store, job: other });
+				overlayChips.append(h('span', { class: 'chip' }, '#' + jid, h('button', { type: 'button', 'aria-label': 'stop comparing with #' + jid, text: '×',
+					onclick: (ev) => { st.overlays.delete(jid); ev.target.parentNode.remove(); redrawAll(true); } })));
+				overlayIn.value = '';
+				redrawAll(true);
+			} catch (e) { toast('Job #' + jid + ': ' + e.message, true); }
+		});
+		let resizeTimer = null;
+		const onResize = () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(() => redrawAll(true), 150); };
+		window.addEventListener('resize', onResize);
+
+		/* ---- live data ---- */
+		/* Metrics: one full (downsampled) read, then only steps after the
+		 * newest one the page has. */
+		async function pollMetrics() {
+			const from = lastStep(st.series) + 1;
+			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(from > 0 ? { from_step: String(from) } : {}), { signal });
+			const added = mergeSeries(st.series, r.series);
+			if (!st.charts.length && Object.keys(st.series).length) {
+				const first = ['loss', 'val_loss'].filter((n) => st.series[n]);
+				addChart(first.length ? first : [allNames()[0]]);
+			}
+			refreshPickers();
+			if (added) redrawAll(false);
+			return added;
+		}
+		function addLog(line) {
+			const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
+			const t = new Date(line.time * 1000);
+			const el = h('div', { class: 'lvl-' + line.level },
+				t.toTimeString().slice(0, 8) + ' ' + (LEVELS[line.level] || line.level).padEnd(6) + ' ' + line.message);
+			logPre.append(el);
+			while (logPre.childNodes.length > LOG_LINES) logPre.firstChild.remove();
+			if (atEnd) logPre.scrollTop = logPre.scrollHeight;
+		}
+		/* Logs of a job that is over: the last page's lines. */
+		async function loadLogsOnce() {
+			let after = null, lines = [];
+			for (let page = 0; page < 50; page++) {
+				const r = await api('/jobs/' + id + '/logs?limit=10000' + (after ? '&after=' + after : ''), { signal });
+				lines = lines.concat(r.logs).slice(-LOG_LINES);
+				if (!r.next) break;
+				after = r.next;
+			}
+			logPre.replaceChildren();
+			lines.forEach(addLog);
+		}
+		/* Server-Sent Events read with fetch(), which, unlike EventSource,
+		 * can send the Authorization header; reconnects resume with
+		 * Last-Event-ID. */
+		let lastEventId = null, streaming = false, ckptTimer = null;
+		async function followEvents() {
+			if (streaming) return;
+			streaming = true;
+			let retry = 3000;
+			try {
+				while (!signal.aborted) {
+					let ended = false;
+					try {
+						const headers = { Accept: 'text/event-stream' };
+						if (lastEventId !== null) headers['Last-Event-ID'] = lastEventId;
+						const r = await apiFetch('/jobs/' + id + '/events', { headers, signal });
+						if (!r.ok) throw new ApiError(r.status, null);
+						setConn('live');
+						const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+						let buf = '';
+						for (;;) {
+							const { value, done } = await reader.read();
+							if (done) break;
+							buf += value;
+							let cut;
+							while ((cut = buf.search(/\r?\n\r?\n/)) >= 0) {
+								const frame = buf.slice(0, cut);
+								buf = buf.slice(cut + (buf[cut] === '\r' ? 4 : 2));
+								const ev = { type: 'message', data: [] };
+								for (const line of frame.split(/\r?\n/)) {
+									if (!line || line[0] === ':') continue;
+									const k = line.indexOf(':');
+									const field = k < 0 ? line : line.slice(0, k);
+									const val = k < 0 ? '' : line.slice(k + (line[k + 1] === ' ' ? 2 : 1));
+									if (field === 'id') ev.id = val;
+									else if (field === 'event') ev.type = val;
+									else if (field === 'data') ev.data.push(val);
+									else if (field === 'retry' && /^\d+$/.test(val)) retry = Number(val);
+								}
+								if (ev.id !== undefined) lastEventId = ev.id;
+								if (ev.data.length) onEvent(ev.type, ev.data.join('\n'));
+							}
+						}
+						ended = true;
+					} catch (e) {
+						if (signal.aborted) return;
+						setConn('reconnecting…');
+					}
+					if (ended && st.job && TERMINAL.includes(st.job.state)) { setConn(''); return; }
+					await sleep(retry, signal);
+				}
+			} finally { streaming = false; }
+		}
+		function onEvent(type, data) {
+			let d;
+			try { d = JSON.parse(data); } catch (e) { return; }
+			if (type === 'log') {
+				addLog(d);
+				/* A new checkpoint is announced in the log: list it now. */
+				if (/^checkpoint at step \d+ \(/.test(d.message || '')) {
+					clearTimeout(ckptTimer);
+					ckptTimer = setTimeout(() => loadCheckpoints().catch(() => {}), 300);
+				}
+			}
+			else if (type === 'state') {
+				if (st.job && st.job.state !== d.state) {
+					st.job.state = d.state;
+					if (d.error !== undefined) st.job.error = d.error;
+					renderJob();
+					feedback.textContent = '';
+					loadJob().catch(() => {});
+				}
+			} else if (type === 'metrics' && Array.isArray(d.points)) {
+				const by = {};
+				for (const p of d.points) {
+					const s = by[p.name] || (by[p.name] = { steps: [], values: [], epochs: [], times: [] });
+					s.steps.push(p.step); s.values.push(p.value); s.epochs.push(p.epoch); s.times.push(p.wall);
+				}
+				/* Only points past the history the page loaded: a stream
+				 * replaying old events must not stitch raw points into a
+				 * downsampled curve.  (The stream starts after the first
+				 * metrics read, so a series the page lacks is new.) */
+				for (const [name, s] of Object.entries(by)) {
+					const have = st.series[name];
+					if (have && have.steps.length) {
+						const last = have.steps[have.steps.length - 1], k = lowerBound(s.steps, last + 1);
+						for (const key of ['steps', 'values', 'epochs', 'times']) s[key] = s[key].slice(k);
+					}
+				}
+				if (mergeSeries(st.series, by)) redrawAll(false);
+			}
+		}
+		const live = () => st.job && !TERMINAL.includes(st.job.state);
+		function startLive() {
+			if (live()) followEvents();
+			if (st.polling) return;
+			st.polling = true;
+			/* Metrics every second while the job can still write; a last
+			 * read after it ended picks up the final flush. */
+			(async () => {
+				let finalReads = 0;
+				while (!signal.aborted && finalReads < 2) {
+					if (!document.hidden) {
+						try { await pollMetrics(); } catch (e) { if (signal.aborted) return; }
+						try { await loadJob(); } catch (e) { if (signal.aborted) return; }
+					}
+					if (!live()) finalReads++;
+					await sleep(1000, signal);
+				}
+				st.polling = false;
+				if (!signal.aborted) { loadCheckpoints().catch(() => {}); loadDevices().catch(() => {}); }
+			})();
+		}
+
+		(async () => {
+			/* The metrics read is the slow one: start it beside the job's. */
+			const firstMetrics = pollMetrics().catch(() => {});
+			try {
+				await loadJob();
+			} catch (e) {
+				main.replaceChildren(h('div', { class: 'card error-box', role: 'alert' },
+					h('strong', { text: 'Job #' + id + ': ' }), e.message, ' ', h('a', { href: '#/', text: 'back to jobs' })));
+				return;
+			}
+			loadDevices().catch(() => {});
+			loadCheckpoints().catch(() => {});
+			await firstMetrics;
+			if (signal.aborted) return;
+			if (!live()) loadLogsOnce().catch(() => {});
+			startLive();
+			poller(signal, () => (live() ? 5000 : 60000), async () => { await loadCheckpoints(); await loadDevices(); });
+		})();
+		return () => {
+			ctl.abort();
+			window.removeEventListener('resize', onResize);
+			for (const c of st.charts) if (c.u) c.u.destroy();
+			document.title = 'trainerd';
+		};
+	}
+
+	/* The pure pieces, for the browser test to check against direct
+	 * computations. */
+	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries });
+
+	window.addEventListener('hashchange', route);
+	route();
+})();

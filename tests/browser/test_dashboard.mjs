@@ -1,0 +1,348 @@
+// Browser test of the dashboard (GET /): Debian's chromium driven by
+// playwright-core (scripts/install-deps.sh installs both), against real
+// daemons on loopback training real jobs on synthetic data.
+//
+// Checks: the jobs page lists a running job; the job page's loss chart
+// gains points while it trains and its log tail grows; a drag on the chart
+// refetches that step range (from_step/to_step); Stop, after confirmation,
+// stops the job and the page shows it; the submit form shows a bad spec's
+// error at its JSON pointer; with a token configured the page asks for it
+// once, keeps it out of every URL, and works.  Screenshots of each page go
+// to ARTIFACT_DIR.
+//
+// Usage: node tests/browser/test_dashboard.mjs TRAINERD ARTIFACT_DIR
+// Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
+// and the whole run is killed after 240 s.
+import { chromium } from 'playwright-core';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+const [trainerd, artifacts] = process.argv.slice(2);
+if (!trainerd || !artifacts) {
+	console.error('usage: test_dashboard.mjs TRAINERD ARTIFACT_DIR');
+	process.exit(2);
+}
+fs.mkdirSync(artifacts, { recursive: true });
+const TOKEN = 'dashboard-test-token';
+let passed = 0, failed = 0;
+const daemons = [];
+let browser = null;
+
+const hardStop = setTimeout(() => {
+	console.error('test_dashboard: took over 240 s; giving up');
+	finish(1);
+}, 240000);
+
+function check(name, ok, detail) {
+	if (ok) passed++;
+	else failed++;
+	console.log(`${ok ? 'ok  ' : 'FAIL'} ${name}${!ok && detail ? ': ' + detail : ''}`);
+}
+async function step(name, fn) {
+	try {
+		await fn();
+		check(name, true);
+	} catch (e) {
+		check(name, false, e && e.message ? e.message.split('\n')[0] : String(e));
+	}
+}
+async function finish(code) {
+	clearTimeout(hardStop);
+	if (browser) await browser.close().catch(() => {});
+	/* Each daemon must shut down cleanly on SIGTERM, without a sanitizer
+	 * report (the ASan build runs this test too). */
+	for (const d of daemons) {
+		const exited = d.exit || new Promise((r) => setTimeout(() => r(null), 20000));
+		try { d.proc.kill('SIGTERM'); } catch (e) { /* already gone */ }
+		const how = await Promise.race([exited, new Promise((r) => setTimeout(() => r(null), 20000))]);
+		try { d.proc.kill('SIGKILL'); } catch (e) { /* already gone */ }
+		const log = fs.readFileSync(d.log, 'utf8');
+		const report = /ERROR: \w+Sanitizer|runtime error:/.exec(log);
+		if (code === undefined)
+			check('daemon ' + path.basename(d.log) + ' exits cleanly on SIGTERM', how && how.code === 0 && !report,
+				how ? 'exit ' + how.code + ' signal ' + how.signal + (report ? ', ' + report[0] + ' in its log' : '') : 'still running after 20 s');
+		fs.rmSync(d.dir, { recursive: true, force: true });
+	}
+	console.log(`RESULT: ${passed} passed, ${failed} failed`);
+	process.exit(code === undefined ? (failed ? 1 : 0) : code);
+}
+
+async function startDaemon(devices, extra) {
+	const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'trainerd-browser-'));
+	const log = path.join(artifacts, `daemon-${daemons.length}.log`);
+	const proc = spawn(trainerd, ['serve', '--listen', '127.0.0.1:0', '--state-dir', dir, '--data-root', dir,
+		'--cpu-devices', String(devices), '--backend', 'cpu', '--openapi', '', ...extra],
+	{ stdio: ['ignore', 'ignore', fs.openSync(log, 'w')] });
+	const d = { proc, dir, log, url: null };
+	d.exit = new Promise((r) => proc.on('exit', (c, sig) => r({ code: c, signal: sig })));
+	daemons.push(d);
+	for (let i = 0; i < 100 && !d.url; i++) {
+		await new Promise((r) => setTimeout(r, 100));
+		try {
+			const addr = fs.readFileSync(path.join(dir, 'listen.addr'), 'utf8').trim();
+			d.url = addr.startsWith('http') ? addr : 'http://' + addr;
+		} catch (e) { /* not yet */ }
+	}
+	if (!d.url) throw new Error('trainerd did not start (see daemon log in ' + artifacts + ')');
+	return d;
+}
+async function submit(d, spec, token) {
+	const headers = { 'Content-Type': 'application/json' };
+	if (token) headers.Authorization = 'Bearer ' + token;
+	const r = await fetch(d.url + '/jobs', { method: 'POST', headers, body: JSON.stringify(spec) });
+	if (r.status !== 201) throw new Error('submit: HTTP ' + r.status + ' ' + (await r.text()));
+	return (await r.json()).id;
+}
+async function jobState(d, id, token) {
+	const r = await fetch(d.url + '/jobs/' + id, { headers: token ? { Authorization: 'Bearer ' + token } : {} });
+	return (await r.json()).state;
+}
+
+/* Long enough to watch (the test stops it); checkpoints every 40 steps
+ * make log lines and downloads appear while it trains (keep 10: a listed
+ * one is not pruned before the test downloads it). */
+const longJob = {
+	name: 'browser-long', seed: 3,
+	model: { inputs: 32, layers: [{ type: 'dense', units: 64 }, { type: 'relu' }, { type: 'dense', units: 4 }],
+		loss: 'softmax_cross_entropy' },
+	data: { train: { format: 'synthetic', task: 'classification', samples: 4096, features: 32, classes: 4,
+		noise: 1.0, load_cost_us: 300 }, validation_split: 0.1 },
+	batch_size: 64, max_steps: 200000, optimizer: { type: 'adamw', lr: 0.002 },
+	devices: 2, checkpoint: { every_steps: 40, keep: 10 },
+};
+const shortJob = { ...longJob, name: 'browser-short', max_steps: 60, checkpoint: { every_steps: 30, keep: 2 } };
+
+const chartPoints = (page) => page.$eval('[data-chart="0"]', (el) => Number(el.dataset.points));
+const logLines = (page) => page.$eval('#job-log', (el) => el.childNodes.length);
+async function waitFor(what, fn, timeoutMs) {
+	const end = Date.now() + timeoutMs;
+	let last;
+	while (Date.now() < end) {
+		last = await fn().catch((e) => { last = e; return false; });
+		if (last === true) return;
+		await new Promise((r) => setTimeout(r, 200));
+	}
+	throw new Error('timed out waiting for ' + what);
+}
+
+try {
+	browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+		args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'] });
+
+	// ---- daemon without a token ----
+	// Four devices: the long job and one submitted from the page both run.
+	const d = await startDaemon(4, []);
+	const id = await submit(d, longJob);
+	await waitFor('job running', async () => (await jobState(d, id)) === 'running', 30000);
+
+	const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+	const page = await context.newPage();
+	const pageErrors = [];
+	page.on('pageerror', (e) => pageErrors.push(e.message));
+	const urls = [];
+	page.on('request', (r) => urls.push(r.url()));
+
+	await step('jobs page lists the running job', async () => {
+		await page.goto(d.url + '/');
+		await page.waitForSelector(`tr[data-job="${id}"] [data-state="running"]`, { timeout: 15000 });
+		const name = await page.textContent(`tr[data-job="${id}"] a`);
+		if (!name.includes('browser-long')) throw new Error('row shows ' + name);
+		await page.waitForFunction((jid) => {
+			const p = document.querySelector(`tr[data-job="${jid}"] progress`);
+			return p && p.value > 0;
+		}, id, { timeout: 15000 });
+		await page.screenshot({ path: path.join(artifacts, 'jobs.png'), fullPage: true });
+	});
+
+	await step('submit form shows a bad spec\'s error at its pointer', async () => {
+		await page.click('#submit summary');
+		const bad = JSON.stringify({ ...shortJob, optimizer: { type: 'adamw', lr: -1 } }, null, 2);
+		await page.fill('#spec-text', bad);
+		await page.click('#submit-btn');
+		await page.waitForSelector('[data-testid="spec-error"]', { timeout: 10000 });
+		const pointer = await page.textContent('[data-testid="spec-pointer"]');
+		if (pointer !== '/optimizer/lr') throw new Error('pointer shown: ' + pointer);
+		const marked = await page.textContent('[data-testid="spec-excerpt"] mark');
+		if (!marked.startsWith('"lr"')) throw new Error('marked text: ' + marked);
+		const sel = await page.$eval('#spec-text', (t) => t.value.slice(t.selectionStart, t.selectionEnd));
+		if (!sel.startsWith('"lr"')) throw new Error('selected text: ' + sel);
+		await page.screenshot({ path: path.join(artifacts, 'submit-error.png'), fullPage: true });
+	});
+
+	let shortId = 0;
+	await step('submit form submits a good spec and opens its page', async () => {
+		await page.fill('#spec-text', JSON.stringify(shortJob, null, 2));
+		await page.click('#submit-btn');
+		await page.waitForURL(/#\/jobs\/\d+$/, { timeout: 10000 });
+		shortId = Number(/(\d+)$/.exec(page.url())[1]);
+		await page.waitForSelector('#job-title', { timeout: 10000 });
+	});
+
+	await step('job page: the loss chart gains points while the job trains', async () => {
+		await page.goto(d.url + '/#/jobs/' + id);
+		await page.waitForSelector('[data-chart="0"] canvas', { timeout: 15000 });
+		await waitFor('points in the chart', async () => (await chartPoints(page)) > 0, 15000);
+		const n0 = await chartPoints(page);
+		const chips = await page.textContent('[data-chart="0"]').catch(() => '');
+		await waitFor('more points', async () => (await chartPoints(page)) > n0, 20000);
+		const names = await page.$$eval('.chart-card .chip', (els) => els.map((e) => e.textContent));
+		if (!names.some((n) => n.startsWith('loss'))) throw new Error('chart lines: ' + names.join(', ') + chips);
+	});
+
+	await step('job page: the log tail updates', async () => {
+		await waitFor('log lines', async () => (await logLines(page)) > 0, 15000);
+		const n0 = await logLines(page);
+		await waitFor('a new log line', async () => (await logLines(page)) > n0, 30000);
+	});
+
+	await step('job page: metrics are polled incrementally', async () => {
+		const polls = urls.filter((u) => u.includes(`/jobs/${id}/metrics`));
+		if (polls.length < 2) throw new Error('only ' + polls.length + ' metrics requests');
+		const later = polls.slice(1);
+		if (!later.every((u) => /from_step=[1-9]/.test(u) || /to_step=/.test(u)))
+			throw new Error('a later poll read from the start: ' + later.find((u) => !/from_step=[1-9]/.test(u)));
+	});
+
+	await step('job page: drag to zoom refetches that step range', async () => {
+		const over = await page.$('[data-chart="0"] .u-over');
+		const box = await over.boundingBox();
+		const req = page.waitForRequest((r) => /\/metrics\?.*from_step=\d+.*to_step=\d+/.test(r.url()), { timeout: 10000 });
+		await page.mouse.move(box.x + box.width * 0.3, box.y + box.height / 2);
+		await page.mouse.down();
+		await page.mouse.move(box.x + box.width * 0.5, box.y + box.height / 2, { steps: 5 });
+		await page.mouse.move(box.x + box.width * 0.7, box.y + box.height / 2, { steps: 5 });
+		await page.mouse.up();
+		const r = await req;
+		const q = new URL(r.url()).searchParams;
+		if (!(Number(q.get('to_step')) > Number(q.get('from_step')))) throw new Error('range ' + r.url());
+		await page.waitForSelector('.reset-zoom:not([hidden])', { timeout: 10000 });
+		await page.screenshot({ path: path.join(artifacts, 'job-zoomed.png'), fullPage: true });
+		await page.click('.reset-zoom');
+	});
+
+	await step('job page: x by epoch and wall time, log y, smoothing, another chart, another job', async () => {
+		await page.selectOption('#x-axis', 'epoch');
+		await page.selectOption('#x-axis', 'time');
+		await page.selectOption('#y-scale', 'log');
+		await page.fill('#smoothing', '0');
+		await page.selectOption('#add-chart', 'lr');
+		await page.waitForSelector('[data-chart="1"] canvas', { timeout: 5000 });
+		await page.fill('#overlay-job', String(shortId));
+		await page.click('#overlay-add');
+		await page.waitForSelector(`#overlay-chips .chip`, { timeout: 10000 });
+		await waitFor('the other job\'s loss line', async () =>
+			(await page.textContent('.chart-card')).includes('#' + shortId + ' loss'), 10000);
+		await page.screenshot({ path: path.join(artifacts, 'job-controls.png'), fullPage: true });
+		await page.selectOption('#x-axis', 'step');
+		await page.selectOption('#y-scale', 'linear');
+		await page.fill('#smoothing', '0.6');
+	});
+
+	await step('smoothing is TensorBoard\'s debiased EMA; pointers map to their text', async () => {
+		const got = await page.evaluate(() => trainerdDashboard.ema([1, 2, NaN, 4, 8], 0.5));
+		/* By hand: last = 0.5, 1.25, (skip), 2.625, 5.3125; debias 1 - 0.5^n for n = 1, 2, 3, 4. */
+		const want = [1, 1.25 / 0.75, NaN, 2.625 / 0.875, 5.3125 / 0.9375];
+		if (!got.every((v, i) => (Number.isNaN(want[i]) ? v === null || Number.isNaN(v) : Math.abs(v - want[i]) < 1e-12)))
+			throw new Error('ema gave ' + JSON.stringify(got));
+		const where = await page.evaluate(() => {
+			const text = '{"a": [1, {"b/c": 2, "d~e": "x"}], "f": null}';
+			const m = trainerdDashboard.pointerMap(text);
+			return ['/a/1/b~1c', '/a/1/d~0e', '/f', '/a/0'].map((p) => text.slice(...m.get(p)));
+		});
+		if (JSON.stringify(where) !== JSON.stringify(['"b/c": 2', '"d~e": "x"', '"f": null', '1']))
+			throw new Error('pointerMap gave ' + JSON.stringify(where));
+	});
+
+	await step('job page: checkpoints listed with download links', async () => {
+		await page.waitForSelector('#job-checkpoints a[href$="model.safetensors"]', { timeout: 20000 });
+		/* The newest listed one; on a very slow machine the list may lag
+		 * behind pruning, so look again a few times. */
+		let status = 0, href = '';
+		for (let tries = 0; tries < 5 && status !== 200; tries++) {
+			if (tries) await new Promise((r) => setTimeout(r, 2000));
+			href = await page.getAttribute('#job-checkpoints a[href$="model.safetensors"]', 'href');
+			status = (await fetch(d.url + href)).status;
+		}
+		if (status !== 200) throw new Error('download ' + href + ': HTTP ' + status);
+	});
+
+	await step('job page screenshot (laptop and phone)', async () => {
+		await page.screenshot({ path: path.join(artifacts, 'job.png'), fullPage: true });
+		/* The phone in the dark scheme, so both themes get looked at. */
+		const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, colorScheme: 'dark' });
+		await phone.goto(d.url + '/#/jobs/' + id);
+		await phone.waitForSelector('[data-chart="0"] canvas', { timeout: 15000 });
+		const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+		await phone.screenshot({ path: path.join(artifacts, 'job-phone.png'), fullPage: true });
+		await phone.close();
+		if (overflow > 0) throw new Error('the page is ' + overflow + ' px wider than a phone screen');
+	});
+
+	await step('devices page shows which job owns each device', async () => {
+		const dev = await context.newPage();
+		await dev.goto(d.url + '/#/devices');
+		await dev.waitForSelector(`#devices-table tr[data-device="1"] a[href="#/jobs/${id}"]`, { timeout: 10000 });
+		await dev.screenshot({ path: path.join(artifacts, 'devices.png'), fullPage: true });
+		await dev.close();
+	});
+
+	await step('Stop asks for confirmation, stops the job, and the page shows it', async () => {
+		await page.focus('#btn-stop');
+		await page.keyboard.press('Enter');
+		await page.waitForSelector('#confirm-dialog[open]', { timeout: 5000 });
+		/* Feedback comes at once and may be gone again as soon as the job
+		 * has stopped: record every text it shows. */
+		await page.evaluate(() => {
+			const fb = document.querySelector('#job-feedback');
+			window.feedbackSeen = [];
+			new MutationObserver(() => window.feedbackSeen.push(fb.textContent))
+				.observe(fb, { childList: true, characterData: true, subtree: true });
+		});
+		await page.click('#confirm-ok');
+		await page.waitForFunction(() => window.feedbackSeen.some((t) => /stop/.test(t)), null, { timeout: 5000 });
+		await page.waitForSelector('#job-state [data-state="completed"]', { timeout: 60000 });
+		if ((await jobState(d, id)) !== 'completed') throw new Error('the daemon says ' + (await jobState(d, id)));
+		const step = Number((await page.textContent('#job-info dd')).split('/')[0]);
+		if (!(step > 0 && step < longJob.max_steps)) throw new Error('step shown: ' + step);
+		if (!(await page.isDisabled('#btn-stop'))) throw new Error('Stop is still enabled');
+		await page.screenshot({ path: path.join(artifacts, 'job-stopped.png'), fullPage: true });
+	});
+
+	check('no script errors on the pages', pageErrors.length === 0, pageErrors.join('; '));
+	await context.close();
+
+	// ---- daemon with a token ----
+	const t = await startDaemon(2, ['--token', TOKEN]);
+	const tid = await submit(t, shortJob, TOKEN);
+	const tctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+	const tpage = await tctx.newPage();
+	const turls = [];
+	tpage.on('request', (r) => turls.push(r.url()));
+	const terrors = [];
+	tpage.on('pageerror', (e) => terrors.push(e.message));
+
+	await step('with a token: the page asks for it, once, and then works', async () => {
+		await tpage.goto(t.url + '/');
+		await tpage.waitForSelector('#token-dialog[open]', { timeout: 10000 });
+		await tpage.screenshot({ path: path.join(artifacts, 'token.png') });
+		await tpage.fill('#token-input', TOKEN);
+		await tpage.press('#token-input', 'Enter');
+		await tpage.waitForSelector(`tr[data-job="${tid}"]`, { timeout: 10000 });
+		await tpage.goto(t.url + '/#/jobs/' + tid);
+		await tpage.reload();
+		await tpage.waitForSelector('[data-chart="0"] canvas', { timeout: 20000 });
+		await waitFor('points', async () => (await chartPoints(tpage)) > 0, 20000);
+		if (await tpage.$('#token-dialog[open]')) throw new Error('asked again after a reload');
+		const stored = await tpage.evaluate(() => sessionStorage.getItem('trainerd.token'));
+		if (stored !== TOKEN) throw new Error('session storage holds ' + stored);
+		const leaked = turls.filter((u) => u.includes(TOKEN));
+		if (leaked.length) throw new Error('token in a URL: ' + leaked[0]);
+	});
+	check('with a token: no script errors', terrors.length === 0, terrors.join('; '));
+	await tctx.close();
+} catch (e) {
+	check('browser test setup', false, e && e.stack ? e.stack : String(e));
+}
+await finish();
