@@ -106,6 +106,14 @@ cat >"$work/long.json" <<'JSON'
 JSON
 "$TRAINERD" run "$work/long.json" --out "$work/e" --quiet 2>/dev/null &
 pid=$!
+# A background job of a non-interactive shell starts with SIGINT ignored
+# until trainerd installs its handler: wait (bounded) until the process
+# catches SIGINT (bit 1 of SigCgt), then give it time to be training.
+for _ in $(seq 300); do
+	cgt=$(awk '/^SigCgt:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+	[ -n "$cgt" ] && (((16#$cgt >> 1) & 1)) && break
+	sleep 0.1
+done
 sleep 1.5
 kill -INT "$pid"
 start=$(date +%s%N)
