@@ -8,6 +8,7 @@ packages=(
 	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy
 	libopenblas-dev libjansson-dev libcriterion-dev
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev
+	systemd openssl curl clang
 	"$@"
 )
 
