@@ -271,10 +271,14 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
 	}
+	/* The passed socket's address, for the log and listen.addr; cfg keeps
+	 * the configured one, so a reload does not see it as changed. */
+	char host[128];
+	snprintf(host, sizeof host, "%s", cfg.listen_host);
 	if (listen_fd >= 0)
-		socket_host(listen_fd, cfg.listen_host, sizeof cfg.listen_host);
+		socket_host(listen_fd, host, sizeof host);
 	struct tr_api_config acfg = {
-		.listen_host = cfg.listen_host,
+		.listen_host = host,
 		.port = cfg.listen_port,
 		.use_listen_fd = listen_fd >= 0,
 		.listen_fd = listen_fd,
@@ -297,12 +301,12 @@ int tr_cmd_serve(int argc, char **argv)
 	}
 	int port = tr_api_port(api);
 	bool tls = tr_api_is_tls(api);
-	if (write_listen_file(cfg.state_dir, tls, cfg.listen_host, port) < 0)
+	if (write_listen_file(cfg.state_dir, tls, host, port) < 0)
 		tr_log(TR_LOG_WARN, "cannot write %s/listen.addr: %s", cfg.state_dir, strerror(errno));
-	bool v6 = strchr(cfg.listen_host, ':') != NULL;
+	bool v6 = strchr(host, ':') != NULL;
 	int ndev = be->i->device_count(be);
 	tr_log(TR_LOG_NOTICE, "listening on %s://%s%s%s:%d%s (%d %s devices, state in %s)", tls ? "https" : "http",
-	       v6 ? "[" : "", cfg.listen_host, v6 ? "]" : "", port, listen_fd >= 0 ? ", socket from systemd" : "",
+	       v6 ? "[" : "", host, v6 ? "]" : "", port, listen_fd >= 0 ? ", socket from systemd" : "",
 	       ndev, be->i->name, cfg.state_dir);
 	if (cfg.submit_if_empty[0] && tr_scheduler_submit_if_empty(sched, cfg.submit_if_empty, err, sizeof err) < 0)
 		tr_log(TR_LOG_WARN, "--submit-if-empty: %s", err);

@@ -331,6 +331,10 @@ Test(service, socket_activation_serves_on_the_passed_socket, .timeout = 120)
 	cr_assert_eq(r.status, 200);
 	http_free(&r);
 	cr_assert(log_has(&s.d, "socket from systemd"));
+	/* A reload does not take the socket's address for a changed listen. */
+	kill(s.d.pid, SIGHUP);
+	cr_assert(wait_log(&s.d, "reload: nothing that can change at run time changed", 10));
+	cr_assert(!log_has(&s.d, "listen changed"));
 	svc_cleanup(&s);
 
 	/* A passed socket on a non-loopback address without tokens is
