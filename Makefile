@@ -45,7 +45,8 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	[ -f build-fuzz/build.ninja ] || CC=clang meson setup build-fuzz -Dcuda=disabled -Dfuzz=true \
 		-Db_sanitize=address,undefined -Db_lundef=false -Dwerror=false
-	ninja -C build-fuzz tests/fuzz/fuzz_spec tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_config tests/fuzz/fuzz_route
+	ninja -C build-fuzz tests/fuzz/fuzz_spec tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_config tests/fuzz/fuzz_route \
+		tests/fuzz/fuzz_data
 	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
 bench: build

@@ -10,7 +10,7 @@ build=$1 seconds=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(spec safetensors config route)
+[ ${#targets[@]} -eq 0 ] && targets=(spec safetensors config route data)
 mkdir -p "$build/fuzz-artifacts"
 failed=0
 printf '%-12s %12s %10s %8s\n' target executions exec/s crashes
