@@ -14,6 +14,7 @@
 
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
+#include "engine/data/reader.h"
 
 void tr_sched_kick(struct tr_scheduler *s)
 {
@@ -64,6 +65,13 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	}
 	if (n == 0)
 		s->roots[0] = strdup(getcwd(real, sizeof real) ? real : "/");
+	/* Checked again when the loaders open the files (a symlink swapped
+	 * in after submit must not lead outside). */
+	if (tr_data_confine((const char *const *)s->roots) < 0) {
+		snprintf(err, errlen, "out of memory");
+		tr_scheduler_destroy(s);
+		return -ENOMEM;
+	}
 	*out = s;
 	return 0;
 }

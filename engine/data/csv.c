@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/data/reader_internal.h"
 
@@ -57,13 +58,17 @@ static const struct tr_reader_i csv_i = {
 /* Reads the whole file, NUL terminated.  *len excludes the terminator. */
 static int slurp(const char *path, char **buf, size_t *len, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "rb");
+	int fd = tr_data_open(path, err, errlen);
+	FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
 	size_t cap = 0, n = 0, got;
 	char *b = NULL, *nb;
 	int ret;
 
+	if (fd < 0)
+		return fd;
 	if (!f) {
 		ret = -errno;
+		close(fd);
 		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
 		return ret;
 	}

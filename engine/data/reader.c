@@ -38,12 +38,9 @@ int tr_data_map_file(const char *path, size_t min_size, const char *kind, const 
 	void *m;
 	int fd, ret;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
-		return ret;
-	}
+	fd = tr_data_open(path, err, errlen);
+	if (fd < 0)
+		return fd;
 	if (fstat(fd, &st) < 0) {
 		ret = -errno;
 		tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));

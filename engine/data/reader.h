@@ -51,6 +51,13 @@ static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *
 
 void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
 
+/* Confines every data file readers open from now on to the directories
+ * given (absolute, symlink-free; NULL or empty = no confinement): the
+ * file actually opened is checked, so a symlink swapped in after the
+ * paths were resolved cannot lead outside.  Process-wide; the daemon sets
+ * its data roots once.  0 or -ENOMEM. */
+int tr_data_confine(const char *const *dirs);
+
 /* Sleeps whatever simulated storage latency (synthetic load_cost_us) the
  * calling thread's reads have owed but not yet slept; call it after a run
  * of tr_reader_get calls whose result is about to be used, so the run is

@@ -32,6 +32,11 @@ void tr_data_errorf(char *err, size_t errlen, const char *fmt, ...) __attribute_
  * "<path>: <strerror>", "<path>: not <kind> (too short|not a regular
  * file)" (-EINVAL) or "<path>: mmap: <strerror>"; *map and *len are left
  * alone on error. */
+/* open(path, O_RDONLY) that, once data roots are set (tr_data_confine),
+ * refuses a file that turns out to be outside them, whatever symlinks led
+ * there (engine/data/confine.c).  A descriptor, or a negative errno with
+ * err filled. */
+int tr_data_open(const char *path, char *err, size_t errlen);
 int tr_data_map_file(const char *path, size_t min_size, const char *kind, const void **map, size_t *len,
 		     char *err, size_t errlen);
 /* Undoes tr_data_map_file; accepts NULL. */

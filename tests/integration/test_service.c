@@ -23,8 +23,9 @@
 
 #include "harness.h"
 
-#define JOB(load_us)                                                                                            \
-	"{\"name\": \"svc\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"     \
+#define JOB(load_us) JOB_ON(load_us, "1")
+#define JOB_ON(load_us, devices)                                                                                \
+	"{\"name\": \"svc\", \"seed\": 3, \"devices\": " devices ", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"     \
 	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
 	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3, \"load_cost_us\": " #load_us "}}," \
 	" \"batch_size\": 32, \"epochs\": 20, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}}"
@@ -549,4 +550,91 @@ Test(service, https_with_a_test_ca, .timeout = 120)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
 	cr_assert(log_has(&s.d, "needs both tls-cert and tls-key"));
 	svc_cleanup(&s);
+}
+
+/* ---- data roots: escapes at submit and after it ---- */
+
+#define CSV_JOB(path)                                                                                           \
+	"{\"name\": \"csv\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\": {\"train\":" \
+	" {\"format\": \"csv\", \"path\": \"" path "\"}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\":"       \
+	" {\"type\": \"sgd\", \"lr\": 0.1}}"
+
+static void write_csv(const char *path)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f, "%s", path);
+	for (int i = 0; i < 32; i++)
+		fprintf(f, "%d.5,%d,%d\n", i % 7, i % 3, i % 2);
+	fclose(f);
+}
+
+Test(service, data_paths_stay_inside_the_data_roots, .timeout = 180)
+{
+	struct svc s;
+	char outside[64], path[256], target[256];
+	svc_init(&s, false);
+	snprintf(outside, sizeof outside, "/tmp/trainerd-outside-XXXXXX");
+	cr_assert_not_null(mkdtemp(outside));
+	snprintf(path, sizeof path, "%s/train.csv", outside);
+	write_csv(path);
+	snprintf(path, sizeof path, "%s/data", s.d.dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof path, "%s/data/train.csv", s.d.dir);
+	write_csv(path);
+	/* A symlink in the root pointing out of it. */
+	snprintf(path, sizeof path, "%s/link.csv", s.d.dir);
+	snprintf(target, sizeof target, "%s/train.csv", outside);
+	cr_assert_eq(symlink(target, path), 0);
+
+	const char *args[] = {"--listen", "127.0.0.1:0", NULL};
+	spawn_env(&s, NULL, args, -1, true);
+
+	/* At submit: "..", an absolute path, a symlink out: each 422. */
+	char spec[1024];
+	const char *escapes[] = {"../../etc/passwd", "/etc/passwd", "link.csv", NULL};
+	for (int i = 0; escapes[i]; i++) {
+		struct http_reply r;
+		snprintf(spec, sizeof spec,
+			 "{\"name\": \"csv\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\":"
+			 " {\"train\": {\"format\": \"csv\", \"path\": \"%s\"}}, \"batch_size\": 4, \"epochs\": 1,"
+			 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+			 escapes[i]);
+		http(&s.d, "POST", "/jobs", spec, NULL, NULL, &r);
+		cr_assert_eq(r.status, 422, "%s: %ld %s", escapes[i], r.status, r.body);
+		cr_assert(strstr(r.body, "invalid_path"), "%s", r.body);
+		http_free(&r);
+	}
+
+	/* After submit: the job waits behind one that holds every device;
+	 * meanwhile its data directory becomes a symlink out of the root. */
+	long long blocker = submit_job(&s.d, JOB_ON(3000, "\"all\""));
+	cr_assert_str_eq(wait_state(&s.d, blocker, "running", 30), "running");
+	long long id = submit_job(&s.d, CSV_JOB("data/train.csv"));
+	cr_assert_str_eq(wait_state(&s.d, id, "queued", 5), "queued");
+	char moved[256];
+	snprintf(path, sizeof path, "%s/data", s.d.dir);
+	snprintf(moved, sizeof moved, "%s/data.real", s.d.dir);
+	cr_assert_eq(rename(path, moved), 0);
+	cr_assert_eq(symlink(outside, path), 0);
+	struct http_reply r;
+	char url[64];
+	snprintf(url, sizeof url, "/jobs/%lld/cancel", blocker);
+	http(&s.d, "POST", url, NULL, NULL, NULL, &r);
+	http_free(&r);
+	const char *state = wait_state(&s.d, id, "failed|completed|cancelled", 60);
+	snprintf(url, sizeof url, "/jobs/%lld", id);
+	http(&s.d, "GET", url, NULL, NULL, NULL, &r);
+	cr_assert_str_eq(state, "failed", "%s", r.body);
+	cr_assert(strstr(r.body, "outside the daemon's data roots"), "%s", r.body);
+	http_free(&r);
+
+	/* Swapped back, the same file is fine. */
+	unlink(path);
+	cr_assert_eq(rename(moved, path), 0);
+	id = submit_job(&s.d, CSV_JOB("data/train.csv"));
+	cr_assert_str_eq(wait_state(&s.d, id, "completed|failed", 60), "completed");
+	svc_cleanup(&s);
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", outside);
+	cr_assert_eq(system(cmd), 0);
 }
