@@ -606,7 +606,10 @@ Test(service, data_paths_stay_inside_the_data_roots, .timeout = 180)
 	}
 
 	/* After submit: the job waits behind one that holds every device;
-	 * meanwhile its data directory becomes a symlink out of the root. */
+	 * meanwhile its data directory becomes a symlink out of the root.
+	 * (The runner resolves the paths again at start; the loaders' own
+	 * check on the opened file, for a swap after that, is
+	 * tests/unit/engine/test_data.c's confined_open test.) */
 	long long blocker = submit_job(&s.d, JOB_ON(3000, "\"all\""));
 	cr_assert_str_eq(wait_state(&s.d, blocker, "running", 30), "running");
 	long long id = submit_job(&s.d, CSV_JOB("data/train.csv"));

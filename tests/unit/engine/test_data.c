@@ -1179,3 +1179,51 @@ Test(data, transform_standardize_reader_error)
 	cr_assert_null(tf);
 	expect_err("broken.bin: sample 3");
 }
+
+/* Confinement (engine/data/confine.c): once roots are set, a data file is
+ * checked by what the open descriptor really is, so a path that reaches
+ * outside through a symlink (swapped in after the daemon resolved it) is
+ * refused for every reader; the same file inside the root still opens. */
+Test(data, confined_open_refuses_files_outside_the_roots)
+{
+	char root[300], outside[300], link[600], target[600];
+	tr_reader_t *r = NULL;
+
+	snprintf(root, sizeof(root), "%s/root", tmp_dir);
+	snprintf(outside, sizeof(outside), "%s/outside", tmp_dir);
+	cr_assert_eq(mkdir(root, 0755), 0);
+	cr_assert_eq(mkdir(outside, 0755), 0);
+	write_text("outside/x.csv", "1,2,0\n3,4,1\n");
+	write_text("root/x.csv", "1,2,0\n3,4,1\n");
+	long shape[] = {2, 2}, yshape[] = {2};
+	float xs[] = {1, 2, 3, 4};
+	int64_t ys[] = {0, 1};
+	write_npy("outside/x.npy", 1, "<f4", false, shape, 2, xs, sizeof(xs));
+	write_npy("outside/y.npy", 1, "<i8", false, yshape, 1, ys, sizeof(ys));
+	/* root/data -> ../outside: a directory that became a symlink. */
+	snprintf(link, sizeof(link), "%s/data", root);
+	snprintf(target, sizeof(target), "%s", outside);
+	cr_assert_eq(symlink(target, link), 0);
+
+	const char *const roots[] = {root, NULL};
+	cr_assert_eq(tr_data_confine(roots), 0);
+
+	struct tr_source_spec s = csv_src(tmp_path("root/data/x.csv"));
+	cr_assert_eq(tr_reader_open(&s, 1, NULL, &r, err, sizeof(err)), -EACCES);
+	expect_err("outside the daemon's data roots");
+	s = csv_src(tmp_path("root/x.csv"));
+	r = open_ok(&s);
+	tr_reader_destroy(r);
+
+	struct tr_source_spec n = {.present = true, .format = TR_DATA_NPY};
+	n.x_path = (char *)tmp_path("root/data/x.npy");
+	n.y_path = (char *)tmp_path("root/data/y.npy");
+	r = NULL;
+	cr_assert_eq(tr_reader_open(&n, 1, NULL, &r, err, sizeof(err)), -EACCES);
+	expect_err("outside the daemon's data roots");
+
+	/* Without roots (trainerd run) nothing is checked. */
+	cr_assert_eq(tr_data_confine(NULL), 0);
+	r = open_ok(&n);
+	tr_reader_destroy(r);
+}
