@@ -8,7 +8,7 @@
  * content types, error bodies, SSE framing).
  *
  * Errors are JSON: {"error": {"code": "...", "message": "...",
- * "pointer": "/json/pointer"}} with a fitting status (DESIGN.md §8).
+ * "pointer": "/json/pointer"}} with a fitting status (docs/design.md, API).
  */
 #ifndef TR_API_H
 #define TR_API_H

@@ -1,5 +1,5 @@
 /* The route table and path matching.  The table is the only list of what
- * the API serves (DESIGN.md §8); a unit test checks it against
+ * the API serves (docs/design.md, API); a unit test checks it against
  * openapi/openapi.yaml, so a route added here without the spec, or the
  * other way round, fails the build's tests.
  */
