@@ -1,16 +1,16 @@
 /* Metric reads: series queries with min/max downsampling, the list of
  * names, and truncation on resume.
  *
- * Downsampling.  The series' step range [lo, hi] (its first and last point
- * within [from_step, to_step]) is cut into nb = max_points/2 buckets; bucket
- * k starts at lo + floor(k * (hi - lo + 1) / nb).  Each bucket keeps its min
- * and max points (NaN counts as the largest value, ties go to the earliest
- * step).  Rather than scanning every point, the query reads the rollup
- * level whose blocks are no wider than a bucket (a few thousand rows), takes
- * whole blocks that fall inside one bucket as they are, and descends a
- * level only for the blocks cut by a bucket edge or by the range ends -- a
- * few dozen rows per edge.  The result is exactly what a scan over all
- * points would give.
+ * Downsampling (the contract is in store.h).  The series' first step is a
+ * bucket of its own; the rest of its range is cut into aligned buckets of
+ * a power-of-two width w, the smallest that gives at most max_points - 1
+ * of them.  Aligned buckets keep their edges while a running job's series
+ * grows (a dashboard's envelope does not shift under the user), and since
+ * rollup blocks are aligned powers of two as well, the query reads the
+ * coarsest rollup level whose blocks fit in a bucket and takes every whole
+ * block as it is: only the blocks cut by the range ends are read one
+ * level down.  A bucket is shown as its last point (found with one index
+ * seek unless the scan read it), so the newest value is always there.
  */
 #include "storage/internal.h"
 
@@ -24,7 +24,10 @@ static const char sql_first[] = "SELECT step FROM metrics WHERE job_id = ?1 AND 
 static const char sql_last[] = "SELECT step FROM metrics WHERE job_id = ?1 AND name = ?2 AND step <= ?3"
 			       " ORDER BY step DESC LIMIT 1";
 static const char sql_range[] = "SELECT step, epoch, wall, value FROM metrics"
-				" WHERE job_id = ?1 AND name = ?2 AND step BETWEEN ?3 AND ?4 ORDER BY step";
+				" WHERE job_id = ?1 AND name = ?2 AND step BETWEEN ?3 AND ?4 ORDER BY step, rowid";
+static const char sql_last_point[] = "SELECT step, epoch, wall, value FROM metrics"
+				     " WHERE job_id = ?1 AND name = ?2 AND step <= ?3"
+				     " ORDER BY step DESC, rowid DESC LIMIT 1";
 /* One index seek per name instead of a DISTINCT over every point. */
 static const char sql_next_name[] = "SELECT name FROM metrics WHERE job_id = ?1 AND name > ?2"
 				    " ORDER BY name LIMIT 1";
@@ -92,67 +95,34 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* ---- output --------------------------------------------------------------------- */
+/* ---- reading points ------------------------------------------------------------ */
 
-struct series {
-	json_t *obj, *steps, *values, *epochs, *times;
-	bool oom;
+struct pts {
+	struct tr_metrics_point *v;
+	size_t n, cap;
 };
 
-static int series_init(struct series *o, const struct tr_metrics_query *q)
+static int pts_push(struct pts *o, const struct mpoint *p, double min, double max)
 {
-	memset(o, 0, sizeof *o);
-	o->obj = json_object();
-	o->steps = json_array();
-	o->values = json_array();
-	if (q->with_epochs)
-		o->epochs = json_array();
-	if (q->with_times)
-		o->times = json_array();
-	if (!o->obj || !o->steps || !o->values || (q->with_epochs && !o->epochs) || (q->with_times && !o->times))
-		o->oom = true;
-	return o->oom ? tr_store_fail(-ENOMEM, "out of memory") : 0;
-}
-
-static json_t *num_or_null(double v)
-{
-	return isfinite(v) ? json_real(v) : json_null(); /* JSON has no NaN or infinity */
-}
-
-static void series_add(struct series *o, const struct mpoint *p)
-{
-	if (json_array_append_new(o->steps, json_integer(p->step)) ||
-	    json_array_append_new(o->values, num_or_null(p->value)) ||
-	    (o->epochs && json_array_append_new(o->epochs, json_integer(p->epoch))) ||
-	    (o->times && json_array_append_new(o->times, num_or_null(p->wall))))
-		o->oom = true;
-}
-
-/* Moves the arrays into o->obj and that into `into` under name. */
-static int series_finish(struct series *o, json_t *into, const char *name)
-{
-	if (!o->oom) {
-		o->oom |= json_object_set_new(o->obj, "steps", o->steps) != 0;
-		o->oom |= json_object_set_new(o->obj, "values", o->values) != 0;
-		if (o->epochs)
-			o->oom |= json_object_set_new(o->obj, "epochs", o->epochs) != 0;
-		if (o->times)
-			o->oom |= json_object_set_new(o->obj, "times", o->times) != 0;
-		o->steps = o->values = o->epochs = o->times = NULL;
-		if (!o->oom) {
-			o->oom = json_object_set_new(into, name, o->obj) != 0;
-			o->obj = NULL;
-		}
+	if (o->n == o->cap) {
+		size_t cap = o->cap ? 2 * o->cap : 64;
+		struct tr_metrics_point *v = realloc(o->v, cap * sizeof *v);
+		if (!v)
+			return tr_store_fail(-ENOMEM, "out of memory");
+		o->v = v;
+		o->cap = cap;
 	}
-	json_decref(o->obj);
-	json_decref(o->steps);
-	json_decref(o->values);
-	json_decref(o->epochs);
-	json_decref(o->times);
-	return o->oom ? tr_store_fail(-ENOMEM, "out of memory") : 0;
+	o->v[o->n++] = (struct tr_metrics_point){p->step, p->epoch, p->wall, p->value, min, max};
+	return 0;
 }
 
-static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t lo, int64_t hi, struct series *o)
+static struct mpoint row_point(sqlite3_stmt *st)
+{
+	return (struct mpoint){sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1), sqlite3_column_double(st, 2),
+			       tr_store_col_value(st, 3)};
+}
+
+static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t lo, int64_t hi, struct pts *o)
 {
 	sqlite3_stmt *st = tr_store_stmt(c, sql_range);
 	if (!st)
@@ -161,49 +131,58 @@ static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t 
 	sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 3, lo);
 	sqlite3_bind_int64(st, 4, hi);
-	int rc;
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		struct mpoint p = {sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
-				   sqlite3_column_double(st, 2), tr_store_col_value(st, 3)};
-		series_add(o, &p);
+	int rc, err = 0;
+	while (!err && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+		struct mpoint p = row_point(st);
+		err = pts_push(o, &p, p.value, p.value);
 	}
 	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, "SELECT metrics");
+	return err ? err : rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, "SELECT metrics");
+}
+
+/* The last point (in step order, the latest written among equal steps)
+ * at or below bound; the caller knows there is one. */
+static int last_point(struct conn *c, int64_t job_id, const char *name, int64_t bound, struct mpoint *p)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, sql_last_point);
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, job_id);
+	sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 3, bound);
+	int rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*p = row_point(st);
+	sqlite3_reset(st);
+	return rc == SQLITE_ROW ? 0 : SQLFAIL(c, rc == SQLITE_DONE ? SQLITE_CORRUPT : rc, "SELECT last metric");
 }
 
 /* ---- downsampling -------------------------------------------------------------- */
 
+struct bucket {
+	struct msum sum;
+	struct mpoint last; /* valid when last_known */
+	bool last_known;
+};
+
+/* Buckets of [a, b]: absolute step ranges [k*w, k*w + w - 1] (w a power
+ * of two), bucket k at b[k - k0].  With w at least a rollup block's width
+ * and both powers of two, a block never straddles two buckets. */
 struct ds {
 	struct conn *c;
 	int64_t job_id;
 	const char *name;
-	int64_t lo;
-	uint64_t span, q, r; /* span = q * nb + r steps */
-	uint64_t nb;
-	struct msum *b;
+	int64_t w, k0;
+	struct bucket *b;
 };
 
-/* First step of bucket k (k == nb gives hi + 1), as an offset from lo.
- * k*q <= span and k*r < nb^2 <= 2^60: no overflow. */
-static uint64_t bucket_start(const struct ds *d, uint64_t k)
+static struct bucket *bucket_for(const struct ds *d, int64_t step)
 {
-	return k * d->q + (k * d->r) / d->nb;
+	return &d->b[tr_store_floordiv(step, d->w) - d->k0];
 }
 
-static uint64_t bucket_of(const struct ds *d, int64_t step)
-{
-	uint64_t off = (uint64_t)step - (uint64_t)d->lo;
-	uint64_t k = (uint64_t)((long double)off * (long double)d->nb / (long double)d->span);
-	if (k >= d->nb)
-		k = d->nb - 1;
-	/* The float estimate is off by at most one either way. */
-	while (k > 0 && bucket_start(d, k) > off)
-		k--;
-	while (k + 1 < d->nb && bucket_start(d, k + 1) <= off)
-		k++;
-	return k;
-}
-
+/* Adds the points of [a, b] to their buckets: whole blocks of `level`
+ * as they are, blocks cut by the range ends one level down. */
 static int scan(struct ds *d, int level, int64_t a, int64_t b)
 {
 	if (level == 0) {
@@ -215,13 +194,14 @@ static int scan(struct ds *d, int level, int64_t a, int64_t b)
 		sqlite3_bind_int64(st, 3, a);
 		sqlite3_bind_int64(st, 4, b);
 		int rc;
-		uint64_t k = bucket_of(d, a), end = bucket_start(d, k + 1);
 		while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-			struct mpoint p = {sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1),
-					   sqlite3_column_double(st, 2), tr_store_col_value(st, 3)};
-			while ((uint64_t)p.step - (uint64_t)d->lo >= end)
-				end = bucket_start(d, ++k + 1);
-			tr_store_msum_add(&d->b[k], &p);
+			struct mpoint p = row_point(st);
+			struct bucket *k = bucket_for(d, p.step);
+			tr_store_msum_add(&k->sum, &p);
+			/* Rows come in step order: the last one seen is the
+			 * bucket's last unless a later block is merged. */
+			k->last = p;
+			k->last_known = true;
 		}
 		sqlite3_reset(st);
 		return rc == SQLITE_DONE ? 0 : SQLFAIL(d->c, rc, "SELECT metrics");
@@ -236,11 +216,10 @@ static int scan(struct ds *d, int level, int64_t a, int64_t b)
 	for (size_t i = 0; i < n && !err; i++) {
 		int64_t start = rows[i].block * w, end = start + w - 1;
 		if (start >= a && end <= b) {
-			uint64_t k = bucket_of(d, start);
-			if ((uint64_t)end - (uint64_t)d->lo < bucket_start(d, k + 1)) {
-				tr_store_msum_merge(&d->b[k], &rows[i].sum);
-				continue;
-			}
+			struct bucket *k = bucket_for(d, start);
+			tr_store_msum_merge(&k->sum, &rows[i].sum);
+			k->last_known = false;
+			continue;
 		}
 		err = scan(d, level - 1, start > a ? start : a, end < b ? end : b);
 	}
@@ -248,53 +227,134 @@ static int scan(struct ds *d, int level, int64_t a, int64_t b)
 	return err;
 }
 
-/* Fills o with the series' points in [lo, hi], downsampled when it has
- * more than max_points. */
-static int downsample(struct conn *c, int64_t job_id, const char *name, int64_t lo, int64_t hi, int max_points,
-		      struct series *o)
+/* Coarsest rollup level whose blocks fit in a bucket of width w. */
+static int level_for(int64_t w)
 {
-	struct ds d = {.c = c, .job_id = job_id, .name = name, .lo = lo};
-	d.span = (uint64_t)hi - (uint64_t)lo + 1;
-	/* max_points 1: one bucket that keeps only its max (below). */
-	d.nb = max_points > 1 ? (uint64_t)max_points / 2 : 1;
-	if (d.nb > d.span)
-		d.nb = d.span; /* never an empty bucket by construction */
-	d.q = d.span / d.nb;
-	d.r = d.span % d.nb;
-	d.b = calloc(d.nb, sizeof *d.b);
-	if (!d.b)
-		return tr_store_fail(-ENOMEM, "out of memory");
-	/* Coarsest level whose blocks fit in the narrowest bucket. */
 	int level = 0;
-	while (level < ROLLUP_LEVELS && (uint64_t)tr_store_rollup_width(level + 1) <= d.q)
+	while (level < ROLLUP_LEVELS && tr_store_rollup_width(level + 1) <= w)
 		level++;
-	int err = scan(&d, level, lo, hi);
-	if (err < 0)
-		goto cleanup;
-	int64_t total = 0;
-	for (uint64_t k = 0; k < d.nb; k++)
-		total += d.b[k].n;
-	if (total <= max_points) {
-		err = raw_points(c, job_id, name, lo, hi, o);
-		goto cleanup;
-	}
-	for (uint64_t k = 0; k < d.nb; k++) {
-		const struct msum *m = &d.b[k];
-		if (m->n == 0)
+	return level;
+}
+
+/* Sums [a, b] into buckets of width w; d->b is calloc'd (the caller frees). */
+static int bucketize(struct ds *d, int64_t a, int64_t b, int64_t w)
+{
+	d->w = w;
+	d->k0 = tr_store_floordiv(a, w);
+	d->b = calloc((size_t)(tr_store_floordiv(b, w) - d->k0 + 1), sizeof *d->b);
+	if (!d->b)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	return scan(d, level_for(w), a, b);
+}
+
+/* Emits one point per non-empty bucket: its last point, with the
+ * bucket's extremes. */
+static int emit_buckets(struct ds *d, int64_t b, struct pts *o)
+{
+	int64_t nb = tr_store_floordiv(b, d->w) - d->k0 + 1;
+	for (int64_t i = 0; i < nb; i++) {
+		struct bucket *k = &d->b[i];
+		if (k->sum.n == 0)
 			continue;
-		if (max_points == 1 || tr_store_mpoint_same(&m->min, &m->max)) {
-			series_add(o, &m->max);
-		} else if (m->max.step < m->min.step) {
-			series_add(o, &m->max);
-			series_add(o, &m->min);
-		} else {
-			series_add(o, &m->min);
-			series_add(o, &m->max);
+		if (!k->last_known) {
+			int64_t end = (d->k0 + i) * d->w + d->w - 1;
+			int err = last_point(d->c, d->job_id, d->name, end < b ? end : b, &k->last);
+			if (err < 0)
+				return err;
 		}
+		int err = pts_push(o, &k->last, k->sum.min.value, k->sum.max.value);
+		if (err < 0)
+			return err;
 	}
-cleanup:
+	return 0;
+}
+
+/* Number of buckets of width w that [a, b] touches. */
+static int64_t buckets_touched(int64_t a, int64_t b, int64_t w)
+{
+	return tr_store_floordiv(b, w) - tr_store_floordiv(a, w) + 1;
+}
+
+static int64_t bucket_total(const struct ds *d, int64_t a, int64_t b)
+{
+	int64_t total = 0;
+	for (int64_t i = 0; i < buckets_touched(a, b, d->w); i++)
+		total += d->b[i].sum.n;
+	return total;
+}
+
+/* The series' points in [lo, hi] (its first and last steps in range):
+ * raw when there are at most max_points (or max_points is 0), else one
+ * point per bucket as store.h describes. */
+static int series_points(struct conn *c, int64_t job_id, const char *name, int64_t lo, int64_t hi,
+			 const struct tr_metrics_query *q, struct tr_metrics_series *out)
+{
+	struct ds d = {.c = c, .job_id = job_id, .name = name};
+	struct ds head = {.c = c, .job_id = job_id, .name = name};
+	struct pts o = {0};
+	int64_t m = q->max_points, total;
+	int err;
+
+	if (m == 0 || m == 1) {
+		/* m == 0: only the count, from one bucket per 2^62 steps. */
+		int64_t w = m == 0 ? INT64_C(1) << 62 : 1;
+		while (buckets_touched(lo, hi, w) > 1 && m == 1)
+			w *= 2;
+		err = bucketize(&d, lo, hi, w);
+		total = err < 0 ? 0 : bucket_total(&d, lo, hi);
+		out->total = total;
+		if (err == 0 && m == 0 && q->max_raw > 0 && total > q->max_raw)
+			err = tr_store_fail(-E2BIG,
+					    "series \"%s\" has %lld points in range, more than the %lld an undownsampled "
+					    "answer may hold",
+					    name, (long long)total, (long long)q->max_raw);
+		if (err < 0 || q->count_only)
+			goto done;
+		if (m == 0 || total <= 1) {
+			err = raw_points(c, job_id, name, lo, hi, &o);
+			goto done;
+		}
+		/* m == 1: the last point, with the extremes of the whole range. */
+		out->downsampled = true;
+		err = emit_buckets(&d, hi, &o);
+		goto done;
+	}
+	/* The first step is a bucket of its own; the rest of the range is
+	 * cut into at most m - 1 aligned buckets of the smallest power-of-two
+	 * width that fits. */
+	err = bucketize(&head, lo, lo, 1);
+	if (err < 0)
+		goto done;
+	total = head.b[0].sum.n;
+	int64_t w = 1;
+	if (hi > lo) {
+		while (buckets_touched(lo + 1, hi, w) > m - 1)
+			w *= 2;
+		err = bucketize(&d, lo + 1, hi, w);
+		if (err < 0)
+			goto done;
+		total += bucket_total(&d, lo + 1, hi);
+	}
+	out->total = total;
+	if (total <= m || q->count_only) {
+		if (!q->count_only)
+			err = raw_points(c, job_id, name, lo, hi, &o);
+		goto done;
+	}
+	out->downsampled = true;
+	err = emit_buckets(&head, lo, &o);
+	if (err == 0 && hi > lo)
+		err = emit_buckets(&d, hi, &o);
+done:
 	free(d.b);
-	return err;
+	free(head.b);
+	if (err < 0) {
+		free(o.v);
+		return err;
+	}
+	out->pts = o.v;
+	out->n = o.n;
+	return 0;
 }
 
 /* ---- queries ------------------------------------------------------------------- */
@@ -316,41 +376,43 @@ static int edge_step(struct conn *c, int64_t job_id, const char *name, int dir, 
 	return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, "SELECT metrics");
 }
 
+/* 1 and *out filled, 0 when the series has no points in range. */
 static int query_series(struct conn *c, int64_t job_id, const char *name, const struct tr_metrics_query *q,
-			json_t *into)
+			struct tr_metrics_series *out)
 {
 	int64_t from = q->from_step < -STORE_STEP_LIMIT ? -STORE_STEP_LIMIT : q->from_step;
 	int64_t to = q->to_step > STORE_STEP_LIMIT ? STORE_STEP_LIMIT : q->to_step;
 	int64_t lo, hi;
+	memset(out, 0, sizeof *out);
+	out->name = name;
 	int found = edge_step(c, job_id, name, 1, from, &lo);
 	if (found > 0)
 		found = edge_step(c, job_id, name, -1, to, &hi);
 	if (found <= 0 || lo > hi)
 		return found < 0 ? found : 0; /* no points in range: no series */
-	struct series o;
-	int err = series_init(&o, q);
-	if (err == 0)
-		err = q->max_points > 0 ? downsample(c, job_id, name, lo, hi, q->max_points, &o)
-					: raw_points(c, job_id, name, lo, hi, &o);
-	int ferr = series_finish(&o, into, name);
-	return err < 0 ? err : ferr;
+	int err = series_points(c, job_id, name, lo, hi, q, out);
+	return err < 0 ? err : 1;
 }
 
-json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q)
+void tr_metrics_series_finish(struct tr_metrics_series *s)
 {
-	static const struct tr_metrics_query defaults = {.from_step = 0, .to_step = INT64_MAX};
-	if (!q)
-		q = &defaults;
-	if (q->max_points < 0) {
-		tr_store_fail(-EINVAL, "max_points must be >= 0, not %d", q->max_points);
-		return NULL;
-	}
+	if (!s)
+		return;
+	free(s->pts);
+	s->pts = NULL;
+	s->n = 0;
+}
+
+int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, tr_metrics_series_fn fn,
+			  void *ctx)
+{
+	if (q->max_points < 0)
+		return tr_store_fail(-EINVAL, "max_points must be >= 0, not %d", q->max_points);
 	struct names ns = {0};
-	json_t *series = json_object(), *result = NULL;
 	struct conn *c = tr_store_conn_get(s);
-	/* One read transaction: the rollup and the raw points must come
-	 * from the same snapshot. */
-	int err = series ? tr_store_begin(c, false) : tr_store_fail(-ENOMEM, "out of memory");
+	/* One read transaction: every series, the rollup and the raw points
+	 * come from the same snapshot. */
+	int err = tr_store_begin(c, false);
 	if (err < 0)
 		goto cleanup;
 	if (q->names) {
@@ -367,18 +429,163 @@ json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_me
 	for (size_t i = 0; i < ns.n && !err; i++) {
 		if (i > 0 && strcmp(ns.v[i], ns.v[i - 1]) == 0)
 			continue;
-		err = query_series(c, job_id, ns.v[i], q, series);
+		struct tr_metrics_series ser;
+		err = query_series(c, job_id, ns.v[i], q, &ser);
+		if (err > 0) {
+			err = fn ? fn(ctx, &ser) : 0;
+			tr_metrics_series_finish(&ser);
+		}
 	}
-	if (err < 0)
-		goto cleanup;
-	result = json_pack("{s:O}", "series", series);
-	if (!result)
-		tr_store_fail(-ENOMEM, "out of memory");
 cleanup:
 	tr_store_conn_put(s, c); /* ends the read transaction */
 	names_free(&ns);
+	return err;
+}
+
+/* ---- the JSON forms ----------------------------------------------------------- */
+
+static json_t *num_or_null(double v)
+{
+	return isfinite(v) ? json_real(v) : json_null(); /* JSON has no NaN or infinity */
+}
+
+static int add_json(void *ctx, const struct tr_metrics_series *s)
+{
+	const struct tr_metrics_query *q = ((void **)ctx)[1];
+	json_t *into = ((void **)ctx)[0];
+	json_t *steps = json_array(), *values = json_array(), *mins = NULL, *maxs = NULL, *epochs = NULL,
+	       *times = NULL, *obj = json_object();
+	bool oom = !steps || !values || !obj;
+	if (s->downsampled) {
+		mins = json_array();
+		maxs = json_array();
+		oom |= !mins || !maxs;
+	}
+	if (q->with_epochs)
+		oom |= !(epochs = json_array());
+	if (q->with_times)
+		oom |= !(times = json_array());
+	for (size_t i = 0; i < s->n && !oom; i++) {
+		const struct tr_metrics_point *p = &s->pts[i];
+		oom |= json_array_append_new(steps, json_integer(p->step)) != 0;
+		oom |= json_array_append_new(values, num_or_null(p->value)) != 0;
+		if (mins) {
+			oom |= json_array_append_new(mins, num_or_null(p->min)) != 0;
+			oom |= json_array_append_new(maxs, num_or_null(p->max)) != 0;
+		}
+		if (epochs)
+			oom |= json_array_append_new(epochs, json_integer(p->epoch)) != 0;
+		if (times)
+			oom |= json_array_append_new(times, num_or_null(p->wall)) != 0;
+	}
+	if (!oom) {
+		oom |= json_object_set_new(obj, "downsampled", json_boolean(s->downsampled)) != 0;
+		oom |= json_object_set(obj, "steps", steps) != 0;
+		oom |= json_object_set(obj, "values", values) != 0;
+		if (mins) {
+			oom |= json_object_set(obj, "min", mins) != 0;
+			oom |= json_object_set(obj, "max", maxs) != 0;
+		}
+		if (epochs)
+			oom |= json_object_set(obj, "epochs", epochs) != 0;
+		if (times)
+			oom |= json_object_set(obj, "times", times) != 0;
+		oom |= json_object_set(into, s->name, obj) != 0;
+	}
+	json_decref(steps);
+	json_decref(values);
+	json_decref(mins);
+	json_decref(maxs);
+	json_decref(epochs);
+	json_decref(times);
+	json_decref(obj);
+	return oom ? tr_store_fail(-ENOMEM, "out of memory") : 0;
+}
+
+json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q)
+{
+	static const struct tr_metrics_query defaults = {.from_step = 0, .to_step = INT64_MAX};
+	if (!q)
+		q = &defaults;
+	json_t *series = json_object();
+	if (!series) {
+		tr_store_fail(-ENOMEM, "out of memory");
+		return NULL;
+	}
+	void *ctx[2] = {series, (void *)q};
+	int err = tr_store_metrics_read(s, job_id, q, add_json, ctx);
+	json_t *result = err < 0 ? NULL : json_pack("{s:O}", "series", series);
+	if (!result && err == 0)
+		tr_store_fail(-ENOMEM, "out of memory");
 	json_decref(series);
 	return result;
+}
+
+/* A number as jansson writes a real: always with a '.' or an exponent,
+ * so that it reads back as a real. */
+static void text_real(struct jbuf *b, double v)
+{
+	size_t at = b->n;
+	tr_store_jbuf_num(b, v);
+	if (b->oom || !isfinite(v))
+		return;
+	for (size_t i = at; i < b->n; i++)
+		if (b->p[i] == '.' || b->p[i] == 'e')
+			return;
+	JBUF_LIT(b, ".0");
+}
+
+enum col { COL_STEP, COL_VALUE, COL_MIN, COL_MAX, COL_EPOCH, COL_TIME };
+
+static void text_array(struct jbuf *b, const char *key, const struct tr_metrics_series *s, enum col col)
+{
+	tr_store_jbuf_raw(b, ",\"", 2);
+	tr_store_jbuf_raw(b, key, strlen(key));
+	JBUF_LIT(b, "\":[");
+	for (size_t i = 0; i < s->n; i++) {
+		const struct tr_metrics_point *p = &s->pts[i];
+		if (i)
+			JBUF_LIT(b, ",");
+		switch (col) {
+		case COL_STEP: tr_store_jbuf_int(b, p->step); break;
+		case COL_VALUE: text_real(b, p->value); break;
+		case COL_MIN: text_real(b, p->min); break;
+		case COL_MAX: text_real(b, p->max); break;
+		case COL_EPOCH: tr_store_jbuf_int(b, p->epoch); break;
+		case COL_TIME: text_real(b, p->wall); break;
+		}
+	}
+	JBUF_LIT(b, "]");
+}
+
+int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
+			   size_t *len)
+{
+	struct jbuf b = {0};
+	tr_store_jbuf_str(&b, s->name);
+	JBUF_LIT(&b, ":{\"downsampled\":");
+	if (s->downsampled)
+		JBUF_LIT(&b, "true");
+	else
+		JBUF_LIT(&b, "false");
+	text_array(&b, "steps", s, COL_STEP);
+	text_array(&b, "values", s, COL_VALUE);
+	if (s->downsampled) {
+		text_array(&b, "min", s, COL_MIN);
+		text_array(&b, "max", s, COL_MAX);
+	}
+	if (with_epochs)
+		text_array(&b, "epochs", s, COL_EPOCH);
+	if (with_times)
+		text_array(&b, "times", s, COL_TIME);
+	JBUF_LIT(&b, "}");
+	if (b.oom) {
+		free(b.p);
+		return tr_store_fail(-ENOMEM, "out of memory");
+	}
+	*text = b.p;
+	*len = b.n;
+	return 0;
 }
 
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id)
