@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,33 @@ int tr_api_metrics_render(tr_store_t *store, int64_t job, const struct tr_metric
 
 /* ---- streamed ---- */
 
+/* Reading a series holds its points (48 bytes each, up to 100,000 per
+ * series without downsampling) until they are rendered; a few readers at
+ * a time bound that memory whatever the number of clients.  The rendered
+ * text of each stream stays until its client has read it. */
+#define READERS_MAX 2
+
+static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t readers_cond = PTHREAD_COND_INITIALIZER;
+static int readers;
+
+static void reader_enter(void)
+{
+	pthread_mutex_lock(&readers_lock);
+	while (readers >= READERS_MAX)
+		pthread_cond_wait(&readers_cond, &readers_lock);
+	readers++;
+	pthread_mutex_unlock(&readers_lock);
+}
+
+static void reader_leave(void)
+{
+	pthread_mutex_lock(&readers_lock);
+	readers--;
+	pthread_cond_signal(&readers_cond);
+	pthread_mutex_unlock(&readers_lock);
+}
+
 struct stream {
 	tr_store_t *store;
 	int64_t job;
@@ -109,6 +137,7 @@ struct stream {
 	size_t nnames, next; /* the next name to read */
 	struct textbuf b;    /* rendered, not yet sent from off */
 	size_t off;
+	bool comma; /* a ',' goes out before b */
 	int nseries;
 	bool done;
 };
@@ -134,29 +163,28 @@ static int stream_series(void *ctx, const struct tr_metrics_series *s)
 
 	if (tr_metrics_series_text(s, st->q.with_epochs, st->q.with_times, &text, &len) < 0)
 		return -ENOMEM;
-	if (st->nseries++)
-		put(&st->b, ",", 1);
-	put(&st->b, text, len);
-	free(text);
-	return st->b.oom ? -ENOMEM : 0;
+	/* The text becomes the buffer (no copy); the comma goes out first. */
+	st->comma = st->nseries++ > 0;
+	free(st->b.p);
+	st->b = (struct textbuf){text, len, len, false};
+	return 0;
 }
 
 /* Refills the buffer with the next series (or the end); false on error. */
 static bool stream_refill(struct stream *st)
 {
-	st->b.len = 0;
+	free(st->b.p);
+	st->b = (struct textbuf){0};
 	st->off = 0;
-	/* A buffer grown for a large series is not kept for the small ones. */
-	if (st->b.cap > ((size_t)1 << 20)) {
-		free(st->b.p);
-		st->b = (struct textbuf){0};
-	}
 	while (st->b.len == 0 && st->next < st->nnames) {
 		const char *one[2] = {st->names[st->next++], NULL};
 		struct tr_metrics_query q = st->q;
 
 		q.names = one;
-		if (tr_store_metrics_read(st->store, st->job, &q, stream_series, st) != 0)
+		reader_enter();
+		int rc = tr_store_metrics_read(st->store, st->job, &q, stream_series, st);
+		reader_leave();
+		if (rc != 0)
 			return false;
 	}
 	if (st->b.len == 0 && !st->done) {
@@ -178,6 +206,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		if (st->off == st->b.len)
 			return MHD_CONTENT_READER_END_OF_STREAM;
+	}
+	if (st->comma && max > 0) {
+		st->comma = false;
+		buf[0] = ',';
+		return 1;
 	}
 	size_t n = st->b.len - st->off;
 	if (n > max)

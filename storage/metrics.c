@@ -588,6 +588,48 @@ int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, 
 	return 0;
 }
 
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value)
+{
+	struct conn *c = tr_store_conn_get(s);
+	sqlite3_stmt *st = tr_store_stmt(c, sql_last_point);
+	int rc = -EIO;
+	if (st) {
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 3, STORE_STEP_LIMIT);
+		int r = sqlite3_step(st);
+		if (r == SQLITE_ROW) {
+			*step = sqlite3_column_int64(st, 0);
+			*value = tr_store_col_value(st, 3);
+		}
+		rc = r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : SQLFAIL(c, r, "SELECT last metric");
+		sqlite3_reset(st);
+	}
+	tr_store_conn_put(s, c);
+	return rc;
+}
+
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count)
+{
+	struct conn *c = tr_store_conn_get(s);
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT total(value), count(value) FROM metrics"
+					    " WHERE job_id = ?1 AND name = ?2");
+	int rc = -EIO;
+	if (st) {
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		int r = sqlite3_step(st);
+		if (r == SQLITE_ROW) {
+			*sum = sqlite3_column_double(st, 0);
+			*count = sqlite3_column_int64(st, 1);
+		}
+		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT sum of metric");
+		sqlite3_reset(st);
+	}
+	tr_store_conn_put(s, c);
+	return rc;
+}
+
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id)
 {
 	struct names ns = {0};

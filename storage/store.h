@@ -222,6 +222,12 @@ json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_me
  * '.' or an exponent); *text malloc'd.  0 or -ENOMEM. */
 int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
 			   size_t *len);
+/* The last point of a series (the latest written among equal steps):
+ * 1 and *step / *value (NaN for a NaN point), 0 when it has none, or a
+ * negative code. */
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value);
+/* Sum and number of a series' non-NaN values (reads every point). */
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count);
 /* Distinct metric names of a job, as a JSON array (new reference). */
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
 /* Deletes a job's points with step > step (used when a job resumes from an
