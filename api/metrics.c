@@ -209,6 +209,7 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	q.from_step = from;
 	q.to_step = to;
 	q.max_points = (int)max_points;
+	q.want_text = true;
 	if (max_points == 0) {
 		if (check_raw_cap(api->cfg.store, id, &q, rp) == 0)
 			reply_stream(api, id, &q, rp);

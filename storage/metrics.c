@@ -16,6 +16,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -357,6 +359,388 @@ done:
 	return 0;
 }
 
+/* ---- text, and the running curve's memo ------------------------------------------ */
+
+/* A number as jansson writes a real: always with a '.' or an exponent,
+ * so that it reads back as a real. */
+static void text_real(struct jbuf *b, double v)
+{
+	size_t at = b->n;
+	tr_store_jbuf_num(b, v);
+	if (b->oom || !isfinite(v))
+		return;
+	for (size_t i = at; i < b->n; i++)
+		if (b->p[i] == '.' || b->p[i] == 'e')
+			return;
+	JBUF_LIT(b, ".0");
+}
+
+enum col { COL_STEP, COL_VALUE, COL_MIN, COL_MAX, COL_EPOCH, COL_TIME, NCOLS };
+static const char *const col_keys[NCOLS] = {"steps", "values", "min", "max", "epochs", "times"};
+
+static bool col_wanted(enum col col, bool downsampled, bool epochs, bool times)
+{
+	return col == COL_STEP || col == COL_VALUE || ((col == COL_MIN || col == COL_MAX) && downsampled) ||
+	       (col == COL_EPOCH && epochs) || (col == COL_TIME && times);
+}
+
+/* Appends one point's entry to a column's text (comma-separated). */
+static void col_put(struct jbuf *b, enum col col, const struct tr_metrics_point *p)
+{
+	if (b->n)
+		JBUF_LIT(b, ",");
+	switch (col) {
+	case COL_STEP: tr_store_jbuf_int(b, p->step); break;
+	case COL_VALUE: text_real(b, p->value); break;
+	case COL_MIN: text_real(b, p->min); break;
+	case COL_MAX: text_real(b, p->max); break;
+	case COL_EPOCH: tr_store_jbuf_int(b, p->epoch); break;
+	case COL_TIME: text_real(b, p->wall); break;
+	case NCOLS: break;
+	}
+}
+
+/* `"name":{"downsampled":..,"steps":[..],..}` from each column's text in
+ * two parts (a and b, either may be empty). */
+static int series_text_join(const char *name, bool downsampled, bool epochs, bool times, const struct jbuf *a,
+			    const struct jbuf *b, char **text, size_t *len)
+{
+	struct jbuf o = {0};
+	tr_store_jbuf_str(&o, name);
+	JBUF_LIT(&o, ":{\"downsampled\":");
+	if (downsampled)
+		JBUF_LIT(&o, "true");
+	else
+		JBUF_LIT(&o, "false");
+	for (int c = 0; c < NCOLS; c++) {
+		if (!col_wanted(c, downsampled, epochs, times))
+			continue;
+		JBUF_LIT(&o, ",\"");
+		tr_store_jbuf_raw(&o, col_keys[c], strlen(col_keys[c]));
+		JBUF_LIT(&o, "\":[");
+		if (a && a[c].n)
+			tr_store_jbuf_raw(&o, a[c].p, a[c].n);
+		if (a && a[c].n && b && b[c].n)
+			JBUF_LIT(&o, ",");
+		if (b && b[c].n)
+			tr_store_jbuf_raw(&o, b[c].p, b[c].n);
+		JBUF_LIT(&o, "]");
+	}
+	JBUF_LIT(&o, "}");
+	if (o.oom) {
+		free(o.p);
+		return tr_store_fail(-ENOMEM, "out of memory");
+	}
+	*text = o.p;
+	*len = o.n;
+	return 0;
+}
+
+static void cols_free(struct jbuf *c)
+{
+	for (int i = 0; i < NCOLS; i++)
+		free(c[i].p);
+	memset(c, 0, NCOLS * sizeof *c);
+}
+
+static bool cols_oom(const struct jbuf *c)
+{
+	for (int i = 0; i < NCOLS; i++)
+		if (c[i].oom)
+			return true;
+	return false;
+}
+
+static struct tr_metrics_point out_point(const struct bucket *k)
+{
+	return (struct tr_metrics_point){k->last.step, k->last.epoch, k->last.wall, k->last.value, k->sum.min.value,
+					 k->sum.max.value};
+}
+
+/* A dashboard re-reads a running job's whole downsampled curve after
+ * every commit of its points, and computing it whole costs milliseconds
+ * per series (rollup rows, one seek per bucket, number formatting).  Yet
+ * between two commits only the end of a series changes: aligned buckets
+ * keep their edges, and a coarser width only merges whole buckets.  So the
+ * last answer of each whole-curve query (to_step open) is kept: its
+ * buckets and the text of the points before its last bucket, which no
+ * append can change.  The next answer scans only the steps after the
+ * previous last one.  The memo is used only while the series grew by
+ * appends alone: the same first step, a later or equal last step, the
+ * same number of points up to the previous last step, and no truncation
+ * since (truncations count in trunc_gen). */
+#define MEMO_SLOTS 32
+#define MEMO_MAX_POINTS 10000
+
+static atomic_uint_fast64_t trunc_gen;
+
+struct memo {
+	const void *store;
+	int64_t job, from;
+	char *name;
+	int max_points;
+	bool epochs, times;
+	uint64_t gen; /* trunc_gen read before the snapshot */
+	uint64_t used;
+	int64_t lo, hi, w, total;
+	struct bucket head;
+	struct bucket *b; /* tail buckets of [lo + 1, hi]: k0 .. k0 + nb - 1 */
+	int64_t k0, nb;
+	/* Text of the head and of the non-empty tail buckets before index
+	 * closed (relative to k0). */
+	struct jbuf text[NCOLS];
+	int64_t closed;
+};
+
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct memo *memos[MEMO_SLOTS];
+static uint64_t memo_tick;
+
+static void memo_free(struct memo *m)
+{
+	if (!m)
+		return;
+	free(m->name);
+	free(m->b);
+	cols_free(m->text);
+	free(m);
+}
+
+static bool memo_same(const struct memo *m, const void *store, int64_t job, const char *name,
+		      const struct tr_metrics_query *q)
+{
+	return m->store == store && m->job == job && m->from == q->from_step && m->max_points == q->max_points &&
+	       m->epochs == q->with_epochs && m->times == q->with_times && strcmp(m->name, name) == 0;
+}
+
+/* Takes the memo of a query out of the table (the caller owns it). */
+static struct memo *memo_take(const void *store, int64_t job, const char *name, const struct tr_metrics_query *q)
+{
+	struct memo *m = NULL;
+	pthread_mutex_lock(&memo_lock);
+	for (int i = 0; i < MEMO_SLOTS && !m; i++)
+		if (memos[i] && memo_same(memos[i], store, job, name, q)) {
+			m = memos[i];
+			memos[i] = NULL;
+		}
+	pthread_mutex_unlock(&memo_lock);
+	return m;
+}
+
+static bool memo_same_query(const struct memo *a, const struct memo *b)
+{
+	return a->store == b->store && a->job == b->job && a->from == b->from && a->max_points == b->max_points &&
+	       a->epochs == b->epochs && a->times == b->times && strcmp(a->name, b->name) == 0;
+}
+
+/* Puts m back (or drops it when a newer one of the same query is there);
+ * a full table loses its least recently used memo. */
+static void memo_put(struct memo *m)
+{
+	struct memo *drop = m;
+	int same = -1, empty = -1, lru = -1;
+	pthread_mutex_lock(&memo_lock);
+	for (int i = 0; i < MEMO_SLOTS; i++) {
+		if (!memos[i]) {
+			if (empty < 0)
+				empty = i;
+		} else if (memo_same_query(memos[i], m)) {
+			same = i;
+		} else if (lru < 0 || memos[i]->used < memos[lru]->used) {
+			lru = i;
+		}
+	}
+	int slot = same >= 0 ? same : empty >= 0 ? empty : lru;
+	if (slot >= 0 && !(same >= 0 && memos[same]->hi > m->hi)) {
+		drop = memos[slot];
+		memos[slot] = m;
+		m->used = ++memo_tick;
+	}
+	pthread_mutex_unlock(&memo_lock);
+	memo_free(drop);
+}
+
+void tr_store_metrics_memo_forget(const tr_store_t *s)
+{
+	pthread_mutex_lock(&memo_lock);
+	for (int i = 0; i < MEMO_SLOTS; i++)
+		if (memos[i] && memos[i]->store == s) {
+			memo_free(memos[i]);
+			memos[i] = NULL;
+		}
+	pthread_mutex_unlock(&memo_lock);
+}
+
+/* Appends the text of the non-empty tail buckets [i0, i1) to cols. */
+static void memo_render(const struct memo *m, int64_t i0, int64_t i1, struct jbuf *cols)
+{
+	for (int64_t i = i0; i < i1; i++) {
+		if (m->b[i].sum.n == 0)
+			continue;
+		struct tr_metrics_point p = out_point(&m->b[i]);
+		for (int c = 0; c < NCOLS; c++)
+			if (col_wanted(c, true, m->epochs, m->times))
+				col_put(&cols[c], c, &p);
+	}
+}
+
+/* Resolves the last points of buckets [i0, nb) of m. */
+static int memo_resolve(struct conn *c, struct memo *m, int64_t i0)
+{
+	for (int64_t i = i0; i < m->nb; i++) {
+		struct bucket *k = &m->b[i];
+		if (k->sum.n == 0 || k->last_known)
+			continue;
+		int64_t end = (m->k0 + i) * m->w + m->w - 1;
+		int err = last_point(c, m->job, m->name, end < m->hi ? end : m->hi, &k->last);
+		if (err < 0)
+			return err;
+		k->last_known = true;
+	}
+	return 0;
+}
+
+/* Brings m (valid for [lo, m->hi]) to hi: coarser buckets when needed,
+ * then the new steps scanned into them. */
+static int memo_extend(struct conn *c, struct memo *m, int64_t hi, int64_t w)
+{
+	int64_t k0 = tr_store_floordiv(m->lo + 1, w), nb = tr_store_floordiv(hi, w) - k0 + 1;
+	struct bucket *b = calloc((size_t)nb, sizeof *b);
+	if (!b)
+		return tr_store_fail(-ENOMEM, "out of memory");
+	/* Old buckets merge into the new ones in step order, so the last
+	 * point of the latest non-empty one is the merged bucket's. */
+	for (int64_t i = 0; i < m->nb; i++) {
+		if (m->b[i].sum.n == 0)
+			continue;
+		struct bucket *k = &b[tr_store_floordiv((m->k0 + i) * m->w, w) - k0];
+		tr_store_msum_merge(&k->sum, &m->b[i].sum);
+		k->last = m->b[i].last;
+		k->last_known = true;
+	}
+	if (w != m->w) {
+		cols_free(m->text);
+		m->closed = 0;
+	}
+	free(m->b);
+	m->b = b;
+	m->k0 = k0;
+	m->nb = nb;
+	m->w = w;
+	if (hi > m->hi) {
+		struct ds d = {.c = c, .job_id = m->job, .name = m->name, .w = w, .k0 = k0, .b = b};
+		int err = scan(&d, level_for(w), m->hi + 1, hi);
+		if (err < 0)
+			return err;
+	}
+	m->hi = hi;
+	return 0;
+}
+
+/* The series' text from m: the head, the kept text, the rest rendered;
+ * the kept text then grows to just before the new last bucket. */
+static int memo_text(struct memo *m, char **text, size_t *len)
+{
+	struct jbuf tail[NCOLS] = {{0}};
+	int64_t last = tr_store_floordiv(m->hi, m->w) - m->k0;
+	if (m->closed == 0 && m->text[COL_STEP].n == 0) {
+		struct tr_metrics_point p = out_point(&m->head);
+		for (int c = 0; c < NCOLS; c++)
+			if (col_wanted(c, true, m->epochs, m->times))
+				col_put(&m->text[c], c, &p);
+	}
+	memo_render(m, m->closed, last, m->text);
+	m->closed = last;
+	memo_render(m, last, m->nb, tail);
+	int err = cols_oom(m->text) || cols_oom(tail)
+			  ? tr_store_fail(-ENOMEM, "out of memory")
+			  : series_text_join(m->name, true, m->epochs, m->times, m->text, tail, text, len);
+	cols_free(tail);
+	return err;
+}
+
+/* The downsampled text of a whole-curve query through the memo: 1 done,
+ * 0 when the series is not downsampled at this size (the caller reads it
+ * raw), <0 error. */
+static int memo_series(struct conn *c, const void *store, int64_t job_id, const char *name, int64_t lo,
+		       int64_t hi, const struct tr_metrics_query *q, uint64_t gen, struct tr_metrics_series *out)
+{
+	int64_t m_pts = q->max_points, w = 1;
+	if (hi == lo)
+		return 0; /* one step: nothing to keep */
+	while (buckets_touched(lo + 1, hi, w) > m_pts - 1)
+		w *= 2;
+	struct memo *m = memo_take(store, job_id, name, q);
+	if (m && (m->gen != gen || m->lo != lo || m->hi > hi || w < m->w)) {
+		memo_free(m);
+		m = NULL;
+	}
+	if (m) {
+		/* Appends only: the points up to the old last step are as many
+		 * as before. */
+		struct ds d = {.c = c, .job_id = job_id, .name = name};
+		int err = bucketize(&d, lo, m->hi, INT64_C(1) << 62);
+		int64_t n = err < 0 ? -1 : bucket_total(&d, lo, m->hi);
+		free(d.b);
+		if (err < 0) {
+			memo_free(m);
+			return err;
+		}
+		if (n != m->total) {
+			memo_free(m);
+			m = NULL;
+		}
+	}
+	int err = 0;
+	if (!m) {
+		m = calloc(1, sizeof *m);
+		if (!m || !(m->name = strdup(name))) {
+			memo_free(m);
+			return tr_store_fail(-ENOMEM, "out of memory");
+		}
+		m->store = store;
+		m->job = job_id;
+		m->from = q->from_step;
+		m->max_points = q->max_points;
+		m->epochs = q->with_epochs;
+		m->times = q->with_times;
+		m->gen = gen;
+		m->lo = m->hi = lo;
+		m->w = w;
+		struct ds head = {.c = c, .job_id = job_id, .name = name};
+		err = bucketize(&head, lo, lo, 1);
+		if (err == 0)
+			m->head = head.b[0];
+		free(head.b);
+		m->total = m->head.sum.n;
+		m->k0 = tr_store_floordiv(lo + 1, w);
+		m->nb = 0;
+	}
+	if (err == 0)
+		err = memo_extend(c, m, hi, w);
+	if (err == 0) {
+		int64_t total = m->head.sum.n;
+		for (int64_t i = 0; i < m->nb; i++)
+			total += m->b[i].sum.n;
+		m->total = total;
+		out->total = total;
+		if (total <= m_pts) {
+			memo_free(m); /* small enough to read raw */
+			return 0;
+		}
+		err = memo_resolve(c, m, 0);
+	}
+	if (err == 0)
+		err = memo_text(m, &out->text, &out->text_len);
+	if (err < 0) {
+		memo_free(m);
+		return err;
+	}
+	out->downsampled = true;
+	memo_put(m);
+	return 1;
+}
+
 /* ---- queries ------------------------------------------------------------------- */
 
 /* First (dir > 0) or last (dir < 0) step of a series within a bound;
@@ -377,8 +761,8 @@ static int edge_step(struct conn *c, int64_t job_id, const char *name, int dir, 
 }
 
 /* 1 and *out filled, 0 when the series has no points in range. */
-static int query_series(struct conn *c, int64_t job_id, const char *name, const struct tr_metrics_query *q,
-			struct tr_metrics_series *out)
+static int query_series(struct conn *c, const void *store, int64_t job_id, const char *name,
+			const struct tr_metrics_query *q, uint64_t gen, struct tr_metrics_series *out)
 {
 	int64_t from = q->from_step < -STORE_STEP_LIMIT ? -STORE_STEP_LIMIT : q->from_step;
 	int64_t to = q->to_step > STORE_STEP_LIMIT ? STORE_STEP_LIMIT : q->to_step;
@@ -390,6 +774,12 @@ static int query_series(struct conn *c, int64_t job_id, const char *name, const 
 		found = edge_step(c, job_id, name, -1, to, &hi);
 	if (found <= 0 || lo > hi)
 		return found < 0 ? found : 0; /* no points in range: no series */
+	if (q->want_text && !q->count_only && q->to_step >= STORE_STEP_LIMIT && q->max_points >= 2 &&
+	    q->max_points <= MEMO_MAX_POINTS) {
+		int done = memo_series(c, store, job_id, name, lo, hi, q, gen, out);
+		if (done != 0)
+			return done;
+	}
 	int err = series_points(c, job_id, name, lo, hi, q, out);
 	return err < 0 ? err : 1;
 }
@@ -399,7 +789,9 @@ void tr_metrics_series_finish(struct tr_metrics_series *s)
 	if (!s)
 		return;
 	free(s->pts);
+	free(s->text);
 	s->pts = NULL;
+	s->text = NULL;
 	s->n = 0;
 }
 
@@ -410,6 +802,9 @@ int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics
 		return tr_store_fail(-EINVAL, "max_points must be >= 0, not %d", q->max_points);
 	struct names ns = {0};
 	struct conn *c = tr_store_conn_get(s);
+	/* Read before the snapshot, so a truncation that commits meanwhile
+	 * makes memos of this read outdated (see memo_series). */
+	uint64_t gen = atomic_load(&trunc_gen);
 	/* One read transaction: every series, the rollup and the raw points
 	 * come from the same snapshot. */
 	int err = tr_store_begin(c, false);
@@ -430,7 +825,7 @@ int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics
 		if (i > 0 && strcmp(ns.v[i], ns.v[i - 1]) == 0)
 			continue;
 		struct tr_metrics_series ser;
-		err = query_series(c, job_id, ns.v[i], q, &ser);
+		err = query_series(c, s, job_id, ns.v[i], q, gen, &ser);
 		if (err > 0) {
 			err = fn ? fn(ctx, &ser) : 0;
 			tr_metrics_series_finish(&ser);
@@ -521,71 +916,27 @@ json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_me
 	return result;
 }
 
-/* A number as jansson writes a real: always with a '.' or an exponent,
- * so that it reads back as a real. */
-static void text_real(struct jbuf *b, double v)
-{
-	size_t at = b->n;
-	tr_store_jbuf_num(b, v);
-	if (b->oom || !isfinite(v))
-		return;
-	for (size_t i = at; i < b->n; i++)
-		if (b->p[i] == '.' || b->p[i] == 'e')
-			return;
-	JBUF_LIT(b, ".0");
-}
-
-enum col { COL_STEP, COL_VALUE, COL_MIN, COL_MAX, COL_EPOCH, COL_TIME };
-
-static void text_array(struct jbuf *b, const char *key, const struct tr_metrics_series *s, enum col col)
-{
-	tr_store_jbuf_raw(b, ",\"", 2);
-	tr_store_jbuf_raw(b, key, strlen(key));
-	JBUF_LIT(b, "\":[");
-	for (size_t i = 0; i < s->n; i++) {
-		const struct tr_metrics_point *p = &s->pts[i];
-		if (i)
-			JBUF_LIT(b, ",");
-		switch (col) {
-		case COL_STEP: tr_store_jbuf_int(b, p->step); break;
-		case COL_VALUE: text_real(b, p->value); break;
-		case COL_MIN: text_real(b, p->min); break;
-		case COL_MAX: text_real(b, p->max); break;
-		case COL_EPOCH: tr_store_jbuf_int(b, p->epoch); break;
-		case COL_TIME: text_real(b, p->wall); break;
-		}
-	}
-	JBUF_LIT(b, "]");
-}
-
 int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
 			   size_t *len)
 {
-	struct jbuf b = {0};
-	tr_store_jbuf_str(&b, s->name);
-	JBUF_LIT(&b, ":{\"downsampled\":");
-	if (s->downsampled)
-		JBUF_LIT(&b, "true");
-	else
-		JBUF_LIT(&b, "false");
-	text_array(&b, "steps", s, COL_STEP);
-	text_array(&b, "values", s, COL_VALUE);
-	if (s->downsampled) {
-		text_array(&b, "min", s, COL_MIN);
-		text_array(&b, "max", s, COL_MAX);
+	if (s->text) {
+		*text = malloc(s->text_len ? s->text_len : 1);
+		if (!*text)
+			return tr_store_fail(-ENOMEM, "out of memory");
+		memcpy(*text, s->text, s->text_len);
+		*len = s->text_len;
+		return 0;
 	}
-	if (with_epochs)
-		text_array(&b, "epochs", s, COL_EPOCH);
-	if (with_times)
-		text_array(&b, "times", s, COL_TIME);
-	JBUF_LIT(&b, "}");
-	if (b.oom) {
-		free(b.p);
-		return tr_store_fail(-ENOMEM, "out of memory");
-	}
-	*text = b.p;
-	*len = b.n;
-	return 0;
+	struct jbuf cols[NCOLS] = {{0}};
+	for (size_t i = 0; i < s->n; i++)
+		for (int c = 0; c < NCOLS; c++)
+			if (col_wanted(c, s->downsampled, with_epochs, with_times))
+				col_put(&cols[c], c, &s->pts[i]);
+	int err = cols_oom(cols) ? tr_store_fail(-ENOMEM, "out of memory")
+				 : series_text_join(s->name, s->downsampled, with_epochs, with_times, cols, NULL, text,
+						    len);
+	cols_free(cols);
+	return err;
 }
 
 int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value)
@@ -708,6 +1059,7 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step)
 		err = tr_store_commit(c);
 	tr_store_conn_put(s, c);
 	names_free(&ns);
+	atomic_fetch_add(&trunc_gen, 1);
 	if (err == 0)
 		tr_store_job_data_changed(s, job_id);
 	return err;

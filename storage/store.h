@@ -170,6 +170,10 @@ struct tr_metrics_query {
 	int64_t max_raw;
 	bool with_epochs, with_times;
 	bool count_only; /* series come with total set and no points */
+	/* Series may come as text only (text set, no points): a whole-curve
+	 * downsampled query (to_step >= 2^62, 2 <= max_points <= 10,000) is
+	 * then answered incrementally from the previous answer. */
+	bool want_text;
 };
 
 /* One series of an answer.  Downsampled: point i stands for bucket i and
@@ -186,8 +190,10 @@ struct tr_metrics_series {
 	int64_t total; /* points of the series in range */
 	size_t n;
 	struct tr_metrics_point *pts; /* malloc'd */
+	char *text;                   /* malloc'd, tr_metrics_series_text's form, or NULL */
+	size_t text_len;
 };
-void tr_metrics_series_finish(struct tr_metrics_series *s); /* frees pts */
+void tr_metrics_series_finish(struct tr_metrics_series *s); /* frees pts and text */
 /* Called per series; a nonzero return stops the read and is returned. */
 typedef int (*tr_metrics_series_fn)(void *ctx, const struct tr_metrics_series *s);
 
@@ -219,7 +225,8 @@ int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics
  * NULL on error.  Non-finite values come out as null. */
 json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q);
 /* One series as JSON text, `"name":{...}` as above (reals always with a
- * '.' or an exponent); *text malloc'd.  0 or -ENOMEM. */
+ * '.' or an exponent; s->text copied when set); *text malloc'd.  0 or
+ * -ENOMEM. */
 int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
 			   size_t *len);
 /* The last point of a series (the latest written among equal steps):
@@ -228,6 +235,9 @@ int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, 
 int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value);
 /* Sum and number of a series' non-NaN values (reads every point). */
 int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count);
+/* Drops what the store keeps between metrics reads (the whole-curve
+ * memo); tr_store_close calls it. */
+void tr_store_metrics_memo_forget(const tr_store_t *s);
 /* Distinct metric names of a job, as a JSON array (new reference). */
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
 /* Deletes a job's points with step > step (used when a job resumes from an

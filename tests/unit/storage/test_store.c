@@ -767,6 +767,80 @@ Test(metrics, incremental_poll_returns_only_new_points)
 	tr_store_close(s);
 }
 
+/* The whole-curve memo (want_text) answers exactly as a full computation
+ * while a series grows, also across backfilled points, truncations and
+ * bucket widths that double. */
+static int collect_text(void *ctx, const struct tr_metrics_series *ser)
+{
+	json_t *into = ctx;
+	char *text, *wrapped;
+	size_t len;
+	cr_assert_eq(tr_metrics_series_text(ser, false, true, &text, &len), 0);
+	wrapped = malloc(len + 3);
+	wrapped[0] = '{';
+	memcpy(wrapped + 1, text, len);
+	wrapped[len + 1] = '}';
+	wrapped[len + 2] = 0;
+	json_error_t e;
+	json_t *one = json_loads(wrapped, 0, &e);
+	cr_assert_not_null(one, "series text is not JSON: %s: %.200s", e.text, wrapped);
+	json_object_update(into, one);
+	json_decref(one);
+	free(text);
+	free(wrapped);
+	return 0;
+}
+
+Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t id = add_job(s, "a", 0);
+	int64_t step = 5;
+	srand(5);
+	int maxes[] = {2, 3, 17, 500};
+	int64_t froms[] = {0, 1000};
+	for (int round = 0; round < 60; round++) {
+		int n = 1 + rand() % (round < 20 ? 200 : 3000);
+		for (int i = 0; i < n; i++) {
+			step += rand() % 10 == 0 ? rand() % 50 : rand() % 3 ? 1 : 0;
+			double v = (rand() % 1000) / 10.0;
+			if (rand() % 3000 == 0)
+				v = NAN;
+			cr_assert_eq(tr_store_metric_append(s, id, "m", step, round, 1e9 + step, v), 0);
+		}
+		if (round % 11 == 5) /* a point pushed into the past */
+			cr_assert_eq(tr_store_metric_append(s, id, "m", rand() % step, 0, 0, -5.0), 0);
+		if (round == 33) {
+			cr_assert_eq(tr_store_metrics_truncate(s, id, step - 700), 0);
+			step -= 700;
+			/* The same number of points again: only the truncation
+			 * count tells the memo it is stale. */
+		}
+		cr_assert_eq(tr_store_flush(s), 0);
+		for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++) {
+			for (size_t f = 0; f < 2; f++) {
+				struct tr_metrics_query q = {.from_step = froms[f], .to_step = INT64_MAX,
+							     .max_points = maxes[k], .with_times = true};
+				json_t *want = tr_store_metrics_query(s, id, &q);
+				cr_assert_not_null(want, "%s", tr_store_error(s));
+				json_t *got = json_object();
+				q.want_text = true;
+				cr_assert_eq(tr_store_metrics_read(s, id, &q, collect_text, got), 0, "%s",
+					     tr_store_error(s));
+				if (!json_equal(got, json_object_get(want, "series"))) {
+					char *a = json_dumps(got, JSON_COMPACT), *b = json_dumps(want, JSON_COMPACT);
+					cr_assert_fail("round %d max %d from %lld: memo %.300s\nfull %.300s", round,
+						       maxes[k], (long long)froms[f], a, b);
+				}
+				json_decref(got);
+				json_decref(want);
+			}
+		}
+	}
+	tr_store_close(s);
+}
+
 /* max_raw bounds an undownsampled read; count_only reads no points. */
 Test(metrics, undownsampled_reads_are_capped)
 {
