@@ -487,9 +487,10 @@ struct memo {
 	struct bucket *b; /* tail buckets of [lo + 1, hi]: k0 .. k0 + nb - 1 */
 	int64_t k0, nb;
 	/* Text of the head and of the non-empty tail buckets before index
-	 * closed (relative to k0). */
+	 * closed (relative to k0), as raw points (no min/max) or downsampled. */
 	struct jbuf text[NCOLS];
 	int64_t closed;
+	bool raw;
 };
 
 static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -579,7 +580,7 @@ static void memo_render(const struct memo *m, int64_t i0, int64_t i1, struct jbu
 			continue;
 		struct tr_metrics_point p = out_point(&m->b[i]);
 		for (int c = 0; c < NCOLS; c++)
-			if (col_wanted(c, true, m->epochs, m->times))
+			if (col_wanted(c, !m->raw, m->epochs, m->times))
 				col_put(&cols[c], c, &p);
 	}
 }
@@ -639,14 +640,19 @@ static int memo_extend(struct conn *c, struct memo *m, int64_t hi, int64_t w)
 
 /* The series' text from m: the head, the kept text, the rest rendered;
  * the kept text then grows to just before the new last bucket. */
-static int memo_text(struct memo *m, char **text, size_t *len)
+static int memo_text(struct memo *m, bool raw, char **text, size_t *len)
 {
 	struct jbuf tail[NCOLS] = {{0}};
 	int64_t last = tr_store_floordiv(m->hi, m->w) - m->k0;
+	if (raw != m->raw) {
+		cols_free(m->text);
+		m->closed = 0;
+		m->raw = raw;
+	}
 	if (m->closed == 0 && m->text[COL_STEP].n == 0) {
 		struct tr_metrics_point p = out_point(&m->head);
 		for (int c = 0; c < NCOLS; c++)
-			if (col_wanted(c, true, m->epochs, m->times))
+			if (col_wanted(c, !raw, m->epochs, m->times))
 				col_put(&m->text[c], c, &p);
 	}
 	memo_render(m, m->closed, last, m->text);
@@ -654,7 +660,7 @@ static int memo_text(struct memo *m, char **text, size_t *len)
 	memo_render(m, last, m->nb, tail);
 	int err = cols_oom(m->text) || cols_oom(tail)
 			  ? tr_store_fail(-ENOMEM, "out of memory")
-			  : series_text_join(m->name, true, m->epochs, m->times, m->text, tail, text, len);
+			  : series_text_join(m->name, !raw, m->epochs, m->times, m->text, tail, text, len);
 	cols_free(tail);
 	return err;
 }
@@ -692,6 +698,7 @@ static int memo_series(struct conn *c, const void *store, int64_t job_id, const 
 		}
 	}
 	int err = 0;
+	bool raw = false;
 	if (!m) {
 		m = calloc(1, sizeof *m);
 		if (!m || !(m->name = strdup(name))) {
@@ -724,19 +731,25 @@ static int memo_series(struct conn *c, const void *store, int64_t job_id, const 
 			total += m->b[i].sum.n;
 		m->total = total;
 		out->total = total;
-		if (total <= m_pts) {
-			memo_free(m); /* small enough to read raw */
+		raw = total <= m_pts;
+		/* Not downsampled: the buckets are the raw points when each holds
+		 * one (width 1, no repeated step); otherwise read them raw. */
+		bool single = m->w == 1 && m->head.sum.n == 1;
+		for (int64_t i = 0; raw && single && i < m->nb; i++)
+			single = m->b[i].sum.n <= 1;
+		if (raw && !single) {
+			memo_free(m);
 			return 0;
 		}
 		err = memo_resolve(c, m, 0);
 	}
 	if (err == 0)
-		err = memo_text(m, &out->text, &out->text_len);
+		err = memo_text(m, raw, &out->text, &out->text_len);
 	if (err < 0) {
 		memo_free(m);
 		return err;
 	}
-	out->downsampled = true;
+	out->downsampled = !raw;
 	memo_put(m);
 	return 1;
 }

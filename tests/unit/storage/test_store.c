@@ -796,9 +796,9 @@ Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
 	struct tr_store_options o = {.flush_interval_ms = 60000};
 	tr_store_t *s = open_store(&o);
 	int64_t id = add_job(s, "a", 0);
-	int64_t step = 5;
+	int64_t step = 5, unique = 0;
 	srand(5);
-	int maxes[] = {2, 3, 17, 500};
+	int maxes[] = {2, 3, 17, 500, 5000};
 	int64_t froms[] = {0, 1000};
 	for (int round = 0; round < 60; round++) {
 		int n = 1 + rand() % (round < 20 ? 200 : 3000);
@@ -808,6 +808,9 @@ Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
 			if (rand() % 3000 == 0)
 				v = NAN;
 			cr_assert_eq(tr_store_metric_append(s, id, "m", step, round, 1e9 + step, v), 0);
+			/* And a series without repeated steps or gaps (read raw
+			 * from the memo while short). */
+			cr_assert_eq(tr_store_metric_append(s, id, "u", unique++, round, 1e9, v), 0);
 		}
 		if (round % 11 == 5) /* a point pushed into the past */
 			cr_assert_eq(tr_store_metric_append(s, id, "m", rand() % step, 0, 0, -5.0), 0);
