@@ -124,8 +124,17 @@ static struct mpoint row_point(sqlite3_stmt *st)
 			       tr_store_col_value(st, 3)};
 }
 
-static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t lo, int64_t hi, struct pts *o)
+static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t lo, int64_t hi, int64_t count,
+		      struct pts *o)
 {
+	/* Sized once from the count the caller has (points may still come
+	 * beyond it: the array grows then). */
+	if (count > 0 && !o->v) {
+		o->v = malloc((size_t)count * sizeof *o->v);
+		if (!o->v)
+			return tr_store_fail(-ENOMEM, "out of memory");
+		o->cap = (size_t)count;
+	}
 	sqlite3_stmt *st = tr_store_stmt(c, sql_range);
 	if (!st)
 		return -EIO;
@@ -313,7 +322,7 @@ static int series_points(struct conn *c, int64_t job_id, const char *name, int64
 		if (err < 0 || q->count_only)
 			goto done;
 		if (m == 0 || total <= 1) {
-			err = raw_points(c, job_id, name, lo, hi, &o);
+			err = raw_points(c, job_id, name, lo, hi, total, &o);
 			goto done;
 		}
 		/* m == 1: the last point, with the extremes of the whole range. */
@@ -340,7 +349,7 @@ static int series_points(struct conn *c, int64_t job_id, const char *name, int64
 	out->total = total;
 	if (total <= m || q->count_only) {
 		if (!q->count_only)
-			err = raw_points(c, job_id, name, lo, hi, &o);
+			err = raw_points(c, job_id, name, lo, hi, total, &o);
 		goto done;
 	}
 	out->downsampled = true;
@@ -400,12 +409,31 @@ static void col_put(struct jbuf *b, enum col col, const struct tr_metrics_point 
 	}
 }
 
+/* Sizes a buffer for what is about to be written: no doubling copies of
+ * a large series' text (pages reserved but not written cost no memory). */
+static void jbuf_reserve(struct jbuf *b, size_t cap)
+{
+	if (b->oom || b->cap >= cap)
+		return;
+	char *p = realloc(b->p, cap);
+	if (!p) {
+		b->oom = true;
+		return;
+	}
+	b->p = p;
+	b->cap = cap;
+}
+
 /* `"name":{"downsampled":..,"steps":[..],..}` from each column's text in
  * two parts (a and b, either may be empty). */
 static int series_text_join(const char *name, bool downsampled, bool epochs, bool times, const struct jbuf *a,
 			    const struct jbuf *b, char **text, size_t *len)
 {
 	struct jbuf o = {0};
+	size_t need = 6 * strlen(name) + 64;
+	for (int c = 0; c < NCOLS; c++)
+		need += (a ? a[c].n : 0) + (b ? b[c].n : 0) + 16;
+	jbuf_reserve(&o, need);
 	tr_store_jbuf_str(&o, name);
 	JBUF_LIT(&o, ":{\"downsampled\":");
 	if (downsampled)
@@ -941,6 +969,10 @@ int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, 
 		return 0;
 	}
 	struct jbuf cols[NCOLS] = {{0}};
+	/* At most 25 characters a number, and a comma. */
+	for (int c = 0; c < NCOLS && s->n > 64; c++)
+		if (col_wanted(c, s->downsampled, with_epochs, with_times))
+			jbuf_reserve(&cols[c], s->n * 26);
 	for (size_t i = 0; i < s->n; i++)
 		for (int c = 0; c < NCOLS; c++)
 			if (col_wanted(c, s->downsampled, with_epochs, with_times))
