@@ -71,7 +71,7 @@ static void push_series(long long id, const char *name, long long first, long lo
 	}
 	free(body);
 	/* Visible after the writer's next flush. */
-	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=%s&max_points=1", id, name);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=%s&from_step=%lld", id, name, first + (n - 1) * stride);
 	double t0 = now_s();
 	for (;;) {
 		struct http_reply r;
