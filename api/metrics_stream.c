@@ -7,7 +7,7 @@
  * response's callback reads and renders one series at a time, each in a
  * read transaction of its own, so a request holds at most one series in
  * memory and no store connection while the client reads (docs/design.md,
- * "Metrics").
+ * "Storage").
  */
 #include "api/metrics_stream.h"
 
