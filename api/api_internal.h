@@ -201,6 +201,10 @@ int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct t
 /* Loads a job, merges its live progress and sets it as the reply's body
  * with the given status; fills an error otherwise. */
 void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_t id);
+/* The job's "summary": the latest loss, val_loss, val_accuracy,
+ * samples_per_sec, data_wait_fraction and step, null where unknown (live
+ * progress borrowed, may be NULL); new reference. */
+json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const json_t *live);
 /* Formats Unix seconds as RFC 3339 UTC with milliseconds; new reference,
  * JSON null for 0 (not yet). */
 json_t *tr_api_time_json(double t);

@@ -4,11 +4,13 @@
  * are RFC 3339 UTC with milliseconds, null until they happen.
  */
 #include "api/api_internal.h"
+#include "api/rcache.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -104,6 +106,84 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	return job;
 }
 
+/* ---- summary ---- */
+
+/* The latest value of a series, or null. */
+static json_t *last_value(tr_store_t *store, int64_t id, const char *name)
+{
+	int64_t step;
+	double v;
+
+	return tr_store_metric_last(store, id, name, &step, &v) > 0 ? number_or_null(v) : json_null();
+}
+
+/* What the store can tell of a job that is not running here: throughput
+ * of its last recorded step, and the share of its recorded step time
+ * spent waiting for data.  Reads every data_wait_ms and step_ms point, so
+ * the rendered answer is kept in the response cache under the job's data
+ * generation (a finished job's never changes). */
+struct stored_summary {
+	tr_store_t *store;
+	int64_t id;
+};
+
+static int compute_stored(void *ctx, char **out, size_t *len)
+{
+	struct stored_summary *ss = ctx;
+	double wait = 0, step_ms = 0;
+	int64_t nw = 0, ns = 0;
+	json_t *fraction, *obj;
+
+	if (tr_store_metric_sum(ss->store, ss->id, "data_wait_ms", &wait, &nw) < 0 ||
+	    tr_store_metric_sum(ss->store, ss->id, "step_ms", &step_ms, &ns) < 0)
+		return -EIO;
+	fraction = nw > 0 && ns > 0 && step_ms > 0 ? json_real(fmin(1.0, wait / step_ms)) : json_null();
+	obj = json_pack("{s:o, s:o}", "samples_per_sec", last_value(ss->store, ss->id, "samples_per_sec"),
+			"data_wait_fraction", fraction);
+	int rc = obj ? tr_api_render_json(obj, out, len) : -ENOMEM;
+	json_decref(obj);
+	return rc < 0 ? -ENOMEM : 0;
+}
+
+json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const json_t *live)
+{
+	tr_store_t *store = api->cfg.store;
+	json_t *sum, *v;
+
+	sum = json_pack("{s:o, s:o, s:o}", "loss", number_or_null(row->loss), "val_loss",
+			last_value(store, row->id, "val_loss"), "val_accuracy",
+			last_value(store, row->id, "val_accuracy"));
+	if (!sum)
+		return NULL;
+	json_object_set_new(sum, "step", row->started_at > 0 ? json_integer(row->step) : json_null());
+	if (json_is_object(live) && json_object_get(live, "step")) {
+		/* Running here: the trainer's own figures, computed as
+		 * summary.json's are (samples and waiting over the run's wall
+		 * time so far). */
+		static const char *const keys[] = {"step", "loss", "samples_per_sec", "data_wait_fraction"};
+		json_object_set_new(sum, "samples_per_sec", json_null());
+		json_object_set_new(sum, "data_wait_fraction", json_null());
+		for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+			if ((v = json_object_get(live, keys[i])) && json_is_number(v))
+				json_object_set(sum, keys[i], v);
+		return sum;
+	}
+	char query[] = "#summary", *text = NULL;
+	size_t len;
+	struct stored_summary ss = {store, row->id};
+	struct tr_rcache_key key = {store, row->id, query, tr_store_job_data_generation(store, row->id)};
+	json_t *stored = NULL;
+	if (tr_rcache_get(&key, 2000, compute_stored, &ss, &text, &len) == 0)
+		stored = json_loadb(text, len, 0, NULL);
+	free(text);
+	json_object_set_new(sum, "samples_per_sec", json_null());
+	json_object_set_new(sum, "data_wait_fraction", json_null());
+	if (json_is_object(stored))
+		json_object_update(sum, stored);
+	json_decref(stored);
+	return sum;
+}
+
 int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row)
 {
 	int rc;
@@ -131,6 +211,10 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 	if (api->cfg.ops.live_progress && !tr_api_state_terminal(row.state))
 		live = api->cfg.ops.live_progress(api->cfg.ctx, id);
 	job = tr_api_job_json(&row, live);
+	if (job && json_object_set_new(job, "summary", tr_api_job_summary(api, &row, live)) != 0) {
+		json_decref(job);
+		job = NULL;
+	}
 	json_decref(live);
 	tr_job_row_finish(&row);
 	if (!job) {

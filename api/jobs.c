@@ -82,11 +82,86 @@ void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_reply_header(rp, "Idempotent-Replayed", "true");
 }
 
+/* The keys fields= may name: every top-level key of the job object (so
+ * keys added to it later are accepted without a change here) and
+ * "summary", which lists carry only when asked, as it costs store reads
+ * per job. */
+static bool job_key_known(const char *key, size_t len)
+{
+	struct tr_job_row zero = {0};
+	json_t *ref = tr_api_job_json(&zero, NULL);
+	const char *k;
+	json_t *v;
+	bool known = len == strlen("summary") && strncmp(key, "summary", len) == 0;
+
+	json_object_foreach(ref, k, v)
+		known |= strlen(k) == len && strncmp(k, key, len) == 0;
+	json_decref(ref);
+	return known;
+}
+
+/* Checks fields= ("a,b,c"); -1 with 400 naming the parameter. */
+static int check_fields(const char *fields, struct tr_api_reply *rp)
+{
+	const char *p = fields;
+
+	for (;;) {
+		size_t len = strcspn(p, ",");
+
+		if (len == 0 || !job_key_known(p, len)) {
+			tr_api_fail(rp, 400, "invalid_parameter", NULL,
+				    "fields: \"%.*s\" is not a key of a job (id, name, state, priority, spec, devices, "
+				    "progress, error, submitted_at, started_at, finished_at, summary, ...)",
+				    (int)(len > 64 ? 64 : len), p);
+			return -1;
+		}
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
+static bool field_wanted(const char *fields, const char *key)
+{
+	size_t klen = strlen(key);
+
+	for (const char *p = fields;;) {
+		size_t len = strcspn(p, ",");
+
+		if (len == klen && strncmp(p, key, len) == 0)
+			return true;
+		if (!p[len])
+			return false;
+		p += len + 1;
+	}
+}
+
+/* The job as a list shows it: every key but the summary, or with fields=
+ * just those named (and the id). */
+static json_t *list_entry(tr_api_t *api, const struct tr_job_row *row, const json_t *live, const char *fields)
+{
+	json_t *job = tr_api_job_json(row, live), *out;
+	const char *key;
+	json_t *v;
+
+	if (!job || !fields)
+		return job;
+	out = json_object();
+	json_object_foreach(job, key, v)
+		if (strcmp(key, "id") == 0 || field_wanted(fields, key))
+			json_object_set(out, key, v);
+	if (field_wanted(fields, "summary"))
+		json_object_set_new(out, "summary", tr_api_job_summary(api, row, live));
+	json_decref(job);
+	return out;
+}
+
 void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
 	struct tr_job_row *rows = NULL;
 	const char *state = tr_api_query(rq, "state");
+	const char *fields = tr_api_query(rq, "fields");
 	int64_t limit, after;
 	json_t *jobs, *next;
 	int count = 0, rc;
@@ -100,6 +175,8 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (tr_api_query_int(rq, rp, "limit", 1, LIST_MAX, LIST_DEFAULT, &limit) < 0 ||
 	    tr_api_query_int(rq, rp, "after", 0, INT64_MAX, 0, &after) < 0)
 		return;
+	if (fields && check_fields(fields, rp) < 0)
+		return;
 	rc = tr_store_job_list(api->cfg.store, state, after, (int)limit, &rows, &count);
 	if (rc < 0) {
 		tr_api_fail_store(rp, api->cfg.store, "listing jobs");
@@ -111,7 +188,7 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 
 		if (api->cfg.ops.live_progress && !tr_api_state_terminal(rows[i].state))
 			live = api->cfg.ops.live_progress(api->cfg.ctx, rows[i].id);
-		json_array_append_new(jobs, tr_api_job_json(&rows[i], live));
+		json_array_append_new(jobs, list_entry(api, &rows[i], live, fields));
 		json_decref(live);
 	}
 	/* A string, so clients in languages without 64-bit integers pass

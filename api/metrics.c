@@ -1,11 +1,13 @@
 /* /jobs/{id}/metrics: reading series (name filter, step range, min/max
- * downsampling done by the store) and pushing custom monitor points.
+ * downsampling done by the store, 2,000 points per series unless asked
+ * otherwise) and pushing custom monitor points.
  * Pushed names may not shadow the engine's own metrics (DESIGN.md §6):
  * a monitor writing "loss" would silently corrupt the curve everyone
  * reads.  A push is validated whole before any point is queued, so a bad
  * point 9000 does not leave 8999 points behind.
  */
 #include "api/api_internal.h"
+#include "api/metrics_stream.h"
 #include "api/rcache.h"
 
 #include <errno.h>
@@ -17,7 +19,15 @@
 
 #define NAME_MAX_LEN 64
 #define MAX_NAMES 256
+/* Every answer is bounded: a series comes downsampled to max_points
+ * (default MAX_POINTS_DEFAULT), and max_points=0 ("every point") is only
+ * answered while each series has at most MAX_POINTS_PARAM points in range
+ * (400 otherwise: the client narrows from_step/to_step). */
 #define MAX_POINTS_PARAM 100000
+#define MAX_POINTS_DEFAULT 2000
+/* Answers with more points than this, or that may have more (above this
+ * max_points, or undownsampled), are streamed instead of cached. */
+#define CACHED_POINTS_MAX 100000
 #define PUSH_MAX 10000
 
 static const char *const engine_names[] = {
@@ -90,20 +100,50 @@ struct metrics_compute {
 static int compute_answer(void *ctx, char **out, size_t *len)
 {
 	struct metrics_compute *mc = ctx;
-	json_t *result = tr_store_metrics_query(mc->store, mc->job, mc->q);
-	if (!result) {
+	int rc = tr_api_metrics_render(mc->store, mc->job, mc->q, CACHED_POINTS_MAX, out, len);
+
+	/* Too large to cache: the caller streams it. */
+	if (rc < 0 && rc != -EFBIG)
 		tr_api_fail_store(mc->rp, mc->store, "reading metrics");
+	return rc;
+}
+
+/* max_points=0 asks for every point: refused, naming the series, when one
+ * has more than the cap in range. */
+static int check_raw_cap(tr_store_t *store, int64_t id, const struct tr_metrics_query *q, struct tr_api_reply *rp)
+{
+	struct tr_metrics_query cq = *q;
+	int rc;
+
+	cq.max_raw = MAX_POINTS_PARAM;
+	cq.count_only = true;
+	rc = tr_store_metrics_read(store, id, &cq, NULL, NULL);
+	if (rc == -E2BIG) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "max_points: 0 (every point) is limited to %d points per series: %s; ask for a "
+			    "narrower from_step/to_step, or downsample with max_points of at most %d",
+			    MAX_POINTS_PARAM, tr_store_error(store), MAX_POINTS_PARAM);
 		return -1;
 	}
-	json_t *series = json_object_get(result, "series");
-	json_t *body = json_pack("{s:I, s:o}", "job", (json_int_t)mc->job, "series",
-				 series ? json_incref(series) : json_object());
-	int rc = body ? tr_api_render_json(body, out, len) : -1;
-	if (rc < 0)
-		tr_api_fail(mc->rp, 500, "internal", NULL, "out of memory");
-	json_decref(body);
-	json_decref(result);
-	return rc;
+	if (rc < 0) {
+		tr_api_fail_store(rp, store, "reading metrics");
+		return -1;
+	}
+	return 0;
+}
+
+static void reply_stream(tr_api_t *api, int64_t id, const struct tr_metrics_query *q, struct tr_api_reply *rp)
+{
+	struct MHD_Response *resp = tr_api_metrics_stream(api->cfg.store, id, q);
+
+	if (!resp) {
+		tr_api_fail_store(rp, api->cfg.store, "reading metric names");
+		return;
+	}
+	tr_api_reply_finish(rp);
+	rp->status = 200;
+	rp->stream = resp;
+	tr_api_reply_header(rp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
 }
 
 /* Splits "a,b" into a NULL-terminated array pointing into *copy. */
@@ -162,7 +202,7 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	tr_job_row_finish(&row);
 	if (tr_api_query_int(rq, rp, "from_step", 0, INT64_MAX, 0, &from) < 0 ||
 	    tr_api_query_int(rq, rp, "to_step", 0, INT64_MAX, INT64_MAX, &to) < 0 ||
-	    tr_api_query_int(rq, rp, "max_points", 0, MAX_POINTS_PARAM, 0, &max_points) < 0 ||
+	    tr_api_query_int(rq, rp, "max_points", 0, MAX_POINTS_PARAM, MAX_POINTS_DEFAULT, &max_points) < 0 ||
 	    tr_api_query_bool(rq, rp, "epochs", false, &q.with_epochs) < 0 ||
 	    tr_api_query_bool(rq, rp, "times", false, &q.with_times) < 0)
 		goto cleanup;
@@ -177,6 +217,16 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	q.from_step = from;
 	q.to_step = to;
 	q.max_points = (int)max_points;
+	q.want_text = true;
+	if (max_points == 0) {
+		if (check_raw_cap(api->cfg.store, id, &q, rp) == 0)
+			reply_stream(api, id, &q, rp);
+		goto cleanup;
+	}
+	if (max_points > CACHED_POINTS_MAX / 10) {
+		reply_stream(api, id, &q, rp);
+		goto cleanup;
+	}
 	/* Sized to fit: a cut key would give two queries one answer. */
 #define KEY_FMT "%s|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%d"
 #define KEY_ARGS names_text ? names_text : "*", from, to, max_points, (int)q.with_epochs, (int)q.with_times
@@ -196,6 +246,10 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	char *text;
 	size_t len;
 	int rc = tr_rcache_get(&ck, CACHE_WAIT_MS, compute_answer, &mc, &text, &len);
+	if (rc == -EFBIG) {
+		reply_stream(api, id, &q, rp);
+		goto cleanup;
+	}
 	if (rc == -ENOMEM)
 		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
 	if (rc < 0)

@@ -28,6 +28,8 @@
  * touches in full, so larger pages cost metrics writes bytes:
  * docs/design.md has the figures behind 16 KiB. */
 #define STORE_PAGE_SIZE_NEW "16384"
+/* Address space, not memory: the kernel's page cache backs it. */
+#define STORE_READ_MMAP "1073741824"
 
 /* Per thread, so that two threads failing at once each read their own
  * message (and a message survives the store being closed). */
@@ -509,6 +511,14 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		rc = tr_store_set_max_bytes(&s->pool[i], max_bytes);
 		if (rc < 0)
 			goto fail;
+		/* Request connections read the database through a mapping: in WAL
+		 * mode every commit of the writer empties a reader's page cache, and
+		 * a downsampling query then copied each page in again with pread
+		 * (most of its time for a running job's series).  Reads only: the
+		 * writer keeps plain I/O. */
+		rc = tr_store_exec(&s->pool[i], "PRAGMA mmap_size=" STORE_READ_MMAP);
+		if (rc < 0)
+			goto fail;
 	}
 	s->last_event_id = read_last_event_id(&s->wconn);
 	/* From here on, failures of these connections' writes are the
@@ -545,6 +555,7 @@ void tr_store_close(tr_store_t *s)
 	if (!s)
 		return;
 	tr_store_writer_stop(s);
+	tr_store_metrics_memo_forget(s);
 	if (s->wconn.db)
 		tr_store_job_states_save(s, NULL, 0);
 	tr_store_states_free(s);

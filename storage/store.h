@@ -223,21 +223,79 @@ struct tr_metrics_query {
 	int64_t from_step;        /* inclusive, default 0 */
 	int64_t to_step;          /* inclusive, default INT64_MAX */
 	int max_points;           /* per series; 0 = no downsampling */
+	/* With max_points 0: a series with more points in range fails the
+	 * read with -E2BIG (message names it); 0 = no limit. */
+	int64_t max_raw;
 	bool with_epochs, with_times;
+	bool count_only; /* series come with total set and no points */
+	/* Series may come as text only (text set, no points): a whole-curve
+	 * downsampled query (to_step >= 2^62, 2 <= max_points <= 10,000) is
+	 * then answered incrementally from the previous answer. */
+	bool want_text;
 };
-/* Returns {"series": {"loss": {"steps": [...], "values": [...],
- * ["epochs": [...]], ["times": [...]]}, ...}} as a new reference, series in
- * name order, points in step order.  With max_points > 0 and more points
- * than that, the step range is cut into max_points/2 equal buckets and each
- * bucket keeps its min and max value points (in step order), so spikes
- * survive downsampling.  NULL on error.
- * Precisely: the step range is [lo, hi], the first and last steps of the
- * series within [from_step, to_step]; bucket k of nb starts at
- * lo + floor(k * (hi - lo + 1) / nb); min/max ties go to the earliest step;
- * NaN counts as the largest value (a diverged loss shows).  Non-finite
- * values come out as null.  Names without points in range are left out.
- * max_points 1 keeps the single max point. */
+
+/* One series of an answer.  Downsampled: point i stands for bucket i and
+ * is that bucket's last point (step, epoch, wall, value), min/max are the
+ * extremes of the bucket's values; otherwise the raw points, min == max
+ * == value. */
+struct tr_metrics_point {
+	int64_t step, epoch;
+	double wall, value, min, max;
+};
+struct tr_metrics_series {
+	const char *name; /* borrowed, valid during the callback */
+	bool downsampled;
+	int64_t total; /* points of the series in range */
+	size_t n;
+	struct tr_metrics_point *pts; /* malloc'd */
+	char *text;                   /* malloc'd, tr_metrics_series_text's form, or NULL */
+	size_t text_len;
+};
+void tr_metrics_series_finish(struct tr_metrics_series *s); /* frees pts and text */
+/* Called per series; a nonzero return stops the read and is returned. */
+typedef int (*tr_metrics_series_fn)(void *ctx, const struct tr_metrics_series *s);
+
+/* Reads the series of a query in one read transaction, in name order,
+ * calling fn for each that has points in range (names without any are
+ * left out), points in step order.  Returns 0, fn's nonzero return, or a
+ * negative code (-EINVAL for max_points < 0, -E2BIG for max_raw).
+ *
+ * Downsampling, with max_points m > 0 and more than m points in
+ * [lo, hi] (the first and last steps of the series within
+ * [from_step, to_step]):
+ *  - every point belongs to exactly one bucket; each non-empty bucket
+ *    gives one point: its last point (the latest written among equal
+ *    steps), with the min and max value over the bucket;
+ *  - m >= 2: step lo is a bucket of its own, so the first point is kept;
+ *    the steps in [lo + 1, hi] fall into aligned buckets
+ *    [k*w, k*w + w - 1], w the smallest power of two that makes at most
+ *    m - 1 buckets (so at most m points come back, and the last one is the
+ *    series' last point);
+ *  - m == 1: one bucket, the series' last point with the overall extremes.
+ * Values order NaN above +inf (a diverged loss is a bucket's max).  The
+ * edges depend only on lo, hi and m: a series that grows keeps them until
+ * w doubles. */
+int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, tr_metrics_series_fn fn,
+			  void *ctx);
+/* The same as JSON: {"series": {"loss": {"downsampled": bool, "steps":
+ * [...], "values": [...], ["min": [...], "max": [...]] (downsampled
+ * only), ["epochs": [...]], ["times": [...]]}, ...}}, a new reference, or
+ * NULL on error.  Non-finite values come out as null. */
 json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q);
+/* One series as JSON text, `"name":{...}` as above (reals always with a
+ * '.' or an exponent; s->text copied when set); *text malloc'd.  0 or
+ * -ENOMEM. */
+int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
+			   size_t *len);
+/* The last point of a series (the latest written among equal steps):
+ * 1 and *step / *value (NaN for a NaN point), 0 when it has none, or a
+ * negative code. */
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value);
+/* Sum and number of a series' non-NaN values (reads every point). */
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count);
+/* Drops what the store keeps between metrics reads (the whole-curve
+ * memo); tr_store_close calls it. */
+void tr_store_metrics_memo_forget(const tr_store_t *s);
 /* Distinct metric names of a job, as a JSON array (new reference). */
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
 /* Deletes a job's points with step > step (used when a job resumes from an

@@ -366,6 +366,25 @@ def part_a(args, d, out, keep_nginx):
     res["response"] = {"bytes": len(body), "series": {k: len(v["steps"]) for k, v in j["series"].items()}}
     for _ in range(20):  # warm caches
         d.req("GET", path)
+    # Opening the job in a dashboard: the job (with its summary) and every
+    # series at the default size, uncached.  The first request is the cold
+    # one; distinct to_step values (beyond the last step, so the same
+    # answer) miss the response cache and the whole-curve memo after it.
+    opens = []
+    for i in range(6):
+        t = time.time()
+        st_job, _ = d.req("GET", f"/jobs/{job}")
+        t_job = time.time() - t
+        q = f"/jobs/{job}/metrics" + ("" if i == 0 else f"?to_step={10**12 + i}")
+        t = time.time()
+        st, b = d.req("GET", q)
+        opens.append({"job_ms": t_job * 1e3, "metrics_ms": (time.time() - t) * 1e3, "bytes": len(b),
+                      "status": [st_job, st]})
+    res["open"] = {"first": opens[0], "median_metrics_ms": statistics.median(o["metrics_ms"] for o in opens[1:]),
+                   "median_job_ms": statistics.median(o["job_ms"] for o in opens[1:]), "runs": opens}
+    log(f"part A: open: first GET /jobs/{{id}} {opens[0]['job_ms']:.1f} ms, metrics (default) "
+        f"{opens[0]['metrics_ms']:.1f} ms ({opens[0]['bytes']} bytes); uncached median "
+        f"{res['open']['median_metrics_ms']:.1f} ms")
     db = os.path.join(d.state, "trainerd.db")
     res["db_bytes"] = os.path.getsize(db) if os.path.exists(db) else None
 
@@ -480,9 +499,14 @@ def part_b(args, d, out, holder_path=None, ngx=None):
     busy_fixed = []
     targets = [("trainerd", d.hostport, holder_path)] + ([("nginx", ngx.hostport, "/metrics.json")] if ngx else [])
     targets.append(("trainerd-own", d.hostport, f"/jobs/{job}/metrics?max_points=500"))
+    # What a dashboard polls: the job, then the points after the step it
+    # showed (loadgen puts the last answer's progress.step in {step}).
+    targets.append(("trainerd-own-incremental", d.hostport,
+                    [f"/jobs/{job}", f"/jobs/{job}/metrics?max_points=500&from_step={{step}}"]))
     for rnd in range(args.rounds if holder_path else 0):
         for name, hp, p in (targets if rnd % 2 == 0 else targets[::-1]):
-            r = run_loadgen(args.loadgen, hp, [p], args.rate, args.fixed_secs, args.fixed_conns,
+            r = run_loadgen(args.loadgen, hp, p if isinstance(p, list) else [p], args.rate, args.fixed_secs,
+                            args.fixed_conns,
                             os.path.join(out, "raw", f"loadgen_{name}_{args.rate}rps_training_r{rnd + 1}.tsv"),
                             f"{name}@{args.rate}+training")
             r.update(server=name, round=rnd + 1, load=loadavg())
@@ -531,7 +555,7 @@ def part_b(args, d, out, holder_path=None, ngx=None):
     d.json("POST", f"/jobs/{job}/cancel", want=(202,))
     d.wait_state(job, ("cancelled", "completed", "failed"), 60)
     time.sleep(0.5)
-    series = d.json("GET", f"/jobs/{job}/metrics?names=samples_per_sec,step_ms&times=true")["series"]
+    series = d.json("GET", f"/jobs/{job}/metrics?names=samples_per_sec,step_ms&times=true&max_points=0")["series"]
     with open(os.path.join(out, "raw", "training_metrics.json"), "w") as f:
         json.dump(series, f)
     sps = series["samples_per_sec"]

@@ -507,11 +507,19 @@ Test(metrics, queryable_within_a_second_without_flush)
 	tr_store_close(s);
 }
 
-/* Brute force: every point of [lo, hi] in step order (ties in insertion
- * order), bucket k = ceil((off + 1) * nb / span) - 1. */
+/* Brute force for the contract in store.h: every point of [lo, hi] in
+ * step order (ties in insertion order); the first step a bucket of its
+ * own, the rest in aligned buckets of the smallest power-of-two width
+ * that makes at most max_points - 1; each bucket shown as its last point
+ * with its min and max. */
 struct bpt {
 	int64_t step;
 	double value;
+};
+
+struct bout {
+	int64_t step;
+	double value, min, max;
 };
 
 static int vcmp(double a, double b)
@@ -529,130 +537,334 @@ static int cmp_bpt(const void *a, const void *b)
 	return (x->step > y->step) - (x->step < y->step);
 }
 
-/* Expected output for pts (sorted by step) within [from, to]. */
-static size_t brute(const struct bpt *pts, size_t n, int64_t from, int64_t to, int max_points, struct bpt *out)
+static int64_t floor_div(int64_t a, int64_t b)
 {
-	size_t i0 = 0, i1 = n;
+	int64_t q = a / b;
+	return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+/* One bucket: pts[i0, i1). */
+static struct bout bucket_out(const struct bpt *pts, size_t i0, size_t i1)
+{
+	struct bout o = {pts[i1 - 1].step, pts[i1 - 1].value, pts[i0].value, pts[i0].value};
+	for (size_t i = i0; i < i1; i++) {
+		if (vcmp(pts[i].value, o.min) < 0)
+			o.min = pts[i].value;
+		if (vcmp(pts[i].value, o.max) > 0)
+			o.max = pts[i].value;
+	}
+	return o;
+}
+
+/* Expected output for pts (sorted by step) within [from, to]; *down says
+ * whether it is downsampled. */
+static size_t brute(const struct bpt *pts, size_t n, int64_t from, int64_t to, int max_points, struct bout *out,
+		    bool *down)
+{
+	size_t i0 = 0, i1 = n, m = 0;
 	while (i0 < n && pts[i0].step < from)
 		i0++;
 	while (i1 > i0 && pts[i1 - 1].step > to)
 		i1--;
+	*down = false;
 	if (i0 == i1)
 		return 0;
-	size_t total = i1 - i0, m = 0;
+	size_t total = i1 - i0;
 	if (max_points == 0 || total <= (size_t)max_points) {
-		memcpy(out, pts + i0, total * sizeof *out);
-		return total;
+		for (size_t i = i0; i < i1; i++)
+			out[m++] = (struct bout){pts[i].step, pts[i].value, pts[i].value, pts[i].value};
+		return m;
 	}
-	int64_t lo = pts[i0].step, hi = pts[i1 - 1].step, span = hi - lo + 1;
-	int64_t nb = max_points > 1 ? max_points / 2 : 1;
-	if (nb > span)
-		nb = span;
+	*down = true;
+	if (max_points == 1) {
+		out[0] = bucket_out(pts, i0, i1);
+		return 1;
+	}
+	int64_t lo = pts[i0].step, hi = pts[i1 - 1].step, w = 1;
 	size_t i = i0;
-	for (int64_t k = 0; k < nb; k++) {
-		const struct bpt *mn = NULL, *mx = NULL;
-		for (; i < i1; i++) {
-			int64_t off = pts[i].step - lo;
-			int64_t bk = ((off + 1) * nb + span - 1) / span - 1;
-			if (bk != k)
-				break;
-			if (!mn || vcmp(pts[i].value, mn->value) < 0)
-				mn = &pts[i];
-			if (!mx || vcmp(pts[i].value, mx->value) > 0)
-				mx = &pts[i];
-		}
-		if (!mn)
-			continue;
-		if (max_points == 1 || (mn->step == mx->step && vcmp(mn->value, mx->value) == 0)) {
-			out[m++] = *mx;
-		} else if (mx->step < mn->step) {
-			out[m++] = *mx;
-			out[m++] = *mn;
-		} else {
-			out[m++] = *mn;
-			out[m++] = *mx;
-		}
+	while (i < i1 && pts[i].step == lo)
+		i++;
+	out[m++] = bucket_out(pts, i0, i);
+	if (hi == lo)
+		return m;
+	while (floor_div(hi, w) - floor_div(lo + 1, w) + 1 > max_points - 1)
+		w *= 2;
+	while (i < i1) {
+		size_t j = i;
+		while (j < i1 && floor_div(pts[j].step, w) == floor_div(pts[i].step, w))
+			j++;
+		out[m++] = bucket_out(pts, i, j);
+		i = j;
 	}
 	return m;
+}
+
+static double num_at(json_t *a, size_t i)
+{
+	json_t *v = json_array_get(a, i);
+	return json_is_null(v) ? NAN : json_real_value(v);
+}
+
+static bool same_value(double got, double want)
+{
+	return vcmp(got, want) == 0 || (!isfinite(got) && !isfinite(want));
 }
 
 static void check_against_brute(tr_store_t *s, int64_t job, const char *name, const struct bpt *pts, size_t n,
 				int64_t from, int64_t to, int max_points)
 {
-	struct bpt *want = malloc((n + 1) * sizeof *want);
-	size_t nw = brute(pts, n, from, to, max_points, want);
+	struct bout *want = malloc((n + 1) * sizeof *want);
+	bool down;
+	size_t nw = brute(pts, n, from, to, max_points, want, &down);
 	const char *const names[] = {name, NULL};
 	struct tr_metrics_query q = {.names = names, .from_step = from, .to_step = to, .max_points = max_points};
 	json_t *res = tr_store_metrics_query(s, job, &q);
 	cr_assert_not_null(res, "%s", tr_store_error(s));
 	json_t *ser = series_of(res, name);
+	if (nw == 0) {
+		cr_assert_null(ser);
+		goto done;
+	}
 	json_t *steps = json_object_get(ser, "steps"), *values = json_object_get(ser, "values");
+	json_t *mins = json_object_get(ser, "min"), *maxs = json_object_get(ser, "max");
 	cr_assert_eq(json_array_size(steps), nw, "[%lld, %lld] max %d: %zu points, want %zu", (long long)from,
 		     (long long)to, max_points, json_array_size(steps), nw);
+	cr_assert_eq(json_array_size(values), nw);
+	cr_assert(json_is_boolean(json_object_get(ser, "downsampled")));
+	cr_assert_eq(json_is_true(json_object_get(ser, "downsampled")), down, "[%lld, %lld] max %d: downsampled",
+		     (long long)from, (long long)to, max_points);
+	if (down) {
+		cr_assert_eq(json_array_size(mins), nw);
+		cr_assert_eq(json_array_size(maxs), nw);
+	} else {
+		cr_assert_null(mins, "a series that is not downsampled has no min array");
+		cr_assert_null(maxs);
+	}
 	if (max_points)
 		cr_assert_leq(nw, (size_t)max_points);
 	for (size_t i = 0; i < nw; i++) {
-		json_t *v = json_array_get(values, i);
-		double got = json_is_null(v) ? NAN : json_real_value(v);
 		cr_assert_eq(json_integer_value(json_array_get(steps, i)), want[i].step,
 			     "[%lld, %lld] max %d: point %zu", (long long)from, (long long)to, max_points, i);
-		cr_assert(vcmp(got, want[i].value) == 0 || (!isfinite(got) && !isfinite(want[i].value)),
-			  "[%lld, %lld] max %d: point %zu: %g, want %g", (long long)from, (long long)to,
-			  max_points, i, got, want[i].value);
+		cr_assert(same_value(num_at(values, i), want[i].value), "[%lld, %lld] max %d: point %zu: %g, want %g",
+			  (long long)from, (long long)to, max_points, i, num_at(values, i), want[i].value);
+		if (down) {
+			cr_assert(same_value(num_at(mins, i), want[i].min), "[%lld, %lld] max %d: min %zu: %g, want %g",
+				  (long long)from, (long long)to, max_points, i, num_at(mins, i), want[i].min);
+			cr_assert(same_value(num_at(maxs, i), want[i].max), "[%lld, %lld] max %d: max %zu: %g, want %g",
+				  (long long)from, (long long)to, max_points, i, num_at(maxs, i), want[i].max);
+		}
 	}
+done:
 	json_decref(res);
 	free(want);
 }
 
+/* A spike and a dip survive in the bucket envelope; the first and last
+ * points are kept. */
 Test(metrics, downsample_keeps_bucket_extremes)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
 	int n = 10000;
+	struct bpt *pts = malloc(n * sizeof *pts);
 	for (int i = 0; i < n; i++) {
 		double v = sin(i * 0.01);
 		if (i == 1234)
-			v = 100; /* a spike must survive */
+			v = 100;
 		if (i == 8765)
 			v = -100;
+		pts[i] = (struct bpt){i, v};
 		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, v), 0);
 	}
 	cr_assert_eq(tr_store_flush(s), 0);
 	const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 100};
 	json_t *res = tr_store_metrics_query(s, id, &q);
-	json_t *steps = json_object_get(series_of(res, "loss"), "steps");
-	json_t *values = json_object_get(series_of(res, "loss"), "values");
+	json_t *ser = series_of(res, "loss");
+	json_t *steps = json_object_get(ser, "steps");
 	size_t m = json_array_size(steps);
 	cr_assert_leq(m, 100);
 	cr_assert_geq(m, 50);
+	cr_assert(json_is_true(json_object_get(ser, "downsampled")));
+	cr_assert_eq(json_integer_value(json_array_get(steps, 0)), 0);
+	cr_assert_eq(json_integer_value(json_array_get(steps, m - 1)), n - 1);
 	bool spike = false, dip = false;
 	for (size_t i = 0; i < m; i++) {
-		int64_t st = json_integer_value(json_array_get(steps, i));
 		if (i)
-			cr_assert_geq(st, json_integer_value(json_array_get(steps, i - 1)), "step order");
-		spike |= st == 1234 && json_real_value(json_array_get(values, i)) == 100;
-		dip |= st == 8765 && json_real_value(json_array_get(values, i)) == -100;
+			cr_assert_gt(json_integer_value(json_array_get(steps, i)),
+				     json_integer_value(json_array_get(steps, i - 1)), "step order");
+		spike |= num_at(json_object_get(ser, "max"), i) == 100;
+		dip |= num_at(json_object_get(ser, "min"), i) == -100;
 	}
 	cr_assert(spike && dip);
-	/* 50 buckets of 200 steps: bucket k keeps its min and max. */
-	for (int k = 0; k < 50; k++) {
-		double lo = INFINITY, hi = -INFINITY, got_lo = INFINITY, got_hi = -INFINITY;
-		for (int i = k * 200; i < (k + 1) * 200; i++) {
-			double v = i == 1234 ? 100 : i == 8765 ? -100 : sin(i * 0.01);
-			lo = fmin(lo, v);
-			hi = fmax(hi, v);
+	json_decref(res);
+	check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, 100);
+	free(pts);
+	tr_store_close(s);
+}
+
+/* The newest value is never dropped: a 2,600-step series whose maximum
+ * is early (as val_accuracy's is not, but any series may be) ends at its
+ * last step whatever max_points is (max_points=3 once ended at step 988). */
+Test(metrics, downsample_keeps_first_and_last_points)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	for (int i = 0; i <= 2600; i += 13) {
+		double v = i == 988 ? 0.99 : 0.5 + (i % 7) * 0.01;
+		cr_assert_eq(tr_store_metric_append(s, id, "val_accuracy", i, 0, 0, v), 0);
+	}
+	cr_assert_eq(tr_store_flush(s), 0);
+	const char *const names[] = {"val_accuracy", NULL};
+	for (int m = 1; m <= 40; m++) {
+		struct tr_metrics_query q = {.names = names, .to_step = INT64_MAX, .max_points = m};
+		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *ser = series_of(res, "val_accuracy");
+		json_t *steps = json_object_get(ser, "steps");
+		size_t k = json_array_size(steps);
+		cr_assert(k >= 1 && k <= (size_t)m, "max_points %d: %zu points", m, k);
+		cr_assert_eq(json_integer_value(json_array_get(steps, k - 1)), 2600, "max_points %d: ends at %lld", m,
+			     (long long)json_integer_value(json_array_get(steps, k - 1)));
+		if (m >= 2)
+			cr_assert_eq(json_integer_value(json_array_get(steps, 0)), 0, "max_points %d", m);
+		/* The 0.99 at step 988 is in some bucket's max. */
+		bool found = false;
+		for (size_t i = 0; i < k; i++)
+			found |= num_at(json_object_get(ser, "max"), i) == 0.99;
+		cr_assert(found, "max_points %d lost the maximum", m);
+		json_decref(res);
+	}
+	tr_store_close(s);
+}
+
+/* A poll from the last step seen + 1 gets only the new points, raw. */
+Test(metrics, incremental_poll_returns_only_new_points)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	const char *const names[] = {"loss", NULL};
+	int64_t seen = -1;
+	for (int round = 0; round < 5; round++) {
+		for (int i = 0; i < 300; i++)
+			cr_assert_eq(tr_store_metric_append(s, id, "loss", round * 300 + i, 0, 0, 1.0 / (1 + i)), 0);
+		cr_assert_eq(tr_store_flush(s), 0);
+		struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX,
+					     .max_points = 2000};
+		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *ser = series_of(res, "loss");
+		json_t *steps = json_object_get(ser, "steps");
+		cr_assert_eq(json_array_size(steps), 300, "round %d", round);
+		cr_assert_eq(json_integer_value(json_array_get(steps, 0)), seen + 1);
+		cr_assert(json_is_false(json_object_get(ser, "downsampled")));
+		seen = json_integer_value(json_array_get(steps, 299));
+		json_decref(res);
+	}
+	/* Nothing new: no series. */
+	struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX, .max_points = 2000};
+	json_t *res = tr_store_metrics_query(s, id, &q);
+	cr_assert_eq(json_object_size(json_object_get(res, "series")), 0);
+	json_decref(res);
+	tr_store_close(s);
+}
+
+/* The whole-curve memo (want_text) answers exactly as a full computation
+ * while a series grows, also across backfilled points, truncations and
+ * bucket widths that double. */
+static int collect_text(void *ctx, const struct tr_metrics_series *ser)
+{
+	json_t *into = ctx;
+	char *text, *wrapped;
+	size_t len;
+	cr_assert_eq(tr_metrics_series_text(ser, false, true, &text, &len), 0);
+	wrapped = malloc(len + 3);
+	wrapped[0] = '{';
+	memcpy(wrapped + 1, text, len);
+	wrapped[len + 1] = '}';
+	wrapped[len + 2] = 0;
+	json_error_t e;
+	json_t *one = json_loads(wrapped, 0, &e);
+	cr_assert_not_null(one, "series text is not JSON: %s: %.200s", e.text, wrapped);
+	json_object_update(into, one);
+	json_decref(one);
+	free(text);
+	free(wrapped);
+	return 0;
+}
+
+Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t id = add_job(s, "a", 0);
+	int64_t step = 5, unique = 0;
+	srand(5);
+	int maxes[] = {2, 3, 17, 500, 5000};
+	int64_t froms[] = {0, 1000};
+	for (int round = 0; round < 60; round++) {
+		int n = 1 + rand() % (round < 20 ? 200 : 3000);
+		for (int i = 0; i < n; i++) {
+			step += rand() % 10 == 0 ? rand() % 50 : rand() % 3 ? 1 : 0;
+			double v = (rand() % 1000) / 10.0;
+			if (rand() % 3000 == 0)
+				v = NAN;
+			cr_assert_eq(tr_store_metric_append(s, id, "m", step, round, 1e9 + step, v), 0);
+			/* And a series without repeated steps or gaps (read raw
+			 * from the memo while short). */
+			cr_assert_eq(tr_store_metric_append(s, id, "u", unique++, round, 1e9, v), 0);
 		}
-		for (size_t i = 0; i < m; i++) {
-			int64_t st = json_integer_value(json_array_get(steps, i));
-			if (st / 200 == k) {
-				got_lo = fmin(got_lo, json_real_value(json_array_get(values, i)));
-				got_hi = fmax(got_hi, json_real_value(json_array_get(values, i)));
+		if (round % 11 == 5) /* a point pushed into the past */
+			cr_assert_eq(tr_store_metric_append(s, id, "m", rand() % step, 0, 0, -5.0), 0);
+		if (round == 33) {
+			cr_assert_eq(tr_store_metrics_truncate(s, id, step - 700), 0);
+			step -= 700;
+			/* The same number of points again: only the truncation
+			 * count tells the memo it is stale. */
+		}
+		cr_assert_eq(tr_store_flush(s), 0);
+		for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++) {
+			for (size_t f = 0; f < 2; f++) {
+				struct tr_metrics_query q = {.from_step = froms[f], .to_step = INT64_MAX,
+							     .max_points = maxes[k], .with_times = true};
+				json_t *want = tr_store_metrics_query(s, id, &q);
+				cr_assert_not_null(want, "%s", tr_store_error(s));
+				json_t *got = json_object();
+				q.want_text = true;
+				cr_assert_eq(tr_store_metrics_read(s, id, &q, collect_text, got), 0, "%s",
+					     tr_store_error(s));
+				if (!json_equal(got, json_object_get(want, "series"))) {
+					char *a = json_dumps(got, JSON_COMPACT), *b = json_dumps(want, JSON_COMPACT);
+					cr_assert_fail("round %d max %d from %lld: memo %.300s\nfull %.300s", round,
+						       maxes[k], (long long)froms[f], a, b);
+				}
+				json_decref(got);
+				json_decref(want);
 			}
 		}
-		cr_assert_eq(got_lo, lo, "bucket %d", k);
-		cr_assert_eq(got_hi, hi, "bucket %d", k);
 	}
+	tr_store_close(s);
+}
+
+/* max_raw bounds an undownsampled read; count_only reads no points. */
+Test(metrics, undownsampled_reads_are_capped)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	for (int i = 0; i < 1000; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	struct tr_metrics_query q = {.to_step = INT64_MAX, .max_raw = 999};
+	cr_assert_null(tr_store_metrics_query(s, id, &q));
+	cr_assert_not_null(strstr(tr_store_error(s), "\"loss\" has 1000 points"), "%s", tr_store_error(s));
+	q.from_step = 1;
+	json_t *res = tr_store_metrics_query(s, id, &q);
+	cr_assert_not_null(res, "%s", tr_store_error(s));
+	cr_assert_eq(json_array_size(json_object_get(series_of(res, "loss"), "steps")), 999);
+	json_decref(res);
+	q.count_only = true;
+	q.from_step = 0;
+	q.max_raw = 0;
+	res = tr_store_metrics_query(s, id, &q);
+	cr_assert_eq(json_array_size(json_object_get(series_of(res, "loss"), "steps")), 0);
 	json_decref(res);
 	tr_store_close(s);
 }
