@@ -33,6 +33,9 @@ struct run_ctx {
 	struct tr_progress_display progress;
 	int quiet;
 	int metrics_failed;
+	tr_trainer_t *trainer; /* for the checkpoint hook */
+	const char *out_dir;
+	enum tr_optim_type optim;
 };
 
 static tr_trainer_t *volatile running_trainer;
@@ -76,6 +79,19 @@ static void on_log(void *ctx, enum tr_log_level lvl, const char *msg)
 	fprintf(stderr, "trainerd: %s\n", msg);
 }
 
+/* Keeps DIR/checkpoint.safetensors current: at checkpoint.every_steps and
+ * at the end (completed or stopped), for --resume. */
+static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	(void)final;
+	struct run_ctx *rc = ctx;
+	char err[1024];
+	if (tr_run_ckpt_write(rc->out_dir, tr_trainer_model(rc->trainer), rc->optim, snap, err, sizeof err) < 0)
+		on_log(ctx, TR_LOG_WARNING, err);
+	tr_snapshot_free(snap);
+	return 0;
+}
+
 static int mkdir_p(const char *path)
 {
 	char buf[PATH_MAX];
@@ -114,7 +130,8 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
-		     "                    [--workers W] [--out DIR] [--quiet]\n");
+		     "                    [--workers W] [--out DIR] [--quiet]\n"
+		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
 }
 
 static void help(void)
@@ -131,6 +148,11 @@ static void help(void)
 	      "  --backend cpu|cuda    override the spec's backend\n"
 	      "  --workers W           data loader threads (default: the spec's, 2)\n"
 	      "  --out DIR             output directory (default: out/NAME)\n"
+	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
+	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"
+	      "                        Ctrl-C, at the end and every checkpoint.every_steps),\n"
+	      "                        with the spec it saved (DIR/spec.json) unless JOB.json\n"
+	      "                        is given; use the same --devices for identical results\n"
 	      "  -q, --quiet           no progress display, warnings and errors only\n"
 	      "  -h, --help            this text\n"
 	      "\n"
@@ -277,7 +299,7 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 
 int tr_cmd_run(int argc, char **argv)
 {
-	const char *job = NULL, *out_dir = NULL, *backend_name = NULL;
+	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
 	const char *sets[64];
 	int devices = 0, workers = 0, quiet = 0, nsets = 0;
 	for (int i = 1; i < argc; i++) {
@@ -307,6 +329,9 @@ int tr_cmd_run(int argc, char **argv)
 			if (parse_int_arg(a, v, 1, 64, &workers) < 0)
 				return 2;
 			i++;
+		} else if (strcmp(a, "--resume") == 0 && v) {
+			resume = v;
+			i++;
 		} else if (strcmp(a, "--out") == 0 && v) {
 			out_dir = v;
 			i++;
@@ -321,6 +346,18 @@ int tr_cmd_run(int argc, char **argv)
 			return 2;
 		} else {
 			job = a;
+		}
+	}
+	char saved_spec[PATH_MAX];
+	if (resume) {
+		if (out_dir && strcmp(out_dir, resume) != 0) {
+			fprintf(stderr, "trainerd run: --resume %s writes into %s; leave out --out\n", resume, resume);
+			return 2;
+		}
+		out_dir = resume;
+		if (!job) {
+			snprintf(saved_spec, sizeof saved_spec, "%s/spec.json", resume);
+			job = saved_spec;
 		}
 	}
 	if (!job) {
@@ -426,16 +463,19 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	char path[PATH_MAX + 64];
-	struct run_ctx ctx = {.quiet = quiet};
+	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type};
 	tr_progress_init(&ctx.progress, stderr);
-	snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-	ctx.metrics = fopen(path, "w");
-	if (!ctx.metrics) {
-		fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(errno));
+	/* The effective spec (after --set, defaults filled in), for --resume. */
+	snprintf(path, sizeof path, "%s/spec.json", out_dir);
+	json_t *effective = tr_spec_to_json(&spec);
+	if (!effective || json_dump_file(effective, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) {
+		fprintf(stderr, "trainerd run: cannot write %s\n", path);
+		json_decref(effective);
 		tr_backend_destroy(be);
 		tr_spec_finish(&spec);
 		return 2;
 	}
+	json_decref(effective);
 
 	struct tr_trainer_options opt = {
 		.spec = &spec,
@@ -443,7 +483,8 @@ int tr_cmd_run(int argc, char **argv)
 		.devices = devices,
 		.workers = workers,
 		.data_roots = NULL, /* a person's own files: paths as written */
-		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .ctx = &ctx},
+		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
+			  .ctx = &ctx},
 	};
 	tr_trainer_t *t = NULL;
 	int exit_code = 0;
@@ -451,6 +492,34 @@ int tr_cmd_run(int argc, char **argv)
 	if (rc < 0) {
 		fprintf(stderr, "trainerd run: %s: %s\n", job, errbuf);
 		exit_code = rc == -EINVAL ? 2 : 1;
+		goto out;
+	}
+	ctx.trainer = t;
+	snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+	if (resume) {
+		struct tr_snapshot *snap = NULL;
+		rc = tr_run_ckpt_read(resume, tr_trainer_model(t), spec.optimizer.type, &snap, errbuf, sizeof errbuf);
+		if (rc == 0)
+			rc = tr_trainer_restore(t, snap, false, errbuf, sizeof errbuf);
+		if (rc < 0) {
+			fprintf(stderr, "trainerd run: --resume %s: %s\n", resume, errbuf);
+			tr_snapshot_free(snap);
+			exit_code = 2;
+			goto out;
+		}
+		const char *was = json_string_value(json_object_get(snap->meta, "devices"));
+		if (was && atoi(was) != tr_trainer_device_count(t))
+			fprintf(stderr, "trainerd: the checkpoint was written by a run on %s devices, this one has %d: "
+					"the result will differ slightly from an uninterrupted run\n",
+				was, tr_trainer_device_count(t));
+		if ((rc = tr_run_metrics_truncate(path, snap->step)) < 0)
+			fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(-rc));
+		tr_snapshot_free(snap);
+	}
+	ctx.metrics = fopen(path, resume ? "a" : "w");
+	if (!ctx.metrics) {
+		fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(errno));
+		exit_code = 2;
 		goto out;
 	}
 	running_trainer = t;

@@ -183,6 +183,41 @@ if command -v script >/dev/null; then
 	check "terminal keeps one line per epoch" test "$(tr '\r' '\n' <"$work/tty.out" | grep -cE '^(.\[K)?epoch [123]/3: loss')" -eq 3
 fi
 
+# 12. --resume: a run stopped by SIGINT and resumed ends with the same
+# weights, bit for bit, as one that was never interrupted
+cat >"$work/resume.json" <<'JSON'
+{"name": "resume", "seed": 7,
+ "model": {"layers": [{"type": "dense", "units": 16}, {"type": "relu"}, {"type": "dropout", "rate": 0.1},
+                      {"type": "dense", "units": 3}]},
+ "data": {"train": {"format": "synthetic", "samples": 4000, "features": 6, "classes": 3, "load_cost_us": 150},
+          "validation_split": 0.1},
+ "batch_size": 32, "epochs": 3, "optimizer": {"type": "adamw", "lr": 0.01}, "checkpoint": {"every_steps": 50}}
+JSON
+"$TRAINERD" run "$work/resume.json" --backend cpu --devices 2 --out "$work/full" --quiet 2>/dev/null
+check "uninterrupted run exits 0" test $? -eq 0
+"$TRAINERD" run "$work/resume.json" --backend cpu --devices 2 --out "$work/part" --quiet 2>/dev/null &
+pid=$!
+for _ in $(seq 300); do # until SIGINT is caught (see 7) and a few steps are done
+	cgt=$(awk '/^SigCgt:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+	[ -n "$cgt" ] && (((16#$cgt >> 1) & 1)) && [ -s "$work/part/metrics.jsonl" ] && break
+	sleep 0.05
+done
+sleep 0.3
+kill -INT "$pid"
+wait "$pid"
+check "interrupted run exits 0" test $? -eq 0
+check "interrupted run is stopped" grep -q '"state": "stopped"' "$work/part/summary.json"
+check "interrupted run kept a checkpoint" test -s "$work/part/checkpoint.safetensors"
+"$TRAINERD" run --resume "$work/part" --backend cpu --devices 2 --quiet 2>"$work/resume.err"
+check "resumed run exits 0" test $? -eq 0
+check "resumed run completes" grep -q '"state": "completed"' "$work/part/summary.json"
+check "resumed weights are bit-identical" cmp -s "$work/full/model.safetensors" "$work/part/model.safetensors"
+check "resumed losses are identical" test "$(grep '"name":"loss"' "$work/full/metrics.jsonl" | md5sum)" = \
+	"$(grep '"name":"loss"' "$work/part/metrics.jsonl" | md5sum)"
+"$TRAINERD" run --resume "$work/nowhere" --quiet 2>"$work/resume.err"
+check "--resume of a missing directory exits 2" test $? -eq 2
+check "--resume of a missing directory names its spec" grep -q "$work/nowhere/spec.json" "$work/resume.err"
+
 # 8. version
 "$TRAINERD" version | grep -q "^trainerd "
 check "version prints" test $? -eq 0
