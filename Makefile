@@ -3,7 +3,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 TRAINERD = $(BUILD)/daemon/trainerd
 
-.PHONY: all deps build run train test test-asan test-tsan bench clean
+.PHONY: all deps build run train test test-asan test-tsan fuzz bench clean
 
 all: build
 
@@ -39,8 +39,18 @@ test-tsan: deps
 	ninja -C build-tsan
 	python3 tests/run_tests.py build-tsan
 
+# libFuzzer (clang) with ASan+UBSan: each target runs FUZZ_SECONDS and the
+# executions per target are printed (tests/fuzz/README.md).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	[ -f build-fuzz/build.ninja ] || CC=clang meson setup build-fuzz -Dcuda=disabled -Dfuzz=true \
+		-Db_sanitize=address,undefined -Db_lundef=false -Dwerror=false
+	ninja -C build-fuzz tests/fuzz/fuzz_spec tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_config tests/fuzz/fuzz_route \
+		tests/fuzz/fuzz_data
+	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+
 bench: build
 	bench/run.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -8,7 +8,7 @@
  * content types, error bodies, SSE framing).
  *
  * Errors are JSON: {"error": {"code": "...", "message": "...",
- * "pointer": "/json/pointer"}} with a fitting status (DESIGN.md §8).
+ * "pointer": "/json/pointer"}} with a fitting status (docs/design.md, API).
  */
 #ifndef TR_API_H
 #define TR_API_H
@@ -62,7 +62,26 @@ struct tr_api_ops {
 	int (*checkpoint_now)(void *ctx, int64_t job_id, struct tr_api_error *err);
 	/* Readiness: false while starting up or shutting down. */
 	bool (*ready)(void *ctx);
+	/* Asks the daemon to re-read its configuration (POST /reload, 202);
+	 * NULL = 501. */
+	int (*reload)(void *ctx, struct tr_api_error *err);
 };
+
+/* Access roles, each including the ones below it (docs/design.md, API):
+ * read = GET routes, event streams; write = submitting and controlling
+ * jobs, pushing metrics; admin = deleting jobs, reloading the
+ * configuration. */
+enum tr_api_role { TR_ROLE_NONE = 0, TR_ROLE_READ = 1, TR_ROLE_WRITE = 2, TR_ROLE_ADMIN = 3 };
+
+struct tr_api_token {
+	enum tr_api_role role;
+	const char *token; /* non-empty */
+};
+
+/* "read", "write", "admin"; "none" for anything else. */
+const char *tr_api_role_name(enum tr_api_role role);
+/* The role named by text[0..len), or TR_ROLE_NONE. */
+enum tr_api_role tr_api_role_parse(const char *text, size_t len);
 
 struct tr_api_config {
 	const char *listen_host;   /* "127.0.0.1" (default), "::1", "0.0.0.0" */
@@ -82,6 +101,18 @@ struct tr_api_config {
 	int sse_stall_s;           /* a stream whose client reads nothing for this long is closed; default 60 */
 	const char *const *tokens; /* NULL-terminated bearer tokens; NULL = no auth
 				      (refused by tr_api_start for a non-loopback host) */
+	/* Tokens with roles (from a token file); with tokens above (all admin)
+	 * they make up the accepted set.  Copied. */
+	const struct tr_api_token *role_tokens;
+	size_t n_role_tokens;
+	/* A socket already bound and listening (socket activation), used
+	 * instead of listen_host/port when use_listen_fd is set; the API owns
+	 * it from then on. */
+	bool use_listen_fd;
+	int listen_fd;
+	/* PEM files: both set = HTTPS only.  NULL = plain HTTP. */
+	const char *tls_cert_path;
+	const char *tls_key_path;
 	const char *openapi_path;  /* file served at GET /openapi.yaml, or NULL */
 	const char *version;       /* for GET /version */
 	tr_store_t *store;         /* borrowed */
@@ -95,6 +126,21 @@ typedef struct tr_api tr_api_t;
 tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen);
 /* The bound port (useful with port 0). */
 int tr_api_port(const tr_api_t *api);
+/* Whether the API serves HTTPS. */
+bool tr_api_is_tls(const tr_api_t *api);
+/* Replaces the accepted tokens (a configuration reload); same rules as at
+ * start: both lists empty turns auth off, which is refused (-EINVAL, err
+ * filled) when the listener is not on loopback. */
+int tr_api_set_tokens(tr_api_t *api, const char *const *tokens, const struct tr_api_token *role_tokens,
+		      size_t n_role_tokens, char *err, size_t errlen);
+/* Changes the body size cap for requests that arrive from now on. */
+void tr_api_set_max_body(tr_api_t *api, size_t max_body);
+/* Liveness of the HTTP side, for the service watchdog: the monotonic time
+ * (seconds) the listener last accepted a connection, and a probe that
+ * opens (and drops) one connection to the listener so an idle daemon
+ * still checks in.  0 or a negative errno. */
+double tr_api_last_accept(const tr_api_t *api);
+int tr_api_probe(const tr_api_t *api);
 /* Stops accepting, ends every SSE stream, waits for in-flight requests,
  * frees.  Accepts NULL. */
 void tr_api_stop(tr_api_t *api);

@@ -12,6 +12,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,10 +61,28 @@ struct tr_api {
 	char *listen_host;
 	char *version;
 	char *openapi_path;
-	char **tokens; /* NULL-terminated copy, or NULL for no auth */
+	/* Accepted tokens (api/auth.c); n_auth == 0 = no auth.  Swapped
+	 * whole under the write lock by a configuration reload. */
+	pthread_rwlock_t auth_lock;
+	struct tr_api_auth_entry *auth;
+	size_t n_auth;
+	bool loopback;    /* the listener is on loopback */
+	char *tls_cert;   /* PEM text, or NULL for plain HTTP */
+	char *tls_key;
+	_Atomic size_t max_body; /* changes on reload; each request keeps its own */
 	int port;
 	atomic_bool stopping;
 	struct tr_api_limits limits;
+	/* Liveness for the service watchdog (api/listen.c). */
+	atomic_llong last_accept_ns;
+	struct sockaddr_storage probe_addr;
+	socklen_t probe_len;
+};
+
+struct tr_api_auth_entry {
+	enum tr_api_role role;
+	char *token;
+	size_t len;
 };
 
 /* One HTTP request, alive from its headers until MHD reports it done. */
@@ -81,6 +100,7 @@ struct tr_api_request {
 	size_t discarded;  /* bytes thrown away past the cap */
 	bool too_large;    /* the body went past cfg.max_body */
 	int64_t declared_len; /* Content-Length when it alone made the body too large */
+	size_t max_body;      /* the body cap when the request arrived */
 	bool answered;     /* a response was queued */
 	double started;    /* tr_prom_clock() at the headers, for /metrics */
 };
@@ -102,6 +122,29 @@ struct tr_api_reply {
 	struct tr_api_header headers[TR_API_MAX_HEADERS];
 	int nheaders;
 };
+
+/* ---- auth.c ---- */
+
+/* Builds the token table from plain tokens (all admin) and role tokens;
+ * both may be empty (no auth) but a non-NULL empty plain list is refused.
+ * *out is freed with tr_api_auth_free. */
+int tr_api_auth_build(const char *const *tokens, const struct tr_api_token *role_tokens, size_t n_role,
+		      struct tr_api_auth_entry **out, size_t *count, char *err, size_t errlen);
+void tr_api_auth_free(struct tr_api_auth_entry *v, size_t n);
+/* Checks the request's bearer token against the role its route needs.
+ * 0, or -1 with 401/403 in rp. */
+int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+/* ---- listen.c ---- */
+
+bool tr_api_is_loopback(const struct sockaddr *sa);
+/* Records that the HTTP side is alive (an accepted connection, a request). */
+void tr_api_stamp(tr_api_t *api);
+void tr_api_set_probe_addr(tr_api_t *api, int fd);
+/* Checks a passed listening socket and takes its address; fd or -1. */
+int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, char *err, size_t errlen);
+/* Reads cfg's tls-cert and tls-key when set.  0 or -1 with err. */
+int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, char *err, size_t errlen);
 
 /* ---- errors.c ---- */
 

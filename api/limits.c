@@ -115,6 +115,8 @@ void tr_api_limits_notify(void *cls, struct MHD_Connection *conn, void **socket_
 	struct tr_api_conn *c = *socket_context;
 
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		/* An accepted connection is the HTTP side's watchdog check-in. */
+		tr_api_stamp(api);
 		const union MHD_ConnectionInfo *addr = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
 		const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 

@@ -107,3 +107,21 @@ void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp)
 	rp->content_type = "application/yaml";
 	rp->status = 200;
 }
+
+/* Asks the daemon to re-read its configuration, as SIGHUP does; what
+ * changed goes to the daemon's log. */
+void tr_api_reload(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_api_error err = {0};
+
+	if (!api->cfg.ops.reload) {
+		tr_api_fail(rp, 501, "not_implemented", NULL, "this daemon cannot reload its configuration");
+		return;
+	}
+	if (api->cfg.ops.reload(api->cfg.ctx, &err) < 0) {
+		tr_api_fail_op(rp, &err);
+		return;
+	}
+	tr_api_reply_json(rp, 202, json_pack("{s:b}", "reloading", 1));
+}

@@ -1,5 +1,5 @@
 /* The route table and path matching.  The table is the only list of what
- * the API serves (DESIGN.md §8); a unit test checks it against
+ * the API serves (docs/design.md, API); a unit test checks it against
  * openapi/openapi.yaml, so a route added here without the spec, or the
  * other way round, fails the build's tests.
  */
@@ -11,38 +11,48 @@
 /* More "{...}" segments than any pattern has. */
 #define MAX_PARAMS 8
 
+/* The role column (docs/design.md, API): read for everything that only
+ * looks, write for submitting and controlling jobs and pushing metrics,
+ * admin for deleting and reloading. */
 static const struct tr_api_route routes[] = {
-	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC},
-	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC},
-	{"GET", "/healthz", tr_api_health, TR_ROUTE_PUBLIC},
-	{"GET", "/readyz", tr_api_ready, 0},
-	{"GET", "/version", tr_api_version, 0},
-	{"GET", "/devices", tr_api_devices, 0},
-	{"GET", "/openapi.yaml", tr_api_openapi, 0},
-	{"GET", "/metrics", tr_api_prometheus, 0},
-	{"POST", "/jobs", tr_api_jobs_submit, TR_ROUTE_JSON_BODY},
-	{"GET", "/jobs", tr_api_jobs_list, 0},
-	{"GET", "/jobs/{id}", tr_api_jobs_get, 0},
-	{"PATCH", "/jobs/{id}", tr_api_jobs_patch, TR_ROUTE_JSON_BODY},
-	{"DELETE", "/jobs/{id}", tr_api_jobs_delete, 0},
-	{"POST", "/jobs/{id}/cancel", tr_api_jobs_cancel, 0},
-	{"POST", "/jobs/{id}/stop", tr_api_jobs_stop, 0},
-	{"POST", "/jobs/{id}/pause", tr_api_jobs_pause, 0},
-	{"POST", "/jobs/{id}/resume", tr_api_jobs_resume, 0},
-	{"GET", "/jobs/{id}/metrics", tr_api_metrics_get, 0},
-	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY},
-	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0},
-	{"GET", "/jobs/{id}/logs", tr_api_logs_get, 0},
-	{"GET", "/jobs/{id}/checkpoints", tr_api_checkpoints_list, 0},
-	{"POST", "/jobs/{id}/checkpoints", tr_api_checkpoints_request, 0},
-	{"GET", "/jobs/{id}/checkpoints/{step}/model.safetensors", tr_api_checkpoints_model, 0},
-	{"GET", "/jobs/{id}/checkpoints/{step}/checkpoint.safetensors", tr_api_checkpoints_blob, 0},
+	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC, TR_ROLE_READ},
+	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC, TR_ROLE_READ},
+	{"GET", "/healthz", tr_api_health, TR_ROUTE_PUBLIC, TR_ROLE_READ},
+	{"GET", "/readyz", tr_api_ready, 0, TR_ROLE_READ},
+	{"GET", "/version", tr_api_version, 0, TR_ROLE_READ},
+	{"GET", "/devices", tr_api_devices, 0, TR_ROLE_READ},
+	{"GET", "/openapi.yaml", tr_api_openapi, 0, TR_ROLE_READ},
+	{"POST", "/reload", tr_api_reload, 0, TR_ROLE_ADMIN},
+	{"GET", "/metrics", tr_api_prometheus, 0, TR_ROLE_READ},
+	{"POST", "/jobs", tr_api_jobs_submit, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
+	{"GET", "/jobs", tr_api_jobs_list, 0, TR_ROLE_READ},
+	{"GET", "/jobs/{id}", tr_api_jobs_get, 0, TR_ROLE_READ},
+	{"PATCH", "/jobs/{id}", tr_api_jobs_patch, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
+	{"DELETE", "/jobs/{id}", tr_api_jobs_delete, 0, TR_ROLE_ADMIN},
+	{"POST", "/jobs/{id}/cancel", tr_api_jobs_cancel, 0, TR_ROLE_WRITE},
+	{"POST", "/jobs/{id}/stop", tr_api_jobs_stop, 0, TR_ROLE_WRITE},
+	{"POST", "/jobs/{id}/pause", tr_api_jobs_pause, 0, TR_ROLE_WRITE},
+	{"POST", "/jobs/{id}/resume", tr_api_jobs_resume, 0, TR_ROLE_WRITE},
+	{"GET", "/jobs/{id}/metrics", tr_api_metrics_get, 0, TR_ROLE_READ},
+	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
+	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0, TR_ROLE_READ},
+	{"GET", "/jobs/{id}/logs", tr_api_logs_get, 0, TR_ROLE_READ},
+	{"GET", "/jobs/{id}/checkpoints", tr_api_checkpoints_list, 0, TR_ROLE_READ},
+	{"POST", "/jobs/{id}/checkpoints", tr_api_checkpoints_request, 0, TR_ROLE_WRITE},
+	{"GET", "/jobs/{id}/checkpoints/{step}/model.safetensors", tr_api_checkpoints_model, 0, TR_ROLE_READ},
+	{"GET", "/jobs/{id}/checkpoints/{step}/checkpoint.safetensors", tr_api_checkpoints_blob, 0, TR_ROLE_READ},
 };
 
 const struct tr_api_route *tr_api_routes(size_t *count)
 {
 	*count = sizeof(routes) / sizeof(routes[0]);
 	return routes;
+}
+
+enum tr_api_role tr_api_route_role(const struct tr_api_route *route)
+{
+	/* A row without a role is a mistake; it fails closed. */
+	return route->role != TR_ROLE_NONE ? route->role : TR_ROLE_ADMIN;
 }
 
 /* Matches path against one pattern segment by segment.  Captured

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "api/api.h"
 #include "storage/store.h"
 
 struct tr_api_request;
@@ -31,7 +32,12 @@ struct tr_api_route {
 	const char *path;   /* OpenAPI-style pattern */
 	tr_api_handler_fn handler;
 	unsigned flags;
+	/* The least role a token needs (every row names one). */
+	enum tr_api_role role;
 };
+
+/* The role route needs (its own, or the one its method implies). */
+enum tr_api_role tr_api_route_role(const struct tr_api_route *route);
 
 /* The table (static storage) and its length. */
 const struct tr_api_route *tr_api_routes(size_t *count);
@@ -58,6 +64,7 @@ void tr_api_devices(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* GET /metrics (api/prometheus.c) */
 void tr_api_prometheus(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_reload(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp);

@@ -98,47 +98,6 @@ static enum MHD_Result send_reply(struct tr_api_request *rq, struct tr_api_reply
 
 /* ---- admission ---- */
 
-/* Compares in time that depends only on the presented token's length, so
- * response timing does not reveal how much of a token was right. */
-static bool token_equal(const char *given, size_t glen, const char *want)
-{
-	size_t wlen = strlen(want);
-	unsigned char diff = glen != wlen;
-
-	for (size_t i = 0; i < glen; i++)
-		diff |= (unsigned char)given[i] ^ (unsigned char)(i < wlen ? want[i] : 0);
-	return diff == 0;
-}
-
-static int check_auth(struct tr_api_request *rq, struct tr_api_reply *rp)
-{
-	char *const *tokens = rq->api->tokens;
-	const char *h;
-	bool ok = false;
-	size_t len;
-
-	if (!tokens)
-		return 0;
-	h = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-	if (!h || strncasecmp(h, "Bearer ", 7) != 0) {
-		tr_api_fail(rp, 401, "unauthorized", NULL, "this route needs an Authorization: Bearer token");
-		tr_api_reply_header(rp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"trainerd\"");
-		return -1;
-	}
-	h += 7;
-	while (*h == ' ')
-		h++;
-	len = strlen(h);
-	/* No early exit: every configured token is compared. */
-	for (size_t i = 0; tokens[i]; i++)
-		ok |= token_equal(h, len, tokens[i]);
-	if (!ok) {
-		tr_api_fail(rp, 403, "forbidden", NULL, "the bearer token is not valid");
-		return -1;
-	}
-	return 0;
-}
-
 /* application/json, with or without parameters such as charset. */
 static bool is_json_type(const char *v)
 {
@@ -220,9 +179,8 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (check_lengths(rq, rp) < 0)
 		return -1;
 	rq->route = tr_api_route_match(method, rq->url, rq->params, TR_API_MAX_PARAMS, &rq->nparams, &known);
-	/* Unknown paths need a token too, so the route list does not leak
-	 * to unauthenticated clients. */
-	if (!(rq->route && (rq->route->flags & TR_ROUTE_PUBLIC)) && check_auth(rq, rp) < 0)
+	rq->max_body = atomic_load(&api->max_body);
+	if (tr_api_auth_check(rq, rp) < 0)
 		return -1;
 	if (!rq->route && !known) {
 		tr_api_fail(rp, 404, "not_found", NULL, "no route for %s", rq->url);
@@ -246,7 +204,7 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 		}
 	}
 	v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-	if (v && tr_api_parse_int(v, 0, INT64_MAX, &len) == 0 && (uint64_t)len > api->cfg.max_body) {
+	if (v && tr_api_parse_int(v, 0, INT64_MAX, &len) == 0 && (uint64_t)len > rq->max_body) {
 		/* A client that does not wait for "100 Continue" is already
 		 * sending: answering now closes the connection under it, and it
 		 * may see a reset instead of the 413.  So a body within the
@@ -254,12 +212,12 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 		 * its end); one that waits, or a huge one, is answered now. */
 		const char *expect = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
 		bool waits = expect && strcasecmp(expect, "100-continue") == 0;
-		if (!waits && (uint64_t)len - api->cfg.max_body <= DISCARD_LIMIT) {
+		if (!waits && (uint64_t)len - rq->max_body <= DISCARD_LIMIT) {
 			rq->too_large = true;
 			rq->declared_len = len;
 			return 0;
 		}
-		fail_too_large(rp, api->cfg.max_body, len);
+		fail_too_large(rp, rq->max_body, len);
 		return -1;
 	}
 	return 0;
@@ -268,7 +226,7 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 /* Buffers (or discards) one piece of body.  false closes the connection. */
 static bool take_body(struct tr_api_request *rq, const char *data, size_t size)
 {
-	size_t cap = rq->api->cfg.max_body;
+	size_t cap = rq->max_body;
 
 	if (!rq->too_large && size > cap - rq->body_len) {
 		rq->too_large = true;
@@ -324,6 +282,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		rq->method = method;
 		rq->url = url;
 		rq->started = tr_prom_clock();
+		tr_api_stamp(rq->api);
 		if (admit(rq, &rp) < 0)
 			return send_reply(rq, &rp);
 		return MHD_YES;
@@ -337,7 +296,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (rq->answered)
 		return MHD_YES;
 	if (rq->too_large) {
-		fail_too_large(&rp, rq->api->cfg.max_body, rq->declared_len);
+		fail_too_large(&rp, rq->max_body, rq->declared_len);
 		return send_reply(rq, &rp);
 	}
 	rq->route->handler(rq, &rp);
@@ -360,7 +319,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- lifecycle ---- */
 
-static bool is_loopback(const struct sockaddr *sa)
+bool tr_api_is_loopback(const struct sockaddr *sa)
 {
 	if (sa->sa_family == AF_INET) {
 		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
@@ -382,10 +341,13 @@ static void free_api(tr_api_t *api)
 	if (!api)
 		return;
 	tr_api_limits_finish(api);
-	if (api->tokens)
-		for (size_t i = 0; api->tokens[i]; i++)
-			free(api->tokens[i]);
-	free(api->tokens);
+	tr_api_auth_free(api->auth, api->n_auth);
+	pthread_rwlock_destroy(&api->auth_lock);
+	if (api->tls_key) {
+		explicit_bzero(api->tls_key, strlen(api->tls_key));
+		free(api->tls_key);
+	}
+	free(api->tls_cert);
 	free(api->listen_host);
 	free(api->version);
 	free(api->openapi_path);
@@ -428,8 +390,8 @@ static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
 }
 
 /* Copies the caller's strings so the API does not depend on their
- * lifetime.  Refuses empty token lists and empty tokens: either would
- * lock every client out (or, worse, match an empty header). */
+ * lifetime.  Refuses empty token lists and empty tokens (api/auth.c):
+ * either would lock every client out (or, worse, match an empty header). */
 static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err, size_t errlen)
 {
 	api->cfg = *cfg;
@@ -447,31 +409,18 @@ static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err
 		goto oom;
 	if (cfg->openapi_path && !(api->openapi_path = strdup(cfg->openapi_path)))
 		goto oom;
-	if (cfg->tokens) {
-		size_t n = 0;
-
-		while (cfg->tokens[n])
-			n++;
-		if (n == 0) {
-			snprintf(err, errlen, "the bearer token list is empty; pass NULL to turn auth off");
-			return -1;
-		}
-		api->tokens = calloc(n + 1, sizeof(*api->tokens));
-		if (!api->tokens)
-			goto oom;
-		for (size_t i = 0; i < n; i++) {
-			if (!cfg->tokens[i][0]) {
-				snprintf(err, errlen, "bearer token %zu is empty", i + 1);
-				return -1;
-			}
-			if (!(api->tokens[i] = strdup(cfg->tokens[i])))
-				goto oom;
-		}
-	}
+	if (tr_api_auth_build(cfg->tokens, cfg->role_tokens, cfg->n_role_tokens, &api->auth, &api->n_auth, err,
+			      errlen) < 0)
+		return -1;
+	atomic_init(&api->max_body, api->cfg.max_body);
 	api->cfg.listen_host = api->listen_host;
 	api->cfg.version = api->version;
 	api->cfg.openapi_path = api->openapi_path;
-	api->cfg.tokens = (const char *const *)api->tokens;
+	/* Owned by the auth table from here on (api/auth.c). */
+	api->cfg.tokens = NULL;
+	api->cfg.role_tokens = NULL;
+	api->cfg.n_role_tokens = 0;
+	api->cfg.tls_cert_path = api->cfg.tls_key_path = NULL;
 	return 0;
 oom:
 	snprintf(err, errlen, "out of memory");
@@ -499,7 +448,8 @@ static int bind_listener(tr_api_t *api, bool *ipv6, char *err, size_t errlen)
 		snprintf(err, errlen, "listen address %s: %s", api->listen_host, gai_strerror(rc));
 		return -1;
 	}
-	if (!is_loopback(res->ai_addr) && !api->tokens) {
+	api->loopback = tr_api_is_loopback(res->ai_addr);
+	if (!api->loopback && api->n_auth == 0) {
 		snprintf(err, errlen,
 			 "listening on %s (not loopback) needs bearer tokens: anyone who can reach the port "
 			 "could submit and cancel jobs",
@@ -561,27 +511,45 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen
 		return NULL;
 	}
 	atomic_init(&api->stopping, false);
+	atomic_init(&api->last_accept_ns, 0);
+	pthread_rwlock_init(&api->auth_lock, NULL);
 	if (copy_config(api, cfg, err, errlen) < 0)
 		goto fail_api;
 	if (tr_api_limits_init(api, err, errlen) < 0)
 		goto fail_api;
-	fd = bind_listener(api, &ipv6, err, errlen);
+	if (tr_api_tls_load(api, cfg, err, errlen) < 0)
+		goto fail_api;
+	if (cfg->use_listen_fd)
+		fd = tr_api_adopt_listener(api, cfg->listen_fd, &ipv6, err, errlen);
+	else
+		fd = bind_listener(api, &ipv6, err, errlen);
 	if (fd < 0)
 		goto fail_api;
 	api->port = bound_port(fd);
+	tr_api_set_probe_addr(api, fd);
 	if (ipv6)
 		flags |= MHD_USE_IPv6;
+	struct MHD_OptionItem tls[] = {
+		{MHD_OPTION_HTTPS_MEM_CERT, 0, api->tls_cert},
+		{MHD_OPTION_HTTPS_MEM_KEY, 0, api->tls_key},
+		{MHD_OPTION_END, 0, NULL},
+	};
+	if (api->tls_cert)
+		flags |= MHD_USE_TLS;
 	api->mhd = MHD_start_daemon(flags, 0, tr_api_limits_accept, api, on_request, api, MHD_OPTION_LISTEN_SOCKET,
 				    fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)api->cfg.max_connections,
 				    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)TR_API_CONNECTION_TIMEOUT_S,
 				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_NOTIFY_CONNECTION,
-				    tr_api_limits_notify, api, MHD_OPTION_END);
+				    tr_api_limits_notify, api, MHD_OPTION_ARRAY, api->tls_cert ? tls : tls + 2,
+				    MHD_OPTION_END);
 	if (!api->mhd) {
 		/* The socket is not closed here: whether MHD already closed it
 		 * on its failure path differs between versions, and closing a
 		 * descriptor number another thread may have reused is worse
 		 * than leaking one on a path that ends the daemon anyway. */
-		snprintf(err, errlen, "cannot start the HTTP server on %s port %d", api->listen_host, api->port);
+		snprintf(err, errlen, "cannot start the HTTP%s server on %s port %d%s", api->tls_cert ? "S" : "",
+			 api->listen_host, api->port,
+			 api->tls_cert ? " (is tls-key the key of tls-cert, both PEM?)" : "");
 		goto fail_api;
 	}
 	return api;
@@ -593,6 +561,11 @@ fail_api:
 int tr_api_port(const tr_api_t *api)
 {
 	return api ? api->port : -1;
+}
+
+void tr_api_set_max_body(tr_api_t *api, size_t max_body)
+{
+	atomic_store(&api->max_body, max_body ? max_body : TR_API_DEFAULT_MAX_BODY);
 }
 
 void tr_api_stop(tr_api_t *api)

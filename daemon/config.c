@@ -32,7 +32,7 @@ struct option_row {
 
 static const struct option_row options[] = {
 	{"listen", OPT_LISTEN, 0, 0, 0, 0, NULL, "127.0.0.1:8080",
-	 "HOST:PORT to serve the API on (port 0 = any free port); a non-loopback host needs --token"},
+	 "HOST:PORT to serve the API on (port 0 = any free port; ignored under socket activation); a non-loopback host needs tokens"},
 	{"state-dir", OPT_STRING, OFF(state_dir), SZ(state_dir), 0, 0, NULL, "./var",
 	 "directory for the SQLite database and the listen address file"},
 	{"data-root", OPT_LIST, OFF(data_roots), 0, 0, TR_CONFIG_MAX_ROOTS, NULL, NULL,
@@ -72,7 +72,14 @@ static const struct option_row options[] = {
 	{"state-max-bytes", OPT_LLONG, OFF(state_max_bytes), 0, 0, 0x7fffffffffffffffLL, NULL, "0",
 	 "cap on the database size in bytes (0 = none); a checkpoint that does not fit fails cleanly"},
 	{"token", OPT_LIST, OFF(tokens), 0, 0, TR_CONFIG_MAX_TOKENS, NULL, NULL,
-	 "bearer token accepted by the API (repeatable); required for a non-loopback listen address"},
+	 "bearer token with the admin role (repeatable); visible to every user in the process list when given on "
+	 "the command line: prefer token-file"},
+	{"token-file", OPT_STRING, OFF(token_file), SZ(token_file), 0, 0, NULL, "",
+	 "file of 'role:token' lines (roles read, write, admin), readable by its owner only; tokens (or --token) "
+	 "are required for a non-loopback listen address"},
+	{"tls-cert", OPT_STRING, OFF(tls_cert), SZ(tls_cert), 0, 0, NULL, "",
+	 "PEM certificate (chain); with tls-key the API serves HTTPS only"},
+	{"tls-key", OPT_STRING, OFF(tls_key), SZ(tls_key), 0, 0, NULL, "", "PEM private key of tls-cert"},
 	{"openapi", OPT_STRING, OFF(openapi_path), SZ(openapi_path), 0, 0, NULL, "openapi/openapi.yaml",
 	 "OpenAPI document served at GET /openapi.yaml (empty = none)"},
 	{"submit-if-empty", OPT_STRING, OFF(submit_if_empty), SZ(submit_if_empty), 0, 0, NULL, "",
@@ -189,6 +196,55 @@ static int set_value(struct tr_config *c, const struct option_row *o, const char
 	}
 	}
 	return -1;
+}
+
+/* What a reload (SIGHUP, POST /reload) applies; the rest needs a restart
+ * (the listener, the store, the devices are set up once). */
+static const char *const reloadable[] = {"log-level", "max-body", "token", "token-file", "shutdown-grace", NULL};
+
+static bool same_value(const struct tr_config *a, const struct tr_config *b, const struct option_row *o)
+{
+	const char *pa = (const char *)a + o->offset, *pb = (const char *)b + o->offset;
+	switch (o->kind) {
+	case OPT_STRING:
+	case OPT_CHOICE:
+		return strcmp(pa, pb) == 0;
+	case OPT_INT:
+		return *(const int *)pa == *(const int *)pb;
+	case OPT_LONG:
+		return *(const long *)pa == *(const long *)pb;
+	case OPT_LLONG:
+		return *(const long long *)pa == *(const long long *)pb;
+	case OPT_LEVEL:
+		return a->log_level == b->log_level;
+	case OPT_LISTEN:
+		return strcmp(a->listen_host, b->listen_host) == 0 && a->listen_port == b->listen_port;
+	case OPT_LIST: {
+		char *const *la = (char *const *)pa, *const *lb = (char *const *)pb;
+		int i = 0;
+		for (; la[i] && lb[i]; i++)
+			if (strcmp(la[i], lb[i]) != 0)
+				return false;
+		return !la[i] && !lb[i];
+	}
+	}
+	return false;
+}
+
+int tr_config_diff(const struct tr_config *a, const struct tr_config *b,
+		   void (*fn)(const char *name, int reloadable, void *ud), void *ud)
+{
+	int n = 0;
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		if (same_value(a, b, &options[i]))
+			continue;
+		bool r = false;
+		for (int k = 0; reloadable[k]; k++)
+			r |= strcmp(reloadable[k], options[i].name) == 0;
+		fn(options[i].name, r, ud);
+		n++;
+	}
+	return n;
 }
 
 static const struct option_row *find(const char *name)

@@ -33,6 +33,9 @@ struct tr_config {
 	long long state_max_bytes; /* database size cap, 0 = none */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
+	char token_file[1024];  /* role:token lines; see daemon/tokens.c */
+	char tls_cert[1024];    /* PEM; with tls_key the API serves HTTPS */
+	char tls_key[1024];
 	char openapi_path[1024];
 	char submit_if_empty[1024]; /* a job spec submitted when the queue has never had a job */
 };
@@ -45,6 +48,11 @@ void tr_config_defaults(struct tr_config *c);
 int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, size_t errlen);
 int tr_config_load_file(struct tr_config *c, const char *path, char *err, size_t errlen);
 void tr_config_print_help(void);
+/* Calls fn with the name of every option whose value differs between a
+ * and b, and whether a running daemon applies it on reload (SIGHUP);
+ * returns how many differ. */
+int tr_config_diff(const struct tr_config *a, const struct tr_config *b,
+		   void (*fn)(const char *name, int reloadable, void *ud), void *ud);
 void tr_config_finish(struct tr_config *c);
 
 #endif

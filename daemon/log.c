@@ -1,25 +1,93 @@
-/* stderr logging with syslog priority prefixes (see log.h).  One fprintf
- * per line keeps lines from different threads whole. */
+/* Daemon logging (see log.h).  One fprintf per line keeps lines from
+ * different threads whole. */
 #include "daemon/log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 
-static int max_level = TR_LOG_INF;
+#ifdef TR_HAVE_SYSTEMD
+#include <systemd/sd-journal.h>
+#endif
+
+static atomic_int max_level = TR_LOG_INF;
+static bool journal;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* As systemd's own tools decide (sd-journal's stderr_is_journal): the
+ * variable alone is not enough, since it is inherited by children whose
+ * stderr a person redirected. */
+static void detect(void)
+{
+	const char *e = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (!e || sscanf(e, "%llu:%llu", &dev, &ino) != 2 || fstat(2, &st) < 0)
+		return;
+	journal = (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+void tr_log_init(void)
+{
+	pthread_once(&once, detect);
+}
+
+bool tr_log_to_journal(void)
+{
+	tr_log_init();
+	return journal;
+}
 
 void tr_log_set_level(int level)
 {
-	max_level = level;
+	atomic_store(&max_level, level);
+}
+
+int tr_log_level(void)
+{
+	return atomic_load(&max_level);
+}
+
+static void emit(int level, const char *msg)
+{
+	if (tr_log_to_journal())
+		fprintf(stderr, "<%d>%s\n", level, msg);
+	else
+		fprintf(stderr, "trainerd: %s%s\n", level <= TR_LOG_ERR ? "error: " : level == TR_LOG_WARN ? "warning: " : "",
+			msg);
 }
 
 void tr_log(int level, const char *fmt, ...)
 {
-	if (level > max_level)
+	if (level > atomic_load(&max_level))
 		return;
 	char buf[2048];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof buf, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "<%d>trainerd: %s\n", level, buf);
+	emit(level, buf);
+}
+
+void tr_log_job(int level, long long job_id, const char *fmt, ...)
+{
+	if (level > atomic_load(&max_level))
+		return;
+	char msg[2048], buf[2100];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	snprintf(buf, sizeof buf, "job %lld: %s", job_id, msg);
+#ifdef TR_HAVE_SYSTEMD
+	if (tr_log_to_journal() &&
+	    sd_journal_send("MESSAGE=%s", buf, "PRIORITY=%d", level, "TRAINERD_JOB_ID=%lld", job_id,
+			    "SYSLOG_IDENTIFIER=trainerd", NULL) >= 0)
+		return;
+#endif
+	emit(level, buf);
 }

@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
+#include "engine/data/reader.h"
 
 void tr_sched_kick(struct tr_scheduler *s)
 {
@@ -30,6 +32,9 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 		return -ENOMEM;
 	}
 	s->cfg = *cfg;
+	const char *stall = getenv("TRAINERD_TEST_STALL_FILE");
+	if (stall && *stall)
+		s->stall_file = strdup(stall);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -95,7 +100,7 @@ static void fail_job(struct tr_scheduler *s, int64_t id, const char *code, const
 	char *text = json_dumps(e, JSON_COMPACT);
 	tr_store_job_set_state(s->cfg.store, id, "failed", text, NULL);
 	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message);
-	tr_log(TR_LOG_WARN, "job %lld failed: %s", (long long)id, message);
+	tr_log_job(TR_LOG_WARN, (long long)id, "failed: %s", message);
 	free(text);
 	json_decref(e);
 }
@@ -196,12 +201,37 @@ static void reap(struct tr_scheduler *s)
 	}
 }
 
+static long long mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The test hook (scheduler_internal.h): stands still, without checking in
+ * and without the lock, until the file goes or shutdown begins.  Lock
+ * held on entry and exit. */
+static void stall_if_asked(struct tr_scheduler *s)
+{
+	struct stat st;
+	if (!s->stall_file || stat(s->stall_file, &st) < 0)
+		return;
+	tr_log(TR_LOG_WARN, "test hook: the dispatcher stalls while %s exists", s->stall_file);
+	while (!s->shutting_down && stat(s->stall_file, &st) == 0) {
+		pthread_mutex_unlock(&s->lock);
+		usleep(50 * 1000);
+		pthread_mutex_lock(&s->lock);
+	}
+}
+
 static void *dispatcher_main(void *arg)
 {
 	struct tr_scheduler *s = arg;
 	pthread_setname_np(pthread_self(), "tr-dispatch");
 	pthread_mutex_lock(&s->lock);
 	while (!s->shutting_down) {
+		atomic_store(&s->beat_ns, mono_ns());
+		stall_if_asked(s);
 		reap(s);
 		if (s->dirty && !s->shutting_down) {
 			s->dirty = false;
@@ -241,11 +271,12 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "
 				    "checkpoint");
-		tr_log(TR_LOG_NOTICE, "job %lld was interrupted; queued again", (long long)id);
+		tr_log_job(TR_LOG_NOTICE, (long long)id, "was interrupted; queued again");
 		tr_job_row_finish(&rows[i]);
 	}
 	free(rows);
 	s->dirty = true;
+	atomic_store(&s->beat_ns, mono_ns());
 	if (pthread_create(&s->dispatcher, NULL, dispatcher_main, s) != 0) {
 		snprintf(err, errlen, "cannot start the dispatcher thread");
 		return -1;
@@ -320,5 +351,29 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 	tr_data_roots_destroy(s->roots);
 	pthread_cond_destroy(&s->wake);
 	pthread_mutex_destroy(&s->lock);
+	free(s->stall_file);
 	free(s);
+}
+
+void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
+{
+	static const char *const states[] = {"queued", NULL};
+	struct tr_job_row *rows = NULL;
+	int n = 0;
+	*running = 0;
+	pthread_mutex_lock(&s->lock);
+	for (struct running_job *j = s->running; j; j = j->next)
+		*running += !j->finished;
+	pthread_mutex_unlock(&s->lock);
+	if (tr_store_job_list_states(s->cfg.store, states, &rows, &n) < 0)
+		n = 0;
+	for (int i = 0; i < n; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+	*queued = n;
+}
+
+double tr_scheduler_last_beat(tr_scheduler_t *s)
+{
+	return (double)atomic_load(&s->beat_ns) * 1e-9;
 }

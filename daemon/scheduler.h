@@ -34,5 +34,10 @@ int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err,
  * after grace_s cancels what is still running.  Joins every thread. */
 void tr_scheduler_shutdown(tr_scheduler_t *s, int grace_s);
 void tr_scheduler_destroy(tr_scheduler_t *s);
+/* Jobs running now and queued (for the service status line). */
+void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued);
+/* Monotonic time (seconds) the dispatcher last went round its loop: the
+ * scheduler's check-in for the service watchdog. */
+double tr_scheduler_last_beat(tr_scheduler_t *s);
 
 #endif

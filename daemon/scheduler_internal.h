@@ -44,6 +44,11 @@ struct tr_scheduler {
 	bool shutting_down;
 	bool started;
 	atomic_bool ready;
+	atomic_llong beat_ns; /* the dispatcher's last round (CLOCK_MONOTONIC) */
+	/* Test hook: while this file exists the dispatcher stalls (so the
+	 * watchdog test can see the pings stop).  From
+	 * TRAINERD_TEST_STALL_FILE; NULL in normal runs. */
+	char *stall_file;
 	tr_checkpointer_t *checkpointer;
 	int64_t owner[TR_MAX_POOL_DEVICES]; /* job id per device, 0 = free */
 	struct running_job *running;

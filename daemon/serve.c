@@ -2,10 +2,12 @@
  *
  * Start-up order: block the termination signals (every thread inherits
  * the mask, so only the main loop ever sees them), open the store, pick the
- * devices, start the scheduler and the API, announce the address.  The
- * main thread then just waits for a signal; shutdown runs in reverse: stop
- * serving, stop jobs at a step boundary (recorded as interrupted), close
- * the database.
+ * devices, start the scheduler (which queues interrupted jobs again) and
+ * the API (on the socket systemd passed, if any), announce the address,
+ * and only then tell systemd READY=1.  The main thread then waits for a
+ * signal: SIGHUP re-reads the configuration and applies what can change
+ * at run time; SIGTERM shuts down in reverse: stop serving, stop jobs at a
+ * step boundary (recorded as interrupted), close the database.
  */
 #include <errno.h>
 #include <signal.h>
@@ -16,33 +18,27 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef TR_HAVE_SYSTEMD
-#include <systemd/sd-daemon.h>
-#endif
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "api/api.h"
 #include "daemon/cli.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/scheduler.h"
+#include "daemon/service.h"
+#include "daemon/tokens.h"
 #include "engine/backend.h"
 #include "storage/store.h"
-
-static void notify(const char *state)
-{
-#ifdef TR_HAVE_SYSTEMD
-	sd_notify(0, state);
-#else
-	(void)state;
-#endif
-}
 
 /* One backend for every job: CUDA over all visible GPUs, else CPU
  * devices.  Falling back is worth one notice-level line with the reason
  * (no driver, no device, a build without CUDA): it is the difference
  * between a GPU machine and a slow one.  Per-job settings such as the
  * gemm precision are applied by each job's runner on its own devices. */
-static tr_backend_t *pick_backend(const struct tr_config *c, char *err, size_t errlen)
+static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, size_t fblen, char *err,
+				   size_t errlen)
 {
 	tr_backend_t *be = NULL;
 	char why[512] = "";
@@ -62,13 +58,17 @@ static tr_backend_t *pick_backend(const struct tr_config *c, char *err, size_t e
 		be = tr_cpu_backend_create(n, 0);
 		if (!be)
 			snprintf(err, errlen, "cannot create %d CPU devices", n);
-		else if (why[0])
-			tr_log(TR_LOG_NOTICE, "no usable GPU: %s; using %d CPU devices", why, n);
+		else if (why[0]) {
+			/* Said in the log and in systemd's STATUS=: a GPU server
+			 * running on its CPUs must not look healthy. */
+			tr_log(TR_LOG_WARN, "no usable GPU: %s; using %d CPU devices", why, n);
+			snprintf(fallback, fblen, "CPU fallback, no usable GPU: %s", why);
+		}
 	}
 	return be;
 }
 
-static int write_listen_file(const char *dir, const char *host, int port)
+static int write_listen_file(const char *dir, bool tls, const char *host, int port)
 {
 	char path[1200], tmp[1300];
 	snprintf(path, sizeof path, "%s/listen.addr", dir);
@@ -77,9 +77,131 @@ static int write_listen_file(const char *dir, const char *host, int port)
 	if (!f)
 		return -errno;
 	bool v6 = strchr(host, ':') != NULL;
-	fprintf(f, "http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", port);
+	fprintf(f, "%s://%s%s%s:%d\n", tls ? "https" : "http", v6 ? "[" : "", host, v6 ? "]" : "", port);
 	if (fclose(f) != 0 || rename(tmp, path) != 0)
 		return -errno;
+	return 0;
+}
+
+/* The tokens in force: --token (admin) and the token file's. */
+struct auth_state {
+	struct tr_token_list file;
+	int n_plain;
+};
+
+static int load_tokens(const struct tr_config *c, struct tr_token_list *out, char *err, size_t errlen)
+{
+	out->v = NULL;
+	out->n = 0;
+	if (!c->token_file[0])
+		return 0;
+	return tr_tokens_load(c->token_file, out, err, errlen);
+}
+
+/* Where a passed socket is bound, for the log and listen.addr. */
+static void socket_host(int fd, char *host, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	snprintf(host, len, "127.0.0.1");
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return;
+	if (ss.ss_family == AF_INET)
+		inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, (socklen_t)len);
+	else if (ss.ss_family == AF_INET6)
+		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, (socklen_t)len);
+}
+
+struct reload_log {
+	char changed[512];
+	char restart[512];
+};
+
+static void note_change(const char *name, int reloadable, void *ud)
+{
+	struct reload_log *rl = ud;
+	char *buf = reloadable ? rl->changed : rl->restart;
+	size_t used = strlen(buf);
+	snprintf(buf + used, sizeof rl->changed - used, "%s%s", used ? ", " : "", name);
+}
+
+/* SIGHUP (systemctl reload) and POST /reload: re-reads the command line's
+ * configuration (and so its --config file) and the token file, applies
+ * what can change at run time and logs what changed; tokens by count and
+ * role only.  A configuration that does not parse, or tokens that do not
+ * load, leave everything as it was. */
+static void reload(int argc, char **argv, struct tr_config *cur, struct auth_state *auth, tr_api_t *api)
+{
+	struct tr_config next;
+	struct tr_token_list tokens = {0};
+	struct reload_log rl = {"", ""};
+	char err[1024];
+	tr_config_defaults(&next);
+	if (tr_config_parse_args(&next, argc - 1, argv + 1, err, sizeof err) != 0 ||
+	    load_tokens(&next, &tokens, err, sizeof err) < 0) {
+		tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", err);
+		goto out;
+	}
+	tr_config_diff(cur, &next, note_change, &rl);
+	bool tokens_changed = !tr_tokens_equal(&tokens, &auth->file) || strstr(rl.changed, "token");
+	if (tokens_changed) {
+		if (tr_api_set_tokens(api, next.n_tokens ? (const char *const *)next.tokens : NULL, tokens.v, tokens.n, err,
+				      sizeof err) < 0) {
+			tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", err);
+			goto out;
+		}
+		char desc[128];
+		tr_tokens_describe(&tokens, (size_t)next.n_tokens, desc, sizeof desc);
+		tr_log(TR_LOG_NOTICE, "reload: tokens now %s", desc);
+		tr_tokens_finish(&auth->file);
+		auth->file = tokens;
+		tokens = (struct tr_token_list){0};
+		/* The lists move into cur below with the rest. */
+		for (int i = 0; i < cur->n_tokens; i++)
+			free(cur->tokens[i]);
+		for (int i = 0; i <= next.n_tokens; i++)
+			cur->tokens[i] = next.tokens[i];
+		cur->n_tokens = next.n_tokens;
+		auth->n_plain = next.n_tokens;
+		next.n_tokens = 0;
+		next.tokens[0] = NULL;
+		snprintf(cur->token_file, sizeof cur->token_file, "%s", next.token_file);
+	}
+	if (cur->log_level != next.log_level) {
+		tr_log(TR_LOG_NOTICE, "reload: log-level %d -> %d", cur->log_level, next.log_level);
+		cur->log_level = next.log_level;
+		tr_log_set_level(cur->log_level);
+	}
+	if (cur->max_body != next.max_body) {
+		tr_log(TR_LOG_NOTICE, "reload: max-body %ld -> %ld bytes", cur->max_body, next.max_body);
+		cur->max_body = next.max_body;
+		tr_api_set_max_body(api, (size_t)cur->max_body);
+	}
+	if (cur->shutdown_grace_s != next.shutdown_grace_s) {
+		tr_log(TR_LOG_NOTICE, "reload: shutdown-grace %d -> %d s", cur->shutdown_grace_s,
+		       next.shutdown_grace_s);
+		cur->shutdown_grace_s = next.shutdown_grace_s;
+	}
+	if (rl.restart[0])
+		tr_log(TR_LOG_WARN, "reload: %s changed; that takes a restart (systemctl restart trainerd)",
+		       rl.restart);
+	if (!rl.changed[0] && !tokens_changed)
+		tr_log(TR_LOG_NOTICE, "reload: nothing that can change at run time changed");
+out:
+	tr_tokens_finish(&tokens);
+	tr_config_finish(&next);
+}
+
+/* POST /reload: the same as SIGHUP, handled by the main loop. */
+static int reload_op(void *ctx, struct tr_api_error *err)
+{
+	(void)ctx;
+	if (kill(getpid(), SIGHUP) < 0) {
+		err->status = 500;
+		snprintf(err->code, sizeof err->code, "internal");
+		snprintf(err->message, sizeof err->message, "cannot signal the daemon: %s", strerror(errno));
+		return -1;
+	}
 	return 0;
 }
 
@@ -95,6 +217,7 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_config_finish(&cfg);
 		return rc < 0 ? 2 : 0;
 	}
+	tr_log_init();
 	tr_log_set_level(cfg.log_level);
 
 	sigset_t sigs;
@@ -110,7 +233,19 @@ int tr_cmd_serve(int argc, char **argv)
 	tr_backend_t *be = NULL;
 	tr_scheduler_t *sched = NULL;
 	tr_api_t *api = NULL;
+	tr_service_t *svc = tr_service_create();
+	struct auth_state auth = {.n_plain = cfg.n_tokens};
+	char fallback[600] = "";
 
+	int listen_fd = tr_service_listen_fd(err, sizeof err);
+	if (listen_fd == -2) {
+		tr_log(TR_LOG_ERR, "%s", err);
+		goto out;
+	}
+	if (load_tokens(&cfg, &auth.file, err, sizeof err) < 0) {
+		tr_log(TR_LOG_ERR, "%s", err);
+		goto out;
+	}
 	if (mkdir(cfg.state_dir, 0750) < 0 && errno != EEXIST) {
 		tr_log(TR_LOG_ERR, "--state-dir %s: %s", cfg.state_dir, strerror(errno));
 		goto out;
@@ -123,7 +258,7 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
 	}
-	if (!(be = pick_backend(&cfg, err, sizeof err))) {
+	if (!(be = pick_backend(&cfg, fallback, sizeof fallback, err, sizeof err))) {
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
 	}
@@ -136,9 +271,17 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
 	}
+	/* The passed socket's address, for the log and listen.addr; cfg keeps
+	 * the configured one, so a reload does not see it as changed. */
+	char host[128];
+	snprintf(host, sizeof host, "%s", cfg.listen_host);
+	if (listen_fd >= 0)
+		socket_host(listen_fd, host, sizeof host);
 	struct tr_api_config acfg = {
-		.listen_host = cfg.listen_host,
+		.listen_host = host,
 		.port = cfg.listen_port,
+		.use_listen_fd = listen_fd >= 0,
+		.listen_fd = listen_fd,
 		.max_body = (size_t)cfg.max_body,
 		.sse_heartbeat_s = cfg.sse_heartbeat_s,
 		.max_connections = cfg.max_connections,
@@ -150,48 +293,60 @@ int tr_cmd_serve(int argc, char **argv)
 		.sse_buffer_bytes = (size_t)cfg.sse_buffer,
 		.sse_stall_s = cfg.sse_stall_s,
 		.tokens = cfg.n_tokens ? (const char *const *)cfg.tokens : NULL,
+		.role_tokens = auth.file.v,
+		.n_role_tokens = auth.file.n,
+		.tls_cert_path = cfg.tls_cert[0] ? cfg.tls_cert : NULL,
+		.tls_key_path = cfg.tls_key[0] ? cfg.tls_key : NULL,
 		.openapi_path = cfg.openapi_path[0] ? cfg.openapi_path : NULL,
 		.version = TR_VERSION,
 		.store = store,
 	};
 	tr_scheduler_api_ops(sched, &acfg.ops, &acfg.ctx);
+	acfg.ops.reload = reload_op;
 	if (!(api = tr_api_start(&acfg, err, sizeof err))) {
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
 	}
 	int port = tr_api_port(api);
-	if (write_listen_file(cfg.state_dir, cfg.listen_host, port) < 0)
+	bool tls = tr_api_is_tls(api);
+	if (write_listen_file(cfg.state_dir, tls, host, port) < 0)
 		tr_log(TR_LOG_WARN, "cannot write %s/listen.addr: %s", cfg.state_dir, strerror(errno));
-	bool v6 = strchr(cfg.listen_host, ':') != NULL;
-	tr_log(TR_LOG_NOTICE, "listening on http://%s%s%s:%d (%d %s devices, state in %s)", v6 ? "[" : "",
-	       cfg.listen_host, v6 ? "]" : "", port, be->i->device_count(be), be->i->name, cfg.state_dir);
+	bool v6 = strchr(host, ':') != NULL;
+	int ndev = be->i->device_count(be);
+	tr_log(TR_LOG_NOTICE, "listening on %s://%s%s%s:%d%s (%d %s devices, state in %s)", tls ? "https" : "http",
+	       v6 ? "[" : "", host, v6 ? "]" : "", port, listen_fd >= 0 ? ", socket from systemd" : "",
+	       ndev, be->i->name, cfg.state_dir);
 	if (cfg.submit_if_empty[0] && tr_scheduler_submit_if_empty(sched, cfg.submit_if_empty, err, sizeof err) < 0)
 		tr_log(TR_LOG_WARN, "--submit-if-empty: %s", err);
-	notify("READY=1");
+	char devices[700];
+	snprintf(devices, sizeof devices, "%d %s device%s%s%s%s", ndev, be->i->name, ndev == 1 ? "" : "s",
+		 fallback[0] ? " (" : "", fallback, fallback[0] ? ")" : "");
+	tr_service_ready(svc, api, sched, devices);
 
 	for (;;) {
 		int sig = sigwaitinfo(&sigs, NULL);
 		if (sig < 0 && errno == EINTR)
 			continue;
 		if (sig == SIGHUP) {
-			tr_log(TR_LOG_INF, "SIGHUP ignored: restart the daemon to change its configuration");
+			tr_log(TR_LOG_NOTICE, "reloading the configuration");
+			tr_service_reloading(svc, 0);
+			reload(argc, argv, &cfg, &auth, api);
+			tr_service_reloading(svc, 1);
 			continue;
 		}
 		tr_log(TR_LOG_NOTICE, "%s received: stopping jobs at a step boundary",
 		       sig == SIGTERM ? "SIGTERM" : "SIGINT");
 		break;
 	}
-	notify("STOPPING=1");
-#ifdef TR_HAVE_SYSTEMD
-	/* Jobs write a final checkpoint before they stop: ask systemd for the
-	 * grace period rather than be killed in the middle of it. */
-	sd_notifyf(0, "EXTEND_TIMEOUT_USEC=%llu", (unsigned long long)(cfg.shutdown_grace_s + 10) * 1000000ULL);
-#endif
 	exit_code = 0;
 out:
+	/* STOPPING=1, then more stop time while jobs write their final
+	 * checkpoints (the service thread renews it). */
+	tr_service_stopping(svc);
 	tr_api_stop(api);
 	if (sched)
 		tr_scheduler_shutdown(sched, cfg.shutdown_grace_s);
+	tr_service_destroy(svc);
 	tr_scheduler_destroy(sched);
 	if (store) {
 		/* State changes storage refused until now (docs/design.md,
@@ -208,6 +363,7 @@ out:
 	}
 	tr_store_close(store);
 	tr_backend_destroy(be);
+	tr_tokens_finish(&auth.file);
 	tr_config_finish(&cfg);
 	if (exit_code == 0)
 		tr_log(TR_LOG_NOTICE, "stopped");

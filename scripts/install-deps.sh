@@ -12,7 +12,7 @@ packages=(
 	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy curl prometheus
 	libopenblas-dev libjansson-dev libcriterion-dev
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev
-	nodejs chromium
+	nodejs chromium systemd openssl clang
 	"$@"
 )
 # A nodejs package that bundles npm (as nodesource's does) conflicts with

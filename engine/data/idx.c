@@ -167,7 +167,9 @@ static int file_open(int fd, const char *path, int images, struct idx_file *f, c
 		uint64_t v = be32(m + 4 + 4 * d);
 
 		if (d > 0) {
-			if (v > INT32_MAX / (uint64_t)f->width) {
+			/* A zero dimension makes width 0 (refused below as no
+			 * data); dividing by it would trap. */
+			if (f->width != 0 && v > INT32_MAX / (uint64_t)f->width) {
 				tr_data_errorf(err, errlen, "%s: too many values per sample", path);
 				goto invalid;
 			}

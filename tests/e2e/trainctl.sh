@@ -216,7 +216,7 @@ cd - >/dev/null || exit 1
 bad=$(tc submit "$work/diverges.json")
 tc watch "$bad" >"$work/o" 2>&1
 check "watch of a failed job exits 1" test $? -eq 1
-check "watch prints the failure" has "$work/o" "^job $bad failed: step [0-9]*: the loss is"
+check "watch prints the failure" has "$work/o" "^job $bad failed: .*step [0-9]*: the loss is"
 tc submit --wait "$work/diverges.json" >"$work/o" 2>&1
 check "submit --wait of a failing job exits 1" test $? -eq 1
 long=$(tc submit "$work/long.json")

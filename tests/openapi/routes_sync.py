@@ -6,6 +6,8 @@ flags}) and the paths and methods of the OpenAPI document, and fails naming
 every route that is on one side only.  It also checks two flags against the
 document: a TR_ROUTE_PUBLIC route must say `security: []` (no token), and a
 TR_ROUTE_JSON_BODY route must have a requestBody (and the other way round).
+The role column (TR_ROLE_READ, _WRITE, _ADMIN) of every route that is not
+public must match the operation's `x-required-role` (read, write, admin).
 
 Python standard library only: the YAML is read line by line, which works
 because the paths section is regular (two-space indents, a path per
@@ -80,6 +82,8 @@ def read_routes(path):
         flags = set()
         if len(fields) > 3:
             flags = {f.strip() for f in fields[3].split("|")} - {"0", ""}
+        if len(fields) > 4 and fields[4].startswith("TR_ROLE_"):
+            flags.add("role:" + fields[4][len("TR_ROLE_"):].lower())
         key = (method.upper(), pattern)
         if key in routes:
             problems.append("%s: %s %s is in the table twice" % (path, *key))
@@ -127,12 +131,14 @@ def read_openapi(path):
                 cur_op = (key.upper(), cur_path)
                 if cur_op in ops:
                     problems.append("%s:%d: %s %s is defined twice" % (path, n, *cur_op))
-                ops[cur_op] = {"public": False, "body": False}
+                ops[cur_op] = {"public": False, "body": False, "role": None}
         elif indent == 6 and cur_op:
             if re.match(r"security:\s*\[\s*\]\s*$", text):
                 ops[cur_op]["public"] = True
             elif text.startswith("requestBody:"):
                 ops[cur_op]["body"] = True
+            elif text.startswith("x-required-role:"):
+                ops[cur_op]["role"] = unquote(text.split(":", 1)[1])
     if not ops:
         problems.append("%s: no operations found under paths:" % path)
     return ops, problems
@@ -156,6 +162,10 @@ def main(argv):
                 problems.append("%s %s: %s" % (key + ((
                     "TR_ROUTE_PUBLIC in the table but openapi.yaml does not say `security: []`" if public else
                     "openapi.yaml says `security: []` but the table has no TR_ROUTE_PUBLIC"),)))
+            role = next((f[5:] for f in routes[key] if f.startswith("role:")), None)
+            if not public and role != ops[key]["role"]:
+                problems.append("%s %s: the table's role is %s, openapi.yaml's x-required-role %s"
+                                % (key + (role, ops[key]["role"])))
             if body != ops[key]["body"]:
                 problems.append("%s %s: %s" % (key + ((
                     "TR_ROUTE_JSON_BODY in the table but openapi.yaml has no requestBody" if body else

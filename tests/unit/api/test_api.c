@@ -232,6 +232,8 @@ static bool fake_ready(void *ctx)
 
 struct start_opts {
 	const char *const *tokens;
+	const struct tr_api_token *role_tokens;
+	size_t n_role_tokens;
 	int heartbeat_s;
 	const char *openapi;
 	const char *host;
@@ -245,6 +247,8 @@ static tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen
 		.port = o->port,
 		.sse_heartbeat_s = o->heartbeat_s,
 		.tokens = o->tokens,
+		.role_tokens = o->role_tokens,
+		.n_role_tokens = o->n_role_tokens,
 		.openapi_path = o->openapi,
 		.version = "1.2.3-test",
 		.store = store,
@@ -1450,6 +1454,124 @@ Test(api, bearer_tokens)
 	r = http("POST", "/jobs", "{\"name\": \"authed\"}");
 	expect_status(&r, 201, "submit with token");
 	resp_free(&r);
+}
+
+/* The role each route needs, as the design gives it: read = every GET,
+ * write = submitting, controlling jobs and pushing metrics, admin =
+ * DELETE and /reload. */
+Test(api, route_roles_follow_the_design)
+{
+	size_t n;
+	const struct tr_api_route *routes = tr_api_routes(&n);
+
+	for (size_t i = 0; i < n; i++) {
+		const struct tr_api_route *rt = &routes[i];
+		enum tr_api_role want = TR_ROLE_WRITE;
+
+		if (!strcmp(rt->method, "GET"))
+			want = TR_ROLE_READ;
+		else if (!strcmp(rt->method, "DELETE") || !strcmp(rt->path, "/reload"))
+			want = TR_ROLE_ADMIN;
+		cr_assert_eq(tr_api_route_role(rt), want, "%s %s needs %s, the table says %s", rt->method, rt->path,
+			     tr_api_role_name(want), tr_api_role_name(tr_api_route_role(rt)));
+	}
+}
+
+/* Every route of the table against a token of every role: a role at or
+ * above the route's passes auth (whatever the handler then says), a role
+ * below is 403 with a message naming both roles; no token is 401. */
+Test(api, every_route_against_every_role)
+{
+	const struct tr_api_token rt[] = {
+		{TR_ROLE_READ, "token-read"}, {TR_ROLE_WRITE, "token-write"}, {TR_ROLE_ADMIN, "token-admin"}};
+	struct start_opts o = {.role_tokens = rt, .n_role_tokens = 3};
+	size_t n;
+	const struct tr_api_route *routes = tr_api_routes(&n);
+	int refused = 0, allowed = 0;
+
+	restart(&o);
+	for (size_t i = 0; i < n; i++) {
+		const struct tr_api_route *route = &routes[i];
+		char path[256] = "";
+		const char *p = route->path;
+
+		/* {id} -> a job that does not exist, {step} -> 1. */
+		while (*p) {
+			if (*p == '{') {
+				strcat(path, strncmp(p, "{id}", 4) == 0 ? "987654" : "1");
+				p = strchr(p, '}') + 1;
+			} else {
+				strncat(path, p++, 1);
+			}
+		}
+		const char *body = (route->flags & TR_ROUTE_JSON_BODY) ? "{}" : NULL;
+		enum tr_api_role need = tr_api_route_role(route);
+
+		for (int role = TR_ROLE_READ; role <= TR_ROLE_ADMIN; role++) {
+			token = rt[role - 1].token;
+			struct resp r = http(route->method, path, body);
+			bool public = route->flags & TR_ROUTE_PUBLIC;
+
+			if (public || role >= (int)need) {
+				cr_assert(r.status != 401 && r.status != 403, "%s %s with a %s token: %ld", route->method,
+					  path, tr_api_role_name(role), r.status);
+				allowed++;
+			} else {
+				char want[128];
+
+				expect_status(&r, 403, path);
+				cr_assert_str_eq(jstr(r.json, "error.code"), "forbidden");
+				snprintf(want, sizeof(want), "needs a token with the %s role; this token has the %s role",
+					 tr_api_role_name(need), tr_api_role_name(role));
+				cr_assert(strstr(jstr(r.json, "error.message"), want), "%s %s: %s", route->method, path,
+					  jstr(r.json, "error.message"));
+				/* The token itself is never echoed. */
+				cr_assert(!strstr(r.body.data, "token-"), "%s", r.body.data);
+				refused++;
+			}
+			resp_free(&r);
+		}
+		token = NULL;
+		struct resp r = http(route->method, path, body);
+		if (!(route->flags & TR_ROUTE_PUBLIC))
+			expect_status(&r, 401, path);
+		resp_free(&r);
+	}
+	cr_assert_gt(refused, 0);
+	cr_assert_gt(allowed, 0);
+}
+
+Test(api, tokens_swap_at_run_time)
+{
+	const struct tr_api_token before[] = {{TR_ROLE_WRITE, "old-token"}};
+	const struct tr_api_token after[] = {{TR_ROLE_READ, "new-token"}};
+	struct start_opts o = {.role_tokens = before, .n_role_tokens = 1};
+	char err[256] = "";
+	struct resp r;
+
+	restart(&o);
+	token = "old-token";
+	r = http("POST", "/jobs/5/cancel", NULL);
+	cr_assert_neq(r.status, 403);
+	resp_free(&r);
+	cr_assert_eq(tr_api_set_tokens(api, NULL, after, 1, err, sizeof(err)), 0, "%s", err);
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 403, "the old token after the swap");
+	resp_free(&r);
+	token = "new-token";
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 200, "the new token");
+	resp_free(&r);
+	r = http("POST", "/jobs/5/cancel", NULL);
+	expect_status(&r, 403, "a read token on a control route");
+	resp_free(&r);
+	/* An empty token is refused and changes nothing. */
+	const struct tr_api_token empty[] = {{TR_ROLE_ADMIN, ""}};
+	cr_assert_lt(tr_api_set_tokens(api, NULL, empty, 1, err, sizeof(err)), 0);
+	r = http("GET", "/jobs", NULL);
+	expect_status(&r, 200, "after a refused swap");
+	resp_free(&r);
+	token = NULL;
 }
 
 Test(api, start_refuses_bad_configs)

@@ -1,0 +1,25 @@
+/* The token file (`token-file`): one `role:token` per line, roles read,
+ * write and admin; blank lines and lines starting with '#' are skipped.
+ * The file must not be readable or writable by group or others. */
+#ifndef TR_DAEMON_TOKENS_H
+#define TR_DAEMON_TOKENS_H
+
+#include <stddef.h>
+
+#include "api/api.h"
+
+struct tr_token_list {
+	struct tr_api_token *v; /* tokens owned */
+	size_t n;
+};
+
+/* Reads path into *out (freed with tr_tokens_finish).  0, or a negative
+ * errno with a message naming the file and line, never a token, in err. */
+int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_t errlen);
+void tr_tokens_finish(struct tr_token_list *list);
+/* Whether two lists hold the same tokens with the same roles, in order. */
+int tr_tokens_equal(const struct tr_token_list *a, const struct tr_token_list *b);
+/* "2 read, 1 write, 0 admin" */
+void tr_tokens_describe(const struct tr_token_list *list, size_t plain_admin, char *buf, size_t len);
+
+#endif
