@@ -4,24 +4,50 @@
 
 #include <stdio.h>
 
+#include "engine/checkpoint.h"
 #include "engine/trainer.h"
 
 /* trainerd run JOB.json [...]: one job in the foreground. */
 int tr_cmd_run(int argc, char **argv);
 
+/* trainerd run's checkpoint in its output directory (run_ckpt.c): written
+ * atomically (temporary file, fsync, rename), read back by --resume. */
+#define TR_RUN_CKPT_NAME "checkpoint.safetensors"
+int tr_run_ckpt_write(const char *dir, const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *snap,
+		      char *err, size_t errlen);
+int tr_run_ckpt_read(const char *dir, const tr_model_t *m, enum tr_optim_type opt, struct tr_snapshot **out,
+		     char *err, size_t errlen);
+/* Drops the points after `step` from a metrics.jsonl (a missing file is
+ * fine): the resumed run writes them again. */
+int tr_run_metrics_truncate(const char *path, int64_t step);
+
 /* trainerd serve [...]: the daemon. */
 int tr_cmd_serve(int argc, char **argv);
 
 /* Terminal progress: a redrawn bar on a TTY, a plain line every few
- * seconds otherwise. */
+ * seconds otherwise; either way one summary line per epoch that stays in
+ * the scrollback. */
 struct tr_progress_display {
 	FILE *out;
 	int is_tty;
 	double last_print;
 	int printed_bar;
+	/* The latest validation figures (NAN until the first) and the epoch
+	 * they belong to. */
+	double val_loss, val_accuracy;
+	int64_t val_epoch;
+	/* The epoch in progress: its loss sum and step count, and its last
+	 * progress report, for the summary line. */
+	struct tr_progress prev;
+	int have_prev;
+	double epoch_loss_sum;
+	int64_t epoch_loss_n;
 };
 void tr_progress_init(struct tr_progress_display *d, FILE *out);
 void tr_progress_update(struct tr_progress_display *d, const struct tr_progress *p);
+/* Records a validation metric ("val_loss", "val_accuracy"; others are
+ * ignored) for the progress line and the epoch's summary. */
+void tr_progress_metric(struct tr_progress_display *d, const char *name, int64_t epoch, double value);
 void tr_progress_finish(struct tr_progress_display *d);
 
 #endif

@@ -1,6 +1,7 @@
 /* trainerd: the training daemon's executable.
  *
  *   trainerd run JOB.json [options]   one job in the foreground
+ *   trainerd run --resume DIR         continue a stopped one
  *   trainerd version
  *   trainerd serve [options]          the daemon (HTTP API, job queue)
  */
@@ -15,8 +16,9 @@
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: trainerd run JOB.json [--devices N] [--backend cpu|cuda] [--workers W] [--out DIR]\n"
-		     "                              [--quiet]\n"
+	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
+		     "                              [--workers W] [--out DIR] [--quiet]   (trainerd run --help)\n"
+		     "       trainerd run --resume DIR [options]\n"
 		     "       trainerd version\n"
 		     "       trainerd serve [options]   (see README)\n");
 }

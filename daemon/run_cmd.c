@@ -1,8 +1,12 @@
 /* `trainerd run JOB.json`: one job in the foreground, no daemon.
  *
  * Writes DIR/model.safetensors, DIR/metrics.jsonl and DIR/summary.json
- * (DESIGN.md §7).  Ctrl-C asks the trainer to stop after the current step,
+ * (docs/design.md).  Ctrl-C asks the trainer to stop after the current step,
  * so the outputs are still written; a second Ctrl-C kills the process.
+ * `--set /POINTER=VALUE` edits the spec before it is parsed, so an
+ * experiment does not need a copy of the file.  Every data file is opened
+ * once before anything else, so a missing one is a spec error (exit 2)
+ * naming its JSON pointer, like any other.
  * Exit status: 0 completed (or stopped by Ctrl-C), 1 the job failed,
  * 2 bad command line or spec.
  */
@@ -20,6 +24,7 @@
 #include "daemon/cli.h"
 #include "engine/backend.h"
 #include "engine/cuda/cuda.h"
+#include "engine/data/roots.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
 
@@ -28,6 +33,9 @@ struct run_ctx {
 	struct tr_progress_display progress;
 	int quiet;
 	int metrics_failed;
+	tr_trainer_t *trainer; /* for the checkpoint hook */
+	const char *out_dir;
+	enum tr_optim_type optim;
 };
 
 static tr_trainer_t *volatile running_trainer;
@@ -45,6 +53,7 @@ static void on_sigint(int sig)
 static void on_metric(void *ctx, const struct tr_metric_point *p)
 {
 	struct run_ctx *rc = ctx;
+	tr_progress_metric(&rc->progress, p->name, p->epoch, p->value);
 	if (!rc->metrics)
 		return;
 	/* %.9g keeps floats exact enough to compare runs. */
@@ -68,6 +77,19 @@ static void on_log(void *ctx, enum tr_log_level lvl, const char *msg)
 	tr_progress_finish(&rc->progress);
 	rc->progress.printed_bar = 0;
 	fprintf(stderr, "trainerd: %s\n", msg);
+}
+
+/* Keeps DIR/checkpoint.safetensors current: at checkpoint.every_steps and
+ * at the end (completed or stopped), for --resume. */
+static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	(void)final;
+	struct run_ctx *rc = ctx;
+	char err[1024];
+	if (tr_run_ckpt_write(rc->out_dir, tr_trainer_model(rc->trainer), rc->optim, snap, err, sizeof err) < 0)
+		on_log(ctx, TR_LOG_WARNING, err);
+	tr_snapshot_free(snap);
+	return 0;
 }
 
 static int mkdir_p(const char *path)
@@ -105,10 +127,161 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 	return rc == 0 ? 0 : -EIO;
 }
 
-static void usage(void)
+static void usage(FILE *out)
 {
-	fprintf(stderr, "usage: trainerd run JOB.json [--devices N] [--backend cpu|cuda] [--workers W] [--out DIR] "
-			"[--quiet]\n");
+	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
+		     "                    [--workers W] [--out DIR] [--quiet]\n"
+		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
+}
+
+static void help(void)
+{
+	usage(stdout);
+	fputs("\n"
+	      "Trains the job JOB.json in the foreground, without a daemon, and writes\n"
+	      "DIR/model.safetensors, DIR/metrics.jsonl and DIR/summary.json.\n"
+	      "\n"
+	      "  --set /POINTER=VALUE  set the spec field at a JSON pointer before the spec is\n"
+	      "                        read (repeatable; VALUE is parsed as JSON, else taken\n"
+	      "                        as a string): --set /epochs=20 --set /optimizer/lr=3e-4\n"
+	      "  --devices N           CPU devices (default: the spec's, else one per core)\n"
+	      "  --backend cpu|cuda    override the spec's backend\n"
+	      "  --workers W           data loader threads (default: the spec's, 2)\n"
+	      "  --out DIR             output directory (default: out/NAME)\n"
+	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
+	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"
+	      "                        Ctrl-C, at the end and every checkpoint.every_steps),\n"
+	      "                        with the spec it saved (DIR/spec.json) unless JOB.json\n"
+	      "                        is given; use the same --devices for identical results\n"
+	      "  -q, --quiet           no progress display, warnings and errors only\n"
+	      "  -h, --help            this text\n"
+	      "\n"
+	      "Relative data paths resolve against the working directory.  Ctrl-C stops\n"
+	      "after the current step and still writes the outputs; a second Ctrl-C kills.\n"
+	      "Exit status: 0 completed or stopped, 1 the job failed, 2 bad command line or spec.\n",
+	      stdout);
+}
+
+/* Applies one --set: "POINTER=VALUE" into doc.  Missing objects on the
+ * way are created; an array element must exist.  Returns 0, or -1 with
+ * the message printed. */
+static int apply_set(json_t *doc, const char *arg)
+{
+	const char *eq = strchr(arg, '=');
+	if (!eq || arg[0] != '/' || eq == arg + 1) {
+		fprintf(stderr, "trainerd run: --set '%s': expected /POINTER=VALUE, e.g. --set /epochs=20\n", arg);
+		return -1;
+	}
+	char *ptr = strndup(arg, (size_t)(eq - arg));
+	if (!ptr)
+		return -1;
+	json_error_t jerr;
+	json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, &jerr);
+	if (!value)
+		value = json_string(eq + 1);
+	json_t *node = doc;
+	int ret = -1;
+	char *save = NULL, *tok = strtok_r(ptr + 1, "/", &save);
+	char *end = ptr + 1;
+	while (tok) {
+		/* Undo the pointer escapes: ~1 is '/', ~0 is '~' (RFC 6901). */
+		char key[256];
+		size_t k = 0;
+		for (const char *c = tok; *c && k + 1 < sizeof key; c++) {
+			if (c[0] == '~' && (c[1] == '0' || c[1] == '1')) {
+				key[k++] = c[1] == '0' ? '~' : '/';
+				c++;
+			} else {
+				key[k++] = *c;
+			}
+		}
+		key[k] = 0;
+		end = tok + strlen(tok);
+		char *next = strtok_r(NULL, "/", &save);
+		if (json_is_object(node)) {
+			if (!next) {
+				ret = json_object_set(node, key, value) == 0 ? 0 : -1;
+				break;
+			}
+			json_t *child = json_object_get(node, key);
+			if (!child) {
+				child = json_object();
+				json_object_set_new(node, key, child);
+			}
+			node = child;
+		} else if (json_is_array(node)) {
+			char *e;
+			long i = strtol(key, &e, 10);
+			if (*e || !key[0] || i < 0 || (size_t)i >= json_array_size(node)) {
+				fprintf(stderr, "trainerd run: --set %s: %.*s: no such element (the array has %zu)\n",
+					arg, (int)(end - ptr), arg, json_array_size(node));
+				goto out;
+			}
+			if (!next) {
+				ret = json_array_set(node, (size_t)i, value) == 0 ? 0 : -1;
+				break;
+			}
+			node = json_array_get(node, (size_t)i);
+		} else {
+			/* Name the part of the pointer that leads to the scalar. */
+			int at = (int)(tok - 1 - ptr);
+			fprintf(stderr, "trainerd run: --set %s: %.*s is %s, not an object or array\n", arg,
+				at ? at : 1, arg,
+				json_is_string(node)	? "a string" :
+				json_is_null(node)	? "null" :
+				json_is_boolean(node) ? "a boolean" :
+							"a number");
+			goto out;
+		}
+		tok = next;
+	}
+	if (ret < 0 && !tok)
+		fprintf(stderr, "trainerd run: --set %s: cannot set it\n", arg);
+out:
+	json_decref(value);
+	free(ptr);
+	return ret;
+}
+
+/* Opens each data file the spec names, as the trainer will: a missing one
+ * is a spec error naming its pointer (and, for a relative path, the
+ * directory it was looked for in) before any device is set up. */
+static int check_data_paths(const struct tr_spec *spec, const char *job)
+{
+	const struct {
+		const struct tr_source_spec *src;
+		const char *base;
+	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}};
+	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
+		const struct tr_source_spec *src = srcs[i].src;
+		if (!src->present || src->format == TR_DATA_SYNTHETIC)
+			continue;
+		const struct {
+			const char *path, *key;
+		} files[] = {{src->path, "path"}, {src->x_path, "x"}, {src->y_path, "y"},
+			     {src->images_path, "images"}, {src->labels_path, "labels"}};
+		for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+			char why[PATH_MAX + 256];
+			if (!files[f].path)
+				continue;
+			int fd = tr_data_open(NULL, files[f].path, NULL, NULL, 0, why, sizeof why);
+			if (fd < 0) {
+				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key, why);
+				return -1;
+			}
+			close(fd);
+		}
+	}
+	if (spec->init_from) {
+		char why[PATH_MAX + 256];
+		int fd = tr_data_open(NULL, spec->init_from, NULL, NULL, 0, why, sizeof why);
+		if (fd < 0) {
+			fprintf(stderr, "trainerd run: %s: /init/from: %s\n", job, why);
+			return -1;
+		}
+		close(fd);
+	}
+	return 0;
 }
 
 static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *out)
@@ -126,18 +299,38 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 
 int tr_cmd_run(int argc, char **argv)
 {
-	const char *job = NULL, *out_dir = NULL, *backend_name = NULL;
-	int devices = 0, workers = 0, quiet = 0;
+	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
+	const char *sets[64];
+	int devices = 0, workers = 0, quiet = 0, nsets = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (strcmp(a, "--devices") == 0) {
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			help();
+			return 0;
+		} else if (strcmp(a, "--set") == 0 && v) {
+			if (nsets == (int)(sizeof sets / sizeof sets[0])) {
+				fprintf(stderr, "trainerd run: more than %d --set options\n", nsets);
+				return 2;
+			}
+			sets[nsets++] = v;
+			i++;
+		} else if (strncmp(a, "--set=", 6) == 0) {
+			if (nsets == (int)(sizeof sets / sizeof sets[0])) {
+				fprintf(stderr, "trainerd run: more than %d --set options\n", nsets);
+				return 2;
+			}
+			sets[nsets++] = a + 6;
+		} else if (strcmp(a, "--devices") == 0) {
 			if (parse_int_arg(a, v, 1, 64, &devices) < 0)
 				return 2;
 			i++;
 		} else if (strcmp(a, "--workers") == 0) {
 			if (parse_int_arg(a, v, 1, 64, &workers) < 0)
 				return 2;
+			i++;
+		} else if (strcmp(a, "--resume") == 0 && v) {
+			resume = v;
 			i++;
 		} else if (strcmp(a, "--out") == 0 && v) {
 			out_dir = v;
@@ -149,14 +342,26 @@ int tr_cmd_run(int argc, char **argv)
 			quiet = 1;
 		} else if (a[0] == '-' || job) {
 			fprintf(stderr, "trainerd run: unexpected argument '%s'\n", a);
-			usage();
+			usage(stderr);
 			return 2;
 		} else {
 			job = a;
 		}
 	}
+	char saved_spec[PATH_MAX];
+	if (resume) {
+		if (out_dir && strcmp(out_dir, resume) != 0) {
+			fprintf(stderr, "trainerd run: --resume %s writes into %s; leave out --out\n", resume, resume);
+			return 2;
+		}
+		out_dir = resume;
+		if (!job) {
+			snprintf(saved_spec, sizeof saved_spec, "%s/spec.json", resume);
+			job = saved_spec;
+		}
+	}
 	if (!job) {
-		usage();
+		usage(stderr);
 		return 2;
 	}
 
@@ -166,12 +371,27 @@ int tr_cmd_run(int argc, char **argv)
 		fprintf(stderr, "trainerd run: %s:%d:%d: %s\n", job, jerr.line, jerr.column, jerr.text);
 		return 2;
 	}
+	if (!json_is_object(doc)) {
+		fprintf(stderr, "trainerd run: %s: the spec must be a JSON object\n", job);
+		json_decref(doc);
+		return 2;
+	}
+	for (int i = 0; i < nsets; i++) {
+		if (apply_set(doc, sets[i]) < 0) {
+			json_decref(doc);
+			return 2;
+		}
+	}
 	struct tr_spec spec;
 	struct tr_spec_error serr;
 	int rc = tr_spec_parse(doc, &spec, &serr);
 	json_decref(doc);
 	if (rc < 0) {
 		fprintf(stderr, "trainerd run: %s: %s\n", job, serr.message);
+		return 2;
+	}
+	if (check_data_paths(&spec, job) < 0) {
+		tr_spec_finish(&spec);
 		return 2;
 	}
 	if (spec.init_job > 0) {
@@ -243,16 +463,19 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	char path[PATH_MAX + 64];
-	struct run_ctx ctx = {.quiet = quiet};
+	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type};
 	tr_progress_init(&ctx.progress, stderr);
-	snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-	ctx.metrics = fopen(path, "w");
-	if (!ctx.metrics) {
-		fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(errno));
+	/* The effective spec (after --set, defaults filled in), for --resume. */
+	snprintf(path, sizeof path, "%s/spec.json", out_dir);
+	json_t *effective = tr_spec_to_json(&spec);
+	if (!effective || json_dump_file(effective, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) {
+		fprintf(stderr, "trainerd run: cannot write %s\n", path);
+		json_decref(effective);
 		tr_backend_destroy(be);
 		tr_spec_finish(&spec);
 		return 2;
 	}
+	json_decref(effective);
 
 	struct tr_trainer_options opt = {
 		.spec = &spec,
@@ -260,7 +483,8 @@ int tr_cmd_run(int argc, char **argv)
 		.devices = devices,
 		.workers = workers,
 		.data_roots = NULL, /* a person's own files: paths as written */
-		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .ctx = &ctx},
+		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
+			  .ctx = &ctx},
 	};
 	tr_trainer_t *t = NULL;
 	int exit_code = 0;
@@ -268,6 +492,34 @@ int tr_cmd_run(int argc, char **argv)
 	if (rc < 0) {
 		fprintf(stderr, "trainerd run: %s: %s\n", job, errbuf);
 		exit_code = rc == -EINVAL ? 2 : 1;
+		goto out;
+	}
+	ctx.trainer = t;
+	snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+	if (resume) {
+		struct tr_snapshot *snap = NULL;
+		rc = tr_run_ckpt_read(resume, tr_trainer_model(t), spec.optimizer.type, &snap, errbuf, sizeof errbuf);
+		if (rc == 0)
+			rc = tr_trainer_restore(t, snap, false, errbuf, sizeof errbuf);
+		if (rc < 0) {
+			fprintf(stderr, "trainerd run: --resume %s: %s\n", resume, errbuf);
+			tr_snapshot_free(snap);
+			exit_code = 2;
+			goto out;
+		}
+		const char *was = json_string_value(json_object_get(snap->meta, "devices"));
+		if (was && atoi(was) != tr_trainer_device_count(t))
+			fprintf(stderr, "trainerd: the checkpoint was written by a run on %s devices, this one has %d: "
+					"the result will differ slightly from an uninterrupted run\n",
+				was, tr_trainer_device_count(t));
+		if ((rc = tr_run_metrics_truncate(path, snap->step)) < 0)
+			fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(-rc));
+		tr_snapshot_free(snap);
+	}
+	ctx.metrics = fopen(path, resume ? "a" : "w");
+	if (!ctx.metrics) {
+		fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(errno));
+		exit_code = 2;
 		goto out;
 	}
 	running_trainer = t;

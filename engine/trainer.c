@@ -263,6 +263,33 @@ static int check_model_against_data(struct tr_trainer *t, char *err, size_t errl
 	return 0;
 }
 
+/* Every label checked once before the first step, so a bad one names its
+ * file and line instead of failing a step (docs/design.md, "Label checks").
+ * With validation_split both slices are of the training file. */
+static int check_labels(struct tr_trainer *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	int classes = s->loss == TR_LOSS_SOFTMAX_CE ? tr_spec_output_dim(s) : 0;
+	struct {
+		tr_reader_t *r;
+		const char *pointer;
+	} src[] = {
+		{t->train, "/data/train"},
+		{t->val, s->validation.present ? "/data/validation" : "/data/validation_split"},
+	};
+	for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) {
+		char warn[512];
+		if (!src[i].r)
+			continue;
+		int rc = tr_data_check_labels(src[i].r, src[i].pointer, classes, warn, sizeof warn, err, errlen);
+		if (rc < 0)
+			return rc;
+		if (warn[0])
+			logf_(t, TR_LOG_WARNING, "%s", warn);
+	}
+	return 0;
+}
+
 static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen)
 {
 	char path[4096], msg[1024];
@@ -665,7 +692,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		rc = -ECANCELED;
 		goto fail;
 	}
-	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0)
+	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0 ||
+	    (rc = check_labels(t, err, errlen)) < 0)
 		goto fail;
 	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
 		goto fail;

@@ -27,6 +27,12 @@ struct csv_reader {
 	tr_reader_t base;
 	float *x; /* [samples, features] */
 	float *y; /* [samples, label_dim] */
+	/* The file line of each row, for messages after the parse: row r is
+	 * on line brk_line[k] + (r - brk_row[k]) for the last k with
+	 * brk_row[k] <= r.  A break is recorded only where lines were skipped
+	 * (the header, blank lines), so this is a handful of entries. */
+	int64_t *brk_row, *brk_line;
+	size_t n_brk, brk_cap;
 };
 
 static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
@@ -44,18 +50,77 @@ static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	return 0;
 }
 
+static int csv_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+{
+	struct csv_reader *c = (struct csv_reader *)r;
+	size_t l = (size_t)r->info.label_dim;
+
+	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			       (long long)begin, (long long)count, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	memcpy(y, c->y + (size_t)begin * l, (size_t)count * l * sizeof(float));
+	return 0;
+}
+
+static void csv_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
+{
+	struct csv_reader *c = (struct csv_reader *)r;
+	size_t lo = 0, hi = c->n_brk;
+
+	while (hi - lo > 1) { /* the last break at or before index */
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (c->brk_row[mid] <= index)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	snprintf(buf, len, "%s:%lld", r->name,
+		 c->n_brk ? (long long)(c->brk_line[lo] + (index - c->brk_row[lo])) : (long long)index + 1);
+}
+
+/* Records that row `row` is on line `line` when that breaks the run of
+ * consecutive lines. */
+static int note_line(struct csv_reader *c, int64_t row, int64_t line)
+{
+	if (c->n_brk && c->brk_line[c->n_brk - 1] + (row - c->brk_row[c->n_brk - 1]) == line)
+		return 0;
+	if (c->n_brk == c->brk_cap) {
+		size_t nc = c->brk_cap ? c->brk_cap * 2 : 8;
+		int64_t *a = realloc(c->brk_row, nc * sizeof(*a)), *b;
+
+		if (!a)
+			return -ENOMEM;
+		c->brk_row = a;
+		b = realloc(c->brk_line, nc * sizeof(*b));
+		if (!b)
+			return -ENOMEM;
+		c->brk_line = b;
+		c->brk_cap = nc;
+	}
+	c->brk_row[c->n_brk] = row;
+	c->brk_line[c->n_brk++] = line;
+	return 0;
+}
+
 static void csv_destroy(tr_reader_t *r)
 {
 	struct csv_reader *c = (struct csv_reader *)r;
 
 	free(c->x);
 	free(c->y);
+	free(c->brk_row);
+	free(c->brk_line);
 	free(c);
 }
 
 static const struct tr_reader_i csv_i = {
 	.get = csv_get,
 	.destroy = csv_destroy,
+	.labels = csv_labels,
+	.where = csv_where,
 };
 
 /* Reads the whole of fd (owned: closed here), NUL terminated.  *len
@@ -244,7 +309,8 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 			ret = -EINVAL;
 			goto fail;
 		}
-		if (grow(&c->x, &xcap, rows, (size_t)nf) || grow(&c->y, &ycap, rows, (size_t)nl))
+		if (grow(&c->x, &xcap, rows, (size_t)nf) || grow(&c->y, &ycap, rows, (size_t)nl) ||
+		    note_line(c, (int64_t)rows, line))
 			goto oom;
 		q = p;
 		for (int col = 0; col < ncols; col++) {

@@ -51,6 +51,32 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	return 0;
 }
 
+static int idx_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+{
+	struct idx_reader *d = (struct idx_reader *)r;
+
+	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			       (long long)begin, (long long)count, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	const struct tr_data_map *maps[] = {&d->labels.map};
+	sigjmp_buf jb;
+	if (sigsetjmp(jb, 0))
+		return tr_data_guard_failed(err, errlen);
+	tr_data_guard_begin(&jb, maps, 1);
+	for (int64_t i = 0; i < count; i++)
+		y[i] = (float)d->labels.data[begin + i];
+	tr_data_guard_end();
+	return 0;
+}
+
+/* IDX records are numbered from 0, as the MNIST tools index them. */
+static void idx_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s: record %lld", ((struct idx_reader *)r)->labels.map.name, (long long)index);
+}
+
 static int idx_check(tr_reader_t *r, char *err, size_t errlen)
 {
 	struct idx_reader *d = (struct idx_reader *)r;
@@ -85,6 +111,8 @@ static const struct tr_reader_i idx_i = {
 	.get = idx_get,
 	.destroy = idx_destroy,
 	.check = idx_check,
+	.labels = idx_labels,
+	.where = idx_where,
 };
 
 static uint32_t be32(const unsigned char *p)

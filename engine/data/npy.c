@@ -105,6 +105,32 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	return 0;
 }
 
+static int npy_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+{
+	struct npy_reader *n = (struct npy_reader *)r;
+
+	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			       (long long)begin, (long long)count, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	const struct tr_data_map *maps[] = {&n->y.map};
+	sigjmp_buf jb;
+	if (sigsetjmp(jb, 0))
+		return tr_data_guard_failed(err, errlen);
+	tr_data_guard_begin(&jb, maps, 1);
+	for (int64_t i = 0; i < count; i++)
+		convert(&n->y, begin + i, y + (size_t)i * (size_t)n->y.width);
+	tr_data_guard_end();
+	return 0;
+}
+
+/* npy records are numbered from 0, as numpy indexes them. */
+static void npy_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s: record %lld", ((struct npy_reader *)r)->y.map.name, (long long)index);
+}
+
 static int npy_check(tr_reader_t *r, char *err, size_t errlen)
 {
 	struct npy_reader *n = (struct npy_reader *)r;
@@ -138,6 +164,8 @@ static void npy_destroy(tr_reader_t *r)
 static const struct tr_reader_i npy_i = {
 	.get = npy_get,
 	.destroy = npy_destroy,
+	.labels = npy_labels,
+	.where = npy_where,
 	.check = npy_check,
 };
 

@@ -330,7 +330,35 @@ static int slice_check(tr_reader_t *r, char *err, size_t errlen)
 	return tr_reader_check(((struct slice *)r)->src, err, errlen);
 }
 
+static int slice_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+{
+	struct slice *s = (struct slice *)r;
+
+	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (slice of %lld samples)", r->name,
+			       (long long)begin, (long long)count, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	return s->src->i->labels(s->src, s->begin + begin, count, y, err, errlen);
+}
+
+static void slice_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
+{
+	struct slice *s = (struct slice *)r;
+
+	s->src->i->where(s->src, s->begin + index, buf, len);
+}
+
 static const struct tr_reader_i slice_i = {
+	.get = slice_get,
+	.destroy = slice_destroy,
+	.check = slice_check,
+	.labels = slice_labels,
+	.where = slice_where,
+};
+
+/* A slice of a reader that cannot list its labels cannot either. */
+static const struct tr_reader_i slice_nolabels_i = {
 	.get = slice_get,
 	.destroy = slice_destroy,
 	.check = slice_check,
@@ -345,7 +373,7 @@ tr_reader_t *tr_reader_slice(tr_reader_t *base, int64_t begin, int64_t end)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return NULL;
-	s->base.i = &slice_i;
+	s->base.i = base->i->labels && base->i->where ? &slice_i : &slice_nolabels_i;
 	s->base.info = base->info;
 	s->base.info.samples = end - begin;
 	memcpy(s->base.name, base->name, sizeof(s->base.name));

@@ -38,6 +38,13 @@ struct tr_reader_i {
 	 * gets whose samples are about to be used, so that nothing read from a
 	 * file rewritten under the job is trained on. */
 	int (*check)(tr_reader_t *r, char *err, size_t errlen);
+	/* Optional, for tr_data_check_labels: the label rows of samples
+	 * [begin, begin + count) into y (count * label_dim floats), without
+	 * the features; and where sample `index` lives, for messages
+	 * ("file.csv:17", "y.npy: record 16").  A reader without them (a
+	 * synthetic or test reader) has its labels left unchecked. */
+	int (*labels)(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen);
+	void (*where)(tr_reader_t *r, int64_t index, char *buf, size_t len);
 };
 
 struct tr_reader {
@@ -71,6 +78,18 @@ void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
  * of tr_reader_get calls whose result is about to be used, so the run is
  * ready no earlier than its samples' full cost.  Cheap when nothing is owed. */
 void tr_data_pay_deferred_wait(void);
+
+/* Checks every label of `r` once, when the data is opened, so that a bad
+ * label fails the job before its first step and names its file and line
+ * (docs/design.md, "Label checks").  With `classes` > 0 (a classification
+ * loss) each label must be an integer in [0, classes); otherwise (a
+ * regression loss) each target must be finite.  `pointer` is the spec's
+ * JSON pointer of the source ("/data/train"), put first in the message.
+ * Returns 0, -EINVAL with the message in err, or a reader's error.  When
+ * every label has the same value, *warn (warnlen > 0) receives a warning
+ * for the job's log; else it is set to "". */
+int tr_data_check_labels(tr_reader_t *r, const char *pointer, int classes, char *warn, size_t warnlen,
+			 char *err, size_t errlen);
 
 /* A reader over samples [begin, end) of `base`, which it borrows (base
  * must outlive it).  Used for validation_split. */

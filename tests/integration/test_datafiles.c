@@ -418,3 +418,40 @@ Test(datafiles, a_job_resumed_after_restart_does_not_follow_a_new_symlink_out, .
 	cr_assert(strstr(msg, "resume.csv' in the daemon's data roots"), "%s", msg);
 	assert_healthy_and_small_job_completes();
 }
+
+/* Labels are checked when the job opens its data: a bad one fails the job
+ * before its first step naming pointer, file and line; a label column with
+ * one value is a warning in the job's log and the job trains. */
+Test(datafiles, a_bad_label_fails_the_job_at_start_naming_file_and_line, .timeout = 120)
+{
+	char p[512], want[1024];
+	in_dir(p, sizeof p, d.dir, "labels.csv");
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs("1,1.5,2\n1,2.5,1\n1,3.5,0\n1,4.5,3\n", f); /* the model has 3 classes */
+	cr_assert_eq(fclose(f), 0);
+	long long id = submit_job(&d, csv_job("badlabel", "labels.csv", 1, 1));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
+	char real[512];
+	cr_assert_not_null(realpath(p, real));
+	snprintf(want, sizeof want, "/data/train: %s:4: label 3 is out of range: the model has 3 classes, 0 to 2", real);
+	const char *msg = job_error(id, NULL, 0);
+	cr_assert(strstr(msg, want), "%s", msg);
+
+	in_dir(p, sizeof p, d.dir, "one.csv");
+	f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs("1,1.5,2\n1,2.5,2\n1,3.5,2\n", f);
+	cr_assert_eq(fclose(f), 0);
+	id = submit_job(&d, csv_job("onelabel", "one.csv", 1, 1));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "completed");
+	char path[64];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld/logs", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	cr_assert(strstr(r.body, "/data/train: all 3 labels are 2: a label column with a single value teaches nothing; "
+				 "is it the right column?"),
+		  "%s", r.body);
+	http_free(&r);
+}

@@ -1320,3 +1320,162 @@ Test(data, csv_errors_quote_only_a_few_sanitized_bytes)
 	cr_assert_eq(open_fail(&s), -EINVAL);
 	expect_err("column 2: '??x?' is not a number");
 }
+
+/* ---- label checks (tr_data_check_labels) ---- */
+
+/* Checks r's labels expecting failure; err must equal `want` exactly. */
+static void labels_fail(tr_reader_t *r, const char *pointer, int classes, const char *want)
+{
+	char warn[256];
+	int ret = tr_data_check_labels(r, pointer, classes, warn, sizeof warn, err, sizeof err);
+
+	cr_assert_eq(ret, -EINVAL, "check gave %d (%s)", ret, err);
+	cr_assert_str_eq(err, want);
+}
+
+static void labels_ok(tr_reader_t *r, const char *pointer, int classes, char *warn, size_t warnlen)
+{
+	int ret = tr_data_check_labels(r, pointer, classes, warn, warnlen, err, sizeof err);
+
+	cr_assert_eq(ret, 0, "check gave %d (%s)", ret, err);
+}
+
+Test(data, labels_csv_out_of_range_names_file_line_and_pointer)
+{
+	/* The header and a blank line shift the lines: row 3 is on line 6. */
+	const char *p = write_text("l.csv", "a,b,y\n1,2,0\n\n3,4,9\n5,6,1\n7,8,16\n9,9,2\n");
+	struct tr_source_spec s = csv_src(p);
+	char want[1024];
+
+	s.header = true;
+	tr_reader_t *r = open_ok(&s);
+	snprintf(want, sizeof want, "/data/train: %s:6: label 16 is out of range: the model has 10 classes, 0 to 9",
+		 p);
+	labels_fail(r, "/data/train", 10, want);
+	tr_reader_destroy(r);
+}
+
+Test(data, labels_csv_negative_and_non_integer)
+{
+	const char *p = write_text("n.csv", "1,0\n2,1.5\n");
+	struct tr_source_spec s = csv_src(p);
+	tr_reader_t *r = open_ok(&s);
+	char want[1024];
+
+	snprintf(want, sizeof want,
+		 "/data/validation: %s:2: label 1.5 is not an integer class index (the model has 3 classes, 0 to 2)",
+		 p);
+	labels_fail(r, "/data/validation", 3, want);
+	tr_reader_destroy(r);
+
+	p = write_text("m.csv", "1,2\n2,-1\n");
+	s = csv_src(p);
+	r = open_ok(&s);
+	snprintf(want, sizeof want, "/data/train: %s:2: label -1 is out of range: the model has 3 classes, 0 to 2", p);
+	labels_fail(r, "/data/train", 3, want);
+	tr_reader_destroy(r);
+}
+
+Test(data, labels_slice_names_the_line_in_the_file)
+{
+	const char *p = write_text("s.csv", "1,0\n2,1\n3,2\n4,7\n");
+	struct tr_source_spec s = csv_src(p);
+	tr_reader_t *r = open_ok(&s);
+	tr_reader_t *head = tr_reader_slice(r, 0, 2), *tail = tr_reader_slice(r, 2, 4);
+	char want[1024], warn[256];
+
+	labels_ok(head, "/data/train", 3, warn, sizeof warn);
+	cr_assert_str_eq(warn, "");
+	snprintf(want, sizeof want,
+		 "/data/validation_split: %s:4: label 7 is out of range: the model has 3 classes, 0 to 2", p);
+	labels_fail(tail, "/data/validation_split", 3, want);
+	tr_reader_destroy(head);
+	tr_reader_destroy(tail);
+	tr_reader_destroy(r);
+}
+
+Test(data, labels_npy_non_finite_target_and_bad_class)
+{
+	float x[6] = {1, 2, 3, 4, 5, 6};
+	float y[3] = {0.5f, NAN, 1};
+	long xs[2] = {3, 2}, ys[1] = {3};
+	const char *yp = write_npy("y.npy", 1, "<f4", false, ys, 1, y, sizeof y);
+	struct tr_source_spec s = npy_src(write_npy("x.npy", 1, "<f4", false, xs, 2, x, sizeof x), yp);
+	tr_reader_t *r = open_ok(&s);
+	char want[1024];
+
+	snprintf(want, sizeof want, "/data/train: %s: record 1: target nan is not a finite number", yp);
+	labels_fail(r, "/data/train", 0, want);
+	tr_reader_destroy(r);
+
+	/* Two targets per sample: the message says which. */
+	float y2[6] = {0, 1, 2, 3, INFINITY, 5};
+	long ys2[2] = {3, 2};
+	yp = write_npy("y2.npy", 1, "<f4", false, ys2, 2, y2, sizeof y2);
+	s = npy_src(tmp_path("x.npy"), yp);
+	r = open_ok(&s);
+	snprintf(want, sizeof want, "/data/train: %s: record 2: target 1 of 2 is inf, not a finite number", yp);
+	labels_fail(r, "/data/train", 0, want);
+	tr_reader_destroy(r);
+
+	/* Integer labels as a classification target. */
+	int64_t yi[3] = {0, 1, 12};
+	yp = write_npy("yi.npy", 1, "<i8", false, ys, 1, yi, sizeof yi);
+	s = npy_src(tmp_path("x.npy"), yp);
+	r = open_ok(&s);
+	snprintf(want, sizeof want, "/data/train: %s: record 2: label 12 is out of range: the model has 10 classes, 0 to 9",
+		 yp);
+	labels_fail(r, "/data/train", 10, want);
+	tr_reader_destroy(r);
+}
+
+Test(data, labels_idx_out_of_range)
+{
+	/* write_idx_labels writes i % 10: record 9 holds 9. */
+	const char *lp = write_idx_labels("lab", 12);
+	struct tr_source_spec s = idx_src(write_idx_images("img", 12, 2, 2), lp);
+	tr_reader_t *r = open_ok(&s);
+	char want[1024], warn[256];
+
+	snprintf(want, sizeof want, "/data/train: %s: record 8: label 8 is out of range: the model has 8 classes, 0 to 7",
+		 lp);
+	labels_fail(r, "/data/train", 8, want);
+	labels_ok(r, "/data/train", 10, warn, sizeof warn);
+	cr_assert_str_eq(warn, "");
+	tr_reader_destroy(r);
+}
+
+Test(data, labels_single_value_warns)
+{
+	const char *p = write_text("c.csv", "1,3\n2,3\n3,3\n");
+	struct tr_source_spec s = csv_src(p);
+	tr_reader_t *r = open_ok(&s);
+	char warn[256];
+
+	labels_ok(r, "/data/train", 10, warn, sizeof warn);
+	cr_assert_str_eq(warn, "/data/train: all 3 labels are 3: a label column with a single value teaches nothing; "
+			       "is it the right column?");
+	tr_reader_destroy(r);
+
+	p = write_text("r.csv", "1,0.5,2\n2,0.25,2\n");
+	s = csv_src(p);
+	s.label_cols[0] = 1;
+	s.label_cols[1] = 2;
+	s.n_label_cols = 2;
+	r = open_ok(&s);
+	labels_ok(r, "/data/train", 0, warn, sizeof warn);
+	cr_assert_str_eq(warn, "/data/train: target 2 of 2 is 2 in all 2 samples: a label column with a single value "
+			       "teaches nothing; is it the right column?");
+	tr_reader_destroy(r);
+}
+
+Test(data, labels_unchecked_for_readers_without_label_access)
+{
+	struct tr_source_spec s = synth_src(TR_SYNTH_CLASSIFICATION, 20, 3, 4, 0.1f, 1);
+	tr_reader_t *r = open_ok(&s);
+	char warn[256];
+
+	/* Synthetic labels are in range by construction. */
+	labels_ok(r, "/data/train", 2, warn, sizeof warn);
+	tr_reader_destroy(r);
+}
