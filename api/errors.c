@@ -2,7 +2,7 @@
  * server (routing, limits, auth), a handler (parameters, bodies) or the
  * daemon (through struct tr_api_error), leaves through tr_api_fail, so
  * all of them share one shape: {"error": {"code", "message", "pointer"}}
- * with the pointer only when there is one (DESIGN.md §8).
+ * with the pointer only when there is one (docs/design.md §8).
  */
 #include "api/api_internal.h"
 

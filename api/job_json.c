@@ -1,4 +1,4 @@
-/* The API's job object (DESIGN.md §8), built from a store row plus the
+/* The API's job object (docs/design.md §8), built from a store row plus the
  * daemon's live progress.  The row keeps spec, devices and error as JSON
  * text; they are parsed back so clients get objects, not strings.  Times
  * are RFC 3339 UTC with milliseconds, null until they happen.

@@ -1,7 +1,7 @@
 /* /jobs/{id}/metrics: reading series (name filter, step range, min/max
  * downsampling done by the store, 2,000 points per series unless asked
  * otherwise) and pushing custom monitor points.
- * Pushed names may not shadow the engine's own metrics (DESIGN.md §6):
+ * Pushed names may not shadow the engine's own metrics (docs/design.md §6):
  * a monitor writing "loss" would silently corrupt the curve everyone
  * reads.  A push is validated whole before any point is queued, so a bad
  * point 9000 does not leave 8999 points behind.

@@ -1,4 +1,4 @@
-/* Job spec parsing, validation and normalization (DESIGN.md §5).
+/* Job spec parsing, validation and normalization (docs/design.md §5).
  *
  * Every JSON object of the spec is described by one table of fields: key,
  * kind, where the value lands in the struct, range, default, and for which

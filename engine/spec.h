@@ -1,6 +1,6 @@
 /* The job spec: parsing, validation and the normalized form.
  *
- * A spec arrives as JSON (DESIGN.md §5).  tr_spec_parse checks every field
+ * A spec arrives as JSON (docs/design.md §5).  tr_spec_parse checks every field
  * and, on the first problem, fills a tr_spec_error with the JSON pointer of
  * the offending value and a message ("/optimizer/lr: must be > 0").  Unknown
  * keys are errors.  The parsed struct owns all its strings; free it with

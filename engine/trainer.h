@@ -6,7 +6,7 @@
  * scaled by 1/N_step into a freshly cleared buffer, allreduces (SUM), and
  * applies the identical optimizer update on every replica.  The result is
  * the gradient one device would compute on the whole step, whatever the
- * device count (DESIGN.md §1).
+ * device count (docs/design.md §1).
  *
  * Rank 0 runs on the thread that calls tr_trainer_run; ranks 1..D-1 have a
  * host thread each.  Metrics, progress and log lines go to caller hooks from

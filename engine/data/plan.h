@@ -4,7 +4,7 @@
  * Everything here is a pure function of (seed, epoch, step), so loader
  * threads can compute any step in any order, a resumed job recomputes the
  * same steps, and the split across D devices never changes the step's
- * sample list (DESIGN.md §1).
+ * sample list (docs/design.md §1).
  *
  * Epoch permutations come from a keyed Feistel network with cycle walking:
  * a bijection on [0, n) that costs O(1) per lookup and no memory, so no

@@ -1,6 +1,6 @@
 /* Checkpoints, exact resume and crash recovery, with a real daemon.
  *
- * DESIGN.md section 2: a job resumed from a checkpoint continues
+ * docs/design.md section 2: a job resumed from a checkpoint continues
  * bit-identically to the run that was never interrupted (same devices,
  * same build), and a crash loses at most the work since the last
  * checkpoint.  Each test runs a reference job in a daemon nobody disturbs

@@ -1230,7 +1230,7 @@ Test(cuda_job, loss_curve_matches_cpu, .timeout = 300)
 	}
 }
 
-/* DESIGN.md's promise across backends: one GPU equals four CPU devices. */
+/* docs/design.md's promise across backends: one GPU equals four CPU devices. */
 Test(cuda_job, one_gpu_equals_four_cpu_devices, .timeout = 300)
 {
 	NEED_GPU();

@@ -1,4 +1,4 @@
-/* Tests for the job spec parser (engine/spec.c): the DESIGN.md §5 example,
+/* Tests for the job spec parser (engine/spec.c): the docs/design.md §5 example,
  * defaults, the normalized form's round trip, a table of invalid specs
  * that each must be refused with an exact JSON pointer, syntax errors, and
  * every file in examples/.  Invalid specs are written as one edit (set or
