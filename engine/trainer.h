@@ -88,6 +88,9 @@ struct tr_summary {
 	double wall_s, samples_per_sec, data_wait_fraction;
 	double val_loss, val_accuracy; /* NAN when there is no validation */
 	bool stopped;                  /* ended early by tr_trainer_stop */
+	bool early_stopped;            /* ended by early_stopping (not "stopped": the run is complete) */
+	double best_value;             /* early_stopping: best metric value, NAN before the first */
+	int64_t best_step;             /* its step, -1 before the first */
 	int64_t first_step;            /* 0, or the step a resumed run started at */
 };
 

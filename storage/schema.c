@@ -110,6 +110,11 @@ static const char *const migrations[] = {
 	 * into this file.  Rows from before keep 0 and their chunks in
 	 * checkpoint_chunks, which is still read. */
 	"ALTER TABLE checkpoints ADD COLUMN chunk_file INTEGER NOT NULL DEFAULT 0;",
+
+	/* 4: the best checkpoint of early stopping.  best = 1 on at most one
+	 * row per job (the newest checkpoint whose meta reason is "best");
+	 * pruning by `keep` leaves it alone. */
+	"ALTER TABLE checkpoints ADD COLUMN best INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -1623,3 +1623,142 @@ Test(trainer, update_ratio_matches_direct_computation)
 	free_result(&r2);
 	free_result(&r3);
 }
+
+/* ---- early_stopping --------------------------------------------------------- */
+
+/* 40 samples, batch 4, shuffle off: 10 steps an epoch, evaluations after
+ * steps 10, 20, ...  The learning rate is far below what changes a float
+ * weight, so every epoch's mean loss is the same: the first evaluation is
+ * the best and each later one misses. */
+static const char *ES_FLAT_JOB =
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 3, \"classes\": 2},"
+	" \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 10, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1e-30},"
+	" \"early_stopping\": %s}";
+
+struct es_run {
+	struct tr_summary sum;
+	struct ckpt_sink sink;
+	int rc;
+	char err[512];
+	char log[4096];
+};
+
+static void es_log(void *ctx, enum tr_log_level level, const char *msg)
+{
+	struct es_run *r = ctx;
+	(void)level;
+	size_t n = strlen(r->log);
+	snprintf(r->log + n, sizeof r->log - n, "%s\n", msg);
+}
+
+static int es_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	struct es_run *r = ctx;
+	return keep_snapshot(&r->sink, snap, final);
+}
+
+static void es_run_job(const char *text, struct es_run *r)
+{
+	struct tr_spec spec;
+	parse(text, &spec);
+	memset(r, 0, sizeof *r);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
+					 .hooks = {.checkpoint = es_checkpoint, .log = es_log, .ctx = r}};
+	tr_trainer_t *t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, r->err, sizeof r->err), 0, "%s", r->err);
+	r->rc = tr_trainer_run(t, r->err, sizeof r->err);
+	tr_trainer_summary(t, &r->sum);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+static void es_free(struct es_run *r)
+{
+	for (int k = 0; k < r->sink.n; k++)
+		tr_snapshot_free(r->sink.snaps[k]);
+}
+
+static const char *snap_reason(const struct tr_snapshot *s)
+{
+	return json_string_value(json_object_get(s->meta, "reason"));
+}
+
+Test(trainer, early_stopping_counts_patience_in_evaluations)
+{
+	char job[1024];
+	struct es_run r;
+	snprintf(job, sizeof job, ES_FLAT_JOB, "{\"metric\": \"loss\", \"patience\": 2}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert(!r.sum.stopped, "early stopping completes the run; it is not a stop request");
+	/* Best at the first evaluation (step 10); misses at 20 and 30: stop. */
+	cr_assert_eq(r.sum.steps, 30, "steps %lld", (long long)r.sum.steps);
+	cr_assert_eq(r.sum.best_step, 10);
+	cr_assert(isfinite(r.sum.best_value));
+	/* The best checkpoint (even with no periodic ones), then the final. */
+	cr_assert_eq(r.sink.n, 2, "%d checkpoints", r.sink.n);
+	cr_assert_eq(r.sink.snaps[0]->step, 10);
+	cr_assert_str_eq(snap_reason(r.sink.snaps[0]), "best");
+	cr_assert_eq(r.sink.snaps[1]->step, 30);
+	cr_assert_str_eq(snap_reason(r.sink.snaps[1]), "early_stopping");
+	cr_assert_not_null(strstr(r.log, "early stopping after step 30: loss has not improved"), "%s", r.log);
+	cr_assert_not_null(strstr(r.log, "at step 10"), "%s", r.log);
+	es_free(&r);
+
+	/* patience 4: two more epochs. */
+	snprintf(job, sizeof job, ES_FLAT_JOB, "{\"metric\": \"loss\", \"patience\": 4}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert_eq(r.sum.steps, 50);
+	es_free(&r);
+}
+
+/* A learning job: loss falls every epoch, so in mode min nothing stops it;
+ * in mode max, or with a min_delta larger than any gain, every evaluation
+ * after the first misses. */
+static const char *ES_LEARN_JOB =
+	"{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+	" {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 120, \"features\": 4, \"classes\": 3,"
+	" \"noise\": 0.1}, \"validation_split\": 0.25, \"shuffle\": false}, \"batch_size\": 10, \"epochs\": 6,"
+	" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}, \"early_stopping\": %s}";
+
+Test(trainer, early_stopping_mode_and_min_delta)
+{
+	char job[1024];
+	struct es_run r;
+
+	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"val_loss\", \"patience\": 1}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(!r.sum.early_stopped, "val_loss fell every epoch: %s", r.log);
+	cr_assert_eq(r.sum.steps, 54, "9 steps x 6 epochs");
+	cr_assert_eq(r.sum.best_step, 54);
+	cr_assert_eq(r.sum.best_value, r.sum.val_loss, "the last val_loss is the best");
+	int best = 0;
+	for (int k = 0; k < r.sink.n; k++)
+		best += strcmp(snap_reason(r.sink.snaps[k]), "best") == 0;
+	cr_assert_eq(best, 6, "a best checkpoint per improving evaluation: %d", best);
+	es_free(&r);
+
+	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"val_loss\", \"mode\": \"max\", \"patience\": 2}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert_eq(r.sum.steps, 27);
+	cr_assert_eq(r.sum.best_step, 9);
+	es_free(&r);
+
+	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"loss\", \"min_delta\": 1000, \"patience\": 3}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert_eq(r.sum.steps, 36);
+	cr_assert_eq(r.sum.best_step, 9);
+	es_free(&r);
+}
