@@ -1233,6 +1233,21 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	t->last_checkpoint_time = now;
 }
 
+static void set_info(struct tr_trainer *t, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void set_info(struct tr_trainer *t, const char *key, const char *fmt, ...)
+{
+	char value[160];
+	va_list ap;
+
+	if (!t->opt.hooks.info)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(value, sizeof value, fmt, ap);
+	va_end(ap);
+	t->opt.hooks.info(t->opt.hooks.ctx, key, value);
+}
+
 /* The checkpoint of a new best evaluation: never skipped (the hook waits
  * for a busy writer), since the best weights exist only now. */
 static void best_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch)
@@ -1275,6 +1290,8 @@ static void early_stop_eval(struct tr_trainer *t, int64_t done, int64_t epoch, d
 		break;
 	case TR_ES_STOP:
 		t->es_stop = true;
+		set_info(t, "stop_reason", "early_stopping: %s has not improved for %d evaluation(s)", es->metric,
+			 es->patience);
 		logf_(t, TR_LOG_INFO,
 		      "early stopping after step %lld: %s has not improved by more than %g for %d evaluation(s); "
 		      "best %.6g at step %lld",
@@ -1330,6 +1347,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	t->last_checkpoint_time = start;
 	if (t->start_step > 0)
 		logf_(t, TR_LOG_INFO, "resuming at step %lld of %lld", (long long)t->start_step, (long long)total);
+	double best_val_loss = INFINITY; /* of this run: a resumed run starts afresh */
+	set_info(t, "phase", "training");
 	for (step = t->start_step; step < total; step++) {
 		if (t->es_stop) {
 			t->summary.early_stopped = true;
@@ -1401,10 +1420,20 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 			t->es_loss_sum += loss;
 			t->es_loss_count++;
 		}
+		if (epoch_end)
+			set_info(t, "epoch", "%lld", (long long)epoch + 1);
 		if (eval_due && t->val) {
+			set_info(t, "phase", "evaluating");
 			rc = evaluate(t, &vl, &va, err, errlen);
 			if (rc < 0)
 				break;
+			if (isfinite(vl) && !(vl >= best_val_loss)) {
+				best_val_loss = vl;
+				set_info(t, "best_val_loss", "%.6g", vl);
+				set_info(t, "best_val_loss_step", "%lld", (long long)step + 1);
+			}
+			if (step + 1 < total)
+				set_info(t, "phase", "training");
 			t->summary.val_loss = vl;
 			emit(t, "val_loss", step + 1, epoch, vl);
 			if (s->loss == TR_LOSS_SOFTMAX_CE) {
@@ -1435,6 +1464,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	 * job it is the result, for a stopped one the place to resume. */
 	if (rc == 0)
 		maybe_checkpoint(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, true);
+	set_info(t, "phase", rc == 0 && !t->summary.stopped ? "finished" : rc == 0 ? "stopped" : "ended");
 	double el = mono_s() - start;
 	t->summary.wall_s = el;
 	t->summary.samples_per_sec = el > 0 ? samples / el : 0;

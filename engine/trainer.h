@@ -57,6 +57,10 @@ struct tr_trainer_hooks {
 	 * (the writer is still busy with the previous one), so the trainer
 	 * skips copying the model for nothing. */
 	bool (*checkpoint_busy)(void *ctx);
+	/* Optional: an info field changed (docs/design.md, "Info fields"):
+	 * phase, epoch, best_val_loss, best_val_loss_step, stop_reason.  A few
+	 * calls per epoch; both strings are borrowed. */
+	void (*info)(void *ctx, const char *key, const char *value);
 	void *ctx;
 };
 

@@ -115,6 +115,9 @@ static const char *const migrations[] = {
 	 * row per job (the newest checkpoint whose meta reason is "best");
 	 * pruning by `keep` leaves it alone. */
 	"ALTER TABLE checkpoints ADD COLUMN best INTEGER NOT NULL DEFAULT 0;",
+
+	/* 5: info fields, a JSON object of short strings (storage/info.c). */
+	"ALTER TABLE jobs ADD COLUMN info TEXT NOT NULL DEFAULT '{}';",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -1,11 +1,15 @@
-/* Early stopping with a real daemon: a job whose metric stops improving
+/* Early stopping and info fields with a real daemon.  Early stopping: a job whose metric stops improving
  * ends early as completed with the reason in its log; its best checkpoint
  * survives pruning by `keep`, downloads at /checkpoints/best/..., and
  * holds exactly the weights of the best step (the same spec run to that
  * step alone gives the same bytes: training is deterministic on the same
- * devices, docs/design.md section 2).
+ * devices, docs/design.md section 2).  Info fields: PUT /jobs/{id}/info
+ * merges into what GET /jobs/{id} shows, beside the engine's own (phase,
+ * epoch, best validation loss and its step, stop reason), with 400 and a
+ * pointer for each bad field, 409 past 64 fields, 404 for no job.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +147,35 @@ Test(monitors, early_stopping_ends_the_job_and_keeps_the_best, .init = start1, .
 	cr_assert_eq(r.status, 400, "%s", r.body);
 	http_free(&r);
 
+	/* The engine's info fields: best_val_loss is the lowest val_loss point. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=val_loss", es);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	json_t *vals = json_object_get(json_object_get(json_object_get(r.json, "series"), "val_loss"), "values");
+	json_t *steps = json_object_get(json_object_get(json_object_get(r.json, "series"), "val_loss"), "steps");
+	cr_assert_eq(json_array_size(vals), 3, "%s", r.body);
+	double lo = 1e300;
+	long long lo_step = -1;
+	for (size_t i = 0; i < json_array_size(vals); i++)
+		if (json_number_value(json_array_get(vals, i)) < lo) {
+			lo = json_number_value(json_array_get(vals, i));
+			lo_step = json_integer_value(json_array_get(steps, i));
+		}
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld", es);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *info = json_object_get(r.json, "info");
+	cr_assert(json_is_object(info), "%s", r.body);
+	cr_assert_str_eq(json_string_value(json_object_get(info, "phase")), "finished", "%s", r.body);
+	cr_assert_str_eq(json_string_value(json_object_get(info, "epoch")), "3", "%s", r.body);
+	const char *bvl = json_string_value(json_object_get(info, "best_val_loss"));
+	cr_assert_not_null(bvl, "%s", r.body);
+	cr_assert_leq(fabs(atof(bvl) - lo), 1e-5 * fabs(lo), "%s vs %.9g", bvl, lo);
+	cr_assert_eq(atoll(json_string_value(json_object_get(info, "best_val_loss_step"))), lo_step, "%s", r.body);
+	cr_assert_not_null(strstr(json_string_value(json_object_get(info, "stop_reason")), "early_stopping: val_loss"),
+			   "%s", r.body);
+	http_free(&r);
+
 	/* A bad section is refused at submit with its pointer. */
 	http(&d, "POST", "/jobs", ES_JOB("bad", ", \"epochs\": 2, \"early_stopping\": {\"metric\": \"loss\", \"patience\": 0}"),
 	     NULL, NULL, &r);
@@ -150,4 +183,80 @@ Test(monitors, early_stopping_ends_the_job_and_keeps_the_best, .init = start1, .
 	cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "pointer")),
 			 "/early_stopping/patience", "%s", r.body);
 	http_free(&r);
+}
+
+static void put_info(long long id, const char *body, long want, const char *pointer)
+{
+	char path[64];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld/info", id);
+	http(&d, "PUT", path, body, NULL, NULL, &r);
+	cr_assert_eq(r.status, want, "PUT %s: %ld %s", body, r.status, r.body);
+	if (pointer)
+		cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "pointer")),
+				 pointer, "%s", r.body);
+	http_free(&r);
+}
+
+Test(monitors, info_fields_through_the_api, .init = start1, .fini = stop1, .timeout = 60)
+{
+	long long id = submit_job(&d, ES_JOB("info", ", \"max_steps\": 3"));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "completed");
+	char path[64];
+	struct http_reply r;
+
+	snprintf(path, sizeof path, "/jobs/%lld/info", id);
+	http(&d, "PUT", path, "{\"owner\": \"ana\", \"note\": \"lr sweep 3\"}", NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	json_t *info = json_object_get(r.json, "info");
+	cr_assert_str_eq(json_string_value(json_object_get(info, "owner")), "ana", "%s", r.body);
+	cr_assert_str_eq(json_string_value(json_object_get(info, "phase")), "finished", "engine fields stay: %s",
+			 r.body);
+	http_free(&r);
+	/* Merged: a key replaced, others kept. */
+	put_info(id, "{\"note\": \"lr sweep 4\"}", 200, NULL);
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	info = json_object_get(r.json, "info");
+	cr_assert_str_eq(json_string_value(json_object_get(info, "note")), "lr sweep 4", "%s", r.body);
+	cr_assert_str_eq(json_string_value(json_object_get(info, "owner")), "ana", "%s", r.body);
+	size_t have = json_object_size(info);
+	http_free(&r);
+
+	put_info(id, "{\"owner\": 3}", 400, "/owner");
+	put_info(id, "{\"a/b\": null}", 400, "/a~1b");
+	put_info(id, "{\"\": \"x\"}", 400, "/");
+	put_info(id, "{\"k\": \"two\\nlines\"}", 400, "/k");
+	put_info(id, "[\"x\"]", 400, NULL);
+	char big[1200];
+	int n = snprintf(big, sizeof big, "{\"%065d\": \"x\"}", 0);
+	cr_assert_lt(n, (int)sizeof big);
+	put_info(id, big, 400, NULL);
+	snprintf(big, sizeof big, "{\"v\": \"%0257d\"}", 0);
+	put_info(id, big, 400, "/v");
+	/* 65 fields in one body: 400; enough to pass 64 with what is there: 409. */
+	json_t *o = json_object();
+	for (int i = 0; i < 65; i++) {
+		char k[16];
+		snprintf(k, sizeof k, "k%d", i);
+		json_object_set_new(o, k, json_string("v"));
+	}
+	char *text = json_dumps(o, JSON_COMPACT);
+	put_info(id, text, 400, NULL);
+	free(text);
+	json_object_clear(o);
+	for (size_t i = 0; i + have < 65; i++) {
+		char k[16];
+		snprintf(k, sizeof k, "k%zu", i);
+		json_object_set_new(o, k, json_string("v"));
+	}
+	text = json_dumps(o, JSON_COMPACT);
+	put_info(id, text, 409, NULL);
+	free(text);
+	json_object_del(o, "k0");
+	text = json_dumps(o, JSON_COMPACT);
+	put_info(id, text, 200, NULL);
+	free(text);
+	json_decref(o);
+	put_info(999999, "{\"a\": \"b\"}", 404, NULL);
 }
