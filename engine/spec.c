@@ -648,7 +648,8 @@ static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
 static const char *const es_metric_names[] = {"loss", "val_loss", "val_accuracy", NULL};
 static const char *const es_mode_names[] = {"min", "max", NULL};
-static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio", NULL};
+static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio",
+					   "activation_stats", "lr", "samples_per_sec", "data_wait_ms", NULL};
 
 /* How a list of distinct integers names its items in error messages. */
 struct int_list_words {

@@ -117,7 +117,8 @@ enum tr_sched_type { TR_SCHED_CONSTANT, TR_SCHED_STEP, TR_SCHED_COSINE, TR_SCHED
 enum tr_backend_choice { TR_BACKEND_AUTO, TR_BACKEND_CPU, TR_BACKEND_CUDA };
 
 struct tr_monitor_spec {
-	char name[64]; /* grad_norm, weight_norm, device_step_ms, update_ratio */
+	char name[64]; /* grad_norm, weight_norm, device_step_ms, update_ratio, activation_stats,
+			* lr, samples_per_sec, data_wait_ms */
 	int every_steps;
 	bool per_layer; /* grad_norm, weight_norm: also "<name>.<layer index>" per layer with parameters */
 };

@@ -941,12 +941,62 @@ static void emit_per_layer(struct tr_trainer *t, const char *name, int64_t done,
 	}
 }
 
+/* activation_stats: per layer, the mean, standard deviation (population)
+ * and fraction of exact zeros of the layer's outputs over the whole step
+ * (every device's share), read from the forward pass's buffers, which
+ * backward leaves intact.  Only on due steps: it copies every output. */
+static void emit_activation_stats(struct tr_trainer *t, int64_t done, int64_t epoch, int count)
+{
+	const tr_model_t *m = &t->model;
+	tr_backend_t *be = t->be;
+	size_t cap = (size_t)t->ranks[0].rep.max_rows * (size_t)m->max_width;
+	float *host = malloc(cap * sizeof(float));
+	if (!host) {
+		logf_(t, TR_LOG_WARNING, "step %lld: activation_stats: out of memory", (long long)done);
+		return;
+	}
+	for (int i = 0; i < m->n_layers; i++) {
+		double sum = 0, sumsq = 0, zeros = 0, n = 0;
+		for (int k = 0; k < t->ndev; k++) {
+			int off, len;
+			tr_plan_share(count, t->ndev, k, &off, &len);
+			size_t elems = (size_t)len * (size_t)m->layers[i].out;
+			tr_replica_t *r = &t->ranks[k].rep;
+			if (len == 0 || elems > cap)
+				continue;
+			if (be->i->to_host(be, r->dev, host, r->acts[i + 1], elems * sizeof(float)) < 0 ||
+			    be->i->sync(be, r->dev) < 0) {
+				free(host);
+				return;
+			}
+			for (size_t e = 0; e < elems; e++) {
+				sum += host[e];
+				sumsq += (double)host[e] * host[e];
+				zeros += host[e] == 0.0f;
+			}
+			n += (double)elems;
+		}
+		if (n == 0)
+			continue;
+		double mean = sum / n, var = sumsq / n - mean * mean;
+		char name[64];
+		snprintf(name, sizeof name, "activation_stats.%d.mean", i);
+		emit(t, name, done, epoch, mean);
+		snprintf(name, sizeof name, "activation_stats.%d.std", i);
+		emit(t, name, done, epoch, sqrt(var > 0 ? var : 0));
+		snprintf(name, sizeof name, "activation_stats.%d.zeros", i);
+		emit(t, name, done, epoch, zeros / n);
+	}
+	free(host);
+}
+
 static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
 			      double step_ms, double wait_ms)
 {
 	const struct tr_spec *s = t->spec;
 	bool last = done == t->plan.total_steps;
-	if (done % s->log_every_steps == 0 || last) {
+	bool logged = done % s->log_every_steps == 0 || last;
+	if (logged) {
 		emit(t, "loss", done, epoch, loss);
 		emit(t, "lr", done, epoch, t->lr);
 		emit(t, "step_ms", done, epoch, step_ms);
@@ -970,6 +1020,17 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 				emit_per_layer(t, "weight_norm", done, epoch, layers);
 		} else if (strcmp(mon->name, "update_ratio") == 0) {
 			emit_update_ratio(t, done, epoch);
+		} else if (logged && (strcmp(mon->name, "lr") == 0 || strcmp(mon->name, "samples_per_sec") == 0 ||
+				      strcmp(mon->name, "data_wait_ms") == 0)) {
+			continue; /* recorded above at this step already */
+		} else if (strcmp(mon->name, "lr") == 0) {
+			emit(t, "lr", done, epoch, t->lr);
+		} else if (strcmp(mon->name, "samples_per_sec") == 0) {
+			emit(t, "samples_per_sec", done, epoch, step_ms > 0 ? count / (step_ms / 1e3) : 0.0);
+		} else if (strcmp(mon->name, "data_wait_ms") == 0) {
+			emit(t, "data_wait_ms", done, epoch, wait_ms);
+		} else if (strcmp(mon->name, "activation_stats") == 0) {
+			emit_activation_stats(t, done, epoch, count);
 		} else if (strcmp(mon->name, "device_step_ms") == 0) {
 			for (int k = 0; k < t->ndev; k++) {
 				char name[32];
