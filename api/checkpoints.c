@@ -34,9 +34,9 @@
 
 static json_t *ckpt_json(const struct tr_ckpt_row *c)
 {
-	return json_pack("{s:I, s:I, s:o, s:I, s:s}", "step", (json_int_t)c->step, "epoch", (json_int_t)c->epoch,
-			 "created_at", tr_api_time_json(c->created_at), "bytes", (json_int_t)c->bytes, "sha256",
-			 c->sha256);
+	return json_pack("{s:I, s:I, s:o, s:I, s:s, s:b}", "step", (json_int_t)c->step, "epoch",
+			 (json_int_t)c->epoch, "created_at", tr_api_time_json(c->created_at), "bytes",
+			 (json_int_t)c->bytes, "sha256", c->sha256, "best", c->best);
 }
 
 void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp)
@@ -146,8 +146,9 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 	return n;
 }
 
-/* The "{step}" path segment: a step (no sign, no leading zeros) or
- * "latest" (-1).  -1 with 400 in rp otherwise. */
+/* The "{step}" path segment: a step (no sign, no leading zeros),
+ * "latest" (-1) or "best" (TR_CKPT_BEST: early stopping's best
+ * evaluation).  -1 with 400 in rp otherwise. */
 static int path_step(const struct tr_api_request *rq, struct tr_api_reply *rp, int64_t *step)
 {
 	const char *text = rq->nparams > 1 ? rq->params[1] : "";
@@ -156,10 +157,14 @@ static int path_step(const struct tr_api_request *rq, struct tr_api_reply *rp, i
 		*step = -1;
 		return 0;
 	}
+	if (strcmp(text, "best") == 0) {
+		*step = TR_CKPT_BEST;
+		return 0;
+	}
 	if (text[0] != '-' && (text[0] != '0' || text[1] == '\0') &&
 	    tr_api_parse_int(text, 0, INT64_MAX, step) == 0)
 		return 0;
-	tr_api_fail(rp, 400, "invalid_parameter", NULL, "step: must be an integer >= 0 or \"latest\"");
+	tr_api_fail(rp, 400, "invalid_parameter", NULL, "step: must be an integer >= 0, \"latest\" or \"best\"");
 	return -1;
 }
 
@@ -186,6 +191,10 @@ static int load_ckpt(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t
 	memset(row, 0, sizeof(*row));
 	if (rc != -ENOENT)
 		tr_api_fail_store(rp, api->cfg.store, "reading the checkpoint");
+	else if (step == TR_CKPT_BEST)
+		tr_api_fail(rp, 404, "not_found", NULL,
+			    "job %" PRId64 " has no best checkpoint (it needs early_stopping and one evaluation)",
+			    *job_id);
 	else if (step < 0)
 		tr_api_fail(rp, 404, "not_found", NULL, "job %" PRId64 " has no checkpoint", *job_id);
 	else

@@ -29,6 +29,7 @@ static const struct tr_api_route routes[] = {
 	{"GET", "/jobs/{id}", tr_api_jobs_get, 0, TR_ROLE_READ},
 	{"PATCH", "/jobs/{id}", tr_api_jobs_patch, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
 	{"DELETE", "/jobs/{id}", tr_api_jobs_delete, 0, TR_ROLE_ADMIN},
+	{"PUT", "/jobs/{id}/info", tr_api_jobs_info_put, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/cancel", tr_api_jobs_cancel, 0, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/stop", tr_api_jobs_stop, 0, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/pause", tr_api_jobs_pause, 0, TR_ROLE_WRITE},

@@ -62,6 +62,20 @@ static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
 	return final ? 0 : rc;
 }
 
+static void on_info(void *ctx, const char *key, const char *value)
+{
+	struct running_job *j = ctx;
+	json_t *o = json_pack("{s:s}", key, value);
+	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	/* The engine's few fields always fit beside the API's. */
+	if (text && tr_store_job_info_merge(j->sched->cfg.store, j->id, text,
+					    TR_INFO_MAX_FIELDS + TR_INFO_ENGINE_FIELDS) < 0)
+		tr_log(TR_LOG_DBG, "job %lld: info %s not stored: %s", (long long)j->id, key,
+		       tr_store_error(j->sched->cfg.store));
+	free(text);
+	json_decref(o);
+}
+
 static bool on_checkpoint_busy(void *ctx)
 {
 	struct running_job *j = ctx;
@@ -310,7 +324,7 @@ static void *runner_main(void *arg)
 		.backend = s->cfg.backend,
 		.data_roots = s->roots,
 		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
-			  .checkpoint_busy = on_checkpoint_busy,
+			  .checkpoint_busy = on_checkpoint_busy, .info = on_info,
 			  .ctx = j},
 		/* No trainer exists yet for a cancel to reach: set-up watches
 		 * the job's own flag (a cancel, or shutdown after its grace). */

@@ -646,7 +646,10 @@ static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", "linear", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
-static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio", NULL};
+static const char *const es_metric_names[] = {"loss", "val_loss", "val_accuracy", NULL};
+static const char *const es_mode_names[] = {"min", "max", NULL};
+static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio",
+					   "activation_stats", "lr", "samples_per_sec", "data_wait_ms", NULL};
 
 /* How a list of distinct integers names its items in error messages. */
 struct int_list_words {
@@ -1110,6 +1113,58 @@ static const struct field monitor_fields[] = {
 	{0},
 };
 
+#define ES(m) offsetof(struct tr_spec, early_stopping.m)
+static const struct field early_stop_fields[] = {
+	{.key = "metric", .kind = K_NAME, .off = ES(metric), .flags = F_REQ, .names = es_metric_names,
+	 .size = sizeof(((struct tr_early_stop_spec *)0)->metric)},
+	{.key = "mode", .kind = K_BOOLENUM, .off = ES(mode_max), .names = es_mode_names},
+	{.key = "patience", .kind = K_INT, .off = ES(patience), .flags = F_LO | F_HI, .lo = 1,
+	 .hi = TR_SPEC_MAX_PATIENCE, .def = 5},
+	{.key = "min_delta", .kind = K_FLOAT, .off = ES(min_delta), .flags = NONNEG},
+	{0},
+};
+
+/* early_stopping: absent means off (and nothing in the normalized form).
+ * The metric must be one the job computes at its evaluations: val_* need
+ * validation data, val_accuracy class labels.  The mode defaults to the
+ * metric's good direction. */
+static int parse_early_stopping(struct ctx *c, const json_t *v, void *base)
+{
+	struct tr_spec *spec = base;
+	struct tr_early_stop_spec *es = &spec->early_stopping;
+	int rc;
+
+	if (!v) {
+		memset(es, 0, sizeof(*es));
+		return 0;
+	}
+	if (!json_is_object(v))
+		return fail(c, NULL, "must be an object");
+	if ((rc = parse_object(c, v, early_stop_fields, base)))
+		return rc;
+	es->enabled = true;
+	if (!json_object_get(v, "mode"))
+		es->mode_max = strcmp(es->metric, "val_accuracy") == 0;
+	if (strncmp(es->metric, "val_", 4) == 0 && !spec->validation.present && spec->validation_split <= 0)
+		return fail(c, "metric", "%s needs validation data (data.validation or data.validation_split)",
+			    es->metric);
+	if (strcmp(es->metric, "val_accuracy") == 0 && spec->loss != TR_LOSS_SOFTMAX_CE)
+		return fail(c, "metric", "val_accuracy needs the softmax_cross_entropy loss");
+	return 0;
+}
+
+static int emit_early_stopping(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_spec *spec = base;
+	json_t *o;
+
+	if (!spec->early_stopping.enabled)
+		return 0;
+	if (!(o = emit_object(early_stop_fields, base, -1)))
+		return -1;
+	return json_object_set_new(obj, key, o);
+}
+
 /* init.from: a safetensors path, or {"job": ID, "step": S | "latest"} to
  * fine-tune from an earlier job's checkpoint. */
 static int parse_init_from(struct ctx *c, const json_t *v, void *base)
@@ -1203,6 +1258,7 @@ static const struct field root_fields[] = {
 	{.key = "monitors", .kind = K_ARRAY, .off = SPEC(monitors), .sub = monitor_fields,
 	 .size = sizeof(struct tr_monitor_spec), .count_off = SPEC(n_monitors), .max = TR_SPEC_MAX_MONITORS,
 	 .post = post_monitors},
+	{.key = "early_stopping", .kind = K_CUSTOM, .parse = parse_early_stopping, .emit = emit_early_stopping},
 	{.key = "init", .kind = K_OBJECT, .sub = init_fields},
 	{0},
 };

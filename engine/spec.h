@@ -41,6 +41,7 @@
 #define TR_SPEC_MAX_SYNTH_WEIGHTS (1 << 28) /* synthetic regression: outputs x features */
 #define TR_SPEC_MAX_LOAD_COST_US 1000000    /* one second per sample */
 #define TR_SPEC_MAX_CHECKPOINT_KEEP 10000
+#define TR_SPEC_MAX_PATIENCE 1000000
 /* Free strings: a job name is echoed in every listing and log line. */
 #define TR_SPEC_MAX_NAME 256  /* bytes */
 #define TR_SPEC_MAX_PATH 4096 /* bytes, PATH_MAX */
@@ -116,9 +117,20 @@ enum tr_sched_type { TR_SCHED_CONSTANT, TR_SCHED_STEP, TR_SCHED_COSINE, TR_SCHED
 enum tr_backend_choice { TR_BACKEND_AUTO, TR_BACKEND_CPU, TR_BACKEND_CUDA };
 
 struct tr_monitor_spec {
-	char name[64]; /* grad_norm, weight_norm, device_step_ms, update_ratio */
+	char name[64]; /* grad_norm, weight_norm, device_step_ms, update_ratio, activation_stats,
+			* lr, samples_per_sec, data_wait_ms */
 	int every_steps;
 	bool per_layer; /* grad_norm, weight_norm: also "<name>.<layer index>" per layer with parameters */
+};
+
+/* "early_stopping": stop once `metric` has not improved by more than
+ * min_delta for `patience` evaluations (engine/early_stop.h). */
+struct tr_early_stop_spec {
+	bool enabled;   /* the section was given */
+	char metric[16]; /* loss, val_loss, val_accuracy */
+	bool mode_max;  /* "max"; default: max for val_accuracy, else min */
+	int patience;   /* default 5 */
+	float min_delta; /* default 0 */
 };
 
 struct tr_spec {
@@ -172,6 +184,7 @@ struct tr_spec {
 	int checkpoint_keep; /* default 3 */
 	struct tr_monitor_spec monitors[TR_SPEC_MAX_MONITORS];
 	int n_monitors;
+	struct tr_early_stop_spec early_stopping;
 	char *init_from;   /* safetensors path or NULL */
 	int64_t init_job;  /* > 0: initialise from this job's checkpoint */
 	int64_t init_step; /* that checkpoint's step; -1 = the newest */

@@ -18,6 +18,7 @@
  * failure path's) waits for the copy stream before any slot can be freed.
  */
 #include "engine/trainer.h"
+#include "engine/early_stop.h"
 
 #include <errno.h>
 #include <math.h>
@@ -105,6 +106,13 @@ struct tr_trainer {
 
 	struct tr_summary summary;
 	double wait_total_ms;
+
+	/* early_stopping (docs/design.md, "Monitors"): the loss metric is the
+	 * mean training loss of the steps since the previous evaluation. */
+	struct tr_early_stop es;
+	double es_loss_sum;
+	int64_t es_loss_count;
+	bool es_stop; /* patience ran out: end the run before the next step */
 };
 
 static double mono_s(void)
@@ -661,6 +669,10 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	pthread_cond_init(&t->go, NULL);
 	pthread_cond_init(&t->done, NULL);
 	t->summary.val_loss = t->summary.val_accuracy = NAN;
+	t->summary.best_value = NAN;
+	t->summary.best_step = -1;
+	if (t->spec->early_stopping.enabled)
+		tr_early_stop_init(&t->es, &t->spec->early_stopping);
 	t->upload_ahead = be->i->to_device_async && be->i->copies_fence;
 	int rc;
 
@@ -957,12 +969,62 @@ static void emit_per_layer(struct tr_trainer *t, const char *name, int64_t done,
 	}
 }
 
+/* activation_stats: per layer, the mean, standard deviation (population)
+ * and fraction of exact zeros of the layer's outputs over the whole step
+ * (every device's share), read from the forward pass's buffers, which
+ * backward leaves intact.  Only on due steps: it copies every output. */
+static void emit_activation_stats(struct tr_trainer *t, int64_t done, int64_t epoch, int count)
+{
+	const tr_model_t *m = &t->model;
+	tr_backend_t *be = t->be;
+	size_t cap = (size_t)t->ranks[0].rep.max_rows * (size_t)m->max_width;
+	float *host = malloc(cap * sizeof(float));
+	if (!host) {
+		logf_(t, TR_LOG_WARNING, "step %lld: activation_stats: out of memory", (long long)done);
+		return;
+	}
+	for (int i = 0; i < m->n_layers; i++) {
+		double sum = 0, sumsq = 0, zeros = 0, n = 0;
+		for (int k = 0; k < t->ndev; k++) {
+			int off, len;
+			tr_plan_share(count, t->ndev, k, &off, &len);
+			size_t elems = (size_t)len * (size_t)m->layers[i].out;
+			tr_replica_t *r = &t->ranks[k].rep;
+			if (len == 0 || elems > cap)
+				continue;
+			if (be->i->to_host(be, r->dev, host, r->acts[i + 1], elems * sizeof(float)) < 0 ||
+			    be->i->sync(be, r->dev) < 0) {
+				free(host);
+				return;
+			}
+			for (size_t e = 0; e < elems; e++) {
+				sum += host[e];
+				sumsq += (double)host[e] * host[e];
+				zeros += host[e] == 0.0f;
+			}
+			n += (double)elems;
+		}
+		if (n == 0)
+			continue;
+		double mean = sum / n, var = sumsq / n - mean * mean;
+		char name[64];
+		snprintf(name, sizeof name, "activation_stats.%d.mean", i);
+		emit(t, name, done, epoch, mean);
+		snprintf(name, sizeof name, "activation_stats.%d.std", i);
+		emit(t, name, done, epoch, sqrt(var > 0 ? var : 0));
+		snprintf(name, sizeof name, "activation_stats.%d.zeros", i);
+		emit(t, name, done, epoch, zeros / n);
+	}
+	free(host);
+}
+
 static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
 			      double step_ms, double wait_ms)
 {
 	const struct tr_spec *s = t->spec;
 	bool last = done == t->plan.total_steps;
-	if (done % s->log_every_steps == 0 || last) {
+	bool logged = done % s->log_every_steps == 0 || last;
+	if (logged) {
 		emit(t, "loss", done, epoch, loss);
 		emit(t, "lr", done, epoch, t->lr);
 		emit(t, "step_ms", done, epoch, step_ms);
@@ -986,6 +1048,17 @@ static void emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch,
 				emit_per_layer(t, "weight_norm", done, epoch, layers);
 		} else if (strcmp(mon->name, "update_ratio") == 0) {
 			emit_update_ratio(t, done, epoch);
+		} else if (logged && (strcmp(mon->name, "lr") == 0 || strcmp(mon->name, "samples_per_sec") == 0 ||
+				      strcmp(mon->name, "data_wait_ms") == 0)) {
+			continue; /* recorded above at this step already */
+		} else if (strcmp(mon->name, "lr") == 0) {
+			emit(t, "lr", done, epoch, t->lr);
+		} else if (strcmp(mon->name, "samples_per_sec") == 0) {
+			emit(t, "samples_per_sec", done, epoch, step_ms > 0 ? count / (step_ms / 1e3) : 0.0);
+		} else if (strcmp(mon->name, "data_wait_ms") == 0) {
+			emit(t, "data_wait_ms", done, epoch, wait_ms);
+		} else if (strcmp(mon->name, "activation_stats") == 0) {
+			emit_activation_stats(t, done, epoch, count);
 		} else if (strcmp(mon->name, "device_step_ms") == 0) {
 			for (int k = 0; k < t->ndev; k++) {
 				char name[32];
@@ -1084,6 +1157,8 @@ static struct tr_snapshot *copy_snapshot(struct tr_trainer *t)
 	return snap;
 }
 
+static void save_early_stop(const struct tr_trainer *t, json_t *meta);
+
 struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
 {
 	struct tr_snapshot *snap = can_lend(t->be) ? lend_snapshot(t) : copy_snapshot(t);
@@ -1106,7 +1181,45 @@ struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t e
 	static const char *opt_names[] = {"sgd", "adam", "adamw"};
 	json_object_set_new(snap->meta, "optimizer", json_string(opt_names[t->spec->optimizer.type]));
 	json_object_set_new(snap->meta, "reason", json_string(reason));
+	save_early_stop(t, snap->meta);
 	return snap;
+}
+
+/* A checkpoint carries the early-stopping state (best, its step, the
+ * evaluations since) so a resumed job counts patience on from where it
+ * was; a checkpoint without it starts the count afresh. */
+static void save_early_stop(const struct tr_trainer *t, json_t *meta)
+{
+	char buf[40];
+
+	if (!t->spec->early_stopping.enabled || !t->es.have_best)
+		return;
+	snprintf(buf, sizeof buf, "%.17g", t->es.best);
+	json_object_set_new(meta, "early_stopping_best", json_string(buf));
+	snprintf(buf, sizeof buf, "%lld", (long long)t->es.best_step);
+	json_object_set_new(meta, "early_stopping_best_step", json_string(buf));
+	snprintf(buf, sizeof buf, "%d", t->es.bad);
+	json_object_set_new(meta, "early_stopping_bad", json_string(buf));
+}
+
+static void restore_early_stop(struct tr_trainer *t, const struct tr_snapshot *snap)
+{
+	const char *best = json_string_value(json_object_get(snap->meta, "early_stopping_best"));
+	const char *step = json_string_value(json_object_get(snap->meta, "early_stopping_best_step"));
+	const char *bad = json_string_value(json_object_get(snap->meta, "early_stopping_bad"));
+	char *end;
+
+	if (!t->spec->early_stopping.enabled || !best || !step || !bad)
+		return;
+	double b = strtod(best, &end);
+	if (*end || !isfinite(b))
+		return;
+	t->es.have_best = true;
+	t->es.best = b;
+	t->es.best_step = strtoll(step, NULL, 10);
+	t->es.bad = atoi(bad);
+	t->summary.best_value = b;
+	t->summary.best_step = t->es.best_step;
 }
 
 int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, char *err, size_t errlen)
@@ -1143,8 +1256,10 @@ int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool wei
 			return rc;
 		}
 	}
-	if (!weights_only)
+	if (!weights_only) {
 		t->start_step = snap->step;
+		restore_early_stop(t, snap);
+	}
 	return 0;
 }
 
@@ -1174,7 +1289,9 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	double now = mono_s();
 	const char *reason = NULL;
 	if (final)
-		reason = t->summary.stopped ? stop_reason_name(atomic_load(&t->stop_reason)) : "final";
+		reason = t->summary.stopped	  ? stop_reason_name(atomic_load(&t->stop_reason))
+			 : t->summary.early_stopped ? "early_stopping"
+						    : "final";
 	else if (atomic_exchange(&t->checkpoint_requested, false))
 		reason = "request";
 	else if (s->checkpoint_every_steps > 0 && done % s->checkpoint_every_steps == 0)
@@ -1183,8 +1300,9 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 		reason = "every_seconds";
 	if (!reason)
 		return;
-	/* A final checkpoint at a step that is already saved adds nothing. */
-	if (final && done == t->last_checkpoint_step && done > 0)
+	/* A checkpoint at a step that is already saved (final, or after the
+	 * best checkpoint of this step's evaluation) adds nothing. */
+	if ((final || done > t->start_step) && done == t->last_checkpoint_step && done > 0)
 		return;
 	if (!final && t->opt.hooks.checkpoint_busy && t->opt.hooks.checkpoint_busy(t->opt.hooks.ctx)) {
 		if (strcmp(reason, "request") == 0)
@@ -1202,6 +1320,76 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	}
 	t->last_checkpoint_step = done;
 	t->last_checkpoint_time = now;
+}
+
+static void set_info(struct tr_trainer *t, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void set_info(struct tr_trainer *t, const char *key, const char *fmt, ...)
+{
+	char value[160];
+	va_list ap;
+
+	if (!t->opt.hooks.info)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(value, sizeof value, fmt, ap);
+	va_end(ap);
+	t->opt.hooks.info(t->opt.hooks.ctx, key, value);
+}
+
+/* The checkpoint of a new best evaluation: never skipped (the hook waits
+ * for a busy writer), since the best weights exist only now. */
+static void best_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch)
+{
+	if (!t->opt.hooks.checkpoint)
+		return;
+	struct tr_snapshot *snap = tr_trainer_snapshot(t, done, epoch, "best");
+	if (!snap) {
+		logf_(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for the best checkpoint", (long long)done);
+		return;
+	}
+	if (t->opt.hooks.checkpoint(t->opt.hooks.ctx, snap, true) != 0) {
+		tr_snapshot_free(snap);
+		return;
+	}
+	t->last_checkpoint_step = done;
+	t->last_checkpoint_time = mono_s();
+}
+
+/* One evaluation of early_stopping's metric after step `done`. */
+static void early_stop_eval(struct tr_trainer *t, int64_t done, int64_t epoch, double val_loss, double val_acc)
+{
+	const struct tr_early_stop_spec *es = &t->spec->early_stopping;
+	double value;
+
+	if (strcmp(es->metric, "val_loss") == 0)
+		value = val_loss;
+	else if (strcmp(es->metric, "val_accuracy") == 0)
+		value = val_acc;
+	else
+		value = t->es_loss_count > 0 ? t->es_loss_sum / (double)t->es_loss_count : NAN;
+	t->es_loss_sum = 0;
+	t->es_loss_count = 0;
+	switch (tr_early_stop_update(&t->es, value, done)) {
+	case TR_ES_IMPROVED:
+		t->summary.best_value = t->es.best;
+		t->summary.best_step = done;
+		logf_(t, TR_LOG_INFO, "step %lld: new best %s %.6g", (long long)done, es->metric, value);
+		best_checkpoint(t, done, epoch);
+		break;
+	case TR_ES_STOP:
+		t->es_stop = true;
+		set_info(t, "stop_reason", "early_stopping: %s has not improved for %d evaluation(s)", es->metric,
+			 es->patience);
+		logf_(t, TR_LOG_INFO,
+		      "early stopping after step %lld: %s has not improved by more than %g for %d evaluation(s); "
+		      "best %.6g at step %lld",
+		      (long long)done, es->metric, (double)es->min_delta, es->patience, t->es.best,
+		      (long long)t->es.best_step);
+		break;
+	case TR_ES_WAIT:
+		break;
+	}
 }
 
 int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
@@ -1248,7 +1436,13 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	t->last_checkpoint_time = start;
 	if (t->start_step > 0)
 		logf_(t, TR_LOG_INFO, "resuming at step %lld of %lld", (long long)t->start_step, (long long)total);
+	double best_val_loss = INFINITY; /* of this run: a resumed run starts afresh */
+	set_info(t, "phase", "training");
 	for (step = t->start_step; step < total; step++) {
+		if (t->es_stop) {
+			t->summary.early_stopped = true;
+			break;
+		}
 		if (atomic_load(&t->stop_requested)) {
 			t->summary.stopped = true;
 			break;
@@ -1309,11 +1503,26 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		emit_step_metrics(t, step + 1, epoch, count, loss, step_ms, wait_ms);
 
 		bool epoch_end = step + 1 == total || tr_plan_step_epoch(&t->plan, step + 1) != epoch;
-		if (epoch_end && t->val && ((epoch + 1) % s->eval_every_epochs == 0 || step + 1 == total)) {
-			double vl, va;
+		bool eval_due = epoch_end && ((epoch + 1) % s->eval_every_epochs == 0 || step + 1 == total);
+		double vl = NAN, va = NAN;
+		if (s->early_stopping.enabled) {
+			t->es_loss_sum += loss;
+			t->es_loss_count++;
+		}
+		if (epoch_end)
+			set_info(t, "epoch", "%lld", (long long)epoch + 1);
+		if (eval_due && t->val) {
+			set_info(t, "phase", "evaluating");
 			rc = evaluate(t, &vl, &va, err, errlen);
 			if (rc < 0)
 				break;
+			if (isfinite(vl) && !(vl >= best_val_loss)) {
+				best_val_loss = vl;
+				set_info(t, "best_val_loss", "%.6g", vl);
+				set_info(t, "best_val_loss_step", "%lld", (long long)step + 1);
+			}
+			if (step + 1 < total)
+				set_info(t, "phase", "training");
 			t->summary.val_loss = vl;
 			emit(t, "val_loss", step + 1, epoch, vl);
 			if (s->loss == TR_LOSS_SOFTMAX_CE) {
@@ -1321,6 +1530,8 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 				emit(t, "val_accuracy", step + 1, epoch, va);
 			}
 		}
+		if (eval_due && s->early_stopping.enabled)
+			early_stop_eval(t, step + 1, epoch, vl, va);
 		if (t->opt.hooks.progress) {
 			double el = mono_s() - start;
 			struct tr_progress p = {
@@ -1342,6 +1553,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	 * job it is the result, for a stopped one the place to resume. */
 	if (rc == 0)
 		maybe_checkpoint(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, true);
+	set_info(t, "phase", rc == 0 && !t->summary.stopped ? "finished" : rc == 0 ? "stopped" : "ended");
 	double el = mono_s() - start;
 	t->summary.wall_s = el;
 	t->summary.samples_per_sec = el > 0 ? samples / el : 0;

@@ -57,6 +57,10 @@ struct tr_trainer_hooks {
 	 * (the writer is still busy with the previous one), so the trainer
 	 * skips copying the model for nothing. */
 	bool (*checkpoint_busy)(void *ctx);
+	/* Optional: an info field changed (docs/design.md, "Info fields"):
+	 * phase, epoch, best_val_loss, best_val_loss_step, stop_reason.  A few
+	 * calls per epoch; both strings are borrowed. */
+	void (*info)(void *ctx, const char *key, const char *value);
 	void *ctx;
 };
 
@@ -88,6 +92,9 @@ struct tr_summary {
 	double wall_s, samples_per_sec, data_wait_fraction;
 	double val_loss, val_accuracy; /* NAN when there is no validation */
 	bool stopped;                  /* ended early by tr_trainer_stop */
+	bool early_stopped;            /* ended by early_stopping (not "stopped": the run is complete) */
+	double best_value;             /* early_stopping: best metric value, NAN before the first */
+	int64_t best_step;             /* its step, -1 before the first */
 	int64_t first_step;            /* 0, or the step a resumed run started at */
 };
 

@@ -95,7 +95,7 @@ static const char sql_drop_chunks_from[] = "DELETE FROM chunks WHERE seq >= ?1";
  * often and the header is only needed for a weights-only download. */
 #define CKPT_COLS                                                                                        \
 	"id, job_id, step, epoch, created_at, bytes, sha256, params_offset, params_bytes, " \
-	"length(model_header), meta"
+	"length(model_header), meta, best"
 
 static const char sql_insert_ckpt[] = "INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete, chunk_file)"
 				      " VALUES (?1, ?2, ?3, ?4, ?5, 0, 1)";
@@ -110,7 +110,10 @@ static const char sql_complete[] = "UPDATE checkpoints SET bytes = ?2, sha256 = 
 /* The checkpoint just committed always stays, even when an older-step
  * checkpoint is written after newer ones (a job resumed from an earlier
  * step): keep - 1 others survive beside it. */
+static const char sql_set_best[] = "UPDATE checkpoints SET best = (id = ?2) WHERE job_id = ?1 AND (best = 1 OR id = ?2)";
+/* The best checkpoint is kept whatever `keep` says. */
 static const char sql_prunable[] = "SELECT id FROM checkpoints WHERE job_id = ?1 AND complete = 1 AND id <> ?2"
+				   " AND best = 0"
 				   " ORDER BY step DESC, id DESC LIMIT -1 OFFSET ?3";
 static const char sql_hide[] = "UPDATE checkpoints SET complete = 0 WHERE id = ?1";
 static const char sql_purge_chunks[] = "DELETE FROM checkpoint_chunks WHERE id IN"
@@ -123,6 +126,8 @@ static const char sql_list[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_
 			       " ORDER BY step DESC, id DESC";
 static const char sql_get_step[] = "SELECT " CKPT_COLS " FROM checkpoints"
 				   " WHERE job_id = ?1 AND step = ?2 AND complete = 1 ORDER BY id DESC LIMIT 1";
+static const char sql_get_best[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
+				   " AND best = 1 ORDER BY step DESC, id DESC LIMIT 1";
 static const char sql_get_newest[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
 				     " ORDER BY step DESC, id DESC LIMIT 1";
 static const char sql_header[] = "SELECT model_header FROM checkpoints WHERE id = ?1 AND complete = 1";
@@ -146,6 +151,7 @@ struct tr_ckpt_writer {
 	unsigned char *buf; /* the chunk being filled; allocated when first needed */
 	size_t nbuf;
 	struct tr_sha256 sha;
+	bool best; /* meta says "reason": "best" */
 	int err; /* first failure: every later call repeats it */
 	char errmsg[512];
 };
@@ -198,6 +204,7 @@ static int read_row(sqlite3_stmt *st, struct tr_ckpt_row *r)
 	const unsigned char *meta = sqlite3_column_text(st, 10);
 	if (meta && !(r->meta = strdup((const char *)meta)))
 		return tr_store_fail(-ENOMEM, "out of memory");
+	r->best = sqlite3_column_int(st, 11) != 0;
 	return 0;
 }
 
@@ -722,8 +729,9 @@ static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 	return err;
 }
 
-static int check_meta(const char *meta)
+static int check_meta(const char *meta, bool *best)
 {
+	*best = false;
 	if (!meta)
 		return 0;
 	if (!tr_store_utf8_valid(meta))
@@ -734,6 +742,8 @@ static int check_meta(const char *meta)
 		return tr_store_fail(-EINVAL, "checkpoint meta is not valid JSON: %s (column %d)", jerr.text,
 				     jerr.column);
 	bool object = json_is_object(j);
+	const char *reason = json_string_value(json_object_get(j, "reason"));
+	*best = reason && strcmp(reason, "best") == 0;
 	json_decref(j);
 	return object ? 0 : tr_store_fail(-EINVAL, "checkpoint meta must be a JSON object");
 }
@@ -854,7 +864,8 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
 	if (step < 0 || step > STORE_STEP_LIMIT || epoch < 0 || epoch > STORE_STEP_LIMIT)
 		return tr_store_fail(-EINVAL, "checkpoint of job %lld: step %lld and epoch %lld must be in [0, 2^62]",
 				     (long long)job_id, (long long)step, (long long)epoch);
-	int err = check_meta(meta_json);
+	bool best;
+	int err = check_meta(meta_json, &best);
 	if (err < 0)
 		return err;
 
@@ -863,6 +874,7 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
 		return tr_store_fail(-ENOMEM, "out of memory");
 	w->job_id = job_id;
 	w->step = step;
+	w->best = best;
 	w->fd = -1;
 	tr_sha256_init(&w->sha);
 	w->dir = files_dir(s);
@@ -1079,6 +1091,22 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		goto fail;
 	}
 
+	/* Before pruning: the previous best becomes prunable. */
+	if (w->best) {
+		st = tr_store_stmt(&w->c, sql_set_best);
+		if (!st) {
+			err = -EIO;
+			goto fail;
+		}
+		sqlite3_bind_int64(st, 1, w->job_id);
+		sqlite3_bind_int64(st, 2, w->id);
+		rc = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (rc != SQLITE_DONE) {
+			err = step_fail(w, rc, "mark the best checkpoint");
+			goto fail;
+		}
+	}
 	if (keep > 0) {
 		err = hide_pruned(w, keep, &pruned, &npruned);
 		if (err < 0)
@@ -1176,7 +1204,9 @@ int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckp
 	memset(out, 0, sizeof *out);
 	struct conn *c = tr_store_conn_get(s);
 	int err = -EIO;
-	sqlite3_stmt *st = tr_store_stmt(c, step >= 0 ? sql_get_step : sql_get_newest);
+	sqlite3_stmt *st = tr_store_stmt(c, step >= 0		    ? sql_get_step
+					    : step == TR_CKPT_BEST ? sql_get_best
+								   : sql_get_newest);
 	if (!st)
 		goto cleanup;
 	sqlite3_bind_int64(st, 1, job_id);
@@ -1188,6 +1218,8 @@ int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckp
 	else if (rc == SQLITE_DONE && step >= 0)
 		err = tr_store_fail(-ENOENT, "job %lld has no checkpoint at step %lld", (long long)job_id,
 				    (long long)step);
+	else if (rc == SQLITE_DONE && step == TR_CKPT_BEST)
+		err = tr_store_fail(-ENOENT, "job %lld has no best checkpoint", (long long)job_id);
 	else if (rc == SQLITE_DONE)
 		err = tr_store_fail(-ENOENT, "job %lld has no checkpoint", (long long)job_id);
 	else

@@ -41,6 +41,7 @@ struct tr_ckpt_row {
 	int64_t params_offset, params_bytes;
 	int64_t model_header_len;
 	char *meta; /* JSON text (malloc'd) or NULL */
+	bool best;  /* the job's best checkpoint (early stopping) */
 };
 void tr_ckpt_row_finish(struct tr_ckpt_row *row); /* accepts zeroed rows */
 
@@ -59,7 +60,9 @@ int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epo
  * caller still calls tr_store_ckpt_abort (or commit) to free w. */
 int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len);
 /* Marks the checkpoint complete, keeps the newest `keep` complete ones of
- * the job (older ones deleted), frees w.  The checkpoint just committed is
+ * the job (older ones deleted) and its best one, frees w.  A checkpoint
+ * whose meta has "reason": "best" becomes the job's best (the previous best
+ * is then pruned like any other).  The checkpoint just committed is
  * always one of the `keep`, even when others have higher steps; keep <= 0
  * prunes nothing.  [params_offset, params_offset + params_bytes) must lie
  * within the blob.  *out (may be NULL) receives the row (free it with
@@ -79,8 +82,11 @@ void tr_store_ckpt_drop_spare(tr_store_t *s);
  * *rows is malloc'd (NULL when there are none); free with tr_ckpt_rows_free. */
 int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count);
 void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count);
+/* step of tr_store_ckpt_get: the job's best checkpoint. */
+#define TR_CKPT_BEST (-2)
 /* One complete checkpoint: step >= 0 exact (the newest of several at that
- * step), step < 0 the newest.  -ENOENT when there is none. */
+ * step), TR_CKPT_BEST the best, another step < 0 the newest.  -ENOENT when
+ * there is none. */
 int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out);
 /* Deletes a checkpoint with its chunks; -ENOENT when there is none.  It
  * disappears from lists at once; then its file is unlinked (or an older

@@ -13,7 +13,7 @@
 
 #define JOB_COLS                                                                                         \
 	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
-	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at"
+	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info"
 
 static const char *const known_states[] = {"queued",    "running", "stopping",  "paused",
 					   "completed", "failed",  "cancelled", "interrupted"};
@@ -43,6 +43,7 @@ void tr_job_row_finish(struct tr_job_row *row)
 	free(row->error);
 	free(row->idempotency_key);
 	free(row->request_hash);
+	free(row->info);
 	memset(row, 0, sizeof *row);
 }
 
@@ -80,6 +81,7 @@ static int read_row(sqlite3_stmt *st, struct tr_job_row *r)
 	err |= col_strdup(st, 7, &r->error);
 	err |= col_strdup(st, 8, &r->idempotency_key);
 	err |= col_strdup(st, 9, &r->request_hash);
+	err |= col_strdup(st, 18, &r->info);
 	if (err) {
 		tr_job_row_finish(r);
 		return tr_store_fail(-ENOMEM, "out of memory");

@@ -110,6 +110,14 @@ static const char *const migrations[] = {
 	 * into this file.  Rows from before keep 0 and their chunks in
 	 * checkpoint_chunks, which is still read. */
 	"ALTER TABLE checkpoints ADD COLUMN chunk_file INTEGER NOT NULL DEFAULT 0;",
+
+	/* 4: the best checkpoint of early stopping.  best = 1 on at most one
+	 * row per job (the newest checkpoint whose meta reason is "best");
+	 * pruning by `keep` leaves it alone. */
+	"ALTER TABLE checkpoints ADD COLUMN best INTEGER NOT NULL DEFAULT 0;",
+
+	/* 5: info fields, a JSON object of short strings (storage/info.c). */
+	"ALTER TABLE jobs ADD COLUMN info TEXT NOT NULL DEFAULT '{}';",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -88,9 +88,24 @@ struct tr_job_row {
 	double loss;       /* latest, NAN when none */
 	double updated_at; /* last progress update */
 	bool state_pending; /* state/error/devices/stamps shown are not written yet */
+	char *info;         /* JSON object text of info fields, "{}" when none */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
+
+/* Info fields: named short strings shown with a job (PUT /jobs/{id}/info,
+ * and the engine's own: phase, epoch, best validation loss).  Merges the
+ * JSON object `fields_json` (keys and values strings, checked by the
+ * caller) into the job's info in one transaction: existing keys are
+ * replaced, others added.  -E2BIG (nothing changed) when the result would
+ * hold more than max_keys keys; -ENOENT for an unknown job. */
+int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, int max_keys);
+/* What PUT /jobs/{id}/info may leave a job with; the engine's own fields
+ * (TR_INFO_ENGINE_FIELDS at most) always fit on top. */
+#define TR_INFO_MAX_FIELDS 64
+#define TR_INFO_ENGINE_FIELDS 8
+#define TR_INFO_MAX_KEY 64
+#define TR_INFO_MAX_VALUE 256
 
 /* Counts jobs by state: counts[i] receives the number of jobs in
  * states[i] (NULL-terminated, at most 32).  *submitted (may be NULL)

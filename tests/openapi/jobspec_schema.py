@@ -39,6 +39,7 @@ CROSS_FIELD = {
     ("/model/layers/1", '{"type": "dropout", "rate": 0.99999999999}'): "rounds to 1.0 as a float",
     ("/optimizer/lr", "1e-60"): "rounds to 0 as a float",
     ("/data/train", None): "softmax_cross_entropy needs a classification task",
+    ("/early_stopping", '{"metric": "val_loss"}'): "val_loss needs validation data",
     ("/data/train", '{"format": "synthetic", "task": "regression", "samples": 10, "features": 65536,'
      ' "outputs": 8192}'): "outputs x features (a product) may be at most 2^28",
     ("/model/layers", '[{"type": "dense", "units": 16777216}, {"type": "dense", "units": 16777216},'

@@ -1836,7 +1836,8 @@ Test(api, checkpoint_list_and_request)
 		const json_t *c = json_array_get(list, i);
 		const struct fake_ckpt *want = i == 0 ? &b : &a;
 
-		cr_assert_eq(json_object_size(c), 5, "step, epoch, created_at, bytes, sha256: %s", r.body.data);
+		cr_assert_eq(json_object_size(c), 6, "step, epoch, created_at, bytes, sha256, best: %s", r.body.data);
+		cr_assert(json_is_false(json_object_get(c, "best")), "%s", r.body.data);
 		cr_assert_eq(jint(c, "step"), i == 0 ? 200 : 100, "newest first");
 		cr_assert_eq(jint(c, "epoch"), i == 0 ? 2 : 1);
 		cr_assert_eq(jint(c, "bytes"), (json_int_t)want->len);

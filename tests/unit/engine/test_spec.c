@@ -611,6 +611,16 @@ ParameterizedTestParameters(spec, invalid)
 		{"/name", "\"two\\nlines\"", "/name"},
 		{"/name", "\"tab\\there\"", "/name"},
 		{"/monitors", "[{\"metric\": \"device_step_ms\", \"per_layer\": true}]", "/monitors/0/per_layer"},
+		/* early_stopping: the base spec has no validation data */
+		{"/early_stopping", "[]", "/early_stopping"},
+		{"/early_stopping", "{}", "/early_stopping/metric"},
+		{"/early_stopping", "{\"metric\": \"grad_norm\"}", "/early_stopping/metric"},
+		{"/early_stopping", "{\"metric\": \"val_loss\"}", "/early_stopping/metric"},
+		{"/early_stopping", "{\"metric\": \"loss\", \"mode\": \"up\"}", "/early_stopping/mode"},
+		{"/early_stopping", "{\"metric\": \"loss\", \"patience\": 0}", "/early_stopping/patience"},
+		{"/early_stopping", "{\"metric\": \"loss\", \"patience\": 1.5}", "/early_stopping/patience"},
+		{"/early_stopping", "{\"metric\": \"loss\", \"min_delta\": -0.1}", "/early_stopping/min_delta"},
+		{"/early_stopping", "{\"metric\": \"loss\", \"every\": 1}", "/early_stopping/every"},
 	};
 	return cr_make_param_array(struct bad_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -939,4 +949,59 @@ Test(spec, quickstart_runs_offline)
 	cr_expect_geq(s.n_monitors, 1, "the quickstart shows a monitor");
 	cr_expect_eq(s.init_from, NULL);
 	tr_spec_finish(&s);
+}
+
+/* early_stopping: off when absent (and absent from the normalized form);
+ * defaults; the mode follows the metric; val_accuracy needs class labels. */
+Test(spec, early_stopping)
+{
+	json_t *doc = load(base_spec);
+	struct tr_spec s;
+	struct tr_spec_error err;
+
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect(!s.early_stopping.enabled);
+	json_t *norm = tr_spec_to_json(&s);
+	cr_expect_null(json_object_get(norm, "early_stopping"));
+	json_decref(norm);
+	tr_spec_finish(&s);
+
+	json_object_set_new(json_object_get(doc, "data"), "validation_split", json_real(0.25));
+	json_object_set_new(doc, "early_stopping", json_pack("{ss}", "metric", "val_accuracy"));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect(s.early_stopping.enabled);
+	cr_expect_str_eq(s.early_stopping.metric, "val_accuracy");
+	cr_expect(s.early_stopping.mode_max, "accuracy defaults to max");
+	cr_expect_eq(s.early_stopping.patience, 5);
+	cr_expect_eq(s.early_stopping.min_delta, 0.0f);
+	norm = tr_spec_to_json(&s);
+	char *text = json_dumps(json_object_get(norm, "early_stopping"), JSON_COMPACT | JSON_SORT_KEYS);
+	cr_expect_str_eq(text, "{\"metric\":\"val_accuracy\",\"min_delta\":0.0,\"mode\":\"max\",\"patience\":5}");
+	free(text);
+	/* The normalized form parses to the same thing. */
+	struct tr_spec back;
+	cr_assert_eq(tr_spec_parse(norm, &back, &err), 0, "%s", err.message);
+	cr_expect(back.early_stopping.enabled && back.early_stopping.mode_max && back.early_stopping.patience == 5);
+	tr_spec_finish(&back);
+	json_decref(norm);
+	tr_spec_finish(&s);
+
+	json_object_set_new(doc, "early_stopping",
+			    json_pack("{ss ss si sf}", "metric", "val_loss", "mode", "max", "patience", 2, "min_delta", 0.5));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect(s.early_stopping.mode_max, "an explicit mode wins");
+	cr_expect_eq(s.early_stopping.patience, 2);
+	cr_expect_eq(s.early_stopping.min_delta, 0.5f);
+	tr_spec_finish(&s);
+
+	json_object_set_new(doc, "early_stopping", json_pack("{ss}", "metric", "loss"));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+	cr_expect(!s.early_stopping.mode_max, "loss defaults to min");
+	tr_spec_finish(&s);
+
+	json_object_set_new(json_object_get(doc, "model"), "loss", json_string("mse"));
+	json_object_set_new(doc, "early_stopping", json_pack("{ss}", "metric", "val_accuracy"));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
+	cr_expect_str_eq(err.pointer, "/early_stopping/metric");
+	json_decref(doc);
 }

@@ -1623,3 +1623,342 @@ Test(trainer, update_ratio_matches_direct_computation)
 	free_result(&r2);
 	free_result(&r3);
 }
+
+/* ---- early_stopping --------------------------------------------------------- */
+
+/* 40 samples, batch 4, shuffle off: 10 steps an epoch, evaluations after
+ * steps 10, 20, ...  The learning rate is far below what changes a float
+ * weight, so every epoch's mean loss is the same: the first evaluation is
+ * the best and each later one misses. */
+static const char *ES_FLAT_JOB =
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 3, \"classes\": 2},"
+	" \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 10, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1e-30},"
+	" \"early_stopping\": %s}";
+
+struct es_run {
+	struct tr_summary sum;
+	struct ckpt_sink sink;
+	int rc;
+	char err[512];
+	char log[4096];
+};
+
+static void es_log(void *ctx, enum tr_log_level level, const char *msg)
+{
+	struct es_run *r = ctx;
+	(void)level;
+	size_t n = strlen(r->log);
+	snprintf(r->log + n, sizeof r->log - n, "%s\n", msg);
+}
+
+static int es_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	struct es_run *r = ctx;
+	return keep_snapshot(&r->sink, snap, final);
+}
+
+static void es_run_job(const char *text, struct es_run *r)
+{
+	struct tr_spec spec;
+	parse(text, &spec);
+	memset(r, 0, sizeof *r);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
+					 .hooks = {.checkpoint = es_checkpoint, .log = es_log, .ctx = r}};
+	tr_trainer_t *t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, r->err, sizeof r->err), 0, "%s", r->err);
+	r->rc = tr_trainer_run(t, r->err, sizeof r->err);
+	tr_trainer_summary(t, &r->sum);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+static void es_free(struct es_run *r)
+{
+	for (int k = 0; k < r->sink.n; k++)
+		tr_snapshot_free(r->sink.snaps[k]);
+}
+
+static const char *snap_reason(const struct tr_snapshot *s)
+{
+	return json_string_value(json_object_get(s->meta, "reason"));
+}
+
+Test(trainer, early_stopping_counts_patience_in_evaluations)
+{
+	char job[1024];
+	struct es_run r;
+	snprintf(job, sizeof job, ES_FLAT_JOB, "{\"metric\": \"loss\", \"patience\": 2}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert(!r.sum.stopped, "early stopping completes the run; it is not a stop request");
+	/* Best at the first evaluation (step 10); misses at 20 and 30: stop. */
+	cr_assert_eq(r.sum.steps, 30, "steps %lld", (long long)r.sum.steps);
+	cr_assert_eq(r.sum.best_step, 10);
+	cr_assert(isfinite(r.sum.best_value));
+	/* The best checkpoint (even with no periodic ones), then the final. */
+	cr_assert_eq(r.sink.n, 2, "%d checkpoints", r.sink.n);
+	cr_assert_eq(r.sink.snaps[0]->step, 10);
+	cr_assert_str_eq(snap_reason(r.sink.snaps[0]), "best");
+	cr_assert_eq(r.sink.snaps[1]->step, 30);
+	cr_assert_str_eq(snap_reason(r.sink.snaps[1]), "early_stopping");
+	cr_assert_not_null(strstr(r.log, "early stopping after step 30: loss has not improved"), "%s", r.log);
+	cr_assert_not_null(strstr(r.log, "at step 10"), "%s", r.log);
+	es_free(&r);
+
+	/* patience 4: two more epochs. */
+	snprintf(job, sizeof job, ES_FLAT_JOB, "{\"metric\": \"loss\", \"patience\": 4}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert_eq(r.sum.steps, 50);
+	es_free(&r);
+}
+
+/* A learning job: loss falls every epoch, so in mode min nothing stops it;
+ * in mode max, or with a min_delta larger than any gain, every evaluation
+ * after the first misses. */
+static const char *ES_LEARN_JOB =
+	"{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+	" {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 120, \"features\": 4, \"classes\": 3,"
+	" \"noise\": 0.1}, \"validation_split\": 0.25, \"shuffle\": false}, \"batch_size\": 10, \"epochs\": 6,"
+	" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}, \"early_stopping\": %s}";
+
+Test(trainer, early_stopping_mode_and_min_delta)
+{
+	char job[1024];
+	struct es_run r;
+
+	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"val_loss\", \"patience\": 1}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(!r.sum.early_stopped, "val_loss fell every epoch: %s", r.log);
+	cr_assert_eq(r.sum.steps, 54, "9 steps x 6 epochs");
+	cr_assert_eq(r.sum.best_step, 54);
+	cr_assert_eq(r.sum.best_value, r.sum.val_loss, "the last val_loss is the best");
+	int best = 0;
+	for (int k = 0; k < r.sink.n; k++)
+		best += strcmp(snap_reason(r.sink.snaps[k]), "best") == 0;
+	cr_assert_eq(best, 6, "a best checkpoint per improving evaluation: %d", best);
+	es_free(&r);
+
+	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"val_loss\", \"mode\": \"max\", \"patience\": 2}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert_eq(r.sum.steps, 27);
+	cr_assert_eq(r.sum.best_step, 9);
+	es_free(&r);
+
+	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"loss\", \"min_delta\": 1000, \"patience\": 3}");
+	es_run_job(job, &r);
+	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert(r.sum.early_stopped);
+	cr_assert_eq(r.sum.steps, 36);
+	cr_assert_eq(r.sum.best_step, 9);
+	es_free(&r);
+}
+
+/* ---- activation_stats ------------------------------------------------------- */
+
+struct act_points {
+	char names[64][48];
+	double values[64];
+	int n;
+};
+
+static void act_collect(void *ctx, const struct tr_metric_point *p)
+{
+	struct act_points *a = ctx;
+	if (p->step == 1 && strncmp(p->name, "activation_stats.", 17) == 0 && a->n < 64) {
+		snprintf(a->names[a->n], sizeof a->names[0], "%s", p->name);
+		a->values[a->n++] = p->value;
+	}
+}
+
+static double act_get(const struct act_points *a, const char *name)
+{
+	for (int i = 0; i < a->n; i++)
+		if (strcmp(a->names[i], name) == 0)
+			return a->values[i];
+	cr_assert_fail("no point %s", name);
+	return NAN;
+}
+
+static const char *ACT_JOB =
+	"{\"seed\": 9, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}, {\"type\": \"relu\"},"
+	" {\"type\": \"dense\", \"units\": 1}], \"loss\": \"mse\"},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 3, \"classes\": 2},"
+	" \"shuffle\": false}, \"batch_size\": 4, \"max_steps\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},"
+	" \"monitors\": [{\"metric\": \"activation_stats\", \"every_steps\": 1}]}";
+
+/* Runs ACT_JOB on `devices` and returns step 1's points and the initial
+ * weights (what step 1's forward pass used). */
+static void act_run(int devices, struct act_points *pts, float **w0, const tr_model_t **model_out, tr_model_t *copy)
+{
+	struct blowup_reader br = {
+		.base = {.i = &blowup_i, .info = {.samples = 40, .features = 3, .label_dim = 1}},
+		.bad = -1,
+	};
+	snprintf(br.base.name, sizeof br.base.name, "plain");
+	struct tr_spec spec;
+	parse(ACT_JOB, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
+	memset(pts, 0, sizeof *pts);
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
+					 .hooks = {.metric = act_collect, .ctx = pts}};
+	tr_trainer_t *t = NULL;
+	char err[512];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	size_t np = tr_trainer_model(t)->n_params;
+	*w0 = malloc(np * sizeof(float));
+	cr_assert_eq(tr_trainer_copy_params(t, 0, *w0), 0);
+	*copy = *tr_trainer_model(t);
+	*model_out = copy;
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
+Test(trainer, activation_stats_match_direct_computation)
+{
+	struct act_points pts;
+	float *w;
+	const tr_model_t *m;
+	tr_model_t mcopy;
+	act_run(1, &pts, &w, &m, &mcopy);
+	cr_assert_eq(pts.n, 9, "mean, std, zeros for 3 layers: %d", pts.n);
+
+	/* Step 1: samples 0..3 (shuffle off), x as the reader makes them. */
+	double out[3][4][4]; /* layer, row, unit */
+	int width[3] = {4, 4, 1};
+	for (int r = 0; r < 4; r++) {
+		double x[3];
+		for (int j = 0; j < 3; j++)
+			x[j] = (double)((r * 7 + j) % 5) - 2.0;
+		const struct tr_layer *l0 = &m->layers[0], *l2 = &m->layers[2];
+		for (int u = 0; u < 4; u++) {
+			double y = w[l0->b_off + u];
+			for (int j = 0; j < 3; j++)
+				y += (double)w[l0->w_off + (size_t)u * 3 + j] * x[j];
+			out[0][r][u] = y;
+			out[1][r][u] = y > 0 ? y : 0;
+		}
+		double y = w[l2->b_off];
+		for (int u = 0; u < 4; u++)
+			y += (double)w[l2->w_off + u] * out[1][r][u];
+		out[2][r][0] = y;
+	}
+	for (int i = 0; i < 3; i++) {
+		double sum = 0, n = 0, zeros = 0;
+		for (int r = 0; r < 4; r++)
+			for (int u = 0; u < width[i]; u++) {
+				sum += out[i][r][u];
+				zeros += out[i][r][u] == 0.0;
+				n++;
+			}
+		double mean = sum / n, var = 0;
+		for (int r = 0; r < 4; r++)
+			for (int u = 0; u < width[i]; u++)
+				var += (out[i][r][u] - mean) * (out[i][r][u] - mean);
+		double sd = sqrt(var / n);
+		char name[64];
+		snprintf(name, sizeof name, "activation_stats.%d.mean", i);
+		cr_expect_leq(fabs(act_get(&pts, name) - mean), 1e-5 * fmax(1, fabs(mean)), "%s: %.9g vs %.9g", name,
+			      act_get(&pts, name), mean);
+		snprintf(name, sizeof name, "activation_stats.%d.std", i);
+		cr_expect_leq(fabs(act_get(&pts, name) - sd), 1e-5 * fmax(1, sd), "%s: %.9g vs %.9g", name,
+			      act_get(&pts, name), sd);
+		snprintf(name, sizeof name, "activation_stats.%d.zeros", i);
+		cr_expect_eq(act_get(&pts, name), zeros / n, "%s: %.9g vs %.9g", name, act_get(&pts, name), zeros / n);
+	}
+	cr_expect_gt(act_get(&pts, "activation_stats.1.zeros"), 0, "the relu zeroes some outputs here");
+
+	/* The whole step, whatever the device count (3 devices: shares 2,1,1). */
+	struct act_points many;
+	float *w3;
+	tr_model_t mcopy3;
+	act_run(3, &many, &w3, &m, &mcopy3);
+	cr_assert_eq(many.n, pts.n);
+	for (int i = 0; i < pts.n; i++)
+		cr_expect_leq(fabs(act_get(&many, pts.names[i]) - pts.values[i]), 1e-5 * fmax(1, fabs(pts.values[i])),
+			      "%s: 3 devices %.9g, 1 device %.9g", pts.names[i], act_get(&many, pts.names[i]),
+			      pts.values[i]);
+	free(w);
+	free(w3);
+}
+
+/* ---- lr, samples_per_sec, data_wait_ms as monitors ---------------------------- */
+
+struct sched_points {
+	int n_lr, n_sps, n_wait;
+	int lr_count[16], sps_count[16], wait_count[16];
+	double lr[16], sps[16], step_ms[16], wait[16];
+};
+
+static void sched_collect(void *ctx, const struct tr_metric_point *p)
+{
+	struct sched_points *a = ctx;
+	if (p->step < 1 || p->step >= 16)
+		return;
+	if (strcmp(p->name, "lr") == 0) {
+		a->lr[p->step] = p->value;
+		a->lr_count[p->step]++;
+	} else if (strcmp(p->name, "samples_per_sec") == 0) {
+		a->sps[p->step] = p->value;
+		a->sps_count[p->step]++;
+	} else if (strcmp(p->name, "step_ms") == 0) {
+		a->step_ms[p->step] = p->value;
+	} else if (strcmp(p->name, "data_wait_ms") == 0) {
+		a->wait[p->step] = p->value;
+		a->wait_count[p->step]++;
+	}
+}
+
+/* log_every_steps 3 records them at 3, 6, 9 and the last step (10); the
+ * monitors add every second step, and a step that has both gets one point. */
+Test(trainer, lr_throughput_and_wait_monitors_between_log_steps)
+{
+	static const char *job =
+		"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 3, \"classes\": 2},"
+		" \"shuffle\": false}, \"batch_size\": 4, \"max_steps\": 10, \"log_every_steps\": 3,"
+		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},"
+		" \"schedule\": {\"type\": \"step\", \"step_size\": 3, \"gamma\": 0.5},"
+		" \"monitors\": [{\"metric\": \"lr\", \"every_steps\": 2}, {\"metric\": \"samples_per_sec\","
+		" \"every_steps\": 2}, {\"metric\": \"data_wait_ms\", \"every_steps\": 2}]}";
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	struct sched_points pts = {0};
+	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
+					 .hooks = {.metric = sched_collect, .ctx = &pts}};
+	tr_trainer_t *t = NULL;
+	char err[512];
+	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	tr_trainer_destroy(t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+	for (int s = 1; s <= 10; s++) {
+		bool logged = s % 3 == 0 || s == 10, due = logged || s % 2 == 0;
+		cr_expect_eq(pts.lr_count[s], due ? 1 : 0, "lr points at step %d: %d", s, pts.lr_count[s]);
+		cr_expect_eq(pts.sps_count[s], due ? 1 : 0, "samples_per_sec points at step %d", s);
+		cr_expect_eq(pts.wait_count[s], due ? 1 : 0, "data_wait_ms points at step %d", s);
+		if (!due)
+			continue;
+		/* StepLR: the update of 0-based step k uses 0.1 * 0.5^floor(k / 3). */
+		double want = 0.1 * pow(0.5, (double)((s - 1) / 3));
+		cr_expect_leq(fabs(pts.lr[s] - want), 1e-7, "lr at step %d: %.9g, want %.9g", s, pts.lr[s], want);
+		cr_expect(isfinite(pts.wait[s]) && pts.wait[s] >= 0, "data_wait_ms at step %d: %g", s, pts.wait[s]);
+		cr_expect(isfinite(pts.sps[s]) && pts.sps[s] > 0, "samples_per_sec at step %d: %g", s, pts.sps[s]);
+		if (logged) /* 4 samples a step over that step's time */
+			cr_expect_leq(fabs(pts.sps[s] * pts.step_ms[s] / 1e3 - 4.0), 1e-6, "step %d: %g x %g ms", s,
+				      pts.sps[s], pts.step_ms[s]);
+	}
+}

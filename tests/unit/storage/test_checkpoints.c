@@ -188,11 +188,11 @@ static unsigned char *random_bytes(size_t n, uint64_t seed)
 
 /* Writes data in pieces of irregular sizes (small ones, ones that straddle
  * a chunk edge, whole chunks) and commits.  Returns commit's result. */
-static int write_ckpt(tr_store_t *s, int64_t job, int64_t step, const unsigned char *data, size_t n, int keep,
-		      struct tr_ckpt_row *row)
+static int write_ckpt_meta(tr_store_t *s, int64_t job, int64_t step, const char *meta, const unsigned char *data,
+			   size_t n, int keep, struct tr_ckpt_row *row)
 {
 	tr_ckpt_writer_t *w;
-	int rc = tr_store_ckpt_begin(s, job, step, step / 10, "{\"kind\":\"test\"}", &w);
+	int rc = tr_store_ckpt_begin(s, job, step, step / 10, meta, &w);
 	cr_assert_eq(rc, 0, "begin: %s", tr_store_error(s));
 	static const size_t pieces[] = {1, 4093, 3 * MiB, 5 * MiB, 65536, 4 * MiB, 777777};
 	size_t off = 0;
@@ -208,6 +208,12 @@ static int write_ckpt(tr_store_t *s, int64_t job, int64_t step, const unsigned c
 	static const char header[] = "{\"__metadata__\":{}}";
 	size_t poff = n / 3, plen = n - n / 3 - n / 5;
 	return tr_store_ckpt_commit(w, header, sizeof header - 1, (int64_t)poff, (int64_t)plen, keep, row);
+}
+
+static int write_ckpt(tr_store_t *s, int64_t job, int64_t step, const unsigned char *data, size_t n, int keep,
+		      struct tr_ckpt_row *row)
+{
+	return write_ckpt_meta(s, job, step, "{\"kind\":\"test\"}", data, n, keep, row);
 }
 
 static void expect_load(tr_store_t *s, const struct tr_ckpt_row *row, const unsigned char *data, size_t n)
@@ -1334,3 +1340,51 @@ Test(ckpt, unreadable_file_is_not_called_damaged)
 	tr_store_close(s);
 }
 
+
+/* Early stopping's best checkpoint: a commit whose meta reason is "best"
+ * takes the flag from the previous best, pruning by keep never removes the
+ * flagged one, and TR_CKPT_BEST finds it. */
+Test(ckpt, best_survives_pruning)
+{
+	static const char best_meta[] = "{\"reason\":\"best\"}";
+	tr_store_t *s = open_store(NULL);
+	int64_t job = add_job(s), other = add_job(s);
+	unsigned char *data = random_bytes(4096, 9);
+	struct tr_ckpt_row row, best;
+
+	cr_assert_eq(tr_store_ckpt_get(s, job, TR_CKPT_BEST, &row), -ENOENT);
+	cr_assert_eq(write_ckpt_meta(s, other, 5, best_meta, data, 100, 1, NULL), 0);
+	cr_assert_eq(write_ckpt_meta(s, job, 10, best_meta, data, 200, 1, &best), 0, "%s", tr_store_error(s));
+	cr_assert(best.best);
+	for (int64_t step = 20; step <= 50; step += 10)
+		cr_assert_eq(write_ckpt(s, job, step, data, 300, 1, NULL), 0);
+	struct tr_ckpt_row *rows;
+	int count;
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, 2, "keep = 1 plus the best");
+	cr_assert_eq(rows[0].step, 50);
+	cr_assert(!rows[0].best);
+	cr_assert_eq(rows[1].step, 10);
+	cr_assert(rows[1].best);
+	tr_ckpt_rows_free(rows, count);
+	cr_assert_eq(tr_store_ckpt_get(s, job, TR_CKPT_BEST, &row), 0);
+	cr_assert_eq(row.id, best.id);
+	expect_load(s, &row, data, 200);
+	tr_ckpt_row_finish(&row);
+	tr_ckpt_row_finish(&best);
+
+	/* A new best replaces it; the old best is pruned like any other. */
+	cr_assert_eq(write_ckpt_meta(s, job, 60, best_meta, data, 400, 1, &best), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(count, 1, "the new best is also the newest");
+	cr_assert_eq(rows[0].step, 60);
+	cr_assert(rows[0].best);
+	tr_ckpt_rows_free(rows, count);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE best = 1"), 2, "one per job");
+	cr_assert_eq(tr_store_ckpt_get(s, other, TR_CKPT_BEST, &row), 0, "another job's best is left alone");
+	cr_assert_eq(row.step, 5);
+	tr_ckpt_row_finish(&row);
+	tr_ckpt_row_finish(&best);
+	free(data);
+	tr_store_close(s);
+}
