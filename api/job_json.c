@@ -99,11 +99,11 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 			progress, "error", parsed(row->error, json_null()), "submitted_at",
 			tr_api_time_json(row->submitted_at), "started_at", tr_api_time_json(row->started_at),
 			"finished_at", tr_api_time_json(row->finished_at));
-	/* The state shown has happened but is not written yet (storage
-	 * fails); only then, so that the usual object is unchanged. */
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));
+	/* The state shown has happened but is not written yet (storage
+	 * fails); only then, so that the usual object is unchanged. */
 	if (job && row->state_pending)
 		json_object_set_new(job, "state_pending", json_true());
 	return job;
