@@ -3,7 +3,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 TRAINERD = $(BUILD)/daemon/trainerd
 
-.PHONY: all deps build run train test test-asan test-tsan bench clean
+.PHONY: all deps build run train test test-asan test-tsan test-reliability bench clean
 
 all: build
 
@@ -27,6 +27,12 @@ train: build
 
 test: build
 	python3 tests/run_tests.py $(BUILD)
+
+# The full reliability suite (tests/reliability/README.md): 20 SIGKILLs
+# with restarts, two 30 s load rounds, every fault, and the fuzz targets
+# when tests/fuzz/run.sh exists.  `make test` runs a bounded part of it.
+test-reliability: build
+	tests/reliability/run.sh $(TRAINERD) --full
 
 # The suite under AddressSanitizer+UBSan and under ThreadSanitizer, CPU only.
 test-asan: deps

@@ -59,7 +59,7 @@ def incomplete_checkpoints(d):
 def main():
     a = rlib.main_args()
     kills = 20 if a.full else 4
-    epochs = 12 if a.full else 4  # 63 steps an epoch
+    epochs = 12 if a.full else 3  # 63 steps an epoch
     steps = 63 * epochs
     specs = [rlib.job_spec("crash-%d" % k, seed=11 + k, steps_epochs=epochs, load_cost_us=600 + 200 * k)
              for k in range(3)]

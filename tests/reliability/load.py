@@ -12,7 +12,7 @@ Clients use 127.0.0.x source addresses: the daemon limits connections
 and streams per address (docs/design.md, "Connection limits").
 
 Usage: load.py TRAINERD [--full] [--figures FILE]
-(bounded: one ~10 s round; --full: two ~30 s rounds).
+(bounded: one ~5 s round; --full: two ~30 s rounds).
 """
 import os
 import random
@@ -229,7 +229,7 @@ def settle(d, fds0, thr0, limit=30):
 
 def main():
     a = rlib.main_args()
-    secs = 30 if a.full else 8
+    secs = 30 if a.full else 5
     rounds = 2 if a.full else 1
     d = rlib.Daemon(cpu_devices=2, tag="load")
     try:
