@@ -73,6 +73,8 @@ def store_fault(ref, rid, spec, steps, word):
     try:
         d.start()
         jid = d.submit(spec)
+        if ref.wait_state(rid, ENDED, 120) != "completed":
+            check("%s: the reference job completed" % tag, False)
         t0 = time.time()
         while d.step(jid) < 15 and time.time() - t0 < 60:
             time.sleep(0.05)
@@ -89,6 +91,12 @@ def store_fault(ref, rid, spec, steps, word):
               st == 503 and isinstance(j, dict) and j.get("error", {}).get("code") == "storage_unavailable",
               "%s %s" % (st, j))
         os.unlink(os.path.join(d.dir, "fault"))
+        j = d.job(jid) or {}
+        # The job must outlive the failure to have its weights stored: one
+        # that ends while storage fails ends checkpoint_failed (tested in
+        # tests/integration/test_storage_faults.c).
+        check("%s: the job still runs when storage recovers" % tag, j.get("state") == "running",
+              "%s at step %s" % (j.get("state"), j.get("progress", {}).get("step")))
         t0 = time.time()
         ready = None
         while time.time() - t0 < 10:
@@ -259,15 +267,19 @@ def main():
     epochs = 3
     steps = 63 * epochs
     spec = rlib.job_spec("faulted", seed=21, steps_epochs=epochs, every=10, load_cost_us=800)
+    # Long enough (~10 s) to outlive a storage failure of ~2 s on a busy machine.
+    long_epochs = 8
+    long_spec = rlib.job_spec("stored", seed=22, steps_epochs=long_epochs, every=10, load_cost_us=2000)
     ref = rlib.Daemon(cpu_devices=2, tag="fref")
     d = rlib.Daemon(cpu_devices=2, tag="faults")
     try:
         ref.start()
         d.start()
         rid = ref.submit(spec)
+        lid = ref.submit(long_spec)
         check("reference job completed", ref.wait_state(rid, ENDED, 120) == "completed")
         for word in (["full", "readonly", "ioerr"] if a.full else ["full"]):
-            store_fault(ref, rid, spec, steps, word)
+            store_fault(ref, lid, long_spec, 63 * long_epochs, word)
         size_cap()
         data_faults(ref, d)
         stop_cont(ref, rid, d, spec, steps)
