@@ -29,9 +29,10 @@ test: build
 	python3 tests/run_tests.py $(BUILD)
 
 # The full reliability suite (tests/reliability/README.md): 20 SIGKILLs
-# with restarts, two 30 s load rounds, every fault, and the fuzz targets
-# when tests/fuzz/run.sh exists.  `make test` runs a bounded part of it.
+# with restarts, two 30 s load rounds, every fault; first the fuzz targets
+# (`make fuzz`) when tests/fuzz/run.sh exists.  `make test` runs a bounded part of it.
 test-reliability: build
+	[ ! -x tests/fuzz/run.sh ] || $(MAKE) fuzz
 	tests/reliability/run.sh $(TRAINERD) --full
 
 # The suite under AddressSanitizer+UBSan and under ThreadSanitizer, CPU only.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reliability suite (tests/reliability/README.md): the crash loop, the
-# load run and the faults against the built daemon, then the fuzz targets
-# when tests/fuzz/run.sh exists (full run only).  Prints each part's
+# load run and the faults against the built daemon (`make test-reliability`
+# also runs the fuzz targets when tests/fuzz/run.sh exists).  Prints each part's
 # checks, the merged figures, and one closing line
 # `RESULT: N passed, M failed` (tests/run_tests.py reads it).
 # Usage: run.sh TRAINERD [--full]   (run from the repository root)
@@ -37,15 +37,6 @@ for part in crash_loop load faults; do
 	fi
 	echo "== $part: $(($(date +%s) - start)) s"
 done
-if [ -n "$full" ] && [ -x "$here/../fuzz/run.sh" ]; then
-	if "$here/../fuzz/run.sh" >"$work/fuzz.out" 2>&1; then
-		pass=$((pass + 1))
-	else
-		fail=$((fail + 1))
-		echo "FAIL: tests/fuzz/run.sh" >&2
-	fi
-	sed 's/^RESULT:/fuzz:/' "$work/fuzz.out"
-fi
 # The figures of all parts, summed where they share a name.
 "$python" - "$work" <<'PY'
 import json, os, sys
