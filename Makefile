@@ -3,7 +3,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 TRAINERD = $(BUILD)/daemon/trainerd
 
-.PHONY: all deps build run train test test-asan test-tsan fuzz bench clean
+.PHONY: all deps build run train test test-asan test-tsan test-reliability fuzz bench clean
 
 all: build
 
@@ -27,6 +27,13 @@ train: build
 
 test: build
 	python3 tests/run_tests.py $(BUILD)
+
+# The full reliability suite (tests/reliability/README.md): 20 SIGKILLs
+# with restarts, two 30 s load rounds, every fault; first the fuzz targets
+# (`make fuzz`) when tests/fuzz/run.sh exists.  `make test` runs a bounded part of it.
+test-reliability: build
+	[ ! -x tests/fuzz/run.sh ] || $(MAKE) fuzz
+	tests/reliability/run.sh $(TRAINERD) --full
 
 # The suite under AddressSanitizer+UBSan and under ThreadSanitizer, CPU only.
 test-asan: deps

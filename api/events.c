@@ -29,6 +29,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,7 @@ struct stream {
 	bool end_when_drained; /* the job is over: stop at the first empty read */
 	bool done;
 	double last_write, last_event; /* monotonic seconds */
+	int fd;				/* the connection's socket, -1 when unknown */
 };
 
 static double mono_now(void)
@@ -179,6 +181,15 @@ static bool job_gone(struct stream *s)
 	return rc == -ENOENT;
 }
 
+/* Whether the client closed or reset its end (poll without waiting). */
+static bool peer_gone(const struct stream *s)
+{
+	if (s->fd < 0)
+		return false;
+	struct pollfd p = {.fd = s->fd, .events = POLLRDHUP};
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 {
 	struct stream *s = cls;
@@ -232,6 +243,15 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 			s->last_write = now;
 			continue;
 		}
+		/* A client that went away (closed or reset) is otherwise noticed
+		 * only by the next write, up to a heartbeat later on a quiet job,
+		 * and its stream counts against max-streams(-per-client) until
+		 * then: a client that reconnects was refused 503 for up to 15 s.
+		 * A half-close (the client shuts down its sending side) ends the
+		 * stream too; an event-stream client has nothing left to send
+		 * but does not do that while it still reads. */
+		if (peer_gone(s))
+			return MHD_CONTENT_READER_END_WITH_ERROR;
 		double left_ms = (heartbeat - (now - s->last_write)) * 1000.0;
 		int wait_ms = left_ms < 1000.0 ? (int)left_ms + 1 : 1000;
 
@@ -280,6 +300,7 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 	s->api = api;
 	s->job_id = id;
 	s->last_id = after;
+	s->fd = -1;
 	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, fill, s, free_stream);
 	if (!resp) {
 		free_stream(s);
@@ -301,6 +322,7 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 		int sndbuf = (int)api->cfg.sse_buffer_bytes;
 
 		setsockopt(fd->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+		s->fd = fd->connect_fd;
 	}
 	rp->stream = resp;
 	rp->status = 200;

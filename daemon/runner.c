@@ -258,6 +258,41 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* "completed" promises that the job's final weights are stored (a
+ * download of its latest model.safetensors gives them).  A final checkpoint
+ * that could not be written (a full disk, the --state-max-bytes cap), or a
+ * periodic one at the last step that failed after the trainer counted it
+ * as taken (its write is asynchronous, so the trainer then skips the final
+ * one as a duplicate), used to leave a "completed" job with older weights
+ * or none at all, said only in a warning of its log.  Such a job fails
+ * instead, naming the cause; its earlier checkpoints stay.  True when the
+ * newest stored checkpoint is not at `steps` (err says why). */
+static bool final_weights_missing(struct running_job *j, int64_t steps, char *err, size_t errlen)
+{
+	tr_store_t *st = j->sched->cfg.store;
+	tr_checkpointer_wait_idle(j->sched->checkpointer, j->id);
+	struct tr_ckpt_row row = {0};
+	int rc = tr_store_ckpt_get(st, j->id, -1, &row);
+	int64_t newest = rc == 0 ? row.step : -1;
+	tr_ckpt_row_finish(&row);
+	if (rc == 0 && newest == steps)
+		return false;
+	if (rc < 0 && rc != -ENOENT) {
+		/* The list could not be read: the weights may well be there. */
+		tr_log(TR_LOG_WARN, "job %lld: cannot check that its final checkpoint is stored: %s",
+		       (long long)j->id, tr_store_error(st));
+		return false;
+	}
+	char older[64] = "no earlier checkpoint exists";
+	if (newest >= 0)
+		snprintf(older, sizeof older, "the newest stored checkpoint is at step %lld", (long long)newest);
+	snprintf(err, errlen,
+		 "training ended at step %lld, but its final weights could not be stored (see the job's log for "
+		 "the checkpoint's error); %s",
+		 (long long)steps, older);
+	return true;
+}
+
 /* The spec's "precision", on the job's devices: they are the job's alone
  * until it ends.  fp32 is set too, so that a TF32 job leaves nothing
  * behind for the next job on the same devices.  Where gemm is FP32 only
@@ -381,7 +416,10 @@ static void *runner_main(void *arg)
 
 	bool cancelled = atomic_load(&j->cancel_requested);
 	bool paused = atomic_load(&j->pause_requested);
-	if (rc == 0 && !sum.stopped) {
+	bool ends_completed = rc == 0 && (!sum.stopped || (!shutdown && !paused)); /* as below */
+	if (ends_completed && final_weights_missing(j, sum.steps, err, sizeof err)) {
+		finish(j, "failed", "checkpoint_failed", err, sum.steps);
+	} else if (rc == 0 && !sum.stopped) {
 		finish(j, "completed", NULL, NULL, sum.steps);
 	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
 		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);

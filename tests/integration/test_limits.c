@@ -387,6 +387,44 @@ Test(limits, stream_caps_answer_503)
 		close(c1);
 }
 
+/* A client that vanishes from a quiet stream (a paused job: no events, a
+ * heartbeat only every 15 s) used to keep its place until the next
+ * heartbeat's write failed, so reconnecting from the same address was
+ * refused with 503 too_many_streams for up to 15 s.  Its place is free
+ * within a second now, for a reset and for an ordinary close.  Found by
+ * the reliability suite's load run (clients that vanish and come back). */
+Test(limits, vanished_stream_frees_its_place_within_a_second)
+{
+	const char *flags[] = {"--max-streams-per-client", "2", NULL};
+	long st;
+
+	daemon_start(&d, 1, flags);
+	long long job = paused_job();
+	for (int round = 0; round < 2; round++) {
+		int a = open_stream("127.0.0.1", job, &st, NULL, 0);
+		cr_assert_eq(st, 200);
+		int b = open_stream("127.0.0.1", job, &st, NULL, 0);
+		cr_assert_eq(st, 200);
+		if (round == 0) { /* a reset */
+			struct linger lg = {.l_onoff = 1, .l_linger = 0};
+			setsockopt(a, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+		}
+		close(a);
+		/* 4 s: well under the 15 s heartbeat that used to free it. */
+		int c = -1;
+		for (int i = 0; i < 40 && c < 0; i++) {
+			c = open_stream("127.0.0.1", job, &st, NULL, 0);
+			if (c < 0)
+				usleep(100000);
+		}
+		cr_assert_geq(c, 0, "%s: the vanished stream still holds its place (status %ld)",
+			      round == 0 ? "reset" : "close", st);
+		close(b);
+		close(c);
+		usleep(1500000); /* both places free again for the next round */
+	}
+}
+
 /* Submits a small job, waits for it to finish and pushes n points named
  * "m" (steps 0..n-1) to it; returns once the store has them all. */
 static long long job_with_points(int n)

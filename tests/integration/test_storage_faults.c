@@ -349,3 +349,42 @@ Test(storage_faults, job_interrupted_while_failing_waits_in_the_queue_and_resume
 	cr_assert_eq(status_of("POST", path, NULL, NULL, 0), 202);
 	cr_assert_str_eq(wait_state(&d, id, "cancelled|completed|failed", 30), "cancelled");
 }
+
+/* "completed" promises stored final weights.  Under a --state-max-bytes cap
+ * smaller than one checkpoint every checkpoint fails; the last step's is a
+ * periodic one whose write fails after the trainer counted it as taken, so
+ * no final one followed, and the job used to end "completed" with no
+ * weights at all (a 404 for its model.safetensors).  It fails now, saying
+ * why, and the daemon goes on serving. */
+Test(storage_faults, job_whose_final_weights_cannot_be_stored_fails)
+{
+	unsetenv("TRAINERD_TEST_STORE_FAULT"); /* the real cap, not the switch */
+	const char *extra[] = {"--state-max-bytes", "3145728", NULL};
+	daemon_start(&d, 1, extra);
+	/* 529,412 parameters with Adam: a 6.4 MB checkpoint at steps 5 and 10. */
+	const char *big =
+		"{\"name\": \"capped\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 1024},"
+		" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\":"
+		" \"synthetic\", \"samples\": 320, \"features\": 512, \"classes\": 4}}, \"batch_size\": 32, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.001}, \"checkpoint\": {\"every_steps\": 5}}";
+	long long id = submit_job(&d, big);
+	const char *st = wait_state(&d, id, "completed|failed|cancelled", 90);
+	char path[96];
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	struct http_reply r;
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	json_t *err = json_object_get(r.json, "error");
+	const char *code = json_string_value(json_object_get(err, "code"));
+	const char *msg = json_string_value(json_object_get(err, "message"));
+	cr_assert_str_eq(st, "failed", "a job whose weights could not be stored is %s: %s", st, r.body);
+	cr_assert_str_eq(code, "checkpoint_failed", "%s", r.body);
+	cr_assert_not_null(strstr(msg, "final weights could not be stored"), "%s", msg);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", id);
+	cr_assert_eq(status_of("GET", path, NULL, NULL, 0), 404);
+	/* A job that fits still completes, with its weights. */
+	long long small = submit_job(&d, small_job);
+	cr_assert_str_eq(wait_state(&d, small, "completed|failed|cancelled", 60), "completed");
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", small);
+	cr_assert_eq(status_of("GET", path, NULL, NULL, 0), 200);
+}
