@@ -56,6 +56,8 @@ static const struct option_row options[] = {
 	{"request-timeout", OPT_INT, OFF(request_timeout_s), 0, 1, 3600, NULL, "30",
 	 "seconds a request's headers and body may take to arrive (a total, not an idle time); idle kept-alive "
 	 "connections close after it too"},
+	{"max-queued-jobs", OPT_INT, OFF(max_queued_jobs), 0, 0, 10000000, NULL, "10000",
+	 "jobs that may wait in the queue at once (0 = no limit); a submit past it is answered 503"},
 	{"max-streams", OPT_INT, OFF(max_streams), 0, 1, 100000, NULL, "256",
 	 "event streams (GET /jobs/{id}/events) open at once; more are answered 503"},
 	{"max-streams-per-client", OPT_INT, OFF(max_streams_per_client), 0, 1, 100000, NULL, "16",

@@ -27,6 +27,7 @@ struct tr_config {
 	int max_streams;                /* open event streams, all clients */
 	int max_streams_per_client;     /* of one client address */
 	long sse_buffer;                /* event bytes one stream holds at a time */
+	int max_queued_jobs;            /* queued jobs at once; 0 = no limit */
 	int sse_stall_s;                /* a stream whose client reads nothing for this long is closed; 0 = auto */
 	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
 	long metrics_queue;   /* points buffered before drops */

@@ -20,6 +20,7 @@ struct tr_scheduler_config {
 	tr_store_t *store;              /* borrowed */
 	tr_backend_t *backend;          /* borrowed: its devices are the pool */
 	const char *const *data_roots;  /* NULL-terminated absolute directories */
+	int max_queued;                 /* queued jobs at once; 0 = no limit */
 };
 
 int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, char *err, size_t errlen);

@@ -266,6 +266,7 @@ int tr_cmd_serve(int argc, char **argv)
 		.store = store,
 		.backend = be,
 		.data_roots = (const char *const *)cfg.data_roots,
+		.max_queued = cfg.max_queued_jobs,
 	};
 	if (tr_scheduler_create(&scfg, &sched, err, sizeof err) < 0 || tr_scheduler_start(sched, err, sizeof err) < 0) {
 		tr_log(TR_LOG_ERR, "%s", err);

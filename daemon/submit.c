@@ -128,8 +128,11 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		.loss = NAN,
 	};
 	int64_t existing = 0;
-	rc = tr_store_job_insert(s->cfg.store, &row, &existing);
-	if (rc == -EEXIST) {
+	rc = tr_store_job_insert_bounded(s->cfg.store, &row, s->cfg.max_queued, &existing);
+	if (rc == -EAGAIN) {
+		tr_log(TR_LOG_WARNING, "submit refused: %s", tr_store_error(s->cfg.store));
+		rc = refuse(err, 503, "queue_full", "", "%s; retry when some have started", tr_store_error(s->cfg.store));
+	} else if (rc == -EEXIST) {
 		struct tr_job_row old = {0};
 		rc = tr_store_job_get(s->cfg.store, existing, &old);
 		if (rc == 0 && old.request_hash && strcmp(old.request_hash, digest) == 0) {

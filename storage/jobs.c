@@ -149,6 +149,11 @@ static char *state_event_data(const char *state, const char *error_json)
 
 int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id)
 {
+	return tr_store_job_insert_bounded(s, row, 0, existing_id);
+}
+
+int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id)
+{
 	if (!row || !row->spec)
 		return tr_store_fail(-EINVAL, "job insert: spec is required");
 	int err = check_json(row->devices, JSON_ARRAY, "devices");
@@ -185,6 +190,28 @@ int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing
 		}
 		if (rc != SQLITE_DONE) {
 			err = SQLFAIL(c, rc, "SELECT job by idempotency key");
+			goto cleanup;
+		}
+	}
+	/* Counted inside the insert's write transaction, so concurrent
+	 * submits cannot all pass the bound; after the key lookup, so a
+	 * retried submit still finds its job when the queue is full. */
+	if (max_queued > 0) {
+		st = tr_store_stmt(c, "SELECT COUNT(*) FROM jobs WHERE state = 'queued'");
+		if (!st) {
+			err = -EIO;
+			goto cleanup;
+		}
+		int rc = sqlite3_step(st);
+		int64_t queued = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+		sqlite3_reset(st);
+		if (rc != SQLITE_ROW) {
+			err = SQLFAIL(c, rc, "SELECT queued job count");
+			goto cleanup;
+		}
+		if (queued >= max_queued) {
+			err = tr_store_fail(-EAGAIN, "%lld jobs are queued, the most this daemon takes (max-queued-jobs)",
+					    (long long)queued);
 			goto cleanup;
 		}
 	}

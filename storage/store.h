@@ -119,6 +119,9 @@ int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *count
  * stores the existing job's id in *existing_id and returns -EEXIST (the
  * caller compares request_hash). */
 int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id);
+/* The same, refusing with -EAGAIN (nothing inserted) when max_queued > 0
+ * and that many jobs are queued already. */
+int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id);
 int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out); /* -ENOENT */
 /* Jobs with id > after (0 = from the start), ascending id, at most limit;
  * state NULL = any.  *rows is malloc'd (free each with tr_job_row_finish,

@@ -378,3 +378,52 @@ Test(bounds, stop_on_nan_fails_at_the_step_and_keeps_good_checkpoints, .init = s
 	http_free(&r);
 	expect_healthy_and_training();
 }
+
+/* Queued jobs per daemon (--max-queued-jobs): a submit past the bound is
+ * 503 queue_full with nothing stored, a retried submit with a stored key
+ * still gets its job, and the queue takes jobs again once one starts. */
+#define BLOCKER_JOB                                                                                             \
+	"{\"name\": \"blocker\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\":"       \
+	" {\"train\": {\"format\": \"synthetic\", \"samples\": 100000000, \"features\": 4, \"classes\": 2}},"     \
+	" \"batch_size\": 8, \"epochs\": 1, \"devices\": \"all\", \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}"
+
+Test(bounds, queued_jobs_past_the_bound_are_refused, .timeout = 120)
+{
+	static const char *const limit[] = {"--shutdown-grace", "1", "--max-queued-jobs", "2", NULL};
+	daemon_start(&d, 2, limit);
+	long long blocker = submit_job(&d, BLOCKER_JOB);
+	cr_assert_str_eq(wait_state(&d, blocker, "running", 30), "running");
+	submit_job(&d, SMALL_JOB);
+	struct http_reply r;
+	http(&d, "POST", "/jobs", SMALL_JOB, NULL, "Idempotency-Key: second", &r);
+	cr_assert_eq(r.status, 201, "%ld %s", r.status, r.body);
+	http_free(&r);
+
+	http(&d, "POST", "/jobs", SMALL_JOB, NULL, NULL, &r);
+	cr_assert_eq(r.status, 503, "%ld %s", r.status, r.body);
+	cr_assert(strstr(r.body, "\"queue_full\"") && strstr(r.body, "max-queued-jobs"), "%s", r.body);
+	http_free(&r);
+	/* Nothing was stored for the refused submit. */
+	http(&d, "GET", "/jobs?state=queued", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	cr_assert(strstr(r.body, "\"id\":4") == NULL, "%s", r.body);
+	http_free(&r);
+	/* A retry of a stored submit is its job, full queue or not. */
+	http(&d, "POST", "/jobs", SMALL_JOB, NULL, "Idempotency-Key: second", &r);
+	cr_assert(r.status == 200 || r.status == 201, "%ld %s", r.status, r.body);
+	cr_assert(strstr(r.body, "\"id\":3"), "%s", r.body);
+	http_free(&r);
+
+	/* Room again once the blocker is gone and a queued job starts. */
+	char url[64];
+	snprintf(url, sizeof url, "/jobs/%lld/cancel", blocker);
+	http(&d, "POST", url, NULL, NULL, NULL, &r);
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, blocker, "cancelled", 30), "cancelled");
+	const char *st = wait_state(&d, 2, "running|completed", 30);
+	cr_assert(strcmp(st, "running") == 0 || strcmp(st, "completed") == 0, "job 2 is %s", st);
+	http(&d, "POST", "/jobs", SMALL_JOB, NULL, NULL, &r);
+	cr_assert_eq(r.status, 201, "%ld %s", r.status, r.body);
+	http_free(&r);
+	daemon_cleanup(&d);
+}
