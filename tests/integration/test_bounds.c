@@ -387,7 +387,7 @@ Test(bounds, stop_on_nan_fails_at_the_step_and_keeps_good_checkpoints, .init = s
 	" {\"train\": {\"format\": \"synthetic\", \"samples\": 100000000, \"features\": 4, \"classes\": 2}},"     \
 	" \"batch_size\": 8, \"epochs\": 1, \"devices\": \"all\", \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}"
 
-Test(bounds, queued_jobs_past_the_bound_are_refused, .timeout = 120)
+Test(bounds, queued_jobs_past_the_bound_are_refused, .fini = stop, .timeout = 120)
 {
 	static const char *const limit[] = {"--shutdown-grace", "1", "--max-queued-jobs", "2", NULL};
 	daemon_start(&d, 2, limit);
@@ -425,5 +425,4 @@ Test(bounds, queued_jobs_past_the_bound_are_refused, .timeout = 120)
 	http(&d, "POST", "/jobs", SMALL_JOB, NULL, NULL, &r);
 	cr_assert_eq(r.status, 201, "%ld %s", r.status, r.body);
 	http_free(&r);
-	daemon_cleanup(&d);
 }
