@@ -17,19 +17,7 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-pass=0
-fail=0
-check() { # check NAME COMMAND...
-	local name=$1
-	shift
-	if "$@"; then
-		pass=$((pass + 1))
-	else
-		fail=$((fail + 1))
-		echo "FAIL: $name" >&2
-	fi
-}
-has() { grep -q -- "$2" "$1"; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 for tool in promtool prometheus curl; do
 	if ! command -v $tool >/dev/null; then
 		echo "$tool is not installed (scripts/install-deps.sh installs it)" >&2
@@ -148,5 +136,4 @@ if [ "$fail" -ne 0 ]; then
 	echo "---- daemon log ----" >&2
 	tail -30 "$work/daemon.log" >&2
 fi
-echo "RESULT: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

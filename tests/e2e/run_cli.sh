@@ -6,18 +6,7 @@ set -u
 TRAINERD=${1:?usage: run_cli.sh TRAINERD}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-pass=0
-fail=0
-check() { # check NAME CONDITION...
-	local name=$1
-	shift
-	if "$@"; then
-		pass=$((pass + 1))
-	else
-		fail=$((fail + 1))
-		echo "FAIL: $name" >&2
-	fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
@@ -222,5 +211,4 @@ check "--resume of a missing directory names its spec" grep -q "$work/nowhere/sp
 "$TRAINERD" version | grep -q "^trainerd "
 check "version prints" test $? -eq 0
 
-echo "RESULT: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -15,19 +15,7 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-pass=0
-fail=0
-check() { # check NAME COMMAND...
-	local name=$1
-	shift
-	if "$@"; then
-		pass=$((pass + 1))
-	else
-		fail=$((fail + 1))
-		echo "FAIL: $name" >&2
-	fi
-}
-has() { grep -q -- "$2" "$1"; }                 # has FILE PATTERN
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 count() { grep -c -- "$2" "$1" || true; }      # count FILE PATTERN
 tc() { "$TRAINCTL" "$@"; }
 
@@ -321,5 +309,4 @@ if [ "$fail" -ne 0 ]; then
 	echo "---- daemon log ----" >&2
 	tail -50 "$work/daemon.log" >&2
 fi
-echo "RESULT: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
