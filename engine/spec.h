@@ -98,6 +98,10 @@ struct tr_source_spec {
 	float noise;       /* default 0.1 */
 	int64_t load_cost_us; /* default 0 */
 	uint64_t data_seed;   /* "seed" inside the source; default = job seed */
+	/* Not from a spec: inputs for prediction, without labels (csv: every
+	 * column is a feature; npy: no y; idx: no labels file).  The reader's
+	 * label_dim is then 0. */
+	bool unlabeled;
 };
 
 enum tr_transform_type { TR_TF_SCALE, TR_TF_STANDARDIZE, TR_TF_GAUSSIAN_NOISE };

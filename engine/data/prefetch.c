@@ -81,12 +81,12 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 			return -ECANCELED;
 		}
 		float *x = b->x + (size_t)i * pf->features;
-		float *y = b->y + (size_t)i * pf->label_dim;
+		float *y = pf->label_dim > 0 ? b->y + (size_t)i * pf->label_dim : NULL;
 		int rc = tr_reader_get(c->reader, b->index[i], x, y, err, errlen);
 		if (rc < 0)
 			return rc;
 		if (c->transforms)
-			tr_transforms_apply(c->transforms, x, pf->features, c->seed, epoch, b->index[i], 1);
+			tr_transforms_apply(c->transforms, x, pf->features, c->seed, epoch, b->index[i], !c->inference);
 	}
 	/* After the reads: rows read from a file rewritten under the job fail
 	 * the step instead of being trained on (reader.h, check). */

@@ -268,7 +268,7 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 		break;
 	case TR_DATA_NPY:
 		ret = open_one(roots, src->x_path, "npy x", &a, a_name, sizeof a_name, err, errlen);
-		if (ret == 0)
+		if (ret == 0 && !src->unlabeled)
 			ret = open_one(roots, src->y_path, "npy y", &b, b_name, sizeof b_name, err, errlen);
 		if (ret == 0)
 			ret = tr_npy_open(a, a_name, b, b_name, out, err, errlen);
@@ -277,7 +277,7 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 		break;
 	case TR_DATA_IDX:
 		ret = open_one(roots, src->images_path, "idx images", &a, a_name, sizeof a_name, err, errlen);
-		if (ret == 0)
+		if (ret == 0 && !src->unlabeled)
 			ret = open_one(roots, src->labels_path, "idx labels", &b, b_name, sizeof b_name, err, errlen);
 		if (ret == 0)
 			ret = tr_idx_open(a, a_name, b, b_name, out, err, errlen);

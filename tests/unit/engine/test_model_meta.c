@@ -1,0 +1,232 @@
+/* A model file's self-description (engine/model_meta.h) and the figures of
+ * an evaluation (engine/infer.h): the description round-trips, rebuilt
+ * transforms give the same inputs as the fitted ones, bad descriptions are
+ * named, and eval figures match a direct computation. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/infer.h"
+#include "engine/model_meta.h"
+
+static const char *const spec_text =
+	"{\"name\": \"meta\", \"seed\": 3,"
+	" \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+	"   {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 200, \"features\": 5, \"classes\": 3},"
+	"   \"transforms\": [{\"type\": \"scale\", \"factor\": 0.5}, {\"type\": \"standardize\"},"
+	"                   {\"type\": \"gaussian_noise\", \"std\": 0.3}]},"
+	" \"batch_size\": 16, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+
+struct fixture {
+	struct tr_spec spec;
+	tr_reader_t *train;
+	tr_transforms_t *tf;
+	tr_model_t model;
+	json_t *meta;
+};
+
+static void build(struct fixture *f)
+{
+	struct tr_spec_error serr;
+	char err[512];
+	cr_assert_eq(tr_spec_parse_text(spec_text, &f->spec, &serr), 0, "%s", serr.message);
+	cr_assert_eq(tr_reader_open(&f->spec.train, f->spec.seed, NULL, NULL, &f->train, err, sizeof err), 0, "%s",
+		     err);
+	cr_assert_eq(tr_transforms_create(&f->spec, f->train, &f->tf, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_init(&f->model, &f->spec, f->train->info.features, err, sizeof err), 0, "%s", err);
+	f->meta = json_object();
+	cr_assert_eq(tr_model_meta_describe(f->meta, &f->spec, &f->model, f->tf, f->train, err, sizeof err), 0, "%s",
+		     err);
+}
+
+static void teardown(struct fixture *f)
+{
+	json_decref(f->meta);
+	tr_transforms_destroy(f->tf);
+	tr_reader_destroy(f->train);
+	tr_spec_finish(&f->spec);
+}
+
+Test(model_meta, round_trip)
+{
+	struct fixture f;
+	build(&f);
+	/* Every value is a string (safetensors' rule). */
+	const char *key;
+	json_t *v;
+	json_object_foreach(f.meta, key, v)
+		cr_assert(json_is_string(v), "%s is not a string", key);
+	cr_assert_str_eq(json_string_value(json_object_get(f.meta, "trainerd_model_format")), "1");
+	cr_assert_str_eq(json_string_value(json_object_get(f.meta, "trainerd_version")), TR_VERSION);
+
+	struct tr_model_desc d;
+	char err[512];
+	cr_assert_eq(tr_model_desc_from_meta(f.meta, &d, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(d.model.inputs, 5, "inputs taken from the data are recorded");
+	cr_assert_eq(d.model.n_params, f.model.n_params);
+	cr_assert_eq(d.model.n_layers, 4);
+	cr_assert(d.classification);
+	cr_assert_eq(d.outputs, 3);
+	cr_assert_null(d.class_names);
+	cr_assert_eq(d.spec.n_transforms, 3);
+	cr_assert_str_eq(d.version, TR_VERSION);
+
+	/* The rebuilt transforms give every sample exactly the fitted ones'
+	 * inference input (noise skipped on both sides). */
+	for (int64_t i = 0; i < f.train->info.samples; i++) {
+		float x[5], y[1], a[5], b[5];
+		cr_assert_eq(tr_reader_get(f.train, i, x, y, err, sizeof err), 0);
+		memcpy(a, x, sizeof x);
+		memcpy(b, x, sizeof x);
+		tr_transforms_apply(f.tf, a, 5, 3, 0, i, 0);
+		tr_transforms_apply(d.transforms, b, 5, 3, 0, i, 0);
+		cr_assert_eq(memcmp(a, b, sizeof a), 0, "sample %lld differs", (long long)i);
+	}
+	/* The recorded preprocessing says which transform is for training only. */
+	json_t *pre = json_loads(json_string_value(json_object_get(f.meta, "preprocessing")), 0, NULL);
+	json_t *tfs = json_object_get(pre, "transforms");
+	cr_assert_eq(json_array_size(tfs), 3);
+	cr_assert(json_is_true(json_object_get(json_array_get(tfs, 2), "train_only")));
+	cr_assert_null(json_object_get(json_array_get(tfs, 0), "train_only"));
+	json_t *fitted = json_object_get(json_array_get(tfs, 1), "fitted");
+	cr_assert_eq(json_array_size(json_object_get(fitted, "mean")), 5);
+	cr_assert_eq(json_array_size(json_object_get(fitted, "std")), 5);
+	json_decref(pre);
+	tr_model_desc_finish(&d);
+	teardown(&f);
+}
+
+/* Replaces key's JSON text in meta by what edit makes of it. */
+static void edit_key(json_t *meta, const char *key, void (*edit)(json_t *))
+{
+	json_t *v = json_loads(json_string_value(json_object_get(meta, key)), 0, NULL);
+	cr_assert_not_null(v);
+	edit(v);
+	char *text = json_dumps(v, JSON_COMPACT);
+	json_object_set_new(meta, key, json_string(text));
+	free(text);
+	json_decref(v);
+}
+
+static void short_mean(json_t *pre)
+{
+	json_t *mean = json_object_get(json_object_get(json_array_get(json_object_get(pre, "transforms"), 1), "fitted"),
+				       "mean");
+	json_array_remove(mean, 0);
+}
+
+static void bad_layer(json_t *model)
+{
+	json_object_set_new(json_array_get(json_object_get(model, "layers"), 0), "units", json_integer(-4));
+}
+
+Test(model_meta, bad_descriptions_are_named)
+{
+	struct fixture f;
+	struct tr_model_desc d;
+	char err[512];
+	build(&f);
+
+	json_t *m = json_deep_copy(f.meta);
+	json_object_del(m, "preprocessing");
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
+	cr_assert(strstr(err, "\"preprocessing\""), "%s", err);
+	tr_model_desc_finish(&d);
+	json_decref(m);
+
+	m = json_deep_copy(f.meta);
+	json_object_set_new(m, "trainerd_model_format", json_string("2"));
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
+	cr_assert(strstr(err, "trainerd_model_format 2"), "%s", err);
+	tr_model_desc_finish(&d);
+	json_decref(m);
+
+	m = json_deep_copy(f.meta);
+	edit_key(m, "preprocessing", short_mean);
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
+	cr_assert(strstr(err, "transforms/1: standardize needs \"fitted\": {\"mean\": [5 numbers]}"), "%s", err);
+	tr_model_desc_finish(&d);
+	json_decref(m);
+
+	m = json_deep_copy(f.meta);
+	edit_key(m, "model", bad_layer);
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
+	cr_assert(strstr(err, "/model/layers/0/units"), "%s", err);
+	tr_model_desc_finish(&d);
+	json_decref(m);
+	teardown(&f);
+}
+
+Test(eval_acc, classification_against_direct_computation)
+{
+	/* Three classes, four samples: argmax 0, 2, 1, 1 (a tie goes to the lower
+	 * class, as numpy's argmax) against labels 0, 2, 2, 1. */
+	const float z[] = {2, 1, 0, 0, 0, 3, 1, 4, 2, -1, 0.5f, 0.5f};
+	const float y[] = {0, 2, 2, 1};
+	struct tr_eval_acc a;
+	char err[256];
+	cr_assert_eq(tr_eval_acc_init(&a, true, 3), 0);
+	cr_assert_eq(tr_eval_acc_add(&a, 0, 2, z, y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_eval_acc_add(&a, 2, 2, z + 6, y + 2, err, sizeof err), 0, "%s", err);
+	json_t *r = tr_eval_acc_json(&a, "test_");
+	double want = 0;
+	for (int i = 0; i < 4; i++) {
+		double s = 0;
+		for (int c = 0; c < 3; c++)
+			s += exp(z[i * 3 + c]);
+		want += log(s) - z[i * 3 + (int)y[i]];
+	}
+	want /= 4;
+	cr_assert_float_eq(json_real_value(json_object_get(r, "test_loss")), want, 1e-12);
+	cr_assert_float_eq(json_real_value(json_object_get(r, "test_accuracy")), 0.75, 1e-15);
+	cr_assert_eq(json_integer_value(json_object_get(r, "samples")), 4);
+	json_t *cm = json_object_get(r, "confusion_matrix");
+	/* rows: true class; columns: predicted */
+	const int want_cm[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 1, 1}};
+	for (int i = 0; i < 3; i++)
+		for (int j = 0; j < 3; j++)
+			cr_assert_eq(json_integer_value(json_array_get(json_array_get(cm, i), j)), want_cm[i][j],
+				     "cell %d,%d", i, j);
+	json_decref(r);
+
+	/* A label that is no class of the model names its sample. */
+	const float bad[] = {3};
+	cr_assert_lt(tr_eval_acc_add(&a, 7, 1, z, bad, err, sizeof err), 0);
+	cr_assert(strstr(err, "sample 7: label 3 is not a class of this model (0 to 2)"), "%s", err);
+	tr_eval_acc_finish(&a);
+}
+
+Test(eval_acc, regression_against_direct_computation)
+{
+	/* Two outputs, five samples; targets far from 0 test the shifted sums. */
+	const float p[] = {1000.5f, 1, 1001, 2, 999.5f, 2.5f, 1002, 4, 1000, 6};
+	const float t[] = {1000, 1.5f, 1001.5f, 2, 999, 3, 1002.5f, 5, 1000, 5};
+	struct tr_eval_acc a;
+	char err[256];
+	cr_assert_eq(tr_eval_acc_init(&a, false, 2), 0);
+	cr_assert_eq(tr_eval_acc_add(&a, 0, 5, p, t, err, sizeof err), 0, "%s", err);
+	json_t *r = tr_eval_acc_json(&a, NULL);
+	double se = 0, ae = 0, r2 = 0;
+	for (int c = 0; c < 2; c++) {
+		double mean = 0, res = 0, tot = 0;
+		for (int i = 0; i < 5; i++)
+			mean += t[i * 2 + c] / 5.0;
+		for (int i = 0; i < 5; i++) {
+			double d = (double)p[i * 2 + c] - t[i * 2 + c];
+			res += d * d;
+			tot += (t[i * 2 + c] - mean) * (t[i * 2 + c] - mean);
+			ae += fabs(d);
+		}
+		se += res;
+		r2 += (1 - res / tot) / 2;
+	}
+	cr_assert_float_eq(json_real_value(json_object_get(r, "mse")), se / 10, 1e-12);
+	cr_assert_float_eq(json_real_value(json_object_get(r, "loss")), se / 10, 1e-12);
+	cr_assert_float_eq(json_real_value(json_object_get(r, "mae")), ae / 10, 1e-12);
+	cr_assert_float_eq(json_real_value(json_object_get(r, "r2")), r2, 1e-9);
+	cr_assert_null(json_object_get(r, "accuracy"));
+	json_decref(r);
+	tr_eval_acc_finish(&a);
+}
