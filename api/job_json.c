@@ -102,6 +102,12 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));
+	/* What the job does: "train", or "evaluate" (POST /jobs/{id}/evaluate,
+	 * whose spec says so). */
+	if (job) {
+		const char *kind = json_string_value(json_object_get(json_object_get(job, "spec"), "kind"));
+		json_object_set_new(job, "kind", json_string(kind && strcmp(kind, "evaluate") == 0 ? "evaluate" : "train"));
+	}
 	/* The state shown has happened but is not written yet (storage
 	 * fails); only then, so that the usual object is unchanged. */
 	if (job && row->state_pending)
@@ -217,6 +223,13 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 	if (job && json_object_set_new(job, "summary", tr_api_job_summary(api, &row, live)) != 0) {
 		json_decref(job);
 		job = NULL;
+	}
+	/* An evaluate job's figures, null until it completed. */
+	if (job && strcmp(json_string_value(json_object_get(job, "kind")), "evaluate") == 0) {
+		char *text = NULL;
+		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text) == 0 ? json_loads(text, 0, NULL) : NULL;
+		free(text);
+		json_object_set_new(job, "result", result ? result : json_null());
 	}
 	json_decref(live);
 	tr_job_row_finish(&row);

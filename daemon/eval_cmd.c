@@ -190,21 +190,11 @@ static int parse_source(const struct common_opts *o, const struct tr_model_desc 
 				jerr.line > 0 ? jerr.text : "no such file or not readable");
 		return -1;
 	}
-	json_t *full = tr_spec_to_json(&d->spec);
-	json_t *doc = json_pack("{s:I, s:O, s:{s:O}, s:i, s:i, s:{s:s, s:f}}", "seed", (json_int_t)d->spec.seed,
-				"model", json_object_get(full, "model"), "data", "train", src, "batch_size", 1,
-				"epochs", 1, "optimizer", "type", "sgd", "lr", 0.1);
 	struct tr_spec_error serr;
-	int rc = doc ? tr_spec_parse(doc, spec, &serr) : -ENOMEM;
-	if (rc < 0) {
-		const char *msg = doc ? serr.message : "out of memory";
-		/* "/data/train/path: ..." is "/path" of what the user wrote. */
-		if (strncmp(msg, "/data/train", 11) == 0)
-			msg += 11;
-		fprintf(stderr, "trainerd %s: DATA_SPEC: %s%s\n", o->cmd, msg[0] == ':' ? "(the source)" : "", msg);
-	}
-	json_decref(doc);
-	json_decref(full);
+	int rc = tr_model_source_parse(NULL, d, src, spec, &serr);
+	if (rc < 0)
+		fprintf(stderr, "trainerd %s: DATA_SPEC: %s%s\n", o->cmd,
+			serr.message[0] == ':' ? "(the source)" : "", serr.message);
 	json_decref(src);
 	return rc < 0 ? -1 : 0;
 }

@@ -267,3 +267,31 @@ int tr_model_desc_load(const char *path, struct tr_model_desc *d, char *err, siz
 	int rc = tr_st_open(path, &f, err, errlen);
 	return rc < 0 ? rc : load_file(f, d, err, errlen);
 }
+
+int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
+			  struct tr_spec_error *err)
+{
+	json_t *full = model ? NULL : tr_spec_to_json(&d->spec);
+	const json_t *m = model ? model : json_object_get(full, "model");
+	json_t *doc = json_pack("{s:I, s:O, s:{s:O}, s:i, s:i, s:{s:s, s:f}}", "seed", (json_int_t)(d ? d->spec.seed : 0),
+				"model", m, "data", "train", src, "batch_size", 1, "epochs", 1, "optimizer", "type",
+				"sgd", "lr", 0.1);
+	int rc = -ENOMEM;
+	memset(out, 0, sizeof *out);
+	memset(err, 0, sizeof *err);
+	if (doc && m && src)
+		rc = tr_spec_parse(doc, out, err);
+	else
+		snprintf(err->message, sizeof err->message, "out of memory");
+	if (rc < 0) {
+		/* "/data/train/path: ..." is "/path" of the source. */
+		const size_t k = strlen("/data/train");
+		if (strncmp(err->pointer, "/data/train", k) == 0)
+			memmove(err->pointer, err->pointer + k, strlen(err->pointer + k) + 1);
+		if (strncmp(err->message, "/data/train", k) == 0)
+			memmove(err->message, err->message + k, strlen(err->message + k) + 1);
+	}
+	json_decref(doc);
+	json_decref(full);
+	return rc;
+}

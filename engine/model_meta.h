@@ -56,6 +56,15 @@ struct tr_model_desc {
 int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *err, size_t errlen);
 void tr_model_desc_finish(struct tr_model_desc *d);
 
+/* Parses a data source (borrowed, as a job's data.train: csv, npy, idx,
+ * synthetic) for the model d describes, through the job spec parser, so it
+ * is checked exactly as a job's is; `model` (borrowed, may be NULL: d's
+ * own) is the model section to check it against.  The source lands in
+ * out->train (release with tr_spec_finish).  Errors name the pointer inside
+ * the source ("/path: is required", "" for the source itself). */
+int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
+			  struct tr_spec_error *err);
+
 /* Reads a model file (model.safetensors or a checkpoint: the parameters
  * under their PyTorch names; optimizer state is ignored) into d,
  * description and weights.  `label` names the image in messages. */
