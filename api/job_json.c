@@ -164,6 +164,14 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 			last_value(store, row->id, "val_accuracy"));
 	if (!sum)
 		return NULL;
+	/* data.test's figures, once the job has them (docs/model-format.md). */
+	static const char *const test_names[] = {"test_loss", "test_accuracy", "test_mse", "test_mae", "test_r2"};
+	for (size_t i = 0; i < sizeof test_names / sizeof test_names[0]; i++) {
+		int64_t tstep;
+		double tv;
+		if (tr_store_metric_last(store, row->id, test_names[i], &tstep, &tv) > 0)
+			json_object_set_new(sum, test_names[i], number_or_null(tv));
+	}
 	json_object_set_new(sum, "step", row->started_at > 0 ? json_integer(row->step) : json_null());
 	if (json_is_object(live) && json_object_get(live, "step")) {
 		/* Running here: the trainer's own figures, computed as

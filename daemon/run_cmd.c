@@ -251,7 +251,7 @@ static int check_data_paths(const struct tr_spec *spec, const char *job)
 	const struct {
 		const struct tr_source_spec *src;
 		const char *base;
-	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}};
+	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}, {&spec->test, "/data/test"}};
 	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
 		const struct tr_source_spec *src = srcs[i].src;
 		if (!src->present || src->format == TR_DATA_SYNTHETIC)

@@ -147,6 +147,7 @@ struct tr_spec {
 	enum tr_loss loss;
 	/* data */
 	struct tr_source_spec train, validation;
+	struct tr_source_spec test; /* data.test: evaluated once at the end; present = given */
 	float validation_split; /* 0 = none; in (0, 1) */
 	bool shuffle;           /* default true */
 	enum tr_last_batch last_batch;
