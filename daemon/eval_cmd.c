@@ -329,7 +329,7 @@ int tr_cmd_eval(int argc, char **argv)
 	if (status == 0) {
 		json_t *r = tr_eval_acc_json(&e.acc, NULL);
 		if (o.json) {
-			json_dumpf(r, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+			json_dumpf(r, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
 			printf("\n");
 		} else {
 			print_text(&d, r);

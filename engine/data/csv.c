@@ -197,7 +197,9 @@ static int grow(float **a, size_t *cap_rows, size_t rows, size_t width)
 	nc = *cap_rows ? *cap_rows * 2 : 1024;
 	if (width && nc > SIZE_MAX / sizeof(float) / width)
 		return -ENOMEM;
-	na = realloc(*a, nc * width * sizeof(float));
+	/* Never realloc to 0 bytes (prediction inputs have no labels): that
+	 * frees the array and returns NULL. */
+	na = realloc(*a, nc * (width ? width : 1) * sizeof(float));
 	if (!na)
 		return -ENOMEM;
 	*a = na;

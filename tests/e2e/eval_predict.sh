@@ -184,7 +184,7 @@ check "data spec without a path exits 2" test $? -eq 2
 check "data spec error names its pointer" grep -q "DATA_SPEC: /path" "$work/err"
 "$TRAINERD" predict "$work/clf/model.safetensors" "$work/test_x.csv" 2>"$work/err"
 check "predict without --out exits 2" test $? -eq 2
-"$TRAINERD" eval "$work/clf/model.safetensors" "{\"format\": \"csv\", \"path\": \"$work/reg.csv\"}" 2>"$work/err"
+"$TRAINERD" eval "$work/clf/model.safetensors" "{\"format\": \"csv\", \"path\": \"$work/test.csv\", \"label\": 0}" 2>"$work/err"
 check "labels that are no class exit 2" test $? -eq 2
 check "a bad label names its sample" grep -q "is not a class of this model (0 to 2)" "$work/err"
 "$TRAINERD" eval --help >"$work/help" 2>&1

@@ -230,3 +230,56 @@ Test(eval_acc, regression_against_direct_computation)
 	json_decref(r);
 	tr_eval_acc_finish(&a);
 }
+
+/* Prediction inputs: every csv column a feature, npy without y, idx
+ * without labels; label_dim 0.  Enough csv rows to grow the arrays twice
+ * (a zero-width label array used to be freed by realloc, then again). */
+Test(unlabeled, readers_without_labels)
+{
+	char dir[] = "/tmp/unlabeled-XXXXXX", path[128], err[512];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/x.csv", dir);
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	for (int r = 0; r < 3000; r++)
+		fprintf(f, "%d,%d.5,%d\n", r, r % 7, -r);
+	cr_assert_eq(fclose(f), 0);
+	struct tr_source_spec src = {.present = true, .format = TR_DATA_CSV, .path = path, .unlabeled = true};
+	tr_reader_t *rd;
+	cr_assert_eq(tr_reader_open(&src, 0, NULL, NULL, &rd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(rd->info.samples, 3000);
+	cr_assert_eq(rd->info.features, 3);
+	cr_assert_eq(rd->info.label_dim, 0);
+	float x[3];
+	cr_assert_eq(tr_reader_get(rd, 2999, x, NULL, err, sizeof err), 0, "%s", err);
+	cr_assert(x[0] == 2999 && x[1] == 3.5f && x[2] == -2999);
+	tr_reader_destroy(rd);
+
+	/* npy: an x file alone. */
+	snprintf(path, sizeof path, "%s/x.npy", dir);
+	f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	char dict[] = "{'descr': '<f4', 'fortran_order': False, 'shape': (5, 2), }";
+	int hl = (int)strlen(dict), pad = (64 - (10 + hl + 1) % 64) % 64;
+	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl + pad + 1), 0};
+	fwrite(pre, 1, 10, f);
+	fwrite(dict, 1, (size_t)hl, f);
+	for (int i = 0; i < pad; i++)
+		fputc(' ', f);
+	fputc('\n', f);
+	for (int i = 0; i < 10; i++) {
+		float v = (float)i;
+		fwrite(&v, sizeof v, 1, f);
+	}
+	cr_assert_eq(fclose(f), 0);
+	struct tr_source_spec nsrc = {.present = true, .format = TR_DATA_NPY, .x_path = path, .unlabeled = true};
+	cr_assert_eq(tr_reader_open(&nsrc, 0, NULL, NULL, &rd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(rd->info.samples, 5);
+	cr_assert_eq(rd->info.label_dim, 0);
+	cr_assert_eq(tr_reader_get(rd, 4, x, NULL, err, sizeof err), 0, "%s", err);
+	cr_assert(x[0] == 8 && x[1] == 9);
+	tr_reader_destroy(rd);
+	char cmd[160];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
