@@ -349,12 +349,22 @@ static void slice_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
 	s->src->i->where(s->src, s->begin + index, buf, len);
 }
 
+/* Class names are the whole data set's (validation_split slices the
+ * training reader). */
+static const char *slice_class_name(tr_reader_t *r, int cls)
+{
+	tr_reader_t *src = ((struct slice *)r)->src;
+
+	return src->i->class_name ? src->i->class_name(src, cls) : NULL;
+}
+
 static const struct tr_reader_i slice_i = {
 	.get = slice_get,
 	.destroy = slice_destroy,
 	.check = slice_check,
 	.labels = slice_labels,
 	.where = slice_where,
+	.class_name = slice_class_name,
 };
 
 /* A slice of a reader that cannot list its labels cannot either. */
@@ -362,6 +372,7 @@ static const struct tr_reader_i slice_nolabels_i = {
 	.get = slice_get,
 	.destroy = slice_destroy,
 	.check = slice_check,
+	.class_name = slice_class_name,
 };
 
 tr_reader_t *tr_reader_slice(tr_reader_t *base, int64_t begin, int64_t end)

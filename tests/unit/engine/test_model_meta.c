@@ -3,6 +3,7 @@
  * transforms give the same inputs as the fitted ones, bad descriptions are
  * named, and eval figures match a direct computation. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,7 +280,162 @@ Test(unlabeled, readers_without_labels)
 	cr_assert_eq(tr_reader_get(rd, 4, x, NULL, err, sizeof err), 0, "%s", err);
 	cr_assert(x[0] == 8 && x[1] == 9);
 	tr_reader_destroy(rd);
+	/* idx: an images file alone (3 images of 2x2 bytes). */
+	snprintf(path, sizeof path, "%s/images-idx3-ubyte", dir);
+	f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	const unsigned char idx[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 255};
+	fwrite(idx, 1, sizeof idx, f);
+	cr_assert_eq(fclose(f), 0);
+	struct tr_source_spec isrc = {.present = true, .format = TR_DATA_IDX, .images_path = path, .unlabeled = true};
+	cr_assert_eq(tr_reader_open(&isrc, 0, NULL, NULL, &rd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(rd->info.samples, 3);
+	cr_assert_eq(rd->info.features, 4);
+	cr_assert_eq(rd->info.label_dim, 0);
+	float px[4];
+	cr_assert_eq(tr_reader_get(rd, 2, px, NULL, err, sizeof err), 0, "%s", err);
+	cr_assert(px[0] == 9 && px[3] == 255);
+	tr_reader_destroy(rd);
 	char cmd[160];
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	cr_assert_eq(system(cmd), 0);
+}
+
+/* A reader that names its classes (as an image folder reader does): the
+ * names are recorded under labels.class_names and read back. */
+static int named_get(tr_reader_t *r, int64_t i, float *x, float *y, char *err, size_t errlen)
+{
+	(void)r, (void)i, (void)err, (void)errlen;
+	memset(x, 0, 5 * sizeof(float));
+	y[0] = 0;
+	return 0;
+}
+
+static void named_destroy(tr_reader_t *r)
+{
+	(void)r;
+}
+
+static const char *named_class(tr_reader_t *r, int cls)
+{
+	(void)r;
+	static const char *const names[] = {"cat", "dog", "bird, small"};
+	return cls >= 0 && cls < 3 ? names[cls] : NULL;
+}
+
+Test(model_meta, class_names_from_the_reader)
+{
+	static const struct tr_reader_i named_i = {.get = named_get, .destroy = named_destroy,
+						   .class_name = named_class};
+	tr_reader_t named = {.i = &named_i, .info = {.samples = 1, .features = 5, .label_dim = 1}, .name = "named"};
+	struct tr_spec spec;
+	struct tr_spec_error serr;
+	char err[512];
+	cr_assert_eq(tr_spec_parse_text("{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
+					" \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}},"
+					" \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+					&spec, &serr),
+		     0, "%s", serr.message);
+	tr_model_t m;
+	cr_assert_eq(tr_model_init(&m, &spec, 5, err, sizeof err), 0, "%s", err);
+	json_t *meta = json_object();
+	cr_assert_eq(tr_model_meta_describe(meta, &spec, &m, NULL, &named, err, sizeof err), 0, "%s", err);
+	struct tr_model_desc d;
+	cr_assert_eq(tr_model_desc_from_meta(meta, &d, err, sizeof err), 0, "%s", err);
+	cr_assert_not_null(d.class_names);
+	cr_assert_str_eq(d.class_names[0], "cat");
+	cr_assert_str_eq(d.class_names[2], "bird, small");
+	cr_assert_null(d.transforms);
+	tr_model_desc_finish(&d);
+	json_decref(meta);
+	tr_spec_finish(&spec);
+}
+
+/* ---- tr_infer_run ---------------------------------------------------------- */
+
+struct collect {
+	float *out; /* samples x outputs */
+	int outputs;
+	int64_t next; /* the first sample the next batch must start at */
+	int label_dim;
+};
+
+static int collect_batch(void *ctx, int64_t first, int rows, const float *out, const float *labels, int label_dim)
+{
+	struct collect *c = ctx;
+	cr_assert_eq(first, c->next, "batches come in sample order");
+	cr_assert_eq(label_dim, c->label_dim);
+	cr_assert(label_dim == 0 ? labels == NULL : labels != NULL);
+	memcpy(c->out + (size_t)first * c->outputs, out, (size_t)rows * c->outputs * sizeof(float));
+	c->next = first + rows;
+	return 0;
+}
+
+static void infer_all(struct fixture *f, const float *params, tr_backend_t *be, int devices, int batch, int workers,
+		      const tr_transforms_t *tf, float *out)
+{
+	struct collect c = {.out = out, .outputs = f->model.outputs, .label_dim = 1};
+	struct tr_infer_options o = {.model = &f->model, .params = params, .backend = be, .count = devices,
+				     .reader = f->train, .transforms = tf, .batch = batch, .workers = workers,
+				     .on_batch = collect_batch, .ctx = &c};
+	char err[512];
+	cr_assert_eq(tr_infer_run(&o, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(c.next, f->train->info.samples);
+}
+
+Test(infer, devices_batches_and_a_direct_forward_agree, .timeout = 60)
+{
+	struct fixture f;
+	build(&f);
+	const tr_model_t *m = &f.model;
+	int64_t n = f.train->info.samples;
+	float *params = malloc(m->n_params * sizeof(float));
+	tr_model_init_params(m, params);
+	tr_backend_t *be = tr_cpu_backend_create(3, 0);
+	cr_assert_not_null(be);
+	float *a = malloc((size_t)n * m->outputs * sizeof(float)), *b = malloc((size_t)n * m->outputs * sizeof(float));
+	infer_all(&f, params, be, 1, 64, 1, f.tf, a);
+	infer_all(&f, params, be, 3, 50, 3, f.tf, b);
+	/* A direct forward in double: dense 5->8, relu, dropout (identity),
+	 * dense 8->3, on the transformed inputs (noise skipped at inference). */
+	struct tr_param_view w1, b1, w2, b2;
+	tr_model_param_view(m, 0, &w1);
+	tr_model_param_view(m, 1, &b1);
+	tr_model_param_view(m, 2, &w2);
+	tr_model_param_view(m, 3, &b2);
+	char err[256];
+	for (int64_t i = 0; i < n; i++) {
+		float x[5], y[1];
+		cr_assert_eq(tr_reader_get(f.train, i, x, y, err, sizeof err), 0);
+		tr_transforms_apply(f.tf, x, 5, 3, 0, i, 0);
+		double h[8], o[3];
+		for (int u = 0; u < 8; u++) {
+			h[u] = params[b1.offset + u];
+			for (int k = 0; k < 5; k++)
+				h[u] += (double)params[w1.offset + u * 5 + k] * x[k];
+			h[u] = h[u] > 0 ? h[u] : 0;
+		}
+		for (int u = 0; u < 3; u++) {
+			o[u] = params[b2.offset + u];
+			for (int k = 0; k < 8; k++)
+				o[u] += (double)params[w2.offset + u * 8 + k] * h[k];
+			cr_assert(fabs(a[i * 3 + u] - o[u]) < 1e-4, "sample %lld output %d: %g vs %g", (long long)i, u,
+				  a[i * 3 + u], o[u]);
+			cr_assert(fabs(a[i * 3 + u] - b[i * 3 + u]) < 1e-5, "1 vs 3 devices differ at %lld", (long long)i);
+		}
+	}
+	/* A feature count the model does not take is refused, naming both. */
+	tr_model_t wide = f.model;
+	wide.inputs = 6;
+	struct collect c = {.out = a, .outputs = 3, .label_dim = 1};
+	struct tr_infer_options o = {.model = &wide, .params = params, .backend = be, .reader = f.train,
+				     .on_batch = collect_batch, .ctx = &c};
+	char msg[512];
+	cr_assert_eq(tr_infer_run(&o, msg, sizeof msg), -EINVAL);
+	cr_assert(strstr(msg, "synthetic: 5 features per sample, the model takes 6"), "%s", msg);
+	tr_backend_destroy(be);
+	free(a);
+	free(b);
+	free(params);
+	teardown(&f);
 }
