@@ -268,6 +268,14 @@ int tr_model_desc_load(const char *path, struct tr_model_desc *d, char *err, siz
 	return rc < 0 ? rc : load_file(f, d, err, errlen);
 }
 
+static void strip_prefix(char *s, size_t cap, const char *prefix)
+{
+	size_t k = strlen(prefix), n = strnlen(s, cap);
+	if (n == cap || n < k || strncmp(s, prefix, k) != 0)
+		return;
+	memmove(s, s + k, n - k + 1); /* with the NUL at s[n] */
+}
+
 int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
 			  struct tr_spec_error *err)
 {
@@ -285,11 +293,8 @@ int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, co
 		snprintf(err->message, sizeof err->message, "out of memory");
 	if (rc < 0) {
 		/* "/data/train/path: ..." is "/path" of the source. */
-		const size_t k = strlen("/data/train");
-		if (strncmp(err->pointer, "/data/train", k) == 0)
-			memmove(err->pointer, err->pointer + k, strlen(err->pointer + k) + 1);
-		if (strncmp(err->message, "/data/train", k) == 0)
-			memmove(err->message, err->message + k, strlen(err->message + k) + 1);
+		strip_prefix(err->pointer, sizeof err->pointer, "/data/train");
+		strip_prefix(err->message, sizeof err->message, "/data/train");
 	}
 	json_decref(doc);
 	json_decref(full);
