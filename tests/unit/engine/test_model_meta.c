@@ -439,3 +439,29 @@ Test(infer, devices_batches_and_a_direct_forward_agree, .timeout = 60)
 	free(params);
 	teardown(&f);
 }
+
+/* data.test: a source like validation, in the normalized spec, and a
+ * synthetic one must match the train source. */
+Test(spec_test_source, parsed_normalized_and_checked)
+{
+	struct tr_spec spec;
+	struct tr_spec_error serr;
+	const char *fmt = "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
+			  " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 50, \"features\": 4, \"classes\": 3},"
+			  "          \"test\": {\"format\": \"synthetic\", \"samples\": 20, \"features\": 4, \"classes\": %d}},"
+			  " \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+	char text[1024];
+	snprintf(text, sizeof text, fmt, 3);
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &serr), 0, "%s", serr.message);
+	cr_assert(spec.test.present);
+	cr_assert_eq(spec.test.samples, 20);
+	json_t *j = tr_spec_to_json(&spec);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(json_object_get(j, "data"), "test"), "samples")),
+		     20);
+	json_decref(j);
+	tr_spec_finish(&spec);
+	snprintf(text, sizeof text, fmt, 4);
+	cr_assert_lt(tr_spec_parse_text(text, &spec, &serr), 0);
+	cr_assert_str_eq(serr.pointer, "/data/test/classes");
+	cr_assert(strstr(serr.message, "must match the train source"), "%s", serr.message);
+}
