@@ -25,6 +25,17 @@ static void stop2(void)
 	daemon_cleanup(&d);
 }
 
+/* The daemon stops cleanly: under a sanitizer build an error or a leak is
+ * a non-zero exit. */
+static void stop_cleanly(void)
+{
+	int st = -1;
+	daemon_stop(&d, &st);
+	if (st != 0)
+		daemon_dump_log(&d);
+	cr_assert_eq(st, 0, "the daemon exited with status %d", st);
+}
+
 TestSuite(evaluate, .init = start2, .fini = stop2);
 
 /* rows of 3 features on very different scales (so standardize matters)
@@ -181,6 +192,7 @@ Test(evaluate, test_source_and_evaluate_job_agree, .timeout = 120)
 	http(&d, "POST", path, "{\"data\": {\"format\": \"csv\", \"path\": \"test.csv\"}}", NULL, NULL, &r);
 	cr_assert_eq(r.status, 409, "an evaluate job has no checkpoints: %s", r.body);
 	http_free(&r);
+	stop_cleanly();
 }
 
 Test(evaluate, data_that_does_not_fit_fails_the_evaluate_job, .timeout = 120)
@@ -208,4 +220,5 @@ Test(evaluate, data_that_does_not_fit_fails_the_evaluate_job, .timeout = 120)
 	http(&d, "GET", "/healthz", NULL, NULL, NULL, &r);
 	cr_assert_eq(r.status, 200);
 	http_free(&r);
+	stop_cleanly();
 }
