@@ -73,6 +73,9 @@ static const struct option_row options[] = {
 	 "metric points buffered for the database writer before points are dropped"},
 	{"state-max-bytes", OPT_LLONG, OFF(state_max_bytes), 0, 0, 0x7fffffffffffffffLL, NULL, "0",
 	 "cap on the database size in bytes (0 = none); a checkpoint that does not fit fails cleanly"},
+	{"datasets-max-bytes", OPT_LLONG, OFF(datasets_max_bytes), 0, 0, 0x7fffffffffffffffLL, NULL, "10737418240",
+	 "quota in bytes for the files uploaded with PUT /datasets/NAME/FILE, all together (0 = none); an upload past "
+	 "it is answered 413"},
 	{"token", OPT_LIST, OFF(tokens), 0, 0, TR_CONFIG_MAX_TOKENS, NULL, NULL,
 	 "bearer token with the admin role (repeatable); visible to every user in the process list when given on "
 	 "the command line: prefer token-file"},

@@ -32,6 +32,7 @@ struct tr_config {
 	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
 	long metrics_queue;   /* points buffered before drops */
 	long long state_max_bytes; /* database size cap, 0 = none */
+	long long datasets_max_bytes; /* uploaded datasets together, 0 = none */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024];  /* role:token lines; see daemon/tokens.c */
