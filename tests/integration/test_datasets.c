@@ -178,33 +178,6 @@ static void put_stream(const char *path, size_t bytes, unsigned char fill, bool 
 	r->json = json_loads(r->body, 0, NULL);
 }
 
-/* Starts a PUT of `declared` bytes on a raw connection, sends `sent` of
- * them and closes the socket: a client that went away midway. */
-static void put_broken(const char *path, size_t declared, size_t sent)
-{
-	int port = 0;
-	cr_assert_eq(sscanf(d.base_url, "http://127.0.0.1:%d", &port), 1);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
-	char head[512];
-	int n = snprintf(head, sizeof head,
-			 "PUT %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n"
-			 "Content-Length: %zu\r\n\r\n",
-			 path, declared);
-	cr_assert_eq(write(fd, head, (size_t)n), n);
-	static char block[65536];
-	memset(block, 'x', sizeof block);
-	for (size_t done = 0; done < sent;) {
-		size_t k = sent - done < sizeof block ? sent - done : sizeof block;
-		ssize_t w = write(fd, block, k);
-		cr_assert_gt(w, 0, "%s", strerror(errno));
-		done += (size_t)w;
-	}
-	close(fd);
-}
-
 /* Waits (bounded) until NAME's directory holds `want` entries (-1: gone). */
 static int wait_entries(const char *name, int want)
 {
@@ -214,6 +187,37 @@ static int wait_entries(const char *name, int want)
 		n = entries(name);
 	}
 	return n;
+}
+
+/* Starts a PUT of `declared` bytes of dataset NAME's FILE on a raw
+ * connection, sends `sent` of them, waits until the partial upload is
+ * there (NAME's directory holds one entry more than `before`: the
+ * temporary file) and closes the socket: a client that went away midway. */
+static void put_broken(const char *name, const char *file, int before, size_t declared, size_t sent)
+{
+	int port = 0;
+	cr_assert_eq(sscanf(d.base_url, "http://127.0.0.1:%d", &port), 1);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+	char head[512];
+	int n = snprintf(head, sizeof head,
+			 "PUT /datasets/%s/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n"
+			 "Content-Length: %zu\r\n\r\n",
+			 name, file, declared);
+	cr_assert_eq(write(fd, head, (size_t)n), n);
+	static char block[65536];
+	memset(block, 'x', sizeof block);
+	for (size_t done = 0; done < sent;) {
+		size_t k = sent - done < sizeof block ? sent - done : sizeof block;
+		ssize_t w = write(fd, block, k);
+		cr_assert_gt(w, 0, "%s", strerror(errno));
+		done += (size_t)w;
+	}
+	int during = wait_entries(name, (before < 0 ? 0 : before) + 1);
+	close(fd);
+	cr_assert_eq(during, (before < 0 ? 0 : before) + 1, "the upload did not start (%d entries)", during);
 }
 
 /* ---- tests ---- */
@@ -279,7 +283,7 @@ Test(datasets, streamed_upload_matches_sha256sum)
 Test(datasets, broken_connection_leaves_nothing)
 {
 	/* A first upload that breaks: no file, no temporary file, no dataset. */
-	put_broken("/datasets/brk/data.bin", 2000000, 500000);
+	put_broken("brk", "data.bin", -1, 2000000, 500000);
 	cr_assert_eq(wait_entries("brk", -1), -1, "the broken upload left %d entries", entries("brk"));
 	cr_assert_null(listed("brk", "data.bin"));
 
@@ -291,7 +295,7 @@ Test(datasets, broken_connection_leaves_nothing)
 	snprintf(before, sizeof before, "%s", json_string_value(json_object_get(r.json, "sha256")));
 	http_free(&r);
 	int n = entries("brk2"); /* the file and its checksum record */
-	put_broken("/datasets/brk2/data.csv", 2000000, 300000);
+	put_broken("brk2", "data.csv", n, 2000000, 300000);
 	cr_assert_eq(wait_entries("brk2", n), n);
 	json_t *f = listed("brk2", "data.csv");
 	cr_assert_not_null(f);
