@@ -436,3 +436,18 @@ Test(datasets, delete_while_used_is_409)
 	http_free(&r);
 	cr_assert_eq(entries("busy"), -1);
 }
+
+/* A path outside the data roots gets an answer that lists the roots (the
+ * datasets directory among them) and names the option that sets them. */
+Test(datasets, outside_the_roots_lists_them_and_the_option)
+{
+	char real[4096], want[8300];
+	cr_assert_not_null(realpath(d.dir, real));
+	struct http_reply r;
+	http(&d, "POST", "/jobs", csv_job("outside", "../elsewhere.csv", 1), NULL, NULL, &r);
+	cr_assert_eq(r.status, 422, "%s", r.body);
+	snprintf(want, sizeof want, "in the daemon's data roots (%s, %s/datasets)", real, real);
+	cr_assert(strstr(r.body, want), "wanted '%s' in %s", want, r.body);
+	cr_assert(strstr(r.body, "set with --data-root DIR or data-root lines in the config file"), "%s", r.body);
+	http_free(&r);
+}
