@@ -13,7 +13,7 @@
 
 /* The role column (docs/design.md, API): read for everything that only
  * looks, write for submitting and controlling jobs, pushing metrics and
- * uploading or deleting datasets, admin for deleting jobs and reloading. */
+ * uploading datasets, admin for deleting (jobs, datasets) and reloading. */
 static const struct tr_api_route routes[] = {
 	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC, TR_ROLE_READ},
 	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC, TR_ROLE_READ},
@@ -44,8 +44,8 @@ static const struct tr_api_route routes[] = {
 	{"GET", "/jobs/{id}/checkpoints/{step}/checkpoint.safetensors", tr_api_checkpoints_blob, 0, TR_ROLE_READ},
 	{"GET", "/datasets", tr_api_datasets_list, 0, TR_ROLE_READ},
 	{"PUT", "/datasets/{name}/{file}", tr_api_datasets_put, TR_ROUTE_UPLOAD, TR_ROLE_WRITE},
-	{"DELETE", "/datasets/{name}/{file}", tr_api_datasets_delete_file, 0, TR_ROLE_WRITE},
-	{"DELETE", "/datasets/{name}", tr_api_datasets_delete, 0, TR_ROLE_WRITE},
+	{"DELETE", "/datasets/{name}/{file}", tr_api_datasets_delete_file, 0, TR_ROLE_ADMIN},
+	{"DELETE", "/datasets/{name}", tr_api_datasets_delete, 0, TR_ROLE_ADMIN},
 };
 
 const struct tr_api_route *tr_api_routes(size_t *count)

@@ -107,8 +107,8 @@ static const struct command commands[] = {
 	 "SHA-256, then the space used against the daemon's quota.\n"
 	 "  --json  the API's answer\n"},
 	{"rm-dataset", tr_cmd_dataset_rm, "rm-dataset DATASET[/FILE]", "delete an uploaded dataset or one file",
-	 "Deletes one file of a dataset, or the whole dataset.  A file that a job\n"
-	 "which has not ended uses is refused (exit 4).\n"},
+	 "Deletes one file of a dataset, or the whole dataset (an admin token).  A\n"
+	 "file that a job which has not ended uses is refused (exit 4).\n"},
 	{"devices", tr_cmd_devices, "devices [--json]", "list the daemon's devices",
 	 "Lists devices: id, name, kind, memory, free memory and the job holding it.\n"},
 	{"version", tr_cmd_version, "version", "print trainctl's and the daemon's version",

@@ -307,7 +307,7 @@ check "--token-file" test $? -eq 0
 
 # ---- upload, datasets, rm-dataset (and the write role they need) ----
 stop
-printf 'read:rtok\nwrite:wtok\n' >"$work/tokens"
+printf 'read:rtok\nwrite:wtok\nadmin:atok\n' >"$work/tokens"
 chmod 600 "$work/tokens"
 "$TRAINERD" serve --listen 127.0.0.1:0 --state-dir "$work/state3" --data-root "$work/state3" --cpu-devices 1 \
 	--backend cpu --token-file "$work/tokens" >>"$work/daemon.log" 2>&1 &
@@ -345,6 +345,9 @@ cat >"$work/ds.json" <<'JSON'
 JSON
 tc submit --wait "$work/ds.json" >"$work/o" 2>&1
 check "a job trains on the uploaded file" test $? -eq 0
+tc rm-dataset toy/blob.bin >/dev/null 2>"$work/e"
+check "rm-dataset with a write token: exit 4 (deleting needs admin)" test $? -eq 4
+export TRAINERD_TOKEN=atok
 tc rm-dataset toy/blob.bin >"$work/o"
 check "rm-dataset of a file exits 0" test $? -eq 0
 check "rm-dataset says what it freed" has "$work/o" "deleted toy/blob.bin (3.0 MB freed)"
