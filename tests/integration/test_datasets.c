@@ -451,3 +451,40 @@ Test(datasets, outside_the_roots_lists_them_and_the_option)
 	cr_assert(strstr(r.body, "set with --data-root DIR or data-root lines in the config file"), "%s", r.body);
 	http_free(&r);
 }
+
+/* The daemon's peak resident memory (VmHWM) in kB. */
+static long peak_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb;
+}
+
+/* A large upload is streamed to disk, not held: 96 MB through the daemon
+ * raise its peak memory by far less than the file. */
+Test(datasets, large_upload_is_not_held_in_memory)
+{
+	daemon_cleanup(&d);
+	const char *flags[] = {"--datasets-max-bytes", "0", NULL};
+	daemon_start(&d, 1, flags);
+	struct http_reply r;
+	http(&d, "GET", "/datasets", NULL, NULL, NULL, &r); /* the API's threads and buffers are up */
+	http_free(&r);
+	long before = peak_kb(d.pid);
+	put_stream("/datasets/large/ones.bin", (size_t)96 << 20, '1', false, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+	long after = peak_kb(d.pid);
+	cr_assert_lt(after - before, 24 * 1024, "the peak grew by %ld kB for a 96 MiB upload (from %ld kB)",
+		     after - before, before);
+	json_t *f = listed("large", "ones.bin");
+	cr_assert_eq(json_integer_value(json_object_get(f, "bytes")), (json_int_t)96 << 20);
+	json_decref(f);
+}
