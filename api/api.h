@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "storage/checkpoints.h"
+#include "storage/datasets.h"
 #include "storage/store.h"
 
 /* What a daemon operation reports when it refuses. */
@@ -123,6 +124,7 @@ struct tr_api_config {
 	const char *openapi_path;  /* file served at GET /openapi.yaml, or NULL */
 	const char *version;       /* for GET /version */
 	tr_store_t *store;         /* borrowed */
+	tr_datasets_t *datasets;   /* borrowed; NULL = no /datasets (404) */
 	struct tr_api_ops ops;
 	void *ctx;                 /* passed to every op */
 };

@@ -102,6 +102,8 @@ struct tr_api_request {
 	int64_t declared_len; /* Content-Length when it alone made the body too large */
 	size_t max_body;      /* the body cap when the request arrived */
 	bool answered;     /* a response was queued */
+	void *upload;      /* an upload route's state (api/datasets.c), until committed or aborted */
+	struct tr_api_reply *held; /* a refusal answered once the body has been read and dropped */
 	double started;    /* tr_prom_clock() at the headers, for /metrics */
 };
 
@@ -233,6 +235,19 @@ void tr_api_limits_request_done(tr_api_t *api, struct MHD_Connection *conn);
  * "too_many_streams" in rp when the global or the per-address cap is
  * reached. */
 int tr_api_limits_stream_open(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+/* ---- datasets.c ---- */
+
+/* An upload route's headers are in: checks the request and opens the
+ * upload (rq->upload).  declared is Content-Length, or -1.  0, or -1 with
+ * the refusal in rp. */
+int tr_api_datasets_upload_begin(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t declared);
+/* One piece of the body.  0, or -1 with the refusal in rp (the upload is
+ * then aborted and rq->upload NULL). */
+int tr_api_datasets_upload_data(struct tr_api_request *rq, struct tr_api_reply *rp, const char *data, size_t size);
+/* The request is over without a commit (a broken connection, a refusal):
+ * deletes what was written.  Accepts rq->upload NULL. */
+void tr_api_datasets_upload_cleanup(struct tr_api_request *rq);
 
 /* ---- server.c ---- */
 

@@ -93,6 +93,22 @@ static const struct command commands[] = {
 	 "  -o, --output FILE  where to write\n"
 	 "  --weights          the weights-only model.safetensors instead (no listed\n"
 	 "                     hash to check; fetched whole)\n"},
+	{"upload", tr_cmd_upload, "upload [--as FILE] PATH DATASET", "upload a data file to the daemon",
+	 "Streams the local file PATH to the daemon as dataset DATASET, file FILE\n"
+	 "(default: PATH's base name), and prints the name a job spec uses for it\n"
+	 "(\"path\": \"dataset:DATASET/FILE\"), its size and SHA-256.  The SHA-256 the\n"
+	 "daemon computed is checked against the local file's (exit 5 on a\n"
+	 "mismatch).  A transfer that breaks leaves nothing on the daemon and is\n"
+	 "started again (3 tries); an existing file of that name is replaced.  On\n"
+	 "a terminal the progress is shown on stderr.\n"
+	 "  --as FILE  the file's name in the dataset\n"},
+	{"datasets", tr_cmd_datasets, "datasets [--json]", "list the uploaded datasets",
+	 "Lists the uploaded files: the path a job spec uses, size, upload time and\n"
+	 "SHA-256, then the space used against the daemon's quota.\n"
+	 "  --json  the API's answer\n"},
+	{"rm-dataset", tr_cmd_dataset_rm, "rm-dataset DATASET[/FILE]", "delete an uploaded dataset or one file",
+	 "Deletes one file of a dataset, or the whole dataset (an admin token).  A\n"
+	 "file that a job which has not ended uses is refused (exit 4).\n"},
 	{"devices", tr_cmd_devices, "devices [--json]", "list the daemon's devices",
 	 "Lists devices: id, name, kind, memory, free memory and the job holding it.\n"},
 	{"version", tr_cmd_version, "version", "print trainctl's and the daemon's version",

@@ -53,6 +53,18 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	char cwd[PATH_MAX];
 	const char *here[] = {getcwd(cwd, sizeof cwd) ? cwd : "/", NULL};
 	const char *const *dirs = cfg->data_roots && cfg->data_roots[0] ? cfg->data_roots : here;
+	/* The datasets directory is one more root, the last: "dataset:" paths
+	 * are mapped to files beneath it (daemon/paths.c), and the readers open
+	 * them again when the job starts. */
+	const char *with[TR_MAX_ROOTS + 2];
+	if (cfg->datasets_dir) {
+		size_t n = 0;
+		while (dirs[n] && n < TR_MAX_ROOTS)
+			with[n] = dirs[n], n++;
+		with[n++] = cfg->datasets_dir;
+		with[n] = NULL;
+		dirs = with;
+	}
 	char msg[512];
 	if (tr_data_roots_create(dirs, &s->roots, msg, sizeof msg) < 0) {
 		snprintf(err, errlen, "--data-root %s", msg);

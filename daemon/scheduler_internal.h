@@ -14,6 +14,8 @@
 #include "engine/trainer.h"
 
 #define TR_MAX_POOL_DEVICES 64
+/* More data roots than the configuration allows (daemon/config.h). */
+#define TR_MAX_ROOTS 64
 
 struct running_job {
 	struct tr_scheduler *sched;
@@ -64,7 +66,9 @@ void tr_sched_kick(struct tr_scheduler *s);
 int tr_runner_start(struct running_job *job, char *err, size_t errlen);
 /* Checks that every data and init path of the spec opens in the data roots
  * (tr_data_open) and rewrites each to the absolute name it opened as.
- * Returns 0 or -1 with the JSON pointer and message filled. */
+ * Returns 0, or -1 (a file that does not open) or -2 (a malformed
+ * "dataset:" reference, a spec error) with the JSON pointer and message
+ * filled. */
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
 			  size_t mlen);
 bool tr_state_is_terminal(const char *state);

@@ -88,8 +88,10 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		return refuse(err, 400, "invalid_spec", serr.pointer, "%s", serr.message);
 	char pointer[256], msg[768];
 	int rc = check_devices(s, &spec, err);
-	if (rc == 0 && tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
-		rc = refuse(err, 422, "invalid_path", pointer, "%s", msg);
+	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) : 0;
+	if (paths < 0)
+		rc = paths == -2 ? refuse(err, 400, "invalid_spec", pointer, "%s", msg)
+				 : refuse(err, 422, "invalid_path", pointer, "%s", msg);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
 		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {

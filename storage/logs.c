@@ -1,4 +1,4 @@
-/* Reading a job's log lines (written by the queue's writer, batch.c), paged
+/* Reading a job's log lines (written by the metrics writer, metrics_write.c), paged
  * by log id like events are.
  */
 #include "storage/internal.h"

@@ -3,7 +3,7 @@
  * A change that has happened (a job ended, was cancelled) must not be lost
  * because the disk is full or the state directory read-only: it is held
  * here, in the order the changes happened, written by the metrics writer
- * as soon as storage works (storage/queue.c), and shown by every job query
+ * as soon as storage works (storage/metrics_queue.c), and shown by every job query
  * meanwhile (tr_store_job_overlay), so the API tells the truth and the
  * scheduler never starts a job whose cancellation is still unwritten.
  * st_lock orders every state write, held or direct, so a job's changes

@@ -1,4 +1,5 @@
-/* Writing one batch of queued points and log lines (writer thread only).
+/* The metrics writer's writing: one batch of queued points and log lines
+ * into the database (the writer thread of metrics_queue.c only).
  *
  * Each transaction inserts the points, the log lines, their events (one
  * "log" event per line, one "metrics" event per job with that job's points
