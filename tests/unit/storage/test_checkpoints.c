@@ -1014,7 +1014,7 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 	/* Back to schema version 2, as the older trainerd left it. */
 	cr_assert_eq(sqlite3_exec(db,
 				  "ALTER TABLE checkpoints DROP COLUMN best; ALTER TABLE checkpoints DROP COLUMN chunk_file;"
-				  " ALTER TABLE jobs DROP COLUMN info; PRAGMA user_version = 2;",
+				  " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results; PRAGMA user_version = 2;",
 				  NULL, NULL, NULL),
 		     SQLITE_OK, "%s", sqlite3_errmsg(db));
 	const int all[] = {0, 1, 2}, gap[] = {0};
