@@ -25,6 +25,10 @@ enum {
 	TR_ROUTE_JSON_BODY = 1u << 0,
 	/* Answered without a bearer token. */
 	TR_ROUTE_PUBLIC = 1u << 1,
+	/* With TR_ROUTE_JSON_BODY: the body may be left out, and an empty
+	 * one is taken whatever its Content-Type (clients that POST nothing
+	 * often send a form type). */
+	TR_ROUTE_BODY_OPTIONAL = 1u << 2,
 };
 
 struct tr_api_route {

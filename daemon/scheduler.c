@@ -63,6 +63,42 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	return 0;
 }
 
+void tr_sched_keep_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool paths_resolved)
+{
+	struct kept_spec *k = calloc(1, sizeof *k);
+	if (!k)
+		return; /* the job's spec is parsed from the store when it starts */
+	k->id = id;
+	k->spec = *spec;
+	k->paths_resolved = paths_resolved;
+	memset(spec, 0, sizeof *spec);
+	k->next = s->kept;
+	s->kept = k;
+}
+
+bool tr_sched_take_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool *paths_resolved)
+{
+	for (struct kept_spec **pp = &s->kept; *pp; pp = &(*pp)->next) {
+		struct kept_spec *k = *pp;
+		if (k->id != id)
+			continue;
+		*spec = k->spec;
+		*paths_resolved = k->paths_resolved;
+		*pp = k->next;
+		free(k);
+		return true;
+	}
+	return false;
+}
+
+void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id)
+{
+	struct tr_spec spec;
+	bool resolved;
+	if (tr_sched_take_spec(s, id, &spec, &resolved))
+		tr_spec_finish(&spec);
+}
+
 /* How many devices a spec asks for, and which when it names them. */
 static int wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec)
 {
@@ -123,15 +159,19 @@ static void start_queued(struct tr_scheduler *s)
 		struct tr_spec_error serr;
 		if (!job)
 			break;
-		if (tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
+		/* Parsed once at submit; the stored text only after a restart
+		 * or a resume that changed the job's end. */
+		if (!tr_sched_take_spec(s, r->id, &job->spec, &job->paths_resolved) &&
+		    tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
 			fail_job(s, r->id, "invalid_spec", serr.message);
 			free(job);
 			continue;
 		}
 		job->ndev = reserve(s, &job->spec, r->id, job->devices);
 		if (job->ndev == 0) {
-			/* Strict order: nothing overtakes the first job that waits. */
-			tr_spec_finish(&job->spec);
+			/* Strict order: nothing overtakes the first job that
+			 * waits.  Its spec is kept for the next look. */
+			tr_sched_keep_spec(s, r->id, &job->spec, job->paths_resolved);
 			free(job);
 			blocked = true;
 			break;
@@ -154,7 +194,7 @@ static void start_queued(struct tr_scheduler *s)
 			       tr_store_error(s->cfg.store));
 			for (int d = 0; d < job->ndev; d++)
 				s->owner[job->devices[d]] = 0;
-			tr_spec_finish(&job->spec);
+			tr_sched_keep_spec(s, r->id, &job->spec, job->paths_resolved);
 			free(job);
 			blocked = true;
 			break;
@@ -347,6 +387,8 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 		return;
 	if (s->started || s->running)
 		tr_scheduler_shutdown(s, 1);
+	while (s->kept)
+		tr_sched_drop_spec(s, s->kept->id);
 	tr_checkpointer_destroy(s->checkpointer);
 	tr_data_roots_destroy(s->roots);
 	pthread_cond_destroy(&s->wake);

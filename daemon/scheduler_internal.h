@@ -19,6 +19,10 @@ struct running_job {
 	struct tr_scheduler *sched;
 	int64_t id;
 	struct tr_spec spec;
+	/* Whether spec's paths were opened in the data roots when it was
+	 * parsed (at submit); a spec parsed from the store (after a restart,
+	 * or a resume with a new end) has them checked by the runner. */
+	bool paths_resolved;
 	int devices[TR_MAX_POOL_DEVICES];
 	int ndev;
 	pthread_t thread;
@@ -52,8 +56,26 @@ struct tr_scheduler {
 	tr_checkpointer_t *checkpointer;
 	int64_t owner[TR_MAX_POOL_DEVICES]; /* job id per device, 0 = free */
 	struct running_job *running;
+	/* Specs parsed (and resolved) at submit, kept until the job starts:
+	 * the scheduler and the runner use them instead of parsing the
+	 * stored text again.  Guarded by lock. */
+	struct kept_spec *kept;
 	pthread_t dispatcher;
 };
+
+struct kept_spec {
+	int64_t id;
+	struct tr_spec spec;
+	bool paths_resolved;
+	struct kept_spec *next;
+};
+
+/* The kept specs; all with the scheduler lock held.  keep moves *spec
+ * into the scheduler (leaving *spec zeroed); take moves the kept one out
+ * into *spec (true) or finds none (false); drop frees it if any. */
+void tr_sched_keep_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool paths_resolved);
+bool tr_sched_take_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool *paths_resolved);
+void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id);
 
 /* Wakes the dispatcher to look at the queue again. */
 void tr_sched_kick(struct tr_scheduler *s);
@@ -64,6 +86,5 @@ int tr_runner_start(struct running_job *job, char *err, size_t errlen);
  * Returns 0 or -1 with the JSON pointer and message filled. */
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
 			  size_t mlen);
-bool tr_state_is_terminal(const char *state);
 
 #endif
