@@ -29,6 +29,16 @@
  * HTTP status and code (api/errors.c), so the daemon knows nothing of
  * HTTP and every route answers a kind the same way. */
 
+/* A running job's figures from the daemon's memory, fresher than the
+ * stored row (which the runner writes about once a second). */
+struct tr_api_live {
+	int64_t step, total_steps;
+	int64_t epoch;  /* 0-based epoch of the last step */
+	int64_t epochs; /* the run's epochs; 0 when only max_steps bounds it */
+	double samples_per_sec, elapsed_s, eta_s, data_wait_fraction;
+	double loss;    /* NAN when there is none yet */
+};
+
 /* A control request: POST /jobs/{id}/cancel, /stop, /pause, /resume. */
 struct tr_api_control {
 	enum tr_job_request op; /* TR_JOB_CANCEL, _STOP, _PAUSE or _RESUME */
@@ -64,9 +74,10 @@ struct tr_api_ops {
 	/* New reference: [{"id":0,"name":"cpu0","kind":"cpu","memory_total":..,
 	 * "memory_free":..,"job":17|null}, ...] */
 	json_t *(*devices)(void *ctx);
-	/* New reference or NULL: live fields of a running job merged into its
-	 * "progress" object, e.g. {"eta_s":..,"samples_per_sec":..}. */
-	json_t *(*live_progress)(void *ctx, int64_t job_id);
+	/* A running job's live figures (data; the API renders them into the
+	 * job's "progress"): true with *out filled when the job runs here and
+	 * has made progress, false otherwise. */
+	bool (*live_progress)(void *ctx, int64_t job_id, struct tr_api_live *out);
 	/* Asks a running job for a checkpoint at its next step boundary
 	 * (202); 404 unknown job, 409 when it is not running. */
 	int (*checkpoint_now)(void *ctx, int64_t job_id, struct tr_error *err);

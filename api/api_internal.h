@@ -208,6 +208,10 @@ int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct t
 /* Loads a job, merges its live progress and sets it as the reply's body
  * with the given status; fills an error otherwise. */
 void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_t id);
+/* A job's live progress as JSON (new reference), or NULL when the job is
+ * in a terminal state, not running here, or the daemon offers none: the
+ * one place the daemon's figures become JSON. */
+json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row);
 /* The job's "summary": the latest loss, val_loss, val_accuracy,
  * samples_per_sec, data_wait_fraction and step, null where unknown (live
  * progress borrowed, may be NULL); new reference. */

@@ -155,6 +155,27 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 	return sum;
 }
 
+json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
+{
+	struct tr_api_live l;
+	json_t *out;
+
+	if (!api->cfg.ops.live_progress || tr_job_state_name_terminal(row->state))
+		return NULL;
+	memset(&l, 0, sizeof(l));
+	l.loss = NAN;
+	if (!api->cfg.ops.live_progress(api->cfg.ctx, row->id, &l))
+		return NULL;
+	out = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "step", (json_int_t)l.step, "total_steps",
+			(json_int_t)l.total_steps, "epoch", (json_int_t)l.epoch, "samples_per_sec", l.samples_per_sec,
+			"elapsed_s", l.elapsed_s, "eta_s", l.eta_s, "data_wait_fraction", l.data_wait_fraction);
+	if (out && l.epochs > 0)
+		json_object_set_new(out, "epochs", json_integer(l.epochs));
+	if (out && isfinite(l.loss))
+		json_object_set_new(out, "loss", json_real(l.loss));
+	return out;
+}
+
 int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row)
 {
 	int rc;
@@ -179,8 +200,7 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 
 	if (tr_api_load_job(api, rp, id, &row) < 0)
 		return;
-	if (api->cfg.ops.live_progress && !tr_job_state_name_terminal(row.state))
-		live = api->cfg.ops.live_progress(api->cfg.ctx, id);
+	live = tr_api_live_json(api, &row);
 	job = tr_api_job_json(&row, live);
 	if (job && json_object_set_new(job, "summary", tr_api_job_summary(api, &row, live)) != 0) {
 		json_decref(job);

@@ -184,8 +184,7 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	for (int i = 0; i < count; i++) {
 		json_t *live = NULL;
 
-		if (api->cfg.ops.live_progress && !tr_job_state_name_terminal(rows[i].state))
-			live = api->cfg.ops.live_progress(api->cfg.ctx, rows[i].id);
+		live = tr_api_live_json(api, &rows[i]);
 		json_array_append_new(jobs, list_entry(api, &rows[i], live, fields));
 		json_decref(live);
 	}

@@ -334,7 +334,7 @@ static int put_running(struct out *o, tr_api_t *api)
 		o->oom = true;
 	}
 	for (int i = 0; i < n; i++) {
-		json_t *live = api->cfg.ops.live_progress ? api->cfg.ops.live_progress(api->cfg.ctx, rows[i].id) : NULL;
+		json_t *live = tr_api_live_json(api, &rows[i]);
 
 		js[i].id = rows[i].id;
 		js[i].step = num_field(live, "step", (double)rows[i].step);

@@ -400,25 +400,28 @@ static json_t *op_devices(void *ctx)
 	return list;
 }
 
-static json_t *op_live_progress(void *ctx, int64_t id)
+static bool op_live_progress(void *ctx, int64_t id, struct tr_api_live *out)
 {
 	struct tr_scheduler *s = ctx;
-	json_t *out = NULL;
 	pthread_mutex_lock(&s->lock);
 	struct running_job *j = find_running(s, id);
-	if (j && j->have_progress) {
+	bool have = j && j->have_progress;
+	if (have) {
 		const struct tr_progress *p = &j->progress;
-		out = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "step", (json_int_t)p->step, "total_steps",
-				(json_int_t)p->total_steps, "epoch", (json_int_t)p->epoch, "samples_per_sec",
-				p->samples_per_sec, "elapsed_s", p->elapsed_s, "eta_s", p->eta_s, "data_wait_fraction",
-				p->data_wait_fraction);
-		if (out && p->epochs > 0)
-			json_object_set_new(out, "epochs", json_integer(p->epochs));
-		if (out && isfinite(p->loss))
-			json_object_set_new(out, "loss", json_real(p->loss));
+		*out = (struct tr_api_live){
+			.step = p->step,
+			.total_steps = p->total_steps,
+			.epoch = p->epoch,
+			.epochs = p->epochs,
+			.samples_per_sec = p->samples_per_sec,
+			.elapsed_s = p->elapsed_s,
+			.eta_s = p->eta_s,
+			.data_wait_fraction = p->data_wait_fraction,
+			.loss = p->loss,
+		};
 	}
 	pthread_mutex_unlock(&s->lock);
-	return out;
+	return have;
 }
 
 static bool op_ready(void *ctx)
