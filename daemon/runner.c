@@ -380,6 +380,12 @@ static void *runner_main(void *arg)
 			finish(j, "cancelled", "cancelled", "cancelled by request during set-up", 0);
 		return NULL;
 	}
+	/* A file gone from the roots since submit: the same answer, naming
+	 * the pointer and the roots, as a check at submit gives (resolving
+	 * again only now that something is wrong). */
+	if (rc == -ENOENT && j->paths_resolved &&
+	    tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
+		snprintf(err, sizeof err, "%s", msg);
 	if (rc < 0) {
 		finish(j, "failed",
 		       rc == -EINVAL	 ? "invalid_data"

@@ -214,6 +214,7 @@ int tr_cmd_serve(int argc, char **argv)
 		return rc < 0 ? 2 : 0;
 	}
 	tr_log_init();
+	tr_log_set_times(true);
 	tr_log_set_level(cfg.log_level);
 
 	sigset_t sigs;
