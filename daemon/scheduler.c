@@ -66,8 +66,12 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 void tr_sched_keep_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool paths_resolved)
 {
 	struct kept_spec *k = calloc(1, sizeof *k);
-	if (!k)
-		return; /* the job's spec is parsed from the store when it starts */
+	if (!k) {
+		/* The job's spec is parsed from the store when it starts. */
+		tr_spec_finish(spec);
+		memset(spec, 0, sizeof *spec);
+		return;
+	}
 	k->id = id;
 	k->spec = *spec;
 	k->paths_resolved = paths_resolved;

@@ -17,8 +17,6 @@
 #include "engine/rng.h"
 #include "storage/checkpoints.h"
 
-#define refuse tr_job_fail
-
 /* A 128-bit digest of the body for idempotency comparisons: two SplitMix
  * lanes over the bytes.  Not cryptographic; it only has to tell two
  * requests under the same key apart. */
@@ -42,25 +40,25 @@ static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, str
 			if (spec->device_ids[i] >= s->ndev) {
 				char ptr[32];
 				snprintf(ptr, sizeof ptr, "/devices/%d", i);
-				return refuse(err, TR_JOB_E_CANNOT_FIT, ptr,
+				return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, ptr,
 					      "%s: device %d does not exist; this daemon has devices 0..%d", ptr,
 					      spec->device_ids[i], s->ndev - 1);
 			}
 		}
 	} else if (spec->device_count > s->ndev) {
-		return refuse(err, TR_JOB_E_CANNOT_FIT, "/devices",
+		return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, "/devices",
 			      "/devices: %d devices requested, this daemon has %d", spec->device_count, s->ndev);
 	}
 	const char *have = s->cfg.backend->i->name;
 	/* Only on refusal: asking the driver costs a few milliseconds. */
 	if (spec->backend == TR_BACKEND_CUDA && strcmp(have, "cuda") != 0)
-		return refuse(err, TR_JOB_E_NO_BACKEND, "/backend",
+		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
 			      "/backend: cuda requested, but this daemon runs on %s devices (%s)", have,
 			      tr_cuda_available() ? "a GPU is visible, but the daemon was started with --backend cpu or "
 						    "could not use it: see its log"
 						  : "no usable GPU");
 	if (spec->backend == TR_BACKEND_CPU && strcmp(have, "cpu") != 0)
-		return refuse(err, TR_JOB_E_NO_BACKEND, "/backend",
+		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
 			      "/backend: cpu requested, but this daemon's devices are %s", have);
 	return 0;
 }
@@ -73,20 +71,20 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	struct tr_spec_error serr;
 	*replayed = false;
 	if (tr_spec_parse(req->spec, &spec, &serr) < 0)
-		return refuse(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
+		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
 	char pointer[256], msg[768];
 	int rc = check_devices(s, &spec, err);
 	if (rc == 0 && tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
-		rc = refuse(err, TR_JOB_E_INVALID_PATH, pointer, "%s", msg);
+		rc = tr_job_fail(err, TR_JOB_E_INVALID_PATH, pointer, "%s", msg);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
 		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {
 			if (spec.init_step >= 0)
-				rc = refuse(err, TR_JOB_E_INVALID_INIT, "/init/from",
+				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 					    "/init/from: job %lld has no checkpoint at step %lld", (long long)spec.init_job,
 					    (long long)spec.init_step);
 			else
-				rc = refuse(err, TR_JOB_E_INVALID_INIT, "/init/from",
+				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 					    "/init/from: job %lld does not exist or has no checkpoint yet",
 					    (long long)spec.init_job);
 		}
@@ -128,7 +126,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	pthread_mutex_unlock(&s->lock);
 	if (rc == -EAGAIN) {
 		tr_log(TR_LOG_WARNING, "submit refused: %s", tr_store_error(s->cfg.store));
-		rc = refuse(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", tr_store_error(s->cfg.store));
 	} else if (rc == -EEXIST) {
 		struct tr_job_row old = {0};
 		rc = tr_store_job_get(s->cfg.store, existing, &old);
@@ -136,15 +134,15 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 			*job_id = existing;
 			*replayed = true;
 		} else if (rc == 0) {
-			rc = refuse(err, TR_JOB_E_CONFLICT, "",
+			rc = tr_job_fail(err, TR_JOB_E_CONFLICT, "",
 				    "Idempotency-Key '%s' was used for job %lld with a different request body",
 				    req->idempotency_key, (long long)existing);
 		} else {
-			rc = refuse(err, TR_JOB_E_INTERNAL, "", "store: %s", tr_store_error(s->cfg.store));
+			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "store: %s", tr_store_error(s->cfg.store));
 		}
 		tr_job_row_finish(&old);
 	} else if (rc < 0) {
-		rc = refuse(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s",
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s",
 			    tr_store_error(s->cfg.store));
 	} else {
 		*job_id = row.id;
@@ -162,9 +160,9 @@ static int load_job(struct tr_scheduler *s, int64_t id, struct tr_job_row *row, 
 {
 	int rc = tr_store_job_get(s->cfg.store, id, row);
 	if (rc == -ENOENT)
-		return refuse(err, TR_JOB_E_NOT_FOUND, "", "job %lld not found", (long long)id);
+		return tr_job_fail(err, TR_JOB_E_NOT_FOUND, "", "job %lld not found", (long long)id);
 	if (rc < 0)
-		return refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	return 0;
 }
 
@@ -191,11 +189,11 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 	/* epoch is the 0-based epoch of the job's last step: epochs must
 	 * still include it (docs/design.md, "Epochs"). */
 	if (req->epochs && req->epochs < row->epoch + 1)
-		return refuse(err, TR_JOB_E_INVALID_REQUEST, "/epochs",
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/epochs",
 			      "/epochs: job %lld is in epoch %lld (1-based) already; give at least %lld",
 			      (long long)row->id, (long long)tr_job_epoch_shown(row->epoch), (long long)row->epoch + 1);
 	if (req->max_steps && req->max_steps < row->step)
-		return refuse(err, TR_JOB_E_INVALID_REQUEST, "/max_steps",
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/max_steps",
 			      "/max_steps: job %lld is at step %lld already; give at least that", (long long)row->id,
 			      (long long)row->step);
 	const char *texts[2] = {row->spec, row->normalized};
@@ -204,7 +202,7 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 	for (int i = 0; i < 2 && rc == 0; i++) {
 		json_t *doc = texts[i] ? json_loads(texts[i], 0, NULL) : NULL;
 		if (!json_is_object(doc)) {
-			rc = refuse(err, TR_JOB_E_INTERNAL, "", "job %lld: its stored spec is not a JSON object",
+			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: its stored spec is not a JSON object",
 				    (long long)row->id);
 		} else {
 			json_object_del(doc, "epochs");
@@ -213,7 +211,7 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 			out[i] = json_dumps(doc, JSON_COMPACT | (i ? JSON_SORT_KEYS : JSON_PRESERVE_ORDER) |
 							 JSON_REAL_PRECISION(i ? 9 : 15));
 			if (!out[i])
-				rc = refuse(err, TR_JOB_E_INTERNAL, "", "out of memory");
+				rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "out of memory");
 		}
 		json_decref(doc);
 	}
@@ -223,13 +221,13 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 		struct tr_spec spec;
 		struct tr_spec_error serr;
 		if (tr_spec_parse_text(out[1], &spec, &serr) < 0)
-			rc = refuse(err, TR_JOB_E_INVALID_REQUEST, req->epochs ? "/epochs" : "/max_steps", "%s",
+			rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, req->epochs ? "/epochs" : "/max_steps", "%s",
 				    serr.message);
 		else
 			tr_spec_finish(&spec);
 	}
 	if (rc == 0 && tr_store_job_set_spec(s->cfg.store, row->id, out[0], out[1]) < 0)
-		rc = refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	if (rc == 0) {
 		char line[160];
 		snprintf(line, sizeof line, "its end is now %s %lld", key, (long long)value);
@@ -252,7 +250,7 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		if ((req->epochs || req->max_steps) && extend(s, row, req, err) < 0)
 			return -1;
 		if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]") < 0)
-			return refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "resumed: queued; it continues from its newest checkpoint");
 		s->dirty = true;
@@ -260,7 +258,7 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 	} else if (to == TR_JOB_PAUSED) {
 		/* Not running: it simply waits out of the queue. */
 		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL) < 0)
-			return refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
 	} else if (to == TR_JOB_CANCELLED) {
 		/* Held and shown when storage refuses it: the job must not
@@ -272,12 +270,12 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 						      : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
 					       NULL);
 		if (rc < 0)
-			return refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 		if (!paused)
 			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued");
 		tr_sched_drop_spec(s, id);
 	} else {
-		return refuse(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
+		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
 			      tr_job_state_name(to));
 	}
 	return 0;
@@ -290,7 +288,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 	int64_t id = row->id;
 	struct running_job *j = find_running(s, id);
 	if (!j)
-		return refuse(err, TR_JOB_E_ILLEGAL, "", "job %lld is %s and not running here", (long long)id,
+		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is %s and not running here", (long long)id,
 			      row->state);
 	if (op == TR_JOB_PAUSE) {
 		/* A stop whose final checkpoint is the resume point; the runner
@@ -314,7 +312,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step");
 	} else if (op == TR_JOB_CHECKPOINT) {
 		if (!j->trainer)
-			return refuse(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
+			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
 				      (long long)id);
 		tr_trainer_request_checkpoint(j->trainer);
 	}
@@ -331,7 +329,7 @@ static int op_control(void *ctx, int64_t id, const struct tr_api_control *req, s
 	if (rc == 0)
 		rc = tr_job_check(id, row.state, req->op, &t, err);
 	if (rc == 0 && (req->epochs || req->max_steps) && req->op != TR_JOB_RESUME)
-		rc = refuse(err, TR_JOB_E_INVALID_REQUEST, "", "only a resume takes a new end");
+		rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "", "only a resume takes a new end");
 	if (rc == 0 && t.action == TR_JOB_SET)
 		rc = set_now(s, &row, req, t.to, err);
 	else if (rc == 0 && t.action == TR_JOB_SIGNAL)
@@ -359,7 +357,7 @@ static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_error 
 	if (rc == 0)
 		rc = tr_job_check(id, row.state, TR_JOB_SET_PRIORITY, NULL, err);
 	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority) < 0)
-		rc = refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
 	if (rc == 0)
 		tr_sched_kick(s);
@@ -374,7 +372,7 @@ static int op_remove(void *ctx, int64_t id, struct tr_error *err)
 	if (rc == 0)
 		rc = tr_job_check(id, row.state, TR_JOB_DELETE, NULL, err);
 	if (rc == 0 && tr_store_job_delete(s->cfg.store, id) < 0)
-		rc = refuse(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
 	return rc < 0 ? -1 : 0;
 }
