@@ -2266,3 +2266,55 @@ Test(api, stop_ends_open_streams_promptly)
 	cr_assert_lt(c.elapsed, 10.0);
 	free(c.got.data);
 }
+
+/* POST /jobs/{id}/resume: the body is optional (an empty one is taken
+ * whatever its Content-Type), and when given it is {"epochs": N} or
+ * {"max_steps": N}, refused with its pointer otherwise. */
+Test(api, resume_takes_an_optional_new_end)
+{
+	int64_t id = submit("resumable");
+	char path[64];
+	struct resp r;
+	static const char *const form[] = {"Content-Type: application/x-www-form-urlencoded", NULL};
+	static const struct {
+		const char *body, *pointer;
+	} bad[] = {
+		{"{\"epochs\": 0}", "/epochs"},
+		{"{\"epochs\": \"4\"}", "/epochs"},
+		{"{\"max_steps\": -3}", "/max_steps"},
+		{"{\"epochs\": 2, \"max_steps\": 10}", "/epochs"},
+		{"{\"epoch\": 2}", "/epoch"},
+		{"{\"epochs\": 2000000}", "/epochs"},
+	};
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/resume", id);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		r = http("POST", path, bad[i].body);
+		expect_status(&r, 400, bad[i].body);
+		cr_assert_str_eq(jstr(json_object_get(r.json, "error"), "code"), "invalid_request", "%s", bad[i].body);
+		cr_assert_str_eq(jstr(json_object_get(r.json, "error"), "pointer"), bad[i].pointer, "%s", bad[i].body);
+		resp_free(&r);
+	}
+	/* A body that is not JSON, with a JSON type or without. */
+	r = http("POST", path, "epochs=4");
+	expect_status(&r, 400, "not JSON");
+	resp_free(&r);
+	r = http_full("POST", path, "{\"epochs\": 4}", form, 0);
+	expect_status(&r, 415, "a form body");
+	resp_free(&r);
+	/* Legal bodies reach the daemon, whose table refuses a queued job. */
+	r = http("POST", path, "{\"epochs\": 4}");
+	expect_status(&r, 409, "queued");
+	cr_assert(strstr(jstr(json_object_get(r.json, "error"), "message"), "only a paused or stopped job can be resumed"),
+		  "%s", r.body);
+	resp_free(&r);
+	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL), 0);
+	r = http_full("POST", path, "", form, 0); /* empty, with a form type: no body */
+	expect_status(&r, 202, "stopped, empty body");
+	cr_assert_str_eq(jstr(r.json, "state"), "queued");
+	resp_free(&r);
+	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL), 0);
+	r = http("POST", path, "{\"max_steps\": 500}");
+	expect_status(&r, 202, "stopped, new end");
+	resp_free(&r);
+}
