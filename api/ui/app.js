@@ -491,6 +491,10 @@
 		const badge = h('span', { id: 'job-state' });
 		const buttons = {};
 		const actions = h('div', { class: 'row', id: 'job-actions' });
+		/* A resume may give the job a new end: epochs in all (empty: unchanged). */
+		const resumeEpochs = h('input', { type: 'number', id: 'resume-epochs', min: 1, step: 1, class: 'small-num',
+			placeholder: 'epochs', title: 'Resume to this many epochs in all (empty: as before)',
+			'aria-label': 'Epochs in all when resumed (optional)', disabled: true });
 		const ACTIONS = [
 			['stop', 'Stop', 'finishes its current step, takes a final checkpoint and ends as stopped (it can be resumed later)', ['running']],
 			['pause', 'Pause', 'takes a checkpoint and leaves its devices until resumed', ['queued', 'running']],
@@ -503,6 +507,7 @@
 			b.addEventListener('click', () => control(op, label, what, b));
 			buttons[op] = b;
 			actions.append(b);
+			if (op === 'resume') actions.append(resumeEpochs);
 		}
 		const feedback = h('span', { id: 'job-feedback', class: 'muted small', role: 'status', 'aria-live': 'polite' });
 		const info = h('dl', { class: 'info', id: 'job-info' });
@@ -550,6 +555,7 @@
 			if (TERMINAL.includes(job.state) && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
 			for (const b of Object.values(buttons))
 				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
+			resumeEpochs.disabled = buttons.resume.disabled;
 			const rows = [
 				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
 				['Epoch', p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch + 1], /* 1-based for people */
@@ -648,7 +654,11 @@
 			b.textContent = label.replace(/e$/, '') + 'ing…';
 			feedback.textContent = op + ' requested…';
 			try {
-				st.job = await api('/jobs/' + id + '/' + op, { method: 'POST' });
+				const epochs = op === 'resume' && resumeEpochs.value ? Number(resumeEpochs.value) : 0;
+				st.job = await api('/jobs/' + id + '/' + op, epochs
+					? { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ epochs }) }
+					: { method: 'POST' });
+				if (epochs) resumeEpochs.value = '';
 				feedback.textContent = op + ' accepted: ' + st.job.state;
 				toast(label + ': job #' + id + ' is ' + st.job.state);
 			} catch (e) {

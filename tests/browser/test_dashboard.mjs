@@ -309,6 +309,7 @@ try {
 		if (!(await page.isDisabled('#btn-stop'))) throw new Error('Stop is still enabled');
 		/* A stopped job can be resumed later. */
 		if (await page.isDisabled('#btn-resume')) throw new Error('Resume is disabled for a stopped job');
+		if (await page.isDisabled('#resume-epochs')) throw new Error('the epochs of a resume cannot be given');
 		await page.screenshot({ path: path.join(artifacts, 'job-stopped.png'), fullPage: true });
 	});
 
