@@ -354,8 +354,8 @@ static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_error 
 	struct tr_scheduler *s = ctx;
 	struct tr_job_row row = {0};
 	int rc = load_job(s, id, &row, err);
-	if (rc == 0)
-		rc = tr_job_check(id, row.state, TR_JOB_SET_PRIORITY, NULL, err);
+	if (rc == 0 && (rc = tr_job_check(id, row.state, TR_JOB_SET_PRIORITY, NULL, err)) < 0)
+		snprintf(err->pointer, sizeof err->pointer, "/priority"); /* the body's field at fault */
 	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority) < 0)
 		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
