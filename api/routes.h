@@ -29,6 +29,10 @@ enum {
 	 * as it arrives, of any size: max_body and the request deadline do
 	 * not apply once the upload is admitted. */
 	TR_ROUTE_UPLOAD = 1u << 2,
+	/* With TR_ROUTE_JSON_BODY: the body may be left out, and an empty
+	 * one is taken whatever its Content-Type (clients that POST nothing
+	 * often send a form type). */
+	TR_ROUTE_BODY_OPTIONAL = 1u << 3,
 };
 
 struct tr_api_route {

@@ -122,6 +122,19 @@ static bool is_json_type(const char *v)
 	return *v == '\0' || *v == ';';
 }
 
+/* An optional body that is not there: no Content-Length or 0, and not
+ * chunked. */
+static bool body_left_out(const struct tr_api_request *rq)
+{
+	const char *len, *te;
+
+	if (!(rq->route->flags & TR_ROUTE_BODY_OPTIONAL))
+		return false;
+	len = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+	te = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+	return !te && (!len || strcmp(len, "0") == 0);
+}
+
 /* The 413 for a body over the cap: with its size when the client declared
  * one (Content-Length), else (a chunked body) just the cap. */
 static void fail_too_large(struct tr_api_reply *rp, size_t max_body, int64_t declared_len)
@@ -252,7 +265,7 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	}
 	if (rq->route->flags & TR_ROUTE_UPLOAD)
 		return admit_upload(rq, rp);
-	if (rq->route->flags & TR_ROUTE_JSON_BODY) {
+	if ((rq->route->flags & TR_ROUTE_JSON_BODY) && !body_left_out(rq)) {
 		v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
 		if (!is_json_type(v)) {
 			tr_api_fail(rp, 415, "unsupported_media_type", NULL,

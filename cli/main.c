@@ -38,8 +38,8 @@ static const struct command commands[] = {
 	{"ls", tr_cmd_ls, "ls [--state STATE] [--json]", "list jobs",
 	 "Lists jobs as a table: id, name, state, priority, step/total, done, latest\n"
 	 "loss and submit time (local).\n"
-	 "  --state STATE  only jobs in STATE: queued running stopping paused completed\n"
-	 "                 failed cancelled interrupted\n"
+	 "  --state STATE  only jobs in STATE: queued running stopping paused stopped\n"
+	 "                 completed failed cancelled interrupted\n"
 	 "  --json         the jobs as a JSON array, as the API returns them\n"},
 	{"show", tr_cmd_show, "show [--json] ID", "show one job",
 	 "Shows a job's state, progress (step, epoch, loss, throughput, data wait,\n"
@@ -54,17 +54,23 @@ static const struct command commands[] = {
 	 "Last-Event-ID: no event is lost or repeated.\n"
 	 "  --reconnect-timeout S  give up (exit 3) when the daemon stays away\n"
 	 "                         longer than S seconds (default 300)\n"
-	 "Exit: 0 when the job completes, 1 when it fails or is cancelled.\n"},
-	{"stop", tr_cmd_control, "stop ID", "stop a job gracefully (final checkpoint, completed)",
+	 "Exit: 0 when the job completes or is stopped, 1 when it fails or is\n"
+	 "cancelled.\n"},
+	{"stop", tr_cmd_control, "stop ID", "stop a job gracefully (final checkpoint, stopped)",
 	 "Asks a running job to stop at the next step boundary; it takes a final\n"
-	 "checkpoint and ends as completed.\n"},
+	 "checkpoint and ends as stopped (completed if that was its last step).\n"
+	 "`resume` continues it later, with more epochs or steps if asked.\n"},
 	{"cancel", tr_cmd_control, "cancel ID", "cancel a job now", "Cancels a queued, running or paused job.\n"},
 	{"pause", tr_cmd_control, "pause ID", "pause a running job (checkpoint, devices freed)",
 	 "Pauses a running job at the next step boundary after a checkpoint; `resume`\n"
 	 "queues it again.\n"},
-	{"resume", tr_cmd_control, "resume ID", "queue a paused job again", "Queues a paused job again.\n"},
+	{"resume", tr_cmd_control, "resume [--epochs N | --max-steps N] ID", "queue a paused or stopped job again",
+	 "Queues a paused or stopped job again; it continues from its newest\n"
+	 "checkpoint.\n"
+	 "  --epochs N      the job's new end: N epochs in all (not N more)\n"
+	 "  --max-steps N   the job's new end: N steps in all\n"},
 	{"delete", tr_cmd_delete, "delete ID", "delete a finished job and its data",
-	 "Deletes a completed, failed or cancelled job with its metrics, logs and\n"
+	 "Deletes a stopped, completed, failed or cancelled job with its metrics, logs and\n"
 	 "checkpoints.\n"},
 	{"priority", tr_cmd_priority, "priority ID N", "set a job's queue priority",
 	 "Sets the queue priority of a job (higher runs first).\n"},

@@ -13,6 +13,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/job.h"
+#include "core/rfc3339.h"
+
 /* Exit codes (docs/design.md, trainctl): documented in --help. */
 enum {
 	TR_CTL_OK = 0,

@@ -195,15 +195,11 @@ out:
 }
 
 /* POST /reload: the same as SIGHUP, handled by the main loop. */
-static int reload_op(void *ctx, struct tr_api_error *err)
+static int reload_op(void *ctx, struct tr_error *err)
 {
 	(void)ctx;
-	if (kill(getpid(), SIGHUP) < 0) {
-		err->status = 500;
-		snprintf(err->code, sizeof err->code, "internal");
-		snprintf(err->message, sizeof err->message, "cannot signal the daemon: %s", strerror(errno));
-		return -1;
-	}
+	if (kill(getpid(), SIGHUP) < 0)
+		return tr_job_fail(err, TR_JOB_E_INTERNAL, NULL, "cannot signal the daemon: %s", strerror(errno));
 	return 0;
 }
 
@@ -220,6 +216,7 @@ int tr_cmd_serve(int argc, char **argv)
 		return rc < 0 ? 2 : 0;
 	}
 	tr_log_init();
+	tr_log_set_times(true);
 	tr_log_set_level(cfg.log_level);
 
 	sigset_t sigs;

@@ -12,6 +12,8 @@
  */
 #include "storage/internal.h"
 
+#include "core/rfc3339.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,8 +184,12 @@ static int insert_log(struct conn *c, const struct qitem *it, double now, int64_
 	struct jbuf b = {0};
 	JBUF_LIT(&b, "{\"id\":");
 	tr_store_jbuf_int(&b, id);
+	char when[TR_RFC3339_LEN];
 	JBUF_LIT(&b, ",\"time\":");
-	tr_store_jbuf_num(&b, it->wall);
+	if (tr_rfc3339_format(it->wall, when, sizeof when))
+		tr_store_jbuf_str(&b, when);
+	else
+		JBUF_LIT(&b, "null");
 	JBUF_LIT(&b, ",\"level\":");
 	tr_store_jbuf_int(&b, it->level);
 	JBUF_LIT(&b, ",\"message\":");

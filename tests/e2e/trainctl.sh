@@ -234,8 +234,13 @@ check "pause" wait_state "$long" paused
 tc resume "$long" >/dev/null
 check "resume" wait_state "$long" running
 tc stop "$long" >/dev/null
-tc watch "$long" >/dev/null 2>&1
-check "a stopped job ends completed (watch exits 0)" test $? -eq 0
+tc watch "$long" >"$work/o" 2>&1
+check "a stopped job ends stopped (watch exits 0)" test $? -eq 0
+check "watch prints stopped" has "$work/o" "^job $long stopped"
+tc ls --state stopped >"$work/o"
+check "ls --state stopped lists it" has "$work/o" "^ *$long "
+tc resume --epochs 0 "$long" >/dev/null 2>"$work/e"
+check "resume --epochs 0 is a usage error (exit 2)" test $? -eq 2
 
 # ---- watch across a daemon restart ----
 long=$(tc submit "$work/long.json")
