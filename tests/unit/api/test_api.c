@@ -1030,7 +1030,7 @@ static struct tr_rcache_stats ask_together(const struct tr_rcache_key *key, int 
 		pthread_join(th[i], NULL);
 	tr_rcache_stats(&s1);
 	return (struct tr_rcache_stats){s1.hits - s0.hits, s1.shared - s0.shared, s1.computed - s0.computed,
-					s1.wait_timeouts - s0.wait_timeouts};
+					s1.wait_timeouts - s0.wait_timeouts, s1.refreshed - s0.refreshed};
 }
 
 Test(api, rcache_computes_once_for_concurrent_misses)
@@ -1140,6 +1140,95 @@ Test(api, rcache_wait_is_bounded)
 	free(leader.body);
 	free(late.body);
 	tr_rcache_forget(owner);
+}
+
+/* A refresh computes the new generation's answer of the entries clients
+ * were served from the cache, and only of those: an answer computed once
+ * and never asked again (an incremental poll's) is left alone. */
+static atomic_int refresh_calls;
+
+static int count_refresh(const void *owner, int64_t job, const char *query, char **body, size_t *len)
+{
+	(void)owner;
+	(void)job;
+	atomic_fetch_add(&refresh_calls, 1);
+	*body = strdup(query);
+	*len = strlen(query);
+	return 0;
+}
+
+Test(api, rcache_refreshes_what_clients_poll)
+{
+	static const char owner[] = "refresh";
+	struct tr_rcache_key polled = {owner, 1, "polled", 5}, once = {owner, 1, "once", 5};
+	struct steered sc = {0};
+	char *body;
+	size_t len;
+
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(tr_rcache_get_refreshable(&polled, count_refresh, 100, steered_answer, &sc, &body, &len), 0);
+		free(body);
+	}
+	cr_assert_eq(tr_rcache_get_refreshable(&once, count_refresh, 100, steered_answer, &sc, &body, &len), 0);
+	free(body);
+	cr_assert_eq(atomic_load(&sc.calls), 2);
+	cr_assert_eq(tr_rcache_refresh(owner, 2, 6), 0, "another job's entries were refreshed");
+	cr_assert_eq(tr_rcache_refresh(owner, 1, 5), 0, "an entry of the same generation was refreshed");
+	cr_assert_eq(tr_rcache_refresh(owner, 1, 6), 1, "only the polled entry is refreshed");
+	cr_assert_eq(atomic_load(&refresh_calls), 1);
+	/* Asked under the new generation: the refreshed answer, no computation. */
+	polled.gen = 6;
+	cr_assert_eq(tr_rcache_get_refreshable(&polled, count_refresh, 100, steered_answer, &sc, &body, &len), 0);
+	cr_assert_eq(len, strlen("polled"));
+	cr_assert(memcmp(body, "polled", len) == 0, "not the refreshed answer");
+	free(body);
+	cr_assert_eq(atomic_load(&sc.calls), 2, "the refreshed answer was computed again");
+	tr_rcache_forget(owner);
+}
+
+/* The running job's curve that a dashboard keeps polling is computed
+ * when the store commits the job's points, before the commit shows: the
+ * first request after the flush is answered from the cache, with the new
+ * point; an incremental poll's answer (asked once) is not recomputed. */
+Test(api, metrics_polled_curve_is_ready_at_commit)
+{
+	int64_t id = submit("watched");
+	char path[128], inc[160];
+	struct tr_rcache_stats s0, s1;
+
+	for (int i = 0; i < 3000; i++)
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), 1.0 / (i + 1)), 0);
+	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL), 0);
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?max_points=500", id);
+	for (int k = 0; k < 2; k++) { /* computed, then served: now polled */
+		struct resp r = http("GET", path, NULL);
+		expect_status(&r, 200, "curve");
+		resp_free(&r);
+	}
+	for (int step = 3000; step < 3010; step++) {
+		snprintf(inc, sizeof(inc), "/jobs/%" PRId64 "/metrics?max_points=500&from_step=%d", id, step);
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", step, 0, now_s(), 5.0 + step), 0);
+		cr_assert_eq(tr_store_flush(store), 0);
+		tr_rcache_stats(&s0);
+		struct resp r = http("GET", path, NULL);
+		tr_rcache_stats(&s1);
+		expect_status(&r, 200, "curve after a flush");
+		cr_assert_eq(last_step(r.json, "loss"), step, "the answer after the flush of step %d is stale", step);
+		cr_assert_eq(s1.computed, s0.computed, "the first request after the flush of step %d computed it", step);
+		cr_assert_eq(s1.hits, s0.hits + 1);
+		resp_free(&r);
+		r = http("GET", inc, NULL);
+		expect_status(&r, 200, "incremental poll");
+		cr_assert_eq(last_step(r.json, "loss"), step);
+		resp_free(&r);
+	}
+	/* Ten flushes, one refresh each: the incremental answers were not. */
+	tr_rcache_stats(&s0);
+	cr_assert_eq(tr_store_metric_append(store, id, "loss", 3010, 0, now_s(), 1.0), 0);
+	cr_assert_eq(tr_store_flush(store), 0);
+	tr_rcache_stats(&s1);
+	cr_assert_eq(s1.refreshed, s0.refreshed + 1, "%" PRIu64 " answers refreshed", s1.refreshed - s0.refreshed);
 }
 
 Test(api, logs_paginate)
