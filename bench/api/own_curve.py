@@ -28,12 +28,55 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_api as B  # noqa: E402
+
+
+def thread_names(pid):
+    out = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    out[int(tid)] = f.read().strip()
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
+def run_measured(args, d, urls, raw, label):
+    """loadgen at the fixed rate, and the CPU time the daemon spent on it:
+    the threads created for loadgen's connections (read just before it
+    disconnects, as their time leaves /proc with them) and the metrics
+    writer (tr-metrics, which now computes polled answers at commit).
+    CPU time is what the machine's neighbours inflate least."""
+    before = B.thread_cpu(d.pid)
+    names = thread_names(d.pid)
+    writer = [t for t, n in names.items() if n == "tr-metrics"]
+    cmd = [args.loadgen, "-a", d.hostport, "-r", str(args.rate), "-d", str(args.secs), "-c", str(args.conns), "-w", "2",
+           "-l", label, "-o", raw]
+    for u in urls:
+        cmd += ["-u", u]
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(max(0.0, args.secs - 0.3))
+    now = B.thread_cpu(d.pid)
+    t1 = time.time()
+    so, se = p.communicate(timeout=args.secs + 30)
+    if p.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {se}")
+    r = json.loads(so.strip().splitlines()[-1])
+    conn_cpu = sum(v for t, v in now.items() if t not in before)
+    w_cpu = sum(now.get(t, 0) - before.get(t, 0) for t in writer)
+    reqs = max(1.0, args.rate * (t1 - t0))
+    return r, {"conn_cpu_ms_per_req": 1e3 * conn_cpu / reqs, "writer_cpu_s_per_s": w_cpu / (t1 - t0)}
 
 
 def main():
@@ -81,12 +124,12 @@ def main():
                 k = rnd % len(cases)
                 for case, urls in cases[k:] + cases[:k]:
                     raw = os.path.join(args.out, "raw", f"{name}_{case}_r{rnd + 1}.tsv")
-                    r = B.run_loadgen(args.loadgen, d.hostport, urls, args.rate, args.secs, args.conns, raw,
-                                      f"{name}:{case}")
-                    r.update(build=name, case=case, round=rnd + 1, load=B.loadavg())
+                    r, cpu = run_measured(args, d, urls, raw, f"{name}:{case}")
+                    r.update(build=name, case=case, round=rnd + 1, load=B.loadavg(), **cpu)
                     res["runs"].append(r)
                     B.log(f"r{rnd + 1} {name} {case}: p50 {r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} ms,"
-                          f" achieved {r['achieved_rate']}/s, unfinished {r['unfinished']}, load {r['load']}")
+                          f" achieved {r['achieved_rate']}/s, unfinished {r['unfinished']}, load {r['load']},"
+                          f" request CPU {r['conn_cpu_ms_per_req']:.3f} ms/request, writer {r['writer_cpu_s_per_s']:.3f} CPU-s/s")
                 d.json("POST", f"/jobs/{job}/cancel", want=(202,))
                 d.wait_state(job, ("cancelled", "completed", "failed"), 60)
     finally:
@@ -109,18 +152,22 @@ def main():
                 "p99_median": statistics.median(r["latency_ms"]["p99"] for r in runs),
                 "p99_rounds": [r["latency_ms"]["p99"] for r in runs],
                 "p99_over_finished_median": statistics.median(ratios) if ratios else None,
+                "conn_cpu_ms_per_req_median": statistics.median(r["conn_cpu_ms_per_req"] for r in runs),
+                "writer_cpu_s_per_s_median": statistics.median(r["writer_cpu_s_per_s"] for r in runs),
                 "load": [r["load"] for r in runs],
             }
     res["summary"] = summary
     with open(os.path.join(args.out, "own_curve.json"), "w") as f:
         json.dump(res, f, indent=1)
     lines = [f"own_curve {res['started']}, load average {res['load_start']} at the start, {res['load_end']} at the end",
-             "", "| build/case | p50 median ms | p99 median ms | p99 per round | p99 / finished p99 (median) | load |",
-             "|---|---:|---:|---|---:|---|"]
+             "", "| build/case | p50 median ms | p99 median ms | p99 per round | p99 / finished p99 (median) |"
+             " request CPU ms/request | writer CPU-s/s | load |",
+             "|---|---:|---:|---|---:|---:|---:|---|"]
     for k, v in summary.items():
         ratio = f"{v['p99_over_finished_median']:.2f}" if v["p99_over_finished_median"] else "-"
         lines.append(f"| {k} | {v['p50_median']:.2f} | {v['p99_median']:.2f} | "
                      f"{', '.join(f'{x:.2f}' for x in v['p99_rounds'])} | {ratio} | "
+                     f"{v['conn_cpu_ms_per_req_median']:.3f} | {v['writer_cpu_s_per_s_median']:.3f} | "
                      f"{', '.join(f'{x:.1f}' for x in v['load'])} |")
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
