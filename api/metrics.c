@@ -87,7 +87,65 @@ static bool engine_name(const char *s)
 
 void tr_api_metrics_cache_forget(const tr_store_t *store)
 {
+	tr_store_set_commit_hook((tr_store_t *)store, NULL, NULL);
 	tr_rcache_forget(store);
+}
+
+/* The cache key: the names as asked ("*" for all), the range, max_points
+ * and the flags.  Names cannot hold '|' (valid_name), so the key can be
+ * read back (refresh_answer). */
+#define KEY_FMT "%s|%" PRId64 "|%" PRId64 "|%d|%d|%d"
+
+/* tr_rcache_refresh's way to an answer: the query read back from its key. */
+static int refresh_answer(const void *owner, int64_t job, const char *query, char **body, size_t *len)
+{
+	struct tr_metrics_query q = {.want_text = true};
+	const char *bar = strchr(query, '|');
+	int max_points, epochs, times, rc = -EINVAL;
+	if (!bar || sscanf(bar, "|%" SCNd64 "|%" SCNd64 "|%d|%d|%d", &q.from_step, &q.to_step, &max_points, &epochs,
+			   &times) != 5)
+		return -EINVAL;
+	q.max_points = max_points;
+	q.with_epochs = epochs;
+	q.with_times = times;
+	char *copy = strndup(query, (size_t)(bar - query));
+	const char **names = NULL;
+	size_t n = 1;
+	if (!copy)
+		return -ENOMEM;
+	if (strcmp(copy, "*") != 0) {
+		for (const char *t = copy; *t; t++)
+			n += *t == ',';
+		if (!(names = calloc(n + 1, sizeof *names)))
+			goto cleanup;
+		char *p = copy;
+		for (size_t i = 0; i < n; i++) {
+			char *comma = strchr(p, ',');
+			if (comma)
+				*comma = '\0';
+			names[i] = p;
+			p = comma ? comma + 1 : p;
+		}
+		q.names = names;
+	}
+	rc = tr_api_metrics_render((tr_store_t *)owner, job, &q, CACHED_POINTS_MAX, body, len);
+cleanup:
+	free(names);
+	free(copy);
+	return rc;
+}
+
+/* The store's commit hook (tr_store_set_commit_hook): the polled answers
+ * of the job just written are computed before its new generation shows. */
+static void on_commit(void *ctx, tr_store_t *s, int64_t job_id, uint64_t gen)
+{
+	(void)ctx;
+	tr_rcache_refresh(s, job_id, gen);
+}
+
+void tr_api_metrics_cache_start(tr_store_t *store)
+{
+	tr_store_set_commit_hook(store, on_commit, NULL);
 }
 
 struct metrics_compute {
@@ -228,8 +286,7 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 		goto cleanup;
 	}
 	/* Sized to fit: a cut key would give two queries one answer. */
-#define KEY_FMT "%s|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%d"
-#define KEY_ARGS names_text ? names_text : "*", from, to, max_points, (int)q.with_epochs, (int)q.with_times
+#define KEY_ARGS names_text ? names_text : "*", from, to, (int)max_points, (int)q.with_epochs, (int)q.with_times
 	size_t key_len = (size_t)snprintf(NULL, 0, KEY_FMT, KEY_ARGS) + 1;
 	key = malloc(key_len);
 	if (!key) {
@@ -237,7 +294,6 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 		goto cleanup;
 	}
 	snprintf(key, key_len, KEY_FMT, KEY_ARGS);
-#undef KEY_FMT
 #undef KEY_ARGS
 	/* Read before the query, so a commit racing the query changes it and
 	 * the answer is not kept as current past that commit. */
@@ -245,7 +301,7 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	struct metrics_compute mc = {api->cfg.store, id, &q, rp};
 	char *text;
 	size_t len;
-	int rc = tr_rcache_get(&ck, CACHE_WAIT_MS, compute_answer, &mc, &text, &len);
+	int rc = tr_rcache_get_refreshable(&ck, refresh_answer, CACHE_WAIT_MS, compute_answer, &mc, &text, &len);
 	if (rc == -EFBIG) {
 		reply_stream(api, id, &q, rp);
 		goto cleanup;

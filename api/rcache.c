@@ -6,6 +6,15 @@
  * "flight" on a list; the threads waiting for it hold references to it,
  * and whoever drops the last one frees it, so neither the computing
  * thread nor a waiter that gave up depends on the other's timing.
+ *
+ * Refresh: a running job's answers go out of date with each commit of its
+ * data (five a second), and without help the first request after each
+ * commit computes the new answer while the requests behind it wait: on a
+ * machine whose cores training keeps busy, that computation is preempted
+ * and the waits make the tail of the latency.  An entry that clients keep
+ * asking for is therefore recomputed by tr_rcache_refresh, from the
+ * store's commit hook, before the commit's generation is published
+ * (docs/design.md, "Response cache").
  */
 #include "api/rcache.h"
 
@@ -22,6 +31,12 @@
  * shared with its waiters but not kept. */
 #define SLOTS 64
 #define ENTRY_MAX_BYTES ((size_t)8 << 20)
+/* An entry served within this long is polled: refresh it.  An incremental
+ * poll's query (a new from_step each time) is computed once and never
+ * served again, so it is not refreshed. */
+#define REFRESH_WINDOW_MS 3000
+/* Bounds the writer's time per job and commit. */
+#define REFRESH_MAX 8
 
 struct blob {
 	atomic_uint refs;
@@ -36,6 +51,8 @@ struct entry {
 	uint64_t gen;
 	uint64_t used; /* tick of the last hit, for eviction */
 	struct blob *body;
+	tr_rcache_refresh_fn refresh;
+	double served_at; /* CLOCK_MONOTONIC seconds of the last hit, 0 = none */
 };
 
 struct flight {
@@ -115,7 +132,7 @@ static void entry_clear(struct entry *e)
 
 /* Keeps b (taking a new reference) for k, unless a newer answer is kept
  * already; lock held. */
-static void entry_put(const struct tr_rcache_key *k, struct blob *b)
+static void entry_put(const struct tr_rcache_key *k, tr_rcache_refresh_fn refresh, struct blob *b)
 {
 	struct entry *e = entry_find(k);
 	if (e && e->gen > k->gen)
@@ -136,6 +153,15 @@ static void entry_put(const struct tr_rcache_key *k, struct blob *b)
 	e->body = blob_ref(b);
 	e->gen = k->gen;
 	e->used = ++tick;
+	if (refresh)
+		e->refresh = refresh;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* lock held */
@@ -213,15 +239,15 @@ static struct blob *flight_wait(struct flight *f, int wait_ms)
 }
 
 /* Runs compute in the calling thread and keeps a successful answer. */
-static int compute_and_keep(const struct tr_rcache_key *k, tr_rcache_compute_fn compute, void *ctx,
-			    struct flight *f, char **body, size_t *len)
+static int compute_and_keep(const struct tr_rcache_key *k, tr_rcache_refresh_fn refresh,
+			    tr_rcache_compute_fn compute, void *ctx, struct flight *f, char **body, size_t *len)
 {
 	int rc = compute(ctx, body, len);
 	struct blob *b = rc == 0 ? blob_new(*body, *len) : NULL;
 	pthread_mutex_lock(&lock);
 	stats.computed++;
 	if (b && *len <= ENTRY_MAX_BYTES)
-		entry_put(k, b);
+		entry_put(k, refresh, b);
 	if (f) {
 		flight_unlink(f);
 		f->done = true;
@@ -237,6 +263,12 @@ static int compute_and_keep(const struct tr_rcache_key *k, tr_rcache_compute_fn 
 int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_compute_fn compute, void *ctx,
 		  char **body, size_t *len)
 {
+	return tr_rcache_get_refreshable(key, NULL, wait_ms, compute, ctx, body, len);
+}
+
+int tr_rcache_get_refreshable(const struct tr_rcache_key *key, tr_rcache_refresh_fn refresh, int wait_ms,
+			      tr_rcache_compute_fn compute, void *ctx, char **body, size_t *len)
+{
 	struct blob *b = NULL;
 	struct flight *f = NULL;
 
@@ -248,6 +280,7 @@ int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_comput
 	 * grow, so it was read after the caller's. */
 	if (e && e->gen >= key->gen) {
 		e->used = ++tick;
+		e->served_at = mono_s();
 		stats.hits++;
 		b = blob_ref(e->body);
 	} else if ((f = flight_find(key))) {
@@ -263,7 +296,59 @@ int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_comput
 	pthread_mutex_unlock(&lock);
 	if (b)
 		return blob_take(b, body, len);
-	return compute_and_keep(key, compute, ctx, f, body, len);
+	return compute_and_keep(key, refresh, compute, ctx, f, body, len);
+}
+
+int tr_rcache_refresh(const void *owner, int64_t job, uint64_t gen)
+{
+	struct todo {
+		char *query;
+		tr_rcache_refresh_fn fn;
+		double served_at;
+	} todo[REFRESH_MAX];
+	int n = 0, done = 0;
+
+	pthread_mutex_lock(&lock);
+	double since = mono_s() - REFRESH_WINDOW_MS / 1000.0;
+	for (int i = 0; i < SLOTS; i++) {
+		struct entry *e = &entries[i];
+		if (!e->body || e->owner != owner || e->job != job || !e->refresh || e->gen >= gen ||
+		    e->served_at < since)
+			continue;
+		/* Full: the most recently served ones win. */
+		int at = n;
+		if (n == REFRESH_MAX) {
+			at = 0;
+			for (int j = 1; j < n; j++)
+				if (todo[j].served_at < todo[at].served_at)
+					at = j;
+			if (todo[at].served_at >= e->served_at)
+				continue;
+			free(todo[at].query);
+		} else {
+			n++;
+		}
+		todo[at] = (struct todo){strdup(e->query), e->refresh, e->served_at};
+	}
+	pthread_mutex_unlock(&lock);
+	for (int i = 0; i < n; i++) {
+		char *body;
+		size_t len;
+		if (todo[i].query && todo[i].fn(owner, job, todo[i].query, &body, &len) == 0) {
+			struct blob *b = blob_new(body, len);
+			struct tr_rcache_key k = {owner, job, todo[i].query, gen};
+			free(body);
+			pthread_mutex_lock(&lock);
+			stats.refreshed++;
+			if (b && len <= ENTRY_MAX_BYTES)
+				entry_put(&k, todo[i].fn, b);
+			pthread_mutex_unlock(&lock);
+			blob_unref(b);
+			done++;
+		}
+		free(todo[i].query);
+	}
+	return done;
 }
 
 void tr_rcache_forget(const void *owner)

@@ -16,6 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Computes the answer to a query from its key alone, for
+ * tr_rcache_refresh: 0 and a malloc'd body, or a negative code. */
+typedef int (*tr_rcache_refresh_fn)(const void *owner, int64_t job, const char *query, char **body, size_t *len);
+
 struct tr_rcache_key {
 	const void *owner; /* what the data belongs to (a store) */
 	int64_t job;
@@ -32,6 +36,17 @@ typedef int (*tr_rcache_compute_fn)(void *ctx, char **body, size_t *len);
  * another thread's computation of the same key and generation. */
 int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_compute_fn compute, void *ctx,
 		  char **body, size_t *len);
+/* The same for an answer that tr_rcache_refresh may recompute with
+ * refresh (kept with the entry) while clients poll it. */
+int tr_rcache_get_refreshable(const struct tr_rcache_key *key, tr_rcache_refresh_fn refresh, int wait_ms,
+			      tr_rcache_compute_fn compute, void *ctx, char **body, size_t *len);
+/* Recomputes, under gen, the answers of (owner, job) that have a refresh
+ * function, are older than gen and were served from the cache within the
+ * last REFRESH_WINDOW_MS (api/rcache.c): the queries some client keeps
+ * polling.  At most a few per call, most recently served first.  Returns
+ * how many were recomputed.  Meant for the store's commit hook, which
+ * runs before gen is published: the next requests then find the answer. */
+int tr_rcache_refresh(const void *owner, int64_t job, uint64_t gen);
 /* Drops the entries of an owner that is going away. */
 void tr_rcache_forget(const void *owner);
 
@@ -41,6 +56,7 @@ struct tr_rcache_stats {
 	uint64_t shared;        /* answered by another thread's computation */
 	uint64_t computed;      /* computations run (successful or not) */
 	uint64_t wait_timeouts; /* waits that ran past wait_ms */
+	uint64_t refreshed;     /* answers recomputed by tr_rcache_refresh */
 };
 void tr_rcache_stats(struct tr_rcache_stats *out);
 

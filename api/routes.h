@@ -88,7 +88,11 @@ void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_resume(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp);
-/* Forgets cached metrics answers of a store that is going away. */
+/* Keeps the polled metrics answers of a store's jobs current as the
+ * store commits (api/rcache.h, tr_rcache_refresh). */
+void tr_api_metrics_cache_start(tr_store_t *store);
+/* Forgets cached metrics answers of a store that is going away, and stops
+ * keeping them current. */
 void tr_api_metrics_cache_forget(const tr_store_t *store);
 void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);

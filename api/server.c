@@ -637,6 +637,7 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen
 			 api->tls_cert ? " (is tls-key the key of tls-cert, both PEM?)" : "");
 		goto fail_api;
 	}
+	tr_api_metrics_cache_start(api->cfg.store);
 	return api;
 fail_api:
 	free_api(api);

@@ -49,16 +49,32 @@ static struct job_gen *job_slot(tr_store_t *s, int64_t job_id)
 	return &s->job_gens[(uint64_t)job_id % STORE_JOB_GEN_SLOTS];
 }
 
-/* ev_lock held. */
-static void job_changed(tr_store_t *s, int64_t job_id)
+/* The value a job's readers get now; ev_lock held. */
+static uint64_t job_readable(tr_store_t *s, int64_t job_id)
+{
+	const struct job_gen *slot = job_slot(s, job_id);
+	uint64_t g = slot->job == job_id ? slot->gen : slot->evicted;
+	return s->all_jobs_gen > g ? s->all_jobs_gen : g;
+}
+
+/* Gives a job the value gen, or keeps what its readers get now when that
+ * is newer; ev_lock held. */
+static void job_changed_to(tr_store_t *s, int64_t job_id, uint64_t gen)
 {
 	struct job_gen *g = job_slot(s, job_id);
+	uint64_t now = job_readable(s, job_id);
 	if (g->job != job_id) {
 		if (g->gen > g->evicted)
 			g->evicted = g->gen;
 		g->job = job_id;
 	}
-	g->gen = s->data_gen;
+	g->gen = now > gen ? now : gen;
+}
+
+/* ev_lock held. */
+static void job_changed(tr_store_t *s, int64_t job_id)
+{
+	job_changed_to(s, job_id, s->data_gen);
 }
 
 /* ev_lock held; jobs NULL: every job. */
@@ -109,12 +125,52 @@ uint64_t tr_store_data_generation(tr_store_t *s)
 uint64_t tr_store_job_data_generation(tr_store_t *s, int64_t job_id)
 {
 	pthread_mutex_lock(&s->ev_lock);
-	const struct job_gen *slot = job_slot(s, job_id);
-	uint64_t g = slot->job == job_id ? slot->gen : slot->evicted;
-	if (s->all_jobs_gen > g)
-		g = s->all_jobs_gen;
+	uint64_t g = job_readable(s, job_id);
 	pthread_mutex_unlock(&s->ev_lock);
 	return g;
+}
+
+/* ---- commit hook ----------------------------------------------------------
+ *
+ * A running job's commits come five times a second and each one makes the
+ * cached answers of its dashboards' queries outdated; the first request
+ * after a commit would compute the new answer while others wait for it.
+ * The hook lets the API compute those answers on the writer thread before
+ * anyone can ask for them: the writer reserves the new value g (every
+ * value from g on is taken after the commit, so whatever is computed under
+ * it includes the commit), calls the hook for each job written, and only
+ * then publishes g as the job's generation.  Until then readers keep the
+ * old value and the old answers, as they would have a moment earlier. */
+
+void tr_store_set_commit_hook(tr_store_t *s, tr_store_commit_hook_fn fn, void *ctx)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	s->commit_hook = fn;
+	s->commit_hook_ctx = ctx;
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+void tr_store_commit_hook_run(tr_store_t *s, int64_t max_id, const int64_t *jobs, size_t njobs)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	tr_store_commit_hook_fn fn = s->commit_hook;
+	void *ctx = s->commit_hook_ctx;
+	uint64_t gen = fn && jobs ? ++s->data_gen : 0;
+	pthread_mutex_unlock(&s->ev_lock);
+	if (!gen) {
+		tr_store_events_committed(s, max_id, jobs, njobs);
+		return;
+	}
+	for (size_t i = 0; i < njobs; i++)
+		fn(ctx, s, jobs[i], gen);
+	pthread_mutex_lock(&s->ev_lock);
+	if (max_id > s->last_event_id)
+		s->last_event_id = max_id;
+	s->ev_gen++;
+	for (size_t i = 0; i < njobs; i++)
+		job_changed_to(s, jobs[i], gen);
+	pthread_cond_broadcast(&s->ev_cond);
+	pthread_mutex_unlock(&s->ev_lock);
 }
 
 void tr_events_free(struct tr_event *events, int count)

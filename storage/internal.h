@@ -145,6 +145,9 @@ struct tr_store {
 	 * job id, values drawn from data_gen; all under ev_lock. */
 	uint64_t all_jobs_gen;
 	struct job_gen job_gens[STORE_JOB_GEN_SLOTS];
+	/* tr_store_set_commit_hook's, under ev_lock. */
+	tr_store_commit_hook_fn commit_hook;
+	void *commit_hook_ctx;
 };
 
 /* Takes a free request connection, waiting for one; never NULL. */
@@ -223,6 +226,9 @@ int tr_store_migrate(struct conn *c);
 /* Called after every commit that added events, max_id the highest new id;
  * jobs[0..njobs) are the jobs whose data it changed (NULL: unknown, any). */
 void tr_store_events_committed(tr_store_t *s, int64_t max_id, const int64_t *jobs, size_t njobs);
+/* The same for the writer's commits of points and log lines: runs the
+ * commit hook for each job before publishing (storage/events.c). */
+void tr_store_commit_hook_run(tr_store_t *s, int64_t max_id, const int64_t *jobs, size_t njobs);
 int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at,
 			  int64_t *id);
 

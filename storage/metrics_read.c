@@ -819,8 +819,13 @@ static int query_series(struct conn *c, const void *store, int64_t job_id, const
 		found = edge_step(c, job_id, name, -1, to, &hi);
 	if (found <= 0 || lo > hi)
 		return found < 0 ? found : 0; /* no points in range: no series */
+	/* An incremental poll (from_step just past what a client has, a new
+	 * one each time) would only fill the memo table with queries never
+	 * asked again and push out the whole curves': a short range starting
+	 * past 0 is read directly. */
+	bool whole = q->from_step <= 0 || hi - lo >= q->max_points;
 	if (q->want_text && !q->count_only && q->to_step >= STORE_STEP_LIMIT && q->max_points >= 2 &&
-	    q->max_points <= MEMO_MAX_POINTS) {
+	    q->max_points <= MEMO_MAX_POINTS && whole) {
 		int done = memo_series(c, store, job_id, name, lo, hi, q, gen, out);
 		if (done != 0)
 			return done;

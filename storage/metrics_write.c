@@ -298,7 +298,7 @@ size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 			err = write_tx(s, items + i, m, &max_event, touched, &ntouched);
 		if (err == 0) {
 			if (max_event)
-				tr_store_events_committed(s, max_event, touched, ntouched);
+				tr_store_commit_hook_run(s, max_event, touched, ntouched);
 			continue;
 		}
 		pthread_mutex_lock(&s->q_lock);

@@ -217,6 +217,13 @@ uint64_t tr_store_data_generation(tr_store_t *s);
  * commits leave it unchanged (but for jobs whose ids are a multiple of
  * 1,024 apart).  A value is only comparable with the same job's. */
 uint64_t tr_store_job_data_generation(tr_store_t *s, int64_t job_id);
+/* Called on the writer thread after it committed points or log lines of
+ * job_id and before that job's generation becomes gen: readers still get
+ * the old value, and an answer read now (it sees the commit) may be kept
+ * under gen.  It must not wait for the writer (no tr_store_flush).  One
+ * hook per store; fn NULL removes it.  A hook already running finishes. */
+typedef void (*tr_store_commit_hook_fn)(void *ctx, tr_store_t *s, int64_t job_id, uint64_t gen);
+void tr_store_set_commit_hook(tr_store_t *s, tr_store_commit_hook_fn fn, void *ctx);
 /* Highest event id so far (0 when none). */
 int64_t tr_store_last_event_id(tr_store_t *s);
 /* Blocks until an event with id > after exists for job_id (any job when

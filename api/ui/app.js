@@ -437,6 +437,7 @@
 		let added = 0;
 		for (const [name, s] of Object.entries(series || {})) {
 			const dst = store[name] || (store[name] = emptySeries());
+			if (appendAll(dst, s)) { added += s.steps.length; continue; }
 			for (let i = 0; i < s.steps.length; i++) {
 				const step = s.steps[i], v = s.values[i];
 				const pt = [step, v, s.epochs ? s.epochs[i] : null, s.times ? s.times[i] : null,
@@ -454,6 +455,26 @@
 			}
 		}
 		return added;
+	}
+	/* The common case, whole: every step of s (in increasing order) is
+	 * past the last one dst has; appended column by column.  False, and
+	 * dst unchanged, otherwise. */
+	function appendAll(dst, s) {
+		const steps = s.steps, n = steps.length;
+		let prev = dst.steps.length ? dst.steps[dst.steps.length - 1] : -Infinity;
+		for (let i = 0; i < n; i++) {
+			if (!(steps[i] > prev)) return false;
+			prev = steps[i];
+		}
+		const col = (k, from) => { if (from) for (let i = 0; i < n; i++) dst[k].push(from[i]); };
+		const fill = (k, from, dflt) => { if (from) col(k, from); else for (let i = 0; i < n; i++) dst[k].push(dflt ? dflt[i] : null); };
+		col('steps', steps);
+		col('values', s.values);
+		fill('epochs', s.epochs);
+		fill('times', s.times);
+		fill('min', s.min, s.values);
+		fill('max', s.max, s.values);
+		return true;
 	}
 	function lastStep(store) {
 		let last = -1;
@@ -876,8 +897,37 @@
 		window.addEventListener('resize', onResize);
 
 		/* ---- live data ---- */
-		/* Metrics: one full (downsampled) read, then only steps after the
-		 * newest one the page has. */
+		/* The first read, in stages, so the first chart does not wait for
+		 * every series of a long job (each costs the daemon's downsampling
+		 * and its share of the answer): every series' first and last point
+		 * (cheap: the names, and the newest step, which bounds every stage so
+		 * that the stages are one snapshot and polling goes on from there);
+		 * the default chart's series and the chart; every other series
+		 * after it.  A series is read whole once: two downsampled answers of
+		 * one series are not merged. */
+		async function loadFirst() {
+			const heads = (await api('/jobs/' + id + '/metrics?max_points=2', { signal })).series || {};
+			const names = Object.keys(heads).sort();
+			let upTo = -1;
+			for (const s of Object.values(heads)) if (s.steps.length) upTo = Math.max(upTo, s.steps[s.steps.length - 1]);
+			if (upTo < 0) return;
+			const get = (some) => api('/jobs/' + id + '/metrics?' + metricsQuery({ names: some.join(','), to_step: String(upTo) }), { signal });
+			const preferred = ['loss', 'val_loss'].filter((n) => heads[n]);
+			const first = preferred.length ? preferred : names.slice(0, 1);
+			mergeSeries(st.series, (await get(first)).series);
+			if (!st.charts.length && Object.keys(st.series).length) addChart(first);
+			refreshPickers();
+			/* A few names a request: an answer holds each series whole. */
+			const rest = names.filter((n) => !first.includes(n));
+			for (let i = 0; i < rest.length; i += 8) {
+				if (mergeSeries(st.series, (await get(rest.slice(i, i + 8))).series)) {
+					refreshPickers();
+					redrawAll(false);
+				}
+			}
+		}
+		/* Metrics after the first read: only steps after the newest one the
+		 * page has. */
 		async function pollMetrics() {
 			const from = lastStep(st.series) + 1;
 			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(from > 0 ? { from_step: String(from) } : {}), { signal });
@@ -1026,7 +1076,8 @@
 
 		(async () => {
 			/* The metrics read is the slow one: start it beside the job's. */
-			const firstMetrics = pollMetrics().catch(() => {});
+			/* Failed half-way: the first poll reads everything again. */
+			const firstMetrics = loadFirst().catch(() => { if (!signal.aborted) st.series = {}; });
 			try {
 				await loadJob();
 			} catch (e) {

@@ -1,12 +1,16 @@
 // Dashboard page benchmarks (bench/dashboard/RESULTS.md), in headless
 // Debian chromium against a real daemon:
 //
-//  A. Open time of a big job: a finished job gets 1,000,000 points in each
-//     of four pushed series (steps 0..999,999); the job page is opened
-//     --runs times, each in a fresh page, timed from navigation to the
-//     first chart drawn with its points (every series read with
-//     max_points=2000, so this includes the daemon's downsampling).  The
-//     first open is the cold one (the daemon's answer cache is empty).
+//  A. Open time of a big job: a job gets 1,000,000 points in each of four
+//     pushed series (steps 0..999,999) and no others (it was cancelled while
+//     queued, so the first chart shows one of them, bench_a, as it would a
+//     long job's loss); the job page is opened --runs times, each in a
+//     fresh page, timed from navigation to the first chart drawn with its
+//     points (each series read with max_points=2000, so this includes the
+//     daemon's downsampling).  The first open is the cold one (the
+//     daemon's answer cache is empty).  With --with-own-series the job
+//     trains 20 steps first, so its first chart is its own 20-point loss
+//     (the setup of the first measurements).
 //  B. Cost of open dashboards to training: the same training job (fixed
 //     steps, synthetic data, 1 CPU device) run alternately with 0 and with
 //     5 job pages open on it in chromium (on the same machine, so the
@@ -15,7 +19,7 @@
 //     samples/s from steps * batch / (finished_at - started_at).
 //
 // Usage: node bench/dashboard/page_load.mjs BUILD_DIR [--runs 5] [--rounds 3]
-//        [--points 1000000] [--steps 40000] [--only open|load]
+//        [--points 1000000] [--steps 40000] [--only open|load] [--with-own-series]
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -116,8 +120,21 @@ const out = [];
 try {
 	if (ONLY !== 'load') {
 		const d = await startDaemon(1);
-		const { id } = await post(d.url + '/jobs', job('bench-open', 20, 1));
-		await waitState(d, id, ['completed'], 60000);
+		let id;
+		if (args.includes('--with-own-series')) {
+			id = (await post(d.url + '/jobs', job('bench-open', 20, 1))).id;
+			await waitState(d, id, ['completed'], 60000);
+		} else {
+			/* Queued behind a job that holds the only device, then
+			 * cancelled: a job with no series of its own. */
+			const blocker = (await post(d.url + '/jobs', job('bench-blocker', 10000000, 1))).id;
+			await waitState(d, blocker, ['running'], 60000);
+			id = (await post(d.url + '/jobs', job('bench-open', 20, 1))).id;
+			await post(d.url + '/jobs/' + id + '/cancel', {});
+			await post(d.url + '/jobs/' + blocker + '/cancel', {});
+			await waitState(d, id, ['cancelled'], 60000);
+			await waitState(d, blocker, ['cancelled'], 60000);
+		}
 		const t0 = Date.now();
 		const names = ['bench_a', 'bench_b', 'bench_c', 'bench_d'];
 		for (const [k, name] of names.entries()) {

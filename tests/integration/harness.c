@@ -1,8 +1,8 @@
-/* Integration test harness (see harness.h). */
+/* Integration test harness (see harness.h): starting and stopping a real
+ * daemon; HTTP goes through the shared client (tests/common/http_client.h). */
 #include "harness.h"
 
 #include <criterion/criterion.h>
-#include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,9 +17,7 @@
 
 double now_s(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
+	return tr_test_now();
 }
 
 static void spawn(struct daemon *d, int cpu_devices, const char *const *extra)
@@ -123,12 +121,7 @@ void daemon_cleanup(struct daemon *d)
 {
 	if (d->pid > 0)
 		daemon_stop(d, NULL);
-	if (d->dir[0]) {
-		char cmd[256];
-		snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "cannot remove %s\n", d->dir);
-	}
+	tr_test_rmtree(d->dir);
 }
 
 void daemon_dump_log(const struct daemon *d)
@@ -143,119 +136,38 @@ void daemon_dump_log(const struct daemon *d)
 	fclose(f);
 }
 
-static size_t on_body(char *p, size_t size, size_t n, void *ud)
-{
-	struct http_reply *r = ud;
-	size_t len = size * n;
-	char *nb = realloc(r->body, r->len + len + 1);
-	if (!nb)
-		return 0;
-	r->body = nb;
-	memcpy(r->body + r->len, p, len);
-	r->len += len;
-	r->body[r->len] = 0;
-	return len;
-}
-
-static size_t on_header(char *p, size_t size, size_t n, void *ud)
-{
-	struct http_reply *r = ud;
-	size_t len = size * n, used = strlen(r->headers);
-	if (used + len < sizeof r->headers) {
-		memcpy(r->headers + used, p, len);
-		r->headers[used + len] = 0;
-	}
-	return len;
-}
-
-/* With TR_RECORD_DIR set, writes each exchange to a JSON file there for
- * tests/openapi/validate_responses.py, which checks every response against
- * openapi/openapi.yaml.  Criterion runs each test in its own process and
- * some tests call http() from many threads, so a file is named by pid and
- * a per-process counter, and written under a temporary name first. */
-static json_t *string_or_null(const char *s, size_t len)
-{
-	json_t *j = s ? json_stringn(s, len) : NULL; /* NULL too when not UTF-8 */
-	return j ? j : json_null();
-}
-
-static void record_exchange(const char *method, const char *path, const char *body, const char *content_type,
-			    const char *extra_header, const char *resp_type, const struct http_reply *r)
-{
-	static atomic_ulong seq;
-	const char *dir = getenv("TR_RECORD_DIR");
-	if (!dir || !*dir)
-		return;
-	size_t blen = body ? strlen(body) : 0;
-	json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:I, s:i, s:o, s:o, s:o}", "method", method, "path", path,
-			      "request_headers", extra_header ? json_pack("[s]", extra_header) : json_array(),
-			      "request_content_type",
-			      body ? json_string(content_type ? content_type : "application/json") : json_null(),
-			      /* Big bodies (the 413 case) are left out; their length is kept. */
-			      "request_body", blen <= 65536 ? string_or_null(body, blen) : json_null(),
-			      "request_body_len", (json_int_t)blen, "status", (int)r->status, "content_type",
-			      string_or_null(resp_type, resp_type ? strlen(resp_type) : 0), "headers",
-			      string_or_null(r->headers, strlen(r->headers)), "body", string_or_null(r->body, r->len));
-	cr_assert_not_null(o, "cannot build the recording of %s %s", method, path);
-	/* A binary body (a download) is recorded as null; its length is kept. */
-	json_object_set_new(o, "body_len", json_integer((json_int_t)r->len));
-	mkdir(dir, 0755); /* EEXIST is fine; a real failure shows at the write */
-	char tmp[4200], final[4096];
-	unsigned long n = atomic_fetch_add(&seq, 1);
-	snprintf(final, sizeof final, "%s/%ld-%06lu.json", dir, (long)getpid(), n);
-	snprintf(tmp, sizeof tmp, "%s.tmp", final);
-	cr_assert_eq(json_dump_file(o, tmp, JSON_COMPACT), 0, "cannot write %s", tmp);
-	cr_assert_eq(rename(tmp, final), 0, "cannot rename %s: %s", tmp, strerror(errno));
-	json_decref(o);
-}
-
 void http(const struct daemon *d, const char *method, const char *path, const char *body, const char *content_type,
 	  const char *extra_header, struct http_reply *r)
 {
-	memset(r, 0, sizeof *r);
-	CURL *c = curl_easy_init();
-	cr_assert_not_null(c);
-	char url[512];
-	snprintf(url, sizeof url, "%s%s", d->base_url, path);
-	struct curl_slist *h = NULL;
-	char ct[128];
-	if (body) {
-		snprintf(ct, sizeof ct, "Content-Type: %s", content_type ? content_type : "application/json");
-		h = curl_slist_append(h, ct);
+	char ct[160];
+	const char *hdrs[3] = {NULL};
+	int n = 0;
+	if (body && content_type) {
+		snprintf(ct, sizeof ct, "Content-Type: %s", content_type);
+		hdrs[n++] = ct;
 	}
 	if (extra_header)
-		h = curl_slist_append(h, extra_header);
-	h = curl_slist_append(h, "Expect:");
-	curl_easy_setopt(c, CURLOPT_URL, url);
-	/* HEAD must not wait for a body: curl's own HEAD (CURLOPT_NOBODY). */
-	if (strcmp(method, "HEAD") == 0)
-		curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-	else
-		curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-	if (body) {
-		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-	}
-	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-	curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	CURLcode rc = curl_easy_perform(c);
-	cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
-	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
-	char *ctype = NULL, resp_type[256] = "";
-	curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ctype);
-	if (ctype)
-		snprintf(resp_type, sizeof resp_type, "%s", ctype);
-	curl_slist_free_all(h);
-	curl_easy_cleanup(c);
-	if (!r->body)
-		r->body = calloc(1, 1);
-	r->json = json_loads(r->body, JSON_DECODE_ANY, NULL);
-	record_exchange(method, path, body, content_type, extra_header, resp_type[0] ? resp_type : NULL, r);
+		hdrs[n++] = extra_header;
+	struct tr_test_request rq = {.base_url = d->base_url,
+				     .method = method,
+				     .path = path,
+				     .body = body,
+				     .headers = hdrs,
+				     .no_expect = true,
+				     .timeout_s = 30};
+	struct tr_test_reply tr;
+	tr_test_http(&rq, &tr);
+	memset(r, 0, sizeof *r);
+	r->status = tr.status;
+	r->body = tr.body.data ? tr.body.data : calloc(1, 1);
+	r->len = tr.body.len;
+	r->json = tr.json;
+	/* Kept whole up to the array's size, as tests search it with strstr. */
+	if (tr.headers.data)
+		snprintf(r->headers, sizeof r->headers, "%.*s",
+			 (int)(tr.headers.len < sizeof r->headers ? tr.headers.len : sizeof r->headers - 1),
+			 tr.headers.data);
+	free(tr.headers.data);
 }
 
 void http_free(struct http_reply *r)

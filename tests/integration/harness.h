@@ -1,6 +1,8 @@
 /* Integration test harness: starts a real `trainerd serve` on an ephemeral
  * loopback port with a temporary state directory and talks HTTP to it
- * through libcurl.  The binary comes from $TR_TRAINERD. */
+ * through the tests' shared client (tests/common/http_client.h, which the
+ * API's unit tests use too: tr_test_http with d->base_url reaches every
+ * option, e.g. chunked bodies).  The binary comes from $TR_TRAINERD. */
 #ifndef TR_TEST_HARNESS_H
 #define TR_TEST_HARNESS_H
 
@@ -8,6 +10,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+
+#include "tests/common/http_client.h"
 
 struct daemon {
 	pid_t pid;
