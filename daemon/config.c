@@ -41,6 +41,9 @@ static const struct option_row options[] = {
 	 "number of CPU devices when no GPU is used (0 = one per core)"},
 	{"backend", OPT_CHOICE, OFF(backend), SZ(backend), 0, 0, "auto|cpu|cuda", "auto",
 	 "device backend: auto uses CUDA when a GPU is present"},
+	{"cuda-module", OPT_STRING, OFF(cuda_module), SZ(cuda_module), 0, 0, NULL, "",
+	 "the CUDA backend module, trainerd-cuda.so (default: TRAINERD_CUDA_MODULE, else beside the executable, "
+	 "else the install's libdir)"},
 	{"max-body", OPT_LONG, OFF(max_body), 0, 1024, 64L << 20, NULL, "1048576",
 	 "largest accepted request body in bytes"},
 	{"log-level", OPT_LEVEL, OFF(log_level), 0, 0, 7, NULL, "info",

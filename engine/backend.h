@@ -20,6 +20,14 @@
 
 typedef struct tr_backend tr_backend_t;
 typedef struct tr_comm tr_comm_t;
+struct tr_model; /* engine/model/model.h */
+
+/* Which backend: a job spec's "backend", the daemon's --backend, and the
+ * `kind` of an open backend (never AUTO there). */
+enum tr_backend_kind { TR_BACKEND_KIND_AUTO, TR_BACKEND_KIND_CPU, TR_BACKEND_KIND_CUDA };
+
+/* CPU devices one backend can have. */
+#define TR_CPU_MAX_DEVICES 64
 
 enum tr_act {
 	TR_ACT_RELU,
@@ -44,8 +52,13 @@ struct tr_optim_hp {
 			   for sgd's "first step copies the gradient" rule */
 };
 
+/* A backend is its function table: the operations below and the
+ * capabilities code may ask about (kind, memory_is_host, memory_estimate,
+ * the optional pairs).  `name` is for people (logs, /devices); no code
+ * compares it. */
 typedef struct tr_backend_i {
 	const char *name;
+	enum tr_backend_kind kind;
 	void (*destroy)(tr_backend_t *be);
 	int (*device_count)(tr_backend_t *be);
 	/* Writes a short description ("cpu0", "NVIDIA H200") into buf. */
@@ -152,6 +165,16 @@ typedef struct tr_backend_i {
 	 * valid after the backend is destroyed; and every call has finished
 	 * with its buffers when it returns.  The CPU backend. */
 	bool memory_is_host;
+	/* Device memory is the backend's own and limited (a GPU's): before a
+	 * job allocates anything the trainer asks this estimate for the bytes
+	 * one device needs and refuses a job that cannot fit, naming both
+	 * figures.  The estimate includes memory_context_bytes (the runtime's
+	 * context, outside alloc), which a device in use already holds, so it
+	 * is compared with memory_info's free bytes plus that.  NULL where
+	 * devices share host memory (CPU): nothing is checked. */
+	size_t (*memory_estimate)(const struct tr_model *m, int max_rows, int label_dim, int opt_state_buffers,
+				  int ndev);
+	size_t memory_context_bytes;
 
 	/* Collectives over a job's devices.  comm_create is called once by the
 	 * job; every rank then calls allreduce_sum from its own thread with its
@@ -168,12 +191,51 @@ struct tr_backend {
 	const tr_backend_i *i;
 };
 
-/* Creates the CPU backend with `devices` devices (1..64).  `blas_threads`
- * is the total BLAS thread budget (0 = all cores).  NULL on bad input. */
+/* How a command asks for its devices (tr_backend_open). */
+struct tr_backend_options {
+	enum tr_backend_kind kind; /* AUTO: CUDA when a GPU is usable, else CPU */
+	/* CUDA: use at most this many GPUs.  CPU: this many devices.  0 = all
+	 * GPUs, or one CPU device per online core, at most TR_CPU_MAX_DEVICES. */
+	int devices;
+	/* When > 0, the CPU device count instead of `devices` (the daemon's
+	 * --cpu-devices, which must not limit its GPUs). */
+	int cpu_devices;
+	int blas_threads;        /* CPU: the total BLAS thread budget, 0 = all cores */
+	bool tf32;               /* CUDA: every device starts with TF32 gemm allowed */
+	const char *cuda_module; /* trainerd-cuda.so to load; NULL or "" = search (engine/cuda/module.h) */
+};
+
+/* The one way trainerd opens a backend, for `serve` and `run` alike.
+ * CUDA is tried for kinds AUTO and CUDA (its module is loaded only when
+ * the machine has an NVIDIA driver); AUTO falls back to CPU devices and
+ * then writes the reason into fallback ("" when there was no fallback),
+ * for the caller's one log line.  The table of what opens is checked with
+ * tr_backend_check_ops.  Returns 0 and *out, or a negative errno-style
+ * code with the reason in err (CUDA asked for and unusable, a bad count). */
+int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen, char *err,
+		    size_t errlen);
+
+/* "auto", "cpu" or "cuda" (the spelling of specs, the daemon's --backend
+ * and `trainerd run --backend`) into *out: 0, or -EINVAL. */
+int tr_backend_kind_parse(const char *name, enum tr_backend_kind *out);
+
+/* 0 when every required operation of the table is set and each optional
+ * pair is set together (to_device_async and copies_fence, sgd_step_into
+ * and adam_step_into); otherwise -ENOSYS with the first missing one
+ * named in err.  tr_backend_open refuses a backend that fails it (a CUDA
+ * module from another build, say). */
+int tr_backend_check_ops(const tr_backend_i *t, char *err, size_t errlen);
+
+/* Creates the CPU backend with `devices` devices (1..TR_CPU_MAX_DEVICES).
+ * `blas_threads` is the total BLAS thread budget (0 = all cores).  NULL on
+ * bad input.  Commands use tr_backend_open; tests create it directly. */
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 
-/* Creates the CUDA backend; NULL with a reason in err when no usable GPU. */
+/* Creates the CUDA backend (engine/cuda/cuda.h has the options); NULL
+ * with a reason in err when no GPU is usable or the module is missing. */
 tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen);
+/* Whether a GPU is usable: false without loading anything on a machine
+ * with no NVIDIA driver. */
 bool tr_cuda_available(void);
 
 static inline void tr_backend_destroy(tr_backend_t *be)

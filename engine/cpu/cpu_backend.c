@@ -332,7 +332,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	struct cpu_backend *b;
 	int budget;
 
-	if (devices < 1 || devices > 64 || blas_threads < 0)
+	if (devices < 1 || devices > TR_CPU_MAX_DEVICES || blas_threads < 0)
 		return NULL;
 	b = calloc(1, sizeof(*b));
 	if (!b)
@@ -342,6 +342,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 
 	b->table = (tr_backend_i){
 		.name = "cpu",
+		.kind = TR_BACKEND_KIND_CPU,
 		.memory_is_host = true,
 		.destroy = cpu_destroy,
 		.device_count = cpu_device_count,
