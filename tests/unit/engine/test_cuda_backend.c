@@ -389,13 +389,17 @@ static const char *tiny_last_error(tr_backend_t *be)
 
 /* A job that cannot fit is refused before anything is allocated, with
  * the estimate and the free memory in the message (the daemon records it
- * as insufficient_memory). */
+ * as insufficient_memory).  The check follows the table's memory_estimate,
+ * not the backend's name: this one is called "tiny". */
 Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
 {
-	tr_backend_i table = {.name = "cuda",
+	tr_backend_i table = {.name = "tiny",
+			      .kind = TR_BACKEND_KIND_CUDA,
 			      .device_count = tiny_device_count,
 			      .memory_info = tiny_memory_info,
-			      .last_error = tiny_last_error};
+			      .last_error = tiny_last_error,
+			      .memory_estimate = tr_cuda_estimate_bytes,
+			      .memory_context_bytes = TR_CUDA_CONTEXT_BYTES};
 	struct tr_backend tiny = {.i = &table};
 	const char *text =
 		"{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}]},"
