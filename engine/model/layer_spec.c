@@ -181,17 +181,21 @@ int tr_layer_spec_parse_stride(struct tr_fields_ctx *c, const json_t *v, void *b
 	return parse_pair(c, v, 1, LS(base)->stride);
 }
 
-/* Pooling: absent is the kernel, as in PyTorch (kept as 0 until emitted). */
+/* Pooling: absent is the kernel, as in PyTorch ("kernel" comes first in
+ * the table, so it is known here). */
 int tr_layer_spec_parse_stride_kernel(struct tr_fields_ctx *c, const json_t *v, void *base)
 {
-	return v ? parse_pair(c, v, 1, LS(base)->stride) : 0;
+	if (!v) {
+		LS(base)->stride[0] = LS(base)->kernel[0];
+		LS(base)->stride[1] = LS(base)->kernel[1];
+		return 0;
+	}
+	return parse_pair(c, v, 1, LS(base)->stride);
 }
 
 int tr_layer_spec_emit_stride(const void *base, json_t *obj, const char *key)
 {
-	const struct tr_layer_spec *l = base;
-	int s[2] = {l->stride[0] ? l->stride[0] : l->kernel[0], l->stride[1] ? l->stride[1] : l->kernel[1]};
-	return emit_pair(obj, key, s);
+	return emit_pair(obj, key, CLS(base)->stride);
 }
 
 int tr_layer_spec_parse_padding(struct tr_fields_ctx *c, const json_t *v, void *base)
