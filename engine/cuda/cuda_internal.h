@@ -89,6 +89,7 @@ void tr_cuda_reduce_fill(tr_backend_i *t);
 void tr_cuda_norm_fill(tr_backend_i *t);
 void tr_cuda_loss_fill(tr_backend_i *t);
 void tr_cuda_optim_fill(tr_backend_i *t);
+void tr_cuda_conv_fill(tr_backend_i *t);
 void tr_cuda_comm_fill(tr_backend_i *t);
 /* Proves that this build's kernels can run on device dev (a binary or a
  * PTX image that the driver accepts); a clear error otherwise. */

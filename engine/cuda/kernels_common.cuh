@@ -2,10 +2,11 @@
  *
  * The kernels are grouped by op family, one file each (as llm.c keeps one
  * op per file): kernels_dense.cu (gemm, bias, column sums),
- * kernels_elementwise.cu (activations, dropout, mul, scale),
+ * kernels_elementwise.cu (activations, dropout, mul, add, scale),
  * kernels_reduce.cu (the two-pass reductions, sumsq, the start-up probe),
  * kernels_norm.cu (layernorm), kernels_loss.cu (softmax cross-entropy,
- * mse), kernels_optim.cu (sgd, adam).  Each file has its kernels in one
+ * mse), kernels_optim.cu (sgd, adam), kernels_conv.cu (convolution as
+ * im2col + cuBLAS, max and average pooling).  Each file has its kernels in one
  * section, its host launchers below (they take a stream, assert their
  * preconditions and check the launch), then the backend functions, which
  * validate arguments like the CPU backend and record a reason before

@@ -1,5 +1,5 @@
 /* CUDA kernels, elementwise family: activations forward and backward,
- * dropout (engine/rng.h on the device), mul and scale
+ * dropout (engine/rng.h on the device), mul, add and scale
  * (engine/cuda/kernels_common.cuh).  One float operation order per
  * element, the CPU's: these agree with it bit for bit.
  */
@@ -92,6 +92,13 @@ __global__ void k_mul(size_t n, const float *a, const float *b, float *out)
 	out[i] = a[i] * b[i];
 }
 
+/* out may be a or b (a residual block's sum). */
+__global__ void k_add(size_t n, const float *a, const float *b, float *out)
+{
+	GRID_STRIDE(i, n)
+	out[i] = a[i] + b[i];
+}
+
 __global__ void k_scale(size_t n, float *x, float alpha)
 {
 	GRID_STRIDE(i, n)
@@ -160,6 +167,14 @@ static int launch_mul(tr_backend_t *be, cudaStream_t s, size_t n, const float *a
 	return 0;
 }
 
+static int launch_add(tr_backend_t *be, cudaStream_t s, size_t n, const float *a, const float *b, float *out)
+{
+	assert(n > 0 && a && b && out);
+	k_add<<<grid_for(n), BLOCK, 0, s>>>(n, a, b, out);
+	LAUNCH_CHECK(be, "k_add");
+	return 0;
+}
+
 static int launch_scale(tr_backend_t *be, cudaStream_t s, size_t n, float *x, float alpha)
 {
 	assert(n > 0 && x);
@@ -219,6 +234,15 @@ static int cuda_mul(tr_backend_t *be, int dev, size_t n, const float *a, const f
 	return launch_mul(be, stream_of(be, dev), n, a, b, out);
 }
 
+static int cuda_add(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out)
+{
+	ENSURE_DEV("add");
+	if (n == 0)
+		return 0;
+	ENSURE(a && b && out, "add: NULL pointer");
+	return launch_add(be, stream_of(be, dev), n, a, b, out);
+}
+
 static int cuda_scale(tr_backend_t *be, int dev, size_t n, float *x, float alpha)
 {
 	ENSURE_DEV("scale");
@@ -234,5 +258,6 @@ void tr_cuda_elementwise_fill(tr_backend_i *t)
 	t->act_backward = cuda_act_backward;
 	t->dropout_forward = cuda_dropout_forward;
 	t->mul = cuda_mul;
+	t->add = cuda_add;
 	t->scale = cuda_scale;
 }
