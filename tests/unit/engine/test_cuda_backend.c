@@ -1195,7 +1195,8 @@ static void conv_case(const struct tr_conv2d_desc *d, int rows, bool bias)
 	cr_assert_eq(cpu->i->conv2d_backward(cpu, 0, d, rows, ax, aw, ady, adx, adw, adb, work), 0);
 
 	float *d_x = up(x, nx), *d_w = up(w, nw), *d_b = up(b, nb), *d_dy = up(dy, ny);
-	float *d_y = up(y, ny), *d_dx = up(x, nx), *d_dw = up(w, nw), *d_db = up(b, nb);
+	/* outputs start as other data, so that an op that writes nothing fails */
+	float *d_y = up(dy, ny), *d_dx = up(x, nx), *d_dw = up(w, nw), *d_db = up(b, nb);
 	float *d_work = gpu->i->alloc(gpu, 0, (nwork ? nwork : 1) * sizeof(float));
 	cr_assert_not_null(d_work);
 	cr_assert_eq(gpu->i->conv2d_forward(gpu, 0, d, rows, d_x, d_w, bias ? d_b : NULL, d_y, d_work), 0, "%s",
