@@ -147,6 +147,9 @@ static const struct tr_field options[] = {
 	 .help = "number of CPU devices when no GPU is used (0 = one per core)"},
 	{.key = "backend", .kind = K_NAME, .off = CFG(backend), .size = sizeof(((struct tr_config *)0)->backend),
 	 .names = backend_names, .defstr = "auto", .help = "device backend: auto uses CUDA when a GPU is present"},
+	{.key = "cuda-module", TEXT(cuda_module), .defstr = "",
+	 .help = "the CUDA backend module, trainerd-cuda.so (default: TRAINERD_CUDA_MODULE, else beside the executable, "
+		 "else the install's libdir)"},
 	{.key = "max-body", I64_IN(max_body, 1024, 64 << 20), .def = 1048576,
 	 .help = "largest accepted request body in bytes"},
 	{.key = "log-level", .kind = K_ENUM, .off = CFG(log_level), .names = level_names, .def = 6,

@@ -18,6 +18,7 @@ struct tr_config {
 	int n_data_roots;
 	int cpu_devices;      /* 0 = one per core */
 	char backend[16];     /* auto | cpu | cuda */
+	char cuda_module[1024]; /* trainerd-cuda.so; "" = search (engine/cuda/module.h) */
 	int64_t max_body;     /* bytes */
 	int log_level;        /* syslog priority: 0..7 */
 	int sse_heartbeat_s;

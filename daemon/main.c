@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/auxv.h>
 #include <unistd.h>
 
 #include "daemon/cli.h"
@@ -37,45 +36,48 @@ static void usage(FILE *out)
  * training alone ran as fast within the noise on ~20% less CPU.  The
  * price is a wake-up (tens of us) per threaded gemm; gemms small enough
  * to stay on one thread never wake it (engine/cpu/cpu_backend.c).
- * OpenBLAS reads OPENBLAS_THREAD_TIMEOUT (log2 of the cycles) only when it
- * loads, before main, so the executable sets it and starts itself again;
- * a value already in the environment is the user's and is left alone. */
+ *
+ * OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when it loads, before main, and
+ * starts its workers with it.  It exports what it takes to apply it again:
+ * openblas_read_env re-reads the environment, blas_thread_shutdown_ joins
+ * the workers (what it does before a fork) and blas_thread_init starts
+ * them again, reading the timeout anew.  The pool is started again at
+ * once rather than lazily by the first threaded call, because
+ * openblas_set_num_threads adds workers without looking whether the pool
+ * runs, and a lazy start would then set up those workers a second time.
+ * This used to be done by starting the executable a second time, which
+ * cost a whole start-up (dynamic linking and OpenBLAS's initialisation
+ * twice, bench/startup/RESULTS.md).  A value already in the environment is
+ * the user's and is left alone; `trainerd serve` logs the value in force
+ * (openblas_thread_timeout). */
 #define BLAS_THREAD_TIMEOUT "4"
 
-/* Weak: a build against another BLAS has no such function (nor the
+/* Weak: a build against another BLAS has no such functions (nor the
  * spinning workers). */
 extern int openblas_get_parallel(void) __attribute__((weak));
+extern void openblas_read_env(void) __attribute__((weak));
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+extern int blas_thread_init(void) __attribute__((weak));
 
-static void set_blas_spin(char **argv)
+static void set_blas_spin(void)
 {
 	/* Only OpenBLAS's pthreads build reads the variable (1); the OpenMP
 	 * build (2) has OMP_WAIT_POLICY instead. */
-	if (!openblas_get_parallel || openblas_get_parallel() != 1 || getenv("OPENBLAS_THREAD_TIMEOUT"))
+	if (!openblas_get_parallel || openblas_get_parallel() != 1 || !openblas_read_env || !blas_thread_shutdown_ ||
+	    !blas_thread_init || getenv("OPENBLAS_THREAD_TIMEOUT"))
 		return;
-	/* Started as `ld.so trainerd ...` (no program interpreter of its
-	 * own: AT_BASE 0), /proc/self/exe is the loader, not this program. */
-	if (getauxval(AT_BASE) == 0)
-		return;
-	/* By its own path, not /proc/self/exe: the process's name (ps,
-	 * pgrep, top) is the executed file's. */
-	char self[4096];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof self);
-	if (n <= 0 || (size_t)n >= sizeof self)
-		return;
-	self[n] = '\0';
 	if (setenv("OPENBLAS_THREAD_TIMEOUT", BLAS_THREAD_TIMEOUT, 0) != 0)
 		return;
-	execv(self, argv);
-	unsetenv("OPENBLAS_THREAD_TIMEOUT"); /* not in effect: do not pass it on as if it were */
-	/* Without /proc, or once the file was replaced, this process keeps
-	 * OpenBLAS's default: slower beside checkpoints, otherwise the same. */
+	openblas_read_env();
+	blas_thread_shutdown_();
+	blas_thread_init();
 }
 
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && (strcmp(argv[1], "run") == 0 || strcmp(argv[1], "serve") == 0 ||
 			  strcmp(argv[1], "eval") == 0 || strcmp(argv[1], "predict") == 0))
-		set_blas_spin(argv);
+		set_blas_spin();
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

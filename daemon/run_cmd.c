@@ -21,9 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/backend_open.h"
 #include "daemon/cli.h"
 #include "engine/backend.h"
-#include "engine/cuda/cuda.h"
 #include "engine/data/roots.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
@@ -423,36 +423,27 @@ int tr_cmd_run(int argc, char **argv)
 	}
 
 	char errbuf[1024] = "";
-	tr_backend_t *be = NULL;
-	if (spec.backend != TR_BACKEND_CPU) {
-		struct tr_cuda_options copt = {.tf32 = spec.tf32};
-		be = tr_cuda_backend_create_opts(&copt, errbuf, sizeof errbuf);
-		if (!be && spec.backend == TR_BACKEND_CUDA) {
-			fprintf(stderr, "trainerd run: /backend: cuda requested but unavailable: %s\n", errbuf);
-			tr_spec_finish(&spec);
-			return 2;
-		}
-		if (!be && !quiet)
-			fprintf(stderr, "trainerd: no usable GPU: %s; using CPU devices\n", errbuf);
-	}
+	/* The devices the job asks for: --devices, the spec's count, or as
+	 * many as its highest device id needs; 0 = every device there is. */
+	int n = devices;
+	if (n == 0)
+		n = spec.n_device_ids > 0 ? 0 : spec.device_count;
+	if (spec.n_device_ids > 0 && devices == 0)
+		for (int i = 0; i < spec.n_device_ids; i++)
+			if (spec.device_ids[i] + 1 > n)
+				n = spec.device_ids[i] + 1;
+	struct tr_backend_options bopt = {
+		.kind = spec.backend == TR_BACKEND_CPU	  ? TR_BACKEND_KIND_CPU
+			: spec.backend == TR_BACKEND_CUDA ? TR_BACKEND_KIND_CUDA
+							  : TR_BACKEND_KIND_AUTO,
+		.devices = n,
+		.tf32 = spec.tf32,
+	};
+	tr_backend_t *be = tr_daemon_backend_open(&bopt, quiet, NULL, 0, errbuf, sizeof errbuf);
 	if (!be) {
-		int n = devices;
-		if (n == 0)
-			n = spec.n_device_ids > 0 ? 0 : spec.device_count;
-		if (spec.n_device_ids > 0 && devices == 0)
-			for (int i = 0; i < spec.n_device_ids; i++)
-				if (spec.device_ids[i] + 1 > n)
-					n = spec.device_ids[i] + 1;
-		if (n == 0) {
-			long cores = sysconf(_SC_NPROCESSORS_ONLN);
-			n = cores > 0 ? (int)cores : 1;
-		}
-		be = tr_cpu_backend_create(n, 0);
-		if (!be) {
-			fprintf(stderr, "trainerd run: cannot create %d CPU devices\n", n);
-			tr_spec_finish(&spec);
-			return 1;
-		}
+		fprintf(stderr, "trainerd run: /backend: %s\n", errbuf);
+		tr_spec_finish(&spec);
+		return bopt.kind == TR_BACKEND_KIND_CUDA ? 2 : 1;
 	}
 
 	/* As in the daemon: where gemm is FP32 only, tf32 has no effect. */

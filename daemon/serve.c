@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 
 #include "api/api.h"
+#include "daemon/backend_open.h"
 #include "daemon/cli.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
@@ -33,39 +34,25 @@
 #include "engine/backend.h"
 #include "storage/store.h"
 
+/* OpenBLAS's; weak, as in daemon/main.c. */
+extern int openblas_thread_timeout(void) __attribute__((weak));
+
 /* One backend for every job: CUDA over all visible GPUs, else CPU
- * devices.  Falling back is worth one notice-level line with the reason
- * (no driver, no device, a build without CUDA): it is the difference
- * between a GPU machine and a slow one.  Per-job settings such as the
- * gemm precision are applied by each job's runner on its own devices. */
+ * devices (daemon/backend_open.c says so when it falls back).  Per-job
+ * settings such as the gemm precision are applied by each job's runner on
+ * its own devices. */
 static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, size_t fblen, char *err,
 				   size_t errlen)
 {
-	tr_backend_t *be = NULL;
-	char why[512] = "";
-	if (strcmp(c->backend, "cpu") != 0) {
-		be = tr_cuda_backend_create(why, sizeof why);
-		if (!be && strcmp(c->backend, "cuda") == 0) {
-			snprintf(err, errlen, "--backend cuda: %s", why);
-			return NULL;
-		}
+	struct tr_backend_options o = {.cpu_devices = c->cpu_devices, .cuda_module = c->cuda_module};
+	if (tr_backend_kind_parse(c->backend, &o.kind) < 0) {
+		snprintf(err, errlen, "--backend: '%s' is not auto, cpu or cuda", c->backend);
+		return NULL;
 	}
-	if (!be) {
-		int n = c->cpu_devices;
-		if (n == 0) {
-			long cores = sysconf(_SC_NPROCESSORS_ONLN);
-			n = cores > 0 ? (int)(cores < 64 ? cores : 64) : 1;
-		}
-		be = tr_cpu_backend_create(n, 0);
-		if (!be)
-			snprintf(err, errlen, "cannot create %d CPU devices", n);
-		else if (why[0]) {
-			/* Said in the log and in systemd's STATUS=: a GPU server
-			 * running on its CPUs must not look healthy. */
-			tr_log(TR_LOG_WARN, "no usable GPU: %s; using %d CPU devices", why, n);
-			snprintf(fallback, fblen, "CPU fallback, no usable GPU: %s", why);
-		}
-	}
+	char why[512];
+	tr_backend_t *be = tr_daemon_backend_open(&o, false, fallback, fblen, why, sizeof why);
+	if (!be)
+		snprintf(err, errlen, "--backend %s: %s", c->backend, why);
 	return be;
 }
 
@@ -272,6 +259,10 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "datasets: %s", err);
 		goto out;
 	}
+	/* What daemon/main.c set, as OpenBLAS read it back. */
+	if (be->i->kind == TR_BACKEND_KIND_CPU && openblas_thread_timeout && openblas_thread_timeout() > 0)
+		tr_log(TR_LOG_INF, "BLAS workers sleep after 2^%d cycles without work (OPENBLAS_THREAD_TIMEOUT)",
+		       openblas_thread_timeout());
 	struct tr_scheduler_config scfg = {
 		.store = store,
 		.backend = be,

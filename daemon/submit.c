@@ -49,17 +49,17 @@ static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, str
 		return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, "/devices",
 			      "/devices: %d devices requested, this daemon has %d", spec->device_count, s->ndev);
 	}
-	const char *have = s->cfg.backend->i->name;
+	const tr_backend_i *have = s->cfg.backend->i;
 	/* Only on refusal: asking the driver costs a few milliseconds. */
-	if (spec->backend == TR_BACKEND_CUDA && strcmp(have, "cuda") != 0)
+	if (spec->backend == TR_BACKEND_CUDA && have->kind != TR_BACKEND_KIND_CUDA)
 		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
-			      "/backend: cuda requested, but this daemon runs on %s devices (%s)", have,
+			      "/backend: cuda requested, but this daemon runs on %s devices (%s)", have->name,
 			      tr_cuda_available() ? "a GPU is visible, but the daemon was started with --backend cpu or "
 						    "could not use it: see its log"
 						  : "no usable GPU");
-	if (spec->backend == TR_BACKEND_CPU && strcmp(have, "cpu") != 0)
+	if (spec->backend == TR_BACKEND_CPU && have->kind != TR_BACKEND_KIND_CPU)
 		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
-			      "/backend: cpu requested, but this daemon's devices are %s", have);
+			      "/backend: cpu requested, but this daemon's devices are %s", have->name);
 	return 0;
 }
 

@@ -20,6 +20,14 @@
 
 typedef struct tr_backend tr_backend_t;
 typedef struct tr_comm tr_comm_t;
+struct tr_model; /* engine/model/model.h */
+
+/* Which backend: a job spec's "backend", the daemon's --backend, and the
+ * `kind` of an open backend (never AUTO there). */
+enum tr_backend_kind { TR_BACKEND_KIND_AUTO, TR_BACKEND_KIND_CPU, TR_BACKEND_KIND_CUDA };
+
+/* CPU devices one backend can have. */
+#define TR_CPU_MAX_DEVICES 64
 
 enum tr_act {
 	TR_ACT_RELU,
@@ -28,6 +36,61 @@ enum tr_act {
 	TR_ACT_TANH,
 	TR_ACT_SIGMOID,
 };
+
+/* Shapes of one 2-D convolution, per sample, NCHW (docs/design.md, "Layer
+ * registry").  Input x is [rows, c, h, w], output y [rows, f, ho, wo],
+ * weight [f, c / groups, kh, kw] and bias [f], all contiguous, as PyTorch's
+ * nn.Conv2d lays them out.  The layer fills every field, output size
+ * included: ho = (h + 2 ph - dh (kh - 1) - 1) / sh + 1, likewise wo. */
+struct tr_conv2d_desc {
+	int c, h, w;    /* input channels, height, width */
+	int f, ho, wo;  /* filters (output channels), output height, width */
+	int kh, kw;     /* kernel */
+	int sh, sw;     /* stride */
+	int ph, pw;     /* zero padding on each side */
+	int dh, dw;     /* dilation */
+	int groups;     /* divides c and f */
+};
+
+/* Shapes of one 2-D pooling window sweep, NCHW, per sample: x [rows, c, h,
+ * w], y [rows, c, ho, wo], ho = (h + 2 ph - kh) / sh + 1 (PyTorch's
+ * floor mode).  Max pooling pads with -inf (ph <= kh / 2, as PyTorch
+ * requires); average pooling counts the zero padding in the divisor
+ * (count_include_pad), so every window divides by kh * kw. */
+struct tr_pool2d_desc {
+	int c, h, w;
+	int ho, wo;
+	int kh, kw;
+	int sh, sw;
+	int ph, pw;
+};
+
+/* The convolution kernels work on chunks of samples at once: one GEMM per
+ * group and chunk, over chunk * ho * wo output columns, so small images
+ * still give the GEMM a wide matrix.  A chunk's im2col matrix and GEMM
+ * result live in a workspace the caller provides; the chunk is as many
+ * samples as fit TR_CONV2D_WORKSPACE_CAP floats (at least one), so that the
+ * workspace is bounded however large the batch.  Both the model (which
+ * allocates the workspace) and every backend use these two functions, so
+ * they agree on its size; the chunk depends on shapes only, never on
+ * threads or timing, and so does the summation order of the results. */
+#define TR_CONV2D_WORKSPACE_CAP ((size_t)1 << 22)
+static inline int tr_conv2d_chunk(const struct tr_conv2d_desc *d, int rows)
+{
+	size_t per = ((size_t)d->c * d->kh * d->kw + (size_t)d->f) * (size_t)d->ho * (size_t)d->wo;
+	size_t fit = per ? TR_CONV2D_WORKSPACE_CAP / per : 1;
+	if (fit < 1)
+		fit = 1;
+	if (rows < 1)
+		return 1;
+	return (size_t)rows < fit ? rows : (int)fit;
+}
+/* Workspace floats conv2d_forward/backward need for `rows` samples. */
+static inline size_t tr_conv2d_workspace(const struct tr_conv2d_desc *d, int rows)
+{
+	size_t chunk = (size_t)tr_conv2d_chunk(d, rows);
+	return ((size_t)d->c * d->kh * d->kw + (size_t)d->f) * (size_t)d->ho * (size_t)d->wo * chunk;
+}
 
 /* Hyper-parameters of one optimizer update; the same for every element. */
 struct tr_optim_hp {
@@ -44,8 +107,13 @@ struct tr_optim_hp {
 			   for sgd's "first step copies the gradient" rule */
 };
 
+/* A backend is its function table: the operations below and the
+ * capabilities code may ask about (kind, memory_is_host, memory_estimate,
+ * the optional pairs).  `name` is for people (logs, /devices); no code
+ * compares it. */
 typedef struct tr_backend_i {
 	const char *name;
+	enum tr_backend_kind kind;
 	void (*destroy)(tr_backend_t *be);
 	int (*device_count)(tr_backend_t *be);
 	/* Writes a short description ("cpu0", "NVIDIA H200") into buf. */
@@ -109,6 +177,32 @@ typedef struct tr_backend_i {
 	int (*dropout_forward)(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key,
 			       int64_t row0, const float *x, float *y, float *mask);
 	int (*mul)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
+	/* out = a + b, elementwise; out may be a or b (a residual block's sum). */
+	int (*add)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
+	/* 2-D convolution over `rows` samples (struct tr_conv2d_desc): y = conv(x,
+	 * w) + bias; bias may be NULL.  work holds tr_conv2d_workspace(d, rows)
+	 * floats and is clobbered.  Overwrites y. */
+	int (*conv2d_forward)(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			      const float *w, const float *bias, float *y, float *work);
+	/* Its gradients from dy: OVERWRITES dw (and dbias when not NULL) with
+	 * the sums over the rows, and writes dx unless it is NULL.  work as in
+	 * conv2d_forward.  Sums run over samples in order, chunk by chunk
+	 * (tr_conv2d_chunk), so they depend on the shapes only. */
+	int (*conv2d_backward)(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			       const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work);
+	/* Max pooling; backward routes each dy to its window's first maximum
+	 * (the first in row-major order, as PyTorch's CPU kernel picks), found
+	 * again from x, and overwrites dx (sums where windows overlap). */
+	int (*maxpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				 const float *x, float *y);
+	int (*maxpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				  const float *x, const float *dy, float *dx);
+	/* Average pooling, divisor kh * kw; a global average pool is the
+	 * window of the whole image.  Backward overwrites dx. */
+	int (*avgpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				 const float *x, float *y);
+	int (*avgpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				  const float *dy, float *dx);
 	/* LayerNorm over the last dim; mean/rstd have `rows` entries. */
 	int (*layernorm_forward)(tr_backend_t *be, int dev, int rows, int cols, float eps, const float *x,
 				 const float *gamma, const float *beta, float *y, float *mean, float *rstd);
@@ -152,6 +246,16 @@ typedef struct tr_backend_i {
 	 * valid after the backend is destroyed; and every call has finished
 	 * with its buffers when it returns.  The CPU backend. */
 	bool memory_is_host;
+	/* Device memory is the backend's own and limited (a GPU's): before a
+	 * job allocates anything the trainer asks this estimate for the bytes
+	 * one device needs and refuses a job that cannot fit, naming both
+	 * figures.  The estimate includes memory_context_bytes (the runtime's
+	 * context, outside alloc), which a device in use already holds, so it
+	 * is compared with memory_info's free bytes plus that.  NULL where
+	 * devices share host memory (CPU): nothing is checked. */
+	size_t (*memory_estimate)(const struct tr_model *m, int max_rows, int label_dim, int opt_state_buffers,
+				  int ndev);
+	size_t memory_context_bytes;
 
 	/* Collectives over a job's devices.  comm_create is called once by the
 	 * job; every rank then calls allreduce_sum from its own thread with its
@@ -168,12 +272,51 @@ struct tr_backend {
 	const tr_backend_i *i;
 };
 
-/* Creates the CPU backend with `devices` devices (1..64).  `blas_threads`
- * is the total BLAS thread budget (0 = all cores).  NULL on bad input. */
+/* How a command asks for its devices (tr_backend_open). */
+struct tr_backend_options {
+	enum tr_backend_kind kind; /* AUTO: CUDA when a GPU is usable, else CPU */
+	/* CUDA: use at most this many GPUs.  CPU: this many devices.  0 = all
+	 * GPUs, or one CPU device per online core, at most TR_CPU_MAX_DEVICES. */
+	int devices;
+	/* When > 0, the CPU device count instead of `devices` (the daemon's
+	 * --cpu-devices, which must not limit its GPUs). */
+	int cpu_devices;
+	int blas_threads;        /* CPU: the total BLAS thread budget, 0 = all cores */
+	bool tf32;               /* CUDA: every device starts with TF32 gemm allowed */
+	const char *cuda_module; /* trainerd-cuda.so to load; NULL or "" = search (engine/cuda/module.h) */
+};
+
+/* The one way trainerd opens a backend, for `serve` and `run` alike.
+ * CUDA is tried for kinds AUTO and CUDA (its module is loaded only when
+ * the machine has an NVIDIA driver); AUTO falls back to CPU devices and
+ * then writes the reason into fallback ("" when there was no fallback),
+ * for the caller's one log line.  The table of what opens is checked with
+ * tr_backend_check_ops.  Returns 0 and *out, or a negative errno-style
+ * code with the reason in err (CUDA asked for and unusable, a bad count). */
+int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen, char *err,
+		    size_t errlen);
+
+/* "auto", "cpu" or "cuda" (the spelling of specs, the daemon's --backend
+ * and `trainerd run --backend`) into *out: 0, or -EINVAL. */
+int tr_backend_kind_parse(const char *name, enum tr_backend_kind *out);
+
+/* 0 when every required operation of the table is set and each optional
+ * pair is set together (to_device_async and copies_fence, sgd_step_into
+ * and adam_step_into); otherwise -ENOSYS with the first missing one
+ * named in err.  tr_backend_open refuses a backend that fails it (a CUDA
+ * module from another build, say). */
+int tr_backend_check_ops(const tr_backend_i *t, char *err, size_t errlen);
+
+/* Creates the CPU backend with `devices` devices (1..TR_CPU_MAX_DEVICES).
+ * `blas_threads` is the total BLAS thread budget (0 = all cores).  NULL on
+ * bad input.  Commands use tr_backend_open; tests create it directly. */
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 
-/* Creates the CUDA backend; NULL with a reason in err when no usable GPU. */
+/* Creates the CUDA backend (engine/cuda/cuda.h has the options); NULL
+ * with a reason in err when no GPU is usable or the module is missing. */
 tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen);
+/* Whether a GPU is usable: false without loading anything on a machine
+ * with no NVIDIA driver. */
 bool tr_cuda_available(void);
 
 static inline void tr_backend_destroy(tr_backend_t *be)

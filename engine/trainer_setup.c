@@ -13,7 +13,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/cuda/cuda.h"
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
 #include "engine/model_meta.h"
@@ -212,20 +211,21 @@ static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen
 
 /* A GPU job that cannot fit is refused before anything is allocated, with
  * the estimate and the free memory, instead of failing halfway through
- * replica set-up.  CPU devices share host memory and are not checked. */
+ * replica set-up.  Backends whose devices share host memory (CPU) have no
+ * estimate and are not checked (engine/backend.h, memory_estimate). */
 static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, size_t errlen)
 {
 	tr_backend_t *be = t->be;
-	if (!be->i->memory_info || strcmp(be->i->name, "cuda") != 0)
+	if (!be->i->memory_info || !be->i->memory_estimate)
 		return 0;
-	size_t need = tr_cuda_estimate_bytes(&t->model, max_rows, t->train->info.label_dim, t->opt_buffers, t->ndev);
+	size_t need = be->i->memory_estimate(&t->model, max_rows, t->train->info.label_dim, t->opt_buffers, t->ndev);
 	for (int i = 0; i < t->ndev; i++) {
 		size_t total, free_bytes;
 		if (be->i->memory_info(be, t->devs[i], &total, &free_bytes) < 0)
 			continue;
-		/* The estimate includes the CUDA context, which a device in use
-		 * already has: compare against free memory plus that share. */
-		if (need > free_bytes + TR_CUDA_CONTEXT_BYTES) {
+		/* The estimate includes the runtime's context, which a device
+		 * in use already has: compare against free memory plus that. */
+		if (need > free_bytes + be->i->memory_context_bytes) {
 			snprintf(err, errlen,
 				 "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
 				 "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",

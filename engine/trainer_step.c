@@ -29,7 +29,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/cuda/cuda.h"
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
 #include "engine/optim/optimizer.h"

@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "storage/sha256.h" /* tr_sha256_hex, for the store and for tests */
 #include "storage/store.h"
 
 struct tr_ckpt_row {
@@ -116,7 +117,5 @@ void tr_store_ckpt_close(tr_ckpt_reader_t *r); /* accepts NULL */
  * when set): -EBADMSG on a mismatch, with nothing returned. */
 int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len);
 
-/* SHA-256 (FIPS 180-4), for the store and for tests. */
-void tr_sha256_hex(const void *data, size_t len, char out[65]);
 
 #endif

@@ -46,7 +46,7 @@ ln -sfn "$(basename "$RUN")" "$RESULTS/checkpoint-latest"
 # comes from BUILD_DIR as built.
 # shellcheck disable=SC2046  # pkg-config output is meant to be split
 cc -O2 -std=c11 -Wall -Wextra -I"$ROOT" -o "$RUN/ckpt_store" "$ROOT/bench/checkpoint/ckpt_store.c" \
-	"$BUILD/storage/libtrstore.a" $(pkg-config --libs sqlite3 jansson) -lpthread
+	"$BUILD/storage/libtrstore.a" $(pkg-config --libs sqlite3 jansson nettle) -lpthread
 
 # shellcheck disable=SC2086  # BENCH_CKPT_ARGS is a list of arguments
 timeout 720 "$PYTHON" "$ROOT/bench/checkpoint/bench_ckpt.py" --trainerd "$TRAINERD" --ckpt-store "$RUN/ckpt_store" \

@@ -15,7 +15,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 case $BUILD in /*) ;; *) BUILD=$(pwd)/$BUILD ;; esac
 mkdir -p "$OUT"
 
-if [ ! -x "$BUILD/daemon/trainerd" ] || [ ! -f "$BUILD/engine/cuda/libtrengine_cuda.a" ]; then
+if [ ! -x "$BUILD/daemon/trainerd" ] || [ ! -f "$BUILD/daemon/trainerd-cuda.so" ]; then
 	echo "bench-gpu: $BUILD is not a built -Dcuda=enabled build" >&2
 	exit 1
 fi
@@ -24,16 +24,13 @@ if ! "$BUILD/daemon/trainerd" --version | grep -q cuda; then
 	exit 1
 fi
 
-# Plain cc: meson's static libraries are thin archives, which nvcc's
-# device linker cannot read.  cudart, cuBLAS and NCCL come from the CUDA
-# toolkit next to nvcc, or from LIBRARY_PATH (tests/gpu/check.sh points it
-# at pip's NCCL when the toolkit has none).
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-CUDA_LIB=$(cd "$(dirname "$NVCC")/.." && pwd)/lib64
+# Plain cc against the engine library, which loads the CUDA module
+# (engine/cuda/module.h) named by TRAINERD_CUDA_MODULE: allreduce_bw links
+# no CUDA library itself.
+export TRAINERD_CUDA_MODULE="$BUILD/daemon/trainerd-cuda.so"
 AR_BIN=$OUT/allreduce_bw
 if ! cc -O2 -std=c11 -D_GNU_SOURCE -o "$AR_BIN" -I"$ROOT" "$ROOT/bench/gpu/allreduce_bw.c" \
-	"$BUILD/engine/cuda/libtrengine_cuda.a" -L"$CUDA_LIB" -Wl,-rpath,"$CUDA_LIB" -lcudart -lcublas -lnccl \
-	-lstdc++ -lpthread -lm 2>"$OUT/allreduce_build.log"; then
+	"$BUILD/engine/libtrengine.a" -ldl -lpthread -lm 2>"$OUT/allreduce_build.log"; then
 	echo "bench-gpu: allreduce_bw did not build (see $OUT/allreduce_build.log); skipping it" >&2
 	AR_BIN=
 fi

@@ -44,6 +44,7 @@
 /* Shared with cpu_kernels.c and cpu_comm.c (no private header to hold them). */
 void tr_cpu_kernels_fill(tr_backend_i *t);
 void tr_cpu_comm_fill(tr_backend_i *t);
+void tr_cpu_conv_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
@@ -332,7 +333,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	struct cpu_backend *b;
 	int budget;
 
-	if (devices < 1 || devices > 64 || blas_threads < 0)
+	if (devices < 1 || devices > TR_CPU_MAX_DEVICES || blas_threads < 0)
 		return NULL;
 	b = calloc(1, sizeof(*b));
 	if (!b)
@@ -342,6 +343,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 
 	b->table = (tr_backend_i){
 		.name = "cpu",
+		.kind = TR_BACKEND_KIND_CPU,
 		.memory_is_host = true,
 		.destroy = cpu_destroy,
 		.device_count = cpu_device_count,
@@ -362,6 +364,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 		.set_tf32 = cpu_set_tf32,
 	};
 	tr_cpu_kernels_fill(&b->table);
+	tr_cpu_conv_fill(&b->table);
 	tr_cpu_comm_fill(&b->table);
 	b->base.i = &b->table;
 	b->devices = devices;

@@ -1,10 +1,11 @@
 /* CUDA backend extras beyond engine/backend.h: creation options and a
  * device-memory estimate for admission control.
  *
- * Everything here is plain C and is available in every build: without
- * CUDA, tr_cuda_backend_create_opts answers "not built" (cuda_stub.c) and
- * the estimate, which is host arithmetic only, still works.  Proposed for
- * backend.h once the API settles.
+ * Everything here is plain C and is available in every build.  The
+ * backend itself is a module, trainerd-cuda.so, that engine/cuda/loader.c
+ * loads on the first call that needs a GPU (engine/cuda/module.h says
+ * where it looks); the estimate is host arithmetic over the model and
+ * stays in the engine, which hands it to the module for its table.
  */
 #ifndef TR_CUDA_H
 #define TR_CUDA_H
@@ -25,13 +26,23 @@ struct tr_cuda_options {
 	/* Use at most this many of the visible devices (in CUDA order, which
 	 * CUDA_VISIBLE_DEVICES controls); 0 = all. */
 	int max_devices;
+	/* The module to load; NULL or "" = TRAINERD_CUDA_MODULE, else next to
+	 * the executable, else the install's libdir (engine/cuda/module.h). */
+	const char *module_path;
 };
 
 /* Creates the CUDA backend over the visible devices.  opt may be NULL
  * (defaults: no TF32, all devices).  Returns NULL with a reason in err
- * when there is no driver, no device, or a device cannot run this build's
- * kernels; never exits.  Free with tr_backend_destroy. */
+ * when there is no driver, no device, no module, or a device cannot run
+ * the module's kernels; never exits.  Free with tr_backend_destroy.
+ * Commands open backends with tr_backend_open (engine/backend.h). */
 tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, char *err, size_t errlen);
+
+/* Loads the CUDA module (path NULL = search as for module_path) and fills
+ * *t with its function table, without touching a GPU: for checking a
+ * module (tests, tr_backend_check_ops).  0, or a negative code with the
+ * reason; -ENOENT when no module was found. */
+int tr_cuda_module_table(const char *path, tr_backend_i *t, char *err, size_t errlen);
 
 /* Bytes of device memory one device of a job will need: the replica's
  * buffers exactly as tr_replica_init allocates them and the trainer's

@@ -216,13 +216,18 @@ static void explain_no_device(cudaError_t e, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot initialise CUDA: %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-bool tr_cuda_available(void)
+/* The module's answer to "is a GPU usable?" (engine/cuda/module.h). */
+static int cuda_module_device_count(char *why, size_t len)
 {
 	int n = 0;
 	cudaError_t e = cudaGetDeviceCount(&n);
 
 	(void)cudaGetLastError();
-	return e == cudaSuccess && n > 0;
+	if (e != cudaSuccess || n <= 0) {
+		explain_no_device(e == cudaSuccess ? cudaErrorNoDevice : e, why, len);
+		return -ENODEV;
+	}
+	return n;
 }
 
 /* ---- memory ------------------------------------------------------------- */
@@ -435,9 +440,45 @@ static void cuda_destroy(tr_backend_t *be)
 	free(b);
 }
 
-tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, char *err, size_t errlen)
+/* Every entry of the table: this file's, the kernels' and the
+ * collectives', plus what the engine lends (the memory estimate). */
+static void cuda_fill_table(tr_backend_i *t, const struct tr_cuda_host *host)
 {
-	struct tr_cuda_options defaults = {false, 0};
+	t->name = "cuda";
+	t->kind = TR_BACKEND_KIND_CUDA;
+	t->destroy = cuda_destroy;
+	t->device_count = cuda_device_count;
+	t->device_name = cuda_device_name;
+	t->memory_info = cuda_memory_info;
+	t->last_error = cuda_last_error;
+	t->alloc = cuda_alloc;
+	t->free = cuda_free;
+	t->host_alloc = cuda_host_alloc;
+	t->host_free = cuda_host_free;
+	t->to_device = cuda_to_device;
+	t->to_host = cuda_to_host;
+	t->copy = cuda_copy;
+	t->memset0 = cuda_memset0;
+	t->sync = cuda_sync;
+	t->to_device_async = cuda_to_device_async;
+	t->copies_fence = cuda_copies_fence;
+	t->set_tf32 = cuda_set_tf32;
+	t->memory_estimate = host ? host->memory_estimate : NULL;
+	t->memory_context_bytes = host ? host->memory_context_bytes : 0;
+	tr_cuda_dense_fill(t);
+	tr_cuda_elementwise_fill(t);
+	tr_cuda_reduce_fill(t);
+	tr_cuda_norm_fill(t);
+	tr_cuda_loss_fill(t);
+	tr_cuda_optim_fill(t);
+	tr_cuda_conv_fill(t);
+	tr_cuda_comm_fill(t);
+}
+
+static tr_backend_t *cuda_create(const struct tr_cuda_options *opt, const struct tr_cuda_host *host, char *err,
+				 size_t errlen)
+{
+	struct tr_cuda_options defaults = {false, 0, NULL};
 	struct cuda_backend *b;
 	cudaError_t e;
 	int n = 0;
@@ -473,26 +514,7 @@ tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, cha
 	b->base.i = &b->table;
 	b->id = next_id.fetch_add(1);
 	b->tf32 = opt->tf32;
-	b->table.name = "cuda";
-	b->table.destroy = cuda_destroy;
-	b->table.device_count = cuda_device_count;
-	b->table.device_name = cuda_device_name;
-	b->table.memory_info = cuda_memory_info;
-	b->table.last_error = cuda_last_error;
-	b->table.alloc = cuda_alloc;
-	b->table.free = cuda_free;
-	b->table.host_alloc = cuda_host_alloc;
-	b->table.host_free = cuda_host_free;
-	b->table.to_device = cuda_to_device;
-	b->table.to_host = cuda_to_host;
-	b->table.copy = cuda_copy;
-	b->table.memset0 = cuda_memset0;
-	b->table.sync = cuda_sync;
-	b->table.to_device_async = cuda_to_device_async;
-	b->table.copies_fence = cuda_copies_fence;
-	b->table.set_tf32 = cuda_set_tf32;
-	tr_cuda_kernels_fill(&b->table);
-	tr_cuda_comm_fill(&b->table);
+	cuda_fill_table(&b->table, host);
 
 	for (int i = 0; i < n; i++) {
 		b->ndev = i + 1; /* destroy releases exactly what was set up */
@@ -513,7 +535,13 @@ fail_alloc:
 	return NULL;
 }
 
-tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen)
+/* ---- the module's entry point (engine/cuda/module.h) -------------------- */
+
+static const struct tr_cuda_module module_desc = {
+	TR_CUDA_MODULE_ABI, sizeof(tr_backend_i), TR_VERSION, cuda_module_device_count, cuda_fill_table, cuda_create,
+};
+
+extern "C" __attribute__((visibility("default"))) const struct tr_cuda_module *tr_cuda_module_v1(void)
 {
-	return tr_cuda_backend_create_opts(NULL, err, errlen);
+	return &module_desc;
 }

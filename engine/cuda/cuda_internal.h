@@ -1,8 +1,10 @@
-/* Shared between the CUDA backend's translation units (CUDA C++ only).
+/* Shared between the CUDA backend's translation units (CUDA C++ only),
+ * which together make the module trainerd-cuda.so (engine/cuda/module.h).
  *
  * cuda_backend.cu owns the backend object: devices, streams, memory,
- * copies and error reporting.  cuda_kernels.cu fills the compute half of
- * the function table, cuda_nccl.cu the collectives.  Every entry point
+ * copies, error reporting and the module's entry point.  The kernels live
+ * in one file per op family (kernels_*.cu), each filling its part of the
+ * function table; cuda_nccl.cu fills the collectives.  Every entry point
  * makes its device current first (tr_cuda_use), because the trainer calls
  * a device from more than one host thread over a job's life (its rank
  * thread, and the coordinator for evaluation and monitors).
@@ -19,6 +21,7 @@
 extern "C" {
 #include "engine/backend.h"
 #include "engine/cuda/cuda.h"
+#include "engine/cuda/module.h"
 }
 
 #define TR_CUDA_ERR_LEN 512
@@ -79,7 +82,14 @@ int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, con
 /* Checks that dev exists and makes it current for the calling thread. */
 int tr_cuda_use(tr_backend_t *be, int dev, const char *what);
 
-void tr_cuda_kernels_fill(tr_backend_i *t);
+/* Each kernel family fills its part of the table (kernels_*.cu). */
+void tr_cuda_dense_fill(tr_backend_i *t);
+void tr_cuda_elementwise_fill(tr_backend_i *t);
+void tr_cuda_reduce_fill(tr_backend_i *t);
+void tr_cuda_norm_fill(tr_backend_i *t);
+void tr_cuda_loss_fill(tr_backend_i *t);
+void tr_cuda_optim_fill(tr_backend_i *t);
+void tr_cuda_conv_fill(tr_backend_i *t);
 void tr_cuda_comm_fill(tr_backend_i *t);
 /* Proves that this build's kernels can run on device dev (a binary or a
  * PTX image that the driver accepts); a clear error otherwise. */

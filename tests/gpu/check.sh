@@ -207,7 +207,7 @@ missing_modules() {
 		echo "pkg-config"
 		return
 	fi
-	for m in jansson sqlite3 libmicrohttpd libcurl criterion; do
+	for m in jansson sqlite3 libmicrohttpd libcurl nettle criterion; do
 		pkg-config --exists "$m" || out="$out $m"
 	done
 	pkg-config --exists openblas || pkg-config --exists blas || out="$out openblas"
@@ -294,6 +294,9 @@ built=$?
 # ---- CUDA tests, benchmarks, suite ---------------------------------------
 
 if [ $built -eq 0 ]; then
+	# The CUDA backend is the module trainerd-cuda.so beside trainerd
+	# (engine/cuda/module.h); the test executables are elsewhere.
+	export TRAINERD_CUDA_MODULE="$BUILD/daemon/trainerd-cuda.so"
 	md "| trainerd --version | $("$BUILD/daemon/trainerd" --version 2>&1 | head -1) | |"
 	if [ -x "$BUILD/tests/engine_test_cuda_backend" ]; then
 		# Single-device tests in parallel; the NCCL ones (2+ GPUs) one at a

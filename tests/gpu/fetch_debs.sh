@@ -20,6 +20,7 @@ cd "$DIR"
 packages="
 pkgconf pkgconf-bin libpkgconf3
 libjansson-dev libjansson4
+nettle-dev
 libsqlite3-dev libsqlite3-0
 libmicrohttpd-dev libmicrohttpd12
 libcurl4-openssl-dev libcurl4 libnghttp2-14 libpsl5 librtmp1 libssh2-1 libldap-2.5-0 libbrotli1

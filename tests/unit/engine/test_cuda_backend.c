@@ -10,9 +10,13 @@
  * because Criterion shows skips only with --verbose.
  *
  * Tolerances (|cuda - cpu| <= atol + rtol * |cpu| unless said), and why:
- *   exact            add_bias, mul, scale, relu, dropout (mask and output),
- *                    gemm with k = 0: one float operation per element, or
- *                    integer RNG arithmetic.
+ *   exact            add_bias, mul, add, scale, relu, dropout (mask and
+ *                    output), gemm with k = 0: one float operation per
+ *                    element, or integer RNG arithmetic; max and average
+ *                    pooling forward and backward: sums gathered in the
+ *                    CPU's order (NaN as NaN, whatever its payload).
+ *   1e-5 x sum|.|    conv2d y, dx, dw (1e-6 for dbias, summed in double):
+ *                    im2col + GEMMs that sum in another order.
  *   rtol 1e-6        mse gradient, sgd/adam parameters and states: the same
  *                    float operations in the same order (cuda_kernels.cu is
  *                    built with --fmad=false); slack only for a CPU build
@@ -389,13 +393,17 @@ static const char *tiny_last_error(tr_backend_t *be)
 
 /* A job that cannot fit is refused before anything is allocated, with
  * the estimate and the free memory in the message (the daemon records it
- * as insufficient_memory). */
+ * as insufficient_memory).  The check follows the table's memory_estimate,
+ * not the backend's name: this one is called "tiny". */
 Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
 {
-	tr_backend_i table = {.name = "cuda",
+	tr_backend_i table = {.name = "tiny",
+			      .kind = TR_BACKEND_KIND_CUDA,
 			      .device_count = tiny_device_count,
 			      .memory_info = tiny_memory_info,
-			      .last_error = tiny_last_error};
+			      .last_error = tiny_last_error,
+			      .memory_estimate = tr_cuda_estimate_bytes,
+			      .memory_context_bytes = TR_CUDA_CONTEXT_BYTES};
 	struct tr_backend tiny = {.i = &table};
 	const char *text =
 		"{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}]},"
@@ -1103,6 +1111,257 @@ Test(cuda, adam_and_adamw)
 	}
 }
 
+/* ---- image layers: add, conv2d, pooling ----------------------------------- */
+
+/* Tolerances: add and every pooling op exactly (one float operation per
+ * element, or sums gathered in the CPU's order: kernels_conv.cu); conv2d
+ * outputs and gradients 1e-5 x the sum of |terms| (the GEMMs sum in
+ * another order, as for dense layers), the terms' sums taken by running
+ * the CPU's own conv2d on absolute values. */
+
+Test(cuda, add_matches_cpu_exactly)
+{
+	NEED_GPU();
+	for (int i = 0; i < N_SIZES; i++) {
+		size_t n = (size_t)sizes[i] * 33;
+		float *a = frand(n, -4, 4), *b = frand(n, -4, 4), *want = malloc(n * sizeof(float));
+		cr_assert_eq(cpu->i->add(cpu, 0, n, a, b, want), 0);
+		float *da = up(a, n), *db = up(b, n), *dout = up(a, n);
+		cr_assert_eq(gpu->i->add(gpu, 0, n, da, db, dout), 0, "%s", gpu->i->last_error(gpu));
+		float *got = down(dout, n);
+		check_exact("add", got, want, n);
+		free(got);
+		/* in place, as a residual block sums into its input */
+		cr_assert_eq(gpu->i->add(gpu, 0, n, da, db, da), 0);
+		got = down(da, n);
+		check_exact("add in place", got, want, n);
+		free(got);
+		free(a);
+		free(b);
+		free(want);
+		dfree(da);
+		dfree(db);
+		dfree(dout);
+	}
+}
+
+static struct tr_conv2d_desc conv_desc(int c, int h, int w, int f, int kh, int kw, int sh, int sw, int ph, int pw,
+				       int dh, int dw, int groups)
+{
+	struct tr_conv2d_desc d = {.c = c, .h = h, .w = w, .f = f, .kh = kh, .kw = kw, .sh = sh, .sw = sw,
+				   .ph = ph, .pw = pw, .dh = dh, .dw = dw, .groups = groups};
+	d.ho = (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1;
+	d.wo = (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+	return d;
+}
+
+static float *fabs_dup(const float *x, size_t n)
+{
+	float *p = fdup(x, n);
+	for (size_t i = 0; i < n; i++)
+		p[i] = fabsf(p[i]);
+	return p;
+}
+
+static double *to_bound(const float *x, size_t n)
+{
+	double *b = malloc((n ? n : 1) * sizeof(double));
+	cr_assert_not_null(b);
+	for (size_t i = 0; i < n; i++)
+		b[i] = x[i];
+	return b;
+}
+
+/* One convolution forward and backward on both backends: y, dx, dw, dbias. */
+static void conv_case(const struct tr_conv2d_desc *d, int rows, bool bias)
+{
+	size_t nx = (size_t)rows * d->c * d->h * d->w, ny = (size_t)rows * d->f * d->ho * d->wo;
+	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw, nb = (size_t)d->f;
+	size_t nwork = tr_conv2d_workspace(d, rows);
+	float *x = frand(nx, -1, 1), *w = frand(nw, -1, 1), *b = frand(nb, -1, 1), *dy = frand(ny, -1, 1);
+	float *work = malloc((nwork ? nwork : 1) * sizeof(float));
+	float *y = malloc((ny ? ny : 1) * sizeof(float)), *dx = malloc((nx ? nx : 1) * sizeof(float));
+	float *dw = malloc(nw * sizeof(float)), *db = malloc(nb * sizeof(float));
+	cr_assert(work && y && dx && dw && db);
+	cr_assert_eq(cpu->i->conv2d_forward(cpu, 0, d, rows, x, w, bias ? b : NULL, y, work), 0, "%s",
+		     cpu->i->last_error(cpu));
+	cr_assert_eq(cpu->i->conv2d_backward(cpu, 0, d, rows, x, w, dy, dx, dw, bias ? db : NULL, work), 0, "%s",
+		     cpu->i->last_error(cpu));
+	/* the sums of |terms|: the CPU's convolution of absolute values */
+	float *ax = fabs_dup(x, nx), *aw = fabs_dup(w, nw), *ab = fabs_dup(b, nb), *ady = fabs_dup(dy, ny);
+	float *ay = malloc((ny ? ny : 1) * sizeof(float)), *adx = malloc((nx ? nx : 1) * sizeof(float));
+	float *adw = malloc(nw * sizeof(float)), *adb = malloc(nb * sizeof(float));
+	cr_assert_eq(cpu->i->conv2d_forward(cpu, 0, d, rows, ax, aw, bias ? ab : NULL, ay, work), 0);
+	cr_assert_eq(cpu->i->conv2d_backward(cpu, 0, d, rows, ax, aw, ady, adx, adw, adb, work), 0);
+
+	float *d_x = up(x, nx), *d_w = up(w, nw), *d_b = up(b, nb), *d_dy = up(dy, ny);
+	/* outputs start as other data, so that an op that writes nothing fails */
+	float *d_y = up(dy, ny), *d_dx = up(x, nx), *d_dw = up(w, nw), *d_db = up(b, nb);
+	float *d_work = gpu->i->alloc(gpu, 0, (nwork ? nwork : 1) * sizeof(float));
+	cr_assert_not_null(d_work);
+	cr_assert_eq(gpu->i->conv2d_forward(gpu, 0, d, rows, d_x, d_w, bias ? d_b : NULL, d_y, d_work), 0, "%s",
+		     gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->conv2d_backward(gpu, 0, d, rows, d_x, d_w, d_dy, d_dx, d_dw, bias ? d_db : NULL, d_work),
+		     0, "%s", gpu->i->last_error(gpu));
+	float *gy = down(d_y, ny), *gdx = down(d_dx, nx), *gdw = down(d_dw, nw), *gdb = down(d_db, nb);
+	char what[160];
+	snprintf(what, sizeof what, "conv2d c%d %dx%d f%d k%dx%d s%dx%d p%dx%d d%dx%d g%d rows %d: ", d->c, d->h, d->w,
+		 d->f, d->kh, d->kw, d->sh, d->sw, d->ph, d->pw, d->dh, d->dw, d->groups, rows);
+	size_t wl = strlen(what);
+	double *bound;
+	snprintf(what + wl, sizeof what - wl, "y");
+	check_bounded(what, gy, y, bound = to_bound(ay, ny), ny, 1e-5, 1e-6);
+	free(bound);
+	snprintf(what + wl, sizeof what - wl, "dx");
+	check_bounded(what, gdx, dx, bound = to_bound(adx, nx), nx, 1e-5, 1e-6);
+	free(bound);
+	snprintf(what + wl, sizeof what - wl, "dw");
+	check_bounded(what, gdw, dw, bound = to_bound(adw, nw), nw, 1e-5, 1e-6);
+	free(bound);
+	if (bias) {
+		snprintf(what + wl, sizeof what - wl, "dbias");
+		check_bounded(what, gdb, db, bound = to_bound(adb, nb), nb, 1e-6, 1e-6);
+		free(bound);
+	}
+	float *host[] = {x, w, b, dy, work, y, dx, dw, db, ax, aw, ab, ady, ay, adx, adw, adb, gy, gdx, gdw, gdb};
+	for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
+		free(host[k]);
+	float *dev[] = {d_x, d_w, d_b, d_dy, d_y, d_dx, d_dw, d_db, d_work};
+	for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++)
+		dfree(dev[k]);
+}
+
+/* Padding, stride, dilation, groups (depthwise included), 1x1 kernels,
+ * with and without bias, and a batch the workspace rule splits into two
+ * chunks (3x64x64, 8 filters: 29 samples per chunk), so that dW's
+ * accumulation over chunks is covered. */
+Test(cuda, conv2d_matches_cpu, .timeout = 300)
+{
+	NEED_GPU();
+	struct tr_conv2d_desc d;
+	d = conv_desc(3, 9, 7, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+	conv_case(&d, 5, true);
+	d = conv_desc(4, 8, 8, 6, 3, 2, 2, 1, 1, 0, 2, 1, 2);
+	conv_case(&d, 3, true);
+	d = conv_desc(4, 6, 6, 4, 5, 5, 1, 1, 2, 2, 1, 1, 4);
+	conv_case(&d, 2, false);
+	d = conv_desc(5, 4, 4, 3, 1, 1, 1, 1, 0, 0, 1, 1, 1);
+	conv_case(&d, 7, false);
+	d = conv_desc(1, 1, 1, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1);
+	conv_case(&d, 1, true);
+	d = conv_desc(3, 64, 64, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+	cr_assert_lt(tr_conv2d_chunk(&d, 40), 40, "the case must span two chunks");
+	conv_case(&d, 40, true);
+}
+
+/* No rows: dW and dbias are zeros, nothing else is touched. */
+Test(cuda, conv2d_backward_without_rows)
+{
+	NEED_GPU();
+	struct tr_conv2d_desc d = conv_desc(2, 5, 5, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+	size_t nw = (size_t)3 * 2 * 9;
+	float *w = frand(nw, -1, 1), *b = frand(3, -1, 1);
+	float *d_w = up(w, nw), *d_dw = up(w, nw), *d_db = up(b, 3);
+	cr_assert_eq(gpu->i->conv2d_backward(gpu, 0, &d, 0, NULL, d_w, NULL, NULL, d_dw, d_db, NULL), 0, "%s",
+		     gpu->i->last_error(gpu));
+	float *gdw = down(d_dw, nw), *gdb = down(d_db, 3);
+	for (size_t i = 0; i < nw; i++)
+		cr_assert_eq(gdw[i], 0.0f, "dw[%zu]", i);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(gdb[i], 0.0f, "dbias[%d]", i);
+	struct tr_conv2d_desc bad = d;
+	bad.groups = 2; /* does not divide c = 2 and f = 3 */
+	cr_assert_eq(gpu->i->conv2d_forward(gpu, 0, &bad, 1, d_w, d_w, NULL, d_dw, d_dw), -EINVAL);
+	free(w);
+	free(b);
+	free(gdw);
+	free(gdb);
+	dfree(d_w);
+	dfree(d_dw);
+	dfree(d_db);
+}
+
+/* Bit for bit, except that NaN is NaN: the GPU's arithmetic returns its
+ * canonical NaN, not the operand's payload as x86 does. */
+static void check_exact_or_nan(const char *what, const float *got, const float *want, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cr_assert((isnan(got[i]) && isnan(want[i])) || memcmp(&got[i], &want[i], sizeof(float)) == 0,
+			  "%s[%zu]: cuda %.9g cpu %.9g", what, i, (double)got[i], (double)want[i]);
+}
+
+static struct tr_pool2d_desc pool_desc(int c, int h, int w, int kh, int kw, int sh, int sw, int ph, int pw)
+{
+	struct tr_pool2d_desc d = {.c = c, .h = h, .w = w, .kh = kh, .kw = kw, .sh = sh, .sw = sw, .ph = ph, .pw = pw};
+	d.ho = (h + 2 * ph - kh) / sh + 1;
+	d.wo = (w + 2 * pw - kw) / sw + 1;
+	return d;
+}
+
+/* Both pools forward and backward, bit for bit; values on a coarse grid so
+ * that windows hold ties (the first maximum must win, as on the CPU), and
+ * a NaN in one window. */
+static void pool_case(const struct tr_pool2d_desc *d, int rows)
+{
+	size_t nx = (size_t)rows * d->c * d->h * d->w, ny = (size_t)rows * d->c * d->ho * d->wo;
+	float *x = frand(nx, -2, 2), *dy = frand(ny, -1, 1);
+	for (size_t i = 0; i < nx; i++)
+		x[i] = roundf(x[i] * 2.0f) / 2.0f;
+	if (nx > 5)
+		x[5] = NAN;
+	float *y = malloc(ny * sizeof(float)), *dx = malloc(nx * sizeof(float));
+	float *d_x = up(x, nx), *d_dy = up(dy, ny), *d_y = up(dy, ny), *d_dx = up(x, nx);
+	char what[128];
+	for (int max = 0; max < 2; max++) {
+		const char *name = max ? "maxpool2d" : "avgpool2d";
+		if (max) {
+			cr_assert_eq(cpu->i->maxpool2d_forward(cpu, 0, d, rows, x, y), 0);
+			cr_assert_eq(cpu->i->maxpool2d_backward(cpu, 0, d, rows, x, dy, dx), 0);
+			cr_assert_eq(gpu->i->maxpool2d_forward(gpu, 0, d, rows, d_x, d_y), 0, "%s", gpu->i->last_error(gpu));
+			cr_assert_eq(gpu->i->maxpool2d_backward(gpu, 0, d, rows, d_x, d_dy, d_dx), 0, "%s",
+				     gpu->i->last_error(gpu));
+		} else {
+			cr_assert_eq(cpu->i->avgpool2d_forward(cpu, 0, d, rows, x, y), 0);
+			cr_assert_eq(cpu->i->avgpool2d_backward(cpu, 0, d, rows, dy, dx), 0);
+			cr_assert_eq(gpu->i->avgpool2d_forward(gpu, 0, d, rows, d_x, d_y), 0, "%s", gpu->i->last_error(gpu));
+			cr_assert_eq(gpu->i->avgpool2d_backward(gpu, 0, d, rows, d_dy, d_dx), 0, "%s",
+				     gpu->i->last_error(gpu));
+		}
+		float *gy = down(d_y, ny), *gdx = down(d_dx, nx);
+		snprintf(what, sizeof what, "%s c%d %dx%d k%dx%d s%dx%d p%dx%d rows %d y", name, d->c, d->h, d->w, d->kh,
+			 d->kw, d->sh, d->sw, d->ph, d->pw, rows);
+		check_exact_or_nan(what, gy, y, ny);
+		what[strlen(what) - 1] = 'x';
+		check_exact_or_nan(what, gdx, dx, nx);
+		free(gy);
+		free(gdx);
+	}
+	free(x);
+	free(dy);
+	free(y);
+	free(dx);
+	dfree(d_x);
+	dfree(d_dy);
+	dfree(d_y);
+	dfree(d_dx);
+}
+
+Test(cuda, pooling_matches_cpu_exactly, .timeout = 300)
+{
+	NEED_GPU();
+	struct tr_pool2d_desc d;
+	d = pool_desc(3, 8, 8, 2, 2, 2, 2, 0, 0);
+	pool_case(&d, 4);
+	d = pool_desc(2, 7, 9, 3, 3, 1, 1, 1, 1); /* overlapping windows, padding */
+	pool_case(&d, 3);
+	d = pool_desc(4, 9, 7, 3, 3, 2, 2, 1, 1);
+	pool_case(&d, 2);
+	d = pool_desc(1, 5, 6, 2, 3, 1, 2, 1, 1);
+	pool_case(&d, 5);
+	d = pool_desc(6, 7, 5, 7, 5, 7, 5, 0, 0); /* a global average pool's window */
+	pool_case(&d, 3);
+}
+
 /* ---- whole jobs ------------------------------------------------------------ */
 
 #define MAX_STEPS 1024
@@ -1200,13 +1459,25 @@ static const char *JOB_SGD_MSE =
 	" \"epochs\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9,"
 	" \"nesterov\": true, \"weight_decay\": 0.001}}";
 
+/* Image layers: convolutions (padding, "same", groups), both pools, a
+ * residual block; 90 samples in batches of 16 leave a 10-sample last step. */
+static const char *JOB_CONV =
+	"{\"seed\": 9, \"model\": {\"layers\": [{\"type\": \"conv2d\", \"filters\": 8, \"kernel\": 3,"
+	" \"padding\": 1}, {\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
+	" {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 8, \"kernel\": 3,"
+	" \"padding\": \"same\", \"groups\": 2}, {\"type\": \"relu\"}]}, {\"type\": \"avgpool2d\", \"kernel\": 2},"
+	" {\"type\": \"flatten\"}, {\"type\": \"dense\", \"units\": 4}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 90, \"shape\": [2, 8, 8], \"classes\": 4,"
+	" \"noise\": 0.3}, \"shuffle\": true}, \"batch_size\": 16, \"epochs\": 2,"
+	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}";
+
 /* The jobs above must stay valid specs even where no GPU runs them. */
 Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 {
-	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE};
+	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV};
 	tr_backend_t *c = tr_cpu_backend_create(1, 1);
 	cr_assert_not_null(c);
-	for (int j = 0; j < 2; j++) {
+	for (int j = 0; j < 3; j++) {
 		struct run_result r;
 		run_job(jobs[j], c, 1, &r);
 		cr_assert_eq(r.rc, 0, "job %d: %s", j, r.err);
@@ -1219,12 +1490,13 @@ Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 Test(cuda_job, loss_curve_matches_cpu, .timeout = 300)
 {
 	NEED_GPU();
-	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE};
-	for (int j = 0; j < 2; j++) {
+	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV};
+	const char *names[] = {"adamw job, cuda vs cpu", "sgd/mse job, cuda vs cpu", "conv job, cuda vs cpu"};
+	for (int j = 0; j < 3; j++) {
 		struct run_result c, g;
 		run_job(jobs[j], cpu, 1, &c);
 		run_job(jobs[j], gpu, 1, &g);
-		assert_close_runs(&g, &c, 1e-3, j ? "sgd/mse job, cuda vs cpu" : "adamw job, cuda vs cpu");
+		assert_close_runs(&g, &c, 1e-3, names[j]);
 		free(c.params);
 		free(g.params);
 	}
