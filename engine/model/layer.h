@@ -158,6 +158,14 @@ int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const f
 /* -EINVAL with a message unless the input is flat / an image. */
 int tr_layer_want_flat(const struct tr_layer *l, const char *what, char *err, size_t errlen);
 int tr_layer_image_input(const struct tr_layer *l, const char *what, char *err, size_t errlen);
+/* forward/backward of the elementwise activations (l->act). */
+int tr_layer_act_forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y);
+int tr_layer_act_backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
+			  const float *dy, float *dx);
+/* Fills l->pool and l->out_shape for a kh x kw window sweep (maxpool2d,
+ * avgpool2d): stride default the kernel, padding at most half of it. */
+int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, char *err,
+			 size_t errlen);
 void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, size_t fan_in, int ndim,
 		    const int64_t *shape);
 

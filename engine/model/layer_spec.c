@@ -99,9 +99,14 @@ json_t *tr_layer_specs_emit(const struct tr_layer_spec *l, int n)
 	json_t *arr = json_array();
 	for (int i = 0; arr && i < n; i++) {
 		const tr_layer_ops *ops = tr_layer_ops_for(l[i].type);
-		json_t *o = ops && ops->fields ? tr_fields_emit_object(ops->fields, &l[i], 0) : json_object();
-		if (!o || json_object_set_new(o, "type", json_string(ops ? ops->name : "?")) ||
-		    json_array_append_new(arr, o)) {
+		/* "type" first, for people reading the normalized form */
+		json_t *o = json_pack("{s:s}", "type", ops ? ops->name : "?");
+		json_t *keys = ops && ops->fields ? tr_fields_emit_object(ops->fields, &l[i], 0) : json_object();
+		int bad = !o || !keys || json_object_update(o, keys);
+		json_decref(keys);
+		if (bad || json_array_append_new(arr, o)) {
+			if (bad)
+				json_decref(o);
 			json_decref(arr);
 			return NULL;
 		}
