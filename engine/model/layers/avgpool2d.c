@@ -28,7 +28,7 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return dx ? r->be->i->avgpool2d_backward(r->be, r->dev, &l->pool, p->rows, dy, dx) : 0;
 }
 
-const tr_layer_ops tr_layer_avgpool2d = {
+const tr_layer_i tr_layer_avgpool2d = {
 	.name = "avgpool2d",
 	.type = TR_LAYER_AVGPOOL2D,
 	.fields = tr_layer_pool_window_fields,

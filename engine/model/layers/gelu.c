@@ -20,7 +20,7 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	return 0;
 }
 
-const tr_layer_ops tr_layer_gelu = {
+const tr_layer_i tr_layer_gelu = {
 	.name = "gelu",
 	.type = TR_LAYER_GELU,
 	.fields = fields,

@@ -41,7 +41,7 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return dx ? r->be->i->avgpool2d_backward(r->be, r->dev, &l->pool, p->rows, dy, dx) : 0;
 }
 
-const tr_layer_ops tr_layer_global_avg_pool = {
+const tr_layer_i tr_layer_global_avg_pool = {
 	.name = "global_avg_pool",
 	.type = TR_LAYER_GLOBAL_AVG_POOL,
 	.setup = setup,

@@ -29,7 +29,7 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return dx ? r->be->i->maxpool2d_backward(r->be, r->dev, &l->pool, p->rows, x, dy, dx) : 0;
 }
 
-const tr_layer_ops tr_layer_maxpool2d = {
+const tr_layer_i tr_layer_maxpool2d = {
 	.name = "maxpool2d",
 	.type = TR_LAYER_MAXPOOL2D,
 	.fields = tr_layer_pool_window_fields,

@@ -10,7 +10,7 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	return 0;
 }
 
-const tr_layer_ops tr_layer_sigmoid = {
+const tr_layer_i tr_layer_sigmoid = {
 	.name = "sigmoid",
 	.type = TR_LAYER_SIGMOID,
 	.setup = setup,

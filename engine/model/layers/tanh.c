@@ -10,7 +10,7 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	return 0;
 }
 
-const tr_layer_ops tr_layer_tanh = {
+const tr_layer_i tr_layer_tanh = {
 	.name = "tanh",
 	.type = TR_LAYER_TANH,
 	.setup = setup,
