@@ -741,7 +741,7 @@ static const struct tr_field root_fields[] = {
 static int last_width_layer(const struct tr_spec *spec)
 {
 	for (int i = spec->n_layers - 1; i >= 0; i--) {
-		const tr_layer_ops *ops = tr_layer_ops_for(spec->layers[i].type);
+		const tr_layer_i *ops = tr_layer_ops_for(spec->layers[i].type);
 
 		if (ops && ops->width_key)
 			return i;
@@ -968,24 +968,17 @@ int tr_spec_output_dim(const struct tr_spec *spec)
 {
 	int width, out = 0;
 	char ptr[8], msg[8];
+	tr_model_t *m;
 
 	if (!spec)
 		return 0;
-	width = spec->inputs ? spec->inputs : spec->train.format == TR_DATA_SYNTHETIC ? spec->train.features : 0;
-	if (width) {
-		tr_model_t *m = malloc(sizeof *m);
-
-		if (m && tr_model_build(m, spec, width, ptr, sizeof ptr, msg, sizeof msg) == 0)
-			out = m->outputs;
-		free(m);
-		if (out)
-			return out;
-	}
-	/* Width unknown: a dense layer's units, when the layers after it
-	 * keep the width (activations, dropout, layernorm) as they do in
-	 * a classifier's head. */
-	for (int i = spec->n_layers - 1; i >= 0; i--)
-		if (spec->layers[i].type == TR_LAYER_DENSE)
-			return spec->layers[i].units;
-	return 0;
+	/* Width unknown (a data file's): a model of flat layers whose output
+	 * does not depend on it (a dense head) is laid out on a width of 1;
+	 * one that needs an image shape has no answer here. */
+	width = spec->inputs ? spec->inputs : spec->train.format == TR_DATA_SYNTHETIC ? spec->train.features : 1;
+	m = malloc(sizeof *m);
+	if (m && tr_model_build(m, spec, width, ptr, sizeof ptr, msg, sizeof msg) == 0)
+		out = m->outputs;
+	free(m);
+	return out;
 }

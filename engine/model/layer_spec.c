@@ -30,7 +30,7 @@ static int parse_one(struct tr_fields_ctx *c, const json_t *v, struct tr_layer_s
 	const json_t *t = json_object_get(v, "type");
 	if (!t)
 		return tr_fields_fail(c, "type", "is required");
-	const tr_layer_ops *ops = json_is_string(t) ? tr_layer_ops_named(json_string_value(t)) : NULL;
+	const tr_layer_i *ops = json_is_string(t) ? tr_layer_ops_named(json_string_value(t)) : NULL;
 	if (!ops) {
 		char list[320] = "";
 		size_t len = 0;
@@ -98,10 +98,15 @@ json_t *tr_layer_specs_emit(const struct tr_layer_spec *l, int n)
 {
 	json_t *arr = json_array();
 	for (int i = 0; arr && i < n; i++) {
-		const tr_layer_ops *ops = tr_layer_ops_for(l[i].type);
-		json_t *o = ops && ops->fields ? tr_fields_emit_object(ops->fields, &l[i], 0) : json_object();
-		if (!o || json_object_set_new(o, "type", json_string(ops ? ops->name : "?")) ||
-		    json_array_append_new(arr, o)) {
+		const tr_layer_i *ops = tr_layer_ops_for(l[i].type);
+		/* "type" first, for people reading the normalized form */
+		json_t *o = json_pack("{s:s}", "type", ops ? ops->name : "?");
+		json_t *keys = ops && ops->fields ? tr_fields_emit_object(ops->fields, &l[i], 0) : json_object();
+		int bad = !o || !keys || json_object_update(o, keys);
+		json_decref(keys);
+		if (bad || json_array_append_new(arr, o)) {
+			if (bad)
+				json_decref(o);
 			json_decref(arr);
 			return NULL;
 		}

@@ -360,3 +360,26 @@ Test(model, old_layers_train_bit_for_bit)
 	cr_expect_eq(a, TR_GOLDEN_A, "%016llx", (unsigned long long)a);
 	cr_expect_eq(b, TR_GOLDEN_B, "%016llx", (unsigned long long)b);
 }
+
+/* A backend without a layer's kernels (a CUDA build before they exist)
+ * refuses the model with the layer named, instead of calling NULL. */
+Test(model, backend_without_kernels_refuses_the_layer)
+{
+	struct fixture f;
+	setup_model_in(&f, "[{\"type\": \"conv2d\", \"filters\": 2, \"kernel\": 1}, {\"type\": \"flatten\"},"
+			   " {\"type\": \"dense\", \"units\": 3}]",
+		       "softmax_cross_entropy", "[1, 2, 2]", 4, 2, 1);
+	struct {
+		struct tr_backend base;
+		tr_backend_i table;
+	} lacking;
+	lacking.table = *f.be->i;
+	lacking.table.conv2d_backward = NULL;
+	lacking.base.i = &lacking.table;
+	tr_replica_t r;
+	char err[256];
+	cr_assert_eq(tr_replica_init(&r, &f.model, &lacking.base, 0, 2, 1, 0, err, sizeof err), -ENOTSUP);
+	cr_expect_not_null(strstr(err, "conv2d"), "%s", err);
+	cr_log_info("%s", err);
+	teardown_model(&f);
+}
