@@ -44,6 +44,7 @@
 /* Shared with cpu_kernels.c and cpu_comm.c (no private header to hold them). */
 void tr_cpu_kernels_fill(tr_backend_i *t);
 void tr_cpu_comm_fill(tr_backend_i *t);
+void tr_cpu_norm2d_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
@@ -363,6 +364,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	};
 	tr_cpu_kernels_fill(&b->table);
 	tr_cpu_comm_fill(&b->table);
+	tr_cpu_norm2d_fill(&b->table);
 	b->base.i = &b->table;
 	b->devices = devices;
 	b->id = atomic_fetch_add(&next_id, 1);
