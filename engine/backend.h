@@ -29,6 +29,61 @@ enum tr_act {
 	TR_ACT_SIGMOID,
 };
 
+/* Shapes of one 2-D convolution, per sample, NCHW (docs/design.md, "Layer
+ * registry").  Input x is [rows, c, h, w], output y [rows, f, ho, wo],
+ * weight [f, c / groups, kh, kw] and bias [f], all contiguous, as PyTorch's
+ * nn.Conv2d lays them out.  The layer fills every field, output size
+ * included: ho = (h + 2 ph - dh (kh - 1) - 1) / sh + 1, likewise wo. */
+struct tr_conv2d_desc {
+	int c, h, w;    /* input channels, height, width */
+	int f, ho, wo;  /* filters (output channels), output height, width */
+	int kh, kw;     /* kernel */
+	int sh, sw;     /* stride */
+	int ph, pw;     /* zero padding on each side */
+	int dh, dw;     /* dilation */
+	int groups;     /* divides c and f */
+};
+
+/* Shapes of one 2-D pooling window sweep, NCHW, per sample: x [rows, c, h,
+ * w], y [rows, c, ho, wo], ho = (h + 2 ph - kh) / sh + 1 (PyTorch's
+ * floor mode).  Max pooling pads with -inf (ph <= kh / 2, as PyTorch
+ * requires); average pooling counts the zero padding in the divisor
+ * (count_include_pad), so every window divides by kh * kw. */
+struct tr_pool2d_desc {
+	int c, h, w;
+	int ho, wo;
+	int kh, kw;
+	int sh, sw;
+	int ph, pw;
+};
+
+/* The convolution kernels work on chunks of samples at once: one GEMM per
+ * group and chunk, over chunk * ho * wo output columns, so small images
+ * still give the GEMM a wide matrix.  A chunk's im2col matrix and GEMM
+ * result live in a workspace the caller provides; the chunk is as many
+ * samples as fit TR_CONV2D_WORKSPACE_CAP floats (at least one), so that the
+ * workspace is bounded however large the batch.  Both the model (which
+ * allocates the workspace) and every backend use these two functions, so
+ * they agree on its size; the chunk depends on shapes only, never on
+ * threads or timing, and so does the summation order of the results. */
+#define TR_CONV2D_WORKSPACE_CAP ((size_t)1 << 22)
+static inline int tr_conv2d_chunk(const struct tr_conv2d_desc *d, int rows)
+{
+	size_t per = ((size_t)d->c * d->kh * d->kw + (size_t)d->f) * (size_t)d->ho * (size_t)d->wo;
+	size_t fit = per ? TR_CONV2D_WORKSPACE_CAP / per : 1;
+	if (fit < 1)
+		fit = 1;
+	if (rows < 1)
+		return 1;
+	return (size_t)rows < fit ? rows : (int)fit;
+}
+/* Workspace floats conv2d_forward/backward need for `rows` samples. */
+static inline size_t tr_conv2d_workspace(const struct tr_conv2d_desc *d, int rows)
+{
+	size_t chunk = (size_t)tr_conv2d_chunk(d, rows);
+	return ((size_t)d->c * d->kh * d->kw + (size_t)d->f) * (size_t)d->ho * (size_t)d->wo * chunk;
+}
+
 /* Hyper-parameters of one optimizer update; the same for every element. */
 struct tr_optim_hp {
 	float lr;
@@ -109,6 +164,32 @@ typedef struct tr_backend_i {
 	int (*dropout_forward)(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key,
 			       int64_t row0, const float *x, float *y, float *mask);
 	int (*mul)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
+	/* out = a + b, elementwise; out may be a or b (a residual block's sum). */
+	int (*add)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
+	/* 2-D convolution over `rows` samples (struct tr_conv2d_desc): y = conv(x,
+	 * w) + bias; bias may be NULL.  work holds tr_conv2d_workspace(d, rows)
+	 * floats and is clobbered.  Overwrites y. */
+	int (*conv2d_forward)(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			      const float *w, const float *bias, float *y, float *work);
+	/* Its gradients from dy: OVERWRITES dw (and dbias when not NULL) with
+	 * the sums over the rows, and writes dx unless it is NULL.  work as in
+	 * conv2d_forward.  Sums run over samples in order, chunk by chunk
+	 * (tr_conv2d_chunk), so they depend on the shapes only. */
+	int (*conv2d_backward)(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			       const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work);
+	/* Max pooling; backward routes each dy to its window's first maximum
+	 * (the first in row-major order, as PyTorch's CPU kernel picks), found
+	 * again from x, and overwrites dx (sums where windows overlap). */
+	int (*maxpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				 const float *x, float *y);
+	int (*maxpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				  const float *x, const float *dy, float *dx);
+	/* Average pooling, divisor kh * kw; a global average pool is the
+	 * window of the whole image.  Backward overwrites dx. */
+	int (*avgpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				 const float *x, float *y);
+	int (*avgpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				  const float *dy, float *dx);
 	/* LayerNorm over the last dim; mean/rstd have `rows` entries. */
 	int (*layernorm_forward)(tr_backend_t *be, int dev, int rows, int cols, float eps, const float *x,
 				 const float *gamma, const float *beta, float *y, float *mean, float *rstd);

@@ -216,8 +216,8 @@ static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct
 			else
 				snprintf(names[n], 96, "optimizer.%s.%s", state_name(opt, pass - 1), v.name);
 			ts[n] = (struct tr_st_tensor){.name = names[n], .ndim = v.ndim, .data = base + v.offset};
-			ts[n].shape[0] = v.shape[0];
-			ts[n].shape[1] = v.shape[1];
+			for (int d = 0; d < v.ndim; d++)
+				ts[n].shape[d] = v.shape[d];
 			n++;
 		}
 	}

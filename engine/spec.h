@@ -59,15 +59,39 @@ enum tr_layer_type {
 	TR_LAYER_SIGMOID,
 	TR_LAYER_DROPOUT,
 	TR_LAYER_LAYERNORM,
+	TR_LAYER_CONV2D,
+	TR_LAYER_MAXPOOL2D,
+	TR_LAYER_AVGPOOL2D,
+	TR_LAYER_GLOBAL_AVG_POOL,
+	TR_LAYER_FLATTEN,
+	TR_LAYER_RESIDUAL,
 };
 
+/* Residual blocks nest at most this deep. */
+#define TR_SPEC_MAX_DEPTH 8
+/* Kernel, stride, padding and dilation of image layers are at most this;
+ * image sides (model.inputs, synthetic shape) too. */
+#define TR_SPEC_MAX_SIDE 65536
+
+/* One layer as written; which fields apply depends on the type (its
+ * registry entry, engine/model/layer.h).  Pairs are [h, w]. */
 struct tr_layer_spec {
 	enum tr_layer_type type;
 	int units;         /* dense */
-	bool bias;         /* dense, default true */
+	bool bias;         /* dense, conv2d: default true */
 	bool gelu_tanh;    /* gelu "approximate": "tanh" */
 	float rate;        /* dropout, [0, 1) */
 	float eps;         /* layernorm, default 1e-5 */
+	int filters;       /* conv2d */
+	int kernel[2];     /* conv2d, pools */
+	int stride[2];     /* conv2d: default 1; pools: default = kernel (0 = not given) */
+	int padding[2];    /* default 0 */
+	bool pad_same;     /* conv2d "padding": "same" */
+	int dilation[2];   /* conv2d, default 1 */
+	int groups;        /* conv2d, default 1 */
+	/* residual: its layers, owned (tr_spec_finish frees them) */
+	struct tr_layer_spec *inner;
+	int n_inner;
 };
 
 enum tr_loss { TR_LOSS_SOFTMAX_CE, TR_LOSS_MSE };
@@ -92,7 +116,9 @@ struct tr_source_spec {
 	/* synthetic */
 	enum tr_synth_task task;
 	int64_t samples;
-	int features;
+	int features;      /* given, or C x H x W of shape */
+	int shape[3];      /* "shape": [C, H, W] instead of features; shape_ndim 0 when absent */
+	int shape_ndim;
 	int classes;       /* classification */
 	int outputs;       /* regression, default 1 */
 	float noise;       /* default 0.1 */
@@ -137,7 +163,9 @@ struct tr_spec {
 	char *name;
 	uint64_t seed; /* default 0 */
 	/* model */
-	int inputs;
+	int inputs;          /* elements per sample; 0 = from the data */
+	int input_shape[3];  /* "inputs": [C, H, W]; input_ndim 0 when a number or absent */
+	int input_ndim;
 	struct tr_layer_spec layers[TR_SPEC_MAX_LAYERS];
 	int n_layers;
 	enum tr_loss loss;

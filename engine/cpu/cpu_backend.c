@@ -45,6 +45,7 @@
 void tr_cpu_kernels_fill(tr_backend_i *t);
 void tr_cpu_comm_fill(tr_backend_i *t);
 void tr_cpu_norm2d_fill(tr_backend_i *t);
+void tr_cpu_conv_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
@@ -363,6 +364,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 		.set_tf32 = cpu_set_tf32,
 	};
 	tr_cpu_kernels_fill(&b->table);
+	tr_cpu_conv_fill(&b->table);
 	tr_cpu_comm_fill(&b->table);
 	tr_cpu_norm2d_fill(&b->table);
 	b->base.i = &b->table;

@@ -1,10 +1,10 @@
 /* How much device memory one device of a job needs (engine/cuda/cuda.h).
  *
  * Plain C and host arithmetic only, so that a daemon can size jobs (or a
- * test can check the arithmetic) in any build.  The replica part mirrors
- * tr_replica_init allocation by allocation, plus the second input and
- * label buffers tr_trainer_create allocates for upload-ahead: keep them in
- * step.
+ * test can check the arithmetic) in any build.  The replica part is the
+ * model's own list of its allocations (tr_replica_buffer_sizes, which
+ * tr_replica_init allocates from), plus the second input and label buffers
+ * tr_trainer_create allocates for upload-ahead.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -36,25 +36,16 @@ size_t tr_cuda_estimate_bytes(const struct tr_model *m, int max_rows, int label_
 	size_t rows = (size_t)(max_rows < 1 ? 1 : max_rows);
 	size_t total = 0;
 
-	total += 2 * block(m->n_params); /* params, grads */
-	if (opt_state_buffers >= 1)
-		total += block(m->n_params);
-	if (opt_state_buffers >= 2)
-		total += block(m->n_params);
-	/* Two of each: the replica's input and label buffers, and the pair
-	 * the trainer adds for upload-ahead (the next step's share arrives
-	 * there while this step computes). */
-	total += 2 * block(rows * (size_t)label_dim);
-	total += 2 * block(rows * (size_t)m->inputs);
-	for (int i = 0; i < m->n_layers; i++) {
-		const struct tr_layer *l = &m->layers[i];
-		total += block(rows * (size_t)l->out);
-		if (l->type == TR_LAYER_DROPOUT)
-			total += block(rows * (size_t)l->out);
-		if (l->type == TR_LAYER_LAYERNORM)
-			total += 2 * block(rows);
-	}
-	total += 2 * block(rows * (size_t)m->max_width); /* dbuf[0], dbuf[1] */
+	/* Every buffer tr_replica_init allocates, from the model's own list. */
+	size_t sizes[TR_MODEL_MAX_NODES * 3 + 16];
+	int n = tr_replica_buffer_sizes(m, max_rows, label_dim, opt_state_buffers, sizes,
+					(int)(sizeof sizes / sizeof sizes[0]));
+	for (int i = 0; i < n && i < (int)(sizeof sizes / sizeof sizes[0]); i++)
+		total += block(sizes[i]);
+	/* The pair the trainer adds for upload-ahead (the next step's share
+	 * arrives there while this step computes). */
+	total += block(rows * (size_t)label_dim);
+	total += block(rows * (size_t)m->inputs);
 
 	total += BACKEND_SCRATCH + CUBLAS_WORKSPACE + TR_CUDA_CONTEXT_BYTES;
 	if (ndev > 1)

@@ -1,8 +1,13 @@
 /* Sequential model: layout, initialisation, forward and backward (model.h).
  *
- * Every operation goes through the backend table, so the same code drives
- * CPU threads and GPUs.  A replica keeps one output buffer per layer because
- * the backward pass needs each layer's input (and activations their output).
+ * The model knows no layer type: it walks the spec's layers, asks each
+ * one's registry entry (engine/model/layer.h) for its output shape, its
+ * parameter tensors and its buffers, lays the parameters out in one
+ * buffer in order, and runs the entries' forward and backward.  Every
+ * operation goes through the backend table, so the same code drives CPU
+ * threads and GPUs.  A replica keeps one output buffer per node because
+ * the backward pass needs each layer's input (and activations their
+ * output).
  */
 #include "engine/model/model.h"
 
@@ -13,83 +18,223 @@
 
 #include "engine/rng.h"
 
-int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen)
+void tr_shape_format(struct tr_shape s, char *buf, size_t len)
 {
+	if (s.ndim == 3)
+		snprintf(buf, len, "[%d, %d, %d]", s.d[0], s.d[1], s.d[2]);
+	else
+		snprintf(buf, len, "[%d]", s.d[0]);
+}
+
+int tr_layer_want_flat(const struct tr_layer *l, const char *what, char *err, size_t errlen)
+{
+	char got[48];
+
+	if (l->in_shape.ndim == 1)
+		return 0;
+	tr_shape_format(l->in_shape, got, sizeof got);
+	snprintf(err, errlen, "%s takes a flat input, not %s; put {\"type\": \"flatten\"} before it", what, got);
+	return -EINVAL;
+}
+
+int tr_layer_image_input(const struct tr_layer *l, const char *what, char *err, size_t errlen)
+{
+	char got[48];
+
+	if (l->in_shape.ndim == 3)
+		return 0;
+	tr_shape_format(l->in_shape, got, sizeof got);
+	snprintf(err, errlen, "%s takes an image [C, H, W], not the flat input %s; give model.inputs as [C, H, W]",
+		 what, got);
+	return -EINVAL;
+}
+
+void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, size_t fan_in, int ndim,
+		    const int64_t *shape)
+{
+	struct tr_param_slot *t = &l->tensors[l->n_tensors];
+
+	memset(t, 0, sizeof *t);
+	t->name = name;
+	t->init = init;
+	t->fan_in = fan_in;
+	t->rng_sub = (uint64_t)l->n_tensors;
+	t->ndim = ndim;
+	t->len = 1;
+	for (int d = 0; d < ndim; d++) {
+		t->shape[d] = shape[d];
+		t->len *= (size_t)shape[d];
+	}
+	l->n_tensors++;
+}
+
+/* Building state: the pointer of the layer being built, for errors. */
+struct build {
+	tr_model_t *m;
+	size_t off;
+	char *ptr, *msg;
+	size_t ptrlen, msglen;
+};
+
+static int fail(struct build *b, const char *ptr, const char *fmt, const char *text)
+{
+	snprintf(b->ptr, b->ptrlen, "%s", ptr);
+	snprintf(b->msg, b->msglen, fmt, text);
+	return -EINVAL;
+}
+
+static void widen(tr_model_t *m, int w)
+{
+	if (w > m->max_width)
+		m->max_width = w;
+}
+
+/* Sets up nodes first .. first+n-1 from specs[0..n) (their slots already
+ * reserved) on input `shape`; *shape becomes the sequence's output. */
+static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, int first, const char *ptr,
+		     const char *path, struct tr_shape *shape, int depth)
+{
+	tr_model_t *m = b->m;
+	for (int k = 0; k < n; k++) {
+		const struct tr_layer_spec *ls = &specs[k];
+		struct tr_layer *l = &m->layers[first + k];
+		char lptr[256], err[400];
+		if (snprintf(lptr, sizeof lptr, "%s/%d", ptr, k) >= (int)sizeof lptr)
+			lptr[sizeof lptr - 1] = '\0';
+		memset(l, 0, sizeof *l);
+		l->ops = tr_layer_ops_for(ls->type);
+		if (!l->ops)
+			return fail(b, lptr, "%s", "unknown layer type");
+		l->type = ls->type;
+		l->index = first + k;
+		if ((*path ? snprintf(l->path, sizeof l->path, "%s.%d", path, k)
+			   : snprintf(l->path, sizeof l->path, "%d", k)) >= (int)sizeof l->path)
+			return fail(b, lptr, "%s", "residual blocks nest too deep");
+		l->in_shape = *shape;
+		l->in = (int)tr_shape_numel(*shape);
+		err[0] = '\0';
+		if (l->ops->holds_layers) {
+			/* inner layers take consecutive nodes, reserved before
+			 * any of them reserves its own */
+			if (depth >= TR_SPEC_MAX_DEPTH)
+				return fail(b, lptr, "%s", "residual blocks nest too deep");
+			if (ls->n_inner < 1)
+				return fail(b, lptr, "%s", "a residual block needs at least one layer");
+			if (m->n_nodes + ls->n_inner > TR_MODEL_MAX_NODES) {
+				snprintf(b->ptr, b->ptrlen, "%s", lptr);
+				snprintf(b->msg, b->msglen, "the model has more than %d layers in all, blocks' layers included",
+					 TR_MODEL_MAX_NODES);
+				return -EINVAL;
+			}
+			l->first = m->n_nodes;
+			l->count = ls->n_inner;
+			m->n_nodes += ls->n_inner;
+			size_t w0 = b->off;
+			struct tr_shape inner = *shape;
+			char iptr[256];
+			if (snprintf(iptr, sizeof iptr, "%s/layers", lptr) >= (int)sizeof iptr)
+				iptr[sizeof iptr - 1] = '\0';
+			int rc = build_seq(b, ls->inner, ls->n_inner, l->first, iptr, l->path, &inner, depth + 1);
+			if (rc < 0)
+				return rc;
+			l->w_off = w0;
+			l->w_len = b->off - w0;
+			l->inner_shape = inner;
+		}
+		int rc = l->ops->setup(l, ls, err, sizeof err);
+		if (rc < 0)
+			return fail(b, lptr, "%s", err);
+		for (int t = 0; t < l->n_tensors; t++) {
+			l->tensors[t].off = b->off;
+			b->off += l->tensors[t].len;
+		}
+		if (l->n_tensors > 0) {
+			l->w_off = l->tensors[0].off;
+			l->w_len = l->tensors[0].len;
+		}
+		if (l->n_tensors > 1) {
+			l->b_off = l->tensors[1].off;
+			l->b_len = 0;
+			for (int t = 1; t < l->n_tensors; t++)
+				l->b_len += l->tensors[t].len;
+		}
+		size_t out = tr_shape_numel(l->out_shape);
+		if (out > TR_SPEC_MAX_WIDTH || out < 1) {
+			char sh[48];
+			tr_shape_format(l->out_shape, sh, sizeof sh);
+			return fail(b, lptr, "the output %s is too large for the engine", sh);
+		}
+		l->out = (int)out;
+		widen(m, l->in);
+		widen(m, l->out);
+		if (b->off > (size_t)TR_SPEC_MAX_PARAMS) {
+			snprintf(b->ptr, b->ptrlen, "%s", lptr);
+			snprintf(b->msg, b->msglen, "the model reaches %zu parameters here, more than the %lld the engine takes",
+				 b->off, (long long)TR_SPEC_MAX_PARAMS);
+			return -EINVAL;
+		}
+		*shape = l->out_shape;
+	}
+	return 0;
+}
+
+int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *ptr, size_t ptrlen, char *msg,
+		   size_t msglen)
+{
+	struct build b = {.m = m, .ptr = ptr, .ptrlen = ptrlen, .msg = msg, .msglen = msglen};
+
 	memset(m, 0, sizeof *m);
 	/* The spec bounds widths it knows; a data file's width is known only
 	 * now and gets the same bound (engine/spec.h). */
 	if (inputs < 1 || inputs > TR_SPEC_MAX_WIDTH) {
-		snprintf(err, errlen, "/model/inputs: the data has %d features; the engine takes 1 to %d", inputs,
-			 TR_SPEC_MAX_WIDTH);
+		snprintf(ptr, ptrlen, "/model/inputs");
+		snprintf(msg, msglen, "the data has %d features; the engine takes 1 to %d", inputs, TR_SPEC_MAX_WIDTH);
 		return -EINVAL;
+	}
+	struct tr_shape shape = {.ndim = 1, .d = {inputs}};
+	if (spec->input_ndim == 3) {
+		shape = (struct tr_shape){.ndim = 3, .d = {spec->input_shape[0], spec->input_shape[1], spec->input_shape[2]}};
+		if (tr_shape_numel(shape) != (size_t)inputs) {
+			char sh[48];
+			tr_shape_format(shape, sh, sizeof sh);
+			snprintf(ptr, ptrlen, "/model/inputs");
+			snprintf(msg, msglen, "%s is %zu values per sample but the data has %d", sh, tr_shape_numel(shape),
+				 inputs);
+			return -EINVAL;
+		}
 	}
 	m->inputs = inputs;
+	m->in_shape = shape;
 	m->loss = spec->loss;
 	m->seed = spec->seed;
-	int width = inputs;
-	int max_width = inputs;
-	size_t off = 0;
-	for (int i = 0; i < spec->n_layers; i++) {
-		const struct tr_layer_spec *ls = &spec->layers[i];
-		struct tr_layer *l = &m->layers[i];
-		l->type = ls->type;
-		l->in = width;
-		l->out = width;
-		switch (ls->type) {
-		case TR_LAYER_DENSE:
-			l->out = ls->units;
-			l->w_off = off;
-			l->w_len = (size_t)ls->units * width;
-			off += l->w_len;
-			if (ls->bias) {
-				l->b_off = off;
-				l->b_len = (size_t)ls->units;
-				off += l->b_len;
-			}
-			break;
-		case TR_LAYER_LAYERNORM:
-			l->eps = ls->eps;
-			l->w_off = off;
-			l->w_len = (size_t)width;
-			off += l->w_len;
-			l->b_off = off;
-			l->b_len = (size_t)width;
-			off += l->b_len;
-			break;
-		case TR_LAYER_RELU:
-			l->act = TR_ACT_RELU;
-			break;
-		case TR_LAYER_GELU:
-			l->act = ls->gelu_tanh ? TR_ACT_GELU_TANH : TR_ACT_GELU;
-			break;
-		case TR_LAYER_TANH:
-			l->act = TR_ACT_TANH;
-			break;
-		case TR_LAYER_SIGMOID:
-			l->act = TR_ACT_SIGMOID;
-			break;
-		case TR_LAYER_DROPOUT:
-			l->rate = ls->rate;
-			break;
-		}
-		width = l->out;
-		if (width > max_width)
-			max_width = width;
-	}
-	m->n_layers = spec->n_layers;
-	m->outputs = width;
-	m->max_width = max_width;
-	m->n_params = off;
-	if (off > (size_t)TR_SPEC_MAX_PARAMS) {
-		snprintf(err, errlen, "/model/layers: the model has %zu parameters, more than the %lld the engine takes",
-			 off, (long long)TR_SPEC_MAX_PARAMS);
+	m->max_width = inputs;
+	if (spec->n_layers > TR_MODEL_MAX_NODES) {
+		snprintf(ptr, ptrlen, "/model/layers");
+		snprintf(msg, msglen, "too many layers");
 		return -EINVAL;
 	}
-	if (off == 0) {
-		snprintf(err, errlen, "/model/layers: the model has no parameters");
+	m->n_layers = spec->n_layers;
+	m->n_nodes = spec->n_layers;
+	int rc = build_seq(&b, spec->layers, spec->n_layers, 0, "/model/layers", "", &shape, 0);
+	if (rc < 0)
+		return rc;
+	m->outputs = m->n_layers ? m->layers[m->n_layers - 1].out : inputs;
+	m->n_params = b.off;
+	if (b.off == 0) {
+		snprintf(ptr, ptrlen, "/model/layers");
+		snprintf(msg, msglen, "the model has no parameters");
 		return -EINVAL;
 	}
 	return 0;
+}
+
+int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen)
+{
+	char ptr[256], msg[512];
+	int rc = tr_model_build(m, spec, inputs, ptr, sizeof ptr, msg, sizeof msg);
+	if (rc < 0)
+		snprintf(err, errlen, "%s: %s", ptr, msg);
+	return rc;
 }
 
 /* Elements filled between two looks at the cancel flag (a few ms). */
@@ -102,24 +247,24 @@ static bool cancelled(const atomic_bool *cancel)
 
 int tr_model_init_params_cancellable(const tr_model_t *m, float *p, const atomic_bool *cancel)
 {
-	for (int i = 0; i < m->n_layers; i++) {
+	for (int i = 0; i < m->n_nodes; i++) {
 		const struct tr_layer *l = &m->layers[i];
-		if (l->type == TR_LAYER_DENSE) {
-			float bound = 1.0f / sqrtf((float)l->in);
-			uint64_t kw = tr_rng_key(m->seed, (uint64_t)i, 0, TR_RNG_INIT);
-			uint64_t kb = tr_rng_key(m->seed, (uint64_t)i, 1, TR_RNG_INIT);
-			for (size_t j = 0; j < l->w_len; j++) {
-				if (j % INIT_CHUNK == 0 && cancelled(cancel))
-					return -ECANCELED;
-				p[l->w_off + j] = (2.0f * tr_rng_uniform(kw, j) - 1.0f) * bound;
+		for (int t = 0; t < l->n_tensors; t++) {
+			const struct tr_param_slot *s = &l->tensors[t];
+			float *dst = p + s->off;
+			if (s->init == TR_INIT_UNIFORM_FAN_IN) {
+				float bound = 1.0f / sqrtf((float)s->fan_in);
+				uint64_t key = tr_rng_key(m->seed, (uint64_t)i, s->rng_sub, TR_RNG_INIT);
+				for (size_t j = 0; j < s->len; j++) {
+					if (j % INIT_CHUNK == 0 && cancelled(cancel))
+						return -ECANCELED;
+					dst[j] = (2.0f * tr_rng_uniform(key, j) - 1.0f) * bound;
+				}
+			} else {
+				float v = s->init == TR_INIT_ONES ? 1.0f : 0.0f;
+				for (size_t j = 0; j < s->len; j++)
+					dst[j] = v;
 			}
-			for (size_t j = 0; j < l->b_len; j++)
-				p[l->b_off + j] = (2.0f * tr_rng_uniform(kb, j) - 1.0f) * bound;
-		} else if (l->type == TR_LAYER_LAYERNORM) {
-			for (size_t j = 0; j < l->w_len; j++)
-				p[l->w_off + j] = 1.0f;
-			for (size_t j = 0; j < l->b_len; j++)
-				p[l->b_off + j] = 0.0f;
 		}
 	}
 	return cancelled(cancel) ? -ECANCELED : 0;
@@ -130,39 +275,106 @@ void tr_model_init_params(const tr_model_t *m, float *p)
 	tr_model_init_params_cancellable(m, p, NULL);
 }
 
+/* Tensors in parameter-buffer order: nodes are laid out depth first (a
+ * block's inner layers before the block's own tensors), which is not node
+ * order, so walk as build_seq did. */
+static int walk_tensors(const tr_model_t *m, int first, int count, int *idx, struct tr_param_view *v)
+{
+	for (int i = first; i < first + count; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		int n = 0;
+		if (l->count > 0) {
+			n = walk_tensors(m, l->first, l->count, idx, v);
+			if (n < 0)
+				return n;
+		}
+		for (int t = 0; t < l->n_tensors; t++) {
+			if ((*idx)-- > 0)
+				continue;
+			const struct tr_param_slot *s = &l->tensors[t];
+			snprintf(v->name, sizeof v->name, "%s.%s", l->path, s->name);
+			v->offset = s->off;
+			v->len = s->len;
+			v->ndim = s->ndim;
+			for (int d = 0; d < s->ndim; d++)
+				v->shape[d] = s->shape[d];
+			return -1; /* found */
+		}
+	}
+	return 0;
+}
+
 int tr_model_param_count(const tr_model_t *m)
 {
 	int n = 0;
-	for (int i = 0; i < m->n_layers; i++)
-		n += (m->layers[i].w_len > 0) + (m->layers[i].b_len > 0);
+	for (int i = 0; i < m->n_nodes; i++)
+		n += m->layers[i].n_tensors;
 	return n;
 }
 
 void tr_model_param_view(const tr_model_t *m, int idx, struct tr_param_view *v)
 {
 	memset(v, 0, sizeof *v);
-	for (int i = 0; i < m->n_layers; i++) {
+	walk_tensors(m, 0, m->n_layers, &idx, v);
+}
+
+/* ---- replicas ---- */
+
+/* Every allocation of a replica, in order; `take` sees each size (floats,
+ * before the at-least-one rule).  tr_replica_init and the memory estimate
+ * both come through here, so they cannot drift apart. */
+struct buf_visit {
+	size_t *sizes;
+	int n, cap;
+};
+
+static void visit(struct buf_visit *v, size_t floats)
+{
+	if (v->n < v->cap)
+		v->sizes[v->n] = floats;
+	v->n++;
+}
+
+static size_t workspace_floats(const tr_model_t *m, int rows)
+{
+	size_t w = 0;
+	for (int i = 0; i < m->n_nodes; i++) {
 		const struct tr_layer *l = &m->layers[i];
-		for (int which = 0; which < 2; which++) {
-			size_t len = which ? l->b_len : l->w_len;
-			if (len == 0)
-				continue;
-			if (idx-- > 0)
-				continue;
-			snprintf(v->name, sizeof v->name, "%d.%s", i, which ? "bias" : "weight");
-			v->offset = which ? l->b_off : l->w_off;
-			v->len = len;
-			if (l->type == TR_LAYER_DENSE && !which) {
-				v->ndim = 2;
-				v->shape[0] = l->out;
-				v->shape[1] = l->in;
-			} else {
-				v->ndim = 1;
-				v->shape[0] = (int64_t)len;
-			}
-			return;
+		if (l->ops->workspace) {
+			size_t k = l->ops->workspace(l, rows);
+			if (k > w)
+				w = k;
 		}
 	}
+	return w;
+}
+
+int tr_replica_buffer_sizes(const tr_model_t *m, int max_rows, int label_dim, int opt_state_buffers, size_t *floats,
+			    int cap)
+{
+	struct buf_visit v = {.sizes = floats, .cap = cap};
+	size_t rows = (size_t)(max_rows < 1 ? 1 : max_rows);
+	visit(&v, m->n_params); /* params */
+	visit(&v, m->n_params); /* grads */
+	if (opt_state_buffers >= 1)
+		visit(&v, m->n_params);
+	if (opt_state_buffers >= 2)
+		visit(&v, m->n_params);
+	visit(&v, rows * label_dim);
+	visit(&v, rows * m->inputs);
+	for (int i = 0; i < m->n_nodes; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		visit(&v, rows * l->out);
+		for (int k = 0; k < 2; k++)
+			if (l->saved[k])
+				visit(&v, rows * l->saved[k]);
+	}
+	visit(&v, rows * m->max_width); /* dbuf[0] */
+	visit(&v, rows * m->max_width); /* dbuf[1] */
+	size_t w = workspace_floats(m, (int)rows);
+	if (w)
+		visit(&v, w);
+	return v.n;
 }
 
 static void *dev_alloc(tr_replica_t *r, size_t floats, int *failed)
@@ -179,6 +391,14 @@ int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int 
 		    int opt_state_buffers, char *err, size_t errlen)
 {
 	memset(r, 0, sizeof *r);
+	for (int i = 0; i < m->n_nodes; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		if (l->ops->supported && !l->ops->supported(be->i)) {
+			snprintf(err, errlen, "the %s backend has no kernels for %s layers (%s)", be->i->name, l->ops->name,
+				 l->path);
+			return -ENOTSUP;
+		}
+	}
 	r->model = m;
 	r->be = be;
 	r->dev = dev;
@@ -195,18 +415,19 @@ int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int 
 	r->labels = dev_alloc(r, rows * label_dim, &failed);
 	r->input = dev_alloc(r, rows * m->inputs, &failed);
 	r->acts[0] = r->input;
-	for (int i = 0; i < m->n_layers; i++) {
+	for (int i = 0; i < m->n_nodes; i++) {
 		const struct tr_layer *l = &m->layers[i];
 		r->acts[i + 1] = dev_alloc(r, rows * l->out, &failed);
-		if (l->type == TR_LAYER_DROPOUT)
-			r->aux[i] = dev_alloc(r, rows * l->out, &failed);
-		if (l->type == TR_LAYER_LAYERNORM) {
-			r->aux[i] = dev_alloc(r, rows, &failed);
-			r->aux2[i] = dev_alloc(r, rows, &failed);
-		}
+		if (l->saved[0])
+			r->aux[i] = dev_alloc(r, rows * l->saved[0], &failed);
+		if (l->saved[1])
+			r->aux2[i] = dev_alloc(r, rows * l->saved[1], &failed);
 	}
 	r->dbuf[0] = dev_alloc(r, rows * m->max_width, &failed);
 	r->dbuf[1] = dev_alloc(r, rows * m->max_width, &failed);
+	size_t w = workspace_floats(m, r->max_rows);
+	if (w)
+		r->work = dev_alloc(r, w, &failed);
 	if (failed) {
 		snprintf(err, errlen, "device %d: out of memory for a replica of %zu parameters and %d rows", dev,
 			 m->n_params, r->max_rows);
@@ -221,13 +442,13 @@ void tr_replica_finish(tr_replica_t *r)
 	if (!r->be)
 		return;
 	float **bufs[] = {&r->params, &r->grads, &r->state1, &r->state2, &r->labels, &r->input,
-			  &r->dbuf[0], &r->dbuf[1]};
+			  &r->dbuf[0], &r->dbuf[1], &r->work};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
 		if (*bufs[i])
 			r->be->i->free(r->be, r->dev, *bufs[i]);
 		*bufs[i] = NULL;
 	}
-	for (int i = 0; i < TR_SPEC_MAX_LAYERS; i++) {
+	for (int i = 0; i < TR_MODEL_MAX_NODES; i++) {
 		if (r->acts[i + 1])
 			r->be->i->free(r->be, r->dev, r->acts[i + 1]);
 		if (r->aux[i])
@@ -240,51 +461,43 @@ void tr_replica_finish(tr_replica_t *r)
 	r->be = NULL;
 }
 
-#define TRY(expr)                      \
-	do {                           \
-		int rc_ = (expr);      \
-		if (rc_ < 0)           \
-			return rc_;    \
-	} while (0)
+/* ---- passes ---- */
+
+int tr_model_seq_forward(const struct tr_pass *p, int first, int count, const float *x)
+{
+	tr_replica_t *r = p->r;
+	const tr_model_t *m = r->model;
+	for (int i = first; i < first + count; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		int rc = l->ops->forward(p, l, x, r->acts[i + 1]);
+		if (rc < 0)
+			return rc;
+		x = r->acts[i + 1];
+	}
+	return 0;
+}
+
+int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const float *x, int *cur, bool need_dx)
+{
+	tr_replica_t *r = p->r;
+	const tr_model_t *m = r->model;
+	for (int i = first + count - 1; i >= first; i--) {
+		const struct tr_layer *l = &m->layers[i];
+		const float *xi = i == first ? x : r->acts[i];
+		bool want = i > first || need_dx;
+		int rc = l->ops->backward(p, l, xi, r->acts[i + 1], r->dbuf[*cur], want ? r->dbuf[*cur ^ 1] : NULL);
+		if (rc < 0)
+			return rc;
+		if (want)
+			*cur ^= 1;
+	}
+	return 0;
+}
 
 int tr_replica_forward(tr_replica_t *r, int rows, int64_t row0, int64_t step, int training)
 {
-	const tr_model_t *m = r->model;
-	tr_backend_t *be = r->be;
-	const tr_backend_i *bi = be->i;
-	for (int i = 0; i < m->n_layers; i++) {
-		const struct tr_layer *l = &m->layers[i];
-		const float *x = r->acts[i];
-		float *y = r->acts[i + 1];
-		size_t n = (size_t)rows * l->out;
-		switch (l->type) {
-		case TR_LAYER_DENSE:
-			TRY(bi->gemm(be, r->dev, false, true, rows, l->out, l->in, 1.0f, x, r->params + l->w_off,
-				     0.0f, y));
-			if (l->b_len)
-				TRY(bi->add_bias(be, r->dev, rows, l->out, y, r->params + l->b_off));
-			break;
-		case TR_LAYER_RELU:
-		case TR_LAYER_GELU:
-		case TR_LAYER_TANH:
-		case TR_LAYER_SIGMOID:
-			TRY(bi->act_forward(be, r->dev, l->act, n, x, y));
-			break;
-		case TR_LAYER_DROPOUT:
-			if (training && l->rate > 0.0f) {
-				uint64_t key = tr_rng_key(m->seed, (uint64_t)step, (uint64_t)i, TR_RNG_DROPOUT);
-				TRY(bi->dropout_forward(be, r->dev, rows, l->out, l->rate, key, row0, x, y, r->aux[i]));
-			} else {
-				TRY(bi->copy(be, r->dev, y, x, n * sizeof(float)));
-			}
-			break;
-		case TR_LAYER_LAYERNORM:
-			TRY(bi->layernorm_forward(be, r->dev, rows, l->out, l->eps, x, r->params + l->w_off,
-						  r->params + l->b_off, y, r->aux[i], r->aux2[i]));
-			break;
-		}
-	}
-	return 0;
+	struct tr_pass p = {.r = r, .rows = rows, .row0 = row0, .step = step, .training = training};
+	return tr_model_seq_forward(&p, 0, r->model->n_layers, r->acts[0]);
 }
 
 int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out)
@@ -298,54 +511,7 @@ int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out)
 
 int tr_replica_backward(tr_replica_t *r, int rows)
 {
-	const tr_model_t *m = r->model;
-	tr_backend_t *be = r->be;
-	const tr_backend_i *bi = be->i;
-	int cur = 0; /* dbuf[cur] holds dL/d(output of layer i) */
-	for (int i = m->n_layers - 1; i >= 0; i--) {
-		const struct tr_layer *l = &m->layers[i];
-		const float *x = r->acts[i];
-		const float *dy = r->dbuf[cur];
-		float *dx = r->dbuf[cur ^ 1];
-		size_t n = (size_t)rows * l->out;
-		bool need_dx = i > 0;
-		switch (l->type) {
-		case TR_LAYER_DENSE:
-			/* dW[out,in] = dy^T x ; db = sum over rows of dy ; dx = dy W */
-			TRY(bi->gemm(be, r->dev, true, false, l->out, l->in, rows, 1.0f, dy, x, 0.0f,
-				     r->grads + l->w_off));
-			if (l->b_len)
-				TRY(bi->col_sum(be, r->dev, rows, l->out, dy, r->grads + l->b_off));
-			if (need_dx)
-				TRY(bi->gemm(be, r->dev, false, false, rows, l->in, l->out, 1.0f, dy,
-					     r->params + l->w_off, 0.0f, dx));
-			break;
-		case TR_LAYER_RELU:
-		case TR_LAYER_GELU:
-		case TR_LAYER_TANH:
-		case TR_LAYER_SIGMOID:
-			if (need_dx)
-				TRY(bi->act_backward(be, r->dev, l->act, n, x, r->acts[i + 1], dy, dx));
-			break;
-		case TR_LAYER_DROPOUT:
-			/* The forward mask is only valid if the forward used it; eval
-			 * passes never reach backward. */
-			if (need_dx) {
-				if (l->rate > 0.0f)
-					TRY(bi->mul(be, r->dev, n, dy, r->aux[i], dx));
-				else
-					TRY(bi->copy(be, r->dev, dx, dy, n * sizeof(float)));
-			}
-			break;
-		case TR_LAYER_LAYERNORM:
-			/* the kernel adds into dgamma/dbeta (adjacent, see tr_model_init) */
-			TRY(bi->memset0(be, r->dev, r->grads + l->w_off, 2 * (size_t)l->out * sizeof(float)));
-			TRY(bi->layernorm_backward(be, r->dev, rows, l->out, x, r->params + l->w_off, r->aux[i],
-						   r->aux2[i], dy, dx, r->grads + l->w_off, r->grads + l->b_off));
-			break;
-		}
-		if (need_dx)
-			cur ^= 1;
-	}
-	return 0;
+	struct tr_pass p = {.r = r, .rows = rows};
+	int cur = 0; /* dbuf[cur] holds dL/d(output of the layer at hand) */
+	return tr_model_seq_backward(&p, 0, r->model->n_layers, r->acts[0], &cur, false);
 }

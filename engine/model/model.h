@@ -15,28 +15,31 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "engine/model/layer.h"
 #include "engine/spec.h"
 
-struct tr_layer {
-	enum tr_layer_type type;
-	int in, out;          /* feature widths */
-	size_t w_off, b_off;  /* float offsets in the parameter buffer */
-	size_t w_len, b_len;  /* 0 when absent */
-	enum tr_act act;
-	float rate, eps;
-};
-
+/* Every layer, top-level or inside a block, is a node; layers[0 ..
+ * n_layers) are the top-level ones in order (what per-layer monitors and
+ * the loss see), nested nodes follow (engine/model/layer.h). */
 typedef struct tr_model {
-	struct tr_layer layers[TR_SPEC_MAX_LAYERS];
-	int n_layers;
+	struct tr_layer layers[TR_MODEL_MAX_NODES];
+	int n_layers; /* top level */
+	int n_nodes;  /* all */
 	int inputs, outputs, max_width;
+	struct tr_shape in_shape;
 	enum tr_loss loss;
 	size_t n_params;
 	uint64_t seed;
 } tr_model_t;
 
-/* Builds the layout for `inputs` features.  Returns 0 or -EINVAL. */
+/* Builds the layout for `inputs` features per sample (the spec's [C, H, W]
+ * when it gives one, whose product must equal inputs).  Every layer's
+ * output shape is checked here.  Returns 0 or -EINVAL with "<JSON
+ * pointer>: message" in err. */
 int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen);
+/* The same with the pointer and the message apart (the spec parser). */
+int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *ptr, size_t ptrlen, char *msg,
+		   size_t msglen);
 
 /* PyTorch default initialisation from the counter-based generator:
  * dense weight and bias U(-1/sqrt(in), 1/sqrt(in)), layernorm 1 and 0. */
@@ -50,8 +53,8 @@ int tr_model_init_params_cancellable(const tr_model_t *m, float *host_params, co
  * number of tensors when idx is out of range (call with idx 0.. until it
  * returns 0). */
 struct tr_param_view {
-	char name[32];
-	int64_t shape[2];
+	char name[48];
+	int64_t shape[4];
 	int ndim;
 	size_t offset, len;
 };
@@ -66,12 +69,19 @@ typedef struct tr_replica {
 	int max_rows;
 	float *params, *grads, *state1, *state2;
 	float *input, *labels;
-	float *acts[TR_SPEC_MAX_LAYERS + 1]; /* acts[0] = input */
-	float *aux[TR_SPEC_MAX_LAYERS];      /* dropout mask or layernorm mean */
-	float *aux2[TR_SPEC_MAX_LAYERS];     /* layernorm rstd */
+	float *acts[TR_MODEL_MAX_NODES + 1]; /* acts[0] = input, acts[i + 1] = node i's output */
+	float *aux[TR_MODEL_MAX_NODES];      /* saved[0] of node i: dropout mask, layernorm mean */
+	float *aux2[TR_MODEL_MAX_NODES];     /* saved[1]: layernorm rstd */
 	float *dbuf[2];
+	float *work; /* the largest workspace any layer asks for */
 	int label_dim;
 } tr_replica_t;
+
+/* The float counts of every buffer tr_replica_init allocates, in its
+ * order, for memory estimates (engine/cuda/cuda_estimate.c).  Writes at
+ * most cap sizes and returns the number there are. */
+int tr_replica_buffer_sizes(const tr_model_t *m, int max_rows, int label_dim, int opt_state_buffers, size_t *floats,
+			    int cap);
 
 int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int dev, int max_rows, int label_dim,
 		    int opt_state_buffers, char *err, size_t errlen);

@@ -1,0 +1,318 @@
+/* CPU kernels for image layers: 2-D convolution, pooling, the residual sum.
+ *
+ * Convolution is im2col + sgemm (docs/design.md, "Layer registry"): a chunk
+ * of samples (tr_conv2d_chunk) is unfolded into one [c*kh*kw, chunk*ho*wo]
+ * matrix so that each group's product is one wide GEMM even for small
+ * images, and the result is scattered back to NCHW.  The backward pass
+ * gathers dy into the same column order, takes dW = dY col^T (summed over
+ * chunks in sample order) and dcol = W^T dY, folded back with col2im.
+ * Everything here depends on shapes only, so results do not depend on how
+ * many threads or devices run it beyond the GEMM's own (shape-determined)
+ * threading, as for dense layers.  Pooling is plain loops.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/backend.h"
+
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
+void tr_cpu_conv_fill(tr_backend_i *t);
+
+#define ENSURE(cond, ...)                                                   \
+	do {                                                                \
+		if (!(cond))                                                \
+			return tr_cpu_set_error(be, -EINVAL, __VA_ARGS__); \
+	} while (0)
+
+#define ENSURE_DEV(what)                                   \
+	do {                                               \
+		int rc_ = tr_cpu_check_dev(be, dev, what); \
+		if (rc_)                                   \
+			return rc_;                        \
+	} while (0)
+
+static int cpu_add(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out)
+{
+	ENSURE_DEV("add");
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+	return 0;
+}
+
+static bool conv_ok(const struct tr_conv2d_desc *d)
+{
+	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->f > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 &&
+	       d->kw > 0 && d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && d->dh > 0 && d->dw > 0 &&
+	       d->groups > 0 && d->c % d->groups == 0 && d->f % d->groups == 0;
+}
+
+/* col[(ci*kh + i)*kw + j][b*P + oh*wo + ow] = x[b][ci][oh*sh - ph + i*dh][ow*sw - pw + j*dw], 0 outside. */
+static void im2col(const struct tr_conv2d_desc *d, int nb, const float *x, float *col)
+{
+	size_t P = (size_t)d->ho * d->wo, BP = (size_t)nb * P, hw = (size_t)d->h * d->w;
+	for (int ci = 0; ci < d->c; ci++) {
+		for (int i = 0; i < d->kh; i++) {
+			for (int j = 0; j < d->kw; j++) {
+				float *row = col + ((size_t)(ci * d->kh + i) * d->kw + j) * BP;
+				for (int b = 0; b < nb; b++) {
+					const float *xc = x + ((size_t)b * d->c + ci) * hw;
+					float *rb = row + (size_t)b * P;
+					for (int oh = 0; oh < d->ho; oh++) {
+						int ih = oh * d->sh - d->ph + i * d->dh;
+						float *ro = rb + (size_t)oh * d->wo;
+						if (ih < 0 || ih >= d->h) {
+							memset(ro, 0, (size_t)d->wo * sizeof(float));
+							continue;
+						}
+						const float *xr = xc + (size_t)ih * d->w;
+						for (int ow = 0; ow < d->wo; ow++) {
+							int iw = ow * d->sw - d->pw + j * d->dw;
+							ro[ow] = iw >= 0 && iw < d->w ? xr[iw] : 0.0f;
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+/* The adjoint of im2col: dx[b][ci][ih][iw] += every col entry read from it.
+ * dx must be cleared first; entries are added in (ci, i, j, b, oh, ow)
+ * order, a fixed order. */
+static void col2im(const struct tr_conv2d_desc *d, int nb, const float *col, float *dx)
+{
+	size_t P = (size_t)d->ho * d->wo, BP = (size_t)nb * P, hw = (size_t)d->h * d->w;
+	for (int ci = 0; ci < d->c; ci++) {
+		for (int i = 0; i < d->kh; i++) {
+			for (int j = 0; j < d->kw; j++) {
+				const float *row = col + ((size_t)(ci * d->kh + i) * d->kw + j) * BP;
+				for (int b = 0; b < nb; b++) {
+					float *xc = dx + ((size_t)b * d->c + ci) * hw;
+					const float *rb = row + (size_t)b * P;
+					for (int oh = 0; oh < d->ho; oh++) {
+						int ih = oh * d->sh - d->ph + i * d->dh;
+						if (ih < 0 || ih >= d->h)
+							continue;
+						const float *ro = rb + (size_t)oh * d->wo;
+						float *xr = xc + (size_t)ih * d->w;
+						for (int ow = 0; ow < d->wo; ow++) {
+							int iw = ow * d->sw - d->pw + j * d->dw;
+							if (iw >= 0 && iw < d->w)
+								xr[iw] += ro[ow];
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+static int cpu_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			      const float *w, const float *bias, float *y, float *work)
+{
+	ENSURE_DEV("conv2d_forward");
+	ENSURE(conv_ok(d) && rows >= 0, "conv2d_forward: bad shape");
+	ENSURE(rows == 0 || (x && w && y && work), "conv2d_forward: NULL buffer");
+	int chunk = tr_conv2d_chunk(d, rows), G = d->groups, fg = d->f / G;
+	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
+	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P;
+	for (int n0 = 0; n0 < rows; n0 += chunk) {
+		int nb = rows - n0 < chunk ? rows - n0 : chunk;
+		size_t BP = (size_t)nb * P;
+		float *col = work, *tmp = work + ckk * BP;
+		im2col(d, nb, x + (size_t)n0 * in_sz, col);
+		for (int g = 0; g < G; g++) {
+			int rc = be->i->gemm(be, dev, false, false, fg, (int)BP, (int)cgkk, 1.0f, w + (size_t)g * fg * cgkk,
+					     col + (size_t)g * cgkk * BP, 0.0f, tmp + (size_t)g * fg * BP);
+			if (rc < 0)
+				return rc;
+		}
+		for (int b = 0; b < nb; b++) {
+			float *yb = y + (size_t)(n0 + b) * out_sz;
+			for (int f = 0; f < d->f; f++) {
+				const float *src = tmp + (size_t)f * BP + (size_t)b * P;
+				float *dst = yb + (size_t)f * P;
+				float bv = bias ? bias[f] : 0.0f;
+				if (bias)
+					for (size_t p = 0; p < P; p++)
+						dst[p] = src[p] + bv;
+				else
+					memcpy(dst, src, P * sizeof(float));
+			}
+		}
+	}
+	return 0;
+}
+
+static int cpu_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			       const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
+{
+	ENSURE_DEV("conv2d_backward");
+	ENSURE(conv_ok(d) && rows >= 0, "conv2d_backward: bad shape");
+	ENSURE(rows == 0 || (x && w && dy && dw && work), "conv2d_backward: NULL buffer");
+	int chunk = tr_conv2d_chunk(d, rows), G = d->groups, fg = d->f / G;
+	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
+	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P;
+	if (rows == 0)
+		memset(dw, 0, (size_t)d->f * cgkk * sizeof(float));
+	if (dbias) {
+		/* in double over every sample, so the sum does not depend on the chunk */
+		for (int f = 0; f < d->f; f++) {
+			double s = 0;
+			for (int n = 0; n < rows; n++) {
+				const float *p = dy + (size_t)n * out_sz + (size_t)f * P;
+				for (size_t k = 0; k < P; k++)
+					s += p[k];
+			}
+			dbias[f] = (float)s;
+		}
+	}
+	if (dx)
+		memset(dx, 0, (size_t)rows * in_sz * sizeof(float));
+	for (int n0 = 0; n0 < rows; n0 += chunk) {
+		int nb = rows - n0 < chunk ? rows - n0 : chunk;
+		size_t BP = (size_t)nb * P;
+		float *col = work, *tmp = work + ckk * BP;
+		for (int b = 0; b < nb; b++) {
+			const float *yb = dy + (size_t)(n0 + b) * out_sz;
+			for (int f = 0; f < d->f; f++)
+				memcpy(tmp + (size_t)f * BP + (size_t)b * P, yb + (size_t)f * P, P * sizeof(float));
+		}
+		im2col(d, nb, x + (size_t)n0 * in_sz, col);
+		for (int g = 0; g < G; g++) {
+			int rc = be->i->gemm(be, dev, false, true, fg, (int)cgkk, (int)BP, 1.0f, tmp + (size_t)g * fg * BP,
+					     col + (size_t)g * cgkk * BP, n0 == 0 ? 0.0f : 1.0f,
+					     dw + (size_t)g * fg * cgkk);
+			if (rc < 0)
+				return rc;
+		}
+		if (!dx)
+			continue;
+		for (int g = 0; g < G; g++) {
+			int rc = be->i->gemm(be, dev, true, false, (int)cgkk, (int)BP, fg, 1.0f, w + (size_t)g * fg * cgkk,
+					     tmp + (size_t)g * fg * BP, 0.0f, col + (size_t)g * cgkk * BP);
+			if (rc < 0)
+				return rc;
+		}
+		col2im(d, nb, col, dx + (size_t)n0 * in_sz);
+	}
+	return 0;
+}
+
+static bool pool_ok(const struct tr_pool2d_desc *d)
+{
+	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 &&
+	       d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && 2 * d->ph <= d->kh && 2 * d->pw <= d->kw;
+}
+
+/* Index (into one channel plane) of window (oh, ow)'s maximum: the first
+ * in row-major order, NaN winning as in PyTorch's CPU kernel. */
+static size_t window_argmax(const struct tr_pool2d_desc *d, const float *xc, int oh, int ow, float *val)
+{
+	int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+	size_t best = SIZE_MAX;
+	float m = -INFINITY;
+	for (int i = h0 < 0 ? 0 : h0; i < h0 + d->kh && i < d->h; i++) {
+		for (int j = w0 < 0 ? 0 : w0; j < w0 + d->kw && j < d->w; j++) {
+			float v = xc[(size_t)i * d->w + j];
+			if (best == SIZE_MAX || v > m || isnan(v)) {
+				m = v;
+				best = (size_t)i * d->w + j;
+			}
+		}
+	}
+	*val = m;
+	return best;
+}
+
+static int cpu_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				 const float *x, float *y)
+{
+	ENSURE_DEV("maxpool2d_forward");
+	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_forward: bad shape");
+	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo, planes = (size_t)rows * d->c;
+	for (size_t pl = 0; pl < planes; pl++)
+		for (int oh = 0; oh < d->ho; oh++)
+			for (int ow = 0; ow < d->wo; ow++)
+				window_argmax(d, x + pl * hw, oh, ow, &y[pl * P + (size_t)oh * d->wo + ow]);
+	return 0;
+}
+
+static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				  const float *x, const float *dy, float *dx)
+{
+	ENSURE_DEV("maxpool2d_backward");
+	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_backward: bad shape");
+	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo, planes = (size_t)rows * d->c;
+	memset(dx, 0, planes * hw * sizeof(float));
+	for (size_t pl = 0; pl < planes; pl++) {
+		for (int oh = 0; oh < d->ho; oh++) {
+			for (int ow = 0; ow < d->wo; ow++) {
+				float v;
+				size_t k = window_argmax(d, x + pl * hw, oh, ow, &v);
+				dx[pl * hw + k] += dy[pl * P + (size_t)oh * d->wo + ow];
+			}
+		}
+	}
+	return 0;
+}
+
+static int cpu_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				 const float *x, float *y)
+{
+	ENSURE_DEV("avgpool2d_forward");
+	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_forward: bad shape");
+	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo, planes = (size_t)rows * d->c;
+	float div = (float)(d->kh * d->kw);
+	for (size_t pl = 0; pl < planes; pl++) {
+		const float *xc = x + pl * hw;
+		for (int oh = 0; oh < d->ho; oh++) {
+			for (int ow = 0; ow < d->wo; ow++) {
+				int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+				float s = 0.0f;
+				for (int i = h0 < 0 ? 0 : h0; i < h0 + d->kh && i < d->h; i++)
+					for (int j = w0 < 0 ? 0 : w0; j < w0 + d->kw && j < d->w; j++)
+						s += xc[(size_t)i * d->w + j];
+				y[pl * P + (size_t)oh * d->wo + ow] = s / div;
+			}
+		}
+	}
+	return 0;
+}
+
+static int cpu_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
+				  const float *dy, float *dx)
+{
+	ENSURE_DEV("avgpool2d_backward");
+	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_backward: bad shape");
+	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo, planes = (size_t)rows * d->c;
+	float div = (float)(d->kh * d->kw);
+	memset(dx, 0, planes * hw * sizeof(float));
+	for (size_t pl = 0; pl < planes; pl++) {
+		float *xc = dx + pl * hw;
+		for (int oh = 0; oh < d->ho; oh++) {
+			for (int ow = 0; ow < d->wo; ow++) {
+				int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+				float g = dy[pl * P + (size_t)oh * d->wo + ow] / div;
+				for (int i = h0 < 0 ? 0 : h0; i < h0 + d->kh && i < d->h; i++)
+					for (int j = w0 < 0 ? 0 : w0; j < w0 + d->kw && j < d->w; j++)
+						xc[(size_t)i * d->w + j] += g;
+			}
+		}
+	}
+	return 0;
+}
+
+void tr_cpu_conv_fill(tr_backend_i *t)
+{
+	t->add = cpu_add;
+	t->conv2d_forward = cpu_conv2d_forward;
+	t->conv2d_backward = cpu_conv2d_backward;
+	t->maxpool2d_forward = cpu_maxpool2d_forward;
+	t->maxpool2d_backward = cpu_maxpool2d_backward;
+	t->avgpool2d_forward = cpu_avgpool2d_forward;
+	t->avgpool2d_backward = cpu_avgpool2d_backward;
+}

@@ -1,0 +1,53 @@
+/* dense: y = x W^T + b, PyTorch's nn.Linear (weight [out, in]). */
+#include <stdio.h>
+
+#include "engine/model/layer.h"
+#include "engine/model/model.h"
+
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+{
+	int rc = tr_layer_want_flat(l, "dense", err, errlen);
+	if (rc < 0)
+		return rc;
+	l->out_shape = (struct tr_shape){.ndim = 1, .d = {s->units}};
+	tr_layer_param(l, "weight", TR_INIT_UNIFORM_FAN_IN, (size_t)l->in, 2, (int64_t[]){s->units, l->in});
+	if (s->bias)
+		tr_layer_param(l, "bias", TR_INIT_UNIFORM_FAN_IN, (size_t)l->in, 1, (int64_t[]){s->units});
+	return 0;
+}
+
+static int forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y)
+{
+	tr_replica_t *r = p->r;
+	const tr_backend_i *bi = r->be->i;
+	int rc = bi->gemm(r->be, r->dev, false, true, p->rows, l->out, l->in, 1.0f, x, r->params + l->tensors[0].off,
+			  0.0f, y);
+	if (rc == 0 && l->n_tensors > 1)
+		rc = bi->add_bias(r->be, r->dev, p->rows, l->out, y, r->params + l->tensors[1].off);
+	return rc;
+}
+
+/* dW[out,in] = dy^T x ; db = sum over rows of dy ; dx = dy W */
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
+		    const float *dy, float *dx)
+{
+	tr_replica_t *r = p->r;
+	const tr_backend_i *bi = r->be->i;
+	(void)y;
+	int rc = bi->gemm(r->be, r->dev, true, false, l->out, l->in, p->rows, 1.0f, dy, x, 0.0f,
+			  r->grads + l->tensors[0].off);
+	if (rc == 0 && l->n_tensors > 1)
+		rc = bi->col_sum(r->be, r->dev, p->rows, l->out, dy, r->grads + l->tensors[1].off);
+	if (rc == 0 && dx)
+		rc = bi->gemm(r->be, r->dev, false, false, p->rows, l->in, l->out, 1.0f, dy,
+			      r->params + l->tensors[0].off, 0.0f, dx);
+	return rc;
+}
+
+const tr_layer_ops tr_layer_dense = {
+	.name = "dense",
+	.type = TR_LAYER_DENSE,
+	.setup = setup,
+	.forward = forward,
+	.backward = backward,
+};
