@@ -9,6 +9,9 @@
  * problem stops parsing and is reported with the JSON pointer of the value.
  */
 #include "engine/spec.h"
+
+#include "engine/model/layer_spec.h"
+#include "engine/model/model.h"
 #include "engine/spec_fields.h"
 
 #include <errno.h>
@@ -29,9 +32,6 @@ _Static_assert(sizeof(enum tr_optim_type) == sizeof(int), "enum size");
 
 /* ---- custom fields ---- */
 
-static const char *const layer_names[] = {"dense", "relu", "gelu", "tanh", "sigmoid", "dropout", "layernorm",
-					  NULL};
-static const char *const approx_names[] = {"none", "tanh", NULL};
 static const char *const loss_names[] = {"softmax_cross_entropy", "mse", NULL};
 static const char *const format_names[] = {"csv", "npy", "idx", "synthetic", NULL};
 static const char *const task_names[] = {"classification", "regression", NULL};
@@ -143,6 +143,38 @@ enum {
 
 #define SRC(m) offsetof(struct tr_source_spec, m)
 
+static int parse_chw(struct tr_fields_ctx *c, const json_t *v, int *out);
+
+/* synthetic "shape": [C, H, W] samples instead of "features" (which, if
+ * also given, must be C x H x W: the normalized form has both). */
+static int parse_shape(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_source_spec *src = base;
+	int rc;
+
+	if (!v)
+		return 0;
+	if (!json_is_array(v))
+		return tr_fields_fail(c, NULL, "must be [C, H, W]");
+	if ((rc = parse_chw(c, v, src->shape)))
+		return rc;
+	src->shape_ndim = 3;
+	int n = src->shape[0] * src->shape[1] * src->shape[2];
+	if (src->features && src->features != n)
+		return tr_fields_fail(c, NULL, "is %d values per sample, but features says %d", n, src->features);
+	src->features = n;
+	return 0;
+}
+
+static int emit_shape(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_source_spec *src = base;
+
+	if (src->shape_ndim != 3)
+		return 0;
+	return json_object_set_new(obj, key, json_pack("[iii]", src->shape[0], src->shape[1], src->shape[2]));
+}
+
 static const struct tr_field source_fields[] = {
 	{.key = "format", .kind = K_ENUM, .off = SRC(format), .flags = F_REQ, .names = format_names},
 	{.key = "path", .kind = K_STR, .off = SRC(path), .only = V_CSV, .flags = F_REQ},
@@ -155,8 +187,9 @@ static const struct tr_field source_fields[] = {
 	{.key = "task", .kind = K_ENUM, .off = SRC(task), .only = V_SYN, .names = task_names},
 	{.key = "samples", .kind = K_I64, .off = SRC(samples), .only = V_SYN, .flags = F_REQ | POSITIVE | F_HI,
 	 .hi = (double)TR_SPEC_MAX_SAMPLES},
-	{.key = "features", .kind = K_INT, .off = SRC(features), .only = V_SYN, .flags = F_REQ | POSITIVE | F_HI,
+	{.key = "features", .kind = K_INT, .off = SRC(features), .only = V_SYN, .flags = POSITIVE | F_HI,
 	 .hi = TR_SPEC_MAX_WIDTH},
+	{.key = "shape", .kind = K_CUSTOM, .only = V_SYN, .parse = parse_shape, .emit = emit_shape},
 	{.key = "classes", .kind = K_INT, .off = SRC(classes), .only = V_SYN_CLS, .flags = F_REQ | F_LO | F_HI, .lo = 2,
 	 .hi = TR_SPEC_MAX_WIDTH},
 	{.key = "outputs", .kind = K_INT, .off = SRC(outputs), .only = V_SYN_REG, .flags = POSITIVE | F_HI,
@@ -195,7 +228,11 @@ static int parse_source(struct tr_fields_ctx *c, const json_t *v, struct tr_sour
 	} else {
 		snprintf(desc, sizeof(desc), "format \"%s\"", format_names[src->format]);
 	}
-	return tr_fields_parse_fields(c, v, source_fields, src, source_variant(src), desc);
+	if ((rc = tr_fields_parse_fields(c, v, source_fields, src, source_variant(src), desc)))
+		return rc;
+	if (src->format == TR_DATA_SYNTHETIC && !src->features)
+		return tr_fields_fail(c, "features", "is required (or shape)");
+	return 0;
 }
 
 
@@ -320,17 +357,77 @@ static int emit_betas(const void *base, json_t *obj, const char *key)
 					     tr_fields_short_double(spec->optimizer.beta2)));
 }
 
-/* ---- post checks ---- */
+/* "layers": each layer's keys come from its registry entry
+ * (engine/model/layer_spec.c). */
+static int parse_layers(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_spec *spec = base;
 
-static int post_model(struct tr_fields_ctx *c, const json_t *v, void *base)
+	return tr_layer_specs_parse(c, v, spec->layers, TR_SPEC_MAX_LAYERS, &spec->n_layers);
+}
+
+static int emit_layers(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_spec *spec = base;
+	json_t *arr = tr_layer_specs_emit(spec->layers, spec->n_layers);
+
+	return arr ? json_object_set_new(obj, key, arr) : -1;
+}
+
+/* A [C, H, W] triple of positive sides, their product a width. */
+static int parse_chw(struct tr_fields_ctx *c, const json_t *v, int *out)
+{
+	int64_t n = 1;
+
+	if (json_array_size(v) != 3)
+		return tr_fields_fail(c, NULL, "must be a number or [C, H, W]");
+	for (size_t i = 0; i < 3; i++) {
+		const json_t *e = json_array_get(v, i);
+		size_t saved = tr_fields_enter_index(c, i);
+
+		if (!json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > TR_SPEC_MAX_SIDE)
+			return tr_fields_fail(c, NULL, "must be an integer from 1 to %d", TR_SPEC_MAX_SIDE);
+		out[i] = (int)json_integer_value(e);
+		n *= out[i];
+		tr_fields_leave(c, saved);
+	}
+	if (n > TR_SPEC_MAX_WIDTH)
+		return tr_fields_fail(c, NULL, "C x H x W = %lld is more than the %d values a sample may have", (long long)n,
+				      TR_SPEC_MAX_WIDTH);
+	return 0;
+}
+
+/* "inputs": a width, or an image shape [C, H, W]. */
+static int parse_inputs(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_spec *spec = base;
+
+	if (!v)
+		return 0;
+	if (json_is_array(v)) {
+		int rc = parse_chw(c, v, spec->input_shape);
+
+		if (rc)
+			return rc;
+		spec->input_ndim = 3;
+		spec->inputs = spec->input_shape[0] * spec->input_shape[1] * spec->input_shape[2];
+		return 0;
+	}
+	if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > TR_SPEC_MAX_WIDTH)
+		return tr_fields_fail(c, NULL, "must be an integer from 1 to %d, or [C, H, W]", TR_SPEC_MAX_WIDTH);
+	spec->inputs = (int)json_integer_value(v);
+	return 0;
+}
+
+static int emit_inputs(const void *base, json_t *obj, const char *key)
 {
 	const struct tr_spec *spec = base;
 
-	(void)v;
-	for (int i = 0; i < spec->n_layers; i++)
-		if (spec->layers[i].type == TR_LAYER_DENSE)
-			return 0;
-	return tr_fields_fail(c, "layers", "must contain at least one dense layer");
+	if (spec->input_ndim == 3)
+		return json_object_set_new(obj, key,
+					   json_pack("[iii]", spec->input_shape[0], spec->input_shape[1],
+						     spec->input_shape[2]));
+	return spec->inputs ? json_object_set_new(obj, key, json_integer(spec->inputs)) : 0;
 }
 
 static int post_data(struct tr_fields_ctx *c, const json_t *v, void *base)
@@ -387,30 +484,13 @@ static int post_monitors(struct tr_fields_ctx *c, const json_t *v, void *base)
 
 /* ---- tables ---- */
 
-#define LAY(m) offsetof(struct tr_layer_spec, m)
 #define TF(m) offsetof(struct tr_transform_spec, m)
 #define MON(m) offsetof(struct tr_monitor_spec, m)
 #define SPEC(m) offsetof(struct tr_spec, m)
 
-static const struct tr_field layer_fields[] = {
-	{.key = "type", .kind = K_ENUM, .off = LAY(type), .flags = F_REQ | F_VARIANT, .names = layer_names},
-	{.key = "units", .kind = K_INT, .off = LAY(units), .only = 1u << TR_LAYER_DENSE,
-	 .flags = F_REQ | POSITIVE | F_HI, .hi = TR_SPEC_MAX_WIDTH},
-	{.key = "bias", .kind = K_BOOL, .off = LAY(bias), .only = 1u << TR_LAYER_DENSE, .def = 1},
-	{.key = "approximate", .kind = K_BOOLENUM, .off = LAY(gelu_tanh), .only = 1u << TR_LAYER_GELU,
-	 .names = approx_names},
-	{.key = "rate", .kind = K_FLOAT, .off = LAY(rate), .only = 1u << TR_LAYER_DROPOUT, .flags = F_REQ | UNIT_OPEN,
-	 .lo = 0, .hi = 1},
-	{.key = "eps", .kind = K_FLOAT, .off = LAY(eps), .only = 1u << TR_LAYER_LAYERNORM, .flags = POSITIVE,
-	 .def = 1e-5},
-	{0},
-};
-
 static const struct tr_field model_fields[] = {
-	{.key = "inputs", .kind = K_INT, .off = SPEC(inputs), .flags = POSITIVE | F_HI | F_OMIT0,
-	 .hi = TR_SPEC_MAX_WIDTH},
-	{.key = "layers", .kind = K_ARRAY, .off = SPEC(layers), .flags = F_REQ | F_NONEMPTY, .sub = layer_fields,
-	 .size = sizeof(struct tr_layer_spec), .count_off = SPEC(n_layers), .max = TR_SPEC_MAX_LAYERS},
+	{.key = "inputs", .kind = K_CUSTOM, .parse = parse_inputs, .emit = emit_inputs},
+	{.key = "layers", .kind = K_CUSTOM, .flags = F_REQ, .parse = parse_layers, .emit = emit_layers},
 	{.key = "loss", .kind = K_ENUM, .off = SPEC(loss), .names = loss_names},
 	{0},
 };
@@ -613,7 +693,7 @@ static const struct tr_field init_fields[] = {
 static const struct tr_field root_fields[] = {
 	{.key = "name", .kind = K_STR, .off = SPEC(name), .flags = F_NOCTRL, .defstr = "job", .max = TR_SPEC_MAX_NAME},
 	{.key = "seed", .kind = K_U64, .off = SPEC(seed), .flags = NONNEG},
-	{.key = "model", .kind = K_OBJECT, .flags = F_REQ, .sub = model_fields, .post = post_model},
+	{.key = "model", .kind = K_OBJECT, .flags = F_REQ, .sub = model_fields},
 	{.key = "data", .kind = K_OBJECT, .flags = F_REQ, .sub = data_fields, .post = post_data},
 	{.key = "batch_size", .kind = K_INT, .off = SPEC(batch_size), .flags = F_REQ | POSITIVE | F_HI,
 	 .hi = TR_SPEC_MAX_BATCH},
@@ -642,11 +722,17 @@ static const struct tr_field root_fields[] = {
 
 /* ---- checks across sections ---- */
 
-static int last_dense(const struct tr_spec *spec)
+/* The layer nearest the output whose spec sets a width ("units",
+ * "filters"): what a spec whose output does not fit its data should
+ * change.  -1 when none. */
+static int last_width_layer(const struct tr_spec *spec)
 {
-	for (int i = spec->n_layers - 1; i >= 0; i--)
-		if (spec->layers[i].type == TR_LAYER_DENSE)
+	for (int i = spec->n_layers - 1; i >= 0; i--) {
+		const tr_layer_ops *ops = tr_layer_ops_for(spec->layers[i].type);
+
+		if (ops && ops->width_key)
 			return i;
+	}
 	return -1;
 }
 
@@ -657,7 +743,6 @@ static int last_dense(const struct tr_spec *spec)
 static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 {
 	const struct tr_source_spec *tr = &spec->train, *va = &spec->validation;
-	int last = last_dense(spec);
 
 	if (tr->format != TR_DATA_SYNTHETIC)
 		return 0;
@@ -673,26 +758,15 @@ static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 		tr_fields_enter(c, "model");
 		return tr_fields_fail(c, "inputs", "must equal the train source's features (%d)", tr->features);
 	}
+	if (spec->input_ndim == 3 && tr->shape_ndim == 3 && memcmp(spec->input_shape, tr->shape, sizeof tr->shape)) {
+		tr_fields_enter(c, "model");
+		return tr_fields_fail(c, "inputs", "must equal the train source's shape [%d, %d, %d]", tr->shape[0],
+				      tr->shape[1], tr->shape[2]);
+	}
 	if (spec->loss == TR_LOSS_SOFTMAX_CE && tr->task == TR_SYNTH_REGRESSION) {
 		tr_fields_enter(c, "model");
 		return tr_fields_fail(c, "loss",
 			    "softmax_cross_entropy needs class labels but the train source is a regression task");
-	}
-	if (last >= 0) {
-		int want = 0;
-
-		if (spec->loss == TR_LOSS_SOFTMAX_CE)
-			want = tr->classes;
-		else if (tr->task == TR_SYNTH_REGRESSION)
-			want = tr->outputs;
-		if (want && spec->layers[last].units != want) {
-			tr_fields_enter(c, "model");
-			tr_fields_enter(c, "layers");
-			tr_fields_enter_index(c, (size_t)last);
-			return tr_fields_fail(c, "units",
-				    "the last dense layer must have %d units to match the train source's %s", want,
-				    spec->loss == TR_LOSS_SOFTMAX_CE ? "classes" : "outputs");
-		}
 	}
 	if (va->present && va->format == TR_DATA_SYNTHETIC) {
 		const char *key = NULL;
@@ -701,6 +775,8 @@ static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 			key = "task";
 		else if (va->features != tr->features)
 			key = "features";
+		else if (va->shape_ndim != tr->shape_ndim || memcmp(va->shape, tr->shape, sizeof tr->shape))
+			key = "shape";
 		else if (va->task == TR_SYNTH_CLASSIFICATION && va->classes != tr->classes)
 			key = "classes";
 		else if (va->task == TR_SYNTH_REGRESSION && va->outputs != tr->outputs)
@@ -714,36 +790,53 @@ static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 	return 0;
 }
 
-/* The model's parameter count, where the input width is known (given, or
- * a synthetic source's features); files only tell it when the job starts,
- * where tr_model_init applies the same bound.  Each term is below 2^49
- * (widths <= 2^24) and there are at most 64 layers: no overflow. */
-static int check_params(struct tr_fields_ctx *c, const struct tr_spec *spec)
+/* Where the input width is known (given, or a synthetic source's), the
+ * model is laid out now, so that every layer's output shape, the
+ * parameter bound and a synthetic source's classes or outputs are checked
+ * at submit with a pointer; files only tell their width when the job
+ * starts, where tr_model_init applies the same checks. */
+static int check_model(struct tr_fields_ctx *c, const struct tr_spec *spec)
 {
-	int64_t width = spec->inputs, total = 0;
+	const struct tr_source_spec *tr = &spec->train;
+	int width = spec->inputs;
+	char ptr[256], msg[512];
+	int rc = 0;
 
-	if (!width && spec->train.format == TR_DATA_SYNTHETIC)
-		width = spec->train.features;
+	if (!width && tr->format == TR_DATA_SYNTHETIC)
+		width = tr->features;
 	if (!width)
 		return 0;
-	for (int i = 0; i < spec->n_layers; i++) {
-		const struct tr_layer_spec *l = &spec->layers[i];
+	tr_model_t *m = malloc(sizeof *m);
+	if (!m)
+		return tr_fields_fail_oom(c);
+	if (tr_model_build(m, spec, width, ptr, sizeof ptr, msg, sizeof msg) < 0) {
+		tr_fields_set_error(c->err, ptr, msg);
+		rc = -EINVAL;
+		goto done;
+	}
+	if (tr->format == TR_DATA_SYNTHETIC) {
+		int want = 0, last = last_width_layer(spec);
 
-		if (l->type == TR_LAYER_DENSE) {
-			total += width * l->units + (l->bias ? l->units : 0);
-			width = l->units;
-		} else if (l->type == TR_LAYER_LAYERNORM) {
-			total += 2 * width;
-		}
-		if (total > TR_SPEC_MAX_PARAMS) {
+		if (spec->loss == TR_LOSS_SOFTMAX_CE)
+			want = tr->classes;
+		else if (tr->task == TR_SYNTH_REGRESSION)
+			want = tr->outputs;
+		if (want && m->outputs != want) {
+			char shape[48];
+
+			tr_shape_format(m->layers[m->n_layers - 1].out_shape, shape, sizeof shape);
 			tr_fields_enter(c, "model");
 			tr_fields_enter(c, "layers");
-			tr_fields_enter_index(c, (size_t)i);
-			return tr_fields_fail(c, NULL, "the model reaches %lld parameters here, more than the %lld the engine takes",
-				    (long long)total, (long long)TR_SPEC_MAX_PARAMS);
+			if (last >= 0)
+				tr_fields_enter_index(c, (size_t)last);
+			rc = tr_fields_fail(c, last >= 0 ? tr_layer_ops_for(spec->layers[last].type)->width_key : NULL,
+					    "the model's output %s has %d values; the train source's %s need %d", shape,
+					    m->outputs, spec->loss == TR_LOSS_SOFTMAX_CE ? "classes" : "outputs", want);
 		}
 	}
-	return 0;
+done:
+	free(m);
+	return rc;
 }
 
 static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
@@ -759,7 +852,7 @@ static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
 	}
 	if ((rc = check_synthetic(c, spec)))
 		return rc;
-	if ((rc = check_params(c, spec)))
+	if ((rc = check_model(c, spec)))
 		return rc;
 	return 0;
 }
@@ -837,6 +930,7 @@ void tr_spec_finish(struct tr_spec *spec)
 	spec->name = NULL;
 	free(spec->init_from);
 	spec->init_from = NULL;
+	tr_layer_specs_free(spec->layers, spec->n_layers);
 	finish_source(&spec->train);
 	finish_source(&spec->validation);
 }
@@ -851,10 +945,26 @@ json_t *tr_spec_to_json(const struct tr_spec *spec)
 
 int tr_spec_output_dim(const struct tr_spec *spec)
 {
-	int last;
+	int width, out = 0;
+	char ptr[8], msg[8];
 
 	if (!spec)
 		return 0;
-	last = last_dense(spec);
-	return last < 0 ? 0 : spec->layers[last].units;
+	width = spec->inputs ? spec->inputs : spec->train.format == TR_DATA_SYNTHETIC ? spec->train.features : 0;
+	if (width) {
+		tr_model_t *m = malloc(sizeof *m);
+
+		if (m && tr_model_build(m, spec, width, ptr, sizeof ptr, msg, sizeof msg) == 0)
+			out = m->outputs;
+		free(m);
+		if (out)
+			return out;
+	}
+	/* Width unknown: a dense layer's units, when the layers after it
+	 * keep the width (activations, dropout, layernorm) as they do in
+	 * a classifier's head. */
+	for (int i = spec->n_layers - 1; i >= 0; i--)
+		if (spec->layers[i].type == TR_LAYER_DENSE)
+			return spec->layers[i].units;
+	return 0;
 }

@@ -1633,8 +1633,8 @@ int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t
 	for (int i = 0; i < n; i++) {
 		tr_model_param_view(m, i, &vs[i]);
 		ts[i] = (struct tr_st_tensor){.name = vs[i].name, .ndim = vs[i].ndim, .data = host + vs[i].offset};
-		ts[i].shape[0] = vs[i].shape[0];
-		ts[i].shape[1] = vs[i].shape[1];
+		for (int d = 0; d < vs[i].ndim; d++)
+			ts[i].shape[d] = vs[i].shape[d];
 	}
 	json_t *meta = json_pack("{s:s, s:s, s:s}", "format", "pt", "producer", "trainerd " TR_VERSION, "step", "");
 	char step[32];

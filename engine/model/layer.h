@@ -64,6 +64,7 @@ struct tr_param_slot {
 };
 
 struct tr_layer_ops;
+struct tr_field;
 
 /* One node of the model's layout, shared by all replicas. */
 struct tr_layer {
@@ -112,6 +113,14 @@ typedef struct tr_layer_ops {
 	/* Its spec's "layers" (tr_layer_spec.inner) are built as nodes of
 	 * their own, on this layer's input shape. */
 	bool holds_layers;
+	/* Its spec keys besides "type": a field table (engine/spec_fields.h)
+	 * over struct tr_layer_spec, parsed, defaulted and emitted by the
+	 * spec parser (engine/model/layer_spec.c).  NULL: no keys. */
+	const struct tr_field *fields;
+	/* The key that sets its output width ("units", "filters"), which a
+	 * spec whose output does not match its data is told to fix; NULL
+	 * when none does. */
+	const char *width_key;
 	/* From s and l->in_shape (set by the model), fills l->out_shape, the
 	 * parameter tensors' names, shapes and init (not their offsets),
 	 * saved sizes and the per-type fields.  Returns 0, or -EINVAL with a

@@ -192,8 +192,15 @@ int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *
 		return -EINVAL;
 	}
 	struct tr_shape shape = {.ndim = 1, .d = {inputs}};
-	if (spec->input_ndim == 3) {
-		shape = (struct tr_shape){.ndim = 3, .d = {spec->input_shape[0], spec->input_shape[1], spec->input_shape[2]}};
+	/* The spec's [C, H, W]; without one, a synthetic source's shape
+	 * (unless inputs was given as a plain width). */
+	const int *chw = NULL;
+	if (spec->input_ndim == 3)
+		chw = spec->input_shape;
+	else if (!spec->inputs && spec->train.format == TR_DATA_SYNTHETIC && spec->train.shape_ndim == 3)
+		chw = spec->train.shape;
+	if (chw) {
+		shape = (struct tr_shape){.ndim = 3, .d = {chw[0], chw[1], chw[2]}};
 		if (tr_shape_numel(shape) != (size_t)inputs) {
 			char sh[48];
 			tr_shape_format(shape, sh, sizeof sh);

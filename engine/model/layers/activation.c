@@ -3,6 +3,7 @@
  * Four registry entries over one pair of backend kernels (act_forward,
  * act_backward); the entry's setup picks the function. */
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
 static int setup_common(struct tr_layer *l, enum tr_act act)
@@ -51,10 +52,19 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return r->be->i->act_backward(r->be, r->dev, l->act, (size_t)p->rows * l->out, x, y, dy, dx);
 }
 
-#define ACT(var, nm, ty, fn) \
-	const tr_layer_ops var = {.name = nm, .type = ty, .setup = fn, .forward = forward, .backward = backward}
+static const char *const approx_names[] = {"none", "tanh", NULL};
 
-ACT(tr_layer_relu, "relu", TR_LAYER_RELU, setup_relu);
-ACT(tr_layer_gelu, "gelu", TR_LAYER_GELU, setup_gelu);
-ACT(tr_layer_tanh, "tanh", TR_LAYER_TANH, setup_tanh);
-ACT(tr_layer_sigmoid, "sigmoid", TR_LAYER_SIGMOID, setup_sigmoid);
+static const struct tr_field gelu_fields[] = {
+	{.key = "approximate", .kind = K_BOOLENUM, .off = offsetof(struct tr_layer_spec, gelu_tanh),
+	 .names = approx_names},
+	{0},
+};
+
+#define ACT(var, nm, ty, fn, tab)                                                                             \
+	const tr_layer_ops var = {                                                                            \
+		.name = nm, .type = ty, .fields = tab, .setup = fn, .forward = forward, .backward = backward}
+
+ACT(tr_layer_relu, "relu", TR_LAYER_RELU, setup_relu, NULL);
+ACT(tr_layer_gelu, "gelu", TR_LAYER_GELU, setup_gelu, gelu_fields);
+ACT(tr_layer_tanh, "tanh", TR_LAYER_TANH, setup_tanh, NULL);
+ACT(tr_layer_sigmoid, "sigmoid", TR_LAYER_SIGMOID, setup_sigmoid, NULL);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
 /* Output side for input n, kernel k, stride s, padding p, dilation d. */
@@ -103,7 +104,24 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 					 r->grads + l->tensors[0].off, db, r->work);
 }
 
+#define LAY(m) offsetof(struct tr_layer_spec, m)
+
+static const struct tr_field tr_layer_conv2d_fields[] = {
+	{.key = "filters", .kind = K_INT, .off = LAY(filters), .flags = F_REQ | POSITIVE | F_HI, .hi = TR_SPEC_MAX_WIDTH},
+	{.key = "kernel", .kind = K_CUSTOM, .flags = F_REQ, .parse = tr_layer_spec_parse_kernel,
+	 .emit = tr_layer_spec_emit_kernel},
+	{.key = "stride", .kind = K_CUSTOM, .parse = tr_layer_spec_parse_stride, .emit = tr_layer_spec_emit_stride},
+	{.key = "padding", .kind = K_CUSTOM, .parse = tr_layer_spec_parse_padding_same,
+	 .emit = tr_layer_spec_emit_padding},
+	{.key = "dilation", .kind = K_CUSTOM, .parse = tr_layer_spec_parse_dilation, .emit = tr_layer_spec_emit_dilation},
+	{.key = "groups", .kind = K_INT, .off = LAY(groups), .flags = POSITIVE | F_HI, .hi = TR_SPEC_MAX_WIDTH, .def = 1},
+	{.key = "bias", .kind = K_BOOL, .off = LAY(bias), .def = 1},
+	{0},
+};
+
 const tr_layer_ops tr_layer_conv2d = {
+	.fields = tr_layer_conv2d_fields,
+	.width_key = "filters",
 	.name = "conv2d",
 	.type = TR_LAYER_CONV2D,
 	.setup = setup,

@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
 static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
@@ -44,7 +45,17 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return rc;
 }
 
+#define LAY(m) offsetof(struct tr_layer_spec, m)
+
+static const struct tr_field tr_layer_dense_fields[] = {
+	{.key = "units", .kind = K_INT, .off = LAY(units), .flags = F_REQ | POSITIVE | F_HI, .hi = TR_SPEC_MAX_WIDTH},
+	{.key = "bias", .kind = K_BOOL, .off = LAY(bias), .def = 1},
+	{0},
+};
+
 const tr_layer_ops tr_layer_dense = {
+	.fields = tr_layer_dense_fields,
+	.width_key = "units",
 	.name = "dense",
 	.type = TR_LAYER_DENSE,
 	.setup = setup,

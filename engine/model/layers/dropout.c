@@ -3,6 +3,7 @@
  * sample list, so it does not depend on how the step was split
  * (docs/design.md, "Randomness"); it is kept for backward. */
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 #include "engine/rng.h"
 
@@ -41,7 +42,15 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return r->be->i->copy(r->be, r->dev, dx, dy, n * sizeof(float));
 }
 
+#define LAY(m) offsetof(struct tr_layer_spec, m)
+
+static const struct tr_field tr_layer_dropout_fields[] = {
+	{.key = "rate", .kind = K_FLOAT, .off = LAY(rate), .flags = F_REQ | UNIT_OPEN, .lo = 0, .hi = 1},
+	{0},
+};
+
 const tr_layer_ops tr_layer_dropout = {
+	.fields = tr_layer_dropout_fields,
 	.name = "dropout",
 	.type = TR_LAYER_DROPOUT,
 	.setup = setup,

@@ -2,6 +2,7 @@
  * scale (weight, starts at 1) and shift (bias, 0), PyTorch's
  * nn.LayerNorm(features).  Mean and rstd per sample are kept for backward. */
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
 static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
@@ -44,7 +45,15 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 				      r->grads + l->tensors[1].off);
 }
 
+#define LAY(m) offsetof(struct tr_layer_spec, m)
+
+static const struct tr_field tr_layer_layernorm_fields[] = {
+	{.key = "eps", .kind = K_FLOAT, .off = LAY(eps), .flags = POSITIVE, .def = 1e-5},
+	{0},
+};
+
 const tr_layer_ops tr_layer_layernorm = {
+	.fields = tr_layer_layernorm_fields,
 	.name = "layernorm",
 	.type = TR_LAYER_LAYERNORM,
 	.setup = setup,

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
 static int setup_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, char *err,
@@ -106,7 +107,17 @@ static int backward_avg(const struct tr_pass *p, const struct tr_layer *l, const
 	return dx ? r->be->i->avgpool2d_backward(r->be, r->dev, &l->pool, p->rows, dy, dx) : 0;
 }
 
+static const struct tr_field window_fields[] = {
+	{.key = "kernel", .kind = K_CUSTOM, .flags = F_REQ, .parse = tr_layer_spec_parse_kernel,
+	 .emit = tr_layer_spec_emit_kernel},
+	{.key = "stride", .kind = K_CUSTOM, .parse = tr_layer_spec_parse_stride_kernel,
+	 .emit = tr_layer_spec_emit_stride},
+	{.key = "padding", .kind = K_CUSTOM, .parse = tr_layer_spec_parse_padding, .emit = tr_layer_spec_emit_padding},
+	{0},
+};
+
 const tr_layer_ops tr_layer_maxpool2d = {
+	.fields = window_fields,
 	.name = "maxpool2d",
 	.type = TR_LAYER_MAXPOOL2D,
 	.setup = setup_max,
@@ -116,6 +127,7 @@ const tr_layer_ops tr_layer_maxpool2d = {
 };
 
 const tr_layer_ops tr_layer_avgpool2d = {
+	.fields = window_fields,
 	.name = "avgpool2d",
 	.type = TR_LAYER_AVGPOOL2D,
 	.setup = setup_avg,

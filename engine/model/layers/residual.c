@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "engine/model/layer.h"
+#include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
 static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
@@ -62,7 +63,14 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return bi->add(r->be, r->dev, n, r->dbuf[cur], keep, dx);
 }
 
+static const struct tr_field tr_layer_residual_fields[] = {
+	{.key = "layers", .kind = K_CUSTOM, .flags = F_REQ, .parse = tr_layer_spec_parse_inner,
+	 .emit = tr_layer_spec_emit_inner},
+	{0},
+};
+
 const tr_layer_ops tr_layer_residual = {
+	.fields = tr_layer_residual_fields,
 	.name = "residual",
 	.type = TR_LAYER_RESIDUAL,
 	.holds_layers = true,

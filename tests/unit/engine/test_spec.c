@@ -517,7 +517,7 @@ ParameterizedTestParameters(spec, invalid)
 		{"/data/train/format", "\"parquet\"", "/data/train/format"},
 		{"/data/train/task", "\"ranking\"", "/data/train/task"},
 		{"/model/loss", "\"hinge\"", "/model/loss"},
-		{"/model/layers/0/type", "\"conv2d\"", "/model/layers/0/type"},
+		{"/model/layers/0/type", "\"conv3d\"", "/model/layers/0/type"},
 		{"/optimizer/type", "\"rmsprop\"", "/optimizer/type"},
 		{"/backend", "\"tpu\"", "/backend"},
 		{"/precision", "\"fp16\"", "/precision"},
