@@ -521,7 +521,12 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	 * the final sync the ring has had the step's time to load s+1. */
 	if ((ret = upload_ahead(t, rc)) < 0)
 		goto fail;
-	if (len > 0) {
+	/* A model whose layers synchronise within the passes (batchnorm2d's
+	 * global statistics) runs them on a rank without rows too, with 0
+	 * rows: its collectives must meet the other ranks'.  Its gradients
+	 * then come out zero as above. */
+	r->step_rows = b->count;
+	if (len > 0 || t->model.collective) {
 		if ((ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
 		    (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
 		    (ret = tr_replica_backward(r, len)) < 0)
@@ -562,8 +567,8 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	if (rc->rank == 0 && t->lent)
 		ret = update_lent(t, r, &hp);
 	else
-		ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, np, r->params, r->grads, r->state1,
-				     r->state2, &hp);
+		ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, t->model.n_trainable, r->params, r->grads,
+				     r->state1, r->state2, &hp);
 	if (ret < 0)
 		goto fail;
 	if (t->opt.debug_poison_grads) {
@@ -765,6 +770,11 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			rc = -EIO;
 			goto fail;
 		}
+	}
+	for (int i = 0; i < t->ndev; i++) {
+		t->ranks[i].rep.comm = t->comm;
+		t->ranks[i].rep.rank = i;
+		t->ranks[i].rep.ndev = t->ndev;
 	}
 	*out = t;
 	return 0;
@@ -1161,7 +1171,11 @@ static void save_early_stop(const struct tr_trainer *t, json_t *meta);
 
 struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
 {
-	struct tr_snapshot *snap = can_lend(t->be) ? lend_snapshot(t) : copy_snapshot(t);
+	/* The out-of-place update writes the parameters only, not the
+	 * buffers after them (batchnorm2d's running statistics, which the
+	 * forward pass updates in place): such models copy. */
+	bool lend = can_lend(t->be) && t->model.n_trainable == t->model.n_params;
+	struct tr_snapshot *snap = lend ? lend_snapshot(t) : copy_snapshot(t);
 	if (!snap)
 		return NULL;
 	snap->step = step;

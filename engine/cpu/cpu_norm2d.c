@@ -88,7 +88,11 @@ static int cpu_bn_running_update(tr_backend_t *be, int dev, int c, float momentu
 				 const float *var, float *run_mean, float *run_var, float *batches)
 {
 	ENSURE_DEV("bn_running_update");
-	ENSURE(c >= 1 && count > 1.0, "bn_running_update: bad shape c=%d count=%g", c, count);
+	ENSURE(c >= 1, "bn_running_update: bad shape c=%d", c);
+	ENSURE(count > 1.0,
+	       "batchnorm2d: this step has %g value(s) per channel, and the variance of one value is undefined "
+	       "(PyTorch refuses it too); use a larger batch or last_batch \"drop\"",
+	       count);
 	/* torch.nn.BatchNorm2d: the running variance is the unbiased one */
 	float unbias = (float)(count / (count - 1.0));
 	for (int ch = 0; ch < c; ch++) {

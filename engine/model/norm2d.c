@@ -39,13 +39,11 @@ int tr_bn_forward_train(const struct tr_norm_ctx *nc, int n, int c, int hw, int6
 	int rc;
 	if ((rc = have_kernels(nc)) < 0)
 		return rc;
+	/* A step with a single value per channel fails in
+	 * bn_running_update (torch refuses it too: the unbiased running
+	 * variance would divide by zero), after both collectives and on
+	 * every rank alike, so no rank is left waiting. */
 	double count = (double)step_rows * hw;
-	/* torch refuses too ("Expected more than 1 value per channel when
-	 * training"): the unbiased running variance would divide by zero.
-	 * step_rows is the same on every rank, so all return here together
-	 * and no collective is left waiting. */
-	if (count <= 1.0)
-		return -EDOM;
 	if ((rc = bi->bn_sums(be, nc->dev, n, c, hw, x, NULL, mean)) < 0 || (rc = allreduce(nc, mean, (size_t)c)) < 0 ||
 	    (rc = bi->scale(be, nc->dev, (size_t)c, mean, (float)(1.0 / count))) < 0)
 		return rc;

@@ -33,7 +33,8 @@ struct tr_norm_ctx {
  * step_rows samples on all ranks together.  Writes the batch mean and
  * biased variance (c floats each, kept for backward), y (n samples), and
  * updates the running statistics and the batch counter.  Fails with
- * -EINVAL when the step has a single value per channel (as torch). */
+ * -EINVAL (the backend's last_error says why) when the step has a single
+ * value per channel, as torch does. */
 int tr_bn_forward_train(const struct tr_norm_ctx *nc, int n, int c, int hw, int64_t step_rows, float eps,
 			float momentum, const float *x, const float *gamma, const float *beta, float *y, float *mean,
 			float *var, float *run_mean, float *run_var, float *batches);

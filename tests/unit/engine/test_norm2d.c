@@ -262,8 +262,10 @@ Test(norm2d, batchnorm_single_value_per_channel_is_refused)
 {
 	struct tr_norm_ctx nc = {.be = be, .dev = 0, .ndev = 1};
 	float x[2] = {1, 2}, g[2] = {1, 1}, b[2] = {0, 0}, y[2], m[2], v[2], rm[2] = {0}, rv[2] = {1, 1}, nb = 0;
-	cr_assert_eq(tr_bn_forward_train(&nc, 1, 2, 1, 1, 1e-5f, 0.1f, x, g, b, y, m, v, rm, rv, &nb), -EDOM);
+	cr_assert_eq(tr_bn_forward_train(&nc, 1, 2, 1, 1, 1e-5f, 0.1f, x, g, b, y, m, v, rm, rv, &nb), -EINVAL);
+	cr_assert(strstr(be->i->last_error(be), "1 value(s) per channel"), "%s", be->i->last_error(be));
 	cr_assert_eq(nb, 0.0f, "nothing is updated");
+	cr_assert_eq(rm[0], 0.0f, "nothing is updated");
 }
 
 /* ---- batchnorm2d over three devices -------------------------------------- */
