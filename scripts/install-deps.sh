@@ -4,12 +4,13 @@
 # (scripts/install-npm.sh: the dashboard's chart library, embedded at build
 # time, and playwright-core for the browser test, which runs Debian's
 # chromium).  Uses sudo when not run as root.  Extra package names given as
-# arguments are installed too (the benchmarks add python3-torch; the
+# arguments are installed too (the benchmarks add python3-torch, which the
+# conv-net equivalence test needs too; the
 # dashboard's chart benchmark libjs-dygraphs and libjs-chart.js).
 set -euo pipefail
 
 packages=(
-	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy curl prometheus wrk
+	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy python3-torch python3-sklearn curl prometheus wrk
 	libopenblas-dev libjansson-dev libcriterion-dev
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev
 	nodejs chromium systemd openssl clang
