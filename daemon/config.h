@@ -17,6 +17,7 @@ struct tr_config {
 	int n_data_roots;
 	int cpu_devices;      /* 0 = one per core */
 	char backend[16];     /* auto | cpu | cuda */
+	char cpu_conv[16];    /* auto | im2col | onednn */
 	long max_body;        /* bytes */
 	int log_level;        /* syslog priority: 0..7 */
 	int sse_heartbeat_s;

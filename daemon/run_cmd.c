@@ -130,7 +130,7 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
-		     "                    [--workers W] [--out DIR] [--quiet]\n"
+		     "                    [--workers W] [--cpu-conv auto|im2col|onednn] [--out DIR] [--quiet]\n"
 		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
 }
 
@@ -147,6 +147,9 @@ static void help(void)
 	      "  --devices N           CPU devices (default: the spec's, else one per core)\n"
 	      "  --backend cpu|cuda    override the spec's backend\n"
 	      "  --workers W           data loader threads (default: the spec's, 2)\n"
+	      "  --cpu-conv ROUTE      how CPU devices compute conv2d: im2col (OpenBLAS sgemm)\n"
+	      "                        or onednn (oneDNN's primitives); auto (default) takes\n"
+	      "                        onednn where the build has it\n"
 	      "  --out DIR             output directory (default: out/NAME)\n"
 	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
 	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"
@@ -300,6 +303,7 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 int tr_cmd_run(int argc, char **argv)
 {
 	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
+	enum tr_cpu_conv cpu_conv = TR_CPU_CONV_AUTO;
 	const char *sets[64];
 	int devices = 0, workers = 0, quiet = 0, nsets = 0;
 	for (int i = 1; i < argc; i++) {
@@ -337,6 +341,18 @@ int tr_cmd_run(int argc, char **argv)
 			i++;
 		} else if (strcmp(a, "--backend") == 0 && v) {
 			backend_name = v;
+			i++;
+		} else if (strcmp(a, "--cpu-conv") == 0 && v) {
+			if (strcmp(v, "auto") == 0)
+				cpu_conv = TR_CPU_CONV_AUTO;
+			else if (strcmp(v, "im2col") == 0)
+				cpu_conv = TR_CPU_CONV_IM2COL;
+			else if (strcmp(v, "onednn") == 0)
+				cpu_conv = TR_CPU_CONV_ONEDNN;
+			else {
+				fprintf(stderr, "trainerd run: --cpu-conv must be auto, im2col or onednn, got '%s'\n", v);
+				return 2;
+			}
 			i++;
 		} else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
 			quiet = 1;
@@ -443,6 +459,12 @@ int tr_cmd_run(int argc, char **argv)
 			fprintf(stderr, "trainerd run: cannot create %d CPU devices\n", n);
 			tr_spec_finish(&spec);
 			return 1;
+		}
+		if (tr_cpu_backend_set_conv(be, cpu_conv, errbuf, sizeof errbuf) < 0) {
+			fprintf(stderr, "trainerd run: --cpu-conv: %s\n", errbuf);
+			tr_backend_destroy(be);
+			tr_spec_finish(&spec);
+			return 2;
 		}
 	}
 

@@ -56,8 +56,16 @@ static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, siz
 			n = cores > 0 ? (int)(cores < 64 ? cores : 64) : 1;
 		}
 		be = tr_cpu_backend_create(n, 0);
+		enum tr_cpu_conv route = strcmp(c->cpu_conv, "im2col") == 0   ? TR_CPU_CONV_IM2COL
+					 : strcmp(c->cpu_conv, "onednn") == 0 ? TR_CPU_CONV_ONEDNN
+									      : TR_CPU_CONV_AUTO;
 		if (!be)
 			snprintf(err, errlen, "cannot create %d CPU devices", n);
+		else if (tr_cpu_backend_set_conv(be, route, why, sizeof why) < 0) {
+			snprintf(err, errlen, "--cpu-conv %s: %s", c->cpu_conv, why);
+			tr_backend_destroy(be);
+			return NULL;
+		}
 		else if (why[0]) {
 			/* Said in the log and in systemd's STATUS=: a GPU server
 			 * running on its CPUs must not look healthy. */

@@ -295,6 +295,18 @@ struct tr_backend {
  * is the total BLAS thread budget (0 = all cores).  NULL on bad input. */
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 
+/* How CPU devices compute conv2d (docs/design.md, "Convolution on CPU
+ * devices"): im2col + OpenBLAS sgemm, or oneDNN's convolution primitives
+ * where the build has them.  AUTO picks TR_CPU_CONV_DEFAULT when oneDNN is
+ * built in, im2col otherwise.  Set once, right after creation, before any
+ * job runs; -ENOTSUP (with a reason in err) for ONEDNN in a build without
+ * it.  A new backend starts with im2col. */
+enum tr_cpu_conv { TR_CPU_CONV_AUTO, TR_CPU_CONV_IM2COL, TR_CPU_CONV_ONEDNN };
+#define TR_CPU_CONV_DEFAULT TR_CPU_CONV_ONEDNN
+int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err, size_t errlen);
+/* "im2col" or "onednn". */
+const char *tr_cpu_backend_conv_name(const tr_backend_t *be);
+
 /* Creates the CUDA backend; NULL with a reason in err when no usable GPU. */
 tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen);
 bool tr_cuda_available(void);

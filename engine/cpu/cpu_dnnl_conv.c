@@ -12,6 +12,8 @@
  */
 #include "engine/cpu/cpu_dnnl_conv.h"
 
+#include "engine/backend.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -395,3 +397,74 @@ int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geo
 }
 
 #endif
+
+/* ---- the CPU backend's conv2d entries on this route ---------------------- */
+
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
+tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
+void tr_cpu_dnnl_fill(tr_backend_i *t);
+
+static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
+{
+	return (struct tr_conv2d_geom){.n = rows, .c = d->c, .h = d->h, .w = d->w, .k = d->f, .kh = d->kh,
+				       .kw = d->kw, .sh = d->sh, .sw = d->sw, .ph = d->ph, .pw = d->pw,
+				       .dh = d->dh, .dw = d->dw, .groups = d->groups, .oh = d->ho, .ow = d->wo};
+}
+
+static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				   const float *x, const float *w, const float *bias, float *y, float *work)
+{
+	char err[256];
+	int rc = tr_cpu_check_dev(be, dev, "conv2d_forward");
+	(void)work; /* oneDNN keeps its own scratch */
+	if (rc)
+		return rc;
+	if (rows < 0)
+		return tr_cpu_set_error(be, -EINVAL, "conv2d_forward: %d rows", rows);
+	if (rows == 0)
+		return 0;
+	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(be, dev);
+	if (!dc)
+		return -EIO;
+	struct tr_conv2d_geom g = geom_of(d, rows);
+	if ((rc = tr_dnnl_conv_forward(dc, &g, x, w, bias, y, err, sizeof err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_forward: %s", err);
+	return 0;
+}
+
+static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+				    float *work)
+{
+	char err[256];
+	int rc = tr_cpu_check_dev(be, dev, "conv2d_backward");
+	(void)work;
+	if (rc)
+		return rc;
+	if (rows < 0)
+		return tr_cpu_set_error(be, -EINVAL, "conv2d_backward: %d rows", rows);
+	if (rows == 0) {
+		/* sums over no samples (a rank without rows in a collective
+		 * model's step) */
+		memset(dw, 0, (size_t)d->f * (d->c / d->groups) * d->kh * d->kw * sizeof *dw);
+		if (dbias)
+			memset(dbias, 0, (size_t)d->f * sizeof *dbias);
+		return 0;
+	}
+	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(be, dev);
+	if (!dc)
+		return -EIO;
+	struct tr_conv2d_geom g = geom_of(d, rows);
+	if ((rc = tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, dbias, err, sizeof err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err);
+	if (dx && (rc = tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, err, sizeof err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err);
+	return 0;
+}
+
+void tr_cpu_dnnl_fill(tr_backend_i *t)
+{
+	t->conv2d_forward = cpu_dnnl_conv2d_forward;
+	t->conv2d_backward = cpu_dnnl_conv2d_backward;
+}
