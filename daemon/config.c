@@ -42,8 +42,8 @@ static const struct option_row options[] = {
 	{"backend", OPT_CHOICE, OFF(backend), SZ(backend), 0, 0, "auto|cpu|cuda", "auto",
 	 "device backend: auto uses CUDA when a GPU is present"},
 	{"cpu-conv", OPT_CHOICE, OFF(cpu_conv), SZ(cpu_conv), 0, 0, "auto|im2col|onednn", "auto",
-	 "how CPU devices compute conv2d: im2col (OpenBLAS sgemm) or onednn (oneDNN's primitives); auto takes "
-	 "onednn where the build has it"},
+	 "how CPU devices compute conv2d: im2col (OpenBLAS sgemm), onednn (oneDNN's primitives), or auto: per layer, "
+	 "oneDNN for large convolutions where the build has it, im2col for small ones"},
 	{"max-body", OPT_LONG, OFF(max_body), 0, 1024, 64L << 20, NULL, "1048576",
 	 "largest accepted request body in bytes"},
 	{"log-level", OPT_LEVEL, OFF(log_level), 0, 0, 7, NULL, "info",

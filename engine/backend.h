@@ -296,15 +296,16 @@ struct tr_backend {
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 
 /* How CPU devices compute conv2d (docs/design.md, "Convolution on CPU
- * devices"): im2col + OpenBLAS sgemm, or oneDNN's convolution primitives
- * where the build has them.  AUTO picks TR_CPU_CONV_DEFAULT when oneDNN is
- * built in, im2col otherwise.  Set once, right after creation, before any
- * job runs; -ENOTSUP (with a reason in err) for ONEDNN in a build without
- * it.  A new backend starts with im2col. */
+ * devices"): im2col + OpenBLAS sgemm, oneDNN's convolution primitives
+ * where the build has them, or AUTO: per layer, by its shape, oneDNN for
+ * large convolutions and im2col for small ones (im2col alone in a build
+ * without oneDNN).  Set once, right after creation, before any job runs;
+ * -ENOTSUP (with a reason in err) for ONEDNN in a build without it.  A new
+ * backend starts with im2col; the daemon and `trainerd run` set AUTO
+ * unless told otherwise. */
 enum tr_cpu_conv { TR_CPU_CONV_AUTO, TR_CPU_CONV_IM2COL, TR_CPU_CONV_ONEDNN };
-#define TR_CPU_CONV_DEFAULT TR_CPU_CONV_ONEDNN
 int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err, size_t errlen);
-/* "im2col" or "onednn". */
+/* "im2col", "onednn" or "auto". */
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be);
 
 /* Creates the CUDA backend; NULL with a reason in err when no usable GPU. */

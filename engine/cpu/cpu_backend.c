@@ -47,6 +47,7 @@ void tr_cpu_kernels_fill(tr_backend_i *t);
 void tr_cpu_comm_fill(tr_backend_i *t);
 void tr_cpu_norm2d_fill(tr_backend_i *t);
 void tr_cpu_dnnl_fill(tr_backend_i *t);
+void tr_cpu_auto_conv_fill(tr_backend_i *t);
 tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
 void tr_cpu_conv_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
@@ -356,16 +357,17 @@ int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err,
 {
 	struct cpu_backend *b = (struct cpu_backend *)be;
 
-	if (route == TR_CPU_CONV_AUTO)
-		route = tr_dnnl_available() ? TR_CPU_CONV_DEFAULT : TR_CPU_CONV_IM2COL;
+	if (route == TR_CPU_CONV_AUTO && !tr_dnnl_available())
+		route = TR_CPU_CONV_IM2COL;
 	if (route == TR_CPU_CONV_ONEDNN && !tr_dnnl_available()) {
 		snprintf(err, errlen, "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
 		return -ENOTSUP;
 	}
+	tr_cpu_conv_fill(&b->table);
 	if (route == TR_CPU_CONV_ONEDNN)
 		tr_cpu_dnnl_fill(&b->table);
-	else
-		tr_cpu_conv_fill(&b->table);
+	else if (route == TR_CPU_CONV_AUTO)
+		tr_cpu_auto_conv_fill(&b->table);
 	b->conv = route;
 	return 0;
 }
@@ -373,7 +375,7 @@ int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err,
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be)
 {
 	const struct cpu_backend *b = (const struct cpu_backend *)be;
-	return b->conv == TR_CPU_CONV_ONEDNN ? "onednn" : "im2col";
+	return b->conv == TR_CPU_CONV_ONEDNN ? "onednn" : b->conv == TR_CPU_CONV_AUTO ? "auto" : "im2col";
 }
 
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)

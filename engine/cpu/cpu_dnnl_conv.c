@@ -404,6 +404,7 @@ int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribu
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
 tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
 void tr_cpu_dnnl_fill(tr_backend_i *t);
+void tr_cpu_auto_conv_fill(tr_backend_i *t);
 
 static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
 {
@@ -467,4 +468,51 @@ void tr_cpu_dnnl_fill(tr_backend_i *t)
 {
 	t->conv2d_forward = cpu_dnnl_conv2d_forward;
 	t->conv2d_backward = cpu_dnnl_conv2d_backward;
+}
+
+/* The "auto" route: oneDNN for convolutions of at least DNNL_MIN_MACS
+ * multiply-adds per sample, im2col + OpenBLAS below.  Measured
+ * (bench/conv/RESULTS.md): oneDNN's blocked AVX-512 kernels are several
+ * times faster than the AVX2 sgemm on VDSR's 64x64 3x3 layers (62M per
+ * sample), while on LeNet's small layers (2.2M and less) its reorders and
+ * OpenMP team cost more than the arithmetic saves.  The choice depends on
+ * the layer's shape alone, so a layer's forward and backward always take
+ * the same route and results do not depend on timing. */
+#define DNNL_MIN_MACS ((int64_t)1 << 24)
+
+static int (*im2col_forward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
+			     const float *, float *, float *);
+static int (*im2col_backward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
+			      const float *, float *, float *, float *, float *);
+
+static bool heavy(const struct tr_conv2d_desc *d)
+{
+	int64_t macs = (int64_t)(d->c / d->groups) * d->kh * d->kw * d->f * d->ho * d->wo;
+	return macs >= DNNL_MIN_MACS;
+}
+
+static int cpu_auto_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				   const float *x, const float *w, const float *bias, float *y, float *work)
+{
+	if (heavy(d))
+		return cpu_dnnl_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
+	return im2col_forward(be, dev, d, rows, x, w, bias, y, work);
+}
+
+static int cpu_auto_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+				    float *work)
+{
+	if (heavy(d))
+		return cpu_dnnl_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+	return im2col_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+}
+
+/* t holds the im2col entries (tr_cpu_conv_fill) when called. */
+void tr_cpu_auto_conv_fill(tr_backend_i *t)
+{
+	im2col_forward = t->conv2d_forward;
+	im2col_backward = t->conv2d_backward;
+	t->conv2d_forward = cpu_auto_conv2d_forward;
+	t->conv2d_backward = cpu_auto_conv2d_backward;
 }
