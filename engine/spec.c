@@ -728,7 +728,7 @@ static const struct tr_field root_fields[] = {
 static int last_width_layer(const struct tr_spec *spec)
 {
 	for (int i = spec->n_layers - 1; i >= 0; i--) {
-		const tr_layer_ops *ops = tr_layer_ops_for(spec->layers[i].type);
+		const tr_layer_i *ops = tr_layer_ops_for(spec->layers[i].type);
 
 		if (ops && ops->width_key)
 			return i;

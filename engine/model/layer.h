@@ -1,7 +1,7 @@
 /* The layer registry: what every layer type is, in one table per type.
  *
  * A layer is a unit (docs/design.md, "Layer registry"): one file under
- * engine/model/layers/ holds its ops table (struct tr_layer_ops) -- its
+ * engine/model/layers/ holds its ops table (struct tr_layer_i) -- its
  * output shape from its input shape, its parameter tensors with PyTorch's
  * names, shapes and initialisation, the buffers it keeps from forward to
  * backward, its workspace, and its forward and backward passes -- and
@@ -67,12 +67,12 @@ struct tr_param_slot {
 	bool buffer;
 };
 
-struct tr_layer_ops;
+struct tr_layer_i;
 struct tr_field;
 
 /* One node of the model's layout, shared by all replicas. */
 struct tr_layer {
-	const struct tr_layer_ops *ops;
+	const struct tr_layer_i *ops;
 	enum tr_layer_type type;
 	int index;            /* node index: generator key, buffer index */
 	char path[32];        /* safetensors prefix: "3" or "3.1" */
@@ -114,7 +114,7 @@ struct tr_pass {
 	int training;
 };
 
-typedef struct tr_layer_ops {
+typedef struct tr_layer_i {
 	const char *name; /* the spec's "type" */
 	enum tr_layer_type type;
 	/* Its spec's "layers" (tr_layer_spec.inner) are built as nodes of
@@ -151,13 +151,13 @@ typedef struct tr_layer_ops {
 	 * (the first layer's input needs no gradient). */
 	int (*backward)(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
 			const float *dy, float *dx);
-} tr_layer_ops;
+} tr_layer_i;
 
 /* The registry (engine/model/layers/registry.c). */
-const tr_layer_ops *tr_layer_ops_for(enum tr_layer_type type);
-const tr_layer_ops *tr_layer_ops_named(const char *name);
+const tr_layer_i *tr_layer_ops_for(enum tr_layer_type type);
+const tr_layer_i *tr_layer_ops_named(const char *name);
 /* The i-th registered type, NULL past the end (for the parser's names). */
-const tr_layer_ops *tr_layer_ops_at(int i);
+const tr_layer_i *tr_layer_ops_at(int i);
 
 /* Sequences of nodes, for layers that hold layers (residual).  forward:
  * nodes first .. first+count-1 in order from x; the result is the last
@@ -170,10 +170,18 @@ int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const f
 /* -EINVAL with a message unless the input is flat / an image. */
 int tr_layer_want_flat(const struct tr_layer *l, const char *what, char *err, size_t errlen);
 int tr_layer_image_input(const struct tr_layer *l, const char *what, char *err, size_t errlen);
+/* forward/backward of the elementwise activations (l->act). */
+int tr_layer_act_forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y);
+int tr_layer_act_backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
+			  const float *dy, float *dx);
+/* Fills l->pool and l->out_shape for a kh x kw window sweep (maxpool2d,
+ * avgpool2d): stride default the kernel, padding at most half of it. */
+int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, char *err,
+			 size_t errlen);
 void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, size_t fan_in, int ndim,
 		    const int64_t *shape);
 
-extern const tr_layer_ops tr_layer_dense, tr_layer_relu, tr_layer_gelu, tr_layer_tanh, tr_layer_sigmoid,
+extern const tr_layer_i tr_layer_dense, tr_layer_relu, tr_layer_gelu, tr_layer_tanh, tr_layer_sigmoid,
 	tr_layer_dropout, tr_layer_layernorm, tr_layer_conv2d, tr_layer_maxpool2d, tr_layer_avgpool2d,
 	tr_layer_global_avg_pool, tr_layer_flatten, tr_layer_residual, tr_layer_groupnorm, tr_layer_batchnorm2d;
 

@@ -30,7 +30,7 @@ static int parse_one(struct tr_fields_ctx *c, const json_t *v, struct tr_layer_s
 	const json_t *t = json_object_get(v, "type");
 	if (!t)
 		return tr_fields_fail(c, "type", "is required");
-	const tr_layer_ops *ops = json_is_string(t) ? tr_layer_ops_named(json_string_value(t)) : NULL;
+	const tr_layer_i *ops = json_is_string(t) ? tr_layer_ops_named(json_string_value(t)) : NULL;
 	if (!ops) {
 		char list[320] = "";
 		size_t len = 0;
@@ -98,10 +98,15 @@ json_t *tr_layer_specs_emit(const struct tr_layer_spec *l, int n)
 {
 	json_t *arr = json_array();
 	for (int i = 0; arr && i < n; i++) {
-		const tr_layer_ops *ops = tr_layer_ops_for(l[i].type);
-		json_t *o = ops && ops->fields ? tr_fields_emit_object(ops->fields, &l[i], 0) : json_object();
-		if (!o || json_object_set_new(o, "type", json_string(ops ? ops->name : "?")) ||
-		    json_array_append_new(arr, o)) {
+		const tr_layer_i *ops = tr_layer_ops_for(l[i].type);
+		/* "type" first, for people reading the normalized form */
+		json_t *o = json_pack("{s:s}", "type", ops ? ops->name : "?");
+		json_t *keys = ops && ops->fields ? tr_fields_emit_object(ops->fields, &l[i], 0) : json_object();
+		int bad = !o || !keys || json_object_update(o, keys);
+		json_decref(keys);
+		if (bad || json_array_append_new(arr, o)) {
+			if (bad)
+				json_decref(o);
 			json_decref(arr);
 			return NULL;
 		}
@@ -181,17 +186,21 @@ int tr_layer_spec_parse_stride(struct tr_fields_ctx *c, const json_t *v, void *b
 	return parse_pair(c, v, 1, LS(base)->stride);
 }
 
-/* Pooling: absent is the kernel, as in PyTorch (kept as 0 until emitted). */
+/* Pooling: absent is the kernel, as in PyTorch ("kernel" comes first in
+ * the table, so it is known here). */
 int tr_layer_spec_parse_stride_kernel(struct tr_fields_ctx *c, const json_t *v, void *base)
 {
-	return v ? parse_pair(c, v, 1, LS(base)->stride) : 0;
+	if (!v) {
+		LS(base)->stride[0] = LS(base)->kernel[0];
+		LS(base)->stride[1] = LS(base)->kernel[1];
+		return 0;
+	}
+	return parse_pair(c, v, 1, LS(base)->stride);
 }
 
 int tr_layer_spec_emit_stride(const void *base, json_t *obj, const char *key)
 {
-	const struct tr_layer_spec *l = base;
-	int s[2] = {l->stride[0] ? l->stride[0] : l->kernel[0], l->stride[1] ? l->stride[1] : l->kernel[1]};
-	return emit_pair(obj, key, s);
+	return emit_pair(obj, key, CLS(base)->stride);
 }
 
 int tr_layer_spec_parse_padding(struct tr_fields_ctx *c, const json_t *v, void *base)

@@ -32,6 +32,9 @@ int tr_layer_spec_parse_padding_same(struct tr_fields_ctx *c, const json_t *v, v
 int tr_layer_spec_emit_padding(const void *base, json_t *obj, const char *key);
 int tr_layer_spec_parse_dilation(struct tr_fields_ctx *c, const json_t *v, void *base);
 int tr_layer_spec_emit_dilation(const void *base, json_t *obj, const char *key);
+/* maxpool2d's and avgpool2d's keys: kernel, stride, padding. */
+extern const struct tr_field tr_layer_pool_window_fields[];
+
 int tr_layer_spec_parse_inner(struct tr_fields_ctx *c, const json_t *v, void *base);
 int tr_layer_spec_emit_inner(const void *base, json_t *obj, const char *key);
 

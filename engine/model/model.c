@@ -49,6 +49,21 @@ int tr_layer_image_input(const struct tr_layer *l, const char *what, char *err, 
 	return -EINVAL;
 }
 
+int tr_layer_act_forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y)
+{
+	tr_replica_t *r = p->r;
+	return r->be->i->act_forward(r->be, r->dev, l->act, (size_t)p->rows * l->out, x, y);
+}
+
+int tr_layer_act_backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
+			  const float *dy, float *dx)
+{
+	tr_replica_t *r = p->r;
+	if (!dx)
+		return 0;
+	return r->be->i->act_backward(r->be, r->dev, l->act, (size_t)p->rows * l->out, x, y, dy, dx);
+}
+
 void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, size_t fan_in, int ndim,
 		    const int64_t *shape)
 {

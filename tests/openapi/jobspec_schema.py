@@ -31,7 +31,14 @@ import validate_responses as vr  # noqa: E402  (the same schema machinery)
 # refuse, with the parser's reason.  An edit listed here that the schema
 # does refuse is fine (only reported).
 CROSS_FIELD = {
-    ("/model/layers/0/units", "5"): "last dense units must equal the synthetic source's classes",
+    ("/model/layers/0/units", "5"): "the model's output must have as many values as the synthetic source's classes",
+    ("/model/inputs", "[1, 4, 2]"): "a dense layer takes a flat input (shapes flow through the layers)",
+    ("/data/train/shape", "[2, 2, 2]"): "a dense layer takes a flat input (the source's shape is the model's)",
+    ("/data/train/shape", "[2, 2, 3]"): "features, when given with shape, must be C x H x W",
+    ("/model/layers/0", '{"type": "residual", "layers": [{"type": "dense", "units": 3}]}'):
+        "a residual block's layers must keep its input's shape",
+    ("/model/layers/0", '{"type": "conv2d", "filters": 4, "kernel": 3}'): "conv2d takes an image input",
+    ("/model/layers", '[{"type": "relu"}]'): "the model needs a layer with parameters",
     ("/model/inputs", "9"): "inputs must equal the synthetic source's features",
     ("/data/validation", None): "a synthetic validation source must match the train source",
     ("/schedule", '{"type": "cosine", "min_lr": 0.5}'): "min_lr must not exceed optimizer.lr",

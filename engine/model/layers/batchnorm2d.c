@@ -87,7 +87,7 @@ static const struct tr_field tr_layer_batchnorm2d_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_batchnorm2d = {
+const tr_layer_i tr_layer_batchnorm2d = {
 	.fields = tr_layer_batchnorm2d_fields,
 	.name = "batchnorm2d",
 	.type = TR_LAYER_BATCHNORM2D,

@@ -119,7 +119,7 @@ static const struct tr_field tr_layer_conv2d_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_conv2d = {
+const tr_layer_i tr_layer_conv2d = {
 	.fields = tr_layer_conv2d_fields,
 	.width_key = "filters",
 	.name = "conv2d",

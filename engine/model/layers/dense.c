@@ -53,7 +53,7 @@ static const struct tr_field tr_layer_dense_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_dense = {
+const tr_layer_i tr_layer_dense = {
 	.fields = tr_layer_dense_fields,
 	.width_key = "units",
 	.name = "dense",

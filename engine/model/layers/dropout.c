@@ -49,7 +49,7 @@ static const struct tr_field tr_layer_dropout_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_dropout = {
+const tr_layer_i tr_layer_dropout = {
 	.fields = tr_layer_dropout_fields,
 	.name = "dropout",
 	.type = TR_LAYER_DROPOUT,

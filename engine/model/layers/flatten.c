@@ -25,7 +25,7 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return dx ? r->be->i->copy(r->be, r->dev, dx, dy, (size_t)p->rows * l->out * sizeof(float)) : 0;
 }
 
-const tr_layer_ops tr_layer_flatten = {
+const tr_layer_i tr_layer_flatten = {
 	.name = "flatten",
 	.type = TR_LAYER_FLATTEN,
 	.setup = setup,

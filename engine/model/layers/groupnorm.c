@@ -62,7 +62,7 @@ static const struct tr_field tr_layer_groupnorm_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_groupnorm = {
+const tr_layer_i tr_layer_groupnorm = {
 	.fields = tr_layer_groupnorm_fields,
 	.name = "groupnorm",
 	.type = TR_LAYER_GROUPNORM,

@@ -52,7 +52,7 @@ static const struct tr_field tr_layer_layernorm_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_layernorm = {
+const tr_layer_i tr_layer_layernorm = {
 	.fields = tr_layer_layernorm_fields,
 	.name = "layernorm",
 	.type = TR_LAYER_LAYERNORM,

@@ -5,7 +5,7 @@
 
 #include "engine/model/layer.h"
 
-static const tr_layer_ops *const registry[] = {
+static const tr_layer_i *const registry[] = {
 	&tr_layer_dense,     &tr_layer_relu,      &tr_layer_gelu,      &tr_layer_tanh,
 	&tr_layer_sigmoid,   &tr_layer_dropout,   &tr_layer_layernorm, &tr_layer_conv2d,
 	&tr_layer_maxpool2d, &tr_layer_avgpool2d, &tr_layer_global_avg_pool, &tr_layer_flatten,
@@ -14,12 +14,12 @@ static const tr_layer_ops *const registry[] = {
 
 #define N_REGISTERED ((int)(sizeof registry / sizeof registry[0]))
 
-const tr_layer_ops *tr_layer_ops_at(int i)
+const tr_layer_i *tr_layer_ops_at(int i)
 {
 	return i >= 0 && i < N_REGISTERED ? registry[i] : NULL;
 }
 
-const tr_layer_ops *tr_layer_ops_for(enum tr_layer_type type)
+const tr_layer_i *tr_layer_ops_for(enum tr_layer_type type)
 {
 	for (int i = 0; i < N_REGISTERED; i++)
 		if (registry[i]->type == type)
@@ -27,7 +27,7 @@ const tr_layer_ops *tr_layer_ops_for(enum tr_layer_type type)
 	return NULL;
 }
 
-const tr_layer_ops *tr_layer_ops_named(const char *name)
+const tr_layer_i *tr_layer_ops_named(const char *name)
 {
 	for (int i = 0; i < N_REGISTERED; i++)
 		if (strcmp(registry[i]->name, name) == 0)

@@ -69,7 +69,7 @@ static const struct tr_field tr_layer_residual_fields[] = {
 	{0},
 };
 
-const tr_layer_ops tr_layer_residual = {
+const tr_layer_i tr_layer_residual = {
 	.fields = tr_layer_residual_fields,
 	.name = "residual",
 	.type = TR_LAYER_RESIDUAL,

@@ -4,6 +4,8 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,15 +21,17 @@ struct fixture {
 	int rows;
 };
 
-static void setup_model(struct fixture *f, const char *layers, const char *loss, int inputs, int rows,
-			int label_dim)
+/* inputs_json: the model's "inputs" as written ("5" or "[2, 4, 4]"),
+ * inputs the values per sample. */
+static void setup_model_in(struct fixture *f, const char *layers, const char *loss, const char *inputs_json,
+			   int inputs, int rows, int label_dim)
 {
-	char text[2048];
+	char text[4096];
 	snprintf(text, sizeof text,
-		 "{\"seed\": 9, \"model\": {\"inputs\": %d, \"layers\": %s, \"loss\": \"%s\"},"
+		 "{\"seed\": 9, \"model\": {\"inputs\": %s, \"layers\": %s, \"loss\": \"%s\"},"
 		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 10, \"features\": %d,"
 		 " \"classes\": 3}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
-		 inputs, layers, loss, inputs);
+		 inputs_json, layers, loss, inputs);
 	struct tr_spec_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &f->spec, &e), 0, "%s", e.message);
 	char err[256];
@@ -47,6 +51,14 @@ static void setup_model(struct fixture *f, const char *layers, const char *loss,
 							   : (float)tr_rng_below(key, 5000 + i, 3);
 }
 
+static void setup_model(struct fixture *f, const char *layers, const char *loss, int inputs, int rows,
+			int label_dim)
+{
+	char in[16];
+	snprintf(in, sizeof in, "%d", inputs);
+	setup_model_in(f, layers, loss, in, inputs, rows, label_dim);
+}
+
 static void teardown_model(struct fixture *f)
 {
 	tr_replica_finish(&f->rep);
@@ -64,10 +76,11 @@ static double loss_of(struct fixture *f)
 	return out[0] / f->rows;
 }
 
-static void gradient_check(const char *layers, const char *loss, int label_dim)
+static void gradient_check_in(const char *layers, const char *loss, int label_dim, const char *inputs_json,
+			      int inputs)
 {
 	struct fixture f;
-	setup_model(&f, layers, loss, 5, 6, label_dim);
+	setup_model_in(&f, layers, loss, inputs_json, inputs, 6, label_dim);
 	loss_of(&f);
 	/* Backward overwrites every gradient: whatever the buffer held (here
 	 * NaN) must not leak into the result. */
@@ -96,6 +109,11 @@ static void gradient_check(const char *layers, const char *loss, int label_dim)
 	teardown_model(&f);
 }
 
+static void gradient_check(const char *layers, const char *loss, int label_dim)
+{
+	gradient_check_in(layers, loss, label_dim, "5", 5);
+}
+
 Test(model, gradcheck_dense_relu_softmax)
 {
 	gradient_check("[{\"type\": \"dense\", \"units\": 7}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
@@ -121,6 +139,67 @@ Test(model, gradcheck_layernorm_dropout)
 	gradient_check("[{\"type\": \"dense\", \"units\": 8}, {\"type\": \"layernorm\"}, {\"type\": \"dropout\", \"rate\": 0.3},"
 		       " {\"type\": \"dense\", \"units\": 3, \"bias\": false}]",
 		       "softmax_cross_entropy", 1);
+}
+
+/* The image layers inside whole models: conv2d, both pools, flatten,
+ * global_avg_pool and a residual block (whose skip path adds dy to its
+ * layers' dx), with odd sizes. */
+Test(model, gradcheck_conv_pool_flatten)
+{
+	gradient_check_in("[{\"type\": \"conv2d\", \"filters\": 3, \"kernel\": [3, 2], \"padding\": [2, 1]},"
+			  " {\"type\": \"tanh\"}, {\"type\": \"avgpool2d\", \"kernel\": 2, \"stride\": 1},"
+			  " {\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 2, \"stride\": 3, \"groups\": 1},"
+			  " {\"type\": \"flatten\"}, {\"type\": \"dense\", \"units\": 3}]",
+			  "softmax_cross_entropy", 1, "[2, 5, 4]", 40);
+}
+
+Test(model, gradcheck_residual_global_avg_pool)
+{
+	gradient_check_in("[{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3, \"padding\": \"same\"},"
+			  " {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3,"
+			  " \"padding\": \"same\", \"groups\": 2}, {\"type\": \"tanh\"},"
+			  " {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 1}]}]},"
+			  " {\"type\": \"avgpool2d\", \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+			  " {\"type\": \"global_avg_pool\"}, {\"type\": \"dense\", \"units\": 2}]",
+			  "mse", 2, "[1, 5, 5]", 25);
+}
+
+Test(model, gradcheck_one_pixel_images)
+{
+	gradient_check_in("[{\"type\": \"conv2d\", \"filters\": 3, \"kernel\": 1}, {\"type\": \"sigmoid\"},"
+			  " {\"type\": \"maxpool2d\", \"kernel\": 1}, {\"type\": \"global_avg_pool\"},"
+			  " {\"type\": \"dense\", \"units\": 3}]",
+			  "softmax_cross_entropy", 1, "[5, 1, 1]", 5);
+}
+
+/* safetensors names and shapes: PyTorch's, a block's inner layers
+ * "<block>.<inner>". */
+Test(model, image_layout_follows_pytorch_names)
+{
+	struct fixture f;
+	setup_model_in(&f,
+		       "[{\"type\": \"conv2d\", \"filters\": 6, \"kernel\": [3, 1], \"groups\": 2},"
+		       " {\"type\": \"residual\", \"layers\": [{\"type\": \"relu\"},"
+		       " {\"type\": \"conv2d\", \"filters\": 6, \"kernel\": 1, \"bias\": false}]},"
+		       " {\"type\": \"global_avg_pool\"}, {\"type\": \"dense\", \"units\": 3}]",
+		       "softmax_cross_entropy", "[4, 5, 5]", 100, 2, 1);
+	const char *names[] = {"0.weight", "0.bias", "1.1.weight", "3.weight", "3.bias"};
+	int64_t shapes[][4] = {{6, 2, 3, 1}, {6}, {6, 6, 1, 1}, {3, 6}, {3}};
+	int ndims[] = {4, 1, 4, 2, 1};
+	cr_assert_eq(tr_model_param_count(&f.model), 5);
+	size_t off = 0;
+	for (int i = 0; i < 5; i++) {
+		struct tr_param_view v;
+		tr_model_param_view(&f.model, i, &v);
+		cr_expect_str_eq(v.name, names[i]);
+		cr_expect_eq(v.ndim, ndims[i], "%s", v.name);
+		for (int d = 0; d < ndims[i]; d++)
+			cr_expect_eq(v.shape[d], shapes[i][d], "%s dim %d", v.name, d);
+		cr_expect_eq(v.offset, off, "%s", v.name);
+		off += v.len;
+	}
+	cr_expect_eq(off, f.model.n_params);
+	teardown_model(&f);
 }
 
 Test(model, layout_follows_pytorch_names)
@@ -210,5 +289,97 @@ Test(model, parameter_init_observes_cancel)
 	cr_assert_eq(tr_model_init_params_cancellable(&f.model, a, &cancel), -ECANCELED);
 	free(a);
 	free(b);
+	teardown_model(&f);
+}
+
+/* ---- bit-for-bit guard ----
+ *
+ * Weights after a few training steps of every layer type that existed
+ * before the layer registry, hashed.  The constants were computed by the
+ * model code before the registry (engine/model/model.c with its type
+ * switches); the registry must reproduce them exactly.  The sums depend on
+ * OpenBLAS's kernel for the CPU (and on its thread count: the backend here
+ * has one), so the test names the kernel it was recorded with and is
+ * skipped under another. */
+extern char *openblas_get_corename(void) __attribute__((weak));
+
+#define TR_GOLDEN_CORE "Haswell"
+#define TR_GOLDEN_A 0xd855248619f11ee1ULL
+#define TR_GOLDEN_B 0x84f87d51aa35602eULL
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+static uint64_t train_hash(const char *layers, const char *loss, int inputs, int label_dim, bool adam)
+{
+	struct fixture f;
+	setup_model(&f, layers, loss, inputs, 16, label_dim);
+	float *s1 = calloc(f.model.n_params, sizeof(float)), *s2 = calloc(f.model.n_params, sizeof(float));
+	struct tr_optim_hp hp = {.lr = adam ? 0.01f : 0.05f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f,
+				 .eps = 1e-8f, .weight_decay = adam ? 0.01f : 0.0f, .decoupled = adam};
+	for (int step = 1; step <= 12; step++) {
+		double out[2] = {0, 0};
+		hp.step = step;
+		cr_assert_eq(tr_replica_forward(&f.rep, f.rows, 0, step, 1), 0);
+		cr_assert_eq(tr_replica_loss(&f.rep, f.rows, 1.0f / f.rows, out), 0);
+		cr_assert_eq(tr_replica_backward(&f.rep, f.rows), 0);
+		if (adam)
+			cr_assert_eq(f.be->i->adam_step(f.be, 0, f.model.n_params, f.rep.params, f.rep.grads, s1, s2, &hp), 0);
+		else
+			cr_assert_eq(f.be->i->sgd_step(f.be, 0, f.model.n_params, f.rep.params, f.rep.grads, s1, &hp), 0);
+	}
+	uint64_t h = fnv1a(f.rep.params, f.model.n_params * sizeof(float), 0xcbf29ce484222325ULL);
+	/* the last forward's output too: eval-mode layers */
+	cr_assert_eq(tr_replica_forward(&f.rep, f.rows, 0, 13, 0), 0);
+	h = fnv1a(f.rep.acts[f.model.n_layers], (size_t)f.rows * f.model.outputs * sizeof(float), h);
+	free(s1);
+	free(s2);
+	teardown_model(&f);
+	return h;
+}
+
+Test(model, old_layers_train_bit_for_bit)
+{
+	const char *core = openblas_get_corename ? openblas_get_corename() : "unknown";
+	uint64_t a = train_hash("[{\"type\": \"dense\", \"units\": 32}, {\"type\": \"layernorm\"}, {\"type\": \"gelu\"},"
+				" {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 24, \"bias\": false},"
+				" {\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"dense\", \"units\": 16},"
+				" {\"type\": \"sigmoid\"}, {\"type\": \"dense\", \"units\": 3}]",
+				"softmax_cross_entropy", 20, 1, true);
+	uint64_t b = train_hash("[{\"type\": \"dense\", \"units\": 16}, {\"type\": \"tanh\"}, {\"type\": \"dense\", \"units\": 16},"
+				" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
+				"mse", 12, 3, false);
+	cr_log_info("openblas core %s: hashes %016llx %016llx", core, (unsigned long long)a, (unsigned long long)b);
+	if (strcmp(core, TR_GOLDEN_CORE) != 0)
+		cr_skip_test("recorded with OpenBLAS's %s kernels, this is %s", TR_GOLDEN_CORE, core);
+	cr_expect_eq(a, TR_GOLDEN_A, "%016llx", (unsigned long long)a);
+	cr_expect_eq(b, TR_GOLDEN_B, "%016llx", (unsigned long long)b);
+}
+
+/* A backend without a layer's kernels (a CUDA build before they exist)
+ * refuses the model with the layer named, instead of calling NULL. */
+Test(model, backend_without_kernels_refuses_the_layer)
+{
+	struct fixture f;
+	setup_model_in(&f, "[{\"type\": \"conv2d\", \"filters\": 2, \"kernel\": 1}, {\"type\": \"flatten\"},"
+			   " {\"type\": \"dense\", \"units\": 3}]",
+		       "softmax_cross_entropy", "[1, 2, 2]", 4, 2, 1);
+	struct {
+		struct tr_backend base;
+		tr_backend_i table;
+	} lacking;
+	lacking.table = *f.be->i;
+	lacking.table.conv2d_backward = NULL;
+	lacking.base.i = &lacking.table;
+	tr_replica_t r;
+	char err[256];
+	cr_assert_eq(tr_replica_init(&r, &f.model, &lacking.base, 0, 2, 1, 0, err, sizeof err), -ENOTSUP);
+	cr_expect_not_null(strstr(err, "conv2d"), "%s", err);
+	cr_log_info("%s", err);
 	teardown_model(&f);
 }

@@ -259,6 +259,27 @@ static void clear_strings(struct tr_spec *s)
 		src[i]->path = src[i]->x_path = src[i]->y_path = src[i]->images_path = src[i]->labels_path = NULL;
 }
 
+/* Residual blocks' layers, bytewise, then their pointers cleared in
+ * copies so the enclosing compare sees equal bytes. */
+static void expect_same_layers(struct tr_layer_spec *a, struct tr_layer_spec *b, int n)
+{
+	for (int i = 0; i < n; i++) {
+		cr_expect_eq(a[i].n_inner, b[i].n_inner, "layer %d: inner layers", i);
+		if (a[i].n_inner && a[i].n_inner == b[i].n_inner) {
+			struct tr_layer_spec *x = malloc(sizeof(*x) * (size_t)a[i].n_inner);
+			struct tr_layer_spec *y = malloc(sizeof(*y) * (size_t)b[i].n_inner);
+
+			memcpy(x, a[i].inner, sizeof(*x) * (size_t)a[i].n_inner);
+			memcpy(y, b[i].inner, sizeof(*y) * (size_t)b[i].n_inner);
+			expect_same_layers(x, y, a[i].n_inner);
+			cr_expect(memcmp(x, y, sizeof(*x) * (size_t)a[i].n_inner) == 0, "layer %d: inner layers differ", i);
+			free(x);
+			free(y);
+		}
+		a[i].inner = b[i].inner = NULL;
+	}
+}
+
 /* Compares everything: strings by value, the rest bytewise (the parser
  * zeroes the struct first, so padding matches), which catches a field the
  * emitter forgets without this test having to list every field. */
@@ -284,6 +305,7 @@ static void expect_same_spec(const struct tr_spec *a, const struct tr_spec *b)
 	memcpy(y, b, sizeof(*y));
 	clear_strings(x);
 	clear_strings(y);
+	expect_same_layers(x->layers, y->layers, x->n_layers);
 	p = (const unsigned char *)x;
 	q = (const unsigned char *)y;
 	for (size_t i = 0; i < sizeof(*x); i++) {
@@ -325,7 +347,15 @@ static const char *round_trip_specs[] = {
 	" \"batch_size\": 1, \"max_steps\": 9, \"devices\": \"all\","
 	" \"optimizer\": {\"type\": \"adam\", \"lr\": 2, \"betas\": [0, 0.5], \"eps\": 1e-6},"
 	" \"schedule\": {\"type\": \"linear\", \"min_lr\": 0.1}, \"init\": {\"from\": \"w.safetensors\"}}",
-	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 10}]},"
+	"{\"model\": {\"inputs\": [3, 9, 8], \"layers\": [{\"type\": \"conv2d\", \"filters\": 6, \"kernel\": [3, 1],"
+	" \"padding\": \"same\", \"groups\": 3, \"bias\": false}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
+	" {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 6, \"kernel\": 3, \"padding\": [1, 2],"
+	" \"dilation\": [1, 2], \"stride\": 1}, {\"type\": \"residual\", \"layers\": [{\"type\": \"relu\"}]}]},"
+	" {\"type\": \"avgpool2d\", \"kernel\": [2, 1], \"stride\": [1, 2], \"padding\": [1, 0]},"
+	" {\"type\": \"global_avg_pool\"}, {\"type\": \"dense\", \"units\": 4}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 50, \"shape\": [3, 9, 8], \"classes\": 4}},"
+	" \"batch_size\": 3, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1}}",
+	"{\"model\": {\"layers\": [{\"type\": \"flatten\"}, {\"type\": \"dense\", \"units\": 10}]},"
 	" \"data\": {\"train\": {\"format\": \"idx\", \"images\": \"i\", \"labels\": \"l\"},"
 	" \"validation\": {\"format\": \"npy\", \"x\": \"x\", \"y\": \"y\"}, \"last_batch\": \"drop\"},"
 	" \"batch_size\": 3, \"epochs\": 1, \"devices\": 64,"
@@ -561,6 +591,32 @@ ParameterizedTestParameters(spec, invalid)
 		 "/data/train/label/1"},
 		{"/data/train", "{\"format\": \"csv\", \"path\": \"a.csv\", \"label\": 1.5}", "/data/train/label"},
 		{"/data/train", "{\"format\": \"csv\", \"path\": \"a.csv\", \"samples\": 5}", "/data/train/samples"},
+		/* image layers: keys, values and shapes, each at its layer's pointer */
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4}", "/model/layers/0/kernel"},
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"kernel\": 3}", "/model/layers/0/filters"},
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": [3, 0]}",
+		 "/model/layers/0/kernel/1"},
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": [3]}", "/model/layers/0/kernel"},
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3, \"padding\": \"valid\"}",
+		 "/model/layers/0/padding"},
+		{"/model/layers/0", "{\"type\": \"maxpool2d\", \"kernel\": 2, \"padding\": \"same\"}",
+		 "/model/layers/0/padding"},
+		{"/model/layers/0", "{\"type\": \"flatten\", \"units\": 3}", "/model/layers/0/units"},
+		{"/model/layers/0", "{\"type\": \"residual\"}", "/model/layers/0/layers"},
+		{"/model/layers/0", "{\"type\": \"residual\", \"layers\": []}", "/model/layers/0/layers"},
+		{"/model/layers/0", "{\"type\": \"residual\", \"layers\": [{\"type\": \"relu\", \"rate\": 1}]}",
+		 "/model/layers/0/layers/0/rate"},
+		{"/model/inputs", "[1, 8]", "/model/inputs"},
+		{"/model/inputs", "[1, 0, 8]", "/model/inputs/1"},
+		/* an image for a dense layer: the layer is named, with the shape */
+		{"/model/inputs", "[1, 4, 2]", "/model/layers/0"},
+		{"/data/train/shape", "[2, 2, 2]", "/model/layers/0"},
+		{"/data/train/shape", "[2, 2, 3]", "/data/train/shape"},
+		/* a block that changes the shape: both shapes, the block's pointer */
+		{"/model/layers/0", "{\"type\": \"residual\", \"layers\": [{\"type\": \"dense\", \"units\": 3}]}",
+		 "/model/layers/0"},
+		/* a conv layer needs an image, a dense one a flat input */
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3}", "/model/layers/0"},
 		/* devices */
 		{"/devices", "0", "/devices"},
 		{"/devices", "65", "/devices"},

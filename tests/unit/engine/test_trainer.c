@@ -170,6 +170,39 @@ Test(trainer, device_count_invariance_sgd_momentum_mse)
 	device_invariance(SGD_JOB);
 }
 
+/* Image models: conv2d, pools, a residual block with dropout inside it
+ * (keyed by its node, so the mask does not depend on the split), and a
+ * fully convolutional regression net whose mse compares image-shaped
+ * outputs with their targets element by element.  117 samples, batch 16:
+ * each epoch ends with 5 samples. */
+static const char *CONV_JOB =
+	"{\"seed\": 11, \"model\": {\"inputs\": [2, 7, 6], \"layers\": [{\"type\": \"conv2d\", \"filters\": 4,"
+	" \"kernel\": 3, \"padding\": \"same\"}, {\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2,"
+	" \"stride\": 1}, {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3,"
+	" \"padding\": 1, \"groups\": 2}, {\"type\": \"tanh\"}, {\"type\": \"dropout\", \"rate\": 0.2}]},"
+	" {\"type\": \"avgpool2d\", \"kernel\": 2}, {\"type\": \"flatten\"}, {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 117, \"shape\": [2, 7, 6], \"classes\": 3,"
+	" \"noise\": 0.5}, \"shuffle\": true}, \"batch_size\": 16, \"epochs\": 3,"
+	" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}, \"checkpoint\": {\"every_steps\": 5}}";
+
+static const char *IMAGE_REGRESSION_JOB =
+	"{\"seed\": 4, \"model\": {\"layers\": [{\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\","
+	" \"filters\": 3, \"kernel\": 3, \"padding\": \"same\"}, {\"type\": \"relu\"}, {\"type\": \"conv2d\","
+	" \"filters\": 1, \"kernel\": 3, \"padding\": \"same\"}]}], \"loss\": \"mse\"},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\", \"samples\": 90,"
+	" \"shape\": [1, 5, 5], \"outputs\": 25, \"noise\": 0.1}}, \"batch_size\": 16, \"epochs\": 3,"
+	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.02, \"momentum\": 0.9}}";
+
+Test(trainer, device_count_invariance_conv_residual_dropout)
+{
+	device_invariance(CONV_JOB);
+}
+
+Test(trainer, device_count_invariance_image_regression)
+{
+	device_invariance(IMAGE_REGRESSION_JOB);
+}
+
 /* The MXNet report: 4 devices, the last step holds 2 samples, two devices
  * idle.  Gradient buffers are filled with garbage after every update, so a
  * device that did not clear its buffer would poison the allreduce. */
@@ -540,6 +573,11 @@ Test(trainer, exact_resume_one_device)
 Test(trainer, exact_resume_three_devices)
 {
 	exact_resume(RESUME_JOB, 3);
+}
+
+Test(trainer, exact_resume_conv_residual)
+{
+	exact_resume(CONV_JOB, 2);
 }
 
 Test(trainer, exact_resume_sgd_momentum)
