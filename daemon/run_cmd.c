@@ -149,7 +149,7 @@ static void help(void)
 	      "  --workers W           data loader threads (default: the spec's, 2)\n"
 	      "  --cpu-conv ROUTE      how CPU devices compute conv2d: im2col (OpenBLAS sgemm),\n"
 	      "                        onednn (oneDNN's primitives) or auto (default: per\n"
-	      "                        layer, oneDNN for large convolutions where built in)\n"
+	      "                        layer, oneDNN for outputs of 32x32 and more)\n"
 	      "  --out DIR             output directory (default: out/NAME)\n"
 	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
 	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"

@@ -298,7 +298,8 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 /* How CPU devices compute conv2d (docs/design.md, "Convolution on CPU
  * devices"): im2col + OpenBLAS sgemm, oneDNN's convolution primitives
  * where the build has them, or AUTO: per layer, by its shape, oneDNN for
- * large convolutions and im2col for small ones (im2col alone in a build
+ * large images and im2col for small ones (engine/cpu/cpu_dnnl_conv.c
+ * says where the line is; im2col alone in a build
  * without oneDNN).  Set once, right after creation, before any job runs;
  * -ENOTSUP (with a reason in err) for ONEDNN in a build without it.  A new
  * backend starts with im2col; the daemon and `trainerd run` set AUTO

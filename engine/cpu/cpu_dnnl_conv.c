@@ -470,15 +470,18 @@ void tr_cpu_dnnl_fill(tr_backend_i *t)
 	t->conv2d_backward = cpu_dnnl_conv2d_backward;
 }
 
-/* The "auto" route: oneDNN for convolutions of at least DNNL_MIN_MACS
- * multiply-adds per sample, im2col + OpenBLAS below.  Measured
- * (bench/conv/RESULTS.md): oneDNN's blocked AVX-512 kernels are several
- * times faster than the AVX2 sgemm on VDSR's 64x64 3x3 layers (62M per
- * sample), while on LeNet's small layers (2.2M and less) its reorders and
- * OpenMP team cost more than the arithmetic saves.  The choice depends on
- * the layer's shape alone, so a layer's forward and backward always take
- * the same route and results do not depend on timing. */
-#define DNNL_MIN_MACS ((int64_t)1 << 24)
+/* The "auto" route: oneDNN for convolutions whose output has at least
+ * DNNL_MIN_AREA positions per channel, im2col + OpenBLAS below.  Measured
+ * (bench/conv/RESULTS.md): on VDSR's 41x41 images oneDNN's blocked
+ * AVX-512 kernels run the whole net several times faster than im2col and
+ * the AVX2 sgemm, the 1- and 64-channel edge layers included (taking those
+ * through im2col instead cost 40-60%); on LeNet's 26x26 and 11x11 outputs
+ * im2col wins, its GEMM batched over many samples, while oneDNN's reorders
+ * and second thread pool cost more than the arithmetic saves.  The
+ * threshold sits between the two workloads measured.  The choice depends
+ * on the layer's shape alone, so a layer's forward and backward always
+ * take the same route and results do not depend on timing. */
+#define DNNL_MIN_AREA 1024
 
 static int (*im2col_forward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
 			     const float *, float *, float *);
@@ -487,8 +490,7 @@ static int (*im2col_backward)(tr_backend_t *, int, const struct tr_conv2d_desc *
 
 static bool heavy(const struct tr_conv2d_desc *d)
 {
-	int64_t macs = (int64_t)(d->c / d->groups) * d->kh * d->kw * d->f * d->ho * d->wo;
-	return macs >= DNNL_MIN_MACS;
+	return (int64_t)d->ho * d->wo >= DNNL_MIN_AREA;
 }
 
 static int cpu_auto_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
