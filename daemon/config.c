@@ -25,6 +25,7 @@
 static const char *const level_names[] = {"emerg", "alert",  "crit", "error", "warning",
 					  "notice", "info", "debug", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const cpu_conv_names[] = {"auto", "im2col", "onednn", NULL};
 
 /* ---- custom rows ---- */
 
@@ -150,6 +151,10 @@ static const struct tr_field options[] = {
 	{.key = "cuda-module", TEXT(cuda_module), .defstr = "",
 	 .help = "the CUDA backend module, trainerd-cuda.so (default: TRAINERD_CUDA_MODULE, else beside the executable, "
 		 "else the install's libdir)"},
+	{.key = "cpu-conv", .kind = K_NAME, .off = CFG(cpu_conv), .size = sizeof(((struct tr_config *)0)->cpu_conv),
+	 .names = cpu_conv_names, .defstr = "auto",
+	 .help = "how CPU devices compute conv2d: im2col (OpenBLAS sgemm), onednn (oneDNN's primitives), or auto: per "
+		 "layer, oneDNN for outputs of 32x32 and more where the build has it, im2col for smaller ones"},
 	{.key = "max-body", I64_IN(max_body, 1024, 64 << 20), .def = 1048576,
 	 .help = "largest accepted request body in bytes"},
 	{.key = "log-level", .kind = K_ENUM, .off = CFG(log_level), .names = level_names, .def = 6,

@@ -19,6 +19,7 @@ struct tr_config {
 	int cpu_devices;      /* 0 = one per core */
 	char backend[16];     /* auto | cpu | cuda */
 	char cuda_module[1024]; /* trainerd-cuda.so; "" = search (engine/cuda/module.h) */
+	char cpu_conv[16];    /* auto | im2col | onednn */
 	int64_t max_body;     /* bytes */
 	int log_level;        /* syslog priority: 0..7 */
 	int sse_heartbeat_s;

@@ -14,6 +14,7 @@
 
 #include "daemon/cli.h"
 #include "engine/backend.h"
+#include "engine/cpu/cpu_dnnl_conv.h"
 
 static void usage(FILE *out)
 {
@@ -90,7 +91,8 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "predict") == 0)
 		return tr_cmd_predict(argc - 1, argv + 1);
 	if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-		printf("trainerd %s (backends: cpu%s)\n", TR_VERSION, tr_cuda_available() ? ", cuda" : "");
+		printf("trainerd %s (backends: cpu%s; cpu conv2d: im2col%s)\n", TR_VERSION,
+		       tr_cuda_available() ? ", cuda" : "", tr_dnnl_available() ? ", onednn" : "");
 		return 0;
 	}
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {

@@ -139,7 +139,7 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
-		     "                    [--workers W] [--out DIR] [--quiet]\n"
+		     "                    [--workers W] [--cpu-conv auto|im2col|onednn] [--out DIR] [--quiet]\n"
 		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
 }
 
@@ -156,6 +156,9 @@ static void help(void)
 	      "  --devices N           CPU devices (default: the spec's, else one per core)\n"
 	      "  --backend cpu|cuda    override the spec's backend\n"
 	      "  --workers W           data loader threads (default: the spec's, 2)\n"
+	      "  --cpu-conv ROUTE      how CPU devices compute conv2d: im2col (OpenBLAS sgemm),\n"
+	      "                        onednn (oneDNN's primitives) or auto (default: per\n"
+	      "                        layer, oneDNN for outputs of 32x32 and more)\n"
 	      "  --out DIR             output directory (default: out/NAME)\n"
 	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
 	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"
@@ -309,6 +312,7 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 int tr_cmd_run(int argc, char **argv)
 {
 	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
+	enum tr_cpu_conv cpu_conv = TR_CPU_CONV_AUTO;
 	const char *sets[64];
 	int devices = 0, workers = 0, quiet = 0, nsets = 0;
 	for (int i = 1; i < argc; i++) {
@@ -346,6 +350,18 @@ int tr_cmd_run(int argc, char **argv)
 			i++;
 		} else if (strcmp(a, "--backend") == 0 && v) {
 			backend_name = v;
+			i++;
+		} else if (strcmp(a, "--cpu-conv") == 0 && v) {
+			if (strcmp(v, "auto") == 0)
+				cpu_conv = TR_CPU_CONV_AUTO;
+			else if (strcmp(v, "im2col") == 0)
+				cpu_conv = TR_CPU_CONV_IM2COL;
+			else if (strcmp(v, "onednn") == 0)
+				cpu_conv = TR_CPU_CONV_ONEDNN;
+			else {
+				fprintf(stderr, "trainerd run: --cpu-conv must be auto, im2col or onednn, got '%s'\n", v);
+				return 2;
+			}
 			i++;
 		} else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
 			quiet = 1;
@@ -438,6 +454,7 @@ int tr_cmd_run(int argc, char **argv)
 							  : TR_BACKEND_KIND_AUTO,
 		.devices = n,
 		.tf32 = spec.tf32,
+		.cpu_conv = cpu_conv,
 	};
 	tr_backend_t *be = tr_daemon_backend_open(&bopt, quiet, NULL, 0, errbuf, sizeof errbuf);
 	if (!be) {

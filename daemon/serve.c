@@ -45,6 +45,9 @@ static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, siz
 				   size_t errlen)
 {
 	struct tr_backend_options o = {.cpu_devices = c->cpu_devices, .cuda_module = c->cuda_module};
+	o.cpu_conv = strcmp(c->cpu_conv, "im2col") == 0   ? TR_CPU_CONV_IM2COL
+		     : strcmp(c->cpu_conv, "onednn") == 0 ? TR_CPU_CONV_ONEDNN
+							  : TR_CPU_CONV_AUTO;
 	if (tr_backend_kind_parse(c->backend, &o.kind) < 0) {
 		snprintf(err, errlen, "--backend: '%s' is not auto, cpu or cuda", c->backend);
 		return NULL;

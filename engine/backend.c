@@ -114,6 +114,11 @@ int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, ch
 		snprintf(err, errlen, "cannot create %d CPU devices", n);
 		return -ENOMEM;
 	}
+	int rc = tr_cpu_backend_set_conv(be, opt->cpu_conv, err, errlen);
+	if (rc < 0) {
+		tr_backend_destroy(be);
+		return rc;
+	}
 	if (why[0] && fallback && fblen)
 		snprintf(fallback, fblen, "%s", why);
 	return opened(be, out, err, errlen);

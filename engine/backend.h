@@ -240,6 +240,48 @@ typedef struct tr_backend_i {
 	int (*adam_step_into)(tr_backend_t *be, int dev, size_t n, const float *param, const float *grad,
 			      const float *m, const float *v, float *param_out, float *m_out, float *v_out,
 			      const struct tr_optim_hp *hp);
+	/* Normalisation over NCHW batches: n samples of c channels of hw
+	 * positions.  May be NULL on a backend that lacks them; the layers
+	 * then refuse to run there.  batchnorm2d's statistics span the whole
+	 * step on every device: the bn_* kernels work on this device's n
+	 * samples (n may be 0 on a device without rows: zero sums) and the
+	 * layer allreduces their sums between the job's devices
+	 * (engine/model/norm2d.c).  Sums are taken in double, stored as float.
+	 *
+	 * bn_sums: out[ch] = sum over samples and positions of x, or of
+	 * (x - mean[ch])^2 when mean is not NULL (overwrites out). */
+	int (*bn_sums)(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean,
+		       float *out);
+	/* y = (x - mean) / sqrt(var + eps) * gamma + beta, per channel. */
+	int (*bn_apply)(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x,
+			const float *mean, const float *var, const float *gamma, const float *beta, float *y);
+	/* run = (1 - momentum) run + momentum stat, the variance unbiased by
+	 * count / (count - 1) (count: values per channel in the step, > 1);
+	 * batches[0] += 1. */
+	int (*bn_running_update)(tr_backend_t *be, int dev, int c, float momentum, double count,
+				 const float *mean, const float *var, float *run_mean, float *run_var,
+				 float *batches);
+	/* This device's sums[ch] = sum dy and sums[c + ch] = sum dy (x - mean);
+	 * dbeta = the first, dgamma = the second / sqrt(var + eps), both
+	 * overwritten when not NULL. */
+	int (*bn_backward_sums)(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x,
+				const float *mean, const float *var, const float *dy, float *sums, float *dgamma,
+				float *dbeta);
+	/* dx from the step's sums (allreduced) over count values per channel:
+	 * dx = (dy - S1/count - (x - mean) S2/count / (var + eps)) gamma / sqrt(var + eps). */
+	int (*bn_backward_apply)(tr_backend_t *be, int dev, int n, int c, int hw, float eps, double count,
+				 const float *x, const float *mean, const float *var, const float *gamma,
+				 const float *sums, const float *dy, float *dx);
+	/* GroupNorm per sample over groups of c/groups channels; mean/rstd hold
+	 * n x groups entries.  backward overwrites dgamma/dbeta; dx may be
+	 * NULL (first layer). */
+	int (*groupnorm_forward)(tr_backend_t *be, int dev, int n, int c, int hw, int groups, float eps,
+				 const float *x, const float *gamma, const float *beta, float *y, float *mean,
+				 float *rstd);
+	int (*groupnorm_backward)(tr_backend_t *be, int dev, int n, int c, int hw, int groups, const float *x,
+				  const float *gamma, const float *mean, const float *rstd, const float *dy,
+				  float *dx, float *dgamma, float *dbeta);
+
 	/* Device memory is host memory: pointers from alloc are plain host
 	 * pointers, 64-byte aligned, released with free() (the backend's own
 	 * free does exactly that), readable from any thread, and they stay
@@ -272,6 +314,17 @@ struct tr_backend {
 	const tr_backend_i *i;
 };
 
+/* How CPU devices compute conv2d (docs/design.md, "Convolution on CPU
+ * devices"): im2col + OpenBLAS sgemm, oneDNN's convolution primitives
+ * where the build has them, or AUTO: per layer, by its shape, oneDNN for
+ * large images and im2col for small ones (engine/cpu/cpu_dnnl_conv.c
+ * says where the line is; im2col alone in a build
+ * without oneDNN).  Set once, right after creation, before any job runs;
+ * -ENOTSUP (with a reason in err) for ONEDNN in a build without it.  A new
+ * backend starts with im2col; the daemon and `trainerd run` set AUTO
+ * unless told otherwise. */
+enum tr_cpu_conv { TR_CPU_CONV_AUTO, TR_CPU_CONV_IM2COL, TR_CPU_CONV_ONEDNN };
+
 /* How a command asks for its devices (tr_backend_open). */
 struct tr_backend_options {
 	enum tr_backend_kind kind; /* AUTO: CUDA when a GPU is usable, else CPU */
@@ -284,6 +337,7 @@ struct tr_backend_options {
 	int blas_threads;        /* CPU: the total BLAS thread budget, 0 = all cores */
 	bool tf32;               /* CUDA: every device starts with TF32 gemm allowed */
 	const char *cuda_module; /* trainerd-cuda.so to load; NULL or "" = search (engine/cuda/module.h) */
+	enum tr_cpu_conv cpu_conv; /* CPU: how conv2d is computed (default AUTO) */
 };
 
 /* The one way trainerd opens a backend, for `serve` and `run` alike.
@@ -311,6 +365,10 @@ int tr_backend_check_ops(const tr_backend_i *t, char *err, size_t errlen);
  * `blas_threads` is the total BLAS thread budget (0 = all cores).  NULL on
  * bad input.  Commands use tr_backend_open; tests create it directly. */
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
+
+int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err, size_t errlen);
+/* "im2col", "onednn" or "auto". */
+const char *tr_cpu_backend_conv_name(const tr_backend_t *be);
 
 /* Creates the CUDA backend (engine/cuda/cuda.h has the options); NULL
  * with a reason in err when no GPU is usable or the module is missing. */

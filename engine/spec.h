@@ -65,6 +65,8 @@ enum tr_layer_type {
 	TR_LAYER_GLOBAL_AVG_POOL,
 	TR_LAYER_FLATTEN,
 	TR_LAYER_RESIDUAL,
+	TR_LAYER_GROUPNORM,
+	TR_LAYER_BATCHNORM2D,
 };
 
 /* Residual blocks nest at most this deep. */
@@ -81,14 +83,15 @@ struct tr_layer_spec {
 	bool bias;         /* dense, conv2d: default true */
 	bool gelu_tanh;    /* gelu "approximate": "tanh" */
 	float rate;        /* dropout, [0, 1) */
-	float eps;         /* layernorm, default 1e-5 */
+	float eps;         /* layernorm, groupnorm, batchnorm2d: default 1e-5 */
+	float momentum;    /* batchnorm2d: running statistics' update, default 0.1 */
 	int filters;       /* conv2d */
 	int kernel[2];     /* conv2d, pools */
 	int stride[2];     /* conv2d: default 1; pools: default = kernel (0 = not given) */
 	int padding[2];    /* default 0 */
 	bool pad_same;     /* conv2d "padding": "same" */
 	int dilation[2];   /* conv2d, default 1 */
-	int groups;        /* conv2d, default 1 */
+	int groups;        /* conv2d, default 1; groupnorm, required */
 	/* residual: its layers, owned (tr_spec_finish frees them) */
 	struct tr_layer_spec *inner;
 	int n_inner;

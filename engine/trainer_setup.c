@@ -389,6 +389,11 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			goto fail;
 		}
 	}
+	for (int i = 0; i < t->ndev; i++) {
+		t->ranks[i].rep.comm = t->comm;
+		t->ranks[i].rep.rank = i;
+		t->ranks[i].rep.ndev = t->ndev;
+	}
 	*out = t;
 	return 0;
 fail:

@@ -68,7 +68,11 @@ static void save_early_stop(const struct tr_trainer *t, json_t *meta);
 
 struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t epoch, const char *reason)
 {
-	struct tr_snapshot *snap = tr_trainer_can_lend(t->be) ? lend_snapshot(t) : copy_snapshot(t);
+	/* The out-of-place update writes the parameters only, not the
+	 * buffers after them (batchnorm2d's running statistics, which the
+	 * forward pass updates in place): such models copy. */
+	bool lend = tr_trainer_can_lend(t->be) && t->model.n_trainable == t->model.n_params;
+	struct tr_snapshot *snap = lend ? lend_snapshot(t) : copy_snapshot(t);
 	if (!snap)
 		return NULL;
 	snap->step = step;

@@ -203,7 +203,12 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	 * the final sync the ring has had the step's time to load s+1. */
 	if ((ret = upload_ahead(t, rc)) < 0)
 		goto fail;
-	if (len > 0) {
+	/* A model whose layers synchronise within the passes (batchnorm2d's
+	 * global statistics) runs them on a rank without rows too, with 0
+	 * rows: its collectives must meet the other ranks'.  Its gradients
+	 * then come out zero as above. */
+	r->step_rows = b->count;
+	if (len > 0 || t->model.collective) {
 		if ((ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
 		    (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
 		    (ret = tr_replica_backward(r, len)) < 0)
@@ -244,8 +249,8 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	if (rc->rank == 0 && t->lent)
 		ret = update_lent(t, r, &hp);
 	else
-		ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, np, r->params, r->grads, r->state1,
-				     r->state2, &hp);
+		ret = tr_optim_apply(be, r->dev, t->spec->optimizer.type, t->model.n_trainable, r->params, r->grads,
+				     r->state1, r->state2, &hp);
 	if (ret < 0)
 		goto fail;
 	if (t->opt.debug_poison_grads) {

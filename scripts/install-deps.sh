@@ -11,7 +11,7 @@ set -euo pipefail
 
 packages=(
 	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy python3-torch python3-sklearn curl prometheus wrk
-	libopenblas-dev libjansson-dev libcriterion-dev
+	libopenblas-dev libdnnl-dev libjansson-dev libcriterion-dev
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev nettle-dev
 	nodejs chromium systemd openssl clang
 	"$@"

@@ -40,10 +40,15 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/cpu/cpu_dnnl_conv.h"
 
 /* Shared with cpu_kernels.c and cpu_comm.c (no private header to hold them). */
 void tr_cpu_kernels_fill(tr_backend_i *t);
 void tr_cpu_comm_fill(tr_backend_i *t);
+void tr_cpu_norm2d_fill(tr_backend_i *t);
+void tr_cpu_dnnl_fill(tr_backend_i *t);
+void tr_cpu_auto_conv_fill(tr_backend_i *t);
+tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
 void tr_cpu_conv_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -71,6 +76,8 @@ struct cpu_backend {
 	int blas_threads; /* per calling device thread */
 	pthread_mutex_t err_mu;
 	char err[ERR_LEN]; /* latest error from any thread, under err_mu */
+	enum tr_cpu_conv conv;     /* the conv2d route (tr_cpu_backend_set_conv) */
+	tr_dnnl_conv_t *dnnl[64];  /* per device, made by its thread on first use */
 };
 
 /* Device threads fail concurrently, so each thread keeps its own latest
@@ -145,6 +152,8 @@ static void cpu_destroy(tr_backend_t *be)
 
 	if (!b)
 		return;
+	for (int d = 0; d < 64; d++)
+		tr_dnnl_conv_destroy(b->dnnl[d]);
 	pthread_mutex_destroy(&b->err_mu);
 	free(b);
 }
@@ -328,6 +337,47 @@ static int usable_cores(void)
 	return n > 0 ? (int)n : 1;
 }
 
+/* oneDNN's per-device state, made on the device's first convolution by
+ * the device's own thread (the only one that uses it), with the device's
+ * share of the thread budget as its OpenMP team. */
+tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev)
+{
+	struct cpu_backend *b = (struct cpu_backend *)be;
+	char why[256];
+
+	if (!b->dnnl[dev]) {
+		b->dnnl[dev] = tr_dnnl_conv_create(b->blas_threads, why, sizeof why);
+		if (!b->dnnl[dev])
+			tr_cpu_set_error(be, -EIO, "conv2d: %s", why);
+	}
+	return b->dnnl[dev];
+}
+
+int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err, size_t errlen)
+{
+	struct cpu_backend *b = (struct cpu_backend *)be;
+
+	if (route == TR_CPU_CONV_AUTO && !tr_dnnl_available())
+		route = TR_CPU_CONV_IM2COL;
+	if (route == TR_CPU_CONV_ONEDNN && !tr_dnnl_available()) {
+		snprintf(err, errlen, "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
+		return -ENOTSUP;
+	}
+	tr_cpu_conv_fill(&b->table);
+	if (route == TR_CPU_CONV_ONEDNN)
+		tr_cpu_dnnl_fill(&b->table);
+	else if (route == TR_CPU_CONV_AUTO)
+		tr_cpu_auto_conv_fill(&b->table);
+	b->conv = route;
+	return 0;
+}
+
+const char *tr_cpu_backend_conv_name(const tr_backend_t *be)
+{
+	const struct cpu_backend *b = (const struct cpu_backend *)be;
+	return b->conv == TR_CPU_CONV_ONEDNN ? "onednn" : b->conv == TR_CPU_CONV_AUTO ? "auto" : "im2col";
+}
+
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 {
 	struct cpu_backend *b;
@@ -366,6 +416,8 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	tr_cpu_kernels_fill(&b->table);
 	tr_cpu_conv_fill(&b->table);
 	tr_cpu_comm_fill(&b->table);
+	tr_cpu_norm2d_fill(&b->table);
+	b->conv = TR_CPU_CONV_IM2COL;
 	b->base.i = &b->table;
 	b->devices = devices;
 	b->id = atomic_fetch_add(&next_id, 1);

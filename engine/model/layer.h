@@ -27,7 +27,7 @@
  * blocks, at any depth. */
 #define TR_MODEL_MAX_NODES 256
 /* Parameter tensors of one layer (weight, bias, and room for more). */
-#define TR_LAYER_MAX_TENSORS 4
+#define TR_LAYER_MAX_TENSORS 5
 
 struct tr_shape {
 	int ndim; /* 1 (flat) or 3 (C, H, W) */
@@ -61,6 +61,10 @@ struct tr_param_slot {
 	enum tr_init init;
 	size_t fan_in;    /* TR_INIT_UNIFORM_FAN_IN */
 	uint64_t rng_sub; /* generator key: (seed, node index, rng_sub) */
+	/* A buffer, not a parameter (batchnorm2d's running statistics):
+	 * saved and loaded with the parameters, never trained.  The model
+	 * lays buffers out after every parameter (tr_model_t.n_trainable). */
+	bool buffer;
 };
 
 struct tr_layer_i;
@@ -85,6 +89,9 @@ struct tr_layer {
 	/* Floats per sample of the buffers kept from forward to backward
 	 * (dropout's mask, layernorm's mean and rstd, ...): aux and aux2. */
 	size_t saved[2];
+	/* Floats of device memory the layer keeps per replica whatever the
+	 * rows (batchnorm2d's batch statistics and sums): r->kept[index]. */
+	size_t kept;
 	/* A layer that holds layers (residual): its inner layers are nodes
 	 * first .. first + count - 1, and inner_shape is their output shape,
 	 * set by the model before setup. */
@@ -113,6 +120,11 @@ typedef struct tr_layer_i {
 	/* Its spec's "layers" (tr_layer_spec.inner) are built as nodes of
 	 * their own, on this layer's input shape. */
 	bool holds_layers;
+	/* Its training passes take part in collectives between the job's
+	 * devices (batchnorm2d's statistics over the global batch), so every
+	 * rank must run forward and backward in every step, with rows = 0
+	 * when it has no samples (tr_model_t.collective). */
+	bool collective;
 	/* Its spec keys besides "type": a field table (engine/spec_fields.h)
 	 * over struct tr_layer_spec, parsed, defaulted and emitted by the
 	 * spec parser (engine/model/layer_spec.c).  NULL: no keys. */
@@ -171,6 +183,6 @@ void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, siz
 
 extern const tr_layer_i tr_layer_dense, tr_layer_relu, tr_layer_gelu, tr_layer_tanh, tr_layer_sigmoid,
 	tr_layer_dropout, tr_layer_layernorm, tr_layer_conv2d, tr_layer_maxpool2d, tr_layer_avgpool2d,
-	tr_layer_global_avg_pool, tr_layer_flatten, tr_layer_residual;
+	tr_layer_global_avg_pool, tr_layer_flatten, tr_layer_residual, tr_layer_groupnorm, tr_layer_batchnorm2d;
 
 #endif

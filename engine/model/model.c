@@ -159,10 +159,17 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 		int rc = l->ops->setup(l, ls, err, sizeof err);
 		if (rc < 0)
 			return fail(b, lptr, "%s", err);
+		/* buffers get their offsets after every parameter
+		 * (tr_model_build), so that the optimizer's range is one
+		 * prefix; weight and bias stay adjacent */
 		for (int t = 0; t < l->n_tensors; t++) {
+			if (l->tensors[t].buffer)
+				continue;
 			l->tensors[t].off = b->off;
 			b->off += l->tensors[t].len;
 		}
+		if (l->ops->collective)
+			m->collective = true;
 		if (l->n_tensors > 0) {
 			l->w_off = l->tensors[0].off;
 			l->w_len = l->tensors[0].len;
@@ -171,7 +178,8 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 			l->b_off = l->tensors[1].off;
 			l->b_len = 0;
 			for (int t = 1; t < l->n_tensors; t++)
-				l->b_len += l->tensors[t].len;
+				if (!l->tensors[t].buffer)
+					l->b_len += l->tensors[t].len;
 		}
 		size_t out = tr_shape_numel(l->out_shape);
 		if (out > TR_SPEC_MAX_WIDTH || out < 1) {
@@ -241,7 +249,23 @@ int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *
 	if (rc < 0)
 		return rc;
 	m->outputs = m->n_layers ? m->layers[m->n_layers - 1].out : inputs;
+	m->n_trainable = b.off;
+	for (int i = 0; i < m->n_nodes; i++) {
+		struct tr_layer *l = &m->layers[i];
+		for (int t = 0; t < l->n_tensors; t++) {
+			if (!l->tensors[t].buffer)
+				continue;
+			l->tensors[t].off = b.off;
+			b.off += l->tensors[t].len;
+		}
+	}
 	m->n_params = b.off;
+	if (b.off > (size_t)TR_SPEC_MAX_PARAMS) {
+		snprintf(ptr, ptrlen, "/model/layers");
+		snprintf(msg, msglen, "the model has %zu parameters and buffers, more than the %lld the engine takes",
+			 b.off, (long long)TR_SPEC_MAX_PARAMS);
+		return -EINVAL;
+	}
 	if (b.off == 0) {
 		snprintf(ptr, ptrlen, "/model/layers");
 		snprintf(msg, msglen, "the model has no parameters");
@@ -390,6 +414,8 @@ int tr_replica_buffer_sizes(const tr_model_t *m, int max_rows, int label_dim, in
 		for (int k = 0; k < 2; k++)
 			if (l->saved[k])
 				visit(&v, rows * l->saved[k]);
+		if (l->kept)
+			visit(&v, l->kept);
 	}
 	visit(&v, rows * m->max_width); /* dbuf[0] */
 	visit(&v, rows * m->max_width); /* dbuf[1] */
@@ -444,7 +470,10 @@ int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int 
 			r->aux[i] = dev_alloc(r, rows * l->saved[0], &failed);
 		if (l->saved[1])
 			r->aux2[i] = dev_alloc(r, rows * l->saved[1], &failed);
+		if (l->kept)
+			r->kept[i] = dev_alloc(r, l->kept, &failed);
 	}
+	r->ndev = 1;
 	r->dbuf[0] = dev_alloc(r, rows * m->max_width, &failed);
 	r->dbuf[1] = dev_alloc(r, rows * m->max_width, &failed);
 	size_t w = workspace_floats(m, r->max_rows);
@@ -477,7 +506,9 @@ void tr_replica_finish(tr_replica_t *r)
 			r->be->i->free(r->be, r->dev, r->aux[i]);
 		if (r->aux2[i])
 			r->be->i->free(r->be, r->dev, r->aux2[i]);
-		r->acts[i + 1] = r->aux[i] = r->aux2[i] = NULL;
+		if (r->kept[i])
+			r->be->i->free(r->be, r->dev, r->kept[i]);
+		r->acts[i + 1] = r->aux[i] = r->aux2[i] = r->kept[i] = NULL;
 	}
 	r->acts[0] = NULL;
 	r->be = NULL;

@@ -29,6 +29,12 @@ typedef struct tr_model {
 	struct tr_shape in_shape;
 	enum tr_loss loss;
 	size_t n_params;
+	/* Parameters come first, buffers (tr_param_slot.buffer) after them:
+	 * the optimizer updates [0, n_trainable) only. */
+	size_t n_trainable;
+	/* Some layer's training passes are collectives (tr_layer_ops
+	 * .collective): ranks without rows still run them. */
+	bool collective;
 	uint64_t seed;
 } tr_model_t;
 
@@ -74,7 +80,15 @@ typedef struct tr_replica {
 	float *aux2[TR_MODEL_MAX_NODES];     /* saved[1]: layernorm rstd */
 	float *dbuf[2];
 	float *work; /* the largest workspace any layer asks for */
+	float *kept[TR_MODEL_MAX_NODES];     /* tr_layer.kept floats of node i */
 	int label_dim;
+	/* For layers whose passes are collectives: this replica's rank among
+	 * the job's ndev devices, their communicator (NULL with one device),
+	 * and the step's sample count on all of them together, set by the
+	 * trainer before each training pass. */
+	tr_comm_t *comm;
+	int rank, ndev;
+	int64_t step_rows;
 } tr_replica_t;
 
 /* The float counts of every buffer tr_replica_init allocates, in its

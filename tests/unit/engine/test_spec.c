@@ -360,6 +360,12 @@ static const char *round_trip_specs[] = {
 	" \"validation\": {\"format\": \"npy\", \"x\": \"x\", \"y\": \"y\"}, \"last_batch\": \"drop\"},"
 	" \"batch_size\": 3, \"epochs\": 1, \"devices\": 64,"
 	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 1, \"momentum\": 0.5, \"nesterov\": true}}",
+	"{\"model\": {\"inputs\": [4, 6, 6], \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3,"
+	" \"bias\": false}, {\"type\": \"batchnorm2d\", \"momentum\": 0.25}, {\"type\": \"relu\"},"
+	" {\"type\": \"groupnorm\", \"groups\": 2, \"eps\": 0.001}, {\"type\": \"batchnorm2d\"},"
+	" {\"type\": \"global_avg_pool\"}, {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 50, \"shape\": [4, 6, 6], \"classes\": 3}},"
+	" \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1}}",
 };
 
 Test(spec, round_trip)
@@ -602,6 +608,11 @@ ParameterizedTestParameters(spec, invalid)
 		{"/model/layers/0", "{\"type\": \"maxpool2d\", \"kernel\": 2, \"padding\": \"same\"}",
 		 "/model/layers/0/padding"},
 		{"/model/layers/0", "{\"type\": \"flatten\", \"units\": 3}", "/model/layers/0/units"},
+		{"/model/layers/0", "{\"type\": \"groupnorm\", \"eps\": 0.001}", "/model/layers/0/groups"},
+		{"/model/layers/0", "{\"type\": \"groupnorm\", \"groups\": 0}", "/model/layers/0/groups"},
+		{"/model/layers/0", "{\"type\": \"batchnorm2d\", \"momentum\": 1.5}", "/model/layers/0/momentum"},
+		{"/model/layers/0", "{\"type\": \"batchnorm2d\", \"eps\": 0}", "/model/layers/0/eps"},
+		{"/model/layers/0", "{\"type\": \"batchnorm2d\", \"groups\": 2}", "/model/layers/0/groups"},
 		{"/model/layers/0", "{\"type\": \"residual\"}", "/model/layers/0/layers"},
 		{"/model/layers/0", "{\"type\": \"residual\", \"layers\": []}", "/model/layers/0/layers"},
 		{"/model/layers/0", "{\"type\": \"residual\", \"layers\": [{\"type\": \"relu\", \"rate\": 1}]}",

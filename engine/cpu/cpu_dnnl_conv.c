@@ -1,0 +1,520 @@
+/* oneDNN convolution for CPU devices (cpu_dnnl_conv.h).
+ *
+ * A call finds or builds a cache entry for its (direction, shape, bias):
+ * the primitive, created with format "any" so that oneDNN picks its
+ * blocked layouts, and for each tensor whose blocked layout differs from
+ * trainerd's plain one a scratch buffer and the two reorders between them.
+ * The user-side memory objects are rebound to the caller's pointers on
+ * every call (dnnl_memory_set_data_handle), so one entry serves any
+ * buffers of that shape.  Entries are evicted least recently used; a model
+ * has a few shapes per layer (training batch, last partial batch,
+ * validation chunk).
+ */
+#include "engine/cpu/cpu_dnnl_conv.h"
+
+#include "engine/backend.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef TR_HAVE_DNNL
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+enum dir { FWD, BWD_DATA, BWD_WEIGHTS };
+
+#define MAX_SLOTS 4
+#define CACHE 48
+
+struct slot {
+	int arg;       /* DNNL_ARG_* of the primitive */
+	bool output;
+	dnnl_memory_t user, prim;     /* prim == user when layouts agree */
+	dnnl_primitive_t to_prim, to_user;
+	void *buf;     /* blocked scratch, or NULL */
+};
+
+struct entry {
+	bool used;
+	enum dir dir;
+	bool bias;
+	struct tr_conv2d_geom g;
+	uint64_t last;
+	dnnl_primitive_t prim;
+	int nslots;
+	struct slot slots[MAX_SLOTS];
+};
+
+struct tr_dnnl_conv {
+	dnnl_engine_t eng;
+	dnnl_stream_t strm;
+	int threads;
+	uint64_t clock;
+	struct entry cache[CACHE];
+};
+
+bool tr_dnnl_available(void)
+{
+	return true;
+}
+
+#define DN(call, what)                                                                             \
+	do {                                                                                       \
+		dnnl_status_t st_ = (call);                                                        \
+		if (st_ != dnnl_success) {                                                         \
+			snprintf(err, errlen, "oneDNN: %s failed (status %d)", what, (int)st_);    \
+			goto fail;                                                                 \
+		}                                                                                  \
+	} while (0)
+
+tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, char *err, size_t errlen)
+{
+	tr_dnnl_conv_t *dc = calloc(1, sizeof *dc);
+	if (!dc) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	dc->threads = threads < 1 ? 1 : threads;
+	DN(dnnl_engine_create(&dc->eng, dnnl_cpu, 0), "engine_create");
+	DN(dnnl_stream_create(&dc->strm, dc->eng, dnnl_stream_default_flags), "stream_create");
+	return dc;
+fail:
+	tr_dnnl_conv_destroy(dc);
+	return NULL;
+}
+
+static void entry_clear(struct entry *e)
+{
+	for (int i = 0; i < e->nslots; i++) {
+		struct slot *s = &e->slots[i];
+		if (s->to_prim)
+			dnnl_primitive_destroy(s->to_prim);
+		if (s->to_user)
+			dnnl_primitive_destroy(s->to_user);
+		if (s->prim && s->prim != s->user)
+			dnnl_memory_destroy(s->prim);
+		if (s->user)
+			dnnl_memory_destroy(s->user);
+		free(s->buf);
+	}
+	if (e->prim)
+		dnnl_primitive_destroy(e->prim);
+	memset(e, 0, sizeof *e);
+}
+
+void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc)
+{
+	if (!dc)
+		return;
+	for (int i = 0; i < CACHE; i++)
+		if (dc->cache[i].used)
+			entry_clear(&dc->cache[i]);
+	if (dc->strm)
+		dnnl_stream_destroy(dc->strm);
+	if (dc->eng)
+		dnnl_engine_destroy(dc->eng);
+	free(dc);
+}
+
+static dnnl_status_t plain_md(dnnl_memory_desc_t *md, int which, const struct tr_conv2d_geom *g, bool any)
+{
+	if (which == DNNL_ARG_SRC || which == DNNL_ARG_DIFF_SRC) {
+		dnnl_dims_t d = {g->n, g->c, g->h, g->w};
+		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+	}
+	if (which == DNNL_ARG_DST || which == DNNL_ARG_DIFF_DST) {
+		dnnl_dims_t d = {g->n, g->k, g->oh, g->ow};
+		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+	}
+	if (which == DNNL_ARG_WEIGHTS || which == DNNL_ARG_DIFF_WEIGHTS) {
+		if (g->groups > 1) {
+			/* [out, in/groups, kh, kw] is goihw with out = groups x out/groups */
+			dnnl_dims_t d = {g->groups, g->k / g->groups, g->c / g->groups, g->kh, g->kw};
+			return dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw);
+		}
+		dnnl_dims_t d = {g->k, g->c, g->kh, g->kw};
+		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
+	}
+	dnnl_dims_t d = {g->k};
+	return dnnl_memory_desc_init_by_tag(md, 1, d, dnnl_f32, dnnl_a);
+}
+
+static dnnl_status_t fwd_desc(dnnl_convolution_desc_t *cd, const struct tr_conv2d_geom *g, bool bias)
+{
+	dnnl_memory_desc_t s, w, b, d;
+	dnnl_status_t st;
+	if ((st = plain_md(&s, DNNL_ARG_SRC, g, true)) || (st = plain_md(&w, DNNL_ARG_WEIGHTS, g, true)) ||
+	    (st = plain_md(&b, DNNL_ARG_BIAS, g, false)) || (st = plain_md(&d, DNNL_ARG_DST, g, true)))
+		return st;
+	dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl = {g->ph, g->pw};
+	/* the right/bottom padding that gives PyTorch's output size */
+	dnnl_dims_t pr = {(g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1 - g->h - g->ph,
+			  (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1 - g->w - g->pw};
+	return dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct, &s, &w,
+							  bias ? &b : NULL, &d, strides, dil, pl, pr);
+}
+
+/* Binds one tensor of the primitive: a user memory of the plain layout,
+ * and when the primitive wants another layout, scratch and reorders. */
+static int add_slot_at(tr_dnnl_conv_t *dc, struct entry *e, const_dnnl_primitive_desc_t pd, dnnl_query_t q, int idx,
+		       int arg, bool output, char *err, size_t errlen)
+{
+	struct slot *s = &e->slots[e->nslots++];
+	dnnl_primitive_desc_t rpd = NULL;
+	s->arg = arg;
+	s->output = output;
+	const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, q, idx);
+	dnnl_memory_desc_t umd;
+	DN(plain_md(&umd, arg, &e->g, false), "memory_desc_init");
+	DN(dnnl_memory_create(&s->user, &umd, dc->eng, DNNL_MEMORY_NONE), "memory_create");
+	if (dnnl_memory_desc_equal(&umd, pmd)) {
+		s->prim = s->user;
+		return 0;
+	}
+	size_t bytes = dnnl_memory_desc_get_size(pmd);
+	s->buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	if (!s->buf) {
+		snprintf(err, errlen, "out of memory for oneDNN scratch (%zu bytes)", bytes);
+		return -ENOMEM;
+	}
+	DN(dnnl_memory_create(&s->prim, pmd, dc->eng, s->buf), "memory_create");
+	if (output) {
+		DN(dnnl_reorder_primitive_desc_create(&rpd, pmd, dc->eng, &umd, dc->eng, NULL), "reorder");
+		DN(dnnl_primitive_create(&s->to_user, rpd), "reorder");
+	} else {
+		DN(dnnl_reorder_primitive_desc_create(&rpd, &umd, dc->eng, pmd, dc->eng, NULL), "reorder");
+		DN(dnnl_primitive_create(&s->to_prim, rpd), "reorder");
+	}
+	dnnl_primitive_desc_destroy(rpd);
+	return 0;
+fail:
+	if (rpd)
+		dnnl_primitive_desc_destroy(rpd);
+	return -EIO;
+}
+
+static int add_slot(tr_dnnl_conv_t *dc, struct entry *e, const_dnnl_primitive_desc_t pd, dnnl_query_t q, int arg,
+		    bool output, char *err, size_t errlen)
+{
+	/* bias comes second among the (diff) weights */
+	int idx = arg == DNNL_ARG_BIAS || arg == DNNL_ARG_DIFF_BIAS;
+	return add_slot_at(dc, e, pd, q, idx, arg, output, err, errlen);
+}
+
+static int build(tr_dnnl_conv_t *dc, struct entry *e, char *err, size_t errlen)
+{
+	dnnl_convolution_desc_t fd, bd;
+	dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+	const struct tr_conv2d_geom *g = &e->g;
+	int rc = -EIO;
+	DN(fwd_desc(&fd, g, e->bias), "convolution_forward_desc_init");
+	DN(dnnl_primitive_desc_create(&fpd, &fd, NULL, dc->eng, NULL), "convolution forward");
+	dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl = {g->ph, g->pw};
+	dnnl_dims_t pr = {fd.padding[1][0], fd.padding[1][1]};
+	dnnl_memory_desc_t s, w, b, d;
+	DN(plain_md(&s, DNNL_ARG_SRC, g, true), "md");
+	DN(plain_md(&w, DNNL_ARG_WEIGHTS, g, true), "md");
+	DN(plain_md(&b, DNNL_ARG_BIAS, g, false), "md");
+	DN(plain_md(&d, DNNL_ARG_DST, g, true), "md");
+	if (e->dir == FWD) {
+		pd = fpd;
+		fpd = NULL;
+		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err, errlen)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_WEIGHTS, false, err, errlen)) < 0 ||
+		    (e->bias && (rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_BIAS, false, err, errlen)) < 0) ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_dst_md, DNNL_ARG_DST, true, err, errlen)) < 0)
+			goto out;
+	} else if (e->dir == BWD_DATA) {
+		DN(dnnl_dilated_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, &s, &w, &d, strides,
+								    dil, pl, pr),
+		   "convolution_backward_data_desc_init");
+		DN(dnnl_primitive_desc_create(&pd, &bd, NULL, dc->eng, fpd), "convolution backward data");
+		if ((rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_WEIGHTS, false, err, errlen)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err, errlen)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_src_md, DNNL_ARG_DIFF_SRC, true, err, errlen)) < 0)
+			goto out;
+	} else {
+		DN(dnnl_dilated_convolution_backward_weights_desc_init(&bd, dnnl_convolution_direct, &s, &w,
+								       e->bias ? &b : NULL, &d, strides, dil, pl,
+								       pr),
+		   "convolution_backward_weights_desc_init");
+		DN(dnnl_primitive_desc_create(&pd, &bd, NULL, dc->eng, fpd), "convolution backward weights");
+		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err, errlen)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err, errlen)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_WEIGHTS, true, err,
+				   errlen)) < 0 ||
+		    (e->bias && (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_BIAS, true,
+					       err, errlen)) < 0))
+			goto out;
+	}
+	DN(dnnl_primitive_create(&e->prim, pd), "primitive_create");
+	rc = 0;
+	goto out;
+fail:
+	rc = -EIO;
+out:
+	if (fpd)
+		dnnl_primitive_desc_destroy(fpd);
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	return rc;
+}
+
+static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_conv2d_geom *g, bool bias, char *err,
+			    size_t errlen, int *rc)
+{
+	struct entry *victim = &dc->cache[0];
+	for (int i = 0; i < CACHE; i++) {
+		struct entry *e = &dc->cache[i];
+		if (e->used && e->dir == dir && e->bias == bias && !memcmp(&e->g, g, sizeof *g)) {
+			e->last = ++dc->clock;
+			return e;
+		}
+		if (!e->used || (victim->used && e->last < victim->last))
+			victim = e;
+	}
+	if (victim->used)
+		entry_clear(victim);
+	victim->used = true;
+	victim->dir = dir;
+	victim->bias = bias;
+	victim->g = *g;
+	victim->last = ++dc->clock;
+	if ((*rc = build(dc, victim, err, errlen)) < 0) {
+		entry_clear(victim);
+		return NULL;
+	}
+	return victim;
+}
+
+/* ptrs[i] is the caller's buffer for slots[i] */
+static int run(tr_dnnl_conv_t *dc, struct entry *e, void *const *ptrs, char *err, size_t errlen)
+{
+	dnnl_exec_arg_t args[MAX_SLOTS];
+	omp_set_num_threads(dc->threads);
+	for (int i = 0; i < e->nslots; i++) {
+		struct slot *s = &e->slots[i];
+		DN(dnnl_memory_set_data_handle(s->user, ptrs[i]), "set_data_handle");
+		if (s->to_prim) {
+			dnnl_exec_arg_t ra[] = {{DNNL_ARG_FROM, s->user}, {DNNL_ARG_TO, s->prim}};
+			DN(dnnl_primitive_execute(s->to_prim, dc->strm, 2, ra), "reorder");
+		}
+		args[i].arg = s->arg;
+		args[i].memory = s->prim;
+	}
+	DN(dnnl_primitive_execute(e->prim, dc->strm, e->nslots, args), "convolution");
+	for (int i = 0; i < e->nslots; i++) {
+		struct slot *s = &e->slots[i];
+		if (s->to_user) {
+			dnnl_exec_arg_t ra[] = {{DNNL_ARG_FROM, s->prim}, {DNNL_ARG_TO, s->user}};
+			DN(dnnl_primitive_execute(s->to_user, dc->strm, 2, ra), "reorder");
+		}
+	}
+	DN(dnnl_stream_wait(dc->strm), "stream_wait");
+	return 0;
+fail:
+	return -EIO;
+}
+
+int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
+			 const float *b, float *y, char *err, size_t errlen)
+{
+	int rc = 0;
+	struct entry *e = lookup(dc, FWD, g, b != NULL, err, errlen, &rc);
+	if (!e)
+		return rc;
+	void *with_bias[] = {(void *)x, (void *)w, (void *)b, y};
+	void *without[] = {(void *)x, (void *)w, y};
+	return run(dc, e, b ? with_bias : without, err, errlen);
+}
+
+int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
+			       float *dx, char *err, size_t errlen)
+{
+	int rc = 0;
+	struct entry *e = lookup(dc, BWD_DATA, g, false, err, errlen, &rc);
+	if (!e)
+		return rc;
+	void *p[] = {(void *)w, (void *)dy, dx};
+	return run(dc, e, p, err, errlen);
+}
+
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
+				  const float *dy, float *dw, float *db, char *err, size_t errlen)
+{
+	int rc = 0;
+	struct entry *e = lookup(dc, BWD_WEIGHTS, g, db != NULL, err, errlen, &rc);
+	if (!e)
+		return rc;
+	void *p[] = {(void *)x, (void *)dy, dw, db};
+	return run(dc, e, p, err, errlen);
+}
+
+#else /* !TR_HAVE_DNNL */
+
+bool tr_dnnl_available(void)
+{
+	return false;
+}
+
+tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, char *err, size_t errlen)
+{
+	(void)threads;
+	snprintf(err, errlen, "this build has no oneDNN (libdnnl-dev; meson option dnnl)");
+	return NULL;
+}
+
+void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc)
+{
+	(void)dc;
+}
+
+int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
+			 const float *b, float *y, char *err, size_t errlen)
+{
+	(void)dc, (void)g, (void)x, (void)w, (void)b, (void)y;
+	snprintf(err, errlen, "this build has no oneDNN");
+	return -ENOTSUP;
+}
+
+int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
+			       float *dx, char *err, size_t errlen)
+{
+	(void)dc, (void)g, (void)w, (void)dy, (void)dx;
+	snprintf(err, errlen, "this build has no oneDNN");
+	return -ENOTSUP;
+}
+
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
+				  const float *dy, float *dw, float *db, char *err, size_t errlen)
+{
+	(void)dc, (void)g, (void)x, (void)dy, (void)dw, (void)db;
+	snprintf(err, errlen, "this build has no oneDNN");
+	return -ENOTSUP;
+}
+
+#endif
+
+/* ---- the CPU backend's conv2d entries on this route ---------------------- */
+
+int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
+tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
+void tr_cpu_dnnl_fill(tr_backend_i *t);
+void tr_cpu_auto_conv_fill(tr_backend_i *t);
+
+static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
+{
+	return (struct tr_conv2d_geom){.n = rows, .c = d->c, .h = d->h, .w = d->w, .k = d->f, .kh = d->kh,
+				       .kw = d->kw, .sh = d->sh, .sw = d->sw, .ph = d->ph, .pw = d->pw,
+				       .dh = d->dh, .dw = d->dw, .groups = d->groups, .oh = d->ho, .ow = d->wo};
+}
+
+static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				   const float *x, const float *w, const float *bias, float *y, float *work)
+{
+	char err[256];
+	int rc = tr_cpu_check_dev(be, dev, "conv2d_forward");
+	(void)work; /* oneDNN keeps its own scratch */
+	if (rc)
+		return rc;
+	if (rows < 0)
+		return tr_cpu_set_error(be, -EINVAL, "conv2d_forward: %d rows", rows);
+	if (rows == 0)
+		return 0;
+	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(be, dev);
+	if (!dc)
+		return -EIO;
+	struct tr_conv2d_geom g = geom_of(d, rows);
+	if ((rc = tr_dnnl_conv_forward(dc, &g, x, w, bias, y, err, sizeof err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_forward: %s", err);
+	return 0;
+}
+
+static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+				    float *work)
+{
+	char err[256];
+	int rc = tr_cpu_check_dev(be, dev, "conv2d_backward");
+	(void)work;
+	if (rc)
+		return rc;
+	if (rows < 0)
+		return tr_cpu_set_error(be, -EINVAL, "conv2d_backward: %d rows", rows);
+	if (rows == 0) {
+		/* sums over no samples (a rank without rows in a collective
+		 * model's step) */
+		memset(dw, 0, (size_t)d->f * (d->c / d->groups) * d->kh * d->kw * sizeof *dw);
+		if (dbias)
+			memset(dbias, 0, (size_t)d->f * sizeof *dbias);
+		return 0;
+	}
+	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(be, dev);
+	if (!dc)
+		return -EIO;
+	struct tr_conv2d_geom g = geom_of(d, rows);
+	if ((rc = tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, dbias, err, sizeof err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err);
+	if (dx && (rc = tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, err, sizeof err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err);
+	return 0;
+}
+
+void tr_cpu_dnnl_fill(tr_backend_i *t)
+{
+	t->conv2d_forward = cpu_dnnl_conv2d_forward;
+	t->conv2d_backward = cpu_dnnl_conv2d_backward;
+}
+
+/* The "auto" route: oneDNN for convolutions whose output has at least
+ * DNNL_MIN_AREA positions per channel, im2col + OpenBLAS below.  Measured
+ * (bench/conv/RESULTS.md): on VDSR's 41x41 images oneDNN's blocked
+ * AVX-512 kernels run the whole net several times faster than im2col and
+ * the AVX2 sgemm, the 1- and 64-channel edge layers included (taking those
+ * through im2col instead cost 40-60%); on LeNet's 26x26 and 11x11 outputs
+ * im2col wins, its GEMM batched over many samples, while oneDNN's reorders
+ * and second thread pool cost more than the arithmetic saves.  The
+ * threshold sits between the two workloads measured.  The choice depends
+ * on the layer's shape alone, so a layer's forward and backward always
+ * take the same route and results do not depend on timing. */
+#define DNNL_MIN_AREA 1024
+
+static int (*im2col_forward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
+			     const float *, float *, float *);
+static int (*im2col_backward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
+			      const float *, float *, float *, float *, float *);
+
+static bool heavy(const struct tr_conv2d_desc *d)
+{
+	return (int64_t)d->ho * d->wo >= DNNL_MIN_AREA;
+}
+
+static int cpu_auto_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				   const float *x, const float *w, const float *bias, float *y, float *work)
+{
+	if (heavy(d))
+		return cpu_dnnl_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
+	return im2col_forward(be, dev, d, rows, x, w, bias, y, work);
+}
+
+static int cpu_auto_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
+				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
+				    float *work)
+{
+	if (heavy(d))
+		return cpu_dnnl_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+	return im2col_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+}
+
+/* t holds the im2col entries (tr_cpu_conv_fill) when called. */
+void tr_cpu_auto_conv_fill(tr_backend_i *t)
+{
+	im2col_forward = t->conv2d_forward;
+	im2col_backward = t->conv2d_backward;
+	t->conv2d_forward = cpu_auto_conv2d_forward;
+	t->conv2d_backward = cpu_auto_conv2d_backward;
+}

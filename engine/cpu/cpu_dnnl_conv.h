@@ -1,0 +1,50 @@
+/* 2-D convolution on CPU devices through oneDNN's convolution primitives
+ * (libdnnl 2.x C API), the alternative to im2col + OpenBLAS sgemm
+ * (docs/design.md, "Convolution on CPU devices").
+ *
+ * Tensors are trainerd's: NCHW activations, OIHW weights ([out,
+ * in/groups, kh, kw], PyTorch's layout), plain float arrays.  oneDNN runs
+ * fastest on its own blocked layouts, so each call reorders into blocked
+ * scratch buffers, runs the primitive there, and reorders the result back;
+ * primitives and scratch are cached per device and shape.  oneDNN's
+ * threads are OpenMP's: each call sets the calling device thread's OpenMP
+ * team size to the device's share of the thread budget, so the thread
+ * count (and with it the order of every sum) follows from the backend and
+ * the shape alone, as for gemm.
+ *
+ * Built only when libdnnl is found (meson option `dnnl`); otherwise
+ * tr_dnnl_available() is false and the other functions return -ENOTSUP.
+ */
+#ifndef TR_CPU_DNNL_CONV_H
+#define TR_CPU_DNNL_CONV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct tr_conv2d_geom {
+	int n, c, h, w;   /* input */
+	int k, kh, kw;    /* filters and kernel */
+	int sh, sw, ph, pw, dh, dw, groups;
+	int oh, ow;       /* output, as PyTorch computes it */
+};
+
+typedef struct tr_dnnl_conv tr_dnnl_conv_t;
+
+bool tr_dnnl_available(void);
+
+/* One per device; threads is the OpenMP team size for its calls.  NULL
+ * with a reason in err when oneDNN is missing or fails to start. */
+tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, char *err, size_t errlen);
+void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc);
+
+/* y = conv(x, w) + b (b may be NULL). */
+int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
+			 const float *b, float *y, char *err, size_t errlen);
+/* dx = conv_transpose(dy, w) (overwritten). */
+int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
+			       float *dx, char *err, size_t errlen);
+/* dw and db (db may be NULL) overwritten with this batch's gradients. */
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
+				  const float *dy, float *dw, float *db, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,146 @@
+/* Tests of the oneDNN convolution route (engine/cpu/cpu_dnnl_conv.c):
+ * forward, data gradient and weight/bias gradients against a direct
+ * double-precision convolution, on shapes that stress the geometry
+ * (stride, padding beyond half the kernel, dilation, groups, 1x1 images,
+ * kernel = image, stride > kernel), and the shape cache reused with other
+ * buffers.  Skipped, visibly, in a build without oneDNN.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_dnnl_conv.h"
+#include "engine/rng.h"
+
+static uint64_t rs = 0x243f6a8885a308d3ULL;
+
+static float rndf(void)
+{
+	rs = tr_mix64(rs);
+	return (float)((double)(rs >> 11) * 0x1p-52 - 1.0);
+}
+
+static float *frand(size_t n)
+{
+	float *p = malloc((n ? n : 1) * sizeof *p);
+	cr_assert(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = rndf();
+	return p;
+}
+
+static int out_size(int in, int k, int s, int p, int d)
+{
+	return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+/* y[n,k,p,q] = b[k] + sum_{c in group, r, s} x[n,c,p*sh-ph+r*dh, q*sw-pw+s*dw] w[k,c',r,s];
+ * dx and dw, db of L = sum dy * y. */
+static void reference(const struct tr_conv2d_geom *g, const float *x, const float *w, const float *b,
+		      const float *dy, double *y, double *dx, double *dw, double *db)
+{
+	int cg = g->c / g->groups, kg = g->k / g->groups;
+	size_t ny = (size_t)g->n * g->k * g->oh * g->ow;
+	memset(dx, 0, (size_t)g->n * g->c * g->h * g->w * sizeof *dx);
+	memset(dw, 0, (size_t)g->k * cg * g->kh * g->kw * sizeof *dw);
+	memset(db, 0, (size_t)g->k * sizeof *db);
+	for (size_t i = 0; i < ny; i++)
+		y[i] = 0;
+	for (int n = 0; n < g->n; n++)
+		for (int k = 0; k < g->k; k++) {
+			int grp = k / kg;
+			for (int p = 0; p < g->oh; p++)
+				for (int q = 0; q < g->ow; q++) {
+					size_t yo = (((size_t)n * g->k + k) * g->oh + p) * g->ow + q;
+					double acc = b ? b[k] : 0.0;
+					double d = dy[yo];
+					db[k] += d;
+					for (int cc = 0; cc < cg; cc++) {
+						int c = grp * cg + cc;
+						for (int r = 0; r < g->kh; r++)
+							for (int s = 0; s < g->kw; s++) {
+								int ih = p * g->sh - g->ph + r * g->dh;
+								int iw = q * g->sw - g->pw + s * g->dw;
+								if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w)
+									continue;
+								size_t xo = (((size_t)n * g->c + c) * g->h + ih) * g->w + iw;
+								size_t wo = (((size_t)k * cg + cc) * g->kh + r) * g->kw + s;
+								acc += (double)x[xo] * w[wo];
+								dx[xo] += d * w[wo];
+								dw[wo] += d * x[xo];
+							}
+					}
+					y[yo] = acc;
+				}
+		}
+}
+
+static void close_to(const char *what, const float *got, const double *want, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - want[i]);
+		cr_assert(d <= 1e-4 + 1e-4 * fabs(want[i]), "%s[%zu]: got %.8g want %.8g", what, i, (double)got[i],
+			  want[i]);
+	}
+}
+
+struct cs {
+	int n, c, h, w, k, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias;
+};
+
+static const struct cs cases[] = {
+	{2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1},
+	{3, 4, 9, 9, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0},  /* "same", no bias */
+	{1, 1, 1, 1, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1},  /* 1x1 image */
+	{2, 2, 5, 4, 3, 5, 4, 1, 1, 0, 0, 1, 1, 1, 1},  /* kernel = image */
+	{2, 2, 8, 7, 3, 2, 2, 3, 3, 0, 0, 1, 1, 1, 1},  /* stride > kernel */
+	{1, 2, 4, 4, 2, 3, 3, 1, 1, 2, 2, 1, 1, 1, 1},  /* padding > half the kernel */
+	{2, 4, 9, 8, 6, 3, 3, 2, 1, 1, 2, 2, 1, 2, 1},  /* dilation, groups, uneven stride/padding */
+	{2, 6, 5, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, 6, 1},  /* depthwise */
+};
+
+Test(dnnl_conv, matches_direct_convolution)
+{
+	if (!tr_dnnl_available())
+		cr_skip_test("this build has no oneDNN (libdnnl-dev)");
+	char err[256];
+	tr_dnnl_conv_t *dc = tr_dnnl_conv_create(2, err, sizeof err);
+	cr_assert(dc, "%s", err);
+	for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+		const struct cs *c = &cases[ci];
+		struct tr_conv2d_geom g = {c->n, c->c, c->h, c->w, c->k, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw,
+					   c->dh, c->dw, c->groups, 0, 0};
+		g.oh = out_size(g.h, g.kh, g.sh, g.ph, g.dh);
+		g.ow = out_size(g.w, g.kw, g.sw, g.pw, g.dw);
+		size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.k * g.oh * g.ow;
+		size_t nw = (size_t)g.k * (g.c / g.groups) * g.kh * g.kw;
+		float *x = frand(nx), *w = frand(nw), *b = c->bias ? frand(g.k) : NULL, *dy = frand(ny);
+		float *y = frand(ny), *dx = frand(nx), *dw = frand(nw), *db = frand(g.k);
+		double *ry = malloc(ny * sizeof *ry), *rdx = malloc(nx * sizeof *rdx);
+		double *rdw = malloc(nw * sizeof *rdw), *rdb = malloc(g.k * sizeof *rdb);
+		reference(&g, x, w, b, dy, ry, rdx, rdw, rdb);
+		/* twice: the second call takes the cached primitives */
+		for (int rep = 0; rep < 2; rep++) {
+			cr_assert_eq(tr_dnnl_conv_forward(dc, &g, x, w, b, y, err, sizeof err), 0, "case %zu: %s", ci,
+				     err);
+			close_to("y", y, ry, ny);
+			cr_assert_eq(tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, err, sizeof err), 0, "case %zu: %s",
+				     ci, err);
+			close_to("dx", dx, rdx, nx);
+			cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, c->bias ? db : NULL, err,
+								   sizeof err),
+				     0, "case %zu: %s", ci, err);
+			close_to("dw", dw, rdw, nw);
+			if (c->bias)
+				close_to("db", db, rdb, g.k);
+			memset(y, 0xff, ny * sizeof *y); /* NaN: must be overwritten */
+			memset(dx, 0xff, nx * sizeof *dx);
+			memset(dw, 0xff, nw * sizeof *dw);
+		}
+		free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
+		free(ry), free(rdx), free(rdw), free(rdb);
+	}
+	tr_dnnl_conv_destroy(dc);
+}
