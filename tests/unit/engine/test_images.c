@@ -1,0 +1,693 @@
+/* Tests for the image data: gzip IDX files and their [1, H, W] shape, the
+ * "images" folder reader, the "patches" reader, the image transforms, the
+ * bicubic resampling, and bit-identical batches for any loader count.
+ * PNG files are written by the test itself with libpng into a fresh
+ * mkdtemp directory; IDX files with zlib.  Fashion-MNIST (Debian's
+ * dataset-fashion-mnist) is read when installed, else that test skips
+ * with a message.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "engine/data/image.h"
+#include "engine/data/prefetch.h"
+#include "engine/data/reader.h"
+#include "engine/spec.h"
+
+static char tmp_dir[256];
+static char err[1024];
+
+static void make_dir(void)
+{
+	snprintf(tmp_dir, sizeof(tmp_dir), "%s/tr_img_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	cr_assert_not_null(mkdtemp(tmp_dir));
+	err[0] = '\0';
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static void remove_dir(void)
+{
+	nftw(tmp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(images, .init = make_dir, .fini = remove_dir);
+TestSuite(patches, .init = make_dir, .fini = remove_dir);
+
+static const char *tmp_path(const char *name)
+{
+	static char bufs[64][512];
+	static int next;
+	char *b = bufs[next++ % 64];
+
+	snprintf(b, 512, "%s/%s", tmp_dir, name);
+	return b;
+}
+
+static void mkdir_in(const char *name)
+{
+	cr_assert_eq(mkdir(tmp_path(name), 0755), 0, "mkdir %s", name);
+}
+
+/* Writes an 8-bit PNG of w x h with `channels` (1-4) from interleaved px. */
+static void write_png(const char *name, int w, int h, int channels, const unsigned char *px)
+{
+	static const int types[] = {0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA, PNG_COLOR_TYPE_RGB,
+				    PNG_COLOR_TYPE_RGB_ALPHA};
+	FILE *f = fopen(tmp_path(name), "wb");
+	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+	png_infop info = png_create_info_struct(png);
+
+	cr_assert(f && png && info);
+	cr_assert_eq(setjmp(png_jmpbuf(png)), 0);
+	png_init_io(png, f);
+	png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, types[channels], PNG_INTERLACE_NONE,
+		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+	png_write_info(png, info);
+	for (int y = 0; y < h; y++)
+		png_write_row(png, (png_const_bytep)(px + (size_t)y * w * channels));
+	png_write_end(png, NULL);
+	png_destroy_write_struct(&png, &info);
+	cr_assert_eq(fclose(f), 0);
+}
+
+/* A w x h image whose pixel (y, x, c) is (seed + 7y + 3x + 50c) mod 256. */
+static void write_pattern(const char *name, int w, int h, int channels, int seed)
+{
+	unsigned char *px = malloc((size_t)w * h * channels);
+
+	for (int y = 0; y < h; y++)
+		for (int x = 0; x < w; x++)
+			for (int c = 0; c < channels; c++)
+				px[((size_t)y * w + x) * channels + c] = (unsigned char)(seed + 7 * y + 3 * x + 50 * c);
+	write_png(name, w, h, channels, px);
+	free(px);
+}
+
+static float pattern(int seed, int y, int x, int c)
+{
+	return (float)(unsigned char)(seed + 7 * y + 3 * x + 50 * c);
+}
+
+static int file_size(const char *path)
+{
+	struct stat st;
+
+	cr_assert_eq(stat(path, &st), 0);
+	return (int)st.st_size;
+}
+
+static void truncate_file(const char *name, int keep)
+{
+	cr_assert_eq(truncate(tmp_path(name), keep), 0);
+}
+
+static tr_reader_t *open_ok(const struct tr_source_spec *s)
+{
+	tr_reader_t *r = NULL;
+	int rc = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
+
+	cr_assert_eq(rc, 0, "open failed: %d %s", rc, err);
+	return r;
+}
+
+static int open_fail(const struct tr_source_spec *s)
+{
+	tr_reader_t *r = NULL;
+	int rc;
+
+	err[0] = '\0';
+	rc = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
+	cr_assert_lt(rc, 0, "open should fail");
+	cr_assert_null(r);
+	cr_assert_neq(err[0], '\0', "no message");
+	return rc;
+}
+
+static void expect_err(const char *needle)
+{
+	cr_assert_not_null(strstr(err, needle), "error '%s' does not mention '%s'", err, needle);
+}
+
+/* ---- gzip IDX ---- */
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+	p[0] = v >> 24;
+	p[1] = v >> 16;
+	p[2] = v >> 8;
+	p[3] = v;
+}
+
+/* Writes an IDX images file [n, rows, cols] (plain and .gz), or a labels
+ * file when rows == 0.  gz_cut > 0 cuts the gzip file to that size. */
+static void write_idx(const char *name, uint32_t n, uint32_t rows, uint32_t cols, int gz_cut)
+{
+	size_t hdr = rows ? 16 : 8, len = hdr + (size_t)n * (rows ? rows * cols : 1);
+	unsigned char *b = malloc(len);
+	char gzname[256];
+	gzFile g;
+	FILE *f;
+
+	put_be32(b, rows ? 0x803 : 0x801);
+	put_be32(b + 4, n);
+	if (rows) {
+		put_be32(b + 8, rows);
+		put_be32(b + 12, cols);
+	}
+	for (size_t i = hdr; i < len; i++)
+		b[i] = rows ? (unsigned char)(i * 13 + 5) : (unsigned char)((i - hdr) % 10);
+	f = fopen(tmp_path(name), "wb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(b, 1, len, f), len);
+	fclose(f);
+	snprintf(gzname, sizeof gzname, "%s.gz", name);
+	g = gzopen(tmp_path(gzname), "wb");
+	cr_assert_not_null(g);
+	cr_assert_eq(gzwrite(g, b, (unsigned)len), (int)len);
+	gzclose(g);
+	if (gz_cut)
+		truncate_file(gzname, gz_cut);
+	free(b);
+}
+
+static struct tr_source_spec idx_src(const char *images, const char *labels)
+{
+	struct tr_source_spec s;
+
+	memset(&s, 0, sizeof(s));
+	s.present = true;
+	s.format = TR_DATA_IDX;
+	s.images_path = (char *)images;
+	s.labels_path = (char *)labels;
+	return s;
+}
+
+Test(images, idx_gzip_reads_the_same_samples_as_plain)
+{
+	write_idx("img", 9, 5, 4, 0);
+	write_idx("lab", 9, 0, 0, 0);
+	struct tr_source_spec sp = idx_src(tmp_path("img"), tmp_path("lab"));
+	struct tr_source_spec sg = idx_src(tmp_path("img.gz"), tmp_path("lab.gz"));
+	struct tr_source_spec smix = idx_src(tmp_path("img.gz"), tmp_path("lab"));
+	tr_reader_t *p = open_ok(&sp), *g = open_ok(&sg), *m = open_ok(&smix);
+	float xp[20], xg[20], yp, yg;
+
+	cr_assert_eq(g->info.samples, 9);
+	cr_assert_eq(g->info.features, 20);
+	/* [N, rows, cols] gives one grey channel of rows x cols. */
+	cr_assert_eq(g->info.shape[0], 1);
+	cr_assert_eq(g->info.shape[1], 5);
+	cr_assert_eq(g->info.shape[2], 4);
+	cr_assert_eq(p->info.shape[1], 5);
+	for (int i = 0; i < 9; i++) {
+		cr_assert_eq(tr_reader_get(p, i, xp, &yp, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(g, i, xg, &yg, err, sizeof err), 0, "%s", err);
+		cr_assert_arr_eq(xp, xg, sizeof xp);
+		cr_assert_eq(yp, yg);
+		cr_assert_eq(yg, (float)(i % 10));
+		cr_assert_eq(tr_reader_get(m, i, xg, &yg, err, sizeof err), 0, "%s", err);
+		cr_assert_arr_eq(xp, xg, sizeof xp);
+	}
+	tr_reader_destroy(p);
+	tr_reader_destroy(g);
+	tr_reader_destroy(m);
+}
+
+Test(images, idx_gzip_rejects_truncated_and_corrupt_files)
+{
+	unsigned char junk[64];
+	FILE *f;
+
+	/* Cut inside the deflate stream: fewer bytes than the header promises. */
+	write_idx("img", 50, 10, 10, 0);
+	write_idx("lab", 50, 0, 0, 0);
+	write_idx("cut", 50, 10, 10, file_size(tmp_path("img.gz")) / 2);
+	struct tr_source_spec s = idx_src(tmp_path("cut.gz"), tmp_path("lab.gz"));
+	open_fail(&s);
+	expect_err("cut.gz");
+	expect_err("truncated");
+
+	/* A gzip magic followed by garbage. */
+	memset(junk, 0x5a, sizeof junk);
+	junk[0] = 0x1f;
+	junk[1] = 0x8b;
+	junk[2] = 8;
+	junk[3] = 0;
+	f = fopen(tmp_path("bad.gz"), "wb");
+	fwrite(junk, 1, sizeof junk, f);
+	fclose(f);
+	s = idx_src(tmp_path("img.gz"), tmp_path("bad.gz"));
+	open_fail(&s);
+	expect_err("bad.gz");
+
+	/* A header promising more than a compressed file may hold is refused
+	 * before anything is allocated. */
+	{
+		unsigned char h[16];
+		gzFile g = gzopen(tmp_path("huge.gz"), "wb");
+
+		put_be32(h, 0x803);
+		put_be32(h + 4, 0xffffffffu);
+		put_be32(h + 8, 1000);
+		put_be32(h + 12, 1000);
+		gzwrite(g, h, sizeof h);
+		gzclose(g);
+	}
+	s = idx_src(tmp_path("huge.gz"), tmp_path("lab.gz"));
+	cr_assert_eq(open_fail(&s), -EFBIG);
+	expect_err("huge.gz");
+}
+
+/* Debian's dataset-fashion-mnist: gzipped IDX, 60000 + 10000 images. */
+#define FASHION_DIR "/usr/share/dataset-fashion-mnist"
+
+Test(images, fashion_mnist_gz)
+{
+	struct stat st;
+
+	if (stat(FASHION_DIR "/train-images-idx3-ubyte.gz", &st) != 0)
+		cr_skip("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+	struct tr_source_spec s =
+		idx_src(FASHION_DIR "/train-images-idx3-ubyte.gz", FASHION_DIR "/train-labels-idx1-ubyte.gz");
+	tr_reader_t *r = open_ok(&s);
+	float x[784], y;
+	int counts[10] = {0};
+
+	cr_assert_eq(r->info.samples, 60000);
+	cr_assert_eq(r->info.features, 784);
+	cr_assert_eq(r->info.shape[0], 1);
+	cr_assert_eq(r->info.shape[1], 28);
+	cr_assert_eq(r->info.shape[2], 28);
+	for (int i = 0; i < 60000; i += 7) {
+		cr_assert_eq(tr_reader_get(r, i, x, &y, err, sizeof err), 0, "%s", err);
+		cr_assert(y >= 0 && y < 10);
+		counts[(int)y]++;
+	}
+	for (int k = 0; k < 10; k++)
+		cr_assert_gt(counts[k], 700, "class %d: %d", k, counts[k]);
+	tr_reader_destroy(r);
+}
+
+/* ---- images ---- */
+
+static struct tr_source_spec images_src(const char *dir)
+{
+	struct tr_source_spec s;
+
+	memset(&s, 0, sizeof(s));
+	s.present = true;
+	s.format = TR_DATA_IMAGES;
+	s.path = (char *)tmp_path(dir);
+	return s;
+}
+
+/* Two classes in sorted order ("ant" before "bee"), files sorted within. */
+static void write_two_classes(int w, int h, int channels)
+{
+	mkdir_in("set");
+	mkdir_in("set/bee");
+	mkdir_in("set/ant");
+	write_pattern("set/bee/b.png", w, h, channels, 30);
+	write_pattern("set/bee/a.png", w, h, channels, 20);
+	write_pattern("set/ant/z.PNG", w, h, channels, 10);
+	/* Not images: skipped as torchvision's ImageFolder skips them. */
+	FILE *f = fopen(tmp_path("set/ant/notes.txt"), "w");
+	fputs("hello", f);
+	fclose(f);
+	f = fopen(tmp_path("set/README"), "w");
+	fputs("hello", f);
+	fclose(f);
+}
+
+Test(images, folders_give_classes_shape_and_planar_pixels)
+{
+	write_two_classes(5, 4, 3);
+	struct tr_source_spec s = images_src("set");
+	tr_reader_t *r = open_ok(&s);
+	float x[60], y;
+	const int seeds[] = {10, 20, 30}, labels[] = {0, 1, 1};
+
+	cr_assert_eq(r->info.samples, 3);
+	cr_assert_eq(r->info.features, 60);
+	cr_assert_eq(r->info.label_dim, 1);
+	cr_assert_eq(r->info.shape[0], 3);
+	cr_assert_eq(r->info.shape[1], 4);
+	cr_assert_eq(r->info.shape[2], 5);
+	cr_assert_str_eq(tr_images_class_name(r, 0), "ant");
+	cr_assert_str_eq(tr_images_class_name(r, 1), "bee");
+	cr_assert_null(tr_images_class_name(r, 2));
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(tr_reader_get(r, i, x, &y, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(y, (float)labels[i]);
+		for (int c = 0; c < 3; c++)
+			for (int yy = 0; yy < 4; yy++)
+				for (int xx = 0; xx < 5; xx++)
+					cr_assert_eq(x[(c * 4 + yy) * 5 + xx], pattern(seeds[i], yy, xx, c),
+						     "sample %d c%d y%d x%d", i, c, yy, xx);
+	}
+	{
+		float lab[3];
+
+		cr_assert_eq(r->i->labels(r, 0, 3, lab, err, sizeof err), 0);
+		cr_assert_eq(lab[0], 0.0f);
+		cr_assert_eq(lab[2], 1.0f);
+	}
+	tr_reader_destroy(r);
+}
+
+Test(images, resize_and_center_crop)
+{
+	mkdir_in("set");
+	mkdir_in("set/a");
+	write_pattern("set/a/1.png", 12, 8, 1, 0);
+	write_pattern("set/a/2.png", 9, 10, 1, 5);
+	struct tr_source_spec s = images_src("set");
+	/* Different sizes without resize or crop: refused, naming the file. */
+	open_fail(&s);
+	expect_err("set/a/2.png");
+	expect_err("resize");
+
+	/* The crop alone, centred (torchvision rounds the offsets). */
+	s.center_crop[0] = 6;
+	s.center_crop[1] = 4;
+	tr_reader_t *r = open_ok(&s);
+	float x[24], y;
+
+	cr_assert_eq(r->info.shape[1], 6);
+	cr_assert_eq(r->info.shape[2], 4);
+	cr_assert_eq(tr_reader_get(r, 0, x, &y, err, sizeof err), 0, "%s", err);
+	for (int yy = 0; yy < 6; yy++)
+		for (int xx = 0; xx < 4; xx++)
+			cr_assert_eq(x[yy * 4 + xx], pattern(0, yy + 1, xx + 4, 0));
+	tr_reader_destroy(r);
+
+	/* resize [h, w] then crop. */
+	s.resize[0] = 16;
+	s.resize[1] = 16;
+	s.center_crop[0] = 8;
+	s.center_crop[1] = 8;
+	r = open_ok(&s);
+	cr_assert_eq(r->info.features, 64);
+	{
+		float big[64];
+
+		cr_assert_eq(tr_reader_get(r, 1, big, &y, err, sizeof err), 0, "%s", err);
+		for (int j = 0; j < 64; j++)
+			cr_assert(isfinite(big[j]));
+	}
+	tr_reader_destroy(r);
+}
+
+Test(images, bad_images_are_named)
+{
+	struct tr_source_spec s = images_src("set");
+	tr_reader_t *r;
+	float x[60], y;
+
+	/* Wrong channel count: the first image fixes it. */
+	write_two_classes(5, 4, 3);
+	write_pattern("set/bee/c.png", 5, 4, 1, 0);
+	open_fail(&s);
+	expect_err("set/bee/c.png");
+	expect_err("1 channel");
+	remove(tmp_path("set/bee/c.png"));
+
+	/* Not a PNG at all. */
+	{
+		FILE *f = fopen(tmp_path("set/bee/c.png"), "w");
+
+		fputs("GIF89a, not what the name says", f);
+		fclose(f);
+	}
+	open_fail(&s);
+	expect_err("set/bee/c.png");
+	expect_err("not a PNG");
+	remove(tmp_path("set/bee/c.png"));
+
+	/* Truncated after open: the header was fine, the pixels are not.  The
+	 * loader's read fails with the file named, the reader goes on. */
+	r = open_ok(&s);
+	truncate_file("set/bee/a.png", file_size(tmp_path("set/bee/a.png")) - 20);
+	cr_assert_lt(tr_reader_get(r, 1, x, &y, err, sizeof err), 0);
+	expect_err("set/bee/a.png");
+	cr_assert_eq(tr_reader_get(r, 0, x, &y, err, sizeof err), 0, "%s", err);
+	tr_reader_destroy(r);
+
+	/* Truncated before open, inside the header. */
+	truncate_file("set/bee/a.png", 20);
+	open_fail(&s);
+	expect_err("set/bee/a.png");
+
+	/* No classes. */
+	mkdir_in("empty");
+	s = images_src("empty");
+	open_fail(&s);
+	expect_err("no class subfolders");
+
+	/* A file where a folder is expected. */
+	s = images_src("set/README");
+	open_fail(&s);
+	expect_err("ot a directory");
+}
+
+/* ---- patches ---- */
+
+static struct tr_source_spec patches_src(const char *dir, int size, int per_image)
+{
+	struct tr_source_spec s;
+
+	memset(&s, 0, sizeof(s));
+	s.present = true;
+	s.format = TR_DATA_PATCHES;
+	s.path = (char *)tmp_path(dir);
+	s.patch_size[0] = s.patch_size[1] = size;
+	s.patches_per_image = per_image;
+	s.degrade_factor = 2;
+	s.data_seed = 42;
+	return s;
+}
+
+/* Finds where patch (ph x pw, one channel, values v/255) sits in the
+ * pattern image `seed` of width w, height h; -1 when it is nowhere. */
+static int locate(const float *p, int ph, int pw, int w, int h, int seed)
+{
+	for (int top = 0; top + ph <= h; top++)
+		for (int left = 0; left + pw <= w; left++) {
+			int ok = 1;
+
+			for (int y = 0; y < ph && ok; y++)
+				for (int x = 0; x < pw && ok; x++)
+					ok = fabsf(p[y * pw + x] - pattern(seed, top + y, left + x, 0) / 255.0f) < 1e-6f;
+			if (ok)
+				return top * w + left;
+		}
+	return -1;
+}
+
+Test(patches, clean_response_is_a_window_drawn_per_epoch)
+{
+	mkdir_in("pics");
+	write_pattern("pics/a.png", 20, 16, 1, 3);
+	write_pattern("pics/b.png", 18, 18, 1, 90);
+	struct tr_source_spec s = patches_src("pics", 6, 4);
+	tr_reader_t *r = open_ok(&s);
+	float x[36], y[36], x2[36], y2[36];
+	int moved = 0;
+
+	cr_assert_eq(r->info.samples, 8);
+	cr_assert_eq(r->info.features, 36);
+	cr_assert_eq(r->info.label_dim, 36);
+	cr_assert_eq(r->info.shape[1], 6);
+	cr_assert_eq(r->info.label_shape[2], 6);
+	for (int i = 0; i < 8; i++) {
+		for (int epoch = 0; epoch < 3; epoch++) {
+			cr_assert_eq(tr_reader_get_epoch(r, i, epoch, x, y, err, sizeof err), 0, "%s", err);
+			/* Samples 0-3 come from a.png, 4-7 from b.png. */
+			int at = locate(y, 6, 6, i < 4 ? 20 : 18, i < 4 ? 16 : 18, i < 4 ? 3 : 90);
+			cr_assert_geq(at, 0, "sample %d epoch %d is no window of its image", i, epoch);
+			/* A pure function of (seed, epoch, index). */
+			cr_assert_eq(tr_reader_get_epoch(r, i, epoch, x2, y2, err, sizeof err), 0);
+			cr_assert_arr_eq(x, x2, sizeof x);
+			cr_assert_arr_eq(y, y2, sizeof y);
+			if (epoch > 0) {
+				float y0[36];
+
+				tr_reader_get_epoch(r, i, 0, x2, y0, err, sizeof err);
+				moved += memcmp(y0, y, sizeof y) != 0;
+			}
+		}
+		/* get is epoch 0 */
+		cr_assert_eq(tr_reader_get(r, i, x2, y2, err, sizeof err), 0);
+		tr_reader_get_epoch(r, i, 0, x, y, err, sizeof err);
+		cr_assert_arr_eq(y, y2, sizeof y);
+	}
+	cr_assert_gt(moved, 8, "patches hardly move between epochs (%d of 16)", moved);
+	tr_reader_destroy(r);
+}
+
+Test(patches, residual_of_a_flat_image_is_zero)
+{
+	mkdir_in("flat");
+	{
+		unsigned char px[24 * 24];
+
+		memset(px, 77, sizeof px);
+		write_png("flat/f.png", 24, 24, 1, px);
+	}
+	struct tr_source_spec s = patches_src("flat", 8, 2);
+	s.residual = true;
+	tr_reader_t *r = open_ok(&s);
+	float x[64], y[64];
+
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(tr_reader_get_epoch(r, i, 5, x, y, err, sizeof err), 0, "%s", err);
+		/* Bicubic weights sum to 1: a constant survives down and up. */
+		for (int j = 0; j < 64; j++) {
+			cr_assert_float_eq(x[j], 77.0f / 255.0f, 1e-5f);
+			cr_assert_float_eq(y[j], 0.0f, 1e-5f);
+		}
+	}
+	tr_reader_destroy(r);
+}
+
+Test(patches, degraded_input_plus_residual_is_the_clean_patch)
+{
+	mkdir_in("pics");
+	write_pattern("pics/a.png", 32, 32, 1, 3);
+	struct tr_source_spec s = patches_src("pics", 10, 3);
+	tr_reader_t *clean = open_ok(&s);
+	s.residual = true;
+	tr_reader_t *res = open_ok(&s);
+	float xc[100], yc[100], xr[100], yr[100];
+	double diff = 0;
+
+	for (int i = 0; i < 3; i++) {
+		tr_reader_get_epoch(clean, i, 1, xc, yc, err, sizeof err);
+		tr_reader_get_epoch(res, i, 1, xr, yr, err, sizeof err);
+		cr_assert_arr_eq(xc, xr, sizeof xc);
+		for (int j = 0; j < 100; j++) {
+			cr_assert_float_eq(xr[j] + yr[j], yc[j], 1e-6f);
+			diff += fabs(xc[j] - yc[j]);
+		}
+	}
+	/* The pattern has edges (it wraps mod 256): the degradation shows. */
+	cr_assert_gt(diff / 300, 0.01, "mean |degraded - clean| %g", diff / 300);
+	tr_reader_destroy(clean);
+	tr_reader_destroy(res);
+}
+
+Test(patches, input_and_response_folders_pair_by_name)
+{
+	mkdir_in("in");
+	mkdir_in("out");
+	write_pattern("in/a.png", 12, 12, 1, 1);
+	write_pattern("out/a.png", 12, 12, 1, 2);
+	struct tr_source_spec s = patches_src("in", 5, 2);
+	s.path = NULL;
+	s.input_path = (char *)tmp_path("in");
+	s.response_path = (char *)tmp_path("out");
+	tr_reader_t *r = open_ok(&s);
+	float x[25], y[25];
+
+	cr_assert_eq(tr_reader_get_epoch(r, 1, 3, x, y, err, sizeof err), 0, "%s", err);
+	int at = locate(x, 5, 5, 12, 12, 1);
+	cr_assert_geq(at, 0);
+	/* The response is cut at the same place. */
+	cr_assert_eq(locate(y, 5, 5, 12, 12, 2), at);
+	tr_reader_destroy(r);
+
+	/* A file without its partner. */
+	write_pattern("in/b.png", 12, 12, 1, 1);
+	open_fail(&s);
+	expect_err("in/b.png");
+	remove(tmp_path("in/b.png"));
+	/* Sizes that differ. */
+	write_pattern("out/a.png", 13, 12, 1, 2);
+	open_fail(&s);
+	expect_err("in/a.png");
+}
+
+Test(patches, bad_images_are_named)
+{
+	mkdir_in("pics");
+	write_pattern("pics/a.png", 12, 12, 1, 1);
+	write_pattern("pics/b.png", 7, 12, 1, 1);
+	struct tr_source_spec s = patches_src("pics", 8, 2);
+
+	/* Smaller than the patch. */
+	open_fail(&s);
+	expect_err("pics/b.png");
+	expect_err("smaller than the 8x8 patch_size");
+	/* Another channel count. */
+	write_pattern("pics/b.png", 12, 12, 3, 1);
+	open_fail(&s);
+	expect_err("pics/b.png");
+	expect_err("3 channels");
+	/* Truncated: decoded at open, so open fails. */
+	write_pattern("pics/b.png", 12, 12, 1, 1);
+	truncate_file("pics/b.png", file_size(tmp_path("pics/b.png")) - 16);
+	open_fail(&s);
+	expect_err("pics/b.png");
+	/* Not a PNG. */
+	{
+		FILE *f = fopen(tmp_path("pics/b.png"), "w");
+
+		fputs("\xff\xd8\xff\xe0 a JPEG, say", f);
+		fclose(f);
+	}
+	open_fail(&s);
+	expect_err("pics/b.png: not a PNG");
+	/* No images at all. */
+	mkdir_in("none");
+	s = patches_src("none", 8, 2);
+	open_fail(&s);
+	expect_err("no .png files");
+}
+
+/* ---- resampling ---- */
+
+Test(resize, keeps_constants_and_identity_and_ramps)
+{
+	float src[6 * 8], dst[12 * 16], back[6 * 8];
+
+	for (int i = 0; i < 48; i++)
+		src[i] = 0.25f;
+	cr_assert_eq(tr_image_resize(src, 1, 6, 8, dst, 12, 16), 0);
+	for (int i = 0; i < 192; i++)
+		cr_assert_float_eq(dst[i], 0.25f, 1e-6f);
+	/* Same size: the kernel's taps fall on integers, weight 1 at 0. */
+	for (int i = 0; i < 48; i++)
+		src[i] = (float)(i * 37 % 11);
+	cr_assert_eq(tr_image_resize(src, 1, 6, 8, back, 6, 8), 0);
+	for (int i = 0; i < 48; i++)
+		cr_assert_float_eq(back[i], src[i], 1e-5f);
+	/* Halving a horizontal ramp x gives a ramp 2x + 0.5 away from the
+	 * mirrored edges (pixel centres: out x covers in 2x, 2x + 1). */
+	{
+		float ramp[16 * 32], half[8 * 16];
+
+		for (int y = 0; y < 16; y++)
+			for (int x = 0; x < 32; x++)
+				ramp[y * 32 + x] = (float)x;
+		cr_assert_eq(tr_image_resize(ramp, 1, 16, 32, half, 8, 16), 0);
+		for (int x = 3; x < 13; x++)
+			cr_assert_float_eq(half[4 * 16 + x], 2.0f * x + 0.5f, 1e-4f, "x %d: %g", x,
+					   half[4 * 16 + x]);
+	}
+}
