@@ -691,3 +691,248 @@ Test(resize, keeps_constants_and_identity_and_ramps)
 					   half[4 * 16 + x]);
 	}
 }
+
+/* ---- transforms ---- */
+
+static struct tr_spec *spec_with(int n, const enum tr_transform_type *types)
+{
+	struct tr_spec *s = calloc(1, sizeof(*s));
+
+	cr_assert_not_null(s);
+	s->n_transforms = n;
+	for (int k = 0; k < n; k++)
+		s->transforms[k].type = types[k];
+	return s;
+}
+
+/* The square n x n plane p turned k quarter turns counterclockwise, at (y, x). */
+static float rot_at(const float *p, int n, int k, int y, int x)
+{
+	for (; k > 0; k--) {
+		/* out(y, x) = in(x, n-1-y) for one counterclockwise turn */
+		int ny = x, nx = n - 1 - y;
+
+		y = ny;
+		x = nx;
+	}
+	return p[y * n + x];
+}
+
+Test(patches, augmentations_move_input_and_response_together)
+{
+	mkdir_in("pics");
+	write_pattern("pics/a.png", 16, 16, 1, 3);
+	struct tr_source_spec src = patches_src("pics", 7, 64);
+	tr_reader_t *r = open_ok(&src);
+	enum tr_transform_type types[] = {TR_TF_FLIP, TR_TF_ROT90};
+	struct tr_spec *spec = spec_with(2, types);
+	tr_transforms_t *t;
+	int seen[2][4] = {{0}};
+
+	spec->transforms[0].vertical = false;
+	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	for (int i = 0; i < 64; i++) {
+		float x0[49], y0[49], x[49], y[49];
+		int found = 0;
+
+		tr_reader_get_epoch(r, i, 2, x0, y0, err, sizeof err);
+		memcpy(x, x0, sizeof x);
+		memcpy(y, y0, sizeof y);
+		tr_transforms_apply_pair(t, x, 49, y, 9, 2, i, 1);
+		/* Which of the 8 (flip, turns) it is; the response matches. */
+		for (int f = 0; f < 2 && !found; f++)
+			for (int k = 0; k < 4 && !found; k++) {
+				float fx[49], fy[49];
+				int ok = 1;
+
+				for (int yy = 0; yy < 7; yy++)
+					for (int xx = 0; xx < 7; xx++) {
+						fx[yy * 7 + xx] = x0[yy * 7 + (f ? 6 - xx : xx)];
+						fy[yy * 7 + xx] = y0[yy * 7 + (f ? 6 - xx : xx)];
+					}
+				for (int j = 0; j < 49 && ok; j++)
+					ok = x[j] == rot_at(fx, 7, k, j / 7, j % 7) && y[j] == rot_at(fy, 7, k, j / 7, j % 7);
+				if (ok) {
+					seen[f][k]++;
+					found = 1;
+				}
+			}
+		cr_assert(found, "sample %d: not a flip/rotation of its patch, or the response moved differently", i);
+		/* Evaluation: no augmentation. */
+		memcpy(x, x0, sizeof x);
+		tr_transforms_apply(t, x, 49, 9, 2, i, 0);
+		cr_assert_arr_eq(x, x0, sizeof x);
+	}
+	for (int f = 0; f < 2; f++)
+		for (int k = 0; k < 4; k++)
+			cr_assert_gt(seen[f][k], 0, "flip %d turns %d never drawn in 64 samples", f, k);
+	tr_transforms_destroy(t);
+	free(spec);
+	tr_reader_destroy(r);
+}
+
+Test(images, normalize_and_random_crop)
+{
+	write_two_classes(5, 4, 3);
+	struct tr_source_spec src = images_src("set");
+	tr_reader_t *r = open_ok(&src);
+	enum tr_transform_type types[] = {TR_TF_NORMALIZE, TR_TF_RANDOM_CROP};
+	struct tr_spec *spec = spec_with(2, types);
+	tr_transforms_t *t;
+	float x0[60], x[60], y;
+	int shifted = 0;
+
+	spec->transforms[0].n_channels = 3;
+	for (int c = 0; c < 3; c++) {
+		spec->transforms[0].mean_c[c] = 10.0f * (float)c;
+		spec->transforms[0].std_c[c] = 2.0f + (float)c;
+	}
+	spec->transforms[1].padding = 2;
+	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(r, 0, x0, &y, err, sizeof err), 0);
+	memcpy(x, x0, sizeof x);
+	tr_transforms_apply(t, x, 60, 1, 0, 0, 0);
+	for (int c = 0; c < 3; c++)
+		for (int j = 0; j < 20; j++)
+			cr_assert_float_eq(x[c * 20 + j], (x0[c * 20 + j] - 10.0f * c) / (2.0f + c), 1e-5f);
+	for (int64_t i = 0; i < 40; i++) {
+		float n[60];
+		int dy_ok = 0;
+
+		memcpy(n, x0, sizeof n);
+		tr_transforms_apply(t, n, 60, 1, 0, 0, 0); /* normalized, uncropped */
+		memcpy(x, x0, sizeof x);
+		tr_transforms_apply(t, x, 60, 1, 3, i, 1);
+		for (int dy = -2; dy <= 2 && !dy_ok; dy++)
+			for (int dx = -2; dx <= 2 && !dy_ok; dx++) {
+				int ok = 1;
+
+				for (int c = 0; c < 3 && ok; c++)
+					for (int yy = 0; yy < 4 && ok; yy++)
+						for (int xx = 0; xx < 5 && ok; xx++) {
+							int sy = yy + dy, sx = xx + dx;
+							float want = sy >= 0 && sy < 4 && sx >= 0 && sx < 5 ?
+									     n[(c * 4 + sy) * 5 + sx] : 0.0f;
+
+							ok = x[(c * 4 + yy) * 5 + xx] == want;
+						}
+				if (ok) {
+					dy_ok = 1;
+					shifted += dy || dx;
+				}
+			}
+		cr_assert(dy_ok, "draw %lld is no crop of the padded image", (long long)i);
+	}
+	cr_assert_gt(shifted, 20);
+	tr_transforms_destroy(t);
+
+	/* Wrong number of channels, rot90 on a non-square image, and image
+	 * transforms on flat data are refused, naming the transform. */
+	spec->transforms[0].n_channels = 1;
+	cr_assert_lt(tr_transforms_create(spec, r, &t, err, sizeof err), 0);
+	expect_err("/data/transforms/0");
+	expect_err("3 channels");
+	spec->n_transforms = 1;
+	spec->transforms[0].type = TR_TF_ROT90;
+	cr_assert_lt(tr_transforms_create(spec, r, &t, err, sizeof err), 0);
+	expect_err("square");
+	free(spec);
+	tr_reader_destroy(r);
+}
+
+/* ---- loader-count bit-identity ---- */
+
+/* All batches of `epochs` epochs through a pool of `workers` loaders. */
+static float *all_batches(tr_reader_t *r, const tr_transforms_t *t, int workers, int epochs, size_t *len)
+{
+	struct tr_plan plan;
+	tr_prefetch_t *pf;
+	size_t F = (size_t)r->info.features, L = (size_t)r->info.label_dim, at = 0;
+	float *out;
+
+	cr_assert_eq(tr_plan_init(&plan, r->info.samples, 5, TR_LAST_PARTIAL, true, 11, epochs, 0, err, sizeof err), 0,
+		     "%s", err);
+	out = malloc((size_t)epochs * (size_t)r->info.samples * (F + L) * sizeof(float));
+	struct tr_prefetch_config cfg = {.reader = r, .transforms = t, .plan = &plan, .seed = 5, .workers = workers,
+					 .depth = 3, .end_step = plan.total_steps};
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
+	for (int64_t s = 0; s < plan.total_steps; s++) {
+		const struct tr_batch *b;
+
+		cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0, "%s", tr_prefetch_error(pf));
+		memcpy(out + at, b->x, (size_t)b->count * F * sizeof(float));
+		at += (size_t)b->count * F;
+		memcpy(out + at, b->y, (size_t)b->count * L * sizeof(float));
+		at += (size_t)b->count * L;
+		tr_prefetch_release(pf, s);
+	}
+	tr_prefetch_destroy(pf);
+	*len = at;
+	return out;
+}
+
+static void same_batches_for_1_and_4_loaders(tr_reader_t *r, const tr_transforms_t *t)
+{
+	size_t n1, n4;
+	float *a = all_batches(r, t, 1, 3, &n1), *b = all_batches(r, t, 4, 3, &n4);
+
+	cr_assert_eq(n1, n4);
+	cr_assert_eq(memcmp(a, b, n1 * sizeof(float)), 0, "batches differ between 1 and 4 loader threads");
+	free(a);
+	free(b);
+}
+
+Test(images, same_batches_for_any_loader_count)
+{
+	mkdir_in("set");
+	mkdir_in("set/a");
+	mkdir_in("set/b");
+	for (int i = 0; i < 23; i++) {
+		char name[64];
+
+		snprintf(name, sizeof name, "set/%c/%02d.png", i % 2 ? 'a' : 'b', i);
+		write_pattern(name, 10, 9 + i % 3, 3, i * 11);
+	}
+	struct tr_source_spec src = images_src("set");
+	src.resize[0] = 12;
+	src.resize[1] = 12;
+	src.center_crop[0] = 8;
+	src.center_crop[1] = 8;
+	tr_reader_t *r = open_ok(&src);
+	enum tr_transform_type types[] = {TR_TF_RANDOM_CROP, TR_TF_FLIP, TR_TF_ROT90, TR_TF_NORMALIZE};
+	struct tr_spec *spec = spec_with(4, types);
+	tr_transforms_t *t;
+
+	spec->transforms[0].padding = 2;
+	spec->transforms[1].vertical = true;
+	spec->transforms[3].n_channels = 3;
+	for (int c = 0; c < 3; c++) {
+		spec->transforms[3].mean_c[c] = 100.0f;
+		spec->transforms[3].std_c[c] = 60.0f;
+	}
+	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	same_batches_for_1_and_4_loaders(r, t);
+	tr_transforms_destroy(t);
+	free(spec);
+	tr_reader_destroy(r);
+}
+
+Test(patches, same_batches_for_any_loader_count)
+{
+	mkdir_in("pics");
+	write_pattern("pics/a.png", 40, 33, 1, 3);
+	write_pattern("pics/b.png", 35, 35, 1, 99);
+	write_pattern("pics/c.png", 50, 20, 1, 7);
+	struct tr_source_spec src = patches_src("pics", 9, 7);
+	src.residual = true;
+	tr_reader_t *r = open_ok(&src);
+	enum tr_transform_type types[] = {TR_TF_FLIP, TR_TF_ROT90};
+	struct tr_spec *spec = spec_with(2, types);
+	tr_transforms_t *t;
+
+	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	same_batches_for_1_and_4_loaders(r, t);
+	tr_transforms_destroy(t);
+	free(spec);
+	tr_reader_destroy(r);
+}
