@@ -98,7 +98,8 @@ struct tr_source_spec {
 	float noise;       /* default 0.1 */
 	int64_t load_cost_us; /* default 0 */
 	uint64_t data_seed;   /* "seed" inside the source; default = job seed */
-	/* images ("path": a folder, one subfolder per class) and patches
+	/* images ("path": a folder, one subfolder per class; "labels":
+	 * "folders", the only way so far) and patches
 	 * ("path", or "input_path" + "response_path": folders of images) */
 	char *input_path, *response_path;
 	int resize[2];      /* images: [h, w]; resize[1] == 0: shorter side to resize[0]; 0 = none */

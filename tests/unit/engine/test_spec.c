@@ -237,6 +237,26 @@ Test(spec, other_formats_and_forms)
 	cr_expect_eq(s.device_count, 0, "\"all\" is device_count 0");
 	cr_expect(s.optimizer.nesterov);
 	tr_spec_finish(&s);
+
+	/* Image folders and patches. */
+	parse_ok("{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}], \"loss\": \"mse\"},"
+		 " \"data\": {\"train\": {\"format\": \"patches\", \"path\": \"pics\", \"patch_size\": 41},"
+		 " \"validation\": {\"format\": \"images\", \"path\": \"v\", \"resize\": 12}},"
+		 " \"batch_size\": 8, \"epochs\": 2, \"seed\": 4,"
+		 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.5}}",
+		 &s);
+	cr_expect_eq(s.train.format, TR_DATA_PATCHES);
+	cr_expect_str_eq(s.train.path, "pics");
+	cr_expect_eq(s.train.patch_size[0], 41);
+	cr_expect_eq(s.train.patch_size[1], 41);
+	cr_expect_eq(s.train.patches_per_image, 128, "MATLAB's default");
+	cr_expect_eq(s.train.degrade_factor, 2, "downscale by 2 by default");
+	cr_expect_not(s.train.residual);
+	cr_expect_eq(s.train.data_seed, 4);
+	cr_expect_eq(s.validation.format, TR_DATA_IMAGES);
+	cr_expect_eq(s.validation.resize[0], 12);
+	cr_expect_eq(s.validation.resize[1], 0, "a number resizes the shorter side");
+	tr_spec_finish(&s);
 }
 
 /* ---- round trip through the normalized form ---- */
@@ -256,7 +276,8 @@ static void clear_strings(struct tr_spec *s)
 	s->name = NULL;
 	s->init_from = NULL;
 	for (int i = 0; i < 2; i++)
-		src[i]->path = src[i]->x_path = src[i]->y_path = src[i]->images_path = src[i]->labels_path = NULL;
+		src[i]->path = src[i]->x_path = src[i]->y_path = src[i]->images_path = src[i]->labels_path =
+			src[i]->input_path = src[i]->response_path = NULL;
 }
 
 /* Compares everything: strings by value, the rest bytewise (the parser
@@ -280,6 +301,10 @@ static void expect_same_spec(const struct tr_spec *a, const struct tr_spec *b)
 	expect_same_str(a->validation.y_path, b->validation.y_path, "validation.y");
 	expect_same_str(a->validation.images_path, b->validation.images_path, "validation.images");
 	expect_same_str(a->validation.labels_path, b->validation.labels_path, "validation.labels");
+	expect_same_str(a->train.input_path, b->train.input_path, "train.input_path");
+	expect_same_str(a->train.response_path, b->train.response_path, "train.response_path");
+	expect_same_str(a->validation.input_path, b->validation.input_path, "validation.input_path");
+	expect_same_str(a->validation.response_path, b->validation.response_path, "validation.response_path");
 	memcpy(x, a, sizeof(*x));
 	memcpy(y, b, sizeof(*y));
 	clear_strings(x);
@@ -330,6 +355,22 @@ static const char *round_trip_specs[] = {
 	" \"validation\": {\"format\": \"npy\", \"x\": \"x\", \"y\": \"y\"}, \"last_batch\": \"drop\"},"
 	" \"batch_size\": 3, \"epochs\": 1, \"devices\": 64,"
 	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 1, \"momentum\": 0.5, \"nesterov\": true}}",
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 10}]},"
+	" \"data\": {\"train\": {\"format\": \"images\", \"path\": \"pics\", \"resize\": 40,"
+	" \"center_crop\": [32, 30]},"
+	" \"validation\": {\"format\": \"images\", \"path\": \"val\", \"labels\": \"folders\", \"resize\": [36, 34],"
+	" \"center_crop\": 32},"
+	" \"transforms\": [{\"type\": \"normalize\", \"mean\": [0.5, 0.25, 0.125], \"std\": [2, 3, 4]},"
+	" {\"type\": \"random_crop\", \"padding\": 4}, {\"type\": \"flip\", \"vertical\": true},"
+	" {\"type\": \"rot90\"}, {\"type\": \"gaussian_noise\", \"std\": 0.5}]},"
+	" \"batch_size\": 3, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1}}",
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 64}], \"loss\": \"mse\"},"
+	" \"data\": {\"train\": {\"format\": \"patches\", \"path\": \"pics\", \"patch_size\": 8,"
+	" \"patches_per_image\": 16, \"degrade\": {\"type\": \"downscale\", \"factor\": 3},"
+	" \"response\": \"residual\", \"seed\": 9},"
+	" \"validation\": {\"format\": \"patches\", \"input_path\": \"lo\", \"response_path\": \"hi\","
+	" \"patch_size\": [8, 6]}},"
+	" \"batch_size\": 3, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1}}",
 };
 
 Test(spec, round_trip)
@@ -521,7 +562,53 @@ ParameterizedTestParameters(spec, invalid)
 		{"/optimizer/type", "\"rmsprop\"", "/optimizer/type"},
 		{"/backend", "\"tpu\"", "/backend"},
 		{"/precision", "\"fp16\"", "/precision"},
-		{"/data/transforms", "[{\"type\": \"flip\"}]", "/data/transforms/0/type"},
+		{"/data/transforms", "[{\"type\": \"mirror\"}]", "/data/transforms/0/type"},
+		/* image sources and transforms */
+		{"/data/train", "{\"format\": \"images\"}", "/data/train/path"},
+		{"/data/train", "{\"format\": \"images\", \"path\": \"p\", \"labels\": \"files\"}",
+		 "/data/train/labels"},
+		{"/data/train", "{\"format\": \"images\", \"path\": \"p\", \"resize\": 0}", "/data/train/resize"},
+		{"/data/train", "{\"format\": \"images\", \"path\": \"p\", \"resize\": [3]}", "/data/train/resize"},
+		{"/data/train", "{\"format\": \"images\", \"path\": \"p\", \"center_crop\": [3, 0]}",
+		 "/data/train/center_crop/1"},
+		{"/data/train", "{\"format\": \"images\", \"path\": \"p\", \"patch_size\": 3}",
+		 "/data/train/patch_size"},
+		{"/data/train", "{\"format\": \"patches\", \"path\": \"p\"}", "/data/train/patch_size"},
+		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8}", "/data/train/path"},
+		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"input_path\": \"a\"}",
+		 "/data/train/response_path"},
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"input_path\": \"a\"}",
+		 "/data/train/input_path"},
+		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"degrade\": 2}",
+		 "/data/train/degrade"},
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"degrade\": {\"type\": \"blur\"}}",
+		 "/data/train/degrade/type"},
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"degrade\": {\"type\": "
+		 "\"downscale\", \"factor\": 1}}",
+		 "/data/train/degrade/factor"},
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"input_path\": \"a\", \"response_path\": \"b\","
+		 " \"degrade\": {\"type\": \"downscale\"}}",
+		 "/data/train/degrade"},
+		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"response\": \"x\"}",
+		 "/data/train/response"},
+		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"patches_per_image\": 0}",
+		 "/data/train/patches_per_image"},
+		{"/data/train", "{\"format\": \"idx\", \"images\": \"i\"}", "/data/train/labels"},
+		{"/data/transforms", "[{\"type\": \"normalize\", \"std\": [1]}]", "/data/transforms/0/mean"},
+		{"/data/transforms", "[{\"type\": \"normalize\", \"mean\": [1, 2]}]", "/data/transforms/0/std"},
+		{"/data/transforms", "[{\"type\": \"normalize\", \"mean\": [1, 2], \"std\": [1]}]",
+		 "/data/transforms/0/std"},
+		{"/data/transforms", "[{\"type\": \"normalize\", \"mean\": [1], \"std\": [0]}]",
+		 "/data/transforms/0/std/0"},
+		{"/data/transforms", "[{\"type\": \"normalize\", \"mean\": [1, 2, 3, 4, 5], \"std\": [1]}]",
+		 "/data/transforms/0/mean"},
+		{"/data/transforms", "[{\"type\": \"random_crop\"}]", "/data/transforms/0/padding"},
+		{"/data/transforms", "[{\"type\": \"rot90\", \"padding\": 2}]", "/data/transforms/0/padding"},
+		{"/data/transforms", "[{\"type\": \"gaussian_noise\", \"std\": [1]}]", "/data/transforms/0/std"},
 		{"/monitors", "[{\"metric\": \"loss\"}]", "/monitors/0/metric"},
 		/* missing required keys */
 		{"/batch_size", "", "/batch_size"},
