@@ -275,7 +275,7 @@ Test(images, idx_gzip_rejects_truncated_and_corrupt_files)
 }
 
 /* Debian's dataset-fashion-mnist: gzipped IDX, 60000 + 10000 images. */
-#define FASHION_DIR "/usr/share/dataset-fashion-mnist"
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
 Test(images, fashion_mnist_gz)
 {
@@ -935,4 +935,56 @@ Test(patches, same_batches_for_any_loader_count)
 	tr_transforms_destroy(t);
 	free(spec);
 	tr_reader_destroy(r);
+}
+
+/* Real files of many kinds (palette, grey, RGB, RGBA, 16-bit, odd sizes):
+ * every PNG that Debian's python3-skimage ships decodes, with the size and
+ * channel count its header promised. */
+#define SKIMAGE_DATA "/usr/lib/python3/dist-packages/skimage/data"
+
+Test(images, decodes_every_skimage_png)
+{
+	struct stat st;
+	int fd, dfd, n, decoded = 0;
+	char **names;
+
+	if (stat(SKIMAGE_DATA "/camera.png", &st) != 0)
+		cr_skip("python3-skimage's images are not installed: skipped");
+	dfd = tr_data_open_dir(NULL, SKIMAGE_DATA, NULL, 0, err, sizeof err);
+	cr_assert_geq(dfd, 0, "%s", err);
+	cr_assert_eq(tr_image_list(dfd, SKIMAGE_DATA, 0, &names, &n, err, sizeof err), 0, "%s", err);
+	cr_assert_gt(n, 10);
+	for (int i = 0; i < n; i++) {
+		int w, h, c, w2, h2, c2;
+		float *px;
+
+		fd = tr_data_open_in(dfd, names[i], 0, NULL, err, sizeof err);
+		cr_assert_geq(fd, 0, "%s", err);
+		if (tr_png_probe(fd, names[i], &w, &h, &c, err, sizeof err) != 0) {
+			/* A file that is not a PNG despite its name is refused by
+			 * name, and that is all. */
+			cr_assert_not_null(strstr(err, names[i]));
+			continue;
+		}
+		cr_assert_eq(tr_image_load(dfd, names[i], names[i], 1.0f, &px, &w2, &h2, &c2, err, sizeof err), 0,
+			     "%s", err);
+		cr_assert_eq(w2, w, "%s", names[i]);
+		cr_assert_eq(h2, h, "%s", names[i]);
+		cr_assert_eq(c2, c, "%s", names[i]);
+		cr_assert(c >= 1 && c <= 4);
+		free(px);
+		decoded++;
+	}
+	cr_assert_gt(decoded, 10);
+	if (stat(SKIMAGE_DATA "/camera.png", &st) == 0) {
+		int w, h, c;
+
+		fd = tr_data_open_in(dfd, "camera.png", 0, NULL, err, sizeof err);
+		cr_assert_eq(tr_png_probe(fd, "camera.png", &w, &h, &c, err, sizeof err), 0);
+		cr_assert_eq(w, 512);
+		cr_assert_eq(h, 512);
+		cr_assert_eq(c, 1);
+	}
+	tr_image_names_free(names, n);
+	close(dfd);
 }
