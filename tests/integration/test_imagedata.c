@@ -1,0 +1,160 @@
+/* Image data against a real daemon: an "images" job over a folder of PNG
+ * files in the data root and a "patches" job complete; an image with the
+ * wrong channel count fails its job with the file named; a folder path
+ * outside the roots or naming a file is refused at submit with its JSON
+ * pointer; and the daemon keeps serving throughout.
+ */
+#include <criterion/criterion.h>
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "harness.h"
+
+static struct daemon d;
+
+static void start(void)
+{
+	daemon_start(&d, 2, NULL);
+}
+
+static void stop(void)
+{
+	daemon_cleanup(&d);
+}
+
+TestSuite(imagedata, .init = start, .fini = stop, .timeout = 180);
+
+static const char *in_root(const char *name)
+{
+	static char bufs[8][512];
+	static int next;
+	char *b = bufs[next++ % 8];
+
+	snprintf(b, 512, "%s/%s", d.dir, name);
+	return b;
+}
+
+static void mkdir_in(const char *name)
+{
+	cr_assert_eq(mkdir(in_root(name), 0755), 0, "mkdir %s", name);
+}
+
+static void write_png(const char *name, int w, int h, int channels, int seed)
+{
+	FILE *f = fopen(in_root(name), "wb");
+	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+	png_infop info = png_create_info_struct(png);
+	unsigned char *row = malloc((size_t)w * channels);
+
+	cr_assert(f && png && info && row);
+	cr_assert_eq(setjmp(png_jmpbuf(png)), 0);
+	png_init_io(png, f);
+	png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8,
+		     channels == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+	png_write_info(png, info);
+	for (int y = 0; y < h; y++) {
+		for (int x = 0; x < w * channels; x++)
+			row[x] = (unsigned char)(seed * 37 + y * 11 + x * 5);
+		png_write_row(png, row);
+	}
+	png_write_end(png, NULL);
+	png_destroy_write_struct(&png, &info);
+	free(row);
+	cr_assert_eq(fclose(f), 0);
+}
+
+static const char *job_error(long long id)
+{
+	static char msg[2048];
+	char path[64];
+	struct http_reply r;
+
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	snprintf(msg, sizeof msg, "%s",
+		 json_string_value(json_object_get(json_object_get(r.json, "error"), "message")) ?: "");
+	http_free(&r);
+	return msg;
+}
+
+static void write_classes(void)
+{
+	char name[64];
+
+	mkdir_in("pets");
+	mkdir_in("pets/cat");
+	mkdir_in("pets/dog");
+	for (int i = 0; i < 24; i++) {
+		snprintf(name, sizeof name, "pets/%s/%02d.png", i % 2 ? "cat" : "dog", i);
+		write_png(name, 8, 8, 3, i);
+	}
+}
+
+static const char *images_job(const char *path)
+{
+	static char buf[1024];
+
+	snprintf(buf, sizeof buf,
+		 "{\"name\": \"pets\", \"seed\": 2, \"model\": {\"inputs\": 192, \"layers\": [{\"type\": \"dense\","
+		 " \"units\": 8}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 2}]},"
+		 " \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"labels\": \"folders\"},"
+		 " \"transforms\": [{\"type\": \"normalize\", \"mean\": [128, 128, 128], \"std\": [64, 64, 64]},"
+		 " {\"type\": \"flip\"}, {\"type\": \"random_crop\", \"padding\": 1}]},"
+		 " \"batch_size\": 6, \"epochs\": 3, \"devices\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05},"
+		 " \"prefetch\": {\"workers\": 3, \"depth\": 2}}",
+		 path);
+	return buf;
+}
+
+Test(imagedata, images_and_patches_jobs_complete)
+{
+	long long id;
+
+	write_classes();
+	id = submit_job(&d, images_job("pets"));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
+	mkdir_in("photos");
+	write_png("photos/a.png", 30, 20, 1, 1);
+	write_png("photos/b.png", 24, 24, 1, 2);
+	id = submit_job(&d, "{\"name\": \"sr\", \"seed\": 5, \"model\": {\"inputs\": 64, \"layers\": [{\"type\":"
+			    " \"dense\", \"units\": 64}], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\":"
+			    " \"patches\", \"path\": \"photos\", \"patch_size\": 8, \"patches_per_image\": 16,"
+			    " \"degrade\": {\"type\": \"downscale\", \"factor\": 2}, \"response\": \"residual\"},"
+			    " \"transforms\": [{\"type\": \"rot90\"}]}, \"batch_size\": 8, \"epochs\": 2,"
+			    " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.001}}");
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
+}
+
+Test(imagedata, bad_image_fails_the_job_naming_the_file)
+{
+	long long id;
+	struct http_reply r;
+
+	write_classes();
+	write_png("pets/dog/zz-grey.png", 8, 8, 1, 0);
+	id = submit_job(&d, images_job("pets"));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
+	cr_assert(strstr(job_error(id), "pets/dog/zz-grey.png: 1 channel, the first image has 3"), "%s",
+		  job_error(id));
+
+	/* A file where the folder should be, and a folder outside the roots:
+	 * refused at submit, with the pointer. */
+	http(&d, "POST", "/jobs", images_job("pets/cat/01.png"), NULL, NULL, &r);
+	cr_assert_eq(r.status, 422, "%ld %s", r.status, r.body);
+	cr_assert(strstr(r.body, "/data/train/path"), "%s", r.body);
+	http_free(&r);
+	http(&d, "POST", "/jobs", images_job("/usr/share"), NULL, NULL, &r);
+	cr_assert_eq(r.status, 422, "%ld %s", r.status, r.body);
+	cr_assert(strstr(r.body, "no folder '/usr/share' in the daemon's data roots"), "%s", r.body);
+	http_free(&r);
+
+	/* Still serving: the good folder trains. */
+	remove(in_root("pets/dog/zz-grey.png"));
+	id = submit_job(&d, images_job("pets"));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
+}
