@@ -988,3 +988,65 @@ Test(images, decodes_every_skimage_png)
 	tr_image_names_free(names, n);
 	close(dfd);
 }
+
+/* Image folders are confined like files: a folder outside the roots is
+ * "not in the data roots", and a symlink inside a folder is neither listed
+ * nor opened. */
+Test(images, folders_stay_inside_the_data_roots)
+{
+	const char *dirs[2];
+	tr_data_roots_t *roots;
+	char **names;
+	int n, dfd;
+
+	mkdir_in("root");
+	mkdir_in("root/set");
+	mkdir_in("root/set/a");
+	mkdir_in("outside");
+	write_pattern("root/set/a/in.png", 4, 4, 1, 0);
+	write_pattern("outside/secret.png", 4, 4, 1, 0);
+	cr_assert_eq(symlink(tmp_path("outside/secret.png"), tmp_path("root/set/a/link.png")), 0);
+	cr_assert_eq(symlink("../../../outside", tmp_path("root/set/b")), 0);
+	dirs[0] = tmp_path("root");
+	dirs[1] = NULL;
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof err), 0, "%s", err);
+
+	cr_assert_eq(tr_data_open_dir(roots, "../outside", NULL, 0, err, sizeof err), -ENOENT);
+	expect_err("not a directory in the data roots");
+	cr_assert_eq(tr_data_open_dir(roots, tmp_path("outside"), NULL, 0, err, sizeof err), -ENOENT);
+	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, err, sizeof err), -ENOENT);
+	dfd = tr_data_open_dir(roots, "set/", NULL, 0, err, sizeof err);
+	cr_assert_geq(dfd, 0, "%s", err);
+	/* The symlinked class folder is not a class. */
+	cr_assert_eq(tr_image_list(dfd, "set", 1, &names, &n, err, sizeof err), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_str_eq(names[0], "a");
+	tr_image_names_free(names, n);
+	cr_assert_lt(tr_data_open_in(dfd, "b", 1, NULL, err, sizeof err), 0);
+	{
+		int cfd = tr_data_open_in(dfd, "a", 1, NULL, err, sizeof err);
+
+		cr_assert_geq(cfd, 0, "%s", err);
+		cr_assert_eq(tr_image_list(cfd, "a", 0, &names, &n, err, sizeof err), 0);
+		cr_assert_eq(n, 1, "the symlinked file is listed");
+		cr_assert_str_eq(names[0], "in.png");
+		tr_image_names_free(names, n);
+		cr_assert_lt(tr_data_open_in(cfd, "link.png", 0, NULL, err, sizeof err), 0);
+		expect_err("symbolic link");
+		cr_assert_lt(tr_data_open_in(cfd, "../a/in.png", 0, NULL, err, sizeof err), 0);
+		close(cfd);
+	}
+	close(dfd);
+	/* The same through the walk used where openat2 is missing. */
+	tr_data_open_force_walk(1);
+	dfd = tr_data_open_dir(roots, "set", NULL, 0, err, sizeof err);
+	cr_assert_geq(dfd, 0, "%s", err);
+	close(dfd);
+	dfd = tr_data_open_dir(roots, tmp_path("root"), NULL, 0, err, sizeof err);
+	cr_assert_geq(dfd, 0, "the root itself: %s", err);
+	close(dfd);
+	cr_assert_eq(tr_data_open_dir(roots, "../outside", NULL, 0, err, sizeof err), -ENOENT);
+	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, err, sizeof err), -ENOENT);
+	tr_data_open_force_walk(0);
+	tr_data_roots_destroy(roots);
+}
