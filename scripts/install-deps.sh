@@ -10,7 +10,7 @@ set -euo pipefail
 
 packages=(
 	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy curl prometheus wrk
-	libopenblas-dev libjansson-dev libcriterion-dev zlib1g-dev libpng-dev
+	libopenblas-dev libjansson-dev libcriterion-dev zlib1g-dev libpng-dev libjpeg-dev
 	dataset-fashion-mnist python3-skimage
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev
 	nodejs chromium systemd openssl clang

@@ -1,6 +1,8 @@
 /* Image decoding and resampling shared by the image readers (images.c,
  * patches.c) and nothing else.
  *
+ * PNG (libpng) and JPEG (libjpeg-turbo) files are told apart by their
+ * first bytes, not their names.
  * Decoding gives 8-bit samples, interleaved as the file stores them
  * (height x width x channels): palettes and grey levels under 8 bits are
  * expanded, a transparency chunk becomes an alpha channel and 16-bit
@@ -33,6 +35,15 @@ int tr_png_probe(int fd, const char *name, int *width, int *height, int *channel
  * with the message naming `name`) or -ENOMEM. */
 int tr_png_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen);
 
+/* The same for JPEG files (1 channel for grey, else 3). */
+int tr_jpeg_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen);
+int tr_jpeg_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen);
+
+/* Either format, by the file's first bytes; anything else is refused
+ * ("not a PNG or JPEG file").  fd is owned by the call. */
+int tr_image_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen);
+int tr_image_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen);
+
 /* Resamples the planar float image src [c][h][w] to dst [c][oh][ow] with
  * the bicubic kernel (a = -0.5) as MATLAB's imresize does: pixel centres
  * map by x_in = (x_out + 0.5) * in / out - 0.5, edges are mirrored, and
@@ -44,7 +55,8 @@ int tr_image_resize(const float *src, int c, int h, int w, float *dst, int oh, i
 #endif
 
 /* The entries of the directory dir_fd (not consumed) that are
- * subdirectories (want_dirs) or files named *.png, any case (else), in
+ * subdirectories (want_dirs) or files named *.png, *.jpg or *.jpeg, any
+ * case (else), in
  * strcmp order; hidden entries (".x") are skipped, as are symbolic links
  * (they are not followed inside a data directory).  *names is an array of
  * *n malloc'd strings; free with tr_image_names_free.  `dir_name` names
@@ -53,7 +65,7 @@ int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names
 		  size_t errlen);
 void tr_image_names_free(char **names, int n);
 
-/* Decodes the PNG `name` in dir_fd (opened with tr_data_open_in) into
+/* Decodes the image `name` in dir_fd (opened with tr_data_open_in) into
  * planar floats [channels][height][width], values 0..255 times `scale`.
  * `shown` names the file in messages.  *out is malloc'd. */
 int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width,

@@ -1,11 +1,11 @@
-/* The "images" reader: a folder of PNG files, one subfolder per class
+/* The "images" reader: a folder of PNG or JPEG files, one subfolder per class
  * (labels "folders", as torchvision's ImageFolder): class k is the k-th
  * subfolder in sorted order, and the samples are the classes' files in
  * that order.  Subfolders' names are kept (tr_images_class_name) so a job
  * can say which class an index means.
  *
- * At open every file's PNG header is read (size and channel count), so a
- * file that is not a PNG, a channel count unlike the others' or a size
+ * At open every file's header is read (size and channel count), so a
+ * file that is not a PNG or JPEG, a channel count unlike the others' or a size
  * the spec cannot make uniform fails the job before its first step, naming
  * the file.  The pixels are decoded later, by the loader threads, one
  * sample per get: file, decode, optional resize (bicubic, image.h) and
@@ -228,7 +228,7 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 			tr_data_errorf(err, errlen, "%s: %s", shown, strerror(-fd));
 			return fd;
 		}
-		ret = tr_png_probe(fd, shown, &w, &h, &c, err, errlen);
+		ret = tr_image_probe(fd, shown, &w, &h, &c, err, errlen);
 		if (ret)
 			return ret;
 		if (*count == 0) {
@@ -324,7 +324,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 			goto fail;
 	}
 	if (count == 0) {
-		tr_data_errorf(err, errlen, "%s: no .png files in its class subfolders", dir_name);
+		tr_data_errorf(err, errlen, "%s: no .png or .jpg files in its class subfolders", dir_name);
 		ret = -EINVAL;
 		goto fail;
 	}

@@ -1,5 +1,5 @@
-/* Image folders: listing a folder's images or class subfolders, and
- * loading one image as planar floats (see image.h).
+/* Image folders: listing a folder's images or class subfolders, telling
+ * PNG from JPEG, and loading one image as planar floats (see image.h).
  *
  * Names are sorted with strcmp so that sample i is the same file on every
  * machine and every run (readdir's order is the file system's), which the
@@ -29,11 +29,56 @@ static int by_name(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int is_png_name(const char *s)
+static int is_image_name(const char *s)
 {
 	size_t n = strlen(s);
 
-	return n > 4 && strcasecmp(s + n - 4, ".png") == 0;
+	return (n > 4 && (strcasecmp(s + n - 4, ".png") == 0 || strcasecmp(s + n - 4, ".jpg") == 0)) ||
+	       (n > 5 && strcasecmp(s + n - 5, ".jpeg") == 0);
+}
+
+enum kind { NOT_AN_IMAGE, PNG, JPEG };
+
+static enum kind sniff(int fd)
+{
+	unsigned char b[8];
+
+	if (pread(fd, b, sizeof b, 0) != (ssize_t)sizeof b)
+		return NOT_AN_IMAGE;
+	if (memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0)
+		return PNG;
+	if (b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff)
+		return JPEG;
+	return NOT_AN_IMAGE;
+}
+
+int tr_image_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen)
+{
+	switch (sniff(fd)) {
+	case PNG:
+		return tr_png_probe(fd, name, width, height, channels, err, errlen);
+	case JPEG:
+		return tr_jpeg_probe(fd, name, width, height, channels, err, errlen);
+	default:
+		close(fd);
+		tr_data_errorf(err, errlen, "%s: not a PNG or JPEG file", name);
+		return -EINVAL;
+	}
+}
+
+int tr_image_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen)
+{
+	memset(img, 0, sizeof(*img));
+	switch (sniff(fd)) {
+	case PNG:
+		return tr_png_decode(fd, name, img, err, errlen);
+	case JPEG:
+		return tr_jpeg_decode(fd, name, img, err, errlen);
+	default:
+		close(fd);
+		tr_data_errorf(err, errlen, "%s: not a PNG or JPEG file", name);
+		return -EINVAL;
+	}
 }
 
 void tr_image_names_free(char **names, int n)
@@ -69,7 +114,7 @@ int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names
 			continue;
 		if (fstatat(dir_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue; /* gone since readdir: as if it never was */
-		if (want_dirs ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode) || !is_png_name(e->d_name))
+		if (want_dirs ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode) || !is_image_name(e->d_name))
 			continue;
 		if (*n == MAX_ENTRIES) {
 			tr_data_errorf(err, errlen, "%s: more than %d entries", dir_name, MAX_ENTRIES);
@@ -128,7 +173,7 @@ int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, 
 		tr_data_errorf(err, errlen, "%s: %s", shown, why ? why + 3 : msg);
 		return fd;
 	}
-	ret = tr_png_decode(fd, shown, &img, err, errlen);
+	ret = tr_image_decode(fd, shown, &img, err, errlen);
 	if (ret)
 		return ret;
 	plane = (size_t)img.width * (size_t)img.height;

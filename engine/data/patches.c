@@ -197,7 +197,7 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	if (ret)
 		goto fail;
 	if (n == 0) {
-		tr_data_errorf(err, errlen, "%s: no .png files", input_name);
+		tr_data_errorf(err, errlen, "%s: no .png or .jpg files", input_name);
 		ret = -EINVAL;
 		goto fail;
 	}

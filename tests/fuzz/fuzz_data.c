@@ -4,7 +4,7 @@
  * two-file formats, two files separated by the first "\n@@\n".  After a
  * successful open the first samples are read back, which is where offsets
  * and row lengths are trusted.  A first file that starts with the PNG
- * signature is also probed and decoded as an image would be by the
+ * or JPEG signature is also probed and decoded as an image would be by the
  * loaders (idx files that start with the gzip magic are inflated by the
  * idx case). */
 #include <stdint.h>
@@ -53,13 +53,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (put(&fa, "a", body, n, pa, sizeof pa) < 0 || put(&fb, "b", second, n2, pb, sizeof pb) < 0)
 		return 0;
-	if (n >= 8 && memcmp(body, "\x89PNG\r\n\x1a\n", 8) == 0) {
+	if (n >= 8 && (memcmp(body, "\x89PNG\r\n\x1a\n", 8) == 0 || memcmp(body, "\xff\xd8\xff", 3) == 0)) {
 		struct tr_image img;
 		int w, h, c, fd = open(pa, O_RDONLY | O_CLOEXEC);
 
-		if (fd >= 0 && tr_png_probe(fd, "a.png", &w, &h, &c, err, sizeof err) == 0) {
+		if (fd >= 0 && tr_image_probe(fd, "a.img", &w, &h, &c, err, sizeof err) == 0) {
 			fd = open(pa, O_RDONLY | O_CLOEXEC);
-			if (fd >= 0 && tr_png_decode(fd, "a.png", &img, err, sizeof err) == 0) {
+			if (fd >= 0 && tr_image_decode(fd, "a.img", &img, err, sizeof err) == 0) {
 				if (img.width != w || img.height != h || img.channels != c)
 					abort(); /* the probe promised another image */
 				free(img.px);

@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <jpeglib.h>
+
 #include "engine/data/image.h"
 #include "engine/data/prefetch.h"
 #include "engine/data/reader.h"
@@ -652,12 +654,21 @@ Test(patches, bad_images_are_named)
 		fclose(f);
 	}
 	open_fail(&s);
+	/* Told apart by content, not name: a broken JPEG whatever it is called. */
+	expect_err("pics/b.png: corrupt or truncated JPEG");
+	{
+		FILE *f = fopen(tmp_path("pics/b.png"), "w");
+
+		fputs("GIF89a and more", f);
+		fclose(f);
+	}
+	open_fail(&s);
 	expect_err("pics/b.png: not a PNG");
 	/* No images at all. */
 	mkdir_in("none");
 	s = patches_src("none", 8, 2);
 	open_fail(&s);
-	expect_err("no .png files");
+	expect_err("no .png or .jpg files");
 }
 
 /* ---- resampling ---- */
@@ -937,8 +948,8 @@ Test(patches, same_batches_for_any_loader_count)
 	tr_reader_destroy(r);
 }
 
-/* Real files of many kinds (palette, grey, RGB, RGBA, 16-bit, odd sizes):
- * every PNG that Debian's python3-skimage ships decodes, with the size and
+/* Real files of many kinds (palette, grey, RGB, RGBA, 16-bit, odd sizes,
+ * JPEG): every image that Debian's python3-skimage ships decodes, with the size and
  * channel count its header promised. */
 #define SKIMAGE_DATA "/usr/lib/python3/dist-packages/skimage/data"
 
@@ -960,7 +971,7 @@ Test(images, decodes_every_skimage_png)
 
 		fd = tr_data_open_in(dfd, names[i], 0, NULL, err, sizeof err);
 		cr_assert_geq(fd, 0, "%s", err);
-		if (tr_png_probe(fd, names[i], &w, &h, &c, err, sizeof err) != 0) {
+		if (tr_image_probe(fd, names[i], &w, &h, &c, err, sizeof err) != 0) {
 			/* A file that is not a PNG despite its name is refused by
 			 * name, and that is all. */
 			cr_assert_not_null(strstr(err, names[i]));
@@ -1049,4 +1060,91 @@ Test(images, folders_stay_inside_the_data_roots)
 	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, err, sizeof err), -ENOENT);
 	tr_data_open_force_walk(0);
 	tr_data_roots_destroy(roots);
+}
+
+/* ---- JPEG ---- */
+
+/* Writes a w x h JPEG (quality 95) of the pattern image `seed`. */
+static void write_jpeg(const char *name, int w, int h, int channels, int seed)
+{
+	struct jpeg_compress_struct c;
+	struct jpeg_error_mgr e;
+	FILE *f = fopen(tmp_path(name), "wb");
+	unsigned char *row = malloc((size_t)w * channels);
+
+	cr_assert(f && row);
+	c.err = jpeg_std_error(&e);
+	jpeg_create_compress(&c);
+	jpeg_stdio_dest(&c, f);
+	c.image_width = (JDIMENSION)w;
+	c.image_height = (JDIMENSION)h;
+	c.input_components = channels;
+	c.in_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+	jpeg_set_defaults(&c);
+	jpeg_set_quality(&c, 95, TRUE);
+	jpeg_start_compress(&c, TRUE);
+	for (int y = 0; y < h; y++) {
+		JSAMPROW r = row;
+
+		for (int x = 0; x < w; x++)
+			for (int k = 0; k < channels; k++)
+				row[x * channels + k] = (unsigned char)(seed + 2 * y + x + 40 * k); /* smooth */
+		jpeg_write_scanlines(&c, &r, 1);
+	}
+	jpeg_finish_compress(&c);
+	jpeg_destroy_compress(&c);
+	free(row);
+	cr_assert_eq(fclose(f), 0);
+}
+
+Test(images, jpeg_files_read_like_png_and_bad_ones_are_named)
+{
+	float x[3 * 16 * 24], y;
+
+	mkdir_in("set");
+	mkdir_in("set/a");
+	mkdir_in("set/b");
+	write_jpeg("set/a/1.jpg", 24, 16, 3, 10);
+	write_pattern("set/a/2.png", 24, 16, 3, 10);
+	write_jpeg("set/b/3.JPEG", 24, 16, 3, 60);
+	struct tr_source_spec s = images_src("set");
+	tr_reader_t *r = open_ok(&s);
+
+	cr_assert_eq(r->info.samples, 3);
+	cr_assert_eq(r->info.shape[0], 3);
+	cr_assert_eq(r->info.shape[1], 16);
+	cr_assert_eq(r->info.shape[2], 24);
+	cr_assert_eq(tr_reader_get(r, 0, x, &y, err, sizeof err), 0, "%s", err);
+	/* Lossy, but close to what was written. */
+	for (int k = 0; k < 3; k++)
+		for (int yy = 0; yy < 16; yy++)
+			for (int xx = 0; xx < 24; xx++)
+				cr_assert_float_eq(x[(k * 16 + yy) * 24 + xx], (float)(10 + 2 * yy + xx + 40 * k), 6.0f,
+						   "c%d y%d x%d: %g", k, yy, xx, x[(k * 16 + yy) * 24 + xx]);
+	cr_assert_eq(tr_reader_get(r, 2, x, &y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(y, 1.0f);
+	tr_reader_destroy(r);
+
+	/* A grey JPEG among RGB ones: named at open. */
+	write_jpeg("set/b/4.jpg", 24, 16, 1, 0);
+	open_fail(&s);
+	expect_err("set/b/4.jpg: 1 channel");
+	remove(tmp_path("set/b/4.jpg"));
+
+	/* Truncated: libjpeg would fill the rest with grey; the job fails. */
+	r = open_ok(&s);
+	truncate_file("set/b/3.JPEG", file_size(tmp_path("set/b/3.JPEG")) / 2);
+	cr_assert_lt(tr_reader_get(r, 2, x, &y, err, sizeof err), 0);
+	expect_err("set/b/3.JPEG: corrupt or truncated JPEG");
+	tr_reader_destroy(r);
+
+	/* A .jpg that is neither. */
+	{
+		FILE *f = fopen(tmp_path("set/a/0.jpg"), "w");
+
+		fputs("plain text", f);
+		fclose(f);
+	}
+	open_fail(&s);
+	expect_err("set/a/0.jpg: not a PNG or JPEG file");
 }
