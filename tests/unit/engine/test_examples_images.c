@@ -80,7 +80,7 @@ static void parse_or_skip(const char *name, json_t *doc, struct tr_spec *spec)
 	regfree(&re);
 	cr_assert(waiting, "examples/%s is refused: %s", name, err.message);
 	fprintf(stderr, "SKIP examples/%s: the engine does not take its model yet (%s)\n", name, err.message);
-	cr_skip("examples/%s waits for image layers: %s", name, err.message);
+	cr_skip_test("examples/%s waits for image layers: %s", name, err.message);
 }
 
 static int copy_file(const char *from, const char *to)
@@ -125,7 +125,10 @@ Test(examples_images, fashion_cnn_reaches_89_percent)
 	json_t *doc = load_example("fashion-cnn.json");
 
 	if (stat(FASHION "/train-images-idx3-ubyte.gz", &st) != 0)
-		cr_skip("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+		{
+			fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
+			cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+		}
 	parse_or_skip("fashion-cnn.json", doc, &spec);
 	json_decref(doc);
 	run(&spec, 2, &sum);
@@ -148,7 +151,10 @@ Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 	double base = 0;
 
 	if (stat(SKIMAGE "/camera.png", &st) != 0)
-		cr_skip("python3-skimage's images are not installed: skipped");
+		{
+			fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
+			cr_skip_test("python3-skimage's images are not installed: skipped");
+		}
 	snprintf(tdir, sizeof tdir, "%s/train", dir);
 	snprintf(vdir, sizeof vdir, "%s/val", dir);
 	cr_assert_eq(mkdir(tdir, 0755), 0);
