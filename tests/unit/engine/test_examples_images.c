@@ -124,11 +124,10 @@ Test(examples_images, fashion_cnn_reaches_89_percent)
 	struct tr_summary sum;
 	json_t *doc = load_example("fashion-cnn.json");
 
-	if (stat(FASHION "/train-images-idx3-ubyte.gz", &st) != 0)
-		{
-			fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
-			cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
-		}
+	if (stat(FASHION "/train-images-idx3-ubyte.gz", &st) != 0) {
+		fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
+		cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+	}
 	parse_or_skip("fashion-cnn.json", doc, &spec);
 	json_decref(doc);
 	run(&spec, 2, &sum);
@@ -150,11 +149,10 @@ Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 	char err[1024];
 	double base = 0;
 
-	if (stat(SKIMAGE "/camera.png", &st) != 0)
-		{
-			fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
-			cr_skip_test("python3-skimage's images are not installed: skipped");
-		}
+	if (stat(SKIMAGE "/camera.png", &st) != 0) {
+		fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
+		cr_skip_test("python3-skimage's images are not installed: skipped");
+	}
 	snprintf(tdir, sizeof tdir, "%s/train", dir);
 	snprintf(vdir, sizeof vdir, "%s/val", dir);
 	cr_assert_eq(mkdir(tdir, 0755), 0);

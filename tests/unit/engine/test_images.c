@@ -283,11 +283,10 @@ Test(images, fashion_mnist_gz)
 {
 	struct stat st;
 
-	if (stat(FASHION_DIR "/train-images-idx3-ubyte.gz", &st) != 0)
-		{
-			fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
-			cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
-		}
+	if (stat(FASHION_DIR "/train-images-idx3-ubyte.gz", &st) != 0) {
+		fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
+		cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+	}
 	struct tr_source_spec s =
 		idx_src(FASHION_DIR "/train-images-idx3-ubyte.gz", FASHION_DIR "/train-labels-idx1-ubyte.gz");
 	tr_reader_t *r = open_ok(&s);
@@ -962,11 +961,10 @@ Test(images, decodes_every_skimage_png)
 	int fd, dfd, n, decoded = 0;
 	char **names;
 
-	if (stat(SKIMAGE_DATA "/camera.png", &st) != 0)
-		{
-			fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
-			cr_skip_test("python3-skimage's images are not installed: skipped");
-		}
+	if (stat(SKIMAGE_DATA "/camera.png", &st) != 0) {
+		fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
+		cr_skip_test("python3-skimage's images are not installed: skipped");
+	}
 	dfd = tr_data_open_dir(NULL, SKIMAGE_DATA, NULL, 0, err, sizeof err);
 	cr_assert_geq(dfd, 0, "%s", err);
 	cr_assert_eq(tr_image_list(dfd, SKIMAGE_DATA, 0, &names, &n, err, sizeof err), 0, "%s", err);
