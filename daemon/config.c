@@ -1,269 +1,236 @@
 /* The configuration table of trainerd serve (see config.h).
  *
- * Adding an option means adding one row: the parser, the file reader,
- * validation and the --help text all come from it.
+ * Adding an option means adding one row.  The rows are read by the same
+ * field-table interpreter as the job spec (engine/spec_fields.h), so the
+ * command line, the config file, defaults, range checks, their messages,
+ * the reload diff and --help all come from the one table.  Values arrive
+ * as text and are typed by the row (tr_fields_parse_text).
  */
 #include "daemon/config.h"
 
 #include <errno.h>
-#include <limits.h>
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-enum opt_kind { OPT_STRING, OPT_INT, OPT_LONG, OPT_LLONG, OPT_LIST, OPT_LISTEN, OPT_LEVEL, OPT_CHOICE };
+#include "engine/spec_fields.h"
 
-struct option_row {
-	const char *name;
-	enum opt_kind kind;
-	size_t offset;
-	size_t size;       /* string buffer size */
-	long lo, hi;       /* integer range */
-	const char *choices; /* OPT_CHOICE: '|'-separated */
-	const char *def;     /* default, as text */
-	const char *help;
-};
+#define DEFAULT_LISTEN "127.0.0.1:8080"
 
-#define OFF(f) offsetof(struct tr_config, f)
-#define SZ(f) sizeof(((struct tr_config *)0)->f)
+/* Syslog priorities by name: the index is the level. */
+static const char *const level_names[] = {"emerg", "alert",  "crit", "error", "warning",
+					  "notice", "info", "debug", NULL};
+static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 
-static const struct option_row options[] = {
-	{"listen", OPT_LISTEN, 0, 0, 0, 0, NULL, "127.0.0.1:8080",
-	 "HOST:PORT to serve the API on (port 0 = any free port; ignored under socket activation); a non-loopback host needs tokens"},
-	{"state-dir", OPT_STRING, OFF(state_dir), SZ(state_dir), 0, 0, NULL, "./var",
-	 "directory for the SQLite database and the listen address file"},
-	{"data-root", OPT_LIST, OFF(data_roots), 0, 0, TR_CONFIG_MAX_ROOTS, NULL, NULL,
-	 "directory job data paths resolve against (repeatable; default: the working directory)"},
-	{"cpu-devices", OPT_INT, OFF(cpu_devices), 0, 0, 64, NULL, "0",
-	 "number of CPU devices when no GPU is used (0 = one per core)"},
-	{"backend", OPT_CHOICE, OFF(backend), SZ(backend), 0, 0, "auto|cpu|cuda", "auto",
-	 "device backend: auto uses CUDA when a GPU is present"},
-	{"max-body", OPT_LONG, OFF(max_body), 0, 1024, 64L << 20, NULL, "1048576",
-	 "largest accepted request body in bytes"},
-	{"log-level", OPT_LEVEL, OFF(log_level), 0, 0, 7, NULL, "info",
-	 "least important messages logged: error, warning, notice, info or debug"},
-	{"sse-heartbeat", OPT_INT, OFF(sse_heartbeat_s), 0, 1, 3600, NULL, "15",
-	 "seconds between heartbeat comments on event streams"},
-	{"max-connections", OPT_INT, OFF(max_connections), 0, 8, 100000, NULL, "512",
-	 "HTTP connections served at once (each holds a thread)"},
-	{"max-connections-per-client", OPT_INT, OFF(max_connections_per_client), 0, 1, 100000, NULL, "64",
-	 "connections one client address may hold; more are closed at once"},
-	{"connection-reserve", OPT_INT, OFF(connection_reserve), 0, 1, 100000, NULL, "64",
-	 "the last connection slots, kept for addresses that hold fewer than 8 connections"},
-	{"request-timeout", OPT_INT, OFF(request_timeout_s), 0, 1, 3600, NULL, "30",
-	 "seconds a request's headers and body may take to arrive (a total, not an idle time); idle kept-alive "
-	 "connections close after it too"},
-	{"max-queued-jobs", OPT_INT, OFF(max_queued_jobs), 0, 0, 10000000, NULL, "10000",
-	 "jobs that may wait in the queue at once (0 = no limit); a submit past it is answered 503"},
-	{"max-streams", OPT_INT, OFF(max_streams), 0, 1, 100000, NULL, "256",
-	 "event streams (GET /jobs/{id}/events) open at once; more are answered 503"},
-	{"max-streams-per-client", OPT_INT, OFF(max_streams_per_client), 0, 1, 100000, NULL, "16",
-	 "event streams one client address may hold open; more are answered 503"},
-	{"sse-buffer", OPT_LONG, OFF(sse_buffer), 0, 4096, 64L << 20, NULL, "262144",
-	 "bytes of events one stream reads from the database at a time (its memory bound)"},
-	{"sse-stall-timeout", OPT_INT, OFF(sse_stall_s), 0, 0, 86400, NULL, "0",
-	 "seconds an event stream may go without the client reading before it is closed (the client resumes "
-	 "with Last-Event-ID; 0 = 60 or 4 heartbeats, whichever is longer)"},
-	{"shutdown-grace", OPT_INT, OFF(shutdown_grace_s), 0, 1, 3600, NULL, "30",
-	 "seconds running jobs get on SIGTERM to stop at a step boundary and write their checkpoint before they are cancelled"},
-	{"metrics-queue", OPT_LONG, OFF(metrics_queue), 0, 1000, 100000000L, NULL, "1000000",
-	 "metric points buffered for the database writer before points are dropped"},
-	{"state-max-bytes", OPT_LLONG, OFF(state_max_bytes), 0, 0, 0x7fffffffffffffffLL, NULL, "0",
-	 "cap on the database size in bytes (0 = none); a checkpoint that does not fit fails cleanly"},
-	{"token", OPT_LIST, OFF(tokens), 0, 0, TR_CONFIG_MAX_TOKENS, NULL, NULL,
-	 "bearer token with the admin role (repeatable); visible to every user in the process list when given on "
-	 "the command line: prefer token-file"},
-	{"token-file", OPT_STRING, OFF(token_file), SZ(token_file), 0, 0, NULL, "",
-	 "file of 'role:token' lines (roles read, write, admin), readable by its owner only; tokens (or --token) "
-	 "are required for a non-loopback listen address"},
-	{"tls-cert", OPT_STRING, OFF(tls_cert), SZ(tls_cert), 0, 0, NULL, "",
-	 "PEM certificate (chain); with tls-key the API serves HTTPS only"},
-	{"tls-key", OPT_STRING, OFF(tls_key), SZ(tls_key), 0, 0, NULL, "", "PEM private key of tls-cert"},
-	{"openapi", OPT_STRING, OFF(openapi_path), SZ(openapi_path), 0, 0, NULL, "openapi/openapi.yaml",
-	 "OpenAPI document served at GET /openapi.yaml (empty = none)"},
-	{"submit-if-empty", OPT_STRING, OFF(submit_if_empty), SZ(submit_if_empty), 0, 0, NULL, "",
-	 "job spec file to submit when the database has no job yet (make run uses the quickstart)"},
-};
+/* ---- custom rows ---- */
 
-#define N_OPTIONS (sizeof options / sizeof options[0])
-
-static const char *levels[] = {"emerg", "alert", "crit", "error", "warning", "notice", "info", "debug"};
-
-static int set_value(struct tr_config *c, const struct option_row *o, const char *v, const char *where, char *err,
-		     size_t errlen)
+static int parse_listen(struct tr_fields_ctx *ctx, const json_t *v, void *base)
 {
-	char *base = (char *)c;
+	struct tr_config *c = base;
+	const char *text = v ? json_string_value(v) : DEFAULT_LISTEN;
+	const char *colon, *h;
 	char *end;
-	switch (o->kind) {
-	case OPT_STRING:
-	case OPT_CHOICE:
-		if (strlen(v) >= o->size) {
-			snprintf(err, errlen, "%s%s: value longer than %zu characters", where, o->name, o->size - 1);
-			return -1;
-		}
-		if (o->kind == OPT_CHOICE) {
-			const char *p = o->choices;
-			size_t n = strlen(v);
-			bool ok = false;
-			while (p && *p) {
-				const char *bar = strchr(p, '|');
-				size_t len = bar ? (size_t)(bar - p) : strlen(p);
-				ok |= len == n && strncmp(p, v, n) == 0;
-				p = bar ? bar + 1 : NULL;
-			}
-			if (!ok) {
-				snprintf(err, errlen, "%s%s: must be one of %s, got '%s'", where, o->name, o->choices, v);
-				return -1;
-			}
-		}
-		snprintf(base + o->offset, o->size, "%s", v);
-		return 0;
-	case OPT_LLONG: {
-		errno = 0;
-		long long n = strtoll(v, &end, 10);
-		if (errno || !*v || *end || n < 0) {
-			snprintf(err, errlen, "%s%s: must be a non-negative integer, got '%s'", where, o->name, v);
-			return -1;
-		}
-		*(long long *)(base + o->offset) = n;
-		return 0;
+	long port;
+	size_t hlen;
+
+	if (!text)
+		return tr_fields_fail(ctx, NULL, "expected HOST:PORT");
+	colon = strrchr(text, ':');
+	if (!colon || colon == text)
+		return tr_fields_fail(ctx, NULL, "expected HOST:PORT");
+	errno = 0;
+	port = strtol(colon + 1, &end, 10);
+	hlen = (size_t)(colon - text);
+	if (errno || !colon[1] || *end || port < 0 || port > 65535 || hlen >= sizeof c->listen_host)
+		return tr_fields_fail(ctx, NULL, "expected HOST:PORT with a port in [0, 65535]");
+	/* "[::1]:8080" names an IPv6 host. */
+	h = text;
+	if (h[0] == '[' && colon[-1] == ']') {
+		h++;
+		hlen -= 2;
 	}
-	case OPT_INT:
-	case OPT_LONG: {
-		errno = 0;
-		long n = strtol(v, &end, 10);
-		if (errno || !*v || *end || n < o->lo || n > o->hi) {
-			snprintf(err, errlen, "%s%s: must be an integer in [%ld, %ld], got '%s'", where, o->name, o->lo,
-				 o->hi, v);
-			return -1;
-		}
-		if (o->kind == OPT_INT)
-			*(int *)(base + o->offset) = (int)n;
-		else
-			*(long *)(base + o->offset) = n;
-		return 0;
-	}
-	case OPT_LEVEL:
-		for (int i = 0; i < 8; i++) {
-			if (strcmp(v, levels[i]) == 0) {
-				c->log_level = i;
-				return 0;
-			}
-		}
-		snprintf(err, errlen, "%s%s: must be error, warning, notice, info or debug, got '%s'", where, o->name,
-			 v);
-		return -1;
-	case OPT_LIST: {
-		char **list = (char **)(base + o->offset);
-		int *count = o->offset == OFF(tokens) ? &c->n_tokens : &c->n_data_roots;
-		if (*count >= o->hi) {
-			snprintf(err, errlen, "%s%s: at most %ld values", where, o->name, o->hi);
-			return -1;
-		}
-		if (!*v) {
-			snprintf(err, errlen, "%s%s: must not be empty", where, o->name);
-			return -1;
-		}
-		list[(*count)++] = strdup(v);
-		list[*count] = NULL;
-		return 0;
-	}
-	case OPT_LISTEN: {
-		const char *colon = strrchr(v, ':');
-		if (!colon || colon == v) {
-			snprintf(err, errlen, "%s%s: expected HOST:PORT, got '%s'", where, o->name, v);
-			return -1;
-		}
-		errno = 0;
-		long port = strtol(colon + 1, &end, 10);
-		size_t hlen = (size_t)(colon - v);
-		if (errno || !colon[1] || *end || port < 0 || port > 65535 || hlen >= sizeof c->listen_host) {
-			snprintf(err, errlen, "%s%s: expected HOST:PORT with a port in [0, 65535], got '%s'", where,
-				 o->name, v);
-			return -1;
-		}
-		/* Accept "[::1]:8080" as well as "::1:8080"-free forms. */
-		const char *h = v;
-		if (h[0] == '[' && colon[-1] == ']') {
-			h++;
-			hlen -= 2;
-		}
-		memcpy(c->listen_host, h, hlen);
-		c->listen_host[hlen] = 0;
-		c->listen_port = (int)port;
-		return 0;
-	}
-	}
-	return -1;
+	memcpy(c->listen_host, h, hlen);
+	c->listen_host[hlen] = 0;
+	c->listen_port = (int)port;
+	return 0;
 }
+
+static int emit_listen(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_config *c = base;
+	bool v6 = strchr(c->listen_host, ':') != NULL;
+
+	return json_object_set_new(obj, key,
+				   json_sprintf(v6 ? "[%s]:%d" : "%s:%d", c->listen_host, c->listen_port));
+}
+
+/* A repeatable option: v NULL (the default) empties the list, a value is
+ * appended. */
+static int parse_list(struct tr_fields_ctx *ctx, const json_t *v, char **list, int *count, int max)
+{
+	const char *text;
+
+	if (!v) {
+		for (int i = 0; i < *count; i++)
+			free(list[i]);
+		*count = 0;
+		list[0] = NULL;
+		return 0;
+	}
+	text = json_string_value(v);
+	if (!text || !*text)
+		return tr_fields_fail(ctx, NULL, "must not be empty");
+	if (*count >= max)
+		return tr_fields_fail(ctx, NULL, "at most %d values", max);
+	if (!(list[*count] = strdup(text)))
+		return tr_fields_fail_oom(ctx);
+	list[++*count] = NULL;
+	return 0;
+}
+
+static int emit_list(char *const *list, json_t *obj, const char *key)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && list[i]; i++)
+		if (json_array_append_new(a, json_string(list[i]))) {
+			json_decref(a);
+			return -1;
+		}
+	return a ? json_object_set_new(obj, key, a) : -1;
+}
+
+static int parse_data_root(struct tr_fields_ctx *ctx, const json_t *v, void *base)
+{
+	struct tr_config *c = base;
+
+	return parse_list(ctx, v, c->data_roots, &c->n_data_roots, TR_CONFIG_MAX_ROOTS);
+}
+
+static int emit_data_roots(const void *base, json_t *obj, const char *key)
+{
+	return emit_list(((const struct tr_config *)base)->data_roots, obj, key);
+}
+
+static int parse_token(struct tr_fields_ctx *ctx, const json_t *v, void *base)
+{
+	struct tr_config *c = base;
+
+	return parse_list(ctx, v, c->tokens, &c->n_tokens, TR_CONFIG_MAX_TOKENS);
+}
+
+static int emit_tokens(const void *base, json_t *obj, const char *key)
+{
+	return emit_list(((const struct tr_config *)base)->tokens, obj, key);
+}
+
+/* ---- the table ---- */
+
+#define CFG(m) offsetof(struct tr_config, m)
+#define TEXT(m) .kind = K_TEXT, .off = CFG(m), .size = sizeof(((struct tr_config *)0)->m)
+#define INT_IN(m, lo_, hi_) .kind = K_INT, .off = CFG(m), .flags = F_LO | F_HI, .lo = (lo_), .hi = (hi_)
+#define I64_IN(m, lo_, hi_) .kind = K_I64, .off = CFG(m), .flags = F_LO | F_HI, .lo = (lo_), .hi = (hi_)
+
+static const struct tr_field options[] = {
+	{.key = "listen", .kind = K_CUSTOM, .parse = parse_listen, .emit = emit_listen, .defstr = DEFAULT_LISTEN,
+	 .help = "HOST:PORT to serve the API on (port 0 = any free port; ignored under socket activation); a "
+		 "non-loopback host needs tokens"},
+	{.key = "state-dir", TEXT(state_dir), .defstr = "./var",
+	 .help = "directory for the SQLite database and the listen address file"},
+	{.key = "data-root", .kind = K_CUSTOM, .parse = parse_data_root, .emit = emit_data_roots,
+	 .help = "directory job data paths resolve against (repeatable; default: the working directory)"},
+	{.key = "cpu-devices", INT_IN(cpu_devices, 0, 64), .def = 0,
+	 .help = "number of CPU devices when no GPU is used (0 = one per core)"},
+	{.key = "backend", .kind = K_NAME, .off = CFG(backend), .size = sizeof(((struct tr_config *)0)->backend),
+	 .names = backend_names, .defstr = "auto", .help = "device backend: auto uses CUDA when a GPU is present"},
+	{.key = "max-body", I64_IN(max_body, 1024, 64 << 20), .def = 1048576,
+	 .help = "largest accepted request body in bytes"},
+	{.key = "log-level", .kind = K_ENUM, .off = CFG(log_level), .names = level_names, .def = 6,
+	 .help = "least important messages logged: error, warning, notice, info or debug"},
+	{.key = "sse-heartbeat", INT_IN(sse_heartbeat_s, 1, 3600), .def = 15,
+	 .help = "seconds between heartbeat comments on event streams"},
+	{.key = "max-connections", INT_IN(max_connections, 8, 100000), .def = 512,
+	 .help = "HTTP connections served at once (each holds a thread)"},
+	{.key = "max-connections-per-client", INT_IN(max_connections_per_client, 1, 100000), .def = 64,
+	 .help = "connections one client address may hold; more are closed at once"},
+	{.key = "connection-reserve", INT_IN(connection_reserve, 1, 100000), .def = 64,
+	 .help = "the last connection slots, kept for addresses that hold fewer than 8 connections"},
+	{.key = "request-timeout", INT_IN(request_timeout_s, 1, 3600), .def = 30,
+	 .help = "seconds a request's headers and body may take to arrive (a total, not an idle time); idle "
+		 "kept-alive connections close after it too"},
+	{.key = "max-queued-jobs", INT_IN(max_queued_jobs, 0, 10000000), .def = 10000,
+	 .help = "jobs that may wait in the queue at once (0 = no limit); a submit past it is answered 503"},
+	{.key = "max-streams", INT_IN(max_streams, 1, 100000), .def = 256,
+	 .help = "event streams (GET /jobs/{id}/events) open at once; more are answered 503"},
+	{.key = "max-streams-per-client", INT_IN(max_streams_per_client, 1, 100000), .def = 16,
+	 .help = "event streams one client address may hold open; more are answered 503"},
+	{.key = "sse-buffer", I64_IN(sse_buffer, 4096, 64 << 20), .def = 262144,
+	 .help = "bytes of events one stream reads from the database at a time (its memory bound)"},
+	{.key = "sse-stall-timeout", INT_IN(sse_stall_s, 0, 86400), .def = 0,
+	 .help = "seconds an event stream may go without the client reading before it is closed (the client "
+		 "resumes with Last-Event-ID; 0 = 60 or 4 heartbeats, whichever is longer)"},
+	{.key = "shutdown-grace", INT_IN(shutdown_grace_s, 1, 3600), .def = 30,
+	 .help = "seconds running jobs get on SIGTERM to stop at a step boundary and write their checkpoint "
+		 "before they are cancelled"},
+	{.key = "metrics-queue", I64_IN(metrics_queue, 1000, 100000000), .def = 1000000,
+	 .help = "metric points buffered for the database writer before points are dropped"},
+	{.key = "state-max-bytes", .kind = K_I64, .off = CFG(state_max_bytes), .flags = F_LO, .lo = 0, .def = 0,
+	 .help = "cap on the database size in bytes (0 = none); a checkpoint that does not fit fails cleanly"},
+	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
+	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
+		 "given on the command line: prefer token-file"},
+	{.key = "token-file", TEXT(token_file), .defstr = "",
+	 .help = "file of 'role:token' lines (roles read, write, admin), readable by its owner only; tokens (or "
+		 "--token) are required for a non-loopback listen address"},
+	{.key = "tls-cert", TEXT(tls_cert), .defstr = "",
+	 .help = "PEM certificate (chain); with tls-key the API serves HTTPS only"},
+	{.key = "tls-key", TEXT(tls_key), .defstr = "", .help = "PEM private key of tls-cert"},
+	{.key = "openapi", TEXT(openapi_path), .defstr = "openapi/openapi.yaml",
+	 .help = "OpenAPI document served at GET /openapi.yaml (empty = none)"},
+	{.key = "submit-if-empty", TEXT(submit_if_empty), .defstr = "",
+	 .help = "job spec file to submit when the database has no job yet (make run uses the quickstart)"},
+	{0},
+};
 
 /* What a reload (SIGHUP, POST /reload) applies; the rest needs a restart
  * (the listener, the store, the devices are set up once). */
 static const char *const reloadable[] = {"log-level", "max-body", "token", "token-file", "shutdown-grace", NULL};
 
-static bool same_value(const struct tr_config *a, const struct tr_config *b, const struct option_row *o)
+/* Sets one option from text; `where` prefixes the message ("--", or
+ * "FILE:LINE: "). */
+static int set_option(struct tr_config *c, const struct tr_field *o, const char *value, const char *where,
+		      char *err, size_t errlen)
 {
-	const char *pa = (const char *)a + o->offset, *pb = (const char *)b + o->offset;
-	switch (o->kind) {
-	case OPT_STRING:
-	case OPT_CHOICE:
-		return strcmp(pa, pb) == 0;
-	case OPT_INT:
-		return *(const int *)pa == *(const int *)pb;
-	case OPT_LONG:
-		return *(const long *)pa == *(const long *)pb;
-	case OPT_LLONG:
-		return *(const long long *)pa == *(const long long *)pb;
-	case OPT_LEVEL:
-		return a->log_level == b->log_level;
-	case OPT_LISTEN:
-		return strcmp(a->listen_host, b->listen_host) == 0 && a->listen_port == b->listen_port;
-	case OPT_LIST: {
-		char *const *la = (char *const *)pa, *const *lb = (char *const *)pb;
-		int i = 0;
-		for (; la[i] && lb[i]; i++)
-			if (strcmp(la[i], lb[i]) != 0)
-				return false;
-		return !la[i] && !lb[i];
-	}
-	}
-	return false;
-}
+	struct tr_spec_error e;
+	struct tr_fields_ctx ctx = {.err = &e, .user = c};
 
-int tr_config_diff(const struct tr_config *a, const struct tr_config *b,
-		   void (*fn)(const char *name, int reloadable, void *ud), void *ud)
-{
-	int n = 0;
-	for (size_t i = 0; i < N_OPTIONS; i++) {
-		if (same_value(a, b, &options[i]))
-			continue;
-		bool r = false;
-		for (int k = 0; reloadable[k]; k++)
-			r |= strcmp(reloadable[k], options[i].name) == 0;
-		fn(options[i].name, r, ud);
-		n++;
-	}
-	return n;
-}
+	memset(&e, 0, sizeof(e));
+	if (tr_fields_parse_text(&ctx, o, value, c) == 0)
+		return 0;
+	/* The message starts with the pointer ("/max-body: "); the flag or
+	 * line names the option the way the user wrote it instead. */
+	const char *text = e.message;
+	size_t plen = strlen(e.pointer);
 
-static const struct option_row *find(const char *name)
-{
-	for (size_t i = 0; i < N_OPTIONS; i++)
-		if (strcmp(options[i].name, name) == 0)
-			return &options[i];
-	return NULL;
+	if (plen && strncmp(text, e.pointer, plen) == 0 && strncmp(text + plen, ": ", 2) == 0)
+		text += plen + 2;
+	snprintf(err, errlen, "%s%s: %s, got '%.200s'", where, o->key, text, value);
+	return -1;
 }
 
 void tr_config_defaults(struct tr_config *c)
 {
+	struct tr_spec_error e;
+	struct tr_fields_ctx ctx = {.err = &e, .user = c};
+
 	memset(c, 0, sizeof *c);
-	char err[256];
-	for (size_t i = 0; i < N_OPTIONS; i++)
-		if (options[i].def)
-			set_value(c, &options[i], options[i].def, "", err, sizeof err);
+	/* Absent object: every row takes its default; the rows' defaults are
+	 * valid, so this cannot fail but for memory. */
+	(void)tr_fields_parse_object(&ctx, NULL, options, c);
 }
 
 void tr_config_finish(struct tr_config *c)
@@ -274,6 +241,27 @@ void tr_config_finish(struct tr_config *c)
 		free(c->tokens[i]);
 	c->n_data_roots = c->n_tokens = 0;
 	c->data_roots[0] = c->tokens[0] = NULL;
+}
+
+int tr_config_diff(const struct tr_config *a, const struct tr_config *b,
+		   void (*fn)(const char *name, int reloadable, void *ud), void *ud)
+{
+	json_t *ja = tr_fields_emit_object(options, a, 0), *jb = tr_fields_emit_object(options, b, 0);
+	int n = 0;
+
+	for (const struct tr_field *o = options; o->key; o++) {
+		bool r = false;
+
+		if (ja && jb && json_equal(json_object_get(ja, o->key), json_object_get(jb, o->key)))
+			continue;
+		for (int k = 0; reloadable[k]; k++)
+			r |= strcmp(reloadable[k], o->key) == 0;
+		fn(o->key, r, ud);
+		n++;
+	}
+	json_decref(ja);
+	json_decref(jb);
+	return n;
 }
 
 static char *trim(char *s)
@@ -309,27 +297,46 @@ int tr_config_load_file(struct tr_config *c, const char *path, char *err, size_t
 		}
 		*eq = 0;
 		char *name = trim(s), *value = trim(eq + 1);
-		const struct option_row *o = find(name);
+		const struct tr_field *o = tr_fields_find_field(options, name);
 		if (!o) {
 			snprintf(err, errlen, "%sunknown option '%s'", where, name);
 			rc = -1;
 			break;
 		}
-		rc = set_value(c, o, value, where, err, errlen);
+		rc = set_option(c, o, value, where, err, errlen);
 	}
 	fclose(f);
 	return rc;
+}
+
+/* The default as --help shows it, or "" for none. */
+static void default_text(const struct tr_field *o, char *buf, size_t n)
+{
+	switch (o->kind) {
+	case K_INT:
+	case K_I64:
+		snprintf(buf, n, "%lld", (long long)o->def);
+		return;
+	case K_ENUM:
+		snprintf(buf, n, "%s", o->names[(int)o->def]);
+		return;
+	default:
+		snprintf(buf, n, "%s", o->defstr ? o->defstr : "");
+		return;
+	}
 }
 
 void tr_config_print_help(void)
 {
 	printf("usage: trainerd serve [--config FILE] [--OPTION VALUE]...\n\n"
 	       "Options (also accepted in the config file as 'option = value'):\n");
-	for (size_t i = 0; i < N_OPTIONS; i++) {
-		const struct option_row *o = &options[i];
-		printf("  --%-18s %s", o->name, o->help);
-		if (o->def && *o->def)
-			printf(" (default %s)", o->def);
+	for (const struct tr_field *o = options; o->key; o++) {
+		char def[64];
+
+		default_text(o, def, sizeof def);
+		printf("  --%-18s %s", o->key, o->help);
+		if (*def)
+			printf(" (default %s)", def);
 		printf("\n");
 	}
 }
@@ -365,12 +372,12 @@ int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, 
 				return -1;
 			continue;
 		}
-		const struct option_row *o = find(name);
+		const struct tr_field *o = tr_fields_find_field(options, name);
 		if (!o) {
 			snprintf(err, errlen, "unknown option '--%s' (see trainerd serve --help)", name);
 			return -1;
 		}
-		if (set_value(c, o, value, "--", err, errlen) < 0)
+		if (set_option(c, o, value, "--", err, errlen) < 0)
 			return -1;
 	}
 	return 0;

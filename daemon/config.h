@@ -5,6 +5,7 @@
 #define TR_DAEMON_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define TR_CONFIG_MAX_ROOTS 16
 #define TR_CONFIG_MAX_TOKENS 16
@@ -17,7 +18,7 @@ struct tr_config {
 	int n_data_roots;
 	int cpu_devices;      /* 0 = one per core */
 	char backend[16];     /* auto | cpu | cuda */
-	long max_body;        /* bytes */
+	int64_t max_body;     /* bytes */
 	int log_level;        /* syslog priority: 0..7 */
 	int sse_heartbeat_s;
 	int max_connections;            /* HTTP connections, all clients */
@@ -26,12 +27,12 @@ struct tr_config {
 	int request_timeout_s;          /* a request's headers and body must arrive within this */
 	int max_streams;                /* open event streams, all clients */
 	int max_streams_per_client;     /* of one client address */
-	long sse_buffer;                /* event bytes one stream holds at a time */
+	int64_t sse_buffer;             /* event bytes one stream holds at a time */
 	int max_queued_jobs;            /* queued jobs at once; 0 = no limit */
 	int sse_stall_s;                /* a stream whose client reads nothing for this long is closed; 0 = auto */
 	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
-	long metrics_queue;   /* points buffered before drops */
-	long long state_max_bytes; /* database size cap, 0 = none */
+	int64_t metrics_queue;   /* points buffered before drops */
+	int64_t state_max_bytes; /* database size cap, 0 = none */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024];  /* role:token lines; see daemon/tokens.c */

@@ -173,7 +173,8 @@ static void reload(int argc, char **argv, struct tr_config *cur, struct auth_sta
 		tr_log_set_level(cur->log_level);
 	}
 	if (cur->max_body != next.max_body) {
-		tr_log(TR_LOG_NOTICE, "reload: max-body %ld -> %ld bytes", cur->max_body, next.max_body);
+		tr_log(TR_LOG_NOTICE, "reload: max-body %lld -> %lld bytes", (long long)cur->max_body,
+		       (long long)next.max_body);
 		cur->max_body = next.max_body;
 		tr_api_set_max_body(api, (size_t)cur->max_body);
 	}

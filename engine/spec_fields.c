@@ -2,6 +2,7 @@
  * emitting, driven by `struct tr_field` rows (see engine/spec_fields.h). */
 #include "engine/spec_fields.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -334,6 +335,11 @@ static int set_default(struct tr_fields_ctx *c, const struct tr_field *f, void *
 		if (f->defstr)
 			snprintf(tr_fields_at(base, f->off), f->size, "%s", f->defstr);
 		return 0;
+	case K_TEXT:
+		memset(tr_fields_at(base, f->off), 0, f->size);
+		if (f->defstr)
+			snprintf(tr_fields_at(base, f->off), f->size, "%s", f->defstr);
+		return 0;
 	case K_OBJECT:
 		return tr_fields_parse_object(c, NULL, f->sub, base);
 	case K_ARRAY:
@@ -460,6 +466,23 @@ static int parse_value(struct tr_fields_ctx *c, const struct tr_field *f, const 
 		}
 		break;
 	}
+	case K_TEXT: {
+		size_t n;
+
+		if (!json_is_string(v))
+			return tr_fields_fail(c, NULL, "must be a string");
+		s = json_string_value(v);
+		n = json_string_length(v);
+		if (strlen(s) != n)
+			return tr_fields_fail(c, NULL, "must not contain NUL characters");
+		if (!n && (f->flags & F_NONEMPTY))
+			return tr_fields_fail(c, NULL, "must not be empty");
+		if (n >= f->size)
+			return tr_fields_fail(c, NULL, "must be at most %zu bytes (it has %zu)", f->size - 1, n);
+		memset(tr_fields_at(base, f->off), 0, f->size);
+		memcpy(tr_fields_at(base, f->off), s, n);
+		break;
+	}
 	case K_OBJECT:
 		if ((rc = tr_fields_parse_object(c, v, f->sub, base)))
 			return rc;
@@ -526,6 +549,56 @@ int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const str
 		if ((rc = tr_fields_parse_field(c, obj, f, base, tr_fields_applies(f, variant))))
 			return rc;
 	return 0;
+}
+
+/* Text that is a whole JSON integer, number or boolean, for the kinds
+ * that want one; NULL otherwise (the caller passes the text as a string,
+ * and the row's check names what it expected). */
+static json_t *typed_from_text(const struct tr_field *f, const char *text)
+{
+	char *end;
+
+	if (!*text || isspace((unsigned char)*text))
+		return NULL;
+	switch (f->kind) {
+	case K_INT:
+	case K_I64:
+	case K_U64: {
+		long long x;
+
+		errno = 0;
+		x = strtoll(text, &end, 10);
+		return errno || *end ? NULL : json_integer((json_int_t)x);
+	}
+	case K_FLOAT: {
+		double d;
+
+		errno = 0;
+		d = strtod(text, &end);
+		return errno || *end ? NULL : json_real(d);
+	}
+	case K_BOOL:
+		if (strcmp(text, "true") == 0 || strcmp(text, "false") == 0)
+			return json_boolean(text[0] == 't');
+		return NULL;
+	default:
+		return NULL;
+	}
+}
+
+int tr_fields_parse_text(struct tr_fields_ctx *c, const struct tr_field *f, const char *text, void *base)
+{
+	json_t *v = typed_from_text(f, text);
+	size_t saved;
+	int rc;
+
+	if (!v && !(v = json_stringn_nocheck(text, strlen(text))))
+		return tr_fields_fail_oom(c);
+	saved = tr_fields_enter(c, f->key);
+	rc = parse_value(c, f, v, base);
+	tr_fields_leave(c, saved);
+	json_decref(v);
+	return rc;
 }
 
 /* obj NULL means "absent": every field takes its default.  The variant
@@ -628,6 +701,7 @@ static int emit_field(const struct tr_field *f, const void *base, json_t *obj)
 		return json_object_set_new(obj, f->key, json_string(f->names[v ? 1 : 0]));
 	}
 	case K_NAME:
+	case K_TEXT:
 		return json_object_set_new(obj, f->key, json_string(p));
 	case K_OBJECT: {
 		json_t *sub = tr_fields_emit_object(f->sub, base, -1);

@@ -43,6 +43,7 @@ enum kind {
 	K_ENUM,     /* int-sized enum, by name */
 	K_BOOLENUM, /* bool chosen by one of two names */
 	K_NAME,     /* char[size], one of `names` */
+	K_TEXT,     /* char[size], free text shorter than size; may be empty unless F_NONEMPTY */
 	K_OBJECT,   /* nested object stored in the same base struct */
 	K_ARRAY,    /* array of objects: elements of `size` bytes at off, count at count_off */
 	K_CUSTOM,   /* parse and emit functions */
@@ -89,6 +90,7 @@ struct tr_field {
 	parse_fn parse;
 	emit_fn emit;
 	post_fn post;
+	const char *help; /* one line for a --help listing (configuration tables) */
 };
 
 
@@ -108,6 +110,12 @@ void tr_fields_leave(struct tr_fields_ctx *c, size_t saved);
 int tr_fields_parse_field(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *f, void *base, bool valid);
 int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base, int variant,
 			const char *vdesc);
+/* Parses one value given as text (a command-line flag, a 'name = value'
+ * line): integers, numbers and true/false become JSON numbers and
+ * booleans where the row's kind wants them, anything else a string, and
+ * the row then checks it as it checks JSON.  The context pointer names the
+ * row's key. */
+int tr_fields_parse_text(struct tr_fields_ctx *c, const struct tr_field *f, const char *text, void *base);
 int tr_fields_parse_object(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base);
 void tr_fields_set_error(struct tr_spec_error *err, const char *ptr, const char *text);
 double tr_fields_short_double(float f);

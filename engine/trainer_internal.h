@@ -1,0 +1,128 @@
+/* What the trainer's files share (engine/trainer.c and its parts).
+ *
+ * The trainer is split by concern: trainer_setup.c (data, model checks,
+ * create/destroy), trainer_step.c (the per-rank step with upload-ahead and
+ * the step dispatch), trainer_monitors.c (monitor values after a step),
+ * trainer_snapshot.c (snapshot lending and restore) and trainer.c (the run
+ * loop, evaluation, control).  Internal to the engine; the public interface
+ * is engine/trainer.h.
+ */
+#ifndef TR_ENGINE_TRAINER_INTERNAL_H
+#define TR_ENGINE_TRAINER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/data/plan.h"
+#include "engine/data/prefetch.h"
+#include "engine/early_stop.h"
+#include "engine/trainer.h"
+
+#define ERRLEN 512
+
+struct rank_ctx {
+	struct tr_trainer *t;
+	int rank;
+	tr_replica_t rep;
+	/* The other input/label pair (upload-ahead only); swapped with the
+	 * replica's when it holds the step about to run. */
+	float *spare_input, *spare_labels;
+	int64_t ahead_step; /* the step whose share the spare pair holds, or -1 */
+	pthread_t thread;
+	bool started;
+	double loss[2];   /* this step: loss sum, correct count */
+	double step_ms;
+	double grad_sumsq;
+	bool grads_nonfinite; /* stop_on_nan: this step's update was not applied */
+	int rc;
+	char err[ERRLEN];
+};
+
+struct tr_trainer {
+	struct tr_trainer_options opt;
+	const struct tr_spec *spec;
+	tr_backend_t *be;
+	int ndev;
+	int devs[TR_SPEC_MAX_DEVICES];
+	tr_model_t model;
+	struct tr_plan plan;
+	tr_reader_t *train, *val;          /* in use */
+	tr_reader_t *own_train, *own_val;  /* opened here, freed here */
+	tr_reader_t *val_base;             /* owned base of a validation split slice */
+	tr_transforms_t *transforms;
+	tr_comm_t *comm;
+	struct rank_ctx ranks[TR_SPEC_MAX_DEVICES];
+	int opt_buffers;
+	bool upload_ahead; /* the backend has a copy stream (to_device_async) */
+	/* Zero-copy snapshots (engine/checkpoint.h): possible on host-memory
+	 * devices with out-of-place updates.  While a snapshot shares rank
+	 * 0's current buffers, `lent` is the trainer's reference on them and
+	 * next_bufs the buffers rank 0's next update writes into instead.
+	 * Both are touched only by the thread that calls run (rank 0's steps
+	 * run on it) and by restore/destroy. */
+	struct tr_snapshot_lease *lent;
+	float *next_bufs[3];
+
+	/* step dispatch */
+	pthread_mutex_t lock;
+	pthread_cond_t go, done;
+	int64_t gen;
+	int finished_ranks;
+	bool quit;
+	const struct tr_batch *batch;
+	int64_t step; /* 0-based index of the step being run */
+	float lr;
+	bool want_grad_norm;
+	bool want_layer_grad_norms;                 /* rank 0 fills layer_grad_sumsq this step */
+	double layer_grad_sumsq[TR_SPEC_MAX_LAYERS]; /* before clipping, as grad_norm */
+	float *ratio_before, *ratio_after;         /* update_ratio: host copies of rank 0's weights */
+	bool ratio_due;                             /* ratio_before holds this step's weights */
+
+	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
+	atomic_int stop_reason; /* enum tr_stop_reason of the last stop request */
+	int64_t start_step;
+	int64_t last_checkpoint_step;
+	double last_checkpoint_time;
+	tr_prefetch_t *prefetch;
+
+	struct tr_summary summary;
+	double wait_total_ms;
+
+	/* early_stopping (docs/design.md, "Monitors"): the loss metric is the
+	 * mean training loss of the steps since the previous evaluation. */
+	struct tr_early_stop es;
+	double es_loss_sum;
+	int64_t es_loss_count;
+	bool es_stop; /* patience ran out: end the run before the next step */
+};
+
+/* Clocks, the log hook and the metric hook (trainer.c). */
+double tr_trainer_mono_s(void);
+double tr_trainer_wall_s(void);
+void tr_trainer_emit(struct tr_trainer *t, const char *name, int64_t step, int64_t epoch, double value);
+void tr_trainer_logf(struct tr_trainer *t, enum tr_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* trainer_setup.c */
+void tr_trainer_stop_rank_threads(struct tr_trainer *t);
+
+/* trainer_step.c */
+typedef int (*copy_to_device_fn)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
+bool tr_trainer_can_lend(const tr_backend_t *be);
+int tr_trainer_copy_rows(copy_to_device_fn copy, tr_backend_t *be, int dev, float *dx, float *dy, const float *x,
+		     const float *y, int off, int len, int F, int L);
+int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out);
+int tr_trainer_run_step_all(struct tr_trainer *t, char *err, size_t errlen);
+int tr_trainer_start_rank_threads(struct tr_trainer *t, char *err, size_t errlen);
+int tr_trainer_unlend(struct tr_trainer *t, bool keep_values);
+
+/* trainer_monitors.c */
+void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, char *err, size_t errlen);
+void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
+			      double step_ms, double wait_ms);
+bool tr_trainer_grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer);
+int tr_trainer_ratio_prepare(struct tr_trainer *t, int64_t done);
+
+#endif

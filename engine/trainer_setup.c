@@ -1,0 +1,409 @@
+/* Trainer set-up and tear-down: opening the data, checking the model
+ * against it, loading initial weights, the device-memory check, and
+ * tr_trainer_create/destroy (docs/design.md §4). */
+#include "engine/trainer_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/cuda/cuda.h"
+#include "engine/data/plan.h"
+#include "engine/data/prefetch.h"
+#include "engine/optim/optimizer.h"
+#include "engine/optim/schedule.h"
+#include "engine/safetensors.h"
+
+/* ---- data -------------------------------------------------------------- */
+
+/* Both sources synthetic from the same generator (task, shape and seed). */
+static bool synthetic_pair(const struct tr_spec *s)
+{
+	const struct tr_source_spec *a = &s->train, *b = &s->validation;
+	return a->format == TR_DATA_SYNTHETIC && b->format == TR_DATA_SYNTHETIC && a->task == b->task &&
+	       a->features == b->features && a->classes == b->classes && a->outputs == b->outputs &&
+	       a->data_seed == b->data_seed;
+}
+
+/* Set-up gives up once the caller's flag or tr_trainer_cancel says so. */
+static bool setup_cancelled(struct tr_trainer *t, char *err, size_t errlen)
+{
+	if (!atomic_load(&t->cancel_requested) && !(t->opt.cancel && atomic_load(t->opt.cancel)))
+		return false;
+	snprintf(err, errlen, "cancelled");
+	return true;
+}
+
+static int open_data(struct tr_trainer *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	int rc;
+	if (t->opt.train_reader) {
+		t->train = t->opt.train_reader;
+	} else {
+		rc = tr_reader_open(&s->train, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_train, err, errlen);
+		if (rc < 0)
+			return rc;
+		t->train = t->own_train;
+	}
+	if (t->opt.val_reader) {
+		t->val = t->opt.val_reader;
+	} else if (s->validation.present && synthetic_pair(s)) {
+		/* Synthetic sample i is a pure function of (seed, i): the same
+		 * indices would repeat the training samples.  Validation takes the
+		 * indices after the training set's from one generator instead. */
+		struct tr_source_spec both = s->validation;
+		both.samples = s->train.samples + s->validation.samples;
+		rc = tr_reader_open(&both, s->seed, t->opt.data_roots, t->opt.cancel, &t->val_base, err, errlen);
+		if (rc < 0)
+			return rc;
+		t->own_val = t->val = tr_reader_slice(t->val_base, s->train.samples, both.samples);
+		if (!t->val) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+	} else if (s->validation.present) {
+		rc = tr_reader_open(&s->validation, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_val, err, errlen);
+		if (rc < 0)
+			return rc;
+		t->val = t->own_val;
+	} else if (s->validation_split > 0.0f) {
+		/* The last fraction of the file, in file order, as Keras does:
+		 * predictable and independent of the seed. */
+		int64_t n = t->train->info.samples;
+		int64_t nval = (int64_t)floor((double)n * s->validation_split);
+		if (nval < 1 || nval >= n) {
+			snprintf(err, errlen, "/data/validation_split: %g of %lld samples leaves an empty %s set",
+				 s->validation_split, (long long)n, nval < 1 ? "validation" : "training");
+			return -EINVAL;
+		}
+		tr_reader_t *base = t->train;
+		t->train = tr_reader_slice(base, 0, n - nval);
+		t->val = tr_reader_slice(base, n - nval, n);
+		/* The slices borrow the base: keep it until they are gone, and free
+		 * it only when it was opened here. */
+		if (t->own_train == base)
+			t->val_base = base;
+		t->own_train = t->train;
+		t->own_val = t->val;
+		if (!t->train || !t->val) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+	}
+	if (t->val && (t->val->info.features != t->train->info.features ||
+		       t->val->info.label_dim != t->train->info.label_dim)) {
+		snprintf(err, errlen,
+			 "/data/validation: %d features and %d label columns, the training data has %d and %d",
+			 t->val->info.features, t->val->info.label_dim, t->train->info.features,
+			 t->train->info.label_dim);
+		return -EINVAL;
+	}
+	if (setup_cancelled(t, err, errlen))
+		return -ECANCELED;
+	return tr_transforms_create_cancellable(s, t->train, t->opt.cancel, &t->transforms, err, errlen);
+}
+
+/* ---- model ------------------------------------------------------------- */
+
+static int check_model_against_data(struct tr_trainer *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	const struct tr_reader_info *info = &t->train->info;
+	if (s->inputs > 0 && s->inputs != info->features) {
+		snprintf(err, errlen, "/model/inputs: %d does not match the %d features of %s", s->inputs,
+			 info->features, t->train->name);
+		return -EINVAL;
+	}
+	int out = tr_spec_output_dim(s);
+	if (s->loss == TR_LOSS_SOFTMAX_CE && info->label_dim != 1) {
+		snprintf(err, errlen,
+			 "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
+			 t->train->name, info->label_dim);
+		return -EINVAL;
+	}
+	if (s->loss == TR_LOSS_SOFTMAX_CE && out < 2) {
+		snprintf(err, errlen, "/model/layers: softmax_cross_entropy needs at least 2 outputs, the model has %d",
+			 out);
+		return -EINVAL;
+	}
+	if (s->loss == TR_LOSS_MSE && out != info->label_dim) {
+		snprintf(err, errlen, "/model/layers: mse needs %d outputs to match the label columns of %s, the "
+				      "model has %d",
+			 info->label_dim, t->train->name, out);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Every label checked once before the first step, so a bad one names its
+ * file and line instead of failing a step (docs/design.md, "Label checks").
+ * With validation_split both slices are of the training file. */
+static int check_labels(struct tr_trainer *t, char *err, size_t errlen)
+{
+	const struct tr_spec *s = t->spec;
+	int classes = s->loss == TR_LOSS_SOFTMAX_CE ? tr_spec_output_dim(s) : 0;
+	struct {
+		tr_reader_t *r;
+		const char *pointer;
+	} src[] = {
+		{t->train, "/data/train"},
+		{t->val, s->validation.present ? "/data/validation" : "/data/validation_split"},
+	};
+	for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) {
+		char warn[512];
+		if (!src[i].r)
+			continue;
+		int rc = tr_data_check_labels(src[i].r, src[i].pointer, classes, warn, sizeof warn, err, errlen);
+		if (rc < 0)
+			return rc;
+		if (warn[0])
+			tr_trainer_logf(t, TR_LOG_WARNING, "%s", warn);
+	}
+	return 0;
+}
+
+static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen)
+{
+	char path[4096], msg[1024];
+	int fd = tr_data_open(t->opt.data_roots, t->spec->init_from, NULL, path, sizeof path, msg, sizeof msg);
+	if (fd < 0) {
+		snprintf(err, errlen, "/init/from: %s", msg);
+		return fd;
+	}
+	tr_st_file_t *f;
+	int rc = tr_st_open_fd(fd, path, &f, err, errlen);
+	if (rc < 0)
+		return rc;
+	int n = tr_model_param_count(&t->model);
+	for (int i = 0; i < n && rc == 0; i++) {
+		struct tr_param_view v;
+		tr_model_param_view(&t->model, i, &v);
+		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err, errlen);
+	}
+	if (rc == 0 && tr_st_count(f) != n) {
+		snprintf(err, errlen, "/init/from: %s has %d tensors, the model has %d", path, tr_st_count(f), n);
+		rc = -EINVAL;
+	}
+	tr_st_close(f);
+	return rc;
+}
+
+/* A GPU job that cannot fit is refused before anything is allocated, with
+ * the estimate and the free memory, instead of failing halfway through
+ * replica set-up.  CPU devices share host memory and are not checked. */
+static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, size_t errlen)
+{
+	tr_backend_t *be = t->be;
+	if (!be->i->memory_info || strcmp(be->i->name, "cuda") != 0)
+		return 0;
+	size_t need = tr_cuda_estimate_bytes(&t->model, max_rows, t->train->info.label_dim, t->opt_buffers, t->ndev);
+	for (int i = 0; i < t->ndev; i++) {
+		size_t total, free_bytes;
+		if (be->i->memory_info(be, t->devs[i], &total, &free_bytes) < 0)
+			continue;
+		/* The estimate includes the CUDA context, which a device in use
+		 * already has: compare against free memory plus that share. */
+		if (need > free_bytes + TR_CUDA_CONTEXT_BYTES) {
+			snprintf(err, errlen,
+				 "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
+				 "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",
+				 t->devs[i], need / 1048576.0, t->spec->batch_size, t->ndev, t->model.n_params,
+				 free_bytes / 1048576.0, total / 1048576.0);
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* ---- create / destroy ------------------------------------------------- */
+
+/* The second input/label pair, sized like the replica's. */
+static int alloc_spare(struct tr_trainer *t, struct rank_ctx *r, char *err, size_t errlen)
+{
+	tr_backend_t *be = t->be;
+	size_t rows = (size_t)r->rep.max_rows;
+	size_t label_floats = rows * (size_t)r->rep.label_dim;
+	r->spare_input = be->i->alloc(be, r->rep.dev, rows * (size_t)t->model.inputs * sizeof(float));
+	r->spare_labels = be->i->alloc(be, r->rep.dev, (label_floats ? label_floats : 1) * sizeof(float));
+	if (!r->spare_input || !r->spare_labels) {
+		snprintf(err, errlen, "device %d: out of memory for the second input buffers of %d rows: %s",
+			 r->rep.dev, r->rep.max_rows, be->i->last_error(be));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void free_spare(struct tr_trainer *t, int rank)
+{
+	struct rank_ctx *r = &t->ranks[rank];
+	if (r->spare_input)
+		t->be->i->free(t->be, t->devs[rank], r->spare_input);
+	if (r->spare_labels)
+		t->be->i->free(t->be, t->devs[rank], r->spare_labels);
+	r->spare_input = r->spare_labels = NULL;
+}
+
+int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, char *err, size_t errlen)
+{
+	const struct tr_spec *s = opt->spec;
+	tr_backend_t *be = opt->backend;
+	struct tr_trainer *t = calloc(1, sizeof *t);
+	if (!t) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	t->opt = *opt;
+	t->spec = s;
+	t->be = be;
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->go, NULL);
+	pthread_cond_init(&t->done, NULL);
+	t->summary.val_loss = t->summary.val_accuracy = NAN;
+	t->summary.best_value = NAN;
+	t->summary.best_step = -1;
+	if (t->spec->early_stopping.enabled)
+		tr_early_stop_init(&t->es, &t->spec->early_stopping);
+	t->upload_ahead = be->i->to_device_async && be->i->copies_fence;
+	int rc;
+
+	int avail = be->i->device_count(be);
+	if (s->n_device_ids > 0 && opt->devices == 0) {
+		t->ndev = s->n_device_ids;
+		for (int i = 0; i < t->ndev; i++) {
+			if (s->device_ids[i] >= avail) {
+				snprintf(err, errlen, "/devices/%d: device %d does not exist (%d available)", i,
+					 s->device_ids[i], avail);
+				rc = -EINVAL;
+				goto fail;
+			}
+			t->devs[i] = s->device_ids[i];
+		}
+	} else {
+		t->ndev = opt->devices > 0 ? opt->devices : (s->device_count > 0 ? s->device_count : avail);
+		if (t->ndev > avail) {
+			snprintf(err, errlen, "/devices: %d requested, %d available on backend %s", t->ndev, avail,
+				 be->i->name);
+			rc = -EINVAL;
+			goto fail;
+		}
+		for (int i = 0; i < t->ndev; i++)
+			t->devs[i] = i;
+	}
+
+	if (setup_cancelled(t, err, errlen)) {
+		rc = -ECANCELED;
+		goto fail;
+	}
+	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0 ||
+	    (rc = check_labels(t, err, errlen)) < 0)
+		goto fail;
+	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
+		goto fail;
+	if ((rc = tr_plan_init(&t->plan, t->train->info.samples, s->batch_size, s->last_batch, s->shuffle, s->seed,
+			       s->epochs, s->max_steps, err, errlen)) < 0)
+		goto fail;
+
+	float *host = malloc(t->model.n_params * sizeof(float));
+	if (!host) {
+		snprintf(err, errlen, "out of memory for %zu parameters", t->model.n_params);
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if (tr_model_init_params_cancellable(&t->model, host, t->opt.cancel) < 0 || setup_cancelled(t, err, errlen)) {
+		snprintf(err, errlen, "cancelled");
+		free(host);
+		rc = -ECANCELED;
+		goto fail;
+	}
+	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
+		free(host);
+		goto fail;
+	}
+	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
+	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
+	if ((rc = check_device_memory(t, max_rows, err, errlen)) < 0) {
+		free(host);
+		goto fail;
+	}
+	for (int i = 0; i < t->ndev; i++) {
+		struct rank_ctx *r = &t->ranks[i];
+		r->t = t;
+		r->rank = i;
+		rc = tr_replica_init(&r->rep, &t->model, be, t->devs[i], max_rows, t->train->info.label_dim,
+				     t->opt_buffers, err, errlen);
+		/* Before the sync below: it also finishes the spare pair's zeroing,
+		 * which the copy stream is not ordered with. */
+		if (rc == 0 && t->upload_ahead)
+			rc = alloc_spare(t, r, err, errlen);
+		if (rc == 0)
+			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
+		if (rc == 0)
+			rc = be->i->sync(be, t->devs[i]);
+		if (rc == 0 && setup_cancelled(t, err, errlen))
+			rc = -ECANCELED;
+		if (rc < 0) {
+			free(host);
+			goto fail;
+		}
+	}
+	free(host);
+	if (t->ndev > 1) {
+		t->comm = be->i->comm_create(be, t->ndev, t->devs);
+		if (!t->comm) {
+			snprintf(err, errlen, "cannot create a communicator over %d devices: %s", t->ndev,
+				 be->i->last_error(be));
+			rc = -EIO;
+			goto fail;
+		}
+	}
+	*out = t;
+	return 0;
+fail:
+	tr_trainer_destroy(t);
+	return rc;
+}
+
+void tr_trainer_stop_rank_threads(struct tr_trainer *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->quit = true;
+	pthread_cond_broadcast(&t->go);
+	pthread_mutex_unlock(&t->lock);
+	for (int i = 1; i < t->ndev; i++) {
+		if (t->ranks[i].started)
+			pthread_join(t->ranks[i].thread, NULL);
+		t->ranks[i].started = false;
+	}
+}
+
+void tr_trainer_destroy(tr_trainer_t *t)
+{
+	if (!t)
+		return;
+	tr_trainer_stop_rank_threads(t);
+	tr_prefetch_destroy(t->prefetch);
+	tr_trainer_unlend(t, false);
+	for (int i = 0; i < t->ndev; i++) {
+		free_spare(t, i);
+		tr_replica_finish(&t->ranks[i].rep);
+	}
+	if (t->comm)
+		t->be->i->comm_destroy(t->comm);
+	free(t->ratio_before);
+	free(t->ratio_after);
+	tr_transforms_destroy(t->transforms);
+	tr_reader_destroy(t->own_val);
+	tr_reader_destroy(t->own_train);
+	tr_reader_destroy(t->val_base);
+	pthread_cond_destroy(&t->go);
+	pthread_cond_destroy(&t->done);
+	pthread_mutex_destroy(&t->lock);
+	free(t);
+}
