@@ -1029,7 +1029,6 @@ Test(spec, every_example_parses)
 			 * layers; their own test (test_examples_images.c) trains
 			 * them once the engine takes them. */
 			fprintf(stderr, "SKIP examples/%s: waits for image layers (%s)\n", e->d_name, err.message);
-			cr_log_warn("examples/%s waits for image layers: %s", e->d_name, err.message);
 		} else {
 			cr_expect_eq(tr_spec_parse_text(text, &s, &err), 0, "%s: %s", e->d_name, err.message);
 		}
