@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -157,4 +158,107 @@ Test(imagedata, bad_image_fails_the_job_naming_the_file)
 	remove(in_root("pets/dog/zz-grey.png"));
 	id = submit_job(&d, images_job("pets"));
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
+}
+
+/* ---- SIGKILL and resume of a patches job ---- */
+
+static long long live_step(long long id, char state[32])
+{
+	char path[64];
+	struct http_reply r;
+	long long step;
+	json_t *p;
+
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	snprintf(state, 32, "%s", json_string_value(json_object_get(r.json, "state")) ?: "?");
+	p = json_object_get(r.json, "progress");
+	/* Only this daemon run's own progress (it has elapsed_s), not the
+	 * stored row a restart shows first. */
+	step = json_object_get(p, "elapsed_s") ? json_integer_value(json_object_get(p, "step")) : -1;
+	http_free(&r);
+	return step;
+}
+
+static unsigned char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	unsigned char *b;
+	long n;
+
+	cr_assert_not_null(f, "%s", path);
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	b = malloc((size_t)n + 1);
+	cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	*len = (size_t)n;
+	return b;
+}
+
+/* Patch positions and flips come from (seed, epoch, sample), and the
+ * images are decoded again when the job restarts: a job killed mid-run
+ * and resumed from its checkpoint ends with the uninterrupted job's
+ * weights, byte for byte. */
+Test(imagedata, patches_job_resumes_exactly_after_sigkill)
+{
+	const char *job =
+		"{\"name\": \"sr-resume\", \"seed\": 3, \"model\": {\"inputs\": 1024, \"layers\": [{\"type\": \"dense\","
+		" \"units\": 1024}], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"patches\", \"path\":"
+		" \"photos\", \"patch_size\": 32, \"patches_per_image\": 200, \"response\": \"residual\"},"
+		" \"transforms\": [{\"type\": \"flip\"}, {\"type\": \"rot90\"}]}, \"batch_size\": 16, \"epochs\": 8,"
+		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.0005}, \"checkpoint\": {\"every_steps\": 20}}";
+	char fa[256], fb[256], path[128], state[32];
+	long long ref, id, s = -1;
+	size_t la, lb;
+	unsigned char *a, *b;
+	double deadline;
+
+	mkdir_in("photos");
+	write_png("photos/a.png", 64, 64, 1, 1);
+	write_png("photos/b.png", 70, 60, 1, 2);
+	ref = submit_job(&d, job);
+	cr_assert_str_eq(wait_state(&d, ref, "completed|failed|cancelled", 120), "completed", "%s", job_error(ref));
+
+	id = submit_job(&d, job);
+	deadline = now_s() + 60;
+	while ((s = live_step(id, state)) < 70) {
+		cr_assert(strcmp(state, "completed") != 0 && strcmp(state, "failed") != 0, "job %lld %s at step %lld",
+			  id, state, s);
+		cr_assert_lt(now_s(), deadline, "job %lld: still %s at step %lld", id, state, s);
+		usleep(2000);
+	}
+	daemon_kill(&d);
+	daemon_restart(&d, 2, NULL);
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 120), "completed", "%s", job_error(id));
+	/* It resumed from a checkpoint (every 20 steps), not from the start. */
+	{
+		struct http_reply r;
+		const char *hit;
+
+		snprintf(path, sizeof path, "/jobs/%lld/logs?limit=10000", id);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200);
+		hit = strstr(r.body, "resuming from the checkpoint at step ");
+		cr_assert_not_null(hit, "killed at step %lld, no resume from a checkpoint in the log: %s", s, r.body);
+		cr_assert_geq(atoll(hit + strlen("resuming from the checkpoint at step ")), 20, "%s", r.body);
+		http_free(&r);
+	}
+
+	snprintf(fa, sizeof fa, "%s/ref.safetensors", d.dir);
+	snprintf(fb, sizeof fb, "%s/resumed.safetensors", d.dir);
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", ref);
+	cr_assert_eq(http_download(&d, path, fa, NULL), 200);
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", id);
+	cr_assert_eq(http_download(&d, path, fb, NULL), 200);
+	a = slurp(fa, &la);
+	b = slurp(fb, &lb);
+	cr_assert(la == lb && memcmp(a, b, la) == 0,
+		  "killed at step %lld, the resumed job's weights (%zu bytes) differ from the uninterrupted job's "
+		  "(%zu bytes)",
+		  s, lb, la);
+	free(a);
+	free(b);
 }
