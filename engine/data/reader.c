@@ -333,6 +333,25 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 	return ret;
 }
 
+int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen)
+{
+	const int *have = r->info.shape;
+	int64_t want = (int64_t)shape[0] * shape[1] * shape[2];
+
+	if (have[0]) {
+		if (have[0] == shape[0] && have[1] == shape[1] && have[2] == shape[2])
+			return 0;
+		tr_data_errorf(err, errlen, "/model/inputs: [%d, %d, %d] does not match the [%d, %d, %d] images of %s",
+			       shape[0], shape[1], shape[2], have[0], have[1], have[2], r->name);
+		return -EINVAL;
+	}
+	if (want == r->info.features)
+		return 0;
+	tr_data_errorf(err, errlen, "/model/inputs: [%d, %d, %d] (%lld values) does not match the %d features of %s",
+		       shape[0], shape[1], shape[2], (long long)want, r->info.features, r->name);
+	return -EINVAL;
+}
+
 void tr_reader_destroy(tr_reader_t *r)
 {
 	if (r)

@@ -93,6 +93,14 @@ static inline int tr_reader_check(tr_reader_t *r, char *err, size_t errlen)
 
 void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
 
+/* Whether a model taking [C, H, W] = shape can read r's samples: r's own
+ * shape must be the same, or r must be flat with C * H * W features
+ * (then read as [C, H, W] in row-major order, as a reshape would).
+ * Returns 0, or -EINVAL with "/model/inputs: [1, 28, 28] does not match
+ * the [3, 32, 32] images of NAME" (or "the 100 features of NAME") in err.
+ * For the trainer's check of the model against its data. */
+int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen);
+
 /* The name of class k of an "images" reader (its k-th subfolder), or NULL
  * for another reader or a k out of range. */
 const char *tr_images_class_name(const tr_reader_t *r, int k);

@@ -1152,3 +1152,31 @@ Test(images, jpeg_files_read_like_png_and_bad_ones_are_named)
 	open_fail(&s);
 	expect_err("set/a/0.jpg: not a PNG or JPEG file");
 }
+
+/* A model's [C, H, W] inputs against the data: an image reader's own
+ * shape must match; flat data must hold C * H * W values. */
+Test(images, model_input_shape_is_checked_against_the_data)
+{
+	const int mnist[3] = {1, 5, 4}, wrong[3] = {1, 4, 5}, flat[3] = {2, 2, 5};
+
+	write_idx("img", 3, 5, 4, 0);
+	write_idx("lab", 3, 0, 0, 0);
+	struct tr_source_spec s = idx_src(tmp_path("img"), tmp_path("lab"));
+	tr_reader_t *r = open_ok(&s);
+
+	cr_assert_eq(tr_reader_check_shape(r, mnist, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_check_shape(r, wrong, err, sizeof err), -EINVAL);
+	expect_err("/model/inputs: [1, 4, 5] does not match the [1, 5, 4] images of");
+	/* Flat data (here: a slice keeps the shape, so fake a flat reader's
+	 * info) is read as [C, H, W] when the counts agree. */
+	r->info.shape[0] = r->info.shape[1] = r->info.shape[2] = 0;
+	cr_assert_eq(tr_reader_check_shape(r, flat, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_check_shape(r, wrong, err, sizeof err), 0, "%s", err);
+	{
+		const int big[3] = {3, 5, 4};
+
+		cr_assert_eq(tr_reader_check_shape(r, big, err, sizeof err), -EINVAL);
+		expect_err("(60 values) does not match the 20 features");
+	}
+	tr_reader_destroy(r);
+}
