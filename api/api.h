@@ -60,6 +60,13 @@ struct tr_api_ops {
 	/* Asks a running job for a checkpoint at its next step boundary
 	 * (202); 404 unknown job, 409 when it is not running. */
 	int (*checkpoint_now)(void *ctx, int64_t job_id, struct tr_api_error *err);
+	/* Queues an evaluate job (POST /jobs/{id}/evaluate) for a checkpoint
+	 * of job_id, the request body (borrowed) saying which and on what data:
+	 * {"data": SOURCE, "checkpoint": "latest"|"best"|STEP, "devices": N,
+	 * "batch_size": B}; *eval_id receives the new job's id.  400 with a
+	 * pointer for a bad body, 404/409 when there is no such checkpoint,
+	 * 422 for a path outside the data roots. */
+	int (*evaluate)(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_api_error *err);
 	/* Readiness: false while starting up or shutting down. */
 	bool (*ready)(void *ctx);
 	/* Asks the daemon to re-read its configuration (POST /reload, 202);

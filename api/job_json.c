@@ -102,6 +102,12 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));
+	/* What the job does: "train", or "evaluate" (POST /jobs/{id}/evaluate,
+	 * whose spec says so). */
+	if (job) {
+		const char *kind = json_string_value(json_object_get(json_object_get(job, "spec"), "kind"));
+		json_object_set_new(job, "kind", json_string(kind && strcmp(kind, "evaluate") == 0 ? "evaluate" : "train"));
+	}
 	/* The state shown has happened but is not written yet (storage
 	 * fails); only then, so that the usual object is unchanged. */
 	if (job && row->state_pending)
@@ -158,6 +164,14 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 			last_value(store, row->id, "val_accuracy"));
 	if (!sum)
 		return NULL;
+	/* data.test's figures, once the job has them (docs/model-format.md). */
+	static const char *const test_names[] = {"test_loss", "test_accuracy", "test_mse", "test_mae", "test_r2"};
+	for (size_t i = 0; i < sizeof test_names / sizeof test_names[0]; i++) {
+		int64_t tstep;
+		double tv;
+		if (tr_store_metric_last(store, row->id, test_names[i], &tstep, &tv) > 0)
+			json_object_set_new(sum, test_names[i], number_or_null(tv));
+	}
 	json_object_set_new(sum, "step", row->started_at > 0 ? json_integer(row->step) : json_null());
 	if (json_is_object(live) && json_object_get(live, "step")) {
 		/* Running here: the trainer's own figures, computed as
@@ -217,6 +231,13 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 	if (job && json_object_set_new(job, "summary", tr_api_job_summary(api, &row, live)) != 0) {
 		json_decref(job);
 		job = NULL;
+	}
+	/* An evaluate job's figures, null until it completed. */
+	if (job && strcmp(json_string_value(json_object_get(job, "kind")), "evaluate") == 0) {
+		char *text = NULL;
+		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text) == 0 ? json_loads(text, 0, NULL) : NULL;
+		free(text);
+		json_object_set_new(job, "result", result ? result : json_null());
 	}
 	json_decref(live);
 	tr_job_row_finish(&row);

@@ -34,6 +34,7 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/stop", tr_api_jobs_stop, 0, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/pause", tr_api_jobs_pause, 0, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/resume", tr_api_jobs_resume, 0, TR_ROLE_WRITE},
+	{"POST", "/jobs/{id}/evaluate", tr_api_jobs_evaluate, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/metrics", tr_api_metrics_get, 0, TR_ROLE_READ},
 	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0, TR_ROLE_READ},

@@ -73,6 +73,7 @@ void tr_api_jobs_patch(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* PUT /jobs/{id}/info (api/info.c) */
 void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_jobs_evaluate(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_cancel(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_stop(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp);

@@ -21,6 +21,11 @@ int tr_run_ckpt_read(const char *dir, const tr_model_t *m, enum tr_optim_type op
  * fine): the resumed run writes them again. */
 int tr_run_metrics_truncate(const char *path, int64_t step);
 
+/* trainerd eval MODEL DATA_SPEC and trainerd predict MODEL INPUT --out
+ * FILE (eval_cmd.c): a trained model on labelled data or plain inputs. */
+int tr_cmd_eval(int argc, char **argv);
+int tr_cmd_predict(int argc, char **argv);
+
 /* trainerd serve [...]: the daemon. */
 int tr_cmd_serve(int argc, char **argv);
 

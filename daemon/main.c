@@ -2,6 +2,8 @@
  *
  *   trainerd run JOB.json [options]   one job in the foreground
  *   trainerd run --resume DIR         continue a stopped one
+ *   trainerd eval MODEL DATA_SPEC     a trained model's figures on labelled data
+ *   trainerd predict MODEL INPUT --out FILE
  *   trainerd version
  *   trainerd serve [options]          the daemon (HTTP API, job queue)
  */
@@ -19,6 +21,8 @@ static void usage(FILE *out)
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
 		     "                              [--workers W] [--out DIR] [--quiet]   (trainerd run --help)\n"
 		     "       trainerd run --resume DIR [options]\n"
+		     "       trainerd eval MODEL DATA_SPEC [--json] [options]   (trainerd eval --help)\n"
+		     "       trainerd predict MODEL INPUT --out FILE [options]  (trainerd predict --help)\n"
 		     "       trainerd version\n"
 		     "       trainerd serve [options]   (see README)\n");
 }
@@ -69,7 +73,8 @@ static void set_blas_spin(char **argv)
 
 int main(int argc, char **argv)
 {
-	if (argc >= 2 && (strcmp(argv[1], "run") == 0 || strcmp(argv[1], "serve") == 0))
+	if (argc >= 2 && (strcmp(argv[1], "run") == 0 || strcmp(argv[1], "serve") == 0 ||
+			  strcmp(argv[1], "eval") == 0 || strcmp(argv[1], "predict") == 0))
 		set_blas_spin(argv);
 	if (argc < 2) {
 		usage(stderr);
@@ -78,6 +83,10 @@ int main(int argc, char **argv)
 	const char *cmd = argv[1];
 	if (strcmp(cmd, "run") == 0)
 		return tr_cmd_run(argc - 1, argv + 1);
+	if (strcmp(cmd, "eval") == 0)
+		return tr_cmd_eval(argc - 1, argv + 1);
+	if (strcmp(cmd, "predict") == 0)
+		return tr_cmd_predict(argc - 1, argv + 1);
 	if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
 		printf("trainerd %s (backends: cpu%s)\n", TR_VERSION, tr_cuda_available() ? ", cuda" : "");
 		return 0;

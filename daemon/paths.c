@@ -86,7 +86,8 @@ int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *po
 			  size_t mlen)
 {
 	if (resolve_source(s, &spec->train, "/data/train", pointer, plen, msg, mlen) < 0 ||
-	    resolve_source(s, &spec->validation, "/data/validation", pointer, plen, msg, mlen) < 0)
+	    resolve_source(s, &spec->validation, "/data/validation", pointer, plen, msg, mlen) < 0 ||
+	    resolve_source(s, &spec->test, "/data/test", pointer, plen, msg, mlen) < 0)
 		return -1;
 	if (spec->init_from && resolve_one(s, &spec->init_from, 0, "/init/from", pointer, plen, msg, mlen) < 0)
 		return -1;

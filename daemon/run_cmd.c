@@ -121,6 +121,15 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 		return -ENOMEM;
 	json_object_set_new(j, "val_loss", isfinite(s->val_loss) ? json_real(s->val_loss) : json_null());
 	json_object_set_new(j, "val_accuracy", isfinite(s->val_accuracy) ? json_real(s->val_accuracy) : json_null());
+	/* data.test's figures, only those the run has (docs/model-format.md). */
+	const struct {
+		const char *name;
+		double v;
+	} test[] = {{"test_loss", s->test_loss}, {"test_accuracy", s->test_accuracy}, {"test_mse", s->test_mse},
+		    {"test_mae", s->test_mae}, {"test_r2", s->test_r2}};
+	for (size_t i = 0; i < sizeof test / sizeof test[0]; i++)
+		if (isfinite(test[i].v))
+			json_object_set_new(j, test[i].name, json_real(test[i].v));
 	json_object_set_new(j, "error", error ? json_string(error) : json_null());
 	int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	json_decref(j);
@@ -251,7 +260,7 @@ static int check_data_paths(const struct tr_spec *spec, const char *job)
 	const struct {
 		const struct tr_source_spec *src;
 		const char *base;
-	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}};
+	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}, {&spec->test, "/data/test"}};
 	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
 		const struct tr_source_spec *src = srcs[i].src;
 		if (!src->present || src->format == TR_DATA_SYNTHETIC)
@@ -564,6 +573,10 @@ int tr_cmd_run(int argc, char **argv)
 			fprintf(stderr, ", val_loss %.6f", sum.val_loss);
 		if (isfinite(sum.val_accuracy))
 			fprintf(stderr, ", val_accuracy %.4f", sum.val_accuracy);
+		if (isfinite(sum.test_loss))
+			fprintf(stderr, ", test_loss %.6f", sum.test_loss);
+		if (isfinite(sum.test_accuracy))
+			fprintf(stderr, ", test_accuracy %.4f", sum.test_accuracy);
 		fprintf(stderr, "; %.0f samples/s, data wait %.1f%%; outputs in %s/\n", sum.samples_per_sec,
 			sum.data_wait_fraction * 100, out_dir);
 	}

@@ -450,3 +450,8 @@ int tr_runner_start(struct running_job *j, char *err, size_t errlen)
 	}
 	return 0;
 }
+
+void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step)
+{
+	finish(j, state, code, message, step);
+}

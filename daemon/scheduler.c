@@ -123,7 +123,8 @@ static void start_queued(struct tr_scheduler *s)
 		struct tr_spec_error serr;
 		if (!job)
 			break;
-		if (tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
+		if (tr_eval_spec_is(r->normalized) ? tr_eval_prepare(job, r->normalized, &serr) < 0
+						   : tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
 			fail_job(s, r->id, "invalid_spec", serr.message);
 			free(job);
 			continue;
@@ -132,6 +133,7 @@ static void start_queued(struct tr_scheduler *s)
 		if (job->ndev == 0) {
 			/* Strict order: nothing overtakes the first job that waits. */
 			tr_spec_finish(&job->spec);
+			json_decref(job->eval);
 			free(job);
 			blocked = true;
 			break;
@@ -155,12 +157,13 @@ static void start_queued(struct tr_scheduler *s)
 			for (int d = 0; d < job->ndev; d++)
 				s->owner[job->devices[d]] = 0;
 			tr_spec_finish(&job->spec);
+			json_decref(job->eval);
 			free(job);
 			blocked = true;
 			break;
 		}
 		if (rc == 0)
-			rc = tr_runner_start(job, err, sizeof err);
+			rc = job->eval ? tr_eval_runner_start(job, err, sizeof err) : tr_runner_start(job, err, sizeof err);
 		else
 			snprintf(err, sizeof err, "store: %s", tr_store_error(s->cfg.store));
 		if (rc < 0) {
@@ -168,6 +171,7 @@ static void start_queued(struct tr_scheduler *s)
 				s->owner[job->devices[d]] = 0;
 			fail_job(s, r->id, "start_failed", err);
 			tr_spec_finish(&job->spec);
+			json_decref(job->eval);
 			free(job);
 			continue;
 		}
@@ -196,6 +200,7 @@ static void reap(struct tr_scheduler *s)
 		for (int d = 0; d < j->ndev; d++)
 			s->owner[j->devices[d]] = 0;
 		tr_spec_finish(&j->spec);
+		json_decref(j->eval);
 		free(j);
 		s->dirty = true;
 	}

@@ -31,6 +31,9 @@ struct running_job {
 	struct tr_progress progress;
 	bool have_progress;
 	double last_store_progress;
+	/* An evaluate job (daemon/evaluate.c): its normalized spec; NULL for
+	 * a training job.  Its `spec` then only holds the device count. */
+	json_t *eval;
 	struct running_job *next;
 };
 
@@ -65,5 +68,18 @@ int tr_runner_start(struct running_job *job, char *err, size_t errlen);
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
 			  size_t mlen);
 bool tr_state_is_terminal(const char *state);
+/* Records how a job ended (runner.c): metrics flushed first, then the
+ * state, then the scheduler is told its devices are free. */
+void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message,
+		      int64_t step);
+
+/* Evaluate jobs (evaluate.c).  tr_eval_spec_is: whether a stored
+ * normalized spec is one.  tr_eval_prepare: fills j->eval and the device
+ * count from it.  tr_eval_op: the API's evaluate operation (ctx: the
+ * scheduler). */
+bool tr_eval_spec_is(const char *normalized);
+int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_spec_error *err);
+int tr_eval_runner_start(struct running_job *j, char *err, size_t errlen);
+int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_api_error *err);
 
 #endif

@@ -378,6 +378,7 @@ void tr_scheduler_api_ops(tr_scheduler_t *s, struct tr_api_ops *ops, void **ctx)
 		.live_progress = op_live_progress,
 		.ready = op_ready,
 		.checkpoint_now = op_checkpoint_now,
+		.evaluate = tr_eval_op,
 	};
 	*ctx = s;
 }

@@ -413,6 +413,18 @@ static int parse_validation(struct tr_fields_ctx *c, const json_t *v, void *base
 	return v ? parse_source(c, v, &((struct tr_spec *)base)->validation) : 0;
 }
 
+/* data.test: evaluated once when training has completed (test_loss,
+ * test_accuracy, ... in the job's metrics and summary). */
+static int parse_test(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	return v ? parse_source(c, v, &((struct tr_spec *)base)->test) : 0;
+}
+
+static int emit_test(const void *base, json_t *obj, const char *key)
+{
+	return emit_source(&((const struct tr_spec *)base)->test, obj, key);
+}
+
 static int emit_train(const void *base, json_t *obj, const char *key)
 {
 	return emit_source(&((const struct tr_spec *)base)->train, obj, key);
@@ -709,6 +721,7 @@ static const struct tr_field transform_fields[] = {
 static const struct tr_field data_fields[] = {
 	{.key = "train", .kind = K_CUSTOM, .flags = F_REQ, .parse = parse_train, .emit = emit_train},
 	{.key = "validation", .kind = K_CUSTOM, .parse = parse_validation, .emit = emit_validation},
+	{.key = "test", .kind = K_CUSTOM, .parse = parse_test, .emit = emit_test},
 	{.key = "validation_split", .kind = K_FLOAT, .off = SPEC(validation_split),
 	 .flags = F_LO | F_LO_OPEN | F_HI | F_HI_OPEN | F_OMIT0, .lo = 0, .hi = 1},
 	{.key = "shuffle", .kind = K_BOOL, .off = SPEC(shuffle), .def = 1},
@@ -978,20 +991,27 @@ static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 				    spec->loss == TR_LOSS_SOFTMAX_CE ? "classes" : "outputs");
 		}
 	}
-	if (va->present && va->format == TR_DATA_SYNTHETIC) {
+	const struct {
+		const struct tr_source_spec *src;
+		const char *name;
+	} others[] = {{va, "validation"}, {&spec->test, "test"}};
+	for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+		const struct tr_source_spec *o = others[i].src;
 		const char *key = NULL;
 
-		if (va->task != tr->task)
+		if (!o->present || o->format != TR_DATA_SYNTHETIC)
+			continue;
+		if (o->task != tr->task)
 			key = "task";
-		else if (va->features != tr->features)
+		else if (o->features != tr->features)
 			key = "features";
-		else if (va->task == TR_SYNTH_CLASSIFICATION && va->classes != tr->classes)
+		else if (o->task == TR_SYNTH_CLASSIFICATION && o->classes != tr->classes)
 			key = "classes";
-		else if (va->task == TR_SYNTH_REGRESSION && va->outputs != tr->outputs)
+		else if (o->task == TR_SYNTH_REGRESSION && o->outputs != tr->outputs)
 			key = "outputs";
 		if (key) {
 			tr_fields_enter(c, "data");
-			tr_fields_enter(c, "validation");
+			tr_fields_enter(c, others[i].name);
 			return tr_fields_fail(c, key, "must match the train source");
 		}
 	}
@@ -1126,6 +1146,7 @@ void tr_spec_finish(struct tr_spec *spec)
 	spec->init_from = NULL;
 	finish_source(&spec->train);
 	finish_source(&spec->validation);
+	finish_source(&spec->test);
 }
 
 

@@ -108,6 +108,10 @@ struct tr_source_spec {
 	int patches_per_image; /* patches, default 1 */
 	int degrade_factor; /* patches with "path": "downscale" factor (default 2) */
 	bool residual;      /* patches: "response": "residual" (response minus input) */
+	/* Not from a spec: inputs for prediction, without labels (csv: every
+	 * column is a feature; npy: no y; idx: no labels file).  The reader's
+	 * label_dim is then 0. */
+	bool unlabeled;
 };
 
 enum tr_transform_type {
@@ -167,6 +171,7 @@ struct tr_spec {
 	enum tr_loss loss;
 	/* data */
 	struct tr_source_spec train, validation;
+	struct tr_source_spec test; /* data.test: evaluated once at the end; present = given */
 	float validation_split; /* 0 = none; in (0, 1) */
 	bool shuffle;           /* default true */
 	enum tr_last_batch last_batch;

@@ -19,6 +19,7 @@
 #include "engine/data/prefetch.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
+#include "engine/infer.h"
 #include "engine/safetensors.h"
 
 double tr_trainer_mono_s(void)
@@ -100,6 +101,79 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 out:
 	free(x);
 	free(y);
+	return rc;
+}
+
+/* data.test: once, after a completed run, with the final weights, on rank
+ * 0.  The figures are tr_eval_acc's (engine/infer.h), the same code as
+ * `trainerd eval` and evaluate jobs, emitted as test_* metrics at the last
+ * step and kept in the summary. */
+static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, char *err, size_t errlen)
+{
+	tr_replica_t *r = &t->ranks[0].rep;
+	tr_backend_t *be = t->be;
+	const tr_model_t *m = &t->model;
+	const int F = m->inputs, L = t->test->info.label_dim, K = m->outputs, chunk = r->max_rows;
+	int64_t n = t->test->info.samples;
+	float *x = malloc((size_t)chunk * F * sizeof(float));
+	float *y = malloc((size_t)chunk * L * sizeof(float));
+	float *out = malloc((size_t)chunk * K * sizeof(float));
+	struct tr_eval_acc acc;
+	char why[512];
+	int rc = tr_eval_acc_init(&acc, m->loss == TR_LOSS_SOFTMAX_CE, K);
+	if (rc < 0 || !x || !y || !out) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory for the test data");
+		goto out;
+	}
+	for (int64_t base = 0; base < n && rc == 0; base += chunk) {
+		int rows = (int)(n - base < chunk ? n - base : chunk);
+		if (atomic_load(&t->cancel_requested)) {
+			snprintf(err, errlen, "cancelled");
+			rc = -ECANCELED;
+			break;
+		}
+		for (int i = 0; i < rows && rc == 0; i++) {
+			rc = tr_reader_get(t->test, base + i, x + (size_t)i * F, y + (size_t)i * L, why, sizeof why);
+			if (rc == 0 && t->transforms)
+				tr_transforms_apply(t->transforms, x + (size_t)i * F, F, t->spec->seed, 0, base + i, 0);
+		}
+		if (rc == 0)
+			rc = tr_reader_check(t->test, why, sizeof why);
+		if (rc < 0) {
+			snprintf(err, errlen, "/data/test: %s", why);
+			break;
+		}
+		tr_data_pay_deferred_wait();
+		if ((rc = be->i->to_device(be, r->dev, r->input, x, (size_t)rows * F * sizeof(float))) < 0 ||
+		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
+		    (rc = be->i->to_host(be, r->dev, out, r->acts[m->n_layers], (size_t)rows * K * sizeof(float))) < 0 ||
+		    (rc = be->i->sync(be, r->dev)) < 0) {
+			snprintf(err, errlen, "test: %s", be->i->last_error(be));
+			break;
+		}
+		if ((rc = tr_eval_acc_add(&acc, base, rows, out, y, why, sizeof why)) < 0)
+			snprintf(err, errlen, "/data/test: %s: %s", t->test->name, why);
+	}
+	if (rc == 0) {
+		json_t *fig = tr_eval_acc_json(&acc, "test_");
+		static const char *const names[] = {"test_loss", "test_accuracy", "test_mse", "test_mae", "test_r2"};
+		double *dst[] = {&t->summary.test_loss, &t->summary.test_accuracy, &t->summary.test_mse,
+				 &t->summary.test_mae, &t->summary.test_r2};
+		for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+			const json_t *v = json_object_get(fig, names[k]);
+			if (!json_is_real(v))
+				continue;
+			*dst[k] = json_real_value(v);
+			tr_trainer_emit(t, names[k], step, epoch, *dst[k]);
+		}
+		json_decref(fig);
+	}
+out:
+	tr_eval_acc_finish(&acc);
+	free(x);
+	free(y);
+	free(out);
 	return rc;
 }
 
@@ -390,6 +464,12 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	 * job it is the result, for a stopped one the place to resume. */
 	if (rc == 0)
 		maybe_checkpoint(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, true);
+	/* After the final checkpoint, so that its figures are those of the
+	 * stored weights (docs/model-format.md); a stopped run is not over. */
+	if (rc == 0 && !t->summary.stopped && t->test) {
+		set_info(t, "phase", "testing");
+		rc = evaluate_test(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, err, errlen);
+	}
 	set_info(t, "phase", rc == 0 && !t->summary.stopped ? "finished" : rc == 0 ? "stopped" : "ended");
 	double el = tr_trainer_mono_s() - start;
 	t->summary.wall_s = el;
@@ -474,6 +554,7 @@ int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t
 		ts[i].shape[1] = vs[i].shape[1];
 	}
 	json_t *meta = json_pack("{s:s, s:s, s:s}", "format", "pt", "producer", "trainerd " TR_VERSION, "step", "");
+	json_object_update(meta, t->model_meta); /* docs/model-format.md */
 	char step[32];
 	snprintf(step, sizeof step, "%lld", (long long)t->summary.steps);
 	json_object_set_new(meta, "step", json_string(step));

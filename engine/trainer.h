@@ -91,6 +91,10 @@ struct tr_summary {
 	double final_loss;
 	double wall_s, samples_per_sec, data_wait_fraction;
 	double val_loss, val_accuracy; /* NAN when there is no validation */
+	/* data.test's figures after a completed run; NAN without one (and
+	 * those that do not apply: accuracy for regression, mse/mae/r2 for
+	 * classification). */
+	double test_loss, test_accuracy, test_mse, test_mae, test_r2;
 	bool stopped;                  /* ended early by tr_trainer_stop */
 	bool early_stopped;            /* ended by early_stopping (not "stopped": the run is complete) */
 	double best_value;             /* early_stopping: best metric value, NAN before the first */

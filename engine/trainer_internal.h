@@ -51,7 +51,11 @@ struct tr_trainer {
 	tr_reader_t *train, *val;          /* in use */
 	tr_reader_t *own_train, *own_val;  /* opened here, freed here */
 	tr_reader_t *val_base;             /* owned base of a validation split slice */
+	tr_reader_t *test;                 /* data.test, owned; NULL without one */
 	tr_transforms_t *transforms;
+	/* The model's description (engine/model_meta.h), put into every
+	 * snapshot's and model file's metadata. */
+	json_t *model_meta;
 	tr_comm_t *comm;
 	struct rank_ctx ranks[TR_SPEC_MAX_DEVICES];
 	int opt_buffers;

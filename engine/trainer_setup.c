@@ -16,6 +16,7 @@
 #include "engine/cuda/cuda.h"
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
+#include "engine/model_meta.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
 #include "engine/safetensors.h"
@@ -105,6 +106,19 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 			 t->train->info.label_dim);
 		return -EINVAL;
 	}
+	if (s->test.present) {
+		rc = tr_reader_open(&s->test, s->seed, t->opt.data_roots, t->opt.cancel, &t->test, err, errlen);
+		if (rc < 0)
+			return rc;
+		if (t->test->info.features != t->train->info.features ||
+		    t->test->info.label_dim != t->train->info.label_dim) {
+			snprintf(err, errlen,
+				 "/data/test: %d features and %d label columns, the training data has %d and %d",
+				 t->test->info.features, t->test->info.label_dim, t->train->info.features,
+				 t->train->info.label_dim);
+			return -EINVAL;
+		}
+	}
 	if (setup_cancelled(t, err, errlen))
 		return -ECANCELED;
 	return tr_transforms_create_cancellable(s, t->train, t->opt.cancel, &t->transforms, err, errlen);
@@ -155,6 +169,7 @@ static int check_labels(struct tr_trainer *t, char *err, size_t errlen)
 	} src[] = {
 		{t->train, "/data/train"},
 		{t->val, s->validation.present ? "/data/validation" : "/data/validation_split"},
+		{t->test, "/data/test"},
 	};
 	for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) {
 		char warn[512];
@@ -266,6 +281,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	pthread_cond_init(&t->go, NULL);
 	pthread_cond_init(&t->done, NULL);
 	t->summary.val_loss = t->summary.val_accuracy = NAN;
+	t->summary.test_loss = t->summary.test_accuracy = NAN;
+	t->summary.test_mse = t->summary.test_mae = t->summary.test_r2 = NAN;
 	t->summary.best_value = NAN;
 	t->summary.best_step = -1;
 	if (t->spec->early_stopping.enabled)
@@ -305,6 +322,15 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	    (rc = check_labels(t, err, errlen)) < 0)
 		goto fail;
 	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
+		goto fail;
+	/* What a model file needs to be used (docs/model-format.md): known
+	 * now, with the transforms fitted and the input width found. */
+	if (!(t->model_meta = json_object())) {
+		snprintf(err, errlen, "out of memory");
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if ((rc = tr_model_meta_describe(t->model_meta, s, &t->model, t->transforms, t->train, err, errlen)) < 0)
 		goto fail;
 	if ((rc = tr_plan_init(&t->plan, t->train->info.samples, s->batch_size, s->last_batch, s->shuffle, s->seed,
 			       s->epochs, s->max_steps, err, errlen)) < 0)
@@ -402,6 +428,8 @@ void tr_trainer_destroy(tr_trainer_t *t)
 	tr_reader_destroy(t->own_val);
 	tr_reader_destroy(t->own_train);
 	tr_reader_destroy(t->val_base);
+	tr_reader_destroy(t->test);
+	json_decref(t->model_meta);
 	pthread_cond_destroy(&t->go);
 	pthread_cond_destroy(&t->done);
 	pthread_mutex_destroy(&t->lock);

@@ -90,6 +90,8 @@ struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t e
 	json_object_set_new(snap->meta, "optimizer", json_string(opt_names[t->spec->optimizer.type]));
 	json_object_set_new(snap->meta, "reason", json_string(reason));
 	save_early_stop(t, snap->meta);
+	/* The model's description: a checkpoint is usable on its own. */
+	json_object_update(snap->meta, t->model_meta);
 	return snap;
 }
 

@@ -118,6 +118,14 @@ static const char *const migrations[] = {
 
 	/* 5: info fields, a JSON object of short strings (storage/info.c). */
 	"ALTER TABLE jobs ADD COLUMN info TEXT NOT NULL DEFAULT '{}';",
+
+	/* 6: the figures an evaluate job found (storage/results.c), one JSON
+	 * object per job; a table of its own so that job rows and their
+	 * queries stay as they are. */
+	"CREATE TABLE job_results ("
+	"  job_id INTEGER PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  result TEXT NOT NULL"
+	");",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

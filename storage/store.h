@@ -100,6 +100,11 @@ void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed
  * replaced, others added.  -E2BIG (nothing changed) when the result would
  * hold more than max_keys keys; -ENOENT for an unknown job. */
 int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, int max_keys);
+/* The result of an evaluate job: a JSON object (text) stored once it
+ * finished, replaced by a later call, deleted with the job.  get: *json
+ * is malloc'd (caller frees); -ENOENT when the job has none. */
+int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json);
+int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json);
 /* What PUT /jobs/{id}/info may leave a job with; the engine's own fields
  * (TR_INFO_ENGINE_FIELDS at most) always fit on top. */
 #define TR_INFO_MAX_FIELDS 64

@@ -46,7 +46,8 @@ static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 		return -ERANGE;
 	}
 	memcpy(x, c->x + (size_t)index * f, f * sizeof(float));
-	memcpy(y, c->y + (size_t)index * l, l * sizeof(float));
+	if (l > 0)
+		memcpy(y, c->y + (size_t)index * l, l * sizeof(float));
 	return 0;
 }
 
@@ -196,7 +197,9 @@ static int grow(float **a, size_t *cap_rows, size_t rows, size_t width)
 	nc = *cap_rows ? *cap_rows * 2 : 1024;
 	if (width && nc > SIZE_MAX / sizeof(float) / width)
 		return -ENOMEM;
-	na = realloc(*a, nc * width * sizeof(float));
+	/* Never realloc to 0 bytes (prediction inputs have no labels): that
+	 * frees the array and returns NULL. */
+	na = realloc(*a, nc * (width ? width : 1) * sizeof(float));
 	if (!na)
 		return -ENOMEM;
 	*a = na;
@@ -209,7 +212,7 @@ static int grow(float **a, size_t *cap_rows, size_t rows, size_t width)
 static int map_columns(const struct tr_source_spec *src, const char *path, long long line, int ncols,
 		       int *dest, int *n_labels, char *err, size_t errlen)
 {
-	int nl = src->n_label_cols > 0 ? src->n_label_cols : 1;
+	int nl = src->unlabeled ? 0 : src->n_label_cols > 0 ? src->n_label_cols : 1;
 	int f = 0;
 
 	if (src->n_label_cols > TR_SPEC_MAX_LABEL_COLS) {

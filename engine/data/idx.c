@@ -65,7 +65,8 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	p = d->images.data + (size_t)index * (size_t)d->images.width;
 	for (int64_t i = 0; i < d->images.width; i++)
 		x[i] = (float)p[i];
-	y[0] = (float)d->labels.data[index];
+	if (d->labels.data) /* prediction inputs have no labels */
+		y[0] = (float)d->labels.data[index];
 	tr_data_guard_end();
 	return 0;
 }
@@ -374,14 +375,14 @@ int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const cha
 	}
 	tr_data_guard_begin(&jb, maps, 2);
 	ret = file_open(images_fd, images_path, 1, &d->images, err, errlen);
-	if (ret == 0) {
+	if (ret == 0 && labels_fd >= 0) {
 		labels_owned = 0;
 		ret = file_open(labels_fd, labels_path, 0, &d->labels, err, errlen);
 	}
 	tr_data_guard_end();
 	if (ret)
 		goto fail;
-	if (d->images.count != d->labels.count) {
+	if (labels_fd >= 0 && d->images.count != d->labels.count) {
 		tr_data_errorf(err, errlen, "%s has %lld images but %s has %lld labels", images_path,
 			       (long long)d->images.count, labels_path, (long long)d->labels.count);
 		ret = -EINVAL;
@@ -390,7 +391,7 @@ int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const cha
 	d->base.i = &idx_i;
 	d->base.info.samples = d->images.count;
 	d->base.info.features = (int)d->images.width;
-	d->base.info.label_dim = 1;
+	d->base.info.label_dim = labels_fd >= 0 ? 1 : 0;
 	if (d->images.ndims == 3) {
 		d->base.info.shape[0] = 1;
 		d->base.info.shape[1] = (int)d->images.dims[1];

@@ -147,7 +147,8 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, char *e
 				memcpy(x + ((size_t)ch * d->h + yy) * d->w,
 				       src + ((size_t)ch * oh + top + yy) * ow + left, (size_t)d->w * sizeof(float));
 	}
-	y[0] = (float)it->cls;
+	if (y) /* prediction inputs have no labels */
+		y[0] = (float)it->cls;
 out:
 	free(px);
 	free(rs);
@@ -193,20 +194,26 @@ static void images_destroy(tr_reader_t *r)
 	free(d);
 }
 
+static const char *images_class_name(tr_reader_t *r, int k);
+
 static const struct tr_reader_i images_i = {
 	.get = images_get,
 	.destroy = images_destroy,
 	.labels = images_labels,
 	.where = images_where,
+	.class_name = images_class_name,
 };
 
-const char *tr_images_class_name(const tr_reader_t *r, int k)
+static const char *images_class_name(tr_reader_t *r, int k)
 {
 	const struct images_reader *d = (const struct images_reader *)r;
 
-	if (r->i != &images_i || k < 0 || k >= d->n_classes)
-		return NULL;
-	return d->classes[k];
+	return k >= 0 && k < d->n_classes ? d->classes[k] : NULL;
+}
+
+const char *tr_images_class_name(const tr_reader_t *r, int k)
+{
+	return r->i->class_name ? r->i->class_name((tr_reader_t *)r, k) : NULL;
 }
 
 /* Reads the header of every file of class k, appending its items. */

@@ -100,7 +100,8 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 		return tr_data_guard_failed(err, errlen);
 	tr_data_guard_begin(&jb, maps, 2);
 	convert(&n->x, index, x);
-	convert(&n->y, index, y);
+	if (n->y.data) /* prediction inputs have no y */
+		convert(&n->y, index, y);
 	tr_data_guard_end();
 	return 0;
 }
@@ -441,14 +442,14 @@ int tr_npy_open(int x_fd, const char *x_path, int y_fd, const char *y_path, tr_r
 	}
 	tr_data_guard_begin(&jb, maps, 2);
 	ret = array_open(x_fd, x_path, 1, &n->x, err, errlen);
-	if (ret == 0) {
+	if (ret == 0 && y_fd >= 0) {
 		y_owned = 0;
 		ret = array_open(y_fd, y_path, 0, &n->y, err, errlen);
 	}
 	tr_data_guard_end();
 	if (ret)
 		goto fail;
-	if (n->x.rows != n->y.rows) {
+	if (y_fd >= 0 && n->x.rows != n->y.rows) {
 		tr_data_errorf(err, errlen, "%s has %lld samples but %s has %lld", x_path,
 			       (long long)n->x.rows, y_path, (long long)n->y.rows);
 		ret = -EINVAL;
@@ -457,7 +458,7 @@ int tr_npy_open(int x_fd, const char *x_path, int y_fd, const char *y_path, tr_r
 	n->base.i = &npy_i;
 	n->base.info.samples = n->x.rows;
 	n->base.info.features = (int)n->x.width;
-	n->base.info.label_dim = (int)n->y.width;
+	n->base.info.label_dim = y_fd >= 0 ? (int)n->y.width : 0;
 	snprintf(n->base.name, sizeof(n->base.name), "%s", x_path);
 	*out = &n->base;
 	return 0;

@@ -69,7 +69,7 @@ static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float
 			size_t to = ((size_t)c * d->ph + yy) * d->pw;
 
 			memcpy(x + to, im->input + from, (size_t)d->pw * sizeof(float));
-			for (int xx = 0; xx < d->pw; xx++)
+			for (int xx = 0; y && xx < d->pw; xx++)
 				y[to + xx] = d->residual ? im->response[from + xx] - im->input[from + xx] :
 							   im->response[from + xx];
 		}

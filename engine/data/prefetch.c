@@ -82,13 +82,13 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 			return -ECANCELED;
 		}
 		float *x = b->x + (size_t)i * pf->features;
-		float *y = b->y + (size_t)i * pf->label_dim;
+		float *y = pf->label_dim > 0 ? b->y + (size_t)i * pf->label_dim : NULL;
 		int rc = tr_reader_get_epoch(c->reader, b->index[i], epoch, x, y, err, errlen);
 		if (rc < 0)
 			return rc;
 		if (c->transforms)
 			tr_transforms_apply_pair(c->transforms, x, pf->features, pf->label_image ? y : NULL, c->seed,
-						 epoch, b->index[i], 1);
+						 epoch, b->index[i], !c->inference);
 	}
 	/* After the reads: rows read from a file rewritten under the job fail
 	 * the step instead of being trained on (reader.h, check). */

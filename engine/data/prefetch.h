@@ -17,6 +17,7 @@
 #ifndef TR_DATA_PREFETCH_H
 #define TR_DATA_PREFETCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/backend.h"
@@ -42,6 +43,9 @@ struct tr_prefetch_config {
 	int depth;
 	int64_t first_step; /* resume position */
 	int64_t end_step;   /* one past the last step to load */
+	/* Evaluation and prediction: transforms run as at inference time
+	 * (training-only ones such as noise are skipped). */
+	bool inference;
 };
 
 typedef struct tr_prefetch tr_prefetch_t;

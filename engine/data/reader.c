@@ -296,7 +296,7 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 		break;
 	case TR_DATA_NPY:
 		ret = open_one(roots, src->x_path, "npy x", &a, a_name, sizeof a_name, err, errlen);
-		if (ret == 0)
+		if (ret == 0 && !src->unlabeled)
 			ret = open_one(roots, src->y_path, "npy y", &b, b_name, sizeof b_name, err, errlen);
 		if (ret == 0)
 			ret = tr_npy_open(a, a_name, b, b_name, out, err, errlen);
@@ -305,7 +305,7 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 		break;
 	case TR_DATA_IDX:
 		ret = open_one(roots, src->images_path, "idx images", &a, a_name, sizeof a_name, err, errlen);
-		if (ret == 0)
+		if (ret == 0 && !src->unlabeled)
 			ret = open_one(roots, src->labels_path, "idx labels", &b, b_name, sizeof b_name, err, errlen);
 		if (ret == 0)
 			ret = tr_idx_open(a, a_name, b, b_name, out, err, errlen);
@@ -418,6 +418,15 @@ static void slice_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
 	s->src->i->where(s->src, s->begin + index, buf, len);
 }
 
+/* Class names are the whole data set's (validation_split slices the
+ * training reader). */
+static const char *slice_class_name(tr_reader_t *r, int cls)
+{
+	tr_reader_t *src = ((struct slice *)r)->src;
+
+	return src->i->class_name ? src->i->class_name(src, cls) : NULL;
+}
+
 static const struct tr_reader_i slice_i = {
 	.get = slice_get,
 	.destroy = slice_destroy,
@@ -425,6 +434,7 @@ static const struct tr_reader_i slice_i = {
 	.labels = slice_labels,
 	.where = slice_where,
 	.get_epoch = slice_get_epoch,
+	.class_name = slice_class_name,
 };
 
 /* A slice of a reader that cannot list its labels cannot either. */
@@ -433,6 +443,7 @@ static const struct tr_reader_i slice_nolabels_i = {
 	.destroy = slice_destroy,
 	.check = slice_check,
 	.get_epoch = slice_get_epoch,
+	.class_name = slice_class_name,
 };
 
 tr_reader_t *tr_reader_slice(tr_reader_t *base, int64_t begin, int64_t end)

@@ -12,7 +12,9 @@
 #ifndef TR_DATA_READER_H
 #define TR_DATA_READER_H
 
+#include <jansson.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +58,10 @@ struct tr_reader_i {
 	 * statistics use so they see the same samples every time. */
 	int (*get_epoch)(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
 			 size_t errlen);
+	/* Optional: the name of class `cls` (an image folder's name), NULL
+	 * when the data has none.  Recorded in the model file's "labels"
+	 * (docs/model-format.md). */
+	const char *(*class_name)(tr_reader_t *r, int cls);
 };
 
 struct tr_reader {
@@ -101,8 +107,9 @@ void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
  * For the trainer's check of the model against its data. */
 int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen);
 
-/* The name of class k of an "images" reader (its k-th subfolder), or NULL
- * for another reader or a k out of range. */
+/* The name of class k (an "images" reader's k-th subfolder) through the
+ * reader's class_name, or NULL for a reader without names or a k out of
+ * range. */
 const char *tr_images_class_name(const tr_reader_t *r, int k);
 
 /* Sleeps whatever simulated storage latency (synthetic load_cost_us) the
@@ -150,5 +157,21 @@ void tr_transforms_apply(const tr_transforms_t *t, float *x, int features, uint6
 void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed,
 			      int64_t epoch, int64_t sample_index, int training);
 void tr_transforms_destroy(tr_transforms_t *t);
+
+/* What a model file records of the transforms (docs/model-format.md).
+ * tr_transforms_fitted: a new reference to the values transform k learned
+ * from the training data ({"mean": [...], "std": [...]} for standardize,
+ * std being the divisor used, 1 where the data's was 0), or NULL for a
+ * transform that learns nothing. */
+json_t *tr_transforms_fitted(const tr_transforms_t *t, int k);
+/* Whether a transform type only applies while training (noise): a model's
+ * user skips it. */
+bool tr_transforms_train_only(enum tr_transform_type type);
+/* Rebuilds the transforms of spec->transforms for `features` inputs from
+ * recorded values instead of training data: fitted[k] (borrowed, may be
+ * NULL, as may the array) is what tr_transforms_fitted gave for transform
+ * k.  Returns 0 or -EINVAL naming "transforms/<k>/..." in err. */
+int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *const *fitted, int features,
+				  tr_transforms_t **out, char *err, size_t errlen);
 
 #endif

@@ -18,7 +18,9 @@
  * them.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,10 +170,14 @@ static void apply_ops(const tr_transforms_t *t, int end, float *x, int features,
 
 		switch (o->type) {
 		case TR_TF_NORMALIZE: {
-			size_t plane = (size_t)t->h * t->w;
+			size_t plane;
 
-			if ((size_t)features != plane * (size_t)t->c)
+			/* Channel planes of features / C values each: the shape's
+			 * H * W, or for recorded transforms (no reader) the same
+			 * split of the model's input width. */
+			if (t->c <= 0 || features % t->c != 0)
 				break;
+			plane = (size_t)(features / t->c);
 			for (int ch = 0; ch < t->c; ch++) {
 				float m = o->mean_c[ch], s = o->std_c[ch];
 
@@ -431,4 +437,134 @@ void tr_transforms_destroy(tr_transforms_t *t)
 		free(t->ops[k].sd);
 	}
 	free(t);
+}
+
+/* ---- recorded values (docs/model-format.md) -------------------------------- */
+
+/* Floats as JSON numbers that read back to the same float: a double holds
+ * every float exactly, and jansson prints doubles to round trip. */
+static json_t *float_array(const float *v, int n)
+{
+	json_t *a = json_array();
+
+	for (int j = 0; a && j < n; j++) {
+		if (json_array_append_new(a, json_real((double)v[j])) < 0) {
+			json_decref(a);
+			return NULL;
+		}
+	}
+	return a;
+}
+
+json_t *tr_transforms_fitted(const tr_transforms_t *t, int k)
+{
+	if (!t || k < 0 || k >= t->n)
+		return NULL;
+	const struct op *o = &t->ops[k];
+	if (o->type != TR_TF_STANDARDIZE)
+		return NULL;
+	json_t *mean = float_array(o->mean, t->features), *sd = float_array(o->sd, t->features);
+	if (!mean || !sd) {
+		json_decref(mean);
+		json_decref(sd);
+		return NULL;
+	}
+	return json_pack("{s:o, s:o}", "mean", mean, "std", sd);
+}
+
+bool tr_transforms_train_only(enum tr_transform_type type)
+{
+	return type == TR_TF_GAUSSIAN_NOISE || type == TR_TF_RANDOM_CROP || type == TR_TF_FLIP ||
+	       type == TR_TF_ROT90;
+}
+
+/* Reads n floats from the recorded array `key` of `fitted`; positive
+ * (std) when `positive`. */
+static int recorded_floats(const json_t *fitted, const char *key, int k, int n, bool positive, float **out,
+			   char *err, size_t errlen)
+{
+	const json_t *a = json_object_get(fitted, key);
+
+	if (!json_is_array(a) || json_array_size(a) != (size_t)n) {
+		tr_data_errorf(err, errlen, "transforms/%d: standardize needs \"fitted\": {\"%s\": [%d numbers]}", k,
+			       key, n);
+		return -EINVAL;
+	}
+	float *v = malloc((size_t)n * sizeof(float));
+	if (!v) {
+		tr_data_errorf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	for (int j = 0; j < n; j++) {
+		const json_t *e = json_array_get(a, (size_t)j);
+		double d = json_number_value(e);
+
+		if (!json_is_number(e) || !isfinite(d) || (positive && !((float)d > 0.0f))) {
+			tr_data_errorf(err, errlen, "transforms/%d/fitted/%s/%d: must be a finite number%s", k, key, j,
+				       positive ? " > 0" : "");
+			free(v);
+			return -EINVAL;
+		}
+		v[j] = (float)d;
+	}
+	*out = v;
+	return 0;
+}
+
+int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *const *fitted, int features,
+				  tr_transforms_t **out, char *err, size_t errlen)
+{
+	tr_transforms_t *t;
+	int noise_k = 0, ret;
+
+	*out = NULL;
+	if (spec->n_transforms < 0 || spec->n_transforms > TR_SPEC_MAX_TRANSFORMS || features <= 0) {
+		tr_data_errorf(err, errlen, "bad transform list (%d transforms, %d features)", spec->n_transforms,
+			       features);
+		return -EINVAL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		tr_data_errorf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	t->features = features;
+	for (int k = 0; k < spec->n_transforms; k++) {
+		const struct tr_transform_spec *ts = &spec->transforms[k];
+		struct op *o = &t->ops[k];
+
+		o->type = ts->type;
+		o->factor = ts->factor;
+		o->std = ts->std;
+		if (ts->type == TR_TF_GAUSSIAN_NOISE)
+			o->noise_k = noise_k++;
+		if (ts->type == TR_TF_NORMALIZE) {
+			/* The spec holds the values; the channel count splits the
+			 * input width into planes. */
+			if (ts->n_channels < 1 || ts->n_channels > TR_SPEC_MAX_CHANNELS || features % ts->n_channels) {
+				tr_data_errorf(err, errlen, "transforms/%d: normalize has %d channels, which do not divide "
+					       "the %d inputs", k, ts->n_channels, features);
+				ret = -EINVAL;
+				goto fail;
+			}
+			t->c = ts->n_channels;
+			for (int c = 0; c < t->c; c++) {
+				o->mean_c[c] = ts->mean_c[c];
+				o->std_c[c] = ts->std_c[c] > 0.0f ? ts->std_c[c] : 1.0f;
+			}
+		}
+		if (ts->type == TR_TF_STANDARDIZE) {
+			const json_t *f = fitted ? fitted[k] : NULL;
+
+			if ((ret = recorded_floats(f, "mean", k, features, false, &o->mean, err, errlen)) < 0 ||
+			    (ret = recorded_floats(f, "std", k, features, true, &o->sd, err, errlen)) < 0)
+				goto fail;
+		}
+		t->n = k + 1;
+	}
+	*out = t;
+	return 0;
+fail:
+	tr_transforms_destroy(t);
+	return ret;
 }

@@ -1,0 +1,549 @@
+/* `trainerd eval MODEL DATA_SPEC` and `trainerd predict MODEL INPUT`.
+ *
+ * Both read a model file (model.safetensors or a checkpoint) with its
+ * self-description (docs/model-format.md), apply the preprocessing it
+ * records, and run the data through tr_infer_run: batched, loaders in the
+ * background, the batch split across the chosen devices.  eval prints the
+ * figures (tr_eval_acc) as text or, with --json, as one JSON object;
+ * predict writes one row per input sample, CSV with a header row or .npy.
+ * Exit status: 0 done, 1 a run-time failure (a device, a write), 2 bad
+ * command line, model file or data (a missing file, a wrong feature
+ * count, a bad label).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/cli.h"
+#include "engine/backend.h"
+#include "engine/cuda/cuda.h"
+#include "engine/infer.h"
+#include "engine/model_meta.h"
+
+struct common_opts {
+	const char *cmd;
+	const char *model, *input, *out, *format, *backend;
+	int devices, workers, batch;
+	bool json, header, quiet;
+};
+
+static int parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out)
+{
+	char *end;
+	long n = v ? strtol(v, &end, 10) : 0;
+	if (!v || *end || n < lo || n > hi) {
+		fprintf(stderr, "trainerd %s: %s needs an integer in [%d, %d], got '%s'\n", cmd, flag, lo, hi,
+			v ? v : "");
+		return -1;
+	}
+	*out = (int)n;
+	return 0;
+}
+
+/* Returns 0 parsed, 1 --help shown, -1 a usage error (printed). */
+static int parse_opts(int argc, char **argv, struct common_opts *o, void (*help)(FILE *))
+{
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			help(stdout);
+			return 1;
+		} else if (strcmp(a, "--devices") == 0) {
+			if (parse_int(o->cmd, a, v, 1, 64, &o->devices) < 0)
+				return -1;
+			i++;
+		} else if (strcmp(a, "--workers") == 0) {
+			if (parse_int(o->cmd, a, v, 1, 64, &o->workers) < 0)
+				return -1;
+			i++;
+		} else if (strcmp(a, "--batch") == 0) {
+			if (parse_int(o->cmd, a, v, 1, 1 << 20, &o->batch) < 0)
+				return -1;
+			i++;
+		} else if (strcmp(a, "--backend") == 0 && v) {
+			o->backend = v;
+			i++;
+		} else if (strcmp(a, "--out") == 0 && v && strcmp(o->cmd, "predict") == 0) {
+			o->out = v;
+			i++;
+		} else if (strcmp(a, "--format") == 0 && v && strcmp(o->cmd, "predict") == 0) {
+			o->format = v;
+			i++;
+		} else if (strcmp(a, "--header") == 0 && strcmp(o->cmd, "predict") == 0) {
+			o->header = true;
+		} else if (strcmp(a, "--json") == 0 && strcmp(o->cmd, "eval") == 0) {
+			o->json = true;
+		} else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
+			o->quiet = true;
+		} else if (a[0] == '-' && a[1] != '\0') {
+			fprintf(stderr, "trainerd %s: unexpected argument '%s' (trainerd %s --help)\n", o->cmd, a,
+				o->cmd);
+			return -1;
+		} else if (!o->model) {
+			o->model = a;
+		} else if (!o->input) {
+			o->input = a;
+		} else {
+			fprintf(stderr, "trainerd %s: unexpected argument '%s'\n", o->cmd, a);
+			return -1;
+		}
+	}
+	if (!o->model || !o->input) {
+		help(stderr);
+		return -1;
+	}
+	return 0;
+}
+
+/* The backend as trainerd run makes it: a GPU when there is one (or
+ * --backend cuda insists), else CPU devices, one per core by default. */
+static tr_backend_t *make_backend(const struct common_opts *o)
+{
+	char err[512] = "";
+	tr_backend_t *be = NULL;
+	if (o->backend && strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
+		fprintf(stderr, "trainerd %s: --backend must be cpu or cuda, got '%s'\n", o->cmd, o->backend);
+		return NULL;
+	}
+	if (!o->backend || strcmp(o->backend, "cuda") == 0) {
+		struct tr_cuda_options copt = {0};
+		be = tr_cuda_backend_create_opts(&copt, err, sizeof err);
+		if (!be && o->backend) {
+			fprintf(stderr, "trainerd %s: --backend cuda: unavailable: %s\n", o->cmd, err);
+			return NULL;
+		}
+	}
+	if (!be) {
+		int n = o->devices;
+		if (n == 0) {
+			long cores = sysconf(_SC_NPROCESSORS_ONLN);
+			n = cores > 0 ? (int)cores : 1;
+		}
+		be = tr_cpu_backend_create(n, 0);
+		if (!be)
+			fprintf(stderr, "trainerd %s: cannot create %d CPU devices\n", o->cmd, n);
+	}
+	return be;
+}
+
+static int load_model(const struct common_opts *o, struct tr_model_desc *d)
+{
+	char err[1024];
+	if (tr_model_desc_load(o->model, d, err, sizeof err) < 0) {
+		fprintf(stderr, "trainerd %s: %s: %s\n", o->cmd, o->model, err);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- eval ---------------------------------------------------------------- */
+
+static void eval_help(FILE *out)
+{
+	fputs("usage: trainerd eval MODEL DATA_SPEC [--json] [--devices N] [--backend cpu|cuda]\n"
+	      "                     [--workers W] [--batch B]\n",
+	      out);
+	if (out != stdout)
+		return;
+	fputs("\n"
+	      "Evaluates MODEL (a model.safetensors or checkpoint written by trainerd) on\n"
+	      "labelled data, applying the preprocessing the model records.  DATA_SPEC is a\n"
+	      "data source as in a job's data.train, given inline as JSON or as a file\n"
+	      "holding it:\n"
+	      "  '{\"format\": \"csv\", \"path\": \"test.csv\", \"label\": -1}'\n"
+	      "  '{\"format\": \"npy\", \"x\": \"x.npy\", \"y\": \"y.npy\"}'\n"
+	      "  '{\"format\": \"idx\", \"images\": \"t10k-images-idx3-ubyte.gz\", \"labels\": ...}'\n"
+	      "Prints loss, accuracy and the confusion matrix (rows: true class, columns:\n"
+	      "predicted) for a classifier; loss (= mse), mse, mae and r2 for regression.\n"
+	      "\n"
+	      "  --json             one JSON object: {\"samples\", \"loss\", \"accuracy\",\n"
+	      "                     \"confusion_matrix\"} or {\"samples\", \"loss\", \"mse\", \"mae\", \"r2\"}\n"
+	      "  --devices N        CPU devices (default: one per core)\n"
+	      "  --backend cpu|cuda default: a GPU when there is one\n"
+	      "  --workers W        data loader threads (default 2)\n"
+	      "  --batch B          samples per batch (default 256)\n"
+	      "\n"
+	      "Relative paths resolve against the working directory.\n"
+	      "Exit status: 0 done, 1 a run-time failure, 2 bad command line, model or data.\n",
+	      out);
+}
+
+/* Parses a data spec (inline JSON or a file) through the job spec parser,
+ * as data.train of a job with the model's own section, so it is checked
+ * exactly as a job's is.  Errors name the pointer inside the data spec. */
+static int parse_source(const struct common_opts *o, const struct tr_model_desc *d, struct tr_spec *spec)
+{
+	json_error_t jerr;
+	const char *text = o->input;
+	while (*text == ' ' || *text == '\t' || *text == '\n')
+		text++;
+	json_t *src = *text == '{' ? json_loads(text, 0, &jerr) : json_load_file(o->input, 0, &jerr);
+	if (!src) {
+		if (*text == '{')
+			fprintf(stderr, "trainerd %s: DATA_SPEC: column %d: %s\n", o->cmd, jerr.column, jerr.text);
+		else
+			fprintf(stderr, "trainerd %s: DATA_SPEC %s: %s\n", o->cmd, o->input,
+				jerr.line > 0 ? jerr.text : "no such file or not readable");
+		return -1;
+	}
+	struct tr_spec_error serr;
+	int rc = tr_model_source_parse(NULL, d, src, spec, &serr);
+	if (rc < 0)
+		fprintf(stderr, "trainerd %s: DATA_SPEC: %s%s\n", o->cmd,
+			serr.message[0] == ':' ? "(the source)" : "", serr.message);
+	json_decref(src);
+	return rc < 0 ? -1 : 0;
+}
+
+struct eval_ctx {
+	struct tr_eval_acc acc;
+	char err[512];
+};
+
+static int eval_batch(void *ctx, int64_t first, int rows, const float *out, const float *labels, int label_dim)
+{
+	struct eval_ctx *e = ctx;
+	if (!labels || label_dim != (e->acc.classification ? 1 : e->acc.outputs)) {
+		snprintf(e->err, sizeof e->err, "the data has %d label column(s), the model needs %d", label_dim,
+			 e->acc.classification ? 1 : e->acc.outputs);
+		return -EINVAL;
+	}
+	return tr_eval_acc_add(&e->acc, first, rows, out, labels, e->err, sizeof e->err);
+}
+
+static void print_text(const struct tr_model_desc *d, const json_t *r)
+{
+	printf("samples   %lld\n", (long long)json_integer_value(json_object_get(r, "samples")));
+	const char *keys[] = {"loss", "accuracy", "mse", "mae", "r2"};
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		const json_t *v = json_object_get(r, keys[i]);
+		if (json_is_number(v))
+			printf("%-9s %.6f\n", keys[i], json_number_value(v));
+		else if (json_is_null(v))
+			printf("%-9s n/a (a constant target)\n", keys[i]);
+	}
+	const json_t *cm = json_object_get(r, "confusion_matrix");
+	if (!cm)
+		return;
+	printf("confusion matrix (rows: true class, columns: predicted)\n%8s", "");
+	for (size_t j = 0; j < json_array_size(cm); j++)
+		printf(" %7zu", j);
+	printf("\n");
+	for (size_t i = 0; i < json_array_size(cm); i++) {
+		const char *name = d->class_names ? d->class_names[i] : NULL;
+		if (name)
+			printf("%8.8s", name);
+		else
+			printf("%8zu", i);
+		const json_t *row = json_array_get(cm, i);
+		for (size_t j = 0; j < json_array_size(row); j++)
+			printf(" %7lld", (long long)json_integer_value(json_array_get(row, j)));
+		printf("\n");
+	}
+}
+
+/* Opens the data and runs the model over it; shared by eval and predict.
+ * Returns the exit status. */
+static int run_model(const struct common_opts *o, struct tr_model_desc *d, const struct tr_source_spec *src,
+		     int (*on_batch)(void *, int64_t, int, const float *, const float *, int), void *ctx,
+		     const char *cb_err, tr_reader_t **reader_out, int (*before)(void *, tr_reader_t *))
+{
+	char err[1024];
+	tr_reader_t *rd = NULL;
+	int rc = tr_reader_open(src, d->spec.seed, NULL, NULL, &rd, err, sizeof err);
+	if (rc < 0) {
+		fprintf(stderr, "trainerd %s: %s\n", o->cmd, err);
+		return 2;
+	}
+	if (rd->info.features != d->model.inputs) {
+		fprintf(stderr, "trainerd %s: %s: %d features per sample, the model takes %d\n", o->cmd, rd->name,
+			rd->info.features, d->model.inputs);
+		tr_reader_destroy(rd);
+		return 2;
+	}
+	if (before && (rc = before(ctx, rd)) != 0) {
+		tr_reader_destroy(rd);
+		return rc;
+	}
+	tr_backend_t *be = make_backend(o);
+	if (!be) {
+		tr_reader_destroy(rd);
+		return o->backend ? 2 : 1;
+	}
+	struct tr_infer_options io = {
+		.model = &d->model,
+		.params = d->params,
+		.backend = be,
+		.count = o->devices,
+		.reader = rd,
+		.transforms = d->transforms,
+		.batch = o->batch,
+		.workers = o->workers,
+		.on_batch = on_batch,
+		.ctx = ctx,
+	};
+	rc = tr_infer_run(&io, err, sizeof err);
+	int status = 0;
+	if (rc == -EINVAL && cb_err[0]) {
+		fprintf(stderr, "trainerd %s: %s: %s\n", o->cmd, rd->name, cb_err);
+		status = 2;
+	} else if (rc != 0) {
+		fprintf(stderr, "trainerd %s: %s\n", o->cmd, cb_err[0] ? cb_err : err);
+		status = rc == -EINVAL ? 2 : 1;
+	}
+	tr_backend_destroy(be);
+	if (reader_out && status == 0)
+		*reader_out = rd;
+	else
+		tr_reader_destroy(rd);
+	return status;
+}
+
+int tr_cmd_eval(int argc, char **argv)
+{
+	struct common_opts o = {.cmd = "eval"};
+	int rc = parse_opts(argc, argv, &o, eval_help);
+	if (rc != 0)
+		return rc > 0 ? 0 : 2;
+	struct tr_model_desc d;
+	if (load_model(&o, &d) < 0) {
+		tr_model_desc_finish(&d);
+		return 2;
+	}
+	struct tr_spec spec;
+	if (parse_source(&o, &d, &spec) < 0) {
+		tr_model_desc_finish(&d);
+		return 2;
+	}
+	struct eval_ctx e = {.err = ""};
+	int status = 1;
+	if (tr_eval_acc_init(&e.acc, d.classification, d.outputs) < 0) {
+		fprintf(stderr, "trainerd eval: out of memory\n");
+		goto out;
+	}
+	status = run_model(&o, &d, &spec.train, eval_batch, &e, e.err, NULL, NULL);
+	if (status == 0) {
+		json_t *r = tr_eval_acc_json(&e.acc, NULL);
+		if (o.json) {
+			json_dumpf(r, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+			printf("\n");
+		} else {
+			print_text(&d, r);
+		}
+		json_decref(r);
+		if (fflush(stdout) != 0)
+			status = 1;
+	}
+out:
+	tr_eval_acc_finish(&e.acc);
+	tr_spec_finish(&spec);
+	tr_model_desc_finish(&d);
+	return status;
+}
+
+/* ---- predict ------------------------------------------------------------- */
+
+static void predict_help(FILE *out)
+{
+	fputs("usage: trainerd predict MODEL INPUT --out FILE [--format csv|npy|idx] [--header]\n"
+	      "                        [--devices N] [--backend cpu|cuda] [--workers W] [--batch B]\n",
+	      out);
+	if (out != stdout)
+		return;
+	fputs("\n"
+	      "Runs MODEL (a model.safetensors or checkpoint written by trainerd) on INPUT,\n"
+	      "inputs without labels, applying the preprocessing the model records, and\n"
+	      "writes one row per sample to FILE.\n"
+	      "\n"
+	      "INPUT, by its extension or --format:\n"
+	      "  .csv      every column a feature (--header: skip the first line)\n"
+	      "  .npy      an array of N samples (N x features, or N x C x H x W)\n"
+	      "  idx       an IDX images file (MNIST's format, .gz accepted)\n"
+	      "FILE, by its extension:\n"
+	      "  .csv      a header row, then per sample: for a classifier the predicted class\n"
+	      "            and one probability per class (class,prob_0,prob_1,...); for\n"
+	      "            regression the outputs (output_0,output_1,...)\n"
+	      "  .npy      the same table as float32, N x (1 + classes) or N x outputs\n"
+	      "\n"
+	      "  --devices N        CPU devices (default: one per core)\n"
+	      "  --backend cpu|cuda default: a GPU when there is one\n"
+	      "  --workers W        data loader threads (default 2)\n"
+	      "  --batch B          samples per batch (default 256)\n"
+	      "\n"
+	      "Exit status: 0 done, 1 a run-time failure, 2 bad command line, model or input.\n",
+	      out);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+struct predict_ctx {
+	const struct tr_model_desc *d;
+	FILE *f;
+	bool npy;
+	int cols;
+	float *row; /* cols floats */
+	char err[512];
+};
+
+static int predict_batch(void *ctx, int64_t first, int rows, const float *out, const float *labels, int label_dim)
+{
+	(void)first;
+	(void)labels;
+	(void)label_dim;
+	struct predict_ctx *p = ctx;
+	const int K = p->d->outputs;
+	for (int r = 0; r < rows; r++) {
+		const float *z = out + (size_t)r * K;
+		if (p->d->classification) {
+			int arg = 0;
+			for (int c = 1; c < K; c++)
+				if (z[c] > z[arg])
+					arg = c;
+			double sum = 0.0;
+			for (int c = 0; c < K; c++)
+				sum += exp((double)z[c] - (double)z[arg]);
+			p->row[0] = (float)arg;
+			for (int c = 0; c < K; c++)
+				p->row[1 + c] = (float)(exp((double)z[c] - (double)z[arg]) / sum);
+		} else {
+			memcpy(p->row, z, (size_t)K * sizeof(float));
+		}
+		if (p->npy) {
+			if (fwrite(p->row, sizeof(float), (size_t)p->cols, p->f) != (size_t)p->cols)
+				goto fail;
+			continue;
+		}
+		int c0 = 0;
+		if (p->d->classification) {
+			if (fprintf(p->f, "%d", (int)p->row[0]) < 0)
+				goto fail;
+			c0 = 1;
+		}
+		for (int c = c0; c < p->cols; c++)
+			if (fprintf(p->f, c ? ",%.9g" : "%.9g", (double)p->row[c]) < 0)
+				goto fail;
+		if (fputc('\n', p->f) == EOF)
+			goto fail;
+	}
+	return 0;
+fail:
+	snprintf(p->err, sizeof p->err, "writing the predictions failed: %s", strerror(errno));
+	return -EIO;
+}
+
+/* The .npy header for a float32 array of rows x cols, version 1.0: the
+ * text is padded so that the data starts at a multiple of 64 bytes. */
+static int write_npy_header(FILE *f, int64_t rows, int cols)
+{
+	char dict[128];
+	int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %d), }",
+			 (long long)rows, cols);
+	size_t total = 10 + (size_t)n + 1, pad = (64 - total % 64) % 64;
+	uint16_t hlen = (uint16_t)((size_t)n + pad + 1);
+	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+				 (unsigned char)(hlen >> 8)};
+	if (fwrite(pre, 1, sizeof pre, f) != sizeof pre || fwrite(dict, 1, (size_t)n, f) != (size_t)n)
+		return -1;
+	for (size_t i = 0; i < pad; i++)
+		if (fputc(' ', f) == EOF)
+			return -1;
+	return fputc('\n', f) == EOF ? -1 : 0;
+}
+
+/* Once the input is open (its sample count known): the output's header. */
+static int predict_begin(void *ctx, tr_reader_t *rd)
+{
+	struct predict_ctx *p = ctx;
+	const struct tr_model_desc *d = p->d;
+	if (p->npy)
+		return write_npy_header(p->f, rd->info.samples, p->cols) < 0 ? 1 : 0;
+	int ok = 1;
+	if (d->classification) {
+		ok = fputs("class", p->f) >= 0;
+		for (int c = 0; ok && c < d->outputs; c++)
+			ok = fprintf(p->f, ",prob_%d", c) >= 0;
+	} else {
+		for (int c = 0; ok && c < d->outputs; c++)
+			ok = fprintf(p->f, c ? ",output_%d" : "output_%d", c) >= 0;
+	}
+	ok = ok && fputc('\n', p->f) != EOF;
+	return ok ? 0 : 1;
+}
+
+int tr_cmd_predict(int argc, char **argv)
+{
+	struct common_opts o = {.cmd = "predict"};
+	int rc = parse_opts(argc, argv, &o, predict_help);
+	if (rc != 0)
+		return rc > 0 ? 0 : 2;
+	if (!o.out) {
+		fprintf(stderr, "trainerd predict: --out FILE is required (.csv or .npy)\n");
+		return 2;
+	}
+	bool npy_out = ends_with(o.out, ".npy");
+	if (!npy_out && !ends_with(o.out, ".csv")) {
+		fprintf(stderr, "trainerd predict: --out %s: the name must end in .csv or .npy\n", o.out);
+		return 2;
+	}
+	struct tr_source_spec src = {.present = true, .unlabeled = true, .header = o.header};
+	const char *fmt = o.format;
+	if (!fmt)
+		fmt = ends_with(o.input, ".csv") ? "csv" : ends_with(o.input, ".npy") ? "npy" : "idx";
+	if (strcmp(fmt, "csv") == 0) {
+		src.format = TR_DATA_CSV;
+		src.path = (char *)o.input;
+	} else if (strcmp(fmt, "npy") == 0) {
+		src.format = TR_DATA_NPY;
+		src.x_path = (char *)o.input;
+	} else if (strcmp(fmt, "idx") == 0) {
+		src.format = TR_DATA_IDX;
+		src.images_path = (char *)o.input;
+	} else {
+		/* Image folders come with their reader: a format named here
+		 * builds its tr_source_spec like the three above. */
+		fprintf(stderr, "trainerd predict: --format must be csv, npy or idx, got '%s'\n", fmt);
+		return 2;
+	}
+	struct tr_model_desc d;
+	if (load_model(&o, &d) < 0) {
+		tr_model_desc_finish(&d);
+		return 2;
+	}
+	struct predict_ctx p = {.d = &d, .npy = npy_out, .err = ""};
+	p.cols = d.classification ? 1 + d.outputs : d.outputs;
+	p.row = malloc((size_t)p.cols * sizeof(float));
+	/* A temporary name, renamed once complete: a failed run leaves no
+	 * half-written predictions under the name asked for. */
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s.tmp", o.out);
+	p.f = p.row ? fopen(tmp, "wb") : NULL;
+	int status = 1;
+	if (!p.f) {
+		fprintf(stderr, "trainerd predict: --out %s: %s\n", o.out, strerror(errno));
+		status = 2;
+		goto out;
+	}
+	status = run_model(&o, &d, &src, predict_batch, &p, p.err, NULL, predict_begin);
+	if (fclose(p.f) != 0 && status == 0) {
+		fprintf(stderr, "trainerd predict: %s: %s\n", o.out, strerror(errno));
+		status = 1;
+	}
+	if (status == 0 && rename(tmp, o.out) < 0) {
+		fprintf(stderr, "trainerd predict: %s: %s\n", o.out, strerror(errno));
+		status = 1;
+	}
+	if (status != 0)
+		unlink(tmp);
+out:
+	free(p.row);
+	tr_model_desc_finish(&d);
+	return status;
+}

@@ -1,0 +1,302 @@
+/* Writing and reading a model file's self-description (model_meta.h,
+ * docs/model-format.md).
+ *
+ * The reading side rebuilds the spec's model section and transforms by
+ * putting them into a minimal job spec and parsing that: the one parser
+ * then checks a file's description exactly as it checks a job, and a layer
+ * type added to the spec is understood here without a second list.
+ */
+#include "engine/model_meta.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/safetensors.h"
+
+static int set_json(json_t *meta, const char *key, json_t *value)
+{
+	/* Compact, ordered as written, reals to full double precision so that
+	 * every recorded float reads back to the same float. */
+	char *text = value ? json_dumps(value, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(value);
+	if (!text)
+		return -ENOMEM;
+	int rc = json_object_set_new(meta, key, json_string(text));
+	free(text);
+	return rc == 0 ? 0 : -ENOMEM;
+}
+
+static json_t *describe_labels(const struct tr_spec *spec, const tr_model_t *m, tr_reader_t *train)
+{
+	if (spec->loss != TR_LOSS_SOFTMAX_CE)
+		return json_pack("{s:s, s:i}", "task", "regression", "outputs", m->outputs);
+	json_t *names = json_null();
+	if (train && train->i->class_name && train->i->class_name(train, 0)) {
+		json_decref(names);
+		names = json_array();
+		for (int c = 0; names && c < m->outputs; c++) {
+			const char *n = train->i->class_name(train, c);
+			json_array_append_new(names, json_string(n ? n : ""));
+		}
+	}
+	return json_pack("{s:s, s:i, s:o}", "task", "classification", "classes", m->outputs, "class_names", names);
+}
+
+int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m,
+			   const tr_transforms_t *tf, tr_reader_t *train, char *err, size_t errlen)
+{
+	json_t *full = tr_spec_to_json(spec);
+	json_t *model = full ? json_deep_copy(json_object_get(full, "model")) : NULL;
+	json_t *tfs = full ? json_object_get(json_object_get(full, "data"), "transforms") : NULL;
+	json_t *pre = json_pack("{s:i, s:[]}", "features", m->inputs, "transforms");
+	int rc = -ENOMEM;
+	if (!model || !pre)
+		goto out;
+	/* A width taken from the data is recorded as the model's. */
+	if (!json_object_get(model, "inputs"))
+		json_object_set_new(model, "inputs", json_integer(m->inputs));
+	json_t *list = json_object_get(pre, "transforms");
+	for (size_t k = 0; k < json_array_size(tfs); k++) {
+		json_t *e = json_deep_copy(json_array_get(tfs, k));
+		if (!e)
+			goto out;
+		json_t *fitted = tr_transforms_fitted(tf, (int)k);
+		if (fitted)
+			json_object_set_new(e, "fitted", fitted);
+		if (k < (size_t)spec->n_transforms && tr_transforms_train_only(spec->transforms[k].type))
+			json_object_set_new(e, "train_only", json_true());
+		json_array_append_new(list, e);
+	}
+	if (spec->n_transforms > 0 && json_array_size(list) != (size_t)spec->n_transforms)
+		goto out;
+	json_object_set_new(meta, "trainerd_model_format", json_string(TR_MODEL_FORMAT_VERSION));
+	json_object_set_new(meta, "trainerd_version", json_string(TR_VERSION));
+	/* set_json takes the value whatever it returns. */
+	rc = set_json(meta, "model", model);
+	model = NULL;
+	if (rc == 0)
+		rc = set_json(meta, "preprocessing", pre);
+	pre = NULL;
+	if (rc == 0)
+		rc = set_json(meta, "labels", describe_labels(spec, m, train));
+out:
+	if (rc < 0)
+		snprintf(err, errlen, "model description: out of memory");
+	json_decref(model);
+	json_decref(pre);
+	json_decref(full);
+	return rc;
+}
+
+/* ---- reading ---- */
+
+static json_t *get_json(const json_t *meta, const char *key, char *err, size_t errlen)
+{
+	const char *text = json_string_value(json_object_get(meta, key));
+	if (!text) {
+		snprintf(err, errlen,
+			 "model file: no \"%s\" in its metadata (written before trainerd described its models, or by "
+			 "another program)",
+			 key);
+		return NULL;
+	}
+	json_error_t jerr;
+	json_t *v = json_loads(text, 0, &jerr);
+	if (!json_is_object(v)) {
+		snprintf(err, errlen, "model file: metadata \"%s\" is not a JSON object", key);
+		json_decref(v);
+		return NULL;
+	}
+	return v;
+}
+
+void tr_model_desc_finish(struct tr_model_desc *d)
+{
+	if (!d)
+		return;
+	tr_spec_finish(&d->spec);
+	tr_transforms_destroy(d->transforms);
+	if (d->class_names)
+		for (int c = 0; c < d->outputs; c++)
+			free(d->class_names[c]);
+	free(d->class_names);
+	free(d->params);
+	memset(d, 0, sizeof *d);
+}
+
+int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *err, size_t errlen)
+{
+	memset(d, 0, sizeof *d);
+	json_t *model = NULL, *pre = NULL, *labels = NULL, *doc = NULL, *stripped = NULL;
+	const json_t *fitted[TR_SPEC_MAX_TRANSFORMS] = {0};
+	int rc = -EINVAL;
+	const char *fmt = json_string_value(json_object_get(meta, "trainerd_model_format"));
+	if (fmt && strcmp(fmt, TR_MODEL_FORMAT_VERSION) != 0) {
+		snprintf(err, errlen, "model file: trainerd_model_format %.16s is not one this build reads (%s)", fmt,
+			 TR_MODEL_FORMAT_VERSION);
+		return -EINVAL;
+	}
+	if (!(model = get_json(meta, "model", err, errlen)) || !(pre = get_json(meta, "preprocessing", err, errlen)) ||
+	    !(labels = get_json(meta, "labels", err, errlen)))
+		goto out;
+	snprintf(d->version, sizeof d->version, "%s",
+		 json_string_value(json_object_get(meta, "trainerd_version")) ?: "");
+
+	/* The transforms as a spec lists them: without what trainerd added. */
+	const json_t *tfs = json_object_get(pre, "transforms");
+	if (tfs && (!json_is_array(tfs) || json_array_size(tfs) > TR_SPEC_MAX_TRANSFORMS)) {
+		snprintf(err, errlen, "model file: preprocessing: transforms must be an array of at most %d",
+			 TR_SPEC_MAX_TRANSFORMS);
+		goto out;
+	}
+	stripped = json_array();
+	for (size_t k = 0; k < json_array_size(tfs); k++) {
+		const json_t *e = json_array_get(tfs, k);
+		json_t *c = json_is_object(e) ? json_deep_copy(e) : NULL;
+		if (!c) {
+			snprintf(err, errlen, "model file: preprocessing: transforms/%zu must be an object", k);
+			goto out;
+		}
+		fitted[k] = json_object_get(e, "fitted");
+		json_object_del(c, "fitted");
+		json_object_del(c, "train_only");
+		json_array_append_new(stripped, c);
+	}
+	/* A minimal job around them; the data source is never opened. */
+	doc = json_pack("{s:O, s:{s:{s:s, s:s}, s:O}, s:i, s:i, s:{s:s, s:f}}", "model", model, "data", "train",
+			"format", "csv", "path", "-", "transforms", stripped, "batch_size", 1, "epochs", 1,
+			"optimizer", "type", "sgd", "lr", 0.1);
+	struct tr_spec_error serr;
+	if (!doc || tr_spec_parse(doc, &d->spec, &serr) < 0) {
+		snprintf(err, errlen, "model file: %s", doc ? serr.message : "out of memory");
+		goto out;
+	}
+	int features = (int)json_integer_value(json_object_get(pre, "features"));
+	if (d->spec.inputs <= 0 || features != d->spec.inputs) {
+		snprintf(err, errlen, "model file: model.inputs (%d) and preprocessing.features (%d) must be equal and > 0",
+			 d->spec.inputs, features);
+		goto out;
+	}
+	char why[512];
+	if ((rc = tr_model_init(&d->model, &d->spec, d->spec.inputs, why, sizeof why)) < 0) {
+		snprintf(err, errlen, "model file: %s", why);
+		goto out;
+	}
+	if (d->spec.n_transforms > 0 &&
+	    (rc = tr_transforms_create_recorded(&d->spec, fitted, features, &d->transforms, why, sizeof why)) < 0) {
+		snprintf(err, errlen, "model file: preprocessing: %s", why);
+		goto out;
+	}
+	rc = -EINVAL;
+	const char *task = json_string_value(json_object_get(labels, "task"));
+	d->classification = d->spec.loss == TR_LOSS_SOFTMAX_CE;
+	d->outputs = d->model.outputs;
+	if (!task || strcmp(task, d->classification ? "classification" : "regression") != 0) {
+		snprintf(err, errlen, "model file: labels.task must be \"%s\" for the loss %s",
+			 d->classification ? "classification" : "regression",
+			 d->classification ? "softmax_cross_entropy" : "mse");
+		goto out;
+	}
+	const json_t *names = json_object_get(labels, "class_names");
+	if (d->classification && json_is_array(names)) {
+		if (json_array_size(names) != (size_t)d->outputs) {
+			snprintf(err, errlen, "model file: labels.class_names has %zu names for %d classes",
+				 json_array_size(names), d->outputs);
+			goto out;
+		}
+		d->class_names = calloc((size_t)d->outputs, sizeof *d->class_names);
+		for (int c = 0; d->class_names && c < d->outputs; c++) {
+			const char *n = json_string_value(json_array_get(names, (size_t)c));
+			d->class_names[c] = strdup(n ? n : "");
+			if (!d->class_names[c])
+				break;
+		}
+	}
+	rc = 0;
+out:
+	json_decref(model);
+	json_decref(pre);
+	json_decref(labels);
+	json_decref(doc);
+	json_decref(stripped);
+	return rc;
+}
+
+static int load_params(tr_st_file_t *f, struct tr_model_desc *d, char *err, size_t errlen)
+{
+	const tr_model_t *m = &d->model;
+	d->params = malloc((m->n_params ? m->n_params : 1) * sizeof(float));
+	if (!d->params) {
+		snprintf(err, errlen, "model file: out of memory for %zu parameters", m->n_params);
+		return -ENOMEM;
+	}
+	int rc = 0;
+	for (int i = 0; i < tr_model_param_count(m) && rc == 0; i++) {
+		struct tr_param_view v;
+		tr_model_param_view(m, i, &v);
+		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, d->params + v.offset, err, errlen);
+	}
+	return rc;
+}
+
+static int load_file(tr_st_file_t *f, struct tr_model_desc *d, char *err, size_t errlen)
+{
+	const json_t *meta = tr_st_metadata(f);
+	int rc = tr_model_desc_from_meta(meta, d, err, errlen);
+	if (rc == 0)
+		rc = load_params(f, d, err, errlen);
+	tr_st_close(f);
+	return rc;
+}
+
+int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d, char *err,
+			   size_t errlen)
+{
+	tr_st_file_t *f;
+	memset(d, 0, sizeof *d);
+	int rc = tr_st_open_mem(data, len, label, &f, err, errlen);
+	return rc < 0 ? rc : load_file(f, d, err, errlen);
+}
+
+int tr_model_desc_load(const char *path, struct tr_model_desc *d, char *err, size_t errlen)
+{
+	tr_st_file_t *f;
+	memset(d, 0, sizeof *d);
+	int rc = tr_st_open(path, &f, err, errlen);
+	return rc < 0 ? rc : load_file(f, d, err, errlen);
+}
+
+static void strip_prefix(char *s, size_t cap, const char *prefix)
+{
+	size_t k = strlen(prefix), n = strnlen(s, cap);
+	if (n == cap || n < k || strncmp(s, prefix, k) != 0)
+		return;
+	memmove(s, s + k, n - k + 1); /* with the NUL at s[n] */
+}
+
+int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
+			  struct tr_spec_error *err)
+{
+	json_t *full = model ? NULL : tr_spec_to_json(&d->spec);
+	const json_t *m = model ? model : json_object_get(full, "model");
+	json_t *doc = json_pack("{s:I, s:O, s:{s:O}, s:i, s:i, s:{s:s, s:f}}", "seed", (json_int_t)(d ? d->spec.seed : 0),
+				"model", m, "data", "train", src, "batch_size", 1, "epochs", 1, "optimizer", "type",
+				"sgd", "lr", 0.1);
+	int rc = -ENOMEM;
+	memset(out, 0, sizeof *out);
+	memset(err, 0, sizeof *err);
+	if (doc && m && src)
+		rc = tr_spec_parse(doc, out, err);
+	else
+		snprintf(err->message, sizeof err->message, "out of memory");
+	if (rc < 0) {
+		/* "/data/train/path: ..." is "/path" of the source. */
+		strip_prefix(err->pointer, sizeof err->pointer, "/data/train");
+		strip_prefix(err->message, sizeof err->message, "/data/train");
+	}
+	json_decref(doc);
+	json_decref(full);
+	return rc;
+}

@@ -1,0 +1,76 @@
+/* The self-description every model file and checkpoint carries.
+ *
+ * A weights file alone is not enough to use a model: the layers, the loss,
+ * the preprocessing it was trained with (scale factors, standardisation
+ * statistics fitted on the training data) and what its outputs mean. These
+ * go into the safetensors `__metadata__` (an object of strings, so the
+ * structured parts are JSON text) under the keys of docs/model-format.md:
+ *
+ *   "trainerd_model_format"  "1"
+ *   "trainerd_version"       the build that wrote it
+ *   "model"                  {"inputs": N, "layers": [...], "loss": "..."}
+ *   "preprocessing"          {"features": N, "transforms": [...]}
+ *   "labels"                 {"task": "classification", "classes": K,
+ *                             "class_names": [...] | null} or
+ *                            {"task": "regression", "outputs": K}
+ *
+ * trainerd's own readers (eval, predict, the daemon's evaluate jobs) and
+ * the examples in examples/ read the same keys back.
+ */
+#ifndef TR_MODEL_META_H
+#define TR_MODEL_META_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine/data/reader.h"
+#include "engine/model/model.h"
+#include "engine/spec.h"
+
+#define TR_MODEL_FORMAT_VERSION "1"
+
+/* Adds the description keys to `meta` (an object, borrowed and modified):
+ * the model section of `spec` with the input width `m` was built for, the
+ * transforms with what `tf` fitted (may be NULL when the spec has none),
+ * and the label meaning, with class names when `train` (may be NULL) has
+ * them.  Returns 0 or -ENOMEM with err set. */
+int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m,
+			   const tr_transforms_t *tf, tr_reader_t *train, char *err, size_t errlen);
+
+/* A model read back from its description and weights. */
+struct tr_model_desc {
+	struct tr_spec spec;          /* the model section and transforms; no data */
+	tr_model_t model;             /* the layout */
+	tr_transforms_t *transforms;  /* with the recorded values; NULL when none */
+	bool classification;          /* softmax_cross_entropy: outputs are class logits */
+	int outputs;                  /* classes, or regression outputs */
+	char **class_names;           /* NULL, or `outputs` strings */
+	char version[64];             /* trainerd_version, "" when absent */
+	float *params;                /* host weights, model.n_params floats; NULL until loaded */
+};
+
+/* Fills d from a file's metadata (borrowed).  Errors name the key
+ * ("model file: preprocessing: transforms/0: ...").  Release with
+ * tr_model_desc_finish, also after an error. */
+int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *err, size_t errlen);
+void tr_model_desc_finish(struct tr_model_desc *d);
+
+/* Parses a data source (borrowed, as a job's data.train: csv, npy, idx,
+ * synthetic) for the model d describes, through the job spec parser, so it
+ * is checked exactly as a job's is; `model` (borrowed, may be NULL: d's
+ * own) is the model section to check it against.  The source lands in
+ * out->train (release with tr_spec_finish).  Errors name the pointer inside
+ * the source ("/path: is required", "" for the source itself). */
+int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
+			  struct tr_spec_error *err);
+
+/* Reads a model file (model.safetensors or a checkpoint: the parameters
+ * under their PyTorch names; optimizer state is ignored) into d,
+ * description and weights.  `label` names the image in messages. */
+int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d, char *err,
+			   size_t errlen);
+/* The same from a path, opened as written (a person's own file). */
+int tr_model_desc_load(const char *path, struct tr_model_desc *d, char *err, size_t errlen);
+
+#endif
