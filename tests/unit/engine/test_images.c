@@ -1180,3 +1180,35 @@ Test(images, model_input_shape_is_checked_against_the_data)
 	}
 	tr_reader_destroy(r);
 }
+
+/* A model file's user rebuilds the transforms without the training data:
+ * normalize comes from the spec (its channels split the input width into
+ * planes), and the augmentations are training-only. */
+Test(images, recorded_normalize_applies_per_channel)
+{
+	enum tr_transform_type types[] = {TR_TF_NORMALIZE, TR_TF_FLIP};
+	struct tr_spec *spec = spec_with(2, types);
+	tr_transforms_t *t;
+	float x[12];
+
+	spec->transforms[0].n_channels = 3;
+	for (int c = 0; c < 3; c++) {
+		spec->transforms[0].mean_c[c] = (float)c;
+		spec->transforms[0].std_c[c] = 2.0f;
+	}
+	cr_assert_eq(tr_transforms_create_recorded(spec, NULL, 12, &t, err, sizeof err), 0, "%s", err);
+	for (int j = 0; j < 12; j++)
+		x[j] = (float)j;
+	tr_transforms_apply(t, x, 12, 1, 0, 0, 0);
+	for (int j = 0; j < 12; j++)
+		cr_assert_float_eq(x[j], ((float)j - (float)(j / 4)) / 2.0f, 1e-6f, "value %d: %g", j, x[j]);
+	tr_transforms_destroy(t);
+	cr_assert(tr_transforms_train_only(TR_TF_FLIP));
+	cr_assert(tr_transforms_train_only(TR_TF_ROT90));
+	cr_assert(tr_transforms_train_only(TR_TF_RANDOM_CROP));
+	cr_assert_not(tr_transforms_train_only(TR_TF_NORMALIZE));
+	/* Channels that do not divide the width are refused. */
+	cr_assert_lt(tr_transforms_create_recorded(spec, NULL, 13, &t, err, sizeof err), 0);
+	expect_err("transforms/0");
+	free(spec);
+}
