@@ -18,18 +18,37 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
+#include "core/job.h"
 #include "storage/checkpoints.h"
+#include "storage/datasets.h"
 #include "storage/store.h"
 
-/* What a daemon operation reports when it refuses. */
-struct tr_api_error {
-	int status;        /* HTTP status: 400, 404, 409, 422, 503, ... */
-	char code[48];     /* machine-readable: invalid_spec, not_found, conflict, ... */
-	char message[768];
-	char pointer[256]; /* JSON pointer into the request body, or "" */
+/* A daemon operation that refuses fills a struct tr_error
+ * (core/error.h): a domain error kind (enum tr_job_err, core/job.h), the
+ * message and the JSON pointer.  The API alone turns the kind into an
+ * HTTP status and code (api/errors.c), so the daemon knows nothing of
+ * HTTP and every route answers a kind the same way. */
+
+/* A running job's figures from the daemon's memory, fresher than the
+ * stored row (which the runner writes about once a second). */
+struct tr_api_live {
+	int64_t step, total_steps;
+	int64_t epoch;  /* 0-based epoch of the last step */
+	int64_t epochs; /* the run's epochs; 0 when only max_steps bounds it */
+	double samples_per_sec, elapsed_s, eta_s, data_wait_fraction;
+	double loss;    /* NAN when there is none yet */
 };
 
-enum tr_job_control { TR_CONTROL_CANCEL, TR_CONTROL_STOP, TR_CONTROL_PAUSE, TR_CONTROL_RESUME };
+/* A control request: POST /jobs/{id}/cancel, /stop, /pause, /resume. */
+struct tr_api_control {
+	enum tr_job_request op; /* TR_JOB_CANCEL, _STOP, _PAUSE or _RESUME */
+	/* resume only: the job's new end, as the spec fields of those names
+	 * (0 = unchanged; at most one is set).  A stopped job may be given
+	 * more steps than its spec had. */
+	int64_t max_steps;
+	int64_t epochs;
+};
 
 struct tr_api_submit {
 	const json_t *spec;          /* borrowed: the request body's job spec */
@@ -46,32 +65,35 @@ struct tr_api_ops {
 	 * idempotency key matches an earlier request with the same body,
 	 * returns 0 with that job's id and *replayed = true. */
 	int (*submit)(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed,
-		      struct tr_api_error *err);
-	int (*control)(void *ctx, int64_t job_id, enum tr_job_control op, struct tr_api_error *err);
-	int (*set_priority)(void *ctx, int64_t job_id, int priority, struct tr_api_error *err);
+		      struct tr_error *err);
+	/* What the request does in the job's state is core/job.h's
+	 * transition table; refusals are TR_JOB_E_ILLEGAL. */
+	int (*control)(void *ctx, int64_t job_id, const struct tr_api_control *req, struct tr_error *err);
+	int (*set_priority)(void *ctx, int64_t job_id, int priority, struct tr_error *err);
 	/* Deletes a job in a terminal state with all its data (409 otherwise). */
-	int (*remove)(void *ctx, int64_t job_id, struct tr_api_error *err);
+	int (*remove)(void *ctx, int64_t job_id, struct tr_error *err);
 	/* New reference: [{"id":0,"name":"cpu0","kind":"cpu","memory_total":..,
 	 * "memory_free":..,"job":17|null}, ...] */
 	json_t *(*devices)(void *ctx);
-	/* New reference or NULL: live fields of a running job merged into its
-	 * "progress" object, e.g. {"eta_s":..,"samples_per_sec":..}. */
-	json_t *(*live_progress)(void *ctx, int64_t job_id);
+	/* A running job's live figures (data; the API renders them into the
+	 * job's "progress"): true with *out filled when the job runs here and
+	 * has made progress, false otherwise. */
+	bool (*live_progress)(void *ctx, int64_t job_id, struct tr_api_live *out);
 	/* Asks a running job for a checkpoint at its next step boundary
 	 * (202); 404 unknown job, 409 when it is not running. */
-	int (*checkpoint_now)(void *ctx, int64_t job_id, struct tr_api_error *err);
+	int (*checkpoint_now)(void *ctx, int64_t job_id, struct tr_error *err);
 	/* Queues an evaluate job (POST /jobs/{id}/evaluate) for a checkpoint
 	 * of job_id, the request body (borrowed) saying which and on what data:
 	 * {"data": SOURCE, "checkpoint": "latest"|"best"|STEP, "devices": N,
 	 * "batch_size": B}; *eval_id receives the new job's id.  400 with a
 	 * pointer for a bad body, 404/409 when there is no such checkpoint,
 	 * 422 for a path outside the data roots. */
-	int (*evaluate)(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_api_error *err);
+	int (*evaluate)(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 	/* Readiness: false while starting up or shutting down. */
 	bool (*ready)(void *ctx);
 	/* Asks the daemon to re-read its configuration (POST /reload, 202);
 	 * NULL = 501. */
-	int (*reload)(void *ctx, struct tr_api_error *err);
+	int (*reload)(void *ctx, struct tr_error *err);
 };
 
 /* Access roles, each including the ones below it (docs/design.md, API):
@@ -123,6 +145,7 @@ struct tr_api_config {
 	const char *openapi_path;  /* file served at GET /openapi.yaml, or NULL */
 	const char *version;       /* for GET /version */
 	tr_store_t *store;         /* borrowed */
+	tr_datasets_t *datasets;   /* borrowed; NULL = no /datasets (404) */
 	struct tr_api_ops ops;
 	void *ctx;                 /* passed to every op */
 };

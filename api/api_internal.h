@@ -102,6 +102,8 @@ struct tr_api_request {
 	int64_t declared_len; /* Content-Length when it alone made the body too large */
 	size_t max_body;      /* the body cap when the request arrived */
 	bool answered;     /* a response was queued */
+	void *upload;      /* an upload route's state (api/datasets.c), until committed or aborted */
+	struct tr_api_reply *held; /* a refusal answered once the body has been read and dropped */
 	double started;    /* tr_prom_clock() at the headers, for /metrics */
 };
 
@@ -153,9 +155,16 @@ int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, char *err, s
  * may be NULL or "". */
 void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt,
 		 ...) __attribute__((format(printf, 5, 6)));
-/* A refusal from a daemon operation; a status of 0 (the op forgot to
- * fill err) becomes 500 "internal". */
-void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_api_error *err);
+/* A refusal from a daemon operation: the status and code of its kind
+ * from the one table in api/errors.c; a kind of 0 (the op forgot to fill
+ * err) becomes 500 "internal". */
+void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_error *err);
+/* The same for a domain error found by the API itself (an unknown job, a
+ * missing operation). */
+void tr_api_fail_kind(struct tr_api_reply *rp, enum tr_job_err kind, const char *pointer, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* The HTTP status the API answers a domain error kind with. */
+int tr_api_status_of(enum tr_job_err kind);
 /* A store failure: 500 "internal" with the store's message. */
 void tr_api_fail_store(struct tr_api_reply *rp, tr_store_t *store, const char *what);
 
@@ -201,6 +210,10 @@ int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct t
 /* Loads a job, merges its live progress and sets it as the reply's body
  * with the given status; fills an error otherwise. */
 void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_t id);
+/* A job's live progress as JSON (new reference), or NULL when the job is
+ * in a terminal state, not running here, or the daemon offers none: the
+ * one place the daemon's figures become JSON. */
+json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row);
 /* The job's "summary": the latest loss, val_loss, val_accuracy,
  * samples_per_sec, data_wait_fraction and step, null where unknown (live
  * progress borrowed, may be NULL); new reference. */
@@ -208,10 +221,6 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 /* Formats Unix seconds as RFC 3339 UTC with milliseconds; new reference,
  * JSON null for 0 (not yet). */
 json_t *tr_api_time_json(double t);
-/* True for completed, failed and cancelled: states a job never leaves. */
-bool tr_api_state_terminal(const char *state);
-/* True for one of the store's job states. */
-bool tr_api_state_valid(const char *state);
 
 /* ---- limits.c ---- */
 
@@ -233,6 +242,19 @@ void tr_api_limits_request_done(tr_api_t *api, struct MHD_Connection *conn);
  * "too_many_streams" in rp when the global or the per-address cap is
  * reached. */
 int tr_api_limits_stream_open(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+/* ---- datasets.c ---- */
+
+/* An upload route's headers are in: checks the request and opens the
+ * upload (rq->upload).  declared is Content-Length, or -1.  0, or -1 with
+ * the refusal in rp. */
+int tr_api_datasets_upload_begin(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t declared);
+/* One piece of the body.  0, or -1 with the refusal in rp (the upload is
+ * then aborted and rq->upload NULL). */
+int tr_api_datasets_upload_data(struct tr_api_request *rq, struct tr_api_reply *rp, const char *data, size_t size);
+/* The request is over without a commit (a broken connection, a refusal):
+ * deletes what was written.  Accepts rq->upload NULL. */
+void tr_api_datasets_upload_cleanup(struct tr_api_request *rq);
 
 /* ---- server.c ---- */
 

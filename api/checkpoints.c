@@ -75,7 +75,7 @@ void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 void tr_api_checkpoints_request(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 	struct tr_job_row job;
 	int64_t id;
 
@@ -85,7 +85,7 @@ void tr_api_checkpoints_request(struct tr_api_request *rq, struct tr_api_reply *
 		return;
 	tr_job_row_finish(&job);
 	if (!api->cfg.ops.checkpoint_now) {
-		tr_api_fail(rp, 503, "unavailable", NULL, "the daemon does not offer this operation");
+		tr_api_fail_kind(rp, TR_JOB_E_UNSUPPORTED, NULL, "the daemon does not offer this operation");
 		return;
 	}
 	if (api->cfg.ops.checkpoint_now(api->cfg.ctx, id, &err) < 0) {

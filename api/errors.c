@@ -11,25 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Cuts a trailing incomplete UTF-8 sequence that vsnprintf truncation may
- * leave: jansson refuses invalid UTF-8 and the error would vanish. */
-static void utf8_trim(char *s)
-{
-	size_t len = strlen(s), j = len, need;
-	unsigned char lead;
-
-	while (j > 0 && ((unsigned char)s[j - 1] & 0xC0) == 0x80)
-		j--;
-	if (j == 0)
-		return;
-	lead = (unsigned char)s[j - 1];
-	if (lead < 0xC0)
-		return;
-	need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
-	if (len - (j - 1) < need)
-		s[j - 1] = '\0';
-}
-
 void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt,
 		 ...)
 {
@@ -40,7 +21,7 @@ void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const ch
 	va_start(ap, fmt);
 	vsnprintf(message, sizeof(message), fmt, ap);
 	va_end(ap);
-	utf8_trim(message);
+	tr_error_utf8_trim(message);
 
 	/* Text from elsewhere (a store message, a request parameter) may
 	 * still not be UTF-8; a message that says so beats an empty body. */
@@ -65,14 +46,57 @@ void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const ch
 	rp->status = status;
 }
 
-void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_api_error *err)
+/* The one table from domain errors (core/job.h) to HTTP: every refusal
+ * of a job operation, whether the daemon or the API found it, gets its
+ * status and code here. */
+static const struct {
+	int status;
+	const char *code;
+} job_errors[TR_JOB_NERRS] = {
+	[TR_JOB_OK] = {500, "internal"}, /* an op that failed without saying why */
+	[TR_JOB_E_INVALID_SPEC] = {400, "invalid_spec"},
+	[TR_JOB_E_INVALID_REQUEST] = {400, "invalid_request"},
+	[TR_JOB_E_INVALID_PATH] = {422, "invalid_path"},
+	[TR_JOB_E_INVALID_INIT] = {422, "invalid_init"},
+	[TR_JOB_E_CANNOT_FIT] = {422, "unsatisfiable"},
+	[TR_JOB_E_NO_BACKEND] = {422, "backend_unavailable"},
+	[TR_JOB_E_NOT_FOUND] = {404, "not_found"},
+	[TR_JOB_E_ILLEGAL] = {409, "conflict"},
+	[TR_JOB_E_NO_CHECKPOINT] = {409, "no_checkpoint"},
+	[TR_JOB_E_CONFLICT] = {409, "idempotency_conflict"},
+	[TR_JOB_E_QUEUE_FULL] = {503, "queue_full"},
+	[TR_JOB_E_STORAGE] = {503, "storage_unavailable"},
+	[TR_JOB_E_UNSUPPORTED] = {503, "unavailable"},
+	[TR_JOB_E_INTERNAL] = {500, "internal"},
+};
+
+int tr_api_status_of(enum tr_job_err kind)
 {
-	if (err->status < 400 || err->status > 599 || !err->code[0]) {
+	return (unsigned)kind < TR_JOB_NERRS ? job_errors[kind].status : 500;
+}
+
+void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_error *err)
+{
+	unsigned kind = (unsigned)err->kind;
+
+	if (kind == TR_JOB_OK || kind >= TR_JOB_NERRS) {
 		tr_api_fail(rp, 500, "internal", err->pointer, "%s",
 			    err->message[0] ? err->message : "the daemon refused without saying why");
 		return;
 	}
-	tr_api_fail(rp, err->status, err->code, err->pointer, "%s", err->message);
+	tr_api_fail(rp, job_errors[kind].status, job_errors[kind].code, err->pointer, "%s", err->message);
+}
+
+void tr_api_fail_kind(struct tr_api_reply *rp, enum tr_job_err kind, const char *pointer, const char *fmt, ...)
+{
+	struct tr_error e = {.kind = (int)kind};
+	va_list ap;
+
+	snprintf(e.pointer, sizeof(e.pointer), "%s", pointer ? pointer : "");
+	va_start(ap, fmt);
+	vsnprintf(e.message, sizeof(e.message), fmt, ap);
+	va_end(ap);
+	tr_api_fail_op(rp, &e);
 }
 
 void tr_api_fail_store(struct tr_api_reply *rp, tr_store_t *store, const char *what)

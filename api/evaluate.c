@@ -13,7 +13,7 @@
 void tr_api_jobs_evaluate(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 	struct tr_job_row row;
 	json_t *body = NULL;
 	int64_t id, eval_id = 0;
@@ -23,7 +23,7 @@ void tr_api_jobs_evaluate(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return;
 	tr_job_row_finish(&row);
 	if (!api->cfg.ops.evaluate) {
-		tr_api_fail(rp, 503, "unavailable", NULL, "the daemon does not offer this operation");
+		tr_api_fail_kind(rp, TR_JOB_E_UNSUPPORTED, NULL, "the daemon does not offer this operation");
 		return;
 	}
 	if (tr_api_body_object(rq, rp, &body) < 0)

@@ -121,7 +121,7 @@ static bool terminal_event(const struct tr_event *ev)
 	if (!ev->type || strcmp(ev->type, "state") != 0 || !ev->data)
 		return false;
 	data = json_loads(ev->data, 0, NULL);
-	terminal = tr_api_state_terminal(json_string_value(json_object_get(data, "state")));
+	terminal = tr_job_state_name_terminal(json_string_value(json_object_get(data, "state")));
 	json_decref(data);
 	return terminal;
 }
@@ -141,7 +141,7 @@ static int start(struct stream *s)
 	}
 	if (rc < 0)
 		return rc;
-	s->end_when_drained = tr_api_state_terminal(row.state);
+	s->end_when_drained = tr_job_state_name_terminal(row.state);
 	tr_job_row_finish(&row);
 	s->last_write = s->last_event = mono_now();
 	return append_str(s, PREAMBLE);

@@ -5,6 +5,7 @@
  */
 #include "api/api_internal.h"
 #include "api/rcache.h"
+#include "core/rfc3339.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -14,44 +15,11 @@
 #include <string.h>
 #include <time.h>
 
-static const char *const states[] = {"queued",	  "running",  "stopping",  "paused",
-				     "completed", "failed", "cancelled", "interrupted"};
-
-bool tr_api_state_valid(const char *state)
-{
-	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
-		if (strcmp(states[i], state) == 0)
-			return true;
-	return false;
-}
-
-bool tr_api_state_terminal(const char *state)
-{
-	return state && (strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 ||
-			 strcmp(state, "cancelled") == 0);
-}
-
 json_t *tr_api_time_json(double t)
 {
-	char buf[64];
-	struct tm tm;
-	time_t sec;
-	long ms;
+	char buf[TR_RFC3339_LEN];
 
-	if (!(t > 0) || !isfinite(t))
-		return json_null();
-	sec = (time_t)floor(t);
-	ms = lround((t - (double)sec) * 1000.0);
-	if (ms >= 1000) {
-		sec++;
-		ms -= 1000;
-	}
-	if (!gmtime_r(&sec, &tm))
-		return json_null();
-	size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-
-	snprintf(buf + n, sizeof(buf) - n, ".%03ldZ", ms);
-	return json_string(buf);
+	return tr_rfc3339_format(t, buf, sizeof(buf)) ? json_string(buf) : json_null();
 }
 
 /* Text the store holds as JSON; a row that is somehow not JSON (a bug
@@ -201,6 +169,27 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 	return sum;
 }
 
+json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
+{
+	struct tr_api_live l;
+	json_t *out;
+
+	if (!api->cfg.ops.live_progress || tr_job_state_name_terminal(row->state))
+		return NULL;
+	memset(&l, 0, sizeof(l));
+	l.loss = NAN;
+	if (!api->cfg.ops.live_progress(api->cfg.ctx, row->id, &l))
+		return NULL;
+	out = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "step", (json_int_t)l.step, "total_steps",
+			(json_int_t)l.total_steps, "epoch", (json_int_t)l.epoch, "samples_per_sec", l.samples_per_sec,
+			"elapsed_s", l.elapsed_s, "eta_s", l.eta_s, "data_wait_fraction", l.data_wait_fraction);
+	if (out && l.epochs > 0)
+		json_object_set_new(out, "epochs", json_integer(l.epochs));
+	if (out && isfinite(l.loss))
+		json_object_set_new(out, "loss", json_real(l.loss));
+	return out;
+}
+
 int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row)
 {
 	int rc;
@@ -212,7 +201,7 @@ int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct t
 	tr_job_row_finish(row);
 	memset(row, 0, sizeof(*row));
 	if (rc == -ENOENT)
-		tr_api_fail(rp, 404, "not_found", NULL, "job %" PRId64 " not found", id);
+		tr_api_fail_kind(rp, TR_JOB_E_NOT_FOUND, NULL, "job %" PRId64 " not found", id);
 	else
 		tr_api_fail_store(rp, api->cfg.store, "reading the job");
 	return -1;
@@ -225,8 +214,7 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 
 	if (tr_api_load_job(api, rp, id, &row) < 0)
 		return;
-	if (api->cfg.ops.live_progress && !tr_api_state_terminal(row.state))
-		live = api->cfg.ops.live_progress(api->cfg.ctx, id);
+	live = tr_api_live_json(api, &row);
 	job = tr_api_job_json(&row, live);
 	if (job && json_object_set_new(job, "summary", tr_api_job_summary(api, &row, live)) != 0) {
 		json_decref(job);

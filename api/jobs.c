@@ -20,7 +20,7 @@ static bool ops_missing(struct tr_api_reply *rp, bool present)
 {
 	if (present)
 		return false;
-	tr_api_fail(rp, 503, "unavailable", NULL, "the daemon does not offer this operation");
+	tr_api_fail_kind(rp, TR_JOB_E_UNSUPPORTED, NULL, "the daemon does not offer this operation");
 	return true;
 }
 
@@ -41,7 +41,7 @@ static bool valid_idempotency_key(const char *key)
 void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 	struct tr_api_submit req = {0};
 	bool replayed = false;
 	int64_t priority, id = 0;
@@ -166,10 +166,8 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	json_t *jobs, *next;
 	int count = 0, rc;
 
-	if (state && !tr_api_state_valid(state)) {
-		tr_api_fail(rp, 400, "invalid_parameter", NULL,
-			    "state: must be one of queued, running, stopping, paused, completed, failed, "
-			    "cancelled, interrupted");
+	if (state && tr_job_state_parse(state) < 0) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "state: must be one of %s", tr_job_state_list());
 		return;
 	}
 	if (tr_api_query_int(rq, rp, "limit", 1, LIST_MAX, LIST_DEFAULT, &limit) < 0 ||
@@ -186,8 +184,7 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	for (int i = 0; i < count; i++) {
 		json_t *live = NULL;
 
-		if (api->cfg.ops.live_progress && !tr_api_state_terminal(rows[i].state))
-			live = api->cfg.ops.live_progress(api->cfg.ctx, rows[i].id);
+		live = tr_api_live_json(api, &rows[i]);
 		json_array_append_new(jobs, list_entry(api, &rows[i], live, fields));
 		json_decref(live);
 	}
@@ -228,17 +225,17 @@ static int job_exists(struct tr_api_request *rq, struct tr_api_reply *rp, int64_
 	return 0;
 }
 
-static void control(struct tr_api_request *rq, struct tr_api_reply *rp, enum tr_job_control op)
+static void control(struct tr_api_request *rq, struct tr_api_reply *rp, const struct tr_api_control *req)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 	int64_t id;
 
 	if (tr_api_path_id(rq, rp, &id) < 0 || job_exists(rq, rp, id) < 0)
 		return;
 	if (ops_missing(rp, api->cfg.ops.control != NULL))
 		return;
-	if (api->cfg.ops.control(api->cfg.ctx, id, op, &err) < 0) {
+	if (api->cfg.ops.control(api->cfg.ctx, id, req, &err) < 0) {
 		tr_api_fail_op(rp, &err);
 		return;
 	}
@@ -247,28 +244,67 @@ static void control(struct tr_api_request *rq, struct tr_api_reply *rp, enum tr_
 
 void tr_api_jobs_cancel(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
-	control(rq, rp, TR_CONTROL_CANCEL);
+	control(rq, rp, &(struct tr_api_control){.op = TR_JOB_CANCEL});
 }
 
 void tr_api_jobs_stop(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
-	control(rq, rp, TR_CONTROL_STOP);
+	control(rq, rp, &(struct tr_api_control){.op = TR_JOB_STOP});
 }
 
 void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
-	control(rq, rp, TR_CONTROL_PAUSE);
+	control(rq, rp, &(struct tr_api_control){.op = TR_JOB_PAUSE});
 }
 
+/* The same bounds as the spec's fields (engine/spec.h). */
+#define RESUME_MAX_STEPS (INT64_C(1) << 40)
+#define RESUME_MAX_EPOCHS (INT64_C(1) << 20)
+
+/* An optional body: {} or {"max_steps": N} or {"epochs": N}, the job's
+ * new end (a stopped job may be given more than its spec had). */
 void tr_api_jobs_resume(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
-	control(rq, rp, TR_CONTROL_RESUME);
+	struct tr_api_control req = {.op = TR_JOB_RESUME};
+	json_t *body = NULL, *value;
+	const char *key;
+
+	if (rq->body_len > 0) {
+		if (tr_api_body_object(rq, rp, &body) < 0)
+			return;
+		json_object_foreach(body, key, value) {
+			int64_t max = strcmp(key, "epochs") == 0 ? RESUME_MAX_EPOCHS : RESUME_MAX_STEPS;
+			char ptr[256];
+
+			tr_api_pointer(ptr, sizeof(ptr), "", key);
+			if (strcmp(key, "max_steps") != 0 && strcmp(key, "epochs") != 0) {
+				tr_api_fail_kind(rp, TR_JOB_E_INVALID_REQUEST, ptr,
+						 "%s: unknown key (a resume takes \"max_steps\" or \"epochs\")", ptr);
+				goto cleanup;
+			}
+			if (!json_is_integer(value) || json_integer_value(value) < 1 ||
+			    json_integer_value(value) > max) {
+				tr_api_fail_kind(rp, TR_JOB_E_INVALID_REQUEST, ptr,
+						 "%s: must be an integer in [1, %" PRId64 "]", ptr, max);
+				goto cleanup;
+			}
+			*(strcmp(key, "epochs") == 0 ? &req.epochs : &req.max_steps) = json_integer_value(value);
+		}
+		if (req.epochs && req.max_steps) {
+			tr_api_fail_kind(rp, TR_JOB_E_INVALID_REQUEST, "/epochs",
+					 "/epochs: give either max_steps or epochs, not both");
+			goto cleanup;
+		}
+	}
+	control(rq, rp, &req);
+cleanup:
+	json_decref(body);
 }
 
 void tr_api_jobs_patch(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 	json_t *body = NULL, *value;
 	const char *key;
 	int64_t id;
@@ -313,7 +349,7 @@ cleanup:
 void tr_api_jobs_delete(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 	int64_t id;
 
 	if (tr_api_path_id(rq, rp, &id) < 0 || job_exists(rq, rp, id) < 0)

@@ -113,7 +113,7 @@ void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp)
 void tr_api_reload(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	struct tr_api_error err = {0};
+	struct tr_error err = {0};
 
 	if (!api->cfg.ops.reload) {
 		tr_api_fail(rp, 501, "not_implemented", NULL, "this daemon cannot reload its configuration");

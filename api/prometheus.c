@@ -57,9 +57,9 @@ static struct route_stats routes[MAX_ROUTES + 1];
 static uint64_t ckpt_buckets_n[N_CKPT_BUCKETS], ckpt_count, ckpt_bytes;
 static double ckpt_sum;
 
-static const char *const job_states[] = {"queued",    "running", "stopping",  "paused", "completed",
-					 "failed",    "cancelled", "interrupted", NULL};
-#define N_STATES (sizeof(job_states) / sizeof(job_states[0]) - 1)
+/* Every state, from the job module (core/job.h). */
+#define job_states tr_job_state_names
+#define N_STATES TR_JOB_NSTATES
 
 double tr_prom_clock(void)
 {
@@ -334,7 +334,7 @@ static int put_running(struct out *o, tr_api_t *api)
 		o->oom = true;
 	}
 	for (int i = 0; i < n; i++) {
-		json_t *live = api->cfg.ops.live_progress ? api->cfg.ops.live_progress(api->cfg.ctx, rows[i].id) : NULL;
+		json_t *live = tr_api_live_json(api, &rows[i]);
 
 		js[i].id = rows[i].id;
 		js[i].step = num_field(live, "step", (double)rows[i].step);

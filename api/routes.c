@@ -12,8 +12,8 @@
 #define MAX_PARAMS 8
 
 /* The role column (docs/design.md, API): read for everything that only
- * looks, write for submitting and controlling jobs and pushing metrics,
- * admin for deleting and reloading. */
+ * looks, write for submitting and controlling jobs, pushing metrics and
+ * uploading datasets, admin for deleting (jobs, datasets) and reloading. */
 static const struct tr_api_route routes[] = {
 	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC, TR_ROLE_READ},
 	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC, TR_ROLE_READ},
@@ -33,7 +33,7 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/cancel", tr_api_jobs_cancel, 0, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/stop", tr_api_jobs_stop, 0, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/pause", tr_api_jobs_pause, 0, TR_ROLE_WRITE},
-	{"POST", "/jobs/{id}/resume", tr_api_jobs_resume, 0, TR_ROLE_WRITE},
+	{"POST", "/jobs/{id}/resume", tr_api_jobs_resume, TR_ROUTE_JSON_BODY | TR_ROUTE_BODY_OPTIONAL, TR_ROLE_WRITE},
 	{"POST", "/jobs/{id}/evaluate", tr_api_jobs_evaluate, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/metrics", tr_api_metrics_get, 0, TR_ROLE_READ},
 	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
@@ -43,6 +43,10 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/checkpoints", tr_api_checkpoints_request, 0, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/checkpoints/{step}/model.safetensors", tr_api_checkpoints_model, 0, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/checkpoints/{step}/checkpoint.safetensors", tr_api_checkpoints_blob, 0, TR_ROLE_READ},
+	{"GET", "/datasets", tr_api_datasets_list, 0, TR_ROLE_READ},
+	{"PUT", "/datasets/{name}/{file}", tr_api_datasets_put, TR_ROUTE_UPLOAD, TR_ROLE_WRITE},
+	{"DELETE", "/datasets/{name}/{file}", tr_api_datasets_delete_file, 0, TR_ROLE_ADMIN},
+	{"DELETE", "/datasets/{name}", tr_api_datasets_delete, 0, TR_ROLE_ADMIN},
 };
 
 const struct tr_api_route *tr_api_routes(size_t *count)

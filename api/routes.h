@@ -25,10 +25,18 @@ enum {
 	TR_ROUTE_JSON_BODY = 1u << 0,
 	/* Answered without a bearer token. */
 	TR_ROUTE_PUBLIC = 1u << 1,
+	/* The body is streamed to the route's upload functions (api/datasets.c)
+	 * as it arrives, of any size: max_body and the request deadline do
+	 * not apply once the upload is admitted. */
+	TR_ROUTE_UPLOAD = 1u << 2,
+	/* With TR_ROUTE_JSON_BODY: the body may be left out, and an empty
+	 * one is taken whatever its Content-Type (clients that POST nothing
+	 * often send a form type). */
+	TR_ROUTE_BODY_OPTIONAL = 1u << 3,
 };
 
 struct tr_api_route {
-	const char *method; /* "GET", "POST", "PATCH", "DELETE" */
+	const char *method; /* "GET", "POST", "PUT", "PATCH", "DELETE" */
 	const char *path;   /* OpenAPI-style pattern */
 	tr_api_handler_fn handler;
 	unsigned flags;
@@ -90,5 +98,12 @@ void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 void tr_api_checkpoints_request(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_checkpoints_model(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_checkpoints_blob(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+/* The /datasets resource (api/datasets.c).  tr_api_datasets_put runs when
+ * an upload's body is complete. */
+void tr_api_datasets_list(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_datasets_put(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_datasets_delete_file(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_datasets_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 #endif

@@ -13,6 +13,12 @@
  * chunked body that grows past it is discarded as it streams (MHD cannot
  * answer mid-upload) and answered with 413 at its end, or cut off if it
  * goes on far beyond the cap.
+ * Upload routes (TR_ROUTE_UPLOAD) stream their body to api/datasets.c
+ * instead: no cap here (the datasets quota applies) and, once admitted,
+ * no request deadline (MHD's idle timeout still cuts a stalled client).
+ * A refusal found before or during the body is held and answered when the
+ * body is over, read and dropped up to the discard limit, as for a JSON
+ * body over the cap.
  * Handlers fill a struct tr_api_reply; this file turns it into a response.
  */
 #include "api/api_internal.h"
@@ -116,6 +122,19 @@ static bool is_json_type(const char *v)
 	return *v == '\0' || *v == ';';
 }
 
+/* An optional body that is not there: no Content-Length or 0, and not
+ * chunked. */
+static bool body_left_out(const struct tr_api_request *rq)
+{
+	const char *len, *te;
+
+	if (!(rq->route->flags & TR_ROUTE_BODY_OPTIONAL))
+		return false;
+	len = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+	te = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+	return !te && (!len || strcmp(len, "0") == 0);
+}
+
 /* The 413 for a body over the cap: with its size when the client declared
  * one (Content-Length), else (a chunked body) just the cap. */
 static void fail_too_large(struct tr_api_reply *rp, size_t max_body, int64_t declared_len)
@@ -163,6 +182,55 @@ static int check_lengths(struct tr_api_request *rq, struct tr_api_reply *rp)
 	return -1;
 }
 
+/* Keeps rp's refusal to answer once the body is over (rq->held). */
+static int hold_reply(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	rq->held = malloc(sizeof(*rq->held));
+	if (!rq->held)
+		return -1;
+	*rq->held = *rp;
+	memset(rp, 0, sizeof(*rp));
+	return 0;
+}
+
+/* Admits an upload: opens it, or refuses now (a client waiting for "100
+ * Continue", a body too large to drop) or after its body (others, which
+ * are already sending and would see a reset instead of the answer). */
+static int admit_upload(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	const char *v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+	int64_t len = -1;
+
+	if (v && tr_api_parse_int(v, 0, INT64_MAX, &len) < 0) {
+		tr_api_fail(rp, 400, "invalid_request", NULL, "Content-Length '%.40s' is not a byte count", v);
+		return -1;
+	}
+	if (tr_api_datasets_upload_begin(rq, rp, len) == 0) {
+		tr_api_limits_request_read(rq);
+		return 0;
+	}
+	const char *expect = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+	bool waits = expect && strcasecmp(expect, "100-continue") == 0;
+	if (waits || len > (int64_t)DISCARD_LIMIT || hold_reply(rq, rp) < 0)
+		return -1;
+	return 0;
+}
+
+/* One piece of an upload's body.  false closes the connection. */
+static bool take_upload(struct tr_api_request *rq, const char *data, size_t size)
+{
+	struct tr_api_reply rp = {0};
+
+	if (!rq->held && tr_api_datasets_upload_data(rq, &rp, data, size) < 0 && hold_reply(rq, &rp) < 0) {
+		tr_api_reply_finish(&rp);
+		return false;
+	}
+	if (!rq->held)
+		return true;
+	rq->discarded += size;
+	return rq->discarded <= DISCARD_LIMIT;
+}
+
 /* Runs on the request's headers.  Returns -1 with rp filled when the
  * request is answered now. */
 static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
@@ -195,7 +263,9 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_reply_header(rp, MHD_HTTP_HEADER_ALLOW, allow);
 		return -1;
 	}
-	if (rq->route->flags & TR_ROUTE_JSON_BODY) {
+	if (rq->route->flags & TR_ROUTE_UPLOAD)
+		return admit_upload(rq, rp);
+	if ((rq->route->flags & TR_ROUTE_JSON_BODY) && !body_left_out(rq)) {
 		v = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
 		if (!is_json_type(v)) {
 			tr_api_fail(rp, 415, "unsupported_media_type", NULL,
@@ -288,13 +358,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return MHD_YES;
 	}
 	if (*upload_data_size) {
-		bool ok = take_body(rq, upload_data, *upload_data_size);
+		bool ok = rq->route && (rq->route->flags & TR_ROUTE_UPLOAD)
+				  ? take_upload(rq, upload_data, *upload_data_size)
+				  : take_body(rq, upload_data, *upload_data_size);
 
 		*upload_data_size = 0;
 		return ok ? MHD_YES : MHD_NO;
 	}
 	if (rq->answered)
 		return MHD_YES;
+	if (rq->held) {
+		rp = *rq->held;
+		free(rq->held);
+		rq->held = NULL;
+		tr_api_datasets_upload_cleanup(rq);
+		return send_reply(rq, &rp);
+	}
 	if (rq->too_large) {
 		fail_too_large(&rp, rq->max_body, rq->declared_len);
 		return send_reply(rq, &rp);
@@ -312,6 +391,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	tr_api_limits_request_done(cls, conn);
 	if (!rq)
 		return;
+	/* A broken upload's partial file goes with its request. */
+	tr_api_datasets_upload_cleanup(rq);
+	if (rq->held) {
+		tr_api_reply_finish(rq->held);
+		free(rq->held);
+	}
 	free(rq->body);
 	free(rq);
 	*con_cls = NULL;

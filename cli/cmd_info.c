@@ -99,14 +99,10 @@ int tr_cmd_metrics(struct tr_ctl *c, int argc, char **argv)
 
 static void print_log(const json_t *l)
 {
-	double t = json_number_value(json_object_get(l, "time"));
 	int level = (int)json_integer_value(json_object_get(l, "level"));
-	time_t secs = (time_t)t;
-	char when[32] = "";
-	struct tm tm;
+	char when[32];
 
-	if (localtime_r(&secs, &tm))
-		strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+	tr_fmt_time(when, sizeof when, json_string_value(json_object_get(l, "time")));
 	printf("%s %s%s\n", when, level <= 3 ? "error: " : level == 4 ? "warning: " : "",
 	       json_string_value(json_object_get(l, "message")) ?: "");
 }

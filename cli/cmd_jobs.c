@@ -354,11 +354,24 @@ int tr_cmd_control(struct tr_ctl *c, int argc, char **argv)
 {
 	const char *cmd = argv[0];
 	struct tr_ctl_reply r;
-	char path[96];
+	char path[96], body[64] = "";
 	int rc;
 
 	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
 		return tr_ctl_help(cmd);
+	/* resume [--epochs N | --max-steps N] ID: the job's new end. */
+	if (strcmp(cmd, "resume") == 0 && argc == 4 &&
+	    (strcmp(argv[1], "--epochs") == 0 || strcmp(argv[1], "--max-steps") == 0)) {
+		char *end;
+		long long n = strtoll(argv[2], &end, 10);
+
+		if (*end || !*argv[2] || n < 1)
+			return tr_ctl_usage(cmd, "%s: not a positive integer: %s", argv[1], argv[2]);
+		snprintf(body, sizeof body, "{\"%s\": %lld}", strcmp(argv[1], "--epochs") == 0 ? "epochs" : "max_steps",
+			 n);
+		argv += 2;
+		argc -= 2;
+	}
 	if (argc != 2)
 		return tr_ctl_usage(cmd, "expects one job id");
 	int64_t id = tr_ctl_job_id(cmd, argv[1]);
@@ -366,7 +379,7 @@ int tr_cmd_control(struct tr_ctl *c, int argc, char **argv)
 	if (id < 0)
 		return TR_CTL_USAGE;
 	snprintf(path, sizeof path, "/jobs/%" PRId64 "/%s", id, cmd);
-	rc = tr_ctl_call(c, "POST", path, "", &r);
+	rc = tr_ctl_call(c, "POST", path, body[0] ? body : "", &r);
 	if (rc)
 		return rc;
 	printf("job %" PRId64 ": %s requested (state %s)\n", id, cmd,

@@ -7,7 +7,7 @@
  * connection drops or the daemon restarts, the stream is opened again
  * with Last-Event-ID, so no event is lost or shown twice; the daemon may
  * stay away for --reconnect-timeout seconds before watch gives up (exit
- * 3).  The exit code says how the job ended: 0 completed, 1 failed or
+ * 3).  The exit code says how the job ended: 0 completed or stopped, 1 failed or
  * cancelled.
  */
 #include "cli/trainctl.h"
@@ -91,7 +91,7 @@ static void on_state(struct follow *f, const json_t *d)
 	if (!state)
 		return;
 	snprintf(f->state, sizeof f->state, "%s", state);
-	f->terminal = strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
+	f->terminal = tr_job_state_name_terminal(state);
 	if (json_is_object(err))
 		snprintf(f->error, sizeof f->error, "%s", json_string_value(json_object_get(err, "message")) ?: "");
 	flush_val(f);
@@ -111,16 +111,12 @@ static void on_state(struct follow *f, const json_t *d)
 static void on_log(struct follow *f, const json_t *d)
 {
 	const char *msg = json_string_value(json_object_get(d, "message"));
-	double t = json_number_value(json_object_get(d, "time"));
 	int level = (int)json_integer_value(json_object_get(d, "level"));
-	char when[32] = "";
-	time_t secs = (time_t)t;
-	struct tm tm;
+	char when[32];
 
 	if (!msg)
 		return;
-	if (localtime_r(&secs, &tm))
-		strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+	tr_fmt_time(when, sizeof when, json_string_value(json_object_get(d, "time")));
 	tr_bar_line(&f->bar, "%s %s%s", when, level <= 3 ? "error: " : level == 4 ? "warning: " : "", msg);
 }
 
@@ -306,7 +302,8 @@ int tr_ctl_follow(struct tr_ctl *c, int64_t id, bool logs_only, double reconnect
 		}
 		tr_ctl_reply_finish(&r);
 		if (f.terminal) {
-			rc = strcmp(f.state, "completed") == 0 ? TR_CTL_OK : TR_CTL_JOB_FAILED;
+			rc = strcmp(f.state, "completed") == 0 || strcmp(f.state, "stopped") == 0 ? TR_CTL_OK
+												   : TR_CTL_JOB_FAILED;
 			break;
 		}
 		/* The stream ended with the job still going: the daemon shut

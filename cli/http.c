@@ -212,6 +212,34 @@ int tr_ctl_call(const struct tr_ctl *c, const char *method, const char *path, co
 	return rc;
 }
 
+int tr_ctl_upload(const struct tr_ctl *c, const char *path, tr_ctl_source_fn source, void *ud, int64_t size,
+		  struct tr_ctl_reply *r, char *err, size_t errlen)
+{
+	struct curl_slist *hl = NULL;
+	struct xfer x = {.r = r};
+	CURL *curl;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	curl = setup(c, "PUT", path, NULL, &hl, &x);
+	if (!curl) {
+		snprintf(err, errlen, "cannot start libcurl");
+		return TR_CTL_UNREACHABLE;
+	}
+	hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
+	curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+	curl_easy_setopt(curl, CURLOPT_READFUNCTION, (curl_read_callback)source);
+	curl_easy_setopt(curl, CURLOPT_READDATA, ud);
+	/* With the size declared, curl sends "Expect: 100-continue" for a
+	 * large file, so a refusal (quota, a file in use) comes before the
+	 * bytes. */
+	curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)size);
+	rc = perform(c, curl, hl, &x, err, errlen);
+	curl_slist_free_all(hl);
+	curl_easy_cleanup(curl);
+	return rc;
+}
+
 int tr_ctl_stream(const struct tr_ctl *c, const char *path, const char *const *headers, tr_ctl_sink_fn sink,
 		  void *ud, struct tr_ctl_reply *r, char *err, size_t errlen)
 {

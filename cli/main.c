@@ -38,8 +38,8 @@ static const struct command commands[] = {
 	{"ls", tr_cmd_ls, "ls [--state STATE] [--json]", "list jobs",
 	 "Lists jobs as a table: id, name, state, priority, step/total, done, latest\n"
 	 "loss and submit time (local).\n"
-	 "  --state STATE  only jobs in STATE: queued running stopping paused completed\n"
-	 "                 failed cancelled interrupted\n"
+	 "  --state STATE  only jobs in STATE: queued running stopping paused stopped\n"
+	 "                 completed failed cancelled interrupted\n"
 	 "  --json         the jobs as a JSON array, as the API returns them\n"},
 	{"show", tr_cmd_show, "show [--json] ID", "show one job",
 	 "Shows a job's state, progress (step, epoch, loss, throughput, data wait,\n"
@@ -54,17 +54,23 @@ static const struct command commands[] = {
 	 "Last-Event-ID: no event is lost or repeated.\n"
 	 "  --reconnect-timeout S  give up (exit 3) when the daemon stays away\n"
 	 "                         longer than S seconds (default 300)\n"
-	 "Exit: 0 when the job completes, 1 when it fails or is cancelled.\n"},
-	{"stop", tr_cmd_control, "stop ID", "stop a job gracefully (final checkpoint, completed)",
+	 "Exit: 0 when the job completes or is stopped, 1 when it fails or is\n"
+	 "cancelled.\n"},
+	{"stop", tr_cmd_control, "stop ID", "stop a job gracefully (final checkpoint, stopped)",
 	 "Asks a running job to stop at the next step boundary; it takes a final\n"
-	 "checkpoint and ends as completed.\n"},
+	 "checkpoint and ends as stopped (completed if that was its last step).\n"
+	 "`resume` continues it later, with more epochs or steps if asked.\n"},
 	{"cancel", tr_cmd_control, "cancel ID", "cancel a job now", "Cancels a queued, running or paused job.\n"},
 	{"pause", tr_cmd_control, "pause ID", "pause a running job (checkpoint, devices freed)",
 	 "Pauses a running job at the next step boundary after a checkpoint; `resume`\n"
 	 "queues it again.\n"},
-	{"resume", tr_cmd_control, "resume ID", "queue a paused job again", "Queues a paused job again.\n"},
+	{"resume", tr_cmd_control, "resume [--epochs N | --max-steps N] ID", "queue a paused or stopped job again",
+	 "Queues a paused or stopped job again; it continues from its newest\n"
+	 "checkpoint.\n"
+	 "  --epochs N      the job's new end: N epochs in all (not N more)\n"
+	 "  --max-steps N   the job's new end: N steps in all\n"},
 	{"delete", tr_cmd_delete, "delete ID", "delete a finished job and its data",
-	 "Deletes a completed, failed or cancelled job with its metrics, logs and\n"
+	 "Deletes a stopped, completed, failed or cancelled job with its metrics, logs and\n"
 	 "checkpoints.\n"},
 	{"priority", tr_cmd_priority, "priority ID N", "set a job's queue priority",
 	 "Sets the queue priority of a job (higher runs first).\n"},
@@ -93,6 +99,22 @@ static const struct command commands[] = {
 	 "  -o, --output FILE  where to write\n"
 	 "  --weights          the weights-only model.safetensors instead (no listed\n"
 	 "                     hash to check; fetched whole)\n"},
+	{"upload", tr_cmd_upload, "upload [--as FILE] PATH DATASET", "upload a data file to the daemon",
+	 "Streams the local file PATH to the daemon as dataset DATASET, file FILE\n"
+	 "(default: PATH's base name), and prints the name a job spec uses for it\n"
+	 "(\"path\": \"dataset:DATASET/FILE\"), its size and SHA-256.  The SHA-256 the\n"
+	 "daemon computed is checked against the local file's (exit 5 on a\n"
+	 "mismatch).  A transfer that breaks leaves nothing on the daemon and is\n"
+	 "started again (3 tries); an existing file of that name is replaced.  On\n"
+	 "a terminal the progress is shown on stderr.\n"
+	 "  --as FILE  the file's name in the dataset\n"},
+	{"datasets", tr_cmd_datasets, "datasets [--json]", "list the uploaded datasets",
+	 "Lists the uploaded files: the path a job spec uses, size, upload time and\n"
+	 "SHA-256, then the space used against the daemon's quota.\n"
+	 "  --json  the API's answer\n"},
+	{"rm-dataset", tr_cmd_dataset_rm, "rm-dataset DATASET[/FILE]", "delete an uploaded dataset or one file",
+	 "Deletes one file of a dataset, or the whole dataset (an admin token).  A\n"
+	 "file that a job which has not ended uses is refused (exit 4).\n"},
 	{"devices", tr_cmd_devices, "devices [--json]", "list the daemon's devices",
 	 "Lists devices: id, name, kind, memory, free memory and the job holding it.\n"},
 	{"version", tr_cmd_version, "version", "print trainctl's and the daemon's version",

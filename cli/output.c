@@ -132,14 +132,14 @@ void tr_fmt_bytes(char *buf, size_t len, double b)
 void tr_fmt_time(char *buf, size_t len, const char *t)
 {
 	struct tm tm = {0};
-	char *end;
+	double at;
 	time_t when;
 
-	if (!t || !(end = strptime(t, "%Y-%m-%dT%H:%M:%S", &tm))) {
+	if (!t || !tr_rfc3339_parse(t, &at)) {
 		snprintf(buf, len, "-");
 		return;
 	}
-	when = timegm(&tm);
+	when = (time_t)at;
 	localtime_r(&when, &tm);
 	strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
 }

@@ -13,6 +13,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/job.h"
+#include "core/rfc3339.h"
+
 /* Exit codes (docs/design.md, trainctl): documented in --help. */
 enum {
 	TR_CTL_OK = 0,
@@ -62,6 +65,13 @@ int tr_ctl_http_error(const struct tr_ctl *c, const struct tr_ctl_reply *r);
 typedef bool (*tr_ctl_sink_fn)(const char *data, size_t len, void *ud);
 int tr_ctl_stream(const struct tr_ctl *c, const char *path, const char *const *headers, tr_ctl_sink_fn sink,
 		  void *ud, struct tr_ctl_reply *r, char *err, size_t errlen);
+
+/* PUTs a body read from source (curl's read callback: fill buf with up to
+ * size * n bytes, return the count, 0 at the end) of `size` bytes to
+ * path.  Returns like tr_ctl_stream. */
+typedef size_t (*tr_ctl_source_fn)(char *buf, size_t size, size_t n, void *ud);
+int tr_ctl_upload(const struct tr_ctl *c, const char *path, tr_ctl_source_fn source, void *ud, int64_t size,
+		  struct tr_ctl_reply *r, char *err, size_t errlen);
 
 /* ---- sse.c ---- */
 
@@ -143,6 +153,9 @@ int tr_cmd_logs(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_checkpoints(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_download(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_devices(struct tr_ctl *c, int argc, char **argv);
+int tr_cmd_upload(struct tr_ctl *c, int argc, char **argv);
+int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv);
+int tr_cmd_dataset_rm(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_version(struct tr_ctl *c, int argc, char **argv);
 
 /* Follows a job's events until it ends (watch, submit --wait): exit code

@@ -180,6 +180,10 @@ static const struct tr_field options[] = {
 	 .help = "metric points buffered for the database writer before points are dropped"},
 	{.key = "state-max-bytes", .kind = K_I64, .off = CFG(state_max_bytes), .flags = F_LO, .lo = 0, .def = 0,
 	 .help = "cap on the database size in bytes (0 = none); a checkpoint that does not fit fails cleanly"},
+	{.key = "datasets-max-bytes", .kind = K_I64, .off = CFG(datasets_max_bytes), .flags = F_LO, .lo = 0,
+	 .def = 10737418240.0,
+	 .help = "quota in bytes for the files uploaded with PUT /datasets/NAME/FILE, all together (0 = none); an "
+		 "upload past it is answered 413"},
 	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
 	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
 		 "given on the command line: prefer token-file"},

@@ -29,21 +29,6 @@
 #define EVAL_MAX_DEVICES 64
 #define EVAL_MAX_BATCH (1 << 20)
 
-static int refuse(struct tr_api_error *e, int status, const char *code, const char *pointer, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-
-static int refuse(struct tr_api_error *e, int status, const char *code, const char *pointer, const char *fmt, ...)
-{
-	e->status = status;
-	snprintf(e->code, sizeof e->code, "%s", code);
-	snprintf(e->pointer, sizeof e->pointer, "%s", pointer ? pointer : "");
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->message, sizeof e->message, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
 bool tr_eval_spec_is(const char *normalized)
 {
 	/* A training spec has no "kind" (unknown keys are refused). */
@@ -56,7 +41,7 @@ bool tr_eval_spec_is(const char *normalized)
 	return yes;
 }
 
-static int get_int(const json_t *body, const char *key, int lo, int hi, int def, int *out, struct tr_api_error *err)
+static int get_int(const json_t *body, const char *key, int lo, int hi, int def, int *out, struct tr_error *err)
 {
 	const json_t *v = json_object_get(body, key);
 	if (!v) {
@@ -64,14 +49,14 @@ static int get_int(const json_t *body, const char *key, int lo, int hi, int def,
 		return 0;
 	}
 	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-		return refuse(err, 400, "invalid_request", key[0] == 'd' ? "/devices" : "/batch_size",
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, key[0] == 'd' ? "/devices" : "/batch_size",
 			      "/%s: must be an integer from %d to %d", key, lo, hi);
 	*out = (int)json_integer_value(v);
 	return 0;
 }
 
 int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, int64_t *eval_id,
-		   struct tr_api_error *err)
+		   struct tr_error *err)
 {
 	tr_store_t *st = s->cfg.store;
 	const char *key;
@@ -82,13 +67,13 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		    strcmp(key, "batch_size") && strcmp(key, "name")) {
 			char ptr[300];
 			snprintf(ptr, sizeof ptr, "/%s", key);
-			return refuse(err, 400, "invalid_request", ptr,
+			return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, ptr,
 				      "%s: unknown key (expected data, checkpoint, devices, batch_size, name)", ptr);
 		}
 	}
 	const json_t *data = json_object_get(body, "data");
 	if (!json_is_object(data))
-		return refuse(err, 400, "invalid_request", "/data",
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/data",
 			      "/data: required: a data source as in a job's data.train, e.g. {\"format\": \"csv\", "
 			      "\"path\": \"test.csv\"}");
 	int devices, batch;
@@ -98,7 +83,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	const json_t *name = json_object_get(body, "name");
 	if (name && (!json_is_string(name) || json_string_length(name) < 1 ||
 		     json_string_length(name) > TR_SPEC_MAX_NAME))
-		return refuse(err, 400, "invalid_request", "/name", "/name: must be a string of 1 to %d bytes",
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/name", "/name: must be a string of 1 to %d bytes",
 			      TR_SPEC_MAX_NAME);
 
 	/* Which checkpoint: resolved to a step now. */
@@ -112,18 +97,18 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		want = json_integer_value(ck);
 		ck_name = NULL;
 	} else if (ck && !(json_is_string(ck) && strcmp(json_string_value(ck), "latest") == 0)) {
-		return refuse(err, 400, "invalid_request", "/checkpoint",
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/checkpoint",
 			      "/checkpoint: must be \"latest\", \"best\" or a step (an integer >= 0)");
 	}
 	struct tr_job_row target = {0};
 	int rc = tr_store_job_get(st, job_id, &target);
 	if (rc == -ENOENT)
-		return refuse(err, 404, "not_found", "", "job %lld not found", (long long)job_id);
+		return tr_job_fail(err, TR_JOB_E_NOT_FOUND, "", "job %lld not found", (long long)job_id);
 	if (rc < 0)
-		return refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(st));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(st));
 	if (tr_eval_spec_is(target.normalized)) {
 		tr_job_row_finish(&target);
-		return refuse(err, 409, "conflict", "", "job %lld is an evaluate job; it has no checkpoints",
+		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is an evaluate job; it has no checkpoints",
 			      (long long)job_id);
 	}
 	struct tr_ckpt_row row = {0};
@@ -133,12 +118,12 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	if (rc < 0) {
 		tr_job_row_finish(&target);
 		if (rc != -ENOENT)
-			return refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(st));
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(st));
 		if (ck_name)
-			return refuse(err, 409, "no_checkpoint", "/checkpoint", "/checkpoint: job %lld has no %s checkpoint%s",
+			return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint", "/checkpoint: job %lld has no %s checkpoint%s",
 				      (long long)job_id, ck_name,
 				      want == TR_CKPT_BEST ? " (best needs early_stopping)" : " yet");
-		return refuse(err, 409, "no_checkpoint", "/checkpoint", "/checkpoint: job %lld has no checkpoint at step %lld",
+		return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint", "/checkpoint: job %lld has no checkpoint at step %lld",
 			      (long long)job_id, (long long)want);
 	}
 
@@ -153,7 +138,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		char ptr[300];
 		snprintf(ptr, sizeof ptr, "/data%s", serr.pointer);
 		tr_job_row_finish(&target);
-		return refuse(err, 400, "invalid_spec", ptr, "/data%s", serr.message);
+		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, ptr, "/data%s", serr.message);
 	}
 	char pointer[256], msg[768];
 	if (tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
@@ -164,7 +149,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		const char *m = strncmp(msg, "/data/train", 11) == 0 ? msg + 11 : msg;
 		char ptr[300];
 		snprintf(ptr, sizeof ptr, "/data%s", p);
-		return refuse(err, 422, "invalid_path", ptr, "/data%s", m);
+		return tr_job_fail(err, TR_JOB_E_INVALID_PATH, ptr, "/data%s", m);
 	}
 	tr_spec_finish(&spec);
 
@@ -189,7 +174,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	if (!norm_text || !spec_text) {
 		free(norm_text);
 		free(spec_text);
-		return refuse(err, 500, "internal", "", "out of memory");
+		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "out of memory");
 	}
 	struct tr_job_row jr = {
 		.name = name ? (char *)json_string_value(name) : gen_name,
@@ -204,9 +189,9 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	free(norm_text);
 	free(spec_text);
 	if (rc == -EAGAIN)
-		return refuse(err, 503, "queue_full", "", "%s; retry when some have started", tr_store_error(st));
+		return tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", tr_store_error(st));
 	if (rc < 0)
-		return refuse(err, 503, "storage_unavailable", "", "cannot store the job: %s", tr_store_error(st));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s", tr_store_error(st));
 	*eval_id = jr.id;
 	char line[160];
 	snprintf(line, sizeof line, "submitted: evaluate job %lld's checkpoint at step %lld", (long long)job_id,
@@ -428,7 +413,7 @@ int tr_eval_runner_start(struct running_job *j, char *err, size_t errlen)
 	return 0;
 }
 
-int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_api_error *err)
+int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err)
 {
 	return tr_eval_submit(ctx, job_id, body, eval_id, err);
 }

@@ -7,13 +7,18 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+
+#include "core/rfc3339.h"
 
 #ifdef TR_HAVE_SYSTEMD
 #include <systemd/sd-journal.h>
 #endif
 
 static atomic_int max_level = TR_LOG_INF;
+static atomic_bool with_times;
 static bool journal;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -52,13 +57,25 @@ int tr_log_level(void)
 	return atomic_load(&max_level);
 }
 
+void tr_log_set_times(bool on)
+{
+	atomic_store(&with_times, on);
+}
+
 static void emit(int level, const char *msg)
 {
-	if (tr_log_to_journal())
+	char when[TR_RFC3339_LEN + 1] = "";
+	struct timespec ts;
+
+	if (tr_log_to_journal()) {
 		fprintf(stderr, "<%d>%s\n", level, msg);
-	else
-		fprintf(stderr, "trainerd: %s%s\n", level <= TR_LOG_ERR ? "error: " : level == TR_LOG_WARN ? "warning: " : "",
-			msg);
+		return;
+	}
+	if (atomic_load(&with_times) && clock_gettime(CLOCK_REALTIME, &ts) == 0 &&
+	    tr_rfc3339_format((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9, when, sizeof when - 1))
+		strcat(when, " ");
+	fprintf(stderr, "%strainerd: %s%s\n", when,
+		level <= TR_LOG_ERR ? "error: " : level == TR_LOG_WARN ? "warning: " : "", msg);
 }
 
 void tr_log(int level, const char *fmt, ...)

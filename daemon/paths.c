@@ -8,7 +8,12 @@
  *
  * A path that is missing and a path that leads out of the roots get the
  * same answer: anything else would tell a client which files exist
- * outside them. */
+ * outside them.
+ *
+ * "dataset:NAME/FILE" names an uploaded file (storage/datasets.h): the
+ * names are checked (no '/', no "..", nothing hidden) and the path becomes
+ * the file beneath the datasets directory, which is one of the roots, so
+ * it opens through the same confined open. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -17,13 +22,52 @@
 #include <unistd.h>
 
 #include "daemon/scheduler_internal.h"
+#include "storage/datasets.h"
+
+/* Replaces a "dataset:NAME/FILE" *field by the file's path beneath the
+ * datasets directory.  0 (also for other paths, left alone), -2 for a
+ * malformed reference (a spec error: a name with '/', "..", a leading
+ * '.'), or -1, with the pointer and message filled. */
+static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, char *pointer, size_t plen,
+		       char *msg, size_t mlen)
+{
+	if (!tr_datasets_is_ref(*field))
+		return 0;
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512], path[PATH_MAX];
+	snprintf(pointer, plen, "%s", ptr);
+	if (!s->cfg.datasets_dir) {
+		snprintf(msg, mlen, "%s: this daemon keeps no datasets", ptr);
+		return -1;
+	}
+	if (tr_datasets_parse_ref(*field, name, file, why, sizeof why) < 0) {
+		snprintf(msg, mlen, "%s: %s", ptr, why);
+		return -2;
+	}
+	if (snprintf(path, sizeof path, "%s/%s/%s", s->cfg.datasets_dir, name, file) >= (int)sizeof path) {
+		snprintf(msg, mlen, "%s: the dataset path is too long", ptr);
+		return -1;
+	}
+	char *copy = strdup(path);
+	if (!copy) {
+		snprintf(msg, mlen, "%s: out of memory", ptr);
+		return -1;
+	}
+	free(*field);
+	*field = copy;
+	return 0;
+}
 
 /* Opens one path (a folder with want_dir: images, patches); on success
  * replaces *field with the absolute name. */
 static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const char *ptr, char *pointer,
 		       size_t plen, char *msg, size_t mlen)
 {
-	char shown[PATH_MAX + 256], why[1024];
+	char shown[PATH_MAX + 256], why[1024], ref[2 * TR_DATASET_NAME_MAX + 16] = "";
+	if (tr_datasets_is_ref(*field))
+		snprintf(ref, sizeof ref, "%s", *field);
+	int mapped = map_dataset(s, field, ptr, pointer, plen, msg, mlen);
+	if (mapped < 0)
+		return mapped;
 	int fd = want_dir ? tr_data_open_dir(s->roots, *field, shown, sizeof shown, why, sizeof why)
 			  : tr_data_open(s->roots, *field, NULL, shown, sizeof shown, why, sizeof why);
 	if (fd >= 0) {
@@ -39,7 +83,10 @@ static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const
 		return 0;
 	}
 	snprintf(pointer, plen, "%s", ptr);
-	if (fd == -ENOENT) {
+	if (fd == -ENOENT && ref[0]) {
+		snprintf(msg, mlen, "%s: no dataset file '%s'; upload it with PUT /datasets/%s (trainctl upload)", ptr,
+			 ref, ref + strlen(TR_DATASET_REF_PREFIX));
+	} else if (fd == -ENOENT) {
 		char list[1024];
 		tr_data_roots_describe(s->roots, list, sizeof list);
 		snprintf(msg, mlen,
@@ -76,8 +123,9 @@ static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, co
 			continue;
 		char ptr[128];
 		snprintf(ptr, sizeof ptr, "%s/%s", base, fields[i].key);
-		if (resolve_one(s, fields[i].field, dirs, ptr, pointer, plen, msg, mlen) < 0)
-			return -1;
+		int rc = resolve_one(s, fields[i].field, dirs, ptr, pointer, plen, msg, mlen);
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
 }
@@ -85,11 +133,12 @@ static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, co
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
 			  size_t mlen)
 {
-	if (resolve_source(s, &spec->train, "/data/train", pointer, plen, msg, mlen) < 0 ||
-	    resolve_source(s, &spec->validation, "/data/validation", pointer, plen, msg, mlen) < 0 ||
-	    resolve_source(s, &spec->test, "/data/test", pointer, plen, msg, mlen) < 0)
-		return -1;
-	if (spec->init_from && resolve_one(s, &spec->init_from, 0, "/init/from", pointer, plen, msg, mlen) < 0)
-		return -1;
-	return 0;
+	int rc = resolve_source(s, &spec->train, "/data/train", pointer, plen, msg, mlen);
+	if (rc == 0)
+		rc = resolve_source(s, &spec->validation, "/data/validation", pointer, plen, msg, mlen);
+	if (rc == 0)
+		rc = resolve_source(s, &spec->test, "/data/test", pointer, plen, msg, mlen);
+	if (rc == 0 && spec->init_from)
+		rc = resolve_one(s, &spec->init_from, 0, "/init/from", pointer, plen, msg, mlen);
+	return rc;
 }

@@ -1,7 +1,8 @@
 /* Job runner: one thread per running job.  It builds the trainer, forwards
  * its metrics, progress and log lines to the store, and records how the
- * job ended: completed, failed (with code, message and step), cancelled,
- * or interrupted when the daemon is shutting down. */
+ * job ended: completed (ran to its end), stopped (by request, before its
+ * end), paused, failed (with code, message and step), cancelled, or
+ * interrupted when the daemon is shutting down. */
 #include <errno.h>
 #include <stdint.h>
 #include <math.h>
@@ -342,10 +343,12 @@ static void *runner_main(void *arg)
 		 precision);
 	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line);
 
-	/* Paths were checked at submit; files may have moved since.  The
-	 * readers open them again through the same confined open. */
+	/* A spec parsed at submit had its paths opened in the data roots
+	 * then; one parsed from the store (after a restart) has them checked
+	 * here, once.  Either way the readers open every file through the
+	 * same confined open, so a file moved since is refused the same. */
 	char pointer[256], msg[768];
-	if (tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
+	if (!j->paths_resolved && tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
 		finish(j, "failed", "invalid_path", msg, 0);
 		return NULL;
 	}
@@ -377,6 +380,12 @@ static void *runner_main(void *arg)
 			finish(j, "cancelled", "cancelled", "cancelled by request during set-up", 0);
 		return NULL;
 	}
+	/* A file gone from the roots since submit: the same answer, naming
+	 * the pointer and the roots, as a check at submit gives (resolving
+	 * again only now that something is wrong). */
+	if (rc == -ENOENT && j->paths_resolved &&
+	    tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
+		snprintf(err, sizeof err, "%s", msg);
 	if (rc < 0) {
 		finish(j, "failed",
 		       rc == -EINVAL	 ? "invalid_data"
@@ -430,10 +439,12 @@ static void *runner_main(void *arg)
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
 		finish(j, "paused", NULL, NULL, sum.steps);
 	} else if (rc == 0) {
+		/* Ended before its end: "stopped", resumable (with more steps
+		 * too); "completed" is kept for a job that ran to its end. */
 		snprintf(line, sizeof line, "stopped by request after step %lld of %lld", (long long)sum.steps,
 			 (long long)j->progress.total_steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
-		finish(j, "completed", NULL, NULL, sum.steps);
+		finish(j, "stopped", NULL, NULL, sum.steps);
 	} else if (rc == -ECANCELED || cancelled) {
 		finish(j, "cancelled", "cancelled", "cancelled by request", sum.steps);
 	} else {

@@ -53,6 +53,18 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	char cwd[PATH_MAX];
 	const char *here[] = {getcwd(cwd, sizeof cwd) ? cwd : "/", NULL};
 	const char *const *dirs = cfg->data_roots && cfg->data_roots[0] ? cfg->data_roots : here;
+	/* The datasets directory is one more root, the last: "dataset:" paths
+	 * are mapped to files beneath it (daemon/paths.c), and the readers open
+	 * them again when the job starts. */
+	const char *with[TR_MAX_ROOTS + 2];
+	if (cfg->datasets_dir) {
+		size_t n = 0;
+		while (dirs[n] && n < TR_MAX_ROOTS)
+			with[n] = dirs[n], n++;
+		with[n++] = cfg->datasets_dir;
+		with[n] = NULL;
+		dirs = with;
+	}
 	char msg[512];
 	if (tr_data_roots_create(dirs, &s->roots, msg, sizeof msg) < 0) {
 		snprintf(err, errlen, "--data-root %s", msg);
@@ -61,6 +73,46 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	}
 	*out = s;
 	return 0;
+}
+
+void tr_sched_keep_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool paths_resolved)
+{
+	struct kept_spec *k = calloc(1, sizeof *k);
+	if (!k) {
+		/* The job's spec is parsed from the store when it starts. */
+		tr_spec_finish(spec);
+		memset(spec, 0, sizeof *spec);
+		return;
+	}
+	k->id = id;
+	k->spec = *spec;
+	k->paths_resolved = paths_resolved;
+	memset(spec, 0, sizeof *spec);
+	k->next = s->kept;
+	s->kept = k;
+}
+
+bool tr_sched_take_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool *paths_resolved)
+{
+	for (struct kept_spec **pp = &s->kept; *pp; pp = &(*pp)->next) {
+		struct kept_spec *k = *pp;
+		if (k->id != id)
+			continue;
+		*spec = k->spec;
+		*paths_resolved = k->paths_resolved;
+		*pp = k->next;
+		free(k);
+		return true;
+	}
+	return false;
+}
+
+void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id)
+{
+	struct tr_spec spec;
+	bool resolved;
+	if (tr_sched_take_spec(s, id, &spec, &resolved))
+		tr_spec_finish(&spec);
 }
 
 /* How many devices a spec asks for, and which when it names them. */
@@ -105,6 +157,20 @@ static void fail_job(struct tr_scheduler *s, int64_t id, const char *code, const
 	json_decref(e);
 }
 
+/* A job that cannot start now gives its parsed spec back: a training spec
+ * is kept for the next look, an evaluate job's description is freed (it is
+ * read again from its short text).  Lock held. */
+static void release_spec(struct tr_scheduler *s, int64_t id, struct running_job *job)
+{
+	if (job->eval) {
+		json_decref(job->eval);
+		job->eval = NULL;
+		tr_spec_finish(&job->spec);
+		return;
+	}
+	tr_sched_keep_spec(s, id, &job->spec, job->paths_resolved);
+}
+
 /* Starts queued jobs in order until the first that does not fit.  Called
  * with the lock held. */
 static void start_queued(struct tr_scheduler *s)
@@ -123,17 +189,22 @@ static void start_queued(struct tr_scheduler *s)
 		struct tr_spec_error serr;
 		if (!job)
 			break;
-		if (tr_eval_spec_is(r->normalized) ? tr_eval_prepare(job, r->normalized, &serr) < 0
-						   : tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
+		/* A training spec is parsed once at submit; the stored text
+		 * only after a restart or a resume that changed the job's end.
+		 * An evaluate job's small spec is read from its text. */
+		if (tr_eval_spec_is(r->normalized)
+			    ? tr_eval_prepare(job, r->normalized, &serr) < 0
+			    : !tr_sched_take_spec(s, r->id, &job->spec, &job->paths_resolved) &&
+				      tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
 			fail_job(s, r->id, "invalid_spec", serr.message);
 			free(job);
 			continue;
 		}
 		job->ndev = reserve(s, &job->spec, r->id, job->devices);
 		if (job->ndev == 0) {
-			/* Strict order: nothing overtakes the first job that waits. */
-			tr_spec_finish(&job->spec);
-			json_decref(job->eval);
+			/* Strict order: nothing overtakes the first job that
+			 * waits.  Its spec is kept for the next look. */
+			release_spec(s, r->id, job);
 			free(job);
 			blocked = true;
 			break;
@@ -156,8 +227,7 @@ static void start_queued(struct tr_scheduler *s)
 			       tr_store_error(s->cfg.store));
 			for (int d = 0; d < job->ndev; d++)
 				s->owner[job->devices[d]] = 0;
-			tr_spec_finish(&job->spec);
-			json_decref(job->eval);
+			release_spec(s, r->id, job);
 			free(job);
 			blocked = true;
 			break;
@@ -352,6 +422,8 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 		return;
 	if (s->started || s->running)
 		tr_scheduler_shutdown(s, 1);
+	while (s->kept)
+		tr_sched_drop_spec(s, s->kept->id);
 	tr_checkpointer_destroy(s->checkpointer);
 	tr_data_roots_destroy(s->roots);
 	pthread_cond_destroy(&s->wake);

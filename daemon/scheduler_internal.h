@@ -14,11 +14,17 @@
 #include "engine/trainer.h"
 
 #define TR_MAX_POOL_DEVICES 64
+/* More data roots than the configuration allows (daemon/config.h). */
+#define TR_MAX_ROOTS 64
 
 struct running_job {
 	struct tr_scheduler *sched;
 	int64_t id;
 	struct tr_spec spec;
+	/* Whether spec's paths were opened in the data roots when it was
+	 * parsed (at submit); a spec parsed from the store (after a restart,
+	 * or a resume with a new end) has them checked by the runner. */
+	bool paths_resolved;
 	int devices[TR_MAX_POOL_DEVICES];
 	int ndev;
 	pthread_t thread;
@@ -55,8 +61,26 @@ struct tr_scheduler {
 	tr_checkpointer_t *checkpointer;
 	int64_t owner[TR_MAX_POOL_DEVICES]; /* job id per device, 0 = free */
 	struct running_job *running;
+	/* Specs parsed (and resolved) at submit, kept until the job starts:
+	 * the scheduler and the runner use them instead of parsing the
+	 * stored text again.  Guarded by lock. */
+	struct kept_spec *kept;
 	pthread_t dispatcher;
 };
+
+struct kept_spec {
+	int64_t id;
+	struct tr_spec spec;
+	bool paths_resolved;
+	struct kept_spec *next;
+};
+
+/* The kept specs; all with the scheduler lock held.  keep moves *spec
+ * into the scheduler (leaving *spec zeroed); take moves the kept one out
+ * into *spec (true) or finds none (false); drop frees it if any. */
+void tr_sched_keep_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool paths_resolved);
+bool tr_sched_take_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool *paths_resolved);
+void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id);
 
 /* Wakes the dispatcher to look at the queue again. */
 void tr_sched_kick(struct tr_scheduler *s);
@@ -64,10 +88,11 @@ void tr_sched_kick(struct tr_scheduler *s);
 int tr_runner_start(struct running_job *job, char *err, size_t errlen);
 /* Checks that every data and init path of the spec opens in the data roots
  * (tr_data_open) and rewrites each to the absolute name it opened as.
- * Returns 0 or -1 with the JSON pointer and message filled. */
+ * Returns 0, or -1 (a file that does not open) or -2 (a malformed
+ * "dataset:" reference, a spec error) with the JSON pointer and message
+ * filled. */
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
 			  size_t mlen);
-bool tr_state_is_terminal(const char *state);
 /* Records how a job ended (runner.c): metrics flushed first, then the
  * state, then the scheduler is told its devices are free. */
 void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message,
@@ -80,6 +105,6 @@ void tr_runner_finish(struct running_job *j, const char *state, const char *code
 bool tr_eval_spec_is(const char *normalized);
 int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_spec_error *err);
 int tr_eval_runner_start(struct running_job *j, char *err, size_t errlen);
-int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_api_error *err);
+int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 
 #endif

@@ -10,6 +10,7 @@
  * step boundary (recorded as interrupted), close the database.
  */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,15 +195,11 @@ out:
 }
 
 /* POST /reload: the same as SIGHUP, handled by the main loop. */
-static int reload_op(void *ctx, struct tr_api_error *err)
+static int reload_op(void *ctx, struct tr_error *err)
 {
 	(void)ctx;
-	if (kill(getpid(), SIGHUP) < 0) {
-		err->status = 500;
-		snprintf(err->code, sizeof err->code, "internal");
-		snprintf(err->message, sizeof err->message, "cannot signal the daemon: %s", strerror(errno));
-		return -1;
-	}
+	if (kill(getpid(), SIGHUP) < 0)
+		return tr_job_fail(err, TR_JOB_E_INTERNAL, NULL, "cannot signal the daemon: %s", strerror(errno));
 	return 0;
 }
 
@@ -219,6 +216,7 @@ int tr_cmd_serve(int argc, char **argv)
 		return rc < 0 ? 2 : 0;
 	}
 	tr_log_init();
+	tr_log_set_times(true);
 	tr_log_set_level(cfg.log_level);
 
 	sigset_t sigs;
@@ -234,6 +232,7 @@ int tr_cmd_serve(int argc, char **argv)
 	tr_backend_t *be = NULL;
 	tr_scheduler_t *sched = NULL;
 	tr_api_t *api = NULL;
+	tr_datasets_t *datasets = NULL;
 	tr_service_t *svc = tr_service_create();
 	struct auth_state auth = {.n_plain = cfg.n_tokens};
 	char fallback[600] = "";
@@ -263,10 +262,21 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "%s", err);
 		goto out;
 	}
+	char dsdir[PATH_MAX + 16];
+	if (!realpath(cfg.state_dir, dsdir)) {
+		tr_log(TR_LOG_ERR, "--state-dir %s: %s", cfg.state_dir, strerror(errno));
+		goto out;
+	}
+	strcat(dsdir, "/datasets");
+	if (tr_datasets_create(dsdir, (int64_t)cfg.datasets_max_bytes, &datasets, err, sizeof err) < 0) {
+		tr_log(TR_LOG_ERR, "datasets: %s", err);
+		goto out;
+	}
 	struct tr_scheduler_config scfg = {
 		.store = store,
 		.backend = be,
 		.data_roots = (const char *const *)cfg.data_roots,
+		.datasets_dir = tr_datasets_dir(datasets),
 		.max_queued = cfg.max_queued_jobs,
 	};
 	if (tr_scheduler_create(&scfg, &sched, err, sizeof err) < 0 || tr_scheduler_start(sched, err, sizeof err) < 0) {
@@ -302,6 +312,7 @@ int tr_cmd_serve(int argc, char **argv)
 		.openapi_path = cfg.openapi_path[0] ? cfg.openapi_path : NULL,
 		.version = TR_VERSION,
 		.store = store,
+		.datasets = datasets,
 	};
 	tr_scheduler_api_ops(sched, &acfg.ops, &acfg.ctx);
 	acfg.ops.reload = reload_op;
@@ -350,6 +361,7 @@ out:
 		tr_scheduler_shutdown(sched, cfg.shutdown_grace_s);
 	tr_service_destroy(svc);
 	tr_scheduler_destroy(sched);
+	tr_datasets_destroy(datasets);
 	if (store) {
 		/* State changes storage refused until now (docs/design.md,
 		 * "Storage failures"): saved beside the database for the next

@@ -1,7 +1,9 @@
 /* The API operations that change the queue: submit, control, priority,
- * delete, plus the read-only device and live-progress views.  Every
- * refusal carries an HTTP status, a code and, for spec problems, the JSON
- * pointer of the offending value. */
+ * delete, plus the read-only device and live-progress views.  What a
+ * request may do in a job's state is core/job.h's transition table; every
+ * refusal is a domain error (struct tr_error with a tr_job_err kind and,
+ * for spec problems, the JSON pointer of the offending value), which the
+ * API turns into an HTTP status in one place (api/errors.c). */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -9,27 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/job.h"
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "engine/rng.h"
 #include "storage/checkpoints.h"
-
-static int refuse(struct tr_api_error *e, int status, const char *code, const char *pointer, const char *fmt, ...)
-{
-	e->status = status;
-	snprintf(e->code, sizeof e->code, "%s", code);
-	snprintf(e->pointer, sizeof e->pointer, "%s", pointer ? pointer : "");
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->message, sizeof e->message, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
-bool tr_state_is_terminal(const char *state)
-{
-	return strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
-}
 
 /* A 128-bit digest of the body for idempotency comparisons: two SplitMix
  * lanes over the bytes.  Not cryptographic; it only has to tell two
@@ -47,58 +33,59 @@ static void body_digest(const char *body, size_t len, char out[33])
 	snprintf(out, 33, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
 }
 
-static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, struct tr_api_error *err)
+static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, struct tr_error *err)
 {
 	if (spec->n_device_ids > 0) {
 		for (int i = 0; i < spec->n_device_ids; i++) {
 			if (spec->device_ids[i] >= s->ndev) {
 				char ptr[32];
 				snprintf(ptr, sizeof ptr, "/devices/%d", i);
-				return refuse(err, 422, "unsatisfiable", ptr,
+				return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, ptr,
 					      "%s: device %d does not exist; this daemon has devices 0..%d", ptr,
 					      spec->device_ids[i], s->ndev - 1);
 			}
 		}
 	} else if (spec->device_count > s->ndev) {
-		return refuse(err, 422, "unsatisfiable", "/devices",
+		return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, "/devices",
 			      "/devices: %d devices requested, this daemon has %d", spec->device_count, s->ndev);
 	}
 	const char *have = s->cfg.backend->i->name;
 	/* Only on refusal: asking the driver costs a few milliseconds. */
 	if (spec->backend == TR_BACKEND_CUDA && strcmp(have, "cuda") != 0)
-		return refuse(err, 422, "backend_unavailable", "/backend",
+		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
 			      "/backend: cuda requested, but this daemon runs on %s devices (%s)", have,
 			      tr_cuda_available() ? "a GPU is visible, but the daemon was started with --backend cpu or "
 						    "could not use it: see its log"
 						  : "no usable GPU");
 	if (spec->backend == TR_BACKEND_CPU && strcmp(have, "cpu") != 0)
-		return refuse(err, 422, "backend_unavailable", "/backend",
+		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
 			      "/backend: cpu requested, but this daemon's devices are %s", have);
 	return 0;
 }
 
 static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed,
-		     struct tr_api_error *err)
+		     struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_spec spec;
 	struct tr_spec_error serr;
 	*replayed = false;
 	if (tr_spec_parse(req->spec, &spec, &serr) < 0)
-		return refuse(err, 400, "invalid_spec", serr.pointer, "%s", serr.message);
+		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
 	char pointer[256], msg[768];
 	int rc = check_devices(s, &spec, err);
-	if (rc == 0 && tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
-		rc = refuse(err, 422, "invalid_path", pointer, "%s", msg);
+	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) : 0;
+	if (paths < 0)
+		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, pointer, "%s", msg);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
 		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {
 			if (spec.init_step >= 0)
-				rc = refuse(err, 422, "invalid_init", "/init/from",
+				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 					    "/init/from: job %lld has no checkpoint at step %lld", (long long)spec.init_job,
 					    (long long)spec.init_step);
 			else
-				rc = refuse(err, 422, "invalid_init", "/init/from",
+				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 					    "/init/from: job %lld does not exist or has no checkpoint yet",
 					    (long long)spec.init_job);
 		}
@@ -128,10 +115,19 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		.loss = NAN,
 	};
 	int64_t existing = 0;
+	/* The insert and keeping the parsed spec happen under the scheduler
+	 * lock, so the dispatcher (which starts jobs under it) finds the spec
+	 * kept as soon as it can see the job. */
+	pthread_mutex_lock(&s->lock);
 	rc = tr_store_job_insert_bounded(s->cfg.store, &row, s->cfg.max_queued, &existing);
+	if (rc == 0) {
+		tr_log(TR_LOG_INF, "job %lld (%s) submitted", (long long)row.id, spec.name ? spec.name : "job");
+		tr_sched_keep_spec(s, row.id, &spec, true);
+	}
+	pthread_mutex_unlock(&s->lock);
 	if (rc == -EAGAIN) {
 		tr_log(TR_LOG_WARNING, "submit refused: %s", tr_store_error(s->cfg.store));
-		rc = refuse(err, 503, "queue_full", "", "%s; retry when some have started", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", tr_store_error(s->cfg.store));
 	} else if (rc == -EEXIST) {
 		struct tr_job_row old = {0};
 		rc = tr_store_job_get(s->cfg.store, existing, &old);
@@ -139,20 +135,19 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 			*job_id = existing;
 			*replayed = true;
 		} else if (rc == 0) {
-			rc = refuse(err, 409, "idempotency_conflict", "",
+			rc = tr_job_fail(err, TR_JOB_E_CONFLICT, "",
 				    "Idempotency-Key '%s' was used for job %lld with a different request body",
 				    req->idempotency_key, (long long)existing);
 		} else {
-			rc = refuse(err, 500, "internal", "", "store: %s", tr_store_error(s->cfg.store));
+			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "store: %s", tr_store_error(s->cfg.store));
 		}
 		tr_job_row_finish(&old);
 	} else if (rc < 0) {
-		rc = refuse(err, 503, "storage_unavailable", "", "cannot store the job: %s",
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s",
 			    tr_store_error(s->cfg.store));
 	} else {
 		*job_id = row.id;
 		tr_store_log_append(s->cfg.store, row.id, TR_LOG_INF, "submitted");
-		tr_log(TR_LOG_INF, "job %lld (%s) submitted", (long long)row.id, spec.name ? spec.name : "job");
 		tr_sched_kick(s);
 	}
 	free(spec_text);
@@ -161,14 +156,14 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	return rc < 0 ? -1 : 0;
 }
 
-/* Reads job id into row; refuses with 404 or 503 when it cannot. */
-static int load_job(struct tr_scheduler *s, int64_t id, struct tr_job_row *row, struct tr_api_error *err)
+/* Reads job id into row; refuses with not found or storage errors. */
+static int load_job(struct tr_scheduler *s, int64_t id, struct tr_job_row *row, struct tr_error *err)
 {
 	int rc = tr_store_job_get(s->cfg.store, id, row);
 	if (rc == -ENOENT)
-		return refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
+		return tr_job_fail(err, TR_JOB_E_NOT_FOUND, "", "job %lld not found", (long long)id);
 	if (rc < 0)
-		return refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	return 0;
 }
 
@@ -180,141 +175,205 @@ static struct running_job *find_running(struct tr_scheduler *s, int64_t id)
 	return NULL;
 }
 
-static int op_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_api_error *err)
+/* A resume that gives the job a new end ({"max_steps": N} or {"epochs":
+ * N}): the field replaces the job's end in its spec (the other bound is
+ * dropped, so the new one decides) and in the spec as shown.  Refused
+ * when the job is already past it.  The job then continues from its
+ * newest checkpoint to the new end; with a schedule that does not depend
+ * on the total (constant, warm-up only) the result is the run of that
+ * length that was never stopped. */
+static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const struct tr_api_control *req,
+		  struct tr_error *err)
 {
-	struct tr_scheduler *s = ctx;
-	static const char *names[] = {"cancelled", "stopped", "paused", "resumed"};
-	pthread_mutex_lock(&s->lock);
-	struct tr_job_row row = {0};
-	int rc = load_job(s, id, &row, err);
-	if (rc < 0) {
-		/* refused by load_job */
-	} else if (tr_state_is_terminal(row.state)) {
-		rc = refuse(err, 409, "conflict", "", "job %lld is %s; it cannot be %s", (long long)id, row.state,
-			    names[op]);
-	} else if (op == TR_CONTROL_RESUME) {
-		if (strcmp(row.state, "paused") != 0)
-			rc = refuse(err, 409, "conflict", "", "job %lld is %s, not paused", (long long)id, row.state);
-		else if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]") < 0)
-			rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
-		else {
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-					    "resumed: queued; it continues from its newest checkpoint");
-			s->dirty = true;
-			pthread_cond_broadcast(&s->wake);
-		}
-	} else if (strcmp(row.state, "paused") == 0) {
-		if (op == TR_CONTROL_CANCEL) {
-			/* Held and shown when storage refuses it (the job must
-			 * not come back), like every cancel below. */
-			rc = tr_store_job_record_state(s->cfg.store, id, "cancelled",
-						       "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}",
-						       NULL);
-			if (rc < 0)
-				rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+	const char *key = req->epochs ? "epochs" : "max_steps";
+	int64_t value = req->epochs ? req->epochs : req->max_steps;
+	/* epoch is the 0-based epoch of the job's last step: epochs must
+	 * still include it (docs/design.md, "Epochs"). */
+	if (req->epochs && req->epochs < row->epoch + 1)
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/epochs",
+			      "/epochs: job %lld is in epoch %lld (1-based) already; give at least %lld",
+			      (long long)row->id, (long long)tr_job_epoch_shown(row->epoch), (long long)row->epoch + 1);
+	if (req->max_steps && req->max_steps < row->step)
+		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/max_steps",
+			      "/max_steps: job %lld is at step %lld already; give at least that", (long long)row->id,
+			      (long long)row->step);
+	const char *texts[2] = {row->spec, row->normalized};
+	char *out[2] = {NULL, NULL};
+	int rc = 0;
+	for (int i = 0; i < 2 && rc == 0; i++) {
+		json_t *doc = texts[i] ? json_loads(texts[i], 0, NULL) : NULL;
+		if (!json_is_object(doc)) {
+			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: its stored spec is not a JSON object",
+				    (long long)row->id);
 		} else {
-			rc = refuse(err, 409, "conflict", "", "job %lld is already paused", (long long)id);
+			json_object_del(doc, "epochs");
+			json_object_del(doc, "max_steps");
+			json_object_set_new(doc, key, json_integer(value));
+			out[i] = json_dumps(doc, JSON_COMPACT | (i ? JSON_SORT_KEYS : JSON_PRESERVE_ORDER) |
+							 JSON_REAL_PRECISION(i ? 9 : 15));
+			if (!out[i])
+				rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "out of memory");
 		}
-	} else if (op == TR_CONTROL_PAUSE &&
-		   (strcmp(row.state, "queued") == 0 || strcmp(row.state, "interrupted") == 0)) {
+		json_decref(doc);
+	}
+	/* The normalized spec must still be a valid one (bounds: epochs x
+	 * samples, max_steps x batch_size). */
+	if (rc == 0) {
+		struct tr_spec spec;
+		struct tr_spec_error serr;
+		if (tr_spec_parse_text(out[1], &spec, &serr) < 0)
+			rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, req->epochs ? "/epochs" : "/max_steps", "%s",
+				    serr.message);
+		else
+			tr_spec_finish(&spec);
+	}
+	if (rc == 0 && tr_store_job_set_spec(s->cfg.store, row->id, out[0], out[1]) < 0)
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+	if (rc == 0) {
+		char line[160];
+		snprintf(line, sizeof line, "its end is now %s %lld", key, (long long)value);
+		tr_store_log_append(s->cfg.store, row->id, TR_LOG_NOTICE, line);
+		tr_sched_drop_spec(s, row->id); /* parsed again from the store when it starts */
+	}
+	free(out[0]);
+	free(out[1]);
+	return rc;
+}
+
+/* A request the table says takes effect at once (the job is not
+ * running): writes the new state. */
+static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const struct tr_api_control *req,
+		   enum tr_job_state to, struct tr_error *err)
+{
+	int64_t id = row->id;
+	int rc = 0;
+	if (to == TR_JOB_QUEUED) { /* resume */
+		if ((req->epochs || req->max_steps) && extend(s, row, req, err) < 0)
+			return -1;
+		if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]") < 0)
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
+				    "resumed: queued; it continues from its newest checkpoint");
+		s->dirty = true;
+		pthread_cond_broadcast(&s->wake);
+	} else if (to == TR_JOB_PAUSED) {
 		/* Not running: it simply waits out of the queue. */
 		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL) < 0)
-			rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
-		else
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
-	} else if (strcmp(row.state, "queued") == 0 || strcmp(row.state, "interrupted") == 0) {
-		/* Cancel or stop before it ran: nothing to wind down. */
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
+	} else if (to == TR_JOB_CANCELLED) {
+		/* Held and shown when storage refuses it: the job must not
+		 * come back.  Cancel or stop before it ran: nothing to wind
+		 * down. */
+		bool paused = strcmp(row->state, "paused") == 0;
 		rc = tr_store_job_record_state(s->cfg.store, id, "cancelled",
-					       "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
+					       paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
+						      : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
 					       NULL);
-		if (rc >= 0)
+		if (rc < 0)
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		if (!paused)
 			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued");
-		else
-			rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		tr_sched_drop_spec(s, id);
 	} else {
-		struct running_job *j = find_running(s, id);
-		if (!j) {
-			rc = refuse(err, 409, "conflict", "", "job %lld is %s and not running here", (long long)id,
-				    row.state);
-		} else if (op == TR_CONTROL_PAUSE) {
-			/* A stop whose final checkpoint is the resume point; the runner
-			 * records the job as paused and frees its devices. */
-			atomic_store(&j->pause_requested, true);
-			atomic_store(&j->stop_requested, true);
-			if (j->trainer)
-				tr_trainer_stop_for(j->trainer, TR_STOP_PAUSE);
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-					    "pause requested: checkpointing at the next step boundary");
-		} else if (op == TR_CONTROL_CANCEL) {
-			atomic_store(&j->cancel_requested, true);
-			if (j->trainer)
-				tr_trainer_cancel(j->trainer);
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested");
-		} else {
-			if (strcmp(row.state, "stopping") != 0) {
-				atomic_store(&j->stop_requested, true);
-				if (j->trainer)
-					tr_trainer_stop(j->trainer);
-				tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL);
-				tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-						    "stop requested: finishing the current step");
-			}
-		}
+		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
+			      tr_job_state_name(to));
 	}
+	return 0;
+}
+
+/* A request the table hands to the job's runner. */
+static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, enum tr_job_request op,
+			 struct tr_error *err)
+{
+	int64_t id = row->id;
+	struct running_job *j = find_running(s, id);
+	if (!j)
+		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is %s and not running here", (long long)id,
+			      row->state);
+	if (op == TR_JOB_PAUSE) {
+		/* A stop whose final checkpoint is the resume point; the runner
+		 * records the job as paused and frees its devices. */
+		atomic_store(&j->pause_requested, true);
+		atomic_store(&j->stop_requested, true);
+		if (j->trainer)
+			tr_trainer_stop_for(j->trainer, TR_STOP_PAUSE);
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
+				    "pause requested: checkpointing at the next step boundary");
+	} else if (op == TR_JOB_CANCEL) {
+		atomic_store(&j->cancel_requested, true);
+		if (j->trainer)
+			tr_trainer_cancel(j->trainer);
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested");
+	} else if (op == TR_JOB_STOP) {
+		atomic_store(&j->stop_requested, true);
+		if (j->trainer)
+			tr_trainer_stop(j->trainer);
+		tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL);
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step");
+	} else if (op == TR_JOB_CHECKPOINT) {
+		if (!j->trainer)
+			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
+				      (long long)id);
+		tr_trainer_request_checkpoint(j->trainer);
+	}
+	return 0;
+}
+
+static int op_control(void *ctx, int64_t id, const struct tr_api_control *req, struct tr_error *err)
+{
+	struct tr_scheduler *s = ctx;
+	pthread_mutex_lock(&s->lock);
+	struct tr_job_row row = {0};
+	struct tr_job_transition t;
+	int rc = load_job(s, id, &row, err);
+	if (rc == 0)
+		rc = tr_job_check(id, row.state, req->op, &t, err);
+	if (rc == 0 && (req->epochs || req->max_steps) && req->op != TR_JOB_RESUME)
+		rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "", "only a resume takes a new end");
+	if (rc == 0 && t.action == TR_JOB_SET)
+		rc = set_now(s, &row, req, t.to, err);
+	else if (rc == 0 && t.action == TR_JOB_SIGNAL)
+		rc = signal_runner(s, &row, req->op, err);
+	/* TR_JOB_KEEP: legal and nothing to do (a repeated stop). */
 	pthread_mutex_unlock(&s->lock);
 	tr_job_row_finish(&row);
 	return rc < 0 ? -1 : 0;
 }
 
-static int op_checkpoint_now(void *ctx, int64_t id, struct tr_api_error *err)
+static int op_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 {
-	struct tr_scheduler *s = ctx;
-	int rc = 0;
-	pthread_mutex_lock(&s->lock);
-	struct running_job *j = find_running(s, id);
-	if (j && j->trainer) {
-		tr_trainer_request_checkpoint(j->trainer);
-	} else {
-		struct tr_job_row row = {0};
-		if (tr_store_job_get(s->cfg.store, id, &row) == -ENOENT)
-			rc = refuse(err, 404, "not_found", "", "job %lld not found", (long long)id);
-		else
-			rc = refuse(err, 409, "conflict", "", "job %lld is %s; only a running job can take a checkpoint",
-				    (long long)id, row.state ? row.state : "not running");
-		tr_job_row_finish(&row);
-	}
-	pthread_mutex_unlock(&s->lock);
+	struct tr_api_control req = {.op = TR_JOB_CHECKPOINT};
+	int rc = op_control(ctx, id, &req, err);
 	if (rc == 0)
-		tr_store_log_append(s->cfg.store, id, TR_LOG_INF, "checkpoint requested");
-	return rc < 0 ? -1 : 0;
+		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested");
+	return rc;
 }
 
-static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_api_error *err)
+static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_job_row row = {0};
 	int rc = load_job(s, id, &row, err);
-	if (rc == 0 && tr_state_is_terminal(row.state))
-		rc = refuse(err, 409, "conflict", "/priority", "job %lld is %s; its priority no longer matters",
-			    (long long)id, row.state);
+	if (rc == 0 && (rc = tr_job_check(id, row.state, TR_JOB_SET_PRIORITY, NULL, err)) < 0)
+		snprintf(err->pointer, sizeof err->pointer, "/priority"); /* the body's field at fault */
 	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority) < 0)
-		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
 	if (rc == 0)
 		tr_sched_kick(s);
 	return rc < 0 ? -1 : 0;
 }
 
-static int op_remove(void *ctx, int64_t id, struct tr_api_error *err)
+static int op_remove(void *ctx, int64_t id, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_job_row row = {0};
 	int rc = load_job(s, id, &row, err);
-	if (rc == 0 && !tr_state_is_terminal(row.state))
-		rc = refuse(err, 409, "conflict", "", "job %lld is %s; cancel it before deleting it", (long long)id,
-			    row.state);
+	if (rc == 0)
+		rc = tr_job_check(id, row.state, TR_JOB_DELETE, NULL, err);
 	if (rc == 0 && tr_store_job_delete(s->cfg.store, id) < 0)
-		rc = refuse(err, 503, "storage_unavailable", "", "%s", tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
 	tr_job_row_finish(&row);
 	return rc < 0 ? -1 : 0;
 }
@@ -340,25 +399,28 @@ static json_t *op_devices(void *ctx)
 	return list;
 }
 
-static json_t *op_live_progress(void *ctx, int64_t id)
+static bool op_live_progress(void *ctx, int64_t id, struct tr_api_live *out)
 {
 	struct tr_scheduler *s = ctx;
-	json_t *out = NULL;
 	pthread_mutex_lock(&s->lock);
 	struct running_job *j = find_running(s, id);
-	if (j && j->have_progress) {
+	bool have = j && j->have_progress;
+	if (have) {
 		const struct tr_progress *p = &j->progress;
-		out = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "step", (json_int_t)p->step, "total_steps",
-				(json_int_t)p->total_steps, "epoch", (json_int_t)p->epoch, "samples_per_sec",
-				p->samples_per_sec, "elapsed_s", p->elapsed_s, "eta_s", p->eta_s, "data_wait_fraction",
-				p->data_wait_fraction);
-		if (out && p->epochs > 0)
-			json_object_set_new(out, "epochs", json_integer(p->epochs));
-		if (out && isfinite(p->loss))
-			json_object_set_new(out, "loss", json_real(p->loss));
+		*out = (struct tr_api_live){
+			.step = p->step,
+			.total_steps = p->total_steps,
+			.epoch = p->epoch,
+			.epochs = p->epochs,
+			.samples_per_sec = p->samples_per_sec,
+			.elapsed_s = p->elapsed_s,
+			.eta_s = p->eta_s,
+			.data_wait_fraction = p->data_wait_fraction,
+			.loss = p->loss,
+		};
 	}
 	pthread_mutex_unlock(&s->lock);
-	return out;
+	return have;
 }
 
 static bool op_ready(void *ctx)
@@ -404,7 +466,7 @@ int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err,
 	}
 	char *body = json_dumps(doc, JSON_COMPACT);
 	struct tr_api_submit req = {.spec = doc, .body = body, .body_len = body ? strlen(body) : 0};
-	struct tr_api_error aerr = {0};
+	struct tr_error aerr = {0};
 	int64_t id;
 	bool replayed;
 	int rc = op_submit(s, &req, &id, &replayed, &aerr);

@@ -6,8 +6,10 @@
  * complete, chunk_file; ON DELETE CASCADE from jobs) in the store's
  * database, and the blob's 4 MiB chunks in a SQLite file of the
  * checkpoint's own, "<store path>-checkpoints/<id>.sqlite" (checkpoints
- * written before chunk_file existed keep theirs in the store's
- * checkpoint_chunks table, and are still read and deleted).  A checkpoint
+ * written before chunk_file existed kept theirs in the store's
+ * checkpoint_chunks table; tr_store_open moves them into files once).
+ * Written in checkpoints_write.c, read in checkpoints_read.c, files,
+ * deletion and the move at open in checkpoints_files.c.  A checkpoint
  * is written chunk by chunk into its file, without touching the store's
  * write lock; it becomes visible (and durable: the file is synced first)
  * only when tr_store_ckpt_commit marks it complete (with its SHA-256) in
@@ -74,7 +76,7 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
 
 /* Deletes the spare file (a pruned checkpoint's file kept to be written
- * over by the next checkpoint: see storage/checkpoints.c), if any.  For
+ * over by the next checkpoint: see storage/checkpoints_files.c), if any.  For
  * when no checkpoint is expected soon; the next open does it too. */
 void tr_store_ckpt_drop_spare(tr_store_t *s);
 
@@ -88,10 +90,8 @@ void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count);
  * step), TR_CKPT_BEST the best, another step < 0 the newest.  -ENOENT when
  * there is none. */
 int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out);
-/* Deletes a checkpoint with its chunks; -ENOENT when there is none.  It
- * disappears from lists at once; then its file is unlinked (or an older
- * checkpoint's chunks are deleted a few per transaction, so that the write
- * lock is never held for the whole blob), as for checkpoints pruned by a
+/* Deletes a checkpoint; -ENOENT when there is none.  It disappears from
+ * lists at once; then its file is unlinked, as for checkpoints pruned by a
  * commit. */
 int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id);
 /* A complete checkpoint's model_header (malloc'd *data, at least 1 byte
@@ -102,11 +102,9 @@ typedef struct tr_ckpt_reader tr_ckpt_reader_t;
 
 /* Random-access reads over a complete checkpoint's blob (-ENOENT when
  * there is none; -EBADMSG when its file or chunks are missing or of the
- * wrong size).  The reader has its own connection to the checkpoint's file
- * (or, for an older checkpoint, to the store, with a read transaction that
- * keeps the WAL from restarting until it is closed), so it sees the
- * checkpoint as it was at open even if it is deleted meanwhile.  One
- * thread at a time per reader. */
+ * wrong size).  The reader has its own connection to the checkpoint's
+ * file, so it sees the checkpoint as it was at open even if it is deleted
+ * meanwhile.  One thread at a time per reader. */
 int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out);
 /* Reads up to len bytes at offset; returns the count (0 at the end) or a
  * negative code. */

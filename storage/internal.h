@@ -170,9 +170,10 @@ void tr_store_conn_close(struct conn *c);
  * write: PRAGMA max_page_count is a setting of each connection. */
 int tr_store_set_max_bytes(struct conn *c, int64_t max_bytes);
 
-/* Checkpoint files (storage/checkpoints.c).  At open, with no writer
- * running: deletes checkpoints left incomplete by a previous run, then any
- * checkpoint file without a row.  tr_store_ckpt_sweep_files does the
+/* Checkpoint files (storage/checkpoints_files.c).  At open, with no
+ * writer running: deletes checkpoints left incomplete by a previous run,
+ * then any checkpoint file without a row, then moves checkpoints whose
+ * chunks are still in the database (an older trainerd's) into files.  tr_store_ckpt_sweep_files does the
  * second part alone (after a job's rows were deleted). */
 int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c);
 void tr_store_ckpt_sweep_files(tr_store_t *s, struct conn *c);

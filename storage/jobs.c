@@ -5,6 +5,8 @@
  */
 #include "storage/internal.h"
 
+#include "core/job.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,22 +16,6 @@
 #define JOB_COLS                                                                                         \
 	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
 	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info"
-
-static const char *const known_states[] = {"queued",    "running", "stopping",  "paused",
-					   "completed", "failed",  "cancelled", "interrupted"};
-
-static bool is_terminal(const char *state)
-{
-	return strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
-}
-
-static bool is_known_state(const char *state)
-{
-	for (size_t i = 0; i < sizeof known_states / sizeof known_states[0]; i++)
-		if (strcmp(state, known_states[i]) == 0)
-			return true;
-	return false;
-}
 
 void tr_job_row_finish(struct tr_job_row *row)
 {
@@ -582,12 +568,12 @@ int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, cons
 		err = SQLFAIL(c, rc, "SELECT job state");
 		goto cleanup;
 	}
-	bool was_terminal = is_terminal((const char *)sqlite3_column_text(st, 0));
+	bool was_terminal = tr_job_state_name_terminal((const char *)sqlite3_column_text(st, 0));
 	double finished_at = sqlite3_column_double(st, 1);
 	sqlite3_reset(st);
 	/* "0 = not yet": a job that leaves a terminal state (re-queued) is
 	 * not finished any more; re-entering one re-stamps. */
-	if (!is_terminal(state))
+	if (!tr_job_state_name_terminal(state))
 		finished_at = 0;
 	else if (!was_terminal || finished_at == 0)
 		finished_at = now;
@@ -625,7 +611,7 @@ cleanup:
 int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
 			   const char *devices_json)
 {
-	if (!state || !is_known_state(state))
+	if (tr_job_state_parse(state) < 0)
 		return tr_store_fail(-EINVAL, "unknown job state \"%s\"", state ? state : "(null)");
 	int err = check_json(error_json, JSON_OBJECT, "error");
 	if (err < 0)
@@ -697,6 +683,30 @@ int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority)
 		err = update_one(s, c, st, id);
 	}
 	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized)
+{
+	int err = check_json(spec, JSON_OBJECT, "spec");
+	if (err == 0)
+		err = check_json(normalized, JSON_OBJECT, "normalized spec");
+	if (err < 0)
+		return err;
+	if (!spec || !normalized)
+		return tr_store_fail(-EINVAL, "job spec: both texts are required");
+	struct conn *c = tr_store_conn_get(s);
+	err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET spec = ?2, normalized = ?3 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_text(st, 2, spec, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, normalized, -1, SQLITE_STATIC);
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	if (err == 0)
+		tr_store_data_changed(s);
 	return err;
 }
 

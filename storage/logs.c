@@ -1,7 +1,9 @@
-/* Reading a job's log lines (written by the queue's writer, batch.c), paged
+/* Reading a job's log lines (written by the metrics writer, metrics_write.c), paged
  * by log id like events are.
  */
 #include "storage/internal.h"
+
+#include "core/rfc3339.h"
 
 #include <errno.h>
 
@@ -23,9 +25,12 @@ json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int li
 	sqlite3_bind_int64(st, 2, after);
 	sqlite3_bind_int(st, 3, limit > 0 ? limit : -1);
 	while (!oom && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-		/* Messages were made valid UTF-8 when queued. */
-		json_t *line = json_pack("{s:I, s:f, s:i, s:s}", "id", (json_int_t)sqlite3_column_int64(st, 0), "time",
-					 sqlite3_column_double(st, 1), "level", sqlite3_column_int(st, 2), "message",
+		/* Messages were made valid UTF-8 when queued; times are RFC 3339
+		 * like every time in the API (core/rfc3339.h). */
+		char when[TR_RFC3339_LEN];
+		bool have = tr_rfc3339_format(sqlite3_column_double(st, 1), when, sizeof when);
+		json_t *line = json_pack("{s:I, s:s?, s:i, s:s}", "id", (json_int_t)sqlite3_column_int64(st, 0), "time",
+					 have ? when : NULL, "level", sqlite3_column_int(st, 2), "message",
 					 (const char *)sqlite3_column_text(st, 3));
 		oom = !line || json_array_append_new(a, line) != 0;
 	}

@@ -3,7 +3,7 @@
  * A change that has happened (a job ended, was cancelled) must not be lost
  * because the disk is full or the state directory read-only: it is held
  * here, in the order the changes happened, written by the metrics writer
- * as soon as storage works (storage/queue.c), and shown by every job query
+ * as soon as storage works (storage/metrics_queue.c), and shown by every job query
  * meanwhile (tr_store_job_overlay), so the API tells the truth and the
  * scheduler never starts a job whose cancellation is still unwritten.
  * st_lock orders every state write, held or direct, so a job's changes
@@ -16,6 +16,8 @@
  */
 #include "storage/internal.h"
 
+#include "core/job.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -23,11 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static bool is_terminal(const char *state)
-{
-	return strcmp(state, "completed") == 0 || strcmp(state, "failed") == 0 || strcmp(state, "cancelled") == 0;
-}
 
 static void entry_free(struct pending_state *p)
 {
@@ -159,14 +156,14 @@ void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row)
 		const struct pending_state *p = &s->pst[i];
 		if (p->job_id != row->id)
 			continue;
-		bool was_terminal = row->state && is_terminal(row->state);
+		bool was_terminal = row->state && tr_job_state_name_terminal(row->state);
 		/* The same stamps tr_store_job_write_state will give it. */
 		if (replace(&row->state, p->state) < 0 || replace(&row->error, p->error) < 0 ||
 		    (p->devices && replace(&row->devices, p->devices) < 0))
 			break; /* out of memory: shows what the database has */
 		if (strcmp(p->state, "running") == 0 && row->started_at == 0)
 			row->started_at = p->at;
-		if (!is_terminal(p->state))
+		if (!tr_job_state_name_terminal(p->state))
 			row->finished_at = 0;
 		else if (!was_terminal || row->finished_at == 0)
 			row->finished_at = p->at;

@@ -5,7 +5,7 @@
  * aligned block of 16^k steps that has points: count, min point and max
  * point.  A downsampling query then reads a few thousand rows of the level
  * that fits its bucket width and descends only at bucket edges
- * (metrics.c).  Rows are merged in C, not SQL, because the value order has
+ * (metrics_read.c).  Rows are merged in C, not SQL, because the value order has
  * to place NaN (stored as NULL) above +inf and break ties by step, and the
  * merge must give the same answer however points were grouped.
  */

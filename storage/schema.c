@@ -73,7 +73,7 @@ static const char *const migrations[] = {
 	");"
 	"CREATE INDEX logs_by_job ON logs(job_id, id);",
 
-	/* 2: checkpoints (storage/checkpoints.c).  A checkpoint row is
+	/* 2: checkpoints (storage/checkpoints_*.c).  A checkpoint row is
 	 * inserted with complete = 0 and flipped to 1 by the commit, so a
 	 * crash mid-write leaves a row that readers skip and the next open
 	 * deletes.  Chunks are a rowid table (sqlite3_blob_open needs one) with
@@ -105,10 +105,11 @@ static const char *const migrations[] = {
 	");",
 
 	/* 3: checkpoint files.  chunk_file = 1: the checkpoint's chunks are in
-	 * a SQLite file of its own (storage/checkpoints.c), so its bytes are
+	 * a SQLite file of its own (storage/checkpoints_files.c), so its bytes are
 	 * written once instead of into this database's WAL and then again
 	 * into this file.  Rows from before keep 0 and their chunks in
-	 * checkpoint_chunks, which is still read. */
+	 * checkpoint_chunks until the open moves them into files
+	 * (storage/checkpoints_files.c). */
 	"ALTER TABLE checkpoints ADD COLUMN chunk_file INTEGER NOT NULL DEFAULT 0;",
 
 	/* 4: the best checkpoint of early stopping.  best = 1 on at most one

@@ -23,8 +23,8 @@
 /* The page size of new databases, chosen when checkpoint chunks (4 MiB
  * blobs in overflow pages) were stored here: SQLite's work per chunk grows
  * with the number of pages (at 4 KiB 1024, at 16 KiB 256).  They have
- * files of their own now (storage/checkpoints.c), but older checkpoints'
- * chunks still live here.  Every metrics flush rewrites the pages it
+ * files of their own now (storage/checkpoints_files.c; older checkpoints'
+ * chunks are moved out at open).  Every metrics flush rewrites the pages it
  * touches in full, so larger pages cost metrics writes bytes:
  * docs/design.md has the figures behind 16 KiB. */
 #define STORE_PAGE_SIZE_NEW "16384"
@@ -256,7 +256,7 @@ void tr_store_conn_close(struct conn *c)
  * connection whose commit makes it hold WAL_AUTOCHECKPOINT_BYTES, whatever
  * the page size (SQLite's default of 1000 pages is 4 MB at 4 KiB pages).
  * Checkpoint payloads do not pass through this WAL (they have files of
- * their own: storage/checkpoints.c), so it only ever holds metadata and
+ * their own: storage/checkpoints_files.c), so it only ever holds metadata and
  * metrics.  64 MiB is also journal_size_limit: the log's size after a
  * restart. */
 #define WAL_AUTOCHECKPOINT_BYTES (64 << 20)

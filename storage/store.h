@@ -75,7 +75,7 @@ int tr_store_integrity_check(tr_store_t *s);
 struct tr_job_row {
 	int64_t id;
 	char *name;
-	char *state;           /* queued running stopping paused completed failed cancelled interrupted */
+	char *state;           /* a name from core/job.h: queued running stopping paused stopped ... */
 	int priority;          /* higher runs first */
 	char *spec;            /* JSON text as submitted */
 	char *normalized;      /* JSON text with defaults filled */
@@ -175,6 +175,10 @@ int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
 int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
 			      double loss);
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority);
+/* Replaces a job's spec as given and its normalized spec (a resume that
+ * gives it a new end); both JSON object texts.  -ENOENT for an unknown
+ * job. */
+int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized);
 /* Deletes a job and all its events, metrics and logs (ON DELETE CASCADE). */
 int tr_store_job_delete(tr_store_t *s, int64_t id);
 

@@ -9,8 +9,9 @@
 	const TOKEN_KEY = 'trainerd.token';
 	const MAX_POINTS = 2000; /* per series and request: about two per pixel */
 	const LOG_LINES = 300;
-	const TERMINAL = ['completed', 'failed', 'cancelled'];
-	const STATES = ['queued', 'running', 'stopping', 'paused', 'completed', 'failed', 'cancelled', 'interrupted'];
+	/* The daemon's job states (docs/design.md, "The job"); terminal ones hold no devices. */
+	const TERMINAL = ['stopped', 'completed', 'failed', 'cancelled'];
+	const STATES = ['queued', 'running', 'stopping', 'paused', 'stopped', 'completed', 'failed', 'cancelled', 'interrupted'];
 	const PALETTE = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#db2777', '#65a30d'];
 	const LEVELS = { 0: 'emerg', 1: 'alert', 2: 'crit', 3: 'error', 4: 'warn', 5: 'notice', 6: 'info', 7: 'debug' };
 
@@ -490,10 +491,14 @@
 		const badge = h('span', { id: 'job-state' });
 		const buttons = {};
 		const actions = h('div', { class: 'row', id: 'job-actions' });
+		/* A resume may give the job a new end: epochs in all (empty: unchanged). */
+		const resumeEpochs = h('input', { type: 'number', id: 'resume-epochs', min: 1, step: 1, class: 'small-num',
+			placeholder: 'epochs', title: 'Resume to this many epochs in all (empty: as before)',
+			'aria-label': 'Epochs in all when resumed (optional)', disabled: true });
 		const ACTIONS = [
-			['stop', 'Stop', 'finishes its current step, takes a final checkpoint and ends as completed', ['running']],
+			['stop', 'Stop', 'finishes its current step, takes a final checkpoint and ends as stopped (it can be resumed later)', ['running']],
 			['pause', 'Pause', 'takes a checkpoint and leaves its devices until resumed', ['queued', 'running']],
-			['resume', 'Resume', 'queues it again; it continues from its newest checkpoint', ['paused']],
+			['resume', 'Resume', 'queues it again; it continues from its newest checkpoint', ['paused', 'stopped']],
 			['cancel', 'Cancel', 'ends it at once, without a final checkpoint', ['queued', 'running', 'stopping', 'paused', 'interrupted']],
 		];
 		for (const [op, label, what, states] of ACTIONS) {
@@ -502,6 +507,7 @@
 			b.addEventListener('click', () => control(op, label, what, b));
 			buttons[op] = b;
 			actions.append(b);
+			if (op === 'resume') actions.append(resumeEpochs);
 		}
 		const feedback = h('span', { id: 'job-feedback', class: 'muted small', role: 'status', 'aria-live': 'polite' });
 		const info = h('dl', { class: 'info', id: 'job-info' });
@@ -549,9 +555,10 @@
 			if (TERMINAL.includes(job.state) && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
 			for (const b of Object.values(buttons))
 				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
+			resumeEpochs.disabled = buttons.resume.disabled;
 			const rows = [
 				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
-				['Epoch', p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch],
+				['Epoch', p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch + 1], /* 1-based for people */
 				['ETA', TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s)],
 				['Elapsed', fmtDuration(p.elapsed_s !== undefined ? p.elapsed_s : job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null)],
 				['Loss', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
@@ -647,7 +654,11 @@
 			b.textContent = label.replace(/e$/, '') + 'ing…';
 			feedback.textContent = op + ' requested…';
 			try {
-				st.job = await api('/jobs/' + id + '/' + op, { method: 'POST' });
+				const epochs = op === 'resume' && resumeEpochs.value ? Number(resumeEpochs.value) : 0;
+				st.job = await api('/jobs/' + id + '/' + op, epochs
+					? { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ epochs }) }
+					: { method: 'POST' });
+				if (epochs) resumeEpochs.value = '';
 				feedback.textContent = op + ' accepted: ' + st.job.state;
 				toast(label + ': job #' + id + ' is ' + st.job.state);
 			} catch (e) {
@@ -881,7 +892,7 @@
 		}
 		function addLog(line) {
 			const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
-			const t = new Date(line.time * 1000);
+			const t = new Date(line.time); /* RFC 3339 */
 			const el = h('div', { class: 'lvl-' + line.level },
 				t.toTimeString().slice(0, 8) + ' ' + (LEVELS[line.level] || line.level).padEnd(6) + ' ' + line.message);
 			logPre.append(el);

@@ -19,7 +19,7 @@
  * --sqlite: a diagnostic of SQLite alone (no hashing, no trainerd code):
  * the same chunk table, connection settings (WAL, synchronous=NORMAL,
  * journal_size_limit 64 MiB) and one BEGIN IMMEDIATE transaction per 4 MiB
- * chunk as storage/checkpoints.c, with the page size and
+ * chunk as the checkpoint writer once did (storage/checkpoints_write.c), with the page size and
  * wal_autocheckpoint given (trainerd runs with SQLite's defaults, 4096 and
  * 1000; AUTOCHECKPOINT 0 = off, one TRUNCATE checkpoint at the end, timed
  * in).  Shows what the storage engine itself costs per MB.

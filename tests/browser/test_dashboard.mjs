@@ -302,11 +302,14 @@ try {
 		});
 		await page.click('#confirm-ok');
 		await page.waitForFunction(() => window.feedbackSeen.some((t) => /stop/.test(t)), null, { timeout: 5000 });
-		await page.waitForSelector('#job-state [data-state="completed"]', { timeout: 60000 });
-		if ((await jobState(d, id)) !== 'completed') throw new Error('the daemon says ' + (await jobState(d, id)));
+		await page.waitForSelector('#job-state [data-state="stopped"]', { timeout: 60000 });
+		if ((await jobState(d, id)) !== 'stopped') throw new Error('the daemon says ' + (await jobState(d, id)));
 		const step = Number((await page.textContent('#job-info dd')).split('/')[0]);
 		if (!(step > 0 && step < longJob.max_steps)) throw new Error('step shown: ' + step);
 		if (!(await page.isDisabled('#btn-stop'))) throw new Error('Stop is still enabled');
+		/* A stopped job can be resumed later. */
+		if (await page.isDisabled('#btn-resume')) throw new Error('Resume is disabled for a stopped job');
+		if (await page.isDisabled('#resume-epochs')) throw new Error('the epochs of a resume cannot be given');
 		await page.screenshot({ path: path.join(artifacts, 'job-stopped.png'), fullPage: true });
 	});
 

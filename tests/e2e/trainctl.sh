@@ -71,7 +71,7 @@ JSON
 tc --help >"$work/o" 2>&1
 check "--help exits 0" test $? -eq 0
 check "--help lists exit codes" has "$work/o" "daemon cannot be reached"
-for c in submit ls show watch stop cancel pause resume delete priority metrics logs checkpoints download devices version; do
+for c in submit ls show watch stop cancel pause resume delete priority metrics logs checkpoints download upload datasets rm-dataset devices version; do
 	tc "$c" --help >"$work/o" 2>&1
 	check "$c --help exits 0 with usage" test $? -eq 0 -a -n "$(grep "usage: trainctl .*$c" "$work/o")"
 done
@@ -234,8 +234,13 @@ check "pause" wait_state "$long" paused
 tc resume "$long" >/dev/null
 check "resume" wait_state "$long" running
 tc stop "$long" >/dev/null
-tc watch "$long" >/dev/null 2>&1
-check "a stopped job ends completed (watch exits 0)" test $? -eq 0
+tc watch "$long" >"$work/o" 2>&1
+check "a stopped job ends stopped (watch exits 0)" test $? -eq 0
+check "watch prints stopped" has "$work/o" "^job $long stopped"
+tc ls --state stopped >"$work/o"
+check "ls --state stopped lists it" has "$work/o" "^ *$long "
+tc resume --epochs 0 "$long" >/dev/null 2>"$work/e"
+check "resume --epochs 0 is a usage error (exit 2)" test $? -eq 2
 
 # ---- watch across a daemon restart ----
 long=$(tc submit "$work/long.json")
@@ -304,6 +309,59 @@ TRAINERD_TOKEN=sekrit tc ls >/dev/null
 check "TRAINERD_TOKEN" test $? -eq 0
 tc --token-file "$work/token" ls >/dev/null
 check "--token-file" test $? -eq 0
+
+# ---- upload, datasets, rm-dataset (and the write role they need) ----
+stop
+printf 'read:rtok\nwrite:wtok\nadmin:atok\n' >"$work/tokens"
+chmod 600 "$work/tokens"
+"$TRAINERD" serve --listen 127.0.0.1:0 --state-dir "$work/state3" --data-root "$work/state3" --cpu-devices 1 \
+	--backend cpu --token-file "$work/tokens" >>"$work/daemon.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 150); do
+	[ -s "$work/state3/listen.addr" ] && break
+	sleep 0.1
+done
+TRAINERD_URL=$(cat "$work/state3/listen.addr")
+python3 -c "
+for r in range(96): print('%d.5,%d.25,%d' % (r * 7 % 5, r * 3 % 4, r % 3))" >"$work/toy.csv"
+head -c 3000000 /dev/urandom >"$work/blob.bin"
+TRAINERD_TOKEN=rtok tc upload "$work/toy.csv" toy >/dev/null 2>"$work/e"
+check "upload with a read token: exit 4" test $? -eq 4
+check "upload with a read token: the role is named" has "$work/e" "HTTP 403.*write"
+export TRAINERD_TOKEN=wtok
+tc upload "$work/toy.csv" toy >"$work/o" 2>"$work/e"
+check "upload exits 0" test $? -eq 0
+check "upload prints the spec path and sha256sum's digest" \
+	has "$work/o" "^dataset:toy/toy.csv .* sha256 $(sha256sum "$work/toy.csv" | cut -d' ' -f1)\$"
+tc upload --as blob.bin "$work/blob.bin" toy >"$work/o" 2>"$work/e"
+check "upload of 3 MB exits 0" test $? -eq 0
+check "upload piped shows no progress bar" test "$(count "$work/e" $'\r')" -eq 0
+tc datasets >"$work/o"
+check "datasets lists both files" test "$(grep -c '^dataset:toy/' "$work/o")" -eq 2
+check "datasets shows sha256sum's digest" has "$work/o" "$(sha256sum "$work/blob.bin" | cut -d' ' -f1)"
+tc datasets --json >"$work/o"
+check "datasets --json" python3 -c "import json; j=json.load(open('$work/o')); assert j['used_bytes']==$(($(stat -c %s "$work/toy.csv") + 3000000))"
+tc upload "$work/toy.csv" ../etc >/dev/null 2>"$work/e"
+check "upload to a name that leaves the directory: exit 2" test $? -eq 2
+cat >"$work/ds.json" <<'JSON'
+{"name": "from-upload", "seed": 1, "model": {"inputs": 2, "layers": [{"type": "dense", "units": 3}]},
+ "data": {"train": {"format": "csv", "path": "dataset:toy/toy.csv"}}, "batch_size": 16, "epochs": 2,
+ "optimizer": {"type": "sgd", "lr": 0.1}}
+JSON
+tc submit --wait "$work/ds.json" >"$work/o" 2>&1
+check "a job trains on the uploaded file" test $? -eq 0
+tc rm-dataset toy/blob.bin >/dev/null 2>"$work/e"
+check "rm-dataset with a write token: exit 4 (deleting needs admin)" test $? -eq 4
+export TRAINERD_TOKEN=atok
+tc rm-dataset toy/blob.bin >"$work/o"
+check "rm-dataset of a file exits 0" test $? -eq 0
+check "rm-dataset says what it freed" has "$work/o" "deleted toy/blob.bin (3.0 MB freed)"
+tc rm-dataset toy/blob.bin >/dev/null 2>"$work/e"
+check "rm-dataset of a missing file: exit 4" test $? -eq 4
+tc rm-dataset toy >/dev/null
+check "rm-dataset of a dataset exits 0" test $? -eq 0
+check "nothing is left" test "$(tc datasets | grep -c '^dataset:')" -eq 0
+unset TRAINERD_TOKEN
 
 if [ "$fail" -ne 0 ]; then
 	echo "---- daemon log ----" >&2

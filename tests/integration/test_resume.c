@@ -20,6 +20,7 @@
 #include <criterion/criterion.h>
 #include <ctype.h>
 #include <errno.h>
+#include <regex.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -480,6 +481,143 @@ Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons
 	assert_same_result(&da, ref, &da, t, EXACT_STEPS, "sigterm");
 }
 
+/* ---- 2b. stop -> stopped -> resume with more epochs -> completed ---------- */
+
+/* The exact-resume job with a schedule that does not depend on the run's
+ * length (a warm-up, then constant), so that 2 epochs stopped and resumed
+ * to 4 must equal 4 epochs never stopped: 2000 samples / 32 = 63 steps an
+ * epoch (the last one short), 252 steps in 4 epochs. */
+#define MORE_STEPS 252
+#define MORE_JOB_FMT                                                                                           \
+	"{\"name\": \"more\", \"seed\": 11, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 32},"       \
+	" {\"type\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 4}]},"   \
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 2000, \"features\": 16, \"classes\": 4," \
+	" \"noise\": 0.5, \"load_cost_us\": 800}, \"shuffle\": true}, \"batch_size\": 32, \"epochs\": %d,"        \
+	" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.01},"                            \
+	" \"schedule\": {\"type\": \"constant\", \"warmup_steps\": 20}, \"devices\": 1,"                           \
+	" \"prefetch\": {\"workers\": 2, \"depth\": 4}, \"checkpoint\": {\"every_steps\": 10}}"
+
+static json_t *job_json(const struct daemon *d, long long id)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	return get_json(d, path);
+}
+
+/* An RFC 3339 UTC time as the API writes it: 2026-12-01T17:25:34.120Z. */
+static void assert_rfc3339(const json_t *v, const char *what)
+{
+	const char *t = json_string_value(v);
+	cr_assert_not_null(t, "%s: not a string", what);
+	regex_t re;
+	cr_assert_eq(regcomp(&re, "^[0-9]{4}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\\.[0-9]{3}Z$",
+			     REG_EXTENDED | REG_NOSUB),
+		     0);
+	int rc = regexec(&re, t, 0, NULL, 0);
+	regfree(&re);
+	cr_assert_eq(rc, 0, "%s: \"%s\" is not RFC 3339 UTC with milliseconds", what, t);
+}
+
+static long post_body(const struct daemon *d, const char *path, const char *body, char *out, size_t outlen)
+{
+	struct http_reply r;
+	http(d, "POST", path, body, NULL, NULL, &r);
+	long status = r.status;
+	snprintf(out, outlen, "%s", r.body ? r.body : "");
+	http_free(&r);
+	return status;
+}
+
+Test(resume, stopped_job_resumed_with_more_epochs_equals_the_longer_run, .fini = cleanup_daemons, .timeout = 240)
+{
+	char spec4[2048], spec2[2048], path[96], body[2048];
+	snprintf(spec4, sizeof spec4, MORE_JOB_FMT, 4);
+	snprintf(spec2, sizeof spec2, MORE_JOB_FMT, 2);
+	daemon_start(&da, 2, NULL);
+	long long ref = submit_job(&da, spec4);
+	long long id = submit_job(&da, spec2);
+
+	/* Stopped on request in its first epoch: "stopped", not "completed". */
+	wait_live_step(&da, id, 40, 60);
+	snprintf(path, sizeof path, "/jobs/%lld/stop", id);
+	long status = post_status(&da, path, body, sizeof body);
+	cr_assert_eq(status, 202, "POST %s: %ld %s", path, status, body);
+	cr_assert_str_eq(wait_state(&da, id, "stopped|completed|failed|cancelled", 30), "stopped");
+	char *log = job_logs(&da, id);
+	const char *at = strstr(log, "stopped by request after step ");
+	cr_assert_not_null(at, "log:\n%s", log);
+	long long stopped = atoll(at + strlen("stopped by request after step "));
+	cr_assert(stopped >= 40 && stopped < 126, "stopped at step %lld", stopped);
+	json_t *j = job_json(&da, id);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "progress"), "step")), stopped);
+	assert_rfc3339(json_object_get(j, "submitted_at"), "submitted_at");
+	assert_rfc3339(json_object_get(j, "started_at"), "started_at");
+	assert_rfc3339(json_object_get(j, "finished_at"), "finished_at of a stopped job");
+	long long epoch = json_integer_value(json_object_get(json_object_get(j, "progress"), "epoch"));
+	cr_assert_eq(epoch, (stopped - 1) / 63, "step %lld is in epoch %lld (0-based), the API says %lld", stopped,
+		     (stopped - 1) / 63, epoch);
+	json_decref(j);
+	json_t *list = checkpoints(&da, id);
+	cr_assert_eq(json_integer_value(json_object_get(json_array_get(list, 0), "step")), stopped);
+	assert_rfc3339(json_object_get(json_array_get(list, 0), "created_at"), "checkpoint created_at");
+	json_decref(list);
+	/* Log lines carry RFC 3339 times too. */
+	snprintf(path, sizeof path, "/jobs/%lld/logs", id);
+	j = get_json(&da, path);
+	json_t *line = json_array_get(json_object_get(j, "logs"), 0);
+	cr_assert_not_null(line);
+	assert_rfc3339(json_object_get(line, "time"), "a log line's time");
+	json_decref(j);
+
+	/* What a stopped job refuses, and a resume with a bad body. */
+	snprintf(path, sizeof path, "/jobs/%lld/stop", id);
+	cr_assert_eq(post_status(&da, path, body, sizeof body), 409, "%s", body);
+	cr_assert(strstr(body, "\"conflict\"") && strstr(body, "is stopped"), "%s", body);
+	snprintf(path, sizeof path, "/jobs/%lld/pause", id);
+	cr_assert_eq(post_status(&da, path, body, sizeof body), 409, "%s", body);
+	snprintf(path, sizeof path, "/jobs/%lld/resume", id);
+	cr_assert_eq(post_body(&da, path, "{\"epochs\": 0}", body, sizeof body), 400, "%s", body);
+	cr_assert(strstr(body, "\"/epochs\""), "%s", body);
+	cr_assert_eq(post_body(&da, path, "{\"epochs\": 3, \"max_steps\": 9}", body, sizeof body), 400, "%s", body);
+	cr_assert_eq(post_body(&da, path, "{\"epoch\": 3}", body, sizeof body), 400, "%s", body);
+	cr_assert(strstr(body, "\"/epoch\""), "%s", body);
+	cr_assert_eq(post_body(&da, path, "{\"max_steps\": 5}", body, sizeof body), 400, "%s", body);
+	cr_assert(strstr(body, "already"), "%s", body);
+	/* Still stopped after the refusals. */
+	char state[32];
+	job_step(&da, id, state, NULL);
+	cr_assert_str_eq(state, "stopped");
+
+	/* Resumed with 4 epochs in all: it trains on to step 252 and
+	 * completes with the weights of the run that was never stopped. */
+	status = post_body(&da, path, "{\"epochs\": 4}", body, sizeof body);
+	cr_assert_eq(status, 202, "POST %s: %ld %s", path, status, body);
+	j = job_json(&da, id);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "spec"), "epochs")), 4,
+		     "the spec shown has its new end");
+	cr_assert(json_is_null(json_object_get(j, "finished_at")), "a resumed job is not finished");
+	json_decref(j);
+	cr_assert_str_eq(wait_state(&da, id, "completed|stopped|failed|cancelled", 90), "completed");
+	cr_assert_str_eq(wait_state(&da, ref, "completed|stopped|failed|cancelled", 90), "completed");
+	j = job_json(&da, id);
+	json_t *p = json_object_get(j, "progress");
+	cr_assert_eq(json_integer_value(json_object_get(p, "step")), MORE_STEPS);
+	cr_assert_eq(json_integer_value(json_object_get(p, "total_steps")), MORE_STEPS);
+	cr_assert_eq(json_integer_value(json_object_get(p, "epoch")), 3, "the last step is in epoch 3 (0-based)");
+	assert_rfc3339(json_object_get(j, "finished_at"), "finished_at");
+	json_decref(j);
+	log = job_logs(&da, id);
+	char want[128];
+	snprintf(want, sizeof want, "resuming from the checkpoint at step %lld\n", stopped);
+	cr_assert_not_null(strstr(log, want), "no '%s' in the log:\n%s", want, log);
+	cr_assert_not_null(strstr(log, "its end is now epochs 4"), "log:\n%s", log);
+	assert_same_result(&da, ref, &da, id, MORE_STEPS, "more-epochs");
+
+	/* A completed job cannot be resumed, even with more epochs. */
+	cr_assert_eq(post_body(&da, path, "{\"epochs\": 8}", body, sizeof body), 409, "%s", body);
+	cr_assert(strstr(body, "only a paused or stopped job can be resumed"), "%s", body);
+}
+
 /* ---- 3. a corrupt newest checkpoint -------------------------------------- */
 
 Test(resume, corrupt_newest_checkpoint_is_skipped, .fini = cleanup_daemons, .timeout = 240)
@@ -727,16 +865,16 @@ Test(resume, checkpoint_on_request_list_and_head, .fini = cleanup_daemons, .time
 	snprintf(path, sizeof path, "/jobs/%lld/stop", id);
 	long status = post_status(&da, path, body, sizeof body);
 	cr_assert(status >= 200 && status < 300, "POST %s: %ld %s", path, status, body);
-	cr_assert_str_eq(wait_state(&da, id, "completed|failed|cancelled", 30), "completed");
+	cr_assert_str_eq(wait_state(&da, id, "stopped|completed|failed|cancelled", 30), "stopped");
 	char *log = job_logs(&da, id);
 	cr_assert_eq(count_substr(log, "checkpoint requested"), 2, "log:\n%s", log);
 	cr_assert_eq(count_substr(log, "(request)"), 2, "log:\n%s", log);
 	cr_assert_eq(count_substr(log, "(stop)"), 1, "log:\n%s", log);
 
-	/* A completed job cannot take one; an unknown job is 404. */
+	/* A stopped job cannot take one; an unknown job is 404. */
 	snprintf(path, sizeof path, "/jobs/%lld/checkpoints", id);
 	status = post_status(&da, path, body, sizeof body);
-	cr_assert_eq(status, 409, "POST %s on a completed job: %ld %s", path, status, body);
+	cr_assert_eq(status, 409, "POST %s on a stopped job: %ld %s", path, status, body);
 	cr_assert_not_null(strstr(body, "\"conflict\""), "%s", body);
 	status = post_status(&da, "/jobs/999999/checkpoints", body, sizeof body);
 	cr_assert_eq(status, 404, "%ld %s", status, body);

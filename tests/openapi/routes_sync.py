@@ -5,7 +5,8 @@ Reads the `routes[]` table of api/routes.c ({"METHOD", "/path", handler,
 flags}) and the paths and methods of the OpenAPI document, and fails naming
 every route that is on one side only.  It also checks two flags against the
 document: a TR_ROUTE_PUBLIC route must say `security: []` (no token), and a
-TR_ROUTE_JSON_BODY route must have a requestBody (and the other way round).
+TR_ROUTE_JSON_BODY or TR_ROUTE_UPLOAD route must have a requestBody (and
+the other way round).
 The role column (TR_ROLE_READ, _WRITE, _ADMIN) of every route that is not
 public must match the operation's `x-required-role` (read, write, admin).
 
@@ -157,7 +158,7 @@ def main(argv):
             problems.append("%s %s is in openapi.yaml but not in api/routes.c" % key)
         for key in sorted(set(ops) & set(routes), key=lambda k: (k[1], k[0])):
             public = "TR_ROUTE_PUBLIC" in routes[key]
-            body = "TR_ROUTE_JSON_BODY" in routes[key]
+            body = "TR_ROUTE_JSON_BODY" in routes[key] or "TR_ROUTE_UPLOAD" in routes[key]
             if public != ops[key]["public"]:
                 problems.append("%s %s: %s" % (key + ((
                     "TR_ROUTE_PUBLIC in the table but openapi.yaml does not say `security: []`" if public else
@@ -168,8 +169,9 @@ def main(argv):
                                 % (key + (role, ops[key]["role"])))
             if body != ops[key]["body"]:
                 problems.append("%s %s: %s" % (key + ((
-                    "TR_ROUTE_JSON_BODY in the table but openapi.yaml has no requestBody" if body else
-                    "openapi.yaml has a requestBody but the table has no TR_ROUTE_JSON_BODY"),)))
+                    "TR_ROUTE_JSON_BODY or TR_ROUTE_UPLOAD in the table but openapi.yaml has no requestBody"
+                    if body else
+                    "openapi.yaml has a requestBody but the table has no TR_ROUTE_JSON_BODY or TR_ROUTE_UPLOAD"),)))
     for p in problems:
         print("routes_sync: " + p)
     if problems:

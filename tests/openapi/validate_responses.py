@@ -347,7 +347,7 @@ def check_request(spec, op, path_item, rec, params, query, problems):
         return
     content = rb.get("content", {})
     mt = media_type(rec.get("request_content_type"))
-    if mt not in content:
+    if mt not in content and "*/*" not in content:  # "*/*": any type (an upload)
         problems.append("request: Content-Type %r is not one of %s" % (mt, ", ".join(content)))
         return
     if mt == "application/json":

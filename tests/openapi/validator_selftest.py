@@ -49,7 +49,7 @@ def job(**changes):
 
 
 SSE_OK = ('retry: 3000\n\nid: 3\nevent: state\ndata: {"state":"running","error":null}\n\n'
-          ': keepalive\n\nid: 4\nevent: log\ndata: {"id":1,"time":1.5,"level":6,"message":"hi"}\n\n'
+          ': keepalive\n\nid: 4\nevent: log\ndata: {"id":1,"time":"2026-12-01T17:25:34.120Z","level":6,"message":"hi"}\n\n'
           'id: 5\nevent: metrics\ndata: {"points":[{"name":"loss","step":1,"epoch":0,"wall":2.5,"value":null}]}\n\n'
           'id: 6\nevent: sta')  # a frame cut off by the client: ignored
 SPEC_BODY = JOB["spec"]
@@ -106,7 +106,7 @@ CASES = [
      rec("GET", "/jobs/17/metrics?names=loss", 200, {"job": 17, "series": {"loss": {"steps": [1], "values": ["x"]}}}),
      True),
     ("logs ok", rec("GET", "/jobs/17/logs?limit=10", 200,
-                    {"logs": [{"id": 1, "time": 2.5, "level": 6, "message": "m"}], "next": None}), False),
+                    {"logs": [{"id": 1, "time": "2026-12-01T17:25:34.120Z", "level": 6, "message": "m"}], "next": None}), False),
     ("logs bad cursor", rec("GET", "/jobs/17/logs", 200, {"logs": [], "next": 5}), True),
     ("checkpoints list", rec("GET", "/jobs/17/checkpoints", 200, {"checkpoints": [CKPT]}), False),
     ("checkpoints list with a bad sha256", rec("GET", "/jobs/17/checkpoints", 200,

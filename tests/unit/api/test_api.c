@@ -45,12 +45,9 @@ static atomic_int checkpoint_requests;
 
 /* ---- fake daemon ---- */
 
-static void set_err(struct tr_api_error *err, int status, const char *code, const char *pointer, const char *msg)
+static void set_err(struct tr_error *err, enum tr_job_err kind, const char *pointer, const char *msg)
 {
-	err->status = status;
-	snprintf(err->code, sizeof(err->code), "%s", code);
-	snprintf(err->pointer, sizeof(err->pointer), "%s", pointer ? pointer : "");
-	snprintf(err->message, sizeof(err->message), "%s", msg);
+	tr_job_fail(err, kind, pointer, "%s", msg);
 }
 
 static char *body_hash(const char *body, size_t len, const char *key)
@@ -75,7 +72,7 @@ static double now_s(void)
 }
 
 static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed,
-		       struct tr_api_error *err)
+		       struct tr_error *err)
 {
 	struct tr_job_row row = {0}, old = {0};
 	const char *name = json_string_value(json_object_get(req->spec, "name"));
@@ -84,7 +81,7 @@ static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_
 
 	(void)ctx;
 	if (json_object_get(req->spec, "bad")) {
-		set_err(err, 422, "invalid_spec", "/bad", "/bad: unknown key");
+		set_err(err, TR_JOB_E_INVALID_SPEC, "/bad", "/bad: unknown key");
 		return -EINVAL;
 	}
 	row.name = strdup(name ? name : "job");
@@ -104,13 +101,13 @@ static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_
 			*replayed = true;
 			rc = 0;
 		} else {
-			set_err(err, 409, "idempotency_conflict", NULL, "the key was used with another body");
+			set_err(err, TR_JOB_E_CONFLICT, NULL, "the key was used with another body");
 		}
 		tr_job_row_finish(&old);
 	} else if (rc == 0) {
 		*job_id = row.id;
 	} else {
-		set_err(err, 500, "internal", NULL, tr_store_error(store));
+		set_err(err, TR_JOB_E_INTERNAL, NULL, tr_store_error(store));
 	}
 	tr_job_row_finish(&row);
 	return rc;
@@ -118,66 +115,61 @@ static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_
 
 static bool terminal(const char *s)
 {
-	return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+	return tr_job_state_name_terminal(s);
 }
 
-static int fake_control(void *ctx, int64_t id, enum tr_job_control op, struct tr_api_error *err)
+/* The daemon's rule, from the job module's table; a running job's signal
+ * takes effect at once here (there is no runner). */
+static int fake_control(void *ctx, int64_t id, const struct tr_api_control *req, struct tr_error *err)
 {
-	static const char *const next[] = {"cancelled", "stopping", "paused", "queued"};
 	struct tr_job_row row = {0};
-	bool ok;
+	struct tr_job_transition t;
 	int rc;
 
 	(void)ctx;
 	if (tr_store_job_get(store, id, &row) < 0) {
-		set_err(err, 404, "not_found", NULL, "no such job");
+		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}
-	switch (op) {
-	case TR_CONTROL_CANCEL: ok = !terminal(row.state); break;
-	case TR_CONTROL_STOP: ok = !strcmp(row.state, "running"); break;
-	case TR_CONTROL_PAUSE: ok = !strcmp(row.state, "running") || !strcmp(row.state, "queued"); break;
-	default: ok = !strcmp(row.state, "paused"); break;
-	}
-	if (!ok) {
-		char msg[128];
-
-		snprintf(msg, sizeof(msg), "job is %s", row.state);
-		set_err(err, 409, "conflict", NULL, msg);
-		tr_job_row_finish(&row);
-		return -EBUSY;
-	}
+	rc = tr_job_check(id, row.state, req->op, &t, err);
 	tr_job_row_finish(&row);
-	rc = tr_store_job_set_state(store, id, next[op], NULL, NULL);
+	if (rc < 0 || t.action == TR_JOB_KEEP)
+		return rc;
+	rc = tr_store_job_set_state(store, id, tr_job_state_name(t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE
+									 ? TR_JOB_PAUSED
+									 : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL
+										   ? TR_JOB_CANCELLED
+										   : t.to),
+				    NULL, NULL);
 	if (rc < 0)
-		set_err(err, 500, "internal", NULL, tr_store_error(store));
+		set_err(err, TR_JOB_E_INTERNAL, NULL, tr_store_error(store));
 	return rc;
 }
 
-static int fake_set_priority(void *ctx, int64_t id, int priority, struct tr_api_error *err)
+static int fake_set_priority(void *ctx, int64_t id, int priority, struct tr_error *err)
 {
 	(void)ctx;
 	if (tr_store_job_set_priority(store, id, priority) < 0) {
-		set_err(err, 500, "internal", NULL, tr_store_error(store));
+		set_err(err, TR_JOB_E_INTERNAL, NULL, tr_store_error(store));
 		return -EIO;
 	}
 	return 0;
 }
 
-static int fake_remove(void *ctx, int64_t id, struct tr_api_error *err)
+static int fake_remove(void *ctx, int64_t id, struct tr_error *err)
 {
 	struct tr_job_row row = {0};
 	bool done;
 
 	(void)ctx;
 	if (tr_store_job_get(store, id, &row) < 0) {
-		set_err(err, 404, "not_found", NULL, "no such job");
+		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}
 	done = terminal(row.state);
 	tr_job_row_finish(&row);
 	if (!done) {
-		set_err(err, 409, "conflict", NULL, "the job is not finished");
+		set_err(err, TR_JOB_E_ILLEGAL, NULL, "the job is not finished");
 		return -EBUSY;
 	}
 	return tr_store_job_delete(store, id);
@@ -190,32 +182,35 @@ static json_t *fake_devices(void *ctx)
 			 1024, "memory_free", 512, "job");
 }
 
-static json_t *fake_live(void *ctx, int64_t id)
+/* A running job's figures: the row's, with an ETA only the daemon knows. */
+static bool fake_live(void *ctx, int64_t id, struct tr_api_live *out)
 {
 	struct tr_job_row row = {0};
-	json_t *live = NULL;
+	bool running;
 
 	(void)ctx;
-	if (tr_store_job_get(store, id, &row) == 0 && !strcmp(row.state, "running"))
-		live = json_pack("{s:f}", "eta_s", 12.5);
+	running = tr_store_job_get(store, id, &row) == 0 && !strcmp(row.state, "running");
+	if (running)
+		*out = (struct tr_api_live){.step = row.step, .total_steps = row.total_steps, .epoch = row.epoch,
+					    .eta_s = 12.5, .loss = row.loss};
 	tr_job_row_finish(&row);
-	return live;
+	return running;
 }
 
-static int fake_checkpoint_now(void *ctx, int64_t id, struct tr_api_error *err)
+static int fake_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 {
 	struct tr_job_row row = {0};
 	bool running;
 
 	(void)ctx;
 	if (tr_store_job_get(store, id, &row) < 0) {
-		set_err(err, 404, "not_found", NULL, "no such job");
+		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}
 	running = !strcmp(row.state, "running");
 	tr_job_row_finish(&row);
 	if (!running) {
-		set_err(err, 409, "conflict", NULL, "only a running job can take a checkpoint");
+		set_err(err, TR_JOB_E_ILLEGAL, NULL, "only a running job can take a checkpoint");
 		return -EBUSY;
 	}
 	atomic_fetch_add(&checkpoint_requests, 1);
@@ -1223,7 +1218,7 @@ Test(api, bad_requests)
 		{"POST", "/jobs", "{}", "Content-Type:", 415, "unsupported_media_type", NULL, NULL},
 		{"POST", "/jobs?priority=2000", "{}", NULL, 400, "invalid_parameter", NULL, "priority:"},
 		{"POST", "/jobs?priority=x", "{}", NULL, 400, "invalid_parameter", NULL, "priority:"},
-		{"POST", "/jobs", "{\"bad\": 1}", NULL, 422, "invalid_spec", "/bad", NULL},
+		{"POST", "/jobs", "{\"bad\": 1}", NULL, 400, "invalid_spec", "/bad", NULL},
 		{"POST", "/jobs", "{\"name\":\"b\"}", "Idempotency-Key: K", 409, "idempotency_conflict", NULL, NULL},
 		{"POST", "/jobs", "{}", long_key, 400, "invalid_parameter", NULL, "Idempotency-Key"},
 		{"POST", "/jobs", "{}", "Idempotency-Key: caf\xc3\xa9", 400, "invalid_parameter", NULL, NULL},
@@ -2270,4 +2265,56 @@ Test(api, stop_ends_open_streams_promptly)
 	pthread_join(th, NULL);
 	cr_assert_lt(c.elapsed, 10.0);
 	free(c.got.data);
+}
+
+/* POST /jobs/{id}/resume: the body is optional (an empty one is taken
+ * whatever its Content-Type), and when given it is {"epochs": N} or
+ * {"max_steps": N}, refused with its pointer otherwise. */
+Test(api, resume_takes_an_optional_new_end)
+{
+	int64_t id = submit("resumable");
+	char path[64];
+	struct resp r;
+	static const char *const form[] = {"Content-Type: application/x-www-form-urlencoded", NULL};
+	static const struct {
+		const char *body, *pointer;
+	} bad[] = {
+		{"{\"epochs\": 0}", "/epochs"},
+		{"{\"epochs\": \"4\"}", "/epochs"},
+		{"{\"max_steps\": -3}", "/max_steps"},
+		{"{\"epochs\": 2, \"max_steps\": 10}", "/epochs"},
+		{"{\"epoch\": 2}", "/epoch"},
+		{"{\"epochs\": 2000000}", "/epochs"},
+	};
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/resume", id);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		r = http("POST", path, bad[i].body);
+		expect_status(&r, 400, bad[i].body);
+		cr_assert_str_eq(jstr(json_object_get(r.json, "error"), "code"), "invalid_request", "%s", bad[i].body);
+		cr_assert_str_eq(jstr(json_object_get(r.json, "error"), "pointer"), bad[i].pointer, "%s", bad[i].body);
+		resp_free(&r);
+	}
+	/* A body that is not JSON, with a JSON type or without. */
+	r = http("POST", path, "epochs=4");
+	expect_status(&r, 400, "not JSON");
+	resp_free(&r);
+	r = http_full("POST", path, "{\"epochs\": 4}", form, 0);
+	expect_status(&r, 415, "a form body");
+	resp_free(&r);
+	/* Legal bodies reach the daemon, whose table refuses a queued job. */
+	r = http("POST", path, "{\"epochs\": 4}");
+	expect_status(&r, 409, "queued");
+	cr_assert(strstr(jstr(json_object_get(r.json, "error"), "message"), "only a paused or stopped job can be resumed"),
+		  "%s", r.body);
+	resp_free(&r);
+	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL), 0);
+	r = http_full("POST", path, "", form, 0); /* empty, with a form type: no body */
+	expect_status(&r, 202, "stopped, empty body");
+	cr_assert_str_eq(jstr(r.json, "state"), "queued");
+	resp_free(&r);
+	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL), 0);
+	r = http("POST", path, "{\"max_steps\": 500}");
+	expect_status(&r, 202, "stopped, new end");
+	resp_free(&r);
 }

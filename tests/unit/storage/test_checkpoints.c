@@ -967,43 +967,83 @@ Test(ckpt, old_database_keeps_its_page_size)
 	tr_store_close(s);
 }
 
-/* Checkpoints written by an earlier trainerd keep their chunks in the
- * store's checkpoint_chunks table (chunk_file = 0): they are still listed,
- * read across chunk edges, verified, and pruned like the others. */
-Test(ckpt, older_checkpoints_in_the_database_are_still_read_and_pruned)
+/* Puts checkpoint id (complete or not) into an older trainerd's layout:
+ * its row with the columns of schema version 2, its chunks `seqs` (each
+ * CHUNK bytes of data from seq * CHUNK, the last one short) in the
+ * store's checkpoint_chunks. */
+static void old_checkpoint(sqlite3 *db, int64_t id, int64_t job, int64_t step, const unsigned char *data, size_t n,
+			   int complete, const int *seqs, int nseqs)
+{
+	char hex[65], sql[512];
+	tr_sha256_hex(data, n, hex);
+	snprintf(sql, sizeof sql,
+		 "INSERT INTO checkpoints (id, job_id, step, epoch, created_at, bytes, sha256, model_header, params_offset,"
+		 " params_bytes, complete) VALUES (%lld, %lld, %lld, 0, 1e9, %zu, '%s', X'', 0, %zu, %d)",
+		 (long long)id, (long long)job, (long long)step, n, hex, n, complete);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(db, "INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (?1, ?2, ?3)",
+					-1, &st, NULL),
+		     SQLITE_OK);
+	for (int k = 0; k < nseqs; k++) {
+		size_t off = (size_t)seqs[k] * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int(st, 2, seqs[k]);
+		sqlite3_bind_blob64(st, 3, data + off, len, SQLITE_STATIC);
+		cr_assert_eq(sqlite3_step(st), SQLITE_DONE, "%s", sqlite3_errmsg(db));
+		sqlite3_reset(st);
+	}
+	sqlite3_finalize(st);
+}
+
+/* A database written by an older trainerd (schema version 2: checkpoint
+ * chunks in the store's checkpoint_chunks table, no chunk_file column) is
+ * migrated at open: each complete checkpoint moves into a file of its own,
+ * once, and reads, verifies and prunes like any other; an incomplete one
+ * goes; a damaged one stays damaged and says so; a file left by a move
+ * that was cut short is replaced. */
+Test(ckpt, older_checkpoints_move_into_files_at_open)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t job = add_job(s);
 	tr_store_close(s);
 	size_t n = 2 * CHUNK + 5;
-	unsigned char *data = random_bytes(n, 91);
-	char hex[65];
-	tr_sha256_hex(data, n, hex);
+	unsigned char *data = random_bytes(n, 91), *other = random_bytes(CHUNK + 7, 92);
 	sqlite3 *db;
 	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
-	char sql[512];
-	snprintf(sql, sizeof sql,
-		 "INSERT INTO checkpoints (id, job_id, step, epoch, created_at, bytes, sha256, model_header, params_offset,"
-		 " params_bytes, complete) VALUES (50, %lld, 7, 0, 1e9, %zu, '%s', X'', 0, %zu, 1)",
-		 (long long)job, n, hex, n);
-	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
-	sqlite3_stmt *st;
-	cr_assert_eq(sqlite3_prepare_v2(db, "INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (50, ?1, ?2)", -1,
-					&st, NULL),
+	/* Back to schema version 2, as the older trainerd left it. */
+	cr_assert_eq(sqlite3_exec(db,
+				  "ALTER TABLE checkpoints DROP COLUMN best; ALTER TABLE checkpoints DROP COLUMN chunk_file;"
+				  " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results; PRAGMA user_version = 2;",
+				  NULL, NULL, NULL),
+		     SQLITE_OK, "%s", sqlite3_errmsg(db));
+	const int all[] = {0, 1, 2}, gap[] = {0};
+	old_checkpoint(db, 50, job, 7, data, n, 1, all, 3);
+	old_checkpoint(db, 51, job, 5, other, CHUNK + 7, 1, gap, 1); /* chunk 1 is missing */
+	old_checkpoint(db, 52, job, 9, data, n, 0, all, 2);          /* never completed */
+	sqlite3_close(db);
+	/* A move that was cut short left a file for 50 with a chunk too few. */
+	mkdir(files_dir, 0700);
+	char stale[256];
+	file_of(50, stale, sizeof stale);
+	cr_assert_eq(sqlite3_open(stale, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db, "CREATE TABLE chunks (seq INTEGER PRIMARY KEY, data BLOB NOT NULL);"
+				      " INSERT INTO chunks VALUES (0, X'00')",
+				  NULL, NULL, NULL),
 		     SQLITE_OK);
-	for (int k = 0; k < 3; k++) {
-		size_t off = (size_t)k * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-		sqlite3_bind_int(st, 1, k);
-		sqlite3_bind_blob64(st, 2, data + off, len, SQLITE_STATIC);
-		cr_assert_eq(sqlite3_step(st), SQLITE_DONE);
-		sqlite3_reset(st);
-	}
-	sqlite3_finalize(st);
 	sqlite3_close(db);
 
 	s = open_store(NULL);
+	cr_assert_geq(sql_int("PRAGMA user_version"), 5, "the schema was not migrated");
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0, "chunks were left in the database");
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE chunk_file = 0"), 0);
+	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 2, "the incomplete checkpoint is still there");
+	cr_assert_eq(file_chunks(50), 3);
+	cr_assert_eq(file_chunks(51), 1);
+	cr_assert_eq(file_chunks(52), -1);
+
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_get(s, job, 7, &row), 0, "%s", tr_store_error(s));
 	cr_assert_eq(row.id, 50);
 	expect_load(s, &row, data, n);
 	tr_ckpt_reader_t *r;
@@ -1013,15 +1053,26 @@ Test(ckpt, older_checkpoints_in_the_database_are_still_read_and_pruned)
 	cr_assert_arr_eq(buf, data + CHUNK - 20, 40);
 	tr_store_ckpt_close(r);
 	tr_ckpt_row_finish(&row);
+	cr_assert_eq(tr_store_ckpt_open(s, 51, &r), -EBADMSG);
+	cr_assert(strstr(tr_store_error(s), "is damaged: 1 of 2 chunks present"), "%s", tr_store_error(s));
 
-	/* A new checkpoint (in a file) with keep = 1 prunes the old one. */
+	/* Once: a second open finds nothing to move and reads the same. */
+	tr_store_close(s);
+	s = open_store(NULL);
+	cr_assert_eq(tr_store_ckpt_get(s, job, 7, &row), 0, "%s", tr_store_error(s));
+	expect_load(s, &row, data, n);
+	tr_ckpt_row_finish(&row);
+
+	/* A new checkpoint with keep = 1 prunes both moved ones, files and all. */
 	cr_assert_eq(write_ckpt(s, job, 8, data, 100, 1, &row), 0, "%s", tr_store_error(s));
-	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoint_chunks"), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
-	cr_assert_eq(file_chunks(row.id), 1);
+	cr_assert_eq(file_chunks(50), -1);
+	cr_assert_eq(file_chunks(51), -1);
+	cr_assert_eq(stored_chunks(), 1);
 	expect_load(s, &row, data, 100);
 	tr_ckpt_row_finish(&row);
 	free(data);
+	free(other);
 	tr_store_close(s);
 }
 

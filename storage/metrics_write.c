@@ -1,4 +1,5 @@
-/* Writing one batch of queued points and log lines (writer thread only).
+/* The metrics writer's writing: one batch of queued points and log lines
+ * into the database (the writer thread of metrics_queue.c only).
  *
  * Each transaction inserts the points, the log lines, their events (one
  * "log" event per line, one "metrics" event per job with that job's points
@@ -10,6 +11,8 @@
  * batch.
  */
 #include "storage/internal.h"
+
+#include "core/rfc3339.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -181,8 +184,12 @@ static int insert_log(struct conn *c, const struct qitem *it, double now, int64_
 	struct jbuf b = {0};
 	JBUF_LIT(&b, "{\"id\":");
 	tr_store_jbuf_int(&b, id);
+	char when[TR_RFC3339_LEN];
 	JBUF_LIT(&b, ",\"time\":");
-	tr_store_jbuf_num(&b, it->wall);
+	if (tr_rfc3339_format(it->wall, when, sizeof when))
+		tr_store_jbuf_str(&b, when);
+	else
+		JBUF_LIT(&b, "null");
 	JBUF_LIT(&b, ",\"level\":");
 	tr_store_jbuf_int(&b, it->level);
 	JBUF_LIT(&b, ",\"message\":");

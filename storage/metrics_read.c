@@ -1,5 +1,9 @@
-/* Metric reads: series queries with min/max downsampling, the list of
- * names, and truncation on resume.
+/* Reading metrics: series queries with min/max downsampling, the list of
+ * names, the last value and sum of a series; and truncation on resume,
+ * which deletes what a resumed run will write again (it shares the name
+ * walk and invalidates the memo of whole-curve answers kept here).  The
+ * points are written by the metrics writer (metrics_queue.c,
+ * metrics_write.c).
  *
  * Downsampling (the contract is in store.h).  The series' first step is a
  * bucket of its own; the rest of its range is cut into aligned buckets of

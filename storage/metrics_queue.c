@@ -1,4 +1,5 @@
-/* The metrics/log queue and its writer thread.  Appends only take a mutex
+/* The metrics writer: the queue of metric points and log lines, and the
+ * thread that writes it (batches in metrics_write.c).  Appends only take a mutex
  * and copy the point, so a training step never waits for the disk.  The
  * writer swaps the whole queue out at most every flush_interval_ms (or at
  * once on tr_store_flush or close) and writes it with tr_store_write_batch.

@@ -1,0 +1,340 @@
+/* The /datasets resource: uploading files into the daemon's state
+ * directory, listing them with their sizes and SHA-256, and deleting them
+ * (storage/datasets.h keeps the files; docs/design.md, "Datasets").
+ *
+ * An upload is streamed: the server hands each piece of the body to
+ * tr_api_datasets_upload_data as libmicrohttpd reads it, which writes it to
+ * the upload's temporary file, so a file of any size costs one buffer of
+ * memory.  What can be refused before the body is refused from the
+ * headers (a bad name, a declared size over the quota, a file a job
+ * uses); what is found while it streams (more bytes than the quota
+ * leaves, a full disk) ends the upload, deletes its temporary file and
+ * answers when the body is over.  A connection that breaks midway leaves
+ * nothing: tr_api_datasets_upload_cleanup runs when libmicrohttpd reports
+ * the request over, and deletes what was written.
+ *
+ * A file that a queued, running, paused or interrupted job names
+ * ("dataset:NAME/FILE" in its spec, or the file's path in the spec the
+ * daemon resolved) is neither replaced nor deleted: 409.
+ */
+#include "api/api_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/datasets.h"
+
+/* Jobs that may still read their data: everything but the states a job
+ * never leaves (a stopped job can be resumed). */
+static const char *const live_states[] = {"queued", "running", "stopping", "paused", "interrupted", "stopped", NULL};
+
+/* ---- paths ---- */
+
+/* The NAME (and FILE, when file is not NULL) segments of a /datasets URL
+ * (MHD has percent-decoded it); -1 with 400 in rp when one is not a valid
+ * name. */
+static int url_names(const struct tr_api_request *rq, struct tr_api_reply *rp, char *name, char *file)
+{
+	const char *p = rq->url + strlen("/datasets/");
+	const char *slash = strchr(p, '/');
+	size_t nlen = slash ? (size_t)(slash - p) : strlen(p);
+	char why[256];
+
+	if (nlen > TR_DATASET_NAME_MAX) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "the dataset name is longer than %d characters",
+			    TR_DATASET_NAME_MAX);
+		return -1;
+	}
+	memcpy(name, p, nlen);
+	name[nlen] = '\0';
+	if (tr_datasets_check_name("dataset name", name, why, sizeof(why)) < 0) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
+		return -1;
+	}
+	if (!file)
+		return 0;
+	if (!slash || strlen(slash + 1) > TR_DATASET_NAME_MAX) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "the file name is empty or longer than %d characters",
+			    TR_DATASET_NAME_MAX);
+		return -1;
+	}
+	strcpy(file, slash + 1);
+	if (tr_datasets_check_name("file name", file, why, sizeof(why)) < 0) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
+		return -1;
+	}
+	return 0;
+}
+
+/* The datasets, or -1 with 404 in rp when this daemon has none. */
+static tr_datasets_t *datasets_of(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_datasets_t *d = rq->api->cfg.datasets;
+
+	if (!d)
+		tr_api_fail(rp, 404, "not_found", NULL, "this daemon keeps no datasets");
+	return d;
+}
+
+/* ---- which jobs use a file ---- */
+
+/* Whether text names the file: "dataset:NAME/FILE" (or any file of NAME
+ * when file is NULL) or its resolved path. */
+static bool names_file(const char *text, const char *ref, const char *abs, bool whole)
+{
+	if (whole)
+		return strncmp(text, ref, strlen(ref)) == 0 || strncmp(text, abs, strlen(abs)) == 0;
+	return strcmp(text, ref) == 0 || strcmp(text, abs) == 0;
+}
+
+static bool json_names_file(const json_t *j, const char *ref, const char *abs, bool whole)
+{
+	const char *key;
+	json_t *v;
+	size_t i;
+
+	if (json_is_string(j))
+		return names_file(json_string_value(j), ref, abs, whole);
+	if (json_is_object(j)) {
+		json_object_foreach((json_t *)j, key, v)
+			if (json_names_file(v, ref, abs, whole))
+				return true;
+	} else if (json_is_array(j)) {
+		json_array_foreach(j, i, v)
+			if (json_names_file(v, ref, abs, whole))
+				return true;
+	}
+	return false;
+}
+
+static bool spec_names_file(const char *text, const char *ref, const char *abs, bool whole)
+{
+	json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+	bool hit = j && json_names_file(j, ref, abs, whole);
+
+	json_decref(j);
+	return hit;
+}
+
+/* 0 when no live job uses NAME/FILE (file NULL: any file of NAME); -1 with
+ * 409 (or 500) in rp otherwise. */
+static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_datasets_t *d, const char *name,
+			const char *file)
+{
+	tr_store_t *store = rq->api->cfg.store;
+	struct tr_job_row *rows = NULL;
+	char ref[2 * TR_DATASET_NAME_MAX + 16], abs[4200];
+	int count = 0, rc = -1;
+
+	if (file) {
+		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/%s", name, file);
+		tr_datasets_path(d, name, file, abs, sizeof(abs));
+	} else {
+		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/", name);
+		tr_datasets_path(d, name, NULL, abs, sizeof(abs) - 1);
+		strcat(abs, "/");
+	}
+	if (tr_store_job_list_states(store, live_states, &rows, &count) < 0) {
+		tr_api_fail_store(rp, store, "listing jobs");
+		return -1;
+	}
+	rc = 0;
+	for (int i = 0; i < count; i++) {
+		if (spec_names_file(rows[i].spec, ref, abs, !file) || spec_names_file(rows[i].normalized, ref, abs, !file)) {
+			tr_api_fail(rp, 409, "dataset_in_use", NULL,
+				    "%s%s%s is used by job %" PRId64 " (%s); wait until it ends or cancel it", name,
+				    file ? "/" : "", file ? file : "", rows[i].id, rows[i].state);
+			rc = -1;
+			break;
+		}
+	}
+	for (int i = 0; i < count; i++)
+		tr_job_row_finish(&rows[i]);
+	free(rows);
+	return rc;
+}
+
+/* ---- JSON ---- */
+
+static json_t *file_json(const struct tr_dataset_file *f)
+{
+	char ref[2 * TR_DATASET_NAME_MAX + 16];
+
+	snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/%s", f->name, f->file);
+	return json_pack("{s:s, s:s, s:s, s:I, s:o, s:o}", "name", f->name, "file", f->file, "path", ref, "bytes",
+			 (json_int_t)f->bytes, "sha256", f->sha256[0] ? json_string(f->sha256) : json_null(),
+			 "uploaded_at", tr_api_time_json(f->modified));
+}
+
+/* ---- GET /datasets ---- */
+
+void tr_api_datasets_list(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_datasets_t *d = datasets_of(rq, rp);
+	struct tr_dataset_file *files = NULL;
+	size_t n = 0;
+	char why[512];
+
+	if (!d)
+		return;
+	if (tr_datasets_list(d, &files, &n, why, sizeof(why)) < 0) {
+		tr_api_fail(rp, 500, "internal", NULL, "listing datasets: %s", why);
+		return;
+	}
+	json_t *list = json_array(), *cur = NULL, *cur_files = NULL;
+	json_int_t cur_bytes = 0;
+	for (size_t i = 0; i < n && list; i++) {
+		if (!cur || strcmp(json_string_value(json_object_get(cur, "name")), files[i].name) != 0) {
+			if (cur)
+				json_object_set_new(cur, "bytes", json_integer(cur_bytes));
+			cur_files = json_array();
+			cur = json_pack("{s:s, s:o}", "name", files[i].name, "files", cur_files);
+			cur_bytes = 0;
+			if (!cur || json_array_append_new(list, cur) < 0) {
+				json_decref(list);
+				list = NULL;
+				break;
+			}
+		}
+		cur_bytes += files[i].bytes;
+		json_array_append_new(cur_files, file_json(&files[i]));
+	}
+	if (cur && list)
+		json_object_set_new(cur, "bytes", json_integer(cur_bytes));
+	free(files);
+	if (!list) {
+		tr_api_fail(rp, 500, "internal", NULL, "the datasets cannot be rendered");
+		return;
+	}
+	int64_t max = tr_datasets_max_bytes(d);
+	tr_api_reply_json(rp, 200,
+			  json_pack("{s:o, s:I, s:o}", "datasets", list, "used_bytes",
+				    (json_int_t)tr_datasets_used_bytes(d), "max_bytes",
+				    max > 0 ? json_integer(max) : json_null()));
+}
+
+/* ---- PUT /datasets/{name}/{file} ---- */
+
+/* The status and code for a refused upload. */
+static void fail_upload(struct tr_api_reply *rp, int rc, const char *why)
+{
+	switch (rc) {
+	case -EINVAL:
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
+		break;
+	case -EFBIG:
+		tr_api_fail(rp, 413, "payload_too_large", NULL, "%s", why);
+		break;
+	case -EPROTO:
+		tr_api_fail(rp, 400, "invalid_request", NULL, "%s", why);
+		break;
+	case -ENOSPC:
+		tr_api_fail(rp, 507, "insufficient_storage", NULL, "%s", why);
+		break;
+	default:
+		tr_api_fail(rp, 500, "internal", NULL, "%s", why);
+	}
+}
+
+int tr_api_datasets_upload_begin(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t declared)
+{
+	tr_datasets_t *d = datasets_of(rq, rp);
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512];
+	tr_dataset_upload_t *up;
+
+	if (!d || url_names(rq, rp, name, file) < 0 || check_unused(rq, rp, d, name, file) < 0)
+		return -1;
+	int rc = tr_datasets_upload_begin(d, name, file, declared, &up, why, sizeof(why));
+	if (rc < 0) {
+		fail_upload(rp, rc, why);
+		return -1;
+	}
+	rq->upload = up;
+	return 0;
+}
+
+int tr_api_datasets_upload_data(struct tr_api_request *rq, struct tr_api_reply *rp, const char *data, size_t size)
+{
+	char why[512];
+	int rc = tr_datasets_upload_write(rq->upload, data, size, why, sizeof(why));
+
+	if (rc == 0)
+		return 0;
+	/* Nothing more is written: the partial file goes now, not when the
+	 * client has finished sending. */
+	tr_datasets_upload_abort(rq->upload);
+	rq->upload = NULL;
+	fail_upload(rp, rc, why);
+	return -1;
+}
+
+void tr_api_datasets_upload_cleanup(struct tr_api_request *rq)
+{
+	tr_datasets_upload_abort(rq->upload);
+	rq->upload = NULL;
+}
+
+void tr_api_datasets_put(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	struct tr_dataset_file f;
+	char why[512];
+
+	if (!rq->upload) {
+		tr_api_fail(rp, 500, "internal", NULL, "the upload was not started");
+		return;
+	}
+	tr_dataset_upload_t *up = rq->upload;
+	rq->upload = NULL;
+	tr_datasets_t *d = rq->api->cfg.datasets;
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1];
+	/* Checked again at the end: a job may have been submitted naming the
+	 * file while it streamed in. */
+	if (url_names(rq, rp, name, file) < 0 || check_unused(rq, rp, d, name, file) < 0) {
+		tr_datasets_upload_abort(up);
+		return;
+	}
+	struct tr_dataset_file old;
+	bool existed = tr_datasets_stat(d, name, file, &old, NULL, 0) == 0;
+	int rc = tr_datasets_upload_commit(up, &f, why, sizeof(why));
+	if (rc < 0) {
+		fail_upload(rp, rc, why);
+		return;
+	}
+	tr_api_reply_json(rp, existed ? 200 : 201, file_json(&f));
+}
+
+/* ---- DELETE /datasets/{name}[/{file}] ---- */
+
+static void remove_common(struct tr_api_request *rq, struct tr_api_reply *rp, bool one_file)
+{
+	tr_datasets_t *d = datasets_of(rq, rp);
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512];
+	int64_t freed = 0;
+
+	if (!d || url_names(rq, rp, name, one_file ? file : NULL) < 0 ||
+	    check_unused(rq, rp, d, name, one_file ? file : NULL) < 0)
+		return;
+	int rc = tr_datasets_remove(d, name, one_file ? file : NULL, &freed, why, sizeof(why));
+	if (rc == -ENOENT) {
+		tr_api_fail(rp, 404, "not_found", NULL, "%s", why);
+		return;
+	}
+	if (rc < 0) {
+		fail_upload(rp, rc, why);
+		return;
+	}
+	tr_api_reply_json(rp, 200, json_pack("{s:I}", "freed_bytes", (json_int_t)freed));
+}
+
+void tr_api_datasets_delete_file(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	remove_common(rq, rp, true);
+}
+
+void tr_api_datasets_delete(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	remove_common(rq, rp, false);
+}

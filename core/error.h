@@ -1,0 +1,31 @@
+/* How an error message travels to a user (docs/design.md, "Errors").
+ *
+ * A function that can fail returns 0 or a negative errno-style code; when
+ * a person will read why, it also takes a `struct tr_error *` from its
+ * caller and fills it on failure: the message (a whole sentence that
+ * names what and where), the JSON pointer into the document at fault
+ * ("" when none) and, for job operations, the domain error kind
+ * (core/job.h) from which the API picks the HTTP status.  The caller owns
+ * the struct (usually on its stack); nothing is allocated, so filling it
+ * cannot fail, and nothing is kept per thread.
+ */
+#ifndef TR_CORE_ERROR_H
+#define TR_CORE_ERROR_H
+
+#include <stddef.h>
+
+struct tr_error {
+	int kind;           /* a domain error kind (enum tr_job_err), 0 = none */
+	char pointer[256];  /* JSON pointer, "" for none */
+	char message[768];  /* UTF-8, a trailing cut sequence removed */
+};
+
+/* Fills e (may be NULL) with kind, pointer (NULL = "") and the formatted
+ * message; returns `ret`, so that a caller can write
+ * `return tr_error_set(e, -EINVAL, kind, ptr, "...")`. */
+int tr_error_set(struct tr_error *e, int ret, int kind, const char *pointer, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+/* Cuts a trailing incomplete UTF-8 sequence that truncation may leave. */
+void tr_error_utf8_trim(char *s);
+
+#endif
