@@ -57,9 +57,10 @@ static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, ch
 	return 0;
 }
 
-/* Opens one path; on success replaces *field with the absolute name. */
-static int resolve_one(struct tr_scheduler *s, char **field, const char *ptr, char *pointer, size_t plen,
-		       char *msg, size_t mlen)
+/* Opens one path (a folder with want_dir: images, patches); on success
+ * replaces *field with the absolute name. */
+static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const char *ptr, char *pointer,
+		       size_t plen, char *msg, size_t mlen)
 {
 	char shown[PATH_MAX + 256], why[1024], ref[2 * TR_DATASET_NAME_MAX + 16] = "";
 	if (tr_datasets_is_ref(*field))
@@ -67,7 +68,8 @@ static int resolve_one(struct tr_scheduler *s, char **field, const char *ptr, ch
 	int mapped = map_dataset(s, field, ptr, pointer, plen, msg, mlen);
 	if (mapped < 0)
 		return mapped;
-	int fd = tr_data_open(s->roots, *field, NULL, shown, sizeof shown, why, sizeof why);
+	int fd = want_dir ? tr_data_open_dir(s->roots, *field, shown, sizeof shown, why, sizeof why)
+			  : tr_data_open(s->roots, *field, NULL, shown, sizeof shown, why, sizeof why);
 	if (fd >= 0) {
 		close(fd);
 		char *copy = strdup(shown);
@@ -88,9 +90,9 @@ static int resolve_one(struct tr_scheduler *s, char **field, const char *ptr, ch
 		char list[1024];
 		tr_data_roots_describe(s->roots, list, sizeof list);
 		snprintf(msg, mlen,
-			 "%s: no file '%s' in the daemon's data roots (%s); paths resolve against the roots, "
+			 "%s: no %s '%s' in the daemon's data roots (%s); paths resolve against the roots, "
 			 "which are set with --data-root DIR or data-root lines in the config file",
-			 ptr, *field, list);
+			 ptr, want_dir ? "folder" : "file", *field, list);
 	} else {
 		snprintf(msg, mlen, "%s: %s", ptr, why);
 	}
@@ -111,13 +113,17 @@ static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, co
 		{&src->y_path, "y"},
 		{&src->images_path, "images"},
 		{&src->labels_path, "labels"},
+		{&src->input_path, "input_path"},
+		{&src->response_path, "response_path"},
 	};
+	/* Image sources name folders. */
+	int dirs = src->format == TR_DATA_IMAGES || src->format == TR_DATA_PATCHES;
 	for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
 		if (!*fields[i].field)
 			continue;
 		char ptr[128];
 		snprintf(ptr, sizeof ptr, "%s/%s", base, fields[i].key);
-		int rc = resolve_one(s, fields[i].field, ptr, pointer, plen, msg, mlen);
+		int rc = resolve_one(s, fields[i].field, dirs, ptr, pointer, plen, msg, mlen);
 		if (rc < 0)
 			return rc;
 	}
@@ -133,6 +139,6 @@ int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *po
 	if (rc == 0)
 		rc = resolve_source(s, &spec->test, "/data/test", pointer, plen, msg, mlen);
 	if (rc == 0 && spec->init_from)
-		rc = resolve_one(s, &spec->init_from, "/init/from", pointer, plen, msg, mlen);
+		rc = resolve_one(s, &spec->init_from, 0, "/init/from", pointer, plen, msg, mlen);
 	return rc;
 }

@@ -270,13 +270,21 @@ static int check_data_paths(const struct tr_spec *spec, const char *job)
 			continue;
 		const struct {
 			const char *path, *key;
-		} files[] = {{src->path, "path"}, {src->x_path, "x"}, {src->y_path, "y"},
-			     {src->images_path, "images"}, {src->labels_path, "labels"}};
+		} files[] = {{src->path, "path"},
+			     {src->x_path, "x"},
+			     {src->y_path, "y"},
+			     {src->images_path, "images"},
+			     {src->labels_path, "labels"},
+			     {src->input_path, "input_path"},
+			     {src->response_path, "response_path"}};
+		/* Image sources name folders. */
+		int dirs = src->format == TR_DATA_IMAGES || src->format == TR_DATA_PATCHES;
 		for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
 			char why[PATH_MAX + 256];
 			if (!files[f].path)
 				continue;
-			int fd = tr_data_open(NULL, files[f].path, NULL, NULL, 0, why, sizeof why);
+			int fd = dirs ? tr_data_open_dir(NULL, files[f].path, NULL, 0, why, sizeof why)
+				      : tr_data_open(NULL, files[f].path, NULL, NULL, 0, why, sizeof why);
 			if (fd < 0) {
 				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key, why);
 				return -1;

@@ -21,6 +21,8 @@ enum tr_rng_purpose {
 	TR_RNG_NOISE = 4,
 	TR_RNG_SYNTH = 5,
 	TR_RNG_SPLIT = 6,
+	TR_RNG_PATCH = 7,   /* where a patch sits (patches reader) */
+	TR_RNG_AUGMENT = 8, /* random_crop, flip, rot90 */
 };
 
 static inline uint64_t tr_mix64(uint64_t z)

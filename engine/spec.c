@@ -33,9 +33,11 @@ _Static_assert(sizeof(enum tr_optim_type) == sizeof(int), "enum size");
 /* ---- custom fields ---- */
 
 static const char *const loss_names[] = {"softmax_cross_entropy", "mse", NULL};
-static const char *const format_names[] = {"csv", "npy", "idx", "synthetic", NULL};
+static const char *const format_names[] = {"csv", "npy", "idx", "synthetic", "images", "patches", NULL};
 static const char *const task_names[] = {"classification", "regression", NULL};
-static const char *const transform_names[] = {"scale", "standardize", "gaussian_noise", NULL};
+static const char *const transform_names[] = {"scale",       "standardize", "gaussian_noise", "normalize",
+					       "random_crop", "flip",        "rot90",          NULL};
+static const char *const response_names[] = {"clean", "residual", NULL};
 static const char *const last_batch_names[] = {"partial", "drop", "pad", "rollover", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", "linear", NULL};
@@ -139,6 +141,8 @@ enum {
 	V_SYN_CLS = 1u << 3,
 	V_SYN_REG = 1u << 4,
 	V_SYN = V_SYN_CLS | V_SYN_REG,
+	V_IMAGES = 1u << 5,
+	V_PATCHES = 1u << 6,
 };
 
 #define SRC(m) offsetof(struct tr_source_spec, m)
@@ -175,15 +179,183 @@ static int emit_shape(const void *base, json_t *obj, const char *key)
 	return json_object_set_new(obj, key, json_pack("[iii]", src->shape[0], src->shape[1], src->shape[2]));
 }
 
+/* "labels": the labels file of idx, "folders" for images (one subfolder
+ * per class, the only labelling images have so far). */
+static int parse_labels(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_source_spec *src = base;
+
+	if (src->format == TR_DATA_IMAGES) {
+		if (v && !(json_is_string(v) && strcmp(json_string_value(v), "folders") == 0))
+			return tr_fields_fail(c, NULL, "must be \"folders\" (one subfolder per class)");
+		return 0;
+	}
+	if (src->format != TR_DATA_IDX)
+		return 0;
+	if (!v)
+		return tr_fields_fail(c, NULL, "is required");
+	if (!json_is_string(v) || json_string_length(v) == 0)
+		return tr_fields_fail(c, NULL, "must be a non-empty string");
+	if (strlen(json_string_value(v)) != json_string_length(v))
+		return tr_fields_fail(c, NULL, "must not contain NUL characters");
+	if (json_string_length(v) > TR_SPEC_MAX_PATH)
+		return tr_fields_fail(c, NULL, "must be at most %d bytes", TR_SPEC_MAX_PATH);
+	free(src->labels_path);
+	src->labels_path = strdup(json_string_value(v));
+	return src->labels_path ? 0 : tr_fields_fail_oom(c);
+}
+
+static int emit_labels(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_source_spec *src = base;
+
+	if (src->format == TR_DATA_IMAGES)
+		return json_object_set_new(obj, key, json_string("folders"));
+	return json_object_set_new(obj, key, json_string(src->labels_path ? src->labels_path : ""));
+}
+
+/* A size: one number n (n x n, or for resize the shorter side) or
+ * [height, width], each in [1, TR_IMAGE_SIDE]. */
+#define IMAGE_SIDE 16384
+static int parse_size(struct tr_fields_ctx *c, const json_t *v, int out[2], bool square_number)
+{
+	if (json_is_integer(v)) {
+		json_int_t x = json_integer_value(v);
+
+		if (x < 1 || x > IMAGE_SIDE)
+			return tr_fields_fail(c, NULL, "must be in [1, %d]", IMAGE_SIDE);
+		out[0] = (int)x;
+		out[1] = square_number ? (int)x : 0;
+		return 0;
+	}
+	if (!json_is_array(v) || json_array_size(v) != 2)
+		return tr_fields_fail(c, NULL, "must be a number or [height, width]");
+	for (size_t i = 0; i < 2; i++) {
+		const json_t *e = json_array_get(v, i);
+		char idx[4];
+
+		snprintf(idx, sizeof idx, "%zu", i);
+		if (!json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > IMAGE_SIDE)
+			return tr_fields_fail(c, idx, "must be an integer in [1, %d]", IMAGE_SIDE);
+		out[i] = (int)json_integer_value(e);
+	}
+	return 0;
+}
+
+static int emit_size(const int v[2], bool square_number, json_t *obj, const char *key)
+{
+	if (!v[0])
+		return 0;
+	if (!v[1] || (square_number && v[0] == v[1]))
+		return json_object_set_new(obj, key, json_integer(v[0]));
+	return json_object_set_new(obj, key, json_pack("[ii]", v[0], v[1]));
+}
+
+static int parse_resize(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	return v ? parse_size(c, v, ((struct tr_source_spec *)base)->resize, false) : 0;
+}
+
+static int emit_resize(const void *base, json_t *obj, const char *key)
+{
+	return emit_size(((const struct tr_source_spec *)base)->resize, false, obj, key);
+}
+
+static int parse_center_crop(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	return v ? parse_size(c, v, ((struct tr_source_spec *)base)->center_crop, true) : 0;
+}
+
+static int emit_center_crop(const void *base, json_t *obj, const char *key)
+{
+	return emit_size(((const struct tr_source_spec *)base)->center_crop, true, obj, key);
+}
+
+static int parse_patch_size(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_source_spec *src = base;
+
+	if (!v)
+		return src->format == TR_DATA_PATCHES ? tr_fields_fail(c, NULL, "is required") : 0;
+	return parse_size(c, v, src->patch_size, true);
+}
+
+static int emit_patch_size(const void *base, json_t *obj, const char *key)
+{
+	return emit_size(((const struct tr_source_spec *)base)->patch_size, true, obj, key);
+}
+
+/* "degrade": {"type": "downscale", "factor": F}, the built-in degradation
+ * of patches from one folder; F defaults to 2. */
+#define MAX_DEGRADE_FACTOR 16
+static int parse_degrade(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_source_spec *src = base;
+	const char *key;
+	json_t *val;
+
+	if (src->format != TR_DATA_PATCHES)
+		return 0;
+	if (!v) {
+		src->degrade_factor = src->path ? 2 : 0;
+		return 0;
+	}
+	if (!src->path)
+		return tr_fields_fail(c, NULL, "applies to patches from one folder (path); input_path and "
+				      "response_path give the pairs themselves");
+	if (!json_is_object(v))
+		return tr_fields_fail(c, NULL, "must be an object such as {\"type\": \"downscale\", \"factor\": 2}");
+	json_object_foreach((json_t *)v, key, val) {
+		if (strcmp(key, "type") != 0 && strcmp(key, "factor") != 0)
+			return tr_fields_fail(c, key, "unknown key '%s'", key);
+	}
+	val = json_object_get(v, "type");
+	if (!val)
+		return tr_fields_fail(c, "type", "is required");
+	if (!json_is_string(val) || strcmp(json_string_value(val), "downscale") != 0)
+		return tr_fields_fail(c, "type", "must be \"downscale\"");
+	val = json_object_get(v, "factor");
+	src->degrade_factor = 2;
+	if (val) {
+		if (!json_is_integer(val) || json_integer_value(val) < 2 ||
+		    json_integer_value(val) > MAX_DEGRADE_FACTOR)
+			return tr_fields_fail(c, "factor", "must be an integer in [2, %d]", MAX_DEGRADE_FACTOR);
+		src->degrade_factor = (int)json_integer_value(val);
+	}
+	return 0;
+}
+
+static int emit_degrade(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_source_spec *src = base;
+
+	if (!src->degrade_factor)
+		return 0;
+	return json_object_set_new(obj, key, json_pack("{sssi}", "type", "downscale", "factor", src->degrade_factor));
+}
+
 static const struct tr_field source_fields[] = {
 	{.key = "format", .kind = K_ENUM, .off = SRC(format), .flags = F_REQ, .names = format_names},
-	{.key = "path", .kind = K_STR, .off = SRC(path), .only = V_CSV, .flags = F_REQ},
+	/* Required for csv and images, and for patches without input_path:
+	 * checked in parse_source. */
+	{.key = "path", .kind = K_STR, .off = SRC(path), .only = V_CSV | V_IMAGES | V_PATCHES},
 	{.key = "label", .kind = K_CUSTOM, .only = V_CSV, .parse = parse_label, .emit = emit_label},
 	{.key = "header", .kind = K_BOOL, .off = SRC(header), .only = V_CSV},
 	{.key = "x", .kind = K_STR, .off = SRC(x_path), .only = V_NPY, .flags = F_REQ},
 	{.key = "y", .kind = K_STR, .off = SRC(y_path), .only = V_NPY, .flags = F_REQ},
 	{.key = "images", .kind = K_STR, .off = SRC(images_path), .only = V_IDX, .flags = F_REQ},
-	{.key = "labels", .kind = K_STR, .off = SRC(labels_path), .only = V_IDX, .flags = F_REQ},
+	{.key = "labels", .kind = K_CUSTOM, .only = V_IDX | V_IMAGES, .parse = parse_labels, .emit = emit_labels},
+	{.key = "resize", .kind = K_CUSTOM, .only = V_IMAGES, .parse = parse_resize, .emit = emit_resize},
+	{.key = "center_crop", .kind = K_CUSTOM, .only = V_IMAGES, .parse = parse_center_crop,
+	 .emit = emit_center_crop},
+	{.key = "input_path", .kind = K_STR, .off = SRC(input_path), .only = V_PATCHES},
+	{.key = "response_path", .kind = K_STR, .off = SRC(response_path), .only = V_PATCHES},
+	{.key = "patch_size", .kind = K_CUSTOM, .only = V_PATCHES, .parse = parse_patch_size,
+	 .emit = emit_patch_size},
+	{.key = "patches_per_image", .kind = K_INT, .off = SRC(patches_per_image), .only = V_PATCHES,
+	 .flags = POSITIVE | F_HI, .hi = 1 << 20, .def = 128},
+	{.key = "degrade", .kind = K_CUSTOM, .only = V_PATCHES, .parse = parse_degrade, .emit = emit_degrade},
+	{.key = "response", .kind = K_BOOLENUM, .off = SRC(residual), .only = V_PATCHES, .names = response_names},
 	{.key = "task", .kind = K_ENUM, .off = SRC(task), .only = V_SYN, .names = task_names},
 	{.key = "samples", .kind = K_I64, .off = SRC(samples), .only = V_SYN, .flags = F_REQ | POSITIVE | F_HI,
 	 .hi = (double)TR_SPEC_MAX_SAMPLES},
@@ -197,7 +369,7 @@ static const struct tr_field source_fields[] = {
 	{.key = "noise", .kind = K_FLOAT, .off = SRC(noise), .only = V_SYN, .flags = NONNEG, .def = 0.1},
 	{.key = "load_cost_us", .kind = K_I64, .off = SRC(load_cost_us), .only = V_SYN, .flags = NONNEG | F_HI,
 	 .hi = TR_SPEC_MAX_LOAD_COST_US},
-	{.key = "seed", .kind = K_U64, .off = SRC(data_seed), .only = V_SYN, .flags = NONNEG | F_NODEF},
+	{.key = "seed", .kind = K_U64, .off = SRC(data_seed), .only = V_SYN | V_PATCHES, .flags = NONNEG | F_NODEF},
 	{0},
 };
 
@@ -205,7 +377,30 @@ static int source_variant(const struct tr_source_spec *src)
 {
 	if (src->format == TR_DATA_SYNTHETIC)
 		return src->task == TR_SYNTH_REGRESSION ? 4 : 3;
-	return (int)src->format;
+	/* Synthetic takes two variant bits, so the formats after it move up. */
+	return src->format > TR_DATA_SYNTHETIC ? (int)src->format + 1 : (int)src->format;
+}
+
+/* Which folders a source names: csv and images need "path"; patches
+ * "path" or both of "input_path" and "response_path". */
+static int check_source_paths(struct tr_fields_ctx *c, const json_t *v, const struct tr_source_spec *src)
+{
+	if (src->format == TR_DATA_CSV || src->format == TR_DATA_IMAGES) {
+		if (!src->path)
+			return tr_fields_fail(c, "path", "is required");
+		return 0;
+	}
+	if (src->format != TR_DATA_PATCHES)
+		return 0;
+	if (src->path && (src->input_path || src->response_path))
+		return tr_fields_fail(c, src->input_path ? "input_path" : "response_path",
+				      "cannot be used together with path (path makes the pairs by degrade)");
+	if (!src->path && !src->input_path)
+		return tr_fields_fail(c, "path", "is required (or input_path and response_path)");
+	if (!src->path && !src->response_path)
+		return tr_fields_fail(c, "response_path", "is required with input_path");
+	(void)v;
+	return 0;
 }
 
 /* Sources have two discriminators (format, and task for synthetic), so
@@ -232,7 +427,7 @@ static int parse_source(struct tr_fields_ctx *c, const json_t *v, struct tr_sour
 		return rc;
 	if (src->format == TR_DATA_SYNTHETIC && !src->features)
 		return tr_fields_fail(c, "features", "is required (or shape)");
-	return 0;
+	return check_source_paths(c, v, src);
 }
 
 
@@ -507,10 +702,97 @@ static const struct tr_field model_fields[] = {
 	{0},
 };
 
+/* normalize's "mean" and "std": one number per channel. */
+static int parse_channels(struct tr_fields_ctx *c, const json_t *v, float *out, int *n, bool positive)
+{
+	size_t len;
+
+	if (!json_is_array(v) || (len = json_array_size(v)) < 1 || len > TR_SPEC_MAX_CHANNELS)
+		return tr_fields_fail(c, NULL, "must be an array of 1 to %d numbers, one per channel",
+				      TR_SPEC_MAX_CHANNELS);
+	if (*n && (size_t)*n != len)
+		return tr_fields_fail(c, NULL, "must have as many values as mean (%d)", *n);
+	for (size_t i = 0; i < len; i++) {
+		size_t saved = tr_fields_enter_index(c, i);
+		int rc = tr_fields_check_float(c, json_array_get(v, i), &out[i]);
+
+		if (rc == 0 && positive && !(out[i] > 0.0f))
+			rc = tr_fields_fail(c, NULL, "must be > 0");
+		tr_fields_leave(c, saved);
+		if (rc)
+			return rc;
+	}
+	*n = (int)len;
+	return 0;
+}
+
+static int parse_tf_mean(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_transform_spec *t = base;
+
+	if (t->type != TR_TF_NORMALIZE)
+		return 0;
+	if (!v)
+		return tr_fields_fail(c, NULL, "is required");
+	t->n_channels = 0;
+	return parse_channels(c, v, t->mean_c, &t->n_channels, false);
+}
+
+/* "std": a number for gaussian_noise, one per channel for normalize. */
+static int parse_tf_std(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_transform_spec *t = base;
+
+	if (t->type != TR_TF_NORMALIZE && t->type != TR_TF_GAUSSIAN_NOISE)
+		return 0;
+	if (!v)
+		return tr_fields_fail(c, NULL, "is required");
+	if (t->type == TR_TF_NORMALIZE)
+		return parse_channels(c, v, t->std_c, &t->n_channels, true);
+	if (tr_fields_check_float(c, v, &t->std))
+		return -EINVAL;
+	if (!(t->std >= 0.0f))
+		return tr_fields_fail(c, NULL, "must be >= 0");
+	return 0;
+}
+
+static json_t *channels_json(const float *v, int n)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && i < n; i++)
+		if (json_array_append_new(a, json_real(tr_fields_short_double(v[i])))) {
+			json_decref(a);
+			return NULL;
+		}
+	return a;
+}
+
+static int emit_tf_mean(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_transform_spec *t = base;
+
+	return json_object_set_new(obj, key, channels_json(t->mean_c, t->n_channels));
+}
+
+static int emit_tf_std(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_transform_spec *t = base;
+
+	if (t->type == TR_TF_NORMALIZE)
+		return json_object_set_new(obj, key, channels_json(t->std_c, t->n_channels));
+	return json_object_set_new(obj, key, json_real(tr_fields_short_double(t->std)));
+}
+
 static const struct tr_field transform_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = TF(type), .flags = F_REQ | F_VARIANT, .names = transform_names},
 	{.key = "factor", .kind = K_FLOAT, .off = TF(factor), .only = 1u << TR_TF_SCALE, .flags = F_REQ},
-	{.key = "std", .kind = K_FLOAT, .off = TF(std), .only = 1u << TR_TF_GAUSSIAN_NOISE, .flags = F_REQ | NONNEG},
+	{.key = "mean", .kind = K_CUSTOM, .only = 1u << TR_TF_NORMALIZE, .parse = parse_tf_mean, .emit = emit_tf_mean},
+	{.key = "std", .kind = K_CUSTOM, .only = (1u << TR_TF_GAUSSIAN_NOISE) | (1u << TR_TF_NORMALIZE),
+	 .parse = parse_tf_std, .emit = emit_tf_std},
+	{.key = "padding", .kind = K_INT, .off = TF(padding), .only = 1u << TR_TF_RANDOM_CROP,
+	 .flags = F_REQ | POSITIVE | F_HI, .hi = 1024},
+	{.key = "vertical", .kind = K_BOOL, .off = TF(vertical), .only = 1u << TR_TF_FLIP},
 	{0},
 };
 
@@ -939,7 +1221,10 @@ static void finish_source(struct tr_source_spec *src)
 	free(src->y_path);
 	free(src->images_path);
 	free(src->labels_path);
+	free(src->input_path);
+	free(src->response_path);
 	src->path = src->x_path = src->y_path = src->images_path = src->labels_path = NULL;
+	src->input_path = src->response_path = NULL;
 }
 
 void tr_spec_finish(struct tr_spec *spec)

@@ -99,7 +99,7 @@ struct tr_layer_spec {
 
 enum tr_loss { TR_LOSS_SOFTMAX_CE, TR_LOSS_MSE };
 
-enum tr_data_format { TR_DATA_CSV, TR_DATA_NPY, TR_DATA_IDX, TR_DATA_SYNTHETIC };
+enum tr_data_format { TR_DATA_CSV, TR_DATA_NPY, TR_DATA_IDX, TR_DATA_SYNTHETIC, TR_DATA_IMAGES, TR_DATA_PATCHES };
 
 enum tr_synth_task { TR_SYNTH_CLASSIFICATION, TR_SYNTH_REGRESSION };
 
@@ -127,18 +127,42 @@ struct tr_source_spec {
 	float noise;       /* default 0.1 */
 	int64_t load_cost_us; /* default 0 */
 	uint64_t data_seed;   /* "seed" inside the source; default = job seed */
+	/* images ("path": a folder, one subfolder per class; "labels":
+	 * "folders", the only way so far) and patches
+	 * ("path", or "input_path" + "response_path": folders of images) */
+	char *input_path, *response_path;
+	int resize[2];      /* images: [h, w]; resize[1] == 0: shorter side to resize[0]; 0 = none */
+	int center_crop[2]; /* images: [h, w]; 0 = none */
+	int patch_size[2];  /* patches: [h, w] */
+	int patches_per_image; /* patches, default 1 */
+	int degrade_factor; /* patches with "path": "downscale" factor (default 2) */
+	bool residual;      /* patches: "response": "residual" (response minus input) */
 	/* Not from a spec: inputs for prediction, without labels (csv: every
 	 * column is a feature; npy: no y; idx: no labels file).  The reader's
 	 * label_dim is then 0. */
 	bool unlabeled;
 };
 
-enum tr_transform_type { TR_TF_SCALE, TR_TF_STANDARDIZE, TR_TF_GAUSSIAN_NOISE };
+enum tr_transform_type {
+	TR_TF_SCALE,
+	TR_TF_STANDARDIZE,
+	TR_TF_GAUSSIAN_NOISE,
+	TR_TF_NORMALIZE,   /* per channel (mean, std) of an image */
+	TR_TF_RANDOM_CROP, /* pad by `padding` zeros, crop back at a random offset */
+	TR_TF_FLIP,        /* mirror left-right (and up-down with `vertical`), each with p = 1/2 */
+	TR_TF_ROT90,       /* rotate by a random multiple of 90 degrees (square images) */
+};
+
+#define TR_SPEC_MAX_CHANNELS 4
 
 struct tr_transform_spec {
 	enum tr_transform_type type;
 	float factor; /* scale */
 	float std;    /* gaussian_noise */
+	float mean_c[TR_SPEC_MAX_CHANNELS], std_c[TR_SPEC_MAX_CHANNELS]; /* normalize */
+	int n_channels;                                                  /* normalize: entries given */
+	int padding;  /* random_crop */
+	bool vertical; /* flip */
 };
 
 enum tr_last_batch { TR_LAST_PARTIAL, TR_LAST_DROP, TR_LAST_PAD, TR_LAST_ROLLOVER };

@@ -11,7 +11,8 @@ set -euo pipefail
 
 packages=(
 	gcc pkg-config meson ninja-build python3 python3-yaml python3-jsonschema python3-numpy python3-torch python3-sklearn curl prometheus wrk
-	libopenblas-dev libdnnl-dev libjansson-dev libcriterion-dev
+	libopenblas-dev libdnnl-dev libjansson-dev libcriterion-dev zlib1g-dev libpng-dev libjpeg-dev
+	dataset-fashion-mnist python3-skimage
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev nettle-dev
 	nodejs chromium systemd openssl clang
 	"$@"

@@ -1,25 +1,44 @@
 /* IDX reader (the MNIST file format): an images file and a labels file.
  *
- * Both files are memory-mapped read-only, read under the SIGBUS guard and
+ * Plain files are memory-mapped read-only, read under the SIGBUS guard and
  * checked for changes like .npy files (npy.c); `get` widens one image's bytes to
  * floats 0..255 (scaling is left to a "scale" transform so the reader stays
  * a plain view of the file).  Only unsigned-byte files are accepted, which
- * is what MNIST, Fashion-MNIST and EMNIST ship.  The downloads are gzip
- * files, so a gzip header gets its own message rather than "bad magic".
+ * is what MNIST, Fashion-MNIST and EMNIST ship.
+ *
+ * The downloads (and Debian's dataset packages) are gzip files: a file
+ * that starts with the gzip magic is inflated once at open into memory,
+ * exactly as many bytes as its IDX header promises, so a file that
+ * inflates to more (a "zip bomb") costs no more than its header says, and
+ * the header itself is held to the same limits as a plain file's.  Memory
+ * cannot change under the job, so those files need no guard or check.
+ *
+ * A 3-dimensional images file [N, rows, cols] gives its samples the shape
+ * [1, rows, cols] (one grey channel), which image layers read as C, H, W;
+ * other ranks stay flat.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "engine/data/reader_internal.h"
 
+/* An inflated file larger than this is refused before any allocation
+ * (the plain file's own bound, count < 2^32 and width < 2^31, would allow
+ * far more than any machine holds). */
+#define IDX_MAX_INFLATED ((uint64_t)16 << 30)
+
 struct idx_file {
-	struct tr_data_map map;
+	struct tr_data_map map;  /* plain files */
+	unsigned char *inflated; /* gzip files: the whole file, inflated */
 	const unsigned char *data;
 	int64_t count; /* first dimension */
 	int64_t width; /* product of the others */
+	int ndims;
+	uint32_t dims[3]; /* the first three dimensions, for the shape */
 };
 
 struct idx_reader {
@@ -97,6 +116,8 @@ static int idx_check(tr_reader_t *r, char *err, size_t errlen)
 static void file_unmap(struct idx_file *f)
 {
 	tr_data_map_release(&f->map);
+	free(f->inflated);
+	f->inflated = NULL;
 }
 
 static void idx_destroy(tr_reader_t *r)
@@ -121,79 +142,216 @@ static uint32_t be32(const unsigned char *p)
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* Maps an IDX file of unsigned bytes (fd is owned from here on); images
- * need >= 2 dimensions (0x00000803 is [N, rows, cols]), labels exactly 1
- * (0x00000801).  Runs under the caller's SIGBUS guard. */
-static int file_open(int fd, const char *path, int images, struct idx_file *f, char *err, size_t errlen)
+/* Checks an IDX header of unsigned bytes at m (len bytes available, at
+ * least 4); images need >= 2 dimensions (0x00000803 is [N, rows, cols]),
+ * labels exactly 1 (0x00000801).  Sets f's count, width and dims and
+ * *hdr, the header's size.  With need_all, len must also hold the data.
+ * Returns 0, -EAGAIN when len is short of the header (gzip: inflate more),
+ * or -EINVAL with a message. */
+static int parse_header(const unsigned char *m, size_t len, const char *path, int images, int need_all,
+			struct idx_file *f, size_t *hdr, char *err, size_t errlen)
 {
-	const unsigned char *m;
-	int ret, ndims;
-	size_t hdr;
+	int ndims;
 	uint64_t total;
 
-	ret = tr_data_map_open(fd, path, 8, "an IDX file", &f->map, err, errlen);
-	if (ret)
-		return ret;
-	m = f->map.base;
-	if (m[0] == 0x1f && m[1] == 0x8b) {
-		tr_data_errorf(err, errlen, "%s: file is gzip-compressed; decompress it first (gunzip)",
-			       path);
-		goto invalid;
-	}
 	if (m[0] != 0 || m[1] != 0) {
 		tr_data_errorf(err, errlen, "%s: not an IDX file (bad magic 0x%08x)", path, be32(m));
-		goto invalid;
+		return -EINVAL;
 	}
 	if (m[2] != 0x08) {
 		tr_data_errorf(err, errlen,
 			       "%s: IDX element type 0x%02x is not supported (only unsigned byte, 0x08)",
 			       path, m[2]);
-		goto invalid;
+		return -EINVAL;
 	}
 	ndims = m[3];
 	if (images ? ndims < 2 : ndims != 1) {
 		tr_data_errorf(err, errlen,
 			       "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)",
 			       path, images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
-		goto invalid;
+		return -EINVAL;
 	}
-	hdr = 4 + 4 * (size_t)ndims;
-	if (f->map.len < hdr) {
+	*hdr = 4 + 4 * (size_t)ndims;
+	if (len < *hdr) {
+		if (!need_all)
+			return -EAGAIN;
 		tr_data_errorf(err, errlen, "%s: truncated IDX header", path);
-		goto invalid;
+		return -EINVAL;
 	}
+	f->ndims = ndims;
 	f->count = be32(m + 4);
 	f->width = 1;
 	for (int d = 0; d < ndims; d++) {
 		uint64_t v = be32(m + 4 + 4 * d);
 
+		if (d < 3)
+			f->dims[d] = (uint32_t)v;
 		if (d > 0) {
 			/* A zero dimension makes width 0 (refused below as no
 			 * data); dividing by it would trap. */
 			if (f->width != 0 && v > INT32_MAX / (uint64_t)f->width) {
 				tr_data_errorf(err, errlen, "%s: too many values per sample", path);
-				goto invalid;
+				return -EINVAL;
 			}
 			f->width *= (int64_t)v;
 		}
 	}
 	if (f->count == 0 || f->width == 0) {
 		tr_data_errorf(err, errlen, "%s: IDX file holds no data", path);
-		goto invalid;
+		return -EINVAL;
 	}
 	/* count < 2^32 and width < 2^31, so the product cannot overflow. */
 	total = (uint64_t)f->count * (uint64_t)f->width;
-	if (total > f->map.len - hdr) {
+	if (need_all && total > len - *hdr) {
 		tr_data_errorf(err, errlen,
 			       "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-			       path, (unsigned long long)total, (unsigned long long)(f->map.len - hdr));
-		goto invalid;
+			       path, (unsigned long long)total, (unsigned long long)(len - *hdr));
+		return -EINVAL;
 	}
-	f->data = m + hdr;
 	return 0;
-invalid:
-	file_unmap(f);
-	return -EINVAL;
+}
+
+/* Inflates the gzip file fd (owned by the call) into f->inflated: first
+ * the IDX header, then exactly the bytes it promises.  Not mapped, so no
+ * SIGBUS can come from it. */
+static int inflate_file(int fd, const char *path, int images, struct idx_file *f, char *err, size_t errlen)
+{
+	unsigned char in[65536], head[4 + 4 * 255];
+	z_stream z;
+	size_t hdr = 0, want, have = 0;
+	uint64_t total = 0;
+	unsigned char *out = head;
+	int ret = 0, zr = Z_OK, in_eof = 0;
+
+	memset(&z, 0, sizeof(z));
+	/* 15 + 16: a gzip wrapper only; members concatenated by `cat a.gz
+	 * b.gz` are followed below with inflateReset. */
+	if (inflateInit2(&z, 15 + 16) != Z_OK) {
+		tr_data_errorf(err, errlen, "%s: out of memory", path);
+		close(fd);
+		return -ENOMEM;
+	}
+	want = 4;
+	for (;;) {
+		if (have == want) {
+			if (out != head)
+				break; /* all the data the header promises */
+			ret = parse_header(head, have, path, images, 0, f, &hdr, err, errlen);
+			if (ret == -EAGAIN) {
+				want = 4 + 4 * (size_t)head[3];
+				continue;
+			}
+			if (ret)
+				goto out;
+			total = (uint64_t)f->count * (uint64_t)f->width;
+			if (total > IDX_MAX_INFLATED - hdr) {
+				tr_data_errorf(err, errlen,
+					       "%s: the IDX header promises %llu bytes of data, more than the %llu "
+					       "a compressed file may hold",
+					       path, (unsigned long long)total, (unsigned long long)IDX_MAX_INFLATED);
+				ret = -EFBIG;
+				goto out;
+			}
+			f->inflated = malloc(hdr + (size_t)total);
+			if (!f->inflated) {
+				tr_data_errorf(err, errlen, "%s: out of memory for %llu inflated bytes", path,
+					       (unsigned long long)(hdr + total));
+				ret = -ENOMEM;
+				goto out;
+			}
+			memcpy(f->inflated, head, hdr);
+			out = f->inflated;
+			want = hdr + (size_t)total;
+			continue;
+		}
+		if (zr == Z_STREAM_END) {
+			/* Another gzip member may follow. */
+			if (z.avail_in == 0 && in_eof)
+				break;
+			if (inflateReset(&z) != Z_OK)
+				break;
+		}
+		if (z.avail_in == 0 && !in_eof) {
+			ssize_t n = read(fd, in, sizeof(in));
+
+			if (n < 0) {
+				ret = -errno;
+				tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+				goto out;
+			}
+			if (n == 0)
+				in_eof = 1;
+			z.next_in = in;
+			z.avail_in = (uInt)n;
+		}
+		z.next_out = out + have;
+		z.avail_out = (uInt)(want - have > (1u << 30) ? (1u << 30) : want - have);
+		{
+			uInt before = z.avail_out;
+
+			zr = inflate(&z, Z_NO_FLUSH);
+			have += before - z.avail_out;
+		}
+		if (zr == Z_BUF_ERROR && in_eof && z.avail_in == 0)
+			break; /* the file ends inside the stream */
+		if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
+			tr_data_errorf(err, errlen, "%s: corrupt gzip data (%s)", path, z.msg ? z.msg : "inflate failed");
+			ret = -EINVAL;
+			goto out;
+		}
+	}
+	if (have < want) {
+		if (out == head)
+			tr_data_errorf(err, errlen, "%s: truncated IDX header (after gunzip)", path);
+		else
+			tr_data_errorf(err, errlen,
+				       "%s: truncated: the header promises %llu bytes of data, the file inflates "
+				       "to %llu",
+				       path, (unsigned long long)total, (unsigned long long)(have - hdr));
+		ret = -EINVAL;
+		goto out;
+	}
+	f->data = f->inflated + hdr;
+out:
+	inflateEnd(&z);
+	close(fd);
+	return ret;
+}
+
+/* Opens an IDX file of unsigned bytes (fd is owned from here on): plain
+ * files are mapped, gzip files inflated.  Runs under the caller's SIGBUS
+ * guard. */
+static int file_open(int fd, const char *path, int images, struct idx_file *f, char *err, size_t errlen)
+{
+	size_t hdr;
+	int ret;
+
+	ret = tr_data_map_open(fd, path, 4, "an IDX file", &f->map, err, errlen);
+	if (ret)
+		return ret;
+	if (f->map.base[0] == 0x1f && f->map.base[1] == 0x8b) {
+		/* The map was only for the magic: the descriptor goes to zlib. */
+		int dup_fd = dup(f->map.fd);
+
+		if (dup_fd < 0) {
+			ret = -errno;
+			tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+			file_unmap(f);
+			return ret;
+		}
+		file_unmap(f);
+		ret = inflate_file(dup_fd, path, images, f, err, errlen);
+		if (ret)
+			file_unmap(f);
+		return ret;
+	}
+	ret = parse_header(f->map.base, f->map.len, path, images, 1, f, &hdr, err, errlen);
+	if (ret) {
+		file_unmap(f);
+		return -EINVAL;
+	}
+	f->data = f->map.base + hdr;
+	return 0;
 }
 
 int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const char *labels_path, tr_reader_t **out,
@@ -234,6 +392,11 @@ int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const cha
 	d->base.info.samples = d->images.count;
 	d->base.info.features = (int)d->images.width;
 	d->base.info.label_dim = labels_fd >= 0 ? 1 : 0;
+	if (d->images.ndims == 3) {
+		d->base.info.shape[0] = 1;
+		d->base.info.shape[1] = (int)d->images.dims[1];
+		d->base.info.shape[2] = (int)d->images.dims[2];
+	}
 	snprintf(d->base.name, sizeof(d->base.name), "%s", images_path);
 	*out = &d->base;
 	return 0;

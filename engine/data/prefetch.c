@@ -28,6 +28,7 @@ struct slot {
 struct tr_prefetch {
 	struct tr_prefetch_config cfg;
 	int features, label_dim;
+	bool label_image;
 	int wake_free; /* free slots that make it worth waking sleeping loaders */
 	pthread_mutex_t lock;
 	pthread_cond_t ready; /* consumer: a slot became ready or failed; cancel */
@@ -82,11 +83,12 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 		}
 		float *x = b->x + (size_t)i * pf->features;
 		float *y = pf->label_dim > 0 ? b->y + (size_t)i * pf->label_dim : NULL;
-		int rc = tr_reader_get(c->reader, b->index[i], x, y, err, errlen);
+		int rc = tr_reader_get_epoch(c->reader, b->index[i], epoch, x, y, err, errlen);
 		if (rc < 0)
 			return rc;
 		if (c->transforms)
-			tr_transforms_apply(c->transforms, x, pf->features, c->seed, epoch, b->index[i], !c->inference);
+			tr_transforms_apply_pair(c->transforms, x, pf->features, pf->label_image ? y : NULL, c->seed,
+						 epoch, b->index[i], !c->inference);
 	}
 	/* After the reads: rows read from a file rewritten under the job fail
 	 * the step instead of being trained on (reader.h, check). */
@@ -188,6 +190,9 @@ int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out
 	pf->cfg = *cfg;
 	pf->features = cfg->reader->info.features;
 	pf->label_dim = cfg->reader->info.label_dim;
+	/* A label row that is the input's image (patches) moves with it. */
+	pf->label_image = cfg->reader->info.label_shape[0] &&
+			  memcmp(cfg->reader->info.label_shape, cfg->reader->info.shape, sizeof(int[3])) == 0;
 	pf->claim_step = cfg->first_step;
 	pf->next_free = cfg->first_step;
 	/* Waking a loader per released slot costs a futex round trip per

@@ -244,6 +244,34 @@ static int open_one(const tr_data_roots_t *roots, const char *path, const char *
 	return *fd < 0 ? *fd : 0;
 }
 
+/* patches: "path" (b stays -1), or "input_path" and "response_path". */
+static int open_patch_dirs(const struct tr_source_spec *src, const tr_data_roots_t *roots, int *a, char *a_name,
+			   int *b, char *b_name, char *err, size_t errlen)
+{
+	const char *first = src->path ? src->path : src->input_path;
+
+	if (!first || !*first) {
+		tr_data_errorf(err, errlen, "data source has no patches path");
+		return -EINVAL;
+	}
+	*a = tr_data_open_dir(roots, first, a_name, PATH_MAX, err, errlen);
+	if (*a < 0)
+		return *a;
+	if (src->path)
+		return 0;
+	if (!src->response_path || !*src->response_path) {
+		close(*a);
+		tr_data_errorf(err, errlen, "data source has no patches response_path");
+		return -EINVAL;
+	}
+	*b = tr_data_open_dir(roots, src->response_path, b_name, PATH_MAX, err, errlen);
+	if (*b < 0) {
+		close(*a);
+		return *b;
+	}
+	return 0;
+}
+
 int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr_data_roots_t *roots,
 		   const atomic_bool *cancel, tr_reader_t **out, char *err, size_t errlen)
 {
@@ -284,6 +312,15 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 		else if (a >= 0)
 			close(a);
 		break;
+	case TR_DATA_IMAGES:
+		a = tr_data_open_dir(roots, src->path, a_name, sizeof a_name, err, errlen);
+		ret = a < 0 ? a : tr_images_open(src, a, a_name, cancel, out, err, errlen);
+		break;
+	case TR_DATA_PATCHES:
+		ret = open_patch_dirs(src, roots, &a, a_name, &b, b_name, err, errlen);
+		if (ret == 0)
+			ret = tr_patches_open(src, a, a_name, b, b_name, cancel, out, err, errlen);
+		break;
 	case TR_DATA_SYNTHETIC:
 		(void)job_seed; /* the spec parser fills data_seed (default: the job seed) */
 		ret = tr_synthetic_open(src, src->data_seed, out, err, errlen);
@@ -294,6 +331,25 @@ int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr
 		break;
 	}
 	return ret;
+}
+
+int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen)
+{
+	const int *have = r->info.shape;
+	int64_t want = (int64_t)shape[0] * shape[1] * shape[2];
+
+	if (have[0]) {
+		if (have[0] == shape[0] && have[1] == shape[1] && have[2] == shape[2])
+			return 0;
+		tr_data_errorf(err, errlen, "/model/inputs: [%d, %d, %d] does not match the [%d, %d, %d] images of %s",
+			       shape[0], shape[1], shape[2], have[0], have[1], have[2], r->name);
+		return -EINVAL;
+	}
+	if (want == r->info.features)
+		return 0;
+	tr_data_errorf(err, errlen, "/model/inputs: [%d, %d, %d] (%lld values) does not match the %d features of %s",
+		       shape[0], shape[1], shape[2], (long long)want, r->info.features, r->name);
+	return -EINVAL;
 }
 
 void tr_reader_destroy(tr_reader_t *r)
@@ -318,6 +374,19 @@ static int slice_get(tr_reader_t *r, int64_t index, float *x, float *y, char *er
 		return -ERANGE;
 	}
 	return tr_reader_get(s->src, s->begin + index, x, y, err, errlen);
+}
+
+static int slice_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
+			   size_t errlen)
+{
+	struct slice *s = (struct slice *)r;
+
+	if (index < 0 || index >= r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (slice of %lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	return tr_reader_get_epoch(s->src, s->begin + index, epoch, x, y, err, errlen);
 }
 
 static void slice_destroy(tr_reader_t *r)
@@ -364,6 +433,7 @@ static const struct tr_reader_i slice_i = {
 	.check = slice_check,
 	.labels = slice_labels,
 	.where = slice_where,
+	.get_epoch = slice_get_epoch,
 	.class_name = slice_class_name,
 };
 
@@ -372,6 +442,7 @@ static const struct tr_reader_i slice_nolabels_i = {
 	.get = slice_get,
 	.destroy = slice_destroy,
 	.check = slice_check,
+	.get_epoch = slice_get_epoch,
 	.class_name = slice_class_name,
 };
 

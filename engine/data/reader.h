@@ -27,6 +27,11 @@ struct tr_reader_info {
 	int64_t samples;
 	int features;
 	int label_dim; /* floats per label row (1 for a class index) */
+	/* [C, H, W] of an image sample (features == C * H * W), or all 0 for
+	 * a flat vector; image layers and the spatial transforms need it. */
+	int shape[3];
+	/* The same for an image-shaped label row (patches), else all 0. */
+	int label_shape[3];
 };
 
 struct tr_reader_i {
@@ -47,6 +52,12 @@ struct tr_reader_i {
 	 * synthetic or test reader) has its labels left unchecked. */
 	int (*labels)(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen);
 	void (*where)(tr_reader_t *r, int64_t index, char *buf, size_t len);
+	/* Optional: `get` for a reader whose samples are drawn afresh each
+	 * epoch (patches: where a patch sits), a pure function of (its seed,
+	 * epoch, index).  `get` is this with epoch 0, which evaluation and
+	 * statistics use so they see the same samples every time. */
+	int (*get_epoch)(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
+			 size_t errlen);
 	/* Optional: the name of class `cls` (an image folder's name), NULL
 	 * when the data has none.  Recorded in the model file's "labels"
 	 * (docs/model-format.md). */
@@ -72,12 +83,34 @@ static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *
 	return r->i->get(r, index, x, y, err, errlen);
 }
 
+/* The loader threads' read: sample `index` as drawn in `epoch`. */
+static inline int tr_reader_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
+				      size_t errlen)
+{
+	if (r->i->get_epoch)
+		return r->i->get_epoch(r, index, epoch, x, y, err, errlen);
+	return r->i->get(r, index, x, y, err, errlen);
+}
+
 static inline int tr_reader_check(tr_reader_t *r, char *err, size_t errlen)
 {
 	return r->i->check ? r->i->check(r, err, errlen) : 0;
 }
 
 void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
+
+/* Whether a model taking [C, H, W] = shape can read r's samples: r's own
+ * shape must be the same, or r must be flat with C * H * W features
+ * (then read as [C, H, W] in row-major order, as a reshape would).
+ * Returns 0, or -EINVAL with "/model/inputs: [1, 28, 28] does not match
+ * the [3, 32, 32] images of NAME" (or "the 100 features of NAME") in err.
+ * For the trainer's check of the model against its data. */
+int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen);
+
+/* The name of class k (an "images" reader's k-th subfolder) through the
+ * reader's class_name, or NULL for a reader without names or a k out of
+ * range. */
+const char *tr_images_class_name(const tr_reader_t *r, int k);
 
 /* Sleeps whatever simulated storage latency (synthetic load_cost_us) the
  * calling thread's reads have owed but not yet slept; call it after a run
@@ -111,11 +144,18 @@ int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_tran
  * standardize reads the whole training set, which may be huge. */
 int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *train, const atomic_bool *cancel,
 				     tr_transforms_t **out, char *err, size_t errlen);
-/* Applies to one sample's features in place.  Noise is applied only when
- * `training`; it is keyed by (seed, epoch, sample index) so it is the same
- * whichever thread loads the sample. */
+/* Applies to one sample's features in place.  Noise and augmentations
+ * (random_crop, flip, rot90) are applied only when `training`; they are
+ * keyed by (seed, epoch, sample index) so they are the same whichever
+ * thread loads the sample. */
 void tr_transforms_apply(const tr_transforms_t *t, float *x, int features, uint64_t seed, int64_t epoch,
 			 int64_t sample_index, int training);
+/* The same for a sample whose label row y is an image of the features'
+ * height and width (patches): the spatial augmentations move y's pixels
+ * exactly as x's, so input and response stay aligned; the value
+ * transforms leave y alone.  y may be NULL. */
+void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed,
+			      int64_t epoch, int64_t sample_index, int training);
 void tr_transforms_destroy(tr_transforms_t *t);
 
 /* What a model file records of the transforms (docs/model-format.md).

@@ -1,7 +1,7 @@
 /* Declarations shared by the data readers in engine/data/ and nothing else.
  *
  * reader.c dispatches to the format openers below (defined in csv.c,
- * npy.c, idx.c and synthetic.c), which take descriptors already opened by
+ * npy.c, idx.c, images.c, patches.c and synthetic.c), which take descriptors already opened by
  * tr_data_open (roots.h).  The error formatter and the guarded read-only
  * file mapping are defined once in reader.c so every reader words its
  * messages the same way.  Code outside
@@ -27,6 +27,14 @@ int tr_npy_open(int x_fd, const char *x_name, int y_fd, const char *y_name, tr_r
 		size_t errlen);
 int tr_idx_open(int images_fd, const char *images_name, int labels_fd, const char *labels_name, tr_reader_t **out,
 		char *err, size_t errlen);
+/* images and patches take directory descriptors from tr_data_open_dir
+ * (owned from the call on); patches' response_fd is -1 without
+ * response_path. */
+int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir_name, const atomic_bool *cancel,
+		   tr_reader_t **out, char *err, size_t errlen);
+int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *input_name, int response_fd,
+		    const char *response_name, const atomic_bool *cancel, tr_reader_t **out, char *err,
+		    size_t errlen);
 int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
 		      size_t errlen);
 

@@ -246,11 +246,12 @@ out:
 /* ---- the open ------------------------------------------------------------ */
 
 #define OPEN_FLAGS (O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+#define DIR_FLAGS (O_RDONLY | O_CLOEXEC | O_DIRECTORY)
 
-static int open_beneath(int root_fd, const char *rel)
+static int open_beneath(int root_fd, const char *rel, int flags)
 {
 	struct open_how how = {
-		.flags = OPEN_FLAGS,
+		.flags = (uint64_t)flags,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
 	};
 
@@ -272,7 +273,13 @@ static int open_beneath(int root_fd, const char *rel)
 		if (!atomic_load(&no_openat2))
 			return -EAGAIN;
 	}
-	return tr_data_open_walk(root_fd, rel, OPEN_FLAGS);
+	/* The walk takes a path to something below the root, not the root. */
+	if (strcmp(rel, ".") == 0) {
+		int fd = openat(root_fd, ".", flags);
+
+		return fd < 0 ? -errno : fd;
+	}
+	return tr_data_open_walk(root_fd, rel, flags);
 }
 
 /* Not found, or found only by leaving the root: the same answer. */
@@ -287,9 +294,10 @@ static const char *kind_of(mode_t m)
 	       S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a regular file";
 }
 
-/* Accepts fd when it is a regular file, and makes it blocking again: the
- * O_NONBLOCK only kept the open itself from waiting. */
-static int accept_fd(int fd, const char *path, struct stat *st, char *err, size_t errlen)
+/* Accepts fd when it is a regular file (a directory with want_dir), and
+ * makes it blocking again: the O_NONBLOCK only kept the open itself from
+ * waiting. */
+static int accept_fd(int fd, const char *path, int want_dir, struct stat *st, char *err, size_t errlen)
 {
 	struct stat s;
 	int fl;
@@ -300,7 +308,12 @@ static int accept_fd(int fd, const char *path, struct stat *st, char *err, size_
 		tr_data_errorf(err, errlen, "'%s': %s", path, strerror(errno));
 		return ret;
 	}
-	if (!S_ISREG(s.st_mode)) {
+	if (want_dir && !S_ISDIR(s.st_mode)) {
+		tr_data_errorf(err, errlen, "'%s' is %s, not a directory",
+			       path, S_ISREG(s.st_mode) ? "a file" : kind_of(s.st_mode));
+		return -ENOTDIR;
+	}
+	if (!want_dir && !S_ISREG(s.st_mode)) {
 		tr_data_errorf(err, errlen, "'%s' is %s, not a regular file", path, kind_of(s.st_mode));
 		return -EINVAL;
 	}
@@ -333,10 +346,10 @@ static const char *below(const char *root, const char *path)
 	return *path ? path : ".";
 }
 
-static int open_unconfined(const char *path, struct stat *st, char *shown, size_t shownlen, char *err,
-			   size_t errlen)
+static int open_unconfined(const char *path, int want_dir, struct stat *st, char *shown, size_t shownlen,
+			   char *err, size_t errlen)
 {
-	int fd = open(path, OPEN_FLAGS), ret;
+	int fd = open(path, want_dir ? DIR_FLAGS : OPEN_FLAGS), ret;
 
 	if (fd < 0) {
 		char cwd[PATH_MAX];
@@ -349,7 +362,7 @@ static int open_unconfined(const char *path, struct stat *st, char *shown, size_
 			tr_data_errorf(err, errlen, "'%s': %s", path, strerror(errno));
 		return ret;
 	}
-	ret = accept_fd(fd, path, st, err, errlen);
+	ret = accept_fd(fd, path, want_dir, st, err, errlen);
 	if (ret < 0) {
 		close(fd);
 		return ret;
@@ -359,8 +372,8 @@ static int open_unconfined(const char *path, struct stat *st, char *shown, size_
 	return fd;
 }
 
-int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st, char *shown, size_t shownlen,
-		 char *err, size_t errlen)
+static int open_path(const tr_data_roots_t *roots, const char *path, int want_dir, struct stat *st, char *shown,
+		     size_t shownlen, char *err, size_t errlen)
 {
 	int first_err = 0;
 
@@ -369,7 +382,7 @@ int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st
 		return -EINVAL;
 	}
 	if (!roots)
-		return open_unconfined(path, st, shown, shownlen, err, errlen);
+		return open_unconfined(path, want_dir, st, shown, shownlen, err, errlen);
 	for (int i = 0; i < roots->n; i++) {
 		const struct root *x = &roots->r[i];
 		const char *rel = path;
@@ -382,7 +395,7 @@ int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st
 			if (!rel)
 				continue;
 		}
-		fd = open_beneath(x->fd, rel);
+		fd = open_beneath(x->fd, rel, want_dir ? DIR_FLAGS : OPEN_FLAGS);
 		if (fd < 0) {
 			if (!not_found(fd) && !first_err) {
 				first_err = fd;
@@ -391,7 +404,7 @@ int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st
 			}
 			continue;
 		}
-		ret = accept_fd(fd, path, st, err, errlen);
+		ret = accept_fd(fd, path, want_dir, st, err, errlen);
 		if (ret < 0) {
 			close(fd);
 			if (!first_err)
@@ -412,7 +425,61 @@ int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st
 		char list[1024];
 
 		tr_data_roots_describe(roots, list, sizeof list);
-		tr_data_errorf(err, errlen, "'%s' is not a file in the data roots (%s)", path, list);
+		tr_data_errorf(err, errlen, "'%s' is not a %s in the data roots (%s)", path,
+			       want_dir ? "directory" : "file", list);
 	}
 	return -ENOENT;
+}
+
+int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st, char *shown, size_t shownlen,
+		 char *err, size_t errlen)
+{
+	return open_path(roots, path, 0, st, shown, shownlen, err, errlen);
+}
+
+int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen, char *err,
+		     size_t errlen)
+{
+	char trimmed[PATH_MAX];
+	size_t n;
+
+	if (!path || !*path) {
+		tr_data_errorf(err, errlen, "empty path");
+		return -EINVAL;
+	}
+	/* "images/" names the same directory; the walk wants no trailing '/'. */
+	n = strlen(path);
+	if (n >= sizeof trimmed) {
+		tr_data_errorf(err, errlen, "'%s': %s", path, strerror(ENAMETOOLONG));
+		return -ENAMETOOLONG;
+	}
+	memcpy(trimmed, path, n + 1);
+	while (n > 1 && trimmed[n - 1] == '/')
+		trimmed[--n] = '\0';
+	return open_path(roots, trimmed, 1, NULL, shown, shownlen, err, errlen);
+}
+
+int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st, char *err, size_t errlen)
+{
+	int fd, ret;
+
+	/* One component, no symlink: nothing outside dir_fd can be reached. */
+	if (!*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+		tr_data_errorf(err, errlen, "'%s': not a plain file name", name);
+		return -EINVAL;
+	}
+	fd = openat(dir_fd, name, (want_dir ? DIR_FLAGS : OPEN_FLAGS) | O_NOFOLLOW);
+	if (fd < 0) {
+		ret = -errno;
+		tr_data_errorf(err, errlen, "'%s': %s", name,
+			       errno == ELOOP ? "a symbolic link (not followed inside a data directory)" :
+			       strerror(errno));
+		return ret;
+	}
+	ret = accept_fd(fd, name, want_dir, st, err, errlen);
+	if (ret < 0) {
+		close(fd);
+		return ret;
+	}
+	return fd;
 }

@@ -48,6 +48,19 @@ void tr_data_roots_describe(const tr_data_roots_t *r, char *buf, size_t len);
 int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st, char *shown, size_t shownlen,
 		 char *err, size_t errlen);
 
+/* Opens the directory `path` as tr_data_open opens a file (same roots,
+ * same confinement, same messages): for image folders, whose files are
+ * then opened with tr_data_open_in.  Returns an O_RDONLY | O_DIRECTORY
+ * descriptor or a negative errno (-ENOTDIR for a file). */
+int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen, char *err,
+		     size_t errlen);
+/* Opens the entry `name` (one path component, as readdir gives it) of the
+ * directory dir_fd: a regular file, or with want_dir a directory.  A
+ * symlink is refused (O_NOFOLLOW), so nothing outside a directory opened
+ * by tr_data_open_dir is reached.  Returns a descriptor (blocking) or a
+ * negative errno with a message naming `name`. */
+int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st, char *err, size_t errlen);
+
 /* For tests: the O_NOFOLLOW walk used where openat2 is missing, opening
  * `rel` beneath the directory root_fd with `flags`.  Returns a descriptor
  * or a negative errno (-EXDEV for a path that leaves the root). */

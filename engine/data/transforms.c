@@ -7,12 +7,22 @@
  * samples do not drift.  Gaussian noise is keyed by (seed, epoch, sample)
  * and counted by feature, so a sample gets the same noise whichever thread
  * loads it, and fresh noise each epoch.
+ *
+ * The image transforms need the reader's [C, H, W] shape: normalize
+ * (per-channel mean and std, as torchvision's Normalize) and the training
+ * augmentations random_crop (zero padding, then a crop back to H x W at a
+ * random offset, as torchvision's RandomCrop(size, padding)), flip and
+ * rot90.  Their draws are keyed like the noise (seed, epoch, sample), one
+ * counter per transform, and they move an image-shaped label row (patches)
+ * with the input so the pair stays aligned.  Evaluation applies none of
+ * them.
  */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/data/reader_internal.h"
 #include "engine/rng.h"
@@ -24,22 +34,165 @@ struct op {
 	int noise_k;   /* which noise op this is, to keep their draws apart */
 	float *mean;   /* standardize: [features] */
 	float *sd;     /* standardize: [features], never 0 */
+	float mean_c[TR_SPEC_MAX_CHANNELS], std_c[TR_SPEC_MAX_CHANNELS]; /* normalize */
+	int padding;   /* random_crop */
+	bool vertical; /* flip */
 };
 
 struct tr_transforms {
 	int n;
 	int features; /* of the training reader, for standardize */
+	int c, h, w;  /* its image shape (0 when flat) */
 	struct op ops[TR_SPEC_MAX_TRANSFORMS];
 };
 
-/* Runs ops [0, end) on x. */
-static void apply_ops(const tr_transforms_t *t, int end, float *x, int features, uint64_t seed, int64_t epoch,
-		      int64_t sample_index, int training)
+/* Mirrors each channel plane of img left-right (or up-down). */
+static void flip_planes(float *img, int c, int h, int w, int vertical)
+{
+	for (int ch = 0; ch < c; ch++) {
+		float *p = img + (size_t)ch * h * w;
+
+		if (vertical) {
+			for (int y = 0; y < h / 2; y++)
+				for (int x = 0; x < w; x++) {
+					float t = p[(size_t)y * w + x];
+
+					p[(size_t)y * w + x] = p[(size_t)(h - 1 - y) * w + x];
+					p[(size_t)(h - 1 - y) * w + x] = t;
+				}
+		} else {
+			for (int y = 0; y < h; y++)
+				for (int x = 0; x < w / 2; x++) {
+					float t = p[(size_t)y * w + x];
+
+					p[(size_t)y * w + x] = p[(size_t)y * w + w - 1 - x];
+					p[(size_t)y * w + w - 1 - x] = t;
+				}
+		}
+	}
+}
+
+/* Rotates each square plane (n x n) by k quarter turns counterclockwise
+ * (numpy's rot90), in place, one ring of four pixels at a time. */
+static void rot90_planes(float *img, int c, int n, int k)
+{
+	for (; k > 0; k--)
+		for (int ch = 0; ch < c; ch++) {
+			float *p = img + (size_t)ch * n * n;
+
+			for (int y = 0; y < n / 2; y++)
+				for (int x = y; x < n - 1 - y; x++) {
+					/* (y, x) <- (x, n-1-y) <- (n-1-y, n-1-x) <- (n-1-x, y) */
+					float t = p[(size_t)y * n + x];
+
+					p[(size_t)y * n + x] = p[(size_t)x * n + (n - 1 - y)];
+					p[(size_t)x * n + (n - 1 - y)] = p[(size_t)(n - 1 - y) * n + (n - 1 - x)];
+					p[(size_t)(n - 1 - y) * n + (n - 1 - x)] = p[(size_t)(n - 1 - x) * n + y];
+					p[(size_t)(n - 1 - x) * n + y] = t;
+				}
+		}
+}
+
+/* Shifts each plane so that pixel (y, x) takes (y + dy, x + dx), zero
+ * outside: the crop at offset (padding + dy, padding + dx) of the image
+ * padded by `padding` zeros, without the padded copy.  Through `tmp`
+ * (h * w floats). */
+static void shift_planes(float *img, int c, int h, int w, int dy, int dx, float *tmp)
+{
+	for (int ch = 0; ch < c; ch++) {
+		float *p = img + (size_t)ch * h * w;
+
+		memcpy(tmp, p, (size_t)h * w * sizeof(float));
+		for (int y = 0; y < h; y++)
+			for (int x = 0; x < w; x++) {
+				int sy = y + dy, sx = x + dx;
+
+				p[(size_t)y * w + x] = sy >= 0 && sy < h && sx >= 0 && sx < w ? tmp[(size_t)sy * w + sx] :
+												  0.0f;
+			}
+	}
+}
+
+/* One spatial augmentation on x and, when given, the label image y. */
+static void augment(const tr_transforms_t *t, const struct op *o, int k, float *x, float *y, uint64_t key)
+{
+	uint64_t ctr = (uint64_t)k << 8;
+
+	switch (o->type) {
+	case TR_TF_RANDOM_CROP: {
+		uint64_t span = 2 * (uint64_t)o->padding + 1;
+		int dy = (int)tr_rng_below(key, ctr, span) - o->padding;
+		int dx = (int)tr_rng_below(key, ctr + 1, span) - o->padding;
+		float *tmp;
+
+		if (!dy && !dx)
+			break;
+		tmp = malloc((size_t)t->h * t->w * sizeof(float));
+		if (!tmp)
+			break; /* cannot happen in practice; an unaugmented sample is still a sample */
+		shift_planes(x, t->c, t->h, t->w, dy, dx, tmp);
+		if (y)
+			shift_planes(y, t->c, t->h, t->w, dy, dx, tmp);
+		free(tmp);
+		break;
+	}
+	case TR_TF_FLIP:
+		if (tr_rng_u64(key, ctr) & 1) {
+			flip_planes(x, t->c, t->h, t->w, 0);
+			if (y)
+				flip_planes(y, t->c, t->h, t->w, 0);
+		}
+		if (o->vertical && (tr_rng_u64(key, ctr + 1) & 1)) {
+			flip_planes(x, t->c, t->h, t->w, 1);
+			if (y)
+				flip_planes(y, t->c, t->h, t->w, 1);
+		}
+		break;
+	case TR_TF_ROT90: {
+		int q = (int)tr_rng_below(key, ctr, 4);
+
+		rot90_planes(x, t->c, t->h, q);
+		if (y)
+			rot90_planes(y, t->c, t->h, q);
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+/* Runs ops [0, end) on x (and the spatial ones on y, may be NULL). */
+static void apply_ops(const tr_transforms_t *t, int end, float *x, int features, float *y, uint64_t seed,
+		      int64_t epoch, int64_t sample_index, int training)
 {
 	for (int k = 0; k < end; k++) {
 		const struct op *o = &t->ops[k];
 
 		switch (o->type) {
+		case TR_TF_NORMALIZE: {
+			size_t plane;
+
+			/* Channel planes of features / C values each: the shape's
+			 * H * W, or for recorded transforms (no reader) the same
+			 * split of the model's input width. */
+			if (t->c <= 0 || features % t->c != 0)
+				break;
+			plane = (size_t)(features / t->c);
+			for (int ch = 0; ch < t->c; ch++) {
+				float m = o->mean_c[ch], s = o->std_c[ch];
+
+				for (size_t j = 0; j < plane; j++)
+					x[ch * plane + j] = (x[ch * plane + j] - m) / s;
+			}
+			break;
+		}
+		case TR_TF_RANDOM_CROP:
+		case TR_TF_FLIP:
+		case TR_TF_ROT90:
+			if (training && features == t->c * t->h * t->w)
+				augment(t, o, k, x, y,
+					tr_rng_key(seed, (uint64_t)epoch, (uint64_t)sample_index, TR_RNG_AUGMENT));
+			break;
 		case TR_TF_SCALE:
 			for (int j = 0; j < features; j++)
 				x[j] *= o->factor;
@@ -104,7 +257,7 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, cons
 		ret = tr_reader_get(train, i, x, y, err, errlen);
 		if (ret)
 			goto out;
-		apply_ops(t, k, x, nf, 0, 0, i, 0);
+		apply_ops(t, k, x, nf, NULL, 0, 0, i, 0);
 		for (int j = 0; j < nf; j++) {
 			double d;
 
@@ -132,6 +285,59 @@ out:
 	return ret;
 }
 
+static const char *const tf_names[] = {
+	[TR_TF_NORMALIZE] = "normalize",
+	[TR_TF_RANDOM_CROP] = "random_crop",
+	[TR_TF_FLIP] = "flip",
+	[TR_TF_ROT90] = "rot90",
+};
+
+/* Sets up an image transform, which needs the data's [C, H, W]. */
+static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts, struct op *o, int k, char *err,
+		    size_t errlen)
+{
+	if (!t->c) {
+		tr_data_errorf(err, errlen, "/data/transforms/%d: %s needs image data (idx, images or patches), "
+			       "the training data is flat", k, tf_names[ts->type]);
+		return -EINVAL;
+	}
+	switch (ts->type) {
+	case TR_TF_NORMALIZE:
+		if (ts->n_channels != t->c) {
+			tr_data_errorf(err, errlen,
+				       "/data/transforms/%d: normalize gives %d mean/std value%s, the images have %d "
+				       "channel%s",
+				       k, ts->n_channels, ts->n_channels == 1 ? "" : "s", t->c, t->c == 1 ? "" : "s");
+			return -EINVAL;
+		}
+		for (int c = 0; c < t->c; c++) {
+			if (!(ts->std_c[c] > 0.0f)) {
+				tr_data_errorf(err, errlen, "/data/transforms/%d/std/%d: must be > 0", k, c);
+				return -EINVAL;
+			}
+			o->mean_c[c] = ts->mean_c[c];
+			o->std_c[c] = ts->std_c[c];
+		}
+		break;
+	case TR_TF_RANDOM_CROP:
+		o->padding = ts->padding;
+		break;
+	case TR_TF_FLIP:
+		o->vertical = ts->vertical;
+		break;
+	case TR_TF_ROT90:
+		if (t->h != t->w) {
+			tr_data_errorf(err, errlen, "/data/transforms/%d: rot90 needs square images, these are %dx%d", k,
+				       t->w, t->h);
+			return -EINVAL;
+		}
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
 int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, char *err,
 			 size_t errlen)
 {
@@ -155,6 +361,11 @@ int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *tr
 		return -ENOMEM;
 	}
 	t->features = train ? train->info.features : 0;
+	if (train) {
+		t->c = train->info.shape[0];
+		t->h = train->info.shape[1];
+		t->w = train->info.shape[2];
+	}
 	for (int k = 0; k < spec->n_transforms; k++) {
 		const struct tr_transform_spec *ts = &spec->transforms[k];
 		struct op *o = &t->ops[k];
@@ -167,6 +378,14 @@ int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *tr
 			break;
 		case TR_TF_GAUSSIAN_NOISE:
 			o->noise_k = noise_k++;
+			break;
+		case TR_TF_NORMALIZE:
+		case TR_TF_RANDOM_CROP:
+		case TR_TF_FLIP:
+		case TR_TF_ROT90:
+			ret = image_op(t, ts, o, k, err, errlen);
+			if (ret)
+				goto fail;
 			break;
 		case TR_TF_STANDARDIZE:
 			if (!train) {
@@ -198,7 +417,14 @@ void tr_transforms_apply(const tr_transforms_t *t, float *x, int features, uint6
 			 int64_t sample_index, int training)
 {
 	if (t)
-		apply_ops(t, t->n, x, features, seed, epoch, sample_index, training);
+		apply_ops(t, t->n, x, features, NULL, seed, epoch, sample_index, training);
+}
+
+void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed,
+			      int64_t epoch, int64_t sample_index, int training)
+{
+	if (t)
+		apply_ops(t, t->n, x, features, y, seed, epoch, sample_index, training);
 }
 
 void tr_transforms_destroy(tr_transforms_t *t)
@@ -248,7 +474,8 @@ json_t *tr_transforms_fitted(const tr_transforms_t *t, int k)
 
 bool tr_transforms_train_only(enum tr_transform_type type)
 {
-	return type == TR_TF_GAUSSIAN_NOISE;
+	return type == TR_TF_GAUSSIAN_NOISE || type == TR_TF_RANDOM_CROP || type == TR_TF_FLIP ||
+	       type == TR_TF_ROT90;
 }
 
 /* Reads n floats from the recorded array `key` of `fitted`; positive
@@ -311,6 +538,21 @@ int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *cons
 		o->std = ts->std;
 		if (ts->type == TR_TF_GAUSSIAN_NOISE)
 			o->noise_k = noise_k++;
+		if (ts->type == TR_TF_NORMALIZE) {
+			/* The spec holds the values; the channel count splits the
+			 * input width into planes. */
+			if (ts->n_channels < 1 || ts->n_channels > TR_SPEC_MAX_CHANNELS || features % ts->n_channels) {
+				tr_data_errorf(err, errlen, "transforms/%d: normalize has %d channels, which do not divide "
+					       "the %d inputs", k, ts->n_channels, features);
+				ret = -EINVAL;
+				goto fail;
+			}
+			t->c = ts->n_channels;
+			for (int c = 0; c < t->c; c++) {
+				o->mean_c[c] = ts->mean_c[c];
+				o->std_c[c] = ts->std_c[c] > 0.0f ? ts->std_c[c] : 1.0f;
+			}
+		}
 		if (ts->type == TR_TF_STANDARDIZE) {
 			const json_t *f = fitted ? fitted[k] : NULL;
 

@@ -1,8 +1,12 @@
-/* Fuzz target: the csv, npy and idx readers (job data files).  The first
- * byte picks the format (and csv's header flag and label column); the
- * rest is one file, or, for the two-file formats, two files separated by
- * the first "\n@@\n".  After a successful open the first samples are read
- * back, which is where offsets and row lengths are trusted. */
+/* Fuzz target: the csv, npy and idx readers (job data files) and the PNG
+ * decoder of the image readers.  The first byte picks the format (and
+ * csv's header flag and label column); the rest is one file, or, for the
+ * two-file formats, two files separated by the first "\n@@\n".  After a
+ * successful open the first samples are read back, which is where offsets
+ * and row lengths are trusted.  A first file that starts with the PNG
+ * or JPEG signature is also probed and decoded as an image would be by the
+ * loaders (idx files that start with the gzip magic are inflated by the
+ * idx case). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +14,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include "engine/data/image.h"
 #include "engine/data/reader.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -46,6 +53,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (put(&fa, "a", body, n, pa, sizeof pa) < 0 || put(&fb, "b", second, n2, pb, sizeof pb) < 0)
 		return 0;
+	if (n >= 8 && (memcmp(body, "\x89PNG\r\n\x1a\n", 8) == 0 || memcmp(body, "\xff\xd8\xff", 3) == 0)) {
+		struct tr_image img;
+		int w, h, c, fd = open(pa, O_RDONLY | O_CLOEXEC);
+
+		if (fd >= 0 && tr_image_probe(fd, "a.img", &w, &h, &c, err, sizeof err) == 0) {
+			fd = open(pa, O_RDONLY | O_CLOEXEC);
+			if (fd >= 0 && tr_image_decode(fd, "a.img", &img, err, sizeof err) == 0) {
+				if (img.width != w || img.height != h || img.channels != c)
+					abort(); /* the probe promised another image */
+				free(img.px);
+			}
+		}
+	}
 	memset(&src, 0, sizeof src);
 	src.present = true;
 	switch (sel % 3) {

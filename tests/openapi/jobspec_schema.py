@@ -51,7 +51,25 @@ CROSS_FIELD = {
      ' "outputs": 8192}'): "outputs x features (a product) may be at most 2^28",
     ("/model/layers", '[{"type": "dense", "units": 16777216}, {"type": "dense", "units": 16777216},'
      ' {"type": "dense", "units": 4}]'): "at most 2^36 parameters (a sum of products over the layers)",
+    ("/data/transforms", '[{"type": "normalize", "mean": [1, 2], "std": [1]}]'):
+        "normalize's mean and std have one value per channel each (equal lengths)",
 }
+
+
+def waits_for_layers(spec, doc):
+    """Why an example cannot be checked yet, or None: it uses image layers
+    or [C, H, W] inputs that the schema (and the engine) do not have yet.
+    Such an example is skipped, visibly, until they land."""
+    schemas = spec.doc["components"]["schemas"]
+    known = set(schemas["Layer"].get("discriminator", {}).get("mapping", {}))
+    model = doc.get("model", {})
+    unknown = sorted({layer.get("type") for layer in model.get("layers", []) if layer.get("type") not in known})
+    if unknown:
+        return "layer types %s are not in the schema yet" % ", ".join(map(str, unknown))
+    inputs_schema = spec.deref(schemas["ModelSpec"]["properties"]["inputs"]) if "ModelSpec" in schemas else {}
+    if isinstance(model.get("inputs"), list) and inputs_schema.get("type") == "integer":
+        return "[C, H, W] model inputs are not in the schema yet"
+    return None
 
 
 def cross_field_reason(edit, value):
@@ -221,8 +239,15 @@ def main(argv):
         print("jobspec_schema: cannot read the spec tests: %s" % e)
         print("RESULT: 0 passed, 1 failed")
         return 1
+    skipped = 0
     for f in sorted(glob.glob(os.path.join(ROOT, "examples", "*.json"))):
-        valid[os.path.relpath(f, ROOT)] = open(f, encoding="utf-8").read()
+        text = open(f, encoding="utf-8").read()
+        why = waits_for_layers(spec, json.loads(text))
+        if why:
+            skipped += 1
+            print("SKIP %s: %s" % (os.path.relpath(f, ROOT), why))
+            continue
+        valid[os.path.relpath(f, ROOT)] = text
 
     passed = failed = 0
     for name, text in valid.items():
@@ -269,7 +294,8 @@ def main(argv):
             failed += 1
             print("FAIL %s: the parser refuses it, the schema accepts it" % what)
     print("jobspec_schema: %d accepted specs, %d refused ones (%d refused only by cross-field checks "
-          "the schema describes in words)" % (len(valid), len(invalid) + 3, cross))
+          "the schema describes in words), %d examples waiting for image layers"
+          % (len(valid), len(invalid) + 3, cross, skipped))
     print("RESULT: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

@@ -1,0 +1,361 @@
+/* The "images" reader: a folder of PNG or JPEG files, one subfolder per class
+ * (labels "folders", as torchvision's ImageFolder): class k is the k-th
+ * subfolder in sorted order, and the samples are the classes' files in
+ * that order.  Subfolders' names are kept (tr_images_class_name) so a job
+ * can say which class an index means.
+ *
+ * At open every file's header is read (size and channel count), so a
+ * file that is not a PNG or JPEG, a channel count unlike the others' or a size
+ * the spec cannot make uniform fails the job before its first step, naming
+ * the file.  The pixels are decoded later, by the loader threads, one
+ * sample per get: file, decode, optional resize (bicubic, image.h) and
+ * center crop, planar float [C, H, W] with values 0..255 (a "scale" or
+ * "normalize" transform makes them what the model wants).  A file that is
+ * truncated or changed since open fails the step, and with it the job,
+ * with the file named.  Only the class folders' descriptors stay open.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/data/image.h"
+#include "engine/data/reader_internal.h"
+
+#define MAX_CLASSES 65536
+
+struct item {
+	int cls;
+	char *name;
+};
+
+struct images_reader {
+	tr_reader_t base;
+	char dir[PATH_MAX];
+	int n_classes;
+	char **classes;
+	int *class_fd;
+	struct item *items;
+	int c, h, w;           /* the output shape */
+	int resize[2];         /* as the spec */
+	int crop[2];
+};
+
+static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s/%s/%s", d->dir, d->classes[it->cls], it->name);
+}
+
+/* The size an image of h x w has after the resize. */
+static void resized(const struct images_reader *d, int h, int w, int *oh, int *ow)
+{
+	if (d->resize[0] && d->resize[1]) {
+		*oh = d->resize[0];
+		*ow = d->resize[1];
+	} else if (d->resize[0]) {
+		/* The shorter side to resize[0], the other in proportion. */
+		int s = d->resize[0];
+
+		if (h <= w) {
+			*oh = s;
+			*ow = (int)((int64_t)w * s / h);
+		} else {
+			*ow = s;
+			*oh = (int)((int64_t)h * s / w);
+		}
+		if (*oh < 1)
+			*oh = 1;
+		if (*ow < 1)
+			*ow = 1;
+	} else {
+		*oh = h;
+		*ow = w;
+	}
+}
+
+/* Checks that an image of h x w and c channels gives the output shape. */
+static int check_size(const struct images_reader *d, const char *shown, int h, int w, int c, char *err,
+		      size_t errlen)
+{
+	int oh, ow;
+
+	if (c != d->c) {
+		tr_data_errorf(err, errlen, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
+			       d->c);
+		return -EINVAL;
+	}
+	resized(d, h, w, &oh, &ow);
+	if (d->crop[0]) {
+		if (oh < d->crop[0] || ow < d->crop[1]) {
+			tr_data_errorf(err, errlen, "%s: %dx%d (after resize) is smaller than center_crop %dx%d", shown,
+				       ow, oh, d->crop[1], d->crop[0]);
+			return -EINVAL;
+		}
+	} else if (oh != d->h || ow != d->w) {
+		tr_data_errorf(err, errlen,
+			       "%s: %dx%d, the first image is %dx%d (images of different sizes need resize or "
+			       "center_crop)",
+			       shown, ow, oh, d->w, d->h);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+{
+	struct images_reader *d = (struct images_reader *)r;
+	const struct item *it;
+	char shown[PATH_MAX + 512];
+	float *px = NULL, *rs = NULL;
+	const float *src;
+	int w, h, c, oh, ow, ret;
+
+	if (index < 0 || index >= r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
+			       (long long)index, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	it = &d->items[index];
+	shown_name(d, it, shown, sizeof shown);
+	ret = tr_image_load(d->class_fd[it->cls], it->name, shown, 1.0f, &px, &w, &h, &c, err, errlen);
+	if (ret)
+		return ret;
+	/* The file may have been replaced since open. */
+	ret = check_size(d, shown, h, w, c, err, errlen);
+	if (ret)
+		goto out;
+	resized(d, h, w, &oh, &ow);
+	src = px;
+	if (oh != h || ow != w) {
+		rs = malloc((size_t)c * (size_t)oh * (size_t)ow * sizeof(float));
+		if (!rs || tr_image_resize(px, c, h, w, rs, oh, ow)) {
+			tr_data_errorf(err, errlen, "%s: out of memory", shown);
+			ret = -ENOMEM;
+			goto out;
+		}
+		src = rs;
+	}
+	{
+		/* torchvision's center crop: offsets rounded to nearest. */
+		int top = (int)lround((oh - d->h) / 2.0), left = (int)lround((ow - d->w) / 2.0);
+
+		for (int ch = 0; ch < c; ch++)
+			for (int yy = 0; yy < d->h; yy++)
+				memcpy(x + ((size_t)ch * d->h + yy) * d->w,
+				       src + ((size_t)ch * oh + top + yy) * ow + left, (size_t)d->w * sizeof(float));
+	}
+	if (y) /* prediction inputs have no labels */
+		y[0] = (float)it->cls;
+out:
+	free(px);
+	free(rs);
+	return ret;
+}
+
+static int images_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+{
+	struct images_reader *d = (struct images_reader *)r;
+
+	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
+		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			       (long long)begin, (long long)count, (long long)r->info.samples);
+		return -ERANGE;
+	}
+	for (int64_t i = 0; i < count; i++)
+		y[i] = (float)d->items[begin + i].cls;
+	return 0;
+}
+
+static void images_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
+{
+	struct images_reader *d = (struct images_reader *)r;
+
+	if (index >= 0 && index < r->info.samples)
+		shown_name(d, &d->items[index], buf, len);
+	else
+		snprintf(buf, len, "%s: sample %lld", r->name, (long long)index);
+}
+
+static void images_destroy(tr_reader_t *r)
+{
+	struct images_reader *d = (struct images_reader *)r;
+
+	for (int k = 0; d->class_fd && k < d->n_classes; k++)
+		if (d->class_fd[k] >= 0)
+			close(d->class_fd[k]);
+	for (int64_t i = 0; d->items && i < r->info.samples; i++)
+		free(d->items[i].name);
+	free(d->items);
+	free(d->class_fd);
+	tr_image_names_free(d->classes, d->n_classes);
+	free(d);
+}
+
+static const char *images_class_name(tr_reader_t *r, int k);
+
+static const struct tr_reader_i images_i = {
+	.get = images_get,
+	.destroy = images_destroy,
+	.labels = images_labels,
+	.where = images_where,
+	.class_name = images_class_name,
+};
+
+static const char *images_class_name(tr_reader_t *r, int k)
+{
+	const struct images_reader *d = (const struct images_reader *)r;
+
+	return k >= 0 && k < d->n_classes ? d->classes[k] : NULL;
+}
+
+const char *tr_images_class_name(const tr_reader_t *r, int k)
+{
+	return r->i->class_name ? r->i->class_name((tr_reader_t *)r, k) : NULL;
+}
+
+/* Reads the header of every file of class k, appending its items. */
+static int probe_class(struct images_reader *d, int k, char **files, int n, int64_t *count,
+		       const atomic_bool *cancel, char *err, size_t errlen)
+{
+	for (int i = 0; i < n; i++) {
+		struct item it = {.cls = k, .name = files[i]};
+		char shown[PATH_MAX + 512], msg[512];
+		int fd, w, h, c, ret;
+
+		if (cancel && (i & 255) == 0 && atomic_load_explicit(cancel, memory_order_relaxed)) {
+			tr_data_errorf(err, errlen, "cancelled");
+			return -ECANCELED;
+		}
+		shown_name(d, &it, shown, sizeof shown);
+		fd = tr_data_open_in(d->class_fd[k], files[i], 0, NULL, msg, sizeof msg);
+		if (fd < 0) {
+			tr_data_errorf(err, errlen, "%s: %s", shown, strerror(-fd));
+			return fd;
+		}
+		ret = tr_image_probe(fd, shown, &w, &h, &c, err, errlen);
+		if (ret)
+			return ret;
+		if (*count == 0) {
+			/* The first image fixes the channels, and the size unless a
+			 * crop or a fixed resize does. */
+			d->c = c;
+			resized(d, h, w, &d->h, &d->w);
+			if (d->crop[0]) {
+				d->h = d->crop[0];
+				d->w = d->crop[1];
+			}
+		}
+		ret = check_size(d, shown, h, w, c, err, errlen);
+		if (ret)
+			return ret;
+		d->items[*count] = it;
+		files[i] = NULL; /* the item owns it now */
+		(*count)++;
+	}
+	return 0;
+}
+
+int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir_name, const atomic_bool *cancel,
+		   tr_reader_t **out, char *err, size_t errlen)
+{
+	struct images_reader *d = calloc(1, sizeof(*d));
+	char **files = NULL;
+	int n_files = 0, ret;
+	int64_t count = 0, total = 0;
+
+	if (!d) {
+		close(dir_fd);
+		tr_data_errorf(err, errlen, "%s: out of memory", dir_name);
+		return -ENOMEM;
+	}
+	d->base.i = &images_i;
+	snprintf(d->dir, sizeof d->dir, "%s", dir_name);
+	snprintf(d->base.name, sizeof d->base.name, "%s", dir_name);
+	memcpy(d->resize, src->resize, sizeof d->resize);
+	memcpy(d->crop, src->center_crop, sizeof d->crop);
+	if (d->resize[0] && !d->resize[1] && !d->crop[0]) {
+		tr_data_errorf(err, errlen,
+			       "%s: resize to a shorter side keeps each image's aspect ratio: give center_crop too, "
+			       "or resize to [height, width]",
+			       dir_name);
+		ret = -EINVAL;
+		goto fail;
+	}
+	ret = tr_image_list(dir_fd, dir_name, 1, &d->classes, &d->n_classes, err, errlen);
+	if (ret)
+		goto fail;
+	if (d->n_classes == 0) {
+		tr_data_errorf(err, errlen, "%s: no class subfolders (labels \"folders\" takes one subfolder per class)",
+			       dir_name);
+		ret = -EINVAL;
+		goto fail;
+	}
+	if (d->n_classes > MAX_CLASSES) {
+		tr_data_errorf(err, errlen, "%s: %d class subfolders, at most %d", dir_name, d->n_classes,
+			       MAX_CLASSES);
+		ret = -E2BIG;
+		goto fail;
+	}
+	d->class_fd = malloc((size_t)d->n_classes * sizeof(int));
+	if (!d->class_fd)
+		goto oom;
+	for (int k = 0; k < d->n_classes; k++)
+		d->class_fd[k] = -1;
+	for (int k = 0; k < d->n_classes; k++) {
+		char msg[512];
+		struct item *ni;
+
+		d->class_fd[k] = tr_data_open_in(dir_fd, d->classes[k], 1, NULL, msg, sizeof msg);
+		if (d->class_fd[k] < 0) {
+			ret = d->class_fd[k];
+			tr_data_errorf(err, errlen, "%s/%s: %s", dir_name, d->classes[k], strerror(-ret));
+			goto fail;
+		}
+		ret = tr_image_list(d->class_fd[k], d->classes[k], 0, &files, &n_files, err, errlen);
+		if (ret)
+			goto fail;
+		total += n_files;
+		ni = realloc(d->items, (size_t)(total ? total : 1) * sizeof(*ni));
+		if (!ni)
+			goto oom;
+		d->items = ni;
+		/* samples counts the items owned so far, for destroy. */
+		ret = probe_class(d, k, files, n_files, &count, cancel, err, errlen);
+		d->base.info.samples = count;
+		tr_image_names_free(files, n_files);
+		files = NULL;
+		if (ret)
+			goto fail;
+	}
+	if (count == 0) {
+		tr_data_errorf(err, errlen, "%s: no .png or .jpg files in its class subfolders", dir_name);
+		ret = -EINVAL;
+		goto fail;
+	}
+	if ((int64_t)d->c * d->h * d->w > TR_SPEC_MAX_WIDTH) {
+		tr_data_errorf(err, errlen, "%s: %dx%dx%d values per image, at most %d", dir_name, d->c, d->h, d->w,
+			       TR_SPEC_MAX_WIDTH);
+		ret = -E2BIG;
+		goto fail;
+	}
+	close(dir_fd);
+	d->base.info.samples = count;
+	d->base.info.features = d->c * d->h * d->w;
+	d->base.info.label_dim = 1;
+	d->base.info.shape[0] = d->c;
+	d->base.info.shape[1] = d->h;
+	d->base.info.shape[2] = d->w;
+	*out = &d->base;
+	return 0;
+oom:
+	tr_data_errorf(err, errlen, "%s: out of memory", dir_name);
+	ret = -ENOMEM;
+fail:
+	tr_image_names_free(files, n_files);
+	close(dir_fd);
+	images_destroy(&d->base);
+	return ret;
+}
