@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/cli.h"
@@ -157,6 +158,10 @@ static void eval_help(FILE *out)
 	      "  '{\"format\": \"csv\", \"path\": \"test.csv\", \"label\": -1}'\n"
 	      "  '{\"format\": \"npy\", \"x\": \"x.npy\", \"y\": \"y.npy\"}'\n"
 	      "  '{\"format\": \"idx\", \"images\": \"t10k-images-idx3-ubyte.gz\", \"labels\": ...}'\n"
+	      "  '{\"format\": \"images\", \"path\": \"test/\", \"labels\": \"folders\"}'\n"
+	      "An image folder's class subfolders must carry the class names the model\n"
+	      "recorded, in the same order; every image must come out as the model's\n"
+	      "[C, H, W] (after the source's resize and center_crop).\n"
 	      "Prints loss, accuracy and the confusion matrix (rows: true class, columns:\n"
 	      "predicted) for a classifier; loss (= mse), mse, mae and r2 for regression.\n"
 	      "\n"
@@ -200,6 +205,7 @@ static int parse_source(const struct common_opts *o, const struct tr_model_desc 
 }
 
 struct eval_ctx {
+	const struct tr_model_desc *d;
 	struct tr_eval_acc acc;
 	char err[512];
 };
@@ -303,6 +309,44 @@ static int run_model(const struct common_opts *o, struct tr_model_desc *d, const
 	return status;
 }
 
+/* An image folder's class k must be the model's class k: compares the
+ * folder's subfolder names with the names the model recorded, and names
+ * every one that differs.  Returns 0 or 2 (printed). */
+static int eval_check_classes(void *ctx, tr_reader_t *rd)
+{
+	const struct tr_model_desc *d = ((struct eval_ctx *)ctx)->d;
+	if (!d->class_names || !rd->i->class_name)
+		return 0;
+	char diff[1024] = "";
+	size_t used = 0;
+	int bad = 0;
+	for (int k = 0;; k++) {
+		const char *have = tr_images_class_name(rd, k);
+		const char *want = k < d->outputs ? d->class_names[k] : NULL;
+		if (!have)
+			break; /* a test folder may lack the last classes */
+		if (want && strcmp(have, want) == 0)
+			continue;
+		if (bad++ < 8 && used < sizeof diff)
+			used += (size_t)snprintf(diff + used, sizeof diff - used, "%sclass %d is '%s' in the data, %s%s%s",
+						 used ? "; " : "", k, have, want ? "'" : "", want ? want : "absent",
+						 want ? "' in the model" : " from the model");
+	}
+	if (!bad)
+		return 0;
+	fprintf(stderr, "trainerd eval: %s: the class folders do not match the model's classes: %s%s\n", rd->name,
+		diff, bad > 8 ? "; ..." : "");
+	return 2;
+}
+
+/* The model's [C, H, W] input, which every image of an image folder must
+ * come out as (the model file does not record a resize or crop). */
+static void want_model_shape(const struct tr_model_desc *d, struct tr_source_spec *src)
+{
+	if (src->format == TR_DATA_IMAGES && d->model.in_shape.ndim == 3)
+		memcpy(src->want_shape, d->model.in_shape.d, sizeof src->want_shape);
+}
+
 int tr_cmd_eval(int argc, char **argv)
 {
 	struct common_opts o = {.cmd = "eval"};
@@ -319,13 +363,14 @@ int tr_cmd_eval(int argc, char **argv)
 		tr_model_desc_finish(&d);
 		return 2;
 	}
-	struct eval_ctx e = {.err = ""};
+	struct eval_ctx e = {.d = &d, .err = ""};
+	want_model_shape(&d, &spec.train);
 	int status = 1;
 	if (tr_eval_acc_init(&e.acc, d.classification, d.outputs) < 0) {
 		fprintf(stderr, "trainerd eval: out of memory\n");
 		goto out;
 	}
-	status = run_model(&o, &d, &spec.train, eval_batch, &e, e.err, NULL, NULL);
+	status = run_model(&o, &d, &spec.train, eval_batch, &e, e.err, NULL, eval_check_classes);
 	if (status == 0) {
 		json_t *r = tr_eval_acc_json(&e.acc, NULL);
 		if (o.json) {
@@ -349,7 +394,7 @@ out:
 
 static void predict_help(FILE *out)
 {
-	fputs("usage: trainerd predict MODEL INPUT --out FILE [--format csv|npy|idx] [--header]\n"
+	fputs("usage: trainerd predict MODEL INPUT --out FILE [--format csv|npy|idx|images] [--header]\n"
 	      "                        [--devices N] [--backend cpu|cuda] [--workers W] [--batch B]\n",
 	      out);
 	if (out != stdout)
@@ -363,10 +408,16 @@ static void predict_help(FILE *out)
 	      "  .csv      every column a feature (--header: skip the first line)\n"
 	      "  .npy      an array of N samples (N x features, or N x C x H x W)\n"
 	      "  idx       an IDX images file (MNIST's format, .gz accepted)\n"
+	      "  images    a folder (the default for a directory) of PNG/JPEG files, in\n"
+	      "            sorted name order, or of class subfolders holding them (the\n"
+	      "            labels are ignored); every image must be the model's [C, H, W]\n"
 	      "FILE, by its extension:\n"
 	      "  .csv      a header row, then per sample: for a classifier the predicted class\n"
 	      "            and one probability per class (class,prob_0,prob_1,...); for\n"
-	      "            regression the outputs (output_0,output_1,...)\n"
+	      "            regression the outputs (output_0,output_1,...); probabilities are\n"
+	      "            named by class (prob_cat,...) when the model recorded class names;\n"
+	      "            for an image folder a first column \"file\" holds each image's path\n"
+	      "            under the folder\n"
 	      "  .npy      the same table as float32, N x (1 + classes) or N x outputs\n"
 	      "\n"
 	      "  --devices N        CPU devices (default: one per core)\n"
@@ -384,8 +435,24 @@ static bool ends_with(const char *s, const char *suffix)
 	return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* One CSV field, quoted (RFC 4180) when it holds a comma, a quote or a
+ * line break: file and class names are a person's. */
+static int write_csv_field(FILE *f, const char *s)
+{
+	if (!strpbrk(s, ",\"\r\n"))
+		return fputs(s, f) < 0 ? -1 : 0;
+	if (fputc('"', f) == EOF)
+		return -1;
+	for (; *s; s++)
+		if ((*s == '"' && fputc('"', f) == EOF) || fputc(*s, f) == EOF)
+			return -1;
+	return fputc('"', f) == EOF ? -1 : 0;
+}
+
 struct predict_ctx {
 	const struct tr_model_desc *d;
+	tr_reader_t *rd; /* set by predict_begin */
+	bool names;      /* a first column with each sample's name */
 	FILE *f;
 	bool npy;
 	int cols;
@@ -395,12 +462,18 @@ struct predict_ctx {
 
 static int predict_batch(void *ctx, int64_t first, int rows, const float *out, const float *labels, int label_dim)
 {
-	(void)first;
 	(void)labels;
 	(void)label_dim;
 	struct predict_ctx *p = ctx;
 	const int K = p->d->outputs;
 	for (int r = 0; r < rows; r++) {
+		if (p->names) {
+			char name[4096];
+			if (p->rd->i->sample_name(p->rd, first + r, name, sizeof name) < 0)
+				name[0] = '\0';
+			if (write_csv_field(p->f, name) < 0 || fputc(',', p->f) == EOF)
+				goto fail;
+		}
 		const float *z = out + (size_t)r * K;
 		if (p->d->classification) {
 			int arg = 0;
@@ -463,13 +536,21 @@ static int predict_begin(void *ctx, tr_reader_t *rd)
 {
 	struct predict_ctx *p = ctx;
 	const struct tr_model_desc *d = p->d;
+	p->rd = rd;
 	if (p->npy)
 		return write_npy_header(p->f, rd->info.samples, p->cols) < 0 ? 1 : 0;
-	int ok = 1;
+	p->names = rd->i->sample_name != NULL;
+	int ok = !p->names || fputs("file,", p->f) >= 0;
 	if (d->classification) {
-		ok = fputs("class", p->f) >= 0;
-		for (int c = 0; ok && c < d->outputs; c++)
-			ok = fprintf(p->f, ",prob_%d", c) >= 0;
+		ok = ok && fputs("class", p->f) >= 0;
+		for (int c = 0; ok && c < d->outputs; c++) {
+			char h[512];
+			if (d->class_names && d->class_names[c][0])
+				snprintf(h, sizeof h, "prob_%s", d->class_names[c]);
+			else
+				snprintf(h, sizeof h, "prob_%d", c);
+			ok = fputc(',', p->f) != EOF && write_csv_field(p->f, h) == 0;
+		}
 	} else {
 		for (int c = 0; ok && c < d->outputs; c++)
 			ok = fprintf(p->f, c ? ",output_%d" : "output_%d", c) >= 0;
@@ -495,8 +576,12 @@ int tr_cmd_predict(int argc, char **argv)
 	}
 	struct tr_source_spec src = {.present = true, .unlabeled = true, .header = o.header};
 	const char *fmt = o.format;
+	struct stat st;
 	if (!fmt)
-		fmt = ends_with(o.input, ".csv") ? "csv" : ends_with(o.input, ".npy") ? "npy" : "idx";
+		fmt = stat(o.input, &st) == 0 && S_ISDIR(st.st_mode) ? "images"
+		      : ends_with(o.input, ".csv")                 ? "csv"
+		      : ends_with(o.input, ".npy")                 ? "npy"
+							       : "idx";
 	if (strcmp(fmt, "csv") == 0) {
 		src.format = TR_DATA_CSV;
 		src.path = (char *)o.input;
@@ -506,10 +591,13 @@ int tr_cmd_predict(int argc, char **argv)
 	} else if (strcmp(fmt, "idx") == 0) {
 		src.format = TR_DATA_IDX;
 		src.images_path = (char *)o.input;
+	} else if (strcmp(fmt, "images") == 0) {
+		/* A flat folder of images or one with class subfolders
+		 * (labels dropped), in sorted name order (docs/design.md). */
+		src.format = TR_DATA_IMAGES;
+		src.path = (char *)o.input;
 	} else {
-		/* Image folders come with their reader: a format named here
-		 * builds its tr_source_spec like the three above. */
-		fprintf(stderr, "trainerd predict: --format must be csv, npy or idx, got '%s'\n", fmt);
+		fprintf(stderr, "trainerd predict: --format must be csv, npy, idx or images, got '%s'\n", fmt);
 		return 2;
 	}
 	struct tr_model_desc d;
@@ -517,6 +605,7 @@ int tr_cmd_predict(int argc, char **argv)
 		tr_model_desc_finish(&d);
 		return 2;
 	}
+	want_model_shape(&d, &src);
 	struct predict_ctx p = {.d = &d, .npy = npy_out, .err = ""};
 	p.cols = d.classification ? 1 + d.outputs : d.outputs;
 	p.row = malloc((size_t)p.cols * sizeof(float));

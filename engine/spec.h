@@ -139,8 +139,13 @@ struct tr_source_spec {
 	bool residual;      /* patches: "response": "residual" (response minus input) */
 	/* Not from a spec: inputs for prediction, without labels (csv: every
 	 * column is a feature; npy: no y; idx: no labels file).  The reader's
-	 * label_dim is then 0. */
+	 * label_dim is then 0.  images: a flat folder of image files is
+	 * accepted too, and class subfolders' labels are dropped. */
 	bool unlabeled;
+	/* Not from a spec: the [C, H, W] every image must come out as (after
+	 * resize and center_crop), the model's input when a model file is used
+	 * (eval, predict); all 0: the first image's. */
+	int want_shape[3];
 };
 
 enum tr_transform_type {

@@ -13,6 +13,11 @@
  * "normalize" transform makes them what the model wants).  A file that is
  * truncated or changed since open fails the step, and with it the job,
  * with the file named.  Only the class folders' descriptors stay open.
+ *
+ * Prediction inputs (tr_source_spec.unlabeled) may also be a flat folder
+ * of images, read in sorted name order; class subfolders' labels are then
+ * dropped.  With want_shape (a model's input) every image must come out as
+ * that shape, and the message names the file and both shapes.
  */
 #include <errno.h>
 #include <limits.h>
@@ -42,11 +47,16 @@ struct images_reader {
 	int c, h, w;           /* the output shape */
 	int resize[2];         /* as the spec */
 	int crop[2];
+	int want[3];           /* tr_source_spec.want_shape, all 0: none */
+	bool flat;             /* the images lie in the folder itself */
 };
 
 static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
 {
-	snprintf(buf, len, "%s/%s/%s", d->dir, d->classes[it->cls], it->name);
+	if (d->flat)
+		snprintf(buf, len, "%s/%s", d->dir, it->name);
+	else
+		snprintf(buf, len, "%s/%s/%s", d->dir, d->classes[it->cls], it->name);
 }
 
 /* The size an image of h x w has after the resize. */
@@ -82,6 +92,25 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 {
 	int oh, ow;
 
+	if (d->want[0]) {
+		int fh, fw;
+
+		resized(d, h, w, &oh, &ow);
+		if (d->crop[0] && (oh < d->crop[0] || ow < d->crop[1])) {
+			tr_data_errorf(err, errlen, "%s: %dx%d (after resize) is smaller than center_crop %dx%d", shown,
+				       ow, oh, d->crop[1], d->crop[0]);
+			return -EINVAL;
+		}
+		fh = d->crop[0] ? d->crop[0] : oh;
+		fw = d->crop[0] ? d->crop[1] : ow;
+		if (c != d->want[0] || fh != d->want[1] || fw != d->want[2]) {
+			tr_data_errorf(err, errlen, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh,
+				       fw, d->resize[0] || d->crop[0] ? " after resize and center_crop" : "",
+				       d->want[0], d->want[1], d->want[2]);
+			return -EINVAL;
+		}
+		return 0;
+	}
 	if (c != d->c) {
 		tr_data_errorf(err, errlen, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
 			       d->c);
@@ -147,7 +176,7 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, char *e
 				memcpy(x + ((size_t)ch * d->h + yy) * d->w,
 				       src + ((size_t)ch * oh + top + yy) * ow + left, (size_t)d->w * sizeof(float));
 	}
-	if (y) /* prediction inputs have no labels */
+	if (y && r->info.label_dim) /* prediction inputs have no labels */
 		y[0] = (float)it->cls;
 out:
 	free(px);
@@ -196,19 +225,35 @@ static void images_destroy(tr_reader_t *r)
 
 static const char *images_class_name(tr_reader_t *r, int k);
 
+static int images_sample_name(tr_reader_t *r, int64_t index, char *buf, size_t len)
+{
+	struct images_reader *d = (struct images_reader *)r;
+	const struct item *it;
+
+	if (index < 0 || index >= r->info.samples)
+		return -1;
+	it = &d->items[index];
+	if (d->flat)
+		snprintf(buf, len, "%s", it->name);
+	else
+		snprintf(buf, len, "%s/%s", d->classes[it->cls], it->name);
+	return 0;
+}
+
 static const struct tr_reader_i images_i = {
 	.get = images_get,
 	.destroy = images_destroy,
 	.labels = images_labels,
 	.where = images_where,
 	.class_name = images_class_name,
+	.sample_name = images_sample_name,
 };
 
 static const char *images_class_name(tr_reader_t *r, int k)
 {
 	const struct images_reader *d = (const struct images_reader *)r;
 
-	return k >= 0 && k < d->n_classes ? d->classes[k] : NULL;
+	return !d->flat && k >= 0 && k < d->n_classes ? d->classes[k] : NULL;
 }
 
 const char *tr_images_class_name(const tr_reader_t *r, int k)
@@ -238,7 +283,7 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 		ret = tr_image_probe(fd, shown, &w, &h, &c, err, errlen);
 		if (ret)
 			return ret;
-		if (*count == 0) {
+		if (*count == 0 && !d->want[0]) {
 			/* The first image fixes the channels, and the size unless a
 			 * crop or a fixed resize does. */
 			d->c = c;
@@ -276,6 +321,18 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	snprintf(d->base.name, sizeof d->base.name, "%s", dir_name);
 	memcpy(d->resize, src->resize, sizeof d->resize);
 	memcpy(d->crop, src->center_crop, sizeof d->crop);
+	memcpy(d->want, src->want_shape, sizeof d->want);
+	if (d->want[0]) {
+		d->c = d->want[0];
+		d->h = d->want[1];
+		d->w = d->want[2];
+		if (d->crop[0] && (d->crop[0] != d->h || d->crop[1] != d->w)) {
+			tr_data_errorf(err, errlen, "%s: center_crop [%d, %d] does not give the model's [%d, %d, %d]",
+				       dir_name, d->crop[0], d->crop[1], d->c, d->h, d->w);
+			ret = -EINVAL;
+			goto fail;
+		}
+	}
 	if (d->resize[0] && !d->resize[1] && !d->crop[0]) {
 		tr_data_errorf(err, errlen,
 			       "%s: resize to a shorter side keeps each image's aspect ratio: give center_crop too, "
@@ -287,6 +344,56 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	ret = tr_image_list(dir_fd, dir_name, 1, &d->classes, &d->n_classes, err, errlen);
 	if (ret)
 		goto fail;
+	if (src->unlabeled) {
+		ret = tr_image_list(dir_fd, dir_name, 0, &files, &n_files, err, errlen);
+		if (ret)
+			goto fail;
+		if (n_files > 0 && d->n_classes > 0) {
+			tr_data_errorf(err, errlen,
+				       "%s: has both image files (%s) and subfolders (%s): give a flat folder of images "
+				       "or one subfolder per class",
+				       dir_name, files[0], d->classes[0]);
+			ret = -EINVAL;
+			goto fail;
+		}
+		if (n_files > 0) {
+			/* A flat folder: one unnamed "class", the folder itself. */
+			tr_image_names_free(d->classes, d->n_classes);
+			d->flat = true;
+			d->n_classes = 1;
+			d->classes = calloc(1, sizeof(*d->classes));
+			d->class_fd = malloc(sizeof(int));
+			if (d->class_fd)
+				d->class_fd[0] = -1;
+			if (!d->classes || !d->class_fd || !(d->classes[0] = strdup("")))
+				goto oom;
+			d->class_fd[0] = dup(dir_fd);
+			if (d->class_fd[0] < 0) {
+				ret = -errno;
+				tr_data_errorf(err, errlen, "%s: %s", dir_name, strerror(errno));
+				goto fail;
+			}
+			d->items = malloc((size_t)n_files * sizeof(*d->items));
+			if (!d->items)
+				goto oom;
+			ret = probe_class(d, 0, files, n_files, &count, cancel, err, errlen);
+			d->base.info.samples = count;
+			tr_image_names_free(files, n_files);
+			files = NULL;
+			n_files = 0;
+			if (ret)
+				goto fail;
+			goto done;
+		}
+		tr_image_names_free(files, n_files);
+		files = NULL;
+		n_files = 0;
+		if (d->n_classes == 0) {
+			tr_data_errorf(err, errlen, "%s: no .png or .jpg files, nor subfolders with them", dir_name);
+			ret = -EINVAL;
+			goto fail;
+		}
+	}
 	if (d->n_classes == 0) {
 		tr_data_errorf(err, errlen, "%s: no class subfolders (labels \"folders\" takes one subfolder per class)",
 			       dir_name);
@@ -330,6 +437,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 		if (ret)
 			goto fail;
 	}
+done:
 	if (count == 0) {
 		tr_data_errorf(err, errlen, "%s: no .png or .jpg files in its class subfolders", dir_name);
 		ret = -EINVAL;
@@ -344,7 +452,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	close(dir_fd);
 	d->base.info.samples = count;
 	d->base.info.features = d->c * d->h * d->w;
-	d->base.info.label_dim = 1;
+	d->base.info.label_dim = src->unlabeled ? 0 : 1;
 	d->base.info.shape[0] = d->c;
 	d->base.info.shape[1] = d->h;
 	d->base.info.shape[2] = d->w;

@@ -62,6 +62,10 @@ struct tr_reader_i {
 	 * when the data has none.  Recorded in the model file's "labels"
 	 * (docs/model-format.md). */
 	const char *(*class_name)(tr_reader_t *r, int cls);
+	/* Optional: sample `index`'s name relative to the source (an image's
+	 * path under its folder, "cat/001.png"), for prediction output.
+	 * Returns 0, or -1 for samples without names. */
+	int (*sample_name)(tr_reader_t *r, int64_t index, char *buf, size_t len);
 };
 
 struct tr_reader {
