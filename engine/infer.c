@@ -214,6 +214,10 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 		rc = tr_prefetch_next(pf, s, &b, &wait);
 		if (rc < 0) {
 			snprintf(err, errlen, "%s", rc == -EIO ? tr_prefetch_error(pf) : "cancelled");
+			/* A loader error is the data's (a file truncated, unreadable
+			 * or changed, named in err): callers tell it from a device's. */
+			if (rc == -EIO)
+				rc = -EINVAL;
 			break;
 		}
 		in->batch = b;

@@ -50,8 +50,10 @@ struct tr_infer_options {
 	void *ctx;
 };
 
-/* Runs the whole reader once.  Returns 0, -ECANCELED, or a negative code
- * with err naming the file and sample (a loader error) or the device. */
+/* Runs the whole reader once.  Returns 0, -ECANCELED, -EINVAL with err
+ * naming the file and sample for bad data (a feature count the model does
+ * not take, a sample the loader could not read: a file truncated, changed
+ * or unreadable), or another negative code naming the device. */
 int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen);
 
 struct tr_eval_acc {
