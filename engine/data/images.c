@@ -105,7 +105,9 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 		fw = d->crop[0] ? d->crop[1] : ow;
 		if (c != d->want[0] || fh != d->want[1] || fw != d->want[2]) {
 			tr_data_errorf(err, errlen, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh,
-				       fw, d->resize[0] || d->crop[0] ? " after resize and center_crop" : "",
+				       fw, d->crop[0] ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
+				       : d->resize[0] ? " after resize"
+						      : "",
 				       d->want[0], d->want[1], d->want[2]);
 			return -EINVAL;
 		}
