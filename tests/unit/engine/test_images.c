@@ -375,6 +375,87 @@ Test(images, folders_give_classes_shape_and_planar_pixels)
 	tr_reader_destroy(r);
 }
 
+/* Prediction inputs: a flat folder in sorted name order, named samples,
+ * no labels; class folders lose their labels; files beside subfolders
+ * are refused. */
+Test(images, unlabeled_flat_and_class_folders)
+{
+	write_two_classes(5, 4, 3);
+	mkdir_in("flat");
+	write_pattern("flat/b.png", 5, 4, 3, 30);
+	write_pattern("flat/a.jpg.png", 5, 4, 3, 20);
+	write_pattern("flat/C.png", 5, 4, 3, 10); /* strcmp: capitals first */
+	struct tr_source_spec s = images_src("flat");
+	s.unlabeled = true;
+	tr_reader_t *r = open_ok(&s);
+	float x[60];
+	char name[64];
+	const int seeds[] = {10, 20, 30};
+	const char *names[] = {"C.png", "a.jpg.png", "b.png"};
+
+	cr_assert_eq(r->info.samples, 3);
+	cr_assert_eq(r->info.features, 60);
+	cr_assert_eq(r->info.label_dim, 0);
+	cr_assert_null(tr_images_class_name(r, 0));
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(tr_reader_get(r, i, x, NULL, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(x[0], pattern(seeds[i], 0, 0, 0), "sample %d", i);
+		cr_assert_eq(r->i->sample_name(r, i, name, sizeof name), 0);
+		cr_assert_str_eq(name, names[i]);
+	}
+	tr_reader_destroy(r);
+
+	s = images_src("set");
+	s.unlabeled = true;
+	r = open_ok(&s);
+	cr_assert_eq(r->info.samples, 3);
+	cr_assert_eq(r->info.label_dim, 0);
+	cr_assert_eq(r->i->sample_name(r, 2, name, sizeof name), 0);
+	cr_assert_str_eq(name, "bee/b.png");
+	tr_reader_destroy(r);
+
+	write_pattern("set/loose.png", 5, 4, 3, 1);
+	s = images_src("set");
+	s.unlabeled = true;
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("has both image files (loose.png) and subfolders (ant)");
+	s.unlabeled = false; /* a labelled source ignores loose files, as before */
+	r = open_ok(&s);
+	cr_assert_eq(r->info.samples, 3);
+	tr_reader_destroy(r);
+}
+
+/* want_shape (a model's input): every image must come out as it, and the
+ * message names the file and both shapes, the first image included. */
+Test(images, want_shape_names_file_and_both_shapes)
+{
+	mkdir_in("flat");
+	write_pattern("flat/a.png", 5, 4, 1, 0);
+	write_pattern("flat/b.png", 5, 4, 1, 0);
+	struct tr_source_spec s = images_src("flat");
+	s.unlabeled = true;
+	s.want_shape[0] = 1;
+	s.want_shape[1] = 4;
+	s.want_shape[2] = 5;
+	tr_reader_t *r = open_ok(&s);
+	cr_assert_eq(r->info.shape[1], 4);
+	tr_reader_destroy(r);
+
+	s.want_shape[1] = 6;
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("flat/a.png: [1, 4, 5], the model takes [1, 6, 5]");
+	s.want_shape[1] = 2;
+	s.want_shape[2] = 2;
+	s.center_crop[0] = 2;
+	s.center_crop[1] = 2;
+	r = open_ok(&s);
+	cr_assert_eq(r->info.features, 4);
+	tr_reader_destroy(r);
+	s.center_crop[0] = 3;
+	cr_assert_eq(open_fail(&s), -EINVAL);
+	expect_err("center_crop [3, 2] does not give the model's [1, 2, 2]");
+}
+
 Test(images, resize_and_center_crop)
 {
 	mkdir_in("set");
