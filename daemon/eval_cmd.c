@@ -309,42 +309,14 @@ static int run_model(const struct common_opts *o, struct tr_model_desc *d, const
 	return status;
 }
 
-/* An image folder's class k must be the model's class k: compares the
- * folder's subfolder names with the names the model recorded, and names
- * every one that differs.  Returns 0 or 2 (printed). */
+/* An image folder's class k must be the model's class k. */
 static int eval_check_classes(void *ctx, tr_reader_t *rd)
 {
-	const struct tr_model_desc *d = ((struct eval_ctx *)ctx)->d;
-	if (!d->class_names || !rd->i->class_name)
+	char err[1400];
+	if (tr_model_desc_check_classes(((struct eval_ctx *)ctx)->d, rd, err, sizeof err) == 0)
 		return 0;
-	char diff[1024] = "";
-	size_t used = 0;
-	int bad = 0;
-	for (int k = 0;; k++) {
-		const char *have = tr_images_class_name(rd, k);
-		const char *want = k < d->outputs ? d->class_names[k] : NULL;
-		if (!have)
-			break; /* a test folder may lack the last classes */
-		if (want && strcmp(have, want) == 0)
-			continue;
-		if (bad++ < 8 && used < sizeof diff)
-			used += (size_t)snprintf(diff + used, sizeof diff - used, "%sclass %d is '%s' in the data, %s%s%s",
-						 used ? "; " : "", k, have, want ? "'" : "", want ? want : "absent",
-						 want ? "' in the model" : " from the model");
-	}
-	if (!bad)
-		return 0;
-	fprintf(stderr, "trainerd eval: %s: the class folders do not match the model's classes: %s%s\n", rd->name,
-		diff, bad > 8 ? "; ..." : "");
+	fprintf(stderr, "trainerd eval: %s: %s\n", rd->name, err);
 	return 2;
-}
-
-/* The model's [C, H, W] input, which every image of an image folder must
- * come out as (the model file does not record a resize or crop). */
-static void want_model_shape(const struct tr_model_desc *d, struct tr_source_spec *src)
-{
-	if (src->format == TR_DATA_IMAGES && d->model.in_shape.ndim == 3)
-		memcpy(src->want_shape, d->model.in_shape.d, sizeof src->want_shape);
 }
 
 int tr_cmd_eval(int argc, char **argv)
@@ -364,7 +336,7 @@ int tr_cmd_eval(int argc, char **argv)
 		return 2;
 	}
 	struct eval_ctx e = {.d = &d, .err = ""};
-	want_model_shape(&d, &spec.train);
+	tr_model_desc_want_shape(&d, &spec.train);
 	int status = 1;
 	if (tr_eval_acc_init(&e.acc, d.classification, d.outputs) < 0) {
 		fprintf(stderr, "trainerd eval: out of memory\n");
@@ -605,7 +577,7 @@ int tr_cmd_predict(int argc, char **argv)
 		tr_model_desc_finish(&d);
 		return 2;
 	}
-	want_model_shape(&d, &src);
+	tr_model_desc_want_shape(&d, &src);
 	struct predict_ctx p = {.d = &d, .npy = npy_out, .err = ""};
 	p.cols = d.classification ? 1 + d.outputs : d.outputs;
 	p.row = malloc((size_t)p.cols * sizeof(float));

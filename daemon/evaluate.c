@@ -331,9 +331,16 @@ static void *eval_main(void *arg)
 		rc = -ENOENT;
 		goto fail;
 	}
+	tr_model_desc_want_shape(&d, &spec.train);
 	if ((rc = tr_reader_open(&spec.train, d.spec.seed, s->roots, &j->cancel_requested, &rd, err, sizeof err)) <
 	    0) {
 		code = rc == -ECANCELED ? "cancelled" : "invalid_data";
+		goto fail;
+	}
+	char why[700];
+	if ((rc = tr_model_desc_check_classes(&d, rd, why, sizeof why)) < 0) {
+		snprintf(err, sizeof err, "%s: %s", rd->name, why);
+		code = "invalid_data";
 		goto fail;
 	}
 	snprintf(line, sizeof line, "evaluating job %lld's checkpoint at step %lld on %lld samples, %d %s device(s)",

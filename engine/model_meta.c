@@ -300,3 +300,34 @@ int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, co
 	json_decref(full);
 	return rc;
 }
+
+void tr_model_desc_want_shape(const struct tr_model_desc *d, struct tr_source_spec *src)
+{
+	if (src->format == TR_DATA_IMAGES && d->model.in_shape.ndim == 3)
+		memcpy(src->want_shape, d->model.in_shape.d, sizeof src->want_shape);
+}
+
+int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, char *err, size_t errlen)
+{
+	if (!d->class_names || !rd->i->class_name)
+		return 0;
+	char diff[1024] = "";
+	size_t used = 0;
+	int bad = 0;
+	for (int k = 0;; k++) {
+		const char *have = tr_images_class_name(rd, k);
+		const char *want = k < d->outputs ? d->class_names[k] : NULL;
+		if (!have)
+			break;
+		if (want && strcmp(have, want) == 0)
+			continue;
+		if (bad++ < 8 && used < sizeof diff)
+			used += (size_t)snprintf(diff + used, sizeof diff - used, "%sclass %d is '%s' in the data, %s%s%s",
+						 used ? "; " : "", k, have, want ? "'" : "", want ? want : "absent",
+						 want ? "' in the model" : " from the model");
+	}
+	if (!bad)
+		return 0;
+	snprintf(err, errlen, "the class folders do not match the model's classes: %s%s", diff, bad > 8 ? "; ..." : "");
+	return -EINVAL;
+}

@@ -65,6 +65,19 @@ void tr_model_desc_finish(struct tr_model_desc *d);
 int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
 			  struct tr_spec_error *err);
 
+/* For an image folder source (format images) and a model taking
+ * [C, H, W]: sets src->want_shape to it, so that the reader refuses at
+ * open, naming the file and both shapes, an image that would not come out
+ * as the model's input (the model file records no resize or crop). */
+void tr_model_desc_want_shape(const struct tr_model_desc *d, struct tr_source_spec *src);
+
+/* Whether the class names of rd (an image folder's subfolders) are the
+ * model's, class k for class k, when the model recorded names: returns 0,
+ * or -EINVAL with "the class folders do not match the model's classes:
+ * class 1 is 'dots' in the data, 'down' in the model" in err.  Data
+ * lacking the model's last classes passes. */
+int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, char *err, size_t errlen);
+
 /* Reads a model file (model.safetensors or a checkpoint: the parameters
  * under their PyTorch names; optimizer state is ignored) into d,
  * description and weights.  `label` names the image in messages. */
