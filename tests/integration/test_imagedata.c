@@ -132,6 +132,41 @@ Test(imagedata, images_and_patches_jobs_complete)
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
 }
 
+/* An evaluate job on an image folder: the model's own folder evaluates;
+ * one whose class folders are not the model's classes (recorded from the
+ * training folder) fails with invalid_data naming the class that differs. */
+Test(imagedata, evaluate_checks_class_folders_against_the_model)
+{
+	char path[64];
+	struct http_reply r;
+	long long id, eid;
+
+	write_classes();
+	mkdir_in("zoo");
+	mkdir_in("zoo/cat");
+	mkdir_in("zoo/fox");
+	write_png("zoo/cat/a.png", 8, 8, 3, 1);
+	write_png("zoo/fox/b.png", 8, 8, 3, 2);
+	id = submit_job(&d, images_job("pets"));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
+	snprintf(path, sizeof path, "/jobs/%lld/evaluate", id);
+	http(&d, "POST", path, "{\"data\": {\"format\": \"images\", \"path\": \"pets\", \"labels\": \"folders\"}}",
+	     NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	eid = (long long)json_integer_value(json_object_get(r.json, "id"));
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, eid, "completed|failed|cancelled", 60), "completed", "%s", job_error(eid));
+	http(&d, "POST", path, "{\"data\": {\"format\": \"images\", \"path\": \"zoo\", \"labels\": \"folders\"}}",
+	     NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	eid = (long long)json_integer_value(json_object_get(r.json, "id"));
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, eid, "completed|failed|cancelled", 60), "failed");
+	cr_assert(strstr(job_error(eid), "zoo: the class folders do not match the model's classes: class 1 is 'fox' "
+					 "in the data, 'dog' in the model"),
+		  "%s", job_error(eid));
+}
+
 Test(imagedata, bad_image_fails_the_job_naming_the_file)
 {
 	long long id;
