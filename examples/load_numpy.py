@@ -108,7 +108,8 @@ def predict(desc, tensors, x):
         z = np.exp(z - z.max(axis=1, keepdims=True))
         prob = z / z.sum(axis=1, keepdims=True)
         cls = out.argmax(axis=1)
-        header = ["class"] + [f"prob_{k}" for k in range(out.shape[1])]
+        names = desc["labels"].get("class_names") or [""] * out.shape[1]
+        header = ["class"] + [f"prob_{n or k}" for k, n in enumerate(names)]
         return header, [[int(c)] + list(p) for c, p in zip(cls, prob)]
     header = [f"output_{k}" for k in range(out.shape[1])]
     return header, [list(r) for r in out.astype(np.float64)]
