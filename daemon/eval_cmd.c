@@ -549,11 +549,16 @@ int tr_cmd_predict(int argc, char **argv)
 	struct tr_source_spec src = {.present = true, .unlabeled = true, .header = o.header};
 	const char *fmt = o.format;
 	struct stat st;
-	if (!fmt)
-		fmt = stat(o.input, &st) == 0 && S_ISDIR(st.st_mode) ? "images"
-		      : ends_with(o.input, ".csv")                 ? "csv"
-		      : ends_with(o.input, ".npy")                 ? "npy"
-							       : "idx";
+	if (!fmt) {
+		if (stat(o.input, &st) == 0 && S_ISDIR(st.st_mode))
+			fmt = "images";
+		else if (ends_with(o.input, ".csv"))
+			fmt = "csv";
+		else if (ends_with(o.input, ".npy"))
+			fmt = "npy";
+		else
+			fmt = "idx";
+	}
 	if (strcmp(fmt, "csv") == 0) {
 		src.format = TR_DATA_CSV;
 		src.path = (char *)o.input;
