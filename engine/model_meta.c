@@ -71,6 +71,18 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 	}
 	if (spec->n_transforms > 0 && json_array_size(list) != (size_t)spec->n_transforms)
 		goto out;
+	/* An image folder's resize and center_crop make the model's input
+	 * from an image of any size: predict and eval apply them too. */
+	const json_t *src = json_object_get(json_object_get(full, "data"), "train");
+	if (spec->train.format == TR_DATA_IMAGES && (spec->train.resize[0] || spec->train.center_crop[0])) {
+		json_t *img = json_object();
+		const char *keys[] = {"resize", "center_crop"};
+		for (int i = 0; img && i < 2; i++)
+			if (json_object_get(src, keys[i]))
+				json_object_set(img, keys[i], json_object_get(src, keys[i]));
+		if (!img || json_object_set_new(pre, "images", img) < 0)
+			goto out;
+	}
 	json_object_set_new(meta, "trainerd_model_format", json_string(TR_MODEL_FORMAT_VERSION));
 	json_object_set_new(meta, "trainerd_version", json_string(TR_VERSION));
 	/* set_json takes the value whatever it returns. */
@@ -164,10 +176,24 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 		json_object_del(c, "train_only");
 		json_array_append_new(stripped, c);
 	}
-	/* A minimal job around them; the data source is never opened. */
-	doc = json_pack("{s:O, s:{s:{s:s, s:s}, s:O}, s:i, s:i, s:{s:s, s:f}}", "model", model, "data", "train",
-			"format", "csv", "path", "-", "transforms", stripped, "batch_size", 1, "epochs", 1,
-			"optimizer", "type", "sgd", "lr", 0.1);
+	/* A minimal job around them; the data source is never opened.  An
+	 * image folder's resize and crop ride on an images source, so the
+	 * parser checks them as a job's and leaves them in d->spec.train. */
+	const json_t *img = json_object_get(pre, "images");
+	if (img && !json_is_object(img)) {
+		snprintf(err, errlen, "model file: preprocessing: images must be an object");
+		goto out;
+	}
+	json_t *train = img ? json_deep_copy(img) : json_object();
+	if (!train || json_object_set_new(train, "format", json_string(img ? "images" : "csv")) < 0 ||
+	    json_object_set_new(train, "path", json_string("-")) < 0 ||
+	    (img && json_object_set_new(train, "labels", json_string("folders")) < 0)) {
+		json_decref(train);
+		snprintf(err, errlen, "model file: out of memory");
+		goto out;
+	}
+	doc = json_pack("{s:O, s:{s:o, s:O}, s:i, s:i, s:{s:s, s:f}}", "model", model, "data", "train", train,
+			"transforms", stripped, "batch_size", 1, "epochs", 1, "optimizer", "type", "sgd", "lr", 0.1);
 	struct tr_spec_error serr;
 	if (!doc || tr_spec_parse(doc, &d->spec, &serr) < 0) {
 		snprintf(err, errlen, "model file: %s", doc ? serr.message : "out of memory");
@@ -303,7 +329,14 @@ int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, co
 
 void tr_model_desc_want_shape(const struct tr_model_desc *d, struct tr_source_spec *src)
 {
-	if (src->format == TR_DATA_IMAGES && d->model.in_shape.ndim == 3)
+	if (src->format != TR_DATA_IMAGES)
+		return;
+	/* The training folder's resize and crop, unless the source has its own. */
+	if (d->spec.train.format == TR_DATA_IMAGES && !src->resize[0] && !src->center_crop[0]) {
+		memcpy(src->resize, d->spec.train.resize, sizeof src->resize);
+		memcpy(src->center_crop, d->spec.train.center_crop, sizeof src->center_crop);
+	}
+	if (d->model.in_shape.ndim == 3)
 		memcpy(src->want_shape, d->model.in_shape.d, sizeof src->want_shape);
 }
 

@@ -165,4 +165,41 @@ check "the formats are listed" grep -q "csv, npy, idx or images" "$work/err"
 "$TRAINERD" predict --help >"$work/help" 2>&1
 check "predict --help describes image folders" grep -q "images    a folder" "$work/help"
 
+# 4. a model trained with resize and center_crop records them; predict
+#    and eval apply them to images of any size
+sed -e 's/"inputs": \[1, 8, 8\]/"inputs": [1, 6, 6]/' \
+	-e 's/"labels": "folders"}/"labels": "folders", "resize": [12, 12], "center_crop": [6, 6]}/' \
+	"$work/cnn.json" >"$work/crop.json"
+"$TRAINERD" run "$work/crop.json" --devices 2 --out "$work/crop" --quiet 2>"$work/run.err"
+check "training with resize and center_crop exits 0" test $? -eq 0
+cm=$work/crop/model.safetensors
+"$TRAINERD" predict "$cm" "$work/test" --out "$work/ct.csv"
+check "predict applies the recorded resize and crop" test $? -eq 0
+"$TRAINERD" predict "$cm" "$work/big" --out "$work/cb.csv"
+check "predict on images of two sizes with the recorded resize exits 0" test $? -eq 0
+"$TRAINERD" eval "$cm" "{\"format\": \"images\", \"path\": \"$work/test\", \"labels\": \"folders\"}" --json \
+	>"$work/ce.json"
+check "eval applies the recorded resize and crop" test $? -eq 0
+"$py" - "$work" <<'PY'
+import csv, json, struct, sys
+import numpy as np
+w = sys.argv[1]
+raw = open(f"{w}/crop/model.safetensors", "rb").read()
+meta = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])["__metadata__"]
+pre = json.loads(meta["preprocessing"])
+assert pre["images"] == {"resize": [12, 12], "center_crop": 6}, pre  # as a job spec writes them
+assert json.loads(meta["labels"])["class_names"] == ["across", "down", "spot"], meta["labels"]
+rows = list(csv.reader(open(f"{w}/ct.csv")))[1:]
+cls = np.array([int(r[1]) for r in rows])
+y = np.repeat(np.arange(3), 15)
+e = json.load(open(f"{w}/ce.json"))
+assert abs(e["accuracy"] - (cls == y).mean()) < 1e-12, (e, (cls == y).mean())
+assert [r[0] for r in list(csv.reader(open(f"{w}/cb.csv")))[1:]] == ["a.png", "b.png"]
+PY
+check "recorded resize and crop: metadata, predict and eval agree" test $? -eq 0
+"$TRAINERD" eval "$cm" "{\"format\": \"images\", \"path\": \"$work/test\", \"labels\": \"folders\", \"center_crop\": 7}" \
+	2>"$work/err"
+check "a data spec's own crop unlike the model's input exits 2" test $? -eq 2
+check "the crop and the model's shape are named" grep -q "center_crop \[7, 7\] does not give the model's \[1, 6, 6\]" "$work/err"
+
 finish
