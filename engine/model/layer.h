@@ -178,6 +178,12 @@ int tr_layer_act_backward(const struct tr_pass *p, const struct tr_layer *l, con
  * avgpool2d): stride default the kernel, padding at most half of it. */
 int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, char *err,
 			 size_t errlen);
+/* The backend's average pool over l->pool (avgpool2d, and
+ * global_avg_pool, whose window is the whole image). */
+bool tr_layer_avgpool_supported(const tr_backend_i *bi);
+int tr_layer_avgpool_forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y);
+int tr_layer_avgpool_backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
+			      const float *dy, float *dx);
 void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, size_t fan_in, int ndim,
 		    const int64_t *shape);
 

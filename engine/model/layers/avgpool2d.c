@@ -9,19 +9,19 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	return tr_layer_pool_window(l, s, "avgpool2d", err, errlen);
 }
 
-static bool supported(const tr_backend_i *bi)
+bool tr_layer_avgpool_supported(const tr_backend_i *bi)
 {
 	return bi->avgpool2d_forward && bi->avgpool2d_backward;
 }
 
-static int forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y)
+int tr_layer_avgpool_forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y)
 {
 	tr_replica_t *r = p->r;
 	return r->be->i->avgpool2d_forward(r->be, r->dev, &l->pool, p->rows, x, y);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+int tr_layer_avgpool_backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
+			      const float *dy, float *dx)
 {
 	tr_replica_t *r = p->r;
 	(void)x, (void)y;
@@ -33,7 +33,7 @@ const tr_layer_i tr_layer_avgpool2d = {
 	.type = TR_LAYER_AVGPOOL2D,
 	.fields = tr_layer_pool_window_fields,
 	.setup = setup,
-	.supported = supported,
-	.forward = forward,
-	.backward = backward,
+	.supported = tr_layer_avgpool_supported,
+	.forward = tr_layer_avgpool_forward,
+	.backward = tr_layer_avgpool_backward,
 };

@@ -22,30 +22,11 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	return 0;
 }
 
-static bool supported(const tr_backend_i *bi)
-{
-	return bi->avgpool2d_forward && bi->avgpool2d_backward;
-}
-
-static int forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y)
-{
-	tr_replica_t *r = p->r;
-	return r->be->i->avgpool2d_forward(r->be, r->dev, &l->pool, p->rows, x, y);
-}
-
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
-{
-	tr_replica_t *r = p->r;
-	(void)x, (void)y;
-	return dx ? r->be->i->avgpool2d_backward(r->be, r->dev, &l->pool, p->rows, dy, dx) : 0;
-}
-
 const tr_layer_i tr_layer_global_avg_pool = {
 	.name = "global_avg_pool",
 	.type = TR_LAYER_GLOBAL_AVG_POOL,
 	.setup = setup,
-	.supported = supported,
-	.forward = forward,
-	.backward = backward,
+	.supported = tr_layer_avgpool_supported,
+	.forward = tr_layer_avgpool_forward,
+	.backward = tr_layer_avgpool_backward,
 };
