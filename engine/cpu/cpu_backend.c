@@ -39,21 +39,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
+#include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/cpu_dnnl_conv.h"
-
-/* Shared with cpu_kernels.c and cpu_comm.c (no private header to hold them). */
-void tr_cpu_kernels_fill(tr_backend_i *t);
-void tr_cpu_comm_fill(tr_backend_i *t);
-void tr_cpu_norm2d_fill(tr_backend_i *t);
-void tr_cpu_dnnl_fill(tr_backend_i *t);
-void tr_cpu_auto_conv_fill(tr_backend_i *t);
-tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
-void tr_cpu_conv_fill(tr_backend_i *t);
-int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
-void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k);
 
 /* Weak so that a build against a generic BLAS (no OpenBLAS extensions)
  * still links; then the BLAS library's own default applies. */

@@ -18,10 +18,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "engine/backend.h"
-
-int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void tr_cpu_comm_fill(tr_backend_i *t);
+#include "engine/cpu/cpu_internal.h"
 
 struct tr_comm {
 	tr_backend_t *be; /* borrowed, for error messages */

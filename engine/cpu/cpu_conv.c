@@ -15,24 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/backend.h"
-
-int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
-void tr_cpu_conv_fill(tr_backend_i *t);
-
-#define ENSURE(cond, ...)                                                   \
-	do {                                                                \
-		if (!(cond))                                                \
-			return tr_cpu_set_error(be, -EINVAL, __VA_ARGS__); \
-	} while (0)
-
-#define ENSURE_DEV(what)                                   \
-	do {                                               \
-		int rc_ = tr_cpu_check_dev(be, dev, what); \
-		if (rc_)                                   \
-			return rc_;                        \
-	} while (0)
+#include "engine/cpu/cpu_internal.h"
 
 static int cpu_add(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out)
 {

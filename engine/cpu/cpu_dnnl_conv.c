@@ -12,7 +12,7 @@
  */
 #include "engine/cpu/cpu_dnnl_conv.h"
 
-#include "engine/backend.h"
+#include "engine/cpu/cpu_internal.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -399,12 +399,6 @@ int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geo
 #endif
 
 /* ---- the CPU backend's conv2d entries on this route ---------------------- */
-
-int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
-tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
-void tr_cpu_dnnl_fill(tr_backend_i *t);
-void tr_cpu_auto_conv_fill(tr_backend_i *t);
 
 static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
 {

@@ -15,27 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/backend.h"
+#include "engine/cpu/cpu_internal.h"
 #include "engine/rng.h"
-
-int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
-void tr_cpu_kernels_fill(tr_backend_i *t);
-void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k);
-
-/* Argument checks share one shape: record what was wrong, return -EINVAL. */
-#define ENSURE(cond, ...)                                                   \
-	do {                                                                \
-		if (!(cond))                                                \
-			return tr_cpu_set_error(be, -EINVAL, __VA_ARGS__); \
-	} while (0)
-
-#define ENSURE_DEV(what)                                 \
-	do {                                             \
-		int rc_ = tr_cpu_check_dev(be, dev, what); \
-		if (rc_)                                 \
-			return rc_;                      \
-	} while (0)
 
 /* ---- linear algebra ---------------------------------------------------- */
 

@@ -17,24 +17,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "engine/backend.h"
-
-int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
-void tr_cpu_norm2d_fill(tr_backend_i *t);
-
-#define ENSURE(cond, ...)                                                   \
-	do {                                                                \
-		if (!(cond))                                                \
-			return tr_cpu_set_error(be, -EINVAL, __VA_ARGS__); \
-	} while (0)
-
-#define ENSURE_DEV(what)                                   \
-	do {                                               \
-		int rc_ = tr_cpu_check_dev(be, dev, what); \
-		if (rc_)                                   \
-			return rc_;                        \
-	} while (0)
+#include "engine/cpu/cpu_internal.h"
 
 #define ENSURE_SHAPE(what) \
 	ENSURE(n >= 0 && c >= 1 && hw >= 1, what ": bad shape n=%d c=%d hw=%d", n, c, hw)
