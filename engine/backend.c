@@ -22,7 +22,8 @@
 	X(to_device) X(to_host) X(copy) X(memset0) X(sync) X(gemm) X(add_bias) X(col_sum) X(act_forward)         \
 	X(act_backward) X(dropout_forward) X(mul) X(add) X(conv2d_forward) X(conv2d_backward)                    \
 	X(maxpool2d_forward) X(maxpool2d_backward) X(avgpool2d_forward) X(avgpool2d_backward)                  \
-	X(layernorm_forward) X(layernorm_backward) X(softmax_ce)                                                 \
+	X(layernorm_forward) X(layernorm_backward) X(bn_sums) X(bn_apply) X(bn_running_update)                  \
+	X(bn_backward_sums) X(bn_backward_apply) X(groupnorm_forward) X(groupnorm_backward) X(softmax_ce)        \
 	X(mse) X(scale) X(sumsq) X(sgd_step) X(adam_step) X(comm_create) X(allreduce_sum) X(comm_abort)          \
 	X(comm_destroy)
 

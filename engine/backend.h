@@ -241,8 +241,8 @@ typedef struct tr_backend_i {
 			      const float *m, const float *v, float *param_out, float *m_out, float *v_out,
 			      const struct tr_optim_hp *hp);
 	/* Normalisation over NCHW batches: n samples of c channels of hw
-	 * positions.  May be NULL on a backend that lacks them; the layers
-	 * then refuse to run there.  batchnorm2d's statistics span the whole
+	 * positions.  Required (tr_backend_check_ops): every backend has
+	 * them.  batchnorm2d's statistics span the whole
 	 * step on every device: the bn_* kernels work on this device's n
 	 * samples (n may be 0 on a device without rows: zero sums) and the
 	 * layer allreduces their sums between the job's devices

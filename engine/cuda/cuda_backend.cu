@@ -469,6 +469,7 @@ static void cuda_fill_table(tr_backend_i *t, const struct tr_cuda_host *host)
 	tr_cuda_elementwise_fill(t);
 	tr_cuda_reduce_fill(t);
 	tr_cuda_norm_fill(t);
+	tr_cuda_norm2d_fill(t);
 	tr_cuda_loss_fill(t);
 	tr_cuda_optim_fill(t);
 	tr_cuda_conv_fill(t);

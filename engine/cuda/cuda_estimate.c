@@ -36,8 +36,14 @@ size_t tr_cuda_estimate_bytes(const struct tr_model *m, int max_rows, int label_
 	size_t rows = (size_t)(max_rows < 1 ? 1 : max_rows);
 	size_t total = 0;
 
-	/* Every buffer tr_replica_init allocates, from the model's own list. */
-	size_t sizes[TR_MODEL_MAX_NODES * 3 + 16];
+	/* Every buffer tr_replica_init allocates, from the model's own list:
+	 * per node its output, what it saves for backward (saved[0] and
+	 * saved[1]: dropout's mask, layernorm's and groupnorm's statistics)
+	 * and its kept memory (batchnorm2d's batch statistics and backward
+	 * sums), at most four, plus the replica's own (parameters, gradients,
+	 * optimizer state, inputs, labels, gradient buffers, workspace).  The
+	 * array holds the longest list, so no buffer goes uncounted. */
+	size_t sizes[TR_MODEL_MAX_NODES * 4 + 16];
 	int n = tr_replica_buffer_sizes(m, max_rows, label_dim, opt_state_buffers, sizes,
 					(int)(sizeof sizes / sizeof sizes[0]));
 	for (int i = 0; i < n && i < (int)(sizeof sizes / sizeof sizes[0]); i++)

@@ -87,6 +87,7 @@ void tr_cuda_dense_fill(tr_backend_i *t);
 void tr_cuda_elementwise_fill(tr_backend_i *t);
 void tr_cuda_reduce_fill(tr_backend_i *t);
 void tr_cuda_norm_fill(tr_backend_i *t);
+void tr_cuda_norm2d_fill(tr_backend_i *t);
 void tr_cuda_loss_fill(tr_backend_i *t);
 void tr_cuda_optim_fill(tr_backend_i *t);
 void tr_cuda_conv_fill(tr_backend_i *t);

@@ -4,7 +4,8 @@
  * op per file): kernels_dense.cu (gemm, bias, column sums),
  * kernels_elementwise.cu (activations, dropout, mul, add, scale),
  * kernels_reduce.cu (the two-pass reductions, sumsq, the start-up probe),
- * kernels_norm.cu (layernorm), kernels_loss.cu (softmax cross-entropy,
+ * kernels_norm.cu (layernorm), kernels_norm2d.cu (batchnorm2d's
+ * per-channel sums and groupnorm), kernels_loss.cu (softmax cross-entropy,
  * mse), kernels_optim.cu (sgd, adam), kernels_conv.cu (convolution as
  * im2col + cuBLAS, max and average pooling).  Each file has its kernels in one
  * section, its host launchers below (they take a stream, assert their
@@ -22,8 +23,8 @@
  * within 2 ulp, glibc's within 1).  Dropout reimplements engine/rng.h on
  * the device and gives exactly the CPU's mask.
  *
- * Reductions accumulate in double where the CPU does (losses, layernorm
- * statistics, sumsq) and in float where it does (col_sum, layernorm's
+ * Reductions accumulate in double where the CPU does (losses, layernorm,
+ * batchnorm2d and groupnorm statistics, sumsq) and in float where it does (col_sum, layernorm's
  * parameter gradients), but in a tree order instead of a left-to-right
  * one.  Every grid is a function of the problem size alone and partial
  * results are combined in index order, so results are deterministic run

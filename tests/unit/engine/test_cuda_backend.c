@@ -273,6 +273,46 @@ Test(cuda_estimate, covers_every_replica_buffer)
 	tr_spec_finish(&spec);
 }
 
+/* Image layers with buffers of their own: groupnorm's per-sample
+ * statistics (saved with the rows), batchnorm2d's batch statistics and
+ * backward sums (kept, whatever the rows), its running statistics (model
+ * buffers among the parameters), a residual block's inner nodes and the
+ * convolution workspace; the estimate reads them from the model's list. */
+Test(cuda_estimate, covers_the_norm_layers_buffers)
+{
+	const char *text =
+		"{\"seed\": 1, \"model\": {\"inputs\": [3, 9, 9], \"layers\": [{\"type\": \"conv2d\","
+		" \"filters\": 64, \"kernel\": 3, \"padding\": 1}, {\"type\": \"batchnorm2d\"},"
+		" {\"type\": \"groupnorm\", \"groups\": 8}, {\"type\": \"residual\", \"layers\": [{\"type\":"
+		" \"conv2d\", \"filters\": 64, \"kernel\": 3, \"padding\": \"same\"}, {\"type\": \"batchnorm2d\"},"
+		" {\"type\": \"groupnorm\", \"groups\": 64}]}, {\"type\": \"global_avg_pool\"},"
+		" {\"type\": \"dense\", \"units\": 5}]}, \"data\": {\"train\": {\"format\": \"synthetic\","
+		" \"samples\": 10, \"shape\": [3, 9, 9], \"classes\": 5}}, \"batch_size\": 37, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.1}}";
+	struct tr_spec spec;
+	struct tr_spec_error e;
+	char err[256];
+	tr_model_t model;
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
+	cr_assert_eq(tr_model_init(&model, &spec, 3 * 9 * 9, err, sizeof err), 0, "%s", err);
+	for (int rows = 1; rows <= 37; rows += 36) {
+		tr_backend_t *be = counting_backend();
+		tr_replica_t rep;
+		cr_assert_eq(tr_replica_init(&rep, &model, be, 0, rows, 1, 2, err, sizeof err), 0, "%s", err);
+		tr_replica_finish(&rep);
+		size_t est = tr_cuda_estimate_bytes(&model, rows, 1, 2, 1);
+		/* the trainer's second input and label pair comes on top */
+		size_t ahead = (size_t)rows * (3 * 9 * 9 + 1) * sizeof(float);
+		cr_assert_geq(est, counted.bytes + ahead + TR_CUDA_CONTEXT_BYTES,
+			      "%d rows: estimate %zu below the %zu bytes allocated", rows, est, counted.bytes);
+		cr_assert_leq(est, counted.bytes + ahead + TR_CUDA_CONTEXT_BYTES + ((size_t)64 << 20) +
+					   512 * (counted.allocs + 2),
+			      "%d rows: estimate %zu far above the %zu bytes allocated", rows, est, counted.bytes);
+		tr_backend_destroy(be);
+	}
+	tr_spec_finish(&spec);
+}
+
 /* The estimate follows the optimizer's state buffers, the rows and the
  * device count the way the replica and NCCL do, and stays an upper bound
  * of what tr_replica_init allocates for every optimizer. */
@@ -1362,6 +1402,336 @@ Test(cuda, pooling_matches_cpu_exactly, .timeout = 300)
 	pool_case(&d, 3);
 }
 
+/* ---- normalisation over image batches (batchnorm2d, groupnorm) ------------- */
+
+/* A float rounding of a double sum taken in another order: at most an ulp
+ * of the result apart (3e-7 relative), plus the double order's own
+ * rounding, ~1e-16 of the sum of |terms| (bound), when the sum cancels. */
+static void check_dsum(const char *what, const float *got, const float *want, const double *bound, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		double err = fabs((double)got[i] - (double)want[i]);
+		double tol = 3e-7 * fabs((double)want[i]) + 1e-12 * bound[i];
+		cr_assert(err <= tol, "%s[%zu]: cuda %.9g cpu %.9g (err %.3g, tol %.3g)", what, i, (double)got[i],
+			  (double)want[i], err, tol);
+	}
+}
+
+/* Device memory filled with NaN: what a kernel must overwrite. */
+static float *up_nan(size_t n)
+{
+	float *h = malloc((n ? n : 1) * sizeof(float));
+	cr_assert_not_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = NAN;
+	float *d = up(h, n);
+	free(h);
+	return d;
+}
+
+struct bn_case {
+	int n, c, hw;
+};
+
+/* Odd shapes; one value per channel (refused by the running update), 0
+ * samples (a device without rows in the step), a channel
+ * spread over several blocks (n x hw > 2048), more channels than the
+ * reduction has slots (one block each). */
+static const struct bn_case bn_cases[] = {
+	{1, 1, 2}, {1, 2, 1}, {3, 5, 7}, {2, 3, 1}, {0, 4, 9}, {5, 3, 1023}, {4, 7, 2000}, {2, 1100, 3},
+};
+
+/* Every bn_* kernel against the CPU's on the same inputs; each step is fed
+ * the CPU's previous results, so each kernel is tested alone. */
+Test(cuda, batchnorm2d_kernels_match_cpu, .timeout = 300)
+{
+	NEED_GPU();
+	const float eps = 1e-5f, momentum = 0.1f;
+	for (size_t ci = 0; ci < sizeof bn_cases / sizeof bn_cases[0]; ci++) {
+		int n = bn_cases[ci].n, c = bn_cases[ci].c, hw = bn_cases[ci].hw;
+		size_t len = (size_t)n * c * hw, cc = (size_t)c;
+		double count = (double)n * hw;
+		char what[96];
+		/* |mean| >> std in some channels: the two-pass variance's case */
+		float *x = frand(len, 1.5, 3.5), *dy = frand(len, -1, 1), *gamma = frand(cc, 0.5, 1.5);
+		float *beta = frand(cc, -0.5, 0.5), *rm = frand(cc, -1, 1), *rv = frand(cc, 0.5, 2);
+		float *mean = malloc(cc * sizeof(float)), *var = malloc(cc * sizeof(float));
+		float *y = malloc((len ? len : 1) * sizeof(float)), *dx = malloc((len ? len : 1) * sizeof(float));
+		float *sums = malloc(2 * cc * sizeof(float)), *dg = malloc(cc * sizeof(float));
+		float *db = malloc(cc * sizeof(float)), nb = 3.0f;
+		double *bx = calloc(cc, sizeof(double)), *bsq = calloc(cc, sizeof(double));
+		double *bdy = calloc(cc, sizeof(double)), *bdyx = calloc(cc, sizeof(double));
+		double *bdg = calloc(cc, sizeof(double));
+
+		float *d_x = up(x, len), *d_dy = up(dy, len), *d_g = up(gamma, cc), *d_b = up(beta, cc);
+		float *d_mean = up_nan(cc), *d_var = up_nan(cc), *d_y = up_nan(len), *d_dx = up_nan(len);
+		float *d_sums = up_nan(2 * cc), *d_dg = up_nan(cc), *d_db = up_nan(cc);
+		float *d_rm = up(rm, cc), *d_rv = up(rv, cc), *d_nb = up(&nb, 1);
+
+		/* sums of x, then mean as the layer makes it */
+		cr_assert_eq(cpu->i->bn_sums(cpu, 0, n, c, hw, x, NULL, mean), 0);
+		cr_assert_eq(gpu->i->bn_sums(gpu, 0, n, c, hw, d_x, NULL, d_mean), 0, "%s", gpu->i->last_error(gpu));
+		for (int i = 0; i < n; i++)
+			for (int ch = 0; ch < c; ch++)
+				for (int k = 0; k < hw; k++)
+					bx[ch] += fabs(x[((size_t)i * c + ch) * hw + k]);
+		float *g_sum = down(d_mean, cc);
+		snprintf(what, sizeof what, "bn_sums(x) n=%d c=%d hw=%d", n, c, hw);
+		check_dsum(what, g_sum, mean, bx, cc);
+		for (int ch = 0; ch < c; ch++)
+			mean[ch] = n ? mean[ch] * (float)(1.0 / count) : 0.5f;
+
+		/* squared deviations from the CPU's mean */
+		cr_assert_eq(gpu->i->to_device(gpu, 0, d_mean, mean, cc * sizeof(float)), 0);
+		cr_assert_eq(cpu->i->bn_sums(cpu, 0, n, c, hw, x, mean, var), 0);
+		cr_assert_eq(gpu->i->bn_sums(gpu, 0, n, c, hw, d_x, d_mean, d_var), 0, "%s", gpu->i->last_error(gpu));
+		for (int i = 0; i < n; i++)
+			for (int ch = 0; ch < c; ch++)
+				for (int k = 0; k < hw; k++) {
+					double d = x[((size_t)i * c + ch) * hw + k] - (double)mean[ch];
+					bsq[ch] += d * d;
+				}
+		float *g_sq = down(d_var, cc);
+		snprintf(what, sizeof what, "bn_sums((x - mean)^2) n=%d c=%d hw=%d", n, c, hw);
+		check_dsum(what, g_sq, var, bsq, cc);
+		for (int ch = 0; ch < c; ch++)
+			var[ch] = n ? var[ch] * (float)(1.0 / count) : 0.25f;
+		cr_assert_eq(gpu->i->to_device(gpu, 0, d_var, var, cc * sizeof(float)), 0);
+
+		/* running statistics: the same float formula, bit for bit
+		 * without FMA contraction on the CPU; one value per channel
+		 * is refused by both, with the reason */
+		int rc_c = cpu->i->bn_running_update(cpu, 0, c, momentum, count, mean, var, rm, rv, &nb);
+		int rc_g = gpu->i->bn_running_update(gpu, 0, c, momentum, count, d_mean, d_var, d_rm, d_rv, d_nb);
+		cr_assert_eq(rc_g, rc_c, "bn_running_update count %g: cuda %d cpu %d", count, rc_g, rc_c);
+		if (count <= 1.0) {
+			cr_assert_eq(rc_g, -EINVAL);
+			cr_assert_not_null(strstr(gpu->i->last_error(gpu), "variance of one value"), "%s",
+					   gpu->i->last_error(gpu));
+		} else {
+			float *g_rm = down(d_rm, cc), *g_rv = down(d_rv, cc), *g_nb = down(d_nb, 1);
+			check_close("bn running_mean", g_rm, rm, cc, 1e-6, 1e-7);
+			check_close("bn running_var", g_rv, rv, cc, 1e-6, 1e-7);
+			cr_assert_eq(g_nb[0], 4.0f, "num_batches_tracked %g", (double)g_nb[0]);
+			free(g_rm), free(g_rv), free(g_nb);
+		}
+
+		/* y from the same statistics */
+		cr_assert_eq(cpu->i->bn_apply(cpu, 0, n, c, hw, eps, x, mean, var, gamma, beta, y), 0);
+		cr_assert_eq(gpu->i->bn_apply(gpu, 0, n, c, hw, eps, d_x, d_mean, d_var, d_g, d_b, d_y), 0, "%s",
+			     gpu->i->last_error(gpu));
+		float *g_y = down(d_y, len);
+		snprintf(what, sizeof what, "bn_apply n=%d c=%d hw=%d", n, c, hw);
+		check_close(what, g_y, y, len, 1e-6, 1e-6);
+
+		/* backward sums, and this device's dgamma/dbeta */
+		cr_assert_eq(cpu->i->bn_backward_sums(cpu, 0, n, c, hw, eps, x, mean, var, dy, sums, dg, db), 0);
+		cr_assert_eq(gpu->i->bn_backward_sums(gpu, 0, n, c, hw, eps, d_x, d_mean, d_var, d_dy, d_sums, d_dg,
+						      d_db), 0, "%s", gpu->i->last_error(gpu));
+		for (int i = 0; i < n; i++)
+			for (int ch = 0; ch < c; ch++)
+				for (int k = 0; k < hw; k++) {
+					size_t o = ((size_t)i * c + ch) * hw + k;
+					bdy[ch] += fabs(dy[o]);
+					bdyx[ch] += fabs(dy[o] * (x[o] - (double)mean[ch]));
+				}
+		for (int ch = 0; ch < c; ch++)
+			bdg[ch] = bdyx[ch] / sqrt((double)var[ch] + eps);
+		float *g_sums = down(d_sums, 2 * cc), *g_dg = down(d_dg, cc), *g_db = down(d_db, cc);
+		snprintf(what, sizeof what, "bn_backward_sums sum(dy) n=%d c=%d hw=%d", n, c, hw);
+		check_dsum(what, g_sums, sums, bdy, cc);
+		snprintf(what, sizeof what, "bn_backward_sums sum(dy (x - mean)) n=%d c=%d hw=%d", n, c, hw);
+		check_dsum(what, g_sums + cc, sums + cc, bdyx, cc);
+		check_dsum("bn dbeta", g_db, db, bdy, cc);
+		check_dsum("bn dgamma", g_dg, dg, bdg, cc);
+		if (n == 0)
+			for (int ch = 0; ch < c; ch++)
+				cr_assert(g_sums[ch] == 0.0f && g_sums[c + ch] == 0.0f && g_dg[ch] == 0.0f &&
+						  g_db[ch] == 0.0f,
+					  "a device without rows contributes zero sums (channel %d)", ch);
+
+		/* dgamma/dbeta may be NULL (the layer's first call does not
+		 * ask twice); the sums are still written */
+		cr_assert_eq(gpu->i->bn_backward_sums(gpu, 0, n, c, hw, eps, d_x, d_mean, d_var, d_dy, d_sums, NULL,
+						      NULL), 0, "%s", gpu->i->last_error(gpu));
+
+		/* dx from the CPU's sums */
+		if (count > 0.0) {
+			cr_assert_eq(gpu->i->to_device(gpu, 0, d_sums, sums, 2 * cc * sizeof(float)), 0);
+			cr_assert_eq(cpu->i->bn_backward_apply(cpu, 0, n, c, hw, eps, count, x, mean, var, gamma, sums,
+								dy, dx), 0);
+			cr_assert_eq(gpu->i->bn_backward_apply(gpu, 0, n, c, hw, eps, count, d_x, d_mean, d_var, d_g,
+								d_sums, d_dy, d_dx), 0, "%s", gpu->i->last_error(gpu));
+			float *g_dx = down(d_dx, len);
+			snprintf(what, sizeof what, "bn_backward_apply n=%d c=%d hw=%d", n, c, hw);
+			check_close(what, g_dx, dx, len, 1e-6, 1e-6);
+			free(g_dx);
+		}
+
+		free(x), free(dy), free(gamma), free(beta), free(rm), free(rv), free(mean), free(var), free(y);
+		free(dx), free(sums), free(dg), free(db), free(bx), free(bsq), free(bdy);
+		free(bdyx), free(bdg), free(g_sum), free(g_sq), free(g_y), free(g_sums), free(g_dg), free(g_db);
+		float *ds[] = {d_x, d_dy, d_g, d_b, d_mean, d_var, d_y, d_dx, d_sums, d_dg, d_db, d_rm, d_rv, d_nb};
+		for (size_t k = 0; k < sizeof ds / sizeof ds[0]; k++)
+			dfree(ds[k]);
+	}
+}
+
+Test(cuda, batchnorm2d_bad_arguments_are_einval)
+{
+	NEED_GPU();
+	float *d = up_nan(64);
+	cr_assert_eq(gpu->i->bn_sums(gpu, 0, -1, 2, 2, d, NULL, d), -EINVAL);
+	cr_assert_not_null(strstr(gpu->i->last_error(gpu), "bn_sums: bad shape"), "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->bn_apply(gpu, 0, 1, 0, 2, 1e-5f, d, d, d, d, d, d), -EINVAL);
+	cr_assert_eq(gpu->i->bn_backward_apply(gpu, 0, 1, 2, 2, 1e-5f, 0.0, d, d, d, d, d, d, d), -EINVAL);
+	cr_assert_eq(gpu->i->bn_sums(gpu, 7, 1, 2, 2, d, NULL, d), -EINVAL, "no device 7");
+	dfree(d);
+}
+
+struct gn_case {
+	int n, c, hw, groups;
+};
+
+static const struct gn_case gn_cases[] = {
+	{1, 1, 1, 1},     /* a single value: normalised to 0, the output is beta */
+	{2, 6, 4, 3},     {3, 4, 1, 2}, /* 1x1 images */
+	{2, 4, 9, 1},     /* one group: LayerNorm over C, H, W */
+	{1, 4, 5, 4},     /* a group per channel: InstanceNorm */
+	{3, 6, 1023, 2},  /* groups longer than a block; channels over several blocks */
+	{0, 4, 3, 2},     /* a device without rows: zero parameter gradients */
+	{2, 1100, 2, 11}, /* more channels than reduction slots */
+};
+
+/* groupnorm forward against the CPU, then backward from the CPU's
+ * statistics, with dx separate, in place (dx = dy) and absent. */
+Test(cuda, groupnorm_matches_cpu, .timeout = 300)
+{
+	NEED_GPU();
+	const float eps = 1e-5f;
+	for (size_t ci = 0; ci < sizeof gn_cases / sizeof gn_cases[0]; ci++) {
+		int n = gn_cases[ci].n, c = gn_cases[ci].c, hw = gn_cases[ci].hw, groups = gn_cases[ci].groups;
+		int cg = c / groups;
+		size_t len = (size_t)n * c * hw, cc = (size_t)c, ng = (size_t)n * groups;
+		char what[96];
+		float *x = frand(len, 1.5, 3.5), *dy = frand(len, -1, 1), *gamma = frand(cc, 0.5, 1.5);
+		float *beta = frand(cc, -0.5, 0.5), *y = malloc((len ? len : 1) * sizeof(float));
+		float *mean = malloc((ng ? ng : 1) * sizeof(float)), *rstd = malloc((ng ? ng : 1) * sizeof(float));
+		float *dx = malloc((len ? len : 1) * sizeof(float)), *dg = malloc(cc * sizeof(float));
+		float *db = malloc(cc * sizeof(float));
+		double *by = calloc(len ? len : 1, sizeof(double)), *bdx = calloc(len ? len : 1, sizeof(double));
+		double *bm = calloc(ng ? ng : 1, sizeof(double)), *bdg = calloc(cc, sizeof(double));
+		double *bdb = calloc(cc, sizeof(double));
+
+		cr_assert_eq(cpu->i->groupnorm_forward(cpu, 0, n, c, hw, groups, eps, x, gamma, beta, y, mean, rstd), 0);
+		float *d_x = up(x, len), *d_dy = up(dy, len), *d_g = up(gamma, cc), *d_b = up(beta, cc);
+		float *d_y = up_nan(len), *d_m = up_nan(ng), *d_r = up_nan(ng), *d_dx = up_nan(len);
+		float *d_dg = up_nan(cc), *d_db = up_nan(cc);
+		cr_assert_eq(gpu->i->groupnorm_forward(gpu, 0, n, c, hw, groups, eps, d_x, d_g, d_b, d_y, d_m, d_r), 0,
+			     "%s", gpu->i->last_error(gpu));
+		float *g_y = down(d_y, len), *g_m = down(d_m, ng), *g_r = down(d_r, ng);
+		/* mean and rstd: float roundings of double statistics; y
+		 * moves by an ulp of each of its terms */
+		for (size_t p = 0; p < ng; p++)
+			for (size_t k = 0; k < (size_t)cg * hw; k++)
+				bm[p] += fabs(x[p * cg * hw + k]);
+		for (size_t p = 0; p < ng; p++)
+			bm[p] /= (double)cg * hw;
+		for (size_t o = 0; o < len; o++) {
+			size_t i = o / ((size_t)c * hw);
+			int ch = (int)(o / hw % c);
+			size_t p = i * groups + ch / cg;
+			by[o] = rstd[p] * fabs(gamma[ch]) * (fabs(x[o]) + fabs(mean[p])) + fabs(beta[ch]);
+		}
+		snprintf(what, sizeof what, "groupnorm mean n=%d c=%d hw=%d groups=%d", n, c, hw, groups);
+		check_dsum(what, g_m, mean, bm, ng);
+		snprintf(what, sizeof what, "groupnorm rstd n=%d c=%d hw=%d groups=%d", n, c, hw, groups);
+		check_close(what, g_r, rstd, ng, 3e-7, 0.0);
+		snprintf(what, sizeof what, "groupnorm y n=%d c=%d hw=%d groups=%d", n, c, hw, groups);
+		check_bounded(what, g_y, y, by, len, 1e-6, 0.0);
+
+		/* backward from the CPU's statistics */
+		cr_assert_eq(cpu->i->groupnorm_backward(cpu, 0, n, c, hw, groups, x, gamma, mean, rstd, dy, dx, dg, db),
+			     0);
+		if (ng) {
+			cr_assert_eq(gpu->i->to_device(gpu, 0, d_m, mean, ng * sizeof(float)), 0);
+			cr_assert_eq(gpu->i->to_device(gpu, 0, d_r, rstd, ng * sizeof(float)), 0);
+		}
+		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_dy, d_dx, d_dg,
+							d_db), 0, "%s", gpu->i->last_error(gpu));
+		float *g_dx = down(d_dx, len), *g_dg = down(d_dg, cc), *g_db = down(d_db, cc);
+		/* bounds: the sums' |terms|; for dx, rstd times the |terms| of
+		 * g - a - xh b, each of a and b an ulp from the CPU's */
+		for (size_t p = 0; p < ng; p++) {
+			size_t i = p / groups;
+			int gr = (int)(p % groups);
+			double a = 0.0, b = 0.0;
+			for (int cq = 0; cq < cg; cq++) {
+				int ch = gr * cg + cq;
+				for (int k = 0; k < hw; k++) {
+					size_t o = (i * c + ch) * hw + k;
+					double xh = (x[o] - (double)mean[p]) * rstd[p];
+					a += dy[o] * (double)gamma[ch];
+					b += dy[o] * (double)gamma[ch] * xh;
+					bdg[ch] += fabs(dy[o] * xh);
+					bdb[ch] += fabs(dy[o]);
+				}
+			}
+			a /= (double)cg * hw;
+			b /= (double)cg * hw;
+			for (int cq = 0; cq < cg; cq++) {
+				int ch = gr * cg + cq;
+				for (int k = 0; k < hw; k++) {
+					size_t o = (i * c + ch) * hw + k;
+					double xh = (x[o] - (double)mean[p]) * rstd[p];
+					bdx[o] = rstd[p] * (fabs(dy[o] * gamma[ch]) + fabs(a) + fabs(xh * b));
+				}
+			}
+		}
+		snprintf(what, sizeof what, "groupnorm dgamma n=%d c=%d hw=%d groups=%d", n, c, hw, groups);
+		check_dsum(what, g_dg, dg, bdg, cc);
+		snprintf(what, sizeof what, "groupnorm dbeta n=%d c=%d hw=%d groups=%d", n, c, hw, groups);
+		check_dsum(what, g_db, db, bdb, cc);
+		snprintf(what, sizeof what, "groupnorm dx n=%d c=%d hw=%d groups=%d", n, c, hw, groups);
+		check_bounded(what, g_dx, dx, bdx, len, 1e-6, 0.0);
+		if (n == 0)
+			for (int ch = 0; ch < c; ch++)
+				cr_assert(g_dg[ch] == 0.0f && g_db[ch] == 0.0f, "no rows: zero gradients (channel %d)",
+					  ch);
+
+		/* in place: dx = dy, the same values */
+		float *d_inplace = up(dy, len);
+		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_inplace,
+							d_inplace, d_dg, d_db), 0, "%s", gpu->i->last_error(gpu));
+		float *g_in = down(d_inplace, len);
+		check_exact("groupnorm dx in place", g_in, g_dx, len);
+		/* no dx (the first layer): the parameter gradients alone */
+		float *d_dg2 = up_nan(cc), *d_db2 = up_nan(cc);
+		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_dy, NULL,
+							d_dg2, d_db2), 0, "%s", gpu->i->last_error(gpu));
+		float *g_dg2 = down(d_dg2, cc), *g_db2 = down(d_db2, cc);
+		check_exact("groupnorm dgamma without dx", g_dg2, g_dg, cc);
+		check_exact("groupnorm dbeta without dx", g_db2, g_db, cc);
+
+		free(x), free(dy), free(gamma), free(beta), free(y), free(mean), free(rstd), free(dx), free(dg);
+		free(db), free(by), free(bdx), free(bm), free(bdg), free(bdb), free(g_y), free(g_m), free(g_r);
+		free(g_dx), free(g_dg), free(g_db), free(g_in), free(g_dg2), free(g_db2);
+		float *ds[] = {d_x, d_dy, d_g, d_b, d_y, d_m, d_r, d_dx, d_dg, d_db, d_inplace, d_dg2, d_db2};
+		for (size_t k = 0; k < sizeof ds / sizeof ds[0]; k++)
+			dfree(ds[k]);
+	}
+}
+
+Test(cuda, groupnorm_bad_arguments_are_einval)
+{
+	NEED_GPU();
+	float *d = up_nan(64);
+	cr_assert_eq(gpu->i->groupnorm_forward(gpu, 0, 1, 3, 2, 2, 1e-5f, d, d, d, d, d, d), -EINVAL);
+	cr_assert_not_null(strstr(gpu->i->last_error(gpu), "3 channels in 2 groups"), "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, 1, 4, 0, 2, d, d, d, d, d, d, d, d), -EINVAL);
+	dfree(d);
+}
+
 /* ---- whole jobs ------------------------------------------------------------ */
 
 #define MAX_STEPS 1024
@@ -1369,6 +1739,8 @@ Test(cuda, pooling_matches_cpu_exactly, .timeout = 300)
 struct run_result {
 	double loss[MAX_STEPS];
 	int64_t nloss;
+	double val[MAX_STEPS]; /* val_loss, in order */
+	int nval;
 	float *params;
 	size_t nparams;
 	int rc;
@@ -1383,6 +1755,8 @@ static void collect(void *ctx, const struct tr_metric_point *p)
 		if (p->step > r->nloss)
 			r->nloss = p->step;
 	}
+	if (strcmp(p->name, "val_loss") == 0 && r->nval < MAX_STEPS)
+		r->val[r->nval++] = p->value;
 }
 
 /* Runs `text` on `devices` devices of be; checks the replicas agree. */
@@ -1432,6 +1806,10 @@ static void assert_close_runs(const struct run_result *a, const struct run_resul
 	for (int64_t s = 0; s < a->nloss; s++)
 		cr_assert_leq(rel(a->loss[s], b->loss[s]), tol, "%s: step %lld loss %.9g vs %.9g", what,
 			      (long long)s + 1, a->loss[s], b->loss[s]);
+	cr_assert_eq(a->nval, b->nval, "%s: %d vs %d evaluations", what, a->nval, b->nval);
+	for (int v = 0; v < a->nval; v++)
+		cr_assert_leq(rel(a->val[v], b->val[v]), tol, "%s: evaluation %d val_loss %.9g vs %.9g", what, v + 1,
+			      a->val[v], b->val[v]);
 	cr_assert_eq(a->nparams, b->nparams);
 	for (size_t i = 0; i < a->nparams; i++)
 		cr_assert_leq(fabs(a->params[i] - b->params[i]), tol * fmax(1.0, fabs(a->params[i])),
@@ -1471,13 +1849,28 @@ static const char *JOB_CONV =
 	" \"noise\": 0.3}, \"shuffle\": true}, \"batch_size\": 16, \"epochs\": 2,"
 	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}";
 
+/* Normalisation over image batches: batchnorm2d (statistics over the
+ * step on every device, running statistics for the evaluations of the
+ * validation split) and groupnorm; 97 samples, 78 after the split, in
+ * batches of 11 leave a one-sample last step, which on several devices
+ * leaves all but one idle (their collectives still meet). */
+static const char *JOB_NORM =
+	"{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"conv2d\", \"filters\": 6, \"kernel\": 3,"
+	" \"padding\": 1}, {\"type\": \"batchnorm2d\"}, {\"type\": \"relu\"}, {\"type\": \"conv2d\","
+	" \"filters\": 8, \"kernel\": 3, \"stride\": 2, \"padding\": 1}, {\"type\": \"groupnorm\", \"groups\": 4},"
+	" {\"type\": \"relu\"}, {\"type\": \"batchnorm2d\", \"momentum\": 0.3}, {\"type\": \"global_avg_pool\"},"
+	" {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 97, \"shape\": [2, 7, 7], \"classes\": 3,"
+	" \"noise\": 0.3}, \"validation_split\": 0.2, \"shuffle\": true}, \"batch_size\": 11, \"epochs\": 3,"
+	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}";
+
 /* The jobs above must stay valid specs even where no GPU runs them. */
 Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 {
-	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV};
+	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV, JOB_NORM};
 	tr_backend_t *c = tr_cpu_backend_create(1, 1);
 	cr_assert_not_null(c);
-	for (int j = 0; j < 3; j++) {
+	for (int j = 0; j < 4; j++) {
 		struct run_result r;
 		run_job(jobs[j], c, 1, &r);
 		cr_assert_eq(r.rc, 0, "job %d: %s", j, r.err);
@@ -1490,9 +1883,10 @@ Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 Test(cuda_job, loss_curve_matches_cpu, .timeout = 300)
 {
 	NEED_GPU();
-	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV};
-	const char *names[] = {"adamw job, cuda vs cpu", "sgd/mse job, cuda vs cpu", "conv job, cuda vs cpu"};
-	for (int j = 0; j < 3; j++) {
+	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV, JOB_NORM};
+	const char *names[] = {"adamw job, cuda vs cpu", "sgd/mse job, cuda vs cpu", "conv job, cuda vs cpu",
+			       "norm job, cuda vs cpu"};
+	for (int j = 0; j < 4; j++) {
 		struct run_result c, g;
 		run_job(jobs[j], cpu, 1, &c);
 		run_job(jobs[j], gpu, 1, &g);
@@ -1508,12 +1902,13 @@ Test(cuda_job, one_gpu_equals_four_cpu_devices, .timeout = 300)
 	NEED_GPU();
 	tr_backend_t *cpu4 = tr_cpu_backend_create(4, 4);
 	cr_assert_not_null(cpu4);
-	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE};
-	for (int j = 0; j < 2; j++) {
+	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_NORM};
+	const char *names[] = {"adamw: 1 cuda vs 4 cpu", "sgd/mse: 1 cuda vs 4 cpu", "norm: 1 cuda vs 4 cpu"};
+	for (int j = 0; j < 3; j++) {
 		struct run_result c, g;
 		run_job(jobs[j], cpu4, 4, &c);
 		run_job(jobs[j], gpu, 1, &g);
-		assert_close_runs(&g, &c, 1e-3, j ? "sgd/mse: 1 cuda vs 4 cpu" : "adamw: 1 cuda vs 4 cpu");
+		assert_close_runs(&g, &c, 1e-3, names[j]);
 		free(c.params);
 		free(g.params);
 	}
@@ -1580,16 +1975,40 @@ Test(cuda_multi, jobs_on_several_gpus_match_cpu, .timeout = 300)
 	int have = NEED_GPUS(2);
 	for (int d = 2; d <= (have < 4 ? have : 4); d++) {
 		tr_backend_t *cpud = tr_cpu_backend_create(d, d);
-		struct run_result c, g;
-		run_job(JOB_ADAMW, cpud, d, &c);
-		run_job(JOB_ADAMW, gpu, d, &g);
-		char what[64];
-		snprintf(what, sizeof what, "%d cuda vs %d cpu devices", d, d);
-		assert_close_runs(&g, &c, 1e-3, what);
-		free(c.params);
-		free(g.params);
+		const char *jobs[] = {JOB_ADAMW, JOB_NORM};
+		for (int j = 0; j < 2; j++) {
+			struct run_result c, g;
+			run_job(jobs[j], cpud, d, &c);
+			run_job(jobs[j], gpu, d, &g);
+			char what[64];
+			snprintf(what, sizeof what, "%s: %d cuda vs %d cpu devices", j ? "norm" : "adamw", d, d);
+			assert_close_runs(&g, &c, 1e-3, what);
+			free(c.params);
+			free(g.params);
+		}
 		tr_backend_destroy(cpud);
 	}
+}
+
+/* batchnorm2d's statistics over the global batch (NCCL allreduces the
+ * devices' sums): the norm job on 2..4 GPUs, idle ranks at each epoch's
+ * one-sample step included, gives one GPU's losses, evaluations (running
+ * statistics) and weights within the job tolerance. */
+Test(cuda_multi, batchnorm_job_is_device_count_invariant, .timeout = 300)
+{
+	int have = NEED_GPUS(2);
+	struct run_result one;
+	run_job(JOB_NORM, gpu, 1, &one);
+	for (int d = 2; d <= (have < 4 ? have : 4); d++) {
+		struct run_result g;
+		run_job(JOB_NORM, gpu, d, &g);
+		char what[64];
+		snprintf(what, sizeof what, "norm: %d cuda devices vs 1", d);
+		assert_close_runs(&g, &one, 1e-3, what);
+		cr_assert_gt(g.nval, 0, "the job evaluates with running statistics");
+		free(g.params);
+	}
+	free(one.params);
 }
 
 struct ar_arg {
