@@ -285,11 +285,64 @@ static int launch_channel_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev
 	return 0;
 }
 
+static int launch_bn_apply(tr_backend_t *be, cudaStream_t s, size_t total, int c, int hw, float eps, const float *x,
+			   const float *mean, const float *var, const float *gamma, const float *beta, float *y)
+{
+	assert(total > 0 && c > 0 && hw > 0 && x && mean && var && gamma && beta && y);
+	k_bn_apply<<<grid_for(total), BLOCK, 0, s>>>(total, c, hw, eps, x, mean, var, gamma, beta, y);
+	LAUNCH_CHECK(be, "k_bn_apply");
+	return 0;
+}
+
+static int launch_bn_running_update(tr_backend_t *be, cudaStream_t s, int c, float momentum, float unbias,
+				    const float *mean, const float *var, float *run_mean, float *run_var,
+				    float *batches)
+{
+	assert(c > 0 && mean && var && run_mean && run_var && batches);
+	k_bn_running_update<<<grid_for((size_t)c), BLOCK, 0, s>>>(c, momentum, unbias, mean, var, run_mean, run_var,
+								   batches);
+	LAUNCH_CHECK(be, "k_bn_running_update");
+	return 0;
+}
+
+static int launch_bn_backward_apply(tr_backend_t *be, cudaStream_t s, size_t total, int c, int hw, float eps,
+				    double count, const float *x, const float *mean, const float *var,
+				    const float *gamma, const float *sums, const float *dy, float *dx)
+{
+	assert(total > 0 && c > 0 && hw > 0 && count > 0.0 && x && mean && var && gamma && sums && dy && dx);
+	k_bn_backward_apply<<<grid_for(total), BLOCK, 0, s>>>(total, c, hw, eps, count, x, mean, var, gamma, sums, dy,
+							       dx);
+	LAUNCH_CHECK(be, "k_bn_backward_apply");
+	return 0;
+}
+
 /* Blocks for the (sample, group) kernels: one each, strided beyond MAX_GRID. */
 static unsigned group_grid(int n, int groups)
 {
 	size_t g = (size_t)n * groups;
 	return g > MAX_GRID ? MAX_GRID : (unsigned)g;
+}
+
+static int launch_groupnorm_forward(tr_backend_t *be, cudaStream_t s, int n, int c, int hw, int groups, float eps,
+				    const float *x, const float *gamma, const float *beta, float *y, float *mean,
+				    float *rstd)
+{
+	assert(n > 0 && c > 0 && hw > 0 && groups > 0 && c % groups == 0 && x && gamma && beta && y && mean && rstd);
+	k_groupnorm_forward<<<group_grid(n, groups), BLOCK, 0, s>>>(n, c, hw, groups, eps, x, gamma, beta, y, mean,
+								     rstd);
+	LAUNCH_CHECK(be, "k_groupnorm_forward");
+	return 0;
+}
+
+static int launch_groupnorm_backward_dx(tr_backend_t *be, cudaStream_t s, int n, int c, int hw, int groups,
+					const float *x, const float *gamma, const float *mean, const float *rstd,
+					const float *dy, float *dx)
+{
+	assert(n > 0 && c > 0 && hw > 0 && groups > 0 && c % groups == 0 && x && gamma && mean && rstd && dy && dx);
+	k_groupnorm_backward_dx<<<group_grid(n, groups), BLOCK, 0, s>>>(n, c, hw, groups, x, gamma, mean, rstd, dy,
+									 dx);
+	LAUNCH_CHECK(be, "k_groupnorm_backward_dx");
+	return 0;
 }
 
 /* ==== backend functions ================================================== */
@@ -324,10 +377,7 @@ static int cuda_bn_apply(tr_backend_t *be, int dev, int n, int c, int hw, float 
 	if (total == 0)
 		return 0;
 	ENSURE(x && y, "bn_apply: NULL pointer");
-	k_bn_apply<<<grid_for(total), BLOCK, 0, stream_of(be, dev)>>>(total, c, hw, eps, x, mean, var, gamma, beta,
-								      y);
-	LAUNCH_CHECK(be, "k_bn_apply");
-	return 0;
+	return launch_bn_apply(be, stream_of(be, dev), total, c, hw, eps, x, mean, var, gamma, beta, y);
 }
 
 static int cuda_bn_running_update(tr_backend_t *be, int dev, int c, float momentum, double count,
@@ -343,10 +393,8 @@ static int cuda_bn_running_update(tr_backend_t *be, int dev, int c, float moment
 	ENSURE(mean && var && run_mean && run_var && batches, "bn_running_update: NULL pointer");
 	/* torch.nn.BatchNorm2d: the running variance is the unbiased one */
 	float unbias = (float)(count / (count - 1.0));
-	k_bn_running_update<<<grid_for((size_t)c), BLOCK, 0, stream_of(be, dev)>>>(c, momentum, unbias, mean, var,
-										 run_mean, run_var, batches);
-	LAUNCH_CHECK(be, "k_bn_running_update");
-	return 0;
+	return launch_bn_running_update(be, stream_of(be, dev), c, momentum, unbias, mean, var, run_mean, run_var,
+					batches);
 }
 
 static int cuda_bn_backward_sums(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x,
@@ -374,10 +422,8 @@ static int cuda_bn_backward_apply(tr_backend_t *be, int dev, int n, int c, int h
 	if (total == 0)
 		return 0;
 	ENSURE(x && dy && dx, "bn_backward_apply: NULL pointer");
-	k_bn_backward_apply<<<grid_for(total), BLOCK, 0, stream_of(be, dev)>>>(total, c, hw, eps, count, x, mean, var,
-									       gamma, sums, dy, dx);
-	LAUNCH_CHECK(be, "k_bn_backward_apply");
-	return 0;
+	return launch_bn_backward_apply(be, stream_of(be, dev), total, c, hw, eps, count, x, mean, var, gamma, sums, dy,
+					dx);
 }
 
 static int cuda_groupnorm_forward(tr_backend_t *be, int dev, int n, int c, int hw, int groups, float eps,
@@ -391,10 +437,7 @@ static int cuda_groupnorm_forward(tr_backend_t *be, int dev, int n, int c, int h
 	if (n == 0)
 		return 0;
 	ENSURE(x && y && mean && rstd, "groupnorm_forward: NULL pointer");
-	k_groupnorm_forward<<<group_grid(n, groups), BLOCK, 0, stream_of(be, dev)>>>(n, c, hw, groups, eps, x, gamma,
-										     beta, y, mean, rstd);
-	LAUNCH_CHECK(be, "k_groupnorm_forward");
-	return 0;
+	return launch_groupnorm_forward(be, stream_of(be, dev), n, c, hw, groups, eps, x, gamma, beta, y, mean, rstd);
 }
 
 /* The parameter gradients first: they read dy, and dx may be dy. */
@@ -412,10 +455,7 @@ static int cuda_groupnorm_backward(tr_backend_t *be, int dev, int n, int c, int 
 				     put_gn_params{dgamma, dbeta});
 	if (rc || n == 0 || !dx)
 		return rc;
-	k_groupnorm_backward_dx<<<group_grid(n, groups), BLOCK, 0, d->stream>>>(n, c, hw, groups, x, gamma, mean, rstd,
-										dy, dx);
-	LAUNCH_CHECK(be, "k_groupnorm_backward_dx");
-	return 0;
+	return launch_groupnorm_backward_dx(be, d->stream, n, c, hw, groups, x, gamma, mean, rstd, dy, dx);
 }
 
 void tr_cuda_norm2d_fill(tr_backend_i *t)

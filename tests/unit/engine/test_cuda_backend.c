@@ -1875,6 +1875,9 @@ Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 		run_job(jobs[j], c, 1, &r);
 		cr_assert_eq(r.rc, 0, "job %d: %s", j, r.err);
 		cr_assert_gt(r.nloss, 10);
+		if (jobs[j] == JOB_NORM) /* 3 epochs of 8 steps, the last of one sample; one evaluation each */
+			cr_assert(r.nloss == 24 && r.nval == 3, "norm job: %lld steps, %d evaluations",
+				  (long long)r.nloss, r.nval);
 		free(r.params);
 	}
 	tr_backend_destroy(c);
