@@ -74,8 +74,8 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 		w = NULL; /* commit frees the writer, also on failure */
 	}
 	if (rc < 0) {
-		tr_error_set(err, 0, 0, NULL, "%s", rc == -ENOSPC ? "the database is full (disk or size limit)"
-							  : tr_store_error(cp->store));
+		tr_error_set(err, 0, 0, NULL, "%s",
+			     rc == -ENOSPC ? "the database is full (disk or size limit)" : tr_store_error(cp->store));
 		tr_store_ckpt_abort(w);
 	}
 	tr_checkpoint_layout_finish(&l);

@@ -286,7 +286,8 @@ static int check_data_paths(const struct tr_spec *spec, const char *job)
 			int fd = dirs ? tr_data_open_dir(NULL, files[f].path, NULL, 0, &why)
 				      : tr_data_open(NULL, files[f].path, NULL, NULL, 0, &why);
 			if (fd < 0) {
-				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key, why.message);
+				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key,
+					why.message);
 				return -1;
 			}
 			close(fd);

@@ -198,8 +198,8 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 	if (j->spec.init_job > 0) {
 		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step, &unreadable);
 		if (!snap) {
-			tr_error_set(err, 0, 0, "/init/from", "/init/from: job %lld has no valid checkpoint%s", (long long)j->spec.init_job,
-				 j->spec.init_step >= 0 ? " at that step" : "");
+			tr_error_set(err, 0, 0, "/init/from", "/init/from: job %lld has no valid checkpoint%s",
+				     (long long)j->spec.init_job, j->spec.init_step >= 0 ? " at that step" : "");
 			return -1;
 		}
 		int rc = tr_trainer_restore(t, snap, true, err);
@@ -288,9 +288,10 @@ static bool final_weights_missing(struct running_job *j, int64_t steps, struct t
 	char older[64] = "no earlier checkpoint exists";
 	if (newest >= 0)
 		snprintf(older, sizeof older, "the newest stored checkpoint is at step %lld", (long long)newest);
-	tr_error_set(err, 0, 0, NULL, "training ended at step %lld, but its final weights could not be stored (see the job's log for "
-		 "the checkpoint's error); %s",
-		 (long long)steps, older);
+	tr_error_set(err, 0, 0, NULL,
+		     "training ended at step %lld, but its final weights could not be stored (see the job's log for "
+		     "the checkpoint's error); %s",
+		     (long long)steps, older);
 	return true;
 }
 
@@ -312,7 +313,8 @@ static const char *apply_precision(struct running_job *j, struct tr_error *err)
 			continue;
 		}
 		if (rc < 0) {
-			tr_error_set(err, 0, 0, "/precision", "/precision: device %d: %s", j->devices[i], be->i->last_error(be));
+			tr_error_set(err, 0, 0, "/precision", "/precision: device %d: %s", j->devices[i],
+				     be->i->last_error(be));
 			return NULL;
 		}
 	}
@@ -388,7 +390,7 @@ static void *runner_main(void *arg)
 		tr_error_set(&err, 0, 0, pointer, "%s", msg);
 	if (rc < 0) {
 		finish(j, "failed",
-		       rc == -EINVAL	 ? "invalid_data"
+		       rc == -EINVAL   ? "invalid_data"
 		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
 		       : rc == -ENOMEM ? "insufficient_memory"
 				       : "start_failed",

@@ -36,19 +36,21 @@ int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err)
 		tr_error_set(err, 0, 0, NULL, "backend %s: kind %d is not a backend kind", t->name, (int)t->kind);
 		return -ENOSYS;
 	}
-#define CHECK_OP(op)                                                                        \
-	if (!t->op) {                                                                       \
+#define CHECK_OP(op)                                                                                         \
+	if (!t->op) {                                                                                        \
 		tr_error_set(err, 0, 0, NULL, "backend %s: required operation %s is missing", t->name, #op); \
-		return -ENOSYS;                                                             \
+		return -ENOSYS;                                                                              \
 	}
 	REQUIRED_OPS(CHECK_OP)
 #undef CHECK_OP
 	if (!t->to_device_async != !t->copies_fence) {
-		tr_error_set(err, 0, 0, NULL, "backend %s: to_device_async and copies_fence must be set together", t->name);
+		tr_error_set(err, 0, 0, NULL, "backend %s: to_device_async and copies_fence must be set together",
+			     t->name);
 		return -ENOSYS;
 	}
 	if (!t->sgd_step_into != !t->adam_step_into) {
-		tr_error_set(err, 0, 0, NULL, "backend %s: sgd_step_into and adam_step_into must be set together", t->name);
+		tr_error_set(err, 0, 0, NULL, "backend %s: sgd_step_into and adam_step_into must be set together",
+			     t->name);
 		return -ENOSYS;
 	}
 	return 0;
@@ -82,7 +84,8 @@ static int opened(tr_backend_t *be, tr_backend_t **out, struct tr_error *err)
 	return 0;
 }
 
-int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen, struct tr_error *err)
+int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen,
+		    struct tr_error *err)
 {
 	struct tr_error why = {0};
 	tr_backend_t *be = NULL;

@@ -349,7 +349,8 @@ struct tr_backend_options {
  * for the caller's one log line.  The table of what opens is checked with
  * tr_backend_check_ops.  Returns 0 and *out, or a negative errno-style
  * code with the reason in err (CUDA asked for and unusable, a bad count). */
-int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen, struct tr_error *err);
+int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen,
+		    struct tr_error *err);
 
 /* "auto", "cpu" or "cuda" (the spelling of specs, the daemon's --backend
  * and `trainerd run --backend`) into *out: 0, or -EINVAL. */

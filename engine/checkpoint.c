@@ -226,7 +226,8 @@ static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct
 
 /* Serialises just the header of a tensor list (the data is written from
  * the snapshot's buffers directly). */
-static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t **out, size_t *len, struct tr_error *err)
+static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t **out, size_t *len,
+		     struct tr_error *err)
 {
 	/* Only the header: the data is written later straight from the
 	 * snapshot's buffers, without a second copy of the model. */

@@ -133,8 +133,8 @@ int tr_infer_run(const struct tr_infer_options *o, struct tr_error *err)
 	pthread_cond_init(&in->go, NULL);
 	pthread_cond_init(&in->done, NULL);
 	if (rd->info.features != m->inputs) {
-		tr_error_set(err, 0, 0, NULL, "%s: %d features per sample, the model takes %d", rd->name, rd->info.features,
-			 m->inputs);
+		tr_error_set(err, 0, 0, NULL, "%s: %d features per sample, the model takes %d", rd->name,
+			     rd->info.features, m->inputs);
 		rc = -EINVAL;
 		goto out;
 	}
@@ -295,8 +295,9 @@ int tr_eval_acc_add(struct tr_eval_acc *a, int64_t first, int rows, const float 
 			float lf = labels[r];
 			int y = (int)lf;
 			if (!(lf >= 0.0f && lf < (float)K) || (float)y != lf) {
-				tr_error_set(err, 0, 0, NULL, "sample %lld: label %g is not a class of this model (0 to %d)",
-					 (long long)(first + r), (double)lf, K - 1);
+				tr_error_set(err, 0, 0, NULL,
+					     "sample %lld: label %g is not a class of this model (0 to %d)",
+					     (long long)(first + r), (double)lf, K - 1);
 				return -EINVAL;
 			}
 			/* As the training loss: log-sum-exp around the maximum;

@@ -44,8 +44,8 @@ static json_t *describe_labels(const struct tr_spec *spec, const tr_model_t *m, 
 	return json_pack("{s:s, s:i, s:o}", "task", "classification", "classes", m->outputs, "class_names", names);
 }
 
-int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m,
-			   const tr_transforms_t *tf, tr_reader_t *train, struct tr_error *err)
+int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m, const tr_transforms_t *tf,
+			   tr_reader_t *train, struct tr_error *err)
 {
 	json_t *full = tr_spec_to_json(spec);
 	json_t *model = full ? json_deep_copy(json_object_get(full, "model")) : NULL;
@@ -108,9 +108,11 @@ static json_t *get_json(const json_t *meta, const char *key, struct tr_error *er
 {
 	const char *text = json_string_value(json_object_get(meta, key));
 	if (!text) {
-		tr_error_set(err, 0, 0, NULL, "model file: no \"%s\" in its metadata (written before trainerd described its models, or by "
-			 "another program)",
-			 key);
+		tr_error_set(
+			err, 0, 0, NULL,
+			"model file: no \"%s\" in its metadata (written before trainerd described its models, or by "
+			"another program)",
+			key);
 		return NULL;
 	}
 	json_error_t jerr;
@@ -145,8 +147,9 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 	int rc = -EINVAL;
 	const char *fmt = json_string_value(json_object_get(meta, "trainerd_model_format"));
 	if (fmt && strcmp(fmt, TR_MODEL_FORMAT_VERSION) != 0) {
-		tr_error_set(err, 0, 0, NULL, "model file: trainerd_model_format %.16s is not one this build reads (%s)", fmt,
-			 TR_MODEL_FORMAT_VERSION);
+		tr_error_set(err, 0, 0, NULL,
+			     "model file: trainerd_model_format %.16s is not one this build reads (%s)", fmt,
+			     TR_MODEL_FORMAT_VERSION);
 		return -EINVAL;
 	}
 	if (!(model = get_json(meta, "model", err)) || !(pre = get_json(meta, "preprocessing", err)) ||
@@ -159,7 +162,7 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 	const json_t *tfs = json_object_get(pre, "transforms");
 	if (tfs && (!json_is_array(tfs) || json_array_size(tfs) > TR_SPEC_MAX_TRANSFORMS)) {
 		tr_error_set(err, 0, 0, NULL, "model file: preprocessing: transforms must be an array of at most %d",
-			 TR_SPEC_MAX_TRANSFORMS);
+			     TR_SPEC_MAX_TRANSFORMS);
 		goto out;
 	}
 	stripped = json_array();
@@ -200,8 +203,9 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 	}
 	int features = (int)json_integer_value(json_object_get(pre, "features"));
 	if (d->spec.inputs <= 0 || features != d->spec.inputs) {
-		tr_error_set(err, 0, 0, NULL, "model file: model.inputs (%d) and preprocessing.features (%d) must be equal and > 0",
-			 d->spec.inputs, features);
+		tr_error_set(err, 0, 0, NULL,
+			     "model file: model.inputs (%d) and preprocessing.features (%d) must be equal and > 0",
+			     d->spec.inputs, features);
 		goto out;
 	}
 	struct tr_error why;
@@ -220,15 +224,15 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 	d->outputs = d->model.outputs;
 	if (!task || strcmp(task, d->classification ? "classification" : "regression") != 0) {
 		tr_error_set(err, 0, 0, NULL, "model file: labels.task must be \"%s\" for the loss %s",
-			 d->classification ? "classification" : "regression",
-			 d->classification ? "softmax_cross_entropy" : "mse");
+			     d->classification ? "classification" : "regression",
+			     d->classification ? "softmax_cross_entropy" : "mse");
 		goto out;
 	}
 	const json_t *names = json_object_get(labels, "class_names");
 	if (d->classification && json_is_array(names)) {
 		if (json_array_size(names) != (size_t)d->outputs) {
 			tr_error_set(err, 0, 0, NULL, "model file: labels.class_names has %zu names for %d classes",
-				 json_array_size(names), d->outputs);
+				     json_array_size(names), d->outputs);
 			goto out;
 		}
 		d->class_names = calloc((size_t)d->outputs, sizeof *d->class_names);
@@ -276,7 +280,8 @@ static int load_file(tr_st_file_t *f, struct tr_model_desc *d, struct tr_error *
 	return rc;
 }
 
-int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d, struct tr_error *err)
+int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d,
+			   struct tr_error *err)
 {
 	tr_st_file_t *f;
 	memset(d, 0, sizeof *d);
@@ -359,6 +364,7 @@ int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, 
 	}
 	if (!bad)
 		return 0;
-	tr_error_set(err, 0, 0, NULL, "the class folders do not match the model's classes: %s%s", diff, bad > 8 ? "; ..." : "");
+	tr_error_set(err, 0, 0, NULL, "the class folders do not match the model's classes: %s%s", diff,
+		     bad > 8 ? "; ..." : "");
 	return -EINVAL;
 }

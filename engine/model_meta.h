@@ -36,8 +36,8 @@
  * transforms with what `tf` fitted (may be NULL when the spec has none),
  * and the label meaning, with class names when `train` (may be NULL) has
  * them.  Returns 0 or -ENOMEM with err set. */
-int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m,
-			   const tr_transforms_t *tf, tr_reader_t *train, struct tr_error *err);
+int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m, const tr_transforms_t *tf,
+			   tr_reader_t *train, struct tr_error *err);
 
 /* A model read back from its description and weights. */
 struct tr_model_desc {
@@ -82,7 +82,8 @@ int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, 
 /* Reads a model file (model.safetensors or a checkpoint: the parameters
  * under their PyTorch names; optimizer state is ignored) into d,
  * description and weights.  `label` names the image in messages. */
-int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d, struct tr_error *err);
+int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d,
+			   struct tr_error *err);
 /* The same from a path, opened as written (a person's own file). */
 int tr_model_desc_load(const char *path, struct tr_model_desc *d, struct tr_error *err);
 

@@ -67,8 +67,8 @@ static void put_le64(uint8_t *p, uint64_t v)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out,
-		    size_t *len, struct tr_error *err)
+int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out, size_t *len,
+		    struct tr_error *err)
 {
 	size_t hlen, dlen;
 	char *header = build_header(tensors, n, metadata, &hlen, &dlen);
@@ -112,7 +112,8 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
-int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata, struct tr_error *err)
+int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata,
+		struct tr_error *err)
 {
 	size_t hlen, dlen;
 	char *header = build_header(tensors, n, metadata, &hlen, &dlen);
@@ -195,9 +196,9 @@ static int check_entry(tr_st_file_t *f, const char *name, json_t *e, struct tr_e
 	json_int_t b = json_integer_value(json_array_get(offs, 0));
 	json_int_t e2 = json_integer_value(json_array_get(offs, 1));
 	if (b < 0 || e2 < b || (uint64_t)e2 > f->file_size - f->data_start) {
-		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s': data_offsets [%lld, %lld] outside the file's %llu data bytes",
-			 f->path, name, (long long)b, (long long)e2,
-			 (unsigned long long)(f->file_size - f->data_start));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: tensor '%s': data_offsets [%lld, %lld] outside the file's %llu data bytes", f->path,
+			     name, (long long)b, (long long)e2, (unsigned long long)(f->file_size - f->data_start));
 		return -EINVAL;
 	}
 	return 0;
@@ -217,7 +218,7 @@ static int parse_header(tr_st_file_t *f, struct tr_error *err)
 		hlen |= (uint64_t)len8[i] << (8 * i);
 	if (hlen > MAX_HEADER || 8 + hlen > f->file_size) {
 		tr_error_set(err, 0, 0, NULL, "%s: header length %llu does not fit the file (%llu bytes)", path,
-			 (unsigned long long)hlen, (unsigned long long)f->file_size);
+			     (unsigned long long)hlen, (unsigned long long)f->file_size);
 		return -EINVAL;
 	}
 	char *text = malloc(hlen + 1);
@@ -236,7 +237,7 @@ static int parse_header(tr_st_file_t *f, struct tr_error *err)
 			tr_error_set(err, 0, 0, NULL, "%s: header is not a JSON object", path);
 		else
 			tr_error_set(err, 0, 0, NULL, "%s: header is not valid JSON (byte %d of the header)", path,
-				 jerr.position);
+				     jerr.position);
 		return -EINVAL;
 	}
 	f->data_start = 8 + hlen;
@@ -336,8 +337,8 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 		for (size_t d = 0; d < json_array_size(js) && gl < sizeof got; d++)
 			gl += (size_t)snprintf(got + gl, sizeof got - gl, "%s%lld", d ? ", " : "",
 					       (long long)json_integer_value(json_array_get(js, d)));
-		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' has shape [%s], the model expects [%s]", f->path, name, got,
-			 want);
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' has shape [%s], the model expects [%s]", f->path, name,
+			     got, want);
 		return -EINVAL;
 	}
 	json_t *offs = json_object_get(e, "data_offsets");
@@ -348,7 +349,7 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 		want_bytes *= (size_t)shape[d];
 	if (end - b != want_bytes) {
 		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' holds %llu bytes, its shape needs %zu", f->path, name,
-			 (unsigned long long)(end - b), want_bytes);
+			     (unsigned long long)(end - b), want_bytes);
 		return -EINVAL;
 	}
 	uint8_t *p = (uint8_t *)dst;

@@ -25,11 +25,12 @@ struct tr_st_tensor {
 /* Writes atomically (temporary file, fsync, rename).  metadata (borrowed,
  * may be NULL) must be an object of string values.  Returns 0 or -errno
  * with err set. */
-int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata, struct tr_error *err);
+int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata,
+		struct tr_error *err);
 
 /* Serialises into memory instead: *out (malloc'd, caller frees), *len. */
-int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out,
-		    size_t *len, struct tr_error *err);
+int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out, size_t *len,
+		    struct tr_error *err);
 
 typedef struct tr_st_file tr_st_file_t;
 

@@ -364,7 +364,8 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 		}
 		/* Before the step's slot is taken, so a failure here holds none. */
 		if ((rc = tr_trainer_ratio_prepare(t, step + 1)) < 0) {
-			tr_error_set(err, 0, 0, NULL, "update_ratio: cannot copy the weights before step %lld", (long long)step + 1);
+			tr_error_set(err, 0, 0, NULL, "update_ratio: cannot copy the weights before step %lld",
+				     (long long)step + 1);
 			break;
 		}
 		const struct tr_batch *b;

@@ -202,14 +202,18 @@ void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double lo
 			snprintf(first, sizeof first, "%s", v.name);
 	}
 	if (!isfinite(loss))
-		tr_error_set(err, 0, 0, "/stop_on_nan", "/stop_on_nan: step %lld: the loss is %s%s%s; the job stopped before the step's checkpoint "
-			 "(%s)",
-			 (long long)done, isnan(loss) ? "NaN" : "infinite",
-			 first[0] ? ", and so is the gradient of " : "", first, hint);
+		tr_error_set(
+			err, 0, 0, "/stop_on_nan",
+			"/stop_on_nan: step %lld: the loss is %s%s%s; the job stopped before the step's checkpoint "
+			"(%s)",
+			(long long)done, isnan(loss) ? "NaN" : "infinite",
+			first[0] ? ", and so is the gradient of " : "", first, hint);
 	else
-		tr_error_set(err, 0, 0, "/stop_on_nan", "/stop_on_nan: step %lld: the gradient of %s is not finite (NaN or infinite); the update was "
-			 "not applied and the job stopped before the step's checkpoint (%s)",
-			 (long long)done, first[0] ? first : "the model", hint);
+		tr_error_set(
+			err, 0, 0, "/stop_on_nan",
+			"/stop_on_nan: step %lld: the gradient of %s is not finite (NaN or infinite); the update was "
+			"not applied and the job stopped before the step's checkpoint (%s)",
+			(long long)done, first[0] ? first : "the model", hint);
 }
 
 bool tr_trainer_grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer)

@@ -79,8 +79,9 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 		int64_t n = t->train->info.samples;
 		int64_t nval = (int64_t)floor((double)n * s->validation_split);
 		if (nval < 1 || nval >= n) {
-			tr_error_set(err, 0, 0, "/data/validation_split", "/data/validation_split: %g of %lld samples leaves an empty %s set",
-				 s->validation_split, (long long)n, nval < 1 ? "validation" : "training");
+			tr_error_set(err, 0, 0, "/data/validation_split",
+				     "/data/validation_split: %g of %lld samples leaves an empty %s set",
+				     s->validation_split, (long long)n, nval < 1 ? "validation" : "training");
 			return -EINVAL;
 		}
 		tr_reader_t *base = t->train;
@@ -99,9 +100,10 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 	}
 	if (t->val && (t->val->info.features != t->train->info.features ||
 		       t->val->info.label_dim != t->train->info.label_dim)) {
-		tr_error_set(err, 0, 0, "/data/validation", "/data/validation: %d features and %d label columns, the training data has %d and %d",
-			 t->val->info.features, t->val->info.label_dim, t->train->info.features,
-			 t->train->info.label_dim);
+		tr_error_set(err, 0, 0, "/data/validation",
+			     "/data/validation: %d features and %d label columns, the training data has %d and %d",
+			     t->val->info.features, t->val->info.label_dim, t->train->info.features,
+			     t->train->info.label_dim);
 		return -EINVAL;
 	}
 	if (s->test.present) {
@@ -110,9 +112,10 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 			return rc;
 		if (t->test->info.features != t->train->info.features ||
 		    t->test->info.label_dim != t->train->info.label_dim) {
-			tr_error_set(err, 0, 0, "/data/test", "/data/test: %d features and %d label columns, the training data has %d and %d",
-				 t->test->info.features, t->test->info.label_dim, t->train->info.features,
-				 t->train->info.label_dim);
+			tr_error_set(err, 0, 0, "/data/test",
+				     "/data/test: %d features and %d label columns, the training data has %d and %d",
+				     t->test->info.features, t->test->info.label_dim, t->train->info.features,
+				     t->train->info.label_dim);
 			return -EINVAL;
 		}
 	}
@@ -128,25 +131,27 @@ static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
 	const struct tr_spec *s = t->spec;
 	const struct tr_reader_info *info = &t->train->info;
 	if (s->inputs > 0 && s->inputs != info->features) {
-		tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: %d does not match the %d features of %s", s->inputs,
-			 info->features, t->train->name);
+		tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: %d does not match the %d features of %s",
+			     s->inputs, info->features, t->train->name);
 		return -EINVAL;
 	}
 	int out = tr_spec_output_dim(s);
 	if (s->loss == TR_LOSS_SOFTMAX_CE && info->label_dim != 1) {
-		tr_error_set(err, 0, 0, "/model/loss", "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
-			 t->train->name, info->label_dim);
+		tr_error_set(err, 0, 0, "/model/loss",
+			     "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
+			     t->train->name, info->label_dim);
 		return -EINVAL;
 	}
 	if (s->loss == TR_LOSS_SOFTMAX_CE && out < 2) {
-		tr_error_set(err, 0, 0, "/model/layers", "/model/layers: softmax_cross_entropy needs at least 2 outputs, the model has %d",
-			 out);
+		tr_error_set(err, 0, 0, "/model/layers",
+			     "/model/layers: softmax_cross_entropy needs at least 2 outputs, the model has %d", out);
 		return -EINVAL;
 	}
 	if (s->loss == TR_LOSS_MSE && out != info->label_dim) {
-		tr_error_set(err, 0, 0, "/model/layers", "/model/layers: mse needs %d outputs to match the label columns of %s, the "
-				      "model has %d",
-			 info->label_dim, t->train->name, out);
+		tr_error_set(err, 0, 0, "/model/layers",
+			     "/model/layers: mse needs %d outputs to match the label columns of %s, the "
+			     "model has %d",
+			     info->label_dim, t->train->name, out);
 		return -EINVAL;
 	}
 	return 0;
@@ -200,7 +205,8 @@ static int load_init(struct tr_trainer *t, float *host, struct tr_error *err)
 		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err);
 	}
 	if (rc == 0 && tr_st_count(f) != n) {
-		tr_error_set(err, 0, 0, "/init/from", "/init/from: %s has %d tensors, the model has %d", path, tr_st_count(f), n);
+		tr_error_set(err, 0, 0, "/init/from", "/init/from: %s has %d tensors, the model has %d", path,
+			     tr_st_count(f), n);
 		rc = -EINVAL;
 	}
 	tr_st_close(f);
@@ -224,10 +230,11 @@ static int check_device_memory(struct tr_trainer *t, int max_rows, struct tr_err
 		/* The estimate includes the runtime's context, which a device
 		 * in use already has: compare against free memory plus that. */
 		if (need > free_bytes + be->i->memory_context_bytes) {
-			tr_error_set(err, 0, 0, NULL, "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
-				 "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",
-				 t->devs[i], need / 1048576.0, t->spec->batch_size, t->ndev, t->model.n_params,
-				 free_bytes / 1048576.0, total / 1048576.0);
+			tr_error_set(err, 0, 0, NULL,
+				     "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
+				     "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",
+				     t->devs[i], need / 1048576.0, t->spec->batch_size, t->ndev, t->model.n_params,
+				     free_bytes / 1048576.0, total / 1048576.0);
 			return -ENOMEM;
 		}
 	}
@@ -246,7 +253,7 @@ static int alloc_spare(struct tr_trainer *t, struct rank_ctx *r, struct tr_error
 	r->spare_labels = be->i->alloc(be, r->rep.dev, (label_floats ? label_floats : 1) * sizeof(float));
 	if (!r->spare_input || !r->spare_labels) {
 		tr_error_set(err, 0, 0, NULL, "device %d: out of memory for the second input buffers of %d rows: %s",
-			 r->rep.dev, r->rep.max_rows, be->i->last_error(be));
+			     r->rep.dev, r->rep.max_rows, be->i->last_error(be));
 		return -ENOMEM;
 	}
 	return 0;
@@ -293,7 +300,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		for (int i = 0; i < t->ndev; i++) {
 			if (s->device_ids[i] >= avail) {
 				tr_error_set(err, 0, 0, NULL, "/devices/%d: device %d does not exist (%d available)", i,
-					 s->device_ids[i], avail);
+					     s->device_ids[i], avail);
 				rc = -EINVAL;
 				goto fail;
 			}
@@ -302,8 +309,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	} else {
 		t->ndev = opt->devices > 0 ? opt->devices : (s->device_count > 0 ? s->device_count : avail);
 		if (t->ndev > avail) {
-			tr_error_set(err, 0, 0, "/devices", "/devices: %d requested, %d available on backend %s", t->ndev, avail,
-				 be->i->name);
+			tr_error_set(err, 0, 0, "/devices", "/devices: %d requested, %d available on backend %s",
+				     t->ndev, avail, be->i->name);
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -381,7 +388,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		t->comm = be->i->comm_create(be, t->ndev, t->devs);
 		if (!t->comm) {
 			tr_error_set(err, 0, 0, NULL, "cannot create a communicator over %d devices: %s", t->ndev,
-				 be->i->last_error(be));
+				     be->i->last_error(be));
 			rc = -EIO;
 			goto fail;
 		}

@@ -141,13 +141,14 @@ int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool wei
 	int want_state = tr_optim_state_buffers(s->optimizer.type, s);
 	if (snap->n_params != t->model.n_params) {
 		tr_error_set(err, 0, 0, NULL, "the checkpoint has %zu parameters, this model %zu", snap->n_params,
-			 t->model.n_params);
+			     t->model.n_params);
 		return -EINVAL;
 	}
 	if (!weights_only && (snap->n_state != want_state || snap->step < 0 || snap->step > t->plan.total_steps)) {
-		tr_error_set(err, 0, 0, NULL, "the checkpoint (%d optimizer buffers, step %lld) does not fit this job (%d "
-				      "buffers, %lld steps)",
-			 snap->n_state, (long long)snap->step, want_state, (long long)t->plan.total_steps);
+		tr_error_set(err, 0, 0, NULL,
+			     "the checkpoint (%d optimizer buffers, step %lld) does not fit this job (%d "
+			     "buffers, %lld steps)",
+			     snap->n_state, (long long)snap->step, want_state, (long long)t->plan.total_steps);
 		return -EINVAL;
 	}
 	tr_backend_t *be = t->be;

@@ -347,7 +347,8 @@ int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, struct tr_
 	if (route == TR_CPU_CONV_AUTO && !tr_dnnl_available())
 		route = TR_CPU_CONV_IM2COL;
 	if (route == TR_CPU_CONV_ONEDNN && !tr_dnnl_available()) {
-		tr_error_set(err, 0, 0, NULL, "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
+		tr_error_set(err, 0, 0, NULL,
+			     "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
 		return -ENOTSUP;
 	}
 	tr_cpu_conv_fill(&b->table);

@@ -61,13 +61,13 @@ bool tr_dnnl_available(void)
 	return true;
 }
 
-#define DN(call, what)                                                                             \
-	do {                                                                                       \
-		dnnl_status_t st_ = (call);                                                        \
-		if (st_ != dnnl_success) {                                                         \
-			tr_error_set(err, 0, 0, NULL, "oneDNN: %s failed (status %d)", what, (int)st_);    \
-			goto fail;                                                                 \
-		}                                                                                  \
+#define DN(call, what)                                                                                  \
+	do {                                                                                            \
+		dnnl_status_t st_ = (call);                                                             \
+		if (st_ != dnnl_success) {                                                              \
+			tr_error_set(err, 0, 0, NULL, "oneDNN: %s failed (status %d)", what, (int)st_); \
+			goto fail;                                                                      \
+		}                                                                                       \
 	} while (0)
 
 tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, struct tr_error *err)
@@ -245,8 +245,8 @@ static int build(tr_dnnl_conv_t *dc, struct entry *e, struct tr_error *err)
 		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err)) < 0 ||
 		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err)) < 0 ||
 		    (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_WEIGHTS, true, err)) < 0 ||
-		    (e->bias && (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_BIAS, true,
-					       err)) < 0))
+		    (e->bias &&
+		     (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_BIAS, true, err)) < 0))
 			goto out;
 	}
 	DN(dnnl_primitive_create(&e->prim, pd), "primitive_create");
@@ -262,7 +262,8 @@ out:
 	return rc;
 }
 
-static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_conv2d_geom *g, bool bias, struct tr_error *err, int *rc)
+static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_conv2d_geom *g, bool bias,
+			    struct tr_error *err, int *rc)
 {
 	struct entry *victim = &dc->cache[0];
 	for (int i = 0; i < CACHE; i++) {
@@ -340,8 +341,8 @@ int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *
 	return run(dc, e, p, err);
 }
 
-int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
-				  const float *dy, float *dw, float *db, struct tr_error *err)
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *dy,
+				  float *dw, float *db, struct tr_error *err)
 {
 	int rc = 0;
 	struct entry *e = lookup(dc, BWD_WEIGHTS, g, db != NULL, err, &rc);
@@ -386,8 +387,8 @@ int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *
 	return -ENOTSUP;
 }
 
-int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
-				  const float *dy, float *dw, float *db, struct tr_error *err)
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *dy,
+				  float *dw, float *db, struct tr_error *err)
 {
 	(void)dc, (void)g, (void)x, (void)dy, (void)dw, (void)db;
 	tr_error_set(err, 0, 0, NULL, "this build has no oneDNN");

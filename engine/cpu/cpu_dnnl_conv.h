@@ -46,7 +46,7 @@ int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, con
 int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
 			       float *dx, struct tr_error *err);
 /* dw and db (db may be NULL) overwritten with this batch's gradients. */
-int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
-				  const float *dy, float *dw, float *db, struct tr_error *err);
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *dy,
+				  float *dw, float *db, struct tr_error *err);
 
 #endif

@@ -66,10 +66,12 @@ static int try_load(const char *path, struct tr_error *err)
 		return -ELIBBAD;
 	}
 	if (m->abi != TR_CUDA_MODULE_ABI || m->table_size != sizeof(tr_backend_i)) {
-		tr_error_set(err, 0, 0, NULL, "the CUDA module %s was built for trainerd %s (interface %d, table %zu bytes); this is trainerd %s "
-			 "(interface %d, table %zu bytes): install the module of this build",
-			 path, m->version ? m->version : "?", m->abi, m->table_size, TR_VERSION, TR_CUDA_MODULE_ABI,
-			 sizeof(tr_backend_i));
+		tr_error_set(
+			err, 0, 0, NULL,
+			"the CUDA module %s was built for trainerd %s (interface %d, table %zu bytes); this is trainerd %s "
+			"(interface %d, table %zu bytes): install the module of this build",
+			path, m->version ? m->version : "?", m->abi, m->table_size, TR_VERSION, TR_CUDA_MODULE_ABI,
+			sizeof(tr_backend_i));
 		dlclose(h);
 		return -ELIBBAD;
 	}
@@ -118,9 +120,11 @@ static int module(const char *path, const struct tr_cuda_module **out, struct tr
 	snprintf(cand, sizeof cand, "%s/%s", TR_CUDA_MODULE_DIR, TR_CUDA_MODULE_FILE);
 	rc = try_load(cand, err);
 	if (rc > 0)
-		tr_error_set(err, 0, 0, NULL, "the CUDA module %s is in neither %s (beside the executable) nor %s; set TRAINERD_CUDA_MODULE "
-			 "or cuda-module to its path",
-			 TR_CUDA_MODULE_FILE, self, TR_CUDA_MODULE_DIR);
+		tr_error_set(
+			err, 0, 0, NULL,
+			"the CUDA module %s is in neither %s (beside the executable) nor %s; set TRAINERD_CUDA_MODULE "
+			"or cuda-module to its path",
+			TR_CUDA_MODULE_FILE, self, TR_CUDA_MODULE_DIR);
 #endif
 out:
 	*out = loaded;

@@ -41,8 +41,8 @@ static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_
 	size_t f = (size_t)r->info.features, l = (size_t)r->info.label_dim;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	memcpy(x, c->x + (size_t)index * f, f * sizeof(float));
@@ -58,7 +58,7 @@ static int csv_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, st
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	memcpy(y, c->y + (size_t)begin * l, (size_t)count * l * sizeof(float));
@@ -208,8 +208,8 @@ static int grow(float **a, size_t *cap_rows, size_t rows, size_t width)
 
 /* Maps each column to its destination: >= 0 a feature index, < 0 label
  * -(k + 1).  Fails when a label column is out of range or repeated. */
-static int map_columns(const struct tr_source_spec *src, const char *path, long long line, int ncols,
-		       int *dest, int *n_labels, struct tr_error *err)
+static int map_columns(const struct tr_source_spec *src, const char *path, long long line, int ncols, int *dest,
+		       int *n_labels, struct tr_error *err)
 {
 	int nl = src->unlabeled ? 0 : src->n_label_cols > 0 ? src->n_label_cols : 1;
 	int f = 0;
@@ -226,7 +226,7 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 
 		if (c < 0 || c >= ncols) {
 			tr_error_set(err, 0, 0, NULL, "%s:%lld: label column %d out of range (the file has %d columns)",
-				       path, line, want, ncols);
+				     path, line, want, ncols);
 			return -EINVAL;
 		}
 		if (dest[c] < 0) {
@@ -239,8 +239,8 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 		if (dest[c] == 0)
 			dest[c] = f++;
 	if (f == 0) {
-		tr_error_set(err, 0, 0, NULL, "%s:%lld: no feature columns (all %d columns are labels)", path,
-			       line, ncols);
+		tr_error_set(err, 0, 0, NULL, "%s:%lld: no feature columns (all %d columns are labels)", path, line,
+			     ncols);
 		return -EINVAL;
 	}
 	*n_labels = nl;
@@ -305,8 +305,8 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 				goto fail;
 			nf = ncols - nl;
 		} else if (cols != ncols) {
-			tr_error_set(err, 0, 0, NULL, "%s:%lld: expected %d columns, found %lld", path, line,
-				       ncols, cols);
+			tr_error_set(err, 0, 0, NULL, "%s:%lld: expected %d columns, found %lld", path, line, ncols,
+				     cols);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -325,8 +325,7 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 			while (te > q && (te[-1] == ' ' || te[-1] == '\t' || te[-1] == '\r'))
 				te--;
 			if (is_blank(q, te)) {
-				tr_error_set(err, 0, 0, NULL, "%s:%lld: column %d: empty value", path, line,
-					       col + 1);
+				tr_error_set(err, 0, 0, NULL, "%s:%lld: column %d: empty value", path, line, col + 1);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -343,8 +342,8 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 				shown[w] = '\0';
 				tr_data_sanitize(shown);
 				tr_error_set(err, 0, 0, NULL, "%s:%lld: column %d: '%s%s' is not a %snumber", path,
-					       line, col + 1, shown, (size_t)(te - q) > QUOTE_MAX ? "..." : "",
-					       ne == te ? "finite " : "");
+					     line, col + 1, shown, (size_t)(te - q) > QUOTE_MAX ? "..." : "",
+					     ne == te ? "finite " : "");
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -360,7 +359,7 @@ next:
 	}
 	if (rows == 0) {
 		tr_error_set(err, 0, 0, NULL, "%s:%lld: no data rows%s", path, line + 1,
-			       src->header && line > 0 ? " after the header" : "");
+			     src->header && line > 0 ? " after the header" : "");
 		ret = -EINVAL;
 		goto fail;
 	}

@@ -53,8 +53,8 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_
 	const unsigned char *p;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&d->images.map, &d->labels.map};
@@ -77,7 +77,7 @@ static int idx_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, st
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&d->labels.map};
@@ -160,13 +160,14 @@ static int parse_header(const unsigned char *m, size_t len, const char *path, in
 	}
 	if (m[2] != 0x08) {
 		tr_error_set(err, 0, 0, NULL, "%s: IDX element type 0x%02x is not supported (only unsigned byte, 0x08)",
-			       path, m[2]);
+			     path, m[2]);
 		return -EINVAL;
 	}
 	ndims = m[3];
 	if (images ? ndims < 2 : ndims != 1) {
-		tr_error_set(err, 0, 0, NULL, "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)",
-			       path, images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)", path,
+			     images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
 		return -EINVAL;
 	}
 	*hdr = 4 + 4 * (size_t)ndims;
@@ -201,8 +202,9 @@ static int parse_header(const unsigned char *m, size_t len, const char *path, in
 	/* count < 2^32 and width < 2^31, so the product cannot overflow. */
 	total = (uint64_t)f->count * (uint64_t)f->width;
 	if (need_all && total > len - *hdr) {
-		tr_error_set(err, 0, 0, NULL, "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-			       path, (unsigned long long)total, (unsigned long long)(len - *hdr));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: truncated: the header promises %llu bytes of data, the file has %llu", path,
+			     (unsigned long long)total, (unsigned long long)(len - *hdr));
 		return -EINVAL;
 	}
 	return 0;
@@ -242,16 +244,17 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 				goto out;
 			total = (uint64_t)f->count * (uint64_t)f->width;
 			if (total > IDX_MAX_INFLATED - hdr) {
-				tr_error_set(err, 0, 0, NULL, "%s: the IDX header promises %llu bytes of data, more than the %llu "
-					       "a compressed file may hold",
-					       path, (unsigned long long)total, (unsigned long long)IDX_MAX_INFLATED);
+				tr_error_set(err, 0, 0, NULL,
+					     "%s: the IDX header promises %llu bytes of data, more than the %llu "
+					     "a compressed file may hold",
+					     path, (unsigned long long)total, (unsigned long long)IDX_MAX_INFLATED);
 				ret = -EFBIG;
 				goto out;
 			}
 			f->inflated = malloc(hdr + (size_t)total);
 			if (!f->inflated) {
 				tr_error_set(err, 0, 0, NULL, "%s: out of memory for %llu inflated bytes", path,
-					       (unsigned long long)(hdr + total));
+					     (unsigned long long)(hdr + total));
 				ret = -ENOMEM;
 				goto out;
 			}
@@ -291,7 +294,8 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 		if (zr == Z_BUF_ERROR && in_eof && z.avail_in == 0)
 			break; /* the file ends inside the stream */
 		if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
-			tr_error_set(err, 0, 0, NULL, "%s: corrupt gzip data (%s)", path, z.msg ? z.msg : "inflate failed");
+			tr_error_set(err, 0, 0, NULL, "%s: corrupt gzip data (%s)", path,
+				     z.msg ? z.msg : "inflate failed");
 			ret = -EINVAL;
 			goto out;
 		}
@@ -300,9 +304,10 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 		if (out == head)
 			tr_error_set(err, 0, 0, NULL, "%s: truncated IDX header (after gunzip)", path);
 		else
-			tr_error_set(err, 0, 0, NULL, "%s: truncated: the header promises %llu bytes of data, the file inflates "
-				       "to %llu",
-				       path, (unsigned long long)total, (unsigned long long)(have - hdr));
+			tr_error_set(err, 0, 0, NULL,
+				     "%s: truncated: the header promises %llu bytes of data, the file inflates "
+				     "to %llu",
+				     path, (unsigned long long)total, (unsigned long long)(have - hdr));
 		ret = -EINVAL;
 		goto out;
 	}
@@ -379,7 +384,7 @@ int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const cha
 		goto fail;
 	if (labels_fd >= 0 && d->images.count != d->labels.count) {
 		tr_error_set(err, 0, 0, NULL, "%s has %lld images but %s has %lld labels", images_path,
-			       (long long)d->images.count, labels_path, (long long)d->labels.count);
+			     (long long)d->images.count, labels_path, (long long)d->labels.count);
 		ret = -EINVAL;
 		goto fail;
 	}

@@ -69,5 +69,5 @@ void tr_image_names_free(char **names, int n);
 /* Decodes the image `name` in dir_fd (opened with tr_data_open_in) into
  * planar floats [channels][height][width], values 0..255 times `scale`.
  * `shown` names the file in messages.  *out is malloc'd. */
-int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width,
-		  int *height, int *channels, struct tr_error *err);
+int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width, int *height,
+		  int *channels, struct tr_error *err);

@@ -96,38 +96,40 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 
 		resized(d, h, w, &oh, &ow);
 		if (d->crop[0] && (oh < d->crop[0] || ow < d->crop[1])) {
-			tr_error_set(err, 0, 0, NULL, "%s: %dx%d (after resize) is smaller than center_crop %dx%d", shown,
-				       ow, oh, d->crop[1], d->crop[0]);
+			tr_error_set(err, 0, 0, NULL, "%s: %dx%d (after resize) is smaller than center_crop %dx%d",
+				     shown, ow, oh, d->crop[1], d->crop[0]);
 			return -EINVAL;
 		}
 		fh = d->crop[0] ? d->crop[0] : oh;
 		fw = d->crop[0] ? d->crop[1] : ow;
 		if (c != d->want[0] || fh != d->want[1] || fw != d->want[2]) {
-			tr_error_set(err, 0, 0, NULL, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh,
-				       fw, d->crop[0] ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
-				       : d->resize[0] ? " after resize"
-						      : "",
-				       d->want[0], d->want[1], d->want[2]);
+			tr_error_set(
+				err, 0, 0, NULL, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh, fw,
+				d->crop[0]     ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
+				: d->resize[0] ? " after resize"
+					       : "",
+				d->want[0], d->want[1], d->want[2]);
 			return -EINVAL;
 		}
 		return 0;
 	}
 	if (c != d->c) {
 		tr_error_set(err, 0, 0, NULL, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
-			       d->c);
+			     d->c);
 		return -EINVAL;
 	}
 	resized(d, h, w, &oh, &ow);
 	if (d->crop[0]) {
 		if (oh < d->crop[0] || ow < d->crop[1]) {
-			tr_error_set(err, 0, 0, NULL, "%s: %dx%d (after resize) is smaller than center_crop %dx%d", shown,
-				       ow, oh, d->crop[1], d->crop[0]);
+			tr_error_set(err, 0, 0, NULL, "%s: %dx%d (after resize) is smaller than center_crop %dx%d",
+				     shown, ow, oh, d->crop[1], d->crop[0]);
 			return -EINVAL;
 		}
 	} else if (oh != d->h || ow != d->w) {
-		tr_error_set(err, 0, 0, NULL, "%s: %dx%d, the first image is %dx%d (images of different sizes need resize or "
-			       "center_crop)",
-			       shown, ow, oh, d->w, d->h);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: %dx%d, the first image is %dx%d (images of different sizes need resize or "
+			     "center_crop)",
+			     shown, ow, oh, d->w, d->h);
 		return -EINVAL;
 	}
 	return 0;
@@ -143,8 +145,8 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, struct 
 	int w, h, c, oh, ow, ret;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	it = &d->items[index];
@@ -190,7 +192,7 @@ static int images_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y,
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	for (int64_t i = 0; i < count; i++)
@@ -262,8 +264,8 @@ const char *tr_images_class_name(const tr_reader_t *r, int k)
 }
 
 /* Reads the header of every file of class k, appending its items. */
-static int probe_class(struct images_reader *d, int k, char **files, int n, int64_t *count,
-		       const atomic_bool *cancel, struct tr_error *err)
+static int probe_class(struct images_reader *d, int k, char **files, int n, int64_t *count, const atomic_bool *cancel,
+		       struct tr_error *err)
 {
 	for (int i = 0; i < n; i++) {
 		struct item it = {.cls = k, .name = files[i]};
@@ -329,15 +331,16 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 		d->w = d->want[2];
 		if (d->crop[0] && (d->crop[0] != d->h || d->crop[1] != d->w)) {
 			tr_error_set(err, 0, 0, NULL, "%s: center_crop [%d, %d] does not give the model's [%d, %d, %d]",
-				       dir_name, d->crop[0], d->crop[1], d->c, d->h, d->w);
+				     dir_name, d->crop[0], d->crop[1], d->c, d->h, d->w);
 			ret = -EINVAL;
 			goto fail;
 		}
 	}
 	if (d->resize[0] && !d->resize[1] && !d->crop[0]) {
-		tr_error_set(err, 0, 0, NULL, "%s: resize to a shorter side keeps each image's aspect ratio: give center_crop too, "
-			       "or resize to [height, width]",
-			       dir_name);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: resize to a shorter side keeps each image's aspect ratio: give center_crop too, "
+			     "or resize to [height, width]",
+			     dir_name);
 		ret = -EINVAL;
 		goto fail;
 	}
@@ -349,9 +352,10 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 		if (ret)
 			goto fail;
 		if (n_files > 0 && d->n_classes > 0) {
-			tr_error_set(err, 0, 0, NULL, "%s: has both image files (%s) and subfolders (%s): give a flat folder of images "
-				       "or one subfolder per class",
-				       dir_name, files[0], d->classes[0]);
+			tr_error_set(err, 0, 0, NULL,
+				     "%s: has both image files (%s) and subfolders (%s): give a flat folder of images "
+				     "or one subfolder per class",
+				     dir_name, files[0], d->classes[0]);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -394,14 +398,14 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 		}
 	}
 	if (d->n_classes == 0) {
-		tr_error_set(err, 0, 0, NULL, "%s: no class subfolders (labels \"folders\" takes one subfolder per class)",
-			       dir_name);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: no class subfolders (labels \"folders\" takes one subfolder per class)", dir_name);
 		ret = -EINVAL;
 		goto fail;
 	}
 	if (d->n_classes > MAX_CLASSES) {
 		tr_error_set(err, 0, 0, NULL, "%s: %d class subfolders, at most %d", dir_name, d->n_classes,
-			       MAX_CLASSES);
+			     MAX_CLASSES);
 		ret = -E2BIG;
 		goto fail;
 	}
@@ -444,7 +448,7 @@ done:
 	}
 	if ((int64_t)d->c * d->h * d->w > TR_SPEC_MAX_WIDTH) {
 		tr_error_set(err, 0, 0, NULL, "%s: %dx%dx%d values per image, at most %d", dir_name, d->c, d->h, d->w,
-			       TR_SPEC_MAX_WIDTH);
+			     TR_SPEC_MAX_WIDTH);
 		ret = -E2BIG;
 		goto fail;
 	}

@@ -154,8 +154,8 @@ out:
 	return ret;
 }
 
-int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width,
-		  int *height, int *channels, struct tr_error *err)
+int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width, int *height,
+		  int *channels, struct tr_error *err)
 {
 	struct tr_image img;
 	struct tr_error msg;

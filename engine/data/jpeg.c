@@ -44,7 +44,8 @@ static void on_output(j_common_ptr cinfo)
 
 /* Reads the header of fd (owned) and sets up the output colour space.
  * With px != NULL also decodes into *px. */
-static int run(int fd, const char *name, int *width, int *height, int *channels, unsigned char **px, struct tr_error *err)
+static int run(int fd, const char *name, int *width, int *height, int *channels, unsigned char **px,
+	       struct tr_error *err)
 {
 	struct jpeg_decompress_struct cinfo;
 	struct jerr e;
@@ -72,7 +73,7 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 	jpeg_read_header(&cinfo, TRUE);
 	if (cinfo.image_width > TR_IMAGE_MAX_SIDE || cinfo.image_height > TR_IMAGE_MAX_SIDE) {
 		tr_error_set(err, 0, 0, NULL, "%s: %ux%u is larger than %d on a side", name, cinfo.image_width,
-			       cinfo.image_height, TR_IMAGE_MAX_SIDE);
+			     cinfo.image_height, TR_IMAGE_MAX_SIDE);
 		ret = -EINVAL;
 		goto out;
 	}

@@ -22,7 +22,8 @@
 /* Label rows read per call: bounds the buffer whatever the file size. */
 #define CHUNK_ROWS 4096
 
-static int bad_label(tr_reader_t *r, const char *pointer, int64_t index, int k, float v, int classes, struct tr_error *err)
+static int bad_label(tr_reader_t *r, const char *pointer, int64_t index, int k, float v, int classes,
+		     struct tr_error *err)
 {
 	char where[512];
 	int dim = r->info.label_dim;
@@ -30,13 +31,14 @@ static int bad_label(tr_reader_t *r, const char *pointer, int64_t index, int k, 
 	r->i->where(r, index, where, sizeof where);
 	if (classes > 0 && isfinite(v) && v == floorf(v))
 		tr_error_set(err, 0, 0, NULL, "%s: %s: label %.0f is out of range: the model has %d classes, 0 to %d",
-			       pointer, where, (double)v, classes, classes - 1);
+			     pointer, where, (double)v, classes, classes - 1);
 	else if (classes > 0)
-		tr_error_set(err, 0, 0, NULL, "%s: %s: label %g is not an integer class index (the model has %d classes, 0 to %d)",
-			       pointer, where, (double)v, classes, classes - 1);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: %s: label %g is not an integer class index (the model has %d classes, 0 to %d)",
+			     pointer, where, (double)v, classes, classes - 1);
 	else if (dim > 1)
 		tr_error_set(err, 0, 0, NULL, "%s: %s: target %d of %d is %g, not a finite number", pointer, where,
-			       k + 1, dim, (double)v);
+			     k + 1, dim, (double)v);
 	else
 		tr_error_set(err, 0, 0, NULL, "%s: %s: target %g is not a finite number", pointer, where, (double)v);
 	return -EINVAL;

@@ -90,8 +90,8 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_
 	struct npy_reader *n = (struct npy_reader *)r;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&n->x.map, &n->y.map};
@@ -112,7 +112,7 @@ static int npy_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, st
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&n->y.map};
@@ -352,24 +352,24 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, s
 	if (!descr[0] || fortran < 0 || ndim < 0)
 		goto bad_header;
 	if (fortran) {
-		tr_error_set(err, 0, 0, NULL, "%s: Fortran-order arrays are not supported; save with np.ascontiguousarray",
-			       path);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: Fortran-order arrays are not supported; save with np.ascontiguousarray", path);
 		goto invalid;
 	}
 	if (parse_descr(descr, &a->dtype, &a->itemsize)) {
 		tr_data_sanitize(descr);
-		tr_error_set(err, 0, 0, NULL, "%s: unsupported dtype '%.8s' (use <f4, <f8, <i4, <i8, |u1 or |i1)",
-			       path, descr);
+		tr_error_set(err, 0, 0, NULL, "%s: unsupported dtype '%.8s' (use <f4, <f8, <i4, <i8, |u1 or |i1)", path,
+			     descr);
 		goto invalid;
 	}
 	if (is_x && ndim < 2) {
 		tr_error_set(err, 0, 0, NULL, "%s: x must have at least 2 dimensions [samples, features], got %d", path,
-			       ndim);
+			     ndim);
 		goto invalid;
 	}
 	if (!is_x && (ndim < 1 || ndim > 2)) {
-		tr_error_set(err, 0, 0, NULL, "%s: y must be 1-D [samples] or 2-D [samples, outputs], got %d dimensions",
-			       path, ndim);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: y must be 1-D [samples] or 2-D [samples, outputs], got %d dimensions", path, ndim);
 		goto invalid;
 	}
 	a->ndim = ndim;
@@ -394,9 +394,9 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, s
 		count *= (uint64_t)dims[d];
 	}
 	if (count * a->itemsize > a->map.len - data_off) {
-		tr_error_set(err, 0, 0, NULL, "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-			       path, (unsigned long long)(count * a->itemsize),
-			       (unsigned long long)(a->map.len - data_off));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: truncated: the header promises %llu bytes of data, the file has %llu", path,
+			     (unsigned long long)(count * a->itemsize), (unsigned long long)(a->map.len - data_off));
 		goto invalid;
 	}
 	a->data = m + data_off;
@@ -445,8 +445,8 @@ int tr_npy_open(int x_fd, const char *x_path, int y_fd, const char *y_path, tr_r
 	if (ret)
 		goto fail;
 	if (y_fd >= 0 && n->x.rows != n->y.rows) {
-		tr_error_set(err, 0, 0, NULL, "%s has %lld samples but %s has %lld", x_path,
-			       (long long)n->x.rows, y_path, (long long)n->y.rows);
+		tr_error_set(err, 0, 0, NULL, "%s has %lld samples but %s has %lld", x_path, (long long)n->x.rows,
+			     y_path, (long long)n->y.rows);
 		ret = -EINVAL;
 		goto fail;
 	}

@@ -54,8 +54,8 @@ static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float
 	int top, left;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	im = &d->img[index / d->per_image];
@@ -120,34 +120,35 @@ static int degrade(struct pimage *im, int c, int factor, const char *shown, stru
 }
 
 /* Loads image i (file `name`) into d->img[i]. */
-static int load_one(struct patches_reader *d, const struct tr_source_spec *src, int i, const char *name,
-		    int in_fd, const char *in_dir, int resp_fd, const char *resp_dir, int64_t *floats, struct tr_error *err)
+static int load_one(struct patches_reader *d, const struct tr_source_spec *src, int i, const char *name, int in_fd,
+		    const char *in_dir, int resp_fd, const char *resp_dir, int64_t *floats, struct tr_error *err)
 {
 	struct pimage *im = &d->img[i];
 	char shown[PATH_MAX + 256];
 	int w, h, c, ret;
 
 	snprintf(shown, sizeof shown, "%s/%s", resp_fd >= 0 ? resp_dir : in_dir, name);
-	ret = tr_image_load(resp_fd >= 0 ? resp_fd : in_fd, name, shown, 1.0f / 255.0f, &im->response, &im->w,
-			    &im->h, &c, err);
+	ret = tr_image_load(resp_fd >= 0 ? resp_fd : in_fd, name, shown, 1.0f / 255.0f, &im->response, &im->w, &im->h,
+			    &c, err);
 	if (ret)
 		return ret;
 	if (i == 0)
 		d->c = c;
 	if (c != d->c) {
 		tr_error_set(err, 0, 0, NULL, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
-			       d->c);
+			     d->c);
 		return -EINVAL;
 	}
 	if (im->h < d->ph || im->w < d->pw) {
 		tr_error_set(err, 0, 0, NULL, "%s: %dx%d is smaller than the %dx%d patch_size", shown, im->w, im->h,
-			       d->pw, d->ph);
+			     d->pw, d->ph);
 		return -EINVAL;
 	}
 	*floats += 2 * (int64_t)c * im->h * im->w;
 	if (*floats > MAX_FLOATS) {
-		tr_error_set(err, 0, 0, NULL, "%s: the images decoded so far exceed %lld MiB (patches holds them in memory)",
-			       shown, (long long)(MAX_FLOATS * 4 >> 20));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the images decoded so far exceed %lld MiB (patches holds them in memory)", shown,
+			     (long long)(MAX_FLOATS * 4 >> 20));
 		return -E2BIG;
 	}
 	if (resp_fd < 0)
@@ -158,7 +159,7 @@ static int load_one(struct patches_reader *d, const struct tr_source_spec *src, 
 		return ret;
 	if (w != im->w || h != im->h || c != d->c) {
 		tr_error_set(err, 0, 0, NULL, "%s: %dx%d with %d channel%s, its response %s/%s is %dx%d with %d", shown,
-			       w, h, c, c == 1 ? "" : "s", resp_dir, name, im->w, im->h, d->c);
+			     w, h, c, c == 1 ? "" : "s", resp_dir, name, im->w, im->h, d->c);
 		return -EINVAL;
 	}
 	return 0;
@@ -185,8 +186,10 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	d->per_image = src->patches_per_image > 0 ? src->patches_per_image : 1;
 	d->residual = src->residual;
 	if (d->ph < 1 || d->pw < 1 || (response_fd < 0 && src->degrade_factor < 1)) {
-		tr_error_set(err, 0, 0, NULL, "%s: patches needs a patch_size (and a degrade factor without "
-			       "response_path)", input_name);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: patches needs a patch_size (and a degrade factor without "
+			     "response_path)",
+			     input_name);
 		ret = -EINVAL;
 		goto fail;
 	}
@@ -204,10 +207,11 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 			goto fail;
 		for (int i = 0; i < n || i < rn; i++) {
 			if (i >= n || i >= rn || strcmp(names[i], rnames[i]) != 0) {
-				tr_error_set(err, 0, 0, NULL, "%s/%s has no file of the same name in %s (input and response files "
-					       "pair by name)",
-					       i < n ? input_name : response_name, i < n ? names[i] : rnames[i],
-					       i < n ? response_name : input_name);
+				tr_error_set(err, 0, 0, NULL,
+					     "%s/%s has no file of the same name in %s (input and response files "
+					     "pair by name)",
+					     i < n ? input_name : response_name, i < n ? names[i] : rnames[i],
+					     i < n ? response_name : input_name);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -232,13 +236,13 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	}
 	if ((int64_t)d->c * d->ph * d->pw > TR_SPEC_MAX_WIDTH) {
 		tr_error_set(err, 0, 0, NULL, "%s: %dx%dx%d values per patch, at most %d", input_name, d->c, d->ph,
-			       d->pw, TR_SPEC_MAX_WIDTH);
+			     d->pw, TR_SPEC_MAX_WIDTH);
 		ret = -E2BIG;
 		goto fail;
 	}
 	if ((int64_t)n * d->per_image > TR_SPEC_MAX_SAMPLES) {
 		tr_error_set(err, 0, 0, NULL, "%s: %d images x %d patches_per_image is too many samples", input_name, n,
-			       d->per_image);
+			     d->per_image);
 		ret = -E2BIG;
 		goto fail;
 	}

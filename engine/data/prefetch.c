@@ -231,7 +231,8 @@ int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out
 
 fail_threads:
 	tr_prefetch_destroy(pf);
-	tr_error_set(err, 0, 0, NULL, "prefetch: out of memory for %d slots of %d samples", cfg->depth, cfg->plan->batch);
+	tr_error_set(err, 0, 0, NULL, "prefetch: out of memory for %d slots of %d samples", cfg->depth,
+		     cfg->plan->batch);
 	return -ENOMEM;
 fail_slots:
 	pthread_cond_destroy(&pf->ready);

@@ -106,13 +106,15 @@ static int changed(const struct tr_data_map *m, const char *how, struct tr_error
 	struct stat st;
 
 	if (fstat(m->fd, &st) == 0 && (size_t)st.st_size != m->len)
-		tr_error_set(err, 0, 0, NULL, "%s: the file changed while the job was reading it (%s; now %lld bytes, %zu when the "
-			       "job opened it): a data file must not be modified while a job uses it",
-			       m->name, how, (long long)st.st_size, m->len);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the file changed while the job was reading it (%s; now %lld bytes, %zu when the "
+			     "job opened it): a data file must not be modified while a job uses it",
+			     m->name, how, (long long)st.st_size, m->len);
 	else
-		tr_error_set(err, 0, 0, NULL, "%s: the file changed while the job was reading it (%s): a data file must not be "
-			       "modified while a job uses it",
-			       m->name, how);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the file changed while the job was reading it (%s): a data file must not be "
+			     "modified while a job uses it",
+			     m->name, how);
 	return -ESTALE;
 }
 
@@ -232,8 +234,8 @@ static int open_one(const tr_data_roots_t *roots, const char *path, const char *
 }
 
 /* patches: "path" (b stays -1), or "input_path" and "response_path". */
-static int open_patch_dirs(const struct tr_source_spec *src, const tr_data_roots_t *roots, int *a, char *a_name,
-			   int *b, char *b_name, struct tr_error *err)
+static int open_patch_dirs(const struct tr_source_spec *src, const tr_data_roots_t *roots, int *a, char *a_name, int *b,
+			   char *b_name, struct tr_error *err)
 {
 	const char *first = src->path ? src->path : src->input_path;
 
@@ -328,14 +330,16 @@ int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], struct tr_er
 	if (have[0]) {
 		if (have[0] == shape[0] && have[1] == shape[1] && have[2] == shape[2])
 			return 0;
-		tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: [%d, %d, %d] does not match the [%d, %d, %d] images of %s",
-			       shape[0], shape[1], shape[2], have[0], have[1], have[2], r->name);
+		tr_error_set(err, 0, 0, "/model/inputs",
+			     "/model/inputs: [%d, %d, %d] does not match the [%d, %d, %d] images of %s", shape[0],
+			     shape[1], shape[2], have[0], have[1], have[2], r->name);
 		return -EINVAL;
 	}
 	if (want == r->info.features)
 		return 0;
-	tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: [%d, %d, %d] (%lld values) does not match the %d features of %s",
-		       shape[0], shape[1], shape[2], (long long)want, r->info.features, r->name);
+	tr_error_set(err, 0, 0, "/model/inputs",
+		     "/model/inputs: [%d, %d, %d] (%lld values) does not match the %d features of %s", shape[0],
+		     shape[1], shape[2], (long long)want, r->info.features, r->name);
 	return -EINVAL;
 }
 
@@ -357,7 +361,7 @@ static int slice_get(tr_reader_t *r, int64_t index, float *x, float *y, struct t
 
 	if (index < 0 || index >= r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (slice of %lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+			     (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	return tr_reader_get(s->src, s->begin + index, x, y, err);
@@ -369,7 +373,7 @@ static int slice_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *
 
 	if (index < 0 || index >= r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (slice of %lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+			     (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	return tr_reader_get_epoch(s->src, s->begin + index, epoch, x, y, err);
@@ -391,7 +395,7 @@ static int slice_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, 
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (slice of %lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	return s->src->i->labels(s->src, s->begin + begin, count, y, err);

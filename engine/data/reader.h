@@ -88,7 +88,8 @@ static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *
 }
 
 /* The loader threads' read: sample `index` as drawn in `epoch`. */
-static inline int tr_reader_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, struct tr_error *err)
+static inline int tr_reader_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y,
+				      struct tr_error *err)
 {
 	if (r->i->get_epoch)
 		return r->i->get_epoch(r, index, epoch, x, y, err);

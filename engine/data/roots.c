@@ -309,8 +309,8 @@ static int accept_fd(int fd, const char *path, int want_dir, struct stat *st, st
 		return ret;
 	}
 	if (want_dir && !S_ISDIR(s.st_mode)) {
-		tr_error_set(err, 0, 0, NULL, "'%s' is %s, not a directory",
-			       path, S_ISREG(s.st_mode) ? "a file" : kind_of(s.st_mode));
+		tr_error_set(err, 0, 0, NULL, "'%s' is %s, not a directory", path,
+			     S_ISREG(s.st_mode) ? "a file" : kind_of(s.st_mode));
 		return -ENOTDIR;
 	}
 	if (!want_dir && !S_ISREG(s.st_mode)) {
@@ -356,8 +356,9 @@ static int open_unconfined(const char *path, int want_dir, struct stat *st, char
 
 		ret = -errno;
 		if (path[0] != '/' && getcwd(cwd, sizeof cwd))
-			tr_error_set(err, 0, 0, NULL, "'%s': %s (relative paths resolve against the working directory, %s)",
-				       path, strerror(errno), cwd);
+			tr_error_set(err, 0, 0, NULL,
+				     "'%s': %s (relative paths resolve against the working directory, %s)", path,
+				     strerror(errno), cwd);
 		else
 			tr_error_set(err, 0, 0, NULL, "'%s': %s", path, strerror(errno));
 		return ret;
@@ -400,7 +401,7 @@ static int open_path(const tr_data_roots_t *roots, const char *path, int want_di
 			if (!not_found(fd) && !first_err) {
 				first_err = fd;
 				tr_error_set(err, 0, 0, NULL, "'%s': %s", path,
-					       fd == -EISDIR ? "is a directory, not a regular file" : strerror(-fd));
+					     fd == -EISDIR ? "is a directory, not a regular file" : strerror(-fd));
 			}
 			continue;
 		}
@@ -426,7 +427,7 @@ static int open_path(const tr_data_roots_t *roots, const char *path, int want_di
 
 		tr_data_roots_describe(roots, list, sizeof list);
 		tr_error_set(err, 0, 0, NULL, "'%s' is not a %s in the data roots (%s)", path,
-			       want_dir ? "directory" : "file", list);
+			     want_dir ? "directory" : "file", list);
 	}
 	return -ENOENT;
 }
@@ -471,8 +472,8 @@ int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st,
 	if (fd < 0) {
 		ret = -errno;
 		tr_error_set(err, 0, 0, NULL, "'%s': %s", name,
-			       errno == ELOOP ? "a symbolic link (not followed inside a data directory)" :
-			       strerror(errno));
+			     errno == ELOOP ? "a symbolic link (not followed inside a data directory)"
+					    : strerror(errno));
 		return ret;
 	}
 	ret = accept_fd(fd, name, want_dir, st, err);

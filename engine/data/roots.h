@@ -54,7 +54,8 @@ int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st
  * same confinement, same messages): for image folders, whose files are
  * then opened with tr_data_open_in.  Returns an O_RDONLY | O_DIRECTORY
  * descriptor or a negative errno (-ENOTDIR for a file). */
-int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen, struct tr_error *err);
+int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen,
+		     struct tr_error *err);
 /* Opens the entry `name` (one path component, as readdir gives it) of the
  * directory dir_fd: a regular file, or with want_dir a directory.  A
  * symlink is refused (O_NOFOLLOW), so nothing outside a directory opened

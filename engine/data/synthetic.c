@@ -96,8 +96,8 @@ static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, struct t
 	uint64_t key;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	if (s->load_cost_us > 0 && (owed_us += s->load_cost_us) >= WAIT_SLICE_US)
@@ -170,7 +170,7 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 
 	if (src->samples <= 0 || src->features <= 0) {
 		tr_error_set(err, 0, 0, NULL, "synthetic: samples (%lld) and features (%d) must be > 0",
-			       (long long)src->samples, src->features);
+			     (long long)src->samples, src->features);
 		return -EINVAL;
 	}
 	if (src->task == TR_SYNTH_CLASSIFICATION && src->classes <= 0) {
@@ -183,13 +183,14 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 	}
 	if (!(src->noise >= 0.0f) || !isfinite(src->noise) || src->load_cost_us < 0 || src->outputs < 0 ||
 	    src->load_cost_us > TR_SPEC_MAX_LOAD_COST_US) {
-		tr_error_set(err, 0, 0, NULL, "synthetic: noise, outputs and load_cost_us must be >= 0, load_cost_us at most %d",
-			       TR_SPEC_MAX_LOAD_COST_US);
+		tr_error_set(err, 0, 0, NULL,
+			     "synthetic: noise, outputs and load_cost_us must be >= 0, load_cost_us at most %d",
+			     TR_SPEC_MAX_LOAD_COST_US);
 		return -EINVAL;
 	}
 	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > (size_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
 		tr_error_set(err, 0, 0, NULL, "synthetic: outputs x features (%d x %d) is too large", outputs,
-			       src->features);
+			     src->features);
 		return -EINVAL;
 	}
 	s = calloc(1, sizeof(*s));

@@ -219,7 +219,8 @@ static void apply_ops(const tr_transforms_t *t, int end, float *x, int features,
 }
 
 /* Fills ops[k].mean/sd from `train` as seen through ops [0, k). */
-static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, const atomic_bool *cancel, struct tr_error *err)
+static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, const atomic_bool *cancel,
+			     struct tr_error *err)
 {
 	struct op *o = &t->ops[k];
 	int nf = train->info.features;
@@ -292,19 +293,23 @@ static const char *const tf_names[] = {
 };
 
 /* Sets up an image transform, which needs the data's [C, H, W]. */
-static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts, struct op *o, int k, struct tr_error *err)
+static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts, struct op *o, int k,
+		    struct tr_error *err)
 {
 	if (!t->c) {
-		tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: %s needs image data (idx, images or patches), "
-			       "the training data is flat", k, tf_names[ts->type]);
+		tr_error_set(err, 0, 0, NULL,
+			     "/data/transforms/%d: %s needs image data (idx, images or patches), "
+			     "the training data is flat",
+			     k, tf_names[ts->type]);
 		return -EINVAL;
 	}
 	switch (ts->type) {
 	case TR_TF_NORMALIZE:
 		if (ts->n_channels != t->c) {
-			tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: normalize gives %d mean/std value%s, the images have %d "
-				       "channel%s",
-				       k, ts->n_channels, ts->n_channels == 1 ? "" : "s", t->c, t->c == 1 ? "" : "s");
+			tr_error_set(err, 0, 0, NULL,
+				     "/data/transforms/%d: normalize gives %d mean/std value%s, the images have %d "
+				     "channel%s",
+				     k, ts->n_channels, ts->n_channels == 1 ? "" : "s", t->c, t->c == 1 ? "" : "s");
 			return -EINVAL;
 		}
 		for (int c = 0; c < t->c; c++) {
@@ -324,8 +329,8 @@ static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts
 		break;
 	case TR_TF_ROT90:
 		if (t->h != t->w) {
-			tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: rot90 needs square images, these are %dx%d", k,
-				       t->w, t->h);
+			tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: rot90 needs square images, these are %dx%d",
+				     k, t->w, t->h);
 			return -EINVAL;
 		}
 		break;
@@ -385,7 +390,8 @@ int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *tr
 			break;
 		case TR_TF_STANDARDIZE:
 			if (!train) {
-				tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: standardize needs training data", k);
+				tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: standardize needs training data",
+					     k);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -395,7 +401,7 @@ int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *tr
 			break;
 		default:
 			tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: unknown transform type %d", k,
-				       (int)ts->type);
+				     (int)ts->type);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -482,7 +488,7 @@ static int recorded_floats(const json_t *fitted, const char *key, int k, int n, 
 
 	if (!json_is_array(a) || json_array_size(a) != (size_t)n) {
 		tr_error_set(err, 0, 0, NULL, "transforms/%d: standardize needs \"fitted\": {\"%s\": [%d numbers]}", k,
-			       key, n);
+			     key, n);
 		return -EINVAL;
 	}
 	float *v = malloc((size_t)n * sizeof(float));
@@ -495,8 +501,8 @@ static int recorded_floats(const json_t *fitted, const char *key, int k, int n, 
 		double d = json_number_value(e);
 
 		if (!json_is_number(e) || !isfinite(d) || (positive && !((float)d > 0.0f))) {
-			tr_error_set(err, 0, 0, NULL, "transforms/%d/fitted/%s/%d: must be a finite number%s", k, key, j,
-				       positive ? " > 0" : "");
+			tr_error_set(err, 0, 0, NULL, "transforms/%d/fitted/%s/%d: must be a finite number%s", k, key,
+				     j, positive ? " > 0" : "");
 			free(v);
 			return -EINVAL;
 		}
@@ -515,7 +521,7 @@ int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *cons
 	*out = NULL;
 	if (spec->n_transforms < 0 || spec->n_transforms > TR_SPEC_MAX_TRANSFORMS || features <= 0) {
 		tr_error_set(err, 0, 0, NULL, "bad transform list (%d transforms, %d features)", spec->n_transforms,
-			       features);
+			     features);
 		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
@@ -537,8 +543,10 @@ int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *cons
 			/* The spec holds the values; the channel count splits the
 			 * input width into planes. */
 			if (ts->n_channels < 1 || ts->n_channels > TR_SPEC_MAX_CHANNELS || features % ts->n_channels) {
-				tr_error_set(err, 0, 0, NULL, "transforms/%d: normalize has %d channels, which do not divide "
-					       "the %d inputs", k, ts->n_channels, features);
+				tr_error_set(err, 0, 0, NULL,
+					     "transforms/%d: normalize has %d channels, which do not divide "
+					     "the %d inputs",
+					     k, ts->n_channels, features);
 				ret = -EINVAL;
 				goto fail;
 			}

@@ -33,7 +33,8 @@ int tr_layer_want_flat(const struct tr_layer *l, const char *what, struct tr_err
 	if (l->in_shape.ndim == 1)
 		return 0;
 	tr_shape_format(l->in_shape, got, sizeof got);
-	tr_error_set(err, 0, 0, NULL, "%s takes a flat input, not %s; put {\"type\": \"flatten\"} before it", what, got);
+	tr_error_set(err, 0, 0, NULL, "%s takes a flat input, not %s; put {\"type\": \"flatten\"} before it", what,
+		     got);
 	return -EINVAL;
 }
 
@@ -44,8 +45,8 @@ int tr_layer_image_input(const struct tr_layer *l, const char *what, struct tr_e
 	if (l->in_shape.ndim == 3)
 		return 0;
 	tr_shape_format(l->in_shape, got, sizeof got);
-	tr_error_set(err, 0, 0, NULL, "%s takes an image [C, H, W], not the flat input %s; give model.inputs as [C, H, W]",
-		 what, got);
+	tr_error_set(err, 0, 0, NULL,
+		     "%s takes an image [C, H, W], not the flat input %s; give model.inputs as [C, H, W]", what, got);
 	return -EINVAL;
 }
 
@@ -443,8 +444,8 @@ int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int 
 	for (int i = 0; i < m->n_nodes; i++) {
 		const struct tr_layer *l = &m->layers[i];
 		if (l->ops->supported && !l->ops->supported(be->i)) {
-			tr_error_set(err, 0, 0, NULL, "the %s backend has no kernels for %s layers (%s)", be->i->name, l->ops->name,
-				 l->path);
+			tr_error_set(err, 0, 0, NULL, "the %s backend has no kernels for %s layers (%s)", be->i->name,
+				     l->ops->name, l->path);
 			return -ENOTSUP;
 		}
 	}
@@ -481,8 +482,8 @@ int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int 
 	if (w)
 		r->work = dev_alloc(r, w, &failed);
 	if (failed) {
-		tr_error_set(err, 0, 0, NULL, "device %d: out of memory for a replica of %zu parameters and %d rows", dev,
-			 m->n_params, r->max_rows);
+		tr_error_set(err, 0, 0, NULL, "device %d: out of memory for a replica of %zu parameters and %d rows",
+			     dev, m->n_params, r->max_rows);
 		tr_replica_finish(r);
 		return -ENOMEM;
 	}

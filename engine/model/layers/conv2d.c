@@ -34,8 +34,8 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_er
 	d->dw = s->dilation[1] ? s->dilation[1] : 1;
 	d->groups = s->groups ? s->groups : 1;
 	if (d->c % d->groups || d->f % d->groups) {
-		tr_error_set(err, 0, 0, NULL, "groups (%d) must divide the input channels (%d) and filters (%d)", d->groups, d->c,
-			 d->f);
+		tr_error_set(err, 0, 0, NULL, "groups (%d) must divide the input channels (%d) and filters (%d)",
+			     d->groups, d->c, d->f);
 		return -EINVAL;
 	}
 	if (s->pad_same) {
@@ -47,8 +47,10 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_er
 		}
 		int th = d->dh * (d->kh - 1), tw = d->dw * (d->kw - 1);
 		if (th % 2 || tw % 2) {
-			tr_error_set(err, 0, 0, NULL, "padding \"same\" needs an odd kernel (dilation x (kernel - 1) even), got kernel [%d, %d]",
-				 d->kh, d->kw);
+			tr_error_set(
+				err, 0, 0, NULL,
+				"padding \"same\" needs an odd kernel (dilation x (kernel - 1) even), got kernel [%d, %d]",
+				d->kh, d->kw);
 			return -EINVAL;
 		}
 		d->ph = th / 2;
@@ -62,8 +64,9 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_er
 	if (d->ho < 1 || d->wo < 1) {
 		char in[48];
 		tr_shape_format(l->in_shape, in, sizeof in);
-		tr_error_set(err, 0, 0, NULL, "the kernel [%d, %d] (dilation [%d, %d], padding [%d, %d]) does not fit the input %s",
-			 d->kh, d->kw, d->dh, d->dw, d->ph, d->pw, in);
+		tr_error_set(err, 0, 0, NULL,
+			     "the kernel [%d, %d] (dilation [%d, %d], padding [%d, %d]) does not fit the input %s",
+			     d->kh, d->kw, d->dh, d->dw, d->ph, d->pw, in);
 		return -EINVAL;
 	}
 	l->out_shape = (struct tr_shape){.ndim = 3, .d = {d->f, d->ho, d->wo}};

@@ -31,15 +31,15 @@ int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, cons
 	d->ph = s->padding[0];
 	d->pw = s->padding[1];
 	if (2 * d->ph > d->kh || 2 * d->pw > d->kw) {
-		tr_error_set(err, 0, 0, NULL, "padding [%d, %d] must be at most half the kernel [%d, %d]", d->ph, d->pw, d->kh,
-			 d->kw);
+		tr_error_set(err, 0, 0, NULL, "padding [%d, %d] must be at most half the kernel [%d, %d]", d->ph, d->pw,
+			     d->kh, d->kw);
 		return -EINVAL;
 	}
 	if (d->kh > d->h + 2 * d->ph || d->kw > d->w + 2 * d->pw) {
 		char in[48];
 		tr_shape_format(l->in_shape, in, sizeof in);
-		tr_error_set(err, 0, 0, NULL, "the kernel [%d, %d] (padding [%d, %d]) does not fit the input %s", d->kh, d->kw,
-			 d->ph, d->pw, in);
+		tr_error_set(err, 0, 0, NULL, "the kernel [%d, %d] (padding [%d, %d]) does not fit the input %s", d->kh,
+			     d->kw, d->ph, d->pw, in);
 		return -EINVAL;
 	}
 	d->ho = (d->h + 2 * d->ph - d->kh) / d->sh + 1;

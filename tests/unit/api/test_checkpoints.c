@@ -147,8 +147,7 @@ static void check_model_file(const uint8_t *data, size_t len, const struct fake_
 
 	cr_assert_eq(tr_st_open_mem(data, len, "model.safetensors", &f, &err), 0, "%s", err.message);
 	got = malloc((size_t)(rows * cols) * sizeof(float));
-	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, (const int64_t[]){rows, cols}, got, &err), 0, "%s",
-		     err.message);
+	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, (const int64_t[]){rows, cols}, got, &err), 0, "%s", err.message);
 	cr_assert(!memcmp(got, c->buf, (size_t)(rows * cols) * sizeof(float)));
 	cr_assert_eq(tr_st_read_f32(f, "0.bias", 1, (const int64_t[]){rows}, got, &err), 0, "%s", err.message);
 	cr_assert(!memcmp(got, c->buf + rows * cols, (size_t)rows * sizeof(float)));

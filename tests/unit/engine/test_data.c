@@ -925,8 +925,7 @@ static void *hammer_run(void *arg)
 		int64_t i = (k * h->stride) % n;
 		float x[4], y[1];
 
-		if (tr_reader_get(h->r, i, x, y, &e) || memcmp(x, h->want[i], sizeof(x)) ||
-		    y[0] != h->want[i][4])
+		if (tr_reader_get(h->r, i, x, y, &e) || memcmp(x, h->want[i], sizeof(x)) || y[0] != h->want[i][4])
 			h->bad++;
 	}
 	return NULL;

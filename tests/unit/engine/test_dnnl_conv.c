@@ -126,11 +126,11 @@ Test(dnnl_conv, matches_direct_convolution)
 			cr_assert_eq(tr_dnnl_conv_forward(dc, &g, x, w, b, y, &err), 0, "case %zu: %s", ci,
 				     err.message);
 			close_to("y", y, ry, ny);
-			cr_assert_eq(tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, &err), 0, "case %zu: %s",
-				     ci, err.message);
+			cr_assert_eq(tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, &err), 0, "case %zu: %s", ci,
+				     err.message);
 			close_to("dx", dx, rdx, nx);
-			cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, c->bias ? db : NULL, &err),
-				     0, "case %zu: %s", ci, err.message);
+			cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, c->bias ? db : NULL, &err), 0,
+				     "case %zu: %s", ci, err.message);
 			close_to("dw", dw, rdw, nw);
 			if (c->bias)
 				close_to("db", db, rdb, g.k);

@@ -944,8 +944,8 @@ static float *all_batches(tr_reader_t *r, const tr_transforms_t *t, int workers,
 	size_t F = (size_t)r->info.features, L = (size_t)r->info.label_dim, at = 0;
 	float *out;
 
-	cr_assert_eq(tr_plan_init(&plan, r->info.samples, 5, TR_LAST_PARTIAL, true, 11, epochs, 0, &err), 0,
-		     "%s", err.message);
+	cr_assert_eq(tr_plan_init(&plan, r->info.samples, 5, TR_LAST_PARTIAL, true, 11, epochs, 0, &err), 0, "%s",
+		     err.message);
 	out = malloc((size_t)epochs * (size_t)r->info.samples * (F + L) * sizeof(float));
 	struct tr_prefetch_config cfg = {.reader = r, .transforms = t, .plan = &plan, .seed = 5, .workers = workers,
 					 .depth = 3, .end_step = plan.total_steps};
@@ -1062,8 +1062,8 @@ Test(images, decodes_every_skimage_png)
 			cr_assert_not_null(strstr(err.message, names[i]));
 			continue;
 		}
-		cr_assert_eq(tr_image_load(dfd, names[i], names[i], 1.0f, &px, &w2, &h2, &c2, &err), 0,
-			     "%s", err.message);
+		cr_assert_eq(tr_image_load(dfd, names[i], names[i], 1.0f, &px, &w2, &h2, &c2, &err), 0, "%s",
+			     err.message);
 		cr_assert_eq(w2, w, "%s", names[i]);
 		cr_assert_eq(h2, h, "%s", names[i]);
 		cr_assert_eq(c2, c, "%s", names[i]);

@@ -33,13 +33,11 @@ static void build(struct fixture *f)
 	struct tr_spec_error serr;
 	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text(spec_text, &f->spec, &serr), 0, "%s", serr.message);
-	cr_assert_eq(tr_reader_open(&f->spec.train, f->spec.seed, NULL, NULL, &f->train, &err), 0, "%s",
-		     err.message);
+	cr_assert_eq(tr_reader_open(&f->spec.train, f->spec.seed, NULL, NULL, &f->train, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_transforms_create(&f->spec, f->train, &f->tf, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_model_init(&f->model, &f->spec, f->train->info.features, &err), 0, "%s", err.message);
 	f->meta = json_object();
-	cr_assert_eq(tr_model_meta_describe(f->meta, &f->spec, &f->model, f->tf, f->train, &err), 0, "%s",
-		     err.message);
+	cr_assert_eq(tr_model_meta_describe(f->meta, &f->spec, &f->model, f->tf, f->train, &err), 0, "%s", err.message);
 }
 
 static void teardown(struct fixture *f)
@@ -147,7 +145,8 @@ Test(model_meta, bad_descriptions_are_named)
 	m = json_deep_copy(f.meta);
 	edit_key(m, "preprocessing", short_mean);
 	cr_assert_lt(tr_model_desc_from_meta(m, &d, &err), 0);
-	cr_assert(strstr(err.message, "transforms/1: standardize needs \"fitted\": {\"mean\": [5 numbers]}"), "%s", err.message);
+	cr_assert(strstr(err.message, "transforms/1: standardize needs \"fitted\": {\"mean\": [5 numbers]}"), "%s",
+		  err.message);
 	tr_model_desc_finish(&d);
 	json_decref(m);
 

@@ -209,10 +209,8 @@ Test(plan, sizes_beyond_indexing_are_refused, .timeout = 10)
 			     "%lld samples", (long long)huge[i]);
 		cr_assert_not_null(strstr(err.message, "more than the engine can index"), "%s", err.message);
 	}
-	cr_assert_eq(tr_plan_init(&p, 1000, TR_SPEC_MAX_BATCH + 1, TR_LAST_PARTIAL, true, 1, 1, 0, &err),
-		     -EINVAL);
-	cr_assert_eq(tr_plan_init(&p, 1000, 10, TR_LAST_PARTIAL, true, 1, 0, TR_SPEC_MAX_STEPS + 1, &err),
-		     -EINVAL);
+	cr_assert_eq(tr_plan_init(&p, 1000, TR_SPEC_MAX_BATCH + 1, TR_LAST_PARTIAL, true, 1, 1, 0, &err), -EINVAL);
+	cr_assert_eq(tr_plan_init(&p, 1000, 10, TR_LAST_PARTIAL, true, 1, 0, TR_SPEC_MAX_STEPS + 1, &err), -EINVAL);
 
 	/* The largest: epochs x samples in rollover stays exact. */
 	cr_assert_eq(tr_plan_init(&p, TR_PLAN_MAX_SAMPLES, TR_SPEC_MAX_BATCH, TR_LAST_ROLLOVER, true, 1,

@@ -940,7 +940,8 @@ static int count_get(tr_reader_t *r, int64_t index, float *x, float *y, struct t
 		for (; i < 10000 && steps_synced() < step; i++)
 			usleep(1000);
 		if (i == 10000) {
-			tr_error_set(err, 0, 0, NULL, "sample %lld: step %lld never finished", (long long)index, (long long)step);
+			tr_error_set(err, 0, 0, NULL, "sample %lld: step %lld never finished", (long long)index,
+				     (long long)step);
 			return -ETIMEDOUT;
 		}
 	}
@@ -1316,7 +1317,8 @@ Test(trainer, init_from_opens_beneath_the_data_roots)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .data_roots = roots};
 	tr_trainer_t *t = NULL;
 	cr_assert_eq(tr_trainer_create(&opt, &t, &err), -ENOENT, "%s", err.message);
-	cr_assert(strstr(err.message, "/init/from: 'w.safetensors' is not a file in the data roots"), "%s", err.message);
+	cr_assert(strstr(err.message, "/init/from: 'w.safetensors' is not a file in the data roots"), "%s",
+		  err.message);
 	tr_backend_destroy(be);
 	tr_data_roots_destroy(roots);
 	tr_spec_finish(&spec);
