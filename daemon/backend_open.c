@@ -11,14 +11,14 @@
 #include "daemon/log.h"
 
 tr_backend_t *tr_daemon_backend_open(const struct tr_backend_options *opt, bool quiet, char *status, size_t slen,
-				     char *err, size_t errlen)
+				     struct tr_error *err)
 {
 	char why[600] = "";
 	tr_backend_t *be = NULL;
 
 	if (status && slen)
 		status[0] = '\0';
-	if (tr_backend_open(opt, &be, why, sizeof why, err, errlen) < 0)
+	if (tr_backend_open(opt, &be, why, sizeof why, err) < 0)
 		return NULL;
 	if (why[0]) {
 		if (!quiet)

@@ -15,6 +15,6 @@
  * no usable GPU: <reason>" or "" (systemd's STATUS=).  NULL with the
  * reason in err. */
 tr_backend_t *tr_daemon_backend_open(const struct tr_backend_options *opt, bool quiet, char *status, size_t slen,
-				     char *err, size_t errlen);
+				     struct tr_error *err);
 
 #endif

@@ -41,10 +41,10 @@ static double mono_s(void)
 }
 
 /* *written receives the bytes of the stored blob (for /metrics). */
-static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *written, char *err, size_t errlen)
+static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *written, struct tr_error *err)
 {
 	struct tr_checkpoint_layout l;
-	int rc = tr_checkpoint_layout(&it->model, it->opt, it->snap, &l, err, errlen);
+	int rc = tr_checkpoint_layout(&it->model, it->opt, it->snap, &l, err);
 	if (rc < 0)
 		return rc;
 	char *meta = json_dumps(it->snap->meta, JSON_COMPACT);
@@ -74,8 +74,8 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 		w = NULL; /* commit frees the writer, also on failure */
 	}
 	if (rc < 0) {
-		snprintf(err, errlen, "%s", rc == -ENOSPC ? "the database is full (disk or size limit)"
-							  : tr_store_error(cp->store));
+		tr_error_set(err, 0, 0, NULL, "%s",
+			     rc == -ENOSPC ? "the database is full (disk or size limit)" : tr_store_error(cp->store));
 		tr_store_ckpt_abort(w);
 	}
 	tr_checkpoint_layout_finish(&l);
@@ -99,10 +99,11 @@ static void *writer_main(void *arg)
 		cp->current = it;
 		pthread_mutex_unlock(&cp->lock);
 
-		char err[512] = "", line[768];
+		struct tr_error err = {0};
+		char line[1024];
 		double t0 = mono_s();
 		uint64_t written = 0;
-		int rc = write_one(cp, it, &written, err, sizeof err);
+		int rc = write_one(cp, it, &written, &err);
 		double took = mono_s() - t0;
 		if (rc == 0)
 			tr_prom_checkpoint_written(took, written);
@@ -122,7 +123,7 @@ static void *writer_main(void *arg)
 			tr_ckpt_row_finish(&prev);
 			snprintf(line, sizeof line,
 				 "checkpoint at step %lld failed: %s; %s; the next checkpoint will be tried as planned",
-				 (long long)it->snap->step, err, kept);
+				 (long long)it->snap->step, err.message, kept);
 			tr_store_log_append(cp->store, it->job_id, TR_LOG_WARN, line);
 			tr_log(TR_LOG_WARN, "job %lld: %s", (long long)it->job_id, line);
 		}

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 
+#include "core/error.h"
 #include "engine/checkpoint.h"
 #include "engine/trainer.h"
 
@@ -14,9 +15,9 @@ int tr_cmd_run(int argc, char **argv);
  * atomically (temporary file, fsync, rename), read back by --resume. */
 #define TR_RUN_CKPT_NAME "checkpoint.safetensors"
 int tr_run_ckpt_write(const char *dir, const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *snap,
-		      char *err, size_t errlen);
+		      struct tr_error *err);
 int tr_run_ckpt_read(const char *dir, const tr_model_t *m, enum tr_optim_type opt, struct tr_snapshot **out,
-		     char *err, size_t errlen);
+		     struct tr_error *err);
 /* Drops the points after `step` from a metrics.jsonl (a missing file is
  * fine): the resumed run writes them again. */
 int tr_run_metrics_truncate(const char *path, int64_t step);

@@ -104,7 +104,7 @@ static int parse_opts(int argc, char **argv, struct common_opts *o, void (*help)
  * --backend cuda insists), else CPU devices, one per core by default. */
 static tr_backend_t *make_backend(const struct common_opts *o)
 {
-	char err[512] = "";
+	struct tr_error err = {0};
 	tr_backend_t *be = NULL;
 	if (o->backend && strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
 		fprintf(stderr, "trainerd %s: --backend must be cpu or cuda, got '%s'\n", o->cmd, o->backend);
@@ -112,9 +112,9 @@ static tr_backend_t *make_backend(const struct common_opts *o)
 	}
 	if (!o->backend || strcmp(o->backend, "cuda") == 0) {
 		struct tr_cuda_options copt = {0};
-		be = tr_cuda_backend_create_opts(&copt, err, sizeof err);
+		be = tr_cuda_backend_create_opts(&copt, &err);
 		if (!be && o->backend) {
-			fprintf(stderr, "trainerd %s: --backend cuda: unavailable: %s\n", o->cmd, err);
+			fprintf(stderr, "trainerd %s: --backend cuda: unavailable: %s\n", o->cmd, err.message);
 			return NULL;
 		}
 	}
@@ -133,9 +133,9 @@ static tr_backend_t *make_backend(const struct common_opts *o)
 
 static int load_model(const struct common_opts *o, struct tr_model_desc *d)
 {
-	char err[1024];
-	if (tr_model_desc_load(o->model, d, err, sizeof err) < 0) {
-		fprintf(stderr, "trainerd %s: %s: %s\n", o->cmd, o->model, err);
+	struct tr_error err;
+	if (tr_model_desc_load(o->model, d, &err) < 0) {
+		fprintf(stderr, "trainerd %s: %s: %s\n", o->cmd, o->model, err.message);
 		return -1;
 	}
 	return 0;
@@ -208,7 +208,7 @@ static int parse_source(const struct common_opts *o, const struct tr_model_desc 
 struct eval_ctx {
 	const struct tr_model_desc *d;
 	struct tr_eval_acc acc;
-	char err[512];
+	char err[768]; /* a struct tr_error message fits */
 };
 
 static int eval_batch(void *ctx, int64_t first, int rows, const float *out, const float *labels, int label_dim)
@@ -219,7 +219,11 @@ static int eval_batch(void *ctx, int64_t first, int rows, const float *out, cons
 			 e->acc.classification ? 1 : e->acc.outputs);
 		return -EINVAL;
 	}
-	return tr_eval_acc_add(&e->acc, first, rows, out, labels, e->err, sizeof e->err);
+	struct tr_error why;
+	int rc = tr_eval_acc_add(&e->acc, first, rows, out, labels, &why);
+	if (rc < 0)
+		snprintf(e->err, sizeof e->err, "%s", why.message);
+	return rc;
 }
 
 static void print_text(const struct tr_model_desc *d, const json_t *r)
@@ -259,11 +263,11 @@ static int run_model(const struct common_opts *o, struct tr_model_desc *d, const
 		     int (*on_batch)(void *, int64_t, int, const float *, const float *, int), void *ctx,
 		     const char *cb_err, tr_reader_t **reader_out, int (*before)(void *, tr_reader_t *))
 {
-	char err[1024];
+	struct tr_error err;
 	tr_reader_t *rd = NULL;
-	int rc = tr_reader_open(src, d->spec.seed, NULL, NULL, &rd, err, sizeof err);
+	int rc = tr_reader_open(src, d->spec.seed, NULL, NULL, &rd, &err);
 	if (rc < 0) {
-		fprintf(stderr, "trainerd %s: %s\n", o->cmd, err);
+		fprintf(stderr, "trainerd %s: %s\n", o->cmd, err.message);
 		return 2;
 	}
 	if (rd->info.features != d->model.inputs) {
@@ -293,13 +297,13 @@ static int run_model(const struct common_opts *o, struct tr_model_desc *d, const
 		.on_batch = on_batch,
 		.ctx = ctx,
 	};
-	rc = tr_infer_run(&io, err, sizeof err);
+	rc = tr_infer_run(&io, &err);
 	int status = 0;
 	if (rc == -EINVAL && cb_err[0]) {
 		fprintf(stderr, "trainerd %s: %s: %s\n", o->cmd, rd->name, cb_err);
 		status = 2;
 	} else if (rc != 0) {
-		fprintf(stderr, "trainerd %s: %s\n", o->cmd, cb_err[0] ? cb_err : err);
+		fprintf(stderr, "trainerd %s: %s\n", o->cmd, cb_err[0] ? cb_err : err.message);
 		status = rc == -EINVAL ? 2 : 1;
 	}
 	tr_backend_destroy(be);
@@ -313,10 +317,10 @@ static int run_model(const struct common_opts *o, struct tr_model_desc *d, const
 /* An image folder's class k must be the model's class k. */
 static int eval_check_classes(void *ctx, tr_reader_t *rd)
 {
-	char err[1400];
-	if (tr_model_desc_check_classes(((struct eval_ctx *)ctx)->d, rd, err, sizeof err) == 0)
+	struct tr_error err;
+	if (tr_model_desc_check_classes(((struct eval_ctx *)ctx)->d, rd, &err) == 0)
 		return 0;
-	fprintf(stderr, "trainerd eval: %s: %s\n", rd->name, err);
+	fprintf(stderr, "trainerd eval: %s: %s\n", rd->name, err.message);
 	return 2;
 }
 

@@ -226,7 +226,7 @@ struct eval_run {
 	struct tr_eval_acc acc;
 	int64_t batches, total;
 	double started;
-	char err[512];
+	char err[768]; /* a struct tr_error message fits */
 };
 
 static double mono_s(void)
@@ -244,9 +244,12 @@ static int on_batch(void *ctx, int64_t first, int rows, const float *out, const 
 			 e->acc.classification ? 1 : e->acc.outputs);
 		return -EINVAL;
 	}
-	int rc = tr_eval_acc_add(&e->acc, first, rows, out, labels, e->err, sizeof e->err);
-	if (rc < 0)
+	struct tr_error why;
+	int rc = tr_eval_acc_add(&e->acc, first, rows, out, labels, &why);
+	if (rc < 0) {
+		snprintf(e->err, sizeof e->err, "%s", why.message);
 		return rc;
+	}
 	/* Progress in batches, for GET /jobs/{id} while it runs. */
 	struct tr_scheduler *s = e->j->sched;
 	e->batches++;
@@ -292,7 +295,8 @@ static void *eval_main(void *arg)
 	tr_reader_t *rd = NULL;
 	void *blob = NULL;
 	size_t len = 0;
-	char err[1024] = "", line[256];
+	char err[1536] = "", line[256];
+	struct tr_error why; /* the engine's, copied into err */
 	const char *code = "evaluation_failed";
 	memset(&d, 0, sizeof d);
 	memset(&spec, 0, sizeof spec);
@@ -313,7 +317,8 @@ static void *eval_main(void *arg)
 	}
 	char label[64];
 	snprintf(label, sizeof label, "job %lld step %lld", (long long)target, (long long)step);
-	if ((rc = tr_model_desc_load_mem(blob, len, label, &d, err, sizeof err)) < 0) {
+	if ((rc = tr_model_desc_load_mem(blob, len, label, &d, &why)) < 0) {
+		snprintf(err, sizeof err, "%s", why.message);
 		code = "invalid_model";
 		goto fail;
 	}
@@ -332,14 +337,13 @@ static void *eval_main(void *arg)
 		goto fail;
 	}
 	tr_model_desc_want_shape(&d, &spec.train);
-	if ((rc = tr_reader_open(&spec.train, d.spec.seed, s->roots, &j->cancel_requested, &rd, err, sizeof err)) <
-	    0) {
+	if ((rc = tr_reader_open(&spec.train, d.spec.seed, s->roots, &j->cancel_requested, &rd, &why)) < 0) {
+		snprintf(err, sizeof err, "%s", why.message);
 		code = rc == -ECANCELED ? "cancelled" : "invalid_data";
 		goto fail;
 	}
-	char why[700];
-	if ((rc = tr_model_desc_check_classes(&d, rd, why, sizeof why)) < 0) {
-		snprintf(err, sizeof err, "%s: %s", rd->name, why);
+	if ((rc = tr_model_desc_check_classes(&d, rd, &why)) < 0) {
+		snprintf(err, sizeof err, "%s: %s", rd->name, why.message);
 		code = "invalid_data";
 		goto fail;
 	}
@@ -365,8 +369,9 @@ static void *eval_main(void *arg)
 		.on_batch = on_batch,
 		.ctx = &e,
 	};
-	rc = tr_infer_run(&io, err, sizeof err);
+	rc = tr_infer_run(&io, &why);
 	if (rc < 0) {
+		snprintf(err, sizeof err, "%s", why.message);
 		if (e.err[0])
 			snprintf(err, sizeof err, "%s: %s", rd->name, e.err);
 		code = rc == -ECANCELED ? "cancelled" : rc == -EINVAL ? "invalid_data" : "evaluation_failed";

@@ -62,14 +62,15 @@ static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, ch
 static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const char *ptr, char *pointer,
 		       size_t plen, char *msg, size_t mlen)
 {
-	char shown[PATH_MAX + 256], why[1024], ref[2 * TR_DATASET_NAME_MAX + 16] = "";
+	char shown[PATH_MAX + 256], ref[2 * TR_DATASET_NAME_MAX + 16] = "";
+	struct tr_error why;
 	if (tr_datasets_is_ref(*field))
 		snprintf(ref, sizeof ref, "%s", *field);
 	int mapped = map_dataset(s, field, ptr, pointer, plen, msg, mlen);
 	if (mapped < 0)
 		return mapped;
-	int fd = want_dir ? tr_data_open_dir(s->roots, *field, shown, sizeof shown, why, sizeof why)
-			  : tr_data_open(s->roots, *field, NULL, shown, sizeof shown, why, sizeof why);
+	int fd = want_dir ? tr_data_open_dir(s->roots, *field, shown, sizeof shown, &why)
+			  : tr_data_open(s->roots, *field, NULL, shown, sizeof shown, &why);
 	if (fd >= 0) {
 		close(fd);
 		char *copy = strdup(shown);
@@ -94,7 +95,7 @@ static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const
 			 "which are set with --data-root DIR or data-root lines in the config file",
 			 ptr, want_dir ? "folder" : "file", *field, list);
 	} else {
-		snprintf(msg, mlen, "%s: %s", ptr, why);
+		snprintf(msg, mlen, "%s: %s", ptr, why.message);
 	}
 	return -1;
 }

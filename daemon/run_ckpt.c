@@ -39,11 +39,11 @@ static int write_all(int fd, const void *p, size_t n)
 }
 
 int tr_run_ckpt_write(const char *dir, const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *snap,
-		      char *err, size_t errlen)
+		      struct tr_error *err)
 {
 	char path[PATH_MAX], tmp[PATH_MAX + 8];
 	struct tr_checkpoint_layout l;
-	int rc = tr_checkpoint_layout(m, opt, snap, &l, err, errlen);
+	int rc = tr_checkpoint_layout(m, opt, snap, &l, err);
 	if (rc < 0)
 		return rc;
 	snprintf(path, sizeof path, "%s/" TR_RUN_CKPT_NAME, dir);
@@ -51,7 +51,7 @@ int tr_run_ckpt_write(const char *dir, const tr_model_t *m, enum tr_optim_type o
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		rc = -errno;
-		snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	rc = write_all(fd, l.header, l.header_len);
@@ -64,7 +64,7 @@ int tr_run_ckpt_write(const char *dir, const tr_model_t *m, enum tr_optim_type o
 	if (rc == 0 && rename(tmp, path) < 0)
 		rc = -errno;
 	if (rc < 0) {
-		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(-rc));
 		unlink(tmp);
 	}
 out:
@@ -73,35 +73,35 @@ out:
 }
 
 int tr_run_ckpt_read(const char *dir, const tr_model_t *m, enum tr_optim_type opt, struct tr_snapshot **out,
-		     char *err, size_t errlen)
+		     struct tr_error *err)
 {
 	char path[PATH_MAX];
 	snprintf(path, sizeof path, "%s/" TR_RUN_CKPT_NAME, dir);
 	FILE *f = fopen(path, "rb");
 	if (!f) {
 		int rc = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(errno));
 		return rc;
 	}
 	struct stat st;
 	void *data = NULL;
 	int rc = 0;
 	if (fstat(fileno(f), &st) < 0 || st.st_size <= 0) {
-		snprintf(err, errlen, "%s: empty or unreadable", path);
+		tr_error_set(err, 0, 0, NULL, "%s: empty or unreadable", path);
 		rc = -EINVAL;
 	} else if (!(data = malloc((size_t)st.st_size))) {
-		snprintf(err, errlen, "%s: out of memory", path);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", path);
 		rc = -ENOMEM;
 	} else if (fread(data, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-		snprintf(err, errlen, "%s: short read", path);
+		tr_error_set(err, 0, 0, NULL, "%s: short read", path);
 		rc = -EIO;
 	}
 	fclose(f);
 	if (rc == 0) {
-		char why[1024];
-		rc = tr_checkpoint_parse(data, (size_t)st.st_size, m, opt, false, out, why, sizeof why);
+		struct tr_error why;
+		rc = tr_checkpoint_parse(data, (size_t)st.st_size, m, opt, false, out, &why);
 		if (rc < 0)
-			snprintf(err, errlen, "%s: %s", path, why);
+			tr_error_set(err, 0, 0, NULL, "%s: %s", path, why.message);
 	}
 	free(data);
 	return rc;

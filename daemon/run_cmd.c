@@ -85,9 +85,9 @@ static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
 {
 	(void)final;
 	struct run_ctx *rc = ctx;
-	char err[1024];
-	if (tr_run_ckpt_write(rc->out_dir, tr_trainer_model(rc->trainer), rc->optim, snap, err, sizeof err) < 0)
-		on_log(ctx, TR_LOG_WARNING, err);
+	struct tr_error err;
+	if (tr_run_ckpt_write(rc->out_dir, tr_trainer_model(rc->trainer), rc->optim, snap, &err) < 0)
+		on_log(ctx, TR_LOG_WARNING, err.message);
 	tr_snapshot_free(snap);
 	return 0;
 }
@@ -280,23 +280,24 @@ static int check_data_paths(const struct tr_spec *spec, const char *job)
 		/* Image sources name folders. */
 		int dirs = src->format == TR_DATA_IMAGES || src->format == TR_DATA_PATCHES;
 		for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
-			char why[PATH_MAX + 256];
+			struct tr_error why;
 			if (!files[f].path)
 				continue;
-			int fd = dirs ? tr_data_open_dir(NULL, files[f].path, NULL, 0, why, sizeof why)
-				      : tr_data_open(NULL, files[f].path, NULL, NULL, 0, why, sizeof why);
+			int fd = dirs ? tr_data_open_dir(NULL, files[f].path, NULL, 0, &why)
+				      : tr_data_open(NULL, files[f].path, NULL, NULL, 0, &why);
 			if (fd < 0) {
-				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key, why);
+				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key,
+					why.message);
 				return -1;
 			}
 			close(fd);
 		}
 	}
 	if (spec->init_from) {
-		char why[PATH_MAX + 256];
-		int fd = tr_data_open(NULL, spec->init_from, NULL, NULL, 0, why, sizeof why);
+		struct tr_error why;
+		int fd = tr_data_open(NULL, spec->init_from, NULL, NULL, 0, &why);
 		if (fd < 0) {
-			fprintf(stderr, "trainerd run: %s: /init/from: %s\n", job, why);
+			fprintf(stderr, "trainerd run: %s: /init/from: %s\n", job, why.message);
 			return -1;
 		}
 		close(fd);
@@ -446,7 +447,7 @@ int tr_cmd_run(int argc, char **argv)
 		}
 	}
 
-	char errbuf[1024] = "";
+	struct tr_error errbuf = {0};
 	/* The devices the job asks for: --devices, the spec's count, or as
 	 * many as its highest device id needs; 0 = every device there is. */
 	int n = devices;
@@ -464,9 +465,9 @@ int tr_cmd_run(int argc, char **argv)
 		.tf32 = spec.tf32,
 		.cpu_conv = cpu_conv,
 	};
-	tr_backend_t *be = tr_daemon_backend_open(&bopt, quiet, NULL, 0, errbuf, sizeof errbuf);
+	tr_backend_t *be = tr_daemon_backend_open(&bopt, quiet, NULL, 0, &errbuf);
 	if (!be) {
-		fprintf(stderr, "trainerd run: /backend: %s\n", errbuf);
+		fprintf(stderr, "trainerd run: /backend: %s\n", errbuf.message);
 		tr_spec_finish(&spec);
 		return bopt.kind == TR_BACKEND_KIND_CUDA ? 2 : 1;
 	}
@@ -513,9 +514,9 @@ int tr_cmd_run(int argc, char **argv)
 	};
 	tr_trainer_t *t = NULL;
 	int exit_code = 0;
-	rc = tr_trainer_create(&opt, &t, errbuf, sizeof errbuf);
+	rc = tr_trainer_create(&opt, &t, &errbuf);
 	if (rc < 0) {
-		fprintf(stderr, "trainerd run: %s: %s\n", job, errbuf);
+		fprintf(stderr, "trainerd run: %s: %s\n", job, errbuf.message);
 		exit_code = rc == -EINVAL ? 2 : 1;
 		goto out;
 	}
@@ -523,11 +524,11 @@ int tr_cmd_run(int argc, char **argv)
 	snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
 	if (resume) {
 		struct tr_snapshot *snap = NULL;
-		rc = tr_run_ckpt_read(resume, tr_trainer_model(t), spec.optimizer.type, &snap, errbuf, sizeof errbuf);
+		rc = tr_run_ckpt_read(resume, tr_trainer_model(t), spec.optimizer.type, &snap, &errbuf);
 		if (rc == 0)
-			rc = tr_trainer_restore(t, snap, false, errbuf, sizeof errbuf);
+			rc = tr_trainer_restore(t, snap, false, &errbuf);
 		if (rc < 0) {
-			fprintf(stderr, "trainerd run: --resume %s: %s\n", resume, errbuf);
+			fprintf(stderr, "trainerd run: --resume %s: %s\n", resume, errbuf.message);
 			tr_snapshot_free(snap);
 			exit_code = 2;
 			goto out;
@@ -550,7 +551,7 @@ int tr_cmd_run(int argc, char **argv)
 	running_trainer = t;
 	signal(SIGINT, on_sigint);
 	signal(SIGTERM, on_sigint);
-	rc = tr_trainer_run(t, errbuf, sizeof errbuf);
+	rc = tr_trainer_run(t, &errbuf);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
 	running_trainer = NULL;
@@ -560,19 +561,19 @@ int tr_cmd_run(int argc, char **argv)
 	tr_trainer_summary(t, &sum);
 	const char *state = rc < 0 ? "failed" : sum.stopped ? "stopped" : "completed";
 	snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-	char werr[1024];
-	if (tr_trainer_save_weights(t, path, werr, sizeof werr) < 0) {
-		fprintf(stderr, "trainerd run: %s\n", werr);
+	struct tr_error werr;
+	if (tr_trainer_save_weights(t, path, &werr) < 0) {
+		fprintf(stderr, "trainerd run: %s\n", werr.message);
 		exit_code = 1;
 	}
 	snprintf(path, sizeof path, "%s/summary.json", out_dir);
 	if (write_summary(path, &sum, tr_trainer_device_count(t), workers ? workers : spec.prefetch_workers, state,
-			  rc < 0 ? errbuf : NULL) < 0) {
+			  rc < 0 ? errbuf.message : NULL) < 0) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		exit_code = 1;
 	}
 	if (rc < 0) {
-		fprintf(stderr, "trainerd run: failed: %s\n", errbuf);
+		fprintf(stderr, "trainerd run: failed: %s\n", errbuf.message);
 		exit_code = 1;
 	} else if (!quiet) {
 		fprintf(stderr, "trainerd: %s after %lld steps (%lld samples) in %.2f s: loss %.6f", state,

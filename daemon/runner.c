@@ -95,7 +95,8 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 	const tr_model_t *m = tr_trainer_model(j->trainer_for_hooks);
 	struct tr_ckpt_row *rows = NULL;
 	int n = 0;
-	char line[768], err[512];
+	char line[1024];
+	struct tr_error err;
 	*unreadable = false;
 	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0) {
 		*unreadable = true;
@@ -122,11 +123,11 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 			*unreadable = true;
 			continue;
 		}
-		rc = tr_checkpoint_parse(data, len, m, j->spec.optimizer.type, weights_only, &snap, err, sizeof err);
+		rc = tr_checkpoint_parse(data, len, m, j->spec.optimizer.type, weights_only, &snap, &err);
 		free(data);
 		if (rc < 0) {
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld does not fit this model: %s",
-				 (long long)rows[i].step, (long long)job_id, err);
+				 (long long)rows[i].step, (long long)job_id, err.message);
 			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
 			snap = NULL;
 			continue;
@@ -162,7 +163,7 @@ static bool earlier_attempt_wrote(tr_store_t *st, int64_t id)
 /* Resumes from the job's own newest valid checkpoint, or sets up init.from
  * another job's.  Returns 0, or -1 with err set when init.from cannot be
  * honoured (a fresh job must not silently start from random weights). */
-static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t errlen)
+static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 {
 	tr_store_t *st = j->sched->cfg.store;
 	char line[256];
@@ -176,7 +177,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t err
 	if (!unreadable)
 		drop_checkpoints_after(st, j->id, snap ? step : -1);
 	if (snap) {
-		int rc = tr_trainer_restore(t, snap, false, err, errlen);
+		int rc = tr_trainer_restore(t, snap, false, err);
 		tr_snapshot_free(snap);
 		if (rc < 0)
 			return -1;
@@ -197,11 +198,11 @@ static int restore(struct running_job *j, tr_trainer_t *t, char *err, size_t err
 	if (j->spec.init_job > 0) {
 		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step, &unreadable);
 		if (!snap) {
-			snprintf(err, errlen, "/init/from: job %lld has no valid checkpoint%s", (long long)j->spec.init_job,
-				 j->spec.init_step >= 0 ? " at that step" : "");
+			tr_error_set(err, 0, 0, "/init/from", "/init/from: job %lld has no valid checkpoint%s",
+				     (long long)j->spec.init_job, j->spec.init_step >= 0 ? " at that step" : "");
 			return -1;
 		}
-		int rc = tr_trainer_restore(t, snap, true, err, errlen);
+		int rc = tr_trainer_restore(t, snap, true, err);
 		tr_snapshot_free(snap);
 		if (rc < 0)
 			return -1;
@@ -268,7 +269,7 @@ static void finish(struct running_job *j, const char *state, const char *code, c
  * or none at all, said only in a warning of its log.  Such a job fails
  * instead, naming the cause; its earlier checkpoints stay.  True when the
  * newest stored checkpoint is not at `steps` (err says why). */
-static bool final_weights_missing(struct running_job *j, int64_t steps, char *err, size_t errlen)
+static bool final_weights_missing(struct running_job *j, int64_t steps, struct tr_error *err)
 {
 	tr_store_t *st = j->sched->cfg.store;
 	tr_checkpointer_wait_idle(j->sched->checkpointer, j->id);
@@ -287,10 +288,10 @@ static bool final_weights_missing(struct running_job *j, int64_t steps, char *er
 	char older[64] = "no earlier checkpoint exists";
 	if (newest >= 0)
 		snprintf(older, sizeof older, "the newest stored checkpoint is at step %lld", (long long)newest);
-	snprintf(err, errlen,
-		 "training ended at step %lld, but its final weights could not be stored (see the job's log for "
-		 "the checkpoint's error); %s",
-		 (long long)steps, older);
+	tr_error_set(err, 0, 0, NULL,
+		     "training ended at step %lld, but its final weights could not be stored (see the job's log for "
+		     "the checkpoint's error); %s",
+		     (long long)steps, older);
 	return true;
 }
 
@@ -299,7 +300,7 @@ static bool final_weights_missing(struct running_job *j, int64_t steps, char *er
  * behind for the next job on the same devices.  Where gemm is FP32 only
  * (CPU devices) tf32 has no effect: the job runs in FP32 and says so in
  * its log.  Returns the precision in effect, or NULL with err filled. */
-static const char *apply_precision(struct running_job *j, char *err, size_t errlen)
+static const char *apply_precision(struct running_job *j, struct tr_error *err)
 {
 	tr_backend_t *be = j->sched->cfg.backend;
 	bool tf32 = j->spec.tf32 && be->i->set_tf32;
@@ -312,7 +313,8 @@ static const char *apply_precision(struct running_job *j, char *err, size_t errl
 			continue;
 		}
 		if (rc < 0) {
-			snprintf(err, errlen, "/precision: device %d: %s", j->devices[i], be->i->last_error(be));
+			tr_error_set(err, 0, 0, "/precision", "/precision: device %d: %s", j->devices[i],
+				     be->i->last_error(be));
 			return NULL;
 		}
 	}
@@ -329,14 +331,14 @@ static void *runner_main(void *arg)
 {
 	struct running_job *j = arg;
 	struct tr_scheduler *s = j->sched;
-	char err[1024] = "";
+	struct tr_error err = {0};
 	char name[16];
 	snprintf(name, sizeof name, "tr-job%lld", (long long)j->id); /* also rank 0's thread */
 	pthread_setname_np(pthread_self(), name);
 	char line[256];
-	const char *precision = apply_precision(j, err, sizeof err);
+	const char *precision = apply_precision(j, &err);
 	if (!precision) {
-		finish(j, "failed", "start_failed", err, 0);
+		finish(j, "failed", "start_failed", err.message, 0);
 		return NULL;
 	}
 	snprintf(line, sizeof line, "started on %d %s device(s), %s matrix products", j->ndev, s->cfg.backend->i->name,
@@ -369,7 +371,7 @@ static void *runner_main(void *arg)
 		.cancel = &j->cancel_requested,
 	};
 	tr_trainer_t *t = NULL;
-	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	int rc = tr_trainer_create(&opt, &t, &err);
 	if (rc == -ECANCELED) {
 		pthread_mutex_lock(&s->lock);
 		bool shutdown = s->shutting_down;
@@ -385,20 +387,20 @@ static void *runner_main(void *arg)
 	 * again only now that something is wrong). */
 	if (rc == -ENOENT && j->paths_resolved &&
 	    tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
-		snprintf(err, sizeof err, "%s", msg);
+		tr_error_set(&err, 0, 0, pointer, "%s", msg);
 	if (rc < 0) {
 		finish(j, "failed",
-		       rc == -EINVAL	 ? "invalid_data"
+		       rc == -EINVAL   ? "invalid_data"
 		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
 		       : rc == -ENOMEM ? "insufficient_memory"
 				       : "start_failed",
-		       err, 0);
+		       err.message, 0);
 		return NULL;
 	}
 	j->trainer_for_hooks = t;
-	if (restore(j, t, err, sizeof err) < 0) {
+	if (restore(j, t, &err) < 0) {
 		tr_trainer_destroy(t);
-		finish(j, "failed", "invalid_init", err, 0);
+		finish(j, "failed", "invalid_init", err.message, 0);
 		return NULL;
 	}
 	pthread_mutex_lock(&s->lock);
@@ -412,7 +414,7 @@ static void *runner_main(void *arg)
 		tr_trainer_stop_for(t, atomic_load(&j->pause_requested) ? TR_STOP_PAUSE : TR_STOP_STOP);
 	pthread_mutex_unlock(&s->lock);
 
-	rc = tr_trainer_run(t, err, sizeof err);
+	rc = tr_trainer_run(t, &err);
 
 	pthread_mutex_lock(&s->lock);
 	j->trainer = NULL; /* control requests stop reaching it before it is freed */
@@ -426,8 +428,8 @@ static void *runner_main(void *arg)
 	bool cancelled = atomic_load(&j->cancel_requested);
 	bool paused = atomic_load(&j->pause_requested);
 	bool ends_completed = rc == 0 && (!sum.stopped || (!shutdown && !paused)); /* as below */
-	if (ends_completed && final_weights_missing(j, sum.steps, err, sizeof err)) {
-		finish(j, "failed", "checkpoint_failed", err, sum.steps);
+	if (ends_completed && final_weights_missing(j, sum.steps, &err)) {
+		finish(j, "failed", "checkpoint_failed", err.message, sum.steps);
 	} else if (rc == 0 && !sum.stopped) {
 		finish(j, "completed", NULL, NULL, sum.steps);
 	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
@@ -448,7 +450,7 @@ static void *runner_main(void *arg)
 	} else if (rc == -ECANCELED || cancelled) {
 		finish(j, "cancelled", "cancelled", "cancelled by request", sum.steps);
 	} else {
-		finish(j, "failed", "training_failed", err, sum.steps + 1);
+		finish(j, "failed", "training_failed", err.message, sum.steps + 1);
 	}
 	return NULL;
 }

@@ -65,9 +65,9 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 		with[n] = NULL;
 		dirs = with;
 	}
-	char msg[512];
-	if (tr_data_roots_create(dirs, &s->roots, msg, sizeof msg) < 0) {
-		snprintf(err, errlen, "--data-root %s", msg);
+	struct tr_error msg;
+	if (tr_data_roots_create(dirs, &s->roots, &msg) < 0) {
+		snprintf(err, errlen, "--data-root %s", msg.message);
 		tr_scheduler_destroy(s);
 		return -EINVAL;
 	}

@@ -52,10 +52,10 @@ static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, siz
 		snprintf(err, errlen, "--backend: '%s' is not auto, cpu or cuda", c->backend);
 		return NULL;
 	}
-	char why[512];
-	tr_backend_t *be = tr_daemon_backend_open(&o, false, fallback, fblen, why, sizeof why);
+	struct tr_error why;
+	tr_backend_t *be = tr_daemon_backend_open(&o, false, fallback, fblen, &why);
 	if (!be)
-		snprintf(err, errlen, "--backend %s: %s", c->backend, why);
+		snprintf(err, errlen, "--backend %s: %s", c->backend, why.message);
 	return be;
 }
 

@@ -27,29 +27,31 @@
 	X(mse) X(scale) X(sumsq) X(sgd_step) X(adam_step) X(comm_create) X(allreduce_sum) X(comm_abort)          \
 	X(comm_destroy)
 
-int tr_backend_check_ops(const tr_backend_i *t, char *err, size_t errlen)
+int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err)
 {
 	if (!t->name || !t->name[0]) {
-		snprintf(err, errlen, "backend table: no name");
+		tr_error_set(err, 0, 0, NULL, "backend table: no name");
 		return -ENOSYS;
 	}
 	if (t->kind != TR_BACKEND_KIND_CPU && t->kind != TR_BACKEND_KIND_CUDA) {
-		snprintf(err, errlen, "backend %s: kind %d is not a backend kind", t->name, (int)t->kind);
+		tr_error_set(err, 0, 0, NULL, "backend %s: kind %d is not a backend kind", t->name, (int)t->kind);
 		return -ENOSYS;
 	}
-#define CHECK_OP(op)                                                                        \
-	if (!t->op) {                                                                       \
-		snprintf(err, errlen, "backend %s: required operation %s is missing", t->name, #op); \
-		return -ENOSYS;                                                             \
+#define CHECK_OP(op)                                                                                         \
+	if (!t->op) {                                                                                        \
+		tr_error_set(err, 0, 0, NULL, "backend %s: required operation %s is missing", t->name, #op); \
+		return -ENOSYS;                                                                              \
 	}
 	REQUIRED_OPS(CHECK_OP)
 #undef CHECK_OP
 	if (!t->to_device_async != !t->copies_fence) {
-		snprintf(err, errlen, "backend %s: to_device_async and copies_fence must be set together", t->name);
+		tr_error_set(err, 0, 0, NULL, "backend %s: to_device_async and copies_fence must be set together",
+			     t->name);
 		return -ENOSYS;
 	}
 	if (!t->sgd_step_into != !t->adam_step_into) {
-		snprintf(err, errlen, "backend %s: sgd_step_into and adam_step_into must be set together", t->name);
+		tr_error_set(err, 0, 0, NULL, "backend %s: sgd_step_into and adam_step_into must be set together",
+			     t->name);
 		return -ENOSYS;
 	}
 	return 0;
@@ -58,11 +60,11 @@ int tr_backend_check_ops(const tr_backend_i *t, char *err, size_t errlen)
 /* The CPU device count: as asked, else one per online core, capped at
  * what the backend accepts (a 96-core machine gets 64 devices rather than
  * an error). */
-static int cpu_device_count(const struct tr_backend_options *opt, char *err, size_t errlen)
+static int cpu_device_count(const struct tr_backend_options *opt, struct tr_error *err)
 {
 	int n = opt->cpu_devices > 0 ? opt->cpu_devices : opt->devices;
 	if (n > TR_CPU_MAX_DEVICES) {
-		snprintf(err, errlen, "%d CPU devices asked for, at most %d", n, TR_CPU_MAX_DEVICES);
+		tr_error_set(err, 0, 0, NULL, "%d CPU devices asked for, at most %d", n, TR_CPU_MAX_DEVICES);
 		return -EINVAL;
 	}
 	if (n == 0) {
@@ -72,9 +74,9 @@ static int cpu_device_count(const struct tr_backend_options *opt, char *err, siz
 	return n;
 }
 
-static int opened(tr_backend_t *be, tr_backend_t **out, char *err, size_t errlen)
+static int opened(tr_backend_t *be, tr_backend_t **out, struct tr_error *err)
 {
-	int rc = tr_backend_check_ops(be->i, err, errlen);
+	int rc = tr_backend_check_ops(be->i, err);
 	if (rc < 0) {
 		tr_backend_destroy(be);
 		return rc;
@@ -83,46 +85,46 @@ static int opened(tr_backend_t *be, tr_backend_t **out, char *err, size_t errlen
 	return 0;
 }
 
-int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen, char *err,
-		    size_t errlen)
+int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen,
+		    struct tr_error *err)
 {
-	char why[512] = "";
+	struct tr_error why = {0};
 	tr_backend_t *be = NULL;
 
 	*out = NULL;
 	if (fallback && fblen)
 		fallback[0] = '\0';
 	if (opt->devices < 0 || opt->cpu_devices < 0 || opt->blas_threads < 0) {
-		snprintf(err, errlen, "device and thread counts must be >= 0");
+		tr_error_set(err, 0, 0, NULL, "device and thread counts must be >= 0");
 		return -EINVAL;
 	}
 	if (opt->kind != TR_BACKEND_KIND_CPU) {
 		struct tr_cuda_options copt = {
 			.tf32 = opt->tf32, .max_devices = opt->devices, .module_path = opt->cuda_module};
-		be = tr_cuda_backend_create_opts(&copt, why, sizeof why);
+		be = tr_cuda_backend_create_opts(&copt, &why);
 		if (be)
-			return opened(be, out, err, errlen);
+			return opened(be, out, err);
 		if (opt->kind == TR_BACKEND_KIND_CUDA) {
-			snprintf(err, errlen, "cuda requested but unavailable: %s", why);
+			tr_error_set(err, 0, 0, NULL, "cuda requested but unavailable: %s", why.message);
 			return -ENODEV;
 		}
 	}
-	int n = cpu_device_count(opt, err, errlen);
+	int n = cpu_device_count(opt, err);
 	if (n < 0)
 		return n;
 	be = tr_cpu_backend_create(n, opt->blas_threads);
 	if (!be) {
-		snprintf(err, errlen, "cannot create %d CPU devices", n);
+		tr_error_set(err, 0, 0, NULL, "cannot create %d CPU devices", n);
 		return -ENOMEM;
 	}
-	int rc = tr_cpu_backend_set_conv(be, opt->cpu_conv, err, errlen);
+	int rc = tr_cpu_backend_set_conv(be, opt->cpu_conv, err);
 	if (rc < 0) {
 		tr_backend_destroy(be);
 		return rc;
 	}
-	if (why[0] && fallback && fblen)
-		snprintf(fallback, fblen, "%s", why);
-	return opened(be, out, err, errlen);
+	if (why.message[0] && fallback && fblen)
+		snprintf(fallback, fblen, "%s", why.message);
+	return opened(be, out, err);
 }
 
 int tr_backend_kind_parse(const char *name, enum tr_backend_kind *out)

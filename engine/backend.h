@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
+
 typedef struct tr_backend tr_backend_t;
 typedef struct tr_comm tr_comm_t;
 struct tr_model; /* engine/model/model.h */
@@ -347,8 +349,8 @@ struct tr_backend_options {
  * for the caller's one log line.  The table of what opens is checked with
  * tr_backend_check_ops.  Returns 0 and *out, or a negative errno-style
  * code with the reason in err (CUDA asked for and unusable, a bad count). */
-int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen, char *err,
-		    size_t errlen);
+int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, char *fallback, size_t fblen,
+		    struct tr_error *err);
 
 /* "auto", "cpu" or "cuda" (the spelling of specs, the daemon's --backend
  * and `trainerd run --backend`) into *out: 0, or -EINVAL. */
@@ -359,20 +361,20 @@ int tr_backend_kind_parse(const char *name, enum tr_backend_kind *out);
  * and adam_step_into); otherwise -ENOSYS with the first missing one
  * named in err.  tr_backend_open refuses a backend that fails it (a CUDA
  * module from another build, say). */
-int tr_backend_check_ops(const tr_backend_i *t, char *err, size_t errlen);
+int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err);
 
 /* Creates the CPU backend with `devices` devices (1..TR_CPU_MAX_DEVICES).
  * `blas_threads` is the total BLAS thread budget (0 = all cores).  NULL on
  * bad input.  Commands use tr_backend_open; tests create it directly. */
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 
-int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err, size_t errlen);
+int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, struct tr_error *err);
 /* "im2col", "onednn" or "auto". */
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be);
 
 /* Creates the CUDA backend (engine/cuda/cuda.h has the options); NULL
  * with a reason in err when no GPU is usable or the module is missing. */
-tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen);
+tr_backend_t *tr_cuda_backend_create(struct tr_error *err);
 /* Whether a GPU is usable: false without loading anything on a machine
  * with no NVIDIA driver. */
 bool tr_cuda_available(void);

@@ -226,8 +226,8 @@ static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct
 
 /* Serialises just the header of a tensor list (the data is written from
  * the snapshot's buffers directly). */
-static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t **out, size_t *len, char *err,
-		     size_t errlen)
+static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t **out, size_t *len,
+		     struct tr_error *err)
 {
 	/* Only the header: the data is written later straight from the
 	 * snapshot's buffers, without a second copy of the model. */
@@ -251,14 +251,14 @@ static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t
 	char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(h);
 	if (!text) {
-		snprintf(err, errlen, "checkpoint: cannot build the header");
+		tr_error_set(err, 0, 0, NULL, "checkpoint: cannot build the header");
 		return -ENOMEM;
 	}
 	size_t tl = strlen(text), padded = (tl + 7) & ~(size_t)7;
 	uint8_t *buf = malloc(8 + padded);
 	if (!buf) {
 		free(text);
-		snprintf(err, errlen, "checkpoint: out of memory");
+		tr_error_set(err, 0, 0, NULL, "checkpoint: out of memory");
 		return -ENOMEM;
 	}
 	for (int i = 0; i < 8; i++)
@@ -272,7 +272,7 @@ static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t
 }
 
 int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s,
-			 struct tr_checkpoint_layout *out, char *err, size_t errlen)
+			 struct tr_checkpoint_layout *out, struct tr_error *err)
 {
 	memset(out, 0, sizeof *out);
 	int np = tr_model_param_count(m);
@@ -281,16 +281,16 @@ int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const stru
 	char(*names)[96] = calloc((size_t)cap, sizeof *names);
 	int rc = -ENOMEM;
 	if (!ts || !names) {
-		snprintf(err, errlen, "checkpoint: out of memory");
+		tr_error_set(err, 0, 0, NULL, "checkpoint: out of memory");
 		goto out;
 	}
 	int n_all = tensor_list(m, opt, s, 1, ts, names);
-	if ((rc = header_of(ts, n_all, s->meta, &out->header, &out->header_len, err, errlen)) < 0)
+	if ((rc = header_of(ts, n_all, s->meta, &out->header, &out->header_len, err)) < 0)
 		goto out;
 	json_t *model_meta = json_deep_copy(s->meta);
 	if (model_meta)
 		json_object_set_new(model_meta, "kind", json_string("model"));
-	rc = header_of(ts, np, model_meta, &out->model_header, &out->model_header_len, err, errlen);
+	rc = header_of(ts, np, model_meta, &out->model_header, &out->model_header_len, err);
 	json_decref(model_meta);
 	if (rc < 0)
 		goto out;
@@ -321,10 +321,10 @@ void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l)
 }
 
 int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt, bool weights_only,
-			struct tr_snapshot **out, char *err, size_t errlen)
+			struct tr_snapshot **out, struct tr_error *err)
 {
 	tr_st_file_t *f;
-	int rc = tr_st_open_mem(data, len, "checkpoint", &f, err, errlen);
+	int rc = tr_st_open_mem(data, len, "checkpoint", &f, err);
 	if (rc < 0)
 		return rc;
 	/* How many optimizer buffers the file has is known only below: the
@@ -339,7 +339,7 @@ int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum 
 	const char *step = json_string_value(json_object_get(meta, "step"));
 	const char *epoch = json_string_value(json_object_get(meta, "epoch"));
 	if (!step || !epoch) {
-		snprintf(err, errlen, "checkpoint: metadata has no step/epoch");
+		tr_error_set(err, 0, 0, NULL, "checkpoint: metadata has no step/epoch");
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -361,7 +361,7 @@ int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum 
 	for (int k = 0; k < s->n_state; k++)
 		s->state[k] = spare_take(s->n_params);
 	if ((s->n_state > 0 && !s->state[0]) || (s->n_state > 1 && !s->state[1])) {
-		snprintf(err, errlen, "checkpoint: out of memory");
+		tr_error_set(err, 0, 0, NULL, "checkpoint: out of memory");
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -376,7 +376,7 @@ int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum 
 				snprintf(name, sizeof name, "%s", v.name);
 			else
 				snprintf(name, sizeof name, "optimizer.%s.%s", state_name(opt, pass - 1), v.name);
-			rc = tr_st_read_f32(f, name, v.ndim, v.shape, base + v.offset, err, errlen);
+			rc = tr_st_read_f32(f, name, v.ndim, v.shape, base + v.offset, err);
 		}
 	}
 	if (rc < 0)

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/model/model.h"
 #include "engine/spec.h"
 
@@ -99,7 +100,7 @@ struct tr_checkpoint_layout {
 };
 
 int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s,
-			 struct tr_checkpoint_layout *out, char *err, size_t errlen);
+			 struct tr_checkpoint_layout *out, struct tr_error *err);
 void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l);
 
 /* Parses a checkpoint image (borrowed) into a new snapshot for model m and
@@ -107,7 +108,7 @@ void tr_checkpoint_layout_finish(struct tr_checkpoint_layout *l);
  * weights_only reads just the parameters (n_state 0), for a checkpoint of
  * another job that may have used another optimizer. */
 int tr_checkpoint_parse(const void *data, size_t len, const tr_model_t *m, enum tr_optim_type opt, bool weights_only,
-			struct tr_snapshot **out, char *err, size_t errlen);
+			struct tr_snapshot **out, struct tr_error *err);
 
 /* A stable hash of the normalized spec, hex; for the metadata. */
 void tr_spec_hash(const struct tr_spec *spec, char out[17]);

@@ -95,7 +95,7 @@ static void *rank_main(void *arg)
 	}
 }
 
-static int run_batch(struct infer *in, char *err, size_t errlen)
+static int run_batch(struct infer *in, struct tr_error *err)
 {
 	pthread_mutex_lock(&in->lock);
 	in->finished = 0;
@@ -109,14 +109,14 @@ static int run_batch(struct infer *in, char *err, size_t errlen)
 	pthread_mutex_unlock(&in->lock);
 	for (int i = 0; i < in->ndev; i++) {
 		if (in->ranks[i].rc < 0) {
-			snprintf(err, errlen, "%s", in->ranks[i].err);
+			tr_error_set(err, 0, 0, NULL, "%s", in->ranks[i].err);
 			return in->ranks[i].rc;
 		}
 	}
 	return 0;
 }
 
-int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
+int tr_infer_run(const struct tr_infer_options *o, struct tr_error *err)
 {
 	struct infer *in = calloc(1, sizeof *in);
 	const tr_model_t *m = o->model;
@@ -125,7 +125,7 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 	tr_prefetch_t *pf = NULL;
 	int rc = -ENOMEM;
 	if (!in) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	in->o = o;
@@ -133,8 +133,8 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 	pthread_cond_init(&in->go, NULL);
 	pthread_cond_init(&in->done, NULL);
 	if (rd->info.features != m->inputs) {
-		snprintf(err, errlen, "%s: %d features per sample, the model takes %d", rd->name, rd->info.features,
-			 m->inputs);
+		tr_error_set(err, 0, 0, NULL, "%s: %d features per sample, the model takes %d", rd->name,
+			     rd->info.features, m->inputs);
 		rc = -EINVAL;
 		goto out;
 	}
@@ -143,18 +143,18 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 	if (in->ndev > avail && o->n_device_ids == 0)
 		in->ndev = avail;
 	if (in->ndev < 1 || in->ndev > MAX_RANKS) {
-		snprintf(err, errlen, "no devices to run on (%d asked, %d present)", in->ndev, avail);
+		tr_error_set(err, 0, 0, NULL, "no devices to run on (%d asked, %d present)", in->ndev, avail);
 		rc = -EINVAL;
 		goto out;
 	}
 	int batch = o->batch > 0 ? o->batch : 256;
 	if (rd->info.samples < 1) {
-		snprintf(err, errlen, "%s: no samples", rd->name);
+		tr_error_set(err, 0, 0, NULL, "%s: no samples", rd->name);
 		rc = -EINVAL;
 		goto out;
 	}
 	struct tr_plan plan;
-	if ((rc = tr_plan_init(&plan, rd->info.samples, batch, TR_LAST_PARTIAL, false, 0, 1, 0, err, errlen)) < 0)
+	if ((rc = tr_plan_init(&plan, rd->info.samples, batch, TR_LAST_PARTIAL, false, 0, 1, 0, err)) < 0)
 		goto out;
 	int share = (batch + in->ndev - 1) / in->ndev;
 	for (int i = 0; i < in->ndev; i++) {
@@ -163,22 +163,22 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 		rk->in = in;
 		rk->rank = i;
 		if (dev < 0 || dev >= avail) {
-			snprintf(err, errlen, "device %d does not exist (%d present)", dev, avail);
+			tr_error_set(err, 0, 0, NULL, "device %d does not exist (%d present)", dev, avail);
 			rc = -EINVAL;
 			goto out;
 		}
 		/* label_dim 1: the replica's label buffer is never read here. */
-		if ((rc = tr_replica_init(&rk->rep, m, be, dev, share, 1, 0, err, errlen)) < 0)
+		if ((rc = tr_replica_init(&rk->rep, m, be, dev, share, 1, 0, err)) < 0)
 			goto out;
 		if ((rc = be->i->to_device(be, dev, rk->rep.params, o->params, m->n_params * sizeof(float))) < 0 ||
 		    (rc = be->i->sync(be, dev)) < 0) {
-			snprintf(err, errlen, "device %d: %s", dev, be->i->last_error(be));
+			tr_error_set(err, 0, 0, NULL, "device %d: %s", dev, be->i->last_error(be));
 			goto out;
 		}
 	}
 	in->out = malloc((size_t)batch * m->outputs * sizeof(float));
 	if (!in->out) {
-		snprintf(err, errlen, "out of memory for %d outputs", batch * m->outputs);
+		tr_error_set(err, 0, 0, NULL, "out of memory for %d outputs", batch * m->outputs);
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -193,11 +193,11 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 		.end_step = plan.total_steps,
 		.inference = true,
 	};
-	if ((rc = tr_prefetch_create(&pc, &pf, err, errlen)) < 0)
+	if ((rc = tr_prefetch_create(&pc, &pf, err)) < 0)
 		goto out;
 	for (int i = 1; i < in->ndev; i++) {
 		if (pthread_create(&in->ranks[i].thread, NULL, rank_main, &in->ranks[i]) != 0) {
-			snprintf(err, errlen, "cannot start a device thread");
+			tr_error_set(err, 0, 0, NULL, "cannot start a device thread");
 			rc = -EAGAIN;
 			goto out;
 		}
@@ -205,7 +205,7 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 	}
 	for (int64_t s = 0; s < plan.total_steps; s++) {
 		if (o->cancel && atomic_load(o->cancel)) {
-			snprintf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			rc = -ECANCELED;
 			break;
 		}
@@ -213,7 +213,7 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 		double wait;
 		rc = tr_prefetch_next(pf, s, &b, &wait);
 		if (rc < 0) {
-			snprintf(err, errlen, "%s", rc == -EIO ? tr_prefetch_error(pf) : "cancelled");
+			tr_error_set(err, 0, 0, NULL, "%s", rc == -EIO ? tr_prefetch_error(pf) : "cancelled");
 			/* A loader error is the data's (a file truncated, unreadable
 			 * or changed, named in err): callers tell it from a device's. */
 			if (rc == -EIO)
@@ -221,7 +221,7 @@ int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen)
 			break;
 		}
 		in->batch = b;
-		rc = run_batch(in, err, errlen);
+		rc = run_batch(in, err);
 		/* Plan order without shuffling: batch s holds samples
 		 * [s * batch, s * batch + count). */
 		if (rc == 0)
@@ -286,7 +286,7 @@ void tr_eval_acc_finish(struct tr_eval_acc *a)
 }
 
 int tr_eval_acc_add(struct tr_eval_acc *a, int64_t first, int rows, const float *outputs, const float *labels,
-		    char *err, size_t errlen)
+		    struct tr_error *err)
 {
 	const int K = a->outputs;
 	for (int r = 0; r < rows; r++) {
@@ -295,8 +295,9 @@ int tr_eval_acc_add(struct tr_eval_acc *a, int64_t first, int rows, const float 
 			float lf = labels[r];
 			int y = (int)lf;
 			if (!(lf >= 0.0f && lf < (float)K) || (float)y != lf) {
-				snprintf(err, errlen, "sample %lld: label %g is not a class of this model (0 to %d)",
-					 (long long)(first + r), (double)lf, K - 1);
+				tr_error_set(err, 0, 0, NULL,
+					     "sample %lld: label %g is not a class of this model (0 to %d)",
+					     (long long)(first + r), (double)lf, K - 1);
 				return -EINVAL;
 			}
 			/* As the training loss: log-sum-exp around the maximum;

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/backend.h"
 #include "engine/data/reader.h"
 #include "engine/model/model.h"
@@ -54,7 +55,7 @@ struct tr_infer_options {
  * naming the file and sample for bad data (a feature count the model does
  * not take, a sample the loader could not read: a file truncated, changed
  * or unreadable), or another negative code naming the device. */
-int tr_infer_run(const struct tr_infer_options *o, char *err, size_t errlen);
+int tr_infer_run(const struct tr_infer_options *o, struct tr_error *err);
 
 struct tr_eval_acc {
 	bool classification;
@@ -72,7 +73,7 @@ void tr_eval_acc_finish(struct tr_eval_acc *a);
 /* Adds rows of outputs (logits or predictions) and labels.  A class label
  * outside [0, outputs) or not an integer is an error naming its sample. */
 int tr_eval_acc_add(struct tr_eval_acc *a, int64_t first, int rows, const float *outputs, const float *labels,
-		    char *err, size_t errlen);
+		    struct tr_error *err);
 /* The figures as a new object: {"samples", "loss", "accuracy",
  * "confusion_matrix"} or {"samples", "loss", "mse", "mae", "r2"}, with
  * `prefix` before each name but "samples" and "confusion_matrix" (e.g.

@@ -44,8 +44,8 @@ static json_t *describe_labels(const struct tr_spec *spec, const tr_model_t *m, 
 	return json_pack("{s:s, s:i, s:o}", "task", "classification", "classes", m->outputs, "class_names", names);
 }
 
-int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m,
-			   const tr_transforms_t *tf, tr_reader_t *train, char *err, size_t errlen)
+int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m, const tr_transforms_t *tf,
+			   tr_reader_t *train, struct tr_error *err)
 {
 	json_t *full = tr_spec_to_json(spec);
 	json_t *model = full ? json_deep_copy(json_object_get(full, "model")) : NULL;
@@ -95,7 +95,7 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 		rc = set_json(meta, "labels", describe_labels(spec, m, train));
 out:
 	if (rc < 0)
-		snprintf(err, errlen, "model description: out of memory");
+		tr_error_set(err, 0, 0, NULL, "model description: out of memory");
 	json_decref(model);
 	json_decref(pre);
 	json_decref(full);
@@ -104,20 +104,21 @@ out:
 
 /* ---- reading ---- */
 
-static json_t *get_json(const json_t *meta, const char *key, char *err, size_t errlen)
+static json_t *get_json(const json_t *meta, const char *key, struct tr_error *err)
 {
 	const char *text = json_string_value(json_object_get(meta, key));
 	if (!text) {
-		snprintf(err, errlen,
-			 "model file: no \"%s\" in its metadata (written before trainerd described its models, or by "
-			 "another program)",
-			 key);
+		tr_error_set(
+			err, 0, 0, NULL,
+			"model file: no \"%s\" in its metadata (written before trainerd described its models, or by "
+			"another program)",
+			key);
 		return NULL;
 	}
 	json_error_t jerr;
 	json_t *v = json_loads(text, 0, &jerr);
 	if (!json_is_object(v)) {
-		snprintf(err, errlen, "model file: metadata \"%s\" is not a JSON object", key);
+		tr_error_set(err, 0, 0, NULL, "model file: metadata \"%s\" is not a JSON object", key);
 		json_decref(v);
 		return NULL;
 	}
@@ -138,7 +139,7 @@ void tr_model_desc_finish(struct tr_model_desc *d)
 	memset(d, 0, sizeof *d);
 }
 
-int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *err, size_t errlen)
+int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct tr_error *err)
 {
 	memset(d, 0, sizeof *d);
 	json_t *model = NULL, *pre = NULL, *labels = NULL, *doc = NULL, *stripped = NULL;
@@ -146,12 +147,13 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 	int rc = -EINVAL;
 	const char *fmt = json_string_value(json_object_get(meta, "trainerd_model_format"));
 	if (fmt && strcmp(fmt, TR_MODEL_FORMAT_VERSION) != 0) {
-		snprintf(err, errlen, "model file: trainerd_model_format %.16s is not one this build reads (%s)", fmt,
-			 TR_MODEL_FORMAT_VERSION);
+		tr_error_set(err, 0, 0, NULL,
+			     "model file: trainerd_model_format %.16s is not one this build reads (%s)", fmt,
+			     TR_MODEL_FORMAT_VERSION);
 		return -EINVAL;
 	}
-	if (!(model = get_json(meta, "model", err, errlen)) || !(pre = get_json(meta, "preprocessing", err, errlen)) ||
-	    !(labels = get_json(meta, "labels", err, errlen)))
+	if (!(model = get_json(meta, "model", err)) || !(pre = get_json(meta, "preprocessing", err)) ||
+	    !(labels = get_json(meta, "labels", err)))
 		goto out;
 	snprintf(d->version, sizeof d->version, "%s",
 		 json_string_value(json_object_get(meta, "trainerd_version")) ?: "");
@@ -159,8 +161,8 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 	/* The transforms as a spec lists them: without what trainerd added. */
 	const json_t *tfs = json_object_get(pre, "transforms");
 	if (tfs && (!json_is_array(tfs) || json_array_size(tfs) > TR_SPEC_MAX_TRANSFORMS)) {
-		snprintf(err, errlen, "model file: preprocessing: transforms must be an array of at most %d",
-			 TR_SPEC_MAX_TRANSFORMS);
+		tr_error_set(err, 0, 0, NULL, "model file: preprocessing: transforms must be an array of at most %d",
+			     TR_SPEC_MAX_TRANSFORMS);
 		goto out;
 	}
 	stripped = json_array();
@@ -168,7 +170,7 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 		const json_t *e = json_array_get(tfs, k);
 		json_t *c = json_is_object(e) ? json_deep_copy(e) : NULL;
 		if (!c) {
-			snprintf(err, errlen, "model file: preprocessing: transforms/%zu must be an object", k);
+			tr_error_set(err, 0, 0, NULL, "model file: preprocessing: transforms/%zu must be an object", k);
 			goto out;
 		}
 		fitted[k] = json_object_get(e, "fitted");
@@ -181,7 +183,7 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 	 * parser checks them as a job's and leaves them in d->spec.train. */
 	const json_t *img = json_object_get(pre, "images");
 	if (img && !json_is_object(img)) {
-		snprintf(err, errlen, "model file: preprocessing: images must be an object");
+		tr_error_set(err, 0, 0, NULL, "model file: preprocessing: images must be an object");
 		goto out;
 	}
 	json_t *train = img ? json_deep_copy(img) : json_object();
@@ -189,30 +191,31 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 	    json_object_set_new(train, "path", json_string("-")) < 0 ||
 	    (img && json_object_set_new(train, "labels", json_string("folders")) < 0)) {
 		json_decref(train);
-		snprintf(err, errlen, "model file: out of memory");
+		tr_error_set(err, 0, 0, NULL, "model file: out of memory");
 		goto out;
 	}
 	doc = json_pack("{s:O, s:{s:o, s:O}, s:i, s:i, s:{s:s, s:f}}", "model", model, "data", "train", train,
 			"transforms", stripped, "batch_size", 1, "epochs", 1, "optimizer", "type", "sgd", "lr", 0.1);
 	struct tr_spec_error serr;
 	if (!doc || tr_spec_parse(doc, &d->spec, &serr) < 0) {
-		snprintf(err, errlen, "model file: %s", doc ? serr.message : "out of memory");
+		tr_error_set(err, 0, 0, NULL, "model file: %s", doc ? serr.message : "out of memory");
 		goto out;
 	}
 	int features = (int)json_integer_value(json_object_get(pre, "features"));
 	if (d->spec.inputs <= 0 || features != d->spec.inputs) {
-		snprintf(err, errlen, "model file: model.inputs (%d) and preprocessing.features (%d) must be equal and > 0",
-			 d->spec.inputs, features);
+		tr_error_set(err, 0, 0, NULL,
+			     "model file: model.inputs (%d) and preprocessing.features (%d) must be equal and > 0",
+			     d->spec.inputs, features);
 		goto out;
 	}
-	char why[512];
-	if ((rc = tr_model_init(&d->model, &d->spec, d->spec.inputs, why, sizeof why)) < 0) {
-		snprintf(err, errlen, "model file: %s", why);
+	struct tr_error why;
+	if ((rc = tr_model_init(&d->model, &d->spec, d->spec.inputs, &why)) < 0) {
+		tr_error_set(err, 0, 0, NULL, "model file: %s", why.message);
 		goto out;
 	}
 	if (d->spec.n_transforms > 0 &&
-	    (rc = tr_transforms_create_recorded(&d->spec, fitted, features, &d->transforms, why, sizeof why)) < 0) {
-		snprintf(err, errlen, "model file: preprocessing: %s", why);
+	    (rc = tr_transforms_create_recorded(&d->spec, fitted, features, &d->transforms, &why)) < 0) {
+		tr_error_set(err, 0, 0, NULL, "model file: preprocessing: %s", why.message);
 		goto out;
 	}
 	rc = -EINVAL;
@@ -220,16 +223,16 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *e
 	d->classification = d->spec.loss == TR_LOSS_SOFTMAX_CE;
 	d->outputs = d->model.outputs;
 	if (!task || strcmp(task, d->classification ? "classification" : "regression") != 0) {
-		snprintf(err, errlen, "model file: labels.task must be \"%s\" for the loss %s",
-			 d->classification ? "classification" : "regression",
-			 d->classification ? "softmax_cross_entropy" : "mse");
+		tr_error_set(err, 0, 0, NULL, "model file: labels.task must be \"%s\" for the loss %s",
+			     d->classification ? "classification" : "regression",
+			     d->classification ? "softmax_cross_entropy" : "mse");
 		goto out;
 	}
 	const json_t *names = json_object_get(labels, "class_names");
 	if (d->classification && json_is_array(names)) {
 		if (json_array_size(names) != (size_t)d->outputs) {
-			snprintf(err, errlen, "model file: labels.class_names has %zu names for %d classes",
-				 json_array_size(names), d->outputs);
+			tr_error_set(err, 0, 0, NULL, "model file: labels.class_names has %zu names for %d classes",
+				     json_array_size(names), d->outputs);
 			goto out;
 		}
 		d->class_names = calloc((size_t)d->outputs, sizeof *d->class_names);
@@ -250,48 +253,48 @@ out:
 	return rc;
 }
 
-static int load_params(tr_st_file_t *f, struct tr_model_desc *d, char *err, size_t errlen)
+static int load_params(tr_st_file_t *f, struct tr_model_desc *d, struct tr_error *err)
 {
 	const tr_model_t *m = &d->model;
 	d->params = malloc((m->n_params ? m->n_params : 1) * sizeof(float));
 	if (!d->params) {
-		snprintf(err, errlen, "model file: out of memory for %zu parameters", m->n_params);
+		tr_error_set(err, 0, 0, NULL, "model file: out of memory for %zu parameters", m->n_params);
 		return -ENOMEM;
 	}
 	int rc = 0;
 	for (int i = 0; i < tr_model_param_count(m) && rc == 0; i++) {
 		struct tr_param_view v;
 		tr_model_param_view(m, i, &v);
-		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, d->params + v.offset, err, errlen);
+		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, d->params + v.offset, err);
 	}
 	return rc;
 }
 
-static int load_file(tr_st_file_t *f, struct tr_model_desc *d, char *err, size_t errlen)
+static int load_file(tr_st_file_t *f, struct tr_model_desc *d, struct tr_error *err)
 {
 	const json_t *meta = tr_st_metadata(f);
-	int rc = tr_model_desc_from_meta(meta, d, err, errlen);
+	int rc = tr_model_desc_from_meta(meta, d, err);
 	if (rc == 0)
-		rc = load_params(f, d, err, errlen);
+		rc = load_params(f, d, err);
 	tr_st_close(f);
 	return rc;
 }
 
-int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d, char *err,
-			   size_t errlen)
+int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d,
+			   struct tr_error *err)
 {
 	tr_st_file_t *f;
 	memset(d, 0, sizeof *d);
-	int rc = tr_st_open_mem(data, len, label, &f, err, errlen);
-	return rc < 0 ? rc : load_file(f, d, err, errlen);
+	int rc = tr_st_open_mem(data, len, label, &f, err);
+	return rc < 0 ? rc : load_file(f, d, err);
 }
 
-int tr_model_desc_load(const char *path, struct tr_model_desc *d, char *err, size_t errlen)
+int tr_model_desc_load(const char *path, struct tr_model_desc *d, struct tr_error *err)
 {
 	tr_st_file_t *f;
 	memset(d, 0, sizeof *d);
-	int rc = tr_st_open(path, &f, err, errlen);
-	return rc < 0 ? rc : load_file(f, d, err, errlen);
+	int rc = tr_st_open(path, &f, err);
+	return rc < 0 ? rc : load_file(f, d, err);
 }
 
 static void strip_prefix(char *s, size_t cap, const char *prefix)
@@ -340,7 +343,7 @@ void tr_model_desc_want_shape(const struct tr_model_desc *d, struct tr_source_sp
 		memcpy(src->want_shape, d->model.in_shape.d, sizeof src->want_shape);
 }
 
-int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, char *err, size_t errlen)
+int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, struct tr_error *err)
 {
 	if (!d->class_names || !rd->i->class_name)
 		return 0;
@@ -361,6 +364,7 @@ int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, 
 	}
 	if (!bad)
 		return 0;
-	snprintf(err, errlen, "the class folders do not match the model's classes: %s%s", diff, bad > 8 ? "; ..." : "");
+	tr_error_set(err, 0, 0, NULL, "the class folders do not match the model's classes: %s%s", diff,
+		     bad > 8 ? "; ..." : "");
 	return -EINVAL;
 }

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/error.h"
 #include "engine/data/reader.h"
 #include "engine/model/model.h"
 #include "engine/spec.h"
@@ -35,8 +36,8 @@
  * transforms with what `tf` fitted (may be NULL when the spec has none),
  * and the label meaning, with class names when `train` (may be NULL) has
  * them.  Returns 0 or -ENOMEM with err set. */
-int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m,
-			   const tr_transforms_t *tf, tr_reader_t *train, char *err, size_t errlen);
+int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m, const tr_transforms_t *tf,
+			   tr_reader_t *train, struct tr_error *err);
 
 /* A model read back from its description and weights. */
 struct tr_model_desc {
@@ -53,7 +54,7 @@ struct tr_model_desc {
 /* Fills d from a file's metadata (borrowed).  Errors name the key
  * ("model file: preprocessing: transforms/0: ...").  Release with
  * tr_model_desc_finish, also after an error. */
-int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, char *err, size_t errlen);
+int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct tr_error *err);
 void tr_model_desc_finish(struct tr_model_desc *d);
 
 /* Parses a data source (borrowed, as a job's data.train: csv, npy, idx,
@@ -76,14 +77,14 @@ void tr_model_desc_want_shape(const struct tr_model_desc *d, struct tr_source_sp
  * or -EINVAL with "the class folders do not match the model's classes:
  * class 1 is 'dots' in the data, 'down' in the model" in err.  Data
  * lacking the model's last classes passes. */
-int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, char *err, size_t errlen);
+int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, struct tr_error *err);
 
 /* Reads a model file (model.safetensors or a checkpoint: the parameters
  * under their PyTorch names; optimizer state is ignored) into d,
  * description and weights.  `label` names the image in messages. */
-int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d, char *err,
-			   size_t errlen);
+int tr_model_desc_load_mem(const void *data, size_t len, const char *label, struct tr_model_desc *d,
+			   struct tr_error *err);
 /* The same from a path, opened as written (a person's own file). */
-int tr_model_desc_load(const char *path, struct tr_model_desc *d, char *err, size_t errlen);
+int tr_model_desc_load(const char *path, struct tr_model_desc *d, struct tr_error *err);
 
 #endif

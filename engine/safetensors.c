@@ -67,19 +67,19 @@ static void put_le64(uint8_t *p, uint64_t v)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out,
-		    size_t *len, char *err, size_t errlen)
+int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out, size_t *len,
+		    struct tr_error *err)
 {
 	size_t hlen, dlen;
 	char *header = build_header(tensors, n, metadata, &hlen, &dlen);
 	if (!header) {
-		snprintf(err, errlen, "safetensors: cannot build header");
+		tr_error_set(err, 0, 0, NULL, "safetensors: cannot build header");
 		return -ENOMEM;
 	}
 	uint8_t *buf = malloc(8 + hlen + dlen);
 	if (!buf) {
 		free(header);
-		snprintf(err, errlen, "safetensors: out of memory for %zu bytes", 8 + hlen + dlen);
+		tr_error_set(err, 0, 0, NULL, "safetensors: out of memory for %zu bytes", 8 + hlen + dlen);
 		return -ENOMEM;
 	}
 	put_le64(buf, hlen);
@@ -112,13 +112,13 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
-int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata, char *err,
-		size_t errlen)
+int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata,
+		struct tr_error *err)
 {
 	size_t hlen, dlen;
 	char *header = build_header(tensors, n, metadata, &hlen, &dlen);
 	if (!header) {
-		snprintf(err, errlen, "%s: cannot build header", path);
+		tr_error_set(err, 0, 0, NULL, "%s: cannot build header", path);
 		return -ENOMEM;
 	}
 	char tmp[4096];
@@ -127,7 +127,7 @@ int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, con
 	int rc = 0;
 	if (fd < 0) {
 		rc = -errno;
-		snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", tmp, strerror(errno));
 		free(header);
 		return rc;
 	}
@@ -146,7 +146,7 @@ int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, con
 	if (!rc && rename(tmp, path) < 0)
 		rc = -errno;
 	if (rc) {
-		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(-rc));
 		unlink(tmp);
 	}
 	return rc;
@@ -184,47 +184,47 @@ void tr_st_close(tr_st_file_t *f)
 	free(f);
 }
 
-static int check_entry(tr_st_file_t *f, const char *name, json_t *e, char *err, size_t errlen)
+static int check_entry(tr_st_file_t *f, const char *name, json_t *e, struct tr_error *err)
 {
 	json_t *dtype = json_object_get(e, "dtype"), *shape = json_object_get(e, "shape");
 	json_t *offs = json_object_get(e, "data_offsets");
 	if (!json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2 ||
 	    !json_is_integer(json_array_get(offs, 0)) || !json_is_integer(json_array_get(offs, 1))) {
-		snprintf(err, errlen, "%s: tensor '%s': malformed header entry", f->path, name);
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s': malformed header entry", f->path, name);
 		return -EINVAL;
 	}
 	json_int_t b = json_integer_value(json_array_get(offs, 0));
 	json_int_t e2 = json_integer_value(json_array_get(offs, 1));
 	if (b < 0 || e2 < b || (uint64_t)e2 > f->file_size - f->data_start) {
-		snprintf(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] outside the file's %llu data bytes",
-			 f->path, name, (long long)b, (long long)e2,
-			 (unsigned long long)(f->file_size - f->data_start));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: tensor '%s': data_offsets [%lld, %lld] outside the file's %llu data bytes", f->path,
+			     name, (long long)b, (long long)e2, (unsigned long long)(f->file_size - f->data_start));
 		return -EINVAL;
 	}
 	return 0;
 }
 
 /* Parses the header once the size is known and reads can be made. */
-static int parse_header(tr_st_file_t *f, char *err, size_t errlen)
+static int parse_header(tr_st_file_t *f, struct tr_error *err)
 {
 	const char *path = f->path;
 	uint8_t len8[8];
 	if (f->file_size < 8 || read_at(f, len8, 8, 0) != 8) {
-		snprintf(err, errlen, "%s: not a safetensors file (shorter than 8 bytes)", path);
+		tr_error_set(err, 0, 0, NULL, "%s: not a safetensors file (shorter than 8 bytes)", path);
 		return -EINVAL;
 	}
 	uint64_t hlen = 0;
 	for (int i = 0; i < 8; i++)
 		hlen |= (uint64_t)len8[i] << (8 * i);
 	if (hlen > MAX_HEADER || 8 + hlen > f->file_size) {
-		snprintf(err, errlen, "%s: header length %llu does not fit the file (%llu bytes)", path,
-			 (unsigned long long)hlen, (unsigned long long)f->file_size);
+		tr_error_set(err, 0, 0, NULL, "%s: header length %llu does not fit the file (%llu bytes)", path,
+			     (unsigned long long)hlen, (unsigned long long)f->file_size);
 		return -EINVAL;
 	}
 	char *text = malloc(hlen + 1);
 	if (!text || read_at(f, text, hlen, 8) != (ssize_t)hlen) {
 		free(text);
-		snprintf(err, errlen, "%s: cannot read header", path);
+		tr_error_set(err, 0, 0, NULL, "%s: cannot read header", path);
 		return -EIO;
 	}
 	text[hlen] = 0;
@@ -234,10 +234,10 @@ static int parse_header(tr_st_file_t *f, char *err, size_t errlen)
 	if (!json_is_object(f->header)) {
 		/* The position, not jansson's text: that quotes the file. */
 		if (f->header)
-			snprintf(err, errlen, "%s: header is not a JSON object", path);
+			tr_error_set(err, 0, 0, NULL, "%s: header is not a JSON object", path);
 		else
-			snprintf(err, errlen, "%s: header is not valid JSON (byte %d of the header)", path,
-				 jerr.position);
+			tr_error_set(err, 0, 0, NULL, "%s: header is not valid JSON (byte %d of the header)", path,
+				     jerr.position);
 		return -EINVAL;
 	}
 	f->data_start = 8 + hlen;
@@ -247,29 +247,29 @@ static int parse_header(tr_st_file_t *f, char *err, size_t errlen)
 	{
 		if (strcmp(name, "__metadata__") == 0)
 			continue;
-		int rc = check_entry(f, name, e, err, errlen);
+		int rc = check_entry(f, name, e, err);
 		if (rc)
 			return rc;
 	}
 	return 0;
 }
 
-int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen)
+int tr_st_open(const char *path, tr_st_file_t **out, struct tr_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int rc = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(errno));
 		return rc;
 	}
-	return tr_st_open_fd(fd, path, out, err, errlen);
+	return tr_st_open_fd(fd, path, out, err);
 }
 
-int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, char *err, size_t errlen)
+int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, struct tr_error *err)
 {
 	tr_st_file_t *f = calloc(1, sizeof *f);
 	if (!f) {
-		snprintf(err, errlen, "%s: out of memory", path);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", path);
 		close(fd);
 		return -ENOMEM;
 	}
@@ -279,11 +279,11 @@ int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, char *err, size_
 	struct stat st;
 	if (fstat(f->fd, &st) < 0) {
 		rc = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(errno));
 		goto fail;
 	}
 	f->file_size = (uint64_t)st.st_size;
-	if ((rc = parse_header(f, err, errlen)) < 0)
+	if ((rc = parse_header(f, err)) < 0)
 		goto fail;
 	*out = f;
 	return 0;
@@ -292,18 +292,18 @@ fail:
 	return rc;
 }
 
-int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, char *err, size_t errlen)
+int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, struct tr_error *err)
 {
 	tr_st_file_t *f = calloc(1, sizeof *f);
 	if (!f) {
-		snprintf(err, errlen, "%s: out of memory", label);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", label);
 		return -ENOMEM;
 	}
 	f->fd = -1;
 	f->mem = data;
 	f->file_size = len;
 	f->path = strdup(label);
-	int rc = parse_header(f, err, errlen);
+	int rc = parse_header(f, err);
 	if (rc < 0) {
 		tr_st_close(f);
 		return rc;
@@ -312,17 +312,16 @@ int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t
 	return 0;
 }
 
-int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
-		   size_t errlen)
+int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, struct tr_error *err)
 {
 	json_t *e = json_object_get(f->header, name);
 	if (!e) {
-		snprintf(err, errlen, "%s: has no tensor '%s'", f->path, name);
+		tr_error_set(err, 0, 0, NULL, "%s: has no tensor '%s'", f->path, name);
 		return -ENOENT;
 	}
 	const char *dtype = json_string_value(json_object_get(e, "dtype"));
 	if (strcmp(dtype, "F32") != 0) {
-		snprintf(err, errlen, "%s: tensor '%s' has dtype %.8s, expected F32", f->path, name, dtype);
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' has dtype %.8s, expected F32", f->path, name, dtype);
 		return -EINVAL;
 	}
 	json_t *js = json_object_get(e, "shape");
@@ -338,8 +337,8 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 		for (size_t d = 0; d < json_array_size(js) && gl < sizeof got; d++)
 			gl += (size_t)snprintf(got + gl, sizeof got - gl, "%s%lld", d ? ", " : "",
 					       (long long)json_integer_value(json_array_get(js, d)));
-		snprintf(err, errlen, "%s: tensor '%s' has shape [%s], the model expects [%s]", f->path, name, got,
-			 want);
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' has shape [%s], the model expects [%s]", f->path, name,
+			     got, want);
 		return -EINVAL;
 	}
 	json_t *offs = json_object_get(e, "data_offsets");
@@ -349,8 +348,8 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 	for (int d = 0; d < ndim; d++)
 		want_bytes *= (size_t)shape[d];
 	if (end - b != want_bytes) {
-		snprintf(err, errlen, "%s: tensor '%s' holds %llu bytes, its shape needs %zu", f->path, name,
-			 (unsigned long long)(end - b), want_bytes);
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' holds %llu bytes, its shape needs %zu", f->path, name,
+			     (unsigned long long)(end - b), want_bytes);
 		return -EINVAL;
 	}
 	uint8_t *p = (uint8_t *)dst;
@@ -358,7 +357,7 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 	while (done < want_bytes) {
 		ssize_t r = read_at(f, p + done, want_bytes - done, f->data_start + b + done);
 		if (r <= 0) {
-			snprintf(err, errlen, "%s: short read in tensor '%s'", f->path, name);
+			tr_error_set(err, 0, 0, NULL, "%s: short read in tensor '%s'", f->path, name);
 			return -EIO;
 		}
 		done += (size_t)r;

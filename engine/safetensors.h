@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
+
 struct tr_st_tensor {
 	const char *name;
 	int ndim;
@@ -23,30 +25,29 @@ struct tr_st_tensor {
 /* Writes atomically (temporary file, fsync, rename).  metadata (borrowed,
  * may be NULL) must be an object of string values.  Returns 0 or -errno
  * with err set. */
-int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata, char *err,
-		size_t errlen);
+int tr_st_write(const char *path, const struct tr_st_tensor *tensors, int n, const json_t *metadata,
+		struct tr_error *err);
 
 /* Serialises into memory instead: *out (malloc'd, caller frees), *len. */
-int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out,
-		    size_t *len, char *err, size_t errlen);
+int tr_st_serialize(const struct tr_st_tensor *tensors, int n, const json_t *metadata, uint8_t **out, size_t *len,
+		    struct tr_error *err);
 
 typedef struct tr_st_file tr_st_file_t;
 
 /* Opens and validates a file (header JSON, offsets inside the file, no
  * overlaps).  Errors name the file. */
-int tr_st_open(const char *path, tr_st_file_t **out, char *err, size_t errlen);
+int tr_st_open(const char *path, tr_st_file_t **out, struct tr_error *err);
 /* The same over an open descriptor, owned from the call on (closed by
  * tr_st_close, or here on error); path names it in messages. */
-int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, char *err, size_t errlen);
+int tr_st_open_fd(int fd, const char *path, tr_st_file_t **out, struct tr_error *err);
 /* The same over a memory image (borrowed; must outlive the handle); label
  * names it in messages. */
-int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, char *err, size_t errlen);
+int tr_st_open_mem(const void *data, size_t len, const char *label, tr_st_file_t **out, struct tr_error *err);
 void tr_st_close(tr_st_file_t *f); /* accepts NULL */
 
 /* Copies tensor `name` into dst after checking dtype F32 and that its shape
  * equals shape[0..ndim).  Errors name the tensor and both shapes. */
-int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
-		   size_t errlen);
+int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, struct tr_error *err);
 
 /* Borrowed: the __metadata__ object or NULL. */
 const json_t *tr_st_metadata(const tr_st_file_t *f);

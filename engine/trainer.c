@@ -57,7 +57,7 @@ void tr_trainer_emit(struct tr_trainer *t, const char *name, int64_t step, int64
 
 /* ---- evaluation -------------------------------------------------------- */
 
-static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, size_t errlen)
+static int evaluate(struct tr_trainer *t, double *loss, double *acc, struct tr_error *err)
 {
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
@@ -69,31 +69,31 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, char *err, 
 	int rc = 0;
 	if (!x || !y) {
 		rc = -ENOMEM;
-		snprintf(err, errlen, "out of memory for validation");
+		tr_error_set(err, 0, 0, NULL, "out of memory for validation");
 		goto out;
 	}
 	for (int64_t base = 0; base < n && rc == 0; base += chunk) {
 		int rows = (int)(n - base < chunk ? n - base : chunk);
 		/* A validation set may be as large as a training set. */
 		if (atomic_load(&t->cancel_requested)) {
-			snprintf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			rc = -ECANCELED;
 			break;
 		}
 		for (int i = 0; i < rows && rc == 0; i++) {
-			rc = tr_reader_get(t->val, base + i, x + (size_t)i * F, y + (size_t)i * L, err, errlen);
+			rc = tr_reader_get(t->val, base + i, x + (size_t)i * F, y + (size_t)i * L, err);
 			if (rc == 0 && t->transforms)
 				tr_transforms_apply(t->transforms, x + (size_t)i * F, F, t->spec->seed, 0, base + i, 0);
 		}
 		if (rc == 0)
-			rc = tr_reader_check(t->val, err, errlen);
+			rc = tr_reader_check(t->val, err);
 		if (rc < 0)
 			break;
 		tr_data_pay_deferred_wait(); /* the chunk is ready after its full loading cost */
 		if ((rc = tr_trainer_copy_rows(be->i->to_device, be, r->dev, r->input, r->labels, x, y, 0, rows, F, L)) < 0 ||
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
 		    (rc = tr_replica_loss(r, rows, 0.0f, sums)) < 0 || (rc = be->i->sync(be, r->dev)) < 0)
-			snprintf(err, errlen, "validation: %s", be->i->last_error(be));
+			tr_error_set(err, 0, 0, NULL, "validation: %s", be->i->last_error(be));
 	}
 	*loss = sums[0] / (double)n;
 	*acc = sums[1] / (double)n;
@@ -107,7 +107,7 @@ out:
  * 0.  The figures are tr_eval_acc's (engine/infer.h), the same code as
  * `trainerd eval` and evaluate jobs, emitted as test_* metrics at the last
  * step and kept in the summary. */
-static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, char *err, size_t errlen)
+static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, struct tr_error *err)
 {
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
@@ -118,29 +118,29 @@ static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, char
 	float *y = malloc((size_t)chunk * L * sizeof(float));
 	float *out = malloc((size_t)chunk * K * sizeof(float));
 	struct tr_eval_acc acc;
-	char why[512];
+	struct tr_error why;
 	int rc = tr_eval_acc_init(&acc, m->loss == TR_LOSS_SOFTMAX_CE, K);
 	if (rc < 0 || !x || !y || !out) {
 		rc = -ENOMEM;
-		snprintf(err, errlen, "out of memory for the test data");
+		tr_error_set(err, 0, 0, NULL, "out of memory for the test data");
 		goto out;
 	}
 	for (int64_t base = 0; base < n && rc == 0; base += chunk) {
 		int rows = (int)(n - base < chunk ? n - base : chunk);
 		if (atomic_load(&t->cancel_requested)) {
-			snprintf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			rc = -ECANCELED;
 			break;
 		}
 		for (int i = 0; i < rows && rc == 0; i++) {
-			rc = tr_reader_get(t->test, base + i, x + (size_t)i * F, y + (size_t)i * L, why, sizeof why);
+			rc = tr_reader_get(t->test, base + i, x + (size_t)i * F, y + (size_t)i * L, &why);
 			if (rc == 0 && t->transforms)
 				tr_transforms_apply(t->transforms, x + (size_t)i * F, F, t->spec->seed, 0, base + i, 0);
 		}
 		if (rc == 0)
-			rc = tr_reader_check(t->test, why, sizeof why);
+			rc = tr_reader_check(t->test, &why);
 		if (rc < 0) {
-			snprintf(err, errlen, "/data/test: %s", why);
+			tr_error_set(err, 0, 0, "/data/test", "/data/test: %s", why.message);
 			break;
 		}
 		tr_data_pay_deferred_wait();
@@ -148,11 +148,11 @@ static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, char
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
 		    (rc = be->i->to_host(be, r->dev, out, r->acts[m->n_layers], (size_t)rows * K * sizeof(float))) < 0 ||
 		    (rc = be->i->sync(be, r->dev)) < 0) {
-			snprintf(err, errlen, "test: %s", be->i->last_error(be));
+			tr_error_set(err, 0, 0, NULL, "test: %s", be->i->last_error(be));
 			break;
 		}
-		if ((rc = tr_eval_acc_add(&acc, base, rows, out, y, why, sizeof why)) < 0)
-			snprintf(err, errlen, "/data/test: %s: %s", t->test->name, why);
+		if ((rc = tr_eval_acc_add(&acc, base, rows, out, y, &why)) < 0)
+			tr_error_set(err, 0, 0, "/data/test", "/data/test: %s: %s", t->test->name, why.message);
 	}
 	if (rc == 0) {
 		json_t *fig = tr_eval_acc_json(&acc, "test_");
@@ -302,7 +302,7 @@ static void early_stop_eval(struct tr_trainer *t, int64_t done, int64_t epoch, d
 	}
 }
 
-int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
+int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
 	int workers = t->opt.workers > 0 ? t->opt.workers : s->prefetch_workers;
@@ -320,7 +320,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		.end_step = total,
 	};
 	tr_prefetch_t *pf;
-	if ((rc = tr_prefetch_create(&pc, &pf, err, errlen)) < 0)
+	if ((rc = tr_prefetch_create(&pc, &pf, err)) < 0)
 		return rc;
 	pthread_mutex_lock(&t->lock);
 	t->prefetch = pf;
@@ -332,7 +332,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	 * ms for a copy into recycled ones). */
 	if (s->checkpoint_every_steps > 0 || s->checkpoint_every_seconds > 0)
 		tr_snapshot_prepare(t->model.n_params, t->opt_buffers);
-	if ((rc = tr_trainer_start_rank_threads(t, err, errlen)) < 0)
+	if ((rc = tr_trainer_start_rank_threads(t, err)) < 0)
 		return rc;
 	tr_trainer_logf(t, TR_LOG_INFO, "training %zu parameters on %d %s device(s), %lld steps, %d loader thread(s)",
 	      t->model.n_params, t->ndev, t->be->i->name, (long long)total, workers);
@@ -359,12 +359,13 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		}
 		if (atomic_load(&t->cancel_requested)) {
 			rc = -ECANCELED;
-			snprintf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			break;
 		}
 		/* Before the step's slot is taken, so a failure here holds none. */
 		if ((rc = tr_trainer_ratio_prepare(t, step + 1)) < 0) {
-			snprintf(err, errlen, "update_ratio: cannot copy the weights before step %lld", (long long)step + 1);
+			tr_error_set(err, 0, 0, NULL, "update_ratio: cannot copy the weights before step %lld",
+				     (long long)step + 1);
 			break;
 		}
 		const struct tr_batch *b;
@@ -373,9 +374,9 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		rc = tr_prefetch_next(t->prefetch, step, &b, &wait_ms);
 		if (rc < 0) {
 			if (rc == -ECANCELED)
-				snprintf(err, errlen, "cancelled");
+				tr_error_set(err, 0, 0, NULL, "cancelled");
 			else
-				snprintf(err, errlen, "%s", tr_prefetch_error(t->prefetch));
+				tr_error_set(err, 0, 0, NULL, "%s", tr_prefetch_error(t->prefetch));
 			break;
 		}
 		t->wait_total_ms += wait_ms;
@@ -384,14 +385,14 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 		t->lr = tr_schedule_lr(s, step, total);
 		t->want_grad_norm = tr_trainer_grad_norm_due(s, step + 1, false);
 		t->want_layer_grad_norms = tr_trainer_grad_norm_due(s, step + 1, true);
-		rc = tr_trainer_run_step_all(t, err, errlen);
+		rc = tr_trainer_run_step_all(t, err);
 		int count = b->count;
 		int64_t epoch = b->epoch;
 		tr_prefetch_release(t->prefetch, step);
 		if (rc < 0) {
 			if (atomic_load(&t->cancel_requested)) {
 				rc = -ECANCELED;
-				snprintf(err, errlen, "cancelled");
+				tr_error_set(err, 0, 0, NULL, "cancelled");
 			}
 			break;
 		}
@@ -400,7 +401,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 			loss_sum += t->ranks[i].loss[0];
 		double loss = loss_sum / count;
 		if (s->stop_on_nan && (!isfinite(loss) || t->ranks[0].grads_nonfinite)) {
-			tr_trainer_describe_nonfinite(t, step + 1, loss, err, errlen);
+			tr_trainer_describe_nonfinite(t, step + 1, loss, err);
 			rc = -EDOM;
 			break;
 		}
@@ -423,7 +424,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 			set_info(t, "epoch", "%lld", (long long)epoch + 1);
 		if (eval_due && t->val) {
 			set_info(t, "phase", "evaluating");
-			rc = evaluate(t, &vl, &va, err, errlen);
+			rc = evaluate(t, &vl, &va, err);
 			if (rc < 0)
 				break;
 			if (isfinite(vl) && !(vl >= best_val_loss)) {
@@ -467,7 +468,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	 * stored weights (docs/model-format.md); a stopped run is not over. */
 	if (rc == 0 && !t->summary.stopped && t->test) {
 		set_info(t, "phase", "testing");
-		rc = evaluate_test(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, err, errlen);
+		rc = evaluate_test(t, t->summary.steps, t->summary.epochs > 0 ? t->summary.epochs - 1 : 0, err);
 	}
 	set_info(t, "phase", rc == 0 && !t->summary.stopped ? "finished" : rc == 0 ? "stopped" : "ended");
 	double el = tr_trainer_mono_s() - start;
@@ -480,7 +481,7 @@ int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen)
 	pthread_mutex_unlock(&t->lock);
 	tr_prefetch_destroy(pf);
 	if (rc < 0)
-		tr_trainer_logf(t, rc == -ECANCELED ? TR_LOG_WARNING : TR_LOG_ERROR, "%s", err);
+		tr_trainer_logf(t, rc == -ECANCELED ? TR_LOG_WARNING : TR_LOG_ERROR, "%s", err ? err->message : "");
 	return rc < 0 ? rc : 0;
 }
 
@@ -530,7 +531,7 @@ int tr_trainer_copy_params(tr_trainer_t *t, int rank, float *host)
 	return rc < 0 ? rc : t->be->i->sync(t->be, r->dev);
 }
 
-int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t errlen)
+int tr_trainer_save_weights(tr_trainer_t *t, const char *path, struct tr_error *err)
 {
 	const tr_model_t *m = &t->model;
 	int n = tr_model_param_count(m);
@@ -539,11 +540,11 @@ int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t
 	struct tr_param_view *vs = calloc((size_t)n, sizeof *vs);
 	int rc = -ENOMEM;
 	if (!host || !ts || !vs) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		goto out;
 	}
 	if ((rc = tr_trainer_copy_params(t, 0, host)) < 0) {
-		snprintf(err, errlen, "cannot read the weights: %s", t->be->i->last_error(t->be));
+		tr_error_set(err, 0, 0, NULL, "cannot read the weights: %s", t->be->i->last_error(t->be));
 		goto out;
 	}
 	for (int i = 0; i < n; i++) {
@@ -557,7 +558,7 @@ int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t
 	char step[32];
 	snprintf(step, sizeof step, "%lld", (long long)t->summary.steps);
 	json_object_set_new(meta, "step", json_string(step));
-	rc = tr_st_write(path, ts, n, meta, err, errlen);
+	rc = tr_st_write(path, ts, n, meta, err);
 	json_decref(meta);
 out:
 	free(host);

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/backend.h"
 #include "engine/checkpoint.h"
 #include "engine/data/reader.h"
@@ -106,12 +107,12 @@ typedef struct tr_trainer tr_trainer_t;
 
 /* Opens the data, builds the model and replicas, starts nothing yet.
  * Errors name the spec field, file or line. */
-int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, char *err, size_t errlen);
+int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, struct tr_error *err);
 
 /* Trains to the end of the plan.  Returns 0 when it completed or was
  * stopped (summary.stopped), -ECANCELED when cancelled, or another negative
  * code with err set (a loader error names file and sample). */
-int tr_trainer_run(tr_trainer_t *t, char *err, size_t errlen);
+int tr_trainer_run(tr_trainer_t *t, struct tr_error *err);
 
 /* Why a trainer was stopped early: names its last checkpoint's reason. */
 enum tr_stop_reason {
@@ -128,7 +129,7 @@ void tr_trainer_stop_for(tr_trainer_t *t, enum tr_stop_reason why);
  * position), or with weights_only take just its weights (init.from another
  * job's checkpoint; optimizer and position start fresh).  The snapshot is
  * only read. */
-int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, char *err, size_t errlen);
+int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, struct tr_error *err);
 /* Asks for a checkpoint at the next step boundary.  Safe from any thread. */
 void tr_trainer_request_checkpoint(tr_trainer_t *t);
 /* A host snapshot of rank 0 now (between runs or from a hook).  NULL on
@@ -143,7 +144,7 @@ const tr_model_t *tr_trainer_model(const tr_trainer_t *t);
 /* Copies rank `rank`'s parameters to host memory (model n_params floats). */
 int tr_trainer_copy_params(tr_trainer_t *t, int rank, float *host);
 /* Writes the weights as safetensors with PyTorch names. */
-int tr_trainer_save_weights(tr_trainer_t *t, const char *path, char *err, size_t errlen);
+int tr_trainer_save_weights(tr_trainer_t *t, const char *path, struct tr_error *err);
 int tr_trainer_device_count(const tr_trainer_t *t);
 
 /* Joins every thread and frees everything.  Accepts NULL. */

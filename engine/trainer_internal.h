@@ -118,12 +118,12 @@ bool tr_trainer_can_lend(const tr_backend_t *be);
 int tr_trainer_copy_rows(copy_to_device_fn copy, tr_backend_t *be, int dev, float *dx, float *dy, const float *x,
 		     const float *y, int off, int len, int F, int L);
 int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out);
-int tr_trainer_run_step_all(struct tr_trainer *t, char *err, size_t errlen);
-int tr_trainer_start_rank_threads(struct tr_trainer *t, char *err, size_t errlen);
+int tr_trainer_run_step_all(struct tr_trainer *t, struct tr_error *err);
+int tr_trainer_start_rank_threads(struct tr_trainer *t, struct tr_error *err);
 int tr_trainer_unlend(struct tr_trainer *t, bool keep_values);
 
 /* trainer_monitors.c */
-void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, char *err, size_t errlen);
+void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, struct tr_error *err);
 void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
 			      double step_ms, double wait_ms);
 bool tr_trainer_grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer);

@@ -188,7 +188,7 @@ void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t ep
  * the order the step computes them: the loss (forward), then the
  * gradients in parameter order (PyTorch names).  Only on failure, so the
  * per-tensor sums cost nothing in a healthy run. */
-void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, char *err, size_t errlen)
+void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, struct tr_error *err)
 {
 	const char *hint = "lower /optimizer/lr, set /clip_grad_norm or check the data";
 	tr_replica_t *r = &t->ranks[0].rep;
@@ -202,16 +202,18 @@ void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double lo
 			snprintf(first, sizeof first, "%s", v.name);
 	}
 	if (!isfinite(loss))
-		snprintf(err, errlen,
-			 "/stop_on_nan: step %lld: the loss is %s%s%s; the job stopped before the step's checkpoint "
-			 "(%s)",
-			 (long long)done, isnan(loss) ? "NaN" : "infinite",
-			 first[0] ? ", and so is the gradient of " : "", first, hint);
+		tr_error_set(
+			err, 0, 0, "/stop_on_nan",
+			"/stop_on_nan: step %lld: the loss is %s%s%s; the job stopped before the step's checkpoint "
+			"(%s)",
+			(long long)done, isnan(loss) ? "NaN" : "infinite",
+			first[0] ? ", and so is the gradient of " : "", first, hint);
 	else
-		snprintf(err, errlen,
-			 "/stop_on_nan: step %lld: the gradient of %s is not finite (NaN or infinite); the update was "
-			 "not applied and the job stopped before the step's checkpoint (%s)",
-			 (long long)done, first[0] ? first : "the model", hint);
+		tr_error_set(
+			err, 0, 0, "/stop_on_nan",
+			"/stop_on_nan: step %lld: the gradient of %s is not finite (NaN or infinite); the update was "
+			"not applied and the job stopped before the step's checkpoint (%s)",
+			(long long)done, first[0] ? first : "the model", hint);
 }
 
 bool tr_trainer_grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer)

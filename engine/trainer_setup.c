@@ -32,22 +32,22 @@ static bool synthetic_pair(const struct tr_spec *s)
 }
 
 /* Set-up gives up once the caller's flag or tr_trainer_cancel says so. */
-static bool setup_cancelled(struct tr_trainer *t, char *err, size_t errlen)
+static bool setup_cancelled(struct tr_trainer *t, struct tr_error *err)
 {
 	if (!atomic_load(&t->cancel_requested) && !(t->opt.cancel && atomic_load(t->opt.cancel)))
 		return false;
-	snprintf(err, errlen, "cancelled");
+	tr_error_set(err, 0, 0, NULL, "cancelled");
 	return true;
 }
 
-static int open_data(struct tr_trainer *t, char *err, size_t errlen)
+static int open_data(struct tr_trainer *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
 	int rc;
 	if (t->opt.train_reader) {
 		t->train = t->opt.train_reader;
 	} else {
-		rc = tr_reader_open(&s->train, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_train, err, errlen);
+		rc = tr_reader_open(&s->train, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_train, err);
 		if (rc < 0)
 			return rc;
 		t->train = t->own_train;
@@ -60,16 +60,16 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 		 * indices after the training set's from one generator instead. */
 		struct tr_source_spec both = s->validation;
 		both.samples = s->train.samples + s->validation.samples;
-		rc = tr_reader_open(&both, s->seed, t->opt.data_roots, t->opt.cancel, &t->val_base, err, errlen);
+		rc = tr_reader_open(&both, s->seed, t->opt.data_roots, t->opt.cancel, &t->val_base, err);
 		if (rc < 0)
 			return rc;
 		t->own_val = t->val = tr_reader_slice(t->val_base, s->train.samples, both.samples);
 		if (!t->val) {
-			snprintf(err, errlen, "out of memory");
+			tr_error_set(err, 0, 0, NULL, "out of memory");
 			return -ENOMEM;
 		}
 	} else if (s->validation.present) {
-		rc = tr_reader_open(&s->validation, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_val, err, errlen);
+		rc = tr_reader_open(&s->validation, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_val, err);
 		if (rc < 0)
 			return rc;
 		t->val = t->own_val;
@@ -79,8 +79,9 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 		int64_t n = t->train->info.samples;
 		int64_t nval = (int64_t)floor((double)n * s->validation_split);
 		if (nval < 1 || nval >= n) {
-			snprintf(err, errlen, "/data/validation_split: %g of %lld samples leaves an empty %s set",
-				 s->validation_split, (long long)n, nval < 1 ? "validation" : "training");
+			tr_error_set(err, 0, 0, "/data/validation_split",
+				     "/data/validation_split: %g of %lld samples leaves an empty %s set",
+				     s->validation_split, (long long)n, nval < 1 ? "validation" : "training");
 			return -EINVAL;
 		}
 		tr_reader_t *base = t->train;
@@ -93,63 +94,64 @@ static int open_data(struct tr_trainer *t, char *err, size_t errlen)
 		t->own_train = t->train;
 		t->own_val = t->val;
 		if (!t->train || !t->val) {
-			snprintf(err, errlen, "out of memory");
+			tr_error_set(err, 0, 0, NULL, "out of memory");
 			return -ENOMEM;
 		}
 	}
 	if (t->val && (t->val->info.features != t->train->info.features ||
 		       t->val->info.label_dim != t->train->info.label_dim)) {
-		snprintf(err, errlen,
-			 "/data/validation: %d features and %d label columns, the training data has %d and %d",
-			 t->val->info.features, t->val->info.label_dim, t->train->info.features,
-			 t->train->info.label_dim);
+		tr_error_set(err, 0, 0, "/data/validation",
+			     "/data/validation: %d features and %d label columns, the training data has %d and %d",
+			     t->val->info.features, t->val->info.label_dim, t->train->info.features,
+			     t->train->info.label_dim);
 		return -EINVAL;
 	}
 	if (s->test.present) {
-		rc = tr_reader_open(&s->test, s->seed, t->opt.data_roots, t->opt.cancel, &t->test, err, errlen);
+		rc = tr_reader_open(&s->test, s->seed, t->opt.data_roots, t->opt.cancel, &t->test, err);
 		if (rc < 0)
 			return rc;
 		if (t->test->info.features != t->train->info.features ||
 		    t->test->info.label_dim != t->train->info.label_dim) {
-			snprintf(err, errlen,
-				 "/data/test: %d features and %d label columns, the training data has %d and %d",
-				 t->test->info.features, t->test->info.label_dim, t->train->info.features,
-				 t->train->info.label_dim);
+			tr_error_set(err, 0, 0, "/data/test",
+				     "/data/test: %d features and %d label columns, the training data has %d and %d",
+				     t->test->info.features, t->test->info.label_dim, t->train->info.features,
+				     t->train->info.label_dim);
 			return -EINVAL;
 		}
 	}
-	if (setup_cancelled(t, err, errlen))
+	if (setup_cancelled(t, err))
 		return -ECANCELED;
-	return tr_transforms_create_cancellable(s, t->train, t->opt.cancel, &t->transforms, err, errlen);
+	return tr_transforms_create_cancellable(s, t->train, t->opt.cancel, &t->transforms, err);
 }
 
 /* ---- model ------------------------------------------------------------- */
 
-static int check_model_against_data(struct tr_trainer *t, char *err, size_t errlen)
+static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
 	const struct tr_reader_info *info = &t->train->info;
 	if (s->inputs > 0 && s->inputs != info->features) {
-		snprintf(err, errlen, "/model/inputs: %d does not match the %d features of %s", s->inputs,
-			 info->features, t->train->name);
+		tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: %d does not match the %d features of %s",
+			     s->inputs, info->features, t->train->name);
 		return -EINVAL;
 	}
 	int out = tr_spec_output_dim(s);
 	if (s->loss == TR_LOSS_SOFTMAX_CE && info->label_dim != 1) {
-		snprintf(err, errlen,
-			 "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
-			 t->train->name, info->label_dim);
+		tr_error_set(err, 0, 0, "/model/loss",
+			     "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
+			     t->train->name, info->label_dim);
 		return -EINVAL;
 	}
 	if (s->loss == TR_LOSS_SOFTMAX_CE && out < 2) {
-		snprintf(err, errlen, "/model/layers: softmax_cross_entropy needs at least 2 outputs, the model has %d",
-			 out);
+		tr_error_set(err, 0, 0, "/model/layers",
+			     "/model/layers: softmax_cross_entropy needs at least 2 outputs, the model has %d", out);
 		return -EINVAL;
 	}
 	if (s->loss == TR_LOSS_MSE && out != info->label_dim) {
-		snprintf(err, errlen, "/model/layers: mse needs %d outputs to match the label columns of %s, the "
-				      "model has %d",
-			 info->label_dim, t->train->name, out);
+		tr_error_set(err, 0, 0, "/model/layers",
+			     "/model/layers: mse needs %d outputs to match the label columns of %s, the "
+			     "model has %d",
+			     info->label_dim, t->train->name, out);
 		return -EINVAL;
 	}
 	return 0;
@@ -158,7 +160,7 @@ static int check_model_against_data(struct tr_trainer *t, char *err, size_t errl
 /* Every label checked once before the first step, so a bad one names its
  * file and line instead of failing a step (docs/design.md, "Label checks").
  * With validation_split both slices are of the training file. */
-static int check_labels(struct tr_trainer *t, char *err, size_t errlen)
+static int check_labels(struct tr_trainer *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
 	int classes = s->loss == TR_LOSS_SOFTMAX_CE ? tr_spec_output_dim(s) : 0;
@@ -174,7 +176,7 @@ static int check_labels(struct tr_trainer *t, char *err, size_t errlen)
 		char warn[512];
 		if (!src[i].r)
 			continue;
-		int rc = tr_data_check_labels(src[i].r, src[i].pointer, classes, warn, sizeof warn, err, errlen);
+		int rc = tr_data_check_labels(src[i].r, src[i].pointer, classes, warn, sizeof warn, err);
 		if (rc < 0)
 			return rc;
 		if (warn[0])
@@ -183,26 +185,28 @@ static int check_labels(struct tr_trainer *t, char *err, size_t errlen)
 	return 0;
 }
 
-static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen)
+static int load_init(struct tr_trainer *t, float *host, struct tr_error *err)
 {
-	char path[4096], msg[1024];
-	int fd = tr_data_open(t->opt.data_roots, t->spec->init_from, NULL, path, sizeof path, msg, sizeof msg);
+	char path[4096];
+	struct tr_error msg;
+	int fd = tr_data_open(t->opt.data_roots, t->spec->init_from, NULL, path, sizeof path, &msg);
 	if (fd < 0) {
-		snprintf(err, errlen, "/init/from: %s", msg);
+		tr_error_set(err, 0, 0, "/init/from", "/init/from: %s", msg.message);
 		return fd;
 	}
 	tr_st_file_t *f;
-	int rc = tr_st_open_fd(fd, path, &f, err, errlen);
+	int rc = tr_st_open_fd(fd, path, &f, err);
 	if (rc < 0)
 		return rc;
 	int n = tr_model_param_count(&t->model);
 	for (int i = 0; i < n && rc == 0; i++) {
 		struct tr_param_view v;
 		tr_model_param_view(&t->model, i, &v);
-		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err, errlen);
+		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err);
 	}
 	if (rc == 0 && tr_st_count(f) != n) {
-		snprintf(err, errlen, "/init/from: %s has %d tensors, the model has %d", path, tr_st_count(f), n);
+		tr_error_set(err, 0, 0, "/init/from", "/init/from: %s has %d tensors, the model has %d", path,
+			     tr_st_count(f), n);
 		rc = -EINVAL;
 	}
 	tr_st_close(f);
@@ -213,7 +217,7 @@ static int load_init(struct tr_trainer *t, float *host, char *err, size_t errlen
  * the estimate and the free memory, instead of failing halfway through
  * replica set-up.  Backends whose devices share host memory (CPU) have no
  * estimate and are not checked (engine/backend.h, memory_estimate). */
-static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, size_t errlen)
+static int check_device_memory(struct tr_trainer *t, int max_rows, struct tr_error *err)
 {
 	tr_backend_t *be = t->be;
 	if (!be->i->memory_info || !be->i->memory_estimate)
@@ -226,11 +230,11 @@ static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, si
 		/* The estimate includes the runtime's context, which a device
 		 * in use already has: compare against free memory plus that. */
 		if (need > free_bytes + be->i->memory_context_bytes) {
-			snprintf(err, errlen,
-				 "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
-				 "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",
-				 t->devs[i], need / 1048576.0, t->spec->batch_size, t->ndev, t->model.n_params,
-				 free_bytes / 1048576.0, total / 1048576.0);
+			tr_error_set(err, 0, 0, NULL,
+				     "device %d: this job needs an estimated %.0f MiB per device (batch %d over %d "
+				     "devices, %zu parameters), the device has %.0f MiB free of %.0f MiB",
+				     t->devs[i], need / 1048576.0, t->spec->batch_size, t->ndev, t->model.n_params,
+				     free_bytes / 1048576.0, total / 1048576.0);
 			return -ENOMEM;
 		}
 	}
@@ -240,7 +244,7 @@ static int check_device_memory(struct tr_trainer *t, int max_rows, char *err, si
 /* ---- create / destroy ------------------------------------------------- */
 
 /* The second input/label pair, sized like the replica's. */
-static int alloc_spare(struct tr_trainer *t, struct rank_ctx *r, char *err, size_t errlen)
+static int alloc_spare(struct tr_trainer *t, struct rank_ctx *r, struct tr_error *err)
 {
 	tr_backend_t *be = t->be;
 	size_t rows = (size_t)r->rep.max_rows;
@@ -248,8 +252,8 @@ static int alloc_spare(struct tr_trainer *t, struct rank_ctx *r, char *err, size
 	r->spare_input = be->i->alloc(be, r->rep.dev, rows * (size_t)t->model.inputs * sizeof(float));
 	r->spare_labels = be->i->alloc(be, r->rep.dev, (label_floats ? label_floats : 1) * sizeof(float));
 	if (!r->spare_input || !r->spare_labels) {
-		snprintf(err, errlen, "device %d: out of memory for the second input buffers of %d rows: %s",
-			 r->rep.dev, r->rep.max_rows, be->i->last_error(be));
+		tr_error_set(err, 0, 0, NULL, "device %d: out of memory for the second input buffers of %d rows: %s",
+			     r->rep.dev, r->rep.max_rows, be->i->last_error(be));
 		return -ENOMEM;
 	}
 	return 0;
@@ -265,13 +269,13 @@ static void free_spare(struct tr_trainer *t, int rank)
 	r->spare_input = r->spare_labels = NULL;
 }
 
-int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, char *err, size_t errlen)
+int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, struct tr_error *err)
 {
 	const struct tr_spec *s = opt->spec;
 	tr_backend_t *be = opt->backend;
 	struct tr_trainer *t = calloc(1, sizeof *t);
 	if (!t) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	t->opt = *opt;
@@ -295,8 +299,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		t->ndev = s->n_device_ids;
 		for (int i = 0; i < t->ndev; i++) {
 			if (s->device_ids[i] >= avail) {
-				snprintf(err, errlen, "/devices/%d: device %d does not exist (%d available)", i,
-					 s->device_ids[i], avail);
+				tr_error_set(err, 0, 0, NULL, "/devices/%d: device %d does not exist (%d available)", i,
+					     s->device_ids[i], avail);
 				rc = -EINVAL;
 				goto fail;
 			}
@@ -305,8 +309,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	} else {
 		t->ndev = opt->devices > 0 ? opt->devices : (s->device_count > 0 ? s->device_count : avail);
 		if (t->ndev > avail) {
-			snprintf(err, errlen, "/devices: %d requested, %d available on backend %s", t->ndev, avail,
-				 be->i->name);
+			tr_error_set(err, 0, 0, "/devices", "/devices: %d requested, %d available on backend %s",
+				     t->ndev, avail, be->i->name);
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -314,47 +318,47 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			t->devs[i] = i;
 	}
 
-	if (setup_cancelled(t, err, errlen)) {
+	if (setup_cancelled(t, err)) {
 		rc = -ECANCELED;
 		goto fail;
 	}
-	if ((rc = open_data(t, err, errlen)) < 0 || (rc = check_model_against_data(t, err, errlen)) < 0 ||
-	    (rc = check_labels(t, err, errlen)) < 0)
+	if ((rc = open_data(t, err)) < 0 || (rc = check_model_against_data(t, err)) < 0 ||
+	    (rc = check_labels(t, err)) < 0)
 		goto fail;
-	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err, errlen)) < 0)
+	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err)) < 0)
 		goto fail;
 	/* What a model file needs to be used (docs/model-format.md): known
 	 * now, with the transforms fitted and the input width found. */
 	if (!(t->model_meta = json_object())) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		rc = -ENOMEM;
 		goto fail;
 	}
-	if ((rc = tr_model_meta_describe(t->model_meta, s, &t->model, t->transforms, t->train, err, errlen)) < 0)
+	if ((rc = tr_model_meta_describe(t->model_meta, s, &t->model, t->transforms, t->train, err)) < 0)
 		goto fail;
 	if ((rc = tr_plan_init(&t->plan, t->train->info.samples, s->batch_size, s->last_batch, s->shuffle, s->seed,
-			       s->epochs, s->max_steps, err, errlen)) < 0)
+			       s->epochs, s->max_steps, err)) < 0)
 		goto fail;
 
 	float *host = malloc(t->model.n_params * sizeof(float));
 	if (!host) {
-		snprintf(err, errlen, "out of memory for %zu parameters", t->model.n_params);
+		tr_error_set(err, 0, 0, NULL, "out of memory for %zu parameters", t->model.n_params);
 		rc = -ENOMEM;
 		goto fail;
 	}
-	if (tr_model_init_params_cancellable(&t->model, host, t->opt.cancel) < 0 || setup_cancelled(t, err, errlen)) {
-		snprintf(err, errlen, "cancelled");
+	if (tr_model_init_params_cancellable(&t->model, host, t->opt.cancel) < 0 || setup_cancelled(t, err)) {
+		tr_error_set(err, 0, 0, NULL, "cancelled");
 		free(host);
 		rc = -ECANCELED;
 		goto fail;
 	}
-	if (s->init_from && (rc = load_init(t, host, err, errlen)) < 0) {
+	if (s->init_from && (rc = load_init(t, host, err)) < 0) {
 		free(host);
 		goto fail;
 	}
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
 	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
-	if ((rc = check_device_memory(t, max_rows, err, errlen)) < 0) {
+	if ((rc = check_device_memory(t, max_rows, err)) < 0) {
 		free(host);
 		goto fail;
 	}
@@ -363,16 +367,16 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		r->t = t;
 		r->rank = i;
 		rc = tr_replica_init(&r->rep, &t->model, be, t->devs[i], max_rows, t->train->info.label_dim,
-				     t->opt_buffers, err, errlen);
+				     t->opt_buffers, err);
 		/* Before the sync below: it also finishes the spare pair's zeroing,
 		 * which the copy stream is not ordered with. */
 		if (rc == 0 && t->upload_ahead)
-			rc = alloc_spare(t, r, err, errlen);
+			rc = alloc_spare(t, r, err);
 		if (rc == 0)
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
 		if (rc == 0)
 			rc = be->i->sync(be, t->devs[i]);
-		if (rc == 0 && setup_cancelled(t, err, errlen))
+		if (rc == 0 && setup_cancelled(t, err))
 			rc = -ECANCELED;
 		if (rc < 0) {
 			free(host);
@@ -383,8 +387,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	if (t->ndev > 1) {
 		t->comm = be->i->comm_create(be, t->ndev, t->devs);
 		if (!t->comm) {
-			snprintf(err, errlen, "cannot create a communicator over %d devices: %s", t->ndev,
-				 be->i->last_error(be));
+			tr_error_set(err, 0, 0, NULL, "cannot create a communicator over %d devices: %s", t->ndev,
+				     be->i->last_error(be));
 			rc = -EIO;
 			goto fail;
 		}

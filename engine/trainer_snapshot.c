@@ -135,26 +135,27 @@ static void restore_early_stop(struct tr_trainer *t, const struct tr_snapshot *s
 	t->summary.best_step = t->es.best_step;
 }
 
-int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, char *err, size_t errlen)
+int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool weights_only, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
 	int want_state = tr_optim_state_buffers(s->optimizer.type, s);
 	if (snap->n_params != t->model.n_params) {
-		snprintf(err, errlen, "the checkpoint has %zu parameters, this model %zu", snap->n_params,
-			 t->model.n_params);
+		tr_error_set(err, 0, 0, NULL, "the checkpoint has %zu parameters, this model %zu", snap->n_params,
+			     t->model.n_params);
 		return -EINVAL;
 	}
 	if (!weights_only && (snap->n_state != want_state || snap->step < 0 || snap->step > t->plan.total_steps)) {
-		snprintf(err, errlen, "the checkpoint (%d optimizer buffers, step %lld) does not fit this job (%d "
-				      "buffers, %lld steps)",
-			 snap->n_state, (long long)snap->step, want_state, (long long)t->plan.total_steps);
+		tr_error_set(err, 0, 0, NULL,
+			     "the checkpoint (%d optimizer buffers, step %lld) does not fit this job (%d "
+			     "buffers, %lld steps)",
+			     snap->n_state, (long long)snap->step, want_state, (long long)t->plan.total_steps);
 		return -EINVAL;
 	}
 	tr_backend_t *be = t->be;
 	size_t bytes = t->model.n_params * sizeof(float);
 	/* Writes below must not reach buffers a snapshot still reads. */
 	if (tr_trainer_unlend(t, true) < 0) {
-		snprintf(err, errlen, "device %d: %s", t->ranks[0].rep.dev, be->i->last_error(be));
+		tr_error_set(err, 0, 0, NULL, "device %d: %s", t->ranks[0].rep.dev, be->i->last_error(be));
 		return -EIO;
 	}
 	for (int i = 0; i < t->ndev; i++) {
@@ -165,7 +166,7 @@ int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool wei
 		if (rc == 0)
 			rc = be->i->sync(be, r->dev);
 		if (rc < 0) {
-			snprintf(err, errlen, "device %d: %s", r->dev, be->i->last_error(be));
+			tr_error_set(err, 0, 0, NULL, "device %d: %s", r->dev, be->i->last_error(be));
 			return rc;
 		}
 	}

@@ -312,11 +312,11 @@ static void *rank_main(void *arg)
 	return NULL;
 }
 
-int tr_trainer_start_rank_threads(struct tr_trainer *t, char *err, size_t errlen)
+int tr_trainer_start_rank_threads(struct tr_trainer *t, struct tr_error *err)
 {
 	for (int i = 1; i < t->ndev; i++) {
 		if (pthread_create(&t->ranks[i].thread, NULL, rank_main, &t->ranks[i]) != 0) {
-			snprintf(err, errlen, "cannot start the thread of device %d", t->devs[i]);
+			tr_error_set(err, 0, 0, NULL, "cannot start the thread of device %d", t->devs[i]);
 			return -EAGAIN;
 		}
 		t->ranks[i].started = true;
@@ -325,7 +325,7 @@ int tr_trainer_start_rank_threads(struct tr_trainer *t, char *err, size_t errlen
 }
 
 /* Runs one step on every rank; returns the first rank error. */
-int tr_trainer_run_step_all(struct tr_trainer *t, char *err, size_t errlen)
+int tr_trainer_run_step_all(struct tr_trainer *t, struct tr_error *err)
 {
 	pthread_mutex_lock(&t->lock);
 	t->finished_ranks = 0;
@@ -344,13 +344,13 @@ int tr_trainer_run_step_all(struct tr_trainer *t, char *err, size_t errlen)
 	int first = 0;
 	for (int i = 0; i < t->ndev; i++) {
 		if (t->ranks[i].rc < 0 && t->ranks[i].rc != -ECANCELED) {
-			snprintf(err, errlen, "%s", t->ranks[i].err);
+			tr_error_set(err, 0, 0, NULL, "%s", t->ranks[i].err);
 			return t->ranks[i].rc;
 		}
 		if (t->ranks[i].rc < 0 && !first)
 			first = t->ranks[i].rc;
 	}
 	if (first)
-		snprintf(err, errlen, "cancelled");
+		tr_error_set(err, 0, 0, NULL, "cancelled");
 	return first;
 }

@@ -60,11 +60,11 @@ static void *rank_main(void *p)
 int main(int argc, char **argv)
 {
 	size_t max_bytes = (size_t)(argc > 1 ? atol(argv[1]) : 256) << 20;
-	char err[512];
-	tr_backend_t *be = tr_cuda_backend_create(err, sizeof err);
+	struct tr_error err;
+	tr_backend_t *be = tr_cuda_backend_create(&err);
 
 	if (!be) {
-		fprintf(stderr, "allreduce_bw: %s\n", err);
+		fprintf(stderr, "allreduce_bw: %s\n", err.message);
 		return 2;
 	}
 	int nd = be->i->device_count(be);

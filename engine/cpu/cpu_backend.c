@@ -330,24 +330,25 @@ static int usable_cores(void)
 tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev)
 {
 	struct cpu_backend *b = (struct cpu_backend *)be;
-	char why[256];
+	struct tr_error why;
 
 	if (!b->dnnl[dev]) {
-		b->dnnl[dev] = tr_dnnl_conv_create(b->blas_threads, why, sizeof why);
+		b->dnnl[dev] = tr_dnnl_conv_create(b->blas_threads, &why);
 		if (!b->dnnl[dev])
-			tr_cpu_set_error(be, -EIO, "conv2d: %s", why);
+			tr_cpu_set_error(be, -EIO, "conv2d: %s", why.message);
 	}
 	return b->dnnl[dev];
 }
 
-int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, char *err, size_t errlen)
+int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, struct tr_error *err)
 {
 	struct cpu_backend *b = (struct cpu_backend *)be;
 
 	if (route == TR_CPU_CONV_AUTO && !tr_dnnl_available())
 		route = TR_CPU_CONV_IM2COL;
 	if (route == TR_CPU_CONV_ONEDNN && !tr_dnnl_available()) {
-		snprintf(err, errlen, "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
+		tr_error_set(err, 0, 0, NULL,
+			     "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
 		return -ENOTSUP;
 	}
 	tr_cpu_conv_fill(&b->table);

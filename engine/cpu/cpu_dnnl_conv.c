@@ -61,20 +61,20 @@ bool tr_dnnl_available(void)
 	return true;
 }
 
-#define DN(call, what)                                                                             \
-	do {                                                                                       \
-		dnnl_status_t st_ = (call);                                                        \
-		if (st_ != dnnl_success) {                                                         \
-			snprintf(err, errlen, "oneDNN: %s failed (status %d)", what, (int)st_);    \
-			goto fail;                                                                 \
-		}                                                                                  \
+#define DN(call, what)                                                                                  \
+	do {                                                                                            \
+		dnnl_status_t st_ = (call);                                                             \
+		if (st_ != dnnl_success) {                                                              \
+			tr_error_set(err, 0, 0, NULL, "oneDNN: %s failed (status %d)", what, (int)st_); \
+			goto fail;                                                                      \
+		}                                                                                       \
 	} while (0)
 
-tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, char *err, size_t errlen)
+tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, struct tr_error *err)
 {
 	tr_dnnl_conv_t *dc = calloc(1, sizeof *dc);
 	if (!dc) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return NULL;
 	}
 	dc->threads = threads < 1 ? 1 : threads;
@@ -160,7 +160,7 @@ static dnnl_status_t fwd_desc(dnnl_convolution_desc_t *cd, const struct tr_conv2
 /* Binds one tensor of the primitive: a user memory of the plain layout,
  * and when the primitive wants another layout, scratch and reorders. */
 static int add_slot_at(tr_dnnl_conv_t *dc, struct entry *e, const_dnnl_primitive_desc_t pd, dnnl_query_t q, int idx,
-		       int arg, bool output, char *err, size_t errlen)
+		       int arg, bool output, struct tr_error *err)
 {
 	struct slot *s = &e->slots[e->nslots++];
 	dnnl_primitive_desc_t rpd = NULL;
@@ -177,7 +177,7 @@ static int add_slot_at(tr_dnnl_conv_t *dc, struct entry *e, const_dnnl_primitive
 	size_t bytes = dnnl_memory_desc_get_size(pmd);
 	s->buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
 	if (!s->buf) {
-		snprintf(err, errlen, "out of memory for oneDNN scratch (%zu bytes)", bytes);
+		tr_error_set(err, 0, 0, NULL, "out of memory for oneDNN scratch (%zu bytes)", bytes);
 		return -ENOMEM;
 	}
 	DN(dnnl_memory_create(&s->prim, pmd, dc->eng, s->buf), "memory_create");
@@ -197,14 +197,14 @@ fail:
 }
 
 static int add_slot(tr_dnnl_conv_t *dc, struct entry *e, const_dnnl_primitive_desc_t pd, dnnl_query_t q, int arg,
-		    bool output, char *err, size_t errlen)
+		    bool output, struct tr_error *err)
 {
 	/* bias comes second among the (diff) weights */
 	int idx = arg == DNNL_ARG_BIAS || arg == DNNL_ARG_DIFF_BIAS;
-	return add_slot_at(dc, e, pd, q, idx, arg, output, err, errlen);
+	return add_slot_at(dc, e, pd, q, idx, arg, output, err);
 }
 
-static int build(tr_dnnl_conv_t *dc, struct entry *e, char *err, size_t errlen)
+static int build(tr_dnnl_conv_t *dc, struct entry *e, struct tr_error *err)
 {
 	dnnl_convolution_desc_t fd, bd;
 	dnnl_primitive_desc_t fpd = NULL, pd = NULL;
@@ -222,19 +222,19 @@ static int build(tr_dnnl_conv_t *dc, struct entry *e, char *err, size_t errlen)
 	if (e->dir == FWD) {
 		pd = fpd;
 		fpd = NULL;
-		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err, errlen)) < 0 ||
-		    (rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_WEIGHTS, false, err, errlen)) < 0 ||
-		    (e->bias && (rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_BIAS, false, err, errlen)) < 0) ||
-		    (rc = add_slot(dc, e, pd, dnnl_query_dst_md, DNNL_ARG_DST, true, err, errlen)) < 0)
+		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_WEIGHTS, false, err)) < 0 ||
+		    (e->bias && (rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_BIAS, false, err)) < 0) ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_dst_md, DNNL_ARG_DST, true, err)) < 0)
 			goto out;
 	} else if (e->dir == BWD_DATA) {
 		DN(dnnl_dilated_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, &s, &w, &d, strides,
 								    dil, pl, pr),
 		   "convolution_backward_data_desc_init");
 		DN(dnnl_primitive_desc_create(&pd, &bd, NULL, dc->eng, fpd), "convolution backward data");
-		if ((rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_WEIGHTS, false, err, errlen)) < 0 ||
-		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err, errlen)) < 0 ||
-		    (rc = add_slot(dc, e, pd, dnnl_query_diff_src_md, DNNL_ARG_DIFF_SRC, true, err, errlen)) < 0)
+		if ((rc = add_slot(dc, e, pd, dnnl_query_weights_md, DNNL_ARG_WEIGHTS, false, err)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_src_md, DNNL_ARG_DIFF_SRC, true, err)) < 0)
 			goto out;
 	} else {
 		DN(dnnl_dilated_convolution_backward_weights_desc_init(&bd, dnnl_convolution_direct, &s, &w,
@@ -242,12 +242,11 @@ static int build(tr_dnnl_conv_t *dc, struct entry *e, char *err, size_t errlen)
 								       pr),
 		   "convolution_backward_weights_desc_init");
 		DN(dnnl_primitive_desc_create(&pd, &bd, NULL, dc->eng, fpd), "convolution backward weights");
-		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err, errlen)) < 0 ||
-		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err, errlen)) < 0 ||
-		    (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_WEIGHTS, true, err,
-				   errlen)) < 0 ||
-		    (e->bias && (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_BIAS, true,
-					       err, errlen)) < 0))
+		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_dst_md, DNNL_ARG_DIFF_DST, false, err)) < 0 ||
+		    (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_WEIGHTS, true, err)) < 0 ||
+		    (e->bias &&
+		     (rc = add_slot(dc, e, pd, dnnl_query_diff_weights_md, DNNL_ARG_DIFF_BIAS, true, err)) < 0))
 			goto out;
 	}
 	DN(dnnl_primitive_create(&e->prim, pd), "primitive_create");
@@ -263,8 +262,8 @@ out:
 	return rc;
 }
 
-static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_conv2d_geom *g, bool bias, char *err,
-			    size_t errlen, int *rc)
+static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_conv2d_geom *g, bool bias,
+			    struct tr_error *err, int *rc)
 {
 	struct entry *victim = &dc->cache[0];
 	for (int i = 0; i < CACHE; i++) {
@@ -283,7 +282,7 @@ static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_co
 	victim->bias = bias;
 	victim->g = *g;
 	victim->last = ++dc->clock;
-	if ((*rc = build(dc, victim, err, errlen)) < 0) {
+	if ((*rc = build(dc, victim, err)) < 0) {
 		entry_clear(victim);
 		return NULL;
 	}
@@ -291,7 +290,7 @@ static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_co
 }
 
 /* ptrs[i] is the caller's buffer for slots[i] */
-static int run(tr_dnnl_conv_t *dc, struct entry *e, void *const *ptrs, char *err, size_t errlen)
+static int run(tr_dnnl_conv_t *dc, struct entry *e, void *const *ptrs, struct tr_error *err)
 {
 	dnnl_exec_arg_t args[MAX_SLOTS];
 	omp_set_num_threads(dc->threads);
@@ -320,37 +319,37 @@ fail:
 }
 
 int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
-			 const float *b, float *y, char *err, size_t errlen)
+			 const float *b, float *y, struct tr_error *err)
 {
 	int rc = 0;
-	struct entry *e = lookup(dc, FWD, g, b != NULL, err, errlen, &rc);
+	struct entry *e = lookup(dc, FWD, g, b != NULL, err, &rc);
 	if (!e)
 		return rc;
 	void *with_bias[] = {(void *)x, (void *)w, (void *)b, y};
 	void *without[] = {(void *)x, (void *)w, y};
-	return run(dc, e, b ? with_bias : without, err, errlen);
+	return run(dc, e, b ? with_bias : without, err);
 }
 
 int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
-			       float *dx, char *err, size_t errlen)
+			       float *dx, struct tr_error *err)
 {
 	int rc = 0;
-	struct entry *e = lookup(dc, BWD_DATA, g, false, err, errlen, &rc);
+	struct entry *e = lookup(dc, BWD_DATA, g, false, err, &rc);
 	if (!e)
 		return rc;
 	void *p[] = {(void *)w, (void *)dy, dx};
-	return run(dc, e, p, err, errlen);
+	return run(dc, e, p, err);
 }
 
-int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
-				  const float *dy, float *dw, float *db, char *err, size_t errlen)
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *dy,
+				  float *dw, float *db, struct tr_error *err)
 {
 	int rc = 0;
-	struct entry *e = lookup(dc, BWD_WEIGHTS, g, db != NULL, err, errlen, &rc);
+	struct entry *e = lookup(dc, BWD_WEIGHTS, g, db != NULL, err, &rc);
 	if (!e)
 		return rc;
 	void *p[] = {(void *)x, (void *)dy, dw, db};
-	return run(dc, e, p, err, errlen);
+	return run(dc, e, p, err);
 }
 
 #else /* !TR_HAVE_DNNL */
@@ -360,10 +359,10 @@ bool tr_dnnl_available(void)
 	return false;
 }
 
-tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, char *err, size_t errlen)
+tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, struct tr_error *err)
 {
 	(void)threads;
-	snprintf(err, errlen, "this build has no oneDNN (libdnnl-dev; meson option dnnl)");
+	tr_error_set(err, 0, 0, NULL, "this build has no oneDNN (libdnnl-dev; meson option dnnl)");
 	return NULL;
 }
 
@@ -373,26 +372,26 @@ void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc)
 }
 
 int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
-			 const float *b, float *y, char *err, size_t errlen)
+			 const float *b, float *y, struct tr_error *err)
 {
 	(void)dc, (void)g, (void)x, (void)w, (void)b, (void)y;
-	snprintf(err, errlen, "this build has no oneDNN");
+	tr_error_set(err, 0, 0, NULL, "this build has no oneDNN");
 	return -ENOTSUP;
 }
 
 int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
-			       float *dx, char *err, size_t errlen)
+			       float *dx, struct tr_error *err)
 {
 	(void)dc, (void)g, (void)w, (void)dy, (void)dx;
-	snprintf(err, errlen, "this build has no oneDNN");
+	tr_error_set(err, 0, 0, NULL, "this build has no oneDNN");
 	return -ENOTSUP;
 }
 
-int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
-				  const float *dy, float *dw, float *db, char *err, size_t errlen)
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *dy,
+				  float *dw, float *db, struct tr_error *err)
 {
 	(void)dc, (void)g, (void)x, (void)dy, (void)dw, (void)db;
-	snprintf(err, errlen, "this build has no oneDNN");
+	tr_error_set(err, 0, 0, NULL, "this build has no oneDNN");
 	return -ENOTSUP;
 }
 
@@ -410,7 +409,7 @@ static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
 static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
 				   const float *x, const float *w, const float *bias, float *y, float *work)
 {
-	char err[256];
+	struct tr_error err;
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_forward");
 	(void)work; /* oneDNN keeps its own scratch */
 	if (rc)
@@ -423,8 +422,8 @@ static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_co
 	if (!dc)
 		return -EIO;
 	struct tr_conv2d_geom g = geom_of(d, rows);
-	if ((rc = tr_dnnl_conv_forward(dc, &g, x, w, bias, y, err, sizeof err)) < 0)
-		return tr_cpu_set_error(be, rc, "conv2d_forward: %s", err);
+	if ((rc = tr_dnnl_conv_forward(dc, &g, x, w, bias, y, &err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_forward: %s", err.message);
 	return 0;
 }
 
@@ -432,7 +431,7 @@ static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_c
 				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
 				    float *work)
 {
-	char err[256];
+	struct tr_error err;
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_backward");
 	(void)work;
 	if (rc)
@@ -451,10 +450,10 @@ static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_c
 	if (!dc)
 		return -EIO;
 	struct tr_conv2d_geom g = geom_of(d, rows);
-	if ((rc = tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, dbias, err, sizeof err)) < 0)
-		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err);
-	if (dx && (rc = tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, err, sizeof err)) < 0)
-		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err);
+	if ((rc = tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, dbias, &err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err.message);
+	if (dx && (rc = tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, &err)) < 0)
+		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err.message);
 	return 0;
 }
 

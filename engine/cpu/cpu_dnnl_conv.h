@@ -21,6 +21,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/error.h"
+
 struct tr_conv2d_geom {
 	int n, c, h, w;   /* input */
 	int k, kh, kw;    /* filters and kernel */
@@ -34,17 +36,17 @@ bool tr_dnnl_available(void);
 
 /* One per device; threads is the OpenMP team size for its calls.  NULL
  * with a reason in err when oneDNN is missing or fails to start. */
-tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, char *err, size_t errlen);
+tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, struct tr_error *err);
 void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc);
 
 /* y = conv(x, w) + b (b may be NULL). */
 int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
-			 const float *b, float *y, char *err, size_t errlen);
+			 const float *b, float *y, struct tr_error *err);
 /* dx = conv_transpose(dy, w) (overwritten). */
 int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *w, const float *dy,
-			       float *dx, char *err, size_t errlen);
+			       float *dx, struct tr_error *err);
 /* dw and db (db may be NULL) overwritten with this batch's gradients. */
-int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x,
-				  const float *dy, float *dw, float *db, char *err, size_t errlen);
+int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *dy,
+				  float *dw, float *db, struct tr_error *err);
 
 #endif

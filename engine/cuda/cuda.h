@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/error.h"
 #include "engine/backend.h"
 
 struct tr_model; /* engine/model/model.h */
@@ -36,13 +37,13 @@ struct tr_cuda_options {
  * when there is no driver, no device, no module, or a device cannot run
  * the module's kernels; never exits.  Free with tr_backend_destroy.
  * Commands open backends with tr_backend_open (engine/backend.h). */
-tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, char *err, size_t errlen);
+tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, struct tr_error *err);
 
 /* Loads the CUDA module (path NULL = search as for module_path) and fills
  * *t with its function table, without touching a GPU: for checking a
  * module (tests, tr_backend_check_ops).  0, or a negative code with the
  * reason; -ENOENT when no module was found. */
-int tr_cuda_module_table(const char *path, tr_backend_i *t, char *err, size_t errlen);
+int tr_cuda_module_table(const char *path, tr_backend_i *t, struct tr_error *err);
 
 /* Bytes of device memory one device of a job will need: the replica's
  * buffers exactly as tr_replica_init allocates them and the trainer's

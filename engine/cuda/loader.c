@@ -48,29 +48,30 @@ static bool driver_present(char *why, size_t len)
 /* Opens one candidate file; 1 when it is not there (try the next), 0 when
  * loaded, negative when it is there but unusable (stop: a broken module
  * must be reported, not skipped in favour of another). */
-static int try_load(const char *path, char *err, size_t errlen)
+static int try_load(const char *path, struct tr_error *err)
 {
 	if (access(path, F_OK) != 0)
 		return 1;
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
-		snprintf(err, errlen, "cannot load the CUDA module %s: %s", path, dlerror());
+		tr_error_set(err, 0, 0, NULL, "cannot load the CUDA module %s: %s", path, dlerror());
 		return -ELIBACC;
 	}
 	tr_cuda_module_entry_fn entry;
 	*(void **)&entry = dlsym(h, TR_CUDA_MODULE_ENTRY);
 	const struct tr_cuda_module *m = entry ? entry() : NULL;
 	if (!m) {
-		snprintf(err, errlen, "%s is not a trainerd CUDA module (no %s)", path, TR_CUDA_MODULE_ENTRY);
+		tr_error_set(err, 0, 0, NULL, "%s is not a trainerd CUDA module (no %s)", path, TR_CUDA_MODULE_ENTRY);
 		dlclose(h);
 		return -ELIBBAD;
 	}
 	if (m->abi != TR_CUDA_MODULE_ABI || m->table_size != sizeof(tr_backend_i)) {
-		snprintf(err, errlen,
-			 "the CUDA module %s was built for trainerd %s (interface %d, table %zu bytes); this is trainerd %s "
-			 "(interface %d, table %zu bytes): install the module of this build",
-			 path, m->version ? m->version : "?", m->abi, m->table_size, TR_VERSION, TR_CUDA_MODULE_ABI,
-			 sizeof(tr_backend_i));
+		tr_error_set(
+			err, 0, 0, NULL,
+			"the CUDA module %s was built for trainerd %s (interface %d, table %zu bytes); this is trainerd %s "
+			"(interface %d, table %zu bytes): install the module of this build",
+			path, m->version ? m->version : "?", m->abi, m->table_size, TR_VERSION, TR_CUDA_MODULE_ABI,
+			sizeof(tr_backend_i));
 		dlclose(h);
 		return -ELIBBAD;
 	}
@@ -81,7 +82,7 @@ static int try_load(const char *path, char *err, size_t errlen)
 /* The loaded module in *out, loading it on first use: 0, or -ENOENT when
  * there is none to load, another negative code when one is there but
  * unusable; the reason in err. */
-static int module(const char *path, const struct tr_cuda_module **out, char *err, size_t errlen)
+static int module(const char *path, const struct tr_cuda_module **out, struct tr_error *err)
 {
 	char cand[PATH_MAX + 64], self[PATH_MAX];
 	int rc = 0;
@@ -92,15 +93,15 @@ static int module(const char *path, const struct tr_cuda_module **out, char *err
 	if (!path || !path[0])
 		path = getenv("TRAINERD_CUDA_MODULE");
 	if (path && path[0]) {
-		rc = try_load(path, err, errlen);
+		rc = try_load(path, err);
 		if (rc > 0)
-			snprintf(err, errlen, "the CUDA module %s does not exist", path);
+			tr_error_set(err, 0, 0, NULL, "the CUDA module %s does not exist", path);
 		goto out;
 	}
 #ifndef TR_HAVE_CUDA
 	(void)cand;
 	(void)self;
-	snprintf(err, errlen, "this trainerd was built without CUDA support (-Dcuda=disabled or no toolkit)");
+	tr_error_set(err, 0, 0, NULL, "this trainerd was built without CUDA support (-Dcuda=disabled or no toolkit)");
 	rc = 1;
 #else
 	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -110,19 +111,20 @@ static int module(const char *path, const struct tr_cuda_module **out, char *err
 		if (slash)
 			*slash = '\0';
 		snprintf(cand, sizeof cand, "%s/%s", self, TR_CUDA_MODULE_FILE);
-		rc = try_load(cand, err, errlen);
+		rc = try_load(cand, err);
 		if (rc <= 0)
 			goto out;
 	} else {
 		snprintf(self, sizeof self, "(unknown: no /proc/self/exe)");
 	}
 	snprintf(cand, sizeof cand, "%s/%s", TR_CUDA_MODULE_DIR, TR_CUDA_MODULE_FILE);
-	rc = try_load(cand, err, errlen);
+	rc = try_load(cand, err);
 	if (rc > 0)
-		snprintf(err, errlen,
-			 "the CUDA module %s is in neither %s (beside the executable) nor %s; set TRAINERD_CUDA_MODULE "
-			 "or cuda-module to its path",
-			 TR_CUDA_MODULE_FILE, self, TR_CUDA_MODULE_DIR);
+		tr_error_set(
+			err, 0, 0, NULL,
+			"the CUDA module %s is in neither %s (beside the executable) nor %s; set TRAINERD_CUDA_MODULE "
+			"or cuda-module to its path",
+			TR_CUDA_MODULE_FILE, self, TR_CUDA_MODULE_DIR);
 #endif
 out:
 	*out = loaded;
@@ -130,30 +132,33 @@ out:
 	return *out ? 0 : rc > 0 ? -ENOENT : rc;
 }
 
-tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, char *err, size_t errlen)
+tr_backend_t *tr_cuda_backend_create_opts(const struct tr_cuda_options *opt, struct tr_error *err)
 {
-	static __thread char sink[512];
-	if (!err || !errlen) {
-		err = sink;
-		errlen = sizeof sink;
-	}
-	err[0] = '\0';
+	char why[512];
 	if (opt && opt->max_devices < 0) {
-		snprintf(err, errlen, "max_devices must be >= 0, got %d", opt->max_devices);
+		tr_error_set(err, 0, 0, NULL, "max_devices must be >= 0, got %d", opt->max_devices);
 		return NULL;
 	}
-	if (!driver_present(err, errlen))
+	if (!driver_present(why, sizeof why)) {
+		tr_error_set(err, 0, 0, NULL, "%s", why);
 		return NULL;
+	}
 	const struct tr_cuda_module *m;
-	if (module(opt ? opt->module_path : NULL, &m, err, errlen) < 0)
+	if (module(opt ? opt->module_path : NULL, &m, err) < 0)
 		return NULL;
 	struct tr_cuda_options defaults = {0};
-	return m->create(opt ? opt : &defaults, &host, err, errlen);
+	/* The module's interface (module.h) keeps a plain buffer: it is a
+	 * binary boundary, and the module links nothing of the host's. */
+	why[0] = '\0';
+	tr_backend_t *be = m->create(opt ? opt : &defaults, &host, why, sizeof why);
+	if (!be)
+		tr_error_set(err, 0, 0, NULL, "%s", why);
+	return be;
 }
 
-tr_backend_t *tr_cuda_backend_create(char *err, size_t errlen)
+tr_backend_t *tr_cuda_backend_create(struct tr_error *err)
 {
-	return tr_cuda_backend_create_opts(NULL, err, errlen);
+	return tr_cuda_backend_create_opts(NULL, err);
 }
 
 bool tr_cuda_available(void)
@@ -162,13 +167,13 @@ bool tr_cuda_available(void)
 	if (!driver_present(why, sizeof why))
 		return false;
 	const struct tr_cuda_module *m;
-	return module(NULL, &m, why, sizeof why) == 0 && m->device_count(why, sizeof why) > 0;
+	return module(NULL, &m, NULL) == 0 && m->device_count(why, sizeof why) > 0;
 }
 
-int tr_cuda_module_table(const char *path, tr_backend_i *t, char *err, size_t errlen)
+int tr_cuda_module_table(const char *path, tr_backend_i *t, struct tr_error *err)
 {
 	const struct tr_cuda_module *m;
-	int rc = module(path, &m, err, errlen);
+	int rc = module(path, &m, err);
 	if (rc < 0)
 		return rc;
 	memset(t, 0, sizeof *t);

@@ -35,14 +35,14 @@ struct csv_reader {
 	size_t n_brk, brk_cap;
 };
 
-static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct csv_reader *c = (struct csv_reader *)r;
 	size_t f = (size_t)r->info.features, l = (size_t)r->info.label_dim;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	memcpy(x, c->x + (size_t)index * f, f * sizeof(float));
@@ -51,14 +51,14 @@ static int csv_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	return 0;
 }
 
-static int csv_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+static int csv_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, struct tr_error *err)
 {
 	struct csv_reader *c = (struct csv_reader *)r;
 	size_t l = (size_t)r->info.label_dim;
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	memcpy(y, c->y + (size_t)begin * l, (size_t)count * l * sizeof(float));
@@ -127,8 +127,7 @@ static const struct tr_reader_i csv_i = {
 /* Reads the whole of fd (owned: closed here), NUL terminated.  *len
  * excludes the terminator.  Checks `cancel` between reads, so a huge file
  * on slow storage does not hold a cancelled job. */
-static int slurp(int fd, const char *path, const atomic_bool *cancel, char **buf, size_t *len, char *err,
-		 size_t errlen)
+static int slurp(int fd, const char *path, const atomic_bool *cancel, char **buf, size_t *len, struct tr_error *err)
 {
 	size_t cap = 0, n = 0;
 	char *b = NULL, *nb;
@@ -139,7 +138,7 @@ static int slurp(int fd, const char *path, const atomic_bool *cancel, char **buf
 
 		if (cancel && atomic_load(cancel)) {
 			ret = -ECANCELED;
-			tr_data_errorf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			goto fail;
 		}
 		if (cap - n < 2) {
@@ -148,7 +147,7 @@ static int slurp(int fd, const char *path, const atomic_bool *cancel, char **buf
 			nb = realloc(b, nc);
 			if (!nb) {
 				ret = -ENOMEM;
-				tr_data_errorf(err, errlen, "%s: out of memory", path);
+				tr_error_set(err, 0, 0, NULL, "%s: out of memory", path);
 				goto fail;
 			}
 			b = nb;
@@ -159,7 +158,7 @@ static int slurp(int fd, const char *path, const atomic_bool *cancel, char **buf
 			continue;
 		if (got < 0) {
 			ret = -errno;
-			tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+			tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(errno));
 			goto fail;
 		}
 		if (got == 0)
@@ -209,14 +208,14 @@ static int grow(float **a, size_t *cap_rows, size_t rows, size_t width)
 
 /* Maps each column to its destination: >= 0 a feature index, < 0 label
  * -(k + 1).  Fails when a label column is out of range or repeated. */
-static int map_columns(const struct tr_source_spec *src, const char *path, long long line, int ncols,
-		       int *dest, int *n_labels, char *err, size_t errlen)
+static int map_columns(const struct tr_source_spec *src, const char *path, long long line, int ncols, int *dest,
+		       int *n_labels, struct tr_error *err)
 {
 	int nl = src->unlabeled ? 0 : src->n_label_cols > 0 ? src->n_label_cols : 1;
 	int f = 0;
 
 	if (src->n_label_cols > TR_SPEC_MAX_LABEL_COLS) {
-		tr_data_errorf(err, errlen, "%s: too many label columns (%d)", path, src->n_label_cols);
+		tr_error_set(err, 0, 0, NULL, "%s: too many label columns (%d)", path, src->n_label_cols);
 		return -EINVAL;
 	}
 	for (int c = 0; c < ncols; c++)
@@ -226,13 +225,12 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 		int c = want < 0 ? ncols + want : want;
 
 		if (c < 0 || c >= ncols) {
-			tr_data_errorf(err, errlen,
-				       "%s:%lld: label column %d out of range (the file has %d columns)",
-				       path, line, want, ncols);
+			tr_error_set(err, 0, 0, NULL, "%s:%lld: label column %d out of range (the file has %d columns)",
+				     path, line, want, ncols);
 			return -EINVAL;
 		}
 		if (dest[c] < 0) {
-			tr_data_errorf(err, errlen, "%s: label column %d given twice", path, want);
+			tr_error_set(err, 0, 0, NULL, "%s: label column %d given twice", path, want);
 			return -EINVAL;
 		}
 		dest[c] = -(k + 1);
@@ -241,8 +239,8 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 		if (dest[c] == 0)
 			dest[c] = f++;
 	if (f == 0) {
-		tr_data_errorf(err, errlen, "%s:%lld: no feature columns (all %d columns are labels)", path,
-			       line, ncols);
+		tr_error_set(err, 0, 0, NULL, "%s:%lld: no feature columns (all %d columns are labels)", path, line,
+			     ncols);
 		return -EINVAL;
 	}
 	*n_labels = nl;
@@ -250,7 +248,7 @@ static int map_columns(const struct tr_source_spec *src, const char *path, long 
 }
 
 int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, const atomic_bool *cancel,
-		tr_reader_t **out, char *err, size_t errlen)
+		tr_reader_t **out, struct tr_error *err)
 {
 	struct csv_reader *c = NULL;
 	char *buf = NULL, *p, *end;
@@ -259,13 +257,13 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 	long long line = 0;
 	locale_t cloc;
 
-	ret = slurp(fd, path, cancel, &buf, &len, err, errlen);
+	ret = slurp(fd, path, cancel, &buf, &len, err);
 	if (ret)
 		return ret;
 	cloc = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
 	if (cloc == (locale_t)0) {
 		free(buf);
-		tr_data_errorf(err, errlen, "%s: cannot create the C locale", path);
+		tr_error_set(err, 0, 0, NULL, "%s: cannot create the C locale", path);
 		return -ENOMEM;
 	}
 	c = calloc(1, sizeof(*c));
@@ -284,7 +282,7 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 			e = end;
 		line++;
 		if ((line & 0xfff) == 0 && cancel && atomic_load(cancel)) {
-			tr_data_errorf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			ret = -ECANCELED;
 			goto fail;
 		}
@@ -293,7 +291,7 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 		for (q = p; q < e; q++)
 			cols += *q == ',';
 		if (cols > (1 << 24)) {
-			tr_data_errorf(err, errlen, "%s:%lld: too many columns (%lld)", path, line, cols);
+			tr_error_set(err, 0, 0, NULL, "%s:%lld: too many columns (%lld)", path, line, cols);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -302,13 +300,13 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 			dest = malloc((size_t)ncols * sizeof(*dest));
 			if (!dest)
 				goto oom;
-			ret = map_columns(src, path, line, ncols, dest, &nl, err, errlen);
+			ret = map_columns(src, path, line, ncols, dest, &nl, err);
 			if (ret)
 				goto fail;
 			nf = ncols - nl;
 		} else if (cols != ncols) {
-			tr_data_errorf(err, errlen, "%s:%lld: expected %d columns, found %lld", path, line,
-				       ncols, cols);
+			tr_error_set(err, 0, 0, NULL, "%s:%lld: expected %d columns, found %lld", path, line, ncols,
+				     cols);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -327,8 +325,7 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 			while (te > q && (te[-1] == ' ' || te[-1] == '\t' || te[-1] == '\r'))
 				te--;
 			if (is_blank(q, te)) {
-				tr_data_errorf(err, errlen, "%s:%lld: column %d: empty value", path, line,
-					       col + 1);
+				tr_error_set(err, 0, 0, NULL, "%s:%lld: column %d: empty value", path, line, col + 1);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -344,9 +341,9 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 				memcpy(shown, q, w);
 				shown[w] = '\0';
 				tr_data_sanitize(shown);
-				tr_data_errorf(err, errlen, "%s:%lld: column %d: '%s%s' is not a %snumber", path,
-					       line, col + 1, shown, (size_t)(te - q) > QUOTE_MAX ? "..." : "",
-					       ne == te ? "finite " : "");
+				tr_error_set(err, 0, 0, NULL, "%s:%lld: column %d: '%s%s' is not a %snumber", path,
+					     line, col + 1, shown, (size_t)(te - q) > QUOTE_MAX ? "..." : "",
+					     ne == te ? "finite " : "");
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -361,8 +358,8 @@ next:
 		p = e + 1;
 	}
 	if (rows == 0) {
-		tr_data_errorf(err, errlen, "%s:%lld: no data rows%s", path, line + 1,
-			       src->header && line > 0 ? " after the header" : "");
+		tr_error_set(err, 0, 0, NULL, "%s:%lld: no data rows%s", path, line + 1,
+			     src->header && line > 0 ? " after the header" : "");
 		ret = -EINVAL;
 		goto fail;
 	}
@@ -378,7 +375,7 @@ next:
 	return 0;
 oom:
 	ret = -ENOMEM;
-	tr_data_errorf(err, errlen, "%s: out of memory", path);
+	tr_error_set(err, 0, 0, NULL, "%s: out of memory", path);
 fail:
 	free(dest);
 	free(buf);

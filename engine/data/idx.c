@@ -47,20 +47,20 @@ struct idx_reader {
 	struct idx_file images, labels;
 };
 
-static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct idx_reader *d = (struct idx_reader *)r;
 	const unsigned char *p;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&d->images.map, &d->labels.map};
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 0))
-		return tr_data_guard_failed(err, errlen);
+		return tr_data_guard_failed(err);
 	tr_data_guard_begin(&jb, maps, 2);
 	p = d->images.data + (size_t)index * (size_t)d->images.width;
 	for (int64_t i = 0; i < d->images.width; i++)
@@ -71,19 +71,19 @@ static int idx_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	return 0;
 }
 
-static int idx_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+static int idx_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, struct tr_error *err)
 {
 	struct idx_reader *d = (struct idx_reader *)r;
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&d->labels.map};
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 0))
-		return tr_data_guard_failed(err, errlen);
+		return tr_data_guard_failed(err);
 	tr_data_guard_begin(&jb, maps, 1);
 	for (int64_t i = 0; i < count; i++)
 		y[i] = (float)d->labels.data[begin + i];
@@ -97,17 +97,17 @@ static void idx_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
 	snprintf(buf, len, "%s: record %lld", ((struct idx_reader *)r)->labels.map.name, (long long)index);
 }
 
-static int idx_check(tr_reader_t *r, char *err, size_t errlen)
+static int idx_check(tr_reader_t *r, struct tr_error *err)
 {
 	struct idx_reader *d = (struct idx_reader *)r;
 	int rc;
 
 	if (!tr_data_check_due(&d->last_check))
 		return 0;
-	rc = tr_data_map_check(&d->images.map, err, errlen);
+	rc = tr_data_map_check(&d->images.map, err);
 
 	if (rc == 0)
-		rc = tr_data_map_check(&d->labels.map, err, errlen);
+		rc = tr_data_map_check(&d->labels.map, err);
 	if (rc)
 		atomic_store(&d->last_check, -1);
 	return rc;
@@ -149,33 +149,32 @@ static uint32_t be32(const unsigned char *p)
  * Returns 0, -EAGAIN when len is short of the header (gzip: inflate more),
  * or -EINVAL with a message. */
 static int parse_header(const unsigned char *m, size_t len, const char *path, int images, int need_all,
-			struct idx_file *f, size_t *hdr, char *err, size_t errlen)
+			struct idx_file *f, size_t *hdr, struct tr_error *err)
 {
 	int ndims;
 	uint64_t total;
 
 	if (m[0] != 0 || m[1] != 0) {
-		tr_data_errorf(err, errlen, "%s: not an IDX file (bad magic 0x%08x)", path, be32(m));
+		tr_error_set(err, 0, 0, NULL, "%s: not an IDX file (bad magic 0x%08x)", path, be32(m));
 		return -EINVAL;
 	}
 	if (m[2] != 0x08) {
-		tr_data_errorf(err, errlen,
-			       "%s: IDX element type 0x%02x is not supported (only unsigned byte, 0x08)",
-			       path, m[2]);
+		tr_error_set(err, 0, 0, NULL, "%s: IDX element type 0x%02x is not supported (only unsigned byte, 0x08)",
+			     path, m[2]);
 		return -EINVAL;
 	}
 	ndims = m[3];
 	if (images ? ndims < 2 : ndims != 1) {
-		tr_data_errorf(err, errlen,
-			       "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)",
-			       path, images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: expected an IDX %s file (magic 0x%08x), found %d dimensions (magic 0x%08x)", path,
+			     images ? "images" : "labels", images ? 0x803u : 0x801u, ndims, be32(m));
 		return -EINVAL;
 	}
 	*hdr = 4 + 4 * (size_t)ndims;
 	if (len < *hdr) {
 		if (!need_all)
 			return -EAGAIN;
-		tr_data_errorf(err, errlen, "%s: truncated IDX header", path);
+		tr_error_set(err, 0, 0, NULL, "%s: truncated IDX header", path);
 		return -EINVAL;
 	}
 	f->ndims = ndims;
@@ -190,22 +189,22 @@ static int parse_header(const unsigned char *m, size_t len, const char *path, in
 			/* A zero dimension makes width 0 (refused below as no
 			 * data); dividing by it would trap. */
 			if (f->width != 0 && v > INT32_MAX / (uint64_t)f->width) {
-				tr_data_errorf(err, errlen, "%s: too many values per sample", path);
+				tr_error_set(err, 0, 0, NULL, "%s: too many values per sample", path);
 				return -EINVAL;
 			}
 			f->width *= (int64_t)v;
 		}
 	}
 	if (f->count == 0 || f->width == 0) {
-		tr_data_errorf(err, errlen, "%s: IDX file holds no data", path);
+		tr_error_set(err, 0, 0, NULL, "%s: IDX file holds no data", path);
 		return -EINVAL;
 	}
 	/* count < 2^32 and width < 2^31, so the product cannot overflow. */
 	total = (uint64_t)f->count * (uint64_t)f->width;
 	if (need_all && total > len - *hdr) {
-		tr_data_errorf(err, errlen,
-			       "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-			       path, (unsigned long long)total, (unsigned long long)(len - *hdr));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: truncated: the header promises %llu bytes of data, the file has %llu", path,
+			     (unsigned long long)total, (unsigned long long)(len - *hdr));
 		return -EINVAL;
 	}
 	return 0;
@@ -214,7 +213,7 @@ static int parse_header(const unsigned char *m, size_t len, const char *path, in
 /* Inflates the gzip file fd (owned by the call) into f->inflated: first
  * the IDX header, then exactly the bytes it promises.  Not mapped, so no
  * SIGBUS can come from it. */
-static int inflate_file(int fd, const char *path, int images, struct idx_file *f, char *err, size_t errlen)
+static int inflate_file(int fd, const char *path, int images, struct idx_file *f, struct tr_error *err)
 {
 	unsigned char in[65536], head[4 + 4 * 255];
 	z_stream z;
@@ -227,7 +226,7 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 	/* 15 + 16: a gzip wrapper only; members concatenated by `cat a.gz
 	 * b.gz` are followed below with inflateReset. */
 	if (inflateInit2(&z, 15 + 16) != Z_OK) {
-		tr_data_errorf(err, errlen, "%s: out of memory", path);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", path);
 		close(fd);
 		return -ENOMEM;
 	}
@@ -236,7 +235,7 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 		if (have == want) {
 			if (out != head)
 				break; /* all the data the header promises */
-			ret = parse_header(head, have, path, images, 0, f, &hdr, err, errlen);
+			ret = parse_header(head, have, path, images, 0, f, &hdr, err);
 			if (ret == -EAGAIN) {
 				want = 4 + 4 * (size_t)head[3];
 				continue;
@@ -245,17 +244,17 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 				goto out;
 			total = (uint64_t)f->count * (uint64_t)f->width;
 			if (total > IDX_MAX_INFLATED - hdr) {
-				tr_data_errorf(err, errlen,
-					       "%s: the IDX header promises %llu bytes of data, more than the %llu "
-					       "a compressed file may hold",
-					       path, (unsigned long long)total, (unsigned long long)IDX_MAX_INFLATED);
+				tr_error_set(err, 0, 0, NULL,
+					     "%s: the IDX header promises %llu bytes of data, more than the %llu "
+					     "a compressed file may hold",
+					     path, (unsigned long long)total, (unsigned long long)IDX_MAX_INFLATED);
 				ret = -EFBIG;
 				goto out;
 			}
 			f->inflated = malloc(hdr + (size_t)total);
 			if (!f->inflated) {
-				tr_data_errorf(err, errlen, "%s: out of memory for %llu inflated bytes", path,
-					       (unsigned long long)(hdr + total));
+				tr_error_set(err, 0, 0, NULL, "%s: out of memory for %llu inflated bytes", path,
+					     (unsigned long long)(hdr + total));
 				ret = -ENOMEM;
 				goto out;
 			}
@@ -276,7 +275,7 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 
 			if (n < 0) {
 				ret = -errno;
-				tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+				tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(errno));
 				goto out;
 			}
 			if (n == 0)
@@ -295,19 +294,20 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 		if (zr == Z_BUF_ERROR && in_eof && z.avail_in == 0)
 			break; /* the file ends inside the stream */
 		if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
-			tr_data_errorf(err, errlen, "%s: corrupt gzip data (%s)", path, z.msg ? z.msg : "inflate failed");
+			tr_error_set(err, 0, 0, NULL, "%s: corrupt gzip data (%s)", path,
+				     z.msg ? z.msg : "inflate failed");
 			ret = -EINVAL;
 			goto out;
 		}
 	}
 	if (have < want) {
 		if (out == head)
-			tr_data_errorf(err, errlen, "%s: truncated IDX header (after gunzip)", path);
+			tr_error_set(err, 0, 0, NULL, "%s: truncated IDX header (after gunzip)", path);
 		else
-			tr_data_errorf(err, errlen,
-				       "%s: truncated: the header promises %llu bytes of data, the file inflates "
-				       "to %llu",
-				       path, (unsigned long long)total, (unsigned long long)(have - hdr));
+			tr_error_set(err, 0, 0, NULL,
+				     "%s: truncated: the header promises %llu bytes of data, the file inflates "
+				     "to %llu",
+				     path, (unsigned long long)total, (unsigned long long)(have - hdr));
 		ret = -EINVAL;
 		goto out;
 	}
@@ -321,12 +321,12 @@ out:
 /* Opens an IDX file of unsigned bytes (fd is owned from here on): plain
  * files are mapped, gzip files inflated.  Runs under the caller's SIGBUS
  * guard. */
-static int file_open(int fd, const char *path, int images, struct idx_file *f, char *err, size_t errlen)
+static int file_open(int fd, const char *path, int images, struct idx_file *f, struct tr_error *err)
 {
 	size_t hdr;
 	int ret;
 
-	ret = tr_data_map_open(fd, path, 4, "an IDX file", &f->map, err, errlen);
+	ret = tr_data_map_open(fd, path, 4, "an IDX file", &f->map, err);
 	if (ret)
 		return ret;
 	if (f->map.base[0] == 0x1f && f->map.base[1] == 0x8b) {
@@ -335,17 +335,17 @@ static int file_open(int fd, const char *path, int images, struct idx_file *f, c
 
 		if (dup_fd < 0) {
 			ret = -errno;
-			tr_data_errorf(err, errlen, "%s: %s", path, strerror(errno));
+			tr_error_set(err, 0, 0, NULL, "%s: %s", path, strerror(errno));
 			file_unmap(f);
 			return ret;
 		}
 		file_unmap(f);
-		ret = inflate_file(dup_fd, path, images, f, err, errlen);
+		ret = inflate_file(dup_fd, path, images, f, err);
 		if (ret)
 			file_unmap(f);
 		return ret;
 	}
-	ret = parse_header(f->map.base, f->map.len, path, images, 1, f, &hdr, err, errlen);
+	ret = parse_header(f->map.base, f->map.len, path, images, 1, f, &hdr, err);
 	if (ret) {
 		file_unmap(f);
 		return -EINVAL;
@@ -355,14 +355,14 @@ static int file_open(int fd, const char *path, int images, struct idx_file *f, c
 }
 
 int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const char *labels_path, tr_reader_t **out,
-		char *err, size_t errlen)
+		struct tr_error *err)
 {
 	struct idx_reader *d = calloc(1, sizeof(*d));
 	volatile int labels_owned = 1; /* labels_fd not yet handed on */
 	int ret;
 
 	if (!d) {
-		tr_data_errorf(err, errlen, "%s: out of memory", images_path);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", images_path);
 		close(images_fd);
 		close(labels_fd);
 		return -ENOMEM;
@@ -370,21 +370,21 @@ int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const cha
 	const struct tr_data_map *maps[] = {&d->images.map, &d->labels.map};
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 0)) {
-		ret = tr_data_guard_failed(err, errlen);
+		ret = tr_data_guard_failed(err);
 		goto fail;
 	}
 	tr_data_guard_begin(&jb, maps, 2);
-	ret = file_open(images_fd, images_path, 1, &d->images, err, errlen);
+	ret = file_open(images_fd, images_path, 1, &d->images, err);
 	if (ret == 0 && labels_fd >= 0) {
 		labels_owned = 0;
-		ret = file_open(labels_fd, labels_path, 0, &d->labels, err, errlen);
+		ret = file_open(labels_fd, labels_path, 0, &d->labels, err);
 	}
 	tr_data_guard_end();
 	if (ret)
 		goto fail;
 	if (labels_fd >= 0 && d->images.count != d->labels.count) {
-		tr_data_errorf(err, errlen, "%s has %lld images but %s has %lld labels", images_path,
-			       (long long)d->images.count, labels_path, (long long)d->labels.count);
+		tr_error_set(err, 0, 0, NULL, "%s has %lld images but %s has %lld labels", images_path,
+			     (long long)d->images.count, labels_path, (long long)d->labels.count);
 		ret = -EINVAL;
 		goto fail;
 	}

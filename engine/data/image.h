@@ -16,6 +16,8 @@
 
 #include <stddef.h>
 
+#include "core/error.h"
+
 /* Images larger than this on either side are refused at the header, so a
  * hostile header cannot make the decoder allocate gigabytes. */
 #define TR_IMAGE_MAX_SIDE 16384
@@ -28,21 +30,21 @@ struct tr_image {
 /* Reads a PNG file's header from fd (owned by the call, closed on return):
  * its size and channel count after the expansions above.  Returns 0 or
  * -EINVAL with a message naming `name` (not a PNG, a corrupt header). */
-int tr_png_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen);
+int tr_png_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err);
 
 /* Decodes the whole PNG file fd (owned by the call) into img (free
  * img->px).  Returns 0, -EINVAL (not a PNG, truncated or corrupt data,
  * with the message naming `name`) or -ENOMEM. */
-int tr_png_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen);
+int tr_png_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err);
 
 /* The same for JPEG files (1 channel for grey, else 3). */
-int tr_jpeg_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen);
-int tr_jpeg_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen);
+int tr_jpeg_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err);
+int tr_jpeg_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err);
 
 /* Either format, by the file's first bytes; anything else is refused
  * ("not a PNG or JPEG file").  fd is owned by the call. */
-int tr_image_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen);
-int tr_image_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen);
+int tr_image_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err);
+int tr_image_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err);
 
 /* Resamples the planar float image src [c][h][w] to dst [c][oh][ow] with
  * the bicubic kernel (a = -0.5) as MATLAB's imresize does: pixel centres
@@ -61,12 +63,11 @@ int tr_image_resize(const float *src, int c, int h, int w, float *dst, int oh, i
  * (they are not followed inside a data directory).  *names is an array of
  * *n malloc'd strings; free with tr_image_names_free.  `dir_name` names
  * the directory in messages.  Returns 0 or a negative errno. */
-int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names, int *n, char *err,
-		  size_t errlen);
+int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names, int *n, struct tr_error *err);
 void tr_image_names_free(char **names, int n);
 
 /* Decodes the image `name` in dir_fd (opened with tr_data_open_in) into
  * planar floats [channels][height][width], values 0..255 times `scale`.
  * `shown` names the file in messages.  *out is malloc'd. */
-int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width,
-		  int *height, int *channels, char *err, size_t errlen);
+int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width, int *height,
+		  int *channels, struct tr_error *err);

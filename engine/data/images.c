@@ -87,8 +87,7 @@ static void resized(const struct images_reader *d, int h, int w, int *oh, int *o
 }
 
 /* Checks that an image of h x w and c channels gives the output shape. */
-static int check_size(const struct images_reader *d, const char *shown, int h, int w, int c, char *err,
-		      size_t errlen)
+static int check_size(const struct images_reader *d, const char *shown, int h, int w, int c, struct tr_error *err)
 {
 	int oh, ow;
 
@@ -97,45 +96,46 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 
 		resized(d, h, w, &oh, &ow);
 		if (d->crop[0] && (oh < d->crop[0] || ow < d->crop[1])) {
-			tr_data_errorf(err, errlen, "%s: %dx%d (after resize) is smaller than center_crop %dx%d", shown,
-				       ow, oh, d->crop[1], d->crop[0]);
+			tr_error_set(err, 0, 0, NULL, "%s: %dx%d (after resize) is smaller than center_crop %dx%d",
+				     shown, ow, oh, d->crop[1], d->crop[0]);
 			return -EINVAL;
 		}
 		fh = d->crop[0] ? d->crop[0] : oh;
 		fw = d->crop[0] ? d->crop[1] : ow;
 		if (c != d->want[0] || fh != d->want[1] || fw != d->want[2]) {
-			tr_data_errorf(err, errlen, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh,
-				       fw, d->crop[0] ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
-				       : d->resize[0] ? " after resize"
-						      : "",
-				       d->want[0], d->want[1], d->want[2]);
+			tr_error_set(
+				err, 0, 0, NULL, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh, fw,
+				d->crop[0]     ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
+				: d->resize[0] ? " after resize"
+					       : "",
+				d->want[0], d->want[1], d->want[2]);
 			return -EINVAL;
 		}
 		return 0;
 	}
 	if (c != d->c) {
-		tr_data_errorf(err, errlen, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
-			       d->c);
+		tr_error_set(err, 0, 0, NULL, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
+			     d->c);
 		return -EINVAL;
 	}
 	resized(d, h, w, &oh, &ow);
 	if (d->crop[0]) {
 		if (oh < d->crop[0] || ow < d->crop[1]) {
-			tr_data_errorf(err, errlen, "%s: %dx%d (after resize) is smaller than center_crop %dx%d", shown,
-				       ow, oh, d->crop[1], d->crop[0]);
+			tr_error_set(err, 0, 0, NULL, "%s: %dx%d (after resize) is smaller than center_crop %dx%d",
+				     shown, ow, oh, d->crop[1], d->crop[0]);
 			return -EINVAL;
 		}
 	} else if (oh != d->h || ow != d->w) {
-		tr_data_errorf(err, errlen,
-			       "%s: %dx%d, the first image is %dx%d (images of different sizes need resize or "
-			       "center_crop)",
-			       shown, ow, oh, d->w, d->h);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: %dx%d, the first image is %dx%d (images of different sizes need resize or "
+			     "center_crop)",
+			     shown, ow, oh, d->w, d->h);
 		return -EINVAL;
 	}
 	return 0;
 }
 
-static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct images_reader *d = (struct images_reader *)r;
 	const struct item *it;
@@ -145,17 +145,17 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, char *e
 	int w, h, c, oh, ow, ret;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	it = &d->items[index];
 	shown_name(d, it, shown, sizeof shown);
-	ret = tr_image_load(d->class_fd[it->cls], it->name, shown, 1.0f, &px, &w, &h, &c, err, errlen);
+	ret = tr_image_load(d->class_fd[it->cls], it->name, shown, 1.0f, &px, &w, &h, &c, err);
 	if (ret)
 		return ret;
 	/* The file may have been replaced since open. */
-	ret = check_size(d, shown, h, w, c, err, errlen);
+	ret = check_size(d, shown, h, w, c, err);
 	if (ret)
 		goto out;
 	resized(d, h, w, &oh, &ow);
@@ -163,7 +163,7 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, char *e
 	if (oh != h || ow != w) {
 		rs = malloc((size_t)c * (size_t)oh * (size_t)ow * sizeof(float));
 		if (!rs || tr_image_resize(px, c, h, w, rs, oh, ow)) {
-			tr_data_errorf(err, errlen, "%s: out of memory", shown);
+			tr_error_set(err, 0, 0, NULL, "%s: out of memory", shown);
 			ret = -ENOMEM;
 			goto out;
 		}
@@ -186,13 +186,13 @@ out:
 	return ret;
 }
 
-static int images_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+static int images_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, struct tr_error *err)
 {
 	struct images_reader *d = (struct images_reader *)r;
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	for (int64_t i = 0; i < count; i++)
@@ -264,25 +264,26 @@ const char *tr_images_class_name(const tr_reader_t *r, int k)
 }
 
 /* Reads the header of every file of class k, appending its items. */
-static int probe_class(struct images_reader *d, int k, char **files, int n, int64_t *count,
-		       const atomic_bool *cancel, char *err, size_t errlen)
+static int probe_class(struct images_reader *d, int k, char **files, int n, int64_t *count, const atomic_bool *cancel,
+		       struct tr_error *err)
 {
 	for (int i = 0; i < n; i++) {
 		struct item it = {.cls = k, .name = files[i]};
-		char shown[PATH_MAX + 512], msg[512];
+		char shown[PATH_MAX + 512];
+		struct tr_error msg;
 		int fd, w, h, c, ret;
 
 		if (cancel && (i & 255) == 0 && atomic_load_explicit(cancel, memory_order_relaxed)) {
-			tr_data_errorf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			return -ECANCELED;
 		}
 		shown_name(d, &it, shown, sizeof shown);
-		fd = tr_data_open_in(d->class_fd[k], files[i], 0, NULL, msg, sizeof msg);
+		fd = tr_data_open_in(d->class_fd[k], files[i], 0, NULL, &msg);
 		if (fd < 0) {
-			tr_data_errorf(err, errlen, "%s: %s", shown, strerror(-fd));
+			tr_error_set(err, 0, 0, NULL, "%s: %s", shown, strerror(-fd));
 			return fd;
 		}
-		ret = tr_image_probe(fd, shown, &w, &h, &c, err, errlen);
+		ret = tr_image_probe(fd, shown, &w, &h, &c, err);
 		if (ret)
 			return ret;
 		if (*count == 0 && !d->want[0]) {
@@ -295,7 +296,7 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 				d->w = d->crop[1];
 			}
 		}
-		ret = check_size(d, shown, h, w, c, err, errlen);
+		ret = check_size(d, shown, h, w, c, err);
 		if (ret)
 			return ret;
 		d->items[*count] = it;
@@ -306,7 +307,7 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 }
 
 int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir_name, const atomic_bool *cancel,
-		   tr_reader_t **out, char *err, size_t errlen)
+		   tr_reader_t **out, struct tr_error *err)
 {
 	struct images_reader *d = calloc(1, sizeof(*d));
 	char **files = NULL;
@@ -315,7 +316,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 
 	if (!d) {
 		close(dir_fd);
-		tr_data_errorf(err, errlen, "%s: out of memory", dir_name);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", dir_name);
 		return -ENOMEM;
 	}
 	d->base.i = &images_i;
@@ -329,32 +330,32 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 		d->h = d->want[1];
 		d->w = d->want[2];
 		if (d->crop[0] && (d->crop[0] != d->h || d->crop[1] != d->w)) {
-			tr_data_errorf(err, errlen, "%s: center_crop [%d, %d] does not give the model's [%d, %d, %d]",
-				       dir_name, d->crop[0], d->crop[1], d->c, d->h, d->w);
+			tr_error_set(err, 0, 0, NULL, "%s: center_crop [%d, %d] does not give the model's [%d, %d, %d]",
+				     dir_name, d->crop[0], d->crop[1], d->c, d->h, d->w);
 			ret = -EINVAL;
 			goto fail;
 		}
 	}
 	if (d->resize[0] && !d->resize[1] && !d->crop[0]) {
-		tr_data_errorf(err, errlen,
-			       "%s: resize to a shorter side keeps each image's aspect ratio: give center_crop too, "
-			       "or resize to [height, width]",
-			       dir_name);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: resize to a shorter side keeps each image's aspect ratio: give center_crop too, "
+			     "or resize to [height, width]",
+			     dir_name);
 		ret = -EINVAL;
 		goto fail;
 	}
-	ret = tr_image_list(dir_fd, dir_name, 1, &d->classes, &d->n_classes, err, errlen);
+	ret = tr_image_list(dir_fd, dir_name, 1, &d->classes, &d->n_classes, err);
 	if (ret)
 		goto fail;
 	if (src->unlabeled) {
-		ret = tr_image_list(dir_fd, dir_name, 0, &files, &n_files, err, errlen);
+		ret = tr_image_list(dir_fd, dir_name, 0, &files, &n_files, err);
 		if (ret)
 			goto fail;
 		if (n_files > 0 && d->n_classes > 0) {
-			tr_data_errorf(err, errlen,
-				       "%s: has both image files (%s) and subfolders (%s): give a flat folder of images "
-				       "or one subfolder per class",
-				       dir_name, files[0], d->classes[0]);
+			tr_error_set(err, 0, 0, NULL,
+				     "%s: has both image files (%s) and subfolders (%s): give a flat folder of images "
+				     "or one subfolder per class",
+				     dir_name, files[0], d->classes[0]);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -372,13 +373,13 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 			d->class_fd[0] = dup(dir_fd);
 			if (d->class_fd[0] < 0) {
 				ret = -errno;
-				tr_data_errorf(err, errlen, "%s: %s", dir_name, strerror(errno));
+				tr_error_set(err, 0, 0, NULL, "%s: %s", dir_name, strerror(errno));
 				goto fail;
 			}
 			d->items = malloc((size_t)n_files * sizeof(*d->items));
 			if (!d->items)
 				goto oom;
-			ret = probe_class(d, 0, files, n_files, &count, cancel, err, errlen);
+			ret = probe_class(d, 0, files, n_files, &count, cancel, err);
 			d->base.info.samples = count;
 			tr_image_names_free(files, n_files);
 			files = NULL;
@@ -391,20 +392,20 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 		files = NULL;
 		n_files = 0;
 		if (d->n_classes == 0) {
-			tr_data_errorf(err, errlen, "%s: no .png or .jpg files, nor subfolders with them", dir_name);
+			tr_error_set(err, 0, 0, NULL, "%s: no .png or .jpg files, nor subfolders with them", dir_name);
 			ret = -EINVAL;
 			goto fail;
 		}
 	}
 	if (d->n_classes == 0) {
-		tr_data_errorf(err, errlen, "%s: no class subfolders (labels \"folders\" takes one subfolder per class)",
-			       dir_name);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: no class subfolders (labels \"folders\" takes one subfolder per class)", dir_name);
 		ret = -EINVAL;
 		goto fail;
 	}
 	if (d->n_classes > MAX_CLASSES) {
-		tr_data_errorf(err, errlen, "%s: %d class subfolders, at most %d", dir_name, d->n_classes,
-			       MAX_CLASSES);
+		tr_error_set(err, 0, 0, NULL, "%s: %d class subfolders, at most %d", dir_name, d->n_classes,
+			     MAX_CLASSES);
 		ret = -E2BIG;
 		goto fail;
 	}
@@ -414,16 +415,16 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	for (int k = 0; k < d->n_classes; k++)
 		d->class_fd[k] = -1;
 	for (int k = 0; k < d->n_classes; k++) {
-		char msg[512];
+		struct tr_error msg;
 		struct item *ni;
 
-		d->class_fd[k] = tr_data_open_in(dir_fd, d->classes[k], 1, NULL, msg, sizeof msg);
+		d->class_fd[k] = tr_data_open_in(dir_fd, d->classes[k], 1, NULL, &msg);
 		if (d->class_fd[k] < 0) {
 			ret = d->class_fd[k];
-			tr_data_errorf(err, errlen, "%s/%s: %s", dir_name, d->classes[k], strerror(-ret));
+			tr_error_set(err, 0, 0, NULL, "%s/%s: %s", dir_name, d->classes[k], strerror(-ret));
 			goto fail;
 		}
-		ret = tr_image_list(d->class_fd[k], d->classes[k], 0, &files, &n_files, err, errlen);
+		ret = tr_image_list(d->class_fd[k], d->classes[k], 0, &files, &n_files, err);
 		if (ret)
 			goto fail;
 		total += n_files;
@@ -432,7 +433,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 			goto oom;
 		d->items = ni;
 		/* samples counts the items owned so far, for destroy. */
-		ret = probe_class(d, k, files, n_files, &count, cancel, err, errlen);
+		ret = probe_class(d, k, files, n_files, &count, cancel, err);
 		d->base.info.samples = count;
 		tr_image_names_free(files, n_files);
 		files = NULL;
@@ -441,13 +442,13 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	}
 done:
 	if (count == 0) {
-		tr_data_errorf(err, errlen, "%s: no .png or .jpg files in its class subfolders", dir_name);
+		tr_error_set(err, 0, 0, NULL, "%s: no .png or .jpg files in its class subfolders", dir_name);
 		ret = -EINVAL;
 		goto fail;
 	}
 	if ((int64_t)d->c * d->h * d->w > TR_SPEC_MAX_WIDTH) {
-		tr_data_errorf(err, errlen, "%s: %dx%dx%d values per image, at most %d", dir_name, d->c, d->h, d->w,
-			       TR_SPEC_MAX_WIDTH);
+		tr_error_set(err, 0, 0, NULL, "%s: %dx%dx%d values per image, at most %d", dir_name, d->c, d->h, d->w,
+			     TR_SPEC_MAX_WIDTH);
 		ret = -E2BIG;
 		goto fail;
 	}
@@ -461,7 +462,7 @@ done:
 	*out = &d->base;
 	return 0;
 oom:
-	tr_data_errorf(err, errlen, "%s: out of memory", dir_name);
+	tr_error_set(err, 0, 0, NULL, "%s: out of memory", dir_name);
 	ret = -ENOMEM;
 fail:
 	tr_image_names_free(files, n_files);

@@ -52,31 +52,31 @@ static enum kind sniff(int fd)
 	return NOT_AN_IMAGE;
 }
 
-int tr_image_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen)
+int tr_image_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err)
 {
 	switch (sniff(fd)) {
 	case PNG:
-		return tr_png_probe(fd, name, width, height, channels, err, errlen);
+		return tr_png_probe(fd, name, width, height, channels, err);
 	case JPEG:
-		return tr_jpeg_probe(fd, name, width, height, channels, err, errlen);
+		return tr_jpeg_probe(fd, name, width, height, channels, err);
 	default:
 		close(fd);
-		tr_data_errorf(err, errlen, "%s: not a PNG or JPEG file", name);
+		tr_error_set(err, 0, 0, NULL, "%s: not a PNG or JPEG file", name);
 		return -EINVAL;
 	}
 }
 
-int tr_image_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen)
+int tr_image_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err)
 {
 	memset(img, 0, sizeof(*img));
 	switch (sniff(fd)) {
 	case PNG:
-		return tr_png_decode(fd, name, img, err, errlen);
+		return tr_png_decode(fd, name, img, err);
 	case JPEG:
-		return tr_jpeg_decode(fd, name, img, err, errlen);
+		return tr_jpeg_decode(fd, name, img, err);
 	default:
 		close(fd);
-		tr_data_errorf(err, errlen, "%s: not a PNG or JPEG file", name);
+		tr_error_set(err, 0, 0, NULL, "%s: not a PNG or JPEG file", name);
 		return -EINVAL;
 	}
 }
@@ -88,8 +88,7 @@ void tr_image_names_free(char **names, int n)
 	free(names);
 }
 
-int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names, int *n, char *err,
-		  size_t errlen)
+int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names, int *n, struct tr_error *err)
 {
 	int fd = dup(dir_fd), cap = 0, ret = 0;
 	DIR *d;
@@ -100,7 +99,7 @@ int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names
 	*n = 0;
 	if (fd < 0 || lseek(fd, 0, SEEK_SET) < 0 || !(d = fdopendir(fd))) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", dir_name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", dir_name, strerror(errno));
 		if (fd >= 0)
 			close(fd);
 		return ret;
@@ -117,7 +116,7 @@ int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names
 		if (want_dirs ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode) || !is_image_name(e->d_name))
 			continue;
 		if (*n == MAX_ENTRIES) {
-			tr_data_errorf(err, errlen, "%s: more than %d entries", dir_name, MAX_ENTRIES);
+			tr_error_set(err, 0, 0, NULL, "%s: more than %d entries", dir_name, MAX_ENTRIES);
 			ret = -E2BIG;
 			goto out;
 		}
@@ -135,14 +134,14 @@ int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names
 	}
 	if (errno) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", dir_name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", dir_name, strerror(errno));
 		goto out;
 	}
 	if (*n > 1)
 		qsort(v, (size_t)*n, sizeof(*v), by_name);
 	goto out;
 oom:
-	tr_data_errorf(err, errlen, "%s: out of memory", dir_name);
+	tr_error_set(err, 0, 0, NULL, "%s: out of memory", dir_name);
 	ret = -ENOMEM;
 out:
 	closedir(d);
@@ -155,32 +154,32 @@ out:
 	return ret;
 }
 
-int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width,
-		  int *height, int *channels, char *err, size_t errlen)
+int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width, int *height,
+		  int *channels, struct tr_error *err)
 {
 	struct tr_image img;
-	char msg[512];
+	struct tr_error msg;
 	size_t plane;
 	float *f;
 	int fd, ret;
 
 	*out = NULL;
-	fd = tr_data_open_in(dir_fd, name, 0, NULL, msg, sizeof msg);
+	fd = tr_data_open_in(dir_fd, name, 0, NULL, &msg);
 	if (fd < 0) {
-		/* msg is "'name': why"; the message names the whole path instead. */
-		const char *why = strstr(msg, "': ");
+		/* msg.message is "'name': why"; the message names the whole path instead. */
+		const char *why = strstr(msg.message, "': ");
 
-		tr_data_errorf(err, errlen, "%s: %s", shown, why ? why + 3 : msg);
+		tr_error_set(err, 0, 0, NULL, "%s: %s", shown, why ? why + 3 : msg.message);
 		return fd;
 	}
-	ret = tr_image_decode(fd, shown, &img, err, errlen);
+	ret = tr_image_decode(fd, shown, &img, err);
 	if (ret)
 		return ret;
 	plane = (size_t)img.width * (size_t)img.height;
 	f = malloc(plane * (size_t)img.channels * sizeof(float));
 	if (!f) {
 		free(img.px);
-		tr_data_errorf(err, errlen, "%s: out of memory", shown);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", shown);
 		return -ENOMEM;
 	}
 	for (int c = 0; c < img.channels; c++)

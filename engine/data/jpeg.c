@@ -44,8 +44,8 @@ static void on_output(j_common_ptr cinfo)
 
 /* Reads the header of fd (owned) and sets up the output colour space.
  * With px != NULL also decodes into *px. */
-static int run(int fd, const char *name, int *width, int *height, int *channels, unsigned char **px, char *err,
-	       size_t errlen)
+static int run(int fd, const char *name, int *width, int *height, int *channels, unsigned char **px,
+	       struct tr_error *err)
 {
 	struct jpeg_decompress_struct cinfo;
 	struct jerr e;
@@ -55,7 +55,7 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 
 	if (!fp) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", name, strerror(errno));
 		close(fd);
 		return ret;
 	}
@@ -64,7 +64,7 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 	e.pub.error_exit = on_error;
 	e.pub.output_message = on_output;
 	if (setjmp(e.jb)) {
-		tr_data_errorf(err, errlen, "%s: corrupt or truncated JPEG (%s)", name, e.msg);
+		tr_error_set(err, 0, 0, NULL, "%s: corrupt or truncated JPEG (%s)", name, e.msg);
 		ret = -EINVAL;
 		goto out;
 	}
@@ -72,13 +72,13 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 	jpeg_stdio_src(&cinfo, fp);
 	jpeg_read_header(&cinfo, TRUE);
 	if (cinfo.image_width > TR_IMAGE_MAX_SIDE || cinfo.image_height > TR_IMAGE_MAX_SIDE) {
-		tr_data_errorf(err, errlen, "%s: %ux%u is larger than %d on a side", name, cinfo.image_width,
-			       cinfo.image_height, TR_IMAGE_MAX_SIDE);
+		tr_error_set(err, 0, 0, NULL, "%s: %ux%u is larger than %d on a side", name, cinfo.image_width,
+			     cinfo.image_height, TR_IMAGE_MAX_SIDE);
 		ret = -EINVAL;
 		goto out;
 	}
 	if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-		tr_data_errorf(err, errlen, "%s: CMYK JPEG files are not supported", name);
+		tr_error_set(err, 0, 0, NULL, "%s: CMYK JPEG files are not supported", name);
 		ret = -EINVAL;
 		goto out;
 	}
@@ -92,7 +92,7 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 		jpeg_start_decompress(&cinfo);
 		out = malloc(row * (size_t)*height);
 		if (!out) {
-			tr_data_errorf(err, errlen, "%s: out of memory for a %dx%d image", name, *width, *height);
+			tr_error_set(err, 0, 0, NULL, "%s: out of memory for a %dx%d image", name, *width, *height);
 			ret = -ENOMEM;
 			goto out;
 		}
@@ -103,7 +103,7 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 		}
 		jpeg_finish_decompress(&cinfo);
 		if (e.pub.num_warnings) {
-			tr_data_errorf(err, errlen, "%s: corrupt or truncated JPEG (%s)", name, e.msg);
+			tr_error_set(err, 0, 0, NULL, "%s: corrupt or truncated JPEG (%s)", name, e.msg);
 			ret = -EINVAL;
 			goto out;
 		}
@@ -117,13 +117,13 @@ out:
 	return ret;
 }
 
-int tr_jpeg_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen)
+int tr_jpeg_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err)
 {
-	return run(fd, name, width, height, channels, NULL, err, errlen);
+	return run(fd, name, width, height, channels, NULL, err);
 }
 
-int tr_jpeg_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen)
+int tr_jpeg_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err)
 {
 	memset(img, 0, sizeof(*img));
-	return run(fd, name, &img->width, &img->height, &img->channels, &img->px, err, errlen);
+	return run(fd, name, &img->width, &img->height, &img->channels, &img->px, err);
 }

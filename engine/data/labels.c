@@ -22,29 +22,30 @@
 /* Label rows read per call: bounds the buffer whatever the file size. */
 #define CHUNK_ROWS 4096
 
-static int bad_label(tr_reader_t *r, const char *pointer, int64_t index, int k, float v, int classes, char *err,
-		     size_t errlen)
+static int bad_label(tr_reader_t *r, const char *pointer, int64_t index, int k, float v, int classes,
+		     struct tr_error *err)
 {
 	char where[512];
 	int dim = r->info.label_dim;
 
 	r->i->where(r, index, where, sizeof where);
 	if (classes > 0 && isfinite(v) && v == floorf(v))
-		tr_data_errorf(err, errlen, "%s: %s: label %.0f is out of range: the model has %d classes, 0 to %d",
-			       pointer, where, (double)v, classes, classes - 1);
+		tr_error_set(err, 0, 0, NULL, "%s: %s: label %.0f is out of range: the model has %d classes, 0 to %d",
+			     pointer, where, (double)v, classes, classes - 1);
 	else if (classes > 0)
-		tr_data_errorf(err, errlen, "%s: %s: label %g is not an integer class index (the model has %d classes, 0 to %d)",
-			       pointer, where, (double)v, classes, classes - 1);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: %s: label %g is not an integer class index (the model has %d classes, 0 to %d)",
+			     pointer, where, (double)v, classes, classes - 1);
 	else if (dim > 1)
-		tr_data_errorf(err, errlen, "%s: %s: target %d of %d is %g, not a finite number", pointer, where,
-			       k + 1, dim, (double)v);
+		tr_error_set(err, 0, 0, NULL, "%s: %s: target %d of %d is %g, not a finite number", pointer, where,
+			     k + 1, dim, (double)v);
 	else
-		tr_data_errorf(err, errlen, "%s: %s: target %g is not a finite number", pointer, where, (double)v);
+		tr_error_set(err, 0, 0, NULL, "%s: %s: target %g is not a finite number", pointer, where, (double)v);
 	return -EINVAL;
 }
 
 int tr_data_check_labels(tr_reader_t *r, const char *pointer, int classes, char *warn, size_t warnlen,
-			 char *err, size_t errlen)
+			 struct tr_error *err)
 {
 	int64_t n = r->info.samples;
 	int dim = r->info.label_dim;
@@ -59,14 +60,14 @@ int tr_data_check_labels(tr_reader_t *r, const char *pointer, int classes, char 
 	first = malloc((size_t)dim * sizeof(float));
 	same = malloc((size_t)dim * sizeof(int));
 	if (!y || !first || !same) {
-		tr_data_errorf(err, errlen, "%s: out of memory", pointer);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", pointer);
 		ret = -ENOMEM;
 		goto out;
 	}
 	for (int64_t b = 0; b < n; b += CHUNK_ROWS) {
 		int64_t cnt = n - b < CHUNK_ROWS ? n - b : CHUNK_ROWS;
 
-		ret = r->i->labels(r, b, cnt, y, err, errlen);
+		ret = r->i->labels(r, b, cnt, y, err);
 		if (ret < 0)
 			goto out;
 		if (b == 0)
@@ -81,7 +82,7 @@ int tr_data_check_labels(tr_reader_t *r, const char *pointer, int classes, char 
 				float v = row[k];
 
 				if (classes > 0 ? !(v >= 0 && v < (float)classes && v == floorf(v)) : !isfinite(v)) {
-					ret = bad_label(r, pointer, b + i, k, v, classes, err, errlen);
+					ret = bad_label(r, pointer, b + i, k, v, classes, err);
 					goto out;
 				}
 				same[k] &= v == first[k];

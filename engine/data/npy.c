@@ -85,19 +85,19 @@ static void convert(const struct npy_array *a, int64_t row, float *dst)
 	}
 }
 
-static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct npy_reader *n = (struct npy_reader *)r;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&n->x.map, &n->y.map};
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 0))
-		return tr_data_guard_failed(err, errlen);
+		return tr_data_guard_failed(err);
 	tr_data_guard_begin(&jb, maps, 2);
 	convert(&n->x, index, x);
 	if (n->y.data) /* prediction inputs have no y */
@@ -106,19 +106,19 @@ static int npy_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err,
 	return 0;
 }
 
-static int npy_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+static int npy_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, struct tr_error *err)
 {
 	struct npy_reader *n = (struct npy_reader *)r;
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (%lld samples)", r->name,
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
 	const struct tr_data_map *maps[] = {&n->y.map};
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 0))
-		return tr_data_guard_failed(err, errlen);
+		return tr_data_guard_failed(err);
 	tr_data_guard_begin(&jb, maps, 1);
 	for (int64_t i = 0; i < count; i++)
 		convert(&n->y, begin + i, y + (size_t)i * (size_t)n->y.width);
@@ -132,17 +132,17 @@ static void npy_where(tr_reader_t *r, int64_t index, char *buf, size_t len)
 	snprintf(buf, len, "%s: record %lld", ((struct npy_reader *)r)->y.map.name, (long long)index);
 }
 
-static int npy_check(tr_reader_t *r, char *err, size_t errlen)
+static int npy_check(tr_reader_t *r, struct tr_error *err)
 {
 	struct npy_reader *n = (struct npy_reader *)r;
 	int rc;
 
 	if (!tr_data_check_due(&n->last_check))
 		return 0;
-	rc = tr_data_map_check(&n->x.map, err, errlen);
+	rc = tr_data_map_check(&n->x.map, err);
 
 	if (rc == 0)
-		rc = tr_data_map_check(&n->y.map, err, errlen);
+		rc = tr_data_map_check(&n->y.map, err);
 	if (rc)
 		atomic_store(&n->last_check, -1);
 	return rc;
@@ -283,7 +283,7 @@ static int parse_descr(const char *d, enum dtype *dt, size_t *itemsize)
 
 /* Maps fd (owned from here on) and parses its header; is_x selects the
  * shape rules.  Runs under the caller's SIGBUS guard. */
-static int array_open(int fd, const char *path, int is_x, struct npy_array *a, char *err, size_t errlen)
+static int array_open(int fd, const char *path, int is_x, struct npy_array *a, struct tr_error *err)
 {
 	const unsigned char *m;
 	struct lexer lx;
@@ -293,12 +293,12 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, c
 	size_t hoff, hlen, data_off;
 	uint64_t count = 1;
 
-	ret = tr_data_map_open(fd, path, 10, "a .npy file", &a->map, err, errlen);
+	ret = tr_data_map_open(fd, path, 10, "a .npy file", &a->map, err);
 	if (ret)
 		return ret;
 	m = a->map.base;
 	if (memcmp(m, "\x93NUMPY", 6) != 0) {
-		tr_data_errorf(err, errlen, "%s: not a .npy file (bad magic)", path);
+		tr_error_set(err, 0, 0, NULL, "%s: not a .npy file (bad magic)", path);
 		goto invalid;
 	}
 	if (m[6] == 1) {
@@ -308,11 +308,11 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, c
 		hoff = 12;
 		hlen = (size_t)m[8] | (size_t)m[9] << 8 | (size_t)m[10] << 16 | (size_t)m[11] << 24;
 	} else {
-		tr_data_errorf(err, errlen, "%s: unsupported .npy format version %d.%d", path, m[6], m[7]);
+		tr_error_set(err, 0, 0, NULL, "%s: unsupported .npy format version %d.%d", path, m[6], m[7]);
 		goto invalid;
 	}
 	if (hlen > a->map.len - hoff) {
-		tr_data_errorf(err, errlen, "%s: truncated .npy header", path);
+		tr_error_set(err, 0, 0, NULL, "%s: truncated .npy header", path);
 		goto invalid;
 	}
 	data_off = hoff + hlen;
@@ -325,7 +325,7 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, c
 			goto bad_header;
 		if (strcmp(key, "descr") == 0) {
 			if (accept(&lx, '[')) {
-				tr_data_errorf(err, errlen, "%s: structured dtypes are not supported", path);
+				tr_error_set(err, 0, 0, NULL, "%s: structured dtypes are not supported", path);
 				goto invalid;
 			}
 			if (lex_string(&lx, descr, sizeof(descr)))
@@ -352,27 +352,24 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, c
 	if (!descr[0] || fortran < 0 || ndim < 0)
 		goto bad_header;
 	if (fortran) {
-		tr_data_errorf(err, errlen,
-			       "%s: Fortran-order arrays are not supported; save with np.ascontiguousarray",
-			       path);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: Fortran-order arrays are not supported; save with np.ascontiguousarray", path);
 		goto invalid;
 	}
 	if (parse_descr(descr, &a->dtype, &a->itemsize)) {
 		tr_data_sanitize(descr);
-		tr_data_errorf(err, errlen, "%s: unsupported dtype '%.8s' (use <f4, <f8, <i4, <i8, |u1 or |i1)",
-			       path, descr);
+		tr_error_set(err, 0, 0, NULL, "%s: unsupported dtype '%.8s' (use <f4, <f8, <i4, <i8, |u1 or |i1)", path,
+			     descr);
 		goto invalid;
 	}
 	if (is_x && ndim < 2) {
-		tr_data_errorf(err, errlen,
-			       "%s: x must have at least 2 dimensions [samples, features], got %d", path,
-			       ndim);
+		tr_error_set(err, 0, 0, NULL, "%s: x must have at least 2 dimensions [samples, features], got %d", path,
+			     ndim);
 		goto invalid;
 	}
 	if (!is_x && (ndim < 1 || ndim > 2)) {
-		tr_data_errorf(err, errlen,
-			       "%s: y must be 1-D [samples] or 2-D [samples, outputs], got %d dimensions",
-			       path, ndim);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: y must be 1-D [samples] or 2-D [samples, outputs], got %d dimensions", path, ndim);
 		goto invalid;
 	}
 	a->ndim = ndim;
@@ -380,54 +377,52 @@ static int array_open(int fd, const char *path, int is_x, struct npy_array *a, c
 	a->width = 1;
 	for (int d = 1; d < ndim; d++) {
 		if (dims[d] > 0 && a->width > INT32_MAX / dims[d]) {
-			tr_data_errorf(err, errlen, "%s: too many values per sample", path);
+			tr_error_set(err, 0, 0, NULL, "%s: too many values per sample", path);
 			goto invalid;
 		}
 		a->width *= dims[d];
 	}
 	if (a->rows == 0 || a->width == 0) {
-		tr_data_errorf(err, errlen, "%s: array is empty", path);
+		tr_error_set(err, 0, 0, NULL, "%s: array is empty", path);
 		goto invalid;
 	}
 	for (int d = 0; d < ndim; d++) {
 		if ((uint64_t)dims[d] > UINT64_MAX / a->itemsize / count) {
-			tr_data_errorf(err, errlen, "%s: shape too large", path);
+			tr_error_set(err, 0, 0, NULL, "%s: shape too large", path);
 			goto invalid;
 		}
 		count *= (uint64_t)dims[d];
 	}
 	if (count * a->itemsize > a->map.len - data_off) {
-		tr_data_errorf(err, errlen,
-			       "%s: truncated: the header promises %llu bytes of data, the file has %llu",
-			       path, (unsigned long long)(count * a->itemsize),
-			       (unsigned long long)(a->map.len - data_off));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: truncated: the header promises %llu bytes of data, the file has %llu", path,
+			     (unsigned long long)(count * a->itemsize), (unsigned long long)(a->map.len - data_off));
 		goto invalid;
 	}
 	a->data = m + data_off;
 	return 0;
 bad_header:
-	tr_data_errorf(err, errlen, "%s: malformed .npy header", path);
+	tr_error_set(err, 0, 0, NULL, "%s: malformed .npy header", path);
 invalid:
 	array_unmap(a);
 	return -EINVAL;
 }
 
-int tr_npy_open(int x_fd, const char *x_path, int y_fd, const char *y_path, tr_reader_t **out, char *err,
-		size_t errlen)
+int tr_npy_open(int x_fd, const char *x_path, int y_fd, const char *y_path, tr_reader_t **out, struct tr_error *err)
 {
 	struct npy_reader *n;
 	volatile int y_owned = 1; /* y_fd not yet handed on */
 	int ret;
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-	tr_data_errorf(err, errlen, "%s: .npy files are only supported on little-endian hosts", x_path);
+	tr_error_set(err, 0, 0, NULL, "%s: .npy files are only supported on little-endian hosts", x_path);
 	close(x_fd);
 	close(y_fd);
 	return -ENOTSUP;
 #endif
 	n = calloc(1, sizeof(*n));
 	if (!n) {
-		tr_data_errorf(err, errlen, "%s: out of memory", x_path);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", x_path);
 		close(x_fd);
 		close(y_fd);
 		return -ENOMEM;
@@ -437,21 +432,21 @@ int tr_npy_open(int x_fd, const char *x_path, int y_fd, const char *y_path, tr_r
 	const struct tr_data_map *maps[] = {&n->x.map, &n->y.map};
 	sigjmp_buf jb;
 	if (sigsetjmp(jb, 0)) {
-		ret = tr_data_guard_failed(err, errlen);
+		ret = tr_data_guard_failed(err);
 		goto fail;
 	}
 	tr_data_guard_begin(&jb, maps, 2);
-	ret = array_open(x_fd, x_path, 1, &n->x, err, errlen);
+	ret = array_open(x_fd, x_path, 1, &n->x, err);
 	if (ret == 0 && y_fd >= 0) {
 		y_owned = 0;
-		ret = array_open(y_fd, y_path, 0, &n->y, err, errlen);
+		ret = array_open(y_fd, y_path, 0, &n->y, err);
 	}
 	tr_data_guard_end();
 	if (ret)
 		goto fail;
 	if (y_fd >= 0 && n->x.rows != n->y.rows) {
-		tr_data_errorf(err, errlen, "%s has %lld samples but %s has %lld", x_path,
-			       (long long)n->x.rows, y_path, (long long)n->y.rows);
+		tr_error_set(err, 0, 0, NULL, "%s has %lld samples but %s has %lld", x_path, (long long)n->x.rows,
+			     y_path, (long long)n->y.rows);
 		ret = -EINVAL;
 		goto fail;
 	}

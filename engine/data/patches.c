@@ -46,8 +46,7 @@ struct patches_reader {
 	struct pimage *img;
 };
 
-static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
-			     size_t errlen)
+static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, struct tr_error *err)
 {
 	struct patches_reader *d = (struct patches_reader *)r;
 	const struct pimage *im;
@@ -55,8 +54,8 @@ static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float
 	int top, left;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	im = &d->img[index / d->per_image];
@@ -77,9 +76,9 @@ static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float
 	return 0;
 }
 
-static int patches_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int patches_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
-	return patches_get_epoch(r, index, 0, x, y, err, errlen);
+	return patches_get_epoch(r, index, 0, x, y, err);
 }
 
 static void patches_destroy(tr_reader_t *r)
@@ -102,7 +101,7 @@ static const struct tr_reader_i patches_i = {
 };
 
 /* The built-in degradation of one clean image, in place of its input. */
-static int degrade(struct pimage *im, int c, int factor, const char *shown, char *err, size_t errlen)
+static int degrade(struct pimage *im, int c, int factor, const char *shown, struct tr_error *err)
 {
 	int dh = (im->h + factor - 1) / factor, dw = (im->w + factor - 1) / factor;
 	float *small = malloc((size_t)c * dh * dw * sizeof(float));
@@ -112,7 +111,7 @@ static int degrade(struct pimage *im, int c, int factor, const char *shown, char
 	    tr_image_resize(small, c, dh, dw, up, im->h, im->w)) {
 		free(small);
 		free(up);
-		tr_data_errorf(err, errlen, "%s: out of memory", shown);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", shown);
 		return -ENOMEM;
 	}
 	free(small);
@@ -121,54 +120,53 @@ static int degrade(struct pimage *im, int c, int factor, const char *shown, char
 }
 
 /* Loads image i (file `name`) into d->img[i]. */
-static int load_one(struct patches_reader *d, const struct tr_source_spec *src, int i, const char *name,
-		    int in_fd, const char *in_dir, int resp_fd, const char *resp_dir, int64_t *floats, char *err,
-		    size_t errlen)
+static int load_one(struct patches_reader *d, const struct tr_source_spec *src, int i, const char *name, int in_fd,
+		    const char *in_dir, int resp_fd, const char *resp_dir, int64_t *floats, struct tr_error *err)
 {
 	struct pimage *im = &d->img[i];
 	char shown[PATH_MAX + 256];
 	int w, h, c, ret;
 
 	snprintf(shown, sizeof shown, "%s/%s", resp_fd >= 0 ? resp_dir : in_dir, name);
-	ret = tr_image_load(resp_fd >= 0 ? resp_fd : in_fd, name, shown, 1.0f / 255.0f, &im->response, &im->w,
-			    &im->h, &c, err, errlen);
+	ret = tr_image_load(resp_fd >= 0 ? resp_fd : in_fd, name, shown, 1.0f / 255.0f, &im->response, &im->w, &im->h,
+			    &c, err);
 	if (ret)
 		return ret;
 	if (i == 0)
 		d->c = c;
 	if (c != d->c) {
-		tr_data_errorf(err, errlen, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
-			       d->c);
+		tr_error_set(err, 0, 0, NULL, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
+			     d->c);
 		return -EINVAL;
 	}
 	if (im->h < d->ph || im->w < d->pw) {
-		tr_data_errorf(err, errlen, "%s: %dx%d is smaller than the %dx%d patch_size", shown, im->w, im->h,
-			       d->pw, d->ph);
+		tr_error_set(err, 0, 0, NULL, "%s: %dx%d is smaller than the %dx%d patch_size", shown, im->w, im->h,
+			     d->pw, d->ph);
 		return -EINVAL;
 	}
 	*floats += 2 * (int64_t)c * im->h * im->w;
 	if (*floats > MAX_FLOATS) {
-		tr_data_errorf(err, errlen, "%s: the images decoded so far exceed %lld MiB (patches holds them in memory)",
-			       shown, (long long)(MAX_FLOATS * 4 >> 20));
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the images decoded so far exceed %lld MiB (patches holds them in memory)", shown,
+			     (long long)(MAX_FLOATS * 4 >> 20));
 		return -E2BIG;
 	}
 	if (resp_fd < 0)
-		return degrade(im, c, src->degrade_factor, shown, err, errlen);
+		return degrade(im, c, src->degrade_factor, shown, err);
 	snprintf(shown, sizeof shown, "%s/%s", in_dir, name);
-	ret = tr_image_load(in_fd, name, shown, 1.0f / 255.0f, &im->input, &w, &h, &c, err, errlen);
+	ret = tr_image_load(in_fd, name, shown, 1.0f / 255.0f, &im->input, &w, &h, &c, err);
 	if (ret)
 		return ret;
 	if (w != im->w || h != im->h || c != d->c) {
-		tr_data_errorf(err, errlen, "%s: %dx%d with %d channel%s, its response %s/%s is %dx%d with %d", shown,
-			       w, h, c, c == 1 ? "" : "s", resp_dir, name, im->w, im->h, d->c);
+		tr_error_set(err, 0, 0, NULL, "%s: %dx%d with %d channel%s, its response %s/%s is %dx%d with %d", shown,
+			     w, h, c, c == 1 ? "" : "s", resp_dir, name, im->w, im->h, d->c);
 		return -EINVAL;
 	}
 	return 0;
 }
 
 int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *input_name, int response_fd,
-		    const char *response_name, const atomic_bool *cancel, tr_reader_t **out, char *err,
-		    size_t errlen)
+		    const char *response_name, const atomic_bool *cancel, tr_reader_t **out, struct tr_error *err)
 {
 	struct patches_reader *d = calloc(1, sizeof(*d));
 	char **names = NULL, **rnames = NULL;
@@ -176,7 +174,7 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	int64_t floats = 0;
 
 	if (!d) {
-		tr_data_errorf(err, errlen, "%s: out of memory", input_name);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", input_name);
 		ret = -ENOMEM;
 		goto fail;
 	}
@@ -188,30 +186,32 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	d->per_image = src->patches_per_image > 0 ? src->patches_per_image : 1;
 	d->residual = src->residual;
 	if (d->ph < 1 || d->pw < 1 || (response_fd < 0 && src->degrade_factor < 1)) {
-		tr_data_errorf(err, errlen, "%s: patches needs a patch_size (and a degrade factor without "
-			       "response_path)", input_name);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: patches needs a patch_size (and a degrade factor without "
+			     "response_path)",
+			     input_name);
 		ret = -EINVAL;
 		goto fail;
 	}
-	ret = tr_image_list(input_fd, input_name, 0, &names, &n, err, errlen);
+	ret = tr_image_list(input_fd, input_name, 0, &names, &n, err);
 	if (ret)
 		goto fail;
 	if (n == 0) {
-		tr_data_errorf(err, errlen, "%s: no .png or .jpg files", input_name);
+		tr_error_set(err, 0, 0, NULL, "%s: no .png or .jpg files", input_name);
 		ret = -EINVAL;
 		goto fail;
 	}
 	if (response_fd >= 0) {
-		ret = tr_image_list(response_fd, response_name, 0, &rnames, &rn, err, errlen);
+		ret = tr_image_list(response_fd, response_name, 0, &rnames, &rn, err);
 		if (ret)
 			goto fail;
 		for (int i = 0; i < n || i < rn; i++) {
 			if (i >= n || i >= rn || strcmp(names[i], rnames[i]) != 0) {
-				tr_data_errorf(err, errlen,
-					       "%s/%s has no file of the same name in %s (input and response files "
-					       "pair by name)",
-					       i < n ? input_name : response_name, i < n ? names[i] : rnames[i],
-					       i < n ? response_name : input_name);
+				tr_error_set(err, 0, 0, NULL,
+					     "%s/%s has no file of the same name in %s (input and response files "
+					     "pair by name)",
+					     i < n ? input_name : response_name, i < n ? names[i] : rnames[i],
+					     i < n ? response_name : input_name);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -219,31 +219,30 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	}
 	d->img = calloc((size_t)(unsigned)n, sizeof(*d->img));
 	if (!d->img) {
-		tr_data_errorf(err, errlen, "%s: out of memory", input_name);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", input_name);
 		ret = -ENOMEM;
 		goto fail;
 	}
 	d->n = n;
 	for (int i = 0; i < n; i++) {
 		if (cancel && atomic_load_explicit(cancel, memory_order_relaxed)) {
-			tr_data_errorf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			ret = -ECANCELED;
 			goto fail;
 		}
-		ret = load_one(d, src, i, names[i], input_fd, input_name, response_fd, response_name, &floats, err,
-			       errlen);
+		ret = load_one(d, src, i, names[i], input_fd, input_name, response_fd, response_name, &floats, err);
 		if (ret)
 			goto fail;
 	}
 	if ((int64_t)d->c * d->ph * d->pw > TR_SPEC_MAX_WIDTH) {
-		tr_data_errorf(err, errlen, "%s: %dx%dx%d values per patch, at most %d", input_name, d->c, d->ph,
-			       d->pw, TR_SPEC_MAX_WIDTH);
+		tr_error_set(err, 0, 0, NULL, "%s: %dx%dx%d values per patch, at most %d", input_name, d->c, d->ph,
+			     d->pw, TR_SPEC_MAX_WIDTH);
 		ret = -E2BIG;
 		goto fail;
 	}
 	if ((int64_t)n * d->per_image > TR_SPEC_MAX_SAMPLES) {
-		tr_data_errorf(err, errlen, "%s: %d images x %d patches_per_image is too many samples", input_name, n,
-			       d->per_image);
+		tr_error_set(err, 0, 0, NULL, "%s: %d images x %d patches_per_image is too many samples", input_name, n,
+			     d->per_image);
 		ret = -E2BIG;
 		goto fail;
 	}

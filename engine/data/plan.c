@@ -25,14 +25,14 @@ static void fill_round_input(void)
 }
 
 int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_batch last_batch, bool shuffle,
-		 uint64_t seed, int epochs, int64_t max_steps, char *err, size_t errlen)
+		 uint64_t seed, int epochs, int64_t max_steps, struct tr_error *err)
 {
 	if (samples <= 0) {
-		snprintf(err, errlen, "the training set is empty");
+		tr_error_set(err, 0, 0, NULL, "the training set is empty");
 		return -EINVAL;
 	}
 	if (batch <= 0 || (epochs <= 0 && max_steps <= 0)) {
-		snprintf(err, errlen, "batch_size and one of epochs or max_steps must be positive");
+		tr_error_set(err, 0, 0, NULL, "batch_size and one of epochs or max_steps must be positive");
 		return -EINVAL;
 	}
 	/* The spec bounds samples, epochs, max_steps and the batch far below
@@ -42,9 +42,9 @@ int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_
 	 * max_steps x batch must fit int64. */
 	if (samples > TR_PLAN_MAX_SAMPLES || epochs > TR_SPEC_MAX_EPOCHS || max_steps > TR_SPEC_MAX_STEPS ||
 	    batch > TR_SPEC_MAX_BATCH) {
-		snprintf(err, errlen,
-			 "%lld samples, %d epochs, %lld max_steps or batch_size %d: more than the engine can index",
-			 (long long)samples, epochs, (long long)max_steps, batch);
+		tr_error_set(err, 0, 0, NULL,
+			     "%lld samples, %d epochs, %lld max_steps or batch_size %d: more than the engine can index",
+			     (long long)samples, epochs, (long long)max_steps, batch);
 		return -EINVAL;
 	}
 	*plan = (struct tr_plan){
@@ -67,10 +67,10 @@ int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_
 	case TR_LAST_DROP:
 		plan->steps_per_epoch = samples / batch;
 		if (plan->steps_per_epoch == 0) {
-			snprintf(err, errlen,
-				 "/data/last_batch: \"drop\" with batch_size %d and only %lld training samples "
-				 "leaves no step",
-				 batch, (long long)samples);
+			tr_error_set(err, 0, 0, "/data/last_batch",
+				     "/data/last_batch: \"drop\" with batch_size %d and only %lld training samples "
+				     "leaves no step",
+				     batch, (long long)samples);
 			return -EINVAL;
 		}
 		break;

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/spec.h"
 
 /* The most samples a plan takes: with epochs <= TR_SPEC_MAX_EPOCHS (2^20),
@@ -49,7 +50,7 @@ struct tr_plan {
 /* Returns 0, or -EINVAL with a message (for example a batch larger than the
  * data set with last_batch "drop"). */
 int tr_plan_init(struct tr_plan *plan, int64_t samples, int batch, enum tr_last_batch last_batch, bool shuffle,
-		 uint64_t seed, int epochs, int64_t max_steps, char *err, size_t errlen);
+		 uint64_t seed, int epochs, int64_t max_steps, struct tr_error *err);
 
 /* Position `pos` of epoch `epoch`'s order -> sample index. */
 int64_t tr_plan_sample(const struct tr_plan *plan, int64_t epoch, int64_t pos);

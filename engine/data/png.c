@@ -39,7 +39,7 @@ static void on_warning(png_structp png, png_const_charp msg)
 /* A clean decoder on fd: checks the signature first so that a file that
  * is not a PNG gets that message rather than libpng's. */
 static int start(int fd, const char *name, FILE **fp, png_structp *png, png_infop *info, struct png_err *e,
-		 char *err, size_t errlen)
+		 struct tr_error *err)
 {
 	unsigned char sig[8];
 	size_t n;
@@ -48,13 +48,13 @@ static int start(int fd, const char *name, FILE **fp, png_structp *png, png_info
 	if (!*fp) {
 		int ret = -errno;
 
-		tr_data_errorf(err, errlen, "%s: %s", name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", name, strerror(errno));
 		close(fd);
 		return ret;
 	}
 	n = fread(sig, 1, sizeof sig, *fp);
 	if (n < sizeof sig || png_sig_cmp(sig, 0, sizeof sig) != 0) {
-		tr_data_errorf(err, errlen, "%s: not a PNG file%s", name, n < sizeof sig ? " (too short)" : "");
+		tr_error_set(err, 0, 0, NULL, "%s: not a PNG file%s", name, n < sizeof sig ? " (too short)" : "");
 		fclose(*fp);
 		return -EINVAL;
 	}
@@ -63,7 +63,7 @@ static int start(int fd, const char *name, FILE **fp, png_structp *png, png_info
 	if (!*info) {
 		png_destroy_read_struct(png, NULL, NULL);
 		fclose(*fp);
-		tr_data_errorf(err, errlen, "%s: out of memory", name);
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", name);
 		return -ENOMEM;
 	}
 	png_set_user_limits(*png, TR_IMAGE_MAX_SIDE, TR_IMAGE_MAX_SIDE);
@@ -90,18 +90,18 @@ static void set_expansions(png_structp png, png_infop info)
 	png_read_update_info(png, info);
 }
 
-int tr_png_probe(int fd, const char *name, int *width, int *height, int *channels, char *err, size_t errlen)
+int tr_png_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err)
 {
 	struct png_err e = {{0}};
 	png_structp png = NULL;
 	png_infop info = NULL;
 	FILE *fp;
-	int ret = start(fd, name, &fp, &png, &info, &e, err, errlen);
+	int ret = start(fd, name, &fp, &png, &info, &e, err);
 
 	if (ret)
 		return ret;
 	if (setjmp(png_jmpbuf(png))) {
-		tr_data_errorf(err, errlen, "%s: corrupt PNG header (%s)", name, e.msg);
+		tr_error_set(err, 0, 0, NULL, "%s: corrupt PNG header (%s)", name, e.msg);
 		ret = -EINVAL;
 		goto out;
 	}
@@ -116,7 +116,7 @@ out:
 	return ret;
 }
 
-int tr_png_decode(int fd, const char *name, struct tr_image *img, char *err, size_t errlen)
+int tr_png_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err)
 {
 	struct png_err e = {{0}};
 	png_structp png = NULL;
@@ -124,13 +124,13 @@ int tr_png_decode(int fd, const char *name, struct tr_image *img, char *err, siz
 	png_bytep *volatile rows = NULL;
 	unsigned char *volatile px = NULL;
 	FILE *fp;
-	int ret = start(fd, name, &fp, &png, &info, &e, err, errlen);
+	int ret = start(fd, name, &fp, &png, &info, &e, err);
 
 	memset(img, 0, sizeof(*img));
 	if (ret)
 		return ret;
 	if (setjmp(png_jmpbuf(png))) {
-		tr_data_errorf(err, errlen, "%s: corrupt or truncated PNG (%s)", name, e.msg);
+		tr_error_set(err, 0, 0, NULL, "%s: corrupt or truncated PNG (%s)", name, e.msg);
 		ret = -EINVAL;
 		goto out;
 	}
@@ -143,7 +143,7 @@ int tr_png_decode(int fd, const char *name, struct tr_image *img, char *err, siz
 		px = malloc(h * rowbytes);
 		rows = malloc(h * sizeof(*rows));
 		if (!px || !rows) {
-			tr_data_errorf(err, errlen, "%s: out of memory for a %zux%zu image", name, w, h);
+			tr_error_set(err, 0, 0, NULL, "%s: out of memory for a %zux%zu image", name, w, h);
 			ret = -ENOMEM;
 			goto out;
 		}

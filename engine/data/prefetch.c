@@ -70,7 +70,7 @@ static void slot_free(tr_backend_t *be, void *p)
 /* Loads rows [begin, end) of a step without holding the lock.  Rows are a
  * pure function of (step, row), so who loads which range changes nothing. */
 static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, int64_t epoch, int begin, int end,
-		     char *err, size_t errlen)
+		     struct tr_error *err)
 {
 	const struct tr_prefetch_config *c = &pf->cfg;
 	tr_plan_step_range(c->plan, step, begin, end, b->index);
@@ -78,12 +78,12 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 		/* A step of slow samples can take seconds: notice a cancel between
 		 * samples so destroy joins promptly. */
 		if (atomic_load_explicit(&pf->cancelled, memory_order_relaxed)) {
-			snprintf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			return -ECANCELED;
 		}
 		float *x = b->x + (size_t)i * pf->features;
 		float *y = pf->label_dim > 0 ? b->y + (size_t)i * pf->label_dim : NULL;
-		int rc = tr_reader_get_epoch(c->reader, b->index[i], epoch, x, y, err, errlen);
+		int rc = tr_reader_get_epoch(c->reader, b->index[i], epoch, x, y, err);
 		if (rc < 0)
 			return rc;
 		if (c->transforms)
@@ -92,7 +92,7 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 	}
 	/* After the reads: rows read from a file rewritten under the job fail
 	 * the step instead of being trained on (reader.h, check). */
-	int rc = tr_reader_check(c->reader, err, errlen);
+	int rc = tr_reader_check(c->reader, err);
 	if (rc < 0)
 		return rc;
 	tr_data_pay_deferred_wait();
@@ -134,7 +134,7 @@ static void record_failure(struct tr_prefetch *pf, struct slot *s, const char *e
 static void *loader_main(void *arg)
 {
 	struct tr_prefetch *pf = arg;
-	char err[512];
+	struct tr_error err;
 	pthread_setname_np(pthread_self(), "tr-loader");
 	/* Loaders sleep on slow storage (and synthetic load_cost_us); the
 	 * default 50 us timer slack would stretch every short wait. */
@@ -163,12 +163,12 @@ static void *loader_main(void *arg)
 		int begin = (int)(count * chunk / s->chunks), end = (int)(count * (chunk + 1) / s->chunks);
 		pthread_mutex_unlock(&pf->lock);
 
-		err[0] = 0;
-		int rc = fill_rows(pf, &s->batch, step, epoch, begin, end, err, sizeof err);
+		err.message[0] = 0;
+		int rc = fill_rows(pf, &s->batch, step, epoch, begin, end, &err);
 
 		pthread_mutex_lock(&pf->lock);
 		if (rc < 0) {
-			record_failure(pf, s, err);
+			record_failure(pf, s, err.message);
 		} else if (++s->done == s->chunks && s->state == SLOT_LOADING) {
 			s->state = SLOT_READY;
 			pthread_cond_signal(&pf->ready);
@@ -178,10 +178,10 @@ static void *loader_main(void *arg)
 	return NULL;
 }
 
-int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out, char *err, size_t errlen)
+int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out, struct tr_error *err)
 {
 	if (cfg->workers < 1 || cfg->depth < 1 || !cfg->reader || !cfg->plan) {
-		snprintf(err, errlen, "prefetch: workers and depth must be at least 1");
+		tr_error_set(err, 0, 0, NULL, "prefetch: workers and depth must be at least 1");
 		return -EINVAL;
 	}
 	struct tr_prefetch *pf = calloc(1, sizeof *pf);
@@ -220,7 +220,7 @@ int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out
 		goto fail_threads;
 	for (int i = 0; i < cfg->workers; i++) {
 		if (pthread_create(&pf->threads[i], NULL, loader_main, pf) != 0) {
-			snprintf(err, errlen, "prefetch: cannot start loader thread %d", i);
+			tr_error_set(err, 0, 0, NULL, "prefetch: cannot start loader thread %d", i);
 			tr_prefetch_destroy(pf);
 			return -EAGAIN;
 		}
@@ -231,7 +231,8 @@ int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out
 
 fail_threads:
 	tr_prefetch_destroy(pf);
-	snprintf(err, errlen, "prefetch: out of memory for %d slots of %d samples", cfg->depth, cfg->plan->batch);
+	tr_error_set(err, 0, 0, NULL, "prefetch: out of memory for %d slots of %d samples", cfg->depth,
+		     cfg->plan->batch);
 	return -ENOMEM;
 fail_slots:
 	pthread_cond_destroy(&pf->ready);
@@ -239,7 +240,7 @@ fail_slots:
 	pthread_mutex_destroy(&pf->lock);
 	free(pf);
 fail_alloc:
-	snprintf(err, errlen, "prefetch: out of memory");
+	tr_error_set(err, 0, 0, NULL, "prefetch: out of memory");
 	return -ENOMEM;
 }
 

@@ -51,7 +51,7 @@ struct tr_prefetch_config {
 typedef struct tr_prefetch tr_prefetch_t;
 
 /* Starts the loader threads.  Returns 0 or a negative code with err set. */
-int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out, char *err, size_t errlen);
+int tr_prefetch_create(const struct tr_prefetch_config *cfg, tr_prefetch_t **out, struct tr_error *err);
 
 /* Blocks until `step` is loaded.  Steps must be requested in order and each
  * released before step + depth is requested.  *wait_ms receives the time

@@ -23,17 +23,6 @@
 
 #include "engine/data/reader_internal.h"
 
-void tr_data_errorf(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 void tr_data_sanitize(char *s)
 {
 	for (; *s; s++)
@@ -112,24 +101,24 @@ void tr_data_guard_end(void)
 	atomic_signal_fence(memory_order_seq_cst);
 }
 
-static int changed(const struct tr_data_map *m, const char *how, char *err, size_t errlen)
+static int changed(const struct tr_data_map *m, const char *how, struct tr_error *err)
 {
 	struct stat st;
 
 	if (fstat(m->fd, &st) == 0 && (size_t)st.st_size != m->len)
-		tr_data_errorf(err, errlen,
-			       "%s: the file changed while the job was reading it (%s; now %lld bytes, %zu when the "
-			       "job opened it): a data file must not be modified while a job uses it",
-			       m->name, how, (long long)st.st_size, m->len);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the file changed while the job was reading it (%s; now %lld bytes, %zu when the "
+			     "job opened it): a data file must not be modified while a job uses it",
+			     m->name, how, (long long)st.st_size, m->len);
 	else
-		tr_data_errorf(err, errlen,
-			       "%s: the file changed while the job was reading it (%s): a data file must not be "
-			       "modified while a job uses it",
-			       m->name, how);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the file changed while the job was reading it (%s): a data file must not be "
+			     "modified while a job uses it",
+			     m->name, how);
 	return -ESTALE;
 }
 
-int tr_data_guard_failed(char *err, size_t errlen)
+int tr_data_guard_failed(struct tr_error *err)
 {
 	const struct tr_data_map *m = guard.faulted;
 	sigset_t bus;
@@ -142,14 +131,14 @@ int tr_data_guard_failed(char *err, size_t errlen)
 	sigaddset(&bus, SIGBUS);
 	pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
 	if (!m) {
-		tr_data_errorf(err, errlen, "a data file changed while the job was reading it");
+		tr_error_set(err, 0, 0, NULL, "a data file changed while the job was reading it");
 		return -ESTALE;
 	}
-	return changed(m, "truncated", err, errlen);
+	return changed(m, "truncated", err);
 }
 
 int tr_data_map_open(int fd, const char *name, size_t min_size, const char *kind, struct tr_data_map *m,
-		     char *err, size_t errlen)
+		     struct tr_error *err)
 {
 	struct stat st;
 	void *p;
@@ -159,12 +148,12 @@ int tr_data_map_open(int fd, const char *name, size_t min_size, const char *kind
 	m->fd = -1;
 	if (fstat(fd, &st) < 0) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: %s", name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", name, strerror(errno));
 		close(fd);
 		return ret;
 	}
 	if (st.st_size < (off_t)min_size) {
-		tr_data_errorf(err, errlen, "%s: not %s (too short)", name, kind);
+		tr_error_set(err, 0, 0, NULL, "%s: not %s (too short)", name, kind);
 		close(fd);
 		return -EINVAL;
 	}
@@ -172,7 +161,7 @@ int tr_data_map_open(int fd, const char *name, size_t min_size, const char *kind
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	if (p == MAP_FAILED) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "%s: mmap: %s", name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: mmap: %s", name, strerror(errno));
 		close(fd);
 		return ret;
 	}
@@ -194,7 +183,7 @@ void tr_data_map_release(struct tr_data_map *m)
 	m->fd = -1;
 }
 
-int tr_data_map_check(const struct tr_data_map *m, char *err, size_t errlen)
+int tr_data_map_check(const struct tr_data_map *m, struct tr_error *err)
 {
 	struct stat st;
 
@@ -203,13 +192,13 @@ int tr_data_map_check(const struct tr_data_map *m, char *err, size_t errlen)
 	if (fstat(m->fd, &st) < 0) {
 		int ret = -errno;
 
-		tr_data_errorf(err, errlen, "%s: %s", m->name, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "%s: %s", m->name, strerror(errno));
 		return ret;
 	}
 	if ((size_t)st.st_size != m->len)
-		return changed(m, "its size changed", err, errlen);
+		return changed(m, "its size changed", err);
 	if (st.st_mtim.tv_sec != m->mtime.tv_sec || st.st_mtim.tv_nsec != m->mtime.tv_nsec)
-		return changed(m, "it was written to", err, errlen);
+		return changed(m, "it was written to", err);
 	return 0;
 }
 
@@ -234,37 +223,37 @@ int tr_data_check_due(_Atomic int64_t *last)
 /* Opens one of the source's files; *fd and name (the file's name for
  * messages) are set on success.  `what` names a missing path. */
 static int open_one(const tr_data_roots_t *roots, const char *path, const char *what, int *fd, char *name,
-		    size_t namelen, char *err, size_t errlen)
+		    size_t namelen, struct tr_error *err)
 {
 	if (!path || !*path) {
-		tr_data_errorf(err, errlen, "data source has no %s path", what);
+		tr_error_set(err, 0, 0, NULL, "data source has no %s path", what);
 		return -EINVAL;
 	}
-	*fd = tr_data_open(roots, path, NULL, name, namelen, err, errlen);
+	*fd = tr_data_open(roots, path, NULL, name, namelen, err);
 	return *fd < 0 ? *fd : 0;
 }
 
 /* patches: "path" (b stays -1), or "input_path" and "response_path". */
-static int open_patch_dirs(const struct tr_source_spec *src, const tr_data_roots_t *roots, int *a, char *a_name,
-			   int *b, char *b_name, char *err, size_t errlen)
+static int open_patch_dirs(const struct tr_source_spec *src, const tr_data_roots_t *roots, int *a, char *a_name, int *b,
+			   char *b_name, struct tr_error *err)
 {
 	const char *first = src->path ? src->path : src->input_path;
 
 	if (!first || !*first) {
-		tr_data_errorf(err, errlen, "data source has no patches path");
+		tr_error_set(err, 0, 0, NULL, "data source has no patches path");
 		return -EINVAL;
 	}
-	*a = tr_data_open_dir(roots, first, a_name, PATH_MAX, err, errlen);
+	*a = tr_data_open_dir(roots, first, a_name, PATH_MAX, err);
 	if (*a < 0)
 		return *a;
 	if (src->path)
 		return 0;
 	if (!src->response_path || !*src->response_path) {
 		close(*a);
-		tr_data_errorf(err, errlen, "data source has no patches response_path");
+		tr_error_set(err, 0, 0, NULL, "data source has no patches response_path");
 		return -EINVAL;
 	}
-	*b = tr_data_open_dir(roots, src->response_path, b_name, PATH_MAX, err, errlen);
+	*b = tr_data_open_dir(roots, src->response_path, b_name, PATH_MAX, err);
 	if (*b < 0) {
 		close(*a);
 		return *b;
@@ -273,67 +262,67 @@ static int open_patch_dirs(const struct tr_source_spec *src, const tr_data_roots
 }
 
 int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr_data_roots_t *roots,
-		   const atomic_bool *cancel, tr_reader_t **out, char *err, size_t errlen)
+		   const atomic_bool *cancel, tr_reader_t **out, struct tr_error *err)
 {
 	char a_name[PATH_MAX], b_name[PATH_MAX];
 	int a = -1, b = -1;
 	int ret;
 
 	if (!src || !out) {
-		tr_data_errorf(err, errlen, "no data source");
+		tr_error_set(err, 0, 0, NULL, "no data source");
 		return -EINVAL;
 	}
 	*out = NULL;
 	if (cancel && atomic_load(cancel)) {
-		tr_data_errorf(err, errlen, "cancelled");
+		tr_error_set(err, 0, 0, NULL, "cancelled");
 		return -ECANCELED;
 	}
 	switch (src->format) {
 	case TR_DATA_CSV:
-		ret = open_one(roots, src->path, "csv", &a, a_name, sizeof a_name, err, errlen);
+		ret = open_one(roots, src->path, "csv", &a, a_name, sizeof a_name, err);
 		if (ret == 0)
-			ret = tr_csv_open(src, a, a_name, cancel, out, err, errlen);
+			ret = tr_csv_open(src, a, a_name, cancel, out, err);
 		break;
 	case TR_DATA_NPY:
-		ret = open_one(roots, src->x_path, "npy x", &a, a_name, sizeof a_name, err, errlen);
+		ret = open_one(roots, src->x_path, "npy x", &a, a_name, sizeof a_name, err);
 		if (ret == 0 && !src->unlabeled)
-			ret = open_one(roots, src->y_path, "npy y", &b, b_name, sizeof b_name, err, errlen);
+			ret = open_one(roots, src->y_path, "npy y", &b, b_name, sizeof b_name, err);
 		if (ret == 0)
-			ret = tr_npy_open(a, a_name, b, b_name, out, err, errlen);
+			ret = tr_npy_open(a, a_name, b, b_name, out, err);
 		else if (a >= 0)
 			close(a);
 		break;
 	case TR_DATA_IDX:
-		ret = open_one(roots, src->images_path, "idx images", &a, a_name, sizeof a_name, err, errlen);
+		ret = open_one(roots, src->images_path, "idx images", &a, a_name, sizeof a_name, err);
 		if (ret == 0 && !src->unlabeled)
-			ret = open_one(roots, src->labels_path, "idx labels", &b, b_name, sizeof b_name, err, errlen);
+			ret = open_one(roots, src->labels_path, "idx labels", &b, b_name, sizeof b_name, err);
 		if (ret == 0)
-			ret = tr_idx_open(a, a_name, b, b_name, out, err, errlen);
+			ret = tr_idx_open(a, a_name, b, b_name, out, err);
 		else if (a >= 0)
 			close(a);
 		break;
 	case TR_DATA_IMAGES:
-		a = tr_data_open_dir(roots, src->path, a_name, sizeof a_name, err, errlen);
-		ret = a < 0 ? a : tr_images_open(src, a, a_name, cancel, out, err, errlen);
+		a = tr_data_open_dir(roots, src->path, a_name, sizeof a_name, err);
+		ret = a < 0 ? a : tr_images_open(src, a, a_name, cancel, out, err);
 		break;
 	case TR_DATA_PATCHES:
-		ret = open_patch_dirs(src, roots, &a, a_name, &b, b_name, err, errlen);
+		ret = open_patch_dirs(src, roots, &a, a_name, &b, b_name, err);
 		if (ret == 0)
-			ret = tr_patches_open(src, a, a_name, b, b_name, cancel, out, err, errlen);
+			ret = tr_patches_open(src, a, a_name, b, b_name, cancel, out, err);
 		break;
 	case TR_DATA_SYNTHETIC:
 		(void)job_seed; /* the spec parser fills data_seed (default: the job seed) */
-		ret = tr_synthetic_open(src, src->data_seed, out, err, errlen);
+		ret = tr_synthetic_open(src, src->data_seed, out, err);
 		break;
 	default:
-		tr_data_errorf(err, errlen, "unknown data format %d", (int)src->format);
+		tr_error_set(err, 0, 0, NULL, "unknown data format %d", (int)src->format);
 		ret = -EINVAL;
 		break;
 	}
 	return ret;
 }
 
-int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen)
+int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], struct tr_error *err)
 {
 	const int *have = r->info.shape;
 	int64_t want = (int64_t)shape[0] * shape[1] * shape[2];
@@ -341,14 +330,16 @@ int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, s
 	if (have[0]) {
 		if (have[0] == shape[0] && have[1] == shape[1] && have[2] == shape[2])
 			return 0;
-		tr_data_errorf(err, errlen, "/model/inputs: [%d, %d, %d] does not match the [%d, %d, %d] images of %s",
-			       shape[0], shape[1], shape[2], have[0], have[1], have[2], r->name);
+		tr_error_set(err, 0, 0, "/model/inputs",
+			     "/model/inputs: [%d, %d, %d] does not match the [%d, %d, %d] images of %s", shape[0],
+			     shape[1], shape[2], have[0], have[1], have[2], r->name);
 		return -EINVAL;
 	}
 	if (want == r->info.features)
 		return 0;
-	tr_data_errorf(err, errlen, "/model/inputs: [%d, %d, %d] (%lld values) does not match the %d features of %s",
-		       shape[0], shape[1], shape[2], (long long)want, r->info.features, r->name);
+	tr_error_set(err, 0, 0, "/model/inputs",
+		     "/model/inputs: [%d, %d, %d] (%lld values) does not match the %d features of %s", shape[0],
+		     shape[1], shape[2], (long long)want, r->info.features, r->name);
 	return -EINVAL;
 }
 
@@ -364,29 +355,28 @@ struct slice {
 	int64_t begin;
 };
 
-static int slice_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int slice_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct slice *s = (struct slice *)r;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (slice of %lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (slice of %lld samples)", r->name,
+			     (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
-	return tr_reader_get(s->src, s->begin + index, x, y, err, errlen);
+	return tr_reader_get(s->src, s->begin + index, x, y, err);
 }
 
-static int slice_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
-			   size_t errlen)
+static int slice_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, struct tr_error *err)
 {
 	struct slice *s = (struct slice *)r;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (slice of %lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (slice of %lld samples)", r->name,
+			     (long long)index, (long long)r->info.samples);
 		return -ERANGE;
 	}
-	return tr_reader_get_epoch(s->src, s->begin + index, epoch, x, y, err, errlen);
+	return tr_reader_get_epoch(s->src, s->begin + index, epoch, x, y, err);
 }
 
 static void slice_destroy(tr_reader_t *r)
@@ -394,21 +384,21 @@ static void slice_destroy(tr_reader_t *r)
 	free(r);
 }
 
-static int slice_check(tr_reader_t *r, char *err, size_t errlen)
+static int slice_check(tr_reader_t *r, struct tr_error *err)
 {
-	return tr_reader_check(((struct slice *)r)->src, err, errlen);
+	return tr_reader_check(((struct slice *)r)->src, err);
 }
 
-static int slice_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen)
+static int slice_labels(tr_reader_t *r, int64_t begin, int64_t count, float *y, struct tr_error *err)
 {
 	struct slice *s = (struct slice *)r;
 
 	if (begin < 0 || count < 0 || begin + count > r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: samples %lld+%lld out of range (slice of %lld samples)", r->name,
-			       (long long)begin, (long long)count, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: samples %lld+%lld out of range (slice of %lld samples)", r->name,
+			     (long long)begin, (long long)count, (long long)r->info.samples);
 		return -ERANGE;
 	}
-	return s->src->i->labels(s->src, s->begin + begin, count, y, err, errlen);
+	return s->src->i->labels(s->src, s->begin + begin, count, y, err);
 }
 
 static void slice_where(tr_reader_t *r, int64_t index, char *buf, size_t len)

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/data/roots.h"
 #include "engine/spec.h"
 
@@ -38,26 +39,25 @@ struct tr_reader_i {
 	/* x receives info.features floats, y info.label_dim floats.  On error
 	 * returns a negative code and writes a message naming the file and the
 	 * sample (or line) into err. */
-	int (*get)(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen);
+	int (*get)(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err);
 	void (*destroy)(tr_reader_t *r);
 	/* Optional: 0 while the files read so far are as they were at open,
 	 * else an error naming the changed file.  Called after each run of
 	 * gets whose samples are about to be used, so that nothing read from a
 	 * file rewritten under the job is trained on. */
-	int (*check)(tr_reader_t *r, char *err, size_t errlen);
+	int (*check)(tr_reader_t *r, struct tr_error *err);
 	/* Optional, for tr_data_check_labels: the label rows of samples
 	 * [begin, begin + count) into y (count * label_dim floats), without
 	 * the features; and where sample `index` lives, for messages
 	 * ("file.csv:17", "y.npy: record 16").  A reader without them (a
 	 * synthetic or test reader) has its labels left unchecked. */
-	int (*labels)(tr_reader_t *r, int64_t begin, int64_t count, float *y, char *err, size_t errlen);
+	int (*labels)(tr_reader_t *r, int64_t begin, int64_t count, float *y, struct tr_error *err);
 	void (*where)(tr_reader_t *r, int64_t index, char *buf, size_t len);
 	/* Optional: `get` for a reader whose samples are drawn afresh each
 	 * epoch (patches: where a patch sits), a pure function of (its seed,
 	 * epoch, index).  `get` is this with epoch 0, which evaluation and
 	 * statistics use so they see the same samples every time. */
-	int (*get_epoch)(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
-			 size_t errlen);
+	int (*get_epoch)(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, struct tr_error *err);
 	/* Optional: the name of class `cls` (an image folder's name), NULL
 	 * when the data has none.  Recorded in the model file's "labels"
 	 * (docs/model-format.md). */
@@ -80,25 +80,25 @@ struct tr_reader {
  * interrupts a long open: it returns -ECANCELED once *cancel is set.
  * Returns 0 and *out, or a negative code with a message in err. */
 int tr_reader_open(const struct tr_source_spec *src, uint64_t job_seed, const tr_data_roots_t *roots,
-		   const atomic_bool *cancel, tr_reader_t **out, char *err, size_t errlen);
+		   const atomic_bool *cancel, tr_reader_t **out, struct tr_error *err);
 
-static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static inline int tr_reader_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
-	return r->i->get(r, index, x, y, err, errlen);
+	return r->i->get(r, index, x, y, err);
 }
 
 /* The loader threads' read: sample `index` as drawn in `epoch`. */
-static inline int tr_reader_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, char *err,
-				      size_t errlen)
+static inline int tr_reader_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y,
+				      struct tr_error *err)
 {
 	if (r->i->get_epoch)
-		return r->i->get_epoch(r, index, epoch, x, y, err, errlen);
-	return r->i->get(r, index, x, y, err, errlen);
+		return r->i->get_epoch(r, index, epoch, x, y, err);
+	return r->i->get(r, index, x, y, err);
 }
 
-static inline int tr_reader_check(tr_reader_t *r, char *err, size_t errlen)
+static inline int tr_reader_check(tr_reader_t *r, struct tr_error *err)
 {
-	return r->i->check ? r->i->check(r, err, errlen) : 0;
+	return r->i->check ? r->i->check(r, err) : 0;
 }
 
 void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
@@ -109,7 +109,7 @@ void tr_reader_destroy(tr_reader_t *r); /* accepts NULL */
  * Returns 0, or -EINVAL with "/model/inputs: [1, 28, 28] does not match
  * the [3, 32, 32] images of NAME" (or "the 100 features of NAME") in err.
  * For the trainer's check of the model against its data. */
-int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], char *err, size_t errlen);
+int tr_reader_check_shape(const tr_reader_t *r, const int shape[3], struct tr_error *err);
 
 /* The name of class k (an "images" reader's k-th subfolder) through the
  * reader's class_name, or NULL for a reader without names or a k out of
@@ -132,7 +132,7 @@ void tr_data_pay_deferred_wait(void);
  * every label has the same value, *warn (warnlen > 0) receives a warning
  * for the job's log; else it is set to "". */
 int tr_data_check_labels(tr_reader_t *r, const char *pointer, int classes, char *warn, size_t warnlen,
-			 char *err, size_t errlen);
+			 struct tr_error *err);
 
 /* A reader over samples [begin, end) of `base`, which it borrows (base
  * must outlive it).  Used for validation_split. */
@@ -142,12 +142,11 @@ tr_reader_t *tr_reader_slice(tr_reader_t *base, int64_t begin, int64_t end);
  * std from `train` at create time (std 0 becomes 1). */
 typedef struct tr_transforms tr_transforms_t;
 
-int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, char *err,
-			 size_t errlen);
+int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, struct tr_error *err);
 /* The same, giving up with -ECANCELED once *cancel is set (NULL: never):
  * standardize reads the whole training set, which may be huge. */
 int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *train, const atomic_bool *cancel,
-				     tr_transforms_t **out, char *err, size_t errlen);
+				     tr_transforms_t **out, struct tr_error *err);
 /* Applies to one sample's features in place.  Noise and augmentations
  * (random_crop, flip, rot90) are applied only when `training`; they are
  * keyed by (seed, epoch, sample index) so they are the same whichever
@@ -176,6 +175,6 @@ bool tr_transforms_train_only(enum tr_transform_type type);
  * NULL, as may the array) is what tr_transforms_fitted gave for transform
  * k.  Returns 0 or -EINVAL naming "transforms/<k>/..." in err. */
 int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *const *fitted, int features,
-				  tr_transforms_t **out, char *err, size_t errlen);
+				  tr_transforms_t **out, struct tr_error *err);
 
 #endif

@@ -22,24 +22,18 @@
  * from the call on, on success and on error) and the name to give each
  * file in messages.  `cancel` (may be NULL) interrupts a long parse. */
 int tr_csv_open(const struct tr_source_spec *src, int fd, const char *name, const atomic_bool *cancel,
-		tr_reader_t **out, char *err, size_t errlen);
-int tr_npy_open(int x_fd, const char *x_name, int y_fd, const char *y_name, tr_reader_t **out, char *err,
-		size_t errlen);
+		tr_reader_t **out, struct tr_error *err);
+int tr_npy_open(int x_fd, const char *x_name, int y_fd, const char *y_name, tr_reader_t **out, struct tr_error *err);
 int tr_idx_open(int images_fd, const char *images_name, int labels_fd, const char *labels_name, tr_reader_t **out,
-		char *err, size_t errlen);
+		struct tr_error *err);
 /* images and patches take directory descriptors from tr_data_open_dir
  * (owned from the call on); patches' response_fd is -1 without
  * response_path. */
 int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir_name, const atomic_bool *cancel,
-		   tr_reader_t **out, char *err, size_t errlen);
+		   tr_reader_t **out, struct tr_error *err);
 int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *input_name, int response_fd,
-		    const char *response_name, const atomic_bool *cancel, tr_reader_t **out, char *err,
-		    size_t errlen);
-int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
-		      size_t errlen);
-
-/* snprintf into err; does nothing when err is NULL or errlen is 0. */
-void tr_data_errorf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+		    const char *response_name, const atomic_bool *cancel, tr_reader_t **out, struct tr_error *err);
+int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, struct tr_error *err);
 
 /* Replaces every byte of s that is not printable ASCII with '?', for the
  * few bytes of a file an error quotes (a bad field, a dtype): the message
@@ -65,12 +59,12 @@ struct tr_data_map {
  * `kind` names the format with its article ("an IDX file") for the message
  * when the file is shorter than min_size bytes. */
 int tr_data_map_open(int fd, const char *name, size_t min_size, const char *kind, struct tr_data_map *m,
-		     char *err, size_t errlen);
+		     struct tr_error *err);
 /* Undoes tr_data_map_open; accepts a zeroed or already released map. */
 void tr_data_map_release(struct tr_data_map *m);
 /* 0 while the file is as it was mapped; otherwise -ESTALE with a message
  * naming it. */
-int tr_data_map_check(const struct tr_data_map *m, char *err, size_t errlen);
+int tr_data_map_check(const struct tr_data_map *m, struct tr_error *err);
 
 /* Rate limit for a reader's check: 1 when at least TR_DATA_CHECK_MS passed
  * since the last time it said 1 for *last (CLOCK_MONOTONIC_COARSE ns; set
@@ -87,7 +81,7 @@ int tr_data_check_due(_Atomic int64_t *last);
  *	sigjmp_buf jb;
  *	const struct tr_data_map *maps[] = {&a, &b};
  *	if (sigsetjmp(jb, 0))
- *		return tr_data_guard_failed(err, errlen);   // a page went away
+ *		return tr_data_guard_failed(err);   // a page went away
  *	tr_data_guard_begin(&jb, maps, 2);
  *	... memcpy from a.base, b.base ...
  *	tr_data_guard_end();
@@ -97,6 +91,6 @@ int tr_data_check_due(_Atomic int64_t *last);
 void tr_data_guard_begin(sigjmp_buf *jb, const struct tr_data_map *const *maps, int n);
 void tr_data_guard_end(void);
 /* Ends the guard after a fault and words the error (naming the file). */
-int tr_data_guard_failed(char *err, size_t errlen);
+int tr_data_guard_failed(struct tr_error *err);
 
 #endif

@@ -46,7 +46,7 @@ void tr_data_open_force_walk(int on)
 	atomic_store(&force_walk, on);
 }
 
-int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *err, size_t errlen)
+int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, struct tr_error *err)
 {
 	tr_data_roots_t *r;
 	char real[PATH_MAX], cwd[PATH_MAX];
@@ -54,7 +54,7 @@ int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *e
 
 	*out = NULL;
 	if (!dirs || !dirs[0]) {
-		tr_data_errorf(err, errlen, "no data roots");
+		tr_error_set(err, 0, 0, NULL, "no data roots");
 		return -EINVAL;
 	}
 	r = calloc(1, sizeof(*r));
@@ -65,7 +65,7 @@ int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *e
 		struct root *x;
 
 		if (r->n == MAX_ROOTS) {
-			tr_data_errorf(err, errlen, "more than %d data roots", MAX_ROOTS);
+			tr_error_set(err, 0, 0, NULL, "more than %d data roots", MAX_ROOTS);
 			ret = -E2BIG;
 			goto fail;
 		}
@@ -73,7 +73,7 @@ int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *e
 		x->fd = open(d, O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (x->fd < 0 || !realpath(d, real)) {
 			ret = -errno;
-			tr_data_errorf(err, errlen, "%s: %s", d, strerror(errno));
+			tr_error_set(err, 0, 0, NULL, "%s: %s", d, strerror(errno));
 			goto fail;
 		}
 		x->real = strdup(real);
@@ -87,7 +87,7 @@ int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *e
 	*out = r;
 	return 0;
 oom:
-	tr_data_errorf(err, errlen, "out of memory");
+	tr_error_set(err, 0, 0, NULL, "out of memory");
 	ret = -ENOMEM;
 fail:
 	if (r && r->n < MAX_ROOTS && r->r[r->n].fd >= 0)
@@ -297,7 +297,7 @@ static const char *kind_of(mode_t m)
 /* Accepts fd when it is a regular file (a directory with want_dir), and
  * makes it blocking again: the O_NONBLOCK only kept the open itself from
  * waiting. */
-static int accept_fd(int fd, const char *path, int want_dir, struct stat *st, char *err, size_t errlen)
+static int accept_fd(int fd, const char *path, int want_dir, struct stat *st, struct tr_error *err)
 {
 	struct stat s;
 	int fl;
@@ -305,23 +305,23 @@ static int accept_fd(int fd, const char *path, int want_dir, struct stat *st, ch
 	if (fstat(fd, &s) < 0) {
 		int ret = -errno;
 
-		tr_data_errorf(err, errlen, "'%s': %s", path, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "'%s': %s", path, strerror(errno));
 		return ret;
 	}
 	if (want_dir && !S_ISDIR(s.st_mode)) {
-		tr_data_errorf(err, errlen, "'%s' is %s, not a directory",
-			       path, S_ISREG(s.st_mode) ? "a file" : kind_of(s.st_mode));
+		tr_error_set(err, 0, 0, NULL, "'%s' is %s, not a directory", path,
+			     S_ISREG(s.st_mode) ? "a file" : kind_of(s.st_mode));
 		return -ENOTDIR;
 	}
 	if (!want_dir && !S_ISREG(s.st_mode)) {
-		tr_data_errorf(err, errlen, "'%s' is %s, not a regular file", path, kind_of(s.st_mode));
+		tr_error_set(err, 0, 0, NULL, "'%s' is %s, not a regular file", path, kind_of(s.st_mode));
 		return -EINVAL;
 	}
 	fl = fcntl(fd, F_GETFL);
 	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
 		int ret = -errno;
 
-		tr_data_errorf(err, errlen, "'%s': %s", path, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "'%s': %s", path, strerror(errno));
 		return ret;
 	}
 	if (st)
@@ -347,7 +347,7 @@ static const char *below(const char *root, const char *path)
 }
 
 static int open_unconfined(const char *path, int want_dir, struct stat *st, char *shown, size_t shownlen,
-			   char *err, size_t errlen)
+			   struct tr_error *err)
 {
 	int fd = open(path, want_dir ? DIR_FLAGS : OPEN_FLAGS), ret;
 
@@ -356,13 +356,14 @@ static int open_unconfined(const char *path, int want_dir, struct stat *st, char
 
 		ret = -errno;
 		if (path[0] != '/' && getcwd(cwd, sizeof cwd))
-			tr_data_errorf(err, errlen, "'%s': %s (relative paths resolve against the working directory, %s)",
-				       path, strerror(errno), cwd);
+			tr_error_set(err, 0, 0, NULL,
+				     "'%s': %s (relative paths resolve against the working directory, %s)", path,
+				     strerror(errno), cwd);
 		else
-			tr_data_errorf(err, errlen, "'%s': %s", path, strerror(errno));
+			tr_error_set(err, 0, 0, NULL, "'%s': %s", path, strerror(errno));
 		return ret;
 	}
-	ret = accept_fd(fd, path, want_dir, st, err, errlen);
+	ret = accept_fd(fd, path, want_dir, st, err);
 	if (ret < 0) {
 		close(fd);
 		return ret;
@@ -373,16 +374,16 @@ static int open_unconfined(const char *path, int want_dir, struct stat *st, char
 }
 
 static int open_path(const tr_data_roots_t *roots, const char *path, int want_dir, struct stat *st, char *shown,
-		     size_t shownlen, char *err, size_t errlen)
+		     size_t shownlen, struct tr_error *err)
 {
 	int first_err = 0;
 
 	if (!path || !*path) {
-		tr_data_errorf(err, errlen, "empty path");
+		tr_error_set(err, 0, 0, NULL, "empty path");
 		return -EINVAL;
 	}
 	if (!roots)
-		return open_unconfined(path, want_dir, st, shown, shownlen, err, errlen);
+		return open_unconfined(path, want_dir, st, shown, shownlen, err);
 	for (int i = 0; i < roots->n; i++) {
 		const struct root *x = &roots->r[i];
 		const char *rel = path;
@@ -399,12 +400,12 @@ static int open_path(const tr_data_roots_t *roots, const char *path, int want_di
 		if (fd < 0) {
 			if (!not_found(fd) && !first_err) {
 				first_err = fd;
-				tr_data_errorf(err, errlen, "'%s': %s", path,
-					       fd == -EISDIR ? "is a directory, not a regular file" : strerror(-fd));
+				tr_error_set(err, 0, 0, NULL, "'%s': %s", path,
+					     fd == -EISDIR ? "is a directory, not a regular file" : strerror(-fd));
 			}
 			continue;
 		}
-		ret = accept_fd(fd, path, want_dir, st, err, errlen);
+		ret = accept_fd(fd, path, want_dir, st, err);
 		if (ret < 0) {
 			close(fd);
 			if (!first_err)
@@ -425,58 +426,57 @@ static int open_path(const tr_data_roots_t *roots, const char *path, int want_di
 		char list[1024];
 
 		tr_data_roots_describe(roots, list, sizeof list);
-		tr_data_errorf(err, errlen, "'%s' is not a %s in the data roots (%s)", path,
-			       want_dir ? "directory" : "file", list);
+		tr_error_set(err, 0, 0, NULL, "'%s' is not a %s in the data roots (%s)", path,
+			     want_dir ? "directory" : "file", list);
 	}
 	return -ENOENT;
 }
 
 int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st, char *shown, size_t shownlen,
-		 char *err, size_t errlen)
+		 struct tr_error *err)
 {
-	return open_path(roots, path, 0, st, shown, shownlen, err, errlen);
+	return open_path(roots, path, 0, st, shown, shownlen, err);
 }
 
-int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen, char *err,
-		     size_t errlen)
+int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen, struct tr_error *err)
 {
 	char trimmed[PATH_MAX];
 	size_t n;
 
 	if (!path || !*path) {
-		tr_data_errorf(err, errlen, "empty path");
+		tr_error_set(err, 0, 0, NULL, "empty path");
 		return -EINVAL;
 	}
 	/* "images/" names the same directory; the walk wants no trailing '/'. */
 	n = strlen(path);
 	if (n >= sizeof trimmed) {
-		tr_data_errorf(err, errlen, "'%s': %s", path, strerror(ENAMETOOLONG));
+		tr_error_set(err, 0, 0, NULL, "'%s': %s", path, strerror(ENAMETOOLONG));
 		return -ENAMETOOLONG;
 	}
 	memcpy(trimmed, path, n + 1);
 	while (n > 1 && trimmed[n - 1] == '/')
 		trimmed[--n] = '\0';
-	return open_path(roots, trimmed, 1, NULL, shown, shownlen, err, errlen);
+	return open_path(roots, trimmed, 1, NULL, shown, shownlen, err);
 }
 
-int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st, char *err, size_t errlen)
+int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st, struct tr_error *err)
 {
 	int fd, ret;
 
 	/* One component, no symlink: nothing outside dir_fd can be reached. */
 	if (!*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
-		tr_data_errorf(err, errlen, "'%s': not a plain file name", name);
+		tr_error_set(err, 0, 0, NULL, "'%s': not a plain file name", name);
 		return -EINVAL;
 	}
 	fd = openat(dir_fd, name, (want_dir ? DIR_FLAGS : OPEN_FLAGS) | O_NOFOLLOW);
 	if (fd < 0) {
 		ret = -errno;
-		tr_data_errorf(err, errlen, "'%s': %s", name,
-			       errno == ELOOP ? "a symbolic link (not followed inside a data directory)" :
-			       strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "'%s': %s", name,
+			     errno == ELOOP ? "a symbolic link (not followed inside a data directory)"
+					    : strerror(errno));
 		return ret;
 	}
-	ret = accept_fd(fd, name, want_dir, st, err, errlen);
+	ret = accept_fd(fd, name, want_dir, st, err);
 	if (ret < 0) {
 		close(fd);
 		return ret;

@@ -21,12 +21,14 @@
 #include <stddef.h>
 #include <sys/stat.h>
 
+#include "core/error.h"
+
 typedef struct tr_data_roots tr_data_roots_t;
 
 /* Opens each directory of the NULL-terminated list (at least one).  Fails
  * with the directory named in err when one cannot be opened as a
  * directory.  The caller frees the result with tr_data_roots_destroy. */
-int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, char *err, size_t errlen);
+int tr_data_roots_create(const char *const *dirs, tr_data_roots_t **out, struct tr_error *err);
 void tr_data_roots_destroy(tr_data_roots_t *r); /* accepts NULL */
 
 /* The roots' real paths as "/a, /b", for messages; "" without roots. */
@@ -46,20 +48,20 @@ void tr_data_roots_describe(const tr_data_roots_t *r, char *buf, size_t len);
  *   -EINVAL  not a regular file (a directory, FIFO, socket or device);
  *   other    the open's errno (-EACCES, -ENAMETOOLONG, ...). */
 int tr_data_open(const tr_data_roots_t *roots, const char *path, struct stat *st, char *shown, size_t shownlen,
-		 char *err, size_t errlen);
+		 struct tr_error *err);
 
 /* Opens the directory `path` as tr_data_open opens a file (same roots,
  * same confinement, same messages): for image folders, whose files are
  * then opened with tr_data_open_in.  Returns an O_RDONLY | O_DIRECTORY
  * descriptor or a negative errno (-ENOTDIR for a file). */
-int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen, char *err,
-		     size_t errlen);
+int tr_data_open_dir(const tr_data_roots_t *roots, const char *path, char *shown, size_t shownlen,
+		     struct tr_error *err);
 /* Opens the entry `name` (one path component, as readdir gives it) of the
  * directory dir_fd: a regular file, or with want_dir a directory.  A
  * symlink is refused (O_NOFOLLOW), so nothing outside a directory opened
  * by tr_data_open_dir is reached.  Returns a descriptor (blocking) or a
  * negative errno with a message naming `name`. */
-int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st, char *err, size_t errlen);
+int tr_data_open_in(int dir_fd, const char *name, int want_dir, struct stat *st, struct tr_error *err);
 
 /* For tests: the O_NOFOLLOW walk used where openat2 is missing, opening
  * `rel` beneath the directory root_fd with `flags`.  Returns a descriptor

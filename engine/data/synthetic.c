@@ -89,15 +89,15 @@ void tr_data_pay_deferred_wait(void)
 	owed_us = 0;
 }
 
-static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct synth_reader *s = (struct synth_reader *)r;
 	int nf = r->info.features;
 	uint64_t key;
 
 	if (index < 0 || index >= r->info.samples) {
-		tr_data_errorf(err, errlen, "%s: sample %lld out of range (%lld samples)", r->name,
-			       (long long)index, (long long)r->info.samples);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
+			     (long long)r->info.samples);
 		return -ERANGE;
 	}
 	if (s->load_cost_us > 0 && (owed_us += s->load_cost_us) >= WAIT_SLICE_US)
@@ -163,34 +163,34 @@ static const struct tr_reader_i synth_i = {
 	.destroy = synth_destroy,
 };
 
-int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, char *err,
-		      size_t errlen)
+int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader_t **out, struct tr_error *err)
 {
 	struct synth_reader *s;
 	int outputs = src->outputs > 0 ? src->outputs : 1;
 
 	if (src->samples <= 0 || src->features <= 0) {
-		tr_data_errorf(err, errlen, "synthetic: samples (%lld) and features (%d) must be > 0",
-			       (long long)src->samples, src->features);
+		tr_error_set(err, 0, 0, NULL, "synthetic: samples (%lld) and features (%d) must be > 0",
+			     (long long)src->samples, src->features);
 		return -EINVAL;
 	}
 	if (src->task == TR_SYNTH_CLASSIFICATION && src->classes <= 0) {
-		tr_data_errorf(err, errlen, "synthetic: classes (%d) must be > 0", src->classes);
+		tr_error_set(err, 0, 0, NULL, "synthetic: classes (%d) must be > 0", src->classes);
 		return -EINVAL;
 	}
 	if (src->task != TR_SYNTH_CLASSIFICATION && src->task != TR_SYNTH_REGRESSION) {
-		tr_data_errorf(err, errlen, "synthetic: unknown task %d", (int)src->task);
+		tr_error_set(err, 0, 0, NULL, "synthetic: unknown task %d", (int)src->task);
 		return -EINVAL;
 	}
 	if (!(src->noise >= 0.0f) || !isfinite(src->noise) || src->load_cost_us < 0 || src->outputs < 0 ||
 	    src->load_cost_us > TR_SPEC_MAX_LOAD_COST_US) {
-		tr_data_errorf(err, errlen, "synthetic: noise, outputs and load_cost_us must be >= 0, load_cost_us at most %d",
-			       TR_SPEC_MAX_LOAD_COST_US);
+		tr_error_set(err, 0, 0, NULL,
+			     "synthetic: noise, outputs and load_cost_us must be >= 0, load_cost_us at most %d",
+			     TR_SPEC_MAX_LOAD_COST_US);
 		return -EINVAL;
 	}
 	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > (size_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
-		tr_data_errorf(err, errlen, "synthetic: outputs x features (%d x %d) is too large", outputs,
-			       src->features);
+		tr_error_set(err, 0, 0, NULL, "synthetic: outputs x features (%d x %d) is too large", outputs,
+			     src->features);
 		return -EINVAL;
 	}
 	s = calloc(1, sizeof(*s));
@@ -227,6 +227,6 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 oom:
 	if (s)
 		synth_destroy(&s->base);
-	tr_data_errorf(err, errlen, "synthetic: out of memory");
+	tr_error_set(err, 0, 0, NULL, "synthetic: out of memory");
 	return -ENOMEM;
 }

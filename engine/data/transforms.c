@@ -219,8 +219,8 @@ static void apply_ops(const tr_transforms_t *t, int end, float *x, int features,
 }
 
 /* Fills ops[k].mean/sd from `train` as seen through ops [0, k). */
-static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, const atomic_bool *cancel, char *err,
-			     size_t errlen)
+static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, const atomic_bool *cancel,
+			     struct tr_error *err)
 {
 	struct op *o = &t->ops[k];
 	int nf = train->info.features;
@@ -230,7 +230,7 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, cons
 	int ret = 0;
 
 	if (n <= 0 || nf <= 0) {
-		tr_data_errorf(err, errlen, "standardize: %s has no samples", train->name);
+		tr_error_set(err, 0, 0, NULL, "standardize: %s has no samples", train->name);
 		return -EINVAL;
 	}
 	o->mean = malloc((size_t)nf * sizeof(float));
@@ -241,7 +241,7 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, cons
 	s1 = calloc((size_t)nf, sizeof(double));
 	s2 = calloc((size_t)nf, sizeof(double));
 	if (!o->mean || !o->sd || !x || !y || !shift || !s1 || !s2) {
-		tr_data_errorf(err, errlen, "standardize: out of memory");
+		tr_error_set(err, 0, 0, NULL, "standardize: out of memory");
 		ret = -ENOMEM;
 		goto out;
 	}
@@ -250,11 +250,11 @@ static int standardize_stats(tr_transforms_t *t, int k, tr_reader_t *train, cons
 	for (int64_t i = 0; i < n; i++) {
 		/* A look every 4096 samples: a few ms of reading at most. */
 		if ((i & 4095) == 0 && cancel && atomic_load_explicit(cancel, memory_order_relaxed)) {
-			tr_data_errorf(err, errlen, "cancelled");
+			tr_error_set(err, 0, 0, NULL, "cancelled");
 			ret = -ECANCELED;
 			goto out;
 		}
-		ret = tr_reader_get(train, i, x, y, err, errlen);
+		ret = tr_reader_get(train, i, x, y, err);
 		if (ret)
 			goto out;
 		apply_ops(t, k, x, nf, NULL, 0, 0, i, 0);
@@ -293,26 +293,28 @@ static const char *const tf_names[] = {
 };
 
 /* Sets up an image transform, which needs the data's [C, H, W]. */
-static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts, struct op *o, int k, char *err,
-		    size_t errlen)
+static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts, struct op *o, int k,
+		    struct tr_error *err)
 {
 	if (!t->c) {
-		tr_data_errorf(err, errlen, "/data/transforms/%d: %s needs image data (idx, images or patches), "
-			       "the training data is flat", k, tf_names[ts->type]);
+		tr_error_set(err, 0, 0, NULL,
+			     "/data/transforms/%d: %s needs image data (idx, images or patches), "
+			     "the training data is flat",
+			     k, tf_names[ts->type]);
 		return -EINVAL;
 	}
 	switch (ts->type) {
 	case TR_TF_NORMALIZE:
 		if (ts->n_channels != t->c) {
-			tr_data_errorf(err, errlen,
-				       "/data/transforms/%d: normalize gives %d mean/std value%s, the images have %d "
-				       "channel%s",
-				       k, ts->n_channels, ts->n_channels == 1 ? "" : "s", t->c, t->c == 1 ? "" : "s");
+			tr_error_set(err, 0, 0, NULL,
+				     "/data/transforms/%d: normalize gives %d mean/std value%s, the images have %d "
+				     "channel%s",
+				     k, ts->n_channels, ts->n_channels == 1 ? "" : "s", t->c, t->c == 1 ? "" : "s");
 			return -EINVAL;
 		}
 		for (int c = 0; c < t->c; c++) {
 			if (!(ts->std_c[c] > 0.0f)) {
-				tr_data_errorf(err, errlen, "/data/transforms/%d/std/%d: must be > 0", k, c);
+				tr_error_set(err, 0, 0, NULL, "/data/transforms/%d/std/%d: must be > 0", k, c);
 				return -EINVAL;
 			}
 			o->mean_c[c] = ts->mean_c[c];
@@ -327,8 +329,8 @@ static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts
 		break;
 	case TR_TF_ROT90:
 		if (t->h != t->w) {
-			tr_data_errorf(err, errlen, "/data/transforms/%d: rot90 needs square images, these are %dx%d", k,
-				       t->w, t->h);
+			tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: rot90 needs square images, these are %dx%d",
+				     k, t->w, t->h);
 			return -EINVAL;
 		}
 		break;
@@ -338,26 +340,25 @@ static int image_op(const tr_transforms_t *t, const struct tr_transform_spec *ts
 	return 0;
 }
 
-int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, char *err,
-			 size_t errlen)
+int tr_transforms_create(const struct tr_spec *spec, tr_reader_t *train, tr_transforms_t **out, struct tr_error *err)
 {
-	return tr_transforms_create_cancellable(spec, train, NULL, out, err, errlen);
+	return tr_transforms_create_cancellable(spec, train, NULL, out, err);
 }
 
 int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *train, const atomic_bool *cancel,
-				     tr_transforms_t **out, char *err, size_t errlen)
+				     tr_transforms_t **out, struct tr_error *err)
 {
 	tr_transforms_t *t;
 	int noise_k = 0, ret;
 
 	*out = NULL;
 	if (spec->n_transforms < 0 || spec->n_transforms > TR_SPEC_MAX_TRANSFORMS) {
-		tr_data_errorf(err, errlen, "too many transforms (%d)", spec->n_transforms);
+		tr_error_set(err, 0, 0, NULL, "too many transforms (%d)", spec->n_transforms);
 		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t) {
-		tr_data_errorf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	t->features = train ? train->info.features : 0;
@@ -383,24 +384,24 @@ int tr_transforms_create_cancellable(const struct tr_spec *spec, tr_reader_t *tr
 		case TR_TF_RANDOM_CROP:
 		case TR_TF_FLIP:
 		case TR_TF_ROT90:
-			ret = image_op(t, ts, o, k, err, errlen);
+			ret = image_op(t, ts, o, k, err);
 			if (ret)
 				goto fail;
 			break;
 		case TR_TF_STANDARDIZE:
 			if (!train) {
-				tr_data_errorf(err, errlen,
-					       "/data/transforms/%d: standardize needs training data", k);
+				tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: standardize needs training data",
+					     k);
 				ret = -EINVAL;
 				goto fail;
 			}
-			ret = standardize_stats(t, k, train, cancel, err, errlen);
+			ret = standardize_stats(t, k, train, cancel, err);
 			if (ret)
 				goto fail;
 			break;
 		default:
-			tr_data_errorf(err, errlen, "/data/transforms/%d: unknown transform type %d", k,
-				       (int)ts->type);
+			tr_error_set(err, 0, 0, NULL, "/data/transforms/%d: unknown transform type %d", k,
+				     (int)ts->type);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -481,18 +482,18 @@ bool tr_transforms_train_only(enum tr_transform_type type)
 /* Reads n floats from the recorded array `key` of `fitted`; positive
  * (std) when `positive`. */
 static int recorded_floats(const json_t *fitted, const char *key, int k, int n, bool positive, float **out,
-			   char *err, size_t errlen)
+			   struct tr_error *err)
 {
 	const json_t *a = json_object_get(fitted, key);
 
 	if (!json_is_array(a) || json_array_size(a) != (size_t)n) {
-		tr_data_errorf(err, errlen, "transforms/%d: standardize needs \"fitted\": {\"%s\": [%d numbers]}", k,
-			       key, n);
+		tr_error_set(err, 0, 0, NULL, "transforms/%d: standardize needs \"fitted\": {\"%s\": [%d numbers]}", k,
+			     key, n);
 		return -EINVAL;
 	}
 	float *v = malloc((size_t)n * sizeof(float));
 	if (!v) {
-		tr_data_errorf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	for (int j = 0; j < n; j++) {
@@ -500,8 +501,8 @@ static int recorded_floats(const json_t *fitted, const char *key, int k, int n, 
 		double d = json_number_value(e);
 
 		if (!json_is_number(e) || !isfinite(d) || (positive && !((float)d > 0.0f))) {
-			tr_data_errorf(err, errlen, "transforms/%d/fitted/%s/%d: must be a finite number%s", k, key, j,
-				       positive ? " > 0" : "");
+			tr_error_set(err, 0, 0, NULL, "transforms/%d/fitted/%s/%d: must be a finite number%s", k, key,
+				     j, positive ? " > 0" : "");
 			free(v);
 			return -EINVAL;
 		}
@@ -512,20 +513,20 @@ static int recorded_floats(const json_t *fitted, const char *key, int k, int n, 
 }
 
 int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *const *fitted, int features,
-				  tr_transforms_t **out, char *err, size_t errlen)
+				  tr_transforms_t **out, struct tr_error *err)
 {
 	tr_transforms_t *t;
 	int noise_k = 0, ret;
 
 	*out = NULL;
 	if (spec->n_transforms < 0 || spec->n_transforms > TR_SPEC_MAX_TRANSFORMS || features <= 0) {
-		tr_data_errorf(err, errlen, "bad transform list (%d transforms, %d features)", spec->n_transforms,
-			       features);
+		tr_error_set(err, 0, 0, NULL, "bad transform list (%d transforms, %d features)", spec->n_transforms,
+			     features);
 		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t) {
-		tr_data_errorf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	t->features = features;
@@ -542,8 +543,10 @@ int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *cons
 			/* The spec holds the values; the channel count splits the
 			 * input width into planes. */
 			if (ts->n_channels < 1 || ts->n_channels > TR_SPEC_MAX_CHANNELS || features % ts->n_channels) {
-				tr_data_errorf(err, errlen, "transforms/%d: normalize has %d channels, which do not divide "
-					       "the %d inputs", k, ts->n_channels, features);
+				tr_error_set(err, 0, 0, NULL,
+					     "transforms/%d: normalize has %d channels, which do not divide "
+					     "the %d inputs",
+					     k, ts->n_channels, features);
 				ret = -EINVAL;
 				goto fail;
 			}
@@ -556,8 +559,8 @@ int tr_transforms_create_recorded(const struct tr_spec *spec, const json_t *cons
 		if (ts->type == TR_TF_STANDARDIZE) {
 			const json_t *f = fitted ? fitted[k] : NULL;
 
-			if ((ret = recorded_floats(f, "mean", k, features, false, &o->mean, err, errlen)) < 0 ||
-			    (ret = recorded_floats(f, "std", k, features, true, &o->sd, err, errlen)) < 0)
+			if ((ret = recorded_floats(f, "mean", k, features, false, &o->mean, err)) < 0 ||
+			    (ret = recorded_floats(f, "std", k, features, true, &o->sd, err)) < 0)
 				goto fail;
 		}
 		t->n = k + 1;

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/backend.h"
 #include "engine/spec.h"
 
@@ -137,7 +138,7 @@ typedef struct tr_layer_i {
 	 * parameter tensors' names, shapes and init (not their offsets),
 	 * saved sizes and the per-type fields.  Returns 0, or -EINVAL with a
 	 * message for the layer's JSON pointer (the model prefixes it). */
-	int (*setup)(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen);
+	int (*setup)(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err);
 	/* Workspace floats a pass over `rows` samples needs (shared by all
 	 * layers of a replica, clobbered by each).  NULL: none. */
 	size_t (*workspace)(const struct tr_layer *l, int rows);
@@ -168,16 +169,15 @@ int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const f
 
 /* Shared by the layer files. */
 /* -EINVAL with a message unless the input is flat / an image. */
-int tr_layer_want_flat(const struct tr_layer *l, const char *what, char *err, size_t errlen);
-int tr_layer_image_input(const struct tr_layer *l, const char *what, char *err, size_t errlen);
+int tr_layer_want_flat(const struct tr_layer *l, const char *what, struct tr_error *err);
+int tr_layer_image_input(const struct tr_layer *l, const char *what, struct tr_error *err);
 /* forward/backward of the elementwise activations (l->act). */
 int tr_layer_act_forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y);
 int tr_layer_act_backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
 			  const float *dy, float *dx);
 /* Fills l->pool and l->out_shape for a kh x kw window sweep (maxpool2d,
  * avgpool2d): stride default the kernel, padding at most half of it. */
-int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, char *err,
-			 size_t errlen);
+int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, struct tr_error *err);
 /* The backend's average pool over l->pool (avgpool2d, and
  * global_avg_pool, whose window is the whole image). */
 bool tr_layer_avgpool_supported(const tr_backend_i *bi);

@@ -26,26 +26,27 @@ void tr_shape_format(struct tr_shape s, char *buf, size_t len)
 		snprintf(buf, len, "[%d]", s.d[0]);
 }
 
-int tr_layer_want_flat(const struct tr_layer *l, const char *what, char *err, size_t errlen)
+int tr_layer_want_flat(const struct tr_layer *l, const char *what, struct tr_error *err)
 {
 	char got[48];
 
 	if (l->in_shape.ndim == 1)
 		return 0;
 	tr_shape_format(l->in_shape, got, sizeof got);
-	snprintf(err, errlen, "%s takes a flat input, not %s; put {\"type\": \"flatten\"} before it", what, got);
+	tr_error_set(err, 0, 0, NULL, "%s takes a flat input, not %s; put {\"type\": \"flatten\"} before it", what,
+		     got);
 	return -EINVAL;
 }
 
-int tr_layer_image_input(const struct tr_layer *l, const char *what, char *err, size_t errlen)
+int tr_layer_image_input(const struct tr_layer *l, const char *what, struct tr_error *err)
 {
 	char got[48];
 
 	if (l->in_shape.ndim == 3)
 		return 0;
 	tr_shape_format(l->in_shape, got, sizeof got);
-	snprintf(err, errlen, "%s takes an image [C, H, W], not the flat input %s; give model.inputs as [C, H, W]",
-		 what, got);
+	tr_error_set(err, 0, 0, NULL,
+		     "%s takes an image [C, H, W], not the flat input %s; give model.inputs as [C, H, W]", what, got);
 	return -EINVAL;
 }
 
@@ -113,7 +114,8 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 	for (int k = 0; k < n; k++) {
 		const struct tr_layer_spec *ls = &specs[k];
 		struct tr_layer *l = &m->layers[first + k];
-		char lptr[256], err[400];
+		char lptr[256];
+		struct tr_error err;
 		if (snprintf(lptr, sizeof lptr, "%s/%d", ptr, k) >= (int)sizeof lptr)
 			lptr[sizeof lptr - 1] = '\0';
 		memset(l, 0, sizeof *l);
@@ -127,7 +129,7 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 			return fail(b, lptr, "%s", "residual blocks nest too deep");
 		l->in_shape = *shape;
 		l->in = (int)tr_shape_numel(*shape);
-		err[0] = '\0';
+		err.message[0] = '\0';
 		if (l->ops->holds_layers) {
 			/* inner layers take consecutive nodes, reserved before
 			 * any of them reserves its own */
@@ -156,9 +158,9 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 			l->w_len = b->off - w0;
 			l->inner_shape = inner;
 		}
-		int rc = l->ops->setup(l, ls, err, sizeof err);
+		int rc = l->ops->setup(l, ls, &err);
 		if (rc < 0)
-			return fail(b, lptr, "%s", err);
+			return fail(b, lptr, "%s", err.message);
 		/* buffers get their offsets after every parameter
 		 * (tr_model_build), so that the optimizer's range is one
 		 * prefix; weight and bias stay adjacent */
@@ -274,12 +276,12 @@ int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *
 	return 0;
 }
 
-int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen)
+int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, struct tr_error *err)
 {
 	char ptr[256], msg[512];
 	int rc = tr_model_build(m, spec, inputs, ptr, sizeof ptr, msg, sizeof msg);
 	if (rc < 0)
-		snprintf(err, errlen, "%s: %s", ptr, msg);
+		tr_error_set(err, 0, 0, ptr, "%s: %s", ptr, msg);
 	return rc;
 }
 
@@ -436,14 +438,14 @@ static void *dev_alloc(tr_replica_t *r, size_t floats, int *failed)
 }
 
 int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int dev, int max_rows, int label_dim,
-		    int opt_state_buffers, char *err, size_t errlen)
+		    int opt_state_buffers, struct tr_error *err)
 {
 	memset(r, 0, sizeof *r);
 	for (int i = 0; i < m->n_nodes; i++) {
 		const struct tr_layer *l = &m->layers[i];
 		if (l->ops->supported && !l->ops->supported(be->i)) {
-			snprintf(err, errlen, "the %s backend has no kernels for %s layers (%s)", be->i->name, l->ops->name,
-				 l->path);
+			tr_error_set(err, 0, 0, NULL, "the %s backend has no kernels for %s layers (%s)", be->i->name,
+				     l->ops->name, l->path);
 			return -ENOTSUP;
 		}
 	}
@@ -480,8 +482,8 @@ int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int 
 	if (w)
 		r->work = dev_alloc(r, w, &failed);
 	if (failed) {
-		snprintf(err, errlen, "device %d: out of memory for a replica of %zu parameters and %d rows", dev,
-			 m->n_params, r->max_rows);
+		tr_error_set(err, 0, 0, NULL, "device %d: out of memory for a replica of %zu parameters and %d rows",
+			     dev, m->n_params, r->max_rows);
 		tr_replica_finish(r);
 		return -ENOMEM;
 	}

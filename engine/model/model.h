@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
 #include "engine/backend.h"
 #include "engine/model/layer.h"
 #include "engine/spec.h"
@@ -42,7 +43,7 @@ typedef struct tr_model {
  * when it gives one, whose product must equal inputs).  Every layer's
  * output shape is checked here.  Returns 0 or -EINVAL with "<JSON
  * pointer>: message" in err. */
-int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, char *err, size_t errlen);
+int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, struct tr_error *err);
 /* The same with the pointer and the message apart (the spec parser). */
 int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *ptr, size_t ptrlen, char *msg,
 		   size_t msglen);
@@ -98,7 +99,7 @@ int tr_replica_buffer_sizes(const tr_model_t *m, int max_rows, int label_dim, in
 			    int cap);
 
 int tr_replica_init(tr_replica_t *r, const tr_model_t *m, tr_backend_t *be, int dev, int max_rows, int label_dim,
-		    int opt_state_buffers, char *err, size_t errlen);
+		    int opt_state_buffers, struct tr_error *err);
 void tr_replica_finish(tr_replica_t *r);
 
 /* Forward pass over r->input (rows x inputs).  training enables dropout,

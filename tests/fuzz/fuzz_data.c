@@ -36,7 +36,9 @@ static int put(int *fd, const char *name, const uint8_t *p, size_t n, char *path
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static int fa = -1, fb = -1;
-	char pa[64], pb[64], err[512];
+	char pa[64];
+	char pb[64];
+	struct tr_error err;
 	struct tr_source_spec src;
 	tr_reader_t *r = NULL;
 
@@ -57,9 +59,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		struct tr_image img;
 		int w, h, c, fd = open(pa, O_RDONLY | O_CLOEXEC);
 
-		if (fd >= 0 && tr_image_probe(fd, "a.img", &w, &h, &c, err, sizeof err) == 0) {
+		if (fd >= 0 && tr_image_probe(fd, "a.img", &w, &h, &c, &err) == 0) {
 			fd = open(pa, O_RDONLY | O_CLOEXEC);
-			if (fd >= 0 && tr_image_decode(fd, "a.img", &img, err, sizeof err) == 0) {
+			if (fd >= 0 && tr_image_decode(fd, "a.img", &img, &err) == 0) {
 				if (img.width != w || img.height != h || img.channels != c)
 					abort(); /* the probe promised another image */
 				free(img.px);
@@ -87,15 +89,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		src.labels_path = pb;
 		break;
 	}
-	if (tr_reader_open(&src, 1, NULL, NULL, &r, err, sizeof err) == 0) {
+	if (tr_reader_open(&src, 1, NULL, NULL, &r, &err) == 0) {
 		int64_t count = r->info.samples < MAX_READ ? r->info.samples : MAX_READ;
 		float *x = malloc(((size_t)r->info.features + 1) * sizeof(float));
 		float *y = malloc(((size_t)r->info.label_dim + 1) * sizeof(float));
 		for (int64_t i = 0; x && y && i < count; i++)
-			(void)tr_reader_get(r, i, x, y, err, sizeof err);
+			(void)tr_reader_get(r, i, x, y, &err);
 		/* The last sample too: offsets at the end of the file. */
 		if (x && y && r->info.samples > count)
-			(void)tr_reader_get(r, r->info.samples - 1, x, y, err, sizeof err);
+			(void)tr_reader_get(r, r->info.samples - 1, x, y, &err);
 		free(x);
 		free(y);
 	}

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void read_all(tr_st_file_t *f, const uint8_t *data, size_t size)
 {
 	uint64_t hlen = 0;
-	char err[256];
+	struct tr_error err;
 
 	if (size < 8)
 		return;
@@ -46,7 +46,7 @@ static void read_all(tr_st_file_t *f, const uint8_t *data, size_t size)
 			continue;
 		float *dst = malloc((size_t)(elems ? elems : 1) * sizeof(float));
 		if (dst)
-			(void)tr_st_read_f32(f, name, (int)nd, dims, dst, err, sizeof err);
+			(void)tr_st_read_f32(f, name, (int)nd, dims, dst, &err);
 		free(dst);
 	}
 	json_decref(header);
@@ -55,9 +55,9 @@ static void read_all(tr_st_file_t *f, const uint8_t *data, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	tr_st_file_t *f = NULL;
-	char err[256];
+	struct tr_error err;
 
-	if (tr_st_open_mem(data, size, "fuzz", &f, err, sizeof err) == 0) {
+	if (tr_st_open_mem(data, size, "fuzz", &f, &err) == 0) {
 		(void)tr_st_metadata(f);
 		(void)tr_st_count(f);
 		read_all(f, data, size);

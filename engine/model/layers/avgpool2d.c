@@ -4,9 +4,9 @@
 #include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	return tr_layer_pool_window(l, s, "avgpool2d", err, errlen);
+	return tr_layer_pool_window(l, s, "avgpool2d", err);
 }
 
 bool tr_layer_avgpool_supported(const tr_backend_i *bi)

@@ -16,9 +16,9 @@
 #include "engine/model/model.h"
 #include "engine/model/norm2d.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	if (tr_layer_image_input(l, "batchnorm2d", err, errlen) < 0)
+	if (tr_layer_image_input(l, "batchnorm2d", err) < 0)
 		return -EINVAL;
 	int c = l->in_shape.d[0];
 	l->out_shape = l->in_shape;

@@ -17,9 +17,9 @@ static int out_side(int n, int k, int s, int p, int d)
 	return room < 0 ? 0 : (int)(room / s + 1);
 }
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	if (tr_layer_image_input(l, "conv2d", err, errlen) < 0)
+	if (tr_layer_image_input(l, "conv2d", err) < 0)
 		return -EINVAL;
 	struct tr_conv2d_desc *d = &l->conv;
 	d->c = l->in_shape.d[0];
@@ -34,22 +34,23 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	d->dw = s->dilation[1] ? s->dilation[1] : 1;
 	d->groups = s->groups ? s->groups : 1;
 	if (d->c % d->groups || d->f % d->groups) {
-		snprintf(err, errlen, "groups (%d) must divide the input channels (%d) and filters (%d)", d->groups, d->c,
-			 d->f);
+		tr_error_set(err, 0, 0, NULL, "groups (%d) must divide the input channels (%d) and filters (%d)",
+			     d->groups, d->c, d->f);
 		return -EINVAL;
 	}
 	if (s->pad_same) {
 		/* PyTorch: "same" only with stride 1; the total padding
 		 * d (k - 1) splits evenly only when it is even. */
 		if (d->sh != 1 || d->sw != 1) {
-			snprintf(err, errlen, "padding \"same\" needs stride 1");
+			tr_error_set(err, 0, 0, NULL, "padding \"same\" needs stride 1");
 			return -EINVAL;
 		}
 		int th = d->dh * (d->kh - 1), tw = d->dw * (d->kw - 1);
 		if (th % 2 || tw % 2) {
-			snprintf(err, errlen,
-				 "padding \"same\" needs an odd kernel (dilation x (kernel - 1) even), got kernel [%d, %d]",
-				 d->kh, d->kw);
+			tr_error_set(
+				err, 0, 0, NULL,
+				"padding \"same\" needs an odd kernel (dilation x (kernel - 1) even), got kernel [%d, %d]",
+				d->kh, d->kw);
 			return -EINVAL;
 		}
 		d->ph = th / 2;
@@ -63,8 +64,9 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 	if (d->ho < 1 || d->wo < 1) {
 		char in[48];
 		tr_shape_format(l->in_shape, in, sizeof in);
-		snprintf(err, errlen, "the kernel [%d, %d] (dilation [%d, %d], padding [%d, %d]) does not fit the input %s",
-			 d->kh, d->kw, d->dh, d->dw, d->ph, d->pw, in);
+		tr_error_set(err, 0, 0, NULL,
+			     "the kernel [%d, %d] (dilation [%d, %d], padding [%d, %d]) does not fit the input %s",
+			     d->kh, d->kw, d->dh, d->dw, d->ph, d->pw, in);
 		return -EINVAL;
 	}
 	l->out_shape = (struct tr_shape){.ndim = 3, .d = {d->f, d->ho, d->wo}};

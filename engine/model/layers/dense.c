@@ -5,9 +5,9 @@
 #include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	int rc = tr_layer_want_flat(l, "dense", err, errlen);
+	int rc = tr_layer_want_flat(l, "dense", err);
 	if (rc < 0)
 		return rc;
 	l->out_shape = (struct tr_shape){.ndim = 1, .d = {s->units}};

@@ -7,9 +7,9 @@
 #include "engine/model/model.h"
 #include "engine/rng.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	(void)err, (void)errlen;
+	(void)err;
 	l->out_shape = l->in_shape;
 	l->rate = s->rate;
 	l->saved[0] = (size_t)l->in; /* the mask */

@@ -4,9 +4,9 @@
 #include "engine/model/layer.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	(void)s, (void)err, (void)errlen;
+	(void)s, (void)err;
 	l->out_shape = (struct tr_shape){.ndim = 1, .d = {l->in}};
 	return 0;
 }

@@ -12,9 +12,9 @@ static const struct tr_field fields[] = {
 	{0},
 };
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	(void)err, (void)errlen;
+	(void)err;
 	l->out_shape = l->in_shape;
 	l->act = s->gelu_tanh ? TR_ACT_GELU_TANH : TR_ACT_GELU;
 	return 0;

@@ -7,10 +7,10 @@
 #include "engine/model/layer.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
 	(void)s;
-	if (tr_layer_image_input(l, "global_avg_pool", err, errlen) < 0)
+	if (tr_layer_image_input(l, "global_avg_pool", err) < 0)
 		return -EINVAL;
 	struct tr_pool2d_desc *d = &l->pool;
 	d->c = l->in_shape.d[0];

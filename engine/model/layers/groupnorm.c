@@ -10,13 +10,13 @@
 #include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	if (tr_layer_image_input(l, "groupnorm", err, errlen) < 0)
+	if (tr_layer_image_input(l, "groupnorm", err) < 0)
 		return -EINVAL;
 	int c = l->in_shape.d[0];
 	if (s->groups < 1 || c % s->groups) {
-		snprintf(err, errlen, "groups (%d) must divide the input channels (%d)", s->groups, c);
+		tr_error_set(err, 0, 0, NULL, "groups (%d) must divide the input channels (%d)", s->groups, c);
 		return -EINVAL;
 	}
 	l->out_shape = l->in_shape;

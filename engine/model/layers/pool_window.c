@@ -16,10 +16,9 @@ const struct tr_field tr_layer_pool_window_fields[] = {
 	{0},
 };
 
-int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, char *err,
-			 size_t errlen)
+int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, struct tr_error *err)
 {
-	if (tr_layer_image_input(l, what, err, errlen) < 0)
+	if (tr_layer_image_input(l, what, err) < 0)
 		return -EINVAL;
 	struct tr_pool2d_desc *d = &l->pool;
 	d->c = l->in_shape.d[0];
@@ -32,15 +31,15 @@ int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, cons
 	d->ph = s->padding[0];
 	d->pw = s->padding[1];
 	if (2 * d->ph > d->kh || 2 * d->pw > d->kw) {
-		snprintf(err, errlen, "padding [%d, %d] must be at most half the kernel [%d, %d]", d->ph, d->pw, d->kh,
-			 d->kw);
+		tr_error_set(err, 0, 0, NULL, "padding [%d, %d] must be at most half the kernel [%d, %d]", d->ph, d->pw,
+			     d->kh, d->kw);
 		return -EINVAL;
 	}
 	if (d->kh > d->h + 2 * d->ph || d->kw > d->w + 2 * d->pw) {
 		char in[48];
 		tr_shape_format(l->in_shape, in, sizeof in);
-		snprintf(err, errlen, "the kernel [%d, %d] (padding [%d, %d]) does not fit the input %s", d->kh, d->kw,
-			 d->ph, d->pw, in);
+		tr_error_set(err, 0, 0, NULL, "the kernel [%d, %d] (padding [%d, %d]) does not fit the input %s", d->kh,
+			     d->kw, d->ph, d->pw, in);
 		return -EINVAL;
 	}
 	d->ho = (d->h + 2 * d->ph - d->kh) / d->sh + 1;

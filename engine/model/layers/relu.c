@@ -2,9 +2,9 @@
 #include "engine/model/layer.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
-	(void)s, (void)err, (void)errlen;
+	(void)s, (void)err;
 	l->out_shape = l->in_shape;
 	l->act = TR_ACT_RELU;
 	return 0;

@@ -11,7 +11,7 @@
 #include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 
-static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, size_t errlen)
+static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {
 	(void)s;
 	struct tr_shape a = l->in_shape, b = l->inner_shape;
@@ -22,8 +22,9 @@ static int setup(struct tr_layer *l, const struct tr_layer_spec *s, char *err, s
 		char in[48], out[48];
 		tr_shape_format(a, in, sizeof in);
 		tr_shape_format(b, out, sizeof out);
-		snprintf(err, errlen, "the block's layers turn its input %s into %s; a residual block must keep the shape",
-			 in, out);
+		tr_error_set(err, 0, 0, NULL,
+			     "the block's layers turn its input %s into %s; a residual block must keep the shape", in,
+			     out);
 		return -EINVAL;
 	}
 	l->out_shape = a;

@@ -52,7 +52,8 @@ static uint64_t le64(const uint8_t *p)
 static void make_ckpt(int64_t rows, int64_t cols, int64_t step, struct fake_ckpt *c)
 {
 	size_t nw = (size_t)(rows * cols), nb = (size_t)rows;
-	char err[256] = "", stepstr[32];
+	struct tr_error err = {0};
+	char stepstr[32];
 	json_t *meta, *model_meta;
 
 	memset(c, 0, sizeof(*c));
@@ -71,8 +72,8 @@ static void make_ckpt(int64_t rows, int64_t cols, int64_t step, struct fake_ckpt
 	snprintf(stepstr, sizeof(stepstr), "%" PRId64, step);
 	meta = json_pack("{s:s}", "step", stepstr);
 	model_meta = json_pack("{s:s, s:s}", "step", stepstr, "kind", "model");
-	cr_assert_eq(tr_st_serialize(ts, 4, meta, &c->blob, &c->len, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(tr_st_serialize(ts, 2, model_meta, &c->model, &c->model_len, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_st_serialize(ts, 4, meta, &c->blob, &c->len, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_st_serialize(ts, 2, model_meta, &c->model, &c->model_len, &err), 0, "%s", err.message);
 	json_decref(meta);
 	json_decref(model_meta);
 	c->params_offset = 8 + (size_t)le64(c->blob);
@@ -120,7 +121,7 @@ static void check_model_file(const uint8_t *data, size_t len, const struct fake_
 	const char *key;
 	uint64_t end = 0;
 	tr_st_file_t *f = NULL;
-	char err[256] = "";
+	struct tr_error err = {0};
 	float *got;
 
 	cr_assert_geq(len, 8);
@@ -144,12 +145,11 @@ static void check_model_file(const uint8_t *data, size_t len, const struct fake_
 	json_decref(h);
 	cr_assert_eq(8 + n + end, len, "the data region is %zu bytes, the offsets cover %" PRIu64, len - 8 - n, end);
 
-	cr_assert_eq(tr_st_open_mem(data, len, "model.safetensors", &f, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_st_open_mem(data, len, "model.safetensors", &f, &err), 0, "%s", err.message);
 	got = malloc((size_t)(rows * cols) * sizeof(float));
-	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, (const int64_t[]){rows, cols}, got, err, sizeof(err)), 0, "%s",
-		     err);
+	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, (const int64_t[]){rows, cols}, got, &err), 0, "%s", err.message);
 	cr_assert(!memcmp(got, c->buf, (size_t)(rows * cols) * sizeof(float)));
-	cr_assert_eq(tr_st_read_f32(f, "0.bias", 1, (const int64_t[]){rows}, got, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_st_read_f32(f, "0.bias", 1, (const int64_t[]){rows}, got, &err), 0, "%s", err.message);
 	cr_assert(!memcmp(got, c->buf + rows * cols, (size_t)rows * sizeof(float)));
 	free(got);
 	tr_st_close(f);
@@ -223,7 +223,8 @@ Test(api, checkpoint_downloads_stream_both_files)
 	const int64_t rows = 1000, cols = 1100;
 	int64_t id = submit("big");
 	struct fake_ckpt small, big;
-	char h[256], want[256];
+	char h[256];
+	char want[256];
 	struct tr_test_reply r;
 
 	make_ckpt(4, 3, 100, &small);

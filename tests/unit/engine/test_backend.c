@@ -35,8 +35,8 @@ Test(backend_ops, cpu_table_has_every_required_op)
 {
 	tr_backend_t *be = tr_cpu_backend_create(2, 1);
 	cr_assert_not_null(be);
-	char err[256] = "";
-	cr_assert_eq(tr_backend_check_ops(be->i, err, sizeof err), 0, "%s", err);
+	struct tr_error err = {0};
+	cr_assert_eq(tr_backend_check_ops(be->i, &err), 0, "%s", err.message);
 	cr_assert_eq(be->i->kind, TR_BACKEND_KIND_CPU);
 	cr_assert(be->i->memory_is_host);
 	cr_assert_null(be->i->memory_estimate, "CPU devices share host memory: nothing to estimate");
@@ -49,13 +49,13 @@ Test(backend_ops, a_missing_op_is_named)
 {
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	cr_assert_not_null(be);
-	char err[256];
+	struct tr_error err;
 	tr_backend_i t;
 
 	t = *be->i;
 	t.softmax_ce = NULL;
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), -ENOSYS);
-	cr_assert_not_null(strstr(err, "softmax_ce"), "%s", err);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), -ENOSYS);
+	cr_assert_not_null(strstr(err.message, "softmax_ce"), "%s", err.message);
 
 	/* the image normalisation kernels, which every backend has */
 	t = *be->i;
@@ -69,29 +69,29 @@ Test(backend_ops, a_missing_op_is_named)
 
 	t = *be->i;
 	t.comm_destroy = NULL;
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), -ENOSYS);
-	cr_assert_not_null(strstr(err, "comm_destroy"), "%s", err);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), -ENOSYS);
+	cr_assert_not_null(strstr(err.message, "comm_destroy"), "%s", err.message);
 
 	t = *be->i;
 	t.copies_fence = NULL;
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), -ENOSYS);
-	cr_assert_not_null(strstr(err, "copies_fence"), "%s", err);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), -ENOSYS);
+	cr_assert_not_null(strstr(err.message, "copies_fence"), "%s", err.message);
 	t.to_device_async = NULL; /* neither: allowed */
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), 0, "%s", err.message);
 
 	t = *be->i;
 	t.adam_step_into = NULL;
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), -ENOSYS);
-	cr_assert_not_null(strstr(err, "adam_step_into"), "%s", err);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), -ENOSYS);
+	cr_assert_not_null(strstr(err.message, "adam_step_into"), "%s", err.message);
 
 	t = *be->i;
 	t.set_tf32 = NULL;
 	t.memory_info = NULL;
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), 0, "optional ops: %s", err);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), 0, "optional ops: %s", err.message);
 
 	t = *be->i;
 	t.kind = TR_BACKEND_KIND_AUTO;
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), -ENOSYS, "an open backend is never AUTO");
+	cr_assert_eq(tr_backend_check_ops(&t, &err), -ENOSYS, "an open backend is never AUTO");
 	tr_backend_destroy(be);
 }
 
@@ -99,13 +99,13 @@ Test(backend_ops, a_missing_op_is_named)
  * reference is there too, and the memory check is on. */
 Test(backend_ops, cuda_module_table_has_every_required_op)
 {
-	char err[512] = "";
+	struct tr_error err = {0};
 	tr_backend_i t;
-	int rc = tr_cuda_module_table(NULL, &t, err, sizeof err);
+	int rc = tr_cuda_module_table(NULL, &t, &err);
 	if (rc == -ENOENT)
-		SKIP("no CUDA module to check: %s", err);
-	cr_assert_eq(rc, 0, "%s", err);
-	cr_assert_eq(tr_backend_check_ops(&t, err, sizeof err), 0, "%s", err);
+		SKIP("no CUDA module to check: %s", err.message);
+	cr_assert_eq(rc, 0, "%s", err.message);
+	cr_assert_eq(tr_backend_check_ops(&t, &err), 0, "%s", err.message);
 	cr_assert_eq(t.kind, TR_BACKEND_KIND_CUDA);
 	cr_assert_str_eq(t.name, "cuda");
 	cr_assert(!t.memory_is_host);
@@ -125,10 +125,11 @@ static int devices_of(tr_backend_t *be)
 Test(backend_open, cpu_counts_and_the_cap)
 {
 	tr_backend_t *be = NULL;
-	char fb[512], err[512];
+	char fb[512];
+	struct tr_error err;
 
 	struct tr_backend_options o = {.kind = TR_BACKEND_KIND_CPU, .devices = 3, .blas_threads = 1};
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), 0, "%s", err.message);
 	cr_assert_eq(devices_of(be), 3);
 	cr_assert_eq(be->i->kind, TR_BACKEND_KIND_CPU);
 	cr_assert_str_eq(fb, "", "asked for CPU: no fallback to report");
@@ -136,26 +137,26 @@ Test(backend_open, cpu_counts_and_the_cap)
 
 	/* the daemon's --cpu-devices wins over the device count */
 	o.cpu_devices = 2;
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), 0, "%s", err.message);
 	cr_assert_eq(devices_of(be), 2);
 	tr_backend_destroy(be);
 
 	/* 0: one per online core, never more than the backend takes */
 	o.cpu_devices = 0;
 	o.devices = 0;
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), 0, "%s", err.message);
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	cr_assert_eq(devices_of(be), cores > TR_CPU_MAX_DEVICES ? TR_CPU_MAX_DEVICES : (int)cores);
 	tr_backend_destroy(be);
 
 	o.devices = TR_CPU_MAX_DEVICES + 1;
 	be = (tr_backend_t *)&o; /* must be reset */
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), -EINVAL);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), -EINVAL);
 	cr_assert_null(be);
-	cr_assert_not_null(strstr(err, "at most 64"), "%s", err);
+	cr_assert_not_null(strstr(err.message, "at most 64"), "%s", err.message);
 
 	o.devices = -1;
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), -EINVAL);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), -EINVAL);
 }
 
 /* Without a usable GPU: auto falls back with the reason, cuda is an
@@ -163,10 +164,11 @@ Test(backend_open, cpu_counts_and_the_cap)
 Test(backend_open, auto_falls_back_and_cuda_insists)
 {
 	tr_backend_t *be = NULL;
-	char fb[512] = "x", err[512] = "";
+	char fb[512] = "x";
+	struct tr_error err = {0};
 	struct tr_backend_options o = {.kind = TR_BACKEND_KIND_AUTO, .devices = 2, .blas_threads = 1};
 
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), 0, "%s", err.message);
 	if (be->i->kind == TR_BACKEND_KIND_CUDA) {
 		cr_assert_str_eq(fb, "");
 		tr_backend_destroy(be);
@@ -178,9 +180,9 @@ Test(backend_open, auto_falls_back_and_cuda_insists)
 
 	o.kind = TR_BACKEND_KIND_CUDA;
 	be = NULL;
-	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, err, sizeof err), -ENODEV);
+	cr_assert_eq(tr_backend_open(&o, &be, fb, sizeof fb, &err), -ENODEV);
 	cr_assert_null(be);
-	cr_assert_not_null(strstr(err, "cuda requested but unavailable: "), "%s", err);
+	cr_assert_not_null(strstr(err.message, "cuda requested but unavailable: "), "%s", err.message);
 }
 
 Test(backend_open, kind_names)
@@ -202,10 +204,10 @@ Test(backend_open, kind_names)
  * path given is the one tried. */
 Test(cuda_loader, a_missing_module_is_named)
 {
-	char err[512] = "";
+	struct tr_error err = {0};
 	tr_backend_i t;
-	cr_assert_eq(tr_cuda_module_table("/nonexistent/trainerd-cuda.so", &t, err, sizeof err), -ENOENT);
-	cr_assert_not_null(strstr(err, "/nonexistent/trainerd-cuda.so"), "%s", err);
+	cr_assert_eq(tr_cuda_module_table("/nonexistent/trainerd-cuda.so", &t, &err), -ENOENT);
+	cr_assert_not_null(strstr(err.message, "/nonexistent/trainerd-cuda.so"), "%s", err.message);
 }
 
 /* A module built for another table layout would write its entries at the
@@ -215,11 +217,11 @@ Test(cuda_loader, a_mismatched_module_is_refused)
 	const char *fake = getenv("TR_FAKE_CUDA_MODULE");
 	if (!fake || !fake[0])
 		SKIP("TR_FAKE_CUDA_MODULE is not set (tests/meson.build sets it)");
-	char err[512] = "";
+	struct tr_error err = {0};
 	tr_backend_i t;
-	cr_assert_eq(tr_cuda_module_table(fake, &t, err, sizeof err), -ELIBBAD);
-	cr_assert_not_null(strstr(err, "was built for trainerd 0.0-other"), "%s", err);
-	cr_assert_not_null(strstr(err, "install the module of this build"), "%s", err);
+	cr_assert_eq(tr_cuda_module_table(fake, &t, &err), -ELIBBAD);
+	cr_assert_not_null(strstr(err.message, "was built for trainerd 0.0-other"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "install the module of this build"), "%s", err.message);
 }
 
 /* Any other shared object is not a module. */
@@ -235,8 +237,8 @@ Test(cuda_loader, a_library_that_is_not_a_module_is_refused)
 	/* the fake's directory holds test executables, not shared objects: use
 	 * a test helper library built beside it instead */
 	snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "not_a_cuda_module.so");
-	char err[512] = "";
+	struct tr_error err = {0};
 	tr_backend_i t;
-	cr_assert_eq(tr_cuda_module_table(path, &t, err, sizeof err), -ELIBBAD, "%s", err);
-	cr_assert_not_null(strstr(err, "is not a trainerd CUDA module"), "%s", err);
+	cr_assert_eq(tr_cuda_module_table(path, &t, &err), -ELIBBAD, "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "is not a trainerd CUDA module"), "%s", err.message);
 }

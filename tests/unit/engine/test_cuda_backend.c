@@ -9,7 +9,7 @@
  * that needs one is skipped with the reason, printed on stderr as well
  * because Criterion shows skips only with --verbose.
  *
- * Tolerances (|cuda - cpu| <= atol + rtol * |cpu| unless said), and why:
+ * Tolerances (|cuda - cpu| <= atol + rtol * |cpu| unless said), and why.message:
  *   exact            add_bias, mul, add, scale, relu, dropout (mask and
  *                    output), gemm with k = 0: one float operation per
  *                    element, or integer RNG arithmetic; max and average
@@ -68,7 +68,7 @@
 #include "engine/trainer.h"
 
 static tr_backend_t *gpu, *cpu;
-static char why[512];
+static struct tr_error why;
 
 static void close_backends(void)
 {
@@ -80,7 +80,7 @@ static void close_backends(void)
 static bool open_backends(void)
 {
 	if (!gpu)
-		gpu = tr_cuda_backend_create(why, sizeof why);
+		gpu = tr_cuda_backend_create(&why);
 	if (!gpu)
 		return false;
 	if (!cpu)
@@ -94,8 +94,8 @@ static bool open_backends(void)
 static void need_gpu(const char *who)
 {
 	if (!open_backends()) {
-		fprintf(stderr, "[SKIP] %s: no CUDA device: %s\n", who, why);
-		cr_skip_test("no CUDA device: %s", why);
+		fprintf(stderr, "[SKIP] %s: no CUDA device: %s\n", who, why.message);
+		cr_skip_test("no CUDA device: %s", why.message);
 	}
 }
 #define NEED_GPU() need_gpu(__func__)
@@ -197,10 +197,10 @@ static const int sizes[] = {1, 7, 1023};
 
 Test(cuda_create, reason_when_unavailable)
 {
-	char err[512] = "";
-	tr_backend_t *be = tr_cuda_backend_create(err, sizeof err);
+	struct tr_error err = {0};
+	tr_backend_t *be = tr_cuda_backend_create(&err);
 	if (tr_cuda_available()) {
-		cr_assert_not_null(be, "tr_cuda_available() but create failed: %s", err);
+		cr_assert_not_null(be, "tr_cuda_available() but create failed: %s", err.message);
 		cr_assert_geq(be->i->device_count(be), 1);
 		char name[128] = "";
 		be->i->device_name(be, 0, name, sizeof name);
@@ -208,15 +208,15 @@ Test(cuda_create, reason_when_unavailable)
 		cr_assert_str_eq(be->i->name, "cuda");
 	} else {
 		cr_assert_null(be);
-		cr_assert(strlen(err) > 0, "no reason given");
-		fprintf(stderr, "[INFO] CUDA unavailable here: %s\n", err);
+		cr_assert(strlen(err.message) > 0, "no reason given");
+		fprintf(stderr, "[INFO] CUDA unavailable here: %s\n", err.message);
 	}
 	tr_backend_destroy(be);
 	/* no error buffer: still no crash */
-	tr_backend_destroy(tr_cuda_backend_create_opts(NULL, NULL, 0));
+	tr_backend_destroy(tr_cuda_backend_create_opts(NULL, NULL));
 	struct tr_cuda_options bad = {.tf32 = false, .max_devices = -1};
-	cr_assert_null(tr_cuda_backend_create_opts(&bad, err, sizeof err));
-	cr_assert(strlen(err) > 0);
+	cr_assert_null(tr_cuda_backend_create_opts(&bad, &err));
+	cr_assert(strlen(err.message) > 0);
 }
 
 /* ---- memory estimate (runs everywhere) ----------------------------------- */
@@ -261,14 +261,14 @@ Test(cuda_estimate, covers_every_replica_buffer)
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
 	struct tr_spec spec;
 	struct tr_spec_error e;
-	char err[256];
+	struct tr_error err;
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
-	cr_assert_eq(tr_model_init(&model, &spec, 33, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_init(&model, &spec, 33, &err), 0, "%s", err.message);
 
 	tr_backend_t *be = counting_backend();
 	tr_replica_t rep;
-	cr_assert_eq(tr_replica_init(&rep, &model, be, 0, 100, 1, 2, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_replica_init(&rep, &model, be, 0, 100, 1, 2, &err), 0, "%s", err.message);
 	tr_replica_finish(&rep);
 
 	size_t one = tr_cuda_estimate_bytes(&model, 100, 1, 2, 1);
@@ -334,10 +334,10 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
 	struct tr_spec spec;
 	struct tr_spec_error e;
-	char err[256];
+	struct tr_error err;
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
-	cr_assert_eq(tr_model_init(&model, &spec, 7, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_init(&model, &spec, 7, &err), 0, "%s", err.message);
 	/* 8 parameters: every buffer is one 512-byte granule */
 	cr_assert_eq(model.n_params, 8);
 	size_t base = tr_cuda_estimate_bytes(&model, 1, 1, 0, 1);
@@ -358,7 +358,7 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 	for (int bufs = 0; bufs <= 2; bufs++) {
 		tr_backend_t *be = counting_backend();
 		tr_replica_t rep;
-		cr_assert_eq(tr_replica_init(&rep, &model, be, 0, 1000, 1, bufs, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_replica_init(&rep, &model, be, 0, 1000, 1, bufs, &err), 0, "%s", err.message);
 		tr_replica_finish(&rep);
 		cr_assert_geq(tr_cuda_estimate_bytes(&model, 1000, 1, bufs, 1), counted.bytes + TR_CUDA_CONTEXT_BYTES,
 			      "%d state buffers: estimate below the %zu bytes allocated", bufs, counted.bytes);
@@ -379,13 +379,13 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
 	struct tr_spec spec;
 	struct tr_spec_error e;
-	char err[256];
+	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_backend_t *be = counting_backend();
 	cr_assert_not_null(be->i->to_device_async, "the CPU backend no longer uploads ahead");
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1, .workers = 1};
 	tr_trainer_t *t = NULL;
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
 	size_t trainer_bytes = counted.bytes;
 
 	/* the replica alone, for the difference */
@@ -395,7 +395,7 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 	for (int i = 0; i < 2; i++) {
 		counted.bytes = 0;
 		tr_replica_t rep;
-		cr_assert_eq(tr_replica_init(&rep, model, be, 0, rows[i], 1, 2, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_replica_init(&rep, model, be, 0, rows[i], 1, 2, &err), 0, "%s", err.message);
 		tr_replica_finish(&rep);
 		rep_bytes[i] = counted.bytes;
 	}
@@ -464,11 +464,11 @@ Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = &tiny, .devices = 1, .workers = 1};
 	tr_trainer_t *t = NULL;
-	char err[512] = "";
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ENOMEM, "%s", err);
+	struct tr_error err = {0};
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), -ENOMEM, "%s", err.message);
 	cr_assert_null(t);
-	cr_assert_not_null(strstr(err, "needs an estimated"), "%s", err);
-	cr_assert_not_null(strstr(err, "has 1 MiB free of 1024 MiB"), "%s", err);
+	cr_assert_not_null(strstr(err.message, "needs an estimated"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "has 1 MiB free of 1024 MiB"), "%s", err.message);
 	tr_spec_finish(&spec);
 }
 
@@ -733,10 +733,10 @@ Test(cuda, gemm_empty_inner_dimension)
 Test(cuda, gemm_tf32_when_asked)
 {
 	NEED_GPU();
-	char err[512];
+	struct tr_error err;
 	struct tr_cuda_options o = {.tf32 = true, .max_devices = 1};
-	tr_backend_t *g = tr_cuda_backend_create_opts(&o, err, sizeof err);
-	cr_assert_not_null(g, "%s", err);
+	tr_backend_t *g = tr_cuda_backend_create_opts(&o, &err);
+	cr_assert_not_null(g, "%s", err.message);
 	cr_assert_eq(g->i->device_count(g), 1);
 	gemm_case(g, false, true, 64, 1023, 513, 1.0f, 0.0f, 5e-3);
 	gemm_case(g, true, false, 7, 33, 1023, 1.0f, 1.0f, 5e-3);
@@ -1753,7 +1753,7 @@ struct run_result {
 	float *params;
 	size_t nparams;
 	int rc;
-	char err[1024];
+	struct tr_error err;
 };
 
 static void collect(void *ctx, const struct tr_metric_point *p)
@@ -1783,9 +1783,9 @@ static void run_job(const char *text, tr_backend_t *be, int devices, struct run_
 		.hooks = {.metric = collect, .ctx = out},
 	};
 	tr_trainer_t *t = NULL;
-	out->rc = tr_trainer_create(&opt, &t, out->err, sizeof out->err);
+	out->rc = tr_trainer_create(&opt, &t, &out->err);
 	if (out->rc == 0) {
-		out->rc = tr_trainer_run(t, out->err, sizeof out->err);
+		out->rc = tr_trainer_run(t, &out->err);
 		out->nparams = tr_trainer_model(t)->n_params;
 		out->params = malloc(out->nparams * sizeof(float));
 		cr_assert_eq(tr_trainer_copy_params(t, 0, out->params), 0);
@@ -1808,8 +1808,8 @@ static double rel(double a, double b)
 
 static void assert_close_runs(const struct run_result *a, const struct run_result *b, double tol, const char *what)
 {
-	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err);
-	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err);
+	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err.message);
+	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err.message);
 	cr_assert_eq(a->nloss, b->nloss, "%s: %lld vs %lld steps", what, (long long)a->nloss, (long long)b->nloss);
 	cr_assert_gt(a->nloss, 0);
 	for (int64_t s = 0; s < a->nloss; s++)
@@ -1885,7 +1885,7 @@ Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 	for (int j = 0; j < 4; j++) {
 		struct run_result r;
 		run_job(jobs[j], c, 1, &r);
-		cr_assert_eq(r.rc, 0, "job %d: %s", j, r.err);
+		cr_assert_eq(r.rc, 0, "job %d: %s", j, r.err.message);
 		cr_assert_gt(r.nloss, 10);
 		if (jobs[j] == JOB_NORM) /* 3 epochs of 8 steps, the last of one sample; one evaluation each */
 			cr_assert(r.nloss == 24 && r.nval == 3, "norm job: %lld steps, %d evaluations",
@@ -1949,8 +1949,8 @@ Test(cuda_job, repeatable_bit_for_bit, .timeout = 300)
 	struct run_result a, b;
 	run_job(JOB_ADAMW, gpu, 1, &a);
 	run_job(JOB_ADAMW, gpu, 1, &b);
-	cr_assert_eq(a.rc, 0, "%s", a.err);
-	cr_assert_eq(b.rc, 0, "%s", b.err);
+	cr_assert_eq(a.rc, 0, "%s", a.err.message);
+	cr_assert_eq(b.rc, 0, "%s", b.err.message);
 	cr_assert_eq(memcmp(a.loss, b.loss, sizeof(double) * (size_t)a.nloss), 0, "losses differ between runs");
 	cr_assert_eq(memcmp(a.params, b.params, a.nparams * sizeof(float)), 0, "weights differ between runs");
 	free(a.params);
@@ -1972,8 +1972,8 @@ Test(cuda_job, upload_ahead_is_bit_identical_to_synchronous, .timeout = 300)
 	gpu->i = &table;
 	run_job(JOB_ADAMW, gpu, 1, &plain);
 	gpu->i = orig;
-	cr_assert_eq(ahead.rc, 0, "%s", ahead.err);
-	cr_assert_eq(plain.rc, 0, "%s", plain.err);
+	cr_assert_eq(ahead.rc, 0, "%s", ahead.err.message);
+	cr_assert_eq(plain.rc, 0, "%s", plain.err.message);
 	cr_assert_eq(ahead.nloss, plain.nloss);
 	cr_assert_eq(memcmp(ahead.loss, plain.loss, sizeof(double) * (size_t)ahead.nloss), 0,
 		     "losses differ with upload-ahead");

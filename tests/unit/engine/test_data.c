@@ -20,13 +20,13 @@
 #include "engine/data/reader.h"
 
 static char tmp_dir[256];
-static char err[1024];
+static struct tr_error err;
 
 static void make_dir(void)
 {
 	snprintf(tmp_dir, sizeof(tmp_dir), "%s/tr_data_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	cr_assert_not_null(mkdtemp(tmp_dir));
-	err[0] = '\0';
+	err.message[0] = '\0';
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -85,9 +85,9 @@ static struct tr_source_spec csv_src(const char *path)
 static tr_reader_t *open_ok(const struct tr_source_spec *s)
 {
 	tr_reader_t *r = NULL;
-	int ret = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
+	int ret = tr_reader_open(s, 0, NULL, NULL, &r, &err);
 
-	cr_assert_eq(ret, 0, "open failed: %d %s", ret, err);
+	cr_assert_eq(ret, 0, "open failed: %d %s", ret, err.message);
 	cr_assert_not_null(r);
 	return r;
 }
@@ -98,24 +98,24 @@ static int open_fail(const struct tr_source_spec *s)
 	tr_reader_t *r = NULL;
 	int ret;
 
-	err[0] = '\0';
-	ret = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
+	err.message[0] = '\0';
+	ret = tr_reader_open(s, 0, NULL, NULL, &r, &err);
 	cr_assert_lt(ret, 0, "open unexpectedly succeeded");
 	cr_assert_null(r);
-	cr_assert_neq(err[0], '\0', "no error message");
+	cr_assert_neq(err.message[0], '\0', "no error message");
 	return ret;
 }
 
 static void expect_err(const char *needle)
 {
-	cr_assert_not_null(strstr(err, needle), "error '%s' lacks '%s'", err, needle);
+	cr_assert_not_null(strstr(err.message, needle), "error '%s' lacks '%s'", err.message, needle);
 }
 
 static void get_ok(tr_reader_t *r, int64_t i, float *x, float *y)
 {
-	int ret = tr_reader_get(r, i, x, y, err, sizeof(err));
+	int ret = tr_reader_get(r, i, x, y, &err);
 
-	cr_assert_eq(ret, 0, "get %lld: %d %s", (long long)i, ret, err);
+	cr_assert_eq(ret, 0, "get %lld: %d %s", (long long)i, ret, err.message);
 }
 
 /* ---- CSV ---- */
@@ -136,9 +136,9 @@ Test(data, csv_values_exact)
 	cr_assert(x[0] == 1e10f && x[1] == 2.5f && y[0] == 0.0f);
 	get_ok(r, 2, x, y);
 	cr_assert(x[0] == 0.0f && signbit(x[0]) && x[1] == 123456.789f && y[0] == 9.0f);
-	cr_assert_eq(tr_reader_get(r, 3, x, y, err, sizeof(err)), -ERANGE);
+	cr_assert_eq(tr_reader_get(r, 3, x, y, &err), -ERANGE);
 	expect_err("a.csv");
-	cr_assert_eq(tr_reader_get(r, -1, x, y, err, sizeof(err)), -ERANGE);
+	cr_assert_eq(tr_reader_get(r, -1, x, y, &err), -ERANGE);
 	tr_reader_destroy(r);
 }
 
@@ -303,20 +303,20 @@ Test(data, relative_paths_resolve_against_the_roots)
 	const char *dirs[] = {"/nonexistent-root-for-test", NULL};
 
 	write_text("rel.csv", "1,2\n");
-	cr_assert_lt(tr_data_roots_create(dirs, &roots, err, sizeof(err)), 0);
+	cr_assert_lt(tr_data_roots_create(dirs, &roots, &err), 0);
 	expect_err("/nonexistent-root-for-test");
 	snprintf(slash, sizeof(slash), "%s/", tmp_dir);
 	dirs[0] = slash;
-	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, &err), 0, "%s", err.message);
 	cr_assert(strstr(r->name, "/rel.csv") && r->name[0] == '/', "%s", r->name);
 	tr_reader_destroy(r);
 	/* An absolute path inside a root opens beneath it. */
 	s = csv_src(tmp_path("rel.csv"));
-	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&s, 0, roots, NULL, &r, &err), 0, "%s", err.message);
 	tr_reader_destroy(r);
 	/* Without roots, paths open as written. */
-	cr_assert_eq(tr_reader_open(&s, 0, NULL, NULL, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&s, 0, NULL, NULL, &r, &err), 0, "%s", err.message);
 	tr_reader_destroy(r);
 	tr_reader_destroy(NULL);
 	tr_data_roots_destroy(roots);
@@ -329,7 +329,8 @@ Test(data, relative_paths_resolve_against_the_roots)
 static const char *write_npy(const char *name, int major, const char *descr, bool fortran, const long *shape,
 			     int ndim, const void *data, size_t nbytes)
 {
-	char dict[512], shp[128] = "";
+	char dict[512];
+	char shp[128] = "";
 	size_t pre = major == 1 ? 10 : 12, hl, total;
 	unsigned char *buf;
 	const char *p;
@@ -648,8 +649,8 @@ Test(data, synthetic_deterministic_any_order)
 	/* The source's data_seed decides, whatever the job seed (the spec
 	 * parser defaults it to the job seed), and 0 is a seed like any other. */
 	s.data_seed = 0;
-	cr_assert_eq(tr_reader_open(&s, 43, NULL, NULL, &a, err, sizeof(err)), 0);
-	cr_assert_eq(tr_reader_open(&s, 7, NULL, NULL, &b, err, sizeof(err)), 0);
+	cr_assert_eq(tr_reader_open(&s, 43, NULL, NULL, &a, &err), 0);
+	cr_assert_eq(tr_reader_open(&s, 7, NULL, NULL, &b, &err), 0);
 	get_ok(a, 3, xa, ya);
 	get_ok(b, 3, xb, yb);
 	cr_assert_arr_eq(xa, xb, sizeof(xa));
@@ -917,15 +918,14 @@ static void *hammer_run(void *arg)
 {
 	struct hammer *h = arg;
 	int64_t n = h->r->info.samples;
-	char e[256];
+	struct tr_error e;
 
 	/* Each thread walks the samples in its own order. */
 	for (int64_t k = 0; k < n; k++) {
 		int64_t i = (k * h->stride) % n;
 		float x[4], y[1];
 
-		if (tr_reader_get(h->r, i, x, y, e, sizeof(e)) || memcmp(x, h->want[i], sizeof(x)) ||
-		    y[0] != h->want[i][4])
+		if (tr_reader_get(h->r, i, x, y, &e) || memcmp(x, h->want[i], sizeof(x)) || y[0] != h->want[i][4])
 			h->bad++;
 	}
 	return NULL;
@@ -986,7 +986,7 @@ Test(data, slice)
 		get_ok(sl, i, x, y);
 		cr_assert(x[0] == 2 + i && y[0] == 10 * (2 + i));
 	}
-	cr_assert_eq(tr_reader_get(sl, 3, x, y, err, sizeof(err)), -ERANGE);
+	cr_assert_eq(tr_reader_get(sl, 3, x, y, &err), -ERANGE);
 	expect_err("s.csv");
 	tr_reader_destroy(sl);
 	sl = tr_reader_slice(base, 6, 6);
@@ -1014,7 +1014,7 @@ Test(data, transform_scale)
 	float x[3] = {16, -32, 255};
 
 	set_transforms(&spec, 1, t);
-	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, &err), 0, "%s", err.message);
 	tr_transforms_apply(tf, x, 3, 1, 0, 0, 1);
 	cr_assert(x[0] == 1 && x[1] == -2 && x[2] == 255 * 0.0625f);
 	tr_transforms_destroy(tf);
@@ -1022,7 +1022,7 @@ Test(data, transform_scale)
 
 	/* No transforms at all is a valid, do-nothing list. */
 	set_transforms(&spec, 0, t);
-	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, err, sizeof(err)), 0);
+	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, &err), 0);
 	tr_transforms_apply(tf, x, 3, 1, 0, 0, 1);
 	cr_assert(x[0] == 1);
 	tr_transforms_destroy(tf);
@@ -1068,7 +1068,7 @@ Test(data, transform_standardize)
 	/* Noise before standardize must not enter the statistics, and scale
 	 * before it must: the result is still mean 0, std 1, then x2. */
 	set_transforms(&spec, 4, t);
-	cr_assert_eq(tr_transforms_create(&spec, r, &tf, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(&spec, r, &tf, &err), 0, "%s", err.message);
 	moments(r, tf, mean, sd);
 	for (int j = 0; j < 6; j++) {
 		cr_assert_lt(fabs(mean[j]), 1e-4, "feature %d mean %g", j, mean[j]);
@@ -1077,7 +1077,7 @@ Test(data, transform_standardize)
 	tr_transforms_destroy(tf);
 
 	set_transforms(&spec, 1, &t[2]);
-	cr_assert_eq(tr_transforms_create(&spec, r, &tf, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(&spec, r, &tf, &err), 0, "%s", err.message);
 	moments(r, tf, mean, sd);
 	for (int j = 0; j < 6; j++) {
 		cr_assert_lt(fabs(mean[j]), 1e-5);
@@ -1086,7 +1086,7 @@ Test(data, transform_standardize)
 	tr_transforms_destroy(tf);
 
 	/* Needs a training reader. */
-	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, err, sizeof(err)), -EINVAL);
+	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, &err), -EINVAL);
 	cr_assert_null(tf);
 	tr_reader_destroy(r);
 }
@@ -1103,7 +1103,7 @@ Test(data, transform_standardize_constant_and_offset)
 	float x[2], y[1];
 
 	set_transforms(&spec, 1, t);
-	cr_assert_eq(tr_transforms_create(&spec, r, &tf, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(&spec, r, &tf, &err), 0, "%s", err.message);
 	for (int i = 0; i < 4; i++) {
 		get_ok(r, i, x, y);
 		tr_transforms_apply(tf, x, 2, 0, 0, i, 1);
@@ -1123,7 +1123,7 @@ Test(data, transform_noise)
 	double sum2 = 0;
 
 	set_transforms(&spec, 1, t);
-	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(&spec, NULL, &tf, &err), 0, "%s", err.message);
 
 	memset(a, 0, sizeof(a));
 	tr_transforms_apply(tf, a, 8, 9, 2, 100, 0);
@@ -1160,11 +1160,11 @@ Test(data, transform_noise)
 }
 
 /* A reader that fails at sample 3, as the header promises tests can do. */
-static int failing_get(tr_reader_t *r, int64_t index, float *x, float *y, char *e, size_t elen)
+static int failing_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *e)
 {
 	(void)r;
 	if (index == 3) {
-		snprintf(e, elen, "broken.bin: sample 3: checksum mismatch");
+		tr_error_set(e, 0, 0, NULL, "broken.bin: sample 3: checksum mismatch");
 		return -EIO;
 	}
 	x[0] = (float)index;
@@ -1186,7 +1186,7 @@ Test(data, transform_standardize_reader_error)
 	tr_transforms_t *tf = NULL;
 
 	set_transforms(&spec, 2, t);
-	cr_assert_eq(tr_transforms_create(&spec, &fr, &tf, err, sizeof(err)), -EIO);
+	cr_assert_eq(tr_transforms_create(&spec, &fr, &tf, &err), -EIO);
 	cr_assert_null(tf);
 	expect_err("broken.bin: sample 3");
 }
@@ -1222,13 +1222,13 @@ Test(data, npy_truncated_under_the_reader_fails_the_read_not_the_process)
 	/* The pages past the new end are gone: reading them raises SIGBUS,
 	 * which used to end the process. */
 	cr_assert_eq(truncate(xp, 128), 0);
-	err[0] = 0;
-	cr_assert_eq(tr_reader_get(r, 4000, x, y, err, sizeof err), -ESTALE);
+	err.message[0] = 0;
+	cr_assert_eq(tr_reader_get(r, 4000, x, y, &err), -ESTALE);
 	expect_err("big_x.npy: the file changed while the job was reading it (truncated; now 128 bytes");
 	/* The thread's guard is cleared: a fault outside a guarded read would
 	 * still be a fault, and the next guarded read works the same. */
-	cr_assert_eq(tr_reader_get(r, 4001, x, y, err, sizeof err), -ESTALE);
-	cr_assert_eq(tr_reader_check(r, err, sizeof err), -ESTALE);
+	cr_assert_eq(tr_reader_get(r, 4001, x, y, &err), -ESTALE);
+	cr_assert_eq(tr_reader_check(r, &err), -ESTALE);
 	expect_err("its size changed");
 	tr_reader_destroy(r);
 }
@@ -1239,7 +1239,7 @@ Test(data, npy_rewritten_in_place_fails_the_check)
 	tr_reader_t *r = open_big_npy(&xp);
 	float x[64], y[1];
 
-	cr_assert_eq(tr_reader_check(r, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_check(r, &err), 0, "%s", err.message);
 	/* File times tick at the kernel's coarse clock (<= 10 ms): let one
 	 * pass, then rewrite the same bytes in place, as np.save over the
 	 * file does with an array of the same shape. */
@@ -1250,11 +1250,11 @@ Test(data, npy_rewritten_in_place_fails_the_check)
 	cr_assert_eq(fwrite("zz", 1, 2, f), 2);
 	cr_assert_eq(fclose(f), 0);
 	get_ok(r, 1, x, y);
-	cr_assert_eq(tr_reader_check(r, err, sizeof err), -ESTALE);
+	cr_assert_eq(tr_reader_check(r, &err), -ESTALE);
 	expect_err("big_x.npy: the file changed while the job was reading it (it was written to)");
 	/* A slice checks its base. */
 	tr_reader_t *sl = tr_reader_slice(r, 0, 10);
-	cr_assert_eq(tr_reader_check(sl, err, sizeof err), -ESTALE);
+	cr_assert_eq(tr_reader_check(sl, &err), -ESTALE);
 	tr_reader_destroy(sl);
 	tr_reader_destroy(r);
 }
@@ -1278,7 +1278,7 @@ Test(data, idx_truncated_under_the_reader_fails_the_read)
 	float x[28 * 28], y[1];
 
 	cr_assert_eq(truncate(ip, 16), 0);
-	cr_assert_eq(tr_reader_get(r, 1999, x, y, err, sizeof err), -ESTALE);
+	cr_assert_eq(tr_reader_get(r, 1999, x, y, &err), -ESTALE);
 	expect_err("img.idx: the file changed");
 	tr_reader_destroy(r);
 }
@@ -1302,7 +1302,7 @@ Test(data, a_cancelled_open_gives_up)
 	struct tr_source_spec s = csv_src(write_text("c.csv", "1,2\n"));
 	tr_reader_t *r = NULL;
 
-	cr_assert_eq(tr_reader_open(&s, 0, NULL, &cancel, &r, err, sizeof err), -ECANCELED);
+	cr_assert_eq(tr_reader_open(&s, 0, NULL, &cancel, &r, &err), -ECANCELED);
 	cr_assert_null(r);
 }
 
@@ -1314,7 +1314,7 @@ Test(data, csv_errors_quote_only_a_few_sanitized_bytes)
 	struct tr_source_spec s = csv_src(tmp_path("q.csv"));
 	cr_assert_eq(open_fail(&s), -EINVAL);
 	expect_err("column 2: 'secret-passw...' is not a number");
-	cr_assert_null(strstr(err, "1234567890"), "%s", err);
+	cr_assert_null(strstr(err.message, "1234567890"), "%s", err.message);
 	write_text("q2.csv", "1,\x01\x02x\xff,3\n");
 	s = csv_src(tmp_path("q2.csv"));
 	cr_assert_eq(open_fail(&s), -EINVAL);
@@ -1323,21 +1323,21 @@ Test(data, csv_errors_quote_only_a_few_sanitized_bytes)
 
 /* ---- label checks (tr_data_check_labels) ---- */
 
-/* Checks r's labels expecting failure; err must equal `want` exactly. */
+/* Checks r's labels expecting failure; err.message must equal `want` exactly. */
 static void labels_fail(tr_reader_t *r, const char *pointer, int classes, const char *want)
 {
 	char warn[256];
-	int ret = tr_data_check_labels(r, pointer, classes, warn, sizeof warn, err, sizeof err);
+	int ret = tr_data_check_labels(r, pointer, classes, warn, sizeof warn, &err);
 
-	cr_assert_eq(ret, -EINVAL, "check gave %d (%s)", ret, err);
-	cr_assert_str_eq(err, want);
+	cr_assert_eq(ret, -EINVAL, "check gave %d (%s)", ret, err.message);
+	cr_assert_str_eq(err.message, want);
 }
 
 static void labels_ok(tr_reader_t *r, const char *pointer, int classes, char *warn, size_t warnlen)
 {
-	int ret = tr_data_check_labels(r, pointer, classes, warn, warnlen, err, sizeof err);
+	int ret = tr_data_check_labels(r, pointer, classes, warn, warnlen, &err);
 
-	cr_assert_eq(ret, 0, "check gave %d (%s)", ret, err);
+	cr_assert_eq(ret, 0, "check gave %d (%s)", ret, err.message);
 }
 
 Test(data, labels_csv_out_of_range_names_file_line_and_pointer)
@@ -1382,7 +1382,8 @@ Test(data, labels_slice_names_the_line_in_the_file)
 	struct tr_source_spec s = csv_src(p);
 	tr_reader_t *r = open_ok(&s);
 	tr_reader_t *head = tr_reader_slice(r, 0, 2), *tail = tr_reader_slice(r, 2, 4);
-	char want[1024], warn[256];
+	char want[1024];
+	char warn[256];
 
 	labels_ok(head, "/data/train", 3, warn, sizeof warn);
 	cr_assert_str_eq(warn, "");
@@ -1435,7 +1436,8 @@ Test(data, labels_idx_out_of_range)
 	const char *lp = write_idx_labels("lab", 12);
 	struct tr_source_spec s = idx_src(write_idx_images("img", 12, 2, 2), lp);
 	tr_reader_t *r = open_ok(&s);
-	char want[1024], warn[256];
+	char want[1024];
+	char warn[256];
 
 	snprintf(want, sizeof want, "/data/train: %s: record 8: label 8 is out of range: the model has 8 classes, 0 to 7",
 		 lp);

@@ -105,9 +105,9 @@ Test(dnnl_conv, matches_direct_convolution)
 {
 	if (!tr_dnnl_available())
 		cr_skip_test("this build has no oneDNN (libdnnl-dev)");
-	char err[256];
-	tr_dnnl_conv_t *dc = tr_dnnl_conv_create(2, err, sizeof err);
-	cr_assert(dc, "%s", err);
+	struct tr_error err;
+	tr_dnnl_conv_t *dc = tr_dnnl_conv_create(2, &err);
+	cr_assert(dc, "%s", err.message);
 	for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
 		const struct cs *c = &cases[ci];
 		struct tr_conv2d_geom g = {c->n, c->c, c->h, c->w, c->k, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw,
@@ -123,15 +123,14 @@ Test(dnnl_conv, matches_direct_convolution)
 		reference(&g, x, w, b, dy, ry, rdx, rdw, rdb);
 		/* twice: the second call takes the cached primitives */
 		for (int rep = 0; rep < 2; rep++) {
-			cr_assert_eq(tr_dnnl_conv_forward(dc, &g, x, w, b, y, err, sizeof err), 0, "case %zu: %s", ci,
-				     err);
+			cr_assert_eq(tr_dnnl_conv_forward(dc, &g, x, w, b, y, &err), 0, "case %zu: %s", ci,
+				     err.message);
 			close_to("y", y, ry, ny);
-			cr_assert_eq(tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, err, sizeof err), 0, "case %zu: %s",
-				     ci, err);
+			cr_assert_eq(tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, &err), 0, "case %zu: %s", ci,
+				     err.message);
 			close_to("dx", dx, rdx, nx);
-			cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, c->bias ? db : NULL, err,
-								   sizeof err),
-				     0, "case %zu: %s", ci, err);
+			cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, c->bias ? db : NULL, &err), 0,
+				     "case %zu: %s", ci, err.message);
 			close_to("dw", dw, rdw, nw);
 			if (c->bias)
 				close_to("db", db, rdb, g.k);

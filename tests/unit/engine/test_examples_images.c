@@ -106,12 +106,12 @@ static void run(const struct tr_spec *spec, int devices, struct tr_summary *sum)
 {
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 	tr_trainer_t *t = NULL;
-	char err[1024];
+	struct tr_error err;
 	struct tr_trainer_options opt = {.spec = spec, .backend = be, .devices = devices, .workers = 2};
 
 	cr_assert_not_null(be);
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	tr_trainer_summary(t, sum);
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
@@ -146,7 +146,7 @@ Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 	struct tr_summary sum;
 	json_t *doc = load_example("superres.json");
 	tr_reader_t *val;
-	char err[1024];
+	struct tr_error err;
 	double base = 0;
 
 	if (stat(SKIMAGE "/camera.png", &st) != 0) {
@@ -171,7 +171,7 @@ Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 
 	/* Bicubic's error on the validation patches: the residual target
 	 * itself (bicubic predicts a zero residual). */
-	cr_assert_eq(tr_reader_open(&spec.validation, spec.seed, NULL, NULL, &val, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&spec.validation, spec.seed, NULL, NULL, &val, &err), 0, "%s", err.message);
 	{
 		int L = val->info.label_dim;
 		float *x = malloc((size_t)val->info.features * sizeof(float)), *y = malloc((size_t)L * sizeof(float));
@@ -179,7 +179,7 @@ Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 		for (int64_t i = 0; i < val->info.samples; i++) {
 			double s = 0;
 
-			cr_assert_eq(tr_reader_get(val, i, x, y, err, sizeof err), 0, "%s", err);
+			cr_assert_eq(tr_reader_get(val, i, x, y, &err), 0, "%s", err.message);
 			for (int j = 0; j < L; j++)
 				s += (double)y[j] * y[j];
 			base += s / L;

@@ -26,13 +26,13 @@
 #include "engine/spec.h"
 
 static char tmp_dir[256];
-static char err[1024];
+static struct tr_error err;
 
 static void make_dir(void)
 {
 	snprintf(tmp_dir, sizeof(tmp_dir), "%s/tr_img_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	cr_assert_not_null(mkdtemp(tmp_dir));
-	err[0] = '\0';
+	err.message[0] = '\0';
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -122,9 +122,9 @@ static void truncate_file(const char *name, int keep)
 static tr_reader_t *open_ok(const struct tr_source_spec *s)
 {
 	tr_reader_t *r = NULL;
-	int rc = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
+	int rc = tr_reader_open(s, 0, NULL, NULL, &r, &err);
 
-	cr_assert_eq(rc, 0, "open failed: %d %s", rc, err);
+	cr_assert_eq(rc, 0, "open failed: %d %s", rc, err.message);
 	return r;
 }
 
@@ -133,17 +133,17 @@ static int open_fail(const struct tr_source_spec *s)
 	tr_reader_t *r = NULL;
 	int rc;
 
-	err[0] = '\0';
-	rc = tr_reader_open(s, 0, NULL, NULL, &r, err, sizeof(err));
+	err.message[0] = '\0';
+	rc = tr_reader_open(s, 0, NULL, NULL, &r, &err);
 	cr_assert_lt(rc, 0, "open should fail");
 	cr_assert_null(r);
-	cr_assert_neq(err[0], '\0', "no message");
+	cr_assert_neq(err.message[0], '\0', "no message");
 	return rc;
 }
 
 static void expect_err(const char *needle)
 {
-	cr_assert_not_null(strstr(err, needle), "error '%s' does not mention '%s'", err, needle);
+	cr_assert_not_null(strstr(err.message, needle), "error '%s' does not mention '%s'", err.message, needle);
 }
 
 /* ---- gzip IDX ---- */
@@ -218,12 +218,12 @@ Test(images, idx_gzip_reads_the_same_samples_as_plain)
 	cr_assert_eq(g->info.shape[2], 4);
 	cr_assert_eq(p->info.shape[1], 5);
 	for (int i = 0; i < 9; i++) {
-		cr_assert_eq(tr_reader_get(p, i, xp, &yp, err, sizeof err), 0, "%s", err);
-		cr_assert_eq(tr_reader_get(g, i, xg, &yg, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(p, i, xp, &yp, &err), 0, "%s", err.message);
+		cr_assert_eq(tr_reader_get(g, i, xg, &yg, &err), 0, "%s", err.message);
 		cr_assert_arr_eq(xp, xg, sizeof xp);
 		cr_assert_eq(yp, yg);
 		cr_assert_eq(yg, (float)(i % 10));
-		cr_assert_eq(tr_reader_get(m, i, xg, &yg, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(m, i, xg, &yg, &err), 0, "%s", err.message);
 		cr_assert_arr_eq(xp, xg, sizeof xp);
 	}
 	tr_reader_destroy(p);
@@ -299,7 +299,7 @@ Test(images, fashion_mnist_gz)
 	cr_assert_eq(r->info.shape[1], 28);
 	cr_assert_eq(r->info.shape[2], 28);
 	for (int i = 0; i < 60000; i += 7) {
-		cr_assert_eq(tr_reader_get(r, i, x, &y, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(r, i, x, &y, &err), 0, "%s", err.message);
 		cr_assert(y >= 0 && y < 10);
 		counts[(int)y]++;
 	}
@@ -357,7 +357,7 @@ Test(images, folders_give_classes_shape_and_planar_pixels)
 	cr_assert_str_eq(tr_images_class_name(r, 1), "bee");
 	cr_assert_null(tr_images_class_name(r, 2));
 	for (int i = 0; i < 3; i++) {
-		cr_assert_eq(tr_reader_get(r, i, x, &y, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(r, i, x, &y, &err), 0, "%s", err.message);
 		cr_assert_eq(y, (float)labels[i]);
 		for (int c = 0; c < 3; c++)
 			for (int yy = 0; yy < 4; yy++)
@@ -368,7 +368,7 @@ Test(images, folders_give_classes_shape_and_planar_pixels)
 	{
 		float lab[3];
 
-		cr_assert_eq(r->i->labels(r, 0, 3, lab, err, sizeof err), 0);
+		cr_assert_eq(r->i->labels(r, 0, 3, lab, &err), 0);
 		cr_assert_eq(lab[0], 0.0f);
 		cr_assert_eq(lab[2], 1.0f);
 	}
@@ -398,7 +398,7 @@ Test(images, unlabeled_flat_and_class_folders)
 	cr_assert_eq(r->info.label_dim, 0);
 	cr_assert_null(tr_images_class_name(r, 0));
 	for (int i = 0; i < 3; i++) {
-		cr_assert_eq(tr_reader_get(r, i, x, NULL, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(r, i, x, NULL, &err), 0, "%s", err.message);
 		cr_assert_eq(x[0], pattern(seeds[i], 0, 0, 0), "sample %d", i);
 		cr_assert_eq(r->i->sample_name(r, i, name, sizeof name), 0);
 		cr_assert_str_eq(name, names[i]);
@@ -476,7 +476,7 @@ Test(images, resize_and_center_crop)
 
 	cr_assert_eq(r->info.shape[1], 6);
 	cr_assert_eq(r->info.shape[2], 4);
-	cr_assert_eq(tr_reader_get(r, 0, x, &y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(r, 0, x, &y, &err), 0, "%s", err.message);
 	for (int yy = 0; yy < 6; yy++)
 		for (int xx = 0; xx < 4; xx++)
 			cr_assert_eq(x[yy * 4 + xx], pattern(0, yy + 1, xx + 4, 0));
@@ -492,7 +492,7 @@ Test(images, resize_and_center_crop)
 	{
 		float big[64];
 
-		cr_assert_eq(tr_reader_get(r, 1, big, &y, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get(r, 1, big, &y, &err), 0, "%s", err.message);
 		for (int j = 0; j < 64; j++)
 			cr_assert(isfinite(big[j]));
 	}
@@ -529,9 +529,9 @@ Test(images, bad_images_are_named)
 	 * loader's read fails with the file named, the reader goes on. */
 	r = open_ok(&s);
 	truncate_file("set/bee/a.png", file_size(tmp_path("set/bee/a.png")) - 20);
-	cr_assert_lt(tr_reader_get(r, 1, x, &y, err, sizeof err), 0);
+	cr_assert_lt(tr_reader_get(r, 1, x, &y, &err), 0);
 	expect_err("set/bee/a.png");
-	cr_assert_eq(tr_reader_get(r, 0, x, &y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(r, 0, x, &y, &err), 0, "%s", err.message);
 	tr_reader_destroy(r);
 
 	/* Truncated before open, inside the header. */
@@ -602,24 +602,24 @@ Test(patches, clean_response_is_a_window_drawn_per_epoch)
 	cr_assert_eq(r->info.label_shape[2], 6);
 	for (int i = 0; i < 8; i++) {
 		for (int epoch = 0; epoch < 3; epoch++) {
-			cr_assert_eq(tr_reader_get_epoch(r, i, epoch, x, y, err, sizeof err), 0, "%s", err);
+			cr_assert_eq(tr_reader_get_epoch(r, i, epoch, x, y, &err), 0, "%s", err.message);
 			/* Samples 0-3 come from a.png, 4-7 from b.png. */
 			int at = locate(y, 6, 6, i < 4 ? 20 : 18, i < 4 ? 16 : 18, i < 4 ? 3 : 90);
 			cr_assert_geq(at, 0, "sample %d epoch %d is no window of its image", i, epoch);
 			/* A pure function of (seed, epoch, index). */
-			cr_assert_eq(tr_reader_get_epoch(r, i, epoch, x2, y2, err, sizeof err), 0);
+			cr_assert_eq(tr_reader_get_epoch(r, i, epoch, x2, y2, &err), 0);
 			cr_assert_arr_eq(x, x2, sizeof x);
 			cr_assert_arr_eq(y, y2, sizeof y);
 			if (epoch > 0) {
 				float y0[36];
 
-				tr_reader_get_epoch(r, i, 0, x2, y0, err, sizeof err);
+				tr_reader_get_epoch(r, i, 0, x2, y0, &err);
 				moved += memcmp(y0, y, sizeof y) != 0;
 			}
 		}
 		/* get is epoch 0 */
-		cr_assert_eq(tr_reader_get(r, i, x2, y2, err, sizeof err), 0);
-		tr_reader_get_epoch(r, i, 0, x, y, err, sizeof err);
+		cr_assert_eq(tr_reader_get(r, i, x2, y2, &err), 0);
+		tr_reader_get_epoch(r, i, 0, x, y, &err);
 		cr_assert_arr_eq(y, y2, sizeof y);
 	}
 	cr_assert_gt(moved, 8, "patches hardly move between epochs (%d of 16)", moved);
@@ -641,7 +641,7 @@ Test(patches, residual_of_a_flat_image_is_zero)
 	float x[64], y[64];
 
 	for (int i = 0; i < 2; i++) {
-		cr_assert_eq(tr_reader_get_epoch(r, i, 5, x, y, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_reader_get_epoch(r, i, 5, x, y, &err), 0, "%s", err.message);
 		/* Bicubic weights sum to 1: a constant survives down and up. */
 		for (int j = 0; j < 64; j++) {
 			cr_assert_float_eq(x[j], 77.0f / 255.0f, 1e-5f);
@@ -663,8 +663,8 @@ Test(patches, degraded_input_plus_residual_is_the_clean_patch)
 	double diff = 0;
 
 	for (int i = 0; i < 3; i++) {
-		tr_reader_get_epoch(clean, i, 1, xc, yc, err, sizeof err);
-		tr_reader_get_epoch(res, i, 1, xr, yr, err, sizeof err);
+		tr_reader_get_epoch(clean, i, 1, xc, yc, &err);
+		tr_reader_get_epoch(res, i, 1, xr, yr, &err);
 		cr_assert_arr_eq(xc, xr, sizeof xc);
 		for (int j = 0; j < 100; j++) {
 			cr_assert_float_eq(xr[j] + yr[j], yc[j], 1e-6f);
@@ -690,7 +690,7 @@ Test(patches, input_and_response_folders_pair_by_name)
 	tr_reader_t *r = open_ok(&s);
 	float x[25], y[25];
 
-	cr_assert_eq(tr_reader_get_epoch(r, 1, 3, x, y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get_epoch(r, 1, 3, x, y, &err), 0, "%s", err.message);
 	int at = locate(x, 5, 5, 12, 12, 1);
 	cr_assert_geq(at, 0);
 	/* The response is cut at the same place. */
@@ -824,12 +824,12 @@ Test(patches, augmentations_move_input_and_response_together)
 	int seen[2][4] = {{0}};
 
 	spec->transforms[0].vertical = false;
-	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(spec, r, &t, &err), 0, "%s", err.message);
 	for (int i = 0; i < 64; i++) {
 		float x0[49], y0[49], x[49], y[49];
 		int found = 0;
 
-		tr_reader_get_epoch(r, i, 2, x0, y0, err, sizeof err);
+		tr_reader_get_epoch(r, i, 2, x0, y0, &err);
 		memcpy(x, x0, sizeof x);
 		memcpy(y, y0, sizeof y);
 		tr_transforms_apply_pair(t, x, 49, y, 9, 2, i, 1);
@@ -882,8 +882,8 @@ Test(images, normalize_and_random_crop)
 		spec->transforms[0].std_c[c] = 2.0f + (float)c;
 	}
 	spec->transforms[1].padding = 2;
-	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_reader_get(r, 0, x0, &y, err, sizeof err), 0);
+	cr_assert_eq(tr_transforms_create(spec, r, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_reader_get(r, 0, x0, &y, &err), 0);
 	memcpy(x, x0, sizeof x);
 	tr_transforms_apply(t, x, 60, 1, 0, 0, 0);
 	for (int c = 0; c < 3; c++)
@@ -923,12 +923,12 @@ Test(images, normalize_and_random_crop)
 	/* Wrong number of channels, rot90 on a non-square image, and image
 	 * transforms on flat data are refused, naming the transform. */
 	spec->transforms[0].n_channels = 1;
-	cr_assert_lt(tr_transforms_create(spec, r, &t, err, sizeof err), 0);
+	cr_assert_lt(tr_transforms_create(spec, r, &t, &err), 0);
 	expect_err("/data/transforms/0");
 	expect_err("3 channels");
 	spec->n_transforms = 1;
 	spec->transforms[0].type = TR_TF_ROT90;
-	cr_assert_lt(tr_transforms_create(spec, r, &t, err, sizeof err), 0);
+	cr_assert_lt(tr_transforms_create(spec, r, &t, &err), 0);
 	expect_err("square");
 	free(spec);
 	tr_reader_destroy(r);
@@ -944,12 +944,12 @@ static float *all_batches(tr_reader_t *r, const tr_transforms_t *t, int workers,
 	size_t F = (size_t)r->info.features, L = (size_t)r->info.label_dim, at = 0;
 	float *out;
 
-	cr_assert_eq(tr_plan_init(&plan, r->info.samples, 5, TR_LAST_PARTIAL, true, 11, epochs, 0, err, sizeof err), 0,
-		     "%s", err);
+	cr_assert_eq(tr_plan_init(&plan, r->info.samples, 5, TR_LAST_PARTIAL, true, 11, epochs, 0, &err), 0, "%s",
+		     err.message);
 	out = malloc((size_t)epochs * (size_t)r->info.samples * (F + L) * sizeof(float));
 	struct tr_prefetch_config cfg = {.reader = r, .transforms = t, .plan = &plan, .seed = 5, .workers = workers,
 					 .depth = 3, .end_step = plan.total_steps};
-	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0, "%s", err.message);
 	for (int64_t s = 0; s < plan.total_steps; s++) {
 		const struct tr_batch *b;
 
@@ -1004,7 +1004,7 @@ Test(images, same_batches_for_any_loader_count)
 		spec->transforms[3].mean_c[c] = 100.0f;
 		spec->transforms[3].std_c[c] = 60.0f;
 	}
-	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(spec, r, &t, &err), 0, "%s", err.message);
 	same_batches_for_1_and_4_loaders(r, t);
 	tr_transforms_destroy(t);
 	free(spec);
@@ -1024,7 +1024,7 @@ Test(patches, same_batches_for_any_loader_count)
 	struct tr_spec *spec = spec_with(2, types);
 	tr_transforms_t *t;
 
-	cr_assert_eq(tr_transforms_create(spec, r, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create(spec, r, &t, &err), 0, "%s", err.message);
 	same_batches_for_1_and_4_loaders(r, t);
 	tr_transforms_destroy(t);
 	free(spec);
@@ -1046,24 +1046,24 @@ Test(images, decodes_every_skimage_png)
 		fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
 		cr_skip_test("python3-skimage's images are not installed: skipped");
 	}
-	dfd = tr_data_open_dir(NULL, SKIMAGE_DATA, NULL, 0, err, sizeof err);
-	cr_assert_geq(dfd, 0, "%s", err);
-	cr_assert_eq(tr_image_list(dfd, SKIMAGE_DATA, 0, &names, &n, err, sizeof err), 0, "%s", err);
+	dfd = tr_data_open_dir(NULL, SKIMAGE_DATA, NULL, 0, &err);
+	cr_assert_geq(dfd, 0, "%s", err.message);
+	cr_assert_eq(tr_image_list(dfd, SKIMAGE_DATA, 0, &names, &n, &err), 0, "%s", err.message);
 	cr_assert_gt(n, 10);
 	for (int i = 0; i < n; i++) {
 		int w, h, c, w2, h2, c2;
 		float *px;
 
-		fd = tr_data_open_in(dfd, names[i], 0, NULL, err, sizeof err);
-		cr_assert_geq(fd, 0, "%s", err);
-		if (tr_image_probe(fd, names[i], &w, &h, &c, err, sizeof err) != 0) {
+		fd = tr_data_open_in(dfd, names[i], 0, NULL, &err);
+		cr_assert_geq(fd, 0, "%s", err.message);
+		if (tr_image_probe(fd, names[i], &w, &h, &c, &err) != 0) {
 			/* A file that is not a PNG despite its name is refused by
 			 * name, and that is all. */
-			cr_assert_not_null(strstr(err, names[i]));
+			cr_assert_not_null(strstr(err.message, names[i]));
 			continue;
 		}
-		cr_assert_eq(tr_image_load(dfd, names[i], names[i], 1.0f, &px, &w2, &h2, &c2, err, sizeof err), 0,
-			     "%s", err);
+		cr_assert_eq(tr_image_load(dfd, names[i], names[i], 1.0f, &px, &w2, &h2, &c2, &err), 0, "%s",
+			     err.message);
 		cr_assert_eq(w2, w, "%s", names[i]);
 		cr_assert_eq(h2, h, "%s", names[i]);
 		cr_assert_eq(c2, c, "%s", names[i]);
@@ -1075,8 +1075,8 @@ Test(images, decodes_every_skimage_png)
 	if (stat(SKIMAGE_DATA "/camera.png", &st) == 0) {
 		int w, h, c;
 
-		fd = tr_data_open_in(dfd, "camera.png", 0, NULL, err, sizeof err);
-		cr_assert_eq(tr_png_probe(fd, "camera.png", &w, &h, &c, err, sizeof err), 0);
+		fd = tr_data_open_in(dfd, "camera.png", 0, NULL, &err);
+		cr_assert_eq(tr_png_probe(fd, "camera.png", &w, &h, &c, &err), 0);
 		cr_assert_eq(w, 512);
 		cr_assert_eq(h, 512);
 		cr_assert_eq(c, 1);
@@ -1105,44 +1105,44 @@ Test(images, folders_stay_inside_the_data_roots)
 	cr_assert_eq(symlink("../../../outside", tmp_path("root/set/b")), 0);
 	dirs[0] = tmp_path("root");
 	dirs[1] = NULL;
-	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, &err), 0, "%s", err.message);
 
-	cr_assert_eq(tr_data_open_dir(roots, "../outside", NULL, 0, err, sizeof err), -ENOENT);
+	cr_assert_eq(tr_data_open_dir(roots, "../outside", NULL, 0, &err), -ENOENT);
 	expect_err("not a directory in the data roots");
-	cr_assert_eq(tr_data_open_dir(roots, tmp_path("outside"), NULL, 0, err, sizeof err), -ENOENT);
-	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, err, sizeof err), -ENOENT);
-	dfd = tr_data_open_dir(roots, "set/", NULL, 0, err, sizeof err);
-	cr_assert_geq(dfd, 0, "%s", err);
+	cr_assert_eq(tr_data_open_dir(roots, tmp_path("outside"), NULL, 0, &err), -ENOENT);
+	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, &err), -ENOENT);
+	dfd = tr_data_open_dir(roots, "set/", NULL, 0, &err);
+	cr_assert_geq(dfd, 0, "%s", err.message);
 	/* The symlinked class folder is not a class. */
-	cr_assert_eq(tr_image_list(dfd, "set", 1, &names, &n, err, sizeof err), 0);
+	cr_assert_eq(tr_image_list(dfd, "set", 1, &names, &n, &err), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(names[0], "a");
 	tr_image_names_free(names, n);
-	cr_assert_lt(tr_data_open_in(dfd, "b", 1, NULL, err, sizeof err), 0);
+	cr_assert_lt(tr_data_open_in(dfd, "b", 1, NULL, &err), 0);
 	{
-		int cfd = tr_data_open_in(dfd, "a", 1, NULL, err, sizeof err);
+		int cfd = tr_data_open_in(dfd, "a", 1, NULL, &err);
 
-		cr_assert_geq(cfd, 0, "%s", err);
-		cr_assert_eq(tr_image_list(cfd, "a", 0, &names, &n, err, sizeof err), 0);
+		cr_assert_geq(cfd, 0, "%s", err.message);
+		cr_assert_eq(tr_image_list(cfd, "a", 0, &names, &n, &err), 0);
 		cr_assert_eq(n, 1, "the symlinked file is listed");
 		cr_assert_str_eq(names[0], "in.png");
 		tr_image_names_free(names, n);
-		cr_assert_lt(tr_data_open_in(cfd, "link.png", 0, NULL, err, sizeof err), 0);
+		cr_assert_lt(tr_data_open_in(cfd, "link.png", 0, NULL, &err), 0);
 		expect_err("symbolic link");
-		cr_assert_lt(tr_data_open_in(cfd, "../a/in.png", 0, NULL, err, sizeof err), 0);
+		cr_assert_lt(tr_data_open_in(cfd, "../a/in.png", 0, NULL, &err), 0);
 		close(cfd);
 	}
 	close(dfd);
 	/* The same through the walk used where openat2 is missing. */
 	tr_data_open_force_walk(1);
-	dfd = tr_data_open_dir(roots, "set", NULL, 0, err, sizeof err);
-	cr_assert_geq(dfd, 0, "%s", err);
+	dfd = tr_data_open_dir(roots, "set", NULL, 0, &err);
+	cr_assert_geq(dfd, 0, "%s", err.message);
 	close(dfd);
-	dfd = tr_data_open_dir(roots, tmp_path("root"), NULL, 0, err, sizeof err);
-	cr_assert_geq(dfd, 0, "the root itself: %s", err);
+	dfd = tr_data_open_dir(roots, tmp_path("root"), NULL, 0, &err);
+	cr_assert_geq(dfd, 0, "the root itself: %s", err.message);
 	close(dfd);
-	cr_assert_eq(tr_data_open_dir(roots, "../outside", NULL, 0, err, sizeof err), -ENOENT);
-	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, err, sizeof err), -ENOENT);
+	cr_assert_eq(tr_data_open_dir(roots, "../outside", NULL, 0, &err), -ENOENT);
+	cr_assert_eq(tr_data_open_dir(roots, "set/b", NULL, 0, &err), -ENOENT);
 	tr_data_open_force_walk(0);
 	tr_data_roots_destroy(roots);
 }
@@ -1199,14 +1199,14 @@ Test(images, jpeg_files_read_like_png_and_bad_ones_are_named)
 	cr_assert_eq(r->info.shape[0], 3);
 	cr_assert_eq(r->info.shape[1], 16);
 	cr_assert_eq(r->info.shape[2], 24);
-	cr_assert_eq(tr_reader_get(r, 0, x, &y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(r, 0, x, &y, &err), 0, "%s", err.message);
 	/* Lossy, but close to what was written. */
 	for (int k = 0; k < 3; k++)
 		for (int yy = 0; yy < 16; yy++)
 			for (int xx = 0; xx < 24; xx++)
 				cr_assert_float_eq(x[(k * 16 + yy) * 24 + xx], (float)(10 + 2 * yy + xx + 40 * k), 6.0f,
 						   "c%d y%d x%d: %g", k, yy, xx, x[(k * 16 + yy) * 24 + xx]);
-	cr_assert_eq(tr_reader_get(r, 2, x, &y, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(r, 2, x, &y, &err), 0, "%s", err.message);
 	cr_assert_eq(y, 1.0f);
 	tr_reader_destroy(r);
 
@@ -1219,7 +1219,7 @@ Test(images, jpeg_files_read_like_png_and_bad_ones_are_named)
 	/* Truncated: libjpeg would fill the rest with grey; the job fails. */
 	r = open_ok(&s);
 	truncate_file("set/b/3.JPEG", file_size(tmp_path("set/b/3.JPEG")) / 2);
-	cr_assert_lt(tr_reader_get(r, 2, x, &y, err, sizeof err), 0);
+	cr_assert_lt(tr_reader_get(r, 2, x, &y, &err), 0);
 	expect_err("set/b/3.JPEG: corrupt or truncated JPEG");
 	tr_reader_destroy(r);
 
@@ -1245,18 +1245,18 @@ Test(images, model_input_shape_is_checked_against_the_data)
 	struct tr_source_spec s = idx_src(tmp_path("img"), tmp_path("lab"));
 	tr_reader_t *r = open_ok(&s);
 
-	cr_assert_eq(tr_reader_check_shape(r, mnist, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_reader_check_shape(r, wrong, err, sizeof err), -EINVAL);
+	cr_assert_eq(tr_reader_check_shape(r, mnist, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_reader_check_shape(r, wrong, &err), -EINVAL);
 	expect_err("/model/inputs: [1, 4, 5] does not match the [1, 5, 4] images of");
 	/* Flat data (here: a slice keeps the shape, so fake a flat reader's
 	 * info) is read as [C, H, W] when the counts agree. */
 	r->info.shape[0] = r->info.shape[1] = r->info.shape[2] = 0;
-	cr_assert_eq(tr_reader_check_shape(r, flat, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_reader_check_shape(r, wrong, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_check_shape(r, flat, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_reader_check_shape(r, wrong, &err), 0, "%s", err.message);
 	{
 		const int big[3] = {3, 5, 4};
 
-		cr_assert_eq(tr_reader_check_shape(r, big, err, sizeof err), -EINVAL);
+		cr_assert_eq(tr_reader_check_shape(r, big, &err), -EINVAL);
 		expect_err("(60 values) does not match the 20 features");
 	}
 	tr_reader_destroy(r);
@@ -1277,7 +1277,7 @@ Test(images, recorded_normalize_applies_per_channel)
 		spec->transforms[0].mean_c[c] = (float)c;
 		spec->transforms[0].std_c[c] = 2.0f;
 	}
-	cr_assert_eq(tr_transforms_create_recorded(spec, NULL, 12, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_transforms_create_recorded(spec, NULL, 12, &t, &err), 0, "%s", err.message);
 	for (int j = 0; j < 12; j++)
 		x[j] = (float)j;
 	tr_transforms_apply(t, x, 12, 1, 0, 0, 0);
@@ -1289,7 +1289,7 @@ Test(images, recorded_normalize_applies_per_channel)
 	cr_assert(tr_transforms_train_only(TR_TF_RANDOM_CROP));
 	cr_assert_not(tr_transforms_train_only(TR_TF_NORMALIZE));
 	/* Channels that do not divide the width are refused. */
-	cr_assert_lt(tr_transforms_create_recorded(spec, NULL, 13, &t, err, sizeof err), 0);
+	cr_assert_lt(tr_transforms_create_recorded(spec, NULL, 13, &t, &err), 0);
 	expect_err("transforms/0");
 	free(spec);
 }

@@ -34,11 +34,11 @@ static void setup_model_in(struct fixture *f, const char *layers, const char *lo
 		 inputs_json, layers, loss, inputs);
 	struct tr_spec_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &f->spec, &e), 0, "%s", e.message);
-	char err[256];
-	cr_assert_eq(tr_model_init(&f->model, &f->spec, inputs, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_model_init(&f->model, &f->spec, inputs, &err), 0, "%s", err.message);
 	f->be = tr_cpu_backend_create(1, 1);
 	f->rows = rows;
-	cr_assert_eq(tr_replica_init(&f->rep, &f->model, f->be, 0, rows, label_dim, 0, err, sizeof err), 0);
+	cr_assert_eq(tr_replica_init(&f->rep, &f->model, f->be, 0, rows, label_dim, 0, &err), 0);
 	tr_model_init_params(&f->model, f->rep.params);
 	/* Move parameters off their defaults so layernorm's gamma/beta matter. */
 	uint64_t key = tr_rng_key(1, 2, 3, TR_RNG_INIT);
@@ -267,12 +267,12 @@ Test(model, widths_and_parameters_from_data_are_bounded)
 	struct tr_spec_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_model_t m;
-	char err[256];
-	cr_assert_eq(tr_model_init(&m, &spec, TR_SPEC_MAX_WIDTH + 1, err, sizeof err), -EINVAL);
-	cr_assert_not_null(strstr(err, "/model/inputs"), "%s", err);
-	cr_assert_eq(tr_model_init(&m, &spec, 4096, err, sizeof err), -EINVAL);
-	cr_assert_not_null(strstr(err, "/model/layers"), "%s", err);
-	cr_assert_eq(tr_model_init(&m, &spec, 4, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_model_init(&m, &spec, TR_SPEC_MAX_WIDTH + 1, &err), -EINVAL);
+	cr_assert_not_null(strstr(err.message, "/model/inputs"), "%s", err.message);
+	cr_assert_eq(tr_model_init(&m, &spec, 4096, &err), -EINVAL);
+	cr_assert_not_null(strstr(err.message, "/model/layers"), "%s", err.message);
+	cr_assert_eq(tr_model_init(&m, &spec, 4, &err), 0, "%s", err.message);
 	tr_spec_finish(&spec);
 }
 
@@ -377,9 +377,9 @@ Test(model, backend_without_kernels_refuses_the_layer)
 	lacking.table.conv2d_backward = NULL;
 	lacking.base.i = &lacking.table;
 	tr_replica_t r;
-	char err[256];
-	cr_assert_eq(tr_replica_init(&r, &f.model, &lacking.base, 0, 2, 1, 0, err, sizeof err), -ENOTSUP);
-	cr_expect_not_null(strstr(err, "conv2d"), "%s", err);
-	cr_log_info("%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_replica_init(&r, &f.model, &lacking.base, 0, 2, 1, 0, &err), -ENOTSUP);
+	cr_expect_not_null(strstr(err.message, "conv2d"), "%s", err.message);
+	cr_log_info("%s", err.message);
 	teardown_model(&f);
 }

@@ -31,15 +31,13 @@ struct fixture {
 static void build(struct fixture *f)
 {
 	struct tr_spec_error serr;
-	char err[512];
+	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text(spec_text, &f->spec, &serr), 0, "%s", serr.message);
-	cr_assert_eq(tr_reader_open(&f->spec.train, f->spec.seed, NULL, NULL, &f->train, err, sizeof err), 0, "%s",
-		     err);
-	cr_assert_eq(tr_transforms_create(&f->spec, f->train, &f->tf, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_model_init(&f->model, &f->spec, f->train->info.features, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&f->spec.train, f->spec.seed, NULL, NULL, &f->train, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_transforms_create(&f->spec, f->train, &f->tf, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_model_init(&f->model, &f->spec, f->train->info.features, &err), 0, "%s", err.message);
 	f->meta = json_object();
-	cr_assert_eq(tr_model_meta_describe(f->meta, &f->spec, &f->model, f->tf, f->train, err, sizeof err), 0, "%s",
-		     err);
+	cr_assert_eq(tr_model_meta_describe(f->meta, &f->spec, &f->model, f->tf, f->train, &err), 0, "%s", err.message);
 }
 
 static void teardown(struct fixture *f)
@@ -63,8 +61,8 @@ Test(model_meta, round_trip)
 	cr_assert_str_eq(json_string_value(json_object_get(f.meta, "trainerd_version")), TR_VERSION);
 
 	struct tr_model_desc d;
-	char err[512];
-	cr_assert_eq(tr_model_desc_from_meta(f.meta, &d, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_model_desc_from_meta(f.meta, &d, &err), 0, "%s", err.message);
 	cr_assert_eq(d.model.inputs, 5, "inputs taken from the data are recorded");
 	cr_assert_eq(d.model.n_params, f.model.n_params);
 	cr_assert_eq(d.model.n_layers, 4);
@@ -78,7 +76,7 @@ Test(model_meta, round_trip)
 	 * inference input (noise skipped on both sides). */
 	for (int64_t i = 0; i < f.train->info.samples; i++) {
 		float x[5], y[1], a[5], b[5];
-		cr_assert_eq(tr_reader_get(f.train, i, x, y, err, sizeof err), 0);
+		cr_assert_eq(tr_reader_get(f.train, i, x, y, &err), 0);
 		memcpy(a, x, sizeof x);
 		memcpy(b, x, sizeof x);
 		tr_transforms_apply(f.tf, a, 5, 3, 0, i, 0);
@@ -127,34 +125,35 @@ Test(model_meta, bad_descriptions_are_named)
 {
 	struct fixture f;
 	struct tr_model_desc d;
-	char err[512];
+	struct tr_error err;
 	build(&f);
 
 	json_t *m = json_deep_copy(f.meta);
 	json_object_del(m, "preprocessing");
-	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
-	cr_assert(strstr(err, "\"preprocessing\""), "%s", err);
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, &err), 0);
+	cr_assert(strstr(err.message, "\"preprocessing\""), "%s", err.message);
 	tr_model_desc_finish(&d);
 	json_decref(m);
 
 	m = json_deep_copy(f.meta);
 	json_object_set_new(m, "trainerd_model_format", json_string("2"));
-	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
-	cr_assert(strstr(err, "trainerd_model_format 2"), "%s", err);
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, &err), 0);
+	cr_assert(strstr(err.message, "trainerd_model_format 2"), "%s", err.message);
 	tr_model_desc_finish(&d);
 	json_decref(m);
 
 	m = json_deep_copy(f.meta);
 	edit_key(m, "preprocessing", short_mean);
-	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
-	cr_assert(strstr(err, "transforms/1: standardize needs \"fitted\": {\"mean\": [5 numbers]}"), "%s", err);
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, &err), 0);
+	cr_assert(strstr(err.message, "transforms/1: standardize needs \"fitted\": {\"mean\": [5 numbers]}"), "%s",
+		  err.message);
 	tr_model_desc_finish(&d);
 	json_decref(m);
 
 	m = json_deep_copy(f.meta);
 	edit_key(m, "model", bad_layer);
-	cr_assert_lt(tr_model_desc_from_meta(m, &d, err, sizeof err), 0);
-	cr_assert(strstr(err, "/model/layers/0/units"), "%s", err);
+	cr_assert_lt(tr_model_desc_from_meta(m, &d, &err), 0);
+	cr_assert(strstr(err.message, "/model/layers/0/units"), "%s", err.message);
 	tr_model_desc_finish(&d);
 	json_decref(m);
 	teardown(&f);
@@ -167,10 +166,10 @@ Test(eval_acc, classification_against_direct_computation)
 	const float z[] = {2, 1, 0, 0, 0, 3, 1, 4, 2, -1, 0.5f, 0.5f};
 	const float y[] = {0, 2, 2, 1};
 	struct tr_eval_acc a;
-	char err[256];
+	struct tr_error err;
 	cr_assert_eq(tr_eval_acc_init(&a, true, 3), 0);
-	cr_assert_eq(tr_eval_acc_add(&a, 0, 2, z, y, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_eval_acc_add(&a, 2, 2, z + 6, y + 2, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_eval_acc_add(&a, 0, 2, z, y, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_eval_acc_add(&a, 2, 2, z + 6, y + 2, &err), 0, "%s", err.message);
 	json_t *r = tr_eval_acc_json(&a, "test_");
 	double want = 0;
 	for (int i = 0; i < 4; i++) {
@@ -194,8 +193,8 @@ Test(eval_acc, classification_against_direct_computation)
 
 	/* A label that is no class of the model names its sample. */
 	const float bad[] = {3};
-	cr_assert_lt(tr_eval_acc_add(&a, 7, 1, z, bad, err, sizeof err), 0);
-	cr_assert(strstr(err, "sample 7: label 3 is not a class of this model (0 to 2)"), "%s", err);
+	cr_assert_lt(tr_eval_acc_add(&a, 7, 1, z, bad, &err), 0);
+	cr_assert(strstr(err.message, "sample 7: label 3 is not a class of this model (0 to 2)"), "%s", err.message);
 	tr_eval_acc_finish(&a);
 }
 
@@ -205,9 +204,9 @@ Test(eval_acc, regression_against_direct_computation)
 	const float p[] = {1000.5f, 1, 1001, 2, 999.5f, 2.5f, 1002, 4, 1000, 6};
 	const float t[] = {1000, 1.5f, 1001.5f, 2, 999, 3, 1002.5f, 5, 1000, 5};
 	struct tr_eval_acc a;
-	char err[256];
+	struct tr_error err;
 	cr_assert_eq(tr_eval_acc_init(&a, false, 2), 0);
-	cr_assert_eq(tr_eval_acc_add(&a, 0, 5, p, t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_eval_acc_add(&a, 0, 5, p, t, &err), 0, "%s", err.message);
 	json_t *r = tr_eval_acc_json(&a, NULL);
 	double se = 0, ae = 0, r2 = 0;
 	for (int c = 0; c < 2; c++) {
@@ -237,7 +236,8 @@ Test(eval_acc, regression_against_direct_computation)
  * (a zero-width label array used to be freed by realloc, then again). */
 Test(unlabeled, readers_without_labels)
 {
-	char dir[] = "/tmp/unlabeled-XXXXXX", path[128], err[512];
+	char dir[] = "/tmp/unlabeled-XXXXXX", path[128];
+	struct tr_error err;
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(path, sizeof path, "%s/x.csv", dir);
 	FILE *f = fopen(path, "w");
@@ -247,12 +247,12 @@ Test(unlabeled, readers_without_labels)
 	cr_assert_eq(fclose(f), 0);
 	struct tr_source_spec src = {.present = true, .format = TR_DATA_CSV, .path = path, .unlabeled = true};
 	tr_reader_t *rd;
-	cr_assert_eq(tr_reader_open(&src, 0, NULL, NULL, &rd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&src, 0, NULL, NULL, &rd, &err), 0, "%s", err.message);
 	cr_assert_eq(rd->info.samples, 3000);
 	cr_assert_eq(rd->info.features, 3);
 	cr_assert_eq(rd->info.label_dim, 0);
 	float x[3];
-	cr_assert_eq(tr_reader_get(rd, 2999, x, NULL, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(rd, 2999, x, NULL, &err), 0, "%s", err.message);
 	cr_assert(x[0] == 2999 && x[1] == 3.5f && x[2] == -2999);
 	tr_reader_destroy(rd);
 
@@ -274,10 +274,10 @@ Test(unlabeled, readers_without_labels)
 	}
 	cr_assert_eq(fclose(f), 0);
 	struct tr_source_spec nsrc = {.present = true, .format = TR_DATA_NPY, .x_path = path, .unlabeled = true};
-	cr_assert_eq(tr_reader_open(&nsrc, 0, NULL, NULL, &rd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&nsrc, 0, NULL, NULL, &rd, &err), 0, "%s", err.message);
 	cr_assert_eq(rd->info.samples, 5);
 	cr_assert_eq(rd->info.label_dim, 0);
-	cr_assert_eq(tr_reader_get(rd, 4, x, NULL, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(rd, 4, x, NULL, &err), 0, "%s", err.message);
 	cr_assert(x[0] == 8 && x[1] == 9);
 	tr_reader_destroy(rd);
 	/* idx: an images file alone (3 images of 2x2 bytes). */
@@ -288,12 +288,12 @@ Test(unlabeled, readers_without_labels)
 	fwrite(idx, 1, sizeof idx, f);
 	cr_assert_eq(fclose(f), 0);
 	struct tr_source_spec isrc = {.present = true, .format = TR_DATA_IDX, .images_path = path, .unlabeled = true};
-	cr_assert_eq(tr_reader_open(&isrc, 0, NULL, NULL, &rd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&isrc, 0, NULL, NULL, &rd, &err), 0, "%s", err.message);
 	cr_assert_eq(rd->info.samples, 3);
 	cr_assert_eq(rd->info.features, 4);
 	cr_assert_eq(rd->info.label_dim, 0);
 	float px[4];
-	cr_assert_eq(tr_reader_get(rd, 2, px, NULL, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_get(rd, 2, px, NULL, &err), 0, "%s", err.message);
 	cr_assert(px[0] == 9 && px[3] == 255);
 	tr_reader_destroy(rd);
 	char cmd[160];
@@ -303,9 +303,9 @@ Test(unlabeled, readers_without_labels)
 
 /* A reader that names its classes (as an image folder reader does): the
  * names are recorded under labels.class_names and read back. */
-static int named_get(tr_reader_t *r, int64_t i, float *x, float *y, char *err, size_t errlen)
+static int named_get(tr_reader_t *r, int64_t i, float *x, float *y, struct tr_error *err)
 {
-	(void)r, (void)i, (void)err, (void)errlen;
+	(void)r, (void)i, (void)err;
 	memset(x, 0, 5 * sizeof(float));
 	y[0] = 0;
 	return 0;
@@ -330,18 +330,18 @@ Test(model_meta, class_names_from_the_reader)
 	tr_reader_t named = {.i = &named_i, .info = {.samples = 1, .features = 5, .label_dim = 1}, .name = "named"};
 	struct tr_spec spec;
 	struct tr_spec_error serr;
-	char err[512];
+	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text("{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
 					" \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}},"
 					" \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
 					&spec, &serr),
 		     0, "%s", serr.message);
 	tr_model_t m;
-	cr_assert_eq(tr_model_init(&m, &spec, 5, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_init(&m, &spec, 5, &err), 0, "%s", err.message);
 	json_t *meta = json_object();
-	cr_assert_eq(tr_model_meta_describe(meta, &spec, &m, NULL, &named, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_meta_describe(meta, &spec, &m, NULL, &named, &err), 0, "%s", err.message);
 	struct tr_model_desc d;
-	cr_assert_eq(tr_model_desc_from_meta(meta, &d, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_desc_from_meta(meta, &d, &err), 0, "%s", err.message);
 	cr_assert_not_null(d.class_names);
 	cr_assert_str_eq(d.class_names[0], "cat");
 	cr_assert_str_eq(d.class_names[2], "bird, small");
@@ -378,8 +378,8 @@ static void infer_all(struct fixture *f, const float *params, tr_backend_t *be, 
 	struct tr_infer_options o = {.model = &f->model, .params = params, .backend = be, .count = devices,
 				     .reader = f->train, .transforms = tf, .batch = batch, .workers = workers,
 				     .on_batch = collect_batch, .ctx = &c};
-	char err[512];
-	cr_assert_eq(tr_infer_run(&o, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_infer_run(&o, &err), 0, "%s", err.message);
 	cr_assert_eq(c.next, f->train->info.samples);
 }
 
@@ -403,10 +403,10 @@ Test(infer, devices_batches_and_a_direct_forward_agree, .timeout = 60)
 	tr_model_param_view(m, 1, &b1);
 	tr_model_param_view(m, 2, &w2);
 	tr_model_param_view(m, 3, &b2);
-	char err[256];
+	struct tr_error err;
 	for (int64_t i = 0; i < n; i++) {
 		float x[5], y[1];
-		cr_assert_eq(tr_reader_get(f.train, i, x, y, err, sizeof err), 0);
+		cr_assert_eq(tr_reader_get(f.train, i, x, y, &err), 0);
 		tr_transforms_apply(f.tf, x, 5, 3, 0, i, 0);
 		double h[8], o[3];
 		for (int u = 0; u < 8; u++) {
@@ -430,9 +430,9 @@ Test(infer, devices_batches_and_a_direct_forward_agree, .timeout = 60)
 	struct collect c = {.out = a, .outputs = 3, .label_dim = 1};
 	struct tr_infer_options o = {.model = &wide, .params = params, .backend = be, .reader = f.train,
 				     .on_batch = collect_batch, .ctx = &c};
-	char msg[512];
-	cr_assert_eq(tr_infer_run(&o, msg, sizeof msg), -EINVAL);
-	cr_assert(strstr(msg, "synthetic: 5 features per sample, the model takes 6"), "%s", msg);
+	struct tr_error msg;
+	cr_assert_eq(tr_infer_run(&o, &msg), -EINVAL);
+	cr_assert(strstr(msg.message, "synthetic: 5 features per sample, the model takes 6"), "%s", msg.message);
 	tr_backend_destroy(be);
 	free(a);
 	free(b);

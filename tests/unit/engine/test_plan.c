@@ -11,8 +11,8 @@
 static struct tr_plan make(int64_t n, int b, enum tr_last_batch lb, bool shuffle, int epochs)
 {
 	struct tr_plan p;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&p, n, b, lb, shuffle, 42, epochs, 0, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&p, n, b, lb, shuffle, 42, epochs, 0, &err), 0, "%s", err.message);
 	return p;
 }
 
@@ -82,9 +82,9 @@ Test(plan, drop_skips_remainder_and_refuses_empty)
 	struct tr_plan p = make(103, 10, TR_LAST_DROP, true, 2);
 	cr_assert_eq(p.total_steps, 20);
 	struct tr_plan q;
-	char err[256];
-	cr_assert_lt(tr_plan_init(&q, 5, 10, TR_LAST_DROP, true, 1, 1, 0, err, sizeof err), 0);
-	cr_assert_not_null(strstr(err, "/data/last_batch"));
+	struct tr_error err;
+	cr_assert_lt(tr_plan_init(&q, 5, 10, TR_LAST_DROP, true, 1, 1, 0, &err), 0);
+	cr_assert_not_null(strstr(err.message, "/data/last_batch"));
 }
 
 Test(plan, pad_wraps_to_start_of_epoch)
@@ -114,11 +114,11 @@ Test(plan, rollover_is_one_stream_over_epochs)
 Test(plan, max_steps_caps_and_extends)
 {
 	struct tr_plan p;
-	char err[128];
-	cr_assert_eq(tr_plan_init(&p, 50, 10, TR_LAST_PARTIAL, true, 1, 0, 17, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&p, 50, 10, TR_LAST_PARTIAL, true, 1, 0, 17, &err), 0);
 	cr_assert_eq(p.total_steps, 17);
 	cr_assert_eq(tr_plan_step_epoch(&p, 16), 3);
-	cr_assert_eq(tr_plan_init(&p, 50, 10, TR_LAST_PARTIAL, true, 1, 1, 17, err, sizeof err), 0);
+	cr_assert_eq(tr_plan_init(&p, 50, 10, TR_LAST_PARTIAL, true, 1, 1, 17, &err), 0);
 	cr_assert_eq(p.total_steps, 5);
 }
 
@@ -202,22 +202,20 @@ Test(plan, shuffle_order_is_the_documented_feistel)
 Test(plan, sizes_beyond_indexing_are_refused, .timeout = 10)
 {
 	struct tr_plan p;
-	char err[256];
+	struct tr_error err;
 	int64_t huge[] = {(INT64_C(1) << 62) + 1, INT64_MAX, TR_PLAN_MAX_SAMPLES + 1};
 	for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
-		cr_assert_eq(tr_plan_init(&p, huge[i], 32, TR_LAST_PARTIAL, true, 1, 1, 0, err, sizeof err), -EINVAL,
+		cr_assert_eq(tr_plan_init(&p, huge[i], 32, TR_LAST_PARTIAL, true, 1, 1, 0, &err), -EINVAL,
 			     "%lld samples", (long long)huge[i]);
-		cr_assert_not_null(strstr(err, "more than the engine can index"), "%s", err);
+		cr_assert_not_null(strstr(err.message, "more than the engine can index"), "%s", err.message);
 	}
-	cr_assert_eq(tr_plan_init(&p, 1000, TR_SPEC_MAX_BATCH + 1, TR_LAST_PARTIAL, true, 1, 1, 0, err, sizeof err),
-		     -EINVAL);
-	cr_assert_eq(tr_plan_init(&p, 1000, 10, TR_LAST_PARTIAL, true, 1, 0, TR_SPEC_MAX_STEPS + 1, err, sizeof err),
-		     -EINVAL);
+	cr_assert_eq(tr_plan_init(&p, 1000, TR_SPEC_MAX_BATCH + 1, TR_LAST_PARTIAL, true, 1, 1, 0, &err), -EINVAL);
+	cr_assert_eq(tr_plan_init(&p, 1000, 10, TR_LAST_PARTIAL, true, 1, 0, TR_SPEC_MAX_STEPS + 1, &err), -EINVAL);
 
 	/* The largest: epochs x samples in rollover stays exact. */
 	cr_assert_eq(tr_plan_init(&p, TR_PLAN_MAX_SAMPLES, TR_SPEC_MAX_BATCH, TR_LAST_ROLLOVER, true, 1,
-				  TR_SPEC_MAX_EPOCHS, 0, err, sizeof err),
-		     0, "%s", err);
+				  TR_SPEC_MAX_EPOCHS, 0, &err),
+		     0, "%s", err.message);
 	cr_assert_eq(p.feistel_bits, 21);
 	cr_assert_eq(p.total_steps, (TR_PLAN_MAX_SAMPLES / TR_SPEC_MAX_BATCH) * TR_SPEC_MAX_EPOCHS);
 	int64_t last = p.total_steps - 1, epoch;

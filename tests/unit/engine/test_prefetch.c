@@ -42,14 +42,14 @@ static void meet_another_thread(struct test_reader *t)
 	pthread_mutex_unlock(&t->lock);
 }
 
-static int test_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int test_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct test_reader *t = (struct test_reader *)r;
 	meet_another_thread(t);
 	if (t->sleep_us)
 		usleep((useconds_t)t->sleep_us);
 	if (index == t->fail_at) {
-		snprintf(err, errlen, "%s: sample %lld: bad", r->name, (long long)index);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld: bad", r->name, (long long)index);
 		return -EIO;
 	}
 	long now = atomic_fetch_add(&t->loaded, 1) + 1;
@@ -94,14 +94,14 @@ static void reader_init(struct test_reader *t, int64_t n)
  * (of `batch` samples each) were ever loaded ahead. */
 static void check_batches_match_plan(const struct tr_plan *plan, const int (*configs)[2], size_t nconfigs)
 {
-	char err[256];
+	struct tr_error err;
 	for (size_t c = 0; c < nconfigs; c++) {
 		struct test_reader tr;
 		reader_init(&tr, plan->samples);
 		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = plan, .workers = configs[c][0],
 						 .depth = configs[c][1], .end_step = plan->total_steps};
 		tr_prefetch_t *pf;
-		cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0, "%s", err.message);
 		int64_t *idx = malloc((size_t)plan->batch * sizeof *idx);
 		cr_assert_not_null(idx);
 		for (int64_t s = 0; s < plan->total_steps; s++) {
@@ -134,8 +134,8 @@ static void check_batches_match_plan(const struct tr_plan *plan, const int (*con
 Test(prefetch, chunked_steps_match_plan_for_any_workers)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 677, 64, TR_LAST_PARTIAL, true, 5, 2, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 677, 64, TR_LAST_PARTIAL, true, 5, 2, 0, &err), 0);
 	const int configs[][2] = {{1, 2}, {2, 1}, {2, 4}, {7, 3}, {7, 14}};
 	check_batches_match_plan(&plan, configs, 5);
 }
@@ -145,15 +145,15 @@ Test(prefetch, chunked_steps_match_plan_for_any_workers)
 Test(prefetch, loaders_share_a_step)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 256, 32, TR_LAST_DROP, false, 1, 1, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 256, 32, TR_LAST_DROP, false, 1, 1, 0, &err), 0);
 	struct test_reader tr;
 	reader_init(&tr, 256);
 	tr.meet = true;
 	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 1,
 					 .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
-	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	const struct tr_batch *b;
 	cr_assert_eq(tr_prefetch_next(pf, 0, &b, NULL), 0);
 	tr_prefetch_release(pf, 0);
@@ -166,15 +166,15 @@ Test(prefetch, loaders_share_a_step)
 Test(prefetch, chunk_error_names_the_sample)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 320, 32, TR_LAST_DROP, false, 1, 1, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 320, 32, TR_LAST_DROP, false, 1, 1, 0, &err), 0);
 	struct test_reader tr;
 	reader_init(&tr, 320);
 	tr.fail_at = 2 * 32 + 27; /* step 2, last chunk */
 	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 3,
 					 .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
-	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	const struct tr_batch *b;
 	for (int64_t s = 0; s < 2; s++) {
 		cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0, "step %lld", (long long)s);
@@ -190,8 +190,8 @@ Test(prefetch, chunk_error_names_the_sample)
 Test(prefetch, batches_match_plan_for_any_workers_and_depth)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 91, 8, TR_LAST_PARTIAL, true, 9, 3, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 91, 8, TR_LAST_PARTIAL, true, 9, 3, 0, &err), 0);
 	const int configs[][2] = {{1, 1}, {3, 2}, {8, 5}, {2, 8}};
 	check_batches_match_plan(&plan, configs, 4);
 }
@@ -201,17 +201,17 @@ Test(prefetch, batches_match_plan_for_any_workers_and_depth)
 Test(prefetch, a_step_is_ready_after_its_full_load_cost)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 64, 8, TR_LAST_DROP, false, 1, 1, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 64, 8, TR_LAST_DROP, false, 1, 1, 0, &err), 0);
 	struct tr_source_spec src = {.format = TR_DATA_SYNTHETIC, .task = TR_SYNTH_CLASSIFICATION,
 				     .samples = 64, .features = 3, .classes = 2, .load_cost_us = 1500};
 	tr_reader_t *r = NULL;
-	cr_assert_eq(tr_reader_open(&src, 1, NULL, NULL, &r, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_reader_open(&src, 1, NULL, NULL, &r, &err), 0, "%s", err.message);
 	struct tr_prefetch_config cfg = {.reader = r, .plan = &plan, .workers = 1, .depth = 1,
 					 .end_step = plan.total_steps};
 	double t0 = now_s();
 	tr_prefetch_t *pf;
-	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	const struct tr_batch *b;
 	cr_assert_eq(tr_prefetch_next(pf, 0, &b, NULL), 0);
 	double took = now_s() - t0;
@@ -237,15 +237,15 @@ static void *wait_step(void *arg)
 Test(prefetch, cancel_wakes_a_blocked_consumer)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 1000, 100, TR_LAST_PARTIAL, true, 1, 1, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 1000, 100, TR_LAST_PARTIAL, true, 1, 1, 0, &err), 0);
 	struct test_reader tr;
 	reader_init(&tr, 1000);
 	tr.sleep_us = 20000; /* 2 s per step */
 	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 2, .depth = 2,
 					 .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
-	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	struct waiter w = {.pf = pf};
 	pthread_t th;
 	pthread_create(&th, NULL, wait_step, &w);
@@ -262,15 +262,15 @@ Test(prefetch, cancel_wakes_a_blocked_consumer)
 Test(prefetch, loader_error_reaches_the_consumer_at_that_step)
 {
 	struct tr_plan plan;
-	char err[256];
-	cr_assert_eq(tr_plan_init(&plan, 40, 4, TR_LAST_PARTIAL, false, 1, 1, 0, err, sizeof err), 0);
+	struct tr_error err;
+	cr_assert_eq(tr_plan_init(&plan, 40, 4, TR_LAST_PARTIAL, false, 1, 1, 0, &err), 0);
 	struct test_reader tr;
 	reader_init(&tr, 40);
 	tr.fail_at = 13; /* step 3 */
 	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 4,
 					 .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
-	cr_assert_eq(tr_prefetch_create(&cfg, &pf, err, sizeof err), 0);
+	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	for (int64_t s = 0; s < 3; s++) {
 		const struct tr_batch *b;
 		cr_assert_eq(tr_prefetch_next(pf, s, &b, NULL), 0, "step %lld", (long long)s);

@@ -18,7 +18,7 @@
 #include "engine/data/roots.h"
 
 static char top[256], root[300], outside[300];
-static char err[1024];
+static struct tr_error err;
 static tr_data_roots_t *roots;
 
 static void put(const char *path, const char *text)
@@ -76,7 +76,7 @@ static void setup(void)
 	at(p, sizeof p, root, "fifo");
 	cr_assert_eq(mkfifo(p, 0600), 0);
 	const char *dirs[] = {root, NULL};
-	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, &err), 0, "%s", err.message);
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -100,8 +100,8 @@ TestSuite(roots, .init = setup, .fini = teardown, .timeout = 30);
 /* Opens path beneath the roots; returns the descriptor or error code. */
 static int try_open(const char *path, char *shown, size_t shownlen)
 {
-	err[0] = 0;
-	int fd = tr_data_open(roots, path, NULL, shown, shownlen, err, sizeof err);
+	err.message[0] = 0;
+	int fd = tr_data_open(roots, path, NULL, shown, shownlen, &err);
 	if (fd >= 0)
 		cr_assert_eq(fcntl(fd, F_GETFL) & O_NONBLOCK, 0, "O_NONBLOCK left on");
 	return fd;
@@ -138,28 +138,28 @@ static void check_cases(void)
 		"sub/../../outside/secret.csv", "missing.csv", "../outside/missing.csv", "good.csv/x",
 	};
 	for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {
-		cr_assert_eq(try_open(out[i], NULL, 0), -ENOENT, "%s: %s", out[i], err);
+		cr_assert_eq(try_open(out[i], NULL, 0), -ENOENT, "%s: %s", out[i], err.message);
 		char expect[1100];
 		snprintf(expect, sizeof expect, "'%s' is not a file in the data roots (", out[i]);
-		cr_assert(strstr(err, expect) && strstr(err, root), "%s: %s", out[i], err);
+		cr_assert(strstr(err.message, expect) && strstr(err.message, root), "%s: %s", out[i], err.message);
 	}
 	/* Absolute paths outside the roots: existing and missing alike. */
 	at(p, sizeof p, outside, "secret.csv");
-	cr_assert_eq(try_open(p, NULL, 0), -ENOENT, "%s", err);
+	cr_assert_eq(try_open(p, NULL, 0), -ENOENT, "%s", err.message);
 	char existing[1100];
-	snprintf(existing, sizeof existing, "%s", strstr(err, "' is not"));
+	snprintf(existing, sizeof existing, "%s", strstr(err.message, "' is not"));
 	at(p, sizeof p, outside, "nothing.csv");
-	cr_assert_eq(try_open(p, NULL, 0), -ENOENT, "%s", err);
-	cr_assert_str_eq(strstr(err, "' is not"), existing);
+	cr_assert_eq(try_open(p, NULL, 0), -ENOENT, "%s", err.message);
+	cr_assert_str_eq(strstr(err.message, "' is not"), existing);
 	at(p, sizeof p, root, "../outside/secret.csv");
-	cr_assert_eq(try_open(p, NULL, 0), -ENOENT, "%s", err);
+	cr_assert_eq(try_open(p, NULL, 0), -ENOENT, "%s", err.message);
 
 	/* Only regular files. */
 	cr_assert_eq(try_open("fifo", NULL, 0), -EINVAL);
-	cr_assert(strstr(err, "'fifo' is a FIFO, not a regular file"), "%s", err);
+	cr_assert(strstr(err.message, "'fifo' is a FIFO, not a regular file"), "%s", err.message);
 	cr_assert_eq(try_open("sub", NULL, 0), -EINVAL);
-	cr_assert(strstr(err, "directory"), "%s", err);
-	cr_assert_eq(try_open(root, NULL, 0), -EINVAL, "%s", err);
+	cr_assert(strstr(err.message, "directory"), "%s", err.message);
+	cr_assert_eq(try_open(root, NULL, 0), -EINVAL, "%s", err.message);
 }
 
 Test(roots, openat2_confines_and_accepts_only_regular_files)
@@ -196,12 +196,12 @@ Test(roots, unconfined_opens_as_written_with_the_same_file_checks)
 {
 	char p[600];
 	at(p, sizeof p, outside, "secret.csv");
-	int fd = tr_data_open(NULL, p, NULL, NULL, 0, err, sizeof err);
+	int fd = tr_data_open(NULL, p, NULL, NULL, 0, &err);
 	read_is(fd, "1,2\n");
 	at(p, sizeof p, root, "fifo");
-	cr_assert_eq(tr_data_open(NULL, p, NULL, NULL, 0, err, sizeof err), -EINVAL);
-	cr_assert_eq(tr_data_open(NULL, "no-such-file.csv", NULL, NULL, 0, err, sizeof err), -ENOENT);
-	cr_assert(strstr(err, "working directory"), "%s", err);
+	cr_assert_eq(tr_data_open(NULL, p, NULL, NULL, 0, &err), -EINVAL);
+	cr_assert_eq(tr_data_open(NULL, "no-such-file.csv", NULL, NULL, 0, &err), -ENOENT);
+	cr_assert(strstr(err.message, "working directory"), "%s", err.message);
 }
 
 Test(roots, several_roots_and_their_description)
@@ -209,14 +209,14 @@ Test(roots, several_roots_and_their_description)
 	char p[700], list[2048];
 	const char *dirs[] = {outside, root, NULL};
 	tr_data_roots_t *two;
-	cr_assert_eq(tr_data_roots_create(dirs, &two, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_data_roots_create(dirs, &two, &err), 0, "%s", err.message);
 	tr_data_roots_describe(two, list, sizeof list);
 	snprintf(p, sizeof p, "%s, %s", outside, root);
 	cr_assert_str_eq(list, p);
 	/* A relative path is looked up in each root in order. */
-	int fd = tr_data_open(two, "good.csv", NULL, NULL, 0, err, sizeof err);
+	int fd = tr_data_open(two, "good.csv", NULL, NULL, 0, &err);
 	read_is(fd, "3,4\n");
-	fd = tr_data_open(two, "secret.csv", NULL, NULL, 0, err, sizeof err);
+	fd = tr_data_open(two, "secret.csv", NULL, NULL, 0, &err);
 	read_is(fd, "1,2\n");
 	tr_data_roots_destroy(two);
 }

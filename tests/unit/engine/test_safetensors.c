@@ -35,28 +35,29 @@ Test(safetensors, round_trip_with_metadata)
 		{.name = "0.bias", .ndim = 1, .shape = {3}, .data = b},
 	};
 	json_t *meta = json_pack("{s:s}", "step", "12");
-	char path[128], err[256];
+	char path[128];
+	struct tr_error err;
 	snprintf(path, sizeof path, "%s/m.safetensors", dir);
-	cr_assert_eq(tr_st_write(path, ts, 2, meta, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_st_write(path, ts, 2, meta, &err), 0, "%s", err.message);
 	json_decref(meta);
 
 	tr_st_file_t *f;
-	cr_assert_eq(tr_st_open(path, &f, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_st_open(path, &f, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_st_count(f), 2);
 	cr_assert_str_eq(json_string_value(json_object_get(tr_st_metadata(f), "step")), "12");
 	float w2[6], b2[3];
 	int64_t sw[2] = {3, 2}, sb[1] = {3};
-	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, sw, w2, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_st_read_f32(f, "0.bias", 1, sb, b2, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, sw, w2, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_st_read_f32(f, "0.bias", 1, sb, b2, &err), 0, "%s", err.message);
 	cr_assert_eq(memcmp(w, w2, sizeof w), 0);
 	cr_assert_eq(memcmp(b, b2, sizeof b), 0);
 
 	int64_t wrong[2] = {2, 3};
-	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, wrong, w2, err, sizeof err), -EINVAL);
-	cr_assert_not_null(strstr(err, "[3, 2]"), "%s", err);
-	cr_assert_not_null(strstr(err, "[2, 3]"), "%s", err);
-	cr_assert_eq(tr_st_read_f32(f, "1.weight", 2, sw, w2, err, sizeof err), -ENOENT);
-	cr_assert_not_null(strstr(err, "1.weight"), "%s", err);
+	cr_assert_eq(tr_st_read_f32(f, "0.weight", 2, wrong, w2, &err), -EINVAL);
+	cr_assert_not_null(strstr(err.message, "[3, 2]"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "[2, 3]"), "%s", err.message);
+	cr_assert_eq(tr_st_read_f32(f, "1.weight", 2, sw, w2, &err), -ENOENT);
+	cr_assert_not_null(strstr(err.message, "1.weight"), "%s", err.message);
 	tr_st_close(f);
 
 	/* The header is padded so data starts 8-byte aligned. */
@@ -69,14 +70,15 @@ Test(safetensors, round_trip_with_metadata)
 
 Test(safetensors, damaged_files_are_refused)
 {
-	char path[128], err[256];
+	char path[128];
+	struct tr_error err;
 	snprintf(path, sizeof path, "%s/bad.safetensors", dir);
 	tr_st_file_t *f;
 	FILE *fp = fopen(path, "wb");
 	fwrite("\x05\x00", 1, 2, fp);
 	fclose(fp);
-	cr_assert_lt(tr_st_open(path, &f, err, sizeof err), 0);
-	cr_assert_not_null(strstr(err, path), "%s", err);
+	cr_assert_lt(tr_st_open(path, &f, &err), 0);
+	cr_assert_not_null(strstr(err.message, path), "%s", err.message);
 
 	/* header length larger than the file */
 	fp = fopen(path, "wb");
@@ -84,8 +86,8 @@ Test(safetensors, damaged_files_are_refused)
 	fwrite(len8, 1, 8, fp);
 	fwrite("{}", 1, 2, fp);
 	fclose(fp);
-	cr_assert_lt(tr_st_open(path, &f, err, sizeof err), 0);
-	cr_assert_not_null(strstr(err, "header length"), "%s", err);
+	cr_assert_lt(tr_st_open(path, &f, &err), 0);
+	cr_assert_not_null(strstr(err.message, "header length"), "%s", err.message);
 
 	/* offsets beyond the data */
 	const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
@@ -95,10 +97,10 @@ Test(safetensors, damaged_files_are_refused)
 	fwrite(hdr, 1, strlen(hdr), fp);
 	fwrite("\0\0\0\0", 1, 4, fp);
 	fclose(fp);
-	cr_assert_lt(tr_st_open(path, &f, err, sizeof err), 0);
-	cr_assert_not_null(strstr(err, "'a'"), "%s", err);
+	cr_assert_lt(tr_st_open(path, &f, &err), 0);
+	cr_assert_not_null(strstr(err.message, "'a'"), "%s", err.message);
 
-	cr_assert_eq(tr_st_open("/nonexistent/x.safetensors", &f, err, sizeof err), -ENOENT);
+	cr_assert_eq(tr_st_open("/nonexistent/x.safetensors", &f, &err), -ENOENT);
 }
 
 static const char *JOB_FMT =
@@ -107,8 +109,7 @@ static const char *JOB_FMT =
 	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 40, \"features\": 4, \"classes\": 3, \"seed\": 1}},"
 	" \"batch_size\": 8, \"max_steps\": %d, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}%s}";
 
-static int train_and_save(const char *text, const char *save_path, float **params, size_t *n, char *err,
-			  size_t errlen)
+static int train_and_save(const char *text, const char *save_path, float **params, size_t *n, struct tr_error *err)
 {
 	struct tr_spec spec;
 	struct tr_spec_error e;
@@ -116,9 +117,9 @@ static int train_and_save(const char *text, const char *save_path, float **param
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1};
 	tr_trainer_t *t = NULL;
-	int rc = tr_trainer_create(&opt, &t, err, errlen);
+	int rc = tr_trainer_create(&opt, &t, err);
 	if (rc == 0 && save_path)
-		rc = tr_trainer_save_weights(t, save_path, err, errlen);
+		rc = tr_trainer_save_weights(t, save_path, err);
 	if (rc == 0 && params) {
 		*n = tr_trainer_model(t)->n_params;
 		*params = malloc(*n * sizeof(float));
@@ -132,17 +133,20 @@ static int train_and_save(const char *text, const char *save_path, float **param
 
 Test(safetensors, init_from_loads_weights_and_checks_shapes)
 {
-	char path[128], text[2048], init[256], err[512];
+	char path[128];
+	char text[2048];
+	char init[256];
+	struct tr_error err;
 	snprintf(path, sizeof path, "%s/init.safetensors", dir);
 	snprintf(text, sizeof text, JOB_FMT, 1, 8, 1, "");
 	float *a, *b;
 	size_t na, nb;
-	cr_assert_eq(train_and_save(text, path, &a, &na, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(train_and_save(text, path, &a, &na, &err), 0, "%s", err.message);
 
 	/* A different seed would initialise differently; init.from wins. */
 	snprintf(init, sizeof init, ", \"init\": {\"from\": \"%s\"}", path);
 	snprintf(text, sizeof text, JOB_FMT, 2, 8, 1, init);
-	cr_assert_eq(train_and_save(text, NULL, &b, &nb, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(train_and_save(text, NULL, &b, &nb, &err), 0, "%s", err.message);
 	cr_assert_eq(na, nb);
 	cr_assert_eq(memcmp(a, b, na * sizeof(float)), 0);
 	free(a);
@@ -150,8 +154,8 @@ Test(safetensors, init_from_loads_weights_and_checks_shapes)
 
 	/* Wrong width: the error names the tensor and both shapes. */
 	snprintf(text, sizeof text, JOB_FMT, 2, 9, 1, init);
-	cr_assert_lt(train_and_save(text, NULL, NULL, NULL, err, sizeof err), 0);
-	cr_assert_not_null(strstr(err, "0.weight"), "%s", err);
-	cr_assert_not_null(strstr(err, "[8, 4]"), "%s", err);
-	cr_assert_not_null(strstr(err, "[9, 4]"), "%s", err);
+	cr_assert_lt(train_and_save(text, NULL, NULL, NULL, &err), 0);
+	cr_assert_not_null(strstr(err.message, "0.weight"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "[8, 4]"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "[9, 4]"), "%s", err.message);
 }

@@ -28,7 +28,7 @@ struct run_result {
 	size_t nparams;
 	struct tr_summary summary;
 	int rc;
-	char err[1024];
+	struct tr_error err;
 };
 
 static void collect(void *ctx, const struct tr_metric_point *p)
@@ -67,10 +67,10 @@ static void run_job_on(tr_backend_t *be, const char *text, int devices, int work
 		.debug_poison_grads = poison,
 	};
 	tr_trainer_t *t = NULL;
-	out->rc = tr_trainer_create(&opt, &t, out->err, sizeof out->err);
+	out->rc = tr_trainer_create(&opt, &t, &out->err);
 	if (out->rc == 0) {
 		record_run(be, true);
-		out->rc = tr_trainer_run(t, out->err, sizeof out->err);
+		out->rc = tr_trainer_run(t, &out->err);
 		record_run(be, false);
 		tr_trainer_summary(t, &out->summary);
 		out->nparams = tr_trainer_model(t)->n_params;
@@ -113,8 +113,8 @@ static double rel(double a, double b)
 
 static void assert_close(const struct run_result *a, const struct run_result *b, double tol, const char *what)
 {
-	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err);
-	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err);
+	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err.message);
+	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err.message);
 	cr_assert_eq(a->nloss, b->nloss, "%s: %lld vs %lld steps", what, (long long)a->nloss, (long long)b->nloss);
 	cr_assert_gt(a->nloss, 0);
 	for (int64_t s = 0; s < a->nloss; s++)
@@ -149,7 +149,7 @@ static void device_invariance(const char *job)
 {
 	struct run_result one, many;
 	run_job(job, 1, 2, false, NULL, &one);
-	cr_assert_eq(one.rc, 0, "%s", one.err);
+	cr_assert_eq(one.rc, 0, "%s", one.err.message);
 	for (int d = 2; d <= 4; d++) {
 		char what[32];
 		snprintf(what, sizeof what, "%d devices", d);
@@ -233,11 +233,11 @@ Test(trainer, worker_count_bit_identical)
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}, \"prefetch\": {\"depth\": 3}}";
 	struct run_result base, other;
 	run_job(job, 2, 1, false, NULL, &base);
-	cr_assert_eq(base.rc, 0, "%s", base.err);
+	cr_assert_eq(base.rc, 0, "%s", base.err.message);
 	int counts[] = {2, 7};
 	for (int i = 0; i < 2; i++) {
 		run_job(job, 2, counts[i], false, NULL, &other);
-		cr_assert_eq(other.rc, 0, "%s", other.err);
+		cr_assert_eq(other.rc, 0, "%s", other.err.message);
 		cr_assert_eq(other.nloss, base.nloss);
 		cr_assert_eq(memcmp(other.loss, base.loss, sizeof(double) * (size_t)base.nloss), 0,
 			     "losses differ with %d workers", counts[i]);
@@ -268,7 +268,7 @@ Test(trainer, last_batch_policies_count_samples)
 		snprintf(job, sizeof job, fmt, cases[i].policy);
 		struct run_result r;
 		run_job(job, 3, 2, false, NULL, &r);
-		cr_assert_eq(r.rc, 0, "%s: %s", cases[i].policy, r.err);
+		cr_assert_eq(r.rc, 0, "%s: %s", cases[i].policy, r.err.message);
 		cr_assert_eq(r.summary.steps, cases[i].steps, "%s: %lld steps", cases[i].policy,
 			     (long long)r.summary.steps);
 		cr_assert_eq(r.summary.samples, cases[i].samples, "%s: %lld samples", cases[i].policy,
@@ -284,11 +284,11 @@ struct failing_reader {
 	int64_t bad;
 };
 
-static int failing_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int failing_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct failing_reader *f = (struct failing_reader *)r;
 	if (index == f->bad) {
-		snprintf(err, errlen, "%s: sample %lld: unreadable", r->name, (long long)index);
+		tr_error_set(err, 0, 0, NULL, "%s: sample %lld: unreadable", r->name, (long long)index);
 		return -EIO;
 	}
 	for (int j = 0; j < r->info.features; j++)
@@ -317,8 +317,8 @@ Test(trainer, loader_error_names_file_and_sample)
 	struct run_result r;
 	run_job(job, 2, 4, false, &fr.base, &r);
 	cr_assert_lt(r.rc, 0);
-	cr_assert_not_null(strstr(r.err, "broken.bin"), "error: %s", r.err);
-	cr_assert_not_null(strstr(r.err, "sample 41"), "error: %s", r.err);
+	cr_assert_not_null(strstr(r.err.message, "broken.bin"), "error: %s", r.err.message);
+	cr_assert_not_null(strstr(r.err.message, "sample 41"), "error: %s", r.err.message);
 	free_result(&r);
 }
 
@@ -341,8 +341,8 @@ Test(trainer, bad_csv_line_fails_create_with_file_and_line)
 	struct run_result r;
 	run_job(job, 2, 2, false, NULL, &r);
 	cr_assert_lt(r.rc, 0);
-	cr_assert_not_null(strstr(r.err, "data.csv"), "error: %s", r.err);
-	cr_assert_not_null(strstr(r.err, "23"), "error: %s", r.err);
+	cr_assert_not_null(strstr(r.err.message, "data.csv"), "error: %s", r.err.message);
+	cr_assert_not_null(strstr(r.err.message, "23"), "error: %s", r.err.message);
 	unlink(path);
 	rmdir(dir);
 }
@@ -352,13 +352,13 @@ Test(trainer, bad_csv_line_fails_create_with_file_and_line)
 struct bg_run {
 	tr_trainer_t *t;
 	int rc;
-	char err[512];
+	struct tr_error err;
 };
 
 static void *bg_main(void *arg)
 {
 	struct bg_run *b = arg;
-	b->rc = tr_trainer_run(b->t, b->err, sizeof b->err);
+	b->rc = tr_trainer_run(b->t, &b->err);
 	return NULL;
 }
 
@@ -375,9 +375,9 @@ static void cancel_case(const char *job, int devices, bool graceful)
 	parse(job, &spec);
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices};
-	char err[512];
+	struct tr_error err;
 	struct bg_run b = {0};
-	cr_assert_eq(tr_trainer_create(&opt, &b.t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &b.t, &err), 0, "%s", err.message);
 	pthread_t th;
 	pthread_create(&th, NULL, bg_main, &b);
 	usleep(300 * 1000);
@@ -391,9 +391,9 @@ static void cancel_case(const char *job, int devices, bool graceful)
 	double took = now_s() - t0;
 	cr_assert_lt(took, 1.0, "run and destroy took %.3f s after the request", took);
 	if (graceful)
-		cr_assert_eq(b.rc, 0, "%s", b.err);
+		cr_assert_eq(b.rc, 0, "%s", b.err.message);
 	else
-		cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err);
+		cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err.message);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
 }
@@ -439,7 +439,7 @@ Test(trainer, learns_synthetic_classification)
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}}";
 	struct run_result r;
 	run_job(job, 2, 2, false, NULL, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert_lt(r.loss[r.nloss - 1], r.loss[0] * 0.5, "loss %g -> %g", r.loss[0], r.loss[r.nloss - 1]);
 	cr_assert_gt(r.summary.val_accuracy, 0.9, "val accuracy %g", r.summary.val_accuracy);
 	free_result(&r);
@@ -458,8 +458,8 @@ Test(trainer, model_inputs_mismatch_names_field)
 	struct run_result r;
 	run_job(job, 1, 1, false, &fr.base, &r);
 	cr_assert_eq(r.rc, -EINVAL);
-	cr_assert_not_null(strstr(r.err, "/model/inputs"), "%s", r.err);
-	cr_assert_not_null(strstr(r.err, "other.npy"), "%s", r.err);
+	cr_assert_not_null(strstr(r.err.message, "/model/inputs"), "%s", r.err.message);
+	cr_assert_not_null(strstr(r.err.message, "other.npy"), "%s", r.err.message);
 }
 
 /* ---- checkpoints and exact resume --------------------------------------- */
@@ -484,8 +484,8 @@ static int keep_snapshot(void *ctx, struct tr_snapshot *snap, bool final)
 static struct tr_snapshot *round_trip(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s)
 {
 	struct tr_checkpoint_layout l;
-	char err[256];
-	cr_assert_eq(tr_checkpoint_layout(m, opt, s, &l, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_checkpoint_layout(m, opt, s, &l, &err), 0, "%s", err.message);
 	uint8_t *img = malloc(l.total_bytes), *p = img;
 	memcpy(p, l.header, l.header_len);
 	p += l.header_len;
@@ -494,14 +494,14 @@ static struct tr_snapshot *round_trip(const tr_model_t *m, enum tr_optim_type op
 		p += l.seg_len[k];
 	}
 	struct tr_snapshot *back;
-	cr_assert_eq(tr_checkpoint_parse(img, l.total_bytes, m, opt, false, &back, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_checkpoint_parse(img, l.total_bytes, m, opt, false, &back, &err), 0, "%s", err.message);
 	/* The weights-only file is its own header plus the params prefix. */
 	size_t mlen = l.model_header_len + l.params_bytes;
 	uint8_t *model = malloc(mlen);
 	memcpy(model, l.model_header, l.model_header_len);
 	memcpy(model + l.model_header_len, img + l.header_len, l.params_bytes);
 	tr_st_file_t *f;
-	cr_assert_eq(tr_st_open_mem(model, mlen, "model", &f, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_st_open_mem(model, mlen, "model", &f, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_st_count(f), tr_model_param_count(m));
 	tr_st_close(f);
 	free(model);
@@ -514,7 +514,7 @@ static void exact_resume(const char *job, int devices)
 {
 	struct tr_spec spec;
 	parse(job, &spec);
-	char err[512];
+	struct tr_error err;
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 
 	/* Uninterrupted run, checkpointing every 7 steps. */
@@ -522,8 +522,8 @@ static void exact_resume(const char *job, int devices)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices,
 					 .hooks = {.checkpoint = keep_snapshot, .ctx = &sink}};
 	tr_trainer_t *t;
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	size_t n = tr_trainer_model(t)->n_params;
 	float *straight = malloc(n * sizeof(float));
 	tr_trainer_copy_params(t, 0, straight);
@@ -539,9 +539,9 @@ static void exact_resume(const char *job, int devices)
 		struct tr_snapshot *snap = round_trip(&model, spec.optimizer.type, sink.snaps[i]);
 		cr_assert_eq(snap->step, sink.snaps[i]->step);
 		opt.hooks = (struct tr_trainer_hooks){0};
-		cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-		cr_assert_eq(tr_trainer_restore(t, snap, false, err, sizeof err), 0, "%s", err);
-		cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+		cr_assert_eq(tr_trainer_restore(t, snap, false, &err), 0, "%s", err.message);
+		cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 		float *resumed = malloc(n * sizeof(float));
 		tr_trainer_copy_params(t, 0, resumed);
 		cr_assert_eq(memcmp(resumed, straight, n * sizeof(float)), 0,
@@ -638,12 +638,12 @@ static int lend_hook(void *ctx, struct tr_snapshot *snap, bool final)
 static float *train_lending(tr_backend_t *be, const struct tr_spec *spec, int devices, struct lend_sink *sink,
 			    size_t *n_params)
 {
-	char err[512];
+	struct tr_error err;
 	struct tr_trainer_options opt = {.spec = spec, .backend = be, .devices = devices,
 					 .hooks = {.checkpoint = sink ? lend_hook : NULL, .ctx = sink}};
 	tr_trainer_t *t;
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	size_t n = tr_trainer_model(t)->n_params;
 	float *out = malloc(n * sizeof(float)), *other = malloc(n * sizeof(float));
 	cr_assert_eq(tr_trainer_copy_params(t, 0, out), 0);
@@ -658,7 +658,7 @@ static float *train_lending(tr_backend_t *be, const struct tr_spec *spec, int de
 		 * first snapshot's, and neither snapshot may change. */
 		const struct tr_snapshot *first = sink->snaps[0];
 		const float *last_copy = sink->copies[sink->n - 1];
-		cr_assert_eq(tr_trainer_restore(t, first, true, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_trainer_restore(t, first, true, &err), 0, "%s", err.message);
 		struct tr_snapshot *now = tr_trainer_snapshot(t, 0, 0, "test");
 		cr_assert_not_null(now);
 		cr_assert_eq(memcmp(now->params, sink->copies[0], n * sizeof(float)), 0,
@@ -667,7 +667,7 @@ static float *train_lending(tr_backend_t *be, const struct tr_spec *spec, int de
 			cr_assert_eq(memcmp(now->state[b], last_copy + n * (size_t)(1 + b), n * sizeof(float)), 0,
 				     "optimizer buffer %d changed when the loan ended", b);
 		tr_snapshot_free(now);
-		cr_assert_eq(tr_trainer_restore(t, first, false, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_trainer_restore(t, first, false, &err), 0, "%s", err.message);
 	}
 	tr_trainer_destroy(t);
 	*n_params = n;
@@ -931,7 +931,7 @@ static int steps_synced(void)
 }
 
 /* Sample i: features and a class (of 3) that are a function of i alone. */
-static int count_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int count_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct count_reader *c = (struct count_reader *)r;
 	if (c->lag_batch > 0) {
@@ -940,7 +940,8 @@ static int count_get(tr_reader_t *r, int64_t index, float *x, float *y, char *er
 		for (; i < 10000 && steps_synced() < step; i++)
 			usleep(1000);
 		if (i == 10000) {
-			snprintf(err, errlen, "sample %lld: step %lld never finished", (long long)index, (long long)step);
+			tr_error_set(err, 0, 0, NULL, "sample %lld: step %lld never finished", (long long)index,
+				     (long long)step);
 			return -ETIMEDOUT;
 		}
 	}
@@ -1001,8 +1002,8 @@ static int split_steps(const struct dev_log *l, struct seg *segs, int max)
 
 static void assert_bit_identical(const struct run_result *a, const struct run_result *b, const char *what)
 {
-	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err);
-	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err);
+	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err.message);
+	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err.message);
 	cr_assert_eq(a->nloss, b->nloss, "%s", what);
 	cr_assert_eq(memcmp(a->loss, b->loss, sizeof(double) * (size_t)a->nloss), 0, "%s: losses differ", what);
 	cr_assert_eq(a->nparams, b->nparams);
@@ -1197,9 +1198,9 @@ Test(upload_ahead, failed_step_waits_for_copies_in_flight)
 		logs[d] = rec.dev[d];
 	rec_backend_destroy(be);
 	cr_assert_lt(r.rc, 0);
-	cr_assert_not_null(strstr(r.err, "step 4"), "%s", r.err);
-	cr_assert_not_null(strstr(r.err, "device 1"), "%s", r.err);
-	cr_assert_not_null(strstr(r.err, "device 99 out of range"), "%s", r.err);
+	cr_assert_not_null(strstr(r.err.message, "step 4"), "%s", r.err.message);
+	cr_assert_not_null(strstr(r.err.message, "device 1"), "%s", r.err.message);
+	cr_assert_not_null(strstr(r.err.message, "device 99 out of range"), "%s", r.err.message);
 	cr_assert_eq(r.summary.steps, 3);
 	const struct dev_log *l = &logs[1];
 	int fail = -1, async_before = 0, sync_after = 0;
@@ -1226,9 +1227,9 @@ Test(upload_ahead, cancel_mid_run_joins_cleanly)
 	parse(HEAVY_COMPUTE_JOB, &spec);
 	tr_backend_t *be = rec_backend(3, true);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 3};
-	char err[512];
+	struct tr_error err;
 	struct bg_run b = {0};
-	cr_assert_eq(tr_trainer_create(&opt, &b.t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &b.t, &err), 0, "%s", err.message);
 	rec.on = true;
 	pthread_t th;
 	pthread_create(&th, NULL, bg_main, &b);
@@ -1245,7 +1246,7 @@ Test(upload_ahead, cancel_mid_run_joins_cleanly)
 	tr_spec_finish(&spec);
 	cr_assert_geq(asyncs, 6, "no share was uploaded ahead in 10 s (%d copies)", asyncs);
 	cr_assert_lt(took, 1.0, "run and destroy took %.3f s after the cancel", took);
-	cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err);
+	cr_assert_eq(b.rc, -ECANCELED, "rc %d: %s", b.rc, b.err.message);
 }
 
 /* ---- opening the data: cancel flag, confinement of init.from ------------ */
@@ -1261,7 +1262,8 @@ static void write_lines(const char *path, int lines)
 
 Test(trainer, a_set_cancel_flag_stops_create_before_the_data_is_read)
 {
-	char dir[] = "/tmp/trainer-cancel-XXXXXX", path[256], job[1024], err[512];
+	char dir[] = "/tmp/trainer-cancel-XXXXXX", path[256], job[1024];
+	struct tr_error err;
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(path, sizeof path, "%s/data.csv", dir);
 	write_lines(path, 30);
@@ -1276,10 +1278,10 @@ Test(trainer, a_set_cancel_flag_stops_create_before_the_data_is_read)
 	atomic_bool cancel = true;
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .cancel = &cancel};
 	tr_trainer_t *t = NULL;
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ECANCELED, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), -ECANCELED, "%s", err.message);
 	cr_assert_null(t);
 	atomic_store(&cancel, false);
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
@@ -1289,7 +1291,8 @@ Test(trainer, a_set_cancel_flag_stops_create_before_the_data_is_read)
 
 Test(trainer, init_from_opens_beneath_the_data_roots)
 {
-	char dir[] = "/tmp/trainer-roots-XXXXXX", root[256], path[300], link[300], job[1024], err[1024];
+	char dir[] = "/tmp/trainer-roots-XXXXXX", root[256], path[300], link[300], job[1024];
+	struct tr_error err;
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(root, sizeof root, "%s/root", dir);
 	cr_assert_eq(mkdir(root, 0700), 0);
@@ -1309,12 +1312,13 @@ Test(trainer, init_from_opens_beneath_the_data_roots)
 	parse(job, &spec);
 	const char *dirs[] = {root, NULL};
 	tr_data_roots_t *roots;
-	cr_assert_eq(tr_data_roots_create(dirs, &roots, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_data_roots_create(dirs, &roots, &err), 0, "%s", err.message);
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .data_roots = roots};
 	tr_trainer_t *t = NULL;
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ENOENT, "%s", err);
-	cr_assert(strstr(err, "/init/from: 'w.safetensors' is not a file in the data roots"), "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), -ENOENT, "%s", err.message);
+	cr_assert(strstr(err.message, "/init/from: 'w.safetensors' is not a file in the data roots"), "%s",
+		  err.message);
 	tr_backend_destroy(be);
 	tr_data_roots_destroy(roots);
 	tr_spec_finish(&spec);
@@ -1365,17 +1369,17 @@ Test(trainer, cancel_during_setup_returns_promptly, .timeout = 60)
 	pthread_t th;
 	pthread_create(&th, NULL, set_flag_later, &d);
 	tr_trainer_t *t = NULL;
-	char err[512];
-	int rc = tr_trainer_create(&opt, &t, err, sizeof err);
+	struct tr_error err;
+	int rc = tr_trainer_create(&opt, &t, &err);
 	double took = now_s() - d.set_at;
 	pthread_join(th, NULL);
-	cr_assert_eq(rc, -ECANCELED, "rc %d: %s", rc, err);
+	cr_assert_eq(rc, -ECANCELED, "rc %d: %s", rc, err.message);
 	cr_assert_null(t);
 	cr_assert_lt(took, 2.0, "create returned %.2f s after the cancel", took);
 
 	/* A flag already set stops set-up before it opens anything. */
 	t = NULL;
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), -ECANCELED, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), -ECANCELED, "%s", err.message);
 	cr_assert_null(t);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
@@ -1392,11 +1396,10 @@ struct blowup_reader {
 	bool nan_label;
 };
 
-static int blowup_get(tr_reader_t *r, int64_t index, float *x, float *y, char *err, size_t errlen)
+static int blowup_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct blowup_reader *b = (struct blowup_reader *)r;
 	(void)err;
-	(void)errlen;
 	for (int j = 0; j < r->info.features; j++)
 		x[j] = index == b->bad && !b->nan_label ? 1e30f : (float)((index * 7 + j) % 5) - 2.0f;
 	y[0] = index == b->bad && b->nan_label ? NAN : (float)(index % 3);
@@ -1430,14 +1433,14 @@ static void nan_case(bool nan_label, int devices, const char *want)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
 					 .hooks = {.checkpoint = keep_snapshot, .ctx = &sink}};
 	tr_trainer_t *t = NULL;
-	char err[1024];
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	int rc = tr_trainer_run(t, err, sizeof err);
-	cr_assert_eq(rc, -EDOM, "rc %d: %s", rc, err);
-	cr_log_info("%s", err);
-	cr_assert_not_null(strstr(err, "step 3:"), "%s", err);
-	cr_assert_not_null(strstr(err, want), "%s", err);
-	cr_assert_not_null(strstr(err, "0.weight"), "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	int rc = tr_trainer_run(t, &err);
+	cr_assert_eq(rc, -EDOM, "rc %d: %s", rc, err.message);
+	cr_log_info("%s", err.message);
+	cr_assert_not_null(strstr(err.message, "step 3:"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, want), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, "0.weight"), "%s", err.message);
 	struct tr_summary sum;
 	tr_trainer_summary(t, &sum);
 	cr_assert_eq(sum.steps, 2, "steps done: %lld", (long long)sum.steps);
@@ -1488,7 +1491,7 @@ Test(trainer, stop_on_nan_false_trains_through)
 	snprintf(job, sizeof job, NAN_JOB_FMT, ", \"stop_on_nan\": false");
 	struct run_result r;
 	run_job(job, 1, 1, false, &br.base, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert_eq(r.summary.steps, 10);
 	cr_assert(isnan(r.loss[2]), "step 3's loss %g", r.loss[2]);
 	free_result(&r);
@@ -1551,12 +1554,12 @@ Test(trainer, per_layer_norms_match_direct_computation)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
 					 .hooks = {.metric = collect_named, .ctx = &pts}};
 	tr_trainer_t *t = NULL;
-	char err[512];
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
 	const tr_model_t *m = tr_trainer_model(t);
 	float *before = malloc(m->n_params * sizeof(float)), *after = malloc(m->n_params * sizeof(float));
 	cr_assert_eq(tr_trainer_copy_params(t, 0, before), 0);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_trainer_copy_params(t, 0, after), 0);
 
 	double total = 0;
@@ -1613,15 +1616,16 @@ Test(trainer, update_ratio_matches_direct_computation)
 	/* The weights before and after step 3: the same job stopped after
 	 * steps 2 and 3 (runs are deterministic). */
 	struct run_result r2, r3;
-	char j2[1024], j3[1024];
+	char j2[1024];
+	char j3[1024];
 	snprintf(j2, sizeof j2, "%.*s2%s", (int)(strstr(job, "\"max_steps\": 4") - job + 13), job,
 		 strstr(job, "\"max_steps\": 4") + 14);
 	snprintf(j3, sizeof j3, "%.*s3%s", (int)(strstr(job, "\"max_steps\": 4") - job + 13), job,
 		 strstr(job, "\"max_steps\": 4") + 14);
 	run_job(j2, 2, 1, false, NULL, &r2);
 	run_job(j3, 2, 1, false, NULL, &r3);
-	cr_assert_eq(r2.rc, 0, "%s", r2.err);
-	cr_assert_eq(r3.rc, 0, "%s", r3.err);
+	cr_assert_eq(r2.rc, 0, "%s", r2.err.message);
+	cr_assert_eq(r3.rc, 0, "%s", r3.err.message);
 
 	struct tr_spec spec;
 	parse(job, &spec);
@@ -1630,9 +1634,9 @@ Test(trainer, update_ratio_matches_direct_computation)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
 					 .hooks = {.metric = collect_ratio, .ctx = &pts}};
 	tr_trainer_t *t = NULL;
-	char err[512];
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	const tr_model_t *m = tr_trainer_model(t);
 	int checked = 0;
 	for (int i = 0; i < m->n_layers; i++) {
@@ -1678,7 +1682,7 @@ struct es_run {
 	struct tr_summary sum;
 	struct ckpt_sink sink;
 	int rc;
-	char err[512];
+	struct tr_error err;
 	char log[4096];
 };
 
@@ -1705,8 +1709,8 @@ static void es_run_job(const char *text, struct es_run *r)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
 					 .hooks = {.checkpoint = es_checkpoint, .log = es_log, .ctx = r}};
 	tr_trainer_t *t = NULL;
-	cr_assert_eq(tr_trainer_create(&opt, &t, r->err, sizeof r->err), 0, "%s", r->err);
-	r->rc = tr_trainer_run(t, r->err, sizeof r->err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &r->err), 0, "%s", r->err.message);
+	r->rc = tr_trainer_run(t, &r->err);
 	tr_trainer_summary(t, &r->sum);
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
@@ -1730,7 +1734,7 @@ Test(trainer, early_stopping_counts_patience_in_evaluations)
 	struct es_run r;
 	snprintf(job, sizeof job, ES_FLAT_JOB, "{\"metric\": \"loss\", \"patience\": 2}");
 	es_run_job(job, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert(r.sum.early_stopped);
 	cr_assert(!r.sum.stopped, "early stopping completes the run; it is not a stop request");
 	/* Best at the first evaluation (step 10); misses at 20 and 30: stop. */
@@ -1750,7 +1754,7 @@ Test(trainer, early_stopping_counts_patience_in_evaluations)
 	/* patience 4: two more epochs. */
 	snprintf(job, sizeof job, ES_FLAT_JOB, "{\"metric\": \"loss\", \"patience\": 4}");
 	es_run_job(job, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert(r.sum.early_stopped);
 	cr_assert_eq(r.sum.steps, 50);
 	es_free(&r);
@@ -1773,7 +1777,7 @@ Test(trainer, early_stopping_mode_and_min_delta)
 
 	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"val_loss\", \"patience\": 1}");
 	es_run_job(job, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert(!r.sum.early_stopped, "val_loss fell every epoch: %s", r.log);
 	cr_assert_eq(r.sum.steps, 54, "9 steps x 6 epochs");
 	cr_assert_eq(r.sum.best_step, 54);
@@ -1786,7 +1790,7 @@ Test(trainer, early_stopping_mode_and_min_delta)
 
 	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"val_loss\", \"mode\": \"max\", \"patience\": 2}");
 	es_run_job(job, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert(r.sum.early_stopped);
 	cr_assert_eq(r.sum.steps, 27);
 	cr_assert_eq(r.sum.best_step, 9);
@@ -1794,7 +1798,7 @@ Test(trainer, early_stopping_mode_and_min_delta)
 
 	snprintf(job, sizeof job, ES_LEARN_JOB, "{\"metric\": \"loss\", \"min_delta\": 1000, \"patience\": 3}");
 	es_run_job(job, &r);
-	cr_assert_eq(r.rc, 0, "%s", r.err);
+	cr_assert_eq(r.rc, 0, "%s", r.err.message);
 	cr_assert(r.sum.early_stopped);
 	cr_assert_eq(r.sum.steps, 36);
 	cr_assert_eq(r.sum.best_step, 9);
@@ -1850,14 +1854,14 @@ static void act_run(int devices, struct act_points *pts, float **w0, const tr_mo
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
 					 .hooks = {.metric = act_collect, .ctx = pts}};
 	tr_trainer_t *t = NULL;
-	char err[512];
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
 	size_t np = tr_trainer_model(t)->n_params;
 	*w0 = malloc(np * sizeof(float));
 	cr_assert_eq(tr_trainer_copy_params(t, 0, *w0), 0);
 	*copy = *tr_trainer_model(t);
 	*model_out = copy;
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
@@ -1977,9 +1981,9 @@ Test(trainer, lr_throughput_and_wait_monitors_between_log_steps)
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
 					 .hooks = {.metric = sched_collect, .ctx = &pts}};
 	tr_trainer_t *t = NULL;
-	char err[512];
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	struct tr_error err;
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);

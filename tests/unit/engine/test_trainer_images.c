@@ -98,7 +98,7 @@ struct run_result {
 	float *params;
 	size_t nparams;
 	int rc;
-	char err[1024];
+	struct tr_error err;
 };
 
 static void collect(void *ctx, const struct tr_metric_point *p)
@@ -129,9 +129,9 @@ static void run_job(const char *text, int devices, int workers, struct run_resul
 		.workers = workers,
 		.hooks = {.metric = collect, .ctx = out},
 	};
-	out->rc = tr_trainer_create(&opt, &t, out->err, sizeof out->err);
+	out->rc = tr_trainer_create(&opt, &t, &out->err);
 	if (out->rc == 0) {
-		out->rc = tr_trainer_run(t, out->err, sizeof out->err);
+		out->rc = tr_trainer_run(t, &out->err);
 		out->nparams = tr_trainer_model(t)->n_params;
 		out->params = malloc(out->nparams * sizeof(float));
 		cr_assert_eq(tr_trainer_copy_params(t, 0, out->params), 0);
@@ -143,8 +143,8 @@ static void run_job(const char *text, int devices, int workers, struct run_resul
 
 static void assert_identical(const struct run_result *a, const struct run_result *b, const char *what)
 {
-	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err);
-	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err);
+	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err.message);
+	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err.message);
 	cr_assert_gt(a->nloss, 0);
 	cr_assert_eq(a->nloss, b->nloss);
 	cr_assert_eq(memcmp(a->loss, b->loss, (size_t)a->nloss * sizeof(double)), 0, "%s: loss curves differ", what);
@@ -154,8 +154,8 @@ static void assert_identical(const struct run_result *a, const struct run_result
 
 static void assert_close(const struct run_result *a, const struct run_result *b, double tol, const char *what)
 {
-	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err);
-	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err);
+	cr_assert_eq(a->rc, 0, "%s: %s", what, a->err.message);
+	cr_assert_eq(b->rc, 0, "%s: %s", what, b->err.message);
 	cr_assert_eq(a->nloss, b->nloss);
 	for (int64_t s = 0; s < a->nloss; s++)
 		cr_assert_leq(fabs(a->loss[s] - b->loss[s]), tol * fmax(1.0, fabs(a->loss[s])),
@@ -171,7 +171,7 @@ static void loaders_and_devices(const char *job)
 	struct run_result *one = malloc(sizeof *one), *four = malloc(sizeof *four), *dev3 = malloc(sizeof *dev3);
 
 	run_job(job, 1, 1, one);
-	cr_assert_eq(one->rc, 0, "%s", one->err);
+	cr_assert_eq(one->rc, 0, "%s", one->err.message);
 	run_job(job, 1, 4, four);
 	assert_identical(one, four, "1 vs 4 loader threads");
 	run_job(job, 3, 2, dev3);
@@ -190,7 +190,8 @@ static void loaders_and_devices(const char *job)
  * batches of 8 leave a last step of 5 (idle devices on 3). */
 Test(trainer_images, images_job_is_loader_and_device_count_invariant)
 {
-	char job[2048], name[64];
+	char job[2048];
+	char name[64];
 
 	mkdir_in("set");
 	mkdir_in("set/dark");
@@ -262,11 +263,11 @@ Test(trainer_images, gzip_idx_trains_a_flat_model)
 			 inputs, in_dir("img.gz"), in_dir("lab.gz"));
 		run_job(job, 1, 2, r);
 		if (inputs == 20) {
-			cr_assert_eq(r->rc, 0, "%s", r->err);
+			cr_assert_eq(r->rc, 0, "%s", r->err.message);
 			cr_assert_lt(r->loss[r->nloss - 1], r->loss[0]);
 		} else {
 			cr_assert_lt(r->rc, 0);
-			cr_assert_not_null(strstr(r->err, "/model/inputs"), "%s", r->err);
+			cr_assert_not_null(strstr(r->err.message, "/model/inputs"), "%s", r->err.message);
 		}
 		free(r->params);
 	}
@@ -277,7 +278,8 @@ Test(trainer_images, gzip_idx_trains_a_flat_model)
  * fails, and the job with it, naming the file. */
 Test(trainer_images, truncated_image_fails_the_job_naming_it)
 {
-	char job[2048], name[64];
+	char job[2048];
+	char name[64];
 	struct run_result *r = malloc(sizeof *r);
 	struct stat st;
 
@@ -298,7 +300,7 @@ Test(trainer_images, truncated_image_fails_the_job_naming_it)
 		 in_dir("set"));
 	run_job(job, 2, 2, r);
 	cr_assert_lt(r->rc, 0, "the job should fail");
-	cr_assert_not_null(strstr(r->err, "set/b/04.png"), "error does not name the file: %s", r->err);
+	cr_assert_not_null(strstr(r->err.message, "set/b/04.png"), "error does not name the file: %s", r->err.message);
 	free(r->params);
 	free(r);
 }
@@ -326,7 +328,8 @@ static int keep(void *ctx, struct tr_snapshot *snap, bool final)
  * bit for bit. */
 Test(trainer_images, patches_job_resumes_bit_identically)
 {
-	char job[2048], err[1024];
+	char job[2048];
+	struct tr_error err;
 	struct tr_spec spec;
 	struct tr_spec_error e;
 	struct sink sink = {0};
@@ -350,8 +353,8 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 	cr_assert_eq(tr_spec_parse_text(job, &spec, &e), 0, "%s", e.message);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2, .workers = 2,
 					 .hooks = {.checkpoint = keep, .ctx = &sink}};
-	cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	n = tr_trainer_model(t)->n_params;
 	straight = malloc(n * sizeof(float));
 	resumed = malloc(n * sizeof(float));
@@ -360,9 +363,9 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 	cr_assert_geq(sink.n, 4, "%d checkpoints", sink.n);
 	for (int i = 0; i < sink.n - 1; i++) {
 		opt.hooks = (struct tr_trainer_hooks){0};
-		cr_assert_eq(tr_trainer_create(&opt, &t, err, sizeof err), 0, "%s", err);
-		cr_assert_eq(tr_trainer_restore(t, sink.snaps[i], false, err, sizeof err), 0, "%s", err);
-		cr_assert_eq(tr_trainer_run(t, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+		cr_assert_eq(tr_trainer_restore(t, sink.snaps[i], false, &err), 0, "%s", err.message);
+		cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 		tr_trainer_copy_params(t, 0, resumed);
 		cr_assert_eq(memcmp(resumed, straight, n * sizeof(float)), 0, "resuming at step %lld changed the result",
 			     (long long)sink.snaps[i]->step);
