@@ -206,7 +206,7 @@ static bool fake_ready(void *ctx)
 	return atomic_load(&daemon_ready);
 }
 
-tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen)
+tr_api_t *start_with(const struct start_opts *o, struct tr_error *e)
 {
 	struct tr_api_config cfg = {
 		.listen_host = o->host,
@@ -228,16 +228,16 @@ tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen)
 			.ready = fake_ready},
 	};
 
-	return tr_api_start(&cfg, err, errlen);
+	return tr_api_start(&cfg, e);
 }
 
 void restart(const struct start_opts *o)
 {
-	char err[256] = "";
+	struct tr_error e = {0};
 
 	tr_api_stop(api);
-	api = start_with(o, err, sizeof(err));
-	cr_assert_not_null(api, "tr_api_start: %s", err);
+	api = start_with(o, &e);
+	cr_assert_not_null(api, "tr_api_start: %s", e.message);
 	port = tr_api_port(api);
 }
 

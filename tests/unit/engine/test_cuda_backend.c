@@ -251,7 +251,7 @@ Test(cuda_estimate, covers_every_replica_buffer)
 		" \"samples\": 10, \"features\": 33, \"classes\": 7}}, \"batch_size\": 100, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	char err[256];
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
@@ -284,7 +284,7 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 		" \"samples\": 10, \"features\": 7, \"outputs\": 1}}, \"batch_size\": 1, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	char err[256];
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
@@ -329,7 +329,7 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 		" \"samples\": 50, \"features\": 2000, \"classes\": 4}}, \"batch_size\": 300, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	char err[256];
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_backend_t *be = counting_backend();
@@ -411,7 +411,7 @@ Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
 		" \"classes\": 4}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\","
 		" \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = &tiny, .devices = 1, .workers = 1};
 	tr_trainer_t *t = NULL;
@@ -1390,7 +1390,7 @@ static void run_job(const char *text, tr_backend_t *be, int devices, struct run_
 {
 	memset(out, 0, sizeof *out);
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "spec: %s", e.message);
 	struct tr_trainer_options opt = {
 		.spec = &spec,

@@ -111,7 +111,7 @@ static int train_and_save(const char *text, const char *save_path, float **param
 			  size_t errlen)
 {
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1};
