@@ -246,8 +246,9 @@ int tr_cmd_serve(int argc, char **argv)
 	snprintf(db, sizeof db, "%s/trainerd.db", cfg.state_dir);
 	struct tr_store_options sopt = {.metrics_queue_max = (size_t)cfg.metrics_queue,
 					.max_bytes = (int64_t)cfg.state_max_bytes};
-	if (tr_store_open(db, &sopt, &store, err, sizeof err) < 0) {
-		tr_log(TR_LOG_ERR, "%s", err);
+	struct tr_error serr;
+	if (tr_store_open(db, &sopt, &store, &serr) < 0) {
+		tr_log(TR_LOG_ERR, "%s", serr.message);
 		goto out;
 	}
 	if (!(be = pick_backend(&cfg, fallback, sizeof fallback, err, sizeof err))) {

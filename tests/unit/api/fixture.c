@@ -243,14 +243,15 @@ void restart(const struct start_opts *o)
 
 void api_fixture_setup(void)
 {
-	char path[PATH_MAX + 16], err[256] = "";
+	char path[PATH_MAX + 16];
 	struct start_opts o = {0};
 
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	snprintf(dir, sizeof(dir), "/tmp/tr-api-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/state.db", dir);
-	cr_assert_eq(tr_store_open(path, NULL, &store, err, sizeof(err)), 0, "tr_store_open: %s", err);
+	struct tr_error oerr = {0};
+	cr_assert_eq(tr_store_open(path, NULL, &store, &oerr), 0, "tr_store_open: %s", oerr.message);
 	api = NULL;
 	token = NULL;
 	restart(&o);

@@ -961,6 +961,23 @@ Test(spec, some_messages)
 	json_decref(doc);
 }
 
+/* The pointer and the message reach the caller in its struct tr_error
+ * (core/error.h, docs/design.md "Errors"), whatever it held before. */
+Test(spec, error_arrives_in_the_callers_struct_tr_error)
+{
+	struct tr_spec s;
+	struct tr_error err = {.kind = 99, .pointer = "/stale", .message = "stale"};
+	json_t *doc = load(base_spec);
+
+	json_object_set_new(json_array_get(json_object_get(json_object_get(doc, "model"), "layers"), 0), "units",
+			    json_integer(0));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
+	cr_expect_str_eq(err.pointer, "/model/layers/0/units");
+	cr_expect(strncmp(err.message, "/model/layers/0/units: ", 23) == 0, "%s", err.message);
+	cr_expect_eq(err.kind, 0);
+	json_decref(doc);
+}
+
 Test(spec, syntax_error_names_line_and_column)
 {
 	struct tr_spec s;
