@@ -152,8 +152,9 @@ struct tr_api_config {
 
 typedef struct tr_api tr_api_t;
 
-/* Binds and starts serving.  NULL with err set (e.g. address in use). */
-tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen);
+/* Binds and starts serving.  NULL with e's message filled (e.g. address in
+ * use). */
+tr_api_t *tr_api_start(const struct tr_api_config *cfg, struct tr_error *e);
 /* The bound port (useful with port 0). */
 int tr_api_port(const tr_api_t *api);
 /* Whether the API serves HTTPS. */

@@ -144,9 +144,9 @@ bool tr_api_is_loopback(const struct sockaddr *sa);
 void tr_api_stamp(tr_api_t *api);
 void tr_api_set_probe_addr(tr_api_t *api, int fd);
 /* Checks a passed listening socket and takes its address; fd or -1. */
-int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, char *err, size_t errlen);
+int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, struct tr_error *e);
 /* Reads cfg's tls-cert and tls-key when set.  0 or -1 with err. */
-int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, char *err, size_t errlen);
+int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, struct tr_error *e);
 
 /* ---- errors.c ---- */
 
@@ -225,7 +225,7 @@ json_t *tr_api_time_json(double t);
 /* ---- limits.c ---- */
 
 /* Starts the deadline reaper; -1 with err filled. */
-int tr_api_limits_init(tr_api_t *api, char *err, size_t errlen);
+int tr_api_limits_init(tr_api_t *api, struct tr_error *e);
 /* Stops it; after MHD_stop_daemon.  Safe when init failed or never ran. */
 void tr_api_limits_finish(tr_api_t *api);
 /* MHD's accept policy (cls is the api): per-address cap and reserve. */

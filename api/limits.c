@@ -247,7 +247,7 @@ static void *reaper_main(void *cls)
 	return NULL;
 }
 
-int tr_api_limits_init(tr_api_t *api, char *err, size_t errlen)
+int tr_api_limits_init(tr_api_t *api, struct tr_error *e)
 {
 	struct tr_api_limits *l = &api->limits;
 	pthread_condattr_t attr;
@@ -261,7 +261,7 @@ int tr_api_limits_init(tr_api_t *api, char *err, size_t errlen)
 	l->initialized = true;
 	rc = pthread_create(&l->reaper, NULL, reaper_main, api);
 	if (rc != 0) {
-		snprintf(err, errlen, "cannot start the request deadline thread: %s", strerror(rc));
+		tr_error_set(e, 0, 0, NULL, "cannot start the request deadline thread: %s", strerror(rc));
 		return -1;
 	}
 	l->reaper_started = true;

@@ -89,7 +89,7 @@ void tr_api_set_probe_addr(tr_api_t *api, int fd)
 	tr_api_stamp(api);
 }
 
-int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, char *err, size_t errlen)
+int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, struct tr_error *e)
 {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof(ss);
@@ -97,23 +97,23 @@ int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, char *err, size_t e
 	socklen_t olen = sizeof(type);
 
 	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &olen) < 0 || type != SOCK_STREAM) {
-		snprintf(err, errlen, "the passed descriptor %d is not a stream socket", fd);
+		tr_error_set(e, 0, 0, NULL, "the passed descriptor %d is not a stream socket", fd);
 		return -1;
 	}
 	olen = sizeof(listening);
 	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) < 0 || !listening) {
-		snprintf(err, errlen, "the passed socket %d is not listening", fd);
+		tr_error_set(e, 0, 0, NULL, "the passed socket %d is not listening", fd);
 		return -1;
 	}
 	if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0 ||
 	    (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) {
-		snprintf(err, errlen, "the passed socket %d is not an IPv4 or IPv6 socket (ListenStream= takes "
+		tr_error_set(e, 0, 0, NULL, "the passed socket %d is not an IPv4 or IPv6 socket (ListenStream= takes "
 				      "ADDRESS:PORT or PORT)", fd);
 		return -1;
 	}
 	api->loopback = tr_api_is_loopback((const struct sockaddr *)&ss);
 	if (!api->loopback && api->n_auth == 0) {
-		snprintf(err, errlen,
+		tr_error_set(e, 0, 0, NULL,
 			 "the passed socket is not on loopback: it needs bearer tokens (token-file or token), "
 			 "anyone who can reach the port could submit and cancel jobs");
 		return -1;
@@ -123,7 +123,7 @@ int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, char *err, size_t e
 	free(api->listen_host);
 	api->listen_host = malloc(INET6_ADDRSTRLEN);
 	if (!api->listen_host) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(e, 0, 0, NULL, "out of memory");
 		return -1;
 	}
 	if (ss.ss_family == AF_INET)
@@ -134,7 +134,7 @@ int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, char *err, size_t e
 	return fd;
 }
 
-static int read_pem(const char *what, const char *path, char **out, char *err, size_t errlen)
+static int read_pem(const char *what, const char *path, char **out, struct tr_error *e)
 {
 	struct stat st;
 	char *buf = NULL;
@@ -142,26 +142,26 @@ static int read_pem(const char *what, const char *path, char **out, char *err, s
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0) {
-		snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+		tr_error_set(e, 0, 0, NULL, "%s %s: %s", what, path, strerror(errno));
 		return -1;
 	}
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || st.st_size > PEM_MAX) {
-		snprintf(err, errlen, "%s %s: not a PEM file of at most 1 MiB", what, path);
+		tr_error_set(e, 0, 0, NULL, "%s %s: not a PEM file of at most 1 MiB", what, path);
 		goto fail;
 	}
 	buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(e, 0, 0, NULL, "out of memory");
 		goto fail;
 	}
 	got = read(fd, buf, (size_t)st.st_size);
 	if (got != st.st_size) {
-		snprintf(err, errlen, "%s %s: short read", what, path);
+		tr_error_set(e, 0, 0, NULL, "%s %s: short read", what, path);
 		goto fail;
 	}
 	buf[got] = '\0';
 	if (!strstr(buf, "-----BEGIN ")) {
-		snprintf(err, errlen, "%s %s: no PEM block in the file", what, path);
+		tr_error_set(e, 0, 0, NULL, "%s %s: no PEM block in the file", what, path);
 		goto fail;
 	}
 	close(fd);
@@ -176,23 +176,23 @@ fail:
 	return -1;
 }
 
-int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, char *err, size_t errlen)
+int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, struct tr_error *e)
 {
 	bool cert = cfg->tls_cert_path && cfg->tls_cert_path[0], key = cfg->tls_key_path && cfg->tls_key_path[0];
 
 	if (!cert && !key)
 		return 0;
 	if (cert != key) {
-		snprintf(err, errlen, "HTTPS needs both tls-cert and tls-key (only %s is set)",
+		tr_error_set(e, 0, 0, NULL, "HTTPS needs both tls-cert and tls-key (only %s is set)",
 			 cert ? "tls-cert" : "tls-key");
 		return -1;
 	}
 	if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
-		snprintf(err, errlen, "tls-cert is set, but this libmicrohttpd was built without TLS (GnuTLS)");
+		tr_error_set(e, 0, 0, NULL, "tls-cert is set, but this libmicrohttpd was built without TLS (GnuTLS)");
 		return -1;
 	}
-	if (read_pem("tls-cert", cfg->tls_cert_path, &api->tls_cert, err, errlen) < 0 ||
-	    read_pem("tls-key", cfg->tls_key_path, &api->tls_key, err, errlen) < 0)
+	if (read_pem("tls-cert", cfg->tls_cert_path, &api->tls_cert, e) < 0 ||
+	    read_pem("tls-key", cfg->tls_key_path, &api->tls_key, e) < 0)
 		return -1;
 	return 0;
 }

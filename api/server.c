@@ -441,7 +441,7 @@ static void free_api(tr_api_t *api)
 
 /* Fills the connection limits left at 0, fits them to each other and
  * refuses a stall limit that would cut streams that are merely quiet. */
-static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
+static int limit_defaults(struct tr_api_config *c, struct tr_error *e)
 {
 	if (c->max_connections <= 0)
 		c->max_connections = TR_API_DEFAULT_MAX_CONNECTIONS;
@@ -467,7 +467,7 @@ static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
 	if (c->sse_stall_s <= c->sse_heartbeat_s) {
 		/* A healthy stream writes at least every heartbeat; a stall
 		 * limit below that would cut streams that are merely quiet. */
-		snprintf(err, errlen, "sse-stall-timeout (%d s) must be above sse-heartbeat (%d s)",
+		tr_error_set(e, 0, 0, NULL, "sse-stall-timeout (%d s) must be above sse-heartbeat (%d s)",
 			 c->sse_stall_s, c->sse_heartbeat_s);
 		return -1;
 	}
@@ -477,7 +477,7 @@ static int limit_defaults(struct tr_api_config *c, char *err, size_t errlen)
 /* Copies the caller's strings so the API does not depend on their
  * lifetime.  Refuses empty token lists and empty tokens (api/auth.c):
  * either would lock every client out (or, worse, match an empty header). */
-static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err, size_t errlen)
+static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, struct tr_error *e)
 {
 	api->cfg = *cfg;
 	if (!api->cfg.max_body)
@@ -486,7 +486,7 @@ static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err
 		api->cfg.sse_heartbeat_s = TR_API_DEFAULT_HEARTBEAT_S;
 	if (api->cfg.sse_max_idle_s <= 0)
 		api->cfg.sse_max_idle_s = TR_API_DEFAULT_SSE_IDLE_S;
-	if (limit_defaults(&api->cfg, err, errlen) < 0)
+	if (limit_defaults(&api->cfg, e) < 0)
 		return -1;
 	api->listen_host = strdup(cfg->listen_host && *cfg->listen_host ? cfg->listen_host : "127.0.0.1");
 	api->version = strdup(cfg->version ? cfg->version : "unknown");
@@ -494,9 +494,10 @@ static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err
 		goto oom;
 	if (cfg->openapi_path && !(api->openapi_path = strdup(cfg->openapi_path)))
 		goto oom;
-	if (tr_api_auth_build(cfg->tokens, cfg->role_tokens, cfg->n_role_tokens, &api->auth, &api->n_auth, err,
-			      errlen) < 0)
-		return -1;
+	char why[512];
+	if (tr_api_auth_build(cfg->tokens, cfg->role_tokens, cfg->n_role_tokens, &api->auth, &api->n_auth, why,
+			      sizeof why) < 0)
+		return tr_error_set(e, -1, 0, NULL, "%s", why);
 	atomic_init(&api->max_body, api->cfg.max_body);
 	api->cfg.listen_host = api->listen_host;
 	api->cfg.version = api->version;
@@ -508,20 +509,20 @@ static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, char *err
 	api->cfg.tls_cert_path = api->cfg.tls_key_path = NULL;
 	return 0;
 oom:
-	snprintf(err, errlen, "out of memory");
+	tr_error_set(e, 0, 0, NULL, "out of memory");
 	return -1;
 }
 
 /* Binds ourselves rather than through MHD so a failure comes back with
  * its errno ("address in use") instead of a bare NULL. */
-static int bind_listener(tr_api_t *api, bool *ipv6, char *err, size_t errlen)
+static int bind_listener(tr_api_t *api, bool *ipv6, struct tr_error *e)
 {
 	struct addrinfo hints = {0}, *res = NULL;
 	char port[16];
 	int fd = -1, one = 1, rc;
 
 	if (api->cfg.port < 0 || api->cfg.port > 65535) {
-		snprintf(err, errlen, "port %d is out of range", api->cfg.port);
+		tr_error_set(e, 0, 0, NULL, "port %d is out of range", api->cfg.port);
 		return -1;
 	}
 	snprintf(port, sizeof(port), "%d", api->cfg.port);
@@ -530,12 +531,12 @@ static int bind_listener(tr_api_t *api, bool *ipv6, char *err, size_t errlen)
 	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
 	rc = getaddrinfo(api->listen_host, port, &hints, &res);
 	if (rc != 0) {
-		snprintf(err, errlen, "listen address %s: %s", api->listen_host, gai_strerror(rc));
+		tr_error_set(e, 0, 0, NULL, "listen address %s: %s", api->listen_host, gai_strerror(rc));
 		return -1;
 	}
 	api->loopback = tr_api_is_loopback(res->ai_addr);
 	if (!api->loopback && api->n_auth == 0) {
-		snprintf(err, errlen,
+		tr_error_set(e, 0, 0, NULL,
 			 "listening on %s (not loopback) needs bearer tokens: anyone who can reach the port "
 			 "could submit and cancel jobs",
 			 api->listen_host);
@@ -544,17 +545,17 @@ static int bind_listener(tr_api_t *api, bool *ipv6, char *err, size_t errlen)
 	*ipv6 = res->ai_family == AF_INET6;
 	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
-		snprintf(err, errlen, "socket: %s", strerror(errno));
+		tr_error_set(e, 0, 0, NULL, "socket: %s", strerror(errno));
 		goto fail;
 	}
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
-		snprintf(err, errlen, "cannot listen on %s port %d: %s", api->listen_host, api->cfg.port,
+		tr_error_set(e, 0, 0, NULL, "cannot listen on %s port %d: %s", api->listen_host, api->cfg.port,
 			 strerror(errno));
 		goto fail;
 	}
 	if (listen(fd, 128) < 0) {
-		snprintf(err, errlen, "listen: %s", strerror(errno));
+		tr_error_set(e, 0, 0, NULL, "listen: %s", strerror(errno));
 		goto fail;
 	}
 	freeaddrinfo(res);
@@ -578,7 +579,7 @@ static int bound_port(int fd)
 	return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
 
-tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen)
+tr_api_t *tr_api_start(const struct tr_api_config *cfg, struct tr_error *e)
 {
 	unsigned int flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
 			     MHD_USE_ITC;
@@ -587,27 +588,27 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen
 	int fd;
 
 	if (!cfg->store) {
-		snprintf(err, errlen, "the API needs a store");
+		tr_error_set(e, 0, 0, NULL, "the API needs a store");
 		return NULL;
 	}
 	api = calloc(1, sizeof(*api));
 	if (!api) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(e, 0, 0, NULL, "out of memory");
 		return NULL;
 	}
 	atomic_init(&api->stopping, false);
 	atomic_init(&api->last_accept_ns, 0);
 	pthread_rwlock_init(&api->auth_lock, NULL);
-	if (copy_config(api, cfg, err, errlen) < 0)
+	if (copy_config(api, cfg, e) < 0)
 		goto fail_api;
-	if (tr_api_limits_init(api, err, errlen) < 0)
+	if (tr_api_limits_init(api, e) < 0)
 		goto fail_api;
-	if (tr_api_tls_load(api, cfg, err, errlen) < 0)
+	if (tr_api_tls_load(api, cfg, e) < 0)
 		goto fail_api;
 	if (cfg->use_listen_fd)
-		fd = tr_api_adopt_listener(api, cfg->listen_fd, &ipv6, err, errlen);
+		fd = tr_api_adopt_listener(api, cfg->listen_fd, &ipv6, e);
 	else
-		fd = bind_listener(api, &ipv6, err, errlen);
+		fd = bind_listener(api, &ipv6, e);
 	if (fd < 0)
 		goto fail_api;
 	api->port = bound_port(fd);
@@ -632,7 +633,7 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, char *err, size_t errlen
 		 * on its failure path differs between versions, and closing a
 		 * descriptor number another thread may have reused is worse
 		 * than leaking one on a path that ends the daemon anyway. */
-		snprintf(err, errlen, "cannot start the HTTP%s server on %s port %d%s", api->tls_cert ? "S" : "",
+		tr_error_set(e, 0, 0, NULL, "cannot start the HTTP%s server on %s port %d%s", api->tls_cert ? "S" : "",
 			 api->listen_host, api->port,
 			 api->tls_cert ? " (is tls-key the key of tls-cert, both PEM?)" : "");
 		goto fail_api;

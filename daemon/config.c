@@ -215,9 +215,9 @@ static const char *const reloadable[] = {"log-level", "max-body", "token", "toke
 /* Sets one option from text; `where` prefixes the message ("--", or
  * "FILE:LINE: "). */
 static int set_option(struct tr_config *c, const struct tr_field *o, const char *value, const char *where,
-		      char *err, size_t errlen)
+		      struct tr_error *err)
 {
-	struct tr_spec_error e;
+	struct tr_error e;
 	struct tr_fields_ctx ctx = {.err = &e, .user = c};
 
 	memset(&e, 0, sizeof(e));
@@ -230,13 +230,12 @@ static int set_option(struct tr_config *c, const struct tr_field *o, const char 
 
 	if (plen && strncmp(text, e.pointer, plen) == 0 && strncmp(text + plen, ": ", 2) == 0)
 		text += plen + 2;
-	snprintf(err, errlen, "%s%s: %s, got '%.200s'", where, o->key, text, value);
-	return -1;
+	return tr_error_set(err, -EINVAL, 0, NULL, "%s%s: %s, got '%.200s'", where, o->key, text, value);
 }
 
 void tr_config_defaults(struct tr_config *c)
 {
-	struct tr_spec_error e;
+	struct tr_error e;
 	struct tr_fields_ctx ctx = {.err = &e, .user = c};
 
 	memset(c, 0, sizeof *c);
@@ -286,12 +285,12 @@ static char *trim(char *s)
 	return s;
 }
 
-int tr_config_load_file(struct tr_config *c, const char *path, char *err, size_t errlen)
+int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *err)
 {
 	FILE *f = fopen(path, "r");
 	if (!f) {
-		snprintf(err, errlen, "--config %s: %s", path, strerror(errno));
-		return -1;
+		int rc = -errno;
+		return tr_error_set(err, rc, 0, NULL, "--config %s: %s", path, strerror(-rc));
 	}
 	char line[4096], where[1200];
 	int lineno = 0, rc = 0;
@@ -303,19 +302,17 @@ int tr_config_load_file(struct tr_config *c, const char *path, char *err, size_t
 		char *eq = strchr(s, '=');
 		snprintf(where, sizeof where, "%s:%d: ", path, lineno);
 		if (!eq) {
-			snprintf(err, errlen, "%sexpected 'name = value'", where);
-			rc = -1;
+			rc = tr_error_set(err, -EINVAL, 0, NULL, "%sexpected 'name = value'", where);
 			break;
 		}
 		*eq = 0;
 		char *name = trim(s), *value = trim(eq + 1);
 		const struct tr_field *o = tr_fields_find_field(options, name);
 		if (!o) {
-			snprintf(err, errlen, "%sunknown option '%s'", where, name);
-			rc = -1;
+			rc = tr_error_set(err, -EINVAL, 0, NULL, "%sunknown option '%s'", where, name);
 			break;
 		}
-		rc = set_option(c, o, value, where, err, errlen);
+		rc = set_option(c, o, value, where, err);
 	}
 	fclose(f);
 	return rc;
@@ -353,7 +350,7 @@ void tr_config_print_help(void)
 	}
 }
 
-int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, size_t errlen)
+int tr_config_parse_args(struct tr_config *c, int argc, char **argv, struct tr_error *err)
 {
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -362,8 +359,7 @@ int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, 
 			return 1;
 		}
 		if (strncmp(a, "--", 2) != 0) {
-			snprintf(err, errlen, "unexpected argument '%s'", a);
-			return -1;
+			return tr_error_set(err, -EINVAL, 0, NULL, "unexpected argument '%s'", a);
 		}
 		const char *name = a + 2, *value = NULL;
 		char namebuf[64];
@@ -376,21 +372,22 @@ int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, 
 			value = argv[++i];
 		}
 		if (!value) {
-			snprintf(err, errlen, "--%s needs a value", name);
-			return -1;
+			return tr_error_set(err, -EINVAL, 0, NULL, "--%s needs a value", name);
 		}
 		if (strcmp(name, "config") == 0) {
-			if (tr_config_load_file(c, value, err, errlen) < 0)
-				return -1;
+			int rc = tr_config_load_file(c, value, err);
+			if (rc < 0)
+				return rc;
 			continue;
 		}
 		const struct tr_field *o = tr_fields_find_field(options, name);
 		if (!o) {
-			snprintf(err, errlen, "unknown option '--%s' (see trainerd serve --help)", name);
-			return -1;
+			return tr_error_set(err, -EINVAL, 0, NULL, "unknown option '--%s' (see trainerd serve --help)",
+					    name);
 		}
-		if (set_option(c, o, value, "--", err, errlen) < 0)
-			return -1;
+		int rc = set_option(c, o, value, "--", err);
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
 }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
+
 #define TR_CONFIG_MAX_ROOTS 16
 #define TR_CONFIG_MAX_TOKENS 16
 
@@ -48,10 +50,11 @@ struct tr_config {
 /* Fills defaults. */
 void tr_config_defaults(struct tr_config *c);
 /* Applies argv (after "serve"); a --config FILE is read where it appears,
- * so later flags override it.  Returns 0, 1 when --help was printed, or -1
- * with a message naming the flag, file and line in err. */
-int tr_config_parse_args(struct tr_config *c, int argc, char **argv, char *err, size_t errlen);
-int tr_config_load_file(struct tr_config *c, const char *path, char *err, size_t errlen);
+ * so later flags override it.  Returns 0, 1 when --help was printed, or a
+ * negative errno (-EINVAL; the file's open error) with a message naming
+ * the flag, file and line in err (core/error.h; pointer ""). */
+int tr_config_parse_args(struct tr_config *c, int argc, char **argv, struct tr_error *err);
+int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *err);
 void tr_config_print_help(void);
 /* Calls fn with the name of every option whose value differs between a
  * and b, and whether a running daemon applies it on reload (SIGHUP);

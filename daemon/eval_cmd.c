@@ -196,7 +196,7 @@ static int parse_source(const struct common_opts *o, const struct tr_model_desc 
 				jerr.line > 0 ? jerr.text : "no such file or not readable");
 		return -1;
 	}
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	int rc = tr_model_source_parse(NULL, d, src, spec, &serr);
 	if (rc < 0)
 		fprintf(stderr, "trainerd %s: DATA_SPEC: %s%s\n", o->cmd,

@@ -131,7 +131,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	 * trained job's model, and its files must open in the data roots. */
 	json_t *tnorm = json_loads(target.normalized ? target.normalized : "{}", 0, NULL);
 	struct tr_spec spec;
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	rc = tr_model_source_parse(json_object_get(tnorm, "model"), NULL, data, &spec, &serr);
 	json_decref(tnorm);
 	if (rc < 0) {
@@ -140,15 +140,15 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		tr_job_row_finish(&target);
 		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, ptr, "/data%s", serr.message);
 	}
-	char pointer[256], msg[768];
-	if (tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
+	struct tr_error perr;
+	if (tr_resolve_spec_paths(s, &spec, &perr) < 0) {
 		tr_spec_finish(&spec);
 		tr_job_row_finish(&target);
 		/* "/data/train/path" of the spec parser is "/data/path" here. */
-		const char *p = strncmp(pointer, "/data/train", 11) == 0 ? pointer + 11 : pointer;
-		const char *m = strncmp(msg, "/data/train", 11) == 0 ? msg + 11 : msg;
+		const char *p = strncmp(perr.pointer, "/data/train", 11) == 0 ? perr.pointer + 11 : perr.pointer;
+		const char *m = strncmp(perr.message, "/data/train", 11) == 0 ? perr.message + 11 : perr.message;
 		char ptr[300];
-		snprintf(ptr, sizeof ptr, "/data%s", p);
+		snprintf(ptr, sizeof ptr, "/data%.255s", p);
 		return tr_job_fail(err, TR_JOB_E_INVALID_PATH, ptr, "/data%s", m);
 	}
 	tr_spec_finish(&spec);
@@ -203,7 +203,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	return 0;
 }
 
-int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_spec_error *err)
+int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_error *err)
 {
 	memset(&j->spec, 0, sizeof j->spec);
 	j->eval = json_loads(normalized, 0, NULL);
@@ -324,14 +324,14 @@ static void *eval_main(void *arg)
 	}
 	free(blob);
 	blob = NULL;
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	if ((rc = tr_model_source_parse(NULL, &d, json_object_get(j->eval, "data"), &spec, &serr)) < 0) {
 		snprintf(err, sizeof err, "/data%s", serr.message);
 		code = "invalid_spec";
 		goto fail;
 	}
-	char pointer[256];
-	if (tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, err, sizeof err) < 0) {
+	if (tr_resolve_spec_paths(s, &spec, &serr) < 0) {
+		snprintf(err, sizeof err, "%s", serr.message);
 		code = "invalid_path";
 		rc = -ENOENT;
 		goto fail;

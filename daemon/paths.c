@@ -21,37 +21,28 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/error.h"
 #include "daemon/scheduler_internal.h"
 #include "storage/datasets.h"
 
 /* Replaces a "dataset:NAME/FILE" *field by the file's path beneath the
  * datasets directory.  0 (also for other paths, left alone), -2 for a
  * malformed reference (a spec error: a name with '/', "..", a leading
- * '.'), or -1, with the pointer and message filled. */
-static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, char *pointer, size_t plen,
-		       char *msg, size_t mlen)
+ * '.'), or -1, with e filled. */
+static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, struct tr_error *e)
 {
 	if (!tr_datasets_is_ref(*field))
 		return 0;
 	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512], path[PATH_MAX];
-	snprintf(pointer, plen, "%s", ptr);
-	if (!s->cfg.datasets_dir) {
-		snprintf(msg, mlen, "%s: this daemon keeps no datasets", ptr);
-		return -1;
-	}
-	if (tr_datasets_parse_ref(*field, name, file, why, sizeof why) < 0) {
-		snprintf(msg, mlen, "%s: %s", ptr, why);
-		return -2;
-	}
-	if (snprintf(path, sizeof path, "%s/%s/%s", s->cfg.datasets_dir, name, file) >= (int)sizeof path) {
-		snprintf(msg, mlen, "%s: the dataset path is too long", ptr);
-		return -1;
-	}
+	if (!s->cfg.datasets_dir)
+		return tr_error_set(e, -1, 0, ptr, "%s: this daemon keeps no datasets", ptr);
+	if (tr_datasets_parse_ref(*field, name, file, why, sizeof why) < 0)
+		return tr_error_set(e, -2, 0, ptr, "%s: %s", ptr, why);
+	if (snprintf(path, sizeof path, "%s/%s/%s", s->cfg.datasets_dir, name, file) >= (int)sizeof path)
+		return tr_error_set(e, -1, 0, ptr, "%s: the dataset path is too long", ptr);
 	char *copy = strdup(path);
-	if (!copy) {
-		snprintf(msg, mlen, "%s: out of memory", ptr);
-		return -1;
-	}
+	if (!copy)
+		return tr_error_set(e, -1, 0, ptr, "%s: out of memory", ptr);
 	free(*field);
 	*field = copy;
 	return 0;
@@ -59,14 +50,13 @@ static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, ch
 
 /* Opens one path (a folder with want_dir: images, patches); on success
  * replaces *field with the absolute name. */
-static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const char *ptr, char *pointer,
-		       size_t plen, char *msg, size_t mlen)
+static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const char *ptr, struct tr_error *e)
 {
 	char shown[PATH_MAX + 256], ref[2 * TR_DATASET_NAME_MAX + 16] = "";
 	struct tr_error why;
 	if (tr_datasets_is_ref(*field))
 		snprintf(ref, sizeof ref, "%s", *field);
-	int mapped = map_dataset(s, field, ptr, pointer, plen, msg, mlen);
+	int mapped = map_dataset(s, field, ptr, e);
 	if (mapped < 0)
 		return mapped;
 	int fd = want_dir ? tr_data_open_dir(s->roots, *field, shown, sizeof shown, &why)
@@ -74,34 +64,29 @@ static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const
 	if (fd >= 0) {
 		close(fd);
 		char *copy = strdup(shown);
-		if (!copy) {
-			snprintf(pointer, plen, "%s", ptr);
-			snprintf(msg, mlen, "%s: out of memory", ptr);
-			return -1;
-		}
+		if (!copy)
+			return tr_error_set(e, -1, 0, ptr, "%s: out of memory", ptr);
 		free(*field);
 		*field = copy;
 		return 0;
 	}
-	snprintf(pointer, plen, "%s", ptr);
 	if (fd == -ENOENT && ref[0]) {
-		snprintf(msg, mlen, "%s: no dataset file '%s'; upload it with PUT /datasets/%s (trainctl upload)", ptr,
+		tr_error_set(e, -1, 0, ptr, "%s: no dataset file '%s'; upload it with PUT /datasets/%s (trainctl upload)", ptr,
 			 ref, ref + strlen(TR_DATASET_REF_PREFIX));
 	} else if (fd == -ENOENT) {
 		char list[1024];
 		tr_data_roots_describe(s->roots, list, sizeof list);
-		snprintf(msg, mlen,
+		tr_error_set(e, -1, 0, ptr,
 			 "%s: no %s '%s' in the daemon's data roots (%s); paths resolve against the roots, "
 			 "which are set with --data-root DIR or data-root lines in the config file",
 			 ptr, want_dir ? "folder" : "file", *field, list);
 	} else {
-		snprintf(msg, mlen, "%s: %s", ptr, why.message);
+		tr_error_set(e, -1, 0, ptr, "%s: %s", ptr, why.message);
 	}
 	return -1;
 }
 
-static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, const char *base, char *pointer,
-			  size_t plen, char *msg, size_t mlen)
+static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, const char *base, struct tr_error *e)
 {
 	if (!src->present)
 		return 0;
@@ -124,22 +109,21 @@ static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, co
 			continue;
 		char ptr[128];
 		snprintf(ptr, sizeof ptr, "%s/%s", base, fields[i].key);
-		int rc = resolve_one(s, fields[i].field, dirs, ptr, pointer, plen, msg, mlen);
+		int rc = resolve_one(s, fields[i].field, dirs, ptr, e);
 		if (rc < 0)
 			return rc;
 	}
 	return 0;
 }
 
-int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
-			  size_t mlen)
+int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct tr_error *e)
 {
-	int rc = resolve_source(s, &spec->train, "/data/train", pointer, plen, msg, mlen);
+	int rc = resolve_source(s, &spec->train, "/data/train", e);
 	if (rc == 0)
-		rc = resolve_source(s, &spec->validation, "/data/validation", pointer, plen, msg, mlen);
+		rc = resolve_source(s, &spec->validation, "/data/validation", e);
 	if (rc == 0)
-		rc = resolve_source(s, &spec->test, "/data/test", pointer, plen, msg, mlen);
+		rc = resolve_source(s, &spec->test, "/data/test", e);
 	if (rc == 0 && spec->init_from)
-		rc = resolve_one(s, &spec->init_from, 0, "/init/from", pointer, plen, msg, mlen);
+		rc = resolve_one(s, &spec->init_from, 0, "/init/from", e);
 	return rc;
 }

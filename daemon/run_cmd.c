@@ -417,7 +417,7 @@ int tr_cmd_run(int argc, char **argv)
 		}
 	}
 	struct tr_spec spec;
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	int rc = tr_spec_parse(doc, &spec, &serr);
 	json_decref(doc);
 	if (rc < 0) {

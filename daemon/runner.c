@@ -349,9 +349,9 @@ static void *runner_main(void *arg)
 	 * then; one parsed from the store (after a restart) has them checked
 	 * here, once.  Either way the readers open every file through the
 	 * same confined open, so a file moved since is refused the same. */
-	char pointer[256], msg[768];
-	if (!j->paths_resolved && tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0) {
-		finish(j, "failed", "invalid_path", msg, 0);
+	struct tr_error perr;
+	if (!j->paths_resolved && tr_resolve_spec_paths(s, &j->spec, &perr) < 0) {
+		finish(j, "failed", "invalid_path", perr.message, 0);
 		return NULL;
 	}
 	/* The job's ranks are the pool's devices it was given. */
@@ -386,8 +386,8 @@ static void *runner_main(void *arg)
 	 * the pointer and the roots, as a check at submit gives (resolving
 	 * again only now that something is wrong). */
 	if (rc == -ENOENT && j->paths_resolved &&
-	    tr_resolve_spec_paths(s, &j->spec, pointer, sizeof pointer, msg, sizeof msg) < 0)
-		tr_error_set(&err, 0, 0, pointer, "%s", msg);
+	    tr_resolve_spec_paths(s, &j->spec, &perr) < 0)
+		err = perr;
 	if (rc < 0) {
 		finish(j, "failed",
 		       rc == -EINVAL   ? "invalid_data"

@@ -186,7 +186,7 @@ static void start_queued(struct tr_scheduler *s)
 	for (int i = 0; i < n && !blocked; i++) {
 		struct tr_job_row *r = &rows[i];
 		struct running_job *job = calloc(1, sizeof *job);
-		struct tr_spec_error serr;
+		struct tr_error serr;
 		if (!job)
 			break;
 		/* A training spec is parsed once at submit; the stored text

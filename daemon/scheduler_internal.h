@@ -89,10 +89,9 @@ int tr_runner_start(struct running_job *job, char *err, size_t errlen);
 /* Checks that every data and init path of the spec opens in the data roots
  * (tr_data_open) and rewrites each to the absolute name it opened as.
  * Returns 0, or -1 (a file that does not open) or -2 (a malformed
- * "dataset:" reference, a spec error) with the JSON pointer and message
+ * "dataset:" reference, a spec error) with e's pointer and message
  * filled. */
-int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, char *pointer, size_t plen, char *msg,
-			  size_t mlen);
+int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct tr_error *e);
 /* Records how a job ended (runner.c): metrics flushed first, then the
  * state, then the scheduler is told its devices are free. */
 void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message,
@@ -103,7 +102,7 @@ void tr_runner_finish(struct running_job *j, const char *state, const char *code
  * count from it.  tr_eval_op: the API's evaluate operation (ctx: the
  * scheduler). */
 bool tr_eval_spec_is(const char *normalized);
-int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_spec_error *err);
+int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_error *err);
 int tr_eval_runner_start(struct running_job *j, char *err, size_t errlen);
 int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 

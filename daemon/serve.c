@@ -127,10 +127,11 @@ static void reload(int argc, char **argv, struct tr_config *cur, struct auth_sta
 	struct tr_token_list tokens = {0};
 	struct reload_log rl = {"", ""};
 	char err[1024];
+	struct tr_error cerr = {0};
 	tr_config_defaults(&next);
-	if (tr_config_parse_args(&next, argc - 1, argv + 1, err, sizeof err) != 0 ||
-	    load_tokens(&next, &tokens, err, sizeof err) < 0) {
-		tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", err);
+	if (tr_config_parse_args(&next, argc - 1, argv + 1, &cerr) != 0 ||
+	    load_tokens(&next, &tokens, cerr.message, sizeof cerr.message) < 0) {
+		tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", cerr.message);
 		goto out;
 	}
 	tr_config_diff(cur, &next, note_change, &rl);
@@ -197,11 +198,12 @@ int tr_cmd_serve(int argc, char **argv)
 {
 	struct tr_config cfg;
 	char err[1024];
+	struct tr_error cerr;
 	tr_config_defaults(&cfg);
-	int rc = tr_config_parse_args(&cfg, argc - 1, argv + 1, err, sizeof err);
+	int rc = tr_config_parse_args(&cfg, argc - 1, argv + 1, &cerr);
 	if (rc != 0) {
 		if (rc < 0)
-			fprintf(stderr, "trainerd serve: %s\n", err);
+			fprintf(stderr, "trainerd serve: %s\n", cerr.message);
 		tr_config_finish(&cfg);
 		return rc < 0 ? 2 : 0;
 	}
@@ -244,8 +246,9 @@ int tr_cmd_serve(int argc, char **argv)
 	snprintf(db, sizeof db, "%s/trainerd.db", cfg.state_dir);
 	struct tr_store_options sopt = {.metrics_queue_max = (size_t)cfg.metrics_queue,
 					.max_bytes = (int64_t)cfg.state_max_bytes};
-	if (tr_store_open(db, &sopt, &store, err, sizeof err) < 0) {
-		tr_log(TR_LOG_ERR, "%s", err);
+	struct tr_error serr;
+	if (tr_store_open(db, &sopt, &store, &serr) < 0) {
+		tr_log(TR_LOG_ERR, "%s", serr.message);
 		goto out;
 	}
 	if (!(be = pick_backend(&cfg, fallback, sizeof fallback, err, sizeof err))) {
@@ -310,8 +313,9 @@ int tr_cmd_serve(int argc, char **argv)
 	};
 	tr_scheduler_api_ops(sched, &acfg.ops, &acfg.ctx);
 	acfg.ops.reload = reload_op;
-	if (!(api = tr_api_start(&acfg, err, sizeof err))) {
-		tr_log(TR_LOG_ERR, "%s", err);
+	struct tr_error aerr;
+	if (!(api = tr_api_start(&acfg, &aerr))) {
+		tr_log(TR_LOG_ERR, "%s", aerr.message);
 		goto out;
 	}
 	int port = tr_api_port(api);

@@ -68,15 +68,15 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_spec spec;
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	*replayed = false;
 	if (tr_spec_parse(req->spec, &spec, &serr) < 0)
 		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
-	char pointer[256], msg[768];
 	int rc = check_devices(s, &spec, err);
-	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, pointer, sizeof pointer, msg, sizeof msg) : 0;
+	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, &serr) : 0;
 	if (paths < 0)
-		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, pointer, "%s", msg);
+		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, serr.pointer, "%s",
+			    serr.message);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
 		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {
@@ -220,7 +220,7 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 	 * samples, max_steps x batch_size). */
 	if (rc == 0) {
 		struct tr_spec spec;
-		struct tr_spec_error serr;
+		struct tr_error serr;
 		if (tr_spec_parse_text(out[1], &spec, &serr) < 0)
 			rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, req->epochs ? "/epochs" : "/max_steps", "%s",
 				    serr.message);

@@ -196,7 +196,7 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 	}
 	doc = json_pack("{s:O, s:{s:o, s:O}, s:i, s:i, s:{s:s, s:f}}", "model", model, "data", "train", train,
 			"transforms", stripped, "batch_size", 1, "epochs", 1, "optimizer", "type", "sgd", "lr", 0.1);
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	if (!doc || tr_spec_parse(doc, &d->spec, &serr) < 0) {
 		tr_error_set(err, 0, 0, NULL, "model file: %s", doc ? serr.message : "out of memory");
 		goto out;
@@ -306,7 +306,7 @@ static void strip_prefix(char *s, size_t cap, const char *prefix)
 }
 
 int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
-			  struct tr_spec_error *err)
+			  struct tr_error *err)
 {
 	json_t *full = model ? NULL : tr_spec_to_json(&d->spec);
 	const json_t *m = model ? model : json_object_get(full, "model");

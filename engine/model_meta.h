@@ -64,7 +64,7 @@ void tr_model_desc_finish(struct tr_model_desc *d);
  * out->train (release with tr_spec_finish).  Errors name the pointer inside
  * the source ("/path: is required", "" for the source itself). */
 int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, const json_t *src, struct tr_spec *out,
-			  struct tr_spec_error *err);
+			  struct tr_error *err);
 
 /* For an image folder source (format images) and a model taking
  * [C, H, W]: sets src->want_shape to it, so that the reader refuses at

@@ -1161,7 +1161,7 @@ static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
 
 /* ---- API ---- */
 
-int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_spec_error *err)
+int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_error *err)
 {
 	struct tr_fields_ctx c = {.err = err, .user = spec};
 	int rc;
@@ -1187,7 +1187,7 @@ int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_spec_error 
 	return rc;
 }
 
-int tr_spec_parse_text(const char *text, struct tr_spec *spec, struct tr_spec_error *err)
+int tr_spec_parse_text(const char *text, struct tr_spec *spec, struct tr_error *err)
 {
 	json_error_t jerr;
 	char msg[sizeof(jerr.text) + 64];

@@ -1,8 +1,9 @@
 /* The job spec: parsing, validation and the normalized form.
  *
  * A spec arrives as JSON (docs/design.md §5).  tr_spec_parse checks every field
- * and, on the first problem, fills a tr_spec_error with the JSON pointer of
- * the offending value and a message ("/optimizer/lr: must be > 0").  Unknown
+ * and, on the first problem, fills the caller's struct tr_error (core/error.h)
+ * with the JSON pointer of the offending value and a message
+ * ("/optimizer/lr: must be > 0"; the message starts with the pointer).  Unknown
  * keys are errors.  The parsed struct owns all its strings; free it with
  * tr_spec_finish.  Paths are stored as written; resolving them against data
  * roots is the caller's job (tr_spec_resolve_paths).
@@ -13,6 +14,8 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "core/error.h"
 
 #define TR_SPEC_MAX_LAYERS 64
 #define TR_SPEC_MAX_TRANSFORMS 16
@@ -45,11 +48,6 @@
 /* Free strings: a job name is echoed in every listing and log line. */
 #define TR_SPEC_MAX_NAME 256  /* bytes */
 #define TR_SPEC_MAX_PATH 4096 /* bytes, PATH_MAX */
-
-struct tr_spec_error {
-	char pointer[256]; /* JSON pointer, "" for the document itself */
-	char message[512]; /* full text, starts with the pointer */
-};
 
 enum tr_layer_type {
 	TR_LAYER_DENSE,
@@ -257,10 +255,10 @@ struct tr_spec {
 
 /* Parses and validates `doc` (borrowed).  Returns 0, or -EINVAL with *err
  * filled.  On success *spec must be released with tr_spec_finish. */
-int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_spec_error *err);
+int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_error *err);
 
 /* Convenience: parse from text; JSON syntax errors name line and column. */
-int tr_spec_parse_text(const char *text, struct tr_spec *spec, struct tr_spec_error *err);
+int tr_spec_parse_text(const char *text, struct tr_spec *spec, struct tr_error *err);
 
 void tr_spec_finish(struct tr_spec *spec);
 

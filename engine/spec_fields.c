@@ -80,12 +80,13 @@ void tr_fields_leave(struct tr_fields_ctx *c, size_t saved)
 	c->ptr[saved] = '\0';
 }
 
-void tr_fields_set_error(struct tr_spec_error *err, const char *ptr, const char *text)
+void tr_fields_set_error(struct tr_error *err, const char *ptr, const char *text)
 {
 	int n;
 
 	if (!err)
 		return;
+	err->kind = 0;
 	snprintf(err->pointer, sizeof(err->pointer), "%s", ptr);
 	if (*ptr)
 		n = snprintf(err->message, sizeof(err->message), "%s: %s", ptr, text);
@@ -99,7 +100,7 @@ void tr_fields_set_error(struct tr_spec_error *err, const char *ptr, const char 
  * is not NULL.  Always returns -EINVAL so callers can `return tr_fields_fail(...)`. */
 int tr_fields_fail(struct tr_fields_ctx *c, const char *key, const char *fmt, ...)
 {
-	char text[sizeof(((struct tr_spec_error *)0)->message)];
+	char text[sizeof(((struct tr_error *)0)->message)];
 	size_t saved = c->len;
 	va_list ap;
 

@@ -5,7 +5,7 @@
  * variant of the object ("type", "format") the key is valid.  The same
  * rows drive parsing, defaults, range messages and emitting the normalized
  * JSON, so what is written out cannot drift from what the parser accepts.
- * The first problem stops parsing and is reported as a tr_spec_error with
+ * The first problem stops parsing and is reported in a struct tr_error with
  * the JSON pointer of the offending value.
  *
  * This header is internal to the engine's parsers (engine/spec.c holds the
@@ -25,9 +25,9 @@
  * value being read.  Custom parse functions extend the pointer with
  * tr_fields_enter and restore it with tr_fields_leave. */
 struct tr_fields_ctx {
-	struct tr_spec_error *err;
+	struct tr_error *err;
 	void *user; /* the caller's own state, e.g. the spec being filled */
-	char ptr[sizeof(((struct tr_spec_error *)0)->pointer)];
+	char ptr[sizeof(((struct tr_error *)0)->pointer)];
 	size_t len;
 };
 
@@ -117,7 +117,7 @@ int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const str
  * row's key. */
 int tr_fields_parse_text(struct tr_fields_ctx *c, const struct tr_field *f, const char *text, void *base);
 int tr_fields_parse_object(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base);
-void tr_fields_set_error(struct tr_spec_error *err, const char *ptr, const char *text);
+void tr_fields_set_error(struct tr_error *err, const char *ptr, const char *text);
 double tr_fields_short_double(float f);
 
 #endif

@@ -432,8 +432,7 @@ static void init_cond_monotonic(pthread_cond_t *cv)
 	pthread_condattr_destroy(&a);
 }
 
-int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, char *err,
-		  size_t errlen)
+int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, struct tr_error *e)
 {
 	int rc;
 	tr_store_t *s = NULL;
@@ -546,8 +545,7 @@ fail:
 		tr_store_fail(rc, "%s: %s", path, msg);
 	}
 fail_early:
-	tr_store_errcpy(err, errlen);
-	return rc;
+	return tr_error_set(e, rc, 0, NULL, "%s", tls_err);
 }
 
 void tr_store_close(tr_store_t *s)

@@ -38,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/error.h"
+
 typedef struct tr_store tr_store_t;
 
 struct tr_store_options {
@@ -61,8 +63,7 @@ struct tr_store_options {
  * (higher schema version) is refused with -ENOTSUP, naming both versions.
  * Incomplete checkpoints (storage/checkpoints.h) left by a crash are
  * deleted: one database belongs to one daemon, so none can be in progress. */
-int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, char *err,
-		  size_t errlen);
+int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, struct tr_error *e);
 /* Flushes the queue, stops the writer, closes.  Accepts NULL. */
 void tr_store_close(tr_store_t *s);
 /* The calling thread's last error message. */

@@ -42,7 +42,7 @@ static double render(tr_store_t *s, int64_t job, const struct tr_metrics_query *
 int main(int argc, char **argv)
 {
 	int npts = argc > 1 ? atoi(argv[1]) : 5000, mp = argc > 2 ? atoi(argv[2]) : 500;
-	char path[] = "/tmp/curve_cpu_XXXXXX", db[64], err[256];
+	char path[] = "/tmp/curve_cpu_XXXXXX", db[64];
 	const char *names[] = {"loss", "lr", "step_ms", "data_wait_ms", "samples_per_sec"};
 	tr_store_t *s;
 	int64_t existing;
@@ -50,8 +50,9 @@ int main(int argc, char **argv)
 	if (!mkdtemp(path))
 		return 1;
 	snprintf(db, sizeof db, "%s/t.db", path);
-	if (tr_store_open(db, NULL, &s, err, sizeof err)) {
-		fprintf(stderr, "%s\n", err);
+	struct tr_error oerr;
+	if (tr_store_open(db, NULL, &s, &oerr)) {
+		fprintf(stderr, "%s\n", oerr.message);
 		return 1;
 	}
 	struct tr_job_row r = {.name = "a", .spec = "{}", .normalized = "{}", .devices = "[]", .submitted_at = 1};

@@ -200,9 +200,9 @@ static tr_store_t *fresh_store(const char *path, int page_size, const char *name
 	if (page_size > 0 && precreate(path, page_size) < 0)
 		return NULL;
 	tr_store_t *s;
-	char err[512];
-	if (tr_store_open(path, NULL, &s, err, sizeof err) < 0) {
-		fprintf(stderr, "ckpt_store: %s\n", err);
+	struct tr_error err;
+	if (tr_store_open(path, NULL, &s, &err) < 0) {
+		fprintf(stderr, "ckpt_store: %s\n", err.message);
 		return NULL;
 	}
 	struct tr_job_row row = {.name = (char *)name, .spec = "{}", .normalized = "{}", .devices = "[]"};

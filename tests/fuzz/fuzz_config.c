@@ -27,7 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
 	tr_config_defaults(&c);
-	(void)tr_config_load_file(&c, path, err, sizeof err);
+	struct tr_error cerr;
+	(void)tr_config_load_file(&c, path, &cerr);
 	tr_config_finish(&c);
 	if (tr_tokens_load(path, &tokens, err, sizeof err) == 0)
 		tr_tokens_finish(&tokens);

@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *text = malloc(size + 1);
 	struct tr_spec spec;
-	struct tr_spec_error err;
+	struct tr_error err;
 
 	if (!text)
 		return 0;

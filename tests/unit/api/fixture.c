@@ -206,7 +206,7 @@ static bool fake_ready(void *ctx)
 	return atomic_load(&daemon_ready);
 }
 
-tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen)
+tr_api_t *start_with(const struct start_opts *o, struct tr_error *e)
 {
 	struct tr_api_config cfg = {
 		.listen_host = o->host,
@@ -228,29 +228,30 @@ tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen)
 			.ready = fake_ready},
 	};
 
-	return tr_api_start(&cfg, err, errlen);
+	return tr_api_start(&cfg, e);
 }
 
 void restart(const struct start_opts *o)
 {
-	char err[256] = "";
+	struct tr_error e = {0};
 
 	tr_api_stop(api);
-	api = start_with(o, err, sizeof(err));
-	cr_assert_not_null(api, "tr_api_start: %s", err);
+	api = start_with(o, &e);
+	cr_assert_not_null(api, "tr_api_start: %s", e.message);
 	port = tr_api_port(api);
 }
 
 void api_fixture_setup(void)
 {
-	char path[PATH_MAX + 16], err[256] = "";
+	char path[PATH_MAX + 16];
 	struct start_opts o = {0};
 
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	snprintf(dir, sizeof(dir), "/tmp/tr-api-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/state.db", dir);
-	cr_assert_eq(tr_store_open(path, NULL, &store, err, sizeof(err)), 0, "tr_store_open: %s", err);
+	struct tr_error oerr = {0};
+	cr_assert_eq(tr_store_open(path, NULL, &store, &oerr), 0, "tr_store_open: %s", oerr.message);
 	api = NULL;
 	token = NULL;
 	restart(&o);

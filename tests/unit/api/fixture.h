@@ -44,8 +44,8 @@ struct start_opts {
 	const char *host;
 	int port;
 };
-/* tr_api_start with the fake ops; NULL and err filled on failure. */
-tr_api_t *start_with(const struct start_opts *o, char *err, size_t errlen);
+/* tr_api_start with the fake ops; NULL and e filled on failure. */
+tr_api_t *start_with(const struct start_opts *o, struct tr_error *e);
 /* Stops the API and starts it again with o (asserts it started). */
 void restart(const struct start_opts *o);
 

@@ -76,31 +76,31 @@ Test(api, body_limits)
 
 Test(api, start_refuses_bad_configs)
 {
-	char err[256] = "";
+	struct tr_error e = {0};
 	struct start_opts o = {.host = "0.0.0.0"};
 	const char *const empty[] = {NULL};
 
-	cr_assert_null(start_with(&o, err, sizeof(err)));
-	cr_assert(strstr(err, "token"), "%s", err);
+	cr_assert_null(start_with(&o, &e));
+	cr_assert(strstr(e.message, "token"), "%s", e.message);
 
 	o = (struct start_opts){.tokens = empty};
-	err[0] = '\0';
-	cr_assert_null(start_with(&o, err, sizeof(err)));
-	cr_assert(strstr(err, "empty"), "%s", err);
+	e.message[0] = '\0';
+	cr_assert_null(start_with(&o, &e));
+	cr_assert(strstr(e.message, "empty"), "%s", e.message);
 
 	o = (struct start_opts){.port = port};
-	err[0] = '\0';
-	cr_assert_null(start_with(&o, err, sizeof(err)));
-	cr_assert(strstr(err, "in use"), "%s", err);
+	e.message[0] = '\0';
+	cr_assert_null(start_with(&o, &e));
+	cr_assert(strstr(e.message, "in use"), "%s", e.message);
 
 	o = (struct start_opts){.host = "not-an-address.invalid"};
-	err[0] = '\0';
-	cr_assert_null(start_with(&o, err, sizeof(err)));
-	cr_assert_neq(err[0], '\0');
+	e.message[0] = '\0';
+	cr_assert_null(start_with(&o, &e));
+	cr_assert_neq(e.message[0], '\0');
 
 	/* Loopback IPv6 without tokens is fine (when the host has IPv6). */
 	o = (struct start_opts){.host = "::1"};
-	tr_api_t *v6 = start_with(&o, err, sizeof(err));
+	tr_api_t *v6 = start_with(&o, &e);
 
 	if (v6)
 		cr_assert_gt(tr_api_port(v6), 0);

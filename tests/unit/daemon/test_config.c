@@ -2,6 +2,7 @@
  * line and the config file read through the one option table, the messages
  * that name the flag or the file and line, and the reload diff. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,10 +10,24 @@
 
 #include "daemon/config.h"
 
+/* The message arrives through struct tr_error (core/error.h). */
 static int parse(struct tr_config *c, char *err, size_t errlen, int argc, char **argv)
 {
+	struct tr_error e = {0};
+
 	tr_config_defaults(c);
-	return tr_config_parse_args(c, argc, argv, err, errlen);
+	int rc = tr_config_parse_args(c, argc, argv, &e);
+	snprintf(err, errlen, "%s", e.message);
+	return rc;
+}
+
+static int load(struct tr_config *c, const char *path, char *err, size_t errlen)
+{
+	struct tr_error e = {0};
+	int rc = tr_config_load_file(c, path, &e);
+
+	snprintf(err, errlen, "%s", e.message);
+	return rc;
 }
 
 Test(config, defaults)
@@ -39,7 +54,7 @@ Test(config, defaults)
 Test(config, flags_set_every_kind)
 {
 	struct tr_config c;
-	char err[512] = "";
+	char err[1024] = "";
 	char *argv[] = {"--listen", "[::1]:9000", "--data-root", "/a", "--data-root=/b", "--backend", "cpu",
 			"--max-body", "2048", "--log-level", "debug", "--state-max-bytes", "5000000000",
 			"--token-file", "/etc/t"};
@@ -80,10 +95,10 @@ Test(config, bad_values_name_the_flag)
 
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		struct tr_config c;
-		char err[512] = "";
+		char err[1024] = "";
 		char *argv[] = {(char *)cases[i].flag, (char *)cases[i].value};
 
-		cr_assert_eq(parse(&c, err, sizeof err, 2, argv), -1, "%s %s accepted", cases[i].flag, cases[i].value);
+		cr_assert_eq(parse(&c, err, sizeof err, 2, argv), -EINVAL, "%s %s accepted", cases[i].flag, cases[i].value);
 		cr_assert(strncmp(err, cases[i].want, strlen(cases[i].want)) == 0, "%s %s: got \"%s\"", cases[i].flag,
 			  cases[i].value, err);
 		tr_config_finish(&c);
@@ -93,14 +108,14 @@ Test(config, bad_values_name_the_flag)
 Test(config, unknown_option_and_missing_value)
 {
 	struct tr_config c;
-	char err[512] = "";
+	char err[1024] = "";
 	char *a1[] = {"--nope", "1"};
 	char *a2[] = {"--max-body"};
 
-	cr_assert_eq(parse(&c, err, sizeof err, 2, a1), -1);
+	cr_assert_eq(parse(&c, err, sizeof err, 2, a1), -EINVAL);
 	cr_assert_str_eq(err, "unknown option '--nope' (see trainerd serve --help)");
 	tr_config_finish(&c);
-	cr_assert_eq(parse(&c, err, sizeof err, 1, a2), -1);
+	cr_assert_eq(parse(&c, err, sizeof err, 1, a2), -EINVAL);
 	cr_assert_str_eq(err, "--max-body needs a value");
 	tr_config_finish(&c);
 }
@@ -120,7 +135,7 @@ static char *write_file(const char *text)
 Test(config, file_lines_and_later_flags_win)
 {
 	struct tr_config c;
-	char err[512] = "";
+	char err[1024] = "";
 	char *path = write_file("# comment\n\nmax-body = 4096\nlisten = 0.0.0.0:81\ntoken = abc\n");
 	char *argv[] = {"--config", path, "--max-body", "8192"};
 
@@ -138,11 +153,11 @@ Test(config, file_lines_and_later_flags_win)
 Test(config, file_errors_name_file_and_line)
 {
 	struct tr_config c;
-	char err[512] = "", want[600];
+	char err[1024] = "", want[600];
 	char *path = write_file("max-body = 4096\n\nsse-heartbeat = 0\n");
 
 	tr_config_defaults(&c);
-	cr_assert_eq(tr_config_load_file(&c, path, err, sizeof err), -1);
+	cr_assert_eq(load(&c, path, err, sizeof err), -EINVAL);
 	snprintf(want, sizeof want, "%s:3: sse-heartbeat: must be in [1, 3600], got '0'", path);
 	cr_assert_str_eq(err, want);
 	tr_config_finish(&c);
@@ -151,7 +166,7 @@ Test(config, file_errors_name_file_and_line)
 
 	path = write_file("bogus = 1\n");
 	tr_config_defaults(&c);
-	cr_assert_eq(tr_config_load_file(&c, path, err, sizeof err), -1);
+	cr_assert_eq(load(&c, path, err, sizeof err), -EINVAL);
 	snprintf(want, sizeof want, "%s:1: unknown option 'bogus'", path);
 	cr_assert_str_eq(err, want);
 	tr_config_finish(&c);
@@ -160,7 +175,7 @@ Test(config, file_errors_name_file_and_line)
 
 	path = write_file("just words\n");
 	tr_config_defaults(&c);
-	cr_assert_eq(tr_config_load_file(&c, path, err, sizeof err), -1);
+	cr_assert_eq(load(&c, path, err, sizeof err), -EINVAL);
 	snprintf(want, sizeof want, "%s:1: expected 'name = value'", path);
 	cr_assert_str_eq(err, want);
 	tr_config_finish(&c);
@@ -185,7 +200,7 @@ static void on_diff(const char *name, int reloadable, void *ud)
 Test(config, diff_names_changed_options_and_reloadability)
 {
 	struct tr_config a, b;
-	char err[512] = "";
+	char err[1024] = "";
 	char *argv[] = {"--max-body", "4096", "--listen", "127.0.0.1:9", "--token", "t1", "--log-level", "info"};
 	struct diff_seen d = {0};
 

@@ -260,7 +260,7 @@ Test(cuda_estimate, covers_every_replica_buffer)
 		" \"samples\": 10, \"features\": 33, \"classes\": 7}}, \"batch_size\": 100, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	struct tr_error err;
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
@@ -299,15 +299,15 @@ Test(cuda_estimate, covers_the_norm_layers_buffers)
 		" \"samples\": 10, \"shape\": [3, 9, 9], \"classes\": 5}}, \"batch_size\": 37, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
-	char err[256];
+	struct tr_error e;
+	struct tr_error err;
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
-	cr_assert_eq(tr_model_init(&model, &spec, 3 * 9 * 9, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(tr_model_init(&model, &spec, 3 * 9 * 9, &err), 0, "%s", err.message);
 	for (int rows = 1; rows <= 37; rows += 36) {
 		tr_backend_t *be = counting_backend();
 		tr_replica_t rep;
-		cr_assert_eq(tr_replica_init(&rep, &model, be, 0, rows, 1, 2, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(tr_replica_init(&rep, &model, be, 0, rows, 1, 2, &err), 0, "%s", err.message);
 		tr_replica_finish(&rep);
 		size_t est = tr_cuda_estimate_bytes(&model, rows, 1, 2, 1);
 		/* the trainer's second input and label pair comes on top */
@@ -333,7 +333,7 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 		" \"samples\": 10, \"features\": 7, \"outputs\": 1}}, \"batch_size\": 1, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	struct tr_error err;
 	tr_model_t model;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
@@ -378,7 +378,7 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 		" \"samples\": 50, \"features\": 2000, \"classes\": 4}}, \"batch_size\": 300, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_backend_t *be = counting_backend();
@@ -460,7 +460,7 @@ Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
 		" \"classes\": 4}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\","
 		" \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = &tiny, .devices = 1, .workers = 1};
 	tr_trainer_t *t = NULL;
@@ -1773,7 +1773,7 @@ static void run_job(const char *text, tr_backend_t *be, int devices, struct run_
 {
 	memset(out, 0, sizeof *out);
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "spec: %s", e.message);
 	struct tr_trainer_options opt = {
 		.spec = &spec,

@@ -57,7 +57,7 @@ static const char *write_text(const char *name, const char *text)
 
 static void parse(const char *text, struct tr_spec *spec)
 {
-	struct tr_spec_error se;
+	struct tr_error se;
 	cr_assert_eq(tr_spec_parse_text(text, spec, &se), 0, "%s: %s", se.pointer, se.message);
 }
 

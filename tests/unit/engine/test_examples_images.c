@@ -69,7 +69,7 @@ static json_t *load_example(const char *name)
  * layers or input shape yet, which is the only refusal expected. */
 static void parse_or_skip(const char *name, json_t *doc, struct tr_spec *spec)
 {
-	struct tr_spec_error err;
+	struct tr_error err;
 	regex_t re;
 	int waiting;
 

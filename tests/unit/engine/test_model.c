@@ -32,7 +32,7 @@ static void setup_model_in(struct fixture *f, const char *layers, const char *lo
 		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 10, \"features\": %d,"
 		 " \"classes\": 3}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
 		 inputs_json, layers, loss, inputs);
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &f->spec, &e), 0, "%s", e.message);
 	struct tr_error err;
 	cr_assert_eq(tr_model_init(&f->model, &f->spec, inputs, &err), 0, "%s", err.message);
@@ -264,7 +264,7 @@ Test(model, widths_and_parameters_from_data_are_bounded)
 		" \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}}, \"batch_size\": 4, \"epochs\": 1,"
 		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_model_t m;
 	struct tr_error err;

@@ -30,7 +30,7 @@ struct fixture {
 
 static void build(struct fixture *f)
 {
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text(spec_text, &f->spec, &serr), 0, "%s", serr.message);
 	cr_assert_eq(tr_reader_open(&f->spec.train, f->spec.seed, NULL, NULL, &f->train, &err), 0, "%s", err.message);
@@ -329,7 +329,7 @@ Test(model_meta, class_names_from_the_reader)
 						   .class_name = named_class};
 	tr_reader_t named = {.i = &named_i, .info = {.samples = 1, .features = 5, .label_dim = 1}, .name = "named"};
 	struct tr_spec spec;
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	struct tr_error err;
 	cr_assert_eq(tr_spec_parse_text("{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
 					" \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}},"
@@ -445,7 +445,7 @@ Test(infer, devices_batches_and_a_direct_forward_agree, .timeout = 60)
 Test(spec_test_source, parsed_normalized_and_checked)
 {
 	struct tr_spec spec;
-	struct tr_spec_error serr;
+	struct tr_error serr;
 	const char *fmt = "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
 			  " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 50, \"features\": 4, \"classes\": 3},"
 			  "          \"test\": {\"format\": \"synthetic\", \"samples\": 20, \"features\": 4, \"classes\": %d}},"

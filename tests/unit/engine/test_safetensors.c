@@ -112,7 +112,7 @@ static const char *JOB_FMT =
 static int train_and_save(const char *text, const char *save_path, float **params, size_t *n, struct tr_error *err)
 {
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1};

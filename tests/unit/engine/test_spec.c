@@ -68,7 +68,7 @@ static json_t *load(const char *text)
 
 static void parse_ok(const char *text, struct tr_spec *spec)
 {
-	struct tr_spec_error err;
+	struct tr_error err;
 	int rc = tr_spec_parse_text(text, spec, &err);
 
 	cr_assert_eq(rc, 0, "parse failed: %s", err.message);
@@ -416,7 +416,7 @@ Test(spec, round_trip)
 	for (size_t i = 0; i < n; i++) {
 		const char *text = i == 0 ? full_spec : i == 1 ? base_spec : round_trip_specs[i];
 		struct tr_spec a, b;
-		struct tr_spec_error err;
+		struct tr_error err;
 		json_t *j1, *j2;
 
 		parse_ok(text, &a);
@@ -783,7 +783,7 @@ ParameterizedTest(struct bad_case *bc, spec, invalid)
 {
 	json_t *doc = load(base_spec);
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 	size_t plen = strlen(bc->pointer);
 	int rc;
 
@@ -804,7 +804,7 @@ Test(spec, array_limits)
 {
 	json_t *doc = load(base_spec), *layers = json_array();
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 
 	for (int i = 0; i < TR_SPEC_MAX_LAYERS; i++)
 		json_array_append_new(layers, json_pack("{ss si}", "type", "dense", "units", 4));
@@ -832,7 +832,7 @@ Test(spec, array_limits)
 static void expect_refused_at(json_t *doc, const char *pointer)
 {
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 
 	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL, "expected %s to be refused", pointer);
 	cr_expect_str_eq(err.pointer, pointer, "%s", err.message);
@@ -853,7 +853,7 @@ Test(spec, size_bounds_are_inclusive)
 {
 	json_t *doc = load(base_spec), *train;
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 
 	train = json_object_get(json_object_get(doc, "data"), "train");
 	json_object_set_new(train, "samples", json_integer(TR_SPEC_MAX_SAMPLES));
@@ -892,7 +892,7 @@ Test(spec, free_strings_are_bounded)
 {
 	json_t *doc = load(base_spec);
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 	char *name = repeat('n', TR_SPEC_MAX_NAME), *path = repeat('p', TR_SPEC_MAX_PATH);
 
 	/* At the bound: accepted. */
@@ -932,7 +932,7 @@ Test(spec, free_strings_are_bounded)
 Test(spec, some_messages)
 {
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 	json_t *doc = load(base_spec);
 
 	json_object_set_new(json_object_get(doc, "optimizer"), "lr", json_integer(0));
@@ -961,10 +961,27 @@ Test(spec, some_messages)
 	json_decref(doc);
 }
 
+/* The pointer and the message reach the caller in its struct tr_error
+ * (core/error.h, docs/design.md "Errors"), whatever it held before. */
+Test(spec, error_arrives_in_the_callers_struct_tr_error)
+{
+	struct tr_spec s;
+	struct tr_error err = {.kind = 99, .pointer = "/stale", .message = "stale"};
+	json_t *doc = load(base_spec);
+
+	json_object_set_new(json_array_get(json_object_get(json_object_get(doc, "model"), "layers"), 0), "units",
+			    json_integer(0));
+	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
+	cr_expect_str_eq(err.pointer, "/model/layers/0/units");
+	cr_expect(strncmp(err.message, "/model/layers/0/units: ", 23) == 0, "%s", err.message);
+	cr_expect_eq(err.kind, 0);
+	json_decref(doc);
+}
+
 Test(spec, syntax_error_names_line_and_column)
 {
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 
 	cr_assert_eq(tr_spec_parse_text("{\n  \"seed\": 1,\n  \"model\": {,}\n}", &s, &err), -EINVAL);
 	cr_expect_str_eq(err.pointer, "");
@@ -983,7 +1000,7 @@ Test(spec, syntax_error_names_line_and_column)
 Test(spec, top_level_must_be_an_object)
 {
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 	json_t *doc = json_pack("[i]", 1);
 
 	cr_assert_eq(tr_spec_parse(doc, &s, &err), -EINVAL);
@@ -1000,7 +1017,7 @@ Test(spec, long_keys_keep_pointers_and_messages_valid_utf8)
 {
 	char key[601];
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 	json_t *doc = load(base_spec), *j;
 
 	/* 300 two-byte characters: cutting the pointer at 255 bytes must
@@ -1055,7 +1072,7 @@ static char *read_file(const char *path)
 }
 
 /* Refused for a layer type or an input shape the engine does not take yet. */
-static bool waits_for_image_layers(const struct tr_spec_error *err, const char *text)
+static bool waits_for_image_layers(const struct tr_error *err, const char *text)
 {
 	const char *p = err->pointer;
 
@@ -1084,7 +1101,7 @@ Test(spec, every_example_parses)
 	while ((e = readdir(d))) {
 		size_t len = strlen(e->d_name);
 		struct tr_spec s;
-		struct tr_spec_error err;
+		struct tr_error err;
 		char *text;
 
 		if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0)
@@ -1133,7 +1150,7 @@ Test(spec, early_stopping)
 {
 	json_t *doc = load(base_spec);
 	struct tr_spec s;
-	struct tr_spec_error err;
+	struct tr_error err;
 
 	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
 	cr_expect(!s.early_stopping.enabled);

@@ -43,7 +43,7 @@ static void collect(void *ctx, const struct tr_metric_point *p)
 
 static void parse(const char *text, struct tr_spec *spec)
 {
-	struct tr_spec_error e;
+	struct tr_error e;
 	int rc = tr_spec_parse_text(text, spec, &e);
 	cr_assert_eq(rc, 0, "spec: %s", e.message);
 }

@@ -115,7 +115,7 @@ static void collect(void *ctx, const struct tr_metric_point *p)
 static void run_job(const char *text, int devices, int workers, struct run_result *out)
 {
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 	tr_trainer_t *t = NULL;
 
@@ -331,7 +331,7 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 	char job[2048];
 	struct tr_error err;
 	struct tr_spec spec;
-	struct tr_spec_error e;
+	struct tr_error e;
 	struct sink sink = {0};
 	tr_backend_t *be = tr_cpu_backend_create(2, 1);
 	tr_trainer_t *t;

@@ -94,9 +94,9 @@ TestSuite(ckpt, .init = make_dir, .fini = remove_dir);
 static tr_store_t *open_store(const struct tr_store_options *opts)
 {
 	tr_store_t *s = NULL;
-	char err[256] = "";
-	int rc = tr_store_open(db_path, opts, &s, err, sizeof err);
-	cr_assert_eq(rc, 0, "open: %d %s", rc, err);
+	struct tr_error err = {0};
+	int rc = tr_store_open(db_path, opts, &s, &err);
+	cr_assert_eq(rc, 0, "open: %d %s", rc, err.message);
 	return s;
 }
 
@@ -706,8 +706,8 @@ Test(ckpt, full_database)
 	tr_store_close(s);
 
 	struct tr_store_options bad = {.max_bytes = -1};
-	char err[256];
-	cr_assert_eq(tr_store_open(db_path, &bad, &s, err, sizeof err), -EINVAL);
+	struct tr_error err;
+	cr_assert_eq(tr_store_open(db_path, &bad, &s, &err), -EINVAL);
 	tr_ckpt_row_finish(&first);
 	free(a);
 	free(b);

@@ -48,9 +48,9 @@ TestSuite(store, .init = make_dir, .fini = remove_dir);
 static tr_store_t *open_store(const struct tr_store_options *opts)
 {
 	tr_store_t *s = NULL;
-	char err[256] = "";
-	int rc = tr_store_open(db_path, opts, &s, err, sizeof err);
-	cr_assert_eq(rc, 0, "open: %d %s", rc, err);
+	struct tr_error err = {0};
+	int rc = tr_store_open(db_path, opts, &s, &err);
+	cr_assert_eq(rc, 0, "open: %d %s", rc, err.message);
 	return s;
 }
 
@@ -140,25 +140,41 @@ Test(schema, refuses_newer_version)
 	sqlite3_close(db);
 
 	tr_store_t *s = NULL;
-	char err[256] = "";
-	int rc = tr_store_open(db_path, NULL, &s, err, sizeof err);
+	struct tr_error err = {0};
+	int rc = tr_store_open(db_path, NULL, &s, &err);
 	cr_assert_lt(rc, 0);
 	cr_assert_null(s);
 	char known[16];
 	snprintf(known, sizeof known, "%lld", (long long)v);
-	cr_assert_not_null(strstr(err, "99"), "%s", err);
-	cr_assert_not_null(strstr(err, known), "%s", err);
+	cr_assert_not_null(strstr(err.message, "99"), "%s", err.message);
+	cr_assert_not_null(strstr(err.message, known), "%s", err.message);
 	cr_assert_eq(sql_int("PRAGMA user_version"), 99, "a refused database is left alone");
 }
 
 Test(schema, bad_path_is_an_error)
 {
 	tr_store_t *s = NULL;
-	char err[256] = "";
-	cr_assert_lt(tr_store_open("/nonexistent-dir/x/state.db", NULL, &s, err, sizeof err), 0);
+	struct tr_error err = {0};
+	cr_assert_lt(tr_store_open("/nonexistent-dir/x/state.db", NULL, &s, &err), 0);
 	cr_assert_null(s);
-	cr_assert_not_null(strstr(err, "/nonexistent-dir/x/state.db"), "%s", err);
+	cr_assert_not_null(strstr(err.message, "/nonexistent-dir/x/state.db"), "%s", err.message);
+	cr_assert_str_eq(err.pointer, "");
 	tr_store_close(NULL);
+}
+
+/* A store failure's message reaches the caller in its struct tr_error
+ * (core/error.h, docs/design.md "Errors"), whatever it held before. */
+Test(schema, open_error_arrives_in_the_callers_struct_tr_error)
+{
+	tr_store_t *s = NULL;
+	struct tr_store_options bad = {.max_bytes = -1};
+	struct tr_error err = {.kind = 99, .pointer = "/stale", .message = "stale"};
+
+	cr_assert_eq(tr_store_open(db_path, &bad, &s, &err), -EINVAL);
+	cr_assert_null(s);
+	cr_expect_str_eq(err.message, "max_bytes must be >= 0 (0 = no cap)");
+	cr_expect_str_eq(err.pointer, "");
+	cr_expect_eq(err.kind, 0);
 }
 
 /* ---- jobs ---------------------------------------------------------------------- */

@@ -63,9 +63,9 @@ static void fault(const char *kind)
 static tr_store_t *open_store(const struct tr_store_options *opts)
 {
 	tr_store_t *s = NULL;
-	char err[256] = "";
-	int rc = tr_store_open(db_path, opts, &s, err, sizeof err);
-	cr_assert_eq(rc, 0, "open: %d %s", rc, err);
+	struct tr_error err = {0};
+	int rc = tr_store_open(db_path, opts, &s, &err);
+	cr_assert_eq(rc, 0, "open: %d %s", rc, err.message);
 	return s;
 }
 
