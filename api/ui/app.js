@@ -522,6 +522,33 @@
 		}
 		return out;
 	}
+	/* uPlot.join's result for tables whose x columns all ascend (steps,
+	 * epochs and wall times do): one merge of the sorted x columns, where
+	 * uPlot.join costs the page about as much as all the rest of a live
+	 * redraw (bench/dashboard/RESULTS.md, section B).  A missing value is
+	 * undefined, as uPlot.join leaves it (a gap the lines span). */
+	function joinTables(tables) {
+		const ascending = (xs) => { for (let i = 0; i < xs.length; i++) if (typeof xs[i] !== 'number' || (i && !(xs[i] > xs[i - 1]))) return false; return true; };
+		if (!tables.every((t) => ascending(t[0]))) return uPlot.join(tables);
+		const xs = [], at = tables.map(() => 0);
+		for (;;) {
+			let x = Infinity;
+			tables.forEach((t, k) => { if (at[k] < t[0].length && t[0][at[k]] < x) x = t[0][at[k]]; });
+			if (x === Infinity) break;
+			xs.push(x);
+			tables.forEach((t, k) => { if (at[k] < t[0].length && t[0][at[k]] === x) at[k]++; });
+		}
+		const out = [xs];
+		for (const t of tables) {
+			const cols = t.slice(1).map(() => new Array(xs.length).fill(undefined));
+			for (let i = 0, j = 0; i < t[0].length; i++) {
+				while (xs[j] !== t[0][i]) j++;
+				for (let c = 0; c < cols.length; c++) cols[c][j] = t[c + 1][i];
+			}
+			out.push(...cols);
+		}
+		return out;
+	}
 	function metricsQuery(params) {
 		const q = new URLSearchParams(Object.assign({ max_points: String(MAX_POINTS), epochs: 'true', times: 'true' }, params));
 		return q.toString();
@@ -878,7 +905,7 @@
 				}
 				tables.push(table);
 			}
-			const data = tables.length === 1 ? tables[0] : tables.length ? uPlot.join(tables) : [[]];
+			const data = tables.length === 1 ? tables[0] : tables.length ? joinTables(tables) : [[]];
 			const key = series.map((s) => s.label).join('|') + '|' + st.log + '|' + st.x;
 			if (c.u && !rebuild && key === c.key) {
 				c.u.setData(data, !c.zoom);
@@ -1204,7 +1231,7 @@
 
 	/* The pure pieces, for the browser test to check against direct
 	 * computations. */
-	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact });
+	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables });
 
 	window.addEventListener('hashchange', route);
 	route();

@@ -280,12 +280,31 @@ async function loadBench(out) {
 				if (PIN) pin([...browserCpu(new Set(daemons.map((x) => x.proc.pid))).keys()]);
 			}
 			await sleepMs(SETTLE * 1000);
+			/* The renderers' own account of their time (CDP Performance
+			 * metrics: script, layout, style, all tasks), to say where a
+			 * page's CPU goes. */
+			const cdp = [];
+			for (const p of pages) {
+				const c = await p.context().newCDPSession(p);
+				await c.send('Performance.enable');
+				cdp.push(c);
+			}
+			const perf = async () => {
+				const sum = {};
+				for (const c of cdp)
+					for (const m of (await c.send('Performance.getMetrics')).metrics)
+						if (/^(TaskDuration|ScriptDuration|LayoutDuration|RecalcStyleDuration)$/.test(m.name)) sum[m.name] = (sum[m.name] || 0) + m.value;
+				return sum;
+			};
+			const p0 = await perf();
 			const s0 = await jobStep(d, id), c0 = cpuSnap(d);
 			for (const k of Object.keys(count)) delete count[k];
 			count.on = true;
 			await sleepMs(WINDOW * 1000);
 			const s1 = await jobStep(d, id), c1 = cpuSnap(d);
 			count.on = false;
+			const p1 = await perf();
+			for (const k of Object.keys(p1)) count[k.replace('Duration', '_ms_per_s_per_page')] = +((1000 * (p1[k] - p0[k])) / WINDOW / PAGES).toFixed(2);
 			loads.push(os.loadavg()[0]);
 			stop.abort();
 			await Promise.allSettled(clients);

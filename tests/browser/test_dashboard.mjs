@@ -274,6 +274,13 @@ try {
 		const wantHalved = { steps: [0, 2, 4, 5], values: [5, 9, 1, 3], epochs: [0, 0, 1, 1], times: [10, 12, 14, 15],
 			min: [5, 4, 1, 3], max: [5, 9, 7, 3] };
 		if (JSON.stringify(halved) !== JSON.stringify(wantHalved)) throw new Error('compact gave ' + JSON.stringify(halved));
+		/* The page's join of chart tables against uPlot's own. */
+		const joined = await page.evaluate(() => {
+			const tables = [[[1, 3, 5, 8], [10, 30, 50, 80]], [[2, 3, 6], [20, 33, 60], [0, 1, 2]], [[0.5, 8], [7, 9]]];
+			const a = trainerdDashboard.joinTables(tables), b = uPlot.join(tables);
+			return [JSON.stringify(a), JSON.stringify(b)];
+		});
+		if (joined[0] !== joined[1]) throw new Error('joinTables gave ' + joined[0] + ', uPlot.join ' + joined[1]);
 		const where = await page.evaluate(() => {
 			const text = '{"a": [1, {"b/c": 2, "d~e": "x"}], "f": null}';
 			const m = trainerdDashboard.pointerMap(text);
