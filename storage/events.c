@@ -8,6 +8,7 @@
 #include "storage/internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,19 @@ int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, cons
 	if (rc != SQLITE_DONE)
 		return SQLFAIL(c, rc, "INSERT INTO events");
 	*id = sqlite3_last_insert_rowid(c->db);
+	/* Every event is written on one of the store's own connections
+	 * (c->store set); the others never hold an events table. */
+	if (c->store && strcmp(type, "metrics") != 0) {
+		int64_t seen = atomic_load(&c->store->last_other_event_id);
+		while (seen < *id && !atomic_compare_exchange_weak(&c->store->last_other_event_id, &seen, *id))
+			;
+	}
 	return 0;
+}
+
+int64_t tr_store_last_other_event_id(tr_store_t *s)
+{
+	return atomic_load(&s->last_other_event_id);
 }
 
 /* ---- data generations ----------------------------------------------------

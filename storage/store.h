@@ -220,6 +220,10 @@ enum {
 int tr_store_events_read(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes, unsigned types,
 			 struct tr_event **events, int *count, int64_t *scanned_to);
 void tr_events_free(struct tr_event *events, int count);
+/* An id at or above the newest event that is not a "metrics" one: a
+ * reader that has looked at every event up to it and wants no metrics
+ * events has nothing to read. */
+int64_t tr_store_last_other_event_id(tr_store_t *s);
 /* A counter that changes whenever anything a metrics or job query could
  * return may have changed (every commit that adds events, truncation,
  * deletion).  Equal values mean an earlier answer is still right, which

@@ -1076,6 +1076,8 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	int64_t last = tr_store_last_event_id(s);
 	cr_assert_eq(scanned, last, "scanned to %lld, the newest event is %lld", (long long)scanned, (long long)last);
 	tr_events_free(ev, n);
+	/* Metrics events leave the newest other event where it was. */
+	cr_assert_eq(tr_store_last_other_event_id(s), first);
 
 	cr_assert_eq(tr_store_job_set_state(s, a, "running", NULL, NULL), 0);
 	cr_assert_eq(tr_store_metric_append(s, a, "loss", 9, 0, 1.5, 1), 0);
@@ -1083,6 +1085,7 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	cr_assert_eq(tr_store_events_read(s, a, scanned, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(ev[0].type, "state");
+	cr_assert_eq(tr_store_last_other_event_id(s), ev[0].id, "the state event is the newest other one");
 	cr_assert_eq(scanned, tr_store_last_event_id(s), "past the metrics event after the state change");
 	tr_events_free(ev, n);
 
