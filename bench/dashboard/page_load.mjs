@@ -357,6 +357,7 @@ async function requestCosts(out) {
 	out.push('| request | daemon CPU per request (ms) | answer bytes (mean) |');
 	out.push('|---|---:|---:|');
 	const kinds = [
+		['metrics, 1 s of new steps, max_points=16 (an hour-old job)', async () => `/jobs/${id}/metrics?max_points=16&epochs=true&times=true&from_step=${Math.max(0, (await jobStep(d, id)) - 5000)}`],
 		['metrics, 1 s of new steps, max_points=200', async () => `/jobs/${id}/metrics?max_points=200&epochs=true&times=true&from_step=${Math.max(0, (await jobStep(d, id)) - 5000)}`],
 		['metrics, 1 s of new steps, max_points=2000 (before)', async () => `/jobs/${id}/metrics?max_points=2000&epochs=true&times=true&from_step=${Math.max(0, (await jobStep(d, id)) - 5000)}`],
 		['job', async () => `/jobs/${id}`],
