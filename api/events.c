@@ -274,7 +274,7 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 		double left_ms = (heartbeat - (now - s->last_write)) * 1000.0;
 		int wait_ms = left_ms < 1000.0 ? (int)left_ms + 1 : 1000;
 
-		tr_store_wait_events(api->cfg.store, s->job_id, s->last_id, wait_ms);
+		tr_store_wait_events_types(api->cfg.store, s->job_id, s->last_id, s->types, wait_ms);
 	}
 }
 

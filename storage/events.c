@@ -349,6 +349,11 @@ static int job_has_event_after(tr_store_t *s, int64_t job_id, int64_t after)
 /* timeout_ms < 0 waits without a deadline (until an event or a wake). */
 int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms)
 {
+	return tr_store_wait_events_types(s, job_id, after, TR_EVENT_ALL, timeout_ms);
+}
+
+int tr_store_wait_events_types(tr_store_t *s, int64_t job_id, int64_t after, unsigned types, int timeout_ms)
+{
 	struct timespec deadline;
 	clock_gettime(CLOCK_MONOTONIC, &deadline);
 	if (timeout_ms > 0) {
@@ -366,6 +371,13 @@ int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeo
 		 * between the check and the wait changes it and is not missed. */
 		uint64_t gen = s->ev_gen;
 		int64_t last = s->last_event_id;
+		/* Without metrics events, a commit of only those is no news: no
+		 * query, back to waiting (a training job's five a second). */
+		if (!(types & TR_EVENT_METRICS)) {
+			int64_t other = atomic_load(&s->last_other_event_id);
+			if (other < last)
+				last = other;
+		}
 		if (last > after) {
 			if (job_id == 0) {
 				pthread_mutex_unlock(&s->ev_lock);

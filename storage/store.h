@@ -248,6 +248,10 @@ int64_t tr_store_last_event_id(tr_store_t *s);
  * Returns 1 when there is something new, 0 on timeout/wake.  timeout_ms
  * < 0 waits without a deadline. */
 int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms);
+/* The same for a reader that wants only the event types in the mask
+ * (TR_EVENT_*): without TR_EVENT_METRICS, commits of only metrics events
+ * do not end the wait. */
+int tr_store_wait_events_types(tr_store_t *s, int64_t job_id, int64_t after, unsigned types, int timeout_ms);
 void tr_store_wake_all(tr_store_t *s);
 
 /* ---- metrics ------------------------------------------------------------- */

@@ -1076,8 +1076,12 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	int64_t last = tr_store_last_event_id(s);
 	cr_assert_eq(scanned, last, "scanned to %lld, the newest event is %lld", (long long)scanned, (long long)last);
 	tr_events_free(ev, n);
-	/* Metrics events leave the newest other event where it was. */
+	/* Metrics events leave the newest other event where it was, and do
+	 * not end a wait for the other types. */
 	cr_assert_eq(tr_store_last_other_event_id(s), first);
+	cr_assert_eq(tr_store_wait_events(s, a, first, 2000), 1);
+	cr_assert_eq(tr_store_wait_events_types(s, a, first, TR_EVENT_STATE | TR_EVENT_LOG, 100), 0,
+		     "a wait for state and log events ended on metrics events");
 
 	cr_assert_eq(tr_store_job_set_state(s, a, "running", NULL, NULL), 0);
 	cr_assert_eq(tr_store_metric_append(s, a, "loss", 9, 0, 1.5, 1), 0);
