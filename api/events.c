@@ -53,6 +53,7 @@ struct stream {
 	bool started;
 	bool end_when_drained; /* the job is over: stop at the first empty read */
 	bool done;
+	unsigned types; /* TR_EVENT_* mask (types=) */
 	double last_write, last_event; /* monotonic seconds */
 	int fd;				/* the connection's socket, -1 when unknown */
 };
@@ -153,8 +154,23 @@ static int next_events(struct stream *s)
 	struct tr_event *ev = NULL;
 	int n = 0, rc;
 
-	rc = tr_store_events_after_max(s->api->cfg.store, s->job_id, s->last_id, BATCH, s->api->cfg.sse_buffer_bytes,
-				       &ev, &n);
+	int64_t scanned;
+	/* A stream without metrics events, when only metrics events came
+	 * since its last look (a training job between log lines), has
+	 * nothing to read: the reads are skipped, at each of the writer's
+	 * five commits a second, and the stream moves past what was
+	 * committed.  The committed id is read first: an event committed by
+	 * then was inserted, and counted in the other id, before it. */
+	if (!(s->types & TR_EVENT_METRICS)) {
+		int64_t committed = tr_store_last_event_id(s->api->cfg.store);
+		if (tr_store_last_other_event_id(s->api->cfg.store) <= s->last_id) {
+			if (committed > s->last_id)
+				s->last_id = committed;
+			return 0;
+		}
+	}
+	rc = tr_store_events_read(s->api->cfg.store, s->job_id, s->last_id, BATCH, s->api->cfg.sse_buffer_bytes,
+				  s->types, &ev, &n, &scanned);
 	if (rc < 0)
 		return rc;
 	for (int i = 0; i < n && rc == 0; i++) {
@@ -166,6 +182,9 @@ static int next_events(struct stream *s)
 	tr_events_free(ev, n);
 	if (rc < 0)
 		return rc;
+	/* Events left out by types= are not looked at again. */
+	if (scanned > s->last_id)
+		s->last_id = scanned;
 	if (n > 0)
 		s->last_write = s->last_event = mono_now();
 	return n;
@@ -255,7 +274,7 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 		double left_ms = (heartbeat - (now - s->last_write)) * 1000.0;
 		int wait_ms = left_ms < 1000.0 ? (int)left_ms + 1 : 1000;
 
-		tr_store_wait_events(api->cfg.store, s->job_id, s->last_id, wait_ms);
+		tr_store_wait_events_types(api->cfg.store, s->job_id, s->last_id, s->types, wait_ms);
 	}
 }
 
@@ -265,6 +284,33 @@ static void free_stream(void *cls)
 
 	free(s->buf);
 	free(s);
+}
+
+/* types=: "state,log" and the like; state events are always sent, since
+ * the terminal one ends the stream.  -1 with 400 naming the word. */
+static int parse_types(const char *text, unsigned *mask, struct tr_api_reply *rp)
+{
+	static const struct {
+		const char *name;
+		unsigned bit;
+	} known[] = {{"state", TR_EVENT_STATE}, {"log", TR_EVENT_LOG}, {"metrics", TR_EVENT_METRICS}};
+	*mask = TR_EVENT_STATE;
+	for (const char *p = text;;) {
+		size_t n = strcspn(p, ","), k;
+		for (k = 0; k < sizeof known / sizeof known[0]; k++)
+			if (strlen(known[k].name) == n && strncmp(p, known[k].name, n) == 0)
+				break;
+		if (k == sizeof known / sizeof known[0]) {
+			tr_api_fail(rp, 400, "invalid_parameter", NULL,
+				    "types: \"%.*s\" is not an event type (state, log, metrics, comma-separated)",
+				    (int)(n > 64 ? 64 : n), p);
+			return -1;
+		}
+		*mask |= known[k].bit;
+		if (!p[n])
+			return 0;
+		p += n + 1;
+	}
 }
 
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
@@ -290,6 +336,10 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s: must be an integer >= 0", what);
 		return;
 	}
+	const char *types_text = tr_api_query(rq, "types");
+	unsigned types = TR_EVENT_ALL;
+	if (types_text && parse_types(types_text, &types, rp) < 0)
+		return;
 	if (tr_api_limits_stream_open(rq, rp) < 0)
 		return;
 	s = calloc(1, sizeof(*s));
@@ -300,6 +350,7 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 	s->api = api;
 	s->job_id = id;
 	s->last_id = after;
+	s->types = types;
 	s->fd = -1;
 	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, fill, s, free_stream);
 	if (!resp) {

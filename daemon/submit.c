@@ -383,8 +383,17 @@ static json_t *op_devices(void *ctx)
 	struct tr_scheduler *s = ctx;
 	tr_backend_t *be = s->cfg.backend;
 	json_t *list = json_array();
+	/* Only the owners are read under the lock, which every training step
+	 * takes (on_progress): the memory query (a file read for CPU devices,
+	 * cudaMemGetInfo for GPUs) is done without it, so a dashboard's poll
+	 * never holds up a step. */
+	int64_t owner[TR_MAX_POOL_DEVICES] = {0};
 	pthread_mutex_lock(&s->lock);
-	for (int d = 0; d < s->ndev; d++) {
+	int ndev = s->ndev < TR_MAX_POOL_DEVICES ? s->ndev : TR_MAX_POOL_DEVICES;
+	for (int d = 0; d < ndev; d++)
+		owner[d] = s->owner[d];
+	pthread_mutex_unlock(&s->lock);
+	for (int d = 0; d < ndev; d++) {
 		char name[128];
 		size_t total = 0, free_bytes = 0;
 		be->i->device_name(be, d, name, sizeof name);
@@ -393,9 +402,8 @@ static json_t *op_devices(void *ctx)
 						       be->i->name, "memory_total",
 						       mem ? json_integer((json_int_t)total) : json_null(), "memory_free",
 						       mem ? json_integer((json_int_t)free_bytes) : json_null(), "job",
-						       s->owner[d] ? json_integer(s->owner[d]) : json_null()));
+						       owner[d] ? json_integer(owner[d]) : json_null()));
 	}
-	pthread_mutex_unlock(&s->lock);
 	return list;
 }
 

@@ -8,6 +8,8 @@
 #include "storage/internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,7 +29,19 @@ int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, cons
 	if (rc != SQLITE_DONE)
 		return SQLFAIL(c, rc, "INSERT INTO events");
 	*id = sqlite3_last_insert_rowid(c->db);
+	/* Every event is written on one of the store's own connections
+	 * (c->store set); the others never hold an events table. */
+	if (c->store && strcmp(type, "metrics") != 0) {
+		int64_t seen = atomic_load(&c->store->last_other_event_id);
+		while (seen < *id && !atomic_compare_exchange_weak(&c->store->last_other_event_id, &seen, *id))
+			;
+	}
 	return 0;
+}
+
+int64_t tr_store_last_other_event_id(tr_store_t *s)
+{
+	return atomic_load(&s->last_other_event_id);
 }
 
 /* ---- data generations ----------------------------------------------------
@@ -193,19 +207,61 @@ int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limi
 int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes,
 			      struct tr_event **events, int *count)
 {
+	return tr_store_events_read(s, job_id, after, limit, max_bytes, TR_EVENT_ALL, events, count, NULL);
+}
+
+/* The newest event id of job_id (0 when it has none), by the (job_id, id)
+ * index. */
+static int last_job_event(struct conn *c, int64_t job_id, int64_t *last)
+{
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT max(id) FROM events WHERE job_id = ?1");
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, job_id);
+	int rc = sqlite3_step(st);
+	if (rc != SQLITE_ROW)
+		return SQLFAIL(c, rc, "SELECT max(id) FROM events");
+	*last = sqlite3_column_int64(st, 0);
+	return 0;
+}
+
+int tr_store_events_read(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes, unsigned types,
+			 struct tr_event **events, int *count, int64_t *scanned_to)
+{
 	*events = NULL;
 	*count = 0;
+	if (scanned_to)
+		*scanned_to = after;
 	struct conn *c = tr_store_conn_get(s);
 	struct tr_event *v = NULL;
 	int n = 0, cap = 0, rc, err = 0;
 	size_t bytes = 0;
-	/* job_id 0 pages through all jobs' events (a global feed).  Two
-	 * statements rather than "(?1 = 0 OR job_id = ?1)", which would keep
-	 * SQLite from using the (job_id, id) index. */
-	sqlite3_stmt *st = job_id ? tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
-						     " WHERE job_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3")
-				  : tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
-						     " WHERE ?1 = 0 AND id > ?2 ORDER BY id LIMIT ?3");
+	bool filtered = job_id && (types & TR_EVENT_ALL) != TR_EVENT_ALL;
+	bool cut = false;
+	int64_t upto = INT64_MAX;
+	sqlite3_stmt *st;
+	/* A filtered read skips rows, so it says how far it looked: up to the
+	 * newest event at its start (ids are given in commit order, so none
+	 * at or below it can come later).  A reader that waits for new
+	 * events then does not scan the skipped ones again, however long no
+	 * wanted one comes.  The type is read before the data: a skipped
+	 * event's text (on overflow pages) is not. */
+	if (filtered) {
+		if ((err = last_job_event(c, job_id, &upto)) < 0)
+			goto cleanup;
+		st = tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
+				      " WHERE job_id = ?1 AND id > ?2 AND id <= ?4 AND (?5 & CASE type"
+				      " WHEN 'state' THEN 1 WHEN 'log' THEN 2 WHEN 'metrics' THEN 4 ELSE 0 END) != 0"
+				      " ORDER BY id LIMIT ?3");
+	} else {
+		/* job_id 0 pages through all jobs' events (a global feed).  Two
+		 * statements rather than "(?1 = 0 OR job_id = ?1)", which would
+		 * keep SQLite from using the (job_id, id) index. */
+		st = job_id ? tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
+					       " WHERE job_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3")
+			    : tr_store_stmt(c, "SELECT id, job_id, type, data, at FROM events"
+					       " WHERE ?1 = 0 AND id > ?2 ORDER BY id LIMIT ?3");
+	}
 	if (!st) {
 		err = -EIO;
 		goto cleanup;
@@ -213,12 +269,17 @@ int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int 
 	sqlite3_bind_int64(st, 1, job_id);
 	sqlite3_bind_int64(st, 2, after);
 	sqlite3_bind_int(st, 3, limit > 0 ? limit : -1);
+	if (filtered) {
+		sqlite3_bind_int64(st, 4, upto);
+		sqlite3_bind_int(st, 5, (int)types);
+	}
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 		/* The size is known before the text is copied: an event that
 		 * would go past the budget is left for the next call. */
 		size_t len = (size_t)sqlite3_column_bytes(st, 3);
 		if (max_bytes && n > 0 && bytes + len > max_bytes) {
 			rc = SQLITE_DONE;
+			cut = true;
 			break;
 		}
 		bytes += len;
@@ -253,6 +314,11 @@ cleanup:
 	}
 	*events = v;
 	*count = n;
+	if (scanned_to) {
+		/* Whole up to upto unless the limit or the byte budget cut it. */
+		bool whole = filtered && !cut && (limit <= 0 || n < limit);
+		*scanned_to = whole ? (upto > after ? upto : after) : n ? v[n - 1].id : after;
+	}
 	return 0;
 }
 
@@ -283,6 +349,11 @@ static int job_has_event_after(tr_store_t *s, int64_t job_id, int64_t after)
 /* timeout_ms < 0 waits without a deadline (until an event or a wake). */
 int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms)
 {
+	return tr_store_wait_events_types(s, job_id, after, TR_EVENT_ALL, timeout_ms);
+}
+
+int tr_store_wait_events_types(tr_store_t *s, int64_t job_id, int64_t after, unsigned types, int timeout_ms)
+{
 	struct timespec deadline;
 	clock_gettime(CLOCK_MONOTONIC, &deadline);
 	if (timeout_ms > 0) {
@@ -300,6 +371,13 @@ int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeo
 		 * between the check and the wait changes it and is not missed. */
 		uint64_t gen = s->ev_gen;
 		int64_t last = s->last_event_id;
+		/* Without metrics events, a commit of only those is no news: no
+		 * query, back to waiting (a training job's five a second). */
+		if (!(types & TR_EVENT_METRICS)) {
+			int64_t other = atomic_load(&s->last_other_event_id);
+			if (other < last)
+				last = other;
+		}
 		if (last > after) {
 			if (job_id == 0) {
 				pthread_mutex_unlock(&s->ev_lock);

@@ -139,6 +139,11 @@ struct tr_store {
 	pthread_mutex_t ev_lock;
 	pthread_cond_t ev_cond;
 	int64_t last_event_id;
+	/* The newest event that is not a "metrics" one, set at its insert
+	 * (before its commit, so it may run ahead: readers only use it to
+	 * skip reads that could find nothing but metrics events); every event
+	 * before the store was opened counts as one. */
+	_Atomic int64_t last_other_event_id;
 	uint64_t ev_gen, wake_gen;
 	uint64_t data_gen; /* bumped by every change a metrics query could see */
 	/* Per-job generations (tr_store_job_data_generation): direct-mapped by

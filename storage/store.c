@@ -520,6 +520,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 			goto fail;
 	}
 	s->last_event_id = read_last_event_id(&s->wconn);
+	atomic_store(&s->last_other_event_id, s->last_event_id);
 	/* From here on, failures of these connections' writes are the
 	 * state's health (the open's own failures are the open's). */
 	s->wconn.store = s;

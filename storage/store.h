@@ -207,7 +207,24 @@ int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limi
  * whatever its size. */
 int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes,
 			      struct tr_event **events, int *count);
+/* Event types, for tr_store_events_read's filter. */
+enum {
+	TR_EVENT_STATE = 1,
+	TR_EVENT_LOG = 2,
+	TR_EVENT_METRICS = 4,
+	TR_EVENT_ALL = 7,
+};
+/* tr_store_events_after_max with only the types in the mask (TR_EVENT_*;
+ * job_id != 0 for a filter to apply).  *scanned_to (may be NULL) gets the
+ * id the read looked up to, skipped events included: the next read goes
+ * on after it (>= the last returned id; after, when nothing was read). */
+int tr_store_events_read(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes, unsigned types,
+			 struct tr_event **events, int *count, int64_t *scanned_to);
 void tr_events_free(struct tr_event *events, int count);
+/* An id at or above the newest event that is not a "metrics" one: a
+ * reader that has looked at every event up to it and wants no metrics
+ * events has nothing to read. */
+int64_t tr_store_last_other_event_id(tr_store_t *s);
 /* A counter that changes whenever anything a metrics or job query could
  * return may have changed (every commit that adds events, truncation,
  * deletion).  Equal values mean an earlier answer is still right, which
@@ -232,6 +249,10 @@ int64_t tr_store_last_event_id(tr_store_t *s);
  * Returns 1 when there is something new, 0 on timeout/wake.  timeout_ms
  * < 0 waits without a deadline. */
 int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeout_ms);
+/* The same for a reader that wants only the event types in the mask
+ * (TR_EVENT_*): without TR_EVENT_METRICS, commits of only metrics events
+ * do not end the wait. */
+int tr_store_wait_events_types(tr_store_t *s, int64_t job_id, int64_t after, unsigned types, int timeout_ms);
 void tr_store_wake_all(tr_store_t *s);
 
 /* ---- metrics ------------------------------------------------------------- */

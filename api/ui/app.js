@@ -8,6 +8,15 @@
 (function () {
 	const TOKEN_KEY = 'trainerd.token';
 	const MAX_POINTS = 2000; /* per series and request: about two per pixel */
+	/* A poll's new steps come downsampled to this many points a series,
+	 * and a series the page holds is halved (pairs of points merged into
+	 * one bucket) once it passes twice MAX_POINTS: a fast job's page keeps
+	 * a bounded curve however long it stays open (docs/design.md,
+	 * "Dashboard"). */
+	const INCR_POINTS = 200;
+	/* Metrics polls: every second while they bring points, backing off to
+	 * this while they do not (a slow job, or one between epochs). */
+	const POLL_MS = 1000, POLL_MAX_MS = 4000;
 	const LOG_LINES = 300;
 	/* The daemon's job states (docs/design.md, "The job"); terminal ones hold no devices. */
 	const TERMINAL = ['stopped', 'completed', 'failed', 'cancelled'];
@@ -476,6 +485,24 @@
 		fill('max', s.max, s.values);
 		return true;
 	}
+	/* Halves s in place: its first point stays alone (as the daemon keeps
+	 * a series' first point), then each pair becomes one bucket: the later
+	 * point, with the pair's min and max, so a spike stays in the
+	 * envelope; an odd last point stays as it is. */
+	function compact(s) {
+		const n = s.steps.length, lo = (a, b) => (a === null ? b : b === null ? a : Math.min(a, b));
+		const hi = (a, b) => (a === null ? b : b === null ? a : Math.max(a, b));
+		let w = 1;
+		for (let i = 1; i < n; i += 2, w++) {
+			const j = i + 1 < n ? i + 1 : i;
+			s.steps[w] = s.steps[j]; s.values[w] = s.values[j]; s.epochs[w] = s.epochs[j]; s.times[w] = s.times[j];
+			s.min[w] = lo(s.min[i], s.min[j]); s.max[w] = hi(s.max[i], s.max[j]);
+		}
+		for (const k of ['steps', 'values', 'epochs', 'times', 'min', 'max']) s[k].length = Math.min(n, w);
+	}
+	function bound(store) {
+		for (const s of Object.values(store)) while (s.steps.length > 2 * MAX_POINTS) compact(s);
+	}
 	function lastStep(store) {
 		let last = -1;
 		for (const s of Object.values(store)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
@@ -492,6 +519,33 @@
 			last = last * w + (1 - w) * v;
 			n++;
 			out[i] = w === 0 ? v : last / (1 - Math.pow(w, n));
+		}
+		return out;
+	}
+	/* uPlot.join's result for tables whose x columns all ascend (steps,
+	 * epochs and wall times do): one merge of the sorted x columns, where
+	 * uPlot.join costs the page about as much as all the rest of a live
+	 * redraw (bench/dashboard/RESULTS.md, section B).  A missing value is
+	 * undefined, as uPlot.join leaves it (a gap the lines span). */
+	function joinTables(tables) {
+		const ascending = (xs) => { for (let i = 0; i < xs.length; i++) if (typeof xs[i] !== 'number' || (i && !(xs[i] > xs[i - 1]))) return false; return true; };
+		if (!tables.every((t) => ascending(t[0]))) return uPlot.join(tables);
+		const xs = [], at = tables.map(() => 0);
+		for (;;) {
+			let x = Infinity;
+			tables.forEach((t, k) => { if (at[k] < t[0].length && t[0][at[k]] < x) x = t[0][at[k]]; });
+			if (x === Infinity) break;
+			xs.push(x);
+			tables.forEach((t, k) => { if (at[k] < t[0].length && t[0][at[k]] === x) at[k]++; });
+		}
+		const out = [xs];
+		for (const t of tables) {
+			const cols = t.slice(1).map(() => new Array(xs.length).fill(undefined));
+			for (let i = 0, j = 0; i < t[0].length; i++) {
+				while (xs[j] !== t[0][i]) j++;
+				for (let c = 0; c < cols.length; c++) cols[c][j] = t[c + 1][i];
+			}
+			out.push(...cols);
 		}
 		return out;
 	}
@@ -579,22 +633,50 @@
 			resumeEpochs.disabled = buttons.resume.disabled;
 			const rows = [
 				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
-				['Epoch', p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch + 1], /* 1-based for people */
+				/* 1-based for people; the engine's info field "epoch" is the
+				 * last finished one, shown below as such. */
+				['Current epoch', p.epoch === undefined ? null : p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch + 1],
 				['ETA', TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s)],
 				['Elapsed', fmtDuration(p.elapsed_s !== undefined ? p.elapsed_s : job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null)],
 				['Loss', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
 				['Val loss', fmtNum(s.val_loss !== undefined ? s.val_loss : lastValue('val_loss'))],
 				['Val accuracy', fmtNum(s.val_accuracy !== undefined ? s.val_accuracy : lastValue('val_accuracy'))],
 				['Samples/s', fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0)],
-				['Data wait', fmtPct(p.data_wait_fraction !== undefined ? p.data_wait_fraction : s.data_wait_fraction)],
+				/* The last step's wait; its share of the step time is in the
+				 * device panel. */
+				['Data wait (ms/step)', fmtNum(lastValue('data_wait_ms'), 3)],
 				['Priority', job.priority],
 				['Submitted', job.submitted_at ? age(job.submitted_at) + ' ago' : '–'],
 				['Started', job.started_at ? age(job.started_at) + ' ago' : '–'],
 				['Finished', job.finished_at ? age(job.finished_at) + ' ago' : '–'],
 			];
-			for (const [k, v] of Object.entries(job.info || {})) rows.push([k, v]);
+			for (const [k, v] of Object.entries(job.info || {})) rows.push([INFO_LABELS[k] || k, v, k]);
 			if (job.error) rows.push(['Error', job.error.code + ': ' + job.error.message + (job.error.step !== undefined ? ' (step ' + job.error.step + ')' : '')]);
-			info.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', { text: k }), h('dd', { text: v === undefined || v === null ? '–' : String(v) })]));
+			setRows(rows);
+			/* A control's toast ("… is stopping") gives way to the state the
+			 * job went on to. */
+			if (st.toastFor && st.toastFor.state !== job.state) {
+				toast(st.toastFor.label + ': job #' + id + ' is ' + job.state);
+				st.toastFor = null;
+			}
+		}
+		/* The engine's info fields (docs/design.md, "Monitors"), named for
+		 * people; others show their own key. */
+		const INFO_LABELS = { epoch: 'Epochs finished', phase: 'Phase', best_val_loss: 'Best val loss',
+			best_val_loss_step: 'Best val loss at step', stop_reason: 'Stop reason' };
+		/* The rows change text every second: only changed text is written,
+		 * and the list is rebuilt only when its keys change. */
+		let rowKeys = '', rowCells = [];
+		function setRows(rows) {
+			const keys = rows.map((r) => r[0]).join('\n');
+			const text = (v) => (v === undefined || v === null ? '–' : String(v));
+			if (keys !== rowKeys) {
+				rowKeys = keys;
+				rowCells = rows.map(([k, v, key]) => h('dd', { text: text(v), 'data-key': key || null }));
+				info.replaceChildren(...rows.flatMap(([k], i) => [h('dt', { text: k }), rowCells[i]]));
+				return;
+			}
+			rows.forEach(([, v], i) => { if (rowCells[i].textContent !== text(v)) rowCells[i].textContent = text(v); });
 		}
 		function fmtPct(f) { return f === undefined || f === null ? '–' : (100 * f).toFixed(1) + '%'; }
 		function lastValue(name) {
@@ -619,7 +701,7 @@
 					h('dt', { text: 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
 					h('dt', { text: 'Backend' }), h('dd', { text: spec.backend || 'auto' }),
 					h('dt', { text: 'Loader threads' }), h('dd', { text: pf.workers !== undefined ? pf.workers : 'default' }),
-					h('dt', { text: 'Data-wait share' }), h('dd', { text: fmtPct(wait) }),
+					h('dt', { text: 'Data-wait share' }), h('dd', { text: wait === undefined || wait === null ? '–' : fmtPct(wait) + ' of step time' }),
 					mine.flatMap((dv) => [h('dt', { text: dv.name }),
 						h('dd', { 'data-device': dv.id, text: dv.kind + (dv.memory_total ? ', ' + fmtBytes(dv.memory_total - (dv.memory_free || 0)) + ' / ' + fmtBytes(dv.memory_total) + ' used' : '') })])));
 		}
@@ -682,6 +764,7 @@
 				if (epochs) resumeEpochs.value = '';
 				feedback.textContent = op + ' accepted: ' + st.job.state;
 				toast(label + ': job #' + id + ' is ' + st.job.state);
+				st.toastFor = { label, state: st.job.state };
 			} catch (e) {
 				feedback.textContent = '';
 				toast(label + ' refused: ' + e.message, true);
@@ -822,7 +905,7 @@
 				}
 				tables.push(table);
 			}
-			const data = tables.length === 1 ? tables[0] : tables.length ? uPlot.join(tables) : [[]];
+			const data = tables.length === 1 ? tables[0] : tables.length ? joinTables(tables) : [[]];
 			const key = series.map((s) => s.label).join('|') + '|' + st.log + '|' + st.x;
 			if (c.u && !rebuild && key === c.key) {
 				c.u.setData(data, !c.zoom);
@@ -872,6 +955,15 @@
 			draw(c, true);
 		}
 		function redrawAll(rebuild) { for (const c of st.charts) draw(c, rebuild); }
+		/* Live data is drawn at the next animation frame, once however many
+		 * answers came before it, and not while the tab is hidden (no
+		 * frames then; the poll rests too). */
+		let redrawPending = false;
+		function scheduleRedraw() {
+			if (redrawPending) return;
+			redrawPending = true;
+			requestAnimationFrame(() => { redrawPending = false; if (!signal.aborted) redrawAll(false); });
+		}
 		xSel.addEventListener('change', () => { st.x = xSel.value; for (const c of st.charts) c.zoom = null; redrawAll(true); });
 		ySel.addEventListener('change', () => { st.log = ySel.value === 'log'; redrawAll(true); });
 		smooth.addEventListener('input', () => { st.smooth = Number(smooth.value); smoothOut.textContent = st.smooth.toFixed(2); redrawAll(true); });
@@ -922,31 +1014,61 @@
 			for (let i = 0; i < rest.length; i += 8) {
 				if (mergeSeries(st.series, (await get(rest.slice(i, i + 8))).series)) {
 					refreshPickers();
-					redrawAll(false);
+					scheduleRedraw();
 				}
 			}
+		}
+		/* How many points a poll asks for: the new steps' share of the
+		 * curve's MAX_POINTS (the job's step, from its last read, against
+		 * the page's first step), so the curve keeps about the density of
+		 * its first read and an answer stays small: one second of a long
+		 * job is a few points, whatever its step rate. */
+		function incrPoints(last) {
+			const now = st.job && st.job.progress ? st.job.progress.step : null;
+			let first = Infinity;
+			for (const s of Object.values(st.series)) if (s.steps.length) first = Math.min(first, s.steps[0]);
+			if (!(now > last) || !(last > first)) return INCR_POINTS;
+			return Math.max(16, Math.min(INCR_POINTS, Math.ceil((MAX_POINTS * (now - last)) / (now - first))));
 		}
 		/* Metrics after the first read: only steps after the newest one the
 		 * page has. */
 		async function pollMetrics() {
 			const from = lastStep(st.series) + 1;
-			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(from > 0 ? { from_step: String(from) } : {}), { signal });
+			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(from > 0
+				? { from_step: String(from), max_points: String(incrPoints(from - 1)) } : {}), { signal });
 			const added = mergeSeries(st.series, r.series);
+			bound(st.series);
 			if (!st.charts.length && Object.keys(st.series).length) {
 				const first = ['loss', 'val_loss'].filter((n) => st.series[n]);
 				addChart(first.length ? first : [allNames()[0]]);
 			}
 			refreshPickers();
-			if (added) redrawAll(false);
+			if (added) scheduleRedraw();
 			return added;
 		}
+		/* Lines are added at the next animation frame, all that came since
+		 * the last one at once: a job logging every few milliseconds costs
+		 * one layout a frame, not one per line (reading the scroll
+		 * position after each append forces a layout). */
+		let logQueue = [];
 		function addLog(line) {
+			logQueue.push(line);
+			if (logQueue.length > LOG_LINES) logQueue = logQueue.slice(-LOG_LINES);
+			if (logQueue.length === 1) requestAnimationFrame(flushLog);
+		}
+		function flushLog() {
+			const lines = logQueue;
+			logQueue = [];
+			if (!lines.length || signal.aborted) return;
 			const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
-			const t = new Date(line.time); /* RFC 3339 */
-			const el = h('div', { class: 'lvl-' + line.level },
-				t.toTimeString().slice(0, 8) + ' ' + (LEVELS[line.level] || line.level).padEnd(6) + ' ' + line.message);
-			logPre.append(el);
-			while (logPre.childNodes.length > LOG_LINES) logPre.firstChild.remove();
+			const frag = document.createDocumentFragment();
+			for (const line of lines) {
+				const t = new Date(line.time); /* RFC 3339 */
+				frag.append(h('div', { class: 'lvl-' + line.level },
+					t.toTimeString().slice(0, 8) + ' ' + (LEVELS[line.level] || line.level).padEnd(6) + ' ' + line.message));
+			}
+			logPre.append(frag);
+			for (let extra = logPre.childNodes.length - LOG_LINES; extra > 0; extra--) logPre.firstChild.remove();
 			if (atEnd) logPre.scrollTop = logPre.scrollHeight;
 		}
 		/* Logs of a job that is over: the last page's lines. */
@@ -975,7 +1097,9 @@
 					try {
 						const headers = { Accept: 'text/event-stream' };
 						if (lastEventId !== null) headers['Last-Event-ID'] = lastEventId;
-						const r = await apiFetch('/jobs/' + id + '/events', { headers, signal });
+						/* State and log only: the curves come from the metrics
+						 * polls, downsampled, instead of every raw point. */
+						const r = await apiFetch('/jobs/' + id + '/events?types=state,log', { headers, signal });
 						if (!r.ok) throw new ApiError(r.status, null);
 						setConn('live');
 						const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -1049,7 +1173,7 @@
 						for (const key of ['steps', 'values', 'epochs', 'times']) s[key] = s[key].slice(k);
 					}
 				}
-				if (mergeSeries(st.series, by)) redrawAll(false);
+				if (mergeSeries(st.series, by)) { bound(st.series); scheduleRedraw(); }
 			}
 		}
 		const live = () => st.job && !TERMINAL.includes(st.job.state);
@@ -1060,14 +1184,16 @@
 			/* Metrics every second while the job can still write; a last
 			 * read after it ended picks up the final flush. */
 			(async () => {
-				let finalReads = 0;
+				let finalReads = 0, wait = POLL_MS;
 				while (!signal.aborted && finalReads < 2) {
 					if (!document.hidden) {
-						try { await pollMetrics(); } catch (e) { if (signal.aborted) return; }
+						let added = 0;
+						try { added = await pollMetrics(); } catch (e) { if (signal.aborted) return; }
 						try { await loadJob(); } catch (e) { if (signal.aborted) return; }
+						wait = added ? POLL_MS : Math.min(POLL_MAX_MS, wait * 2);
 					}
-					if (!live()) finalReads++;
-					await sleep(1000, signal);
+					if (!live()) { finalReads++; wait = POLL_MS; }
+					await sleep(wait, signal);
 				}
 				st.polling = false;
 				if (!signal.aborted) { loadCheckpoints().catch(() => {}); loadDevices().catch(() => {}); }
@@ -1091,7 +1217,9 @@
 			if (signal.aborted) return;
 			if (!live()) loadLogsOnce().catch(() => {});
 			startLive();
-			poller(signal, () => (live() ? 5000 : 60000), async () => { await loadCheckpoints(); await loadDevices(); });
+			/* New checkpoints are announced in the log (onEvent), so this
+			 * only catches pruning and device memory. */
+			poller(signal, () => (live() ? 15000 : 60000), async () => { await loadCheckpoints(); await loadDevices(); });
 		})();
 		return () => {
 			ctl.abort();
@@ -1103,7 +1231,7 @@
 
 	/* The pure pieces, for the browser test to check against direct
 	 * computations. */
-	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries });
+	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables });
 
 	window.addEventListener('hashchange', route);
 	route();

@@ -11,15 +11,22 @@
 //     daemon's answer cache is empty).  With --with-own-series the job
 //     trains 20 steps first, so its first chart is its own 20-point loss
 //     (the setup of the first measurements).
-//  B. Cost of open dashboards to training: the same training job (fixed
-//     steps, synthetic data, 1 CPU device) run alternately with 0 and with
-//     5 job pages open on it in chromium (on the same machine, so the
-//     browser's own CPU counts too), and with 5 clients making the page's
-//     requests without a browser (the daemon's share), --rounds rounds;
-//     samples/s from steps * batch / (finished_at - started_at).
+//  B. Steady-state cost of open dashboards to training (loadBench below):
+//     per arm a fresh job of unbounded length (synthetic data, 1 CPU
+//     device) with no page, --pages job pages in chromium, or --pages
+//     clients making the page's requests without a browser (--client page:
+//     as api/ui/app.js does now; --client old: as it did before the
+//     section B fixes in RESULTS.md); pages open and settle (--settle s),
+//     then over --window s the job's samples/s (two of its steps and the
+//     wall times it recorded for them) and the CPU time of the daemon's
+//     threads (training vs the rest), the browser's processes and this
+//     process, from /proc.  Arms alternate within each of --rounds rounds;
+//     medians.  --pin CPUS tasksets the browser's processes.
 //
 // Usage: node bench/dashboard/page_load.mjs BUILD_DIR [--runs 5] [--rounds 3]
-//        [--points 1000000] [--steps 40000] [--only open|load] [--with-own-series]
+//        [--points 1000000] [--only open|load] [--with-own-series]
+//        [--settle 5] [--window 20] [--pages 5] [--arms none,chromium,requests]
+//        [--client page|old] [--pin CPUS]
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -29,7 +36,7 @@ import path from 'node:path';
 const args = process.argv.slice(2);
 const build = args[0];
 if (!build) {
-	console.error('usage: page_load.mjs BUILD_DIR [--runs N] [--rounds N] [--points N] [--steps N] [--only open|load]');
+	console.error('usage: page_load.mjs BUILD_DIR [--runs N] [--rounds N] [--points N] [--only open|load] [--settle S] [--window S] [--pages N] [--arms LIST] [--client page|old] [--pin CPUS]');
 	process.exit(2);
 }
 const opt = (name, def) => {
@@ -37,8 +44,12 @@ const opt = (name, def) => {
 	return i >= 0 ? args[i + 1] : def;
 };
 const RUNS = Number(opt('--runs', 5)), ROUNDS = Number(opt('--rounds', 3));
-const POINTS = Number(opt('--points', 1000000)), STEPS = Number(opt('--steps', 40000));
+const POINTS = Number(opt('--points', 1000000));
 const ONLY = opt('--only', '');
+const SETTLE = Number(opt('--settle', 5)), WINDOW = Number(opt('--window', 20)), PAGES = Number(opt('--pages', 5));
+const CLIENT = opt('--client', 'page'), ARMS = opt('--arms', 'none,chromium,requests').split(',');
+const PIN = opt('--pin', ''); /* e.g. "1": taskset the browser's processes onto these CPUs */
+const INCR_POINTS = 200;
 const trainerd = path.resolve(build, 'daemon', 'trainerd');
 
 const daemons = [];
@@ -88,37 +99,306 @@ const job = (name, steps, devices) => ({
 	data: { train: { format: 'synthetic', samples: 8192, features: 32, classes: 4 }, validation_split: 0.1 },
 	batch_size: 64, max_steps: steps, optimizer: { type: 'adam', lr: 0.002 }, devices,
 });
-/* What one open job page asks of the daemon, without the browser: the
- * event stream, and each second the new metric steps and the job (plus
- * checkpoints and devices every 5 s), as api/ui/app.js does. */
-async function dashboardRequests(d, id, signal) {
-	const sse = fetch(d.url + '/jobs/' + id + '/events', { signal }).then(async (r) => {
+/* What one open job page asks of the daemon, without the browser, as
+ * api/ui/app.js does.  'page' (default): the event stream without metrics
+ * events (types=state,log), each second the job and the metric steps after
+ * the newest one it has (at most INCR_POINTS a series), backing off to 4 s
+ * while nothing new comes, checkpoints and devices every 15 s; the points
+ * a poll asks for follow the new steps' share of the curve.  'old' (the
+ * page before bench/dashboard/RESULTS.md section B's fixes): the whole
+ * event stream (every raw point), max_points=2000 increments, the job each
+ * second, checkpoints and devices every 5 s.  Counts requests and bytes. */
+async function dashboardRequests(d, id, signal, kind, count) {
+	const got = async (url, what) => {
+		const r = await fetch(url, { signal });
+		const t = await r.text();
+		count[what] = (count[what] || 0) + 1;
+		count.bytes = (count.bytes || 0) + t.length;
+		return t;
+	};
+	const old = kind === 'old';
+	const sse = fetch(d.url + '/jobs/' + id + '/events' + (old ? '' : '?types=state,log'), { signal }).then(async (r) => {
 		const reader = r.body.getReader();
-		for (;;) { const { done } = await reader.read(); if (done) break; }
+		for (;;) {
+			const { done, value } = await reader.read();
+			if (done) break;
+			count.sse_bytes = (count.sse_bytes || 0) + value.length;
+		}
 	}).catch(() => {});
-	let last = -1;
-	for (let tick = 0; !signal.aborted; tick++) {
+	let last = -1, first = Infinity, now = null, wait = 1000, sinceSlow = 0;
+	/* api/ui/app.js's incrPoints */
+	const incr = () => (!(now > last) || !(last > first) ? INCR_POINTS
+		: Math.max(16, Math.min(INCR_POINTS, Math.ceil((2000 * (now - last)) / (now - first)))));
+	while (!signal.aborted) {
 		try {
-			const q = 'max_points=2000&epochs=true&times=true' + (last >= 0 ? '&from_step=' + (last + 1) : '');
-			const m = await (await fetch(d.url + '/jobs/' + id + '/metrics?' + q, { signal })).json();
-			for (const s of Object.values(m.series)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
-			await (await fetch(d.url + '/jobs/' + id, { signal })).text();
-			if (tick % 5 === 0) {
-				await (await fetch(d.url + '/jobs/' + id + '/checkpoints', { signal })).text();
-				await (await fetch(d.url + '/devices', { signal })).text();
+			const q = 'max_points=' + (old || last < 0 ? 2000 : incr()) + '&epochs=true&times=true' + (last >= 0 ? '&from_step=' + (last + 1) : '');
+			const m = JSON.parse(await got(d.url + '/jobs/' + id + '/metrics?' + q, 'metrics'));
+			let added = 0;
+			for (const s of Object.values(m.series)) if (s.steps.length) {
+				last = Math.max(last, s.steps[s.steps.length - 1]);
+				first = Math.min(first, s.steps[0]);
+				added += s.steps.length;
 			}
+			const j = JSON.parse(await got(d.url + '/jobs/' + id, 'job'));
+			now = j.progress ? j.progress.step : null;
+			if (Date.now() - sinceSlow >= (old ? 5000 : 15000)) {
+				sinceSlow = Date.now();
+				await got(d.url + '/jobs/' + id + '/checkpoints', 'checkpoints');
+				await got(d.url + '/devices', 'devices');
+			}
+			wait = old || added ? 1000 : Math.min(4000, wait * 2);
 		} catch (e) { if (signal.aborted) break; }
-		await new Promise((r) => { const t = setTimeout(r, 1000); signal.addEventListener('abort', () => { clearTimeout(t); r(); }, { once: true }); });
+		await new Promise((r) => { const t = setTimeout(r, wait); signal.addEventListener('abort', () => { clearTimeout(t); r(); }, { once: true }); });
 	}
 	await sse;
 }
 const median = (a) => { const s = [...a].sort((x, y) => x - y); return s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2; };
 
+
+/* ---- CPU time from /proc (clock ticks of CLK_TCK, 100 on Linux) ---- */
+const TICK_MS = 10;
+function statOf(pid) {
+	try {
+		const t = fs.readFileSync('/proc/' + pid + '/stat', 'utf8');
+		const close = t.lastIndexOf(')');
+		const f = t.slice(close + 2).split(' ');
+		/* after ")": state ppid ... utime(14) stime(15): indexes 11, 12 */
+		return { comm: t.slice(t.indexOf('(') + 1, close), ppid: Number(f[1]), cpu: Number(f[11]) + Number(f[12]) };
+	} catch (e) { return null; }
+}
+/* The daemon's CPU time by thread: the training job's threads (tr-job*,
+ * tr-rank*, tr-loader, and threads they started, which inherit the name),
+ * the metrics writer (tr-metrics: its work follows the training rate, not
+ * the pages) and the rest (HTTP connections, the scheduler). */
+function daemonCpu(pid) {
+	let train = 0, serve = 0, writer = 0;
+	let tids = [];
+	try { tids = fs.readdirSync('/proc/' + pid + '/task'); } catch (e) { /* gone */ }
+	for (const tid of tids) {
+		const st = statOf(pid + '/task/' + tid);
+		if (!st) continue;
+		if (/^tr-(job|rank|loader)/.test(st.comm)) train += st.cpu;
+		else if (st.comm === 'tr-metrics') writer += st.cpu;
+	}
+	/* The rest from the process's total, which keeps the time of threads
+	 * that ended (one per HTTP connection). */
+	const all = statOf(pid);
+	serve = all ? all.cpu - train - writer : 0;
+	return { train: train * TICK_MS, serve: serve * TICK_MS, writer: writer * TICK_MS };
+}
+/* Every process below this one (the browser's, not the daemons'): pid -> ms. */
+function browserCpu(exclude) {
+	const kids = new Map();
+	for (const e of fs.readdirSync('/proc')) {
+		if (!/^\d+$/.test(e)) continue;
+		const st = statOf(e);
+		if (!st) continue;
+		if (!kids.has(st.ppid)) kids.set(st.ppid, []);
+		kids.get(st.ppid).push([Number(e), st.cpu]);
+	}
+	const out = new Map(), todo = [process.pid];
+	while (todo.length) {
+		for (const [pid, cpu] of kids.get(todo.pop()) || []) {
+			if (exclude.has(pid)) continue;
+			out.set(pid, cpu * TICK_MS);
+			todo.push(pid);
+		}
+	}
+	return out;
+}
+function cpuSnap(d) {
+	const u = process.cpuUsage();
+	return { t: performance.now(), daemon: daemonCpu(d.proc.pid), browser: browserCpu(new Set(daemons.map((x) => x.proc.pid))),
+		node: (u.user + u.system) / 1000 };
+}
+function cpuDelta(a, b) {
+	let browserMs = 0;
+	for (const [pid, ms] of b.browser) browserMs += ms - (a.browser.get(pid) || 0);
+	const s = (b.t - a.t) / 1000;
+	return { s, train: (b.daemon.train - a.daemon.train) / s, serve: (b.daemon.serve - a.daemon.serve) / s,
+		writer: (b.daemon.writer - a.daemon.writer) / s,
+		browser: browserMs / s, node: (b.node - a.node) / s };
+}
+const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
+async function jobStep(d, id) {
+	return (await (await fetch(d.url + '/jobs/' + id)).json()).progress.step;
+}
+/* The wall time the job recorded for step (its loss point): the job's own
+ * clock, so the samples/s below is the trainer's, not the client's. */
+async function stepWall(d, id, step) {
+	for (let i = 0; i < 50; i++) {
+		const r = await (await fetch(d.url + '/jobs/' + id + '/metrics?names=loss&max_points=0&times=true&from_step=' + step + '&to_step=' + step)).json();
+		const s = r.series && r.series.loss;
+		if (s && s.steps.length) return s.times[0];
+		await sleepMs(100);
+	}
+	throw new Error('no loss point at step ' + step);
+}
+function pin(pids) {
+	for (const pid of pids) spawn('taskset', ['-a', '-p', '-c', PIN, String(pid)], { stdio: 'ignore' });
+}
+
+/* B. Steady-state cost of open pages: each arm (no page, PAGES job pages in
+ * chromium, PAGES request-only clients) gets a fresh job of unbounded
+ * length; pages are opened and SETTLE s allowed for their first reads,
+ * then a WINDOW s window measures the job's samples/s (two of its own
+ * steps and their recorded wall times), and the CPU time of the daemon's
+ * threads, the browser's processes and this process.  Arms alternate
+ * within each round; medians over rounds. */
+async function loadBench(out) {
+	const d = await startDaemon(1);
+	const res = {};
+	for (const arm of ARMS) res[arm] = [];
+	const loads = [];
+	for (let round = 0; round < ROUNDS; round++) {
+		for (const arm of ARMS) {
+			const { id } = await post(d.url + '/jobs', job('bench-load-' + arm, 1e9, 1));
+			await waitState(d, id, ['running'], 30000);
+			const pages = [], stop = new AbortController(), clients = [], count = {};
+			if (arm === 'requests') {
+				for (let i = 0; i < PAGES; i++) clients.push(dashboardRequests(d, id, stop.signal, CLIENT, count));
+			} else if (arm === 'chromium') {
+				for (let i = 0; i < PAGES; i++) {
+					const p = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+					p.on('request', (r) => {
+						if (!count.on) return;
+						const u = r.url(), k = /\/events/.test(u) ? 'events' : /\/metrics/.test(u) ? 'metrics' : /\/checkpoints/.test(u) ? 'checkpoints'
+							: /\/devices/.test(u) ? 'devices' : /\/jobs\/\d+$/.test(u) ? 'job' : 'other';
+						count[k] = (count[k] || 0) + 1;
+					});
+					await p.goto(d.url + '/#/jobs/' + id);
+					pages.push(p);
+				}
+				const t0 = Date.now();
+				for (const [k, p] of pages.entries()) {
+					try {
+						await p.waitForFunction(() => Number((document.querySelector('[data-chart="0"]') || { dataset: {} }).dataset.points) > 0,
+							null, { timeout: Math.max(1000, 30000 - (Date.now() - t0)) });
+					} catch (e) { console.error(`round ${round}: page ${k} drew no chart within 30 s`); }
+				}
+				console.error(`round ${round}: ${PAGES} pages open, charts drawn after ${Date.now() - t0} ms`);
+				if (PIN) pin([...browserCpu(new Set(daemons.map((x) => x.proc.pid))).keys()]);
+			}
+			await sleepMs(SETTLE * 1000);
+			/* The renderers' own account of their time (CDP Performance
+			 * metrics: script, layout, style, all tasks), to say where a
+			 * page's CPU goes. */
+			const cdp = [];
+			for (const p of pages) {
+				const c = await p.context().newCDPSession(p);
+				await c.send('Performance.enable');
+				cdp.push(c);
+			}
+			const perf = async () => {
+				const sum = {};
+				for (const c of cdp)
+					for (const m of (await c.send('Performance.getMetrics')).metrics)
+						if (/^(TaskDuration|ScriptDuration|LayoutDuration|RecalcStyleDuration)$/.test(m.name)) sum[m.name] = (sum[m.name] || 0) + m.value;
+				return sum;
+			};
+			const p0 = await perf();
+			const s0 = await jobStep(d, id), c0 = cpuSnap(d);
+			for (const k of Object.keys(count)) delete count[k];
+			count.on = true;
+			await sleepMs(WINDOW * 1000);
+			const s1 = await jobStep(d, id), c1 = cpuSnap(d);
+			count.on = false;
+			const p1 = await perf();
+			for (const k of Object.keys(p1)) count[k.replace('Duration', '_ms_per_s_per_page')] = +((1000 * (p1[k] - p0[k])) / WINDOW / PAGES).toFixed(2);
+			loads.push(os.loadavg()[0]);
+			stop.abort();
+			await Promise.allSettled(clients);
+			for (const p of pages) await p.close();
+			await post(d.url + '/jobs/' + id + '/cancel', {});
+			const [w0, w1] = [await stepWall(d, id, s0), await stepWall(d, id, s1)];
+			await waitState(d, id, ['cancelled', 'stopped', 'completed', 'failed'], 60000);
+			const c = cpuDelta(c0, c1);
+			const r = { rate: ((s1 - s0) * 64) / (w1 - w0), ...c, count: { ...count } };
+			delete r.count.on;
+			res[arm].push(r);
+			console.error(`round ${round} ${arm}: ${r.rate.toFixed(0)} samples/s over steps ${s0}..${s1} (${(w1 - w0).toFixed(1)} s);`
+				+ ` CPU ms/s: daemon training ${c.train.toFixed(0)}, writer ${c.writer.toFixed(1)}, daemon other ${c.serve.toFixed(1)}, browser ${c.browser.toFixed(1)},`
+				+ ` this process ${c.node.toFixed(1)}; load ${os.loadavg()[0].toFixed(1)}; ${JSON.stringify(r.count)}`);
+		}
+	}
+	const med = (arm, f) => median(res[arm].map(f));
+	out.push(`training: 1 CPU device, ${WINDOW} s windows after ${SETTLE} s settling, ${PAGES} pages or clients, ${ROUNDS} rounds,`
+		+ ` client ${CLIENT}, browser pinned: ${PIN || 'no'}, load average ${median(loads).toFixed(1)} (${Math.min(...loads).toFixed(1)}-${Math.max(...loads).toFixed(1)}) on ${os.cpus().length} cores`);
+	out.push('| arm | samples/s (median) | rounds | vs none | daemon training ms/s | metrics writer ms/s | daemon HTTP and other ms/s (rounds) | browser ms/s | bench process ms/s | requests in last window |');
+	out.push('|---|---:|---|---:|---:|---:|---:|---:|---:|---|');
+	const base = res.none ? med('none', (r) => r.rate) : NaN;
+	for (const arm of ARMS) {
+		const m = med(arm, (r) => r.rate);
+		out.push(`| ${arm} | ${m.toFixed(0)} | ${res[arm].map((r) => r.rate.toFixed(0)).join(', ')} | ${(100 * (m / base - 1)).toFixed(1)}% |`
+			+ ` ${med(arm, (r) => r.train).toFixed(0)} | ${med(arm, (r) => r.writer).toFixed(1)} | ${med(arm, (r) => r.serve).toFixed(1)} (${res[arm].map((r) => r.serve.toFixed(1)).join(', ')}) |`
+			+ ` ${med(arm, (r) => r.browser).toFixed(1)} | ${med(arm, (r) => r.node).toFixed(1)} | ${JSON.stringify(res[arm][res[arm].length - 1].count)} |`);
+	}
+	if (res.none) {
+		for (const arm of ARMS.filter((a) => a !== 'none')) {
+			const serve = med(arm, (r) => r.serve) - med('none', (r) => r.serve);
+			const client = arm === 'chromium' ? med(arm, (r) => r.browser) - med('none', (r) => r.browser) : med(arm, (r) => r.node) - med('none', (r) => r.node);
+			out.push(`${arm}: per page, daemon ${(serve / PAGES).toFixed(2)} ms CPU/s, ${arm === 'chromium' ? 'browser' : 'client'} ${(client / PAGES).toFixed(2)} ms CPU/s`);
+		}
+	}
+	stopDaemon(d);
+}
+
+/* C. Where a page's cost is on the daemon's side: with a job training,
+ * the daemon's CPU time (all but the training threads and the metrics
+ * writer) per request of each kind a page makes, over REQS sequential
+ * requests; and per second of five event streams, whole or types=state,log. */
+async function requestCosts(out) {
+	const d = await startDaemon(1);
+	const { id } = await post(d.url + '/jobs', job('bench-requests', 1e9, 1));
+	await waitState(d, id, ['running'], 30000);
+	await sleepMs(3000);
+	const REQS = Number(opt('--reqs', 200));
+	const other = () => daemonCpu(d.proc.pid).serve;
+	out.push('| request | daemon CPU per request (ms) | answer bytes (mean) |');
+	out.push('|---|---:|---:|');
+	const kinds = [
+		['metrics, 1 s of new steps, max_points=16 (an hour-old job)', async () => `/jobs/${id}/metrics?max_points=16&epochs=true&times=true&from_step=${Math.max(0, (await jobStep(d, id)) - 5000)}`],
+		['metrics, 1 s of new steps, max_points=200', async () => `/jobs/${id}/metrics?max_points=200&epochs=true&times=true&from_step=${Math.max(0, (await jobStep(d, id)) - 5000)}`],
+		['metrics, 1 s of new steps, max_points=2000 (before)', async () => `/jobs/${id}/metrics?max_points=2000&epochs=true&times=true&from_step=${Math.max(0, (await jobStep(d, id)) - 5000)}`],
+		['job', async () => `/jobs/${id}`],
+		['checkpoints', async () => `/jobs/${id}/checkpoints`],
+		['devices', async () => '/devices'],
+	];
+	for (const [name, url] of kinds) {
+		const urls = [];
+		for (let i = 0; i < REQS; i++) urls.push(await url());
+		let bytes = 0;
+		const c0 = other();
+		for (const u of urls) bytes += (await (await fetch(d.url + u)).text()).length;
+		out.push(`| ${name} | ${((other() - c0) / REQS).toFixed(3)} | ${(bytes / REQS).toFixed(0)} |`);
+	}
+	for (const q of ['', '?types=state,log']) {
+		const stop = new AbortController();
+		let bytes = 0;
+		const streams = [];
+		for (let i = 0; i < 5; i++)
+			streams.push(fetch(d.url + `/jobs/${id}/events` + q, { signal: stop.signal }).then(async (r) => {
+				const reader = r.body.getReader();
+				for (;;) { const { done, value } = await reader.read(); if (done) break; bytes += value.length; }
+			}).catch(() => {}));
+		await sleepMs(3000); /* the history first */
+		const c0 = other(), b0 = bytes, t0 = performance.now();
+		await sleepMs(10000);
+		const sec = (performance.now() - t0) / 1000;
+		out.push(`| 5 event streams${q} | ${((other() - c0) / sec).toFixed(1)} ms/s | ${((bytes - b0) / sec / 5).toFixed(0)} B/s each |`);
+		stop.abort();
+		await Promise.allSettled(streams);
+	}
+	await post(d.url + '/jobs/' + id + '/cancel', {});
+	out.push(`load average ${os.loadavg()[0].toFixed(1)} on ${os.cpus().length} cores`);
+	stopDaemon(d);
+}
+
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
 	args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'] });
 const out = [];
 try {
-	if (ONLY !== 'load') {
+	if (ONLY !== 'load' && ONLY !== 'requests') {
 		const d = await startDaemon(1);
 		let id;
 		if (args.includes('--with-own-series')) {
@@ -182,39 +462,8 @@ try {
 		out.push(`| open a job page, 4 series x ${POINTS} points | cold ${times[0]} ms | median of ${RUNS} ${median(times)} ms | all: ${times.join(', ')} ms | from navigation start (page's clock): ${inPage.join(', ')} ms | load average ${os.loadavg()[0].toFixed(1)} on ${os.cpus().length} cores |`);
 		stopDaemon(d);
 	}
-	if (ONLY !== 'open') {
-		const d = await startDaemon(1);
-		const rates = { 0: [], 5: [], http5: [] };
-		for (let round = 0; round < ROUNDS; round++) {
-			for (const n of [0, 5, 'http5']) {
-				const { id } = await post(d.url + '/jobs', job('bench-load-' + n, STEPS, 1));
-				await waitState(d, id, ['running', 'completed'], 30000);
-				const pages = [], stop = new AbortController();
-				const clients = [];
-				if (n === 'http5') {
-					for (let i = 0; i < 5; i++) clients.push(dashboardRequests(d, id, stop.signal));
-				} else {
-					for (let i = 0; i < n; i++) {
-						const p = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-						await p.goto(d.url + '/#/jobs/' + id);
-						pages.push(p);
-					}
-				}
-				const j = await waitState(d, id, ['completed', 'failed'], 600000);
-				stop.abort();
-				await Promise.allSettled(clients);
-				for (const p of pages) await p.close();
-				const wall = (Date.parse(j.finished_at) - Date.parse(j.started_at)) / 1000;
-				rates[n].push((STEPS * 64) / wall);
-				console.error(`round ${round}: ${n} dashboards: ${((STEPS * 64) / wall).toFixed(0)} samples/s (${wall.toFixed(2)} s)`);
-			}
-		}
-		const m0 = median(rates[0]), m5 = median(rates[5]), mh = median(rates.http5);
-		out.push(`| training, ${STEPS} steps, 1 CPU device | 5 dashboards' requests without a browser ${mh.toFixed(0)} samples/s | slowdown ${(100 * (1 - mh / m0)).toFixed(1)}% (rounds: ${rates.http5.map((x) => x.toFixed(0)).join(', ')}) |`);
-		out.push(`| load average ${os.loadavg()[0].toFixed(1)} on ${os.cpus().length} cores |`);
-		out.push(`| training, ${STEPS} steps, 1 CPU device | 0 dashboards ${m0.toFixed(0)} samples/s | 5 dashboards ${m5.toFixed(0)} samples/s | slowdown ${(100 * (1 - m5 / m0)).toFixed(1)}% (rounds: ${rates[0].map((x) => x.toFixed(0)).join(', ')} vs ${rates[5].map((x) => x.toFixed(0)).join(', ')}) |`);
-		stopDaemon(d);
-	}
+	if (ONLY === 'requests') await requestCosts(out);
+	else if (ONLY !== 'open') await loadBench(out);
 } finally {
 	await browser.close();
 }

@@ -203,6 +203,23 @@ try {
 		const later = polls.slice(1);
 		if (!later.every((u) => /from_step=[1-9]/.test(u) || /to_step=/.test(u)))
 			throw new Error('a later poll read from the start: ' + later.find((u) => !/from_step=[1-9]/.test(u)));
+		/* New steps come downsampled, and the event stream leaves out the
+		 * raw points (bench/dashboard/RESULTS.md, section B). */
+		const incr = later.filter((u) => !/to_step=/.test(u));
+		if (!incr.length || !incr.every((u) => Number(new URL(u).searchParams.get('max_points')) <= 200))
+			throw new Error('incremental polls: ' + incr.slice(0, 3).join(' '));
+		const streams = urls.filter((u) => u.includes(`/jobs/${id}/events`));
+		if (!streams.length || !streams.every((u) => new URL(u).searchParams.get('types') === 'state,log'))
+			throw new Error('event streams: ' + streams.join(' '));
+	});
+
+	await step('job page: info and device labels say what they show', async () => {
+		const labels = await page.$$eval('#job-info dt, #job-devices dt', (els) => els.map((e) => e.textContent));
+		for (const want of ['Current epoch', 'Data wait (ms/step)', 'Data-wait share'])
+			if (!labels.includes(want)) throw new Error('no "' + want + '" in ' + labels.join(', '));
+		/* The engine's "epoch" info field (last finished) is not shown
+		 * under a bare name that reads like the current one. */
+		if (labels.includes('epoch') || labels.includes('Epoch')) throw new Error('ambiguous epoch label: ' + labels.join(', '));
 	});
 
 	await step('job page: drag to zoom refetches that step range', async () => {
@@ -246,6 +263,24 @@ try {
 		const want = [1, 1.25 / 0.75, NaN, 2.625 / 0.875, 5.3125 / 0.9375];
 		if (!got.every((v, i) => (Number.isNaN(want[i]) ? v === null || Number.isNaN(v) : Math.abs(v - want[i]) < 1e-12)))
 			throw new Error('ema gave ' + JSON.stringify(got));
+		/* Halving a series: first point alone, then pairs as one bucket
+		 * (the later point, the pair's min and max), an odd last alone. */
+		const halved = await page.evaluate(() => {
+			const s = { steps: [0, 1, 2, 3, 4, 5], values: [5, 4, 9, 2, 1, 3], epochs: [0, 0, 0, 1, 1, 1], times: [10, 11, 12, 13, 14, 15],
+				min: [5, 4, 8, 2, 1, 3], max: [5, 4, 9, 7, 1, 3] };
+			trainerdDashboard.compact(s);
+			return s;
+		});
+		const wantHalved = { steps: [0, 2, 4, 5], values: [5, 9, 1, 3], epochs: [0, 0, 1, 1], times: [10, 12, 14, 15],
+			min: [5, 4, 1, 3], max: [5, 9, 7, 3] };
+		if (JSON.stringify(halved) !== JSON.stringify(wantHalved)) throw new Error('compact gave ' + JSON.stringify(halved));
+		/* The page's join of chart tables against uPlot's own. */
+		const joined = await page.evaluate(() => {
+			const tables = [[[1, 3, 5, 8], [10, 30, 50, 80]], [[2, 3, 6], [20, 33, 60], [0, 1, 2]], [[0.5, 8], [7, 9]]];
+			const a = trainerdDashboard.joinTables(tables), b = uPlot.join(tables);
+			return [JSON.stringify(a), JSON.stringify(b)];
+		});
+		if (joined[0] !== joined[1]) throw new Error('joinTables gave ' + joined[0] + ', uPlot.join ' + joined[1]);
 		const where = await page.evaluate(() => {
 			const text = '{"a": [1, {"b/c": 2, "d~e": "x"}], "f": null}';
 			const m = trainerdDashboard.pointerMap(text);
@@ -303,6 +338,10 @@ try {
 		await page.click('#confirm-ok');
 		await page.waitForFunction(() => window.feedbackSeen.some((t) => /stop/.test(t)), null, { timeout: 5000 });
 		await page.waitForSelector('#job-state [data-state="stopped"]', { timeout: 60000 });
+		/* The toast of the request ("… is stopping") gives way to the
+		 * state the job reached. */
+		await page.waitForFunction(() => /is stopped/.test(document.querySelector('#toast').textContent), null, { timeout: 5000 })
+			.catch(async () => { throw new Error('the toast says: ' + (await page.textContent('#toast'))); });
 		if ((await jobState(d, id)) !== 'stopped') throw new Error('the daemon says ' + (await jobState(d, id)));
 		const step = Number((await page.textContent('#job-info dd')).split('/')[0]);
 		if (!(step > 0 && step < longJob.max_steps)) throw new Error('step shown: ' + step);

@@ -82,12 +82,12 @@ static size_t sse_body(char *p, size_t size, size_t n, void *ud)
 
 /* Reads /jobs/{id}/events for at most ms milliseconds (0 = until the
  * server ends the stream) and parses the complete frames. */
-static void sse_read(long long job, long long last_id, long ms, struct sse_stream *s)
+static void sse_read_query(long long job, const char *query, long long last_id, long ms, struct sse_stream *s)
 {
 	memset(s, 0, sizeof *s);
 	CURL *c = curl_easy_init();
 	char url[256], hdr[64];
-	snprintf(url, sizeof url, "%s/jobs/%lld/events", d.base_url, job);
+	snprintf(url, sizeof url, "%s/jobs/%lld/events%s", d.base_url, job, query);
 	struct curl_slist *h = NULL;
 	if (last_id > 0) {
 		snprintf(hdr, sizeof hdr, "Last-Event-ID: %lld", last_id);
@@ -128,6 +128,11 @@ static void sse_read(long long job, long long last_id, long ms, struct sse_strea
 			free(e.data);
 		p = end + 2;
 	}
+}
+
+static void sse_read(long long job, long long last_id, long ms, struct sse_stream *s)
+{
+	sse_read_query(job, "", last_id, ms, s);
 }
 
 static void sse_free(struct sse_stream *s)
@@ -237,6 +242,62 @@ Test(daemon, lifecycle_metrics_logs_and_sse, .init = start1, .fini = stop1, .tim
 	sse_free(&first);
 	sse_free(&rest);
 	sse_free(&all);
+}
+
+/* types= leaves out the other event types (the dashboard's stream has no
+ * metrics events: it polls the curves downsampled), keeps every state
+ * event, resumes by the same ids, and names a wrong word. */
+Test(daemon, sse_types_filter, .init = start1, .fini = stop1, .timeout = 120)
+{
+	long long id = submit_job(&d, SMALL_JOB("types", ""));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "completed");
+
+	struct sse_stream all, some, after;
+	sse_read(id, 0, 0, &all);
+	sse_read_query(id, "?types=log", 0, 0, &some);
+	int states = 0, logs = 0, metrics = 0, k = 0;
+	for (int i = 0; i < all.n; i++) {
+		if (strcmp(all.ev[i].type, "metrics") == 0) {
+			metrics++;
+			continue;
+		}
+		states += strcmp(all.ev[i].type, "state") == 0;
+		logs += strcmp(all.ev[i].type, "log") == 0;
+		/* The filtered stream holds exactly the others, in order. */
+		cr_assert_lt(k, some.n, "event %lld (%s) missing from the filtered stream", all.ev[i].id, all.ev[i].type);
+		cr_assert_eq(some.ev[k].id, all.ev[i].id, "filtered event %d: id %lld, want %lld", k, some.ev[k].id,
+			     all.ev[i].id);
+		cr_assert_str_eq(some.ev[k].type, all.ev[i].type);
+		k++;
+	}
+	cr_assert_gt(metrics, 0, "the job wrote no metrics events");
+	cr_assert_gt(states, 1);
+	cr_assert_gt(logs, 0);
+	cr_assert_eq(k, some.n, "%d events in the filtered stream, %d expected", some.n, k);
+	cr_assert_str_eq(some.ev[some.n - 1].type, "state", "the stream still ends with the terminal state");
+
+	/* Resuming a filtered stream past a metrics event's id. */
+	long long mid = 0;
+	for (int i = 0; i < all.n && !mid; i++)
+		if (strcmp(all.ev[i].type, "metrics") == 0)
+			mid = all.ev[i].id;
+	sse_read_query(id, "?types=state,metrics", mid, 0, &after);
+	cr_assert_gt(after.n, 0);
+	for (int i = 0; i < after.n; i++) {
+		cr_assert_gt(after.ev[i].id, mid);
+		cr_assert(strcmp(after.ev[i].type, "log") != 0, "a log event in a state,metrics stream");
+	}
+	sse_free(&all);
+	sse_free(&some);
+	sse_free(&after);
+
+	struct http_reply r;
+	char path[128];
+	snprintf(path, sizeof path, "/jobs/%lld/events?types=state,points", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%ld %s", r.status, r.body);
+	cr_assert_not_null(strstr(r.body, "types: \\\"points\\\""), "%s", r.body);
+	http_free(&r);
 }
 
 Test(daemon, custom_monitor_points, .init = start1, .fini = stop1, .timeout = 60)

@@ -1072,6 +1072,56 @@ static int64_t queued_event_id(tr_store_t *s, int64_t job)
 	return id;
 }
 
+/* A filtered read returns only the wanted types and says how far it
+ * looked, so a reader waiting for a state change does not read the same
+ * metrics events again on every commit. */
+Test(events, filtered_read_skips_types_and_reports_scanned_to)
+{
+	struct tr_store_options o = {.flush_interval_ms = 60000};
+	tr_store_t *s = open_store(&o);
+	int64_t a = add_job(s, "a", 0), first = queued_event_id(s, a);
+	for (int f = 0; f < 3; f++) {
+		cr_assert_eq(tr_store_metric_append(s, a, "loss", f, 0, 1.5, 1), 0);
+		cr_assert_eq(tr_store_flush(s), 0);
+	}
+	struct tr_event *ev;
+	int n;
+	int64_t scanned = -1;
+	cr_assert_eq(tr_store_events_read(s, a, first, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned), 0);
+	cr_assert_eq(n, 0, "%d events, all of them metrics", n);
+	int64_t last = tr_store_last_event_id(s);
+	cr_assert_eq(scanned, last, "scanned to %lld, the newest event is %lld", (long long)scanned, (long long)last);
+	tr_events_free(ev, n);
+	/* Metrics events leave the newest other event where it was, and do
+	 * not end a wait for the other types. */
+	cr_assert_eq(tr_store_last_other_event_id(s), first);
+	cr_assert_eq(tr_store_wait_events(s, a, first, 2000), 1);
+	cr_assert_eq(tr_store_wait_events_types(s, a, first, TR_EVENT_STATE | TR_EVENT_LOG, 100), 0,
+		     "a wait for state and log events ended on metrics events");
+
+	cr_assert_eq(tr_store_job_set_state(s, a, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 9, 0, 1.5, 1), 0);
+	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_events_read(s, a, scanned, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_str_eq(ev[0].type, "state");
+	cr_assert_eq(tr_store_last_other_event_id(s), ev[0].id, "the state event is the newest other one");
+	cr_assert_eq(scanned, tr_store_last_event_id(s), "past the metrics event after the state change");
+	tr_events_free(ev, n);
+
+	/* Unfiltered and limited reads say the last id returned. */
+	cr_assert_eq(tr_store_events_read(s, a, first, 2, 0, TR_EVENT_ALL, &ev, &n, &scanned), 0);
+	cr_assert_eq(n, 2);
+	cr_assert_eq(scanned, ev[1].id);
+	tr_events_free(ev, n);
+	cr_assert_eq(tr_store_events_read(s, a, first, 1, 0, TR_EVENT_METRICS, &ev, &n, &scanned), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_str_eq(ev[0].type, "metrics");
+	cr_assert_eq(scanned, ev[0].id, "a read cut by its limit looked no further than its last event");
+	tr_events_free(ev, n);
+	tr_store_close(s);
+}
+
 Test(events, paging_and_metrics_exactly_once)
 {
 	/* Only forced flushes, so that each one makes exactly one event. */
