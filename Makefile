@@ -3,7 +3,7 @@ BUILD ?= build
 MESON_FLAGS ?=
 TRAINERD = $(BUILD)/daemon/trainerd
 
-.PHONY: all deps build run train test test-asan test-tsan test-reliability fuzz bench clean
+.PHONY: all deps build run train test test-asan test-tsan test-reliability fuzz bench format format-check clean
 
 all: build
 
@@ -58,6 +58,15 @@ fuzz: deps
 
 bench: build
 	bench/run.sh $(BUILD)
+
+# clang-format 14 with .clang-format over the C and CUDA sources
+# (docs/design.md, "Code style"): `format` rewrites the files that differ,
+# `format-check` names them and fails (`make test` runs it too).
+format:
+	scripts/format.sh
+
+format-check:
+	scripts/format.sh --check
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -74,6 +74,27 @@ def gemm_flop(batch, dims):
 
 # ---- trainerd ---------------------------------------------------------------
 
+def read_run(d):
+    """A finished `trainerd run --out d`: its summary.json, and its step_ms
+    and data_wait_ms series from metrics.jsonl.  Deletes d/model.safetensors,
+    which a benchmark does not need (and is large for the big MLP)."""
+    with open(os.path.join(d, "summary.json")) as f:
+        summ = json.load(f)
+    step_ms, wait_ms = [], []
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        for line in f:
+            pt = json.loads(line)
+            if pt["name"] == "step_ms":
+                step_ms.append(pt["value"])
+            elif pt["name"] == "data_wait_ms":
+                wait_ms.append(pt["value"])
+    try:
+        os.remove(os.path.join(d, "model.safetensors"))
+    except OSError:
+        pass
+    return summ, step_ms, wait_ms
+
+
 def run_trainerd(args, spec, tag, cwd=None, workers=None, warm=5):
     """Runs one job; returns per-run figures.  spec: dict, written to OUT."""
     d = os.path.join(args.out, "runs", tag)
@@ -91,21 +112,7 @@ def run_trainerd(args, spec, tag, cwd=None, workers=None, warm=5):
         f.write(p.stdout + p.stderr)
     if p.returncode != 0:
         raise RuntimeError("trainerd failed (%d) on %s: %s" % (p.returncode, tag, p.stderr.strip()[-2000:]))
-    with open(os.path.join(d, "summary.json")) as f:
-        summ = json.load(f)
-    step_ms, wait_ms = [], []
-    with open(os.path.join(d, "metrics.jsonl")) as f:
-        for line in f:
-            pt = json.loads(line)
-            if pt["name"] == "step_ms":
-                step_ms.append(pt["value"])
-            elif pt["name"] == "data_wait_ms":
-                wait_ms.append(pt["value"])
-    # model.safetensors is not needed and is large for the big MLP
-    try:
-        os.remove(os.path.join(d, "model.safetensors"))
-    except OSError:
-        pass
+    summ, step_ms, wait_ms = read_run(d)
     steady = step_ms[warm:]
     batch = spec["batch_size"]
     return {

@@ -109,27 +109,13 @@ static void print_log(const json_t *l)
 
 int tr_cmd_logs(struct tr_ctl *c, int argc, char **argv)
 {
-	static const struct option opts[] = {{"follow", no_argument, NULL, 'f'},
-					     {"help", no_argument, NULL, 'h'},
-					     {NULL, 0, NULL, 0}};
 	bool follow = false;
 	char path[128], after[32] = "";
-	int ch, rc;
+	int rc;
+	int64_t id = tr_ctl_parse_id_args("logs", argc, argv, "follow", 'f', &follow);
 
-	while ((ch = getopt_long(argc, argv, "fh", opts, NULL)) != -1) {
-		if (ch == 'f')
-			follow = true;
-		else if (ch == 'h')
-			return tr_ctl_help("logs");
-		else
-			return tr_ctl_usage("logs", "unknown option");
-	}
-	if (argc - optind != 1)
-		return tr_ctl_usage("logs", "expects one job id");
-	int64_t id = tr_ctl_job_id("logs", argv[optind]);
-
-	if (id < 0)
-		return TR_CTL_USAGE;
+	if (id <= 0)
+		return (int)-id;
 	/* The event stream replays every log line from the start, then
 	 * follows: -f needs no separate first read. */
 	if (follow)
@@ -174,25 +160,11 @@ int tr_cmd_checkpoints(struct tr_ctl *c, int argc, char **argv)
 	struct tr_ctl_reply r;
 	struct tr_table t;
 	char path[96];
-	int rc, ch;
-	static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-					     {"help", no_argument, NULL, 'h'},
-					     {NULL, 0, NULL, 0}};
+	int rc;
+	int64_t id = tr_ctl_parse_id_args("checkpoints", argc, argv, "json", 'j', &as_json);
 
-	while ((ch = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
-		if (ch == 'j')
-			as_json = true;
-		else if (ch == 'h')
-			return tr_ctl_help("checkpoints");
-		else
-			return tr_ctl_usage("checkpoints", "unknown option");
-	}
-	if (argc - optind != 1)
-		return tr_ctl_usage("checkpoints", "expects one job id");
-	int64_t id = tr_ctl_job_id("checkpoints", argv[optind]);
-
-	if (id < 0)
-		return TR_CTL_USAGE;
+	if (id <= 0)
+		return (int)-id;
 	snprintf(path, sizeof path, "/jobs/%" PRId64 "/checkpoints", id);
 	rc = tr_ctl_call(c, "GET", path, NULL, &r);
 	if (rc)
@@ -234,7 +206,7 @@ int tr_cmd_devices(struct tr_ctl *c, int argc, char **argv)
 	json_t *d;
 	int rc;
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help("devices");
 	if (argc >= 2 && strcmp(argv[1], "--json") != 0)
 		return tr_ctl_usage("devices", "takes no arguments");
@@ -273,7 +245,7 @@ int tr_cmd_version(struct tr_ctl *c, int argc, char **argv)
 	struct tr_ctl_reply r;
 	int rc;
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help("version");
 	if (argc >= 2)
 		return tr_ctl_usage("version", "takes no arguments");

@@ -253,28 +253,14 @@ static void field(const char *name, const char *value)
 
 int tr_cmd_show(struct tr_ctl *c, int argc, char **argv)
 {
-	static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-					     {"help", no_argument, NULL, 'h'},
-					     {NULL, 0, NULL, 0}};
 	bool as_json = false;
 	struct tr_ctl_reply r;
 	char path[64], buf[256], a[48], b[48];
-	int ch, rc;
+	int rc;
+	int64_t id = tr_ctl_parse_id_args("show", argc, argv, "json", 'j', &as_json);
 
-	while ((ch = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
-		if (ch == 'j')
-			as_json = true;
-		else if (ch == 'h')
-			return tr_ctl_help("show");
-		else
-			return tr_ctl_usage("show", "unknown option");
-	}
-	if (argc - optind != 1)
-		return tr_ctl_usage("show", "expects one job id");
-	int64_t id = tr_ctl_job_id("show", argv[optind]);
-
-	if (id < 0)
-		return TR_CTL_USAGE;
+	if (id <= 0)
+		return (int)-id;
 	snprintf(path, sizeof path, "/jobs/%" PRId64, id);
 	rc = tr_ctl_call(c, "GET", path, NULL, &r);
 	if (rc)
@@ -357,7 +343,7 @@ int tr_cmd_control(struct tr_ctl *c, int argc, char **argv)
 	char path[96], body[64] = "";
 	int rc;
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help(cmd);
 	/* resume [--epochs N | --max-steps N] ID: the job's new end. */
 	if (strcmp(cmd, "resume") == 0 && argc == 4 &&
@@ -394,7 +380,7 @@ int tr_cmd_delete(struct tr_ctl *c, int argc, char **argv)
 	char path[64];
 	int rc;
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help("delete");
 	if (argc != 2)
 		return tr_ctl_usage("delete", "expects one job id");
@@ -418,7 +404,7 @@ int tr_cmd_priority(struct tr_ctl *c, int argc, char **argv)
 	long prio;
 	int rc;
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help("priority");
 	if (argc != 3)
 		return tr_ctl_usage("priority", "expects a job id and a priority");

@@ -192,6 +192,34 @@ int64_t tr_ctl_job_id(const char *cmd, const char *arg)
 	return v;
 }
 
+bool tr_ctl_wants_help(int argc, char **argv)
+{
+	return argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
+}
+
+int64_t tr_ctl_parse_id_args(const char *cmd, int argc, char **argv, const char *flag, int letter, bool *set)
+{
+	const struct option opts[] = {{flag, no_argument, NULL, letter},
+				      {"help", no_argument, NULL, 'h'},
+				      {NULL, 0, NULL, 0}};
+	const char shorts[] = {(char)letter, 'h', '\0'};
+	int ch;
+
+	while ((ch = getopt_long(argc, argv, shorts, opts, NULL)) != -1) {
+		if (ch == letter)
+			*set = true;
+		else if (ch == 'h')
+			return -tr_ctl_help(cmd);
+		else
+			return -tr_ctl_usage(cmd, "unknown option");
+	}
+	if (argc - optind != 1)
+		return -tr_ctl_usage(cmd, "expects one job id");
+	int64_t id = tr_ctl_job_id(cmd, argv[optind]);
+
+	return id < 0 ? -TR_CTL_USAGE : id;
+}
+
 /* The token: $TRAINERD_TOKEN, else the file's first line, trimmed. */
 static int load_token(struct tr_ctl *c, const char *file)
 {

@@ -172,5 +172,12 @@ int tr_ctl_usage(const char *cmd, const char *fmt, ...) __attribute__((format(pr
 int tr_ctl_help(const char *cmd);
 /* A job id argument: a positive integer; -1 after printing a usage error. */
 int64_t tr_ctl_job_id(const char *cmd, const char *arg);
+/* argv[1] is --help or -h. */
+bool tr_ctl_wants_help(int argc, char **argv);
+/* The arguments of a command that takes one job id and one option without
+ * a value (--flag or -letter: sets *set) besides --help: the job id (> 0);
+ * 0 after printing the help, -TR_CTL_USAGE after a usage error (the
+ * command returns the negation). */
+int64_t tr_ctl_parse_id_args(const char *cmd, int argc, char **argv, const char *flag, int letter, bool *set);
 
 #endif

@@ -171,7 +171,7 @@ int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv)
 	size_t i, j;
 	json_t *d, *f;
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help("datasets");
 	if (argc >= 2 && strcmp(argv[1], "--json") != 0)
 		return tr_ctl_usage("datasets", "takes no arguments but --json");
@@ -217,7 +217,7 @@ int tr_cmd_dataset_rm(struct tr_ctl *c, int argc, char **argv)
 	struct tr_ctl_reply r;
 	char path[400], name[NAME_MAX_LEN + 2] = "", size[32];
 
-	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+	if (tr_ctl_wants_help(argc, argv))
 		return tr_ctl_help("rm-dataset");
 	if (argc != 2)
 		return tr_ctl_usage("rm-dataset", "needs DATASET or DATASET/FILE");

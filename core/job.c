@@ -33,6 +33,7 @@ static const char *const request_phrase[TR_JOB_NREQUESTS] = {
 	[TR_JOB_CHECKPOINT] = "take a checkpoint",
 };
 
+/* clang-format off */
 #define R {TR_JOB_REFUSE, 0}
 #define K(s) {TR_JOB_KEEP, TR_JOB_##s}
 #define SET(s) {TR_JOB_SET, TR_JOB_##s}
@@ -60,6 +61,7 @@ static const struct tr_job_transition table[TR_JOB_NSTATES][TR_JOB_NREQUESTS] = 
 	[TR_JOB_CANCELLED]   = {R,              R,              R,             R,           R,           K(CANCELLED), R},
 	[TR_JOB_INTERRUPTED] = {SET(CANCELLED), SET(CANCELLED), SET(PAUSED),   R,           K(INTERRUPTED), R,        R},
 };
+/* clang-format on */
 
 #undef R
 #undef K

@@ -136,6 +136,7 @@ static int emit_tokens(const void *base, json_t *obj, const char *key)
 #define INT_IN(m, lo_, hi_) .kind = K_INT, .off = CFG(m), .flags = F_LO | F_HI, .lo = (lo_), .hi = (hi_)
 #define I64_IN(m, lo_, hi_) .kind = K_I64, .off = CFG(m), .flags = F_LO | F_HI, .lo = (lo_), .hi = (hi_)
 
+/* clang-format off */
 static const struct tr_field options[] = {
 	{.key = "listen", .kind = K_CUSTOM, .parse = parse_listen, .emit = emit_listen, .defstr = DEFAULT_LISTEN,
 	 .help = "HOST:PORT to serve the API on (port 0 = any free port; ignored under socket activation); a "
@@ -207,6 +208,7 @@ static const struct tr_field options[] = {
 	 .help = "job spec file to submit when the database has no job yet (make run uses the quickstart)"},
 	{0},
 };
+/* clang-format on */
 
 /* What a reload (SIGHUP, POST /reload) applies; the rest needs a restart
  * (the listener, the store, the devices are set up once). */

@@ -17,6 +17,7 @@
 /* Every operation a backend must provide (engine/backend.h).  The
  * optional ones are listed apart: memory_info, set_tf32 and
  * memory_estimate may be NULL, the pairs must be set together. */
+/* clang-format off */
 #define REQUIRED_OPS(X)                                                                                          \
 	X(destroy) X(device_count) X(device_name) X(last_error) X(alloc) X(free) X(host_alloc) X(host_free)      \
 	X(to_device) X(to_host) X(copy) X(memset0) X(sync) X(gemm) X(add_bias) X(col_sum) X(act_forward)         \
@@ -26,6 +27,7 @@
 	X(bn_backward_sums) X(bn_backward_apply) X(groupnorm_forward) X(groupnorm_backward) X(softmax_ce)        \
 	X(mse) X(scale) X(sumsq) X(sgd_step) X(adam_step) X(comm_create) X(allreduce_sum) X(comm_abort)          \
 	X(comm_destroy)
+/* clang-format on */
 
 int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err)
 {

@@ -334,6 +334,7 @@ static int emit_degrade(const void *base, json_t *obj, const char *key)
 	return json_object_set_new(obj, key, json_pack("{sssi}", "type", "downscale", "factor", src->degrade_factor));
 }
 
+/* clang-format off */
 static const struct tr_field source_fields[] = {
 	{.key = "format", .kind = K_ENUM, .off = SRC(format), .flags = F_REQ, .names = format_names},
 	/* Required for csv and images, and for patches without input_path:
@@ -372,6 +373,7 @@ static const struct tr_field source_fields[] = {
 	{.key = "seed", .kind = K_U64, .off = SRC(data_seed), .only = V_SYN | V_PATCHES, .flags = NONNEG | F_NODEF},
 	{0},
 };
+/* clang-format on */
 
 static int source_variant(const struct tr_source_spec *src)
 {
@@ -784,6 +786,7 @@ static int emit_tf_std(const void *base, json_t *obj, const char *key)
 	return json_object_set_new(obj, key, json_real(tr_fields_short_double(t->std)));
 }
 
+/* clang-format off */
 static const struct tr_field transform_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = TF(type), .flags = F_REQ | F_VARIANT, .names = transform_names},
 	{.key = "factor", .kind = K_FLOAT, .off = TF(factor), .only = 1u << TR_TF_SCALE, .flags = F_REQ},
@@ -795,7 +798,9 @@ static const struct tr_field transform_fields[] = {
 	{.key = "vertical", .kind = K_BOOL, .off = TF(vertical), .only = 1u << TR_TF_FLIP},
 	{0},
 };
+/* clang-format on */
 
+/* clang-format off */
 static const struct tr_field data_fields[] = {
 	{.key = "train", .kind = K_CUSTOM, .flags = F_REQ, .parse = parse_train, .emit = emit_train},
 	{.key = "validation", .kind = K_CUSTOM, .parse = parse_validation, .emit = emit_validation},
@@ -808,10 +813,12 @@ static const struct tr_field data_fields[] = {
 	 .size = sizeof(struct tr_transform_spec), .count_off = SPEC(n_transforms), .max = TR_SPEC_MAX_TRANSFORMS},
 	{0},
 };
+/* clang-format on */
 
 #define OPT_SGD (1u << TR_OPT_SGD)
 #define OPT_ADAMS ((1u << TR_OPT_ADAM) | (1u << TR_OPT_ADAMW))
 
+/* clang-format off */
 static const struct tr_field optimizer_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = SPEC(optimizer.type), .flags = F_REQ | F_VARIANT, .names = optim_names},
 	{.key = "lr", .kind = K_FLOAT, .off = SPEC(optimizer.lr), .flags = F_REQ | POSITIVE},
@@ -825,10 +832,12 @@ static const struct tr_field optimizer_fields[] = {
 	{.key = "eps", .kind = K_FLOAT, .off = SPEC(optimizer.eps), .only = OPT_ADAMS, .flags = POSITIVE, .def = 1e-8},
 	{0},
 };
+/* clang-format on */
 
 #define SCH_STEP (1u << TR_SCHED_STEP)
 #define SCH_DECAY ((1u << TR_SCHED_COSINE) | (1u << TR_SCHED_LINEAR))
 
+/* clang-format off */
 static const struct tr_field schedule_fields[] = {
 	{.key = "type", .kind = K_ENUM, .off = SPEC(schedule.type), .flags = F_VARIANT, .names = sched_names},
 	{.key = "warmup_steps", .kind = K_I64, .off = SPEC(schedule.warmup_steps), .flags = NONNEG | F_HI,
@@ -840,7 +849,9 @@ static const struct tr_field schedule_fields[] = {
 	{.key = "min_lr", .kind = K_FLOAT, .off = SPEC(schedule.min_lr), .only = SCH_DECAY, .flags = NONNEG},
 	{0},
 };
+/* clang-format on */
 
+/* clang-format off */
 static const struct tr_field prefetch_fields[] = {
 	{.key = "workers", .kind = K_INT, .off = SPEC(prefetch_workers), .flags = F_LO | F_HI, .lo = 1, .hi = 64,
 	 .def = 2},
@@ -848,7 +859,9 @@ static const struct tr_field prefetch_fields[] = {
 	 .def = 4},
 	{0},
 };
+/* clang-format on */
 
+/* clang-format off */
 static const struct tr_field checkpoint_fields[] = {
 	{.key = "every_steps", .kind = K_INT, .off = SPEC(checkpoint_every_steps), .flags = NONNEG},
 	{.key = "every_seconds", .kind = K_INT, .off = SPEC(checkpoint_every_seconds), .flags = NONNEG},
@@ -856,7 +869,9 @@ static const struct tr_field checkpoint_fields[] = {
 	 .hi = TR_SPEC_MAX_CHECKPOINT_KEEP, .def = 3},
 	{0},
 };
+/* clang-format on */
 
+/* clang-format off */
 static const struct tr_field monitor_fields[] = {
 	{.key = "metric", .kind = K_NAME, .off = MON(name), .flags = F_REQ, .names = metric_names,
 	 .size = sizeof(((struct tr_monitor_spec *)0)->name)},
@@ -864,8 +879,10 @@ static const struct tr_field monitor_fields[] = {
 	{.key = "per_layer", .kind = K_BOOL, .off = MON(per_layer)},
 	{0},
 };
+/* clang-format on */
 
 #define ES(m) offsetof(struct tr_spec, early_stopping.m)
+/* clang-format off */
 static const struct tr_field early_stop_fields[] = {
 	{.key = "metric", .kind = K_NAME, .off = ES(metric), .flags = F_REQ, .names = es_metric_names,
 	 .size = sizeof(((struct tr_early_stop_spec *)0)->metric)},
@@ -875,6 +892,7 @@ static const struct tr_field early_stop_fields[] = {
 	{.key = "min_delta", .kind = K_FLOAT, .off = ES(min_delta), .flags = NONNEG},
 	{0},
 };
+/* clang-format on */
 
 /* early_stopping: absent means off (and nothing in the normalized form).
  * The metric must be one the job computes at its evaluations: val_* need
@@ -985,6 +1003,7 @@ static const struct tr_field init_fields[] = {
 };
 
 /* "seed" comes before "data": sources default their seed to it. */
+/* clang-format off */
 static const struct tr_field root_fields[] = {
 	{.key = "name", .kind = K_STR, .off = SPEC(name), .flags = F_NOCTRL, .defstr = "job", .max = TR_SPEC_MAX_NAME},
 	{.key = "seed", .kind = K_U64, .off = SPEC(seed), .flags = NONNEG},
@@ -1014,6 +1033,7 @@ static const struct tr_field root_fields[] = {
 	{.key = "init", .kind = K_OBJECT, .sub = init_fields},
 	{0},
 };
+/* clang-format on */
 
 /* ---- checks across sections ---- */
 

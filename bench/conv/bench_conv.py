@@ -24,12 +24,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from bench import med, read_run  # noqa: E402  (bench/bench.py)
 
 # steps per run and the warm-up steps left out of the median step
 PLAN = {"lenet": {"steps": 40, "warm": 3}, "vdsr": {"steps": 8, "warm": 2}}
@@ -38,10 +39,6 @@ ROUTES = ["im2col", "onednn", "auto"]
 
 def log(*a):
     print("[bench/conv]", *a, file=sys.stderr, flush=True)
-
-
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def loadavg():
@@ -61,20 +58,7 @@ def run_trainerd(args, name, route, rnd):
         f.write(p.stdout + p.stderr)
     if p.returncode != 0:
         raise RuntimeError(f"trainerd failed on {name}/{route}: {p.stderr.strip()[-1000:]}")
-    with open(os.path.join(d, "summary.json")) as f:
-        summ = json.load(f)
-    step_ms, wait_ms = [], []
-    with open(os.path.join(d, "metrics.jsonl")) as f:
-        for line in f:
-            pt = json.loads(line)
-            if pt["name"] == "step_ms":
-                step_ms.append(pt["value"])
-            elif pt["name"] == "data_wait_ms":
-                wait_ms.append(pt["value"])
-    try:
-        os.remove(os.path.join(d, "model.safetensors"))
-    except OSError:
-        pass
+    summ, step_ms, _ = read_run(d)
     batch = json.load(open(os.path.join(HERE, "workloads", f"{name}.json")))["batch_size"]
     ms = med(step_ms[plan["warm"]:])
     return {"samples_per_sec": summ["samples_per_sec"], "median_step_ms": ms,

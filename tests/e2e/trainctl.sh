@@ -80,6 +80,15 @@ check "unknown command exits 2" test $? -eq 2
 tc show abc >/dev/null 2>"$work/e"
 check "bad id exits 2" test $? -eq 2
 check "bad id message" has "$work/e" "not a job id: abc"
+# show, logs and checkpoints read one job id and one flag alike
+tc checkpoints >/dev/null 2>"$work/e"
+check "no id exits 2" test $? -eq 2
+check "no id message" has "$work/e" "checkpoints: expects one job id"
+tc show 1 2 >/dev/null 2>"$work/e"
+check "two ids exit 2" test $? -eq 2
+tc logs --json 1 >/dev/null 2>"$work/e"
+check "another command's flag exits 2" test $? -eq 2
+check "unknown option message" has "$work/e" "trainctl logs: unknown option"
 tc metrics --format xml 1 >/dev/null 2>&1
 check "bad --format exits 2" test $? -eq 2
 tc --url http://127.0.0.1:1 ls >/dev/null 2>"$work/e"

@@ -25,65 +25,16 @@ from PyTorch's initialisation (init.from).  Checked, on 1 and 3 devices:
 Usage: norm_equivalence.py TRAINERD.  Exit 77 (skipped) without torch or
 scikit-learn.
 """
-import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-    from sklearn.datasets import load_digits
-except ImportError as e:  # pragma: no cover
-    print(f"SKIP: {e}")
-    sys.exit(77)
-
-N_TRAIN = 1409  # 22 steps of 64 and one of 1
-BATCH = 64
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def st_write(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        # (np.ascontiguousarray would make num_batches_tracked's 0-d
-        # array 1-d)
-        a = np.array(t.detach().cpu().numpy(), dtype=np.float32, order="C")
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + a.nbytes]}
-        blobs.append(a.tobytes())
-        off += a.nbytes
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def st_read(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    header = json.loads(b[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        s, t = e["data_offsets"]
-        a = np.frombuffer(b[8 + n + s:8 + n + t], dtype=np.float32).reshape(e["shape"]).copy()
-        out[name] = torch.from_numpy(a)
-    return out
-
-
-def gap():
-    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+import common  # first: exits 77 (skipped) without torch or scikit-learn
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from common import check, gap, max_rel, max_wdiff, st_read, st_write, val_loss_of
 
 
 NETS = {
@@ -119,57 +70,13 @@ OPTS = {
 }
 
 
-def torch_run(net_name, opt_name, init, xtr, ytr, xva, yva, epochs, dtype, threads=1):
-    torch.set_num_threads(threads)
-    net = NETS[net_name][1]().to(dtype)
-    net.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in init.items()}, strict=True)
-    opt = OPTS[opt_name][1](net.parameters())
-    xt, yt = torch.from_numpy(xtr).to(dtype).reshape(-1, 1, 8, 8), torch.from_numpy(ytr)
-    losses = []
-    net.train()
-    for _ in range(epochs):
-        for s in range(0, len(xt), BATCH):
-            opt.zero_grad()
-            loss = F.cross_entropy(net(xt[s:s + BATCH]), yt[s:s + BATCH])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    net.eval()
-    with torch.no_grad():
-        val = F.cross_entropy(net(torch.from_numpy(xva).to(dtype).reshape(-1, 1, 8, 8)), torch.from_numpy(yva)).item()
-    return losses, {k: v.detach().to(torch.float64) for k, v in net.state_dict().items()}, val
+def torch_run(*args):
+    return common.torch_run(NETS, OPTS, *args)
 
 
 def trainerd_run(trainerd, tmp, net_name, opt_name, devices, epochs, init_path, route):
-    spec = {
-        "name": f"{net_name}-{opt_name}-{devices}", "seed": 1,
-        "model": {"inputs": [1, 8, 8], "layers": NETS[net_name][0], "loss": "softmax_cross_entropy"},
-        "data": {"train": {"format": "npy", "x": f"{tmp}/xtr.npy", "y": f"{tmp}/ytr.npy"},
-                 "validation": {"format": "npy", "x": f"{tmp}/xva.npy", "y": f"{tmp}/yva.npy"},
-                 "shuffle": False},
-        "batch_size": BATCH, "epochs": epochs, "optimizer": OPTS[opt_name][0], "devices": devices,
-        "init": {"from": init_path},
-    }
-    out = f"{tmp}/out-{net_name}-{opt_name}-{devices}-{route}"
-    with open(f"{out}.json", "w") as f:
-        json.dump(spec, f)
-    subprocess.run([trainerd, "run", f"{out}.json", "--quiet", "--out", out, "--devices", str(devices),
-                    "--cpu-conv", route], check=True, cwd=tmp)
-    points = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
-    losses = [p["value"] for p in points if p["name"] == "loss"]
-    val = [p["value"] for p in points if p["name"] == "val_loss"][-1]
-    weights = {k: v.to(torch.float64) for k, v in st_read(f"{out}/model.safetensors").items()}
-    return losses, weights, val
-
-
-def max_rel(a, b):
-    # relative, with losses below 0.01 compared absolutely (conv_equivalence.py)
-    return max(abs(x - y) / max(abs(y), 1e-2) for x, y in zip(a, b))
-
-
-def max_wdiff(a, b, which=None):
-    keys = [k for k in b if which is None or which(k)]
-    return max((a[k] - b[k]).abs().max().item() for k in keys)
+    return common.trainerd_run(trainerd, tmp, NETS, OPTS, net_name, opt_name, devices, epochs, init_path,
+                               suffix=f"-{route}", args=("--cpu-conv", route))
 
 
 def worst(a, b):
@@ -189,13 +96,8 @@ def main():
     print(f"convolution routes: {', '.join(routes)}")
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
     with tempfile.TemporaryDirectory() as tmp:
-        xtr, ytr, xva, yva = x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
-        for name, a in (("xtr", xtr), ("ytr", ytr), ("xva", xva), ("yva", yva)):
-            np.save(f"{tmp}/{name}.npy", a)
+        xtr, ytr, xva, yva = common.digits(tmp)
         runs = [("batchnorm", "sgd", 6), ("batchnorm", "adamw", 4), ("groupnorm", "sgd", 4)]
         for net_name, opt_name, epochs in runs:
             init = NETS[net_name][1]().state_dict()
@@ -264,12 +166,11 @@ def main():
             net.eval()
             with torch.no_grad():
                 val = F.cross_entropy(net(torch.from_numpy(xva).reshape(-1, 1, 8, 8)), torch.from_numpy(yva)).item()
-            pts = [json.loads(l) for l in open(f"{tmp}/out-{net_name}-{opt_name}-3-{routes[-1]}/metrics.jsonl")]
-            tv = [p["value"] for p in pts if p["name"] == "val_loss"][-1]
+            tv = val_loss_of(f"{tmp}/out-{net_name}-{opt_name}-3-{routes[-1]}")
             check(abs(val - tv) / tv <= 1e-5,
                   f"{net_name}/{opt_name}: model.safetensors in torch gives val_loss {val:.6g}, trainerd {tv:.6g}")
-    print(f"norm equivalence: {len(failures)} failed")
-    return 1 if failures else 0
+    print(f"norm equivalence: {len(common.failures)} failed")
+    return 1 if common.failures else 0
 
 
 if __name__ == "__main__":

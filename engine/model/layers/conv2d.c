@@ -108,6 +108,7 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 
 #define LAY(m) offsetof(struct tr_layer_spec, m)
 
+/* clang-format off */
 static const struct tr_field tr_layer_conv2d_fields[] = {
 	{.key = "filters", .kind = K_INT, .off = LAY(filters), .flags = F_REQ | POSITIVE | F_HI, .hi = TR_SPEC_MAX_WIDTH},
 	{.key = "kernel", .kind = K_CUSTOM, .flags = F_REQ, .parse = tr_layer_spec_parse_kernel,
@@ -120,6 +121,7 @@ static const struct tr_field tr_layer_conv2d_fields[] = {
 	{.key = "bias", .kind = K_BOOL, .off = LAY(bias), .def = 1},
 	{0},
 };
+/* clang-format on */
 
 const tr_layer_i tr_layer_conv2d = {
 	.fields = tr_layer_conv2d_fields,

@@ -6,11 +6,13 @@
 
 static const char *const approx_names[] = {"none", "tanh", NULL};
 
+/* clang-format off */
 static const struct tr_field fields[] = {
 	{.key = "approximate", .kind = K_BOOLENUM, .off = offsetof(struct tr_layer_spec, gelu_tanh),
 	 .names = approx_names},
 	{0},
 };
+/* clang-format on */
 
 static int setup(struct tr_layer *l, const struct tr_layer_spec *s, struct tr_error *err)
 {

@@ -7,6 +7,7 @@
 #include "engine/model/layer.h"
 #include "engine/model/layer_spec.h"
 
+/* clang-format off */
 const struct tr_field tr_layer_pool_window_fields[] = {
 	{.key = "kernel", .kind = K_CUSTOM, .flags = F_REQ, .parse = tr_layer_spec_parse_kernel,
 	 .emit = tr_layer_spec_emit_kernel},
@@ -15,6 +16,7 @@ const struct tr_field tr_layer_pool_window_fields[] = {
 	{.key = "padding", .kind = K_CUSTOM, .parse = tr_layer_spec_parse_padding, .emit = tr_layer_spec_emit_padding},
 	{0},
 };
+/* clang-format on */
 
 int tr_layer_pool_window(struct tr_layer *l, const struct tr_layer_spec *s, const char *what, struct tr_error *err)
 {

@@ -64,11 +64,13 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	return bi->add(r->be, r->dev, n, r->dbuf[cur], keep, dx);
 }
 
+/* clang-format off */
 static const struct tr_field tr_layer_residual_fields[] = {
 	{.key = "layers", .kind = K_CUSTOM, .flags = F_REQ, .parse = tr_layer_spec_parse_inner,
 	 .emit = tr_layer_spec_emit_inner},
 	{0},
 };
+/* clang-format on */
 
 const tr_layer_i tr_layer_residual = {
 	.fields = tr_layer_residual_fields,

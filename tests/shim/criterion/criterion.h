@@ -67,6 +67,7 @@ void shim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 bool shim_float_eq(long double a, long double b, long double eps);
 bool shim_str_cmp(const char *a, const char *b, int *out);
 
+/* clang-format off */
 #define SHIM_ID_(a, s, n) shim_##a##__##s##__##n
 
 #define TestSuite(s, ...) \
@@ -195,6 +196,7 @@ bool shim_str_cmp(const char *a, const char *b, int *out);
 	SHIM_CHECK_(SHIM_E_, memcmp((a), (b), (size)) == 0, "The arrays " #a " and " #b " differ.", __VA_ARGS__)
 #define cr_expect_arr_neq(a, b, size, ...) \
 	SHIM_CHECK_(SHIM_E_, memcmp((a), (b), (size)) != 0, "The arrays " #a " and " #b " are equal.", __VA_ARGS__)
+/* clang-format on */
 
 /* Ends the test as skipped (not counted in "Tested", like Criterion). */
 #define cr_skip_test(...) shim_skip(__FILE__, __LINE__, " " __VA_ARGS__)

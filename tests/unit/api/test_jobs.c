@@ -231,6 +231,7 @@ Test(api, resume_takes_an_optional_new_end)
 	char path[64];
 	struct tr_test_reply r;
 	static const char *const form[] = {"Content-Type: application/x-www-form-urlencoded", NULL};
+	/* clang-format off */
 	static const struct {
 		const char *body, *pointer;
 	} bad[] = {
@@ -241,6 +242,7 @@ Test(api, resume_takes_an_optional_new_end)
 		{"{\"epoch\": 2}", "/epoch"},
 		{"{\"epochs\": 2000000}", "/epochs"},
 	};
+	/* clang-format on */
 
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/resume", id);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

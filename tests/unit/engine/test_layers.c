@@ -229,6 +229,7 @@ static void conv_case(int c, int h, int w, int f, int kh, int kw, int s, int p, 
 	check_backend_conv(&d, rows, false);
 }
 
+/* clang-format off */
 Test(layers, conv2d_ordinary) { conv_case(3, 5, 4, 4, 3, 2, 1, 1, 1, 1, 3); }
 Test(layers, conv2d_one_by_one_image) { conv_case(2, 1, 1, 3, 1, 1, 1, 0, 1, 1, 4); }
 Test(layers, conv2d_one_by_one_image_padded) { conv_case(2, 1, 1, 3, 3, 3, 1, 1, 1, 1, 2); }
@@ -237,6 +238,7 @@ Test(layers, conv2d_stride_above_kernel) { conv_case(2, 7, 7, 3, 2, 2, 3, 0, 1, 
 Test(layers, conv2d_padding_above_half_kernel) { conv_case(1, 4, 4, 2, 3, 3, 1, 2, 1, 1, 2); }
 Test(layers, conv2d_dilation_and_groups) { conv_case(4, 6, 6, 6, 3, 3, 1, 2, 2, 2, 2); }
 Test(layers, conv2d_depthwise_strided) { conv_case(3, 5, 6, 3, 3, 3, 2, 1, 1, 3, 2); }
+/* clang-format on */
 
 /* A batch larger than one chunk: dw sums over chunks and the scatter
  * back to NCHW must line up at chunk edges. */
@@ -294,6 +296,7 @@ static void pool_case(bool max, int c, int h, int w, int k, int s, int p, int ro
 	tr_backend_destroy(be);
 }
 
+/* clang-format off */
 Test(layers, maxpool2d_ordinary) { pool_case(true, 3, 6, 6, 2, 2, 0, 3); }
 Test(layers, maxpool2d_overlapping_padded) { pool_case(true, 2, 5, 7, 3, 2, 1, 2); }
 Test(layers, maxpool2d_stride_above_kernel) { pool_case(true, 2, 7, 7, 2, 3, 0, 2); }
@@ -305,3 +308,4 @@ Test(layers, avgpool2d_stride_above_kernel) { pool_case(false, 2, 7, 7, 2, 3, 0,
 Test(layers, avgpool2d_one_by_one_image) { pool_case(false, 3, 1, 1, 1, 1, 0, 2); }
 /* global_avg_pool is the window of the whole image */
 Test(layers, avgpool2d_kernel_is_image) { pool_case(false, 4, 3, 3, 3, 1, 0, 2); }
+/* clang-format on */

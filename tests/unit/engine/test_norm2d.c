@@ -188,6 +188,7 @@ struct bn_case {
 	int n, c, hw;
 };
 
+/* clang-format off */
 static const struct bn_case bn_cases[] = {
 	{2, 1, 1},  /* two values per channel: the smallest batch torch takes */
 	{1, 3, 7},  /* one sample, the spatial positions are the batch */
@@ -195,6 +196,7 @@ static const struct bn_case bn_cases[] = {
 	{5, 2, 9},
 	{4, 3, 1},  /* 1x1 images */
 };
+/* clang-format on */
 
 Test(norm2d, batchnorm_forward_backward_against_reference)
 {
@@ -386,6 +388,7 @@ struct gn_case {
 	int n, c, hw, groups;
 };
 
+/* clang-format off */
 static const struct gn_case gn_cases[] = {
 	{1, 1, 1, 1}, /* a single value: normalised to 0, the output is beta */
 	{2, 6, 4, 3},
@@ -393,6 +396,7 @@ static const struct gn_case gn_cases[] = {
 	{2, 4, 9, 1}, /* one group: LayerNorm over C, H, W */
 	{1, 4, 5, 4}, /* a group per channel: InstanceNorm */
 };
+/* clang-format on */
 
 Test(norm2d, groupnorm_forward_backward_against_reference)
 {
