@@ -9,9 +9,11 @@ trains bench/conv/workloads/patches.json (the examples/superres.json net:
 degradation, flips and rotations, 5 conv layers of 16 filters, batch 32)
 with 1, 2 and 4 loader threads, `--rounds` times each, round-robin, and
 reports the median share of step time spent waiting for data
-(summary.json's data_wait_fraction) and samples/s.
+(summary.json's data_wait_fraction) and samples/s.  --tiny swaps the net
+for a single one-filter conv, so that the run is bound by the loaders and
+samples/s is their rate.
 
-  bench_patches.py --trainerd BUILD/daemon/trainerd --out DIR [--steps 60] [--rounds 3]
+  bench_patches.py --trainerd BUILD/daemon/trainerd --out DIR [--steps 60] [--rounds 3] [--tiny]
 """
 import argparse
 import json
@@ -68,6 +70,10 @@ def run(args, workers, rnd):
     cmd = [args.trainerd, "run", os.path.join(HERE, "workloads", "patches.json"), "--set",
            f"/data/train/path={os.path.join(args.out, 'images')}", "--set", f"/max_steps={args.steps}",
            "--workers", str(workers), "--devices", "1", "--out", d, "--quiet"]
+    if args.tiny:
+        # one 3x3 conv of one filter: the step costs almost nothing, so
+        # samples/s is the loaders' own rate
+        cmd[3:3] = ["--set", '/model/layers=[{"type": "conv2d", "filters": 1, "kernel": 3, "padding": "same"}]']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"trainerd failed ({workers} workers): {p.stderr.strip()[-1000:]}")
@@ -85,8 +91,10 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--tiny", action="store_true", help="a one-filter model: measures the loaders alone")
     args = ap.parse_args()
-    make_images(os.path.join(args.out, "images"), 16, 512)
+    if not os.path.exists(os.path.join(args.out, "images", "img15.png")):
+        make_images(os.path.join(args.out, "images"), 16, 512)
     res = {w: [] for w in args.workers}
     for rnd in range(args.rounds):
         for w in args.workers:
