@@ -336,7 +336,7 @@ struct tr_backend_options {
 	/* When > 0, the CPU device count instead of `devices` (the daemon's
 	 * --cpu-devices, which must not limit its GPUs). */
 	int cpu_devices;
-	int blas_threads;        /* CPU: the total BLAS thread budget, 0 = all cores */
+	int blas_threads;        /* CPU: the total compute thread budget, 0 = all cores */
 	bool tf32;               /* CUDA: every device starts with TF32 gemm allowed */
 	const char *cuda_module; /* trainerd-cuda.so to load; NULL or "" = search (engine/cuda/module.h) */
 	enum tr_cpu_conv cpu_conv; /* CPU: how conv2d is computed (default AUTO) */
@@ -364,7 +364,9 @@ int tr_backend_kind_parse(const char *name, enum tr_backend_kind *out);
 int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err);
 
 /* Creates the CPU backend with `devices` devices (1..TR_CPU_MAX_DEVICES).
- * `blas_threads` is the total BLAS thread budget (0 = all cores).  NULL on
+ * `blas_threads` is the total compute thread budget (0 = all cores), split
+ * over the devices; results do not depend on it (OpenBLAS runs on one
+ * thread, the backend splits the work in pieces cut by shape).  NULL on
  * bad input.  Commands use tr_backend_open; tests create it directly. */
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 

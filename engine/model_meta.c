@@ -54,9 +54,13 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 	int rc = -ENOMEM;
 	if (!model || !pre)
 		goto out;
-	/* A width taken from the data is recorded as the model's. */
+	/* A width or [C, H, W] taken from the data is recorded as the
+	 * model's. */
 	if (!json_object_get(model, "inputs"))
-		json_object_set_new(model, "inputs", json_integer(m->inputs));
+		json_object_set_new(model, "inputs",
+				    m->in_shape.ndim == 3 ? json_pack("[iii]", (int)m->in_shape.d[0], (int)m->in_shape.d[1],
+								      (int)m->in_shape.d[2])
+							  : json_integer(m->inputs));
 	json_t *list = json_object_get(pre, "transforms");
 	for (size_t k = 0; k < json_array_size(tfs); k++) {
 		json_t *e = json_deep_copy(json_array_get(tfs, k));

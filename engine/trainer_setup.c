@@ -126,16 +126,30 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 
 /* ---- model ------------------------------------------------------------- */
 
-static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
+/* model.inputs against the data, before the model is built on the data's
+ * width: a [C, H, W] must be the data's own shape (images, patches, a
+ * gzip IDX file) or, for flat data, its element count
+ * (tr_reader_check_shape); a number must be the data's width. */
+static int check_inputs_against_data(struct tr_trainer *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
 	const struct tr_reader_info *info = &t->train->info;
+	if (s->input_ndim == 3)
+		return tr_reader_check_shape(t->train, s->input_shape, err);
 	if (s->inputs > 0 && s->inputs != info->features) {
 		tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: %d does not match the %d features of %s",
 			     s->inputs, info->features, t->train->name);
 		return -EINVAL;
 	}
-	int out = tr_spec_output_dim(s);
+	return 0;
+}
+
+/* The loss against the data, on the model as built for it. */
+static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
+{
+	const struct tr_spec *s = t->spec;
+	const struct tr_reader_info *info = &t->train->info;
+	int out = t->model.outputs;
 	if (s->loss == TR_LOSS_SOFTMAX_CE && info->label_dim != 1) {
 		tr_error_set(err, 0, 0, "/model/loss",
 			     "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
@@ -163,7 +177,7 @@ static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
 static int check_labels(struct tr_trainer *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
-	int classes = s->loss == TR_LOSS_SOFTMAX_CE ? tr_spec_output_dim(s) : 0;
+	int classes = s->loss == TR_LOSS_SOFTMAX_CE ? t->model.outputs : 0;
 	struct {
 		tr_reader_t *r;
 		const char *pointer;
@@ -322,10 +336,11 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		rc = -ECANCELED;
 		goto fail;
 	}
-	if ((rc = open_data(t, err)) < 0 || (rc = check_model_against_data(t, err)) < 0 ||
-	    (rc = check_labels(t, err)) < 0)
-		goto fail;
-	if ((rc = tr_model_init(&t->model, s, t->train->info.features, err)) < 0)
+	/* A model without model.inputs takes the data's [C, H, W] (flat
+	 * data has none: shape[0] is 0). */
+	if ((rc = open_data(t, err)) < 0 || (rc = check_inputs_against_data(t, err)) < 0 ||
+	    (rc = tr_model_init_shaped(&t->model, s, t->train->info.features, t->train->info.shape, err)) < 0 ||
+	    (rc = check_model_against_data(t, err)) < 0 || (rc = check_labels(t, err)) < 0)
 		goto fail;
 	/* What a model file needs to be used (docs/model-format.md): known
 	 * now, with the transforms fitted and the input width found. */

@@ -7,27 +7,16 @@
  * fill their parts of the function table through tr_cpu_kernels_fill and
  * tr_cpu_comm_fill.
  *
- * BLAS threading: OpenBLAS's pthread build has one process-wide thread
- * count.  With D devices, D host threads call BLAS at the same time, so
- * each call gets max(1, budget / D) threads; otherwise D callers each
- * spawning `budget` workers would oversubscribe the cores and OpenBLAS would
- * serialise them on its single worker pool anyway.  Because the count is
- * global, the most recently created CPU backend decides it.
- *
- * Small gemms run on one thread (tr_cpu_blas_threads_for, used by gemm):
- * waking OpenBLAS's workers costs more than they save below a few million
- * multiply-adds (SMALL_GEMM_MNK), and a worker that was woken then spins in
- * sched_yield, taking the core a loader thread needs.  OpenBLAS's sums
- * depend on its thread count (1- and 2-thread sgemm differ in the last
- * bits), so the count must follow from the gemm's shape and the backend
- * alone, never from timing: only a backend with one device switches, and
- * then its single device thread is the only BLAS caller (the daemon's
- * backend has one device only with --cpu-devices 1, which runs one job at
- * a time).  Within the pool already started, OpenBLAS 0.3.21's setter is a
- * single store of the count, read when a call starts.  The trainerd
- * executable also has the worker sleep right after each gemm instead of
- * spinning ~0.1 s (OPENBLAS_THREAD_TIMEOUT, daemon/main.c), so that a
- * single-threaded phase leaves the other core to the checkpoint writer.
+ * Threads: OpenBLAS runs on one thread, always, and the backend splits
+ * the work itself (cpu_pool.c).  OpenBLAS's sums depend on its thread
+ * count (its threaded sgemm blocks K differently from its one-thread
+ * path), so with its threads a job's results would depend on the host's
+ * cores.  Instead each device gets budget / D threads of its own (at least
+ * one), and every kernel that uses them cuts its work into tasks by shape
+ * alone: gemm into column or row tiles (cpu_kernels.c), a convolution into
+ * slices of samples whose weight-gradient partials are added in slice
+ * order (cpu_conv.c, cpu_dnnl_conv.c).  So results are the same bits for
+ * any budget and any device count's share of it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -43,14 +32,9 @@
 #include "engine/cpu/cpu_dnnl_conv.h"
 
 /* Weak so that a build against a generic BLAS (no OpenBLAS extensions)
- * still links; then the BLAS library's own default applies. */
+ * still links; then the BLAS library's own default applies, and results
+ * are independent of the thread count only if it runs on one thread. */
 extern void openblas_set_num_threads(int n) __attribute__((weak));
-
-/* m*n*k below which a gemm runs on one BLAS thread: ~130 us of work on
- * one core, where a worker's wake-up and hand-off (tens of us, far more
- * when the machine is busy) eat most of what a second thread could save.
- * 64x128x64 (0.5M) ran 2.4x slower on two threads than on one. */
-#define SMALL_GEMM_MNK ((int64_t)1 << 23)
 
 #define ALIGN 64
 #define ERR_LEN 512
@@ -60,19 +44,21 @@ struct cpu_backend {
 	tr_backend_i table;
 	uint64_t id;      /* never reused, unlike the address */
 	int devices;
-	int blas_threads; /* per calling device thread */
+	int threads; /* per device (its pool, the device thread included) */
 	pthread_mutex_t err_mu;
 	char err[ERR_LEN]; /* latest error from any thread, under err_mu */
-	enum tr_cpu_conv conv;     /* the conv2d route (tr_cpu_backend_set_conv) */
-	tr_dnnl_conv_t *dnnl[64];  /* per device, made by its thread on first use */
+	enum tr_cpu_conv conv; /* the conv2d route (tr_cpu_backend_set_conv) */
+	/* per device, made by its thread on first use */
+	struct tr_cpu_pool *pool[TR_CPU_MAX_DEVICES];
+	tr_dnnl_conv_t **dnnl[TR_CPU_MAX_DEVICES]; /* one per pool thread */
+	void *scratch[TR_CPU_MAX_DEVICES];
+	size_t scratch_bytes[TR_CPU_MAX_DEVICES];
 };
 
 /* Device threads fail concurrently, so each thread keeps its own latest
  * error and last_error prefers it; the shared copy serves a thread that
  * asks about an error raised elsewhere (e.g. after joining the devices). */
 static atomic_uint_fast64_t next_id = 1;
-/* OpenBLAS's current process-wide thread count as last set here. */
-static atomic_int blas_now;
 static _Thread_local uint64_t tls_owner; /* id of the backend tls_err is about */
 static _Thread_local char tls_err[ERR_LEN];
 static _Thread_local char tls_view[ERR_LEN];
@@ -105,19 +91,35 @@ int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what)
 	return 0;
 }
 
-static void set_blas_threads(int n)
+int tr_cpu_threads(tr_backend_t *be)
 {
-	if (openblas_set_num_threads && atomic_exchange_explicit(&blas_now, n, memory_order_relaxed) != n)
-		openblas_set_num_threads(n);
+	return cpu(be)->threads;
 }
 
-void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k)
+int tr_cpu_parallel(tr_backend_t *be, int dev, int n, tr_cpu_task_fn fn, void *arg)
 {
 	struct cpu_backend *b = cpu(be);
 
-	if (b->devices != 1 || b->blas_threads <= 1)
-		return;
-	set_blas_threads((int64_t)m * n * k < SMALL_GEMM_MNK ? 1 : b->blas_threads);
+	/* a pool that cannot be made runs everything on the caller: slower,
+	 * the same results */
+	if (!b->pool[dev] && b->threads > 1 && n > 1)
+		b->pool[dev] = tr_cpu_pool_create(b->threads);
+	return tr_cpu_pool_run(b->pool[dev], n, fn, arg);
+}
+
+void *tr_cpu_scratch(tr_backend_t *be, int dev, size_t bytes)
+{
+	struct cpu_backend *b = cpu(be);
+
+	if (b->scratch_bytes[dev] < bytes || !b->scratch[dev]) {
+		size_t sz = (bytes + 63) / 64 * 64;
+		free(b->scratch[dev]);
+		b->scratch[dev] = aligned_alloc(64, sz ? sz : 64);
+		b->scratch_bytes[dev] = b->scratch[dev] ? bytes : 0;
+		if (!b->scratch[dev])
+			tr_cpu_set_error(be, -ENOMEM, "out of memory for %zu bytes of scratch on cpu%d", bytes, dev);
+	}
+	return b->scratch[dev];
 }
 
 /* The returned text stays valid until the calling thread's next call. */
@@ -139,8 +141,13 @@ static void cpu_destroy(tr_backend_t *be)
 
 	if (!b)
 		return;
-	for (int d = 0; d < 64; d++)
-		tr_dnnl_conv_destroy(b->dnnl[d]);
+	for (int d = 0; d < TR_CPU_MAX_DEVICES; d++) {
+		tr_cpu_pool_destroy(b->pool[d]);
+		for (int t = 0; b->dnnl[d] && t < b->threads; t++)
+			tr_dnnl_conv_destroy(b->dnnl[d][t]);
+		free(b->dnnl[d]);
+		free(b->scratch[d]);
+	}
 	pthread_mutex_destroy(&b->err_mu);
 	free(b);
 }
@@ -324,20 +331,29 @@ static int usable_cores(void)
 	return n > 0 ? (int)n : 1;
 }
 
-/* oneDNN's per-device state, made on the device's first convolution by
- * the device's own thread (the only one that uses it), with the device's
- * share of the thread budget as its OpenMP team. */
-tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev)
+/* oneDNN's state for one thread of a device's pool, one OpenMP thread
+ * each (the pool splits the work, cpu_dnnl_conv.c).  The device's thread
+ * asks for its slot 0 before it starts a parallel run, which makes the
+ * slot array; every entry is made on first use by the only thread that
+ * runs that slot. */
+tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev, int slot)
 {
 	struct cpu_backend *b = (struct cpu_backend *)be;
 	struct tr_error why;
 
 	if (!b->dnnl[dev]) {
-		b->dnnl[dev] = tr_dnnl_conv_create(b->blas_threads, &why);
-		if (!b->dnnl[dev])
+		b->dnnl[dev] = calloc((size_t)b->threads, sizeof *b->dnnl[dev]);
+		if (!b->dnnl[dev]) {
+			tr_cpu_set_error(be, -ENOMEM, "conv2d: out of memory");
+			return NULL;
+		}
+	}
+	if (!b->dnnl[dev][slot]) {
+		b->dnnl[dev][slot] = tr_dnnl_conv_create(1, &why);
+		if (!b->dnnl[dev][slot])
 			tr_cpu_set_error(be, -EIO, "conv2d: %s", why.message);
 	}
-	return b->dnnl[dev];
+	return b->dnnl[dev][slot];
 }
 
 int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, struct tr_error *err)
@@ -411,11 +427,9 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	b->id = atomic_fetch_add(&next_id, 1);
 
 	budget = blas_threads > 0 ? blas_threads : usable_cores();
-	b->blas_threads = budget / devices > 1 ? budget / devices : 1;
-	if (openblas_set_num_threads) {
-		atomic_store_explicit(&blas_now, b->blas_threads, memory_order_relaxed);
-		openblas_set_num_threads(b->blas_threads);
-	}
+	b->threads = budget / devices > 1 ? budget / devices : 1;
+	if (openblas_set_num_threads)
+		openblas_set_num_threads(1);
 	return &b->base;
 
 fail_mutex:

@@ -1,15 +1,17 @@
 /* CPU kernels for image layers: 2-D convolution, pooling, the residual sum.
  *
- * Convolution is im2col + sgemm (docs/design.md, "Layer registry"): a chunk
- * of samples (tr_conv2d_chunk) is unfolded into one [c*kh*kw, chunk*ho*wo]
- * matrix so that each group's product is one wide GEMM even for small
- * images, and the result is scattered back to NCHW.  The backward pass
- * gathers dy into the same column order, takes dW = dY col^T (summed over
- * chunks in sample order) and dcol = W^T dY, folded back with col2im.
- * Everything here depends on shapes only, so results do not depend on how
- * many threads or devices run it beyond the GEMM's own (shape-determined)
- * threading, as for dense layers.  Pooling is plain loops.
+ * Convolution is im2col + sgemm (docs/design.md, "Convolution and pooling
+ * on the CPU"): a chunk of samples (tr_conv2d_chunk) is cut into slices of
+ * a few samples, each unfolded into one [c*kh*kw, slice*ho*wo] matrix so
+ * that each group's product is one wide GEMM even for small images, and
+ * the result is scattered back to NCHW.  The backward pass gathers dy into
+ * the same column order, takes each slice's dW = dY col^T and adds the
+ * slices' partials in slice order, and dcol = W^T dY, folded back with
+ * col2im.  The device's threads take the slices; every GEMM is one
+ * single-threaded sgemm call and every cut follows from the shapes, so the
+ * results are the same bits for any thread count.  Pooling is plain loops.
  */
+#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -93,40 +95,132 @@ static void col2im(const struct tr_conv2d_desc *d, int nb, const float *col, flo
 	}
 }
 
+/* Each chunk is cut into slices of samples, as many as make about
+ * SLICE_COLS GEMM columns (at least one sample), and the device's threads
+ * take the slices (cpu_pool.c).  A slice has its own stretch of the
+ * workspace: its im2col matrix [c*kh*kw, slice*ho*wo] at col + c*kh*kw *
+ * s0*ho*wo and its GEMM result [f, slice*ho*wo] at tmp + f * s0*ho*wo, so
+ * slices never share a byte.  Its GEMMs are single-threaded sgemm calls,
+ * and its weight and bias gradients are partial sums of its own that are
+ * added in slice order afterwards, so the results follow from the shapes
+ * alone, whatever the thread count (docs/design.md, "Convolution and
+ * pooling on the CPU"). */
+#define SLICE_COLS 2048
+
+static int slice_samples(const struct tr_conv2d_desc *d)
+{
+	size_t P = (size_t)d->ho * d->wo;
+	return P >= SLICE_COLS ? 1 : (int)((SLICE_COLS + P - 1) / P);
+}
+
+struct conv_job {
+	const struct tr_conv2d_desc *d;
+	int n0, nb, sb; /* chunk's first sample, its samples, samples per slice */
+	const float *x, *w, *bias, *dy;
+	float *y, *dx, *work;
+	float *dw_part;    /* per slice: f * c/groups * kh * kw */
+	double *db_part;   /* per slice: f */
+};
+
+/* Slice t of the chunk: its first sample (within the chunk) and count. */
+static int slice_of(const struct conv_job *j, int t, int *s0)
+{
+	*s0 = t * j->sb;
+	return j->nb - *s0 < j->sb ? j->nb - *s0 : j->sb;
+}
+
+static int forward_slice(void *arg, int t, int slot)
+{
+	const struct conv_job *j = arg;
+	const struct tr_conv2d_desc *d = j->d;
+	int s0, bs = slice_of(j, t, &s0), G = d->groups, fg = d->f / G;
+	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
+	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P, BP = (size_t)bs * P;
+	float *col = j->work + ckk * (size_t)s0 * P, *tmp = j->work + ckk * (size_t)j->nb * P + (size_t)d->f * s0 * P;
+
+	(void)slot;
+	im2col(d, bs, j->x + (size_t)(j->n0 + s0) * in_sz, col);
+	for (int g = 0; g < G; g++)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, fg, (int)BP, (int)cgkk, 1.0f,
+			    j->w + (size_t)g * fg * cgkk, (int)cgkk, col + (size_t)g * cgkk * BP, (int)BP, 0.0f,
+			    tmp + (size_t)g * fg * BP, (int)BP);
+	for (int b = 0; b < bs; b++) {
+		float *yb = j->y + (size_t)(j->n0 + s0 + b) * out_sz;
+		for (int f = 0; f < d->f; f++) {
+			const float *src = tmp + (size_t)f * BP + (size_t)b * P;
+			float *dst = yb + (size_t)f * P;
+			float bv = j->bias ? j->bias[f] : 0.0f;
+			if (j->bias)
+				for (size_t p = 0; p < P; p++)
+					dst[p] = src[p] + bv;
+			else
+				memcpy(dst, src, P * sizeof(float));
+		}
+	}
+	return 0;
+}
+
 static int cpu_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
 			      const float *w, const float *bias, float *y, float *work)
 {
 	ENSURE_DEV("conv2d_forward");
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_forward: bad shape");
 	ENSURE(rows == 0 || (x && w && y && work), "conv2d_forward: NULL buffer");
-	int chunk = tr_conv2d_chunk(d, rows), G = d->groups, fg = d->f / G;
+	int chunk = tr_conv2d_chunk(d, rows);
+	struct conv_job j = {.d = d, .sb = slice_samples(d), .x = x, .w = w, .bias = bias, .y = y, .work = work};
+	for (j.n0 = 0; j.n0 < rows; j.n0 += chunk) {
+		j.nb = rows - j.n0 < chunk ? rows - j.n0 : chunk;
+		int rc = tr_cpu_parallel(be, dev, (j.nb + j.sb - 1) / j.sb, forward_slice, &j);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int backward_slice(void *arg, int t, int slot)
+{
+	const struct conv_job *j = arg;
+	const struct tr_conv2d_desc *d = j->d;
+	int s0, bs = slice_of(j, t, &s0), G = d->groups, fg = d->f / G;
 	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
-	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P;
-	for (int n0 = 0; n0 < rows; n0 += chunk) {
-		int nb = rows - n0 < chunk ? rows - n0 : chunk;
-		size_t BP = (size_t)nb * P;
-		float *col = work, *tmp = work + ckk * BP;
-		im2col(d, nb, x + (size_t)n0 * in_sz, col);
-		for (int g = 0; g < G; g++) {
-			int rc = be->i->gemm(be, dev, false, false, fg, (int)BP, (int)cgkk, 1.0f, w + (size_t)g * fg * cgkk,
-					     col + (size_t)g * cgkk * BP, 0.0f, tmp + (size_t)g * fg * BP);
-			if (rc < 0)
-				return rc;
-		}
-		for (int b = 0; b < nb; b++) {
-			float *yb = y + (size_t)(n0 + b) * out_sz;
-			for (int f = 0; f < d->f; f++) {
-				const float *src = tmp + (size_t)f * BP + (size_t)b * P;
-				float *dst = yb + (size_t)f * P;
-				float bv = bias ? bias[f] : 0.0f;
-				if (bias)
-					for (size_t p = 0; p < P; p++)
-						dst[p] = src[p] + bv;
-				else
-					memcpy(dst, src, P * sizeof(float));
+	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P, BP = (size_t)bs * P;
+	float *col = j->work + ckk * (size_t)s0 * P, *tmp = j->work + ckk * (size_t)j->nb * P + (size_t)d->f * s0 * P;
+	float *dw = j->dw_part + (size_t)t * d->f * cgkk;
+
+	(void)slot;
+	for (int b = 0; b < bs; b++) {
+		const float *yb = j->dy + (size_t)(j->n0 + s0 + b) * out_sz;
+		for (int f = 0; f < d->f; f++)
+			memcpy(tmp + (size_t)f * BP + (size_t)b * P, yb + (size_t)f * P, P * sizeof(float));
+	}
+	if (j->db_part) {
+		/* in double, samples in order within the slice */
+		for (int f = 0; f < d->f; f++) {
+			double s = 0;
+			for (int b = 0; b < bs; b++) {
+				const float *p = j->dy + (size_t)(j->n0 + s0 + b) * out_sz + (size_t)f * P;
+				for (size_t k = 0; k < P; k++)
+					s += p[k];
 			}
+			j->db_part[(size_t)t * d->f + f] = s;
 		}
 	}
+	im2col(d, bs, j->x + (size_t)(j->n0 + s0) * in_sz, col);
+	memset(dw, 0, (size_t)d->f * cgkk * sizeof(float));
+	for (int g = 0; g < G; g++)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, fg, (int)cgkk, (int)BP, 1.0f,
+			    tmp + (size_t)g * fg * BP, (int)BP, col + (size_t)g * cgkk * BP, (int)BP, 1.0f,
+			    dw + (size_t)g * fg * cgkk, (int)cgkk);
+	if (!j->dx)
+		return 0;
+	memset(col, 0, ckk * BP * sizeof(float));
+	for (int g = 0; g < G; g++)
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)cgkk, (int)BP, fg, 1.0f,
+			    j->w + (size_t)g * fg * cgkk, (int)cgkk, tmp + (size_t)g * fg * BP, (int)BP, 1.0f,
+			    col + (size_t)g * cgkk * BP, (int)BP);
+	float *dxs = j->dx + (size_t)(j->n0 + s0) * in_sz;
+	memset(dxs, 0, (size_t)bs * in_sz * sizeof(float));
+	col2im(d, bs, col, dxs);
 	return 0;
 }
 
@@ -136,52 +230,39 @@ static int cpu_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d
 	ENSURE_DEV("conv2d_backward");
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_backward: bad shape");
 	ENSURE(rows == 0 || (x && w && dy && dw && work), "conv2d_backward: NULL buffer");
-	int chunk = tr_conv2d_chunk(d, rows), G = d->groups, fg = d->f / G;
-	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
-	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P;
-	if (rows == 0)
-		memset(dw, 0, (size_t)d->f * cgkk * sizeof(float));
-	if (dbias) {
-		/* in double over every sample, so the sum does not depend on the chunk */
-		for (int f = 0; f < d->f; f++) {
-			double s = 0;
-			for (int n = 0; n < rows; n++) {
-				const float *p = dy + (size_t)n * out_sz + (size_t)f * P;
-				for (size_t k = 0; k < P; k++)
-					s += p[k];
-			}
-			dbias[f] = (float)s;
+	int chunk = tr_conv2d_chunk(d, rows), sb = slice_samples(d), slices = (chunk + sb - 1) / sb;
+	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
+	/* scratch: the slices' dW partials, their bias partials and the bias
+	 * sums over chunks */
+	size_t wbytes = ((size_t)slices * nw * sizeof(float) + 7) / 8 * 8;
+	char *scr = tr_cpu_scratch(be, dev, wbytes + ((size_t)slices + 1) * d->f * sizeof(double));
+	if (!scr)
+		return -ENOMEM;
+	struct conv_job j = {.d = d, .sb = sb, .x = x, .w = w, .dy = dy, .dx = dx, .work = work,
+			     .dw_part = (float *)scr, .db_part = dbias ? (double *)(scr + wbytes) : NULL};
+	double *db_sum = (double *)(scr + wbytes) + (size_t)slices * d->f;
+
+	memset(dw, 0, nw * sizeof(float));
+	memset(db_sum, 0, (size_t)d->f * sizeof(double));
+	for (j.n0 = 0; j.n0 < rows; j.n0 += chunk) {
+		j.nb = rows - j.n0 < chunk ? rows - j.n0 : chunk;
+		int ns = (j.nb + sb - 1) / sb;
+		int rc = tr_cpu_parallel(be, dev, ns, backward_slice, &j);
+		if (rc < 0)
+			return rc;
+		/* partial sums in slice order, chunk after chunk */
+		for (int t = 0; t < ns; t++) {
+			const float *p = j.dw_part + (size_t)t * nw;
+			for (size_t e = 0; e < nw; e++)
+				dw[e] += p[e];
+			if (dbias)
+				for (int f = 0; f < d->f; f++)
+					db_sum[f] += j.db_part[(size_t)t * d->f + f];
 		}
 	}
-	if (dx)
-		memset(dx, 0, (size_t)rows * in_sz * sizeof(float));
-	for (int n0 = 0; n0 < rows; n0 += chunk) {
-		int nb = rows - n0 < chunk ? rows - n0 : chunk;
-		size_t BP = (size_t)nb * P;
-		float *col = work, *tmp = work + ckk * BP;
-		for (int b = 0; b < nb; b++) {
-			const float *yb = dy + (size_t)(n0 + b) * out_sz;
-			for (int f = 0; f < d->f; f++)
-				memcpy(tmp + (size_t)f * BP + (size_t)b * P, yb + (size_t)f * P, P * sizeof(float));
-		}
-		im2col(d, nb, x + (size_t)n0 * in_sz, col);
-		for (int g = 0; g < G; g++) {
-			int rc = be->i->gemm(be, dev, false, true, fg, (int)cgkk, (int)BP, 1.0f, tmp + (size_t)g * fg * BP,
-					     col + (size_t)g * cgkk * BP, n0 == 0 ? 0.0f : 1.0f,
-					     dw + (size_t)g * fg * cgkk);
-			if (rc < 0)
-				return rc;
-		}
-		if (!dx)
-			continue;
-		for (int g = 0; g < G; g++) {
-			int rc = be->i->gemm(be, dev, true, false, (int)cgkk, (int)BP, fg, 1.0f, w + (size_t)g * fg * cgkk,
-					     tmp + (size_t)g * fg * BP, 0.0f, col + (size_t)g * cgkk * BP);
-			if (rc < 0)
-				return rc;
-		}
-		col2im(d, nb, col, dx + (size_t)n0 * in_sz);
-	}
+	if (dbias)
+		for (int f = 0; f < d->f; f++)
+			dbias[f] = (float)db_sum[f];
 	return 0;
 }
 

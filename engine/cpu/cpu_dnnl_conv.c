@@ -27,7 +27,9 @@
 enum dir { FWD, BWD_DATA, BWD_WEIGHTS };
 
 #define MAX_SLOTS 4
-#define CACHE 48
+/* per pool thread: a layer has up to 3 directions x 2 slice sizes per
+ * batch size (training, last batch, validation) */
+#define CACHE 128
 
 struct slot {
 	int arg;       /* DNNL_ARG_* of the primitive */
@@ -322,6 +324,9 @@ int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, con
 			 const float *b, float *y, struct tr_error *err)
 {
 	int rc = 0;
+	/* before lookup: oneDNN fixes a primitive's work split by the
+	 * team size when it creates it */
+	omp_set_num_threads(dc->threads);
 	struct entry *e = lookup(dc, FWD, g, b != NULL, err, &rc);
 	if (!e)
 		return rc;
@@ -334,6 +339,9 @@ int tr_dnnl_conv_backward_data(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *
 			       float *dx, struct tr_error *err)
 {
 	int rc = 0;
+	/* before lookup: oneDNN fixes a primitive's work split by the
+	 * team size when it creates it */
+	omp_set_num_threads(dc->threads);
 	struct entry *e = lookup(dc, BWD_DATA, g, false, err, &rc);
 	if (!e)
 		return rc;
@@ -345,6 +353,9 @@ int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geo
 				  float *dw, float *db, struct tr_error *err)
 {
 	int rc = 0;
+	/* before lookup: oneDNN fixes a primitive's work split by the
+	 * team size when it creates it */
+	omp_set_num_threads(dc->threads);
 	struct entry *e = lookup(dc, BWD_WEIGHTS, g, db != NULL, err, &rc);
 	if (!e)
 		return rc;
@@ -406,10 +417,79 @@ static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
 				       .dh = d->dh, .dw = d->dw, .groups = d->groups, .oh = d->ho, .ow = d->wo};
 }
 
+/* The batch is cut into slices of about SLICE_POS output positions per
+ * channel (at least one sample), and the device's threads take the slices
+ * (cpu_pool.c), each running oneDNN on one OpenMP thread with its own
+ * primitives (tr_cpu_dnnl_for).  The weight and bias gradients of each
+ * slice are partial sums of its own, added in slice order.  oneDNN's own
+ * threading splits its reductions by thread count (measured: 1, 2 and 3
+ * threads gave three different dW), so this keeps the results the same
+ * bits for any budget (docs/design.md, "Convolution on CPU devices"). */
+#define SLICE_POS 4096
+
+struct dnnl_job {
+	tr_backend_t *be;
+	int dev;
+	const struct tr_conv2d_desc *d;
+	int rows, sb;
+	const float *x, *w, *bias, *dy;
+	float *y, *dx;
+	float *dw_part, *db_part; /* per slice */
+};
+
+static int dnnl_slice(const struct dnnl_job *j, int t, int *s0)
+{
+	*s0 = t * j->sb;
+	return j->rows - *s0 < j->sb ? j->rows - *s0 : j->sb;
+}
+
+static int dnnl_forward_slice(void *arg, int t, int slot)
+{
+	const struct dnnl_job *j = arg;
+	const struct tr_conv2d_desc *d = j->d;
+	int s0, bs = dnnl_slice(j, t, &s0), rc;
+	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * d->ho * d->wo;
+	struct tr_error err;
+	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(j->be, j->dev, slot);
+	if (!dc)
+		return -EIO;
+	struct tr_conv2d_geom g = geom_of(d, bs);
+	if ((rc = tr_dnnl_conv_forward(dc, &g, j->x + (size_t)s0 * in_sz, j->w, j->bias, j->y + (size_t)s0 * out_sz,
+				       &err)) < 0)
+		return tr_cpu_set_error(j->be, rc, "conv2d_forward: %s", err.message);
+	return 0;
+}
+
+static int dnnl_backward_slice(void *arg, int t, int slot)
+{
+	const struct dnnl_job *j = arg;
+	const struct tr_conv2d_desc *d = j->d;
+	int s0, bs = dnnl_slice(j, t, &s0), rc;
+	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * d->ho * d->wo;
+	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
+	struct tr_error err;
+	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(j->be, j->dev, slot);
+	if (!dc)
+		return -EIO;
+	struct tr_conv2d_geom g = geom_of(d, bs);
+	const float *xs = j->x + (size_t)s0 * in_sz, *dys = j->dy + (size_t)s0 * out_sz;
+	if ((rc = tr_dnnl_conv_backward_weights(dc, &g, xs, dys, j->dw_part + (size_t)t * nw,
+						j->db_part ? j->db_part + (size_t)t * d->f : NULL, &err)) < 0)
+		return tr_cpu_set_error(j->be, rc, "conv2d_backward: %s", err.message);
+	if (j->dx && (rc = tr_dnnl_conv_backward_data(dc, &g, j->w, dys, j->dx + (size_t)s0 * in_sz, &err)) < 0)
+		return tr_cpu_set_error(j->be, rc, "conv2d_backward: %s", err.message);
+	return 0;
+}
+
+static int dnnl_slice_samples(const struct tr_conv2d_desc *d)
+{
+	size_t P = (size_t)d->ho * d->wo;
+	return P >= SLICE_POS ? 1 : (int)((SLICE_POS + P - 1) / P);
+}
+
 static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
 				   const float *x, const float *w, const float *bias, float *y, float *work)
 {
-	struct tr_error err;
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_forward");
 	(void)work; /* oneDNN keeps its own scratch */
 	if (rc)
@@ -418,21 +498,20 @@ static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_co
 		return tr_cpu_set_error(be, -EINVAL, "conv2d_forward: %d rows", rows);
 	if (rows == 0)
 		return 0;
-	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(be, dev);
-	if (!dc)
+	/* the device thread's state first: it makes the per-slot array */
+	if (!tr_cpu_dnnl_for(be, dev, 0))
 		return -EIO;
-	struct tr_conv2d_geom g = geom_of(d, rows);
-	if ((rc = tr_dnnl_conv_forward(dc, &g, x, w, bias, y, &err)) < 0)
-		return tr_cpu_set_error(be, rc, "conv2d_forward: %s", err.message);
-	return 0;
+	struct dnnl_job j = {.be = be, .dev = dev, .d = d, .rows = rows, .sb = dnnl_slice_samples(d),
+			     .x = x, .w = w, .bias = bias, .y = y};
+	return tr_cpu_parallel(be, dev, (rows + j.sb - 1) / j.sb, dnnl_forward_slice, &j);
 }
 
 static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
 				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
 				    float *work)
 {
-	struct tr_error err;
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_backward");
+	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
 	(void)work;
 	if (rc)
 		return rc;
@@ -441,19 +520,34 @@ static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_c
 	if (rows == 0) {
 		/* sums over no samples (a rank without rows in a collective
 		 * model's step) */
-		memset(dw, 0, (size_t)d->f * (d->c / d->groups) * d->kh * d->kw * sizeof *dw);
+		memset(dw, 0, nw * sizeof *dw);
 		if (dbias)
 			memset(dbias, 0, (size_t)d->f * sizeof *dbias);
 		return 0;
 	}
-	tr_dnnl_conv_t *dc = tr_cpu_dnnl_for(be, dev);
-	if (!dc)
+	if (!tr_cpu_dnnl_for(be, dev, 0))
 		return -EIO;
-	struct tr_conv2d_geom g = geom_of(d, rows);
-	if ((rc = tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, dbias, &err)) < 0)
-		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err.message);
-	if (dx && (rc = tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, &err)) < 0)
-		return tr_cpu_set_error(be, rc, "conv2d_backward: %s", err.message);
+	int sb = dnnl_slice_samples(d), ns = (rows + sb - 1) / sb;
+	float *scr = tr_cpu_scratch(be, dev, (size_t)ns * (nw + (size_t)d->f) * sizeof(float));
+	if (!scr)
+		return -ENOMEM;
+	struct dnnl_job j = {.be = be, .dev = dev, .d = d, .rows = rows, .sb = sb, .x = x, .w = w, .dy = dy,
+			     .dx = dx, .dw_part = scr, .db_part = dbias ? scr + (size_t)ns * nw : NULL};
+	if ((rc = tr_cpu_parallel(be, dev, ns, dnnl_backward_slice, &j)) < 0)
+		return rc;
+	/* the slices' partial sums, in slice order */
+	memcpy(dw, j.dw_part, nw * sizeof *dw);
+	for (int t = 1; t < ns; t++)
+		for (size_t e = 0; e < nw; e++)
+			dw[e] += j.dw_part[(size_t)t * nw + e];
+	if (dbias) {
+		for (int f = 0; f < d->f; f++) {
+			double s = 0;
+			for (int t = 0; t < ns; t++)
+				s += j.db_part[(size_t)t * d->f + f];
+			dbias[f] = (float)s;
+		}
+	}
 	return 0;
 }
 

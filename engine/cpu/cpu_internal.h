@@ -22,10 +22,27 @@ void tr_cpu_auto_conv_fill(tr_backend_i *t);
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* 0, or an error naming `what` when dev is not one of the backend's. */
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what);
-/* Sets the BLAS thread count an m x n x k gemm gets (cpu_backend.c). */
-void tr_cpu_blas_threads_for(tr_backend_t *be, int m, int n, int k);
-/* The oneDNN state of one device (cpu_backend.c). */
-tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev);
+/* The oneDNN state of one device's thread `slot` (cpu_backend.c). */
+tr_dnnl_conv_t *tr_cpu_dnnl_for(tr_backend_t *be, int dev, int slot);
+
+/* Parallel work (cpu_pool.c, docs/design.md "Backend"): fn(arg, task, slot)
+ * runs once for every task in [0, n), on the device's threads; slot in
+ * [0, tr_cpu_threads) names the thread (for per-thread state), and which
+ * thread gets which task depends on timing, so a task's result must not
+ * depend on its slot.  The first negative return is the run's. */
+typedef int (*tr_cpu_task_fn)(void *arg, int task, int slot);
+struct tr_cpu_pool;
+struct tr_cpu_pool *tr_cpu_pool_create(int threads);
+void tr_cpu_pool_destroy(struct tr_cpu_pool *p);
+int tr_cpu_pool_run(struct tr_cpu_pool *p, int n, tr_cpu_task_fn fn, void *arg);
+/* Threads per device: the backend's budget split over its devices. */
+int tr_cpu_threads(tr_backend_t *be);
+/* Runs the tasks on device dev's pool (made on first use by the device's
+ * thread, the only one that calls this for dev). */
+int tr_cpu_parallel(tr_backend_t *be, int dev, int n, tr_cpu_task_fn fn, void *arg);
+/* Device dev's scratch of at least `bytes`, 64-byte aligned, kept until
+ * the next call for dev; NULL (error recorded) when out of memory. */
+void *tr_cpu_scratch(tr_backend_t *be, int dev, size_t bytes);
 
 /* Argument checks share one shape: record what was wrong, return -EINVAL.
  * Both expect `be` (and ENSURE_DEV `dev`) in scope. */

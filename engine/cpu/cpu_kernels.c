@@ -6,7 +6,8 @@
  * plain so that -O2 vectorises them (small models spend most of their time
  * here, not in gemm).  Elementwise kernels accept exact in-place use
  * (output == input); partially overlapping buffers are not supported.
- * Matrices are row-major; gemm goes to cblas_sgemm.
+ * Matrices are row-major; gemm goes to cblas_sgemm, in fixed tiles over
+ * the device's threads.
  */
 
 #include <cblas.h>
@@ -19,6 +20,50 @@
 #include "engine/rng.h"
 
 /* ---- linear algebra ---------------------------------------------------- */
+
+/* A gemm of at least GEMM_TILE_MNK multiply-adds is cut into tiles of
+ * about that much work (at most GEMM_MAX_TILES), along the longer of C's
+ * dimensions, in multiples of 16 rows or columns; each tile is one
+ * single-threaded sgemm over the whole K, and the device's threads take
+ * the tiles (cpu_pool.c).  The tiles follow from the shape alone, so the
+ * bits do not depend on how many threads there are.  K is never split: a
+ * sum over K must stay in one call to keep its order fixed.  4M
+ * multiply-adds are ~1 ms on one core, far above a task's hand-off. */
+#define GEMM_TILE_MNK ((int64_t)1 << 22)
+#define GEMM_MAX_TILES 64
+
+struct gemm_job {
+	bool ta, tb, by_rows;
+	int m, n, k, step, tiles;
+	float alpha, beta;
+	const float *a, *b;
+	float *c;
+};
+
+static int gemm_tile(void *arg, int t, int slot)
+{
+	const struct gemm_job *g = arg;
+	int lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+	int lo = t * g->step, len = (g->by_rows ? g->m : g->n) - lo;
+
+	(void)slot;
+	if (len > g->step)
+		len = g->step;
+	if (len <= 0)
+		return 0;
+	if (g->by_rows) {
+		/* rows lo.. of op(A) and C */
+		const float *a = g->a + (g->ta ? (size_t)lo : (size_t)lo * lda);
+		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+			    len, g->n, g->k, g->alpha, a, lda, g->b, ldb, g->beta, g->c + (size_t)lo * g->n, g->n);
+	} else {
+		/* columns lo.. of op(B) and C */
+		const float *b = g->b + (g->tb ? (size_t)lo * ldb : (size_t)lo);
+		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+			    g->m, len, g->k, g->alpha, g->a, lda, b, ldb, g->beta, g->c + lo, g->n);
+	}
+	return 0;
+}
 
 static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 		    const float *a, const float *b, float beta, float *c)
@@ -44,10 +89,21 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 		memset(c, 0, (size_t)m * n * sizeof(float));
 		beta = 1.0f;
 	}
-	tr_cpu_blas_threads_for(be, m, n, k);
-	cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,
-		    k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
-	return 0;
+	struct gemm_job g = {.ta = trans_a, .tb = trans_b, .by_rows = m > n, .m = m, .n = n, .k = k,
+			     .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
+	int64_t mnk = (int64_t)m * n * k, span = g.by_rows ? m : n;
+	int64_t tiles = mnk / GEMM_TILE_MNK;
+	if (tiles > GEMM_MAX_TILES)
+		tiles = GEMM_MAX_TILES;
+	if (tiles > span / 16)
+		tiles = span / 16;
+	if (tiles <= 1) {
+		g.step = (int)span;
+		return gemm_tile(&g, 0, 0);
+	}
+	g.step = (int)((span + tiles - 1) / tiles + 15) / 16 * 16;
+	g.tiles = (int)((span + g.step - 1) / g.step);
+	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);
 }
 
 static int cpu_add_bias(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias)

@@ -203,8 +203,8 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 	return 0;
 }
 
-int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *ptr, size_t ptrlen, char *msg,
-		   size_t msglen)
+static int build_model(tr_model_t *m, const struct tr_spec *spec, int inputs, const int data_shape[3], char *ptr,
+		       size_t ptrlen, char *msg, size_t msglen)
 {
 	struct build b = {.m = m, .ptr = ptr, .ptrlen = ptrlen, .msg = msg, .msglen = msglen};
 
@@ -217,13 +217,15 @@ int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *
 		return -EINVAL;
 	}
 	struct tr_shape shape = {.ndim = 1, .d = {inputs}};
-	/* The spec's [C, H, W]; without one, a synthetic source's shape
-	 * (unless inputs was given as a plain width). */
+	/* The spec's [C, H, W]; without one, a synthetic source's shape or
+	 * the data's (unless inputs was given as a plain width). */
 	const int *chw = NULL;
 	if (spec->input_ndim == 3)
 		chw = spec->input_shape;
 	else if (!spec->inputs && spec->train.format == TR_DATA_SYNTHETIC && spec->train.shape_ndim == 3)
 		chw = spec->train.shape;
+	else if (!spec->inputs && data_shape && data_shape[0] > 0)
+		chw = data_shape;
 	if (chw) {
 		shape = (struct tr_shape){.ndim = 3, .d = {chw[0], chw[1], chw[2]}};
 		if (tr_shape_numel(shape) != (size_t)inputs) {
@@ -276,13 +278,31 @@ int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *
 	return 0;
 }
 
-int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, struct tr_error *err)
+int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *ptr, size_t ptrlen, char *msg,
+		   size_t msglen)
 {
-	char ptr[256], msg[512];
-	int rc = tr_model_build(m, spec, inputs, ptr, sizeof ptr, msg, sizeof msg);
+	return build_model(m, spec, inputs, NULL, ptr, ptrlen, msg, msglen);
+}
+
+int tr_model_init_shaped(tr_model_t *m, const struct tr_spec *spec, int inputs, const int data_shape[3],
+			 struct tr_error *err)
+{
+	char ptr[256], msg[512], ptr2[8], msg2[8];
+	int rc = build_model(m, spec, inputs, data_shape, ptr, sizeof ptr, msg, sizeof msg);
+	/* A model of flat layers (a dense first layer) on image data reads
+	 * the images flat, as before the data had a shape; the error of the
+	 * shaped layout is the one reported when neither fits. */
+	if (rc < 0 && data_shape && data_shape[0] > 0 && !spec->inputs &&
+	    build_model(m, spec, inputs, NULL, ptr2, sizeof ptr2, msg2, sizeof msg2) == 0)
+		return 0;
 	if (rc < 0)
 		tr_error_set(err, 0, 0, ptr, "%s: %s", ptr, msg);
 	return rc;
+}
+
+int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, struct tr_error *err)
+{
+	return tr_model_init_shaped(m, spec, inputs, NULL, err);
 }
 
 /* Elements filled between two looks at the cancel flag (a few ms). */

@@ -44,6 +44,11 @@ typedef struct tr_model {
  * output shape is checked here.  Returns 0 or -EINVAL with "<JSON
  * pointer>: message" in err. */
 int tr_model_init(tr_model_t *m, const struct tr_spec *spec, int inputs, struct tr_error *err);
+/* The same for the trainer, which knows the data: a spec without
+ * model.inputs takes the data's [C, H, W] (data_shape, {0} or NULL for
+ * flat data) as its input shape. */
+int tr_model_init_shaped(tr_model_t *m, const struct tr_spec *spec, int inputs, const int data_shape[3],
+			 struct tr_error *err);
 /* The same with the pointer and the message apart (the spec parser). */
 int tr_model_build(tr_model_t *m, const struct tr_spec *spec, int inputs, char *ptr, size_t ptrlen, char *msg,
 		   size_t msglen);

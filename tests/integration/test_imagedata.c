@@ -266,6 +266,22 @@ Test(imagedata, patches_job_resumes_exactly_after_sigkill)
 		cr_assert_lt(now_s(), deadline, "job %lld: still %s at step %lld", id, state, s);
 		usleep(2000);
 	}
+	/* The checkpoint of step 30 or 60 is written in the background; a
+	 * fast step can reach 70 before it is on disk, so wait for it to be
+	 * logged (bounded) before the kill. */
+	for (;;) {
+		struct http_reply r;
+		bool written;
+
+		snprintf(path, sizeof path, "/jobs/%lld/logs?limit=10000", id);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		written = r.status == 200 && strstr(r.body, "checkpoint at step ") != NULL;
+		http_free(&r);
+		if (written)
+			break;
+		cr_assert_lt(now_s(), deadline, "job %lld: no checkpoint logged by step %lld", id, s);
+		usleep(2000);
+	}
 	daemon_kill(&d);
 	daemon_restart(&d, 2, NULL);
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 120), "completed", "%s", job_error(id));

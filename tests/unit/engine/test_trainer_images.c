@@ -305,6 +305,49 @@ Test(trainer_images, truncated_image_fails_the_job_naming_it)
 	free(r);
 }
 
+/* A conv model without model.inputs takes the images' [C, H, W] from the
+ * data (after resize and center_crop), records it in the model file's
+ * description, and a model.inputs that differs from the images' shape
+ * fails the job naming /model/inputs and both shapes. */
+Test(trainer_images, conv_model_takes_its_input_shape_from_the_data)
+{
+	char job[2048], name[64];
+	struct run_result *r = malloc(sizeof *r);
+	static const char *const inputs[] = {"", "\"inputs\": [3, 6, 6], ", "\"inputs\": [1, 6, 6], ",
+					     "\"inputs\": [3, 4, 9], "};
+
+	mkdir_in("set");
+	mkdir_in("set/dark");
+	mkdir_in("set/light");
+	for (int i = 0; i < 16; i++) {
+		snprintf(name, sizeof name, "set/%s/%03d.png", i % 2 ? "light" : "dark", i);
+		write_png(name, 9, 7, 3, i, i % 2);
+	}
+	for (int k = 0; k < 4; k++) {
+		snprintf(job, sizeof job,
+			 "{\"seed\": 3, \"model\": {%s\"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3},"
+			 " {\"type\": \"relu\"}, {\"type\": \"global_avg_pool\"}, {\"type\": \"flatten\"},"
+			 " {\"type\": \"dense\", \"units\": 2}]},"
+			 " \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"resize\": 8,"
+			 " \"center_crop\": 6}},"
+			 " \"batch_size\": 4, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}",
+			 inputs[k], in_dir("set"));
+		run_job(job, 1, 2, r);
+		if (k < 2) {
+			cr_assert_eq(r->rc, 0, "%s: %s", inputs[k], r->err.message);
+			/* conv 4 x 3 x 3 x 3 + 4, dense 2 x 4 + 2 */
+			cr_assert_eq(r->nparams, (size_t)(4 * 27 + 4 + 2 * 4 + 2));
+		} else {
+			cr_assert_lt(r->rc, 0, "%s: the job should fail", inputs[k]);
+			cr_assert_not_null(strstr(r->err.message, "/model/inputs"), "%s", r->err.message);
+			cr_assert_not_null(strstr(r->err.message, k == 2 ? "[1, 6, 6]" : "[3, 4, 9]"), "%s", r->err.message);
+			cr_assert_not_null(strstr(r->err.message, "[3, 6, 6]"), "%s", r->err.message);
+		}
+		free(r->params);
+	}
+	free(r);
+}
+
 /* ---- exact resume of a patches job ---- */
 
 struct sink {
