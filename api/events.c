@@ -132,7 +132,7 @@ static bool terminal_event(const struct tr_event *ev)
 static int start(struct stream *s)
 {
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row);
+	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row, NULL);
 
 	s->started = true;
 	if (rc == -ENOENT) {
@@ -154,7 +154,7 @@ static int next_events(struct stream *s)
 	int n = 0, rc;
 
 	rc = tr_store_events_after_max(s->api->cfg.store, s->job_id, s->last_id, BATCH, s->api->cfg.sse_buffer_bytes,
-				       &ev, &n);
+				       &ev, &n, NULL);
 	if (rc < 0)
 		return rc;
 	for (int i = 0; i < n && rc == 0; i++) {
@@ -175,7 +175,7 @@ static int next_events(struct stream *s)
 static bool job_gone(struct stream *s)
 {
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row);
+	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row, NULL);
 
 	tr_job_row_finish(&row);
 	return rc == -ENOENT;

@@ -193,9 +193,10 @@ json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
 int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row)
 {
 	int rc;
+	struct tr_error e = {0};
 
 	memset(row, 0, sizeof(*row));
-	rc = tr_store_job_get(api->cfg.store, id, row);
+	rc = tr_store_job_get(api->cfg.store, id, row, &e);
 	if (rc == 0)
 		return 0;
 	tr_job_row_finish(row);
@@ -203,7 +204,7 @@ int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct t
 	if (rc == -ENOENT)
 		tr_api_fail_kind(rp, TR_JOB_E_NOT_FOUND, NULL, "job %" PRId64 " not found", id);
 	else
-		tr_api_fail_store(rp, api->cfg.store, "reading the job");
+		tr_api_fail_store_err(rp, &e, "reading the job");
 	return -1;
 }
 
@@ -223,7 +224,7 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 	/* An evaluate job's figures, null until it completed. */
 	if (job && strcmp(json_string_value(json_object_get(job, "kind")), "evaluate") == 0) {
 		char *text = NULL;
-		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text) == 0 ? json_loads(text, 0, NULL) : NULL;
+		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text, NULL) == 0 ? json_loads(text, 0, NULL) : NULL;
 		free(text);
 		json_object_set_new(job, "result", result ? result : json_null());
 	}

@@ -41,7 +41,7 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 	double now = mono_now();
 	if (now - j->last_store_progress >= 1.0 || p->step == p->total_steps) {
 		j->last_store_progress = now;
-		tr_store_job_set_progress(s->cfg.store, j->id, p->step, p->total_steps, p->epoch, p->loss);
+		tr_store_job_set_progress(s->cfg.store, j->id, p->step, p->total_steps, p->epoch, p->loss, NULL);
 	}
 }
 
@@ -69,10 +69,10 @@ static void on_info(void *ctx, const char *key, const char *value)
 	json_t *o = json_pack("{s:s}", key, value);
 	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	/* The engine's few fields always fit beside the API's. */
+	struct tr_error e = {0};
 	if (text && tr_store_job_info_merge(j->sched->cfg.store, j->id, text,
-					    TR_INFO_MAX_FIELDS + TR_INFO_ENGINE_FIELDS) < 0)
-		tr_log(TR_LOG_DBG, "job %lld: info %s not stored: %s", (long long)j->id, key,
-		       tr_store_error(j->sched->cfg.store));
+					    TR_INFO_MAX_FIELDS + TR_INFO_ENGINE_FIELDS, &e) < 0)
+		tr_log(TR_LOG_DBG, "job %lld: info %s not stored: %s", (long long)j->id, key, e.message);
 	free(text);
 	json_decref(o);
 }
@@ -231,17 +231,17 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	bool have = j->have_progress;
 	pthread_mutex_unlock(&s->lock);
 	if (have)
-		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss);
+		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss, NULL);
 	tr_store_flush(s->cfg.store);
 	/* The job has ended whatever the disk says: a change storage refuses
 	 * now is held and written when it can be, and shown meanwhile. */
-	int rc = tr_store_job_record_state(s->cfg.store, j->id, state, error_text, NULL);
+	struct tr_error se = {0};
+	int rc = tr_store_job_record_state(s->cfg.store, j->id, state, error_text, NULL, &se);
 	if (rc > 0)
 		tr_log(TR_LOG_WARN, "job %lld: state %s not written yet, held until storage takes it: %s",
-		       (long long)j->id, state, tr_store_error(s->cfg.store));
+		       (long long)j->id, state, se.message);
 	else if (rc < 0)
-		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state,
-		       tr_store_error(s->cfg.store));
+		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state, se.message);
 	free(error_text);
 	int64_t drops = tr_store_metric_drops(s->cfg.store, j->id);
 	if (drops > 0) {

@@ -56,7 +56,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	struct tr_job_row r = {.name = "a", .spec = "{}", .normalized = "{}", .devices = "[]", .submitted_at = 1};
-	tr_store_job_insert(s, &r, &existing);
+	tr_store_job_insert(s, &r, &existing, NULL);
 	for (int i = 0; i < npts; i++)
 		for (int k = 0; k < 5; k++)
 			tr_store_metric_append(s, r.id, names[k], i, 0, 1e9 + i, sin(i * 0.01 * k) + i * 1e-3);

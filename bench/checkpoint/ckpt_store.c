@@ -206,8 +206,8 @@ static tr_store_t *fresh_store(const char *path, int page_size, const char *name
 		return NULL;
 	}
 	struct tr_job_row row = {.name = (char *)name, .spec = "{}", .normalized = "{}", .devices = "[]"};
-	if (tr_store_job_insert(s, &row, NULL) < 0) {
-		fprintf(stderr, "ckpt_store: job insert: %s\n", tr_store_error(s));
+	if (tr_store_job_insert(s, &row, NULL, &err) < 0) {
+		fprintf(stderr, "ckpt_store: job insert: %s\n", err.message);
 		tr_store_close(s);
 		return NULL;
 	}

@@ -103,7 +103,8 @@ static tr_store_t *open_store(const struct tr_store_options *opts)
 static int64_t add_job(tr_store_t *s)
 {
 	struct tr_job_row r = {.name = "j", .spec = "{\"epochs\":1}"};
-	cr_assert_eq(tr_store_job_insert(s, &r, NULL), 0, "insert: %s", tr_store_error(s));
+	struct tr_error je = {0};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL, &je), 0, "insert: %s", je.message);
 	return r.id;
 }
 
@@ -729,7 +730,7 @@ Test(ckpt, job_delete_cascades)
 	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
 	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK), 0);
 
-	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_job_delete(s, job, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	struct tr_ckpt_row *rows;
 	int count;
@@ -1340,7 +1341,7 @@ Test(ckpt, only_the_visible_commit_syncs_the_wal)
 	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the delete did not sync the WAL");
 	before = atomic_load(&wal_syncs);
-	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_job_delete(s, job, NULL), 0);
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the job's delete did not sync the WAL");
 	cr_assert_eq(count_files(), 0);
 	tr_ckpt_row_finish(&row);

@@ -57,8 +57,9 @@ static tr_store_t *open_store(const struct tr_store_options *opts)
 static int64_t add_job(tr_store_t *s, const char *name, int priority)
 {
 	struct tr_job_row r = {.name = (char *)name, .spec = "{\"epochs\":1}", .priority = priority};
-	int rc = tr_store_job_insert(s, &r, NULL);
-	cr_assert_eq(rc, 0, "insert: %s", tr_store_error(s));
+	struct tr_error e = {0};
+	int rc = tr_store_job_insert(s, &r, NULL, &e);
+	cr_assert_eq(rc, 0, "insert: %s", e.message);
 	cr_assert_gt(r.id, 0);
 	return r.id;
 }
@@ -93,7 +94,7 @@ static size_t count_events(tr_store_t *s, int64_t job, const char *type)
 {
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n, NULL), 0);
 	size_t k = 0;
 	for (int i = 0; i < n; i++)
 		k += strcmp(ev[i].type, type) == 0;
@@ -114,7 +115,7 @@ Test(schema, open_migrate_reopen)
 
 	s = open_store(NULL);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_str_eq(r.name, "a");
 	tr_job_row_finish(&r);
 	tr_store_close(s);
@@ -188,9 +189,9 @@ Test(jobs, insert_and_get)
 				.priority = 3,
 				.idempotency_key = "k1",
 				.request_hash = "abc"};
-	cr_assert_eq(tr_store_job_insert(s, &in, NULL), 0);
+	cr_assert_eq(tr_store_job_insert(s, &in, NULL, NULL), 0);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, in.id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, in.id, &r, NULL), 0);
 	cr_assert_eq(r.id, in.id);
 	cr_assert_str_eq(r.name, "mlp");
 	cr_assert_str_eq(r.state, "queued");
@@ -208,10 +209,11 @@ Test(jobs, insert_and_get)
 	tr_job_row_finish(&r);
 	tr_job_row_finish(&r); /* a finished row is a zeroed row */
 
-	cr_assert_eq(tr_store_job_get(s, 9999, &r), -ENOENT);
-	cr_assert_not_null(strstr(tr_store_error(s), "9999"));
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_get(s, 9999, &r, &e), -ENOENT);
+	cr_assert_str_eq(e.message, "job 9999 not found");
 	struct tr_job_row bad = {.name = "x"};
-	cr_assert_eq(tr_store_job_insert(s, &bad, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_insert(s, &bad, NULL, NULL), -EINVAL);
 	tr_store_close(s);
 }
 
@@ -221,15 +223,15 @@ Test(jobs, list_filter_and_cursor)
 	int64_t ids[7];
 	for (int i = 0; i < 7; i++)
 		ids[i] = add_job(s, "j", 0);
-	cr_assert_eq(tr_store_job_set_state(s, ids[1], "running", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, ids[4], "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[1], "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[4], "running", NULL, NULL, NULL), 0);
 
 	/* Pages of 3 cover every job once, in id order. */
 	int64_t after = 0, seen = 0;
 	for (;;) {
 		struct tr_job_row *rows;
 		int n;
-		cr_assert_eq(tr_store_job_list(s, NULL, after, 3, &rows, &n), 0);
+		cr_assert_eq(tr_store_job_list(s, NULL, after, 3, &rows, &n, NULL), 0);
 		cr_assert_leq(n, 3);
 		for (int i = 0; i < n; i++) {
 			cr_assert_eq(rows[i].id, ids[seen++]);
@@ -245,18 +247,18 @@ Test(jobs, list_filter_and_cursor)
 
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 2);
 	cr_assert_eq(rows[0].id, ids[1]);
 	cr_assert_eq(rows[1].id, ids[4]);
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
-	cr_assert_eq(tr_store_job_list(s, "running", ids[1], 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "running", ids[1], 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 1);
 	tr_job_row_finish(&rows[0]);
 	free(rows);
-	cr_assert_eq(tr_store_job_list(s, "failed", 0, 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "failed", 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 0);
 	free(rows);
 	tr_store_close(s);
@@ -266,14 +268,14 @@ Test(jobs, idempotency_key)
 {
 	tr_store_t *s = open_store(NULL);
 	struct tr_job_row a = {.name = "a", .spec = "{}", .idempotency_key = "key-1", .request_hash = "h1"};
-	cr_assert_eq(tr_store_job_insert(s, &a, NULL), 0);
+	cr_assert_eq(tr_store_job_insert(s, &a, NULL, NULL), 0);
 	struct tr_job_row b = {.name = "b", .spec = "{}", .idempotency_key = "key-1", .request_hash = "h2"};
 	int64_t existing = 0;
-	cr_assert_eq(tr_store_job_insert(s, &b, &existing), -EEXIST);
+	cr_assert_eq(tr_store_job_insert(s, &b, &existing, NULL), -EEXIST);
 	cr_assert_eq(existing, a.id);
 	cr_assert_eq(b.id, 0);
 	struct tr_job_row c = {.name = "c", .spec = "{}", .idempotency_key = "key-2"};
-	cr_assert_eq(tr_store_job_insert(s, &c, &existing), 0);
+	cr_assert_eq(tr_store_job_insert(s, &c, &existing, NULL), 0);
 	cr_assert_neq(c.id, a.id);
 	/* Jobs without a key never collide. */
 	add_job(s, "d", 0);
@@ -285,9 +287,9 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0,1]"), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0,1]", NULL), 0);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_str_eq(r.state, "running");
 	cr_assert_str_eq(r.devices, "[0,1]");
 	double started = r.started_at;
@@ -296,11 +298,11 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	tr_job_row_finish(&r);
 
 	usleep(20000);
-	cr_assert_eq(tr_store_job_set_state(s, id, "paused", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "paused", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
 	const char *error = "{\"code\":\"loader\",\"message\":\"x.csv:3: bad\",\"step\":7}";
-	cr_assert_eq(tr_store_job_set_state(s, id, "failed", error, NULL), 0);
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "failed", error, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_eq(r.started_at, started, "started_at is stamped the first time only");
 	cr_assert_gt(r.finished_at, started);
 	cr_assert_str_eq(r.devices, "[0,1]", "NULL devices leaves them unchanged");
@@ -309,7 +311,7 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 5);
 	const char *want[] = {"queued", "running", "paused", "running", "failed"};
 	for (int i = 0; i < n; i++) {
@@ -330,9 +332,9 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	cr_assert_eq(tr_store_last_event_id(s), ev[n - 1].id);
 	tr_events_free(ev, n);
 
-	cr_assert_eq(tr_store_job_set_state(s, id, "exploded", NULL, NULL), -EINVAL);
-	cr_assert_eq(tr_store_job_set_state(s, id, "failed", "{not json", NULL), -EINVAL);
-	cr_assert_eq(tr_store_job_set_state(s, 12345, "running", NULL, NULL), -ENOENT);
+	cr_assert_eq(tr_store_job_set_state(s, id, "exploded", NULL, NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, id, "failed", "{not json", NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, 12345, "running", NULL, NULL, NULL), -ENOENT);
 	tr_store_close(s);
 }
 
@@ -345,13 +347,13 @@ Test(jobs, list_states_priority_order)
 	int64_t mid2 = add_job(s, "mid2", 5);
 	int64_t done = add_job(s, "done", 100);
 	int64_t intr = add_job(s, "interrupted", 1);
-	cr_assert_eq(tr_store_job_set_state(s, done, "completed", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, intr, "interrupted", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, done, "completed", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, intr, "interrupted", NULL, NULL, NULL), 0);
 
 	const char *const states[] = {"queued", "interrupted", NULL};
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list_states(s, states, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list_states(s, states, &rows, &n, NULL), 0);
 	int64_t want[] = {high, mid1, mid2, intr, low};
 	cr_assert_eq(n, 5);
 	for (int i = 0; i < n; i++) {
@@ -360,10 +362,10 @@ Test(jobs, list_states_priority_order)
 	}
 	free(rows);
 
-	cr_assert_eq(tr_store_job_set_priority(s, low, 50), 0);
-	cr_assert_eq(tr_store_job_set_priority(s, 999, 1), -ENOENT);
+	cr_assert_eq(tr_store_job_set_priority(s, low, 50, NULL), 0);
+	cr_assert_eq(tr_store_job_set_priority(s, 999, 1, NULL), -ENOENT);
 	const char *const queued[] = {"queued", NULL};
-	cr_assert_eq(tr_store_job_list_states(s, queued, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list_states(s, queued, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 4);
 	cr_assert_eq(rows[0].id, low);
 	for (int i = 0; i < n; i++)
@@ -376,20 +378,20 @@ Test(jobs, progress)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
-	cr_assert_eq(tr_store_job_set_progress(s, id, 40, 100, 2, 0.25), 0);
+	cr_assert_eq(tr_store_job_set_progress(s, id, 40, 100, 2, 0.25, NULL), 0);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_eq(r.step, 40);
 	cr_assert_eq(r.total_steps, 100);
 	cr_assert_eq(r.epoch, 2);
 	cr_assert_float_eq(r.loss, 0.25, 1e-12);
 	cr_assert_gt(r.updated_at, 0);
 	tr_job_row_finish(&r);
-	cr_assert_eq(tr_store_job_set_progress(s, id, 41, 100, 2, NAN), 0);
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_set_progress(s, id, 41, 100, 2, NAN, NULL), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert(isnan(r.loss));
 	tr_job_row_finish(&r);
-	cr_assert_eq(tr_store_job_set_progress(s, 777, 1, 1, 1, 1), -ENOENT);
+	cr_assert_eq(tr_store_job_set_progress(s, 777, 1, 1, 1, 1, NULL), -ENOENT);
 	tr_store_close(s);
 }
 
@@ -398,15 +400,15 @@ Test(jobs, delete_cascades)
 	tr_store_t *s = open_store(NULL);
 	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
 	for (int64_t job = a; job <= b; job++) {
-		cr_assert_eq(tr_store_job_set_state(s, job, "running", NULL, NULL), 0);
+		cr_assert_eq(tr_store_job_set_state(s, job, "running", NULL, NULL, NULL), 0);
 		for (int i = 0; i < 100; i++)
 			cr_assert_eq(tr_store_metric_append(s, job, "loss", i, 0, 1.0, i * 0.5), 0);
 		cr_assert_eq(tr_store_log_append(s, job, 6, "hello"), 0);
 	}
 	cr_assert_eq(tr_store_flush(s), 0);
 	cr_assert_gt(sql_int("SELECT count(*) FROM metrics_rollup"), 0);
-	cr_assert_eq(tr_store_job_delete(s, a), 0);
-	cr_assert_eq(tr_store_job_delete(s, a), -ENOENT);
+	cr_assert_eq(tr_store_job_delete(s, a, NULL), 0);
+	cr_assert_eq(tr_store_job_delete(s, a, NULL), -ENOENT);
 
 	char sql[128];
 	const char *tables[] = {"metrics", "metrics_rollup", "events", "logs"};
@@ -417,7 +419,7 @@ Test(jobs, delete_cascades)
 		cr_assert_gt(sql_int(sql), 0, "%s of the other job", tables[t]);
 	}
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, a, &r), -ENOENT);
+	cr_assert_eq(tr_store_job_get(s, a, &r, NULL), -ENOENT);
 	/* Ids are never reused: URLs and Last-Event-IDs stay unambiguous. */
 	int64_t c = add_job(s, "c", 0);
 	cr_assert_gt(c, b);
@@ -1013,7 +1015,7 @@ Test(metrics, points_of_a_deleted_job_are_dropped_silently)
 		cr_assert_eq(tr_store_metric_append(s, 999, "loss", i, 0, 0, i), 0); /* never existed */
 	}
 	cr_assert_eq(tr_store_log_append(s, a, 3, "gone"), 0);
-	cr_assert_eq(tr_store_job_delete(s, a), 0);
+	cr_assert_eq(tr_store_job_delete(s, a, NULL), 0);
 	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 10);
 	cr_assert_eq(sql_int("SELECT count(*) FROM logs"), 0);
@@ -1063,7 +1065,7 @@ static int64_t queued_event_id(tr_store_t *s, int64_t job)
 {
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, job, 0, 1, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, job, 0, 1, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(ev[0].type, "state");
 	cr_assert_str_eq(ev[0].data, "{\"state\":\"queued\",\"error\":null}");
@@ -1087,7 +1089,7 @@ Test(events, paging_and_metrics_exactly_once)
 			cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 1.5, 9), 0);
 		}
 		cr_assert_eq(tr_store_flush(s), 0);
-		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? "paused" : "running", NULL, NULL), 0);
+		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? "paused" : "running", NULL, NULL, NULL), 0);
 	}
 	/* Pages of 2, resuming from the last id seen, as an SSE client would. */
 	int64_t after = 0;
@@ -1096,7 +1098,7 @@ Test(events, paging_and_metrics_exactly_once)
 	for (;;) {
 		struct tr_event *ev;
 		int n;
-		cr_assert_eq(tr_store_events_after(s, a, after, 2, &ev, &n), 0);
+		cr_assert_eq(tr_store_events_after(s, a, after, 2, &ev, &n, NULL), 0);
 		for (int i = 0; i < n; i++) {
 			cr_assert_gt(ev[i].id, after);
 			after = ev[i].id;
@@ -1141,7 +1143,7 @@ Test(events, paging_and_metrics_exactly_once)
 	/* job 0: every job's events. */
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, 0, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, 0, 0, 0, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 3 * flushes + 2);
 	cr_assert_eq(ev[n - 1].id, tr_store_last_event_id(s));
 	tr_events_free(ev, n);
@@ -1161,7 +1163,7 @@ Test(events, large_flush_is_split_but_complete)
 	cr_assert_eq(tr_store_flush(s), 0);
 	struct tr_event *ev;
 	int ne;
-	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &ne, NULL), 0);
 	cr_assert_geq(ne, 6);
 	bool *seen = calloc((size_t)n, 1);
 	int total = 0;
@@ -1188,14 +1190,14 @@ Test(events, large_flush_is_split_but_complete)
 	/* A byte budget stops before the event that would pass it, but
 	 * always returns one. */
 	int64_t after = queued_event_id(s, id);
-	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 100000, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 100000, &ev, &ne, NULL), 0);
 	size_t bytes = 0;
 	for (int i = 0; i < ne; i++)
 		bytes += strlen(ev[i].data);
 	cr_assert_geq(ne, 1);
 	cr_assert_leq(bytes, 100000, "%d events, %zu bytes", ne, bytes);
 	tr_events_free(ev, ne);
-	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 10, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 10, &ev, &ne, NULL), 0);
 	cr_assert_eq(ne, 1, "an event larger than the budget still comes alone");
 	tr_events_free(ev, ne);
 	tr_store_close(s);
@@ -1246,7 +1248,7 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	/* Events of another job do not end the wait; the timeout does. */
 	w = (struct waiter){.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = 400};
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 0);
 	cr_assert_geq(w.waited_ms, 350);
@@ -1254,7 +1256,7 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	/* Any job (0): the state change is enough. */
 	w = (struct waiter){.s = s, .job = 0, .after = tr_store_last_event_id(s), .timeout_ms = 10000};
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_job_set_state(s, b, "paused", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, "paused", NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 1);
 
@@ -1284,7 +1286,7 @@ Test(logs, query_and_events)
 	cr_assert_eq(tr_store_log_append(s, id, 8, "x"), -EINVAL);
 	cr_assert_eq(tr_store_flush(s), 0);
 
-	json_t *all = tr_store_logs_query(s, id, 0, 0);
+	json_t *all = tr_store_logs_query(s, id, 0, 0, NULL);
 	cr_assert_eq(json_array_size(all), 11);
 	json_t *l3 = json_array_get(all, 3);
 	cr_assert_eq(json_integer_value(json_object_get(l3, "level")), 3);
@@ -1296,7 +1298,7 @@ Test(logs, query_and_events)
 	cr_assert_gt(when, 1.6e9);
 	cr_assert_str_eq(json_string_value(json_object_get(json_array_get(all, 10), "message")), "bad ? byte");
 	int64_t after = json_integer_value(json_object_get(json_array_get(all, 4), "id"));
-	json_t *page = tr_store_logs_query(s, id, after, 3);
+	json_t *page = tr_store_logs_query(s, id, after, 3, NULL);
 	cr_assert_eq(json_array_size(page), 3);
 	cr_assert_eq(json_integer_value(json_object_get(json_array_get(page, 0), "id")),
 		     json_integer_value(json_object_get(json_array_get(all, 5), "id")));
@@ -1305,7 +1307,7 @@ Test(logs, query_and_events)
 	/* One "log" event per line, with the same object as the query. */
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 11);
 	for (int i = 0; i < n; i++) {
 		cr_assert_str_eq(ev[i].type, "log");
@@ -1337,20 +1339,22 @@ static void *fail_main(void *arg)
 	tr_store_t *s = arg;
 	struct tr_job_row r;
 	for (int i = 0; i < 200; i++) {
-		cr_assert_eq(tr_store_job_get(s, 424242, &r), -ENOENT);
-		cr_assert_not_null(strstr(tr_store_error(s), "424242"), "%s", tr_store_error(s));
+		struct tr_error e = {0};
+		cr_assert_eq(tr_store_job_get(s, 424242, &r, &e), -ENOENT);
+		cr_assert_not_null(strstr(e.message, "424242"), "%s", e.message);
 	}
 	return NULL;
 }
 
-Test(store, error_message_is_per_thread)
+Test(store, error_message_is_per_call)
 {
 	tr_store_t *s = open_store(NULL);
 	pthread_t th;
 	pthread_create(&th, NULL, fail_main, s);
 	for (int i = 0; i < 200; i++) {
-		cr_assert_eq(tr_store_job_set_state(s, 1717, "running", NULL, NULL), -ENOENT);
-		cr_assert_not_null(strstr(tr_store_error(s), "1717"), "%s", tr_store_error(s));
+		struct tr_error e = {0};
+		cr_assert_eq(tr_store_job_set_state(s, 1717, "running", NULL, NULL, &e), -ENOENT);
+		cr_assert_not_null(strstr(e.message, "1717"), "%s", e.message);
 	}
 	pthread_join(th, NULL);
 	tr_store_close(s);
@@ -1387,7 +1391,7 @@ static void *append_main(void *arg)
 		if (i % 1000 == 0)
 			tr_store_log_append(w->s, w->job, 6, "progress");
 		if (i % 5000 == 0)
-			tr_store_job_set_progress(w->s, w->job, i, w->points, 0, i);
+			tr_store_job_set_progress(w->s, w->job, i, w->points, 0, i, NULL);
 	}
 	return NULL;
 }
@@ -1407,14 +1411,14 @@ static void *query_main(void *arg)
 		json_decref(res);
 		struct tr_event *ev;
 		int n;
-		cr_assert_eq(tr_store_events_after(w->s, w->job, after, 50, &ev, &n), 0);
+		cr_assert_eq(tr_store_events_after(w->s, w->job, after, 50, &ev, &n, NULL), 0);
 		for (int i = 0; i < n; i++) {
 			cr_assert_gt(ev[i].id, after, "events come once, in order");
 			after = ev[i].id;
 		}
 		tr_events_free(ev, n);
 		struct tr_job_row r;
-		cr_assert_eq(tr_store_job_get(w->s, w->job, &r), 0);
+		cr_assert_eq(tr_store_job_get(w->s, w->job, &r, NULL), 0);
 		tr_job_row_finish(&r);
 		w->queries++;
 	}
@@ -1450,7 +1454,7 @@ Test(store, concurrent_appends_and_queries, .timeout = 300)
 	for (int64_t job = a; job <= b; job++) {
 		struct tr_event *ev;
 		int n;
-		cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n), 0);
+		cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n, NULL), 0);
 		for (int i = 0; i < n; i++) {
 			if (strcmp(ev[i].type, "metrics"))
 				continue;
@@ -1524,7 +1528,7 @@ Test(events, job_data_generation_is_per_job)
 	cr_assert_eq(tr_store_flush(s), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
 	gb = tr_store_job_data_generation(s, b);
-	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
 	cr_assert_gt(tr_store_data_generation(s), all);
 	cr_assert_eq(tr_store_job_data_generation(s, a), ga, "b's commits changed a's generation");
@@ -1545,7 +1549,7 @@ Test(events, job_data_generation_is_per_job)
 	cr_assert_eq(tr_store_job_data_generation(s, a), ga);
 
 	/* A deletion moves every job (it is not tied to one answer). */
-	cr_assert_eq(tr_store_job_delete(s, b), 0);
+	cr_assert_eq(tr_store_job_delete(s, b, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
 	tr_store_close(s);
 }
