@@ -392,6 +392,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	size_t i, n, accepted = 0;
 	int rc, first_error = 0;
 	double wall;
+	struct tr_error me = {0};
 
 	if (tr_api_path_id(rq, rp, &id) < 0)
 		return;
@@ -429,7 +430,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 		rc = tr_store_metric_append(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
 					    json_integer_value(json_object_get(p, "step")),
 					    v ? json_integer_value(v) : job_epoch, wall,
-					    json_number_value(json_object_get(p, "value")));
+					    json_number_value(json_object_get(p, "value")), &me);
 		if (rc == 0)
 			accepted++;
 		else if (rc != -ENOBUFS && !first_error)
@@ -442,8 +443,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 			tr_api_fail(rp, 503, "unavailable", NULL, "the daemon is shutting down: accepted %zu of %zu points",
 				    accepted, n);
 		else if (first_error)
-			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n,
-				    tr_store_error(api->cfg.store));
+			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n, me.message);
 		else
 			tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
 				    accepted, n);

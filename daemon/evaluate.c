@@ -197,7 +197,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	char line[160];
 	snprintf(line, sizeof line, "submitted: evaluate job %lld's checkpoint at step %lld", (long long)job_id,
 		 (long long)step);
-	tr_store_log_append(st, jr.id, TR_LOG_INF, line);
+	tr_store_log_append(st, jr.id, TR_LOG_INF, line, NULL);
 	tr_log(TR_LOG_INF, "job %lld (evaluate job %lld, step %lld) submitted", (long long)jr.id, (long long)job_id,
 	       (long long)step);
 	tr_sched_kick(s);
@@ -276,7 +276,7 @@ static void store_result(struct running_job *j, json_t *figures, int64_t step)
 	json_object_foreach(figures, key, v)
 	{
 		if (json_is_real(v))
-			tr_store_metric_append(st, j->id, key, step, 0, wall, json_real_value(v));
+			tr_store_metric_append(st, j->id, key, step, 0, wall, json_real_value(v), NULL);
 	}
 	char *text = json_dumps(figures, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
 	struct tr_error e = {.message = "out of memory"};
@@ -351,7 +351,7 @@ static void *eval_main(void *arg)
 	}
 	snprintf(line, sizeof line, "evaluating job %lld's checkpoint at step %lld on %lld samples, %d %s device(s)",
 		 (long long)target, (long long)step, (long long)rd->info.samples, j->ndev, s->cfg.backend->i->name);
-	tr_store_log_append(st, j->id, TR_LOG_INF, line);
+	tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
 	if ((rc = tr_eval_acc_init(&e.acc, d.classification, d.outputs)) < 0) {
 		snprintf(err, sizeof err, "out of memory");
 		goto fail;
@@ -390,7 +390,7 @@ static void *eval_main(void *arg)
 		snprintf(line, sizeof line, "done in %.2f s: loss %.6g", mono_s() - e.started, json_number_value(loss));
 		if (acc)
 			snprintf(line + strlen(line), sizeof line - strlen(line), ", accuracy %.4f", json_number_value(acc));
-		tr_store_log_append(st, j->id, TR_LOG_INF, line);
+		tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
 		tr_store_job_set_progress(st, j->id, e.batches, e.total, 0, json_number_value(loss), NULL);
 	}
 	json_decref(figures);

@@ -25,7 +25,7 @@ static double mono_now(void)
 static void on_metric(void *ctx, const struct tr_metric_point *p)
 {
 	struct running_job *j = ctx;
-	tr_store_metric_append(j->sched->cfg.store, j->id, p->name, p->step, p->epoch, p->wall, p->value);
+	tr_store_metric_append(j->sched->cfg.store, j->id, p->name, p->step, p->epoch, p->wall, p->value, NULL);
 }
 
 static void on_progress(void *ctx, const struct tr_progress *p)
@@ -48,7 +48,7 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 static void on_log(void *ctx, enum tr_log_level level, const char *msg)
 {
 	struct running_job *j = ctx;
-	tr_store_log_append(j->sched->cfg.store, j->id, (int)level, msg);
+	tr_store_log_append(j->sched->cfg.store, j->id, (int)level, msg, NULL);
 	tr_log(TR_LOG_DBG, "job %lld: %s", (long long)j->id, msg);
 }
 
@@ -113,13 +113,13 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 			snprintf(line, sizeof line,
 				 "checkpoint at step %lld of job %lld is corrupt (SHA-256 mismatch); skipped",
 				 (long long)rows[i].step, (long long)job_id);
-			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			continue;
 		}
 		if (rc < 0) {
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld cannot be read: %s; skipped",
 				 (long long)rows[i].step, (long long)job_id, tr_store_error(st));
-			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			*unreadable = true;
 			continue;
 		}
@@ -128,7 +128,7 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 		if (rc < 0) {
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld does not fit this model: %s",
 				 (long long)rows[i].step, (long long)job_id, err.message);
-			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			snap = NULL;
 			continue;
 		}
@@ -182,7 +182,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 		if (rc < 0)
 			return -1;
 		snprintf(line, sizeof line, "resuming from the checkpoint at step %lld", (long long)step);
-		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line, NULL);
 		/* Points the interrupted run wrote after the checkpoint are
 		 * replayed, not doubled. */
 		tr_store_metrics_truncate(st, j->id, step);
@@ -193,7 +193,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 	 * the first start are left alone. */
 	if (earlier_attempt_wrote(st, j->id)) {
 		tr_store_metrics_truncate(st, j->id, 0);
-		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0");
+		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0", NULL);
 	}
 	if (j->spec.init_job > 0) {
 		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step, &unreadable);
@@ -208,7 +208,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 			return -1;
 		snprintf(line, sizeof line, "initialised from job %lld's checkpoint at step %lld",
 			 (long long)j->spec.init_job, (long long)step);
-		tr_store_log_append(st, j->id, TR_LOG_INF, line);
+		tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
 	}
 	return 0;
 }
@@ -232,7 +232,7 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	pthread_mutex_unlock(&s->lock);
 	if (have)
 		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss, NULL);
-	tr_store_flush(s->cfg.store);
+	tr_store_flush(s->cfg.store, NULL);
 	/* The job has ended whatever the disk says: a change storage refuses
 	 * now is held and written when it can be, and shown meanwhile. */
 	struct tr_error se = {0};
@@ -248,7 +248,7 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 		char line[128];
 		snprintf(line, sizeof line, "%lld metric points were dropped because the database fell behind",
 			 (long long)drops);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_WARN, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_WARN, line, NULL);
 	}
 	tr_log(code && strcmp(state, "failed") == 0 ? TR_LOG_WARN : TR_LOG_INF, "job %lld %s%s%s", (long long)j->id,
 	       state, message ? ": " : "", message ? message : "");
@@ -322,7 +322,7 @@ static const char *apply_precision(struct running_job *j, struct tr_error *err)
 		char line[160];
 		snprintf(line, sizeof line, "precision tf32 has no effect on %s devices: matrix products run in FP32",
 			 be->i->name);
-		tr_store_log_append(j->sched->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(j->sched->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 	}
 	return tf32 ? "tf32" : "fp32";
 }
@@ -343,7 +343,7 @@ static void *runner_main(void *arg)
 	}
 	snprintf(line, sizeof line, "started on %d %s device(s), %s matrix products", j->ndev, s->cfg.backend->i->name,
 		 precision);
-	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line);
+	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line, NULL);
 
 	/* A spec parsed at submit had its paths opened in the data roots
 	 * then; one parsed from the store (after a restart) has them checked
@@ -434,18 +434,18 @@ static void *runner_main(void *arg)
 		finish(j, "completed", NULL, NULL, sum.steps);
 	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
 		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, "interrupted", NULL, NULL, sum.steps);
 	} else if (rc == 0 && paused) {
 		snprintf(line, sizeof line, "paused at step %lld", (long long)sum.steps);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, "paused", NULL, NULL, sum.steps);
 	} else if (rc == 0) {
 		/* Ended before its end: "stopped", resumable (with more steps
 		 * too); "completed" is kept for a job that ran to its end. */
 		snprintf(line, sizeof line, "stopped by request after step %lld of %lld", (long long)sum.steps,
 			 (long long)j->progress.total_steps);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, "stopped", NULL, NULL, sum.steps);
 	} else if (rc == -ECANCELED || cancelled) {
 		finish(j, "cancelled", "cancelled", "cancelled by request", sum.steps);

@@ -151,7 +151,7 @@ static void fail_job(struct tr_scheduler *s, int64_t id, const char *code, const
 	json_t *e = json_pack("{s:s, s:s, s:I}", "code", code, "message", message, "step", (json_int_t)0);
 	char *text = json_dumps(e, JSON_COMPACT);
 	tr_store_job_set_state(s->cfg.store, id, "failed", text, NULL, NULL);
-	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message);
+	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message, NULL);
 	tr_log_job(TR_LOG_WARN, (long long)id, "failed: %s", message);
 	free(text);
 	json_decref(e);
@@ -346,7 +346,7 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 		tr_store_job_record_state(s->cfg.store, id, "queued", NULL, "[]", NULL);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "
-				    "checkpoint");
+				    "checkpoint", NULL);
 		tr_log_job(TR_LOG_NOTICE, (long long)id, "was interrupted; queued again");
 		tr_job_row_finish(&rows[i]);
 	}

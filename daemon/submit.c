@@ -147,7 +147,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s", se.message);
 	} else {
 		*job_id = row.id;
-		tr_store_log_append(s->cfg.store, row.id, TR_LOG_INF, "submitted");
+		tr_store_log_append(s->cfg.store, row.id, TR_LOG_INF, "submitted", NULL);
 		tr_sched_kick(s);
 	}
 	free(spec_text);
@@ -234,7 +234,7 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 	if (rc == 0) {
 		char line[160];
 		snprintf(line, sizeof line, "its end is now %s %lld", key, (long long)value);
-		tr_store_log_append(s->cfg.store, row->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, row->id, TR_LOG_NOTICE, line, NULL);
 		tr_sched_drop_spec(s, row->id); /* parsed again from the store when it starts */
 	}
 	free(out[0]);
@@ -256,14 +256,14 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]", &se) < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-				    "resumed: queued; it continues from its newest checkpoint");
+				    "resumed: queued; it continues from its newest checkpoint", NULL);
 		s->dirty = true;
 		pthread_cond_broadcast(&s->wake);
 	} else if (to == TR_JOB_PAUSED) {
 		/* Not running: it simply waits out of the queue. */
 		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL, &se) < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued", NULL);
 	} else if (to == TR_JOB_CANCELLED) {
 		/* Held and shown when storage refuses it: the job must not
 		 * come back.  Cancel or stop before it ran: nothing to wind
@@ -276,7 +276,7 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		if (rc < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		if (!paused)
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued");
+			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued", NULL);
 		tr_sched_drop_spec(s, id);
 	} else {
 		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
@@ -302,18 +302,18 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		if (j->trainer)
 			tr_trainer_stop_for(j->trainer, TR_STOP_PAUSE);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-				    "pause requested: checkpointing at the next step boundary");
+				    "pause requested: checkpointing at the next step boundary", NULL);
 	} else if (op == TR_JOB_CANCEL) {
 		atomic_store(&j->cancel_requested, true);
 		if (j->trainer)
 			tr_trainer_cancel(j->trainer);
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested");
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested", NULL);
 	} else if (op == TR_JOB_STOP) {
 		atomic_store(&j->stop_requested, true);
 		if (j->trainer)
 			tr_trainer_stop(j->trainer);
 		tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL, NULL);
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step");
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step", NULL);
 	} else if (op == TR_JOB_CHECKPOINT) {
 		if (!j->trainer)
 			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
@@ -349,7 +349,7 @@ static int op_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 	struct tr_api_control req = {.op = TR_JOB_CHECKPOINT};
 	int rc = op_control(ctx, id, &req, err);
 	if (rc == 0)
-		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested");
+		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested", NULL);
 	return rc;
 }
 

@@ -1058,9 +1058,10 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step)
 {
 	/* Points queued before the call belong to the run being replaced:
 	 * write them first so that they are truncated too. */
-	int err = tr_store_flush(s);
+	struct tr_error fe = {0};
+	int err = tr_store_flush(s, &fe);
 	if (err < 0)
-		return err;
+		return tr_store_fail(err, "%s", fe.message); /* not moved yet: the thread's message */
 	if (step >= STORE_STEP_LIMIT)
 		return 0; /* no point can be above */
 	if (step < -STORE_STEP_LIMIT)

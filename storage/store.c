@@ -595,9 +595,9 @@ void tr_store_close(tr_store_t *s)
 	free(s);
 }
 
-int tr_store_integrity_check(tr_store_t *s)
+int tr_store_integrity_check(tr_store_t *s, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = 0;
 	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA integrity_check");
 	if (!st) {
@@ -611,7 +611,7 @@ int tr_store_integrity_check(tr_store_t *s)
 	}
 	const char *first = (const char *)sqlite3_column_text(st, 0);
 	if (!first || strcmp(first, "ok") != 0) {
-		err = tr_store_fail(-EIO, "%s: integrity check failed: %s", s->path, first ? first : "?");
+		err = tr_store_cfail(c, -EIO, "%s: integrity check failed: %s", s->path, first ? first : "?");
 		goto cleanup;
 	}
 	sqlite3_reset(st);
@@ -623,8 +623,8 @@ int tr_store_integrity_check(tr_store_t *s)
 	}
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW)
-		err = tr_store_fail(-EIO, "%s: foreign key violation in table %s, rowid %lld", s->path,
-				    (const char *)sqlite3_column_text(st, 0), (long long)sqlite3_column_int64(st, 1));
+		err = tr_store_cfail(c, -EIO, "%s: foreign key violation in table %s, rowid %lld", s->path,
+				     (const char *)sqlite3_column_text(st, 0), (long long)sqlite3_column_int64(st, 1));
 	else if (rc != SQLITE_DONE)
 		err = SQLFAIL(c, rc, "PRAGMA foreign_key_check");
 cleanup:

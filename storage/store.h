@@ -71,7 +71,7 @@ void tr_store_close(tr_store_t *s);
  * those still to move over). */
 const char *tr_store_error(tr_store_t *s);
 /* Runs PRAGMA integrity_check; 0 when "ok". */
-int tr_store_integrity_check(tr_store_t *s);
+int tr_store_integrity_check(tr_store_t *s, struct tr_error *e);
 
 /* ---- jobs ---------------------------------------------------------------- */
 
@@ -251,12 +251,12 @@ void tr_store_wake_all(tr_store_t *s);
  * drop) when the queue is full.  name: non-empty UTF-8; |step| <= 2^62.
  * Points of a job deleted before they are written vanish silently. */
 int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
-			   double wall, double value);
+			   double wall, double value, struct tr_error *e);
 /* Points dropped for job_id since it started (0 = total); log lines
  * dropped from the shared queue count too. */
 int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);
 /* Writes everything queued now and waits for it to be committed. */
-int tr_store_flush(tr_store_t *s);
+int tr_store_flush(tr_store_t *s, struct tr_error *e);
 
 struct tr_metrics_query {
 	const char *const *names; /* NULL-terminated, NULL = all names */
@@ -347,7 +347,7 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step);
 
 /* Queued like metrics (also emits a "log" event on flush).  level: syslog
  * priority 0..7.  Invalid UTF-8 bytes in message become '?'. */
-int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message);
+int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message, struct tr_error *e);
 /* Log lines with id > after, ascending, at most limit: JSON array of
  * {"id","time","level","message"} (new reference). */
 json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_error *e);

@@ -59,8 +59,8 @@ int main(int argc, char **argv)
 	tr_store_job_insert(s, &r, &existing, NULL);
 	for (int i = 0; i < npts; i++)
 		for (int k = 0; k < 5; k++)
-			tr_store_metric_append(s, r.id, names[k], i, 0, 1e9 + i, sin(i * 0.01 * k) + i * 1e-3);
-	tr_store_flush(s);
+			tr_store_metric_append(s, r.id, names[k], i, 0, 1e9 + i, sin(i * 0.01 * k) + i * 1e-3, NULL);
+	tr_store_flush(s, NULL);
 	/* As a long-running daemon's database is: mostly checkpointed. */
 	sqlite3 *raw;
 	sqlite3_open(db, &raw);
@@ -79,8 +79,8 @@ int main(int argc, char **argv)
 	sum = 0;
 	for (int i = 0; i < 50; i++) {
 		for (int k = 0; k < 5; k++)
-			tr_store_metric_append(s, r.id, names[k], npts + i, 0, 1e9, 0.5);
-		tr_store_flush(s);
+			tr_store_metric_append(s, r.id, names[k], npts + i, 0, 1e9, 0.5, NULL);
+		tr_store_flush(s, NULL);
 		double t = render(s, r.id, &q);
 		best = t < best ? t : best;
 		sum += t;

@@ -170,9 +170,9 @@ Test(api, sse_live_then_resume_without_duplicates)
 	pthread_create(&th, NULL, sse_run, &c);
 	cr_assert(wait_for(&c, "retry:", 5), "stream opened");
 	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
-	cr_assert_eq(tr_store_metric_append(store, id, "loss", 1, 0, now_s(), 0.5), 0);
-	cr_assert_eq(tr_store_log_append(store, id, 6, "step 1 done"), 0);
-	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert_eq(tr_store_metric_append(store, id, "loss", 1, 0, now_s(), 0.5, NULL), 0);
+	cr_assert_eq(tr_store_log_append(store, id, 6, "step 1 done", NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
 	cr_assert(wait_for(&c, "step 1 done", 5), "live log event arrives");
 	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
@@ -194,8 +194,8 @@ Test(api, sse_live_then_resume_without_duplicates)
 
 	/* Monitors may arrive after the end; a reconnect picks them up,
 	 * and only them. */
-	cr_assert_eq(tr_store_metric_append(store, id, "late", 5, 0, now_s(), 1.0), 0);
-	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert_eq(tr_store_metric_append(store, id, "late", 5, 0, now_s(), 1.0, NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
 	snprintf(last, sizeof(last), "%" PRId64, f[n - 1].id);
 	sse_init(&again, id, last);
 	sse_run(&again);

@@ -226,19 +226,19 @@ Test(faults, metrics_and_logs_are_held_not_dropped)
 	int64_t id = add_job(s);
 	fault("ioerr");
 	for (int i = 0; i < 100; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1)), 0);
-	cr_assert_eq(tr_store_log_append(s, id, 6, "while the disk was full"), 0);
-	int rc = tr_store_flush(s);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1), NULL), 0);
+	cr_assert_eq(tr_store_log_append(s, id, 6, "while the disk was full", NULL), 0);
+	int rc = tr_store_flush(s, NULL);
 	cr_assert_lt(rc, 0, "flush while storage fails must say so");
 	cr_assert_eq(tr_store_metric_drops(s, id), 0, "points were dropped");
 	char msg[512];
 	cr_assert_lt(tr_store_health(s, msg, sizeof msg), 0);
 	/* More points arrive while it fails; order is kept. */
 	for (int i = 100; i < 150; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1)), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1), NULL), 0);
 
 	fault(NULL);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX};
 	json_t *r = tr_store_metrics_query(s, id, &q);
 	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
@@ -264,17 +264,17 @@ Test(faults, held_points_are_bounded_by_the_queue)
 	fault("full");
 	int accepted = 0, refused = 0;
 	for (int i = 0; i < 200; i++) {
-		if (tr_store_metric_append(s, id, "loss", i, 0, 0, 1) == 0)
+		if (tr_store_metric_append(s, id, "loss", i, 0, 0, 1, NULL) == 0)
 			accepted++;
 		else
 			refused++;
 		if (i % 20 == 0)
-			tr_store_flush(s); /* the writer tries, fails, holds */
+			tr_store_flush(s, NULL); /* the writer tries, fails, holds */
 	}
 	cr_assert_leq(accepted, 64, "%d points held past the bound", accepted);
 	cr_assert_eq(tr_store_metric_drops(s, id), refused);
 	fault(NULL);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX};
 	json_t *r = tr_store_metrics_query(s, id, &q);
 	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
@@ -374,15 +374,15 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 	struct tr_store_options o = {.max_bytes = sb.st_size + (1 << 20)};
 	s = open_store(&o);
 	int rc = 0;
+	struct tr_error e = {0};
 	for (int round = 0; round < 200 && rc == 0; round++) {
 		for (int i = 0; i < 2000; i++)
-			tr_store_metric_append(s, big, "filler", round * 2000 + i, 0, 0, i);
-		rc = tr_store_flush(s);
+			tr_store_metric_append(s, big, "filler", round * 2000 + i, 0, 0, i, NULL);
+		rc = tr_store_flush(s, &e);
 	}
-	cr_assert_eq(rc, -ENOSPC, "the cap was never reached: %d %s", rc, tr_store_error(s));
+	cr_assert_eq(rc, -ENOSPC, "the cap was never reached: %d %s", rc, e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0);
 	/* A small write may still fit under the cap, or be held. */
-	struct tr_error e = {0};
 	rc = tr_store_job_record_state(s, id, "cancelled", NULL, NULL, &e);
 	cr_assert(rc == 0 || rc == 1, "%d %s", rc, e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0, "points are still held: storage still fails");
@@ -396,7 +396,7 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 	get(s, id, state, sizeof state, &pending);
 	cr_assert_str_eq(state, "cancelled");
 	cr_assert_not(pending);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_eq(tr_store_health(s, NULL, 0), 0);
 	tr_store_close(s);
 }
