@@ -154,7 +154,7 @@ static bool earlier_attempt_wrote(tr_store_t *st, int64_t id)
 {
 	static const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 2};
-	json_t *r = tr_store_metrics_query(st, id, &q);
+	json_t *r = tr_store_metrics_query(st, id, &q, NULL);
 	bool any = json_object_size(json_object_get(r, "series")) > 0;
 	json_decref(r);
 	return any;
@@ -185,14 +185,14 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line, NULL);
 		/* Points the interrupted run wrote after the checkpoint are
 		 * replayed, not doubled. */
-		tr_store_metrics_truncate(st, j->id, step);
+		tr_store_metrics_truncate(st, j->id, step, NULL);
 		return 0;
 	}
 	/* Nothing to resume: whatever an earlier attempt wrote starts over.
 	 * Only an earlier attempt writes "loss"; points a client pushed before
 	 * the first start are left alone. */
 	if (earlier_attempt_wrote(st, j->id)) {
-		tr_store_metrics_truncate(st, j->id, 0);
+		tr_store_metrics_truncate(st, j->id, 0, NULL);
 		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0", NULL);
 	}
 	if (j->spec.init_job > 0) {

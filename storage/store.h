@@ -316,32 +316,34 @@ typedef int (*tr_metrics_series_fn)(void *ctx, const struct tr_metrics_series *s
  * edges depend only on lo, hi and m: a series that grows keeps them until
  * w doubles. */
 int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, tr_metrics_series_fn fn,
-			  void *ctx);
+			  void *ctx, struct tr_error *e);
 /* The same as JSON: {"series": {"loss": {"downsampled": bool, "steps":
  * [...], "values": [...], ["min": [...], "max": [...]] (downsampled
  * only), ["epochs": [...]], ["times": [...]]}, ...}}, a new reference, or
  * NULL on error.  Non-finite values come out as null. */
-json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q);
+json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, struct tr_error *e);
 /* One series as JSON text, `"name":{...}` as above (reals always with a
  * '.' or an exponent; s->text copied when set); *text malloc'd.  0 or
  * -ENOMEM. */
 int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
-			   size_t *len);
+			   size_t *len, struct tr_error *e);
 /* The last point of a series (the latest written among equal steps):
  * 1 and *step / *value (NaN for a NaN point), 0 when it has none, or a
  * negative code. */
-int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value);
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value,
+			 struct tr_error *e);
 /* Sum and number of a series' non-NaN values (reads every point). */
-int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count);
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
+			struct tr_error *e);
 /* Drops what the store keeps between metrics reads (the whole-curve
  * memo); tr_store_close calls it. */
 void tr_store_metrics_memo_forget(const tr_store_t *s);
 /* Distinct metric names of a job, as a JSON array (new reference). */
-json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
+json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id, struct tr_error *e);
 /* Deletes a job's points with step > step (used when a job resumes from an
  * earlier checkpoint, so replayed steps replace rather than double).
  * Flushes first, so points appended before the call are deleted too. */
-int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step);
+int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struct tr_error *e);
 
 /* ---- logs ---------------------------------------------------------------- */
 

@@ -30,8 +30,9 @@ static double render(tr_store_t *s, int64_t job, const struct tr_metrics_query *
 	char *text;
 	size_t len;
 	double t = cpu_ms();
-	if (tr_api_metrics_render(s, job, q, 0, &text, &len) != 0) {
-		fprintf(stderr, "render: %s\n", tr_store_error(s));
+	struct tr_error e = {0};
+	if (tr_api_metrics_render(s, job, q, 0, &text, &len, &e) != 0) {
+		fprintf(stderr, "render: %s\n", e.message);
 		exit(1);
 	}
 	t = cpu_ms() - t;

@@ -146,7 +146,7 @@ Test(api, metrics_cache_fresh_and_per_job)
 		resp_free(&r);
 	}
 	/* A resume from an earlier checkpoint truncates: also seen at once. */
-	cr_assert_eq(tr_store_metrics_truncate(store, live, 9), 0);
+	cr_assert_eq(tr_store_metrics_truncate(store, live, 9, NULL), 0);
 	struct tr_test_reply r = http("GET", pl, NULL);
 	expect_status(&r, 200, "truncated");
 	cr_assert_eq(last_step(r.json, "loss"), 9, "a cached answer outlived the truncation");

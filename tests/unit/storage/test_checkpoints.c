@@ -773,7 +773,7 @@ Test(ckpt, metrics_flush_between_chunks)
 	struct tr_ckpt_row row;
 	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0);
 	cr_assert_eq(tr_store_metric_drops(s, job), 0);
-	json_t *names = tr_store_metric_names(s, job);
+	json_t *names = tr_store_metric_names(s, job, NULL);
 	cr_assert_eq(json_array_size(names), 1);
 	json_decref(names);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 3);

@@ -444,7 +444,7 @@ Test(metrics, append_flush_query)
 	cr_assert_eq(tr_store_metric_append(s, 0, "x", 4, 0, 1, 1, NULL), -EINVAL);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 
-	json_t *names = tr_store_metric_names(s, id);
+	json_t *names = tr_store_metric_names(s, id, NULL);
 	cr_assert_eq(json_array_size(names), 3);
 	cr_assert_str_eq(json_string_value(json_array_get(names, 0)), "loss");
 	cr_assert_str_eq(json_string_value(json_array_get(names, 1)), "lr");
@@ -452,8 +452,8 @@ Test(metrics, append_flush_query)
 	json_decref(names);
 
 	struct tr_metrics_query q = {.from_step = 0, .to_step = INT64_MAX};
-	json_t *res = tr_store_metrics_query(s, id, &q);
-	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
+	cr_assert_not_null(res);
 	const char *key;
 	json_t *val;
 	const char *order[] = {"loss", "lr", "val_loss"};
@@ -477,7 +477,7 @@ Test(metrics, append_flush_query)
 	const char *const only[] = {"val_loss", "nope", NULL};
 	q = (struct tr_metrics_query){
 		.names = only, .from_step = 10, .to_step = 30, .with_epochs = true, .with_times = true};
-	res = tr_store_metrics_query(s, id, &q);
+	res = tr_store_metrics_query(s, id, &q, NULL);
 	cr_assert_not_null(res);
 	cr_assert_eq(json_object_size(json_object_get(res, "series")), 1);
 	json_t *vl = series_of(res, "val_loss");
@@ -493,11 +493,12 @@ Test(metrics, append_flush_query)
 	json_decref(res);
 
 	q = (struct tr_metrics_query){.to_step = INT64_MAX, .max_points = -1};
-	cr_assert_null(tr_store_metrics_query(s, id, &q));
-	cr_assert_not_null(strstr(tr_store_error(s), "max_points"));
+	struct tr_error e = {0};
+	cr_assert_null(tr_store_metrics_query(s, id, &q, &e));
+	cr_assert_not_null(strstr(e.message, "max_points"), "%s", e.message);
 	/* Other jobs see nothing. */
 	q.max_points = 0;
-	res = tr_store_metrics_query(s, id + 100, &q);
+	res = tr_store_metrics_query(s, id + 100, &q, NULL);
 	cr_assert_eq(json_object_size(json_object_get(res, "series")), 0);
 	json_decref(res);
 	tr_store_close(s);
@@ -513,7 +514,7 @@ Test(metrics, queryable_within_a_second_without_flush)
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX};
 	double seen = -1;
 	while (now_ms() - t0 < 2000) {
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		bool found = series_of(res, "loss") != NULL;
 		json_decref(res);
 		if (found) {
@@ -637,8 +638,8 @@ static void check_against_brute(tr_store_t *s, int64_t job, const char *name, co
 	size_t nw = brute(pts, n, from, to, max_points, want, &down);
 	const char *const names[] = {name, NULL};
 	struct tr_metrics_query q = {.names = names, .from_step = from, .to_step = to, .max_points = max_points};
-	json_t *res = tr_store_metrics_query(s, job, &q);
-	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *res = tr_store_metrics_query(s, job, &q, NULL);
+	cr_assert_not_null(res);
 	json_t *ser = series_of(res, name);
 	if (nw == 0) {
 		cr_assert_null(ser);
@@ -698,7 +699,7 @@ Test(metrics, downsample_keeps_bucket_extremes)
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 100};
-	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 	json_t *ser = series_of(res, "loss");
 	json_t *steps = json_object_get(ser, "steps");
 	size_t m = json_array_size(steps);
@@ -737,7 +738,7 @@ Test(metrics, downsample_keeps_first_and_last_points)
 	const char *const names[] = {"val_accuracy", NULL};
 	for (int m = 1; m <= 40; m++) {
 		struct tr_metrics_query q = {.names = names, .to_step = INT64_MAX, .max_points = m};
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		json_t *ser = series_of(res, "val_accuracy");
 		json_t *steps = json_object_get(ser, "steps");
 		size_t k = json_array_size(steps);
@@ -769,7 +770,7 @@ Test(metrics, incremental_poll_returns_only_new_points)
 		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX,
 					     .max_points = 2000};
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		json_t *ser = series_of(res, "loss");
 		json_t *steps = json_object_get(ser, "steps");
 		cr_assert_eq(json_array_size(steps), 300, "round %d", round);
@@ -780,7 +781,7 @@ Test(metrics, incremental_poll_returns_only_new_points)
 	}
 	/* Nothing new: no series. */
 	struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX, .max_points = 2000};
-	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 	cr_assert_eq(json_object_size(json_object_get(res, "series")), 0);
 	json_decref(res);
 	tr_store_close(s);
@@ -794,7 +795,7 @@ static int collect_text(void *ctx, const struct tr_metrics_series *ser)
 	json_t *into = ctx;
 	char *text, *wrapped;
 	size_t len;
-	cr_assert_eq(tr_metrics_series_text(ser, false, true, &text, &len), 0);
+	cr_assert_eq(tr_metrics_series_text(ser, false, true, &text, &len, NULL), 0);
 	wrapped = malloc(len + 3);
 	wrapped[0] = '{';
 	memcpy(wrapped + 1, text, len);
@@ -834,7 +835,7 @@ Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
 		if (round % 11 == 5) /* a point pushed into the past */
 			cr_assert_eq(tr_store_metric_append(s, id, "m", rand() % step, 0, 0, -5.0, NULL), 0);
 		if (round == 33) {
-			cr_assert_eq(tr_store_metrics_truncate(s, id, step - 700), 0);
+			cr_assert_eq(tr_store_metrics_truncate(s, id, step - 700, NULL), 0);
 			step -= 700;
 			/* The same number of points again: only the truncation
 			 * count tells the memo it is stale. */
@@ -844,12 +845,11 @@ Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
 			for (size_t f = 0; f < 2; f++) {
 				struct tr_metrics_query q = {.from_step = froms[f], .to_step = INT64_MAX,
 							     .max_points = maxes[k], .with_times = true};
-				json_t *want = tr_store_metrics_query(s, id, &q);
-				cr_assert_not_null(want, "%s", tr_store_error(s));
+				json_t *want = tr_store_metrics_query(s, id, &q, NULL);
+				cr_assert_not_null(want);
 				json_t *got = json_object();
 				q.want_text = true;
-				cr_assert_eq(tr_store_metrics_read(s, id, &q, collect_text, got), 0, "%s",
-					     tr_store_error(s));
+				cr_assert_eq(tr_store_metrics_read(s, id, &q, collect_text, got, NULL), 0);
 				if (!json_equal(got, json_object_get(want, "series"))) {
 					char *a = json_dumps(got, JSON_COMPACT), *b = json_dumps(want, JSON_COMPACT);
 					cr_assert_fail("round %d max %d from %lld: memo %.300s\nfull %.300s", round,
@@ -872,17 +872,18 @@ Test(metrics, undownsampled_reads_are_capped)
 		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i, NULL), 0);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX, .max_raw = 999};
-	cr_assert_null(tr_store_metrics_query(s, id, &q));
-	cr_assert_not_null(strstr(tr_store_error(s), "\"loss\" has 1000 points"), "%s", tr_store_error(s));
+	struct tr_error e = {0};
+	cr_assert_null(tr_store_metrics_query(s, id, &q, &e));
+	cr_assert_not_null(strstr(e.message, "\"loss\" has 1000 points"), "%s", e.message);
 	q.from_step = 1;
-	json_t *res = tr_store_metrics_query(s, id, &q);
-	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *res = tr_store_metrics_query(s, id, &q, &e);
+	cr_assert_not_null(res, "%s", e.message);
 	cr_assert_eq(json_array_size(json_object_get(series_of(res, "loss"), "steps")), 999);
 	json_decref(res);
 	q.count_only = true;
 	q.from_step = 0;
 	q.max_raw = 0;
-	res = tr_store_metrics_query(s, id, &q);
+	res = tr_store_metrics_query(s, id, &q, NULL);
 	cr_assert_eq(json_array_size(json_object_get(series_of(res, "loss"), "steps")), 0);
 	json_decref(res);
 	tr_store_close(s);
@@ -947,7 +948,7 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 	double times[21];
 	for (int r = 0; r < 22; r++) {
 		double t = now_ms();
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		double dt = now_ms() - t;
 		cr_assert_not_null(res);
 		size_t m = json_array_size(json_object_get(series_of(res, "loss"), "steps"));
@@ -961,7 +962,7 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 	q.from_step = 123457;
 	q.to_step = 876543;
 	double tw = now_ms();
-	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 	tw = now_ms() - tw;
 	json_decref(res);
 	cr_log_info("1e6 points: write+flush %.0f ms, downsample to 500: median %.2f ms (min %.2f, max %.2f),"
@@ -1035,7 +1036,7 @@ Test(metrics, truncate_replaces_replayed_steps)
 		cr_assert_eq(tr_store_metric_append(s, id, "lr", i, 0, 0, i, NULL), 0);
 	}
 	/* Queued, not flushed: truncate must still remove them. */
-	cr_assert_eq(tr_store_metrics_truncate(s, id, 1999), 0);
+	cr_assert_eq(tr_store_metrics_truncate(s, id, 1999, NULL), 0);
 	for (int i = 0; i < 2000; i++)
 		pts[n++] = (struct bpt){i, cos(i * 0.37) * 10};
 	cr_assert_eq(sql_int("SELECT max(step) FROM metrics"), 1999);
@@ -1050,7 +1051,7 @@ Test(metrics, truncate_replaces_replayed_steps)
 	for (int m = 2; m < 400; m += 37)
 		check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, m);
 	check_against_brute(s, id, "loss", pts, n, 1500, 2500, 40);
-	cr_assert_eq(tr_store_metrics_truncate(s, id, -1), 0);
+	cr_assert_eq(tr_store_metrics_truncate(s, id, -1, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics_rollup"), 0);
 	free(pts);
@@ -1402,8 +1403,8 @@ static void *query_main(void *arg)
 	int64_t after = 0;
 	while (!atomic_load(w->stop)) {
 		struct tr_metrics_query q = {.to_step = INT64_MAX, .max_points = 100, .with_times = true};
-		json_t *res = tr_store_metrics_query(w->s, w->job, &q);
-		cr_assert_not_null(res, "%s", tr_store_error(w->s));
+		json_t *res = tr_store_metrics_query(w->s, w->job, &q, NULL);
+		cr_assert_not_null(res);
 		json_t *v;
 		const char *k;
 		json_object_foreach(json_object_get(res, "series"), k, v)
@@ -1539,7 +1540,7 @@ Test(events, job_data_generation_is_per_job)
 	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
 	ga = tr_store_job_data_generation(s, a);
 	gb = tr_store_job_data_generation(s, b);
-	cr_assert_eq(tr_store_metrics_truncate(s, a, 0), 0);
+	cr_assert_eq(tr_store_metrics_truncate(s, a, 0, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
 	cr_assert_eq(tr_store_job_data_generation(s, b), gb);
 

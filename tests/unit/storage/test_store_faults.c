@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "storage/checkpoints.h"
 #include "storage/store.h"
 
 static char dir[64], db_path[128], fault_path[128], side_path[160];
@@ -240,7 +241,7 @@ Test(faults, metrics_and_logs_are_held_not_dropped)
 	fault(NULL);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX};
-	json_t *r = tr_store_metrics_query(s, id, &q);
+	json_t *r = tr_store_metrics_query(s, id, &q, NULL);
 	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
 	cr_assert_eq(json_array_size(steps), 150, "%zu points stored", json_array_size(steps));
 	for (size_t i = 0; i < 150; i++)
@@ -276,7 +277,7 @@ Test(faults, held_points_are_bounded_by_the_queue)
 	fault(NULL);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX};
-	json_t *r = tr_store_metrics_query(s, id, &q);
+	json_t *r = tr_store_metrics_query(s, id, &q, NULL);
 	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
 	cr_assert_eq((int)json_array_size(steps), accepted);
 	json_decref(r);
@@ -430,9 +431,9 @@ Test(faults, converted_function_reports_through_callers_struct)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
 	/* The thread's message, set by a function still without a struct. */
-	struct tr_metrics_query q = {.to_step = INT64_MAX, .max_points = -1};
-	cr_assert_null(tr_store_metrics_query(s, id, &q));
-	cr_assert_not_null(strstr(tr_store_error(s), "max_points"));
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, id + 100, 1, 0, NULL, &w), -ENOENT);
+	cr_assert_not_null(strstr(tr_store_error(s), "does not exist"), "%s", tr_store_error(s));
 
 	fault("full");
 	struct tr_error e = {0};
@@ -440,7 +441,7 @@ Test(faults, converted_function_reports_through_callers_struct)
 	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, e.message);
 	cr_assert_eq(strncmp(e.message, "storage/", 8), 0, "%s", e.message); /* file:line: what: why */
 	cr_assert_not_null(strstr(e.message, "full"), "%s", e.message);
-	cr_assert_not_null(strstr(tr_store_error(s), "max_points"), "the thread's message changed: %s",
+	cr_assert_not_null(strstr(tr_store_error(s), "does not exist"), "the thread's message changed: %s",
 			   tr_store_error(s));
 	char msg[1024];
 	cr_assert_eq(tr_store_health(s, msg, sizeof msg), -ENOSPC);
