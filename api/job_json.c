@@ -224,7 +224,9 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 	/* An evaluate job's figures, null until it completed. */
 	if (job && strcmp(json_string_value(json_object_get(job, "kind")), "evaluate") == 0) {
 		char *text = NULL;
-		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text, NULL) == 0 ? json_loads(text, 0, NULL) : NULL;
+		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text, NULL) == 0
+					 ? json_loads(text, 0, NULL)
+					 : NULL;
 		free(text);
 		json_object_set_new(job, "result", result ? result : json_null());
 	}

@@ -446,7 +446,8 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 			tr_api_fail(rp, 503, "unavailable", NULL, "the daemon is shutting down: accepted %zu of %zu points",
 				    accepted, n);
 		else if (first_error)
-			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n, me.message);
+			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n,
+				    me.message);
 		else
 			tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
 				    accepted, n);

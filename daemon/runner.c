@@ -231,7 +231,8 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	bool have = j->have_progress;
 	pthread_mutex_unlock(&s->lock);
 	if (have)
-		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss, NULL);
+		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss,
+					  NULL);
 	tr_store_flush(s->cfg.store, NULL);
 	/* The job has ended whatever the disk says: a change storage refuses
 	 * now is held and written when it can be, and shown meanwhile. */

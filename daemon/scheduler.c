@@ -346,7 +346,8 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 		tr_store_job_record_state(s->cfg.store, id, "queued", NULL, "[]", NULL);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "
-				    "checkpoint", NULL);
+				    "checkpoint",
+				    NULL);
 		tr_log_job(TR_LOG_NOTICE, (long long)id, "was interrupted; queued again");
 		tr_job_row_finish(&rows[i]);
 	}

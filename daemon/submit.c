@@ -269,10 +269,11 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		 * come back.  Cancel or stop before it ran: nothing to wind
 		 * down. */
 		bool paused = strcmp(row->state, "paused") == 0;
-		rc = tr_store_job_record_state(s->cfg.store, id, "cancelled",
-					       paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
-						      : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
-					       NULL, &se);
+		rc = tr_store_job_record_state(
+			s->cfg.store, id, "cancelled",
+			paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
+			       : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
+			NULL, &se);
 		if (rc < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		if (!paused)
@@ -313,7 +314,8 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		if (j->trainer)
 			tr_trainer_stop(j->trainer);
 		tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL, NULL);
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step", NULL);
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step",
+				    NULL);
 	} else if (op == TR_JOB_CHECKPOINT) {
 		if (!j->trainer)
 			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
@@ -349,7 +351,8 @@ static int op_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 	struct tr_api_control req = {.op = TR_JOB_CHECKPOINT};
 	int rc = op_control(ctx, id, &req, err);
 	if (rc == 0)
-		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested", NULL);
+		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested",
+				    NULL);
 	return rc;
 }
 

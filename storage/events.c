@@ -184,8 +184,8 @@ void tr_events_free(struct tr_event *events, int count)
 	free(events);
 }
 
-int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
-			  int *count, struct tr_error *e)
+int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events, int *count,
+			  struct tr_error *e)
 {
 	return tr_store_events_after_max(s, job_id, after, limit, 0, events, count, e);
 }

@@ -34,8 +34,8 @@ int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, 
 		goto rollback;
 	}
 	if (keys > max_keys) {
-		err = tr_store_cfail(c, -E2BIG, "job %lld would have %lld info fields, at most %d are kept", (long long)id,
-				     (long long)keys, max_keys);
+		err = tr_store_cfail(c, -E2BIG, "job %lld would have %lld info fields, at most %d are kept",
+				     (long long)id, (long long)keys, max_keys);
 		goto rollback;
 	}
 	st = tr_store_stmt(c, sql_merge);

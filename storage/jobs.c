@@ -199,7 +199,8 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 			goto cleanup;
 		}
 		if (queued >= max_queued) {
-			err = tr_store_cfail(c, -EAGAIN, "%lld jobs are queued, the most this daemon takes (max-queued-jobs)",
+			err = tr_store_cfail(c, -EAGAIN,
+					     "%lld jobs are queued, the most this daemon takes (max-queued-jobs)",
 					     (long long)queued);
 			goto cleanup;
 		}
@@ -332,8 +333,8 @@ static bool in_states(const char *state, const char *const *states)
  * each row, drops rows whose shown state is not wanted, and adds the jobs
  * a held change brings into the wanted states (id > after).  rows grows
  * as needed. */
-static int apply_held(tr_store_t *s, const char *const *states, int64_t after, struct tr_job_row **rows,
-		      int *count, struct tr_error *e)
+static int apply_held(tr_store_t *s, const char *const *states, int64_t after, struct tr_job_row **rows, int *count,
+		      struct tr_error *e)
 {
 	struct held_job *held = NULL;
 	size_t nheld = 0;
@@ -410,8 +411,8 @@ static int cmp_row_queue(const void *a, const void *b)
 	return (x->id > y->id) - (x->id < y->id);
 }
 
-int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
-		      int *count, struct tr_error *e)
+int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows, int *count,
+		      struct tr_error *e)
 {
 	*rows = NULL;
 	*count = 0;
@@ -654,8 +655,8 @@ static int update_one(tr_store_t *s, struct conn *c, sqlite3_stmt *st, int64_t i
 	return 0;
 }
 
-int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
-			      double loss, struct tr_error *e)
+int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
+			      struct tr_error *e)
 {
 	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;

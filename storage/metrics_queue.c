@@ -90,7 +90,8 @@ static int enqueue(tr_store_t *s, const struct qitem *it, struct tr_error *e)
 	if (s->pending.n + s->inflight >= s->queue_max) {
 		tr_store_drops_add(s, it->job_id, 1);
 		pthread_mutex_unlock(&s->q_lock);
-		return tr_error_set(e, -ENOBUFS, 0, NULL, "metrics queue full (%zu points): point dropped", s->queue_max);
+		return tr_error_set(e, -ENOBUFS, 0, NULL, "metrics queue full (%zu points): point dropped",
+				    s->queue_max);
 	}
 	if (s->pending.n == s->pending.cap) {
 		size_t cap = s->pending.cap ? 2 * s->pending.cap : 1024;
@@ -127,8 +128,8 @@ static int set_text(struct qitem *it, const char *text, struct tr_error *e)
 	return it->heap ? 0 : tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 }
 
-int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
-			   double wall, double value, struct tr_error *e)
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			   double value, struct tr_error *e)
 {
 	if (job_id <= 0)
 		return tr_error_set(e, -EINVAL, 0, NULL, "metric point: job id must be > 0");
@@ -137,7 +138,8 @@ int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int6
 	if (!tr_store_utf8_valid(name))
 		return tr_error_set(e, -EINVAL, 0, NULL, "metric point: name is not valid UTF-8");
 	if (step < -STORE_STEP_LIMIT || step > STORE_STEP_LIMIT)
-		return tr_error_set(e, -EINVAL, 0, NULL, "metric point %s: step %lld out of range", name, (long long)step);
+		return tr_error_set(e, -EINVAL, 0, NULL, "metric point %s: step %lld out of range", name,
+				    (long long)step);
 	struct qitem it = {.job_id = job_id, .step = step, .epoch = epoch, .wall = wall, .value = value, .level = -1};
 	int err = set_text(&it, name, e);
 	if (err < 0)

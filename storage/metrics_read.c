@@ -319,10 +319,11 @@ static int series_points(struct conn *c, int64_t job_id, const char *name, int64
 		total = err < 0 ? 0 : bucket_total(&d, lo, hi);
 		out->total = total;
 		if (err == 0 && m == 0 && q->max_raw > 0 && total > q->max_raw)
-			err = tr_store_cfail(c, -E2BIG,
-					     "series \"%s\" has %lld points in range, more than the %lld an undownsampled "
-					     "answer may hold",
-					     name, (long long)total, (long long)q->max_raw);
+			err = tr_store_cfail(
+				c, -E2BIG,
+				"series \"%s\" has %lld points in range, more than the %lld an undownsampled "
+				"answer may hold",
+				name, (long long)total, (long long)q->max_raw);
 		if (err < 0 || q->count_only)
 			goto done;
 		if (m == 0 || total <= 1) {

@@ -26,7 +26,7 @@ int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json, 
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE) {
 		err = (rc & 0xff) == SQLITE_CONSTRAINT ? tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id)
-					      : SQLFAIL(c, rc, "store a job's result");
+						       : SQLFAIL(c, rc, "store a job's result");
 		goto rollback;
 	}
 	err = tr_store_commit(c);

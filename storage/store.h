@@ -136,8 +136,8 @@ int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out, struct t
 /* Jobs with id > after (0 = from the start), ascending id, at most limit;
  * state NULL = any.  *rows is malloc'd (free each with tr_job_row_finish,
  * then free the array). */
-int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
-		      int *count, struct tr_error *e);
+int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows, int *count,
+		      struct tr_error *e);
 /* Jobs in any of `states` (NULL-terminated), ordered by priority desc,
  * submitted_at asc, id asc: the scheduler's queue and restart scan. */
 int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count,
@@ -178,8 +178,8 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen);
  * recovers without other traffic. */
 int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
 
-int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
-			      double loss, struct tr_error *e);
+int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
+			      struct tr_error *e);
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e);
 /* Replaces a job's spec as given and its normalized spec (a resume that
  * gives it a new end); both JSON object texts.  -ENOENT for an unknown
@@ -205,8 +205,8 @@ struct tr_event {
  * text for one job is split over several events), so an SSE client that resumes from Last-Event-ID
  * sees every point exactly once.  "log" events carry the same object as
  * tr_store_logs_query's entries.  Non-finite numbers are written as null. */
-int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
-			  int *count, struct tr_error *e);
+int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events, int *count,
+			  struct tr_error *e);
 /* The same, stopping before the event whose data would take the total
  * past max_bytes (0: no byte limit); the first event is always returned,
  * whatever its size. */
@@ -250,8 +250,8 @@ void tr_store_wake_all(tr_store_t *s);
 /* Queues one point; never blocks on I/O.  Returns -ENOBUFS (and counts a
  * drop) when the queue is full.  name: non-empty UTF-8; |step| <= 2^62.
  * Points of a job deleted before they are written vanish silently. */
-int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
-			   double wall, double value, struct tr_error *e);
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			   double value, struct tr_error *e);
 /* Points dropped for job_id since it started (0 = total); log lines
  * dropped from the shared queue count too. */
 int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);

@@ -118,12 +118,12 @@ static int fake_control(void *ctx, int64_t id, const struct tr_api_control *req,
 	tr_job_row_finish(&row);
 	if (rc < 0 || t.action == TR_JOB_KEEP)
 		return rc;
-	rc = tr_store_job_set_state(store, id, tr_job_state_name(t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE
-									 ? TR_JOB_PAUSED
-									 : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL
-										   ? TR_JOB_CANCELLED
-										   : t.to),
-				    NULL, NULL, err);
+	rc = tr_store_job_set_state(
+		store, id,
+		tr_job_state_name(t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE	  ? TR_JOB_PAUSED
+				  : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL ? TR_JOB_CANCELLED
+											  : t.to),
+		NULL, NULL, err);
 	if (rc < 0)
 		err->kind = TR_JOB_E_INTERNAL;
 	return rc;

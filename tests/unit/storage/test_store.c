@@ -436,7 +436,8 @@ Test(metrics, append_flush_query)
 	for (int i = 0; i < 50; i++) {
 		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, i / 10, 1000.0 + i, 1.0 / (i + 1), NULL), 0);
 		if (i % 5 == 0)
-			cr_assert_eq(tr_store_metric_append(s, id, "val_loss", i, i / 10, 2000.0 + i, 2.0 * i, NULL), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "val_loss", i, i / 10, 2000.0 + i, 2.0 * i, NULL),
+				     0);
 	}
 	cr_assert_eq(tr_store_metric_append(s, id, "lr", 3, 0, 1, NAN, NULL), 0);
 	cr_assert_eq(tr_store_metric_append(s, id, "lr", 4, 0, 1, INFINITY, NULL), 0);
@@ -766,7 +767,8 @@ Test(metrics, incremental_poll_returns_only_new_points)
 	int64_t seen = -1;
 	for (int round = 0; round < 5; round++) {
 		for (int i = 0; i < 300; i++)
-			cr_assert_eq(tr_store_metric_append(s, id, "loss", round * 300 + i, 0, 0, 1.0 / (1 + i), NULL), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "loss", round * 300 + i, 0, 0, 1.0 / (1 + i), NULL),
+				     0);
 		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX,
 					     .max_points = 2000};
@@ -939,8 +941,9 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 	size_t n = 1000000;
 	double t0 = now_ms();
 	for (size_t i = 0; i < n; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3, NULL),
-			     0);
+		cr_assert_eq(
+			tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3, NULL),
+			0);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	double t_write = now_ms() - t0;
 	const char *const loss[] = {"loss", NULL};
