@@ -128,6 +128,7 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 	struct tr_job_row *rows = NULL;
 	char ref[2 * TR_DATASET_NAME_MAX + 16], abs[4200];
 	int count = 0, rc = -1;
+	struct tr_error e = {0};
 
 	if (file) {
 		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/%s", name, file);
@@ -137,8 +138,8 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 		tr_datasets_path(d, name, NULL, abs, sizeof(abs) - 1);
 		strcat(abs, "/");
 	}
-	if (tr_store_job_list_states(store, live_states, &rows, &count) < 0) {
-		tr_api_fail_store(rp, store, "listing jobs");
+	if (tr_store_job_list_states(store, live_states, &rows, &count, &e) < 0) {
+		tr_api_fail_store_err(rp, &e, "listing jobs");
 		return -1;
 	}
 	rc = 0;

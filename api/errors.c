@@ -105,3 +105,8 @@ void tr_api_fail_store(struct tr_api_reply *rp, tr_store_t *store, const char *w
 
 	tr_api_fail(rp, 500, "internal", NULL, "%s: %s", what, msg && *msg ? msg : "storage error");
 }
+
+void tr_api_fail_store_err(struct tr_api_reply *rp, const struct tr_error *e, const char *what)
+{
+	tr_api_fail(rp, 500, "internal", NULL, "%s: %s", what, e->message[0] ? e->message : "storage error");
+}

@@ -133,7 +133,7 @@ static bool terminal_event(const struct tr_event *ev)
 static int start(struct stream *s)
 {
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row);
+	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row, NULL);
 
 	s->started = true;
 	if (rc == -ENOENT) {
@@ -170,7 +170,7 @@ static int next_events(struct stream *s)
 		}
 	}
 	rc = tr_store_events_read(s->api->cfg.store, s->job_id, s->last_id, BATCH, s->api->cfg.sse_buffer_bytes,
-				  s->types, &ev, &n, &scanned);
+				  s->types, &ev, &n, &scanned, NULL);
 	if (rc < 0)
 		return rc;
 	for (int i = 0; i < n && rc == 0; i++) {
@@ -194,7 +194,7 @@ static int next_events(struct stream *s)
 static bool job_gone(struct stream *s)
 {
 	struct tr_job_row row = {0};
-	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row);
+	int rc = tr_store_job_get(s->api->cfg.store, s->job_id, &row, NULL);
 
 	tr_job_row_finish(&row);
 	return rc == -ENOENT;

@@ -29,6 +29,7 @@ void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 	char ptr[256];
 	int64_t id;
 	int rc;
+	struct tr_error e = {0};
 
 	if (tr_api_path_id(rq, rp, &id) < 0 || tr_api_load_job(api, rp, id, &row) < 0)
 		return;
@@ -65,7 +66,7 @@ void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
 		goto cleanup;
 	}
-	rc = tr_store_job_info_merge(api->cfg.store, id, text, TR_INFO_MAX_FIELDS);
+	rc = tr_store_job_info_merge(api->cfg.store, id, text, TR_INFO_MAX_FIELDS, &e);
 	if (rc == -E2BIG) {
 		tr_api_fail(rp, 409, "conflict", NULL, "job %" PRId64 " would have more than %d info fields", id,
 			    TR_INFO_MAX_FIELDS);
@@ -76,7 +77,7 @@ void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 		goto cleanup;
 	}
 	if (rc < 0) {
-		tr_api_fail_store(rp, api->cfg.store, "storing info fields");
+		tr_api_fail_store_err(rp, &e, "storing info fields");
 		goto cleanup;
 	}
 	tr_api_reply_job(api, rp, 200, id);

@@ -91,7 +91,7 @@ static json_t *last_value(tr_store_t *store, int64_t id, const char *name)
 	int64_t step;
 	double v;
 
-	return tr_store_metric_last(store, id, name, &step, &v) > 0 ? number_or_null(v) : json_null();
+	return tr_store_metric_last(store, id, name, &step, &v, NULL) > 0 ? number_or_null(v) : json_null();
 }
 
 /* What the store can tell of a job that is not running here: throughput
@@ -111,8 +111,8 @@ static int compute_stored(void *ctx, char **out, size_t *len)
 	int64_t nw = 0, ns = 0;
 	json_t *fraction, *obj;
 
-	if (tr_store_metric_sum(ss->store, ss->id, "data_wait_ms", &wait, &nw) < 0 ||
-	    tr_store_metric_sum(ss->store, ss->id, "step_ms", &step_ms, &ns) < 0)
+	if (tr_store_metric_sum(ss->store, ss->id, "data_wait_ms", &wait, &nw, NULL) < 0 ||
+	    tr_store_metric_sum(ss->store, ss->id, "step_ms", &step_ms, &ns, NULL) < 0)
 		return -EIO;
 	fraction = nw > 0 && ns > 0 && step_ms > 0 ? json_real(fmin(1.0, wait / step_ms)) : json_null();
 	obj = json_pack("{s:o, s:o}", "samples_per_sec", last_value(ss->store, ss->id, "samples_per_sec"),
@@ -137,7 +137,7 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 	for (size_t i = 0; i < sizeof test_names / sizeof test_names[0]; i++) {
 		int64_t tstep;
 		double tv;
-		if (tr_store_metric_last(store, row->id, test_names[i], &tstep, &tv) > 0)
+		if (tr_store_metric_last(store, row->id, test_names[i], &tstep, &tv, NULL) > 0)
 			json_object_set_new(sum, test_names[i], number_or_null(tv));
 	}
 	json_object_set_new(sum, "step", row->started_at > 0 ? json_integer(row->step) : json_null());
@@ -193,9 +193,10 @@ json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
 int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct tr_job_row *row)
 {
 	int rc;
+	struct tr_error e = {0};
 
 	memset(row, 0, sizeof(*row));
-	rc = tr_store_job_get(api->cfg.store, id, row);
+	rc = tr_store_job_get(api->cfg.store, id, row, &e);
 	if (rc == 0)
 		return 0;
 	tr_job_row_finish(row);
@@ -203,7 +204,7 @@ int tr_api_load_job(tr_api_t *api, struct tr_api_reply *rp, int64_t id, struct t
 	if (rc == -ENOENT)
 		tr_api_fail_kind(rp, TR_JOB_E_NOT_FOUND, NULL, "job %" PRId64 " not found", id);
 	else
-		tr_api_fail_store(rp, api->cfg.store, "reading the job");
+		tr_api_fail_store_err(rp, &e, "reading the job");
 	return -1;
 }
 
@@ -223,7 +224,9 @@ void tr_api_reply_job(tr_api_t *api, struct tr_api_reply *rp, int status, int64_
 	/* An evaluate job's figures, null until it completed. */
 	if (job && strcmp(json_string_value(json_object_get(job, "kind")), "evaluate") == 0) {
 		char *text = NULL;
-		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text) == 0 ? json_loads(text, 0, NULL) : NULL;
+		json_t *result = tr_store_job_result_get(api->cfg.store, id, &text, NULL) == 0
+					 ? json_loads(text, 0, NULL)
+					 : NULL;
 		free(text);
 		json_object_set_new(job, "result", result ? result : json_null());
 	}

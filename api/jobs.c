@@ -165,6 +165,7 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	int64_t limit, after;
 	json_t *jobs, *next;
 	int count = 0, rc;
+	struct tr_error e = {0};
 
 	if (state && tr_job_state_parse(state) < 0) {
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "state: must be one of %s", tr_job_state_list());
@@ -175,9 +176,9 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return;
 	if (fields && check_fields(fields, rp) < 0)
 		return;
-	rc = tr_store_job_list(api->cfg.store, state, after, (int)limit, &rows, &count);
+	rc = tr_store_job_list(api->cfg.store, state, after, (int)limit, &rows, &count, &e);
 	if (rc < 0) {
-		tr_api_fail_store(rp, api->cfg.store, "listing jobs");
+		tr_api_fail_store_err(rp, &e, "listing jobs");
 		return;
 	}
 	jobs = json_array();

@@ -16,6 +16,7 @@ void tr_api_logs_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	struct tr_job_row row;
 	int64_t id, after, limit;
 	json_t *logs, *next = NULL;
+	struct tr_error e = {0};
 	size_t n;
 
 	if (tr_api_path_id(rq, rp, &id) < 0)
@@ -26,9 +27,9 @@ void tr_api_logs_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (tr_api_query_int(rq, rp, "after", 0, INT64_MAX, 0, &after) < 0 ||
 	    tr_api_query_int(rq, rp, "limit", 1, LOGS_MAX, LOGS_DEFAULT, &limit) < 0)
 		return;
-	logs = tr_store_logs_query(api->cfg.store, id, after, (int)limit);
+	logs = tr_store_logs_query(api->cfg.store, id, after, (int)limit, &e);
 	if (!logs) {
-		tr_api_fail_store(rp, api->cfg.store, "reading logs");
+		tr_api_fail_store_err(rp, &e, "reading logs");
 		return;
 	}
 	n = json_array_size(logs);

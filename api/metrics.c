@@ -128,7 +128,7 @@ static int refresh_answer(const void *owner, int64_t job, const char *query, cha
 		}
 		q.names = names;
 	}
-	rc = tr_api_metrics_render((tr_store_t *)owner, job, &q, CACHED_POINTS_MAX, body, len);
+	rc = tr_api_metrics_render((tr_store_t *)owner, job, &q, CACHED_POINTS_MAX, body, len, NULL);
 cleanup:
 	free(names);
 	free(copy);
@@ -158,11 +158,12 @@ struct metrics_compute {
 static int compute_answer(void *ctx, char **out, size_t *len)
 {
 	struct metrics_compute *mc = ctx;
-	int rc = tr_api_metrics_render(mc->store, mc->job, mc->q, CACHED_POINTS_MAX, out, len);
+	struct tr_error e = {0};
+	int rc = tr_api_metrics_render(mc->store, mc->job, mc->q, CACHED_POINTS_MAX, out, len, &e);
 
 	/* Too large to cache: the caller streams it. */
 	if (rc < 0 && rc != -EFBIG)
-		tr_api_fail_store(mc->rp, mc->store, "reading metrics");
+		tr_api_fail_store_err(mc->rp, &e, "reading metrics");
 	return rc;
 }
 
@@ -172,19 +173,20 @@ static int check_raw_cap(tr_store_t *store, int64_t id, const struct tr_metrics_
 {
 	struct tr_metrics_query cq = *q;
 	int rc;
+	struct tr_error e = {0};
 
 	cq.max_raw = MAX_POINTS_PARAM;
 	cq.count_only = true;
-	rc = tr_store_metrics_read(store, id, &cq, NULL, NULL);
+	rc = tr_store_metrics_read(store, id, &cq, NULL, NULL, &e);
 	if (rc == -E2BIG) {
 		tr_api_fail(rp, 400, "invalid_parameter", NULL,
 			    "max_points: 0 (every point) is limited to %d points per series: %s; ask for a "
 			    "narrower from_step/to_step, or downsample with max_points of at most %d",
-			    MAX_POINTS_PARAM, tr_store_error(store), MAX_POINTS_PARAM);
+			    MAX_POINTS_PARAM, e.message, MAX_POINTS_PARAM);
 		return -1;
 	}
 	if (rc < 0) {
-		tr_api_fail_store(rp, store, "reading metrics");
+		tr_api_fail_store_err(rp, &e, "reading metrics");
 		return -1;
 	}
 	return 0;
@@ -192,10 +194,11 @@ static int check_raw_cap(tr_store_t *store, int64_t id, const struct tr_metrics_
 
 static void reply_stream(tr_api_t *api, int64_t id, const struct tr_metrics_query *q, struct tr_api_reply *rp)
 {
-	struct MHD_Response *resp = tr_api_metrics_stream(api->cfg.store, id, q);
+	struct tr_error e = {0};
+	struct MHD_Response *resp = tr_api_metrics_stream(api->cfg.store, id, q, &e);
 
 	if (!resp) {
-		tr_api_fail_store(rp, api->cfg.store, "reading metric names");
+		tr_api_fail_store_err(rp, &e, "reading metric names");
 		return;
 	}
 	tr_api_reply_finish(rp);
@@ -392,6 +395,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	size_t i, n, accepted = 0;
 	int rc, first_error = 0;
 	double wall;
+	struct tr_error me = {0};
 
 	if (tr_api_path_id(rq, rp, &id) < 0)
 		return;
@@ -429,7 +433,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 		rc = tr_store_metric_append(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
 					    json_integer_value(json_object_get(p, "step")),
 					    v ? json_integer_value(v) : job_epoch, wall,
-					    json_number_value(json_object_get(p, "value")));
+					    json_number_value(json_object_get(p, "value")), &me);
 		if (rc == 0)
 			accepted++;
 		else if (rc != -ENOBUFS && !first_error)
@@ -443,7 +447,7 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 				    accepted, n);
 		else if (first_error)
 			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n,
-				    tr_store_error(api->cfg.store));
+				    me.message);
 		else
 			tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
 				    accepted, n);

@@ -58,6 +58,7 @@ struct render {
 	const struct tr_metrics_query *q;
 	size_t points, max_points_total;
 	int nseries;
+	struct tr_error *e;
 };
 
 /* Positive "too large": tr_store_metrics_read passes it back. */
@@ -72,7 +73,7 @@ static int render_series(void *ctx, const struct tr_metrics_series *s)
 	r->points += s->n;
 	if (r->max_points_total && r->points > r->max_points_total)
 		return RENDER_TOO_LARGE;
-	if (tr_metrics_series_text(s, r->q->with_epochs, r->q->with_times, &text, &len) < 0)
+	if (tr_metrics_series_text(s, r->q->with_epochs, r->q->with_times, &text, &len, r->e) < 0)
 		return -ENOMEM;
 	if (r->nseries++)
 		put(&r->b, ",", 1);
@@ -82,15 +83,15 @@ static int render_series(void *ctx, const struct tr_metrics_series *s)
 }
 
 int tr_api_metrics_render(tr_store_t *store, int64_t job, const struct tr_metrics_query *q, size_t max_points_total,
-			  char **text, size_t *len)
+			  char **text, size_t *len, struct tr_error *e)
 {
-	struct render r = {.q = q, .max_points_total = max_points_total};
+	struct render r = {.q = q, .max_points_total = max_points_total, .e = e};
 
 	put_head(&r.b, job, q->max_points);
-	int rc = tr_store_metrics_read(store, job, q, render_series, &r);
+	int rc = tr_store_metrics_read(store, job, q, render_series, &r, e);
 	put(&r.b, "}}\n", 3);
 	if (rc == 0 && r.b.oom)
-		rc = -ENOMEM;
+		rc = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	if (rc != 0) {
 		free(r.b.p);
 		return rc == RENDER_TOO_LARGE ? -EFBIG : rc;
@@ -161,7 +162,7 @@ static int stream_series(void *ctx, const struct tr_metrics_series *s)
 	char *text;
 	size_t len;
 
-	if (tr_metrics_series_text(s, st->q.with_epochs, st->q.with_times, &text, &len) < 0)
+	if (tr_metrics_series_text(s, st->q.with_epochs, st->q.with_times, &text, &len, NULL) < 0)
 		return -ENOMEM;
 	/* The text becomes the buffer (no copy); the comma goes out first. */
 	st->comma = st->nseries++ > 0;
@@ -182,7 +183,7 @@ static bool stream_refill(struct stream *st)
 
 		q.names = one;
 		reader_enter();
-		int rc = tr_store_metrics_read(st->store, st->job, &q, stream_series, st);
+		int rc = tr_store_metrics_read(st->store, st->job, &q, stream_series, st, NULL); /* cuts the body */
 		reader_leave();
 		if (rc != 0)
 			return false;
@@ -220,7 +221,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 	return (ssize_t)n;
 }
 
-static int copy_names(struct stream *st, const char *const *names, tr_store_t *store)
+static int copy_names(struct stream *st, const char *const *names, tr_store_t *store, struct tr_error *e)
 {
 	json_t *all = NULL;
 	size_t n = 0;
@@ -229,7 +230,7 @@ static int copy_names(struct stream *st, const char *const *names, tr_store_t *s
 		while (names[n])
 			n++;
 	} else {
-		all = tr_store_metric_names(store, st->job);
+		all = tr_store_metric_names(store, st->job, e);
 		if (!all)
 			return -EIO;
 		n = json_array_size(all);
@@ -255,7 +256,8 @@ static int cmp_name(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-struct MHD_Response *tr_api_metrics_stream(tr_store_t *store, int64_t job, const struct tr_metrics_query *q)
+struct MHD_Response *tr_api_metrics_stream(tr_store_t *store, int64_t job, const struct tr_metrics_query *q,
+					   struct tr_error *e)
 {
 	struct stream *st = calloc(1, sizeof *st);
 	struct MHD_Response *resp;
@@ -266,7 +268,7 @@ struct MHD_Response *tr_api_metrics_stream(tr_store_t *store, int64_t job, const
 	st->job = job;
 	st->q = *q;
 	st->q.names = NULL;
-	if (copy_names(st, q->names, store) < 0)
+	if (copy_names(st, q->names, store, e) < 0)
 		goto fail;
 	/* Name order, one series per name, as the buffered answer has. */
 	qsort(st->names, st->nnames, sizeof *st->names, cmp_name);

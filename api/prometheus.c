@@ -287,11 +287,11 @@ static void put_counters(struct out *o)
 }
 
 /* Jobs by state and ever submitted; -1 when the store fails. */
-static int put_jobs(struct out *o, tr_api_t *api)
+static int put_jobs(struct out *o, tr_api_t *api, struct tr_error *e)
 {
 	int64_t counts[N_STATES], submitted;
 
-	if (tr_store_job_counts(api->cfg.store, job_states, counts, &submitted) < 0)
+	if (tr_store_job_counts(api->cfg.store, job_states, counts, &submitted, e) < 0)
 		return -1;
 	head(o, "trainerd_jobs", "gauge", "Jobs in the store, by state.");
 	for (size_t i = 0; i < N_STATES; i++)
@@ -319,7 +319,7 @@ static double num_field(const json_t *o, const char *key, double def)
 /* Per running job: step, throughput, loss and input stall.  Jobs come
  * from the store (the states that run), numbers from the daemon's live
  * progress, falling back to the stored progress. */
-static int put_running(struct out *o, tr_api_t *api)
+static int put_running(struct out *o, tr_api_t *api, struct tr_error *e)
 {
 	static const char *const run_states[] = {"running", "stopping", NULL};
 	struct tr_job_row *rows = NULL;
@@ -327,7 +327,7 @@ static int put_running(struct out *o, tr_api_t *api)
 	int n = 0;
 	char v[64];
 
-	if (tr_store_job_list_states(api->cfg.store, run_states, &rows, &n) < 0)
+	if (tr_store_job_list_states(api->cfg.store, run_states, &rows, &n, e) < 0)
 		return -1;
 	if (n > 0 && !(js = calloc((size_t)n, sizeof(*js)))) {
 		n = 0;
@@ -483,6 +483,7 @@ void tr_api_prometheus(struct tr_api_request *rq, struct tr_api_reply *rp)
 	tr_api_t *api = rq->api;
 	struct out o = {.cap = 16384};
 	char ver[128];
+	struct tr_error e = {0};
 
 	o.p = malloc(o.cap);
 	if (!o.p) {
@@ -491,9 +492,9 @@ void tr_api_prometheus(struct tr_api_request *rq, struct tr_api_reply *rp)
 	}
 	head(&o, "trainerd_build_info", "gauge", "The daemon's version; always 1.");
 	put(&o, "trainerd_build_info{version=\"%s\"} 1\n", esc(ver, sizeof ver, api->cfg.version));
-	if (put_jobs(&o, api) < 0 || put_running(&o, api) < 0) {
+	if (put_jobs(&o, api, &e) < 0 || put_running(&o, api, &e) < 0) {
 		free(o.p);
-		tr_api_fail_store(rp, api->cfg.store, "reading jobs for /metrics");
+		tr_api_fail_store_err(rp, &e, "reading jobs for /metrics");
 		return;
 	}
 	put_devices(&o, api);

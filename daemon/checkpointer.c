@@ -66,8 +66,9 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 	 * metrics (the resumed run replays only the steps after it).  While
 	 * storage refuses them they are held, not written: no checkpoint
 	 * then (the next one tries again). */
+	struct tr_error fe = {0}; /* the flush's; the checkpoint's own still in the thread's message */
 	if (rc == 0)
-		rc = tr_store_flush(cp->store);
+		rc = tr_store_flush(cp->store, &fe);
 	if (rc == 0) {
 		rc = tr_store_ckpt_commit(w, l.model_header, l.model_header_len, (int64_t)l.header_len,
 					  (int64_t)l.params_bytes, it->keep, NULL);
@@ -75,7 +76,9 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 	}
 	if (rc < 0) {
 		tr_error_set(err, 0, 0, NULL, "%s",
-			     rc == -ENOSPC ? "the database is full (disk or size limit)" : tr_store_error(cp->store));
+			     rc == -ENOSPC   ? "the database is full (disk or size limit)"
+			     : fe.message[0] ? fe.message
+					     : tr_store_error(cp->store));
 		tr_store_ckpt_abort(w);
 	}
 	tr_checkpoint_layout_finish(&l);
@@ -113,7 +116,7 @@ static void *writer_main(void *arg)
 			snprintf(line, sizeof line, "checkpoint at step %lld (%s): %.1f MB in %.0f ms (%.0f MB/s)",
 				 (long long)it->snap->step, reason ? reason : "?", mb / 1e6, took * 1e3,
 				 took > 0 ? mb / 1e6 / took : 0.0);
-			tr_store_log_append(cp->store, it->job_id, TR_LOG_INF, line);
+			tr_store_log_append(cp->store, it->job_id, TR_LOG_INF, line, NULL);
 		} else {
 			struct tr_ckpt_row prev = {0};
 			char kept[96] = "no earlier checkpoint exists";
@@ -124,7 +127,7 @@ static void *writer_main(void *arg)
 			snprintf(line, sizeof line,
 				 "checkpoint at step %lld failed: %s; %s; the next checkpoint will be tried as planned",
 				 (long long)it->snap->step, err.message, kept);
-			tr_store_log_append(cp->store, it->job_id, TR_LOG_WARN, line);
+			tr_store_log_append(cp->store, it->job_id, TR_LOG_WARN, line, NULL);
 			tr_log(TR_LOG_WARN, "job %lld: %s", (long long)it->job_id, line);
 		}
 		tr_snapshot_free(it->snap);

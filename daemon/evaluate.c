@@ -101,11 +101,12 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 			      "/checkpoint: must be \"latest\", \"best\" or a step (an integer >= 0)");
 	}
 	struct tr_job_row target = {0};
-	int rc = tr_store_job_get(st, job_id, &target);
+	struct tr_error se = {0};
+	int rc = tr_store_job_get(st, job_id, &target, &se);
 	if (rc == -ENOENT)
 		return tr_job_fail(err, TR_JOB_E_NOT_FOUND, "", "job %lld not found", (long long)job_id);
 	if (rc < 0)
-		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(st));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	if (tr_eval_spec_is(target.normalized)) {
 		tr_job_row_finish(&target);
 		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is an evaluate job; it has no checkpoints",
@@ -185,18 +186,18 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		.loss = NAN,
 	};
 	int64_t existing = 0;
-	rc = tr_store_job_insert_bounded(st, &jr, s->cfg.max_queued, &existing);
+	rc = tr_store_job_insert_bounded(st, &jr, s->cfg.max_queued, &existing, &se);
 	free(norm_text);
 	free(spec_text);
 	if (rc == -EAGAIN)
-		return tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", tr_store_error(st));
+		return tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", se.message);
 	if (rc < 0)
-		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s", tr_store_error(st));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s", se.message);
 	*eval_id = jr.id;
 	char line[160];
 	snprintf(line, sizeof line, "submitted: evaluate job %lld's checkpoint at step %lld", (long long)job_id,
 		 (long long)step);
-	tr_store_log_append(st, jr.id, TR_LOG_INF, line);
+	tr_store_log_append(st, jr.id, TR_LOG_INF, line, NULL);
 	tr_log(TR_LOG_INF, "job %lld (evaluate job %lld, step %lld) submitted", (long long)jr.id, (long long)job_id,
 	       (long long)step);
 	tr_sched_kick(s);
@@ -275,11 +276,12 @@ static void store_result(struct running_job *j, json_t *figures, int64_t step)
 	json_object_foreach(figures, key, v)
 	{
 		if (json_is_real(v))
-			tr_store_metric_append(st, j->id, key, step, 0, wall, json_real_value(v));
+			tr_store_metric_append(st, j->id, key, step, 0, wall, json_real_value(v), NULL);
 	}
 	char *text = json_dumps(figures, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-	if (!text || tr_store_job_result_set(st, j->id, text) < 0)
-		tr_log(TR_LOG_WARN, "job %lld: cannot store its result: %s", (long long)j->id, tr_store_error(st));
+	struct tr_error e = {.message = "out of memory"};
+	if (!text || tr_store_job_result_set(st, j->id, text, &e) < 0)
+		tr_log(TR_LOG_WARN, "job %lld: cannot store its result: %s", (long long)j->id, e.message);
 	free(text);
 }
 
@@ -349,7 +351,7 @@ static void *eval_main(void *arg)
 	}
 	snprintf(line, sizeof line, "evaluating job %lld's checkpoint at step %lld on %lld samples, %d %s device(s)",
 		 (long long)target, (long long)step, (long long)rd->info.samples, j->ndev, s->cfg.backend->i->name);
-	tr_store_log_append(st, j->id, TR_LOG_INF, line);
+	tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
 	if ((rc = tr_eval_acc_init(&e.acc, d.classification, d.outputs)) < 0) {
 		snprintf(err, sizeof err, "out of memory");
 		goto fail;
@@ -388,8 +390,8 @@ static void *eval_main(void *arg)
 		snprintf(line, sizeof line, "done in %.2f s: loss %.6g", mono_s() - e.started, json_number_value(loss));
 		if (acc)
 			snprintf(line + strlen(line), sizeof line - strlen(line), ", accuracy %.4f", json_number_value(acc));
-		tr_store_log_append(st, j->id, TR_LOG_INF, line);
-		tr_store_job_set_progress(st, j->id, e.batches, e.total, 0, json_number_value(loss));
+		tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
+		tr_store_job_set_progress(st, j->id, e.batches, e.total, 0, json_number_value(loss), NULL);
 	}
 	json_decref(figures);
 	tr_runner_finish(j, "completed", NULL, NULL, e.batches);

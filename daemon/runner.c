@@ -25,7 +25,7 @@ static double mono_now(void)
 static void on_metric(void *ctx, const struct tr_metric_point *p)
 {
 	struct running_job *j = ctx;
-	tr_store_metric_append(j->sched->cfg.store, j->id, p->name, p->step, p->epoch, p->wall, p->value);
+	tr_store_metric_append(j->sched->cfg.store, j->id, p->name, p->step, p->epoch, p->wall, p->value, NULL);
 }
 
 static void on_progress(void *ctx, const struct tr_progress *p)
@@ -41,14 +41,14 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 	double now = mono_now();
 	if (now - j->last_store_progress >= 1.0 || p->step == p->total_steps) {
 		j->last_store_progress = now;
-		tr_store_job_set_progress(s->cfg.store, j->id, p->step, p->total_steps, p->epoch, p->loss);
+		tr_store_job_set_progress(s->cfg.store, j->id, p->step, p->total_steps, p->epoch, p->loss, NULL);
 	}
 }
 
 static void on_log(void *ctx, enum tr_log_level level, const char *msg)
 {
 	struct running_job *j = ctx;
-	tr_store_log_append(j->sched->cfg.store, j->id, (int)level, msg);
+	tr_store_log_append(j->sched->cfg.store, j->id, (int)level, msg, NULL);
 	tr_log(TR_LOG_DBG, "job %lld: %s", (long long)j->id, msg);
 }
 
@@ -69,10 +69,10 @@ static void on_info(void *ctx, const char *key, const char *value)
 	json_t *o = json_pack("{s:s}", key, value);
 	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	/* The engine's few fields always fit beside the API's. */
+	struct tr_error e = {0};
 	if (text && tr_store_job_info_merge(j->sched->cfg.store, j->id, text,
-					    TR_INFO_MAX_FIELDS + TR_INFO_ENGINE_FIELDS) < 0)
-		tr_log(TR_LOG_DBG, "job %lld: info %s not stored: %s", (long long)j->id, key,
-		       tr_store_error(j->sched->cfg.store));
+					    TR_INFO_MAX_FIELDS + TR_INFO_ENGINE_FIELDS, &e) < 0)
+		tr_log(TR_LOG_DBG, "job %lld: info %s not stored: %s", (long long)j->id, key, e.message);
 	free(text);
 	json_decref(o);
 }
@@ -113,13 +113,13 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 			snprintf(line, sizeof line,
 				 "checkpoint at step %lld of job %lld is corrupt (SHA-256 mismatch); skipped",
 				 (long long)rows[i].step, (long long)job_id);
-			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			continue;
 		}
 		if (rc < 0) {
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld cannot be read: %s; skipped",
 				 (long long)rows[i].step, (long long)job_id, tr_store_error(st));
-			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			*unreadable = true;
 			continue;
 		}
@@ -128,7 +128,7 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 		if (rc < 0) {
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld does not fit this model: %s",
 				 (long long)rows[i].step, (long long)job_id, err.message);
-			tr_store_log_append(st, j->id, TR_LOG_WARN, line);
+			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			snap = NULL;
 			continue;
 		}
@@ -154,7 +154,7 @@ static bool earlier_attempt_wrote(tr_store_t *st, int64_t id)
 {
 	static const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 2};
-	json_t *r = tr_store_metrics_query(st, id, &q);
+	json_t *r = tr_store_metrics_query(st, id, &q, NULL);
 	bool any = json_object_size(json_object_get(r, "series")) > 0;
 	json_decref(r);
 	return any;
@@ -182,18 +182,18 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 		if (rc < 0)
 			return -1;
 		snprintf(line, sizeof line, "resuming from the checkpoint at step %lld", (long long)step);
-		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line, NULL);
 		/* Points the interrupted run wrote after the checkpoint are
 		 * replayed, not doubled. */
-		tr_store_metrics_truncate(st, j->id, step);
+		tr_store_metrics_truncate(st, j->id, step, NULL);
 		return 0;
 	}
 	/* Nothing to resume: whatever an earlier attempt wrote starts over.
 	 * Only an earlier attempt writes "loss"; points a client pushed before
 	 * the first start are left alone. */
 	if (earlier_attempt_wrote(st, j->id)) {
-		tr_store_metrics_truncate(st, j->id, 0);
-		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0");
+		tr_store_metrics_truncate(st, j->id, 0, NULL);
+		tr_store_log_append(st, j->id, TR_LOG_NOTICE, "no valid checkpoint: restarting from step 0", NULL);
 	}
 	if (j->spec.init_job > 0) {
 		snap = load_checkpoint(j, j->spec.init_job, j->spec.init_step, true, &step, &unreadable);
@@ -208,7 +208,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 			return -1;
 		snprintf(line, sizeof line, "initialised from job %lld's checkpoint at step %lld",
 			 (long long)j->spec.init_job, (long long)step);
-		tr_store_log_append(st, j->id, TR_LOG_INF, line);
+		tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
 	}
 	return 0;
 }
@@ -231,24 +231,25 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	bool have = j->have_progress;
 	pthread_mutex_unlock(&s->lock);
 	if (have)
-		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss);
-	tr_store_flush(s->cfg.store);
+		tr_store_job_set_progress(s->cfg.store, j->id, last.step, last.total_steps, last.epoch, last.loss,
+					  NULL);
+	tr_store_flush(s->cfg.store, NULL);
 	/* The job has ended whatever the disk says: a change storage refuses
 	 * now is held and written when it can be, and shown meanwhile. */
-	int rc = tr_store_job_record_state(s->cfg.store, j->id, state, error_text, NULL);
+	struct tr_error se = {0};
+	int rc = tr_store_job_record_state(s->cfg.store, j->id, state, error_text, NULL, &se);
 	if (rc > 0)
 		tr_log(TR_LOG_WARN, "job %lld: state %s not written yet, held until storage takes it: %s",
-		       (long long)j->id, state, tr_store_error(s->cfg.store));
+		       (long long)j->id, state, se.message);
 	else if (rc < 0)
-		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state,
-		       tr_store_error(s->cfg.store));
+		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state, se.message);
 	free(error_text);
 	int64_t drops = tr_store_metric_drops(s->cfg.store, j->id);
 	if (drops > 0) {
 		char line[128];
 		snprintf(line, sizeof line, "%lld metric points were dropped because the database fell behind",
 			 (long long)drops);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_WARN, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_WARN, line, NULL);
 	}
 	tr_log(code && strcmp(state, "failed") == 0 ? TR_LOG_WARN : TR_LOG_INF, "job %lld %s%s%s", (long long)j->id,
 	       state, message ? ": " : "", message ? message : "");
@@ -322,7 +323,7 @@ static const char *apply_precision(struct running_job *j, struct tr_error *err)
 		char line[160];
 		snprintf(line, sizeof line, "precision tf32 has no effect on %s devices: matrix products run in FP32",
 			 be->i->name);
-		tr_store_log_append(j->sched->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(j->sched->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 	}
 	return tf32 ? "tf32" : "fp32";
 }
@@ -343,7 +344,7 @@ static void *runner_main(void *arg)
 	}
 	snprintf(line, sizeof line, "started on %d %s device(s), %s matrix products", j->ndev, s->cfg.backend->i->name,
 		 precision);
-	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line);
+	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line, NULL);
 
 	/* A spec parsed at submit had its paths opened in the data roots
 	 * then; one parsed from the store (after a restart) has them checked
@@ -434,18 +435,18 @@ static void *runner_main(void *arg)
 		finish(j, "completed", NULL, NULL, sum.steps);
 	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
 		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, "interrupted", NULL, NULL, sum.steps);
 	} else if (rc == 0 && paused) {
 		snprintf(line, sizeof line, "paused at step %lld", (long long)sum.steps);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, "paused", NULL, NULL, sum.steps);
 	} else if (rc == 0) {
 		/* Ended before its end: "stopped", resumable (with more steps
 		 * too); "completed" is kept for a job that ran to its end. */
 		snprintf(line, sizeof line, "stopped by request after step %lld of %lld", (long long)sum.steps,
 			 (long long)j->progress.total_steps);
-		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, "stopped", NULL, NULL, sum.steps);
 	} else if (rc == -ECANCELED || cancelled) {
 		finish(j, "cancelled", "cancelled", "cancelled by request", sum.steps);

@@ -150,8 +150,8 @@ static void fail_job(struct tr_scheduler *s, int64_t id, const char *code, const
 {
 	json_t *e = json_pack("{s:s, s:s, s:I}", "code", code, "message", message, "step", (json_int_t)0);
 	char *text = json_dumps(e, JSON_COMPACT);
-	tr_store_job_set_state(s->cfg.store, id, "failed", text, NULL);
-	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message);
+	tr_store_job_set_state(s->cfg.store, id, "failed", text, NULL, NULL);
+	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message, NULL);
 	tr_log_job(TR_LOG_WARN, (long long)id, "failed: %s", message);
 	free(text);
 	json_decref(e);
@@ -178,8 +178,9 @@ static void start_queued(struct tr_scheduler *s)
 	static const char *const queued[] = {"queued", NULL};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
-	if (tr_store_job_list_states(s->cfg.store, queued, &rows, &n) < 0) {
-		tr_log(TR_LOG_ERR, "cannot read the queue: %s", tr_store_error(s->cfg.store));
+	struct tr_error se = {0};
+	if (tr_store_job_list_states(s->cfg.store, queued, &rows, &n, &se) < 0) {
+		tr_log(TR_LOG_ERR, "cannot read the queue: %s", se.message);
 		return;
 	}
 	bool blocked = false;
@@ -217,14 +218,13 @@ static void start_queued(struct tr_scheduler *s)
 		char *devs_text = json_dumps(devs, JSON_COMPACT);
 		json_decref(devs);
 		char err[512];
-		int rc = tr_store_job_set_state(s->cfg.store, r->id, "running", NULL, devs_text);
+		int rc = tr_store_job_set_state(s->cfg.store, r->id, "running", NULL, devs_text, &se);
 		free(devs_text);
 		if (rc < 0 && rc != -ENOENT && rc != -EINVAL) {
 			/* Storage refuses the start (full, read-only): the job
 			 * stays queued, first in line, and starts once storage
 			 * works (the dispatcher looks again every second). */
-			tr_log(TR_LOG_DBG, "job %lld cannot start yet: %s", (long long)r->id,
-			       tr_store_error(s->cfg.store));
+			tr_log(TR_LOG_DBG, "job %lld cannot start yet: %s", (long long)r->id, se.message);
 			for (int d = 0; d < job->ndev; d++)
 				s->owner[job->devices[d]] = 0;
 			release_spec(s, r->id, job);
@@ -235,7 +235,7 @@ static void start_queued(struct tr_scheduler *s)
 		if (rc == 0)
 			rc = job->eval ? tr_eval_runner_start(job, err, sizeof err) : tr_runner_start(job, err, sizeof err);
 		else
-			snprintf(err, sizeof err, "store: %s", tr_store_error(s->cfg.store));
+			snprintf(err, sizeof err, "store: %.*s", (int)sizeof err - 8, se.message);
 		if (rc < 0) {
 			for (int d = 0; d < job->ndev; d++)
 				s->owner[job->devices[d]] = 0;
@@ -332,8 +332,9 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
-	if (tr_store_job_list_states(s->cfg.store, stale, &rows, &n) < 0) {
-		snprintf(err, errlen, "store: %s", tr_store_error(s->cfg.store));
+	struct tr_error se = {0};
+	if (tr_store_job_list_states(s->cfg.store, stale, &rows, &n, &se) < 0) {
+		snprintf(err, errlen, "store: %s", se.message);
 		return -1;
 	}
 	for (int i = 0; i < n; i++) {
@@ -341,11 +342,12 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 		/* Held when storage refuses them (and shown): the job then
 		 * waits in the queue until its start can be written. */
 		if (strcmp(rows[i].state, "interrupted") != 0)
-			tr_store_job_record_state(s->cfg.store, id, "interrupted", NULL, NULL);
-		tr_store_job_record_state(s->cfg.store, id, "queued", NULL, "[]");
+			tr_store_job_record_state(s->cfg.store, id, "interrupted", NULL, NULL, NULL);
+		tr_store_job_record_state(s->cfg.store, id, "queued", NULL, "[]", NULL);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "
-				    "checkpoint");
+				    "checkpoint",
+				    NULL);
 		tr_log_job(TR_LOG_NOTICE, (long long)id, "was interrupted; queued again");
 		tr_job_row_finish(&rows[i]);
 	}
@@ -442,7 +444,7 @@ void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
 	for (struct running_job *j = s->running; j; j = j->next)
 		*running += !j->finished;
 	pthread_mutex_unlock(&s->lock);
-	if (tr_store_job_list_states(s->cfg.store, states, &rows, &n) < 0)
+	if (tr_store_job_list_states(s->cfg.store, states, &rows, &n, NULL) < 0)
 		n = 0;
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);

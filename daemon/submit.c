@@ -115,22 +115,23 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		.loss = NAN,
 	};
 	int64_t existing = 0;
+	struct tr_error se = {0};
 	/* The insert and keeping the parsed spec happen under the scheduler
 	 * lock, so the dispatcher (which starts jobs under it) finds the spec
 	 * kept as soon as it can see the job. */
 	pthread_mutex_lock(&s->lock);
-	rc = tr_store_job_insert_bounded(s->cfg.store, &row, s->cfg.max_queued, &existing);
+	rc = tr_store_job_insert_bounded(s->cfg.store, &row, s->cfg.max_queued, &existing, &se);
 	if (rc == 0) {
 		tr_log(TR_LOG_INF, "job %lld (%s) submitted", (long long)row.id, spec.name ? spec.name : "job");
 		tr_sched_keep_spec(s, row.id, &spec, true);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (rc == -EAGAIN) {
-		tr_log(TR_LOG_WARNING, "submit refused: %s", tr_store_error(s->cfg.store));
-		rc = tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", tr_store_error(s->cfg.store));
+		tr_log(TR_LOG_WARNING, "submit refused: %s", se.message);
+		rc = tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", se.message);
 	} else if (rc == -EEXIST) {
 		struct tr_job_row old = {0};
-		rc = tr_store_job_get(s->cfg.store, existing, &old);
+		rc = tr_store_job_get(s->cfg.store, existing, &old, &se);
 		if (rc == 0 && old.request_hash && strcmp(old.request_hash, digest) == 0) {
 			*job_id = existing;
 			*replayed = true;
@@ -139,15 +140,14 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 				    "Idempotency-Key '%s' was used for job %lld with a different request body",
 				    req->idempotency_key, (long long)existing);
 		} else {
-			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "store: %s", tr_store_error(s->cfg.store));
+			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "store: %s", se.message);
 		}
 		tr_job_row_finish(&old);
 	} else if (rc < 0) {
-		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s",
-			    tr_store_error(s->cfg.store));
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s", se.message);
 	} else {
 		*job_id = row.id;
-		tr_store_log_append(s->cfg.store, row.id, TR_LOG_INF, "submitted");
+		tr_store_log_append(s->cfg.store, row.id, TR_LOG_INF, "submitted", NULL);
 		tr_sched_kick(s);
 	}
 	free(spec_text);
@@ -159,11 +159,12 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 /* Reads job id into row; refuses with not found or storage errors. */
 static int load_job(struct tr_scheduler *s, int64_t id, struct tr_job_row *row, struct tr_error *err)
 {
-	int rc = tr_store_job_get(s->cfg.store, id, row);
+	struct tr_error se = {0};
+	int rc = tr_store_job_get(s->cfg.store, id, row, &se);
 	if (rc == -ENOENT)
 		return tr_job_fail(err, TR_JOB_E_NOT_FOUND, "", "job %lld not found", (long long)id);
 	if (rc < 0)
-		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	return 0;
 }
 
@@ -227,12 +228,13 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 		else
 			tr_spec_finish(&spec);
 	}
-	if (rc == 0 && tr_store_job_set_spec(s->cfg.store, row->id, out[0], out[1]) < 0)
-		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+	struct tr_error se = {0};
+	if (rc == 0 && tr_store_job_set_spec(s->cfg.store, row->id, out[0], out[1], &se) < 0)
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	if (rc == 0) {
 		char line[160];
 		snprintf(line, sizeof line, "its end is now %s %lld", key, (long long)value);
-		tr_store_log_append(s->cfg.store, row->id, TR_LOG_NOTICE, line);
+		tr_store_log_append(s->cfg.store, row->id, TR_LOG_NOTICE, line, NULL);
 		tr_sched_drop_spec(s, row->id); /* parsed again from the store when it starts */
 	}
 	free(out[0]);
@@ -247,33 +249,35 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 {
 	int64_t id = row->id;
 	int rc = 0;
+	struct tr_error se = {0};
 	if (to == TR_JOB_QUEUED) { /* resume */
 		if ((req->epochs || req->max_steps) && extend(s, row, req, err) < 0)
 			return -1;
-		if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]") < 0)
-			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+		if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]", &se) < 0)
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-				    "resumed: queued; it continues from its newest checkpoint");
+				    "resumed: queued; it continues from its newest checkpoint", NULL);
 		s->dirty = true;
 		pthread_cond_broadcast(&s->wake);
 	} else if (to == TR_JOB_PAUSED) {
 		/* Not running: it simply waits out of the queue. */
-		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL) < 0)
-			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued");
+		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL, &se) < 0)
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued", NULL);
 	} else if (to == TR_JOB_CANCELLED) {
 		/* Held and shown when storage refuses it: the job must not
 		 * come back.  Cancel or stop before it ran: nothing to wind
 		 * down. */
 		bool paused = strcmp(row->state, "paused") == 0;
-		rc = tr_store_job_record_state(s->cfg.store, id, "cancelled",
-					       paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
-						      : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
-					       NULL);
+		rc = tr_store_job_record_state(
+			s->cfg.store, id, "cancelled",
+			paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
+			       : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
+			NULL, &se);
 		if (rc < 0)
-			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		if (!paused)
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued");
+			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued", NULL);
 		tr_sched_drop_spec(s, id);
 	} else {
 		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
@@ -299,18 +303,19 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		if (j->trainer)
 			tr_trainer_stop_for(j->trainer, TR_STOP_PAUSE);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
-				    "pause requested: checkpointing at the next step boundary");
+				    "pause requested: checkpointing at the next step boundary", NULL);
 	} else if (op == TR_JOB_CANCEL) {
 		atomic_store(&j->cancel_requested, true);
 		if (j->trainer)
 			tr_trainer_cancel(j->trainer);
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested");
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested", NULL);
 	} else if (op == TR_JOB_STOP) {
 		atomic_store(&j->stop_requested, true);
 		if (j->trainer)
 			tr_trainer_stop(j->trainer);
-		tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL);
-		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step");
+		tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL, NULL);
+		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step",
+				    NULL);
 	} else if (op == TR_JOB_CHECKPOINT) {
 		if (!j->trainer)
 			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
@@ -346,7 +351,8 @@ static int op_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 	struct tr_api_control req = {.op = TR_JOB_CHECKPOINT};
 	int rc = op_control(ctx, id, &req, err);
 	if (rc == 0)
-		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested");
+		tr_store_log_append(((struct tr_scheduler *)ctx)->cfg.store, id, TR_LOG_INF, "checkpoint requested",
+				    NULL);
 	return rc;
 }
 
@@ -357,8 +363,9 @@ static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_error 
 	int rc = load_job(s, id, &row, err);
 	if (rc == 0 && (rc = tr_job_check(id, row.state, TR_JOB_SET_PRIORITY, NULL, err)) < 0)
 		snprintf(err->pointer, sizeof err->pointer, "/priority"); /* the body's field at fault */
-	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority) < 0)
-		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+	struct tr_error se = {0};
+	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority, &se) < 0)
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	tr_job_row_finish(&row);
 	if (rc == 0)
 		tr_sched_kick(s);
@@ -372,8 +379,9 @@ static int op_remove(void *ctx, int64_t id, struct tr_error *err)
 	int rc = load_job(s, id, &row, err);
 	if (rc == 0)
 		rc = tr_job_check(id, row.state, TR_JOB_DELETE, NULL, err);
-	if (rc == 0 && tr_store_job_delete(s->cfg.store, id) < 0)
-		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(s->cfg.store));
+	struct tr_error se = {0};
+	if (rc == 0 && tr_store_job_delete(s->cfg.store, id, &se) < 0)
+		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	tr_job_row_finish(&row);
 	return rc < 0 ? -1 : 0;
 }
@@ -457,8 +465,9 @@ int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err,
 {
 	struct tr_job_row *rows = NULL;
 	int n = 0;
-	if (tr_store_job_list(s->cfg.store, NULL, 0, 1, &rows, &n) < 0) {
-		snprintf(err, errlen, "store: %s", tr_store_error(s->cfg.store));
+	struct tr_error se = {0};
+	if (tr_store_job_list(s->cfg.store, NULL, 0, 1, &rows, &n, &se) < 0) {
+		snprintf(err, errlen, "store: %s", se.message);
 		return -1;
 	}
 	for (int i = 0; i < n; i++)

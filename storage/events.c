@@ -198,16 +198,16 @@ void tr_events_free(struct tr_event *events, int count)
 	free(events);
 }
 
-int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
-			  int *count)
+int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events, int *count,
+			  struct tr_error *e)
 {
-	return tr_store_events_after_max(s, job_id, after, limit, 0, events, count);
+	return tr_store_events_after_max(s, job_id, after, limit, 0, events, count, e);
 }
 
 int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes,
-			      struct tr_event **events, int *count)
+			      struct tr_event **events, int *count, struct tr_error *e)
 {
-	return tr_store_events_read(s, job_id, after, limit, max_bytes, TR_EVENT_ALL, events, count, NULL);
+	return tr_store_events_read(s, job_id, after, limit, max_bytes, TR_EVENT_ALL, events, count, NULL, e);
 }
 
 /* The newest event id of job_id (0 when it has none), by the (job_id, id)
@@ -226,13 +226,13 @@ static int last_job_event(struct conn *c, int64_t job_id, int64_t *last)
 }
 
 int tr_store_events_read(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes, unsigned types,
-			 struct tr_event **events, int *count, int64_t *scanned_to)
+			 struct tr_event **events, int *count, int64_t *scanned_to, struct tr_error *e)
 {
 	*events = NULL;
 	*count = 0;
 	if (scanned_to)
 		*scanned_to = after;
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	struct tr_event *v = NULL;
 	int n = 0, cap = 0, rc, err = 0;
 	size_t bytes = 0;
@@ -287,20 +287,20 @@ int tr_store_events_read(tr_store_t *s, int64_t job_id, int64_t after, int limit
 			cap = cap ? 2 * cap : 16;
 			struct tr_event *nv = realloc(v, (size_t)cap * sizeof *nv);
 			if (!nv) {
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_store_cfail(c, -ENOMEM, "out of memory");
 				goto cleanup;
 			}
 			v = nv;
 		}
-		struct tr_event *e = &v[n];
-		e->id = sqlite3_column_int64(st, 0);
-		e->job_id = sqlite3_column_int64(st, 1);
-		e->type = strdup((const char *)sqlite3_column_text(st, 2));
-		e->data = strdup((const char *)sqlite3_column_text(st, 3));
-		e->at = sqlite3_column_double(st, 4);
+		struct tr_event *ev = &v[n];
+		ev->id = sqlite3_column_int64(st, 0);
+		ev->job_id = sqlite3_column_int64(st, 1);
+		ev->type = strdup((const char *)sqlite3_column_text(st, 2));
+		ev->data = strdup((const char *)sqlite3_column_text(st, 3));
+		ev->at = sqlite3_column_double(st, 4);
 		n++;
-		if (!e->type || !e->data) {
-			err = tr_store_fail(-ENOMEM, "out of memory");
+		if (!ev->type || !ev->data) {
+			err = tr_store_cfail(c, -ENOMEM, "out of memory");
 			goto cleanup;
 		}
 	}
@@ -333,7 +333,7 @@ int64_t tr_store_last_event_id(tr_store_t *s)
 /* 1 when job_id has an event with id > after, 0 when not, <0 on error. */
 static int job_has_event_after(tr_store_t *s, int64_t job_id, int64_t after)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, NULL); /* callers read no message */
 	int ret = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT 1 FROM events WHERE job_id = ?1 AND id > ?2 LIMIT 1");
 	if (st) {

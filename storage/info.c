@@ -9,9 +9,9 @@
 static const char sql_count[] = "SELECT (SELECT count(*) FROM json_each(json_patch(info, ?2))) FROM jobs WHERE id = ?1";
 static const char sql_merge[] = "UPDATE jobs SET info = json_patch(info, ?2) WHERE id = ?1";
 
-int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, int max_keys)
+int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, int max_keys, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = tr_store_begin(c, true);
 	if (err < 0)
 		goto cleanup;
@@ -26,7 +26,7 @@ int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, 
 	int64_t keys = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
 	sqlite3_reset(st);
 	if (rc == SQLITE_DONE) {
-		err = tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+		err = tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id);
 		goto rollback;
 	}
 	if (rc != SQLITE_ROW) {
@@ -34,8 +34,8 @@ int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, 
 		goto rollback;
 	}
 	if (keys > max_keys) {
-		err = tr_store_fail(-E2BIG, "job %lld would have %lld info fields, at most %d are kept", (long long)id,
-				    (long long)keys, max_keys);
+		err = tr_store_cfail(c, -E2BIG, "job %lld would have %lld info fields, at most %d are kept",
+				     (long long)id, (long long)keys, max_keys);
 		goto rollback;
 	}
 	st = tr_store_stmt(c, sql_merge);

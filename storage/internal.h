@@ -45,6 +45,12 @@ struct conn {
 	struct stmt_cache_entry *cache;
 	int ncache, capcache;
 	bool busy; /* handed out by the pool */
+	/* The struct tr_error of the call it is lent to (tr_store_conn_lend):
+	 * SQLFAIL and tr_store_cfail fill it.  NULL: the calling thread's
+	 * message, for functions not moved over yet (docs/design.md,
+	 * "Errors"). */
+	struct tr_error *err;
+	struct tr_error sink; /* err of a call whose caller passed none */
 };
 
 /* One queued metric point or log line. */
@@ -157,6 +163,9 @@ struct tr_store {
 
 /* Takes a free request connection, waiting for one; never NULL. */
 struct conn *tr_store_conn_get(tr_store_t *s);
+/* The same for a call that reports through a struct tr_error: failures on
+ * the connection fill e (may be NULL) until it is put back. */
+struct conn *tr_store_conn_lend(tr_store_t *s, struct tr_error *e);
 /* Resets its statements (releasing read snapshots) and returns it. */
 void tr_store_conn_put(tr_store_t *s, struct conn *c);
 /* A prepared statement for a static SQL string, cached per connection,
@@ -198,10 +207,13 @@ int tr_store_exec(struct conn *c, const char *sql);
 
 /* Sets the calling thread's message; returns code (a negative errno). */
 int tr_store_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Records "file:line: what: sqlite message" and maps rc to a negative errno. */
-int tr_store_sqlfail(sqlite3 *db, int rc, const char *what, const char *file, int line);
+/* Sets the message where the connection's call reports it: its struct
+ * tr_error when lent with one (tr_store_conn_lend), else the thread's. */
+int tr_store_cfail(struct conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Records "file:line: what: sqlite message" where c's call reports it,
+ * maps rc to a negative errno and notes a storage failure of the
+ * connection's store. */
 #define SQLFAIL(c, rc, what) tr_store_sqlfail_c((c), (rc), (what), __FILE__, __LINE__)
-/* The same, noting a storage failure of the connection's store. */
 int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *file, int line);
 /* A write failed for want of storage (full, read-only, I/O error). */
 bool tr_store_err_storage(int err);
@@ -209,9 +221,9 @@ bool tr_store_err_storage(int err);
  * long, memory.  Such writes are kept and tried again, not dropped. */
 bool tr_store_err_transient(int err);
 /* Storage health bookkeeping (storage/store.c): a write to the state
- * database failed (err, message from the thread's buffer), or one
+ * database failed (err, msg: what failed; the store keeps a copy), or one
  * succeeded. */
-void tr_store_health_fail(tr_store_t *s, int err);
+void tr_store_health_fail(tr_store_t *s, int err, const char *msg);
 void tr_store_health_ok(tr_store_t *s);
 /* Test-only fault switch (storage/fault.c); a no-op unless the
  * environment asks for it. */

@@ -45,7 +45,7 @@ static int col_strdup(sqlite3_stmt *st, int col, char **out)
 }
 
 /* Reads a row selected with JOB_COLS. */
-static int read_row(sqlite3_stmt *st, struct tr_job_row *r)
+static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 {
 	memset(r, 0, sizeof *r);
 	r->id = sqlite3_column_int64(st, 0);
@@ -70,7 +70,7 @@ static int read_row(sqlite3_stmt *st, struct tr_job_row *r)
 	err |= col_strdup(st, 18, &r->info);
 	if (err) {
 		tr_job_row_finish(r);
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	}
 	return 0;
 }
@@ -85,12 +85,12 @@ static int read_rows(struct conn *c, sqlite3_stmt *st, struct tr_job_row **rows,
 			cap = cap ? 2 * cap : 16;
 			struct tr_job_row *nv = realloc(v, (size_t)cap * sizeof *nv);
 			if (!nv) {
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_store_cfail(c, -ENOMEM, "out of memory");
 				goto fail;
 			}
 			v = nv;
 		}
-		err = read_row(st, &v[n]);
+		err = read_row(c, st, &v[n]);
 		if (err < 0)
 			goto fail;
 		n++;
@@ -109,18 +109,20 @@ fail:
 	return err;
 }
 
-static int check_json(const char *text, json_type type, const char *what)
+static int check_json(struct tr_error *e, const char *text, json_type type, const char *what)
 {
 	if (!text)
 		return 0;
 	json_error_t jerr;
 	json_t *j = json_loads(text, JSON_DECODE_ANY, &jerr);
 	if (!j)
-		return tr_store_fail(-EINVAL, "%s is not valid JSON: %s (column %d)", what, jerr.text, jerr.column);
+		return tr_error_set(e, -EINVAL, 0, NULL, "%s is not valid JSON: %s (column %d)", what, jerr.text,
+				    jerr.column);
 	int ok = json_typeof(j) == type;
 	json_decref(j);
 	if (!ok)
-		return tr_store_fail(-EINVAL, "%s must be a JSON %s", what, type == JSON_ARRAY ? "array" : "object");
+		return tr_error_set(e, -EINVAL, 0, NULL, "%s must be a JSON %s", what,
+				    type == JSON_ARRAY ? "array" : "object");
 	return 0;
 }
 
@@ -133,25 +135,26 @@ static char *state_event_data(const char *state, const char *error_json)
 	return text;
 }
 
-int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id)
+int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id, struct tr_error *e)
 {
-	return tr_store_job_insert_bounded(s, row, 0, existing_id);
+	return tr_store_job_insert_bounded(s, row, 0, existing_id, e);
 }
 
-int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id)
+int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id,
+				struct tr_error *e)
 {
 	if (!row || !row->spec)
-		return tr_store_fail(-EINVAL, "job insert: spec is required");
-	int err = check_json(row->devices, JSON_ARRAY, "devices");
+		return tr_error_set(e, -EINVAL, 0, NULL, "job insert: spec is required");
+	int err = check_json(e, row->devices, JSON_ARRAY, "devices");
 	if (err < 0)
 		return err;
-	err = check_json(row->error, JSON_OBJECT, "error");
+	err = check_json(e, row->error, JSON_OBJECT, "error");
 	if (err < 0)
 		return err;
 	if (existing_id)
 		*existing_id = 0;
 
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	sqlite3_stmt *st;
 	int64_t event_id = 0;
 	/* The key lookup and the insert share one write transaction, so two
@@ -170,8 +173,8 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 		if (rc == SQLITE_ROW) {
 			if (existing_id)
 				*existing_id = sqlite3_column_int64(st, 0);
-			err = tr_store_fail(-EEXIST, "a job with idempotency key \"%s\" exists (id %lld)",
-					    row->idempotency_key, (long long)sqlite3_column_int64(st, 0));
+			err = tr_store_cfail(c, -EEXIST, "a job with idempotency key \"%s\" exists (id %lld)",
+					     row->idempotency_key, (long long)sqlite3_column_int64(st, 0));
 			goto cleanup;
 		}
 		if (rc != SQLITE_DONE) {
@@ -196,8 +199,9 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 			goto cleanup;
 		}
 		if (queued >= max_queued) {
-			err = tr_store_fail(-EAGAIN, "%lld jobs are queued, the most this daemon takes (max-queued-jobs)",
-					    (long long)queued);
+			err = tr_store_cfail(c, -EAGAIN,
+					     "%lld jobs are queued, the most this daemon takes (max-queued-jobs)",
+					     (long long)queued);
 			goto cleanup;
 		}
 	}
@@ -231,7 +235,7 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 	 * batched log writer (which carries "submitted") does meanwhile. */
 	char *data = state_event_data("queued", NULL);
 	if (!data) {
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_store_cfail(c, -ENOMEM, "out of memory");
 		goto cleanup;
 	}
 	err = tr_store_event_insert(c, id, "state", data, submitted, &event_id);
@@ -250,10 +254,10 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out)
+int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out, struct tr_error *e)
 {
 	memset(out, 0, sizeof *out);
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs WHERE id = ?1");
 	if (!st) {
@@ -263,9 +267,9 @@ int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out)
 	sqlite3_bind_int64(st, 1, id);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW)
-		err = read_row(st, out);
+		err = read_row(c, st, out);
 	else if (rc == SQLITE_DONE)
-		err = tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+		err = tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id);
 	else
 		err = SQLFAIL(c, rc, "SELECT job");
 cleanup:
@@ -283,7 +287,7 @@ struct held_job {
 };
 
 /* Jobs with held changes (storage/pending.c), once each. */
-static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n)
+static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n, struct tr_error *e)
 {
 	*out = NULL;
 	*n = 0;
@@ -293,7 +297,7 @@ static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n)
 	pthread_mutex_lock(&s->st_lock);
 	struct held_job *v = s->npst ? calloc(s->npst, sizeof *v) : NULL;
 	if (s->npst && !v)
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	for (size_t i = 0; v && i < s->npst; i++) {
 		size_t k = 0;
 		while (k < *n && v[k].id != s->pst[i].job_id)
@@ -304,7 +308,7 @@ static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n)
 	}
 	for (size_t k = 0; k < *n; k++)
 		if (!(v[k].state = strdup(v[k].state)))
-			err = tr_store_fail(-ENOMEM, "out of memory");
+			err = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	pthread_mutex_unlock(&s->st_lock);
 	if (err < 0) {
 		for (size_t k = 0; k < *n; k++)
@@ -329,12 +333,12 @@ static bool in_states(const char *state, const char *const *states)
  * each row, drops rows whose shown state is not wanted, and adds the jobs
  * a held change brings into the wanted states (id > after).  rows grows
  * as needed. */
-static int apply_held(tr_store_t *s, const char *const *states, int64_t after, struct tr_job_row **rows,
-		      int *count)
+static int apply_held(tr_store_t *s, const char *const *states, int64_t after, struct tr_job_row **rows, int *count,
+		      struct tr_error *e)
 {
 	struct held_job *held = NULL;
 	size_t nheld = 0;
-	int err = held_jobs(s, &held, &nheld);
+	int err = held_jobs(s, &held, &nheld, e);
 	if (err < 0 || nheld == 0)
 		return err;
 	struct tr_job_row *v = *rows;
@@ -356,7 +360,7 @@ static int apply_held(tr_store_t *s, const char *const *states, int64_t after, s
 		if (present)
 			continue;
 		struct tr_job_row row;
-		int rc = tr_store_job_get(s, held[k].id, &row);
+		int rc = tr_store_job_get(s, held[k].id, &row, e);
 		if (rc == -ENOENT)
 			continue;
 		if (rc < 0) {
@@ -370,7 +374,7 @@ static int apply_held(tr_store_t *s, const char *const *states, int64_t after, s
 		struct tr_job_row *nv = realloc(v, (size_t)(n + 1) * sizeof *nv);
 		if (!nv) {
 			tr_job_row_finish(&row);
-			err = tr_store_fail(-ENOMEM, "out of memory");
+			err = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 			break;
 		}
 		v = nv;
@@ -407,15 +411,15 @@ static int cmp_row_queue(const void *a, const void *b)
 	return (x->id > y->id) - (x->id < y->id);
 }
 
-int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
-		      int *count)
+int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows, int *count,
+		      struct tr_error *e)
 {
 	*rows = NULL;
 	*count = 0;
 	/* Held changes can take jobs out of the page: ask for that many
 	 * more, so a page is only short at the end. */
 	size_t held = state ? tr_store_states_pending(s) : 0;
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs"
 					    " WHERE id > ?1 AND (?2 IS NULL OR state = ?2) ORDER BY id LIMIT ?3");
@@ -431,7 +435,7 @@ cleanup:
 	tr_store_conn_put(s, c);
 	if (err == 0) {
 		const char *one[] = {state, NULL};
-		err = apply_held(s, state ? one : NULL, after, rows, count);
+		err = apply_held(s, state ? one : NULL, after, rows, count, e);
 		if (err == 0 && *count > 1)
 			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_id);
 		if (err == 0 && limit > 0 && *count > limit) {
@@ -448,7 +452,8 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count)
+int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count,
+			     struct tr_error *e)
 {
 	*rows = NULL;
 	*count = 0;
@@ -456,7 +461,7 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
 	while (states && states[nstates])
 		nstates++;
 	if (nstates > 32)
-		return tr_store_fail(-EINVAL, "too many states (%d, at most 32)", nstates);
+		return tr_error_set(e, -EINVAL, 0, NULL, "too many states (%d, at most 32)", nstates);
 	char sql[512];
 	int len = snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs");
 	for (int i = 0; i < nstates; i++)
@@ -465,7 +470,7 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
 	snprintf(sql + len, sizeof sql - (size_t)len, "%s ORDER BY priority DESC, submitted_at, id",
 		 nstates ? ")" : "");
 
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	sqlite3_stmt *st = NULL;
 	int err;
 	/* Not cached: the text depends on the number of states. */
@@ -483,7 +488,7 @@ cleanup:
 	/* A job whose cancellation is held must not be started again; one
 	 * held as queued (resumed) must be. */
 	if (err == 0) {
-		err = apply_held(s, nstates ? states : NULL, 0, rows, count);
+		err = apply_held(s, nstates ? states : NULL, 0, rows, count, e);
 		if (err == 0 && *count > 1)
 			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_queue);
 		else if (err < 0) {
@@ -495,18 +500,19 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted)
+int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted,
+			struct tr_error *e)
 {
 	int nstates = 0;
 	while (states && states[nstates])
 		nstates++;
 	if (nstates > 32)
-		return tr_store_fail(-EINVAL, "too many states (%d, at most 32)", nstates);
+		return tr_error_set(e, -EINVAL, 0, NULL, "too many states (%d, at most 32)", nstates);
 	for (int i = 0; i < nstates; i++)
 		counts[i] = 0;
 	if (submitted)
 		*submitted = 0;
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = 0, rc;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
 	if (!st) {
@@ -548,7 +554,7 @@ int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, cons
 {
 	char *data = state_event_data(state, error_json);
 	if (!data)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	*event_id = 0;
 	int err = tr_store_begin(c, true);
 	if (err < 0)
@@ -561,7 +567,7 @@ int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, cons
 	sqlite3_bind_int64(st, 1, id);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_DONE) {
-		err = tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+		err = tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id);
 		goto cleanup;
 	}
 	if (rc != SQLITE_ROW) {
@@ -609,14 +615,14 @@ cleanup:
 
 /* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
 int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
-			   const char *devices_json)
+			   const char *devices_json, struct tr_error *e)
 {
 	if (tr_job_state_parse(state) < 0)
-		return tr_store_fail(-EINVAL, "unknown job state \"%s\"", state ? state : "(null)");
-	int err = check_json(error_json, JSON_OBJECT, "error");
+		return tr_error_set(e, -EINVAL, 0, NULL, "unknown job state \"%s\"", state ? state : "(null)");
+	int err = check_json(e, error_json, JSON_OBJECT, "error");
 	if (err < 0)
 		return err;
-	err = check_json(devices_json, JSON_ARRAY, "devices");
+	err = check_json(e, devices_json, JSON_ARRAY, "devices");
 	if (err < 0)
 		return err;
 
@@ -625,7 +631,7 @@ int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const c
 	 * (storage/pending.c): they are written first, or this fails as they
 	 * do. */
 	pthread_mutex_lock(&s->st_lock);
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	if (s->npst)
 		err = tr_store_states_drain_locked(s, c);
 	if (err == 0)
@@ -645,14 +651,14 @@ static int update_one(tr_store_t *s, struct conn *c, sqlite3_stmt *st, int64_t i
 	if (rc != SQLITE_DONE)
 		return SQLFAIL(c, rc, sqlite3_sql(st));
 	if (sqlite3_changes(c->db) == 0)
-		return tr_store_fail(-ENOENT, "job %lld not found", (long long)id);
+		return tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id);
 	return 0;
 }
 
-int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
-			      double loss)
+int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
+			      struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET step = ?2, total_steps = ?3, epoch = ?4, loss = ?5,"
 					    " updated_at = ?6 WHERE id = ?1");
@@ -672,9 +678,9 @@ int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t t
 	return err;
 }
 
-int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority)
+int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET priority = ?2 WHERE id = ?1");
 	if (st) {
@@ -686,16 +692,16 @@ int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority)
 	return err;
 }
 
-int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized)
+int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized, struct tr_error *e)
 {
-	int err = check_json(spec, JSON_OBJECT, "spec");
+	int err = check_json(e, spec, JSON_OBJECT, "spec");
 	if (err == 0)
-		err = check_json(normalized, JSON_OBJECT, "normalized spec");
+		err = check_json(e, normalized, JSON_OBJECT, "normalized spec");
 	if (err < 0)
 		return err;
 	if (!spec || !normalized)
-		return tr_store_fail(-EINVAL, "job spec: both texts are required");
-	struct conn *c = tr_store_conn_get(s);
+		return tr_error_set(e, -EINVAL, 0, NULL, "job spec: both texts are required");
+	struct conn *c = tr_store_conn_lend(s, e);
 	err = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET spec = ?2, normalized = ?3 WHERE id = ?1");
 	if (st) {
@@ -710,9 +716,9 @@ int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const cha
 	return err;
 }
 
-int tr_store_job_delete(tr_store_t *s, int64_t id)
+int tr_store_job_delete(tr_store_t *s, int64_t id, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	/* Foreign keys cascade to events, metrics, rollups and logs; points
 	 * still queued for the job are dropped by the writer. */

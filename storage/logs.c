@@ -7,14 +7,14 @@
 
 #include <errno.h>
 
-json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int limit)
+json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_error *e)
 {
 	json_t *a = json_array();
 	if (!a) {
-		tr_store_fail(-ENOMEM, "out of memory");
+		tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 		return NULL;
 	}
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int rc = SQLITE_DONE;
 	bool oom = false;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT id, time, level, message FROM logs"
@@ -35,7 +35,7 @@ json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int li
 		oom = !line || json_array_append_new(a, line) != 0;
 	}
 	if (oom) {
-		tr_store_fail(-ENOMEM, "out of memory");
+		tr_store_cfail(c, -ENOMEM, "out of memory");
 		goto fail;
 	}
 	if (rc != SQLITE_DONE) {

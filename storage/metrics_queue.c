@@ -80,17 +80,18 @@ int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id)
 }
 
 /* Takes ownership of *it's text on success only. */
-static int enqueue(tr_store_t *s, const struct qitem *it)
+static int enqueue(tr_store_t *s, const struct qitem *it, struct tr_error *e)
 {
 	pthread_mutex_lock(&s->q_lock);
 	if (s->stopping) {
 		pthread_mutex_unlock(&s->q_lock);
-		return tr_store_fail(-ESHUTDOWN, "store is closing");
+		return tr_error_set(e, -ESHUTDOWN, 0, NULL, "store is closing");
 	}
 	if (s->pending.n + s->inflight >= s->queue_max) {
 		tr_store_drops_add(s, it->job_id, 1);
 		pthread_mutex_unlock(&s->q_lock);
-		return tr_store_fail(-ENOBUFS, "metrics queue full (%zu points): point dropped", s->queue_max);
+		return tr_error_set(e, -ENOBUFS, 0, NULL, "metrics queue full (%zu points): point dropped",
+				    s->queue_max);
 	}
 	if (s->pending.n == s->pending.cap) {
 		size_t cap = s->pending.cap ? 2 * s->pending.cap : 1024;
@@ -100,7 +101,7 @@ static int enqueue(tr_store_t *s, const struct qitem *it)
 		if (!n) {
 			tr_store_drops_add(s, it->job_id, 1);
 			pthread_mutex_unlock(&s->q_lock);
-			return tr_store_fail(-ENOMEM, "out of memory queueing a point");
+			return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory queueing a point");
 		}
 		s->pending.v = n;
 		s->pending.cap = cap;
@@ -115,7 +116,7 @@ static int enqueue(tr_store_t *s, const struct qitem *it)
 	return 0;
 }
 
-static int set_text(struct qitem *it, const char *text)
+static int set_text(struct qitem *it, const char *text, struct tr_error *e)
 {
 	size_t len = strlen(text);
 	if (len < sizeof it->inl) {
@@ -124,51 +125,52 @@ static int set_text(struct qitem *it, const char *text)
 		return 0;
 	}
 	it->heap = strdup(text);
-	return it->heap ? 0 : tr_store_fail(-ENOMEM, "out of memory");
+	return it->heap ? 0 : tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 }
 
-int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
-			   double wall, double value)
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			   double value, struct tr_error *e)
 {
 	if (job_id <= 0)
-		return tr_store_fail(-EINVAL, "metric point: job id must be > 0");
+		return tr_error_set(e, -EINVAL, 0, NULL, "metric point: job id must be > 0");
 	if (!name || !*name)
-		return tr_store_fail(-EINVAL, "metric point: name is empty");
+		return tr_error_set(e, -EINVAL, 0, NULL, "metric point: name is empty");
 	if (!tr_store_utf8_valid(name))
-		return tr_store_fail(-EINVAL, "metric point: name is not valid UTF-8");
+		return tr_error_set(e, -EINVAL, 0, NULL, "metric point: name is not valid UTF-8");
 	if (step < -STORE_STEP_LIMIT || step > STORE_STEP_LIMIT)
-		return tr_store_fail(-EINVAL, "metric point %s: step %lld out of range", name, (long long)step);
+		return tr_error_set(e, -EINVAL, 0, NULL, "metric point %s: step %lld out of range", name,
+				    (long long)step);
 	struct qitem it = {.job_id = job_id, .step = step, .epoch = epoch, .wall = wall, .value = value, .level = -1};
-	int err = set_text(&it, name);
+	int err = set_text(&it, name, e);
 	if (err < 0)
 		return err;
-	err = enqueue(s, &it);
+	err = enqueue(s, &it, e);
 	if (err < 0)
 		free(it.heap);
 	return err;
 }
 
-int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message)
+int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message, struct tr_error *e)
 {
 	if (job_id <= 0)
-		return tr_store_fail(-EINVAL, "log line: job id must be > 0");
+		return tr_error_set(e, -EINVAL, 0, NULL, "log line: job id must be > 0");
 	if (level < 0 || level > 7)
-		return tr_store_fail(-EINVAL, "log line: level %d is not a syslog priority (0..7)", level);
+		return tr_error_set(e, -EINVAL, 0, NULL, "log line: level %d is not a syslog priority (0..7)", level);
 	if (!message)
-		return tr_store_fail(-EINVAL, "log line: message is NULL");
+		return tr_error_set(e, -EINVAL, 0, NULL, "log line: message is NULL");
 	struct qitem it = {.job_id = job_id, .wall = tr_store_now(), .level = level};
-	int err = set_text(&it, message);
+	int err = set_text(&it, message, e);
 	if (err < 0)
 		return err;
 	/* A log line may quote a data file's bytes; keep it, readable. */
 	tr_store_utf8_fix(it.heap ? it.heap : it.inl);
-	err = enqueue(s, &it);
+	err = enqueue(s, &it, e);
 	if (err < 0)
 		free(it.heap);
 	return err;
 }
 
-int tr_store_flush(tr_store_t *s)
+int tr_store_flush(tr_store_t *s, struct tr_error *e)
 {
 	pthread_mutex_lock(&s->q_lock);
 	uint64_t target = s->seq_in;
@@ -189,7 +191,7 @@ int tr_store_flush(tr_store_t *s)
 	 * for a retry (not done yet), or dropped. */
 	if (s->seq_done < target || (s->err_to > start && s->err_from < target)) {
 		err = s->err_code;
-		tr_store_fail(err, "%s", s->err_msg);
+		tr_error_set(e, err, 0, NULL, "%s", s->err_msg);
 	}
 	pthread_mutex_unlock(&s->q_lock);
 	return err;

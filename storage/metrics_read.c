@@ -51,18 +51,18 @@ static void names_free(struct names *ns)
 	*ns = (struct names){0};
 }
 
-static int names_push(struct names *ns, const char *name)
+static int names_push(struct names *ns, const char *name, struct tr_error *e)
 {
 	if (ns->n == ns->cap) {
 		size_t cap = ns->cap ? 2 * ns->cap : 16;
 		char **v = realloc(ns->v, cap * sizeof *v);
 		if (!v)
-			return tr_store_fail(-ENOMEM, "out of memory");
+			return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 		ns->v = v;
 		ns->cap = cap;
 	}
 	if (!(ns->v[ns->n] = strdup(name)))
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	ns->n++;
 	return 0;
 }
@@ -86,7 +86,7 @@ static int load_names(struct conn *c, int64_t job_id, struct names *ns)
 			sqlite3_reset(st);
 			return err;
 		}
-		int err = names_push(ns, (const char *)sqlite3_column_text(st, 0));
+		int err = names_push(ns, (const char *)sqlite3_column_text(st, 0), c->err);
 		if (err < 0) {
 			sqlite3_reset(st);
 			return err;
@@ -108,13 +108,13 @@ struct pts {
 	size_t n, cap;
 };
 
-static int pts_push(struct pts *o, const struct mpoint *p, double min, double max)
+static int pts_push(struct pts *o, const struct mpoint *p, double min, double max, struct tr_error *e)
 {
 	if (o->n == o->cap) {
 		size_t cap = o->cap ? 2 * o->cap : 64;
 		struct tr_metrics_point *v = realloc(o->v, cap * sizeof *v);
 		if (!v)
-			return tr_store_fail(-ENOMEM, "out of memory");
+			return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 		o->v = v;
 		o->cap = cap;
 	}
@@ -136,7 +136,7 @@ static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t 
 	if (count > 0 && !o->v) {
 		o->v = malloc((size_t)count * sizeof *o->v);
 		if (!o->v)
-			return tr_store_fail(-ENOMEM, "out of memory");
+			return tr_store_cfail(c, -ENOMEM, "out of memory");
 		o->cap = (size_t)count;
 	}
 	sqlite3_stmt *st = tr_store_stmt(c, sql_range);
@@ -149,7 +149,7 @@ static int raw_points(struct conn *c, int64_t job_id, const char *name, int64_t 
 	int rc, err = 0;
 	while (!err && (rc = sqlite3_step(st)) == SQLITE_ROW) {
 		struct mpoint p = row_point(st);
-		err = pts_push(o, &p, p.value, p.value);
+		err = pts_push(o, &p, p.value, p.value, c->err);
 	}
 	sqlite3_reset(st);
 	return err ? err : rc == SQLITE_DONE ? 0 : SQLFAIL(c, rc, "SELECT metrics");
@@ -258,7 +258,7 @@ static int bucketize(struct ds *d, int64_t a, int64_t b, int64_t w)
 	d->k0 = tr_store_floordiv(a, w);
 	d->b = calloc((size_t)(tr_store_floordiv(b, w) - d->k0 + 1), sizeof *d->b);
 	if (!d->b)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(d->c, -ENOMEM, "out of memory");
 	return scan(d, level_for(w), a, b);
 }
 
@@ -277,7 +277,7 @@ static int emit_buckets(struct ds *d, int64_t b, struct pts *o)
 			if (err < 0)
 				return err;
 		}
-		int err = pts_push(o, &k->last, k->sum.min.value, k->sum.max.value);
+		int err = pts_push(o, &k->last, k->sum.min.value, k->sum.max.value, d->c->err);
 		if (err < 0)
 			return err;
 	}
@@ -319,10 +319,11 @@ static int series_points(struct conn *c, int64_t job_id, const char *name, int64
 		total = err < 0 ? 0 : bucket_total(&d, lo, hi);
 		out->total = total;
 		if (err == 0 && m == 0 && q->max_raw > 0 && total > q->max_raw)
-			err = tr_store_fail(-E2BIG,
-					    "series \"%s\" has %lld points in range, more than the %lld an undownsampled "
-					    "answer may hold",
-					    name, (long long)total, (long long)q->max_raw);
+			err = tr_store_cfail(
+				c, -E2BIG,
+				"series \"%s\" has %lld points in range, more than the %lld an undownsampled "
+				"answer may hold",
+				name, (long long)total, (long long)q->max_raw);
 		if (err < 0 || q->count_only)
 			goto done;
 		if (m == 0 || total <= 1) {
@@ -431,7 +432,7 @@ static void jbuf_reserve(struct jbuf *b, size_t cap)
 /* `"name":{"downsampled":..,"steps":[..],..}` from each column's text in
  * two parts (a and b, either may be empty). */
 static int series_text_join(const char *name, bool downsampled, bool epochs, bool times, const struct jbuf *a,
-			    const struct jbuf *b, char **text, size_t *len)
+			    const struct jbuf *b, char **text, size_t *len, struct tr_error *e)
 {
 	struct jbuf o = {0};
 	size_t need = 6 * strlen(name) + 64;
@@ -461,7 +462,7 @@ static int series_text_join(const char *name, bool downsampled, bool epochs, boo
 	JBUF_LIT(&o, "}");
 	if (o.oom) {
 		free(o.p);
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	}
 	*text = o.p;
 	*len = o.n;
@@ -640,7 +641,7 @@ static int memo_extend(struct conn *c, struct memo *m, int64_t hi, int64_t w)
 	int64_t k0 = tr_store_floordiv(m->lo + 1, w), nb = tr_store_floordiv(hi, w) - k0 + 1;
 	struct bucket *b = calloc((size_t)nb, sizeof *b);
 	if (!b)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	/* Old buckets merge into the new ones in step order, so the last
 	 * point of the latest non-empty one is the merged bucket's. */
 	for (int64_t i = 0; i < m->nb; i++) {
@@ -672,7 +673,7 @@ static int memo_extend(struct conn *c, struct memo *m, int64_t hi, int64_t w)
 
 /* The series' text from m: the head, the kept text, the rest rendered;
  * the kept text then grows to just before the new last bucket. */
-static int memo_text(struct memo *m, bool raw, char **text, size_t *len)
+static int memo_text(struct memo *m, bool raw, char **text, size_t *len, struct tr_error *e)
 {
 	struct jbuf tail[NCOLS] = {{0}};
 	int64_t last = tr_store_floordiv(m->hi, m->w) - m->k0;
@@ -691,8 +692,8 @@ static int memo_text(struct memo *m, bool raw, char **text, size_t *len)
 	m->closed = last;
 	memo_render(m, last, m->nb, tail);
 	int err = cols_oom(m->text) || cols_oom(tail)
-			  ? tr_store_fail(-ENOMEM, "out of memory")
-			  : series_text_join(m->name, !raw, m->epochs, m->times, m->text, tail, text, len);
+			  ? tr_error_set(e, -ENOMEM, 0, NULL, "out of memory")
+			  : series_text_join(m->name, !raw, m->epochs, m->times, m->text, tail, text, len, e);
 	cols_free(tail);
 	return err;
 }
@@ -735,7 +736,7 @@ static int memo_series(struct conn *c, const void *store, int64_t job_id, const 
 		m = calloc(1, sizeof *m);
 		if (!m || !(m->name = strdup(name))) {
 			memo_free(m);
-			return tr_store_fail(-ENOMEM, "out of memory");
+			return tr_store_cfail(c, -ENOMEM, "out of memory");
 		}
 		m->store = store;
 		m->job = job_id;
@@ -776,7 +777,7 @@ static int memo_series(struct conn *c, const void *store, int64_t job_id, const 
 		err = memo_resolve(c, m, 0);
 	}
 	if (err == 0)
-		err = memo_text(m, raw, &out->text, &out->text_len);
+		err = memo_text(m, raw, &out->text, &out->text_len, c->err);
 	if (err < 0) {
 		memo_free(m);
 		return err;
@@ -846,12 +847,12 @@ void tr_metrics_series_finish(struct tr_metrics_series *s)
 }
 
 int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, tr_metrics_series_fn fn,
-			  void *ctx)
+			  void *ctx, struct tr_error *e)
 {
 	if (q->max_points < 0)
-		return tr_store_fail(-EINVAL, "max_points must be >= 0, not %d", q->max_points);
+		return tr_error_set(e, -EINVAL, 0, NULL, "max_points must be >= 0, not %d", q->max_points);
 	struct names ns = {0};
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	/* Read before the snapshot, so a truncation that commits meanwhile
 	 * makes memos of this read outdated (see memo_series). */
 	uint64_t gen = atomic_load(&trunc_gen);
@@ -862,7 +863,7 @@ int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics
 		goto cleanup;
 	if (q->names) {
 		for (const char *const *n = q->names; *n && !err; n++)
-			err = names_push(&ns, *n);
+			err = names_push(&ns, *n, c->err);
 		if (err < 0)
 			goto cleanup;
 		qsort(ns.v, ns.n, sizeof *ns.v, cmp_str);
@@ -898,6 +899,7 @@ static int add_json(void *ctx, const struct tr_metrics_series *s)
 {
 	const struct tr_metrics_query *q = ((void **)ctx)[1];
 	json_t *into = ((void **)ctx)[0];
+	struct tr_error *e = ((void **)ctx)[2];
 	json_t *steps = json_array(), *values = json_array(), *mins = NULL, *maxs = NULL, *epochs = NULL,
 	       *times = NULL, *obj = json_object();
 	bool oom = !steps || !values || !obj;
@@ -944,35 +946,35 @@ static int add_json(void *ctx, const struct tr_metrics_series *s)
 	json_decref(epochs);
 	json_decref(times);
 	json_decref(obj);
-	return oom ? tr_store_fail(-ENOMEM, "out of memory") : 0;
+	return oom ? tr_error_set(e, -ENOMEM, 0, NULL, "out of memory") : 0;
 }
 
-json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q)
+json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, struct tr_error *e)
 {
 	static const struct tr_metrics_query defaults = {.from_step = 0, .to_step = INT64_MAX};
 	if (!q)
 		q = &defaults;
 	json_t *series = json_object();
 	if (!series) {
-		tr_store_fail(-ENOMEM, "out of memory");
+		tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 		return NULL;
 	}
-	void *ctx[2] = {series, (void *)q};
-	int err = tr_store_metrics_read(s, job_id, q, add_json, ctx);
+	void *ctx[3] = {series, (void *)q, e};
+	int err = tr_store_metrics_read(s, job_id, q, add_json, ctx, e);
 	json_t *result = err < 0 ? NULL : json_pack("{s:O}", "series", series);
 	if (!result && err == 0)
-		tr_store_fail(-ENOMEM, "out of memory");
+		tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	json_decref(series);
 	return result;
 }
 
 int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
-			   size_t *len)
+			   size_t *len, struct tr_error *e)
 {
 	if (s->text) {
 		*text = malloc(s->text_len ? s->text_len : 1);
 		if (!*text)
-			return tr_store_fail(-ENOMEM, "out of memory");
+			return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 		memcpy(*text, s->text, s->text_len);
 		*len = s->text_len;
 		return 0;
@@ -986,16 +988,17 @@ int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, 
 		for (int c = 0; c < NCOLS; c++)
 			if (col_wanted(c, s->downsampled, with_epochs, with_times))
 				col_put(&cols[c], c, &s->pts[i]);
-	int err = cols_oom(cols) ? tr_store_fail(-ENOMEM, "out of memory")
+	int err = cols_oom(cols) ? tr_error_set(e, -ENOMEM, 0, NULL, "out of memory")
 				 : series_text_join(s->name, s->downsampled, with_epochs, with_times, cols, NULL, text,
-						    len);
+						    len, e);
 	cols_free(cols);
 	return err;
 }
 
-int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value)
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value,
+			 struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	sqlite3_stmt *st = tr_store_stmt(c, sql_last_point);
 	int rc = -EIO;
 	if (st) {
@@ -1014,9 +1017,10 @@ int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_
 	return rc;
 }
 
-int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count)
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
+			struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT total(value), count(value) FROM metrics"
 					    " WHERE job_id = ?1 AND name = ?2");
 	int rc = -EIO;
@@ -1035,10 +1039,10 @@ int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double 
 	return rc;
 }
 
-json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id)
+json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id, struct tr_error *e)
 {
 	struct names ns = {0};
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = load_names(c, job_id, &ns);
 	tr_store_conn_put(s, c);
 	json_t *a = err < 0 ? NULL : json_array();
@@ -1049,16 +1053,16 @@ json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id)
 		}
 	}
 	if (!a && err == 0)
-		tr_store_fail(-ENOMEM, "out of memory");
+		tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	names_free(&ns);
 	return a;
 }
 
-int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step)
+int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struct tr_error *e)
 {
 	/* Points queued before the call belong to the run being replaced:
 	 * write them first so that they are truncated too. */
-	int err = tr_store_flush(s);
+	int err = tr_store_flush(s, e);
 	if (err < 0)
 		return err;
 	if (step >= STORE_STEP_LIMIT)
@@ -1066,7 +1070,7 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step)
 	if (step < -STORE_STEP_LIMIT)
 		step = -STORE_STEP_LIMIT;
 	struct names ns = {0};
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	err = tr_store_begin(c, true);
 	if (err == 0)
 		err = load_names(c, job_id, &ns);

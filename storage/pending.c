@@ -43,16 +43,16 @@ static void remove_at(tr_store_t *s, size_t i)
 
 /* With st_lock held.  Copies the strings. */
 static int append_locked(tr_store_t *s, int64_t id, const char *state, const char *error, const char *devices,
-			 double at)
+			 double at, struct tr_error *e)
 {
 	if (s->npst >= STORE_PENDING_STATES_MAX)
-		return tr_store_fail(-ENOBUFS, "%d job state changes are already waiting for storage",
-				     STORE_PENDING_STATES_MAX);
+		return tr_error_set(e, -ENOBUFS, 0, NULL, "%d job state changes are already waiting for storage",
+				    STORE_PENDING_STATES_MAX);
 	if (s->npst == s->cappst) {
 		size_t cap = s->cappst ? 2 * s->cappst : 16;
 		struct pending_state *n = realloc(s->pst, cap * sizeof *n);
 		if (!n)
-			return tr_store_fail(-ENOMEM, "out of memory");
+			return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 		s->pst = n;
 		s->cappst = cap;
 	}
@@ -62,7 +62,7 @@ static int append_locked(tr_store_t *s, int64_t id, const char *state, const cha
 	p.devices = devices ? strdup(devices) : NULL;
 	if (!p.state || (error && !p.error) || (devices && !p.devices)) {
 		entry_free(&p);
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	}
 	s->pst[s->npst++] = p;
 	atomic_store(&s->pst_count, s->npst);
@@ -173,19 +173,17 @@ void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row)
 }
 
 int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
-			      const char *devices_json)
+			      const char *devices_json, struct tr_error *e)
 {
-	int err = tr_store_job_set_state(s, id, state, error_json, devices_json);
+	int err = tr_store_job_set_state(s, id, state, error_json, devices_json, e);
 	if (err == 0 || !tr_store_err_transient(err))
 		return err;
 	/* The write failed for want of storage: hold it.  A change made in
 	 * between (another thread) went behind ours in the queue or failed
 	 * too; either way the order holds, since every state write takes
 	 * st_lock and drains first. */
-	char why[512];
-	tr_store_errcpy(why, sizeof why);
 	pthread_mutex_lock(&s->st_lock);
-	err = append_locked(s, id, state, error_json, devices_json, tr_store_now());
+	err = append_locked(s, id, state, error_json, devices_json, tr_store_now(), e);
 	pthread_mutex_unlock(&s->st_lock);
 	if (err < 0)
 		return err;
@@ -193,7 +191,7 @@ int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, cons
 	pthread_mutex_lock(&s->q_lock); /* the writer tries it again */
 	pthread_cond_signal(&s->q_work);
 	pthread_mutex_unlock(&s->q_lock);
-	tr_store_fail(1, "%s", why); /* the caller may log why it is held */
+	/* e keeps the write's message: the caller may log why it is held. */
 	return 1;
 }
 
@@ -307,8 +305,12 @@ int tr_store_states_load(tr_store_t *s)
 			 * renamed); anything else is not ours to guess at. */
 			err = tr_store_fail(-EINVAL, "%s:%d: not a state change: %s", side, lineno,
 					    j ? "wrong fields" : jerr.text);
-		else
-			err = append_locked(s, id, state, error, devices, at);
+		else {
+			struct tr_error ae = {0};
+			err = append_locked(s, id, state, error, devices, at, &ae);
+			if (err < 0)
+				tr_store_fail(err, "%s", ae.message); /* tr_store_open reports it */
+		}
 		json_decref(j);
 	}
 	fclose(f);

@@ -9,9 +9,9 @@
 static const char sql_set[] = "INSERT OR REPLACE INTO job_results (job_id, result) VALUES (?1, ?2)";
 static const char sql_get[] = "SELECT result FROM job_results WHERE job_id = ?1";
 
-int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json)
+int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = tr_store_begin(c, true);
 	if (err < 0)
 		goto cleanup;
@@ -25,8 +25,8 @@ int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json)
 	int rc = sqlite3_step(st);
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE) {
-		err = (rc & 0xff) == SQLITE_CONSTRAINT ? tr_store_fail(-ENOENT, "job %lld not found", (long long)id)
-					      : SQLFAIL(c, rc, "store a job's result");
+		err = (rc & 0xff) == SQLITE_CONSTRAINT ? tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id)
+						       : SQLFAIL(c, rc, "store a job's result");
 		goto rollback;
 	}
 	err = tr_store_commit(c);
@@ -40,10 +40,10 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json)
+int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json, struct tr_error *e)
 {
 	*result_json = NULL;
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = 0;
 	sqlite3_stmt *st = tr_store_stmt(c, sql_get);
 	if (!st) {

@@ -167,7 +167,7 @@ int tr_store_rollup_add(struct conn *c, int64_t job_id, const char *name, const 
 		return 0;
 	struct agg *a = malloc(n * sizeof *a);
 	if (!a)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	/* Level 1 from the points, each higher level from the one below:
 	 * blocks nest, and sorted points give sorted blocks. */
 	size_t na = 0;
@@ -219,7 +219,7 @@ int tr_store_rollup_fetch(struct conn *c, int64_t job_id, const char *name, int 
 			cap = cap ? 2 * cap : 64;
 			struct rollup_row *nv = realloc(v, cap * sizeof *nv);
 			if (!nv) {
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_store_cfail(c, -ENOMEM, "out of memory");
 				break;
 			}
 			v = nv;

@@ -86,20 +86,29 @@ static int errno_of(sqlite3 *db, int rc)
 	}
 }
 
-int tr_store_sqlfail(sqlite3 *db, int rc, const char *what, const char *file, int line)
+int tr_store_cfail(struct conn *c, int code, const char *fmt, ...)
 {
-	/* meson compiles with paths relative to the build dir ("../storage/x.c"). */
-	while (strncmp(file, "../", 3) == 0)
-		file += 3;
-	const char *msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-	return tr_store_fail(errno_of(db, rc), "%s:%d: %s: %s", file, line, what, msg);
+	char msg[sizeof tls_err];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (c && c->err)
+		return tr_error_set(c->err, code, 0, NULL, "%s", msg);
+	return tr_store_fail(code, "%s", msg);
 }
 
 int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *file, int line)
 {
-	int err = tr_store_sqlfail(c->db, rc, what, file, line);
+	/* meson compiles with paths relative to the build dir ("../storage/x.c"). */
+	while (strncmp(file, "../", 3) == 0)
+		file += 3;
+	char msg[sizeof tls_err];
+	snprintf(msg, sizeof msg, "%s:%d: %s: %s", file, line, what,
+		 c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+	int err = tr_store_cfail(c, errno_of(c->db, rc), "%s", msg);
 	if (c->store && tr_store_err_storage(err))
-		tr_store_health_fail(c->store, err);
+		tr_store_health_fail(c->store, err, msg);
 	return err;
 }
 
@@ -116,14 +125,14 @@ bool tr_store_err_transient(int err)
 
 /* ---- storage health --------------------------------------------------------------- */
 
-void tr_store_health_fail(tr_store_t *s, int err)
+void tr_store_health_fail(tr_store_t *s, int err, const char *msg)
 {
 	pthread_mutex_lock(&s->h_lock);
 	bool was = atomic_load(&s->h_failing);
 	if (!was)
 		s->h_since = tr_store_now();
 	s->h_err = err;
-	snprintf(s->h_msg, sizeof s->h_msg, "%s", tls_err);
+	snprintf(s->h_msg, sizeof s->h_msg, "%s", msg);
 	atomic_store(&s->h_failing, 1);
 	pthread_mutex_unlock(&s->h_lock);
 	if (!was && s->writer_started) {
@@ -185,7 +194,7 @@ sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql)
 		int cap = c->capcache ? 2 * c->capcache : 32;
 		struct stmt_cache_entry *n = realloc(c->cache, (size_t)cap * sizeof *n);
 		if (!n) {
-			tr_store_fail(-ENOMEM, "out of memory");
+			tr_store_cfail(c, -ENOMEM, "out of memory");
 			return NULL;
 		}
 		c->cache = n;
@@ -381,6 +390,13 @@ struct conn *tr_store_conn_get(tr_store_t *s)
 	}
 }
 
+struct conn *tr_store_conn_lend(tr_store_t *s, struct tr_error *e)
+{
+	struct conn *c = tr_store_conn_get(s);
+	c->err = e ? e : &c->sink;
+	return c;
+}
+
 void tr_store_conn_put(tr_store_t *s, struct conn *c)
 {
 	/* A statement left mid-result would pin a read snapshot and stall
@@ -388,6 +404,7 @@ void tr_store_conn_put(tr_store_t *s, struct conn *c)
 	for (int i = 0; i < c->ncache; i++)
 		sqlite3_reset(c->cache[i].st);
 	tr_store_rollback(c);
+	c->err = NULL;
 	pthread_mutex_lock(&s->pool_lock);
 	c->busy = false;
 	pthread_cond_signal(&s->pool_cond);
@@ -579,9 +596,9 @@ void tr_store_close(tr_store_t *s)
 	free(s);
 }
 
-int tr_store_integrity_check(tr_store_t *s)
+int tr_store_integrity_check(tr_store_t *s, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = 0;
 	sqlite3_stmt *st = tr_store_stmt(c, "PRAGMA integrity_check");
 	if (!st) {
@@ -595,7 +612,7 @@ int tr_store_integrity_check(tr_store_t *s)
 	}
 	const char *first = (const char *)sqlite3_column_text(st, 0);
 	if (!first || strcmp(first, "ok") != 0) {
-		err = tr_store_fail(-EIO, "%s: integrity check failed: %s", s->path, first ? first : "?");
+		err = tr_store_cfail(c, -EIO, "%s: integrity check failed: %s", s->path, first ? first : "?");
 		goto cleanup;
 	}
 	sqlite3_reset(st);
@@ -607,8 +624,8 @@ int tr_store_integrity_check(tr_store_t *s)
 	}
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW)
-		err = tr_store_fail(-EIO, "%s: foreign key violation in table %s, rowid %lld", s->path,
-				    (const char *)sqlite3_column_text(st, 0), (long long)sqlite3_column_int64(st, 1));
+		err = tr_store_cfail(c, -EIO, "%s: foreign key violation in table %s, rowid %lld", s->path,
+				     (const char *)sqlite3_column_text(st, 0), (long long)sqlite3_column_int64(st, 1));
 	else if (rc != SQLITE_DONE)
 		err = SQLFAIL(c, rc, "PRAGMA foreign_key_check");
 cleanup:

@@ -66,10 +66,12 @@ struct tr_store_options {
 int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, struct tr_error *e);
 /* Flushes the queue, stops the writer, closes.  Accepts NULL. */
 void tr_store_close(tr_store_t *s);
-/* The calling thread's last error message. */
+/* The calling thread's last error message, read after a negative return
+ * of a function that takes no struct tr_error (docs/design.md, "Errors":
+ * those still to move over). */
 const char *tr_store_error(tr_store_t *s);
 /* Runs PRAGMA integrity_check; 0 when "ok". */
-int tr_store_integrity_check(tr_store_t *s);
+int tr_store_integrity_check(tr_store_t *s, struct tr_error *e);
 
 /* ---- jobs ---------------------------------------------------------------- */
 
@@ -100,12 +102,12 @@ void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed
  * caller) into the job's info in one transaction: existing keys are
  * replaced, others added.  -E2BIG (nothing changed) when the result would
  * hold more than max_keys keys; -ENOENT for an unknown job. */
-int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, int max_keys);
+int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, int max_keys, struct tr_error *e);
 /* The result of an evaluate job: a JSON object (text) stored once it
  * finished, replaced by a later call, deleted with the job.  get: *json
  * is malloc'd (caller frees); -ENOENT when the job has none. */
-int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json);
-int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json);
+int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json, struct tr_error *e);
+int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json, struct tr_error *e);
 /* What PUT /jobs/{id}/info may leave a job with; the engine's own fields
  * (TR_INFO_ENGINE_FIELDS at most) always fit on top. */
 #define TR_INFO_MAX_FIELDS 64
@@ -118,43 +120,46 @@ int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json);
  * receives the number of jobs ever submitted to this store, deleted ones
  * included (the jobs table's AUTOINCREMENT sequence), which only grows.
  * One query over the table: cheap enough for every Prometheus scrape. */
-int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted);
+int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted,
+			struct tr_error *e);
 
 /* Inserts a new job in state "queued"; sets row->id.  When
  * idempotency_key is set and a job with that key exists, inserts nothing,
  * stores the existing job's id in *existing_id and returns -EEXIST (the
  * caller compares request_hash). */
-int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id);
+int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing_id, struct tr_error *e);
 /* The same, refusing with -EAGAIN (nothing inserted) when max_queued > 0
  * and that many jobs are queued already. */
-int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id);
-int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out); /* -ENOENT */
+int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id,
+				struct tr_error *e);
+int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out, struct tr_error *e); /* -ENOENT */
 /* Jobs with id > after (0 = from the start), ascending id, at most limit;
  * state NULL = any.  *rows is malloc'd (free each with tr_job_row_finish,
  * then free the array). */
-int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows,
-		      int *count);
+int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows, int *count,
+		      struct tr_error *e);
 /* Jobs in any of `states` (NULL-terminated), ordered by priority desc,
  * submitted_at asc, id asc: the scheduler's queue and restart scan. */
-int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count);
+int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count,
+			     struct tr_error *e);
 /* Sets state (and error JSON or NULL, devices JSON or NULL = unchanged),
  * stamps started_at when entering "running" the first time and
  * finished_at when entering a terminal state, and appends a "state" event
  * {"state":..,"error":..} in the same transaction. */
 int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
-			   const char *devices_json);
+			   const char *devices_json, struct tr_error *e);
 /* The same for a change that has happened and must not be lost (a job
  * ended, was cancelled): when storage fails for a reason that may pass
  * (full, read-only, I/O error, busy), the change is held in memory, in
  * order after any earlier held change, and written by the metrics writer
  * thread as soon as storage works (tried every second); meanwhile
  * tr_store_job_get and the lists show it, with state_pending set.  Returns
- * 0 when written, 1 when held, or a negative code (unknown job or state,
+ * 0 when written, 1 when held (e says why), or a negative code (unknown job or state,
  * invalid JSON, STORE_PENDING_STATES_MAX changes already held).
  * tr_store_job_set_state on a job with held changes writes them first, or
  * fails as they do, so a job's changes are always written in order. */
 int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
-			      const char *devices_json);
+			      const char *devices_json, struct tr_error *e);
 /* Held state changes that are not written yet. */
 size_t tr_store_job_states_pending(tr_store_t *s);
 /* Called at shutdown (tr_store_close does it too): tries the held state
@@ -173,15 +178,15 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen);
  * recovers without other traffic. */
 int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
 
-int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch,
-			      double loss);
-int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority);
+int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
+			      struct tr_error *e);
+int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e);
 /* Replaces a job's spec as given and its normalized spec (a resume that
  * gives it a new end); both JSON object texts.  -ENOENT for an unknown
  * job. */
-int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized);
+int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized, struct tr_error *e);
 /* Deletes a job and all its events, metrics and logs (ON DELETE CASCADE). */
-int tr_store_job_delete(tr_store_t *s, int64_t id);
+int tr_store_job_delete(tr_store_t *s, int64_t id, struct tr_error *e);
 
 /* ---- events (for SSE) --------------------------------------------------- */
 
@@ -200,13 +205,13 @@ struct tr_event {
  * text for one job is split over several events), so an SSE client that resumes from Last-Event-ID
  * sees every point exactly once.  "log" events carry the same object as
  * tr_store_logs_query's entries.  Non-finite numbers are written as null. */
-int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events,
-			  int *count);
+int tr_store_events_after(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_event **events, int *count,
+			  struct tr_error *e);
 /* The same, stopping before the event whose data would take the total
  * past max_bytes (0: no byte limit); the first event is always returned,
  * whatever its size. */
 int tr_store_events_after_max(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes,
-			      struct tr_event **events, int *count);
+			      struct tr_event **events, int *count, struct tr_error *e);
 /* Event types, for tr_store_events_read's filter. */
 enum {
 	TR_EVENT_STATE = 1,
@@ -219,7 +224,7 @@ enum {
  * id the read looked up to, skipped events included: the next read goes
  * on after it (>= the last returned id; after, when nothing was read). */
 int tr_store_events_read(tr_store_t *s, int64_t job_id, int64_t after, int limit, size_t max_bytes, unsigned types,
-			 struct tr_event **events, int *count, int64_t *scanned_to);
+			 struct tr_event **events, int *count, int64_t *scanned_to, struct tr_error *e);
 void tr_events_free(struct tr_event *events, int count);
 /* An id at or above the newest event that is not a "metrics" one: a
  * reader that has looked at every event up to it and wants no metrics
@@ -266,13 +271,13 @@ void tr_store_wake_all(tr_store_t *s);
 /* Queues one point; never blocks on I/O.  Returns -ENOBUFS (and counts a
  * drop) when the queue is full.  name: non-empty UTF-8; |step| <= 2^62.
  * Points of a job deleted before they are written vanish silently. */
-int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch,
-			   double wall, double value);
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			   double value, struct tr_error *e);
 /* Points dropped for job_id since it started (0 = total); log lines
  * dropped from the shared queue count too. */
 int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);
 /* Writes everything queued now and waits for it to be committed. */
-int tr_store_flush(tr_store_t *s);
+int tr_store_flush(tr_store_t *s, struct tr_error *e);
 
 struct tr_metrics_query {
 	const char *const *names; /* NULL-terminated, NULL = all names */
@@ -332,40 +337,42 @@ typedef int (*tr_metrics_series_fn)(void *ctx, const struct tr_metrics_series *s
  * edges depend only on lo, hi and m: a series that grows keeps them until
  * w doubles. */
 int tr_store_metrics_read(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, tr_metrics_series_fn fn,
-			  void *ctx);
+			  void *ctx, struct tr_error *e);
 /* The same as JSON: {"series": {"loss": {"downsampled": bool, "steps":
  * [...], "values": [...], ["min": [...], "max": [...]] (downsampled
  * only), ["epochs": [...]], ["times": [...]]}, ...}}, a new reference, or
  * NULL on error.  Non-finite values come out as null. */
-json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q);
+json_t *tr_store_metrics_query(tr_store_t *s, int64_t job_id, const struct tr_metrics_query *q, struct tr_error *e);
 /* One series as JSON text, `"name":{...}` as above (reals always with a
  * '.' or an exponent; s->text copied when set); *text malloc'd.  0 or
  * -ENOMEM. */
 int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, bool with_times, char **text,
-			   size_t *len);
+			   size_t *len, struct tr_error *e);
 /* The last point of a series (the latest written among equal steps):
  * 1 and *step / *value (NaN for a NaN point), 0 when it has none, or a
  * negative code. */
-int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value);
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value,
+			 struct tr_error *e);
 /* Sum and number of a series' non-NaN values (reads every point). */
-int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count);
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
+			struct tr_error *e);
 /* Drops what the store keeps between metrics reads (the whole-curve
  * memo); tr_store_close calls it. */
 void tr_store_metrics_memo_forget(const tr_store_t *s);
 /* Distinct metric names of a job, as a JSON array (new reference). */
-json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id);
+json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id, struct tr_error *e);
 /* Deletes a job's points with step > step (used when a job resumes from an
  * earlier checkpoint, so replayed steps replace rather than double).
  * Flushes first, so points appended before the call are deleted too. */
-int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step);
+int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struct tr_error *e);
 
 /* ---- logs ---------------------------------------------------------------- */
 
 /* Queued like metrics (also emits a "log" event on flush).  level: syslog
  * priority 0..7.  Invalid UTF-8 bytes in message become '?'. */
-int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message);
+int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message, struct tr_error *e);
 /* Log lines with id > after, ascending, at most limit: JSON array of
  * {"id","time","level","message"} (new reference). */
-json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int limit);
+json_t *tr_store_logs_query(tr_store_t *s, int64_t job_id, int64_t after, int limit, struct tr_error *e);
 
 #endif

@@ -30,8 +30,9 @@ static double render(tr_store_t *s, int64_t job, const struct tr_metrics_query *
 	char *text;
 	size_t len;
 	double t = cpu_ms();
-	if (tr_api_metrics_render(s, job, q, 0, &text, &len) != 0) {
-		fprintf(stderr, "render: %s\n", tr_store_error(s));
+	struct tr_error e = {0};
+	if (tr_api_metrics_render(s, job, q, 0, &text, &len, &e) != 0) {
+		fprintf(stderr, "render: %s\n", e.message);
 		exit(1);
 	}
 	t = cpu_ms() - t;
@@ -56,11 +57,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	struct tr_job_row r = {.name = "a", .spec = "{}", .normalized = "{}", .devices = "[]", .submitted_at = 1};
-	tr_store_job_insert(s, &r, &existing);
+	tr_store_job_insert(s, &r, &existing, NULL);
 	for (int i = 0; i < npts; i++)
 		for (int k = 0; k < 5; k++)
-			tr_store_metric_append(s, r.id, names[k], i, 0, 1e9 + i, sin(i * 0.01 * k) + i * 1e-3);
-	tr_store_flush(s);
+			tr_store_metric_append(s, r.id, names[k], i, 0, 1e9 + i, sin(i * 0.01 * k) + i * 1e-3, NULL);
+	tr_store_flush(s, NULL);
 	/* As a long-running daemon's database is: mostly checkpointed. */
 	sqlite3 *raw;
 	sqlite3_open(db, &raw);
@@ -79,8 +80,8 @@ int main(int argc, char **argv)
 	sum = 0;
 	for (int i = 0; i < 50; i++) {
 		for (int k = 0; k < 5; k++)
-			tr_store_metric_append(s, r.id, names[k], npts + i, 0, 1e9, 0.5);
-		tr_store_flush(s);
+			tr_store_metric_append(s, r.id, names[k], npts + i, 0, 1e9, 0.5, NULL);
+		tr_store_flush(s, NULL);
 		double t = render(s, r.id, &q);
 		best = t < best ? t : best;
 		sum += t;

@@ -206,8 +206,8 @@ static tr_store_t *fresh_store(const char *path, int page_size, const char *name
 		return NULL;
 	}
 	struct tr_job_row row = {.name = (char *)name, .spec = "{}", .normalized = "{}", .devices = "[]"};
-	if (tr_store_job_insert(s, &row, NULL) < 0) {
-		fprintf(stderr, "ckpt_store: job insert: %s\n", tr_store_error(s));
+	if (tr_store_job_insert(s, &row, NULL, &err) < 0) {
+		fprintf(stderr, "ckpt_store: job insert: %s\n", err.message);
 		tr_store_close(s);
 		return NULL;
 	}
@@ -257,11 +257,11 @@ static int metrics_only(const char *dir, int page_size, long points)
 	double t0 = now_s(), c0 = cpu_s();
 	long long w0 = written_bytes();
 	for (long i = 0; i < points; i++) {
-		if (tr_store_metric_append(s, job, names[i % 5], i / 5, 0, 0, 1.0 / (double)(i + 1)) < 0)
+		if (tr_store_metric_append(s, job, names[i % 5], i / 5, 0, 0, 1.0 / (double)(i + 1), NULL) < 0)
 			return 1;
 		if ((i + 1) % 1000 == 0 || i + 1 == points) {
 			double t = now_s();
-			if (tr_store_flush(s) < 0)
+			if (tr_store_flush(s, NULL) < 0)
 				return 1;
 			flush_ms[k++] = (now_s() - t) * 1e3;
 		}

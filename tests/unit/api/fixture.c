@@ -76,9 +76,9 @@ static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_
 	row.request_hash = body_hash(req->body, req->body_len, req->idempotency_key);
 	row.submitted_at = now_s();
 	row.loss = NAN;
-	rc = tr_store_job_insert(store, &row, &existing);
+	rc = tr_store_job_insert(store, &row, &existing, err);
 	if (rc == -EEXIST) {
-		tr_store_job_get(store, existing, &old);
+		tr_store_job_get(store, existing, &old, NULL);
 		if (old.request_hash && strcmp(old.request_hash, row.request_hash) == 0) {
 			*job_id = existing;
 			*replayed = true;
@@ -90,7 +90,7 @@ static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_
 	} else if (rc == 0) {
 		*job_id = row.id;
 	} else {
-		set_err(err, TR_JOB_E_INTERNAL, NULL, tr_store_error(store));
+		err->kind = TR_JOB_E_INTERNAL; /* the store's message is in err */
 	}
 	tr_job_row_finish(&row);
 	return rc;
@@ -110,7 +110,7 @@ static int fake_control(void *ctx, int64_t id, const struct tr_api_control *req,
 	int rc;
 
 	(void)ctx;
-	if (tr_store_job_get(store, id, &row) < 0) {
+	if (tr_store_job_get(store, id, &row, NULL) < 0) {
 		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}
@@ -118,22 +118,22 @@ static int fake_control(void *ctx, int64_t id, const struct tr_api_control *req,
 	tr_job_row_finish(&row);
 	if (rc < 0 || t.action == TR_JOB_KEEP)
 		return rc;
-	rc = tr_store_job_set_state(store, id, tr_job_state_name(t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE
-									 ? TR_JOB_PAUSED
-									 : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL
-										   ? TR_JOB_CANCELLED
-										   : t.to),
-				    NULL, NULL);
+	rc = tr_store_job_set_state(
+		store, id,
+		tr_job_state_name(t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE	  ? TR_JOB_PAUSED
+				  : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL ? TR_JOB_CANCELLED
+											  : t.to),
+		NULL, NULL, err);
 	if (rc < 0)
-		set_err(err, TR_JOB_E_INTERNAL, NULL, tr_store_error(store));
+		err->kind = TR_JOB_E_INTERNAL;
 	return rc;
 }
 
 static int fake_set_priority(void *ctx, int64_t id, int priority, struct tr_error *err)
 {
 	(void)ctx;
-	if (tr_store_job_set_priority(store, id, priority) < 0) {
-		set_err(err, TR_JOB_E_INTERNAL, NULL, tr_store_error(store));
+	if (tr_store_job_set_priority(store, id, priority, err) < 0) {
+		err->kind = TR_JOB_E_INTERNAL;
 		return -EIO;
 	}
 	return 0;
@@ -145,7 +145,7 @@ static int fake_remove(void *ctx, int64_t id, struct tr_error *err)
 	bool done;
 
 	(void)ctx;
-	if (tr_store_job_get(store, id, &row) < 0) {
+	if (tr_store_job_get(store, id, &row, NULL) < 0) {
 		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}
@@ -155,7 +155,7 @@ static int fake_remove(void *ctx, int64_t id, struct tr_error *err)
 		set_err(err, TR_JOB_E_ILLEGAL, NULL, "the job is not finished");
 		return -EBUSY;
 	}
-	return tr_store_job_delete(store, id);
+	return tr_store_job_delete(store, id, NULL);
 }
 
 static json_t *fake_devices(void *ctx)
@@ -172,7 +172,7 @@ static bool fake_live(void *ctx, int64_t id, struct tr_api_live *out)
 	bool running;
 
 	(void)ctx;
-	running = tr_store_job_get(store, id, &row) == 0 && !strcmp(row.state, "running");
+	running = tr_store_job_get(store, id, &row, NULL) == 0 && !strcmp(row.state, "running");
 	if (running)
 		*out = (struct tr_api_live){.step = row.step, .total_steps = row.total_steps, .epoch = row.epoch,
 					    .eta_s = 12.5, .loss = row.loss};
@@ -186,7 +186,7 @@ static int fake_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 	bool running;
 
 	(void)ctx;
-	if (tr_store_job_get(store, id, &row) < 0) {
+	if (tr_store_job_get(store, id, &row, NULL) < 0) {
 		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}

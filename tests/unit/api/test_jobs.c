@@ -92,7 +92,7 @@ Test(api, list_paginates_and_filters)
 
 	for (int i = 0; i < 5; i++)
 		ids[i] = submit("j");
-	cr_assert_eq(tr_store_job_set_state(store, ids[3], "cancelled", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, ids[3], "cancelled", NULL, NULL, NULL), 0);
 
 	r = http("GET", "/jobs?limit=2", NULL);
 	expect_status(&r, 200, "page 1");
@@ -126,8 +126,8 @@ Test(api, get_merges_live_progress)
 	char path[64];
 	struct tr_test_reply r;
 
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, "[0]"), 0);
-	cr_assert_eq(tr_store_job_set_progress(store, id, 40, 100, 1, 0.25), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, "[0]", NULL), 0);
+	cr_assert_eq(tr_store_job_set_progress(store, id, 40, 100, 1, 0.25, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64, id);
 	r = http("GET", path, NULL);
 	expect_status(&r, 200, "get");
@@ -162,7 +162,7 @@ Test(api, control_patch_delete)
 	cr_assert_str_eq(jstr(r.json, "state"), "queued");
 	resp_free(&r);
 
-	cr_assert_eq(tr_store_job_set_state(store, other, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, other, "running", NULL, NULL, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/stop", other);
 	r = http("POST", path, NULL);
 	expect_status(&r, 202, "stop");
@@ -265,12 +265,12 @@ Test(api, resume_takes_an_optional_new_end)
 	cr_assert(strstr(jstr(json_object_get(r.json, "error"), "message"), "only a paused or stopped job can be resumed"),
 		  "%s", r.body);
 	resp_free(&r);
-	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL, NULL), 0);
 	r = http_full("POST", path, "", form, 0); /* empty, with a form type: no body */
 	expect_status(&r, 202, "stopped, empty body");
 	cr_assert_str_eq(jstr(r.json, "state"), "queued");
 	resp_free(&r);
-	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL, NULL), 0);
 	r = http("POST", path, "{\"max_steps\": 500}");
 	expect_status(&r, 202, "stopped, new end");
 	resp_free(&r);

@@ -36,9 +36,9 @@ Test(api, logs_paginate)
 		char msg[32];
 
 		snprintf(msg, sizeof(msg), "line %d", i);
-		cr_assert_eq(tr_store_log_append(store, id, 6, msg), 0);
+		cr_assert_eq(tr_store_log_append(store, id, 6, msg, NULL), 0);
 	}
-	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/logs?limit=3", id);
 	r = http("GET", path, NULL);
 	expect_status(&r, 200, "logs");

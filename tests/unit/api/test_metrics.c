@@ -44,8 +44,8 @@ Test(api, metrics_push_and_query)
 	cr_assert_eq(jint(r.json, "accepted"), 3);
 	resp_free(&r);
 	for (int s = 1; s <= 50; s++)
-		tr_store_metric_append(store, id, "loss", s, 0, now_s(), 1.0 / s);
-	cr_assert_eq(tr_store_flush(store), 0);
+		tr_store_metric_append(store, id, "loss", s, 0, now_s(), 1.0 / s, NULL);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
 
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?names=eval/bleu&epochs=true&times=true", id);
 	r = http("GET", path, NULL);
@@ -87,7 +87,7 @@ Test(api, metrics_push_and_query)
 	resp_free(&r);
 
 	/* Late monitors: pushing to a finished job is fine. */
-	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics", id);
 	r = http("POST", path, "{\"points\": [{\"name\": \"late\", \"step\": 3, \"value\": 1e-3}]}");
 	expect_status(&r, 202, "push to finished job");
@@ -113,10 +113,10 @@ Test(api, metrics_cache_fresh_and_per_job)
 	struct tr_rcache_stats s0, s1;
 
 	for (int i = 0; i < 2000; i++)
-		cr_assert_eq(tr_store_metric_append(store, done, "x", i, 0, now_s(), sin(i * 0.01)), 0);
-	cr_assert_eq(tr_store_flush(store), 0);
-	cr_assert_eq(tr_store_job_set_state(store, done, "completed", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(store, live, "running", NULL, NULL), 0);
+		cr_assert_eq(tr_store_metric_append(store, done, "x", i, 0, now_s(), sin(i * 0.01), NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, done, "completed", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, live, "running", NULL, NULL, NULL), 0);
 	snprintf(pd, sizeof(pd), "/jobs/%" PRId64 "/metrics?max_points=100", done);
 	snprintf(pl, sizeof(pl), "/jobs/%" PRId64 "/metrics?names=loss&max_points=100", live);
 	struct tr_test_reply first = http("GET", pd, NULL);
@@ -124,8 +124,8 @@ Test(api, metrics_cache_fresh_and_per_job)
 	cr_assert_eq(last_step(first.json, "x"), 1999);
 
 	for (int step = 0; step < 20; step++) {
-		cr_assert_eq(tr_store_metric_append(store, live, "loss", step, 0, now_s(), 1.0 / (step + 1)), 0);
-		cr_assert_eq(tr_store_flush(store), 0);
+		cr_assert_eq(tr_store_metric_append(store, live, "loss", step, 0, now_s(), 1.0 / (step + 1), NULL), 0);
+		cr_assert_eq(tr_store_flush(store, NULL), 0);
 		/* The second answer comes from the cache. */
 		for (int k = 0; k < 2; k++) {
 			struct tr_test_reply r = http("GET", pl, NULL);
@@ -146,7 +146,7 @@ Test(api, metrics_cache_fresh_and_per_job)
 		resp_free(&r);
 	}
 	/* A resume from an earlier checkpoint truncates: also seen at once. */
-	cr_assert_eq(tr_store_metrics_truncate(store, live, 9), 0);
+	cr_assert_eq(tr_store_metrics_truncate(store, live, 9, NULL), 0);
 	struct tr_test_reply r = http("GET", pl, NULL);
 	expect_status(&r, 200, "truncated");
 	cr_assert_eq(last_step(r.json, "loss"), 9, "a cached answer outlived the truncation");
@@ -191,8 +191,8 @@ Test(api, metrics_cache_fresh_under_concurrent_polling)
 
 	/* Enough points that a computation takes a while. */
 	for (int i = 0; i < 20000; i++)
-		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), cos(i * 0.001)), 0);
-	cr_assert_eq(tr_store_flush(store), 0);
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), cos(i * 0.001), NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?names=loss&max_points=500", id);
 	for (int t = 0; t < 4; t++) {
 		p[t] = (struct poller){.path = path, .stop = &stop, .highest = -1};
@@ -202,10 +202,10 @@ Test(api, metrics_cache_fresh_under_concurrent_polling)
 	 * of the last bucket and must be in the downsampled answer. */
 	int64_t stale = -1, seen = -1;
 	for (int step = 20000; step < 20030 && stale < 0; step++) {
-		int rc = tr_store_metric_append(store, id, "loss", step, 0, now_s(), 2.0 + step);
+		int rc = tr_store_metric_append(store, id, "loss", step, 0, now_s(), 2.0 + step, NULL);
 
 		if (rc == 0)
-			rc = tr_store_flush(store);
+			rc = tr_store_flush(store, NULL);
 		struct tr_test_reply r = http("GET", path, NULL);
 
 		seen = r.status == 200 && r.json ? last_step(r.json, "loss") : -2;
@@ -235,9 +235,9 @@ Test(api, metrics_polled_curve_is_ready_at_commit)
 	struct tr_rcache_stats s0, s1;
 
 	for (int i = 0; i < 3000; i++)
-		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), 1.0 / (i + 1)), 0);
-	cr_assert_eq(tr_store_flush(store), 0);
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL), 0);
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), 1.0 / (i + 1), NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?max_points=500", id);
 	for (int k = 0; k < 2; k++) { /* computed, then served: now polled */
 		struct tr_test_reply r = http("GET", path, NULL);
@@ -246,8 +246,8 @@ Test(api, metrics_polled_curve_is_ready_at_commit)
 	}
 	for (int step = 3000; step < 3010; step++) {
 		snprintf(inc, sizeof(inc), "/jobs/%" PRId64 "/metrics?max_points=500&from_step=%d", id, step);
-		cr_assert_eq(tr_store_metric_append(store, id, "loss", step, 0, now_s(), 5.0 + step), 0);
-		cr_assert_eq(tr_store_flush(store), 0);
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", step, 0, now_s(), 5.0 + step, NULL), 0);
+		cr_assert_eq(tr_store_flush(store, NULL), 0);
 		tr_rcache_stats(&s0);
 		struct tr_test_reply r = http("GET", path, NULL);
 		tr_rcache_stats(&s1);
@@ -263,8 +263,8 @@ Test(api, metrics_polled_curve_is_ready_at_commit)
 	}
 	/* Ten flushes, one refresh each: the incremental answers were not. */
 	tr_rcache_stats(&s0);
-	cr_assert_eq(tr_store_metric_append(store, id, "loss", 3010, 0, now_s(), 1.0), 0);
-	cr_assert_eq(tr_store_flush(store), 0);
+	cr_assert_eq(tr_store_metric_append(store, id, "loss", 3010, 0, now_s(), 1.0, NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
 	tr_rcache_stats(&s1);
 	cr_assert_eq(s1.refreshed, s0.refreshed + 1, "%" PRIu64 " answers refreshed", s1.refreshed - s0.refreshed);
 }

@@ -103,7 +103,8 @@ static tr_store_t *open_store(const struct tr_store_options *opts)
 static int64_t add_job(tr_store_t *s)
 {
 	struct tr_job_row r = {.name = "j", .spec = "{\"epochs\":1}"};
-	cr_assert_eq(tr_store_job_insert(s, &r, NULL), 0, "insert: %s", tr_store_error(s));
+	struct tr_error je = {0};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL, &je), 0, "insert: %s", je.message);
 	return r.id;
 }
 
@@ -396,7 +397,7 @@ Test(ckpt, round_trip_sizes)
 	for (int i = 0; i < count; i++)
 		cr_assert_eq(rows[i].step, 100 * (int64_t)(nsizes - (size_t)i), "newest first");
 	tr_ckpt_rows_free(rows, count);
-	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	tr_store_close(s);
 
 	/* Everything survives a reopen. */
@@ -700,7 +701,7 @@ Test(ckpt, full_database)
 	cr_assert_eq(rc, 0, "%d %s", rc, tr_store_error(s));
 	expect_load(s, &row, c, small);
 	tr_ckpt_row_finish(&row);
-	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	cr_assert_leq(state_bytes(), opts.max_bytes);
 	cr_assert_eq(count_files(), 2, "the aborted one's file is gone");
 	tr_store_close(s);
@@ -729,7 +730,7 @@ Test(ckpt, job_delete_cascades)
 	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
 	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK), 0);
 
-	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_job_delete(s, job, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	struct tr_ckpt_row *rows;
 	int count;
@@ -744,7 +745,7 @@ Test(ckpt, job_delete_cascades)
 	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL), -ENOENT);
 	cr_assert_eq(count_files(), 1);
 	cr_assert_eq(stored_chunks(), 2);
-	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	free(data);
 	tr_store_close(s);
 }
@@ -763,16 +764,16 @@ Test(ckpt, metrics_flush_between_chunks)
 	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
 	for (int k = 0; k < 3; k++) {
 		cr_assert_eq(tr_store_ckpt_write(w, data + (size_t)k * CHUNK, CHUNK), 0);
-		cr_assert_eq(tr_store_metric_append(s, job, "loss", k, 0, 0, 1.0 / (k + 1)), 0);
+		cr_assert_eq(tr_store_metric_append(s, job, "loss", k, 0, 0, 1.0 / (k + 1), NULL), 0);
 		double t0 = now_ms();
-		cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		cr_assert_lt(now_ms() - t0, 2000.0, "the flush waited for the checkpoint writer");
 	}
 	cr_assert_eq(tr_store_ckpt_write(w, data + 3 * CHUNK, 5), 0);
 	struct tr_ckpt_row row;
 	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0);
 	cr_assert_eq(tr_store_metric_drops(s, job), 0);
-	json_t *names = tr_store_metric_names(s, job);
+	json_t *names = tr_store_metric_names(s, job, NULL);
 	cr_assert_eq(json_array_size(names), 1);
 	json_decref(names);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 3);
@@ -834,9 +835,9 @@ Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
 	int beside = 0, flushes = 0, step = 0;
 	while (!atomic_load(&b.done)) {
 		for (int i = 0; i < 10; i++, step++)
-			cr_assert_eq(tr_store_metric_append(s, job, "loss", step, 0, 0, 1.0), 0);
+			cr_assert_eq(tr_store_metric_append(s, job, "loss", step, 0, 0, 1.0, NULL), 0);
 		int open_before = atomic_load(&b.open);
-		cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		flushes++;
 		if (open_before != 0 && atomic_load(&b.open) == open_before)
 			beside++;
@@ -938,7 +939,7 @@ Test(ckpt, old_database_keeps_its_page_size)
 	tr_store_close(s);
 	s = open_store(NULL);
 	cr_assert_eq(sql_int("PRAGMA page_size"), 4096);
-	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	struct tr_ckpt_row row;
 	cr_assert_eq(tr_store_ckpt_get(s, 1, -1, &row), 0, "%s", tr_store_error(s));
 	void *got = NULL;
@@ -1340,7 +1341,7 @@ Test(ckpt, only_the_visible_commit_syncs_the_wal)
 	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the delete did not sync the WAL");
 	before = atomic_load(&wal_syncs);
-	cr_assert_eq(tr_store_job_delete(s, job), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_job_delete(s, job, NULL), 0);
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the job's delete did not sync the WAL");
 	cr_assert_eq(count_files(), 0);
 	tr_ckpt_row_finish(&row);

@@ -57,8 +57,9 @@ static tr_store_t *open_store(const struct tr_store_options *opts)
 static int64_t add_job(tr_store_t *s, const char *name, int priority)
 {
 	struct tr_job_row r = {.name = (char *)name, .spec = "{\"epochs\":1}", .priority = priority};
-	int rc = tr_store_job_insert(s, &r, NULL);
-	cr_assert_eq(rc, 0, "insert: %s", tr_store_error(s));
+	struct tr_error e = {0};
+	int rc = tr_store_job_insert(s, &r, NULL, &e);
+	cr_assert_eq(rc, 0, "insert: %s", e.message);
 	cr_assert_gt(r.id, 0);
 	return r.id;
 }
@@ -93,7 +94,7 @@ static size_t count_events(tr_store_t *s, int64_t job, const char *type)
 {
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n, NULL), 0);
 	size_t k = 0;
 	for (int i = 0; i < n; i++)
 		k += strcmp(ev[i].type, type) == 0;
@@ -107,14 +108,14 @@ Test(schema, open_migrate_reopen)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
-	cr_assert_eq(tr_store_integrity_check(s), 0);
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	tr_store_close(s);
 	int64_t v = sql_int("PRAGMA user_version");
 	cr_assert_geq(v, 1);
 
 	s = open_store(NULL);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_str_eq(r.name, "a");
 	tr_job_row_finish(&r);
 	tr_store_close(s);
@@ -188,9 +189,9 @@ Test(jobs, insert_and_get)
 				.priority = 3,
 				.idempotency_key = "k1",
 				.request_hash = "abc"};
-	cr_assert_eq(tr_store_job_insert(s, &in, NULL), 0);
+	cr_assert_eq(tr_store_job_insert(s, &in, NULL, NULL), 0);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, in.id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, in.id, &r, NULL), 0);
 	cr_assert_eq(r.id, in.id);
 	cr_assert_str_eq(r.name, "mlp");
 	cr_assert_str_eq(r.state, "queued");
@@ -208,10 +209,11 @@ Test(jobs, insert_and_get)
 	tr_job_row_finish(&r);
 	tr_job_row_finish(&r); /* a finished row is a zeroed row */
 
-	cr_assert_eq(tr_store_job_get(s, 9999, &r), -ENOENT);
-	cr_assert_not_null(strstr(tr_store_error(s), "9999"));
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_get(s, 9999, &r, &e), -ENOENT);
+	cr_assert_str_eq(e.message, "job 9999 not found");
 	struct tr_job_row bad = {.name = "x"};
-	cr_assert_eq(tr_store_job_insert(s, &bad, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_insert(s, &bad, NULL, NULL), -EINVAL);
 	tr_store_close(s);
 }
 
@@ -221,15 +223,15 @@ Test(jobs, list_filter_and_cursor)
 	int64_t ids[7];
 	for (int i = 0; i < 7; i++)
 		ids[i] = add_job(s, "j", 0);
-	cr_assert_eq(tr_store_job_set_state(s, ids[1], "running", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, ids[4], "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[1], "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[4], "running", NULL, NULL, NULL), 0);
 
 	/* Pages of 3 cover every job once, in id order. */
 	int64_t after = 0, seen = 0;
 	for (;;) {
 		struct tr_job_row *rows;
 		int n;
-		cr_assert_eq(tr_store_job_list(s, NULL, after, 3, &rows, &n), 0);
+		cr_assert_eq(tr_store_job_list(s, NULL, after, 3, &rows, &n, NULL), 0);
 		cr_assert_leq(n, 3);
 		for (int i = 0; i < n; i++) {
 			cr_assert_eq(rows[i].id, ids[seen++]);
@@ -245,18 +247,18 @@ Test(jobs, list_filter_and_cursor)
 
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 2);
 	cr_assert_eq(rows[0].id, ids[1]);
 	cr_assert_eq(rows[1].id, ids[4]);
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
-	cr_assert_eq(tr_store_job_list(s, "running", ids[1], 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "running", ids[1], 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 1);
 	tr_job_row_finish(&rows[0]);
 	free(rows);
-	cr_assert_eq(tr_store_job_list(s, "failed", 0, 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "failed", 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 0);
 	free(rows);
 	tr_store_close(s);
@@ -266,14 +268,14 @@ Test(jobs, idempotency_key)
 {
 	tr_store_t *s = open_store(NULL);
 	struct tr_job_row a = {.name = "a", .spec = "{}", .idempotency_key = "key-1", .request_hash = "h1"};
-	cr_assert_eq(tr_store_job_insert(s, &a, NULL), 0);
+	cr_assert_eq(tr_store_job_insert(s, &a, NULL, NULL), 0);
 	struct tr_job_row b = {.name = "b", .spec = "{}", .idempotency_key = "key-1", .request_hash = "h2"};
 	int64_t existing = 0;
-	cr_assert_eq(tr_store_job_insert(s, &b, &existing), -EEXIST);
+	cr_assert_eq(tr_store_job_insert(s, &b, &existing, NULL), -EEXIST);
 	cr_assert_eq(existing, a.id);
 	cr_assert_eq(b.id, 0);
 	struct tr_job_row c = {.name = "c", .spec = "{}", .idempotency_key = "key-2"};
-	cr_assert_eq(tr_store_job_insert(s, &c, &existing), 0);
+	cr_assert_eq(tr_store_job_insert(s, &c, &existing, NULL), 0);
 	cr_assert_neq(c.id, a.id);
 	/* Jobs without a key never collide. */
 	add_job(s, "d", 0);
@@ -285,9 +287,9 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0,1]"), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0,1]", NULL), 0);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_str_eq(r.state, "running");
 	cr_assert_str_eq(r.devices, "[0,1]");
 	double started = r.started_at;
@@ -296,11 +298,11 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	tr_job_row_finish(&r);
 
 	usleep(20000);
-	cr_assert_eq(tr_store_job_set_state(s, id, "paused", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "paused", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
 	const char *error = "{\"code\":\"loader\",\"message\":\"x.csv:3: bad\",\"step\":7}";
-	cr_assert_eq(tr_store_job_set_state(s, id, "failed", error, NULL), 0);
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "failed", error, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_eq(r.started_at, started, "started_at is stamped the first time only");
 	cr_assert_gt(r.finished_at, started);
 	cr_assert_str_eq(r.devices, "[0,1]", "NULL devices leaves them unchanged");
@@ -309,7 +311,7 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 5);
 	const char *want[] = {"queued", "running", "paused", "running", "failed"};
 	for (int i = 0; i < n; i++) {
@@ -330,9 +332,9 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	cr_assert_eq(tr_store_last_event_id(s), ev[n - 1].id);
 	tr_events_free(ev, n);
 
-	cr_assert_eq(tr_store_job_set_state(s, id, "exploded", NULL, NULL), -EINVAL);
-	cr_assert_eq(tr_store_job_set_state(s, id, "failed", "{not json", NULL), -EINVAL);
-	cr_assert_eq(tr_store_job_set_state(s, 12345, "running", NULL, NULL), -ENOENT);
+	cr_assert_eq(tr_store_job_set_state(s, id, "exploded", NULL, NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, id, "failed", "{not json", NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, 12345, "running", NULL, NULL, NULL), -ENOENT);
 	tr_store_close(s);
 }
 
@@ -345,13 +347,13 @@ Test(jobs, list_states_priority_order)
 	int64_t mid2 = add_job(s, "mid2", 5);
 	int64_t done = add_job(s, "done", 100);
 	int64_t intr = add_job(s, "interrupted", 1);
-	cr_assert_eq(tr_store_job_set_state(s, done, "completed", NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, intr, "interrupted", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, done, "completed", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, intr, "interrupted", NULL, NULL, NULL), 0);
 
 	const char *const states[] = {"queued", "interrupted", NULL};
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list_states(s, states, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list_states(s, states, &rows, &n, NULL), 0);
 	int64_t want[] = {high, mid1, mid2, intr, low};
 	cr_assert_eq(n, 5);
 	for (int i = 0; i < n; i++) {
@@ -360,10 +362,10 @@ Test(jobs, list_states_priority_order)
 	}
 	free(rows);
 
-	cr_assert_eq(tr_store_job_set_priority(s, low, 50), 0);
-	cr_assert_eq(tr_store_job_set_priority(s, 999, 1), -ENOENT);
+	cr_assert_eq(tr_store_job_set_priority(s, low, 50, NULL), 0);
+	cr_assert_eq(tr_store_job_set_priority(s, 999, 1, NULL), -ENOENT);
 	const char *const queued[] = {"queued", NULL};
-	cr_assert_eq(tr_store_job_list_states(s, queued, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list_states(s, queued, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 4);
 	cr_assert_eq(rows[0].id, low);
 	for (int i = 0; i < n; i++)
@@ -376,20 +378,20 @@ Test(jobs, progress)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
-	cr_assert_eq(tr_store_job_set_progress(s, id, 40, 100, 2, 0.25), 0);
+	cr_assert_eq(tr_store_job_set_progress(s, id, 40, 100, 2, 0.25, NULL), 0);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_eq(r.step, 40);
 	cr_assert_eq(r.total_steps, 100);
 	cr_assert_eq(r.epoch, 2);
 	cr_assert_float_eq(r.loss, 0.25, 1e-12);
 	cr_assert_gt(r.updated_at, 0);
 	tr_job_row_finish(&r);
-	cr_assert_eq(tr_store_job_set_progress(s, id, 41, 100, 2, NAN), 0);
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_set_progress(s, id, 41, 100, 2, NAN, NULL), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert(isnan(r.loss));
 	tr_job_row_finish(&r);
-	cr_assert_eq(tr_store_job_set_progress(s, 777, 1, 1, 1, 1), -ENOENT);
+	cr_assert_eq(tr_store_job_set_progress(s, 777, 1, 1, 1, 1, NULL), -ENOENT);
 	tr_store_close(s);
 }
 
@@ -398,15 +400,15 @@ Test(jobs, delete_cascades)
 	tr_store_t *s = open_store(NULL);
 	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
 	for (int64_t job = a; job <= b; job++) {
-		cr_assert_eq(tr_store_job_set_state(s, job, "running", NULL, NULL), 0);
+		cr_assert_eq(tr_store_job_set_state(s, job, "running", NULL, NULL, NULL), 0);
 		for (int i = 0; i < 100; i++)
-			cr_assert_eq(tr_store_metric_append(s, job, "loss", i, 0, 1.0, i * 0.5), 0);
-		cr_assert_eq(tr_store_log_append(s, job, 6, "hello"), 0);
+			cr_assert_eq(tr_store_metric_append(s, job, "loss", i, 0, 1.0, i * 0.5, NULL), 0);
+		cr_assert_eq(tr_store_log_append(s, job, 6, "hello", NULL), 0);
 	}
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_gt(sql_int("SELECT count(*) FROM metrics_rollup"), 0);
-	cr_assert_eq(tr_store_job_delete(s, a), 0);
-	cr_assert_eq(tr_store_job_delete(s, a), -ENOENT);
+	cr_assert_eq(tr_store_job_delete(s, a, NULL), 0);
+	cr_assert_eq(tr_store_job_delete(s, a, NULL), -ENOENT);
 
 	char sql[128];
 	const char *tables[] = {"metrics", "metrics_rollup", "events", "logs"};
@@ -417,11 +419,11 @@ Test(jobs, delete_cascades)
 		cr_assert_gt(sql_int(sql), 0, "%s of the other job", tables[t]);
 	}
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, a, &r), -ENOENT);
+	cr_assert_eq(tr_store_job_get(s, a, &r, NULL), -ENOENT);
 	/* Ids are never reused: URLs and Last-Event-IDs stay unambiguous. */
 	int64_t c = add_job(s, "c", 0);
 	cr_assert_gt(c, b);
-	cr_assert_eq(tr_store_integrity_check(s), 0);
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	tr_store_close(s);
 }
 
@@ -432,17 +434,18 @@ Test(metrics, append_flush_query)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
 	for (int i = 0; i < 50; i++) {
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, i / 10, 1000.0 + i, 1.0 / (i + 1)), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, i / 10, 1000.0 + i, 1.0 / (i + 1), NULL), 0);
 		if (i % 5 == 0)
-			cr_assert_eq(tr_store_metric_append(s, id, "val_loss", i, i / 10, 2000.0 + i, 2.0 * i), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "val_loss", i, i / 10, 2000.0 + i, 2.0 * i, NULL),
+				     0);
 	}
-	cr_assert_eq(tr_store_metric_append(s, id, "lr", 3, 0, 1, NAN), 0);
-	cr_assert_eq(tr_store_metric_append(s, id, "lr", 4, 0, 1, INFINITY), 0);
-	cr_assert_eq(tr_store_metric_append(s, id, "", 4, 0, 1, 1), -EINVAL);
-	cr_assert_eq(tr_store_metric_append(s, 0, "x", 4, 0, 1, 1), -EINVAL);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "lr", 3, 0, 1, NAN, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "lr", 4, 0, 1, INFINITY, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "", 4, 0, 1, 1, NULL), -EINVAL);
+	cr_assert_eq(tr_store_metric_append(s, 0, "x", 4, 0, 1, 1, NULL), -EINVAL);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 
-	json_t *names = tr_store_metric_names(s, id);
+	json_t *names = tr_store_metric_names(s, id, NULL);
 	cr_assert_eq(json_array_size(names), 3);
 	cr_assert_str_eq(json_string_value(json_array_get(names, 0)), "loss");
 	cr_assert_str_eq(json_string_value(json_array_get(names, 1)), "lr");
@@ -450,8 +453,8 @@ Test(metrics, append_flush_query)
 	json_decref(names);
 
 	struct tr_metrics_query q = {.from_step = 0, .to_step = INT64_MAX};
-	json_t *res = tr_store_metrics_query(s, id, &q);
-	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
+	cr_assert_not_null(res);
 	const char *key;
 	json_t *val;
 	const char *order[] = {"loss", "lr", "val_loss"};
@@ -475,7 +478,7 @@ Test(metrics, append_flush_query)
 	const char *const only[] = {"val_loss", "nope", NULL};
 	q = (struct tr_metrics_query){
 		.names = only, .from_step = 10, .to_step = 30, .with_epochs = true, .with_times = true};
-	res = tr_store_metrics_query(s, id, &q);
+	res = tr_store_metrics_query(s, id, &q, NULL);
 	cr_assert_not_null(res);
 	cr_assert_eq(json_object_size(json_object_get(res, "series")), 1);
 	json_t *vl = series_of(res, "val_loss");
@@ -491,11 +494,12 @@ Test(metrics, append_flush_query)
 	json_decref(res);
 
 	q = (struct tr_metrics_query){.to_step = INT64_MAX, .max_points = -1};
-	cr_assert_null(tr_store_metrics_query(s, id, &q));
-	cr_assert_not_null(strstr(tr_store_error(s), "max_points"));
+	struct tr_error e = {0};
+	cr_assert_null(tr_store_metrics_query(s, id, &q, &e));
+	cr_assert_not_null(strstr(e.message, "max_points"), "%s", e.message);
 	/* Other jobs see nothing. */
 	q.max_points = 0;
-	res = tr_store_metrics_query(s, id + 100, &q);
+	res = tr_store_metrics_query(s, id + 100, &q, NULL);
 	cr_assert_eq(json_object_size(json_object_get(res, "series")), 0);
 	json_decref(res);
 	tr_store_close(s);
@@ -506,12 +510,12 @@ Test(metrics, queryable_within_a_second_without_flush)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
 	double t0 = now_ms();
-	cr_assert_eq(tr_store_metric_append(s, id, "loss", 1, 0, 1, 0.5), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "loss", 1, 0, 1, 0.5, NULL), 0);
 	const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX};
 	double seen = -1;
 	while (now_ms() - t0 < 2000) {
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		bool found = series_of(res, "loss") != NULL;
 		json_decref(res);
 		if (found) {
@@ -635,8 +639,8 @@ static void check_against_brute(tr_store_t *s, int64_t job, const char *name, co
 	size_t nw = brute(pts, n, from, to, max_points, want, &down);
 	const char *const names[] = {name, NULL};
 	struct tr_metrics_query q = {.names = names, .from_step = from, .to_step = to, .max_points = max_points};
-	json_t *res = tr_store_metrics_query(s, job, &q);
-	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *res = tr_store_metrics_query(s, job, &q, NULL);
+	cr_assert_not_null(res);
 	json_t *ser = series_of(res, name);
 	if (nw == 0) {
 		cr_assert_null(ser);
@@ -691,12 +695,12 @@ Test(metrics, downsample_keeps_bucket_extremes)
 		if (i == 8765)
 			v = -100;
 		pts[i] = (struct bpt){i, v};
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, v), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, v, NULL), 0);
 	}
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 100};
-	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 	json_t *ser = series_of(res, "loss");
 	json_t *steps = json_object_get(ser, "steps");
 	size_t m = json_array_size(steps);
@@ -729,13 +733,13 @@ Test(metrics, downsample_keeps_first_and_last_points)
 	int64_t id = add_job(s, "a", 0);
 	for (int i = 0; i <= 2600; i += 13) {
 		double v = i == 988 ? 0.99 : 0.5 + (i % 7) * 0.01;
-		cr_assert_eq(tr_store_metric_append(s, id, "val_accuracy", i, 0, 0, v), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "val_accuracy", i, 0, 0, v, NULL), 0);
 	}
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	const char *const names[] = {"val_accuracy", NULL};
 	for (int m = 1; m <= 40; m++) {
 		struct tr_metrics_query q = {.names = names, .to_step = INT64_MAX, .max_points = m};
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		json_t *ser = series_of(res, "val_accuracy");
 		json_t *steps = json_object_get(ser, "steps");
 		size_t k = json_array_size(steps);
@@ -763,11 +767,12 @@ Test(metrics, incremental_poll_returns_only_new_points)
 	int64_t seen = -1;
 	for (int round = 0; round < 5; round++) {
 		for (int i = 0; i < 300; i++)
-			cr_assert_eq(tr_store_metric_append(s, id, "loss", round * 300 + i, 0, 0, 1.0 / (1 + i)), 0);
-		cr_assert_eq(tr_store_flush(s), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "loss", round * 300 + i, 0, 0, 1.0 / (1 + i), NULL),
+				     0);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX,
 					     .max_points = 2000};
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		json_t *ser = series_of(res, "loss");
 		json_t *steps = json_object_get(ser, "steps");
 		cr_assert_eq(json_array_size(steps), 300, "round %d", round);
@@ -778,7 +783,7 @@ Test(metrics, incremental_poll_returns_only_new_points)
 	}
 	/* Nothing new: no series. */
 	struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX, .max_points = 2000};
-	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 	cr_assert_eq(json_object_size(json_object_get(res, "series")), 0);
 	json_decref(res);
 	tr_store_close(s);
@@ -792,7 +797,7 @@ static int collect_text(void *ctx, const struct tr_metrics_series *ser)
 	json_t *into = ctx;
 	char *text, *wrapped;
 	size_t len;
-	cr_assert_eq(tr_metrics_series_text(ser, false, true, &text, &len), 0);
+	cr_assert_eq(tr_metrics_series_text(ser, false, true, &text, &len, NULL), 0);
 	wrapped = malloc(len + 3);
 	wrapped[0] = '{';
 	memcpy(wrapped + 1, text, len);
@@ -824,30 +829,29 @@ Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
 			double v = (rand() % 1000) / 10.0;
 			if (rand() % 3000 == 0)
 				v = NAN;
-			cr_assert_eq(tr_store_metric_append(s, id, "m", step, round, 1e9 + step, v), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "m", step, round, 1e9 + step, v, NULL), 0);
 			/* And a series without repeated steps or gaps (read raw
 			 * from the memo while short). */
-			cr_assert_eq(tr_store_metric_append(s, id, "u", unique++, round, 1e9, v), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "u", unique++, round, 1e9, v, NULL), 0);
 		}
 		if (round % 11 == 5) /* a point pushed into the past */
-			cr_assert_eq(tr_store_metric_append(s, id, "m", rand() % step, 0, 0, -5.0), 0);
+			cr_assert_eq(tr_store_metric_append(s, id, "m", rand() % step, 0, 0, -5.0, NULL), 0);
 		if (round == 33) {
-			cr_assert_eq(tr_store_metrics_truncate(s, id, step - 700), 0);
+			cr_assert_eq(tr_store_metrics_truncate(s, id, step - 700, NULL), 0);
 			step -= 700;
 			/* The same number of points again: only the truncation
 			 * count tells the memo it is stale. */
 		}
-		cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++) {
 			for (size_t f = 0; f < 2; f++) {
 				struct tr_metrics_query q = {.from_step = froms[f], .to_step = INT64_MAX,
 							     .max_points = maxes[k], .with_times = true};
-				json_t *want = tr_store_metrics_query(s, id, &q);
-				cr_assert_not_null(want, "%s", tr_store_error(s));
+				json_t *want = tr_store_metrics_query(s, id, &q, NULL);
+				cr_assert_not_null(want);
 				json_t *got = json_object();
 				q.want_text = true;
-				cr_assert_eq(tr_store_metrics_read(s, id, &q, collect_text, got), 0, "%s",
-					     tr_store_error(s));
+				cr_assert_eq(tr_store_metrics_read(s, id, &q, collect_text, got, NULL), 0);
 				if (!json_equal(got, json_object_get(want, "series"))) {
 					char *a = json_dumps(got, JSON_COMPACT), *b = json_dumps(want, JSON_COMPACT);
 					cr_assert_fail("round %d max %d from %lld: memo %.300s\nfull %.300s", round,
@@ -867,20 +871,21 @@ Test(metrics, undownsampled_reads_are_capped)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
 	for (int i = 0; i < 1000; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX, .max_raw = 999};
-	cr_assert_null(tr_store_metrics_query(s, id, &q));
-	cr_assert_not_null(strstr(tr_store_error(s), "\"loss\" has 1000 points"), "%s", tr_store_error(s));
+	struct tr_error e = {0};
+	cr_assert_null(tr_store_metrics_query(s, id, &q, &e));
+	cr_assert_not_null(strstr(e.message, "\"loss\" has 1000 points"), "%s", e.message);
 	q.from_step = 1;
-	json_t *res = tr_store_metrics_query(s, id, &q);
-	cr_assert_not_null(res, "%s", tr_store_error(s));
+	json_t *res = tr_store_metrics_query(s, id, &q, &e);
+	cr_assert_not_null(res, "%s", e.message);
 	cr_assert_eq(json_array_size(json_object_get(series_of(res, "loss"), "steps")), 999);
 	json_decref(res);
 	q.count_only = true;
 	q.from_step = 0;
 	q.max_raw = 0;
-	res = tr_store_metrics_query(s, id, &q);
+	res = tr_store_metrics_query(s, id, &q, NULL);
 	cr_assert_eq(json_array_size(json_object_get(series_of(res, "loss"), "steps")), 0);
 	json_decref(res);
 	tr_store_close(s);
@@ -904,11 +909,11 @@ Test(metrics, downsample_matches_brute_force_1e5)
 		else if (rand() % 7000 == 0)
 			v = rand() % 2 ? INFINITY : -INFINITY;
 		pts[i] = (struct bpt){step, v};
-		cr_assert_eq(tr_store_metric_append(s, id, "m", step, 0, 0, v), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "m", step, 0, 0, v, NULL), 0);
 		if (i % 25000 == 24999)
-			cr_assert_eq(tr_store_flush(s), 0); /* rollups merge across flushes */
+			cr_assert_eq(tr_store_flush(s, NULL), 0); /* rollups merge across flushes */
 	}
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	qsort(pts, n, sizeof *pts, cmp_bpt); /* steps were non-decreasing: a no-op, kept for clarity */
 	int64_t last = pts[n - 1].step;
 	int maxes[] = {1, 2, 3, 10, 100, 500, 999, 5000, 200000};
@@ -936,16 +941,17 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 	size_t n = 1000000;
 	double t0 = now_ms();
 	for (size_t i = 0; i < n; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3),
-			     0);
-	cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(
+			tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3, NULL),
+			0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	double t_write = now_ms() - t0;
 	const char *const loss[] = {"loss", NULL};
 	struct tr_metrics_query q = {.names = loss, .to_step = INT64_MAX, .max_points = 500};
 	double times[21];
 	for (int r = 0; r < 22; r++) {
 		double t = now_ms();
-		json_t *res = tr_store_metrics_query(s, id, &q);
+		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		double dt = now_ms() - t;
 		cr_assert_not_null(res);
 		size_t m = json_array_size(json_object_get(series_of(res, "loss"), "steps"));
@@ -959,7 +965,7 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 	q.from_step = 123457;
 	q.to_step = 876543;
 	double tw = now_ms();
-	json_t *res = tr_store_metrics_query(s, id, &q);
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 	tw = now_ms() - tw;
 	json_decref(res);
 	cr_log_info("1e6 points: write+flush %.0f ms, downsample to 500: median %.2f ms (min %.2f, max %.2f),"
@@ -981,7 +987,7 @@ Test(metrics, queue_full_drops_are_counted)
 	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
 	int ok = 0, dropped = 0;
 	for (int i = 0; i < 15; i++) {
-		int rc = tr_store_metric_append(s, i < 12 ? a : b, "loss", i, 0, 0, i);
+		int rc = tr_store_metric_append(s, i < 12 ? a : b, "loss", i, 0, 0, i, NULL);
 		if (rc == 0)
 			ok++;
 		else {
@@ -994,10 +1000,10 @@ Test(metrics, queue_full_drops_are_counted)
 	cr_assert_eq(tr_store_metric_drops(s, a), 2);
 	cr_assert_eq(tr_store_metric_drops(s, b), 3);
 	cr_assert_eq(tr_store_metric_drops(s, 0), 5);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	/* Room again after the flush. */
-	cr_assert_eq(tr_store_metric_append(s, a, "loss", 100, 0, 0, 1), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 100, 0, 0, 1, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 11);
 	tr_store_close(s);
 }
@@ -1008,17 +1014,17 @@ Test(metrics, points_of_a_deleted_job_are_dropped_silently)
 	tr_store_t *s = open_store(&o);
 	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
 	for (int i = 0; i < 10; i++) {
-		cr_assert_eq(tr_store_metric_append(s, a, "loss", i, 0, 0, i), 0);
-		cr_assert_eq(tr_store_metric_append(s, b, "loss", i, 0, 0, i), 0);
-		cr_assert_eq(tr_store_metric_append(s, 999, "loss", i, 0, 0, i), 0); /* never existed */
+		cr_assert_eq(tr_store_metric_append(s, a, "loss", i, 0, 0, i, NULL), 0);
+		cr_assert_eq(tr_store_metric_append(s, b, "loss", i, 0, 0, i, NULL), 0);
+		cr_assert_eq(tr_store_metric_append(s, 999, "loss", i, 0, 0, i, NULL), 0); /* never existed */
 	}
-	cr_assert_eq(tr_store_log_append(s, a, 3, "gone"), 0);
-	cr_assert_eq(tr_store_job_delete(s, a), 0);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_log_append(s, a, 3, "gone", NULL), 0);
+	cr_assert_eq(tr_store_job_delete(s, a, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 10);
 	cr_assert_eq(sql_int("SELECT count(*) FROM logs"), 0);
 	cr_assert_eq(count_events(s, b, "metrics"), 1);
-	cr_assert_eq(tr_store_integrity_check(s), 0);
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	tr_store_close(s);
 }
 
@@ -1029,11 +1035,11 @@ Test(metrics, truncate_replaces_replayed_steps)
 	size_t n = 0;
 	struct bpt *pts = malloc(6000 * sizeof *pts);
 	for (int i = 0; i < 3000; i++) {
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, cos(i * 0.37) * 10), 0);
-		cr_assert_eq(tr_store_metric_append(s, id, "lr", i, 0, 0, i), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, cos(i * 0.37) * 10, NULL), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "lr", i, 0, 0, i, NULL), 0);
 	}
 	/* Queued, not flushed: truncate must still remove them. */
-	cr_assert_eq(tr_store_metrics_truncate(s, id, 1999), 0);
+	cr_assert_eq(tr_store_metrics_truncate(s, id, 1999, NULL), 0);
 	for (int i = 0; i < 2000; i++)
 		pts[n++] = (struct bpt){i, cos(i * 0.37) * 10};
 	cr_assert_eq(sql_int("SELECT max(step) FROM metrics"), 1999);
@@ -1041,14 +1047,14 @@ Test(metrics, truncate_replaces_replayed_steps)
 	check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, 0);
 	/* The resumed run writes the steps again, with other values. */
 	for (int i = 2000; i < 5000; i++) {
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, sin(i * 0.11)), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, sin(i * 0.11), NULL), 0);
 		pts[n++] = (struct bpt){i, sin(i * 0.11)};
 	}
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	for (int m = 2; m < 400; m += 37)
 		check_against_brute(s, id, "loss", pts, n, 0, INT64_MAX, m);
 	check_against_brute(s, id, "loss", pts, n, 1500, 2500, 40);
-	cr_assert_eq(tr_store_metrics_truncate(s, id, -1), 0);
+	cr_assert_eq(tr_store_metrics_truncate(s, id, -1, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics_rollup"), 0);
 	free(pts);
@@ -1063,7 +1069,7 @@ static int64_t queued_event_id(tr_store_t *s, int64_t job)
 {
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, job, 0, 1, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, job, 0, 1, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(ev[0].type, "state");
 	cr_assert_str_eq(ev[0].data, "{\"state\":\"queued\",\"error\":null}");
@@ -1081,13 +1087,13 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	tr_store_t *s = open_store(&o);
 	int64_t a = add_job(s, "a", 0), first = queued_event_id(s, a);
 	for (int f = 0; f < 3; f++) {
-		cr_assert_eq(tr_store_metric_append(s, a, "loss", f, 0, 1.5, 1), 0);
-		cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_metric_append(s, a, "loss", f, 0, 1.5, 1, NULL), 0);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 	}
 	struct tr_event *ev;
 	int n;
 	int64_t scanned = -1;
-	cr_assert_eq(tr_store_events_read(s, a, first, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned), 0);
+	cr_assert_eq(tr_store_events_read(s, a, first, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned, NULL), 0);
 	cr_assert_eq(n, 0, "%d events, all of them metrics", n);
 	int64_t last = tr_store_last_event_id(s);
 	cr_assert_eq(scanned, last, "scanned to %lld, the newest event is %lld", (long long)scanned, (long long)last);
@@ -1099,10 +1105,10 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	cr_assert_eq(tr_store_wait_events_types(s, a, first, TR_EVENT_STATE | TR_EVENT_LOG, 100), 0,
 		     "a wait for state and log events ended on metrics events");
 
-	cr_assert_eq(tr_store_job_set_state(s, a, "running", NULL, NULL), 0);
-	cr_assert_eq(tr_store_metric_append(s, a, "loss", 9, 0, 1.5, 1), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
-	cr_assert_eq(tr_store_events_read(s, a, scanned, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned), 0);
+	cr_assert_eq(tr_store_job_set_state(s, a, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 9, 0, 1.5, 1, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+	cr_assert_eq(tr_store_events_read(s, a, scanned, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned, NULL), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(ev[0].type, "state");
 	cr_assert_eq(tr_store_last_other_event_id(s), ev[0].id, "the state event is the newest other one");
@@ -1110,11 +1116,11 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	tr_events_free(ev, n);
 
 	/* Unfiltered and limited reads say the last id returned. */
-	cr_assert_eq(tr_store_events_read(s, a, first, 2, 0, TR_EVENT_ALL, &ev, &n, &scanned), 0);
+	cr_assert_eq(tr_store_events_read(s, a, first, 2, 0, TR_EVENT_ALL, &ev, &n, &scanned, NULL), 0);
 	cr_assert_eq(n, 2);
 	cr_assert_eq(scanned, ev[1].id);
 	tr_events_free(ev, n);
-	cr_assert_eq(tr_store_events_read(s, a, first, 1, 0, TR_EVENT_METRICS, &ev, &n, &scanned), 0);
+	cr_assert_eq(tr_store_events_read(s, a, first, 1, 0, TR_EVENT_METRICS, &ev, &n, &scanned, NULL), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(ev[0].type, "metrics");
 	cr_assert_eq(scanned, ev[0].id, "a read cut by its limit looked no further than its last event");
@@ -1132,12 +1138,12 @@ Test(events, paging_and_metrics_exactly_once)
 	for (int f = 0; f < flushes; f++) {
 		for (int i = 0; i < per_flush; i++) {
 			int step = f * per_flush + i;
-			cr_assert_eq(tr_store_metric_append(s, a, "loss", step, 0, 1.5, step * 0.25), 0);
-			cr_assert_eq(tr_store_metric_append(s, a, "acc", step, 0, 1.5, 1), 0);
-			cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 1.5, 9), 0);
+			cr_assert_eq(tr_store_metric_append(s, a, "loss", step, 0, 1.5, step * 0.25, NULL), 0);
+			cr_assert_eq(tr_store_metric_append(s, a, "acc", step, 0, 1.5, 1, NULL), 0);
+			cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 1.5, 9, NULL), 0);
 		}
-		cr_assert_eq(tr_store_flush(s), 0);
-		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? "paused" : "running", NULL, NULL), 0);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
+		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? "paused" : "running", NULL, NULL, NULL), 0);
 	}
 	/* Pages of 2, resuming from the last id seen, as an SSE client would. */
 	int64_t after = 0;
@@ -1146,7 +1152,7 @@ Test(events, paging_and_metrics_exactly_once)
 	for (;;) {
 		struct tr_event *ev;
 		int n;
-		cr_assert_eq(tr_store_events_after(s, a, after, 2, &ev, &n), 0);
+		cr_assert_eq(tr_store_events_after(s, a, after, 2, &ev, &n, NULL), 0);
 		for (int i = 0; i < n; i++) {
 			cr_assert_gt(ev[i].id, after);
 			after = ev[i].id;
@@ -1191,7 +1197,7 @@ Test(events, paging_and_metrics_exactly_once)
 	/* job 0: every job's events. */
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, 0, 0, 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, 0, 0, 0, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 3 * flushes + 2);
 	cr_assert_eq(ev[n - 1].id, tr_store_last_event_id(s));
 	tr_events_free(ev, n);
@@ -1207,11 +1213,11 @@ Test(events, large_flush_is_split_but_complete)
 	 * about 64 KiB of text at most, for the memory of event streams. */
 	int n = 60000;
 	for (int i = 0; i < n; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_event *ev;
 	int ne;
-	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &ne, NULL), 0);
 	cr_assert_geq(ne, 6);
 	bool *seen = calloc((size_t)n, 1);
 	int total = 0;
@@ -1238,14 +1244,14 @@ Test(events, large_flush_is_split_but_complete)
 	/* A byte budget stops before the event that would pass it, but
 	 * always returns one. */
 	int64_t after = queued_event_id(s, id);
-	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 100000, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 100000, &ev, &ne, NULL), 0);
 	size_t bytes = 0;
 	for (int i = 0; i < ne; i++)
 		bytes += strlen(ev[i].data);
 	cr_assert_geq(ne, 1);
 	cr_assert_leq(bytes, 100000, "%d events, %zu bytes", ne, bytes);
 	tr_events_free(ev, ne);
-	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 10, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after_max(s, id, after, 0, 10, &ev, &ne, NULL), 0);
 	cr_assert_eq(ne, 1, "an event larger than the budget still comes alone");
 	tr_events_free(ev, ne);
 	tr_store_close(s);
@@ -1287,8 +1293,8 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	struct waiter w = {.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = 10000};
 	pthread_t th;
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_metric_append(s, a, "loss", 1, 0, 0, 1), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 1, 0, 0, 1, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 1);
 	cr_assert_lt(w.waited_ms, 5000);
@@ -1296,7 +1302,7 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	/* Events of another job do not end the wait; the timeout does. */
 	w = (struct waiter){.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = 400};
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 0);
 	cr_assert_geq(w.waited_ms, 350);
@@ -1304,7 +1310,7 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	/* Any job (0): the state change is enough. */
 	w = (struct waiter){.s = s, .job = 0, .after = tr_store_last_event_id(s), .timeout_ms = 10000};
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_job_set_state(s, b, "paused", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, "paused", NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 1);
 
@@ -1328,13 +1334,13 @@ Test(logs, query_and_events)
 	for (int i = 0; i < 10; i++) {
 		char msg[64];
 		snprintf(msg, sizeof msg, "line %d with \"quotes\"\tand a tab and a long tail to go off-struct", i);
-		cr_assert_eq(tr_store_log_append(s, id, i % 8, msg), 0);
+		cr_assert_eq(tr_store_log_append(s, id, i % 8, msg, NULL), 0);
 	}
-	cr_assert_eq(tr_store_log_append(s, id, 6, "bad \xff byte"), 0);
-	cr_assert_eq(tr_store_log_append(s, id, 8, "x"), -EINVAL);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_log_append(s, id, 6, "bad \xff byte", NULL), 0);
+	cr_assert_eq(tr_store_log_append(s, id, 8, "x", NULL), -EINVAL);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 
-	json_t *all = tr_store_logs_query(s, id, 0, 0);
+	json_t *all = tr_store_logs_query(s, id, 0, 0, NULL);
 	cr_assert_eq(json_array_size(all), 11);
 	json_t *l3 = json_array_get(all, 3);
 	cr_assert_eq(json_integer_value(json_object_get(l3, "level")), 3);
@@ -1346,7 +1352,7 @@ Test(logs, query_and_events)
 	cr_assert_gt(when, 1.6e9);
 	cr_assert_str_eq(json_string_value(json_object_get(json_array_get(all, 10), "message")), "bad ? byte");
 	int64_t after = json_integer_value(json_object_get(json_array_get(all, 4), "id"));
-	json_t *page = tr_store_logs_query(s, id, after, 3);
+	json_t *page = tr_store_logs_query(s, id, after, 3, NULL);
 	cr_assert_eq(json_array_size(page), 3);
 	cr_assert_eq(json_integer_value(json_object_get(json_array_get(page, 0), "id")),
 		     json_integer_value(json_object_get(json_array_get(all, 5), "id")));
@@ -1355,7 +1361,7 @@ Test(logs, query_and_events)
 	/* One "log" event per line, with the same object as the query. */
 	struct tr_event *ev;
 	int n;
-	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &n), 0);
+	cr_assert_eq(tr_store_events_after(s, id, queued_event_id(s, id), 0, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 11);
 	for (int i = 0; i < n; i++) {
 		cr_assert_str_eq(ev[i].type, "log");
@@ -1376,9 +1382,9 @@ Test(store, integrity_check)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
 	for (int i = 0; i < 1000; i++)
-		tr_store_metric_append(s, id, "loss", i, 0, 0, i);
-	cr_assert_eq(tr_store_flush(s), 0);
-	cr_assert_eq(tr_store_integrity_check(s), 0, "%s", tr_store_error(s));
+		tr_store_metric_append(s, id, "loss", i, 0, 0, i, NULL);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	tr_store_close(s);
 }
 
@@ -1387,20 +1393,22 @@ static void *fail_main(void *arg)
 	tr_store_t *s = arg;
 	struct tr_job_row r;
 	for (int i = 0; i < 200; i++) {
-		cr_assert_eq(tr_store_job_get(s, 424242, &r), -ENOENT);
-		cr_assert_not_null(strstr(tr_store_error(s), "424242"), "%s", tr_store_error(s));
+		struct tr_error e = {0};
+		cr_assert_eq(tr_store_job_get(s, 424242, &r, &e), -ENOENT);
+		cr_assert_not_null(strstr(e.message, "424242"), "%s", e.message);
 	}
 	return NULL;
 }
 
-Test(store, error_message_is_per_thread)
+Test(store, error_message_is_per_call)
 {
 	tr_store_t *s = open_store(NULL);
 	pthread_t th;
 	pthread_create(&th, NULL, fail_main, s);
 	for (int i = 0; i < 200; i++) {
-		cr_assert_eq(tr_store_job_set_state(s, 1717, "running", NULL, NULL), -ENOENT);
-		cr_assert_not_null(strstr(tr_store_error(s), "1717"), "%s", tr_store_error(s));
+		struct tr_error e = {0};
+		cr_assert_eq(tr_store_job_set_state(s, 1717, "running", NULL, NULL, &e), -ENOENT);
+		cr_assert_not_null(strstr(e.message, "1717"), "%s", e.message);
 	}
 	pthread_join(th, NULL);
 	tr_store_close(s);
@@ -1414,7 +1422,7 @@ struct flush_arg {
 static void *flush_main(void *arg)
 {
 	struct flush_arg *f = arg;
-	f->rc = tr_store_flush(f->s);
+	f->rc = tr_store_flush(f->s, NULL);
 	return NULL;
 }
 
@@ -1432,12 +1440,12 @@ static void *append_main(void *arg)
 	char name[16];
 	snprintf(name, sizeof name, "m%d", w->index);
 	for (int i = 0; i < w->points; i++) {
-		int rc = tr_store_metric_append(w->s, w->job, name, i, 0, 0, i % 100);
+		int rc = tr_store_metric_append(w->s, w->job, name, i, 0, 0, i % 100, NULL);
 		cr_assert(rc == 0 || rc == -ENOBUFS);
 		if (i % 1000 == 0)
-			tr_store_log_append(w->s, w->job, 6, "progress");
+			tr_store_log_append(w->s, w->job, 6, "progress", NULL);
 		if (i % 5000 == 0)
-			tr_store_job_set_progress(w->s, w->job, i, w->points, 0, i);
+			tr_store_job_set_progress(w->s, w->job, i, w->points, 0, i, NULL);
 	}
 	return NULL;
 }
@@ -1448,8 +1456,8 @@ static void *query_main(void *arg)
 	int64_t after = 0;
 	while (!atomic_load(w->stop)) {
 		struct tr_metrics_query q = {.to_step = INT64_MAX, .max_points = 100, .with_times = true};
-		json_t *res = tr_store_metrics_query(w->s, w->job, &q);
-		cr_assert_not_null(res, "%s", tr_store_error(w->s));
+		json_t *res = tr_store_metrics_query(w->s, w->job, &q, NULL);
+		cr_assert_not_null(res);
 		json_t *v;
 		const char *k;
 		json_object_foreach(json_object_get(res, "series"), k, v)
@@ -1457,14 +1465,14 @@ static void *query_main(void *arg)
 		json_decref(res);
 		struct tr_event *ev;
 		int n;
-		cr_assert_eq(tr_store_events_after(w->s, w->job, after, 50, &ev, &n), 0);
+		cr_assert_eq(tr_store_events_after(w->s, w->job, after, 50, &ev, &n, NULL), 0);
 		for (int i = 0; i < n; i++) {
 			cr_assert_gt(ev[i].id, after, "events come once, in order");
 			after = ev[i].id;
 		}
 		tr_events_free(ev, n);
 		struct tr_job_row r;
-		cr_assert_eq(tr_store_job_get(w->s, w->job, &r), 0);
+		cr_assert_eq(tr_store_job_get(w->s, w->job, &r, NULL), 0);
 		tr_job_row_finish(&r);
 		w->queries++;
 	}
@@ -1485,7 +1493,7 @@ Test(store, concurrent_appends_and_queries, .timeout = 300)
 	}
 	for (int i = 0; i < 4; i++)
 		pthread_join(th[i], NULL);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	atomic_store(&stop, 1);
 	for (int i = 4; i < 6; i++)
 		pthread_join(th[i], NULL);
@@ -1494,13 +1502,13 @@ Test(store, concurrent_appends_and_queries, .timeout = 300)
 	/* Log lines share the queue. */
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics") + sql_int("SELECT count(*) FROM logs") + drops,
 		     4 * 20000 + 4 * 20, "drops %lld", (long long)drops);
-	cr_assert_eq(tr_store_integrity_check(s), 0);
+	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	/* Every point shows up in exactly one metrics event. */
 	int64_t in_events = 0;
 	for (int64_t job = a; job <= b; job++) {
 		struct tr_event *ev;
 		int n;
-		cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n), 0);
+		cr_assert_eq(tr_store_events_after(s, job, 0, 0, &ev, &n, NULL), 0);
 		for (int i = 0; i < n; i++) {
 			if (strcmp(ev[i].type, "metrics"))
 				continue;
@@ -1524,7 +1532,7 @@ Test(store, writer_outlasts_a_long_write_lock)
 	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
 	cr_assert_eq(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
 	for (int i = 0; i < 100; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i, NULL), 0);
 	struct flush_arg wf = {s, -1};
 	pthread_t th;
 	double t0 = now_ms();
@@ -1533,7 +1541,7 @@ Test(store, writer_outlasts_a_long_write_lock)
 	sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
 	sqlite3_close(db);
 	pthread_join(th, NULL);
-	cr_assert_eq(wf.rc, 0, "%s", tr_store_error(s));
+	cr_assert_eq(wf.rc, 0);
 	cr_assert_geq(now_ms() - t0, 7000);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 100);
 	cr_assert_eq(tr_store_metric_drops(s, 0), 0);
@@ -1546,7 +1554,7 @@ Test(store, close_flushes_the_queue)
 	tr_store_t *s = open_store(&o);
 	int64_t id = add_job(s, "a", 0);
 	for (int i = 0; i < 500; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, i, NULL), 0);
 	tr_store_close(s);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), 500);
 }
@@ -1564,38 +1572,38 @@ Test(events, job_data_generation_is_per_job)
 
 	/* b trains: its points, logs and state move b and the store, not a. */
 	for (int step = 0; step < 5; step++) {
-		cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 0, 1.0), 0);
-		cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 0, 1.0, NULL), 0);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		uint64_t g = tr_store_job_data_generation(s, b);
 		cr_assert_gt(g, gb, "b's flush %d left b's generation", step);
 		gb = g;
 	}
-	cr_assert_eq(tr_store_log_append(s, b, 6, "hello"), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_log_append(s, b, 6, "hello", NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
 	gb = tr_store_job_data_generation(s, b);
-	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
 	cr_assert_gt(tr_store_data_generation(s), all);
 	cr_assert_eq(tr_store_job_data_generation(s, a), ga, "b's commits changed a's generation");
 
 	/* a's own changes, truncation included. */
-	cr_assert_eq(tr_store_metric_append(s, a, "loss", 1, 0, 0, 1.0), 0);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_metric_append(s, a, "loss", 1, 0, 0, 1.0, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
 	ga = tr_store_job_data_generation(s, a);
 	gb = tr_store_job_data_generation(s, b);
-	cr_assert_eq(tr_store_metrics_truncate(s, a, 0), 0);
+	cr_assert_eq(tr_store_metrics_truncate(s, a, 0, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
 	cr_assert_eq(tr_store_job_data_generation(s, b), gb);
 
 	/* Nothing committed, nothing changes: flushing an empty queue. */
 	ga = tr_store_job_data_generation(s, a);
-	cr_assert_eq(tr_store_flush(s), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_eq(tr_store_job_data_generation(s, a), ga);
 
 	/* A deletion moves every job (it is not tied to one answer). */
-	cr_assert_eq(tr_store_job_delete(s, b), 0);
+	cr_assert_eq(tr_store_job_delete(s, b, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, a), ga);
 	tr_store_close(s);
 }
@@ -1614,8 +1622,8 @@ Test(events, job_data_generation_survives_eviction, .timeout = 120)
 	uint64_t gf = tr_store_job_data_generation(s, first), go = tr_store_job_data_generation(s, other);
 	for (int round = 0; round < 4; round++) {
 		int64_t j = round % 2 ? other : first;
-		cr_assert_eq(tr_store_metric_append(s, j, "loss", round, 0, 0, 1.0), 0);
-		cr_assert_eq(tr_store_flush(s), 0);
+		cr_assert_eq(tr_store_metric_append(s, j, "loss", round, 0, 0, 1.0, NULL), 0);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		uint64_t nf = tr_store_job_data_generation(s, first), no = tr_store_job_data_generation(s, other);
 		cr_assert_geq(nf, gf, "first went back in round %d", round);
 		cr_assert_geq(no, go, "other went back in round %d", round);

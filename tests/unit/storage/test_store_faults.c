@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "storage/checkpoints.h"
 #include "storage/store.h"
 
 static char dir[64], db_path[128], fault_path[128], side_path[160];
@@ -72,14 +73,16 @@ static tr_store_t *open_store(const struct tr_store_options *opts)
 static int64_t add_job(tr_store_t *s)
 {
 	struct tr_job_row r = {.name = "j", .spec = "{\"epochs\":1}"};
-	cr_assert_eq(tr_store_job_insert(s, &r, NULL), 0, "insert: %s", tr_store_error(s));
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL, &e), 0, "insert: %s", e.message);
 	return r.id;
 }
 
 static void get(tr_store_t *s, int64_t id, char *state, size_t len, bool *pending)
 {
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0, "%s", tr_store_error(s));
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_get(s, id, &r, &e), 0, "%s", e.message);
 	snprintf(state, len, "%s", r.state);
 	*pending = r.state_pending;
 	tr_job_row_finish(&r);
@@ -123,16 +126,18 @@ Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s), other = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0]"), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0]", NULL), 0);
 	char msg[1024];
 	cr_assert_eq(tr_store_health(s, msg, sizeof msg), 0);
 
 	fault("full");
-	int rc = tr_store_job_record_state(s, id, "cancelled", "{\"code\":\"cancelled\",\"message\":\"m\"}", NULL);
-	cr_assert_eq(rc, 1, "record_state: %d %s", rc, tr_store_error(s));
+	struct tr_error e = {0};
+	int rc = tr_store_job_record_state(s, id, "cancelled", "{\"code\":\"cancelled\",\"message\":\"m\"}", NULL, &e);
+	cr_assert_eq(rc, 1, "record_state: %d %s", rc, e.message);
+	cr_assert_not_null(strstr(e.message, "full"), "why it is held: %s", e.message);
 	cr_assert_eq(tr_store_job_states_pending(s), 1);
 	/* Cancelling a queued job is held the same way. */
-	cr_assert_eq(tr_store_job_record_state(s, other, "cancelled", NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, other, "cancelled", NULL, NULL, NULL), 1);
 
 	char state[32];
 	bool pending;
@@ -140,7 +145,7 @@ Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
 	cr_assert_str_eq(state, "cancelled");
 	cr_assert(pending);
 	struct tr_job_row r;
-	cr_assert_eq(tr_store_job_get(s, id, &r), 0);
+	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert(r.finished_at > 0, "a held terminal state is shown finished");
 	cr_assert_not_null(r.error);
 	cr_assert_not_null(strstr(r.error, "cancelled"));
@@ -153,14 +158,14 @@ Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
 	static const char *const live[] = {"queued", "running", "stopping", "interrupted", NULL};
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n, NULL), 0);
 	cr_assert_not(in_list(rows, n, id), "a held cancel must keep the job from being started again");
-	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n, NULL), 0);
 	cr_assert_not(in_list(rows, n, other));
-	cr_assert_eq(tr_store_job_list(s, "cancelled", 0, 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "cancelled", 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 2, "%d cancelled jobs listed", n);
 	cr_assert(in_list(rows, n, id));
-	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n), 0);
+	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 0);
 	free(rows);
 
@@ -183,7 +188,7 @@ Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
 	/* Its state event was written with it. */
 	struct tr_event *ev;
 	int ne;
-	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne, NULL), 0);
 	cr_assert_not_null(strstr(ev[ne - 1].data, "\"cancelled\""), "%s", ev[ne - 1].data);
 	tr_events_free(ev, ne);
 	tr_store_close(s);
@@ -193,20 +198,21 @@ Test(faults, held_changes_are_written_in_order_and_direct_writes_wait_for_them)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
 	fault("readonly");
-	cr_assert_eq(tr_store_job_record_state(s, id, "stopping", NULL, NULL), 1);
-	cr_assert_eq(tr_store_job_record_state(s, id, "completed", NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, "stopping", NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, "completed", NULL, NULL, NULL), 1);
 	/* A direct write cannot overtake them: it fails as they do. */
-	int rc = tr_store_job_set_state(s, id, "failed", NULL, NULL);
-	cr_assert_eq(rc, -EROFS, "set_state: %d %s", rc, tr_store_error(s));
+	struct tr_error e = {0};
+	int rc = tr_store_job_set_state(s, id, "failed", NULL, NULL, &e);
+	cr_assert_eq(rc, -EROFS, "set_state: %d %s", rc, e.message);
 	char msg[512];
 	cr_assert_eq(tr_store_health(s, msg, sizeof msg), -EROFS, "%s", msg);
 	fault(NULL);
 	wait_written(s);
 	struct tr_event *ev;
 	int ne;
-	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne), 0);
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &ne, NULL), 0);
 	cr_assert_eq(ne, 4, "%d events", ne);
 	cr_assert_not_null(strstr(ev[1].data, "\"running\""));
 	cr_assert_not_null(strstr(ev[2].data, "\"stopping\""));
@@ -221,27 +227,27 @@ Test(faults, metrics_and_logs_are_held_not_dropped)
 	int64_t id = add_job(s);
 	fault("ioerr");
 	for (int i = 0; i < 100; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1)), 0);
-	cr_assert_eq(tr_store_log_append(s, id, 6, "while the disk was full"), 0);
-	int rc = tr_store_flush(s);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1), NULL), 0);
+	cr_assert_eq(tr_store_log_append(s, id, 6, "while the disk was full", NULL), 0);
+	int rc = tr_store_flush(s, NULL);
 	cr_assert_lt(rc, 0, "flush while storage fails must say so");
 	cr_assert_eq(tr_store_metric_drops(s, id), 0, "points were dropped");
 	char msg[512];
 	cr_assert_lt(tr_store_health(s, msg, sizeof msg), 0);
 	/* More points arrive while it fails; order is kept. */
 	for (int i = 100; i < 150; i++)
-		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1)), 0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 0, 1.0 / (i + 1), NULL), 0);
 
 	fault(NULL);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX};
-	json_t *r = tr_store_metrics_query(s, id, &q);
+	json_t *r = tr_store_metrics_query(s, id, &q, NULL);
 	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
 	cr_assert_eq(json_array_size(steps), 150, "%zu points stored", json_array_size(steps));
 	for (size_t i = 0; i < 150; i++)
 		cr_assert_eq(json_integer_value(json_array_get(steps, i)), (json_int_t)i);
 	json_decref(r);
-	json_t *logs = tr_store_logs_query(s, id, 0, 0);
+	json_t *logs = tr_store_logs_query(s, id, 0, 0, NULL);
 	char *text = json_dumps(logs, 0);
 	cr_assert_not_null(strstr(text, "while the disk was full"), "%s", text);
 	free(text);
@@ -259,19 +265,19 @@ Test(faults, held_points_are_bounded_by_the_queue)
 	fault("full");
 	int accepted = 0, refused = 0;
 	for (int i = 0; i < 200; i++) {
-		if (tr_store_metric_append(s, id, "loss", i, 0, 0, 1) == 0)
+		if (tr_store_metric_append(s, id, "loss", i, 0, 0, 1, NULL) == 0)
 			accepted++;
 		else
 			refused++;
 		if (i % 20 == 0)
-			tr_store_flush(s); /* the writer tries, fails, holds */
+			tr_store_flush(s, NULL); /* the writer tries, fails, holds */
 	}
 	cr_assert_leq(accepted, 64, "%d points held past the bound", accepted);
 	cr_assert_eq(tr_store_metric_drops(s, id), refused);
 	fault(NULL);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	struct tr_metrics_query q = {.to_step = INT64_MAX};
-	json_t *r = tr_store_metrics_query(s, id, &q);
+	json_t *r = tr_store_metrics_query(s, id, &q, NULL);
 	json_t *steps = json_object_get(json_object_get(json_object_get(r, "series"), "loss"), "steps");
 	cr_assert_eq((int)json_array_size(steps), accepted);
 	json_decref(r);
@@ -284,7 +290,8 @@ Test(faults, health_recovers_without_other_writes)
 	fault("full");
 	/* A failed insert (a submit) is the only write. */
 	struct tr_job_row r = {.name = "j", .spec = "{}"};
-	cr_assert_eq(tr_store_job_insert(s, &r, NULL), -ENOSPC, "%s", tr_store_error(s));
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL, &e), -ENOSPC, "%s", e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0);
 	fault(NULL);
 	int rc = -1;
@@ -298,9 +305,9 @@ Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
 	fault("full");
-	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL, NULL), 1);
 	char msg[512];
 	int n = tr_store_job_states_save(s, msg, sizeof msg);
 	cr_assert_eq(n, 1, "save: %d %s", n, msg);
@@ -319,7 +326,7 @@ Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
 	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
 	struct tr_job_row *rows;
 	int nr;
-	cr_assert_eq(tr_store_job_list_states(s, stale, &rows, &nr), 0);
+	cr_assert_eq(tr_store_job_list_states(s, stale, &rows, &nr, NULL), 0);
 	cr_assert_not(in_list(rows, nr, id), "the restart scan would queue the cancelled job again");
 	tr_store_close(s);
 
@@ -341,7 +348,7 @@ Test(faults, side_file_is_deleted_once_the_writer_writes_its_changes)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
 	fault("full");
-	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL, NULL), 1);
 	tr_store_close(s); /* saves by itself */
 	s = open_store(NULL);
 	cr_assert_eq(tr_store_job_states_pending(s), 1);
@@ -360,7 +367,7 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t big = add_job(s), id = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
 	tr_store_close(s);
 	struct stat sb;
 	cr_assert_eq(stat(db_path, &sb), 0);
@@ -368,28 +375,29 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 	struct tr_store_options o = {.max_bytes = sb.st_size + (1 << 20)};
 	s = open_store(&o);
 	int rc = 0;
+	struct tr_error e = {0};
 	for (int round = 0; round < 200 && rc == 0; round++) {
 		for (int i = 0; i < 2000; i++)
-			tr_store_metric_append(s, big, "filler", round * 2000 + i, 0, 0, i);
-		rc = tr_store_flush(s);
+			tr_store_metric_append(s, big, "filler", round * 2000 + i, 0, 0, i, NULL);
+		rc = tr_store_flush(s, &e);
 	}
-	cr_assert_eq(rc, -ENOSPC, "the cap was never reached: %d %s", rc, tr_store_error(s));
+	cr_assert_eq(rc, -ENOSPC, "the cap was never reached: %d %s", rc, e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0);
 	/* A small write may still fit under the cap, or be held. */
-	rc = tr_store_job_record_state(s, id, "cancelled", NULL, NULL);
-	cr_assert(rc == 0 || rc == 1, "%d %s", rc, tr_store_error(s));
+	rc = tr_store_job_record_state(s, id, "cancelled", NULL, NULL, &e);
+	cr_assert(rc == 0 || rc == 1, "%d %s", rc, e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0, "points are still held: storage still fails");
 	/* The held filler points are the big job's: deleting it frees its
 	 * pages and lets them go (they are skipped: their job is gone). */
-	rc = tr_store_job_delete(s, big);
-	cr_assert_eq(rc, 0, "delete on a full database: %d %s", rc, tr_store_error(s));
+	rc = tr_store_job_delete(s, big, &e);
+	cr_assert_eq(rc, 0, "delete on a full database: %d %s", rc, e.message);
 	wait_written(s);
 	char state[32];
 	bool pending;
 	get(s, id, state, sizeof state, &pending);
 	cr_assert_str_eq(state, "cancelled");
 	cr_assert_not(pending);
-	cr_assert_eq(tr_store_flush(s), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_eq(tr_store_health(s, NULL, 0), 0);
 	tr_store_close(s);
 }
@@ -402,7 +410,7 @@ Test(faults, lost_changes_are_named_when_the_side_file_cannot_be_written)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
 	fault("readonly");
-	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL, NULL), 1);
 	cr_assert_eq(mkdir(side_path, 0700), 0);
 	char msg[512], want[64];
 	int rc = tr_store_job_states_save(s, msg, sizeof msg);
@@ -412,4 +420,38 @@ Test(faults, lost_changes_are_named_when_the_side_file_cannot_be_written)
 	cr_assert_not_null(strstr(msg, "lost"), "%s", msg);
 	tr_store_close(s);
 	rmdir(side_path);
+}
+
+/* A store function that takes a struct tr_error reports a failed write
+ * through it (docs/design.md, "Errors"): the SQLite message with where it
+ * failed, not the thread's last message, which it leaves alone; storage
+ * health keeps its own copy. */
+Test(faults, converted_function_reports_through_callers_struct)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	/* The thread's message, set by a function still without a struct. */
+	tr_ckpt_writer_t *w;
+	cr_assert_eq(tr_store_ckpt_begin(s, id + 100, 1, 0, NULL, &w), -ENOENT);
+	cr_assert_not_null(strstr(tr_store_error(s), "does not exist"), "%s", tr_store_error(s));
+
+	fault("full");
+	struct tr_error e = {0};
+	int rc = tr_store_job_info_merge(s, id, "{\"a\":\"b\"}", 8, &e);
+	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, e.message);
+	cr_assert_eq(strncmp(e.message, "storage/", 8), 0, "%s", e.message); /* file:line: what: why */
+	cr_assert_not_null(strstr(e.message, "full"), "%s", e.message);
+	cr_assert_not_null(strstr(tr_store_error(s), "does not exist"), "the thread's message changed: %s",
+			   tr_store_error(s));
+	char msg[1024];
+	cr_assert_eq(tr_store_health(s, msg, sizeof msg), -ENOSPC);
+	cr_assert_not_null(strstr(msg, e.message), "%s", msg);
+
+	/* A check made on the connection fills the struct as well. */
+	fault(NULL);
+	struct tr_error nf = {0};
+	cr_assert_eq(tr_store_job_info_merge(s, 777, "{}", 8, &nf), -ENOENT);
+	cr_assert_str_eq(nf.message, "job 777 not found");
+	cr_assert_eq(tr_store_job_result_get(s, id, &(char *){NULL}, &nf), -ENOENT);
+	tr_store_close(s);
 }
