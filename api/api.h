@@ -37,7 +37,7 @@ struct tr_api_live {
 	int64_t epoch;  /* 0-based epoch of the last step */
 	int64_t epochs; /* the run's epochs; 0 when only max_steps bounds it */
 	double samples_per_sec, elapsed_s, eta_s, data_wait_fraction;
-	double loss;    /* NAN when there is none yet */
+	double loss; /* NAN when there is none yet */
 };
 
 /* A control request: POST /jobs/{id}/cancel, /stop, /pause, /resume. */
@@ -51,8 +51,8 @@ struct tr_api_control {
 };
 
 struct tr_api_submit {
-	const json_t *spec;          /* borrowed: the request body's job spec */
-	const char *body;            /* the raw body text, for the idempotency hash */
+	const json_t *spec; /* borrowed: the request body's job spec */
+	const char *body;   /* the raw body text, for the idempotency hash */
 	size_t body_len;
 	const char *idempotency_key; /* or NULL */
 	int priority;                /* from "?priority=" or 0 */
@@ -113,22 +113,22 @@ const char *tr_api_role_name(enum tr_api_role role);
 enum tr_api_role tr_api_role_parse(const char *text, size_t len);
 
 struct tr_api_config {
-	const char *listen_host;   /* "127.0.0.1" (default), "::1", "0.0.0.0" */
-	int port;                  /* 0 = ephemeral; see tr_api_port */
-	size_t max_body;           /* default 1 MiB */
-	int sse_heartbeat_s;       /* default 15 */
-	int sse_max_idle_s;        /* a stream with no client activity ends after this; default 3600 */
+	const char *listen_host; /* "127.0.0.1" (default), "::1", "0.0.0.0" */
+	int port;                /* 0 = ephemeral; see tr_api_port */
+	size_t max_body;         /* default 1 MiB */
+	int sse_heartbeat_s;     /* default 15 */
+	int sse_max_idle_s;      /* a stream with no client activity ends after this; default 3600 */
 	/* Connection and stream limits (docs/design.md, "Connection limits");
 	 * 0 takes the default. */
-	int max_connections;       /* all clients together; default 512 */
+	int max_connections;            /* all clients together; default 512 */
 	int max_connections_per_client; /* one client address; default 64 */
-	int connection_reserve;    /* slots kept for addresses holding few connections; default 64 */
-	int request_timeout_s;     /* a request's headers and body must arrive within this; default 30 */
-	int max_streams;           /* open event streams, all clients; default 256 */
-	int max_streams_per_client; /* open event streams of one client address; default 16 */
-	size_t sse_buffer_bytes;   /* event bytes one stream holds at a time; default 256 KiB */
-	int sse_stall_s;           /* a stream whose client reads nothing for this long is closed; default 60 */
-	const char *const *tokens; /* NULL-terminated bearer tokens; NULL = no auth
+	int connection_reserve;         /* slots kept for addresses holding few connections; default 64 */
+	int request_timeout_s;          /* a request's headers and body must arrive within this; default 30 */
+	int max_streams;                /* open event streams, all clients; default 256 */
+	int max_streams_per_client;     /* open event streams of one client address; default 16 */
+	size_t sse_buffer_bytes;        /* event bytes one stream holds at a time; default 256 KiB */
+	int sse_stall_s;                /* a stream whose client reads nothing for this long is closed; default 60 */
+	const char *const *tokens;      /* NULL-terminated bearer tokens; NULL = no auth
 				      (refused by tr_api_start for a non-loopback host) */
 	/* Tokens with roles (from a token file); with tokens above (all admin)
 	 * they make up the accepted set.  Copied. */
@@ -142,12 +142,12 @@ struct tr_api_config {
 	/* PEM files: both set = HTTPS only.  NULL = plain HTTP. */
 	const char *tls_cert_path;
 	const char *tls_key_path;
-	const char *openapi_path;  /* file served at GET /openapi.yaml, or NULL */
-	const char *version;       /* for GET /version */
-	tr_store_t *store;         /* borrowed */
-	tr_datasets_t *datasets;   /* borrowed; NULL = no /datasets (404) */
+	const char *openapi_path; /* file served at GET /openapi.yaml, or NULL */
+	const char *version;      /* for GET /version */
+	tr_store_t *store;        /* borrowed */
+	tr_datasets_t *datasets;  /* borrowed; NULL = no /datasets (404) */
 	struct tr_api_ops ops;
-	void *ctx;                 /* passed to every op */
+	void *ctx; /* passed to every op */
 };
 
 typedef struct tr_api tr_api_t;

@@ -66,8 +66,8 @@ struct tr_api {
 	pthread_rwlock_t auth_lock;
 	struct tr_api_auth_entry *auth;
 	size_t n_auth;
-	bool loopback;    /* the listener is on loopback */
-	char *tls_cert;   /* PEM text, or NULL for plain HTTP */
+	bool loopback;  /* the listener is on loopback */
+	char *tls_cert; /* PEM text, or NULL for plain HTTP */
 	char *tls_key;
 	_Atomic size_t max_body; /* changes on reload; each request keeps its own */
 	int port;
@@ -97,14 +97,14 @@ struct tr_api_request {
 	int nparams;
 	char *body; /* NUL-terminated; only buffered for routes that take one */
 	size_t body_len, body_cap;
-	size_t discarded;  /* bytes thrown away past the cap */
-	bool too_large;    /* the body went past cfg.max_body */
-	int64_t declared_len; /* Content-Length when it alone made the body too large */
-	size_t max_body;      /* the body cap when the request arrived */
-	bool answered;     /* a response was queued */
-	void *upload;      /* an upload route's state (api/datasets.c), until committed or aborted */
+	size_t discarded;          /* bytes thrown away past the cap */
+	bool too_large;            /* the body went past cfg.max_body */
+	int64_t declared_len;      /* Content-Length when it alone made the body too large */
+	size_t max_body;           /* the body cap when the request arrived */
+	bool answered;             /* a response was queued */
+	void *upload;              /* an upload route's state (api/datasets.c), until committed or aborted */
 	struct tr_api_reply *held; /* a refusal answered once the body has been read and dropped */
-	double started;    /* tr_prom_clock() at the headers, for /metrics */
+	double started;            /* tr_prom_clock() at the headers, for /metrics */
 };
 
 struct tr_api_header {
@@ -116,11 +116,11 @@ struct tr_api_header {
  * or none for an empty body (204, 202 without a job). */
 struct tr_api_reply {
 	int status;
-	json_t *json;                  /* owned; rendered compact plus "\n" */
-	char *text;                    /* owned */
+	json_t *json; /* owned; rendered compact plus "\n" */
+	char *text;   /* owned */
 	size_t text_len;
-	const char *content_type;      /* for text; static string */
-	struct MHD_Response *stream;   /* owned until queued */
+	const char *content_type;    /* for text; static string */
+	struct MHD_Response *stream; /* owned until queued */
 	struct tr_api_header headers[TR_API_MAX_HEADERS];
 	int nheaders;
 };
@@ -153,8 +153,8 @@ int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, struct tr_er
 /* The one error helper: replaces whatever the reply held with
  * {"error": {"code", "message"[, "pointer"]}} and the status.  pointer
  * may be NULL or "". */
-void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt,
-		 ...) __attribute__((format(printf, 5, 6)));
+void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
 /* A refusal from a daemon operation: the status and code of its kind
  * from the one table in api/errors.c; a kind of 0 (the op forgot to fill
  * err) becomes 500 "internal". */
@@ -190,8 +190,7 @@ const char *tr_api_query(const struct tr_api_request *rq, const char *name);
 int tr_api_query_int(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, int64_t min,
 		     int64_t max, int64_t def, int64_t *out);
 /* "true" or "false"; def when absent; -1 with rp filled otherwise. */
-int tr_api_query_bool(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, bool def,
-		      bool *out);
+int tr_api_query_bool(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, bool def, bool *out);
 /* Parses text as an integer in [min, max]; 0 or -1, no reply. */
 int tr_api_parse_int(const char *text, int64_t min, int64_t max, int64_t *out);
 /* The "{id}" path parameter as a positive job id; -1 with 400

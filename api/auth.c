@@ -53,8 +53,8 @@ static void free_entries(struct tr_api_auth_entry *v, size_t n)
 	free(v);
 }
 
-static int add_entry(struct tr_api_auth_entry *v, size_t *n, enum tr_api_role role, const char *token,
-		     const char *what, size_t index, char *err, size_t errlen)
+static int add_entry(struct tr_api_auth_entry *v, size_t *n, enum tr_api_role role, const char *token, const char *what,
+		     size_t index, char *err, size_t errlen)
 {
 	if (!token || !token[0]) {
 		snprintf(err, errlen, "%s %zu is empty", what, index + 1);

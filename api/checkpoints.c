@@ -34,9 +34,9 @@
 
 static json_t *ckpt_json(const struct tr_ckpt_row *c)
 {
-	return json_pack("{s:I, s:I, s:o, s:I, s:s, s:b}", "step", (json_int_t)c->step, "epoch",
-			 (json_int_t)c->epoch, "created_at", tr_api_time_json(c->created_at), "bytes",
-			 (json_int_t)c->bytes, "sha256", c->sha256, "best", c->best);
+	return json_pack("{s:I, s:I, s:o, s:I, s:s, s:b}", "step", (json_int_t)c->step, "epoch", (json_int_t)c->epoch,
+			 "created_at", tr_api_time_json(c->created_at), "bytes", (json_int_t)c->bytes, "sha256",
+			 c->sha256, "best", c->best);
 }
 
 void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp)
@@ -161,8 +161,7 @@ static int path_step(const struct tr_api_request *rq, struct tr_api_reply *rp, i
 		*step = TR_CKPT_BEST;
 		return 0;
 	}
-	if (text[0] != '-' && (text[0] != '0' || text[1] == '\0') &&
-	    tr_api_parse_int(text, 0, INT64_MAX, step) == 0)
+	if (text[0] != '-' && (text[0] != '0' || text[1] == '\0') && tr_api_parse_int(text, 0, INT64_MAX, step) == 0)
 		return 0;
 	tr_api_fail(rp, 400, "invalid_parameter", NULL, "step: must be an integer >= 0, \"latest\" or \"best\"");
 	return -1;
@@ -170,8 +169,7 @@ static int path_step(const struct tr_api_request *rq, struct tr_api_reply *rp, i
 
 /* Finds the checkpoint a download names; -1 with rp filled otherwise.
  * The caller finishes *row. */
-static int load_ckpt(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t *job_id,
-		     struct tr_ckpt_row *row)
+static int load_ckpt(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t *job_id, struct tr_ckpt_row *row)
 {
 	tr_api_t *api = rq->api;
 	struct tr_job_row job;
@@ -243,8 +241,8 @@ static int parse_range(const char *h, uint64_t size, uint64_t *start, uint64_t *
 
 /* Builds the streaming response over d (taken: freed on failure too),
  * the whole file or the range the request asks for. */
-static void reply_download(struct tr_api_request *rq, struct tr_api_reply *rp, struct download *d,
-			   const char *filename, const char *etag)
+static void reply_download(struct tr_api_request *rq, struct tr_api_reply *rp, struct download *d, const char *filename,
+			   const char *etag)
 {
 	struct MHD_Response *resp;
 	char disposition[160], range[96];
@@ -259,8 +257,8 @@ static void reply_download(struct tr_api_request *rq, struct tr_api_reply *rp, s
 		ranged = parse_range(h, size, &start, &end);
 	if (ranged < 0) {
 		free_download(d);
-		tr_api_fail(rp, 416, "range_not_satisfiable", NULL, "the range %s starts past the end of the %" PRIu64
-			    "-byte file", h, size);
+		tr_api_fail(rp, 416, "range_not_satisfiable", NULL,
+			    "the range %s starts past the end of the %" PRIu64 "-byte file", h, size);
 		snprintf(range, sizeof(range), "bytes */%" PRIu64, size);
 		tr_api_reply_header(rp, MHD_HTTP_HEADER_CONTENT_RANGE, range);
 		return;
@@ -324,8 +322,7 @@ void tr_api_checkpoints_blob(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (open_blob(rq->api, rp, &row, d) < 0)
 		goto cleanup;
 	d->total = (uint64_t)row.bytes;
-	snprintf(filename, sizeof(filename), "job-%" PRId64 "-step-%" PRId64 "-checkpoint.safetensors", id,
-		 row.step);
+	snprintf(filename, sizeof(filename), "job-%" PRId64 "-step-%" PRId64 "-checkpoint.safetensors", id, row.step);
 	/* The blob's SHA-256 is its identity: strong, and the same on every
 	 * daemon that holds these bytes. */
 	snprintf(etag, sizeof(etag), "\"%s\"", row.sha256);

@@ -144,7 +144,8 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 	}
 	rc = 0;
 	for (int i = 0; i < count; i++) {
-		if (spec_names_file(rows[i].spec, ref, abs, !file) || spec_names_file(rows[i].normalized, ref, abs, !file)) {
+		if (spec_names_file(rows[i].spec, ref, abs, !file) ||
+		    spec_names_file(rows[i].normalized, ref, abs, !file)) {
 			tr_api_fail(rp, 409, "dataset_in_use", NULL,
 				    "%s%s%s is used by job %" PRId64 " (%s); wait until it ends or cancel it", name,
 				    file ? "/" : "", file ? file : "", rows[i].id, rows[i].state);

@@ -11,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt,
-		 ...)
+void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const char *pointer, const char *fmt, ...)
 {
 	char message[1024];
 	json_t *error, *msg;

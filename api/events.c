@@ -53,9 +53,9 @@ struct stream {
 	bool started;
 	bool end_when_drained; /* the job is over: stop at the first empty read */
 	bool done;
-	unsigned types; /* TR_EVENT_* mask (types=) */
+	unsigned types;                /* TR_EVENT_* mask (types=) */
 	double last_write, last_event; /* monotonic seconds */
-	int fd;				/* the connection's socket, -1 when unknown */
+	int fd;                        /* the connection's socket, -1 when unknown */
 };
 
 static double mono_now(void)

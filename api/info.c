@@ -46,8 +46,7 @@ void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_pointer(ptr, sizeof(ptr), "", key);
 		if (klen < 1 || klen > TR_INFO_MAX_KEY || !printable(key)) {
 			tr_api_fail(rp, 400, "invalid_request", ptr,
-				    "%s: a key must be 1 to %d bytes without control characters", ptr,
-				    TR_INFO_MAX_KEY);
+				    "%s: a key must be 1 to %d bytes without control characters", ptr, TR_INFO_MAX_KEY);
 			goto cleanup;
 		}
 		if (!json_is_string(value)) {
@@ -55,7 +54,8 @@ void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 			goto cleanup;
 		}
 		if (json_string_length(value) > TR_INFO_MAX_VALUE ||
-		    strlen(json_string_value(value)) != json_string_length(value) || !printable(json_string_value(value))) {
+		    strlen(json_string_value(value)) != json_string_length(value) ||
+		    !printable(json_string_value(value))) {
 			tr_api_fail(rp, 400, "invalid_request", ptr,
 				    "%s: a value must be at most %d bytes without control characters", ptr,
 				    TR_INFO_MAX_VALUE);

@@ -61,8 +61,8 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	if (json_is_object(live))
 		json_object_update(progress, (json_t *)live);
 
-	job = json_pack("{s:I, s:s?, s:s?, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)row->id,
-			"name", row->name, "state", row->state, "priority", row->priority, "spec",
+	job = json_pack("{s:I, s:s?, s:s?, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)row->id, "name",
+			row->name, "state", row->state, "priority", row->priority, "spec",
 			parsed(row->spec, json_null()), "devices", parsed(row->devices, json_array()), "progress",
 			progress, "error", parsed(row->error, json_null()), "submitted_at",
 			tr_api_time_json(row->submitted_at), "started_at", tr_api_time_json(row->started_at),
@@ -74,7 +74,8 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	 * whose spec says so). */
 	if (job) {
 		const char *kind = json_string_value(json_object_get(json_object_get(job, "spec"), "kind"));
-		json_object_set_new(job, "kind", json_string(kind && strcmp(kind, "evaluate") == 0 ? "evaluate" : "train"));
+		json_object_set_new(job, "kind",
+				    json_string(kind && strcmp(kind, "evaluate") == 0 ? "evaluate" : "train"));
 	}
 	/* The state shown has happened but is not written yet (storage
 	 * fails); only then, so that the usual object is unchanged. */

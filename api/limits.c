@@ -39,10 +39,10 @@ struct tr_api_conn {
 	struct tr_api_conn *prev, *next;
 	struct sockaddr_storage addr;
 	int fd;
-	bool reading;     /* between connection start (or the last response) and a complete request */
-	bool streaming;   /* an event stream is open on it */
-	bool cut;         /* shut down by the reaper */
-	double deadline;  /* monotonic seconds; while reading */
+	bool reading;    /* between connection start (or the last response) and a complete request */
+	bool streaming;  /* an event stream is open on it */
+	bool cut;        /* shut down by the reaper */
+	double deadline; /* monotonic seconds; while reading */
 };
 
 static double mono_now(void)
@@ -117,7 +117,8 @@ void tr_api_limits_notify(void *cls, struct MHD_Connection *conn, void **socket_
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		/* An accepted connection is the HTTP side's watchdog check-in. */
 		tr_api_stamp(api);
-		const union MHD_ConnectionInfo *addr = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		const union MHD_ConnectionInfo *addr =
+			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
 		const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
 		/* Without a record the connection is merely not limited. */

@@ -107,15 +107,17 @@ int tr_api_adopt_listener(tr_api_t *api, int fd, bool *ipv6, struct tr_error *e)
 	}
 	if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0 ||
 	    (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) {
-		tr_error_set(e, 0, 0, NULL, "the passed socket %d is not an IPv4 or IPv6 socket (ListenStream= takes "
-				      "ADDRESS:PORT or PORT)", fd);
+		tr_error_set(e, 0, 0, NULL,
+			     "the passed socket %d is not an IPv4 or IPv6 socket (ListenStream= takes "
+			     "ADDRESS:PORT or PORT)",
+			     fd);
 		return -1;
 	}
 	api->loopback = tr_api_is_loopback((const struct sockaddr *)&ss);
 	if (!api->loopback && api->n_auth == 0) {
 		tr_error_set(e, 0, 0, NULL,
-			 "the passed socket is not on loopback: it needs bearer tokens (token-file or token), "
-			 "anyone who can reach the port could submit and cancel jobs");
+			     "the passed socket is not on loopback: it needs bearer tokens (token-file or token), "
+			     "anyone who can reach the port could submit and cancel jobs");
 		return -1;
 	}
 	*ipv6 = ss.ss_family == AF_INET6;
@@ -184,7 +186,7 @@ int tr_api_tls_load(tr_api_t *api, const struct tr_api_config *cfg, struct tr_er
 		return 0;
 	if (cert != key) {
 		tr_error_set(e, 0, 0, NULL, "HTTPS needs both tls-cert and tls-key (only %s is set)",
-			 cert ? "tls-cert" : "tls-key");
+			     cert ? "tls-cert" : "tls-key");
 		return -1;
 	}
 	if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {

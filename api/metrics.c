@@ -31,7 +31,7 @@
 #define PUSH_MAX 10000
 
 static const char *const engine_names[] = {
-	"loss",	    "lr",	    "samples_per_sec", "step_ms",  "data_wait_ms",
+	"loss",     "lr",           "samples_per_sec", "step_ms",     "data_wait_ms",
 	"val_loss", "val_accuracy", "grad_norm",       "weight_norm",
 };
 
@@ -443,14 +443,14 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	 * store can refuse one; anything else is the daemon's fault, said so. */
 	if (accepted < n) {
 		if (first_error == -ESHUTDOWN)
-			tr_api_fail(rp, 503, "unavailable", NULL, "the daemon is shutting down: accepted %zu of %zu points",
-				    accepted, n);
+			tr_api_fail(rp, 503, "unavailable", NULL,
+				    "the daemon is shutting down: accepted %zu of %zu points", accepted, n);
 		else if (first_error)
 			tr_api_fail(rp, 500, "internal", NULL, "accepted %zu of %zu points: %s", accepted, n,
 				    me.message);
 		else
-			tr_api_fail(rp, 503, "queue_full", NULL, "the metrics queue is full: accepted %zu of %zu points",
-				    accepted, n);
+			tr_api_fail(rp, 503, "queue_full", NULL,
+				    "the metrics queue is full: accepted %zu of %zu points", accepted, n);
 		goto cleanup;
 	}
 	tr_api_reply_json(rp, 202, json_pack("{s:I}", "accepted", (json_int_t)accepted));

@@ -296,7 +296,8 @@ static int put_jobs(struct out *o, tr_api_t *api, struct tr_error *e)
 	head(o, "trainerd_jobs", "gauge", "Jobs in the store, by state.");
 	for (size_t i = 0; i < N_STATES; i++)
 		put(o, "trainerd_jobs{state=\"%s\"} %" PRId64 "\n", job_states[i], counts[i]);
-	head(o, "trainerd_jobs_submitted_total", "counter", "Jobs ever submitted to this store, deleted ones included.");
+	head(o, "trainerd_jobs_submitted_total", "counter",
+	     "Jobs ever submitted to this store, deleted ones included.");
 	put(o, "trainerd_jobs_submitted_total %" PRId64 "\n", submitted);
 	head(o, "trainerd_metric_points_dropped_total", "counter",
 	     "Metric points and log lines dropped because the store's write queue was full.");
@@ -356,7 +357,8 @@ static int put_running(struct out *o, tr_api_t *api, struct tr_error *e)
 	head(o, "trainerd_job_loss", "gauge", "The running job's latest training loss.");
 	for (int i = 0; i < n; i++)
 		if (!isnan(js[i].loss))
-			put(o, "trainerd_job_loss{job_id=\"%" PRId64 "\"} %s\n", js[i].id, num(v, sizeof v, js[i].loss));
+			put(o, "trainerd_job_loss{job_id=\"%" PRId64 "\"} %s\n", js[i].id,
+			    num(v, sizeof v, js[i].loss));
 	head(o, "trainerd_job_data_wait_ratio", "gauge",
 	     "Share of the running job's step time spent waiting for input data (0 to 1).");
 	for (int i = 0; i < n; i++)
@@ -374,9 +376,9 @@ static void put_devices(struct out *o, tr_api_t *api)
 	json_t *d;
 	char name[160], job[32];
 
-	head(o, "trainerd_device_info", "gauge", "A training device, its name and the job that holds it (\"\" when free).");
-	json_array_foreach(list, i, d)
-	{
+	head(o, "trainerd_device_info", "gauge",
+	     "A training device, its name and the job that holds it (\"\" when free).");
+	json_array_foreach(list, i, d) {
 		json_t *owner = json_object_get(d, "job");
 
 		if (json_is_integer(owner))
@@ -473,7 +475,8 @@ static void put_process(struct out *o)
 		put(o, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
 	}
 	if (!isnan(started)) {
-		head(o, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
+		head(o, "process_start_time_seconds", "gauge",
+		     "Start time of the process since unix epoch in seconds.");
 		put(o, "process_start_time_seconds %s\n", num(v, sizeof v, started));
 	}
 }

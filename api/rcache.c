@@ -239,8 +239,8 @@ static struct blob *flight_wait(struct flight *f, int wait_ms)
 }
 
 /* Runs compute in the calling thread and keeps a successful answer. */
-static int compute_and_keep(const struct tr_rcache_key *k, tr_rcache_refresh_fn refresh,
-			    tr_rcache_compute_fn compute, void *ctx, struct flight *f, char **body, size_t *len)
+static int compute_and_keep(const struct tr_rcache_key *k, tr_rcache_refresh_fn refresh, tr_rcache_compute_fn compute,
+			    void *ctx, struct flight *f, char **body, size_t *len)
 {
 	int rc = compute(ctx, body, len);
 	struct blob *b = rc == 0 ? blob_new(*body, *len) : NULL;
@@ -260,8 +260,8 @@ static int compute_and_keep(const struct tr_rcache_key *k, tr_rcache_refresh_fn 
 	return rc;
 }
 
-int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_compute_fn compute, void *ctx,
-		  char **body, size_t *len)
+int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_compute_fn compute, void *ctx, char **body,
+		  size_t *len)
 {
 	return tr_rcache_get_refreshable(key, NULL, wait_ms, compute, ctx, body, len);
 }

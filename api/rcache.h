@@ -34,8 +34,8 @@ typedef int (*tr_rcache_compute_fn)(void *ctx, char **body, size_t *len);
 /* 0 and a malloc'd copy of the answer to key in *body / *len, or the
  * error compute returned in this thread.  wait_ms bounds the wait for
  * another thread's computation of the same key and generation. */
-int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_compute_fn compute, void *ctx,
-		  char **body, size_t *len);
+int tr_rcache_get(const struct tr_rcache_key *key, int wait_ms, tr_rcache_compute_fn compute, void *ctx, char **body,
+		  size_t *len);
 /* The same for an answer that tr_rcache_refresh may recompute with
  * refresh (kept with the entry) while clients poll it. */
 int tr_rcache_get_refreshable(const struct tr_rcache_key *key, tr_rcache_refresh_fn refresh, int wait_ms,

@@ -100,8 +100,7 @@ int tr_api_query_int(const struct tr_api_request *rq, struct tr_api_reply *rp, c
 	return -1;
 }
 
-int tr_api_query_bool(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, bool def,
-		      bool *out)
+int tr_api_query_bool(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, bool def, bool *out)
 {
 	const char *v = tr_api_query(rq, name);
 

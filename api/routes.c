@@ -63,8 +63,7 @@ enum tr_api_role tr_api_route_role(const struct tr_api_route *route)
 
 /* Matches path against one pattern segment by segment.  Captured
  * parameters go to params when it is not NULL. */
-static bool path_matches(const char *pattern, const char *path, char (*params)[32], int max_params,
-			 int *nparams)
+static bool path_matches(const char *pattern, const char *path, char (*params)[32], int max_params, int *nparams)
 {
 	const char *p = pattern, *s = path;
 	int n = 0;
@@ -99,8 +98,8 @@ static bool path_matches(const char *pattern, const char *path, char (*params)[3
 	return true;
 }
 
-const struct tr_api_route *tr_api_route_match(const char *method, const char *path, char (*params)[32],
-					      int max_params, int *nparams, bool *path_known)
+const struct tr_api_route *tr_api_route_match(const char *method, const char *path, char (*params)[32], int max_params,
+					      int *nparams, bool *path_known)
 {
 	*path_known = false;
 	for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {

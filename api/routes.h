@@ -54,8 +54,8 @@ const struct tr_api_route *tr_api_routes(size_t *count);
  * segments (at most max_params, each cut to param_len - 1 bytes: longer
  * ones cannot be valid ids anyway) and *nparams.  Returns NULL when none
  * matches; then *path_known tells whether another method would. */
-const struct tr_api_route *tr_api_route_match(const char *method, const char *path, char (*params)[32],
-					      int max_params, int *nparams, bool *path_known);
+const struct tr_api_route *tr_api_route_match(const char *method, const char *path, char (*params)[32], int max_params,
+					      int *nparams, bool *path_known);
 /* Writes the methods allowed on path, ", "-separated, into buf. */
 void tr_api_route_allow(const char *path, char *buf, size_t len);
 

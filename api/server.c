@@ -382,8 +382,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	return send_reply(rq, &rp);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-			 enum MHD_RequestTerminationCode why)
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode why)
 {
 	struct tr_api_request *rq = *con_cls;
 
@@ -459,7 +458,7 @@ static int limit_defaults(struct tr_api_config *c, struct tr_error *e)
 		c->sse_buffer_bytes = TR_API_DEFAULT_SSE_BUFFER;
 	if (c->sse_stall_s <= 0)
 		c->sse_stall_s = TR_API_DEFAULT_SSE_STALL_S > 4 * c->sse_heartbeat_s ? TR_API_DEFAULT_SSE_STALL_S
-										       : 4 * c->sse_heartbeat_s;
+										     : 4 * c->sse_heartbeat_s;
 	/* A per-client cap above the global one is the global one; the
 	 * reserve may shrink to fit a small server, never to nothing. */
 	if (c->connection_reserve >= c->max_connections)
@@ -468,7 +467,7 @@ static int limit_defaults(struct tr_api_config *c, struct tr_error *e)
 		/* A healthy stream writes at least every heartbeat; a stall
 		 * limit below that would cut streams that are merely quiet. */
 		tr_error_set(e, 0, 0, NULL, "sse-stall-timeout (%d s) must be above sse-heartbeat (%d s)",
-			 c->sse_stall_s, c->sse_heartbeat_s);
+			     c->sse_stall_s, c->sse_heartbeat_s);
 		return -1;
 	}
 	return 0;
@@ -537,9 +536,9 @@ static int bind_listener(tr_api_t *api, bool *ipv6, struct tr_error *e)
 	api->loopback = tr_api_is_loopback(res->ai_addr);
 	if (!api->loopback && api->n_auth == 0) {
 		tr_error_set(e, 0, 0, NULL,
-			 "listening on %s (not loopback) needs bearer tokens: anyone who can reach the port "
-			 "could submit and cancel jobs",
-			 api->listen_host);
+			     "listening on %s (not loopback) needs bearer tokens: anyone who can reach the port "
+			     "could submit and cancel jobs",
+			     api->listen_host);
 		goto fail;
 	}
 	*ipv6 = res->ai_family == AF_INET6;
@@ -551,7 +550,7 @@ static int bind_listener(tr_api_t *api, bool *ipv6, struct tr_error *e)
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(fd, res->ai_addr, res->ai_addrlen) < 0) {
 		tr_error_set(e, 0, 0, NULL, "cannot listen on %s port %d: %s", api->listen_host, api->cfg.port,
-			 strerror(errno));
+			     strerror(errno));
 		goto fail;
 	}
 	if (listen(fd, 128) < 0) {
@@ -622,8 +621,8 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, struct tr_error *e)
 	};
 	if (api->tls_cert)
 		flags |= MHD_USE_TLS;
-	api->mhd = MHD_start_daemon(flags, 0, tr_api_limits_accept, api, on_request, api, MHD_OPTION_LISTEN_SOCKET,
-				    fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned int)api->cfg.max_connections,
+	api->mhd = MHD_start_daemon(flags, 0, tr_api_limits_accept, api, on_request, api, MHD_OPTION_LISTEN_SOCKET, fd,
+				    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)api->cfg.max_connections,
 				    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)TR_API_CONNECTION_TIMEOUT_S,
 				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_NOTIFY_CONNECTION,
 				    tr_api_limits_notify, api, MHD_OPTION_ARRAY, api->tls_cert ? tls : tls + 2,
@@ -634,8 +633,8 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, struct tr_error *e)
 		 * descriptor number another thread may have reused is worse
 		 * than leaking one on a path that ends the daemon anyway. */
 		tr_error_set(e, 0, 0, NULL, "cannot start the HTTP%s server on %s port %d%s", api->tls_cert ? "S" : "",
-			 api->listen_host, api->port,
-			 api->tls_cert ? " (is tls-key the key of tls-cert, both PEM?)" : "");
+			     api->listen_host, api->port,
+			     api->tls_cert ? " (is tls-key the key of tls-cert, both PEM?)" : "");
 		goto fail_api;
 	}
 	tr_api_metrics_cache_start(api->cfg.store);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CSP                                                                                                    \
+#define CSP                                                                                                      \
 	"default-src 'self'; connect-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; " \
 	"object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 

@@ -63,9 +63,8 @@ static float *randbuf(size_t n, unsigned *seed)
 /* Same call form as engine/cpu/cpu_kernels.c cpu_gemm. */
 static void gemm(const struct shape *s, const float *a, const float *b, float *c)
 {
-	cblas_sgemm(CblasRowMajor, s->trans_a ? CblasTrans : CblasNoTrans, s->trans_b ? CblasTrans : CblasNoTrans,
-		    s->m, s->n, s->k, 1.0f, a, s->trans_a ? s->m : s->k, b, s->trans_b ? s->k : s->n, s->beta, c,
-		    s->n);
+	cblas_sgemm(CblasRowMajor, s->trans_a ? CblasTrans : CblasNoTrans, s->trans_b ? CblasTrans : CblasNoTrans, s->m,
+		    s->n, s->k, 1.0f, a, s->trans_a ? s->m : s->k, b, s->trans_b ? s->k : s->n, s->beta, c, s->n);
 }
 
 int main(int argc, char **argv)
@@ -93,15 +92,15 @@ int main(int argc, char **argv)
 	int ns = 0;
 	for (int l = 0; l + 1 < nd; l++) {
 		int in = dims[l], out = dims[l + 1];
-		sh[ns++] = (struct shape){.layer = l, .trans_a = 0, .trans_b = 1, .m = batch, .n = out, .k = in,
-					  .beta = 0.0f};
+		sh[ns++] = (struct shape){
+			.layer = l, .trans_a = 0, .trans_b = 1, .m = batch, .n = out, .k = in, .beta = 0.0f};
 		snprintf(sh[ns - 1].what, sizeof sh[0].what, "fwd y=xW^T");
-		sh[ns++] = (struct shape){.layer = l, .trans_a = 1, .trans_b = 0, .m = out, .n = in, .k = batch,
-					  .beta = 1.0f};
+		sh[ns++] = (struct shape){
+			.layer = l, .trans_a = 1, .trans_b = 0, .m = out, .n = in, .k = batch, .beta = 1.0f};
 		snprintf(sh[ns - 1].what, sizeof sh[0].what, "bwd dW+=dy^T x");
 		if (l > 0) {
-			sh[ns++] = (struct shape){.layer = l, .trans_a = 0, .trans_b = 0, .m = batch, .n = in,
-						  .k = out, .beta = 0.0f};
+			sh[ns++] = (struct shape){
+				.layer = l, .trans_a = 0, .trans_b = 0, .m = batch, .n = in, .k = out, .beta = 0.0f};
 			snprintf(sh[ns - 1].what, sizeof sh[0].what, "bwd dx=dy W");
 		}
 	}

@@ -18,8 +18,7 @@ static void metrics_csv(const json_t *series)
 	json_t *s;
 
 	printf("name,step,epoch,value\n");
-	json_object_foreach((json_t *)series, name, s)
-	{
+	json_object_foreach((json_t *)series, name, s) {
 		const json_t *steps = json_object_get(s, "steps"), *vals = json_object_get(s, "values");
 		const json_t *epochs = json_object_get(s, "epochs");
 
@@ -53,13 +52,25 @@ int tr_cmd_metrics(struct tr_ctl *c, int argc, char **argv)
 
 	while ((ch = getopt_long(argc, argv, "n:m:f:h", opts, NULL)) != -1) {
 		switch (ch) {
-		case 'n': names = optarg; break;
-		case 'm': max_points = optarg; break;
-		case 'f': format = optarg; break;
-		case 'F': from = optarg; break;
-		case 'T': to = optarg; break;
-		case 'h': return tr_ctl_help("metrics");
-		default: return tr_ctl_usage("metrics", "unknown option");
+		case 'n':
+			names = optarg;
+			break;
+		case 'm':
+			max_points = optarg;
+			break;
+		case 'f':
+			format = optarg;
+			break;
+		case 'F':
+			from = optarg;
+			break;
+		case 'T':
+			to = optarg;
+			break;
+		case 'h':
+			return tr_ctl_help("metrics");
+		default:
+			return tr_ctl_usage("metrics", "unknown option");
 		}
 	}
 	if (strcmp(format, "csv") != 0 && strcmp(format, "json") != 0)
@@ -103,7 +114,10 @@ static void print_log(const json_t *l)
 	char when[32];
 
 	tr_fmt_time(when, sizeof when, json_string_value(json_object_get(l, "time")));
-	printf("%s %s%s\n", when, level <= 3 ? "error: " : level == 4 ? "warning: " : "",
+	printf("%s %s%s\n", when,
+	       level <= 3   ? "error: "
+	       : level == 4 ? "warning: "
+			    : "",
 	       json_string_value(json_object_get(l, "message")) ?: "");
 }
 
@@ -135,10 +149,12 @@ int tr_cmd_logs(struct tr_ctl *c, int argc, char **argv)
 		logs = json_object_get(r.json, "logs");
 		json_array_foreach(logs, i, l)
 			print_log(l);
-		next = json_is_string(json_object_get(r.json, "next")) ? json_string_value(json_object_get(r.json, "next"))
-								      : NULL;
+		next = json_is_string(json_object_get(r.json, "next"))
+			       ? json_string_value(json_object_get(r.json, "next"))
+			       : NULL;
 		if (!next && json_is_integer(json_object_get(r.json, "next")))
-			snprintf(after, sizeof after, "%lld", (long long)json_integer_value(json_object_get(r.json, "next")));
+			snprintf(after, sizeof after, "%lld",
+				 (long long)json_integer_value(json_object_get(r.json, "next")));
 		else if (next)
 			snprintf(after, sizeof after, "%s", next);
 		bool more = json_array_size(logs) > 0 && !json_is_null(json_object_get(r.json, "next"));
@@ -178,8 +194,7 @@ int tr_cmd_checkpoints(struct tr_ctl *c, int argc, char **argv)
 	size_t i;
 	json_t *ck;
 
-	json_array_foreach(json_object_get(r.json, "checkpoints"), i, ck)
-	{
+	json_array_foreach(json_object_get(r.json, "checkpoints"), i, ck) {
 		char step[24], epoch[24], size[32], when[32];
 
 		snprintf(step, sizeof step, "%lld", (long long)json_integer_value(json_object_get(ck, "step")));
@@ -219,8 +234,7 @@ int tr_cmd_devices(struct tr_ctl *c, int argc, char **argv)
 		return TR_CTL_OK;
 	}
 	tr_table_init(&t, 6, heads, right);
-	json_array_foreach(json_object_get(r.json, "devices"), i, d)
-	{
+	json_array_foreach(json_object_get(r.json, "devices"), i, d) {
 		char id[16], mem[32] = "-", fr[32] = "-", job[24] = "-";
 		const json_t *m = json_object_get(d, "memory_total"), *f = json_object_get(d, "memory_free");
 

@@ -74,11 +74,19 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 
 	while ((ch = getopt_long(argc, argv, "wp:k:h", opts, NULL)) != -1) {
 		switch (ch) {
-		case 'w': wait = true; break;
-		case 'p': prio = optarg; break;
-		case 'k': key = optarg; break;
-		case 'h': return tr_ctl_help("submit");
-		default: return tr_ctl_usage("submit", "unknown option");
+		case 'w':
+			wait = true;
+			break;
+		case 'p':
+			prio = optarg;
+			break;
+		case 'k':
+			key = optarg;
+			break;
+		case 'h':
+			return tr_ctl_help("submit");
+		default:
+			return tr_ctl_usage("submit", "unknown option");
 		}
 	}
 	if (argc - optind != 1)
@@ -147,8 +155,7 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 
 /* ---- ls ---- */
 
-static void progress_cells(const json_t *job, char *step, size_t slen, char *pct, size_t plen, char *loss,
-			   size_t llen)
+static void progress_cells(const json_t *job, char *step, size_t slen, char *pct, size_t plen, char *loss, size_t llen)
 {
 	const json_t *p = json_object_get(job, "progress");
 	json_int_t s = json_integer_value(json_object_get(p, "step"));
@@ -182,10 +189,18 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 
 	while ((ch = getopt_long(argc, argv, "s:jh", opts, NULL)) != -1) {
 		switch (ch) {
-		case 's': state = optarg; break;
-		case 'j': as_json = true; break;
-		case 'h': json_decref(all); return tr_ctl_help("ls");
-		default: json_decref(all); return tr_ctl_usage("ls", "unknown option");
+		case 's':
+			state = optarg;
+			break;
+		case 'j':
+			as_json = true;
+			break;
+		case 'h':
+			json_decref(all);
+			return tr_ctl_help("ls");
+		default:
+			json_decref(all);
+			return tr_ctl_usage("ls", "unknown option");
 		}
 	}
 	if (argc != optind) {
@@ -226,12 +241,12 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 		json_t *job;
 
 		tr_table_init(&t, 8, heads, right);
-		json_array_foreach(all, i, job)
-		{
+		json_array_foreach(all, i, job) {
 			char id[24], prio[16], step[48], pct[16], loss[32], when[32];
 
 			snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(job, "id")));
-			snprintf(prio, sizeof prio, "%lld", (long long)json_integer_value(json_object_get(job, "priority")));
+			snprintf(prio, sizeof prio, "%lld",
+				 (long long)json_integer_value(json_object_get(job, "priority")));
 			progress_cells(job, step, sizeof step, pct, sizeof pct, loss, sizeof loss);
 			tr_fmt_time(when, sizeof when, json_string_value(json_object_get(job, "submitted_at")));
 			tr_table_add(&t, id, json_string_value(json_object_get(job, "name")),
@@ -325,8 +340,7 @@ int tr_cmd_show(struct tr_ctl *c, int argc, char **argv)
 	const char *k;
 	json_t *v;
 
-	json_object_foreach((json_t *)info, k, v)
-	{
+	json_object_foreach((json_t *)info, k, v) {
 		snprintf(buf, sizeof buf, "info.%s", k);
 		field(buf, json_string_value(v));
 	}
@@ -420,7 +434,8 @@ int tr_cmd_priority(struct tr_ctl *c, int argc, char **argv)
 	rc = tr_ctl_call(c, "PATCH", path, body, &r);
 	if (rc)
 		return rc;
-	printf("job %" PRId64 ": priority %lld\n", id, (long long)json_integer_value(json_object_get(r.json, "priority")));
+	printf("job %" PRId64 ": priority %lld\n", id,
+	       (long long)json_integer_value(json_object_get(r.json, "priority")));
 	tr_ctl_reply_finish(&r);
 	return TR_CTL_OK;
 }

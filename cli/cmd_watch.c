@@ -29,7 +29,7 @@ struct follow {
 	bool logs_only;
 	struct tr_bar bar;
 	struct tr_bar_state st;
-	double step_ms_ema;        /* recent step time: the ETA until the window fills */
+	double step_ms_ema; /* recent step time: the ETA until the window fills */
 	/* (wall time, step) of recent metrics events: the ETA and the
 	 * throughput shown come from the steps done over the last
 	 * RATE_WINDOW_S seconds, which includes every pause between steps
@@ -64,7 +64,8 @@ static void refresh_job(struct follow *f, bool print_failures)
 	int rc;
 
 	snprintf(path, sizeof path, "/jobs/%" PRId64, f->id);
-	rc = print_failures ? tr_ctl_call(f->c, "GET", path, NULL, &r) : tr_ctl_request(f->c, "GET", path, NULL, NULL, &r);
+	rc = print_failures ? tr_ctl_call(f->c, "GET", path, NULL, &r)
+			    : tr_ctl_request(f->c, "GET", path, NULL, NULL, &r);
 	if (rc || r.status != 200) {
 		tr_ctl_reply_finish(&r);
 		return;
@@ -169,8 +170,7 @@ static void on_metrics(struct follow *f, const json_t *d)
 
 	double newest_wall = 0;
 
-	json_array_foreach(pts, i, pt)
-	{
+	json_array_foreach(pts, i, pt) {
 		const char *name = json_string_value(json_object_get(pt, "name"));
 		int64_t step = json_integer_value(json_object_get(pt, "step"));
 		const json_t *jv = json_object_get(pt, "value");
@@ -303,7 +303,7 @@ int tr_ctl_follow(struct tr_ctl *c, int64_t id, bool logs_only, double reconnect
 		tr_ctl_reply_finish(&r);
 		if (f.terminal) {
 			rc = strcmp(f.state, "completed") == 0 || strcmp(f.state, "stopped") == 0 ? TR_CTL_OK
-												   : TR_CTL_JOB_FAILED;
+												  : TR_CTL_JOB_FAILED;
 			break;
 		}
 		/* The stream ended with the job still going: the daemon shut
@@ -358,7 +358,8 @@ int tr_cmd_watch(struct tr_ctl *c, int argc, char **argv)
 
 			timeout = strtod(optarg, &end);
 			if (*end || !(timeout >= 0))
-				return tr_ctl_usage("watch", "--reconnect-timeout: not a number of seconds: %s", optarg);
+				return tr_ctl_usage("watch", "--reconnect-timeout: not a number of seconds: %s",
+						    optarg);
 		} else {
 			return tr_ctl_usage("watch", "unknown option");
 		}

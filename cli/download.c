@@ -120,13 +120,10 @@ static int resolve(struct tr_ctl *c, int64_t id, const char *which, int64_t *ste
 	if (rc)
 		return rc;
 	*step = -1;
-	json_array_foreach(json_object_get(r.json, "checkpoints"), i, ck)
-	{
+	json_array_foreach(json_object_get(r.json, "checkpoints"), i, ck) {
 		int64_t s = json_integer_value(json_object_get(ck, "step"));
 		const char *cs = json_string_value(json_object_get(ck, "sha256"));
-		bool pick = want >= 0       ? s == want
-			    : want_sha[0] ? cs && strcmp(cs, want_sha) == 0
-					  : s > *step;
+		bool pick = want >= 0 ? s == want : want_sha[0] ? cs && strcmp(cs, want_sha) == 0 : s > *step;
 
 		if (pick && cs) {
 			*step = s;
@@ -229,10 +226,16 @@ int tr_cmd_download(struct tr_ctl *c, int argc, char **argv)
 
 	while ((ch = getopt_long(argc, argv, "o:wh", opts, NULL)) != -1) {
 		switch (ch) {
-		case 'o': out = optarg; break;
-		case 'w': weights = true; break;
-		case 'h': return tr_ctl_help("download");
-		default: return tr_ctl_usage("download", "unknown option");
+		case 'o':
+			out = optarg;
+			break;
+		case 'w':
+			weights = true;
+			break;
+		case 'h':
+			return tr_ctl_help("download");
+		default:
+			return tr_ctl_usage("download", "unknown option");
 		}
 	}
 	if (argc - optind < 1 || argc - optind > 2)

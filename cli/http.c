@@ -120,8 +120,7 @@ static CURL *setup(const struct tr_ctl *c, const char *method, const char *path,
 	return curl;
 }
 
-static int perform(const struct tr_ctl *c, CURL *curl, struct curl_slist *hl, struct xfer *x, char *err,
-		   size_t errlen)
+static int perform(const struct tr_ctl *c, CURL *curl, struct curl_slist *hl, struct xfer *x, char *err, size_t errlen)
 {
 	char ebuf[CURL_ERROR_SIZE] = "";
 	CURLcode rc;
@@ -166,7 +165,8 @@ int tr_ctl_request(const struct tr_ctl *c, const char *method, const char *path,
 	curl_easy_setopt(curl, CURLOPT_TIMEOUT, 120L);
 	rc = perform(c, curl, hl, &x, err, sizeof err);
 	if (rc)
-		fprintf(stderr, "trainctl: cannot reach the daemon at %s: %s (is trainerd running? set --url or TRAINERD_URL)\n",
+		fprintf(stderr,
+			"trainctl: cannot reach the daemon at %s: %s (is trainerd running? set --url or TRAINERD_URL)\n",
 			c->url, err);
 	curl_slist_free_all(hl);
 	curl_easy_cleanup(curl);
@@ -198,8 +198,7 @@ int tr_ctl_http_error(const struct tr_ctl *c, const struct tr_ctl_reply *r)
 	return TR_CTL_HTTP;
 }
 
-int tr_ctl_call(const struct tr_ctl *c, const char *method, const char *path, const char *body,
-		struct tr_ctl_reply *r)
+int tr_ctl_call(const struct tr_ctl *c, const char *method, const char *path, const char *body, struct tr_ctl_reply *r)
 {
 	int rc = tr_ctl_request(c, method, path, body, NULL, r);
 
@@ -240,8 +239,8 @@ int tr_ctl_upload(const struct tr_ctl *c, const char *path, tr_ctl_source_fn sou
 	return rc;
 }
 
-int tr_ctl_stream(const struct tr_ctl *c, const char *path, const char *const *headers, tr_ctl_sink_fn sink,
-		  void *ud, struct tr_ctl_reply *r, char *err, size_t errlen)
+int tr_ctl_stream(const struct tr_ctl *c, const char *path, const char *const *headers, tr_ctl_sink_fn sink, void *ud,
+		  struct tr_ctl_reply *r, char *err, size_t errlen)
 {
 	struct curl_slist *hl = NULL;
 	struct xfer x = {.r = r, .sink = sink, .ud = ud};

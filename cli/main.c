@@ -145,13 +145,14 @@ static void usage_all(FILE *out)
 		     "The command-line client of trainerd, the training daemon.\n\nCommands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
-	fprintf(out, "\nOptions:\n"
-		     "  --url URL          the daemon (default $TRAINERD_URL, else http://127.0.0.1:8080)\n"
-		     "  --token-file FILE  read the bearer token from FILE's first line (default\n"
-		     "                     $TRAINERD_TOKEN_FILE); $TRAINERD_TOKEN wins over both\n"
-		     "  -v, --verbose      print each request and its status on stderr\n"
-		     "  -h, --help         this help; `trainctl COMMAND --help` for a command\n"
-		     "  --version          the client's version\n\n%s",
+	fprintf(out,
+		"\nOptions:\n"
+		"  --url URL          the daemon (default $TRAINERD_URL, else http://127.0.0.1:8080)\n"
+		"  --token-file FILE  read the bearer token from FILE's first line (default\n"
+		"                     $TRAINERD_TOKEN_FILE); $TRAINERD_TOKEN wins over both\n"
+		"  -v, --verbose      print each request and its status on stderr\n"
+		"  -h, --help         this help; `trainctl COMMAND --help` for a command\n"
+		"  --version          the client's version\n\n%s",
 		exit_codes);
 }
 
@@ -272,12 +273,24 @@ int main(int argc, char **argv)
 
 	while ((ch = getopt_long(argc, argv, "+vh", opts, NULL)) != -1) {
 		switch (ch) {
-		case 'u': url = optarg; break;
-		case 't': token_file = optarg; break;
-		case 'v': c.verbose = true; break;
-		case 'h': usage_all(stdout); return TR_CTL_OK;
-		case 'V': printf("trainctl %s\n", TR_VERSION); return TR_CTL_OK;
-		default: usage_all(stderr); return TR_CTL_USAGE;
+		case 'u':
+			url = optarg;
+			break;
+		case 't':
+			token_file = optarg;
+			break;
+		case 'v':
+			c.verbose = true;
+			break;
+		case 'h':
+			usage_all(stdout);
+			return TR_CTL_OK;
+		case 'V':
+			printf("trainctl %s\n", TR_VERSION);
+			return TR_CTL_OK;
+		default:
+			usage_all(stderr);
+			return TR_CTL_USAGE;
 		}
 	}
 	if (optind >= argc) {

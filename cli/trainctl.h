@@ -27,9 +27,9 @@ enum {
 };
 
 struct tr_ctl {
-	char url[512];   /* base URL without a trailing slash */
-	char *token;     /* bearer token or NULL */
-	bool verbose;    /* -v: requests on stderr */
+	char url[512]; /* base URL without a trailing slash */
+	char *token;   /* bearer token or NULL */
+	bool verbose;  /* -v: requests on stderr */
 };
 
 /* ---- http.c ---- */
@@ -53,8 +53,7 @@ int tr_ctl_request(const struct tr_ctl *c, const char *method, const char *path,
 /* A request that must succeed (2xx): returns 0 with r filled, or the exit
  * code after printing the error (the daemon's message for an HTTP error,
  * with a hint for 401/403). */
-int tr_ctl_call(const struct tr_ctl *c, const char *method, const char *path, const char *body,
-		struct tr_ctl_reply *r);
+int tr_ctl_call(const struct tr_ctl *c, const char *method, const char *path, const char *body, struct tr_ctl_reply *r);
 /* Prints the daemon's error in r and returns TR_CTL_HTTP. */
 int tr_ctl_http_error(const struct tr_ctl *c, const struct tr_ctl_reply *r);
 
@@ -63,8 +62,8 @@ int tr_ctl_http_error(const struct tr_ctl *c, const struct tr_ctl_reply *r);
  * connection could not be made or broke (no message printed: callers
  * that retry decide).  err receives the cause. */
 typedef bool (*tr_ctl_sink_fn)(const char *data, size_t len, void *ud);
-int tr_ctl_stream(const struct tr_ctl *c, const char *path, const char *const *headers, tr_ctl_sink_fn sink,
-		  void *ud, struct tr_ctl_reply *r, char *err, size_t errlen);
+int tr_ctl_stream(const struct tr_ctl *c, const char *path, const char *const *headers, tr_ctl_sink_fn sink, void *ud,
+		  struct tr_ctl_reply *r, char *err, size_t errlen);
 
 /* PUTs a body read from source (curl's read callback: fill buf with up to
  * size * n bytes, return the count, 0 at the end) of `size` bytes to
@@ -110,7 +109,7 @@ void tr_table_add(struct tr_table *t, ...); /* ncols strings (NULL = "-") */
 void tr_table_print(struct tr_table *t, FILE *out);
 void tr_table_finish(struct tr_table *t);
 
-void tr_fmt_duration(char *buf, size_t len, double s); /* 1:02:03, 4:05 */
+void tr_fmt_duration(char *buf, size_t len, double s);  /* 1:02:03, 4:05 */
 void tr_fmt_bytes(char *buf, size_t len, double bytes); /* 12.3 MB */
 /* An RFC 3339 time from the API as local "YYYY-MM-DD HH:MM:SS", or "-". */
 void tr_fmt_time(char *buf, size_t len, const char *rfc3339);
@@ -122,8 +121,8 @@ void tr_print_json(const json_t *j, FILE *out);
 struct tr_bar {
 	FILE *out;
 	bool tty;
-	bool drawn;     /* a bar is on the current line */
-	double last;    /* when it was last printed */
+	bool drawn;  /* a bar is on the current line */
+	double last; /* when it was last printed */
 	double interval;
 	int64_t printed_step; /* the step of the last progress printed */
 };

@@ -151,7 +151,8 @@ int tr_cmd_upload(struct tr_ctl *c, int argc, char **argv)
 	tr_sha256_final_hex(&s.sha, hex);
 	const char *theirs = json_string_value(json_object_get(r.json, "sha256"));
 	if (!theirs || strcmp(theirs, hex) != 0 || s.sent != st.st_size) {
-		fprintf(stderr, "trainctl: %s: the daemon's SHA-256 %s is not the file's %s (did it change while being sent?)\n",
+		fprintf(stderr,
+			"trainctl: %s: the daemon's SHA-256 %s is not the file's %s (did it change while being sent?)\n",
 			local, theirs ? theirs : "(none)", hex);
 		tr_ctl_reply_finish(&r);
 		return TR_CTL_LOCAL;
@@ -184,10 +185,8 @@ int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv)
 		return TR_CTL_OK;
 	}
 	tr_table_init(&t, 4, heads, right);
-	json_array_foreach(json_object_get(r.json, "datasets"), i, d)
-	{
-		json_array_foreach(json_object_get(d, "files"), j, f)
-		{
+	json_array_foreach(json_object_get(r.json, "datasets"), i, d) {
+		json_array_foreach(json_object_get(d, "files"), j, f) {
 			char size[32], when[32];
 
 			tr_fmt_bytes(size, sizeof size, (double)json_integer_value(json_object_get(f, "bytes")));

@@ -15,9 +15,9 @@
 #include <stddef.h>
 
 struct tr_error {
-	int kind;           /* a domain error kind (enum tr_job_err), 0 = none */
-	char pointer[256];  /* JSON pointer, "" for none */
-	char message[768];  /* UTF-8, a trailing cut sequence removed */
+	int kind;          /* a domain error kind (enum tr_job_err), 0 = none */
+	char pointer[256]; /* JSON pointer, "" for none */
+	char message[768]; /* UTF-8, a trailing cut sequence removed */
 };
 
 /* Fills e (may be NULL) with kind, pointer (NULL = "") and the formatted

@@ -10,15 +10,16 @@
 #include <string.h>
 
 const char *const tr_job_state_names[TR_JOB_NSTATES + 1] = {
-	[TR_JOB_QUEUED] = "queued",	  [TR_JOB_RUNNING] = "running",	    [TR_JOB_STOPPING] = "stopping",
-	[TR_JOB_PAUSED] = "paused",	  [TR_JOB_STOPPED] = "stopped",	    [TR_JOB_COMPLETED] = "completed",
-	[TR_JOB_FAILED] = "failed",	  [TR_JOB_CANCELLED] = "cancelled", [TR_JOB_INTERRUPTED] = "interrupted",
+	[TR_JOB_QUEUED] = "queued", [TR_JOB_RUNNING] = "running",     [TR_JOB_STOPPING] = "stopping",
+	[TR_JOB_PAUSED] = "paused", [TR_JOB_STOPPED] = "stopped",     [TR_JOB_COMPLETED] = "completed",
+	[TR_JOB_FAILED] = "failed", [TR_JOB_CANCELLED] = "cancelled", [TR_JOB_INTERRUPTED] = "interrupted",
 	[TR_JOB_NSTATES] = NULL,
 };
 
 static const char *const request_names[TR_JOB_NREQUESTS] = {
-	[TR_JOB_CANCEL] = "cancel",	      [TR_JOB_STOP] = "stop",	  [TR_JOB_PAUSE] = "pause",
-	[TR_JOB_RESUME] = "resume",	      [TR_JOB_SET_PRIORITY] = "priority", [TR_JOB_DELETE] = "delete",
+	[TR_JOB_CANCEL] = "cancel",         [TR_JOB_STOP] = "stop",
+	[TR_JOB_PAUSE] = "pause",           [TR_JOB_RESUME] = "resume",
+	[TR_JOB_SET_PRIORITY] = "priority", [TR_JOB_DELETE] = "delete",
 	[TR_JOB_CHECKPOINT] = "checkpoint",
 };
 
@@ -149,7 +150,10 @@ int tr_job_check(int64_t id, const char *state, enum tr_job_request req, struct 
 	size_t used = 0;
 	list[0] = '\0';
 	for (int i = 0; i < n; i++)
-		used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+		used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+					 i == 0       ? ""
+					 : i == n - 1 ? " or "
+						      : ", ",
 					 legal[i]);
 	tr_job_fail(e, TR_JOB_E_ILLEGAL, NULL, "job %lld is %s; only a%s %s job can %s", (long long)id, state,
 		    n > 0 && strchr("aeiou", list[0]) ? "n" : "", list, request_phrase[req]);

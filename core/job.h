@@ -19,12 +19,12 @@
 #include "core/error.h"
 
 enum tr_job_state {
-	TR_JOB_QUEUED,      /* waiting for devices */
+	TR_JOB_QUEUED, /* waiting for devices */
 	TR_JOB_RUNNING,
-	TR_JOB_STOPPING,    /* a stop was asked; the final checkpoint is being taken */
-	TR_JOB_PAUSED,      /* out of the queue until resumed; continues from its checkpoint */
-	TR_JOB_STOPPED,     /* ended by a stop request before its end; resumable, with more steps too */
-	TR_JOB_COMPLETED,   /* ran to its end (max_steps, epochs or early stopping) */
+	TR_JOB_STOPPING,  /* a stop was asked; the final checkpoint is being taken */
+	TR_JOB_PAUSED,    /* out of the queue until resumed; continues from its checkpoint */
+	TR_JOB_STOPPED,   /* ended by a stop request before its end; resumable, with more steps too */
+	TR_JOB_COMPLETED, /* ran to its end (max_steps, epochs or early stopping) */
 	TR_JOB_FAILED,
 	TR_JOB_CANCELLED,
 	TR_JOB_INTERRUPTED, /* the daemon stopped while it ran; queued again at start */
@@ -46,11 +46,11 @@ enum tr_job_request {
 
 /* What a legal request does in a state. */
 enum tr_job_action {
-	TR_JOB_REFUSE,  /* illegal here: 409 */
-	TR_JOB_SET,     /* the job goes to `to` at once (it is not running) */
-	TR_JOB_SIGNAL,  /* the job's runner is asked; it records the outcome (to:
+	TR_JOB_REFUSE, /* illegal here: 409 */
+	TR_JOB_SET,    /* the job goes to `to` at once (it is not running) */
+	TR_JOB_SIGNAL, /* the job's runner is asked; it records the outcome (to:
 			   the state shown meanwhile, or the same state) */
-	TR_JOB_KEEP,    /* legal, and the state stays (priority, delete, a
+	TR_JOB_KEEP,   /* legal, and the state stays (priority, delete, a
 			   repeated stop) */
 };
 
@@ -63,19 +63,19 @@ struct tr_job_transition {
  * API maps each to an HTTP status and code in one table (api/errors.c). */
 enum tr_job_err {
 	TR_JOB_OK = 0,
-	TR_JOB_E_INVALID_SPEC,     /* the job spec is wrong (pointer set) */
-	TR_JOB_E_INVALID_REQUEST,  /* a request body or parameter is wrong */
-	TR_JOB_E_INVALID_PATH,     /* a data path does not open in the data roots */
-	TR_JOB_E_INVALID_INIT,     /* init.from names no usable checkpoint */
-	TR_JOB_E_CANNOT_FIT,       /* asks for devices this daemon does not have */
-	TR_JOB_E_NO_BACKEND,       /* asks for a backend this daemon does not run */
+	TR_JOB_E_INVALID_SPEC,    /* the job spec is wrong (pointer set) */
+	TR_JOB_E_INVALID_REQUEST, /* a request body or parameter is wrong */
+	TR_JOB_E_INVALID_PATH,    /* a data path does not open in the data roots */
+	TR_JOB_E_INVALID_INIT,    /* init.from names no usable checkpoint */
+	TR_JOB_E_CANNOT_FIT,      /* asks for devices this daemon does not have */
+	TR_JOB_E_NO_BACKEND,      /* asks for a backend this daemon does not run */
 	TR_JOB_E_NOT_FOUND,
-	TR_JOB_E_ILLEGAL,          /* the request is not legal in the job's state */
-	TR_JOB_E_NO_CHECKPOINT,    /* the job has no checkpoint of the kind asked for */
-	TR_JOB_E_CONFLICT,         /* an idempotency key reused with another body */
+	TR_JOB_E_ILLEGAL,       /* the request is not legal in the job's state */
+	TR_JOB_E_NO_CHECKPOINT, /* the job has no checkpoint of the kind asked for */
+	TR_JOB_E_CONFLICT,      /* an idempotency key reused with another body */
 	TR_JOB_E_QUEUE_FULL,
-	TR_JOB_E_STORAGE,          /* storage refuses the change now; retry later */
-	TR_JOB_E_UNSUPPORTED,      /* the daemon does not offer the operation */
+	TR_JOB_E_STORAGE,     /* storage refuses the change now; retry later */
+	TR_JOB_E_UNSUPPORTED, /* the daemon does not offer the operation */
 	TR_JOB_E_INTERNAL,
 	TR_JOB_NERRS
 };

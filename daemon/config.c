@@ -22,8 +22,8 @@
 #define DEFAULT_LISTEN "127.0.0.1:8080"
 
 /* Syslog priorities by name: the index is the level. */
-static const char *const level_names[] = {"emerg", "alert",  "crit", "error", "warning",
-					  "notice", "info", "debug", NULL};
+static const char *const level_names[] = {"emerg",  "alert", "crit",  "error", "warning",
+					  "notice", "info",  "debug", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const cpu_conv_names[] = {"auto", "im2col", "onednn", NULL};
 
@@ -65,8 +65,7 @@ static int emit_listen(const void *base, json_t *obj, const char *key)
 	const struct tr_config *c = base;
 	bool v6 = strchr(c->listen_host, ':') != NULL;
 
-	return json_object_set_new(obj, key,
-				   json_sprintf(v6 ? "[%s]:%d" : "%s:%d", c->listen_host, c->listen_port));
+	return json_object_set_new(obj, key, json_sprintf(v6 ? "[%s]:%d" : "%s:%d", c->listen_host, c->listen_port));
 }
 
 /* A repeatable option: v NULL (the default) empties the list, a value is

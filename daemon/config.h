@@ -18,12 +18,12 @@ struct tr_config {
 	char state_dir[1024];
 	char *data_roots[TR_CONFIG_MAX_ROOTS + 1]; /* NULL-terminated */
 	int n_data_roots;
-	int cpu_devices;      /* 0 = one per core */
-	char backend[16];     /* auto | cpu | cuda */
+	int cpu_devices;        /* 0 = one per core */
+	char backend[16];       /* auto | cpu | cuda */
 	char cuda_module[1024]; /* trainerd-cuda.so; "" = search (engine/cuda/module.h) */
-	char cpu_conv[16];    /* auto | im2col | onednn */
-	int64_t max_body;     /* bytes */
-	int log_level;        /* syslog priority: 0..7 */
+	char cpu_conv[16];      /* auto | im2col | onednn */
+	int64_t max_body;       /* bytes */
+	int log_level;          /* syslog priority: 0..7 */
 	int sse_heartbeat_s;
 	int max_connections;            /* HTTP connections, all clients */
 	int max_connections_per_client; /* of one client address */
@@ -34,14 +34,14 @@ struct tr_config {
 	int64_t sse_buffer;             /* event bytes one stream holds at a time */
 	int max_queued_jobs;            /* queued jobs at once; 0 = no limit */
 	int sse_stall_s;                /* a stream whose client reads nothing for this long is closed; 0 = auto */
-	int shutdown_grace_s; /* SIGTERM: stop jobs at a step boundary within this */
-	int64_t metrics_queue;   /* points buffered before drops */
-	int64_t state_max_bytes; /* database size cap, 0 = none */
-	int64_t datasets_max_bytes; /* uploaded datasets together, 0 = none */
+	int shutdown_grace_s;           /* SIGTERM: stop jobs at a step boundary within this */
+	int64_t metrics_queue;          /* points buffered before drops */
+	int64_t state_max_bytes;        /* database size cap, 0 = none */
+	int64_t datasets_max_bytes;     /* uploaded datasets together, 0 = none */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
-	char token_file[1024];  /* role:token lines; see daemon/tokens.c */
-	char tls_cert[1024];    /* PEM; with tls_key the API serves HTTPS */
+	char token_file[1024]; /* role:token lines; see daemon/tokens.c */
+	char tls_cert[1024];   /* PEM; with tls_key the API serves HTTPS */
 	char tls_key[1024];
 	char openapi_path[1024];
 	char submit_if_empty[1024]; /* a job spec submitted when the queue has never had a job */

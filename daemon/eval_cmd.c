@@ -199,8 +199,8 @@ static int parse_source(const struct common_opts *o, const struct tr_model_desc 
 	struct tr_error serr;
 	int rc = tr_model_source_parse(NULL, d, src, spec, &serr);
 	if (rc < 0)
-		fprintf(stderr, "trainerd %s: DATA_SPEC: %s%s\n", o->cmd,
-			serr.message[0] == ':' ? "(the source)" : "", serr.message);
+		fprintf(stderr, "trainerd %s: DATA_SPEC: %s%s\n", o->cmd, serr.message[0] == ':' ? "(the source)" : "",
+			serr.message);
 	json_decref(src);
 	return rc < 0 ? -1 : 0;
 }
@@ -500,8 +500,8 @@ static int write_npy_header(FILE *f, int64_t rows, int cols)
 			 (long long)rows, cols);
 	size_t total = 10 + (size_t)n + 1, pad = (64 - total % 64) % 64;
 	uint16_t hlen = (uint16_t)((size_t)n + pad + 1);
-	unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
-				 (unsigned char)(hlen >> 8)};
+	unsigned char pre[10] = {
+		0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
 	if (fwrite(pre, 1, sizeof pre, f) != sizeof pre || fwrite(dict, 1, (size_t)n, f) != (size_t)n)
 		return -1;
 	for (size_t i = 0; i < pad; i++)

@@ -50,41 +50,42 @@ static int get_int(const json_t *body, const char *key, int lo, int hi, int def,
 	}
 	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
 		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, key[0] == 'd' ? "/devices" : "/batch_size",
-			      "/%s: must be an integer from %d to %d", key, lo, hi);
+				   "/%s: must be an integer from %d to %d", key, lo, hi);
 	*out = (int)json_integer_value(v);
 	return 0;
 }
 
-int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, int64_t *eval_id,
-		   struct tr_error *err)
+int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err)
 {
 	tr_store_t *st = s->cfg.store;
 	const char *key;
 	const json_t *v;
-	json_object_foreach((json_t *)body, key, v)
-	{
+	json_object_foreach((json_t *)body, key, v) {
 		if (strcmp(key, "data") && strcmp(key, "checkpoint") && strcmp(key, "devices") &&
 		    strcmp(key, "batch_size") && strcmp(key, "name")) {
 			char ptr[300];
 			snprintf(ptr, sizeof ptr, "/%s", key);
 			return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, ptr,
-				      "%s: unknown key (expected data, checkpoint, devices, batch_size, name)", ptr);
+					   "%s: unknown key (expected data, checkpoint, devices, batch_size, name)",
+					   ptr);
 		}
 	}
 	const json_t *data = json_object_get(body, "data");
 	if (!json_is_object(data))
-		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/data",
-			      "/data: required: a data source as in a job's data.train, e.g. {\"format\": \"csv\", "
-			      "\"path\": \"test.csv\"}");
+		return tr_job_fail(
+			err, TR_JOB_E_INVALID_REQUEST, "/data",
+			"/data: required: a data source as in a job's data.train, e.g. {\"format\": \"csv\", "
+			"\"path\": \"test.csv\"}");
 	int devices, batch;
-	if (get_int(body, "devices", 1, s->ndev < EVAL_MAX_DEVICES ? s->ndev : EVAL_MAX_DEVICES, 1, &devices, err) < 0 ||
+	if (get_int(body, "devices", 1, s->ndev < EVAL_MAX_DEVICES ? s->ndev : EVAL_MAX_DEVICES, 1, &devices, err) <
+		    0 ||
 	    get_int(body, "batch_size", 1, EVAL_MAX_BATCH, 256, &batch, err) < 0)
 		return -1;
 	const json_t *name = json_object_get(body, "name");
-	if (name && (!json_is_string(name) || json_string_length(name) < 1 ||
-		     json_string_length(name) > TR_SPEC_MAX_NAME))
+	if (name &&
+	    (!json_is_string(name) || json_string_length(name) < 1 || json_string_length(name) > TR_SPEC_MAX_NAME))
 		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/name", "/name: must be a string of 1 to %d bytes",
-			      TR_SPEC_MAX_NAME);
+				   TR_SPEC_MAX_NAME);
 
 	/* Which checkpoint: resolved to a step now. */
 	const json_t *ck = json_object_get(body, "checkpoint");
@@ -98,7 +99,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		ck_name = NULL;
 	} else if (ck && !(json_is_string(ck) && strcmp(json_string_value(ck), "latest") == 0)) {
 		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/checkpoint",
-			      "/checkpoint: must be \"latest\", \"best\" or a step (an integer >= 0)");
+				   "/checkpoint: must be \"latest\", \"best\" or a step (an integer >= 0)");
 	}
 	struct tr_job_row target = {0};
 	struct tr_error se = {0};
@@ -110,7 +111,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	if (tr_eval_spec_is(target.normalized)) {
 		tr_job_row_finish(&target);
 		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is an evaluate job; it has no checkpoints",
-			      (long long)job_id);
+				   (long long)job_id);
 	}
 	struct tr_ckpt_row row = {0};
 	rc = tr_store_ckpt_get(st, job_id, want, &row);
@@ -121,11 +122,12 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		if (rc != -ENOENT)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(st));
 		if (ck_name)
-			return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint", "/checkpoint: job %lld has no %s checkpoint%s",
-				      (long long)job_id, ck_name,
-				      want == TR_CKPT_BEST ? " (best needs early_stopping)" : " yet");
-		return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint", "/checkpoint: job %lld has no checkpoint at step %lld",
-			      (long long)job_id, (long long)want);
+			return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint",
+					   "/checkpoint: job %lld has no %s checkpoint%s", (long long)job_id, ck_name,
+					   want == TR_CKPT_BEST ? " (best needs early_stopping)" : " yet");
+		return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint",
+				   "/checkpoint: job %lld has no checkpoint at step %lld", (long long)job_id,
+				   (long long)want);
 	}
 
 	/* The source is checked as a job's data.train would be, against the
@@ -273,8 +275,7 @@ static void store_result(struct running_job *j, json_t *figures, int64_t step)
 	double wall = now.tv_sec + now.tv_nsec / 1e9;
 	const char *key;
 	json_t *v;
-	json_object_foreach(figures, key, v)
-	{
+	json_object_foreach(figures, key, v) {
 		if (json_is_real(v))
 			tr_store_metric_append(st, j->id, key, step, 0, wall, json_real_value(v), NULL);
 	}
@@ -389,7 +390,8 @@ static void *eval_main(void *arg)
 		const json_t *loss = json_object_get(figures, "loss"), *acc = json_object_get(figures, "accuracy");
 		snprintf(line, sizeof line, "done in %.2f s: loss %.6g", mono_s() - e.started, json_number_value(loss));
 		if (acc)
-			snprintf(line + strlen(line), sizeof line - strlen(line), ", accuracy %.4f", json_number_value(acc));
+			snprintf(line + strlen(line), sizeof line - strlen(line), ", accuracy %.4f",
+				 json_number_value(acc));
 		tr_store_log_append(st, j->id, TR_LOG_INF, line, NULL);
 		tr_store_job_set_progress(st, j->id, e.batches, e.total, 0, json_number_value(loss), NULL);
 	}

@@ -75,7 +75,10 @@ static void emit(int level, const char *msg)
 	    tr_rfc3339_format((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9, when, sizeof when - 1))
 		strcat(when, " ");
 	fprintf(stderr, "%strainerd: %s%s\n", when,
-		level <= TR_LOG_ERR ? "error: " : level == TR_LOG_WARN ? "warning: " : "", msg);
+		level <= TR_LOG_ERR    ? "error: "
+		: level == TR_LOG_WARN ? "warning: "
+				       : "",
+		msg);
 }
 
 void tr_log(int level, const char *fmt, ...)
@@ -101,9 +104,8 @@ void tr_log_job(int level, long long job_id, const char *fmt, ...)
 	va_end(ap);
 	snprintf(buf, sizeof buf, "job %lld: %s", job_id, msg);
 #ifdef TR_HAVE_SYSTEMD
-	if (tr_log_to_journal() &&
-	    sd_journal_send("MESSAGE=%s", buf, "PRIORITY=%d", level, "TRAINERD_JOB_ID=%lld", job_id,
-			    "SYSLOG_IDENTIFIER=trainerd", NULL) >= 0)
+	if (tr_log_to_journal() && sd_journal_send("MESSAGE=%s", buf, "PRIORITY=%d", level, "TRAINERD_JOB_ID=%lld",
+						   job_id, "SYSLOG_IDENTIFIER=trainerd", NULL) >= 0)
 		return;
 #endif
 	emit(level, buf);

@@ -71,15 +71,16 @@ static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const
 		return 0;
 	}
 	if (fd == -ENOENT && ref[0]) {
-		tr_error_set(e, -1, 0, ptr, "%s: no dataset file '%s'; upload it with PUT /datasets/%s (trainctl upload)", ptr,
-			 ref, ref + strlen(TR_DATASET_REF_PREFIX));
+		tr_error_set(e, -1, 0, ptr,
+			     "%s: no dataset file '%s'; upload it with PUT /datasets/%s (trainctl upload)", ptr, ref,
+			     ref + strlen(TR_DATASET_REF_PREFIX));
 	} else if (fd == -ENOENT) {
 		char list[1024];
 		tr_data_roots_describe(s->roots, list, sizeof list);
 		tr_error_set(e, -1, 0, ptr,
-			 "%s: no %s '%s' in the daemon's data roots (%s); paths resolve against the roots, "
-			 "which are set with --data-root DIR or data-root lines in the config file",
-			 ptr, want_dir ? "folder" : "file", *field, list);
+			     "%s: no %s '%s' in the daemon's data roots (%s); paths resolve against the roots, "
+			     "which are set with --data-root DIR or data-root lines in the config file",
+			     ptr, want_dir ? "folder" : "file", *field, list);
 	} else {
 		tr_error_set(e, -1, 0, ptr, "%s: %s", ptr, why.message);
 	}

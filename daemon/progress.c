@@ -89,8 +89,8 @@ static void epoch_line(struct tr_progress_display *d)
 	if (d->is_tty && d->printed_bar)
 		fputs("\r\033[K", d->out); /* the bar's line becomes the summary */
 	fprintf(d->out, "epoch %s: loss %.4f%s elapsed %s (step %lld/%lld, %.0f samples/s)\n", epochs,
-		d->epoch_loss_n ? d->epoch_loss_sum / (double)d->epoch_loss_n : p->loss, val, el,
-		(long long)p->step, (long long)p->total_steps, p->samples_per_sec);
+		d->epoch_loss_n ? d->epoch_loss_sum / (double)d->epoch_loss_n : p->loss, val, el, (long long)p->step,
+		(long long)p->total_steps, p->samples_per_sec);
 	d->printed_bar = 0;
 	d->epoch_loss_sum = 0;
 	d->epoch_loss_n = 0;

@@ -57,8 +57,8 @@ static void on_metric(void *ctx, const struct tr_metric_point *p)
 	if (!rc->metrics)
 		return;
 	/* %.9g keeps floats exact enough to compare runs. */
-	if (fprintf(rc->metrics, "{\"step\":%lld,\"epoch\":%lld,\"name\":\"%s\",\"value\":%.9g}\n",
-		    (long long)p->step, (long long)p->epoch, p->name, isfinite(p->value) ? p->value : 0.0) < 0)
+	if (fprintf(rc->metrics, "{\"step\":%lld,\"epoch\":%lld,\"name\":\"%s\",\"value\":%.9g}\n", (long long)p->step,
+		    (long long)p->epoch, p->name, isfinite(p->value) ? p->value : 0.0) < 0)
 		rc->metrics_failed = 1;
 }
 
@@ -83,7 +83,7 @@ static void on_log(void *ctx, enum tr_log_level lvl, const char *msg)
  * at the end (completed or stopped), for --resume. */
 static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
 {
-	(void)final;
+	(void) final;
 	struct run_ctx *rc = ctx;
 	struct tr_error err;
 	if (tr_run_ckpt_write(rc->out_dir, tr_trainer_model(rc->trainer), rc->optim, snap, &err) < 0)
@@ -115,8 +115,8 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 	json_t *j = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i, s:i, s:s}", "steps", (json_int_t)s->steps,
 			      "epochs", (json_int_t)s->epochs, "samples", (json_int_t)s->samples, "final_loss",
 			      s->final_loss, "wall_s", s->wall_s, "samples_per_sec", s->samples_per_sec,
-			      "data_wait_fraction", s->data_wait_fraction, "devices", ndev, "workers", workers,
-			      "state", state);
+			      "data_wait_fraction", s->data_wait_fraction, "devices", ndev, "workers", workers, "state",
+			      state);
 	if (!j)
 		return -ENOMEM;
 	json_object_set_new(j, "val_loss", isfinite(s->val_loss) ? json_real(s->val_loss) : json_null());
@@ -125,8 +125,11 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 	const struct {
 		const char *name;
 		double v;
-	} test[] = {{"test_loss", s->test_loss}, {"test_accuracy", s->test_accuracy}, {"test_mse", s->test_mse},
-		    {"test_mae", s->test_mae}, {"test_r2", s->test_r2}};
+	} test[] = {{"test_loss", s->test_loss},
+		    {"test_accuracy", s->test_accuracy},
+		    {"test_mse", s->test_mse},
+		    {"test_mae", s->test_mae},
+		    {"test_r2", s->test_r2}};
 	for (size_t i = 0; i < sizeof test / sizeof test[0]; i++)
 		if (isfinite(test[i].v))
 			json_object_set_new(j, test[i].name, json_real(test[i].v));
@@ -239,10 +242,10 @@ static int apply_set(json_t *doc, const char *arg)
 			int at = (int)(tok - 1 - ptr);
 			fprintf(stderr, "trainerd run: --set %s: %.*s is %s, not an object or array\n", arg,
 				at ? at : 1, arg,
-				json_is_string(node)	? "a string" :
-				json_is_null(node)	? "null" :
-				json_is_boolean(node) ? "a boolean" :
-							"a number");
+				json_is_string(node)    ? "a string"
+				: json_is_null(node)    ? "null"
+				: json_is_boolean(node) ? "a boolean"
+							: "a number");
 			goto out;
 		}
 		tok = next;
@@ -263,7 +266,9 @@ static int check_data_paths(const struct tr_spec *spec, const char *job)
 	const struct {
 		const struct tr_source_spec *src;
 		const char *base;
-	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}, {&spec->test, "/data/test"}};
+	} srcs[] = {{&spec->train, "/data/train"},
+		    {&spec->validation, "/data/validation"},
+		    {&spec->test, "/data/test"}};
 	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
 		const struct tr_source_spec *src = srcs[i].src;
 		if (!src->present || src->format == TR_DATA_SYNTHETIC)
@@ -310,8 +315,7 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 	char *end;
 	long n = v ? strtol(v, &end, 10) : 0;
 	if (!v || *end || n < lo || n > hi) {
-		fprintf(stderr, "trainerd run: %s needs an integer in [%d, %d], got '%s'\n", flag, lo, hi,
-			v ? v : "");
+		fprintf(stderr, "trainerd run: %s needs an integer in [%d, %d], got '%s'\n", flag, lo, hi, v ? v : "");
 		return -1;
 	}
 	*out = (int)n;
@@ -368,7 +372,8 @@ int tr_cmd_run(int argc, char **argv)
 			else if (strcmp(v, "onednn") == 0)
 				cpu_conv = TR_CPU_CONV_ONEDNN;
 			else {
-				fprintf(stderr, "trainerd run: --cpu-conv must be auto, im2col or onednn, got '%s'\n", v);
+				fprintf(stderr, "trainerd run: --cpu-conv must be auto, im2col or onednn, got '%s'\n",
+					v);
 				return 2;
 			}
 			i++;
@@ -429,8 +434,9 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	if (spec.init_job > 0) {
-		fprintf(stderr, "trainerd run: %s: /init/from: starting from job %lld's checkpoint needs the daemon "
-				"(trainerd serve); give a safetensors file instead\n",
+		fprintf(stderr,
+			"trainerd run: %s: /init/from: starting from job %lld's checkpoint needs the daemon "
+			"(trainerd serve); give a safetensors file instead\n",
 			job, (long long)spec.init_job);
 		tr_spec_finish(&spec);
 		return 2;
@@ -458,7 +464,7 @@ int tr_cmd_run(int argc, char **argv)
 			if (spec.device_ids[i] + 1 > n)
 				n = spec.device_ids[i] + 1;
 	struct tr_backend_options bopt = {
-		.kind = spec.backend == TR_BACKEND_CPU	  ? TR_BACKEND_KIND_CPU
+		.kind = spec.backend == TR_BACKEND_CPU    ? TR_BACKEND_KIND_CPU
 			: spec.backend == TR_BACKEND_CUDA ? TR_BACKEND_KIND_CUDA
 							  : TR_BACKEND_KIND_AUTO,
 		.devices = n,
@@ -509,7 +515,10 @@ int tr_cmd_run(int argc, char **argv)
 		.devices = devices,
 		.workers = workers,
 		.data_roots = NULL, /* a person's own files: paths as written */
-		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
+		.hooks = {.metric = on_metric,
+			  .progress = on_progress,
+			  .log = on_log,
+			  .checkpoint = on_checkpoint,
 			  .ctx = &ctx},
 	};
 	tr_trainer_t *t = NULL;
@@ -535,8 +544,9 @@ int tr_cmd_run(int argc, char **argv)
 		}
 		const char *was = json_string_value(json_object_get(snap->meta, "devices"));
 		if (was && atoi(was) != tr_trainer_device_count(t))
-			fprintf(stderr, "trainerd: the checkpoint was written by a run on %s devices, this one has %d: "
-					"the result will differ slightly from an uninterrupted run\n",
+			fprintf(stderr,
+				"trainerd: the checkpoint was written by a run on %s devices, this one has %d: "
+				"the result will differ slightly from an uninterrupted run\n",
 				was, tr_trainer_device_count(t));
 		if ((rc = tr_run_metrics_truncate(path, snap->step)) < 0)
 			fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(-rc));

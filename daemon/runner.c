@@ -282,8 +282,8 @@ static bool final_weights_missing(struct running_job *j, int64_t steps, struct t
 		return false;
 	if (rc < 0 && rc != -ENOENT) {
 		/* The list could not be read: the weights may well be there. */
-		tr_log(TR_LOG_WARN, "job %lld: cannot check that its final checkpoint is stored: %s",
-		       (long long)j->id, tr_store_error(st));
+		tr_log(TR_LOG_WARN, "job %lld: cannot check that its final checkpoint is stored: %s", (long long)j->id,
+		       tr_store_error(st));
 		return false;
 	}
 	char older[64] = "no earlier checkpoint exists";
@@ -364,8 +364,12 @@ static void *runner_main(void *arg)
 		.spec = &j->spec,
 		.backend = s->cfg.backend,
 		.data_roots = s->roots,
-		.hooks = {.metric = on_metric, .progress = on_progress, .log = on_log, .checkpoint = on_checkpoint,
-			  .checkpoint_busy = on_checkpoint_busy, .info = on_info,
+		.hooks = {.metric = on_metric,
+			  .progress = on_progress,
+			  .log = on_log,
+			  .checkpoint = on_checkpoint,
+			  .checkpoint_busy = on_checkpoint_busy,
+			  .info = on_info,
 			  .ctx = j},
 		/* No trainer exists yet for a cancel to reach: set-up watches
 		 * the job's own flag (a cancel, or shutdown after its grace). */
@@ -386,8 +390,7 @@ static void *runner_main(void *arg)
 	/* A file gone from the roots since submit: the same answer, naming
 	 * the pointer and the roots, as a check at submit gives (resolving
 	 * again only now that something is wrong). */
-	if (rc == -ENOENT && j->paths_resolved &&
-	    tr_resolve_spec_paths(s, &j->spec, &perr) < 0)
+	if (rc == -ENOENT && j->paths_resolved && tr_resolve_spec_paths(s, &j->spec, &perr) < 0)
 		err = perr;
 	if (rc < 0) {
 		finish(j, "failed",

@@ -193,10 +193,9 @@ static void start_queued(struct tr_scheduler *s)
 		/* A training spec is parsed once at submit; the stored text
 		 * only after a restart or a resume that changed the job's end.
 		 * An evaluate job's small spec is read from its text. */
-		if (tr_eval_spec_is(r->normalized)
-			    ? tr_eval_prepare(job, r->normalized, &serr) < 0
-			    : !tr_sched_take_spec(s, r->id, &job->spec, &job->paths_resolved) &&
-				      tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
+		if (tr_eval_spec_is(r->normalized) ? tr_eval_prepare(job, r->normalized, &serr) < 0
+						   : !tr_sched_take_spec(s, r->id, &job->spec, &job->paths_resolved) &&
+							     tr_spec_parse_text(r->normalized, &job->spec, &serr) < 0) {
 			fail_job(s, r->id, "invalid_spec", serr.message);
 			free(job);
 			continue;
@@ -233,7 +232,8 @@ static void start_queued(struct tr_scheduler *s)
 			break;
 		}
 		if (rc == 0)
-			rc = job->eval ? tr_eval_runner_start(job, err, sizeof err) : tr_runner_start(job, err, sizeof err);
+			rc = job->eval ? tr_eval_runner_start(job, err, sizeof err)
+				       : tr_runner_start(job, err, sizeof err);
 		else
 			snprintf(err, sizeof err, "store: %.*s", (int)sizeof err - 8, se.message);
 		if (rc < 0) {

@@ -17,13 +17,13 @@
 typedef struct tr_scheduler tr_scheduler_t;
 
 struct tr_scheduler_config {
-	tr_store_t *store;              /* borrowed */
-	tr_backend_t *backend;          /* borrowed: its devices are the pool */
-	const char *const *data_roots;  /* NULL-terminated absolute directories */
+	tr_store_t *store;             /* borrowed */
+	tr_backend_t *backend;         /* borrowed: its devices are the pool */
+	const char *const *data_roots; /* NULL-terminated absolute directories */
 	/* Where "dataset:NAME/FILE" paths resolve (storage/datasets.h): an
 	 * absolute directory, a data root besides data_roots; NULL = none. */
 	const char *datasets_dir;
-	int max_queued;                 /* queued jobs at once; 0 = no limit */
+	int max_queued; /* queued jobs at once; 0 = no limit */
 };
 
 int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, char *err, size_t errlen);

@@ -31,7 +31,7 @@ struct running_job {
 	bool finished; /* runner done; the dispatcher joins it */
 	/* Control requested through the API; read by the runner. */
 	atomic_bool cancel_requested, stop_requested, pause_requested;
-	tr_trainer_t *trainer; /* set while the trainer runs (under sched lock) */
+	tr_trainer_t *trainer;           /* set while the trainer runs (under sched lock) */
 	tr_trainer_t *trainer_for_hooks; /* the runner's own: set from create to destroy */
 	/* Live progress, guarded by sched lock. */
 	struct tr_progress progress;
@@ -49,7 +49,7 @@ struct tr_scheduler {
 	int ndev;
 	pthread_mutex_t lock;
 	pthread_cond_t wake;
-	bool dirty;         /* the queue may have changed */
+	bool dirty; /* the queue may have changed */
 	bool shutting_down;
 	bool started;
 	atomic_bool ready;
@@ -94,8 +94,7 @@ int tr_runner_start(struct running_job *job, char *err, size_t errlen);
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct tr_error *e);
 /* Records how a job ended (runner.c): metrics flushed first, then the
  * state, then the scheduler is told its devices are free. */
-void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message,
-		      int64_t step);
+void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step);
 
 /* Evaluate jobs (evaluate.c).  tr_eval_spec_is: whether a stored
  * normalized spec is one.  tr_eval_prepare: fills j->eval and the device

@@ -41,8 +41,7 @@ extern int openblas_thread_timeout(void) __attribute__((weak));
  * devices (daemon/backend_open.c says so when it falls back).  Per-job
  * settings such as the gemm precision are applied by each job's runner on
  * its own devices. */
-static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, size_t fblen, char *err,
-				   size_t errlen)
+static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, size_t fblen, char *err, size_t errlen)
 {
 	struct tr_backend_options o = {.cpu_devices = c->cpu_devices, .cuda_module = c->cuda_module};
 	o.cpu_conv = strcmp(c->cpu_conv, "im2col") == 0   ? TR_CPU_CONV_IM2COL
@@ -137,8 +136,8 @@ static void reload(int argc, char **argv, struct tr_config *cur, struct auth_sta
 	tr_config_diff(cur, &next, note_change, &rl);
 	bool tokens_changed = !tr_tokens_equal(&tokens, &auth->file) || strstr(rl.changed, "token");
 	if (tokens_changed) {
-		if (tr_api_set_tokens(api, next.n_tokens ? (const char *const *)next.tokens : NULL, tokens.v, tokens.n, err,
-				      sizeof err) < 0) {
+		if (tr_api_set_tokens(api, next.n_tokens ? (const char *const *)next.tokens : NULL, tokens.v, tokens.n,
+				      err, sizeof err) < 0) {
 			tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", err);
 			goto out;
 		}
@@ -325,8 +324,8 @@ int tr_cmd_serve(int argc, char **argv)
 	bool v6 = strchr(host, ':') != NULL;
 	int ndev = be->i->device_count(be);
 	tr_log(TR_LOG_NOTICE, "listening on %s://%s%s%s:%d%s (%d %s devices, state in %s)", tls ? "https" : "http",
-	       v6 ? "[" : "", host, v6 ? "]" : "", port, listen_fd >= 0 ? ", socket from systemd" : "",
-	       ndev, be->i->name, cfg.state_dir);
+	       v6 ? "[" : "", host, v6 ? "]" : "", port, listen_fd >= 0 ? ", socket from systemd" : "", ndev,
+	       be->i->name, cfg.state_dir);
 	if (cfg.submit_if_empty[0] && tr_scheduler_submit_if_empty(sched, cfg.submit_if_empty, err, sizeof err) < 0)
 		tr_log(TR_LOG_WARN, "--submit-if-empty: %s", err);
 	char devices[700];
@@ -369,8 +368,9 @@ out:
 		if (n > 0)
 			tr_log(TR_LOG_WARN, "%s", msg);
 		else if (n < 0)
-			tr_log(TR_LOG_ERR, "%s after a restart these jobs show their last written state; one "
-					   "written as running is queued again and resumes from its newest checkpoint",
+			tr_log(TR_LOG_ERR,
+			       "%s after a restart these jobs show their last written state; one "
+			       "written as running is queued again and resumes from its newest checkpoint",
 			       msg);
 	}
 	tr_store_close(store);

@@ -79,8 +79,10 @@ int tr_service_listen_fd(char *err, size_t errlen)
 	if (n == 0)
 		return -1;
 	if (n > 1) {
-		snprintf(err, errlen, "socket activation passed %d sockets; trainerd.socket must have exactly one "
-				      "ListenStream=", n);
+		snprintf(err, errlen,
+			 "socket activation passed %d sockets; trainerd.socket must have exactly one "
+			 "ListenStream=",
+			 n);
 		return -2;
 	}
 	if (sd_is_socket(SD_LISTEN_FDS_START, AF_UNSPEC, SOCK_STREAM, 1) <= 0) {

@@ -41,30 +41,30 @@ static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, str
 				char ptr[32];
 				snprintf(ptr, sizeof ptr, "/devices/%d", i);
 				return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, ptr,
-					      "%s: device %d does not exist; this daemon has devices 0..%d", ptr,
-					      spec->device_ids[i], s->ndev - 1);
+						   "%s: device %d does not exist; this daemon has devices 0..%d", ptr,
+						   spec->device_ids[i], s->ndev - 1);
 			}
 		}
 	} else if (spec->device_count > s->ndev) {
 		return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, "/devices",
-			      "/devices: %d devices requested, this daemon has %d", spec->device_count, s->ndev);
+				   "/devices: %d devices requested, this daemon has %d", spec->device_count, s->ndev);
 	}
 	const tr_backend_i *have = s->cfg.backend->i;
 	/* Only on refusal: asking the driver costs a few milliseconds. */
 	if (spec->backend == TR_BACKEND_CUDA && have->kind != TR_BACKEND_KIND_CUDA)
 		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
-			      "/backend: cuda requested, but this daemon runs on %s devices (%s)", have->name,
-			      tr_cuda_available() ? "a GPU is visible, but the daemon was started with --backend cpu or "
-						    "could not use it: see its log"
-						  : "no usable GPU");
+				   "/backend: cuda requested, but this daemon runs on %s devices (%s)", have->name,
+				   tr_cuda_available()
+					   ? "a GPU is visible, but the daemon was started with --backend cpu or "
+					     "could not use it: see its log"
+					   : "no usable GPU");
 	if (spec->backend == TR_BACKEND_CPU && have->kind != TR_BACKEND_KIND_CPU)
 		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/backend",
-			      "/backend: cpu requested, but this daemon's devices are %s", have->name);
+				   "/backend: cpu requested, but this daemon's devices are %s", have->name);
 	return 0;
 }
 
-static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed,
-		     struct tr_error *err)
+static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_spec spec;
@@ -76,18 +76,18 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, &serr) : 0;
 	if (paths < 0)
 		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, serr.pointer, "%s",
-			    serr.message);
+				 serr.message);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
 		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {
 			if (spec.init_step >= 0)
 				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
-					    "/init/from: job %lld has no checkpoint at step %lld", (long long)spec.init_job,
-					    (long long)spec.init_step);
+						 "/init/from: job %lld has no checkpoint at step %lld",
+						 (long long)spec.init_job, (long long)spec.init_step);
 			else
 				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
-					    "/init/from: job %lld does not exist or has no checkpoint yet",
-					    (long long)spec.init_job);
+						 "/init/from: job %lld does not exist or has no checkpoint yet",
+						 (long long)spec.init_job);
 		}
 		tr_ckpt_row_finish(&ck);
 	}
@@ -98,8 +98,9 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	json_t *norm = tr_spec_to_json(&spec);
 	char *norm_text = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
 	/* "The spec as given": the request's own text when it is there. */
-	char *spec_text = req->body ? strndup(req->body, req->body_len)
-				    : json_dumps(req->spec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+	char *spec_text = req->body
+				  ? strndup(req->body, req->body_len)
+				  : json_dumps(req->spec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
 	json_decref(norm);
 	char digest[33];
 	body_digest(req->body ? req->body : "", req->body_len, digest);
@@ -137,8 +138,8 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 			*replayed = true;
 		} else if (rc == 0) {
 			rc = tr_job_fail(err, TR_JOB_E_CONFLICT, "",
-				    "Idempotency-Key '%s' was used for job %lld with a different request body",
-				    req->idempotency_key, (long long)existing);
+					 "Idempotency-Key '%s' was used for job %lld with a different request body",
+					 req->idempotency_key, (long long)existing);
 		} else {
 			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "store: %s", se.message);
 		}
@@ -192,12 +193,13 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 	 * still include it (docs/design.md, "Epochs"). */
 	if (req->epochs && req->epochs < row->epoch + 1)
 		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/epochs",
-			      "/epochs: job %lld is in epoch %lld (1-based) already; give at least %lld",
-			      (long long)row->id, (long long)tr_job_epoch_shown(row->epoch), (long long)row->epoch + 1);
+				   "/epochs: job %lld is in epoch %lld (1-based) already; give at least %lld",
+				   (long long)row->id, (long long)tr_job_epoch_shown(row->epoch),
+				   (long long)row->epoch + 1);
 	if (req->max_steps && req->max_steps < row->step)
 		return tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "/max_steps",
-			      "/max_steps: job %lld is at step %lld already; give at least that", (long long)row->id,
-			      (long long)row->step);
+				   "/max_steps: job %lld is at step %lld already; give at least that",
+				   (long long)row->id, (long long)row->step);
 	const char *texts[2] = {row->spec, row->normalized};
 	char *out[2] = {NULL, NULL};
 	int rc = 0;
@@ -205,7 +207,7 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 		json_t *doc = texts[i] ? json_loads(texts[i], 0, NULL) : NULL;
 		if (!json_is_object(doc)) {
 			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: its stored spec is not a JSON object",
-				    (long long)row->id);
+					 (long long)row->id);
 		} else {
 			json_object_del(doc, "epochs");
 			json_object_del(doc, "max_steps");
@@ -224,7 +226,7 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 		struct tr_error serr;
 		if (tr_spec_parse_text(out[1], &spec, &serr) < 0)
 			rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, req->epochs ? "/epochs" : "/max_steps", "%s",
-				    serr.message);
+					 serr.message);
 		else
 			tr_spec_finish(&spec);
 	}
@@ -281,7 +283,7 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		tr_sched_drop_spec(s, id);
 	} else {
 		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
-			      tr_job_state_name(to));
+				   tr_job_state_name(to));
 	}
 	return 0;
 }
@@ -294,7 +296,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 	struct running_job *j = find_running(s, id);
 	if (!j)
 		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is %s and not running here", (long long)id,
-			      row->state);
+				   row->state);
 	if (op == TR_JOB_PAUSE) {
 		/* A stop whose final checkpoint is the resume point; the runner
 		 * records the job as paused and frees its devices. */
@@ -318,8 +320,8 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 				    NULL);
 	} else if (op == TR_JOB_CHECKPOINT) {
 		if (!j->trainer)
-			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is still setting up; ask again once it runs",
-				      (long long)id);
+			return tr_job_fail(err, TR_JOB_E_ILLEGAL, "",
+					   "job %lld is still setting up; ask again once it runs", (long long)id);
 		tr_trainer_request_checkpoint(j->trainer);
 	}
 	return 0;
@@ -406,11 +408,12 @@ static json_t *op_devices(void *ctx)
 		size_t total = 0, free_bytes = 0;
 		be->i->device_name(be, d, name, sizeof name);
 		bool mem = be->i->memory_info && be->i->memory_info(be, d, &total, &free_bytes) == 0 && total > 0;
-		json_array_append_new(list, json_pack("{s:i, s:s, s:s, s:o, s:o, s:o}", "id", d, "name", name, "kind",
-						       be->i->name, "memory_total",
-						       mem ? json_integer((json_int_t)total) : json_null(), "memory_free",
-						       mem ? json_integer((json_int_t)free_bytes) : json_null(), "job",
-						       owner[d] ? json_integer(owner[d]) : json_null()));
+		json_array_append_new(list,
+				      json_pack("{s:i, s:s, s:s, s:o, s:o, s:o}", "id", d, "name", name, "kind",
+						be->i->name, "memory_total",
+						mem ? json_integer((json_int_t)total) : json_null(), "memory_free",
+						mem ? json_integer((json_int_t)free_bytes) : json_null(), "job",
+						owner[d] ? json_integer(owner[d]) : json_null()));
 	}
 	return list;
 }

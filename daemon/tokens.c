@@ -91,8 +91,8 @@ int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_
 		char *tok = colon + 1;
 		enum tr_api_role role = tr_api_role_parse(s, (size_t)(colon - s));
 		if (role == TR_ROLE_NONE) {
-			snprintf(err, errlen, "token-file %s:%d: unknown role '%.*s' (read, write or admin)", path, lineno,
-				 (int)(colon - s) > 32 ? 32 : (int)(colon - s), s);
+			snprintf(err, errlen, "token-file %s:%d: unknown role '%.*s' (read, write or admin)", path,
+				 lineno, (int)(colon - s) > 32 ? 32 : (int)(colon - s), s);
 			rc = -EINVAL;
 			break;
 		}

@@ -101,8 +101,9 @@ int tr_backend_open(const struct tr_backend_options *opt, tr_backend_t **out, ch
 		return -EINVAL;
 	}
 	if (opt->kind != TR_BACKEND_KIND_CPU) {
-		struct tr_cuda_options copt = {
-			.tf32 = opt->tf32, .max_devices = opt->devices, .module_path = opt->cuda_module};
+		struct tr_cuda_options copt = {.tf32 = opt->tf32,
+					       .max_devices = opt->devices,
+					       .module_path = opt->cuda_module};
 		be = tr_cuda_backend_create_opts(&copt, &why);
 		if (be)
 			return opened(be, out, err);

@@ -45,13 +45,13 @@ enum tr_act {
  * nn.Conv2d lays them out.  The layer fills every field, output size
  * included: ho = (h + 2 ph - dh (kh - 1) - 1) / sh + 1, likewise wo. */
 struct tr_conv2d_desc {
-	int c, h, w;    /* input channels, height, width */
-	int f, ho, wo;  /* filters (output channels), output height, width */
-	int kh, kw;     /* kernel */
-	int sh, sw;     /* stride */
-	int ph, pw;     /* zero padding on each side */
-	int dh, dw;     /* dilation */
-	int groups;     /* divides c and f */
+	int c, h, w;   /* input channels, height, width */
+	int f, ho, wo; /* filters (output channels), output height, width */
+	int kh, kw;    /* kernel */
+	int sh, sw;    /* stride */
+	int ph, pw;    /* zero padding on each side */
+	int dh, dw;    /* dilation */
+	int groups;    /* divides c and f */
 };
 
 /* Shapes of one 2-D pooling window sweep, NCHW, per sample: x [rows, c, h,
@@ -162,22 +162,22 @@ typedef struct tr_backend_i {
 	int (*set_tf32)(tr_backend_t *be, int dev, bool allow);
 
 	/* C[m,n] = alpha * op(A) op(B) + beta * C; op(A) is m x k. */
-	int (*gemm)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k,
-		    float alpha, const float *a, const float *b, float beta, float *c);
+	int (*gemm)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+		    const float *a, const float *b, float beta, float *c);
 	/* y[r,c] += bias[c] */
 	int (*add_bias)(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias);
 	/* out[c] = sum_r x[r,c] (overwrites out) */
 	int (*col_sum)(tr_backend_t *be, int dev, int rows, int cols, const float *x, float *out);
 	int (*act_forward)(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y);
 	/* dx = dy * act'(x); y is the forward output (cheaper derivative for tanh/sigmoid). */
-	int (*act_backward)(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x,
-			    const float *y, const float *dy, float *dx);
+	int (*act_backward)(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, const float *y,
+			    const float *dy, float *dx);
 	/* Inverted dropout.  Element (r, c) is kept when
 	 * tr_rng_uniform(key, (row0 + r) * cols + c) >= rate; mask receives 0 or
 	 * 1/(1-rate).  row0 is the row's position in the step's global sample
 	 * list, so the mask does not depend on how the step was split. */
-	int (*dropout_forward)(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key,
-			       int64_t row0, const float *x, float *y, float *mask);
+	int (*dropout_forward)(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key, int64_t row0,
+			       const float *x, float *y, float *mask);
 	int (*mul)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
 	/* out = a + b, elementwise; out may be a or b (a residual block's sum). */
 	int (*add)(tr_backend_t *be, int dev, size_t n, const float *a, const float *b, float *out);
@@ -195,33 +195,33 @@ typedef struct tr_backend_i {
 	/* Max pooling; backward routes each dy to its window's first maximum
 	 * (the first in row-major order, as PyTorch's CPU kernel picks), found
 	 * again from x, and overwrites dx (sums where windows overlap). */
-	int (*maxpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				 const float *x, float *y);
-	int (*maxpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				  const float *x, const float *dy, float *dx);
+	int (*maxpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				 float *y);
+	int (*maxpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				  const float *dy, float *dx);
 	/* Average pooling, divisor kh * kw; a global average pool is the
 	 * window of the whole image.  Backward overwrites dx. */
-	int (*avgpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				 const float *x, float *y);
-	int (*avgpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				  const float *dy, float *dx);
+	int (*avgpool2d_forward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				 float *y);
+	int (*avgpool2d_backward)(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *dy,
+				  float *dx);
 	/* LayerNorm over the last dim; mean/rstd have `rows` entries. */
 	int (*layernorm_forward)(tr_backend_t *be, int dev, int rows, int cols, float eps, const float *x,
 				 const float *gamma, const float *beta, float *y, float *mean, float *rstd);
 	/* Writes dx and ADDS into dgamma/dbeta. */
-	int (*layernorm_backward)(tr_backend_t *be, int dev, int rows, int cols, const float *x,
-				  const float *gamma, const float *mean, const float *rstd, const float *dy,
-				  float *dx, float *dgamma, float *dbeta);
+	int (*layernorm_backward)(tr_backend_t *be, int dev, int rows, int cols, const float *x, const float *gamma,
+				  const float *mean, const float *rstd, const float *dy, float *dx, float *dgamma,
+				  float *dbeta);
 	/* Softmax cross-entropy with integer class labels stored as floats.
 	 * dlogits = scale * (softmax - onehot); out[0] += sum of per-sample
 	 * losses (unscaled), out[1] += number of correct argmax predictions.
 	 * A label outside [0, classes) is an error (-EINVAL). */
-	int (*softmax_ce)(tr_backend_t *be, int dev, int rows, int classes, const float *logits,
-			  const float *labels, float scale, float *dlogits, double *out);
+	int (*softmax_ce)(tr_backend_t *be, int dev, int rows, int classes, const float *logits, const float *labels,
+			  float scale, float *dlogits, double *out);
 	/* Mean squared error per sample = mean over cols of (p - t)^2.
 	 * dpred = scale * 2 (p - t) / cols; out[0] += sum of per-sample losses. */
-	int (*mse)(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target,
-		   float scale, float *dpred, double *out);
+	int (*mse)(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target, float scale,
+		   float *dpred, double *out);
 	int (*scale)(tr_backend_t *be, int dev, size_t n, float *x, float alpha);
 	/* Sum of squares, accumulated in double, written to host *out. */
 	int (*sumsq)(tr_backend_t *be, int dev, size_t n, const float *x, double *out);
@@ -229,8 +229,8 @@ typedef struct tr_backend_i {
 	 * (sgd) or first/second moments (adam); sgd ignores state2. */
 	int (*sgd_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
 			const struct tr_optim_hp *hp);
-	int (*adam_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m,
-			 float *v, const struct tr_optim_hp *hp);
+	int (*adam_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m, float *v,
+			 const struct tr_optim_hp *hp);
 	/* Optional (both NULL or both set): the same updates, bit for bit,
 	 * reading param and state from one set of buffers and writing the
 	 * results to another that does not overlap it; the inputs are left
@@ -252,17 +252,15 @@ typedef struct tr_backend_i {
 	 *
 	 * bn_sums: out[ch] = sum over samples and positions of x, or of
 	 * (x - mean[ch])^2 when mean is not NULL (overwrites out). */
-	int (*bn_sums)(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean,
-		       float *out);
+	int (*bn_sums)(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean, float *out);
 	/* y = (x - mean) / sqrt(var + eps) * gamma + beta, per channel. */
-	int (*bn_apply)(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x,
-			const float *mean, const float *var, const float *gamma, const float *beta, float *y);
+	int (*bn_apply)(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x, const float *mean,
+			const float *var, const float *gamma, const float *beta, float *y);
 	/* run = (1 - momentum) run + momentum stat, the variance unbiased by
 	 * count / (count - 1) (count: values per channel in the step, > 1);
 	 * batches[0] += 1. */
-	int (*bn_running_update)(tr_backend_t *be, int dev, int c, float momentum, double count,
-				 const float *mean, const float *var, float *run_mean, float *run_var,
-				 float *batches);
+	int (*bn_running_update)(tr_backend_t *be, int dev, int c, float momentum, double count, const float *mean,
+				 const float *var, float *run_mean, float *run_var, float *batches);
 	/* This device's sums[ch] = sum dy and sums[c + ch] = sum dy (x - mean);
 	 * dbeta = the first, dgamma = the second / sqrt(var + eps), both
 	 * overwritten when not NULL. */
@@ -277,12 +275,11 @@ typedef struct tr_backend_i {
 	/* GroupNorm per sample over groups of c/groups channels; mean/rstd hold
 	 * n x groups entries.  backward overwrites dgamma/dbeta; dx may be
 	 * NULL (first layer). */
-	int (*groupnorm_forward)(tr_backend_t *be, int dev, int n, int c, int hw, int groups, float eps,
-				 const float *x, const float *gamma, const float *beta, float *y, float *mean,
-				 float *rstd);
+	int (*groupnorm_forward)(tr_backend_t *be, int dev, int n, int c, int hw, int groups, float eps, const float *x,
+				 const float *gamma, const float *beta, float *y, float *mean, float *rstd);
 	int (*groupnorm_backward)(tr_backend_t *be, int dev, int n, int c, int hw, int groups, const float *x,
-				  const float *gamma, const float *mean, const float *rstd, const float *dy,
-				  float *dx, float *dgamma, float *dbeta);
+				  const float *gamma, const float *mean, const float *rstd, const float *dy, float *dx,
+				  float *dgamma, float *dbeta);
 
 	/* Device memory is host memory: pointers from alloc are plain host
 	 * pointers, 64-byte aligned, released with free() (the backend's own
@@ -336,9 +333,9 @@ struct tr_backend_options {
 	/* When > 0, the CPU device count instead of `devices` (the daemon's
 	 * --cpu-devices, which must not limit its GPUs). */
 	int cpu_devices;
-	int blas_threads;        /* CPU: the total compute thread budget, 0 = all cores */
-	bool tf32;               /* CUDA: every device starts with TF32 gemm allowed */
-	const char *cuda_module; /* trainerd-cuda.so to load; NULL or "" = search (engine/cuda/module.h) */
+	int blas_threads;          /* CPU: the total compute thread budget, 0 = all cores */
+	bool tf32;                 /* CUDA: every device starts with TF32 gemm allowed */
+	const char *cuda_module;   /* trainerd-cuda.so to load; NULL or "" = search (engine/cuda/module.h) */
 	enum tr_cpu_conv cpu_conv; /* CPU: how conv2d is computed (default AUTO) */
 };
 

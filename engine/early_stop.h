@@ -23,9 +23,9 @@ struct tr_early_stop {
 	int patience;     /* evaluations without improvement before stopping */
 	double min_delta; /* >= 0 */
 	bool have_best;
-	double best;      /* the best value so far (valid when have_best) */
+	double best; /* the best value so far (valid when have_best) */
 	int64_t best_step;
-	int bad;          /* evaluations since the last improvement */
+	int bad; /* evaluations since the last improvement */
 };
 
 enum tr_early_stop_verdict {

@@ -345,10 +345,10 @@ json_t *tr_eval_acc_json(const struct tr_eval_acc *a, const char *prefix)
 	json_t *o = json_pack("{s:I}", "samples", (json_int_t)a->n);
 	if (!o)
 		return NULL;
-#define PUT(name, value)                                                   \
-	do {                                                               \
+#define PUT(name, value)                                                       \
+	do {                                                                   \
 		snprintf(key, sizeof key, "%s%s", prefix ? prefix : "", name); \
-		json_object_set_new(o, key, num(value));                   \
+		json_object_set_new(o, key, num(value));                       \
 	} while (0)
 	PUT("loss", a->n ? a->loss_sum / n : NAN);
 	if (a->classification) {

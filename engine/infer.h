@@ -28,9 +28,9 @@
 #include "engine/model/model.h"
 
 struct tr_infer_options {
-	const tr_model_t *model;  /* borrowed */
-	const float *params;      /* host weights, model->n_params floats; borrowed */
-	tr_backend_t *backend;    /* borrowed */
+	const tr_model_t *model; /* borrowed */
+	const float *params;     /* host weights, model->n_params floats; borrowed */
+	tr_backend_t *backend;   /* borrowed */
 	/* Devices to run on: ids[0..n) when n > 0, else the first `count`
 	 * (0: all the backend has). */
 	const int *device_ids;
@@ -46,8 +46,7 @@ struct tr_infer_options {
 	 * labels rows x label_dim (NULL when the reader has none).  A
 	 * non-zero return ends the run with that code (err set by the
 	 * callback through its own means). */
-	int (*on_batch)(void *ctx, int64_t first, int rows, const float *outputs, const float *labels,
-			int label_dim);
+	int (*on_batch)(void *ctx, int64_t first, int rows, const float *outputs, const float *labels, int label_dim);
 	void *ctx;
 };
 

@@ -58,8 +58,8 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 	 * model's. */
 	if (!json_object_get(model, "inputs"))
 		json_object_set_new(model, "inputs",
-				    m->in_shape.ndim == 3 ? json_pack("[iii]", (int)m->in_shape.d[0], (int)m->in_shape.d[1],
-								      (int)m->in_shape.d[2])
+				    m->in_shape.ndim == 3 ? json_pack("[iii]", (int)m->in_shape.d[0],
+								      (int)m->in_shape.d[1], (int)m->in_shape.d[2])
 							  : json_integer(m->inputs));
 	json_t *list = json_object_get(pre, "transforms");
 	for (size_t k = 0; k < json_array_size(tfs); k++) {
@@ -314,9 +314,9 @@ int tr_model_source_parse(const json_t *model, const struct tr_model_desc *d, co
 {
 	json_t *full = model ? NULL : tr_spec_to_json(&d->spec);
 	const json_t *m = model ? model : json_object_get(full, "model");
-	json_t *doc = json_pack("{s:I, s:O, s:{s:O}, s:i, s:i, s:{s:s, s:f}}", "seed", (json_int_t)(d ? d->spec.seed : 0),
-				"model", m, "data", "train", src, "batch_size", 1, "epochs", 1, "optimizer", "type",
-				"sgd", "lr", 0.1);
+	json_t *doc = json_pack("{s:I, s:O, s:{s:O}, s:i, s:i, s:{s:s, s:f}}", "seed",
+				(json_int_t)(d ? d->spec.seed : 0), "model", m, "data", "train", src, "batch_size", 1,
+				"epochs", 1, "optimizer", "type", "sgd", "lr", 0.1);
 	int rc = -ENOMEM;
 	memset(out, 0, sizeof *out);
 	memset(err, 0, sizeof *err);
@@ -362,8 +362,9 @@ int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, 
 		if (want && strcmp(have, want) == 0)
 			continue;
 		if (bad++ < 8 && used < sizeof diff)
-			used += (size_t)snprintf(diff + used, sizeof diff - used, "%sclass %d is '%s' in the data, %s%s%s",
-						 used ? "; " : "", k, have, want ? "'" : "", want ? want : "absent",
+			used += (size_t)snprintf(diff + used, sizeof diff - used,
+						 "%sclass %d is '%s' in the data, %s%s%s", used ? "; " : "", k, have,
+						 want ? "'" : "", want ? want : "absent",
 						 want ? "' in the model" : " from the model");
 	}
 	if (!bad)

@@ -41,14 +41,14 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 
 /* A model read back from its description and weights. */
 struct tr_model_desc {
-	struct tr_spec spec;          /* the model section and transforms; no data */
-	tr_model_t model;             /* the layout */
-	tr_transforms_t *transforms;  /* with the recorded values; NULL when none */
-	bool classification;          /* softmax_cross_entropy: outputs are class logits */
-	int outputs;                  /* classes, or regression outputs */
-	char **class_names;           /* NULL, or `outputs` strings */
-	char version[64];             /* trainerd_version, "" when absent */
-	float *params;                /* host weights, model.n_params floats; NULL until loaded */
+	struct tr_spec spec;         /* the model section and transforms; no data */
+	tr_model_t model;            /* the layout */
+	tr_transforms_t *transforms; /* with the recorded values; NULL when none */
+	bool classification;         /* softmax_cross_entropy: outputs are class logits */
+	int outputs;                 /* classes, or regression outputs */
+	char **class_names;          /* NULL, or `outputs` strings */
+	char version[64];            /* trainerd_version, "" when absent */
+	float *params;               /* host weights, model.n_params floats; NULL until loaded */
 };
 
 /* Fills d from a file's metadata (borrowed).  Errors name the key

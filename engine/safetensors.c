@@ -243,8 +243,7 @@ static int parse_header(tr_st_file_t *f, struct tr_error *err)
 	f->data_start = 8 + hlen;
 	const char *name;
 	json_t *e;
-	json_object_foreach(f->header, name, e)
-	{
+	json_object_foreach(f->header, name, e) {
 		if (strcmp(name, "__metadata__") == 0)
 			continue;
 		int rc = check_entry(f, name, e, err);

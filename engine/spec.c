@@ -36,7 +36,7 @@ static const char *const loss_names[] = {"softmax_cross_entropy", "mse", NULL};
 static const char *const format_names[] = {"csv", "npy", "idx", "synthetic", "images", "patches", NULL};
 static const char *const task_names[] = {"classification", "regression", NULL};
 static const char *const transform_names[] = {"scale",       "standardize", "gaussian_noise", "normalize",
-					       "random_crop", "flip",        "rot90",          NULL};
+					      "random_crop", "flip",        "rot90",          NULL};
 static const char *const response_names[] = {"clean", "residual", NULL};
 static const char *const last_batch_names[] = {"partial", "drop", "pad", "rollover", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
@@ -45,20 +45,21 @@ static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
 static const char *const es_metric_names[] = {"loss", "val_loss", "val_accuracy", NULL};
 static const char *const es_mode_names[] = {"min", "max", NULL};
-static const char *const metric_names[] = {"grad_norm", "weight_norm", "device_step_ms", "update_ratio",
-					   "activation_stats", "lr", "samples_per_sec", "data_wait_ms", NULL};
+static const char *const metric_names[] = {"grad_norm",       "weight_norm",      "device_step_ms",
+					   "update_ratio",    "activation_stats", "lr",
+					   "samples_per_sec", "data_wait_ms",     NULL};
 
 /* How a list of distinct integers names its items in error messages. */
 struct int_list_words {
-	const char *plural;  /* "must have at most %d <plural>" */
-	const char *item;    /* "duplicate <item> %d" */
-	bool show_range;     /* out of range: "must be in [lo, hi]" rather than "is out of range" */
+	const char *plural; /* "must have at most %d <plural>" */
+	const char *item;   /* "duplicate <item> %d" */
+	bool show_range;    /* out of range: "must be in [lo, hi]" rather than "is out of range" */
 };
 
 /* A non-empty array of at most `max` distinct integers in [lo, hi] into
  * `out`; returns the count or -EINVAL with the offending element's pointer. */
-static int parse_distinct_ints(struct tr_fields_ctx *c, const json_t *v, int *out, size_t max, json_int_t lo, json_int_t hi,
-			       const struct int_list_words *w)
+static int parse_distinct_ints(struct tr_fields_ctx *c, const json_t *v, int *out, size_t max, json_int_t lo,
+			       json_int_t hi, const struct int_list_words *w)
 {
 	size_t n = json_array_size(v);
 
@@ -76,8 +77,9 @@ static int parse_distinct_ints(struct tr_fields_ctx *c, const json_t *v, int *ou
 			return tr_fields_fail(c, idx, "must be an integer");
 		x = json_integer_value(e);
 		if (x < lo || x > hi)
-			return w->show_range ? tr_fields_fail(c, idx, "must be in [%lld, %lld]", (long long)lo, (long long)hi)
-					     : tr_fields_fail(c, idx, "is out of range");
+			return w->show_range
+				       ? tr_fields_fail(c, idx, "must be in [%lld, %lld]", (long long)lo, (long long)hi)
+				       : tr_fields_fail(c, idx, "is out of range");
 		for (size_t j = 0; j < i; j++)
 			if (out[j] == (int)x)
 				return tr_fields_fail(c, idx, "duplicate %s %d", w->item, (int)x);
@@ -301,7 +303,8 @@ static int parse_degrade(struct tr_fields_ctx *c, const json_t *v, void *base)
 		return 0;
 	}
 	if (!src->path)
-		return tr_fields_fail(c, NULL, "applies to patches from one folder (path); input_path and "
+		return tr_fields_fail(c, NULL,
+				      "applies to patches from one folder (path); input_path and "
 				      "response_path give the pairs themselves");
 	if (!json_is_object(v))
 		return tr_fields_fail(c, NULL, "must be an object such as {\"type\": \"downscale\", \"factor\": 2}");
@@ -432,7 +435,6 @@ static int parse_source(struct tr_fields_ctx *c, const json_t *v, struct tr_sour
 	return check_source_paths(c, v, src);
 }
 
-
 static int emit_source(const struct tr_source_spec *src, json_t *obj, const char *key)
 {
 	if (!src->present)
@@ -491,8 +493,7 @@ static int parse_devices(struct tr_fields_ctx *c, const json_t *v, void *base)
 		spec->device_count = (int)x;
 		return 0;
 	}
-	if (json_is_string(v) && strcmp(json_string_value(v), "all") == 0 &&
-	    json_string_length(v) == strlen("all")) {
+	if (json_is_string(v) && strcmp(json_string_value(v), "all") == 0 && json_string_length(v) == strlen("all")) {
 		spec->device_count = 0;
 		return 0;
 	}
@@ -556,7 +557,6 @@ static int parse_betas(struct tr_fields_ctx *c, const json_t *v, void *base)
 	return 0;
 }
 
-
 static int emit_betas(const void *base, json_t *obj, const char *key)
 {
 	const struct tr_spec *spec = base;
@@ -601,8 +601,8 @@ static int parse_chw(struct tr_fields_ctx *c, const json_t *v, int *out)
 		tr_fields_leave(c, saved);
 	}
 	if (n > TR_SPEC_MAX_WIDTH)
-		return tr_fields_fail(c, NULL, "C x H x W = %lld is more than the %d values a sample may have", (long long)n,
-				      TR_SPEC_MAX_WIDTH);
+		return tr_fields_fail(c, NULL, "C x H x W = %lld is more than the %d values a sample may have",
+				      (long long)n, TR_SPEC_MAX_WIDTH);
 	return 0;
 }
 
@@ -681,7 +681,8 @@ static int post_monitors(struct tr_fields_ctx *c, const json_t *v, void *base)
 		for (int j = 0; j < i; j++) {
 			if (strcmp(spec->monitors[i].name, spec->monitors[j].name) == 0) {
 				size_t saved = tr_fields_enter_index(c, (size_t)i);
-				int rc = tr_fields_fail(c, "metric", "duplicate monitor for %s", spec->monitors[i].name);
+				int rc =
+					tr_fields_fail(c, "metric", "duplicate monitor for %s", spec->monitors[i].name);
 
 				tr_fields_leave(c, saved);
 				return rc;
@@ -916,8 +917,9 @@ static int parse_early_stopping(struct tr_fields_ctx *c, const json_t *v, void *
 	if (!json_object_get(v, "mode"))
 		es->mode_max = strcmp(es->metric, "val_accuracy") == 0;
 	if (strncmp(es->metric, "val_", 4) == 0 && !spec->validation.present && spec->validation_split <= 0)
-		return tr_fields_fail(c, "metric", "%s needs validation data (data.validation or data.validation_split)",
-			    es->metric);
+		return tr_fields_fail(c, "metric",
+				      "%s needs validation data (data.validation or data.validation_split)",
+				      es->metric);
 	if (strcmp(es->metric, "val_accuracy") == 0 && spec->loss != TR_LOSS_SOFTMAX_CE)
 		return tr_fields_fail(c, "metric", "val_accuracy needs the softmax_cross_entropy loss");
 	return 0;
@@ -952,7 +954,7 @@ static int parse_init_from(struct tr_fields_ctx *c, const json_t *v, void *base)
 			return tr_fields_fail(c, NULL, "must not contain NUL characters");
 		if (json_string_length(v) > TR_SPEC_MAX_PATH)
 			return tr_fields_fail(c, NULL, "must be at most %d bytes (it has %zu)", TR_SPEC_MAX_PATH,
-				    json_string_length(v));
+					      json_string_length(v));
 		spec->init_from = strdup(json_string_value(v));
 		return spec->init_from ? 0 : tr_fields_fail_oom(c);
 	}
@@ -960,8 +962,7 @@ static int parse_init_from(struct tr_fields_ctx *c, const json_t *v, void *base)
 		return tr_fields_fail(c, NULL, "must be a file path or {\"job\": ID, \"step\": STEP or \"latest\"}");
 	const char *key;
 	const json_t *e;
-	json_object_foreach((json_t *)v, key, e)
-	{
+	json_object_foreach((json_t *)v, key, e) {
 		if (strcmp(key, "job") != 0 && strcmp(key, "step") != 0)
 			return tr_fields_fail(c, key, "unknown key '%s'", key);
 	}
@@ -1066,8 +1067,8 @@ static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 	    (int64_t)tr->outputs * tr->features > (int64_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
 		tr_fields_enter(c, "data");
 		tr_fields_enter(c, "train");
-		return tr_fields_fail(c, "outputs", "outputs x features (%d x %d) must be at most %d", tr->outputs, tr->features,
-			    TR_SPEC_MAX_SYNTH_WEIGHTS);
+		return tr_fields_fail(c, "outputs", "outputs x features (%d x %d) must be at most %d", tr->outputs,
+				      tr->features, TR_SPEC_MAX_SYNTH_WEIGHTS);
 	}
 	if (spec->inputs && spec->inputs != tr->features) {
 		tr_fields_enter(c, "model");
@@ -1080,8 +1081,9 @@ static int check_synthetic(struct tr_fields_ctx *c, const struct tr_spec *spec)
 	}
 	if (spec->loss == TR_LOSS_SOFTMAX_CE && tr->task == TR_SYNTH_REGRESSION) {
 		tr_fields_enter(c, "model");
-		return tr_fields_fail(c, "loss",
-			    "softmax_cross_entropy needs class labels but the train source is a regression task");
+		return tr_fields_fail(
+			c, "loss",
+			"softmax_cross_entropy needs class labels but the train source is a regression task");
 	}
 	const struct {
 		const struct tr_source_spec *src;
@@ -1260,7 +1262,6 @@ void tr_spec_finish(struct tr_spec *spec)
 	finish_source(&spec->validation);
 	finish_source(&spec->test);
 }
-
 
 json_t *tr_spec_to_json(const struct tr_spec *spec)
 {

@@ -77,19 +77,19 @@ enum tr_layer_type {
  * registry entry, engine/model/layer.h).  Pairs are [h, w]. */
 struct tr_layer_spec {
 	enum tr_layer_type type;
-	int units;         /* dense */
-	bool bias;         /* dense, conv2d: default true */
-	bool gelu_tanh;    /* gelu "approximate": "tanh" */
-	float rate;        /* dropout, [0, 1) */
-	float eps;         /* layernorm, groupnorm, batchnorm2d: default 1e-5 */
-	float momentum;    /* batchnorm2d: running statistics' update, default 0.1 */
-	int filters;       /* conv2d */
-	int kernel[2];     /* conv2d, pools */
-	int stride[2];     /* conv2d: default 1; pools: default = kernel (0 = not given) */
-	int padding[2];    /* default 0 */
-	bool pad_same;     /* conv2d "padding": "same" */
-	int dilation[2];   /* conv2d, default 1 */
-	int groups;        /* conv2d, default 1; groupnorm, required */
+	int units;       /* dense */
+	bool bias;       /* dense, conv2d: default true */
+	bool gelu_tanh;  /* gelu "approximate": "tanh" */
+	float rate;      /* dropout, [0, 1) */
+	float eps;       /* layernorm, groupnorm, batchnorm2d: default 1e-5 */
+	float momentum;  /* batchnorm2d: running statistics' update, default 0.1 */
+	int filters;     /* conv2d */
+	int kernel[2];   /* conv2d, pools */
+	int stride[2];   /* conv2d: default 1; pools: default = kernel (0 = not given) */
+	int padding[2];  /* default 0 */
+	bool pad_same;   /* conv2d "padding": "same" */
+	int dilation[2]; /* conv2d, default 1 */
+	int groups;      /* conv2d, default 1; groupnorm, required */
 	/* residual: its layers, owned (tr_spec_finish frees them) */
 	struct tr_layer_spec *inner;
 	int n_inner;
@@ -117,24 +117,24 @@ struct tr_source_spec {
 	/* synthetic */
 	enum tr_synth_task task;
 	int64_t samples;
-	int features;      /* given, or C x H x W of shape */
-	int shape[3];      /* "shape": [C, H, W] instead of features; shape_ndim 0 when absent */
+	int features; /* given, or C x H x W of shape */
+	int shape[3]; /* "shape": [C, H, W] instead of features; shape_ndim 0 when absent */
 	int shape_ndim;
-	int classes;       /* classification */
-	int outputs;       /* regression, default 1 */
-	float noise;       /* default 0.1 */
+	int classes;          /* classification */
+	int outputs;          /* regression, default 1 */
+	float noise;          /* default 0.1 */
 	int64_t load_cost_us; /* default 0 */
 	uint64_t data_seed;   /* "seed" inside the source; default = job seed */
 	/* images ("path": a folder, one subfolder per class; "labels":
 	 * "folders", the only way so far) and patches
 	 * ("path", or "input_path" + "response_path": folders of images) */
 	char *input_path, *response_path;
-	int resize[2];      /* images: [h, w]; resize[1] == 0: shorter side to resize[0]; 0 = none */
-	int center_crop[2]; /* images: [h, w]; 0 = none */
-	int patch_size[2];  /* patches: [h, w] */
+	int resize[2];         /* images: [h, w]; resize[1] == 0: shorter side to resize[0]; 0 = none */
+	int center_crop[2];    /* images: [h, w]; 0 = none */
+	int patch_size[2];     /* patches: [h, w] */
 	int patches_per_image; /* patches, default 1 */
-	int degrade_factor; /* patches with "path": "downscale" factor (default 2) */
-	bool residual;      /* patches: "response": "residual" (response minus input) */
+	int degrade_factor;    /* patches with "path": "downscale" factor (default 2) */
+	bool residual;         /* patches: "response": "residual" (response minus input) */
 	/* Not from a spec: inputs for prediction, without labels (csv: every
 	 * column is a feature; npy: no y; idx: no labels file).  The reader's
 	 * label_dim is then 0.  images: a flat folder of image files is
@@ -160,12 +160,12 @@ enum tr_transform_type {
 
 struct tr_transform_spec {
 	enum tr_transform_type type;
-	float factor; /* scale */
-	float std;    /* gaussian_noise */
+	float factor;                                                    /* scale */
+	float std;                                                       /* gaussian_noise */
 	float mean_c[TR_SPEC_MAX_CHANNELS], std_c[TR_SPEC_MAX_CHANNELS]; /* normalize */
 	int n_channels;                                                  /* normalize: entries given */
-	int padding;  /* random_crop */
-	bool vertical; /* flip */
+	int padding;                                                     /* random_crop */
+	bool vertical;                                                   /* flip */
 };
 
 enum tr_last_batch { TR_LAST_PARTIAL, TR_LAST_DROP, TR_LAST_PAD, TR_LAST_ROLLOVER };
@@ -186,10 +186,10 @@ struct tr_monitor_spec {
 /* "early_stopping": stop once `metric` has not improved by more than
  * min_delta for `patience` evaluations (engine/early_stop.h). */
 struct tr_early_stop_spec {
-	bool enabled;   /* the section was given */
+	bool enabled;    /* the section was given */
 	char metric[16]; /* loss, val_loss, val_accuracy */
-	bool mode_max;  /* "max"; default: max for val_accuracy, else min */
-	int patience;   /* default 5 */
+	bool mode_max;   /* "max"; default: max for val_accuracy, else min */
+	int patience;    /* default 5 */
 	float min_delta; /* default 0 */
 };
 
@@ -197,8 +197,8 @@ struct tr_spec {
 	char *name;
 	uint64_t seed; /* default 0 */
 	/* model */
-	int inputs;          /* elements per sample; 0 = from the data */
-	int input_shape[3];  /* "inputs": [C, H, W]; input_ndim 0 when a number or absent */
+	int inputs;         /* elements per sample; 0 = from the data */
+	int input_shape[3]; /* "inputs": [C, H, W]; input_ndim 0 when a number or absent */
 	int input_ndim;
 	struct tr_layer_spec layers[TR_SPEC_MAX_LAYERS];
 	int n_layers;
@@ -206,8 +206,8 @@ struct tr_spec {
 	/* data */
 	struct tr_source_spec train, validation;
 	struct tr_source_spec test; /* data.test: evaluated once at the end; present = given */
-	float validation_split; /* 0 = none; in (0, 1) */
-	bool shuffle;           /* default true */
+	float validation_split;     /* 0 = none; in (0, 1) */
+	bool shuffle;               /* default true */
 	enum tr_last_batch last_batch;
 	struct tr_transform_spec transforms[TR_SPEC_MAX_TRANSFORMS];
 	int n_transforms;
@@ -220,28 +220,28 @@ struct tr_spec {
 		float lr;
 		float momentum, dampening; /* sgd */
 		bool nesterov;
-		float weight_decay; /* default 0, adamw 0.01 as torch */
+		float weight_decay;      /* default 0, adamw 0.01 as torch */
 		float beta1, beta2, eps; /* default 0.9, 0.999, 1e-8 */
 	} optimizer;
 	struct {
 		enum tr_sched_type type;
-		int64_t warmup_steps;  /* linear warmup from 0, all types */
-		int64_t step_size;     /* step: decay every step_size steps */
-		float gamma;           /* step: factor, default 0.1 */
-		float min_lr;          /* cosine/linear: final lr, default 0 */
+		int64_t warmup_steps; /* linear warmup from 0, all types */
+		int64_t step_size;    /* step: decay every step_size steps */
+		float gamma;          /* step: factor, default 0.1 */
+		float min_lr;         /* cosine/linear: final lr, default 0 */
 	} schedule;
 	float clip_grad_norm; /* 0 = off */
 	bool stop_on_nan;     /* default true: a non-finite loss or gradient fails the job */
 	/* devices */
-	int device_count;                  /* 0 = "all" */
+	int device_count; /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];
-	int n_device_ids;                  /* > 0 when a list was given */
+	int n_device_ids; /* > 0 when a list was given */
 	enum tr_backend_choice backend;
-	bool tf32;                         /* "precision": "tf32" */
-	int prefetch_workers; /* default 2 */
-	int prefetch_depth;   /* default 4 */
-	int log_every_steps;  /* default 1 */
-	int eval_every_epochs; /* default 1 */
+	bool tf32;                  /* "precision": "tf32" */
+	int prefetch_workers;       /* default 2 */
+	int prefetch_depth;         /* default 4 */
+	int log_every_steps;        /* default 1 */
+	int eval_every_epochs;      /* default 1 */
 	int checkpoint_every_steps; /* 0 = off */
 	int checkpoint_every_seconds;
 	int checkpoint_keep; /* default 3 */

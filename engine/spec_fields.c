@@ -187,7 +187,7 @@ static int fail_range(struct tr_fields_ctx *c, const struct tr_field *f)
 	bound_text(f->hi, integer, hi, sizeof(hi));
 	if ((f->flags & F_LO) && (f->flags & F_HI))
 		return tr_fields_fail(c, NULL, "must be in %c%s, %s%c", (f->flags & F_LO_OPEN) ? '(' : '[', lo, hi,
-			    (f->flags & F_HI_OPEN) ? ')' : ']');
+				      (f->flags & F_HI_OPEN) ? ')' : ']');
 	if (f->flags & F_LO)
 		return tr_fields_fail(c, NULL, "must be %s %s", (f->flags & F_LO_OPEN) ? ">" : ">=", lo);
 	return tr_fields_fail(c, NULL, "must be %s %s", (f->flags & F_HI_OPEN) ? "<" : "<=", hi);
@@ -264,8 +264,9 @@ static int check_text(struct tr_fields_ctx *c, const struct tr_field *f, const c
 	if (f->flags & F_NOCTRL) {
 		for (size_t i = 0; i < n; i++)
 			if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-				return tr_fields_fail(c, NULL, "must not contain control characters (byte %zu is 0x%02x)", i,
-					    (unsigned)(unsigned char)s[i]);
+				return tr_fields_fail(c, NULL,
+						      "must not contain control characters (byte %zu is 0x%02x)", i,
+						      (unsigned)(unsigned char)s[i]);
 	}
 	return 0;
 }
@@ -523,7 +524,8 @@ int tr_fields_parse_field(struct tr_fields_ctx *c, const json_t *obj, const stru
 	return rc;
 }
 
-static int check_keys(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, int variant, const char *vdesc)
+static int check_keys(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, int variant,
+		      const char *vdesc)
 {
 	const char *key;
 	json_t *val;
@@ -539,8 +541,8 @@ static int check_keys(struct tr_fields_ctx *c, const json_t *obj, const struct t
 	return 0;
 }
 
-int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base, int variant,
-			const char *vdesc)
+int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base,
+			   int variant, const char *vdesc)
 {
 	int rc;
 
@@ -620,7 +622,6 @@ int tr_fields_parse_object(struct tr_fields_ctx *c, const json_t *obj, const str
 	}
 	return tr_fields_parse_fields(c, obj, tab, base, variant, desc);
 }
-
 
 /* Floats are stored as float; emitting the shortest decimal that reads
  * back to the same float keeps dumps readable ("0.003", not

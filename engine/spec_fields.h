@@ -59,7 +59,7 @@ enum {
 	F_NODEF = 1 << 6,   /* the caller presets the default */
 	F_VARIANT = 1 << 7, /* this enum picks which other keys are valid */
 	F_NONEMPTY = 1 << 8,
-	F_NOCTRL = 1 << 9,  /* K_STR: no control characters (it goes into logs) */
+	F_NOCTRL = 1 << 9, /* K_STR: no control characters (it goes into logs) */
 };
 
 #define POSITIVE (F_LO | F_LO_OPEN)
@@ -78,21 +78,20 @@ struct tr_field {
 	const char *key;
 	enum kind kind;
 	size_t off;
-	unsigned only;  /* bit mask of variants where the key is valid; 0 = all */
+	unsigned only; /* bit mask of variants where the key is valid; 0 = all */
 	unsigned flags;
 	double lo, hi, def;
 	const char *defstr;
 	const char *const *names;
 	const struct tr_field *sub; /* K_OBJECT, K_ARRAY */
-	size_t size;             /* K_ARRAY element size, K_NAME buffer size */
-	size_t count_off;        /* K_ARRAY */
-	int max;                 /* K_ARRAY: most elements; K_STR: most bytes (0: TR_SPEC_MAX_PATH) */
+	size_t size;                /* K_ARRAY element size, K_NAME buffer size */
+	size_t count_off;           /* K_ARRAY */
+	int max;                    /* K_ARRAY: most elements; K_STR: most bytes (0: TR_SPEC_MAX_PATH) */
 	parse_fn parse;
 	emit_fn emit;
 	post_fn post;
 	const char *help; /* one line for a --help listing (configuration tables) */
 };
-
 
 /* Pointer arithmetic on a table's base struct. */
 void *tr_fields_at(void *base, size_t off);
@@ -108,8 +107,8 @@ int tr_fields_fail_oom(struct tr_fields_ctx *c);
 const struct tr_field *tr_fields_find_field(const struct tr_field *tab, const char *key);
 void tr_fields_leave(struct tr_fields_ctx *c, size_t saved);
 int tr_fields_parse_field(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *f, void *base, bool valid);
-int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base, int variant,
-			const char *vdesc);
+int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base,
+			   int variant, const char *vdesc);
 /* Parses one value given as text (a command-line flag, a 'name = value'
  * line): integers, numbers and true/false become JSON numbers and
  * booleans where the row's kind wants them, anything else a string, and

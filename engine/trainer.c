@@ -51,7 +51,8 @@ void tr_trainer_emit(struct tr_trainer *t, const char *name, int64_t step, int64
 {
 	if (!t->opt.hooks.metric)
 		return;
-	struct tr_metric_point p = {.name = name, .step = step, .epoch = epoch, .wall = tr_trainer_wall_s(), .value = value};
+	struct tr_metric_point p = {
+		.name = name, .step = step, .epoch = epoch, .wall = tr_trainer_wall_s(), .value = value};
 	t->opt.hooks.metric(t->opt.hooks.ctx, &p);
 }
 
@@ -90,7 +91,8 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, struct tr_e
 		if (rc < 0)
 			break;
 		tr_data_pay_deferred_wait(); /* the chunk is ready after its full loading cost */
-		if ((rc = tr_trainer_copy_rows(be->i->to_device, be, r->dev, r->input, r->labels, x, y, 0, rows, F, L)) < 0 ||
+		if ((rc = tr_trainer_copy_rows(be->i->to_device, be, r->dev, r->input, r->labels, x, y, 0, rows, F,
+					       L)) < 0 ||
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
 		    (rc = tr_replica_loss(r, rows, 0.0f, sums)) < 0 || (rc = be->i->sync(be, r->dev)) < 0)
 			tr_error_set(err, 0, 0, NULL, "validation: %s", be->i->last_error(be));
@@ -146,7 +148,8 @@ static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, stru
 		tr_data_pay_deferred_wait();
 		if ((rc = be->i->to_device(be, r->dev, r->input, x, (size_t)rows * F * sizeof(float))) < 0 ||
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
-		    (rc = be->i->to_host(be, r->dev, out, r->acts[m->n_layers], (size_t)rows * K * sizeof(float))) < 0 ||
+		    (rc = be->i->to_host(be, r->dev, out, r->acts[m->n_layers], (size_t)rows * K * sizeof(float))) <
+			    0 ||
 		    (rc = be->i->sync(be, r->dev)) < 0) {
 			tr_error_set(err, 0, 0, NULL, "test: %s", be->i->last_error(be));
 			break;
@@ -199,7 +202,7 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	double now = tr_trainer_mono_s();
 	const char *reason = NULL;
 	if (final)
-		reason = t->summary.stopped	  ? stop_reason_name(atomic_load(&t->stop_reason))
+		reason = t->summary.stopped         ? stop_reason_name(atomic_load(&t->stop_reason))
 			 : t->summary.early_stopped ? "early_stopping"
 						    : "final";
 	else if (atomic_exchange(&t->checkpoint_requested, false))
@@ -221,7 +224,8 @@ static void maybe_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch, 
 	}
 	struct tr_snapshot *snap = tr_trainer_snapshot(t, done, epoch, reason);
 	if (!snap) {
-		tr_trainer_logf(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for a checkpoint", (long long)done);
+		tr_trainer_logf(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for a checkpoint",
+				(long long)done);
 		return;
 	}
 	if (t->opt.hooks.checkpoint(t->opt.hooks.ctx, snap, final) != 0) {
@@ -255,7 +259,8 @@ static void best_checkpoint(struct tr_trainer *t, int64_t done, int64_t epoch)
 		return;
 	struct tr_snapshot *snap = tr_trainer_snapshot(t, done, epoch, "best");
 	if (!snap) {
-		tr_trainer_logf(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for the best checkpoint", (long long)done);
+		tr_trainer_logf(t, TR_LOG_WARNING, "step %lld: cannot snapshot the model for the best checkpoint",
+				(long long)done);
 		return;
 	}
 	if (t->opt.hooks.checkpoint(t->opt.hooks.ctx, snap, true) != 0) {
@@ -291,11 +296,12 @@ static void early_stop_eval(struct tr_trainer *t, int64_t done, int64_t epoch, d
 		t->es_stop = true;
 		set_info(t, "stop_reason", "early_stopping: %s has not improved for %d evaluation(s)", es->metric,
 			 es->patience);
-		tr_trainer_logf(t, TR_LOG_INFO,
-		      "early stopping after step %lld: %s has not improved by more than %g for %d evaluation(s); "
-		      "best %.6g at step %lld",
-		      (long long)done, es->metric, (double)es->min_delta, es->patience, t->es.best,
-		      (long long)t->es.best_step);
+		tr_trainer_logf(
+			t, TR_LOG_INFO,
+			"early stopping after step %lld: %s has not improved by more than %g for %d evaluation(s); "
+			"best %.6g at step %lld",
+			(long long)done, es->metric, (double)es->min_delta, es->patience, t->es.best,
+			(long long)t->es.best_step);
 		break;
 	case TR_ES_WAIT:
 		break;
@@ -335,7 +341,7 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 	if ((rc = tr_trainer_start_rank_threads(t, err)) < 0)
 		return rc;
 	tr_trainer_logf(t, TR_LOG_INFO, "training %zu parameters on %d %s device(s), %lld steps, %d loader thread(s)",
-	      t->model.n_params, t->ndev, t->be->i->name, (long long)total, workers);
+			t->model.n_params, t->ndev, t->be->i->name, (long long)total, workers);
 
 	double start = tr_trainer_mono_s();
 	double samples = 0;
@@ -345,7 +351,8 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 	t->last_checkpoint_step = t->start_step;
 	t->last_checkpoint_time = start;
 	if (t->start_step > 0)
-		tr_trainer_logf(t, TR_LOG_INFO, "resuming at step %lld of %lld", (long long)t->start_step, (long long)total);
+		tr_trainer_logf(t, TR_LOG_INFO, "resuming at step %lld of %lld", (long long)t->start_step,
+				(long long)total);
 	double best_val_loss = INFINITY; /* of this run: a resumed run starts afresh */
 	set_info(t, "phase", "training");
 	for (step = t->start_step; step < total; step++) {

@@ -73,8 +73,8 @@ struct tr_trainer_options {
 	/* Data and init.from files open through tr_data_open(data_roots, ...);
 	 * NULL: as written, relative to the working directory. */
 	const tr_data_roots_t *data_roots; /* borrowed */
-	tr_reader_t *train_reader;  /* optional, borrowed: replaces spec's data.train */
-	tr_reader_t *val_reader;    /* optional, borrowed */
+	tr_reader_t *train_reader;         /* optional, borrowed: replaces spec's data.train */
+	tr_reader_t *val_reader;           /* optional, borrowed */
 	struct tr_trainer_hooks hooks;
 	/* Optional, borrowed: the caller's cancel flag.  tr_trainer_create
 	 * looks at it between phases, while it opens and parses the data and
@@ -96,11 +96,11 @@ struct tr_summary {
 	 * those that do not apply: accuracy for regression, mse/mae/r2 for
 	 * classification). */
 	double test_loss, test_accuracy, test_mse, test_mae, test_r2;
-	bool stopped;                  /* ended early by tr_trainer_stop */
-	bool early_stopped;            /* ended by early_stopping (not "stopped": the run is complete) */
-	double best_value;             /* early_stopping: best metric value, NAN before the first */
-	int64_t best_step;             /* its step, -1 before the first */
-	int64_t first_step;            /* 0, or the step a resumed run started at */
+	bool stopped;       /* ended early by tr_trainer_stop */
+	bool early_stopped; /* ended by early_stopping (not "stopped": the run is complete) */
+	double best_value;  /* early_stopping: best metric value, NAN before the first */
+	int64_t best_step;  /* its step, -1 before the first */
+	int64_t first_step; /* 0, or the step a resumed run started at */
 };
 
 typedef struct tr_trainer tr_trainer_t;

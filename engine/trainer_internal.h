@@ -32,7 +32,7 @@ struct rank_ctx {
 	int64_t ahead_step; /* the step whose share the spare pair holds, or -1 */
 	pthread_t thread;
 	bool started;
-	double loss[2];   /* this step: loss sum, correct count */
+	double loss[2]; /* this step: loss sum, correct count */
 	double step_ms;
 	double grad_sumsq;
 	bool grads_nonfinite; /* stop_on_nan: this step's update was not applied */
@@ -48,10 +48,10 @@ struct tr_trainer {
 	int devs[TR_SPEC_MAX_DEVICES];
 	tr_model_t model;
 	struct tr_plan plan;
-	tr_reader_t *train, *val;          /* in use */
-	tr_reader_t *own_train, *own_val;  /* opened here, freed here */
-	tr_reader_t *val_base;             /* owned base of a validation split slice */
-	tr_reader_t *test;                 /* data.test, owned; NULL without one */
+	tr_reader_t *train, *val;         /* in use */
+	tr_reader_t *own_train, *own_val; /* opened here, freed here */
+	tr_reader_t *val_base;            /* owned base of a validation split slice */
+	tr_reader_t *test;                /* data.test, owned; NULL without one */
 	tr_transforms_t *transforms;
 	/* The model's description (engine/model_meta.h), put into every
 	 * snapshot's and model file's metadata. */
@@ -79,10 +79,10 @@ struct tr_trainer {
 	int64_t step; /* 0-based index of the step being run */
 	float lr;
 	bool want_grad_norm;
-	bool want_layer_grad_norms;                 /* rank 0 fills layer_grad_sumsq this step */
+	bool want_layer_grad_norms;                  /* rank 0 fills layer_grad_sumsq this step */
 	double layer_grad_sumsq[TR_SPEC_MAX_LAYERS]; /* before clipping, as grad_norm */
-	float *ratio_before, *ratio_after;         /* update_ratio: host copies of rank 0's weights */
-	bool ratio_due;                             /* ratio_before holds this step's weights */
+	float *ratio_before, *ratio_after;           /* update_ratio: host copies of rank 0's weights */
+	bool ratio_due;                              /* ratio_before holds this step's weights */
 
 	atomic_bool stop_requested, cancel_requested, checkpoint_requested;
 	atomic_int stop_reason; /* enum tr_stop_reason of the last stop request */
@@ -116,7 +116,7 @@ void tr_trainer_stop_rank_threads(struct tr_trainer *t);
 typedef int (*copy_to_device_fn)(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes);
 bool tr_trainer_can_lend(const tr_backend_t *be);
 int tr_trainer_copy_rows(copy_to_device_fn copy, tr_backend_t *be, int dev, float *dx, float *dy, const float *x,
-		     const float *y, int off, int len, int F, int L);
+			 const float *y, int off, int len, int F, int L);
 int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out);
 int tr_trainer_run_step_all(struct tr_trainer *t, struct tr_error *err);
 int tr_trainer_start_rank_threads(struct tr_trainer *t, struct tr_error *err);
@@ -125,7 +125,7 @@ int tr_trainer_unlend(struct tr_trainer *t, bool keep_values);
 /* trainer_monitors.c */
 void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, struct tr_error *err);
 void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
-			      double step_ms, double wait_ms);
+				  double step_ms, double wait_ms);
 bool tr_trainer_grad_norm_due(const struct tr_spec *s, int64_t done, bool per_layer);
 int tr_trainer_ratio_prepare(struct tr_trainer *t, int64_t done);
 

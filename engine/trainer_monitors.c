@@ -134,7 +134,7 @@ static void emit_activation_stats(struct tr_trainer *t, int64_t done, int64_t ep
 }
 
 void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t epoch, int count, double loss,
-			      double step_ms, double wait_ms)
+				  double step_ms, double wait_ms)
 {
 	const struct tr_spec *s = t->spec;
 	bool last = done == t->plan.total_steps;

@@ -98,8 +98,8 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 			return -ENOMEM;
 		}
 	}
-	if (t->val && (t->val->info.features != t->train->info.features ||
-		       t->val->info.label_dim != t->train->info.label_dim)) {
+	if (t->val &&
+	    (t->val->info.features != t->train->info.features || t->val->info.label_dim != t->train->info.label_dim)) {
 		tr_error_set(err, 0, 0, "/data/validation",
 			     "/data/validation: %d features and %d label columns, the training data has %d and %d",
 			     t->val->info.features, t->val->info.label_dim, t->train->info.features,

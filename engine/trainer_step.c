@@ -53,7 +53,7 @@ static void swap_inputs(struct rank_ctx *rc)
  * wide) into device buffers dx, dy with `copy` (to_device or
  * to_device_async). */
 int tr_trainer_copy_rows(copy_to_device_fn copy, tr_backend_t *be, int dev, float *dx, float *dy, const float *x,
-		     const float *y, int off, int len, int F, int L)
+			 const float *y, int off, int len, int F, int L)
 {
 	int ret = copy(be, dev, dx, x + (size_t)off * F, (size_t)len * F * sizeof(float));
 	if (ret == 0)
@@ -101,8 +101,8 @@ static int upload_ahead(struct tr_trainer *t, struct rank_ctx *rc)
 	/* Set first: after a failed enqueue the other copy may be in flight,
 	 * and the failure path must wait for it (see rank_step). */
 	rc->ahead_step = next;
-	return tr_trainer_copy_rows(be->i->to_device_async, be, rc->rep.dev, rc->spare_input, rc->spare_labels, b->x, b->y, off,
-			 len, F, L);
+	return tr_trainer_copy_rows(be->i->to_device_async, be, rc->rep.dev, rc->spare_input, rc->spare_labels, b->x,
+				    b->y, off, len, F, L);
 }
 
 /* Whether snapshots can share rank 0's buffers (engine/backend.h). */

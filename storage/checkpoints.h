@@ -70,8 +70,8 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len);
  * prunes nothing.  [params_offset, params_offset + params_bytes) must lie
  * within the blob.  *out (may be NULL) receives the row (free it with
  * tr_ckpt_row_finish).  On failure the checkpoint is aborted (and w freed). */
-int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len,
-			 int64_t params_offset, int64_t params_bytes, int keep, struct tr_ckpt_row *out);
+int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len, int64_t params_offset,
+			 int64_t params_bytes, int keep, struct tr_ckpt_row *out);
 /* Deletes the partial checkpoint and frees w.  Accepts NULL.  Keeps the
  * thread's error message. */
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
@@ -116,6 +116,5 @@ void tr_store_ckpt_close(tr_ckpt_reader_t *r); /* accepts NULL */
  * byte; *len) and checks its SHA-256 against the stored one (and row's,
  * when set): -EBADMSG on a mismatch, with nothing returned. */
 int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len);
-
 
 #endif

@@ -224,7 +224,9 @@ int tr_ckpt_unlink_file(const char *dir, int64_t id)
 	char *path = tr_ckpt_file_path(dir, id);
 	if (!path)
 		return tr_store_fail(-ENOMEM, "out of memory");
-	int err = unlink(path) == 0 || errno == ENOENT ? 0 : tr_store_fail(-errno, "%s: cannot delete: %s", path, strerror(errno));
+	int err = unlink(path) == 0 || errno == ENOENT
+			  ? 0
+			  : tr_store_fail(-errno, "%s: cannot delete: %s", path, strerror(errno));
 	free(path);
 	return err;
 }
@@ -335,7 +337,9 @@ void tr_store_ckpt_drop_spare(tr_store_t *s)
  * tries again. */
 int tr_ckpt_purge(const char *dir, struct conn *c, int64_t id, bool retire)
 {
-	int err = !dir ? tr_store_fail(-ENOMEM, "out of memory") : retire ? retire_file(dir, id) : tr_ckpt_unlink_file(dir, id);
+	int err = !dir     ? tr_store_fail(-ENOMEM, "out of memory")
+		  : retire ? retire_file(dir, id)
+			   : tr_ckpt_unlink_file(dir, id);
 	if (err < 0)
 		return err;
 	return tr_ckpt_exec_id(c, sql_purge_row, id, 0, NULL);
@@ -368,8 +372,8 @@ static int copy_old_chunks(struct conn *c, int64_t id, const char *path)
 			err = -EIO;
 		if (err == 0) {
 			sqlite3_bind_int64(ins, 1, sqlite3_column_int64(st, 0));
-			sqlite3_bind_blob64(ins, 2, sqlite3_column_blob(st, 1), (sqlite3_uint64)sqlite3_column_bytes(st, 1),
-					    SQLITE_STATIC);
+			sqlite3_bind_blob64(ins, 2, sqlite3_column_blob(st, 1),
+					    (sqlite3_uint64)sqlite3_column_bytes(st, 1), SQLITE_STATIC);
 			int irc = sqlite3_step(ins);
 			sqlite3_reset(ins);
 			sqlite3_clear_bindings(ins);

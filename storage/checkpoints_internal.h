@@ -25,7 +25,7 @@
  * written again. */
 #define FILE_PAGE_SIZE 65536
 #define FILE_PAGE_SIZE_SQL "65536" /* the same, for the pragma below */
-#define FILE_SETTINGS                                                                     \
+#define FILE_SETTINGS                                                               \
 	"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-8192;" \
 	" PRAGMA secure_delete=OFF;"
 /* secure_delete=OFF: rows of a reused file that are replaced or left over
@@ -36,7 +36,7 @@ extern const char tr_ckpt_file_setup[];
 
 /* length(model_header) rather than the header itself: rows are listed
  * often and the header is only needed for a weights-only download. */
-#define CKPT_COLS                                                                                        \
+#define CKPT_COLS                                                                           \
 	"id, job_id, step, epoch, created_at, bytes, sha256, params_offset, params_bytes, " \
 	"length(model_header), meta, best"
 

@@ -29,7 +29,8 @@ static const char sql_get_best[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE 
 static const char sql_get_newest[] = "SELECT " CKPT_COLS " FROM checkpoints WHERE job_id = ?1 AND complete = 1"
 				     " ORDER BY step DESC, id DESC LIMIT 1";
 static const char sql_header[] = "SELECT model_header FROM checkpoints WHERE id = ?1 AND complete = 1";
-static const char sql_reader_row[] = "SELECT job_id, step, bytes, sha256 FROM checkpoints WHERE id = ?1 AND complete = 1";
+static const char sql_reader_row[] =
+	"SELECT job_id, step, bytes, sha256 FROM checkpoints WHERE id = ?1 AND complete = 1";
 static const char sql_reader_file_chunks[] = "SELECT seq, length(data) FROM chunks ORDER BY seq";
 
 struct tr_ckpt_reader {
@@ -129,7 +130,7 @@ int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckp
 	memset(out, 0, sizeof *out);
 	struct conn *c = tr_store_conn_get(s);
 	int err = -EIO;
-	sqlite3_stmt *st = tr_store_stmt(c, step >= 0		    ? sql_get_step
+	sqlite3_stmt *st = tr_store_stmt(c, step >= 0              ? sql_get_step
 					    : step == TR_CKPT_BEST ? sql_get_best
 								   : sql_get_newest);
 	if (!st)
@@ -277,10 +278,11 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 		int64_t seq = sqlite3_column_int64(st, 0), len = sqlite3_column_int64(st, 1);
 		int64_t want = i < r->nchunks - 1 ? (int64_t)CHUNK_BYTES : r->bytes - i * (int64_t)CHUNK_BYTES;
 		if (i >= r->nchunks || seq != i || len != want) {
-			err = tr_store_fail(-EBADMSG,
-					    "checkpoint %lld of job %lld (step %lld) is damaged: chunk %lld has %lld bytes, expected chunk %lld of %lld bytes",
-					    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)seq,
-					    (long long)len, (long long)i, (long long)want);
+			err = tr_store_fail(
+				-EBADMSG,
+				"checkpoint %lld of job %lld (step %lld) is damaged: chunk %lld has %lld bytes, expected chunk %lld of %lld bytes",
+				(long long)r->id, (long long)r->job_id, (long long)r->step, (long long)seq,
+				(long long)len, (long long)i, (long long)want);
 			break;
 		}
 		i++;
@@ -292,7 +294,8 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 					      sqlite3_errmsg(c->db))
 			      : SQLFAIL(c, rc, "read checkpoint chunks");
 	else if (err == 0 && i != r->nchunks)
-		err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
+		err = tr_store_fail(-EBADMSG,
+				    "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
 				    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)i,
 				    (long long)r->nchunks);
 	sqlite3_reset(st);
@@ -427,9 +430,10 @@ int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data
 	char hex[65];
 	tr_sha256_final_hex(&sha, hex);
 	if (strcmp(hex, r->sha256) != 0) {
-		err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
-				    (long long)r->id, (long long)r->job_id, (long long)r->step, hex,
-				    r->sha256[0] ? r->sha256 : "(none stored)");
+		err = tr_store_fail(
+			-EBADMSG, "checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
+			(long long)r->id, (long long)r->job_id, (long long)r->step, hex,
+			r->sha256[0] ? r->sha256 : "(none stored)");
 		goto fail;
 	}
 	*data = buf;

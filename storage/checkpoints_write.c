@@ -39,8 +39,9 @@
 static const char sql_chunk_len[] = "SELECT length(data) FROM chunks WHERE seq = ?1";
 static const char sql_drop_chunk[] = "DELETE FROM chunks WHERE seq = ?1";
 static const char sql_drop_chunks_from[] = "DELETE FROM chunks WHERE seq >= ?1";
-static const char sql_insert_ckpt[] = "INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete, chunk_file)"
-				      " VALUES (?1, ?2, ?3, ?4, ?5, 0, 1)";
+static const char sql_insert_ckpt[] =
+	"INSERT INTO checkpoints (job_id, step, epoch, created_at, meta, complete, chunk_file)"
+	" VALUES (?1, ?2, ?3, ?4, ?5, 0, 1)";
 static const char sql_insert_chunk[] = "INSERT INTO chunks (seq, data) VALUES (?1, ?2)";
 /* length() of a blob column is read from the record header: the chunks'
  * overflow pages are not touched. */
@@ -52,7 +53,8 @@ static const char sql_complete[] = "UPDATE checkpoints SET bytes = ?2, sha256 = 
 /* The checkpoint just committed always stays, even when an older-step
  * checkpoint is written after newer ones (a job resumed from an earlier
  * step): keep - 1 others survive beside it. */
-static const char sql_set_best[] = "UPDATE checkpoints SET best = (id = ?2) WHERE job_id = ?1 AND (best = 1 OR id = ?2)";
+static const char sql_set_best[] =
+	"UPDATE checkpoints SET best = (id = ?2) WHERE job_id = ?1 AND (best = 1 OR id = ?2)";
 /* The best checkpoint is kept whatever `keep` says. */
 static const char sql_prunable[] = "SELECT id FROM checkpoints WHERE job_id = ?1 AND complete = 1 AND id <> ?2"
 				   " AND best = 0"
@@ -69,13 +71,13 @@ struct tr_ckpt_writer {
 	bool reused;   /* the file was the spare: its rows are overwritten */
 	int64_t id;    /* the incomplete row; 0 once committed or discarded */
 	int64_t job_id, step;
-	int64_t bytes;   /* appended so far */
-	int64_t nchunks; /* chunks stored */
+	int64_t bytes;      /* appended so far */
+	int64_t nchunks;    /* chunks stored */
 	unsigned char *buf; /* the chunk being filled; allocated when first needed */
 	size_t nbuf;
 	struct tr_sha256 sha;
 	bool best; /* meta says "reason": "best" */
-	int err; /* first failure: every later call repeats it */
+	int err;   /* first failure: every later call repeats it */
 	char errmsg[512];
 };
 
@@ -127,8 +129,10 @@ static int writer_fail(struct tr_ckpt_writer *w, int err)
 	const char *fate = discarded ? "the partial checkpoint was deleted"
 				     : "the partial checkpoint will be deleted at the next open";
 	if (err == -ENOSPC)
-		tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s); %s, earlier checkpoints are intact",
-			      (long long)w->job_id, (long long)w->step, cause, fate);
+		tr_store_fail(
+			err,
+			"checkpoint of job %lld at step %lld: the database is full (%s); %s, earlier checkpoints are intact",
+			(long long)w->job_id, (long long)w->step, cause, fate);
 	else
 		tr_store_fail(err, "checkpoint of job %lld at step %lld: %s; %s", (long long)w->job_id,
 			      (long long)w->step, cause, fate);
@@ -275,8 +279,9 @@ static int insert_row(struct tr_ckpt_writer *w, int64_t epoch, const char *meta_
 	int rc = sqlite3_step(st);
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE)
-		err = rc == SQLITE_CONSTRAINT_FOREIGNKEY ? tr_store_fail(-ENOENT, "job %lld does not exist", (long long)w->job_id)
-							 : SQLFAIL(&w->c, rc, "insert a checkpoint");
+		err = rc == SQLITE_CONSTRAINT_FOREIGNKEY
+			      ? tr_store_fail(-ENOENT, "job %lld does not exist", (long long)w->job_id)
+			      : SQLFAIL(&w->c, rc, "insert a checkpoint");
 	if (err == 0) {
 		int64_t id = sqlite3_last_insert_rowid(w->c.db);
 		err = tr_store_commit(&w->c);
@@ -469,9 +474,11 @@ static int check_chunks(struct tr_ckpt_writer *w)
 	int64_t n = sqlite3_column_int64(st, 0), total = sqlite3_column_int64(st, 1), max = sqlite3_column_int64(st, 2);
 	sqlite3_reset(st);
 	if (n != w->nchunks || max != w->nchunks - 1 || total != w->bytes)
-		return tr_store_fail(-EIO, "%s holds %lld bytes in %lld chunks (last %lld), but %lld bytes in %lld chunks were written",
-				     w->path, (long long)total, (long long)n, (long long)max, (long long)w->bytes,
-				     (long long)w->nchunks);
+		return tr_store_fail(
+			-EIO,
+			"%s holds %lld bytes in %lld chunks (last %lld), but %lld bytes in %lld chunks were written",
+			w->path, (long long)total, (long long)n, (long long)max, (long long)w->bytes,
+			(long long)w->nchunks);
 	return 0;
 }
 
@@ -526,8 +533,8 @@ static int hide_pruned(struct tr_ckpt_writer *w, int keep, int64_t **ids, size_t
 	return err;
 }
 
-int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len,
-			 int64_t params_offset, int64_t params_bytes, int keep, struct tr_ckpt_row *out)
+int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len, int64_t params_offset,
+			 int64_t params_bytes, int keep, struct tr_ckpt_row *out)
 {
 	if (out)
 		memset(out, 0, sizeof *out);
@@ -540,10 +547,12 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		err = tr_store_fail(w->err, "%s", w->errmsg);
 		goto cleanup;
 	}
-	if (params_offset < 0 || params_bytes < 0 || params_offset > w->bytes || params_bytes > w->bytes - params_offset) {
-		err = writer_fail(w, tr_store_fail(-EINVAL, "parameter range [%lld, +%lld) is outside the %lld-byte blob",
-						   (long long)params_offset, (long long)params_bytes,
-						   (long long)w->bytes));
+	if (params_offset < 0 || params_bytes < 0 || params_offset > w->bytes ||
+	    params_bytes > w->bytes - params_offset) {
+		err = writer_fail(w,
+				  tr_store_fail(-EINVAL, "parameter range [%lld, +%lld) is outside the %lld-byte blob",
+						(long long)params_offset, (long long)params_bytes,
+						(long long)w->bytes));
 		goto cleanup;
 	}
 	if ((model_header_len && !model_header) || model_header_len > INT_MAX) {

@@ -152,8 +152,8 @@ static void read_record(const tr_datasets_t *d, const char *name, const char *fi
 	char hex[65];
 	long long bytes = -1;
 	unsigned long long ino = 0;
-	if (fscanf(f, "%64s %lld %llu", hex, &bytes, &ino) == 3 && strlen(hex) == 64 && bytes == (long long)st->st_size &&
-	    ino == (unsigned long long)st->st_ino)
+	if (fscanf(f, "%64s %lld %llu", hex, &bytes, &ino) == 3 && strlen(hex) == 64 &&
+	    bytes == (long long)st->st_size && ino == (unsigned long long)st->st_ino)
 		memcpy(out->sha256, hex, 65);
 	fclose(f);
 }
@@ -590,8 +590,7 @@ static int remove_file_locked(tr_datasets_t *d, const char *name, const char *fi
 	return 0;
 }
 
-int tr_datasets_remove(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, char *err,
-		       size_t errlen)
+int tr_datasets_remove(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, char *err, size_t errlen)
 {
 	int64_t got = 0;
 	int rc = tr_datasets_check_name("dataset name", name, err, errlen);

@@ -42,8 +42,8 @@ struct tr_dataset_file {
 	char name[TR_DATASET_NAME_MAX + 1];
 	char file[TR_DATASET_NAME_MAX + 1];
 	int64_t bytes;
-	char sha256[65];  /* lowercase hex; "" when unknown */
-	double modified;  /* Unix seconds of the upload's commit */
+	char sha256[65]; /* lowercase hex; "" when unknown */
+	double modified; /* Unix seconds of the upload's commit */
 };
 
 /* Opens (creating it, mode 0700) the datasets directory dir, which must be
@@ -97,7 +97,6 @@ int tr_datasets_stat(tr_datasets_t *d, const char *name, const char *file, struc
 /* Deletes NAME/FILE, or with file NULL every file of NAME and NAME itself.
  * -ENOENT when there is no such file or dataset.  *freed (may be NULL)
  * receives the bytes given back. */
-int tr_datasets_remove(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, char *err,
-		       size_t errlen);
+int tr_datasets_remove(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, char *err, size_t errlen);
 
 #endif

@@ -14,8 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at,
-			  int64_t *id)
+int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at, int64_t *id)
 {
 	sqlite3_stmt *st = tr_store_stmt(c, "INSERT INTO events (job_id, type, data, at) VALUES (?1, ?2, ?3, ?4)");
 	if (!st)

@@ -112,14 +112,14 @@ struct tr_store {
 	pthread_cond_t q_work; /* writer: data, flush request or stop */
 	pthread_cond_t q_done; /* flushers: seq_done advanced */
 	struct qvec pending;
-	size_t inflight;            /* items taken by the writer, not yet committed */
-	uint64_t seq_in, seq_done;  /* items accepted / items written (or failed) */
+	size_t inflight;           /* items taken by the writer, not yet committed */
+	uint64_t seq_in, seq_done; /* items accepted / items written (or failed) */
 	bool flush_req, stopping;
 	uint64_t err_from, err_to; /* seq range (from, to] of the last failed chunk */
 	int err_code;
 	char err_msg[512];
 	uint64_t rounds_started, rounds_done; /* the writer's rounds, for flushes */
-	bool write_failing;        /* the last batch kept items back for a retry */
+	bool write_failing;                   /* the last batch kept items back for a retry */
 	struct drop_count *drops;
 	size_t ndrops, capdrops;
 	int64_t drops_total;
@@ -130,7 +130,7 @@ struct tr_store {
 	struct pending_state *pst;
 	size_t npst, cappst;
 	_Atomic size_t pst_count; /* npst, for the writer's wake-up test */
-	bool pst_saved; /* the side file holds them: delete it once all are written */
+	bool pst_saved;           /* the side file holds them: delete it once all are written */
 
 	/* Storage health: the last write to the state database failed for
 	 * want of storage and none has succeeded since.  Under h_lock;
@@ -246,8 +246,7 @@ void tr_store_events_committed(tr_store_t *s, int64_t max_id, const int64_t *job
 /* The same for the writer's commits of points and log lines: runs the
  * commit hook for each job before publishing (storage/events.c). */
 void tr_store_commit_hook_run(tr_store_t *s, int64_t max_id, const int64_t *jobs, size_t njobs);
-int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at,
-			  int64_t *id);
+int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, const char *data, double at, int64_t *id);
 
 /* ---- writer ------------------------------------------------------------------ */
 

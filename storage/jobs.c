@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define JOB_COLS                                                                                         \
+#define JOB_COLS                                                                                       \
 	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
 	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info"
 
@@ -465,8 +465,7 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
 	char sql[512];
 	int len = snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs");
 	for (int i = 0; i < nstates; i++)
-		len += snprintf(sql + len, sizeof sql - (size_t)len, "%s?%d", i ? ", " : " WHERE state IN (",
-				i + 1);
+		len += snprintf(sql + len, sizeof sql - (size_t)len, "%s?%d", i ? ", " : " WHERE state IN (", i + 1);
 	snprintf(sql + len, sizeof sql - (size_t)len, "%s ORDER BY priority DESC, submitted_at, id",
 		 nstates ? ")" : "");
 

@@ -404,13 +404,26 @@ static void col_put(struct jbuf *b, enum col col, const struct tr_metrics_point 
 	if (b->n)
 		JBUF_LIT(b, ",");
 	switch (col) {
-	case COL_STEP: tr_store_jbuf_int(b, p->step); break;
-	case COL_VALUE: text_real(b, p->value); break;
-	case COL_MIN: text_real(b, p->min); break;
-	case COL_MAX: text_real(b, p->max); break;
-	case COL_EPOCH: tr_store_jbuf_int(b, p->epoch); break;
-	case COL_TIME: text_real(b, p->wall); break;
-	case NCOLS: break;
+	case COL_STEP:
+		tr_store_jbuf_int(b, p->step);
+		break;
+	case COL_VALUE:
+		text_real(b, p->value);
+		break;
+	case COL_MIN:
+		text_real(b, p->min);
+		break;
+	case COL_MAX:
+		text_real(b, p->max);
+		break;
+	case COL_EPOCH:
+		tr_store_jbuf_int(b, p->epoch);
+		break;
+	case COL_TIME:
+		text_real(b, p->wall);
+		break;
+	case NCOLS:
+		break;
 	}
 }
 
@@ -486,8 +499,8 @@ static bool cols_oom(const struct jbuf *c)
 
 static struct tr_metrics_point out_point(const struct bucket *k)
 {
-	return (struct tr_metrics_point){k->last.step, k->last.epoch, k->last.wall, k->last.value, k->sum.min.value,
-					 k->sum.max.value};
+	return (struct tr_metrics_point){k->last.step,  k->last.epoch,    k->last.wall,
+					 k->last.value, k->sum.min.value, k->sum.max.value};
 }
 
 /* A dashboard re-reads a running job's whole downsampled curve after
@@ -701,8 +714,8 @@ static int memo_text(struct memo *m, bool raw, char **text, size_t *len, struct 
 /* The downsampled text of a whole-curve query through the memo: 1 done,
  * 0 when the series is not downsampled at this size (the caller reads it
  * raw), <0 error. */
-static int memo_series(struct conn *c, const void *store, int64_t job_id, const char *name, int64_t lo,
-		       int64_t hi, const struct tr_metrics_query *q, uint64_t gen, struct tr_metrics_series *out)
+static int memo_series(struct conn *c, const void *store, int64_t job_id, const char *name, int64_t lo, int64_t hi,
+		       const struct tr_metrics_query *q, uint64_t gen, struct tr_metrics_series *out)
 {
 	int64_t m_pts = q->max_points, w = 1;
 	if (hi == lo)
@@ -900,8 +913,8 @@ static int add_json(void *ctx, const struct tr_metrics_series *s)
 	const struct tr_metrics_query *q = ((void **)ctx)[1];
 	json_t *into = ((void **)ctx)[0];
 	struct tr_error *e = ((void **)ctx)[2];
-	json_t *steps = json_array(), *values = json_array(), *mins = NULL, *maxs = NULL, *epochs = NULL,
-	       *times = NULL, *obj = json_object();
+	json_t *steps = json_array(), *values = json_array(), *mins = NULL, *maxs = NULL, *epochs = NULL, *times = NULL,
+	       *obj = json_object();
 	bool oom = !steps || !values || !obj;
 	if (s->downsampled) {
 		mins = json_array();

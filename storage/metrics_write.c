@@ -124,8 +124,7 @@ static int emit_metrics_event(struct conn *c, struct batch_job *j, double now, i
 	return err;
 }
 
-static int insert_point(struct conn *c, struct batch_job *j, const struct qitem *it, double now,
-			int64_t *max_event)
+static int insert_point(struct conn *c, struct batch_job *j, const struct qitem *it, double now, int64_t *max_event)
 {
 	sqlite3_stmt *st = tr_store_stmt(
 		c, "INSERT INTO metrics (job_id, name, step, epoch, wall, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
@@ -165,8 +164,7 @@ static int insert_point(struct conn *c, struct batch_job *j, const struct qitem 
 
 static int insert_log(struct conn *c, const struct qitem *it, double now, int64_t *max_event)
 {
-	sqlite3_stmt *st =
-		tr_store_stmt(c, "INSERT INTO logs (job_id, time, level, message) VALUES (?1, ?2, ?3, ?4)");
+	sqlite3_stmt *st = tr_store_stmt(c, "INSERT INTO logs (job_id, time, level, message) VALUES (?1, ?2, ?3, ?4)");
 	if (!st)
 		return -EIO;
 	const char *msg = item_text(it);

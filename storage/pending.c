@@ -258,8 +258,9 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen)
 	if (n && !err) {
 		s->pst_saved = true;
 		if (msg && msglen)
-			snprintf(msg, msglen, "%d job state change(s) could not be written to the state database; "
-					      "saved to %s, written at the next start",
+			snprintf(msg, msglen,
+				 "%d job state change(s) could not be written to the state database; "
+				 "saved to %s, written at the next start",
 				 n, side);
 	} else if (n) {
 		/* Say exactly what is lost: the jobs and the states. */

@@ -115,8 +115,7 @@ static void bind_key(sqlite3_stmt *st, int64_t job_id, const char *name, int lev
 	sqlite3_bind_int64(st, 4, block);
 }
 
-static int put_row(struct conn *c, int64_t job_id, const char *name, int level, int64_t block,
-		   const struct msum *m)
+static int put_row(struct conn *c, int64_t job_id, const char *name, int level, int64_t block, const struct msum *m)
 {
 	sqlite3_stmt *st = tr_store_stmt(c, m->n ? sql_put : sql_del);
 	if (!st)
@@ -138,8 +137,7 @@ static int put_row(struct conn *c, int64_t job_id, const char *name, int level, 
 }
 
 /* Merges m into the stored block. */
-static int merge_row(struct conn *c, int64_t job_id, const char *name, int level, int64_t block,
-		     const struct msum *m)
+static int merge_row(struct conn *c, int64_t job_id, const char *name, int level, int64_t block, const struct msum *m)
 {
 	sqlite3_stmt *st = tr_store_stmt(c, sql_get);
 	if (!st)

@@ -114,8 +114,7 @@ int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *fil
 
 bool tr_store_err_storage(int err)
 {
-	return err == -ENOSPC || err == -EROFS || err == -EIO || err == -EACCES || err == -EPERM ||
-	       err == -EDQUOT;
+	return err == -ENOSPC || err == -EROFS || err == -EIO || err == -EACCES || err == -EPERM || err == -EDQUOT;
 }
 
 bool tr_store_err_transient(int err)

@@ -88,8 +88,8 @@ struct tr_job_row {
 	char *request_hash;    /* hex digest of the request body, with the key */
 	double submitted_at, started_at, finished_at; /* Unix seconds, 0 = not yet */
 	int64_t step, total_steps, epoch;
-	double loss;       /* latest, NAN when none */
-	double updated_at; /* last progress update */
+	double loss;        /* latest, NAN when none */
+	double updated_at;  /* last progress update */
 	bool state_pending; /* state/error/devices/stamps shown are not written yet */
 	char *info;         /* JSON object text of info fields, "{}" when none */
 };

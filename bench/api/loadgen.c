@@ -53,11 +53,11 @@ struct req {
 struct conn {
 	int fd;
 	bool busy;
-	long req;        /* index into reqs */
+	long req; /* index into reqs */
 	char *rbuf;
 	size_t rlen;
-	long need;       /* total bytes of the response once headers are parsed, -1 = unknown */
-	int status;      /* of the response being read, once its header is parsed */
+	long need;  /* total bytes of the response once headers are parsed, -1 = unknown */
+	int status; /* of the response being read, once its header is parsed */
 	char wbuf[2048];
 	size_t wlen, woff;
 };
@@ -185,10 +185,18 @@ int main(int argc, char **argv)
 	int nconn = 16, opt;
 	while ((opt = getopt(argc, argv, "a:r:d:c:u:w:o:l:")) != -1) {
 		switch (opt) {
-		case 'a': target = optarg; break;
-		case 'r': rate = atof(optarg); break;
-		case 'd': duration = atof(optarg); break;
-		case 'c': nconn = atoi(optarg); break;
+		case 'a':
+			target = optarg;
+			break;
+		case 'r':
+			rate = atof(optarg);
+			break;
+		case 'd':
+			duration = atof(optarg);
+			break;
+		case 'c':
+			nconn = atoi(optarg);
+			break;
 		case 'u':
 			if (nurls == MAX_URLS) {
 				fprintf(stderr, "loadgen: at most %d URLs\n", MAX_URLS);
@@ -196,11 +204,18 @@ int main(int argc, char **argv)
 			}
 			urls[nurls++] = optarg;
 			break;
-		case 'w': drain = atof(optarg); break;
-		case 'o': raw = optarg; break;
-		case 'l': label = optarg; break;
+		case 'w':
+			drain = atof(optarg);
+			break;
+		case 'o':
+			raw = optarg;
+			break;
+		case 'l':
+			label = optarg;
+			break;
 		default:
-			fprintf(stderr, "usage: loadgen -a HOST:PORT -r RATE -d SECONDS -c CONNS -u PATH [-u PATH]... [-w DRAIN_S] [-o FILE] [-l LABEL]\n");
+			fprintf(stderr,
+				"usage: loadgen -a HOST:PORT -r RATE -d SECONDS -c CONNS -u PATH [-u PATH]... [-w DRAIN_S] [-o FILE] [-l LABEL]\n");
 			return 2;
 		}
 	}
@@ -245,8 +260,8 @@ int main(int argc, char **argv)
 
 	usleep(100000); /* let the connections establish */
 	t0 = now_s();
-	long next = 0;     /* next request to become due */
-	long queued = 0;   /* first due request not yet sent (they are sent in order) */
+	long next = 0;   /* next request to become due */
+	long queued = 0; /* first due request not yet sent (they are sent in order) */
 	long completed = 0, errors = 0, reconnects = 0;
 	double end_issue = duration, hard_end = duration + drain;
 	int idle = nconn;
@@ -385,7 +400,8 @@ int main(int argc, char **argv)
 		for (long i = 0; i < next; i++)
 			fprintf(f, "%.6f\t%.3f\t%.3f\t%d\t%d\n", reqs[i].due,
 				reqs[i].done < 0 ? -1.0 : (reqs[i].done - reqs[i].due) * 1e3,
-				reqs[i].done < 0 ? -1.0 : (reqs[i].done - reqs[i].sent) * 1e3, reqs[i].status, reqs[i].url);
+				reqs[i].done < 0 ? -1.0 : (reqs[i].done - reqs[i].sent) * 1e3, reqs[i].status,
+				reqs[i].url);
 		fclose(f);
 	}
 	qsort(lat, (size_t)nl, sizeof *lat, cmp_double);

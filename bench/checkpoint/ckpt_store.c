@@ -351,8 +351,8 @@ int main(int argc, char **argv)
 		double t2 = now_s();
 		struct tr_ckpt_row out = {0};
 		if (rc == 0)
-			rc = tr_store_ckpt_commit(w, model_header, sizeof model_header, sizeof header, (int64_t)bytes, 3,
-						  &out);
+			rc = tr_store_ckpt_commit(w, model_header, sizeof model_header, sizeof header, (int64_t)bytes,
+						  3, &out);
 		else
 			tr_store_ckpt_abort(w);
 		double t3 = now_s(), c3 = cpu_s();
@@ -373,8 +373,7 @@ int main(int argc, char **argv)
 		       "\"sha256_1thread_mb_per_s\":%.1f,\"memcpy_mb_per_s\":%.1f}\n",
 		       r + 1, total_mb, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3,
 		       total_mb / (t3 - t0), (c3 - c0) * 1e3, (t4 - t3) * 1e3, db_bytes, file_bytes,
-		       3 * bytes / 1e6 / sha_s,
-		       3 * bytes / 1e6 / memcpy_s);
+		       3 * bytes / 1e6 / sha_s, 3 * bytes / 1e6 / memcpy_s);
 		fflush(stdout);
 		rm_db(path);
 	}

@@ -58,13 +58,13 @@ static float *buf(size_t n)
 	return p;
 }
 
-#define CHECK(x)                                                                    \
-	do {                                                                        \
-		dnnl_status_t st_ = (x);                                            \
-		if (st_ != dnnl_success) {                                          \
+#define CHECK(x)                                                                                     \
+	do {                                                                                         \
+		dnnl_status_t st_ = (x);                                                             \
+		if (st_ != dnnl_success) {                                                           \
 			fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #x, (int)st_); \
-			exit(1);                                                    \
-		}                                                                   \
+			exit(1);                                                                     \
+		}                                                                                    \
 	} while (0)
 
 static dnnl_engine_t eng;
@@ -82,8 +82,8 @@ static double gemm_time(const struct conv *cv, int batch, int reps, double *flop
 	for (int i = -2; i < reps; i++) {
 		double t0 = now();
 		for (int b = 0; b < batch; b++) {
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, K, PQ, CRS, 1.0f, W, CRS, col, PQ, 0.0f, y,
-				    PQ);
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, K, PQ, CRS, 1.0f, W, CRS, col, PQ, 0.0f,
+				    y, PQ);
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, K, CRS, PQ, 1.0f, y, PQ, col, PQ, 1.0f, dW,
 				    CRS);
 			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, PQ, K, 1.0f, W, CRS, y, PQ, 0.0f,
@@ -138,11 +138,11 @@ static double dnnl_time(const struct conv *cv, int batch, int reps, int plain, c
 							 &wei, &bia, &dst, strides, dil, pad, pad));
 	dnnl_primitive_desc_t fpd, dpd, wpd;
 	CHECK(dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL));
-	CHECK(dnnl_dilated_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &src, &wei, &dst,
-							       strides, dil, pad, pad));
+	CHECK(dnnl_dilated_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &src, &wei, &dst, strides,
+							       dil, pad, pad));
 	CHECK(dnnl_primitive_desc_create(&dpd, &bdd, NULL, eng, fpd));
-	CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, &src, &wei, &bia,
-								  &dst, strides, dil, pad, pad));
+	CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, &src, &wei, &bia, &dst,
+								  strides, dil, pad, pad));
 	CHECK(dnnl_primitive_desc_create(&wpd, &bwd, NULL, eng, fpd));
 	snprintf(impls, ilen, "%s / %s / %s", impl(fpd), impl(dpd), impl(wpd));
 	dnnl_primitive_t fp, dp, wp;
@@ -166,11 +166,14 @@ static double dnnl_time(const struct conv *cv, int batch, int reps, int plain, c
 		CHECK(dnnl_memory_create(&mdbia, &bmd, eng, buf(cv->k)));
 	}
 	dnnl_memory_t mddst_d = mem(dpd, dnnl_query_diff_dst_md), mwei_d = mem(dpd, dnnl_query_weights_md);
-	dnnl_exec_arg_t fa[] = {{DNNL_ARG_SRC, msrc}, {DNNL_ARG_WEIGHTS, mwei}, {DNNL_ARG_BIAS, mbia},
+	dnnl_exec_arg_t fa[] = {{DNNL_ARG_SRC, msrc},
+				{DNNL_ARG_WEIGHTS, mwei},
+				{DNNL_ARG_BIAS, mbia},
 				{DNNL_ARG_DST, mdst}};
-	dnnl_exec_arg_t da[] = {{DNNL_ARG_DIFF_DST, mddst_d}, {DNNL_ARG_WEIGHTS, mwei_d},
-				{DNNL_ARG_DIFF_SRC, mdsrc}};
-	dnnl_exec_arg_t wa[] = {{DNNL_ARG_SRC, msrc}, {DNNL_ARG_DIFF_DST, mddst}, {DNNL_ARG_DIFF_WEIGHTS, mdwei},
+	dnnl_exec_arg_t da[] = {{DNNL_ARG_DIFF_DST, mddst_d}, {DNNL_ARG_WEIGHTS, mwei_d}, {DNNL_ARG_DIFF_SRC, mdsrc}};
+	dnnl_exec_arg_t wa[] = {{DNNL_ARG_SRC, msrc},
+				{DNNL_ARG_DIFF_DST, mddst},
+				{DNNL_ARG_DIFF_WEIGHTS, mdwei},
 				{DNNL_ARG_DIFF_BIAS, mdbia}};
 	double *t = malloc(reps * sizeof *t);
 	for (int i = -2; i < reps; i++) {
@@ -206,7 +209,9 @@ int main(int argc, char **argv)
 			reps = atoi(argv[i + 1]);
 	}
 	static const struct conv lenet[] = {{1, 28, 28, 32, 3, 3, 0}, {32, 13, 13, 64, 3, 3, 0}};
-	static const struct conv vdsr[] = {{1, 41, 41, 64, 3, 3, 1}, {64, 41, 41, 64, 3, 3, 1}, {64, 41, 41, 1, 3, 3, 1}};
+	static const struct conv vdsr[] = {{1, 41, 41, 64, 3, 3, 1},
+					   {64, 41, 41, 64, 3, 3, 1},
+					   {64, 41, 41, 1, 3, 3, 1}};
 	const struct conv *cv;
 	int n, mult[3] = {1, 1, 1};
 	if (!strcmp(wl, "lenet")) {

@@ -42,11 +42,11 @@ extern void openblas_set_num_threads(int n) __attribute__((weak));
 struct cpu_backend {
 	struct tr_backend base; /* first: tr_backend_t * converts to this */
 	tr_backend_i table;
-	uint64_t id;      /* never reused, unlike the address */
+	uint64_t id; /* never reused, unlike the address */
 	int devices;
 	int threads; /* per device (its pool, the device thread included) */
 	pthread_mutex_t err_mu;
-	char err[ERR_LEN]; /* latest error from any thread, under err_mu */
+	char err[ERR_LEN];     /* latest error from any thread, under err_mu */
 	enum tr_cpu_conv conv; /* the conv2d route (tr_cpu_backend_set_conv) */
 	/* per device, made by its thread on first use */
 	struct tr_cpu_pool *pool[TR_CPU_MAX_DEVICES];
@@ -86,8 +86,7 @@ int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 int tr_cpu_check_dev(tr_backend_t *be, int dev, const char *what)
 {
 	if (dev < 0 || dev >= cpu(be)->devices)
-		return tr_cpu_set_error(be, -EINVAL, "%s: device %d out of range [0, %d)", what, dev,
-					cpu(be)->devices);
+		return tr_cpu_set_error(be, -EINVAL, "%s: device %d out of range [0, %d)", what, dev, cpu(be)->devices);
 	return 0;
 }
 

@@ -25,11 +25,11 @@ struct tr_comm {
 	int ndev;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	int arrived;      /* ranks waiting in the current barrier */
-	uint64_t gen;     /* completed barriers */
+	int arrived;  /* ranks waiting in the current barrier */
+	uint64_t gen; /* completed barriers */
 	atomic_bool aborted;
-	bool mismatch;    /* set by the last arriver of the publish barrier */
-	float **bufs;     /* published by each rank, read between barriers */
+	bool mismatch; /* set by the last arriver of the publish barrier */
+	float **bufs;  /* published by each rank, read between barriers */
 	size_t *lens;
 };
 
@@ -100,7 +100,9 @@ static int cpu_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
 	pthread_mutex_unlock(&cm->mu);
 	/* every rank records it: last_error is read per device thread */
 	if (rc == -EINVAL)
-		return tr_cpu_set_error(cm->be, rc, "allreduce_sum: rank %d: ranks passed different lengths or a NULL buffer", rank);
+		return tr_cpu_set_error(cm->be, rc,
+					"allreduce_sum: rank %d: ranks passed different lengths or a NULL buffer",
+					rank);
 	if (rc)
 		return rc;
 

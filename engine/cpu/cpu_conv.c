@@ -29,9 +29,9 @@ static int cpu_add(tr_backend_t *be, int dev, size_t n, const float *a, const fl
 
 static bool conv_ok(const struct tr_conv2d_desc *d)
 {
-	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->f > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 &&
-	       d->kw > 0 && d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && d->dh > 0 && d->dw > 0 &&
-	       d->groups > 0 && d->c % d->groups == 0 && d->f % d->groups == 0;
+	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->f > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 &&
+	       d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && d->dh > 0 && d->dw > 0 && d->groups > 0 &&
+	       d->c % d->groups == 0 && d->f % d->groups == 0;
 }
 
 /* col[(ci*kh + i)*kw + j][b*P + oh*wo + ow] = x[b][ci][oh*sh - ph + i*dh][ow*sw - pw + j*dw], 0 outside. */
@@ -118,8 +118,8 @@ struct conv_job {
 	int n0, nb, sb; /* chunk's first sample, its samples, samples per slice */
 	const float *x, *w, *bias, *dy;
 	float *y, *dx, *work;
-	float *dw_part;    /* per slice: f * c/groups * kh * kw */
-	double *db_part;   /* per slice: f */
+	float *dw_part;  /* per slice: f * c/groups * kh * kw */
+	double *db_part; /* per slice: f */
 };
 
 /* Slice t of the chunk: its first sample (within the chunk) and count. */
@@ -238,8 +238,15 @@ static int cpu_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d
 	char *scr = tr_cpu_scratch(be, dev, wbytes + ((size_t)slices + 1) * d->f * sizeof(double));
 	if (!scr)
 		return -ENOMEM;
-	struct conv_job j = {.d = d, .sb = sb, .x = x, .w = w, .dy = dy, .dx = dx, .work = work,
-			     .dw_part = (float *)scr, .db_part = dbias ? (double *)(scr + wbytes) : NULL};
+	struct conv_job j = {.d = d,
+			     .sb = sb,
+			     .x = x,
+			     .w = w,
+			     .dy = dy,
+			     .dx = dx,
+			     .work = work,
+			     .dw_part = (float *)scr,
+			     .db_part = dbias ? (double *)(scr + wbytes) : NULL};
 	double *db_sum = (double *)(scr + wbytes) + (size_t)slices * d->f;
 
 	memset(dw, 0, nw * sizeof(float));
@@ -268,8 +275,8 @@ static int cpu_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d
 
 static bool pool_ok(const struct tr_pool2d_desc *d)
 {
-	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 &&
-	       d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && 2 * d->ph <= d->kh && 2 * d->pw <= d->kw;
+	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 && d->sh > 0 &&
+	       d->sw > 0 && d->ph >= 0 && d->pw >= 0 && 2 * d->ph <= d->kh && 2 * d->pw <= d->kw;
 }
 
 /* Index (into one channel plane) of window (oh, ow)'s maximum: the first
@@ -292,8 +299,8 @@ static size_t window_argmax(const struct tr_pool2d_desc *d, const float *xc, int
 	return best;
 }
 
-static int cpu_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				 const float *x, float *y)
+static int cpu_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				 float *y)
 {
 	ENSURE_DEV("maxpool2d_forward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_forward: bad shape");
@@ -305,8 +312,8 @@ static int cpu_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool
 	return 0;
 }
 
-static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				  const float *x, const float *dy, float *dx)
+static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				  const float *dy, float *dx)
 {
 	ENSURE_DEV("maxpool2d_backward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_backward: bad shape");
@@ -324,8 +331,8 @@ static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_poo
 	return 0;
 }
 
-static int cpu_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				 const float *x, float *y)
+static int cpu_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				 float *y)
 {
 	ENSURE_DEV("avgpool2d_forward");
 	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_forward: bad shape");
@@ -347,8 +354,8 @@ static int cpu_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool
 	return 0;
 }
 
-static int cpu_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				  const float *dy, float *dx)
+static int cpu_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *dy,
+				  float *dx)
 {
 	ENSURE_DEV("avgpool2d_backward");
 	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_backward: bad shape");

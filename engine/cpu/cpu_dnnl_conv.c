@@ -32,11 +32,11 @@ enum dir { FWD, BWD_DATA, BWD_WEIGHTS };
 #define CACHE 128
 
 struct slot {
-	int arg;       /* DNNL_ARG_* of the primitive */
+	int arg; /* DNNL_ARG_* of the primitive */
 	bool output;
-	dnnl_memory_t user, prim;     /* prim == user when layouts agree */
+	dnnl_memory_t user, prim; /* prim == user when layouts agree */
 	dnnl_primitive_t to_prim, to_user;
-	void *buf;     /* blocked scratch, or NULL */
+	void *buf; /* blocked scratch, or NULL */
 };
 
 struct entry {
@@ -240,8 +240,7 @@ static int build(tr_dnnl_conv_t *dc, struct entry *e, struct tr_error *err)
 			goto out;
 	} else {
 		DN(dnnl_dilated_convolution_backward_weights_desc_init(&bd, dnnl_convolution_direct, &s, &w,
-								       e->bias ? &b : NULL, &d, strides, dil, pl,
-								       pr),
+								       e->bias ? &b : NULL, &d, strides, dil, pl, pr),
 		   "convolution_backward_weights_desc_init");
 		DN(dnnl_primitive_desc_create(&pd, &bd, NULL, dc->eng, fpd), "convolution backward weights");
 		if ((rc = add_slot(dc, e, pd, dnnl_query_src_md, DNNL_ARG_SRC, false, err)) < 0 ||
@@ -412,9 +411,22 @@ int tr_dnnl_conv_backward_weights(tr_dnnl_conv_t *dc, const struct tr_conv2d_geo
 
 static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
 {
-	return (struct tr_conv2d_geom){.n = rows, .c = d->c, .h = d->h, .w = d->w, .k = d->f, .kh = d->kh,
-				       .kw = d->kw, .sh = d->sh, .sw = d->sw, .ph = d->ph, .pw = d->pw,
-				       .dh = d->dh, .dw = d->dw, .groups = d->groups, .oh = d->ho, .ow = d->wo};
+	return (struct tr_conv2d_geom){.n = rows,
+				       .c = d->c,
+				       .h = d->h,
+				       .w = d->w,
+				       .k = d->f,
+				       .kh = d->kh,
+				       .kw = d->kw,
+				       .sh = d->sh,
+				       .sw = d->sw,
+				       .ph = d->ph,
+				       .pw = d->pw,
+				       .dh = d->dh,
+				       .dw = d->dw,
+				       .groups = d->groups,
+				       .oh = d->ho,
+				       .ow = d->wo};
 }
 
 /* The batch is cut into slices of about SLICE_POS output positions per
@@ -487,8 +499,8 @@ static int dnnl_slice_samples(const struct tr_conv2d_desc *d)
 	return P >= SLICE_POS ? 1 : (int)((SLICE_POS + P - 1) / P);
 }
 
-static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
-				   const float *x, const float *w, const float *bias, float *y, float *work)
+static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				   const float *w, const float *bias, float *y, float *work)
 {
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_forward");
 	(void)work; /* oneDNN keeps its own scratch */
@@ -501,14 +513,20 @@ static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_co
 	/* the device thread's state first: it makes the per-slot array */
 	if (!tr_cpu_dnnl_for(be, dev, 0))
 		return -EIO;
-	struct dnnl_job j = {.be = be, .dev = dev, .d = d, .rows = rows, .sb = dnnl_slice_samples(d),
-			     .x = x, .w = w, .bias = bias, .y = y};
+	struct dnnl_job j = {.be = be,
+			     .dev = dev,
+			     .d = d,
+			     .rows = rows,
+			     .sb = dnnl_slice_samples(d),
+			     .x = x,
+			     .w = w,
+			     .bias = bias,
+			     .y = y};
 	return tr_cpu_parallel(be, dev, (rows + j.sb - 1) / j.sb, dnnl_forward_slice, &j);
 }
 
-static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
-				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
-				    float *work)
+static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				    const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
 {
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_backward");
 	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
@@ -531,8 +549,17 @@ static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_c
 	float *scr = tr_cpu_scratch(be, dev, (size_t)ns * (nw + (size_t)d->f) * sizeof(float));
 	if (!scr)
 		return -ENOMEM;
-	struct dnnl_job j = {.be = be, .dev = dev, .d = d, .rows = rows, .sb = sb, .x = x, .w = w, .dy = dy,
-			     .dx = dx, .dw_part = scr, .db_part = dbias ? scr + (size_t)ns * nw : NULL};
+	struct dnnl_job j = {.be = be,
+			     .dev = dev,
+			     .d = d,
+			     .rows = rows,
+			     .sb = sb,
+			     .x = x,
+			     .w = w,
+			     .dy = dy,
+			     .dx = dx,
+			     .dw_part = scr,
+			     .db_part = dbias ? scr + (size_t)ns * nw : NULL};
 	if ((rc = tr_cpu_parallel(be, dev, ns, dnnl_backward_slice, &j)) < 0)
 		return rc;
 	/* the slices' partial sums, in slice order */
@@ -580,17 +607,16 @@ static bool heavy(const struct tr_conv2d_desc *d)
 	return (int64_t)d->ho * d->wo >= DNNL_MIN_AREA;
 }
 
-static int cpu_auto_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
-				   const float *x, const float *w, const float *bias, float *y, float *work)
+static int cpu_auto_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				   const float *w, const float *bias, float *y, float *work)
 {
 	if (heavy(d))
 		return cpu_dnnl_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
 	return im2col_forward(be, dev, d, rows, x, w, bias, y, work);
 }
 
-static int cpu_auto_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows,
-				    const float *x, const float *w, const float *dy, float *dx, float *dw, float *dbias,
-				    float *work)
+static int cpu_auto_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				    const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
 {
 	if (heavy(d))
 		return cpu_dnnl_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);

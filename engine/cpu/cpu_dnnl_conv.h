@@ -24,10 +24,10 @@
 #include "core/error.h"
 
 struct tr_conv2d_geom {
-	int n, c, h, w;   /* input */
-	int k, kh, kw;    /* filters and kernel */
+	int n, c, h, w; /* input */
+	int k, kh, kw;  /* filters and kernel */
 	int sh, sw, ph, pw, dh, dw, groups;
-	int oh, ow;       /* output, as PyTorch computes it */
+	int oh, ow; /* output, as PyTorch computes it */
 };
 
 typedef struct tr_dnnl_conv tr_dnnl_conv_t;

@@ -46,9 +46,9 @@ void *tr_cpu_scratch(tr_backend_t *be, int dev, size_t bytes);
 
 /* Argument checks share one shape: record what was wrong, return -EINVAL.
  * Both expect `be` (and ENSURE_DEV `dev`) in scope. */
-#define ENSURE(cond, ...)                                                   \
-	do {                                                                \
-		if (!(cond))                                                \
+#define ENSURE(cond, ...)                                                  \
+	do {                                                               \
+		if (!(cond))                                               \
 			return tr_cpu_set_error(be, -EINVAL, __VA_ARGS__); \
 	} while (0)
 

@@ -54,13 +54,13 @@ static int gemm_tile(void *arg, int t, int slot)
 	if (g->by_rows) {
 		/* rows lo.. of op(A) and C */
 		const float *a = g->a + (g->ta ? (size_t)lo : (size_t)lo * lda);
-		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
-			    len, g->n, g->k, g->alpha, a, lda, g->b, ldb, g->beta, g->c + (size_t)lo * g->n, g->n);
+		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, len,
+			    g->n, g->k, g->alpha, a, lda, g->b, ldb, g->beta, g->c + (size_t)lo * g->n, g->n);
 	} else {
 		/* columns lo.. of op(B) and C */
 		const float *b = g->b + (g->tb ? (size_t)lo * ldb : (size_t)lo);
-		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
-			    g->m, len, g->k, g->alpha, g->a, lda, b, ldb, g->beta, g->c + lo, g->n);
+		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->m,
+			    len, g->k, g->alpha, g->a, lda, b, ldb, g->beta, g->c + lo, g->n);
 	}
 	return 0;
 }
@@ -89,8 +89,17 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 		memset(c, 0, (size_t)m * n * sizeof(float));
 		beta = 1.0f;
 	}
-	struct gemm_job g = {.ta = trans_a, .tb = trans_b, .by_rows = m > n, .m = m, .n = n, .k = k,
-			     .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
+	struct gemm_job g = {.ta = trans_a,
+			     .tb = trans_b,
+			     .by_rows = m > n,
+			     .m = m,
+			     .n = n,
+			     .k = k,
+			     .alpha = alpha,
+			     .beta = beta,
+			     .a = a,
+			     .b = b,
+			     .c = c};
 	int64_t mnk = (int64_t)m * n * k, span = g.by_rows ? m : n;
 	int64_t tiles = mnk / GEMM_TILE_MNK;
 	if (tiles > GEMM_MAX_TILES)
@@ -138,9 +147,9 @@ static int cpu_col_sum(tr_backend_t *be, int dev, int rows, int cols, const floa
 /* ---- activations ------------------------------------------------------- */
 
 /* Constants as PyTorch's GeluKernel spells them. */
-#define GELU_ALPHA 0.70710678118654752440f  /* 1/sqrt(2) */
-#define GELU_PDF 0.39894228040143267794f    /* 1/sqrt(2 pi) */
-#define GELU_BETA 0.79788456080286535588f   /* sqrt(2/pi) */
+#define GELU_ALPHA 0.70710678118654752440f /* 1/sqrt(2) */
+#define GELU_PDF 0.39894228040143267794f   /* 1/sqrt(2 pi) */
+#define GELU_BETA 0.79788456080286535588f  /* sqrt(2/pi) */
 #define GELU_KAPPA 0.044715f
 
 static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y)
@@ -316,9 +325,9 @@ static int cpu_layernorm_forward(tr_backend_t *be, int dev, int rows, int cols, 
 }
 
 /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma. */
-static int cpu_layernorm_backward(tr_backend_t *be, int dev, int rows, int cols, const float *x,
-				  const float *gamma, const float *mean, const float *rstd, const float *dy,
-				  float *dx, float *dgamma, float *dbeta)
+static int cpu_layernorm_backward(tr_backend_t *be, int dev, int rows, int cols, const float *x, const float *gamma,
+				  const float *mean, const float *rstd, const float *dy, float *dx, float *dgamma,
+				  float *dbeta)
 {
 	ENSURE_DEV("layernorm_backward");
 	ENSURE(rows >= 0 && cols >= 1, "layernorm_backward: bad shape %dx%d", rows, cols);
@@ -366,8 +375,8 @@ static int check_labels(tr_backend_t *be, int rows, int classes, const float *la
 }
 
 /* log-sum-exp around the row maximum; dlogits may be NULL (evaluation). */
-static int cpu_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits,
-			  const float *labels, float scale, float *dlogits, double *out)
+static int cpu_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits, const float *labels,
+			  float scale, float *dlogits, double *out)
 {
 	ENSURE_DEV("softmax_ce");
 	ENSURE(rows >= 0 && classes >= 1, "softmax_ce: bad shape %dx%d", rows, classes);

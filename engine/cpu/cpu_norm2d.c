@@ -19,13 +19,11 @@
 
 #include "engine/cpu/cpu_internal.h"
 
-#define ENSURE_SHAPE(what) \
-	ENSURE(n >= 0 && c >= 1 && hw >= 1, what ": bad shape n=%d c=%d hw=%d", n, c, hw)
+#define ENSURE_SHAPE(what) ENSURE(n >= 0 && c >= 1 && hw >= 1, what ": bad shape n=%d c=%d hw=%d", n, c, hw)
 
 /* ---- batchnorm2d -------------------------------------------------------- */
 
-static int cpu_bn_sums(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean,
-		       float *out)
+static int cpu_bn_sums(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean, float *out)
 {
 	ENSURE_DEV("bn_sums");
 	ENSURE_SHAPE("bn_sums");
@@ -49,8 +47,8 @@ static int cpu_bn_sums(tr_backend_t *be, int dev, int n, int c, int hw, const fl
 	return 0;
 }
 
-static int cpu_bn_apply(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x,
-			const float *mean, const float *var, const float *gamma, const float *beta, float *y)
+static int cpu_bn_apply(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x, const float *mean,
+			const float *var, const float *gamma, const float *beta, float *y)
 {
 	ENSURE_DEV("bn_apply");
 	ENSURE_SHAPE("bn_apply");
@@ -141,9 +139,8 @@ static int cpu_bn_backward_apply(tr_backend_t *be, int dev, int n, int c, int hw
 /* torch.nn.GroupNorm: per sample and group of c/groups channels, biased
  * variance, eps inside the square root, then a per-channel affine.  Two
  * passes in double, as layernorm. */
-static int cpu_groupnorm_forward(tr_backend_t *be, int dev, int n, int c, int hw, int groups, float eps,
-				 const float *x, const float *gamma, const float *beta, float *y, float *mean,
-				 float *rstd)
+static int cpu_groupnorm_forward(tr_backend_t *be, int dev, int n, int c, int hw, int groups, float eps, const float *x,
+				 const float *gamma, const float *beta, float *y, float *mean, float *rstd)
 {
 	ENSURE_DEV("groupnorm_forward");
 	ENSURE_SHAPE("groupnorm_forward");
@@ -180,8 +177,8 @@ static int cpu_groupnorm_forward(tr_backend_t *be, int dev, int n, int c, int hw
  * dx = rstd (g - mean(g) - xh mean(g xh)); dgamma, dbeta summed over
  * samples and positions (overwritten). */
 static int cpu_groupnorm_backward(tr_backend_t *be, int dev, int n, int c, int hw, int groups, const float *x,
-				  const float *gamma, const float *mean, const float *rstd, const float *dy,
-				  float *dx, float *dgamma, float *dbeta)
+				  const float *gamma, const float *mean, const float *rstd, const float *dy, float *dx,
+				  float *dgamma, float *dbeta)
 {
 	ENSURE_DEV("groupnorm_backward");
 	ENSURE_SHAPE("groupnorm_backward");

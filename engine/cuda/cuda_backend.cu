@@ -60,8 +60,8 @@ int tr_cuda_check_rt(tr_backend_t *be, cudaError_t e, const char *what, const ch
 	/* A non-sticky error stays pending until read; clear it so that the
 	 * next launch check does not report it a second time. */
 	(void)cudaGetLastError();
-	return tr_cuda_set_error(be, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO, "%s (%s:%d): %s: %s", what,
-				 file, line, cudaGetErrorName(e), cudaGetErrorString(e));
+	return tr_cuda_set_error(be, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO, "%s (%s:%d): %s: %s", what, file,
+				 line, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, const char *file, int line)
@@ -69,8 +69,8 @@ int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, con
 	if (s == CUBLAS_STATUS_SUCCESS)
 		return 0;
 	(void)cudaGetLastError();
-	return tr_cuda_set_error(be, s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO, "%s (%s:%d): %s: %s", what,
-				 file, line, cublasGetStatusName(s), cublasGetStatusString(s));
+	return tr_cuda_set_error(be, s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO, "%s (%s:%d): %s: %s", what, file,
+				 line, cublasGetStatusName(s), cublasGetStatusString(s));
 }
 
 int tr_cuda_use(tr_backend_t *be, int dev, const char *what)
@@ -122,8 +122,7 @@ static int cuda_memory_info(tr_backend_t *be, int dev, size_t *total, size_t *fr
 	*total = *free_bytes = 0;
 	if (dev < 0 || dev >= b->ndev)
 		return -EINVAL;
-	if (cudaSetDevice(b->dev[dev].ordinal) != cudaSuccess ||
-	    cudaMemGetInfo(free_bytes, total) != cudaSuccess) {
+	if (cudaSetDevice(b->dev[dev].ordinal) != cudaSuccess || cudaMemGetInfo(free_bytes, total) != cudaSuccess) {
 		(void)cudaGetLastError();
 		return -EIO;
 	}

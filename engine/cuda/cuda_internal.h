@@ -59,7 +59,7 @@ struct cuda_backend {
 	struct tr_backend base; /* first: tr_backend_t * converts to this */
 	tr_backend_i table;
 	uint64_t id; /* never reused, unlike the address */
-	bool tf32; /* every device's initial math mode; set_tf32 changes one */
+	bool tf32;   /* every device's initial math mode; set_tf32 changes one */
 	int ndev;
 	struct cuda_dev *dev;
 	pthread_mutex_t err_mu;
@@ -96,27 +96,27 @@ void tr_cuda_comm_fill(tr_backend_i *t);
  * PTX image that the driver accepts); a clear error otherwise. */
 int tr_cuda_kernels_probe(tr_backend_t *be, int dev);
 
-#define CUDA_CHECK(be, stmt)                                                              \
-	do {                                                                              \
-		int rc_ = tr_cuda_check_rt((be), (stmt), #stmt, __FILE__, __LINE__);      \
-		if (rc_)                                                                  \
-			return rc_;                                                       \
+#define CUDA_CHECK(be, stmt)                                                         \
+	do {                                                                         \
+		int rc_ = tr_cuda_check_rt((be), (stmt), #stmt, __FILE__, __LINE__); \
+		if (rc_)                                                             \
+			return rc_;                                                  \
 	} while (0)
 
-#define CUBLAS_CHECK(be, stmt)                                                            \
-	do {                                                                              \
-		int rc_ = tr_cuda_check_blas((be), (stmt), #stmt, __FILE__, __LINE__);    \
-		if (rc_)                                                                  \
-			return rc_;                                                       \
+#define CUBLAS_CHECK(be, stmt)                                                         \
+	do {                                                                           \
+		int rc_ = tr_cuda_check_blas((be), (stmt), #stmt, __FILE__, __LINE__); \
+		if (rc_)                                                               \
+			return rc_;                                                    \
 	} while (0)
 
 /* After a kernel launch: configuration errors show up here, faults inside
  * the kernel at the next synchronising call. */
-#define LAUNCH_CHECK(be, kernel)                                                                   \
-	do {                                                                                       \
+#define LAUNCH_CHECK(be, kernel)                                                                            \
+	do {                                                                                                \
 		int rc_ = tr_cuda_check_rt((be), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__); \
-		if (rc_)                                                                           \
-			return rc_;                                                                \
+		if (rc_)                                                                                    \
+			return rc_;                                                                         \
 	} while (0)
 
 #endif

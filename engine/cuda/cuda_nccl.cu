@@ -39,21 +39,21 @@
 #define FINALIZE_TIMEOUT_S 30.0 /* then fall back to ncclCommAbort */
 
 struct nccl_rank {
-	ncclComm_t nc;        /* NULL once aborted or destroyed, under mu */
-	int dev;              /* backend device index */
-	cudaStream_t stream;  /* collectives run here */
-	cudaEvent_t ready;    /* compute work before the collective */
-	cudaEvent_t done;     /* the collective itself */
-	pthread_mutex_t mu;   /* orders NCCL calls on nc against comm_abort */
+	ncclComm_t nc;       /* NULL once aborted or destroyed, under mu */
+	int dev;             /* backend device index */
+	cudaStream_t stream; /* collectives run here */
+	cudaEvent_t ready;   /* compute work before the collective */
+	cudaEvent_t done;    /* the collective itself */
+	pthread_mutex_t mu;  /* orders NCCL calls on nc against comm_abort */
 	bool mu_ok;
-	long long calls;      /* allreduces issued, under tr_comm.check_mu */
-	size_t last_n;        /* length of the latest one, ditto */
+	long long calls; /* allreduces issued, under tr_comm.check_mu */
+	size_t last_n;   /* length of the latest one, ditto */
 };
 
 struct tr_comm {
 	tr_backend_t *be; /* borrowed, for errors and streams */
 	int ndev;
-	int aborted;      /* __atomic access: set once, never cleared */
+	int aborted; /* __atomic access: set once, never cleared */
 	pthread_mutex_t check_mu;
 	struct nccl_rank *ranks;
 };
@@ -69,11 +69,11 @@ static int nccl_error(tr_backend_t *be, ncclResult_t r, ncclComm_t nc, const cha
 /* For calls that complete at once; collectives and initialisation may
  * also answer ncclInProgress on these non-blocking communicators and are
  * handled where they are made. */
-#define NCCL_CHECK(be, nc, stmt)                                                         \
-	do {                                                                             \
-		ncclResult_t r_ = (stmt);                                                \
-		if (r_ != ncclSuccess)                                                   \
-			return nccl_error((be), r_, (nc), #stmt, __FILE__, __LINE__);    \
+#define NCCL_CHECK(be, nc, stmt)                                                      \
+	do {                                                                          \
+		ncclResult_t r_ = (stmt);                                             \
+		if (r_ != ncclSuccess)                                                \
+			return nccl_error((be), r_, (nc), #stmt, __FILE__, __LINE__); \
 	} while (0)
 
 #define NCCL_FAILED(r) ((r) != ncclSuccess && (r) != ncclInProgress)
@@ -242,8 +242,9 @@ static int init_nccl(struct tr_comm *cm)
 	if (first == ncclSuccess)
 		return 0;
 	if (first == ncclInProgress)
-		tr_cuda_set_error(be, -ETIMEDOUT, "comm_create: NCCL initialisation of %d ranks did not finish in %.0f s",
-				  cm->ndev, INIT_TIMEOUT_S);
+		tr_cuda_set_error(be, -ETIMEDOUT,
+				  "comm_create: NCCL initialisation of %d ranks did not finish in %.0f s", cm->ndev,
+				  INIT_TIMEOUT_S);
 	else
 		nccl_error(be, first, bad >= 0 ? cm->ranks[bad].nc : NULL, "comm_create: ncclCommInitRankConfig",
 			   __FILE__, __LINE__);
@@ -345,8 +346,8 @@ static int cuda_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
 	if (cm->ndev == 1)
 		return 0;
 	if (check_length(cm, rank, n, &other, &other_n)) {
-		tr_cuda_set_error(be, -EINVAL, "allreduce_sum: rank %d passed %zu elements, rank %d passed %zu", rank, n,
-				  other, other_n);
+		tr_cuda_set_error(be, -EINVAL, "allreduce_sum: rank %d passed %zu elements, rank %d passed %zu", rank,
+				  n, other, other_n);
 		cuda_comm_abort(cm);
 		return -EINVAL;
 	}

@@ -106,9 +106,8 @@ static __device__ __forceinline__ void block_sum2(double *a, double *b)
 	*b = y;
 }
 
-#define GRID_STRIDE(i, n)                                                           \
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-	     i += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n) \
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 /* ==== host helpers ======================================================= */
 
@@ -130,17 +129,17 @@ static inline cudaStream_t stream_of(tr_backend_t *be, int dev)
 	return cuda_be(be)->dev[dev].stream;
 }
 
-#define ENSURE(cond, ...)                                                    \
-	do {                                                                 \
-		if (!(cond))                                                 \
-			return tr_cuda_set_error(be, -EINVAL, __VA_ARGS__);  \
+#define ENSURE(cond, ...)                                                   \
+	do {                                                                \
+		if (!(cond))                                                \
+			return tr_cuda_set_error(be, -EINVAL, __VA_ARGS__); \
 	} while (0)
 
-#define ENSURE_DEV(what)                                   \
-	do {                                               \
-		int rc_ = tr_cuda_use(be, dev, what);      \
-		if (rc_)                                   \
-			return rc_;                        \
+#define ENSURE_DEV(what)                              \
+	do {                                          \
+		int rc_ = tr_cuda_use(be, dev, what); \
+		if (rc_)                              \
+			return rc_;                   \
 	} while (0)
 
 /* kernels_reduce.cu: the second pass of every reduction.  nparts blocks

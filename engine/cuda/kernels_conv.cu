@@ -36,7 +36,7 @@ __global__ void k_im2col(struct tr_conv2d_desc d, int nb, const float *x, float 
 		size_t ci = r / ((size_t)d.kw * d.kh);
 		int ih = oh * d.sh - d.ph + i * d.dh, iw = ow * d.sw - d.pw + j * d.dw;
 		col[idx] = ih >= 0 && ih < d.h && iw >= 0 && iw < d.w ? x[(b * d.c + ci) * hw + (size_t)ih * d.w + iw]
-								       : 0.0f;
+								      : 0.0f;
 	}
 }
 
@@ -169,8 +169,7 @@ __global__ void k_maxpool_forward(struct tr_pool2d_desc d, size_t planes, const 
 
 /* dx[k] = the sum of dy over the windows whose maximum is k, in row-major
  * window order (the CPU adds them in that order into a cleared dx). */
-__global__ void k_maxpool_backward(struct tr_pool2d_desc d, size_t planes, const float *x, const float *dy,
-				   float *dx)
+__global__ void k_maxpool_backward(struct tr_pool2d_desc d, size_t planes, const float *x, const float *dy, float *dx)
 {
 	size_t P = (size_t)d.ho * d.wo, hw = (size_t)d.h * d.w;
 
@@ -308,9 +307,9 @@ static int launch_pool(tr_backend_t *be, cudaStream_t s, bool max, bool forward,
 
 static bool conv_ok(const struct tr_conv2d_desc *d)
 {
-	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->f > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 &&
-	       d->kw > 0 && d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && d->dh > 0 && d->dw > 0 &&
-	       d->groups > 0 && d->c % d->groups == 0 && d->f % d->groups == 0;
+	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->f > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 &&
+	       d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && d->dh > 0 && d->dw > 0 && d->groups > 0 &&
+	       d->c % d->groups == 0 && d->f % d->groups == 0;
 }
 
 static int cuda_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
@@ -363,7 +362,8 @@ static int cuda_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2
 			rc = launch_im2col(be, s, d, nb, x + (size_t)n0 * in_sz, col);
 		for (int g = 0; g < G && rc == 0; g++)
 			rc = be->i->gemm(be, dev, false, true, fg, (int)cgkk, (int)BP, 1.0f, tmp + (size_t)g * fg * BP,
-					 col + (size_t)g * cgkk * BP, n0 == 0 ? 0.0f : 1.0f, dw + (size_t)g * fg * cgkk);
+					 col + (size_t)g * cgkk * BP, n0 == 0 ? 0.0f : 1.0f,
+					 dw + (size_t)g * fg * cgkk);
 		if (rc || !dx) {
 			if (rc)
 				return rc;
@@ -382,12 +382,12 @@ static int cuda_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2
 
 static bool pool_ok(const struct tr_pool2d_desc *d)
 {
-	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 &&
-	       d->sh > 0 && d->sw > 0 && d->ph >= 0 && d->pw >= 0 && 2 * d->ph <= d->kh && 2 * d->pw <= d->kw;
+	return d && d->c > 0 && d->h > 0 && d->w > 0 && d->ho > 0 && d->wo > 0 && d->kh > 0 && d->kw > 0 && d->sh > 0 &&
+	       d->sw > 0 && d->ph >= 0 && d->pw >= 0 && 2 * d->ph <= d->kh && 2 * d->pw <= d->kw;
 }
 
-static int cuda_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				  const float *x, float *y)
+static int cuda_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				  float *y)
 {
 	ENSURE_DEV("maxpool2d_forward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_forward: bad shape");
@@ -397,8 +397,8 @@ static int cuda_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_poo
 	return launch_pool(be, stream_of(be, dev), true, true, d, (size_t)rows * d->c, x, NULL, y);
 }
 
-static int cuda_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				   const float *x, const float *dy, float *dx)
+static int cuda_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				   const float *dy, float *dx)
 {
 	ENSURE_DEV("maxpool2d_backward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_backward: bad shape");
@@ -408,8 +408,8 @@ static int cuda_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_po
 	return launch_pool(be, stream_of(be, dev), true, false, d, (size_t)rows * d->c, x, dy, dx);
 }
 
-static int cuda_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				  const float *x, float *y)
+static int cuda_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+				  float *y)
 {
 	ENSURE_DEV("avgpool2d_forward");
 	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_forward: bad shape");
@@ -419,8 +419,8 @@ static int cuda_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_poo
 	return launch_pool(be, stream_of(be, dev), false, true, d, (size_t)rows * d->c, x, NULL, y);
 }
 
-static int cuda_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows,
-				   const float *dy, float *dx)
+static int cuda_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *dy,
+				   float *dx)
 {
 	ENSURE_DEV("avgpool2d_backward");
 	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_backward: bad shape");

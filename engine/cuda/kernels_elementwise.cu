@@ -72,8 +72,8 @@ __global__ void k_act_backward(size_t n, const float *x, const float *y, const f
 	dx[i] = act_bwd<A>(x[i], (A == TR_ACT_TANH || A == TR_ACT_SIGMOID) ? y[i] : 0.0f, dy[i]);
 }
 
-__global__ void k_dropout(size_t n, int cols, float rate, float keep_scale, uint64_t key, int64_t row0,
-			  const float *x, float *y, float *mask)
+__global__ void k_dropout(size_t n, int cols, float rate, float keep_scale, uint64_t key, int64_t row0, const float *x,
+			  float *y, float *mask)
 {
 	GRID_STRIDE(i, n)
 	{
@@ -113,8 +113,8 @@ static int launch_act_forward(tr_backend_t *be, cudaStream_t s, enum tr_act act,
 {
 	assert(n > 0 && x && y);
 	switch (act) {
-#define FWD(A)                                                         \
-	case A:                                                        \
+#define FWD(A)                                                           \
+	case A:                                                          \
 		k_act_forward<A><<<grid_for(n), BLOCK, 0, s>>>(n, x, y); \
 		break;
 		ACT_CASES(FWD)
@@ -133,8 +133,8 @@ static int launch_act_backward(tr_backend_t *be, cudaStream_t s, enum tr_act act
 	assert(n > 0 && x && dy && dx);
 	assert(y || (act != TR_ACT_TANH && act != TR_ACT_SIGMOID));
 	switch (act) {
-#define BWD(A)                                                                   \
-	case A:                                                                  \
+#define BWD(A)                                                                    \
+	case A:                                                                   \
 		k_act_backward<A><<<grid_for(n), BLOCK, 0, s>>>(n, x, y, dy, dx); \
 		break;
 		ACT_CASES(BWD)
@@ -147,8 +147,8 @@ static int launch_act_backward(tr_backend_t *be, cudaStream_t s, enum tr_act act
 	return 0;
 }
 
-static int launch_dropout(tr_backend_t *be, cudaStream_t s, int rows, int cols, float rate, uint64_t key,
-			  int64_t row0, const float *x, float *y, float *mask)
+static int launch_dropout(tr_backend_t *be, cudaStream_t s, int rows, int cols, float rate, uint64_t key, int64_t row0,
+			  const float *x, float *y, float *mask)
 {
 	size_t n = (size_t)rows * cols;
 	assert(rows > 0 && cols > 0 && row0 >= 0 && rate >= 0.0f && rate < 1.0f && x && y && mask);
@@ -212,8 +212,8 @@ static int cuda_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t 
 	return launch_act_backward(be, stream_of(be, dev), act, n, x, y, dy, dx);
 }
 
-static int cuda_dropout_forward(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key,
-				int64_t row0, const float *x, float *y, float *mask)
+static int cuda_dropout_forward(tr_backend_t *be, int dev, int rows, int cols, float rate, uint64_t key, int64_t row0,
+				const float *x, float *y, float *mask)
 {
 	ENSURE_DEV("dropout_forward");
 	ENSURE(rows >= 0 && cols >= 0 && row0 >= 0, "dropout_forward: bad shape %dx%d at row %lld", rows, cols,

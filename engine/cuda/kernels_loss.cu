@@ -144,8 +144,8 @@ static int launch_mse(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, int 
 /* Waits for the device (out is a host pointer).  A bad label is found on
  * the device before anything is written, so out and dlogits stay as they
  * were; only then is the label itself fetched, for the message. */
-static int cuda_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits,
-			   const float *labels, float scale, float *dlogits, double *out)
+static int cuda_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits, const float *labels,
+			   float scale, float *dlogits, double *out)
 {
 	ENSURE_DEV("softmax_ce");
 	ENSURE(rows >= 0 && classes >= 1, "softmax_ce: bad shape %dx%d", rows, classes);
@@ -172,8 +172,8 @@ static int cuda_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, con
 	return 0;
 }
 
-static int cuda_mse(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target,
-		    float scale, float *dpred, double *out)
+static int cuda_mse(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target, float scale,
+		    float *dpred, double *out)
 {
 	ENSURE_DEV("mse");
 	ENSURE(rows >= 0 && cols >= 1, "mse: bad shape %dx%d", rows, cols);

@@ -98,9 +98,8 @@ __global__ void k_layernorm_backward_params(int rows, int cols, const float *x, 
 
 /* ==== host launchers ===================================================== */
 
-static int launch_layernorm_forward(tr_backend_t *be, cudaStream_t s, int rows, int cols, float eps,
-				    const float *x, const float *gamma, const float *beta, float *y, float *mean,
-				    float *rstd)
+static int launch_layernorm_forward(tr_backend_t *be, cudaStream_t s, int rows, int cols, float eps, const float *x,
+				    const float *gamma, const float *beta, float *y, float *mean, float *rstd)
 {
 	assert(rows > 0 && cols > 0 && x && gamma && beta && y && mean && rstd);
 	unsigned grid = (unsigned)(((size_t)rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);

@@ -30,7 +30,10 @@
  * two quantities, a and b. */
 struct sum_x { /* bn_sums without a mean */
 	const float *x;
-	__device__ void operator()(size_t o, size_t, int, double *a, double *) const { *a += x[o]; }
+	__device__ void operator()(size_t o, size_t, int, double *a, double *) const
+	{
+		*a += x[o];
+	}
 };
 
 struct sum_sq_dev { /* bn_sums with a mean: (x - mean)^2 */
@@ -66,7 +69,10 @@ struct sum_gn_params { /* dy xhat and dy, xhat from sample i's group statistics 
 /* What a channel's totals become. */
 struct put_sum { /* bn_sums */
 	float *out;
-	__device__ void operator()(int ch, double a, double) const { out[ch] = (float)a; }
+	__device__ void operator()(int ch, double a, double) const
+	{
+		out[ch] = (float)a;
+	}
 };
 
 struct put_bn_backward {
@@ -122,8 +128,7 @@ __global__ void k_channel_sums(int n, int c, int hw, unsigned slices, F f, W w, 
 }
 
 /* Second pass: one thread per channel adds its slices in order. */
-template <class W>
-__global__ void k_channel_finish(int c, unsigned slices, const double *partials, W w)
+template <class W> __global__ void k_channel_finish(int c, unsigned slices, const double *partials, W w)
 {
 	GRID_STRIDE(ch, (size_t)c)
 	{
@@ -137,8 +142,8 @@ __global__ void k_channel_finish(int c, unsigned slices, const double *partials,
 }
 
 /* y = (x - mean) / sqrt(var + eps) * gamma + beta, the CPU's float order. */
-__global__ void k_bn_apply(size_t total, int c, int hw, float eps, const float *x, const float *mean,
-			   const float *var, const float *gamma, const float *beta, float *y)
+__global__ void k_bn_apply(size_t total, int c, int hw, float eps, const float *x, const float *mean, const float *var,
+			   const float *gamma, const float *beta, float *y)
 {
 	GRID_STRIDE(o, total)
 	{
@@ -178,8 +183,8 @@ __global__ void k_bn_backward_apply(size_t total, int c, int hw, float eps, doub
 
 /* One block per (sample, group), strided over a fixed grid: two passes in
  * double over the group's cg x hw contiguous values, then y. */
-__global__ void k_groupnorm_forward(int n, int c, int hw, int groups, float eps, const float *x,
-				    const float *gamma, const float *beta, float *y, float *mean, float *rstd)
+__global__ void k_groupnorm_forward(int n, int c, int hw, int groups, float eps, const float *x, const float *gamma,
+				    const float *beta, float *y, float *mean, float *rstd)
 {
 	__shared__ double s_mu;
 	__shared__ float s_m, s_rs;
@@ -266,8 +271,7 @@ __global__ void k_groupnorm_backward_dx(int n, int c, int hw, int groups, const 
  * (zero totals).  The partials are the device's reduction scratch, free
  * between calls on its one compute stream. */
 template <class F, class W>
-static int launch_channel_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, int n, int c, int hw, F f,
-			       W w)
+static int launch_channel_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, int n, int c, int hw, F f, W w)
 {
 	assert(n >= 0 && c > 0 && hw > 0);
 	size_t per = (size_t)n * hw;
@@ -300,7 +304,7 @@ static int launch_bn_running_update(tr_backend_t *be, cudaStream_t s, int c, flo
 {
 	assert(c > 0 && mean && var && run_mean && run_var && batches);
 	k_bn_running_update<<<grid_for((size_t)c), BLOCK, 0, s>>>(c, momentum, unbias, mean, var, run_mean, run_var,
-								   batches);
+								  batches);
 	LAUNCH_CHECK(be, "k_bn_running_update");
 	return 0;
 }
@@ -311,7 +315,7 @@ static int launch_bn_backward_apply(tr_backend_t *be, cudaStream_t s, size_t tot
 {
 	assert(total > 0 && c > 0 && hw > 0 && count > 0.0 && x && mean && var && gamma && sums && dy && dx);
 	k_bn_backward_apply<<<grid_for(total), BLOCK, 0, s>>>(total, c, hw, eps, count, x, mean, var, gamma, sums, dy,
-							       dx);
+							      dx);
 	LAUNCH_CHECK(be, "k_bn_backward_apply");
 	return 0;
 }
@@ -329,7 +333,7 @@ static int launch_groupnorm_forward(tr_backend_t *be, cudaStream_t s, int n, int
 {
 	assert(n > 0 && c > 0 && hw > 0 && groups > 0 && c % groups == 0 && x && gamma && beta && y && mean && rstd);
 	k_groupnorm_forward<<<group_grid(n, groups), BLOCK, 0, s>>>(n, c, hw, groups, eps, x, gamma, beta, y, mean,
-								     rstd);
+								    rstd);
 	LAUNCH_CHECK(be, "k_groupnorm_forward");
 	return 0;
 }
@@ -339,24 +343,21 @@ static int launch_groupnorm_backward_dx(tr_backend_t *be, cudaStream_t s, int n,
 					const float *dy, float *dx)
 {
 	assert(n > 0 && c > 0 && hw > 0 && groups > 0 && c % groups == 0 && x && gamma && mean && rstd && dy && dx);
-	k_groupnorm_backward_dx<<<group_grid(n, groups), BLOCK, 0, s>>>(n, c, hw, groups, x, gamma, mean, rstd, dy,
-									 dx);
+	k_groupnorm_backward_dx<<<group_grid(n, groups), BLOCK, 0, s>>>(n, c, hw, groups, x, gamma, mean, rstd, dy, dx);
 	LAUNCH_CHECK(be, "k_groupnorm_backward_dx");
 	return 0;
 }
 
 /* ==== backend functions ================================================== */
 
-#define ENSURE_SHAPE(what) \
-	ENSURE(n >= 0 && c >= 1 && hw >= 1, what ": bad shape n=%d c=%d hw=%d", n, c, hw)
+#define ENSURE_SHAPE(what) ENSURE(n >= 0 && c >= 1 && hw >= 1, what ": bad shape n=%d c=%d hw=%d", n, c, hw)
 
 static struct cuda_dev *dev_of(tr_backend_t *be, int dev)
 {
 	return &cuda_be(be)->dev[dev];
 }
 
-static int cuda_bn_sums(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean,
-			float *out)
+static int cuda_bn_sums(tr_backend_t *be, int dev, int n, int c, int hw, const float *x, const float *mean, float *out)
 {
 	ENSURE_DEV("bn_sums");
 	ENSURE_SHAPE("bn_sums");
@@ -367,8 +368,8 @@ static int cuda_bn_sums(tr_backend_t *be, int dev, int n, int c, int hw, const f
 	return launch_channel_sums(be, d->stream, d, n, c, hw, sum_x{x}, put_sum{out});
 }
 
-static int cuda_bn_apply(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x,
-			 const float *mean, const float *var, const float *gamma, const float *beta, float *y)
+static int cuda_bn_apply(tr_backend_t *be, int dev, int n, int c, int hw, float eps, const float *x, const float *mean,
+			 const float *var, const float *gamma, const float *beta, float *y)
 {
 	ENSURE_DEV("bn_apply");
 	ENSURE_SHAPE("bn_apply");
@@ -380,9 +381,8 @@ static int cuda_bn_apply(tr_backend_t *be, int dev, int n, int c, int hw, float 
 	return launch_bn_apply(be, stream_of(be, dev), total, c, hw, eps, x, mean, var, gamma, beta, y);
 }
 
-static int cuda_bn_running_update(tr_backend_t *be, int dev, int c, float momentum, double count,
-				  const float *mean, const float *var, float *run_mean, float *run_var,
-				  float *batches)
+static int cuda_bn_running_update(tr_backend_t *be, int dev, int c, float momentum, double count, const float *mean,
+				  const float *var, float *run_mean, float *run_var, float *batches)
 {
 	ENSURE_DEV("bn_running_update");
 	ENSURE(c >= 1, "bn_running_update: bad shape c=%d", c);
@@ -442,8 +442,8 @@ static int cuda_groupnorm_forward(tr_backend_t *be, int dev, int n, int c, int h
 
 /* The parameter gradients first: they read dy, and dx may be dy. */
 static int cuda_groupnorm_backward(tr_backend_t *be, int dev, int n, int c, int hw, int groups, const float *x,
-				   const float *gamma, const float *mean, const float *rstd, const float *dy,
-				   float *dx, float *dgamma, float *dbeta)
+				   const float *gamma, const float *mean, const float *rstd, const float *dy, float *dx,
+				   float *dgamma, float *dbeta)
 {
 	ENSURE_DEV("groupnorm_backward");
 	ENSURE_SHAPE("groupnorm_backward");

@@ -43,8 +43,8 @@ struct tr_cuda_host {
 };
 
 struct tr_cuda_module {
-	int abi;           /* TR_CUDA_MODULE_ABI */
-	size_t table_size; /* sizeof(tr_backend_i) the module was built with */
+	int abi;             /* TR_CUDA_MODULE_ABI */
+	size_t table_size;   /* sizeof(tr_backend_i) the module was built with */
 	const char *version; /* trainerd's version it was built with, for messages */
 	/* Whether a GPU is usable: the device count (> 0), or a negative
 	 * code with the reason in why. */

@@ -354,7 +354,7 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 			q = fe + 1;
 		}
 		rows++;
-next:
+	next:
 		p = e + 1;
 	}
 	if (rows == 0) {

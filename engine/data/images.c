@@ -44,11 +44,11 @@ struct images_reader {
 	char **classes;
 	int *class_fd;
 	struct item *items;
-	int c, h, w;           /* the output shape */
-	int resize[2];         /* as the spec */
+	int c, h, w;   /* the output shape */
+	int resize[2]; /* as the spec */
 	int crop[2];
-	int want[3];           /* tr_source_spec.want_shape, all 0: none */
-	bool flat;             /* the images lie in the folder itself */
+	int want[3]; /* tr_source_spec.want_shape, all 0: none */
+	bool flat;   /* the images lie in the folder itself */
 };
 
 static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
@@ -103,12 +103,13 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 		fh = d->crop[0] ? d->crop[0] : oh;
 		fw = d->crop[0] ? d->crop[1] : ow;
 		if (c != d->want[0] || fh != d->want[1] || fw != d->want[2]) {
-			tr_error_set(
-				err, 0, 0, NULL, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh, fw,
-				d->crop[0]     ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
-				: d->resize[0] ? " after resize"
-					       : "",
-				d->want[0], d->want[1], d->want[2]);
+			tr_error_set(err, 0, 0, NULL, "%s: [%d, %d, %d]%s, the model takes [%d, %d, %d]", shown, c, fh,
+				     fw,
+				     d->crop[0]
+					     ? (d->resize[0] ? " after resize and center_crop" : " after center_crop")
+				     : d->resize[0] ? " after resize"
+						    : "",
+				     d->want[0], d->want[1], d->want[2]);
 			return -EINVAL;
 		}
 		return 0;

@@ -69,8 +69,8 @@ static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float
 
 			memcpy(x + to, im->input + from, (size_t)d->pw * sizeof(float));
 			for (int xx = 0; y && xx < d->pw; xx++)
-				y[to + xx] = d->residual ? im->response[from + xx] - im->input[from + xx] :
-							   im->response[from + xx];
+				y[to + xx] = d->residual ? im->response[from + xx] - im->input[from + xx]
+							 : im->response[from + xx];
 		}
 	}
 	return 0;

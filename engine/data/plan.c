@@ -101,7 +101,8 @@ static uint64_t feistel(uint64_t x, int bits, uint64_t key)
 	uint64_t left = x >> bits, right = x & mask;
 	for (int round = 0; round < FEISTEL_ROUNDS; round++) {
 		uint64_t f = (bits <= TABLE_BITS ? tr_mix64(key ^ round_input[round][right])
-						 : tr_rng_u64(key, ((uint64_t)round << 40) | right)) & mask;
+						 : tr_rng_u64(key, ((uint64_t)round << 40) | right)) &
+			     mask;
 		uint64_t next = left ^ f;
 		left = right;
 		right = next;

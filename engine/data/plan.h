@@ -44,7 +44,7 @@ struct tr_plan {
 	int64_t epochs;          /* 0 = unbounded (max_steps decides) */
 	int64_t steps_per_epoch; /* not meaningful for rollover */
 	int64_t total_steps;
-	int feistel_bits;        /* half-width of the Feistel network */
+	int feistel_bits; /* half-width of the Feistel network */
 };
 
 /* Returns 0, or -EINVAL with a message (for example a batch larger than the

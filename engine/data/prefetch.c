@@ -34,10 +34,10 @@ struct tr_prefetch {
 	pthread_cond_t ready; /* consumer: a slot became ready or failed; cancel */
 	pthread_cond_t space; /* loaders: slots were released; cancel, error */
 	struct slot *slots;
-	int64_t claim_step;   /* the step loaders are claiming chunks of */
-	int claim_chunk;      /* its next unclaimed chunk */
-	int64_t next_free;    /* steps below this (mod depth) have been released */
-	int sleeping;         /* loaders waiting on `space` */
+	int64_t claim_step;    /* the step loaders are claiming chunks of */
+	int claim_chunk;       /* its next unclaimed chunk */
+	int64_t next_free;     /* steps below this (mod depth) have been released */
+	int sleeping;          /* loaders waiting on `space` */
 	atomic_bool cancelled; /* also polled between samples, without the lock */
 	bool failed;
 	char error[512];

@@ -34,11 +34,11 @@ struct tr_batch {
 };
 
 struct tr_prefetch_config {
-	tr_reader_t *reader;                /* borrowed */
-	const tr_transforms_t *transforms;  /* borrowed, may be NULL */
-	const struct tr_plan *plan;         /* borrowed */
-	tr_backend_t *backend;              /* for pinned slot memory; may be NULL */
-	uint64_t seed;                      /* keys augmentation noise */
+	tr_reader_t *reader;               /* borrowed */
+	const tr_transforms_t *transforms; /* borrowed, may be NULL */
+	const struct tr_plan *plan;        /* borrowed */
+	tr_backend_t *backend;             /* for pinned slot memory; may be NULL */
+	uint64_t seed;                     /* keys augmentation noise */
 	int workers;
 	int depth;
 	int64_t first_step; /* resume position */

@@ -157,8 +157,8 @@ void tr_transforms_apply(const tr_transforms_t *t, float *x, int features, uint6
  * height and width (patches): the spatial augmentations move y's pixels
  * exactly as x's, so input and response stay aligned; the value
  * transforms leave y alone.  y may be NULL. */
-void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed,
-			      int64_t epoch, int64_t sample_index, int training);
+void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed, int64_t epoch,
+			      int64_t sample_index, int training);
 void tr_transforms_destroy(tr_transforms_t *t);
 
 /* What a model file records of the transforms (docs/model-format.md).

@@ -28,9 +28,9 @@ static double cubic(double x)
 }
 
 struct taps {
-	int n;       /* taps per output position */
-	int *idx;    /* [out][n] */
-	double *w;   /* [out][n] */
+	int n;     /* taps per output position */
+	int *idx;  /* [out][n] */
+	double *w; /* [out][n] */
 };
 
 static int mirror(int i, int len)

@@ -290,8 +290,11 @@ static int not_found(int rc)
 
 static const char *kind_of(mode_t m)
 {
-	return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" :
-	       S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a regular file";
+	return S_ISDIR(m)                 ? "a directory"
+	       : S_ISFIFO(m)              ? "a FIFO"
+	       : S_ISSOCK(m)              ? "a socket"
+	       : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+					  : "not a regular file";
 }
 
 /* Accepts fd when it is a regular file (a directory with want_dir), and

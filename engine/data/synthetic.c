@@ -188,7 +188,8 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 			     TR_SPEC_MAX_LOAD_COST_US);
 		return -EINVAL;
 	}
-	if (src->task == TR_SYNTH_REGRESSION && (size_t)outputs * (size_t)src->features > (size_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
+	if (src->task == TR_SYNTH_REGRESSION &&
+	    (size_t)outputs * (size_t)src->features > (size_t)TR_SPEC_MAX_SYNTH_WEIGHTS) {
 		tr_error_set(err, 0, 0, NULL, "synthetic: outputs x features (%d x %d) is too large", outputs,
 			     src->features);
 		return -EINVAL;

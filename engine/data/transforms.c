@@ -29,14 +29,14 @@
 
 struct op {
 	enum tr_transform_type type;
-	float factor;  /* scale */
-	float std;     /* gaussian_noise */
-	int noise_k;   /* which noise op this is, to keep their draws apart */
-	float *mean;   /* standardize: [features] */
-	float *sd;     /* standardize: [features], never 0 */
+	float factor; /* scale */
+	float std;    /* gaussian_noise */
+	int noise_k;  /* which noise op this is, to keep their draws apart */
+	float *mean;  /* standardize: [features] */
+	float *sd;    /* standardize: [features], never 0 */
 	float mean_c[TR_SPEC_MAX_CHANNELS], std_c[TR_SPEC_MAX_CHANNELS]; /* normalize */
-	int padding;   /* random_crop */
-	bool vertical; /* flip */
+	int padding;                                                     /* random_crop */
+	bool vertical;                                                   /* flip */
 };
 
 struct tr_transforms {
@@ -107,8 +107,8 @@ static void shift_planes(float *img, int c, int h, int w, int dy, int dx, float 
 			for (int x = 0; x < w; x++) {
 				int sy = y + dy, sx = x + dx;
 
-				p[(size_t)y * w + x] = sy >= 0 && sy < h && sx >= 0 && sx < w ? tmp[(size_t)sy * w + sx] :
-												  0.0f;
+				p[(size_t)y * w + x] = sy >= 0 && sy < h && sx >= 0 && sx < w ? tmp[(size_t)sy * w + sx]
+											      : 0.0f;
 			}
 	}
 }
@@ -162,8 +162,8 @@ static void augment(const tr_transforms_t *t, const struct op *o, int k, float *
 }
 
 /* Runs ops [0, end) on x (and the spatial ones on y, may be NULL). */
-static void apply_ops(const tr_transforms_t *t, int end, float *x, int features, float *y, uint64_t seed,
-		      int64_t epoch, int64_t sample_index, int training)
+static void apply_ops(const tr_transforms_t *t, int end, float *x, int features, float *y, uint64_t seed, int64_t epoch,
+		      int64_t sample_index, int training)
 {
 	for (int k = 0; k < end; k++) {
 		const struct op *o = &t->ops[k];
@@ -421,8 +421,8 @@ void tr_transforms_apply(const tr_transforms_t *t, float *x, int features, uint6
 		apply_ops(t, t->n, x, features, NULL, seed, epoch, sample_index, training);
 }
 
-void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed,
-			      int64_t epoch, int64_t sample_index, int training)
+void tr_transforms_apply_pair(const tr_transforms_t *t, float *x, int features, float *y, uint64_t seed, int64_t epoch,
+			      int64_t sample_index, int training)
 {
 	if (t)
 		apply_ops(t, t->n, x, features, y, seed, epoch, sample_index, training);
@@ -475,8 +475,7 @@ json_t *tr_transforms_fitted(const tr_transforms_t *t, int k)
 
 bool tr_transforms_train_only(enum tr_transform_type type)
 {
-	return type == TR_TF_GAUSSIAN_NOISE || type == TR_TF_RANDOM_CROP || type == TR_TF_FLIP ||
-	       type == TR_TF_ROT90;
+	return type == TR_TF_GAUSSIAN_NOISE || type == TR_TF_RANDOM_CROP || type == TR_TF_FLIP || type == TR_TF_ROT90;
 }
 
 /* Reads n floats from the recorded array `key` of `fitted`; positive

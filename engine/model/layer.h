@@ -75,10 +75,10 @@ struct tr_field;
 struct tr_layer {
 	const struct tr_layer_i *ops;
 	enum tr_layer_type type;
-	int index;            /* node index: generator key, buffer index */
-	char path[32];        /* safetensors prefix: "3" or "3.1" */
+	int index;     /* node index: generator key, buffer index */
+	char path[32]; /* safetensors prefix: "3" or "3.1" */
 	struct tr_shape in_shape, out_shape;
-	int in, out;          /* elements per sample */
+	int in, out; /* elements per sample */
 	/* Every parameter of the layer (a residual block's: all of its inner
 	 * layers') lies in [w_off, b_off + b_len) or [w_off, w_off + w_len):
 	 * weight and bias of plain layers, the whole block for a residual
@@ -187,8 +187,8 @@ int tr_layer_avgpool_backward(const struct tr_pass *p, const struct tr_layer *l,
 void tr_layer_param(struct tr_layer *l, const char *name, enum tr_init init, size_t fan_in, int ndim,
 		    const int64_t *shape);
 
-extern const tr_layer_i tr_layer_dense, tr_layer_relu, tr_layer_gelu, tr_layer_tanh, tr_layer_sigmoid,
-	tr_layer_dropout, tr_layer_layernorm, tr_layer_conv2d, tr_layer_maxpool2d, tr_layer_avgpool2d,
-	tr_layer_global_avg_pool, tr_layer_flatten, tr_layer_residual, tr_layer_groupnorm, tr_layer_batchnorm2d;
+extern const tr_layer_i tr_layer_dense, tr_layer_relu, tr_layer_gelu, tr_layer_tanh, tr_layer_sigmoid, tr_layer_dropout,
+	tr_layer_layernorm, tr_layer_conv2d, tr_layer_maxpool2d, tr_layer_avgpool2d, tr_layer_global_avg_pool,
+	tr_layer_flatten, tr_layer_residual, tr_layer_groupnorm, tr_layer_batchnorm2d;
 
 #endif

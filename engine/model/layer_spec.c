@@ -35,7 +35,8 @@ static int parse_one(struct tr_fields_ctx *c, const json_t *v, struct tr_layer_s
 		char list[320] = "";
 		size_t len = 0;
 		for (int i = 0; tr_layer_ops_at(i) && len < sizeof list; i++) {
-			int k = snprintf(list + len, sizeof list - len, "%s\"%s\"", i ? ", " : "", tr_layer_ops_at(i)->name);
+			int k = snprintf(list + len, sizeof list - len, "%s\"%s\"", i ? ", " : "",
+					 tr_layer_ops_at(i)->name);
 			if (k < 0)
 				break;
 			len += (size_t)k;
@@ -47,10 +48,10 @@ static int parse_one(struct tr_fields_ctx *c, const json_t *v, struct tr_layer_s
 		if (json_object_size(v) > 1) {
 			const char *key;
 			const json_t *val;
-			json_object_foreach((json_t *)v, key, val)
-			{
+			json_object_foreach((json_t *)v, key, val) {
 				if (strcmp(key, "type") != 0)
-					return tr_fields_fail(c, key, "unknown key '%s' for type \"%s\"", key, ops->name);
+					return tr_fields_fail(c, key, "unknown key '%s' for type \"%s\"", key,
+							      ops->name);
 			}
 		}
 		return 0;

@@ -139,7 +139,8 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 				return fail(b, lptr, "%s", "a residual block needs at least one layer");
 			if (m->n_nodes + ls->n_inner > TR_MODEL_MAX_NODES) {
 				snprintf(b->ptr, b->ptrlen, "%s", lptr);
-				snprintf(b->msg, b->msglen, "the model has more than %d layers in all, blocks' layers included",
+				snprintf(b->msg, b->msglen,
+					 "the model has more than %d layers in all, blocks' layers included",
 					 TR_MODEL_MAX_NODES);
 				return -EINVAL;
 			}
@@ -194,8 +195,9 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 		widen(m, l->out);
 		if (b->off > (size_t)TR_SPEC_MAX_PARAMS) {
 			snprintf(b->ptr, b->ptrlen, "%s", lptr);
-			snprintf(b->msg, b->msglen, "the model reaches %zu parameters here, more than the %lld the engine takes",
-				 b->off, (long long)TR_SPEC_MAX_PARAMS);
+			snprintf(b->msg, b->msglen,
+				 "the model reaches %zu parameters here, more than the %lld the engine takes", b->off,
+				 (long long)TR_SPEC_MAX_PARAMS);
 			return -EINVAL;
 		}
 		*shape = l->out_shape;
@@ -232,8 +234,8 @@ static int build_model(tr_model_t *m, const struct tr_spec *spec, int inputs, co
 			char sh[48];
 			tr_shape_format(shape, sh, sizeof sh);
 			snprintf(ptr, ptrlen, "/model/inputs");
-			snprintf(msg, msglen, "%s is %zu values per sample but the data has %d", sh, tr_shape_numel(shape),
-				 inputs);
+			snprintf(msg, msglen, "%s is %zu values per sample but the data has %d", sh,
+				 tr_shape_numel(shape), inputs);
 			return -EINVAL;
 		}
 	}
@@ -514,8 +516,8 @@ void tr_replica_finish(tr_replica_t *r)
 {
 	if (!r->be)
 		return;
-	float **bufs[] = {&r->params, &r->grads, &r->state1, &r->state2, &r->labels, &r->input,
-			  &r->dbuf[0], &r->dbuf[1], &r->work};
+	float **bufs[] = {&r->params, &r->grads,   &r->state1,  &r->state2, &r->labels,
+			  &r->input,  &r->dbuf[0], &r->dbuf[1], &r->work};
 	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
 		if (*bufs[i])
 			r->be->i->free(r->be, r->dev, *bufs[i]);

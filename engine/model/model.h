@@ -85,8 +85,8 @@ typedef struct tr_replica {
 	float *aux[TR_MODEL_MAX_NODES];      /* saved[0] of node i: dropout mask, layernorm mean */
 	float *aux2[TR_MODEL_MAX_NODES];     /* saved[1]: layernorm rstd */
 	float *dbuf[2];
-	float *work; /* the largest workspace any layer asks for */
-	float *kept[TR_MODEL_MAX_NODES];     /* tr_layer.kept floats of node i */
+	float *work;                     /* the largest workspace any layer asks for */
+	float *kept[TR_MODEL_MAX_NODES]; /* tr_layer.kept floats of node i */
 	int label_dim;
 	/* For layers whose passes are collectives: this replica's rank among
 	 * the job's ndev devices, their communicator (NULL with one device),

@@ -24,8 +24,7 @@ static int allreduce(const struct tr_norm_ctx *nc, float *buf, size_t len)
 static int have_kernels(const struct tr_norm_ctx *nc)
 {
 	const tr_backend_i *bi = nc->be->i;
-	if (!bi->bn_sums || !bi->bn_apply || !bi->bn_running_update || !bi->bn_backward_sums ||
-	    !bi->bn_backward_apply)
+	if (!bi->bn_sums || !bi->bn_apply || !bi->bn_running_update || !bi->bn_backward_sums || !bi->bn_backward_apply)
 		return -ENOTSUP;
 	return 0;
 }
@@ -69,8 +68,8 @@ int tr_bn_forward_eval(const struct tr_norm_ctx *nc, int n, int c, int hw, float
 }
 
 int tr_bn_backward(const struct tr_norm_ctx *nc, int n, int c, int hw, int64_t step_rows, float eps, const float *x,
-		   const float *gamma, const float *mean, const float *var, const float *dy, float *dx,
-		   float *scratch, float *dgamma, float *dbeta)
+		   const float *gamma, const float *mean, const float *var, const float *dy, float *dx, float *scratch,
+		   float *dgamma, float *dbeta)
 {
 	tr_backend_t *be = nc->be;
 	const tr_backend_i *bi = be->i;

@@ -49,7 +49,7 @@ int tr_bn_forward_eval(const struct tr_norm_ctx *nc, int n, int c, int hw, float
  * the shares), and writes dx (may be NULL) from the step's global sums.
  * scratch holds TR_BN_SCRATCH(c) floats. */
 int tr_bn_backward(const struct tr_norm_ctx *nc, int n, int c, int hw, int64_t step_rows, float eps, const float *x,
-		   const float *gamma, const float *mean, const float *var, const float *dy, float *dx,
-		   float *scratch, float *dgamma, float *dbeta);
+		   const float *gamma, const float *mean, const float *var, const float *dy, float *dx, float *scratch,
+		   float *dgamma, float *dbeta);
 
 #endif

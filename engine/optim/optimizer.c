@@ -60,8 +60,8 @@ int tr_optim_apply(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n,
 }
 
 int tr_optim_apply_into(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n, const float *param,
-			const float *grad, const float *state1, const float *state2, float *param_out, float *state1_out,
-			float *state2_out, const struct tr_optim_hp *hp)
+			const float *grad, const float *state1, const float *state2, float *param_out,
+			float *state1_out, float *state2_out, const struct tr_optim_hp *hp)
 {
 	if (!be->i->sgd_step_into || !be->i->adam_step_into)
 		return -ENOTSUP;

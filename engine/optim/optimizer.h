@@ -35,7 +35,7 @@ int tr_optim_apply(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n,
  * they were; bit-identical to tr_optim_apply.  -ENOTSUP where the backend
  * has no out-of-place kernels. */
 int tr_optim_apply_into(tr_backend_t *be, int dev, enum tr_optim_type type, size_t n, const float *param,
-			const float *grad, const float *state1, const float *state2, float *param_out, float *state1_out,
-			float *state2_out, const struct tr_optim_hp *hp);
+			const float *grad, const float *state1, const float *state2, float *param_out,
+			float *state1_out, float *state2_out, const struct tr_optim_hp *hp);
 
 #endif

@@ -31,8 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			*p++ = '\0';
 	}
 	const char *method = parts[0], *path = parts[1] ? parts[1] : "/", *number = parts[2] ? parts[2] : "";
-	const struct tr_api_route *r =
-		tr_api_route_match(method, path, params, TR_API_MAX_PARAMS, &nparams, &known);
+	const struct tr_api_route *r = tr_api_route_match(method, path, params, TR_API_MAX_PARAMS, &nparams, &known);
 	if (r) {
 		/* Captured parameters are NUL-terminated and within bounds. */
 		for (int i = 0; i < nparams; i++)

@@ -29,8 +29,9 @@ static void spawn(struct daemon *d, int cpu_devices, const char *const *extra)
 	unlink(addr_file);
 	char devs[16];
 	snprintf(devs, sizeof devs, "%d", cpu_devices);
-	const char *argv[64] = {bin, "serve", "--listen", "127.0.0.1:0", "--state-dir", d->dir, "--data-root", d->dir,
-				"--cpu-devices", devs, "--backend", "cpu", "--log-level", "debug"};
+	const char *argv[64] = {bin,         "serve",       "--listen",    "127.0.0.1:0",   "--state-dir",
+				d->dir,      "--data-root", d->dir,        "--cpu-devices", devs,
+				"--backend", "cpu",         "--log-level", "debug"};
 	int argc = 14;
 	for (int i = 0; extra && extra[i] && argc < 62; i++)
 		argv[argc++] = extra[i];

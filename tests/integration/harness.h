@@ -22,10 +22,10 @@ struct daemon {
 
 struct http_reply {
 	long status;
-	char *body;        /* NUL-terminated, malloc'd */
+	char *body; /* NUL-terminated, malloc'd */
 	size_t len;
 	char headers[4096];
-	json_t *json;      /* parsed body or NULL */
+	json_t *json; /* parsed body or NULL */
 };
 
 /* Starts the daemon with extra flags (NULL-terminated, may be NULL). */
@@ -34,7 +34,7 @@ void daemon_start(struct daemon *d, int cpu_devices, const char *const *extra);
 void daemon_restart(struct daemon *d, int cpu_devices, const char *const *extra);
 /* SIGTERM and wait; returns seconds taken and the exit status. */
 double daemon_stop(struct daemon *d, int *status);
-void daemon_kill(struct daemon *d); /* SIGKILL */
+void daemon_kill(struct daemon *d);    /* SIGKILL */
 void daemon_cleanup(struct daemon *d); /* removes the state dir */
 void daemon_dump_log(const struct daemon *d);
 

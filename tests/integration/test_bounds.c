@@ -33,8 +33,8 @@ static void stop(void)
 }
 
 /* ~1 s of training. */
-#define SMALL_JOB                                                                                               \
-	"{\"name\": \"small\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"  \
+#define SMALL_JOB                                                                                                     \
+	"{\"name\": \"small\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"   \
 	" {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 640," \
 	" \"features\": 6, \"classes\": 3}}, \"batch_size\": 32, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\","  \
 	" \"lr\": 0.01}}"
@@ -219,8 +219,7 @@ Test(bounds, job_listing_has_a_default_and_a_maximum_page, .init = start, .fini 
 		cr_assert_str_eq(wait_state(&d, ids[i], "completed|failed|cancelled", 60), "completed");
 }
 
-Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init = start, .fini = stop,
-     .timeout = 60)
+Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init = start, .fini = stop, .timeout = 60)
 {
 	long long id = submit_job(&d, SMALL_JOB);
 	char path[64];
@@ -232,8 +231,9 @@ Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init =
 	     NULL, NULL, &r);
 	expect_error(&r, 400, "invalid_request", "/points/1/step");
 	http_free(&r);
-	http(&d, "POST", path, "{\"points\": [{\"name\": \"far\", \"step\": 1, \"epoch\": 9223372036854775807, \"value\": 1}]}",
-	     NULL, NULL, &r);
+	http(&d, "POST", path,
+	     "{\"points\": [{\"name\": \"far\", \"step\": 1, \"epoch\": 9223372036854775807, \"value\": 1}]}", NULL,
+	     NULL, &r);
 	expect_error(&r, 400, "invalid_request", "/points/0/epoch");
 	http_free(&r);
 	/* Per-layer monitor names belong to the engine, like grad_norm. */
@@ -243,8 +243,8 @@ Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init =
 	     NULL, NULL, &r);
 	expect_error(&r, 400, "invalid_request", "/points/1/name");
 	http_free(&r);
-	http(&d, "POST", path, "{\"points\": [{\"name\": \"update_ratio.0\", \"step\": 1, \"value\": 1}]}", NULL,
-	     NULL, &r);
+	http(&d, "POST", path, "{\"points\": [{\"name\": \"update_ratio.0\", \"step\": 1, \"value\": 1}]}", NULL, NULL,
+	     &r);
 	expect_error(&r, 400, "invalid_request", "/points/0/name");
 	http_free(&r);
 	/* 2^62 itself is the store's last step. */
@@ -258,10 +258,10 @@ Test(bounds, metric_step_past_the_store_limit_is_a_400_naming_the_point, .init =
 
 /* Standardize over 2^40 synthetic samples: a set-up of days that is legal,
  * so it has to answer cancel, delete and shutdown while it runs. */
-#define LONG_SETUP_JOB                                                                                            \
-	"{\"name\": \"long-setup\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"                  \
-	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 1099511627776, \"features\": 4,"           \
-	" \"classes\": 2}, \"transforms\": [{\"type\": \"standardize\"}]}, \"batch_size\": 64, \"epochs\": 1,"      \
+#define LONG_SETUP_JOB                                                                                         \
+	"{\"name\": \"long-setup\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"           \
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 1099511627776, \"features\": 4,"      \
+	" \"classes\": 2}, \"transforms\": [{\"type\": \"standardize\"}]}, \"batch_size\": 64, \"epochs\": 1," \
 	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": 2}"
 
 static void cancel_job(long long id)
@@ -348,10 +348,11 @@ Test(bounds, stop_on_nan_fails_at_the_step_and_keeps_good_checkpoints, .init = s
 	write_npy("nan_x.npy", x, 40, 3);
 	write_npy("nan_y.npy", y, 40, 0);
 	long long id = submit_job(
-		&d, "{\"name\": \"blows-up\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 1}], \"loss\": \"mse\"},"
-		    " \"data\": {\"train\": {\"format\": \"npy\", \"x\": \"nan_x.npy\", \"y\": \"nan_y.npy\"},"
-		    " \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
-		    " \"checkpoint\": {\"every_steps\": 1, \"keep\": 10}}");
+		&d,
+		"{\"name\": \"blows-up\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 1}], \"loss\": \"mse\"},"
+		" \"data\": {\"train\": {\"format\": \"npy\", \"x\": \"nan_x.npy\", \"y\": \"nan_y.npy\"},"
+		" \"shuffle\": false}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
+		" \"checkpoint\": {\"every_steps\": 1, \"keep\": 10}}");
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 30), "failed");
 	char path[96];
 	struct http_reply r;
@@ -382,9 +383,9 @@ Test(bounds, stop_on_nan_fails_at_the_step_and_keeps_good_checkpoints, .init = s
 /* Queued jobs per daemon (--max-queued-jobs): a submit past the bound is
  * 503 queue_full with nothing stored, a retried submit with a stored key
  * still gets its job, and the queue takes jobs again once one starts. */
-#define BLOCKER_JOB                                                                                             \
-	"{\"name\": \"blocker\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\":"       \
-	" {\"train\": {\"format\": \"synthetic\", \"samples\": 100000000, \"features\": 4, \"classes\": 2}},"     \
+#define BLOCKER_JOB                                                                                           \
+	"{\"name\": \"blocker\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\":"   \
+	" {\"train\": {\"format\": \"synthetic\", \"samples\": 100000000, \"features\": 4, \"classes\": 2}}," \
 	" \"batch_size\": 8, \"epochs\": 1, \"devices\": \"all\", \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}"
 
 Test(bounds, queued_jobs_past_the_bound_are_refused, .fini = stop, .timeout = 120)

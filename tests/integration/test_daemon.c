@@ -18,10 +18,10 @@
 /* ~1-2 s of training with visible progress: 40 steps, loading costs 10 ms
  * a step. */
 #define SMALL_JOB(name, extra)                                                                                 \
-	"{\"name\": \"" name "\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"   \
-	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
-	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3, \"load_cost_us\": 300},"            \
-	" \"validation_split\": 0.1}, \"batch_size\": 32, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\","   \
+	"{\"name\": \"" name "\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16}," \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"     \
+	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3, \"load_cost_us\": 300},"           \
+	" \"validation_split\": 0.1}, \"batch_size\": 32, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\","  \
 	" \"lr\": 0.01}, \"prefetch\": {\"workers\": 2, \"depth\": 2}" extra "}"
 
 static struct daemon d;
@@ -152,8 +152,7 @@ static int count_points(const struct sse_stream *s, const char *name)
 		json_t *pts = json_object_get(j, "points");
 		size_t k;
 		json_t *pt;
-		json_array_foreach(pts, k, pt)
-		{
+		json_array_foreach(pts, k, pt) {
 			if (strcmp(json_string_value(json_object_get(pt, "name")), name) == 0)
 				n++;
 		}
@@ -164,7 +163,8 @@ static int count_points(const struct sse_stream *s, const char *name)
 
 Test(daemon, lifecycle_metrics_logs_and_sse, .init = start1, .fini = stop1, .timeout = 120)
 {
-	long long id = submit_job(&d, SMALL_JOB("life", ", \"monitors\": [{\"metric\": \"grad_norm\", \"every_steps\": 5}]"));
+	long long id =
+		submit_job(&d, SMALL_JOB("life", ", \"monitors\": [{\"metric\": \"grad_norm\", \"every_steps\": 5}]"));
 	cr_assert_str_eq(wait_state(&d, id, "running|completed", 20), "running");
 
 	/* Watch the live stream for a while, then drop the connection. */
@@ -182,8 +182,8 @@ Test(daemon, lifecycle_metrics_logs_and_sse, .init = start1, .fini = stop1, .tim
 	while (now_s() - t0 < 10 && during == 0) {
 		http(&d, "GET", path, NULL, NULL, NULL, &r);
 		cr_assert_eq(r.status, 200, "%s", r.body);
-		during = (int)json_array_size(json_object_get(
-			json_object_get(json_object_get(r.json, "series"), "loss"), "steps"));
+		during = (int)json_array_size(
+			json_object_get(json_object_get(json_object_get(r.json, "series"), "loss"), "steps"));
 		http_free(&r);
 		usleep(100000);
 	}
@@ -264,7 +264,8 @@ Test(daemon, sse_types_filter, .init = start1, .fini = stop1, .timeout = 120)
 		states += strcmp(all.ev[i].type, "state") == 0;
 		logs += strcmp(all.ev[i].type, "log") == 0;
 		/* The filtered stream holds exactly the others, in order. */
-		cr_assert_lt(k, some.n, "event %lld (%s) missing from the filtered stream", all.ev[i].id, all.ev[i].type);
+		cr_assert_lt(k, some.n, "event %lld (%s) missing from the filtered stream", all.ev[i].id,
+			     all.ev[i].type);
 		cr_assert_eq(some.ev[k].id, all.ev[i].id, "filtered event %d: id %lld, want %lld", k, some.ev[k].id,
 			     all.ev[i].id);
 		cr_assert_str_eq(some.ev[k].type, all.ev[i].type);
@@ -317,7 +318,8 @@ Test(daemon, custom_monitor_points, .init = start1, .fini = stop1, .timeout = 60
 	size_t n = 0;
 	while (n < 2 && now_s() - t0 < 3) {
 		http(&d, "GET", path, NULL, NULL, NULL, &r);
-		n = json_array_size(json_object_get(json_object_get(json_object_get(r.json, "series"), "bleu"), "values"));
+		n = json_array_size(
+			json_object_get(json_object_get(json_object_get(r.json, "series"), "bleu"), "values"));
 		http_free(&r);
 		usleep(50000);
 	}
@@ -326,15 +328,15 @@ Test(daemon, custom_monitor_points, .init = start1, .fini = stop1, .timeout = 60
 	/* The same query again, answered from the cache, must still see a
 	 * point pushed after it was cached. */
 	snprintf(path, sizeof path, "/jobs/%lld/metrics", id);
-	http(&d, "POST", path, "{\"points\": [{\"name\": \"bleu\", \"step\": 3, \"value\": 0.75}]}", NULL, NULL,
-	     &r);
+	http(&d, "POST", path, "{\"points\": [{\"name\": \"bleu\", \"step\": 3, \"value\": 0.75}]}", NULL, NULL, &r);
 	cr_assert_eq(r.status, 202, "%ld %s", r.status, r.body);
 	http_free(&r);
 	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=bleu", id);
 	t0 = now_s();
 	while (n < 3 && now_s() - t0 < 3) {
 		http(&d, "GET", path, NULL, NULL, NULL, &r);
-		n = json_array_size(json_object_get(json_object_get(json_object_get(r.json, "series"), "bleu"), "values"));
+		n = json_array_size(
+			json_object_get(json_object_get(json_object_get(r.json, "series"), "bleu"), "values"));
 		http_free(&r);
 		usleep(50000);
 	}
@@ -512,10 +514,11 @@ Test(daemon, fifty_clients_thirty_jobs_two_devices, .init = start1, .fini = stop
 	/* A blocker holds both devices so the whole queue forms before anything
 	 * else starts; then the order of starts is the queue order. */
 	long long blocker = submit_job(
-		&d, "{\"name\": \"blocker\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
-		    " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 100000, \"features\": 3, \"classes\": 2,"
-		    " \"load_cost_us\": 100}}, \"batch_size\": 16, \"epochs\": 5, \"optimizer\": {\"type\": \"sgd\","
-		    " \"lr\": 0.1}, \"devices\": 2}");
+		&d,
+		"{\"name\": \"blocker\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 100000, \"features\": 3, \"classes\": 2,"
+		" \"load_cost_us\": 100}}, \"batch_size\": 16, \"epochs\": 5, \"optimizer\": {\"type\": \"sgd\","
+		" \"lr\": 0.1}, \"devices\": 2}");
 	cr_assert_str_eq(wait_state(&d, blocker, "running", 20), "running");
 
 	pthread_t th[NCLIENTS];

@@ -68,17 +68,17 @@ static void write_npy_pair(const char *xpath, const char *ypath, int rows)
 	const char *paths[2] = {xpath, ypath};
 	for (int k = 0; k < 2; k++) {
 		char dict[128];
-		int hl = k == 0 ? snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, 64), }",
-					   rows)
-				: snprintf(dict, sizeof dict, "{'descr': '<i8', 'fortran_order': False, 'shape': (%d,), }",
-					   rows);
+		int hl = k == 0 ? snprintf(dict, sizeof dict,
+					   "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, 64), }", rows)
+				: snprintf(dict, sizeof dict,
+					   "{'descr': '<i8', 'fortran_order': False, 'shape': (%d,), }", rows);
 		while ((10 + hl + 1) % 64)
 			dict[hl++] = ' ';
 		dict[hl++] = '\n';
 		FILE *f = fopen(paths[k], "wb");
 		cr_assert_not_null(f);
-		unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff),
-					 (unsigned char)(hl >> 8)};
+		unsigned char pre[10] = {
+			0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
 		fwrite(pre, 1, 10, f);
 		fwrite(dict, 1, (size_t)hl, f);
 		for (int r = 0; r < rows; r++) {
@@ -102,12 +102,13 @@ static const char *csv_job(const char *name, const char *path, int epochs, int d
 	static char buf[8][1024];
 	static int next;
 	char *b = buf[next++ % 8];
-	snprintf(b, sizeof buf[0],
-		 "{\"name\": \"%s\", \"seed\": 1, \"model\": {\"inputs\": 2, \"layers\": [{\"type\": \"dense\", \"units\":"
-		 " 3}]}, \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"%s\"}}, \"batch_size\": 16, \"epochs\":"
-		 " %d, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": %d, \"prefetch\": {\"workers\": 1,"
-		 " \"depth\": 2}}",
-		 name, path, epochs, devices);
+	snprintf(
+		b, sizeof buf[0],
+		"{\"name\": \"%s\", \"seed\": 1, \"model\": {\"inputs\": 2, \"layers\": [{\"type\": \"dense\", \"units\":"
+		" 3}]}, \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"%s\"}}, \"batch_size\": 16, \"epochs\":"
+		" %d, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": %d, \"prefetch\": {\"workers\": 1,"
+		" \"depth\": 2}}",
+		name, path, epochs, devices);
 	return b;
 }
 
@@ -248,8 +249,8 @@ static void wait_training(long long id)
 		json_int_t step = json_integer_value(json_object_get(json_object_get(r.json, "progress"), "step"));
 		const char *st = json_string_value(json_object_get(r.json, "state"));
 		bool go = st && strcmp(st, "running") == 0 && step > 5;
-		cr_assert(st && (strcmp(st, "running") == 0 || strcmp(st, "queued") == 0), "job %lld is %s: %s", id,
-			  st, r.body);
+		cr_assert(st && (strcmp(st, "running") == 0 || strcmp(st, "queued") == 0), "job %lld is %s: %s", id, st,
+			  r.body);
 		http_free(&r);
 		if (go)
 			return;
@@ -434,7 +435,8 @@ Test(datafiles, a_bad_label_fails_the_job_at_start_naming_file_and_line, .timeou
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
 	char real[512];
 	cr_assert_not_null(realpath(p, real));
-	snprintf(want, sizeof want, "/data/train: %s:4: label 3 is out of range: the model has 3 classes, 0 to 2", real);
+	snprintf(want, sizeof want, "/data/train: %s:4: label 3 is out of range: the model has 3 classes, 0 to 2",
+		 real);
 	const char *msg = job_error(id, NULL, 0);
 	cr_assert(strstr(msg, want), "%s", msg);
 

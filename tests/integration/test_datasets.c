@@ -52,12 +52,13 @@ static const char *csv_job(const char *name, const char *path, int epochs)
 	static char buf[4][1024];
 	static int next;
 	char *b = buf[next++ % 4];
-	snprintf(b, sizeof buf[0],
-		 "{\"name\": \"%s\", \"seed\": 1, \"model\": {\"inputs\": 2, \"layers\": [{\"type\": \"dense\", \"units\":"
-		 " 3}]}, \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"%s\"}}, \"batch_size\": 16, \"epochs\":"
-		 " %d, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": 1, \"prefetch\": {\"workers\": 1,"
-		 " \"depth\": 2}}",
-		 name, path, epochs);
+	snprintf(
+		b, sizeof buf[0],
+		"{\"name\": \"%s\", \"seed\": 1, \"model\": {\"inputs\": 2, \"layers\": [{\"type\": \"dense\", \"units\":"
+		" 3}]}, \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"%s\"}}, \"batch_size\": 16, \"epochs\":"
+		" %d, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": 1, \"prefetch\": {\"workers\": 1,"
+		" \"depth\": 2}}",
+		name, path, epochs);
 	return b;
 }
 
@@ -86,8 +87,7 @@ static json_t *listed(const char *name, const char *file)
 	cr_assert_eq(r.status, 200, "%s", r.body);
 	json_t *found = NULL, *ds, *f;
 	size_t i, j;
-	json_array_foreach(json_object_get(r.json, "datasets"), i, ds)
-	{
+	json_array_foreach(json_object_get(r.json, "datasets"), i, ds) {
 		if (strcmp(json_string_value(json_object_get(ds, "name")), name) != 0)
 			continue;
 		json_array_foreach(json_object_get(ds, "files"), j, f)

@@ -115,8 +115,9 @@ Test(evaluate, test_source_and_evaluate_job_agree, .timeout = 120)
 
 	/* The same checkpoint and data through an evaluate job. */
 	snprintf(path, sizeof path, "/jobs/%lld/evaluate", id);
-	http(&d, "POST", path, "{\"data\": {\"format\": \"csv\", \"path\": \"test.csv\"}, \"devices\": 2, \"batch_size\": 7}",
-	     NULL, NULL, &r);
+	http(&d, "POST", path,
+	     "{\"data\": {\"format\": \"csv\", \"path\": \"test.csv\"}, \"devices\": 2, \"batch_size\": 7}", NULL, NULL,
+	     &r);
 	cr_assert_eq(r.status, 202, "%s", r.body);
 	cr_assert_str_eq(json_string_value(json_object_get(r.json, "kind")), "evaluate");
 	cr_assert(strstr(r.headers, "Location: /jobs/"), "%s", r.headers);

@@ -156,8 +156,8 @@ Test(imagedata, evaluate_checks_class_folders_against_the_model)
 	eid = (long long)json_integer_value(json_object_get(r.json, "id"));
 	http_free(&r);
 	cr_assert_str_eq(wait_state(&d, eid, "completed|failed|cancelled", 60), "completed", "%s", job_error(eid));
-	http(&d, "POST", path, "{\"data\": {\"format\": \"images\", \"path\": \"zoo\", \"labels\": \"folders\"}}",
-	     NULL, NULL, &r);
+	http(&d, "POST", path, "{\"data\": {\"format\": \"images\", \"path\": \"zoo\", \"labels\": \"folders\"}}", NULL,
+	     NULL, &r);
 	cr_assert_eq(r.status, 202, "%s", r.body);
 	eid = (long long)json_integer_value(json_object_get(r.json, "id"));
 	http_free(&r);
@@ -176,8 +176,7 @@ Test(imagedata, bad_image_fails_the_job_naming_the_file)
 	write_png("pets/dog/zz-grey.png", 8, 8, 1, 0);
 	id = submit_job(&d, images_job("pets"));
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
-	cr_assert(strstr(job_error(id), "pets/dog/zz-grey.png: 1 channel, the first image has 3"), "%s",
-		  job_error(id));
+	cr_assert(strstr(job_error(id), "pets/dog/zz-grey.png: 1 channel, the first image has 3"), "%s", job_error(id));
 
 	/* A file where the folder should be, and a folder outside the roots:
 	 * refused at submit, with the pointer. */

@@ -25,10 +25,10 @@
 #include "harness.h"
 
 /* extra: more keys of the synthetic data set. */
-#define SMALL_JOB(samples, extra)                                                                              \
-	"{\"name\": \"limits\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8},"     \
-	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
-	" \"synthetic\", \"samples\": " samples ", \"features\": 4, \"classes\": 3" extra "}},"               \
+#define SMALL_JOB(samples, extra)                                                                           \
+	"{\"name\": \"limits\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}," \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"  \
+	" \"synthetic\", \"samples\": " samples ", \"features\": 4, \"classes\": 3" extra "}},"             \
 	" \"batch_size\": 32, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}"
 
 static struct daemon d;
@@ -221,8 +221,8 @@ Test(limits, reserve_keeps_slots_for_new_clients)
 {
 	enum { N = 200 };
 	static int one[N], two[N];
-	const char *flags[] = {"--max-connections", "100", "--max-connections-per-client", "64", "--connection-reserve",
-			       "16", NULL};
+	const char *flags[] = {
+		"--max-connections", "100", "--max-connections-per-client", "64", "--connection-reserve", "16", NULL};
 
 	daemon_start(&d, 1, flags);
 	int kept1 = flood("127.0.0.1", one, N);

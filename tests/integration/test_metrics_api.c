@@ -15,11 +15,11 @@
 
 #include "harness.h"
 
-#define SMALL_JOB(name)                                                                                          \
-	"{\"name\": \"" name "\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"   \
-	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
+#define SMALL_JOB(name)                                                                                        \
+	"{\"name\": \"" name "\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16}," \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"     \
 	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3},"                                  \
-	" \"validation_split\": 0.1}, \"batch_size\": 32, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\","   \
+	" \"validation_split\": 0.1}, \"batch_size\": 32, \"epochs\": 2, \"optimizer\": {\"type\": \"adam\","  \
 	" \"lr\": 0.01}}"
 
 static struct daemon d;
@@ -45,8 +45,9 @@ static void push_series(long long id, const char *name, long long first, long lo
 	for (long at = 0; at < n; at += 10000) {
 		size_t len = (size_t)snprintf(body, cap, "{\"points\":[");
 		for (long i = at; i < n && i < at + 10000; i++)
-			len += (size_t)snprintf(body + len, cap - len, "%s{\"name\":\"%s\",\"step\":%lld,\"value\":%.9g}",
-						i > at ? "," : "", name, first + i * stride, value(i));
+			len += (size_t)snprintf(body + len, cap - len,
+						"%s{\"name\":\"%s\",\"step\":%lld,\"value\":%.9g}", i > at ? "," : "",
+						name, first + i * stride, value(i));
 		snprintf(body + len, cap - len, "]}");
 		struct http_reply r;
 		/* Not through http(): bodies this size are not worth recording. */
@@ -351,8 +352,8 @@ Test(metrics_api, every_point_is_capped_and_streamed, .init = start1, .fini = st
 	pthread_t th[8];
 	char urls[8][300];
 	for (int i = 0; i < 8; i++) {
-		snprintf(urls[i], sizeof urls[i], "%s/jobs/%lld/metrics?names=a,b,c&max_points=0&to_step=%d", d.base_url,
-			 id, 99999 - i);
+		snprintf(urls[i], sizeof urls[i], "%s/jobs/%lld/metrics?names=a,b,c&max_points=0&to_step=%d",
+			 d.base_url, id, 99999 - i);
 		g[i] = (struct big_get){.url = urls[i]};
 		pthread_create(&th[i], NULL, big_get_run, &g[i]);
 	}
@@ -411,10 +412,11 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	http_free(&r);
 
 	/* A queued job knows nothing yet. */
-	long long q = submit_job(&d, "{\"name\": \"later\", \"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\","
-				     " \"units\": 2}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64,"
-				     " \"features\": 2, \"classes\": 2}}, \"batch_size\": 8, \"epochs\": 1,"
-				     " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}");
+	long long q = submit_job(&d,
+				 "{\"name\": \"later\", \"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\","
+				 " \"units\": 2}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64,"
+				 " \"features\": 2, \"classes\": 2}}, \"batch_size\": 8, \"epochs\": 1,"
+				 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}");
 	(void)q;
 
 	http(&d, "GET", "/jobs?fields=name,state", NULL, NULL, NULL, &r);
@@ -422,8 +424,7 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	json_t *jobs = json_object_get(r.json, "jobs"), *job;
 	size_t i;
 	cr_assert_geq(json_array_size(jobs), 2);
-	json_array_foreach(jobs, i, job)
-	{
+	json_array_foreach(jobs, i, job) {
 		cr_assert_eq(json_object_size(job), 3, "job %zu has other keys than id, name, state", i);
 		cr_assert(json_object_get(job, "id") && json_object_get(job, "name") && json_object_get(job, "state"));
 	}

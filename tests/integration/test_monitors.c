@@ -33,8 +33,8 @@ static void stop1(void)
  * epoch.  In mode max a falling val_loss never improves on the first
  * evaluation (step 10): with patience 2 the job ends after step 30 of 80.
  * A checkpoint every 5 steps with keep 1 would have pruned step 10. */
-#define ES_JOB(name, extra)                                                                                    \
-	"{\"name\": \"" name "\", \"seed\": 11, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"  \
+#define ES_JOB(name, extra)                                                                                     \
+	"{\"name\": \"" name "\", \"seed\": 11, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16}," \
 	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
 	" \"synthetic\", \"samples\": 400, \"features\": 8, \"classes\": 3, \"noise\": 0.2},"                   \
 	" \"validation_split\": 0.25}, \"batch_size\": 30, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.02},"  \
@@ -80,8 +80,8 @@ static char *get_text(const char *path)
 Test(monitors, early_stopping_ends_the_job_and_keeps_the_best, .init = start1, .fini = stop1, .timeout = 120)
 {
 	long long es = submit_job(&d, ES_JOB("es", ", \"epochs\": 8, \"checkpoint\": {\"every_steps\": 5, \"keep\": 1},"
-						 " \"early_stopping\": {\"metric\": \"val_loss\", \"mode\": \"max\","
-						 " \"patience\": 2}"));
+						   " \"early_stopping\": {\"metric\": \"val_loss\", \"mode\": \"max\","
+						   " \"patience\": 2}"));
 	cr_assert_str_eq(wait_state(&d, es, "completed|failed|cancelled", 90), "completed");
 	char path[128];
 	struct http_reply r;
@@ -177,8 +177,9 @@ Test(monitors, early_stopping_ends_the_job_and_keeps_the_best, .init = start1, .
 	http_free(&r);
 
 	/* A bad section is refused at submit with its pointer. */
-	http(&d, "POST", "/jobs", ES_JOB("bad", ", \"epochs\": 2, \"early_stopping\": {\"metric\": \"loss\", \"patience\": 0}"),
-	     NULL, NULL, &r);
+	http(&d, "POST", "/jobs",
+	     ES_JOB("bad", ", \"epochs\": 2, \"early_stopping\": {\"metric\": \"loss\", \"patience\": 0}"), NULL, NULL,
+	     &r);
 	cr_assert_eq(r.status, 400, "%s", r.body);
 	cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "pointer")),
 			 "/early_stopping/patience", "%s", r.body);

@@ -12,9 +12,9 @@
 
 #include "harness.h"
 
-#define JOB                                                                                                    \
-	"{\"name\": \"prom\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"      \
-	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
+#define JOB                                                                                                       \
+	"{\"name\": \"prom\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"        \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"        \
 	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3}}, \"batch_size\": 32, \"epochs\": 2," \
 	" \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}, \"checkpoint\": {\"every_steps\": 10}}"
 

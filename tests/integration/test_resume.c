@@ -43,13 +43,13 @@
  * which of the daemon's devices a run was placed on), so the whole
  * model.safetensors, header included, must match byte for byte. */
 #define EXACT_STEPS 315
-#define EXACT_JOB_FMT                                                                                          \
+#define EXACT_JOB_FMT                                                                                             \
 	"{\"name\": \"%s\", \"seed\": 7, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 32},"          \
 	" {\"type\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 4}]},"   \
 	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 2000, \"features\": 16, \"classes\": 4," \
 	" \"noise\": 0.5, \"load_cost_us\": %d}, \"shuffle\": true}, \"batch_size\": 32, \"epochs\": 5,"          \
 	" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.01},"                            \
-	" \"schedule\": {\"type\": \"cosine\", \"warmup_steps\": 20}, \"devices\": %d,"                            \
+	" \"schedule\": {\"type\": \"cosine\", \"warmup_steps\": 20}, \"devices\": %d,"                           \
 	" \"prefetch\": {\"workers\": 2, \"depth\": 4}%s}"
 
 static const char *exact_job(const char *name, int devices, int load_cost_us, const char *extra)
@@ -139,7 +139,6 @@ static long long wait_live_step(const struct daemon *d, long long id, long long 
 	}
 }
 
-
 /* All of the job's log messages, one a line (valid until the next call). */
 static char *job_logs(const struct daemon *d, long long id)
 {
@@ -151,12 +150,12 @@ static char *job_logs(const struct daemon *d, long long id)
 	json_t *logs = json_object_get(j, "logs");
 	size_t cap = 1, len = 0, i;
 	json_t *line;
-	json_array_foreach (logs, i, line) {
+	json_array_foreach(logs, i, line) {
 		const char *m = json_string_value(json_object_get(line, "message"));
 		cap += strlen(m ? m : "") + 1;
 	}
 	char *out = calloc(1, cap);
-	json_array_foreach (logs, i, line) {
+	json_array_foreach(logs, i, line) {
 		const char *m = json_string_value(json_object_get(line, "message"));
 		len += (size_t)sprintf(out + len, "%s\n", m ? m : "");
 	}
@@ -282,8 +281,7 @@ static void assert_same_losses(const struct daemon *dref, long long ref, const s
 	for (int i = 0; i < steps; i++) {
 		cr_assert_eq(json_integer_value(json_array_get(sa, i)), i + 1);
 		double x = json_number_value(json_array_get(va, i)), y = json_number_value(json_array_get(vb, i));
-		cr_assert(x == y, "loss at step %d: %.17g (job %lld) vs %.17g (reference %lld)", i + 1, y, id, x,
-			  ref);
+		cr_assert(x == y, "loss at step %d: %.17g (job %lld) vs %.17g (reference %lld)", i + 1, y, id, x, ref);
 	}
 	json_decref(a);
 	json_decref(b);
@@ -311,8 +309,9 @@ static void assert_same_result(const struct daemon *dref, long long ref, const s
 	/* On a difference the script says which tensors differ and by how
 	 * much, or that only the header's metadata does (and which keys). */
 	int tensors = same ? 0 : check_safetensors(fb, fa);
-	cr_assert(same, "%s: job %lld's final model.safetensors (%zu bytes) differs from the uninterrupted job "
-			"%lld's (%zu bytes): %s",
+	cr_assert(same,
+		  "%s: job %lld's final model.safetensors (%zu bytes) differs from the uninterrupted job "
+		  "%lld's (%zu bytes): %s",
 		  tag, id, lb, ref, la,
 		  tensors == 0 ? "the tensors are identical, the header's metadata is not (see the note above)"
 			       : "the tensors differ (see above)");
@@ -322,8 +321,9 @@ static void assert_same_result(const struct daemon *dref, long long ref, const s
 	cr_assert_not_null(na);
 	cr_assert_not_null(nb);
 	cr_assert_eq(json_integer_value(json_object_get(na, "step")), steps);
-	cr_assert_eq(json_integer_value(json_object_get(nb, "step")), steps, "%s: job %lld's latest checkpoint is "
-									      "at step %lld",
+	cr_assert_eq(json_integer_value(json_object_get(nb, "step")), steps,
+		     "%s: job %lld's latest checkpoint is "
+		     "at step %lld",
 		     tag, id, json_integer_value(json_object_get(nb, "step")));
 	cr_assert_str_eq(json_string_value(json_object_get(nb, "sha256")),
 			 json_string_value(json_object_get(na, "sha256")),
@@ -436,8 +436,8 @@ Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons
 	cr_assert_not_null(strstr(log, ckpt_line), "no '%s' in the log:\n%s", ckpt_line, log);
 	char state[32];
 	long long shown = job_step(&da, p, state, NULL);
-	cr_assert_eq(shown, paused_step, "paused at step %lld, GET /jobs/%lld shows progress.step %lld", paused_step,
-		     p, shown);
+	cr_assert_eq(shown, paused_step, "paused at step %lld, GET /jobs/%lld shows progress.step %lld", paused_step, p,
+		     shown);
 	/* The pause's checkpoint is the newest and is where the job stopped. */
 	json_t *list = checkpoints(&da, p);
 	cr_assert_eq(json_integer_value(json_object_get(json_array_get(list, 0), "step")), paused_step,
@@ -488,13 +488,13 @@ Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons
  * to 4 must equal 4 epochs never stopped: 2000 samples / 32 = 63 steps an
  * epoch (the last one short), 252 steps in 4 epochs. */
 #define MORE_STEPS 252
-#define MORE_JOB_FMT                                                                                           \
+#define MORE_JOB_FMT                                                                                              \
 	"{\"name\": \"more\", \"seed\": 11, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 32},"       \
 	" {\"type\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 4}]},"   \
 	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 2000, \"features\": 16, \"classes\": 4," \
 	" \"noise\": 0.5, \"load_cost_us\": 800}, \"shuffle\": true}, \"batch_size\": 32, \"epochs\": %d,"        \
 	" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.01},"                            \
-	" \"schedule\": {\"type\": \"constant\", \"warmup_steps\": 20}, \"devices\": 1,"                           \
+	" \"schedule\": {\"type\": \"constant\", \"warmup_steps\": 20}, \"devices\": 1,"                          \
 	" \"prefetch\": {\"workers\": 2, \"depth\": 4}, \"checkpoint\": {\"every_steps\": 10}}"
 
 static json_t *job_json(const struct daemon *d, long long id)
@@ -725,8 +725,8 @@ Test(resume, full_database_keeps_the_previous_checkpoint, .fini = cleanup_daemon
 		bool failed = strstr(log, full) != NULL;
 		long long step = job_step(&da, id, state, NULL);
 		cr_assert(now_s() < deadline && strcmp(state, "failed") != 0 && strcmp(state, "cancelled") != 0,
-			  "job %lld is %s at step %lld, no checkpoint failure logged (cap %s); log:\n%s", id, state, step,
-			  cap, log);
+			  "job %lld is %s at step %lld, no checkpoint failure logged (cap %s); log:\n%s", id, state,
+			  step, cap, log);
 		if (failed)
 			at_failure = step;
 		usleep(50000);
@@ -886,7 +886,7 @@ Test(resume, checkpoint_on_request_list_and_head, .fini = cleanup_daemons, .time
 	long long prev = -1;
 	size_t i;
 	json_t *c;
-	json_array_foreach (list, i, c) {
+	json_array_foreach(list, i, c) {
 		long long step = json_integer_value(json_object_get(c, "step"));
 		long long bytes = json_integer_value(json_object_get(c, "bytes"));
 		const char *sha = json_string_value(json_object_get(c, "sha256"));
@@ -906,8 +906,9 @@ Test(resume, checkpoint_on_request_list_and_head, .fini = cleanup_daemons, .time
 		http(&da, "HEAD", path, NULL, NULL, NULL, &r);
 		cr_assert_eq(r.status, 200, "HEAD %s: %ld", path, r.status);
 		cr_assert_eq(r.len, 0, "HEAD %s has a body", path);
-		cr_assert_eq(atoll(header_value(&r, "Content-Length")), bytes, "HEAD %s: Content-Length %s, listed %lld",
-			     path, header_value(&r, "Content-Length"), bytes);
+		cr_assert_eq(atoll(header_value(&r, "Content-Length")), bytes,
+			     "HEAD %s: Content-Length %s, listed %lld", path, header_value(&r, "Content-Length"),
+			     bytes);
 		http_free(&r);
 
 		char file[256], sum[65];

@@ -24,9 +24,10 @@
 #include "harness.h"
 
 #define JOB(load_us) JOB_ON(load_us, "1")
-#define JOB_ON(load_us, devices)                                                                                \
-	"{\"name\": \"svc\", \"seed\": 3, \"devices\": " devices ", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"     \
-	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"      \
+#define JOB_ON(load_us, devices)                                                                               \
+	"{\"name\": \"svc\", \"seed\": 3, \"devices\": " devices                                               \
+	", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16},"                                     \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"     \
 	" \"synthetic\", \"samples\": 640, \"features\": 6, \"classes\": 3, \"load_cost_us\": " #load_us "}}," \
 	" \"batch_size\": 32, \"epochs\": 20, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}}"
 
@@ -40,7 +41,7 @@ static bool have_systemd(void)
 
 struct svc {
 	struct daemon d;
-	int notify_fd;    /* our end of NOTIFY_SOCKET, or -1 */
+	int notify_fd; /* our end of NOTIFY_SOCKET, or -1 */
 	char notify_path[100];
 	char msgs[64][512]; /* every datagram, in order */
 	int nmsgs;
@@ -56,8 +57,8 @@ static pid_t spawn_env(struct svc *s, const char *const *env, const char *const 
 	char addr_file[192];
 	snprintf(addr_file, sizeof addr_file, "%s/listen.addr", s->d.dir);
 	unlink(addr_file);
-	const char *argv[48] = {bin, "serve", "--state-dir", s->d.dir, "--data-root", s->d.dir, "--backend", "cpu",
-				"--cpu-devices", "2"};
+	const char *argv[48] = {bin,      "serve",     "--state-dir", s->d.dir,        "--data-root",
+				s->d.dir, "--backend", "cpu",         "--cpu-devices", "2"};
 	int argc = 10;
 	for (int i = 0; args && args[i] && argc < 46; i++)
 		argv[argc++] = args[i];
@@ -221,11 +222,11 @@ Test(service, notify_ready_status_watchdog_stopping_in_order, .timeout = 120)
 	const char *args[] = {"--listen", "127.0.0.1:0", "--backend", "auto", NULL};
 	spawn_env(&s, env, args, -1, true);
 	cr_assert(read_notify(&s, "WATCHDOG=1", 30), "no WATCHDOG=1 within 30 s");
-	int ready = find_msg(&s, "READY=1", 0), status = find_msg(&s, "STATUS=", 0),
-	    wd = find_msg(&s, "WATCHDOG=1", 0);
+	int ready = find_msg(&s, "READY=1", 0), status = find_msg(&s, "STATUS=", 0), wd = find_msg(&s, "WATCHDOG=1", 0);
 	cr_assert(ready >= 0 && status > ready && wd > status, "READY, STATUS, WATCHDOG out of order");
 	if (strstr(s.msgs[status], "cpu device")) {
-		cr_assert(strstr(s.msgs[status], "running 0 jobs, 0 queued; 2 cpu devices (CPU fallback, no usable GPU: "),
+		cr_assert(strstr(s.msgs[status],
+				 "running 0 jobs, 0 queued; 2 cpu devices (CPU fallback, no usable GPU: "),
 			  "%s", s.msgs[status]);
 	} else {
 		cr_assert(strstr(s.msgs[status], "running 0 jobs, 0 queued; "), "%s", s.msgs[status]);
@@ -506,14 +507,15 @@ Test(service, https_with_a_test_ca, .timeout = 120)
 	svc_init(&s, false);
 	char cmd[2048];
 	/* A CA, and a server certificate for 127.0.0.1 signed by it. */
-	snprintf(cmd, sizeof cmd,
-		 "cd '%s' && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 "
-		 "-subj /CN=trainerd-test-ca >/dev/null 2>&1 && "
-		 "openssl req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj /CN=127.0.0.1 >/dev/null 2>&1 && "
-		 "printf 'subjectAltName=IP:127.0.0.1\\n' > ext.cnf && "
-		 "openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 "
-		 "-extfile ext.cnf >/dev/null 2>&1 && chmod 600 tls.key",
-		 s.d.dir);
+	snprintf(
+		cmd, sizeof cmd,
+		"cd '%s' && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 "
+		"-subj /CN=trainerd-test-ca >/dev/null 2>&1 && "
+		"openssl req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj /CN=127.0.0.1 >/dev/null 2>&1 && "
+		"printf 'subjectAltName=IP:127.0.0.1\\n' > ext.cnf && "
+		"openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 "
+		"-extfile ext.cnf >/dev/null 2>&1 && chmod 600 tls.key",
+		s.d.dir);
 	cr_assert_eq(system(cmd), 0, "openssl failed");
 	char cert[200], key[200], ca[200];
 	snprintf(cert, sizeof cert, "%s/tls.crt", s.d.dir);
@@ -554,9 +556,9 @@ Test(service, https_with_a_test_ca, .timeout = 120)
 
 /* ---- data roots: escapes at submit and after it ---- */
 
-#define CSV_JOB(path)                                                                                           \
+#define CSV_JOB(path)                                                                                               \
 	"{\"name\": \"csv\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\": {\"train\":" \
-	" {\"format\": \"csv\", \"path\": \"" path "\"}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\":"       \
+	" {\"format\": \"csv\", \"path\": \"" path "\"}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\":"         \
 	" {\"type\": \"sgd\", \"lr\": 0.1}}"
 
 static void write_csv(const char *path)

@@ -119,8 +119,8 @@ static bool devices_free(void)
 		bool free_all = r.status == 200;
 		json_t *v;
 		size_t i;
-		json_array_foreach(json_object_get(r.json, "devices"), i, v) free_all &=
-			json_is_null(json_object_get(v, "job"));
+		json_array_foreach(json_object_get(r.json, "devices"), i, v)
+			free_all &= json_is_null(json_object_get(v, "job"));
 		http_free(&r);
 		if (free_all || now_s() > deadline)
 			return free_all;

@@ -275,7 +275,8 @@ static enum outcome run_one(const struct shim_test *t, const struct shim_suite *
 		} else if (atomic_load(&status->skipped)) {
 			res = SKIPPED;
 		} else if (expect_sig) {
-			fprintf(stderr, "[----] %s: exited with status %d, expected signal %d\n", label, code, expect_sig);
+			fprintf(stderr, "[----] %s: exited with status %d, expected signal %d\n", label, code,
+				expect_sig);
 			res = FAILED;
 		} else if (code != expect_code) {
 			fprintf(stderr, "[----] %s: exited with status %d%s\n", label, code,

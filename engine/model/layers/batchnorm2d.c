@@ -67,8 +67,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 				   rm, rv, nb);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	struct tr_norm_ctx nc = ctx_of(r);

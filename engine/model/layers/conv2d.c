@@ -96,8 +96,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 					r->work);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	float *db = l->n_tensors > 1 ? r->grads + l->tensors[1].off : NULL;

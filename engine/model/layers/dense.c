@@ -29,8 +29,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 }
 
 /* dW[out,in] = dy^T x ; db = sum over rows of dy ; dx = dy W */
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	const tr_backend_i *bi = r->be->i;

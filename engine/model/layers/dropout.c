@@ -22,15 +22,16 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 	const tr_backend_i *bi = r->be->i;
 	if (p->training && l->rate > 0.0f) {
 		uint64_t key = tr_rng_key(r->model->seed, (uint64_t)p->step, (uint64_t)l->index, TR_RNG_DROPOUT);
-		return bi->dropout_forward(r->be, r->dev, p->rows, l->out, l->rate, key, p->row0, x, y, r->aux[l->index]);
+		return bi->dropout_forward(r->be, r->dev, p->rows, l->out, l->rate, key, p->row0, x, y,
+					   r->aux[l->index]);
 	}
 	return bi->copy(r->be, r->dev, y, x, (size_t)p->rows * l->out * sizeof(float));
 }
 
 /* The forward mask is only valid if the forward used it; eval passes never
  * reach backward. */
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	size_t n = (size_t)p->rows * l->out;

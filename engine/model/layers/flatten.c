@@ -17,8 +17,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 	return r->be->i->copy(r->be, r->dev, y, x, (size_t)p->rows * l->out * sizeof(float));
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	(void)x, (void)y;

@@ -43,8 +43,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 					   r->aux[l->index], r->aux2[l->index]);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	int c = l->in_shape.d[0], hw = l->in_shape.d[1] * l->in_shape.d[2];

@@ -26,8 +26,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 					   r->params + l->tensors[1].off, y, r->aux[l->index], r->aux2[l->index]);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	const tr_backend_i *bi = r->be->i;

@@ -21,8 +21,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 	return r->be->i->maxpool2d_forward(r->be, r->dev, &l->pool, p->rows, x, y);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	(void)y;

@@ -6,10 +6,9 @@
 #include "engine/model/layer.h"
 
 static const tr_layer_i *const registry[] = {
-	&tr_layer_dense,     &tr_layer_relu,      &tr_layer_gelu,      &tr_layer_tanh,
-	&tr_layer_sigmoid,   &tr_layer_dropout,   &tr_layer_layernorm, &tr_layer_conv2d,
-	&tr_layer_maxpool2d, &tr_layer_avgpool2d, &tr_layer_global_avg_pool, &tr_layer_flatten,
-	&tr_layer_residual,  &tr_layer_groupnorm, &tr_layer_batchnorm2d,
+	&tr_layer_dense,           &tr_layer_relu,      &tr_layer_gelu,     &tr_layer_tanh,      &tr_layer_sigmoid,
+	&tr_layer_dropout,         &tr_layer_layernorm, &tr_layer_conv2d,   &tr_layer_maxpool2d, &tr_layer_avgpool2d,
+	&tr_layer_global_avg_pool, &tr_layer_flatten,   &tr_layer_residual, &tr_layer_groupnorm, &tr_layer_batchnorm2d,
 };
 
 #define N_REGISTERED ((int)(sizeof registry / sizeof registry[0]))

@@ -46,8 +46,8 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 	return r->be->i->add(r->be, r->dev, (size_t)p->rows * l->out, r->acts[l->first + l->count], x, y);
 }
 
-static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y,
-		    const float *dy, float *dx)
+static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
+		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	const tr_backend_i *bi = r->be->i;

@@ -23,12 +23,12 @@
 #define CRITERION_SHIM 1
 
 /* Options of Test(...) and TestSuite(...), as in Criterion. */
-#define SHIM_OPTION_FIELDS_ \
-	void (*init)(void); \
-	void (*fini)(void); \
-	double timeout; /* seconds, 0 = none */ \
-	bool disabled; \
-	const char *description; \
+#define SHIM_OPTION_FIELDS_                                       \
+	void (*init)(void);                                       \
+	void (*fini)(void);                                       \
+	double timeout; /* seconds, 0 = none */                   \
+	bool disabled;                                            \
+	const char *description;                                  \
 	int signal;    /* the test passes only if killed by it */ \
 	int exit_code; /* the exit status the test must end with */
 
@@ -49,7 +49,7 @@ struct shim_test {
 	const char *shim_name_;
 	const char *shim_file_;
 	void (*shim_fn_)(void);
-	void (*shim_pfn_)(void *);                           /* parameterized */
+	void (*shim_pfn_)(void *);                          /* parameterized */
 	struct criterion_test_params (*shim_params_)(void); /* parameterized */
 	SHIM_OPTION_FIELDS_
 };

@@ -118,12 +118,12 @@ static int fake_control(void *ctx, int64_t id, const struct tr_api_control *req,
 	tr_job_row_finish(&row);
 	if (rc < 0 || t.action == TR_JOB_KEEP)
 		return rc;
-	rc = tr_store_job_set_state(
-		store, id,
-		tr_job_state_name(t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE	  ? TR_JOB_PAUSED
-				  : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL ? TR_JOB_CANCELLED
-											  : t.to),
-		NULL, NULL, err);
+	rc = tr_store_job_set_state(store, id,
+				    tr_job_state_name(
+					    t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE    ? TR_JOB_PAUSED
+					    : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL ? TR_JOB_CANCELLED
+												    : t.to),
+				    NULL, NULL, err);
 	if (rc < 0)
 		err->kind = TR_JOB_E_INTERNAL;
 	return rc;
@@ -174,8 +174,11 @@ static bool fake_live(void *ctx, int64_t id, struct tr_api_live *out)
 	(void)ctx;
 	running = tr_store_job_get(store, id, &row, NULL) == 0 && !strcmp(row.state, "running");
 	if (running)
-		*out = (struct tr_api_live){.step = row.step, .total_steps = row.total_steps, .epoch = row.epoch,
-					    .eta_s = 12.5, .loss = row.loss};
+		*out = (struct tr_api_live){.step = row.step,
+					    .total_steps = row.total_steps,
+					    .epoch = row.epoch,
+					    .eta_s = 12.5,
+					    .loss = row.loss};
 	tr_job_row_finish(&row);
 	return running;
 }

@@ -21,7 +21,7 @@
 #include "storage/store.h"
 #include "tests/common/http_client.h"
 
-extern char dir[PATH_MAX];    /* the temporary directory (state.db in it) */
+extern char dir[PATH_MAX]; /* the temporary directory (state.db in it) */
 extern tr_store_t *store;
 extern tr_api_t *api;
 extern int port;

@@ -100,8 +100,9 @@ Test(api, route_roles_follow_the_design)
  * below is 403 with a message naming both roles; no token is 401. */
 Test(api, every_route_against_every_role)
 {
-	const struct tr_api_token rt[] = {
-		{TR_ROLE_READ, "token-read"}, {TR_ROLE_WRITE, "token-write"}, {TR_ROLE_ADMIN, "token-admin"}};
+	const struct tr_api_token rt[] = {{TR_ROLE_READ, "token-read"},
+					  {TR_ROLE_WRITE, "token-write"},
+					  {TR_ROLE_ADMIN, "token-admin"}};
 	struct start_opts o = {.role_tokens = rt, .n_role_tokens = 3};
 	size_t n;
 	const struct tr_api_route *routes = tr_api_routes(&n);
@@ -131,15 +132,16 @@ Test(api, every_route_against_every_role)
 			bool public = route->flags & TR_ROUTE_PUBLIC;
 
 			if (public || role >= (int)need) {
-				cr_assert(r.status != 401 && r.status != 403, "%s %s with a %s token: %ld", route->method,
-					  path, tr_api_role_name(role), r.status);
+				cr_assert(r.status != 401 && r.status != 403, "%s %s with a %s token: %ld",
+					  route->method, path, tr_api_role_name(role), r.status);
 				allowed++;
 			} else {
 				char want[128];
 
 				expect_status(&r, 403, path);
 				cr_assert_str_eq(jstr(r.json, "error.code"), "forbidden");
-				snprintf(want, sizeof(want), "needs a token with the %s role; this token has the %s role",
+				snprintf(want, sizeof(want),
+					 "needs a token with the %s role; this token has the %s role",
 					 tr_api_role_name(need), tr_api_role_name(role));
 				cr_assert(strstr(jstr(r.json, "error.message"), want), "%s %s: %s", route->method, path,
 					  jstr(r.json, "error.message"));

@@ -113,8 +113,7 @@ static void store_ckpt(int64_t job, int64_t step, int64_t epoch, const struct fa
 
 /* What a client does with a downloaded model.safetensors: frame, header
  * JSON, offsets that cover the data exactly, and the values. */
-static void check_model_file(const uint8_t *data, size_t len, const struct fake_ckpt *c, int64_t rows,
-			     int64_t cols)
+static void check_model_file(const uint8_t *data, size_t len, const struct fake_ckpt *c, int64_t rows, int64_t cols)
 {
 	uint64_t n;
 	json_t *h, *t;

@@ -33,7 +33,8 @@ Test(api, submit_returns_job_with_location)
 	regex_t re;
 	char h[128];
 	struct tr_test_reply r = http_full("POST", "/jobs?priority=5", "{\"name\": \"mlp\", \"epochs\": 3}",
-				  (const char *const[]){"Content-Type: application/json; charset=utf-8", NULL}, 0);
+					   (const char *const[]){"Content-Type: application/json; charset=utf-8", NULL},
+					   0);
 
 	expect_status(&r, 201, "submit");
 	int64_t id = jint(r.json, "id");
@@ -221,7 +222,6 @@ Test(api, concurrent_submits)
 	resp_free(&r);
 }
 
-
 /* POST /jobs/{id}/resume: the body is optional (an empty one is taken
  * whatever its Content-Type), and when given it is {"epochs": N} or
  * {"max_steps": N}, refused with its pointer otherwise. */
@@ -262,7 +262,8 @@ Test(api, resume_takes_an_optional_new_end)
 	/* Legal bodies reach the daemon, whose table refuses a queued job. */
 	r = http("POST", path, "{\"epochs\": 4}");
 	expect_status(&r, 409, "queued");
-	cr_assert(strstr(jstr(json_object_get(r.json, "error"), "message"), "only a paused or stopped job can be resumed"),
+	cr_assert(strstr(jstr(json_object_get(r.json, "error"), "message"),
+			 "only a paused or stopped job can be resumed"),
 		  "%s", r.body);
 	resp_free(&r);
 	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL, NULL), 0);

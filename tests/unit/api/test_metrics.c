@@ -253,7 +253,8 @@ Test(api, metrics_polled_curve_is_ready_at_commit)
 		tr_rcache_stats(&s1);
 		expect_status(&r, 200, "curve after a flush");
 		cr_assert_eq(last_step(r.json, "loss"), step, "the answer after the flush of step %d is stale", step);
-		cr_assert_eq(s1.computed, s0.computed, "the first request after the flush of step %d computed it", step);
+		cr_assert_eq(s1.computed, s0.computed, "the first request after the flush of step %d computed it",
+			     step);
 		cr_assert_eq(s1.hits, s0.hits + 1);
 		resp_free(&r);
 		r = http("GET", inc, NULL);

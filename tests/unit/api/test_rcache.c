@@ -229,7 +229,8 @@ Test(api, rcache_refreshes_what_clients_poll)
 	size_t len;
 
 	for (int i = 0; i < 2; i++) {
-		cr_assert_eq(tr_rcache_get_refreshable(&polled, count_refresh, 100, steered_answer, &sc, &body, &len), 0);
+		cr_assert_eq(tr_rcache_get_refreshable(&polled, count_refresh, 100, steered_answer, &sc, &body, &len),
+			     0);
 		free(body);
 	}
 	cr_assert_eq(tr_rcache_get_refreshable(&once, count_refresh, 100, steered_answer, &sc, &body, &len), 0);

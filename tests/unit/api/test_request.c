@@ -33,8 +33,8 @@ struct bad {
 	const char *hdr; /* one extra header or NULL */
 	long status;
 	const char *code;
-	const char *pointer;     /* expected error.pointer, or NULL for none */
-	const char *msg_prefix;  /* expected start of error.message, or NULL */
+	const char *pointer;    /* expected error.pointer, or NULL for none */
+	const char *msg_prefix; /* expected start of error.message, or NULL */
 };
 
 static char *points_json(int n)
@@ -61,8 +61,8 @@ Test(api, bad_requests)
 	cr_assert_eq(tr_store_job_set_state(store, running, "running", NULL, NULL, NULL), 0);
 	cr_assert_eq(id, 1, "the table below uses job 1 (cancelled) and 2 (running)");
 	/* Burn an idempotency key so the conflict case has one. */
-	struct tr_test_reply k = http_full("POST", "/jobs", "{\"name\":\"a\"}",
-				  (const char *const[]){"Idempotency-Key: K", NULL}, 0);
+	struct tr_test_reply k =
+		http_full("POST", "/jobs", "{\"name\":\"a\"}", (const char *const[]){"Idempotency-Key: K", NULL}, 0);
 
 	resp_free(&k);
 
@@ -112,11 +112,11 @@ Test(api, bad_requests)
 		{"PATCH", "/jobs/1", "{}", NULL, 400, "invalid_request", "/priority", NULL},
 		{"PATCH", "/jobs/1", "{\"priority\": 1}", "Content-Type: text/json", 415, "unsupported_media_type",
 		 NULL, NULL},
-		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"loss\", \"step\": 1, \"value\": 1}]}",
-		 NULL, 400, "invalid_request", "/points/0/name", NULL},
-		{"POST", "/jobs/1/metrics",
-		 "{\"points\": [{\"name\": \"device3_step_ms\", \"step\": 1, \"value\": 1}]}", NULL,
+		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"loss\", \"step\": 1, \"value\": 1}]}", NULL,
 		 400, "invalid_request", "/points/0/name", NULL},
+		{"POST", "/jobs/1/metrics",
+		 "{\"points\": [{\"name\": \"device3_step_ms\", \"step\": 1, \"value\": 1}]}", NULL, 400,
+		 "invalid_request", "/points/0/name", NULL},
 		{"POST", "/jobs/1/metrics",
 		 "{\"points\": [{\"name\":\"a\",\"step\":1,\"value\":1}, {\"name\":\"b\",\"step\":1,\"value\":1},"
 		 " {\"name\": \"bad name!\", \"step\": 1, \"value\": 1}]}",
@@ -125,13 +125,13 @@ Test(api, bad_requests)
 		 "{\"points\": [{\"name\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\", "
 		 "\"step\": 1, \"value\": 1}]}",
 		 NULL, 400, "invalid_request", "/points/0/name", NULL},
-		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": \"1\"}]}",
-		 NULL, 400, "invalid_request", "/points/0/value", NULL},
+		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": \"1\"}]}", NULL,
+		 400, "invalid_request", "/points/0/value", NULL},
 		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": -1, \"value\": 1}]}", NULL, 400,
 		 "invalid_request", "/points/0/step", NULL},
 		{"POST", "/jobs/1/metrics",
-		 "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1, \"epoch\": -2}]}",
-		 NULL, 400, "invalid_request", "/points/0/epoch", NULL},
+		 "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1, \"epoch\": -2}]}", NULL, 400,
+		 "invalid_request", "/points/0/epoch", NULL},
 		{"POST", "/jobs/1/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1, \"x\": 0}]}",
 		 NULL, 400, "invalid_request", "/points/0/x", NULL},
 		{"POST", "/jobs/1/metrics", "{\"points\": []}", NULL, 400, "invalid_request", "/points", NULL},
@@ -141,8 +141,8 @@ Test(api, bad_requests)
 		{"POST", "/jobs/77/metrics", "{\"points\": [{\"name\": \"a\", \"step\": 1, \"value\": 1}]}", NULL, 404,
 		 "not_found", NULL, NULL},
 		{"GET", "/jobs/1/events", NULL, "Last-Event-ID: x", 400, "invalid_parameter", NULL, "Last-Event-ID:"},
-		{"GET", "/jobs/1/events?last_event_id=-1", NULL,
-		 NULL, 400, "invalid_parameter", NULL, "last_event_id:"},
+		{"GET", "/jobs/1/events?last_event_id=-1", NULL, NULL, 400, "invalid_parameter", NULL,
+		 "last_event_id:"},
 		{"GET", "/jobs/1/logs?limit=10001", NULL, NULL, 400, "invalid_parameter", NULL, "limit:"},
 		{"GET", "/jobs/1/logs?after=z", NULL, NULL, 400, "invalid_parameter", NULL, "after:"},
 		{"GET", "/jobs/77/checkpoints", NULL, NULL, 404, "not_found", NULL, "job 77 not found"},

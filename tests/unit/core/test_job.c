@@ -38,10 +38,14 @@ static const struct {
 static char action_letter(enum tr_job_action a)
 {
 	switch (a) {
-	case TR_JOB_REFUSE: return R;
-	case TR_JOB_KEEP: return K;
-	case TR_JOB_SET: return S;
-	case TR_JOB_SIGNAL: return G;
+	case TR_JOB_REFUSE:
+		return R;
+	case TR_JOB_KEEP:
+		return K;
+	case TR_JOB_SET:
+		return S;
+	case TR_JOB_SIGNAL:
+		return G;
 	}
 	return '?';
 }
@@ -52,7 +56,8 @@ Test(job, every_state_and_request)
 	for (int st = 0; st < TR_JOB_NSTATES; st++) {
 		for (int rq = 0; rq < TR_JOB_NREQUESTS; rq++) {
 			struct tr_job_transition t = tr_job_transition((enum tr_job_state)st, (enum tr_job_request)rq);
-			const char *sn = tr_job_state_name((enum tr_job_state)st), *rn = tr_job_request_name((enum tr_job_request)rq);
+			const char *sn = tr_job_state_name((enum tr_job_state)st),
+				   *rn = tr_job_request_name((enum tr_job_request)rq);
 			cr_assert_eq(action_letter(t.action), want[st].action[rq], "%s x %s: %c, expected %c", sn, rn,
 				     action_letter(t.action), want[st].action[rq]);
 			if (t.action != TR_JOB_REFUSE)
@@ -124,7 +129,8 @@ Test(job, names_round_trip_and_the_list_matches)
 	size_t used = 0;
 	for (int st = 0; st < TR_JOB_NSTATES; st++) {
 		cr_assert_eq(tr_job_state_parse(tr_job_state_name((enum tr_job_state)st)), st);
-		used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", st ? ", " : "", tr_job_state_names[st]);
+		used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", st ? ", " : "",
+					 tr_job_state_names[st]);
 	}
 	cr_assert_null(tr_job_state_names[TR_JOB_NSTATES]);
 	cr_assert_str_eq(tr_job_state_list(), list);
@@ -180,8 +186,12 @@ Test(rfc3339, format_and_parse)
 	cr_assert_float_eq(t, 0.0, 1e-9);
 	cr_assert(tr_rfc3339_parse("2024-02-29T00:00:00Z", &t)); /* leap day */
 	cr_assert_float_eq(t, 1709164800.0, 1e-9);
-	static const char *const bad[] = {"2025-12-01", "2025-12-01T17:25:34", "2025-12-01T17:25:34.Z",
-					  "2025-13-01T00:00:00Z", "2025-12-01T17:25:34Zjunk", "1764609934.12",
+	static const char *const bad[] = {"2025-12-01",
+					  "2025-12-01T17:25:34",
+					  "2025-12-01T17:25:34.Z",
+					  "2025-13-01T00:00:00Z",
+					  "2025-12-01T17:25:34Zjunk",
+					  "1764609934.12",
 					  "2025-12-01T17:25:34+0100"};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		cr_assert_not(tr_rfc3339_parse(bad[i], &t), "%s", bad[i]);

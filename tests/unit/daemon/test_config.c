@@ -55,9 +55,10 @@ Test(config, flags_set_every_kind)
 {
 	struct tr_config c;
 	char err[1024] = "";
-	char *argv[] = {"--listen", "[::1]:9000", "--data-root", "/a", "--data-root=/b", "--backend", "cpu",
-			"--max-body", "2048", "--log-level", "debug", "--state-max-bytes", "5000000000",
-			"--token-file", "/etc/t"};
+	char *argv[] = {"--listen",       "[::1]:9000",   "--data-root", "/a",
+			"--data-root=/b", "--backend",    "cpu",         "--max-body",
+			"2048",           "--log-level",  "debug",       "--state-max-bytes",
+			"5000000000",     "--token-file", "/etc/t"};
 
 	cr_assert_eq(parse(&c, err, sizeof err, 15, argv), 0, "%s", err);
 	cr_assert_str_eq(c.listen_host, "::1");
@@ -98,7 +99,8 @@ Test(config, bad_values_name_the_flag)
 		char err[1024] = "";
 		char *argv[] = {(char *)cases[i].flag, (char *)cases[i].value};
 
-		cr_assert_eq(parse(&c, err, sizeof err, 2, argv), -EINVAL, "%s %s accepted", cases[i].flag, cases[i].value);
+		cr_assert_eq(parse(&c, err, sizeof err, 2, argv), -EINVAL, "%s %s accepted", cases[i].flag,
+			     cases[i].value);
 		cr_assert(strncmp(err, cases[i].want, strlen(cases[i].want)) == 0, "%s %s: got \"%s\"", cases[i].flag,
 			  cases[i].value, err);
 		tr_config_finish(&c);

@@ -21,12 +21,12 @@
 #include "engine/cuda/module.h"
 
 /* Skips visibly: Criterion shows skips only with --verbose. */
-#define SKIP(...)                                                          \
-	do {                                                               \
-		fprintf(stderr, "[SKIP] %s: ", __func__);                  \
-		fprintf(stderr, __VA_ARGS__);                              \
-		fprintf(stderr, "\n");                                     \
-		cr_skip_test(__VA_ARGS__);                                 \
+#define SKIP(...)                                         \
+	do {                                              \
+		fprintf(stderr, "[SKIP] %s: ", __func__); \
+		fprintf(stderr, __VA_ARGS__);             \
+		fprintf(stderr, "\n");                    \
+		cr_skip_test(__VA_ARGS__);                \
 	} while (0)
 
 /* ---- required operations -------------------------------------------------- */

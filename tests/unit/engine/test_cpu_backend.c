@@ -223,8 +223,8 @@ static void gemm_case(bool ta, bool tb, int m, int n, int k, float alpha, float 
 			c[i] = NAN;
 	cr_assert_eq(be->i->gemm(be, 0, ta, tb, m, n, k, alpha, a, b, beta, c), 0);
 	for (size_t i = 0; i < (size_t)m * n; i++)
-		cr_assert(fabs(c[i] - want[i]) <= bound[i], "gemm ta=%d tb=%d %dx%dx%d beta=%g [%zu]: %.9g vs %.9g",
-			  ta, tb, m, n, k, (double)beta, i, (double)c[i], want[i]);
+		cr_assert(fabs(c[i] - want[i]) <= bound[i], "gemm ta=%d tb=%d %dx%dx%d beta=%g [%zu]: %.9g vs %.9g", ta,
+			  tb, m, n, k, (double)beta, i, (double)c[i], want[i]);
 	free(a);
 	free(b);
 	free(c);
@@ -392,7 +392,7 @@ Test(cpu, dropout_split_invariance)
 	cr_assert_eq(be->i->dropout_forward(be, 0, rows, cols, rate, key, 0, x, y, mask), 0);
 	cr_assert_eq(be->i->dropout_forward(be, 1, 4, cols, rate, key, 0, x, y2, mask2), 0);
 	cr_assert_eq(be->i->dropout_forward(be, 2, 6, cols, rate, key, 4, x + 4 * cols, y2 + 4 * cols,
-					     mask2 + 4 * cols),
+					    mask2 + 4 * cols),
 		     0);
 	cr_assert_eq(memcmp(mask, mask2, sizeof(float) * rows * cols), 0);
 	cr_assert_eq(memcmp(y, y2, sizeof(float) * rows * cols), 0);
@@ -490,9 +490,11 @@ Test(cpu, layernorm_forward_reference)
 				wm[r] = s;
 				wr[r] = 1.0 / sqrt(v + eps);
 				for (int c = 0; c < cols; c++)
-					want[(size_t)r * cols + c] = (x[(size_t)r * cols + c] - s) * wr[r] * g[c] + bt[c];
+					want[(size_t)r * cols + c] =
+						(x[(size_t)r * cols + c] - s) * wr[r] * g[c] + bt[c];
 			}
-			cr_assert_eq(be->i->layernorm_forward(be, 0, rows, cols, (float)eps, x, g, bt, y, mean, rstd), 0);
+			cr_assert_eq(be->i->layernorm_forward(be, 0, rows, cols, (float)eps, x, g, bt, y, mean, rstd),
+				     0);
 			check_close("layernorm y", y, want, n, 1e-5, 1e-5);
 			check_close("layernorm mean", mean, wm, rows, 1e-6, 1e-6);
 			check_close("layernorm rstd", rstd, wr, rows, 1e-6, 0);
@@ -519,8 +521,7 @@ struct ln_ctx {
 static double ln_loss(void *p)
 {
 	struct ln_ctx *c = p;
-	cr_assert_eq(be->i->layernorm_forward(be, 0, c->rows, c->cols, 1e-5f, c->x, c->g, c->b, c->y, c->mean,
-					       c->rstd),
+	cr_assert_eq(be->i->layernorm_forward(be, 0, c->rows, c->cols, 1e-5f, c->x, c->g, c->b, c->y, c->mean, c->rstd),
 		     0);
 	double l = 0;
 	for (size_t i = 0; i < (size_t)c->rows * c->cols; i++)
@@ -534,8 +535,15 @@ Test(cpu, layernorm_backward_finite_differences)
 	for (size_t s = 0; s < 4; s++) {
 		int rows = shapes[s][0], cols = shapes[s][1];
 		size_t n = (size_t)rows * cols;
-		struct ln_ctx c = {rows, cols, frand(n, -2, 2), frand(cols, 0.5, 1.5), frand(cols, -1, 1),
-				   frand(n, 0, 1), frand(rows, 0, 1), frand(rows, 0, 1), frand(n, -1, 1)};
+		struct ln_ctx c = {rows,
+				   cols,
+				   frand(n, -2, 2),
+				   frand(cols, 0.5, 1.5),
+				   frand(cols, -1, 1),
+				   frand(n, 0, 1),
+				   frand(rows, 0, 1),
+				   frand(rows, 0, 1),
+				   frand(n, -1, 1)};
 		float *dx = frand(n, 0, 1), *dg = frand(cols, -1, 1), *db = frand(cols, -1, 1);
 		float *dg0 = fdup(dg, cols), *db0 = fdup(db, cols);
 		double *fd = dalloc(n + 2 * (size_t)cols);
@@ -797,8 +805,8 @@ static void allreduce_case(int ndev, size_t n)
 	for (int i = 0; i < rounds * ndev; i++)
 		inputs[i] = frand(n, -1000, 1000);
 	for (int r = 0; r < ndev; r++) {
-		args[r] = (struct ar_arg){comm, r, be->i->alloc(be, r, n * sizeof(float)), n, rounds, -1, inputs, NULL,
-					  ndev};
+		args[r] = (struct ar_arg){comm, r,   be->i->alloc(be, r, n * sizeof(float)), n, rounds, -1, inputs,
+					  NULL, ndev};
 		args[r].results = calloc(rounds, sizeof(float *));
 		for (int k = 0; k < rounds; k++)
 			args[r].results[k] = frand(n, 0, 1);
@@ -951,7 +959,8 @@ static void *gemm_thread(void *p)
 {
 	struct gemm_arg *a = p;
 	const int m = 65, n = 47, k = 129;
-	float *x = malloc(sizeof(float) * m * k), *w = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
+	float *x = malloc(sizeof(float) * m * k), *w = malloc(sizeof(float) * k * n),
+	      *c = malloc(sizeof(float) * m * n);
 	for (int i = 0; i < m * k; i++)
 		x[i] = (float)((i * 7 + a->dev) % 13) - 6.0f;
 	for (int i = 0; i < k * n; i++)

@@ -314,8 +314,9 @@ Test(cuda_estimate, covers_the_norm_layers_buffers)
 		size_t ahead = (size_t)rows * (3 * 9 * 9 + 1) * sizeof(float);
 		cr_assert_geq(est, counted.bytes + ahead + TR_CUDA_CONTEXT_BYTES,
 			      "%d rows: estimate %zu below the %zu bytes allocated", rows, est, counted.bytes);
-		cr_assert_leq(est, counted.bytes + ahead + TR_CUDA_CONTEXT_BYTES + ((size_t)64 << 20) +
-					   512 * (counted.allocs + 2),
+		cr_assert_leq(est,
+			      counted.bytes + ahead + TR_CUDA_CONTEXT_BYTES + ((size_t)64 << 20) +
+				      512 * (counted.allocs + 2),
 			      "%d rows: estimate %zu far above the %zu bytes allocated", rows, est, counted.bytes);
 		tr_backend_destroy(be);
 	}
@@ -348,8 +349,8 @@ Test(cuda_estimate, follows_state_buffers_rows_and_devices)
 	/* 1000 rows: 7 inputs, 1 label, 1 output and two gradient buffers of
 	 * the widest layer (7) per row, 4 bytes each */
 	size_t rows1000 = tr_cuda_estimate_bytes(&model, 1000, 1, 0, 1);
-	cr_assert_geq(rows1000, base + 4000 * (7 + 1 + 1 + 2 * 7) - 2560, "rows are not counted: %zu vs %zu",
-		      rows1000, base);
+	cr_assert_geq(rows1000, base + 4000 * (7 + 1 + 1 + 2 * 7) - 2560, "rows are not counted: %zu vs %zu", rows1000,
+		      base);
 	cr_assert_eq(tr_cuda_estimate_bytes(&model, 1, 1, 0, 2), tr_cuda_estimate_bytes(&model, 1, 1, 0, 8),
 		     "the NCCL allowance is per device, not per peer");
 	cr_assert_gt(tr_cuda_estimate_bytes(&model, 1, 1, 0, 2), base);
@@ -410,8 +411,10 @@ Test(cuda_estimate, covers_the_trainers_second_input_buffers)
 	 * 512-byte granule moves each of the 10 buffers by less than one). */
 	size_t grows = tr_cuda_estimate_bytes(model, 300, 1, 2, 1) - tr_cuda_estimate_bytes(model, 1, 1, 2, 1);
 	size_t need = rep_bytes[1] - rep_bytes[0] + spare - spare / 300;
-	cr_assert_geq(grows + 10 * 512, need, "the estimate grows by %zu bytes from 1 to 300 rows, the trainer's "
-					       "buffers by %zu", grows, need);
+	cr_assert_geq(grows + 10 * 512, need,
+		      "the estimate grows by %zu bytes from 1 to 300 rows, the trainer's "
+		      "buffers by %zu",
+		      grows, need);
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
@@ -454,11 +457,10 @@ Test(cuda_estimate, a_job_that_cannot_fit_is_refused_with_both_figures)
 			      .memory_estimate = tr_cuda_estimate_bytes,
 			      .memory_context_bytes = TR_CUDA_CONTEXT_BYTES};
 	struct tr_backend tiny = {.i = &table};
-	const char *text =
-		"{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}]},"
-		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 5,"
-		" \"classes\": 4}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\","
-		" \"lr\": 0.1}}";
+	const char *text = "{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}]},"
+			   " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 5,"
+			   " \"classes\": 4}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"adam\","
+			   " \"lr\": 0.1}}";
 	struct tr_spec spec;
 	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "%s", e.message);
@@ -856,14 +858,19 @@ Test(cuda, dropout_mask_matches_cpu_exactly)
 				int64_t row0 = 5 + 1000003LL * q;
 				float *x = frand(n, -1, 1);
 				float *y = malloc(n * sizeof(float)), *mask = malloc(n * sizeof(float));
-				cr_assert_eq(cpu->i->dropout_forward(cpu, 0, rows, cols, rates[q], key, row0, x, y, mask), 0);
+				cr_assert_eq(cpu->i->dropout_forward(cpu, 0, rows, cols, rates[q], key, row0, x, y,
+								     mask),
+					     0);
 				float *dx = up(x, n), *dy = up(x, n), *dm = up(x, n);
-				cr_assert_eq(gpu->i->dropout_forward(gpu, 0, rows, cols, rates[q], key, row0, dx, dy, dm), 0);
+				cr_assert_eq(gpu->i->dropout_forward(gpu, 0, rows, cols, rates[q], key, row0, dx, dy,
+								     dm),
+					     0);
 				float *gy = down(dy, n), *gm = down(dm, n);
 				char what[64];
 				snprintf(what, sizeof what, "dropout mask %dx%d rate %g", rows, cols, (double)rates[q]);
 				check_exact(what, gm, mask, n);
-				snprintf(what, sizeof what, "dropout output %dx%d rate %g", rows, cols, (double)rates[q]);
+				snprintf(what, sizeof what, "dropout output %dx%d rate %g", rows, cols,
+					 (double)rates[q]);
 				check_exact(what, gy, y, n);
 				free(x);
 				free(y);
@@ -933,15 +940,19 @@ Test(cuda, layernorm_forward_and_backward)
 			float *rstd = malloc(rows * sizeof(float)), *dx = malloc(n * sizeof(float));
 			float *dgamma = frand((size_t)cols, -1, 1), *dbeta = frand((size_t)cols, -1, 1);
 			float *dg0 = fdup(dgamma, (size_t)cols), *db0 = fdup(dbeta, (size_t)cols);
-			cr_assert_eq(cpu->i->layernorm_forward(cpu, 0, rows, cols, 1e-5f, x, gamma, beta, y, mean, rstd), 0);
-			cr_assert_eq(cpu->i->layernorm_backward(cpu, 0, rows, cols, x, gamma, mean, rstd, dy, dx, dgamma,
-								 dbeta), 0);
+			cr_assert_eq(cpu->i->layernorm_forward(cpu, 0, rows, cols, 1e-5f, x, gamma, beta, y, mean,
+							       rstd),
+				     0);
+			cr_assert_eq(cpu->i->layernorm_backward(cpu, 0, rows, cols, x, gamma, mean, rstd, dy, dx,
+								dgamma, dbeta),
+				     0);
 
 			float *d_x = up(x, n), *d_g = up(gamma, (size_t)cols), *d_b = up(beta, (size_t)cols);
 			float *d_y = up(x, n), *d_m = up(mean, (size_t)rows), *d_r = up(rstd, (size_t)rows);
 			float *d_dy = up(dy, n), *d_dx = up(x, n), *d_dg = up(dg0, (size_t)cols);
 			float *d_db = up(db0, (size_t)cols);
-			cr_assert_eq(gpu->i->layernorm_forward(gpu, 0, rows, cols, 1e-5f, d_x, d_g, d_b, d_y, d_m, d_r), 0);
+			cr_assert_eq(gpu->i->layernorm_forward(gpu, 0, rows, cols, 1e-5f, d_x, d_g, d_b, d_y, d_m, d_r),
+				     0);
 			float *gy = down(d_y, n), *gm = down(d_m, (size_t)rows), *gr = down(d_r, (size_t)rows);
 			char what[64];
 			snprintf(what, sizeof what, "layernorm y %dx%d", rows, cols);
@@ -952,8 +963,9 @@ Test(cuda, layernorm_forward_and_backward)
 			/* backward from the CPU's statistics, so only backward is tested */
 			cr_assert_eq(gpu->i->to_device(gpu, 0, d_m, mean, rows * sizeof(float)), 0);
 			cr_assert_eq(gpu->i->to_device(gpu, 0, d_r, rstd, rows * sizeof(float)), 0);
-			cr_assert_eq(gpu->i->layernorm_backward(gpu, 0, rows, cols, d_x, d_g, d_m, d_r, d_dy, d_dx, d_dg,
-								 d_db), 0);
+			cr_assert_eq(gpu->i->layernorm_backward(gpu, 0, rows, cols, d_x, d_g, d_m, d_r, d_dy, d_dx,
+								d_dg, d_db),
+				     0);
 			float *gdx = down(d_dx, n), *gdg = down(d_dg, (size_t)cols), *gdb = down(d_db, (size_t)cols);
 			snprintf(what, sizeof what, "layernorm dx %dx%d", rows, cols);
 			check_close(what, gdx, dx, n, 1e-4, 2e-5);
@@ -1083,8 +1095,8 @@ Test(cuda, mse_matches_cpu)
 			cr_assert_eq(gpu->i->mse(gpu, 0, rows, cols, d_p, d_t, 0.125f, d_dp, out_gpu), 0);
 			float *gdp = down(d_dp, n);
 			check_close("mse dpred", gdp, dp, n, 1e-6, 0);
-			cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-9 * fabs(out_cpu[0]), "mse loss %dx%d: %.17g vs %.17g",
-				  rows, cols, out_gpu[0], out_cpu[0]);
+			cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-9 * fabs(out_cpu[0]),
+				  "mse loss %dx%d: %.17g vs %.17g", rows, cols, out_gpu[0], out_cpu[0]);
 			free(p);
 			free(t);
 			free(dp);
@@ -1114,8 +1126,8 @@ static void optim_case(bool adam, struct tr_optim_hp hp, size_t n)
 		}
 		float *gp = down(d_p, n), *gm = down(d_m, n), *gv = down(d_v, n);
 		char what[96];
-		snprintf(what, sizeof what, "%s step %d n=%zu param", adam ? (hp.decoupled ? "adamw" : "adam") : "sgd", s,
-			 n);
+		snprintf(what, sizeof what, "%s step %d n=%zu param", adam ? (hp.decoupled ? "adamw" : "adam") : "sgd",
+			 s, n);
 		check_close(what, gp, p, n, 1e-6, 1e-7);
 		check_close("state1", gm, m, n, 1e-6, 1e-7);
 		check_close("state2", gv, v, n, 1e-6, 1e-9);
@@ -1197,8 +1209,19 @@ Test(cuda, add_matches_cpu_exactly)
 static struct tr_conv2d_desc conv_desc(int c, int h, int w, int f, int kh, int kw, int sh, int sw, int ph, int pw,
 				       int dh, int dw, int groups)
 {
-	struct tr_conv2d_desc d = {.c = c, .h = h, .w = w, .f = f, .kh = kh, .kw = kw, .sh = sh, .sw = sw,
-				   .ph = ph, .pw = pw, .dh = dh, .dw = dw, .groups = groups};
+	struct tr_conv2d_desc d = {.c = c,
+				   .h = h,
+				   .w = w,
+				   .f = f,
+				   .kh = kh,
+				   .kw = kw,
+				   .sh = sh,
+				   .sw = sw,
+				   .ph = ph,
+				   .pw = pw,
+				   .dh = dh,
+				   .dw = dw,
+				   .groups = groups};
 	d.ho = (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1;
 	d.wo = (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
 	return d;
@@ -1366,19 +1389,21 @@ static void pool_case(const struct tr_pool2d_desc *d, int rows)
 		if (max) {
 			cr_assert_eq(cpu->i->maxpool2d_forward(cpu, 0, d, rows, x, y), 0);
 			cr_assert_eq(cpu->i->maxpool2d_backward(cpu, 0, d, rows, x, dy, dx), 0);
-			cr_assert_eq(gpu->i->maxpool2d_forward(gpu, 0, d, rows, d_x, d_y), 0, "%s", gpu->i->last_error(gpu));
+			cr_assert_eq(gpu->i->maxpool2d_forward(gpu, 0, d, rows, d_x, d_y), 0, "%s",
+				     gpu->i->last_error(gpu));
 			cr_assert_eq(gpu->i->maxpool2d_backward(gpu, 0, d, rows, d_x, d_dy, d_dx), 0, "%s",
 				     gpu->i->last_error(gpu));
 		} else {
 			cr_assert_eq(cpu->i->avgpool2d_forward(cpu, 0, d, rows, x, y), 0);
 			cr_assert_eq(cpu->i->avgpool2d_backward(cpu, 0, d, rows, dy, dx), 0);
-			cr_assert_eq(gpu->i->avgpool2d_forward(gpu, 0, d, rows, d_x, d_y), 0, "%s", gpu->i->last_error(gpu));
+			cr_assert_eq(gpu->i->avgpool2d_forward(gpu, 0, d, rows, d_x, d_y), 0, "%s",
+				     gpu->i->last_error(gpu));
 			cr_assert_eq(gpu->i->avgpool2d_backward(gpu, 0, d, rows, d_dy, d_dx), 0, "%s",
 				     gpu->i->last_error(gpu));
 		}
 		float *gy = down(d_y, ny), *gdx = down(d_dx, nx);
-		snprintf(what, sizeof what, "%s c%d %dx%d k%dx%d s%dx%d p%dx%d rows %d y", name, d->c, d->h, d->w, d->kh,
-			 d->kw, d->sh, d->sw, d->ph, d->pw, rows);
+		snprintf(what, sizeof what, "%s c%d %dx%d k%dx%d s%dx%d p%dx%d rows %d y", name, d->c, d->h, d->w,
+			 d->kh, d->kw, d->sh, d->sw, d->ph, d->pw, rows);
 		check_exact_or_nan(what, gy, y, ny);
 		what[strlen(what) - 1] = 'x';
 		check_exact_or_nan(what, gdx, dx, nx);
@@ -1536,7 +1561,8 @@ Test(cuda, batchnorm2d_kernels_match_cpu, .timeout = 300)
 		/* backward sums, and this device's dgamma/dbeta */
 		cr_assert_eq(cpu->i->bn_backward_sums(cpu, 0, n, c, hw, eps, x, mean, var, dy, sums, dg, db), 0);
 		cr_assert_eq(gpu->i->bn_backward_sums(gpu, 0, n, c, hw, eps, d_x, d_mean, d_var, d_dy, d_sums, d_dg,
-						      d_db), 0, "%s", gpu->i->last_error(gpu));
+						      d_db),
+			     0, "%s", gpu->i->last_error(gpu));
 		for (int i = 0; i < n; i++)
 			for (int ch = 0; ch < c; ch++)
 				for (int k = 0; k < hw; k++) {
@@ -1562,15 +1588,18 @@ Test(cuda, batchnorm2d_kernels_match_cpu, .timeout = 300)
 		/* dgamma/dbeta may be NULL (the layer's first call does not
 		 * ask twice); the sums are still written */
 		cr_assert_eq(gpu->i->bn_backward_sums(gpu, 0, n, c, hw, eps, d_x, d_mean, d_var, d_dy, d_sums, NULL,
-						      NULL), 0, "%s", gpu->i->last_error(gpu));
+						      NULL),
+			     0, "%s", gpu->i->last_error(gpu));
 
 		/* dx from the CPU's sums */
 		if (count > 0.0) {
 			cr_assert_eq(gpu->i->to_device(gpu, 0, d_sums, sums, 2 * cc * sizeof(float)), 0);
 			cr_assert_eq(cpu->i->bn_backward_apply(cpu, 0, n, c, hw, eps, count, x, mean, var, gamma, sums,
-								dy, dx), 0);
+							       dy, dx),
+				     0);
 			cr_assert_eq(gpu->i->bn_backward_apply(gpu, 0, n, c, hw, eps, count, d_x, d_mean, d_var, d_g,
-								d_sums, d_dy, d_dx), 0, "%s", gpu->i->last_error(gpu));
+							       d_sums, d_dy, d_dx),
+				     0, "%s", gpu->i->last_error(gpu));
 			float *g_dx = down(d_dx, len);
 			snprintf(what, sizeof what, "bn_backward_apply n=%d c=%d hw=%d", n, c, hw);
 			check_close(what, g_dx, dx, len, 1e-6, 1e-6);
@@ -1603,13 +1632,13 @@ struct gn_case {
 };
 
 static const struct gn_case gn_cases[] = {
-	{1, 1, 1, 1},     /* a single value: normalised to 0, the output is beta */
+	{1, 1, 1, 1},                   /* a single value: normalised to 0, the output is beta */
 	{2, 6, 4, 3},     {3, 4, 1, 2}, /* 1x1 images */
-	{2, 4, 9, 1},     /* one group: LayerNorm over C, H, W */
-	{1, 4, 5, 4},     /* a group per channel: InstanceNorm */
-	{3, 6, 1023, 2},  /* groups longer than a block; channels over several blocks */
-	{0, 4, 3, 2},     /* a device without rows: zero parameter gradients */
-	{2, 1100, 2, 11}, /* more channels than reduction slots */
+	{2, 4, 9, 1},                   /* one group: LayerNorm over C, H, W */
+	{1, 4, 5, 4},                   /* a group per channel: InstanceNorm */
+	{3, 6, 1023, 2},                /* groups longer than a block; channels over several blocks */
+	{0, 4, 3, 2},                   /* a device without rows: zero parameter gradients */
+	{2, 1100, 2, 11},               /* more channels than reduction slots */
 };
 
 /* groupnorm forward against the CPU, then backward from the CPU's
@@ -1632,7 +1661,8 @@ Test(cuda, groupnorm_matches_cpu, .timeout = 300)
 		double *bm = calloc(ng ? ng : 1, sizeof(double)), *bdg = calloc(cc, sizeof(double));
 		double *bdb = calloc(cc, sizeof(double));
 
-		cr_assert_eq(cpu->i->groupnorm_forward(cpu, 0, n, c, hw, groups, eps, x, gamma, beta, y, mean, rstd), 0);
+		cr_assert_eq(cpu->i->groupnorm_forward(cpu, 0, n, c, hw, groups, eps, x, gamma, beta, y, mean, rstd),
+			     0);
 		float *d_x = up(x, len), *d_dy = up(dy, len), *d_g = up(gamma, cc), *d_b = up(beta, cc);
 		float *d_y = up_nan(len), *d_m = up_nan(ng), *d_r = up_nan(ng), *d_dx = up_nan(len);
 		float *d_dg = up_nan(cc), *d_db = up_nan(cc);
@@ -1667,7 +1697,8 @@ Test(cuda, groupnorm_matches_cpu, .timeout = 300)
 			cr_assert_eq(gpu->i->to_device(gpu, 0, d_r, rstd, ng * sizeof(float)), 0);
 		}
 		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_dy, d_dx, d_dg,
-							d_db), 0, "%s", gpu->i->last_error(gpu));
+							d_db),
+			     0, "%s", gpu->i->last_error(gpu));
 		float *g_dx = down(d_dx, len), *g_dg = down(d_dg, cc), *g_db = down(d_db, cc);
 		/* bounds: the sums' |terms|; for dx, rstd times the |terms| of
 		 * g - a - xh b, each of a and b an ulp from the CPU's */
@@ -1711,13 +1742,15 @@ Test(cuda, groupnorm_matches_cpu, .timeout = 300)
 		/* in place: dx = dy, the same values */
 		float *d_inplace = up(dy, len);
 		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_inplace,
-							d_inplace, d_dg, d_db), 0, "%s", gpu->i->last_error(gpu));
+							d_inplace, d_dg, d_db),
+			     0, "%s", gpu->i->last_error(gpu));
 		float *g_in = down(d_inplace, len);
 		check_exact("groupnorm dx in place", g_in, g_dx, len);
 		/* no dx (the first layer): the parameter gradients alone */
 		float *d_dg2 = up_nan(cc), *d_db2 = up_nan(cc);
-		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_dy, NULL,
-							d_dg2, d_db2), 0, "%s", gpu->i->last_error(gpu));
+		cr_assert_eq(gpu->i->groupnorm_backward(gpu, 0, n, c, hw, groups, d_x, d_g, d_m, d_r, d_dy, NULL, d_dg2,
+							d_db2),
+			     0, "%s", gpu->i->last_error(gpu));
 		float *g_dg2 = down(d_dg2, cc), *g_db2 = down(d_db2, cc);
 		check_exact("groupnorm dgamma without dx", g_dg2, g_dg, cc);
 		check_exact("groupnorm dbeta without dx", g_db2, g_db, cc);
@@ -2089,13 +2122,14 @@ Test(cuda_multi, allreduce_sums_and_agrees_on_every_rank, .timeout = 300)
 			cr_assert_eq(gpu->i->to_host(gpu, r, r ? got : first, args[r].buf, n * sizeof(float)), 0);
 			cr_assert_eq(gpu->i->sync(gpu, r), 0);
 			if (r)
-				cr_assert_eq(memcmp(got, first, n * sizeof(float)), 0, "rank %d differs from rank 0", r);
+				cr_assert_eq(memcmp(got, first, n * sizeof(float)), 0, "rank %d differs from rank 0",
+					     r);
 			gpu->i->free(gpu, r, args[r].buf);
 			free(host[r]);
 		}
 		for (size_t i = 0; i < n; i++)
-			cr_assert(fabs(first[i] - want[i]) <= 1e-6 * nd + 1e-6 * fabs(want[i]), "sum[%zu]: %.9g vs %.9g",
-				  i, (double)first[i], want[i]);
+			cr_assert(fabs(first[i] - want[i]) <= 1e-6 * nd + 1e-6 * fabs(want[i]),
+				  "sum[%zu]: %.9g vs %.9g", i, (double)first[i], want[i]);
 		free(first);
 		free(got);
 		free(want);

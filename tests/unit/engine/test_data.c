@@ -144,7 +144,8 @@ Test(data, csv_values_exact)
 
 Test(data, csv_header_crlf_and_blank_lines)
 {
-	struct tr_source_spec s = csv_src(write_text("h.csv", "\xEF\xBB\xBF" "f1,f2,label\r\n1,2,3\r\n4,5,6\r\n\r\n\n  \n"));
+	struct tr_source_spec s = csv_src(write_text("h.csv", "\xEF\xBB\xBF"
+							      "f1,f2,label\r\n1,2,3\r\n4,5,6\r\n\r\n\n  \n"));
 	tr_reader_t *r;
 	float x[2], y[1];
 
@@ -326,8 +327,8 @@ Test(data, relative_paths_resolve_against_the_roots)
 
 /* Writes a .npy the way numpy does: header padded with spaces and a
  * newline so the data starts on a 64-byte boundary. */
-static const char *write_npy(const char *name, int major, const char *descr, bool fortran, const long *shape,
-			     int ndim, const void *data, size_t nbytes)
+static const char *write_npy(const char *name, int major, const char *descr, bool fortran, const long *shape, int ndim,
+			     const void *data, size_t nbytes)
 {
 	char dict[512];
 	char shp[128] = "";
@@ -337,8 +338,7 @@ static const char *write_npy(const char *name, int major, const char *descr, boo
 	int n = 0;
 
 	for (int d = 0; d < ndim; d++)
-		n += snprintf(shp + n, sizeof(shp) - (size_t)n, "%ld,%s", shape[d],
-			      d + 1 < ndim ? " " : "");
+		n += snprintf(shp + n, sizeof(shp) - (size_t)n, "%ld,%s", shape[d], d + 1 < ndim ? " " : "");
 	if (ndim > 1)
 		shp[strlen(shp) - 1] = '\0'; /* numpy writes (3, 2) but (3,) */
 	hl = (size_t)snprintf(dict, sizeof(dict), "{'descr': '%s', 'fortran_order': %s, 'shape': (%s), }", descr,
@@ -403,8 +403,8 @@ Test(data, npy_each_dtype)
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		for (int major = 1; major <= 3; major++) {
 			/* The same dtype for x and, on the first three values, y. */
-			const char *xp = write_npy("x.npy", major, cases[c].descr, false, xs, 2, cases[c].data,
-						   cases[c].size);
+			const char *xp =
+				write_npy("x.npy", major, cases[c].descr, false, xs, 2, cases[c].data, cases[c].size);
 			const char *yp = write_npy("y.npy", major, cases[c].descr, false, ys, 1, cases[c].data,
 						   cases[c].size / 2);
 			struct tr_source_spec s = npy_src(xp, yp);
@@ -1095,7 +1095,8 @@ Test(data, transform_standardize_constant_and_offset)
 {
 	/* A constant column keeps std 1 (x - mean = 0, no division by 0);
 	 * a large offset does not cost precision. */
-	struct tr_source_spec s = csv_src(write_text("c.csv", "5,100000.5,0\n5,100001.5,0\n5,100000.5,0\n5,100001.5,0\n"));
+	struct tr_source_spec s =
+		csv_src(write_text("c.csv", "5,100000.5,0\n5,100001.5,0\n5,100000.5,0\n5,100001.5,0\n"));
 	struct tr_spec spec;
 	struct tr_transform_spec t[] = {{.type = TR_TF_STANDARDIZE}};
 	tr_reader_t *r = open_ok(&s);
@@ -1349,8 +1350,7 @@ Test(data, labels_csv_out_of_range_names_file_line_and_pointer)
 
 	s.header = true;
 	tr_reader_t *r = open_ok(&s);
-	snprintf(want, sizeof want, "/data/train: %s:6: label 16 is out of range: the model has 10 classes, 0 to 9",
-		 p);
+	snprintf(want, sizeof want, "/data/train: %s:6: label 16 is out of range: the model has 10 classes, 0 to 9", p);
 	labels_fail(r, "/data/train", 10, want);
 	tr_reader_destroy(r);
 }
@@ -1424,8 +1424,8 @@ Test(data, labels_npy_non_finite_target_and_bad_class)
 	yp = write_npy("yi.npy", 1, "<i8", false, ys, 1, yi, sizeof yi);
 	s = npy_src(tmp_path("x.npy"), yp);
 	r = open_ok(&s);
-	snprintf(want, sizeof want, "/data/train: %s: record 2: label 12 is out of range: the model has 10 classes, 0 to 9",
-		 yp);
+	snprintf(want, sizeof want,
+		 "/data/train: %s: record 2: label 12 is out of range: the model has 10 classes, 0 to 9", yp);
 	labels_fail(r, "/data/train", 10, want);
 	tr_reader_destroy(r);
 }
@@ -1439,8 +1439,8 @@ Test(data, labels_idx_out_of_range)
 	char want[1024];
 	char warn[256];
 
-	snprintf(want, sizeof want, "/data/train: %s: record 8: label 8 is out of range: the model has 8 classes, 0 to 7",
-		 lp);
+	snprintf(want, sizeof want,
+		 "/data/train: %s: record 8: label 8 is out of range: the model has 8 classes, 0 to 7", lp);
 	labels_fail(r, "/data/train", 8, want);
 	labels_ok(r, "/data/train", 10, warn, sizeof warn);
 	cr_assert_str_eq(warn, "");

@@ -38,8 +38,8 @@ static int out_size(int in, int k, int s, int p, int d)
 
 /* y[n,k,p,q] = b[k] + sum_{c in group, r, s} x[n,c,p*sh-ph+r*dh, q*sw-pw+s*dw] w[k,c',r,s];
  * dx and dw, db of L = sum dy * y. */
-static void reference(const struct tr_conv2d_geom *g, const float *x, const float *w, const float *b,
-		      const float *dy, double *y, double *dx, double *dw, double *db)
+static void reference(const struct tr_conv2d_geom *g, const float *x, const float *w, const float *b, const float *dy,
+		      double *y, double *dx, double *dw, double *db)
 {
 	int cg = g->c / g->groups, kg = g->k / g->groups;
 	size_t ny = (size_t)g->n * g->k * g->oh * g->ow;
@@ -65,8 +65,11 @@ static void reference(const struct tr_conv2d_geom *g, const float *x, const floa
 								int iw = q * g->sw - g->pw + s * g->dw;
 								if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w)
 									continue;
-								size_t xo = (((size_t)n * g->c + c) * g->h + ih) * g->w + iw;
-								size_t wo = (((size_t)k * cg + cc) * g->kh + r) * g->kw + s;
+								size_t xo =
+									(((size_t)n * g->c + c) * g->h + ih) * g->w +
+									iw;
+								size_t wo =
+									(((size_t)k * cg + cc) * g->kh + r) * g->kw + s;
 								acc += (double)x[xo] * w[wo];
 								dx[xo] += d * w[wo];
 								dw[wo] += d * x[xo];
@@ -92,13 +95,13 @@ struct cs {
 
 static const struct cs cases[] = {
 	{2, 3, 7, 6, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1},
-	{3, 4, 9, 9, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0},  /* "same", no bias */
-	{1, 1, 1, 1, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1},  /* 1x1 image */
-	{2, 2, 5, 4, 3, 5, 4, 1, 1, 0, 0, 1, 1, 1, 1},  /* kernel = image */
-	{2, 2, 8, 7, 3, 2, 2, 3, 3, 0, 0, 1, 1, 1, 1},  /* stride > kernel */
-	{1, 2, 4, 4, 2, 3, 3, 1, 1, 2, 2, 1, 1, 1, 1},  /* padding > half the kernel */
-	{2, 4, 9, 8, 6, 3, 3, 2, 1, 1, 2, 2, 1, 2, 1},  /* dilation, groups, uneven stride/padding */
-	{2, 6, 5, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, 6, 1},  /* depthwise */
+	{3, 4, 9, 9, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0}, /* "same", no bias */
+	{1, 1, 1, 1, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1}, /* 1x1 image */
+	{2, 2, 5, 4, 3, 5, 4, 1, 1, 0, 0, 1, 1, 1, 1}, /* kernel = image */
+	{2, 2, 8, 7, 3, 2, 2, 3, 3, 0, 0, 1, 1, 1, 1}, /* stride > kernel */
+	{1, 2, 4, 4, 2, 3, 3, 1, 1, 2, 2, 1, 1, 1, 1}, /* padding > half the kernel */
+	{2, 4, 9, 8, 6, 3, 3, 2, 1, 1, 2, 2, 1, 2, 1}, /* dilation, groups, uneven stride/padding */
+	{2, 6, 5, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, 6, 1}, /* depthwise */
 };
 
 Test(dnnl_conv, matches_direct_convolution)
@@ -110,8 +113,8 @@ Test(dnnl_conv, matches_direct_convolution)
 	cr_assert(dc, "%s", err.message);
 	for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
 		const struct cs *c = &cases[ci];
-		struct tr_conv2d_geom g = {c->n, c->c, c->h, c->w, c->k, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw,
-					   c->dh, c->dw, c->groups, 0, 0};
+		struct tr_conv2d_geom g = {c->n,  c->c,  c->h,  c->w,  c->k,  c->kh,     c->kw, c->sh,
+					   c->sw, c->ph, c->pw, c->dh, c->dw, c->groups, 0,     0};
 		g.oh = out_size(g.h, g.kh, g.sh, g.ph, g.dh);
 		g.ow = out_size(g.w, g.kw, g.sw, g.pw, g.dw);
 		size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.k * g.oh * g.ow;

@@ -8,7 +8,9 @@
 
 static struct tr_early_stop make(bool max, int patience, float min_delta)
 {
-	struct tr_early_stop_spec spec = {.enabled = true, .mode_max = max, .patience = patience,
+	struct tr_early_stop_spec spec = {.enabled = true,
+					  .mode_max = max,
+					  .patience = patience,
 					  .min_delta = min_delta};
 	struct tr_early_stop es;
 

@@ -125,7 +125,8 @@ Test(examples_images, fashion_cnn_reaches_89_percent)
 	json_t *doc = load_example("fashion-cnn.json");
 
 	if (stat(FASHION "/train-images-idx3-ubyte.gz", &st) != 0) {
-		fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
+		fprintf(stderr,
+			"SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
 		cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
 	}
 	parse_or_skip("fashion-cnn.json", doc, &spec);
@@ -139,7 +140,8 @@ Test(examples_images, fashion_cnn_reaches_89_percent)
 
 Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 {
-	static const char *train[] = {"brick.png", "grass.png", "gravel.png", "moon.png", "clock_motion.png", "coins.png"};
+	static const char *train[] = {"brick.png", "grass.png",        "gravel.png",
+				      "moon.png",  "clock_motion.png", "coins.png"};
 	char from[512], to[512], tdir[300], vdir[300];
 	struct stat st;
 	struct tr_spec spec;

@@ -284,7 +284,8 @@ Test(images, fashion_mnist_gz)
 	struct stat st;
 
 	if (stat(FASHION_DIR "/train-images-idx3-ubyte.gz", &st) != 0) {
-		fprintf(stderr, "SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
+		fprintf(stderr,
+			"SKIP: Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped\n");
 		cr_skip_test("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
 	}
 	struct tr_source_spec s =
@@ -578,7 +579,8 @@ static int locate(const float *p, int ph, int pw, int w, int h, int seed)
 
 			for (int y = 0; y < ph && ok; y++)
 				for (int x = 0; x < pw && ok; x++)
-					ok = fabsf(p[y * pw + x] - pattern(seed, top + y, left + x, 0) / 255.0f) < 1e-6f;
+					ok = fabsf(p[y * pw + x] - pattern(seed, top + y, left + x, 0) / 255.0f) <
+					     1e-6f;
 			if (ok)
 				return top * w + left;
 		}
@@ -781,8 +783,7 @@ Test(resize, keeps_constants_and_identity_and_ramps)
 				ramp[y * 32 + x] = (float)x;
 		cr_assert_eq(tr_image_resize(ramp, 1, 16, 32, half, 8, 16), 0);
 		for (int x = 3; x < 13; x++)
-			cr_assert_float_eq(half[4 * 16 + x], 2.0f * x + 0.5f, 1e-4f, "x %d: %g", x,
-					   half[4 * 16 + x]);
+			cr_assert_float_eq(half[4 * 16 + x], 2.0f * x + 0.5f, 1e-4f, "x %d: %g", x, half[4 * 16 + x]);
 	}
 }
 
@@ -845,7 +846,8 @@ Test(patches, augmentations_move_input_and_response_together)
 						fy[yy * 7 + xx] = y0[yy * 7 + (f ? 6 - xx : xx)];
 					}
 				for (int j = 0; j < 49 && ok; j++)
-					ok = x[j] == rot_at(fx, 7, k, j / 7, j % 7) && y[j] == rot_at(fy, 7, k, j / 7, j % 7);
+					ok = x[j] == rot_at(fx, 7, k, j / 7, j % 7) &&
+					     y[j] == rot_at(fy, 7, k, j / 7, j % 7);
 				if (ok) {
 					seen[f][k]++;
 					found = 1;
@@ -905,8 +907,9 @@ Test(images, normalize_and_random_crop)
 					for (int yy = 0; yy < 4 && ok; yy++)
 						for (int xx = 0; xx < 5 && ok; xx++) {
 							int sy = yy + dy, sx = xx + dx;
-							float want = sy >= 0 && sy < 4 && sx >= 0 && sx < 5 ?
-									     n[(c * 4 + sy) * 5 + sx] : 0.0f;
+							float want = sy >= 0 && sy < 4 && sx >= 0 && sx < 5
+									     ? n[(c * 4 + sy) * 5 + sx]
+									     : 0.0f;
 
 							ok = x[(c * 4 + yy) * 5 + xx] == want;
 						}
@@ -947,8 +950,13 @@ static float *all_batches(tr_reader_t *r, const tr_transforms_t *t, int workers,
 	cr_assert_eq(tr_plan_init(&plan, r->info.samples, 5, TR_LAST_PARTIAL, true, 11, epochs, 0, &err), 0, "%s",
 		     err.message);
 	out = malloc((size_t)epochs * (size_t)r->info.samples * (F + L) * sizeof(float));
-	struct tr_prefetch_config cfg = {.reader = r, .transforms = t, .plan = &plan, .seed = 5, .workers = workers,
-					 .depth = 3, .end_step = plan.total_steps};
+	struct tr_prefetch_config cfg = {.reader = r,
+					 .transforms = t,
+					 .plan = &plan,
+					 .seed = 5,
+					 .workers = workers,
+					 .depth = 3,
+					 .end_step = plan.total_steps};
 	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0, "%s", err.message);
 	for (int64_t s = 0; s < plan.total_steps; s++) {
 		const struct tr_batch *b;

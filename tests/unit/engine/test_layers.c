@@ -38,7 +38,8 @@ static void ref_conv_forward(const struct tr_conv2d_desc *d, int rows, const dou
 						for (int i = 0; i < d->kh; i++)
 							for (int j = 0; j < d->kw; j++)
 								s += w[(((size_t)f * cg + c) * d->kh + i) * d->kw + j] *
-								     ref_x_at(d, x, n, g * cg + c, oh * d->sh - d->ph + i * d->dh,
+								     ref_x_at(d, x, n, g * cg + c,
+									      oh * d->sh - d->ph + i * d->dh,
 									      ow * d->sw - d->pw + j * d->dw);
 					y[(((size_t)n * d->f + f) * d->ho + oh) * d->wo + ow] = s;
 				}
@@ -66,8 +67,11 @@ static void ref_conv_backward(const struct tr_conv2d_desc *d, int rows, const do
 								int iw = ow * d->sw - d->pw + j * d->dw;
 								if (ih < 0 || ih >= d->h || iw < 0 || iw >= d->w)
 									continue;
-								size_t xi = (((size_t)n * d->c + g * cg + c) * d->h + ih) * d->w + iw;
-								size_t wi = (((size_t)f * cg + c) * d->kh + i) * d->kw + j;
+								size_t xi = (((size_t)n * d->c + g * cg + c) * d->h +
+									     ih) * d->w +
+									    iw;
+								size_t wi =
+									(((size_t)f * cg + c) * d->kh + i) * d->kw + j;
 								dw[wi] += g_ * x[xi];
 								dx[xi] += g_ * w[wi];
 							}
@@ -141,8 +145,19 @@ static void expect_close(const char *what, const float *got, const double *want,
 static void fill_conv(struct tr_conv2d_desc *d, int c, int h, int w, int f, int kh, int kw, int s, int p, int dil,
 		      int groups)
 {
-	*d = (struct tr_conv2d_desc){.c = c, .h = h, .w = w, .f = f, .kh = kh, .kw = kw, .sh = s, .sw = s, .ph = p,
-				     .pw = p, .dh = dil, .dw = dil, .groups = groups};
+	*d = (struct tr_conv2d_desc){.c = c,
+				     .h = h,
+				     .w = w,
+				     .f = f,
+				     .kh = kh,
+				     .kw = kw,
+				     .sh = s,
+				     .sw = s,
+				     .ph = p,
+				     .pw = p,
+				     .dh = dil,
+				     .dw = dil,
+				     .groups = groups};
 	d->ho = (h + 2 * p - dil * (kh - 1) - 1) / s + 1;
 	d->wo = (w + 2 * p - dil * (kw - 1) - 1) / s + 1;
 }
@@ -173,8 +188,8 @@ static void check_reference_conv(const struct tr_conv2d_desc *d, int rows)
 				ld += y[j] * r[j];
 			vars[k][i] = orig;
 			double num = (lu - ld) / (2 * h);
-			cr_assert_leq(fabs(num - grads[k][i]), 1e-6 * (1 + fabs(num)), "reference grad %d[%zu]: %g vs %g", k,
-				      i, grads[k][i], num);
+			cr_assert_leq(fabs(num - grads[k][i]), 1e-6 * (1 + fabs(num)),
+				      "reference grad %d[%zu]: %g vs %g", k, i, grads[k][i], num);
 		}
 	}
 	free(x), free(w), free(b), free(r), free(y), free(dx), free(dw), free(db);

@@ -23,15 +23,16 @@ struct fixture {
 
 /* inputs_json: the model's "inputs" as written ("5" or "[2, 4, 4]"),
  * inputs the values per sample. */
-static void setup_model_in(struct fixture *f, const char *layers, const char *loss, const char *inputs_json,
-			   int inputs, int rows, int label_dim)
+static void setup_model_in(struct fixture *f, const char *layers, const char *loss, const char *inputs_json, int inputs,
+			   int rows, int label_dim)
 {
 	char text[4096];
-	snprintf(text, sizeof text,
-		 "{\"seed\": 9, \"model\": {\"inputs\": %s, \"layers\": %s, \"loss\": \"%s\"},"
-		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 10, \"features\": %d,"
-		 " \"classes\": 3}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
-		 inputs_json, layers, loss, inputs);
+	snprintf(
+		text, sizeof text,
+		"{\"seed\": 9, \"model\": {\"inputs\": %s, \"layers\": %s, \"loss\": \"%s\"},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 10, \"features\": %d,"
+		" \"classes\": 3}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+		inputs_json, layers, loss, inputs);
 	struct tr_error e;
 	cr_assert_eq(tr_spec_parse_text(text, &f->spec, &e), 0, "%s", e.message);
 	struct tr_error err;
@@ -48,11 +49,10 @@ static void setup_model_in(struct fixture *f, const char *layers, const char *lo
 		f->rep.input[i] = 2.0f * tr_rng_uniform(key, 1000 + i) - 1.0f;
 	for (int i = 0; i < rows * label_dim; i++)
 		f->rep.labels[i] = strcmp(loss, "mse") == 0 ? tr_rng_normal(key, 5000 + i)
-							   : (float)tr_rng_below(key, 5000 + i, 3);
+							    : (float)tr_rng_below(key, 5000 + i, 3);
 }
 
-static void setup_model(struct fixture *f, const char *layers, const char *loss, int inputs, int rows,
-			int label_dim)
+static void setup_model(struct fixture *f, const char *layers, const char *loss, int inputs, int rows, int label_dim)
 {
 	char in[16];
 	snprintf(in, sizeof in, "%d", inputs);
@@ -76,8 +76,7 @@ static double loss_of(struct fixture *f)
 	return out[0] / f->rows;
 }
 
-static void gradient_check_in(const char *layers, const char *loss, int label_dim, const char *inputs_json,
-			      int inputs)
+static void gradient_check_in(const char *layers, const char *loss, int label_dim, const char *inputs_json, int inputs)
 {
 	struct fixture f;
 	setup_model_in(&f, layers, loss, inputs_json, inputs, 6, label_dim);
@@ -116,29 +115,33 @@ static void gradient_check(const char *layers, const char *loss, int label_dim)
 
 Test(model, gradcheck_dense_relu_softmax)
 {
-	gradient_check("[{\"type\": \"dense\", \"units\": 7}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
-		       "softmax_cross_entropy", 1);
+	gradient_check(
+		"[{\"type\": \"dense\", \"units\": 7}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
+		"softmax_cross_entropy", 1);
 }
 
 Test(model, gradcheck_gelu_both_forms)
 {
-	gradient_check("[{\"type\": \"dense\", \"units\": 6}, {\"type\": \"gelu\"}, {\"type\": \"dense\", \"units\": 6},"
-		       " {\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"dense\", \"units\": 3}]",
-		       "softmax_cross_entropy", 1);
+	gradient_check(
+		"[{\"type\": \"dense\", \"units\": 6}, {\"type\": \"gelu\"}, {\"type\": \"dense\", \"units\": 6},"
+		" {\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"dense\", \"units\": 3}]",
+		"softmax_cross_entropy", 1);
 }
 
 Test(model, gradcheck_tanh_sigmoid_mse)
 {
-	gradient_check("[{\"type\": \"dense\", \"units\": 6}, {\"type\": \"tanh\"}, {\"type\": \"dense\", \"units\": 4},"
-		       " {\"type\": \"sigmoid\"}, {\"type\": \"dense\", \"units\": 2}]",
-		       "mse", 2);
+	gradient_check(
+		"[{\"type\": \"dense\", \"units\": 6}, {\"type\": \"tanh\"}, {\"type\": \"dense\", \"units\": 4},"
+		" {\"type\": \"sigmoid\"}, {\"type\": \"dense\", \"units\": 2}]",
+		"mse", 2);
 }
 
 Test(model, gradcheck_layernorm_dropout)
 {
-	gradient_check("[{\"type\": \"dense\", \"units\": 8}, {\"type\": \"layernorm\"}, {\"type\": \"dropout\", \"rate\": 0.3},"
-		       " {\"type\": \"dense\", \"units\": 3, \"bias\": false}]",
-		       "softmax_cross_entropy", 1);
+	gradient_check(
+		"[{\"type\": \"dense\", \"units\": 8}, {\"type\": \"layernorm\"}, {\"type\": \"dropout\", \"rate\": 0.3},"
+		" {\"type\": \"dense\", \"units\": 3, \"bias\": false}]",
+		"softmax_cross_entropy", 1);
 }
 
 /* The image layers inside whole models: conv2d, both pools, flatten,
@@ -155,13 +158,14 @@ Test(model, gradcheck_conv_pool_flatten)
 
 Test(model, gradcheck_residual_global_avg_pool)
 {
-	gradient_check_in("[{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3, \"padding\": \"same\"},"
-			  " {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3,"
-			  " \"padding\": \"same\", \"groups\": 2}, {\"type\": \"tanh\"},"
-			  " {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 1}]}]},"
-			  " {\"type\": \"avgpool2d\", \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
-			  " {\"type\": \"global_avg_pool\"}, {\"type\": \"dense\", \"units\": 2}]",
-			  "mse", 2, "[1, 5, 5]", 25);
+	gradient_check_in(
+		"[{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3, \"padding\": \"same\"},"
+		" {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3,"
+		" \"padding\": \"same\", \"groups\": 2}, {\"type\": \"tanh\"},"
+		" {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 1}]}]},"
+		" {\"type\": \"avgpool2d\", \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+		" {\"type\": \"global_avg_pool\"}, {\"type\": \"dense\", \"units\": 2}]",
+		"mse", 2, "[1, 5, 5]", 25);
 }
 
 Test(model, gradcheck_one_pixel_images)
@@ -320,8 +324,13 @@ static uint64_t train_hash(const char *layers, const char *loss, int inputs, int
 	struct fixture f;
 	setup_model(&f, layers, loss, inputs, 16, label_dim);
 	float *s1 = calloc(f.model.n_params, sizeof(float)), *s2 = calloc(f.model.n_params, sizeof(float));
-	struct tr_optim_hp hp = {.lr = adam ? 0.01f : 0.05f, .momentum = 0.9f, .beta1 = 0.9f, .beta2 = 0.999f,
-				 .eps = 1e-8f, .weight_decay = adam ? 0.01f : 0.0f, .decoupled = adam};
+	struct tr_optim_hp hp = {.lr = adam ? 0.01f : 0.05f,
+				 .momentum = 0.9f,
+				 .beta1 = 0.9f,
+				 .beta2 = 0.999f,
+				 .eps = 1e-8f,
+				 .weight_decay = adam ? 0.01f : 0.0f,
+				 .decoupled = adam};
 	for (int step = 1; step <= 12; step++) {
 		double out[2] = {0, 0};
 		hp.step = step;
@@ -329,9 +338,12 @@ static uint64_t train_hash(const char *layers, const char *loss, int inputs, int
 		cr_assert_eq(tr_replica_loss(&f.rep, f.rows, 1.0f / f.rows, out), 0);
 		cr_assert_eq(tr_replica_backward(&f.rep, f.rows), 0);
 		if (adam)
-			cr_assert_eq(f.be->i->adam_step(f.be, 0, f.model.n_params, f.rep.params, f.rep.grads, s1, s2, &hp), 0);
+			cr_assert_eq(f.be->i->adam_step(f.be, 0, f.model.n_params, f.rep.params, f.rep.grads, s1, s2,
+							&hp),
+				     0);
 		else
-			cr_assert_eq(f.be->i->sgd_step(f.be, 0, f.model.n_params, f.rep.params, f.rep.grads, s1, &hp), 0);
+			cr_assert_eq(f.be->i->sgd_step(f.be, 0, f.model.n_params, f.rep.params, f.rep.grads, s1, &hp),
+				     0);
 	}
 	uint64_t h = fnv1a(f.rep.params, f.model.n_params * sizeof(float), 0xcbf29ce484222325ULL);
 	/* the last forward's output too: eval-mode layers */
@@ -346,14 +358,16 @@ static uint64_t train_hash(const char *layers, const char *loss, int inputs, int
 Test(model, old_layers_train_bit_for_bit)
 {
 	const char *core = openblas_get_corename ? openblas_get_corename() : "unknown";
-	uint64_t a = train_hash("[{\"type\": \"dense\", \"units\": 32}, {\"type\": \"layernorm\"}, {\"type\": \"gelu\"},"
-				" {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 24, \"bias\": false},"
-				" {\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"dense\", \"units\": 16},"
-				" {\"type\": \"sigmoid\"}, {\"type\": \"dense\", \"units\": 3}]",
-				"softmax_cross_entropy", 20, 1, true);
-	uint64_t b = train_hash("[{\"type\": \"dense\", \"units\": 16}, {\"type\": \"tanh\"}, {\"type\": \"dense\", \"units\": 16},"
-				" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
-				"mse", 12, 3, false);
+	uint64_t a = train_hash(
+		"[{\"type\": \"dense\", \"units\": 32}, {\"type\": \"layernorm\"}, {\"type\": \"gelu\"},"
+		" {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 24, \"bias\": false},"
+		" {\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"dense\", \"units\": 16},"
+		" {\"type\": \"sigmoid\"}, {\"type\": \"dense\", \"units\": 3}]",
+		"softmax_cross_entropy", 20, 1, true);
+	uint64_t b = train_hash(
+		"[{\"type\": \"dense\", \"units\": 16}, {\"type\": \"tanh\"}, {\"type\": \"dense\", \"units\": 16},"
+		" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]",
+		"mse", 12, 3, false);
 	cr_log_info("openblas core %s: hashes %016llx %016llx", core, (unsigned long long)a, (unsigned long long)b);
 	if (strcmp(core, TR_GOLDEN_CORE) != 0)
 		cr_skip_test("recorded with OpenBLAS's %s kernels, this is %s", TR_GOLDEN_CORE, core);
@@ -366,8 +380,9 @@ Test(model, old_layers_train_bit_for_bit)
 Test(model, backend_without_kernels_refuses_the_layer)
 {
 	struct fixture f;
-	setup_model_in(&f, "[{\"type\": \"conv2d\", \"filters\": 2, \"kernel\": 1}, {\"type\": \"flatten\"},"
-			   " {\"type\": \"dense\", \"units\": 3}]",
+	setup_model_in(&f,
+		       "[{\"type\": \"conv2d\", \"filters\": 2, \"kernel\": 1}, {\"type\": \"flatten\"},"
+		       " {\"type\": \"dense\", \"units\": 3}]",
 		       "softmax_cross_entropy", "[1, 2, 2]", 4, 2, 1);
 	struct {
 		struct tr_backend base;

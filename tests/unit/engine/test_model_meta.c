@@ -284,7 +284,8 @@ Test(unlabeled, readers_without_labels)
 	snprintf(path, sizeof path, "%s/images-idx3-ubyte", dir);
 	f = fopen(path, "wb");
 	cr_assert_not_null(f);
-	const unsigned char idx[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 255};
+	const unsigned char idx[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2,  0,  0,
+				     0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 255};
 	fwrite(idx, 1, sizeof idx, f);
 	cr_assert_eq(fclose(f), 0);
 	struct tr_source_spec isrc = {.present = true, .format = TR_DATA_IDX, .images_path = path, .unlabeled = true};
@@ -325,16 +326,18 @@ static const char *named_class(tr_reader_t *r, int cls)
 
 Test(model_meta, class_names_from_the_reader)
 {
-	static const struct tr_reader_i named_i = {.get = named_get, .destroy = named_destroy,
+	static const struct tr_reader_i named_i = {.get = named_get,
+						   .destroy = named_destroy,
 						   .class_name = named_class};
 	tr_reader_t named = {.i = &named_i, .info = {.samples = 1, .features = 5, .label_dim = 1}, .name = "named"};
 	struct tr_spec spec;
 	struct tr_error serr;
 	struct tr_error err;
-	cr_assert_eq(tr_spec_parse_text("{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
-					" \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}},"
-					" \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
-					&spec, &serr),
+	cr_assert_eq(tr_spec_parse_text(
+			     "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
+			     " \"data\": {\"train\": {\"format\": \"csv\", \"path\": \"x.csv\"}},"
+			     " \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+			     &spec, &serr),
 		     0, "%s", serr.message);
 	tr_model_t m;
 	cr_assert_eq(tr_model_init(&m, &spec, 5, &err), 0, "%s", err.message);
@@ -375,9 +378,16 @@ static void infer_all(struct fixture *f, const float *params, tr_backend_t *be, 
 		      const tr_transforms_t *tf, float *out)
 {
 	struct collect c = {.out = out, .outputs = f->model.outputs, .label_dim = 1};
-	struct tr_infer_options o = {.model = &f->model, .params = params, .backend = be, .count = devices,
-				     .reader = f->train, .transforms = tf, .batch = batch, .workers = workers,
-				     .on_batch = collect_batch, .ctx = &c};
+	struct tr_infer_options o = {.model = &f->model,
+				     .params = params,
+				     .backend = be,
+				     .count = devices,
+				     .reader = f->train,
+				     .transforms = tf,
+				     .batch = batch,
+				     .workers = workers,
+				     .on_batch = collect_batch,
+				     .ctx = &c};
 	struct tr_error err;
 	cr_assert_eq(tr_infer_run(&o, &err), 0, "%s", err.message);
 	cr_assert_eq(c.next, f->train->info.samples);
@@ -421,15 +431,20 @@ Test(infer, devices_batches_and_a_direct_forward_agree, .timeout = 60)
 				o[u] += (double)params[w2.offset + u * 8 + k] * h[k];
 			cr_assert(fabs(a[i * 3 + u] - o[u]) < 1e-4, "sample %lld output %d: %g vs %g", (long long)i, u,
 				  a[i * 3 + u], o[u]);
-			cr_assert(fabs(a[i * 3 + u] - b[i * 3 + u]) < 1e-5, "1 vs 3 devices differ at %lld", (long long)i);
+			cr_assert(fabs(a[i * 3 + u] - b[i * 3 + u]) < 1e-5, "1 vs 3 devices differ at %lld",
+				  (long long)i);
 		}
 	}
 	/* A feature count the model does not take is refused, naming both. */
 	tr_model_t wide = f.model;
 	wide.inputs = 6;
 	struct collect c = {.out = a, .outputs = 3, .label_dim = 1};
-	struct tr_infer_options o = {.model = &wide, .params = params, .backend = be, .reader = f.train,
-				     .on_batch = collect_batch, .ctx = &c};
+	struct tr_infer_options o = {.model = &wide,
+				     .params = params,
+				     .backend = be,
+				     .reader = f.train,
+				     .on_batch = collect_batch,
+				     .ctx = &c};
 	struct tr_error msg;
 	cr_assert_eq(tr_infer_run(&o, &msg), -EINVAL);
 	cr_assert(strstr(msg.message, "synthetic: 5 features per sample, the model takes 6"), "%s", msg.message);
@@ -446,17 +461,19 @@ Test(spec_test_source, parsed_normalized_and_checked)
 {
 	struct tr_spec spec;
 	struct tr_error serr;
-	const char *fmt = "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
-			  " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 50, \"features\": 4, \"classes\": 3},"
-			  "          \"test\": {\"format\": \"synthetic\", \"samples\": 20, \"features\": 4, \"classes\": %d}},"
-			  " \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+	const char *fmt =
+		"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 50, \"features\": 4, \"classes\": 3},"
+		"          \"test\": {\"format\": \"synthetic\", \"samples\": 20, \"features\": 4, \"classes\": %d}},"
+		" \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
 	char text[1024];
 	snprintf(text, sizeof text, fmt, 3);
 	cr_assert_eq(tr_spec_parse_text(text, &spec, &serr), 0, "%s", serr.message);
 	cr_assert(spec.test.present);
 	cr_assert_eq(spec.test.samples, 20);
 	json_t *j = tr_spec_to_json(&spec);
-	cr_assert_eq(json_integer_value(json_object_get(json_object_get(json_object_get(j, "data"), "test"), "samples")),
+	cr_assert_eq(json_integer_value(
+			     json_object_get(json_object_get(json_object_get(j, "data"), "test"), "samples")),
 		     20);
 	json_decref(j);
 	tr_spec_finish(&spec);

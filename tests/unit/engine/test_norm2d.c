@@ -105,8 +105,8 @@ static double bn_ref(int n, int c, int hw, double eps, const double *x, const do
 }
 
 /* torch.nn.GroupNorm: per sample and group, biased variance. */
-static double gn_ref(int n, int c, int hw, int groups, double eps, const double *x, const double *g,
-		     const double *b, const double *w, double *y)
+static double gn_ref(int n, int c, int hw, int groups, double eps, const double *x, const double *g, const double *b,
+		     const double *w, double *y)
 {
 	double L = 0.0;
 	int cg = c / groups;
@@ -283,11 +283,11 @@ struct rank_job {
 static void *rank_main(void *arg)
 {
 	struct rank_job *j = arg;
-	j->rc = tr_bn_forward_train(&j->nc, j->n, j->c, j->hw, j->step_rows, 1e-5f, 0.1f, j->x, j->gamma, j->beta,
-				    j->y, j->mean, j->var, j->rm, j->rv, j->nb);
+	j->rc = tr_bn_forward_train(&j->nc, j->n, j->c, j->hw, j->step_rows, 1e-5f, 0.1f, j->x, j->gamma, j->beta, j->y,
+				    j->mean, j->var, j->rm, j->rv, j->nb);
 	if (j->rc == 0)
-		j->rc = tr_bn_backward(&j->nc, j->n, j->c, j->hw, j->step_rows, 1e-5f, j->x, j->gamma, j->mean,
-				       j->var, j->dy, j->dx, j->scratch, j->dg, j->db);
+		j->rc = tr_bn_backward(&j->nc, j->n, j->c, j->hw, j->step_rows, 1e-5f, j->x, j->gamma, j->mean, j->var,
+				       j->dy, j->dx, j->scratch, j->dg, j->db);
 	return NULL;
 }
 
@@ -300,8 +300,15 @@ Test(norm2d, batchnorm_three_devices_one_idle_match_one_device)
 	float *dy = frand(len, -1.0, 1.0);
 
 	/* one device */
-	struct rank_job one = {.nc = {be, 0, NULL, 0, 1}, .n = n, .c = c, .hw = hw, .step_rows = n, .x = x,
-			       .gamma = gamma, .beta = beta, .dy = dy};
+	struct rank_job one = {.nc = {be, 0, NULL, 0, 1},
+			       .n = n,
+			       .c = c,
+			       .hw = hw,
+			       .step_rows = n,
+			       .x = x,
+			       .gamma = gamma,
+			       .beta = beta,
+			       .dy = dy};
 	one.y = fzero(len), one.dx = fzero(len), one.mean = fzero(c), one.var = fzero(c), one.rm = fzero(c);
 	one.rv = fzero(c), one.nb = fzero(1), one.dg = fzero(c), one.db = fzero(c);
 	one.scratch = fzero(TR_BN_SCRATCH(c));
@@ -409,7 +416,8 @@ Test(norm2d, groupnorm_forward_backward_against_reference)
 		float *rstd = fzero((size_t)n * groups), *dg = fzero(c), *db = fzero(c);
 		cr_assert_eq(be->i->groupnorm_forward(be, 0, n, c, hw, groups, 1e-5f, x, gamma, beta, y, mean, rstd), 0,
 			     "%s", be->i->last_error(be));
-		cr_assert_eq(be->i->groupnorm_backward(be, 0, n, c, hw, groups, x, gamma, mean, rstd, w, dx, dg, db), 0);
+		cr_assert_eq(be->i->groupnorm_backward(be, 0, n, c, hw, groups, x, gamma, mean, rstd, w, dx, dg, db),
+			     0);
 		double *xd = todouble(x, len), *gd = todouble(gamma, c), *bd = todouble(beta, c),
 		       *wd = todouble(w, len), *yref = calloc(len, sizeof(double));
 		gn_ref(n, c, hw, groups, 1e-5, xd, gd, bd, wd, yref);

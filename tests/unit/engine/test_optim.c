@@ -277,14 +277,14 @@ static void into_matches_in_place(const char *what, const struct tr_spec *spec)
 		int to = 3 - from;
 		for (int b = 0; b < 3; b++)
 			memcpy(buf[3][b], buf[from][b], bytes);
-		cr_assert_eq(tr_optim_apply(be, 0, type, M, buf[0][0], g, buf[0][1], buf[0][2], &hp), 0, "%s: %s",
-			     what, be->i->last_error(be));
+		cr_assert_eq(tr_optim_apply(be, 0, type, M, buf[0][0], g, buf[0][1], buf[0][2], &hp), 0, "%s: %s", what,
+			     be->i->last_error(be));
 		cr_assert_eq(tr_optim_apply_into(be, 0, type, M, buf[from][0], g, buf[from][1], buf[from][2],
 						 buf[to][0], buf[to][1], buf[to][2], &hp),
 			     0, "%s: %s", what, be->i->last_error(be));
 		for (int b = 0; b < 3; b++) {
-			cr_assert_eq(memcmp(buf[from][b], buf[3][b], bytes), 0, "%s step %d: buffer %d of the inputs changed",
-				     what, step, b);
+			cr_assert_eq(memcmp(buf[from][b], buf[3][b], bytes), 0,
+				     "%s step %d: buffer %d of the inputs changed", what, step, b);
 			if (b == 0 || (b == 1 && tr_optim_state_buffers(type, spec) >= 1) ||
 			    tr_optim_state_buffers(type, spec) == 2)
 				cr_assert_eq(memcmp(buf[to][b], buf[0][b], bytes), 0,
@@ -360,8 +360,7 @@ static void expect_lr(const struct tr_spec *s, int64_t step, int64_t total, doub
 
 Test(schedule, warmup_boundaries)
 {
-	static const enum tr_sched_type types[] = {TR_SCHED_CONSTANT, TR_SCHED_STEP, TR_SCHED_COSINE,
-						   TR_SCHED_LINEAR};
+	static const enum tr_sched_type types[] = {TR_SCHED_CONSTANT, TR_SCHED_STEP, TR_SCHED_COSINE, TR_SCHED_LINEAR};
 	const double base = (double)0.1f;
 	for (int k = 0; k < 4; k++) {
 		struct tr_spec s = sched_spec(types[k], 4);

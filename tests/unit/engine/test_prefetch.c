@@ -98,8 +98,11 @@ static void check_batches_match_plan(const struct tr_plan *plan, const int (*con
 	for (size_t c = 0; c < nconfigs; c++) {
 		struct test_reader tr;
 		reader_init(&tr, plan->samples);
-		struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = plan, .workers = configs[c][0],
-						 .depth = configs[c][1], .end_step = plan->total_steps};
+		struct tr_prefetch_config cfg = {.reader = &tr.base,
+						 .plan = plan,
+						 .workers = configs[c][0],
+						 .depth = configs[c][1],
+						 .end_step = plan->total_steps};
 		tr_prefetch_t *pf;
 		cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0, "%s", err.message);
 		int64_t *idx = malloc((size_t)plan->batch * sizeof *idx);
@@ -150,8 +153,8 @@ Test(prefetch, loaders_share_a_step)
 	struct test_reader tr;
 	reader_init(&tr, 256);
 	tr.meet = true;
-	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 1,
-					 .end_step = plan.total_steps};
+	struct tr_prefetch_config cfg = {
+		.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 1, .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
 	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	const struct tr_batch *b;
@@ -171,8 +174,8 @@ Test(prefetch, chunk_error_names_the_sample)
 	struct test_reader tr;
 	reader_init(&tr, 320);
 	tr.fail_at = 2 * 32 + 27; /* step 2, last chunk */
-	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 3,
-					 .end_step = plan.total_steps};
+	struct tr_prefetch_config cfg = {
+		.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 3, .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
 	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	const struct tr_batch *b;
@@ -203,12 +206,16 @@ Test(prefetch, a_step_is_ready_after_its_full_load_cost)
 	struct tr_plan plan;
 	struct tr_error err;
 	cr_assert_eq(tr_plan_init(&plan, 64, 8, TR_LAST_DROP, false, 1, 1, 0, &err), 0);
-	struct tr_source_spec src = {.format = TR_DATA_SYNTHETIC, .task = TR_SYNTH_CLASSIFICATION,
-				     .samples = 64, .features = 3, .classes = 2, .load_cost_us = 1500};
+	struct tr_source_spec src = {.format = TR_DATA_SYNTHETIC,
+				     .task = TR_SYNTH_CLASSIFICATION,
+				     .samples = 64,
+				     .features = 3,
+				     .classes = 2,
+				     .load_cost_us = 1500};
 	tr_reader_t *r = NULL;
 	cr_assert_eq(tr_reader_open(&src, 1, NULL, NULL, &r, &err), 0, "%s", err.message);
-	struct tr_prefetch_config cfg = {.reader = r, .plan = &plan, .workers = 1, .depth = 1,
-					 .end_step = plan.total_steps};
+	struct tr_prefetch_config cfg = {
+		.reader = r, .plan = &plan, .workers = 1, .depth = 1, .end_step = plan.total_steps};
 	double t0 = now_s();
 	tr_prefetch_t *pf;
 	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
@@ -242,8 +249,8 @@ Test(prefetch, cancel_wakes_a_blocked_consumer)
 	struct test_reader tr;
 	reader_init(&tr, 1000);
 	tr.sleep_us = 20000; /* 2 s per step */
-	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 2, .depth = 2,
-					 .end_step = plan.total_steps};
+	struct tr_prefetch_config cfg = {
+		.reader = &tr.base, .plan = &plan, .workers = 2, .depth = 2, .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
 	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	struct waiter w = {.pf = pf};
@@ -267,8 +274,8 @@ Test(prefetch, loader_error_reaches_the_consumer_at_that_step)
 	struct test_reader tr;
 	reader_init(&tr, 40);
 	tr.fail_at = 13; /* step 3 */
-	struct tr_prefetch_config cfg = {.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 4,
-					 .end_step = plan.total_steps};
+	struct tr_prefetch_config cfg = {
+		.reader = &tr.base, .plan = &plan, .workers = 4, .depth = 4, .end_step = plan.total_steps};
 	tr_prefetch_t *pf;
 	cr_assert_eq(tr_prefetch_create(&cfg, &pf, &err), 0);
 	for (int64_t s = 0; s < 3; s++) {

@@ -63,7 +63,7 @@ static void setup(void)
 	struct {
 		const char *name, *target;
 	} links[] = {
-		{"in_link", "sub/inner.csv"}, {"in_dir", "sub"},     {"up_link", "../outside/secret.csv"},
+		{"in_link", "sub/inner.csv"}, {"in_dir", "sub"}, {"up_link", "../outside/secret.csv"},
 		{"out_dir", "../outside"},    {"loop", "loop"},
 	};
 	for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
@@ -134,7 +134,7 @@ static void check_cases(void)
 
 	/* Every way out gives -ENOENT and the same words as a missing file. */
 	const char *out[] = {
-		"../outside/secret.csv", "up_link",     "out_dir/secret.csv", "abs_link",    "loop",
+		"../outside/secret.csv",        "up_link",     "out_dir/secret.csv",     "abs_link",   "loop",
 		"sub/../../outside/secret.csv", "missing.csv", "../outside/missing.csv", "good.csv/x",
 	};
 	for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {

@@ -293,7 +293,8 @@ static void expect_same_layers(struct tr_layer_spec *a, struct tr_layer_spec *b,
 			memcpy(x, a[i].inner, sizeof(*x) * (size_t)a[i].n_inner);
 			memcpy(y, b[i].inner, sizeof(*y) * (size_t)b[i].n_inner);
 			expect_same_layers(x, y, a[i].n_inner);
-			cr_expect(memcmp(x, y, sizeof(*x) * (size_t)a[i].n_inner) == 0, "layer %d: inner layers differ", i);
+			cr_expect(memcmp(x, y, sizeof(*x) * (size_t)a[i].n_inner) == 0, "layer %d: inner layers differ",
+				  i);
 			free(x);
 			free(y);
 		}
@@ -447,8 +448,7 @@ Test(spec, normalized_form_is_complete_and_readable)
 	/* every default is spelled out */
 	cr_expect_str_eq(json_string_value(json_object_get(j, "backend")), "auto");
 	cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "prefetch"), "depth")), 4);
-	cr_expect_eq(json_integer_value(json_object_get(json_object_get(json_object_get(j, "data"), "train"),
-							"seed")),
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(json_object_get(j, "data"), "train"), "seed")),
 		     0);
 	cr_expect(json_is_true(json_object_get(json_object_get(j, "data"), "shuffle")));
 	/* keys of other variants are not */
@@ -613,8 +613,7 @@ ParameterizedTestParameters(spec, invalid)
 		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8}", "/data/train/path"},
 		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"input_path\": \"a\"}",
 		 "/data/train/response_path"},
-		{"/data/train",
-		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"input_path\": \"a\"}",
+		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"input_path\": \"a\"}",
 		 "/data/train/input_path"},
 		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"degrade\": 2}",
 		 "/data/train/degrade"},
@@ -631,7 +630,8 @@ ParameterizedTestParameters(spec, invalid)
 		 "/data/train/degrade"},
 		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"response\": \"x\"}",
 		 "/data/train/response"},
-		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"patches_per_image\": 0}",
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"patches_per_image\": 0}",
 		 "/data/train/patches_per_image"},
 		{"/data/train", "{\"format\": \"idx\", \"images\": \"i\"}", "/data/train/labels"},
 		{"/data/transforms", "[{\"type\": \"normalize\", \"std\": [1]}]", "/data/transforms/0/mean"},
@@ -689,7 +689,8 @@ ParameterizedTestParameters(spec, invalid)
 		{"/model/layers/0", "{\"type\": \"conv2d\", \"kernel\": 3}", "/model/layers/0/filters"},
 		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": [3, 0]}",
 		 "/model/layers/0/kernel/1"},
-		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": [3]}", "/model/layers/0/kernel"},
+		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": [3]}",
+		 "/model/layers/0/kernel"},
 		{"/model/layers/0", "{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3, \"padding\": \"valid\"}",
 		 "/model/layers/0/padding"},
 		{"/model/layers/0", "{\"type\": \"maxpool2d\", \"kernel\": 2, \"padding\": \"same\"}",
@@ -724,8 +725,9 @@ ParameterizedTestParameters(spec, invalid)
 		{"/devices", "\"some\"", "/devices"},
 		{"/devices", "2.0", "/devices"},
 		/* cross-field */
-		{"/data", "{\"train\": " SYN "\"classes\": 4}, \"validation\": " SYN "\"classes\": 4},"
-			  " \"validation_split\": 0.1}",
+		{"/data",
+		 "{\"train\": " SYN "\"classes\": 4}, \"validation\": " SYN "\"classes\": 4},"
+		 " \"validation_split\": 0.1}",
 		 "/data/validation_split"},
 		{"/model/layers", "[]", "/model/layers"},
 		{"/model/layers", "[{\"type\": \"relu\"}]", "/model/layers"},
@@ -1180,7 +1182,8 @@ Test(spec, early_stopping)
 	tr_spec_finish(&s);
 
 	json_object_set_new(doc, "early_stopping",
-			    json_pack("{ss ss si sf}", "metric", "val_loss", "mode", "max", "patience", 2, "min_delta", 0.5));
+			    json_pack("{ss ss si sf}", "metric", "val_loss", "mode", "max", "patience", 2, "min_delta",
+				      0.5));
 	cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
 	cr_expect(s.early_stopping.mode_max, "an explicit mode wins");
 	cr_expect_eq(s.early_stopping.patience, 2);

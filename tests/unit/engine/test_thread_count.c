@@ -55,8 +55,7 @@ static void conv_run(enum tr_cpu_conv route, int devices, int budget, const stru
 	o->db = malloc((size_t)d->f * sizeof(float));
 	cr_assert(o->y && o->dx && o->dw && o->db);
 	int dev = devices - 1;
-	cr_assert_eq(be->i->conv2d_forward(be, dev, d, rows, x, w, b, o->y, work), 0, "%s",
-		     be->i->last_error(be));
+	cr_assert_eq(be->i->conv2d_forward(be, dev, d, rows, x, w, b, o->y, work), 0, "%s", be->i->last_error(be));
 	cr_assert_eq(be->i->conv2d_backward(be, dev, d, rows, x, w, dy, o->dx, o->dw, o->db, work), 0, "%s",
 		     be->i->last_error(be));
 	tr_backend_destroy(be);
@@ -90,10 +89,10 @@ static void conv_same_bits(enum tr_cpu_conv route, const struct tr_conv2d_desc *
 		const char *what = devices == 1 ? "one device" : "two devices";
 		cr_expect_eq(memcmp(o.y, ref.y, ny * sizeof(float)), 0, "%s, budget %d: y differs from 1 thread's",
 			     what, budget);
-		cr_expect_eq(memcmp(o.dx, ref.dx, nx * sizeof(float)), 0,
-			     "%s, budget %d: dx differs from 1 thread's", what, budget);
-		cr_expect_eq(memcmp(o.dw, ref.dw, nw * sizeof(float)), 0,
-			     "%s, budget %d: dW differs from 1 thread's", what, budget);
+		cr_expect_eq(memcmp(o.dx, ref.dx, nx * sizeof(float)), 0, "%s, budget %d: dx differs from 1 thread's",
+			     what, budget);
+		cr_expect_eq(memcmp(o.dw, ref.dw, nw * sizeof(float)), 0, "%s, budget %d: dW differs from 1 thread's",
+			     what, budget);
 		cr_expect_eq(memcmp(o.db, ref.db, (size_t)d->f * sizeof(float)), 0,
 			     "%s, budget %d: db differs from 1 thread's", what, budget);
 		conv_free(&o);
@@ -103,11 +102,37 @@ static void conv_same_bits(enum tr_cpu_conv route, const struct tr_conv2d_desc *
 
 /* 32 -> 64 channels, 3x3, padding 1, on 28x28 images, 24 samples: every
  * GEMM is far above the one-thread size. */
-static const struct tr_conv2d_desc mid = {.c = 32, .h = 28, .w = 28, .f = 64, .ho = 28, .wo = 28, .kh = 3,
-					  .kw = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1};
+static const struct tr_conv2d_desc mid = {.c = 32,
+					  .h = 28,
+					  .w = 28,
+					  .f = 64,
+					  .ho = 28,
+					  .wo = 28,
+					  .kh = 3,
+					  .kw = 3,
+					  .sh = 1,
+					  .sw = 1,
+					  .ph = 1,
+					  .pw = 1,
+					  .dh = 1,
+					  .dw = 1,
+					  .groups = 1};
 /* Two groups, stride 2, 5x5 on 33x33: odd sizes everywhere. */
-static const struct tr_conv2d_desc odd = {.c = 16, .h = 33, .w = 33, .f = 48, .ho = 16, .wo = 16, .kh = 5,
-					  .kw = 5, .sh = 2, .sw = 2, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 2};
+static const struct tr_conv2d_desc odd = {.c = 16,
+					  .h = 33,
+					  .w = 33,
+					  .f = 48,
+					  .ho = 16,
+					  .wo = 16,
+					  .kh = 5,
+					  .kw = 5,
+					  .sh = 2,
+					  .sw = 2,
+					  .ph = 1,
+					  .pw = 1,
+					  .dh = 1,
+					  .dw = 1,
+					  .groups = 2};
 
 Test(thread_count, im2col_conv_is_independent_of_threads)
 {

@@ -519,7 +519,9 @@ static void exact_resume(const char *job, int devices)
 
 	/* Uninterrupted run, checkpointing every 7 steps. */
 	struct ckpt_sink sink = {0};
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = devices,
 					 .hooks = {.checkpoint = keep_snapshot, .ctx = &sink}};
 	tr_trainer_t *t;
 	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
@@ -604,7 +606,7 @@ struct lend_sink {
 
 static int lend_hook(void *ctx, struct tr_snapshot *snap, bool final)
 {
-	(void)final;
+	(void) final;
 	struct lend_sink *k = ctx;
 	cr_assert_lt(k->n, 64);
 	k->lent += snap->lease != NULL;
@@ -639,7 +641,9 @@ static float *train_lending(tr_backend_t *be, const struct tr_spec *spec, int de
 			    size_t *n_params)
 {
 	struct tr_error err;
-	struct tr_trainer_options opt = {.spec = spec, .backend = be, .devices = devices,
+	struct tr_trainer_options opt = {.spec = spec,
+					 .backend = be,
+					 .devices = devices,
 					 .hooks = {.checkpoint = sink ? lend_hook : NULL, .ctx = sink}};
 	tr_trainer_t *t;
 	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
@@ -698,8 +702,9 @@ static void zero_copy_snapshots(const char *job, int devices, bool lend)
 		float *got = train_lending(be, &spec, devices, &sink, &n);
 		cr_assert_geq(sink.n, 3);
 		cr_assert_eq(sink.lent, lend ? sink.n : 0, "%d of %d snapshots were lent", sink.lent, sink.n);
-		cr_assert_eq(memcmp(got, plain, n * sizeof(float)), 0, "%d devices: checkpoints (%s) changed the result",
-			     devices, scribble ? "freed at once, spares reused" : "held");
+		cr_assert_eq(memcmp(got, plain, n * sizeof(float)), 0,
+			     "%d devices: checkpoints (%s) changed the result", devices,
+			     scribble ? "freed at once, spares reused" : "held");
 		/* The trainer is gone: what the held snapshots show is theirs. */
 		for (int i = 0; !scribble && i < sink.n; i++) {
 			struct tr_snapshot *s = sink.snaps[i];
@@ -708,8 +713,8 @@ static void zero_copy_snapshots(const char *job, int devices, bool lend)
 				     "the snapshot at step %lld changed after it was taken", (long long)s->step);
 			for (int b = 0; b < s->n_state; b++)
 				cr_assert_eq(memcmp(s->state[b], sink.copies[i] + n * (size_t)(1 + b), bytes), 0,
-					     "the snapshot at step %lld: optimizer buffer %d changed", (long long)s->step,
-					     b);
+					     "the snapshot at step %lld: optimizer buffer %d changed",
+					     (long long)s->step, b);
 			tr_snapshot_free(s);
 			free(sink.copies[i]);
 		}
@@ -735,10 +740,11 @@ Test(trainer, zero_copy_snapshots_sgd_momentum_three_devices)
 
 Test(trainer, zero_copy_snapshots_plain_sgd_two_devices)
 {
-	const char *job = "{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
-			  " {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\": \"synthetic\","
-			  " \"samples\": 90, \"features\": 4, \"classes\": 3}, \"shuffle\": true}, \"batch_size\": 10,"
-			  " \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"checkpoint\": {\"every_steps\": 4}}";
+	const char *job =
+		"{\"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8}, {\"type\": \"relu\"},"
+		" {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\": \"synthetic\","
+		" \"samples\": 90, \"features\": 4, \"classes\": 3}, \"shuffle\": true}, \"batch_size\": 10,"
+		" \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"checkpoint\": {\"every_steps\": 4}}";
 	zero_copy_snapshots(job, 2, true);
 }
 
@@ -1064,7 +1070,8 @@ Test(upload_ahead, next_share_enqueued_before_final_sync)
 			for (int s = 0; s < AHEAD_STEPS; s++) {
 				bool idle = o[s].uploads == 0;
 				cr_assert_eq(o[s].asyncs + o[s].fences, 0, "the synchronous path used the copy stream");
-				cr_assert(idle ? o[s].memsets == 1 : o[s].uploads == 2, "%s dev %d step %d", what, d, s);
+				cr_assert(idle ? o[s].memsets == 1 : o[s].uploads == 2, "%s dev %d step %d", what, d,
+					  s);
 				idle_steps += idle;
 				/* what this step was given ahead, and how it started */
 				bool given = s > 0 && !idle;
@@ -1074,7 +1081,8 @@ Test(upload_ahead, next_share_enqueued_before_final_sync)
 				if (given) {
 					cr_assert(n[s - 1].async_hash[0] == o[s].up_hash[0] &&
 							  n[s - 1].async_hash[1] == o[s].up_hash[1],
-						  "%s dev %d: step %d's async copies are not its share", what, d, s + 1);
+						  "%s dev %d: step %d's async copies are not its share", what, d,
+						  s + 1);
 					cr_assert_eq(n[s].uploads, 0, "%s dev %d step %d copied synchronously", what, d,
 						     s + 1);
 					cr_assert_eq(n[s].fences, 1, "%s dev %d step %d", what, d, s + 1);
@@ -1354,12 +1362,13 @@ static void *set_flag_later(void *arg)
 Test(trainer, cancel_during_setup_returns_promptly, .timeout = 60)
 {
 	char job[1024];
-	snprintf(job, sizeof job,
-		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
-		 " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": %lld, \"features\": 4, \"classes\": 2},"
-		 " \"transforms\": [{\"type\": \"standardize\"}]}, \"batch_size\": 64, \"epochs\": 1,"
-		 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
-		 (long long)TR_SPEC_MAX_SAMPLES);
+	snprintf(
+		job, sizeof job,
+		"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": %lld, \"features\": 4, \"classes\": 2},"
+		" \"transforms\": [{\"type\": \"standardize\"}]}, \"batch_size\": 64, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
+		(long long)TR_SPEC_MAX_SAMPLES);
 	struct tr_spec spec;
 	parse(job, &spec);
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
@@ -1430,7 +1439,10 @@ static void nan_case(bool nan_label, int devices, const char *want)
 	cr_assert(spec.stop_on_nan, "stop_on_nan defaults to true");
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 	struct ckpt_sink sink = {0};
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = devices,
+					 .train_reader = &br.base,
 					 .hooks = {.checkpoint = keep_snapshot, .ctx = &sink}};
 	tr_trainer_t *t = NULL;
 	struct tr_error err;
@@ -1508,7 +1520,8 @@ struct named_points {
 static void collect_named(void *ctx, const struct tr_metric_point *p)
 {
 	struct named_points *np = ctx;
-	if (p->step == 1 && np->n < 32 && (strncmp(p->name, "grad_norm", 9) == 0 || strncmp(p->name, "weight_norm", 11) == 0)) {
+	if (p->step == 1 && np->n < 32 &&
+	    (strncmp(p->name, "grad_norm", 9) == 0 || strncmp(p->name, "weight_norm", 11) == 0)) {
 		snprintf(np->names[np->n], sizeof np->names[0], "%s", p->name);
 		np->values[np->n++] = p->value;
 	}
@@ -1551,7 +1564,9 @@ Test(trainer, per_layer_norms_match_direct_computation)
 	parse(job, &spec);
 	tr_backend_t *be = tr_cpu_backend_create(2, 1);
 	struct named_points pts = {0};
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = 2,
 					 .hooks = {.metric = collect_named, .ctx = &pts}};
 	tr_trainer_t *t = NULL;
 	struct tr_error err;
@@ -1576,7 +1591,8 @@ Test(trainer, per_layer_norms_match_direct_computation)
 		layers_with_params++;
 		double g = slice_norm(before, after, 0.5f, l->w_off, l->w_len) +
 			   slice_norm(before, after, 0.5f, l->b_off, l->b_len);
-		double w = slice_norm(after, NULL, 1, l->w_off, l->w_len) + slice_norm(after, NULL, 1, l->b_off, l->b_len);
+		double w =
+			slice_norm(after, NULL, 1, l->w_off, l->w_len) + slice_norm(after, NULL, 1, l->b_off, l->b_len);
 		cr_assert_leq(rel(named(&pts, name), sqrt(g)), 1e-4, "%s: %g vs direct %g", name, named(&pts, name),
 			      sqrt(g));
 		snprintf(name, sizeof name, "weight_norm.%d", i);
@@ -1631,7 +1647,9 @@ Test(trainer, update_ratio_matches_direct_computation)
 	parse(job, &spec);
 	tr_backend_t *be = tr_cpu_backend_create(2, 1);
 	struct named_points pts = {0};
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = 2,
 					 .hooks = {.metric = collect_ratio, .ctx = &pts}};
 	tr_trainer_t *t = NULL;
 	struct tr_error err;
@@ -1706,7 +1724,9 @@ static void es_run_job(const char *text, struct es_run *r)
 	parse(text, &spec);
 	memset(r, 0, sizeof *r);
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = 1,
 					 .hooks = {.checkpoint = es_checkpoint, .log = es_log, .ctx = r}};
 	tr_trainer_t *t = NULL;
 	cr_assert_eq(tr_trainer_create(&opt, &t, &r->err), 0, "%s", r->err.message);
@@ -1851,7 +1871,10 @@ static void act_run(int devices, struct act_points *pts, float **w0, const tr_mo
 	parse(ACT_JOB, &spec);
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 	memset(pts, 0, sizeof *pts);
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices, .train_reader = &br.base,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = devices,
+					 .train_reader = &br.base,
 					 .hooks = {.metric = act_collect, .ctx = pts}};
 	tr_trainer_t *t = NULL;
 	struct tr_error err;
@@ -1978,7 +2001,9 @@ Test(trainer, lr_throughput_and_wait_monitors_between_log_steps)
 	parse(job, &spec);
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	struct sched_points pts = {0};
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 1,
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = 1,
 					 .hooks = {.metric = sched_collect, .ctx = &pts}};
 	tr_trainer_t *t = NULL;
 	struct tr_error err;

@@ -200,14 +200,15 @@ Test(trainer_images, images_job_is_loader_and_device_count_invariant)
 		snprintf(name, sizeof name, "set/%s/%03d.png", i % 2 ? "light" : "dark", i);
 		write_png(name, 6, 7, 3, i, i % 2);
 	}
-	snprintf(job, sizeof job,
-		 "{\"seed\": 3, \"model\": {\"inputs\": 108, \"layers\": [{\"type\": \"dense\", \"units\": 16},"
-		 " {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 2}]},"
-		 " \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"resize\": 8, \"center_crop\": 6},"
-		 " \"transforms\": [{\"type\": \"normalize\", \"mean\": [120, 120, 120], \"std\": [60, 60, 60]},"
-		 " {\"type\": \"random_crop\", \"padding\": 1}, {\"type\": \"flip\"}, {\"type\": \"rot90\"}]},"
-		 " \"batch_size\": 8, \"epochs\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}",
-		 in_dir("set"));
+	snprintf(
+		job, sizeof job,
+		"{\"seed\": 3, \"model\": {\"inputs\": 108, \"layers\": [{\"type\": \"dense\", \"units\": 16},"
+		" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 2}]},"
+		" \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"resize\": 8, \"center_crop\": 6},"
+		" \"transforms\": [{\"type\": \"normalize\", \"mean\": [120, 120, 120], \"std\": [60, 60, 60]},"
+		" {\"type\": \"random_crop\", \"padding\": 1}, {\"type\": \"flip\"}, {\"type\": \"rot90\"}]},"
+		" \"batch_size\": 8, \"epochs\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}",
+		in_dir("set"));
 	loaders_and_devices(job);
 }
 
@@ -324,14 +325,15 @@ Test(trainer_images, conv_model_takes_its_input_shape_from_the_data)
 		write_png(name, 9, 7, 3, i, i % 2);
 	}
 	for (int k = 0; k < 4; k++) {
-		snprintf(job, sizeof job,
-			 "{\"seed\": 3, \"model\": {%s\"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3},"
-			 " {\"type\": \"relu\"}, {\"type\": \"global_avg_pool\"}, {\"type\": \"flatten\"},"
-			 " {\"type\": \"dense\", \"units\": 2}]},"
-			 " \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"resize\": 8,"
-			 " \"center_crop\": 6}},"
-			 " \"batch_size\": 4, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}",
-			 inputs[k], in_dir("set"));
+		snprintf(
+			job, sizeof job,
+			"{\"seed\": 3, \"model\": {%s\"layers\": [{\"type\": \"conv2d\", \"filters\": 4, \"kernel\": 3},"
+			" {\"type\": \"relu\"}, {\"type\": \"global_avg_pool\"}, {\"type\": \"flatten\"},"
+			" {\"type\": \"dense\", \"units\": 2}]},"
+			" \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"resize\": 8,"
+			" \"center_crop\": 6}},"
+			" \"batch_size\": 4, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}",
+			inputs[k], in_dir("set"));
 		run_job(job, 1, 2, r);
 		if (k < 2) {
 			cr_assert_eq(r->rc, 0, "%s: %s", inputs[k], r->err.message);
@@ -340,7 +342,8 @@ Test(trainer_images, conv_model_takes_its_input_shape_from_the_data)
 		} else {
 			cr_assert_lt(r->rc, 0, "%s: the job should fail", inputs[k]);
 			cr_assert_not_null(strstr(r->err.message, "/model/inputs"), "%s", r->err.message);
-			cr_assert_not_null(strstr(r->err.message, k == 2 ? "[1, 6, 6]" : "[3, 4, 9]"), "%s", r->err.message);
+			cr_assert_not_null(strstr(r->err.message, k == 2 ? "[1, 6, 6]" : "[3, 4, 9]"), "%s",
+					   r->err.message);
 			cr_assert_not_null(strstr(r->err.message, "[3, 6, 6]"), "%s", r->err.message);
 		}
 		free(r->params);
@@ -359,7 +362,7 @@ static int keep(void *ctx, struct tr_snapshot *snap, bool final)
 {
 	struct sink *k = ctx;
 
-	(void)final;
+	(void) final;
 	if (k->n >= 64)
 		return -1;
 	k->snaps[k->n++] = snap;
@@ -394,8 +397,8 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 		 " \"checkpoint\": {\"every_steps\": 4}}",
 		 in_dir("pics"));
 	cr_assert_eq(tr_spec_parse_text(job, &spec, &e), 0, "%s", e.message);
-	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = 2, .workers = 2,
-					 .hooks = {.checkpoint = keep, .ctx = &sink}};
+	struct tr_trainer_options opt = {
+		.spec = &spec, .backend = be, .devices = 2, .workers = 2, .hooks = {.checkpoint = keep, .ctx = &sink}};
 	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 	n = tr_trainer_model(t)->n_params;
@@ -410,8 +413,8 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 		cr_assert_eq(tr_trainer_restore(t, sink.snaps[i], false, &err), 0, "%s", err.message);
 		cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
 		tr_trainer_copy_params(t, 0, resumed);
-		cr_assert_eq(memcmp(resumed, straight, n * sizeof(float)), 0, "resuming at step %lld changed the result",
-			     (long long)sink.snaps[i]->step);
+		cr_assert_eq(memcmp(resumed, straight, n * sizeof(float)), 0,
+			     "resuming at step %lld changed the result", (long long)sink.snaps[i]->step);
 		tr_trainer_destroy(t);
 	}
 	for (int i = 0; i < sink.n; i++)

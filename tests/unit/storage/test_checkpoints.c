@@ -428,9 +428,9 @@ Test(ckpt, reads_across_chunk_boundaries)
 		uint64_t off;
 		size_t len;
 	} fixed[] = {
-		{0, 1},           {CHUNK - 1, 2},      {CHUNK - 10, 20},   {2 * CHUNK - 1, CHUNK + 2},
-		{CHUNK, CHUNK},   {1, 3 * CHUNK},      {3 * CHUNK - 5, 5}, {3 * CHUNK, n - 3 * CHUNK},
-		{0, n},           {n - 1, 1},          {123, 0},
+		{0, 1},         {CHUNK - 1, 2}, {CHUNK - 10, 20},   {2 * CHUNK - 1, CHUNK + 2},
+		{CHUNK, CHUNK}, {1, 3 * CHUNK}, {3 * CHUNK - 5, 5}, {3 * CHUNK, n - 3 * CHUNK},
+		{0, n},         {n - 1, 1},     {123, 0},
 	};
 	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
 		ssize_t got = tr_store_ckpt_read(r, fixed[i].off, buf, fixed[i].len);
@@ -845,10 +845,10 @@ Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
 	}
 	pthread_join(t, NULL);
 	cr_assert_eq(b.rc, 0, "checkpoint: %s", tr_store_error(s));
-	cr_log_info("2 x 48 MiB checkpoints: %.0f ms; %d metric flushes, %d of them beside an open checkpoint",
-		    b.ms, flushes, beside);
-	cr_assert_geq(beside, 2, "only %d of %d flushes ran while a checkpoint was open (%.0f ms of writing)",
-		      beside, flushes, b.ms);
+	cr_log_info("2 x 48 MiB checkpoints: %.0f ms; %d metric flushes, %d of them beside an open checkpoint", b.ms,
+		    flushes, beside);
+	cr_assert_geq(beside, 2, "only %d of %d flushes ran while a checkpoint was open (%.0f ms of writing)", beside,
+		      flushes, b.ms);
 	cr_assert_eq(tr_store_metric_drops(s, job), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), step);
 	struct tr_ckpt_row row;
@@ -960,13 +960,15 @@ static void old_checkpoint(sqlite3 *db, int64_t id, int64_t job, int64_t step, c
 {
 	char hex[65], sql[512];
 	tr_sha256_hex(data, n, hex);
-	snprintf(sql, sizeof sql,
-		 "INSERT INTO checkpoints (id, job_id, step, epoch, created_at, bytes, sha256, model_header, params_offset,"
-		 " params_bytes, complete) VALUES (%lld, %lld, %lld, 0, 1e9, %zu, '%s', X'', 0, %zu, %d)",
-		 (long long)id, (long long)job, (long long)step, n, hex, n, complete);
+	snprintf(
+		sql, sizeof sql,
+		"INSERT INTO checkpoints (id, job_id, step, epoch, created_at, bytes, sha256, model_header, params_offset,"
+		" params_bytes, complete) VALUES (%lld, %lld, %lld, 0, 1e9, %zu, '%s', X'', 0, %zu, %d)",
+		(long long)id, (long long)job, (long long)step, n, hex, n, complete);
 	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
 	sqlite3_stmt *st;
-	cr_assert_eq(sqlite3_prepare_v2(db, "INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (?1, ?2, ?3)",
+	cr_assert_eq(sqlite3_prepare_v2(db,
+					"INSERT INTO checkpoint_chunks (checkpoint_id, seq, data) VALUES (?1, ?2, ?3)",
 					-1, &st, NULL),
 		     SQLITE_OK);
 	for (int k = 0; k < nseqs; k++) {
@@ -996,11 +998,12 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 	sqlite3 *db;
 	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
 	/* Back to schema version 2, as the older trainerd left it. */
-	cr_assert_eq(sqlite3_exec(db,
-				  "ALTER TABLE checkpoints DROP COLUMN best; ALTER TABLE checkpoints DROP COLUMN chunk_file;"
-				  " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results; PRAGMA user_version = 2;",
-				  NULL, NULL, NULL),
-		     SQLITE_OK, "%s", sqlite3_errmsg(db));
+	cr_assert_eq(
+		sqlite3_exec(db,
+			     "ALTER TABLE checkpoints DROP COLUMN best; ALTER TABLE checkpoints DROP COLUMN chunk_file;"
+			     " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results; PRAGMA user_version = 2;",
+			     NULL, NULL, NULL),
+		SQLITE_OK, "%s", sqlite3_errmsg(db));
 	const int all[] = {0, 1, 2}, gap[] = {0};
 	old_checkpoint(db, 50, job, 7, data, n, 1, all, 3);
 	old_checkpoint(db, 51, job, 5, other, CHUNK + 7, 1, gap, 1); /* chunk 1 is missing */
@@ -1011,8 +1014,9 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 	char stale[256];
 	file_of(50, stale, sizeof stale);
 	cr_assert_eq(sqlite3_open(stale, &db), SQLITE_OK);
-	cr_assert_eq(sqlite3_exec(db, "CREATE TABLE chunks (seq INTEGER PRIMARY KEY, data BLOB NOT NULL);"
-				      " INSERT INTO chunks VALUES (0, X'00')",
+	cr_assert_eq(sqlite3_exec(db,
+				  "CREATE TABLE chunks (seq INTEGER PRIMARY KEY, data BLOB NOT NULL);"
+				  " INSERT INTO chunks VALUES (0, X'00')",
 				  NULL, NULL, NULL),
 		     SQLITE_OK);
 	sqlite3_close(db);
@@ -1093,7 +1097,8 @@ Test(ckpt, a_pruned_file_is_written_over_by_the_next_checkpoint)
 		if (i == 5) /* a download of checkpoint 4 is under way when it is pruned */
 			cr_assert_eq(tr_store_ckpt_open(s, row[4].id, &r), 0, "%s", tr_store_error(s));
 		int64_t w0 = bytes_written();
-		cr_assert_eq(write_ckpt(s, job, i + 1, data[i], sizes[i], 1, &row[i]), 0, "%d: %s", i, tr_store_error(s));
+		cr_assert_eq(write_ckpt(s, job, i + 1, data[i], sizes[i], 1, &row[i]), 0, "%d: %s", i,
+			     tr_store_error(s));
 		int64_t wrote = bytes_written() - w0;
 		cr_assert_lt(wrote, (int64_t)(sizes[i] + sizes[i] / 16 + 2 * MiB), "%d: %lld bytes written", i,
 			     (long long)wrote);
@@ -1374,7 +1379,6 @@ Test(ckpt, unreadable_file_is_not_called_damaged)
 	free(data);
 	tr_store_close(s);
 }
-
 
 /* Early stopping's best checkpoint: a commit whose meta reason is "best"
  * takes the flag from the previous best, pruning by keep never removes the

@@ -770,7 +770,9 @@ Test(metrics, incremental_poll_returns_only_new_points)
 			cr_assert_eq(tr_store_metric_append(s, id, "loss", round * 300 + i, 0, 0, 1.0 / (1 + i), NULL),
 				     0);
 		cr_assert_eq(tr_store_flush(s, NULL), 0);
-		struct tr_metrics_query q = {.names = names, .from_step = seen + 1, .to_step = INT64_MAX,
+		struct tr_metrics_query q = {.names = names,
+					     .from_step = seen + 1,
+					     .to_step = INT64_MAX,
 					     .max_points = 2000};
 		json_t *res = tr_store_metrics_query(s, id, &q, NULL);
 		json_t *ser = series_of(res, "loss");
@@ -845,8 +847,10 @@ Test(metrics, whole_curve_memo_matches_full_computation, .timeout = 300)
 		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++) {
 			for (size_t f = 0; f < 2; f++) {
-				struct tr_metrics_query q = {.from_step = froms[f], .to_step = INT64_MAX,
-							     .max_points = maxes[k], .with_times = true};
+				struct tr_metrics_query q = {.from_step = froms[f],
+							     .to_step = INT64_MAX,
+							     .max_points = maxes[k],
+							     .with_times = true};
 				json_t *want = tr_store_metrics_query(s, id, &q, NULL);
 				cr_assert_not_null(want);
 				json_t *got = json_object();
@@ -941,9 +945,9 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 	size_t n = 1000000;
 	double t0 = now_ms();
 	for (size_t i = 0; i < n; i++)
-		cr_assert_eq(
-			tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3, NULL),
-			0);
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", (int64_t)i, 0, 0, sin(i * 1e-4) + (i % 977) * 1e-3,
+						    NULL),
+			     0);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	double t_write = now_ms() - t0;
 	const char *const loss[] = {"loss", NULL};
@@ -1167,8 +1171,7 @@ Test(events, paging_and_metrics_exactly_once)
 			cr_assert_not_null(d, "%s", ev[i].data);
 			size_t k;
 			json_t *p;
-			json_array_foreach(json_object_get(d, "points"), k, p)
-			{
+			json_array_foreach(json_object_get(d, "points"), k, p) {
 				const char *name = json_string_value(json_object_get(p, "name"));
 				int64_t step = json_integer_value(json_object_get(p, "step"));
 				cr_assert_eq(json_number_value(json_object_get(p, "wall")), 1.5);
@@ -1228,8 +1231,7 @@ Test(events, large_flush_is_split_but_complete)
 		cr_assert_leq(strlen(ev[i].data), 64 * 1024 + 256, "event %d has %zu bytes", i, strlen(ev[i].data));
 		size_t k;
 		json_t *p;
-		json_array_foreach(pts, k, p)
-		{
+		json_array_foreach(pts, k, p) {
 			int64_t step = json_integer_value(json_object_get(p, "step"));
 			cr_assert_not(seen[step]);
 			seen[step] = true;
