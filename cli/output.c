@@ -116,19 +116,6 @@ void tr_fmt_duration(char *buf, size_t len, double s)
 		snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
 }
 
-void tr_fmt_bytes(char *buf, size_t len, double b)
-{
-	static const char *const units[] = {"B", "kB", "MB", "GB", "TB"};
-	int u = 0;
-
-	while (b >= 1000 && u < 4)
-		b /= 1000, u++;
-	if (u == 0)
-		snprintf(buf, len, "%.0f B", b);
-	else
-		snprintf(buf, len, "%.1f %s", b, units[u]);
-}
-
 void tr_fmt_time(char *buf, size_t len, const char *t)
 {
 	struct tm tm = {0};

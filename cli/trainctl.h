@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/bytes.h"
 #include "core/job.h"
 #include "core/rfc3339.h"
 
@@ -109,8 +110,7 @@ void tr_table_add(struct tr_table *t, ...); /* ncols strings (NULL = "-") */
 void tr_table_print(struct tr_table *t, FILE *out);
 void tr_table_finish(struct tr_table *t);
 
-void tr_fmt_duration(char *buf, size_t len, double s);  /* 1:02:03, 4:05 */
-void tr_fmt_bytes(char *buf, size_t len, double bytes); /* 12.3 MB */
+void tr_fmt_duration(char *buf, size_t len, double s); /* 1:02:03, 4:05 */
 /* An RFC 3339 time from the API as local "YYYY-MM-DD HH:MM:SS", or "-". */
 void tr_fmt_time(char *buf, size_t len, const char *rfc3339);
 /* Prints JSON indented, with a newline. */

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "api/prometheus.h"
+#include "core/bytes.h"
 #include "daemon/log.h"
 #include "storage/checkpoints.h"
 
@@ -110,12 +111,17 @@ static void *writer_main(void *arg)
 		double took = mono_s() - t0;
 		if (rc == 0)
 			tr_prom_checkpoint_written(took, written);
-		size_t mb = it->snap->n_params * sizeof(float) * (size_t)(1 + it->snap->n_state);
 		if (rc == 0) {
+			/* the bytes the files took (weights, optimizer state,
+			 * headers), in the units trainctl shows them in */
+			double bytes = written ? (double)written
+					       : (double)it->snap->n_params * sizeof(float) * (1 + it->snap->n_state);
+			char size[TR_BYTES_LEN], rate[TR_BYTES_LEN];
+			tr_fmt_bytes(size, sizeof size, bytes);
+			tr_fmt_bytes(rate, sizeof rate, took > 0 ? bytes / took : 0.0);
 			const char *reason = json_string_value(json_object_get(it->snap->meta, "reason"));
-			snprintf(line, sizeof line, "checkpoint at step %lld (%s): %.1f MB in %.0f ms (%.0f MB/s)",
-				 (long long)it->snap->step, reason ? reason : "?", mb / 1e6, took * 1e3,
-				 took > 0 ? mb / 1e6 / took : 0.0);
+			snprintf(line, sizeof line, "checkpoint at step %lld (%s): %s in %.0f ms (%s/s)",
+				 (long long)it->snap->step, reason ? reason : "?", size, took * 1e3, rate);
 			tr_store_log_append(cp->store, it->job_id, TR_LOG_INF, line, NULL);
 		} else {
 			struct tr_ckpt_row prev = {0};

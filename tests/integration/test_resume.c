@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/bytes.h"
 #include "harness.h"
 
 /* The exact-resume job: an MLP with dropout on shuffled synthetic data,
@@ -443,6 +444,12 @@ Test(resume, pause_resume_and_sigterm_restart_are_exact, .fini = cleanup_daemons
 	cr_assert_eq(json_integer_value(json_object_get(json_array_get(list, 0), "step")), paused_step,
 		     "paused at step %lld, newest checkpoint at step %lld", paused_step,
 		     json_integer_value(json_object_get(json_array_get(list, 0), "step")));
+	/* Its log line gives the size the API lists, in trainctl's units (a
+	 * small model's checkpoint is some kB, not "0.0 MB"). */
+	char size[TR_BYTES_LEN], shown_size[TR_BYTES_LEN + 128];
+	tr_fmt_bytes(size, sizeof size, (double)json_integer_value(json_object_get(json_array_get(list, 0), "bytes")));
+	snprintf(shown_size, sizeof shown_size, "%s: %s in ", ckpt_line, size);
+	cr_assert_not_null(strstr(log, shown_size), "no '%s' in the log:\n%s", shown_size, log);
 	json_decref(list);
 	usleep(300000);
 	cr_assert_eq(job_step(&da, p, state, NULL), paused_step, "a paused job moved on");
