@@ -15,25 +15,6 @@
 
 /* ---- errors and JSON pointers ---- */
 
-/* Cuts a trailing incomplete UTF-8 sequence left by truncation: the API
- * puts pointers and messages into JSON, and jansson refuses invalid UTF-8. */
-static void utf8_trim(char *s, size_t len)
-{
-	size_t j = len, need;
-	unsigned char lead;
-
-	while (j > 0 && ((unsigned char)s[j - 1] & 0xC0) == 0x80)
-		j--;
-	if (j == 0)
-		return;
-	lead = (unsigned char)s[j - 1];
-	if (lead < 0xC0)
-		return;
-	need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
-	if (len - (j - 1) < need)
-		s[j - 1] = '\0';
-}
-
 static void put_char(struct tr_fields_ctx *c, char ch)
 {
 	if (c->len + 1 < sizeof(c->ptr)) {
@@ -61,7 +42,7 @@ size_t tr_fields_enter(struct tr_fields_ctx *c, const char *token)
 			put_char(c, *p);
 		}
 	}
-	utf8_trim(c->ptr, c->len);
+	tr_error_utf8_trim(c->ptr); /* jansson refuses invalid UTF-8 */
 	c->len = strlen(c->ptr);
 	return saved;
 }
@@ -93,7 +74,7 @@ void tr_fields_set_error(struct tr_error *err, const char *ptr, const char *text
 	else
 		n = snprintf(err->message, sizeof(err->message), "%s", text);
 	if (n >= (int)sizeof(err->message))
-		utf8_trim(err->message, strlen(err->message));
+		tr_error_utf8_trim(err->message);
 }
 
 /* Records an error at the current pointer, or at its child `key` when key
@@ -108,7 +89,7 @@ int tr_fields_fail(struct tr_fields_ctx *c, const char *key, const char *fmt, ..
 		tr_fields_enter(c, key);
 	va_start(ap, fmt);
 	if (vsnprintf(text, sizeof(text), fmt, ap) >= (int)sizeof(text))
-		utf8_trim(text, strlen(text));
+		tr_error_utf8_trim(text);
 	va_end(ap);
 	tr_fields_set_error(c->err, c->ptr, text);
 	tr_fields_leave(c, saved);
