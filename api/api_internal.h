@@ -165,10 +165,8 @@ void tr_api_fail_kind(struct tr_api_reply *rp, enum tr_job_err kind, const char 
 	__attribute__((format(printf, 4, 5)));
 /* The HTTP status the API answers a domain error kind with. */
 int tr_api_status_of(enum tr_job_err kind);
-/* A store failure: 500 "internal" with the store's message: the
- * thread's (store functions still without a struct tr_error), or the
- * struct the store function filled. */
-void tr_api_fail_store(struct tr_api_reply *rp, tr_store_t *store, const char *what);
+/* A store failure: 500 "internal" with the message of the struct the
+ * store function filled. */
 void tr_api_fail_store_err(struct tr_api_reply *rp, const struct tr_error *e, const char *what);
 
 /* ---- request.c ---- */

@@ -44,6 +44,7 @@ void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	tr_api_t *api = rq->api;
 	struct tr_ckpt_row *rows = NULL;
 	struct tr_job_row job;
+	struct tr_error e = {0};
 	json_t *list;
 	int64_t id;
 	int count = 0;
@@ -51,8 +52,8 @@ void tr_api_checkpoints_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (tr_api_path_id(rq, rp, &id) < 0 || tr_api_load_job(api, rp, id, &job) < 0)
 		return;
 	tr_job_row_finish(&job);
-	if (tr_store_ckpt_list(api->cfg.store, id, &rows, &count) < 0) {
-		tr_api_fail_store(rp, api->cfg.store, "listing checkpoints");
+	if (tr_store_ckpt_list(api->cfg.store, id, &rows, &count, &e) < 0) {
+		tr_api_fail_store_err(rp, &e, "listing checkpoints");
 		return;
 	}
 	list = json_array();
@@ -134,7 +135,7 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 		memcpy(out, d->head + pos, (size_t)n);
 		return n;
 	}
-	n = tr_store_ckpt_read(d->reader, d->offset + (pos - d->head_len), out, max);
+	n = tr_store_ckpt_read(d->reader, d->offset + (pos - d->head_len), out, max, NULL);
 	/* The reader sees the checkpoint as it was at open, so pruning
 	 * cannot cut a download short; a blob shorter than its row says (a
 	 * damaged store) can.  Then MHD closes the connection, and the
@@ -173,6 +174,7 @@ static int load_ckpt(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t
 {
 	tr_api_t *api = rq->api;
 	struct tr_job_row job;
+	struct tr_error e = {0};
 	int64_t step;
 	int rc;
 
@@ -182,13 +184,13 @@ static int load_ckpt(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t
 	tr_job_row_finish(&job);
 	if (path_step(rq, rp, &step) < 0)
 		return -1;
-	rc = tr_store_ckpt_get(api->cfg.store, *job_id, step, row);
+	rc = tr_store_ckpt_get(api->cfg.store, *job_id, step, row, &e);
 	if (rc == 0)
 		return 0;
 	tr_ckpt_row_finish(row);
 	memset(row, 0, sizeof(*row));
 	if (rc != -ENOENT)
-		tr_api_fail_store(rp, api->cfg.store, "reading the checkpoint");
+		tr_api_fail_store_err(rp, &e, "reading the checkpoint");
 	else if (step == TR_CKPT_BEST)
 		tr_api_fail(rp, 404, "not_found", NULL,
 			    "job %" PRId64 " has no best checkpoint (it needs early_stopping and one evaluation)",
@@ -292,7 +294,8 @@ static void reply_download(struct tr_api_request *rq, struct tr_api_reply *rp, s
 /* Opens the blob for d; -1 with rp filled otherwise. */
 static int open_blob(tr_api_t *api, struct tr_api_reply *rp, const struct tr_ckpt_row *row, struct download *d)
 {
-	int rc = tr_store_ckpt_open(api->cfg.store, row->id, &d->reader);
+	struct tr_error e = {0};
+	int rc = tr_store_ckpt_open(api->cfg.store, row->id, &d->reader, &e);
 
 	if (rc == 0)
 		return 0;
@@ -301,7 +304,7 @@ static int open_blob(tr_api_t *api, struct tr_api_reply *rp, const struct tr_ckp
 		tr_api_fail(rp, 404, "not_found", NULL, "job %" PRId64 " has no checkpoint at step %" PRId64,
 			    row->job_id, row->step);
 	else
-		tr_api_fail_store(rp, api->cfg.store, "opening the checkpoint");
+		tr_api_fail_store_err(rp, &e, "opening the checkpoint");
 	return -1;
 }
 
@@ -341,6 +344,7 @@ void tr_api_checkpoints_model(struct tr_api_request *rq, struct tr_api_reply *rp
 	struct download *d = NULL;
 	void *head = NULL;
 	size_t head_len = 0;
+	struct tr_error e = {0};
 	char filename[96];
 	int64_t id;
 	int rc;
@@ -355,13 +359,13 @@ void tr_api_checkpoints_model(struct tr_api_request *rq, struct tr_api_reply *rp
 			    "job %" PRId64 "'s checkpoint at step %" PRId64 " has no weights-only form", id, row.step);
 		goto cleanup;
 	}
-	rc = tr_store_ckpt_model_header(api->cfg.store, row.id, &head, &head_len);
+	rc = tr_store_ckpt_model_header(api->cfg.store, row.id, &head, &head_len, &e);
 	if (rc < 0) {
 		if (rc == -ENOENT)
 			tr_api_fail(rp, 404, "not_found", NULL, "job %" PRId64 " has no checkpoint at step %" PRId64,
 				    id, row.step);
 		else
-			tr_api_fail_store(rp, api->cfg.store, "reading the checkpoint's model header");
+			tr_api_fail_store_err(rp, &e, "reading the checkpoint's model header");
 		goto cleanup;
 	}
 	d = calloc(1, sizeof(*d));

@@ -98,13 +98,6 @@ void tr_api_fail_kind(struct tr_api_reply *rp, enum tr_job_err kind, const char 
 	tr_api_fail_op(rp, &e);
 }
 
-void tr_api_fail_store(struct tr_api_reply *rp, tr_store_t *store, const char *what)
-{
-	const char *msg = tr_store_error(store);
-
-	tr_api_fail(rp, 500, "internal", NULL, "%s: %s", what, msg && *msg ? msg : "storage error");
-}
-
 void tr_api_fail_store_err(struct tr_api_reply *rp, const struct tr_error *e, const char *what)
 {
 	tr_api_fail(rp, 500, "internal", NULL, "%s: %s", what, e->message[0] ? e->message : "storage error");

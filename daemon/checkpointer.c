@@ -50,15 +50,16 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 		return rc;
 	char *meta = json_dumps(it->snap->meta, JSON_COMPACT);
 	tr_ckpt_writer_t *w = NULL;
-	rc = tr_store_ckpt_begin(cp->store, it->job_id, it->snap->step, it->snap->epoch, meta, &w);
+	struct tr_error ce = {0}; /* the checkpoint store's */
+	rc = tr_store_ckpt_begin(cp->store, it->job_id, it->snap->step, it->snap->epoch, meta, &w, &ce);
 	free(meta);
 	*written = 0;
 	if (rc == 0)
-		rc = tr_store_ckpt_write(w, l.header, l.header_len);
+		rc = tr_store_ckpt_write(w, l.header, l.header_len, &ce);
 	if (rc == 0)
 		*written += l.header_len;
 	for (int k = 0; rc == 0 && k < l.nseg; k++) {
-		rc = tr_store_ckpt_write(w, l.seg[k], l.seg_len[k]);
+		rc = tr_store_ckpt_write(w, l.seg[k], l.seg_len[k], &ce);
 		*written += l.seg_len[k];
 	}
 	/* Every point of steps up to this one was queued before the snapshot
@@ -72,14 +73,14 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 		rc = tr_store_flush(cp->store, &fe);
 	if (rc == 0) {
 		rc = tr_store_ckpt_commit(w, l.model_header, l.model_header_len, (int64_t)l.header_len,
-					  (int64_t)l.params_bytes, it->keep, NULL);
+					  (int64_t)l.params_bytes, it->keep, NULL, &ce);
 		w = NULL; /* commit frees the writer, also on failure */
 	}
 	if (rc < 0) {
 		tr_error_set(err, 0, 0, NULL, "%s",
 			     rc == -ENOSPC   ? "the database is full (disk or size limit)"
 			     : fe.message[0] ? fe.message
-					     : tr_store_error(cp->store));
+					     : ce.message);
 		tr_store_ckpt_abort(w);
 	}
 	tr_checkpoint_layout_finish(&l);
@@ -126,7 +127,7 @@ static void *writer_main(void *arg)
 		} else {
 			struct tr_ckpt_row prev = {0};
 			char kept[96] = "no earlier checkpoint exists";
-			if (tr_store_ckpt_get(cp->store, it->job_id, -1, &prev) == 0)
+			if (tr_store_ckpt_get(cp->store, it->job_id, -1, &prev, NULL) == 0)
 				snprintf(kept, sizeof kept, "the checkpoint at step %lld stays valid",
 					 (long long)prev.step);
 			tr_ckpt_row_finish(&prev);

@@ -114,13 +114,13 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 				   (long long)job_id);
 	}
 	struct tr_ckpt_row row = {0};
-	rc = tr_store_ckpt_get(st, job_id, want, &row);
+	rc = tr_store_ckpt_get(st, job_id, want, &row, &se);
 	int64_t step = row.step;
 	tr_ckpt_row_finish(&row);
 	if (rc < 0) {
 		tr_job_row_finish(&target);
 		if (rc != -ENOENT)
-			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", tr_store_error(st));
+			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		if (ck_name)
 			return tr_job_fail(err, TR_JOB_E_NO_CHECKPOINT, "/checkpoint",
 					   "/checkpoint: job %lld has no %s checkpoint%s", (long long)job_id, ck_name,
@@ -300,6 +300,7 @@ static void *eval_main(void *arg)
 	size_t len = 0;
 	char err[1536] = "", line[256];
 	struct tr_error why; /* the engine's, copied into err */
+	struct tr_error se = {0}; /* the store's, likewise */
 	const char *code = "evaluation_failed";
 	memset(&d, 0, sizeof d);
 	memset(&spec, 0, sizeof spec);
@@ -309,12 +310,12 @@ static void *eval_main(void *arg)
 
 	int64_t target = json_integer_value(json_object_get(j->eval, "job"));
 	int64_t step = json_integer_value(json_object_get(j->eval, "step"));
-	int rc = tr_store_ckpt_get(st, target, step, &row);
+	int rc = tr_store_ckpt_get(st, target, step, &row, &se);
 	if (rc == 0)
-		rc = tr_store_ckpt_load(st, &row, &blob, &len);
+		rc = tr_store_ckpt_load(st, &row, &blob, &len, &se);
 	if (rc < 0) {
 		snprintf(err, sizeof err, "job %lld's checkpoint at step %lld cannot be read: %s", (long long)target,
-			 (long long)step, rc == -ENOENT ? "it was deleted" : tr_store_error(st));
+			 (long long)step, rc == -ENOENT ? "it was deleted" : se.message);
 		code = "no_checkpoint";
 		goto fail;
 	}

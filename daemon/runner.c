@@ -98,7 +98,7 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 	char line[1024];
 	struct tr_error err;
 	*unreadable = false;
-	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0) {
+	if (tr_store_ckpt_list(st, job_id, &rows, &n, NULL) < 0) {
 		*unreadable = true;
 		return NULL;
 	}
@@ -108,7 +108,7 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 			continue;
 		void *data = NULL;
 		size_t len = 0;
-		int rc = tr_store_ckpt_load(st, &rows[i], &data, &len);
+		int rc = tr_store_ckpt_load(st, &rows[i], &data, &len, &err);
 		if (rc == -EBADMSG) {
 			snprintf(line, sizeof line,
 				 "checkpoint at step %lld of job %lld is corrupt (SHA-256 mismatch); skipped",
@@ -118,7 +118,7 @@ static struct tr_snapshot *load_checkpoint(struct running_job *j, int64_t job_id
 		}
 		if (rc < 0) {
 			snprintf(line, sizeof line, "checkpoint at step %lld of job %lld cannot be read: %s; skipped",
-				 (long long)rows[i].step, (long long)job_id, tr_store_error(st));
+				 (long long)rows[i].step, (long long)job_id, err.message);
 			tr_store_log_append(st, j->id, TR_LOG_WARN, line, NULL);
 			*unreadable = true;
 			continue;
@@ -142,11 +142,11 @@ static void drop_checkpoints_after(tr_store_t *st, int64_t job_id, int64_t step)
 {
 	struct tr_ckpt_row *rows = NULL;
 	int n = 0;
-	if (tr_store_ckpt_list(st, job_id, &rows, &n) < 0)
+	if (tr_store_ckpt_list(st, job_id, &rows, &n, NULL) < 0)
 		return;
 	for (int i = 0; i < n; i++)
 		if (rows[i].step > step)
-			tr_store_ckpt_delete(st, rows[i].id);
+			tr_store_ckpt_delete(st, rows[i].id, NULL);
 	tr_ckpt_rows_free(rows, n);
 }
 
@@ -275,7 +275,8 @@ static bool final_weights_missing(struct running_job *j, int64_t steps, struct t
 	tr_store_t *st = j->sched->cfg.store;
 	tr_checkpointer_wait_idle(j->sched->checkpointer, j->id);
 	struct tr_ckpt_row row = {0};
-	int rc = tr_store_ckpt_get(st, j->id, -1, &row);
+	struct tr_error se = {0};
+	int rc = tr_store_ckpt_get(st, j->id, -1, &row, &se);
 	int64_t newest = rc == 0 ? row.step : -1;
 	tr_ckpt_row_finish(&row);
 	if (rc == 0 && newest == steps)
@@ -283,7 +284,7 @@ static bool final_weights_missing(struct running_job *j, int64_t steps, struct t
 	if (rc < 0 && rc != -ENOENT) {
 		/* The list could not be read: the weights may well be there. */
 		tr_log(TR_LOG_WARN, "job %lld: cannot check that its final checkpoint is stored: %s", (long long)j->id,
-		       tr_store_error(st));
+		       se.message);
 		return false;
 	}
 	char older[64] = "no earlier checkpoint exists";

@@ -79,7 +79,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 				 serr.message);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
-		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck) < 0) {
+		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck, NULL) < 0) {
 			if (spec.init_step >= 0)
 				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 						 "/init/from: job %lld has no checkpoint at step %lld",

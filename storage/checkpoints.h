@@ -24,6 +24,10 @@
  * The weights-only file of a checkpoint (model.safetensors) is its
  * model_header followed by bytes [params_offset, params_offset +
  * params_bytes) of the blob.
+ *
+ * Errors (docs/design.md, "Errors"): every function that can fail returns
+ * 0 (or a count) or a negative errno-style code and fills the caller's
+ * struct tr_error (e; NULL when only the code is wanted) with why.
  */
 #ifndef TR_STORE_CHECKPOINTS_H
 #define TR_STORE_CHECKPOINTS_H
@@ -55,13 +59,13 @@ typedef struct tr_ckpt_writer tr_ckpt_writer_t;
  * -ENOENT when the job does not exist.  The writer is used by one thread
  * at a time and must be committed or aborted before the store is closed. */
 int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epoch, const char *meta_json,
-			tr_ckpt_writer_t **out);
+			tr_ckpt_writer_t **out, struct tr_error *e);
 /* Appends bytes (any sizes; chunked internally) and feeds the SHA-256.
  * -ENOSPC when the database is full (SQLITE_FULL), -EIO otherwise.  Any
  * failure deletes the partial checkpoint at once (earlier checkpoints stay
  * valid) and sticks: later writes and the commit return it again; the
  * caller still calls tr_store_ckpt_abort (or commit) to free w. */
-int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len);
+int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len, struct tr_error *e);
 /* Marks the checkpoint complete, keeps the newest `keep` complete ones of
  * the job (older ones deleted) and its best one, frees w.  A checkpoint
  * whose meta has "reason": "best" becomes the job's best (the previous best
@@ -71,9 +75,9 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len);
  * within the blob.  *out (may be NULL) receives the row (free it with
  * tr_ckpt_row_finish).  On failure the checkpoint is aborted (and w freed). */
 int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len, int64_t params_offset,
-			 int64_t params_bytes, int keep, struct tr_ckpt_row *out);
-/* Deletes the partial checkpoint and frees w.  Accepts NULL.  Keeps the
- * thread's error message. */
+			 int64_t params_bytes, int keep, struct tr_ckpt_row *out, struct tr_error *e);
+/* Deletes the partial checkpoint and frees w.  Accepts NULL.  Reports
+ * nothing: what it cannot delete, the next open does. */
 void tr_store_ckpt_abort(tr_ckpt_writer_t *w);
 
 /* Deletes the spare file (a pruned checkpoint's file kept to be written
@@ -83,21 +87,21 @@ void tr_store_ckpt_drop_spare(tr_store_t *s);
 
 /* Complete checkpoints of a job, newest (highest step, then id) first.
  * *rows is malloc'd (NULL when there are none); free with tr_ckpt_rows_free. */
-int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count);
+int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count, struct tr_error *e);
 void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count);
 /* step of tr_store_ckpt_get: the job's best checkpoint. */
 #define TR_CKPT_BEST (-2)
 /* One complete checkpoint: step >= 0 exact (the newest of several at that
  * step), TR_CKPT_BEST the best, another step < 0 the newest.  -ENOENT when
  * there is none. */
-int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out);
+int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out, struct tr_error *e);
 /* Deletes a checkpoint; -ENOENT when there is none.  It disappears from
  * lists at once; then its file is unlinked, as for checkpoints pruned by a
  * commit. */
-int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id);
+int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id, struct tr_error *e);
 /* A complete checkpoint's model_header (malloc'd *data, at least 1 byte
  * even when *len is 0; the caller frees).  -ENOENT when there is none. */
-int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size_t *len);
+int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size_t *len, struct tr_error *e);
 
 typedef struct tr_ckpt_reader tr_ckpt_reader_t;
 
@@ -106,15 +110,15 @@ typedef struct tr_ckpt_reader tr_ckpt_reader_t;
  * wrong size).  The reader has its own connection to the checkpoint's
  * file, so it sees the checkpoint as it was at open even if it is deleted
  * meanwhile.  One thread at a time per reader. */
-int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out);
+int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out, struct tr_error *e);
 /* Reads up to len bytes at offset; returns the count (0 at the end) or a
  * negative code. */
-ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size_t len);
+ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size_t len, struct tr_error *e);
 void tr_store_ckpt_close(tr_ckpt_reader_t *r); /* accepts NULL */
 
 /* Reads the whole blob of row->id into memory (malloc'd *data, at least 1
  * byte; *len) and checks its SHA-256 against the stored one (and row's,
  * when set): -EBADMSG on a mismatch, with nothing returned. */
-int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len);
+int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len, struct tr_error *e);
 
 #endif

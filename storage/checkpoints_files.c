@@ -83,9 +83,9 @@ void tr_ckpt_hash_wait(struct tr_ckpt_hash *h)
 /* ---- connections ------------------------------------------------------------- */
 
 /* Readers never allocate pages and skip the size cap. */
-int tr_ckpt_open_own(tr_store_t *s, struct conn *c, bool writes)
+int tr_ckpt_open_own(tr_store_t *s, struct conn *c, bool writes, struct tr_error *e)
 {
-	int err = tr_store_conn_open(c, s->path);
+	int err = tr_store_conn_open(c, s->path, e);
 	if (err < 0 || !writes)
 		return err;
 	err = tr_store_set_max_bytes(c, s->max_bytes);
@@ -111,28 +111,28 @@ char *tr_ckpt_file_path(const char *dir, int64_t id)
 
 /* A failed sync's errno as a result code: out of space or quota reads
  * as a full disk (the "database is full" message). */
-int tr_ckpt_sync_fail(const char *path)
+int tr_ckpt_sync_fail(const char *path, struct tr_error *e)
 {
-	int e = errno == EDQUOT ? ENOSPC : errno ? errno : EIO;
-	return tr_store_fail(-e, "%s: cannot sync: %s", path, strerror(errno));
+	int code = errno == EDQUOT ? ENOSPC : errno ? errno : EIO;
+	return tr_error_set(e, -code, 0, NULL, "%s: cannot sync: %s", path, strerror(errno));
 }
 
 /* Syncs directory dir: the names it holds. */
-int tr_ckpt_sync_dir(const char *dir)
+int tr_ckpt_sync_dir(const char *dir, struct tr_error *e)
 {
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int err = fd >= 0 && fsync(fd) == 0 ? 0 : tr_ckpt_sync_fail(dir);
+	int err = fd >= 0 && fsync(fd) == 0 ? 0 : tr_ckpt_sync_fail(dir, e);
 	if (fd >= 0)
 		close(fd);
 	return err;
 }
 
 /* Syncs the directory that holds path. */
-int tr_ckpt_sync_dir_of(const char *path)
+int tr_ckpt_sync_dir_of(const char *path, struct tr_error *e)
 {
 	char *parent = strdup(path);
 	if (!parent)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	char *slash = strrchr(parent, '/');
 	if (slash == parent)
 		slash[1] = 0; /* "/x": the root */
@@ -140,7 +140,7 @@ int tr_ckpt_sync_dir_of(const char *path)
 		*slash = 0;
 	else
 		strcpy(parent, ".");
-	int err = tr_ckpt_sync_dir(parent);
+	int err = tr_ckpt_sync_dir(parent, e);
 	free(parent);
 	return err;
 }
@@ -148,12 +148,12 @@ int tr_ckpt_sync_dir_of(const char *path)
 /* Opens a checkpoint file: read-only for readers (it never changes once
  * complete), created empty with tr_ckpt_file_setup for the writer, or (create
  * false, write true) an existing one for the writer to overwrite. */
-int tr_ckpt_open_file(struct conn *c, const char *path, bool create, bool write)
+int tr_ckpt_open_file(struct conn *c, const char *path, bool create, bool write, struct tr_error *e)
 {
 	int flags = create  ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
 		    : write ? SQLITE_OPEN_READWRITE
 			    : SQLITE_OPEN_READONLY;
-	int err = tr_store_db_open(c, path, flags);
+	int err = tr_store_db_open(c, path, flags, e);
 	if (err == 0 && create)
 		err = tr_store_exec(c, tr_ckpt_file_setup);
 	if (err < 0)
@@ -219,14 +219,14 @@ int tr_ckpt_exec_id(struct conn *c, const char *sql, int64_t id, int64_t arg, in
 }
 
 /* Unlinks checkpoint id's file in dir; one that is not there is fine. */
-int tr_ckpt_unlink_file(const char *dir, int64_t id)
+int tr_ckpt_unlink_file(const char *dir, int64_t id, struct tr_error *e)
 {
 	char *path = tr_ckpt_file_path(dir, id);
 	if (!path)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	int err = unlink(path) == 0 || errno == ENOENT
 			  ? 0
-			  : tr_store_fail(-errno, "%s: cannot delete: %s", path, strerror(errno));
+			  : tr_error_set(e, -errno, 0, NULL, "%s: cannot delete: %s", path, strerror(errno));
 	free(path);
 	return err;
 }
@@ -266,7 +266,7 @@ static size_t reader_index(int64_t id)
 	return i;
 }
 
-int tr_ckpt_reader_register(int64_t id)
+int tr_ckpt_reader_register(int64_t id, struct tr_error *e)
 {
 	int err = 0;
 	pthread_mutex_lock(&readers_lock);
@@ -276,7 +276,7 @@ int tr_ckpt_reader_register(int64_t id)
 			size_t cap = capreaders ? 2 * capreaders : 8;
 			void *v = realloc(readers, cap * sizeof *readers);
 			if (!v)
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 			else
 				readers = v, capreaders = cap;
 		}
@@ -306,17 +306,17 @@ char *tr_ckpt_spare_path(const char *dir)
 
 /* Makes checkpoint id's file (its row hidden) the spare, or deletes it
  * when a reader has it open. */
-static int retire_file(const char *dir, int64_t id)
+static int retire_file(const char *dir, int64_t id, struct tr_error *e)
 {
 	char *path = tr_ckpt_file_path(dir, id), *spare = tr_ckpt_spare_path(dir);
 	int err = 0;
 	if (!path || !spare) {
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	} else {
 		pthread_mutex_lock(&readers_lock);
 		bool open = reader_index(id) < nreaders;
 		if (open || rename(path, spare) < 0)
-			err = tr_ckpt_unlink_file(dir, id);
+			err = tr_ckpt_unlink_file(dir, id, e);
 		pthread_mutex_unlock(&readers_lock);
 	}
 	free(path);
@@ -337,9 +337,9 @@ void tr_store_ckpt_drop_spare(tr_store_t *s)
  * tries again. */
 int tr_ckpt_purge(const char *dir, struct conn *c, int64_t id, bool retire)
 {
-	int err = !dir     ? tr_store_fail(-ENOMEM, "out of memory")
-		  : retire ? retire_file(dir, id)
-			   : tr_ckpt_unlink_file(dir, id);
+	int err = !dir     ? tr_store_cfail(c, -ENOMEM, "out of memory")
+		  : retire ? retire_file(dir, id, tr_store_conn_err(c))
+			   : tr_ckpt_unlink_file(dir, id, tr_store_conn_err(c));
 	if (err < 0)
 		return err;
 	return tr_ckpt_exec_id(c, sql_purge_row, id, 0, NULL);
@@ -353,7 +353,7 @@ int tr_ckpt_purge(const char *dir, struct conn *c, int64_t id, bool retire)
 static int copy_old_chunks(struct conn *c, int64_t id, const char *path)
 {
 	struct conn f = {0};
-	int err = tr_ckpt_open_file(&f, path, true, true);
+	int err = tr_ckpt_open_file(&f, path, true, true, tr_store_conn_err(c));
 	if (err < 0)
 		return err;
 	sqlite3_stmt *st = tr_store_stmt(c, sql_old_chunks);
@@ -386,7 +386,7 @@ static int copy_old_chunks(struct conn *c, int64_t id, const char *path)
 	tr_store_conn_close(&f);
 	int fd = err == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
 	if (err == 0 && (fd < 0 || fdatasync(fd) < 0))
-		err = tr_ckpt_sync_fail(path);
+		err = tr_ckpt_sync_fail(path, tr_store_conn_err(c));
 	if (fd >= 0)
 		close(fd);
 	return err;
@@ -414,7 +414,7 @@ static int move_old_checkpoints(tr_store_t *s, struct conn *c)
 			cap = cap ? 2 * cap : 8;
 			int64_t *v = realloc(ids, cap * sizeof *v);
 			if (!v) {
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_store_cfail(c, -ENOMEM, "out of memory");
 				break;
 			}
 			ids = v;
@@ -426,21 +426,21 @@ static int move_old_checkpoints(tr_store_t *s, struct conn *c)
 	sqlite3_reset(st);
 	char *dir = n && err == 0 ? tr_ckpt_files_dir(s) : NULL;
 	if (n && err == 0 && !dir)
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_store_cfail(c, -ENOMEM, "out of memory");
 	if (dir && mkdir(dir, 0700) == 0)
-		err = tr_ckpt_sync_dir_of(dir);
+		err = tr_ckpt_sync_dir_of(dir, tr_store_conn_err(c));
 	else if (dir && errno != EEXIST)
-		err = tr_store_fail(-errno, "%s: cannot create: %s", dir, strerror(errno));
+		err = tr_store_cfail(c, -errno, "%s: cannot create: %s", dir, strerror(errno));
 	for (size_t i = 0; err == 0 && i < n; i++) {
 		char *path = tr_ckpt_file_path(dir, ids[i]);
 		if (!path) {
-			err = tr_store_fail(-ENOMEM, "out of memory");
+			err = tr_store_cfail(c, -ENOMEM, "out of memory");
 			break;
 		}
 		unlink(path);
 		err = copy_old_chunks(c, ids[i], path);
 		if (err == 0)
-			err = tr_ckpt_sync_dir(dir);
+			err = tr_ckpt_sync_dir(dir, tr_store_conn_err(c));
 		if (err == 0)
 			err = tr_store_begin(c, true);
 		if (err == 0) {
@@ -452,12 +452,12 @@ static int move_old_checkpoints(tr_store_t *s, struct conn *c)
 				tr_store_rollback(c);
 		}
 		if (err < 0) {
-			char cause[512];
-			tr_store_errcpy(cause, sizeof cause);
+			char cause[sizeof c->sink.message];
+			snprintf(cause, sizeof cause, "%s", tr_store_conn_err(c)->message);
 			unlink(path);
-			err = tr_store_fail(err, "cannot move checkpoint %lld out of the database into %s: %s%s",
-					    (long long)ids[i], path, cause,
-					    err == -ENOSPC ? " (free some space and start again)" : "");
+			err = tr_store_cfail(c, err, "cannot move checkpoint %lld out of the database into %s: %s%s",
+					     (long long)ids[i], path, cause,
+					     err == -ENOSPC ? " (free some space and start again)" : "");
 		}
 		free(path);
 	}
@@ -502,11 +502,11 @@ int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c)
 	char *dir = tr_ckpt_files_dir(s);
 	if (!dir) {
 		sqlite3_reset(st);
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	}
 	int rc;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-		tr_ckpt_unlink_file(dir, sqlite3_column_int64(st, 0));
+		tr_ckpt_unlink_file(dir, sqlite3_column_int64(st, 0), NULL); /* what stays is tried again next open */
 	sqlite3_reset(st);
 	free(dir);
 	if (rc != SQLITE_DONE)
@@ -524,11 +524,11 @@ int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c)
 
 /* ---- deleting one ---------------------------------------------------------------- */
 
-int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
+int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id, struct tr_error *e)
 {
 	/* Its own connection: the purge may take several transactions. */
 	struct conn c;
-	int err = tr_ckpt_open_own(s, &c, true);
+	int err = tr_ckpt_open_own(s, &c, true, e);
 	if (err < 0)
 		return err;
 	int n = 0;
@@ -538,10 +538,12 @@ int tr_store_ckpt_delete(tr_store_t *s, int64_t ckpt_id)
 	if (err == 0)
 		err = tr_ckpt_exec_id(&c, sql_hide, ckpt_id, 0, &n);
 	if (err == 0 && n == 0)
-		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
-	/* Hidden now: a failed purge is finished by the next open. */
+		err = tr_store_cfail(&c, -ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
+	/* Hidden now: a failed purge is finished by the next open (its
+	 * message is not the caller's). */
 	if (err == 0) {
 		char *dir = tr_ckpt_files_dir(s);
+		c.err = NULL;
 		tr_ckpt_purge(dir, &c, ckpt_id, false);
 		free(dir);
 	}

@@ -40,14 +40,19 @@ extern const char tr_ckpt_file_setup[];
 	"id, job_id, step, epoch, created_at, bytes, sha256, params_offset, params_bytes, " \
 	"length(model_header), meta, best"
 
-/* Reads a row selected with CKPT_COLS (checkpoints_read.c). */
-int tr_ckpt_read_row(sqlite3_stmt *st, struct tr_ckpt_row *r);
+/* Reads a row selected with CKPT_COLS (checkpoints_read.c); out of
+ * memory is reported on c, the connection st belongs to. */
+int tr_ckpt_read_row(struct conn *c, sqlite3_stmt *st, struct tr_ckpt_row *r);
 
-/* ---- checkpoints_files.c ---- */
+/* ---- checkpoints_files.c ----
+ *
+ * Errors (docs/design.md, "Errors"): the helpers that work on a
+ * connection report on it (its err); the others, and those that open one,
+ * fill the struct tr_error they are given (e may be NULL). */
 
 /* Opens a connection of the checkpoint code's own on the store, with the
- * store's settings and, when it writes, its size cap. */
-int tr_ckpt_open_own(tr_store_t *s, struct conn *c, bool writes);
+ * store's settings and, when it writes, its size cap; it reports into e. */
+int tr_ckpt_open_own(tr_store_t *s, struct conn *c, bool writes, struct tr_error *e);
 /* "<store path>-checkpoints" and "<dir>/<id>.sqlite" (malloc'd; NULL when
  * out of memory). */
 char *tr_ckpt_files_dir(const tr_store_t *s);
@@ -55,15 +60,15 @@ char *tr_ckpt_file_path(const char *dir, int64_t id);
 /* "<dir>/spare.sqlite" (malloc'd; NULL when out of memory). */
 char *tr_ckpt_spare_path(const char *dir);
 /* A failed sync's errno as a result code (out of space or quota reads as
- * a full disk), with the message set. */
-int tr_ckpt_sync_fail(const char *path);
+ * a full disk), filling e. */
+int tr_ckpt_sync_fail(const char *path, struct tr_error *e);
 /* Syncs directory dir, or the directory that holds path. */
-int tr_ckpt_sync_dir(const char *dir);
-int tr_ckpt_sync_dir_of(const char *path);
+int tr_ckpt_sync_dir(const char *dir, struct tr_error *e);
+int tr_ckpt_sync_dir_of(const char *path, struct tr_error *e);
 /* Opens a checkpoint file: read-only (create and write false), created
  * empty with tr_ckpt_file_setup (create), or an existing one to overwrite
  * (write only). */
-int tr_ckpt_open_file(struct conn *c, const char *path, bool create, bool write);
+int tr_ckpt_open_file(struct conn *c, const char *path, bool create, bool write, struct tr_error *e);
 /* Bytes the store's database, its WAL and its checkpoint files take now. */
 int64_t tr_ckpt_state_bytes(const tr_store_t *s);
 /* Runs a statement that returns no rows with ?1 = id (and ?2 = arg when
@@ -72,10 +77,10 @@ int64_t tr_ckpt_state_bytes(const tr_store_t *s);
 int tr_ckpt_run_id(struct conn *c, const char *sql, int64_t id, int64_t arg);
 int tr_ckpt_exec_id(struct conn *c, const char *sql, int64_t id, int64_t arg, int *changes);
 /* Unlinks checkpoint id's file in dir; one that is not there is fine. */
-int tr_ckpt_unlink_file(const char *dir, int64_t id);
+int tr_ckpt_unlink_file(const char *dir, int64_t id, struct tr_error *e);
 /* Readers register a checkpoint's id while its file is open, so that the
  * pruner never makes that file the spare. */
-int tr_ckpt_reader_register(int64_t id);
+int tr_ckpt_reader_register(int64_t id, struct tr_error *e);
 void tr_ckpt_reader_unregister(int64_t id);
 /* Deletes a hidden (complete = 0) checkpoint: its file (retire: makes it
  * the spare), then its row. */

@@ -62,7 +62,7 @@ void tr_ckpt_rows_free(struct tr_ckpt_row *rows, int count)
 	free(rows);
 }
 
-int tr_ckpt_read_row(sqlite3_stmt *st, struct tr_ckpt_row *r)
+int tr_ckpt_read_row(struct conn *c, sqlite3_stmt *st, struct tr_ckpt_row *r)
 {
 	memset(r, 0, sizeof *r);
 	r->id = sqlite3_column_int64(st, 0);
@@ -78,18 +78,18 @@ int tr_ckpt_read_row(sqlite3_stmt *st, struct tr_ckpt_row *r)
 	r->model_header_len = sqlite3_column_int64(st, 9);
 	const unsigned char *meta = sqlite3_column_text(st, 10);
 	if (meta && !(r->meta = strdup((const char *)meta)))
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	r->best = sqlite3_column_int(st, 11) != 0;
 	return 0;
 }
 
 /* ---- listing ------------------------------------------------------------------- */
 
-int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count)
+int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows, int *count, struct tr_error *e)
 {
 	*rows = NULL;
 	*count = 0;
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	struct tr_ckpt_row *v = NULL;
 	int n = 0, cap = 0, err = -EIO, rc;
 	sqlite3_stmt *st = tr_store_stmt(c, sql_list);
@@ -102,12 +102,12 @@ int tr_store_ckpt_list(tr_store_t *s, int64_t job_id, struct tr_ckpt_row **rows,
 			cap = cap ? 2 * cap : 8;
 			struct tr_ckpt_row *nv = realloc(v, (size_t)cap * sizeof *nv);
 			if (!nv) {
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_store_cfail(c, -ENOMEM, "out of memory");
 				goto cleanup;
 			}
 			v = nv;
 		}
-		err = tr_ckpt_read_row(st, &v[n]);
+		err = tr_ckpt_read_row(c, st, &v[n]);
 		n++; /* a failed row is zeroed or holds what to free */
 		if (err < 0)
 			goto cleanup;
@@ -125,10 +125,10 @@ cleanup:
 	return 0;
 }
 
-int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out)
+int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckpt_row *out, struct tr_error *e)
 {
 	memset(out, 0, sizeof *out);
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, step >= 0              ? sql_get_step
 					    : step == TR_CKPT_BEST ? sql_get_best
@@ -140,14 +140,14 @@ int tr_store_ckpt_get(tr_store_t *s, int64_t job_id, int64_t step, struct tr_ckp
 		sqlite3_bind_int64(st, 2, step);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW)
-		err = tr_ckpt_read_row(st, out);
+		err = tr_ckpt_read_row(c, st, out);
 	else if (rc == SQLITE_DONE && step >= 0)
-		err = tr_store_fail(-ENOENT, "job %lld has no checkpoint at step %lld", (long long)job_id,
-				    (long long)step);
+		err = tr_store_cfail(c, -ENOENT, "job %lld has no checkpoint at step %lld", (long long)job_id,
+				     (long long)step);
 	else if (rc == SQLITE_DONE && step == TR_CKPT_BEST)
-		err = tr_store_fail(-ENOENT, "job %lld has no best checkpoint", (long long)job_id);
+		err = tr_store_cfail(c, -ENOENT, "job %lld has no best checkpoint", (long long)job_id);
 	else if (rc == SQLITE_DONE)
-		err = tr_store_fail(-ENOENT, "job %lld has no checkpoint", (long long)job_id);
+		err = tr_store_cfail(c, -ENOENT, "job %lld has no checkpoint", (long long)job_id);
 	else
 		err = SQLFAIL(c, rc, "get a checkpoint");
 cleanup:
@@ -157,11 +157,11 @@ cleanup:
 	return err;
 }
 
-int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size_t *len)
+int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size_t *len, struct tr_error *e)
 {
 	*data = NULL;
 	*len = 0;
-	struct conn *c = tr_store_conn_get(s);
+	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, sql_header);
 	if (!st)
@@ -169,7 +169,7 @@ int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size
 	sqlite3_bind_int64(st, 1, ckpt_id);
 	int rc = sqlite3_step(st);
 	if (rc == SQLITE_DONE) {
-		err = tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
+		err = tr_store_cfail(c, -ENOENT, "checkpoint %lld does not exist", (long long)ckpt_id);
 		goto cleanup;
 	}
 	if (rc != SQLITE_ROW) {
@@ -182,7 +182,7 @@ int tr_store_ckpt_model_header(tr_store_t *s, int64_t ckpt_id, void **data, size
 	 * caller frees. */
 	void *copy = malloc(n ? n : 1);
 	if (!copy) {
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_store_cfail(c, -ENOMEM, "out of memory");
 		goto cleanup;
 	}
 	if (n)
@@ -196,34 +196,33 @@ cleanup:
 }
 /* ---- readers ------------------------------------------------------------------- */
 
-/* Opens the reader's checkpoint file.  A file that cannot be opened is
- * damage if the row is still there, a race with a prune if it is not. */
-static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r)
+/* Opens the reader's checkpoint file (which then reports into e).  A file
+ * that cannot be opened is damage if the row is still there, a race with
+ * a prune if it is not. */
+static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r, struct tr_error *e)
 {
 	char *dir = tr_ckpt_files_dir(s), *path = dir ? tr_ckpt_file_path(dir, r->id) : NULL;
 	free(dir);
 	if (!path)
-		return tr_store_fail(-ENOMEM, "out of memory");
-	int err = tr_ckpt_reader_register(r->id);
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
+	int err = tr_ckpt_reader_register(r->id, e);
 	if (err < 0) {
 		free(path);
 		return err;
 	}
 	r->registered = true;
-	err = tr_ckpt_open_file(&r->f, path, false, false);
+	struct tr_error cause = {0}; /* the file's failure, worded below */
+	err = tr_ckpt_open_file(&r->f, path, false, false, &cause);
 	if (err == 0)
 		err = tr_store_begin(&r->f, false);
+	r->f.err = e;
 	/* Only a missing file is damage (or a prune): any other failure (out of
 	 * descriptors, a permission) says nothing about the checkpoint, and a
 	 * resume must not give up on a good checkpoint for it. */
 	if (err < 0 && err != -ENOENT) {
-		char cause[512];
-		tr_store_errcpy(cause, sizeof cause);
-		err = tr_store_fail(err, "checkpoint %lld of job %lld (step %lld): %s", (long long)r->id,
-				    (long long)r->job_id, (long long)r->step, cause);
+		err = tr_error_set(e, err, 0, NULL, "checkpoint %lld of job %lld (step %lld): %s", (long long)r->id,
+				   (long long)r->job_id, (long long)r->step, cause.message);
 	} else if (err < 0) {
-		char cause[512];
-		tr_store_errcpy(cause, sizeof cause);
 		tr_store_rollback(&r->c); /* a fresh look at the row */
 		sqlite3_stmt *st = tr_store_stmt(&r->c, sql_reader_row);
 		if (st)
@@ -232,16 +231,16 @@ static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r)
 		if (st)
 			sqlite3_reset(st);
 		if (rc == SQLITE_DONE)
-			err = tr_store_fail(-ENOENT, "checkpoint %lld was deleted", (long long)r->id);
+			err = tr_error_set(e, -ENOENT, 0, NULL, "checkpoint %lld was deleted", (long long)r->id);
 		else
-			err = tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
-					    (long long)r->id, (long long)r->job_id, (long long)r->step, cause);
+			err = tr_error_set(e, -EBADMSG, 0, NULL, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
+					   (long long)r->id, (long long)r->job_id, (long long)r->step, cause.message);
 	}
 	free(path);
 	return err;
 }
 
-static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
+static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r, struct tr_error *e)
 {
 	sqlite3_stmt *st = tr_store_stmt(&r->c, sql_reader_row);
 	if (!st)
@@ -249,7 +248,8 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 	sqlite3_bind_int64(st, 1, r->id);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
-		int err = rc == SQLITE_DONE ? tr_store_fail(-ENOENT, "checkpoint %lld does not exist", (long long)r->id)
+		int err = rc == SQLITE_DONE ? tr_store_cfail(&r->c, -ENOENT, "checkpoint %lld does not exist",
+							     (long long)r->id)
 					    : SQLFAIL(&r->c, rc, "open a checkpoint");
 		sqlite3_reset(st);
 		return err;
@@ -260,7 +260,7 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 	const unsigned char *sha = sqlite3_column_text(st, 3);
 	snprintf(r->sha256, sizeof r->sha256, "%s", sha ? (const char *)sha : "");
 	sqlite3_reset(st);
-	int err = reader_open_file(s, r);
+	int err = reader_open_file(s, r, e);
 	if (err < 0)
 		return err;
 	struct conn *c = &r->f;
@@ -278,8 +278,8 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 		int64_t seq = sqlite3_column_int64(st, 0), len = sqlite3_column_int64(st, 1);
 		int64_t want = i < r->nchunks - 1 ? (int64_t)CHUNK_BYTES : r->bytes - i * (int64_t)CHUNK_BYTES;
 		if (i >= r->nchunks || seq != i || len != want) {
-			err = tr_store_fail(
-				-EBADMSG,
+			err = tr_store_cfail(
+				c, -EBADMSG,
 				"checkpoint %lld of job %lld (step %lld) is damaged: chunk %lld has %lld bytes, expected chunk %lld of %lld bytes",
 				(long long)r->id, (long long)r->job_id, (long long)r->step, (long long)seq,
 				(long long)len, (long long)i, (long long)want);
@@ -289,28 +289,28 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r)
 	}
 	if (err == 0 && rc != SQLITE_DONE)
 		err = (rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_CORRUPT
-			      ? tr_store_fail(-EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
-					      (long long)r->id, (long long)r->job_id, (long long)r->step,
-					      sqlite3_errmsg(c->db))
+			      ? tr_store_cfail(c, -EBADMSG, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
+					       (long long)r->id, (long long)r->job_id, (long long)r->step,
+					       sqlite3_errmsg(c->db))
 			      : SQLFAIL(c, rc, "read checkpoint chunks");
 	else if (err == 0 && i != r->nchunks)
-		err = tr_store_fail(-EBADMSG,
-				    "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
-				    (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)i,
-				    (long long)r->nchunks);
+		err = tr_store_cfail(c, -EBADMSG,
+				     "checkpoint %lld of job %lld (step %lld) is damaged: %lld of %lld chunks present",
+				     (long long)r->id, (long long)r->job_id, (long long)r->step, (long long)i,
+				     (long long)r->nchunks);
 	sqlite3_reset(st);
 	return err;
 }
 
-int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out)
+int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out, struct tr_error *e)
 {
 	*out = NULL;
 	struct tr_ckpt_reader *r = calloc(1, sizeof *r);
 	if (!r)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	r->id = ckpt_id;
 	r->cur = -1;
-	int err = tr_ckpt_open_own(s, &r->c, false);
+	int err = tr_ckpt_open_own(s, &r->c, false, e);
 	if (err < 0) {
 		free(r);
 		return err;
@@ -319,7 +319,9 @@ int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out)
 	 * opened, with a read transaction for the reader's life. */
 	err = tr_store_begin(&r->c, false);
 	if (err == 0)
-		err = reader_layout(s, r);
+		err = reader_layout(s, r, e);
+	/* Each read lends the file's connection its caller's struct. */
+	r->c.err = r->f.err = NULL;
 	if (err < 0) {
 		tr_store_ckpt_close(r);
 		return err;
@@ -328,10 +330,10 @@ int tr_store_ckpt_open(tr_store_t *s, int64_t ckpt_id, tr_ckpt_reader_t **out)
 	return 0;
 }
 
-ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size_t len)
+ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size_t len, struct tr_error *e)
 {
 	if (!r || (len && !buf))
-		return tr_store_fail(-EINVAL, "checkpoint read: bad arguments");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint read: bad arguments");
 	if (offset >= (uint64_t)r->bytes)
 		return 0;
 	if (len > (uint64_t)r->bytes - offset)
@@ -356,7 +358,9 @@ ssize_t tr_store_ckpt_read(tr_ckpt_reader_t *r, uint64_t offset, void *buf, size
 		if (rc == SQLITE_OK)
 			rc = sqlite3_blob_read(r->blob, (char *)buf + done, (int)n, (int)in);
 		if (rc != SQLITE_OK) {
+			c->err = e;
 			int err = SQLFAIL(c, rc, "read a checkpoint chunk");
+			c->err = NULL;
 			/* A handle that failed is aborted for good: start over. */
 			sqlite3_blob_close(r->blob);
 			r->blob = NULL;
@@ -385,31 +389,31 @@ void tr_store_ckpt_close(tr_ckpt_reader_t *r)
 	free(r);
 }
 
-int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len)
+int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data, size_t *len, struct tr_error *e)
 {
 	*data = NULL;
 	*len = 0;
 	if (!row)
-		return tr_store_fail(-EINVAL, "checkpoint load: no row");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint load: no row");
 	tr_ckpt_reader_t *r;
-	int err = tr_store_ckpt_open(s, row->id, &r);
+	int err = tr_store_ckpt_open(s, row->id, &r, e);
 	if (err < 0)
 		return err;
 	unsigned char *buf = NULL;
 	if ((uint64_t)r->bytes > SIZE_MAX - 1) {
-		err = tr_store_fail(-EFBIG, "checkpoint %lld: %lld bytes do not fit in memory", (long long)r->id,
-				    (long long)r->bytes);
+		err = tr_error_set(e, -EFBIG, 0, NULL, "checkpoint %lld: %lld bytes do not fit in memory",
+				   (long long)r->id, (long long)r->bytes);
 		goto fail;
 	}
 	if (row->sha256[0] && strcmp(row->sha256, r->sha256) != 0) {
-		err = tr_store_fail(-EBADMSG, "checkpoint %lld: the row's SHA-256 %s is not the stored %s",
-				    (long long)r->id, row->sha256, r->sha256);
+		err = tr_error_set(e, -EBADMSG, 0, NULL, "checkpoint %lld: the row's SHA-256 %s is not the stored %s",
+				   (long long)r->id, row->sha256, r->sha256);
 		goto fail;
 	}
 	buf = malloc(r->bytes ? (size_t)r->bytes : 1);
 	if (!buf) {
-		err = tr_store_fail(-ENOMEM, "checkpoint %lld: cannot allocate %lld bytes", (long long)r->id,
-				    (long long)r->bytes);
+		err = tr_error_set(e, -ENOMEM, 0, NULL, "checkpoint %lld: cannot allocate %lld bytes",
+				   (long long)r->id, (long long)r->bytes);
 		goto fail;
 	}
 	/* Chunk by chunk: each is hashed while the next one is read. */
@@ -417,10 +421,11 @@ int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data
 	tr_sha256_init(&sha);
 	struct tr_ckpt_hash hash = {0};
 	for (uint64_t off = 0; off < (uint64_t)r->bytes;) {
-		ssize_t n = tr_store_ckpt_read(r, off, buf + off, CHUNK_BYTES);
+		ssize_t n = tr_store_ckpt_read(r, off, buf + off, CHUNK_BYTES, e);
 		tr_ckpt_hash_wait(&hash);
 		if (n <= 0) {
-			err = n < 0 ? (int)n : tr_store_fail(-EIO, "checkpoint %lld: short read", (long long)r->id);
+			err = n < 0 ? (int)n
+				    : tr_error_set(e, -EIO, 0, NULL, "checkpoint %lld: short read", (long long)r->id);
 			goto fail;
 		}
 		tr_ckpt_hash_start(&hash, &sha, buf + off, (size_t)n);
@@ -430,8 +435,9 @@ int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data
 	char hex[65];
 	tr_sha256_final_hex(&sha, hex);
 	if (strcmp(hex, r->sha256) != 0) {
-		err = tr_store_fail(
-			-EBADMSG, "checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
+		err = tr_error_set(
+			e, -EBADMSG, 0, NULL,
+			"checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
 			(long long)r->id, (long long)r->job_id, (long long)r->step, hex,
 			r->sha256[0] ? r->sha256 : "(none stored)");
 		goto fail;

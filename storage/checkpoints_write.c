@@ -77,8 +77,12 @@ struct tr_ckpt_writer {
 	size_t nbuf;
 	struct tr_sha256 sha;
 	bool best; /* meta says "reason": "best" */
-	int err;   /* first failure: every later call repeats it */
-	char errmsg[512];
+	/* Where c and f (and the helpers working for the writer) report a
+	 * failure: the cause, which writer_fail words into the caller's
+	 * struct tr_error (docs/design.md, "Errors"). */
+	struct tr_error cause;
+	int err;               /* first failure: every later call repeats it */
+	struct tr_error fail;  /* its message */
 };
 
 /* Closes the writer's file (its connection and descriptor). */
@@ -98,47 +102,51 @@ static void drop_file(struct tr_ckpt_writer *w)
 		unlink(w->path);
 }
 
-/* Deletes the incomplete checkpoint.  Keeps the calling thread's error
- * message: it runs on failure paths, where that message is the one the
- * caller needs. */
+/* Deletes the incomplete checkpoint.  Keeps w->cause: it runs on failure
+ * paths, where that is what the caller needs to read (its own failures
+ * go to the connection's sink). */
 static int discard(struct tr_ckpt_writer *w)
 {
 	drop_file(w);
 	if (!w->id || !w->c.db)
 		return 0;
-	char saved[512];
-	tr_store_errcpy(saved, sizeof saved);
+	w->c.err = NULL;
 	tr_store_rollback(&w->c);
 	/* A failed commit may have left FULL. */
 	tr_store_exec(&w->c, "PRAGMA synchronous=NORMAL");
 	int err = tr_ckpt_purge(w->dir, &w->c, w->id, false);
 	/* Not retried: tr_store_open deletes what is left. */
 	w->id = 0;
-	tr_store_fail(0, "%s", saved);
+	w->c.err = &w->cause;
 	return err;
 }
 
-/* Every failure of a writer ends here: discards the partial checkpoint,
- * words the message (a full disk or cap says so), and makes the failure
- * sticky.  Returns err. */
-static int writer_fail(struct tr_ckpt_writer *w, int err)
+/* The writer's sticky failure into e; returns its code. */
+static int writer_report(const struct tr_ckpt_writer *w, struct tr_error *e)
 {
-	char cause[512];
-	tr_store_errcpy(cause, sizeof cause);
+	if (e)
+		*e = w->fail;
+	return w->err;
+}
+
+/* Every failure of a writer ends here: discards the partial checkpoint,
+ * words the message from w->cause (a full disk or cap says so) into e,
+ * and makes the failure sticky.  Returns err. */
+static int writer_fail(struct tr_ckpt_writer *w, int err, struct tr_error *e)
+{
 	bool discarded = discard(w) == 0;
 	const char *fate = discarded ? "the partial checkpoint was deleted"
 				     : "the partial checkpoint will be deleted at the next open";
 	if (err == -ENOSPC)
-		tr_store_fail(
-			err,
+		tr_error_set(
+			&w->fail, err, 0, NULL,
 			"checkpoint of job %lld at step %lld: the database is full (%s); %s, earlier checkpoints are intact",
-			(long long)w->job_id, (long long)w->step, cause, fate);
+			(long long)w->job_id, (long long)w->step, w->cause.message, fate);
 	else
-		tr_store_fail(err, "checkpoint of job %lld at step %lld: %s; %s", (long long)w->job_id,
-			      (long long)w->step, cause, fate);
+		tr_error_set(&w->fail, err, 0, NULL, "checkpoint of job %lld at step %lld: %s; %s",
+			     (long long)w->job_id, (long long)w->step, w->cause.message, fate);
 	w->err = err;
-	tr_store_errcpy(w->errmsg, sizeof w->errmsg);
-	return err;
+	return writer_report(w, e);
 }
 
 /* Maps a failed step on the store's checkpoint tables: a foreign key
@@ -146,8 +154,9 @@ static int writer_fail(struct tr_ckpt_writer *w, int err)
 static int step_fail(struct tr_ckpt_writer *w, int rc, const char *what)
 {
 	if (rc == SQLITE_CONSTRAINT_FOREIGNKEY)
-		return tr_store_fail(-ENOENT, "the checkpoint was deleted while being written (was job %lld deleted?)",
-				     (long long)w->job_id);
+		return tr_store_cfail(&w->c, -ENOENT,
+				      "the checkpoint was deleted while being written (was job %lld deleted?)",
+				      (long long)w->job_id);
 	return SQLFAIL(&w->c, rc, what);
 }
 
@@ -240,23 +249,23 @@ static int store_chunk(struct tr_ckpt_writer *w, const void *p, size_t n)
 	return err;
 }
 
-static int check_meta(const char *meta, bool *best)
+static int check_meta(const char *meta, bool *best, struct tr_error *e)
 {
 	*best = false;
 	if (!meta)
 		return 0;
 	if (!tr_store_utf8_valid(meta))
-		return tr_store_fail(-EINVAL, "checkpoint meta is not valid UTF-8");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint meta is not valid UTF-8");
 	json_error_t jerr;
 	json_t *j = json_loads(meta, 0, &jerr);
 	if (!j)
-		return tr_store_fail(-EINVAL, "checkpoint meta is not valid JSON: %s (column %d)", jerr.text,
-				     jerr.column);
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint meta is not valid JSON: %s (column %d)", jerr.text,
+				    jerr.column);
 	bool object = json_is_object(j);
 	const char *reason = json_string_value(json_object_get(j, "reason"));
 	*best = reason && strcmp(reason, "best") == 0;
 	json_decref(j);
-	return object ? 0 : tr_store_fail(-EINVAL, "checkpoint meta must be a JSON object");
+	return object ? 0 : tr_error_set(e, -EINVAL, 0, NULL, "checkpoint meta must be a JSON object");
 }
 
 /* Inserts the incomplete row (w->id). */
@@ -280,7 +289,7 @@ static int insert_row(struct tr_ckpt_writer *w, int64_t epoch, const char *meta_
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE)
 		err = rc == SQLITE_CONSTRAINT_FOREIGNKEY
-			      ? tr_store_fail(-ENOENT, "job %lld does not exist", (long long)w->job_id)
+			      ? tr_store_cfail(&w->c, -ENOENT, "job %lld does not exist", (long long)w->job_id)
 			      : SQLFAIL(&w->c, rc, "insert a checkpoint");
 	if (err == 0) {
 		int64_t id = sqlite3_last_insert_rowid(w->c.db);
@@ -299,13 +308,13 @@ static int take_spare(struct tr_ckpt_writer *w)
 {
 	char *spare = tr_ckpt_spare_path(w->dir);
 	if (!spare)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(&w->cause, -ENOMEM, 0, NULL, "out of memory");
 	int moved = rename(spare, w->path);
 	free(spare);
 	if (moved < 0)
 		return 0; /* none (or another writer took it) */
 	int64_t page = 0;
-	int err = tr_ckpt_open_file(&w->f, w->path, false, true);
+	int err = tr_ckpt_open_file(&w->f, w->path, false, true, &w->cause);
 	if (err == 0)
 		err = tr_store_exec(&w->f, tr_ckpt_file_settings);
 	if (err == 0)
@@ -328,19 +337,19 @@ static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
 {
 	w->path = tr_ckpt_file_path(w->dir, w->id);
 	if (!w->path)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(&w->cause, -ENOMEM, 0, NULL, "out of memory");
 	if (mkdir(w->dir, 0700) == 0) {
 		/* The new directory's own name, in the store's directory. */
-		int err = tr_ckpt_sync_dir_of(w->dir);
+		int err = tr_ckpt_sync_dir_of(w->dir, &w->cause);
 		if (err < 0)
 			return err;
 	} else if (errno != EEXIST) {
-		return tr_store_fail(-errno, "%s: cannot create: %s", w->dir, strerror(errno));
+		return tr_error_set(&w->cause, -errno, 0, NULL, "%s: cannot create: %s", w->dir, strerror(errno));
 	}
 	unlink(w->path); /* ids are never reused (AUTOINCREMENT); in case */
 	int err = take_spare(w);
 	if (err == 0 && !w->reused)
-		err = tr_ckpt_open_file(&w->f, w->path, true, true);
+		err = tr_ckpt_open_file(&w->f, w->path, true, true, &w->cause);
 	if (err < 0)
 		return err;
 	if (s->max_bytes > 0) {
@@ -359,65 +368,68 @@ static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
 	}
 	w->fd = open(w->path, O_RDONLY | O_CLOEXEC);
 	if (w->fd < 0)
-		return tr_store_fail(-errno, "%s: cannot open: %s", w->path, strerror(errno));
+		return tr_error_set(&w->cause, -errno, 0, NULL, "%s: cannot open: %s", w->path, strerror(errno));
 	return 0;
 }
 
 int tr_store_ckpt_begin(tr_store_t *s, int64_t job_id, int64_t step, int64_t epoch, const char *meta_json,
-			tr_ckpt_writer_t **out)
+			tr_ckpt_writer_t **out, struct tr_error *e)
 {
 	if (!out)
-		return tr_store_fail(-EINVAL, "checkpoint begin: no output pointer");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint begin: no output pointer");
 	*out = NULL;
 	if (!s)
-		return tr_store_fail(-EINVAL, "checkpoint begin: no store");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint begin: no store");
 	/* Negative steps are refused: tr_store_ckpt_get reads step < 0 as
 	 * "the newest", so such a checkpoint could never be fetched. */
 	if (step < 0 || step > STORE_STEP_LIMIT || epoch < 0 || epoch > STORE_STEP_LIMIT)
-		return tr_store_fail(-EINVAL, "checkpoint of job %lld: step %lld and epoch %lld must be in [0, 2^62]",
-				     (long long)job_id, (long long)step, (long long)epoch);
+		return tr_error_set(e, -EINVAL, 0, NULL,
+				    "checkpoint of job %lld: step %lld and epoch %lld must be in [0, 2^62]",
+				    (long long)job_id, (long long)step, (long long)epoch);
 	bool best;
-	int err = check_meta(meta_json, &best);
+	int err = check_meta(meta_json, &best, e);
 	if (err < 0)
 		return err;
 
 	struct tr_ckpt_writer *w = calloc(1, sizeof *w);
 	if (!w)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	w->job_id = job_id;
 	w->step = step;
 	w->best = best;
 	w->fd = -1;
 	tr_sha256_init(&w->sha);
 	w->dir = tr_ckpt_files_dir(s);
-	err = w->dir ? tr_ckpt_open_own(s, &w->c, true) : tr_store_fail(-ENOMEM, "out of memory");
+	err = w->dir ? tr_ckpt_open_own(s, &w->c, true, &w->cause)
+		     : tr_error_set(&w->cause, -ENOMEM, 0, NULL, "out of memory");
 	if (err == 0)
 		err = insert_row(w, epoch, meta_json);
 	if (err == 0)
 		err = create_file(s, w);
 	if (err < 0) {
-		char cause[512];
-		tr_store_errcpy(cause, sizeof cause);
-		tr_store_ckpt_abort(w);
 		if (err == -ENOSPC)
-			return tr_store_fail(err, "checkpoint of job %lld at step %lld: the database is full (%s)",
-					     (long long)job_id, (long long)step, cause);
-		return tr_store_fail(err, "%s", cause);
+			tr_error_set(e, err, 0, NULL, "checkpoint of job %lld at step %lld: the database is full (%s)",
+				     (long long)job_id, (long long)step, w->cause.message);
+		else
+			tr_error_set(e, err, 0, NULL, "%s", w->cause.message);
+		tr_store_ckpt_abort(w);
+		return err;
 	}
 	*out = w;
 	return 0;
 }
 
-int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
+int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len, struct tr_error *e)
 {
 	if (!w)
-		return tr_store_fail(-EINVAL, "checkpoint write: no writer");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint write: no writer");
 	if (w->err)
-		return tr_store_fail(w->err, "%s", w->errmsg);
+		return writer_report(w, e);
 	if (len && !data)
-		return tr_store_fail(-EINVAL, "checkpoint write: NULL data");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint write: NULL data");
 	if ((uint64_t)len > (uint64_t)(INT64_MAX - w->bytes))
-		return writer_fail(w, tr_store_fail(-EFBIG, "a checkpoint cannot exceed 2^63 bytes"));
+		return writer_fail(w, tr_error_set(&w->cause, -EFBIG, 0, NULL, "a checkpoint cannot exceed 2^63 bytes"),
+				   e);
 	const unsigned char *p = data;
 	w->bytes += (int64_t)len;
 	while (len) {
@@ -426,13 +438,13 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 			/* Whole chunks go from the caller's memory to SQLite. */
 			err = store_chunk(w, p, CHUNK_BYTES);
 			if (err < 0)
-				return writer_fail(w, err);
+				return writer_fail(w, err, e);
 			p += CHUNK_BYTES;
 			len -= CHUNK_BYTES;
 			continue;
 		}
 		if (!w->buf && !(w->buf = malloc(CHUNK_BYTES)))
-			return writer_fail(w, tr_store_fail(-ENOMEM, "out of memory"));
+			return writer_fail(w, tr_error_set(&w->cause, -ENOMEM, 0, NULL, "out of memory"), e);
 		size_t n = CHUNK_BYTES - w->nbuf < len ? CHUNK_BYTES - w->nbuf : len;
 		memcpy(w->buf + w->nbuf, p, n);
 		w->nbuf += n;
@@ -441,7 +453,7 @@ int tr_store_ckpt_write(tr_ckpt_writer_t *w, const void *data, size_t len)
 		if (w->nbuf == CHUNK_BYTES) {
 			err = store_chunk(w, w->buf, CHUNK_BYTES);
 			if (err < 0)
-				return writer_fail(w, err);
+				return writer_fail(w, err, e);
 			w->nbuf = 0;
 		}
 	}
@@ -474,8 +486,8 @@ static int check_chunks(struct tr_ckpt_writer *w)
 	int64_t n = sqlite3_column_int64(st, 0), total = sqlite3_column_int64(st, 1), max = sqlite3_column_int64(st, 2);
 	sqlite3_reset(st);
 	if (n != w->nchunks || max != w->nchunks - 1 || total != w->bytes)
-		return tr_store_fail(
-			-EIO,
+		return tr_store_cfail(
+			&w->f, -EIO,
 			"%s holds %lld bytes in %lld chunks (last %lld), but %lld bytes in %lld chunks were written",
 			w->path, (long long)total, (long long)n, (long long)max, (long long)w->bytes,
 			(long long)w->nchunks);
@@ -488,8 +500,8 @@ static int seal_file(struct tr_ckpt_writer *w)
 {
 	tr_store_conn_close(&w->f);
 	if (fdatasync(w->fd) < 0)
-		return tr_ckpt_sync_fail(w->path);
-	return tr_ckpt_sync_dir(w->dir);
+		return tr_ckpt_sync_fail(w->path, &w->cause);
+	return tr_ckpt_sync_dir(w->dir, &w->cause);
 }
 
 /* Hides (complete = 0) the job's complete checkpoints beyond the newest
@@ -510,7 +522,7 @@ static int hide_pruned(struct tr_ckpt_writer *w, int keep, int64_t **ids, size_t
 			cap = cap ? 2 * cap : 8;
 			int64_t *v = realloc(*ids, cap * sizeof *v);
 			if (!v) {
-				err = tr_store_fail(-ENOMEM, "out of memory");
+				err = tr_store_cfail(&w->c, -ENOMEM, "out of memory");
 				break;
 			}
 			*ids = v;
@@ -534,29 +546,32 @@ static int hide_pruned(struct tr_ckpt_writer *w, int keep, int64_t **ids, size_t
 }
 
 int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t model_header_len, int64_t params_offset,
-			 int64_t params_bytes, int keep, struct tr_ckpt_row *out)
+			 int64_t params_bytes, int keep, struct tr_ckpt_row *out, struct tr_error *e)
 {
 	if (out)
 		memset(out, 0, sizeof *out);
 	if (!w)
-		return tr_store_fail(-EINVAL, "checkpoint commit: no writer");
+		return tr_error_set(e, -EINVAL, 0, NULL, "checkpoint commit: no writer");
 	int64_t *pruned = NULL;
 	size_t npruned = 0;
 	int err;
 	if (w->err) {
-		err = tr_store_fail(w->err, "%s", w->errmsg);
+		err = writer_report(w, e);
 		goto cleanup;
 	}
 	if (params_offset < 0 || params_bytes < 0 || params_offset > w->bytes ||
 	    params_bytes > w->bytes - params_offset) {
 		err = writer_fail(w,
-				  tr_store_fail(-EINVAL, "parameter range [%lld, +%lld) is outside the %lld-byte blob",
-						(long long)params_offset, (long long)params_bytes,
-						(long long)w->bytes));
+				  tr_error_set(&w->cause, -EINVAL, 0, NULL,
+					       "parameter range [%lld, +%lld) is outside the %lld-byte blob",
+					       (long long)params_offset, (long long)params_bytes, (long long)w->bytes),
+				  e);
 		goto cleanup;
 	}
 	if ((model_header_len && !model_header) || model_header_len > INT_MAX) {
-		err = writer_fail(w, tr_store_fail(-EINVAL, "bad model header (%zu bytes)", model_header_len));
+		err = writer_fail(
+			w, tr_error_set(&w->cause, -EINVAL, 0, NULL, "bad model header (%zu bytes)", model_header_len),
+			e);
 		goto cleanup;
 	}
 	if (w->nbuf) {
@@ -602,8 +617,9 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		goto fail;
 	}
 	if (sqlite3_changes(w->c.db) != 1) {
-		err = tr_store_fail(-ENOENT, "the checkpoint was deleted while being written (was job %lld deleted?)",
-				    (long long)w->job_id);
+		err = tr_store_cfail(&w->c, -ENOENT,
+				     "the checkpoint was deleted while being written (was job %lld deleted?)",
+				     (long long)w->job_id);
 		goto fail;
 	}
 
@@ -637,7 +653,7 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		}
 		sqlite3_bind_int64(st, 1, w->id);
 		rc = sqlite3_step(st);
-		err = rc == SQLITE_ROW ? tr_ckpt_read_row(st, out) : SQLFAIL(&w->c, rc, "read the checkpoint back");
+		err = rc == SQLITE_ROW ? tr_ckpt_read_row(&w->c, st, out) : SQLFAIL(&w->c, rc, "read the checkpoint back");
 		sqlite3_reset(st);
 		if (err < 0)
 			goto fail;
@@ -658,7 +674,7 @@ fail:
 	tr_store_rollback(&w->c);
 	if (out)
 		tr_ckpt_row_finish(out);
-	err = writer_fail(w, err);
+	err = writer_fail(w, err, e);
 cleanup:
 	free(pruned);
 	writer_free(w);

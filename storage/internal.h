@@ -1,5 +1,5 @@
 /* Library-internal declarations shared by the storage/ files: the store
- * struct, the connection pool, the thread-local error helpers, the metric
+ * struct, the connection pool, the error helpers, the metric
  * summary ("rollup") arithmetic and the event notification hook.  Nothing
  * here is part of the store.h contract; names keep the tr_store_ prefix only
  * so that a static link with the other libraries cannot clash.
@@ -45,10 +45,10 @@ struct conn {
 	struct stmt_cache_entry *cache;
 	int ncache, capcache;
 	bool busy; /* handed out by the pool */
-	/* The struct tr_error of the call it is lent to (tr_store_conn_lend):
-	 * SQLFAIL and tr_store_cfail fill it.  NULL: the calling thread's
-	 * message, for functions not moved over yet (docs/design.md,
-	 * "Errors"). */
+	/* The struct tr_error of the call it is lent to (tr_store_conn_lend),
+	 * or of its owner for a connection of its own (the checkpoint writer's,
+	 * the open's): SQLFAIL and tr_store_cfail fill it (docs/design.md,
+	 * "Errors").  NULL: sink, for a caller that only wants the code. */
 	struct tr_error *err;
 	struct tr_error sink; /* err of a call whose caller passed none */
 };
@@ -161,13 +161,16 @@ struct tr_store {
 	void *commit_hook_ctx;
 };
 
-/* Takes a free request connection, waiting for one; never NULL. */
+/* Takes a free request connection, waiting for one; never NULL.  Its
+ * failures fill its sink (a caller that only wants the code). */
 struct conn *tr_store_conn_get(tr_store_t *s);
 /* The same for a call that reports through a struct tr_error: failures on
  * the connection fill e (may be NULL) until it is put back. */
 struct conn *tr_store_conn_lend(tr_store_t *s, struct tr_error *e);
 /* Resets its statements (releasing read snapshots) and returns it. */
 void tr_store_conn_put(tr_store_t *s, struct conn *c);
+/* Where the connection's failures go: its err, else its sink. */
+struct tr_error *tr_store_conn_err(struct conn *c);
 /* A prepared statement for a static SQL string, cached per connection,
  * reset and with bindings cleared.  NULL on error (message set). */
 sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql);
@@ -176,12 +179,14 @@ sqlite3_stmt *tr_store_stmt(struct conn *c, const char *sql);
 int tr_store_pragma_int(struct conn *c, const char *sql, int64_t *value);
 /* Opens a connection with the per-connection settings (foreign keys,
  * synchronous=NORMAL, busy timeout); for a module that needs its own,
- * e.g. to stream large blobs without holding a pooled one. */
-int tr_store_conn_open(struct conn *c, const char *path);
+ * e.g. to stream large blobs without holding a pooled one.  The
+ * connection reports into e (its err) from then on: its owner points err
+ * elsewhere when e does not live as long. */
+int tr_store_conn_open(struct conn *c, const char *path, struct tr_error *e);
 /* Just the open (sqlite3_open_v2 flags, NOMUTEX added), with extended
  * result codes and a message that names the file; for databases other than
- * the store's own (checkpoint files). */
-int tr_store_db_open(struct conn *c, const char *path, int flags);
+ * the store's own (checkpoint files).  Sets err = e as conn_open does. */
+int tr_store_db_open(struct conn *c, const char *path, int flags, struct tr_error *e);
 void tr_store_conn_close(struct conn *c);
 /* Applies tr_store_options.max_bytes (0 = none) to a connection that may
  * write: PRAGMA max_page_count is a setting of each connection. */
@@ -191,7 +196,8 @@ int tr_store_set_max_bytes(struct conn *c, int64_t max_bytes);
  * writer running: deletes checkpoints left incomplete by a previous run,
  * then any checkpoint file without a row, then moves checkpoints whose
  * chunks are still in the database (an older trainerd's) into files.  tr_store_ckpt_sweep_files does the
- * second part alone (after a job's rows were deleted). */
+ * second part alone (after a job's rows were deleted).  Failures fill c's
+ * err. */
 int tr_store_ckpt_sweep(tr_store_t *s, struct conn *c);
 void tr_store_ckpt_sweep_files(tr_store_t *s, struct conn *c);
 
@@ -205,10 +211,8 @@ int tr_store_exec(struct conn *c, const char *sql);
 
 /* ---- errors ----------------------------------------------------------------- */
 
-/* Sets the calling thread's message; returns code (a negative errno). */
-int tr_store_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Sets the message where the connection's call reports it: its struct
- * tr_error when lent with one (tr_store_conn_lend), else the thread's. */
+/* Sets the message where the connection's call reports it (c's err, else
+ * its sink); returns code (a negative errno). */
 int tr_store_cfail(struct conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Records "file:line: what: sqlite message" where c's call reports it,
  * maps rc to a negative errno and notes a storage failure of the
@@ -228,8 +232,6 @@ void tr_store_health_ok(tr_store_t *s);
 /* Test-only fault switch (storage/fault.c); a no-op unless the
  * environment asks for it. */
 void tr_store_fault_install(void);
-/* Copies the calling thread's message into buf. */
-void tr_store_errcpy(char *buf, size_t len);
 
 /* ---- schema ------------------------------------------------------------------ */
 
@@ -250,7 +252,7 @@ int tr_store_event_insert(struct conn *c, int64_t job_id, const char *type, cons
 
 /* ---- writer ------------------------------------------------------------------ */
 
-int tr_store_writer_start(tr_store_t *s);
+int tr_store_writer_start(tr_store_t *s, struct tr_error *e);
 void tr_store_writer_stop(tr_store_t *s);
 /* Writes items to the database on the writer connection, in transactions
  * of bounded size.  Returns how many leading items are done with: written,
@@ -333,8 +335,8 @@ void tr_store_states_forget(tr_store_t *s, int64_t job_id);
 /* Shows a row as its pending changes will leave it. */
 void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row);
 /* At open: loads changes a previous run could not write (the side file)
- * and tries them. */
-int tr_store_states_load(tr_store_t *s);
+ * and tries them; a side file that cannot be read fills e. */
+int tr_store_states_load(tr_store_t *s, struct tr_error *e);
 void tr_store_states_free(tr_store_t *s);
 
 /* Marks stored data as changed for response caches, after the commit:

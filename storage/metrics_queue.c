@@ -348,11 +348,11 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
-int tr_store_writer_start(tr_store_t *s)
+int tr_store_writer_start(tr_store_t *s, struct tr_error *e)
 {
 	int rc = pthread_create(&s->writer, NULL, writer_main, s);
 	if (rc != 0)
-		return tr_store_fail(-rc, "cannot start the metrics writer thread");
+		return tr_error_set(e, -rc, 0, NULL, "cannot start the metrics writer thread");
 	s->writer_started = true;
 	return 0;
 }

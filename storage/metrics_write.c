@@ -15,6 +15,7 @@
 #include "core/rfc3339.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,7 +78,7 @@ static int load_jobs(struct conn *c, const struct qitem *items, size_t n, struct
 {
 	int64_t *ids = malloc(n * sizeof *ids);
 	if (!ids)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++)
 		ids[i] = items[i].job_id;
 	qsort(ids, n, sizeof *ids, cmp_i64);
@@ -88,7 +89,7 @@ static int load_jobs(struct conn *c, const struct qitem *items, size_t n, struct
 	struct batch_job *jobs = calloc(nj, sizeof *jobs);
 	if (!jobs) {
 		free(ids);
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	}
 	int err = 0;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT 1 FROM jobs WHERE id = ?1");
@@ -117,7 +118,7 @@ static int emit_metrics_event(struct conn *c, struct batch_job *j, double now, i
 	JBUF_LIT(&j->buf, "]}");
 	tr_store_jbuf_raw(&j->buf, "", 1); /* NUL */
 	if (j->buf.oom)
-		return tr_store_fail(-ENOMEM, "out of memory building a metrics event");
+		return tr_store_cfail(c, -ENOMEM, "out of memory building a metrics event");
 	int err = tr_store_event_insert(c, j->id, "metrics", j->buf.p, now, max_event);
 	j->buf.n = 0;
 	j->npoints = 0;
@@ -193,7 +194,7 @@ static int insert_log(struct conn *c, const struct qitem *it, double now, int64_
 	JBUF_LIT(&b, ",\"message\":");
 	tr_store_jbuf_str(&b, msg);
 	tr_store_jbuf_raw(&b, "}", 2); /* with the NUL */
-	int err = b.oom ? tr_store_fail(-ENOMEM, "out of memory building a log event")
+	int err = b.oom ? tr_store_cfail(c, -ENOMEM, "out of memory building a log event")
 			: tr_store_event_insert(c, it->job_id, "log", b.p, now, max_event);
 	free(b.p);
 	return err;
@@ -206,7 +207,7 @@ static int update_rollups(struct conn *c, const struct qitem *items, size_t n, s
 	struct mpoint *pts = malloc(n * sizeof *pts);
 	int err = 0;
 	if (!order || !pts) {
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_store_cfail(c, -ENOMEM, "out of memory");
 		goto cleanup;
 	}
 	size_t m = 0;
@@ -284,6 +285,11 @@ size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 	 * job's flushes leave other jobs' cached answers valid; without room
 	 * for the list, every job does. */
 	int64_t *touched = malloc((n < TX_ITEMS ? n : TX_ITEMS) * sizeof *touched);
+	/* Why a chunk failed, for the next tr_store_flush: the writer's
+	 * connection reports into it (only this thread uses that connection
+	 * while the writer runs). */
+	struct tr_error e = {0};
+	s->wconn.err = &e;
 	size_t i;
 	for (i = 0; i < n; i += TX_ITEMS) {
 		size_t m = n - i < TX_ITEMS ? n - i : TX_ITEMS, ntouched = 0;
@@ -301,7 +307,7 @@ size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 		}
 		pthread_mutex_lock(&s->q_lock);
 		s->err_code = err;
-		tr_store_errcpy(s->err_msg, sizeof s->err_msg);
+		snprintf(s->err_msg, sizeof s->err_msg, "%s", e.message);
 		if (tr_store_err_transient(err)) {
 			/* Storage will take it later (a full disk freed, a
 			 * read-only directory fixed): keep this chunk and
@@ -317,6 +323,7 @@ size_t tr_store_write_batch(tr_store_t *s, struct qitem *items, size_t n)
 			tr_store_drops_add(s, items[k].job_id, 1);
 		pthread_mutex_unlock(&s->q_lock);
 	}
+	s->wconn.err = NULL;
 	free(touched);
 	return i < n ? i : n;
 }

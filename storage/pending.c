@@ -204,33 +204,33 @@ static json_t *entry_json(const struct pending_state *p)
 }
 
 /* Writes the held changes to path (a temporary name, synced, renamed). */
-static int write_side(tr_store_t *s, const char *path)
+static int write_side(tr_store_t *s, const char *path, struct tr_error *e)
 {
 	size_t n = strlen(path) + 5;
 	char *tmp = malloc(n);
 	if (!tmp)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	snprintf(tmp, n, "%s.tmp", path);
 	int err = 0;
 	FILE *f = fopen(tmp, "w");
 	if (!f) {
-		err = tr_store_fail(-errno, "%s: %s", tmp, strerror(errno));
+		err = tr_error_set(e, -errno, 0, NULL, "%s: %s", tmp, strerror(errno));
 		goto cleanup;
 	}
 	for (size_t i = 0; i < s->npst && !err; i++) {
 		json_t *j = entry_json(&s->pst[i]);
 		char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 		if (!text || fprintf(f, "%s\n", text) < 0)
-			err = tr_store_fail(text ? -errno : -ENOMEM, "%s: cannot write", tmp);
+			err = tr_error_set(e, text ? -errno : -ENOMEM, 0, NULL, "%s: cannot write", tmp);
 		free(text);
 		json_decref(j);
 	}
 	if (!err && (fflush(f) != 0 || fdatasync(fileno(f)) != 0))
-		err = tr_store_fail(-errno, "%s: %s", tmp, strerror(errno));
+		err = tr_error_set(e, -errno, 0, NULL, "%s: %s", tmp, strerror(errno));
 	if (fclose(f) != 0 && !err)
-		err = tr_store_fail(-errno, "%s: %s", tmp, strerror(errno));
+		err = tr_error_set(e, -errno, 0, NULL, "%s: %s", tmp, strerror(errno));
 	if (!err && rename(tmp, path) != 0)
-		err = tr_store_fail(-errno, "%s: %s", path, strerror(errno));
+		err = tr_error_set(e, -errno, 0, NULL, "%s: %s", path, strerror(errno));
 	if (err)
 		unlink(tmp);
 cleanup:
@@ -244,17 +244,19 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen)
 		msg[0] = '\0';
 	pthread_mutex_lock(&s->st_lock);
 	if (s->npst) {
-		/* A pooled connection: the writer may still be running. */
-		struct conn *c = tr_store_conn_get(s);
+		/* A pooled connection: the writer may still be running.  What
+		 * still fails is held, and reported as such below. */
+		struct conn *c = tr_store_conn_lend(s, NULL);
 		tr_store_states_drain_locked(s, c);
 		tr_store_conn_put(s, c);
 	}
 	int n = (int)s->npst, err = 0;
+	struct tr_error we = {0}; /* why the side file could not be written */
 	char *side = n ? side_path(s) : NULL;
 	if (n && !side)
-		err = tr_store_fail(-ENOMEM, "out of memory");
+		err = tr_error_set(&we, -ENOMEM, 0, NULL, "out of memory");
 	if (n && side)
-		err = write_side(s, side);
+		err = write_side(s, side, &we);
 	if (n && !err) {
 		s->pst_saved = true;
 		if (msg && msglen)
@@ -265,8 +267,7 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen)
 	} else if (n) {
 		/* Say exactly what is lost: the jobs and the states. */
 		int len = snprintf(msg ? msg : NULL, msg ? msglen : 0,
-				   "%d job state change(s) could not be written and are lost (%s):", n,
-				   tr_store_error(s));
+				   "%d job state change(s) could not be written and are lost (%s):", n, we.message);
 		for (size_t i = 0; msg && i < s->npst && len > 0 && (size_t)len < msglen; i++)
 			len += snprintf(msg + len, msglen - (size_t)len, " job %lld %s;", (long long)s->pst[i].job_id,
 					s->pst[i].state);
@@ -276,16 +277,16 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen)
 	return err < 0 ? err : n;
 }
 
-int tr_store_states_load(tr_store_t *s)
+int tr_store_states_load(tr_store_t *s, struct tr_error *e)
 {
 	char *side = side_path(s);
 	if (!side)
-		return tr_store_fail(-ENOMEM, "out of memory");
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	FILE *f = fopen(side, "r");
 	int err = 0;
 	if (!f) {
 		if (errno != ENOENT)
-			err = tr_store_fail(-errno, "%s: %s", side, strerror(errno));
+			err = tr_error_set(e, -errno, 0, NULL, "%s: %s", side, strerror(errno));
 		free(side);
 		return err;
 	}
@@ -304,14 +305,10 @@ int tr_store_states_load(tr_store_t *s)
 				      "devices", &devices, "at", &at) != 0)
 			/* A torn last line cannot happen (written whole, then
 			 * renamed); anything else is not ours to guess at. */
-			err = tr_store_fail(-EINVAL, "%s:%d: not a state change: %s", side, lineno,
-					    j ? "wrong fields" : jerr.text);
-		else {
-			struct tr_error ae = {0};
-			err = append_locked(s, id, state, error, devices, at, &ae);
-			if (err < 0)
-				tr_store_fail(err, "%s", ae.message); /* tr_store_open reports it */
-		}
+			err = tr_error_set(e, -EINVAL, 0, NULL, "%s:%d: not a state change: %s", side, lineno,
+					   j ? "wrong fields" : jerr.text);
+		else
+			err = append_locked(s, id, state, error, devices, at, e); /* tr_store_open reports it */
 		json_decref(j);
 	}
 	fclose(f);

@@ -149,10 +149,10 @@ int tr_store_migrate(struct conn *c)
 		if (err < 0)
 			goto fail;
 		if (version > NMIGRATIONS) {
-			err = tr_store_fail(-ENOTSUP,
-					    "%s: database schema version %lld is newer than this trainerd supports "
-					    "(version %d); use a newer trainerd",
-					    sqlite3_db_filename(c->db, "main"), (long long)version, NMIGRATIONS);
+			err = tr_store_cfail(c, -ENOTSUP,
+					     "%s: database schema version %lld is newer than this trainerd supports "
+					     "(version %d); use a newer trainerd",
+					     sqlite3_db_filename(c->db, "main"), (long long)version, NMIGRATIONS);
 			goto fail;
 		}
 		if (version == NMIGRATIONS)

@@ -1,6 +1,7 @@
 /* Store lifecycle and plumbing: open (pragmas, migration, connection pool,
- * writer thread), close, the per-thread error message, the statement cache
- * and the transaction helpers every other storage file uses.
+ * writer thread), close, where a connection's failures are reported, the
+ * statement cache and the transaction helpers every other storage file
+ * uses.
  *
  * Connections: one belongs to the writer thread; STORE_POOL_SIZE more serve
  * requests, each lent to one thread for one call.  WAL lets the readers run
@@ -30,31 +31,6 @@
 #define STORE_PAGE_SIZE_NEW "16384"
 /* Address space, not memory: the kernel's page cache backs it. */
 #define STORE_READ_MMAP "1073741824"
-
-/* Per thread, so that two threads failing at once each read their own
- * message (and a message survives the store being closed). */
-static _Thread_local char tls_err[512];
-
-int tr_store_fail(int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(tls_err, sizeof tls_err, fmt, ap);
-	va_end(ap);
-	return code;
-}
-
-void tr_store_errcpy(char *buf, size_t len)
-{
-	if (buf && len)
-		snprintf(buf, len, "%s", tls_err);
-}
-
-const char *tr_store_error(tr_store_t *s)
-{
-	(void)s;
-	return tls_err;
-}
 
 static int errno_of(sqlite3 *db, int rc)
 {
@@ -86,16 +62,19 @@ static int errno_of(sqlite3 *db, int rc)
 	}
 }
 
+struct tr_error *tr_store_conn_err(struct conn *c)
+{
+	return c->err ? c->err : &c->sink;
+}
+
 int tr_store_cfail(struct conn *c, int code, const char *fmt, ...)
 {
-	char msg[sizeof tls_err];
+	char msg[sizeof c->sink.message];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	if (c && c->err)
-		return tr_error_set(c->err, code, 0, NULL, "%s", msg);
-	return tr_store_fail(code, "%s", msg);
+	return tr_error_set(tr_store_conn_err(c), code, 0, NULL, "%s", msg);
 }
 
 int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *file, int line)
@@ -103,7 +82,7 @@ int tr_store_sqlfail_c(struct conn *c, int rc, const char *what, const char *fil
 	/* meson compiles with paths relative to the build dir ("../storage/x.c"). */
 	while (strncmp(file, "../", 3) == 0)
 		file += 3;
-	char msg[sizeof tls_err];
+	char msg[sizeof c->sink.message];
 	snprintf(msg, sizeof msg, "%s:%d: %s: %s", file, line, what,
 		 c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
 	int err = tr_store_cfail(c, errno_of(c->db, rc), "%s", msg);
@@ -316,17 +295,18 @@ static int busy_wait(void *arg, int tries)
 }
 
 /* Settings that SQLite keeps per connection, not in the file. */
-int tr_store_db_open(struct conn *c, const char *path, int flags)
+int tr_store_db_open(struct conn *c, const char *path, int flags, struct tr_error *e)
 {
 	memset(c, 0, sizeof *c);
+	c->err = e;
 	/* NOMUTEX: a connection is only ever used by one thread at a time (the
 	 * pool hands each out exclusively; the writer and checkpoint
 	 * connections have one owner), and serialized mode's per-call mutex
 	 * cost ~20% of a downsampling query. */
 	int rc = sqlite3_open_v2(path, &c->db, flags | SQLITE_OPEN_NOMUTEX, NULL);
 	if (rc != SQLITE_OK) {
-		int err = tr_store_fail(errno_of(c->db, rc), "%s: cannot open: %s", path,
-					c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+		int err = tr_store_cfail(c, errno_of(c->db, rc), "%s: cannot open: %s", path,
+					 c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
 		tr_store_conn_close(c);
 		return err;
 	}
@@ -334,9 +314,9 @@ int tr_store_db_open(struct conn *c, const char *path, int flags)
 	return 0;
 }
 
-int tr_store_conn_open(struct conn *c, const char *path)
+int tr_store_conn_open(struct conn *c, const char *path, struct tr_error *e)
 {
-	int rc = tr_store_db_open(c, path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+	int rc = tr_store_db_open(c, path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, e);
 	if (rc < 0)
 		return rc;
 	sqlite3_busy_handler(c->db, busy_wait, NULL);
@@ -367,8 +347,8 @@ static int enable_wal(struct conn *c, const char *path)
 	} else {
 		const char *mode = (const char *)sqlite3_column_text(st, 0);
 		if (!mode || strcmp(mode, "wal") != 0)
-			err = tr_store_fail(-ENOTSUP, "%s: cannot use write-ahead logging (journal mode is %s)", path,
-					    mode ? mode : "unknown");
+			err = tr_store_cfail(c, -ENOTSUP, "%s: cannot use write-ahead logging (journal mode is %s)",
+					     path, mode ? mode : "unknown");
 	}
 	sqlite3_finalize(st);
 	return err;
@@ -452,29 +432,22 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 {
 	int rc;
 	tr_store_t *s = NULL;
+	/* The steps' failures, named after the file below; the connections
+	 * report here until the store is open. */
+	struct tr_error oe = {0};
 	*out = NULL;
-	if (!path || !*path) {
-		rc = tr_store_fail(-EINVAL, "store path is empty");
-		goto fail_early;
-	}
-	if (!sqlite3_threadsafe()) {
-		rc = tr_store_fail(-ENOTSUP, "SQLite was built without thread support");
-		goto fail_early;
-	}
-	if (opts && opts->flush_interval_ms < 0) {
-		rc = tr_store_fail(-EINVAL, "flush_interval_ms must be >= 0 (0 = default 200)");
-		goto fail_early;
-	}
-	if (opts && opts->max_bytes < 0) {
-		rc = tr_store_fail(-EINVAL, "max_bytes must be >= 0 (0 = no cap)");
-		goto fail_early;
-	}
+	if (!path || !*path)
+		return tr_error_set(e, -EINVAL, 0, NULL, "store path is empty");
+	if (!sqlite3_threadsafe())
+		return tr_error_set(e, -ENOTSUP, 0, NULL, "SQLite was built without thread support");
+	if (opts && opts->flush_interval_ms < 0)
+		return tr_error_set(e, -EINVAL, 0, NULL, "flush_interval_ms must be >= 0 (0 = default 200)");
+	if (opts && opts->max_bytes < 0)
+		return tr_error_set(e, -EINVAL, 0, NULL, "max_bytes must be >= 0 (0 = no cap)");
 	int64_t max_bytes = opts ? opts->max_bytes : 0;
 	s = calloc(1, sizeof *s);
-	if (!s) {
-		rc = tr_store_fail(-ENOMEM, "out of memory");
-		goto fail_early;
-	}
+	if (!s)
+		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	s->path = strdup(path);
 	s->max_bytes = max_bytes;
 	s->queue_max = opts && opts->metrics_queue_max ? opts->metrics_queue_max : STORE_DEFAULT_QUEUE_MAX;
@@ -490,11 +463,11 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	pthread_mutex_init(&s->h_lock, NULL);
 	tr_store_fault_install();
 	if (!s->path) {
-		rc = tr_store_fail(-ENOMEM, "out of memory");
+		rc = tr_error_set(&oe, -ENOMEM, 0, NULL, "out of memory");
 		goto fail;
 	}
 
-	rc = tr_store_conn_open(&s->wconn, path);
+	rc = tr_store_conn_open(&s->wconn, path, &oe);
 	if (rc < 0)
 		goto fail;
 	/* Only a new, empty database takes the page size (SQLite ignores the
@@ -520,7 +493,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 	if (rc < 0)
 		goto fail;
 	for (int i = 0; i < STORE_POOL_SIZE; i++) {
-		rc = tr_store_conn_open(&s->pool[i], path);
+		rc = tr_store_conn_open(&s->pool[i], path, &oe);
 		if (rc < 0)
 			goto fail;
 		rc = tr_store_set_max_bytes(&s->pool[i], max_bytes);
@@ -534,6 +507,7 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		rc = tr_store_exec(&s->pool[i], "PRAGMA mmap_size=" STORE_READ_MMAP);
 		if (rc < 0)
 			goto fail;
+		s->pool[i].err = NULL; /* lent to each call from now on */
 	}
 	s->last_event_id = read_last_event_id(&s->wconn);
 	atomic_store(&s->last_other_event_id, s->last_event_id);
@@ -544,25 +518,29 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		s->pool[i].store = s;
 	/* State changes a previous run could not write: shown (and kept from
 	 * the queue) from the start, written as soon as storage allows. */
-	rc = tr_store_states_load(s);
+	rc = tr_store_states_load(s, &oe);
 	if (rc < 0)
 		goto fail;
-	rc = tr_store_writer_start(s);
+	/* The writer thread lends its connection to each batch. */
+	s->wconn.err = NULL;
+	rc = tr_store_writer_start(s, &oe);
 	if (rc < 0)
 		goto fail;
 	*out = s;
 	return 0;
 
 fail:
-	tr_store_close(s);
 	/* Name the file in every open failure ("file is not a database"). */
-	if (strncmp(tls_err, path, strlen(path)) != 0) {
-		char msg[sizeof tls_err];
-		snprintf(msg, sizeof msg, "%s", tls_err);
-		tr_store_fail(rc, "%s: %s", path, msg);
-	}
-fail_early:
-	return tr_error_set(e, rc, 0, NULL, "%s", tls_err);
+	if (strncmp(oe.message, path, strlen(path)) != 0)
+		tr_error_set(e, rc, 0, NULL, "%s: %s", path, oe.message);
+	else
+		tr_error_set(e, rc, 0, NULL, "%s", oe.message);
+	/* Nothing may report into oe once it is gone. */
+	s->wconn.err = NULL;
+	for (int i = 0; i < STORE_POOL_SIZE; i++)
+		s->pool[i].err = NULL;
+	tr_store_close(s);
+	return rc;
 }
 
 void tr_store_close(tr_store_t *s)

@@ -24,9 +24,11 @@
  *
  * All functions are thread-safe (one connection per thread role, guarded
  * internally: the writer thread's own, and a small pool for requests).
- * They return 0 or a negative errno-style code, with a message in the
- * store's error buffer for the caller's thread (tr_store_error).  A limit
- * <= 0 in the paging calls means no limit.  Strings in output structs are
+ * They return 0 or a negative errno-style code and fill the caller's
+ * struct tr_error (the last argument; NULL when only the code is wanted)
+ * with why (docs/design.md, "Errors"); storage health and the save of
+ * held state changes word a report into a buffer instead.  A limit <= 0
+ * in the paging calls means no limit.  Strings in output structs are
  * malloc'd and owned by the caller (tr_job_row_finish frees them); json_t
  * results are new references.
  */
@@ -66,10 +68,6 @@ struct tr_store_options {
 int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, struct tr_error *e);
 /* Flushes the queue, stops the writer, closes.  Accepts NULL. */
 void tr_store_close(tr_store_t *s);
-/* The calling thread's last error message, read after a negative return
- * of a function that takes no struct tr_error (docs/design.md, "Errors":
- * those still to move over). */
-const char *tr_store_error(tr_store_t *s);
 /* Runs PRAGMA integrity_check; 0 when "ok". */
 int tr_store_integrity_check(tr_store_t *s, struct tr_error *e);
 

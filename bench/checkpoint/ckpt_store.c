@@ -340,24 +340,25 @@ int main(int argc, char **argv)
 		if (!s)
 			return 1;
 		tr_ckpt_writer_t *w;
+		struct tr_error e = {0};
 		double c0 = cpu_s(); /* all threads: the hashing helpers too */
 		double t0 = now_s();
-		int rc = tr_store_ckpt_begin(s, job, 100, 0, "{\"reason\":\"bench\"}", &w);
+		int rc = tr_store_ckpt_begin(s, job, 100, 0, "{\"reason\":\"bench\"}", &w, &e);
 		double t1 = now_s();
 		if (rc == 0)
-			rc = tr_store_ckpt_write(w, header, sizeof header);
+			rc = tr_store_ckpt_write(w, header, sizeof header, &e);
 		for (int k = 0; rc == 0 && k < 3; k++)
-			rc = tr_store_ckpt_write(w, seg[k], bytes);
+			rc = tr_store_ckpt_write(w, seg[k], bytes, &e);
 		double t2 = now_s();
 		struct tr_ckpt_row out = {0};
 		if (rc == 0)
 			rc = tr_store_ckpt_commit(w, model_header, sizeof model_header, sizeof header, (int64_t)bytes,
-						  3, &out);
+						  3, &out, &e);
 		else
 			tr_store_ckpt_abort(w);
 		double t3 = now_s(), c3 = cpu_s();
 		if (rc < 0) {
-			fprintf(stderr, "ckpt_store: %s\n", tr_store_error(s));
+			fprintf(stderr, "ckpt_store: %s\n", e.message);
 			return 1;
 		}
 		tr_ckpt_row_finish(&out);

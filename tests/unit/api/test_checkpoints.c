@@ -97,15 +97,17 @@ static void store_ckpt(int64_t job, int64_t step, int64_t epoch, const struct fa
 {
 	tr_ckpt_writer_t *w = NULL;
 	struct tr_ckpt_row row = {0};
+	struct tr_error e = {0};
 	size_t piece = 1000003;
 
-	cr_assert_eq(tr_store_ckpt_begin(store, job, step, epoch, "{\"reason\":\"test\"}", &w), 0, "begin: %s",
-		     tr_store_error(store));
+	cr_assert_eq(tr_store_ckpt_begin(store, job, step, epoch, "{\"reason\":\"test\"}", &w, &e), 0, "begin: %s",
+		     e.message);
 	for (size_t off = 0; off < c->len; off += piece)
-		cr_assert_eq(tr_store_ckpt_write(w, c->blob + off, c->len - off < piece ? c->len - off : piece), 0);
+		cr_assert_eq(tr_store_ckpt_write(w, c->blob + off, c->len - off < piece ? c->len - off : piece, &e), 0,
+			     "%s", e.message);
 	cr_assert_eq(tr_store_ckpt_commit(w, c->model, c->model_header_len, (int64_t)c->params_offset,
-					  (int64_t)c->params_bytes, 3, &row),
-		     0, "commit: %s", tr_store_error(store));
+					  (int64_t)c->params_bytes, 3, &row, &e),
+		     0, "commit: %s", e.message);
 	cr_assert_eq(row.bytes, (int64_t)c->len);
 	cr_assert_str_eq(row.sha256, c->sha256);
 	tr_ckpt_row_finish(&row);

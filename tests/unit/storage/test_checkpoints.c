@@ -32,6 +32,8 @@
 /* ---- helpers ------------------------------------------------------------------- */
 
 static char dir[64], db_path[128], files_dir[160];
+/* What the last checkpoint call of the test's thread reported (docs/design.md, "Errors"). */
+static struct tr_error te;
 
 static void make_dir(void)
 {
@@ -193,13 +195,13 @@ static int write_ckpt_meta(tr_store_t *s, int64_t job, int64_t step, const char 
 			   size_t n, int keep, struct tr_ckpt_row *row)
 {
 	tr_ckpt_writer_t *w;
-	int rc = tr_store_ckpt_begin(s, job, step, step / 10, meta, &w);
-	cr_assert_eq(rc, 0, "begin: %s", tr_store_error(s));
+	int rc = tr_store_ckpt_begin(s, job, step, step / 10, meta, &w, &te);
+	cr_assert_eq(rc, 0, "begin: %s", te.message);
 	static const size_t pieces[] = {1, 4093, 3 * MiB, 5 * MiB, 65536, 4 * MiB, 777777};
 	size_t off = 0;
 	for (int i = 0; off < n; i++) {
 		size_t k = pieces[i % 7] < n - off ? pieces[i % 7] : n - off;
-		rc = tr_store_ckpt_write(w, data + off, k);
+		rc = tr_store_ckpt_write(w, data + off, k, &te);
 		if (rc < 0) {
 			tr_store_ckpt_abort(w);
 			return rc;
@@ -208,7 +210,7 @@ static int write_ckpt_meta(tr_store_t *s, int64_t job, int64_t step, const char 
 	}
 	static const char header[] = "{\"__metadata__\":{}}";
 	size_t poff = n / 3, plen = n - n / 3 - n / 5;
-	return tr_store_ckpt_commit(w, header, sizeof header - 1, (int64_t)poff, (int64_t)plen, keep, row);
+	return tr_store_ckpt_commit(w, header, sizeof header - 1, (int64_t)poff, (int64_t)plen, keep, row, &te);
 }
 
 static int write_ckpt(tr_store_t *s, int64_t job, int64_t step, const unsigned char *data, size_t n, int keep,
@@ -221,8 +223,8 @@ static void expect_load(tr_store_t *s, const struct tr_ckpt_row *row, const unsi
 {
 	void *got = NULL;
 	size_t len = 0;
-	int rc = tr_store_ckpt_load(s, row, &got, &len);
-	cr_assert_eq(rc, 0, "load %zu bytes: %d %s", n, rc, tr_store_error(s));
+	int rc = tr_store_ckpt_load(s, row, &got, &len, &te);
+	cr_assert_eq(rc, 0, "load %zu bytes: %d %s", n, rc, te.message);
 	cr_assert_not_null(got);
 	cr_assert_eq(len, n);
 	cr_assert(n == 0 || memcmp(got, data, n) == 0, "loaded bytes differ (%zu bytes)", n);
@@ -353,7 +355,7 @@ Test(ckpt, round_trip_sizes)
 		struct tr_ckpt_row row;
 		int64_t step = 100 * (int64_t)(i + 1);
 		int rc = write_ckpt(s, job, step, data, n, 0, &row);
-		cr_assert_eq(rc, 0, "commit %zu bytes: %d %s", n, rc, tr_store_error(s));
+		cr_assert_eq(rc, 0, "commit %zu bytes: %d %s", n, rc, te.message);
 		char hex[65];
 		tr_sha256_hex(data, n, hex);
 		cr_assert_str_eq(row.sha256, hex);
@@ -370,11 +372,11 @@ Test(ckpt, round_trip_sizes)
 		cr_assert_eq(file_chunks(row.id), (int64_t)((n + CHUNK - 1) / CHUNK), "chunks of %zu bytes", n);
 
 		struct tr_ckpt_row got;
-		cr_assert_eq(tr_store_ckpt_get(s, job, step, &got), 0, "%s", tr_store_error(s));
+		cr_assert_eq(tr_store_ckpt_get(s, job, step, &got, &te), 0, "%s", te.message);
 		cr_assert_eq(got.id, row.id);
 		cr_assert_str_eq(got.sha256, hex);
 		tr_ckpt_row_finish(&got);
-		cr_assert_eq(tr_store_ckpt_get(s, job, -1, &got), 0);
+		cr_assert_eq(tr_store_ckpt_get(s, job, -1, &got, &te), 0);
 		cr_assert_eq(got.id, row.id, "the newest is the one just written");
 		tr_ckpt_row_finish(&got);
 
@@ -382,7 +384,7 @@ Test(ckpt, round_trip_sizes)
 
 		void *hdr;
 		size_t hlen;
-		cr_assert_eq(tr_store_ckpt_model_header(s, row.id, &hdr, &hlen), 0);
+		cr_assert_eq(tr_store_ckpt_model_header(s, row.id, &hdr, &hlen, &te), 0);
 		cr_assert_eq(hlen, 19);
 		cr_assert_arr_eq(hdr, "{\"__metadata__\":{}}", 19);
 		free(hdr);
@@ -392,7 +394,7 @@ Test(ckpt, round_trip_sizes)
 
 	struct tr_ckpt_row *rows;
 	int count;
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, (int)nsizes);
 	for (int i = 0; i < count; i++)
 		cr_assert_eq(rows[i].step, 100 * (int64_t)(nsizes - (size_t)i), "newest first");
@@ -402,7 +404,7 @@ Test(ckpt, round_trip_sizes)
 
 	/* Everything survives a reopen. */
 	s = open_store(NULL);
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, (int)nsizes);
 	unsigned char *data = random_bytes(sizes[nsizes - 1], 100 + nsizes - 1);
 	expect_load(s, &rows[0], data, sizes[nsizes - 1]);
@@ -418,10 +420,10 @@ Test(ckpt, reads_across_chunk_boundaries)
 	size_t n = 13 * MiB + 4321;
 	unsigned char *data = random_bytes(n, 42);
 	struct tr_ckpt_row row;
-	cr_assert_eq(write_ckpt(s, job, 1, data, n, 0, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 1, data, n, 0, &row), 0, "%s", te.message);
 
 	tr_ckpt_reader_t *r;
-	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r, &te), 0, "%s", te.message);
 	unsigned char *buf = malloc(n + 16);
 	cr_assert_not_null(buf);
 	struct {
@@ -433,9 +435,9 @@ Test(ckpt, reads_across_chunk_boundaries)
 		{0, n},         {n - 1, 1},     {123, 0},
 	};
 	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
-		ssize_t got = tr_store_ckpt_read(r, fixed[i].off, buf, fixed[i].len);
+		ssize_t got = tr_store_ckpt_read(r, fixed[i].off, buf, fixed[i].len, &te);
 		cr_assert_eq(got, (ssize_t)fixed[i].len, "read %zu at %llu: %zd %s", fixed[i].len,
-			     (unsigned long long)fixed[i].off, got, tr_store_error(s));
+			     (unsigned long long)fixed[i].off, got, te.message);
 		cr_assert_arr_eq(buf, data + fixed[i].off, fixed[i].len, "read %zu", i);
 	}
 	uint64_t seed = 9;
@@ -443,27 +445,27 @@ Test(ckpt, reads_across_chunk_boundaries)
 		uint64_t off = splitmix(&seed) % n;
 		size_t len = (size_t)(splitmix(&seed) % (i % 3 == 0 ? 9 * MiB : 70000));
 		size_t want = len < n - off ? len : n - off;
-		ssize_t got = tr_store_ckpt_read(r, off, buf, len);
+		ssize_t got = tr_store_ckpt_read(r, off, buf, len, &te);
 		cr_assert_eq(got, (ssize_t)want, "read %zu at %llu", len, (unsigned long long)off);
 		cr_assert_arr_eq(buf, data + off, want, "read %zu at %llu", len, (unsigned long long)off);
 	}
 	/* At and past the end: 0; across it: the bytes that are there. */
-	cr_assert_eq(tr_store_ckpt_read(r, n, buf, 10), 0);
-	cr_assert_eq(tr_store_ckpt_read(r, n + 5 * MiB, buf, 10), 0);
-	cr_assert_eq(tr_store_ckpt_read(r, n - 3, buf, 16), 3);
+	cr_assert_eq(tr_store_ckpt_read(r, n, buf, 10, &te), 0);
+	cr_assert_eq(tr_store_ckpt_read(r, n + 5 * MiB, buf, 10, &te), 0);
+	cr_assert_eq(tr_store_ckpt_read(r, n - 3, buf, 16, &te), 3);
 	cr_assert_arr_eq(buf, data + n - 3, 3);
 
 	/* The reader keeps its snapshot when the checkpoint is deleted. */
-	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_delete(s, row.id, &te), 0, "%s", te.message);
 	cr_assert_eq(stored_chunks(), 0);
 	cr_assert_eq(count_files(), 0, "the file is unlinked while the reader has it open");
-	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 7, buf, 2 * CHUNK + 10), (ssize_t)(2 * CHUNK + 10));
+	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 7, buf, 2 * CHUNK + 10, &te), (ssize_t)(2 * CHUNK + 10));
 	cr_assert_arr_eq(buf, data + CHUNK - 7, 2 * CHUNK + 10);
 	tr_store_ckpt_close(r);
 	tr_store_ckpt_close(NULL);
-	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r, &te), -ENOENT);
 	cr_assert_null(r);
-	cr_assert_eq(tr_store_ckpt_delete(s, row.id), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_delete(s, row.id, &te), -ENOENT);
 	cr_assert_eq(stored_chunks(), 0);
 
 	free(buf);
@@ -482,25 +484,25 @@ Test(ckpt, keep_prunes_oldest)
 	unsigned char *data = random_bytes(n, 5);
 	cr_assert_eq(write_ckpt(s, other, 10, data, n, 0, NULL), 0);
 	for (int64_t step = 10; step <= 30; step += 10)
-		cr_assert_eq(write_ckpt(s, job, step, data, n, 2, NULL), 0, "%s", tr_store_error(s));
+		cr_assert_eq(write_ckpt(s, job, step, data, n, 2, NULL), 0, "%s", te.message);
 
 	struct tr_ckpt_row *rows;
 	int count;
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, 2);
 	cr_assert_eq(rows[0].step, 30);
 	cr_assert_eq(rows[1].step, 20);
 	tr_ckpt_rows_free(rows, count);
 	cr_assert_eq(stored_chunks(), 3 * 2, "the pruned one's chunks are gone");
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, job, 10, &row), -ENOENT);
-	cr_assert_eq(tr_store_ckpt_get(s, other, 10, &row), 0, "another job's checkpoints are left alone");
+	cr_assert_eq(tr_store_ckpt_get(s, job, 10, &row, &te), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_get(s, other, 10, &row, &te), 0, "another job's checkpoints are left alone");
 	tr_ckpt_row_finish(&row);
 
 	/* Two at the same step: the later one wins, the other still counts. */
 	cr_assert_eq(write_ckpt(s, job, 30, data, 10, 3, &row), 0);
 	struct tr_ckpt_row got;
-	cr_assert_eq(tr_store_ckpt_get(s, job, 30, &got), 0);
+	cr_assert_eq(tr_store_ckpt_get(s, job, 30, &got, &te), 0);
 	cr_assert_eq(got.id, row.id);
 	cr_assert_eq(got.bytes, 10);
 	tr_ckpt_row_finish(&got);
@@ -509,7 +511,7 @@ Test(ckpt, keep_prunes_oldest)
 	/* A lower step written last (a job resumed from an earlier point) is
 	 * kept: pruning never removes the checkpoint it is committing. */
 	cr_assert_eq(write_ckpt(s, job, 5, data, 100, 1, &row), 0);
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, 1);
 	cr_assert_eq(rows[0].id, row.id);
 	tr_ckpt_rows_free(rows, count);
@@ -529,8 +531,8 @@ Test(ckpt, incomplete_is_hidden_and_removed)
 
 	/* Aborted: nothing left. */
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 2, 0, NULL, &w), 0);
-	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 2, 0, NULL, &w, &te), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, n, &te), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 1);
 	tr_store_ckpt_abort(w);
 	tr_store_ckpt_abort(NULL);
@@ -538,21 +540,21 @@ Test(ckpt, incomplete_is_hidden_and_removed)
 	cr_assert_eq(stored_chunks(), 1);
 
 	/* Left behind (a crash): never listed, gone at the next open. */
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
-	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w, &te), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, n, &te), 0);
 	struct tr_ckpt_row *rows;
 	int count;
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, 1);
 	cr_assert_eq(rows[0].step, 1);
 	tr_ckpt_rows_free(rows, count);
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, job, 3, &row), -ENOENT);
-	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0);
+	cr_assert_eq(tr_store_ckpt_get(s, job, 3, &row, &te), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row, &te), 0);
 	cr_assert_eq(row.step, 1);
 	int64_t partial = sql_int("SELECT max(id) FROM checkpoints");
 	tr_ckpt_reader_t *r;
-	cr_assert_eq(tr_store_ckpt_open(s, partial, &r), -ENOENT, "an incomplete checkpoint cannot be read");
+	cr_assert_eq(tr_store_ckpt_open(s, partial, &r, &te), -ENOENT, "an incomplete checkpoint cannot be read");
 	cr_assert_eq(stored_chunks(), 1 + 2);
 	cr_assert_eq(file_chunks(partial), 2);
 	tr_store_close(s);
@@ -566,7 +568,7 @@ Test(ckpt, incomplete_is_hidden_and_removed)
 	tr_ckpt_row_finish(&row);
 	/* The stray writer is harmless: committing it fails, aborting it
 	 * deletes nothing else. */
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), -ENOENT, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row, &te), -ENOENT, "%s", te.message);
 	cr_assert_eq(row.id, 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	free(data);
@@ -578,33 +580,33 @@ Test(ckpt, bad_arguments)
 	tr_store_t *s = open_store(NULL);
 	int64_t job = add_job(s);
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job + 100, 1, 0, NULL, &w), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_begin(s, job + 100, 1, 0, NULL, &w, &te), -ENOENT);
 	cr_assert_null(w);
-	cr_assert(strstr(tr_store_error(s), "does not exist"), "%s", tr_store_error(s));
-	cr_assert_eq(tr_store_ckpt_begin(s, job, -1, 0, NULL, &w), -EINVAL);
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, "[1]", &w), -EINVAL);
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, "{bad", &w), -EINVAL);
+	cr_assert(strstr(te.message, "does not exist"), "%s", te.message);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, -1, 0, NULL, &w, &te), -EINVAL);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, "[1]", &w, &te), -EINVAL);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, "{bad", &w, &te), -EINVAL);
 
 	/* A parameter range outside the blob fails the commit and discards. */
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
-	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w, &te), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10, &te), 0);
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_commit(w, "h", 1, 4, 7, 1, &row), -EINVAL);
-	cr_assert(strstr(tr_store_error(s), "outside"), "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_commit(w, "h", 1, 4, 7, 1, &row, &te), -EINVAL);
+	cr_assert(strstr(te.message, "outside"), "%s", te.message);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 0);
 	cr_assert_eq(stored_chunks(), 0);
 
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
-	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10), 0);
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 4, 6, 1, &row), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w, &te), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, "0123456789", 10, &te), 0);
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 4, 6, 1, &row, &te), 0);
 	cr_assert_eq(row.model_header_len, 0);
 	cr_assert_null(row.meta);
 	void *hdr;
 	size_t hlen;
-	cr_assert_eq(tr_store_ckpt_model_header(s, row.id, &hdr, &hlen), 0);
+	cr_assert_eq(tr_store_ckpt_model_header(s, row.id, &hdr, &hlen, &te), 0);
 	cr_assert_eq(hlen, 0);
 	free(hdr);
-	cr_assert_eq(tr_store_ckpt_model_header(s, row.id + 1, &hdr, &hlen), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_model_header(s, row.id + 1, &hdr, &hlen, &te), -ENOENT);
 	expect_load(s, &row, (const unsigned char *)"0123456789", 10);
 	tr_ckpt_row_finish(&row);
 	tr_store_close(s);
@@ -635,24 +637,24 @@ Test(ckpt, flipped_byte_is_detected)
 
 	void *got = (void *)1;
 	size_t len = 1;
-	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len, &te), -EBADMSG);
 	cr_assert_null(got);
 	cr_assert_eq(len, 0);
-	cr_assert(strstr(tr_store_error(s), "corrupt"), "%s", tr_store_error(s));
+	cr_assert(strstr(te.message, "corrupt"), "%s", te.message);
 
 	/* A missing chunk is caught before anything is read. */
 	cr_assert_eq(sqlite3_exec(db, "DELETE FROM chunks WHERE seq = 2", NULL, NULL, NULL), SQLITE_OK);
 	sqlite3_close(db);
 	tr_ckpt_reader_t *r;
-	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -EBADMSG);
-	cr_assert(strstr(tr_store_error(s), "damaged"), "%s", tr_store_error(s));
-	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r, &te), -EBADMSG);
+	cr_assert(strstr(te.message, "damaged"), "%s", te.message);
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len, &te), -EBADMSG);
 
 	/* So is a missing file, with its name. */
 	cr_assert_eq(unlink(path), 0);
-	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r), -EBADMSG, "%s", tr_store_error(s));
-	cr_assert(strstr(tr_store_error(s), "damaged") && strstr(tr_store_error(s), path), "%s", tr_store_error(s));
-	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), -EBADMSG);
+	cr_assert_eq(tr_store_ckpt_open(s, row.id, &r, &te), -EBADMSG, "%s", te.message);
+	cr_assert(strstr(te.message, "damaged") && strstr(te.message, path), "%s", te.message);
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len, &te), -EBADMSG);
 	cr_assert_null(got);
 	tr_ckpt_row_finish(&row);
 	free(data);
@@ -677,13 +679,13 @@ Test(ckpt, full_database)
 	size_t big = 8 * MiB;
 	unsigned char *b = random_bytes(big, 22);
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 2, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 2, 0, NULL, &w, &te), 0);
 	int rc = 0;
 	for (size_t off = 0; off < big && rc == 0; off += MiB)
-		rc = tr_store_ckpt_write(w, b + off, MiB);
-	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, tr_store_error(s));
-	cr_assert(strstr(tr_store_error(s), "database is full"), "%s", tr_store_error(s));
-	cr_assert_eq(tr_store_ckpt_write(w, b, 1), -ENOSPC, "a failed writer stays failed");
+		rc = tr_store_ckpt_write(w, b + off, MiB, &te);
+	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, te.message);
+	cr_assert(strstr(te.message, "database is full"), "%s", te.message);
+	cr_assert_eq(tr_store_ckpt_write(w, b, 1, &te), -ENOSPC, "a failed writer stays failed");
 	tr_store_ckpt_abort(w);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE complete = 0"), 0,
 		     "the partial checkpoint is deleted at once");
@@ -691,14 +693,14 @@ Test(ckpt, full_database)
 	/* The earlier one is intact and still verifies. */
 	expect_load(s, &first, a, small);
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0);
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row, &te), 0);
 	cr_assert_eq(row.id, first.id);
 	tr_ckpt_row_finish(&row);
 
 	/* A smaller one fits in the space the aborted one gave back. */
 	unsigned char *c = random_bytes(small, 23);
 	rc = write_ckpt(s, job, 3, c, small, 5, &row);
-	cr_assert_eq(rc, 0, "%d %s", rc, tr_store_error(s));
+	cr_assert_eq(rc, 0, "%d %s", rc, te.message);
 	expect_load(s, &row, c, small);
 	tr_ckpt_row_finish(&row);
 	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
@@ -727,22 +729,22 @@ Test(ckpt, job_delete_cascades)
 
 	/* A writer in progress for the job fails cleanly once it is gone. */
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w), 0);
-	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 3, 0, NULL, &w, &te), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data, CHUNK, &te), 0);
 
 	cr_assert_eq(tr_store_job_delete(s, job, NULL), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	struct tr_ckpt_row *rows;
 	int count;
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, 0);
 	cr_assert_null(rows);
 
 	cr_assert_eq(count_files(), 1, "the job's files are deleted with it, the writer's too");
 	/* The writer's chunks go to its (now unlinked) file; its commit finds
 	 * the row gone. */
-	tr_store_ckpt_write(w, data, CHUNK);
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL), -ENOENT);
+	tr_store_ckpt_write(w, data, CHUNK, &te);
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL, &te), -ENOENT);
 	cr_assert_eq(count_files(), 1);
 	cr_assert_eq(stored_chunks(), 2);
 	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
@@ -761,17 +763,17 @@ Test(ckpt, metrics_flush_between_chunks)
 	size_t n = 3 * CHUNK + 5;
 	unsigned char *data = random_bytes(n, 41);
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w, &te), 0);
 	for (int k = 0; k < 3; k++) {
-		cr_assert_eq(tr_store_ckpt_write(w, data + (size_t)k * CHUNK, CHUNK), 0);
+		cr_assert_eq(tr_store_ckpt_write(w, data + (size_t)k * CHUNK, CHUNK, &te), 0);
 		cr_assert_eq(tr_store_metric_append(s, job, "loss", k, 0, 0, 1.0 / (k + 1), NULL), 0);
 		double t0 = now_ms();
 		cr_assert_eq(tr_store_flush(s, NULL), 0);
 		cr_assert_lt(now_ms() - t0, 2000.0, "the flush waited for the checkpoint writer");
 	}
-	cr_assert_eq(tr_store_ckpt_write(w, data + 3 * CHUNK, 5), 0);
+	cr_assert_eq(tr_store_ckpt_write(w, data + 3 * CHUNK, 5, &te), 0);
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0);
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row, &te), 0);
 	cr_assert_eq(tr_store_metric_drops(s, job), 0);
 	json_t *names = tr_store_metric_names(s, job, NULL);
 	cr_assert_eq(json_array_size(names), 1);
@@ -793,6 +795,7 @@ struct bg_ckpt {
 	atomic_int open;
 	double ms;
 	int rc;
+	struct tr_error e; /* the writing thread's */
 };
 
 /* Two checkpoints, the second pruning the first (keep = 1). */
@@ -802,14 +805,14 @@ static void *bg_write(void *arg)
 	double t0 = now_ms();
 	for (int64_t step = 1; step <= 2 && b->rc == 0; step++) {
 		tr_ckpt_writer_t *w;
-		b->rc = tr_store_ckpt_begin(b->s, b->job, step, 0, NULL, &w);
+		b->rc = tr_store_ckpt_begin(b->s, b->job, step, 0, NULL, &w, &b->e);
 		atomic_store(&b->open, (int)step);
 		for (size_t off = 0; b->rc == 0 && off < b->n; off += 256 * 1024) {
 			size_t k = b->n - off < 256 * 1024 ? b->n - off : 256 * 1024;
-			b->rc = tr_store_ckpt_write(w, b->data + off, k);
+			b->rc = tr_store_ckpt_write(w, b->data + off, k, &b->e);
 		}
 		if (b->rc == 0)
-			b->rc = tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL);
+			b->rc = tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL, &b->e);
 		else
 			tr_store_ckpt_abort(w);
 		atomic_store(&b->open, 0);
@@ -844,7 +847,7 @@ Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
 		usleep(2000);
 	}
 	pthread_join(t, NULL);
-	cr_assert_eq(b.rc, 0, "checkpoint: %s", tr_store_error(s));
+	cr_assert_eq(b.rc, 0, "checkpoint: %s", b.e.message);
 	cr_log_info("2 x 48 MiB checkpoints: %.0f ms; %d metric flushes, %d of them beside an open checkpoint", b.ms,
 		    flushes, beside);
 	cr_assert_geq(beside, 2, "only %d of %d flushes ran while a checkpoint was open (%.0f ms of writing)", beside,
@@ -852,7 +855,7 @@ Test(ckpt, metrics_writer_runs_beside_a_large_checkpoint)
 	cr_assert_eq(tr_store_metric_drops(s, job), 0);
 	cr_assert_eq(sql_int("SELECT count(*) FROM metrics"), step);
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row), 0);
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &row, &te), 0);
 	cr_assert_eq(row.step, 2);
 	expect_load(s, &row, data, n);
 	tr_ckpt_row_finish(&row);
@@ -898,7 +901,7 @@ static void expect_written_once(tr_store_t *s, size_t n)
 	int64_t db0 = file_size(""), wal0 = file_size("-wal");
 	struct tr_ckpt_row row;
 	int64_t w0 = bytes_written();
-	cr_assert_eq(write_ckpt(s, job, 1, data, n, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 1, data, n, 1, &row), 0, "%s", te.message);
 	int64_t wrote = bytes_written() - w0;
 	cr_assert(wrote >= (int64_t)n && wrote < (int64_t)(n + n / 16 + 2 * MiB), "%lld bytes written for %zu",
 		  (long long)wrote, n);
@@ -941,10 +944,10 @@ Test(ckpt, old_database_keeps_its_page_size)
 	cr_assert_eq(sql_int("PRAGMA page_size"), 4096);
 	cr_assert_eq(tr_store_integrity_check(s, NULL), 0);
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, 1, -1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_get(s, 1, -1, &row, &te), 0, "%s", te.message);
 	void *got = NULL;
 	size_t len = 0;
-	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_load(s, &row, &got, &len, &te), 0, "%s", te.message);
 	cr_assert_eq(len, 3 * CHUNK + 99);
 	free(got);
 	tr_ckpt_row_finish(&row);
@@ -1031,28 +1034,28 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 	cr_assert_eq(file_chunks(52), -1);
 
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_get(s, job, 7, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_get(s, job, 7, &row, &te), 0, "%s", te.message);
 	cr_assert_eq(row.id, 50);
 	expect_load(s, &row, data, n);
 	tr_ckpt_reader_t *r;
-	cr_assert_eq(tr_store_ckpt_open(s, 50, &r), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_open(s, 50, &r, &te), 0, "%s", te.message);
 	unsigned char buf[64];
-	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 20, buf, 40), 40);
+	cr_assert_eq(tr_store_ckpt_read(r, CHUNK - 20, buf, 40, &te), 40);
 	cr_assert_arr_eq(buf, data + CHUNK - 20, 40);
 	tr_store_ckpt_close(r);
 	tr_ckpt_row_finish(&row);
-	cr_assert_eq(tr_store_ckpt_open(s, 51, &r), -EBADMSG);
-	cr_assert(strstr(tr_store_error(s), "is damaged: 1 of 2 chunks present"), "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_open(s, 51, &r, &te), -EBADMSG);
+	cr_assert(strstr(te.message, "is damaged: 1 of 2 chunks present"), "%s", te.message);
 
 	/* Once: a second open finds nothing to move and reads the same. */
 	tr_store_close(s);
 	s = open_store(NULL);
-	cr_assert_eq(tr_store_ckpt_get(s, job, 7, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_get(s, job, 7, &row, &te), 0, "%s", te.message);
 	expect_load(s, &row, data, n);
 	tr_ckpt_row_finish(&row);
 
 	/* A new checkpoint with keep = 1 prunes both moved ones, files and all. */
-	cr_assert_eq(write_ckpt(s, job, 8, data, 100, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 8, data, 100, 1, &row), 0, "%s", te.message);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints"), 1);
 	cr_assert_eq(file_chunks(50), -1);
 	cr_assert_eq(file_chunks(51), -1);
@@ -1095,10 +1098,10 @@ Test(ckpt, a_pruned_file_is_written_over_by_the_next_checkpoint)
 	for (int i = 0; i < 7; i++) {
 		data[i] = random_bytes(sizes[i], 100 + (uint64_t)i);
 		if (i == 5) /* a download of checkpoint 4 is under way when it is pruned */
-			cr_assert_eq(tr_store_ckpt_open(s, row[4].id, &r), 0, "%s", tr_store_error(s));
+			cr_assert_eq(tr_store_ckpt_open(s, row[4].id, &r, &te), 0, "%s", te.message);
 		int64_t w0 = bytes_written();
 		cr_assert_eq(write_ckpt(s, job, i + 1, data[i], sizes[i], 1, &row[i]), 0, "%d: %s", i,
-			     tr_store_error(s));
+			     te.message);
 		int64_t wrote = bytes_written() - w0;
 		cr_assert_lt(wrote, (int64_t)(sizes[i] + sizes[i] / 16 + 2 * MiB), "%d: %lld bytes written", i,
 			     (long long)wrote);
@@ -1120,7 +1123,7 @@ Test(ckpt, a_pruned_file_is_written_over_by_the_next_checkpoint)
 	cr_assert_neq(ino[6], ino[4], "checkpoint 7 reused the file a reader had open");
 	/* The reader still reads checkpoint 5's bytes (it opened 5: row[4]). */
 	unsigned char *buf = malloc(sizes[4]);
-	cr_assert_eq(tr_store_ckpt_read(r, 0, buf, sizes[4]), (ssize_t)sizes[4]);
+	cr_assert_eq(tr_store_ckpt_read(r, 0, buf, sizes[4], &te), (ssize_t)sizes[4]);
 	cr_assert_arr_eq(buf, data[4], sizes[4]);
 	free(buf);
 	tr_store_ckpt_close(r);
@@ -1128,13 +1131,13 @@ Test(ckpt, a_pruned_file_is_written_over_by_the_next_checkpoint)
 	cr_assert(spare_exists());
 	tr_store_ckpt_drop_spare(s);
 	cr_assert(!spare_exists());
-	cr_assert_eq(write_ckpt(s, job, 8, data[0], 10, 1, NULL), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 8, data[0], 10, 1, NULL), 0, "%s", te.message);
 	cr_assert(spare_exists());
 	tr_store_close(s);
 	s = open_store(NULL);
 	cr_assert(!spare_exists(), "the spare outlived a restart");
 	struct tr_ckpt_row last;
-	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &last), 0);
+	cr_assert_eq(tr_store_ckpt_get(s, job, -1, &last, &te), 0);
 	expect_load(s, &last, data[0], 10);
 	tr_ckpt_row_finish(&last);
 	for (int i = 0; i < 7; i++) {
@@ -1153,7 +1156,7 @@ Test(ckpt, leftover_files_are_swept_at_open)
 	int64_t job = add_job(s);
 	unsigned char *data = random_bytes(CHUNK + 1, 93);
 	struct tr_ckpt_row row;
-	cr_assert_eq(write_ckpt(s, job, 1, data, CHUNK + 1, 0, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 1, data, CHUNK + 1, 0, &row), 0, "%s", te.message);
 	tr_store_close(s);
 	const char *names[] = {"999.sqlite", "notes.txt", "12.sqlite.bak"};
 	for (int i = 0; i < 3; i++) {
@@ -1330,20 +1333,20 @@ Test(ckpt, only_the_visible_commit_syncs_the_wal)
 	size_t n = 3 * CHUNK + 7;
 	unsigned char *data = random_bytes(n, 71);
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w), 0);
+	cr_assert_eq(tr_store_ckpt_begin(s, job, 1, 0, NULL, &w, &te), 0);
 	int before = atomic_load(&wal_syncs);
-	cr_assert_eq(tr_store_ckpt_write(w, data, n), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_write(w, data, n, &te), 0, "%s", te.message);
 	cr_assert_eq(atomic_load(&wal_syncs), before, "a chunk's commit synced the WAL");
 	struct tr_ckpt_row row;
-	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row, &te), 0, "%s", te.message);
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the commit did not sync the WAL");
 	expect_load(s, &row, data, n);
 
 	/* Deleting a checkpoint, or a job with its checkpoints, is durable
 	 * before the files go: a complete row must never outlive its file. */
-	cr_assert_eq(write_ckpt(s, job, 2, data, 100, 0, NULL), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 2, data, 100, 0, NULL), 0, "%s", te.message);
 	before = atomic_load(&wal_syncs);
-	cr_assert_eq(tr_store_ckpt_delete(s, row.id), 0, "%s", tr_store_error(s));
+	cr_assert_eq(tr_store_ckpt_delete(s, row.id, &te), 0, "%s", te.message);
 	cr_assert_gt(atomic_load(&wal_syncs), before, "the delete did not sync the WAL");
 	before = atomic_load(&wal_syncs);
 	cr_assert_eq(tr_store_job_delete(s, job, NULL), 0);
@@ -1365,15 +1368,15 @@ Test(ckpt, unreadable_file_is_not_called_damaged)
 	int64_t job = add_job(s);
 	unsigned char *data = random_bytes(1000, 95);
 	struct tr_ckpt_row row;
-	cr_assert_eq(write_ckpt(s, job, 1, data, 1000, 0, &row), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt(s, job, 1, data, 1000, 0, &row), 0, "%s", te.message);
 	char p[256];
 	file_of(row.id, p, sizeof p);
 	cr_assert_eq(unlink(p), 0);
 	cr_assert_eq(mkdir(p, 0700), 0);
 	tr_ckpt_reader_t *r;
-	int rc = tr_store_ckpt_open(s, row.id, &r);
-	cr_assert(rc < 0 && rc != -EBADMSG && rc != -ENOENT, "%d %s", rc, tr_store_error(s));
-	cr_assert(strstr(tr_store_error(s), "damaged") == NULL, "%s", tr_store_error(s));
+	int rc = tr_store_ckpt_open(s, row.id, &r, &te);
+	cr_assert(rc < 0 && rc != -EBADMSG && rc != -ENOENT, "%d %s", rc, te.message);
+	cr_assert(strstr(te.message, "damaged") == NULL, "%s", te.message);
 	cr_assert_eq(rmdir(p), 0);
 	tr_ckpt_row_finish(&row);
 	free(data);
@@ -1391,22 +1394,22 @@ Test(ckpt, best_survives_pruning)
 	unsigned char *data = random_bytes(4096, 9);
 	struct tr_ckpt_row row, best;
 
-	cr_assert_eq(tr_store_ckpt_get(s, job, TR_CKPT_BEST, &row), -ENOENT);
+	cr_assert_eq(tr_store_ckpt_get(s, job, TR_CKPT_BEST, &row, &te), -ENOENT);
 	cr_assert_eq(write_ckpt_meta(s, other, 5, best_meta, data, 100, 1, NULL), 0);
-	cr_assert_eq(write_ckpt_meta(s, job, 10, best_meta, data, 200, 1, &best), 0, "%s", tr_store_error(s));
+	cr_assert_eq(write_ckpt_meta(s, job, 10, best_meta, data, 200, 1, &best), 0, "%s", te.message);
 	cr_assert(best.best);
 	for (int64_t step = 20; step <= 50; step += 10)
 		cr_assert_eq(write_ckpt(s, job, step, data, 300, 1, NULL), 0);
 	struct tr_ckpt_row *rows;
 	int count;
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, 2, "keep = 1 plus the best");
 	cr_assert_eq(rows[0].step, 50);
 	cr_assert(!rows[0].best);
 	cr_assert_eq(rows[1].step, 10);
 	cr_assert(rows[1].best);
 	tr_ckpt_rows_free(rows, count);
-	cr_assert_eq(tr_store_ckpt_get(s, job, TR_CKPT_BEST, &row), 0);
+	cr_assert_eq(tr_store_ckpt_get(s, job, TR_CKPT_BEST, &row, &te), 0);
 	cr_assert_eq(row.id, best.id);
 	expect_load(s, &row, data, 200);
 	tr_ckpt_row_finish(&row);
@@ -1414,13 +1417,13 @@ Test(ckpt, best_survives_pruning)
 
 	/* A new best replaces it; the old best is pruned like any other. */
 	cr_assert_eq(write_ckpt_meta(s, job, 60, best_meta, data, 400, 1, &best), 0);
-	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count), 0);
+	cr_assert_eq(tr_store_ckpt_list(s, job, &rows, &count, &te), 0);
 	cr_assert_eq(count, 1, "the new best is also the newest");
 	cr_assert_eq(rows[0].step, 60);
 	cr_assert(rows[0].best);
 	tr_ckpt_rows_free(rows, count);
 	cr_assert_eq(sql_int("SELECT count(*) FROM checkpoints WHERE best = 1"), 2, "one per job");
-	cr_assert_eq(tr_store_ckpt_get(s, other, TR_CKPT_BEST, &row), 0, "another job's best is left alone");
+	cr_assert_eq(tr_store_ckpt_get(s, other, TR_CKPT_BEST, &row, &te), 0, "another job's best is left alone");
 	cr_assert_eq(row.step, 5);
 	tr_ckpt_row_finish(&row);
 	tr_ckpt_row_finish(&best);

@@ -418,22 +418,25 @@ Test(faults, lost_changes_are_named_when_the_side_file_cannot_be_written)
 	snprintf(want, sizeof want, "job %lld cancelled", (long long)id);
 	cr_assert_not_null(strstr(msg, want), "%s", msg);
 	cr_assert_not_null(strstr(msg, "lost"), "%s", msg);
+	/* and why: the side file's own failure */
+	cr_assert_not_null(strstr(msg, side_path), "%s", msg);
 	tr_store_close(s);
 	rmdir(side_path);
 }
 
-/* A store function that takes a struct tr_error reports a failed write
- * through it (docs/design.md, "Errors"): the SQLite message with where it
- * failed, not the thread's last message, which it leaves alone; storage
- * health keeps its own copy. */
-Test(faults, converted_function_reports_through_callers_struct)
+/* A store function reports a failed write through the caller's struct
+ * tr_error (docs/design.md, "Errors"): the SQLite message with where it
+ * failed, leaving another call's struct alone; storage health keeps its
+ * own copy. */
+Test(faults, store_function_reports_through_callers_struct)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
-	/* The thread's message, set by a function still without a struct. */
+	/* An earlier call's struct, which the next failure must not touch. */
 	tr_ckpt_writer_t *w;
-	cr_assert_eq(tr_store_ckpt_begin(s, id + 100, 1, 0, NULL, &w), -ENOENT);
-	cr_assert_not_null(strstr(tr_store_error(s), "does not exist"), "%s", tr_store_error(s));
+	struct tr_error earlier = {0};
+	cr_assert_eq(tr_store_ckpt_begin(s, id + 100, 1, 0, NULL, &w, &earlier), -ENOENT);
+	cr_assert_not_null(strstr(earlier.message, "does not exist"), "%s", earlier.message);
 
 	fault("full");
 	struct tr_error e = {0};
@@ -441,8 +444,8 @@ Test(faults, converted_function_reports_through_callers_struct)
 	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, e.message);
 	cr_assert_eq(strncmp(e.message, "storage/", 8), 0, "%s", e.message); /* file:line: what: why */
 	cr_assert_not_null(strstr(e.message, "full"), "%s", e.message);
-	cr_assert_not_null(strstr(tr_store_error(s), "does not exist"), "the thread's message changed: %s",
-			   tr_store_error(s));
+	cr_assert_not_null(strstr(earlier.message, "does not exist"), "another call's struct changed: %s",
+			   earlier.message);
 	char msg[1024];
 	cr_assert_eq(tr_store_health(s, msg, sizeof msg), -ENOSPC);
 	cr_assert_not_null(strstr(msg, e.message), "%s", msg);
@@ -453,5 +456,66 @@ Test(faults, converted_function_reports_through_callers_struct)
 	cr_assert_eq(tr_store_job_info_merge(s, 777, "{}", 8, &nf), -ENOENT);
 	cr_assert_str_eq(nf.message, "job 777 not found");
 	cr_assert_eq(tr_store_job_result_get(s, id, &(char *){NULL}, &nf), -ENOENT);
+	tr_store_close(s);
+}
+
+/* A checkpoint-store failure arrives in the caller's struct tr_error, each
+ * call's in its own (docs/design.md, "Errors"): a begin that cannot
+ * insert its row, a chunk write that fails (and stays failed for the
+ * later write and the commit, each told again), and a delete. */
+Test(faults, checkpoint_failures_fill_the_callers_struct)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	char want[96];
+	snprintf(want, sizeof want, "checkpoint of job %lld at step 5: the database is full (", (long long)id);
+
+	fault("full");
+	tr_ckpt_writer_t *w = NULL;
+	struct tr_error be = {0};
+	int rc = tr_store_ckpt_begin(s, id, 5, 0, NULL, &w, &be);
+	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, be.message);
+	cr_assert_null(w);
+	cr_assert_eq(strncmp(be.message, want, strlen(want)), 0, "%s", be.message);
+	cr_assert_not_null(strstr(be.message, "storage/"), "the SQLite failure and where: %s", be.message);
+
+	fault(NULL);
+	struct tr_error ok = {0};
+	cr_assert_eq(tr_store_ckpt_begin(s, id, 5, 0, NULL, &w, &ok), 0, "%s", ok.message);
+	fault("full");
+	size_t n = (size_t)4 << 20; /* one whole chunk: written at once */
+	unsigned char *data = calloc(1, n);
+	cr_assert_not_null(data);
+	struct tr_error we = {0}, again = {0}, ce = {0};
+	rc = tr_store_ckpt_write(w, data, n, &we);
+	cr_assert_eq(rc, -ENOSPC, "%d %s", rc, we.message);
+	cr_assert_eq(strncmp(we.message, want, strlen(want)), 0, "%s", we.message);
+	cr_assert_not_null(strstr(we.message, "earlier checkpoints are intact"), "%s", we.message);
+	cr_assert_eq(tr_store_ckpt_write(w, data, 1, &again), -ENOSPC);
+	cr_assert_str_eq(again.message, we.message);
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, NULL, &ce), -ENOSPC);
+	cr_assert_str_eq(ce.message, we.message);
+	cr_assert_eq(ok.message[0], '\0', "the successful begin's struct was written: %s", ok.message);
+	free(data);
+
+	/* A delete on read-only storage: the write's failure, as it happened. */
+	fault(NULL);
+	cr_assert_eq(tr_store_ckpt_begin(s, id, 6, 0, NULL, &w, &ok), 0, "%s", ok.message);
+	cr_assert_eq(tr_store_ckpt_write(w, "abc", 3, &ok), 0, "%s", ok.message);
+	struct tr_ckpt_row row = {0};
+	cr_assert_eq(tr_store_ckpt_commit(w, NULL, 0, 0, 0, 1, &row, &ok), 0, "%s", ok.message);
+	fault("readonly");
+	struct tr_error de = {0};
+	rc = tr_store_ckpt_delete(s, row.id, &de);
+	cr_assert_eq(rc, -EROFS, "%d %s", rc, de.message);
+	cr_assert_eq(strncmp(de.message, "storage/", 8), 0, "%s", de.message);
+	cr_assert_not_null(strstr(de.message, "readonly"), "%s", de.message);
+	fault(NULL);
+	struct tr_error ge = {0};
+	cr_assert_eq(tr_store_ckpt_get(s, id, 6, &row, &ge), 0, "the checkpoint stays: %s", ge.message);
+	tr_ckpt_row_finish(&row);
+	cr_assert_eq(tr_store_ckpt_get(s, id, 7, &row, &ge), -ENOENT);
+	snprintf(want, sizeof want, "job %lld has no checkpoint at step 7", (long long)id);
+	cr_assert_str_eq(ge.message, want);
 	tr_store_close(s);
 }
