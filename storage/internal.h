@@ -117,7 +117,7 @@ struct tr_store {
 	bool flush_req, stopping;
 	uint64_t err_from, err_to; /* seq range (from, to] of the last failed chunk */
 	int err_code;
-	char err_msg[512];
+	char err_msg[sizeof(((struct tr_error *)0)->message)];
 	uint64_t rounds_started, rounds_done; /* the writer's rounds, for flushes */
 	bool write_failing;                   /* the last batch kept items back for a retry */
 	struct drop_count *drops;
