@@ -299,7 +299,7 @@ static void *eval_main(void *arg)
 	void *blob = NULL;
 	size_t len = 0;
 	char err[1536] = "", line[256];
-	struct tr_error why; /* the engine's, copied into err */
+	struct tr_error why;      /* the engine's, copied into err */
 	struct tr_error se = {0}; /* the store's, likewise */
 	const char *code = "evaluation_failed";
 	memset(&d, 0, sizeof d);

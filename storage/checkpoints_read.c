@@ -233,8 +233,9 @@ static int reader_open_file(tr_store_t *s, struct tr_ckpt_reader *r, struct tr_e
 		if (rc == SQLITE_DONE)
 			err = tr_error_set(e, -ENOENT, 0, NULL, "checkpoint %lld was deleted", (long long)r->id);
 		else
-			err = tr_error_set(e, -EBADMSG, 0, NULL, "checkpoint %lld of job %lld (step %lld) is damaged: %s",
-					   (long long)r->id, (long long)r->job_id, (long long)r->step, cause.message);
+			err = tr_error_set(e, -EBADMSG, 0, NULL,
+					   "checkpoint %lld of job %lld (step %lld) is damaged: %s", (long long)r->id,
+					   (long long)r->job_id, (long long)r->step, cause.message);
 	}
 	free(path);
 	return err;
@@ -248,9 +249,9 @@ static int reader_layout(tr_store_t *s, struct tr_ckpt_reader *r, struct tr_erro
 	sqlite3_bind_int64(st, 1, r->id);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_ROW) {
-		int err = rc == SQLITE_DONE ? tr_store_cfail(&r->c, -ENOENT, "checkpoint %lld does not exist",
-							     (long long)r->id)
-					    : SQLFAIL(&r->c, rc, "open a checkpoint");
+		int err = rc == SQLITE_DONE
+				  ? tr_store_cfail(&r->c, -ENOENT, "checkpoint %lld does not exist", (long long)r->id)
+				  : SQLFAIL(&r->c, rc, "open a checkpoint");
 		sqlite3_reset(st);
 		return err;
 	}
@@ -412,8 +413,8 @@ int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data
 	}
 	buf = malloc(r->bytes ? (size_t)r->bytes : 1);
 	if (!buf) {
-		err = tr_error_set(e, -ENOMEM, 0, NULL, "checkpoint %lld: cannot allocate %lld bytes",
-				   (long long)r->id, (long long)r->bytes);
+		err = tr_error_set(e, -ENOMEM, 0, NULL, "checkpoint %lld: cannot allocate %lld bytes", (long long)r->id,
+				   (long long)r->bytes);
 		goto fail;
 	}
 	/* Chunk by chunk: each is hashed while the next one is read. */
@@ -435,11 +436,10 @@ int tr_store_ckpt_load(tr_store_t *s, const struct tr_ckpt_row *row, void **data
 	char hex[65];
 	tr_sha256_final_hex(&sha, hex);
 	if (strcmp(hex, r->sha256) != 0) {
-		err = tr_error_set(
-			e, -EBADMSG, 0, NULL,
-			"checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
-			(long long)r->id, (long long)r->job_id, (long long)r->step, hex,
-			r->sha256[0] ? r->sha256 : "(none stored)");
+		err = tr_error_set(e, -EBADMSG, 0, NULL,
+				   "checkpoint %lld of job %lld (step %lld) is corrupt: its SHA-256 is %s, expected %s",
+				   (long long)r->id, (long long)r->job_id, (long long)r->step, hex,
+				   r->sha256[0] ? r->sha256 : "(none stored)");
 		goto fail;
 	}
 	*data = buf;

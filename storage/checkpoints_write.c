@@ -81,8 +81,8 @@ struct tr_ckpt_writer {
 	 * failure: the cause, which writer_fail words into the caller's
 	 * struct tr_error (docs/design.md, "Errors"). */
 	struct tr_error cause;
-	int err;               /* first failure: every later call repeats it */
-	struct tr_error fail;  /* its message */
+	int err;              /* first failure: every later call repeats it */
+	struct tr_error fail; /* its message */
 };
 
 /* Closes the writer's file (its connection and descriptor). */
@@ -569,9 +569,10 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		goto cleanup;
 	}
 	if ((model_header_len && !model_header) || model_header_len > INT_MAX) {
-		err = writer_fail(
-			w, tr_error_set(&w->cause, -EINVAL, 0, NULL, "bad model header (%zu bytes)", model_header_len),
-			e);
+		err = writer_fail(w,
+				  tr_error_set(&w->cause, -EINVAL, 0, NULL, "bad model header (%zu bytes)",
+					       model_header_len),
+				  e);
 		goto cleanup;
 	}
 	if (w->nbuf) {
@@ -653,7 +654,8 @@ int tr_store_ckpt_commit(tr_ckpt_writer_t *w, const void *model_header, size_t m
 		}
 		sqlite3_bind_int64(st, 1, w->id);
 		rc = sqlite3_step(st);
-		err = rc == SQLITE_ROW ? tr_ckpt_read_row(&w->c, st, out) : SQLFAIL(&w->c, rc, "read the checkpoint back");
+		err = rc == SQLITE_ROW ? tr_ckpt_read_row(&w->c, st, out)
+				       : SQLFAIL(&w->c, rc, "read the checkpoint back");
 		sqlite3_reset(st);
 		if (err < 0)
 			goto fail;

@@ -1100,8 +1100,7 @@ Test(ckpt, a_pruned_file_is_written_over_by_the_next_checkpoint)
 		if (i == 5) /* a download of checkpoint 4 is under way when it is pruned */
 			cr_assert_eq(tr_store_ckpt_open(s, row[4].id, &r, &te), 0, "%s", te.message);
 		int64_t w0 = bytes_written();
-		cr_assert_eq(write_ckpt(s, job, i + 1, data[i], sizes[i], 1, &row[i]), 0, "%d: %s", i,
-			     te.message);
+		cr_assert_eq(write_ckpt(s, job, i + 1, data[i], sizes[i], 1, &row[i]), 0, "%d: %s", i, te.message);
 		int64_t wrote = bytes_written() - w0;
 		cr_assert_lt(wrote, (int64_t)(sizes[i] + sizes[i] / 16 + 2 * MiB), "%d: %lld bytes written", i,
 			     (long long)wrote);
