@@ -68,7 +68,7 @@ static int write_one(struct tr_checkpointer *cp, struct item *it, uint64_t *writ
 	 * metrics (the resumed run replays only the steps after it).  While
 	 * storage refuses them they are held, not written: no checkpoint
 	 * then (the next one tries again). */
-	struct tr_error fe = {0}; /* the flush's; the checkpoint's own still in the thread's message */
+	struct tr_error fe = {0}; /* the flush's; the checkpoint's own is in ce */
 	if (rc == 0)
 		rc = tr_store_flush(cp->store, &fe);
 	if (rc == 0) {
