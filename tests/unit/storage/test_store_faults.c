@@ -345,6 +345,29 @@ Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
 	cr_assert_str_eq(state, "cancelled");
 }
 
+/* The side file is read back as text: a state it names that the store
+ * does not know refuses the open, naming the file, the line and the
+ * state, instead of writing the name into the database. */
+Test(faults, side_file_with_an_unknown_state_is_refused)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	tr_store_close(s);
+	FILE *f = fopen(side_path, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "{\"job\": %lld, \"state\": \"sleeping\", \"at\": 1.5}\n", (long long)id);
+	fclose(f);
+
+	struct tr_error e = {0};
+	int rc = tr_store_open(db_path, NULL, &s, &e);
+	cr_assert_eq(rc, -EINVAL, "open: %d %s", rc, e.message);
+	cr_assert_not_null(strstr(e.message, "-unrecorded-states:1: not a state change: unknown state \"sleeping\""),
+			   "%s", e.message);
+	char state[32];
+	db_state(id, state, sizeof state);
+	cr_assert_str_eq(state, "queued");
+}
+
 Test(faults, side_file_is_deleted_once_the_writer_writes_its_changes)
 {
 	tr_store_t *s = open_store(NULL);
