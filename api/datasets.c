@@ -29,7 +29,8 @@
 
 /* Jobs that may still read their data: everything but the states a job
  * never leaves (a stopped job can be resumed). */
-static const char *const live_states[] = {"queued", "running", "stopping", "paused", "interrupted", "stopped", NULL};
+static const enum tr_job_state live_states[] = {TR_JOB_QUEUED, TR_JOB_RUNNING,     TR_JOB_STOPPING,
+						TR_JOB_PAUSED, TR_JOB_INTERRUPTED, TR_JOB_STOPPED};
 
 /* ---- paths ---- */
 
@@ -138,7 +139,8 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 		tr_datasets_path(d, name, NULL, abs, sizeof(abs) - 1);
 		strcat(abs, "/");
 	}
-	if (tr_store_job_list_states(store, live_states, &rows, &count, &e) < 0) {
+	if (tr_store_job_list_states(store, live_states, (int)(sizeof live_states / sizeof *live_states), &rows, &count,
+				     &e) < 0) {
 		tr_api_fail_store_err(rp, &e, "listing jobs");
 		return -1;
 	}
@@ -148,7 +150,7 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 		    spec_names_file(rows[i].normalized, ref, abs, !file)) {
 			tr_api_fail(rp, 409, "dataset_in_use", NULL,
 				    "%s%s%s is used by job %" PRId64 " (%s); wait until it ends or cancel it", name,
-				    file ? "/" : "", file ? file : "", rows[i].id, rows[i].state);
+				    file ? "/" : "", file ? file : "", rows[i].id, tr_job_state_name(rows[i].state));
 			rc = -1;
 			break;
 		}

@@ -142,7 +142,7 @@ static int start(struct stream *s)
 	}
 	if (rc < 0)
 		return rc;
-	s->end_when_drained = tr_job_state_name_terminal(row.state);
+	s->end_when_drained = tr_job_state_terminal(row.state);
 	tr_job_row_finish(&row);
 	s->last_write = s->last_event = mono_now();
 	return append_str(s, PREAMBLE);

@@ -62,7 +62,7 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 		json_object_update(progress, (json_t *)live);
 
 	job = json_pack("{s:I, s:s?, s:s?, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)row->id, "name",
-			row->name, "state", row->state, "priority", row->priority, "spec",
+			row->name, "state", tr_job_state_name(row->state), "priority", row->priority, "spec",
 			parsed(row->spec, json_null()), "devices", parsed(row->devices, json_array()), "progress",
 			progress, "error", parsed(row->error, json_null()), "submitted_at",
 			tr_api_time_json(row->submitted_at), "started_at", tr_api_time_json(row->started_at),
@@ -175,7 +175,7 @@ json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
 	struct tr_api_live l;
 	json_t *out;
 
-	if (!api->cfg.ops.live_progress || tr_job_state_name_terminal(row->state))
+	if (!api->cfg.ops.live_progress || tr_job_state_terminal(row->state))
 		return NULL;
 	memset(&l, 0, sizeof(l));
 	l.loss = NAN;

@@ -166,8 +166,11 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	json_t *jobs, *next;
 	int count = 0, rc;
 	struct tr_error e = {0};
+	/* Parsed once: the store takes the enum. */
+	int filter = state ? tr_job_state_parse(state) : -1;
+	enum tr_job_state want = filter < 0 ? TR_JOB_QUEUED : (enum tr_job_state)filter;
 
-	if (state && tr_job_state_parse(state) < 0) {
+	if (state && filter < 0) {
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "state: must be one of %s", tr_job_state_list());
 		return;
 	}
@@ -176,7 +179,7 @@ void tr_api_jobs_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return;
 	if (fields && check_fields(fields, rp) < 0)
 		return;
-	rc = tr_store_job_list(api->cfg.store, state, after, (int)limit, &rows, &count, &e);
+	rc = tr_store_job_list(api->cfg.store, state ? &want : NULL, after, (int)limit, &rows, &count, &e);
 	if (rc < 0) {
 		tr_api_fail_store_err(rp, &e, "listing jobs");
 		return;

@@ -291,7 +291,7 @@ static int put_jobs(struct out *o, tr_api_t *api, struct tr_error *e)
 {
 	int64_t counts[N_STATES], submitted;
 
-	if (tr_store_job_counts(api->cfg.store, job_states, counts, &submitted, e) < 0)
+	if (tr_store_job_counts(api->cfg.store, counts, &submitted, e) < 0)
 		return -1;
 	head(o, "trainerd_jobs", "gauge", "Jobs in the store, by state.");
 	for (size_t i = 0; i < N_STATES; i++)
@@ -322,13 +322,13 @@ static double num_field(const json_t *o, const char *key, double def)
  * progress, falling back to the stored progress. */
 static int put_running(struct out *o, tr_api_t *api, struct tr_error *e)
 {
-	static const char *const run_states[] = {"running", "stopping", NULL};
+	static const enum tr_job_state run_states[] = {TR_JOB_RUNNING, TR_JOB_STOPPING};
 	struct tr_job_row *rows = NULL;
 	struct job_sample *js = NULL;
 	int n = 0;
 	char v[64];
 
-	if (tr_store_job_list_states(api->cfg.store, run_states, &rows, &n, e) < 0)
+	if (tr_store_job_list_states(api->cfg.store, run_states, 2, &rows, &n, e) < 0)
 		return -1;
 	if (n > 0 && !(js = calloc((size_t)n, sizeof(*js)))) {
 		n = 0;

@@ -126,16 +126,15 @@ int tr_job_fail(struct tr_error *e, enum tr_job_err kind, const char *pointer, c
 	return -1;
 }
 
-int tr_job_check(int64_t id, const char *state, enum tr_job_request req, struct tr_job_transition *out,
+int tr_job_check(int64_t id, enum tr_job_state state, enum tr_job_request req, struct tr_job_transition *out,
 		 struct tr_error *e)
 {
-	int s = tr_job_state_parse(state);
-	if (s < 0 || (unsigned)req >= TR_JOB_NREQUESTS) {
-		tr_job_fail(e, TR_JOB_E_INTERNAL, NULL, "job %lld has an unknown state \"%s\"", (long long)id,
-			    state ? state : "(none)");
+	if ((unsigned)state >= TR_JOB_NSTATES || (unsigned)req >= TR_JOB_NREQUESTS) {
+		tr_job_fail(e, TR_JOB_E_INTERNAL, NULL, "job %lld: no state %d or request %d", (long long)id,
+			    (int)state, (int)req);
 		return -EINVAL;
 	}
-	struct tr_job_transition t = table[s][req];
+	struct tr_job_transition t = table[state][req];
 	if (out)
 		*out = t;
 	if (t.action != TR_JOB_REFUSE)
@@ -155,7 +154,7 @@ int tr_job_check(int64_t id, const char *state, enum tr_job_request req, struct 
 					 : i == n - 1 ? " or "
 						      : ", ",
 					 legal[i]);
-	tr_job_fail(e, TR_JOB_E_ILLEGAL, NULL, "job %lld is %s; only a%s %s job can %s", (long long)id, state,
-		    n > 0 && strchr("aeiou", list[0]) ? "n" : "", list, request_phrase[req]);
+	tr_job_fail(e, TR_JOB_E_ILLEGAL, NULL, "job %lld is %s; only a%s %s job can %s", (long long)id,
+		    tr_job_state_names[state], n > 0 && strchr("aeiou", list[0]) ? "n" : "", list, request_phrase[req]);
 	return -EBUSY;
 }

@@ -100,10 +100,10 @@ bool tr_job_state_name_terminal(const char *name);
 const char *tr_job_request_name(enum tr_job_request req);
 /* The transition table: what `req` does in `state`. */
 struct tr_job_transition tr_job_transition(enum tr_job_state state, enum tr_job_request req);
-/* Looks `req` up for job `id` in the state named `state`: 0 with *out
- * set when legal, else -EBUSY with e (kind TR_JOB_E_ILLEGAL) saying which
- * states allow it.  An unknown state name is TR_JOB_E_INTERNAL. */
-int tr_job_check(int64_t id, const char *state, enum tr_job_request req, struct tr_job_transition *out,
+/* Looks `req` up for job `id` in `state`: 0 with *out set when legal,
+ * else -EBUSY with e (kind TR_JOB_E_ILLEGAL) saying which states allow
+ * it.  A state or request out of range is -EINVAL, TR_JOB_E_INTERNAL. */
+int tr_job_check(int64_t id, enum tr_job_state state, enum tr_job_request req, struct tr_job_transition *out,
 		 struct tr_error *e);
 
 /* Fills e with a domain error; returns -1 (the ops' failure value). */

@@ -181,7 +181,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 	}
 	struct tr_job_row jr = {
 		.name = name ? (char *)json_string_value(name) : gen_name,
-		.state = "queued",
+		.state = TR_JOB_QUEUED,
 		.spec = spec_text,
 		.normalized = norm_text,
 		.devices = "[]",
@@ -397,7 +397,7 @@ static void *eval_main(void *arg)
 		tr_store_job_set_progress(st, j->id, e.batches, e.total, 0, json_number_value(loss), NULL);
 	}
 	json_decref(figures);
-	tr_runner_finish(j, "completed", NULL, NULL, e.batches);
+	tr_runner_finish(j, TR_JOB_COMPLETED, NULL, NULL, e.batches);
 	goto out;
 fail:
 	if (rc == -ECANCELED || atomic_load(&j->cancel_requested)) {
@@ -405,11 +405,11 @@ fail:
 		bool shutdown = s->shutting_down;
 		pthread_mutex_unlock(&s->lock);
 		if (shutdown)
-			tr_runner_finish(j, "interrupted", NULL, NULL, e.batches);
+			tr_runner_finish(j, TR_JOB_INTERRUPTED, NULL, NULL, e.batches);
 		else
-			tr_runner_finish(j, "cancelled", "cancelled", "cancelled by request", e.batches);
+			tr_runner_finish(j, TR_JOB_CANCELLED, "cancelled", "cancelled by request", e.batches);
 	} else {
-		tr_runner_finish(j, "failed", code, err, e.batches);
+		tr_runner_finish(j, TR_JOB_FAILED, code, err, e.batches);
 	}
 out:
 	free(blob);
@@ -421,12 +421,10 @@ out:
 	return NULL;
 }
 
-int tr_eval_runner_start(struct running_job *j, char *err, size_t errlen)
+int tr_eval_runner_start(struct running_job *j, struct tr_error *err)
 {
-	if (pthread_create(&j->thread, NULL, eval_main, j) != 0) {
-		snprintf(err, errlen, "cannot start the job's thread");
-		return -EAGAIN;
-	}
+	if (pthread_create(&j->thread, NULL, eval_main, j) != 0)
+		return tr_error_set(err, -EAGAIN, 0, NULL, "cannot start the job's thread");
 	return 0;
 }
 

@@ -213,7 +213,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 	return 0;
 }
 
-static void finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step)
+static void finish(struct running_job *j, enum tr_job_state state, const char *code, const char *message, int64_t step)
 {
 	struct tr_scheduler *s = j->sched;
 	char *error_text = NULL;
@@ -240,9 +240,10 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 	int rc = tr_store_job_record_state(s->cfg.store, j->id, state, error_text, NULL, &se);
 	if (rc > 0)
 		tr_log(TR_LOG_WARN, "job %lld: state %s not written yet, held until storage takes it: %s",
-		       (long long)j->id, state, se.message);
+		       (long long)j->id, tr_job_state_name(state), se.message);
 	else if (rc < 0)
-		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, state, se.message);
+		tr_log(TR_LOG_ERR, "job %lld: cannot record state %s: %s", (long long)j->id, tr_job_state_name(state),
+		       se.message);
 	free(error_text);
 	int64_t drops = tr_store_metric_drops(s->cfg.store, j->id);
 	if (drops > 0) {
@@ -251,8 +252,8 @@ static void finish(struct running_job *j, const char *state, const char *code, c
 			 (long long)drops);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_WARN, line, NULL);
 	}
-	tr_log(code && strcmp(state, "failed") == 0 ? TR_LOG_WARN : TR_LOG_INF, "job %lld %s%s%s", (long long)j->id,
-	       state, message ? ": " : "", message ? message : "");
+	tr_log(code && state == TR_JOB_FAILED ? TR_LOG_WARN : TR_LOG_INF, "job %lld %s%s%s", (long long)j->id,
+	       tr_job_state_name(state), message ? ": " : "", message ? message : "");
 	pthread_mutex_lock(&s->lock);
 	j->finished = true;
 	j->trainer = NULL;
@@ -340,7 +341,7 @@ static void *runner_main(void *arg)
 	char line[256];
 	const char *precision = apply_precision(j, &err);
 	if (!precision) {
-		finish(j, "failed", "start_failed", err.message, 0);
+		finish(j, TR_JOB_FAILED, "start_failed", err.message, 0);
 		return NULL;
 	}
 	snprintf(line, sizeof line, "started on %d %s device(s), %s matrix products", j->ndev, s->cfg.backend->i->name,
@@ -353,7 +354,7 @@ static void *runner_main(void *arg)
 	 * same confined open, so a file moved since is refused the same. */
 	struct tr_error perr;
 	if (!j->paths_resolved && tr_resolve_spec_paths(s, &j->spec, &perr) < 0) {
-		finish(j, "failed", "invalid_path", perr.message, 0);
+		finish(j, TR_JOB_FAILED, "invalid_path", perr.message, 0);
 		return NULL;
 	}
 	/* The job's ranks are the pool's devices it was given. */
@@ -383,9 +384,9 @@ static void *runner_main(void *arg)
 		bool shutdown = s->shutting_down;
 		pthread_mutex_unlock(&s->lock);
 		if (shutdown)
-			finish(j, "interrupted", NULL, NULL, 0);
+			finish(j, TR_JOB_INTERRUPTED, NULL, NULL, 0);
 		else
-			finish(j, "cancelled", "cancelled", "cancelled by request during set-up", 0);
+			finish(j, TR_JOB_CANCELLED, "cancelled", "cancelled by request during set-up", 0);
 		return NULL;
 	}
 	/* A file gone from the roots since submit: the same answer, naming
@@ -394,7 +395,7 @@ static void *runner_main(void *arg)
 	if (rc == -ENOENT && j->paths_resolved && tr_resolve_spec_paths(s, &j->spec, &perr) < 0)
 		err = perr;
 	if (rc < 0) {
-		finish(j, "failed",
+		finish(j, TR_JOB_FAILED,
 		       rc == -EINVAL   ? "invalid_data"
 		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
 		       : rc == -ENOMEM ? "insufficient_memory"
@@ -405,7 +406,7 @@ static void *runner_main(void *arg)
 	j->trainer_for_hooks = t;
 	if (restore(j, t, &err) < 0) {
 		tr_trainer_destroy(t);
-		finish(j, "failed", "invalid_init", err.message, 0);
+		finish(j, TR_JOB_FAILED, "invalid_init", err.message, 0);
 		return NULL;
 	}
 	pthread_mutex_lock(&s->lock);
@@ -434,42 +435,41 @@ static void *runner_main(void *arg)
 	bool paused = atomic_load(&j->pause_requested);
 	bool ends_completed = rc == 0 && (!sum.stopped || (!shutdown && !paused)); /* as below */
 	if (ends_completed && final_weights_missing(j, sum.steps, &err)) {
-		finish(j, "failed", "checkpoint_failed", err.message, sum.steps);
+		finish(j, TR_JOB_FAILED, "checkpoint_failed", err.message, sum.steps);
 	} else if (rc == 0 && !sum.stopped) {
-		finish(j, "completed", NULL, NULL, sum.steps);
+		finish(j, TR_JOB_COMPLETED, NULL, NULL, sum.steps);
 	} else if (shutdown && (rc == 0 || rc == -ECANCELED)) {
 		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
-		finish(j, "interrupted", NULL, NULL, sum.steps);
+		finish(j, TR_JOB_INTERRUPTED, NULL, NULL, sum.steps);
 	} else if (rc == 0 && paused) {
 		snprintf(line, sizeof line, "paused at step %lld", (long long)sum.steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
-		finish(j, "paused", NULL, NULL, sum.steps);
+		finish(j, TR_JOB_PAUSED, NULL, NULL, sum.steps);
 	} else if (rc == 0) {
 		/* Ended before its end: "stopped", resumable (with more steps
 		 * too); "completed" is kept for a job that ran to its end. */
 		snprintf(line, sizeof line, "stopped by request after step %lld of %lld", (long long)sum.steps,
 			 (long long)j->progress.total_steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
-		finish(j, "stopped", NULL, NULL, sum.steps);
+		finish(j, TR_JOB_STOPPED, NULL, NULL, sum.steps);
 	} else if (rc == -ECANCELED || cancelled) {
-		finish(j, "cancelled", "cancelled", "cancelled by request", sum.steps);
+		finish(j, TR_JOB_CANCELLED, "cancelled", "cancelled by request", sum.steps);
 	} else {
-		finish(j, "failed", "training_failed", err.message, sum.steps + 1);
+		finish(j, TR_JOB_FAILED, "training_failed", err.message, sum.steps + 1);
 	}
 	return NULL;
 }
 
-int tr_runner_start(struct running_job *j, char *err, size_t errlen)
+int tr_runner_start(struct running_job *j, struct tr_error *err)
 {
-	if (pthread_create(&j->thread, NULL, runner_main, j) != 0) {
-		snprintf(err, errlen, "cannot start the job's thread");
-		return -EAGAIN;
-	}
+	if (pthread_create(&j->thread, NULL, runner_main, j) != 0)
+		return tr_error_set(err, -EAGAIN, 0, NULL, "cannot start the job's thread");
 	return 0;
 }
 
-void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step)
+void tr_runner_finish(struct running_job *j, enum tr_job_state state, const char *code, const char *message,
+		      int64_t step)
 {
 	finish(j, state, code, message, step);
 }

@@ -24,13 +24,11 @@ void tr_sched_kick(struct tr_scheduler *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
-int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, char *err, size_t errlen)
+int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, struct tr_error *err)
 {
 	struct tr_scheduler *s = calloc(1, sizeof *s);
-	if (!s) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
+	if (!s)
+		return tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
 	s->cfg = *cfg;
 	const char *stall = getenv("TRAINERD_TEST_STALL_FILE");
 	if (stall && *stall)
@@ -43,9 +41,8 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	pthread_condattr_destroy(&ca);
 	s->checkpointer = tr_checkpointer_create(cfg->store);
 	if (!s->checkpointer) {
-		snprintf(err, errlen, "cannot start the checkpoint writer");
 		tr_scheduler_destroy(s);
-		return -ENOMEM;
+		return tr_error_set(err, -ENOMEM, 0, NULL, "cannot start the checkpoint writer");
 	}
 	s->ndev = cfg->backend->i->device_count(cfg->backend);
 	if (s->ndev > TR_MAX_POOL_DEVICES)
@@ -67,9 +64,8 @@ int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **
 	}
 	struct tr_error msg;
 	if (tr_data_roots_create(dirs, &s->roots, &msg) < 0) {
-		snprintf(err, errlen, "--data-root %s", msg.message);
 		tr_scheduler_destroy(s);
-		return -EINVAL;
+		return tr_error_set(err, -EINVAL, 0, NULL, "--data-root %s", msg.message);
 	}
 	*out = s;
 	return 0;
@@ -150,7 +146,7 @@ static void fail_job(struct tr_scheduler *s, int64_t id, const char *code, const
 {
 	json_t *e = json_pack("{s:s, s:s, s:I}", "code", code, "message", message, "step", (json_int_t)0);
 	char *text = json_dumps(e, JSON_COMPACT);
-	tr_store_job_set_state(s->cfg.store, id, "failed", text, NULL, NULL);
+	tr_store_job_set_state(s->cfg.store, id, TR_JOB_FAILED, text, NULL, NULL);
 	tr_store_log_append(s->cfg.store, id, TR_LOG_ERR, message, NULL);
 	tr_log_job(TR_LOG_WARN, (long long)id, "failed: %s", message);
 	free(text);
@@ -175,11 +171,11 @@ static void release_spec(struct tr_scheduler *s, int64_t id, struct running_job 
  * with the lock held. */
 static void start_queued(struct tr_scheduler *s)
 {
-	static const char *const queued[] = {"queued", NULL};
+	static const enum tr_job_state queued[] = {TR_JOB_QUEUED};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
 	struct tr_error se = {0};
-	if (tr_store_job_list_states(s->cfg.store, queued, &rows, &n, &se) < 0) {
+	if (tr_store_job_list_states(s->cfg.store, queued, 1, &rows, &n, &se) < 0) {
 		tr_log(TR_LOG_ERR, "cannot read the queue: %s", se.message);
 		return;
 	}
@@ -216,8 +212,8 @@ static void start_queued(struct tr_scheduler *s)
 			json_array_append_new(devs, json_integer(job->devices[d]));
 		char *devs_text = json_dumps(devs, JSON_COMPACT);
 		json_decref(devs);
-		char err[512];
-		int rc = tr_store_job_set_state(s->cfg.store, r->id, "running", NULL, devs_text, &se);
+		struct tr_error err = {0};
+		int rc = tr_store_job_set_state(s->cfg.store, r->id, TR_JOB_RUNNING, NULL, devs_text, &se);
 		free(devs_text);
 		if (rc < 0 && rc != -ENOENT && rc != -EINVAL) {
 			/* Storage refuses the start (full, read-only): the job
@@ -232,14 +228,13 @@ static void start_queued(struct tr_scheduler *s)
 			break;
 		}
 		if (rc == 0)
-			rc = job->eval ? tr_eval_runner_start(job, err, sizeof err)
-				       : tr_runner_start(job, err, sizeof err);
+			rc = job->eval ? tr_eval_runner_start(job, &err) : tr_runner_start(job, &err);
 		else
-			snprintf(err, sizeof err, "store: %.*s", (int)sizeof err - 8, se.message);
+			tr_error_set(&err, rc, 0, NULL, "store: %s", se.message);
 		if (rc < 0) {
 			for (int d = 0; d < job->ndev; d++)
 				s->owner[job->devices[d]] = 0;
-			fail_job(s, r->id, "start_failed", err);
+			fail_job(s, r->id, "start_failed", err.message);
 			tr_spec_finish(&job->spec);
 			json_decref(job->eval);
 			free(job);
@@ -324,26 +319,25 @@ static void *dispatcher_main(void *arg)
 	return NULL;
 }
 
-int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
+int tr_scheduler_start(tr_scheduler_t *s, struct tr_error *err)
 {
 	/* Jobs a previous run left running died with it (crash, kill -9) or
 	 * were interrupted by a shutdown: they go back to the queue and resume
 	 * from their newest valid checkpoint when they start again. */
-	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
+	static const enum tr_job_state stale[] = {TR_JOB_RUNNING, TR_JOB_STOPPING, TR_JOB_INTERRUPTED};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
 	struct tr_error se = {0};
-	if (tr_store_job_list_states(s->cfg.store, stale, &rows, &n, &se) < 0) {
-		snprintf(err, errlen, "store: %s", se.message);
-		return -1;
-	}
+	int rc = tr_store_job_list_states(s->cfg.store, stale, 3, &rows, &n, &se);
+	if (rc < 0)
+		return tr_error_set(err, rc, 0, NULL, "store: %s", se.message);
 	for (int i = 0; i < n; i++) {
 		int64_t id = rows[i].id;
 		/* Held when storage refuses them (and shown): the job then
 		 * waits in the queue until its start can be written. */
-		if (strcmp(rows[i].state, "interrupted") != 0)
-			tr_store_job_record_state(s->cfg.store, id, "interrupted", NULL, NULL, NULL);
-		tr_store_job_record_state(s->cfg.store, id, "queued", NULL, "[]", NULL);
+		if (rows[i].state != TR_JOB_INTERRUPTED)
+			tr_store_job_record_state(s->cfg.store, id, TR_JOB_INTERRUPTED, NULL, NULL, NULL);
+		tr_store_job_record_state(s->cfg.store, id, TR_JOB_QUEUED, NULL, "[]", NULL);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "
 				    "checkpoint",
@@ -354,10 +348,8 @@ int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen)
 	free(rows);
 	s->dirty = true;
 	atomic_store(&s->beat_ns, mono_ns());
-	if (pthread_create(&s->dispatcher, NULL, dispatcher_main, s) != 0) {
-		snprintf(err, errlen, "cannot start the dispatcher thread");
-		return -1;
-	}
+	if (pthread_create(&s->dispatcher, NULL, dispatcher_main, s) != 0)
+		return tr_error_set(err, -EAGAIN, 0, NULL, "cannot start the dispatcher thread");
 	s->started = true;
 	atomic_store(&s->ready, true);
 	return 0;
@@ -436,7 +428,7 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 
 void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
 {
-	static const char *const states[] = {"queued", NULL};
+	static const enum tr_job_state states[] = {TR_JOB_QUEUED};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
 	*running = 0;
@@ -444,7 +436,7 @@ void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
 	for (struct running_job *j = s->running; j; j = j->next)
 		*running += !j->finished;
 	pthread_mutex_unlock(&s->lock);
-	if (tr_store_job_list_states(s->cfg.store, states, &rows, &n, NULL) < 0)
+	if (tr_store_job_list_states(s->cfg.store, states, 1, &rows, &n, NULL) < 0)
 		n = 0;
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);

@@ -1,6 +1,6 @@
 /* The scheduler: the job queue, device allocation and job runner threads.
  *
- * The queue lives in the store (state "queued", ordered by priority, then
+ * The queue lives in the store (state queued, ordered by priority, then
  * submit time); the scheduler keeps in memory only what runs.  Jobs start
  * in strict queue order: when the first queued job does not fit the free
  * devices, nothing behind it starts, so priorities are never overtaken.
@@ -26,14 +26,15 @@ struct tr_scheduler_config {
 	int max_queued; /* queued jobs at once; 0 = no limit */
 };
 
-int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, char *err, size_t errlen);
+/* 0, or a negative code with err filled (docs/design.md, "Errors"). */
+int tr_scheduler_create(const struct tr_scheduler_config *cfg, tr_scheduler_t **out, struct tr_error *err);
 /* Fills the API's operation table with this scheduler (ops.ctx = s). */
 void tr_scheduler_api_ops(tr_scheduler_t *s, struct tr_api_ops *ops, void **ctx);
 /* Recovers jobs a previous run left running (they become interrupted and
  * are queued again) and starts dispatching. */
-int tr_scheduler_start(tr_scheduler_t *s, char *err, size_t errlen);
+int tr_scheduler_start(tr_scheduler_t *s, struct tr_error *err);
 /* Submits a spec file unless the store already has jobs (make run). */
-int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err, size_t errlen);
+int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, struct tr_error *err);
 /* Stops running jobs at a step boundary and records them as interrupted;
  * after grace_s cancels what is still running.  Joins every thread. */
 void tr_scheduler_shutdown(tr_scheduler_t *s, int grace_s);

@@ -84,8 +84,9 @@ void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id);
 
 /* Wakes the dispatcher to look at the queue again. */
 void tr_sched_kick(struct tr_scheduler *s);
-/* Starts a job's runner thread; devices already reserved. */
-int tr_runner_start(struct running_job *job, char *err, size_t errlen);
+/* Starts a job's runner thread; devices already reserved.  0, or a
+ * negative code with err filled. */
+int tr_runner_start(struct running_job *job, struct tr_error *err);
 /* Checks that every data and init path of the spec opens in the data roots
  * (tr_data_open) and rewrites each to the absolute name it opened as.
  * Returns 0, or -1 (a file that does not open) or -2 (a malformed
@@ -94,7 +95,8 @@ int tr_runner_start(struct running_job *job, char *err, size_t errlen);
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct tr_error *e);
 /* Records how a job ended (runner.c): metrics flushed first, then the
  * state, then the scheduler is told its devices are free. */
-void tr_runner_finish(struct running_job *j, const char *state, const char *code, const char *message, int64_t step);
+void tr_runner_finish(struct running_job *j, enum tr_job_state state, const char *code, const char *message,
+		      int64_t step);
 
 /* Evaluate jobs (evaluate.c).  tr_eval_spec_is: whether a stored
  * normalized spec is one.  tr_eval_prepare: fills j->eval and the device
@@ -102,7 +104,7 @@ void tr_runner_finish(struct running_job *j, const char *state, const char *code
  * scheduler). */
 bool tr_eval_spec_is(const char *normalized);
 int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_error *err);
-int tr_eval_runner_start(struct running_job *j, char *err, size_t errlen);
+int tr_eval_runner_start(struct running_job *j, struct tr_error *err);
 int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 
 #endif

@@ -275,8 +275,9 @@ int tr_cmd_serve(int argc, char **argv)
 		.datasets_dir = tr_datasets_dir(datasets),
 		.max_queued = cfg.max_queued_jobs,
 	};
-	if (tr_scheduler_create(&scfg, &sched, err, sizeof err) < 0 || tr_scheduler_start(sched, err, sizeof err) < 0) {
-		tr_log(TR_LOG_ERR, "%s", err);
+	struct tr_error scerr = {0};
+	if (tr_scheduler_create(&scfg, &sched, &scerr) < 0 || tr_scheduler_start(sched, &scerr) < 0) {
+		tr_log(TR_LOG_ERR, "%s", scerr.message);
 		goto out;
 	}
 	/* The passed socket's address, for the log and listen.addr; cfg keeps
@@ -326,8 +327,8 @@ int tr_cmd_serve(int argc, char **argv)
 	tr_log(TR_LOG_NOTICE, "listening on %s://%s%s%s:%d%s (%d %s devices, state in %s)", tls ? "https" : "http",
 	       v6 ? "[" : "", host, v6 ? "]" : "", port, listen_fd >= 0 ? ", socket from systemd" : "", ndev,
 	       be->i->name, cfg.state_dir);
-	if (cfg.submit_if_empty[0] && tr_scheduler_submit_if_empty(sched, cfg.submit_if_empty, err, sizeof err) < 0)
-		tr_log(TR_LOG_WARN, "--submit-if-empty: %s", err);
+	if (cfg.submit_if_empty[0] && tr_scheduler_submit_if_empty(sched, cfg.submit_if_empty, &scerr) < 0)
+		tr_log(TR_LOG_WARN, "--submit-if-empty: %s", scerr.message);
 	char devices[700];
 	snprintf(devices, sizeof devices, "%d %s device%s%s%s%s", ndev, be->i->name, ndev == 1 ? "" : "s",
 		 fallback[0] ? " (" : "", fallback, fallback[0] ? ")" : "");

@@ -106,7 +106,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	body_digest(req->body ? req->body : "", req->body_len, digest);
 	struct tr_job_row row = {
 		.name = spec.name,
-		.state = "queued",
+		.state = TR_JOB_QUEUED,
 		.priority = req->priority,
 		.spec = spec_text,
 		.normalized = norm_text,
@@ -255,7 +255,7 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 	if (to == TR_JOB_QUEUED) { /* resume */
 		if ((req->epochs || req->max_steps) && extend(s, row, req, err) < 0)
 			return -1;
-		if (tr_store_job_set_state(s->cfg.store, id, "queued", NULL, "[]", &se) < 0)
+		if (tr_store_job_set_state(s->cfg.store, id, TR_JOB_QUEUED, NULL, "[]", &se) < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "resumed: queued; it continues from its newest checkpoint", NULL);
@@ -263,16 +263,16 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		pthread_cond_broadcast(&s->wake);
 	} else if (to == TR_JOB_PAUSED) {
 		/* Not running: it simply waits out of the queue. */
-		if (tr_store_job_set_state(s->cfg.store, id, "paused", NULL, NULL, &se) < 0)
+		if (tr_store_job_set_state(s->cfg.store, id, TR_JOB_PAUSED, NULL, NULL, &se) < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "paused while queued", NULL);
 	} else if (to == TR_JOB_CANCELLED) {
 		/* Held and shown when storage refuses it: the job must not
 		 * come back.  Cancel or stop before it ran: nothing to wind
 		 * down. */
-		bool paused = strcmp(row->state, "paused") == 0;
+		bool paused = row->state == TR_JOB_PAUSED;
 		rc = tr_store_job_record_state(
-			s->cfg.store, id, "cancelled",
+			s->cfg.store, id, TR_JOB_CANCELLED,
 			paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
 			       : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
 			NULL, &se);
@@ -296,7 +296,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 	struct running_job *j = find_running(s, id);
 	if (!j)
 		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "", "job %lld is %s and not running here", (long long)id,
-				   row->state);
+				   tr_job_state_name(row->state));
 	if (op == TR_JOB_PAUSE) {
 		/* A stop whose final checkpoint is the resume point; the runner
 		 * records the job as paused and frees its devices. */
@@ -315,7 +315,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		atomic_store(&j->stop_requested, true);
 		if (j->trainer)
 			tr_trainer_stop(j->trainer);
-		tr_store_job_record_state(s->cfg.store, id, "stopping", NULL, NULL, NULL);
+		tr_store_job_record_state(s->cfg.store, id, TR_JOB_STOPPING, NULL, NULL, NULL);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "stop requested: finishing the current step",
 				    NULL);
 	} else if (op == TR_JOB_CHECKPOINT) {
@@ -464,15 +464,14 @@ void tr_scheduler_api_ops(tr_scheduler_t *s, struct tr_api_ops *ops, void **ctx)
 	*ctx = s;
 }
 
-int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err, size_t errlen)
+int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, struct tr_error *err)
 {
 	struct tr_job_row *rows = NULL;
 	int n = 0;
 	struct tr_error se = {0};
-	if (tr_store_job_list(s->cfg.store, NULL, 0, 1, &rows, &n, &se) < 0) {
-		snprintf(err, errlen, "store: %s", se.message);
-		return -1;
-	}
+	int rc = tr_store_job_list(s->cfg.store, NULL, 0, 1, &rows, &n, &se);
+	if (rc < 0)
+		return tr_error_set(err, rc, 0, NULL, "store: %s", se.message);
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
@@ -480,18 +479,16 @@ int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, char *err,
 		return 0;
 	json_error_t jerr;
 	json_t *doc = json_load_file(path, 0, &jerr);
-	if (!doc) {
-		snprintf(err, errlen, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-		return -1;
-	}
+	if (!doc)
+		return tr_error_set(err, -EINVAL, 0, NULL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
 	char *body = json_dumps(doc, JSON_COMPACT);
 	struct tr_api_submit req = {.spec = doc, .body = body, .body_len = body ? strlen(body) : 0};
 	struct tr_error aerr = {0};
 	int64_t id;
 	bool replayed;
-	int rc = op_submit(s, &req, &id, &replayed, &aerr);
+	rc = op_submit(s, &req, &id, &replayed, &aerr);
 	if (rc < 0)
-		snprintf(err, errlen, "%s: %s", path, aerr.message);
+		tr_error_set(err, rc, 0, NULL, "%s: %s", path, aerr.message);
 	else
 		tr_log(TR_LOG_NOTICE, "the queue was empty: submitted %s as job %lld", path, (long long)id);
 	free(body);

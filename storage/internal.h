@@ -74,8 +74,9 @@ struct drop_count {
 /* A job state change that could not be written yet (storage/pending.c). */
 struct pending_state {
 	int64_t job_id;
-	char *state, *error, *devices; /* error/devices: JSON text or NULL */
-	double at;                     /* when it happened: its event's and its stamps' time */
+	enum tr_job_state state;
+	char *error, *devices; /* JSON text or NULL */
+	double at;             /* when it happened: its event's and its stamps' time */
 };
 
 /* Bounds the state changes held in memory while storage fails: far more
@@ -321,7 +322,7 @@ void tr_store_utf8_fix(char *s); /* invalid bytes become '?', in place */
 
 /* Writes one state change on c in its own transaction, stamping with
  * `at`; *event_id receives the state event's id.  No events_committed. */
-int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, const char *error_json,
+int tr_store_job_write_state(struct conn *c, int64_t id, enum tr_job_state state, const char *error_json,
 			     const char *devices_json, double at, int64_t *event_id);
 /* With st_lock held: writes the pending changes in order on c until one
  * fails for a transient reason (returned; the rest stay); changes that

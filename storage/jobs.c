@@ -22,7 +22,6 @@ void tr_job_row_finish(struct tr_job_row *row)
 	if (!row)
 		return;
 	free(row->name);
-	free(row->state);
 	free(row->spec);
 	free(row->normalized);
 	free(row->devices);
@@ -44,6 +43,21 @@ static int col_strdup(sqlite3_stmt *st, int col, char **out)
 	return *out ? 0 : -ENOMEM;
 }
 
+/* A state the database holds, as the enum.  Only a database changed by
+ * hand (or damaged) holds another name: that is an error naming the job
+ * and the text, never a state guessed at. */
+static int col_state(struct conn *c, sqlite3_stmt *st, int col, int64_t id, enum tr_job_state *out)
+{
+	const char *name = (const char *)sqlite3_column_text(st, col);
+	int state = tr_job_state_parse(name);
+	if (state < 0)
+		return tr_store_cfail(c, -EBADMSG,
+				      "job %lld has an unknown state \"%s\" in the state database (not one of %s)",
+				      (long long)id, name ? name : "(null)", tr_job_state_list());
+	*out = (enum tr_job_state)state;
+	return 0;
+}
+
 /* Reads a row selected with JOB_COLS. */
 static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 {
@@ -58,9 +72,12 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 	r->epoch = sqlite3_column_int64(st, 15);
 	r->loss = sqlite3_column_type(st, 16) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 16);
 	r->updated_at = sqlite3_column_double(st, 17);
-	int err = 0;
+	int err = col_state(c, st, 2, r->id, &r->state);
+	if (err < 0) {
+		memset(r, 0, sizeof *r);
+		return err;
+	}
 	err |= col_strdup(st, 1, &r->name);
-	err |= col_strdup(st, 2, &r->state);
 	err |= col_strdup(st, 4, &r->spec);
 	err |= col_strdup(st, 5, &r->normalized);
 	err |= col_strdup(st, 6, &r->devices);
@@ -126,10 +143,10 @@ static int check_json(struct tr_error *e, const char *text, json_type type, cons
 	return 0;
 }
 
-static char *state_event_data(const char *state, const char *error_json)
+static char *state_event_data(enum tr_job_state state, const char *error_json)
 {
 	json_t *err = error_json ? json_loads(error_json, 0, NULL) : json_null();
-	json_t *o = json_pack("{s:s, s:o}", "state", state, "error", err ? err : json_null());
+	json_t *o = json_pack("{s:s, s:o}", "state", tr_job_state_name(state), "error", err ? err : json_null());
 	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	return text;
@@ -233,7 +250,7 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 	/* A job's event stream starts with its "queued" state, in the insert's
 	 * transaction: an SSE client always sees the state first, whatever the
 	 * batched log writer (which carries "submitted") does meanwhile. */
-	char *data = state_event_data("queued", NULL);
+	char *data = state_event_data(TR_JOB_QUEUED, NULL);
 	if (!data) {
 		err = tr_store_cfail(c, -ENOMEM, "out of memory");
 		goto cleanup;
@@ -283,7 +300,7 @@ cleanup:
 
 struct held_job {
 	int64_t id;
-	char *state; /* the state its held changes leave it in */
+	enum tr_job_state state; /* the state its held changes leave it in */
 };
 
 /* Jobs with held changes (storage/pending.c), once each. */
@@ -306,34 +323,36 @@ static int held_jobs(tr_store_t *s, struct held_job **out, size_t *n, struct tr_
 			v[(*n)++].id = s->pst[i].job_id;
 		v[k].state = s->pst[i].state; /* the last one wins */
 	}
-	for (size_t k = 0; k < *n; k++)
-		if (!(v[k].state = strdup(v[k].state)))
-			err = tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	pthread_mutex_unlock(&s->st_lock);
-	if (err < 0) {
-		for (size_t k = 0; k < *n; k++)
-			free(v[k].state);
-		free(v);
-		*n = 0;
+	if (err < 0)
 		return err;
-	}
 	*out = v;
 	return 0;
 }
 
-static bool in_states(const char *state, const char *const *states)
+/* A set of states: bit (1 << state). */
+static bool in_states(enum tr_job_state state, unsigned states)
 {
-	for (int i = 0; states[i]; i++)
-		if (strcmp(states[i], state) == 0)
-			return true;
-	return false;
+	return states & (1u << state);
+}
+
+/* The set of the nstates states; -EINVAL for one out of range. */
+static int state_set(const enum tr_job_state *states, int nstates, unsigned *set, struct tr_error *e)
+{
+	*set = 0;
+	for (int i = 0; i < nstates; i++) {
+		if ((unsigned)states[i] >= TR_JOB_NSTATES)
+			return tr_error_set(e, -EINVAL, 0, NULL, "unknown job state %d", (int)states[i]);
+		*set |= 1u << states[i];
+	}
+	return 0;
 }
 
 /* Makes a list the database answered show the held changes: overlays
- * each row, drops rows whose shown state is not wanted, and adds the jobs
- * a held change brings into the wanted states (id > after).  rows grows
- * as needed. */
-static int apply_held(tr_store_t *s, const char *const *states, int64_t after, struct tr_job_row **rows, int *count,
+ * each row, drops rows whose shown state is not wanted (states: a set, 0
+ * = no filter), and adds the jobs a held change brings into the wanted
+ * states (id > after).  rows grows as needed. */
+static int apply_held(tr_store_t *s, unsigned states, int64_t after, struct tr_job_row **rows, int *count,
 		      struct tr_error *e)
 {
 	struct held_job *held = NULL;
@@ -380,8 +399,6 @@ static int apply_held(tr_store_t *s, const char *const *states, int64_t after, s
 		v = nv;
 		v[n++] = row;
 	}
-	for (size_t k = 0; k < nheld; k++)
-		free(held[k].state);
 	free(held);
 	*rows = v;
 	*count = n;
@@ -411,16 +428,19 @@ static int cmp_row_queue(const void *a, const void *b)
 	return (x->id > y->id) - (x->id < y->id);
 }
 
-int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows, int *count,
-		      struct tr_error *e)
+int tr_store_job_list(tr_store_t *s, const enum tr_job_state *state, int64_t after, int limit, struct tr_job_row **rows,
+		      int *count, struct tr_error *e)
 {
 	*rows = NULL;
 	*count = 0;
+	unsigned want = 0;
+	int err = state ? state_set(state, 1, &want, e) : 0;
+	if (err < 0)
+		return err;
 	/* Held changes can take jobs out of the page: ask for that many
 	 * more, so a page is only short at the end. */
 	size_t held = state ? tr_store_states_pending(s) : 0;
 	struct conn *c = tr_store_conn_lend(s, e);
-	int err;
 	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs"
 					    " WHERE id > ?1 AND (?2 IS NULL OR state = ?2) ORDER BY id LIMIT ?3");
 	if (!st) {
@@ -428,14 +448,13 @@ int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit
 		goto cleanup;
 	}
 	sqlite3_bind_int64(st, 1, after);
-	sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, state ? tr_job_state_name(*state) : NULL, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 3, limit > 0 ? (int64_t)limit + (int64_t)held : -1); /* LIMIT -1: no limit */
 	err = read_rows(c, st, rows, count);
 cleanup:
 	tr_store_conn_put(s, c);
 	if (err == 0) {
-		const char *one[] = {state, NULL};
-		err = apply_held(s, state ? one : NULL, after, rows, count, e);
+		err = apply_held(s, want, after, rows, count, e);
 		if (err == 0 && *count > 1)
 			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_id);
 		if (err == 0 && limit > 0 && *count > limit) {
@@ -452,16 +471,17 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count,
-			     struct tr_error *e)
+int tr_store_job_list_states(tr_store_t *s, const enum tr_job_state *states, int nstates, struct tr_job_row **rows,
+			     int *count, struct tr_error *e)
 {
 	*rows = NULL;
 	*count = 0;
-	int nstates = 0;
-	while (states && states[nstates])
-		nstates++;
-	if (nstates > 32)
+	if (nstates < 0 || nstates > 32)
 		return tr_error_set(e, -EINVAL, 0, NULL, "too many states (%d, at most 32)", nstates);
+	unsigned want;
+	int err = state_set(states, nstates, &want, e);
+	if (err < 0)
+		return err;
 	char sql[512];
 	int len = snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs");
 	for (int i = 0; i < nstates; i++)
@@ -471,7 +491,6 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
 
 	struct conn *c = tr_store_conn_lend(s, e);
 	sqlite3_stmt *st = NULL;
-	int err;
 	/* Not cached: the text depends on the number of states. */
 	int rc = sqlite3_prepare_v2(c->db, sql, -1, &st, NULL);
 	if (rc != SQLITE_OK) {
@@ -479,7 +498,7 @@ int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr
 		goto cleanup;
 	}
 	for (int i = 0; i < nstates; i++)
-		sqlite3_bind_text(st, i + 1, states[i], -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, i + 1, tr_job_state_name(states[i]), -1, SQLITE_STATIC);
 	err = read_rows(c, st, rows, count);
 cleanup:
 	sqlite3_finalize(st);
@@ -487,7 +506,7 @@ cleanup:
 	/* A job whose cancellation is held must not be started again; one
 	 * held as queued (resumed) must be. */
 	if (err == 0) {
-		err = apply_held(s, nstates ? states : NULL, 0, rows, count, e);
+		err = apply_held(s, want, 0, rows, count, e);
 		if (err == 0 && *count > 1)
 			qsort(*rows, (size_t)*count, sizeof **rows, cmp_row_queue);
 		else if (err < 0) {
@@ -499,15 +518,9 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted,
-			struct tr_error *e)
+int tr_store_job_counts(tr_store_t *s, int64_t counts[TR_JOB_NSTATES], int64_t *submitted, struct tr_error *e)
 {
-	int nstates = 0;
-	while (states && states[nstates])
-		nstates++;
-	if (nstates > 32)
-		return tr_error_set(e, -EINVAL, 0, NULL, "too many states (%d, at most 32)", nstates);
-	for (int i = 0; i < nstates; i++)
+	for (int i = 0; i < TR_JOB_NSTATES; i++)
 		counts[i] = 0;
 	if (submitted)
 		*submitted = 0;
@@ -519,10 +532,17 @@ int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *count
 		goto cleanup;
 	}
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		const char *state = (const char *)sqlite3_column_text(st, 0);
-		for (int i = 0; state && i < nstates; i++)
-			if (strcmp(state, states[i]) == 0)
-				counts[i] = sqlite3_column_int64(st, 1);
+		const char *name = (const char *)sqlite3_column_text(st, 0);
+		int state = tr_job_state_parse(name);
+		if (state < 0) {
+			err = tr_store_cfail(
+				c, -EBADMSG,
+				"%lld job(s) have an unknown state \"%s\" in the state database (not one of %s)",
+				(long long)sqlite3_column_int64(st, 1), name ? name : "(null)", tr_job_state_list());
+			sqlite3_reset(st);
+			goto cleanup;
+		}
+		counts[state] = sqlite3_column_int64(st, 1);
 	}
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE) {
@@ -548,7 +568,7 @@ cleanup:
 	return err;
 }
 
-int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, const char *error_json,
+int tr_store_job_write_state(struct conn *c, int64_t id, enum tr_job_state state, const char *error_json,
 			     const char *devices_json, double now, int64_t *event_id)
 {
 	char *data = state_event_data(state, error_json);
@@ -573,12 +593,16 @@ int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, cons
 		err = SQLFAIL(c, rc, "SELECT job state");
 		goto cleanup;
 	}
-	bool was_terminal = tr_job_state_name_terminal((const char *)sqlite3_column_text(st, 0));
+	enum tr_job_state was;
+	err = col_state(c, st, 0, id, &was);
 	double finished_at = sqlite3_column_double(st, 1);
 	sqlite3_reset(st);
+	if (err < 0)
+		goto cleanup;
+	bool was_terminal = tr_job_state_terminal(was);
 	/* "0 = not yet": a job that leaves a terminal state (re-queued) is
 	 * not finished any more; re-entering one re-stamps. */
-	if (!tr_job_state_name_terminal(state))
+	if (!tr_job_state_terminal(state))
 		finished_at = 0;
 	else if (!was_terminal || finished_at == 0)
 		finished_at = now;
@@ -591,7 +615,7 @@ int tr_store_job_write_state(struct conn *c, int64_t id, const char *state, cons
 		goto cleanup;
 	}
 	sqlite3_bind_int64(st, 1, id);
-	sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, tr_job_state_name(state), -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 3, error_json, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 4, devices_json, -1, SQLITE_STATIC);
 	sqlite3_bind_double(st, 5, now);
@@ -613,11 +637,11 @@ cleanup:
 }
 
 /* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
-int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+int tr_store_job_set_state(tr_store_t *s, int64_t id, enum tr_job_state state, const char *error_json,
 			   const char *devices_json, struct tr_error *e)
 {
-	if (tr_job_state_parse(state) < 0)
-		return tr_error_set(e, -EINVAL, 0, NULL, "unknown job state \"%s\"", state ? state : "(null)");
+	if ((unsigned)state >= TR_JOB_NSTATES)
+		return tr_error_set(e, -EINVAL, 0, NULL, "unknown job state %d", (int)state);
 	int err = check_json(e, error_json, JSON_OBJECT, "error");
 	if (err < 0)
 		return err;

@@ -28,7 +28,6 @@
 
 static void entry_free(struct pending_state *p)
 {
-	free(p->state);
 	free(p->error);
 	free(p->devices);
 }
@@ -42,7 +41,7 @@ static void remove_at(tr_store_t *s, size_t i)
 }
 
 /* With st_lock held.  Copies the strings. */
-static int append_locked(tr_store_t *s, int64_t id, const char *state, const char *error, const char *devices,
+static int append_locked(tr_store_t *s, int64_t id, enum tr_job_state state, const char *error, const char *devices,
 			 double at, struct tr_error *e)
 {
 	if (s->npst >= STORE_PENDING_STATES_MAX)
@@ -56,11 +55,10 @@ static int append_locked(tr_store_t *s, int64_t id, const char *state, const cha
 		s->pst = n;
 		s->cappst = cap;
 	}
-	struct pending_state p = {.job_id = id, .at = at};
-	p.state = strdup(state);
+	struct pending_state p = {.job_id = id, .state = state, .at = at};
 	p.error = error ? strdup(error) : NULL;
 	p.devices = devices ? strdup(devices) : NULL;
-	if (!p.state || (error && !p.error) || (devices && !p.devices)) {
+	if ((error && !p.error) || (devices && !p.devices)) {
 		entry_free(&p);
 		return tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 	}
@@ -156,14 +154,14 @@ void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row)
 		const struct pending_state *p = &s->pst[i];
 		if (p->job_id != row->id)
 			continue;
-		bool was_terminal = row->state && tr_job_state_name_terminal(row->state);
+		bool was_terminal = tr_job_state_terminal(row->state);
 		/* The same stamps tr_store_job_write_state will give it. */
-		if (replace(&row->state, p->state) < 0 || replace(&row->error, p->error) < 0 ||
-		    (p->devices && replace(&row->devices, p->devices) < 0))
+		if (replace(&row->error, p->error) < 0 || (p->devices && replace(&row->devices, p->devices) < 0))
 			break; /* out of memory: shows what the database has */
-		if (strcmp(p->state, "running") == 0 && row->started_at == 0)
+		row->state = p->state;
+		if (p->state == TR_JOB_RUNNING && row->started_at == 0)
 			row->started_at = p->at;
-		if (!tr_job_state_name_terminal(p->state))
+		if (!tr_job_state_terminal(p->state))
 			row->finished_at = 0;
 		else if (!was_terminal || row->finished_at == 0)
 			row->finished_at = p->at;
@@ -172,7 +170,7 @@ void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row)
 	pthread_mutex_unlock(&s->st_lock);
 }
 
-int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+int tr_store_job_record_state(tr_store_t *s, int64_t id, enum tr_job_state state, const char *error_json,
 			      const char *devices_json, struct tr_error *e)
 {
 	int err = tr_store_job_set_state(s, id, state, error_json, devices_json, e);
@@ -199,8 +197,8 @@ int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, cons
 
 static json_t *entry_json(const struct pending_state *p)
 {
-	return json_pack("{s:I, s:s, s:s*, s:s*, s:f}", "job", (json_int_t)p->job_id, "state", p->state, "error",
-			 p->error, "devices", p->devices, "at", p->at);
+	return json_pack("{s:I, s:s, s:s*, s:s*, s:f}", "job", (json_int_t)p->job_id, "state",
+			 tr_job_state_name(p->state), "error", p->error, "devices", p->devices, "at", p->at);
 }
 
 /* Writes the held changes to path (a temporary name, synced, renamed). */
@@ -270,7 +268,7 @@ int tr_store_job_states_save(tr_store_t *s, char *msg, size_t msglen)
 				   "%d job state change(s) could not be written and are lost (%s):", n, we.message);
 		for (size_t i = 0; msg && i < s->npst && len > 0 && (size_t)len < msglen; i++)
 			len += snprintf(msg + len, msglen - (size_t)len, " job %lld %s;", (long long)s->pst[i].job_id,
-					s->pst[i].state);
+					tr_job_state_name(s->pst[i].state));
 	}
 	pthread_mutex_unlock(&s->st_lock);
 	free(side);
@@ -301,14 +299,19 @@ int tr_store_states_load(tr_store_t *s, struct tr_error *e)
 		json_int_t id = 0;
 		const char *state = NULL, *error = NULL, *devices = NULL;
 		double at = 0;
+		int st = -1;
 		if (!j || json_unpack(j, "{s:I, s:s, s?s, s?s, s:F}", "job", &id, "state", &state, "error", &error,
 				      "devices", &devices, "at", &at) != 0)
 			/* A torn last line cannot happen (written whole, then
 			 * renamed); anything else is not ours to guess at. */
 			err = tr_error_set(e, -EINVAL, 0, NULL, "%s:%d: not a state change: %s", side, lineno,
 					   j ? "wrong fields" : jerr.text);
+		else if ((st = tr_job_state_parse(state)) < 0)
+			err = tr_error_set(e, -EINVAL, 0, NULL, "%s:%d: not a state change: unknown state \"%s\"", side,
+					   lineno, state);
 		else
-			err = append_locked(s, id, state, error, devices, at, e); /* tr_store_open reports it */
+			err = append_locked(s, id, (enum tr_job_state)st, error, devices, at,
+					    e); /* tr_store_open reports it */
 		json_decref(j);
 	}
 	fclose(f);

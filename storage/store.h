@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/job.h"
 
 typedef struct tr_store tr_store_t;
 
@@ -76,14 +77,14 @@ int tr_store_integrity_check(tr_store_t *s, struct tr_error *e);
 struct tr_job_row {
 	int64_t id;
 	char *name;
-	char *state;           /* a name from core/job.h: queued running stopping paused stopped ... */
-	int priority;          /* higher runs first */
-	char *spec;            /* JSON text as submitted */
-	char *normalized;      /* JSON text with defaults filled */
-	char *devices;         /* JSON array text, "[]" when none */
-	char *error;           /* JSON object text {"code","message","step"} or NULL */
-	char *idempotency_key; /* or NULL */
-	char *request_hash;    /* hex digest of the request body, with the key */
+	enum tr_job_state state;                      /* kept in the database as its name (tr_job_state_name) */
+	int priority;                                 /* higher runs first */
+	char *spec;                                   /* JSON text as submitted */
+	char *normalized;                             /* JSON text with defaults filled */
+	char *devices;                                /* JSON array text, "[]" when none */
+	char *error;                                  /* JSON object text {"code","message","step"} or NULL */
+	char *idempotency_key;                        /* or NULL */
+	char *request_hash;                           /* hex digest of the request body, with the key */
 	double submitted_at, started_at, finished_at; /* Unix seconds, 0 = not yet */
 	int64_t step, total_steps, epoch;
 	double loss;        /* latest, NAN when none */
@@ -113,15 +114,15 @@ int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json, struc
 #define TR_INFO_MAX_KEY 64
 #define TR_INFO_MAX_VALUE 256
 
-/* Counts jobs by state: counts[i] receives the number of jobs in
- * states[i] (NULL-terminated, at most 32).  *submitted (may be NULL)
+/* Counts jobs by state: counts[st] receives the number of jobs in state
+ * st, for every state.  *submitted (may be NULL)
  * receives the number of jobs ever submitted to this store, deleted ones
  * included (the jobs table's AUTOINCREMENT sequence), which only grows.
  * One query over the table: cheap enough for every Prometheus scrape. */
-int tr_store_job_counts(tr_store_t *s, const char *const *states, int64_t *counts, int64_t *submitted,
-			struct tr_error *e);
+int tr_store_job_counts(tr_store_t *s, int64_t counts[TR_JOB_NSTATES], int64_t *submitted, struct tr_error *e);
 
-/* Inserts a new job in state "queued"; sets row->id.  When
+/* Inserts a new job in state queued (row->state is not read); sets
+ * row->id.  When
  * idempotency_key is set and a job with that key exists, inserts nothing,
  * stores the existing job's id in *existing_id and returns -EEXIST (the
  * caller compares request_hash). */
@@ -132,19 +133,24 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 				struct tr_error *e);
 int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out, struct tr_error *e); /* -ENOENT */
 /* Jobs with id > after (0 = from the start), ascending id, at most limit;
- * state NULL = any.  *rows is malloc'd (free each with tr_job_row_finish,
- * then free the array). */
-int tr_store_job_list(tr_store_t *s, const char *state, int64_t after, int limit, struct tr_job_row **rows, int *count,
-		      struct tr_error *e);
-/* Jobs in any of `states` (NULL-terminated), ordered by priority desc,
- * submitted_at asc, id asc: the scheduler's queue and restart scan. */
-int tr_store_job_list_states(tr_store_t *s, const char *const *states, struct tr_job_row **rows, int *count,
-			     struct tr_error *e);
+ * state NULL = any, else the one state *state.  *rows is malloc'd (free
+ * each with tr_job_row_finish, then free the array). */
+int tr_store_job_list(tr_store_t *s, const enum tr_job_state *state, int64_t after, int limit, struct tr_job_row **rows,
+		      int *count, struct tr_error *e);
+/* Jobs in any of the nstates `states` (nstates 0: any state), ordered by
+ * priority desc, submitted_at asc, id asc: the scheduler's queue and
+ * restart scan. */
+int tr_store_job_list_states(tr_store_t *s, const enum tr_job_state *states, int nstates, struct tr_job_row **rows,
+			     int *count, struct tr_error *e);
+/* Reading a job whose stored state names no state of core/job.h (a
+ * database edited by hand, or damaged) fails with -EBADMSG, the message
+ * naming the job and the text: every function above that returns rows,
+ * tr_store_job_counts and the state changes below. */
 /* Sets state (and error JSON or NULL, devices JSON or NULL = unchanged),
- * stamps started_at when entering "running" the first time and
+ * stamps started_at when entering running the first time and
  * finished_at when entering a terminal state, and appends a "state" event
  * {"state":..,"error":..} in the same transaction. */
-int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+int tr_store_job_set_state(tr_store_t *s, int64_t id, enum tr_job_state state, const char *error_json,
 			   const char *devices_json, struct tr_error *e);
 /* The same for a change that has happened and must not be lost (a job
  * ended, was cancelled): when storage fails for a reason that may pass
@@ -156,7 +162,7 @@ int tr_store_job_set_state(tr_store_t *s, int64_t id, const char *state, const c
  * invalid JSON, STORE_PENDING_STATES_MAX changes already held).
  * tr_store_job_set_state on a job with held changes writes them first, or
  * fails as they do, so a job's changes are always written in order. */
-int tr_store_job_record_state(tr_store_t *s, int64_t id, const char *state, const char *error_json,
+int tr_store_job_record_state(tr_store_t *s, int64_t id, enum tr_job_state state, const char *error_json,
 			      const char *devices_json, struct tr_error *e);
 /* Held state changes that are not written yet. */
 size_t tr_store_job_states_pending(tr_store_t *s);

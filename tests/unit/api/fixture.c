@@ -96,9 +96,9 @@ static int fake_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_
 	return rc;
 }
 
-static bool terminal(const char *s)
+static bool terminal(enum tr_job_state s)
 {
-	return tr_job_state_name_terminal(s);
+	return tr_job_state_terminal(s);
 }
 
 /* The daemon's rule, from the job module's table; a running job's signal
@@ -119,10 +119,9 @@ static int fake_control(void *ctx, int64_t id, const struct tr_api_control *req,
 	if (rc < 0 || t.action == TR_JOB_KEEP)
 		return rc;
 	rc = tr_store_job_set_state(store, id,
-				    tr_job_state_name(
-					    t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE    ? TR_JOB_PAUSED
-					    : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL ? TR_JOB_CANCELLED
-												    : t.to),
+				    t.action == TR_JOB_SIGNAL && req->op == TR_JOB_PAUSE    ? TR_JOB_PAUSED
+				    : t.action == TR_JOB_SIGNAL && req->op == TR_JOB_CANCEL ? TR_JOB_CANCELLED
+											    : t.to,
 				    NULL, NULL, err);
 	if (rc < 0)
 		err->kind = TR_JOB_E_INTERNAL;
@@ -172,7 +171,7 @@ static bool fake_live(void *ctx, int64_t id, struct tr_api_live *out)
 	bool running;
 
 	(void)ctx;
-	running = tr_store_job_get(store, id, &row, NULL) == 0 && !strcmp(row.state, "running");
+	running = tr_store_job_get(store, id, &row, NULL) == 0 && row.state == TR_JOB_RUNNING;
 	if (running)
 		*out = (struct tr_api_live){.step = row.step,
 					    .total_steps = row.total_steps,
@@ -193,7 +192,7 @@ static int fake_checkpoint_now(void *ctx, int64_t id, struct tr_error *err)
 		set_err(err, TR_JOB_E_NOT_FOUND, NULL, "no such job");
 		return -ENOENT;
 	}
-	running = !strcmp(row.state, "running");
+	running = row.state == TR_JOB_RUNNING;
 	tr_job_row_finish(&row);
 	if (!running) {
 		set_err(err, TR_JOB_E_ILLEGAL, NULL, "only a running job can take a checkpoint");

@@ -205,7 +205,7 @@ Test(api, checkpoint_list_and_request)
 	expect_status(&r, 409, "checkpoint of a queued job");
 	cr_assert_str_eq(jstr(r.json, "error.code"), "conflict");
 	resp_free(&r);
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	r = http("POST", "/jobs/1/checkpoints", NULL);
 	expect_status(&r, 202, "checkpoint of a running job");
 	cr_assert(json_is_true(json_object_get(r.json, "requested")));

@@ -169,12 +169,12 @@ Test(api, sse_live_then_resume_without_duplicates)
 	sse_init(&c, id, NULL);
 	pthread_create(&th, NULL, sse_run, &c);
 	cr_assert(wait_for(&c, "retry:", 5), "stream opened");
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	cr_assert_eq(tr_store_metric_append(store, id, "loss", 1, 0, now_s(), 0.5, NULL), 0);
 	cr_assert_eq(tr_store_log_append(store, id, 6, "step 1 done", NULL), 0);
 	cr_assert_eq(tr_store_flush(store, NULL), 0);
 	cr_assert(wait_for(&c, "step 1 done", 5), "live log event arrives");
-	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_COMPLETED, NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 
 	cr_assert_eq(c.rc, CURLE_OK, "%s", curl_easy_strerror(c.rc));
@@ -247,11 +247,12 @@ Test(api, sse_heartbeat)
 
 	restart(&o);
 	id = submit("hb");
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	sse_init(&c, id, NULL);
 	pthread_create(&th, NULL, sse_run, &c);
 	cr_assert(wait_for(&c, ": keepalive\n\n", 5), "a keepalive comment within the heartbeat");
-	cr_assert_eq(tr_store_job_set_state(store, id, "failed", "{\"code\":\"x\",\"message\":\"y\"}", NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_FAILED, "{\"code\":\"x\",\"message\":\"y\"}", NULL, NULL),
+		     0);
 	pthread_join(th, NULL);
 	cr_assert_eq(c.rc, CURLE_OK);
 	free(c.got.data);
@@ -270,7 +271,7 @@ Test(api, sse_ends_when_job_is_deleted)
 
 	expect_status(&r, 404, "events of an unknown job");
 	resp_free(&r);
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	sse_init(&c, id, NULL);
 	pthread_create(&th, NULL, sse_run, &c);
 	cr_assert(wait_for(&c, "event: state", 5));
@@ -288,7 +289,7 @@ Test(api, stop_ends_open_streams_promptly)
 	pthread_t th;
 	double t0;
 
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	sse_init(&c, id, NULL);
 	pthread_create(&th, NULL, sse_run, &c);
 	cr_assert(wait_for(&c, "event: state", 5), "history replayed: %s", c.got.data ? c.got.data : "");

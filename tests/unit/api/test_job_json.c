@@ -31,7 +31,7 @@ Test(api, job_json_from_row)
 	struct tr_job_row row = {
 		.id = 9,
 		.name = "n",
-		.state = "failed",
+		.state = TR_JOB_FAILED,
 		.priority = 3,
 		.spec = "{\"epochs\": 2}",
 		.devices = "[0, 1]",

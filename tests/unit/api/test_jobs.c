@@ -12,6 +12,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <regex.h>
+#include <sqlite3.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -93,7 +94,7 @@ Test(api, list_paginates_and_filters)
 
 	for (int i = 0; i < 5; i++)
 		ids[i] = submit("j");
-	cr_assert_eq(tr_store_job_set_state(store, ids[3], "cancelled", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, ids[3], TR_JOB_CANCELLED, NULL, NULL, NULL), 0);
 
 	r = http("GET", "/jobs?limit=2", NULL);
 	expect_status(&r, 200, "page 1");
@@ -121,13 +122,56 @@ Test(api, list_paginates_and_filters)
 	resp_free(&r);
 }
 
+/* ?state= is parsed once, at the edge: an unknown name is the client's
+ * 400 naming the parameter and the states there are. */
+Test(api, list_refuses_an_unknown_state_filter)
+{
+	struct tr_test_reply r = http("GET", "/jobs?state=sleeping", NULL);
+
+	expect_status(&r, 400, "unknown state");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "invalid_parameter");
+	cr_assert_str_eq(jstr(r.json, "error.message"), "state: must be one of queued, running, stopping, paused, "
+							"stopped, completed, failed, cancelled, interrupted");
+	resp_free(&r);
+}
+
+/* A state the store cannot read (a database changed by hand) is the
+ * daemon's 500 naming the job and the text, and the API keeps serving. */
+Test(api, unknown_state_in_database_is_a_clear_500)
+{
+	int64_t id = submit("odd"), other = submit("fine");
+	char path[PATH_MAX + 16], sql[96];
+	sqlite3 *db;
+	struct tr_test_reply r;
+
+	snprintf(path, sizeof(path), "%s/state.db", dir);
+	cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+	snprintf(sql, sizeof(sql), "UPDATE jobs SET state = 'sleeping' WHERE id = %" PRId64, id);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+	sqlite3_close(db);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64, id);
+	r = http("GET", path, NULL);
+	expect_status(&r, 500, "unknown stored state");
+	cr_assert_str_eq(jstr(r.json, "error.code"), "internal");
+	snprintf(sql, sizeof(sql), "job %" PRId64 " has an unknown state \"sleeping\" in the state database", id);
+	cr_assert_not_null(strstr(jstr(r.json, "error.message"), sql), "%s", jstr(r.json, "error.message"));
+	resp_free(&r);
+
+	snprintf(path, sizeof(path), "/jobs/%" PRId64, other);
+	r = http("GET", path, NULL);
+	expect_status(&r, 200, "another job");
+	cr_assert_str_eq(jstr(r.json, "state"), "queued");
+	resp_free(&r);
+}
+
 Test(api, get_merges_live_progress)
 {
 	int64_t id = submit("live");
 	char path[64];
 	struct tr_test_reply r;
 
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, "[0]", NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, "[0]", NULL), 0);
 	cr_assert_eq(tr_store_job_set_progress(store, id, 40, 100, 1, 0.25, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64, id);
 	r = http("GET", path, NULL);
@@ -163,7 +207,7 @@ Test(api, control_patch_delete)
 	cr_assert_str_eq(jstr(r.json, "state"), "queued");
 	resp_free(&r);
 
-	cr_assert_eq(tr_store_job_set_state(store, other, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, other, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/stop", other);
 	r = http("POST", path, NULL);
 	expect_status(&r, 202, "stop");
@@ -266,12 +310,12 @@ Test(api, resume_takes_an_optional_new_end)
 			 "only a paused or stopped job can be resumed"),
 		  "%s", r.body);
 	resp_free(&r);
-	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_STOPPED, NULL, NULL, NULL), 0);
 	r = http_full("POST", path, "", form, 0); /* empty, with a form type: no body */
 	expect_status(&r, 202, "stopped, empty body");
 	cr_assert_str_eq(jstr(r.json, "state"), "queued");
 	resp_free(&r);
-	cr_assert_eq(tr_store_job_set_state(store, id, "stopped", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_STOPPED, NULL, NULL, NULL), 0);
 	r = http("POST", path, "{\"max_steps\": 500}");
 	expect_status(&r, 202, "stopped, new end");
 	resp_free(&r);

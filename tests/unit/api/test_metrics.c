@@ -87,7 +87,7 @@ Test(api, metrics_push_and_query)
 	resp_free(&r);
 
 	/* Late monitors: pushing to a finished job is fine. */
-	cr_assert_eq(tr_store_job_set_state(store, id, "completed", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_COMPLETED, NULL, NULL, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics", id);
 	r = http("POST", path, "{\"points\": [{\"name\": \"late\", \"step\": 3, \"value\": 1e-3}]}");
 	expect_status(&r, 202, "push to finished job");
@@ -115,8 +115,8 @@ Test(api, metrics_cache_fresh_and_per_job)
 	for (int i = 0; i < 2000; i++)
 		cr_assert_eq(tr_store_metric_append(store, done, "x", i, 0, now_s(), sin(i * 0.01), NULL), 0);
 	cr_assert_eq(tr_store_flush(store, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(store, done, "completed", NULL, NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(store, live, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, done, TR_JOB_COMPLETED, NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, live, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	snprintf(pd, sizeof(pd), "/jobs/%" PRId64 "/metrics?max_points=100", done);
 	snprintf(pl, sizeof(pl), "/jobs/%" PRId64 "/metrics?names=loss&max_points=100", live);
 	struct tr_test_reply first = http("GET", pd, NULL);
@@ -237,7 +237,7 @@ Test(api, metrics_polled_curve_is_ready_at_commit)
 	for (int i = 0; i < 3000; i++)
 		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), 1.0 / (i + 1), NULL), 0);
 	cr_assert_eq(tr_store_flush(store, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	snprintf(path, sizeof(path), "/jobs/%" PRId64 "/metrics?max_points=500", id);
 	for (int k = 0; k < 2; k++) { /* computed, then served: now polled */
 		struct tr_test_reply r = http("GET", path, NULL);

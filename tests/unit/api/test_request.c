@@ -57,8 +57,8 @@ Test(api, bad_requests)
 	char long_key[300] = "Idempotency-Key: ";
 
 	memset(long_key + strlen(long_key), 'k', 256);
-	cr_assert_eq(tr_store_job_set_state(store, id, "cancelled", NULL, NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(store, running, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_CANCELLED, NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, running, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	cr_assert_eq(id, 1, "the table below uses job 1 (cancelled) and 2 (running)");
 	/* Burn an idempotency key so the conflict case has one. */
 	struct tr_test_reply k =

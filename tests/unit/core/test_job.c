@@ -62,10 +62,10 @@ Test(job, every_state_and_request)
 				     action_letter(t.action), want[st].action[rq]);
 			if (t.action != TR_JOB_REFUSE)
 				cr_assert_str_eq(tr_job_state_name(t.to), want[st].to[rq], "%s x %s", sn, rn);
-			/* tr_job_check agrees with the table, by name. */
+			/* tr_job_check agrees with the table. */
 			struct tr_error e = {0};
 			struct tr_job_transition c;
-			int rc = tr_job_check(7, sn, (enum tr_job_request)rq, &c, &e);
+			int rc = tr_job_check(7, (enum tr_job_state)st, (enum tr_job_request)rq, &c, &e);
 			if (t.action == TR_JOB_REFUSE) {
 				cr_assert_eq(rc, -EBUSY, "%s x %s", sn, rn);
 				cr_assert_eq(e.kind, TR_JOB_E_ILLEGAL);
@@ -85,21 +85,21 @@ Test(job, every_state_and_request)
 Test(job, refusals_name_the_states_that_allow_the_request)
 {
 	struct tr_error e = {0};
-	cr_assert_eq(tr_job_check(3, "completed", TR_JOB_RESUME, NULL, &e), -EBUSY);
+	cr_assert_eq(tr_job_check(3, TR_JOB_COMPLETED, TR_JOB_RESUME, NULL, &e), -EBUSY);
 	cr_assert_str_eq(e.message, "job 3 is completed; only a paused or stopped job can be resumed");
-	cr_assert_eq(tr_job_check(4, "queued", TR_JOB_STOP, NULL, &e), 0);
-	cr_assert_eq(tr_job_check(4, "running", TR_JOB_DELETE, NULL, &e), -EBUSY);
+	cr_assert_eq(tr_job_check(4, TR_JOB_QUEUED, TR_JOB_STOP, NULL, &e), 0);
+	cr_assert_eq(tr_job_check(4, TR_JOB_RUNNING, TR_JOB_DELETE, NULL, &e), -EBUSY);
 	cr_assert_str_eq(e.message, "job 4 is running; only a stopped, completed, failed or cancelled job can be "
 				    "deleted (cancel it first)");
-	cr_assert_eq(tr_job_check(5, "stopped", TR_JOB_CANCEL, NULL, &e), -EBUSY);
+	cr_assert_eq(tr_job_check(5, TR_JOB_STOPPED, TR_JOB_CANCEL, NULL, &e), -EBUSY);
 	cr_assert_str_eq(e.message, "job 5 is stopped; only a queued, running, stopping, paused or interrupted job "
 				    "can be cancelled");
-	cr_assert_eq(tr_job_check(6, "failed", TR_JOB_CHECKPOINT, NULL, &e), -EBUSY);
+	cr_assert_eq(tr_job_check(6, TR_JOB_FAILED, TR_JOB_CHECKPOINT, NULL, &e), -EBUSY);
 	cr_assert_str_eq(e.message, "job 6 is failed; only a running or stopping job can take a checkpoint");
-	/* An unknown state is a bug elsewhere, not the client's fault. */
-	cr_assert_eq(tr_job_check(8, "sleeping", TR_JOB_CANCEL, NULL, &e), -EINVAL);
+	/* A state out of range is a bug elsewhere, not the client's fault. */
+	cr_assert_eq(tr_job_check(8, TR_JOB_NSTATES, TR_JOB_CANCEL, NULL, &e), -EINVAL);
 	cr_assert_eq(e.kind, TR_JOB_E_INTERNAL);
-	cr_assert_eq(tr_job_check(8, NULL, TR_JOB_CANCEL, NULL, &e), -EINVAL);
+	cr_assert_eq(tr_job_check(8, (enum tr_job_state) - 1, TR_JOB_CANCEL, NULL, &e), -EINVAL);
 }
 
 Test(job, terminal_states)

@@ -194,7 +194,7 @@ Test(jobs, insert_and_get)
 	cr_assert_eq(tr_store_job_get(s, in.id, &r, NULL), 0);
 	cr_assert_eq(r.id, in.id);
 	cr_assert_str_eq(r.name, "mlp");
-	cr_assert_str_eq(r.state, "queued");
+	cr_assert_eq(r.state, TR_JOB_QUEUED);
 	cr_assert_eq(r.priority, 3);
 	cr_assert_str_eq(r.spec, "{\"a\":1}");
 	cr_assert_str_eq(r.normalized, "{\"a\":1,\"b\":2}");
@@ -223,8 +223,8 @@ Test(jobs, list_filter_and_cursor)
 	int64_t ids[7];
 	for (int i = 0; i < 7; i++)
 		ids[i] = add_job(s, "j", 0);
-	cr_assert_eq(tr_store_job_set_state(s, ids[1], "running", NULL, NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, ids[4], "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[1], TR_JOB_RUNNING, NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, ids[4], TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 
 	/* Pages of 3 cover every job once, in id order. */
 	int64_t after = 0, seen = 0;
@@ -247,18 +247,19 @@ Test(jobs, list_filter_and_cursor)
 
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n, NULL), 0);
+	enum tr_job_state running = TR_JOB_RUNNING, failed = TR_JOB_FAILED;
+	cr_assert_eq(tr_store_job_list(s, &running, 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 2);
 	cr_assert_eq(rows[0].id, ids[1]);
 	cr_assert_eq(rows[1].id, ids[4]);
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
-	cr_assert_eq(tr_store_job_list(s, "running", ids[1], 10, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list(s, &running, ids[1], 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 1);
 	tr_job_row_finish(&rows[0]);
 	free(rows);
-	cr_assert_eq(tr_store_job_list(s, "failed", 0, 10, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list(s, &failed, 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 0);
 	free(rows);
 	tr_store_close(s);
@@ -287,10 +288,10 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s, "a", 0);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0,1]", NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, "[0,1]", NULL), 0);
 	struct tr_job_row r;
 	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
-	cr_assert_str_eq(r.state, "running");
+	cr_assert_eq(r.state, TR_JOB_RUNNING);
 	cr_assert_str_eq(r.devices, "[0,1]");
 	double started = r.started_at;
 	cr_assert_gt(started, 0);
@@ -298,10 +299,10 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	tr_job_row_finish(&r);
 
 	usleep(20000);
-	cr_assert_eq(tr_store_job_set_state(s, id, "paused", NULL, NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_PAUSED, NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	const char *error = "{\"code\":\"loader\",\"message\":\"x.csv:3: bad\",\"step\":7}";
-	cr_assert_eq(tr_store_job_set_state(s, id, "failed", error, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_FAILED, error, NULL, NULL), 0);
 	cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
 	cr_assert_eq(r.started_at, started, "started_at is stamped the first time only");
 	cr_assert_gt(r.finished_at, started);
@@ -332,9 +333,135 @@ Test(jobs, set_state_stamps_times_and_adds_events)
 	cr_assert_eq(tr_store_last_event_id(s), ev[n - 1].id);
 	tr_events_free(ev, n);
 
-	cr_assert_eq(tr_store_job_set_state(s, id, "exploded", NULL, NULL, NULL), -EINVAL);
-	cr_assert_eq(tr_store_job_set_state(s, id, "failed", "{not json", NULL, NULL), -EINVAL);
-	cr_assert_eq(tr_store_job_set_state(s, 12345, "running", NULL, NULL, NULL), -ENOENT);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_NSTATES, NULL, NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_FAILED, "{not json", NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_set_state(s, 12345, TR_JOB_RUNNING, NULL, NULL, NULL), -ENOENT);
+	tr_store_close(s);
+}
+
+/* The store takes and returns enum tr_job_state and keeps each state as
+ * its name: every state goes in through set_state, comes back from get,
+ * the filtered lists and the counts, and sits in the database as the same
+ * text as before (the schema and the API's JSON do not change). */
+Test(jobs, every_state_round_trips)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0), other = add_job(s, "b", 0);
+	for (int i = 0; i < TR_JOB_NSTATES; i++) {
+		enum tr_job_state st = (enum tr_job_state)i;
+		const char *name = tr_job_state_name(st);
+		struct tr_error e = {0};
+		cr_assert_eq(tr_store_job_set_state(s, id, st, NULL, NULL, &e), 0, "%s: %s", name, e.message);
+		struct tr_job_row r;
+		cr_assert_eq(tr_store_job_get(s, id, &r, NULL), 0);
+		cr_assert_eq(r.state, st, "%s came back as %d", name, (int)r.state);
+		cr_assert_eq(r.finished_at > 0, tr_job_state_terminal(st), "%s: finished_at %f", name, r.finished_at);
+		tr_job_row_finish(&r);
+
+		char sql[96];
+		snprintf(sql, sizeof sql, "SELECT count(*) FROM jobs WHERE id = %lld AND state = '%s'", (long long)id,
+			 name);
+		cr_assert_eq(sql_int(sql), 1, "the database holds \"%s\"", name);
+
+		struct tr_job_row *rows;
+		int n;
+		cr_assert_eq(tr_store_job_list(s, &st, 0, 10, &rows, &n, NULL), 0);
+		cr_assert_eq(n, st == TR_JOB_QUEUED ? 2 : 1, "%s: %d listed", name, n);
+		cr_assert_eq(rows[n - 1].id, st == TR_JOB_QUEUED ? other : id);
+		cr_assert_eq(rows[n - 1].state, st);
+		for (int k = 0; k < n; k++)
+			tr_job_row_finish(&rows[k]);
+		free(rows);
+		cr_assert_eq(tr_store_job_list_states(s, &st, 1, &rows, &n, NULL), 0);
+		cr_assert_eq(n, st == TR_JOB_QUEUED ? 2 : 1, "%s: %d in list_states", name, n);
+		for (int k = 0; k < n; k++)
+			tr_job_row_finish(&rows[k]);
+		free(rows);
+
+		int64_t counts[TR_JOB_NSTATES], submitted = 0;
+		cr_assert_eq(tr_store_job_counts(s, counts, &submitted, NULL), 0);
+		for (int k = 0; k < TR_JOB_NSTATES; k++)
+			cr_assert_eq(counts[k], (k == i) + (k == TR_JOB_QUEUED), "%s: counts[%s] = %lld", name,
+				     tr_job_state_names[k], (long long)counts[k]);
+		cr_assert_eq(submitted, 2);
+	}
+	/* Every change's event names its state: queued at insert, then each. */
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n, NULL), 0);
+	cr_assert_eq(n, 1 + TR_JOB_NSTATES);
+	for (int i = 0; i < n; i++) {
+		json_t *d = json_loads(ev[i].data, 0, NULL);
+		cr_assert_str_eq(json_string_value(json_object_get(d, "state")),
+				 tr_job_state_name(i == 0 ? TR_JOB_QUEUED : (enum tr_job_state)(i - 1)));
+		json_decref(d);
+	}
+	tr_events_free(ev, n);
+	/* A value out of range is refused, not written. */
+	enum tr_job_state bad = TR_JOB_NSTATES;
+	struct tr_job_row *rows;
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_set_state(s, id, bad, NULL, NULL, &e), -EINVAL);
+	cr_assert_not_null(strstr(e.message, "unknown job state"), "%s", e.message);
+	cr_assert_eq(tr_store_job_record_state(s, id, bad, NULL, NULL, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_list(s, &bad, 0, 10, &rows, &n, NULL), -EINVAL);
+	cr_assert_eq(tr_store_job_list_states(s, &bad, 1, &rows, &n, NULL), -EINVAL);
+	tr_store_close(s);
+}
+
+/* A state name the store does not know can only come from a database
+ * changed by hand or damaged: every read of it is an error naming the job
+ * and the text (-EBADMSG), never a guessed state, and the other jobs and
+ * the store stay usable. */
+Test(jobs, unknown_state_in_database_is_an_error)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0), other = add_job(s, "b", 0);
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	char sql[96];
+	snprintf(sql, sizeof sql, "UPDATE jobs SET state = 'sleeping' WHERE id = %lld", (long long)id);
+	cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+	sqlite3_close(db);
+
+	char want[64];
+	snprintf(want, sizeof want, "job %lld has an unknown state \"sleeping\"", (long long)id);
+	struct tr_job_row r, *rows = NULL;
+	int n = -1;
+	struct tr_error e = {0};
+	cr_assert_eq(tr_store_job_get(s, id, &r, &e), -EBADMSG);
+	cr_assert_not_null(strstr(e.message, want), "%s", e.message);
+	cr_assert_not_null(strstr(e.message, "state database"), "%s", e.message);
+	tr_job_row_finish(&r); /* zeroed: nothing to free */
+
+	memset(&e, 0, sizeof e);
+	cr_assert_eq(tr_store_job_list(s, NULL, 0, 10, &rows, &n, &e), -EBADMSG);
+	cr_assert_not_null(strstr(e.message, want), "%s", e.message);
+	cr_assert_null(rows);
+	cr_assert_eq(n, 0);
+	const enum tr_job_state queued = TR_JOB_QUEUED;
+	cr_assert_eq(tr_store_job_list_states(s, NULL, 0, &rows, &n, &e), -EBADMSG);
+	/* A filter that leaves it out does not read it. */
+	cr_assert_eq(tr_store_job_list_states(s, &queued, 1, &rows, &n, NULL), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(rows[0].id, other);
+	tr_job_row_finish(&rows[0]);
+	free(rows);
+
+	int64_t counts[TR_JOB_NSTATES];
+	memset(&e, 0, sizeof e);
+	cr_assert_eq(tr_store_job_counts(s, counts, NULL, &e), -EBADMSG);
+	cr_assert_not_null(strstr(e.message, "unknown state \"sleeping\""), "%s", e.message);
+
+	/* A state change reads the old state (for the finished_at stamp). */
+	memset(&e, 0, sizeof e);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_CANCELLED, NULL, NULL, &e), -EBADMSG);
+	cr_assert_not_null(strstr(e.message, want), "%s", e.message);
+
+	cr_assert_eq(tr_store_job_get(s, other, &r, NULL), 0);
+	cr_assert_eq(r.state, TR_JOB_QUEUED);
+	tr_job_row_finish(&r);
+	cr_assert_eq(tr_store_job_set_state(s, other, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	tr_store_close(s);
 }
 
@@ -347,13 +474,13 @@ Test(jobs, list_states_priority_order)
 	int64_t mid2 = add_job(s, "mid2", 5);
 	int64_t done = add_job(s, "done", 100);
 	int64_t intr = add_job(s, "interrupted", 1);
-	cr_assert_eq(tr_store_job_set_state(s, done, "completed", NULL, NULL, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(s, intr, "interrupted", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, done, TR_JOB_COMPLETED, NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, intr, TR_JOB_INTERRUPTED, NULL, NULL, NULL), 0);
 
-	const char *const states[] = {"queued", "interrupted", NULL};
+	const enum tr_job_state states[] = {TR_JOB_QUEUED, TR_JOB_INTERRUPTED};
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list_states(s, states, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list_states(s, states, 2, &rows, &n, NULL), 0);
 	int64_t want[] = {high, mid1, mid2, intr, low};
 	cr_assert_eq(n, 5);
 	for (int i = 0; i < n; i++) {
@@ -364,8 +491,8 @@ Test(jobs, list_states_priority_order)
 
 	cr_assert_eq(tr_store_job_set_priority(s, low, 50, NULL), 0);
 	cr_assert_eq(tr_store_job_set_priority(s, 999, 1, NULL), -ENOENT);
-	const char *const queued[] = {"queued", NULL};
-	cr_assert_eq(tr_store_job_list_states(s, queued, &rows, &n, NULL), 0);
+	const enum tr_job_state queued[] = {TR_JOB_QUEUED};
+	cr_assert_eq(tr_store_job_list_states(s, queued, 1, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 4);
 	cr_assert_eq(rows[0].id, low);
 	for (int i = 0; i < n; i++)
@@ -400,7 +527,7 @@ Test(jobs, delete_cascades)
 	tr_store_t *s = open_store(NULL);
 	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0);
 	for (int64_t job = a; job <= b; job++) {
-		cr_assert_eq(tr_store_job_set_state(s, job, "running", NULL, NULL, NULL), 0);
+		cr_assert_eq(tr_store_job_set_state(s, job, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 		for (int i = 0; i < 100; i++)
 			cr_assert_eq(tr_store_metric_append(s, job, "loss", i, 0, 1.0, i * 0.5, NULL), 0);
 		cr_assert_eq(tr_store_log_append(s, job, 6, "hello", NULL), 0);
@@ -1109,7 +1236,7 @@ Test(events, filtered_read_skips_types_and_reports_scanned_to)
 	cr_assert_eq(tr_store_wait_events_types(s, a, first, TR_EVENT_STATE | TR_EVENT_LOG, 100), 0,
 		     "a wait for state and log events ended on metrics events");
 
-	cr_assert_eq(tr_store_job_set_state(s, a, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, a, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	cr_assert_eq(tr_store_metric_append(s, a, "loss", 9, 0, 1.5, 1, NULL), 0);
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_eq(tr_store_events_read(s, a, scanned, 0, 0, TR_EVENT_STATE, &ev, &n, &scanned, NULL), 0);
@@ -1147,7 +1274,7 @@ Test(events, paging_and_metrics_exactly_once)
 			cr_assert_eq(tr_store_metric_append(s, b, "loss", step, 0, 1.5, 9, NULL), 0);
 		}
 		cr_assert_eq(tr_store_flush(s, NULL), 0);
-		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? "paused" : "running", NULL, NULL, NULL), 0);
+		cr_assert_eq(tr_store_job_set_state(s, a, f % 2 ? TR_JOB_PAUSED : TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	}
 	/* Pages of 2, resuming from the last id seen, as an SSE client would. */
 	int64_t after = 0;
@@ -1304,7 +1431,7 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	/* Events of another job do not end the wait; the timeout does. */
 	w = (struct waiter){.s = s, .job = a, .after = tr_store_last_event_id(s), .timeout_ms = 400};
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 0);
 	cr_assert_geq(w.waited_ms, 350);
@@ -1312,7 +1439,7 @@ Test(events, wait_wakes_on_flush_timeout_and_wake_all)
 	/* Any job (0): the state change is enough. */
 	w = (struct waiter){.s = s, .job = 0, .after = tr_store_last_event_id(s), .timeout_ms = 10000};
 	start_waiter(&w, &th);
-	cr_assert_eq(tr_store_job_set_state(s, b, "paused", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, TR_JOB_PAUSED, NULL, NULL, NULL), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(w.result, 1);
 
@@ -1409,7 +1536,7 @@ Test(store, error_message_is_per_call)
 	pthread_create(&th, NULL, fail_main, s);
 	for (int i = 0; i < 200; i++) {
 		struct tr_error e = {0};
-		cr_assert_eq(tr_store_job_set_state(s, 1717, "running", NULL, NULL, &e), -ENOENT);
+		cr_assert_eq(tr_store_job_set_state(s, 1717, TR_JOB_RUNNING, NULL, NULL, &e), -ENOENT);
 		cr_assert_not_null(strstr(e.message, "1717"), "%s", e.message);
 	}
 	pthread_join(th, NULL);
@@ -1584,7 +1711,7 @@ Test(events, job_data_generation_is_per_job)
 	cr_assert_eq(tr_store_flush(s, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
 	gb = tr_store_job_data_generation(s, b);
-	cr_assert_eq(tr_store_job_set_state(s, b, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, b, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	cr_assert_gt(tr_store_job_data_generation(s, b), gb);
 	cr_assert_gt(tr_store_data_generation(s), all);
 	cr_assert_eq(tr_store_job_data_generation(s, a), ga, "b's commits changed a's generation");

@@ -83,7 +83,7 @@ static void get(tr_store_t *s, int64_t id, char *state, size_t len, bool *pendin
 	struct tr_job_row r;
 	struct tr_error e = {0};
 	cr_assert_eq(tr_store_job_get(s, id, &r, &e), 0, "%s", e.message);
-	snprintf(state, len, "%s", r.state);
+	snprintf(state, len, "%s", tr_job_state_name(r.state));
 	*pending = r.state_pending;
 	tr_job_row_finish(&r);
 }
@@ -126,18 +126,19 @@ Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s), other = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, "[0]", NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, "[0]", NULL), 0);
 	char msg[1024];
 	cr_assert_eq(tr_store_health(s, msg, sizeof msg), 0);
 
 	fault("full");
 	struct tr_error e = {0};
-	int rc = tr_store_job_record_state(s, id, "cancelled", "{\"code\":\"cancelled\",\"message\":\"m\"}", NULL, &e);
+	int rc = tr_store_job_record_state(s, id, TR_JOB_CANCELLED, "{\"code\":\"cancelled\",\"message\":\"m\"}", NULL,
+					   &e);
 	cr_assert_eq(rc, 1, "record_state: %d %s", rc, e.message);
 	cr_assert_not_null(strstr(e.message, "full"), "why it is held: %s", e.message);
 	cr_assert_eq(tr_store_job_states_pending(s), 1);
 	/* Cancelling a queued job is held the same way. */
-	cr_assert_eq(tr_store_job_record_state(s, other, "cancelled", NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, other, TR_JOB_CANCELLED, NULL, NULL, NULL), 1);
 
 	char state[32];
 	bool pending;
@@ -155,17 +156,18 @@ Test(faults, cancel_held_shown_kept_from_queue_and_written_after_recovery)
 	cr_assert_str_eq(state, "running", "the database already has it");
 
 	/* The scheduler's scans and the API's filtered lists agree with it. */
-	static const char *const live[] = {"queued", "running", "stopping", "interrupted", NULL};
+	static const enum tr_job_state live[] = {TR_JOB_QUEUED, TR_JOB_RUNNING, TR_JOB_STOPPING, TR_JOB_INTERRUPTED};
+	static const enum tr_job_state cancelled = TR_JOB_CANCELLED, running = TR_JOB_RUNNING;
 	struct tr_job_row *rows;
 	int n;
-	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list_states(s, live, 4, &rows, &n, NULL), 0);
 	cr_assert_not(in_list(rows, n, id), "a held cancel must keep the job from being started again");
-	cr_assert_eq(tr_store_job_list_states(s, live, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list_states(s, live, 4, &rows, &n, NULL), 0);
 	cr_assert_not(in_list(rows, n, other));
-	cr_assert_eq(tr_store_job_list(s, "cancelled", 0, 10, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list(s, &cancelled, 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 2, "%d cancelled jobs listed", n);
 	cr_assert(in_list(rows, n, id));
-	cr_assert_eq(tr_store_job_list(s, "running", 0, 10, &rows, &n, NULL), 0);
+	cr_assert_eq(tr_store_job_list(s, &running, 0, 10, &rows, &n, NULL), 0);
 	cr_assert_eq(n, 0);
 	free(rows);
 
@@ -198,13 +200,13 @@ Test(faults, held_changes_are_written_in_order_and_direct_writes_wait_for_them)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	fault("readonly");
-	cr_assert_eq(tr_store_job_record_state(s, id, "stopping", NULL, NULL, NULL), 1);
-	cr_assert_eq(tr_store_job_record_state(s, id, "completed", NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, TR_JOB_STOPPING, NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, TR_JOB_COMPLETED, NULL, NULL, NULL), 1);
 	/* A direct write cannot overtake them: it fails as they do. */
 	struct tr_error e = {0};
-	int rc = tr_store_job_set_state(s, id, "failed", NULL, NULL, &e);
+	int rc = tr_store_job_set_state(s, id, TR_JOB_FAILED, NULL, NULL, &e);
 	cr_assert_eq(rc, -EROFS, "set_state: %d %s", rc, e.message);
 	char msg[512];
 	cr_assert_eq(tr_store_health(s, msg, sizeof msg), -EROFS, "%s", msg);
@@ -305,9 +307,9 @@ Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	fault("full");
-	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, TR_JOB_CANCELLED, NULL, NULL, NULL), 1);
 	char msg[512];
 	int n = tr_store_job_states_save(s, msg, sizeof msg);
 	cr_assert_eq(n, 1, "save: %d %s", n, msg);
@@ -323,10 +325,10 @@ Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
 	get(s, id, state, sizeof state, &pending);
 	cr_assert_str_eq(state, "cancelled");
 	cr_assert(pending);
-	static const char *const stale[] = {"running", "stopping", "interrupted", NULL};
+	static const enum tr_job_state stale[] = {TR_JOB_RUNNING, TR_JOB_STOPPING, TR_JOB_INTERRUPTED};
 	struct tr_job_row *rows;
 	int nr;
-	cr_assert_eq(tr_store_job_list_states(s, stale, &rows, &nr, NULL), 0);
+	cr_assert_eq(tr_store_job_list_states(s, stale, 3, &rows, &nr, NULL), 0);
 	cr_assert_not(in_list(rows, nr, id), "the restart scan would queue the cancelled job again");
 	tr_store_close(s);
 
@@ -343,12 +345,35 @@ Test(faults, held_cancel_survives_close_and_is_written_at_the_next_open)
 	cr_assert_str_eq(state, "cancelled");
 }
 
+/* The side file is read back as text: a state it names that the store
+ * does not know refuses the open, naming the file, the line and the
+ * state, instead of writing the name into the database. */
+Test(faults, side_file_with_an_unknown_state_is_refused)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s);
+	tr_store_close(s);
+	FILE *f = fopen(side_path, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "{\"job\": %lld, \"state\": \"sleeping\", \"at\": 1.5}\n", (long long)id);
+	fclose(f);
+
+	struct tr_error e = {0};
+	int rc = tr_store_open(db_path, NULL, &s, &e);
+	cr_assert_eq(rc, -EINVAL, "open: %d %s", rc, e.message);
+	cr_assert_not_null(strstr(e.message, "-unrecorded-states:1: not a state change: unknown state \"sleeping\""),
+			   "%s", e.message);
+	char state[32];
+	db_state(id, state, sizeof state);
+	cr_assert_str_eq(state, "queued");
+}
+
 Test(faults, side_file_is_deleted_once_the_writer_writes_its_changes)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
 	fault("full");
-	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, TR_JOB_CANCELLED, NULL, NULL, NULL), 1);
 	tr_store_close(s); /* saves by itself */
 	s = open_store(NULL);
 	cr_assert_eq(tr_store_job_states_pending(s), 1);
@@ -367,7 +392,7 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 {
 	tr_store_t *s = open_store(NULL);
 	int64_t big = add_job(s), id = add_job(s);
-	cr_assert_eq(tr_store_job_set_state(s, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	tr_store_close(s);
 	struct stat sb;
 	cr_assert_eq(stat(db_path, &sb), 0);
@@ -384,7 +409,7 @@ Test(faults, size_cap_full_then_freed_by_a_delete)
 	cr_assert_eq(rc, -ENOSPC, "the cap was never reached: %d %s", rc, e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0);
 	/* A small write may still fit under the cap, or be held. */
-	rc = tr_store_job_record_state(s, id, "cancelled", NULL, NULL, &e);
+	rc = tr_store_job_record_state(s, id, TR_JOB_CANCELLED, NULL, NULL, &e);
 	cr_assert(rc == 0 || rc == 1, "%d %s", rc, e.message);
 	cr_assert_lt(tr_store_health(s, NULL, 0), 0, "points are still held: storage still fails");
 	/* The held filler points are the big job's: deleting it frees its
@@ -410,7 +435,7 @@ Test(faults, lost_changes_are_named_when_the_side_file_cannot_be_written)
 	tr_store_t *s = open_store(NULL);
 	int64_t id = add_job(s);
 	fault("readonly");
-	cr_assert_eq(tr_store_job_record_state(s, id, "cancelled", NULL, NULL, NULL), 1);
+	cr_assert_eq(tr_store_job_record_state(s, id, TR_JOB_CANCELLED, NULL, NULL, NULL), 1);
 	cr_assert_eq(mkdir(side_path, 0700), 0);
 	char msg[512], want[64];
 	int rc = tr_store_job_states_save(s, msg, sizeof msg);
