@@ -1,6 +1,6 @@
 /* Error replies.  Every failure the API reports, whether found by the
  * server (routing, limits, auth), a handler (parameters, bodies) or the
- * daemon (through struct tr_api_error), leaves through tr_api_fail, so
+ * daemon (through struct tr_error), leaves through tr_api_fail, so
  * all of them share one shape: {"error": {"code", "message", "pointer"}}
  * with the pointer only when there is one (docs/design.md §8).
  */

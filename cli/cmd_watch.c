@@ -302,8 +302,9 @@ int tr_ctl_follow(struct tr_ctl *c, int64_t id, bool logs_only, double reconnect
 		}
 		tr_ctl_reply_finish(&r);
 		if (f.terminal) {
-			rc = strcmp(f.state, "completed") == 0 || strcmp(f.state, "stopped") == 0 ? TR_CTL_OK
-												  : TR_CTL_JOB_FAILED;
+			/* Done as asked: it ran to its end, or a stop ended it. */
+			int st = tr_job_state_parse(f.state);
+			rc = st == TR_JOB_COMPLETED || st == TR_JOB_STOPPED ? TR_CTL_OK : TR_CTL_JOB_FAILED;
 			break;
 		}
 		/* The stream ended with the job still going: the daemon shut

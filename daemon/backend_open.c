@@ -1,4 +1,4 @@
-/* One way for both commands to open their devices, with one log line.
+/* One way for every command to open its devices, with one log line.
  *
  * The choice itself (CUDA when a GPU is usable, else CPU devices, and how
  * many) is the engine's tr_backend_open; this file only says it, at

@@ -19,9 +19,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/backend_open.h"
 #include "daemon/cli.h"
 #include "engine/backend.h"
-#include "engine/cuda/cuda.h"
 #include "engine/infer.h"
 #include "engine/model_meta.h"
 
@@ -100,34 +100,27 @@ static int parse_opts(int argc, char **argv, struct common_opts *o, void (*help)
 	return 0;
 }
 
-/* The backend as trainerd run makes it: a GPU when there is one (or
- * --backend cuda insists), else CPU devices, one per core by default. */
+/* The devices as `trainerd run` and the daemon open them
+ * (tr_daemon_backend_open): a GPU when there is one (or --backend cuda
+ * insists), else CPU devices, --devices of them or one per core up to the
+ * CPU backend's cap, with the same warning when a GPU was wanted and
+ * none is usable.  --devices counts CPU devices only, so it is the CPU
+ * count and not a GPU limit. */
 static tr_backend_t *make_backend(const struct common_opts *o)
 {
 	struct tr_error err = {0};
-	tr_backend_t *be = NULL;
-	if (o->backend && strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "cuda") != 0) {
+	struct tr_backend_options bopt = {
+		.kind = TR_BACKEND_KIND_AUTO,
+		.cpu_devices = o->devices,
+		.cpu_conv = TR_CPU_CONV_AUTO,
+	};
+	if (o->backend && (strcmp(o->backend, "auto") == 0 || tr_backend_kind_parse(o->backend, &bopt.kind) < 0)) {
 		fprintf(stderr, "trainerd %s: --backend must be cpu or cuda, got '%s'\n", o->cmd, o->backend);
 		return NULL;
 	}
-	if (!o->backend || strcmp(o->backend, "cuda") == 0) {
-		struct tr_cuda_options copt = {0};
-		be = tr_cuda_backend_create_opts(&copt, &err);
-		if (!be && o->backend) {
-			fprintf(stderr, "trainerd %s: --backend cuda: unavailable: %s\n", o->cmd, err.message);
-			return NULL;
-		}
-	}
-	if (!be) {
-		int n = o->devices;
-		if (n == 0) {
-			long cores = sysconf(_SC_NPROCESSORS_ONLN);
-			n = cores > 0 ? (int)cores : 1;
-		}
-		be = tr_cpu_backend_create(n, 0);
-		if (!be)
-			fprintf(stderr, "trainerd %s: cannot create %d CPU devices\n", o->cmd, n);
-	}
+	tr_backend_t *be = tr_daemon_backend_open(&bopt, o->quiet, NULL, 0, &err);
+	if (!be)
+		fprintf(stderr, "trainerd %s: %s\n", o->cmd, err.message);
 	return be;
 }
 
@@ -168,7 +161,7 @@ static void eval_help(FILE *out)
 	      "\n"
 	      "  --json             one JSON object: {\"samples\", \"loss\", \"accuracy\",\n"
 	      "                     \"confusion_matrix\"} or {\"samples\", \"loss\", \"mse\", \"mae\", \"r2\"}\n"
-	      "  --devices N        CPU devices (default: one per core)\n"
+	      "  --devices N        CPU devices (default: one per core, at most 64)\n"
 	      "  --backend cpu|cuda default: a GPU when there is one\n"
 	      "  --workers W        data loader threads (default 2)\n"
 	      "  --batch B          samples per batch (default 256)\n"
@@ -399,7 +392,7 @@ static void predict_help(FILE *out)
 	      "            under the folder\n"
 	      "  .npy      the same table as float32, N x (1 + classes) or N x outputs\n"
 	      "\n"
-	      "  --devices N        CPU devices (default: one per core)\n"
+	      "  --devices N        CPU devices (default: one per core, at most 64)\n"
 	      "  --backend cpu|cuda default: a GPU when there is one\n"
 	      "  --workers W        data loader threads (default 2)\n"
 	      "  --batch B          samples per batch (default 256)\n"

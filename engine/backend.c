@@ -1,6 +1,6 @@
 /* Opening a backend, and what every backend's table must hold.
  *
- * `trainerd serve` and `trainerd run` both open their devices here, so
+ * `trainerd serve`, `run`, `eval` and `predict` open their devices here, so
  * that the choice (CUDA when a GPU is usable, else CPU devices), the
  * fallback and the CPU device count follow one rule (docs/design.md,
  * "Backends").  The CUDA backend is a module loaded on demand

@@ -339,7 +339,8 @@ struct tr_backend_options {
 	enum tr_cpu_conv cpu_conv; /* CPU: how conv2d is computed (default AUTO) */
 };
 
-/* The one way trainerd opens a backend, for `serve` and `run` alike.
+/* The one way trainerd opens a backend, for `serve`, `run`, `eval` and
+ * `predict` alike.
  * CUDA is tried for kinds AUTO and CUDA (its module is loaded only when
  * the machine has an NVIDIA driver); AUTO falls back to CPU devices and
  * then writes the reason into fallback ("" when there was no fallback),

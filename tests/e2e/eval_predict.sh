@@ -3,7 +3,8 @@
 # model.safetensors and checkpoint.safetensors, `trainerd predict` against
 # examples/load_numpy.py (numpy alone, applying the recorded preprocessing),
 # `trainerd eval` against a direct numpy computation, data.test in
-# `trainerd run`, and bad inputs with their messages and exit code 2.
+# `trainerd run`, bad inputs with their messages and exit code 2, and the
+# CPU fallback with `trainerd run`'s warning.
 # Usage: eval_predict.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: eval_predict.sh TRAINERD}
@@ -192,5 +193,18 @@ check "eval --help exits 0" test $? -eq 0
 check "eval --help explains DATA_SPEC" grep -q "DATA_SPEC is a" "$work/help"
 "$TRAINERD" predict --help >"$work/help" 2>&1
 check "predict --help exits 0" test $? -eq 0
+
+# 5. eval and predict open their devices as `trainerd run` and the daemon
+#    do (tr_daemon_backend_open): a GPU that cannot be used (here a CUDA
+#    module that does not exist, or no GPU at all) falls back to the CPU
+#    devices asked for, with the same warning; --quiet drops it
+TRAINERD_CUDA_MODULE=$work/no-such-module.so "$TRAINERD" predict "$work/clf/model.safetensors" "$work/test_x.csv" \
+	--out "$work/f.csv" --devices 3 2>"$work/err"
+check "predict without a usable GPU exits 0" test $? -eq 0
+check "predict says it falls back, as trainerd run does" grep -q "no usable GPU: .*; using 3 CPU devices" "$work/err"
+TRAINERD_CUDA_MODULE=$work/no-such-module.so "$TRAINERD" eval "$work/clf/model.safetensors" "$work/npy-spec.json" \
+	--quiet >/dev/null 2>"$work/err"
+check "eval --quiet without a usable GPU exits 0" test $? -eq 0
+check "eval --quiet gives no fallback warning" test ! -s "$work/err"
 
 finish

@@ -9,6 +9,8 @@ TR_ROUTE_JSON_BODY or TR_ROUTE_UPLOAD route must have a requestBody (and
 the other way round).
 The role column (TR_ROLE_READ, _WRITE, _ADMIN) of every route that is not
 public must match the operation's `x-required-role` (read, write, admin).
+The job states of core/job.c (tr_job_state_names, the names the store
+keeps and the API shows) must be the JobState schema's enum, in order.
 
 Python standard library only: the YAML is read line by line, which works
 because the paths section is regular (two-space indents, a path per
@@ -145,12 +147,41 @@ def read_openapi(path):
     return ops, problems
 
 
+def read_job_states(path):
+    """The names of tr_job_state_names in core/job.c, in enum order."""
+    text = strip_c_comments(open(path, encoding="utf-8").read())
+    m = re.search(r"tr_job_state_names\[[^]]*\]\s*=\s*\{(.*?)\};", text, re.S)
+    return re.findall(r'\[TR_JOB_[A-Z_]+\]\s*=\s*"([a-z_]+)"', m.group(1)) if m else []
+
+
+def read_openapi_states(path):
+    """The enum of components.schemas.JobState (a one-line `enum: [...]`)."""
+    in_schema = False
+    for line in open(path, encoding="utf-8"):
+        if line.rstrip() == "    JobState:":
+            in_schema = True
+        elif in_schema and not line.startswith("      "):
+            break
+        elif in_schema:
+            m = re.match(r"\s+enum:\s*\[(.*)\]\s*$", line)
+            if m:
+                return [v.strip() for v in m.group(1).split(",")]
+    return []
+
+
 def main(argv):
     routes_c = argv[1] if len(argv) > 1 else os.path.join(ROOT, "api", "routes.c")
     spec = argv[2] if len(argv) > 2 else os.path.join(ROOT, "openapi", "openapi.yaml")
     routes, problems = read_routes(routes_c)
     ops, more = read_openapi(spec)
     problems += more
+    job_c = os.path.join(ROOT, "core", "job.c")
+    states, doc_states = read_job_states(job_c), read_openapi_states(spec)
+    if not states:
+        problems.append("%s: cannot read tr_job_state_names" % job_c)
+    elif states != doc_states:
+        problems.append("the job states of core/job.c are [%s], openapi.yaml's JobState enum [%s]"
+                        % (", ".join(states), ", ".join(doc_states)))
     if routes is not None:
         for key in sorted(set(routes) - set(ops), key=lambda k: (k[1], k[0])):
             problems.append("%s %s is in api/routes.c but not in openapi.yaml" % key)
@@ -177,7 +208,8 @@ def main(argv):
     if problems:
         print("RESULT: 0 passed, 1 failed")
         return 1
-    print("routes_sync: %d routes, the same in api/routes.c and openapi.yaml" % len(routes))
+    print("routes_sync: %d routes and %d job states, the same in the code and openapi.yaml"
+          % (len(routes), len(states)))
     print("RESULT: 1 passed, 0 failed")
     return 0
 
