@@ -684,7 +684,19 @@
 			return s && s.values.length ? s.values[s.values.length - 1] : null;
 		}
 		async function loadJob() {
-			st.job = await api('/jobs/' + id);
+			await setJob(await api('/jobs/' + id));
+		}
+		/* Shows job as the page's job.  One that has just ended is shown
+		 * only after one more metrics read, drawn at once: the daemon
+		 * commits a job's points before its end state (docs/design.md,
+		 * "The job"), so that read holds the last step, and the page never
+		 * shows an ended job beside curves that stop short of it. */
+		async function setJob(job) {
+			if (TERMINAL.includes(job.state) && st.job && !TERMINAL.includes(st.job.state)) {
+				try { await readMetrics(); } catch (e) { if (signal.aborted) throw e; }
+				redrawAll(false);
+			}
+			st.job = job;
 			renderJob();
 		}
 		async function loadDevices() {
@@ -758,9 +770,9 @@
 			feedback.textContent = op + ' requested…';
 			try {
 				const epochs = op === 'resume' && resumeEpochs.value ? Number(resumeEpochs.value) : 0;
-				st.job = await api('/jobs/' + id + '/' + op, epochs
+				await setJob(await api('/jobs/' + id + '/' + op, epochs
 					? { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ epochs }) }
-					: { method: 'POST' });
+					: { method: 'POST' }));
 				if (epochs) resumeEpochs.value = '';
 				feedback.textContent = op + ' accepted: ' + st.job.state;
 				toast(label + ': job #' + id + ' is ' + st.job.state);
@@ -878,6 +890,10 @@
 			c.renderChips(lines);
 			const main = lines.find((l) => !l.jid);
 			c.el.dataset.points = main ? String(main.s.steps.length) : '0';
+			/* Each of this job's lines' last step, for the browser test:
+			 * the newest point must never be missing from a curve. */
+			c.el.dataset.lastSteps = JSON.stringify(Object.fromEntries(lines.filter((l) => !l.jid)
+				.map((l) => [l.name, l.s.steps[l.s.steps.length - 1]])));
 			/* For bench/dashboard: when the page first showed a curve. */
 			if (main && !performance.getEntriesByName('trainerd:first-chart').length) performance.mark('trainerd:first-chart');
 			const pos = (v) => (st.log && !(v > 0) ? null : v);
@@ -1030,12 +1046,22 @@
 			if (!(now > last) || !(last > first)) return INCR_POINTS;
 			return Math.max(16, Math.min(INCR_POINTS, Math.ceil((MAX_POINTS * (now - last)) / (now - first))));
 		}
-		/* Metrics after the first read: only steps after the newest one the
-		 * page has. */
+		/* One metrics read at a time, after the first one: two reads from
+		 * the same step would both add the same new steps. */
+		let metricsRead = Promise.resolve(0);
+		function readMetrics() {
+			metricsRead = metricsRead.catch(() => 0).then(pollMetrics);
+			return metricsRead;
+		}
+		/* Metrics after the first read: the steps from the newest one the
+		 * page has.  That step is read again (its points the page has are
+		 * skipped): a step's points need not be committed at once, and
+		 * those written after its evaluation (val_loss, val_accuracy)
+		 * come last; steps only grow, so none can come earlier than it. */
 		async function pollMetrics() {
-			const from = lastStep(st.series) + 1;
-			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(from > 0
-				? { from_step: String(from), max_points: String(incrPoints(from - 1)) } : {}), { signal });
+			const last = lastStep(st.series);
+			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(last > 0
+				? { from_step: String(last), max_points: String(incrPoints(last)) } : {}), { signal });
 			const added = mergeSeries(st.series, r.series);
 			bound(st.series);
 			if (!st.charts.length && Object.keys(st.series).length) {
@@ -1150,10 +1176,13 @@
 			}
 			else if (type === 'state') {
 				if (st.job && st.job.state !== d.state) {
-					st.job.state = d.state;
-					if (d.error !== undefined) st.job.error = d.error;
-					renderJob();
-					feedback.textContent = '';
+					/* An end is shown by loadJob, after the last points. */
+					if (!TERMINAL.includes(d.state)) {
+						st.job.state = d.state;
+						if (d.error !== undefined) st.job.error = d.error;
+						renderJob();
+						feedback.textContent = '';
+					}
 					loadJob().catch(() => {});
 				}
 			} else if (type === 'metrics' && Array.isArray(d.points)) {
@@ -1188,7 +1217,7 @@
 				while (!signal.aborted && finalReads < 2) {
 					if (!document.hidden) {
 						let added = 0;
-						try { added = await pollMetrics(); } catch (e) { if (signal.aborted) return; }
+						try { added = await readMetrics(); } catch (e) { if (signal.aborted) return; }
 						try { await loadJob(); } catch (e) { if (signal.aborted) return; }
 						wait = added ? POLL_MS : Math.min(POLL_MAX_MS, wait * 2);
 					}
@@ -1204,6 +1233,7 @@
 			/* The metrics read is the slow one: start it beside the job's. */
 			/* Failed half-way: the first poll reads everything again. */
 			const firstMetrics = loadFirst().catch(() => { if (!signal.aborted) st.series = {}; });
+			metricsRead = firstMetrics;
 			try {
 				await loadJob();
 			} catch (e) {

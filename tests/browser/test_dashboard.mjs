@@ -5,7 +5,9 @@
 // Checks: the jobs page lists a running job; the job page's loss chart
 // gains points while it trains and its log tail grows; a drag on the chart
 // refetches that step range (from_step/to_step); Stop, after confirmation,
-// stops the job and the page shows it; the submit form shows a bad spec's
+// stops the job and the page shows it; when a page shows a job stopped,
+// cancelled, failed or completed, its curves already reach the job's final
+// step; the submit form shows a bad spec's
 // error at its JSON pointer; with a token configured the page asks for it
 // once, keeps it out of every URL, and works.  Screenshots of each page go
 // to ARTIFACT_DIR.
@@ -116,6 +118,44 @@ const shortJob = { ...longJob, name: 'browser-short', max_steps: 60, checkpoint:
 
 const chartPoints = (page) => page.$eval('[data-chart="0"]', (el) => Number(el.dataset.points));
 const logLines = (page) => page.$eval('#job-log', (el) => el.childNodes.length);
+/* From now on, records what the page shows at the moment its state badge
+ * first shows an end: the state, the step in the info panel, and each
+ * chart's last step of each of this job's lines (data-last-steps). */
+async function watchEnd(page) {
+	await page.evaluate((ended) => {
+		window.endSeen = null;
+		const box = document.querySelector('#job-state');
+		const look = () => {
+			const b = box.querySelector('[data-state]');
+			if (window.endSeen || !b || !ended.includes(b.dataset.state)) return;
+			window.endSeen = { state: b.dataset.state, step: document.querySelector('#job-info dd').textContent,
+				charts: [...document.querySelectorAll('[data-chart]')].map((el) => JSON.parse(el.dataset.lastSteps || '{}')) };
+		};
+		new MutationObserver(look).observe(box, { childList: true, subtree: true });
+		look();
+	}, ['stopped', 'completed', 'failed', 'cancelled']);
+}
+/* When the page showed the job ended (watchEnd), every line of it ended
+ * at the series' last step in the daemon, and the loss at the job's final
+ * step: the newest value is never missing. */
+async function checkEnd(page, d, id, want) {
+	await page.waitForFunction(() => window.endSeen, null, { timeout: 60000 });
+	const seen = await page.evaluate(() => window.endSeen);
+	if (seen.state !== want) throw new Error('the page showed ' + seen.state);
+	const final = Number(seen.step.split('/')[0]);
+	const job = await (await fetch(d.url + '/jobs/' + id)).json();
+	if (!(final > 0) || final !== job.progress.step) throw new Error('step shown ' + seen.step + ', the daemon\'s ' + job.progress.step);
+	if (!seen.charts.length || seen.charts[0].loss === undefined) throw new Error('no loss chart when the page showed ' + want);
+	for (const chart of seen.charts) {
+		for (const [name, last] of Object.entries(chart)) {
+			const r = await (await fetch(d.url + '/jobs/' + id + '/metrics?names=' + name + '&max_points=2')).json();
+			const steps = r.series[name].steps;
+			if (last !== steps[steps.length - 1])
+				throw new Error(`${name} ended at step ${last} when the page showed ${want}; its last step is ${steps[steps.length - 1]}`);
+		}
+	}
+	if (seen.charts[0].loss !== final) throw new Error(`the loss ended at step ${seen.charts[0].loss}, the job at ${final}`);
+}
 async function waitFor(what, fn, timeoutMs) {
 	const end = Date.now() + timeoutMs;
 	let last;
@@ -335,9 +375,11 @@ try {
 			new MutationObserver(() => window.feedbackSeen.push(fb.textContent))
 				.observe(fb, { childList: true, characterData: true, subtree: true });
 		});
+		await watchEnd(page);
 		await page.click('#confirm-ok');
 		await page.waitForFunction(() => window.feedbackSeen.some((t) => /stop/.test(t)), null, { timeout: 5000 });
 		await page.waitForSelector('#job-state [data-state="stopped"]', { timeout: 60000 });
+		await checkEnd(page, d, id, 'stopped');
 		/* The toast of the request ("… is stopping") gives way to the
 		 * state the job reached. */
 		await page.waitForFunction(() => /is stopped/.test(document.querySelector('#toast').textContent), null, { timeout: 5000 })
@@ -351,6 +393,43 @@ try {
 		if (await page.isDisabled('#resume-epochs')) throw new Error('the epochs of a resume cannot be given');
 		await page.screenshot({ path: path.join(artifacts, 'job-stopped.png'), fullPage: true });
 	});
+
+	/* The other ends, each watched live: a running job cancelled from its
+	 * page; then, on pages opened while they waited for its devices, one
+	 * that fails (its loss turns NaN at step 2) and one that completes. */
+	const ends = {};
+	await step('cancelled: the curves reach the final step when the page shows it', async () => {
+		const cid = await submit(d, { ...longJob, name: 'browser-cancel', devices: 4 });
+		await waitFor('job running', async () => (await jobState(d, cid)) === 'running', 30000);
+		ends.failed = await submit(d, { ...shortJob, name: 'browser-nan', optimizer: { type: 'sgd', lr: 1e30 } });
+		ends.completed = await submit(d, { ...shortJob, name: 'browser-complete', max_steps: 150 });
+		ends.pages = [];
+		const open = async (jid) => {
+			const p = await context.newPage();
+			ends.pages.push(p);
+			p.on('pageerror', (e) => pageErrors.push(e.message));
+			await p.goto(d.url + '/#/jobs/' + jid);
+			await p.waitForSelector('#job-state [data-state]', { timeout: 10000 });
+			await watchEnd(p);
+			return p;
+		};
+		const pc = await open(cid);
+		ends.failedPage = await open(ends.failed);
+		ends.completedPage = await open(ends.completed);
+		await waitFor('points in the chart', async () => (await chartPoints(pc)) > 0, 15000);
+		await pc.click('#btn-cancel');
+		await pc.waitForSelector('#confirm-dialog[open]', { timeout: 5000 });
+		await pc.click('#confirm-ok');
+		await checkEnd(pc, d, cid, 'cancelled');
+	});
+	await step('failed: the curves reach the final step when the page shows it', async () => {
+		await checkEnd(ends.failedPage, d, ends.failed, 'failed');
+	});
+	await step('completed: the curves reach the final step when the page shows it', async () => {
+		await checkEnd(ends.completedPage, d, ends.completed, 'completed');
+		await ends.completedPage.screenshot({ path: path.join(artifacts, 'job-completed.png'), fullPage: true });
+	});
+	for (const p of ends.pages || []) await p.close();
 
 	check('no script errors on the pages', pageErrors.length === 0, pageErrors.join('; '));
 	await context.close();
