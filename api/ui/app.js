@@ -308,7 +308,7 @@
 		filter.value = sessionStorage.getItem('trainerd.filter') || '';
 		const tbody = h('tbody');
 		const empty = h('p', { class: 'muted', text: 'Loading jobs…' });
-		const table = h('table', { id: 'jobs-table' },
+		const table = h('table', { id: 'jobs-table', class: 'stack' },
 			h('thead', {}, h('tr', {}, ['Job', 'State', 'Progress', 'ETA', 'Loss', 'Samples/s', 'Devices', 'Priority', 'Age']
 				.map((t, i) => h('th', { class: i >= 3 && i !== 6 ? 'num' : '', text: t })))), tbody);
 		main.append(
@@ -331,17 +331,19 @@
 		const total = p.total_steps || 0, step = p.step || 0;
 		const pct = total ? Math.min(100, (100 * step) / total) : 0;
 		const link = h('a', { href: '#/jobs/' + job.id, text: '#' + job.id + ' ' + job.name });
+		/* data-label: the column's name, shown beside each value where a
+		 * phone stacks a row's cells (app.css, table.stack). */
 		const tr = h('tr', { class: 'job-row', 'data-job': job.id },
-			h('td', {}, link),
-			h('td', {}, stateBadge(job.state)),
-			h('td', {}, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
+			h('td', { class: 'name' }, link),
+			h('td', { 'data-label': 'State' }, stateBadge(job.state)),
+			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
-			h('td', { class: 'num', text: TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s) }),
-			h('td', { class: 'num', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
-			h('td', { class: 'num', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
-			h('td', { text: (job.devices || []).join(', ') || '–' }),
-			h('td', { class: 'num', text: job.priority }),
-			h('td', { class: 'num', text: age(job.submitted_at), title: job.submitted_at || '' }));
+			h('td', { class: 'num', 'data-label': 'ETA', text: TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s) }),
+			h('td', { class: 'num', 'data-label': 'Loss', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
+			h('td', { class: 'num', 'data-label': 'Samples/s', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
+			h('td', { 'data-label': 'Devices', text: (job.devices || []).join(', ') || '–' }),
+			h('td', { class: 'num', 'data-label': 'Priority', text: job.priority }),
+			h('td', { class: 'num', 'data-label': 'Age', text: age(job.submitted_at), title: job.submitted_at || '' }));
 		return tr;
 	}
 	function submitForm() {
@@ -408,15 +410,16 @@
 
 	/* ---- Devices page ---- */
 	function deviceTable(devices, highlightJob) {
-		return h('div', { class: 'table-wrap' }, h('table', { id: 'devices-table' },
+		return h('div', { class: 'table-wrap' }, h('table', { id: 'devices-table', class: 'stack' },
 			h('thead', {}, h('tr', {}, ['Id', 'Device', 'Kind', 'Memory used', 'Job'].map((t) => h('th', { text: t })))),
 			h('tbody', {}, devices.map((d) => {
 				const used = d.memory_total ? d.memory_total - (d.memory_free || 0) : null;
 				return h('tr', { 'data-device': d.id, class: highlightJob && d.job === highlightJob ? 'mine' : '' },
-					h('td', { text: d.id }), h('td', { text: d.name }), h('td', { text: d.kind }),
-					h('td', {}, d.memory_total ? [h('progress', { class: 'memory', max: d.memory_total, value: used,
+					h('td', { 'data-label': 'Id', text: d.id }), h('td', { 'data-label': 'Device', text: d.name }),
+					h('td', { 'data-label': 'Kind', text: d.kind }),
+					h('td', { 'data-label': 'Memory used' }, d.memory_total ? [h('progress', { class: 'memory', max: d.memory_total, value: used,
 						'aria-label': 'memory of device ' + d.id }), h('span', { class: 'pct', text: fmtBytes(used) + ' / ' + fmtBytes(d.memory_total) })] : '–'),
-					h('td', {}, d.job ? h('a', { href: '#/jobs/' + d.job, text: '#' + d.job }) : h('span', { class: 'muted', text: 'free' })));
+					h('td', { 'data-label': 'Job' }, d.job ? h('a', { href: '#/jobs/' + d.job, text: '#' + d.job }) : h('span', { class: 'muted', text: 'free' })));
 			}))));
 	}
 	function devicesPage(main) {
@@ -905,11 +908,14 @@
 				const smoothOn = st.smooth > 0;
 				const raw = ln.s.values.map(pos);
 				const table = [xs, raw];
+				/* A line of one point draws nothing: its point is marked
+				 * (a job that failed at its second step has one loss). */
+				const dot = { show: ln.s.steps.length === 1, size: 7, fill: ln.color };
 				series.push({ label: ln.label + (smoothOn ? ' (raw)' : ''), stroke: smoothOn ? ln.color + '40' : ln.color,
-					width: 1, dash: ln.dash, spanGaps: true, points: { show: false } });
+					width: 1, dash: ln.dash, spanGaps: true, points: smoothOn ? { show: false } : dot });
 				if (smoothOn) {
 					table.push(ema(ln.s.values, st.smooth).map(pos));
-					series.push({ label: ln.label, stroke: ln.color, width: 1.6, dash: ln.dash, spanGaps: true, points: { show: false } });
+					series.push({ label: ln.label, stroke: ln.color, width: 1.6, dash: ln.dash, spanGaps: true, points: dot });
 				}
 				const hasEnv = st.envelope && ln.s.min.some((v, i) => v !== ln.s.max[i]);
 				if (hasEnv) {

@@ -9,8 +9,9 @@
 // cancelled, failed or completed, its curves already reach the job's final
 // step; the submit form shows a bad spec's
 // error at its JSON pointer; with a token configured the page asks for it
-// once, keeps it out of every URL, and works.  Screenshots of each page go
-// to ARTIFACT_DIR.
+// once, keeps it out of every URL, and works; on a phone no field of the
+// jobs and devices tables is off the screen; a series of one point is
+// drawn.  Screenshots of each page go to ARTIFACT_DIR.
 //
 // Usage: node tests/browser/test_dashboard.mjs TRAINERD ARTIFACT_DIR
 // Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
@@ -183,6 +184,10 @@ try {
 	page.on('pageerror', (e) => pageErrors.push(e.message));
 	const urls = [];
 	page.on('request', (r) => urls.push(r.url()));
+	/* Nothing the page asks for is missing (a browser asks for
+	 * /favicon.ico unless the page names its icon). */
+	const missing = [];
+	page.on('response', (r) => { if (r.status() === 404) missing.push(r.url()); });
 
 	await step('jobs page lists the running job', async () => {
 		await page.goto(d.url + '/');
@@ -355,6 +360,25 @@ try {
 		if (overflow > 0) throw new Error('the page is ' + overflow + ' px wider than a phone screen');
 	});
 
+	await step('phone: every field of the jobs and devices tables is on the screen', async () => {
+		const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2 });
+		const offScreen = (sel) => phone.$$eval(sel, (cells) => cells.filter((c) => {
+			const r = c.getBoundingClientRect();
+			return r.width === 0 || r.left < 0 || r.right > window.innerWidth;
+		}).map((c) => c.dataset.label || c.textContent));
+		await phone.goto(d.url + '/');
+		await phone.waitForSelector(`tr[data-job="${id}"] [data-state="running"]`, { timeout: 15000 });
+		const jobCells = await offScreen(`tr[data-job="${id}"] td`);
+		await phone.screenshot({ path: path.join(artifacts, 'jobs-phone.png'), fullPage: true });
+		await phone.goto(d.url + '/#/devices');
+		await phone.waitForSelector(`#devices-table a[href="#/jobs/${id}"]`, { timeout: 10000 });
+		const devCells = await offScreen('#devices-table td');
+		await phone.screenshot({ path: path.join(artifacts, 'devices-phone.png'), fullPage: true });
+		await phone.close();
+		if (jobCells.length || devCells.length)
+			throw new Error('off the screen: jobs ' + jobCells.join(', ') + '; devices ' + devCells.join(', '));
+	});
+
 	await step('devices page shows which job owns each device', async () => {
 		const dev = await context.newPage();
 		await dev.goto(d.url + '/#/devices');
@@ -425,6 +449,19 @@ try {
 	await step('failed: the curves reach the final step when the page shows it', async () => {
 		await checkEnd(ends.failedPage, d, ends.failed, 'failed');
 	});
+	await step('failed: a loss of one point is drawn', async () => {
+		/* The job has one loss point (step 1): pixels of the loss's
+		 * colour (the first of the palette, #2563eb) in its chart. */
+		const n = await ends.failedPage.$eval('[data-chart="0"] canvas', (cv) => {
+			const px = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+			let hits = 0;
+			for (let i = 0; i < px.length; i += 4)
+				if (Math.abs(px[i] - 0x25) < 40 && Math.abs(px[i + 1] - 0x63) < 40 && Math.abs(px[i + 2] - 0xeb) < 40 && px[i + 3] > 200) hits++;
+			return hits;
+		});
+		await ends.failedPage.screenshot({ path: path.join(artifacts, 'job-failed.png'), fullPage: true });
+		if (n < 10) throw new Error(n + ' pixels of the loss colour in the chart');
+	});
 	await step('completed: the curves reach the final step when the page shows it', async () => {
 		await checkEnd(ends.completedPage, d, ends.completed, 'completed');
 		await ends.completedPage.screenshot({ path: path.join(artifacts, 'job-completed.png'), fullPage: true });
@@ -432,6 +469,7 @@ try {
 	for (const p of ends.pages || []) await p.close();
 
 	check('no script errors on the pages', pageErrors.length === 0, pageErrors.join('; '));
+	check('nothing the page asked for was missing', missing.length === 0, missing.join(' '));
 	await context.close();
 
 	// ---- daemon with a token ----
