@@ -511,6 +511,23 @@
 		for (const s of Object.values(store)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
 		return last;
 	}
+	/* Steps per epoch as a store's points show it, or null: in its longest
+	 * series, the steps between the first and the last point that begin a
+	 * new epoch (a point's epoch is that of the step it ends), or with one
+	 * such point, its step against the epochs before it.  Downsampled
+	 * buckets show a boundary late by the same part of a bucket at both
+	 * ends, so the difference stays close. */
+	function epochLength(store) {
+		let s = null;
+		for (const c of Object.values(store || {})) if (!s || c.steps.length > s.steps.length) s = c;
+		if (!s) return null;
+		let i = -1, j = -1;
+		for (let k = 1; k < s.steps.length; k++)
+			if (s.epochs[k] !== null && s.epochs[k - 1] !== null && s.epochs[k] > s.epochs[k - 1]) { if (i < 0) i = k; j = k; }
+		if (i < 0) return null;
+		if (j > i) return (s.steps[j] - s.steps[i]) / (s.epochs[j] - s.epochs[i]);
+		return s.epochs[i] > 0 ? (s.steps[i] - 1) / s.epochs[i] : null;
+	}
 	/* TensorBoard's smoothing: an EMA debiased by 1 - w^n, so the first
 	 * points are not dragged towards zero. */
 	function ema(values, w) {
@@ -796,7 +813,9 @@
 			const o = jid ? st.overlays.get(jid) : null;
 			const job = (o ? o.job : st.job) || {}, p = job.progress || {}, spec = job.spec || {};
 			const epochs = p.epochs || spec.epochs;
-			return epochs && p.total_steps ? p.total_steps / epochs : null;
+			/* A job bounded by max_steps has no epoch count: its epoch
+			 * length comes from where its points change epoch. */
+			return epochs && p.total_steps ? p.total_steps / epochs : epochLength(o ? o.series : st.series);
 		}
 		/* jid: whose series (null: this job's); wall time counts from that
 		 * job's own first point, so compared runs start together. */
@@ -952,6 +971,7 @@
 					zoom(c, x0, x1);
 				}] },
 			}, data, c.el);
+			c.el.uplot = c.u; /* for the browser test: what is drawn */
 		}
 		/* Drag to zoom: the x range becomes a step range, fetched again at
 		 * full resolution (max_points still caps a huge range). */
@@ -1267,7 +1287,7 @@
 
 	/* The pure pieces, for the browser test to check against direct
 	 * computations. */
-	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables });
+	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables, epochLength });
 
 	window.addEventListener('hashchange', route);
 	route();

@@ -286,6 +286,19 @@ try {
 
 	await step('job page: x by epoch and wall time, log y, smoothing, another chart, another job', async () => {
 		await page.selectOption('#x-axis', 'epoch');
+		/* The job is bounded by max_steps (no epoch count): each point
+		 * still gets its own x, a fraction of an epoch, rising with its
+		 * step (not every point of an epoch at one whole number). */
+		const [xs, epoch] = await Promise.all([page.$eval('[data-chart="0"]', (el) => Array.from(el.uplot.data[0])),
+			fetch(d.url + '/jobs/' + id).then((r) => r.json()).then((j) => j.progress.epoch)]);
+		if (xs.length < 100 || !xs.every((x, i) => i === 0 || x > xs[i - 1]))
+			throw new Error('x by epoch: ' + xs.length + ' points, not all rising: ' + JSON.stringify(xs.slice(0, 8)));
+		if (!(xs[xs.length - 1] > epoch - 2 && xs[xs.length - 1] < epoch + 2))
+			throw new Error('x by epoch ends at ' + xs[xs.length - 1] + ', the job is in epoch ' + epoch);
+		const spe = await page.evaluate(() => trainerdDashboard.epochLength({
+			a: { steps: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], epochs: [0, 0, 0, 1, 1, 1, 2, 2, 2, 3] },
+			b: { steps: [3, 6], epochs: [0, 1] } }));
+		if (spe !== 3) throw new Error('epochLength gave ' + spe);
 		await page.selectOption('#x-axis', 'time');
 		await page.selectOption('#y-scale', 'log');
 		await page.fill('#smoothing', '0');
