@@ -634,9 +634,9 @@
 						h('span', { class: 'row' }, overlayIn, overlayBtn, overlayChips),
 						addChartSel),
 					chartsBox,
-					h('div', { class: 'card' }, h('h2', { text: 'Log' }), logPre)),
+					h('div', { class: 'card log-card' }, h('h2', { text: 'Log' }), logPre)),
 				h('aside', {},
-					h('div', { class: 'card' }, h('h2', { text: 'Info' }), info),
+					h('div', { class: 'card info-card' }, h('h2', { text: 'Info' }), info),
 					h('div', { class: 'card' }, h('h2', { text: 'Devices' }), devPanel),
 					h('div', { class: 'card' }, h('h2', { text: 'Checkpoints' }), ckptPanel))));
 

@@ -368,9 +368,12 @@ try {
 		await phone.goto(d.url + '/#/jobs/' + id);
 		await phone.waitForSelector('[data-chart="0"] canvas', { timeout: 15000 });
 		const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+		/* One column: the info comes right after the charts, before the log. */
+		const [infoTop, logTop] = await phone.evaluate(() => ['#job-info', '#job-log'].map((s) => document.querySelector(s).getBoundingClientRect().top));
 		await phone.screenshot({ path: path.join(artifacts, 'job-phone.png'), fullPage: true });
 		await phone.close();
 		if (overflow > 0) throw new Error('the page is ' + overflow + ' px wider than a phone screen');
+		if (!(infoTop < logTop)) throw new Error('the info is below the log on a phone (' + infoTop + ' px, the log ' + logTop + ' px)');
 	});
 
 	await step('phone: every field of the jobs and devices tables is on the screen', async () => {
