@@ -419,6 +419,24 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 		t->summary.final_loss = loss;
 		t->summary.epochs = epoch + 1;
 		tr_trainer_emit_step_metrics(t, step + 1, epoch, count, loss, step_ms, wait_ms);
+		/* The step is done once its update is applied: reported before
+		 * the evaluation that may follow, so that a job cancelled or failed
+		 * during it reports the step its metrics reached. */
+		if (t->opt.hooks.progress) {
+			double el = tr_trainer_mono_s() - start;
+			struct tr_progress p = {
+				.step = step + 1,
+				.total_steps = total,
+				.epoch = epoch,
+				.epochs = t->plan.epochs,
+				.loss = loss,
+				.samples_per_sec = el > 0 ? samples / el : 0,
+				.elapsed_s = el,
+				.eta_s = el / (double)(step + 1 - t->start_step) * (double)(total - step - 1),
+				.data_wait_fraction = el > 0 ? t->wait_total_ms / 1e3 / el : 0,
+			};
+			t->opt.hooks.progress(t->opt.hooks.ctx, &p);
+		}
 
 		bool epoch_end = step + 1 == total || tr_plan_step_epoch(&t->plan, step + 1) != epoch;
 		bool eval_due = epoch_end && ((epoch + 1) % s->eval_every_epochs == 0 || step + 1 == total);
@@ -450,21 +468,6 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 		}
 		if (eval_due && s->early_stopping.enabled)
 			early_stop_eval(t, step + 1, epoch, vl, va);
-		if (t->opt.hooks.progress) {
-			double el = tr_trainer_mono_s() - start;
-			struct tr_progress p = {
-				.step = step + 1,
-				.total_steps = total,
-				.epoch = epoch,
-				.epochs = t->plan.epochs,
-				.loss = loss,
-				.samples_per_sec = el > 0 ? samples / el : 0,
-				.elapsed_s = el,
-				.eta_s = el / (double)(step + 1 - t->start_step) * (double)(total - step - 1),
-				.data_wait_fraction = el > 0 ? t->wait_total_ms / 1e3 / el : 0,
-			};
-			t->opt.hooks.progress(t->opt.hooks.ctx, &p);
-		}
 		maybe_checkpoint(t, step + 1, epoch, false);
 	}
 	/* The end of a completed or stopped run is always kept: for a completed

@@ -308,7 +308,7 @@
 		filter.value = sessionStorage.getItem('trainerd.filter') || '';
 		const tbody = h('tbody');
 		const empty = h('p', { class: 'muted', text: 'Loading jobs…' });
-		const table = h('table', { id: 'jobs-table' },
+		const table = h('table', { id: 'jobs-table', class: 'stack' },
 			h('thead', {}, h('tr', {}, ['Job', 'State', 'Progress', 'ETA', 'Loss', 'Samples/s', 'Devices', 'Priority', 'Age']
 				.map((t, i) => h('th', { class: i >= 3 && i !== 6 ? 'num' : '', text: t })))), tbody);
 		main.append(
@@ -331,17 +331,19 @@
 		const total = p.total_steps || 0, step = p.step || 0;
 		const pct = total ? Math.min(100, (100 * step) / total) : 0;
 		const link = h('a', { href: '#/jobs/' + job.id, text: '#' + job.id + ' ' + job.name });
+		/* data-label: the column's name, shown beside each value where a
+		 * phone stacks a row's cells (app.css, table.stack). */
 		const tr = h('tr', { class: 'job-row', 'data-job': job.id },
-			h('td', {}, link),
-			h('td', {}, stateBadge(job.state)),
-			h('td', {}, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
+			h('td', { class: 'name' }, link),
+			h('td', { 'data-label': 'State' }, stateBadge(job.state)),
+			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
-			h('td', { class: 'num', text: TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s) }),
-			h('td', { class: 'num', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
-			h('td', { class: 'num', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
-			h('td', { text: (job.devices || []).join(', ') || '–' }),
-			h('td', { class: 'num', text: job.priority }),
-			h('td', { class: 'num', text: age(job.submitted_at), title: job.submitted_at || '' }));
+			h('td', { class: 'num', 'data-label': 'ETA', text: TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s) }),
+			h('td', { class: 'num', 'data-label': 'Loss', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
+			h('td', { class: 'num', 'data-label': 'Samples/s', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
+			h('td', { 'data-label': 'Devices', text: (job.devices || []).join(', ') || '–' }),
+			h('td', { class: 'num', 'data-label': 'Priority', text: job.priority }),
+			h('td', { class: 'num', 'data-label': 'Age', text: age(job.submitted_at), title: job.submitted_at || '' }));
 		return tr;
 	}
 	function submitForm() {
@@ -408,15 +410,16 @@
 
 	/* ---- Devices page ---- */
 	function deviceTable(devices, highlightJob) {
-		return h('div', { class: 'table-wrap' }, h('table', { id: 'devices-table' },
+		return h('div', { class: 'table-wrap' }, h('table', { id: 'devices-table', class: 'stack' },
 			h('thead', {}, h('tr', {}, ['Id', 'Device', 'Kind', 'Memory used', 'Job'].map((t) => h('th', { text: t })))),
 			h('tbody', {}, devices.map((d) => {
 				const used = d.memory_total ? d.memory_total - (d.memory_free || 0) : null;
 				return h('tr', { 'data-device': d.id, class: highlightJob && d.job === highlightJob ? 'mine' : '' },
-					h('td', { text: d.id }), h('td', { text: d.name }), h('td', { text: d.kind }),
-					h('td', {}, d.memory_total ? [h('progress', { class: 'memory', max: d.memory_total, value: used,
+					h('td', { 'data-label': 'Id', text: d.id }), h('td', { 'data-label': 'Device', text: d.name }),
+					h('td', { 'data-label': 'Kind', text: d.kind }),
+					h('td', { 'data-label': 'Memory used' }, d.memory_total ? [h('progress', { class: 'memory', max: d.memory_total, value: used,
 						'aria-label': 'memory of device ' + d.id }), h('span', { class: 'pct', text: fmtBytes(used) + ' / ' + fmtBytes(d.memory_total) })] : '–'),
-					h('td', {}, d.job ? h('a', { href: '#/jobs/' + d.job, text: '#' + d.job }) : h('span', { class: 'muted', text: 'free' })));
+					h('td', { 'data-label': 'Job' }, d.job ? h('a', { href: '#/jobs/' + d.job, text: '#' + d.job }) : h('span', { class: 'muted', text: 'free' })));
 			}))));
 	}
 	function devicesPage(main) {
@@ -507,6 +510,23 @@
 		let last = -1;
 		for (const s of Object.values(store)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
 		return last;
+	}
+	/* Steps per epoch as a store's points show it, or null: in its longest
+	 * series, the steps between the first and the last point that begin a
+	 * new epoch (a point's epoch is that of the step it ends), or with one
+	 * such point, its step against the epochs before it.  Downsampled
+	 * buckets show a boundary late by the same part of a bucket at both
+	 * ends, so the difference stays close. */
+	function epochLength(store) {
+		let s = null;
+		for (const c of Object.values(store || {})) if (!s || c.steps.length > s.steps.length) s = c;
+		if (!s) return null;
+		let i = -1, j = -1;
+		for (let k = 1; k < s.steps.length; k++)
+			if (s.epochs[k] !== null && s.epochs[k - 1] !== null && s.epochs[k] > s.epochs[k - 1]) { if (i < 0) i = k; j = k; }
+		if (i < 0) return null;
+		if (j > i) return (s.steps[j] - s.steps[i]) / (s.epochs[j] - s.epochs[i]);
+		return s.epochs[i] > 0 ? (s.steps[i] - 1) / s.epochs[i] : null;
 	}
 	/* TensorBoard's smoothing: an EMA debiased by 1 - w^n, so the first
 	 * points are not dragged towards zero. */
@@ -614,9 +634,9 @@
 						h('span', { class: 'row' }, overlayIn, overlayBtn, overlayChips),
 						addChartSel),
 					chartsBox,
-					h('div', { class: 'card' }, h('h2', { text: 'Log' }), logPre)),
+					h('div', { class: 'card log-card' }, h('h2', { text: 'Log' }), logPre)),
 				h('aside', {},
-					h('div', { class: 'card' }, h('h2', { text: 'Info' }), info),
+					h('div', { class: 'card info-card' }, h('h2', { text: 'Info' }), info),
 					h('div', { class: 'card' }, h('h2', { text: 'Devices' }), devPanel),
 					h('div', { class: 'card' }, h('h2', { text: 'Checkpoints' }), ckptPanel))));
 
@@ -684,7 +704,19 @@
 			return s && s.values.length ? s.values[s.values.length - 1] : null;
 		}
 		async function loadJob() {
-			st.job = await api('/jobs/' + id);
+			await setJob(await api('/jobs/' + id));
+		}
+		/* Shows job as the page's job.  One that has just ended is shown
+		 * only after one more metrics read, drawn at once: the daemon
+		 * commits a job's points before its end state (docs/design.md,
+		 * "The job"), so that read holds the last step, and the page never
+		 * shows an ended job beside curves that stop short of it. */
+		async function setJob(job) {
+			if (TERMINAL.includes(job.state) && st.job && !TERMINAL.includes(st.job.state)) {
+				try { await readMetrics(); } catch (e) { if (signal.aborted) throw e; }
+				redrawAll(false);
+			}
+			st.job = job;
 			renderJob();
 		}
 		async function loadDevices() {
@@ -758,9 +790,9 @@
 			feedback.textContent = op + ' requested…';
 			try {
 				const epochs = op === 'resume' && resumeEpochs.value ? Number(resumeEpochs.value) : 0;
-				st.job = await api('/jobs/' + id + '/' + op, epochs
+				await setJob(await api('/jobs/' + id + '/' + op, epochs
 					? { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ epochs }) }
-					: { method: 'POST' });
+					: { method: 'POST' }));
 				if (epochs) resumeEpochs.value = '';
 				feedback.textContent = op + ' accepted: ' + st.job.state;
 				toast(label + ': job #' + id + ' is ' + st.job.state);
@@ -781,7 +813,9 @@
 			const o = jid ? st.overlays.get(jid) : null;
 			const job = (o ? o.job : st.job) || {}, p = job.progress || {}, spec = job.spec || {};
 			const epochs = p.epochs || spec.epochs;
-			return epochs && p.total_steps ? p.total_steps / epochs : null;
+			/* A job bounded by max_steps has no epoch count: its epoch
+			 * length comes from where its points change epoch. */
+			return epochs && p.total_steps ? p.total_steps / epochs : epochLength(o ? o.series : st.series);
 		}
 		/* jid: whose series (null: this job's); wall time counts from that
 		 * job's own first point, so compared runs start together. */
@@ -878,6 +912,10 @@
 			c.renderChips(lines);
 			const main = lines.find((l) => !l.jid);
 			c.el.dataset.points = main ? String(main.s.steps.length) : '0';
+			/* Each of this job's lines' last step, for the browser test:
+			 * the newest point must never be missing from a curve. */
+			c.el.dataset.lastSteps = JSON.stringify(Object.fromEntries(lines.filter((l) => !l.jid)
+				.map((l) => [l.name, l.s.steps[l.s.steps.length - 1]])));
 			/* For bench/dashboard: when the page first showed a curve. */
 			if (main && !performance.getEntriesByName('trainerd:first-chart').length) performance.mark('trainerd:first-chart');
 			const pos = (v) => (st.log && !(v > 0) ? null : v);
@@ -889,11 +927,14 @@
 				const smoothOn = st.smooth > 0;
 				const raw = ln.s.values.map(pos);
 				const table = [xs, raw];
+				/* A line of one point draws nothing: its point is marked
+				 * (a job that failed at its second step has one loss). */
+				const dot = { show: ln.s.steps.length === 1, size: 7, fill: ln.color };
 				series.push({ label: ln.label + (smoothOn ? ' (raw)' : ''), stroke: smoothOn ? ln.color + '40' : ln.color,
-					width: 1, dash: ln.dash, spanGaps: true, points: { show: false } });
+					width: 1, dash: ln.dash, spanGaps: true, points: smoothOn ? { show: false } : dot });
 				if (smoothOn) {
 					table.push(ema(ln.s.values, st.smooth).map(pos));
-					series.push({ label: ln.label, stroke: ln.color, width: 1.6, dash: ln.dash, spanGaps: true, points: { show: false } });
+					series.push({ label: ln.label, stroke: ln.color, width: 1.6, dash: ln.dash, spanGaps: true, points: dot });
 				}
 				const hasEnv = st.envelope && ln.s.min.some((v, i) => v !== ln.s.max[i]);
 				if (hasEnv) {
@@ -930,6 +971,7 @@
 					zoom(c, x0, x1);
 				}] },
 			}, data, c.el);
+			c.el.uplot = c.u; /* for the browser test: what is drawn */
 		}
 		/* Drag to zoom: the x range becomes a step range, fetched again at
 		 * full resolution (max_points still caps a huge range). */
@@ -1030,12 +1072,22 @@
 			if (!(now > last) || !(last > first)) return INCR_POINTS;
 			return Math.max(16, Math.min(INCR_POINTS, Math.ceil((MAX_POINTS * (now - last)) / (now - first))));
 		}
-		/* Metrics after the first read: only steps after the newest one the
-		 * page has. */
+		/* One metrics read at a time, after the first one: two reads from
+		 * the same step would both add the same new steps. */
+		let metricsRead = Promise.resolve(0);
+		function readMetrics() {
+			metricsRead = metricsRead.catch(() => 0).then(pollMetrics);
+			return metricsRead;
+		}
+		/* Metrics after the first read: the steps from the newest one the
+		 * page has.  That step is read again (its points the page has are
+		 * skipped): a step's points need not be committed at once, and
+		 * those written after its evaluation (val_loss, val_accuracy)
+		 * come last; steps only grow, so none can come earlier than it. */
 		async function pollMetrics() {
-			const from = lastStep(st.series) + 1;
-			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(from > 0
-				? { from_step: String(from), max_points: String(incrPoints(from - 1)) } : {}), { signal });
+			const last = lastStep(st.series);
+			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(last > 0
+				? { from_step: String(last), max_points: String(incrPoints(last)) } : {}), { signal });
 			const added = mergeSeries(st.series, r.series);
 			bound(st.series);
 			if (!st.charts.length && Object.keys(st.series).length) {
@@ -1150,10 +1202,13 @@
 			}
 			else if (type === 'state') {
 				if (st.job && st.job.state !== d.state) {
-					st.job.state = d.state;
-					if (d.error !== undefined) st.job.error = d.error;
-					renderJob();
-					feedback.textContent = '';
+					/* An end is shown by loadJob, after the last points. */
+					if (!TERMINAL.includes(d.state)) {
+						st.job.state = d.state;
+						if (d.error !== undefined) st.job.error = d.error;
+						renderJob();
+						feedback.textContent = '';
+					}
 					loadJob().catch(() => {});
 				}
 			} else if (type === 'metrics' && Array.isArray(d.points)) {
@@ -1188,7 +1243,7 @@
 				while (!signal.aborted && finalReads < 2) {
 					if (!document.hidden) {
 						let added = 0;
-						try { added = await pollMetrics(); } catch (e) { if (signal.aborted) return; }
+						try { added = await readMetrics(); } catch (e) { if (signal.aborted) return; }
 						try { await loadJob(); } catch (e) { if (signal.aborted) return; }
 						wait = added ? POLL_MS : Math.min(POLL_MAX_MS, wait * 2);
 					}
@@ -1204,6 +1259,7 @@
 			/* The metrics read is the slow one: start it beside the job's. */
 			/* Failed half-way: the first poll reads everything again. */
 			const firstMetrics = loadFirst().catch(() => { if (!signal.aborted) st.series = {}; });
+			metricsRead = firstMetrics;
 			try {
 				await loadJob();
 			} catch (e) {
@@ -1231,7 +1287,7 @@
 
 	/* The pure pieces, for the browser test to check against direct
 	 * computations. */
-	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables });
+	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables, epochLength });
 
 	window.addEventListener('hashchange', route);
 	route();

@@ -5,10 +5,13 @@
 // Checks: the jobs page lists a running job; the job page's loss chart
 // gains points while it trains and its log tail grows; a drag on the chart
 // refetches that step range (from_step/to_step); Stop, after confirmation,
-// stops the job and the page shows it; the submit form shows a bad spec's
+// stops the job and the page shows it; when a page shows a job stopped,
+// cancelled, failed or completed, its curves already reach the job's final
+// step; the submit form shows a bad spec's
 // error at its JSON pointer; with a token configured the page asks for it
-// once, keeps it out of every URL, and works.  Screenshots of each page go
-// to ARTIFACT_DIR.
+// once, keeps it out of every URL, and works; on a phone no field of the
+// jobs and devices tables is off the screen; a series of one point is
+// drawn.  Screenshots of each page go to ARTIFACT_DIR.
 //
 // Usage: node tests/browser/test_dashboard.mjs TRAINERD ARTIFACT_DIR
 // Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
@@ -116,6 +119,44 @@ const shortJob = { ...longJob, name: 'browser-short', max_steps: 60, checkpoint:
 
 const chartPoints = (page) => page.$eval('[data-chart="0"]', (el) => Number(el.dataset.points));
 const logLines = (page) => page.$eval('#job-log', (el) => el.childNodes.length);
+/* From now on, records what the page shows at the moment its state badge
+ * first shows an end: the state, the step in the info panel, and each
+ * chart's last step of each of this job's lines (data-last-steps). */
+async function watchEnd(page) {
+	await page.evaluate((ended) => {
+		window.endSeen = null;
+		const box = document.querySelector('#job-state');
+		const look = () => {
+			const b = box.querySelector('[data-state]');
+			if (window.endSeen || !b || !ended.includes(b.dataset.state)) return;
+			window.endSeen = { state: b.dataset.state, step: document.querySelector('#job-info dd').textContent,
+				charts: [...document.querySelectorAll('[data-chart]')].map((el) => JSON.parse(el.dataset.lastSteps || '{}')) };
+		};
+		new MutationObserver(look).observe(box, { childList: true, subtree: true });
+		look();
+	}, ['stopped', 'completed', 'failed', 'cancelled']);
+}
+/* When the page showed the job ended (watchEnd), every line of it ended
+ * at the series' last step in the daemon, and the loss at the job's final
+ * step: the newest value is never missing. */
+async function checkEnd(page, d, id, want) {
+	await page.waitForFunction(() => window.endSeen, null, { timeout: 60000 });
+	const seen = await page.evaluate(() => window.endSeen);
+	if (seen.state !== want) throw new Error('the page showed ' + seen.state);
+	const final = Number(seen.step.split('/')[0]);
+	const job = await (await fetch(d.url + '/jobs/' + id)).json();
+	if (!(final > 0) || final !== job.progress.step) throw new Error('step shown ' + seen.step + ', the daemon\'s ' + job.progress.step);
+	if (!seen.charts.length || seen.charts[0].loss === undefined) throw new Error('no loss chart when the page showed ' + want);
+	for (const chart of seen.charts) {
+		for (const [name, last] of Object.entries(chart)) {
+			const r = await (await fetch(d.url + '/jobs/' + id + '/metrics?names=' + name + '&max_points=2')).json();
+			const steps = r.series[name].steps;
+			if (last !== steps[steps.length - 1])
+				throw new Error(`${name} ended at step ${last} when the page showed ${want}; its last step is ${steps[steps.length - 1]}`);
+		}
+	}
+	if (seen.charts[0].loss !== final) throw new Error(`the loss ended at step ${seen.charts[0].loss}, the job at ${final}`);
+}
 async function waitFor(what, fn, timeoutMs) {
 	const end = Date.now() + timeoutMs;
 	let last;
@@ -143,6 +184,10 @@ try {
 	page.on('pageerror', (e) => pageErrors.push(e.message));
 	const urls = [];
 	page.on('request', (r) => urls.push(r.url()));
+	/* Nothing the page asks for is missing (a browser asks for
+	 * /favicon.ico unless the page names its icon). */
+	const missing = [];
+	page.on('response', (r) => { if (r.status() === 404) missing.push(r.url()); });
 
 	await step('jobs page lists the running job', async () => {
 		await page.goto(d.url + '/');
@@ -241,6 +286,19 @@ try {
 
 	await step('job page: x by epoch and wall time, log y, smoothing, another chart, another job', async () => {
 		await page.selectOption('#x-axis', 'epoch');
+		/* The job is bounded by max_steps (no epoch count): each point
+		 * still gets its own x, a fraction of an epoch, rising with its
+		 * step (not every point of an epoch at one whole number). */
+		const [xs, epoch] = await Promise.all([page.$eval('[data-chart="0"]', (el) => Array.from(el.uplot.data[0])),
+			fetch(d.url + '/jobs/' + id).then((r) => r.json()).then((j) => j.progress.epoch)]);
+		if (xs.length < 100 || !xs.every((x, i) => i === 0 || x > xs[i - 1]))
+			throw new Error('x by epoch: ' + xs.length + ' points, not all rising: ' + JSON.stringify(xs.slice(0, 8)));
+		if (!(xs[xs.length - 1] > epoch - 2 && xs[xs.length - 1] < epoch + 2))
+			throw new Error('x by epoch ends at ' + xs[xs.length - 1] + ', the job is in epoch ' + epoch);
+		const spe = await page.evaluate(() => trainerdDashboard.epochLength({
+			a: { steps: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], epochs: [0, 0, 0, 1, 1, 1, 2, 2, 2, 3] },
+			b: { steps: [3, 6], epochs: [0, 1] } }));
+		if (spe !== 3) throw new Error('epochLength gave ' + spe);
 		await page.selectOption('#x-axis', 'time');
 		await page.selectOption('#y-scale', 'log');
 		await page.fill('#smoothing', '0');
@@ -310,9 +368,31 @@ try {
 		await phone.goto(d.url + '/#/jobs/' + id);
 		await phone.waitForSelector('[data-chart="0"] canvas', { timeout: 15000 });
 		const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+		/* One column: the info comes right after the charts, before the log. */
+		const [infoTop, logTop] = await phone.evaluate(() => ['#job-info', '#job-log'].map((s) => document.querySelector(s).getBoundingClientRect().top));
 		await phone.screenshot({ path: path.join(artifacts, 'job-phone.png'), fullPage: true });
 		await phone.close();
 		if (overflow > 0) throw new Error('the page is ' + overflow + ' px wider than a phone screen');
+		if (!(infoTop < logTop)) throw new Error('the info is below the log on a phone (' + infoTop + ' px, the log ' + logTop + ' px)');
+	});
+
+	await step('phone: every field of the jobs and devices tables is on the screen', async () => {
+		const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2 });
+		const offScreen = (sel) => phone.$$eval(sel, (cells) => cells.filter((c) => {
+			const r = c.getBoundingClientRect();
+			return r.width === 0 || r.left < 0 || r.right > window.innerWidth;
+		}).map((c) => c.dataset.label || c.textContent));
+		await phone.goto(d.url + '/');
+		await phone.waitForSelector(`tr[data-job="${id}"] [data-state="running"]`, { timeout: 15000 });
+		const jobCells = await offScreen(`tr[data-job="${id}"] td`);
+		await phone.screenshot({ path: path.join(artifacts, 'jobs-phone.png'), fullPage: true });
+		await phone.goto(d.url + '/#/devices');
+		await phone.waitForSelector(`#devices-table a[href="#/jobs/${id}"]`, { timeout: 10000 });
+		const devCells = await offScreen('#devices-table td');
+		await phone.screenshot({ path: path.join(artifacts, 'devices-phone.png'), fullPage: true });
+		await phone.close();
+		if (jobCells.length || devCells.length)
+			throw new Error('off the screen: jobs ' + jobCells.join(', ') + '; devices ' + devCells.join(', '));
 	});
 
 	await step('devices page shows which job owns each device', async () => {
@@ -335,9 +415,11 @@ try {
 			new MutationObserver(() => window.feedbackSeen.push(fb.textContent))
 				.observe(fb, { childList: true, characterData: true, subtree: true });
 		});
+		await watchEnd(page);
 		await page.click('#confirm-ok');
 		await page.waitForFunction(() => window.feedbackSeen.some((t) => /stop/.test(t)), null, { timeout: 5000 });
 		await page.waitForSelector('#job-state [data-state="stopped"]', { timeout: 60000 });
+		await checkEnd(page, d, id, 'stopped');
 		/* The toast of the request ("… is stopping") gives way to the
 		 * state the job reached. */
 		await page.waitForFunction(() => /is stopped/.test(document.querySelector('#toast').textContent), null, { timeout: 5000 })
@@ -352,7 +434,58 @@ try {
 		await page.screenshot({ path: path.join(artifacts, 'job-stopped.png'), fullPage: true });
 	});
 
+	/* The other ends, each watched live: a running job cancelled from its
+	 * page; then, on pages opened while they waited for its devices, one
+	 * that fails (its loss turns NaN at step 2) and one that completes. */
+	const ends = {};
+	await step('cancelled: the curves reach the final step when the page shows it', async () => {
+		const cid = await submit(d, { ...longJob, name: 'browser-cancel', devices: 4 });
+		await waitFor('job running', async () => (await jobState(d, cid)) === 'running', 30000);
+		ends.failed = await submit(d, { ...shortJob, name: 'browser-nan', optimizer: { type: 'sgd', lr: 1e30 } });
+		ends.completed = await submit(d, { ...shortJob, name: 'browser-complete', max_steps: 150 });
+		ends.pages = [];
+		const open = async (jid) => {
+			const p = await context.newPage();
+			ends.pages.push(p);
+			p.on('pageerror', (e) => pageErrors.push(e.message));
+			await p.goto(d.url + '/#/jobs/' + jid);
+			await p.waitForSelector('#job-state [data-state]', { timeout: 10000 });
+			await watchEnd(p);
+			return p;
+		};
+		const pc = await open(cid);
+		ends.failedPage = await open(ends.failed);
+		ends.completedPage = await open(ends.completed);
+		await waitFor('points in the chart', async () => (await chartPoints(pc)) > 0, 15000);
+		await pc.click('#btn-cancel');
+		await pc.waitForSelector('#confirm-dialog[open]', { timeout: 5000 });
+		await pc.click('#confirm-ok');
+		await checkEnd(pc, d, cid, 'cancelled');
+	});
+	await step('failed: the curves reach the final step when the page shows it', async () => {
+		await checkEnd(ends.failedPage, d, ends.failed, 'failed');
+	});
+	await step('failed: a loss of one point is drawn', async () => {
+		/* The job has one loss point (step 1): pixels of the loss's
+		 * colour (the first of the palette, #2563eb) in its chart. */
+		const n = await ends.failedPage.$eval('[data-chart="0"] canvas', (cv) => {
+			const px = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;
+			let hits = 0;
+			for (let i = 0; i < px.length; i += 4)
+				if (Math.abs(px[i] - 0x25) < 40 && Math.abs(px[i + 1] - 0x63) < 40 && Math.abs(px[i + 2] - 0xeb) < 40 && px[i + 3] > 200) hits++;
+			return hits;
+		});
+		await ends.failedPage.screenshot({ path: path.join(artifacts, 'job-failed.png'), fullPage: true });
+		if (n < 10) throw new Error(n + ' pixels of the loss colour in the chart');
+	});
+	await step('completed: the curves reach the final step when the page shows it', async () => {
+		await checkEnd(ends.completedPage, d, ends.completed, 'completed');
+		await ends.completedPage.screenshot({ path: path.join(artifacts, 'job-completed.png'), fullPage: true });
+	});
+	for (const p of ends.pages || []) await p.close();
+
 	check('no script errors on the pages', pageErrors.length === 0, pageErrors.join('; '));
+	check('nothing the page asked for was missing', missing.length === 0, missing.join(' '));
 	await context.close();
 
 	// ---- daemon with a token ----

@@ -429,6 +429,59 @@ Test(trainer, stop_is_graceful)
 	cancel_case(HEAVY_COMPUTE_JOB, 2, true);
 }
 
+/* A cancel that lands in the evaluation after an epoch's last step: that
+ * step's update and metrics are done, so the progress reported last (the
+ * job's final step for the daemon and its dashboard) is that step, not the
+ * one before it. */
+struct eval_cancel {
+	tr_trainer_t *t;
+	int64_t cancel_at, last_loss_step, last_progress_step;
+};
+
+static void eval_cancel_metric(void *ctx, const struct tr_metric_point *p)
+{
+	struct eval_cancel *c = ctx;
+	if (strcmp(p->name, "loss") != 0)
+		return;
+	c->last_loss_step = p->step;
+	if (p->step == c->cancel_at)
+		tr_trainer_cancel(c->t);
+}
+
+static void eval_cancel_progress(void *ctx, const struct tr_progress *p)
+{
+	((struct eval_cancel *)ctx)->last_progress_step = p->step;
+}
+
+Test(trainer, cancel_during_evaluation_reports_the_last_step_done)
+{
+	/* 800 training samples of 1000, batches of 100: 8 steps an epoch. */
+	const char *job = "{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+			  " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 1000, \"features\": 4,"
+			  " \"classes\": 2}, \"validation_split\": 0.2}, \"batch_size\": 100, \"epochs\": 3,"
+			  " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}";
+	struct tr_spec spec;
+	parse(job, &spec);
+	tr_backend_t *be = tr_cpu_backend_create(2, 1);
+	struct eval_cancel c = {.cancel_at = 8};
+	struct tr_trainer_options opt = {
+		.spec = &spec,
+		.backend = be,
+		.devices = 2,
+		.hooks = {.metric = eval_cancel_metric, .progress = eval_cancel_progress, .ctx = &c},
+	};
+	struct tr_error err;
+	cr_assert_eq(tr_trainer_create(&opt, &c.t, &err), 0, "%s", err.message);
+	int rc = tr_trainer_run(c.t, &err);
+	cr_assert_eq(rc, -ECANCELED, "rc %d: %s", rc, err.message);
+	cr_assert_eq(c.last_loss_step, 8);
+	cr_assert_eq(c.last_progress_step, 8, "progress reported step %lld, the metrics reached step 8",
+		     (long long)c.last_progress_step);
+	tr_trainer_destroy(c.t);
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+}
+
 Test(trainer, learns_synthetic_classification)
 {
 	const char *job =
