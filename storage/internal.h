@@ -340,6 +340,24 @@ void tr_store_job_overlay(tr_store_t *s, struct tr_job_row *row);
 int tr_store_states_load(tr_store_t *s, struct tr_error *e);
 void tr_store_states_free(tr_store_t *s);
 
+/* ---- one job's own data (storage/job_write.c) ------------------------------- */
+
+/* A write of tr_store_job_write: sql (static, cached per connection) with
+ * ?1 the job's id and ?2 text (borrowed); what names it in a failure's
+ * message.  check (NULL: none) runs first in the same transaction, e.g. a
+ * bound on what the write would leave: 0 to go on, else a negative errno
+ * with the message set on c (tr_store_cfail, SQLFAIL). */
+struct job_write {
+	const char *sql, *text, *what;
+	int (*check)(struct conn *c, int64_t id, const struct job_write *w);
+	void *ctx; /* check's */
+};
+/* Runs w in a write transaction on a connection lent with e: commits and
+ * marks the job's data changed when check and the statement succeed, else
+ * rolls back.  A statement refused by its foreign key to jobs is "job <id>
+ * not found" (-ENOENT); other failures give SQLFAIL's message. */
+int tr_store_job_write(tr_store_t *s, int64_t id, const struct job_write *w, struct tr_error *e);
+
 /* Marks stored data as changed for response caches, after the commit:
  * of every job (a deletion), or of one. */
 void tr_store_data_changed(tr_store_t *s);

@@ -11,33 +11,8 @@ static const char sql_get[] = "SELECT result FROM job_results WHERE job_id = ?1"
 
 int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_lend(s, e);
-	int err = tr_store_begin(c, true);
-	if (err < 0)
-		goto cleanup;
-	sqlite3_stmt *st = tr_store_stmt(c, sql_set);
-	if (!st) {
-		err = -EIO;
-		goto rollback;
-	}
-	sqlite3_bind_int64(st, 1, id);
-	sqlite3_bind_text(st, 2, result_json, -1, SQLITE_STATIC);
-	int rc = sqlite3_step(st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE) {
-		err = (rc & 0xff) == SQLITE_CONSTRAINT ? tr_store_cfail(c, -ENOENT, "job %lld not found", (long long)id)
-						       : SQLFAIL(c, rc, "store a job's result");
-		goto rollback;
-	}
-	err = tr_store_commit(c);
-	if (err == 0)
-		tr_store_job_data_changed(s, id);
-	goto cleanup;
-rollback:
-	tr_store_rollback(c);
-cleanup:
-	tr_store_conn_put(s, c);
-	return err;
+	const struct job_write w = {.sql = sql_set, .text = result_json, .what = "store a job's result"};
+	return tr_store_job_write(s, id, &w, e);
 }
 
 int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json, struct tr_error *e)

@@ -312,6 +312,48 @@ static bool conv_ok(const struct tr_conv2d_desc *d)
 	       d->c % d->groups == 0 && d->f % d->groups == 0;
 }
 
+/* The sizes both convolution passes walk by, as the CPU's (cpu_conv.c):
+ * samples in chunks of tr_conv2d_chunk, G groups of fg filters, P output
+ * pixels, the im2col matrix's ckk rows (cgkk per group), one sample's
+ * input and output sizes. */
+struct conv_shape {
+	int chunk, G, fg;
+	size_t P, ckk, cgkk, in_sz, out_sz;
+};
+
+static struct conv_shape conv_shape_of(const struct tr_conv2d_desc *d, int rows)
+{
+	struct conv_shape sh;
+	sh.chunk = tr_conv2d_chunk(d, rows);
+	sh.G = d->groups;
+	sh.fg = d->f / sh.G;
+	sh.P = (size_t)d->ho * d->wo;
+	sh.ckk = (size_t)d->c * d->kh * d->kw;
+	sh.cgkk = sh.ckk / (size_t)sh.G;
+	sh.in_sz = (size_t)d->c * d->h * d->w;
+	sh.out_sz = (size_t)d->f * sh.P;
+	return sh;
+}
+
+/* The chunk of samples starting at n0: nb samples, BP GEMM columns, and
+ * where its im2col matrix (col) and GEMM result (tmp) lie in the
+ * workspace. */
+struct conv_chunk {
+	int nb;
+	size_t BP;
+	float *col, *tmp;
+};
+
+static struct conv_chunk conv_chunk_at(const struct conv_shape *sh, int rows, int n0, float *work)
+{
+	struct conv_chunk k;
+	k.nb = rows - n0 < sh->chunk ? rows - n0 : sh->chunk;
+	k.BP = (size_t)k.nb * sh->P;
+	k.col = work;
+	k.tmp = work + sh->ckk * k.BP;
+	return k;
+}
+
 static int cuda_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
 			       const float *w, const float *bias, float *y, float *work)
 {
@@ -319,19 +361,16 @@ static int cuda_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_forward: bad shape");
 	ENSURE(rows == 0 || (x && w && y && work), "conv2d_forward: NULL buffer");
 	cudaStream_t s = stream_of(be, dev);
-	int chunk = tr_conv2d_chunk(d, rows), G = d->groups, fg = d->f / G;
-	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
-	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P;
-	for (int n0 = 0; n0 < rows; n0 += chunk) {
-		int nb = rows - n0 < chunk ? rows - n0 : chunk;
-		size_t BP = (size_t)nb * P;
-		float *col = work, *tmp = work + ckk * BP;
-		int rc = launch_im2col(be, s, d, nb, x + (size_t)n0 * in_sz, col);
-		for (int g = 0; g < G && rc == 0; g++)
-			rc = be->i->gemm(be, dev, false, false, fg, (int)BP, (int)cgkk, 1.0f, w + (size_t)g * fg * cgkk,
-					 col + (size_t)g * cgkk * BP, 0.0f, tmp + (size_t)g * fg * BP);
+	const struct conv_shape sh = conv_shape_of(d, rows);
+	for (int n0 = 0; n0 < rows; n0 += sh.chunk) {
+		const struct conv_chunk k = conv_chunk_at(&sh, rows, n0, work);
+		int rc = launch_im2col(be, s, d, k.nb, x + (size_t)n0 * sh.in_sz, k.col);
+		for (int g = 0; g < sh.G && rc == 0; g++)
+			rc = be->i->gemm(be, dev, false, false, sh.fg, (int)k.BP, (int)sh.cgkk, 1.0f,
+					 w + (size_t)g * sh.fg * sh.cgkk, k.col + (size_t)g * sh.cgkk * k.BP, 0.0f,
+					 k.tmp + (size_t)g * sh.fg * k.BP);
 		if (rc == 0)
-			rc = launch_scatter(be, s, P, d->f, nb, tmp, bias, y + (size_t)n0 * out_sz);
+			rc = launch_scatter(be, s, sh.P, d->f, k.nb, k.tmp, bias, y + (size_t)n0 * sh.out_sz);
 		if (rc)
 			return rc;
 	}
@@ -345,35 +384,32 @@ static int cuda_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_backward: bad shape");
 	ENSURE(dw && (rows == 0 || (x && w && dy && work)), "conv2d_backward: NULL buffer");
 	cudaStream_t s = stream_of(be, dev);
-	int chunk = tr_conv2d_chunk(d, rows), G = d->groups, fg = d->f / G;
-	size_t P = (size_t)d->ho * d->wo, ckk = (size_t)d->c * d->kh * d->kw, cgkk = ckk / (size_t)G;
-	size_t in_sz = (size_t)d->c * d->h * d->w, out_sz = (size_t)d->f * P;
+	const struct conv_shape sh = conv_shape_of(d, rows);
 	int rc = 0;
 	if (rows == 0)
-		CUDA_CHECK(be, cudaMemsetAsync(dw, 0, (size_t)d->f * cgkk * sizeof(float), s));
-	if (dbias && (rc = launch_dbias(be, s, rows, d->f, P, dy, dbias)))
+		CUDA_CHECK(be, cudaMemsetAsync(dw, 0, (size_t)d->f * sh.cgkk * sizeof(float), s));
+	if (dbias && (rc = launch_dbias(be, s, rows, d->f, sh.P, dy, dbias)))
 		return rc;
-	for (int n0 = 0; n0 < rows; n0 += chunk) {
-		int nb = rows - n0 < chunk ? rows - n0 : chunk;
-		size_t BP = (size_t)nb * P;
-		float *col = work, *tmp = work + ckk * BP;
-		rc = launch_gather_dy(be, s, P, d->f, nb, dy + (size_t)n0 * out_sz, tmp);
+	for (int n0 = 0; n0 < rows; n0 += sh.chunk) {
+		const struct conv_chunk k = conv_chunk_at(&sh, rows, n0, work);
+		rc = launch_gather_dy(be, s, sh.P, d->f, k.nb, dy + (size_t)n0 * sh.out_sz, k.tmp);
 		if (rc == 0)
-			rc = launch_im2col(be, s, d, nb, x + (size_t)n0 * in_sz, col);
-		for (int g = 0; g < G && rc == 0; g++)
-			rc = be->i->gemm(be, dev, false, true, fg, (int)cgkk, (int)BP, 1.0f, tmp + (size_t)g * fg * BP,
-					 col + (size_t)g * cgkk * BP, n0 == 0 ? 0.0f : 1.0f,
-					 dw + (size_t)g * fg * cgkk);
+			rc = launch_im2col(be, s, d, k.nb, x + (size_t)n0 * sh.in_sz, k.col);
+		for (int g = 0; g < sh.G && rc == 0; g++)
+			rc = be->i->gemm(be, dev, false, true, sh.fg, (int)sh.cgkk, (int)k.BP, 1.0f,
+					 k.tmp + (size_t)g * sh.fg * k.BP, k.col + (size_t)g * sh.cgkk * k.BP,
+					 n0 == 0 ? 0.0f : 1.0f, dw + (size_t)g * sh.fg * sh.cgkk);
 		if (rc || !dx) {
 			if (rc)
 				return rc;
 			continue;
 		}
-		for (int g = 0; g < G && rc == 0; g++)
-			rc = be->i->gemm(be, dev, true, false, (int)cgkk, (int)BP, fg, 1.0f, w + (size_t)g * fg * cgkk,
-					 tmp + (size_t)g * fg * BP, 0.0f, col + (size_t)g * cgkk * BP);
+		for (int g = 0; g < sh.G && rc == 0; g++)
+			rc = be->i->gemm(be, dev, true, false, (int)sh.cgkk, (int)k.BP, sh.fg, 1.0f,
+					 w + (size_t)g * sh.fg * sh.cgkk, k.tmp + (size_t)g * sh.fg * k.BP, 0.0f,
+					 k.col + (size_t)g * sh.cgkk * k.BP);
 		if (rc == 0)
-			rc = launch_col2im(be, s, d, nb, col, dx + (size_t)n0 * in_sz);
+			rc = launch_col2im(be, s, d, k.nb, k.col, dx + (size_t)n0 * sh.in_sz);
 		if (rc)
 			return rc;
 	}
@@ -386,48 +422,41 @@ static bool pool_ok(const struct tr_pool2d_desc *d)
 	       d->sw > 0 && d->ph >= 0 && d->pw >= 0 && 2 * d->ph <= d->kh && 2 * d->pw <= d->kw;
 }
 
+/* The four pooling passes, over rows * c planes: x is read by all but
+ * the average's backward pass, dy by the backward passes. */
+static int pool_pass(tr_backend_t *be, int dev, const char *op, bool max, bool forward, const struct tr_pool2d_desc *d,
+		     int rows, const float *x, const float *dy, float *out)
+{
+	ENSURE_DEV(op);
+	ENSURE(pool_ok(d) && rows >= 0, "%s: bad shape", op);
+	if (rows == 0)
+		return 0;
+	ENSURE((x || (!max && !forward)) && (dy || forward) && out, "%s: NULL buffer", op);
+	return launch_pool(be, stream_of(be, dev), max, forward, d, (size_t)rows * d->c, x, dy, out);
+}
+
 static int cuda_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
 				  float *y)
 {
-	ENSURE_DEV("maxpool2d_forward");
-	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_forward: bad shape");
-	if (rows == 0)
-		return 0;
-	ENSURE(x && y, "maxpool2d_forward: NULL buffer");
-	return launch_pool(be, stream_of(be, dev), true, true, d, (size_t)rows * d->c, x, NULL, y);
+	return pool_pass(be, dev, "maxpool2d_forward", true, true, d, rows, x, NULL, y);
 }
 
 static int cuda_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
 				   const float *dy, float *dx)
 {
-	ENSURE_DEV("maxpool2d_backward");
-	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_backward: bad shape");
-	if (rows == 0)
-		return 0;
-	ENSURE(x && dy && dx, "maxpool2d_backward: NULL buffer");
-	return launch_pool(be, stream_of(be, dev), true, false, d, (size_t)rows * d->c, x, dy, dx);
+	return pool_pass(be, dev, "maxpool2d_backward", true, false, d, rows, x, dy, dx);
 }
 
 static int cuda_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
 				  float *y)
 {
-	ENSURE_DEV("avgpool2d_forward");
-	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_forward: bad shape");
-	if (rows == 0)
-		return 0;
-	ENSURE(x && y, "avgpool2d_forward: NULL buffer");
-	return launch_pool(be, stream_of(be, dev), false, true, d, (size_t)rows * d->c, x, NULL, y);
+	return pool_pass(be, dev, "avgpool2d_forward", false, true, d, rows, x, NULL, y);
 }
 
 static int cuda_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *dy,
 				   float *dx)
 {
-	ENSURE_DEV("avgpool2d_backward");
-	ENSURE(pool_ok(d) && rows >= 0, "avgpool2d_backward: bad shape");
-	if (rows == 0)
-		return 0;
-	ENSURE(dy && dx, "avgpool2d_backward: NULL buffer");
-	return launch_pool(be, stream_of(be, dev), false, false, d, (size_t)rows * d->c, NULL, dy, dx);
+	return pool_pass(be, dev, "avgpool2d_backward", false, false, d, rows, NULL, dy, dx);
 }
 
 void tr_cuda_conv_fill(tr_backend_i *t)

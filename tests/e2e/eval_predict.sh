@@ -8,17 +8,9 @@
 # Usage: eval_predict.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: eval_predict.sh TRAINERD}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-if ! "$py" -c 'import numpy' 2>/dev/null; then
-	echo "eval_predict: needs python3-numpy (scripts/install-deps.sh installs it)" >&2
-	echo "RESULT: 0 passed, 1 failed"
-	exit 1
-fi
+make_work
+need_numpy eval_predict
 
 # Data: 3 classes, 6 features on very different scales (standardize
 # matters), and a 2-output regression set.

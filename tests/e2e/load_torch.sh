@@ -12,9 +12,8 @@ if ! [ -x "$py" ] || ! "$py" -c 'import torch, numpy' 2>/dev/null; then
 	echo "load_torch: skipped, needs python3-torch and python3-numpy (scripts/install-deps.sh installs them)"
 	exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+make_work
 
 "$py" - "$work" <<'PY'
 import sys

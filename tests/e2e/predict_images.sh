@@ -9,17 +9,9 @@
 # Usage: predict_images.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: predict_images.sh TRAINERD}
-work=$(mktemp -d)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-if ! "$py" -c 'import numpy' 2>/dev/null; then
-	echo "predict_images: needs python3-numpy (scripts/install-deps.sh installs it)" >&2
-	echo "RESULT: 0 passed, 1 failed"
-	exit 1
-fi
+make_work
+need_numpy predict_images
 
 # Data: 8x8 grey PNGs (written with zlib alone) in three classes, stripes
 # across, stripes down, a bright centre, with noise; train/<class>/, the

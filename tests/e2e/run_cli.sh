@@ -4,12 +4,9 @@
 # Usage: run_cli.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: run_cli.sh TRAINERD}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
+make_work
+find_python
 
 cat >"$work/job.json" <<'JSON'
 {"name": "e2e", "seed": 4,

@@ -6,7 +6,6 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,58 +17,9 @@
 #include <unistd.h>
 
 #include "engine/data/reader.h"
+#include "tests/unit/engine/fixtures.h"
 
-static char tmp_dir[256];
-static struct tr_error err;
-
-static void make_dir(void)
-{
-	snprintf(tmp_dir, sizeof(tmp_dir), "%s/tr_data_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-	cr_assert_not_null(mkdtemp(tmp_dir));
-	err.message[0] = '\0';
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static void remove_dir(void)
-{
-	nftw(tmp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-TestSuite(data, .init = make_dir, .fini = remove_dir);
-
-/* Returns a path inside tmp_dir, valid for the next 63 calls. */
-static const char *tmp_path(const char *name)
-{
-	static char bufs[64][512];
-	static int next;
-	char *b = bufs[next++ % 64];
-
-	snprintf(b, 512, "%s/%s", tmp_dir, name);
-	return b;
-}
-
-static const char *write_file(const char *name, const void *data, size_t len)
-{
-	const char *p = tmp_path(name);
-	FILE *f = fopen(p, "wb");
-
-	cr_assert_not_null(f, "fopen %s", p);
-	cr_assert_eq(fwrite(data, 1, len, f), len);
-	cr_assert_eq(fclose(f), 0);
-	return p;
-}
-
-static const char *write_text(const char *name, const char *text)
-{
-	return write_file(name, text, strlen(text));
-}
+TestSuite(data, .init = fixture_setup, .fini = fixture_teardown);
 
 static struct tr_source_spec csv_src(const char *path)
 {
@@ -80,35 +30,6 @@ static struct tr_source_spec csv_src(const char *path)
 	s.format = TR_DATA_CSV;
 	s.path = (char *)path;
 	return s;
-}
-
-static tr_reader_t *open_ok(const struct tr_source_spec *s)
-{
-	tr_reader_t *r = NULL;
-	int ret = tr_reader_open(s, 0, NULL, NULL, &r, &err);
-
-	cr_assert_eq(ret, 0, "open failed: %d %s", ret, err.message);
-	cr_assert_not_null(r);
-	return r;
-}
-
-/* Opens expecting failure; returns the code. */
-static int open_fail(const struct tr_source_spec *s)
-{
-	tr_reader_t *r = NULL;
-	int ret;
-
-	err.message[0] = '\0';
-	ret = tr_reader_open(s, 0, NULL, NULL, &r, &err);
-	cr_assert_lt(ret, 0, "open unexpectedly succeeded");
-	cr_assert_null(r);
-	cr_assert_neq(err.message[0], '\0', "no error message");
-	return ret;
-}
-
-static void expect_err(const char *needle)
-{
-	cr_assert_not_null(strstr(err.message, needle), "error '%s' lacks '%s'", err.message, needle);
 }
 
 static void get_ok(tr_reader_t *r, int64_t i, float *x, float *y)
@@ -502,14 +423,6 @@ Test(data, npy_rejects)
 }
 
 /* ---- IDX ---- */
-
-static void put_be32(unsigned char *p, uint32_t v)
-{
-	p[0] = v >> 24;
-	p[1] = v >> 16;
-	p[2] = v >> 8;
-	p[3] = v;
-}
 
 static const char *write_idx_images(const char *name, uint32_t n, uint32_t rows, uint32_t cols)
 {

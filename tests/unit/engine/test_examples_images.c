@@ -11,7 +11,6 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <regex.h>
 #include <stdio.h>
@@ -24,32 +23,12 @@
 #include "engine/data/reader.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
+#include "tests/unit/engine/fixtures.h"
 
 #define FASHION "/usr/share/datasets/fashion-mnist"
 #define SKIMAGE "/usr/lib/python3/dist-packages/skimage/data"
 
-static char dir[256];
-
-static void make_dir(void)
-{
-	snprintf(dir, sizeof dir, "%s/tr_ex_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static void remove_dir(void)
-{
-	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-TestSuite(examples_images, .init = make_dir, .fini = remove_dir, .timeout = 3600);
+TestSuite(examples_images, .init = fixture_setup, .fini = fixture_teardown, .timeout = 3600);
 
 static json_t *load_example(const char *name)
 {
@@ -155,8 +134,8 @@ Test(examples_images, superres_beats_bicubic_on_a_held_back_image)
 		fprintf(stderr, "SKIP: python3-skimage's images are not installed: skipped\n");
 		cr_skip_test("python3-skimage's images are not installed: skipped");
 	}
-	snprintf(tdir, sizeof tdir, "%s/train", dir);
-	snprintf(vdir, sizeof vdir, "%s/val", dir);
+	snprintf(tdir, sizeof tdir, "%s/train", tmp_dir);
+	snprintf(vdir, sizeof vdir, "%s/val", tmp_dir);
 	cr_assert_eq(mkdir(tdir, 0755), 0);
 	cr_assert_eq(mkdir(vdir, 0755), 0);
 	for (size_t i = 0; i < sizeof train / sizeof train[0]; i++) {

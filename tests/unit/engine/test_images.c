@@ -8,7 +8,6 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <png.h>
 #include <stdio.h>
@@ -24,69 +23,10 @@
 #include "engine/data/prefetch.h"
 #include "engine/data/reader.h"
 #include "engine/spec.h"
+#include "tests/unit/engine/fixtures.h"
 
-static char tmp_dir[256];
-static struct tr_error err;
-
-static void make_dir(void)
-{
-	snprintf(tmp_dir, sizeof(tmp_dir), "%s/tr_img_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-	cr_assert_not_null(mkdtemp(tmp_dir));
-	err.message[0] = '\0';
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static void remove_dir(void)
-{
-	nftw(tmp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-TestSuite(images, .init = make_dir, .fini = remove_dir);
-TestSuite(patches, .init = make_dir, .fini = remove_dir);
-
-static const char *tmp_path(const char *name)
-{
-	static char bufs[64][512];
-	static int next;
-	char *b = bufs[next++ % 64];
-
-	snprintf(b, 512, "%s/%s", tmp_dir, name);
-	return b;
-}
-
-static void mkdir_in(const char *name)
-{
-	cr_assert_eq(mkdir(tmp_path(name), 0755), 0, "mkdir %s", name);
-}
-
-/* Writes an 8-bit PNG of w x h with `channels` (1-4) from interleaved px. */
-static void write_png(const char *name, int w, int h, int channels, const unsigned char *px)
-{
-	static const int types[] = {0, PNG_COLOR_TYPE_GRAY, PNG_COLOR_TYPE_GRAY_ALPHA, PNG_COLOR_TYPE_RGB,
-				    PNG_COLOR_TYPE_RGB_ALPHA};
-	FILE *f = fopen(tmp_path(name), "wb");
-	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-	png_infop info = png_create_info_struct(png);
-
-	cr_assert(f && png && info);
-	cr_assert_eq(setjmp(png_jmpbuf(png)), 0);
-	png_init_io(png, f);
-	png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, types[channels], PNG_INTERLACE_NONE,
-		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-	png_write_info(png, info);
-	for (int y = 0; y < h; y++)
-		png_write_row(png, (png_const_bytep)(px + (size_t)y * w * channels));
-	png_write_end(png, NULL);
-	png_destroy_write_struct(&png, &info);
-	cr_assert_eq(fclose(f), 0);
-}
+TestSuite(images, .init = fixture_setup, .fini = fixture_teardown);
+TestSuite(patches, .init = fixture_setup, .fini = fixture_teardown);
 
 /* A w x h image whose pixel (y, x, c) is (seed + 7y + 3x + 50c) mod 256. */
 static void write_pattern(const char *name, int w, int h, int channels, int seed)
@@ -119,42 +59,7 @@ static void truncate_file(const char *name, int keep)
 	cr_assert_eq(truncate(tmp_path(name), keep), 0);
 }
 
-static tr_reader_t *open_ok(const struct tr_source_spec *s)
-{
-	tr_reader_t *r = NULL;
-	int rc = tr_reader_open(s, 0, NULL, NULL, &r, &err);
-
-	cr_assert_eq(rc, 0, "open failed: %d %s", rc, err.message);
-	return r;
-}
-
-static int open_fail(const struct tr_source_spec *s)
-{
-	tr_reader_t *r = NULL;
-	int rc;
-
-	err.message[0] = '\0';
-	rc = tr_reader_open(s, 0, NULL, NULL, &r, &err);
-	cr_assert_lt(rc, 0, "open should fail");
-	cr_assert_null(r);
-	cr_assert_neq(err.message[0], '\0', "no message");
-	return rc;
-}
-
-static void expect_err(const char *needle)
-{
-	cr_assert_not_null(strstr(err.message, needle), "error '%s' does not mention '%s'", err.message, needle);
-}
-
 /* ---- gzip IDX ---- */
-
-static void put_be32(unsigned char *p, uint32_t v)
-{
-	p[0] = v >> 24;
-	p[1] = v >> 16;
-	p[2] = v >> 8;
-	p[3] = v;
-}
 
 /* Writes an IDX images file [n, rows, cols] (plain and .gz), or a labels
  * file when rows == 0.  gz_cut > 0 cuts the gzip file to that size. */
@@ -164,7 +69,6 @@ static void write_idx(const char *name, uint32_t n, uint32_t rows, uint32_t cols
 	unsigned char *b = malloc(len);
 	char gzname[256];
 	gzFile g;
-	FILE *f;
 
 	put_be32(b, rows ? 0x803 : 0x801);
 	put_be32(b + 4, n);
@@ -174,10 +78,7 @@ static void write_idx(const char *name, uint32_t n, uint32_t rows, uint32_t cols
 	}
 	for (size_t i = hdr; i < len; i++)
 		b[i] = rows ? (unsigned char)(i * 13 + 5) : (unsigned char)((i - hdr) % 10);
-	f = fopen(tmp_path(name), "wb");
-	cr_assert_not_null(f);
-	cr_assert_eq(fwrite(b, 1, len, f), len);
-	fclose(f);
+	write_file(name, b, len);
 	snprintf(gzname, sizeof gzname, "%s.gz", name);
 	g = gzopen(tmp_path(gzname), "wb");
 	cr_assert_not_null(g);

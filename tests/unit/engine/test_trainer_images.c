@@ -7,9 +7,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
-#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,76 +18,29 @@
 #include "engine/backend.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
+#include "tests/unit/engine/fixtures.h"
 
 #define MAX_STEPS 1024
 
-static char dir[256];
-
-static void make_dir(void)
-{
-	snprintf(dir, sizeof dir, "%s/tr_trimg_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-static void remove_dir(void)
-{
-	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-TestSuite(trainer_images, .init = make_dir, .fini = remove_dir, .timeout = 300);
-
-static const char *in_dir(const char *name)
-{
-	static char bufs[16][512];
-	static int next;
-	char *b = bufs[next++ % 16];
-
-	snprintf(b, 512, "%s/%s", dir, name);
-	return b;
-}
-
-static void mkdir_in(const char *name)
-{
-	cr_assert_eq(mkdir(in_dir(name), 0755), 0, "mkdir %s", name);
-}
+TestSuite(trainer_images, .init = fixture_setup, .fini = fixture_teardown, .timeout = 300);
 
 /* An 8-bit w x h PNG of `channels`, pixel values from a small hash of
  * (seed, y, x, c) with a class-dependent brightness so classes are
  * learnable. */
-static void write_png(const char *name, int w, int h, int channels, int seed, int bright)
+static void write_noise_png(const char *name, int w, int h, int channels, int seed, int bright)
 {
-	static const int types[] = {0, PNG_COLOR_TYPE_GRAY, 0, PNG_COLOR_TYPE_RGB};
-	FILE *f = fopen(in_dir(name), "wb");
-	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-	png_infop info = png_create_info_struct(png);
-	unsigned char *row = malloc((size_t)w * channels);
+	unsigned char *px = malloc((size_t)w * h * channels);
 
-	cr_assert(f && png && info && row);
-	cr_assert_eq(setjmp(png_jmpbuf(png)), 0);
-	png_init_io(png, f);
-	png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, types[channels], PNG_INTERLACE_NONE,
-		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-	png_write_info(png, info);
+	cr_assert_not_null(px);
 	for (int y = 0; y < h; y++) {
 		for (int x = 0; x < w * channels; x++) {
 			unsigned v = (unsigned)(seed * 2654435761u) ^ (unsigned)(y * 40503 + x * 9973);
 
-			row[x] = (unsigned char)((v >> 7) % 128 + (bright ? 100 : 20));
+			px[(size_t)y * w * channels + x] = (unsigned char)((v >> 7) % 128 + (bright ? 100 : 20));
 		}
-		png_write_row(png, row);
 	}
-	png_write_end(png, NULL);
-	png_destroy_write_struct(&png, &info);
-	free(row);
-	cr_assert_eq(fclose(f), 0);
+	write_png(name, w, h, channels, px);
+	free(px);
 }
 
 struct run_result {
@@ -198,7 +149,7 @@ Test(trainer_images, images_job_is_loader_and_device_count_invariant)
 	mkdir_in("set/light");
 	for (int i = 0; i < 37; i++) {
 		snprintf(name, sizeof name, "set/%s/%03d.png", i % 2 ? "light" : "dark", i);
-		write_png(name, 6, 7, 3, i, i % 2);
+		write_noise_png(name, 6, 7, 3, i, i % 2);
 	}
 	snprintf(
 		job, sizeof job,
@@ -208,7 +159,7 @@ Test(trainer_images, images_job_is_loader_and_device_count_invariant)
 		" \"transforms\": [{\"type\": \"normalize\", \"mean\": [120, 120, 120], \"std\": [60, 60, 60]},"
 		" {\"type\": \"random_crop\", \"padding\": 1}, {\"type\": \"flip\"}, {\"type\": \"rot90\"}]},"
 		" \"batch_size\": 8, \"epochs\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}",
-		in_dir("set"));
+		tmp_path("set"));
 	loaders_and_devices(job);
 }
 
@@ -219,9 +170,9 @@ Test(trainer_images, patches_job_is_loader_and_device_count_invariant)
 	char job[2048];
 
 	mkdir_in("pics");
-	write_png("pics/a.png", 30, 24, 1, 1, 0);
-	write_png("pics/b.png", 25, 25, 1, 2, 1);
-	write_png("pics/c.png", 40, 16, 1, 3, 0);
+	write_noise_png("pics/a.png", 30, 24, 1, 1, 0);
+	write_noise_png("pics/b.png", 25, 25, 1, 2, 1);
+	write_noise_png("pics/c.png", 40, 16, 1, 3, 0);
 	snprintf(job, sizeof job,
 		 "{\"seed\": 4, \"model\": {\"inputs\": 36, \"layers\": [{\"type\": \"dense\", \"units\": 36}],"
 		 " \"loss\": \"mse\"},"
@@ -229,7 +180,7 @@ Test(trainer_images, patches_job_is_loader_and_device_count_invariant)
 		 " \"patches_per_image\": 13, \"response\": \"residual\"},"
 		 " \"transforms\": [{\"type\": \"flip\", \"vertical\": true}, {\"type\": \"rot90\"}]},"
 		 " \"batch_size\": 8, \"epochs\": 3, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}}",
-		 in_dir("pics"));
+		 tmp_path("pics"));
 	loaders_and_devices(job);
 }
 
@@ -249,10 +200,10 @@ Test(trainer_images, gzip_idx_trains_a_flat_model)
 		for (int j = 0; j < 20; j++)
 			img[16 + i * 20 + j] = (unsigned char)(j == i % 3 ? 200 : (i * 31 + j * 7) % 50);
 	}
-	g = gzopen(in_dir("img.gz"), "wb");
+	g = gzopen(tmp_path("img.gz"), "wb");
 	gzwrite(g, img, sizeof img);
 	gzclose(g);
-	g = gzopen(in_dir("lab.gz"), "wb");
+	g = gzopen(tmp_path("lab.gz"), "wb");
 	gzwrite(g, lab, sizeof lab);
 	gzclose(g);
 	for (int inputs = 20; inputs <= 21; inputs++) {
@@ -261,7 +212,7 @@ Test(trainer_images, gzip_idx_trains_a_flat_model)
 			 " \"data\": {\"train\": {\"format\": \"idx\", \"images\": \"%s\", \"labels\": \"%s\"},"
 			 " \"transforms\": [{\"type\": \"scale\", \"factor\": 0.00392156863}]},"
 			 " \"batch_size\": 10, \"epochs\": 5, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.5}}",
-			 inputs, in_dir("img.gz"), in_dir("lab.gz"));
+			 inputs, tmp_path("img.gz"), tmp_path("lab.gz"));
 		run_job(job, 1, 2, r);
 		if (inputs == 20) {
 			cr_assert_eq(r->rc, 0, "%s", r->err.message);
@@ -289,16 +240,16 @@ Test(trainer_images, truncated_image_fails_the_job_naming_it)
 	mkdir_in("set/b");
 	for (int i = 0; i < 12; i++) {
 		snprintf(name, sizeof name, "set/%c/%02d.png", i % 2 ? 'a' : 'b', i);
-		write_png(name, 5, 5, 1, i, i % 2);
+		write_noise_png(name, 5, 5, 1, i, i % 2);
 	}
 	/* The header is whole (so open accepts it), the pixels are cut. */
-	cr_assert_eq(stat(in_dir("set/b/04.png"), &st), 0);
-	cr_assert_eq(truncate(in_dir("set/b/04.png"), st.st_size - 20), 0);
+	cr_assert_eq(stat(tmp_path("set/b/04.png"), &st), 0);
+	cr_assert_eq(truncate(tmp_path("set/b/04.png"), st.st_size - 20), 0);
 	snprintf(job, sizeof job,
 		 "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
 		 " \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\"}},"
 		 " \"batch_size\": 4, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}",
-		 in_dir("set"));
+		 tmp_path("set"));
 	run_job(job, 2, 2, r);
 	cr_assert_lt(r->rc, 0, "the job should fail");
 	cr_assert_not_null(strstr(r->err.message, "set/b/04.png"), "error does not name the file: %s", r->err.message);
@@ -322,7 +273,7 @@ Test(trainer_images, conv_model_takes_its_input_shape_from_the_data)
 	mkdir_in("set/light");
 	for (int i = 0; i < 16; i++) {
 		snprintf(name, sizeof name, "set/%s/%03d.png", i % 2 ? "light" : "dark", i);
-		write_png(name, 9, 7, 3, i, i % 2);
+		write_noise_png(name, 9, 7, 3, i, i % 2);
 	}
 	for (int k = 0; k < 4; k++) {
 		snprintf(
@@ -333,7 +284,7 @@ Test(trainer_images, conv_model_takes_its_input_shape_from_the_data)
 			" \"data\": {\"train\": {\"format\": \"images\", \"path\": \"%s\", \"resize\": 8,"
 			" \"center_crop\": 6}},"
 			" \"batch_size\": 4, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}",
-			inputs[k], in_dir("set"));
+			inputs[k], tmp_path("set"));
 		run_job(job, 1, 2, r);
 		if (k < 2) {
 			cr_assert_eq(r->rc, 0, "%s: %s", inputs[k], r->err.message);
@@ -385,8 +336,8 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 	size_t n;
 
 	mkdir_in("pics");
-	write_png("pics/a.png", 30, 24, 1, 1, 0);
-	write_png("pics/b.png", 25, 25, 1, 2, 1);
+	write_noise_png("pics/a.png", 30, 24, 1, 1, 0);
+	write_noise_png("pics/b.png", 25, 25, 1, 2, 1);
 	snprintf(job, sizeof job,
 		 "{\"seed\": 8, \"model\": {\"inputs\": 25, \"layers\": [{\"type\": \"dense\", \"units\": 25}],"
 		 " \"loss\": \"mse\"},"
@@ -395,7 +346,7 @@ Test(trainer_images, patches_job_resumes_bit_identically)
 		 " \"transforms\": [{\"type\": \"flip\"}, {\"type\": \"rot90\"}]},"
 		 " \"batch_size\": 4, \"epochs\": 3, \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},"
 		 " \"checkpoint\": {\"every_steps\": 4}}",
-		 in_dir("pics"));
+		 tmp_path("pics"));
 	cr_assert_eq(tr_spec_parse_text(job, &spec, &e), 0, "%s", e.message);
 	struct tr_trainer_options opt = {
 		.spec = &spec, .backend = be, .devices = 2, .workers = 2, .hooks = {.checkpoint = keep, .ctx = &sink}};

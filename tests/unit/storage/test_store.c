@@ -554,6 +554,43 @@ Test(jobs, delete_cascades)
 	tr_store_close(s);
 }
 
+/* The writes of a job's info fields and of its result: each in one
+ * transaction that commits and marks the job's data changed, or rolls
+ * back with a message that says why and leaves the job as it was. */
+Test(jobs, info_and_result_writes)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	struct tr_error e = {0};
+	uint64_t gen = tr_store_job_data_generation(s, id);
+
+	cr_assert_eq(tr_store_job_result_set(s, id, "{\"accuracy\":0.5}", &e), 0, "%s", e.message);
+	cr_assert_gt(tr_store_job_data_generation(s, id), gen);
+	char *text = NULL;
+	cr_assert_eq(tr_store_job_result_get(s, id, &text, &e), 0, "%s", e.message);
+	cr_assert_str_eq(text, "{\"accuracy\":0.5}");
+	free(text);
+	cr_assert_eq(tr_store_job_result_set(s, 777, "{}", &e), -ENOENT);
+	cr_assert_str_eq(e.message, "job 777 not found");
+
+	gen = tr_store_job_data_generation(s, id);
+	cr_assert_eq(tr_store_job_info_merge(s, id, "{\"a\":\"1\",\"b\":\"2\"}", 2, &e), 0, "%s", e.message);
+	cr_assert_gt(tr_store_job_data_generation(s, id), gen);
+	gen = tr_store_job_data_generation(s, id);
+	cr_assert_eq(tr_store_job_info_merge(s, id, "{\"c\":\"3\"}", 2, &e), -E2BIG);
+	char want[128];
+	snprintf(want, sizeof want, "job %lld would have 3 info fields, at most 2 are kept", (long long)id);
+	cr_assert_str_eq(e.message, want);
+	cr_assert_eq(tr_store_job_data_generation(s, id), gen, "a refused write changed nothing");
+	cr_assert_eq(tr_store_job_info_merge(s, 777, "{}", 2, &e), -ENOENT);
+	cr_assert_str_eq(e.message, "job 777 not found");
+	struct tr_job_row r;
+	cr_assert_eq(tr_store_job_get(s, id, &r, &e), 0, "%s", e.message);
+	cr_assert_str_eq(r.info, "{\"a\":\"1\",\"b\":\"2\"}");
+	tr_job_row_finish(&r);
+	tr_store_close(s);
+}
+
 /* ---- metrics ------------------------------------------------------------------- */
 
 Test(metrics, append_flush_query)
