@@ -33,6 +33,9 @@ for t in tests:
     # Criterion's own runner leaks under parallel timeouts (tests/lsan.supp).
     env.setdefault("LSAN_OPTIONS", "suppressions=" + os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                   "lsan.supp") + ":print_suppressions=0")
+    # Uninstrumented third-party libraries under ThreadSanitizer (tests/tsan.supp).
+    env.setdefault("TSAN_OPTIONS", "suppressions=" + os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                  "tsan.supp") + ":print_suppressions=0")
     start = time.time()
     try:
         p = subprocess.run(t["cmd"], cwd=t.get("workdir") or None, env=env, capture_output=True, text=True,

@@ -17,6 +17,7 @@
 struct tr_test_buf {
 	char *data; /* NUL-terminated, malloc'd; NULL when nothing came */
 	size_t len;
+	size_t cap; /* bytes allocated at data */
 };
 
 struct tr_test_reply {

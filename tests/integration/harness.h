@@ -13,6 +13,16 @@
 
 #include "tests/common/http_client.h"
 
+/* How many times longer the daemon may take under ThreadSanitizer, which
+ * checks every memory access of instrumented code (5-15 times slower):
+ * the tests' bounds on how long a job or a flush takes are multiplied by
+ * it there and stay as they are in every other build. */
+#ifdef __SANITIZE_THREAD__
+#define TR_TEST_SLOW 5
+#else
+#define TR_TEST_SLOW 1
+#endif
+
 struct daemon {
 	pid_t pid;
 	char dir[128];      /* state dir, also the data root */

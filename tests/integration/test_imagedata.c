@@ -255,10 +255,11 @@ Test(imagedata, patches_job_resumes_exactly_after_sigkill)
 	write_png("photos/a.png", 64, 64, 1, 1);
 	write_png("photos/b.png", 70, 60, 1, 2);
 	ref = submit_job(&d, job);
-	cr_assert_str_eq(wait_state(&d, ref, "completed|failed|cancelled", 120), "completed", "%s", job_error(ref));
+	cr_assert_str_eq(wait_state(&d, ref, "completed|failed|cancelled", 120 * TR_TEST_SLOW), "completed", "%s",
+			 job_error(ref));
 
 	id = submit_job(&d, job);
-	deadline = now_s() + 60;
+	deadline = now_s() + 60 * TR_TEST_SLOW;
 	while ((s = live_step(id, state)) < 70) {
 		cr_assert(strcmp(state, "completed") != 0 && strcmp(state, "failed") != 0, "job %lld %s at step %lld",
 			  id, state, s);
@@ -283,7 +284,8 @@ Test(imagedata, patches_job_resumes_exactly_after_sigkill)
 	}
 	daemon_kill(&d);
 	daemon_restart(&d, 2, NULL);
-	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 120), "completed", "%s", job_error(id));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 120 * TR_TEST_SLOW), "completed", "%s",
+			 job_error(id));
 	/* It resumed from a checkpoint (every 30 steps, so the last step, 200,
 	 * writes a "final" one in both runs), not from the start. */
 	{

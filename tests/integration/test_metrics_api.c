@@ -83,7 +83,7 @@ static void push_series(long long id, const char *name, long long first, long lo
 		http_free(&r);
 		if (k == 1 && last == first + (n - 1) * stride)
 			break;
-		cr_assert_lt(now_s() - t0, 20, "%s: pushed points not visible (%s)", name, path);
+		cr_assert_lt(now_s() - t0, 20 * TR_TEST_SLOW, "%s: pushed points not visible (%s)", name, path);
 		usleep(50000);
 	}
 }

@@ -392,7 +392,15 @@ static void exact_resume_after_kills(int ndev)
 		last = p;
 	cr_assert_not_null(last, "no restart resumed from a checkpoint (kills at %s); log:\n%s", killed_at, log);
 	long long from = atoll(last + strlen("resuming from the checkpoint at step "));
-	cr_assert(from % 10 == 0 && from <= last_kill + 5 && from >= last_kill - 30,
+#ifdef __SANITIZE_THREAD__
+	/* Under ThreadSanitizer a checkpoint took up to 1.9 s (measured on a
+	 * loaded machine) while the job ran on at some 50 steps a second, so
+	 * the newest one committed before a kill lagged it by up to 55 steps. */
+	const long long recent = 120;
+#else
+	const long long recent = 30;
+#endif
+	cr_assert(from % 10 == 0 && from <= last_kill + 5 && from >= last_kill - recent,
 		  "the last run (killed at step %lld + 0-15 ms) resumed from step %lld; log:\n%s", last_kill, from,
 		  log);
 	cr_assert_leq(count_substr(log, "started on"), KILLS + 1, "log:\n%s", log);

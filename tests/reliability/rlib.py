@@ -212,6 +212,12 @@ class Daemon:
         return out
 
     # ---- the process ------------------------------------------------------
+    def sanitizer(self):
+        """"asan", "tsan" or None: the sanitizer the running daemon is built with."""
+        with open("/proc/%d/maps" % self.pid) as f:
+            maps = f.read()
+        return "asan" if "libasan" in maps else "tsan" if "libtsan" in maps else None
+
     def fds(self):
         return len(os.listdir("/proc/%d/fd" % self.pid))
 

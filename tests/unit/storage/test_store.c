@@ -1143,8 +1143,15 @@ Test(metrics, downsample_1e6_points_is_fast, .timeout = 300)
 		"[storage] 1e6 points: write+flush %.0f ms; downsample max_points=500 median %.2f ms (min %.2f, max "
 		"%.2f); window query %.2f ms\n",
 		t_write, times[10], times[0], times[20], tw);
-	/* Generous: sanitizer builds run this too. */
-	cr_assert_lt(times[10], 100.0, "median %.2f ms", times[10]);
+	/* Generous: sanitizer builds run this too.  ThreadSanitizer checks
+	 * every memory access of the query (5-15 times slower; about 190 ms
+	 * measured on a loaded machine), so its bound is ten times this one. */
+#ifdef __SANITIZE_THREAD__
+	const double bound_ms = 1000.0;
+#else
+	const double bound_ms = 100.0;
+#endif
+	cr_assert_lt(times[10], bound_ms, "median %.2f ms", times[10]);
 	tr_store_close(s);
 }
 
