@@ -163,7 +163,7 @@ bool tr_api_is_tls(const tr_api_t *api);
  * start: both lists empty turns auth off, which is refused (-EINVAL, err
  * filled) when the listener is not on loopback. */
 int tr_api_set_tokens(tr_api_t *api, const char *const *tokens, const struct tr_api_token *role_tokens,
-		      size_t n_role_tokens, char *err, size_t errlen);
+		      size_t n_role_tokens, struct tr_error *err);
 /* Changes the body size cap for requests that arrive from now on. */
 void tr_api_set_max_body(tr_api_t *api, size_t max_body);
 /* Liveness of the HTTP side, for the service watchdog: the monotonic time

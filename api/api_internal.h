@@ -131,7 +131,7 @@ struct tr_api_reply {
  * both may be empty (no auth) but a non-NULL empty plain list is refused.
  * *out is freed with tr_api_auth_free. */
 int tr_api_auth_build(const char *const *tokens, const struct tr_api_token *role_tokens, size_t n_role,
-		      struct tr_api_auth_entry **out, size_t *count, char *err, size_t errlen);
+		      struct tr_api_auth_entry **out, size_t *count, struct tr_error *err);
 void tr_api_auth_free(struct tr_api_auth_entry *v, size_t n);
 /* Checks the request's bearer token against the role its route needs.
  * 0, or -1 with 401/403 in rp. */

@@ -54,20 +54,20 @@ static void free_entries(struct tr_api_auth_entry *v, size_t n)
 }
 
 static int add_entry(struct tr_api_auth_entry *v, size_t *n, enum tr_api_role role, const char *token, const char *what,
-		     size_t index, char *err, size_t errlen)
+		     size_t index, struct tr_error *err)
 {
 	if (!token || !token[0]) {
-		snprintf(err, errlen, "%s %zu is empty", what, index + 1);
+		tr_error_set(err, 0, 0, NULL, "%s %zu is empty", what, index + 1);
 		return -EINVAL;
 	}
 	if (role < TR_ROLE_READ || role > TR_ROLE_ADMIN) {
-		snprintf(err, errlen, "%s %zu has no valid role", what, index + 1);
+		tr_error_set(err, 0, 0, NULL, "%s %zu has no valid role", what, index + 1);
 		return -EINVAL;
 	}
 	v[*n].role = role;
 	v[*n].len = strlen(token);
 	if (!(v[*n].token = strdup(token))) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	(*n)++;
@@ -75,7 +75,7 @@ static int add_entry(struct tr_api_auth_entry *v, size_t *n, enum tr_api_role ro
 }
 
 int tr_api_auth_build(const char *const *tokens, const struct tr_api_token *role_tokens, size_t n_role,
-		      struct tr_api_auth_entry **out, size_t *count, char *err, size_t errlen)
+		      struct tr_api_auth_entry **out, size_t *count, struct tr_error *err)
 {
 	size_t n_plain = 0, n = 0;
 	struct tr_api_auth_entry *v;
@@ -86,21 +86,21 @@ int tr_api_auth_build(const char *const *tokens, const struct tr_api_token *role
 	while (tokens && tokens[n_plain])
 		n_plain++;
 	if (tokens && n_plain == 0 && n_role == 0) {
-		snprintf(err, errlen, "the bearer token list is empty; pass NULL to turn auth off");
+		tr_error_set(err, 0, 0, NULL, "the bearer token list is empty; pass NULL to turn auth off");
 		return -EINVAL;
 	}
 	if (n_plain + n_role == 0)
 		return 0;
 	v = calloc(n_plain + n_role, sizeof(*v));
 	if (!v) {
-		snprintf(err, errlen, "out of memory");
+		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
 	/* Plain tokens (--token) predate roles and could do everything. */
 	for (size_t i = 0; i < n_plain && rc == 0; i++)
-		rc = add_entry(v, &n, TR_ROLE_ADMIN, tokens[i], "bearer token", i, err, errlen);
+		rc = add_entry(v, &n, TR_ROLE_ADMIN, tokens[i], "bearer token", i, err);
 	for (size_t i = 0; i < n_role && rc == 0; i++)
-		rc = add_entry(v, &n, role_tokens[i].role, role_tokens[i].token, "role token", i, err, errlen);
+		rc = add_entry(v, &n, role_tokens[i].role, role_tokens[i].token, "role token", i, err);
 	if (rc < 0) {
 		free_entries(v, n);
 		return rc;
@@ -126,16 +126,16 @@ bool tr_api_auth_enabled(tr_api_t *api)
 }
 
 int tr_api_set_tokens(tr_api_t *api, const char *const *tokens, const struct tr_api_token *role_tokens,
-		      size_t n_role_tokens, char *err, size_t errlen)
+		      size_t n_role_tokens, struct tr_error *err)
 {
 	struct tr_api_auth_entry *v, *old;
 	size_t n, old_n;
-	int rc = tr_api_auth_build(tokens, role_tokens, n_role_tokens, &v, &n, err, errlen);
+	int rc = tr_api_auth_build(tokens, role_tokens, n_role_tokens, &v, &n, err);
 
 	if (rc < 0)
 		return rc;
 	if (n == 0 && !api->loopback) {
-		snprintf(err, errlen, "the listener is not on loopback: it cannot run without tokens");
+		tr_error_set(err, 0, 0, NULL, "the listener is not on loopback: it cannot run without tokens");
 		return -EINVAL;
 	}
 	pthread_rwlock_wrlock(&api->auth_lock);

@@ -42,7 +42,7 @@ static int url_names(const struct tr_api_request *rq, struct tr_api_reply *rp, c
 	const char *p = rq->url + strlen("/datasets/");
 	const char *slash = strchr(p, '/');
 	size_t nlen = slash ? (size_t)(slash - p) : strlen(p);
-	char why[256];
+	struct tr_error why;
 
 	if (nlen > TR_DATASET_NAME_MAX) {
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "the dataset name is longer than %d characters",
@@ -51,8 +51,8 @@ static int url_names(const struct tr_api_request *rq, struct tr_api_reply *rp, c
 	}
 	memcpy(name, p, nlen);
 	name[nlen] = '\0';
-	if (tr_datasets_check_name("dataset name", name, why, sizeof(why)) < 0) {
-		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
+	if (tr_datasets_check_name("dataset name", name, &why) < 0) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why.message);
 		return -1;
 	}
 	if (!file)
@@ -63,8 +63,8 @@ static int url_names(const struct tr_api_request *rq, struct tr_api_reply *rp, c
 		return -1;
 	}
 	strcpy(file, slash + 1);
-	if (tr_datasets_check_name("file name", file, why, sizeof(why)) < 0) {
-		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
+	if (tr_datasets_check_name("file name", file, &why) < 0) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why.message);
 		return -1;
 	}
 	return 0;
@@ -180,12 +180,12 @@ void tr_api_datasets_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 	tr_datasets_t *d = datasets_of(rq, rp);
 	struct tr_dataset_file *files = NULL;
 	size_t n = 0;
-	char why[512];
+	struct tr_error why;
 
 	if (!d)
 		return;
-	if (tr_datasets_list(d, &files, &n, why, sizeof(why)) < 0) {
-		tr_api_fail(rp, 500, "internal", NULL, "listing datasets: %s", why);
+	if (tr_datasets_list(d, &files, &n, &why) < 0) {
+		tr_api_fail(rp, 500, "internal", NULL, "listing datasets: %s", why.message);
 		return;
 	}
 	json_t *list = json_array(), *cur = NULL, *cur_files = NULL;
@@ -246,14 +246,15 @@ static void fail_upload(struct tr_api_reply *rp, int rc, const char *why)
 int tr_api_datasets_upload_begin(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t declared)
 {
 	tr_datasets_t *d = datasets_of(rq, rp);
-	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512];
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1];
+	struct tr_error why;
 	tr_dataset_upload_t *up;
 
 	if (!d || url_names(rq, rp, name, file) < 0 || check_unused(rq, rp, d, name, file) < 0)
 		return -1;
-	int rc = tr_datasets_upload_begin(d, name, file, declared, &up, why, sizeof(why));
+	int rc = tr_datasets_upload_begin(d, name, file, declared, &up, &why);
 	if (rc < 0) {
-		fail_upload(rp, rc, why);
+		fail_upload(rp, rc, why.message);
 		return -1;
 	}
 	rq->upload = up;
@@ -262,8 +263,8 @@ int tr_api_datasets_upload_begin(struct tr_api_request *rq, struct tr_api_reply 
 
 int tr_api_datasets_upload_data(struct tr_api_request *rq, struct tr_api_reply *rp, const char *data, size_t size)
 {
-	char why[512];
-	int rc = tr_datasets_upload_write(rq->upload, data, size, why, sizeof(why));
+	struct tr_error why;
+	int rc = tr_datasets_upload_write(rq->upload, data, size, &why);
 
 	if (rc == 0)
 		return 0;
@@ -271,7 +272,7 @@ int tr_api_datasets_upload_data(struct tr_api_request *rq, struct tr_api_reply *
 	 * client has finished sending. */
 	tr_datasets_upload_abort(rq->upload);
 	rq->upload = NULL;
-	fail_upload(rp, rc, why);
+	fail_upload(rp, rc, why.message);
 	return -1;
 }
 
@@ -284,7 +285,7 @@ void tr_api_datasets_upload_cleanup(struct tr_api_request *rq)
 void tr_api_datasets_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	struct tr_dataset_file f;
-	char why[512];
+	struct tr_error why;
 
 	if (!rq->upload) {
 		tr_api_fail(rp, 500, "internal", NULL, "the upload was not started");
@@ -301,10 +302,10 @@ void tr_api_datasets_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return;
 	}
 	struct tr_dataset_file old;
-	bool existed = tr_datasets_stat(d, name, file, &old, NULL, 0) == 0;
-	int rc = tr_datasets_upload_commit(up, &f, why, sizeof(why));
+	bool existed = tr_datasets_stat(d, name, file, &old, NULL) == 0;
+	int rc = tr_datasets_upload_commit(up, &f, &why);
 	if (rc < 0) {
-		fail_upload(rp, rc, why);
+		fail_upload(rp, rc, why.message);
 		return;
 	}
 	tr_api_reply_json(rp, existed ? 200 : 201, file_json(&f));
@@ -315,19 +316,20 @@ void tr_api_datasets_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 static void remove_common(struct tr_api_request *rq, struct tr_api_reply *rp, bool one_file)
 {
 	tr_datasets_t *d = datasets_of(rq, rp);
-	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512];
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1];
+	struct tr_error why;
 	int64_t freed = 0;
 
 	if (!d || url_names(rq, rp, name, one_file ? file : NULL) < 0 ||
 	    check_unused(rq, rp, d, name, one_file ? file : NULL) < 0)
 		return;
-	int rc = tr_datasets_remove(d, name, one_file ? file : NULL, &freed, why, sizeof(why));
+	int rc = tr_datasets_remove(d, name, one_file ? file : NULL, &freed, &why);
 	if (rc == -ENOENT) {
-		tr_api_fail(rp, 404, "not_found", NULL, "%s", why);
+		tr_api_fail(rp, 404, "not_found", NULL, "%s", why.message);
 		return;
 	}
 	if (rc < 0) {
-		fail_upload(rp, rc, why);
+		fail_upload(rp, rc, why.message);
 		return;
 	}
 	tr_api_reply_json(rp, 200, json_pack("{s:I}", "freed_bytes", (json_int_t)freed));

@@ -493,10 +493,8 @@ static int copy_config(tr_api_t *api, const struct tr_api_config *cfg, struct tr
 		goto oom;
 	if (cfg->openapi_path && !(api->openapi_path = strdup(cfg->openapi_path)))
 		goto oom;
-	char why[512];
-	if (tr_api_auth_build(cfg->tokens, cfg->role_tokens, cfg->n_role_tokens, &api->auth, &api->n_auth, why,
-			      sizeof why) < 0)
-		return tr_error_set(e, -1, 0, NULL, "%s", why);
+	if (tr_api_auth_build(cfg->tokens, cfg->role_tokens, cfg->n_role_tokens, &api->auth, &api->n_auth, e) < 0)
+		return -1;
 	atomic_init(&api->max_body, api->cfg.max_body);
 	api->cfg.listen_host = api->listen_host;
 	api->cfg.version = api->version;

@@ -33,11 +33,12 @@ static int map_dataset(struct tr_scheduler *s, char **field, const char *ptr, st
 {
 	if (!tr_datasets_is_ref(*field))
 		return 0;
-	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], why[512], path[PATH_MAX];
+	char name[TR_DATASET_NAME_MAX + 1], file[TR_DATASET_NAME_MAX + 1], path[PATH_MAX];
+	struct tr_error why;
 	if (!s->cfg.datasets_dir)
 		return tr_error_set(e, -1, 0, ptr, "%s: this daemon keeps no datasets", ptr);
-	if (tr_datasets_parse_ref(*field, name, file, why, sizeof why) < 0)
-		return tr_error_set(e, -2, 0, ptr, "%s: %s", ptr, why);
+	if (tr_datasets_parse_ref(*field, name, file, &why) < 0)
+		return tr_error_set(e, -2, 0, ptr, "%s: %s", ptr, why.message);
 	if (snprintf(path, sizeof path, "%s/%s/%s", s->cfg.datasets_dir, name, file) >= (int)sizeof path)
 		return tr_error_set(e, -1, 0, ptr, "%s: the dataset path is too long", ptr);
 	char *copy = strdup(path);

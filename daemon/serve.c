@@ -79,13 +79,13 @@ struct auth_state {
 	int n_plain;
 };
 
-static int load_tokens(const struct tr_config *c, struct tr_token_list *out, char *err, size_t errlen)
+static int load_tokens(const struct tr_config *c, struct tr_token_list *out, struct tr_error *err)
 {
 	out->v = NULL;
 	out->n = 0;
 	if (!c->token_file[0])
 		return 0;
-	return tr_tokens_load(c->token_file, out, err, errlen);
+	return tr_tokens_load(c->token_file, out, err);
 }
 
 /* Where a passed socket is bound, for the log and listen.addr. */
@@ -125,11 +125,9 @@ static void reload(int argc, char **argv, struct tr_config *cur, struct auth_sta
 	struct tr_config next;
 	struct tr_token_list tokens = {0};
 	struct reload_log rl = {"", ""};
-	char err[1024];
 	struct tr_error cerr = {0};
 	tr_config_defaults(&next);
-	if (tr_config_parse_args(&next, argc - 1, argv + 1, &cerr) != 0 ||
-	    load_tokens(&next, &tokens, cerr.message, sizeof cerr.message) < 0) {
+	if (tr_config_parse_args(&next, argc - 1, argv + 1, &cerr) != 0 || load_tokens(&next, &tokens, &cerr) < 0) {
 		tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", cerr.message);
 		goto out;
 	}
@@ -137,8 +135,8 @@ static void reload(int argc, char **argv, struct tr_config *cur, struct auth_sta
 	bool tokens_changed = !tr_tokens_equal(&tokens, &auth->file) || strstr(rl.changed, "token");
 	if (tokens_changed) {
 		if (tr_api_set_tokens(api, next.n_tokens ? (const char *const *)next.tokens : NULL, tokens.v, tokens.n,
-				      err, sizeof err) < 0) {
-			tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", err);
+				      &cerr) < 0) {
+			tr_log(TR_LOG_ERR, "reload failed, the running configuration stays: %s", cerr.message);
 			goto out;
 		}
 		char desc[128];
@@ -228,13 +226,14 @@ int tr_cmd_serve(int argc, char **argv)
 	struct auth_state auth = {.n_plain = cfg.n_tokens};
 	char fallback[600] = "";
 
-	int listen_fd = tr_service_listen_fd(err, sizeof err);
+	struct tr_error serr;
+	int listen_fd = tr_service_listen_fd(&serr);
 	if (listen_fd == -2) {
-		tr_log(TR_LOG_ERR, "%s", err);
+		tr_log(TR_LOG_ERR, "%s", serr.message);
 		goto out;
 	}
-	if (load_tokens(&cfg, &auth.file, err, sizeof err) < 0) {
-		tr_log(TR_LOG_ERR, "%s", err);
+	if (load_tokens(&cfg, &auth.file, &serr) < 0) {
+		tr_log(TR_LOG_ERR, "%s", serr.message);
 		goto out;
 	}
 	if (mkdir(cfg.state_dir, 0750) < 0 && errno != EEXIST) {
@@ -245,7 +244,6 @@ int tr_cmd_serve(int argc, char **argv)
 	snprintf(db, sizeof db, "%s/trainerd.db", cfg.state_dir);
 	struct tr_store_options sopt = {.metrics_queue_max = (size_t)cfg.metrics_queue,
 					.max_bytes = (int64_t)cfg.state_max_bytes};
-	struct tr_error serr;
 	if (tr_store_open(db, &sopt, &store, &serr) < 0) {
 		tr_log(TR_LOG_ERR, "%s", serr.message);
 		goto out;
@@ -260,8 +258,8 @@ int tr_cmd_serve(int argc, char **argv)
 		goto out;
 	}
 	strcat(dsdir, "/datasets");
-	if (tr_datasets_create(dsdir, (int64_t)cfg.datasets_max_bytes, &datasets, err, sizeof err) < 0) {
-		tr_log(TR_LOG_ERR, "datasets: %s", err);
+	if (tr_datasets_create(dsdir, (int64_t)cfg.datasets_max_bytes, &datasets, &serr) < 0) {
+		tr_log(TR_LOG_ERR, "datasets: %s", serr.message);
 		goto out;
 	}
 	/* What daemon/main.c set, as OpenBLAS read it back. */

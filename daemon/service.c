@@ -67,33 +67,32 @@ static void send_state(const char *state)
 #endif
 }
 
-int tr_service_listen_fd(char *err, size_t errlen)
+int tr_service_listen_fd(struct tr_error *err)
 {
 #ifdef TR_HAVE_SYSTEMD
 	int n = sd_listen_fds(1);
 
 	if (n < 0) {
-		snprintf(err, errlen, "socket activation: %s", strerror(-n));
+		tr_error_set(err, 0, 0, NULL, "socket activation: %s", strerror(-n));
 		return -2;
 	}
 	if (n == 0)
 		return -1;
 	if (n > 1) {
-		snprintf(err, errlen,
-			 "socket activation passed %d sockets; trainerd.socket must have exactly one "
-			 "ListenStream=",
-			 n);
+		tr_error_set(err, 0, 0, NULL,
+			     "socket activation passed %d sockets; trainerd.socket must have exactly one "
+			     "ListenStream=",
+			     n);
 		return -2;
 	}
 	if (sd_is_socket(SD_LISTEN_FDS_START, AF_UNSPEC, SOCK_STREAM, 1) <= 0) {
-		snprintf(err, errlen, "socket activation: descriptor %d is not a listening stream socket",
-			 SD_LISTEN_FDS_START);
+		tr_error_set(err, 0, 0, NULL, "socket activation: descriptor %d is not a listening stream socket",
+			     SD_LISTEN_FDS_START);
 		return -2;
 	}
 	return SD_LISTEN_FDS_START;
 #else
 	(void)err;
-	(void)errlen;
 	return -1;
 #endif
 }

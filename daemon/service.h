@@ -9,13 +9,14 @@
 #include <stddef.h>
 
 #include "api/api.h"
+#include "core/error.h"
 #include "daemon/scheduler.h"
 
 typedef struct tr_service tr_service_t;
 
 /* The socket systemd passed (trainerd.socket), or -1 when none was;
- * -2 with err filled when the passed descriptors are unusable. */
-int tr_service_listen_fd(char *err, size_t errlen);
+ * -2 with err (core/error.h) filled when the passed descriptors are unusable. */
+int tr_service_listen_fd(struct tr_error *err);
 
 /* NULL when there is no service manager to talk to (or out of memory:
  * the daemon runs the same without one). */

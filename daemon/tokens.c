@@ -39,7 +39,7 @@ static char *trim(char *s)
 	return s;
 }
 
-int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_t errlen)
+int tr_tokens_load(const char *path, struct tr_token_list *out, struct tr_error *err)
 {
 	struct stat st;
 	char line[4096];
@@ -51,31 +51,31 @@ int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_
 	out->n = 0;
 	if (fd < 0) {
 		rc = -errno;
-		snprintf(err, errlen, "token-file %s: %s", path, strerror(errno));
+		tr_error_set(err, 0, 0, NULL, "token-file %s: %s", path, strerror(errno));
 		return rc;
 	}
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "token-file %s: not a regular file", path);
+		tr_error_set(err, 0, 0, NULL, "token-file %s: not a regular file", path);
 		close(fd);
 		return -EINVAL;
 	}
 	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-		snprintf(err, errlen, "token-file %s: mode %04o lets group or others read it; chmod 600 %s", path,
-			 (unsigned)(st.st_mode & 07777), path);
+		tr_error_set(err, 0, 0, NULL, "token-file %s: mode %04o lets group or others read it; chmod 600 %s",
+			     path, (unsigned)(st.st_mode & 07777), path);
 		close(fd);
 		return -EPERM;
 	}
 	if (!(f = fdopen(fd, "r"))) {
 		rc = -errno;
 		close(fd);
-		snprintf(err, errlen, "token-file %s: %s", path, strerror(-rc));
+		tr_error_set(err, 0, 0, NULL, "token-file %s: %s", path, strerror(-rc));
 		return rc;
 	}
 	while (rc == 0 && fgets(line, sizeof line, f)) {
 		lineno++;
 		if (!strchr(line, '\n') && !feof(f)) {
-			snprintf(err, errlen, "token-file %s:%d: line longer than %zu characters", path, lineno,
-				 sizeof line - 2);
+			tr_error_set(err, 0, 0, NULL, "token-file %s:%d: line longer than %zu characters", path, lineno,
+				     sizeof line - 2);
 			rc = -EINVAL;
 			break;
 		}
@@ -84,25 +84,27 @@ int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_
 			continue;
 		char *colon = strchr(s, ':');
 		if (!colon) {
-			snprintf(err, errlen, "token-file %s:%d: expected 'role:token'", path, lineno);
+			tr_error_set(err, 0, 0, NULL, "token-file %s:%d: expected 'role:token'", path, lineno);
 			rc = -EINVAL;
 			break;
 		}
 		char *tok = colon + 1;
 		enum tr_api_role role = tr_api_role_parse(s, (size_t)(colon - s));
 		if (role == TR_ROLE_NONE) {
-			snprintf(err, errlen, "token-file %s:%d: unknown role '%.*s' (read, write or admin)", path,
-				 lineno, (int)(colon - s) > 32 ? 32 : (int)(colon - s), s);
+			tr_error_set(err, 0, 0, NULL, "token-file %s:%d: unknown role '%.*s' (read, write or admin)",
+				     path, lineno, (int)(colon - s) > 32 ? 32 : (int)(colon - s), s);
 			rc = -EINVAL;
 			break;
 		}
 		if (!*tok || strpbrk(tok, " \t")) {
-			snprintf(err, errlen, "token-file %s:%d: the token is empty or has blanks in it", path, lineno);
+			tr_error_set(err, 0, 0, NULL, "token-file %s:%d: the token is empty or has blanks in it", path,
+				     lineno);
 			rc = -EINVAL;
 			break;
 		}
 		if (out->n >= MAX_TOKENS) {
-			snprintf(err, errlen, "token-file %s:%d: more than %d tokens", path, lineno, MAX_TOKENS);
+			tr_error_set(err, 0, 0, NULL, "token-file %s:%d: more than %d tokens", path, lineno,
+				     MAX_TOKENS);
 			rc = -EINVAL;
 			break;
 		}
@@ -112,7 +114,7 @@ int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_
 			free(copy);
 			if (nv)
 				out->v = nv;
-			snprintf(err, errlen, "out of memory");
+			tr_error_set(err, 0, 0, NULL, "out of memory");
 			rc = -ENOMEM;
 			break;
 		}

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "api/api.h"
+#include "core/error.h"
 
 struct tr_token_list {
 	struct tr_api_token *v; /* tokens owned */
@@ -14,8 +15,9 @@ struct tr_token_list {
 };
 
 /* Reads path into *out (freed with tr_tokens_finish).  0, or a negative
- * errno with a message naming the file and line, never a token, in err. */
-int tr_tokens_load(const char *path, struct tr_token_list *out, char *err, size_t errlen);
+ * errno with a message naming the file and line, never a token, in err
+ * (core/error.h; may be NULL). */
+int tr_tokens_load(const char *path, struct tr_token_list *out, struct tr_error *err);
 void tr_tokens_finish(struct tr_token_list *list);
 /* Whether two lists hold the same tokens with the same roles, in order. */
 int tr_tokens_equal(const struct tr_token_list *a, const struct tr_token_list *b);

@@ -17,13 +17,13 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/error.h"
 #include "storage/sha256.h"
 
 #define TMP_PREFIX ".upload-"
@@ -49,32 +49,22 @@ struct tr_dataset_upload {
 	bool failed;
 };
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	if (err && errlen)
-		vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return code;
-}
-
 /* ---- names ---------------------------------------------------------------- */
 
-int tr_datasets_check_name(const char *what, const char *s, char *err, size_t errlen)
+int tr_datasets_check_name(const char *what, const char *s, struct tr_error *err)
 {
 	size_t n = s ? strlen(s) : 0;
 	if (n == 0)
-		return fail(err, errlen, -EINVAL, "the %s is empty", what);
+		return tr_error_set(err, -EINVAL, 0, NULL, "the %s is empty", what);
 	if (n > TR_DATASET_NAME_MAX)
-		return fail(err, errlen, -EINVAL, "the %s is %zu characters long; at most %d are allowed", what, n,
-			    TR_DATASET_NAME_MAX);
+		return tr_error_set(err, -EINVAL, 0, NULL, "the %s is %zu characters long; at most %d are allowed",
+				    what, n, TR_DATASET_NAME_MAX);
 	if (s[0] == '.')
-		return fail(err, errlen, -EINVAL,
-			    "the %s '%.*s' starts with '.'; names are letters, digits, '.', '_' and '-', not starting "
-			    "with '.'",
-			    what, (int)(n < 40 ? n : 40), s);
+		return tr_error_set(
+			err, -EINVAL, 0, NULL,
+			"the %s '%.*s' starts with '.'; names are letters, digits, '.', '_' and '-', not starting "
+			"with '.'",
+			what, (int)(n < 40 ? n : 40), s);
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)s[i];
 		bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
@@ -85,10 +75,11 @@ int tr_datasets_check_name(const char *what, const char *s, char *err, size_t er
 				snprintf(shown, sizeof shown, "'%c'", c);
 			else
 				snprintf(shown, sizeof shown, "byte 0x%02x", c);
-			return fail(err, errlen, -EINVAL,
-				    "the %s has %s at position %zu; names are letters, digits, '.', '_' and '-', not "
-				    "starting with '.'",
-				    what, shown, i + 1);
+			return tr_error_set(
+				err, -EINVAL, 0, NULL,
+				"the %s has %s at position %zu; names are letters, digits, '.', '_' and '-', not "
+				"starting with '.'",
+				what, shown, i + 1);
 		}
 	}
 	return 0;
@@ -100,25 +91,25 @@ bool tr_datasets_is_ref(const char *path)
 }
 
 int tr_datasets_parse_ref(const char *ref, char name[TR_DATASET_NAME_MAX + 1], char file[TR_DATASET_NAME_MAX + 1],
-			  char *err, size_t errlen)
+			  struct tr_error *err)
 {
 	if (!tr_datasets_is_ref(ref))
-		return fail(err, errlen, -EINVAL, "not a dataset reference (dataset:NAME/FILE)");
+		return tr_error_set(err, -EINVAL, 0, NULL, "not a dataset reference (dataset:NAME/FILE)");
 	const char *p = ref + strlen(TR_DATASET_REF_PREFIX);
 	const char *slash = strchr(p, '/');
 	if (!slash)
-		return fail(err, errlen, -EINVAL, "'%.200s' names no file: write dataset:NAME/FILE", ref);
+		return tr_error_set(err, -EINVAL, 0, NULL, "'%.200s' names no file: write dataset:NAME/FILE", ref);
 	size_t nlen = (size_t)(slash - p);
 	if (nlen > TR_DATASET_NAME_MAX || strlen(slash + 1) > TR_DATASET_NAME_MAX)
-		return fail(err, errlen, -EINVAL, "'%.200s': names are at most %d characters", ref,
-			    TR_DATASET_NAME_MAX);
+		return tr_error_set(err, -EINVAL, 0, NULL, "'%.200s': names are at most %d characters", ref,
+				    TR_DATASET_NAME_MAX);
 	memcpy(name, p, nlen);
 	name[nlen] = 0;
 	snprintf(file, TR_DATASET_NAME_MAX + 1, "%s", slash + 1);
-	char why[256];
-	if (tr_datasets_check_name("dataset name", name, why, sizeof why) < 0 ||
-	    tr_datasets_check_name("file name", file, why, sizeof why) < 0)
-		return fail(err, errlen, -EINVAL, "'%.200s': %s", ref, why);
+	struct tr_error why;
+	if (tr_datasets_check_name("dataset name", name, &why) < 0 ||
+	    tr_datasets_check_name("file name", file, &why) < 0)
+		return tr_error_set(err, -EINVAL, 0, NULL, "'%.200s': %s", ref, why.message);
 	return 0;
 }
 
@@ -170,14 +161,14 @@ static int sync_dir(const char *path)
 
 /* Writes the record of a file with this digest, size and inode to path
  * (through a temporary name, synced). */
-static int write_record(const char *path, const char *hex, int64_t bytes, uint64_t ino, char *err, size_t errlen)
+static int write_record(const char *path, const char *hex, int64_t bytes, uint64_t ino, struct tr_error *err)
 {
 	char tmp[PATH_MAX];
 	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-		return fail(err, errlen, -ENAMETOOLONG, "%s: name too long", path);
+		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s: name too long", path);
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
-		return fail(err, errlen, -errno, "%s: cannot create: %s", tmp, strerror(errno));
+		return tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", tmp, strerror(errno));
 	char line[128];
 	int n = snprintf(line, sizeof line, "%s %" PRId64 " %" PRIu64 "\n", hex, bytes, ino);
 	int rc = write(fd, line, (size_t)n) == n && fsync(fd) == 0 ? 0 : -(errno ? errno : EIO);
@@ -186,7 +177,7 @@ static int write_record(const char *path, const char *hex, int64_t bytes, uint64
 		rc = -errno;
 	if (rc < 0) {
 		unlink(tmp);
-		return fail(err, errlen, rc, "%s: cannot write: %s", path, strerror(-rc));
+		return tr_error_set(err, rc, 0, NULL, "%s: cannot write: %s", path, strerror(-rc));
 	}
 	return 0;
 }
@@ -221,27 +212,27 @@ static void sweep_dataset(tr_datasets_t *d, const char *name, int64_t *used)
 	rmdir(path); /* only when empty */
 }
 
-int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, char *err, size_t errlen)
+int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, struct tr_error *err)
 {
 	*out = NULL;
 	if (!dir || dir[0] != '/')
-		return fail(err, errlen, -EINVAL, "the datasets directory must be an absolute path");
+		return tr_error_set(err, -EINVAL, 0, NULL, "the datasets directory must be an absolute path");
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
-		return fail(err, errlen, -errno, "%s: cannot create: %s", dir, strerror(errno));
+		return tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dir, strerror(errno));
 	struct stat st;
 	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
-		return fail(err, errlen, -ENOTDIR, "%s: not a directory", dir);
+		return tr_error_set(err, -ENOTDIR, 0, NULL, "%s: not a directory", dir);
 	tr_datasets_t *d = calloc(1, sizeof *d);
 	if (!d || !(d->dir = strdup(dir))) {
 		free(d);
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
 	}
 	d->max_bytes = max_bytes > 0 ? max_bytes : 0;
 	pthread_mutex_init(&d->lock, NULL);
 	DIR *top = opendir(dir);
 	struct dirent *e;
 	while (top && (e = readdir(top)))
-		if (e->d_name[0] != '.' && tr_datasets_check_name("dataset name", e->d_name, NULL, 0) == 0)
+		if (e->d_name[0] != '.' && tr_datasets_check_name("dataset name", e->d_name, NULL) == 0)
 			sweep_dataset(d, e->d_name, &d->used);
 	if (top)
 		closedir(top);
@@ -280,18 +271,18 @@ int64_t tr_datasets_used_bytes(tr_datasets_t *d)
 
 /* Takes `more` bytes of the quota for up (under d->lock): -EFBIG when they
  * do not fit.  The file up replaces counts as free. */
-static int reserve_locked(tr_dataset_upload_t *up, int64_t more, char *err, size_t errlen)
+static int reserve_locked(tr_dataset_upload_t *up, int64_t more, struct tr_error *err)
 {
 	tr_datasets_t *d = up->d;
 	if (d->max_bytes > 0) {
 		int64_t after = d->used - up->replaces + d->reserved + more;
 		if (after > d->max_bytes) {
 			int64_t room = d->max_bytes - (d->used - up->replaces + d->reserved);
-			return fail(err, errlen, -EFBIG,
-				    "%s/%s: %" PRId64 " bytes do not fit the datasets quota of %" PRId64
-				    " bytes (%" PRId64 " left; datasets-max-bytes sets it)",
-				    up->name, up->file, up->reserved + more, d->max_bytes,
-				    (room > 0 ? room : 0) + up->reserved);
+			return tr_error_set(err, -EFBIG, 0, NULL,
+					    "%s/%s: %" PRId64 " bytes do not fit the datasets quota of %" PRId64
+					    " bytes (%" PRId64 " left; datasets-max-bytes sets it)",
+					    up->name, up->file, up->reserved + more, d->max_bytes,
+					    (room > 0 ? room : 0) + up->reserved);
 		}
 	}
 	d->reserved += more;
@@ -302,17 +293,17 @@ static int reserve_locked(tr_dataset_upload_t *up, int64_t more, char *err, size
 /* ---- uploads ---------------------------------------------------------------- */
 
 int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *file, int64_t declared,
-			     tr_dataset_upload_t **out, char *err, size_t errlen)
+			     tr_dataset_upload_t **out, struct tr_error *err)
 {
 	*out = NULL;
-	int rc = tr_datasets_check_name("dataset name", name, err, errlen);
+	int rc = tr_datasets_check_name("dataset name", name, err);
 	if (rc == 0)
-		rc = tr_datasets_check_name("file name", file, err, errlen);
+		rc = tr_datasets_check_name("file name", file, err);
 	if (rc < 0)
 		return rc;
 	tr_dataset_upload_t *up = calloc(1, sizeof *up);
 	if (!up)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
 	up->d = d;
 	up->fd = -1;
 	up->declared = declared;
@@ -325,17 +316,17 @@ int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *fil
 	    tr_datasets_path(d, name, file, fpath, sizeof fpath) < 0 ||
 	    snprintf(up->tmp, sizeof up->tmp, "%s/" TMP_PREFIX "XXXXXX", dpath) >= (int)sizeof up->tmp) {
 		free(up);
-		return fail(err, errlen, -ENAMETOOLONG, "%s/%s: the path is too long", name, file);
+		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s/%s: the path is too long", name, file);
 	}
 	pthread_mutex_lock(&d->lock);
 	struct stat st;
 	if (lstat(fpath, &st) == 0 && S_ISREG(st.st_mode))
 		up->replaces = st.st_size;
-	rc = reserve_locked(up, declared > 0 ? declared : 0, err, errlen);
+	rc = reserve_locked(up, declared > 0 ? declared : 0, err);
 	if (rc == 0 && mkdir(dpath, 0700) < 0 && errno != EEXIST)
-		rc = fail(err, errlen, -errno, "%s: cannot create: %s", dpath, strerror(errno));
+		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dpath, strerror(errno));
 	if (rc == 0 && (up->fd = mkostemp(up->tmp, O_CLOEXEC)) < 0)
-		rc = fail(err, errlen, -errno, "%s: cannot create a file: %s", dpath, strerror(errno));
+		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create a file: %s", dpath, strerror(errno));
 	if (rc < 0) {
 		d->reserved -= up->reserved;
 		rmdir(dpath); /* a dataset this upload would have started */
@@ -349,17 +340,17 @@ int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *fil
 	return 0;
 }
 
-int tr_datasets_upload_write(tr_dataset_upload_t *up, const void *data, size_t len, char *err, size_t errlen)
+int tr_datasets_upload_write(tr_dataset_upload_t *up, const void *data, size_t len, struct tr_error *err)
 {
 	if (up->failed)
-		return fail(err, errlen, -EIO, "%s/%s: the upload has failed", up->name, up->file);
+		return tr_error_set(err, -EIO, 0, NULL, "%s/%s: the upload has failed", up->name, up->file);
 	int rc = 0;
 	if (up->declared >= 0 && (uint64_t)up->written + len > (uint64_t)up->declared) {
-		rc = fail(err, errlen, -EFBIG, "%s/%s: more bytes came than the %" PRId64 " declared", up->name,
-			  up->file, up->declared);
+		rc = tr_error_set(err, -EFBIG, 0, NULL, "%s/%s: more bytes came than the %" PRId64 " declared",
+				  up->name, up->file, up->declared);
 	} else if (up->written + (int64_t)len > up->reserved) {
 		pthread_mutex_lock(&up->d->lock);
-		rc = reserve_locked(up, up->written + (int64_t)len - up->reserved, err, errlen);
+		rc = reserve_locked(up, up->written + (int64_t)len - up->reserved, err);
 		pthread_mutex_unlock(&up->d->lock);
 	}
 	const char *p = data;
@@ -370,8 +361,8 @@ int tr_datasets_upload_write(tr_dataset_upload_t *up, const void *data, size_t l
 			continue;
 		if (n <= 0) {
 			int e = n < 0 ? errno : EIO;
-			rc = fail(err, errlen, e == ENOSPC || e == EDQUOT ? -ENOSPC : -EIO, "%s/%s: cannot write: %s",
-				  up->name, up->file, strerror(e));
+			rc = tr_error_set(err, e == ENOSPC || e == EDQUOT ? -ENOSPC : -EIO, 0, NULL,
+					  "%s/%s: cannot write: %s", up->name, up->file, strerror(e));
 			break;
 		}
 		p += n;
@@ -419,21 +410,21 @@ void tr_datasets_upload_abort(tr_dataset_upload_t *up)
 	upload_free(up, 0);
 }
 
-int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *out, char *err, size_t errlen)
+int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *out, struct tr_error *err)
 {
 	tr_datasets_t *d = up->d;
 	int rc = 0;
 	if (up->failed)
-		rc = fail(err, errlen, -EIO, "%s/%s: the upload has failed", up->name, up->file);
+		rc = tr_error_set(err, -EIO, 0, NULL, "%s/%s: the upload has failed", up->name, up->file);
 	else if (up->declared >= 0 && up->written != up->declared)
-		rc = fail(err, errlen, -EPROTO, "%s/%s: %" PRId64 " of %" PRId64 " declared bytes came", up->name,
-			  up->file, up->written, up->declared);
+		rc = tr_error_set(err, -EPROTO, 0, NULL, "%s/%s: %" PRId64 " of %" PRId64 " declared bytes came",
+				  up->name, up->file, up->written, up->declared);
 	else if (fsync(up->fd) < 0)
-		rc = fail(err, errlen, errno == ENOSPC || errno == EDQUOT ? -ENOSPC : -EIO, "%s/%s: cannot sync: %s",
-			  up->name, up->file, strerror(errno));
+		rc = tr_error_set(err, errno == ENOSPC || errno == EDQUOT ? -ENOSPC : -EIO, 0, NULL,
+				  "%s/%s: cannot sync: %s", up->name, up->file, strerror(errno));
 	struct stat st;
 	if (rc == 0 && fstat(up->fd, &st) < 0)
-		rc = fail(err, errlen, -errno, "%s/%s: %s", up->name, up->file, strerror(errno));
+		rc = tr_error_set(err, -errno, 0, NULL, "%s/%s: %s", up->name, up->file, strerror(errno));
 	if (rc < 0) {
 		tr_datasets_upload_abort(up);
 		return rc;
@@ -451,10 +442,10 @@ int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *o
 	int64_t replaced = lstat(fpath, &old) == 0 && S_ISREG(old.st_mode) ? old.st_size : 0;
 	/* The record first: until the rename below it names an inode that is
 	 * not FILE's yet, and a crash in between shows the checksum unknown. */
-	rc = write_record(rec, hex, up->written, (uint64_t)st.st_ino, err, errlen);
+	rc = write_record(rec, hex, up->written, (uint64_t)st.st_ino, err);
 	if (rc == 0 && rename(up->tmp, fpath) < 0)
-		rc = fail(err, errlen, -errno, "%s/%s: cannot rename into place: %s", up->name, up->file,
-			  strerror(errno));
+		rc = tr_error_set(err, -errno, 0, NULL, "%s/%s: cannot rename into place: %s", up->name, up->file,
+				  strerror(errno));
 	if (rc == 0) {
 		d->used -= replaced;
 		sync_dir(dpath);
@@ -497,7 +488,7 @@ static void fill_entry(const tr_datasets_t *d, const char *name, const char *fil
 	read_record(d, name, file, st, out);
 }
 
-int tr_datasets_list(tr_datasets_t *d, struct tr_dataset_file **files, size_t *count, char *err, size_t errlen)
+int tr_datasets_list(tr_datasets_t *d, struct tr_dataset_file **files, size_t *count, struct tr_error *err)
 {
 	*files = NULL;
 	*count = 0;
@@ -507,10 +498,10 @@ int tr_datasets_list(tr_datasets_t *d, struct tr_dataset_file **files, size_t *c
 	pthread_mutex_lock(&d->lock);
 	DIR *top = opendir(d->dir);
 	if (!top)
-		rc = fail(err, errlen, -errno, "%s: %s", d->dir, strerror(errno));
+		rc = tr_error_set(err, -errno, 0, NULL, "%s: %s", d->dir, strerror(errno));
 	struct dirent *e;
 	while (rc == 0 && (e = readdir(top))) {
-		if (tr_datasets_check_name("dataset name", e->d_name, NULL, 0) < 0)
+		if (tr_datasets_check_name("dataset name", e->d_name, NULL) < 0)
 			continue;
 		char dpath[PATH_MAX];
 		if (tr_datasets_path(d, e->d_name, NULL, dpath, sizeof dpath) < 0)
@@ -519,14 +510,14 @@ int tr_datasets_list(tr_datasets_t *d, struct tr_dataset_file **files, size_t *c
 		struct dirent *f;
 		struct stat st;
 		while (sub && rc == 0 && (f = readdir(sub))) {
-			if (tr_datasets_check_name("file name", f->d_name, NULL, 0) < 0 ||
+			if (tr_datasets_check_name("file name", f->d_name, NULL) < 0 ||
 			    fstatat(dirfd(sub), f->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
 				continue;
 			if (n == cap) {
 				size_t ncap = cap ? 2 * cap : 16;
 				void *nv = realloc(v, ncap * sizeof *v);
 				if (!nv) {
-					rc = fail(err, errlen, -ENOMEM, "out of memory");
+					rc = tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
 					break;
 				}
 				v = nv;
@@ -551,21 +542,21 @@ int tr_datasets_list(tr_datasets_t *d, struct tr_dataset_file **files, size_t *c
 	return 0;
 }
 
-int tr_datasets_stat(tr_datasets_t *d, const char *name, const char *file, struct tr_dataset_file *out, char *err,
-		     size_t errlen)
+int tr_datasets_stat(tr_datasets_t *d, const char *name, const char *file, struct tr_dataset_file *out,
+		     struct tr_error *err)
 {
-	int rc = tr_datasets_check_name("dataset name", name, err, errlen);
+	int rc = tr_datasets_check_name("dataset name", name, err);
 	if (rc == 0)
-		rc = tr_datasets_check_name("file name", file, err, errlen);
+		rc = tr_datasets_check_name("file name", file, err);
 	if (rc < 0)
 		return rc;
 	char path[PATH_MAX];
 	struct stat st;
 	if (tr_datasets_path(d, name, file, path, sizeof path) < 0)
-		return fail(err, errlen, -ENAMETOOLONG, "%s/%s: the path is too long", name, file);
+		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s/%s: the path is too long", name, file);
 	pthread_mutex_lock(&d->lock);
 	if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode))
-		rc = fail(err, errlen, -ENOENT, "no dataset file %s/%s", name, file);
+		rc = tr_error_set(err, -ENOENT, 0, NULL, "no dataset file %s/%s", name, file);
 	else
 		fill_entry(d, name, file, &st, out);
 	pthread_mutex_unlock(&d->lock);
@@ -573,45 +564,45 @@ int tr_datasets_stat(tr_datasets_t *d, const char *name, const char *file, struc
 }
 
 /* Deletes NAME/FILE and its record (under d->lock); *freed += its size. */
-static int remove_file_locked(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, char *err,
-			      size_t errlen)
+static int remove_file_locked(tr_datasets_t *d, const char *name, const char *file, int64_t *freed,
+			      struct tr_error *err)
 {
 	char path[PATH_MAX], rec[PATH_MAX];
 	struct stat st;
 	if (tr_datasets_path(d, name, file, path, sizeof path) < 0 || record_path(d, name, file, rec, sizeof rec) < 0)
-		return fail(err, errlen, -ENAMETOOLONG, "%s/%s: the path is too long", name, file);
+		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s/%s: the path is too long", name, file);
 	if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode))
-		return fail(err, errlen, -ENOENT, "no dataset file %s/%s", name, file);
+		return tr_error_set(err, -ENOENT, 0, NULL, "no dataset file %s/%s", name, file);
 	if (unlink(path) < 0)
-		return fail(err, errlen, -errno, "%s/%s: cannot delete: %s", name, file, strerror(errno));
+		return tr_error_set(err, -errno, 0, NULL, "%s/%s: cannot delete: %s", name, file, strerror(errno));
 	unlink(rec);
 	d->used -= st.st_size;
 	*freed += st.st_size;
 	return 0;
 }
 
-int tr_datasets_remove(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, char *err, size_t errlen)
+int tr_datasets_remove(tr_datasets_t *d, const char *name, const char *file, int64_t *freed, struct tr_error *err)
 {
 	int64_t got = 0;
-	int rc = tr_datasets_check_name("dataset name", name, err, errlen);
+	int rc = tr_datasets_check_name("dataset name", name, err);
 	if (rc == 0 && file)
-		rc = tr_datasets_check_name("file name", file, err, errlen);
+		rc = tr_datasets_check_name("file name", file, err);
 	if (rc < 0)
 		return rc;
 	char dpath[PATH_MAX];
 	if (tr_datasets_path(d, name, NULL, dpath, sizeof dpath) < 0)
-		return fail(err, errlen, -ENAMETOOLONG, "%s: the path is too long", name);
+		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s: the path is too long", name);
 	pthread_mutex_lock(&d->lock);
 	if (file) {
-		rc = remove_file_locked(d, name, file, &got, err, errlen);
+		rc = remove_file_locked(d, name, file, &got, err);
 	} else {
 		DIR *sub = opendir(dpath);
 		if (!sub)
-			rc = fail(err, errlen, -ENOENT, "no dataset %s", name);
+			rc = tr_error_set(err, -ENOENT, 0, NULL, "no dataset %s", name);
 		struct dirent *f;
 		while (sub && rc == 0 && (f = readdir(sub)))
-			if (tr_datasets_check_name("file name", f->d_name, NULL, 0) == 0) {
-				int r = remove_file_locked(d, name, f->d_name, &got, err, errlen);
+			if (tr_datasets_check_name("file name", f->d_name, NULL) == 0) {
+				int r = remove_file_locked(d, name, f->d_name, &got, err);
 				if (r < 0 && r != -ENOENT)
 					rc = r;
 			}

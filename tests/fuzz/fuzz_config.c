@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static int fd = -1;
-	char path[64], err[1024];
+	char path[64];
 	struct tr_config c;
 	struct tr_token_list tokens;
 
@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct tr_error cerr;
 	(void)tr_config_load_file(&c, path, &cerr);
 	tr_config_finish(&c);
-	if (tr_tokens_load(path, &tokens, err, sizeof err) == 0)
+	if (tr_tokens_load(path, &tokens, &cerr) == 0)
 		tr_tokens_finish(&tokens);
 	return 0;
 }

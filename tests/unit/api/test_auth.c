@@ -166,7 +166,7 @@ Test(api, tokens_swap_at_run_time)
 	const struct tr_api_token before[] = {{TR_ROLE_WRITE, "old-token"}};
 	const struct tr_api_token after[] = {{TR_ROLE_READ, "new-token"}};
 	struct start_opts o = {.role_tokens = before, .n_role_tokens = 1};
-	char err[256] = "";
+	struct tr_error err = {0};
 	struct tr_test_reply r;
 
 	restart(&o);
@@ -174,7 +174,7 @@ Test(api, tokens_swap_at_run_time)
 	r = http("POST", "/jobs/5/cancel", NULL);
 	cr_assert_neq(r.status, 403);
 	resp_free(&r);
-	cr_assert_eq(tr_api_set_tokens(api, NULL, after, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(tr_api_set_tokens(api, NULL, after, 1, &err), 0, "%s", err.message);
 	r = http("GET", "/jobs", NULL);
 	expect_status(&r, 403, "the old token after the swap");
 	resp_free(&r);
@@ -187,7 +187,7 @@ Test(api, tokens_swap_at_run_time)
 	resp_free(&r);
 	/* An empty token is refused and changes nothing. */
 	const struct tr_api_token empty[] = {{TR_ROLE_ADMIN, ""}};
-	cr_assert_lt(tr_api_set_tokens(api, NULL, empty, 1, err, sizeof(err)), 0);
+	cr_assert_lt(tr_api_set_tokens(api, NULL, empty, 1, &err), 0);
 	r = http("GET", "/jobs", NULL);
 	expect_status(&r, 200, "after a refused swap");
 	resp_free(&r);
