@@ -40,6 +40,20 @@ struct tr_api_live {
 	double loss; /* NAN when there is none yet */
 };
 
+/* The most devices the API lists (the daemon's pool holds at most 64). */
+#define TR_API_MAX_DEVICES 64
+
+/* One training device as the daemon sees it (GET /devices, /metrics). */
+struct tr_api_device {
+	int id;
+	char name[128];
+	const char *kind;    /* the backend's name ("cpu", "cuda"); static */
+	bool have_memory;    /* false when the backend cannot say */
+	size_t memory_total; /* bytes */
+	size_t memory_free;  /* bytes */
+	int64_t job;         /* the job holding the device, 0 when free */
+};
+
 /* A control request: POST /jobs/{id}/cancel, /stop, /pause, /resume. */
 struct tr_api_control {
 	enum tr_job_request op; /* TR_JOB_CANCEL, _STOP, _PAUSE or _RESUME */
@@ -72,9 +86,9 @@ struct tr_api_ops {
 	int (*set_priority)(void *ctx, int64_t job_id, int priority, struct tr_error *err);
 	/* Deletes a job in a terminal state with all its data (409 otherwise). */
 	int (*remove)(void *ctx, int64_t job_id, struct tr_error *err);
-	/* New reference: [{"id":0,"name":"cpu0","kind":"cpu","memory_total":..,
-	 * "memory_free":..,"job":17|null}, ...] */
-	json_t *(*devices)(void *ctx);
+	/* Fills out[0..max) with the daemon's devices and returns how many
+	 * (never more than max); the API renders them (api/misc.c). */
+	int (*devices)(void *ctx, struct tr_api_device *out, int max);
 	/* A running job's live figures (data; the API renders them into the
 	 * job's "progress"): true with *out filled when the job runs here and
 	 * has made progress, false otherwise. */

@@ -222,6 +222,11 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
  * JSON null for 0 (not yet). */
 json_t *tr_api_time_json(double t);
 
+/* The daemon's devices into out[0..max) (api/misc.c); returns how many,
+ * 0 when the daemon lists none.  GET /devices and /metrics both read
+ * them here. */
+int tr_api_devices_read(tr_api_t *api, struct tr_api_device *out, int max);
+
 /* ---- limits.c ---- */
 
 /* Starts the deadline reaper; -1 with err filled. */

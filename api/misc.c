@@ -47,16 +47,39 @@ void tr_api_version(struct tr_api_request *rq, struct tr_api_reply *rp)
 	tr_api_reply_json(rp, 200, json_pack("{s:s, s:i}", "version", rq->api->cfg.version, "api", 1));
 }
 
+int tr_api_devices_read(tr_api_t *api, struct tr_api_device *out, int max)
+{
+	int n = api->cfg.ops.devices ? api->cfg.ops.devices(api->cfg.ctx, out, max) : 0;
+	return n < 0 ? 0 : n > max ? max : n;
+}
+
+/* New reference: {"id":0,"name":"cpu0","kind":"cpu","memory_total":..,
+ * "memory_free":..,"job":17|null}; memory is null where the backend
+ * cannot say. */
+static json_t *device_json(const struct tr_api_device *d)
+{
+	return json_pack("{s:i, s:s, s:s, s:o, s:o, s:o}", "id", d->id, "name", d->name, "kind", d->kind ? d->kind : "",
+			 "memory_total", d->have_memory ? json_integer((json_int_t)d->memory_total) : json_null(),
+			 "memory_free", d->have_memory ? json_integer((json_int_t)d->memory_free) : json_null(), "job",
+			 d->job ? json_integer(d->job) : json_null());
+}
+
 void tr_api_devices(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
-	tr_api_t *api = rq->api;
-	json_t *devices = api->cfg.ops.devices ? api->cfg.ops.devices(api->cfg.ctx) : json_array();
+	struct tr_api_device devs[TR_API_MAX_DEVICES];
+	int n = tr_api_devices_read(rq->api, devs, TR_API_MAX_DEVICES);
+	json_t *list = json_array();
 
-	if (!devices) {
+	for (int i = 0; list && i < n; i++)
+		if (json_array_append_new(list, device_json(&devs[i])) < 0) {
+			json_decref(list);
+			list = NULL;
+		}
+	if (!list) {
 		tr_api_fail(rp, 500, "internal", NULL, "the device list is not available");
 		return;
 	}
-	tr_api_reply_json(rp, 200, json_pack("{s:o}", "devices", devices));
+	tr_api_reply_json(rp, 200, json_pack("{s:o}", "devices", list));
 }
 
 static int read_file(const char *path, char **out, size_t *len)

@@ -371,25 +371,20 @@ static int put_running(struct out *o, tr_api_t *api, struct tr_error *e)
 
 static void put_devices(struct out *o, tr_api_t *api)
 {
-	json_t *list = api->cfg.ops.devices ? api->cfg.ops.devices(api->cfg.ctx) : NULL;
-	size_t i;
-	json_t *d;
+	struct tr_api_device devs[TR_API_MAX_DEVICES];
+	int n = tr_api_devices_read(api, devs, TR_API_MAX_DEVICES);
 	char name[160], job[32];
 
 	head(o, "trainerd_device_info", "gauge",
 	     "A training device, its name and the job that holds it (\"\" when free).");
-	json_array_foreach(list, i, d) {
-		json_t *owner = json_object_get(d, "job");
-
-		if (json_is_integer(owner))
-			snprintf(job, sizeof job, "%" JSON_INTEGER_FORMAT, json_integer_value(owner));
+	for (int i = 0; i < n; i++) {
+		if (devs[i].job)
+			snprintf(job, sizeof job, "%" PRId64, devs[i].job);
 		else
 			job[0] = '\0';
-		put(o, "trainerd_device_info{device=\"%" JSON_INTEGER_FORMAT "\",name=\"%s\",job_id=\"%s\"} 1\n",
-		    json_integer_value(json_object_get(d, "id")),
-		    esc(name, sizeof name, json_string_value(json_object_get(d, "name"))), job);
+		put(o, "trainerd_device_info{device=\"%d\",name=\"%s\",job_id=\"%s\"} 1\n", devs[i].id,
+		    esc(name, sizeof name, devs[i].name), job);
 	}
-	json_decref(list);
 }
 
 /* ---- process_* from /proc/self ---- */

@@ -388,11 +388,10 @@ static int op_remove(void *ctx, int64_t id, struct tr_error *err)
 	return rc < 0 ? -1 : 0;
 }
 
-static json_t *op_devices(void *ctx)
+static int op_devices(void *ctx, struct tr_api_device *out, int max)
 {
 	struct tr_scheduler *s = ctx;
 	tr_backend_t *be = s->cfg.backend;
-	json_t *list = json_array();
 	/* Only the owners are read under the lock, which every training step
 	 * takes (on_progress): the memory query (a file read for CPU devices,
 	 * cudaMemGetInfo for GPUs) is done without it, so a dashboard's poll
@@ -400,22 +399,24 @@ static json_t *op_devices(void *ctx)
 	int64_t owner[TR_MAX_POOL_DEVICES] = {0};
 	pthread_mutex_lock(&s->lock);
 	int ndev = s->ndev < TR_MAX_POOL_DEVICES ? s->ndev : TR_MAX_POOL_DEVICES;
+	if (ndev > max)
+		ndev = max;
 	for (int d = 0; d < ndev; d++)
 		owner[d] = s->owner[d];
 	pthread_mutex_unlock(&s->lock);
 	for (int d = 0; d < ndev; d++) {
-		char name[128];
+		struct tr_api_device *dev = &out[d];
 		size_t total = 0, free_bytes = 0;
-		be->i->device_name(be, d, name, sizeof name);
-		bool mem = be->i->memory_info && be->i->memory_info(be, d, &total, &free_bytes) == 0 && total > 0;
-		json_array_append_new(list,
-				      json_pack("{s:i, s:s, s:s, s:o, s:o, s:o}", "id", d, "name", name, "kind",
-						be->i->name, "memory_total",
-						mem ? json_integer((json_int_t)total) : json_null(), "memory_free",
-						mem ? json_integer((json_int_t)free_bytes) : json_null(), "job",
-						owner[d] ? json_integer(owner[d]) : json_null()));
+		*dev = (struct tr_api_device){.id = d, .kind = be->i->name, .job = owner[d]};
+		be->i->device_name(be, d, dev->name, sizeof dev->name);
+		dev->have_memory = be->i->memory_info && be->i->memory_info(be, d, &total, &free_bytes) == 0 &&
+				   total > 0;
+		if (dev->have_memory) {
+			dev->memory_total = total;
+			dev->memory_free = free_bytes;
+		}
 	}
-	return list;
+	return ndev;
 }
 
 static bool op_live_progress(void *ctx, int64_t id, struct tr_api_live *out)

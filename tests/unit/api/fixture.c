@@ -157,11 +157,14 @@ static int fake_remove(void *ctx, int64_t id, struct tr_error *err)
 	return tr_store_job_delete(store, id, NULL);
 }
 
-static json_t *fake_devices(void *ctx)
+static int fake_devices(void *ctx, struct tr_api_device *out, int max)
 {
 	(void)ctx;
-	return json_pack("[{s:i, s:s, s:s, s:i, s:i, s:n}]", "id", 0, "name", "cpu0", "kind", "cpu", "memory_total",
-			 1024, "memory_free", 512, "job");
+	if (max < 1)
+		return 0;
+	out[0] = (struct tr_api_device){
+		.id = 0, .name = "cpu0", .kind = "cpu", .have_memory = true, .memory_total = 1024, .memory_free = 512};
+	return 1;
 }
 
 /* A running job's figures: the row's, with an ETA only the daemon knows. */

@@ -65,6 +65,15 @@ Test(api, health_ready_version_devices)
 	expect_status(&r, 200, "devices");
 	cr_assert_eq(json_array_size(json_object_get(r.json, "devices")), 1);
 	cr_assert_str_eq(jstr(json_array_get(json_object_get(r.json, "devices"), 0), "name"), "cpu0");
+	{
+		/* The daemon hands data; the API renders every field of it. */
+		json_t *d = json_array_get(json_object_get(r.json, "devices"), 0);
+		cr_assert_eq(jint(d, "id"), 0);
+		cr_assert_str_eq(jstr(d, "kind"), "cpu");
+		cr_assert_eq(jint(d, "memory_total"), 1024);
+		cr_assert_eq(jint(d, "memory_free"), 512);
+		cr_assert(json_is_null(json_object_get(d, "job")), "a free device's job is null");
+	}
 	resp_free(&r);
 
 	/* No document configured. */
