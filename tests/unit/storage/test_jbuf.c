@@ -32,8 +32,8 @@ static void check_num(double v)
 	tr_store_jbuf_num(&b, v);
 	cr_assert(!b.oom);
 	reference(v, want, sizeof want);
-	cr_assert(b.n == strlen(want) && memcmp(b.p, want, b.n) == 0, "%.17g: \"%.*s\", want \"%s\"", v, (int)b.n,
-		  b.p, want);
+	cr_assert(b.n == strlen(want) && memcmp(b.p, want, b.n) == 0, "%.17g: \"%.*s\", want \"%s\"", v, (int)b.n, b.p,
+		  want);
 	free(b.p);
 }
 
@@ -49,10 +49,33 @@ static uint64_t next(void)
 
 Test(jbuf, reals_are_the_shortest_form_that_reads_back)
 {
-	static const double fixed[] = {0.0, -0.0, 0.1, 0.2, 0.3, 1.0 / 3, 2.0 / 3, 1e15, 1e16, 1e17, 1e-5, 1e-4,
-				       123456789012345.0, 999999999999999.0, 9999999999999998.0, 0.999999999999999,
-				       1.000000000000001, DBL_MAX, DBL_MIN, DBL_MIN / 3, 5e-324, NAN, INFINITY,
-				       -INFINITY, 1764633600.123456, 0.002, 2.5e-3};
+	static const double fixed[] = {0.0,
+				       -0.0,
+				       0.1,
+				       0.2,
+				       0.3,
+				       1.0 / 3,
+				       2.0 / 3,
+				       1e15,
+				       1e16,
+				       1e17,
+				       1e-5,
+				       1e-4,
+				       123456789012345.0,
+				       999999999999999.0,
+				       9999999999999998.0,
+				       0.999999999999999,
+				       1.000000000000001,
+				       DBL_MAX,
+				       DBL_MIN,
+				       DBL_MIN / 3,
+				       5e-324,
+				       NAN,
+				       INFINITY,
+				       -INFINITY,
+				       1764633600.123456,
+				       0.002,
+				       2.5e-3};
 	for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
 		check_num(fixed[i]);
 	for (int i = 0; i < 100000; i++) {
