@@ -283,15 +283,16 @@ async function loadBench(out) {
 							: /\/devices/.test(u) ? 'devices' : /\/jobs\/\d+$/.test(u) ? 'job' : 'other';
 						count[k] = (count[k] || 0) + 1;
 					});
-					await p.goto(d.url + '/#/jobs/' + id);
+					/* On a loaded machine a renderer can take long to start. */
+					await p.goto(d.url + '/#/jobs/' + id, { timeout: 120000 });
 					pages.push(p);
 				}
 				const t0 = Date.now();
 				for (const [k, p] of pages.entries()) {
 					try {
 						await p.waitForFunction(() => Number((document.querySelector('[data-chart="0"]') || { dataset: {} }).dataset.points) > 0,
-							null, { timeout: Math.max(1000, 30000 - (Date.now() - t0)) });
-					} catch (e) { console.error(`round ${round}: page ${k} drew no chart within 30 s`); }
+							null, { timeout: Math.max(1000, 60000 - (Date.now() - t0)) });
+					} catch (e) { console.error(`round ${round}: page ${k} drew no chart within 60 s`); }
 				}
 				console.error(`round ${round}: ${PAGES} pages open, charts drawn after ${Date.now() - t0} ms`);
 				if (PIN) pin([...browserCpu(new Set(daemons.map((x) => x.proc.pid))).keys()]);
