@@ -197,6 +197,10 @@ void tr_store_jbuf_num(struct jbuf *b, double v)
 		tr_store_jbuf_raw(b, "null", 4); /* JSON has no NaN or infinity */
 		return;
 	}
+	if (v == 0) {
+		tr_store_jbuf_raw(b, signbit(v) ? "-0" : "0", signbit(v) ? 2 : 1); /* as %.15g writes it */
+		return;
+	}
 	char tmp[32];
 	/* The shorter form when it reads back exactly (0.1, not
 	 * 0.10000000000000001); %.17g always does.  Most values of a curve
