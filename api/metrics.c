@@ -304,7 +304,13 @@ void tr_api_metrics_get(struct tr_api_request *rq, struct tr_api_reply *rp)
 	struct metrics_compute mc = {api->cfg.store, id, &q, rp};
 	char *text;
 	size_t len;
-	int rc = tr_rcache_get_refreshable(&ck, refresh_answer, CACHE_WAIT_MS, compute_answer, &mc, &text, &len);
+	/* Only whole curves are recomputed at commit for their pollers: an
+	 * incremental poll's from_step moves with every poll, so its answer is
+	 * not asked again once the job commits (pages that poll at the same
+	 * moment share it from the cache, which made it look polled and cost
+	 * the metrics writer a recomputation per commit for nobody). */
+	tr_rcache_refresh_fn refresh = from == 0 ? refresh_answer : NULL;
+	int rc = tr_rcache_get_refreshable(&ck, refresh, CACHE_WAIT_MS, compute_answer, &mc, &text, &len);
 	if (rc == -EFBIG) {
 		reply_stream(api, id, &q, rp);
 		goto cleanup;

@@ -274,6 +274,11 @@ struct mpoint {
 struct msum {
 	int64_t n;
 	struct mpoint min, max; /* valid when n > 0 */
+	/* The last point in step order, the latest written among equal steps
+	 * (valid when last_known: rows from before the rollup kept it, and
+	 * sums merged with them, do not know it). */
+	struct mpoint last;
+	bool last_known;
 };
 
 /* Order of values for min/max: NaN counts as larger than +inf, so a

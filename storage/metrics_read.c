@@ -13,8 +13,11 @@
  * rollup blocks are aligned powers of two as well, the query reads the
  * coarsest rollup level whose blocks fit in a bucket and takes every whole
  * block as it is: only the blocks cut by the range ends are read one
- * level down.  A bucket is shown as its last point (found with one index
- * seek unless the scan read it), so the newest value is always there.
+ * level down.  A bucket is shown as its last point, so the newest value
+ * is always there: the last point of its latest block, kept in the rollup
+ * (one index seek into the raw points only for rows written before the
+ * rollup kept it), so a query reads O(points returned) rows, whatever the
+ * number of raw points in range.
  */
 #include "storage/internal.h"
 
@@ -231,9 +234,13 @@ static int scan(struct ds *d, int level, int64_t a, int64_t b)
 	for (size_t i = 0; i < n && !err; i++) {
 		int64_t start = rows[i].block * w, end = start + w - 1;
 		if (start >= a && end <= b) {
+			/* Blocks come in step order: a known last point of the
+			 * latest one is its bucket's so far (unknown in rows
+			 * from before the rollup kept it: emit_buckets seeks). */
 			struct bucket *k = bucket_for(d, start);
 			tr_store_msum_merge(&k->sum, &rows[i].sum);
-			k->last_known = false;
+			k->last = rows[i].sum.last;
+			k->last_known = rows[i].sum.last_known;
 			continue;
 		}
 		err = scan(d, level - 1, start > a ? start : a, end < b ? end : b);
@@ -398,33 +405,17 @@ static bool col_wanted(enum col col, bool downsampled, bool epochs, bool times)
 	       (col == COL_EPOCH && epochs) || (col == COL_TIME && times);
 }
 
-/* Appends one point's entry to a column's text (comma-separated). */
+/* Appends one point's entry to a column's text (comma-separated): steps
+ * and epochs as integers, the rest as reals. */
 static void col_put(struct jbuf *b, enum col col, const struct tr_metrics_point *p)
 {
 	if (b->n)
 		JBUF_LIT(b, ",");
-	switch (col) {
-	case COL_STEP:
-		tr_store_jbuf_int(b, p->step);
-		break;
-	case COL_VALUE:
-		text_real(b, p->value);
-		break;
-	case COL_MIN:
-		text_real(b, p->min);
-		break;
-	case COL_MAX:
-		text_real(b, p->max);
-		break;
-	case COL_EPOCH:
-		tr_store_jbuf_int(b, p->epoch);
-		break;
-	case COL_TIME:
-		text_real(b, p->wall);
-		break;
-	case NCOLS:
-		break;
+	if (col == COL_STEP || col == COL_EPOCH) {
+		tr_store_jbuf_int(b, col == COL_STEP ? p->step : p->epoch);
+		return;
 	}
+	text_real(b, col == COL_VALUE ? p->value : col == COL_MIN ? p->min : col == COL_MAX ? p->max : p->wall);
 }
 
 /* Sizes a buffer for what is about to be written: no doubling copies of
@@ -834,10 +825,11 @@ static int query_series(struct conn *c, const void *store, int64_t job_id, const
 	if (found <= 0 || lo > hi)
 		return found < 0 ? found : 0; /* no points in range: no series */
 	/* An incremental poll (from_step just past what a client has, a new
-	 * one each time) would only fill the memo table with queries never
-	 * asked again and push out the whole curves': a short range starting
-	 * past 0 is read directly. */
-	bool whole = q->from_step <= 0 || hi - lo >= q->max_points;
+	 * one each time, over however many steps the job made since) would
+	 * only fill the memo table with queries never asked again and push
+	 * out the whole curves': a range starting past 0 is read directly,
+	 * which costs as much as a first memo would. */
+	bool whole = q->from_step <= 0;
 	if (q->want_text && !q->count_only && q->to_step >= STORE_STEP_LIMIT && q->max_points >= 2 &&
 	    q->max_points <= MEMO_MAX_POINTS && whole) {
 		int done = memo_series(c, store, job_id, name, lo, hi, q, gen, out);

@@ -2,8 +2,10 @@
  *
  * Scanning a million rows costs SQLite ~160 ms, far too slow for a
  * dashboard that polls.  So for every series, level k holds one row per
- * aligned block of 16^k steps that has points: count, min point and max
- * point.  A downsampling query then reads a few thousand rows of the level
+ * aligned block of 16^k steps that has points: count, min point, max
+ * point and last point (a downsampled bucket is shown as its last point:
+ * kept here, a bucket made of whole blocks needs no seek into the raw
+ * points).  A downsampling query then reads a few thousand rows of the level
  * that fits its bucket width and descends only at bucket edges
  * (metrics_read.c).  Rows are merged in C, not SQL, because the value order has
  * to place NaN (stored as NULL) above +inf and break ties by step, and the
@@ -38,18 +40,25 @@ static bool better_max(const struct mpoint *p, const struct mpoint *q)
 	return c > 0 || (c == 0 && p->step < q->step);
 }
 
+/* Points come in step order or in the order they were written, so among
+ * equal steps the one added last is the latest written. */
 void tr_store_msum_add(struct msum *m, const struct mpoint *p)
 {
 	if (m->n++ == 0) {
-		m->min = m->max = *p;
+		m->min = m->max = m->last = *p;
+		m->last_known = true;
 		return;
 	}
 	if (better_min(p, &m->min))
 		m->min = *p;
 	if (better_max(p, &m->max))
 		m->max = *p;
+	if (p->step >= m->last.step)
+		m->last = *p;
 }
 
+/* o is the later part: its points were written after m's (a stored block
+ * and a commit's new points) or its steps follow m's (blocks in order). */
 void tr_store_msum_merge(struct msum *m, const struct msum *o)
 {
 	if (o->n == 0)
@@ -62,6 +71,9 @@ void tr_store_msum_merge(struct msum *m, const struct msum *o)
 		m->min = o->min;
 	if (better_max(&o->max, &m->max))
 		m->max = o->max;
+	if (o->last.step >= m->last.step)
+		m->last = o->last;
+	m->last_known = m->last_known && o->last_known;
 	m->n += o->n;
 }
 
@@ -89,7 +101,9 @@ double tr_store_col_value(sqlite3_stmt *st, int col)
 	return sqlite3_column_type(st, col) == SQLITE_NULL ? NAN : sqlite3_column_double(st, col);
 }
 
-#define SUM_COLS "n, min_step, min_epoch, min_wall, min_value, max_step, max_epoch, max_wall, max_value"
+#define SUM_COLS                                                                                             \
+	"n, min_step, min_epoch, min_wall, min_value, max_step, max_epoch, max_wall, max_value, last_step, " \
+	"last_epoch, last_wall, last_value"
 
 static void read_sum(sqlite3_stmt *st, int col, struct msum *m)
 {
@@ -98,12 +112,16 @@ static void read_sum(sqlite3_stmt *st, int col, struct msum *m)
 				 sqlite3_column_double(st, col + 3), tr_store_col_value(st, col + 4)};
 	m->max = (struct mpoint){sqlite3_column_int64(st, col + 5), sqlite3_column_int64(st, col + 6),
 				 sqlite3_column_double(st, col + 7), tr_store_col_value(st, col + 8)};
+	/* NULL in a row written before the rollup kept the last point. */
+	m->last_known = sqlite3_column_type(st, col + 9) != SQLITE_NULL;
+	m->last = (struct mpoint){sqlite3_column_int64(st, col + 9), sqlite3_column_int64(st, col + 10),
+				  sqlite3_column_double(st, col + 11), tr_store_col_value(st, col + 12)};
 }
 
 static const char sql_get[] = "SELECT " SUM_COLS " FROM metrics_rollup"
 			      " WHERE job_id = ?1 AND name = ?2 AND level = ?3 AND block = ?4";
 static const char sql_put[] = "INSERT OR REPLACE INTO metrics_rollup (job_id, name, level, block, " SUM_COLS
-			      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)";
+			      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
 static const char sql_del[] = "DELETE FROM metrics_rollup WHERE job_id = ?1 AND name = ?2 AND level = ?3"
 			      " AND block = ?4";
 
@@ -122,9 +140,15 @@ static int put_row(struct conn *c, int64_t job_id, const char *name, int level, 
 		return -EIO;
 	bind_key(st, job_id, name, level, block);
 	if (m->n) {
-		const struct mpoint *p[2] = {&m->min, &m->max};
+		const struct mpoint *p[3] = {&m->min, &m->max, &m->last};
 		sqlite3_bind_int64(st, 5, m->n);
-		for (int i = 0; i < 2; i++) {
+		for (int i = 0; i < 3; i++) {
+			if (i == 2 && !m->last_known) {
+				/* All NULL: a last point not known (read_sum). */
+				for (int k = 14; k <= 17; k++)
+					sqlite3_bind_null(st, k);
+				break;
+			}
 			sqlite3_bind_int64(st, 6 + 4 * i, p[i]->step);
 			sqlite3_bind_int64(st, 7 + 4 * i, p[i]->epoch);
 			sqlite3_bind_double(st, 8 + 4 * i, p[i]->wall);
@@ -245,7 +269,8 @@ int tr_store_rollup_rebuild(struct conn *c, int64_t job_id, const char *name, in
 	int64_t last = first + ROLLUP_FANOUT - 1;
 	if (level == 1) {
 		sqlite3_stmt *st = tr_store_stmt(c, "SELECT step, epoch, wall, value FROM metrics"
-						    " WHERE job_id = ?1 AND name = ?2 AND step BETWEEN ?3 AND ?4");
+						    " WHERE job_id = ?1 AND name = ?2 AND step BETWEEN ?3 AND ?4"
+						    " ORDER BY step, rowid");
 		if (!st)
 			return -EIO;
 		sqlite3_bind_int64(st, 1, job_id);

@@ -127,6 +127,15 @@ static const char *const migrations[] = {
 	"  job_id INTEGER PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,"
 	"  result TEXT NOT NULL"
 	");",
+
+	/* 7: each rollup block's last point (storage/rollup.c), so that a
+	 * downsampled bucket made of whole blocks is answered from the rollup
+	 * alone.  Rows from before keep NULL there: their buckets seek the
+	 * last point in metrics, as all did before. */
+	"ALTER TABLE metrics_rollup ADD COLUMN last_step INTEGER;"
+	"ALTER TABLE metrics_rollup ADD COLUMN last_epoch INTEGER;"
+	"ALTER TABLE metrics_rollup ADD COLUMN last_wall REAL;"
+	"ALTER TABLE metrics_rollup ADD COLUMN last_value REAL;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -269,3 +269,34 @@ Test(api, metrics_polled_curve_is_ready_at_commit)
 	tr_rcache_stats(&s1);
 	cr_assert_eq(s1.refreshed, s0.refreshed + 1, "%" PRIu64 " answers refreshed", s1.refreshed - s0.refreshed);
 }
+
+/* Pages that poll the same job at the same moment ask the same incremental
+ * query (from_step just past the step they have) and share its answer
+ * from the cache; that answer is not asked again after the next commit
+ * (every page's from_step moves on), so the commit does not recompute it. */
+Test(api, metrics_shared_incremental_poll_is_not_recomputed_at_commit)
+{
+	int64_t id = submit("watched by two pages");
+	char inc[160];
+	struct tr_rcache_stats s0, s1;
+
+	for (int i = 0; i < 5000; i++)
+		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), 1.0 / (i + 1), NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	snprintf(inc, sizeof(inc), "/jobs/%" PRId64 "/metrics?max_points=16&epochs=true&times=true&from_step=1000", id);
+	tr_rcache_stats(&s0);
+	for (int page = 0; page < 2; page++) {
+		struct tr_test_reply r = http("GET", inc, NULL);
+		expect_status(&r, 200, "incremental poll");
+		cr_assert_eq(last_step(r.json, "loss"), 4999);
+		resp_free(&r);
+	}
+	tr_rcache_stats(&s1);
+	cr_assert_eq(s1.hits, s0.hits + 1, "the second page's poll is served from the cache");
+	cr_assert_eq(tr_store_metric_append(store, id, "loss", 5000, 0, now_s(), 1.0, NULL), 0);
+	cr_assert_eq(tr_store_flush(store, NULL), 0);
+	tr_rcache_stats(&s0);
+	cr_assert_eq(s0.refreshed, s1.refreshed, "%" PRIu64 " incremental answers recomputed at commit",
+		     s0.refreshed - s1.refreshed);
+}

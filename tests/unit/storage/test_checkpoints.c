@@ -1004,7 +1004,10 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 	cr_assert_eq(
 		sqlite3_exec(db,
 			     "ALTER TABLE checkpoints DROP COLUMN best; ALTER TABLE checkpoints DROP COLUMN chunk_file;"
-			     " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results; PRAGMA user_version = 2;",
+			     " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results;"
+			     " ALTER TABLE metrics_rollup DROP COLUMN last_step; ALTER TABLE metrics_rollup DROP COLUMN"
+			     " last_epoch; ALTER TABLE metrics_rollup DROP COLUMN last_wall; ALTER TABLE metrics_rollup"
+			     " DROP COLUMN last_value; PRAGMA user_version = 2;",
 			     NULL, NULL, NULL),
 		SQLITE_OK, "%s", sqlite3_errmsg(db));
 	const int all[] = {0, 1, 2}, gap[] = {0};

@@ -1236,6 +1236,182 @@ Test(metrics, truncate_replaces_replayed_steps)
 	tr_store_close(s);
 }
 
+/* Rows of metrics_rollup whose last point is not the raw last point of
+ * their block (in step order, the latest written among equal steps), and
+ * (*unknown) the rows that do not know theirs. */
+static int64_t rollup_last_mismatches(int64_t *unknown)
+{
+#define BLOCK_LAST                                                                                                         \
+	"(SELECT m.rowid FROM metrics m WHERE m.job_id = r.job_id AND m.name = r.name"                                     \
+	" AND m.step BETWEEN r.block * (1 << (4 * r.level)) AND r.block * (1 << (4 * r.level)) + (1 << (4 * r.level)) - 1" \
+	" ORDER BY m.step DESC, m.rowid DESC LIMIT 1)"
+	*unknown = sql_int("SELECT count(*) FROM metrics_rollup WHERE last_step IS NULL");
+	return sql_int("SELECT count(*) FROM metrics_rollup r WHERE r.last_step IS NOT NULL AND NOT EXISTS"
+		       " (SELECT 1 FROM metrics m WHERE m.rowid = " BLOCK_LAST " AND m.step = r.last_step"
+		       " AND m.epoch = r.last_epoch AND m.wall = r.last_wall AND m.value IS r.last_value)");
+#undef BLOCK_LAST
+}
+
+/* Appends one point to the store and to the brute-force copy. */
+static void put_pt(tr_store_t *s, int64_t id, struct bpt *pts, size_t *n, int64_t step, double value)
+{
+	cr_assert_eq(tr_store_metric_append(s, id, "m", step, step / 1000, 1e9 + (double)*n, value, NULL), 0);
+	pts[(*n)++] = (struct bpt){step, value};
+}
+
+/* Sorts the brute-force copy by step, equal steps in the order written. */
+static void sort_pts(struct bpt *pts, size_t n)
+{
+	for (size_t i = 1; i < n; i++) /* insertion sort: stable, and the copy is nearly sorted */
+		for (size_t j = i; j > 0 && pts[j - 1].step > pts[j].step; j--) {
+			struct bpt t = pts[j];
+			pts[j] = pts[j - 1];
+			pts[j - 1] = t;
+		}
+}
+
+/* Every rollup row keeps its block's last point, through commits that cut
+ * blocks anywhere, steps written again (the later write is the last),
+ * points written below a block's last step, NaN, and truncation. */
+Test(metrics, rollup_rows_keep_their_last_point)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	struct bpt *pts = malloc(20000 * sizeof *pts);
+	size_t n = 0;
+	int64_t unknown;
+	for (int64_t step = 0; step < 5000; step++) {
+		put_pt(s, id, pts, &n, step, step == 777 ? NAN : sin(step * 0.05));
+		if (step % 333 == 0)
+			cr_assert_eq(tr_store_flush(s, NULL), 0);
+	}
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+	/* Steps written again in later commits (as a pushed series may), and
+	 * points below blocks' last steps. */
+	for (int64_t step = 15; step < 5000; step += 256) {
+		put_pt(s, id, pts, &n, step, 1000.0 + step);
+		put_pt(s, id, pts, &n, step - 7, -1000.0 - step);
+		cr_assert_eq(tr_store_flush(s, NULL), 0);
+	}
+	cr_assert_eq(rollup_last_mismatches(&unknown), 0);
+	cr_assert_eq(unknown, 0);
+	sort_pts(pts, n);
+	check_against_brute(s, id, "m", pts, n, 0, INT64_MAX, 50);
+	check_against_brute(s, id, "m", pts, n, 100, 4000, 7);
+
+	/* A resumed run cuts inside blocks of every level. */
+	cr_assert_eq(tr_store_metrics_truncate(s, id, 4100, NULL), 0);
+	while (n && pts[n - 1].step > 4100)
+		n--;
+	cr_assert_eq(rollup_last_mismatches(&unknown), 0);
+	for (int64_t step = 4101; step < 9000; step++)
+		put_pt(s, id, pts, &n, step, cos(step * 0.01));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+	cr_assert_eq(rollup_last_mismatches(&unknown), 0);
+	cr_assert_eq(unknown, 0);
+	check_against_brute(s, id, "m", pts, n, 0, INT64_MAX, 100);
+	free(pts);
+	tr_store_close(s);
+}
+
+/* Incremental polls of a fast job's series (a dashboard's: from_step past
+ * the last step seen, a few points for many new steps) are downsampled
+ * from the rollup exactly as the contract says: the first and last
+ * points kept, each bucket's envelope (a spike in the middle of a bucket
+ * survives), also when the poll starts or ends just before, at or after
+ * a block boundary of any rollup level. */
+Test(metrics, incremental_polls_downsample_from_the_rollup, .timeout = 300)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	size_t cap = 70000;
+	struct bpt *pts = malloc(cap * sizeof *pts);
+	size_t n = 0;
+	for (int64_t step = 0; step < (int64_t)cap; step++) {
+		double v = 2 * exp(-step / 20000.0) + 0.01 * sin(step * 0.3);
+		if (step == 65540 || step == 4100 || step == 300)
+			v = 50; /* spikes inside buckets of a poll */
+		if (step == 65534)
+			v = -50;
+		put_pt(s, id, pts, &n, step, v);
+		if (step % 5003 == 0)
+			cr_assert_eq(tr_store_flush(s, NULL), 0);
+	}
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+
+	/* The spike at 65540 and the dip at 65534 in a 16-point poll of the
+	 * last 4,470 steps, which straddles a 65,536-step block; the poll ends
+	 * at the newest step. */
+	const char *const names[] = {"m", NULL};
+	struct tr_metrics_query q = {.names = names, .from_step = 65530, .to_step = INT64_MAX, .max_points = 16};
+	json_t *res = tr_store_metrics_query(s, id, &q, NULL);
+	json_t *ser = series_of(res, "m"), *steps = json_object_get(ser, "steps");
+	size_t k = json_array_size(steps);
+	cr_assert(json_is_true(json_object_get(ser, "downsampled")));
+	cr_assert(k >= 2 && k <= 16);
+	cr_assert_eq(json_integer_value(json_array_get(steps, 0)), 65530);
+	cr_assert_eq(json_integer_value(json_array_get(steps, k - 1)), (int64_t)cap - 1, "the newest step is kept");
+	bool spike = false, dip = false;
+	for (size_t i = 0; i < k; i++) {
+		spike |= num_at(json_object_get(ser, "max"), i) == 50;
+		dip |= num_at(json_object_get(ser, "min"), i) == -50;
+	}
+	cr_assert(spike && dip, "the envelope lost the spike or the dip");
+	json_decref(res);
+
+	int64_t froms[] = {1,    15,   16,   17,   255,  256,   257,   299,   301,   4095,
+			   4096, 4097, 4101, 8191, 8192, 60000, 65535, 65536, 65537, 69990};
+	int maxes[] = {2, 3, 16, 17, 200};
+	for (size_t i = 0; i < sizeof froms / sizeof *froms; i++)
+		for (size_t j = 0; j < sizeof maxes / sizeof *maxes; j++)
+			check_against_brute(s, id, "m", pts, n, froms[i], INT64_MAX, maxes[j]);
+	/* Bounded polls ending around boundaries too. */
+	int64_t tos[] = {4095, 4096, 4097, 65535, 65536, 65537};
+	for (size_t i = 0; i < sizeof tos / sizeof *tos; i++) {
+		check_against_brute(s, id, "m", pts, n, 17, tos[i], 16);
+		check_against_brute(s, id, "m", pts, n, tos[i] - 3000, tos[i], 200);
+	}
+	free(pts);
+	tr_store_close(s);
+}
+
+/* Rollup rows written before the rollup kept last points (NULL there)
+ * still give the contract's answer, by a seek into the raw points, also
+ * after new points merge into them. */
+Test(metrics, rollup_rows_without_a_last_point_are_read_from_the_points)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0);
+	struct bpt *pts = malloc(12000 * sizeof *pts);
+	size_t n = 0;
+	int64_t unknown;
+	for (int64_t step = 0; step < 10000; step++)
+		put_pt(s, id, pts, &n, step, step % 1000 == 500 ? 9.0 : cos(step * 0.02));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+	sqlite3 *db;
+	cr_assert_eq(sqlite3_open(db_path, &db), SQLITE_OK);
+	cr_assert_eq(sqlite3_exec(db,
+				  "UPDATE metrics_rollup SET last_step = NULL, last_epoch = NULL, last_wall = NULL,"
+				  " last_value = NULL WHERE block % 3 = 0",
+				  NULL, NULL, NULL),
+		     SQLITE_OK, "%s", sqlite3_errmsg(db));
+	sqlite3_close(db);
+	cr_assert_gt(rollup_last_mismatches(&unknown) + unknown, 0);
+	check_against_brute(s, id, "m", pts, n, 0, INT64_MAX, 100);
+	check_against_brute(s, id, "m", pts, n, 4000, INT64_MAX, 16);
+	check_against_brute(s, id, "m", pts, n, 1, 9000, 300);
+	/* New points into those blocks, and past them. */
+	for (int64_t step = 9990; step < 11000; step++)
+		put_pt(s, id, pts, &n, step, sin(step * 0.7));
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+	sort_pts(pts, n);
+	cr_assert_eq(rollup_last_mismatches(&unknown), 0, "a row merged with one that did not know its last point");
+	check_against_brute(s, id, "m", pts, n, 0, INT64_MAX, 100);
+	check_against_brute(s, id, "m", pts, n, 9000, INT64_MAX, 16);
+	free(pts);
+	tr_store_close(s);
+}
+
 /* ---- events -------------------------------------------------------------------- */
 
 /* Every job's event stream opens with its "queued" state, written with the
