@@ -283,7 +283,7 @@ Test(api, metrics_shared_incremental_poll_is_not_recomputed_at_commit)
 	for (int i = 0; i < 5000; i++)
 		cr_assert_eq(tr_store_metric_append(store, id, "loss", i, 0, now_s(), 1.0 / (i + 1), NULL), 0);
 	cr_assert_eq(tr_store_flush(store, NULL), 0);
-	cr_assert_eq(tr_store_job_set_state(store, id, "running", NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
 	snprintf(inc, sizeof(inc), "/jobs/%" PRId64 "/metrics?max_points=16&epochs=true&times=true&from_step=1000", id);
 	tr_rcache_stats(&s0);
 	for (int page = 0; page < 2; page++) {
