@@ -48,6 +48,10 @@ struct tr_progress_display {
 	int have_prev;
 	double epoch_loss_sum;
 	int64_t epoch_loss_n;
+	/* The last step has been reported; its epoch's line waits for
+	 * tr_progress_finish, so that the final evaluation's figures, which
+	 * the trainer emits after the step's progress, are on it. */
+	int last_pending;
 };
 void tr_progress_init(struct tr_progress_display *d, FILE *out);
 void tr_progress_update(struct tr_progress_display *d, const struct tr_progress *p);

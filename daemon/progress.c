@@ -45,6 +45,7 @@ void tr_progress_init(struct tr_progress_display *d, FILE *out)
 	d->have_prev = 0;
 	d->epoch_loss_sum = 0;
 	d->epoch_loss_n = 0;
+	d->last_pending = 0;
 }
 
 void tr_progress_metric(struct tr_progress_display *d, const char *name, int64_t epoch, double value)
@@ -107,10 +108,10 @@ void tr_progress_update(struct tr_progress_display *d, const struct tr_progress 
 	d->epoch_loss_sum += p->loss;
 	d->epoch_loss_n++;
 	if (last) {
-		/* The bar at 100% is the epoch's summary. */
-		epoch_line(d);
-		d->have_prev = 0;
-		fflush(d->out);
+		/* The bar at 100% becomes the epoch's summary at finish, after
+		 * the final evaluation (the trainer reports a step's progress
+		 * before the evaluation that follows it). */
+		d->last_pending = 1;
 		return;
 	}
 	double interval = d->is_tty ? 0.1 : 5.0;
@@ -146,6 +147,11 @@ void tr_progress_update(struct tr_progress_display *d, const struct tr_progress 
 
 void tr_progress_finish(struct tr_progress_display *d)
 {
+	if (d->last_pending) {
+		epoch_line(d);
+		d->last_pending = 0;
+		d->have_prev = 0;
+	}
 	if (d->is_tty && d->printed_bar)
 		fputc('\n', d->out);
 	fflush(d->out);
