@@ -141,18 +141,23 @@ async function dashboardRequests(d, id, signal, kind, count) {
 		}
 	}).catch(() => {});
 	let last = -1, first = Infinity, now = null, wait = 1000, sinceSlow = 0;
-	/* api/ui/app.js's incrPoints */
+	/* api/ui/app.js's incrPoints and pollMetrics */
 	const incr = () => (!(now > last) || !(last > first) ? INCR_POINTS
 		: Math.max(16, Math.min(INCR_POINTS, Math.ceil((2000 * (now - last)) / (now - first)))));
 	while (!signal.aborted) {
 		try {
-			const q = 'max_points=' + (old || last < 0 ? 2000 : incr()) + '&epochs=true&times=true' + (last >= 0 ? '&from_step=' + (last + 1) : '');
+			/* The page re-reads its newest step (points written after that
+			 * step's evaluation come last) and counts only points past it;
+			 * before, it read from the step after. */
+			const from = old ? last + 1 : last;
+			const q = 'max_points=' + (old || last < 0 ? 2000 : incr()) + '&epochs=true&times=true' + (last >= 0 ? '&from_step=' + from : '');
 			const m = JSON.parse(await got(d.url + '/jobs/' + id + '/metrics?' + q, 'metrics'));
+			const before = last;
 			let added = 0;
 			for (const s of Object.values(m.series)) if (s.steps.length) {
 				last = Math.max(last, s.steps[s.steps.length - 1]);
 				first = Math.min(first, s.steps[0]);
-				added += s.steps.length;
+				added += s.steps.filter((step) => step > before).length;
 			}
 			const j = JSON.parse(await got(d.url + '/jobs/' + id, 'job'));
 			now = j.progress ? j.progress.step : null;
