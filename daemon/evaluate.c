@@ -76,7 +76,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 			err, TR_JOB_E_INVALID_REQUEST, "/data",
 			"/data: required: a data source as in a job's data.train, e.g. {\"format\": \"csv\", "
 			"\"path\": \"test.csv\"}");
-	int devices, batch;
+	int devices = 0, batch = 0; /* set by the parse below before any use */
 	if (get_int(body, "devices", 1, s->ndev < EVAL_MAX_DEVICES ? s->ndev : EVAL_MAX_DEVICES, 1, &devices, err) <
 		    0 ||
 	    get_int(body, "batch_size", 1, EVAL_MAX_BATCH, 256, &batch, err) < 0)

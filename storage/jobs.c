@@ -593,7 +593,7 @@ int tr_store_job_write_state(struct conn *c, int64_t id, enum tr_job_state state
 		err = SQLFAIL(c, rc, "SELECT job state");
 		goto cleanup;
 	}
-	enum tr_job_state was;
+	enum tr_job_state was = TR_JOB_QUEUED; /* set by col_state on success */
 	err = col_state(c, st, 0, id, &was);
 	double finished_at = sqlite3_column_double(st, 1);
 	sqlite3_reset(st);
