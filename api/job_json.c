@@ -128,19 +128,23 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 	tr_store_t *store = api->cfg.store;
 	json_t *sum, *v;
 
-	sum = json_pack("{s:o, s:o, s:o}", "loss", number_or_null(row->loss), "val_loss",
-			last_value(store, row->id, "val_loss"), "val_accuracy",
-			last_value(store, row->id, "val_accuracy"));
+	/* The stored figures in one read (a dashboard asks for the job
+	 * every second): validation's, data_wait_ms (the page shows the
+	 * latest beside the share), and data.test's once the job has them
+	 * (docs/model-format.md). */
+	static const char *const stored_names[] = {"val_loss",      "val_accuracy", "data_wait_ms", "test_loss",
+						   "test_accuracy", "test_mse",     "test_mae",     "test_r2"};
+	enum { N_STORED = sizeof stored_names / sizeof stored_names[0], N_ALWAYS = 3 };
+	struct tr_metric_last last[N_STORED];
+	if (tr_store_metrics_last(store, row->id, stored_names, N_STORED, last, NULL) < 0)
+		memset(last, 0, sizeof last); /* shown as not known: null */
+	sum = json_pack("{s:o}", "loss", number_or_null(row->loss));
 	if (!sum)
 		return NULL;
-	/* data.test's figures, once the job has them (docs/model-format.md). */
-	static const char *const test_names[] = {"test_loss", "test_accuracy", "test_mse", "test_mae", "test_r2"};
-	for (size_t i = 0; i < sizeof test_names / sizeof test_names[0]; i++) {
-		int64_t tstep;
-		double tv;
-		if (tr_store_metric_last(store, row->id, test_names[i], &tstep, &tv, NULL) > 0)
-			json_object_set_new(sum, test_names[i], number_or_null(tv));
-	}
+	for (size_t i = 0; i < N_STORED; i++)
+		if (i < N_ALWAYS || last[i].found)
+			json_object_set_new(sum, stored_names[i],
+					    last[i].found ? number_or_null(last[i].value) : json_null());
 	json_object_set_new(sum, "step", row->started_at > 0 ? json_integer(row->step) : json_null());
 	if (json_is_object(live) && json_object_get(live, "step")) {
 		/* Running here: the trainer's own figures, computed as

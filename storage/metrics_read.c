@@ -1000,26 +1000,46 @@ int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, 
 	return err;
 }
 
-int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value,
-			 struct tr_error *e)
+int tr_store_metrics_last(tr_store_t *s, int64_t job_id, const char *const *names, size_t n, struct tr_metric_last *out,
+			  struct tr_error *e)
 {
+	memset(out, 0, n * sizeof *out);
 	struct conn *c = tr_store_conn_lend(s, e);
-	sqlite3_stmt *st = tr_store_stmt(c, sql_last_point);
-	int rc = -EIO;
-	if (st) {
+	/* One read transaction for them all: the statements share one
+	 * snapshot, and the connection's page cache is checked against the
+	 * log once instead of once a name. */
+	int rc = tr_store_begin(c, false);
+	sqlite3_stmt *st = rc < 0 ? NULL : tr_store_stmt(c, sql_last_point);
+	if (rc == 0 && !st)
+		rc = -EIO;
+	for (size_t i = 0; i < n && rc == 0; i++) {
 		sqlite3_bind_int64(st, 1, job_id);
-		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, names[i], -1, SQLITE_STATIC);
 		sqlite3_bind_int64(st, 3, STORE_STEP_LIMIT);
 		int r = sqlite3_step(st);
 		if (r == SQLITE_ROW) {
-			*step = sqlite3_column_int64(st, 0);
-			*value = tr_store_col_value(st, 3);
+			out[i].found = true;
+			out[i].step = sqlite3_column_int64(st, 0);
+			out[i].value = tr_store_col_value(st, 3);
+		} else if (r != SQLITE_DONE) {
+			rc = SQLFAIL(c, r, "SELECT last metric");
 		}
-		rc = r == SQLITE_ROW ? 1 : r == SQLITE_DONE ? 0 : SQLFAIL(c, r, "SELECT last metric");
 		sqlite3_reset(st);
 	}
-	tr_store_conn_put(s, c);
+	tr_store_conn_put(s, c); /* ends the read transaction */
 	return rc;
+}
+
+int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value,
+			 struct tr_error *e)
+{
+	struct tr_metric_last last;
+	int rc = tr_store_metrics_last(s, job_id, &name, 1, &last, e);
+	if (rc < 0 || !last.found)
+		return rc < 0 ? rc : 0;
+	*step = last.step;
+	*value = last.value;
+	return 1;
 }
 
 int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,

@@ -357,6 +357,16 @@ int tr_metrics_series_text(const struct tr_metrics_series *s, bool with_epochs, 
  * negative code. */
 int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_t *step, double *value,
 			 struct tr_error *e);
+/* The last points of several series of a job at once, in one read
+ * transaction (a job's summary reads a handful per request): out[i] for
+ * names[i], found false when it has none.  0 or a negative code. */
+struct tr_metric_last {
+	bool found;
+	int64_t step;
+	double value; /* NaN for a NaN point */
+};
+int tr_store_metrics_last(tr_store_t *s, int64_t job_id, const char *const *names, size_t n, struct tr_metric_last *out,
+			  struct tr_error *e);
 /* Sum and number of a series' non-NaN values (reads every point). */
 int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
 			struct tr_error *e);

@@ -17,6 +17,7 @@
 	/* Metrics polls: every second while they bring points, backing off to
 	 * this while they do not (a slow job, or one between epochs). */
 	const POLL_MS = 1000, POLL_MAX_MS = 4000;
+	const OTHERS_MS = 10000; /* series on no chart: read this often (pollMetrics) */
 	const LOG_LINES = 300;
 	/* The daemon's job states (docs/design.md, "The job"); terminal ones hold no devices. */
 	const TERMINAL = ['stopped', 'completed', 'failed', 'cancelled'];
@@ -511,6 +512,27 @@
 		for (const s of Object.values(store)) if (s.steps.length) last = Math.max(last, s.steps[s.steps.length - 1]);
 		return last;
 	}
+	function pick(store, names) {
+		const out = {};
+		for (const n of names) if (store[n]) out[n] = store[n];
+		return out;
+	}
+	/* An answer's points from each series' newest step in store on: a
+	 * read from an older step (the series off the charts catch up from
+	 * where they were) must not stitch its buckets between points the
+	 * store already has. */
+	function newPointsOnly(store, series) {
+		const out = {};
+		for (const [name, s] of Object.entries(series)) {
+			const have = store[name];
+			const k = have && have.steps.length ? lowerBound(s.steps, have.steps[have.steps.length - 1]) : 0;
+			if (k === 0) { out[name] = s; continue; }
+			const t = {};
+			for (const [key, v] of Object.entries(s)) t[key] = Array.isArray(v) ? v.slice(k) : v;
+			out[name] = t;
+		}
+		return out;
+	}
 	/* Steps per epoch as a store's points show it, or null: in its longest
 	 * series, the steps between the first and the last point that begin a
 	 * new epoch (a point's epoch is that of the step it ends), or with one
@@ -664,7 +686,7 @@
 				['Samples/s', fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0)],
 				/* The last step's wait; its share of the step time is in the
 				 * device panel. */
-				['Data wait (ms/step)', fmtNum(lastValue('data_wait_ms'), 3)],
+				['Data wait (ms/step)', fmtNum(s.data_wait_ms !== undefined ? s.data_wait_ms : lastValue('data_wait_ms'), 3)],
 				['Priority', job.priority],
 				['Submitted', job.submitted_at ? age(job.submitted_at) + ' ago' : '–'],
 				['Started', job.started_at ? age(job.started_at) + ' ago' : '–'],
@@ -713,7 +735,7 @@
 		 * shows an ended job beside curves that stop short of it. */
 		async function setJob(job) {
 			if (TERMINAL.includes(job.state) && st.job && !TERMINAL.includes(st.job.state)) {
-				try { await readMetrics(); } catch (e) { if (signal.aborted) throw e; }
+				try { await readMetrics({ all: true }); } catch (e) { if (signal.aborted) throw e; }
 				redrawAll(false);
 			}
 			st.job = job;
@@ -862,7 +884,12 @@
 				for (const n of all) if (!have.has(n)) picker.append(h('option', { value: n, text: n }));
 			};
 			picker.addEventListener('change', () => {
-				if (picker.value && !c.names.includes(picker.value)) { c.names.push(picker.value); c.zoom = null; }
+				if (picker.value && !c.names.includes(picker.value)) {
+					c.names.push(picker.value);
+					c.zoom = null;
+					/* It was read only every OTHERS_MS: catch up now. */
+					if (live()) { othersAt = 0; readMetrics().catch(() => {}); }
+				}
 				picker.value = '';
 				draw(c, true);
 			});
@@ -1075,20 +1102,40 @@
 		/* One metrics read at a time, after the first one: two reads from
 		 * the same step would both add the same new steps. */
 		let metricsRead = Promise.resolve(0);
-		function readMetrics() {
-			metricsRead = metricsRead.catch(() => 0).then(pollMetrics);
+		function readMetrics(opts) {
+			metricsRead = metricsRead.catch(() => 0).then(() => pollMetrics(opts));
 			return metricsRead;
 		}
 		/* Metrics after the first read: the steps from the newest one the
 		 * page has.  That step is read again (its points the page has are
 		 * skipped): a step's points need not be committed at once, and
 		 * those written after its evaluation (val_loss, val_accuracy)
-		 * come last; steps only grow, so none can come earlier than it. */
-		async function pollMetrics() {
-			const last = lastStep(st.series);
-			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(last > 0
-				? { from_step: String(last), max_points: String(incrPoints(last)) } : {}), { signal });
-			const added = mergeSeries(st.series, r.series);
+		 * come last; steps only grow, so none can come earlier than it.
+		 *
+		 * Each second only the series on a chart are read; the others
+		 * (and series that are new to the page) every OTHERS_MS, from the
+		 * newest step the previous such read had, and whenever a series is
+		 * put on a chart.  A job's every-step series cost the daemon per
+		 * read, and the info panel's figures come with the job
+		 * (docs/design.md, "Dashboard"). */
+		let othersFrom = -1, othersAt = 0;
+		function shownNames() {
+			const names = new Set();
+			for (const c of st.charts) for (const n of c.names) if (st.series[n]) names.add(n);
+			return [...names];
+		}
+		async function pollMetrics(opts) {
+			const shown = shownNames();
+			const all = !shown.length || othersFrom < 0 || (opts && opts.all) || performance.now() - othersAt >= OTHERS_MS;
+			const last = all ? (othersFrom >= 0 ? othersFrom : lastStep(st.series)) : lastStep(pick(st.series, shown));
+			const r = await api('/jobs/' + id + '/metrics?' + metricsQuery(Object.assign(all ? {} : { names: shown.join(',') },
+				last > 0 ? { from_step: String(last), max_points: String(incrPoints(last)) } : {})), { signal });
+			const got = r.series || {};
+			if (all) {
+				othersAt = performance.now();
+				othersFrom = Math.max(last, lastStep(got));
+			}
+			const added = mergeSeries(st.series, newPointsOnly(st.series, got));
 			bound(st.series);
 			if (!st.charts.length && Object.keys(st.series).length) {
 				const first = ['loss', 'val_loss'].filter((n) => st.series[n]);
@@ -1243,7 +1290,7 @@
 				while (!signal.aborted && finalReads < 2) {
 					if (!document.hidden) {
 						let added = 0;
-						try { added = await readMetrics(); } catch (e) { if (signal.aborted) return; }
+						try { added = await readMetrics({ all: !live() }); } catch (e) { if (signal.aborted) return; }
 						try { await loadJob(); } catch (e) { if (signal.aborted) return; }
 						wait = added ? POLL_MS : Math.min(POLL_MAX_MS, wait * 2);
 					}

@@ -15,7 +15,9 @@
 //     per arm a fresh job of unbounded length (synthetic data, 1 CPU
 //     device) with no page, --pages job pages in chromium, or --pages
 //     clients making the page's requests without a browser (--client page:
-//     as api/ui/app.js does now; --client old: as it did before the
+//     as api/ui/app.js does now; --client allseries: every series each
+//     second, as it did before it polled only the charted ones; an arm
+//     requests:KIND uses KIND in that arm; --client old: as it did before the
 //     section B fixes in RESULTS.md); pages open and settle (--settle s),
 //     then over --window s the job's samples/s (two of its steps and the
 //     wall times it recorded for them) and the CPU time of the daemon's
@@ -31,7 +33,7 @@
 // Usage: node bench/dashboard/page_load.mjs BUILD_DIR [--runs 5] [--rounds 3]
 //        [--points 1000000] [--only open|load] [--with-own-series]
 //        [--settle 5] [--window 20] [--pages 5] [--arms none,chromium,requests]
-//        [--client page|old] [--pin CPUS] [--pin-daemon CPUS] [--job tiny|quickstart|fashion-mlp]
+//        [--client page|allseries|old] [--pin CPUS] [--pin-daemon CPUS] [--job tiny|quickstart|fashion-mlp]
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -41,7 +43,7 @@ import path from 'node:path';
 const args = process.argv.slice(2);
 const build = args[0];
 if (!build) {
-	console.error('usage: page_load.mjs BUILD_DIR [--runs N] [--rounds N] [--points N] [--only open|load] [--settle S] [--window S] [--pages N] [--arms LIST] [--client page|old] [--pin CPUS]');
+	console.error('usage: page_load.mjs BUILD_DIR [--runs N] [--rounds N] [--points N] [--only open|load] [--settle S] [--window S] [--pages N] [--arms LIST] [--client page|allseries|old] [--pin CPUS]');
 	process.exit(2);
 }
 const opt = (name, def) => {
@@ -141,24 +143,38 @@ async function dashboardRequests(d, id, signal, kind, count) {
 		}
 	}).catch(() => {});
 	let last = -1, first = Infinity, now = null, wait = 1000, sinceSlow = 0;
+	/* Newest step per series, and where the poll of every series goes on
+	 * from ('page': each second only the default chart's series, every
+	 * OTHERS_MS all of them; 'allseries', the page before that change:
+	 * every series each second). */
+	const lastOf = {};
+	let othersFrom = -1, othersAt = 0;
+	const SHOWN = ['loss', 'val_loss'];
 	/* api/ui/app.js's incrPoints and pollMetrics */
-	const incr = () => (!(now > last) || !(last > first) ? INCR_POINTS
-		: Math.max(16, Math.min(INCR_POINTS, Math.ceil((2000 * (now - last)) / (now - first)))));
+	const incr = (from) => (!(now > from) || !(from > first) ? INCR_POINTS
+		: Math.max(16, Math.min(INCR_POINTS, Math.ceil((2000 * (now - from)) / (now - first)))));
 	while (!signal.aborted) {
 		try {
+			const shown = kind === 'page' ? SHOWN.filter((n) => n in lastOf) : [];
+			const all = old || kind !== 'page' || !shown.length || othersFrom < 0 || Date.now() - othersAt >= 10000;
 			/* The page re-reads its newest step (points written after that
 			 * step's evaluation come last) and counts only points past it;
 			 * before, it read from the step after. */
-			const from = old ? last + 1 : last;
-			const q = 'max_points=' + (old || last < 0 ? 2000 : incr()) + '&epochs=true&times=true' + (last >= 0 ? '&from_step=' + from : '');
+			const fromStep = all ? (kind === 'page' && othersFrom >= 0 ? othersFrom : last) : Math.max(...shown.map((n) => lastOf[n]));
+			const from = old ? fromStep + 1 : fromStep;
+			const q = (all ? '' : 'names=' + shown.join(',') + '&') + 'max_points=' + (old || fromStep < 0 ? 2000 : incr(fromStep))
+				+ '&epochs=true&times=true' + (fromStep >= 0 ? '&from_step=' + from : '');
 			const m = JSON.parse(await got(d.url + '/jobs/' + id + '/metrics?' + q, 'metrics'));
-			const before = last;
-			let added = 0;
-			for (const s of Object.values(m.series)) if (s.steps.length) {
-				last = Math.max(last, s.steps[s.steps.length - 1]);
+			let added = 0, newest = fromStep;
+			for (const [name, s] of Object.entries(m.series)) if (s.steps.length) {
+				const had = name in lastOf ? lastOf[name] : -1;
+				lastOf[name] = Math.max(had, s.steps[s.steps.length - 1]);
+				last = Math.max(last, lastOf[name]);
+				newest = Math.max(newest, lastOf[name]);
 				first = Math.min(first, s.steps[0]);
-				added += s.steps.filter((step) => step > before).length;
+				added += s.steps.filter((step) => step > had).length;
 			}
+			if (all) { othersFrom = newest; othersAt = Date.now(); }
 			const j = JSON.parse(await got(d.url + '/jobs/' + id, 'job'));
 			now = j.progress ? j.progress.step : null;
 			if (Date.now() - sinceSlow >= (old ? 5000 : 15000)) {
@@ -277,8 +293,10 @@ async function loadBench(out) {
 			const { id } = await post(d.url + '/jobs', spec);
 			await waitState(d, id, ['running'], 30000);
 			const pages = [], stop = new AbortController(), clients = [], count = {};
-			if (arm === 'requests') {
-				for (let i = 0; i < PAGES; i++) clients.push(dashboardRequests(d, id, stop.signal, CLIENT, count));
+			if (arm === 'requests' || arm.startsWith('requests:')) {
+				/* requests:KIND picks the client per arm (requests:allseries,requests:page) */
+				const kind = arm.startsWith('requests:') ? arm.slice(9) : CLIENT;
+				for (let i = 0; i < PAGES; i++) clients.push(dashboardRequests(d, id, stop.signal, kind, count));
 			} else if (arm === 'chromium') {
 				for (let i = 0; i < PAGES; i++) {
 					const p = await browser.newPage({ viewport: { width: 1280, height: 900 } });

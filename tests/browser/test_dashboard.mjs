@@ -258,6 +258,38 @@ try {
 			throw new Error('event streams: ' + streams.join(' '));
 	});
 
+	await step('job page: each second only the charted series are read; one put on a chart catches up', async () => {
+		const from = urls.length;
+		await new Promise((r) => setTimeout(r, 3500));
+		const polls = urls.slice(from).map((u) => new URL(u))
+			.filter((u) => u.pathname === `/jobs/${id}/metrics` && !u.searchParams.get('to_step'));
+		const named = polls.filter((u) => u.searchParams.get('names'));
+		if (named.length < 2) throw new Error(named.length + ' polls of the charted series in 3.5 s: ' + polls.join(' '));
+		const off = named.find((u) => !u.searchParams.get('names').split(',').every((n) => n === 'loss' || n === 'val_loss'));
+		if (off) throw new Error('a poll read series on no chart: ' + off);
+		if (polls.length - named.length > 1) throw new Error('every series was read ' + (polls.length - named.length) + ' times in 3.5 s');
+		/* Put step_ms (read only every 10 s so far) on the chart: it is
+		 * read at once from where it was, and its line reaches the loss's
+		 * newest step. */
+		const at = urls.length;
+		await page.selectOption('.chart-card:has([data-chart="0"]) select', 'step_ms');
+		await waitFor('a catch-up read of every series', async () => urls.slice(at).some((u) => {
+			const q = new URL(u);
+			return q.pathname === `/jobs/${id}/metrics` && !q.searchParams.get('names') && !q.searchParams.get('to_step');
+		}), 5000);
+		const lastX = (label) => page.$eval('[data-chart="0"]', (el, want) => {
+			const k = el.uplot.series.findIndex((s) => s.label === want || s.label === want + ' (raw)');
+			if (k < 0) return -1;
+			const xs = el.uplot.data[0], ys = el.uplot.data[k];
+			for (let i = xs.length - 1; i >= 0; i--) if (ys[i] !== null && ys[i] !== undefined) return xs[i];
+			return -1;
+		}, label);
+		await waitFor('step_ms drawn to the newest step', async () => {
+			const [loss, added] = [await lastX('loss'), await lastX('step_ms')];
+			return added >= 0 && loss - added <= 200;
+		}, 5000);
+	});
+
 	await step('job page: info and device labels say what they show', async () => {
 		const labels = await page.$$eval('#job-info dt, #job-devices dt', (els) => els.map((e) => e.textContent));
 		for (const want of ['Current epoch', 'Data wait (ms/step)', 'Data-wait share'])

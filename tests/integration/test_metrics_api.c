@@ -409,7 +409,26 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	cr_assert(json_number_value(json_object_get(sum, "samples_per_sec")) > 0);
 	double wait = json_number_value(json_object_get(sum, "data_wait_fraction"));
 	cr_assert(json_is_real(json_object_get(sum, "data_wait_fraction")) && wait >= 0 && wait <= 1);
+	/* The stored figures (read together in one transaction) are each
+	 * their own series' last point. */
+	json_t *stored = json_deep_copy(sum);
 	http_free(&r);
+	const char *last_of[] = {"val_loss", "val_accuracy", "data_wait_ms"};
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(path, sizeof path, "/jobs/%lld/metrics?names=%s&max_points=2", id, last_of[i]);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200, "%s", r.body);
+		json_t *values =
+			json_object_get(json_object_get(json_object_get(r.json, "series"), last_of[i]), "values");
+		cr_assert_gt(json_array_size(values), 0, "%s: %s", last_of[i], r.body);
+		double want = json_number_value(json_array_get(values, json_array_size(values) - 1));
+		cr_assert(json_is_real(json_object_get(stored, last_of[i])), "summary.%s", last_of[i]);
+		cr_assert_float_eq(json_number_value(json_object_get(stored, last_of[i])), want,
+				   1e-9 * (1 + fabs(want)), "summary.%s is not the series' last point %g", last_of[i],
+				   want);
+		http_free(&r);
+	}
+	json_decref(stored);
 
 	/* A queued job knows nothing yet. */
 	long long q = submit_job(&d,

@@ -669,6 +669,39 @@ Test(metrics, append_flush_query)
 	tr_store_close(s);
 }
 
+/* A summary's several last points in one read: each name its own,
+ * absent ones not found, a NaN point as NaN, the latest written among
+ * equal steps, another job's points not seen. */
+Test(metrics, last_points_of_several_series_at_once)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t id = add_job(s, "a", 0), other = add_job(s, "b", 0);
+	for (int i = 0; i < 20; i++)
+		cr_assert_eq(tr_store_metric_append(s, id, "loss", i, 0, 1000.0 + i, 1.0 / (i + 1), NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "val_loss", 9, 0, 1, 0.5, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, id, "val_loss", 9, 0, 2, 0.25, NULL), 0); /* same step, later */
+	cr_assert_eq(tr_store_metric_append(s, id, "lr", 3, 0, 1, NAN, NULL), 0);
+	cr_assert_eq(tr_store_metric_append(s, other, "val_accuracy", 30, 0, 1, 0.9, NULL), 0);
+	cr_assert_eq(tr_store_flush(s, NULL), 0);
+
+	const char *const names[] = {"val_loss", "val_accuracy", "loss", "lr"};
+	struct tr_metric_last last[4];
+	cr_assert_eq(tr_store_metrics_last(s, id, names, 4, last, NULL), 0);
+	cr_assert(last[0].found && last[0].step == 9 && last[0].value == 0.25, "val_loss: %d %lld %g", last[0].found,
+		  (long long)last[0].step, last[0].value);
+	cr_assert(!last[1].found, "val_accuracy is the other job's");
+	cr_assert(last[2].found && last[2].step == 19 && last[2].value == 1.0 / 20, "loss: %lld %g",
+		  (long long)last[2].step, last[2].value);
+	cr_assert(last[3].found && last[3].step == 3 && isnan(last[3].value), "lr");
+
+	int64_t step;
+	double v;
+	cr_assert_eq(tr_store_metric_last(s, id, "loss", &step, &v, NULL), 1);
+	cr_assert(step == 19 && v == 1.0 / 20);
+	cr_assert_eq(tr_store_metric_last(s, id, "nope", &step, &v, NULL), 0);
+	tr_store_close(s);
+}
+
 Test(metrics, queryable_within_a_second_without_flush)
 {
 	tr_store_t *s = open_store(NULL);
