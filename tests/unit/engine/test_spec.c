@@ -69,8 +69,18 @@ static json_t *load(const char *text)
 static void parse_ok(const char *text, struct tr_spec *spec)
 {
 	struct tr_error err;
-	int rc = tr_spec_parse_text(text, spec, &err);
+	struct tr_error_list *all = malloc(sizeof *all);
+	json_t *doc = load(text);
 
+	/* Collecting every problem finds none either. */
+	cr_assert(all);
+	int rc = tr_spec_parse_all(doc, spec, &err, all);
+	cr_assert_eq(rc, 0, "parse failed: %s", err.message);
+	cr_assert_eq(all->n, 0, "a valid spec has a problem: %s", all->e[0].message);
+	tr_spec_finish(spec);
+	json_decref(doc);
+	free(all);
+	rc = tr_spec_parse_text(text, spec, &err);
 	cr_assert_eq(rc, 0, "parse failed: %s", err.message);
 }
 
@@ -1247,6 +1257,16 @@ Test(spec, every_example_parses)
 		else
 			cr_expect_eq(rc, 0, "%s: %s", e->d_name, err.message);
 		tr_spec_finish(&s);
+		/* Collecting problems finds none in a valid spec (no value is
+		 * tried one way, refused, then read another way). */
+		struct tr_error_list *all = malloc(sizeof *all);
+		json_t *doc = load(text);
+		cr_assert(all);
+		cr_expect_eq(tr_spec_parse_all(doc, &s, &err, all), rc, "%s", e->d_name);
+		cr_expect_eq(all->n, rc ? all->n : 0, "%s: %s", e->d_name, all->n ? all->e[0].message : "");
+		tr_spec_finish(&s);
+		json_decref(doc);
+		free(all);
 		free(text);
 		found++;
 	}
