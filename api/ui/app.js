@@ -749,12 +749,14 @@
 			const p = job.progress || {}, s = job.summary || {};
 			const wait = p.data_wait_fraction !== undefined ? p.data_wait_fraction : s.data_wait_fraction;
 			/* A device's memory is its current owner's: shown only while
-			 * that is this job.  An ended job lists the devices it ran on. */
+			 * that is this job.  A job that ended (or paused) lists the
+			 * devices it ran on. */
 			const memory = (dv) => dv.job === job.id && dv.memory_total
 				? ', ' + fmtBytes(dv.memory_total - (dv.memory_free || 0)) + ' / ' + fmtBytes(dv.memory_total) + ' used' : '';
+			const ranOn = job.terminal || (mine.length > 0 && !mine.some((dv) => dv.job === job.id));
 			devPanel.replaceChildren(
 				h('dl', { class: 'info' },
-					h('dt', { text: job.terminal ? 'Ran on' : 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
+					h('dt', { text: ranOn ? 'Ran on' : 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
 					h('dt', { text: 'Backend' }), h('dd', { text: spec.backend || 'auto' }),
 					/* What the trainer resolved, not what the spec says. */
 					h('dt', { text: 'Loader threads' }), h('dd', { 'data-key': 'loader_threads', text: job.loader_threads ? String(job.loader_threads) : '–' }),
