@@ -70,6 +70,9 @@ struct tr_api_submit {
 	size_t body_len;
 	const char *idempotency_key; /* or NULL */
 	int priority;                /* from "?priority=" or 0 */
+	/* Out (may be NULL): every problem of a refused spec, the first of
+	 * which the op's struct tr_error reports (docs/design.md §8). */
+	struct tr_error_list *problems;
 };
 
 /* Implemented by the daemon.  Every function is called from API threads,

@@ -159,6 +159,9 @@ void tr_api_fail(struct tr_api_reply *rp, int status, const char *code, const ch
  * from the one table in api/errors.c; a kind of 0 (the op forgot to fill
  * err) becomes 500 "internal". */
 void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_error *err);
+/* tr_api_fail_op, and for an invalid spec the list of its problems as
+ * "errors" ([{"message", "pointer"}], err's alone when `all` has none). */
+void tr_api_fail_problems(struct tr_api_reply *rp, const struct tr_error *err, const struct tr_error_list *all);
 /* The same for a domain error found by the API itself (an unknown job, a
  * missing operation). */
 void tr_api_fail_kind(struct tr_api_reply *rp, enum tr_job_err kind, const char *pointer, const char *fmt, ...)

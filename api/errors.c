@@ -2,7 +2,8 @@
  * server (routing, limits, auth), a handler (parameters, bodies) or the
  * daemon (through struct tr_error), leaves through tr_api_fail, so
  * all of them share one shape: {"error": {"code", "message", "pointer"}}
- * with the pointer only when there is one (docs/design.md §8).
+ * with the pointer only when there is one (docs/design.md §8); a refused
+ * job spec adds "errors", every problem found in it.
  */
 #include "api/api_internal.h"
 
@@ -84,6 +85,33 @@ void tr_api_fail_op(struct tr_api_reply *rp, const struct tr_error *err)
 		return;
 	}
 	tr_api_fail(rp, job_errors[kind].status, job_errors[kind].code, err->pointer, "%s", err->message);
+}
+
+/* {"message", "pointer"} of one problem; the pointer left out when none. */
+static json_t *problem_json(const struct tr_error *e)
+{
+	json_t *msg = json_string(e->message), *o;
+
+	o = json_pack("{s:o}", "message", msg ? msg : json_string("(message is not valid UTF-8)"));
+	if (o && e->pointer[0])
+		json_object_set_new(o, "pointer", json_string(e->pointer));
+	return o;
+}
+
+void tr_api_fail_problems(struct tr_api_reply *rp, const struct tr_error *err, const struct tr_error_list *all)
+{
+	json_t *list;
+
+	tr_api_fail_op(rp, err);
+	if (err->kind != TR_JOB_E_INVALID_SPEC || !rp->json || !(list = json_array()))
+		return;
+	/* A refusal found before the field checks (or after them: a path
+	 * not in the data roots) is the one problem there is. */
+	if (!all || all->n == 0)
+		json_array_append_new(list, problem_json(err));
+	for (int i = 0; all && i < all->n; i++)
+		json_array_append_new(list, problem_json(&all->e[i]));
+	json_object_set_new(rp->json, "errors", list);
 }
 
 void tr_api_fail_kind(struct tr_api_reply *rp, enum tr_job_err kind, const char *pointer, const char *fmt, ...)

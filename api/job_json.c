@@ -67,6 +67,14 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 			progress, "error", parsed(row->error, json_null()), "submitted_at",
 			tr_api_time_json(row->submitted_at), "started_at", tr_api_time_json(row->started_at),
 			"finished_at", tr_api_time_json(row->finished_at));
+	/* Whether the state is an end (core/job.c decides), so that clients
+	 * need no list of states of their own. */
+	if (job)
+		json_object_set_new(job, "terminal", json_boolean(tr_job_state_terminal(row->state)));
+	/* What the trainer runs with, as it resolved it: null until then. */
+	if (job)
+		json_object_set_new(job, "loader_threads",
+				    row->loader_threads > 0 ? json_integer(row->loader_threads) : json_null());
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));

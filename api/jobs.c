@@ -67,12 +67,16 @@ void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	req.body_len = rq->body_len;
 	req.idempotency_key = key;
 	req.priority = (int)priority;
+	/* Without memory for the list, the first problem is still told. */
+	req.problems = calloc(1, sizeof *req.problems);
 	rc = api->cfg.ops.submit(api->cfg.ctx, &req, &id, &replayed, &err);
 	json_decref(spec);
 	if (rc < 0) {
-		tr_api_fail_op(rp, &err);
+		tr_api_fail_problems(rp, &err, req.problems);
+		free(req.problems);
 		return;
 	}
+	free(req.problems);
 	tr_api_reply_job(api, rp, replayed ? 200 : 201, id);
 	if (rp->status >= 300)
 		return;

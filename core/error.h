@@ -20,6 +20,18 @@ struct tr_error {
 	char message[768]; /* UTF-8, a trailing cut sequence removed */
 };
 
+/* Every problem found in one document, for a client that shows them all
+ * at once (a job spec's fields, docs/design.md §5).  The first is also the
+ * one a struct tr_error beside it reports.  Bounded: the check stops at
+ * the first problem past TR_ERROR_LIST_MAX and sets `more`.  About 33 KiB:
+ * give it a heap allocation, not a stack slot. */
+#define TR_ERROR_LIST_MAX 32
+struct tr_error_list {
+	int n;    /* entries in e */
+	int more; /* 1: at least one more was found (and not kept) */
+	struct tr_error e[TR_ERROR_LIST_MAX];
+};
+
 /* Fills e (may be NULL) with kind, pointer (NULL = "") and the formatted
  * message; returns `ret`, so that a caller can write
  * `return tr_error_set(e, -EINVAL, kind, ptr, "...")`. */

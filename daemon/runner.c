@@ -404,6 +404,9 @@ static void *runner_main(void *arg)
 		return NULL;
 	}
 	j->trainer_for_hooks = t;
+	/* What it runs with, for GET /jobs/{id} (a lost write only leaves the
+	 * figure unknown there). */
+	tr_store_job_set_loader_threads(s->cfg.store, j->id, tr_trainer_loader_threads(t), NULL);
 	if (restore(j, t, &err) < 0) {
 		tr_trainer_destroy(t);
 		finish(j, TR_JOB_FAILED, "invalid_init", err.message, 0);

@@ -70,7 +70,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	struct tr_spec spec;
 	struct tr_error serr;
 	*replayed = false;
-	if (tr_spec_parse(req->spec, &spec, &serr) < 0)
+	if (tr_spec_parse_all(req->spec, &spec, &serr, req->problems) < 0)
 		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
 	int rc = check_devices(s, &spec, err);
 	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, &serr) : 0;

@@ -916,6 +916,8 @@ static int parse_early_stopping(struct tr_fields_ctx *c, const json_t *v, void *
 	es->enabled = true;
 	if (!json_object_get(v, "mode"))
 		es->mode_max = strcmp(es->metric, "val_accuracy") == 0;
+	if (tr_fields_had_problems(c))
+		return 0; /* what follows reads data and loss, which may be the bad ones */
 	if (strncmp(es->metric, "val_", 4) == 0 && !spec->validation.present && spec->validation_split <= 0)
 		return tr_fields_fail(c, "metric",
 				      "%s needs validation data (data.validation or data.validation_split)",
@@ -1134,8 +1136,7 @@ static int check_model(struct tr_fields_ctx *c, const struct tr_spec *spec)
 	if (!m)
 		return tr_fields_fail_oom(c);
 	if (tr_model_build(m, spec, width, ptr, sizeof ptr, msg, sizeof msg) < 0) {
-		tr_fields_set_error(c->err, ptr, msg);
-		rc = -EINVAL;
+		rc = tr_fields_fail_at(c, ptr, msg);
 		goto done;
 	}
 	if (tr->format == TR_DATA_SYNTHETIC) {
@@ -1185,9 +1186,16 @@ static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
 
 int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_error *err)
 {
-	struct tr_fields_ctx c = {.err = err, .user = spec};
+	return tr_spec_parse_all(doc, spec, err, NULL);
+}
+
+int tr_spec_parse_all(const json_t *doc, struct tr_spec *spec, struct tr_error *err, struct tr_error_list *all)
+{
+	struct tr_fields_ctx c = {.err = err, .all = all, .user = spec};
 	int rc;
 
+	if (all)
+		memset(all, 0, sizeof(*all));
 	if (err)
 		memset(err, 0, sizeof(*err));
 	if (!spec) {

@@ -256,6 +256,11 @@ struct tr_spec {
 /* Parses and validates `doc` (borrowed).  Returns 0, or -EINVAL with *err
  * filled.  On success *spec must be released with tr_spec_finish. */
 int tr_spec_parse(const json_t *doc, struct tr_spec *spec, struct tr_error *err);
+/* The same, recording in *all (may be NULL) every problem found, not only
+ * the first, which *err holds as tr_spec_parse's does.  A field whose
+ * meaning depends on a bad one (the keys of an object whose type is wrong,
+ * the checks across fields) is left unchecked. */
+int tr_spec_parse_all(const json_t *doc, struct tr_spec *spec, struct tr_error *err, struct tr_error_list *all);
 
 /* Convenience: parse from text; JSON syntax errors name line and column. */
 int tr_spec_parse_text(const char *text, struct tr_spec *spec, struct tr_error *err);

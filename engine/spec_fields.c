@@ -91,9 +91,36 @@ int tr_fields_fail(struct tr_fields_ctx *c, const char *key, const char *fmt, ..
 	if (vsnprintf(text, sizeof(text), fmt, ap) >= (int)sizeof(text))
 		tr_error_utf8_trim(text);
 	va_end(ap);
-	tr_fields_set_error(c->err, c->ptr, text);
+	tr_fields_fail_at(c, c->ptr, text);
 	tr_fields_leave(c, saved);
 	return -EINVAL;
+}
+
+int tr_fields_fail_at(struct tr_fields_ctx *c, const char *ptr, const char *text)
+{
+	struct tr_error_list *all = c->all;
+
+	if (!all) {
+		tr_fields_set_error(c->err, ptr, text);
+		return -EINVAL;
+	}
+	if (all->n == 0 && !all->more)
+		tr_fields_set_error(c->err, ptr, text);
+	if (all->n < TR_ERROR_LIST_MAX)
+		tr_fields_set_error(&all->e[all->n++], ptr, text);
+	else
+		all->more = 1;
+	return -EINVAL;
+}
+
+bool tr_fields_keep_going(const struct tr_fields_ctx *c, int rc)
+{
+	return rc == -EINVAL && c->all && !c->all->more;
+}
+
+bool tr_fields_had_problems(const struct tr_fields_ctx *c)
+{
+	return c->all && (c->all->n > 0 || c->all->more);
 }
 
 int tr_fields_fail_oom(struct tr_fields_ctx *c)
@@ -337,7 +364,7 @@ static int set_default(struct tr_fields_ctx *c, const struct tr_field *f, void *
 static int parse_array(struct tr_fields_ctx *c, const struct tr_field *f, const json_t *v, void *base)
 {
 	size_t n = json_array_size(v);
-	int rc;
+	int rc, bad = 0;
 
 	if (!json_is_array(v))
 		return tr_fields_fail(c, NULL, "must be an array");
@@ -350,13 +377,16 @@ static int parse_array(struct tr_fields_ctx *c, const struct tr_field *f, const 
 
 		rc = tr_fields_parse_object(c, json_array_get(v, i), f->sub, tr_fields_at(base, f->off + i * f->size));
 		tr_fields_leave(c, saved);
-		if (rc)
-			return rc;
 		/* Counted as we go so that a later error still frees what the
-		 * earlier elements own. */
+		 * earlier elements own (a bad one's too, when the next are
+		 * still read). */
+		if (rc && !tr_fields_keep_going(c, rc))
+			return rc;
 		set_int(base, f->count_off, (int)i + 1);
+		if (rc)
+			bad = rc;
 	}
-	return 0;
+	return bad;
 }
 
 /* Parses present value v of field f; the context pointer names it. */
@@ -510,29 +540,42 @@ static int check_keys(struct tr_fields_ctx *c, const json_t *obj, const struct t
 {
 	const char *key;
 	json_t *val;
+	int rc = 0, bad = 0;
 
 	json_object_foreach((json_t *)obj, key, val) {
 		const struct tr_field *f = tr_fields_find_field(tab, key);
 
 		if (!f)
-			return tr_fields_fail(c, key, "unknown key '%s'", key);
-		if (!tr_fields_applies(f, variant))
-			return tr_fields_fail(c, key, "unknown key '%s' for %s", key, vdesc);
+			rc = tr_fields_fail(c, key, "unknown key '%s'", key);
+		else if (!tr_fields_applies(f, variant))
+			rc = tr_fields_fail(c, key, "unknown key '%s' for %s", key, vdesc);
+		if (rc && !tr_fields_keep_going(c, rc))
+			return rc;
+		bad = bad ? bad : rc;
+		rc = 0;
 	}
-	return 0;
+	return bad;
 }
 
 int tr_fields_parse_fields(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *tab, void *base,
 			   int variant, const char *vdesc)
 {
-	int rc;
+	int rc, bad = 0;
 
-	if (obj && (rc = check_keys(c, obj, tab, variant, vdesc)))
-		return rc;
-	for (const struct tr_field *f = tab; f->key; f++)
-		if ((rc = tr_fields_parse_field(c, obj, f, base, tr_fields_applies(f, variant))))
+	/* An unknown key does not change how the known ones read: they are
+	 * still checked when problems are collected. */
+	if (obj && (rc = check_keys(c, obj, tab, variant, vdesc))) {
+		if (!tr_fields_keep_going(c, rc))
 			return rc;
-	return 0;
+		bad = rc;
+	}
+	for (const struct tr_field *f = tab; f->key; f++) {
+		rc = tr_fields_parse_field(c, obj, f, base, tr_fields_applies(f, variant));
+		if (rc && !tr_fields_keep_going(c, rc))
+			return rc;
+		bad = bad ? bad : rc;
+	}
+	return bad;
 }
 
 /* Text that is a whole JSON integer, number or boolean, for the kinds

@@ -6,7 +6,11 @@
  * rows drive parsing, defaults, range messages and emitting the normalized
  * JSON, so what is written out cannot drift from what the parser accepts.
  * The first problem stops parsing and is reported in a struct tr_error with
- * the JSON pointer of the offending value.
+ * the JSON pointer of the offending value.  With a problem list in the
+ * context, parsing goes on past a bad value to its siblings (other keys of
+ * the object, other elements of the array) and records each problem; a
+ * value whose meaning depends on a bad one (the keys of an object whose
+ * "type" is wrong, an object's cross-field checks) is not looked at.
  *
  * This header is internal to the engine's parsers (engine/spec.c holds the
  * job spec's tables); it is not part of the engine's public interface.
@@ -25,8 +29,9 @@
  * value being read.  Custom parse functions extend the pointer with
  * tr_fields_enter and restore it with tr_fields_leave. */
 struct tr_fields_ctx {
-	struct tr_error *err;
-	void *user; /* the caller's own state, e.g. the spec being filled */
+	struct tr_error *err;      /* the first problem */
+	struct tr_error_list *all; /* NULL: stop at the first; else every problem, bounded */
+	void *user;                /* the caller's own state, e.g. the spec being filled */
 	char ptr[sizeof(((struct tr_error *)0)->pointer)];
 	size_t len;
 };
@@ -104,6 +109,16 @@ size_t tr_fields_enter_index(struct tr_fields_ctx *c, size_t i);
 int tr_fields_fail(struct tr_fields_ctx *c, const char *key, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 int tr_fields_fail_oom(struct tr_fields_ctx *c);
+/* Records a problem at pointer ptr (tr_fields_fail's message form);
+ * returns -EINVAL. */
+int tr_fields_fail_at(struct tr_fields_ctx *c, const char *ptr, const char *text);
+/* Whether parsing goes on past a problem that returned rc: only where a
+ * list collects problems, until one more than it holds was found, and
+ * when rc is a bad value (-EINVAL), not a failure of the parser itself. */
+bool tr_fields_keep_going(const struct tr_fields_ctx *c, int rc);
+/* Whether problems were recorded already: a check across fields skips
+ * itself then, as the fields it reads may be the bad ones. */
+bool tr_fields_had_problems(const struct tr_fields_ctx *c);
 const struct tr_field *tr_fields_find_field(const struct tr_field *tab, const char *key);
 void tr_fields_leave(struct tr_fields_ctx *c, size_t saved);
 int tr_fields_parse_field(struct tr_fields_ctx *c, const json_t *obj, const struct tr_field *f, void *base, bool valid);

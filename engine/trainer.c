@@ -311,7 +311,7 @@ static void early_stop_eval(struct tr_trainer *t, int64_t done, int64_t epoch, d
 int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
-	int workers = t->opt.workers > 0 ? t->opt.workers : s->prefetch_workers;
+	int workers = tr_trainer_loader_threads(t);
 	int64_t total = t->plan.total_steps;
 	int rc;
 	struct tr_prefetch_config pc = {
@@ -532,6 +532,11 @@ const tr_model_t *tr_trainer_model(const tr_trainer_t *t)
 int tr_trainer_device_count(const tr_trainer_t *t)
 {
 	return t->ndev;
+}
+
+int tr_trainer_loader_threads(const tr_trainer_t *t)
+{
+	return t->opt.workers > 0 ? t->opt.workers : t->spec->prefetch_workers;
 }
 
 int tr_trainer_copy_params(tr_trainer_t *t, int rank, float *host)

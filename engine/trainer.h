@@ -146,6 +146,9 @@ int tr_trainer_copy_params(tr_trainer_t *t, int rank, float *host);
 /* Writes the weights as safetensors with PyTorch names. */
 int tr_trainer_save_weights(tr_trainer_t *t, const char *path, struct tr_error *err);
 int tr_trainer_device_count(const tr_trainer_t *t);
+/* The loader threads it runs with: the options' count, else the spec's
+ * prefetch.workers (its default filled in by the parser). */
+int tr_trainer_loader_threads(const tr_trainer_t *t);
 
 /* Joins every thread and frees everything.  Accepts NULL. */
 void tr_trainer_destroy(tr_trainer_t *t);

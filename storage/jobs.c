@@ -15,7 +15,7 @@
 
 #define JOB_COLS                                                                                       \
 	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
-	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info"
+	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info, loader_threads"
 
 void tr_job_row_finish(struct tr_job_row *row)
 {
@@ -72,6 +72,7 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 	r->epoch = sqlite3_column_int64(st, 15);
 	r->loss = sqlite3_column_type(st, 16) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 16);
 	r->updated_at = sqlite3_column_double(st, 17);
+	r->loader_threads = sqlite3_column_int(st, 19); /* NULL reads 0: not started */
 	int err = col_state(c, st, 2, r->id, &r->state);
 	if (err < 0) {
 		memset(r, 0, sizeof *r);
@@ -146,7 +147,8 @@ static int check_json(struct tr_error *e, const char *text, json_type type, cons
 static char *state_event_data(enum tr_job_state state, const char *error_json)
 {
 	json_t *err = error_json ? json_loads(error_json, 0, NULL) : json_null();
-	json_t *o = json_pack("{s:s, s:o}", "state", tr_job_state_name(state), "error", err ? err : json_null());
+	json_t *o = json_pack("{s:s, s:o, s:b}", "state", tr_job_state_name(state), "error", err ? err : json_null(),
+			      "terminal", tr_job_state_terminal(state));
 	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	return text;
@@ -636,7 +638,7 @@ cleanup:
 	return err;
 }
 
-/* {"state":..,"error":..} with the error embedded as JSON, not as a string. */
+/* {"state":..,"error":..,"terminal":..} with the error embedded as JSON, not as a string. */
 int tr_store_job_set_state(tr_store_t *s, int64_t id, enum tr_job_state state, const char *error_json,
 			   const char *devices_json, struct tr_error *e)
 {
@@ -695,6 +697,20 @@ int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t t
 		else
 			sqlite3_bind_double(st, 5, loss);
 		sqlite3_bind_double(st, 6, tr_store_now());
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
+}
+
+int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e)
+{
+	struct conn *c = tr_store_conn_lend(s, e);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET loader_threads = ?2 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int(st, 2, threads);
 		err = update_one(s, c, st, id);
 	}
 	tr_store_conn_put(s, c);

@@ -136,6 +136,10 @@ static const char *const migrations[] = {
 	"ALTER TABLE metrics_rollup ADD COLUMN last_epoch INTEGER;"
 	"ALTER TABLE metrics_rollup ADD COLUMN last_wall REAL;"
 	"ALTER TABLE metrics_rollup ADD COLUMN last_value REAL;",
+
+	/* 8: the loader threads a job's trainer runs with, NULL until it
+	 * started (GET /jobs/{id} "loader_threads"). */
+	"ALTER TABLE jobs ADD COLUMN loader_threads INTEGER;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

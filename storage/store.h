@@ -91,6 +91,7 @@ struct tr_job_row {
 	double updated_at;  /* last progress update */
 	bool state_pending; /* state/error/devices/stamps shown are not written yet */
 	char *info;         /* JSON object text of info fields, "{}" when none */
+	int loader_threads; /* the loader threads its trainer runs (ran) with; 0 until it started */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -185,6 +186,9 @@ int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
 int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
 			      struct tr_error *e);
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e);
+/* What the job's trainer resolved its loader thread count to (the spec's
+ * prefetch.workers or its default), set by the runner as it starts. */
+int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e);
 /* Replaces a job's spec as given and its normalized spec (a resume that
  * gives it a new end); both JSON object texts.  -ENOENT for an unknown
  * job. */

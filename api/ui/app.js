@@ -19,8 +19,9 @@
 	const POLL_MS = 1000, POLL_MAX_MS = 4000;
 	const OTHERS_MS = 10000; /* series on no chart: read this often (pollMetrics) */
 	const LOG_LINES = 300;
-	/* The daemon's job states (docs/design.md, "The job"); terminal ones hold no devices. */
-	const TERMINAL = ['stopped', 'completed', 'failed', 'cancelled'];
+	/* The daemon's job states (docs/design.md, "The job"), for the state
+	 * filter only: whether a state is an end comes with each job
+	 * (`terminal`) and each state event. */
 	const STATES = ['queued', 'running', 'stopping', 'paused', 'stopped', 'completed', 'failed', 'cancelled', 'interrupted'];
 	const PALETTE = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#db2777', '#65a30d'];
 	const LEVELS = { 0: 'emerg', 1: 'alert', 2: 'crit', 3: 'error', 4: 'warn', 5: 'notice', 6: 'info', 7: 'debug' };
@@ -86,6 +87,8 @@
 			this.status = status;
 			this.code = e.code || 'http_' + status;
 			this.pointer = e.pointer || null;
+			/* A refused spec's every problem, {message, pointer}. */
+			this.errors = body && Array.isArray(body.errors) && body.errors.length ? body.errors : null;
 		}
 	}
 	let tokenAsk = null;
@@ -279,7 +282,7 @@
 	}
 
 	/* ---- Jobs page ---- */
-	let listFields = 'id,name,state,priority,devices,progress,summary,submitted_at,started_at,finished_at,error';
+	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error';
 	async function fetchJobs(state) {
 		const jobs = [];
 		let after = null;
@@ -339,7 +342,7 @@
 			h('td', { 'data-label': 'State' }, stateBadge(job.state)),
 			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
-			h('td', { class: 'num', 'data-label': 'ETA', text: TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s) }),
+			h('td', { class: 'num', 'data-label': 'ETA', text: job.terminal ? '–' : fmtDuration(p.eta_s) }),
 			h('td', { class: 'num', 'data-label': 'Loss', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
 			h('td', { class: 'num', 'data-label': 'Samples/s', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
 			h('td', { 'data-label': 'Devices', text: (job.devices || []).join(', ') || '–' }),
@@ -390,16 +393,30 @@
 		return h('details', { class: 'card', id: 'submit', open: text.value ? true : null },
 			h('summary', { text: 'Submit a job' }), form);
 	}
+	/* Each problem the daemon found (`errors`, else the one `error`), at
+	 * its pointer with its line and excerpt; the first is selected. */
 	function specError(textarea, e) {
-		const box = h('div', { class: 'error-box', role: 'alert', 'data-testid': 'spec-error' },
-			h('strong', { text: e.code ? e.code + ': ' : 'error: ' }), e.message);
-		if (!(e instanceof ApiError)) return box;
-		const where = locate(textarea.value, e.pointer, e.message);
-		if (e.pointer)
-			box.append(h('div', { class: 'small' }, 'at ', h('code', { class: 'pointer', 'data-testid': 'spec-pointer', text: e.pointer }),
-				where ? ', line ' + lineOf(textarea.value, where.range[0]) + (where.exact ? '' : ' (the enclosing value; the key is missing)') : ''));
+		const box = h('div', { class: 'error-box', role: 'alert', 'data-testid': 'spec-error' });
+		if (!(e instanceof ApiError)) {
+			box.append(h('strong', { text: e.code ? e.code + ': ' : 'error: ' }), e.message);
+			return box;
+		}
+		const problems = e.errors || [{ message: e.message, pointer: e.pointer }];
+		if (problems.length > 1)
+			box.append(h('strong', { text: e.code + ': ' + problems.length + ' problems' }));
+		const list = problems.map((pr) => {
+			const item = h('div', { class: 'spec-problem', 'data-testid': 'spec-problem', 'data-pointer': pr.pointer || '' },
+				problems.length > 1 ? null : h('strong', { text: e.code + ': ' }), pr.message);
+			const where = locate(textarea.value, pr.pointer, pr.message);
+			if (pr.pointer)
+				item.append(h('div', { class: 'small' }, 'at ', h('code', { class: 'pointer', 'data-testid': 'spec-pointer', text: pr.pointer }),
+					where ? ', line ' + lineOf(textarea.value, where.range[0]) + (where.exact ? '' : ' (the enclosing value; the key is missing)') : ''));
+			if (where) item.append(excerpt(textarea.value, where.range));
+			box.append(item);
+			return where;
+		});
+		const where = list[0];
 		if (where) {
-			box.append(excerpt(textarea.value, where.range));
 			textarea.focus();
 			textarea.setSelectionRange(where.range[0], where.range[1]);
 			/* Bring the selection into view: setSelectionRange does not scroll. */
@@ -669,7 +686,7 @@
 			document.title = '#' + job.id + ' ' + job.name + ' – trainerd';
 			badge.replaceChildren(stateBadge(job.state));
 			/* A request's feedback lasts until the job has ended. */
-			if (TERMINAL.includes(job.state) && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
+			if (job.terminal && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
 			for (const b of Object.values(buttons))
 				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
 			resumeEpochs.disabled = buttons.resume.disabled;
@@ -678,7 +695,7 @@
 				/* 1-based for people; the engine's info field "epoch" is the
 				 * last finished one, shown below as such. */
 				['Current epoch', p.epoch === undefined ? null : p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch + 1],
-				['ETA', TERMINAL.includes(job.state) ? '–' : fmtDuration(p.eta_s)],
+				['ETA', job.terminal ? '–' : fmtDuration(p.eta_s)],
 				['Elapsed', fmtDuration(p.elapsed_s !== undefined ? p.elapsed_s : job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null)],
 				['Loss', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
 				['Val loss', fmtNum(s.val_loss !== undefined ? s.val_loss : lastValue('val_loss'))],
@@ -734,30 +751,40 @@
 		 * "The job"), so that read holds the last step, and the page never
 		 * shows an ended job beside curves that stop short of it. */
 		async function setJob(job) {
-			if (TERMINAL.includes(job.state) && st.job && !TERMINAL.includes(st.job.state)) {
+			const ended = job.terminal && st.job && !st.job.terminal;
+			if (ended) {
 				try { await readMetrics({ all: true }); } catch (e) { if (signal.aborted) throw e; }
 				redrawAll(false);
 			}
 			st.job = job;
 			renderJob();
+			/* Its devices are no longer its own: say so at once. */
+			if (ended) loadDevices().catch(() => {});
 		}
 		async function loadDevices() {
 			const job = st.job;
 			if (!job) return;
-			const spec = job.spec || {}, pf = spec.prefetch || {};
+			const spec = job.spec || {};
 			let devices = [];
 			try { devices = (await api('/devices')).devices; } catch (e) { /* shown as ids only */ }
 			const mine = devices.filter((d) => (job.devices || []).includes(d.id));
 			const p = job.progress || {}, s = job.summary || {};
 			const wait = p.data_wait_fraction !== undefined ? p.data_wait_fraction : s.data_wait_fraction;
+			/* A device's memory is its current owner's: shown only while
+			 * that is this job.  A job that ended (or paused) lists the
+			 * devices it ran on. */
+			const memory = (dv) => dv.job === job.id && dv.memory_total
+				? ', ' + fmtBytes(dv.memory_total - (dv.memory_free || 0)) + ' / ' + fmtBytes(dv.memory_total) + ' used' : '';
+			const ranOn = job.terminal || (mine.length > 0 && !mine.some((dv) => dv.job === job.id));
 			devPanel.replaceChildren(
 				h('dl', { class: 'info' },
-					h('dt', { text: 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
+					h('dt', { text: ranOn ? 'Ran on' : 'Devices' }), h('dd', { text: (job.devices || []).join(', ') || 'none yet' }),
 					h('dt', { text: 'Backend' }), h('dd', { text: spec.backend || 'auto' }),
-					h('dt', { text: 'Loader threads' }), h('dd', { text: pf.workers !== undefined ? pf.workers : 'default' }),
+					/* What the trainer resolved, not what the spec says. */
+					h('dt', { text: 'Loader threads' }), h('dd', { 'data-key': 'loader_threads', text: job.loader_threads ? String(job.loader_threads) : '–' }),
 					h('dt', { text: 'Data-wait share' }), h('dd', { text: wait === undefined || wait === null ? '–' : fmtPct(wait) + ' of step time' }),
 					mine.flatMap((dv) => [h('dt', { text: dv.name }),
-						h('dd', { 'data-device': dv.id, text: dv.kind + (dv.memory_total ? ', ' + fmtBytes(dv.memory_total - (dv.memory_free || 0)) + ' / ' + fmtBytes(dv.memory_total) + ' used' : '') })])));
+						h('dd', { 'data-device': dv.id, text: dv.kind + memory(dv) })])));
 		}
 		async function loadCheckpoints() {
 			const r = await api('/jobs/' + id + '/checkpoints');
@@ -1231,7 +1258,7 @@
 						if (signal.aborted) return;
 						setConn('reconnecting…');
 					}
-					if (ended && st.job && TERMINAL.includes(st.job.state)) { setConn(''); return; }
+					if (ended && st.job && st.job.terminal) { setConn(''); return; }
 					await sleep(retry, signal);
 				}
 			} finally { streaming = false; }
@@ -1249,8 +1276,10 @@
 			}
 			else if (type === 'state') {
 				if (st.job && st.job.state !== d.state) {
-					/* An end is shown by loadJob, after the last points. */
-					if (!TERMINAL.includes(d.state)) {
+					/* An end is shown by loadJob, after the last points
+					 * (an event without `terminal`, from an older daemon,
+					 * is left to loadJob too). */
+					if (d.terminal === false) {
 						st.job.state = d.state;
 						if (d.error !== undefined) st.job.error = d.error;
 						renderJob();
@@ -1278,7 +1307,7 @@
 				if (mergeSeries(st.series, by)) { bound(st.series); scheduleRedraw(); }
 			}
 		}
-		const live = () => st.job && !TERMINAL.includes(st.job.state);
+		const live = () => st.job && !st.job.terminal;
 		function startLive() {
 			if (live()) followEvents();
 			if (st.polling) return;

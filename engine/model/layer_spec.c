@@ -85,14 +85,17 @@ int tr_layer_specs_parse(struct tr_fields_ctx *c, const json_t *v, struct tr_lay
 		return tr_fields_fail(c, NULL, "the model has more than %d layers in all, blocks' layers included",
 				      TR_MODEL_MAX_NODES);
 	*n = (int)len;
+	int bad = 0;
 	for (size_t i = 0; i < len; i++) {
 		size_t saved = tr_fields_enter_index(c, i);
 		int rc = parse_one(c, json_array_get(v, i), &out[i]);
-		if (rc)
-			return rc;
 		tr_fields_leave(c, saved);
+		/* One bad layer does not hide the next one's problems. */
+		if (rc && !tr_fields_keep_going(c, rc))
+			return rc;
+		bad = bad ? bad : rc;
 	}
-	return 0;
+	return bad;
 }
 
 json_t *tr_layer_specs_emit(const struct tr_layer_spec *l, int n)

@@ -7,8 +7,10 @@
 // refetches that step range (from_step/to_step); Stop, after confirmation,
 // stops the job and the page shows it; when a page shows a job stopped,
 // cancelled, failed or completed, its curves already reach the job's final
-// step; the submit form shows a bad spec's
-// error at its JSON pointer; with a token configured the page asks for it
+// step; the submit form shows each of a bad spec's
+// errors at its JSON pointer; the device panel shows the loader threads the
+// daemon says the job runs with, and for an ended job the devices it ran on
+// without the memory figures of whoever holds them now; with a token configured the page asks for it
 // once, keeps it out of every URL, and works; on a phone no field of the
 // jobs and devices tables is off the screen; a series of one point is
 // drawn.  Screenshots of each page go to ARTIFACT_DIR.
@@ -201,9 +203,9 @@ try {
 		await page.screenshot({ path: path.join(artifacts, 'jobs.png'), fullPage: true });
 	});
 
-	await step('submit form shows a bad spec\'s error at its pointer', async () => {
+	await step('submit form shows each of a bad spec\'s errors at its pointer', async () => {
 		await page.click('#submit summary');
-		const bad = JSON.stringify({ ...shortJob, optimizer: { type: 'adamw', lr: -1 } }, null, 2);
+		const bad = JSON.stringify({ ...shortJob, optimizer: { type: 'adamw', lr: -1 }, prefetch: { workers: 0 } }, null, 2);
 		await page.fill('#spec-text', bad);
 		await page.click('#submit-btn');
 		await page.waitForSelector('[data-testid="spec-error"]', { timeout: 10000 });
@@ -213,6 +215,13 @@ try {
 		if (!marked.startsWith('"lr"')) throw new Error('marked text: ' + marked);
 		const sel = await page.$eval('#spec-text', (t) => t.value.slice(t.selectionStart, t.selectionEnd));
 		if (!sel.startsWith('"lr"')) throw new Error('selected text: ' + sel);
+		/* Both problems, each with its pointer and its own excerpt. */
+		const problems = await page.$$eval('[data-testid="spec-problem"]', (els) => els.map((e) => ({
+			pointer: e.querySelector('[data-testid="spec-pointer"]')?.textContent,
+			mark: e.querySelector('[data-testid="spec-excerpt"] mark')?.textContent || '' })));
+		if (JSON.stringify(problems.map((p) => p.pointer)) !== '["/optimizer/lr","/prefetch/workers"]')
+			throw new Error('problems shown: ' + JSON.stringify(problems));
+		if (!problems[1].mark.startsWith('"workers"')) throw new Error('second excerpt marks: ' + problems[1].mark);
 		await page.screenshot({ path: path.join(artifacts, 'submit-error.png'), fullPage: true });
 	});
 
@@ -297,6 +306,16 @@ try {
 		/* The engine's "epoch" info field (last finished) is not shown
 		 * under a bare name that reads like the current one. */
 		if (labels.includes('epoch') || labels.includes('Epoch')) throw new Error('ambiguous epoch label: ' + labels.join(', '));
+	});
+
+	await step('job page: device panel shows the loader threads the job runs with, and its devices\' memory', async () => {
+		/* The spec leaves prefetch.workers to its default: the daemon
+		 * says what the trainer resolved. */
+		await waitFor('loader threads', async () =>
+			(await page.textContent('#job-devices dd[data-key="loader_threads"]').catch(() => '')) === '2', 15000);
+		const devs = await page.$$eval('#job-devices dd[data-device]', (els) => els.map((e) => e.textContent));
+		if (devs.length !== longJob.devices || !devs.every((t) => / used$/.test(t)))
+			throw new Error('devices shown: ' + devs.join('; '));
 	});
 
 	await step('job page: drag to zoom refetches that step range', async () => {
@@ -463,6 +482,15 @@ try {
 		/* A stopped job can be resumed later. */
 		if (await page.isDisabled('#btn-resume')) throw new Error('Resume is disabled for a stopped job');
 		if (await page.isDisabled('#resume-epochs')) throw new Error('the epochs of a resume cannot be given');
+	});
+
+	await step('stopped: the device panel lists the devices it ran on, without today\'s memory', async () => {
+		await page.waitForFunction(() => [...document.querySelectorAll('#job-devices dt')].some((e) => e.textContent === 'Ran on'),
+			null, { timeout: 15000 });
+		const devs = await page.$$eval('#job-devices dd[data-device]', (els) => els.map((e) => e.dataset.device + ' ' + e.textContent));
+		if (devs.length !== longJob.devices || devs.some((t) => /used|B\b/.test(t))) throw new Error('devices shown: ' + devs.join('; '));
+		const threads = await page.textContent('#job-devices dd[data-key="loader_threads"]');
+		if (threads !== '2') throw new Error('loader threads shown: ' + threads);
 		await page.screenshot({ path: path.join(artifacts, 'job-stopped.png'), fullPage: true });
 	});
 

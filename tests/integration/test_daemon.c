@@ -509,6 +509,73 @@ static double parse_time(json_t *v)
 	return (double)timegm(&tm) + ms / 1000.0;
 }
 
+/* A refused spec lists every problem at its pointer ("errors"), the first
+ * being "error"'s; a job says whether its state is an end ("terminal", in
+ * its state events too) and the loader threads its trainer resolved
+ * ("loader_threads": the spec's prefetch.workers, or the default 2). */
+Test(daemon, spec_problems_terminal_and_loader_threads, .init = start1, .fini = stop1, .timeout = 120)
+{
+	struct http_reply r;
+	http(&d, "POST", "/jobs", spec_with("{\"batch_size\": -4, \"prefetch\": {\"workers\": 0}}"), NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	json_t *err = json_object_get(r.json, "error"), *errors = json_object_get(r.json, "errors");
+	cr_expect_str_eq(json_string_value(json_object_get(err, "code")), "invalid_spec");
+	cr_expect_str_eq(json_string_value(json_object_get(err, "pointer")), "/batch_size");
+	cr_assert_eq(json_array_size(errors), 2, "%s", r.body);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(errors, 0), "pointer")), "/batch_size");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(errors, 0), "message")),
+			 json_string_value(json_object_get(err, "message")));
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(errors, 1), "pointer")), "/prefetch/workers");
+	http_free(&r);
+	/* One problem: a list of one. */
+	http(&d, "POST", "/jobs", spec_with("{\"colour\": 1}"), NULL, NULL, &r);
+	cr_assert_eq(r.status, 400);
+	errors = json_object_get(r.json, "errors");
+	cr_assert_eq(json_array_size(errors), 1, "%s", r.body);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(errors, 0), "pointer")), "/colour");
+	http_free(&r);
+
+	json_t *doc = json_loads(SMALL_JOB("default-loaders", ""), 0, NULL);
+	json_object_del(doc, "prefetch");
+	char *text = json_dumps(doc, JSON_COMPACT);
+	long long ids[2] = {submit_job(&d, text), submit_job(&d, spec_with("{\"prefetch\": {\"workers\": 3}}"))};
+	free(text);
+	json_decref(doc);
+	const long want[2] = {2, 3};
+	char path[64];
+	for (int i = 0; i < 2; i++) {
+		cr_assert_str_eq(wait_state(&d, ids[i], "completed|failed", 60), "completed");
+		snprintf(path, sizeof path, "/jobs/%lld", ids[i]);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		cr_expect(json_is_true(json_object_get(r.json, "terminal")), "%s", r.body);
+		cr_expect_eq(json_integer_value(json_object_get(r.json, "loader_threads")), want[i], "%s", r.body);
+		http_free(&r);
+	}
+	struct sse_stream ev;
+	sse_read(ids[0], 0, 0, &ev);
+	int ends = 0, others = 0;
+	for (int i = 0; i < ev.n; i++) {
+		if (strcmp(ev.ev[i].type, "state") != 0)
+			continue;
+		json_t *data = json_loads(ev.ev[i].data, 0, NULL);
+		bool end = strcmp(json_string_value(json_object_get(data, "state")), "completed") == 0;
+		cr_expect(json_is_boolean(json_object_get(data, "terminal")), "%s", ev.ev[i].data);
+		cr_expect_eq(json_is_true(json_object_get(data, "terminal")), end, "%s", ev.ev[i].data);
+		ends += end;
+		others += !end;
+		json_decref(data);
+	}
+	cr_expect_eq(ends, 1);
+	cr_expect_geq(others, 2, "queued and running");
+	sse_free(&ev);
+	/* The list's jobs carry terminal too. */
+	http(&d, "GET", "/jobs?fields=terminal,loader_threads", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	cr_expect(json_is_true(json_object_get(json_array_get(json_object_get(r.json, "jobs"), 0), "terminal")), "%s",
+		  r.body);
+	http_free(&r);
+}
+
 Test(daemon, fifty_clients_thirty_jobs_two_devices, .init = start1, .fini = stop1, .timeout = 240)
 {
 	/* A blocker holds both devices so the whole queue forms before anything

@@ -10,6 +10,7 @@
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/api_internal.h"
@@ -142,4 +143,43 @@ Test(api_errors, a_message_that_is_not_utf8_still_gives_a_body)
 	cr_assert_str_eq(field_of(&rp, "message"), "(message is not valid UTF-8)");
 	cr_assert_str_eq(field_of(&rp, "pointer"), "(not valid UTF-8)");
 	reply_finish(&rp);
+}
+
+/* A refused spec carries every problem ("errors"), the first being the
+ * one "error" reports; with none listed (found before the field checks),
+ * the one error is the list; other refusals have no list. */
+Test(api_errors, an_invalid_spec_lists_every_problem)
+{
+	struct tr_error e = {.kind = TR_JOB_E_INVALID_SPEC, .pointer = "/a", .message = "/a: bad"};
+	struct tr_error_list *all = calloc(1, sizeof *all);
+	struct tr_api_reply rp = {0};
+
+	cr_assert_not_null(all);
+	all->e[0] = e;
+	all->e[1] = (struct tr_error){.pointer = "/b/0", .message = "/b/0: worse"};
+	all->e[2] = (struct tr_error){.pointer = "", .message = "no place"};
+	all->n = 3;
+	tr_api_fail_problems(&rp, &e, all);
+	cr_assert_eq(rp.status, 400);
+	cr_assert_str_eq(field_of(&rp, "pointer"), "/a");
+	json_t *list = json_object_get(rp.json, "errors");
+	cr_assert_eq(json_array_size(list), 3);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(list, 1), "pointer")), "/b/0");
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(list, 1), "message")), "/b/0: worse");
+	cr_expect_null(json_object_get(json_array_get(list, 2), "pointer"), "no pointer when there is none");
+	reply_finish(&rp);
+
+	all->n = 0;
+	tr_api_fail_problems(&rp, &e, all);
+	list = json_object_get(rp.json, "errors");
+	cr_assert_eq(json_array_size(list), 1);
+	cr_expect_str_eq(json_string_value(json_object_get(json_array_get(list, 0), "pointer")), "/a");
+	reply_finish(&rp);
+
+	struct tr_error fit = {.kind = TR_JOB_E_CANNOT_FIT, .pointer = "/devices", .message = "/devices: 3"};
+	tr_api_fail_problems(&rp, &fit, all);
+	cr_assert_eq(rp.status, 422);
+	cr_expect_null(json_object_get(rp.json, "errors"));
+	reply_finish(&rp);
+	free(all);
 }

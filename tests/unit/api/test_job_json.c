@@ -61,3 +61,25 @@ Test(api, job_json_from_row)
 	json_decref(j);
 	json_decref(live);
 }
+
+/* Whether the state is an end comes from core/job.c, for every state;
+ * loader_threads is the runner's stored figure, null until it started. */
+Test(api, job_json_terminal_and_loader_threads)
+{
+	for (int st = 0; st < TR_JOB_NSTATES; st++) {
+		struct tr_job_row row = {.id = 1, .state = (enum tr_job_state)st, .loss = NAN};
+		json_t *j = tr_api_job_json(&row, NULL);
+
+		cr_assert_not_null(j);
+		cr_expect(json_is_boolean(json_object_get(j, "terminal")), "state %s", tr_job_state_name(st));
+		cr_expect_eq(json_is_true(json_object_get(j, "terminal")), tr_job_state_terminal(st), "state %s",
+			     tr_job_state_name(st));
+		cr_expect(json_is_null(json_object_get(j, "loader_threads")), "not started: null");
+		json_decref(j);
+	}
+	struct tr_job_row row = {.id = 2, .state = TR_JOB_RUNNING, .loss = NAN, .loader_threads = 3};
+	json_t *j = tr_api_job_json(&row, NULL);
+	cr_assert_eq(jint(j, "loader_threads"), 3);
+	cr_assert(json_is_false(json_object_get(j, "terminal")));
+	json_decref(j);
+}

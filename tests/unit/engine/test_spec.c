@@ -69,8 +69,18 @@ static json_t *load(const char *text)
 static void parse_ok(const char *text, struct tr_spec *spec)
 {
 	struct tr_error err;
-	int rc = tr_spec_parse_text(text, spec, &err);
+	struct tr_error_list *all = malloc(sizeof *all);
+	json_t *doc = load(text);
 
+	/* Collecting every problem finds none either. */
+	cr_assert(all);
+	int rc = tr_spec_parse_all(doc, spec, &err, all);
+	cr_assert_eq(rc, 0, "parse failed: %s", err.message);
+	cr_assert_eq(all->n, 0, "a valid spec has a problem: %s", all->e[0].message);
+	tr_spec_finish(spec);
+	json_decref(doc);
+	free(all);
+	rc = tr_spec_parse_text(text, spec, &err);
 	cr_assert_eq(rc, 0, "parse failed: %s", err.message);
 }
 
@@ -800,6 +810,134 @@ ParameterizedTest(struct bad_case *bc, spec, invalid)
 	cr_log_info("%s", err.message);
 	cr_expect_null(s.name, "a failed parse leaves nothing to free");
 	tr_spec_finish(&s);
+
+	/* Collecting every problem reports the same first one (the API's
+	 * `error` is unchanged), and frees what the parse went on to fill. */
+	struct tr_error_list *all = malloc(sizeof *all);
+	struct tr_error first;
+	cr_assert(all);
+	doc = load(base_spec);
+	apply_edit(doc, bc->edit, bc->value);
+	rc = tr_spec_parse_all(doc, &s, &first, all);
+	json_decref(doc);
+	cr_assert_eq(rc, -EINVAL);
+	cr_expect_str_eq(first.pointer, err.pointer, "edit %s = %s", bc->edit, bc->value);
+	cr_expect_str_eq(first.message, err.message);
+	cr_assert_geq(all->n, 1, "edit %s = %s: no problem listed", bc->edit, bc->value);
+	cr_expect_str_eq(all->e[0].pointer, err.pointer);
+	cr_expect_str_eq(all->e[0].message, err.message);
+	cr_expect_null(s.name);
+	free(all);
+}
+
+/* ---- every problem at once (tr_spec_parse_all) ---- */
+
+/* Parses base_spec with the edits (pointer, JSON value) applied and
+ * returns the problems found, which the caller frees. */
+static struct tr_error_list *problems_of(const char *const edits[][2], size_t n, struct tr_error *first)
+{
+	json_t *doc = load(base_spec);
+	struct tr_error_list *all = malloc(sizeof *all);
+	struct tr_spec s;
+
+	cr_assert(all);
+	for (size_t i = 0; i < n; i++)
+		apply_edit(doc, edits[i][0], edits[i][1]);
+	cr_assert_eq(tr_spec_parse_all(doc, &s, first, all), -EINVAL);
+	cr_expect_null(s.name, "a failed parse leaves nothing to free");
+	json_decref(doc);
+	for (int i = 0; i < all->n; i++)
+		cr_log_info("%s", all->e[i].message);
+	return all;
+}
+
+Test(spec_problems, two_bad_fields_two_problems_at_their_pointers)
+{
+	const char *const edits[][2] = {{"/optimizer/lr", "-1"}, {"/prefetch", "{\"workers\": 0}"}};
+	struct tr_error first;
+	struct tr_error_list *all = problems_of(edits, 2, &first);
+
+	cr_assert_eq(all->n, 2);
+	cr_expect_eq(all->more, 0);
+	cr_expect_str_eq(all->e[0].pointer, "/optimizer/lr");
+	cr_expect_str_eq(all->e[0].message, "/optimizer/lr: must be > 0");
+	cr_expect_str_eq(all->e[1].pointer, "/prefetch/workers");
+	cr_expect(strncmp(all->e[1].message, "/prefetch/workers: ", 19) == 0, "%s", all->e[1].message);
+	/* The first is the one a plain parse reports. */
+	cr_expect_str_eq(first.pointer, "/optimizer/lr");
+	cr_expect_str_eq(first.message, all->e[0].message);
+	free(all);
+}
+
+Test(spec_problems, unknown_keys_and_bad_values_of_one_object)
+{
+	const char *const edits[][2] = {{"/optimizer/colour", "1"}, {"/optimizer/lr", "\"fast\""}};
+	struct tr_error first;
+	struct tr_error_list *all = problems_of(edits, 2, &first);
+
+	cr_assert_eq(all->n, 2);
+	cr_expect_str_eq(all->e[0].pointer, "/optimizer/colour");
+	cr_expect_str_eq(all->e[1].pointer, "/optimizer/lr");
+	free(all);
+}
+
+Test(spec_problems, each_bad_layer_and_array_element)
+{
+	const char *const edits[][2] = {
+		{"/model/layers", "[{\"type\": \"dense\", \"units\": 0}, {\"type\": \"relu\"},"
+				  " {\"type\": \"nope\"}, {\"type\": \"dense\", \"units\": 4}]"},
+		{"/data/transforms", "[{\"type\": \"scale\", \"factor\": \"x\"}, {\"type\": \"scale\", \"factor\": 2},"
+				     " {\"type\": \"scale\", \"factor\": \"y\"}]"},
+	};
+	struct tr_error first;
+	struct tr_error_list *all = problems_of(edits, 2, &first);
+
+	/* Table order: model before data. */
+	cr_assert_eq(all->n, 4);
+	cr_expect_str_eq(all->e[0].pointer, "/model/layers/0/units");
+	cr_expect_str_eq(all->e[1].pointer, "/model/layers/2/type");
+	cr_expect_str_eq(all->e[2].pointer, "/data/transforms/0/factor");
+	cr_expect_str_eq(all->e[3].pointer, "/data/transforms/2/factor");
+	free(all);
+}
+
+/* A value whose meaning depends on a bad one is not looked at: with an
+ * unknown optimizer type, its other keys are not checked (which are valid
+ * depends on the type), and the checks across fields wait. */
+Test(spec_problems, what_depends_on_a_bad_value_is_skipped)
+{
+	const char *const edits[][2] = {{"/batch_size", "0"},
+					{"/optimizer/type", "\"nope\""},
+					{"/optimizer/lr", "-1"},
+					{"/epochs", ""}};
+	struct tr_error first;
+	struct tr_error_list *all = problems_of(edits, 4, &first);
+
+	cr_assert_eq(all->n, 2);
+	cr_expect_str_eq(all->e[0].pointer, "/batch_size");
+	cr_expect_str_eq(all->e[1].pointer, "/optimizer/type");
+	free(all);
+}
+
+Test(spec_problems, bounded)
+{
+	json_t *doc = load(base_spec);
+	struct tr_error_list *all = malloc(sizeof *all);
+	struct tr_error first;
+	struct tr_spec s;
+	char key[16];
+
+	cr_assert(all);
+	for (int i = 0; i < TR_ERROR_LIST_MAX + 8; i++) {
+		snprintf(key, sizeof key, "x%02d", i);
+		json_object_set_new(doc, key, json_true());
+	}
+	cr_assert_eq(tr_spec_parse_all(doc, &s, &first, all), -EINVAL);
+	cr_expect_eq(all->n, TR_ERROR_LIST_MAX);
+	cr_expect_eq(all->more, 1);
+	cr_expect_str_eq(first.pointer, all->e[0].pointer);
+	json_decref(doc);
+	free(all);
 }
 
 Test(spec, array_limits)
@@ -1119,6 +1257,16 @@ Test(spec, every_example_parses)
 		else
 			cr_expect_eq(rc, 0, "%s: %s", e->d_name, err.message);
 		tr_spec_finish(&s);
+		/* Collecting problems finds none in a valid spec (no value is
+		 * tried one way, refused, then read another way). */
+		struct tr_error_list *all = malloc(sizeof *all);
+		json_t *doc = load(text);
+		cr_assert(all);
+		cr_expect_eq(tr_spec_parse_all(doc, &s, &err, all), rc, "%s", e->d_name);
+		cr_expect_eq(all->n, rc ? all->n : 0, "%s: %s", e->d_name, all->n ? all->e[0].message : "");
+		tr_spec_finish(&s);
+		json_decref(doc);
+		free(all);
 		free(text);
 		found++;
 	}

@@ -1007,7 +1007,8 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 			     " ALTER TABLE jobs DROP COLUMN info; DROP TABLE job_results;"
 			     " ALTER TABLE metrics_rollup DROP COLUMN last_step; ALTER TABLE metrics_rollup DROP COLUMN"
 			     " last_epoch; ALTER TABLE metrics_rollup DROP COLUMN last_wall; ALTER TABLE metrics_rollup"
-			     " DROP COLUMN last_value; PRAGMA user_version = 2;",
+			     " DROP COLUMN last_value; ALTER TABLE jobs DROP COLUMN loader_threads;"
+			     " PRAGMA user_version = 2;",
 			     NULL, NULL, NULL),
 		SQLITE_OK, "%s", sqlite3_errmsg(db));
 	const int all[] = {0, 1, 2}, gap[] = {0};

@@ -1456,7 +1456,7 @@ static int64_t queued_event_id(tr_store_t *s, int64_t job)
 	cr_assert_eq(tr_store_events_after(s, job, 0, 1, &ev, &n, NULL), 0);
 	cr_assert_eq(n, 1);
 	cr_assert_str_eq(ev[0].type, "state");
-	cr_assert_str_eq(ev[0].data, "{\"state\":\"queued\",\"error\":null}");
+	cr_assert_str_eq(ev[0].data, "{\"state\":\"queued\",\"error\":null,\"terminal\":false}");
 	int64_t id = ev[0].id;
 	tr_events_free(ev, n);
 	return id;
