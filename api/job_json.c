@@ -139,12 +139,15 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 	/* The stored figures in one read (a dashboard asks for the job
 	 * every second): validation's, data_wait_ms (the page shows the
 	 * latest beside the share), and data.test's once the job has them
-	 * (docs/model-format.md). */
+	 * (docs/model-format.md): not looked for while it runs here, since
+	 * they are written once its run is complete. */
 	static const char *const stored_names[] = {"val_loss",      "val_accuracy", "data_wait_ms", "test_loss",
 						   "test_accuracy", "test_mse",     "test_mae",     "test_r2"};
 	enum { N_STORED = sizeof stored_names / sizeof stored_names[0], N_ALWAYS = 3 };
-	struct tr_metric_last last[N_STORED];
-	if (tr_store_metrics_last(store, row->id, stored_names, N_STORED, last, NULL) < 0)
+	bool running_here = json_is_object(live) && json_object_get(live, "step");
+	size_t n_read = running_here ? N_ALWAYS : N_STORED;
+	struct tr_metric_last last[N_STORED] = {0};
+	if (tr_store_metrics_last(store, row->id, stored_names, n_read, last, NULL) < 0)
 		memset(last, 0, sizeof last); /* shown as not known: null */
 	sum = json_pack("{s:o}", "loss", number_or_null(row->loss));
 	if (!sum)
@@ -154,7 +157,7 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 			json_object_set_new(sum, stored_names[i],
 					    last[i].found ? number_or_null(last[i].value) : json_null());
 	json_object_set_new(sum, "step", row->started_at > 0 ? json_integer(row->step) : json_null());
-	if (json_is_object(live) && json_object_get(live, "step")) {
+	if (running_here) {
 		/* Running here: the trainer's own figures, computed as
 		 * summary.json's are (samples and waiting over the run's wall
 		 * time so far). */
