@@ -248,3 +248,33 @@ Test(api, the_per_client_stream_message_names_the_cap)
 	resp_free(&r);
 	close(s1);
 }
+
+/* A client whose stream went away (a reset, or a close) and that comes
+ * back at once, as an EventSource does, gets its place: the cap does not
+ * count a stream whose client has gone, though the stream's own thread
+ * notices it only about once a second (later on a loaded machine). */
+Test(api, a_client_that_comes_back_is_not_refused_for_its_dead_stream)
+{
+	int64_t id = submit("streams");
+	int s1, s2;
+	char got[4096];
+
+	cr_assert_eq(tr_store_job_set_state(store, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
+	restart_with((struct tr_api_config){.max_streams_per_client = 1});
+	cr_assert_eq(open_stream("127.0.0.2", id, &s1, got, sizeof got), 200, "%s", got);
+	for (int round = 0; round < 4; round++) {
+		if (round % 2 == 0) { /* a reset */
+			struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+			setsockopt(s1, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+		}
+		close(s1);
+		cr_assert_eq(open_stream("127.0.0.2", id, &s1, got, sizeof got), 200,
+			     "round %d: the client is back at once after a %s: %s", round,
+			     round % 2 ? "close" : "reset", got);
+	}
+	/* The live stream still counts. */
+	cr_assert_eq(open_stream("127.0.0.2", id, &s2, got, sizeof got), 503, "%s", got);
+	close(s2);
+	close(s1);
+}
