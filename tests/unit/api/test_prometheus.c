@@ -213,49 +213,64 @@ Test(api, jobs_by_state_and_the_running_jobs_gauges)
 	free(text);
 }
 
+/* A sample of POST /reload's latency histogram (0 when absent):
+ * part "bucket" with le, "count" or "sum". */
+static double reload_hist(const char *text, const char *part, const char *le)
+{
+	char s[256];
+	double v;
+
+	if (le)
+		snprintf(s, sizeof s,
+			 "trainerd_http_request_duration_seconds_%s{method=\"POST\",route=\"/reload\",le=\"%s\"}", part,
+			 le);
+	else
+		snprintf(s, sizeof s, "trainerd_http_request_duration_seconds_%s{method=\"POST\",route=\"/reload\"}",
+			 part);
+	v = sample(text, s);
+	return isnan(v) ? 0 : v;
+}
+
+static double or0(double v)
+{
+	return isnan(v) ? 0 : v;
+}
+
 Test(api, request_counters_and_latency_histogram)
 {
 	const struct tr_api_route *rt = route("POST", "/reload");
 	const char *c299 = "trainerd_http_requests_total{method=\"POST\",route=\"/reload\",code=\"299\"}";
 	const char *c418 = "trainerd_http_requests_total{method=\"POST\",route=\"/reload\",code=\"418\"}";
 	const char *unm = "trainerd_http_requests_total{method=\"other\",route=\"unmatched\",code=\"404\"}";
-	const char *h = "trainerd_http_request_duration_seconds";
-	char s[256], *before, *after;
-	double b_le0025, b_le005, b_le10, b_inf, b_count, b_sum;
+	static const char *const les[] = {"0.0025", "0.005", "10", "+Inf"};
+	/* What the requests below add to each bucket: the NaN one (as 0 s)
+	 * in all, 0.003 s and 0.005 s (a bound is in its own bucket: le)
+	 * from 0.005, 20 s (past the last bound) in +Inf only. */
+	static const double added[] = {1, 3, 3, 4};
+	double before_b[4], before_count, before_sum, b299, bunm;
+	char *before, *after;
 
 	before = scrape();
-#define HV(text, le)                                                                             \
-	(snprintf(s, sizeof s, "%s_bucket{method=\"POST\",route=\"/reload\",le=\"%s\"}", h, le), \
-	 isnan(sample(text, s)) ? 0 : sample(text, s))
-	b_le0025 = HV(before, "0.0025");
-	b_le005 = HV(before, "0.005");
-	b_le10 = HV(before, "10");
-	b_inf = HV(before, "+Inf");
-	snprintf(s, sizeof s, "%s_count{method=\"POST\",route=\"/reload\"}", h);
-	b_count = isnan(sample(before, s)) ? 0 : sample(before, s);
-	snprintf(s, sizeof s, "%s_sum{method=\"POST\",route=\"/reload\"}", h);
-	b_sum = isnan(sample(before, s)) ? 0 : sample(before, s);
-	double b299 = isnan(sample(before, c299)) ? 0 : sample(before, c299);
-	double bunm = isnan(sample(before, unm)) ? 0 : sample(before, unm);
+	for (int i = 0; i < 4; i++)
+		before_b[i] = reload_hist(before, "bucket", les[i]);
+	before_count = reload_hist(before, "count", NULL);
+	before_sum = reload_hist(before, "sum", NULL);
+	b299 = or0(sample(before, c299));
+	bunm = or0(sample(before, unm));
 
 	tr_prom_request_done(rt, 299, 0.003);
-	tr_prom_request_done(rt, 299, 0.005); /* a bound is in its own bucket (le) */
-	tr_prom_request_done(rt, 418, 20);    /* past the last bound: +Inf only */
-	tr_prom_request_done(rt, 418, NAN);   /* a broken clock counts as 0 s */
+	tr_prom_request_done(rt, 299, 0.005);
+	tr_prom_request_done(rt, 418, 20);
+	tr_prom_request_done(rt, 418, NAN);
 	tr_prom_request_done(NULL, 404, 0.001);
 	after = scrape();
 	cr_assert_eq(sample(after, c299) - b299, 2, "%s", after);
 	cr_assert_eq(sample(after, c418), 2, "%s", after);
 	cr_assert_eq(sample(after, unm) - bunm, 1, "%s", after);
-	cr_assert_eq(HV(after, "0.0025") - b_le0025, 1, "the NaN request is in the first buckets");
-	cr_assert_eq(HV(after, "0.005") - b_le005, 3);
-	cr_assert_eq(HV(after, "10") - b_le10, 3);
-	cr_assert_eq(HV(after, "+Inf") - b_inf, 4);
-	snprintf(s, sizeof s, "%s_count{method=\"POST\",route=\"/reload\"}", h);
-	cr_assert_eq(sample(after, s) - b_count, 4);
-	snprintf(s, sizeof s, "%s_sum{method=\"POST\",route=\"/reload\"}", h);
-	cr_assert_float_eq(sample(after, s) - b_sum, 20.008, 1e-9);
-#undef HV
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(reload_hist(after, "bucket", les[i]) - before_b[i], added[i], "le=%s: %s", les[i], after);
+	cr_assert_eq(reload_hist(after, "count", NULL) - before_count, 4);
+	cr_assert_float_eq(reload_hist(after, "sum", NULL) - before_sum, 20.008, 1e-9);
 	check_format(after);
 	free(before);
 	free(after);
