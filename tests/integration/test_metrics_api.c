@@ -232,7 +232,9 @@ static size_t big_body(char *p, size_t size, size_t n, void *ud)
 static void *big_get_run(void *cls)
 {
 	struct big_get *g = cls;
-	/* Run from threads of their own: the result is checked by status. */
+	/* Run from threads of their own: the result is checked by status.
+	 * The whole URL is the base (its body goes to big_body, so the
+	 * exchange is not recorded under that empty path). */
 	CURLcode rc;
 	struct tr_test_request rq = {.base_url = g->url,
 				     .method = "GET",
