@@ -265,7 +265,9 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 		/* A client that went away (closed or reset) is otherwise noticed
 		 * only by the next write, up to a heartbeat later on a quiet job,
 		 * and its stream counts against max-streams(-per-client) until
-		 * then: a client that reconnects was refused 503 for up to 15 s.
+		 * then: a client that reconnects was refused 503 for up to 15 s
+		 * (the caps now skip a gone client's stream themselves,
+		 * api/limits.c; this frees the stream's thread and socket).
 		 * A half-close (the client shuts down its sending side) ends the
 		 * stream too; an event-stream client has nothing left to send
 		 * but does not do that while it still reads. */

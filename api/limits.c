@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,13 +79,13 @@ static void copy_addr(struct sockaddr_storage *to, const struct sockaddr *from)
 		to->ss_family = from->sa_family;
 }
 
-/* Connections (or, with streams, open streams) of addr; under the lock. */
-static int count_host(const struct tr_api_limits *l, const struct sockaddr *addr, bool streams)
+/* Connections of addr; under the lock. */
+static int count_host(const struct tr_api_limits *l, const struct sockaddr *addr)
 {
 	int n = 0;
 
 	for (const struct tr_api_conn *c = l->head; c; c = c->next)
-		if ((!streams || c->streaming) && same_host(&c->addr, addr))
+		if (same_host(&c->addr, addr))
 			n++;
 	return n;
 }
@@ -98,7 +99,7 @@ enum MHD_Result tr_api_limits_accept(void *cls, const struct sockaddr *addr, soc
 
 	(void)addrlen;
 	pthread_mutex_lock(&l->lock);
-	int same = count_host(l, addr, false);
+	int same = count_host(l, addr);
 	ok = same < cfg->max_connections_per_client &&
 	     (l->count < cfg->max_connections - cfg->connection_reserve || same < FEW_CONNECTIONS);
 	pthread_mutex_unlock(&l->lock);
@@ -186,20 +187,54 @@ void tr_api_limits_request_done(tr_api_t *api, struct MHD_Connection *conn)
 	pthread_mutex_unlock(&api->limits.lock);
 }
 
+/* Whether the client of a connection closed or reset its end (a poll
+ * that does not wait).  Under the lock: the socket stays open while its
+ * record is in the list (see the top of this file). */
+static bool peer_gone(const struct tr_api_conn *c)
+{
+	struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+
+	return c->fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Open streams, all and of addr's host; under the lock.  With live_only,
+ * a stream whose client has gone is not counted. */
+static void count_streams(const struct tr_api_limits *l, const struct sockaddr *addr, bool live_only, int *total,
+			  int *mine)
+{
+	*total = *mine = 0;
+	for (const struct tr_api_conn *o = l->head; o; o = o->next) {
+		if (!o->streaming || (live_only && peer_gone(o)))
+			continue;
+		(*total)++;
+		*mine += same_host(&o->addr, addr);
+	}
+}
+
 int tr_api_limits_stream_open(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
 	struct tr_api_limits *l = &api->limits;
 	struct tr_api_conn *c = conn_of(rq->conn);
-	int total = 0, mine;
+	const struct sockaddr *addr;
+	int total, mine;
 
 	if (!c)
 		return 0;
+	addr = (const struct sockaddr *)&c->addr;
 	pthread_mutex_lock(&l->lock);
-	for (const struct tr_api_conn *o = l->head; o; o = o->next)
-		total += o->streaming;
-	mine = count_host(l, (const struct sockaddr *)&c->addr, true);
+	count_streams(l, addr, false, &total, &mine);
 	bool ok = total < api->cfg.max_streams && mine < api->cfg.max_streams_per_client;
+	/* A stream whose client has gone still counts until its own thread
+	 * notices (it looks about once a second, later on a loaded machine)
+	 * and MHD closes it; a client that reconnects at once, as an
+	 * EventSource does after a reset, would be refused for its own dead
+	 * stream.  So at a cap the streams are counted again without the
+	 * gone ones (a poll each, only then). */
+	if (!ok) {
+		count_streams(l, addr, true, &total, &mine);
+		ok = total < api->cfg.max_streams && mine < api->cfg.max_streams_per_client;
+	}
 	if (ok)
 		c->streaming = true;
 	pthread_mutex_unlock(&l->lock);

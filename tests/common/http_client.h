@@ -42,11 +42,34 @@ struct tr_test_request {
 	 * headers carry a Content-Length, slowly (16 KiB a millisecond) with
 	 * that declared length. */
 	size_t chunked_size;
-	bool no_expect; /* no "Expect: 100-continue" */
-	long timeout_s; /* 0: 30 s */
+	bool no_expect;  /* no "Expect: 100-continue" */
+	long timeout_s;  /* 0: 30 s */
+	long timeout_ms; /* > 0: this instead of timeout_s */
+	/* The body from a libcurl read callback (send_fn, called with
+	 * send_cls) instead of body: send_size bytes declared, or chunked when
+	 * send_size < 0.  Sent as curl sends an upload (PUT unless method says
+	 * otherwise, "Expect: 100-continue" unless no_expect). */
+	size_t (*send_fn)(char *p, size_t size, size_t n, void *cls);
+	void *send_cls;
+	curl_off_t send_size;
+	/* The response body to a libcurl write callback (recv_fn, called with
+	 * recv_cls) instead of r->body: a download kept out of memory, an event
+	 * stream read while it arrives.  r->json stays NULL then. */
+	size_t (*recv_fn)(char *p, size_t size, size_t n, void *cls);
+	void *recv_cls;
+	bool path_as_is;     /* the path exactly as written, dot segments too (tests of path escapes) */
+	const char *ca_file; /* for an https:// base_url: the CA certificate to trust */
+	bool no_record;      /* not written to TR_RECORD_DIR (bodies not worth keeping) */
+	/* Where the transfer's result goes when the test allows it to fail (a
+	 * stream read until a timeout, a request from a thread of its own,
+	 * where an assertion cannot stop the test); NULL: anything but
+	 * CURLE_OK fails the test. */
+	CURLcode *result;
 };
 
-/* Performs the exchange; asserts the transfer itself succeeded. */
+/* Performs the exchange; asserts the transfer itself succeeded (unless
+ * rq->result takes its result).  Recorded unless no_record, a callback
+ * took a body, or the transfer failed. */
 void tr_test_http(const struct tr_test_request *rq, struct tr_test_reply *r);
 void tr_test_reply_free(struct tr_test_reply *r);
 /* The last value of a response header, copied into out ("" if none). */

@@ -476,26 +476,19 @@ Test(service, token_file_roles_and_reload, .timeout = 120)
 
 /* ---- HTTPS ---- */
 
-static size_t sink(char *p, size_t size, size_t n, void *ud)
+/* GET base/healthz through the shared client, trusting the CA file ca
+ * (NULL: the system's); the transfer's result, which may fail (an
+ * untrusted certificate, plain HTTP to an HTTPS port). */
+static CURLcode tls_get(const char *base, const char *ca, long *status)
 {
-	(void)p;
-	(void)ud;
-	return size * n;
-}
+	CURLcode rc;
+	struct tr_test_reply r;
+	struct tr_test_request rq = {
+		.base_url = base, .method = "GET", .path = "/healthz", .ca_file = ca, .timeout_s = 20, .result = &rc};
 
-static CURLcode tls_get(const char *url, const char *ca, long *status)
-{
-	CURL *c = curl_easy_init();
-	curl_easy_setopt(c, CURLOPT_URL, url);
-	if (ca)
-		curl_easy_setopt(c, CURLOPT_CAINFO, ca);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	CURLcode rc = curl_easy_perform(c);
-	*status = 0;
-	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
-	curl_easy_cleanup(c);
+	tr_test_http(&rq, &r);
+	*status = r.status;
+	tr_test_reply_free(&r);
 	return rc;
 }
 
@@ -528,7 +521,7 @@ Test(service, https_with_a_test_ca, .timeout = 120)
 	char url[256];
 	long status;
 	snprintf(url, sizeof url, "%s/healthz", s.d.base_url);
-	CURLcode rc = tls_get(url, ca, &status);
+	CURLcode rc = tls_get(s.d.base_url, ca, &status);
 	cr_assert_eq(rc, CURLE_OK, "%s", curl_easy_strerror(rc));
 	cr_assert_eq(status, 200);
 	/* The curl command line agrees. */
@@ -536,8 +529,8 @@ Test(service, https_with_a_test_ca, .timeout = 120)
 	cr_assert_eq(system(cmd), 0, "curl --cacert failed");
 	/* Without the CA the certificate is not trusted; plain HTTP gets no
 	 * answer. */
-	cr_assert_neq(tls_get(url, "/dev/null", &status), CURLE_OK);
-	snprintf(url, sizeof url, "http://%.100s/healthz", s.d.base_url + strlen("https://"));
+	cr_assert_neq(tls_get(s.d.base_url, "/dev/null", &status), CURLE_OK);
+	snprintf(url, sizeof url, "http://%.100s", s.d.base_url + strlen("https://"));
 	rc = tls_get(url, NULL, &status);
 	cr_assert(rc != CURLE_OK || status != 200, "plain HTTP was answered");
 	svc_cleanup(&s);

@@ -221,8 +221,9 @@ tr_api_t *start_with(const struct start_opts *o, struct tr_error *e)
 		.role_tokens = o->role_tokens,
 		.n_role_tokens = o->n_role_tokens,
 		.openapi_path = o->openapi,
-		.version = "1.2.3-test",
+		.version = o->version ? o->version : "1.2.3-test",
 		.store = store,
+		.datasets = o->datasets,
 		.ops = {.submit = fake_submit,
 			.control = fake_control,
 			.set_priority = fake_set_priority,
@@ -230,9 +231,12 @@ tr_api_t *start_with(const struct start_opts *o, struct tr_error *e)
 			.devices = fake_devices,
 			.live_progress = fake_live,
 			.checkpoint_now = fake_checkpoint_now,
+			.evaluate = o->evaluate,
 			.ready = fake_ready},
 	};
 
+	if (o->tweak)
+		o->tweak(&cfg);
 	return tr_api_start(&cfg, e);
 }
 

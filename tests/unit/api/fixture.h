@@ -43,6 +43,13 @@ struct start_opts {
 	const char *openapi;
 	const char *host;
 	int port;
+	const char *version;     /* NULL: "1.2.3-test" */
+	tr_datasets_t *datasets; /* NULL: no /datasets */
+	/* The evaluate op (NULL: the daemon offers none). */
+	int (*evaluate)(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
+	/* Called on the config last, for what the fields above do not set
+	 * (limits, caps). */
+	void (*tweak)(struct tr_api_config *cfg);
 };
 /* tr_api_start with the fake ops; NULL and e filled on failure. */
 tr_api_t *start_with(const struct start_opts *o, struct tr_error *e);

@@ -41,7 +41,7 @@ struct sse_client {
 	pthread_mutex_t lock;
 	long status;
 	CURLcode rc;
-	char content_type[128];
+	char content_type[256];
 	double elapsed;
 };
 
@@ -56,31 +56,32 @@ static size_t sse_on_data(char *p, size_t size, size_t n, void *cls)
 	return rc;
 }
 
+/* Reads the stream until the server ends it (or 30 s), from a thread of
+ * its own: the transfer's result is kept for the test to check. */
 static void *sse_run(void *cls)
 {
 	struct sse_client *c = cls;
-	struct curl_slist *list = NULL;
-	char url[512], h[64], *ct = NULL;
+	char base[64], h[64];
+	const char *hdrs[] = {h, NULL};
 	double t0 = now_s();
-	CURL *e = curl_easy_init();
+	struct tr_test_reply r;
 
-	snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", port, c->path);
-	curl_easy_setopt(e, CURLOPT_URL, url);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sse_on_data);
-	curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
-	curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
-	if (c->last_event_id[0]) {
-		snprintf(h, sizeof(h), "Last-Event-ID: %s", c->last_event_id);
-		list = curl_slist_append(list, h);
-	}
-	curl_easy_setopt(e, CURLOPT_HTTPHEADER, list);
-	c->rc = curl_easy_perform(e);
-	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &c->status);
-	curl_easy_getinfo(e, CURLINFO_CONTENT_TYPE, &ct);
-	snprintf(c->content_type, sizeof(c->content_type), "%s", ct ? ct : "");
+	snprintf(base, sizeof(base), "http://127.0.0.1:%d", port);
+	snprintf(h, sizeof(h), "Last-Event-ID: %s", c->last_event_id);
+	struct tr_test_request rq = {.base_url = base,
+				     .method = "GET",
+				     .path = c->path,
+				     .headers = c->last_event_id[0] ? hdrs : NULL,
+				     .token = token,
+				     .recv_fn = sse_on_data,
+				     .recv_cls = c,
+				     .timeout_s = 30,
+				     .result = &c->rc};
+	tr_test_http(&rq, &r);
+	c->status = r.status;
+	snprintf(c->content_type, sizeof(c->content_type), "%s", r.content_type);
 	c->elapsed = now_s() - t0;
-	curl_slist_free_all(list);
-	curl_easy_cleanup(e);
+	tr_test_reply_free(&r);
 	return NULL;
 }
 
