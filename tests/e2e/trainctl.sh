@@ -276,8 +276,10 @@ long=$(tc submit "$work/long.json")
 wait_state "$long" running
 tc watch --reconnect-timeout 1 "$long" >"$work/o" 2>"$work/e" &
 watcher=$!
-# stopped only once watch follows the stream (it has printed a line)
-for _ in $(seq 100); do
+# stopped only once watch follows the stream (it has printed a line);
+# bounded at 60 s: on a loaded machine its first line took over 10 s, and
+# a daemon stopped before watch read the job is exit 3 without "giving up"
+for _ in $(seq 600); do
 	[ -s "$work/o" ] && break
 	sleep 0.1
 done
