@@ -356,6 +356,14 @@ static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
 		/* What the database and the other files leave (a spare taken
 		 * over counts as room); this file's own two header pages count
 		 * too. */
+		/* The WAL counts against the cap, but it holds only copies of
+		 * pages and grows with every commit until it is reset at
+		 * 64 MiB (storage/store.c): measured as it is, the room would
+		 * depend on how long the daemon has run since then, not on
+		 * what the state holds.  It is copied into the database and
+		 * truncated first; best effort: a reader on an older snapshot
+		 * past the busy timeout leaves it as it is. */
+		sqlite3_wal_checkpoint_v2(w->c.db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
 		struct stat st;
 		int64_t own = w->reused && stat(w->path, &st) == 0 ? (int64_t)st.st_size : 0;
 		int64_t room = s->max_bytes - (tr_ckpt_state_bytes(s) - own);
