@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char sql_chunk_len[] = "SELECT length(data) FROM chunks WHERE seq = ?1";
@@ -331,6 +332,41 @@ static int take_spare(struct tr_ckpt_writer *w)
 	return 0;
 }
 
+/* How long truncate_wal waits for readers on older snapshots, in 1 ms
+ * polls: it holds off the store's writers meanwhile, and they wait at most
+ * STORE_BUSY_TIMEOUT_MS. */
+#define WAL_TRUNCATE_WAIT_MS 200
+
+static int truncate_wait(void *arg, int tries)
+{
+	(void)arg;
+	if (tries >= WAL_TRUNCATE_WAIT_MS)
+		return 0;
+	struct timespec ms = {0, 1000000};
+	nanosleep(&ms, NULL);
+	return 1;
+}
+
+/* The WAL counts against the cap, but it holds only copies of pages and
+ * grows with every commit until it is reset at 64 MiB (storage/store.c):
+ * measured as it is, the room for a checkpoint would depend on how long
+ * the daemon has run since then, not on what the state holds.  So it is
+ * copied into the database and truncated first, on a connection of its
+ * own with a short wait; best effort: when a reader holds an older
+ * snapshot longer, the WAL stays as it is and counts. */
+static void truncate_wal(tr_store_t *s)
+{
+	struct conn c;
+	if (tr_store_db_open(&c, s->path, SQLITE_OPEN_READWRITE, NULL) < 0)
+		return;
+	sqlite3_busy_handler(c.db, truncate_wait, NULL);
+	/* A connection finds the WAL at its first read; until then its
+	 * checkpoint does nothing. */
+	sqlite3_exec(c.db, "PRAGMA schema_version", NULL, NULL, NULL);
+	sqlite3_wal_checkpoint_v2(c.db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+	tr_store_conn_close(&c);
+}
+
 /* Creates the checkpoint's file (after its row: a file without one is
  * garbage to tr_store_ckpt_sweep_files) with the room the cap leaves. */
 static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
@@ -356,6 +392,7 @@ static int create_file(tr_store_t *s, struct tr_ckpt_writer *w)
 		/* What the database and the other files leave (a spare taken
 		 * over counts as room); this file's own two header pages count
 		 * too. */
+		truncate_wal(s);
 		struct stat st;
 		int64_t own = w->reused && stat(w->path, &st) == 0 ? (int64_t)st.st_size : 0;
 		int64_t room = s->max_bytes - (tr_ckpt_state_bytes(s) - own);
