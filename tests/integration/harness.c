@@ -158,17 +158,22 @@ void http(const struct daemon *d, const char *method, const char *path, const ch
 				     .timeout_s = 30};
 	struct tr_test_reply tr;
 	tr_test_http(&rq, &tr);
+	http_reply_take(r, &tr);
+}
+
+void http_reply_take(struct http_reply *r, struct tr_test_reply *tr)
+{
 	memset(r, 0, sizeof *r);
-	r->status = tr.status;
-	r->body = tr.body.data ? tr.body.data : calloc(1, 1);
-	r->len = tr.body.len;
-	r->json = tr.json;
+	r->status = tr->status;
+	r->body = tr->body.data ? tr->body.data : calloc(1, 1);
+	r->len = tr->body.len;
+	r->json = tr->json;
 	/* Kept whole up to the array's size, as tests search it with strstr. */
-	if (tr.headers.data)
+	if (tr->headers.data)
 		snprintf(r->headers, sizeof r->headers, "%.*s",
-			 (int)(tr.headers.len < sizeof r->headers ? tr.headers.len : sizeof r->headers - 1),
-			 tr.headers.data);
-	free(tr.headers.data);
+			 (int)(tr->headers.len < sizeof r->headers ? tr->headers.len : sizeof r->headers - 1),
+			 tr->headers.data);
+	free(tr->headers.data);
 }
 
 void http_free(struct http_reply *r)

@@ -52,6 +52,9 @@ void daemon_dump_log(const struct daemon *d);
  * application/json when there is a body.  extra_header may be NULL. */
 void http(const struct daemon *d, const char *method, const char *path, const char *body, const char *content_type,
 	  const char *extra_header, struct http_reply *r);
+/* Moves the shared client's reply into r (for tests that build their own
+ * tr_test_request: an upload from a callback, say). */
+void http_reply_take(struct http_reply *r, struct tr_test_reply *tr);
 void http_free(struct http_reply *r);
 /* GET path and, when the answer is 200, write its body (binary-safe) to
  * file.  Returns the status; *len (may be NULL) gets the body's length. */

@@ -148,13 +148,7 @@ static void put_stream(const char *path, size_t bytes, unsigned char fill, bool 
 				     .timeout_s = 60};
 	struct tr_test_reply tr;
 	tr_test_http(&rq, &tr);
-	memset(r, 0, sizeof *r);
-	r->status = tr.status;
-	r->body = tr.body.data ? tr.body.data : calloc(1, 1);
-	r->len = tr.body.len;
-	r->json = tr.json;
-	snprintf(r->headers, sizeof r->headers, "%s", tr.headers.data ? tr.headers.data : "");
-	free(tr.headers.data);
+	http_reply_take(r, &tr);
 }
 
 /* Waits (bounded) until NAME's directory holds `want` entries (-1: gone). */
