@@ -915,7 +915,7 @@
 					c.names.push(picker.value);
 					c.zoom = null;
 					/* It was read only every OTHERS_MS: catch up now. */
-					if (live()) { othersAt = 0; readMetrics().catch(() => {}); }
+					if (live()) readMetrics({ all: true }).catch(() => {});
 				}
 				picker.value = '';
 				draw(c, true);
