@@ -250,6 +250,11 @@ void tr_api_limits_request_done(tr_api_t *api, struct MHD_Connection *conn);
  * "too_many_streams" in rp when the global or the per-address cap is
  * reached. */
 int tr_api_limits_stream_open(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* Whether the client of a connection's socket fd closed or reset its end
+ * (a poll that does not wait; false for fd < 0).  A half-close counts:
+ * an event-stream client has nothing to send, but does not shut its
+ * sending side down while it still reads. */
+bool tr_api_peer_gone(int fd);
 
 /* ---- datasets.c ---- */
 

@@ -29,7 +29,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,15 +199,6 @@ static bool job_gone(struct stream *s)
 	return rc == -ENOENT;
 }
 
-/* Whether the client closed or reset its end (poll without waiting). */
-static bool peer_gone(const struct stream *s)
-{
-	if (s->fd < 0)
-		return false;
-	struct pollfd p = {.fd = s->fd, .events = POLLRDHUP};
-	return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
 static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 {
 	struct stream *s = cls;
@@ -271,7 +261,7 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 		 * A half-close (the client shuts down its sending side) ends the
 		 * stream too; an event-stream client has nothing left to send
 		 * but does not do that while it still reads. */
-		if (peer_gone(s))
+		if (tr_api_peer_gone(s->fd))
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		double left_ms = (heartbeat - (now - s->last_write)) * 1000.0;
 		int wait_ms = left_ms < 1000.0 ? (int)left_ms + 1 : 1000;

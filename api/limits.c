@@ -187,14 +187,11 @@ void tr_api_limits_request_done(tr_api_t *api, struct MHD_Connection *conn)
 	pthread_mutex_unlock(&api->limits.lock);
 }
 
-/* Whether the client of a connection closed or reset its end (a poll
- * that does not wait).  Under the lock: the socket stays open while its
- * record is in the list (see the top of this file). */
-static bool peer_gone(const struct tr_api_conn *c)
+bool tr_api_peer_gone(int fd)
 {
-	struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+	struct pollfd p = {.fd = fd, .events = POLLRDHUP};
 
-	return c->fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+	return fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* Open streams, all and of addr's host; under the lock.  With live_only,
@@ -204,7 +201,9 @@ static void count_streams(const struct tr_api_limits *l, const struct sockaddr *
 {
 	*total = *mine = 0;
 	for (const struct tr_api_conn *o = l->head; o; o = o->next) {
-		if (!o->streaming || (live_only && peer_gone(o)))
+		/* Under the lock: the socket stays open while its record is
+		 * in the list (see the top of this file). */
+		if (!o->streaming || (live_only && tr_api_peer_gone(o->fd)))
 			continue;
 		(*total)++;
 		*mine += same_host(&o->addr, addr);
