@@ -1287,24 +1287,6 @@
 					}
 					loadJob().catch(() => {});
 				}
-			} else if (type === 'metrics' && Array.isArray(d.points)) {
-				const by = {};
-				for (const p of d.points) {
-					const s = by[p.name] || (by[p.name] = { steps: [], values: [], epochs: [], times: [] });
-					s.steps.push(p.step); s.values.push(p.value); s.epochs.push(p.epoch); s.times.push(p.wall);
-				}
-				/* Only points past the history the page loaded: a stream
-				 * replaying old events must not stitch raw points into a
-				 * downsampled curve.  (The stream starts after the first
-				 * metrics read, so a series the page lacks is new.) */
-				for (const [name, s] of Object.entries(by)) {
-					const have = st.series[name];
-					if (have && have.steps.length) {
-						const last = have.steps[have.steps.length - 1], k = lowerBound(s.steps, last + 1);
-						for (const key of ['steps', 'values', 'epochs', 'times']) s[key] = s[key].slice(k);
-					}
-				}
-				if (mergeSeries(st.series, by)) { bound(st.series); scheduleRedraw(); }
 			}
 		}
 		const live = () => st.job && !st.job.terminal;
