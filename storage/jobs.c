@@ -703,32 +703,29 @@ int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t t
 	return err;
 }
 
-int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e)
+/* UPDATE jobs SET <one integer column> = ?2 WHERE id = ?1, as sql says. */
+static int set_int_column(tr_store_t *s, int64_t id, const char *sql, int value, struct tr_error *e)
 {
 	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
-	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET loader_threads = ?2 WHERE id = ?1");
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
 	if (st) {
 		sqlite3_bind_int64(st, 1, id);
-		sqlite3_bind_int(st, 2, threads);
+		sqlite3_bind_int(st, 2, value);
 		err = update_one(s, c, st, id);
 	}
 	tr_store_conn_put(s, c);
 	return err;
 }
 
+int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e)
+{
+	return set_int_column(s, id, "UPDATE jobs SET loader_threads = ?2 WHERE id = ?1", threads, e);
+}
+
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_lend(s, e);
-	int err = -EIO;
-	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET priority = ?2 WHERE id = ?1");
-	if (st) {
-		sqlite3_bind_int64(st, 1, id);
-		sqlite3_bind_int(st, 2, priority);
-		err = update_one(s, c, st, id);
-	}
-	tr_store_conn_put(s, c);
-	return err;
+	return set_int_column(s, id, "UPDATE jobs SET priority = ?2 WHERE id = ?1", priority, e);
 }
 
 int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized, struct tr_error *e)
