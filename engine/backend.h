@@ -307,6 +307,15 @@ typedef struct tr_backend_i {
 	int (*allreduce_sum)(tr_comm_t *comm, int rank, float *buf, size_t n);
 	void (*comm_abort)(tr_comm_t *comm);
 	void (*comm_destroy)(tr_comm_t *comm);
+	/* Optional: the exact sum of exact mode (docs/design.md, "Exact
+	 * mode").  Every rank passes its nparts buffers of n floats (0 or
+	 * more; rank r's follow rank r-1's in one global order) and out; each
+	 * element of every rank's out becomes ((0 + p0) + p1) + ... over all
+	 * ranks' parts in that order, in float, so the bits depend on the
+	 * parts alone, never on how they are spread over ranks.  ndev may be
+	 * 1.  NULL: the engine builds the same sum from allreduce_sum over
+	 * disjoint slots and `add` (engine/exact.c). */
+	int (*exact_sum)(tr_comm_t *comm, int rank, const float *const *parts, int nparts, float *out, size_t n);
 } tr_backend_i;
 
 struct tr_backend {

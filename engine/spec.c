@@ -1000,6 +1000,44 @@ static int emit_init_from(const void *base, json_t *obj, const char *key)
 	return 0;
 }
 
+/* "exact": false, true (the default shard count) or {"shards": S}. */
+static int parse_exact(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_spec *spec = base;
+
+	spec->exact_shards = TR_SPEC_DEFAULT_SHARDS;
+	if (!v || json_is_true(v))
+		return 0;
+	if (json_is_false(v)) {
+		spec->exact_shards = 0;
+		return 0;
+	}
+	if (!json_is_object(v))
+		return tr_fields_fail(c, NULL, "must be false, true or {\"shards\": S}");
+	const char *key;
+	const json_t *e;
+	json_object_foreach((json_t *)v, key, e) {
+		if (strcmp(key, "shards") != 0)
+			return tr_fields_fail(c, key, "unknown key '%s'", key);
+	}
+	const json_t *n = json_object_get(v, "shards");
+	if (!n)
+		return 0;
+	if (!json_is_integer(n) || json_integer_value(n) < 1 || json_integer_value(n) > TR_SPEC_MAX_SHARDS)
+		return tr_fields_fail(c, "shards", "must be an integer from 1 to %d", TR_SPEC_MAX_SHARDS);
+	spec->exact_shards = (int)json_integer_value(n);
+	return 0;
+}
+
+static int emit_exact(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_spec *spec = base;
+
+	if (!spec->exact_shards)
+		return json_object_set_new(obj, key, json_false());
+	return json_object_set_new(obj, key, json_pack("{s:i}", "shards", spec->exact_shards));
+}
+
 static const struct tr_field init_fields[] = {
 	{.key = "from", .kind = K_CUSTOM, .flags = F_REQ, .parse = parse_init_from, .emit = emit_init_from},
 	{0},
@@ -1022,6 +1060,7 @@ static const struct tr_field root_fields[] = {
 	{.key = "schedule", .kind = K_OBJECT, .sub = schedule_fields},
 	{.key = "clip_grad_norm", .kind = K_FLOAT, .off = SPEC(clip_grad_norm), .flags = NONNEG},
 	{.key = "stop_on_nan", .kind = K_BOOL, .off = SPEC(stop_on_nan), .def = 1},
+	{.key = "exact", .kind = K_CUSTOM, .parse = parse_exact, .emit = emit_exact},
 	{.key = "devices", .kind = K_CUSTOM, .parse = parse_devices, .emit = emit_devices},
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},

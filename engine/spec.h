@@ -21,6 +21,10 @@
 #define TR_SPEC_MAX_TRANSFORMS 16
 #define TR_SPEC_MAX_MONITORS 32
 #define TR_SPEC_MAX_DEVICES 64
+/* Virtual shards of a step in exact mode ("exact": {"shards": S}); each
+ * device keeps one gradient buffer per shard it computes. */
+#define TR_SPEC_MAX_SHARDS 64
+#define TR_SPEC_DEFAULT_SHARDS 8
 #define TR_SPEC_MAX_LABEL_COLS 64
 
 /* Upper bounds on every size in a spec, so that no index, product or
@@ -232,6 +236,11 @@ struct tr_spec {
 	} schedule;
 	float clip_grad_norm; /* 0 = off */
 	bool stop_on_nan;     /* default true: a non-finite loss or gradient fails the job */
+	/* "exact": the step's batch is cut into this many virtual shards,
+	 * whose gradients are summed in shard order, so the result is the
+	 * same bits on any device count (docs/design.md, "Exact mode");
+	 * 0 = "exact": false, the float allreduce of the devices' shares. */
+	int exact_shards;
 	/* devices */
 	int device_count; /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];

@@ -62,7 +62,7 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, struct tr_e
 {
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
-	const int F = t->model.inputs, L = r->label_dim, chunk = r->max_rows;
+	const int F = t->model.inputs, L = r->label_dim, chunk = tr_trainer_eval_rows(t);
 	int64_t n = t->val->info.samples;
 	float *x = malloc((size_t)chunk * F * sizeof(float));
 	float *y = malloc((size_t)chunk * L * sizeof(float));
@@ -114,7 +114,7 @@ static int evaluate_test(struct tr_trainer *t, int64_t step, int64_t epoch, stru
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
 	const tr_model_t *m = &t->model;
-	const int F = m->inputs, L = t->test->info.label_dim, K = m->outputs, chunk = r->max_rows;
+	const int F = m->inputs, L = t->test->info.label_dim, K = m->outputs, chunk = tr_trainer_eval_rows(t);
 	int64_t n = t->test->info.samples;
 	float *x = malloc((size_t)chunk * F * sizeof(float));
 	float *y = malloc((size_t)chunk * L * sizeof(float));
@@ -403,8 +403,8 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 			}
 			break;
 		}
-		double loss_sum = 0;
-		for (int i = 0; i < t->ndev; i++)
+		double loss_sum = s->exact_shards ? tr_trainer_exact_loss(t) : 0;
+		for (int i = 0; i < t->ndev && !s->exact_shards; i++)
 			loss_sum += t->ranks[i].loss[0];
 		double loss = loss_sum / count;
 		if (s->stop_on_nan && (!isfinite(loss) || t->ranks[0].grads_nonfinite)) {

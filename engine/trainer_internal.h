@@ -18,6 +18,7 @@
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
 #include "engine/early_stop.h"
+#include "engine/exact.h"
 #include "engine/trainer.h"
 
 #define ERRLEN 512
@@ -38,6 +39,15 @@ struct rank_ctx {
 	bool grads_nonfinite; /* stop_on_nan: this step's update was not applied */
 	int rc;
 	char err[ERRLEN];
+	/* Exact mode (trainer_exact.c): a gradient buffer per shard this
+	 * rank computes, the views' gradient scratch, collective layers'
+	 * per-shard sums, the step's shard set and the exact sum's side. */
+	float *shard_grads[TR_SPEC_MAX_SHARDS];
+	int n_shard_bufs;
+	float *shard_scratch[2];
+	float *partials;
+	struct tr_shard_set shards;
+	struct tr_exact_ctx xctx;
 };
 
 struct tr_trainer {
@@ -91,6 +101,10 @@ struct tr_trainer {
 	double last_checkpoint_time;
 	tr_prefetch_t *prefetch;
 
+	/* exact mode: each shard's loss sum and correct count this step,
+	 * written by the rank that computed it, added in shard order */
+	double shard_loss[TR_SPEC_MAX_SHARDS][2];
+
 	struct tr_summary summary;
 	double wait_total_ms;
 
@@ -121,6 +135,23 @@ int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out);
 int tr_trainer_run_step_all(struct tr_trainer *t, struct tr_error *err);
 int tr_trainer_start_rank_threads(struct tr_trainer *t, struct tr_error *err);
 int tr_trainer_unlend(struct tr_trainer *t, bool keep_values);
+
+/* trainer_exact.c */
+/* Rows [off, off + len) of a step of `count` that rank computes. */
+void tr_trainer_share(const struct tr_trainer *t, int count, int rank, int *off, int *len);
+/* Rows a replica needs for one step; rows of one validation chunk. */
+int tr_trainer_max_rows(const struct tr_spec *s, int ndev);
+int tr_trainer_eval_rows(const struct tr_trainer *t);
+/* Exact mode's buffers of one rank (nothing without exact mode); after
+ * the communicator exists. */
+int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_error *err);
+void tr_trainer_exact_free(struct tr_trainer *t, struct rank_ctx *rc);
+/* This rank's shards' forward and backward passes over its share [off,
+ * off + len) of the step, then the exact sum of every shard's gradient
+ * into the replica's. */
+int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, int len);
+/* The step's loss sum, shard by shard in order. */
+double tr_trainer_exact_loss(const struct tr_trainer *t);
 
 /* trainer_monitors.c */
 void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, struct tr_error *err);

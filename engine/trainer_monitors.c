@@ -102,7 +102,7 @@ static void emit_activation_stats(struct tr_trainer *t, int64_t done, int64_t ep
 		double sum = 0, sumsq = 0, zeros = 0, n = 0;
 		for (int k = 0; k < t->ndev; k++) {
 			int off, len;
-			tr_plan_share(count, t->ndev, k, &off, &len);
+			tr_trainer_share(t, count, k, &off, &len);
 			size_t elems = (size_t)len * (size_t)m->layers[i].out;
 			tr_replica_t *r = &t->ranks[k].rep;
 			if (len == 0 || elems > cap)

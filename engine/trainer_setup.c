@@ -372,7 +372,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
-	int max_rows = (s->batch_size + t->ndev - 1) / t->ndev;
+	int max_rows = tr_trainer_max_rows(s, t->ndev);
 	if ((rc = check_device_memory(t, max_rows, err)) < 0) {
 		free(host);
 		goto fail;
@@ -399,7 +399,9 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		}
 	}
 	free(host);
-	if (t->ndev > 1) {
+	/* exact mode's sum is a collective of the backend's even on one
+	 * device, where it has one (engine/exact.h) */
+	if (t->ndev > 1 || (s->exact_shards && be->i->exact_sum)) {
 		t->comm = be->i->comm_create(be, t->ndev, t->devs);
 		if (!t->comm) {
 			tr_error_set(err, 0, 0, NULL, "cannot create a communicator over %d devices: %s", t->ndev,
@@ -412,6 +414,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		t->ranks[i].rep.comm = t->comm;
 		t->ranks[i].rep.rank = i;
 		t->ranks[i].rep.ndev = t->ndev;
+		if ((rc = tr_trainer_exact_alloc(t, &t->ranks[i], err)) < 0)
+			goto fail;
 	}
 	*out = t;
 	return 0;
@@ -442,6 +446,7 @@ void tr_trainer_destroy(tr_trainer_t *t)
 	tr_trainer_unlend(t, false);
 	for (int i = 0; i < t->ndev; i++) {
 		free_spare(t, i);
+		tr_trainer_exact_free(t, &t->ranks[i]);
 		tr_replica_finish(&t->ranks[i].rep);
 	}
 	if (t->comm)

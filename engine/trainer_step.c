@@ -95,7 +95,7 @@ static int upload_ahead(struct tr_trainer *t, struct rank_ctx *rc)
 	tr_backend_t *be = t->be;
 	const int F = t->model.inputs, L = rc->rep.label_dim;
 	int off, len;
-	tr_plan_share(b->count, t->ndev, rc->rank, &off, &len);
+	tr_trainer_share(t, b->count, rc->rank, &off, &len);
 	if (len == 0)
 		return 0; /* idle next step: it clears its gradient, nothing to copy */
 	/* Set first: after a failed enqueue the other copy may be in flight,
@@ -189,13 +189,15 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	const struct tr_batch *b = t->batch;
 	size_t np = t->model.n_params;
 	int off, len, ret;
-	tr_plan_share(b->count, t->ndev, rc->rank, &off, &len);
+	bool exact = t->spec->exact_shards > 0;
+	tr_trainer_share(t, b->count, rc->rank, &off, &len);
 	rc->loss[0] = rc->loss[1] = 0.0;
 
 	/* Never reused from the last step: the backward pass overwrites every
 	 * gradient, and an idle rank clears its buffer so that its contribution
-	 * to the allreduce is exactly zero (the stale-gradient bug). */
-	if (len == 0 && (ret = be->i->memset0(be, r->dev, r->grads, np * sizeof(float))) < 0)
+	 * to the allreduce is exactly zero (the stale-gradient bug).  In exact
+	 * mode the exact sum overwrites it. */
+	if (!exact && len == 0 && (ret = be->i->memset0(be, r->dev, r->grads, np * sizeof(float))) < 0)
 		goto fail;
 	if (len > 0 && (ret = upload_share(t, rc, off, len)) < 0)
 		goto fail;
@@ -208,14 +210,18 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	 * rows: its collectives must meet the other ranks'.  Its gradients
 	 * then come out zero as above. */
 	r->step_rows = b->count;
-	if (len > 0 || t->model.collective) {
-		if ((ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
-		    (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
-		    (ret = tr_replica_backward(r, len)) < 0)
+	if (exact) {
+		if ((ret = tr_trainer_exact_grads(t, rc, off, len)) < 0)
+			goto fail;
+	} else {
+		if ((len > 0 || t->model.collective) &&
+		    ((ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
+		     (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
+		     (ret = tr_replica_backward(r, len)) < 0))
+			goto fail;
+		if (t->ndev > 1 && (ret = be->i->allreduce_sum(t->comm, rc->rank, r->grads, np)) < 0)
 			goto fail;
 	}
-	if (t->ndev > 1 && (ret = be->i->allreduce_sum(t->comm, rc->rank, r->grads, np)) < 0)
-		goto fail;
 
 	float clip = t->spec->clip_grad_norm;
 	bool stop_on_nan = t->spec->stop_on_nan;

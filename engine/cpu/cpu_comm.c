@@ -8,6 +8,13 @@
  * identical on all ranks.  The second barrier keeps any rank from returning
  * (and reusing its buffer) while others still read or write it.
  *
+ * exact_sum (exact mode) has the same two barriers around a different
+ * reduction: every rank publishes its list of parts, then rank r sums its
+ * chunk over all ranks' parts in the global order, starting from +0.0,
+ * and writes the sum into every rank's out.  Each element is the same
+ * chain of float additions whatever the device count, so the result is
+ * identical for any number of ranks.
+ *
  * The barrier is a mutex/condvar pair with a generation counter rather than
  * pthread_barrier_t, because a job that fails on one device must be able to
  * wake the others: comm_abort makes every current and future wait return
@@ -17,6 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/cpu/cpu_internal.h"
 
@@ -31,6 +39,9 @@ struct tr_comm {
 	bool mismatch; /* set by the last arriver of the publish barrier */
 	float **bufs;  /* published by each rank, read between barriers */
 	size_t *lens;
+	/* exact_sum: each rank's parts and their count (out goes to bufs) */
+	const float *const **parts;
+	int *nparts;
 };
 
 /* Called with mu held.  The last rank to arrive also runs `on_full`, still
@@ -117,6 +128,65 @@ static int cpu_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
 	return rc;
 }
 
+/* Elements [lo, hi) of every out: the sum of all ranks' parts in order
+ * from +0.0 (so a lone -0.0 part gives +0.0 on any rank count), a block
+ * at a time so that the partial sums stay in cache. */
+static void exact_chunk(struct tr_comm *cm, size_t lo, size_t hi)
+{
+	enum { BLOCK = 1024 };
+	float acc[BLOCK];
+	for (size_t b = lo; b < hi; b += BLOCK) {
+		size_t len = hi - b < BLOCK ? hi - b : BLOCK;
+		for (size_t i = 0; i < len; i++)
+			acc[i] = 0.0f;
+		for (int r = 0; r < cm->ndev; r++) {
+			for (int k = 0; k < cm->nparts[r]; k++) {
+				const float *restrict p = cm->parts[r][k] + b;
+				for (size_t i = 0; i < len; i++)
+					acc[i] += p[i];
+			}
+		}
+		for (int r = 0; r < cm->ndev; r++)
+			memcpy(cm->bufs[r] + b, acc, len * sizeof(float));
+	}
+}
+
+static int cpu_exact_sum(tr_comm_t *cm, int rank, const float *const *parts, int nparts, float *out, size_t n)
+{
+	int rc;
+
+	if (!cm || rank < 0 || rank >= cm->ndev || nparts < 0 || (nparts > 0 && !parts))
+		return -EINVAL;
+	pthread_mutex_lock(&cm->mu);
+	cm->bufs[rank] = out;
+	cm->lens[rank] = n;
+	cm->parts[rank] = parts;
+	cm->nparts[rank] = nparts;
+	if (cm->ndev == 1) {
+		rc = atomic_load(&cm->aborted) ? -ECANCELED : 0;
+		cm->mismatch = !out && n;
+	} else {
+		rc = barrier(cm, check_published);
+	}
+	if (rc == 0 && cm->mismatch)
+		rc = -EINVAL;
+	pthread_mutex_unlock(&cm->mu);
+	if (rc == -EINVAL)
+		return tr_cpu_set_error(cm->be, rc, "exact_sum: rank %d: ranks passed different lengths or a NULL buffer",
+					rank);
+	if (rc)
+		return rc;
+	size_t lo = (size_t)((unsigned __int128)n * rank / cm->ndev);
+	size_t hi = (size_t)((unsigned __int128)n * (rank + 1) / cm->ndev);
+	exact_chunk(cm, lo, hi);
+	if (cm->ndev == 1)
+		return 0;
+	pthread_mutex_lock(&cm->mu);
+	rc = barrier(cm, NULL);
+	pthread_mutex_unlock(&cm->mu);
+	return rc;
+}
+
 /* Waiters return -ECANCELED without touching last_error: the reason for
  * the abort was recorded by whoever failed first. */
 static void cpu_comm_abort(tr_comm_t *cm)
@@ -137,6 +207,8 @@ static void cpu_comm_destroy(tr_comm_t *cm)
 	pthread_mutex_destroy(&cm->mu);
 	free(cm->bufs);
 	free(cm->lens);
+	free(cm->parts);
+	free(cm->nparts);
 	free(cm);
 }
 
@@ -173,7 +245,9 @@ static tr_comm_t *cpu_comm_create(tr_backend_t *be, int ndev, const int *devs)
 	atomic_init(&cm->aborted, false);
 	cm->bufs = calloc((size_t)ndev, sizeof(*cm->bufs));
 	cm->lens = calloc((size_t)ndev, sizeof(*cm->lens));
-	if (!cm->bufs || !cm->lens)
+	cm->parts = calloc((size_t)ndev, sizeof(*cm->parts));
+	cm->nparts = calloc((size_t)ndev, sizeof(*cm->nparts));
+	if (!cm->bufs || !cm->lens || !cm->parts || !cm->nparts)
 		goto fail_arrays;
 	if (pthread_mutex_init(&cm->mu, NULL) != 0)
 		goto fail_arrays;
@@ -186,6 +260,8 @@ fail_cond:
 fail_arrays:
 	free(cm->bufs);
 	free(cm->lens);
+	free(cm->parts);
+	free(cm->nparts);
 	free(cm);
 fail_alloc:
 	tr_cpu_set_error(be, -ENOMEM, "comm_create: out of memory");
@@ -198,4 +274,5 @@ void tr_cpu_comm_fill(tr_backend_i *t)
 	t->allreduce_sum = cpu_allreduce_sum;
 	t->comm_abort = cpu_comm_abort;
 	t->comm_destroy = cpu_comm_destroy;
+	t->exact_sum = cpu_exact_sum;
 }

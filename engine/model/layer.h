@@ -98,6 +98,10 @@ struct tr_layer {
 	 * set by the model before setup. */
 	int first, count;
 	struct tr_shape inner_shape;
+	/* Its passes, or an inner layer's, are collectives (tr_layer_i
+	 * .collective): in exact mode it runs once over all of a replica's
+	 * shards, every other node once per shard (engine/model/model.h). */
+	bool collective;
 	/* per type */
 	enum tr_act act;
 	float rate, eps;
@@ -107,7 +111,8 @@ struct tr_layer {
 
 struct tr_replica;
 
-/* One pass over one device's share of a step. */
+/* One pass over one device's share of a step (in exact mode, over one
+ * shard, or over all of the device's shards for a collective node). */
 struct tr_pass {
 	struct tr_replica *r;
 	int rows;

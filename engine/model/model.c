@@ -162,6 +162,9 @@ static int build_seq(struct build *b, const struct tr_layer_spec *specs, int n, 
 		int rc = l->ops->setup(l, ls, &err);
 		if (rc < 0)
 			return fail(b, lptr, "%s", err.message);
+		l->collective = l->ops->collective;
+		for (int k = 0; l->ops->holds_layers && k < l->count; k++)
+			l->collective |= m->layers[l->first + k].collective;
 		/* buffers get their offsets after every parameter
 		 * (tr_model_build), so that the optimizer's range is one
 		 * prefix; weight and bias stay adjacent */
@@ -540,13 +543,33 @@ void tr_replica_finish(tr_replica_t *r)
 
 /* ---- passes ---- */
 
+/* The pass of shard k of a collective node's pass p (exact mode). */
+static struct tr_pass shard_pass(const struct tr_pass *p, int k)
+{
+	const struct tr_shard_set *sh = p->r->shards;
+	return (struct tr_pass){.r = &sh->views[k],
+				.rows = sh->len[k],
+				.row0 = p->row0 + sh->off[k],
+				.step = p->step,
+				.training = p->training};
+}
+
 int tr_model_seq_forward(const struct tr_pass *p, int first, int count, const float *x)
 {
 	tr_replica_t *r = p->r;
 	const tr_model_t *m = r->model;
+	const struct tr_shard_set *sh = r->shards;
 	for (int i = first; i < first + count; i++) {
 		const struct tr_layer *l = &m->layers[i];
-		int rc = l->ops->forward(p, l, x, r->acts[i + 1]);
+		int rc = 0;
+		if (!sh || l->collective) {
+			rc = l->ops->forward(p, l, x, r->acts[i + 1]);
+		} else {
+			for (int k = 0; k < sh->count && rc == 0; k++) {
+				struct tr_pass sp = shard_pass(p, k);
+				rc = l->ops->forward(&sp, l, x + (size_t)sh->off[k] * l->in, sp.r->acts[i + 1]);
+			}
+		}
 		if (rc < 0)
 			return rc;
 		x = r->acts[i + 1];
@@ -554,15 +577,45 @@ int tr_model_seq_forward(const struct tr_pass *p, int first, int count, const fl
 	return 0;
 }
 
+/* Node l's backward over shard k of a collective pass (exact mode): dy
+ * and dx are the replica's, whose rows the shard's start at its offset.
+ * A node holding layers runs its own on the view's gradient buffers
+ * (scratch of one shard), so its dy travels there and its dx back. */
+static int shard_backward(const struct tr_pass *p, const struct tr_layer *l, int k, const float *x, const float *dy,
+			  float *dx)
+{
+	struct tr_pass sp = shard_pass(p, k);
+	tr_replica_t *v = sp.r;
+	tr_backend_t *be = v->be;
+	size_t off = (size_t)p->r->shards->off[k], rows = (size_t)sp.rows;
+	const float *xk = x + off * l->in;
+	if (!l->ops->holds_layers)
+		return l->ops->backward(&sp, l, xk, v->acts[l->index + 1], dy + off * l->out, dx ? dx + off * l->in : NULL);
+	int rc = be->i->copy(be, v->dev, v->dbuf[0], dy + off * l->out, rows * l->out * sizeof(float));
+	if (rc == 0)
+		rc = l->ops->backward(&sp, l, xk, v->acts[l->index + 1], v->dbuf[0], dx ? v->dbuf[1] : NULL);
+	if (rc == 0 && dx)
+		rc = be->i->copy(be, v->dev, dx + off * l->in, v->dbuf[1], rows * l->in * sizeof(float));
+	return rc;
+}
+
 int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const float *x, int *cur, bool need_dx)
 {
 	tr_replica_t *r = p->r;
 	const tr_model_t *m = r->model;
+	const struct tr_shard_set *sh = r->shards;
 	for (int i = first + count - 1; i >= first; i--) {
 		const struct tr_layer *l = &m->layers[i];
 		const float *xi = i == first ? x : r->acts[i];
 		bool want = i > first || need_dx;
-		int rc = l->ops->backward(p, l, xi, r->acts[i + 1], r->dbuf[*cur], want ? r->dbuf[*cur ^ 1] : NULL);
+		float *dy = r->dbuf[*cur], *dx = want ? r->dbuf[*cur ^ 1] : NULL;
+		int rc = 0;
+		if (!sh || l->collective) {
+			rc = l->ops->backward(p, l, xi, r->acts[i + 1], dy, dx);
+		} else {
+			for (int k = 0; k < sh->count && rc == 0; k++)
+				rc = shard_backward(p, l, k, xi, dy, dx);
+		}
 		if (rc < 0)
 			return rc;
 		if (want)
@@ -571,19 +624,66 @@ int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const f
 	return 0;
 }
 
+size_t tr_model_partial_floats(const tr_model_t *m)
+{
+	size_t most = 0;
+	for (int i = 0; i < m->n_nodes; i++)
+		if (m->layers[i].ops->collective && m->layers[i].kept > most)
+			most = m->layers[i].kept;
+	return most;
+}
+
+void tr_shard_views(tr_replica_t *r, struct tr_shard_set *set, float *const *grads, float *const *scratch)
+{
+	const tr_model_t *m = r->model;
+	for (int k = 0; k < set->count; k++) {
+		tr_replica_t *v = &set->views[k];
+		size_t off = (size_t)set->off[k];
+		*v = *r;
+		v->shards = NULL;
+		v->grads = grads[k];
+		v->dbuf[0] = scratch[0];
+		v->dbuf[1] = scratch[1];
+		v->input = v->acts[0] = r->input + off * m->inputs;
+		v->labels = r->labels + off * r->label_dim;
+		for (int i = 0; i < m->n_nodes; i++) {
+			const struct tr_layer *l = &m->layers[i];
+			v->acts[i + 1] = r->acts[i + 1] + off * l->out;
+			if (r->aux[i])
+				v->aux[i] = r->aux[i] + off * l->saved[0];
+			if (r->aux2[i])
+				v->aux2[i] = r->aux2[i] + off * l->saved[1];
+		}
+	}
+}
+
 int tr_replica_forward(tr_replica_t *r, int rows, int64_t row0, int64_t step, int training)
 {
 	struct tr_pass p = {.r = r, .rows = rows, .row0 = row0, .step = step, .training = training};
 	return tr_model_seq_forward(&p, 0, r->model->n_layers, r->acts[0]);
 }
 
-int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out)
+static int loss_rows(tr_replica_t *r, int rows, const float *pred, const float *labels, float scale, float *dpred,
+		     double *out)
 {
 	const tr_model_t *m = r->model;
-	const float *pred = r->acts[m->n_layers];
 	if (m->loss == TR_LOSS_SOFTMAX_CE)
-		return r->be->i->softmax_ce(r->be, r->dev, rows, m->outputs, pred, r->labels, scale, r->dbuf[0], out);
-	return r->be->i->mse(r->be, r->dev, rows, m->outputs, pred, r->labels, scale, r->dbuf[0], out);
+		return r->be->i->softmax_ce(r->be, r->dev, rows, m->outputs, pred, labels, scale, dpred, out);
+	return r->be->i->mse(r->be, r->dev, rows, m->outputs, pred, labels, scale, dpred, out);
+}
+
+int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out)
+{
+	return loss_rows(r, rows, r->acts[r->model->n_layers], r->labels, scale, r->dbuf[0], out);
+}
+
+int tr_replica_shard_loss(tr_replica_t *r, int k, float scale, double *out)
+{
+	const tr_model_t *m = r->model;
+	const struct tr_shard_set *sh = r->shards;
+	size_t off = (size_t)sh->off[k];
+	return loss_rows(r, sh->len[k], r->acts[m->n_layers] + off * m->outputs, r->labels + off * r->label_dim, scale,
+			 r->dbuf[0] + off * m->outputs, out);
 }
 
 int tr_replica_backward(tr_replica_t *r, int rows)

@@ -73,6 +73,39 @@ struct tr_param_view {
 int tr_model_param_count(const tr_model_t *m);
 void tr_model_param_view(const tr_model_t *m, int idx, struct tr_param_view *out);
 
+struct tr_replica;
+
+/* Exact mode (docs/design.md, "Exact mode"): the step's batch is cut into
+ * virtual shards independent of the device count, and each device computes
+ * whole shards, every one with the same kernels and shapes wherever it
+ * runs, into a gradient buffer of its own.  A shard set describes one
+ * replica's non-empty shards of the current step, set by the trainer.
+ *
+ * Each shard has a view: a copy of the replica whose per-sample buffers
+ * (input, labels, outputs, saved buffers) start at the shard's first row,
+ * whose gradient buffer is the shard's and whose two gradient buffers are
+ * scratch of one shard's size.  A model without collective layers runs
+ * each view's whole forward and backward pass in turn.  A model with them
+ * (batchnorm2d's statistics over the global batch) runs node by node: a
+ * collective node once over the replica's rows, with the shard set in
+ * r->shards (it computes per-shard sums and combines them with `sum`),
+ * every other node once per shard through the views. */
+struct tr_shard_set {
+	int count;                     /* non-empty shards on this replica */
+	int off[TR_SPEC_MAX_SHARDS];   /* first row, from the replica's first */
+	int len[TR_SPEC_MAX_SHARDS];   /* rows */
+	struct tr_replica *views;      /* count views (tr_shard_views) */
+	/* The exact sum over every shard of the step on every replica, in
+	 * shard order: parts are this replica's shards' n floats each (device
+	 * memory), out receives the sum on every replica. */
+	int (*sum)(void *ctx, const float *const *parts, int nparts, float *out, size_t n);
+	void *sum_ctx;
+	/* count x partial_stride floats of device memory: collective layers'
+	 * per-shard sums (tr_model_partial_floats). */
+	float *partials;
+	size_t partial_stride;
+};
+
 /* One device's copy of the model and its work buffers. */
 typedef struct tr_replica {
 	const tr_model_t *model;
@@ -95,6 +128,9 @@ typedef struct tr_replica {
 	tr_comm_t *comm;
 	int rank, ndev;
 	int64_t step_rows;
+	/* Exact mode, a model with collective layers, during a training
+	 * step: this replica's shards (above); NULL otherwise. */
+	const struct tr_shard_set *shards;
 } tr_replica_t;
 
 /* The float counts of every buffer tr_replica_init allocates, in its
@@ -122,5 +158,19 @@ int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out);
  * clear), so the caller need not clear it first; a device with no rows
  * this step does not call this and must zero r->grads itself. */
 int tr_replica_backward(tr_replica_t *r, int rows);
+
+/* Exact mode. */
+/* Floats of per-shard partial sums one shard needs for the collective
+ * layers (0 without any). */
+size_t tr_model_partial_floats(const tr_model_t *m);
+/* Points set->views[0 .. set->count) at the shards of r described by
+ * set->off and set->len, with grads[k] as shard k's gradient buffer and
+ * scratch[0..1] (each shard_rows x max_width floats) as their gradient
+ * buffers. */
+void tr_shard_views(tr_replica_t *r, struct tr_shard_set *set, float *const *grads, float *const *scratch);
+/* Loss of shard k of r->shards after a forward pass over all of them;
+ * its output gradient goes to the shard's rows of r->dbuf[0].  ADDS to
+ * out[0..1] as tr_replica_loss. */
+int tr_replica_shard_loss(tr_replica_t *r, int k, float scale, double *out);
 
 #endif

@@ -16,13 +16,20 @@
 
 #include "engine/backend.h"
 
+struct tr_shard_set; /* engine/model/model.h */
+
 /* Where a layer runs and whom it synchronises with.  comm may be NULL
- * when ndev is 1. */
+ * when ndev is 1.  In exact mode (shards not NULL) the sums are taken per
+ * shard and combined by the shard set's exact sum instead of the
+ * allreduce, and the weight gradients go to each shard's own buffer at
+ * the offsets dgamma and dbeta have in `grads`, the replica's. */
 struct tr_norm_ctx {
 	tr_backend_t *be;
 	int dev;
 	tr_comm_t *comm;
 	int rank, ndev;
+	const struct tr_shard_set *shards;
+	const float *grads;
 };
 
 /* Floats of device scratch a batchnorm2d layer needs per replica beside

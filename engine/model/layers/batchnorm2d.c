@@ -42,14 +42,20 @@ static bool supported(const tr_backend_i *bi)
 
 static struct tr_norm_ctx ctx_of(const tr_replica_t *r)
 {
-	return (struct tr_norm_ctx){.be = r->be, .dev = r->dev, .comm = r->comm, .rank = r->rank, .ndev = r->ndev};
+	return (struct tr_norm_ctx){.be = r->be,
+				    .dev = r->dev,
+				    .comm = r->comm,
+				    .rank = r->rank,
+				    .ndev = r->ndev,
+				    .shards = r->shards,
+				    .grads = r->grads};
 }
 
 /* One device: this pass's rows are the step.  Several: the trainer's
  * count of the step's samples on all of them. */
 static int64_t step_rows(const tr_replica_t *r, int rows)
 {
-	return r->ndev > 1 ? r->step_rows : rows;
+	return r->ndev > 1 || r->shards ? r->step_rows : rows;
 }
 
 static int forward(const struct tr_pass *p, const struct tr_layer *l, const float *x, float *y)

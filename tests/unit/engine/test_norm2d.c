@@ -326,7 +326,7 @@ Test(norm2d, batchnorm_three_devices_one_idle_match_one_device)
 	for (int r = 0; r < 3; r++) {
 		struct rank_job *j = &jobs[r];
 		memset(j, 0, sizeof *j);
-		j->nc = (struct tr_norm_ctx){be, r, comm, r, 3};
+		j->nc = (struct tr_norm_ctx){.be = be, .dev = r, .comm = comm, .rank = r, .ndev = 3};
 		j->n = shares[r], j->c = c, j->hw = hw, j->step_rows = n;
 		j->x = x + off * per, j->dy = dy + off * per, j->gamma = gamma, j->beta = beta;
 		j->y = fzero(shares[r] * per), j->dx = fzero(shares[r] * per);

@@ -1,0 +1,43 @@
+/* The exact sum of exact mode (docs/design.md, "Exact mode").
+ *
+ * Shard partials (gradients, batchnorm2d's sums) are combined in shard
+ * order, element by element, ((0 + s0) + s1) + ..., in float: the same
+ * chain of additions whichever device computed which shard, so the result
+ * has the same bits on any device count.  A backend with an exact_sum
+ * collective (the CPU's, over shared memory) does it in one exchange;
+ * elsewhere the sum is built from operations every backend has: each rank
+ * writes its parts into their slots of an all-shards buffer that is zero
+ * elsewhere, allreduce_sum adds the ranks' buffers (each slot has one
+ * non-zero contributor, so the float sum is exact), and every rank folds
+ * the slots in order with `add`.
+ */
+#ifndef TR_ENGINE_EXACT_H
+#define TR_ENGINE_EXACT_H
+
+#include <stddef.h>
+
+#include "engine/backend.h"
+
+/* One rank's side of the sum; filled by the trainer. */
+struct tr_exact_ctx {
+	tr_backend_t *be;
+	tr_comm_t *comm; /* NULL only with one device and no exact_sum */
+	int rank, dev, ndev;
+	int shards; /* of a step */
+	int first;  /* this rank's first shard, the global index of parts[0] */
+	/* Without the backend's exact_sum and with several devices: shards x
+	 * slot_floats floats of device memory. */
+	float *slots;
+	size_t slot_floats;
+};
+
+/* Floats of slots a rank needs for sums of up to n floats (0 when the
+ * backend's own collective does the work). */
+size_t tr_exact_slot_floats(const tr_backend_t *be, int ndev, int shards, size_t n);
+
+/* tr_shard_set.sum: parts are this rank's nparts shards from ctx->first
+ * on; out receives the sum over every rank's shards on every rank.
+ * Returns 0 or a negative errno-style code (-ECANCELED after an abort). */
+int tr_exact_sum(void *ctx, const float *const *parts, int nparts, float *out, size_t n);
+
+#endif

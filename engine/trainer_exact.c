@@ -1,0 +1,184 @@
+/* Exact mode's part of the step (docs/design.md, "Exact mode").
+ *
+ * A step's batch of `count` rows is cut into S virtual shards (even sizes,
+ * tr_plan_share(count, S, k)), and the shards into the devices
+ * (tr_plan_share(S, ndev, rank)): rank r computes shards k0 .. k0 + m - 1,
+ * whose rows are one contiguous range, its share.  Both cuts depend on
+ * the spec alone (and the device count only through which rank holds a
+ * shard), so every shard is computed with the same kernels and shapes on
+ * any device count and its gradient has the same bits.  Each shard's
+ * gradient goes to a buffer of its own; the exact sum (engine/exact.h)
+ * adds every shard's buffer in shard order into every rank's gradient,
+ * and the shards' losses are added in shard order too.  Shards past a
+ * short last batch's rows are empty: skipped, which is the same as
+ * adding their zeros (the sum starts from +0.0).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/trainer_internal.h"
+
+/* The shards of rank `rank`: the first and how many. */
+static void rank_shards(const struct tr_trainer *t, int rank, int *first, int *count)
+{
+	tr_plan_share(t->spec->exact_shards, t->ndev, rank, first, count);
+}
+
+void tr_trainer_share(const struct tr_trainer *t, int count, int rank, int *off, int *len)
+{
+	if (!t->spec->exact_shards) {
+		tr_plan_share(count, t->ndev, rank, off, len);
+		return;
+	}
+	int k0, m, o, l;
+	rank_shards(t, rank, &k0, &m);
+	tr_plan_share(count, t->spec->exact_shards, k0 < t->spec->exact_shards ? k0 : 0, off, &l);
+	*len = 0;
+	for (int k = k0; k < k0 + m; k++) {
+		tr_plan_share(count, t->spec->exact_shards, k, &o, &l);
+		*len += l;
+	}
+}
+
+/* The most rows of one shard, of a batch_size step. */
+static int shard_rows(const struct tr_spec *s)
+{
+	return (s->batch_size + s->exact_shards - 1) / s->exact_shards;
+}
+
+int tr_trainer_max_rows(const struct tr_spec *s, int ndev)
+{
+	if (!s->exact_shards)
+		return (s->batch_size + ndev - 1) / ndev;
+	int most = (s->exact_shards + ndev - 1) / ndev;
+	return most * shard_rows(s);
+}
+
+int tr_trainer_eval_rows(const struct tr_trainer *t)
+{
+	/* A fixed chunk, so that validation figures do not depend on the
+	 * device count either. */
+	return t->spec->exact_shards ? shard_rows(t->spec) : t->ranks[0].rep.max_rows;
+}
+
+int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_error *err)
+{
+	tr_backend_t *be = t->be;
+	const tr_model_t *m = &t->model;
+	int dev = rc->rep.dev, k0, count;
+	if (!t->spec->exact_shards)
+		return 0;
+	rank_shards(t, rc->rank, &k0, &count);
+	size_t scratch = (size_t)shard_rows(t->spec) * (size_t)m->max_width;
+	size_t stride = tr_model_partial_floats(m);
+	size_t slots = tr_exact_slot_floats(be, t->ndev, t->spec->exact_shards,
+					    m->n_trainable > stride ? m->n_trainable : stride);
+	bool failed = false;
+	rc->n_shard_bufs = count;
+	for (int k = 0; k < count; k++)
+		failed |= !(rc->shard_grads[k] = be->i->alloc(be, dev, (m->n_params ? m->n_params : 1) * sizeof(float)));
+	for (int k = 0; k < 2; k++)
+		failed |= !(rc->shard_scratch[k] = be->i->alloc(be, dev, (scratch ? scratch : 1) * sizeof(float)));
+	if (stride && count)
+		failed |= !(rc->partials = be->i->alloc(be, dev, (size_t)count * stride * sizeof(float)));
+	if (slots)
+		failed |= !(rc->xctx.slots = be->i->alloc(be, dev, slots * sizeof(float)));
+	rc->shards.views = calloc(count ? (size_t)count : 1, sizeof *rc->shards.views);
+	failed |= !rc->shards.views;
+	if (failed) {
+		tr_error_set(err, 0, 0, NULL,
+			     "device %d: out of memory for exact mode's %d shard gradients of %zu parameters: %s", dev,
+			     count, m->n_params, be->i->last_error(be));
+		return -ENOMEM;
+	}
+	rc->xctx = (struct tr_exact_ctx){.be = be,
+					 .comm = t->comm,
+					 .rank = rc->rank,
+					 .dev = dev,
+					 .ndev = t->ndev,
+					 .shards = t->spec->exact_shards,
+					 .first = k0,
+					 .slots = rc->xctx.slots,
+					 .slot_floats = slots ? slots / t->spec->exact_shards : 0};
+	rc->shards.sum = tr_exact_sum;
+	rc->shards.sum_ctx = &rc->xctx;
+	rc->shards.partials = rc->partials;
+	rc->shards.partial_stride = stride;
+	return 0;
+}
+
+void tr_trainer_exact_free(struct tr_trainer *t, struct rank_ctx *rc)
+{
+	tr_backend_t *be = t->be;
+	int dev = rc->rep.dev;
+	float **bufs[] = {&rc->shard_scratch[0], &rc->shard_scratch[1], &rc->partials, &rc->xctx.slots};
+	for (int k = 0; k < rc->n_shard_bufs; k++) {
+		if (rc->shard_grads[k])
+			be->i->free(be, dev, rc->shard_grads[k]);
+		rc->shard_grads[k] = NULL;
+	}
+	for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+		if (*bufs[i])
+			be->i->free(be, dev, *bufs[i]);
+		*bufs[i] = NULL;
+	}
+	free(rc->shards.views);
+	rc->shards.views = NULL;
+	rc->n_shard_bufs = 0;
+}
+
+int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, int len)
+{
+	tr_replica_t *r = &rc->rep;
+	struct tr_shard_set *set = &rc->shards;
+	const int S = t->spec->exact_shards, count = t->batch->count;
+	const float scale = 1.0f / (float)count;
+	int k0, m, ret = 0;
+	rank_shards(t, rc->rank, &k0, &m);
+	set->count = 0;
+	for (int k = k0; k < k0 + m; k++) {
+		int o, l;
+		tr_plan_share(count, S, k, &o, &l);
+		t->shard_loss[k][0] = t->shard_loss[k][1] = 0.0;
+		if (l == 0)
+			continue; /* the empty shards are the last ones */
+		set->off[set->count] = o - off;
+		set->len[set->count] = l;
+		set->count++;
+	}
+	tr_shard_views(r, set, rc->shard_grads, rc->shard_scratch);
+	if (t->model.collective) {
+		/* node by node: batchnorm2d needs every shard's sums before
+		 * any shard can go on (engine/model/model.h) */
+		r->shards = set;
+		ret = tr_replica_forward(r, len, off, t->step, 1);
+		for (int k = 0; k < set->count && ret == 0; k++)
+			ret = tr_replica_shard_loss(r, k, scale, t->shard_loss[k0 + k]);
+		if (ret == 0)
+			ret = tr_replica_backward(r, len);
+		r->shards = NULL;
+	} else {
+		for (int k = 0; k < set->count && ret == 0; k++) {
+			tr_replica_t *v = &set->views[k];
+			int rows = set->len[k];
+			if ((ret = tr_replica_forward(v, rows, off + set->off[k], t->step, 1)) == 0 &&
+			    (ret = tr_replica_loss(v, rows, scale, t->shard_loss[k0 + k])) == 0)
+				ret = tr_replica_backward(v, rows);
+		}
+	}
+	if (ret < 0)
+		return ret;
+	const float *parts[TR_SPEC_MAX_SHARDS];
+	for (int k = 0; k < set->count; k++)
+		parts[k] = rc->shard_grads[k];
+	return tr_exact_sum(&rc->xctx, parts, set->count, r->grads, t->model.n_trainable);
+}
+
+double tr_trainer_exact_loss(const struct tr_trainer *t)
+{
+	double sum = 0.0;
+	for (int k = 0; k < t->spec->exact_shards; k++)
+		sum += t->shard_loss[k][0];
+	return sum;
+}
