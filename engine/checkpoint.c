@@ -199,10 +199,16 @@ static const char *state_name(enum tr_optim_type opt, int k)
 	return k == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
-/* Builds the tensor list: params (and optionally the state) in offset
- * order.  Names live in names[] (caller-sized). */
+/* Builds the tensor list: params (and optionally the state) in the
+ * model's tensor order, each with the byte offset its data has in the
+ * file's data region (offs[]), which is the buffers verbatim: the
+ * parameter buffer, then each state buffer.  That order is not the
+ * tensors' when the model has buffers (batchnorm2d's running statistics
+ * lie after every parameter), so the offsets come from the layout, never
+ * from adding up the sizes in list order.  Names live in names[]
+ * (caller-sized). */
 static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct tr_snapshot *s, int with_state,
-		       struct tr_st_tensor *ts, char (*names)[96])
+		       struct tr_st_tensor *ts, size_t *offs, char (*names)[96])
 {
 	int np = tr_model_param_count(m), n = 0;
 	int passes = with_state ? 1 + s->n_state : 1;
@@ -216,6 +222,7 @@ static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct
 			else
 				snprintf(names[n], 96, "optimizer.%s.%s", state_name(opt, pass - 1), v.name);
 			ts[n] = (struct tr_st_tensor){.name = names[n], .ndim = v.ndim, .data = base + v.offset};
+			offs[n] = ((size_t)pass * s->n_params + v.offset) * sizeof(float);
 			for (int d = 0; d < v.ndim; d++)
 				ts[n].shape[d] = v.shape[d];
 			n++;
@@ -226,7 +233,7 @@ static int tensor_list(const tr_model_t *m, enum tr_optim_type opt, const struct
 
 /* Serialises just the header of a tensor list (the data is written from
  * the snapshot's buffers directly). */
-static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t **out, size_t *len,
+static int header_of(struct tr_st_tensor *ts, const size_t *offs, int n, const json_t *meta, uint8_t **out, size_t *len,
 		     struct tr_error *err)
 {
 	/* Only the header: the data is written later straight from the
@@ -234,7 +241,6 @@ static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t
 	json_t *h = json_object();
 	if (meta)
 		json_object_set(h, "__metadata__", (json_t *)meta);
-	size_t off = 0;
 	for (int i = 0; i < n; i++) {
 		json_t *shape = json_array();
 		size_t elems = 1;
@@ -245,8 +251,7 @@ static int header_of(struct tr_st_tensor *ts, int n, const json_t *meta, uint8_t
 		size_t bytes = elems * sizeof(float);
 		json_object_set_new(h, ts[i].name,
 				    json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape, "data_offsets",
-					      (json_int_t)off, (json_int_t)(off + bytes)));
-		off += bytes;
+					      (json_int_t)offs[i], (json_int_t)(offs[i] + bytes)));
 	}
 	char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(h);
@@ -279,18 +284,19 @@ int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const stru
 	int cap = np * 3;
 	struct tr_st_tensor *ts = calloc((size_t)cap, sizeof *ts);
 	char(*names)[96] = calloc((size_t)cap, sizeof *names);
+	size_t *offs = calloc((size_t)cap, sizeof *offs);
 	int rc = -ENOMEM;
-	if (!ts || !names) {
+	if (!ts || !names || !offs) {
 		tr_error_set(err, 0, 0, NULL, "checkpoint: out of memory");
 		goto out;
 	}
-	int n_all = tensor_list(m, opt, s, 1, ts, names);
-	if ((rc = header_of(ts, n_all, s->meta, &out->header, &out->header_len, err)) < 0)
+	int n_all = tensor_list(m, opt, s, 1, ts, offs, names);
+	if ((rc = header_of(ts, offs, n_all, s->meta, &out->header, &out->header_len, err)) < 0)
 		goto out;
 	json_t *model_meta = json_deep_copy(s->meta);
 	if (model_meta)
 		json_object_set_new(model_meta, "kind", json_string("model"));
-	rc = header_of(ts, np, model_meta, &out->model_header, &out->model_header_len, err);
+	rc = header_of(ts, offs, np, model_meta, &out->model_header, &out->model_header_len, err);
 	json_decref(model_meta);
 	if (rc < 0)
 		goto out;
@@ -308,6 +314,7 @@ int tr_checkpoint_layout(const tr_model_t *m, enum tr_optim_type opt, const stru
 out:
 	free(ts);
 	free(names);
+	free(offs);
 	if (rc < 0)
 		tr_checkpoint_layout_finish(out);
 	return rc;
