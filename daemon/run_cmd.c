@@ -543,7 +543,8 @@ int tr_cmd_run(int argc, char **argv)
 			goto out;
 		}
 		const char *was = json_string_value(json_object_get(snap->meta, "devices"));
-		if (was && atoi(was) != tr_trainer_device_count(t))
+		/* exact mode's result does not depend on the device count */
+		if (was && atoi(was) != tr_trainer_device_count(t) && !spec.exact_shards)
 			fprintf(stderr,
 				"trainerd: the checkpoint was written by a run on %s devices, this one has %d: "
 				"the result will differ slightly from an uninterrupted run\n",
