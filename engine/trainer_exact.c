@@ -77,7 +77,8 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 	bool failed = false;
 	rc->n_shard_bufs = count;
 	for (int k = 0; k < count; k++)
-		failed |= !(rc->shard_grads[k] = be->i->alloc(be, dev, (m->n_params ? m->n_params : 1) * sizeof(float)));
+		failed |=
+			!(rc->shard_grads[k] = be->i->alloc(be, dev, (m->n_params ? m->n_params : 1) * sizeof(float)));
 	for (int k = 0; k < 2; k++)
 		failed |= !(rc->shard_scratch[k] = be->i->alloc(be, dev, (scratch ? scratch : 1) * sizeof(float)));
 	if (stride && count)

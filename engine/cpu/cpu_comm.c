@@ -172,8 +172,8 @@ static int cpu_exact_sum(tr_comm_t *cm, int rank, const float *const *parts, int
 		rc = -EINVAL;
 	pthread_mutex_unlock(&cm->mu);
 	if (rc == -EINVAL)
-		return tr_cpu_set_error(cm->be, rc, "exact_sum: rank %d: ranks passed different lengths or a NULL buffer",
-					rank);
+		return tr_cpu_set_error(cm->be, rc,
+					"exact_sum: rank %d: ranks passed different lengths or a NULL buffer", rank);
 	if (rc)
 		return rc;
 	size_t lo = (size_t)((unsigned __int128)n * rank / cm->ndev);

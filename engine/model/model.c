@@ -590,7 +590,8 @@ static int shard_backward(const struct tr_pass *p, const struct tr_layer *l, int
 	size_t off = (size_t)p->r->shards->off[k], rows = (size_t)sp.rows;
 	const float *xk = x + off * l->in;
 	if (!l->ops->holds_layers)
-		return l->ops->backward(&sp, l, xk, v->acts[l->index + 1], dy + off * l->out, dx ? dx + off * l->in : NULL);
+		return l->ops->backward(&sp, l, xk, v->acts[l->index + 1], dy + off * l->out,
+					dx ? dx + off * l->in : NULL);
 	int rc = be->i->copy(be, v->dev, v->dbuf[0], dy + off * l->out, rows * l->out * sizeof(float));
 	if (rc == 0)
 		rc = l->ops->backward(&sp, l, xk, v->acts[l->index + 1], v->dbuf[0], dx ? v->dbuf[1] : NULL);

@@ -91,10 +91,10 @@ struct tr_replica;
  * r->shards (it computes per-shard sums and combines them with `sum`),
  * every other node once per shard through the views. */
 struct tr_shard_set {
-	int count;                     /* non-empty shards on this replica */
-	int off[TR_SPEC_MAX_SHARDS];   /* first row, from the replica's first */
-	int len[TR_SPEC_MAX_SHARDS];   /* rows */
-	struct tr_replica *views;      /* count views (tr_shard_views) */
+	int count;                   /* non-empty shards on this replica */
+	int off[TR_SPEC_MAX_SHARDS]; /* first row, from the replica's first */
+	int len[TR_SPEC_MAX_SHARDS]; /* rows */
+	struct tr_replica *views;    /* count views (tr_shard_views) */
 	/* The exact sum over every shard of the step on every replica, in
 	 * shard order: parts are this replica's shards' n floats each (device
 	 * memory), out receives the sum on every replica. */
