@@ -30,7 +30,7 @@ int tr_exact_sum(void *arg, const float *const *parts, int nparts, float *out, s
 		return be->i->exact_sum(x->comm, x->rank, parts, nparts, out, n);
 	if (x->ndev <= 1)
 		return fold(be, x->dev, parts, nparts, out, n);
-	if (!x->slots || (size_t)x->shards * n > x->slot_floats || x->first + nparts > x->shards)
+	if (!x->slots || n > x->slot_floats || x->first + nparts > x->shards)
 		return -EINVAL;
 	size_t all = (size_t)x->shards * n;
 	int rc = be->i->memset0(be, x->dev, x->slots, all * sizeof(float));

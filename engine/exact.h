@@ -26,7 +26,8 @@ struct tr_exact_ctx {
 	int shards; /* of a step */
 	int first;  /* this rank's first shard, the global index of parts[0] */
 	/* Without the backend's exact_sum and with several devices: shards x
-	 * slot_floats floats of device memory. */
+	 * slot_floats floats of device memory, for sums of up to slot_floats
+	 * floats. */
 	float *slots;
 	size_t slot_floats;
 };
