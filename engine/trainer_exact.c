@@ -72,8 +72,8 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 	rank_shards(t, rc->rank, &k0, &count);
 	size_t scratch = (size_t)shard_rows(t->spec) * (size_t)m->max_width;
 	size_t stride = tr_model_partial_floats(m);
-	size_t slots = tr_exact_slot_floats(be, t->ndev, t->spec->exact_shards,
-					    m->n_trainable > stride ? m->n_trainable : stride);
+	size_t slots =
+		tr_exact_slot_floats(be, t->ndev, t->spec->exact_shards, m->n_params > stride ? m->n_params : stride);
 	bool failed = false;
 	rc->n_shard_bufs = count;
 	for (int k = 0; k < count; k++)
@@ -173,7 +173,10 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 	const float *parts[TR_SPEC_MAX_SHARDS];
 	for (int k = 0; k < set->count; k++)
 		parts[k] = rc->shard_grads[k];
-	return tr_exact_sum(&rc->xctx, parts, set->count, r->grads, t->model.n_trainable);
+	/* The whole buffer, as the float path's allreduce: the buffers'
+	 * part (batchnorm2d's running statistics) is zero in every shard, and
+	 * the sum keeps it zero whatever was written there before. */
+	return tr_exact_sum(&rc->xctx, parts, set->count, r->grads, t->model.n_params);
 }
 
 double tr_trainer_exact_loss(const struct tr_trainer *t)

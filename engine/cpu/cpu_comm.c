@@ -42,6 +42,7 @@ struct tr_comm {
 	/* exact_sum: each rank's parts and their count (out goes to bufs) */
 	const float *const **parts;
 	int *nparts;
+	int *devs; /* each rank's device, whose threads share its slice */
 };
 
 /* Called with mu held.  The last rank to arrive also runs `on_full`, still
@@ -151,6 +152,24 @@ static void exact_chunk(struct tr_comm *cm, size_t lo, size_t hi)
 	}
 }
 
+/* A rank's slice is cut by size alone into tasks for its device's
+ * threads; the sum is elementwise, so the cut changes no bit. */
+#define EXACT_TASK ((size_t)1 << 16)
+
+struct exact_work {
+	struct tr_comm *cm;
+	size_t lo, hi;
+};
+
+static int exact_task(void *arg, int task, int slot)
+{
+	const struct exact_work *w = arg;
+	size_t lo = w->lo + (size_t)task * EXACT_TASK;
+	(void)slot;
+	exact_chunk(w->cm, lo, w->hi - lo < EXACT_TASK ? w->hi : lo + EXACT_TASK);
+	return 0;
+}
+
 static int cpu_exact_sum(tr_comm_t *cm, int rank, const float *const *parts, int nparts, float *out, size_t n)
 {
 	int rc;
@@ -178,7 +197,10 @@ static int cpu_exact_sum(tr_comm_t *cm, int rank, const float *const *parts, int
 		return rc;
 	size_t lo = (size_t)((unsigned __int128)n * rank / cm->ndev);
 	size_t hi = (size_t)((unsigned __int128)n * (rank + 1) / cm->ndev);
-	exact_chunk(cm, lo, hi);
+	struct exact_work w = {.cm = cm, .lo = lo, .hi = hi};
+	if (hi > lo && (rc = tr_cpu_parallel(cm->be, cm->devs[rank], (int)((hi - lo + EXACT_TASK - 1) / EXACT_TASK),
+					     exact_task, &w)) < 0)
+		return rc; /* the caller aborts the communicator (as after any failure) */
 	if (cm->ndev == 1)
 		return 0;
 	pthread_mutex_lock(&cm->mu);
@@ -209,6 +231,7 @@ static void cpu_comm_destroy(tr_comm_t *cm)
 	free(cm->lens);
 	free(cm->parts);
 	free(cm->nparts);
+	free(cm->devs);
 	free(cm);
 }
 
@@ -247,8 +270,11 @@ static tr_comm_t *cpu_comm_create(tr_backend_t *be, int ndev, const int *devs)
 	cm->lens = calloc((size_t)ndev, sizeof(*cm->lens));
 	cm->parts = calloc((size_t)ndev, sizeof(*cm->parts));
 	cm->nparts = calloc((size_t)ndev, sizeof(*cm->nparts));
-	if (!cm->bufs || !cm->lens || !cm->parts || !cm->nparts)
+	cm->devs = calloc((size_t)ndev, sizeof(*cm->devs));
+	if (!cm->bufs || !cm->lens || !cm->parts || !cm->nparts || !cm->devs)
 		goto fail_arrays;
+	for (int r = 0; r < ndev; r++)
+		cm->devs[r] = devs ? devs[r] : r;
 	if (pthread_mutex_init(&cm->mu, NULL) != 0)
 		goto fail_arrays;
 	if (pthread_cond_init(&cm->cv, NULL) != 0)
@@ -262,6 +288,7 @@ fail_arrays:
 	free(cm->lens);
 	free(cm->parts);
 	free(cm->nparts);
+	free(cm->devs);
 	free(cm);
 fail_alloc:
 	tr_cpu_set_error(be, -ENOMEM, "comm_create: out of memory");
