@@ -25,6 +25,26 @@ static void rank_shards(const struct tr_trainer *t, int rank, int *first, int *c
 	tr_plan_share(t->spec->exact_shards, t->ndev, rank, first, count);
 }
 
+/* Whether rank rc folds its shards as it computes them: it holds the first
+ * shards, and its passes run shard after shard (no collective layers). */
+static bool folds_prefix(const struct tr_trainer *t, const struct rank_ctx *rc)
+{
+	int k0, m;
+	rank_shards(t, rc->rank, &k0, &m);
+	return k0 == 0 && m > 0 && !t->model.collective;
+}
+
+/* Shard k's whole forward and backward pass, through its view. */
+static int shard_pass(struct tr_trainer *t, struct tr_shard_set *set, int k, int off, float scale, double *loss)
+{
+	tr_replica_t *v = &set->views[k];
+	int rows = set->len[k], ret;
+	if ((ret = tr_replica_forward(v, rows, off + set->off[k], t->step, 1)) == 0 &&
+	    (ret = tr_replica_loss(v, rows, scale, loss)) == 0)
+		ret = tr_replica_backward(v, rows);
+	return ret;
+}
+
 void tr_trainer_share(const struct tr_trainer *t, int count, int rank, int *off, int *len)
 {
 	if (!t->spec->exact_shards) {
@@ -75,8 +95,8 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 	size_t slots =
 		tr_exact_slot_floats(be, t->ndev, t->spec->exact_shards, m->n_params > stride ? m->n_params : stride);
 	bool failed = false;
-	rc->n_shard_bufs = count;
-	for (int k = 0; k < count; k++)
+	rc->n_shard_bufs = folds_prefix(t, rc) ? 1 : count;
+	for (int k = 0; k < rc->n_shard_bufs; k++)
 		failed |=
 			!(rc->shard_grads[k] = be->i->alloc(be, dev, (m->n_params ? m->n_params : 1) * sizeof(float)));
 	for (int k = 0; k < 2; k++)
@@ -159,14 +179,27 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		if (ret == 0)
 			ret = tr_replica_backward(r, len);
 		r->shards = NULL;
-	} else {
+	} else if (folds_prefix(t, rc)) {
+		/* The first shards are the start of the ordered sum: folded
+		 * into the replica's gradient as each is done, through one
+		 * shard buffer that stays in cache, they make one part, the
+		 * prefix, and ((0 + prefix) + g_m) + ... is the same chain of
+		 * additions (the prefix, summed from +0.0, is never -0.0). */
+		tr_backend_t *be = t->be;
+		float *g = rc->shard_grads[0];
+		ret = be->i->memset0(be, r->dev, r->grads, t->model.n_params * sizeof(float));
 		for (int k = 0; k < set->count && ret == 0; k++) {
-			tr_replica_t *v = &set->views[k];
-			int rows = set->len[k];
-			if ((ret = tr_replica_forward(v, rows, off + set->off[k], t->step, 1)) == 0 &&
-			    (ret = tr_replica_loss(v, rows, scale, t->shard_loss[k0 + k])) == 0)
-				ret = tr_replica_backward(v, rows);
+			set->views[k].grads = g;
+			if ((ret = shard_pass(t, set, k, off, scale, t->shard_loss[k0 + k])) == 0)
+				ret = be->i->add(be, r->dev, t->model.n_params, r->grads, g, r->grads);
 		}
+		if (ret < 0)
+			return ret;
+		const float *prefix[1] = {r->grads};
+		return tr_exact_sum(&rc->xctx, prefix, set->count ? 1 : 0, r->grads, t->model.n_params);
+	} else {
+		for (int k = 0; k < set->count && ret == 0; k++)
+			ret = shard_pass(t, set, k, off, scale, t->shard_loss[k0 + k]);
 	}
 	if (ret < 0)
 		return ret;
