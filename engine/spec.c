@@ -1000,18 +1000,19 @@ static int emit_init_from(const void *base, json_t *obj, const char *key)
 	return 0;
 }
 
-/* "exact": false, true (the default shard count) or {"shards": S}. */
+/* "exact": false (the default), true (the default shard count) or
+ * {"shards": S}.  Off by default: it cost more than 10% of the step time
+ * of the bench MLP (docs/design.md, "Exact mode"). */
 static int parse_exact(struct tr_fields_ctx *c, const json_t *v, void *base)
 {
 	struct tr_spec *spec = base;
 
+	spec->exact_shards = 0;
+	if (!v || json_is_false(v))
+		return 0;
 	spec->exact_shards = TR_SPEC_DEFAULT_SHARDS;
-	if (!v || json_is_true(v))
+	if (json_is_true(v))
 		return 0;
-	if (json_is_false(v)) {
-		spec->exact_shards = 0;
-		return 0;
-	}
 	if (!json_is_object(v))
 		return tr_fields_fail(c, NULL, "must be false, true or {\"shards\": S}");
 	const char *key;

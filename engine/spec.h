@@ -21,8 +21,9 @@
 #define TR_SPEC_MAX_TRANSFORMS 16
 #define TR_SPEC_MAX_MONITORS 32
 #define TR_SPEC_MAX_DEVICES 64
-/* Virtual shards of a step in exact mode ("exact": {"shards": S}); each
- * device keeps one gradient buffer per shard it computes. */
+/* Virtual shards of a step in exact mode ("exact": {"shards": S}, or
+ * true for the default count); each device keeps one gradient buffer per
+ * shard it computes. */
 #define TR_SPEC_MAX_SHARDS 64
 #define TR_SPEC_DEFAULT_SHARDS 8
 #define TR_SPEC_MAX_LABEL_COLS 64

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Exact mode (docs/design.md, "Exact mode"): model.safetensors has the same
-# SHA-256 on 1, 2, 3, 4 and 8 CPU devices for an MLP, a conv net, a
+# Exact mode (docs/design.md, "Exact mode"; "exact": true or {"shards": S}):
+# model.safetensors has the same SHA-256 on 1, 2, 3, 4 and 8 CPU devices for an MLP, a conv net, a
 # batchnorm2d net (one inside a residual block) and a dropout net, each
 # with a short last batch (one with fewer rows than shards, so that shards
 # and devices are idle); the reported losses and validation figures are
 # the same too; a run resumed on another device count ends with the same
 # bits; and with "exact": false the device count does change the bits (so
-# the comparison can fail).
+# the comparison can fail), which is also the default.
 # Usage: exact_bits.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: exact_bits.sh TRAINERD}
@@ -14,20 +14,20 @@ TRAINERD=${1:?usage: exact_bits.sh TRAINERD}
 make_work
 
 cat >"$work/mlp.json" <<'JSON'
-{"name": "exact-mlp", "seed": 7,
+{"name": "exact-mlp", "seed": 7, "exact": true,
  "model": {"layers": [{"type": "dense", "units": 24}, {"type": "relu"}, {"type": "dense", "units": 4}]},
  "data": {"train": {"format": "synthetic", "samples": 150, "features": 6, "classes": 4}, "validation_split": 0.2},
  "batch_size": 32, "epochs": 2, "optimizer": {"type": "adamw", "lr": 0.01}}
 JSON
 cat >"$work/conv.json" <<'JSON'
-{"name": "exact-conv", "seed": 3,
+{"name": "exact-conv", "seed": 3, "exact": {"shards": 8},
  "model": {"inputs": [1, 8, 8], "layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": 1}, {"type": "relu"},
     {"type": "maxpool2d", "kernel": 2}, {"type": "flatten"}, {"type": "dense", "units": 3}]},
  "data": {"train": {"format": "synthetic", "samples": 67, "shape": [1, 8, 8], "classes": 3}},
  "batch_size": 16, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}
 JSON
 cat >"$work/bn.json" <<'JSON'
-{"name": "exact-bn", "seed": 5,
+{"name": "exact-bn", "seed": 5, "exact": {"shards": 8},
  "model": {"inputs": [2, 6, 6], "layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": 1},
     {"type": "batchnorm2d"}, {"type": "relu"},
     {"type": "residual", "layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm2d"}]},
@@ -36,7 +36,7 @@ cat >"$work/bn.json" <<'JSON'
  "batch_size": 16, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}
 JSON
 cat >"$work/dropout.json" <<'JSON'
-{"name": "exact-dropout", "seed": 11,
+{"name": "exact-dropout", "seed": 11, "exact": {"shards": 6},
  "model": {"layers": [{"type": "dense", "units": 16}, {"type": "gelu"}, {"type": "dropout", "rate": 0.3},
                       {"type": "layernorm"}, {"type": "dense", "units": 3}]},
  "data": {"train": {"format": "synthetic", "samples": 90, "features": 5, "classes": 3}},
@@ -81,5 +81,8 @@ done
 check "exact: false differs between 1 and 3 devices" test "$(sha "$work/float-1/model.safetensors")" != \
 	"$(sha "$work/float-3/model.safetensors")"
 check "the run's spec says exact with 8 shards" grep -q '"shards": 8' "$work/mlp-1/spec.json"
+sed 's/"exact": true,//' "$work/mlp.json" >"$work/default.json"
+"$TRAINERD" run "$work/default.json" --set /max_steps=1 --backend cpu --devices 1 --out "$work/default" --quiet 2>/dev/null
+check "exact is off by default" grep -q '"exact": false' "$work/default/spec.json"
 
 finish

@@ -137,7 +137,7 @@ Test(exact, generic_path_same_bits_on_1_to_4_ranks)
  * short last batch: 3 devices through the generic sum end with the bits
  * of 1 device through the CPU collective. */
 static const char *BN_JOB =
-	"{\"seed\": 9, \"model\": {\"inputs\": [2, 5, 5], \"layers\": ["
+	"{\"seed\": 9, \"exact\": true, \"model\": {\"inputs\": [2, 5, 5], \"layers\": ["
 	"{\"type\": \"conv2d\", \"filters\": 3, \"kernel\": 3, \"padding\": 1}, {\"type\": \"batchnorm2d\"},"
 	" {\"type\": \"relu\"}, {\"type\": \"residual\", \"layers\": [{\"type\": \"conv2d\", \"filters\": 3,"
 	" \"kernel\": 3, \"padding\": 1}, {\"type\": \"batchnorm2d\"}]}, {\"type\": \"flatten\"},"
