@@ -76,6 +76,28 @@ static void check_published(struct tr_comm *cm)
 			cm->mismatch = true;
 }
 
+/* The first barrier of both collectives: rank publishes its buffer (and
+ * exact_sum's parts), and all ranks learn together whether the lengths
+ * agree.  With one rank the barrier only checks. */
+static int publish(struct tr_comm *cm, int rank, float *buf, size_t n, const float *const *parts, int nparts,
+		   const char *what)
+{
+	pthread_mutex_lock(&cm->mu);
+	cm->bufs[rank] = buf;
+	cm->lens[rank] = n;
+	cm->parts[rank] = parts;
+	cm->nparts[rank] = nparts;
+	int rc = barrier(cm, check_published);
+	if (rc == 0 && cm->mismatch)
+		rc = -EINVAL;
+	pthread_mutex_unlock(&cm->mu);
+	/* every rank records it: last_error is read per device thread */
+	if (rc == -EINVAL)
+		return tr_cpu_set_error(cm->be, rc, "%s: rank %d: ranks passed different lengths or a NULL buffer",
+					what, rank);
+	return rc;
+}
+
 /* Sums chunk [lo, hi) into rank 0's buffer in rank order, then copies the
  * result out.  Ranks own disjoint chunks, so no locking is needed. */
 static void reduce_chunk(float *const *bufs, int ndev, size_t lo, size_t hi)
@@ -103,19 +125,7 @@ static int cpu_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
 	if (cm->ndev == 1)
 		return atomic_load(&cm->aborted) ? -ECANCELED : 0;
 
-	pthread_mutex_lock(&cm->mu);
-	cm->bufs[rank] = buf;
-	cm->lens[rank] = n;
-	rc = barrier(cm, check_published);
-	if (rc == 0 && cm->mismatch)
-		rc = -EINVAL;
-	pthread_mutex_unlock(&cm->mu);
-	/* every rank records it: last_error is read per device thread */
-	if (rc == -EINVAL)
-		return tr_cpu_set_error(cm->be, rc,
-					"allreduce_sum: rank %d: ranks passed different lengths or a NULL buffer",
-					rank);
-	if (rc)
+	if ((rc = publish(cm, rank, buf, n, NULL, 0, "allreduce_sum")) < 0)
 		return rc;
 
 	/* chunk boundaries n*r/ndev: sizes differ by at most one element */
@@ -176,24 +186,7 @@ static int cpu_exact_sum(tr_comm_t *cm, int rank, const float *const *parts, int
 
 	if (!cm || rank < 0 || rank >= cm->ndev || nparts < 0 || (nparts > 0 && !parts))
 		return -EINVAL;
-	pthread_mutex_lock(&cm->mu);
-	cm->bufs[rank] = out;
-	cm->lens[rank] = n;
-	cm->parts[rank] = parts;
-	cm->nparts[rank] = nparts;
-	if (cm->ndev == 1) {
-		rc = atomic_load(&cm->aborted) ? -ECANCELED : 0;
-		cm->mismatch = !out && n;
-	} else {
-		rc = barrier(cm, check_published);
-	}
-	if (rc == 0 && cm->mismatch)
-		rc = -EINVAL;
-	pthread_mutex_unlock(&cm->mu);
-	if (rc == -EINVAL)
-		return tr_cpu_set_error(cm->be, rc,
-					"exact_sum: rank %d: ranks passed different lengths or a NULL buffer", rank);
-	if (rc)
+	if ((rc = publish(cm, rank, out, n, parts, nparts, "exact_sum")) < 0)
 		return rc;
 	size_t lo = (size_t)((unsigned __int128)n * rank / cm->ndev);
 	size_t hi = (size_t)((unsigned __int128)n * (rank + 1) / cm->ndev);
