@@ -2,7 +2,8 @@
  * (docs/design.md, "Convolution and pooling on the CPU"): conv2d forward
  * and backward (y, dx, dW, db) on both convolution routes, the dense
  * layers' gemm, and a few training steps of a small conv net give the same
- * bits with a budget of 1, 2 and 3 threads per device.  The shapes are
+ * bits with a budget of 1, 2 and 3 threads per device, also in exact mode
+ * (whose sum the device's threads share).  The shapes are
  * large enough that every GEMM is above the size where the backend would
  * run it on one thread anyway.
  */
@@ -229,7 +230,7 @@ static const char job[] =
 	" \"batch_size\": 48, \"epochs\": 2,"
 	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}";
 
-static void run_job(enum tr_cpu_conv route, int budget, struct run_result *out)
+static void run_job(const char *text, enum tr_cpu_conv route, int budget, struct run_result *out)
 {
 	struct tr_spec spec;
 	struct tr_error e;
@@ -240,7 +241,7 @@ static void run_job(enum tr_cpu_conv route, int budget, struct run_result *out)
 	memset(out, 0, sizeof *out);
 	cr_assert_not_null(be);
 	cr_assert_eq(tr_cpu_backend_set_conv(be, route, &err), 0, "%s", err.message);
-	cr_assert_eq(tr_spec_parse_text(job, &spec, &e), 0, "spec: %s", e.message);
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &e), 0, "spec: %s", e.message);
 	struct tr_trainer_options opt = {
 		.spec = &spec,
 		.backend = be,
@@ -258,15 +259,15 @@ static void run_job(enum tr_cpu_conv route, int budget, struct run_result *out)
 	tr_backend_destroy(be);
 }
 
-static void job_same_bits(enum tr_cpu_conv route)
+static void job_same_bits(const char *text, enum tr_cpu_conv route)
 {
 	struct run_result *ref = malloc(sizeof *ref), *o = malloc(sizeof *o);
 
 	cr_assert(ref && o);
-	run_job(route, 1, ref);
+	run_job(text, route, 1, ref);
 	cr_assert_eq(ref->nloss, 8);
 	for (int k = 1; k < 3; k++) {
-		run_job(route, budgets[k], o);
+		run_job(text, route, budgets[k], o);
 		cr_assert_eq(o->nloss, ref->nloss);
 		cr_expect_eq(memcmp(o->loss, ref->loss, (size_t)ref->nloss * sizeof(double)), 0,
 			     "budget %d: losses differ from 1 thread's (last %.9g vs %.9g)", budgets[k],
@@ -282,10 +283,19 @@ static void job_same_bits(enum tr_cpu_conv route)
 
 Test(thread_count, conv_net_steps_default_route)
 {
-	job_same_bits(TR_CPU_CONV_AUTO);
+	job_same_bits(job, TR_CPU_CONV_AUTO);
 }
 
 Test(thread_count, conv_net_steps_im2col_route)
 {
-	job_same_bits(TR_CPU_CONV_IM2COL);
+	job_same_bits(job, TR_CPU_CONV_IM2COL);
+}
+
+/* Exact mode: each shard's passes, and the exact sum, which the device's
+ * threads share in tasks cut by size (engine/cpu/cpu_comm.c). */
+Test(thread_count, conv_net_steps_exact_mode)
+{
+	char text[sizeof job + 32];
+	snprintf(text, sizeof text, "{\"exact\": true, %s", job + 1);
+	job_same_bits(text, TR_CPU_CONV_AUTO);
 }
