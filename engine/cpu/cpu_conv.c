@@ -160,8 +160,8 @@ static int forward_slice(void *arg, int t, int slot)
 	return 0;
 }
 
-static int cpu_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-			      const float *w, const float *bias, float *y, float *work)
+int tr_cpu_im2col_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				 const float *w, const float *bias, float *y, float *work)
 {
 	ENSURE_DEV("conv2d_forward");
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_forward: bad shape");
@@ -224,8 +224,8 @@ static int backward_slice(void *arg, int t, int slot)
 	return 0;
 }
 
-static int cpu_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-			       const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
+int tr_cpu_im2col_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				  const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
 {
 	ENSURE_DEV("conv2d_backward");
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_backward: bad shape");
@@ -380,8 +380,6 @@ static int cpu_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_poo
 void tr_cpu_conv_fill(tr_backend_i *t)
 {
 	t->add = cpu_add;
-	t->conv2d_forward = cpu_conv2d_forward;
-	t->conv2d_backward = cpu_conv2d_backward;
 	t->maxpool2d_forward = cpu_maxpool2d_forward;
 	t->maxpool2d_backward = cpu_maxpool2d_backward;
 	t->avgpool2d_forward = cpu_avgpool2d_forward;
