@@ -43,8 +43,8 @@ static char cpu_model[128];
 
 static void shape_key(const struct tr_conv2d_desc *d, char *out, size_t n)
 {
-	snprintf(out, n, "c%d h%d w%d f%d k%dx%d s%dx%d p%dx%d d%dx%d g%d", d->c, d->h, d->w, d->f, d->kh, d->kw,
-		 d->sh, d->sw, d->ph, d->pw, d->dh, d->dw, d->groups);
+	snprintf(out, n, "c%d h%d w%d f%d k%dx%d s%dx%d p%dx%d d%dx%d g%d", d->c, d->h, d->w, d->f, d->kh, d->kw, d->sh,
+		 d->sw, d->ph, d->pw, d->dh, d->dw, d->groups);
 }
 
 /* "model name" of /proc/cpuinfo, with family/model/stepping (a guest's
@@ -113,20 +113,19 @@ static void cache_save(void)
 		size_t k;
 		json_t *e;
 		bool have = false;
-		json_array_foreach(entries, k, e)
-		{
+		json_array_foreach(entries, k, e) {
 			const char *cpu = json_string_value(json_object_get(e, "cpu"));
 			const char *sh = json_string_value(json_object_get(e, "shape"));
 			if (cpu && sh && !strcmp(cpu, cpu_model) && !strcmp(sh, choices[i].shape))
 				have = true;
 		}
 		if (!have)
-			json_array_append_new(entries, json_pack("{s:s,s:s,s:s,s:f,s:f}", "cpu", cpu_model, "shape",
-								 choices[i].shape, "route",
-								 choices[i].route == TR_CPU_CONV_ONEDNN ? "onednn"
-													 : "im2col",
-								 "im2col_ms", choices[i].im2col_ms, "onednn_ms",
-								 choices[i].onednn_ms));
+			json_array_append_new(entries,
+					      json_pack("{s:s,s:s,s:s,s:f,s:f}", "cpu", cpu_model, "shape",
+							choices[i].shape, "route",
+							choices[i].route == TR_CPU_CONV_ONEDNN ? "onednn" : "im2col",
+							"im2col_ms", choices[i].im2col_ms, "onednn_ms",
+							choices[i].onednn_ms));
 	}
 	char tmp[1100];
 	snprintf(tmp, sizeof tmp, "%s.tmp%ld", cache_path, (long)getpid());
@@ -147,12 +146,12 @@ void tr_cpu_conv_cache_open(const char *path)
 	json_t *doc = path ? json_load_file(path, 0, &je) : NULL;
 	size_t k;
 	json_t *e;
-	json_array_foreach(json_object_get(doc, "entries"), k, e)
-	{
+	json_array_foreach(json_object_get(doc, "entries"), k, e) {
 		const char *cpu = json_string_value(json_object_get(e, "cpu"));
 		const char *sh = json_string_value(json_object_get(e, "shape"));
 		const char *route = json_string_value(json_object_get(e, "route"));
-		if (!cpu || !sh || !route || strcmp(cpu, cpu_model) || find(sh) || strlen(sh) >= sizeof choices[0].shape)
+		if (!cpu || !sh || !route || strcmp(cpu, cpu_model) || find(sh) ||
+		    strlen(sh) >= sizeof choices[0].shape)
 			continue;
 		if (strcmp(route, "onednn") && strcmp(route, "im2col"))
 			continue;
@@ -188,7 +187,8 @@ static double time_route(tr_backend_t *be, int dev, enum tr_cpu_conv route, cons
 	{
 		int rc = route == TR_CPU_CONV_ONEDNN
 				 ? tr_cpu_dnnl_conv2d_forward(be, dev, d, rows, buf[0], buf[1], buf[2], buf[3], buf[8])
-				 : tr_cpu_im2col_conv2d_forward(be, dev, d, rows, buf[0], buf[1], buf[2], buf[3], buf[8]);
+				 : tr_cpu_im2col_conv2d_forward(be, dev, d, rows, buf[0], buf[1], buf[2], buf[3],
+								buf[8]);
 		if (rc == 0)
 			rc = route == TR_CPU_CONV_ONEDNN
 				     ? tr_cpu_dnnl_conv2d_backward(be, dev, d, rows, buf[0], buf[1], buf[4], buf[5],
@@ -239,7 +239,8 @@ int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d,
 {
 	struct tr_conv_choice c = {.route = want};
 	if (want == TR_CPU_CONV_ONEDNN && !tr_dnnl_available()) {
-		tr_error_set(err, 0, 0, NULL, "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
+		tr_error_set(err, 0, 0, NULL,
+			     "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
 		return -ENOTSUP;
 	}
 	if (want == TR_CPU_CONV_AUTO && !tr_dnnl_available())

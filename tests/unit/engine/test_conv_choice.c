@@ -15,17 +15,28 @@
 #include "engine/cpu/cpu_dnnl_conv.h"
 #include "engine/rng.h"
 
-#define NEED_DNNL()                                                                \
-	do {                                                                       \
-		if (!tr_dnnl_available())                                          \
+#define NEED_DNNL()                                                             \
+	do {                                                                    \
+		if (!tr_dnnl_available())                                       \
 			cr_skip_test("this build has no oneDNN (libdnnl-dev)"); \
 	} while (0)
 
 TestSuite(conv_choice, .timeout = 120);
 
 /* a small layer: measuring it takes milliseconds */
-static const struct tr_conv2d_desc small = {.c = 2, .h = 9, .w = 9, .f = 3, .ho = 7, .wo = 7, .kh = 3, .kw = 3,
-					    .sh = 1, .sw = 1, .dh = 1, .dw = 1, .groups = 1};
+static const struct tr_conv2d_desc small = {.c = 2,
+					    .h = 9,
+					    .w = 9,
+					    .f = 3,
+					    .ho = 7,
+					    .wo = 7,
+					    .kh = 3,
+					    .kw = 3,
+					    .sh = 1,
+					    .sw = 1,
+					    .dh = 1,
+					    .dw = 1,
+					    .groups = 1};
 
 static tr_backend_t *backend(enum tr_cpu_conv route)
 {
@@ -154,8 +165,19 @@ static float *dw_of(enum tr_cpu_conv setting, const struct tr_conv2d_desc *d, in
 Test(conv_choice, a_layers_route_wins_over_the_backends)
 {
 	NEED_DNNL();
-	struct tr_conv2d_desc d = {.c = 8, .h = 20, .w = 20, .f = 16, .ho = 18, .wo = 18, .kh = 3, .kw = 3,
-				   .sh = 1, .sw = 1, .dh = 1, .dw = 1, .groups = 1};
+	struct tr_conv2d_desc d = {.c = 8,
+				   .h = 20,
+				   .w = 20,
+				   .f = 16,
+				   .ho = 18,
+				   .wo = 18,
+				   .kh = 3,
+				   .kw = 3,
+				   .sh = 1,
+				   .sw = 1,
+				   .dh = 1,
+				   .dw = 1,
+				   .groups = 1};
 	size_t nw = (size_t)d.f * d.c * d.kh * d.kw;
 	float *im2col = dw_of(TR_CPU_CONV_IM2COL, &d, 16), *onednn = dw_of(TR_CPU_CONV_ONEDNN, &d, 16);
 	/* the routes sum in different orders: their bits tell them apart */
