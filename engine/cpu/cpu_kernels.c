@@ -21,34 +21,47 @@
 
 /* ---- linear algebra ---------------------------------------------------- */
 
-/* A gemm of at least GEMM_TILE_MNK multiply-adds is cut into tiles of
- * about that much work (at most GEMM_MAX_TILES), along the longer of C's
- * dimensions, in multiples of 16 rows or columns; each tile is one
- * single-threaded sgemm over the whole K, and the device's threads take
- * the tiles (cpu_pool.c).  The tiles follow from the shape alone, so the
- * bits do not depend on how many threads there are.  K is never split: a
- * sum over K must stay in one call to keep its order fixed.  4M
- * multiply-adds are ~1 ms on one core, far above a task's hand-off. */
-#define GEMM_TILE_MNK ((int64_t)1 << 22)
+/* A gemm of at least 2 GEMM_TILE_MNK multiply-adds is cut into an even
+ * number of tiles of about that much work (at most GEMM_MAX_TILES), along
+ * the longer of C's dimensions, in multiples of 16 rows or columns; each
+ * tile is one single-threaded sgemm over the whole K, and the device's
+ * threads take the tiles (cpu_pool.c).  The tiles follow from the shape
+ * alone, so the bits do not depend on how many threads there are.  K is
+ * never split: a sum over K must stay in one call to keep its order fixed.
+ * Every tile packs the whole of the other operand again (OpenBLAS packs
+ * per call), so tiles must be large: with 4M multiply-adds (0.1 ms on one
+ * AVX2 core) packing took a quarter of the MLP 784-1024-1024-10's step;
+ * 32M (about 0.8 ms) cut its CPU time per step by a quarter (measured on
+ * one core, bench/README.md, "Development measurements"). */
+#define GEMM_TILE_MNK ((int64_t)1 << 25)
 #define GEMM_MAX_TILES 64
 
 struct gemm_job {
 	bool ta, tb, by_rows;
-	int m, n, k, step, tiles;
+	int m, n, k, tiles;
 	float alpha, beta;
 	const float *a, *b;
 	float *c;
 };
 
+/* Tile t of `tiles` starts here: the span's 16-row units spread evenly
+ * (tiles differ by at most one unit; the last takes the rows past the
+ * last whole unit), so the device's threads get even shares. */
+static int tile_start(int span, int tiles, int t)
+{
+	if (t >= tiles)
+		return span;
+	return (int)((int64_t)t * (span / 16) / tiles) * 16;
+}
+
 static int gemm_tile(void *arg, int t, int slot)
 {
 	const struct gemm_job *g = arg;
 	int lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
-	int lo = t * g->step, len = (g->by_rows ? g->m : g->n) - lo;
+	int span = g->by_rows ? g->m : g->n, lo = tile_start(span, g->tiles, t);
+	int len = tile_start(span, g->tiles, t + 1) - lo;
 
 	(void)slot;
-	if (len > g->step)
-		len = g->step;
 	if (len <= 0)
 		return 0;
 	if (g->by_rows) {
@@ -106,12 +119,13 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 		tiles = GEMM_MAX_TILES;
 	if (tiles > span / 16)
 		tiles = span / 16;
-	if (tiles <= 1) {
-		g.step = (int)span;
+	if (tiles > 1 && tiles % 2)
+		tiles++; /* an even count: two threads get equal shares */
+	if (tiles > span / 16)
+		tiles = span / 16;
+	g.tiles = tiles > 1 ? (int)tiles : 1;
+	if (g.tiles == 1)
 		return gemm_tile(&g, 0, 0);
-	}
-	g.step = (int)((span + tiles - 1) / tiles + 15) / 16 * 16;
-	g.tiles = (int)((span + g.step - 1) / g.step);
 	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);
 }
 
