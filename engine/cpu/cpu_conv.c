@@ -304,9 +304,15 @@ static size_t window_argmax(const struct tr_pool2d_desc *d, const float *xc, int
  * same comparisons in the same order. */
 static inline void take_if(float v, size_t k, float *m, size_t *best)
 {
-	int take = (v > *m) | (v != v); /* v != v: NaN wins */
-	*m = take ? v : *m;
-	*best = take ? k : *best;
+	uint32_t vb, mb, take = (uint32_t)((v > *m) | (v != v)); /* v != v: NaN wins */
+	memcpy(&vb, &v, sizeof vb);
+	memcpy(&mb, m, sizeof mb);
+	/* masks, not a conditional: the compiler keeps a ternary as a branch */
+	uint32_t mask = 0u - take;
+	mb = (vb & mask) | (mb & ~mask);
+	memcpy(m, &mb, sizeof mb);
+	size_t wide = (size_t)0 - take;
+	*best = (k & wide) | (*best & ~wide);
 }
 
 static inline size_t window_argmax_inside(const struct tr_pool2d_desc *d, const float *xc, size_t at, float *val)
