@@ -166,9 +166,8 @@ static int cpu_col_sum(tr_backend_t *be, int dev, int rows, int cols, const floa
 #define GELU_BETA 0.79788456080286535588f  /* sqrt(2/pi) */
 #define GELU_KAPPA 0.044715f
 
-static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y)
+static int act_forward(enum tr_act act, size_t n, const float *x, float *y)
 {
-	ENSURE_DEV("act_forward");
 	switch (act) {
 	case TR_ACT_RELU:
 		/* x <= 0 (not x > 0) so that NaN propagates, as torch.relu */
@@ -195,15 +194,13 @@ static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n,
 			y[i] = 1.0f / (1.0f + expf(-x[i]));
 		break;
 	default:
-		return tr_cpu_set_error(be, -EINVAL, "act_forward: unknown activation %d", (int)act);
+		return -EINVAL;
 	}
 	return 0;
 }
 
-static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, const float *y,
-			    const float *dy, float *dx)
+static int act_backward(enum tr_act act, size_t n, const float *x, const float *y, const float *dy, float *dx)
 {
-	ENSURE_DEV("act_backward");
 	switch (act) {
 	case TR_ACT_RELU:
 		/* The derivative at 0 is taken as 0, as PyTorch.  dy is loaded
@@ -242,9 +239,56 @@ static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n
 			dx[i] = dy[i] * (1.0f - y[i]) * y[i];
 		break;
 	default:
-		return tr_cpu_set_error(be, -EINVAL, "act_backward: unknown activation %d", (int)act);
+		return -EINVAL;
 	}
 	return 0;
+}
+
+/* Activations over more than ACT_CHUNK elements are cut into chunks of
+ * that many, which the device's threads take; each element depends on
+ * its own inputs only, so any split gives the same bits. */
+#define ACT_CHUNK ((size_t)1 << 16)
+
+struct act_job {
+	enum tr_act act;
+	bool backward;
+	size_t n;
+	const float *x, *y, *dy;
+	float *out;
+};
+
+static int act_task(void *arg, int t, int slot)
+{
+	const struct act_job *j = arg;
+	size_t lo = (size_t)t * ACT_CHUNK, len = j->n - lo < ACT_CHUNK ? j->n - lo : ACT_CHUNK;
+	(void)slot;
+	if (!j->backward)
+		return act_forward(j->act, len, j->x + lo, j->out + lo);
+	return act_backward(j->act, len, j->x ? j->x + lo : NULL, j->y ? j->y + lo : NULL, j->dy + lo, j->out + lo);
+}
+
+static int act_run(tr_backend_t *be, int dev, const struct act_job *j, const char *what)
+{
+	if (act_forward(j->act, 0, NULL, NULL) < 0)
+		return tr_cpu_set_error(be, -EINVAL, "%s: unknown activation %d", what, (int)j->act);
+	if (j->n <= ACT_CHUNK)
+		return act_task((void *)j, 0, 0);
+	return tr_cpu_parallel(be, dev, (int)((j->n + ACT_CHUNK - 1) / ACT_CHUNK), act_task, (void *)j);
+}
+
+static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y)
+{
+	ENSURE_DEV("act_forward");
+	struct act_job j = {.act = act, .n = n, .x = x, .out = y};
+	return act_run(be, dev, &j, "act_forward");
+}
+
+static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, const float *y,
+			    const float *dy, float *dx)
+{
+	ENSURE_DEV("act_backward");
+	struct act_job j = {.act = act, .backward = true, .n = n, .x = x, .y = y, .dy = dy, .out = dx};
+	return act_run(be, dev, &j, "act_backward");
 }
 
 /* ---- dropout and elementwise ------------------------------------------ */
