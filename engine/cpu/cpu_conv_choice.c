@@ -129,10 +129,9 @@ static void cache_save(void)
 	}
 	char tmp[1100];
 	snprintf(tmp, sizeof tmp, "%s.tmp%ld", cache_path, (long)getpid());
-	if (json_dump_file(doc, tmp, JSON_INDENT(1)) == 0 && rename(tmp, cache_path) == 0)
-		;
-	else
-		unlink(tmp); /* a cache that cannot be written only costs a measurement next time */
+	/* a file that cannot be written only costs a measurement next time */
+	if (json_dump_file(doc, tmp, JSON_INDENT(1)) != 0 || rename(tmp, cache_path) != 0)
+		unlink(tmp);
 	json_decref(doc);
 }
 
