@@ -10,7 +10,7 @@
 # bench/results/conv-<timestamp>/ (results.md, results.json, runs/ with each
 # trainerd run's outputs); bench/results/conv-latest points at the newest.
 # Extra driver arguments: BENCH_CONV_ARGS, e.g. "--rounds 3 --only lenet".
-# Killed after 40 min (5 rounds take about 8 minutes on a quiet 2-core
+# Killed after 40 min (5 rounds take an estimated 8 minutes on a quiet 2-core
 # machine; waiting for a quiet machine takes up to --wait-s per round).
 set -eu
 
