@@ -154,7 +154,8 @@ static const struct tr_field options[] = {
 	{.key = "cpu-conv", .kind = K_NAME, .off = CFG(cpu_conv), .size = sizeof(((struct tr_config *)0)->cpu_conv),
 	 .names = cpu_conv_names, .defstr = "auto",
 	 .help = "how CPU devices compute conv2d: im2col (OpenBLAS sgemm), onednn (oneDNN's primitives), or auto: per "
-		 "layer, oneDNN for outputs of 32x32 and more where the build has it, im2col for smaller ones"},
+		 "layer, whichever measured faster at the job's shapes (remembered in STATE_DIR/conv_routes.json); a "
+		 "job's spec may name its own (cpu_conv)"},
 	{.key = "max-body", I64_IN(max_body, 1024, 64 << 20), .def = 1048576,
 	 .help = "largest accepted request body in bytes"},
 	{.key = "log-level", .kind = K_ENUM, .off = CFG(log_level), .names = level_names, .def = 6,

@@ -36,6 +36,7 @@ struct run_ctx {
 	tr_trainer_t *trainer; /* for the checkpoint hook */
 	const char *out_dir;
 	enum tr_optim_type optim;
+	char conv_routes[160]; /* the trainer's info field: each conv2d layer's CPU route */
 };
 
 static tr_trainer_t *volatile running_trainer;
@@ -48,6 +49,13 @@ static void on_sigint(int sig)
 		tr_trainer_stop(t); /* only sets an atomic flag */
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
+}
+
+static void on_info(void *ctx, const char *key, const char *value)
+{
+	struct run_ctx *rc = ctx;
+	if (!strcmp(key, "conv_routes"))
+		snprintf(rc->conv_routes, sizeof rc->conv_routes, "%s", value);
 }
 
 static void on_metric(void *ctx, const struct tr_metric_point *p)
@@ -110,7 +118,7 @@ static int mkdir_p(const char *path)
 }
 
 static int write_summary(const char *path, const struct tr_summary *s, int ndev, int workers, const char *state,
-			 const char *error)
+			 const char *conv_routes, const char *error)
 {
 	json_t *j = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i, s:i, s:s}", "steps", (json_int_t)s->steps,
 			      "epochs", (json_int_t)s->epochs, "samples", (json_int_t)s->samples, "final_loss",
@@ -133,6 +141,14 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 	for (size_t i = 0; i < sizeof test / sizeof test[0]; i++)
 		if (isfinite(test[i].v))
 			json_object_set_new(j, test[i].name, json_real(test[i].v));
+	if (conv_routes[0]) { /* "onednn,im2col": a list, as the bench reads it */
+		json_t *a = json_array();
+		char buf[160], *save = NULL;
+		snprintf(buf, sizeof buf, "%s", conv_routes);
+		for (char *r = strtok_r(buf, ",", &save); r; r = strtok_r(NULL, ",", &save))
+			json_array_append_new(a, json_string(r));
+		json_object_set_new(j, "conv_routes", a);
+	}
 	json_object_set_new(j, "error", error ? json_string(error) : json_null());
 	int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	json_decref(j);
@@ -161,7 +177,8 @@ static void help(void)
 	      "  --workers W           data loader threads (default: the spec's, 2)\n"
 	      "  --cpu-conv ROUTE      how CPU devices compute conv2d: im2col (OpenBLAS sgemm),\n"
 	      "                        onednn (oneDNN's primitives) or auto (default: per\n"
-	      "                        layer, oneDNN for outputs of 32x32 and more)\n"
+	      "                        layer, whichever measured faster; remembered in\n"
+	      "                        DIR/conv_routes.json); the spec's cpu_conv wins\n"
 	      "  --out DIR             output directory (default: out/NAME)\n"
 	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
 	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"
@@ -497,6 +514,10 @@ int tr_cmd_run(int argc, char **argv)
 	char path[PATH_MAX + 64];
 	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type};
 	tr_progress_init(&ctx.progress, stderr);
+	/* The measured conv2d routes live with the outputs, so --resume DIR
+	 * takes the same ones (docs/design.md, "Convolution on CPU devices"). */
+	snprintf(path, sizeof path, "%s/conv_routes.json", out_dir);
+	tr_cpu_conv_cache_open(path);
 	/* The effective spec (after --set, defaults filled in), for --resume. */
 	snprintf(path, sizeof path, "%s/spec.json", out_dir);
 	json_t *effective = tr_spec_to_json(&spec);
@@ -519,6 +540,7 @@ int tr_cmd_run(int argc, char **argv)
 			  .progress = on_progress,
 			  .log = on_log,
 			  .checkpoint = on_checkpoint,
+			  .info = on_info,
 			  .ctx = &ctx},
 	};
 	tr_trainer_t *t = NULL;
@@ -579,7 +601,7 @@ int tr_cmd_run(int argc, char **argv)
 	}
 	snprintf(path, sizeof path, "%s/summary.json", out_dir);
 	if (write_summary(path, &sum, tr_trainer_device_count(t), workers ? workers : spec.prefetch_workers, state,
-			  rc < 0 ? errbuf.message : NULL) < 0) {
+			  ctx.conv_routes, rc < 0 ? errbuf.message : NULL) < 0) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		exit_code = 1;
 	}

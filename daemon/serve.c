@@ -241,6 +241,11 @@ int tr_cmd_serve(int argc, char **argv)
 		goto out;
 	}
 	char db[1200];
+	/* the measured conv2d routes of this machine (docs/design.md,
+	 * "Convolution on CPU devices") */
+	char routes[1100];
+	snprintf(routes, sizeof routes, "%s/conv_routes.json", cfg.state_dir);
+	tr_cpu_conv_cache_open(routes);
 	snprintf(db, sizeof db, "%s/trainerd.db", cfg.state_dir);
 	struct tr_store_options sopt = {.metrics_queue_max = (size_t)cfg.metrics_queue,
 					.max_bytes = (int64_t)cfg.state_max_bytes};

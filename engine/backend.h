@@ -52,6 +52,10 @@ struct tr_conv2d_desc {
 	int ph, pw;    /* zero padding on each side */
 	int dh, dw;    /* dilation */
 	int groups;    /* divides c and f */
+	/* CPU devices: the route this layer takes (enum tr_cpu_conv; AUTO =
+	 * the backend's setting).  Set by the job from its spec's cpu_conv and
+	 * the measured choice (tr_cpu_conv_route); other backends ignore it. */
+	int route;
 };
 
 /* Shapes of one 2-D pooling window sweep, NCHW, per sample: x [rows, c, h,
@@ -324,10 +328,9 @@ struct tr_backend {
 
 /* How CPU devices compute conv2d (docs/design.md, "Convolution on CPU
  * devices"): im2col + OpenBLAS sgemm, oneDNN's convolution primitives
- * where the build has them, or AUTO: per layer, by its shape, oneDNN for
- * large images and im2col for small ones (engine/cpu/cpu_dnnl_conv.c
- * says where the line is; im2col alone in a build
- * without oneDNN).  Set once, right after creation, before any job runs;
+ * where the build has them, or AUTO: per layer, whichever measured faster
+ * at the layer's shape (tr_cpu_conv_route; im2col alone in a build
+ * without oneDNN).  A job's spec may name its own (cpu_conv).  Set once, right after creation, before any job runs;
  * -ENOTSUP (with a reason in err) for ONEDNN in a build without it.  A new
  * backend starts with im2col; the daemon and `trainerd run` set AUTO
  * unless told otherwise. */
@@ -378,8 +381,34 @@ int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err);
 tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads);
 
 int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, struct tr_error *err);
+
+/* The route a CPU device takes for the conv2d layer d when its job asks
+ * for `want`.  AUTO is measured: both routes' forward and backward at `rows` samples, once
+ * per layer shape and process, kept by shape for the whole process and in
+ * the per-machine file of tr_cpu_conv_cache_open (engine/cpu/
+ * cpu_conv_choice.c), so repeats on one machine decide alike whatever the
+ * device count.  Runs on device dev (the caller must own it).  0 and *out
+ * (route IM2COL or ONEDNN), or a negative errno with the reason in err
+ * (ONEDNN in a build without oneDNN). */
+struct tr_conv_choice {
+	enum tr_cpu_conv route;
+	bool measured;               /* measured by this call, not remembered */
+	double im2col_ms, onednn_ms; /* forward + backward, when measured (now or before) */
+};
+int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, enum tr_cpu_conv want,
+		      struct tr_conv_choice *out, struct tr_error *err);
+/* "im2col", "onednn" or "auto". */
+const char *tr_cpu_conv_route_name(enum tr_cpu_conv route);
+/* Keeps the measured choices in `path` too (JSON, keyed by CPU model and
+ * shape; the daemon's is STATE_DIR/conv_routes.json), loading what it
+ * holds for this CPU.  NULL: in memory only. */
+void tr_cpu_conv_cache_open(const char *path);
+/* Forgets every choice (tests). */
+void tr_cpu_conv_choices_forget(void);
 /* "im2col", "onednn" or "auto". */
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be);
+/* The setting itself (the route of a job whose spec names none). */
+enum tr_cpu_conv tr_cpu_backend_conv(tr_backend_t *be);
 
 /* Creates the CUDA backend (engine/cuda/cuda.h has the options); NULL
  * with a reason in err when no GPU is usable or the module is missing. */

@@ -247,7 +247,14 @@ struct tr_spec {
 	int device_ids[TR_SPEC_MAX_DEVICES];
 	int n_device_ids; /* > 0 when a list was given */
 	enum tr_backend_choice backend;
-	bool tf32;                  /* "precision": "tf32" */
+	bool tf32; /* "precision": "tf32" */
+	/* "cpu_conv": CPU devices' conv2d route; DEFAULT = the daemon's */
+	enum tr_spec_cpu_conv {
+		TR_SPEC_CONV_DEFAULT,
+		TR_SPEC_CONV_AUTO,
+		TR_SPEC_CONV_IM2COL,
+		TR_SPEC_CONV_ONEDNN
+	} cpu_conv;
 	int prefetch_workers;       /* default 2 */
 	int prefetch_depth;         /* default 4 */
 	int log_every_steps;        /* default 1 */

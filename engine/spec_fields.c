@@ -716,6 +716,8 @@ static int emit_field(const struct tr_field *f, const void *base, json_t *obj)
 	case K_ENUM: {
 		int v = get_int(base, f->off);
 
+		if (v == 0 && (f->flags & F_OMIT0))
+			return 0;
 		if (v < 0 || v >= count_names(f->names))
 			return -1;
 		return json_object_set_new(obj, f->key, json_string(f->names[v]));

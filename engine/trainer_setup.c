@@ -283,6 +283,56 @@ static void free_spare(struct tr_trainer *t, int rank)
 	r->spare_input = r->spare_labels = NULL;
 }
 
+/* Each conv2d layer's route on CPU devices (docs/design.md, "Convolution
+ * on CPU devices"): the spec's cpu_conv, else the backend's setting; "auto"
+ * is measured at this job's rows per device (or taken from what this
+ * machine measured before), logged, and shown as the info field
+ * conv_routes.  The layers keep it, so every device and every step of the
+ * job takes the same route. */
+static int choose_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err)
+{
+	static const enum tr_cpu_conv want_of[] = {[TR_SPEC_CONV_AUTO] = TR_CPU_CONV_AUTO,
+						   [TR_SPEC_CONV_IM2COL] = TR_CPU_CONV_IM2COL,
+						   [TR_SPEC_CONV_ONEDNN] = TR_CPU_CONV_ONEDNN};
+	char routes[160] = "";
+	size_t used = 0;
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return 0;
+	/* no cpu_conv in the spec: the daemon's setting */
+	enum tr_cpu_conv want = t->spec->cpu_conv == TR_SPEC_CONV_DEFAULT ? tr_cpu_backend_conv(t->be)
+									  : want_of[t->spec->cpu_conv];
+	for (int i = 0; i < t->model.n_nodes; i++) {
+		struct tr_layer *l = &t->model.layers[i];
+		if (l->type != TR_LAYER_CONV2D)
+			continue;
+		struct tr_conv_choice c;
+		l->conv.route = TR_CPU_CONV_AUTO;
+		int rc = tr_cpu_conv_route(t->be, t->devs[0], &l->conv, rows, want, &c, err);
+		if (rc == -ENOTSUP)
+			tr_error_set(err, 0, 0, "/cpu_conv", "/cpu_conv: %s", err->message);
+		if (rc < 0)
+			return rc;
+		l->conv.route = c.route;
+		const char *name = tr_cpu_conv_route_name(c.route);
+		if (c.im2col_ms > 0 || c.onednn_ms > 0)
+			tr_trainer_logf(t, TR_LOG_INFO,
+					"conv2d layer %s: %s (%s; forward + backward: im2col %.2f ms, oneDNN %.2f ms)",
+					l->path, name,
+					c.measured ? "measured now at this job's rows per device"
+						   : "measured before on this machine",
+					c.im2col_ms, c.onednn_ms);
+		else
+			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layer %s: %s (as the job or daemon asks)", l->path,
+					name);
+		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
+		if (n > 0 && (size_t)n < sizeof routes - used)
+			used += (size_t)n;
+	}
+	if (used && t->opt.hooks.info)
+		t->opt.hooks.info(t->opt.hooks.ctx, "conv_routes", routes);
+	return 0;
+}
+
 int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, struct tr_error *err)
 {
 	const struct tr_spec *s = opt->spec;
@@ -373,7 +423,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	}
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
 	int max_rows = tr_trainer_max_rows(s, t->ndev);
-	if ((rc = check_device_memory(t, max_rows, err)) < 0) {
+	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0) {
 		free(host);
 		goto fail;
 	}

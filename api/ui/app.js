@@ -783,6 +783,9 @@
 					/* What the trainer resolved, not what the spec says. */
 					h('dt', { text: 'Loader threads' }), h('dd', { 'data-key': 'loader_threads', text: job.loader_threads ? String(job.loader_threads) : '–' }),
 					h('dt', { text: 'Data-wait share' }), h('dd', { text: wait === undefined || wait === null ? '–' : fmtPct(wait) + ' of step time' }),
+					/* CPU conv2d route per conv layer, as the job measured or was told */
+					(job.info || {}).conv_routes ? [h('dt', { text: 'Conv routes' }),
+						h('dd', { 'data-key': 'conv_routes', text: job.info.conv_routes.split(',').join(', ') })] : [],
 					mine.flatMap((dv) => [h('dt', { text: dv.name }),
 						h('dd', { 'data-device': dv.id, text: dv.kind + memory(dv) })])));
 		}

@@ -1,118 +1,178 @@
 #!/usr/bin/python3
-"""Conv-net benchmarks against PyTorch (bench/conv/RESULTS.md).
+"""The four target workloads against PyTorch, every CPU convolution route,
+under the benchmark protocol (bench/protocol.py; bench/README.md and
+bench/conv/RESULTS.md).
 
-Run through bench/conv/run.sh, which builds conv_rate and picks the output
-folder:
+Run through bench/conv/run.sh, which builds conv_rate and sgemm_rate and
+picks the output folder:
 
     /usr/bin/python3 bench/conv/bench_conv.py --trainerd BUILD/daemon/trainerd \
-        --conv-rate RUN/conv_rate --out RUN [--rounds 3] [--only lenet|vdsr]
+        --conv-rate RUN/conv_rate --sgemm RUN/sgemm_rate --out RUN \
+        [--rounds 5] [--only lenet|vdsr|patches24|mlp] [--max-load 0.5] [--wait-s 300]
 
-Two workloads (bench/conv/workloads/), synthetic data of the real shapes:
-  lenet  Fashion-MNIST LeNet-style: conv 32 - pool - conv 64 - pool -
-         dense 128 - dense 10 on [1, 28, 28], batch 128
-  vdsr   VDSR-style: 10 conv layers of 64 3x3 filters on 41x41 patches,
-         MSE, batch 32
-Each round runs, one after the other: trainerd with im2col + OpenBLAS,
-trainerd with oneDNN's convolutions, and PyTorch (torch_peer.py, a
-separate process, same threads and batch), so that other work on the
-machine hits all three alike; tables give medians over rounds and the
-median of same-round ratios.  After the rounds, conv_rate times the
-convolutions' own kernels (the im2col route's sgemm calls; oneDNN's
-primitives) and a large sgemm, for the kernel rates.
+Workloads, synthetic data of the real shapes:
+  lenet      bench/conv/workloads/lenet.json: LeNet-style on [1, 28, 28], batch 128
+  vdsr       bench/conv/workloads/vdsr.json: 10 conv 3x3 64 on 41x41, batch 32
+  patches24  bench/conv/workloads/patches24.json: 5 conv 3x3 (4 x 64 filters,
+             then 1) on 24x24 patches, batch 64
+  mlp        bench/workloads/mlp_large.json: dense 784-1024-1024-10, batch 256,
+             with the OpenBLAS ceiling of its step's sgemm calls (sgemm_rate)
+Each round first waits (bounded by --wait-s) for the 1-minute load average
+to drop below --max-load; a round that starts above it is marked loaded and
+left out of the tables.  Within a round every workload runs all its arms
+(trainerd auto, im2col, onednn; PyTorch; for the MLP trainerd, PyTorch and
+sgemm_rate) one after the other, the order rotated from round to round.
+Tables give medians over the quiet rounds and the median and min-max of
+same-round ratios.  After the rounds conv_rate times the LeNet and VDSR
+convolutions' kernels alone.
 """
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from bench import med, read_run  # noqa: E402  (bench/bench.py)
+BENCH = os.path.dirname(HERE)
+sys.path.insert(0, BENCH)
+from bench import buildtype, gemm_flop, dims_of, read_run  # noqa: E402  (bench/bench.py)
+from protocol import (QUIET_LOAD, machine, machine_markdown, med, rounds_markdown, select_rounds,  # noqa: E402
+                      spread, wait_quiet)
 
-# steps per run and the warm-up steps left out of the median step
-PLAN = {"lenet": {"steps": 40, "warm": 3}, "vdsr": {"steps": 8, "warm": 2}}
-ROUTES = ["im2col", "onednn", "auto"]
+ROUTES = ["auto", "im2col", "onednn"]
+# spec file, steps per run, warm-up steps left out of the median step, arms, target
+PLAN = {
+    "lenet": {"spec": os.path.join(HERE, "workloads", "lenet.json"), "steps": 40, "warm": 3, "arms": ROUTES,
+              "title": "LeNet-style, [1, 28, 28], batch 128", "target": ("torch", 1.5)},
+    "vdsr": {"spec": os.path.join(HERE, "workloads", "vdsr.json"), "steps": 8, "warm": 2, "arms": ROUTES,
+             "title": "VDSR-style, 10 x conv 3x3 64, 41x41, batch 32", "target": ("torch", 1.0)},
+    "patches24": {"spec": os.path.join(HERE, "workloads", "patches24.json"), "steps": 16, "warm": 2, "arms": ROUTES,
+                  "title": "5 x conv 3x3 (64 filters) on 24x24 patches, batch 64", "target": ("torch", 1.2)},
+    "mlp": {"spec": os.path.join(BENCH, "workloads", "mlp_large.json"), "steps": 80, "warm": 5, "arms": ["auto"],
+            "title": "MLP 784-1024-1024-10, batch 256", "target": ("sgemm", 0.85)},
+}
 
 
 def log(*a):
     print("[bench/conv]", *a, file=sys.stderr, flush=True)
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
+def spec_of(name):
+    with open(PLAN[name]["spec"]) as f:
+        return json.load(f)
 
 
 def run_trainerd(args, name, route, rnd):
     plan = PLAN[name]
     d = os.path.join(args.out, "runs", f"{name}-{route}-{rnd}")
     os.makedirs(d, exist_ok=True)
-    cmd = [args.trainerd, "run", os.path.join(HERE, "workloads", f"{name}.json"), "--set",
-           f"/max_steps={plan['steps']}", "--set", "/epochs=1000", "--devices", "1", "--cpu-conv", route,
-           "--out", d, "--quiet"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cmd = [args.trainerd, "run", plan["spec"], "--set", f"/max_steps={plan['steps']}", "--set", "/epochs=1000",
+           "--devices", "1", "--cpu-conv", route, "--out", d, "--quiet"]
+    p = subprocess_run(cmd)
     with open(os.path.join(d, "stderr.txt"), "w") as f:
         f.write(p.stdout + p.stderr)
     if p.returncode != 0:
         raise RuntimeError(f"trainerd failed on {name}/{route}: {p.stderr.strip()[-1000:]}")
     summ, step_ms, _ = read_run(d)
-    batch = json.load(open(os.path.join(HERE, "workloads", f"{name}.json")))["batch_size"]
+    batch = spec_of(name)["batch_size"]
     ms = med(step_ms[plan["warm"]:])
-    return {"samples_per_sec": summ["samples_per_sec"], "median_step_ms": ms,
-            "steady_samples_per_sec": batch / (ms / 1e3), "data_wait_fraction": summ["data_wait_fraction"],
-            "final_loss": summ["final_loss"], "steps": summ["steps"]}
+    r = {"samples_per_sec": summ["samples_per_sec"], "median_step_ms": ms, "steady_samples_per_sec": batch / (ms / 1e3),
+         "data_wait_fraction": summ["data_wait_fraction"], "final_loss": summ["final_loss"], "steps": summ["steps"]}
+    if "conv_routes" in summ:
+        r["conv_routes"] = summ["conv_routes"]
+    return r
+
+
+def subprocess_run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 
 def run_torch(args, name):
     plan = PLAN[name]
-    cmd = [args.python, os.path.join(HERE, "torch_peer.py"), os.path.join(HERE, "workloads", f"{name}.json"),
-           "--threads", str(args.threads), "--steps", str(plan["steps"]), "--warmup", str(plan["warm"])]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cmd = [args.python, os.path.join(HERE, "torch_peer.py"), plan["spec"], "--threads", str(args.threads),
+           "--steps", str(plan["steps"]), "--warmup", str(plan["warm"])]
+    p = subprocess_run(cmd)
     if p.returncode != 0:
         raise RuntimeError(f"torch_peer failed on {name}: {p.stderr.strip()[-1000:]}")
     r = json.loads(p.stdout)
-    batch = json.load(open(os.path.join(HERE, "workloads", f"{name}.json")))["batch_size"]
+    batch = spec_of(name)["batch_size"]
     ms = med(r["step_ms"])
     return {"samples_per_sec": r["samples_per_sec"], "median_step_ms": ms, "steady_samples_per_sec": batch / (ms / 1e3),
             "torch": r["torch"]}
 
 
+def run_sgemm(args, name):
+    """The sgemm ceiling of the MLP's step: samples/s if the step did nothing
+    but its cblas_sgemm calls (bench/sgemm_rate.c)."""
+    spec = spec_of(name)
+    dims, batch = dims_of(spec), spec["batch_size"]
+    p = subprocess_run([args.sgemm, str(batch)] + [str(d) for d in dims] + ["--threads", str(args.threads)])
+    if p.returncode != 0:
+        raise RuntimeError(f"sgemm_rate failed: {p.stderr.strip()[-1000:]}")
+    r = json.loads(p.stdout)
+    assert abs(r["step_flop"] - gemm_flop(batch, dims)) < 1
+    sps = batch / (r["ideal_step_ms"] / 1e3)
+    return {"samples_per_sec": sps, "steady_samples_per_sec": sps, "median_step_ms": r["ideal_step_ms"],
+            "gflops": r["step_flop"] / (r["ideal_step_ms"] / 1e3) * 1e-9}
+
+
 def conv_rate(args, name):
-    batch = json.load(open(os.path.join(HERE, "workloads", f"{name}.json")))["batch_size"]
-    p = subprocess.run([args.conv_rate, name, "-b", str(batch), "-t", str(args.threads), "-r", "5"],
-                       capture_output=True, text=True, timeout=900)
+    batch = spec_of(name)["batch_size"]
+    p = subprocess_run([args.conv_rate, name, "-b", str(batch), "-t", str(args.threads), "-r", "5"])
     if p.returncode != 0:
         raise RuntimeError(f"conv_rate failed on {name}: {p.stderr.strip()[-1000:]}")
     return json.loads(p.stdout)
 
 
+def arms_of(name):
+    extra = ["torch", "sgemm"] if name == "mlp" else ["torch"]
+    return PLAN[name]["arms"] + extra
+
+
+def run_arm(args, name, arm, rnd):
+    if arm == "torch":
+        return run_torch(args, name)
+    if arm == "sgemm":
+        return run_sgemm(args, name)
+    return run_trainerd(args, name, arm, rnd)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainerd", required=True)
-    ap.add_argument("--conv-rate", required=True)
+    ap.add_argument("--conv-rate", help="conv_rate binary; without it no kernel rates")
+    ap.add_argument("--sgemm", required=True, help="sgemm_rate binary (bench/sgemm_rate.c)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", choices=list(PLAN), action="append")
+    ap.add_argument("--max-load", type=float, default=QUIET_LOAD,
+                    help="a round starts once the 1-minute load average is below this")
+    ap.add_argument("--wait-s", type=float, default=300, help="longest wait for a quiet machine before a round")
     ap.add_argument("--python", default="/usr/bin/python3")
     args = ap.parse_args()
     names = args.only or list(PLAN)
-    res = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "loadavg_start": loadavg(),
-           "machine": platform.processor() or platform.machine(), "threads": args.threads, "runs": {}}
+    res = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": machine(args.trainerd),
+           "buildtype": buildtype(args.trainerd), "threads": args.threads, "max_load": args.max_load,
+           "rounds": [], "runs": {n: {a: [] for a in arms_of(n)} for n in names}}
+    log(machine_markdown(res["machine"]))
     t0 = time.time()
-    for name in names:
-        runs = res["runs"][name] = {"im2col": [], "onednn": [], "auto": [], "torch": []}
-        for rnd in range(args.rounds):
-            for route in ROUTES:
-                runs[route].append(run_trainerd(args, name, route, rnd))
-                log(name, route, rnd, f"{runs[route][-1]['samples_per_sec']:.1f} samples/s")
-            runs["torch"].append(run_torch(args, name))
-            log(name, "torch", rnd, f"{runs['torch'][-1]['samples_per_sec']:.1f} samples/s, load {loadavg():.1f}")
-        res.setdefault("conv_rate", {})[name] = conv_rate(args, name)
-    res["loadavg_end"] = loadavg()
+    for rnd in range(args.rounds):
+        q = wait_quiet(args.max_load, args.wait_s, log=log)
+        res["rounds"].append(q)
+        log(f"round {rnd + 1}: load {q['load']:.2f}{'' if q['quiet'] else ' (LOADED: left out of the tables)'}")
+        for name in names:
+            arms = arms_of(name)
+            k = rnd % len(arms)  # rotate the order: no arm always runs first
+            for arm in arms[k:] + arms[:k]:
+                r = run_arm(args, name, arm, rnd)
+                res["runs"][name][arm].append(r)
+                log(name, arm, rnd, f"{r['samples_per_sec']:.1f} samples/s, median step {r['median_step_ms']:.1f} ms")
+    if args.conv_rate:
+        for name in names:
+            if name in ("lenet", "vdsr"):
+                res.setdefault("conv_rate", {})[name] = conv_rate(args, name)
     res["took_s"] = time.time() - t0
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -121,44 +181,59 @@ def main():
     print(render(res))
 
 
+def ratio_cell(rs, peer, idx, key):
+    m, lo, hi = spread([rs[i][key] / peer[i][key] for i in idx])
+    return f"{m:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
 def render(res):
-    out = []
-    targets = {"lenet": 1.5, "vdsr": 1.0}
-    titles = {"lenet": "LeNet-style, [1, 28, 28], batch 128", "vdsr": "VDSR-style, 10 x conv 64 3x3, 41x41, batch 32"}
-    out.append(f"Load average {res['loadavg_start']:.1f} at start, {res['loadavg_end']:.1f} at end; "
-               f"{res['threads']} threads each; {res['started']}; took {res['took_s']:.0f} s.\n")
+    idx, loaded = select_rounds(res["rounds"])
+    out = [f"{res['started']}; {res['threads']} threads each; {res['buildtype']} build; took {res['took_s']:.0f} s.\n",
+           machine_markdown(res["machine"]) + "\n", rounds_markdown(res["rounds"], res["max_load"]) + "\n"]
+    if loaded:
+        out.append("**No round started below the load threshold: every figure below is from a loaded machine "
+                   "and is not a figure of record.**\n")
+    labels = {"auto": "trainerd, auto (the default)", "im2col": "trainerd, im2col + OpenBLAS",
+              "onednn": "trainerd, oneDNN", "torch": "PyTorch", "sgemm": "sgemm ceiling (sgemm_rate)"}
     for name, runs in res["runs"].items():
-        n = len(runs["torch"])
-        out.append(f"\n#### {titles[name]} (median of {n} rounds)\n")
-        out.append("| | samples/s (whole run) | vs PyTorch | same-round ratio | median step ms | samples/s from median step | vs PyTorch (median step) |")
-        out.append("|---|---:|---:|---:|---:|---:|---:|")
-        tsps = med([r["samples_per_sec"] for r in runs["torch"]])
-        tst = med([r["steady_samples_per_sec"] for r in runs["torch"]])
-        for key, label in (("im2col", "trainerd, im2col + OpenBLAS"), ("onednn", "trainerd, oneDNN primitives"),
-                           ("auto", "trainerd, auto (the default)"), ("torch", "PyTorch")):
-            rs = runs[key]
-            sps = med([r["samples_per_sec"] for r in rs])
-            st = med([r["steady_samples_per_sec"] for r in rs])
-            same = med([a["samples_per_sec"] / b["samples_per_sec"] for a, b in zip(rs, runs["torch"])])
-            out.append(f"| {label} | {sps:.1f} | {sps / tsps:.2f}x | {same:.2f}x | "
-                       f"{med([r['median_step_ms'] for r in rs]):.1f} | {st:.1f} | {st / tst:.2f}x |")
-        ratio = med([a["samples_per_sec"] / b["samples_per_sec"] for a, b in zip(runs["auto"], runs["torch"])])
-        verdict = "met" if ratio >= targets[name] else "missed"
-        out.append(f"\nTarget >= {targets[name]}x PyTorch: **{verdict}** (the default route, auto: {ratio:.2f}x, "
-                   f"same-round median).")
+        plan = PLAN[name]
+        peer_key, target = plan["target"]
+        peer = runs[peer_key]
+        out.append(f"\n#### {plan['title']} ({len(idx)} rounds{', loaded' if loaded else ''})\n")
+        out.append(f"Ratios are same-round ratios to {labels[peer_key]}: median (min-max).\n")
+        out.append("| | samples/s (whole run) | median step ms | samples/s from median step | "
+                   "ratio (whole run) | ratio (median step) |")
+        out.append("|---|---:|---:|---:|---:|---:|")
+        for arm, rs in runs.items():
+            sps = med([rs[i]["samples_per_sec"] for i in idx])
+            ms = med([rs[i]["median_step_ms"] for i in idx])
+            st = med([rs[i]["steady_samples_per_sec"] for i in idx])
+            out.append(f"| {labels[arm]} | {sps:.1f} | {ms:.2f} | {st:.1f} | "
+                       f"{ratio_cell(rs, peer, idx, 'samples_per_sec')} | "
+                       f"{ratio_cell(rs, peer, idx, 'steady_samples_per_sec')} |")
+        m, lo, hi = spread([runs["auto"][i]["samples_per_sec"] / peer[i]["samples_per_sec"] for i in idx])
+        what = "PyTorch" if peer_key == "torch" else "the sgemm ceiling"
+        unit = f"{target:.2f}x" if peer_key == "torch" else f"{100 * target:.0f}%"
+        got = f"{m:.2f}x" if peer_key == "torch" else f"{100 * m:.0f}%"
+        verdict = "met" if m >= target else "missed"
+        out.append(f"\nTarget auto >= {unit} {'of ' if peer_key == 'sgemm' else ''}{what}: **{verdict}{' (loaded machine)' if loaded else ''}** "
+                   f"({got}, same-round median, min-max {lo:.2f}-{hi:.2f}).")
+        fixed = [a for a in plan["arms"] if a != "auto"]
+        if fixed:
+            best = [max(runs[a][i]["samples_per_sec"] for a in fixed) for i in idx]
+            m, lo, hi = spread([runs["auto"][i]["samples_per_sec"] / b for i, b in zip(idx, best)])
+            verdict = "met" if m >= 0.95 else "missed"
+            out.append(f"Target auto >= 0.95x the best fixed route of the same round: **{verdict}** ({m:.2f}x, "
+                       f"min-max {lo:.2f}-{hi:.2f}).")
+        routes = runs["auto"][idx[0]].get("conv_routes") if idx else None
+        if routes:
+            out.append(f"auto's choice per conv layer: {', '.join(routes)}.")
         cr = res.get("conv_rate", {}).get(name)
         if cr:
             out.append(f"\nKernels alone (conv_rate, forward + data gradient + weight gradient of every conv, "
                        f"{cr['conv_gflop']:.2f} GFLOP per step): im2col's sgemm calls {cr['sgemm_gflops']:.1f} GFLOP/s, "
                        f"oneDNN on plain NCHW {cr['dnnl_plain_gflops']:.1f} GFLOP/s, oneDNN on its blocked layouts "
                        f"{cr['dnnl_any_gflops']:.1f} GFLOP/s; a 1024^3 sgemm {cr['sgemm_1024_gflops']:.1f} GFLOP/s.")
-            for key in ("im2col", "onednn", "auto", "torch"):
-                st = med([r["steady_samples_per_sec"] for r in runs[key]])
-                batch = 128 if name == "lenet" else 32
-                rate = cr["conv_gflop"] * st / batch
-                out.append(f"- {key}: {rate:.1f} GFLOP/s of convolution by median step "
-                           f"({100 * rate / cr['sgemm_gflops']:.0f}% of the im2col sgemm rate, "
-                           f"{100 * rate / cr['sgemm_1024_gflops']:.0f}% of the large sgemm)")
     return "\n".join(out) + "\n"
 
 

@@ -2,7 +2,7 @@
 """PyTorch peers of bench/conv's workloads (bench/conv/RESULTS.md).
 
 Builds the same nn.Sequential as a workload spec (conv2d, maxpool2d,
-flatten, dense, relu), SGD with momentum, random batches of the spec's
+flatten, dense, relu; bench/workloads/'s MLPs too), SGD with momentum, random batches of the spec's
 shape pre-generated in memory and cycled, so it measures compute only.
 Prints one JSON object: samples/s over the timed steps and the per-step
 times.
@@ -24,7 +24,7 @@ def pair(v):
 
 def build(spec):
     m = spec["model"]
-    shape = list(m["inputs"])
+    shape = list(m["inputs"]) if isinstance(m["inputs"], list) else [m["inputs"]]
     layers = []
     for l in m["layers"]:
         t = l["type"]
@@ -77,6 +77,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=opt_spec["lr"], momentum=opt_spec.get("momentum", 0.0))
     batch = spec["batch_size"]
     shape = spec["model"]["inputs"]
+    shape = shape if isinstance(shape, list) else [shape]
     mse = spec["model"]["loss"] == "mse"
     nbuf = 4
     xs = torch.randn(nbuf, batch, *shape)

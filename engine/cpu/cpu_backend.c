@@ -366,13 +366,13 @@ int tr_cpu_backend_set_conv(tr_backend_t *be, enum tr_cpu_conv route, struct tr_
 			     "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
 		return -ENOTSUP;
 	}
-	tr_cpu_conv_fill(&b->table);
-	if (route == TR_CPU_CONV_ONEDNN)
-		tr_cpu_dnnl_fill(&b->table);
-	else if (route == TR_CPU_CONV_AUTO)
-		tr_cpu_auto_conv_fill(&b->table);
 	b->conv = route;
 	return 0;
+}
+
+enum tr_cpu_conv tr_cpu_backend_conv(tr_backend_t *be)
+{
+	return cpu(be)->conv;
 }
 
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be)
@@ -418,6 +418,7 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	};
 	tr_cpu_kernels_fill(&b->table);
 	tr_cpu_conv_fill(&b->table);
+	tr_cpu_conv_route_fill(&b->table);
 	tr_cpu_comm_fill(&b->table);
 	tr_cpu_norm2d_fill(&b->table);
 	b->conv = TR_CPU_CONV_IM2COL;

@@ -160,8 +160,8 @@ static int forward_slice(void *arg, int t, int slot)
 	return 0;
 }
 
-static int cpu_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-			      const float *w, const float *bias, float *y, float *work)
+int tr_cpu_im2col_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				 const float *w, const float *bias, float *y, float *work)
 {
 	ENSURE_DEV("conv2d_forward");
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_forward: bad shape");
@@ -224,8 +224,8 @@ static int backward_slice(void *arg, int t, int slot)
 	return 0;
 }
 
-static int cpu_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-			       const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
+int tr_cpu_im2col_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				  const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
 {
 	ENSURE_DEV("conv2d_backward");
 	ENSURE(conv_ok(d) && rows >= 0, "conv2d_backward: bad shape");
@@ -299,17 +299,120 @@ static size_t window_argmax(const struct tr_pool2d_desc *d, const float *xc, int
 	return best;
 }
 
+/* The same for a window inside the plane, without the bounds checks and
+ * without branches (pooling random data mispredicts half of them): the
+ * same comparisons in the same order. */
+static inline void take_if(float v, size_t k, float *m, size_t *best)
+{
+	uint32_t vb, mb, take = (uint32_t)((v > *m) | (v != v)); /* v != v: NaN wins */
+	memcpy(&vb, &v, sizeof vb);
+	memcpy(&mb, m, sizeof mb);
+	/* masks, not a conditional: the compiler keeps a ternary as a branch */
+	uint32_t mask = 0u - take;
+	mb = (vb & mask) | (mb & ~mask);
+	memcpy(m, &mb, sizeof mb);
+	size_t wide = (size_t)0 - take;
+	*best = (k & wide) | (*best & ~wide);
+}
+
+static inline size_t window_argmax_inside(const struct tr_pool2d_desc *d, const float *xc, size_t at, float *val)
+{
+	size_t best = at;
+	float m = xc[at];
+	if (d->kh == 2 && d->kw == 2) {
+		take_if(xc[at + 1], at + 1, &m, &best);
+		take_if(xc[at + (size_t)d->w], at + (size_t)d->w, &m, &best);
+		take_if(xc[at + (size_t)d->w + 1], at + (size_t)d->w + 1, &m, &best);
+	} else {
+		for (int i = 0; i < d->kh; i++)
+			for (int j = i ? 0 : 1; j < d->kw; j++)
+				take_if(xc[at + (size_t)i * d->w + j], at + (size_t)i * d->w + j, &m, &best);
+	}
+	*val = m;
+	return best;
+}
+
+/* Windows of output row oh whose columns lie inside the plane: [*lo, *hi). */
+static bool row_inside(const struct tr_pool2d_desc *d, int oh, int *lo, int *hi)
+{
+	int h0 = oh * d->sh - d->ph;
+	if (h0 < 0 || h0 + d->kh > d->h)
+		return false;
+	*lo = (d->pw + d->sw - 1) / d->sw;
+	*hi = d->w - d->kw + d->pw < 0 ? 0 : (d->w - d->kw + d->pw) / d->sw + 1;
+	if (*hi > d->wo)
+		*hi = d->wo;
+	return *lo < *hi;
+}
+
+/* Max pooling of one plane: y[P] (forward), or dx[hw] += dy at each
+ * window's maximum (backward, when dy is given). */
+static void maxpool_plane(const struct tr_pool2d_desc *d, const float *xc, float *y, const float *dy, float *dx)
+{
+	for (int oh = 0; oh < d->ho; oh++) {
+		int lo = 0, hi = 0;
+		bool inside = row_inside(d, oh, &lo, &hi);
+		for (int ow = 0; ow < d->wo; ow++) {
+			float v;
+			size_t k;
+			if (inside && ow >= lo && ow < hi)
+				k = window_argmax_inside(
+					d, xc, (size_t)(oh * d->sh - d->ph) * d->w + (size_t)(ow * d->sw - d->pw), &v);
+			else
+				k = window_argmax(d, xc, oh, ow, &v);
+			size_t o = (size_t)oh * d->wo + ow;
+			if (dy)
+				dx[k] += dy[o];
+			else
+				y[o] = v;
+		}
+	}
+}
+
+/* Planes (sample x channel) are independent, so the device's threads take
+ * runs of them; no sum crosses a plane, so any split gives the same bits. */
+#define POOL_TASKS 64
+
+struct maxpool_job {
+	const struct tr_pool2d_desc *d;
+	size_t planes;
+	const float *x, *dy;
+	float *y, *dx;
+};
+
+static int maxpool_task(void *arg, int t, int slot)
+{
+	const struct maxpool_job *j = arg;
+	const struct tr_pool2d_desc *d = j->d;
+	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo;
+	size_t per = (j->planes + POOL_TASKS - 1) / POOL_TASKS, p0 = (size_t)t * per;
+	(void)slot;
+	for (size_t pl = p0; pl < p0 + per && pl < j->planes; pl++) {
+		if (j->dy) {
+			memset(j->dx + pl * hw, 0, hw * sizeof(float));
+			maxpool_plane(d, j->x + pl * hw, NULL, j->dy + pl * P, j->dx + pl * hw);
+		} else {
+			maxpool_plane(d, j->x + pl * hw, j->y + pl * P, NULL, NULL);
+		}
+	}
+	return 0;
+}
+
+static int maxpool_run(tr_backend_t *be, int dev, struct maxpool_job *j)
+{
+	size_t per = (j->planes + POOL_TASKS - 1) / POOL_TASKS;
+	if (j->planes == 0)
+		return 0;
+	return tr_cpu_parallel(be, dev, (int)((j->planes + per - 1) / per), maxpool_task, j);
+}
+
 static int cpu_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
 				 float *y)
 {
 	ENSURE_DEV("maxpool2d_forward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_forward: bad shape");
-	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo, planes = (size_t)rows * d->c;
-	for (size_t pl = 0; pl < planes; pl++)
-		for (int oh = 0; oh < d->ho; oh++)
-			for (int ow = 0; ow < d->wo; ow++)
-				window_argmax(d, x + pl * hw, oh, ow, &y[pl * P + (size_t)oh * d->wo + ow]);
-	return 0;
+	struct maxpool_job j = {.d = d, .planes = (size_t)rows * d->c, .x = x, .y = y};
+	return maxpool_run(be, dev, &j);
 }
 
 static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
@@ -317,18 +420,8 @@ static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_poo
 {
 	ENSURE_DEV("maxpool2d_backward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_backward: bad shape");
-	size_t hw = (size_t)d->h * d->w, P = (size_t)d->ho * d->wo, planes = (size_t)rows * d->c;
-	memset(dx, 0, planes * hw * sizeof(float));
-	for (size_t pl = 0; pl < planes; pl++) {
-		for (int oh = 0; oh < d->ho; oh++) {
-			for (int ow = 0; ow < d->wo; ow++) {
-				float v;
-				size_t k = window_argmax(d, x + pl * hw, oh, ow, &v);
-				dx[pl * hw + k] += dy[pl * P + (size_t)oh * d->wo + ow];
-			}
-		}
-	}
-	return 0;
+	struct maxpool_job j = {.d = d, .planes = (size_t)rows * d->c, .x = x, .dy = dy, .dx = dx};
+	return maxpool_run(be, dev, &j);
 }
 
 static int cpu_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
@@ -380,8 +473,6 @@ static int cpu_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_poo
 void tr_cpu_conv_fill(tr_backend_i *t)
 {
 	t->add = cpu_add;
-	t->conv2d_forward = cpu_conv2d_forward;
-	t->conv2d_backward = cpu_conv2d_backward;
 	t->maxpool2d_forward = cpu_maxpool2d_forward;
 	t->maxpool2d_backward = cpu_maxpool2d_backward;
 	t->avgpool2d_forward = cpu_avgpool2d_forward;

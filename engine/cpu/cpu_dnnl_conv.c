@@ -499,8 +499,8 @@ static int dnnl_slice_samples(const struct tr_conv2d_desc *d)
 	return P >= SLICE_POS ? 1 : (int)((SLICE_POS + P - 1) / P);
 }
 
-static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-				   const float *w, const float *bias, float *y, float *work)
+int tr_cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			       const float *w, const float *bias, float *y, float *work)
 {
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_forward");
 	(void)work; /* oneDNN keeps its own scratch */
@@ -525,8 +525,8 @@ static int cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_co
 	return tr_cpu_parallel(be, dev, (rows + j.sb - 1) / j.sb, dnnl_forward_slice, &j);
 }
 
-static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-				    const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
+int tr_cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
 {
 	int rc = tr_cpu_check_dev(be, dev, "conv2d_backward");
 	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
@@ -576,58 +576,4 @@ static int cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_c
 		}
 	}
 	return 0;
-}
-
-void tr_cpu_dnnl_fill(tr_backend_i *t)
-{
-	t->conv2d_forward = cpu_dnnl_conv2d_forward;
-	t->conv2d_backward = cpu_dnnl_conv2d_backward;
-}
-
-/* The "auto" route: oneDNN for convolutions whose output has at least
- * DNNL_MIN_AREA positions per channel, im2col + OpenBLAS below.  Measured
- * (bench/conv/RESULTS.md): on VDSR's 41x41 images oneDNN's blocked
- * AVX-512 kernels run the whole net several times faster than im2col and
- * the AVX2 sgemm, the 1- and 64-channel edge layers included (taking those
- * through im2col instead cost 40-60%); on LeNet's 26x26 and 11x11 outputs
- * im2col wins, its GEMM batched over many samples, while oneDNN's reorders
- * and second thread pool cost more than the arithmetic saves.  The
- * threshold sits between the two workloads measured.  The choice depends
- * on the layer's shape alone, so a layer's forward and backward always
- * take the same route and results do not depend on timing. */
-#define DNNL_MIN_AREA 1024
-
-static int (*im2col_forward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
-			     const float *, float *, float *);
-static int (*im2col_backward)(tr_backend_t *, int, const struct tr_conv2d_desc *, int, const float *, const float *,
-			      const float *, float *, float *, float *, float *);
-
-static bool heavy(const struct tr_conv2d_desc *d)
-{
-	return (int64_t)d->ho * d->wo >= DNNL_MIN_AREA;
-}
-
-static int cpu_auto_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-				   const float *w, const float *bias, float *y, float *work)
-{
-	if (heavy(d))
-		return cpu_dnnl_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
-	return im2col_forward(be, dev, d, rows, x, w, bias, y, work);
-}
-
-static int cpu_auto_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
-				    const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
-{
-	if (heavy(d))
-		return cpu_dnnl_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
-	return im2col_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
-}
-
-/* t holds the im2col entries (tr_cpu_conv_fill) when called. */
-void tr_cpu_auto_conv_fill(tr_backend_i *t)
-{
-	im2col_forward = t->conv2d_forward;
-	im2col_backward = t->conv2d_backward;
-	t->conv2d_forward = cpu_auto_conv2d_forward;
-	t->conv2d_backward = cpu_auto_conv2d_backward;
 }

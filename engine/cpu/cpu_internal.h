@@ -15,8 +15,19 @@ void tr_cpu_kernels_fill(tr_backend_i *t);
 void tr_cpu_comm_fill(tr_backend_i *t);
 void tr_cpu_conv_fill(tr_backend_i *t);
 void tr_cpu_norm2d_fill(tr_backend_i *t);
-void tr_cpu_dnnl_fill(tr_backend_i *t);
-void tr_cpu_auto_conv_fill(tr_backend_i *t);
+/* conv2d's entries, which pick each call's route (cpu_conv_choice.c) */
+void tr_cpu_conv_route_fill(tr_backend_i *t);
+
+/* The two conv2d routes: im2col + OpenBLAS (cpu_conv.c) and oneDNN
+ * (cpu_dnnl_conv.c), with the table's conv2d_forward/backward signatures. */
+int tr_cpu_im2col_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				 const float *w, const float *bias, float *y, float *work);
+int tr_cpu_im2col_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				  const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work);
+int tr_cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			       const float *w, const float *bias, float *y, float *work);
+int tr_cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+				const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work);
 
 /* Records the backend's error text and returns code. */
 int tr_cpu_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

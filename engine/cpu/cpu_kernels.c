@@ -21,34 +21,47 @@
 
 /* ---- linear algebra ---------------------------------------------------- */
 
-/* A gemm of at least GEMM_TILE_MNK multiply-adds is cut into tiles of
- * about that much work (at most GEMM_MAX_TILES), along the longer of C's
- * dimensions, in multiples of 16 rows or columns; each tile is one
- * single-threaded sgemm over the whole K, and the device's threads take
- * the tiles (cpu_pool.c).  The tiles follow from the shape alone, so the
- * bits do not depend on how many threads there are.  K is never split: a
- * sum over K must stay in one call to keep its order fixed.  4M
- * multiply-adds are ~1 ms on one core, far above a task's hand-off. */
-#define GEMM_TILE_MNK ((int64_t)1 << 22)
+/* A gemm of at least 2 GEMM_TILE_MNK multiply-adds is cut into an even
+ * number of tiles of about that much work (at most GEMM_MAX_TILES), along
+ * the longer of C's dimensions, in multiples of 16 rows or columns; each
+ * tile is one single-threaded sgemm over the whole K, and the device's
+ * threads take the tiles (cpu_pool.c).  The tiles follow from the shape
+ * alone, so the bits do not depend on how many threads there are.  K is
+ * never split: a sum over K must stay in one call to keep its order fixed.
+ * Every tile packs the whole of the other operand again (OpenBLAS packs
+ * per call), so tiles must be large: with 4M multiply-adds (0.1 ms on one
+ * AVX2 core) packing took a quarter of the MLP 784-1024-1024-10's step;
+ * 32M (about 0.8 ms) cut its CPU time per step by a quarter (measured on
+ * one core, bench/README.md, "Development measurements"). */
+#define GEMM_TILE_MNK ((int64_t)1 << 25)
 #define GEMM_MAX_TILES 64
 
 struct gemm_job {
 	bool ta, tb, by_rows;
-	int m, n, k, step, tiles;
+	int m, n, k, tiles;
 	float alpha, beta;
 	const float *a, *b;
 	float *c;
 };
 
+/* Tile t of `tiles` starts here: the span's 16-row units spread evenly
+ * (tiles differ by at most one unit; the last takes the rows past the
+ * last whole unit), so the device's threads get even shares. */
+static int tile_start(int span, int tiles, int t)
+{
+	if (t >= tiles)
+		return span;
+	return (int)((int64_t)t * (span / 16) / tiles) * 16;
+}
+
 static int gemm_tile(void *arg, int t, int slot)
 {
 	const struct gemm_job *g = arg;
 	int lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
-	int lo = t * g->step, len = (g->by_rows ? g->m : g->n) - lo;
+	int span = g->by_rows ? g->m : g->n, lo = tile_start(span, g->tiles, t);
+	int len = tile_start(span, g->tiles, t + 1) - lo;
 
 	(void)slot;
-	if (len > g->step)
-		len = g->step;
 	if (len <= 0)
 		return 0;
 	if (g->by_rows) {
@@ -106,12 +119,13 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 		tiles = GEMM_MAX_TILES;
 	if (tiles > span / 16)
 		tiles = span / 16;
-	if (tiles <= 1) {
-		g.step = (int)span;
+	if (tiles > 1 && tiles % 2)
+		tiles++; /* an even count: two threads get equal shares */
+	if (tiles > span / 16)
+		tiles = span / 16;
+	g.tiles = tiles > 1 ? (int)tiles : 1;
+	if (g.tiles == 1)
 		return gemm_tile(&g, 0, 0);
-	}
-	g.step = (int)((span + tiles - 1) / tiles + 15) / 16 * 16;
-	g.tiles = (int)((span + g.step - 1) / g.step);
 	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);
 }
 
@@ -152,9 +166,8 @@ static int cpu_col_sum(tr_backend_t *be, int dev, int rows, int cols, const floa
 #define GELU_BETA 0.79788456080286535588f  /* sqrt(2/pi) */
 #define GELU_KAPPA 0.044715f
 
-static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y)
+static int act_forward(enum tr_act act, size_t n, const float *x, float *y)
 {
-	ENSURE_DEV("act_forward");
 	switch (act) {
 	case TR_ACT_RELU:
 		/* x <= 0 (not x > 0) so that NaN propagates, as torch.relu */
@@ -181,15 +194,13 @@ static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n,
 			y[i] = 1.0f / (1.0f + expf(-x[i]));
 		break;
 	default:
-		return tr_cpu_set_error(be, -EINVAL, "act_forward: unknown activation %d", (int)act);
+		return -EINVAL;
 	}
 	return 0;
 }
 
-static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, const float *y,
-			    const float *dy, float *dx)
+static int act_backward(enum tr_act act, size_t n, const float *x, const float *y, const float *dy, float *dx)
 {
-	ENSURE_DEV("act_backward");
 	switch (act) {
 	case TR_ACT_RELU:
 		/* The derivative at 0 is taken as 0, as PyTorch.  dy is loaded
@@ -228,9 +239,56 @@ static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n
 			dx[i] = dy[i] * (1.0f - y[i]) * y[i];
 		break;
 	default:
-		return tr_cpu_set_error(be, -EINVAL, "act_backward: unknown activation %d", (int)act);
+		return -EINVAL;
 	}
 	return 0;
+}
+
+/* Activations over more than ACT_CHUNK elements are cut into chunks of
+ * that many, which the device's threads take; each element depends on
+ * its own inputs only, so any split gives the same bits. */
+#define ACT_CHUNK ((size_t)1 << 16)
+
+struct act_job {
+	enum tr_act act;
+	bool backward;
+	size_t n;
+	const float *x, *y, *dy;
+	float *out;
+};
+
+static int act_task(void *arg, int t, int slot)
+{
+	const struct act_job *j = arg;
+	size_t lo = (size_t)t * ACT_CHUNK, len = j->n - lo < ACT_CHUNK ? j->n - lo : ACT_CHUNK;
+	(void)slot;
+	if (!j->backward)
+		return act_forward(j->act, len, j->x + lo, j->out + lo);
+	return act_backward(j->act, len, j->x ? j->x + lo : NULL, j->y ? j->y + lo : NULL, j->dy + lo, j->out + lo);
+}
+
+static int act_run(tr_backend_t *be, int dev, const struct act_job *j, const char *what)
+{
+	if (act_forward(j->act, 0, NULL, NULL) < 0)
+		return tr_cpu_set_error(be, -EINVAL, "%s: unknown activation %d", what, (int)j->act);
+	if (j->n <= ACT_CHUNK)
+		return act_task((void *)j, 0, 0);
+	return tr_cpu_parallel(be, dev, (int)((j->n + ACT_CHUNK - 1) / ACT_CHUNK), act_task, (void *)j);
+}
+
+static int cpu_act_forward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, float *y)
+{
+	ENSURE_DEV("act_forward");
+	struct act_job j = {.act = act, .n = n, .x = x, .out = y};
+	return act_run(be, dev, &j, "act_forward");
+}
+
+static int cpu_act_backward(tr_backend_t *be, int dev, enum tr_act act, size_t n, const float *x, const float *y,
+			    const float *dy, float *dx)
+{
+	ENSURE_DEV("act_backward");
+	struct act_job j = {.act = act, .backward = true, .n = n, .x = x, .y = y, .dy = dy, .out = dx};
+	return act_run(be, dev, &j, "act_backward");
 }
 
 /* ---- dropout and elementwise ------------------------------------------ */

@@ -14,6 +14,8 @@ PyTorch's initialisation, handed to trainerd through init.from.  Checked:
     itself (float32 against float64): Adam's normalisation turns rounding
     in near-zero gradients into lr-sized steps, so exact agreement is not
     a property even PyTorch has;
+  - on every CPU convolution route (im2col, and oneDNN where built), each
+    asked for by the job spec's cpu_conv;
   - 1 and 3 devices agree (device-count invariance);
   - the exported model.safetensors loads into torch.nn.Sequential with
     strict names and shapes, a residual block included, and gives
@@ -31,6 +33,7 @@ Usage: conv_equivalence.py TRAINERD.  Exit 77 (skipped) without torch or
 scikit-learn.
 """
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -83,14 +86,20 @@ def torch_run(*args):
     return common.torch_run(NETS, OPTS, *args)
 
 
-def trainerd_run(trainerd, tmp, net_name, opt_name, devices, epochs, init_path):
-    return common.trainerd_run(trainerd, tmp, NETS, OPTS, net_name, opt_name, devices, epochs, init_path)
+def trainerd_run(trainerd, tmp, net_name, opt_name, devices, epochs, init_path, route):
+    # the spec's cpu_conv (a job's own route) rather than --cpu-conv
+    return common.trainerd_run(trainerd, tmp, NETS, OPTS, net_name, opt_name, devices, epochs, init_path,
+                               suffix=f"-{route}", args=("--set", f"/cpu_conv={route}"))
 
 
 def main():
     trainerd = os.path.abspath(sys.argv[1])
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    # every CPU convolution route (auto takes one of these per layer)
+    version = subprocess.run([trainerd, "version"], capture_output=True, text=True).stdout
+    routes = ["im2col", "onednn"] if "onednn" in version else ["im2col"]
+    print(f"convolution routes: {', '.join(routes)}")
     with tempfile.TemporaryDirectory() as tmp:
         xtr, ytr, xva, yva = common.digits(tmp)
         runs = [("conv", "sgd", 10), ("conv", "adamw", 6), ("residual", "sgd", 3)]
@@ -108,10 +117,10 @@ def main():
             check(t_val < 0.75 * t_losses[0], f"{net_name}/{opt_name}: torch learns: loss {t_losses[0]:.3g} -> "
                   f"val_loss {t_val:.3g}")
             results = {}
-            for devices in (1, 3):
-                losses, w, val = trainerd_run(trainerd, tmp, net_name, opt_name, devices, epochs, init_path)
-                results[devices] = (losses, w)
-                tag = f"{net_name}/{opt_name}/{devices} device{'s' if devices > 1 else ''}"
+            for devices, route in [(d, r) for r in routes for d in (1, 3)]:
+                losses, w, val = trainerd_run(trainerd, tmp, net_name, opt_name, devices, epochs, init_path, route)
+                results[devices, route] = (losses, w)
+                tag = f"{net_name}/{opt_name}/{devices} device{'s' if devices > 1 else ''}/{route}"
                 check(len(losses) == len(t_losses), f"{tag}: {len(losses)} steps (torch {len(t_losses)})")
                 r = max_rel(losses, t_losses)
                 check(r <= 1e-4, f"{tag}: step losses within {r:.3g} rel of torch (<= 1e-4)")
@@ -120,16 +129,18 @@ def main():
                 check(set(w) == set(t_w), f"{tag}: tensor names {sorted(w)}")
                 wd = max_wdiff(w, t_w)
                 check(wd <= w_tol, f"{tag}: weights within {wd:.3g} of torch (<= {w_tol:.3g})")
-            r = max_rel(results[3][0], results[1][0])
-            check(r <= 1e-4, f"{net_name}/{opt_name}: 1 vs 3 devices: losses within {r:.3g} rel")
-            check(max_wdiff(results[3][1], results[1][1]) <= w_tol, f"{net_name}/{opt_name}: 1 vs 3 devices: weights")
+            for route in routes:
+                r = max_rel(results[3, route][0], results[1, route][0])
+                check(r <= 1e-4, f"{net_name}/{opt_name}/{route}: 1 vs 3 devices: losses within {r:.3g} rel")
+                check(max_wdiff(results[3, route][1], results[1, route][1]) <= w_tol,
+                      f"{net_name}/{opt_name}/{route}: 1 vs 3 devices: weights")
             # The export loads into the torch module as it is.
             net = NETS[net_name][1]()
-            w = st_read(f"{tmp}/out-{net_name}-{opt_name}-1/model.safetensors")
+            w = st_read(f"{tmp}/out-{net_name}-{opt_name}-1-{routes[0]}/model.safetensors")
             net.load_state_dict(w, strict=True)
             with torch.no_grad():
                 val = F.cross_entropy(net(torch.from_numpy(xva).reshape(-1, 1, 8, 8)), torch.from_numpy(yva)).item()
-            tv = val_loss_of(f"{tmp}/out-{net_name}-{opt_name}-1")
+            tv = val_loss_of(f"{tmp}/out-{net_name}-{opt_name}-1-{routes[0]}")
             check(abs(val - tv) / tv <= 1e-5,
                   f"{net_name}/{opt_name}: model.safetensors in torch gives val_loss {val:.6g}, trainerd {tv:.6g}")
     print(f"torch equivalence: {len(common.failures)} failed")

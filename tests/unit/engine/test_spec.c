@@ -446,6 +446,36 @@ Test(spec, round_trip)
 	}
 }
 
+/* cpu_conv: absent is the daemon's setting (left out of the normalized
+ * form, so a job keeps following the daemon's); given, it is kept. */
+Test(spec, cpu_conv_is_per_job)
+{
+	struct tr_spec s;
+	parse_ok(base_spec, &s);
+	cr_expect_eq(s.cpu_conv, TR_SPEC_CONV_DEFAULT);
+	json_t *j = tr_spec_to_json(&s);
+	cr_assert(j);
+	cr_expect_null(json_object_get(j, "cpu_conv"));
+	json_decref(j);
+	tr_spec_finish(&s);
+	static const char *const names[] = {"auto", "im2col", "onednn"};
+	static const enum tr_spec_cpu_conv want[] = {TR_SPEC_CONV_AUTO, TR_SPEC_CONV_IM2COL, TR_SPEC_CONV_ONEDNN};
+	for (int i = 0; i < 3; i++) {
+		json_error_t je;
+		json_t *doc = json_loads(base_spec, 0, &je);
+		cr_assert(doc);
+		json_object_set_new(doc, "cpu_conv", json_string(names[i]));
+		struct tr_error err;
+		cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+		cr_expect_eq(s.cpu_conv, want[i], "%s", names[i]);
+		j = tr_spec_to_json(&s);
+		cr_expect_str_eq(json_string_value(json_object_get(j, "cpu_conv")), names[i]);
+		json_decref(j);
+		json_decref(doc);
+		tr_spec_finish(&s);
+	}
+}
+
 Test(spec, normalized_form_is_complete_and_readable)
 {
 	struct tr_spec s;
@@ -613,6 +643,7 @@ ParameterizedTestParameters(spec, invalid)
 		{"/optimizer/type", "\"rmsprop\"", "/optimizer/type"},
 		{"/backend", "\"tpu\"", "/backend"},
 		{"/precision", "\"fp16\"", "/precision"},
+		{"/cpu_conv", "\"fast\"", "/cpu_conv"},
 		{"/data/transforms", "[{\"type\": \"mirror\"}]", "/data/transforms/0/type"},
 		/* image sources and transforms */
 		{"/data/train", "{\"format\": \"images\"}", "/data/train/path"},

@@ -1,0 +1,330 @@
+/* The CPU backend's conv2d entries: which route each call takes, and the
+ * measured choice of the "auto" route (docs/design.md, "Convolution on CPU
+ * devices").
+ *
+ * A call takes its layer's route (tr_conv2d_desc.route, set by the job from
+ * its spec's cpu_conv) or, when the layer names none, the backend's.  AUTO
+ * is decided per layer shape by measurement: the first time a shape is
+ * asked about, each route runs its forward and backward once to warm up
+ * (oneDNN creates its primitives) and then three times, alternating, at
+ * the rows of the asking call, and the one with the lower best time is
+ * kept.  The two routes give different
+ * bits, so a decision must not change from run to run: decisions are kept
+ * for the whole process, keyed by shape alone (not by rows, so every
+ * device count takes the same route), and in a per-machine file
+ * (tr_cpu_conv_cache_open; the daemon keeps it in its state directory)
+ * keyed by CPU model and shape, so that a repeat of a job on the same
+ * machine decides the same way without measuring.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/cpu/cpu_internal.h"
+
+#define MAX_CHOICES 256
+
+struct choice {
+	char shape[96];
+	enum tr_cpu_conv route;
+	double im2col_ms, onednn_ms;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct choice choices[MAX_CHOICES];
+static int n_choices;
+static char cache_path[1024];
+static char cpu_model[128];
+
+static void shape_key(const struct tr_conv2d_desc *d, char *out, size_t n)
+{
+	snprintf(out, n, "c%d h%d w%d f%d k%dx%d s%dx%d p%dx%d d%dx%d g%d", d->c, d->h, d->w, d->f, d->kh, d->kw, d->sh,
+		 d->sw, d->ph, d->pw, d->dh, d->dw, d->groups);
+}
+
+/* "model name" of /proc/cpuinfo, with family/model/stepping (a guest's
+ * model name can be as vague as "AMD EPYC"). */
+static void read_cpu_model(void)
+{
+	char name[96] = "unknown", fam[16] = "?", mod[16] = "?", step[16] = "?", line[512];
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	if (f) {
+		while (fgets(line, sizeof line, f) && strcmp(line, "\n") != 0) {
+			char *v = strchr(line, ':');
+			if (!v)
+				continue;
+			v += strspn(v + 1, " \t") + 1;
+			v[strcspn(v, "\n")] = 0;
+			if (!strncmp(line, "model name", 10))
+				snprintf(name, sizeof name, "%s", v);
+			else if (!strncmp(line, "cpu family", 10))
+				snprintf(fam, sizeof fam, "%s", v);
+			else if (!strncmp(line, "model\t", 6))
+				snprintf(mod, sizeof mod, "%s", v);
+			else if (!strncmp(line, "stepping", 8))
+				snprintf(step, sizeof step, "%s", v);
+		}
+		fclose(f);
+	}
+	snprintf(cpu_model, sizeof cpu_model, "%s (family %s model %s stepping %s)", name, fam, mod, step);
+}
+
+static struct choice *find(const char *shape)
+{
+	for (int i = 0; i < n_choices; i++)
+		if (!strcmp(choices[i].shape, shape))
+			return &choices[i];
+	return NULL;
+}
+
+static struct choice *add(const char *shape, enum tr_cpu_conv route, double im2col_ms, double onednn_ms)
+{
+	if (n_choices == MAX_CHOICES) /* forget the oldest; its shape is measured again if asked */
+		memmove(choices, choices + 1, --n_choices * sizeof *choices);
+	struct choice *c = &choices[n_choices++];
+	snprintf(c->shape, sizeof c->shape, "%s", shape);
+	c->route = route;
+	c->im2col_ms = im2col_ms;
+	c->onednn_ms = onednn_ms;
+	return c;
+}
+
+/* The file: {"entries": [{"cpu", "shape", "route", "im2col_ms",
+ * "onednn_ms"}, ...]}, every machine's entries kept (a state directory
+ * moved to another machine decides afresh there). Under mu. */
+static void cache_save(void)
+{
+	json_t *doc = NULL, *entries = NULL;
+	if (!cache_path[0])
+		return;
+	json_error_t je;
+	doc = json_load_file(cache_path, 0, &je);
+	if (!doc || !json_is_array(json_object_get(doc, "entries"))) {
+		json_decref(doc);
+		doc = json_pack("{s:[]}", "entries");
+	}
+	entries = json_object_get(doc, "entries");
+	for (int i = 0; i < n_choices; i++) {
+		size_t k;
+		json_t *e;
+		bool have = false;
+		json_array_foreach(entries, k, e) {
+			const char *cpu = json_string_value(json_object_get(e, "cpu"));
+			const char *sh = json_string_value(json_object_get(e, "shape"));
+			if (cpu && sh && !strcmp(cpu, cpu_model) && !strcmp(sh, choices[i].shape))
+				have = true;
+		}
+		if (!have)
+			json_array_append_new(entries,
+					      json_pack("{s:s,s:s,s:s,s:f,s:f}", "cpu", cpu_model, "shape",
+							choices[i].shape, "route",
+							choices[i].route == TR_CPU_CONV_ONEDNN ? "onednn" : "im2col",
+							"im2col_ms", choices[i].im2col_ms, "onednn_ms",
+							choices[i].onednn_ms));
+	}
+	char tmp[1100];
+	snprintf(tmp, sizeof tmp, "%s.tmp%ld", cache_path, (long)getpid());
+	/* a file that cannot be written only costs a measurement next time */
+	if (json_dump_file(doc, tmp, JSON_INDENT(1)) != 0 || rename(tmp, cache_path) != 0)
+		unlink(tmp);
+	json_decref(doc);
+}
+
+void tr_cpu_conv_cache_open(const char *path)
+{
+	pthread_mutex_lock(&mu);
+	if (!cpu_model[0])
+		read_cpu_model();
+	snprintf(cache_path, sizeof cache_path, "%s", path ? path : "");
+	json_error_t je;
+	json_t *doc = path ? json_load_file(path, 0, &je) : NULL;
+	size_t k;
+	json_t *e;
+	json_array_foreach(json_object_get(doc, "entries"), k, e) {
+		const char *cpu = json_string_value(json_object_get(e, "cpu"));
+		const char *sh = json_string_value(json_object_get(e, "shape"));
+		const char *route = json_string_value(json_object_get(e, "route"));
+		if (!cpu || !sh || !route || strcmp(cpu, cpu_model) || find(sh) ||
+		    strlen(sh) >= sizeof choices[0].shape)
+			continue;
+		if (strcmp(route, "onednn") && strcmp(route, "im2col"))
+			continue;
+		add(sh, strcmp(route, "onednn") ? TR_CPU_CONV_IM2COL : TR_CPU_CONV_ONEDNN,
+		    json_number_value(json_object_get(e, "im2col_ms")),
+		    json_number_value(json_object_get(e, "onednn_ms")));
+	}
+	json_decref(doc);
+	pthread_mutex_unlock(&mu);
+}
+
+void tr_cpu_conv_choices_forget(void)
+{
+	pthread_mutex_lock(&mu);
+	n_choices = 0;
+	cache_path[0] = 0;
+	pthread_mutex_unlock(&mu);
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* One route's forward + backward on the buffers: milliseconds, or a
+ * negative errno. */
+static double time_route(tr_backend_t *be, int dev, enum tr_cpu_conv route, const struct tr_conv2d_desc *d, int rows,
+			 float *const *buf)
+{
+	double t0 = now_ms();
+	{
+		int rc = route == TR_CPU_CONV_ONEDNN
+				 ? tr_cpu_dnnl_conv2d_forward(be, dev, d, rows, buf[0], buf[1], buf[2], buf[3], buf[8])
+				 : tr_cpu_im2col_conv2d_forward(be, dev, d, rows, buf[0], buf[1], buf[2], buf[3],
+								buf[8]);
+		if (rc == 0)
+			rc = route == TR_CPU_CONV_ONEDNN
+				     ? tr_cpu_dnnl_conv2d_backward(be, dev, d, rows, buf[0], buf[1], buf[4], buf[5],
+								   buf[6], buf[7], buf[8])
+				     : tr_cpu_im2col_conv2d_backward(be, dev, d, rows, buf[0], buf[1], buf[4], buf[5],
+								     buf[6], buf[7], buf[8]);
+		if (rc < 0)
+			return rc;
+	}
+	return now_ms() - t0;
+}
+
+/* Measures both routes for d at `rows` (under mu): each once to warm up
+ * (oneDNN creates its primitives, caches fill), then TIMED_ROUNDS rounds
+ * of both, the minimum of each kept, so that a burst of other work on the
+ * machine hits both routes alike. */
+#define TIMED_ROUNDS 3
+static int measure(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, double *ms)
+{
+	size_t in = (size_t)rows * d->c * d->h * d->w, out = (size_t)rows * d->f * d->ho * d->wo;
+	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
+	size_t n[9] = {in, nw, (size_t)d->f, out, out, in, nw, (size_t)d->f, tr_conv2d_workspace(d, rows)};
+	float *buf[9] = {0};
+	int rc = 0;
+	for (int i = 0; i < 9 && rc == 0; i++) {
+		buf[i] = malloc((n[i] ? n[i] : 1) * sizeof(float));
+		if (!buf[i])
+			rc = tr_cpu_set_error(be, -ENOMEM, "conv2d: out of memory to measure the routes");
+		else
+			for (size_t e = 0; e < n[i]; e++) /* small values of both signs, no denormals */
+				buf[i][e] = (float)((int)(e * 2654435761u % 17) - 8) * 0.01f;
+	}
+	for (int round = 0; round <= TIMED_ROUNDS && rc == 0; round++)
+		for (int r = 0; r < 2 && rc == 0; r++) {
+			double t = time_route(be, dev, r ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, d, rows, buf);
+			if (t < 0)
+				rc = (int)t;
+			else if (round == 1 || (round > 1 && t < ms[r]))
+				ms[r] = t;
+		}
+	for (int i = 0; i < 9; i++)
+		free(buf[i]);
+	return rc;
+}
+
+int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, enum tr_cpu_conv want,
+		      struct tr_conv_choice *out, struct tr_error *err)
+{
+	struct tr_conv_choice c = {.route = want};
+	if (want == TR_CPU_CONV_ONEDNN && !tr_dnnl_available()) {
+		tr_error_set(err, 0, 0, NULL,
+			     "this build has no oneDNN convolutions (install libdnnl-dev and rebuild)");
+		return -ENOTSUP;
+	}
+	if (want == TR_CPU_CONV_AUTO && !tr_dnnl_available())
+		c.route = TR_CPU_CONV_IM2COL;
+	if (c.route != TR_CPU_CONV_AUTO) {
+		if (out)
+			*out = c;
+		return 0;
+	}
+	char shape[96];
+	shape_key(d, shape, sizeof shape);
+	pthread_mutex_lock(&mu);
+	if (!cpu_model[0])
+		read_cpu_model();
+	struct choice *ch = find(shape);
+	int rc = 0;
+	c.measured = !ch;
+	if (!ch) {
+		double ms[2];
+		if ((rc = measure(be, dev, d, rows < 1 ? 1 : rows, ms)) == 0) {
+			/* a tie goes to im2col: it needs no second thread pool */
+			ch = add(shape, ms[1] < ms[0] ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, ms[0], ms[1]);
+			cache_save();
+		}
+	}
+	if (ch) {
+		c.route = ch->route;
+		c.im2col_ms = ch->im2col_ms;
+		c.onednn_ms = ch->onednn_ms;
+	}
+	pthread_mutex_unlock(&mu);
+	if (rc < 0) {
+		tr_error_set(err, 0, 0, NULL, "conv2d: measuring the routes failed: %s", be->i->last_error(be));
+		return rc;
+	}
+	if (out)
+		*out = c;
+	return 0;
+}
+
+const char *tr_cpu_conv_route_name(enum tr_cpu_conv route)
+{
+	return route == TR_CPU_CONV_ONEDNN ? "onednn" : route == TR_CPU_CONV_IM2COL ? "im2col" : "auto";
+}
+
+/* ---- the backend's entries ------------------------------------------------ */
+
+static int route_of(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, enum tr_cpu_conv *route)
+{
+	struct tr_conv_choice c;
+	struct tr_error err;
+	enum tr_cpu_conv want = d->route != TR_CPU_CONV_AUTO ? (enum tr_cpu_conv)d->route : tr_cpu_backend_conv(be);
+	int rc = tr_cpu_conv_route(be, dev, d, rows, want, &c, &err);
+	if (rc < 0)
+		return tr_cpu_set_error(be, rc, "%s", err.message);
+	*route = c.route;
+	return 0;
+}
+
+static int conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			  const float *w, const float *bias, float *y, float *work)
+{
+	enum tr_cpu_conv route;
+	int rc = route_of(be, dev, d, rows, &route);
+	if (rc < 0)
+		return rc;
+	if (route == TR_CPU_CONV_ONEDNN)
+		return tr_cpu_dnnl_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
+	return tr_cpu_im2col_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
+}
+
+static int conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
+			   const float *w, const float *dy, float *dx, float *dw, float *dbias, float *work)
+{
+	enum tr_cpu_conv route;
+	int rc = route_of(be, dev, d, rows, &route);
+	if (rc < 0)
+		return rc;
+	if (route == TR_CPU_CONV_ONEDNN)
+		return tr_cpu_dnnl_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+	return tr_cpu_im2col_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+}
+
+void tr_cpu_conv_route_fill(tr_backend_i *t)
+{
+	t->conv2d_forward = conv2d_forward;
+	t->conv2d_backward = conv2d_backward;
+}
