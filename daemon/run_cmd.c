@@ -117,6 +117,26 @@ static int mkdir_p(const char *path)
 	return 0;
 }
 
+/* PATH = $XDG_CACHE_HOME/trainerd/NAME, else $HOME/.cache/trainerd/NAME,
+ * its folders made; -1 when neither variable is set or the folder cannot
+ * be made (the cache is then only the run's own). */
+static int user_cache_file(char *path, size_t n, const char *name)
+{
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	int len;
+	if (xdg && xdg[0] == '/')
+		len = snprintf(path, n, "%s/trainerd", xdg);
+	else if (home && home[0] == '/')
+		len = snprintf(path, n, "%s/.cache/trainerd", home);
+	else
+		return -1;
+	if (len < 0 || (size_t)len >= n || mkdir_p(path) < 0)
+		return -1;
+	size_t room = n - (size_t)len;
+	int more = snprintf(path + len, room, "/%s", name);
+	return more < 0 || (size_t)more >= room ? -1 : 0;
+}
+
 static int write_summary(const char *path, const struct tr_summary *s, int ndev, int workers, const char *state,
 			 const char *conv_routes, const char *error)
 {
@@ -178,7 +198,8 @@ static void help(void)
 	      "  --cpu-conv ROUTE      how CPU devices compute conv2d: im2col (OpenBLAS sgemm),\n"
 	      "                        onednn (oneDNN's primitives) or auto (default: per\n"
 	      "                        layer, whichever measured faster; remembered in\n"
-	      "                        DIR/conv_routes.json); the spec's cpu_conv wins\n"
+	      "                        DIR/conv_routes.json and ~/.cache/trainerd/); the\n"
+	      "                        spec's cpu_conv wins\n"
 	      "  --out DIR             output directory (default: out/NAME)\n"
 	      "  --resume DIR          continue the run whose outputs are in DIR from its\n"
 	      "                        checkpoint (DIR/checkpoint.safetensors, written on\n"
@@ -515,9 +536,13 @@ int tr_cmd_run(int argc, char **argv)
 	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type};
 	tr_progress_init(&ctx.progress, stderr);
 	/* The measured conv2d routes live with the outputs, so --resume DIR
-	 * takes the same ones (docs/design.md, "Convolution on CPU devices"). */
+	 * takes the same ones, and in the user's cache, so that a run into
+	 * another DIR on this machine decides the same way and gives the same
+	 * bits (docs/design.md, "Convolution on CPU devices"). */
 	snprintf(path, sizeof path, "%s/conv_routes.json", out_dir);
 	tr_cpu_conv_cache_open(path);
+	if (user_cache_file(path, sizeof path, "conv_routes.json") == 0)
+		tr_cpu_conv_cache_open(path);
 	/* The effective spec (after --set, defaults filled in), for --resume. */
 	snprintf(path, sizeof path, "%s/spec.json", out_dir);
 	json_t *effective = tr_spec_to_json(&spec);

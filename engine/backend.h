@@ -401,7 +401,8 @@ int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d,
 const char *tr_cpu_conv_route_name(enum tr_cpu_conv route);
 /* Keeps the measured choices in `path` too (JSON, keyed by CPU model and
  * shape; the daemon's is STATE_DIR/conv_routes.json), loading what it
- * holds for this CPU.  NULL: in memory only. */
+ * holds for this CPU.  Up to two files: the first opened wins where both
+ * hold a shape, and new choices are written to both.  NULL: nothing. */
 void tr_cpu_conv_cache_open(const char *path);
 /* Forgets every choice (tests). */
 void tr_cpu_conv_choices_forget(void);

@@ -38,7 +38,11 @@ struct choice {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct choice choices[MAX_CHOICES];
 static int n_choices;
-static char cache_path[1024];
+/* Where choices are kept: the first file opened is read first (its
+ * decisions win), and every new decision is written to each. */
+#define MAX_CACHE_FILES 2
+static char cache_paths[MAX_CACHE_FILES][1024];
+static int n_cache_paths;
 static char cpu_model[128];
 
 static void shape_key(const struct tr_conv2d_desc *d, char *out, size_t n)
@@ -97,11 +101,9 @@ static struct choice *add(const char *shape, enum tr_cpu_conv route, double im2c
 /* The file: {"entries": [{"cpu", "shape", "route", "im2col_ms",
  * "onednn_ms"}, ...]}, every machine's entries kept (a state directory
  * moved to another machine decides afresh there). Under mu. */
-static void cache_save(void)
+static void cache_save_to(const char *cache_path)
 {
 	json_t *doc = NULL, *entries = NULL;
-	if (!cache_path[0])
-		return;
 	json_error_t je;
 	doc = json_load_file(cache_path, 0, &je);
 	if (!doc || !json_is_array(json_object_get(doc, "entries"))) {
@@ -135,12 +137,19 @@ static void cache_save(void)
 	json_decref(doc);
 }
 
+static void cache_save(void)
+{
+	for (int i = 0; i < n_cache_paths; i++)
+		cache_save_to(cache_paths[i]);
+}
+
 void tr_cpu_conv_cache_open(const char *path)
 {
 	pthread_mutex_lock(&mu);
 	if (!cpu_model[0])
 		read_cpu_model();
-	snprintf(cache_path, sizeof cache_path, "%s", path ? path : "");
+	if (path && n_cache_paths < MAX_CACHE_FILES)
+		snprintf(cache_paths[n_cache_paths++], sizeof cache_paths[0], "%s", path);
 	json_error_t je;
 	json_t *doc = path ? json_load_file(path, 0, &je) : NULL;
 	size_t k;
@@ -166,7 +175,7 @@ void tr_cpu_conv_choices_forget(void)
 {
 	pthread_mutex_lock(&mu);
 	n_choices = 0;
-	cache_path[0] = 0;
+	n_cache_paths = 0;
 	pthread_mutex_unlock(&mu);
 }
 
