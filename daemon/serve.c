@@ -32,6 +32,7 @@
 #include "daemon/service.h"
 #include "daemon/tokens.h"
 #include "engine/backend.h"
+#include "engine/data/image.h"
 #include "storage/store.h"
 
 /* OpenBLAS's; weak, as in daemon/main.c. */
@@ -266,6 +267,7 @@ int tr_cmd_serve(int argc, char **argv)
 	if (be->i->kind == TR_BACKEND_KIND_CPU && openblas_thread_timeout && openblas_thread_timeout() > 0)
 		tr_log(TR_LOG_INF, "BLAS workers sleep after 2^%d cycles without work (OPENBLAS_THREAD_TIMEOUT)",
 		       openblas_thread_timeout());
+	tr_image_set_max_pixels(cfg.image_max_pixels);
 	struct tr_scheduler_config scfg = {
 		.store = store,
 		.backend = be,

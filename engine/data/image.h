@@ -21,6 +21,18 @@
 /* Images larger than this on either side are refused at the header, so a
  * hostile header cannot make the decoder allocate gigabytes. */
 #define TR_IMAGE_MAX_SIDE 16384
+/* The default pixel budget (width x height) of one image: 4096x4096, or
+ * a 24-megapixel photo cropped a little; docs/design.md, "Image data". */
+#define TR_IMAGE_DEFAULT_MAX_PIXELS (16LL << 20)
+
+/* The pixel budget (image_budget.c): every probe and decode refuses, from
+ * the header and before allocating pixels, an image whose width x height
+ * exceeds it (or whose side exceeds TR_IMAGE_MAX_SIDE) with -E2BIG and
+ * "NAME: image too large to decode: WxH is N pixels, the budget is M".
+ * set: n <= 0 restores the default. */
+void tr_image_set_max_pixels(long long n);
+long long tr_image_max_pixels(void);
+int tr_image_check_pixels(const char *name, long long width, long long height, struct tr_error *err);
 
 struct tr_image {
 	int width, height, channels;

@@ -71,12 +71,9 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 	jpeg_create_decompress(&cinfo);
 	jpeg_stdio_src(&cinfo, fp);
 	jpeg_read_header(&cinfo, TRUE);
-	if (cinfo.image_width > TR_IMAGE_MAX_SIDE || cinfo.image_height > TR_IMAGE_MAX_SIDE) {
-		tr_error_set(err, 0, 0, NULL, "%s: %ux%u is larger than %d on a side", name, cinfo.image_width,
-			     cinfo.image_height, TR_IMAGE_MAX_SIDE);
-		ret = -EINVAL;
+	/* The SOF's size against the pixel budget, before any pixel buffer. */
+	if ((ret = tr_image_check_pixels(name, cinfo.image_width, cinfo.image_height, err)) < 0)
 		goto out;
-	}
 	if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
 		tr_error_set(err, 0, 0, NULL, "%s: CMYK JPEG files are not supported", name);
 		ret = -EINVAL;
