@@ -32,6 +32,14 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 {
 	struct running_job *j = ctx;
 	struct tr_scheduler *s = j->sched;
+	/* A step made: deaths of the daemon before it were not this job's
+	 * doing, or not every time (max-job-crashes counts them in a row).
+	 * Written before the step is shown, so that a client that sees a
+	 * step of this run and kills the daemon finds the count cleared. */
+	if (!j->crashes_cleared) {
+		j->crashes_cleared = true;
+		tr_store_job_set_crashes(s->cfg.store, j->id, 0, NULL);
+	}
 	pthread_mutex_lock(&s->lock);
 	j->progress = *p;
 	j->have_progress = true;

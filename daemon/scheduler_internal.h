@@ -36,6 +36,7 @@ struct running_job {
 	/* Live progress, guarded by sched lock. */
 	struct tr_progress progress;
 	bool have_progress;
+	bool crashes_cleared; /* its first step in this run cleared the stored crash count */
 	double last_store_progress;
 	/* An evaluate job (daemon/evaluate.c): its normalized spec; NULL for
 	 * a training job.  Its `spec` then only holds the device count. */

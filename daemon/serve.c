@@ -274,6 +274,7 @@ int tr_cmd_serve(int argc, char **argv)
 		.data_roots = (const char *const *)cfg.data_roots,
 		.datasets_dir = tr_datasets_dir(datasets),
 		.max_queued = cfg.max_queued_jobs,
+		.max_job_crashes = cfg.max_job_crashes,
 	};
 	struct tr_error scerr = {0};
 	if (tr_scheduler_create(&scfg, &sched, &scerr) < 0 || tr_scheduler_start(sched, &scerr) < 0) {
