@@ -47,8 +47,9 @@ struct images_reader {
 	int c, h, w;   /* the output shape */
 	int resize[2]; /* as the spec */
 	int crop[2];
-	int want[3]; /* tr_source_spec.want_shape, all 0: none */
-	bool flat;   /* the images lie in the folder itself */
+	int want[3];        /* tr_source_spec.want_shape, all 0: none */
+	bool flat;          /* the images lie in the folder itself */
+	int64_t max_values; /* width x height x channels of the largest file */
 };
 
 static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
@@ -300,6 +301,8 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 		ret = check_size(d, shown, h, w, c, err);
 		if (ret)
 			return ret;
+		if ((int64_t)w * h * c > d->max_values)
+			d->max_values = (int64_t)w * h * c;
 		d->items[*count] = it;
 		files[i] = NULL; /* the item owns it now */
 		(*count)++;
@@ -457,6 +460,10 @@ done:
 	d->base.info.samples = count;
 	d->base.info.features = d->c * d->h * d->w;
 	d->base.info.label_dim = src->unlabeled ? 0 : 1;
+	/* One get of the largest image (images_get): its bytes and their
+	 * float copy, then the resize's intermediate and result, each at most
+	 * as large as the image or the sample. */
+	d->base.get_scratch_bytes = d->max_values * 13 + (int64_t)d->base.info.features * 4;
 	d->base.info.shape[0] = d->c;
 	d->base.info.shape[1] = d->h;
 	d->base.info.shape[2] = d->w;

@@ -16,11 +16,11 @@
 
 /* load_cost_us: what one sample costs to load, so that a step takes
  * batch_size times it. */
-#define JOB(load_cost_us, samples)                                                                             \
-	"{\"name\": \"crashes\", \"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8},"   \
-	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"     \
+#define JOB(load_cost_us, samples)                                                                                   \
+	"{\"name\": \"crashes\", \"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 8},"         \
+	" {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 3}]}, \"data\": {\"train\": {\"format\":"           \
 	" \"synthetic\", \"samples\": " samples ", \"features\": 4, \"classes\": 3, \"load_cost_us\": " load_cost_us \
-	"}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01},"             \
+	"}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01},"                    \
 	" \"prefetch\": {\"workers\": 1, \"depth\": 1}}"
 
 static struct daemon d;
