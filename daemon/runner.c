@@ -39,6 +39,7 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 	if (!j->crashes_cleared) {
 		j->crashes_cleared = true;
 		tr_store_job_set_crashes(s->cfg.store, j->id, 0, NULL);
+		tr_memory_admitted(j); /* its memory is allocated now */
 	}
 	pthread_mutex_lock(&s->lock);
 	j->progress = *p;
@@ -265,6 +266,7 @@ static void finish(struct running_job *j, enum tr_job_state state, const char *c
 	pthread_mutex_lock(&s->lock);
 	j->finished = true;
 	j->trainer = NULL;
+	s->ended++; /* a job waiting for memory may fit now */
 	s->dirty = true;
 	pthread_cond_broadcast(&s->wake);
 	pthread_mutex_unlock(&s->lock);
@@ -384,9 +386,14 @@ static void *runner_main(void *arg)
 		/* No trainer exists yet for a cancel to reach: set-up watches
 		 * the job's own flag (a cancel, or shutdown after its grace). */
 		.cancel = &j->cancel_requested,
+		.admit_memory = tr_admit_memory,
 	};
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, &err);
+	if (rc == -EBUSY) { /* it fits once other jobs end: back to the queue */
+		tr_wait_for_memory(j, err.message);
+		return NULL;
+	}
 	if (rc == -ECANCELED) {
 		pthread_mutex_lock(&s->lock);
 		bool shutdown = s->shutting_down;

@@ -196,7 +196,7 @@ static void start_queued(struct tr_scheduler *s)
 			free(job);
 			continue;
 		}
-		job->ndev = reserve(s, &job->spec, r->id, job->devices);
+		job->ndev = tr_memory_blocks(s, r->id) ? 0 : reserve(s, &job->spec, r->id, job->devices);
 		if (job->ndev == 0) {
 			/* Strict order: nothing overtakes the first job that
 			 * waits.  Its spec is kept for the next look. */

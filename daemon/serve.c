@@ -33,6 +33,7 @@
 #include "daemon/tokens.h"
 #include "engine/backend.h"
 #include "engine/data/image.h"
+#include "engine/memory.h"
 #include "storage/store.h"
 
 /* OpenBLAS's; weak, as in daemon/main.c. */
@@ -268,6 +269,7 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_INF, "BLAS workers sleep after 2^%d cycles without work (OPENBLAS_THREAD_TIMEOUT)",
 		       openblas_thread_timeout());
 	tr_image_set_max_pixels(cfg.image_max_pixels);
+	tr_mem_set_available((uint64_t)cfg.memory_available);
 	struct tr_scheduler_config scfg = {
 		.store = store,
 		.backend = be,

@@ -87,7 +87,7 @@ struct tr_trainer_options {
 	 * formed once its data is open and before its parameters, replicas
 	 * and prefetch ring are allocated; called with hooks.ctx.  Returns 0
 	 * to go on, or a negative code with err filled that create returns
-	 * (-ENOMEM: it can never fit; -EAGAIN: not now).  NULL: the job is
+	 * (-ENOMEM: it can never fit; -EBUSY: not now).  NULL: the job is
 	 * checked alone against the memory available (tr_mem_admit_alone). */
 	int (*admit_memory)(void *ctx, const struct tr_mem_estimate *e, struct tr_error *err);
 	/* Tests only: after every update fill each gradient buffer with garbage,
