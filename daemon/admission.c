@@ -54,8 +54,9 @@ int tr_admit_memory(void *ctx, const struct tr_mem_estimate *e, struct tr_error 
 {
 	struct running_job *j = ctx;
 	struct tr_scheduler *s = j->sched;
-	int overridden;
-	uint64_t avail = tr_mem_available(&overridden);
+	int source;
+	uint64_t avail = tr_mem_available(&source);
+	bool overridden = source == TR_MEM_OVERRIDE;
 	uint64_t pending = 0, settled = 0;
 	int others = 0;
 	char what[256];
@@ -75,7 +76,6 @@ int tr_admit_memory(void *ctx, const struct tr_mem_estimate *e, struct tr_error 
 	uint64_t held = overridden ? pending + settled : pending;
 	uint64_t now = base > held ? base - held : 0;
 	uint64_t alone = overridden ? avail : base + settled;
-	const char *source = overridden ? "memory-available" : "MemAvailable";
 	int rc = 0;
 	if (e->total <= now) {
 		j->mem_estimate = e->total;
@@ -83,13 +83,14 @@ int tr_admit_memory(void *ctx, const struct tr_mem_estimate *e, struct tr_error 
 		tr_error_set(err, 0, 0, NULL,
 			     "this job needs an estimated %s of memory, more than the %.0f MiB there is for jobs (%s) "
 			     "even with no other job running",
-			     what, mib(alone), source);
+			     what, mib(alone), tr_mem_source_name(source));
 		rc = -ENOMEM;
 	} else {
 		tr_error_set(err, 0, 0, NULL,
 			     "waiting for memory: this job needs an estimated %s, %.0f MiB is free for it now (%s) "
 			     "while %d other job%s run%s, %.0f MiB once they end",
-			     what, mib(now), source, others, others == 1 ? "" : "s", others == 1 ? "s" : "", mib(alone));
+			     what, mib(now), tr_mem_source_name(source), others, others == 1 ? "" : "s",
+			     others == 1 ? "s" : "", mib(alone));
 		rc = -EBUSY;
 	}
 	pthread_mutex_unlock(&s->lock);

@@ -31,8 +31,14 @@ struct tr_mem_estimate {
  * (tr_mem_set_available: the daemon's memory-available option, or the
  * environment's TRAINERD_MEMORY_AVAILABLE, in bytes), else
  * /proc/meminfo's MemAvailable (free memory plus the cache the kernel can
- * reclaim).  *overridden (may be NULL) says which. */
-uint64_t tr_mem_available(int *overridden);
+ * reclaim), or less where the process's limits leave less: RLIMIT_AS
+ * less the address space in use, a cgroup v2 memory.max less
+ * memory.current.  *source (may be NULL) says which (enum tr_mem_source). */
+enum tr_mem_source { TR_MEM_MEMINFO, TR_MEM_OVERRIDE, TR_MEM_LIMIT };
+uint64_t tr_mem_available(int *source);
+/* The source's name for messages: "MemAvailable", "memory-available",
+ * "the process's memory limit". */
+const char *tr_mem_source_name(int source);
 /* Sets the override; 0 clears it (the environment's applies again). */
 void tr_mem_set_available(uint64_t bytes);
 

@@ -222,7 +222,7 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 	z_stream z;
 	size_t hdr = 0, want, have = 0;
 	uint64_t total = 0, avail;
-	int overridden;
+	int source;
 	unsigned char *out = head;
 	int ret = 0, zr = Z_OK, in_eof = 0;
 
@@ -250,13 +250,13 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 			/* Admitted against the memory there is, not a fixed size:
 			 * the header's promise is checked before any of it is
 			 * allocated (engine/memory.h). */
-			avail = tr_mem_available(&overridden);
+			avail = tr_mem_available(&source);
 			if (total > IDX_MAX_INFLATED - hdr || hdr + total > avail) {
 				tr_error_set(err, 0, 0, NULL,
 					     "%s: the IDX header promises %llu bytes of data inflated, more than the "
 					     "%llu bytes of memory available (%s)",
 					     path, (unsigned long long)total, (unsigned long long)avail,
-					     overridden ? "memory-available" : "MemAvailable");
+					     tr_mem_source_name(source));
 				ret = -ENOMEM;
 				goto out;
 			}

@@ -17,11 +17,11 @@
 /* An MLP over 8192 features: with SGD and `units` 1024 its estimate is
  * about 160 MiB, with Adam and 2048 about 440 MiB.  load_cost_us slows
  * its steps. */
-#define JOB(units, optimizer, load_cost_us)                                                                      \
+#define JOB(units, optimizer, load_cost_us)                                                                       \
 	"{\"name\": \"admission\", \"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": " units \
 	"}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\":"      \
-	" \"synthetic\", \"samples\": 2048, \"features\": 8192, \"classes\": 4, \"load_cost_us\": " load_cost_us \
-	"}}, \"batch_size\": 32, \"epochs\": 1, \"optimizer\": {\"type\": \"" optimizer "\", \"lr\": 0.01},"     \
+	" \"synthetic\", \"samples\": 2048, \"features\": 8192, \"classes\": 4, \"load_cost_us\": " load_cost_us  \
+	"}}, \"batch_size\": 32, \"epochs\": 1, \"optimizer\": {\"type\": \"" optimizer "\", \"lr\": 0.01},"      \
 	" \"devices\": 1}"
 
 static struct daemon d;

@@ -12,7 +12,8 @@ cover the peak within the stated margin: peak <= estimate * 1.10 (at most
 and estimate <= peak * 1.5 + 64 MiB (not so far over that jobs that fit are
 refused).  Then a job far beyond an override of the memory available is
 refused before it allocates, with both figures, and the process's peak
-stays small.
+stays small; and under an address-space limit (RLIMIT_AS) with no
+override, the limit is what it is admitted against.
 
 Standard library only; bounded: each job runs a few steps.
 Usage: estimate.py TRAINERD
@@ -20,6 +21,7 @@ Usage: estimate.py TRAINERD
 import json
 import os
 import re
+import resource
 import struct
 import subprocess
 import sys
@@ -51,14 +53,18 @@ def write_png(path, w, h, seed):
                 chunk(b"IDAT", zlib.compress(rows, 6)) + chunk(b"IEND", b""))
 
 
-def run(trainerd, spec, work, env=None):
-    """(exit status, estimate in bytes or None, peak RSS in bytes, output)."""
+def run(trainerd, spec, work, env=None, limit_as=None):
+    """(exit status, estimate in bytes or None, peak RSS in bytes, output);
+    limit_as: an RLIMIT_AS for the child (prlimit)."""
+    def limit():
+        if limit_as:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
     path = os.path.join(work, spec["name"] + ".json")
     with open(path, "w") as f:
         json.dump(spec, f)
     p = subprocess.Popen([trainerd, "run", path, "--out", os.path.join(work, "out-" + spec["name"])],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=work,
-                         env=dict(os.environ, **(env or {})))
+                         env=dict(os.environ, **(env or {})), preexec_fn=limit)
     out = p.stdout.read().decode(errors="replace")
     _, status, ru = os.wait4(p.pid, 0)
     m = re.search(r"memory estimate: (\d+) MiB", out)
@@ -121,6 +127,11 @@ def main():
           out.strip().splitlines()[-1] if out.strip() else "")
     check("convbomb: the message has the estimate", est is not None and "needs an estimated %d MiB" % (est // MIB) in out)
     check("convbomb: refused before allocating (peak RSS %.0f MiB)" % (peak / MIB), peak < 256 * MIB)
+    # No override, under a 3 GiB address-space limit (prlimit): the limit
+    # less what the process maps is what is available.
+    rc, est, peak, out = run(trainerd, bomb, work, limit_as=3 << 30)
+    check("convbomb under RLIMIT_AS refused", rc == 1 and "is available (the process's memory limit)" in out,
+          out.strip().splitlines()[-1] if out.strip() else "")
     subprocess.run(["rm", "-rf", work])
     print("RESULT: %s" % ("all passed" if not failed else "%d failed" % failed))
     return 1 if failed else 0
