@@ -411,10 +411,10 @@ static void *runner_main(void *arg)
 		err = perr;
 	if (rc < 0) {
 		finish(j, TR_JOB_FAILED,
-		       rc == -EINVAL   ? "invalid_data"
-		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
-		       : rc == -ENOMEM ? "insufficient_memory"
-				       : "start_failed",
+		       rc == -EINVAL || rc == -E2BIG ? "invalid_data" /* E2BIG: too large to read (an image bomb) */
+		       : rc == -ENOENT               ? "invalid_path" /* gone from the roots since the check above */
+		       : rc == -ENOMEM               ? "insufficient_memory"
+						     : "start_failed",
 		       err.message, 0);
 		return NULL;
 	}

@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pass=0
 fail=0
-for part in crash_loop load faults; do
+for part in crash_loop load faults memory; do
 	start=$(date +%s)
 	"$python" "$here/$part.py" "$TRAINERD" $full --figures "$work/$part.json" >"$work/$part.out" 2>&1
 	rc=$?
@@ -41,7 +41,7 @@ done
 "$python" - "$work" <<'PY'
 import json, os, sys
 total = {}
-for part in ("crash_loop", "load", "faults"):
+for part in ("crash_loop", "load", "faults", "memory"):
     p = os.path.join(sys.argv[1], part + ".json")
     if not os.path.exists(p):
         continue
