@@ -23,7 +23,7 @@ struct tr_mem_estimate {
 	uint64_t ring;        /* the prefetch ring: depth batches of inputs and labels */
 	uint64_t loaders;     /* each loader thread's decoding scratch (an image decoded and resized) */
 	uint64_t data;        /* data held in memory: parsed CSV, inflated gzip IDX, decoded patches images */
-	uint64_t scratch;     /* the set-up copy of the parameters, backend workspaces, thread stacks */
+	uint64_t scratch;     /* set-up and checkpoint copies of the parameters, backend workspaces, stacks */
 	uint64_t total;
 };
 

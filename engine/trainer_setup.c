@@ -297,7 +297,10 @@ static void host_estimate(struct tr_trainer *t, int max_rows, struct tr_mem_esti
 	e->ring = (uint64_t)(s->prefetch_depth > 0 ? s->prefetch_depth : 1) * (uint64_t)s->batch_size * sample;
 	e->loaders = (uint64_t)(workers > 0 ? workers : 1) * (uint64_t)t->get_scratch_bytes;
 	e->data = (uint64_t)t->data_bytes;
-	e->scratch = params + HOST_FIXED_BYTES + HOST_PER_DEVICE_BYTES * (uint64_t)t->ndev;
+	/* The set-up copy of the parameters, and a checkpoint's snapshot:
+	 * the parameters and the optimizer state, copied to host memory. */
+	e->scratch = params + params * (uint64_t)(1 + t->opt_buffers) + HOST_FIXED_BYTES +
+		     HOST_PER_DEVICE_BYTES * (uint64_t)t->ndev;
 	e->total = e->model + e->activations + e->ring + e->loaders + e->data + e->scratch;
 }
 

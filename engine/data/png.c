@@ -176,3 +176,68 @@ out:
 	free(px);
 	return ret;
 }
+
+int tr_png_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err)
+{
+	struct png_err e = {{0}};
+	png_structp png = NULL;
+	png_infop info = NULL;
+	unsigned char *volatile row = NULL;
+	FILE *fp;
+	volatile int ret = start(fd, name, &fp, &png, &info, &e, err);
+
+	if (ret)
+		return ret;
+	if (setjmp(png_jmpbuf(png))) {
+		tr_error_set(err, 0, 0, NULL, "%s: corrupt or truncated PNG (%s)", name, e.msg);
+		ret = -EINVAL;
+		goto out;
+	}
+	png_read_info(png, info);
+	if ((ret = header_fits(png, info, name, err)) < 0)
+		goto out;
+	if (png_get_interlace_type(png, info) != PNG_INTERLACE_NONE) {
+		/* Rows are complete only after the last pass: whole, then fed. */
+		png_destroy_read_struct(&png, &info, NULL);
+		if (fseek(fp, 0, SEEK_SET) != 0) {
+			tr_error_set(err, 0, 0, NULL, "%s: %s", name, strerror(errno));
+			ret = -EIO;
+			fclose(fp);
+			return ret;
+		}
+		struct tr_image img;
+		ret = tr_png_decode(dup(fileno(fp)), name, &img, err);
+		fclose(fp);
+		if (ret == 0)
+			ret = cb->start(cb->ctx, img.width, img.height, img.channels, err);
+		for (int y = 0; ret == 0 && y < img.height; y++)
+			ret = cb->row(cb->ctx, img.px + (size_t)y * img.width * img.channels, err);
+		free(img.px);
+		return ret;
+	}
+	set_expansions(png, info);
+	{
+		int w = (int)png_get_image_width(png, info), h = (int)png_get_image_height(png, info);
+		int c = png_get_channels(png, info);
+
+		row = malloc(png_get_rowbytes(png, info));
+		if (!row) {
+			tr_error_set(err, 0, 0, NULL, "%s: out of memory", name);
+			ret = -ENOMEM;
+			goto out;
+		}
+		if ((ret = cb->start(cb->ctx, w, h, c, err)) < 0)
+			goto out;
+		for (int y = 0; y < h; y++) {
+			png_read_row(png, row, NULL);
+			if ((ret = cb->row(cb->ctx, row, err)) < 0)
+				goto out;
+		}
+		png_read_end(png, NULL);
+	}
+out:
+	png_destroy_read_struct(&png, &info, NULL);
+	fclose(fp);
+	free(row);
+	return ret;
+}

@@ -3,10 +3,14 @@
 admission").
 
 Runs several jobs with `trainerd run` (CPU devices): an MLP with Adam on
-one and on two devices, a conv net, a CSV data set held in memory and a
-patches job whose decoded images stay in memory.  Each prints its estimate
+one and on two devices, a conv net, a CSV data set held in memory, an
+image folder of 1024x768 PNG files resized as they decode, and a patches
+job whose decoded images stay in memory.  Each prints its estimate
 ("memory estimate: N MiB (...)") before it allocates; the process's peak
-RSS (ru_maxrss of the child) is read when it ends.  The estimate must
+RSS (ru_maxrss of the child) is read when it ends.  The jobs run with
+MALLOC_PERTURB_ set, so glibc fills every allocation and the peak is what
+the allocations can grow to, not what the job happened to touch (without
+it an MLP with Adam peaks at 372 MiB of its 629; with it at 565).  The estimate must
 cover the peak within the stated margin: peak <= estimate * 1.10 (at most
 10% under: admission must not let a job through that then does not fit),
 and estimate <= peak * 1.5 + 64 MiB (not so far over that jobs that fit are
@@ -64,7 +68,7 @@ def run(trainerd, spec, work, env=None, limit_as=None):
         json.dump(spec, f)
     p = subprocess.Popen([trainerd, "run", path, "--out", os.path.join(work, "out-" + spec["name"])],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=work,
-                         env=dict(os.environ, **(env or {})), preexec_fn=limit)
+                         env=dict(os.environ, MALLOC_PERTURB_="165", **(env or {})), preexec_fn=limit)
     out = p.stdout.read().decode(errors="replace")
     _, status, ru = os.wait4(p.pid, 0)
     m = re.search(r"memory estimate: (\d+) MiB", out)
@@ -92,6 +96,10 @@ def main():
     os.mkdir(os.path.join(work, "img"))
     for i in range(16):
         write_png(os.path.join(work, "img", "%02d.png" % i), 512, 512, i)
+    for k in ("a", "b"):
+        os.makedirs(os.path.join(work, "cls", k))
+        for i in range(8):
+            write_png(os.path.join(work, "cls", k, "%02d.png" % i), 1024, 768, i)
     syn = lambda n, f: {"format": "synthetic", "samples": n, "features": f, "classes": 10}
     conv = lambda filters: {"type": "conv2d", "filters": filters, "kernel": 3, "padding": "same"}
     jobs = [
@@ -104,6 +112,8 @@ def main():
             inputs=[3, 64, 64]),
         job("csv", [{"type": "dense", "units": 64}, {"type": "relu"}, {"type": "dense", "units": 4}],
             {"format": "csv", "path": "wide.csv", "label": -1}, 128),
+        job("images", [conv(16), {"type": "relu"}, {"type": "flatten"}, {"type": "dense", "units": 2}],
+            {"format": "images", "path": "cls", "resize": [96, 128]}, 16, optimizer="sgd"),
         job("patches", [conv(16), {"type": "relu"}, conv(1)],
             {"format": "patches", "path": "img", "patch_size": 41, "patches_per_image": 64,
              "degrade": {"type": "downscale", "factor": 2}, "response": "residual"}, 64, optimizer="sgd",

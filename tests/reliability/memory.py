@@ -18,7 +18,7 @@
   queued with its reason and completes once the first is cancelled.
 
 After each, the daemon must still run and answer /healthz, and a small job
-must still complete.  Bounded: everything but the two real 2.3 GiB jobs.
+must still complete.  Bounded: everything but the two real 2.7 GiB jobs.
 """
 import gzip
 import os
@@ -164,11 +164,11 @@ def main():
 
         # ---- (full) two that fit alone but not together --------------------
         if a.full:
-            # Each about 2.3 GiB (8192 -> 24576 with SGD); the limit leaves
+            # Each about 2.7 GiB (8192 -> 20480 with SGD); the limit leaves
             # room for one.
-            first = d.submit(mlp("fits-alone-1", 24576, 8192, "sgd", samples=4096, load_cost_us=2000))
+            first = d.submit(mlp("fits-alone-1", 20480, 8192, "sgd", samples=4096, load_cost_us=2000))
             check("first big job runs", d.wait_state(first, ("running",), 60) == "running")
-            second = d.submit(mlp("fits-alone-2", 24576, 8192, "sgd", samples=64))
+            second = d.submit(mlp("fits-alone-2", 20480, 8192, "sgd", samples=64))
             deadline = time.time() + 60
             reason = None
             while time.time() < deadline and not reason:

@@ -1328,3 +1328,40 @@ Test(images, headers_over_the_pixel_budget_are_refused_before_decoding)
 	cr_assert_eq(img.width * img.height * img.channels, 8 * 8 * 3);
 	free(img.px);
 }
+
+/* The streaming resampler (rows top to bottom, a ring of the rows the taps
+ * reach) gives tr_image_resize's result bit for bit: shrinking by large
+ * and small factors, enlarging, one side only. */
+Test(resize, streaming_rows_match_the_whole_image_bit_for_bit)
+{
+	static const int sizes[][4] = {{300, 200, 17, 23}, {64, 48, 64, 24},  {40, 30, 97, 61},
+				       {9, 500, 9, 7},     {128, 96, 32, 32}, {5, 5, 3, 8}};
+
+	for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+		int h = sizes[t][0], w = sizes[t][1], oh = sizes[t][2], ow = sizes[t][3], c = 2;
+		float *src = malloc((size_t)c * h * w * sizeof(float));
+		float *whole = malloc((size_t)c * oh * ow * sizeof(float));
+		float *rows = malloc((size_t)c * oh * ow * sizeof(float));
+		tr_resize_stream_t *s;
+
+		for (int i = 0; i < c * h * w; i++)
+			src[i] = (float)((i * 37 + i / 7) % 251);
+		cr_assert_eq(tr_image_resize(src, c, h, w, whole, oh, ow), 0);
+		cr_assert_eq(tr_resize_stream_create(c, h, w, oh, ow, &s), 0, "%dx%d -> %dx%d", w, h, ow, oh);
+		for (int y = 0; y < h; y++) {
+			float *slot = tr_resize_stream_slot(s);
+
+			for (int ch = 0; ch < c; ch++)
+				memcpy(slot + (size_t)ch * w, src + ((size_t)ch * h + y) * w,
+				       (size_t)w * sizeof(float));
+			tr_resize_stream_push(s);
+		}
+		tr_resize_stream_finish(s, rows);
+		tr_resize_stream_destroy(s);
+		cr_assert_eq(memcmp(whole, rows, (size_t)c * oh * ow * sizeof(float)), 0, "%dx%d -> %dx%d differs", w,
+			     h, ow, oh);
+		free(src);
+		free(whole);
+		free(rows);
+	}
+}
