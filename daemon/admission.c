@@ -71,11 +71,15 @@ int tr_admit_memory(void *ctx, const struct tr_mem_estimate *e, struct tr_error 
 		else
 			pending += r->mem_estimate;
 	}
-	/* now: what this job may take at once; alone: with no other job. */
+	/* now: what this job may take at once; alone: with no other job.  A
+	 * job admitted without a step yet has allocated part of its estimate
+	 * (out of MemAvailable already) and will take the rest: counting all
+	 * of it back errs towards waiting, and a job that waits is judged
+	 * again, alone, once the others end. */
 	uint64_t base = overridden ? avail : avail + e->data;
 	uint64_t held = overridden ? pending + settled : pending;
 	uint64_t now = base > held ? base - held : 0;
-	uint64_t alone = overridden ? avail : base + settled;
+	uint64_t alone = overridden ? avail : base + settled + pending;
 	int rc = 0;
 	if (e->total <= now) {
 		j->mem_estimate = e->total;
