@@ -16,7 +16,7 @@ void tr_mem_set_available(uint64_t bytes)
 	atomic_store(&override_bytes, bytes);
 }
 
-static uint64_t meminfo_available(void)
+uint64_t tr_mem_meminfo_available(void)
 {
 	uint64_t bytes = 0;
 	FILE *f = fopen("/proc/meminfo", "r");
@@ -104,7 +104,7 @@ uint64_t tr_mem_available(int *source)
 		*source = o ? TR_MEM_OVERRIDE : TR_MEM_MEMINFO;
 	if (o)
 		return o;
-	uint64_t avail = meminfo_available(), left = limits_left();
+	uint64_t avail = tr_mem_meminfo_available(), left = limits_left();
 	if (left < avail && source)
 		*source = TR_MEM_LIMIT;
 	return left < avail ? left : avail;

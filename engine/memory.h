@@ -39,6 +39,8 @@ uint64_t tr_mem_available(int *source);
 /* The source's name for messages: "MemAvailable", "memory-available",
  * "the process's memory limit". */
 const char *tr_mem_source_name(int source);
+/* /proc/meminfo's MemAvailable alone (the free pages where it is missing). */
+uint64_t tr_mem_meminfo_available(void);
 /* Sets the override; 0 clears it (the environment's applies again). */
 void tr_mem_set_available(uint64_t bytes);
 

@@ -36,15 +36,7 @@ TestSuite(admission, .fini = cleanup, .timeout = 120);
 
 static json_t *job(long long id)
 {
-	char path[64];
-	struct http_reply r;
-
-	snprintf(path, sizeof path, "/jobs/%lld", id);
-	http(&d, "GET", path, NULL, NULL, NULL, &r);
-	cr_assert_eq(r.status, 200, "%s", r.body);
-	json_t *j = json_incref(r.json);
-	http_free(&r);
-	return j;
+	return get_job_json(&d, id);
 }
 
 static void assert_healthy(void)

@@ -32,18 +32,9 @@ static void cleanup(void)
 
 TestSuite(crashes, .fini = cleanup, .timeout = 120);
 
-/* GET /jobs/{id} as JSON (the caller decrefs). */
 static json_t *job(long long id)
 {
-	char path[64];
-	struct http_reply r;
-
-	snprintf(path, sizeof path, "/jobs/%lld", id);
-	http(&d, "GET", path, NULL, NULL, NULL, &r);
-	cr_assert_eq(r.status, 200, "%s", r.body);
-	json_t *j = json_incref(r.json);
-	http_free(&r);
-	return j;
+	return get_job_json(&d, id);
 }
 
 static long long job_int(long long id, const char *key)
