@@ -29,7 +29,8 @@ test: build
 	python3 tests/run_tests.py $(BUILD)
 
 # The full reliability suite (tests/reliability/README.md): 20 SIGKILLs
-# with restarts, two 30 s load rounds, every fault; first the fuzz targets
+# with restarts, two 30 s load rounds, every fault, the memory attacks under
+# a 4 GiB limit; first the fuzz targets
 # (`make fuzz`) when tests/fuzz/run.sh exists.  `make test` runs a bounded part of it.
 test-reliability: build
 	[ ! -x tests/fuzz/run.sh ] || $(MAKE) fuzz

@@ -75,6 +75,9 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	if (job)
 		json_object_set_new(job, "loader_threads",
 				    row->loader_threads > 0 ? json_integer(row->loader_threads) : json_null());
+	/* Daemon deaths in a row while it ran without a step (max-job-crashes). */
+	if (job)
+		json_object_set_new(job, "crashes", json_integer(row->crashes));
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));

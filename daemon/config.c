@@ -193,6 +193,15 @@ static const struct tr_field options[] = {
 	 .def = 10737418240.0,
 	 .help = "quota in bytes for the files uploaded with PUT /datasets/NAME/FILE, all together (0 = none); an "
 		 "upload past it is answered 413"},
+	{.key = "image-max-pixels", I64_IN(image_max_pixels, 1, 268435456), .def = 16777216,
+	 .help = "largest image (width x height) the image readers decode; a larger one is refused from its header "
+		 "with 'image too large to decode'"},
+	{.key = "max-job-crashes", INT_IN(max_job_crashes, 0, 1000), .def = 2,
+	 .help = "times the daemon may die while a job runs without the job making a step before the job is "
+		 "failed with crashed_daemon instead of queued again (0 = no limit)"},
+	{.key = "memory-available", .kind = K_I64, .off = CFG(memory_available), .flags = F_LO, .lo = 0, .def = 0,
+	 .help = "bytes of memory jobs may use together, in place of /proc/meminfo's MemAvailable (0 = read "
+		 "MemAvailable at each admission)"},
 	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
 	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
 		 "given on the command line: prefer token-file"},

@@ -32,6 +32,15 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 {
 	struct running_job *j = ctx;
 	struct tr_scheduler *s = j->sched;
+	/* A step made: deaths of the daemon before it were not this job's
+	 * doing, or not every time (max-job-crashes counts them in a row).
+	 * Written before the step is shown, so that a client that sees a
+	 * step of this run and kills the daemon finds the count cleared. */
+	if (!j->crashes_cleared) {
+		j->crashes_cleared = true;
+		tr_store_job_set_crashes(s->cfg.store, j->id, 0, NULL);
+		tr_memory_admitted(j); /* its memory is allocated now */
+	}
 	pthread_mutex_lock(&s->lock);
 	j->progress = *p;
 	j->have_progress = true;
@@ -257,6 +266,7 @@ static void finish(struct running_job *j, enum tr_job_state state, const char *c
 	pthread_mutex_lock(&s->lock);
 	j->finished = true;
 	j->trainer = NULL;
+	s->ended++; /* a job waiting for memory may fit now */
 	s->dirty = true;
 	pthread_cond_broadcast(&s->wake);
 	pthread_mutex_unlock(&s->lock);
@@ -376,9 +386,14 @@ static void *runner_main(void *arg)
 		/* No trainer exists yet for a cancel to reach: set-up watches
 		 * the job's own flag (a cancel, or shutdown after its grace). */
 		.cancel = &j->cancel_requested,
+		.admit_memory = tr_admit_memory,
 	};
 	tr_trainer_t *t = NULL;
 	int rc = tr_trainer_create(&opt, &t, &err);
+	if (rc == -EBUSY) { /* it fits once other jobs end: back to the queue */
+		tr_wait_for_memory(j, err.message);
+		return NULL;
+	}
 	if (rc == -ECANCELED) {
 		pthread_mutex_lock(&s->lock);
 		bool shutdown = s->shutting_down;
@@ -396,10 +411,10 @@ static void *runner_main(void *arg)
 		err = perr;
 	if (rc < 0) {
 		finish(j, TR_JOB_FAILED,
-		       rc == -EINVAL   ? "invalid_data"
-		       : rc == -ENOENT ? "invalid_path" /* gone from the roots since the check above */
-		       : rc == -ENOMEM ? "insufficient_memory"
-				       : "start_failed",
+		       rc == -EINVAL || rc == -E2BIG ? "invalid_data" /* E2BIG: too large to read (an image bomb) */
+		       : rc == -ENOENT               ? "invalid_path" /* gone from the roots since the check above */
+		       : rc == -ENOMEM               ? "insufficient_memory"
+						     : "start_failed",
 		       err.message, 0);
 		return NULL;
 	}

@@ -196,7 +196,7 @@ static void start_queued(struct tr_scheduler *s)
 			free(job);
 			continue;
 		}
-		job->ndev = reserve(s, &job->spec, r->id, job->devices);
+		job->ndev = tr_memory_blocks(s, r->id) ? 0 : reserve(s, &job->spec, r->id, job->devices);
 		if (job->ndev == 0) {
 			/* Strict order: nothing overtakes the first job that
 			 * waits.  Its spec is kept for the next look. */
@@ -319,6 +319,32 @@ static void *dispatcher_main(void *arg)
 	return NULL;
 }
 
+/* Counts one more daemon death at job `r` (start-up, before the queue
+ * runs); true when that makes max-job-crashes and the job is failed. */
+static bool crashed_too_often(struct tr_scheduler *s, const struct tr_job_row *r)
+{
+	int crashes = r->crashes + 1;
+	int max = s->cfg.max_job_crashes;
+	if (max <= 0 || crashes < max) {
+		tr_store_job_set_crashes(s->cfg.store, r->id, crashes, NULL);
+		return false;
+	}
+	char msg[300];
+	snprintf(msg, sizeof msg,
+		 "the daemon died %d times in a row while this job was running, without the job making a step in "
+		 "between (max-job-crashes is %d); it is not queued again",
+		 crashes, max);
+	json_t *e = json_pack("{s:s, s:s, s:I}", "code", "crashed_daemon", "message", msg, "step", (json_int_t)r->step);
+	char *text = json_dumps(e, JSON_COMPACT);
+	tr_store_job_set_crashes(s->cfg.store, r->id, crashes, NULL);
+	tr_store_job_record_state(s->cfg.store, r->id, TR_JOB_FAILED, text, "[]", NULL);
+	tr_store_log_append(s->cfg.store, r->id, TR_LOG_ERR, msg, NULL);
+	tr_log_job(TR_LOG_WARN, (long long)r->id, "failed: %s", msg);
+	free(text);
+	json_decref(e);
+	return true;
+}
+
 int tr_scheduler_start(tr_scheduler_t *s, struct tr_error *err)
 {
 	/* Jobs a previous run left running died with it (crash, kill -9) or
@@ -337,6 +363,16 @@ int tr_scheduler_start(tr_scheduler_t *s, struct tr_error *err)
 		 * waits in the queue until its start can be written. */
 		if (rows[i].state != TR_JOB_INTERRUPTED)
 			tr_store_job_record_state(s->cfg.store, id, TR_JOB_INTERRUPTED, NULL, NULL, NULL);
+		/* Still running or stopping: the daemon died under it (a clean
+		 * shutdown records interrupted).  A job that takes the daemon
+		 * down with it (a decoder bomb, memory beyond the machine's)
+		 * would do so at every restart, forever under
+		 * Restart=on-failure: count the deaths, and fail it once they
+		 * reach max-job-crashes without a step in between. */
+		if (rows[i].state != TR_JOB_INTERRUPTED && crashed_too_often(s, &rows[i])) {
+			tr_job_row_finish(&rows[i]);
+			continue;
+		}
 		tr_store_job_record_state(s->cfg.store, id, TR_JOB_QUEUED, NULL, "[]", NULL);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
 				    "queued again after the daemon restarted; it resumes from its newest valid "

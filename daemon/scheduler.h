@@ -24,6 +24,10 @@ struct tr_scheduler_config {
 	 * absolute directory, a data root besides data_roots; NULL = none. */
 	const char *datasets_dir;
 	int max_queued; /* queued jobs at once; 0 = no limit */
+	/* Daemon deaths in a row a job may be running at (without making a
+	 * step in between) before it is failed with crashed_daemon instead
+	 * of queued again; 0 = no limit. */
+	int max_job_crashes;
 };
 
 /* 0, or a negative code with err filled (docs/design.md, "Errors"). */

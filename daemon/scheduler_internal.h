@@ -36,6 +36,13 @@ struct running_job {
 	/* Live progress, guarded by sched lock. */
 	struct tr_progress progress;
 	bool have_progress;
+	bool crashes_cleared; /* its first step in this run cleared the stored crash count */
+	/* Memory admission (daemon/admission.c), guarded by sched lock: the
+	 * job's admitted estimate (0 until admitted), and whether its memory
+	 * is allocated (its first step is made), so that MemAvailable already
+	 * shows it. */
+	uint64_t mem_estimate;
+	bool mem_settled;
 	double last_store_progress;
 	/* An evaluate job (daemon/evaluate.c): its normalized spec; NULL for
 	 * a training job.  Its `spec` then only holds the device count. */
@@ -66,6 +73,13 @@ struct tr_scheduler {
 	 * stored text again.  Guarded by lock. */
 	struct kept_spec *kept;
 	pthread_t dispatcher;
+	/* Memory admission (daemon/admission.c): the job sent back to the
+	 * queue to wait for memory, which is not tried again until a job has
+	 * ended (ended counts them) or MEM_RETRY_S have passed; 0 = none. */
+	int64_t mem_wait_id;
+	uint64_t mem_wait_ended;
+	double mem_wait_since;
+	uint64_t ended;
 };
 
 struct kept_spec {
@@ -97,6 +111,18 @@ int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct t
  * state, then the scheduler is told its devices are free. */
 void tr_runner_finish(struct running_job *j, enum tr_job_state state, const char *code, const char *message,
 		      int64_t step);
+
+/* Memory admission (admission.c).  tr_admit_memory: trainer.h's
+ * admit_memory hook (ctx: the running job): 0 and the estimate reserved,
+ * -ENOMEM when it cannot fit even with no other job running, -EBUSY when
+ * it can once others end; err has both figures.  tr_wait_for_memory: the
+ * runner's answer to -EBUSY, the job back in the queue with its reason
+ * (info field queued_reason) and ended like a runner.  tr_memory_blocks:
+ * whether queued job `id` still waits (lock held). */
+int tr_admit_memory(void *ctx, const struct tr_mem_estimate *e, struct tr_error *err);
+void tr_wait_for_memory(struct running_job *j, const char *reason);
+bool tr_memory_blocks(struct tr_scheduler *s, int64_t id);
+void tr_memory_admitted(struct running_job *j);
 
 /* Evaluate jobs (evaluate.c).  tr_eval_spec_is: whether a stored
  * normalized spec is one.  tr_eval_prepare: fills j->eval and the device

@@ -32,6 +32,8 @@
 #include "daemon/service.h"
 #include "daemon/tokens.h"
 #include "engine/backend.h"
+#include "engine/data/image.h"
+#include "engine/memory.h"
 #include "storage/store.h"
 
 /* OpenBLAS's; weak, as in daemon/main.c. */
@@ -271,12 +273,15 @@ int tr_cmd_serve(int argc, char **argv)
 	if (be->i->kind == TR_BACKEND_KIND_CPU && openblas_thread_timeout && openblas_thread_timeout() > 0)
 		tr_log(TR_LOG_INF, "BLAS workers sleep after 2^%d cycles without work (OPENBLAS_THREAD_TIMEOUT)",
 		       openblas_thread_timeout());
+	tr_image_set_max_pixels(cfg.image_max_pixels);
+	tr_mem_set_available((uint64_t)cfg.memory_available);
 	struct tr_scheduler_config scfg = {
 		.store = store,
 		.backend = be,
 		.data_roots = (const char *const *)cfg.data_roots,
 		.datasets_dir = tr_datasets_dir(datasets),
 		.max_queued = cfg.max_queued_jobs,
+		.max_job_crashes = cfg.max_job_crashes,
 	};
 	struct tr_error scerr = {0};
 	if (tr_scheduler_create(&scfg, &sched, &scerr) < 0 || tr_scheduler_start(sched, &scerr) < 0) {

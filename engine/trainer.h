@@ -23,6 +23,7 @@
 #include "engine/backend.h"
 #include "engine/checkpoint.h"
 #include "engine/data/reader.h"
+#include "engine/memory.h"
 #include "engine/model/model.h"
 #include "engine/spec.h"
 
@@ -82,6 +83,13 @@ struct tr_trainer_options {
 	 * initialisation) and returns -ECANCELED once
 	 * it is set, since no trainer exists yet for tr_trainer_cancel. */
 	const atomic_bool *cancel;
+	/* Optional: admits the job's host memory estimate (engine/memory.h),
+	 * formed once its data is open and before its parameters, replicas
+	 * and prefetch ring are allocated; called with hooks.ctx.  Returns 0
+	 * to go on, or a negative code with err filled that create returns
+	 * (-ENOMEM: it can never fit; -EBUSY: not now).  NULL: the job is
+	 * checked alone against the memory available (tr_mem_admit_alone). */
+	int (*admit_memory)(void *ctx, const struct tr_mem_estimate *e, struct tr_error *err);
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;

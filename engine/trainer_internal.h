@@ -62,6 +62,10 @@ struct tr_trainer {
 	tr_reader_t *own_train, *own_val; /* opened here, freed here */
 	tr_reader_t *val_base;            /* owned base of a validation split slice */
 	tr_reader_t *test;                /* data.test, owned; NULL without one */
+	/* What the readers opened here hold and the most one get takes
+	 * (tr_reader_t's resident_bytes, get_scratch_bytes), for the memory
+	 * estimate. */
+	int64_t data_bytes, get_scratch_bytes;
 	tr_transforms_t *transforms;
 	/* The model's description (engine/model_meta.h), put into every
 	 * snapshot's and model file's metadata. */

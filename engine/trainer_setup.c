@@ -40,6 +40,14 @@ static bool setup_cancelled(struct tr_trainer *t, struct tr_error *err)
 	return true;
 }
 
+/* A reader opened here: what it holds, for the memory estimate. */
+static void note_reader(struct tr_trainer *t, const tr_reader_t *r)
+{
+	t->data_bytes += r->resident_bytes;
+	if (r->get_scratch_bytes > t->get_scratch_bytes)
+		t->get_scratch_bytes = r->get_scratch_bytes;
+}
+
 static int open_data(struct tr_trainer *t, struct tr_error *err)
 {
 	const struct tr_spec *s = t->spec;
@@ -50,6 +58,7 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 		rc = tr_reader_open(&s->train, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_train, err);
 		if (rc < 0)
 			return rc;
+		note_reader(t, t->own_train);
 		t->train = t->own_train;
 	}
 	if (t->opt.val_reader) {
@@ -63,6 +72,7 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 		rc = tr_reader_open(&both, s->seed, t->opt.data_roots, t->opt.cancel, &t->val_base, err);
 		if (rc < 0)
 			return rc;
+		note_reader(t, t->val_base);
 		t->own_val = t->val = tr_reader_slice(t->val_base, s->train.samples, both.samples);
 		if (!t->val) {
 			tr_error_set(err, 0, 0, NULL, "out of memory");
@@ -72,6 +82,7 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 		rc = tr_reader_open(&s->validation, s->seed, t->opt.data_roots, t->opt.cancel, &t->own_val, err);
 		if (rc < 0)
 			return rc;
+		note_reader(t, t->own_val);
 		t->val = t->own_val;
 	} else if (s->validation_split > 0.0f) {
 		/* The last fraction of the file, in file order, as Keras does:
@@ -110,6 +121,7 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
 		rc = tr_reader_open(&s->test, s->seed, t->opt.data_roots, t->opt.cancel, &t->test, err);
 		if (rc < 0)
 			return rc;
+		note_reader(t, t->test);
 		if (t->test->info.features != t->train->info.features ||
 		    t->test->info.label_dim != t->train->info.label_dim) {
 			tr_error_set(err, 0, 0, "/data/test",
@@ -253,6 +265,54 @@ static int check_device_memory(struct tr_trainer *t, int max_rows, struct tr_err
 		}
 	}
 	return 0;
+}
+
+/* What the job's host memory will hold (engine/memory.h), from the
+ * model's own list of replica buffers (as the GPU estimate), the ring and
+ * the readers.  The fixed part covers what no list names: the BLAS and
+ * oneDNN buffers, the loader and rank threads' stacks and the allocator's
+ * slack (measured: tests/memory/check_estimate.py). */
+#define HOST_FIXED_BYTES ((uint64_t)48 << 20)
+#define HOST_PER_DEVICE_BYTES ((uint64_t)8 << 20)
+
+static void host_estimate(struct tr_trainer *t, int max_rows, struct tr_mem_estimate *e)
+{
+	const struct tr_spec *s = t->spec;
+	tr_backend_t *be = t->be;
+	uint64_t params = t->model.n_params * sizeof(float);
+	memset(e, 0, sizeof *e);
+	if (be->i->memory_is_host) {
+		size_t sizes[TR_MODEL_MAX_NODES * 4 + 16];
+		int n = tr_replica_buffer_sizes(&t->model, max_rows, t->train->info.label_dim, t->opt_buffers, sizes,
+						(int)(sizeof sizes / sizeof sizes[0]));
+		uint64_t replica = 0;
+		for (int i = 0; i < n && i < (int)(sizeof sizes / sizeof sizes[0]); i++)
+			replica += (sizes[i] ? sizes[i] : 1) * sizeof(float);
+		uint64_t model = params * (uint64_t)(2 + t->opt_buffers);
+		e->model = model * (uint64_t)t->ndev;
+		e->activations = (replica > model ? replica - model : 0) * (uint64_t)t->ndev;
+	}
+	uint64_t sample = (uint64_t)(t->model.inputs + t->train->info.label_dim) * sizeof(float);
+	int workers = t->opt.workers > 0 ? t->opt.workers : s->prefetch_workers;
+	e->ring = (uint64_t)(s->prefetch_depth > 0 ? s->prefetch_depth : 1) * (uint64_t)s->batch_size * sample;
+	e->loaders = (uint64_t)(workers > 0 ? workers : 1) * (uint64_t)t->get_scratch_bytes;
+	e->data = (uint64_t)t->data_bytes;
+	/* The set-up copy of the parameters, and a checkpoint's snapshot:
+	 * the parameters and the optimizer state, copied to host memory. */
+	e->scratch = params + params * (uint64_t)(1 + t->opt_buffers) + HOST_FIXED_BYTES +
+		     HOST_PER_DEVICE_BYTES * (uint64_t)t->ndev;
+	e->total = e->model + e->activations + e->ring + e->loaders + e->data + e->scratch;
+}
+
+/* The estimate, logged and admitted (trainer.h, admit_memory). */
+static int admit_host_memory(struct tr_trainer *t, int max_rows, struct tr_error *err)
+{
+	struct tr_mem_estimate e;
+	char what[256];
+	host_estimate(t, max_rows, &e);
+	tr_mem_describe(&e, what, sizeof what);
+	tr_trainer_logf(t, TR_LOG_INFO, "memory estimate: %s", what);
+	return t->opt.admit_memory ? t->opt.admit_memory(t->opt.hooks.ctx, &e, err) : tr_mem_admit_alone(&e, err);
 }
 
 /* ---- create / destroy ------------------------------------------------- */
@@ -405,6 +465,10 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			       s->epochs, s->max_steps, err)) < 0)
 		goto fail;
 
+	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
+	int max_rows = tr_trainer_max_rows(s, t->ndev);
+	if ((rc = admit_host_memory(t, max_rows, err)) < 0)
+		goto fail;
 	float *host = malloc(t->model.n_params * sizeof(float));
 	if (!host) {
 		tr_error_set(err, 0, 0, NULL, "out of memory for %zu parameters", t->model.n_params);
@@ -421,8 +485,6 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		free(host);
 		goto fail;
 	}
-	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
-	int max_rows = tr_trainer_max_rows(s, t->ndev);
 	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0) {
 		free(host);
 		goto fail;

@@ -140,6 +140,11 @@ static const char *const migrations[] = {
 	/* 8: the loader threads a job's trainer runs with, NULL until it
 	 * started (GET /jobs/{id} "loader_threads"). */
 	"ALTER TABLE jobs ADD COLUMN loader_threads INTEGER;",
+
+	/* 9: how many times in a row the daemon died while the job ran
+	 * without the job making a step in between (daemon/scheduler.c,
+	 * max-job-crashes). */
+	"ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

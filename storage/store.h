@@ -92,6 +92,7 @@ struct tr_job_row {
 	bool state_pending; /* state/error/devices/stamps shown are not written yet */
 	char *info;         /* JSON object text of info fields, "{}" when none */
 	int loader_threads; /* the loader threads its trainer runs (ran) with; 0 until it started */
+	int crashes;        /* daemon deaths in a row while it ran without making a step */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -189,6 +190,10 @@ int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr
 /* What the job's trainer resolved its loader thread count to (the spec's
  * prefetch.workers or its default), set by the runner as it starts. */
 int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e);
+/* The count of daemon deaths a job was running at without making a step
+ * in between (the scheduler's start-up sets it, the runner's first step
+ * of a run clears it). */
+int tr_store_job_set_crashes(tr_store_t *s, int64_t id, int crashes, struct tr_error *e);
 /* Replaces a job's spec as given and its normalized spec (a resume that
  * gives it a new end); both JSON object texts.  -ENOENT for an unknown
  * job. */

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/memory.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/cpu/cpu_dnnl_conv.h"
 
@@ -164,20 +165,7 @@ static int cpu_memory_info(tr_backend_t *be, int dev, size_t *total, size_t *fre
 	(void)dev;
 	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
 	*total = pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
-	*free_bytes = 0;
-	FILE *f = fopen("/proc/meminfo", "r");
-	if (f) {
-		char line[128];
-		unsigned long long kb;
-		while (fgets(line, sizeof line, f))
-			if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-				*free_bytes = (size_t)kb * 1024;
-		fclose(f);
-	}
-	if (*free_bytes == 0) {
-		long avail = sysconf(_SC_AVPHYS_PAGES);
-		*free_bytes = avail > 0 && size > 0 ? (size_t)avail * (size_t)size : 0;
-	}
+	*free_bytes = (size_t)tr_mem_meminfo_available();
 	return 0;
 }
 

@@ -367,6 +367,8 @@ int tr_csv_open(const struct tr_source_spec *src, int fd, const char *path, cons
 	c->base.info.samples = (int64_t)rows;
 	c->base.info.features = nf;
 	c->base.info.label_dim = nl;
+	/* The parsed values and the two break arrays per row. */
+	c->base.resident_bytes = (int64_t)rows * ((int64_t)(nf + nl) * (int64_t)sizeof(float) + 16);
 	snprintf(c->base.name, sizeof(c->base.name), "%s", path);
 	free(dest);
 	free(buf);

@@ -25,15 +25,18 @@
 #include <zlib.h>
 
 #include "engine/data/reader_internal.h"
+#include "engine/memory.h"
 
 /* An inflated file larger than this is refused before any allocation
- * (the plain file's own bound, count < 2^32 and width < 2^31, would allow
- * far more than any machine holds). */
-#define IDX_MAX_INFLATED ((uint64_t)16 << 30)
+ * whatever the memory (the plain file's own bound, count < 2^32 and
+ * width < 2^31, would allow far more than any machine holds); below it,
+ * the memory available decides (inflate_file). */
+#define IDX_MAX_INFLATED ((uint64_t)1 << 40)
 
 struct idx_file {
 	struct tr_data_map map;  /* plain files */
 	unsigned char *inflated; /* gzip files: the whole file, inflated */
+	int64_t inflated_bytes;
 	const unsigned char *data;
 	int64_t count; /* first dimension */
 	int64_t width; /* product of the others */
@@ -218,7 +221,8 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 	unsigned char in[65536], head[4 + 4 * 255];
 	z_stream z;
 	size_t hdr = 0, want, have = 0;
-	uint64_t total = 0;
+	uint64_t total = 0, avail;
+	int source;
 	unsigned char *out = head;
 	int ret = 0, zr = Z_OK, in_eof = 0;
 
@@ -243,14 +247,20 @@ static int inflate_file(int fd, const char *path, int images, struct idx_file *f
 			if (ret)
 				goto out;
 			total = (uint64_t)f->count * (uint64_t)f->width;
-			if (total > IDX_MAX_INFLATED - hdr) {
+			/* Admitted against the memory there is, not a fixed size:
+			 * the header's promise is checked before any of it is
+			 * allocated (engine/memory.h). */
+			avail = tr_mem_available(&source);
+			if (total > IDX_MAX_INFLATED - hdr || hdr + total > avail) {
 				tr_error_set(err, 0, 0, NULL,
-					     "%s: the IDX header promises %llu bytes of data, more than the %llu "
-					     "a compressed file may hold",
-					     path, (unsigned long long)total, (unsigned long long)IDX_MAX_INFLATED);
-				ret = -EFBIG;
+					     "%s: the IDX header promises %llu bytes of data inflated, more than the "
+					     "%llu bytes of memory available (%s)",
+					     path, (unsigned long long)total, (unsigned long long)avail,
+					     tr_mem_source_name(source));
+				ret = -ENOMEM;
 				goto out;
 			}
+			f->inflated_bytes = (int64_t)(hdr + total);
 			f->inflated = malloc(hdr + (size_t)total);
 			if (!f->inflated) {
 				tr_error_set(err, 0, 0, NULL, "%s: out of memory for %llu inflated bytes", path,
@@ -392,6 +402,7 @@ int tr_idx_open(int images_fd, const char *images_path, int labels_fd, const cha
 	d->base.info.samples = d->images.count;
 	d->base.info.features = (int)d->images.width;
 	d->base.info.label_dim = labels_fd >= 0 ? 1 : 0;
+	d->base.resident_bytes = d->images.inflated_bytes + d->labels.inflated_bytes;
 	if (d->images.ndims == 3) {
 		d->base.info.shape[0] = 1;
 		d->base.info.shape[1] = (int)d->images.dims[1];

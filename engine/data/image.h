@@ -21,6 +21,18 @@
 /* Images larger than this on either side are refused at the header, so a
  * hostile header cannot make the decoder allocate gigabytes. */
 #define TR_IMAGE_MAX_SIDE 16384
+/* The default pixel budget (width x height) of one image: 4096x4096, or
+ * a 24-megapixel photo cropped a little; docs/design.md, "Image data". */
+#define TR_IMAGE_DEFAULT_MAX_PIXELS (16LL << 20)
+
+/* The pixel budget (image_budget.c): every probe and decode refuses, from
+ * the header and before allocating pixels, an image whose width x height
+ * exceeds it (or whose side exceeds TR_IMAGE_MAX_SIDE) with -E2BIG and
+ * "NAME: image too large to decode: WxH is N pixels, the budget is M".
+ * set: n <= 0 restores the default. */
+void tr_image_set_max_pixels(long long n);
+long long tr_image_max_pixels(void);
+int tr_image_check_pixels(const char *name, long long width, long long height, struct tr_error *err);
 
 struct tr_image {
 	int width, height, channels;
@@ -54,6 +66,37 @@ int tr_image_decode(int fd, const char *name, struct tr_image *img, struct tr_er
  * 0 or -ENOMEM. */
 int tr_image_resize(const float *src, int c, int h, int w, float *dst, int oh, int ow);
 
+/* Row-by-row decoding, so that an image is never held whole (images.c
+ * resizes and crops as the rows arrive).  start is called once the header
+ * is read, then row for each row top to bottom (width * channels
+ * interleaved bytes, borrowed until it returns); a negative return from
+ * either stops the decode with that code (its message already in err).
+ * Interlaced PNG files, whose rows are complete only after the last pass,
+ * are decoded whole first.  fd is owned by the call. */
+struct tr_image_rows {
+	int (*start)(void *ctx, int width, int height, int channels, struct tr_error *err);
+	int (*row)(void *ctx, const unsigned char *px, struct tr_error *err);
+	void *ctx;
+};
+int tr_image_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err);
+int tr_png_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err);
+int tr_jpeg_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err);
+
+/* tr_image_resize over rows that arrive top to bottom: the vertical pass
+ * keeps only the window of input rows its taps reach (a ring), then the
+ * horizontal pass runs on the c x oh x w intermediate, with the same
+ * arithmetic in the same order, so the result is bit for bit
+ * tr_image_resize's.  create: 0, -ENOMEM, or -ENOTSUP where the taps'
+ * windows do not move monotonically (then resize whole).  slot: where the
+ * next row goes, planar [c][w] floats; push: that row is there; finish:
+ * after all h rows, the result [c][oh][ow] into dst. */
+typedef struct tr_resize_stream tr_resize_stream_t;
+int tr_resize_stream_create(int c, int h, int w, int oh, int ow, tr_resize_stream_t **out);
+float *tr_resize_stream_slot(tr_resize_stream_t *s);
+void tr_resize_stream_push(tr_resize_stream_t *s);
+void tr_resize_stream_finish(tr_resize_stream_t *s, float *dst);
+void tr_resize_stream_destroy(tr_resize_stream_t *s);
+
 #endif
 
 /* The entries of the directory dir_fd (not consumed) that are
@@ -65,6 +108,10 @@ int tr_image_resize(const float *src, int c, int h, int w, float *dst, int oh, i
  * the directory in messages.  Returns 0 or a negative errno. */
 int tr_image_list(int dir_fd, const char *dir_name, int want_dirs, char ***names, int *n, struct tr_error *err);
 void tr_image_names_free(char **names, int n);
+
+/* Opens the image `name` in dir_fd (tr_data_open_in), the message naming
+ * it as `shown`: an fd or a negative code. */
+int tr_image_open_in(int dir_fd, const char *name, const char *shown, struct tr_error *err);
 
 /* Decodes the image `name` in dir_fd (opened with tr_data_open_in) into
  * planar floats [channels][height][width], values 0..255 times `scale`.

@@ -47,8 +47,9 @@ struct images_reader {
 	int c, h, w;   /* the output shape */
 	int resize[2]; /* as the spec */
 	int crop[2];
-	int want[3]; /* tr_source_spec.want_shape, all 0: none */
-	bool flat;   /* the images lie in the folder itself */
+	int want[3];        /* tr_source_spec.want_shape, all 0: none */
+	bool flat;          /* the images lie in the folder itself */
+	int64_t max_values; /* width x height x channels of the largest file */
 };
 
 static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
@@ -136,14 +137,83 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 	return 0;
 }
 
+/* One get as its rows arrive (tr_image_decode_rows): each row becomes
+ * planar floats; with a resize they go through the streaming resampler
+ * (only the window of rows its taps reach is held, never the image), else
+ * the rows inside the centre crop are copied straight into the sample. */
+struct get_rows {
+	const struct images_reader *d;
+	const char *shown;
+	float *x;
+	int w, h, c, oh, ow, top, left, y;
+	tr_resize_stream_t *stream;
+	float *full; /* [c][h][w] where the taps cannot stream (then resized whole) */
+	float *row;  /* [c][w] without a resize */
+};
+
+static int get_start(void *ctx, int w, int h, int c, struct tr_error *err)
+{
+	struct get_rows *g = ctx;
+	int ret;
+
+	/* The file may have been replaced since open. */
+	if ((ret = check_size(g->d, g->shown, h, w, c, err)) < 0)
+		return ret;
+	g->w = w, g->h = h, g->c = c;
+	resized(g->d, h, w, &g->oh, &g->ow);
+	/* torchvision's center crop: offsets rounded to nearest. */
+	g->top = (int)lround((g->oh - g->d->h) / 2.0);
+	g->left = (int)lround((g->ow - g->d->w) / 2.0);
+	ret = 0;
+	if (g->oh != h || g->ow != w) {
+		ret = tr_resize_stream_create(c, h, w, g->oh, g->ow, &g->stream);
+		if (ret == -ENOTSUP) {
+			g->full = malloc((size_t)c * (size_t)h * (size_t)w * sizeof(float));
+			ret = g->full ? 0 : -ENOMEM;
+		}
+	} else if (!(g->row = malloc((size_t)c * (size_t)w * sizeof(float)))) {
+		ret = -ENOMEM;
+	}
+	if (ret < 0)
+		tr_error_set(err, 0, 0, NULL, "%s: out of memory", g->shown);
+	return ret;
+}
+
+static int get_row(void *ctx, const unsigned char *px, struct tr_error *err)
+{
+	struct get_rows *g = ctx;
+	const struct images_reader *d = g->d;
+	size_t w = (size_t)g->w;
+
+	(void)err;
+	for (int ch = 0; ch < g->c; ch++) {
+		float *o = g->full     ? g->full + ((size_t)ch * (size_t)g->h + (size_t)g->y) * w
+			   : g->stream ? tr_resize_stream_slot(g->stream) + (size_t)ch * w
+				       : g->row + (size_t)ch * w;
+
+		for (size_t i = 0; i < w; i++)
+			o[i] = (float)px[i * (size_t)g->c + (size_t)ch];
+	}
+	if (g->stream) {
+		tr_resize_stream_push(g->stream);
+	} else if (!g->full && g->y >= g->top && g->y < g->top + d->h) {
+		for (int ch = 0; ch < g->c; ch++)
+			memcpy(g->x + ((size_t)ch * d->h + (size_t)(g->y - g->top)) * d->w,
+			       g->row + (size_t)ch * w + g->left, (size_t)d->w * sizeof(float));
+	}
+	g->y++;
+	return 0;
+}
+
 static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct images_reader *d = (struct images_reader *)r;
 	const struct item *it;
 	char shown[PATH_MAX + 512];
-	float *px = NULL, *rs = NULL;
-	const float *src;
-	int w, h, c, oh, ow, ret;
+	struct get_rows g = {.d = d, .shown = shown, .x = x};
+	const struct tr_image_rows cb = {.start = get_start, .row = get_row, .ctx = &g};
+	float *rs = NULL;
+	int fd, ret;
 
 	if (index < 0 || index >= r->info.samples) {
 		tr_error_set(err, 0, 0, NULL, "%s: sample %lld out of range (%lld samples)", r->name, (long long)index,
@@ -152,37 +222,34 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, struct 
 	}
 	it = &d->items[index];
 	shown_name(d, it, shown, sizeof shown);
-	ret = tr_image_load(d->class_fd[it->cls], it->name, shown, 1.0f, &px, &w, &h, &c, err);
-	if (ret)
-		return ret;
-	/* The file may have been replaced since open. */
-	ret = check_size(d, shown, h, w, c, err);
+	fd = tr_image_open_in(d->class_fd[it->cls], it->name, shown, err);
+	if (fd < 0)
+		return fd;
+	ret = tr_image_decode_rows(fd, shown, &cb, err);
 	if (ret)
 		goto out;
-	resized(d, h, w, &oh, &ow);
-	src = px;
-	if (oh != h || ow != w) {
-		rs = malloc((size_t)c * (size_t)oh * (size_t)ow * sizeof(float));
-		if (!rs || tr_image_resize(px, c, h, w, rs, oh, ow)) {
+	if (g.stream || g.full) {
+		/* The resized image [c][oh][ow], then its centre crop. */
+		rs = malloc((size_t)g.c * (size_t)g.oh * (size_t)g.ow * sizeof(float));
+		if (!rs || (g.full && tr_image_resize(g.full, g.c, g.h, g.w, rs, g.oh, g.ow))) {
 			tr_error_set(err, 0, 0, NULL, "%s: out of memory", shown);
 			ret = -ENOMEM;
 			goto out;
 		}
-		src = rs;
-	}
-	{
-		/* torchvision's center crop: offsets rounded to nearest. */
-		int top = (int)lround((oh - d->h) / 2.0), left = (int)lround((ow - d->w) / 2.0);
-
-		for (int ch = 0; ch < c; ch++)
+		if (g.stream)
+			tr_resize_stream_finish(g.stream, rs);
+		for (int ch = 0; ch < g.c; ch++)
 			for (int yy = 0; yy < d->h; yy++)
 				memcpy(x + ((size_t)ch * d->h + yy) * d->w,
-				       src + ((size_t)ch * oh + top + yy) * ow + left, (size_t)d->w * sizeof(float));
+				       rs + ((size_t)ch * g.oh + g.top + yy) * g.ow + g.left,
+				       (size_t)d->w * sizeof(float));
 	}
 	if (y && r->info.label_dim) /* prediction inputs have no labels */
 		y[0] = (float)it->cls;
 out:
-	free(px);
+	tr_resize_stream_destroy(g.stream);
+	free(g.full);
+	free(g.row);
 	free(rs);
 	return ret;
 }
@@ -300,6 +367,8 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 		ret = check_size(d, shown, h, w, c, err);
 		if (ret)
 			return ret;
+		if ((int64_t)w * h * c > d->max_values)
+			d->max_values = (int64_t)w * h * c;
 		d->items[*count] = it;
 		files[i] = NULL; /* the item owns it now */
 		(*count)++;
@@ -457,6 +526,10 @@ done:
 	d->base.info.samples = count;
 	d->base.info.features = d->c * d->h * d->w;
 	d->base.info.label_dim = src->unlabeled ? 0 : 1;
+	/* One get of the largest image (images_get): rows stream through the
+	 * resize, so this is an upper bound (its float copy where the taps
+	 * cannot stream, the resize's intermediate and result). */
+	d->base.get_scratch_bytes = d->max_values * 13 + (int64_t)d->base.info.features * 4;
 	d->base.info.shape[0] = d->c;
 	d->base.info.shape[1] = d->h;
 	d->base.info.shape[2] = d->w;

@@ -81,6 +81,20 @@ int tr_image_decode(int fd, const char *name, struct tr_image *img, struct tr_er
 	}
 }
 
+int tr_image_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err)
+{
+	switch (sniff(fd)) {
+	case PNG:
+		return tr_png_decode_rows(fd, name, cb, err);
+	case JPEG:
+		return tr_jpeg_decode_rows(fd, name, cb, err);
+	default:
+		close(fd);
+		tr_error_set(err, 0, 0, NULL, "%s: not a PNG or JPEG file", name);
+		return -EINVAL;
+	}
+}
+
 void tr_image_names_free(char **names, int n)
 {
 	for (int i = 0; names && i < n; i++)
@@ -154,24 +168,32 @@ out:
 	return ret;
 }
 
-int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width, int *height,
-		  int *channels, struct tr_error *err)
+int tr_image_open_in(int dir_fd, const char *name, const char *shown, struct tr_error *err)
 {
-	struct tr_image img;
 	struct tr_error msg;
-	size_t plane;
-	float *f;
-	int fd, ret;
+	int fd = tr_data_open_in(dir_fd, name, 0, NULL, &msg);
 
-	*out = NULL;
-	fd = tr_data_open_in(dir_fd, name, 0, NULL, &msg);
 	if (fd < 0) {
 		/* msg.message is "'name': why"; the message names the whole path instead. */
 		const char *why = strstr(msg.message, "': ");
 
 		tr_error_set(err, 0, 0, NULL, "%s: %s", shown, why ? why + 3 : msg.message);
-		return fd;
 	}
+	return fd;
+}
+
+int tr_image_load(int dir_fd, const char *name, const char *shown, float scale, float **out, int *width, int *height,
+		  int *channels, struct tr_error *err)
+{
+	struct tr_image img;
+	size_t plane;
+	float *f;
+	int fd, ret;
+
+	*out = NULL;
+	fd = tr_image_open_in(dir_fd, name, shown, err);
+	if (fd < 0)
+		return fd;
 	ret = tr_image_decode(fd, shown, &img, err);
 	if (ret)
 		return ret;

@@ -43,9 +43,10 @@ static void on_output(j_common_ptr cinfo)
 }
 
 /* Reads the header of fd (owned) and sets up the output colour space.
- * With px != NULL also decodes into *px. */
+ * With px != NULL also decodes into *px; with cb != NULL hands it the
+ * rows instead. */
 static int run(int fd, const char *name, int *width, int *height, int *channels, unsigned char **px,
-	       struct tr_error *err)
+	       const struct tr_image_rows *cb, struct tr_error *err)
 {
 	struct jpeg_decompress_struct cinfo;
 	struct jerr e;
@@ -71,12 +72,9 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 	jpeg_create_decompress(&cinfo);
 	jpeg_stdio_src(&cinfo, fp);
 	jpeg_read_header(&cinfo, TRUE);
-	if (cinfo.image_width > TR_IMAGE_MAX_SIDE || cinfo.image_height > TR_IMAGE_MAX_SIDE) {
-		tr_error_set(err, 0, 0, NULL, "%s: %ux%u is larger than %d on a side", name, cinfo.image_width,
-			     cinfo.image_height, TR_IMAGE_MAX_SIDE);
-		ret = -EINVAL;
+	/* The SOF's size against the pixel budget, before any pixel buffer. */
+	if ((ret = tr_image_check_pixels(name, cinfo.image_width, cinfo.image_height, err)) < 0)
 		goto out;
-	}
 	if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
 		tr_error_set(err, 0, 0, NULL, "%s: CMYK JPEG files are not supported", name);
 		ret = -EINVAL;
@@ -86,7 +84,34 @@ static int run(int fd, const char *name, int *width, int *height, int *channels,
 	*width = (int)cinfo.image_width;
 	*height = (int)cinfo.image_height;
 	*channels = cinfo.num_components == 1 ? 1 : 3;
-	if (px) {
+	if (cb) {
+		size_t row = (size_t)*width * (size_t)*channels;
+
+		jpeg_start_decompress(&cinfo);
+		out = malloc(row);
+		if (!out) {
+			tr_error_set(err, 0, 0, NULL, "%s: out of memory", name);
+			ret = -ENOMEM;
+			goto out;
+		}
+		if ((ret = cb->start(cb->ctx, *width, *height, *channels, err)) < 0)
+			goto out;
+		while (cinfo.output_scanline < cinfo.output_height) {
+			JSAMPROW r = out;
+
+			jpeg_read_scanlines(&cinfo, &r, 1);
+			if ((ret = cb->row(cb->ctx, out, err)) < 0)
+				goto out;
+		}
+		jpeg_finish_decompress(&cinfo);
+		/* The rows went out already: the caller drops what it made of
+		 * them on this error. */
+		if (e.pub.num_warnings) {
+			tr_error_set(err, 0, 0, NULL, "%s: corrupt or truncated JPEG (%s)", name, e.msg);
+			ret = -EINVAL;
+			goto out;
+		}
+	} else if (px) {
 		size_t row = (size_t)*width * (size_t)*channels;
 
 		jpeg_start_decompress(&cinfo);
@@ -119,11 +144,18 @@ out:
 
 int tr_jpeg_probe(int fd, const char *name, int *width, int *height, int *channels, struct tr_error *err)
 {
-	return run(fd, name, width, height, channels, NULL, err);
+	return run(fd, name, width, height, channels, NULL, NULL, err);
 }
 
 int tr_jpeg_decode(int fd, const char *name, struct tr_image *img, struct tr_error *err)
 {
 	memset(img, 0, sizeof(*img));
-	return run(fd, name, &img->width, &img->height, &img->channels, &img->px, err);
+	return run(fd, name, &img->width, &img->height, &img->channels, &img->px, NULL, err);
+}
+
+int tr_jpeg_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err)
+{
+	int w, h, c;
+
+	return run(fd, name, &w, &h, &c, NULL, cb, err);
 }

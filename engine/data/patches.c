@@ -27,6 +27,7 @@
 
 #include "engine/data/image.h"
 #include "engine/data/reader_internal.h"
+#include "engine/memory.h"
 #include "engine/rng.h"
 
 /* Decoded images held in memory, input and response together. */
@@ -44,6 +45,7 @@ struct patches_reader {
 	bool residual;
 	int n;
 	struct pimage *img;
+	uint64_t mem_available; /* at open: what the decoded images may take */
 };
 
 static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, struct tr_error *err)
@@ -145,6 +147,15 @@ static int load_one(struct patches_reader *d, const struct tr_source_spec *src, 
 		return -EINVAL;
 	}
 	*floats += 2 * (int64_t)c * im->h * im->w;
+	/* The decoded images stay in memory: admitted against the memory
+	 * there was at open (engine/memory.h) as they are decoded. */
+	if ((uint64_t)*floats * sizeof(float) > d->mem_available) {
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: the images decoded so far need %lld MiB, more than the %llu MiB of memory available "
+			     "(patches holds them in memory)",
+			     shown, (long long)(*floats * 4 >> 20), (unsigned long long)(d->mem_available >> 20));
+		return -ENOMEM;
+	}
 	if (*floats > MAX_FLOATS) {
 		tr_error_set(err, 0, 0, NULL,
 			     "%s: the images decoded so far exceed %lld MiB (patches holds them in memory)", shown,
@@ -179,6 +190,7 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 		goto fail;
 	}
 	d->base.i = &patches_i;
+	d->mem_available = tr_mem_available(NULL);
 	snprintf(d->base.name, sizeof d->base.name, "%s", input_name);
 	d->seed = src->data_seed;
 	d->ph = src->patch_size[0];
@@ -247,6 +259,7 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 		goto fail;
 	}
 	d->base.info.samples = (int64_t)n * d->per_image;
+	d->base.resident_bytes = floats * (int64_t)sizeof(float);
 	d->base.info.features = d->c * d->ph * d->pw;
 	d->base.info.label_dim = d->base.info.features;
 	d->base.info.shape[0] = d->base.info.label_shape[0] = d->c;

@@ -66,10 +66,18 @@ static int start(int fd, const char *name, FILE **fp, png_structp *png, png_info
 		tr_error_set(err, 0, 0, NULL, "%s: out of memory", name);
 		return -ENOMEM;
 	}
-	png_set_user_limits(*png, TR_IMAGE_MAX_SIDE, TR_IMAGE_MAX_SIDE);
+	/* libpng's own limit is left wide: the pixel budget is checked on the
+	 * header's figures (header_fits) so the message says which budget. */
+	png_set_user_limits(*png, 0x7fffffff, 0x7fffffff);
 	png_init_io(*png, *fp);
 	png_set_sig_bytes(*png, (int)sizeof sig);
 	return 0;
+}
+
+/* After png_read_info: the header's size against the pixel budget. */
+static int header_fits(png_structp png, png_infop info, const char *name, struct tr_error *err)
+{
+	return tr_image_check_pixels(name, png_get_image_width(png, info), png_get_image_height(png, info), err);
 }
 
 /* After png_read_info: the expansions of image.h. */
@@ -96,7 +104,7 @@ int tr_png_probe(int fd, const char *name, int *width, int *height, int *channel
 	png_structp png = NULL;
 	png_infop info = NULL;
 	FILE *fp;
-	int ret = start(fd, name, &fp, &png, &info, &e, err);
+	volatile int ret = start(fd, name, &fp, &png, &info, &e, err);
 
 	if (ret)
 		return ret;
@@ -106,6 +114,8 @@ int tr_png_probe(int fd, const char *name, int *width, int *height, int *channel
 		goto out;
 	}
 	png_read_info(png, info);
+	if ((ret = header_fits(png, info, name, err)) < 0)
+		goto out;
 	set_expansions(png, info);
 	*width = (int)png_get_image_width(png, info);
 	*height = (int)png_get_image_height(png, info);
@@ -124,7 +134,7 @@ int tr_png_decode(int fd, const char *name, struct tr_image *img, struct tr_erro
 	png_bytep *volatile rows = NULL;
 	unsigned char *volatile px = NULL;
 	FILE *fp;
-	int ret = start(fd, name, &fp, &png, &info, &e, err);
+	volatile int ret = start(fd, name, &fp, &png, &info, &e, err);
 
 	memset(img, 0, sizeof(*img));
 	if (ret)
@@ -135,6 +145,8 @@ int tr_png_decode(int fd, const char *name, struct tr_image *img, struct tr_erro
 		goto out;
 	}
 	png_read_info(png, info);
+	if ((ret = header_fits(png, info, name, err)) < 0)
+		goto out;
 	set_expansions(png, info);
 	{
 		size_t w = png_get_image_width(png, info), h = png_get_image_height(png, info);
@@ -162,5 +174,70 @@ out:
 	fclose(fp);
 	free(rows);
 	free(px);
+	return ret;
+}
+
+int tr_png_decode_rows(int fd, const char *name, const struct tr_image_rows *cb, struct tr_error *err)
+{
+	struct png_err e = {{0}};
+	png_structp png = NULL;
+	png_infop info = NULL;
+	unsigned char *volatile row = NULL;
+	FILE *fp;
+	volatile int ret = start(fd, name, &fp, &png, &info, &e, err);
+
+	if (ret)
+		return ret;
+	if (setjmp(png_jmpbuf(png))) {
+		tr_error_set(err, 0, 0, NULL, "%s: corrupt or truncated PNG (%s)", name, e.msg);
+		ret = -EINVAL;
+		goto out;
+	}
+	png_read_info(png, info);
+	if ((ret = header_fits(png, info, name, err)) < 0)
+		goto out;
+	if (png_get_interlace_type(png, info) != PNG_INTERLACE_NONE) {
+		/* Rows are complete only after the last pass: whole, then fed. */
+		png_destroy_read_struct(&png, &info, NULL);
+		if (fseek(fp, 0, SEEK_SET) != 0) {
+			tr_error_set(err, 0, 0, NULL, "%s: %s", name, strerror(errno));
+			ret = -EIO;
+			fclose(fp);
+			return ret;
+		}
+		struct tr_image img;
+		ret = tr_png_decode(dup(fileno(fp)), name, &img, err);
+		fclose(fp);
+		if (ret == 0)
+			ret = cb->start(cb->ctx, img.width, img.height, img.channels, err);
+		for (int y = 0; ret == 0 && y < img.height; y++)
+			ret = cb->row(cb->ctx, img.px + (size_t)y * img.width * img.channels, err);
+		free(img.px);
+		return ret;
+	}
+	set_expansions(png, info);
+	{
+		int w = (int)png_get_image_width(png, info), h = (int)png_get_image_height(png, info);
+		int c = png_get_channels(png, info);
+
+		row = malloc(png_get_rowbytes(png, info));
+		if (!row) {
+			tr_error_set(err, 0, 0, NULL, "%s: out of memory", name);
+			ret = -ENOMEM;
+			goto out;
+		}
+		if ((ret = cb->start(cb->ctx, w, h, c, err)) < 0)
+			goto out;
+		for (int y = 0; y < h; y++) {
+			png_read_row(png, row, NULL);
+			if ((ret = cb->row(cb->ctx, row, err)) < 0)
+				goto out;
+		}
+		png_read_end(png, NULL);
+	}
+out:
+	png_destroy_read_struct(&png, &info, NULL);
+	fclose(fp);
+	free(row);
 	return ret;
 }

@@ -72,6 +72,11 @@ struct tr_reader {
 	const struct tr_reader_i *i;
 	struct tr_reader_info info;
 	char name[256]; /* file name or "synthetic", for messages */
+	/* For the job's memory estimate (engine/memory.h), set at open: the
+	 * bytes the reader holds (parsed CSV, inflated gzip IDX, decoded
+	 * patches images; 0 for mapped or generated data), and the most one
+	 * get allocates while it runs (an image decoded and resized). */
+	int64_t resident_bytes, get_scratch_bytes;
 };
 
 /* Opens `src`, its files through tr_data_open(roots, ...) (roots NULL: as

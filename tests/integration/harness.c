@@ -211,6 +211,18 @@ long long submit_job(const struct daemon *d, const char *spec_json)
 	return id;
 }
 
+json_t *get_job_json(const struct daemon *d, long long id)
+{
+	char path[64];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	json_t *j = json_incref(r.json);
+	http_free(&r);
+	return j;
+}
+
 const char *wait_state(const struct daemon *d, long long id, const char *states, double timeout_s)
 {
 	static char state[32];

@@ -61,6 +61,8 @@ void http_free(struct http_reply *r);
 long http_download(const struct daemon *d, const char *path, const char *file, size_t *len);
 /* Convenience: returns a job id from POST /jobs (asserts 201). */
 long long submit_job(const struct daemon *d, const char *spec_json);
+/* GET /jobs/{id} as JSON (asserts 200; the caller decrefs). */
+json_t *get_job_json(const struct daemon *d, long long id);
 /* Polls GET /jobs/{id} until the state is one of `states` ('|'-separated)
  * or timeout_s passes; returns the final state (static buffer). */
 const char *wait_state(const struct daemon *d, long long id, const char *states, double timeout_s);

@@ -53,7 +53,7 @@ def finish(figures_path=None):
 class Daemon:
     """One trainerd with its own state directory (removed by close())."""
 
-    def __init__(self, cpu_devices=2, extra=(), env=None, tag="d"):
+    def __init__(self, cpu_devices=2, extra=(), env=None, tag="d", limit_as=None):
         self.dir = tempfile.mkdtemp(prefix="trainerd-rel-%s-" % tag)
         self.cpu_devices = cpu_devices
         self.extra = list(extra)
@@ -61,6 +61,7 @@ class Daemon:
         self.proc = None
         self.url = None
         self.starts = 0
+        self.limit_as = limit_as  # an RLIMIT_AS (bytes) set on the daemon, as prlimit does
 
     @property
     def pid(self):
@@ -77,7 +78,11 @@ class Daemon:
         args = [TRAINERD, "serve", "--listen", "127.0.0.1:0", "--state-dir", self.dir, "--data-root", self.dir,
                 "--cpu-devices", str(self.cpu_devices), "--backend", "cpu", "--log-level", "debug"] + self.extra
         logf = open(os.path.join(self.dir, "daemon.log"), "ab")
-        self.proc = subprocess.Popen(args, stdout=logf, stderr=logf, env=self.env)
+        def limit():
+            if self.limit_as:
+                import resource
+                resource.setrlimit(resource.RLIMIT_AS, (self.limit_as, self.limit_as))
+        self.proc = subprocess.Popen(args, stdout=logf, stderr=logf, env=self.env, preexec_fn=limit)
         logf.close()
         self.starts += 1
         deadline = time.time() + timeout
@@ -223,6 +228,23 @@ class Daemon:
 
     def threads(self):
         return len(os.listdir("/proc/%d/task" % self.pid))
+
+    def hwm_kb(self):
+        """Peak RSS (VmHWM) so far."""
+        with open("/proc/%d/status" % self.pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        return 0
+
+    def alive(self):
+        """The process runs and answers /healthz."""
+        if not self.proc or self.proc.poll() is not None:
+            return False
+        try:
+            return self.get("/healthz", timeout=10)[0] == 200
+        except OSError:
+            return False
 
     def rss_kb(self):
         with open("/proc/%d/status" % self.pid) as f:

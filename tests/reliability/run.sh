@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The reliability suite (tests/reliability/README.md): the crash loop, the
-# load run and the faults against the built daemon (`make test-reliability`
+# load run, the faults and the memory attacks against the built daemon (`make test-reliability`
 # also runs the fuzz targets when tests/fuzz/run.sh exists).  Prints each part's
 # checks, the merged figures, and one closing line
 # `RESULT: N passed, M failed` (tests/run_tests.py reads it).
 # Usage: run.sh TRAINERD [--full]   (run from the repository root)
-# Bounded (the default, part of `make test`): about a minute.  --full
-# (`make test-reliability`): 20 SIGKILLs, two 30 s load rounds, every fault.
+# Bounded (the default, part of `make test`): about a minute and a half.
+# --full (`make test-reliability`): 20 SIGKILLs, two 30 s load rounds, every
+# fault, every memory attack.
 set -u
 TRAINERD=$(realpath "${1:?usage: run.sh TRAINERD [--full]}")
 full=${2:-}
@@ -17,7 +18,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 pass=0
 fail=0
-for part in crash_loop load faults; do
+for part in crash_loop load faults memory; do
 	start=$(date +%s)
 	"$python" "$here/$part.py" "$TRAINERD" $full --figures "$work/$part.json" >"$work/$part.out" 2>&1
 	rc=$?
@@ -41,7 +42,7 @@ done
 "$python" - "$work" <<'PY'
 import json, os, sys
 total = {}
-for part in ("crash_loop", "load", "faults"):
+for part in ("crash_loop", "load", "faults", "memory"):
     p = os.path.join(sys.argv[1], part + ".json")
     if not os.path.exists(p):
         continue

@@ -92,6 +92,9 @@ Test(config, bad_values_name_the_flag)
 		{"--data-root", "", "--data-root: must not be empty, got ''"},
 		{"--log-level", "loud", "--log-level: must be one of"},
 		{"--state-max-bytes", "-5", "--state-max-bytes: must be >= 0, got '-5'"},
+		{"--max-job-crashes", "-1", "--max-job-crashes: must be in [0, 1000], got '-1'"},
+		{"--image-max-pixels", "0", "--image-max-pixels: must be in [1, 268435456], got '0'"},
+		{"--memory-available", "-1", "--memory-available: must be >= 0, got '-1'"},
 	};
 
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <png.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include "engine/data/image.h"
 #include "engine/data/prefetch.h"
 #include "engine/data/reader.h"
+#include "engine/memory.h"
 #include "engine/spec.h"
 #include "tests/unit/engine/fixtures.h"
 
@@ -173,8 +175,28 @@ Test(images, idx_gzip_rejects_truncated_and_corrupt_files)
 		gzclose(g);
 	}
 	s = idx_src(tmp_path("huge.gz"), tmp_path("lab.gz"));
-	cr_assert_eq(open_fail(&s), -EFBIG);
+	cr_assert_eq(open_fail(&s), -ENOMEM);
 	expect_err("huge.gz");
+
+	/* Below that, the memory available decides (not a fixed 16 GiB):
+	 * 4 MB promised against an override of 1 MiB. */
+	{
+		unsigned char h[16];
+		gzFile g = gzopen(tmp_path("big.gz"), "wb");
+
+		put_be32(h, 0x803);
+		put_be32(h + 4, 4);
+		put_be32(h + 8, 1000);
+		put_be32(h + 12, 1000);
+		gzwrite(g, h, sizeof h);
+		gzclose(g);
+	}
+	s = idx_src(tmp_path("big.gz"), tmp_path("lab.gz"));
+	tr_mem_set_available(1 << 20);
+	cr_assert_eq(open_fail(&s), -ENOMEM);
+	tr_mem_set_available(0);
+	expect_err("big.gz: the IDX header promises 4000000 bytes of data inflated, more than the 1048576 bytes of "
+		   "memory available (memory-available)");
 }
 
 /* Debian's dataset-fashion-mnist: gzipped IDX, 60000 + 10000 images. */
@@ -1201,4 +1223,145 @@ Test(images, recorded_normalize_applies_per_channel)
 	cr_assert_lt(tr_transforms_create_recorded(spec, NULL, 13, &t, &err), 0);
 	expect_err("transforms/0");
 	free(spec);
+}
+
+/* ---- the pixel budget (decompression bombs) ---- */
+
+/* One PNG chunk: length, type, data, CRC over type and data. */
+static size_t png_chunk(unsigned char *out, const char *type, const unsigned char *data, uint32_t len)
+{
+	put_be32(out, len);
+	memcpy(out + 4, type, 4);
+	if (len)
+		memcpy(out + 8, data, len);
+	put_be32(out + 8 + len, (uint32_t)crc32(0, out + 4, 4 + len));
+	return 12 + len;
+}
+
+/* A PNG whose IHDR says w x h grey (8 bits), with one row of zeros of
+ * image data: what a decompression bomb's header looks like, without
+ * its megabytes. */
+static void write_png_header_claiming(const char *name, uint32_t w, uint32_t h)
+{
+	unsigned char ihdr[13] = {0}, buf[512], row[64] = {0}, z[128];
+	uLongf zlen = sizeof z;
+	size_t n = 8;
+
+	memcpy(buf, "\x89PNG\r\n\x1a\n", 8);
+	put_be32(ihdr, w);
+	put_be32(ihdr + 4, h);
+	ihdr[8] = 8; /* bit depth; colour type 0 (grey), no interlace */
+	n += png_chunk(buf + n, "IHDR", ihdr, sizeof ihdr);
+	cr_assert_eq(compress(z, &zlen, row, sizeof row), Z_OK);
+	n += png_chunk(buf + n, "IDAT", z, (uint32_t)zlen);
+	n += png_chunk(buf + n, "IEND", NULL, 0);
+	write_file(name, buf, n);
+}
+
+/* The JPEG `name` rewritten to claim w x h in its SOF marker. */
+static void jpeg_claim(const char *name, uint16_t w, uint16_t h)
+{
+	FILE *f = fopen(tmp_path(name), "r+b");
+	unsigned char b[4096];
+	size_t n;
+
+	cr_assert_not_null(f);
+	n = fread(b, 1, sizeof b, f);
+	for (size_t i = 2; i + 9 < n; i++)
+		if (b[i] == 0xff && b[i + 1] == 0xc0) {
+			b[i + 5] = (unsigned char)(h >> 8), b[i + 6] = (unsigned char)h;
+			b[i + 7] = (unsigned char)(w >> 8), b[i + 8] = (unsigned char)w;
+			cr_assert_eq(fseek(f, 0, SEEK_SET), 0);
+			cr_assert_eq(fwrite(b, 1, n, f), n);
+			cr_assert_eq(fclose(f), 0);
+			return;
+		}
+	cr_assert_fail("%s: no SOF0 marker", name);
+}
+
+static int probe_file(const char *name, struct tr_image *img, bool decode)
+{
+	int fd = open(tmp_path(name), O_RDONLY), w, h, c;
+
+	cr_assert_geq(fd, 0);
+	memset(&err, 0, sizeof err);
+	return decode ? tr_image_decode(fd, name, img, &err) : tr_image_probe(fd, name, &w, &h, &c, &err);
+}
+
+Test(images, headers_over_the_pixel_budget_are_refused_before_decoding)
+{
+	struct tr_image img;
+	struct tr_source_spec s = images_src("bomb");
+
+	/* 16384 x 16384 is 256 Mi pixels: over the default budget of 16 Mi,
+	 * though within the old 16384-a-side limit. */
+	write_png_header_claiming("bomb.png", 16384, 16384);
+	for (int decode = 0; decode < 2; decode++) {
+		cr_assert_eq(probe_file("bomb.png", &img, decode), -E2BIG, "%s", err.message);
+		expect_err("bomb.png: image too large to decode");
+		expect_err("16384x16384 is 268435456 pixels");
+		expect_err("the budget is 16777216 pixels");
+	}
+	write_jpeg("bomb.jpg", 16, 16, 3, 0);
+	jpeg_claim("bomb.jpg", 16000, 12000);
+	for (int decode = 0; decode < 2; decode++) {
+		cr_assert_eq(probe_file("bomb.jpg", &img, decode), -E2BIG, "%s", err.message);
+		expect_err("bomb.jpg: image too large to decode: 16000x12000 is 192000000 pixels");
+	}
+
+	/* In a folder, the reader refuses at open, naming the file. */
+	mkdir_in("bomb");
+	mkdir_in("bomb/a");
+	write_pattern("bomb/a/fine.png", 8, 8, 3, 1);
+	write_png_header_claiming("bomb/a/huge.png", 8192, 8192);
+	open_fail(&s);
+	expect_err("bomb/a/huge.png: image too large to decode");
+
+	/* The budget is the process's setting: a lower one refuses a small
+	 * image, and the default comes back. */
+	tr_image_set_max_pixels(63);
+	cr_assert_eq(probe_file("bomb/a/fine.png", &img, true), -E2BIG);
+	expect_err("8x8 is 64 pixels, the budget is 63 pixels");
+	tr_image_set_max_pixels(0);
+	cr_assert_eq(tr_image_max_pixels(), TR_IMAGE_DEFAULT_MAX_PIXELS);
+	cr_assert_eq(probe_file("bomb/a/fine.png", &img, true), 0, "%s", err.message);
+	cr_assert_eq(img.width * img.height * img.channels, 8 * 8 * 3);
+	free(img.px);
+}
+
+/* The streaming resampler (rows top to bottom, a ring of the rows the taps
+ * reach) gives tr_image_resize's result bit for bit: shrinking by large
+ * and small factors, enlarging, one side only. */
+Test(resize, streaming_rows_match_the_whole_image_bit_for_bit)
+{
+	static const int sizes[][4] = {{300, 200, 17, 23}, {64, 48, 64, 24},  {40, 30, 97, 61},
+				       {9, 500, 9, 7},     {128, 96, 32, 32}, {5, 5, 3, 8}};
+
+	for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+		int h = sizes[t][0], w = sizes[t][1], oh = sizes[t][2], ow = sizes[t][3], c = 2;
+		float *src = malloc((size_t)c * h * w * sizeof(float));
+		float *whole = malloc((size_t)c * oh * ow * sizeof(float));
+		float *rows = malloc((size_t)c * oh * ow * sizeof(float));
+		tr_resize_stream_t *s;
+
+		for (int i = 0; i < c * h * w; i++)
+			src[i] = (float)((i * 37 + i / 7) % 251);
+		cr_assert_eq(tr_image_resize(src, c, h, w, whole, oh, ow), 0);
+		cr_assert_eq(tr_resize_stream_create(c, h, w, oh, ow, &s), 0, "%dx%d -> %dx%d", w, h, ow, oh);
+		for (int y = 0; y < h; y++) {
+			float *slot = tr_resize_stream_slot(s);
+
+			for (int ch = 0; ch < c; ch++)
+				memcpy(slot + (size_t)ch * w, src + ((size_t)ch * h + y) * w,
+				       (size_t)w * sizeof(float));
+			tr_resize_stream_push(s);
+		}
+		tr_resize_stream_finish(s, rows);
+		tr_resize_stream_destroy(s);
+		cr_assert_eq(memcmp(whole, rows, (size_t)c * oh * ow * sizeof(float)), 0, "%dx%d -> %dx%d differs", w,
+			     h, ow, oh);
+		free(src);
+		free(whole);
+		free(rows);
+	}
 }
