@@ -17,7 +17,8 @@
  * Prediction inputs (tr_source_spec.unlabeled) may also be a flat folder
  * of images, read in sorted name order; class subfolders' labels are then
  * dropped.  With want_shape (a model's input) every image must come out as
- * that shape, and the message names the file and both shapes.
+ * that shape, and the message names the file and both shapes; with
+ * pixel_scale (a model's recorded scale) the values are 0..255 times it.
  */
 #include <errno.h>
 #include <limits.h>
@@ -48,6 +49,7 @@ struct images_reader {
 	int resize[2]; /* as the spec */
 	int crop[2];
 	int want[3]; /* tr_source_spec.want_shape, all 0: none */
+	float scale; /* tr_source_spec.pixel_scale, 1 by default */
 	bool flat;   /* the images lie in the folder itself */
 };
 
@@ -152,7 +154,7 @@ static int images_get(tr_reader_t *r, int64_t index, float *x, float *y, struct 
 	}
 	it = &d->items[index];
 	shown_name(d, it, shown, sizeof shown);
-	ret = tr_image_load(d->class_fd[it->cls], it->name, shown, 1.0f, &px, &w, &h, &c, err);
+	ret = tr_image_load(d->class_fd[it->cls], it->name, shown, d->scale, &px, &w, &h, &c, err);
 	if (ret)
 		return ret;
 	/* The file may have been replaced since open. */
@@ -326,6 +328,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	memcpy(d->resize, src->resize, sizeof d->resize);
 	memcpy(d->crop, src->center_crop, sizeof d->crop);
 	memcpy(d->want, src->want_shape, sizeof d->want);
+	d->scale = src->pixel_scale > 0.0f ? src->pixel_scale : 1.0f;
 	if (d->want[0]) {
 		d->c = d->want[0];
 		d->h = d->want[1];

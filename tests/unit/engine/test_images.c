@@ -465,7 +465,7 @@ static struct tr_source_spec patches_src(const char *dir, int size, int per_imag
 	s.path = (char *)tmp_path(dir);
 	s.patch_size[0] = s.patch_size[1] = size;
 	s.patches_per_image = per_image;
-	s.degrade_factor = 2;
+	s.degrade = (struct tr_degrade){.type = TR_DEGRADE_DOWNSCALE, .factor = 2};
 	s.data_seed = 42;
 	return s;
 }
