@@ -31,6 +31,10 @@ int tr_run_metrics_truncate(const char *path, int64_t step);
 int tr_cmd_eval(int argc, char **argv);
 int tr_cmd_predict(int argc, char **argv);
 
+/* trainerd degrade IN OUT --factor F | --noise SIGMA (degrade_cmd.c):
+ * the training degradation on whole images. */
+int tr_cmd_degrade(int argc, char **argv);
+
 /* The .npy header (version 1.0) of a float32 C-order array of the given
  * shape, padded so the data starts at a multiple of 64 bytes.  Returns 0
  * or -1 (a write failed). */
