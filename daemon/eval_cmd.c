@@ -376,7 +376,8 @@ out:
 static void predict_help(FILE *out)
 {
 	fputs("usage: trainerd predict MODEL INPUT --out FILE [--format csv|npy|idx|images] [--header]\n"
-	      "                        [--devices N] [--backend cpu|cuda] [--workers W] [--batch B]\n",
+	      "                        [--devices N] [--backend cpu|cuda] [--workers W] [--batch B]\n"
+	      "       trainerd predict MODEL IMAGES --out DIR/ [--format png|npy] [--degrade] [--tile T]\n",
 	      out);
 	if (out != stdout)
 		return;
@@ -402,6 +403,15 @@ static void predict_help(FILE *out)
 	      "            for an image folder a first column \"file\" holds each image's path\n"
 	      "            under the folder\n"
 	      "  .npy      the same table as float32, N x (1 + classes) or N x outputs\n"
+	      "  DIR/      for an image-to-image model (trained on patches, fully\n"
+	      "            convolutional): IMAGES is a folder of PNG/JPEG files or one\n"
+	      "            file, run whole (in tiles) whatever their size; one output\n"
+	      "            image per input, of the same name (.png) and size, the residual\n"
+	      "            added back, rounded and clipped to 8 bits; --format npy writes\n"
+	      "            float32 [C, H, W] arrays on the model's scale instead\n"
+	      "  --degrade          DIR/: degrade each image as the model's training inputs\n"
+	      "                     were first (the recorded downscale or noise)\n"
+	      "  --tile T           DIR/: tile side in pixels, overlap included (default 128)\n"
 	      "\n"
 	      "  --devices N        CPU devices (default: one per core, at most 64)\n"
 	      "  --backend cpu|cuda default: a GPU when there is one\n"
