@@ -1010,6 +1010,7 @@ static const struct tr_field root_fields[] = {
 	{.key = "prefetch", .kind = K_OBJECT, .sub = prefetch_fields},
 	{.key = "log_every_steps", .kind = K_INT, .off = SPEC(log_every_steps), .flags = POSITIVE, .def = 1},
 	{.key = "eval_every_epochs", .kind = K_INT, .off = SPEC(eval_every_epochs), .flags = POSITIVE, .def = 1},
+	{.key = "eval_every_steps", .kind = K_INT, .off = SPEC(eval_every_steps), .flags = POSITIVE | F_OMIT0},
 	{.key = "checkpoint", .kind = K_OBJECT, .sub = checkpoint_fields},
 	{.key = "monitors", .kind = K_ARRAY, .off = SPEC(monitors), .sub = monitor_fields,
 	 .size = sizeof(struct tr_monitor_spec), .count_off = SPEC(n_monitors), .max = TR_SPEC_MAX_MONITORS,

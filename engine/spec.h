@@ -254,6 +254,7 @@ struct tr_spec {
 	int prefetch_depth;         /* default 4 */
 	int log_every_steps;        /* default 1 */
 	int eval_every_epochs;      /* default 1 */
+	int eval_every_steps;       /* 0 = not given: also every this many steps */
 	int checkpoint_every_steps; /* 0 = off */
 	int checkpoint_every_seconds;
 	int checkpoint_keep; /* default 3 */

@@ -8,7 +8,9 @@
 # computation (imresize in numpy, the convolutions in PyTorch), as float
 # .npy and as 8-bit PNGs of the same name and size; a run in small tiles
 # equals the whole-image run; `trainerd degrade` makes the same degraded
-# image.  A model file without the pixels record, a classifier, an image
+# image; validation reports val_psnr and val_ssim, every eval_every_steps
+# too, equal to numpy's on the final model.  A model file without the
+# pixels record, a classifier, an image
 # below the receptive field or of another channel count, and eval data
 # degraded otherwise are refused naming what is wrong.  Skipped (77)
 # without python3-torch.
@@ -43,7 +45,7 @@ def image(h, wd, ch=1):
         a[:, x0:x0 + 2] = rng.uniform(0, 255)
     a = np.clip(a, 0, 255)
     return a if ch == 1 else np.stack([a] * ch, -1)
-for d, n, (h, wd) in (("train", 8, (40, 40)), ("test", 3, (37, 45))):
+for d, n, (h, wd) in (("train", 8, (40, 40)), ("test", 3, (37, 45)), ("val", 3, (16, 16))):
     os.makedirs(f"{w}/{d}")
     for i in range(n):
         png_write(f"{w}/{d}/{i:02d}.png", image(h, wd))
@@ -61,8 +63,10 @@ cat >"$work/sr.json" <<JSON
               {"type": "conv2d", "filters": 1, "kernel": 3, "padding": "same"}],
    "loss": "mse"},
  "data": {"train": {"format": "patches", "path": "$work/train", "patch_size": 16, "patches_per_image": 32,
-                    "degrade": {"type": "downscale", "factor": 2}, "response": "residual"}},
- "batch_size": 16, "epochs": 4, "optimizer": {"type": "adam", "lr": 0.003}}
+                    "degrade": {"type": "downscale", "factor": 2}, "response": "residual"},
+          "validation": {"format": "patches", "path": "$work/val", "patch_size": 16, "patches_per_image": 1,
+                         "degrade": {"type": "downscale", "factor": 2}, "response": "residual"}},
+ "batch_size": 16, "epochs": 4, "eval_every_steps": 5, "optimizer": {"type": "adam", "lr": 0.003}}
 JSON
 "$TRAINERD" run "$work/sr.json" --devices 2 --out "$work/sr" --quiet 2>"$work/run.err"
 check "training on patches exits 0" test $? -eq 0
@@ -125,6 +129,36 @@ for i in range(3):
 # the model on degrade's images: the same outputs up to the 8-bit rounding
 a, b = np.load(f"{w}/fromdeg/00.npy"), np.load(f"{w}/npy/00.npy")
 assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
+# validation figures: every 5 steps and at each epoch's end (16 steps
+# an epoch), psnr from the mse on [0, 1], ssim of the restored 16x16
+# validation images (the whole image is the patch) as Wang et al. define it
+import json
+pts = [json.loads(l) for l in open(f"{w}/sr/metrics.jsonl")]
+steps = {n: [p["step"] for p in pts if p["name"] == n] for n in ("val_loss", "val_psnr", "val_ssim")}
+want_steps = sorted(set(range(5, 65, 5)) | {16, 32, 48, 64})
+assert steps["val_loss"] == steps["val_psnr"] == steps["val_ssim"] == want_steps, steps
+last = {p["name"]: p["value"] for p in pts if p["step"] == 64}
+assert abs(last["val_psnr"] - 10 * np.log10(1 / last["val_loss"])) < 1e-4, last
+def ssim(a, b, L=1.0):
+    g = np.exp(-((np.arange(11) - 5.0) ** 2) / (2 * 1.5 ** 2))
+    g = np.outer(g, g) / g.sum() ** 2
+    def filt(z):
+        h, wd = z.shape
+        return np.array([[(g * z[y:y + 11, x:x + 11]).sum() for x in range(wd - 10)] for y in range(h - 10)])
+    c1, c2 = (0.01 * L) ** 2, (0.03 * L) ** 2
+    ma, mb = filt(a), filt(b)
+    va, vb, cab = filt(a * a) - ma ** 2, filt(b * b) - mb ** 2, filt(a * b) - ma * mb
+    return (((2 * ma * mb + c1) * (2 * cab + c2)) / ((ma ** 2 + mb ** 2 + c1) * (va + vb + c2))).mean()
+vals, mse = [], []
+for i in range(3):
+    _, clean = png_read(f"{w}/val/{i:02d}.png")
+    x = clean[:, :, 0] / 255.0
+    deg = downscale(x, 2)
+    out = deg + run_convs(meta, t, deg[None])[0]
+    vals.append(ssim(out, x))
+    mse.append(np.mean((out - x) ** 2))
+assert abs(np.mean(vals) - last["val_ssim"]) < 1e-4, (np.mean(vals), last["val_ssim"])
+assert abs(np.mean(mse) - last["val_loss"]) < 1e-6, (np.mean(mse), last["val_loss"])
 # a model file written before pixels were recorded
 import json, struct
 raw = open(f"{w}/sr/model.safetensors", "rb").read()
