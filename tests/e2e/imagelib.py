@@ -1,13 +1,20 @@
 """What the image-to-image checks (image_to_image.sh, superres.sh) share,
 written from the definitions rather than from trainerd's code: PNG files
-(zlib alone), MATLAB's imresize with the bicubic kernel, the x2
-degradation, reading a model file and running its conv layers in
-PyTorch, PSNR."""
+(zlib alone; reading and PSNR are examples/psnr.py's), MATLAB's imresize
+with the bicubic kernel, the x2 degradation, reading a model file and
+running its conv layers in PyTorch."""
 import json
+import os
 import struct
+import sys
 import zlib
 
 import numpy as np
+
+# the PNG reader and PSNR of examples/psnr.py, which the README's
+# walk-through uses
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from psnr import png_read, psnr  # noqa: E402,F401
 
 
 def png_write(path, a):
@@ -22,47 +29,6 @@ def png_write(path, a):
     ihdr = struct.pack(">IIBBBBB", w, h, 8, {1: 0, 3: 2}[ch], 0, 0, 0)
     with open(path, "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-
-
-def png_read(path):
-    """(bit depth, array h x w x channels) of an 8-bit PNG, any filter."""
-    data = open(path, "rb").read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
-    pos, idat = 8, b""
-    while pos < len(data):
-        n = struct.unpack(">I", data[pos:pos + 4])[0]
-        t, d = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
-        pos += 12 + n
-        if t == b"IHDR":
-            w, h, depth, ctype = struct.unpack(">IIBB", d[:10])
-        elif t == b"IDAT":
-            idat += d
-    ch = {0: 1, 2: 3, 4: 2, 6: 4}[ctype]
-    assert depth == 8, depth
-    raw, stride = zlib.decompress(idat), w * ch
-    out, prev = np.zeros((h, stride), np.uint8), [0] * stride
-    for y in range(h):
-        f = raw[y * (stride + 1)]
-        line = raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)]
-        cur = [0] * stride
-        for i in range(stride):
-            a = cur[i - ch] if i >= ch else 0
-            b = prev[i]
-            c = prev[i - ch] if i >= ch else 0
-            if f == 0:
-                p = 0
-            elif f == 1:
-                p = a
-            elif f == 2:
-                p = b
-            elif f == 3:
-                p = (a + b) // 2
-            else:
-                pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
-                p = a if pa <= pb and pa <= pc else b if pb <= pc else c
-            cur[i] = (line[i] + p) & 255
-        out[y], prev = cur, cur
-    return depth, out.reshape(h, w, ch)
 
 
 def _cubic(x):
@@ -127,8 +93,3 @@ def run_convs(meta, tensors, x):
             assert layer["type"] == "relu", layer
             y = F.relu(y)
     return y[0].numpy().astype(np.float64)
-
-
-def psnr(a, b, peak=255.0):
-    mse = np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)
-    return 10 * np.log10(peak * peak / mse)
