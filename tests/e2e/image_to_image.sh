@@ -17,12 +17,8 @@
 # Usage: image_to_image.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: image_to_image.sh TRAINERD}
-py=/usr/bin/python3
-if ! [ -x "$py" ] || ! "$py" -c 'import torch, numpy' 2>/dev/null; then
-	echo "image_to_image: skipped, needs python3-torch and python3-numpy (scripts/install-deps.sh installs them)"
-	exit 77
-fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+skip_without image_to_image numpy torch
 make_work
 export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

@@ -8,12 +8,8 @@
 # Usage: superres.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=$(realpath "${1:?usage: superres.sh TRAINERD}")
-py=/usr/bin/python3
-if ! [ -x "$py" ] || ! "$py" -c 'import numpy' 2>/dev/null; then
-	echo "superres: skipped, needs python3-numpy (scripts/install-deps.sh installs it)"
-	exit 77
-fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+skip_without superres numpy
 make_work
 examples="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../examples" && pwd)"
 export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
