@@ -169,6 +169,35 @@ open(f"{w}/old.safetensors", "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8
 PY
 check "outputs equal numpy/torch's; tiles equal the whole image; PNGs are the outputs rounded" test $? -eq 0
 
+# A patches model that is not fully convolutional (flatten, dense) gives
+# vectors: CSV as before, on pixels scaled to [0, 1] as in training (an
+# image folder's 0..255 fed as they are gave outputs 255x off)
+sed -e 's/"layers": \[{"type": "conv2d", "filters": 8, "kernel": 3, "padding": "same"}, {"type": "relu"},/"layers": [{"type": "flatten"}, {"type": "dense", "units": 256}],/' \
+	-e '/"filters": 8, "kernel": 3, "padding": "same"}, {"type": "relu"},$/d' \
+	-e '/"filters": 1, "kernel": 3, "padding": "same"}\],$/d' \
+	-e 's/"eval_every_steps": 5, //' "$work/sr.json" >"$work/dense.json"
+"$TRAINERD" run "$work/dense.json" --devices 2 --out "$work/dense" --quiet 2>"$work/run.err"
+check "a flatten + dense patches model trains" test $? -eq 0
+"$TRAINERD" predict "$work/dense/model.safetensors" "$work/val" --out "$work/dense.csv" 2>"$work/err"
+check "its predictions on an image folder go to CSV" test $? -eq 0
+"$py" - "$work" <<'PY'
+import csv, sys
+import numpy as np
+from imagelib import model_read, png_read
+w = sys.argv[1]
+meta, t = model_read(f"{w}/dense/model.safetensors")
+assert [l["type"] for l in meta["model"]["layers"]] == ["flatten", "dense"], meta["model"]["layers"]
+assert "input_shape" not in meta["model"], meta["model"]
+rows = list(csv.reader(open(f"{w}/dense.csv")))
+assert rows[0][0] == "file" and len(rows) == 4, rows[0][:3]
+for i, r in enumerate(rows[1:]):
+    _, img = png_read(f"{w}/val/{i:02d}.png")
+    want = t["1.weight"].astype(np.float64) @ (img[:, :, 0].ravel() / 255.0) + t["1.bias"]
+    got = np.array([float(v) for v in r[1:]])
+    assert np.abs(got - want).max() < 1e-4, np.abs(got - want).max()
+PY
+check "CSV outputs are the model on pixels scaled to [0, 1]" test $? -eq 0
+
 # Refusals, exit 2, naming what is wrong
 "$TRAINERD" predict "$work/old.safetensors" "$work/test" --out "$work/o/" 2>"$work/err"
 check "a model file without pixels exits 2" test $? -eq 2
