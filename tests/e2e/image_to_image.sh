@@ -79,6 +79,13 @@ check "predict in 16x16 tiles exits 0" test $? -eq 0
 check "predict on one image file exits 0" test $? -eq 0
 "$TRAINERD" degrade "$work/test" "$work/deg" --factor 2 2>"$work/err"
 check "trainerd degrade on a folder exits 0" test $? -eq 0
+"$TRAINERD" degrade "$work/test" "$work/noisy" --noise 0.05 --seed 3 2>"$work/err" &&
+	"$TRAINERD" degrade "$work/test/00.png" "$work/noisy-again.png" --noise 0.05 --seed 3 2>"$work/err" &&
+	"$TRAINERD" degrade "$work/test/00.png" "$work/noisy-other.png" --noise 0.05 --seed 4 2>"$work/err"
+check "trainerd degrade --noise exits 0" test $? -eq 0
+"$TRAINERD" degrade "$work/test" "$work/x" --noise 2 2>"$work/err"
+check "a sigma out of (0, 1] exits 2" test $? -eq 2
+check "and names the range" grep -q -- "--noise needs a sigma in (0, 1]" "$work/err"
 "$TRAINERD" predict "$model" "$work/deg" --out "$work/fromdeg/" --format npy 2>"$work/err"
 check "predict on trainerd degrade's images exits 0" test $? -eq 0
 
@@ -122,6 +129,16 @@ for i in range(3):
     _, deg = png_read(f"{w}/deg/{i:02d}.png")
     want = np.clip(np.rint(downscale(clean[:, :, 0] / 255.0, 2) * 255), 0, 255)
     assert np.abs(deg[:, :, 0] - want).max() <= 1 and (deg[:, :, 0] == want).mean() > 0.99
+# noise of sigma 0.05 on the 0..1 scale: 12.75 grey levels; the same seed
+# gives the same noise, another seed other noise
+_, a = png_read(f"{w}/noisy/00.png")
+_, again = png_read(f"{w}/noisy-again.png")
+_, other = png_read(f"{w}/noisy-other.png")
+_, clean = png_read(f"{w}/test/00.png")
+inside = (clean > 40) & (clean < 215)  # far from clipping
+n = (a.astype(float) - clean)[inside]
+assert abs(n.mean()) < 1.0 and abs(n.std() - 12.75) < 1.2, (n.mean(), n.std())
+assert (a == again).all() and (a != other).mean() > 0.5
 # the model on degrade's images: the same outputs up to the 8-bit rounding
 a, b = np.load(f"{w}/fromdeg/00.npy"), np.load(f"{w}/npy/00.npy")
 assert np.abs(a - b).max() < 0.02, np.abs(a - b).max()
