@@ -2,10 +2,14 @@
 #ifndef TR_DAEMON_CLI_H
 #define TR_DAEMON_CLI_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "core/error.h"
+#include "engine/backend.h"
 #include "engine/checkpoint.h"
+#include "engine/model_meta.h"
 #include "engine/trainer.h"
 
 /* trainerd run JOB.json [...]: one job in the foreground. */
@@ -26,6 +30,31 @@ int tr_run_metrics_truncate(const char *path, int64_t step);
  * FILE (eval_cmd.c): a trained model on labelled data or plain inputs. */
 int tr_cmd_eval(int argc, char **argv);
 int tr_cmd_predict(int argc, char **argv);
+
+/* trainerd degrade IN OUT --factor F | --noise SIGMA (degrade_cmd.c):
+ * the training degradation on whole images. */
+int tr_cmd_degrade(int argc, char **argv);
+
+/* The .npy header (version 1.0) of a float32 C-order array of the given
+ * shape, padded so the data starts at a multiple of 64 bytes.  Returns 0
+ * or -1 (a write failed). */
+int tr_npy_write_header(FILE *f, const int64_t *shape, int ndim);
+
+/* trainerd predict MODEL IN --out DIR/ for an image-to-image model
+ * (predict_images.c): one output image per input image. */
+struct tr_predict_images {
+	const struct tr_model_desc *desc; /* free_hw, pixels recorded, weights loaded */
+	tr_backend_t *backend;
+	int devices, tile, batch, workers; /* 0: defaults */
+	const char *in_dir;                /* the folder of the inputs */
+	const char *one_file;              /* NULL: every image of in_dir; else this one in it */
+	const char *out_dir;
+	bool npy;     /* float32 .npy instead of PNG */
+	bool degrade; /* apply the recorded degradation first */
+};
+/* Returns the exit status (0, 1 run-time failure, 2 bad input), having
+ * printed what went wrong. */
+int tr_predict_images_run(const struct tr_predict_images *o);
 
 /* trainerd serve [...]: the daemon. */
 int tr_cmd_serve(int argc, char **argv);

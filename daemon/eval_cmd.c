@@ -28,8 +28,8 @@
 struct common_opts {
 	const char *cmd;
 	const char *model, *input, *out, *format, *backend;
-	int devices, workers, batch;
-	bool json, header, quiet;
+	int devices, workers, batch, tile;
+	bool json, header, quiet, degrade;
 };
 
 static int parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out)
@@ -74,6 +74,12 @@ static int parse_opts(int argc, char **argv, struct common_opts *o, void (*help)
 		} else if (strcmp(a, "--format") == 0 && v && strcmp(o->cmd, "predict") == 0) {
 			o->format = v;
 			i++;
+		} else if (strcmp(a, "--tile") == 0 && strcmp(o->cmd, "predict") == 0) {
+			if (parse_int(o->cmd, a, v, 16, 8192, &o->tile) < 0)
+				return -1;
+			i++;
+		} else if (strcmp(a, "--degrade") == 0 && strcmp(o->cmd, "predict") == 0) {
+			o->degrade = true;
 		} else if (strcmp(a, "--header") == 0 && strcmp(o->cmd, "predict") == 0) {
 			o->header = true;
 		} else if (strcmp(a, "--json") == 0 && strcmp(o->cmd, "eval") == 0) {
@@ -155,7 +161,8 @@ static void eval_help(FILE *out)
 	      "An image folder's class subfolders must carry the class names the model\n"
 	      "recorded, in the same order; every image must come out as the model's\n"
 	      "[C, H, W] after the source's resize and center_crop (by default the\n"
-	      "ones the model was trained with).\n"
+	      "ones the model was trained with).  A patches source must have the model's\n"
+	      "degrade and response; image files need the pixels a model file records.\n"
 	      "Prints loss, accuracy and the confusion matrix (rows: true class, columns:\n"
 	      "predicted) for a classifier; loss (= mse), mse, mae and r2 for regression.\n"
 	      "\n"
@@ -334,8 +341,13 @@ int tr_cmd_eval(int argc, char **argv)
 		return 2;
 	}
 	struct eval_ctx e = {.d = &d, .err = ""};
-	tr_model_desc_want_shape(&d, &spec.train);
-	int status = 1;
+	struct tr_error serr;
+	int status = 2;
+	if (tr_model_desc_source(&d, &spec.train, &serr) < 0) {
+		fprintf(stderr, "trainerd eval: %s%s\n", serr.message[0] == '/' ? "DATA_SPEC: " : "", serr.message);
+		goto out;
+	}
+	status = 1;
 	if (tr_eval_acc_init(&e.acc, d.classification, d.outputs) < 0) {
 		fprintf(stderr, "trainerd eval: out of memory\n");
 		goto out;
@@ -365,7 +377,8 @@ out:
 static void predict_help(FILE *out)
 {
 	fputs("usage: trainerd predict MODEL INPUT --out FILE [--format csv|npy|idx|images] [--header]\n"
-	      "                        [--devices N] [--backend cpu|cuda] [--workers W] [--batch B]\n",
+	      "                        [--devices N] [--backend cpu|cuda] [--workers W] [--batch B]\n"
+	      "       trainerd predict MODEL IMAGES --out DIR/ [--format png|npy] [--degrade] [--tile T]\n",
 	      out);
 	if (out != stdout)
 		return;
@@ -391,6 +404,15 @@ static void predict_help(FILE *out)
 	      "            for an image folder a first column \"file\" holds each image's path\n"
 	      "            under the folder\n"
 	      "  .npy      the same table as float32, N x (1 + classes) or N x outputs\n"
+	      "  DIR/      for an image-to-image model (trained on patches, fully\n"
+	      "            convolutional): IMAGES is a folder of PNG/JPEG files or one\n"
+	      "            file, run whole (in tiles) whatever their size; one output\n"
+	      "            image per input, of the same name (.png) and size, the residual\n"
+	      "            added back, rounded and clipped to 8 bits; --format npy writes\n"
+	      "            float32 [C, H, W] arrays on the model's scale instead\n"
+	      "  --degrade          DIR/: degrade each image as the model's training inputs\n"
+	      "                     were first (the recorded downscale or noise)\n"
+	      "  --tile T           DIR/: tile side in pixels, overlap included (default 128)\n"
 	      "\n"
 	      "  --devices N        CPU devices (default: one per core, at most 64)\n"
 	      "  --backend cpu|cuda default: a GPU when there is one\n"
@@ -484,13 +506,15 @@ fail:
 	return -EIO;
 }
 
-/* The .npy header for a float32 array of rows x cols, version 1.0: the
- * text is padded so that the data starts at a multiple of 64 bytes. */
-static int write_npy_header(FILE *f, int64_t rows, int cols)
+int tr_npy_write_header(FILE *f, const int64_t *shape, int ndim)
 {
-	char dict[128];
-	int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %d), }",
-			 (long long)rows, cols);
+	char dict[192], dims[128] = "";
+	size_t used = 0;
+	for (int i = 0; i < ndim && used < sizeof dims; i++)
+		used += (size_t)snprintf(dims + used, sizeof dims - used, "%lld, ", (long long)shape[i]);
+	if (ndim > 1 && used >= 2) /* "(3, 4)": the trailing comma only for one dimension */
+		dims[used - 2] = '\0';
+	int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", dims);
 	size_t total = 10 + (size_t)n + 1, pad = (64 - total % 64) % 64;
 	uint16_t hlen = (uint16_t)((size_t)n + pad + 1);
 	unsigned char pre[10] = {
@@ -509,8 +533,10 @@ static int predict_begin(void *ctx, tr_reader_t *rd)
 	struct predict_ctx *p = ctx;
 	const struct tr_model_desc *d = p->d;
 	p->rd = rd;
-	if (p->npy)
-		return write_npy_header(p->f, rd->info.samples, p->cols) < 0 ? 1 : 0;
+	if (p->npy) {
+		int64_t shape[2] = {rd->info.samples, p->cols};
+		return tr_npy_write_header(p->f, shape, 2) < 0 ? 1 : 0;
+	}
 	p->names = rd->i->sample_name != NULL;
 	int ok = !p->names || fputs("file,", p->f) >= 0;
 	if (d->classification) {
@@ -531,6 +557,80 @@ static int predict_begin(void *ctx, tr_reader_t *rd)
 	return ok ? 0 : 1;
 }
 
+/* --out DIR/: an image-to-image model's outputs as images
+ * (predict_images.c). */
+static int predict_to_dir(const struct common_opts *o)
+{
+	bool npy = o->format && strcmp(o->format, "npy") == 0;
+	if (o->format && !npy && strcmp(o->format, "png") != 0) {
+		fprintf(stderr,
+			"trainerd predict: with --out DIR/, --format is the outputs' format: png or npy, got '%s'\n",
+			o->format);
+		return 2;
+	}
+	struct stat st;
+	if (stat(o->input, &st) < 0) {
+		fprintf(stderr, "trainerd predict: %s: %s\n", o->input, strerror(errno));
+		return 2;
+	}
+	struct tr_model_desc d;
+	struct tr_error err;
+	int status = 2;
+	if (load_model(o, &d) < 0)
+		goto out;
+	if (tr_model_desc_need_pixels(&d, &err) < 0) {
+		fprintf(stderr, "trainerd predict: %s: %s\n", o->model, err.message);
+		goto out;
+	}
+	if (!d.pixels.image_to_image) {
+		fprintf(stderr, "trainerd predict: --out DIR/ writes images, and the model's outputs are not images "
+				"(it was not trained on patches): use --out FILE.csv or FILE.npy\n");
+		goto out;
+	}
+	if (!d.free_hw) {
+		fprintf(stderr,
+			"trainerd predict: the model is not fully convolutional (a layer or transform needs "
+			"its [%d, %d, %d] input), so it does not run on whole images\n",
+			d.model.in_shape.d[0], d.model.in_shape.d[1], d.model.in_shape.d[2]);
+		goto out;
+	}
+	/* A folder of images, or one image file in its folder. */
+	char dir[4096], file[4096];
+	bool one = !S_ISDIR(st.st_mode);
+	snprintf(dir, sizeof dir, "%s", o->input);
+	if (one) {
+		char *slash = strrchr(dir, '/');
+		snprintf(file, sizeof file, "%s", slash ? slash + 1 : dir);
+		if (slash)
+			slash[slash == dir] = '\0'; /* "/x.png" is "x.png" in "/" */
+		else
+			snprintf(dir, sizeof dir, ".");
+	}
+	tr_backend_t *be = make_backend(o);
+	if (!be) {
+		status = o->backend ? 2 : 1;
+		goto out;
+	}
+	struct tr_predict_images pi = {
+		.desc = &d,
+		.backend = be,
+		.devices = o->devices,
+		.tile = o->tile,
+		.batch = o->batch,
+		.workers = o->workers,
+		.in_dir = dir,
+		.one_file = one ? file : NULL,
+		.out_dir = o->out,
+		.npy = npy,
+		.degrade = o->degrade,
+	};
+	status = tr_predict_images_run(&pi);
+	tr_backend_destroy(be);
+out:
+	tr_model_desc_finish(&d);
+	return status;
+}
+
 int tr_cmd_predict(int argc, char **argv)
 {
 	struct common_opts o = {.cmd = "predict"};
@@ -538,7 +638,14 @@ int tr_cmd_predict(int argc, char **argv)
 	if (rc != 0)
 		return rc > 0 ? 0 : 2;
 	if (!o.out) {
-		fprintf(stderr, "trainerd predict: --out FILE is required (.csv or .npy)\n");
+		fprintf(stderr, "trainerd predict: --out FILE is required (.csv or .npy; DIR/ for image outputs)\n");
+		return 2;
+	}
+	struct stat st;
+	if (ends_with(o.out, "/") || (stat(o.out, &st) == 0 && S_ISDIR(st.st_mode)))
+		return predict_to_dir(&o);
+	if (o.degrade || o.tile) {
+		fprintf(stderr, "trainerd predict: --degrade and --tile are for image outputs (--out DIR/)\n");
 		return 2;
 	}
 	bool npy_out = ends_with(o.out, ".npy");
@@ -548,7 +655,6 @@ int tr_cmd_predict(int argc, char **argv)
 	}
 	struct tr_source_spec src = {.present = true, .unlabeled = true, .header = o.header};
 	const char *fmt = o.format;
-	struct stat st;
 	if (!fmt) {
 		if (stat(o.input, &st) == 0 && S_ISDIR(st.st_mode))
 			fmt = "images";
@@ -582,8 +688,18 @@ int tr_cmd_predict(int argc, char **argv)
 		tr_model_desc_finish(&d);
 		return 2;
 	}
-	tr_model_desc_want_shape(&d, &src);
+	struct tr_error serr;
 	struct predict_ctx p = {.d = &d, .npy = npy_out, .err = ""};
+	int status = 2;
+	if (tr_model_desc_source(&d, &src, &serr) < 0) {
+		fprintf(stderr, "trainerd predict: %s: %s\n", o.model, serr.message);
+		goto out;
+	}
+	if (d.pixels.image_to_image && d.free_hw) {
+		fprintf(stderr, "trainerd predict: the model's outputs are images: write them with --out DIR/ (one PNG "
+				"per input image; --format npy for floats)\n");
+		goto out;
+	}
 	p.cols = d.classification ? 1 + d.outputs : d.outputs;
 	p.row = malloc((size_t)p.cols * sizeof(float));
 	/* A temporary name, renamed once complete: a failed run leaves no
@@ -591,7 +707,6 @@ int tr_cmd_predict(int argc, char **argv)
 	char tmp[4096];
 	snprintf(tmp, sizeof tmp, "%s.tmp", o.out);
 	p.f = p.row ? fopen(tmp, "wb") : NULL;
-	int status = 1;
 	if (!p.f) {
 		fprintf(stderr, "trainerd predict: --out %s: %s\n", o.out, strerror(errno));
 		status = 2;

@@ -340,7 +340,12 @@ static void *eval_main(void *arg)
 		rc = -ENOENT;
 		goto fail;
 	}
-	tr_model_desc_want_shape(&d, &spec.train);
+	if ((rc = tr_model_desc_source(&d, &spec.train, &why)) < 0) {
+		/* "/degrade: ..." is the data spec's; the rest the model's */
+		snprintf(err, sizeof err, "%s%s", why.message[0] == '/' ? "/data" : "", why.message);
+		code = why.message[0] == '/' ? "invalid_spec" : "invalid_model";
+		goto fail;
+	}
 	if ((rc = tr_reader_open(&spec.train, d.spec.seed, s->roots, &j->cancel_requested, &rd, &why)) < 0) {
 		snprintf(err, sizeof err, "%s", why.message);
 		code = rc == -ECANCELED ? "cancelled" : "invalid_data";

@@ -3,7 +3,8 @@
  *   trainerd run JOB.json [options]   one job in the foreground
  *   trainerd run --resume DIR         continue a stopped one
  *   trainerd eval MODEL DATA_SPEC     a trained model's figures on labelled data
- *   trainerd predict MODEL INPUT --out FILE
+ *   trainerd predict MODEL INPUT --out FILE|DIR/
+ *   trainerd degrade IN OUT --factor F   the training degradation, on images
  *   trainerd version
  *   trainerd serve [options]          the daemon (HTTP API, job queue)
  */
@@ -22,7 +23,8 @@ static void usage(FILE *out)
 		     "                              [--workers W] [--out DIR] [--quiet]   (trainerd run --help)\n"
 		     "       trainerd run --resume DIR [options]\n"
 		     "       trainerd eval MODEL DATA_SPEC [--json] [options]   (trainerd eval --help)\n"
-		     "       trainerd predict MODEL INPUT --out FILE [options]  (trainerd predict --help)\n"
+		     "       trainerd predict MODEL INPUT --out FILE|DIR/ [options]  (trainerd predict --help)\n"
+		     "       trainerd degrade IN OUT --factor F | --noise SIGMA  (trainerd degrade --help)\n"
 		     "       trainerd version\n"
 		     "       trainerd serve [options]   (see README)\n");
 }
@@ -90,6 +92,8 @@ int main(int argc, char **argv)
 		return tr_cmd_eval(argc - 1, argv + 1);
 	if (strcmp(cmd, "predict") == 0)
 		return tr_cmd_predict(argc - 1, argv + 1);
+	if (strcmp(cmd, "degrade") == 0)
+		return tr_cmd_degrade(argc - 1, argv + 1);
 	if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
 		printf("trainerd %s (backends: cpu%s; cpu conv2d: im2col%s)\n", TR_VERSION,
 		       tr_cuda_available() ? ", cuda" : "", tr_dnnl_available() ? ", onednn" : "");

@@ -44,6 +44,65 @@ static json_t *describe_labels(const struct tr_spec *spec, const tr_model_t *m, 
 	return json_pack("{s:s, s:i, s:o}", "task", "classification", "classes", m->outputs, "class_names", names);
 }
 
+static bool conv_layers(const struct tr_layer_spec *l, int n, int *radius)
+{
+	for (int i = 0; i < n; i++, l++) {
+		switch (l->type) {
+		case TR_LAYER_RELU:
+		case TR_LAYER_GELU:
+		case TR_LAYER_TANH:
+		case TR_LAYER_SIGMOID:
+		case TR_LAYER_DROPOUT:
+		case TR_LAYER_BATCHNORM2D: /* at inference: per channel, running statistics */
+			break;
+		case TR_LAYER_RESIDUAL: /* the skip sees no further than its layers */
+			if (!conv_layers(l->inner, l->n_inner, radius))
+				return false;
+			break;
+		case TR_LAYER_CONV2D: {
+			int reach = 0;
+			for (int a = 0; a < 2; a++) {
+				int span = (l->dilation[a] ? l->dilation[a] : 1) * (l->kernel[a] - 1);
+				if ((l->stride[a] ? l->stride[a] : 1) != 1 ||
+				    (!l->pad_same && 2 * l->padding[a] != span))
+					return false;
+				/* "same" pads the odd pixel of an even span on one side */
+				reach = (span + 1) / 2 > reach ? (span + 1) / 2 : reach;
+			}
+			*radius += reach;
+			break;
+		}
+		default: /* dense, flatten, pools, layernorm and groupnorm see the whole image */
+			return false;
+		}
+	}
+	return true;
+}
+
+bool tr_model_fully_conv(const struct tr_spec *spec, int *radius)
+{
+	*radius = 0;
+	for (int k = 0; k < spec->n_transforms; k++)
+		if (spec->transforms[k].type == TR_TF_STANDARDIZE)
+			return false;
+	return spec->input_ndim == 3 && spec->n_layers > 0 && conv_layers(spec->layers, spec->n_layers, radius);
+}
+
+/* preprocessing.pixels for a model trained on image files, else NULL. */
+static json_t *describe_pixels(const struct tr_spec *spec, const tr_model_t *m)
+{
+	const struct tr_source_spec *s = &spec->train;
+	int c = m->in_shape.ndim == 3 ? m->in_shape.d[0] : 1;
+	if (s->format == TR_DATA_IMAGES || s->format == TR_DATA_IDX)
+		return json_pack("{s:f, s:i}", "scale", 1.0, "channels", c);
+	if (s->format != TR_DATA_PATCHES)
+		return NULL;
+	json_t *deg = tr_degrade_to_json(&s->degrade);
+	/* The patches reader's scale, as the float it multiplies by. */
+	return json_pack("{s:f, s:i, s:o, s:s}", "scale", (double)(1.0f / 255.0f), "channels", c, "degrade",
+			 deg ? deg : json_null(), "response", s->residual ? "residual" : "clean");
+}
+
 int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_model_t *m, const tr_transforms_t *tf,
 			   tr_reader_t *train, struct tr_error *err)
 {
@@ -61,6 +120,20 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 				    m->in_shape.ndim == 3 ? json_pack("[iii]", (int)m->in_shape.d[0],
 								      (int)m->in_shape.d[1], (int)m->in_shape.d[2])
 							  : json_integer(m->inputs));
+	/* A fully convolutional model takes any H x W. */
+	struct tr_spec shaped = *spec; /* shallow: only read */
+	int radius;
+	if (m->in_shape.ndim == 3) {
+		shaped.input_ndim = 3;
+		memcpy(shaped.input_shape, m->in_shape.d, sizeof shaped.input_shape);
+	}
+	if (tr_model_fully_conv(&shaped, &radius) && m->n_layers > 0 &&
+	    m->layers[m->n_layers - 1].out_shape.ndim == 3 &&
+	    m->layers[m->n_layers - 1].out_shape.d[1] == m->in_shape.d[1] &&
+	    m->layers[m->n_layers - 1].out_shape.d[2] == m->in_shape.d[2]) {
+		json_object_set_new(model, "input_shape", json_pack("[inn]", (int)m->in_shape.d[0]));
+		json_object_set_new(model, "receptive_field", json_integer(2 * radius + 1));
+	}
 	json_t *list = json_object_get(pre, "transforms");
 	for (size_t k = 0; k < json_array_size(tfs); k++) {
 		json_t *e = json_deep_copy(json_array_get(tfs, k));
@@ -87,6 +160,9 @@ int tr_model_meta_describe(json_t *meta, const struct tr_spec *spec, const tr_mo
 		if (!img || json_object_set_new(pre, "images", img) < 0)
 			goto out;
 	}
+	json_t *px = describe_pixels(spec, m);
+	if (px && json_object_set_new(pre, "pixels", px) < 0)
+		goto out;
 	json_object_set_new(meta, "trainerd_model_format", json_string(TR_MODEL_FORMAT_VERSION));
 	json_object_set_new(meta, "trainerd_version", json_string(TR_VERSION));
 	/* set_json takes the value whatever it returns. */
@@ -143,6 +219,57 @@ void tr_model_desc_finish(struct tr_model_desc *d)
 	memset(d, 0, sizeof *d);
 }
 
+static int parse_pixels(const json_t *px, struct tr_model_desc *d, struct tr_error *err)
+{
+	struct tr_pixels *p = &d->pixels;
+	if (!px)
+		return 0;
+	const json_t *scale = json_object_get(px, "scale"), *ch = json_object_get(px, "channels");
+	const json_t *deg = json_object_get(px, "degrade"), *resp = json_object_get(px, "response");
+	int want = d->model.in_shape.ndim == 3 ? d->model.in_shape.d[0] : 1;
+	if (!json_is_object(px) || !json_is_number(scale) || !(json_number_value(scale) > 0.0)) {
+		tr_error_set(err, 0, 0, NULL, "model file: preprocessing.pixels.scale must be a number > 0");
+		return -EINVAL;
+	}
+	if (!json_is_integer(ch) || json_integer_value(ch) != want) {
+		tr_error_set(err, 0, 0, NULL,
+			     "model file: preprocessing.pixels.channels must be %d (the model's input)", want);
+		return -EINVAL;
+	}
+	p->scale = (float)json_number_value(scale);
+	p->channels = want;
+	if (resp) {
+		const char *r = json_string_value(resp);
+		if (!r || (strcmp(r, "clean") != 0 && strcmp(r, "residual") != 0)) {
+			tr_error_set(err, 0, 0, NULL,
+				     "model file: preprocessing.pixels.response must be \"clean\" or \"residual\"");
+			return -EINVAL;
+		}
+		p->image_to_image = true;
+		p->residual = strcmp(r, "residual") == 0;
+	}
+	const char *field;
+	char msg[256];
+	if (deg && !json_is_null(deg) && tr_degrade_from_json(deg, &p->degrade, &field, msg, sizeof msg) < 0) {
+		tr_error_set(err, 0, 0, NULL, "model file: preprocessing.pixels.degrade%s%s: %s", field ? "." : "",
+			     field ? field : "", msg);
+		return -EINVAL;
+	}
+	p->present = true;
+	return 0;
+}
+
+int tr_model_desc_need_pixels(const struct tr_model_desc *d, struct tr_error *err)
+{
+	if (d->pixels.present || d->model.in_shape.ndim != 3)
+		return 0;
+	tr_error_set(err, 0, 0, NULL,
+		     "model file: no preprocessing.pixels (the pixel scale, channel count, degradation and response "
+		     "of its training images; written by a trainerd before they were recorded): it is not run on "
+		     "images with a guess; train it again with this trainerd, or add the entry (docs/model-format.md)");
+	return -EINVAL;
+}
+
 int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct tr_error *err)
 {
 	memset(d, 0, sizeof *d);
@@ -159,6 +286,13 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 	if (!(model = get_json(meta, "model", err)) || !(pre = get_json(meta, "preprocessing", err)) ||
 	    !(labels = get_json(meta, "labels", err)))
 		goto out;
+	/* What trainerd adds to the spec's model section: free H and W
+	 * (checked against the layers below) and the receptive field. */
+	const json_t *ishape = json_object_get(model, "input_shape");
+	bool free_recorded = json_is_array(ishape) && json_array_size(ishape) == 3 &&
+			     json_is_null(json_array_get(ishape, 1)) && json_is_null(json_array_get(ishape, 2));
+	json_object_del(model, "input_shape");
+	json_object_del(model, "receptive_field");
 	snprintf(d->version, sizeof d->version, "%s",
 		 json_string_value(json_object_get(meta, "trainerd_version")) ?: "");
 
@@ -223,6 +357,12 @@ int tr_model_desc_from_meta(const json_t *meta, struct tr_model_desc *d, struct 
 		goto out;
 	}
 	rc = -EINVAL;
+	if (parse_pixels(json_object_get(pre, "pixels"), d, err) < 0)
+		goto out;
+	const struct tr_layer *last = &d->model.layers[d->model.n_layers > 0 ? d->model.n_layers - 1 : 0];
+	d->free_hw = free_recorded && d->model.n_layers > 0 && tr_model_fully_conv(&d->spec, &d->radius) &&
+		     last->out_shape.ndim == 3 && last->out_shape.d[1] == d->model.in_shape.d[1] &&
+		     last->out_shape.d[2] == d->model.in_shape.d[2];
 	const char *task = json_string_value(json_object_get(labels, "task"));
 	d->classification = d->spec.loss == TR_LOSS_SOFTMAX_CE;
 	d->outputs = d->model.outputs;
@@ -345,6 +485,61 @@ void tr_model_desc_want_shape(const struct tr_model_desc *d, struct tr_source_sp
 	}
 	if (d->model.in_shape.ndim == 3)
 		memcpy(src->want_shape, d->model.in_shape.d, sizeof src->want_shape);
+}
+
+static bool same_degrade(const struct tr_degrade *a, const struct tr_degrade *b)
+{
+	return a->type == b->type && (a->type != TR_DEGRADE_DOWNSCALE || a->factor == b->factor) &&
+	       (a->type != TR_DEGRADE_NOISE || a->sigma == b->sigma);
+}
+
+static void degrade_text(const struct tr_degrade *g, char *buf, size_t len)
+{
+	json_t *j = tr_degrade_to_json(g);
+	char *t = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	snprintf(buf, len, "%s", t ? t : "none");
+	free(t);
+	json_decref(j);
+}
+
+int tr_model_desc_source(const struct tr_model_desc *d, struct tr_source_spec *src, struct tr_error *err)
+{
+	tr_model_desc_want_shape(d, src);
+	if (src->format != TR_DATA_IMAGES && src->format != TR_DATA_IDX && src->format != TR_DATA_PATCHES)
+		return 0;
+	if (tr_model_desc_need_pixels(d, err) < 0)
+		return -EINVAL;
+	const struct tr_pixels *p = &d->pixels;
+	if (src->format == TR_DATA_IMAGES)
+		src->pixel_scale = p->present ? p->scale : 1.0f;
+	if (src->format == TR_DATA_IDX && p->present && p->scale != 1.0f) {
+		tr_error_set(err, 0, 0, NULL,
+			     "the model takes pixels times %g and an IDX file's are taken as they are: give the images "
+			     "as a folder of PNG files",
+			     (double)p->scale);
+		return -EINVAL;
+	}
+	if (src->format != TR_DATA_PATCHES)
+		return 0;
+	/* The patches reader scales, degrades and makes the response itself:
+	 * as the model was trained, or the figures would mean nothing. */
+	char want[96], have[96];
+	if (!p->image_to_image || p->scale != 1.0f / 255.0f) {
+		tr_error_set(err, 0, 0, NULL, "patches: the model was not trained on patches");
+		return -EINVAL;
+	}
+	if (!same_degrade(&src->degrade, &p->degrade)) {
+		degrade_text(&src->degrade, have, sizeof have);
+		degrade_text(&p->degrade, want, sizeof want);
+		tr_error_set(err, 0, 0, NULL, "/degrade: %s, the model was trained with %s", have, want);
+		return -EINVAL;
+	}
+	if (src->residual != p->residual) {
+		tr_error_set(err, 0, 0, NULL, "/response: \"%s\", the model was trained on \"%s\"",
+			     src->residual ? "residual" : "clean", p->residual ? "residual" : "clean");
+		return -EINVAL;
+	}
+	return 0;
 }
 
 int tr_model_desc_check_classes(const struct tr_model_desc *d, tr_reader_t *rd, struct tr_error *err)

@@ -10,6 +10,7 @@
  */
 #include "engine/spec.h"
 
+#include "engine/data/degrade.h"
 #include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 #include "engine/spec_fields.h"
@@ -288,54 +289,35 @@ static int emit_patch_size(const void *base, json_t *obj, const char *key)
 	return emit_size(((const struct tr_source_spec *)base)->patch_size, true, obj, key);
 }
 
-/* "degrade": {"type": "downscale", "factor": F}, the built-in degradation
- * of patches from one folder; F defaults to 2. */
-#define MAX_DEGRADE_FACTOR 16
+/* "degrade": {"type": "downscale", "factor": F} (F defaults to 2) or
+ * {"type": "noise", "sigma": S}, the built-in degradation of patches from
+ * one folder (engine/data/degrade.h); downscale by 2 when absent. */
 static int parse_degrade(struct tr_fields_ctx *c, const json_t *v, void *base)
 {
 	struct tr_source_spec *src = base;
-	const char *key;
-	json_t *val;
+	const char *field;
+	char msg[256];
 
 	if (src->format != TR_DATA_PATCHES)
 		return 0;
 	if (!v) {
-		src->degrade_factor = src->path ? 2 : 0;
+		src->degrade = (struct tr_degrade){.type = src->path ? TR_DEGRADE_DOWNSCALE : TR_DEGRADE_NONE,
+						   .factor = src->path ? 2 : 0};
 		return 0;
 	}
 	if (!src->path)
 		return tr_fields_fail(c, NULL,
 				      "applies to patches from one folder (path); input_path and "
 				      "response_path give the pairs themselves");
-	if (!json_is_object(v))
-		return tr_fields_fail(c, NULL, "must be an object such as {\"type\": \"downscale\", \"factor\": 2}");
-	json_object_foreach((json_t *)v, key, val) {
-		if (strcmp(key, "type") != 0 && strcmp(key, "factor") != 0)
-			return tr_fields_fail(c, key, "unknown key '%s'", key);
-	}
-	val = json_object_get(v, "type");
-	if (!val)
-		return tr_fields_fail(c, "type", "is required");
-	if (!json_is_string(val) || strcmp(json_string_value(val), "downscale") != 0)
-		return tr_fields_fail(c, "type", "must be \"downscale\"");
-	val = json_object_get(v, "factor");
-	src->degrade_factor = 2;
-	if (val) {
-		if (!json_is_integer(val) || json_integer_value(val) < 2 ||
-		    json_integer_value(val) > MAX_DEGRADE_FACTOR)
-			return tr_fields_fail(c, "factor", "must be an integer in [2, %d]", MAX_DEGRADE_FACTOR);
-		src->degrade_factor = (int)json_integer_value(val);
-	}
+	if (tr_degrade_from_json(v, &src->degrade, &field, msg, sizeof msg) < 0)
+		return tr_fields_fail(c, field, "%s", msg);
 	return 0;
 }
 
 static int emit_degrade(const void *base, json_t *obj, const char *key)
 {
-	const struct tr_source_spec *src = base;
-
-	if (!src->degrade_factor)
-		return 0;
-	return json_object_set_new(obj, key, json_pack("{sssi}", "type", "downscale", "factor", src->degrade_factor));
+	json_t *v = tr_degrade_to_json(&((const struct tr_source_spec *)base)->degrade);
+	return v ? json_object_set_new(obj, key, v) : 0;
 }
 
 /* clang-format off */
@@ -1070,6 +1052,7 @@ static const struct tr_field root_fields[] = {
 	{.key = "prefetch", .kind = K_OBJECT, .sub = prefetch_fields},
 	{.key = "log_every_steps", .kind = K_INT, .off = SPEC(log_every_steps), .flags = POSITIVE, .def = 1},
 	{.key = "eval_every_epochs", .kind = K_INT, .off = SPEC(eval_every_epochs), .flags = POSITIVE, .def = 1},
+	{.key = "eval_every_steps", .kind = K_INT, .off = SPEC(eval_every_steps), .flags = POSITIVE | F_OMIT0},
 	{.key = "checkpoint", .kind = K_OBJECT, .sub = checkpoint_fields},
 	{.key = "monitors", .kind = K_ARRAY, .off = SPEC(monitors), .sub = monitor_fields,
 	 .size = sizeof(struct tr_monitor_spec), .count_off = SPEC(n_monitors), .max = TR_SPEC_MAX_MONITORS,

@@ -104,6 +104,15 @@ enum tr_loss { TR_LOSS_SOFTMAX_CE, TR_LOSS_MSE };
 
 enum tr_data_format { TR_DATA_CSV, TR_DATA_NPY, TR_DATA_IDX, TR_DATA_SYNTHETIC, TR_DATA_IMAGES, TR_DATA_PATCHES };
 
+/* A built-in degradation of patches from one folder (engine/data/degrade.h). */
+enum tr_degrade_type { TR_DEGRADE_NONE, TR_DEGRADE_DOWNSCALE, TR_DEGRADE_NOISE };
+#define TR_DEGRADE_MAX_FACTOR 16
+struct tr_degrade {
+	enum tr_degrade_type type;
+	int factor;  /* downscale, [2, 16] */
+	float sigma; /* noise, on the 0..1 scale */
+};
+
 enum tr_synth_task { TR_SYNTH_CLASSIFICATION, TR_SYNTH_REGRESSION };
 
 /* One data source ("train" or "validation"). */
@@ -134,12 +143,12 @@ struct tr_source_spec {
 	 * "folders", the only way so far) and patches
 	 * ("path", or "input_path" + "response_path": folders of images) */
 	char *input_path, *response_path;
-	int resize[2];         /* images: [h, w]; resize[1] == 0: shorter side to resize[0]; 0 = none */
-	int center_crop[2];    /* images: [h, w]; 0 = none */
-	int patch_size[2];     /* patches: [h, w] */
-	int patches_per_image; /* patches, default 1 */
-	int degrade_factor;    /* patches with "path": "downscale" factor (default 2) */
-	bool residual;         /* patches: "response": "residual" (response minus input) */
+	int resize[2];             /* images: [h, w]; resize[1] == 0: shorter side to resize[0]; 0 = none */
+	int center_crop[2];        /* images: [h, w]; 0 = none */
+	int patch_size[2];         /* patches: [h, w] */
+	int patches_per_image;     /* patches, default 1 */
+	struct tr_degrade degrade; /* patches with "path" (default downscale by 2) */
+	bool residual;             /* patches: "response": "residual" (response minus input) */
 	/* Not from a spec: inputs for prediction, without labels (csv: every
 	 * column is a feature; npy: no y; idx: no labels file).  The reader's
 	 * label_dim is then 0.  images: a flat folder of image files is
@@ -149,6 +158,9 @@ struct tr_source_spec {
 	 * resize and center_crop), the model's input when a model file is used
 	 * (eval, predict); all 0: the first image's. */
 	int want_shape[3];
+	/* Not from a spec: images: the decoded 0..255 samples times this (a
+	 * model's recorded pixel scale); 0 = 1. */
+	float pixel_scale;
 };
 
 enum tr_transform_type {
@@ -259,6 +271,7 @@ struct tr_spec {
 	int prefetch_depth;         /* default 4 */
 	int log_every_steps;        /* default 1 */
 	int eval_every_epochs;      /* default 1 */
+	int eval_every_steps;       /* 0 = not given: also every this many steps */
 	int checkpoint_every_steps; /* 0 = off */
 	int checkpoint_every_seconds;
 	int checkpoint_keep; /* default 3 */

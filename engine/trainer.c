@@ -16,6 +16,7 @@
 
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
+#include "engine/image_metrics.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
 #include "engine/infer.h"
@@ -58,17 +59,53 @@ void tr_trainer_emit(struct tr_trainer *t, const char *name, int64_t step, int64
 
 /* ---- evaluation -------------------------------------------------------- */
 
-static int evaluate(struct tr_trainer *t, double *loss, double *acc, struct tr_error *err)
+/* Image regression (mse on image-shaped labels: patches): the mean SSIM
+ * of the rows' restored images against the clean ones, added to *ssim_sum.
+ * x_raw is the input before the transforms; a residual is added back to
+ * it on both sides. */
+static int add_ssim(struct tr_trainer *t, int rows, const float *x_raw, float *y, float *out, double *ssim_sum,
+		    struct tr_error *err)
+{
+	tr_replica_t *r = &t->ranks[0].rep;
+	tr_backend_t *be = t->be;
+	const int *sh = t->val->info.label_shape, L = r->label_dim;
+	const struct tr_source_spec *src = t->spec->validation.present ? &t->spec->validation : &t->spec->train;
+	if (be->i->to_host(be, r->dev, out, r->acts[t->model.n_layers], (size_t)rows * L * sizeof(float)) < 0 ||
+	    be->i->sync(be, r->dev) < 0) {
+		tr_error_set(err, 0, 0, NULL, "validation: %s", be->i->last_error(be));
+		return -EIO;
+	}
+	for (int i = 0; i < rows; i++) {
+		float *o = out + (size_t)i * L;
+		const float *xx = x_raw + (size_t)i * L;
+		/* the clean images in place of the residuals, o + x and y + x,
+		 * in the rows already used for the loss */
+		float *clean = y + (size_t)i * L;
+		if (src->residual)
+			for (int k = 0; k < L; k++) {
+				o[k] += xx[k];
+				clean[k] += xx[k];
+			}
+		*ssim_sum += tr_ssim(o, clean, sh[0], sh[1], sh[2], 1.0);
+	}
+	return 0;
+}
+
+static int evaluate(struct tr_trainer *t, double *loss, double *acc, double *ssim, struct tr_error *err)
 {
 	tr_replica_t *r = &t->ranks[0].rep;
 	tr_backend_t *be = t->be;
 	const int F = t->model.inputs, L = r->label_dim, chunk = tr_trainer_eval_rows(t);
 	int64_t n = t->val->info.samples;
+	bool image = t->spec->loss == TR_LOSS_MSE && t->val->info.label_shape[0] > 0 && L == F;
 	float *x = malloc((size_t)chunk * F * sizeof(float));
 	float *y = malloc((size_t)chunk * L * sizeof(float));
-	double sums[2] = {0, 0};
+	float *x_raw = image ? malloc((size_t)chunk * F * sizeof(float)) : NULL;
+	float *out = image ? malloc((size_t)chunk * L * sizeof(float)) : NULL;
+	double sums[2] = {0, 0}, ssim_sum = 0.0;
 	int rc = 0;
-	if (!x || !y) {
+	*ssim = NAN;
+	if (!x || !y || (image && (!x_raw || !out))) {
 		rc = -ENOMEM;
 		tr_error_set(err, 0, 0, NULL, "out of memory for validation");
 		goto out;
@@ -83,6 +120,8 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, struct tr_e
 		}
 		for (int i = 0; i < rows && rc == 0; i++) {
 			rc = tr_reader_get(t->val, base + i, x + (size_t)i * F, y + (size_t)i * L, err);
+			if (rc == 0 && x_raw)
+				memcpy(x_raw + (size_t)i * F, x + (size_t)i * F, (size_t)F * sizeof(float));
 			if (rc == 0 && t->transforms)
 				tr_transforms_apply(t->transforms, x + (size_t)i * F, F, t->spec->seed, 0, base + i, 0);
 		}
@@ -96,12 +135,18 @@ static int evaluate(struct tr_trainer *t, double *loss, double *acc, struct tr_e
 		    (rc = tr_replica_forward(r, rows, 0, 0, 0)) < 0 ||
 		    (rc = tr_replica_loss(r, rows, 0.0f, sums)) < 0 || (rc = be->i->sync(be, r->dev)) < 0)
 			tr_error_set(err, 0, 0, NULL, "validation: %s", be->i->last_error(be));
+		if (rc == 0 && image)
+			rc = add_ssim(t, rows, x_raw, y, out, &ssim_sum, err);
 	}
 	*loss = sums[0] / (double)n;
 	*acc = sums[1] / (double)n;
+	if (image)
+		*ssim = ssim_sum / (double)n;
 out:
 	free(x);
 	free(y);
+	free(x_raw);
+	free(out);
 	return rc;
 }
 
@@ -439,8 +484,9 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 		}
 
 		bool epoch_end = step + 1 == total || tr_plan_step_epoch(&t->plan, step + 1) != epoch;
-		bool eval_due = epoch_end && ((epoch + 1) % s->eval_every_epochs == 0 || step + 1 == total);
-		double vl = NAN, va = NAN;
+		bool eval_due = (epoch_end && ((epoch + 1) % s->eval_every_epochs == 0 || step + 1 == total)) ||
+				(s->eval_every_steps > 0 && (step + 1) % s->eval_every_steps == 0);
+		double vl = NAN, va = NAN, vs = NAN;
 		if (s->early_stopping.enabled) {
 			t->es_loss_sum += loss;
 			t->es_loss_count++;
@@ -449,7 +495,7 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 			set_info(t, "epoch", "%lld", (long long)epoch + 1);
 		if (eval_due && t->val) {
 			set_info(t, "phase", "evaluating");
-			rc = evaluate(t, &vl, &va, err);
+			rc = evaluate(t, &vl, &va, &vs, err);
 			if (rc < 0)
 				break;
 			if (isfinite(vl) && !(vl >= best_val_loss)) {
@@ -464,6 +510,10 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 			if (s->loss == TR_LOSS_SOFTMAX_CE) {
 				t->summary.val_accuracy = va;
 				tr_trainer_emit(t, "val_accuracy", step + 1, epoch, va);
+			}
+			if (!isnan(vs)) { /* image regression: val_loss is the mse on [0, 1] */
+				tr_trainer_emit(t, "val_psnr", step + 1, epoch, tr_psnr(vl, 1.0));
+				tr_trainer_emit(t, "val_ssim", step + 1, epoch, vs);
 			}
 		}
 		if (eval_due && s->early_stopping.enabled)

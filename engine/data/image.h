@@ -1,5 +1,7 @@
-/* Image decoding and resampling shared by the image readers (images.c,
- * patches.c) and nothing else.
+/* Image decoding, resampling and PNG writing shared by the image readers
+ * (images.c, patches.c), the degradations (degrade.c) and the commands
+ * that read and write whole images (`trainerd predict` with image outputs,
+ * `trainerd degrade`).
  *
  * PNG (libpng) and JPEG (libjpeg-turbo) files are told apart by their
  * first bytes, not their names.
@@ -15,6 +17,7 @@
 #define TR_DATA_IMAGE_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "core/error.h"
 
@@ -98,6 +101,14 @@ void tr_resize_stream_finish(tr_resize_stream_t *s, float *dst);
 void tr_resize_stream_destroy(tr_resize_stream_t *s);
 
 #endif
+
+/* Planar floats [c][h][w] on a pixel scale (value = sample * scale) back
+ * to interleaved 8-bit samples (h * w * c bytes): divided by scale,
+ * rounded to nearest, clipped to 0..255, NaN as 0. */
+void tr_image_to_bytes(const float *src, int c, int h, int w, float scale, unsigned char *dst);
+/* Writes them as an 8-bit PNG (1: grey, 2: grey + alpha, 3: RGB, 4: RGBA)
+ * to f; `name` names it in messages.  Returns 0, -EINVAL, -ENOMEM or -EIO. */
+int tr_png_write(FILE *f, const char *name, const float *src, int c, int h, int w, float scale, struct tr_error *err);
 
 /* The entries of the directory dir_fd (not consumed) that are
  * subdirectories (want_dirs) or files named *.png, *.jpg or *.jpeg, any

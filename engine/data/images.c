@@ -17,7 +17,8 @@
  * Prediction inputs (tr_source_spec.unlabeled) may also be a flat folder
  * of images, read in sorted name order; class subfolders' labels are then
  * dropped.  With want_shape (a model's input) every image must come out as
- * that shape, and the message names the file and both shapes.
+ * that shape, and the message names the file and both shapes; with
+ * pixel_scale (a model's recorded scale) the values are 0..255 times it.
  */
 #include <errno.h>
 #include <limits.h>
@@ -50,6 +51,7 @@ struct images_reader {
 	int want[3];        /* tr_source_spec.want_shape, all 0: none */
 	bool flat;          /* the images lie in the folder itself */
 	int64_t max_values; /* width x height x channels of the largest file */
+	float scale;        /* tr_source_spec.pixel_scale, 1 by default */
 };
 
 static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
@@ -192,7 +194,7 @@ static int get_row(void *ctx, const unsigned char *px, struct tr_error *err)
 				       : g->row + (size_t)ch * w;
 
 		for (size_t i = 0; i < w; i++)
-			o[i] = (float)px[i * (size_t)g->c + (size_t)ch];
+			o[i] = (float)px[i * (size_t)g->c + (size_t)ch] * d->scale;
 	}
 	if (g->stream) {
 		tr_resize_stream_push(g->stream);
@@ -395,6 +397,7 @@ int tr_images_open(const struct tr_source_spec *src, int dir_fd, const char *dir
 	memcpy(d->resize, src->resize, sizeof d->resize);
 	memcpy(d->crop, src->center_crop, sizeof d->crop);
 	memcpy(d->want, src->want_shape, sizeof d->want);
+	d->scale = src->pixel_scale > 0.0f ? src->pixel_scale : 1.0f;
 	if (d->want[0]) {
 		d->c = d->want[0];
 		d->h = d->want[1];

@@ -2,8 +2,9 @@
  * regression, as MATLAB's randomPatchExtractionDatastore.
  *
  * Pairs come from two folders (input_path, response_path: files of the
- * same names and sizes) or from one folder and a built-in degradation:
- * "downscale" by a factor, bicubic down and up again (image.h), the input
+ * same names and sizes) or from one folder and a built-in degradation
+ * (degrade.h): "downscale" by a factor, bicubic down and up again, or
+ * "noise", Gaussian noise of a given sigma, the input
  * being the degraded image and the response the clean one, or the
  * residual (response minus input) with "response": "residual", as VDSR
  * learns it.  Values are scaled to [0, 1], input and response alike, so no
@@ -25,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/data/degrade.h"
 #include "engine/data/image.h"
 #include "engine/data/reader_internal.h"
 #include "engine/memory.h"
@@ -43,6 +45,7 @@ struct patches_reader {
 	uint64_t seed;
 	int c, ph, pw, per_image;
 	bool residual;
+	float noise; /* "noise" degradation's sigma, 0 without */
 	int n;
 	struct pimage *img;
 	uint64_t mem_available; /* at open: what the decoded images may take */
@@ -70,11 +73,16 @@ static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float
 			size_t to = ((size_t)c * d->ph + yy) * d->pw;
 
 			memcpy(x + to, im->input + from, (size_t)d->pw * sizeof(float));
-			for (int xx = 0; y && xx < d->pw; xx++)
-				y[to + xx] = d->residual ? im->response[from + xx] - im->input[from + xx]
-							 : im->response[from + xx];
+			if (y)
+				memcpy(y + to, im->response + from, (size_t)d->pw * sizeof(float));
 		}
 	}
+	size_t n = (size_t)d->c * (size_t)d->ph * (size_t)d->pw;
+	if (d->noise > 0.0f)
+		tr_degrade_add_noise(d->noise, tr_rng_key(d->seed, (uint64_t)epoch, (uint64_t)index, TR_RNG_NOISE), x,
+				     n);
+	for (size_t k = 0; y && d->residual && k < n; k++)
+		y[k] -= x[k];
 	return 0;
 }
 
@@ -102,22 +110,19 @@ static const struct tr_reader_i patches_i = {
 	.get_epoch = patches_get_epoch,
 };
 
-/* The built-in degradation of one clean image, in place of its input. */
-static int degrade(struct pimage *im, int c, int factor, const char *shown, struct tr_error *err)
+/* The built-in downscale of one clean image, as its input; noise is drawn
+ * per patch (patches_get_epoch), so its input is the clean image. */
+static int degrade(struct pimage *im, int c, const struct tr_degrade *how, const char *shown, struct tr_error *err)
 {
-	int dh = (im->h + factor - 1) / factor, dw = (im->w + factor - 1) / factor;
-	float *small = malloc((size_t)c * dh * dw * sizeof(float));
-	float *up = malloc((size_t)c * im->h * im->w * sizeof(float));
-
-	if (!small || !up || tr_image_resize(im->response, c, im->h, im->w, small, dh, dw) ||
-	    tr_image_resize(small, c, dh, dw, up, im->h, im->w)) {
-		free(small);
-		free(up);
+	if (how->type != TR_DEGRADE_DOWNSCALE) {
+		im->input = im->response;
+		return 0;
+	}
+	im->input = malloc((size_t)c * im->h * im->w * sizeof(float));
+	if (!im->input || tr_degrade_apply(how, im->response, c, im->h, im->w, 0, im->input) < 0) {
 		tr_error_set(err, 0, 0, NULL, "%s: out of memory", shown);
 		return -ENOMEM;
 	}
-	free(small);
-	im->input = up;
 	return 0;
 }
 
@@ -163,7 +168,7 @@ static int load_one(struct patches_reader *d, const struct tr_source_spec *src, 
 		return -E2BIG;
 	}
 	if (resp_fd < 0)
-		return degrade(im, c, src->degrade_factor, shown, err);
+		return degrade(im, c, &src->degrade, shown, err);
 	snprintf(shown, sizeof shown, "%s/%s", in_dir, name);
 	ret = tr_image_load(in_fd, name, shown, 1.0f / 255.0f, &im->input, &w, &h, &c, err);
 	if (ret)
@@ -197,7 +202,8 @@ int tr_patches_open(const struct tr_source_spec *src, int input_fd, const char *
 	d->pw = src->patch_size[1] ? src->patch_size[1] : src->patch_size[0];
 	d->per_image = src->patches_per_image > 0 ? src->patches_per_image : 1;
 	d->residual = src->residual;
-	if (d->ph < 1 || d->pw < 1 || (response_fd < 0 && src->degrade_factor < 1)) {
+	d->noise = response_fd < 0 && src->degrade.type == TR_DEGRADE_NOISE ? src->degrade.sigma : 0.0f;
+	if (d->ph < 1 || d->pw < 1 || (response_fd < 0 && src->degrade.type == TR_DEGRADE_NONE)) {
 		tr_error_set(err, 0, 0, NULL,
 			     "%s: patches needs a patch_size (and a degrade factor without "
 			     "response_path)",

@@ -40,3 +40,17 @@ need_numpy() {
 	echo "RESULT: 0 passed, 1 failed"
 	exit 1
 }
+# skip_without SCRIPT MODULE...: find_python, and without one of the
+# Python modules, ends the script as skipped (exit 77) naming the Debian
+# packages (python3-MODULE) to install.
+skip_without() {
+	local name=$1
+	shift
+	find_python
+	local m
+	for m in "$@"; do
+		"$py" -c "import $m" 2>/dev/null && continue
+		echo "$name: skipped, needs python3-$m (scripts/install-deps.sh installs it)"
+		exit 77
+	done
+}

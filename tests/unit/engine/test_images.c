@@ -487,7 +487,7 @@ static struct tr_source_spec patches_src(const char *dir, int size, int per_imag
 	s.path = (char *)tmp_path(dir);
 	s.patch_size[0] = s.patch_size[1] = size;
 	s.patches_per_image = per_image;
-	s.degrade_factor = 2;
+	s.degrade = (struct tr_degrade){.type = TR_DEGRADE_DOWNSCALE, .factor = 2};
 	s.data_seed = 42;
 	return s;
 }
@@ -600,6 +600,35 @@ Test(patches, degraded_input_plus_residual_is_the_clean_patch)
 	cr_assert_gt(diff / 300, 0.01, "mean |degraded - clean| %g", diff / 300);
 	tr_reader_destroy(clean);
 	tr_reader_destroy(res);
+}
+
+Test(patches, noise_is_drawn_per_patch_and_epoch_with_its_sigma)
+{
+	mkdir_in("pics");
+	write_pattern("pics/a.png", 32, 32, 1, 3);
+	struct tr_source_spec s = patches_src("pics", 10, 40);
+	s.degrade = (struct tr_degrade){.type = TR_DEGRADE_NOISE, .sigma = 0.1f};
+	s.residual = true;
+	tr_reader_t *r = open_ok(&s);
+	float x[100], y[100], x2[100], y2[100];
+	double sum = 0, sq = 0;
+
+	for (int i = 0; i < 40; i++) {
+		cr_assert_eq(tr_reader_get_epoch(r, i, 1, x, y, &err), 0, "%s", err.message);
+		cr_assert_eq(tr_reader_get_epoch(r, i, 1, x2, y2, &err), 0);
+		cr_assert_arr_eq(x, x2, sizeof x, "the same noise for the same (epoch, sample)");
+		cr_assert_eq(tr_reader_get_epoch(r, i, 2, x2, y2, &err), 0);
+		for (int j = 0; j < 100; j++) {
+			/* the residual is minus the noise: clean - (clean + n) */
+			sum += -y[j];
+			sq += (double)y[j] * y[j];
+		}
+		cr_assert(memcmp(y, y2, sizeof y) != 0, "epoch 2 draws new noise (or a new place)");
+	}
+	double mean = sum / 4000, sd = sqrt(sq / 4000 - mean * mean);
+	cr_assert_lt(fabs(mean), 0.01, "noise mean %g", mean);
+	cr_assert_float_eq(sd, 0.1, 0.01, "noise sd %g, sigma 0.1", sd);
+	tr_reader_destroy(r);
 }
 
 Test(patches, input_and_response_folders_pair_by_name)

@@ -260,7 +260,8 @@ Test(spec, other_formats_and_forms)
 	cr_expect_eq(s.train.patch_size[0], 41);
 	cr_expect_eq(s.train.patch_size[1], 41);
 	cr_expect_eq(s.train.patches_per_image, 128, "MATLAB's default");
-	cr_expect_eq(s.train.degrade_factor, 2, "downscale by 2 by default");
+	cr_expect_eq(s.train.degrade.type, TR_DEGRADE_DOWNSCALE, "downscale by 2 by default");
+	cr_expect_eq(s.train.degrade.factor, 2, "downscale by 2 by default");
 	cr_expect_not(s.train.residual);
 	cr_expect_eq(s.train.data_seed, 4);
 	cr_expect_eq(s.validation.format, TR_DATA_IMAGES);
@@ -417,6 +418,10 @@ static const char *round_trip_specs[] = {
 	" \"response\": \"residual\", \"seed\": 9},"
 	" \"validation\": {\"format\": \"patches\", \"input_path\": \"lo\", \"response_path\": \"hi\","
 	" \"patch_size\": [8, 6]}},"
+	" \"batch_size\": 3, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1}}",
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 64}], \"loss\": \"mse\"},"
+	" \"data\": {\"train\": {\"format\": \"patches\", \"path\": \"pics\", \"patch_size\": 8,"
+	" \"degrade\": {\"type\": \"noise\", \"sigma\": 0.1}, \"response\": \"residual\"}},"
 	" \"batch_size\": 3, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 1}}",
 };
 
@@ -674,6 +679,13 @@ ParameterizedTestParameters(spec, invalid)
 		 "{\"format\": \"patches\", \"patch_size\": 8, \"input_path\": \"a\", \"response_path\": \"b\","
 		 " \"degrade\": {\"type\": \"downscale\"}}",
 		 "/data/train/degrade"},
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"degrade\": {\"type\": \"noise\"}}",
+		 "/data/train/degrade/sigma"},
+		{"/data/train",
+		 "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"degrade\": {\"type\": "
+		 "\"noise\", \"sigma\": 0.1, \"factor\": 2}}",
+		 "/data/train/degrade/factor"},
 		{"/data/train", "{\"format\": \"patches\", \"patch_size\": 8, \"path\": \"p\", \"response\": \"x\"}",
 		 "/data/train/response"},
 		{"/data/train",
