@@ -1147,3 +1147,44 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struc
 		tr_store_job_data_changed(s, job_id);
 	return err;
 }
+
+void tr_store_metrics_rewritten(void)
+{
+	atomic_fetch_add(&trunc_gen, 1);
+}
+
+int tr_store_metric_series_delete(tr_store_t *s, int64_t job_id, const char *name, int64_t *deleted, struct tr_error *e)
+{
+	*deleted = 0;
+	/* Points queued before the call are deleted too, not written after. */
+	int err = tr_store_flush(s, e);
+	if (err < 0)
+		return err;
+	struct conn *c = tr_store_conn_lend(s, e);
+	err = tr_store_begin(c, true);
+	static const char *const sql[] = {"DELETE FROM metrics WHERE job_id = ?1 AND name = ?2",
+					  "DELETE FROM metrics_rollup WHERE job_id = ?1 AND name = ?2"};
+	for (size_t i = 0; i < sizeof sql / sizeof sql[0] && !err; i++) {
+		sqlite3_stmt *st = tr_store_stmt(c, sql[i]);
+		if (!st) {
+			err = -EIO;
+			break;
+		}
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		int rc = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (rc != SQLITE_DONE)
+			err = SQLFAIL(c, rc, "DELETE a metric series");
+		else if (i == 0)
+			*deleted = sqlite3_changes(c->db);
+	}
+	if (err == 0)
+		err = tr_store_commit(c);
+	tr_store_conn_put(s, c); /* rolls back what failed */
+	if (err == 0 && *deleted) {
+		atomic_fetch_add(&trunc_gen, 1);
+		tr_store_job_data_changed(s, job_id);
+	}
+	return err;
+}

@@ -281,6 +281,12 @@ void tr_store_wake_all(tr_store_t *s);
  * Points of a job deleted before they are written vanish silently. */
 int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
 			   double value, struct tr_error *e);
+/* As tr_store_metric_append, for a point pushed through the API: it
+ * replaces the series' point at the same step, if any, so that a client
+ * that re-posts (a retry) never makes a duplicate (docs/design.md,
+ * "Pushed metrics"). */
+int tr_store_metric_put(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			double value, struct tr_error *e);
 /* Points dropped for job_id since it started (0 = total); log lines
  * dropped from the shared queue count too. */
 int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);
@@ -383,6 +389,11 @@ json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id, struct tr_error *e)
  * earlier checkpoint, so replayed steps replace rather than double).
  * Flushes first, so points appended before the call are deleted too. */
 int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struct tr_error *e);
+/* Deletes a job's series name, its points and its rollup.  Flushes first,
+ * so points queued before the call are deleted too.  *deleted: the number
+ * of points removed (0: the job has no such series). */
+int tr_store_metric_series_delete(tr_store_t *s, int64_t job_id, const char *name, int64_t *deleted,
+				  struct tr_error *e);
 
 /* ---- logs ---------------------------------------------------------------- */
 

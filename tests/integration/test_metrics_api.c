@@ -464,3 +464,76 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	cr_assert(msg && strncmp(msg, "fields:", 7) == 0 && strstr(msg, "bogus"), "%s", msg);
 	http_free(&r);
 }
+
+/* ---- re-posted points replace, pushed series can be deleted ---- */
+
+static double ramp(long i)
+{
+	return (double)i;
+}
+
+static double sunk(long i)
+{
+	(void)i;
+	return -5;
+}
+
+/* Re-posting a step replaces its point: no duplicate in the raw series,
+ * and the downsampled envelope (the rollup) forgets the old value. */
+Test(metrics_api, repost_replaces_and_series_delete, .init = start1, .fini = stop1, .timeout = 120)
+{
+	long long id = finished_job();
+	char path[160];
+	struct http_reply r;
+	push_series(id, "eval.psnr", 0, 1, 100, ramp); /* steps 0..99, the max 99 at step 99 */
+	push_series(id, "eval.psnr", 99, 1, 1, sunk);  /* step 99 again: -5 */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr&max_points=0", id);
+	json_t *ser;
+	/* push_series saw step 99 already there: wait for the new value. */
+	for (double t0 = now_s();; usleep(50000)) {
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		ser = series(&r, "eval.psnr");
+		json_t *values = json_object_get(ser, "values");
+		if (json_number_value(json_array_get(values, json_array_size(values) - 1)) == -5)
+			break;
+		cr_assert_lt(now_s() - t0, 20 * TR_TEST_SLOW, "the re-posted point never arrived: %s", r.body);
+		http_free(&r);
+	}
+	cr_assert_eq(npoints(ser), 100, "%s", r.body);
+	cr_assert_eq(step_at(ser, 99), 99);
+	cr_assert_float_eq(json_number_value(json_array_get(json_object_get(ser, "values"), 99)), -5, 1e-12);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr&max_points=2", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	ser = series(&r, "eval.psnr");
+	json_t *maxs = json_object_get(ser, "max");
+	cr_assert_eq(npoints(ser), 2, "%s", r.body);
+	cr_assert_float_eq(json_number_value(json_array_get(maxs, 1)), 98, 1e-12, "old value kept: %s", r.body);
+	http_free(&r);
+
+	/* Deleting: write role route; the engine's own series are refused. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics/loss", id);
+	http(&d, "DELETE", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics/eval.psnr", id);
+	http(&d, "DELETE", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 204, "%s", r.body);
+	http_free(&r);
+	http(&d, "DELETE", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 404, "%s", r.body);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr,loss&max_points=2", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_null(series(&r, "eval.psnr"), "%s", r.body);
+	cr_assert_not_null(series(&r, "loss"));
+	http_free(&r);
+	/* A series pushed again after a delete starts afresh (no rollup left). */
+	push_series(id, "eval.psnr", 7, 1, 1, ramp);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr&max_points=1", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	ser = series(&r, "eval.psnr");
+	cr_assert_eq(npoints(ser), 1, "%s", r.body);
+	cr_assert_eq(step_at(ser, 0), 7);
+	http_free(&r);
+}
