@@ -199,6 +199,13 @@ static int check_labels(struct tr_trainer *t, struct tr_error *err)
 	return 0;
 }
 
+/* Batchnorm's step counter: a scalar buffer PyTorch stores as int64. */
+static bool is_counter(const struct tr_param_view *v)
+{
+	const char *dot = strrchr(v->name, '.');
+	return v->ndim == 0 && dot && strcmp(dot + 1, "num_batches_tracked") == 0;
+}
+
 static int load_init(struct tr_trainer *t, float *host, struct tr_error *err)
 {
 	char path[4096];
@@ -212,15 +219,26 @@ static int load_init(struct tr_trainer *t, float *host, struct tr_error *err)
 	int rc = tr_st_open_fd(fd, path, &f, err);
 	if (rc < 0)
 		return rc;
-	int n = tr_model_param_count(&t->model);
+	int n = tr_model_param_count(&t->model), missing = 0;
 	for (int i = 0; i < n && rc == 0; i++) {
 		struct tr_param_view v;
 		tr_model_param_view(&t->model, i, &v);
-		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err);
+		if (is_counter(&v)) {
+			/* A PyTorch state_dict's counter is I64, and one saved
+			 * without it (older PyTorch, hand-made) starts at 0. */
+			if (!tr_st_has(f, v.name)) {
+				host[v.offset] = 0;
+				missing++;
+				continue;
+			}
+			rc = tr_st_read_count(f, v.name, host + v.offset, err);
+		} else {
+			rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err);
+		}
 	}
-	if (rc == 0 && tr_st_count(f) != n) {
+	if (rc == 0 && tr_st_count(f) != n - missing) {
 		tr_error_set(err, 0, 0, "/init/from", "/init/from: %s has %d tensors, the model has %d", path,
-			     tr_st_count(f), n);
+			     tr_st_count(f), n - missing);
 		rc = -EINVAL;
 	}
 	tr_st_close(f);
