@@ -216,6 +216,24 @@ check "watch of a failed job exits 1" test $? -eq 1
 check "watch prints the failure" has "$work/o" "^job $bad failed: .*step [0-9]*: the loss is"
 tc submit --wait "$work/diverges.json" >"$work/o" 2>&1
 check "submit --wait of a failing job exits 1" test $? -eq 1
+# A spec with several problems: every one is printed, not only the first.
+cat >"$work/three-bad.json" <<'JSON'
+{"name": "bad", "model": {"layers": [{"type": "dense", "units": 0}]},
+ "data": {"train": {"format": "synthetic", "samples": 64, "features": 2, "classes": 2}},
+ "batch_size": -1, "epochs": 1, "optimizer": {"type": "sgd", "lr": -1}}
+JSON
+tc submit "$work/three-bad.json" >/dev/null 2>"$work/e"
+check "submit of a bad spec exits 4" test $? -eq 4
+for p in /model/layers/0/units /batch_size /optimizer/lr; do
+	check "submit prints the problem at $p" has "$work/e" "$p"
+done
+# Followed from the queue, piped: the total (and so the ETA) is unknown
+# until the trainer set up, and lines used to say "step 151/0 (0%) ... eta -".
+tc submit --wait "$work/long.json" >"$work/o" 2>&1
+check "submit --wait piped exits 0" test $? -eq 0
+check "submit --wait piped prints progress" has "$work/o" "^step [0-9]*/300 "
+check "submit --wait piped never shows a total of 0" test "$(count "$work/o" '^step [0-9]*/0 ')" -eq 0
+check "submit --wait piped has an ETA on every line" test "$(count "$work/o" '^step .* eta -$')" -eq 0
 long=$(tc submit "$work/long.json")
 wait_state "$long" running
 tc watch "$long" >"$work/o" 2>&1 &
