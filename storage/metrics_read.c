@@ -1064,6 +1064,68 @@ int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double 
 	return rc;
 }
 
+int tr_store_metric_dot(tr_store_t *s, int64_t job_id, const char *a, const char *b, double *dot, double *sum_b,
+			struct tr_error *e)
+{
+	*dot = *sum_b = 0;
+	struct conn *c = tr_store_conn_lend(s, e);
+	/* total() of NULL (a NaN point) products skips them, and the sum of
+	 * b only counts where the product is known. */
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT total(x.value * y.value),"
+					    " total(CASE WHEN x.value IS NULL THEN NULL ELSE y.value END)"
+					    " FROM metrics x JOIN metrics y ON y.job_id = x.job_id AND y.name = ?3"
+					    " AND y.step = x.step WHERE x.job_id = ?1 AND x.name = ?2");
+	int rc = -EIO;
+	if (st) {
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, a, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, b, -1, SQLITE_STATIC);
+		int r = sqlite3_step(st);
+		if (r == SQLITE_ROW) {
+			*dot = sqlite3_column_double(st, 0);
+			*sum_b = sqlite3_column_double(st, 1);
+		}
+		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT dot of metrics");
+		sqlite3_reset(st);
+	}
+	tr_store_conn_put(s, c);
+	return rc;
+}
+
+int tr_store_metric_epoch_mean(tr_store_t *s, int64_t job_id, const char *name, int64_t *epoch, double *mean,
+			       int64_t *count, struct tr_error *e)
+{
+	*count = 0;
+	*mean = NAN;
+	struct conn *c = tr_store_conn_lend(s, e);
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT epoch, value FROM metrics WHERE job_id = ?1 AND name = ?2"
+					    " ORDER BY step DESC");
+	int rc = -EIO, r = SQLITE_DONE;
+	if (st) {
+		double sum = 0;
+		int64_t seen = 0;
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+			int64_t ep = sqlite3_column_int64(st, 0);
+			if (seen++ == 0)
+				*epoch = ep;
+			else if (ep != *epoch)
+				break;
+			if (sqlite3_column_type(st, 1) != SQLITE_NULL) { /* NaN points are left out */
+				sum += sqlite3_column_double(st, 1);
+				(*count)++;
+			}
+		}
+		rc = r == SQLITE_ROW || r == SQLITE_DONE ? (seen > 0) : SQLFAIL(c, r, "SELECT epoch of metric");
+		if (*count > 0)
+			*mean = sum / (double)*count;
+		sqlite3_reset(st);
+	}
+	tr_store_conn_put(s, c);
+	return rc;
+}
+
 json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id, struct tr_error *e)
 {
 	struct names ns = {0};

@@ -380,6 +380,17 @@ int tr_store_metrics_last(tr_store_t *s, int64_t job_id, const char *const *name
 /* Sum and number of a series' non-NaN values (reads every point). */
 int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
 			struct tr_error *e);
+/* Over the steps where both series have a point: *dot the sum of
+ * a * b and *sum_b the sum of b (non-NaN pairs only; 0 and 0 when none).
+ * A job's whole-run throughput is dot(samples_per_sec, step_ms) /
+ * sum(step_ms): samples over training time.  Reads every point of a. */
+int tr_store_metric_dot(tr_store_t *s, int64_t job_id, const char *a, const char *b, double *dot, double *sum_b,
+			struct tr_error *e);
+/* The mean of a series' points in its newest epoch (the epoch of its last
+ * point): 1 with *epoch, *mean and *count, 0 when the series is empty.
+ * Reads that epoch's points only, newest first (epochs grow with steps). */
+int tr_store_metric_epoch_mean(tr_store_t *s, int64_t job_id, const char *name, int64_t *epoch, double *mean,
+			       int64_t *count, struct tr_error *e);
 /* Drops what the store keeps between metrics reads (the whole-curve
  * memo); tr_store_close calls it. */
 void tr_store_metrics_memo_forget(const tr_store_t *s);

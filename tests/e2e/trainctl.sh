@@ -125,6 +125,14 @@ tc ls >"$work/o"
 check "ls exits 0" test $? -eq 0
 check "ls has a header" has "$work/o" "^ID  NAME"
 check "ls lists the job" test "$(grep -c ' small ' "$work/o")" -eq 2
+check "ls heads whole-run figures" has "$work/o" "EPOCH LOSS  SAMPLES/S"
+# A completed job's listed loss and samples/s are the summary's whole-run
+# figures (the newest epoch's mean loss), not its last step's.
+tc show --json "$id" >"$work/j"
+want=$(python3 -c "import json; s=json.load(open('$work/j'))['summary']; print('%.4f %.0f' % (s['epoch_loss'], s['samples_per_sec']))")
+check "ls shows the summary's epoch loss and samples/s ($want)" test -n "$(grep "^ *$id .* ${want% *} *${want#* } " "$work/o")"
+tc show "$id" >"$work/o2"
+check "show has the epoch loss" has "$work/o2" "^epoch loss  *${want% *}\$"
 tc ls --json >"$work/o"
 check "ls --json is JSON" python3 -c "import json,sys; j=json.load(open('$work/o')); assert len(j)==2"
 tc ls --state running >"$work/o"

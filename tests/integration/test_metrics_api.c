@@ -395,8 +395,9 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	cr_assert_eq(r.status, 200);
 	json_t *sum = json_object_get(r.json, "summary");
 	cr_assert(json_is_object(sum), "%s", r.body);
-	const char *keys[] = {"loss", "val_loss", "val_accuracy", "samples_per_sec", "data_wait_fraction", "step"};
-	for (size_t i = 0; i < 6; i++)
+	const char *keys[] = {"loss", "epoch_loss", "val_loss", "val_accuracy", "samples_per_sec", "data_wait_fraction",
+			      "step"};
+	for (size_t i = 0; i < 7; i++)
 		cr_assert(is_num_or_null(json_object_get(sum, keys[i])), "summary.%s", keys[i]);
 	/* A completed classification job with validation knows them all. */
 	cr_assert_eq(json_integer_value(json_object_get(sum, "step")),
@@ -427,6 +428,38 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 				   want);
 		http_free(&r);
 	}
+	/* Whole-run figures: samples over the recorded steps' time, not the
+	 * last step's throughput; the newest epoch's mean loss. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=samples_per_sec,step_ms,loss&max_points=0&epochs=true",
+		 id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	json_t *sps = json_object_get(series(&r, "samples_per_sec"), "values");
+	json_t *ms = json_object_get(series(&r, "step_ms"), "values");
+	json_t *loss = json_object_get(series(&r, "loss"), "values");
+	json_t *loss_epochs = json_object_get(series(&r, "loss"), "epochs");
+	cr_assert_eq(json_array_size(sps), json_array_size(ms));
+	double samples = 0, time_ms = 0, last_epoch_sum = 0;
+	for (size_t k = 0; k < json_array_size(sps); k++) {
+		samples += json_number_value(json_array_get(sps, k)) * json_number_value(json_array_get(ms, k));
+		time_ms += json_number_value(json_array_get(ms, k));
+	}
+	json_int_t last_epoch = json_integer_value(json_array_get(loss_epochs, json_array_size(loss_epochs) - 1));
+	int in_last = 0;
+	for (size_t k = 0; k < json_array_size(loss); k++)
+		if (json_integer_value(json_array_get(loss_epochs, k)) == last_epoch) {
+			last_epoch_sum += json_number_value(json_array_get(loss, k));
+			in_last++;
+		}
+	cr_assert_gt(in_last, 1, "%s", r.body);
+	http_free(&r);
+	double want_sps = samples / time_ms, want_loss = last_epoch_sum / in_last;
+	cr_assert_float_eq(json_number_value(json_object_get(stored, "samples_per_sec")), want_sps, 1e-9 * want_sps,
+			   "summary.samples_per_sec is not the whole run's %g", want_sps);
+	cr_assert(json_is_real(json_object_get(stored, "epoch_loss")), "no summary.epoch_loss");
+	cr_assert_float_eq(json_number_value(json_object_get(stored, "epoch_loss")), want_loss,
+			   1e-9 * (1 + fabs(want_loss)), "summary.epoch_loss is not the last epoch's mean %g",
+			   want_loss);
 	json_decref(stored);
 
 	/* A queued job knows nothing yet. */
