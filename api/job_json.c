@@ -56,6 +56,11 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 			     number_or_null(row->loss));
 	if (!progress)
 		return NULL;
+	/* Training time over every run that ended (a resumed job's earlier
+	 * ones too, without the time it sat paused); a live run adds its own
+	 * in tr_api_live_json. */
+	if (row->train_s > 0)
+		json_object_set_new(progress, "elapsed_s", json_real(row->train_s));
 	/* Live values (ETA, throughput, a fresher step) win over the row,
 	 * which the runner only writes now and then. */
 	if (json_is_object(live))
@@ -208,7 +213,8 @@ json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
 		return NULL;
 	out = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "step", (json_int_t)l.step, "total_steps",
 			(json_int_t)l.total_steps, "epoch", (json_int_t)l.epoch, "samples_per_sec", l.samples_per_sec,
-			"elapsed_s", l.elapsed_s, "eta_s", l.eta_s, "data_wait_fraction", l.data_wait_fraction);
+			"elapsed_s", l.elapsed_s + row->train_s, "eta_s", l.eta_s, "data_wait_fraction",
+			l.data_wait_fraction);
 	if (out && l.epochs > 0)
 		json_object_set_new(out, "epochs", json_integer(l.epochs));
 	if (out && isfinite(l.loss))

@@ -140,6 +140,11 @@ static const char *const migrations[] = {
 	/* 8: the loader threads a job's trainer runs with, NULL until it
 	 * started (GET /jobs/{id} "loader_threads"). */
 	"ALTER TABLE jobs ADD COLUMN loader_threads INTEGER;",
+
+	/* 9: the seconds of training of a job's earlier runs (a run ended by
+	 * a pause, stop or shutdown adds its own), so a resumed job's
+	 * elapsed time counts every run and no paused gap. */
+	"ALTER TABLE jobs ADD COLUMN train_s REAL NOT NULL DEFAULT 0;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -92,6 +92,7 @@ struct tr_job_row {
 	bool state_pending; /* state/error/devices/stamps shown are not written yet */
 	char *info;         /* JSON object text of info fields, "{}" when none */
 	int loader_threads; /* the loader threads its trainer runs (ran) with; 0 until it started */
+	double train_s;     /* seconds of training of its runs that ended (a running one's not yet) */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -189,6 +190,9 @@ int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr
 /* What the job's trainer resolved its loader thread count to (the spec's
  * prefetch.workers or its default), set by the runner as it starts. */
 int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e);
+/* Adds a run's seconds of training to the job's train_s, as the run ends
+ * (a resumed job's elapsed time counts every run).  Ignores seconds <= 0. */
+int tr_store_job_add_train_s(tr_store_t *s, int64_t id, double seconds, struct tr_error *e);
 /* Replaces a job's spec as given and its normalized spec (a resume that
  * gives it a new end); both JSON object texts.  -ENOENT for an unknown
  * job. */

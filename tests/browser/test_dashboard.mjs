@@ -564,6 +564,10 @@ try {
 		const info = await rp.$$eval('#job-info dt', (els) => Object.fromEntries(els.map((e) => [e.textContent, e.nextElementSibling.textContent])));
 		await rp.screenshot({ path: path.join(artifacts, 'job-regression.png'), fullPage: true });
 		if ('Val accuracy' in info) throw new Error('a regression job shows "Val accuracy": ' + JSON.stringify(info));
+		/* Its training time (progress.elapsed_s, every run's), not its wall span. */
+		if (!(job.progress.elapsed_s > 0)) throw new Error('no progress.elapsed_s: ' + JSON.stringify(job.progress));
+		const el = await rp.evaluate((v) => { const s = Math.max(0, Math.round(v)); return s < 60 ? s + 's' : null; }, job.progress.elapsed_s);
+		if (el && info['Elapsed'] !== el) throw new Error('Elapsed shows ' + info['Elapsed'] + ', the job trained ' + el);
 		if (info['Epoch loss (mean)'] !== want) throw new Error('epoch loss ' + info['Epoch loss (mean)'] + ', the summary\'s ' + want);
 		if (!/^(< 0\.01|\d+\.\d\d|\d+)$/.test(info['Data wait (ms/step)'] || '')) throw new Error('data wait shown as ' + info['Data wait (ms/step)']);
 		if ((await rp.evaluate(() => trainerdDashboard.fmtMs(8.6e-5))) !== '< 0.01') throw new Error('fmtMs(8.6e-5) is not "< 0.01"');

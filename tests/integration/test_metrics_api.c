@@ -570,3 +570,61 @@ Test(metrics_api, repost_replaces_and_series_delete, .init = start1, .fini = sto
 	cr_assert_eq(step_at(ser, 0), 7);
 	http_free(&r);
 }
+
+/* ---- elapsed time across a resume ---- */
+
+static json_t *job_progress(long long id, struct http_reply *r)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, r);
+	cr_assert_eq(r->status, 200, "%s", r->body);
+	return json_object_get(r->json, "progress");
+}
+
+/* A job paused for 2 s and resumed: its elapsed time counts the training
+ * of both runs (more than the first run's), and not the pause. */
+Test(metrics_api, elapsed_counts_every_run_not_the_pause, .init = start1, .fini = stop1, .timeout = 120)
+{
+	struct http_reply r;
+	char path[64];
+	double t0 = now_s();
+	long long id =
+		submit_job(&d, "{\"name\": \"slow\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\","
+			       " \"units\": 3}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 640,"
+			       " \"features\": 6, \"classes\": 3, \"load_cost_us\": 2000}}, \"batch_size\": 32,"
+			       " \"epochs\": 3, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}");
+	double first = 0;
+	for (;;) {
+		json_t *p = job_progress(id, &r);
+		first = json_number_value(json_object_get(p, "elapsed_s"));
+		bool far = json_integer_value(json_object_get(p, "step")) >= 5;
+		http_free(&r);
+		if (far && first > 0)
+			break;
+		cr_assert_lt(now_s() - t0, 30 * TR_TEST_SLOW, "the job did not reach step 5");
+		usleep(20000);
+	}
+	snprintf(path, sizeof path, "/jobs/%lld/pause", id);
+	http(&d, "POST", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, id, "paused|completed", 30), "paused");
+	json_t *p = job_progress(id, &r);
+	double ran = json_number_value(json_object_get(p, "elapsed_s"));
+	cr_assert(ran >= first, "a paused job shows %g s of training, it had %g before the pause: %s", ran, first,
+		  r.body);
+	http_free(&r);
+	sleep(2);
+	snprintf(path, sizeof path, "/jobs/%lld/resume", id);
+	http(&d, "POST", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed", 60), "completed");
+	double wall = now_s() - t0;
+	p = job_progress(id, &r);
+	double total = json_number_value(json_object_get(p, "elapsed_s"));
+	cr_assert(total > ran, "elapsed %g s does not count the second run (the first had %g): %s", total, ran, r.body);
+	cr_assert(total < wall - 1.5, "elapsed %g s counts the 2 s pause (all took %g s)", total, wall);
+	http_free(&r);
+}
