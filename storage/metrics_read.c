@@ -1042,53 +1042,59 @@ int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_
 	return 1;
 }
 
-int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
-			struct tr_error *e)
+/* Runs sql, one row of two numbers over a job's series a (?2) and b (?3,
+ * unbound when NULL), into out[0] and out[1]. */
+static int aggregate_pair(tr_store_t *s, const char *sql, int64_t job_id, const char *a, const char *b, double out[2],
+			  struct tr_error *e)
 {
 	struct conn *c = tr_store_conn_lend(s, e);
-	sqlite3_stmt *st = tr_store_stmt(c, "SELECT total(value), count(value) FROM metrics"
-					    " WHERE job_id = ?1 AND name = ?2");
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
 	int rc = -EIO;
+	out[0] = out[1] = 0;
 	if (st) {
 		sqlite3_bind_int64(st, 1, job_id);
-		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, a, -1, SQLITE_STATIC);
+		if (b)
+			sqlite3_bind_text(st, 3, b, -1, SQLITE_STATIC);
 		int r = sqlite3_step(st);
 		if (r == SQLITE_ROW) {
-			*sum = sqlite3_column_double(st, 0);
-			*count = sqlite3_column_int64(st, 1);
+			out[0] = sqlite3_column_double(st, 0);
+			out[1] = sqlite3_column_double(st, 1);
 		}
-		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT sum of metric");
+		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT an aggregate of metrics");
 		sqlite3_reset(st);
 	}
 	tr_store_conn_put(s, c);
 	return rc;
 }
 
+int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
+			struct tr_error *e)
+{
+	double out[2];
+	int rc = aggregate_pair(s, "SELECT total(value), count(value) FROM metrics WHERE job_id = ?1 AND name = ?2",
+				job_id, name, NULL, out, e);
+	if (rc == 0) {
+		*sum = out[0];
+		*count = (int64_t)out[1];
+	}
+	return rc;
+}
+
 int tr_store_metric_dot(tr_store_t *s, int64_t job_id, const char *a, const char *b, double *dot, double *sum_b,
 			struct tr_error *e)
 {
-	*dot = *sum_b = 0;
-	struct conn *c = tr_store_conn_lend(s, e);
 	/* total() of NULL (a NaN point) products skips them, and the sum of
 	 * b only counts where the product is known. */
-	sqlite3_stmt *st = tr_store_stmt(c, "SELECT total(x.value * y.value),"
-					    " total(CASE WHEN x.value IS NULL THEN NULL ELSE y.value END)"
-					    " FROM metrics x JOIN metrics y ON y.job_id = x.job_id AND y.name = ?3"
-					    " AND y.step = x.step WHERE x.job_id = ?1 AND x.name = ?2");
-	int rc = -EIO;
-	if (st) {
-		sqlite3_bind_int64(st, 1, job_id);
-		sqlite3_bind_text(st, 2, a, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 3, b, -1, SQLITE_STATIC);
-		int r = sqlite3_step(st);
-		if (r == SQLITE_ROW) {
-			*dot = sqlite3_column_double(st, 0);
-			*sum_b = sqlite3_column_double(st, 1);
-		}
-		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT dot of metrics");
-		sqlite3_reset(st);
-	}
-	tr_store_conn_put(s, c);
+	double out[2];
+	int rc = aggregate_pair(s,
+				"SELECT total(x.value * y.value),"
+				" total(CASE WHEN x.value IS NULL THEN NULL ELSE y.value END)"
+				" FROM metrics x JOIN metrics y ON y.job_id = x.job_id AND y.name = ?3"
+				" AND y.step = x.step WHERE x.job_id = ?1 AND x.name = ?2",
+				job_id, a, b, out, e);
+	*dot = out[0];
+	*sum_b = out[1];
 	return rc;
 }
 

@@ -2,8 +2,8 @@
 # init.from with a PyTorch state_dict as safetensors.torch.save_file writes
 # it: batchnorm's num_batches_tracked is I64 there (trainerd keeps a
 # float), and a state_dict saved without it starts the counter at 0.  The
-# file is written here byte for byte as save_file does (header of sorted
-# names, dtype I64/F32, padded to 8 bytes), since Debian has no
+# file is written as save_file does (tests/torch/common.py, st_write with
+# as_save_file: sorted names, dtype I64/F32), since Debian has no
 # python3-safetensors.  With a learning rate of 1e-9 the trained weights
 # must still be the loaded ones, and the counter must go on from 7.
 # Usage: init_from_torch.sh PATH/TO/trainerd   (run from the repository root)
@@ -11,17 +11,17 @@ set -u
 TRAINERD=${1:?usage: init_from_torch.sh TRAINERD}
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 find_python
-if ! "$py" -c 'import torch, numpy' 2>/dev/null; then
-	echo "init_from_torch: skipped, needs python3-torch and python3-numpy (scripts/install-deps.sh installs them)"
+if ! "$py" -c 'import torch, numpy, sklearn' 2>/dev/null; then
+	echo "init_from_torch: skipped, needs python3-torch, python3-numpy and python3-sklearn (scripts/install-deps.sh installs them)"
 	exit 77
 fi
 make_work
 
 "$py" - "$work" <<'PY'
-import json
-import struct
 import sys
+sys.path.insert(0, "tests/torch")
 import torch
+from common import st_write
 w = sys.argv[1]
 torch.manual_seed(5)
 net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.BatchNorm2d(2), torch.nn.ReLU(),
@@ -30,26 +30,11 @@ with torch.no_grad():
     net[1].running_mean.fill_(0.25)
     net[1].running_var.fill_(2.0)
     net[1].num_batches_tracked.fill_(7)
-
-def save_file(tensors, path):
-    # safetensors.torch.save_file's layout: names sorted, data in that order.
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": {torch.float32: "F32", torch.int64: "I64"}[t.dtype],
-                        "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
 sd = net.state_dict()
 assert sd["1.num_batches_tracked"].dtype == torch.int64
-save_file(sd, f"{w}/torch.safetensors")
-save_file({k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")}, f"{w}/old.safetensors")
+st_write(f"{w}/torch.safetensors", sd, as_save_file=True)
+st_write(f"{w}/old.safetensors", {k: v for k, v in sd.items() if not k.endswith("num_batches_tracked")},
+         as_save_file=True)
 PY
 for init in torch old; do
 	cat >"$work/$init.json" <<SPEC
@@ -67,33 +52,19 @@ SPEC
 done
 
 "$py" - "$work" <<'PY'
-import json
-import struct
 import sys
+sys.path.insert(0, "tests/torch")
 import numpy as np
+from common import st_read
 w = sys.argv[1]
-
-def load(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    out = {}
-    for name, e in head.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        dt = {"F32": np.float32, "I64": np.int64}[e["dtype"]]
-        out[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=dt).reshape(e["shape"])
-    return out
-
 ok = True
-init = load(f"{w}/torch.safetensors")
+init = st_read(f"{w}/torch.safetensors")
 for case, counter in (("torch", 7 + 2), ("old", 0 + 2)):
-    got = load(f"{w}/out-{case}/model.safetensors")
+    got = st_read(f"{w}/out-{case}/model.safetensors")
     for name, v in init.items():
         if name.endswith("num_batches_tracked") or name.startswith("1.running"):
             continue
-        if not np.allclose(got[name], v, atol=1e-6):
+        if not np.allclose(got[name].numpy(), v.numpy(), atol=1e-6):
             print(f"{case}: {name} is not the loaded tensor"); ok = False
     c = float(got["1.num_batches_tracked"])
     if c != counter:
