@@ -56,6 +56,11 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 			     number_or_null(row->loss));
 	if (!progress)
 		return NULL;
+	/* Training time over every run that ended (a resumed job's earlier
+	 * ones too, without the time it sat paused); a live run adds its own
+	 * in tr_api_live_json. */
+	if (row->train_s > 0)
+		json_object_set_new(progress, "elapsed_s", json_real(row->train_s));
 	/* Live values (ETA, throughput, a fresher step) win over the row,
 	 * which the runner only writes now and then. */
 	if (json_is_object(live))
@@ -97,20 +102,26 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 
 /* ---- summary ---- */
 
-/* The latest value of a series, or null. */
-static json_t *last_value(tr_store_t *store, int64_t id, const char *name)
+/* The mean loss of the job's newest epoch (so far, while it runs): a
+ * figure for the run, where the last step's loss is one batch's (a
+ * 2-sample last step can be far off).  null without loss points. */
+static json_t *epoch_loss(tr_store_t *store, int64_t id)
 {
-	int64_t step;
-	double v;
+	int64_t epoch, n;
+	double mean;
 
-	return tr_store_metric_last(store, id, name, &step, &v, NULL) > 0 ? number_or_null(v) : json_null();
+	return tr_store_metric_epoch_mean(store, id, "loss", &epoch, &mean, &n, NULL) > 0 && n > 0
+		       ? number_or_null(mean)
+		       : json_null();
 }
 
 /* What the store can tell of a job that is not running here: throughput
- * of its last recorded step, and the share of its recorded step time
- * spent waiting for data.  Reads every data_wait_ms and step_ms point, so
- * the rendered answer is kept in the response cache under the job's data
- * generation (a finished job's never changes). */
+ * over the whole run (samples over the recorded steps' time, not the last
+ * step's: that one may hold 2 samples), the share of its recorded step
+ * time spent waiting for data, and the last epoch's mean loss.  Reads
+ * every data_wait_ms and step_ms point, so the rendered answer is kept in
+ * the response cache under the job's data generation (a finished job's
+ * never changes). */
 struct stored_summary {
 	tr_store_t *store;
 	int64_t id;
@@ -119,16 +130,18 @@ struct stored_summary {
 static int compute_stored(void *ctx, char **out, size_t *len)
 {
 	struct stored_summary *ss = ctx;
-	double wait = 0, step_ms = 0;
+	double wait = 0, step_ms = 0, samples_ms = 0, timed_ms = 0;
 	int64_t nw = 0, ns = 0;
 	json_t *fraction, *obj;
 
 	if (tr_store_metric_sum(ss->store, ss->id, "data_wait_ms", &wait, &nw, NULL) < 0 ||
-	    tr_store_metric_sum(ss->store, ss->id, "step_ms", &step_ms, &ns, NULL) < 0)
+	    tr_store_metric_sum(ss->store, ss->id, "step_ms", &step_ms, &ns, NULL) < 0 ||
+	    tr_store_metric_dot(ss->store, ss->id, "samples_per_sec", "step_ms", &samples_ms, &timed_ms, NULL) < 0)
 		return -EIO;
 	fraction = nw > 0 && ns > 0 && step_ms > 0 ? json_real(fmin(1.0, wait / step_ms)) : json_null();
-	obj = json_pack("{s:o, s:o}", "samples_per_sec", last_value(ss->store, ss->id, "samples_per_sec"),
-			"data_wait_fraction", fraction);
+	obj = json_pack("{s:o, s:o, s:o}", "samples_per_sec",
+			timed_ms > 0 ? number_or_null(samples_ms / timed_ms) : json_null(), "data_wait_fraction",
+			fraction, "epoch_loss", epoch_loss(ss->store, ss->id));
 	int rc = obj ? tr_api_render_json(obj, out, len) : -ENOMEM;
 	json_decref(obj);
 	return rc < 0 ? -ENOMEM : 0;
@@ -167,6 +180,7 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 		static const char *const keys[] = {"step", "loss", "samples_per_sec", "data_wait_fraction"};
 		json_object_set_new(sum, "samples_per_sec", json_null());
 		json_object_set_new(sum, "data_wait_fraction", json_null());
+		json_object_set_new(sum, "epoch_loss", epoch_loss(store, row->id));
 		for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
 			if ((v = json_object_get(live, keys[i])) && json_is_number(v))
 				json_object_set(sum, keys[i], v);
@@ -182,6 +196,7 @@ json_t *tr_api_job_summary(tr_api_t *api, const struct tr_job_row *row, const js
 	free(text);
 	json_object_set_new(sum, "samples_per_sec", json_null());
 	json_object_set_new(sum, "data_wait_fraction", json_null());
+	json_object_set_new(sum, "epoch_loss", json_null());
 	if (json_is_object(stored))
 		json_object_update(sum, stored);
 	json_decref(stored);
@@ -201,7 +216,8 @@ json_t *tr_api_live_json(tr_api_t *api, const struct tr_job_row *row)
 		return NULL;
 	out = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "step", (json_int_t)l.step, "total_steps",
 			(json_int_t)l.total_steps, "epoch", (json_int_t)l.epoch, "samples_per_sec", l.samples_per_sec,
-			"elapsed_s", l.elapsed_s, "eta_s", l.eta_s, "data_wait_fraction", l.data_wait_fraction);
+			"elapsed_s", l.elapsed_s + row->train_s, "eta_s", l.eta_s, "data_wait_fraction",
+			l.data_wait_fraction);
 	if (out && l.epochs > 0)
 		json_object_set_new(out, "epochs", json_integer(l.epochs));
 	if (out && isfinite(l.loss))

@@ -4,7 +4,9 @@
  * Pushed names may not shadow the engine's own metrics (docs/design.md §6):
  * a monitor writing "loss" would silently corrupt the curve everyone
  * reads.  A push is validated whole before any point is queued, so a bad
- * point 9000 does not leave 8999 points behind.
+ * point 9000 does not leave 8999 points behind.  A pushed point replaces
+ * the series' point at its step, and a pushed series can be deleted whole
+ * (docs/design.md, "Pushed metrics").
  */
 #include "api/api_internal.h"
 #include "api/metrics_stream.h"
@@ -436,10 +438,12 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	json_array_foreach(points, i, p) {
 		v = json_object_get(p, "epoch");
 		/* Without an epoch the point belongs to the job's current one. */
-		rc = tr_store_metric_append(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
-					    json_integer_value(json_object_get(p, "step")),
-					    v ? json_integer_value(v) : job_epoch, wall,
-					    json_number_value(json_object_get(p, "value")), &me);
+		/* A point for a step the series has replaces it: a client
+		 * that re-posts after a lost answer makes no duplicate. */
+		rc = tr_store_metric_put(api->cfg.store, id, json_string_value(json_object_get(p, "name")),
+					 json_integer_value(json_object_get(p, "step")),
+					 v ? json_integer_value(v) : job_epoch, wall,
+					 json_number_value(json_object_get(p, "value")), &me);
 		if (rc == 0)
 			accepted++;
 		else if (rc != -ENOBUFS && !first_error)
@@ -462,4 +466,41 @@ void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp)
 	tr_api_reply_json(rp, 202, json_pack("{s:I}", "accepted", (json_int_t)accepted));
 cleanup:
 	json_decref(body);
+}
+
+void tr_api_metrics_delete(struct tr_api_request *rq, struct tr_api_reply *rp)
+{
+	tr_api_t *api = rq->api;
+	struct tr_job_row row;
+	struct tr_error me = {0};
+	int64_t id, deleted;
+	/* The name from the URL itself: path parameters are cut to 31 bytes
+	 * and names may have 64.  The route matched, so it follows the last
+	 * '/'. */
+	const char *name = strrchr(rq->url, '/') + 1;
+
+	if (tr_api_path_id(rq, rp, &id) < 0)
+		return;
+	if (!valid_name(name, strlen(name))) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "name: must be 1 to %d characters of A-Z a-z 0-9 _ . : -", NAME_MAX_LEN);
+		return;
+	}
+	if (engine_name(name)) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "name: \"%s\" is recorded by the engine itself; only pushed series can be deleted", name);
+		return;
+	}
+	if (tr_api_load_job(api, rp, id, &row) < 0)
+		return;
+	tr_job_row_finish(&row);
+	if (tr_store_metric_series_delete(api->cfg.store, id, name, &deleted, &me) < 0) {
+		tr_api_fail_store_err(rp, &me, "deleting a metric series");
+		return;
+	}
+	if (deleted == 0) {
+		tr_api_fail(rp, 404, "not_found", NULL, "job %" PRId64 " has no series \"%s\"", id, name);
+		return;
+	}
+	rp->status = 204;
 }

@@ -12,8 +12,8 @@
 #define MAX_PARAMS 8
 
 /* The role column (docs/design.md, API): read for everything that only
- * looks, write for submitting and controlling jobs, pushing metrics and
- * uploading datasets, admin for deleting (jobs, datasets) and reloading. */
+ * looks, write for submitting and controlling jobs, pushing (and deleting
+ * pushed) metrics and uploading datasets, admin for deleting (jobs, datasets) and reloading. */
 static const struct tr_api_route routes[] = {
 	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC, TR_ROLE_READ},
 	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC, TR_ROLE_READ},
@@ -37,6 +37,7 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/evaluate", tr_api_jobs_evaluate, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/metrics", tr_api_metrics_get, 0, TR_ROLE_READ},
 	{"POST", "/jobs/{id}/metrics", tr_api_metrics_push, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
+	{"DELETE", "/jobs/{id}/metrics/{name}", tr_api_metrics_delete, 0, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/logs", tr_api_logs_get, 0, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/checkpoints", tr_api_checkpoints_list, 0, TR_ROLE_READ},

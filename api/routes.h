@@ -95,6 +95,8 @@ void tr_api_metrics_cache_start(tr_store_t *store);
  * keeping them current. */
 void tr_api_metrics_cache_forget(const tr_store_t *store);
 void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* DELETE /jobs/{id}/metrics/{name}: a pushed series, whole. */
+void tr_api_metrics_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_logs_get(struct tr_api_request *rq, struct tr_api_reply *rp);
 

@@ -155,6 +155,15 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 
 /* ---- ls ---- */
 
+/* A number with fmt, or "-" when it is not one (null: not known). */
+static void number_cell(char *buf, size_t len, const json_t *v, const char *fmt)
+{
+	if (json_is_number(v))
+		snprintf(buf, len, fmt, json_number_value(v));
+	else
+		snprintf(buf, len, "-");
+}
+
 static void progress_cells(const json_t *job, char *step, size_t slen, char *pct, size_t plen, char *loss, size_t llen)
 {
 	const json_t *p = json_object_get(job, "progress");
@@ -167,10 +176,7 @@ static void progress_cells(const json_t *job, char *step, size_t slen, char *pct
 		snprintf(pct, plen, "%d%%", (int)(100.0 * (double)s / (double)total));
 	else
 		snprintf(pct, plen, "-");
-	if (json_is_number(l))
-		snprintf(loss, llen, "%.4f", json_number_value(l));
-	else
-		snprintf(loss, llen, "-");
+	number_cell(loss, llen, l, "%.4f");
 }
 
 int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
@@ -179,8 +185,12 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 					     {"json", no_argument, NULL, 'j'},
 					     {"help", no_argument, NULL, 'h'},
 					     {NULL, 0, NULL, 0}};
-	static const char *heads[] = {"ID", "NAME", "STATE", "PRIO", "STEP", "DONE", "LOSS", "SUBMITTED"};
-	static const bool right[] = {true, false, false, true, true, true, true, false};
+	/* The summary's whole-run figures: the newest epoch's mean loss and
+	 * samples/s over the run, not the last step's (one batch, maybe of
+	 * 2 samples, listed 604 samples/s for a job running at 30,000). */
+	static const char *heads[] = {"ID",   "NAME",       "STATE",     "PRIO",     "STEP",
+				      "DONE", "EPOCH LOSS", "SAMPLES/S", "SUBMITTED"};
+	static const bool right[] = {true, false, false, true, true, true, true, true, false};
 	const char *state = NULL;
 	bool as_json = false;
 	json_t *all = json_array();
@@ -216,8 +226,11 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 		struct tr_ctl_reply r;
 		const char *next;
 
-		snprintf(path, sizeof path, "/jobs?limit=1000%s%s%s%s", state ? "&state=" : "", state ? state : "",
-			 after[0] ? "&after=" : "", after);
+		/* The table needs the summary, which lists leave out unless
+		 * fields= names it; --json keeps every other key as before. */
+		snprintf(path, sizeof path, "/jobs?limit=1000%s%s%s%s%s", state ? "&state=" : "", state ? state : "",
+			 after[0] ? "&after=" : "", after,
+			 as_json ? "" : "&fields=id,name,state,priority,progress,summary,submitted_at");
 		rc = tr_ctl_call(c, "GET", path, NULL, &r);
 		if (rc)
 			break;
@@ -240,17 +253,21 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 		size_t i;
 		json_t *job;
 
-		tr_table_init(&t, 8, heads, right);
+		tr_table_init(&t, 9, heads, right);
 		json_array_foreach(all, i, job) {
-			char id[24], prio[16], step[48], pct[16], loss[32], when[32];
+			char id[24], prio[16], step[48], pct[16], loss[32], sps[32], when[32];
+			const json_t *sum = json_object_get(job, "summary");
 
 			snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(job, "id")));
 			snprintf(prio, sizeof prio, "%lld",
 				 (long long)json_integer_value(json_object_get(job, "priority")));
 			progress_cells(job, step, sizeof step, pct, sizeof pct, loss, sizeof loss);
+			number_cell(loss, sizeof loss, json_object_get(sum, "epoch_loss"), "%.4f");
+			number_cell(sps, sizeof sps, json_object_get(sum, "samples_per_sec"), "%.0f");
 			tr_fmt_time(when, sizeof when, json_string_value(json_object_get(job, "submitted_at")));
 			tr_table_add(&t, id, json_string_value(json_object_get(job, "name")),
-				     json_string_value(json_object_get(job, "state")), prio, step, pct, loss, when);
+				     json_string_value(json_object_get(job, "state")), prio, step, pct, loss, sps,
+				     when);
 		}
 		tr_table_print(&t, stdout);
 		tr_table_finish(&t);
@@ -308,9 +325,16 @@ int tr_cmd_show(struct tr_ctl *c, int argc, char **argv)
 	else
 		snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(json_object_get(p, "epoch")) + 1);
 	field("epoch", buf);
-	field("loss", loss);
-	if (json_is_number(json_object_get(p, "samples_per_sec"))) {
-		snprintf(buf, sizeof buf, "%.0f", json_number_value(json_object_get(p, "samples_per_sec")));
+	field("loss", loss); /* the last step's */
+	const json_t *sum = json_object_get(j, "summary");
+	number_cell(buf, sizeof buf, json_object_get(sum, "epoch_loss"), "%.4f");
+	field("epoch loss", buf); /* the newest epoch's mean */
+	/* Over the whole run: the trainer's while it runs, else the store's. */
+	const json_t *sps = json_object_get(p, "samples_per_sec");
+	if (!json_is_number(sps))
+		sps = json_object_get(sum, "samples_per_sec");
+	if (json_is_number(sps)) {
+		snprintf(buf, sizeof buf, "%.0f", json_number_value(sps));
 		field("samples/s", buf);
 	}
 	if (json_is_number(json_object_get(p, "data_wait_fraction"))) {

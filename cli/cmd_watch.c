@@ -30,6 +30,7 @@ struct follow {
 	struct tr_bar bar;
 	struct tr_bar_state st;
 	double step_ms_ema; /* recent step time: the ETA until the window fills */
+	double refreshed;   /* tr_mono_now() of the last refresh_job while the total was unknown */
 	/* (wall time, step) of recent metrics events: the ETA and the
 	 * throughput shown come from the steps done over the last
 	 * RATE_WINDOW_S seconds, which includes every pause between steps
@@ -219,6 +220,12 @@ static void on_metrics(struct follow *f, const json_t *d)
 		f->ring_head = (f->ring_head + 1) % RING;
 		if (f->ring_n < RING)
 			f->ring_n++;
+	}
+	/* A job followed from the queue has no total until its trainer set
+	 * up, after the "running" event; the first steps say it is known. */
+	if (f->st.total_steps <= 0 && tr_mono_now() - f->refreshed >= 1.0) {
+		f->refreshed = tr_mono_now();
+		refresh_job(f, false);
 	}
 	f->st.eta_s = rate_eta(f);
 	f->progressed = true;

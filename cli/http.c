@@ -195,6 +195,23 @@ int tr_ctl_http_error(const struct tr_ctl *c, const struct tr_ctl_reply *r)
 	else if (r->status == 403 && code && strcmp(code, "forbidden") == 0)
 		fprintf(stderr, "; check TRAINERD_TOKEN or --token-file");
 	fputc('\n', stderr);
+	/* A refused spec lists every problem found: fixing them one
+	 * submission at a time is what users complained of. */
+	const json_t *all = json_object_get(r->json, "errors"), *p;
+	size_t i;
+	if (json_array_size(all) > 1) {
+		fprintf(stderr, "trainctl: all %zu problems:\n", json_array_size(all));
+		json_array_foreach(all, i, p) {
+			const char *m = json_string_value(json_object_get(p, "message"));
+			const char *at = json_string_value(json_object_get(p, "pointer"));
+			if (!m)
+				continue;
+			fprintf(stderr, "  %.*s", (int)strcspn(m, "\n"), m);
+			if (at && *at && strncmp(m, at, strlen(at)) != 0)
+				fprintf(stderr, " (at %s)", at);
+			fputc('\n', stderr);
+		}
+	}
 	return TR_CTL_HTTP;
 }
 

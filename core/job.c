@@ -154,7 +154,15 @@ int tr_job_check(int64_t id, enum tr_job_state state, enum tr_job_request req, s
 					 : i == n - 1 ? " or "
 						      : ", ",
 					 legal[i]);
-	tr_job_fail(e, TR_JOB_E_ILLEGAL, NULL, "job %lld is %s; only a%s %s job can %s", (long long)id,
-		    tr_job_state_names[state], n > 0 && strchr("aeiou", list[0]) ? "n" : "", list, request_phrase[req]);
+	/* A finished job's weights are kept: say how to train on from them. */
+	char hint[160] = "";
+	if (req == TR_JOB_RESUME && state == TR_JOB_COMPLETED)
+		snprintf(hint, sizeof hint,
+			 "; to train it further, submit a new job with \"init\": {\"from\": {\"job\": %lld, "
+			 "\"step\": \"latest\"}}",
+			 (long long)id);
+	tr_job_fail(e, TR_JOB_E_ILLEGAL, NULL, "job %lld is %s; only a%s %s job can %s%s", (long long)id,
+		    tr_job_state_names[state], n > 0 && strchr("aeiou", list[0]) ? "n" : "", list, request_phrase[req],
+		    hint);
 	return -EBUSY;
 }

@@ -448,6 +448,13 @@ static void *runner_main(void *arg)
 	tr_trainer_summary(t, &sum);
 	j->trainer_for_hooks = NULL;
 	tr_trainer_destroy(t);
+	/* This run's training time, before the state that ends it: a
+	 * resumed job's elapsed time counts every run (docs/design.md,
+	 * "Summary figures"). */
+	pthread_mutex_lock(&s->lock);
+	double ran = j->have_progress ? j->progress.elapsed_s : 0;
+	pthread_mutex_unlock(&s->lock);
+	tr_store_job_add_train_s(s->cfg.store, j->id, ran, NULL);
 
 	bool cancelled = atomic_load(&j->cancel_requested);
 	bool paused = atomic_load(&j->pause_requested);

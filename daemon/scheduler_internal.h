@@ -107,6 +107,10 @@ int tr_runner_start(struct running_job *job, struct tr_error *err);
  * "dataset:" reference, a spec error) with e's pointer and message
  * filled. */
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct tr_error *e);
+/* daemon/submit_data.c: the trainer's data checks at submit, for data
+ * small enough to open then (paths resolved first).  0, or -1 with an
+ * invalid-spec error naming the pointer. */
+int tr_submit_check_data(struct tr_scheduler *s, const struct tr_spec *spec, struct tr_error *err);
 /* Records how a job ended (runner.c): metrics flushed first, then the
  * state, then the scheduler is told its devices are free. */
 void tr_runner_finish(struct running_job *j, enum tr_job_state state, const char *code, const char *message,

@@ -77,6 +77,8 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	if (paths < 0)
 		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, serr.pointer, "%s",
 				 serr.message);
+	if (rc == 0)
+		rc = tr_submit_check_data(s, &spec, err);
 	if (rc == 0 && spec.init_job > 0) {
 		struct tr_ckpt_row ck = {0};
 		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck, NULL) < 0) {

@@ -364,6 +364,45 @@ int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *s
 	return 0;
 }
 
+int tr_st_read_count(tr_st_file_t *f, const char *name, float *dst, struct tr_error *err)
+{
+	json_t *e = json_object_get(f->header, name);
+	if (!e) {
+		tr_error_set(err, 0, 0, NULL, "%s: has no tensor '%s'", f->path, name);
+		return -ENOENT;
+	}
+	const char *dtype = json_string_value(json_object_get(e, "dtype"));
+	json_t *js = json_object_get(e, "shape");
+	bool i64 = strcmp(dtype, "I64") == 0;
+	if (!i64 || (json_array_size(js) == 1 && json_integer_value(json_array_get(js, 0)) != 1) ||
+	    json_array_size(js) > 1)
+		return tr_st_read_f32(f, name, 0, NULL, dst, err); /* F32 or its error */
+	json_t *offs = json_object_get(e, "data_offsets");
+	uint64_t b = (uint64_t)json_integer_value(json_array_get(offs, 0));
+	uint64_t end = (uint64_t)json_integer_value(json_array_get(offs, 1));
+	uint8_t le[8];
+	if (end - b != sizeof le) {
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' holds %llu bytes, its shape needs 8", f->path, name,
+			     (unsigned long long)(end - b));
+		return -EINVAL;
+	}
+	if (read_at(f, le, sizeof le, f->data_start + b) != (ssize_t)sizeof le) {
+		tr_error_set(err, 0, 0, NULL, "%s: short read in tensor '%s'", f->path, name);
+		return -EIO;
+	}
+	uint64_t u = 0;
+	for (int i = 0; i < 8; i++)
+		u |= (uint64_t)le[i] << (8 * i);
+	int64_t v = (int64_t)u;
+	if (v < 0 || v > (INT64_C(1) << 24)) {
+		tr_error_set(err, 0, 0, NULL, "%s: tensor '%s' is %lld, outside the counter range [0, 2^24]", f->path,
+			     name, (long long)v);
+		return -EINVAL;
+	}
+	*dst = (float)v;
+	return 0;
+}
+
 const json_t *tr_st_metadata(const tr_st_file_t *f)
 {
 	return json_object_get(f->header, "__metadata__");

@@ -49,6 +49,13 @@ void tr_st_close(tr_st_file_t *f); /* accepts NULL */
  * equals shape[0..ndim).  Errors name the tensor and both shapes. */
 int tr_st_read_f32(tr_st_file_t *f, const char *name, int ndim, const int64_t *shape, float *dst, struct tr_error *err);
 
+/* Copies the scalar counter `name` (shape [] or [1]) into *dst, from
+ * dtype F32 or I64: PyTorch keeps counters such as batchnorm's
+ * num_batches_tracked as int64 (safetensors.torch.save_file writes I64),
+ * trainerd as float.  An I64 value past 2^24 is refused (a float would not
+ * hold it exactly), so is a negative one. */
+int tr_st_read_count(tr_st_file_t *f, const char *name, float *dst, struct tr_error *err);
+
 /* Borrowed: the __metadata__ object or NULL. */
 const json_t *tr_st_metadata(const tr_st_file_t *f);
 /* Whether the file holds a tensor of that name. */

@@ -66,6 +66,17 @@ struct tr_trainer_hooks {
 	void *ctx;
 };
 
+/* The checks of the data against the spec that tr_trainer_create makes
+ * first, without a trainer: opens data.train (through roots, as the
+ * trainer would), checks model.inputs against it, builds the model on its
+ * shape (a dense layer after a convolution without a flatten fails here)
+ * and checks the loss against its labels (softmax_cross_entropy on image
+ * targets).  For a submit that can open the data (docs/design.md, "Data
+ * checks at submit").  Returns 0 or a negative code with err's pointer
+ * and message set. */
+int tr_trainer_check_data(const struct tr_spec *spec, const tr_data_roots_t *roots, const atomic_bool *cancel,
+			  struct tr_error *err);
+
 struct tr_trainer_options {
 	const struct tr_spec *spec; /* borrowed; must outlive the trainer */
 	tr_backend_t *backend;      /* borrowed */

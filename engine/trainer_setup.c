@@ -142,30 +142,29 @@ static int open_data(struct tr_trainer *t, struct tr_error *err)
  * width: a [C, H, W] must be the data's own shape (images, patches, a
  * gzip IDX file) or, for flat data, its element count
  * (tr_reader_check_shape); a number must be the data's width. */
-static int check_inputs_against_data(struct tr_trainer *t, struct tr_error *err)
+static int check_inputs_against_data(const struct tr_spec *s, tr_reader_t *train, struct tr_error *err)
 {
-	const struct tr_spec *s = t->spec;
-	const struct tr_reader_info *info = &t->train->info;
+	const struct tr_reader_info *info = &train->info;
 	if (s->input_ndim == 3)
-		return tr_reader_check_shape(t->train, s->input_shape, err);
+		return tr_reader_check_shape(train, s->input_shape, err);
 	if (s->inputs > 0 && s->inputs != info->features) {
 		tr_error_set(err, 0, 0, "/model/inputs", "/model/inputs: %d does not match the %d features of %s",
-			     s->inputs, info->features, t->train->name);
+			     s->inputs, info->features, train->name);
 		return -EINVAL;
 	}
 	return 0;
 }
 
 /* The loss against the data, on the model as built for it. */
-static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
+static int check_model_against_data(const struct tr_spec *s, tr_reader_t *train, const tr_model_t *model,
+				    struct tr_error *err)
 {
-	const struct tr_spec *s = t->spec;
-	const struct tr_reader_info *info = &t->train->info;
-	int out = t->model.outputs;
+	const struct tr_reader_info *info = &train->info;
+	int out = model->outputs;
 	if (s->loss == TR_LOSS_SOFTMAX_CE && info->label_dim != 1) {
 		tr_error_set(err, 0, 0, "/model/loss",
-			     "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d",
-			     t->train->name, info->label_dim);
+			     "/model/loss: softmax_cross_entropy needs one class-index label column, %s has %d%s",
+			     train->name, info->label_dim, info->shape[0] ? " (its targets are images: use mse)" : "");
 		return -EINVAL;
 	}
 	if (s->loss == TR_LOSS_SOFTMAX_CE && out < 2) {
@@ -177,10 +176,32 @@ static int check_model_against_data(struct tr_trainer *t, struct tr_error *err)
 		tr_error_set(err, 0, 0, "/model/layers",
 			     "/model/layers: mse needs %d outputs to match the label columns of %s, the "
 			     "model has %d",
-			     info->label_dim, t->train->name, out);
+			     info->label_dim, train->name, out);
 		return -EINVAL;
 	}
 	return 0;
+}
+
+int tr_trainer_check_data(const struct tr_spec *s, const tr_data_roots_t *roots, const atomic_bool *cancel,
+			  struct tr_error *err)
+{
+	tr_reader_t *train = NULL;
+	tr_model_t *model = calloc(1, sizeof *model); /* large: not on the stack */
+	if (!model)
+		return tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
+	int rc = tr_reader_open(&s->train, s->seed, roots, cancel, &train, err);
+	if (rc < 0 && !err->pointer[0] && rc != -ECANCELED && rc != -ENOMEM) {
+		/* The reader names the file; the answer names the source. */
+		char msg[sizeof err->message];
+		snprintf(msg, sizeof msg, "%s", err->message);
+		tr_error_set(err, rc, 0, "/data/train", "/data/train: %s", msg);
+	}
+	if (rc == 0 && (rc = check_inputs_against_data(s, train, err)) == 0 &&
+	    (rc = tr_model_init_shaped(model, s, train->info.features, train->info.shape, err)) == 0)
+		rc = check_model_against_data(s, train, model, err);
+	tr_reader_destroy(train);
+	free(model);
+	return rc;
 }
 
 /* Every label checked once before the first step, so a bad one names its
@@ -211,6 +232,13 @@ static int check_labels(struct tr_trainer *t, struct tr_error *err)
 	return 0;
 }
 
+/* Batchnorm's step counter: a scalar buffer PyTorch stores as int64. */
+static bool is_counter(const struct tr_param_view *v)
+{
+	const char *dot = strrchr(v->name, '.');
+	return v->ndim == 0 && dot && strcmp(dot + 1, "num_batches_tracked") == 0;
+}
+
 static int load_init(struct tr_trainer *t, float *host, struct tr_error *err)
 {
 	char path[4096];
@@ -224,15 +252,26 @@ static int load_init(struct tr_trainer *t, float *host, struct tr_error *err)
 	int rc = tr_st_open_fd(fd, path, &f, err);
 	if (rc < 0)
 		return rc;
-	int n = tr_model_param_count(&t->model);
+	int n = tr_model_param_count(&t->model), missing = 0;
 	for (int i = 0; i < n && rc == 0; i++) {
 		struct tr_param_view v;
 		tr_model_param_view(&t->model, i, &v);
-		rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err);
+		if (is_counter(&v)) {
+			/* A PyTorch state_dict's counter is I64, and one saved
+			 * without it (older PyTorch, hand-made) starts at 0. */
+			if (!tr_st_has(f, v.name)) {
+				host[v.offset] = 0;
+				missing++;
+				continue;
+			}
+			rc = tr_st_read_count(f, v.name, host + v.offset, err);
+		} else {
+			rc = tr_st_read_f32(f, v.name, v.ndim, v.shape, host + v.offset, err);
+		}
 	}
-	if (rc == 0 && tr_st_count(f) != n) {
+	if (rc == 0 && tr_st_count(f) != n - missing) {
 		tr_error_set(err, 0, 0, "/init/from", "/init/from: %s has %d tensors, the model has %d", path,
-			     tr_st_count(f), n);
+			     tr_st_count(f), n - missing);
 		rc = -EINVAL;
 	}
 	tr_st_close(f);
@@ -448,9 +487,9 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	}
 	/* A model without model.inputs takes the data's [C, H, W] (flat
 	 * data has none: shape[0] is 0). */
-	if ((rc = open_data(t, err)) < 0 || (rc = check_inputs_against_data(t, err)) < 0 ||
+	if ((rc = open_data(t, err)) < 0 || (rc = check_inputs_against_data(s, t->train, err)) < 0 ||
 	    (rc = tr_model_init_shaped(&t->model, s, t->train->info.features, t->train->info.shape, err)) < 0 ||
-	    (rc = check_model_against_data(t, err)) < 0 || (rc = check_labels(t, err)) < 0)
+	    (rc = check_model_against_data(s, t->train, &t->model, err)) < 0 || (rc = check_labels(t, err)) < 0)
 		goto fail;
 	/* What a model file needs to be used (docs/model-format.md): known
 	 * now, with the transforms fitted and the input width found. */

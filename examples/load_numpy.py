@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Use a trainerd model with numpy alone.
 
-    python3 examples/load_numpy.py MODEL INPUT [--header] [--out FILE.csv]
+    /usr/bin/python3 examples/load_numpy.py MODEL INPUT [--header] [--out FILE.csv]
 
 MODEL is a model.safetensors (or a checkpoint) written by trainerd; INPUT
 is a .csv of features (every column a feature; --header skips a first

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Load a trainerd model into PyTorch.
 
-    python3 examples/load_torch.py MODEL [INPUT.csv|INPUT.npy]
+    /usr/bin/python3 examples/load_torch.py MODEL [INPUT.csv|INPUT.npy]
 
 Builds the torch.nn.Sequential that MODEL's description names (docs/
 model-format.md; dense and image models alike: conv2d, pooling,

@@ -57,8 +57,9 @@ struct conn {
 struct qitem {
 	int64_t job_id, step, epoch;
 	double wall, value;
-	int level;  /* syslog level of a log line; -1 for a metric point */
-	char *heap; /* name or message when it does not fit in inl */
+	int level;    /* syslog level of a log line; -1 for a metric point */
+	bool replace; /* a pushed point: it replaces the series' point at its step */
+	char *heap;   /* name or message when it does not fit in inl */
 	char inl[24];
 };
 
@@ -295,6 +296,10 @@ int tr_store_rollup_add(struct conn *c, int64_t job_id, const char *name, const 
 /* Recomputes one block from the level below (raw points for level 1);
  * deletes the row when the block became empty. */
 int tr_store_rollup_rebuild(struct conn *c, int64_t job_id, const char *name, int level, int64_t block);
+/* Tells the metrics reads' memo (metrics_read.c) that points changed other
+ * than by appends (a pushed point replaced another), so memos taken
+ * before are outdated. */
+void tr_store_metrics_rewritten(void);
 /* Fetches blocks [b0, b1] of one level, ascending; *rows malloc'd. */
 struct rollup_row {
 	int64_t block;

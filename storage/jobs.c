@@ -15,7 +15,7 @@
 
 #define JOB_COLS                                                                                       \
 	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
-	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info, loader_threads, crashes"
+	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info, loader_threads, crashes, train_s"
 
 void tr_job_row_finish(struct tr_job_row *row)
 {
@@ -74,6 +74,7 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 	r->updated_at = sqlite3_column_double(st, 17);
 	r->loader_threads = sqlite3_column_int(st, 19); /* NULL reads 0: not started */
 	r->crashes = sqlite3_column_int(st, 20);
+	r->train_s = sqlite3_column_double(st, 21);
 	int err = col_state(c, st, 2, r->id, &r->state);
 	if (err < 0) {
 		memset(r, 0, sizeof *r);
@@ -727,6 +728,22 @@ int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, stru
 int tr_store_job_set_crashes(tr_store_t *s, int64_t id, int crashes, struct tr_error *e)
 {
 	return set_int_column(s, id, "UPDATE jobs SET crashes = ?2 WHERE id = ?1", crashes, e);
+}
+
+int tr_store_job_add_train_s(tr_store_t *s, int64_t id, double seconds, struct tr_error *e)
+{
+	if (!(seconds > 0) || !isfinite(seconds))
+		return 0;
+	struct conn *c = tr_store_conn_lend(s, e);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET train_s = train_s + ?2 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_double(st, 2, seconds);
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
 }
 
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e)

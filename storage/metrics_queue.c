@@ -128,8 +128,8 @@ static int set_text(struct qitem *it, const char *text, struct tr_error *e)
 	return it->heap ? 0 : tr_error_set(e, -ENOMEM, 0, NULL, "out of memory");
 }
 
-int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
-			   double value, struct tr_error *e)
+static int metric_enqueue(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			  double value, bool replace, struct tr_error *e)
 {
 	if (job_id <= 0)
 		return tr_error_set(e, -EINVAL, 0, NULL, "metric point: job id must be > 0");
@@ -140,7 +140,13 @@ int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int6
 	if (step < -STORE_STEP_LIMIT || step > STORE_STEP_LIMIT)
 		return tr_error_set(e, -EINVAL, 0, NULL, "metric point %s: step %lld out of range", name,
 				    (long long)step);
-	struct qitem it = {.job_id = job_id, .step = step, .epoch = epoch, .wall = wall, .value = value, .level = -1};
+	struct qitem it = {.job_id = job_id,
+			   .step = step,
+			   .epoch = epoch,
+			   .wall = wall,
+			   .value = value,
+			   .level = -1,
+			   .replace = replace};
 	int err = set_text(&it, name, e);
 	if (err < 0)
 		return err;
@@ -148,6 +154,18 @@ int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int6
 	if (err < 0)
 		free(it.heap);
 	return err;
+}
+
+int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			   double value, struct tr_error *e)
+{
+	return metric_enqueue(s, job_id, name, step, epoch, wall, value, false, e);
+}
+
+int tr_store_metric_put(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			double value, struct tr_error *e)
+{
+	return metric_enqueue(s, job_id, name, step, epoch, wall, value, true, e);
 }
 
 int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *message, struct tr_error *e)

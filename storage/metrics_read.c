@@ -1042,22 +1042,90 @@ int tr_store_metric_last(tr_store_t *s, int64_t job_id, const char *name, int64_
 	return 1;
 }
 
+/* Runs sql, one row of two numbers over a job's series a (?2) and b (?3,
+ * unbound when NULL), into out[0] and out[1]. */
+static int aggregate_pair(tr_store_t *s, const char *sql, int64_t job_id, const char *a, const char *b, double out[2],
+			  struct tr_error *e)
+{
+	struct conn *c = tr_store_conn_lend(s, e);
+	sqlite3_stmt *st = tr_store_stmt(c, sql);
+	int rc = -EIO;
+	out[0] = out[1] = 0;
+	if (st) {
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, a, -1, SQLITE_STATIC);
+		if (b)
+			sqlite3_bind_text(st, 3, b, -1, SQLITE_STATIC);
+		int r = sqlite3_step(st);
+		if (r == SQLITE_ROW) {
+			out[0] = sqlite3_column_double(st, 0);
+			out[1] = sqlite3_column_double(st, 1);
+		}
+		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT an aggregate of metrics");
+		sqlite3_reset(st);
+	}
+	tr_store_conn_put(s, c);
+	return rc;
+}
+
 int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
 			struct tr_error *e)
 {
+	double out[2];
+	int rc = aggregate_pair(s, "SELECT total(value), count(value) FROM metrics WHERE job_id = ?1 AND name = ?2",
+				job_id, name, NULL, out, e);
+	if (rc == 0) {
+		*sum = out[0];
+		*count = (int64_t)out[1];
+	}
+	return rc;
+}
+
+int tr_store_metric_dot(tr_store_t *s, int64_t job_id, const char *a, const char *b, double *dot, double *sum_b,
+			struct tr_error *e)
+{
+	/* total() of NULL (a NaN point) products skips them, and the sum of
+	 * b only counts where the product is known. */
+	double out[2];
+	int rc = aggregate_pair(s,
+				"SELECT total(x.value * y.value),"
+				" total(CASE WHEN x.value IS NULL THEN NULL ELSE y.value END)"
+				" FROM metrics x JOIN metrics y ON y.job_id = x.job_id AND y.name = ?3"
+				" AND y.step = x.step WHERE x.job_id = ?1 AND x.name = ?2",
+				job_id, a, b, out, e);
+	*dot = out[0];
+	*sum_b = out[1];
+	return rc;
+}
+
+int tr_store_metric_epoch_mean(tr_store_t *s, int64_t job_id, const char *name, int64_t *epoch, double *mean,
+			       int64_t *count, struct tr_error *e)
+{
+	*count = 0;
+	*mean = NAN;
 	struct conn *c = tr_store_conn_lend(s, e);
-	sqlite3_stmt *st = tr_store_stmt(c, "SELECT total(value), count(value) FROM metrics"
-					    " WHERE job_id = ?1 AND name = ?2");
-	int rc = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT epoch, value FROM metrics WHERE job_id = ?1 AND name = ?2"
+					    " ORDER BY step DESC");
+	int rc = -EIO, r = SQLITE_DONE;
 	if (st) {
+		double sum = 0;
+		int64_t seen = 0;
 		sqlite3_bind_int64(st, 1, job_id);
 		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-		int r = sqlite3_step(st);
-		if (r == SQLITE_ROW) {
-			*sum = sqlite3_column_double(st, 0);
-			*count = sqlite3_column_int64(st, 1);
+		while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+			int64_t ep = sqlite3_column_int64(st, 0);
+			if (seen++ == 0)
+				*epoch = ep;
+			else if (ep != *epoch)
+				break;
+			if (sqlite3_column_type(st, 1) != SQLITE_NULL) { /* NaN points are left out */
+				sum += sqlite3_column_double(st, 1);
+				(*count)++;
+			}
 		}
-		rc = r == SQLITE_ROW ? 0 : SQLFAIL(c, r, "SELECT sum of metric");
+		rc = r == SQLITE_ROW || r == SQLITE_DONE ? (seen > 0) : SQLFAIL(c, r, "SELECT epoch of metric");
+		if (*count > 0)
+			*mean = sum / (double)*count;
 		sqlite3_reset(st);
 	}
 	tr_store_conn_put(s, c);
@@ -1145,5 +1213,46 @@ int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struc
 	atomic_fetch_add(&trunc_gen, 1);
 	if (err == 0)
 		tr_store_job_data_changed(s, job_id);
+	return err;
+}
+
+void tr_store_metrics_rewritten(void)
+{
+	atomic_fetch_add(&trunc_gen, 1);
+}
+
+int tr_store_metric_series_delete(tr_store_t *s, int64_t job_id, const char *name, int64_t *deleted, struct tr_error *e)
+{
+	*deleted = 0;
+	/* Points queued before the call are deleted too, not written after. */
+	int err = tr_store_flush(s, e);
+	if (err < 0)
+		return err;
+	struct conn *c = tr_store_conn_lend(s, e);
+	err = tr_store_begin(c, true);
+	static const char *const sql[] = {"DELETE FROM metrics WHERE job_id = ?1 AND name = ?2",
+					  "DELETE FROM metrics_rollup WHERE job_id = ?1 AND name = ?2"};
+	for (size_t i = 0; i < sizeof sql / sizeof sql[0] && !err; i++) {
+		sqlite3_stmt *st = tr_store_stmt(c, sql[i]);
+		if (!st) {
+			err = -EIO;
+			break;
+		}
+		sqlite3_bind_int64(st, 1, job_id);
+		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+		int rc = sqlite3_step(st);
+		sqlite3_reset(st);
+		if (rc != SQLITE_DONE)
+			err = SQLFAIL(c, rc, "DELETE a metric series");
+		else if (i == 0)
+			*deleted = sqlite3_changes(c->db);
+	}
+	if (err == 0)
+		err = tr_store_commit(c);
+	tr_store_conn_put(s, c); /* rolls back what failed */
+	if (err == 0 && *deleted) {
+		atomic_fetch_add(&trunc_gen, 1);
+		tr_store_job_data_changed(s, job_id);
+	}
 	return err;
 }

@@ -125,8 +125,33 @@ static int emit_metrics_event(struct conn *c, struct batch_job *j, double now, i
 	return err;
 }
 
-static int insert_point(struct conn *c, struct batch_job *j, const struct qitem *it, double now, int64_t *max_event)
+/* Deletes the point a pushed point replaces; *replaced tells whether there
+ * was one (its rollup blocks must then be rebuilt, not merged into). */
+static int delete_replaced(struct conn *c, const struct qitem *it, bool *replaced)
 {
+	sqlite3_stmt *st = tr_store_stmt(c, "DELETE FROM metrics WHERE job_id = ?1 AND name = ?2 AND step = ?3");
+	if (!st)
+		return -EIO;
+	sqlite3_bind_int64(st, 1, it->job_id);
+	sqlite3_bind_text(st, 2, item_text(it), -1, SQLITE_STATIC);
+	sqlite3_bind_int64(st, 3, it->step);
+	int rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc != SQLITE_DONE)
+		return SQLFAIL(c, rc, "DELETE FROM metrics");
+	*replaced = sqlite3_changes(c->db) > 0;
+	return 0;
+}
+
+static int insert_point(struct conn *c, struct batch_job *j, const struct qitem *it, double now, int64_t *max_event,
+			bool *replaced)
+{
+	*replaced = false;
+	if (it->replace) {
+		int err = delete_replaced(c, it, replaced);
+		if (err < 0)
+			return err;
+	}
 	sqlite3_stmt *st = tr_store_stmt(
 		c, "INSERT INTO metrics (job_id, name, step, epoch, wall, value) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
 	if (!st)
@@ -200,8 +225,25 @@ static int insert_log(struct conn *c, const struct qitem *it, double now, int64_
 	return err;
 }
 
-/* Merges the chunk's points of existing jobs into the rollup, per series. */
-static int update_rollups(struct conn *c, const struct qitem *items, size_t n, struct batch_job *jobs, size_t nj)
+/* Rebuilds, bottom-up, the blocks of every level that hold a point which
+ * replaced another: merging would count both. */
+static int rebuild_replaced(struct conn *c, const struct qitem *items, size_t n, const bool *replaced)
+{
+	int err = 0;
+	for (size_t i = 0; i < n && !err; i++) {
+		if (!replaced[i])
+			continue;
+		for (int level = 1; level <= ROLLUP_LEVELS && !err; level++)
+			err = tr_store_rollup_rebuild(c, items[i].job_id, item_text(&items[i]), level,
+						      tr_store_floordiv(items[i].step, tr_store_rollup_width(level)));
+	}
+	return err;
+}
+
+/* Merges the chunk's points of existing jobs into the rollup, per series;
+ * the points that replaced others are left to rebuild_replaced. */
+static int update_rollups(struct conn *c, const struct qitem *items, size_t n, struct batch_job *jobs, size_t nj,
+			  const bool *replaced)
 {
 	const struct qitem **order = malloc(n * sizeof *order);
 	struct mpoint *pts = malloc(n * sizeof *pts);
@@ -212,7 +254,7 @@ static int update_rollups(struct conn *c, const struct qitem *items, size_t n, s
 	}
 	size_t m = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (items[i].level >= 0)
+		if (items[i].level >= 0 || replaced[i])
 			continue;
 		const struct batch_job *j = bsearch(&items[i].job_id, jobs, nj, sizeof *jobs, cmp_job);
 		if (j && j->exists)
@@ -241,12 +283,17 @@ static int write_tx(tr_store_t *s, const struct qitem *items, size_t n, int64_t 
 {
 	struct conn *c = &s->wconn;
 	struct batch_job *jobs = NULL;
-	size_t nj = 0;
+	size_t nj = 0, nreplaced = 0;
 	double now = tr_store_now();
 	*max_event = 0; /* ids of a rolled-back try do not count */
+	bool *replaced = calloc(n, sizeof *replaced);
+	if (!replaced)
+		return tr_store_cfail(c, -ENOMEM, "out of memory");
 	int err = tr_store_begin(c, true);
-	if (err < 0)
+	if (err < 0) {
+		free(replaced);
 		return err;
+	}
 	err = load_jobs(c, items, n, &jobs, &nj);
 	if (err < 0)
 		goto cleanup;
@@ -254,18 +301,23 @@ static int write_tx(tr_store_t *s, const struct qitem *items, size_t n, int64_t 
 		struct batch_job *j = bsearch(&items[i].job_id, jobs, nj, sizeof *jobs, cmp_job);
 		if (!j->exists)
 			continue;
-		if (items[i].level < 0)
-			err = insert_point(c, j, &items[i], now, max_event);
-		else
+		if (items[i].level < 0) {
+			err = insert_point(c, j, &items[i], now, max_event, &replaced[i]);
+			nreplaced += replaced[i];
+		} else
 			err = insert_log(c, &items[i], now, max_event);
 	}
 	for (size_t j = 0; j < nj && !err; j++)
 		if (jobs[j].npoints)
 			err = emit_metrics_event(c, &jobs[j], now, max_event);
 	if (!err)
-		err = update_rollups(c, items, n, jobs, nj);
+		err = update_rollups(c, items, n, jobs, nj, replaced);
+	if (!err && nreplaced)
+		err = rebuild_replaced(c, items, n, replaced);
 	if (!err)
 		err = tr_store_commit(c);
+	if (!err && nreplaced)
+		tr_store_metrics_rewritten();
 	*ntouched = 0;
 	for (size_t j = 0; j < nj && !err && touched; j++)
 		if (jobs[j].exists)
@@ -276,6 +328,7 @@ cleanup:
 	for (size_t j = 0; j < nj; j++)
 		free(jobs[j].buf.p);
 	free(jobs);
+	free(replaced);
 	return err;
 }
 

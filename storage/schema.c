@@ -145,6 +145,11 @@ static const char *const migrations[] = {
 	 * without the job making a step in between (daemon/scheduler.c,
 	 * max-job-crashes). */
 	"ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
+
+	/* 10: the seconds of training of a job's earlier runs (a run ended by
+	 * a pause, stop or shutdown adds its own), so a resumed job's
+	 * elapsed time counts every run and no paused gap. */
+	"ALTER TABLE jobs ADD COLUMN train_s REAL NOT NULL DEFAULT 0;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -93,6 +93,7 @@ struct tr_job_row {
 	char *info;         /* JSON object text of info fields, "{}" when none */
 	int loader_threads; /* the loader threads its trainer runs (ran) with; 0 until it started */
 	int crashes;        /* daemon deaths in a row while it ran without making a step */
+	double train_s;     /* seconds of training of its runs that ended (a running one's not yet) */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -194,6 +195,9 @@ int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, stru
  * in between (the scheduler's start-up sets it, the runner's first step
  * of a run clears it). */
 int tr_store_job_set_crashes(tr_store_t *s, int64_t id, int crashes, struct tr_error *e);
+/* Adds a run's seconds of training to the job's train_s, as the run ends
+ * (a resumed job's elapsed time counts every run).  Ignores seconds <= 0. */
+int tr_store_job_add_train_s(tr_store_t *s, int64_t id, double seconds, struct tr_error *e);
 /* Replaces a job's spec as given and its normalized spec (a resume that
  * gives it a new end); both JSON object texts.  -ENOENT for an unknown
  * job. */
@@ -286,6 +290,12 @@ void tr_store_wake_all(tr_store_t *s);
  * Points of a job deleted before they are written vanish silently. */
 int tr_store_metric_append(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
 			   double value, struct tr_error *e);
+/* As tr_store_metric_append, for a point pushed through the API: it
+ * replaces the series' point at the same step, if any, so that a client
+ * that re-posts (a retry) never makes a duplicate (docs/design.md,
+ * "Pushed metrics"). */
+int tr_store_metric_put(tr_store_t *s, int64_t job_id, const char *name, int64_t step, int64_t epoch, double wall,
+			double value, struct tr_error *e);
 /* Points dropped for job_id since it started (0 = total); log lines
  * dropped from the shared queue count too. */
 int64_t tr_store_metric_drops(tr_store_t *s, int64_t job_id);
@@ -379,6 +389,17 @@ int tr_store_metrics_last(tr_store_t *s, int64_t job_id, const char *const *name
 /* Sum and number of a series' non-NaN values (reads every point). */
 int tr_store_metric_sum(tr_store_t *s, int64_t job_id, const char *name, double *sum, int64_t *count,
 			struct tr_error *e);
+/* Over the steps where both series have a point: *dot the sum of
+ * a * b and *sum_b the sum of b (non-NaN pairs only; 0 and 0 when none).
+ * A job's whole-run throughput is dot(samples_per_sec, step_ms) /
+ * sum(step_ms): samples over training time.  Reads every point of a. */
+int tr_store_metric_dot(tr_store_t *s, int64_t job_id, const char *a, const char *b, double *dot, double *sum_b,
+			struct tr_error *e);
+/* The mean of a series' points in its newest epoch (the epoch of its last
+ * point): 1 with *epoch, *mean and *count, 0 when the series is empty.
+ * Reads that epoch's points only, newest first (epochs grow with steps). */
+int tr_store_metric_epoch_mean(tr_store_t *s, int64_t job_id, const char *name, int64_t *epoch, double *mean,
+			       int64_t *count, struct tr_error *e);
 /* Drops what the store keeps between metrics reads (the whole-curve
  * memo); tr_store_close calls it. */
 void tr_store_metrics_memo_forget(const tr_store_t *s);
@@ -388,6 +409,11 @@ json_t *tr_store_metric_names(tr_store_t *s, int64_t job_id, struct tr_error *e)
  * earlier checkpoint, so replayed steps replace rather than double).
  * Flushes first, so points appended before the call are deleted too. */
 int tr_store_metrics_truncate(tr_store_t *s, int64_t job_id, int64_t step, struct tr_error *e);
+/* Deletes a job's series name, its points and its rollup.  Flushes first,
+ * so points queued before the call are deleted too.  *deleted: the number
+ * of points removed (0: the job has no such series). */
+int tr_store_metric_series_delete(tr_store_t *s, int64_t job_id, const char *name, int64_t *deleted,
+				  struct tr_error *e);
 
 /* ---- logs ---------------------------------------------------------------- */
 

@@ -54,6 +54,13 @@
 		if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
 		return v.toFixed(digits === undefined ? (a >= 100 ? 1 : 4) : digits);
 	}
+	/* Milliseconds with two decimals: a wait of 8.6e-5 ms is "< 0.01",
+	 * not an exponent beside a share in per cent. */
+	function fmtMs(v) {
+		if (v === null || v === undefined || !isFinite(v)) return '–';
+		if (v > 0 && v < 0.005) return '< 0.01';
+		return v.toFixed(v >= 100 ? 0 : 2);
+	}
 	function fmtDuration(s) {
 		if (s === null || s === undefined || !isFinite(s)) return '–';
 		s = Math.max(0, Math.round(s));
@@ -313,7 +320,7 @@
 		const tbody = h('tbody');
 		const empty = h('p', { class: 'muted', text: 'Loading jobs…' });
 		const table = h('table', { id: 'jobs-table', class: 'stack' },
-			h('thead', {}, h('tr', {}, ['Job', 'State', 'Progress', 'ETA', 'Loss', 'Samples/s', 'Devices', 'Priority', 'Age']
+			h('thead', {}, h('tr', {}, ['Job', 'State', 'Progress', 'ETA', 'Epoch loss', 'Samples/s', 'Devices', 'Priority', 'Age']
 				.map((t, i) => h('th', { class: i >= 3 && i !== 6 ? 'num' : '', text: t })))), tbody);
 		main.append(
 			h('div', { class: 'card' },
@@ -343,7 +350,9 @@
 			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
 			h('td', { class: 'num', 'data-label': 'ETA', text: job.terminal ? '–' : fmtDuration(p.eta_s) }),
-			h('td', { class: 'num', 'data-label': 'Loss', text: fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss) }),
+			/* Whole-run figures (docs/design.md, "Summary figures"): the
+			 * newest epoch's mean loss, not one batch's. */
+			h('td', { class: 'num', 'data-label': 'Epoch loss', text: fmtNum(s.epoch_loss) }),
 			h('td', { class: 'num', 'data-label': 'Samples/s', text: fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0) }),
 			h('td', { 'data-label': 'Devices', text: (job.devices || []).join(', ') || '–' }),
 			h('td', { class: 'num', 'data-label': 'Priority', text: job.priority }),
@@ -569,6 +578,7 @@
 	}
 	/* TensorBoard's smoothing: an EMA debiased by 1 - w^n, so the first
 	 * points are not dragged towards zero. */
+	const SMOOTH_MIN_POINTS = 50;
 	function ema(values, w) {
 		const out = new Array(values.length);
 		let last = 0, n = 0;
@@ -697,13 +707,16 @@
 				['Current epoch', p.epoch === undefined ? null : p.epochs ? (p.epoch + 1) + ' / ' + p.epochs : p.epoch + 1],
 				['ETA', job.terminal ? '–' : fmtDuration(p.eta_s)],
 				['Elapsed', fmtDuration(p.elapsed_s !== undefined ? p.elapsed_s : job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null)],
-				['Loss', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
+				['Loss (last step)', fmtNum(p.loss !== undefined && p.loss !== null ? p.loss : s.loss)],
+				['Epoch loss (mean)', fmtNum(s.epoch_loss)],
 				['Val loss', fmtNum(s.val_loss !== undefined ? s.val_loss : lastValue('val_loss'))],
-				['Val accuracy', fmtNum(s.val_accuracy !== undefined ? s.val_accuracy : lastValue('val_accuracy'))],
-				['Samples/s', fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0)],
+				/* Only a classifier has an accuracy: a regression job
+				 * showed a row of dashes. */
+				...(classifier(job) ? [['Val accuracy', fmtNum(s.val_accuracy !== undefined ? s.val_accuracy : lastValue('val_accuracy'))]] : []),
+				['Samples/s (run)', fmtNum(p.samples_per_sec !== undefined ? p.samples_per_sec : s.samples_per_sec, 0)],
 				/* The last step's wait; its share of the step time is in the
 				 * device panel. */
-				['Data wait (ms/step)', fmtNum(s.data_wait_ms !== undefined ? s.data_wait_ms : lastValue('data_wait_ms'), 3)],
+				['Data wait (ms/step)', fmtMs(s.data_wait_ms !== undefined ? s.data_wait_ms : lastValue('data_wait_ms'))],
 				['Priority', job.priority],
 				['Submitted', job.submitted_at ? age(job.submitted_at) + ' ago' : '–'],
 				['Started', job.started_at ? age(job.started_at) + ' ago' : '–'],
@@ -736,6 +749,13 @@
 				return;
 			}
 			rows.forEach(([, v], i) => { if (rowCells[i].textContent !== text(v)) rowCells[i].textContent = text(v); });
+		}
+		/* softmax_cross_entropy is the default loss (docs/design.md, job
+		 * spec); a job with a known accuracy is one whatever it says. */
+		function classifier(job) {
+			const m = (job.spec && job.spec.model) || {};
+			const s = job.summary || {};
+			return (m.loss || 'softmax_cross_entropy') === 'softmax_cross_entropy' || typeof s.val_accuracy === 'number';
 		}
 		function fmtPct(f) { return f === undefined || f === null ? '–' : (100 * f).toFixed(1) + '%'; }
 		function lastValue(name) {
@@ -981,7 +1001,10 @@
 			const bands = [];
 			for (const ln of lines) {
 				const xs = xValues(ln.s, ln.jid);
-				const smoothOn = st.smooth > 0;
+				/* A short series is drawn as it is: an EMA over a few
+				 * points lags so far behind that its line ends well
+				 * away from the last value. */
+				const smoothOn = st.smooth > 0 && ln.s.values.length >= SMOOTH_MIN_POINTS;
 				const raw = ln.s.values.map(pos);
 				const table = [xs, raw];
 				/* A line of one point draws nothing: its point is marked
@@ -1348,7 +1371,7 @@
 
 	/* The pure pieces, for the browser test to check against direct
 	 * computations. */
-	window.trainerdDashboard = Object.freeze({ ema, pointerMap, mergeSeries, compact, joinTables, epochLength });
+	window.trainerdDashboard = Object.freeze({ ema, fmtMs, pointerMap, mergeSeries, compact, joinTables, epochLength, SMOOTH_MIN_POINTS });
 
 	window.addEventListener('hashchange', route);
 	route();

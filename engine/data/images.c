@@ -48,10 +48,11 @@ struct images_reader {
 	int c, h, w;   /* the output shape */
 	int resize[2]; /* as the spec */
 	int crop[2];
-	int want[3];        /* tr_source_spec.want_shape, all 0: none */
-	bool flat;          /* the images lie in the folder itself */
-	int64_t max_values; /* width x height x channels of the largest file */
-	float scale;        /* tr_source_spec.pixel_scale, 1 by default */
+	int want[3];                /* tr_source_spec.want_shape, all 0: none */
+	bool flat;                  /* the images lie in the folder itself */
+	int64_t max_values;         /* width x height x channels of the largest file */
+	float scale;                /* tr_source_spec.pixel_scale, 1 by default */
+	char first[PATH_MAX + 512]; /* the first image, named beside an odd one */
 };
 
 static void shown_name(const struct images_reader *d, const struct item *it, char *buf, size_t len)
@@ -118,8 +119,10 @@ static int check_size(const struct images_reader *d, const char *shown, int h, i
 		return 0;
 	}
 	if (c != d->c) {
-		tr_error_set(err, 0, 0, NULL, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
-			     d->c);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: %d channel%s, the first image %s has %d (grey and colour images cannot be mixed: "
+			     "convert them to one kind)",
+			     shown, c, c == 1 ? "" : "s", d->first, d->c);
 		return -EINVAL;
 	}
 	resized(d, h, w, &oh, &ow);
@@ -360,6 +363,7 @@ static int probe_class(struct images_reader *d, int k, char **files, int n, int6
 			/* The first image fixes the channels, and the size unless a
 			 * crop or a fixed resize does. */
 			d->c = c;
+			snprintf(d->first, sizeof d->first, "%s", shown);
 			resized(d, h, w, &d->h, &d->w);
 			if (d->crop[0]) {
 				d->h = d->crop[0];

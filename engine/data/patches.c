@@ -48,7 +48,8 @@ struct patches_reader {
 	float noise; /* "noise" degradation's sigma, 0 without */
 	int n;
 	struct pimage *img;
-	uint64_t mem_available; /* at open: what the decoded images may take */
+	uint64_t mem_available;     /* at open: what the decoded images may take */
+	char first[PATH_MAX + 256]; /* the first image, named beside an odd one */
 };
 
 static int patches_get_epoch(tr_reader_t *r, int64_t index, int64_t epoch, float *x, float *y, struct tr_error *err)
@@ -139,11 +140,15 @@ static int load_one(struct patches_reader *d, const struct tr_source_spec *src, 
 			    &c, err);
 	if (ret)
 		return ret;
-	if (i == 0)
+	if (i == 0) {
 		d->c = c;
+		snprintf(d->first, sizeof d->first, "%s", shown);
+	}
 	if (c != d->c) {
-		tr_error_set(err, 0, 0, NULL, "%s: %d channel%s, the first image has %d", shown, c, c == 1 ? "" : "s",
-			     d->c);
+		tr_error_set(err, 0, 0, NULL,
+			     "%s: %d channel%s, the first image %s has %d (grey and colour images cannot be mixed: "
+			     "convert them to one kind)",
+			     shown, c, c == 1 ? "" : "s", d->first, d->c);
 		return -EINVAL;
 	}
 	if (im->h < d->ph || im->w < d->pw) {

@@ -549,6 +549,40 @@ try {
 	});
 	for (const p of ends.pages || []) await p.close();
 
+	await step('a finished regression job: whole-run figures, no accuracy row, short series unsmoothed, waits in ms', async () => {
+		const rid = await submit(d, { name: 'browser-regression', seed: 2,
+			model: { inputs: 5, layers: [{ type: 'dense', units: 8 }, { type: 'relu' }, { type: 'dense', units: 1 }], loss: 'mse' },
+			data: { train: { format: 'synthetic', task: 'regression', samples: 300, features: 5 }, validation_split: 0.2 },
+			batch_size: 64, epochs: 6, optimizer: { type: 'adam', lr: 0.01 } });
+		await waitFor('the regression job completed', async () => (await jobState(d, rid)) === 'completed', 30000);
+		const job = await (await fetch(d.url + '/jobs/' + rid)).json();
+		const want = job.summary.epoch_loss.toFixed(4);
+		const rp = await context.newPage();
+		await rp.goto(d.url + '/#/jobs/' + rid);
+		await rp.waitForSelector('#job-info dt', { timeout: 15000 });
+		await waitFor('the chart drawn', async () => (await rp.$eval('[data-chart="0"]', (el) => Number(el.dataset.points)).catch(() => 0)) > 0, 10000);
+		const info = await rp.$$eval('#job-info dt', (els) => Object.fromEntries(els.map((e) => [e.textContent, e.nextElementSibling.textContent])));
+		await rp.screenshot({ path: path.join(artifacts, 'job-regression.png'), fullPage: true });
+		if ('Val accuracy' in info) throw new Error('a regression job shows "Val accuracy": ' + JSON.stringify(info));
+		/* Its training time (progress.elapsed_s, every run's), not its wall span. */
+		if (!(job.progress.elapsed_s > 0)) throw new Error('no progress.elapsed_s: ' + JSON.stringify(job.progress));
+		const el = await rp.evaluate((v) => { const s = Math.max(0, Math.round(v)); return s < 60 ? s + 's' : null; }, job.progress.elapsed_s);
+		if (el && info['Elapsed'] !== el) throw new Error('Elapsed shows ' + info['Elapsed'] + ', the job trained ' + el);
+		if (info['Epoch loss (mean)'] !== want) throw new Error('epoch loss ' + info['Epoch loss (mean)'] + ', the summary\'s ' + want);
+		if (!/^(< 0\.01|\d+\.\d\d|\d+)$/.test(info['Data wait (ms/step)'] || '')) throw new Error('data wait shown as ' + info['Data wait (ms/step)']);
+		if ((await rp.evaluate(() => trainerdDashboard.fmtMs(8.6e-5))) !== '< 0.01') throw new Error('fmtMs(8.6e-5) is not "< 0.01"');
+		/* 24 loss points (4 steps an epoch): drawn raw, its line ends at its last value. */
+		const labels = await rp.$eval('[data-chart="0"]', (el) => el.uplot.series.map((x) => x.label));
+		if (labels.includes('loss (raw)') || !labels.includes('loss')) throw new Error('a 24-point loss is smoothed: ' + labels.join(', '));
+		await rp.goto(d.url + '/');
+		await rp.waitForSelector(`tr[data-job="${rid}"]`, { timeout: 15000 });
+		const heads = await rp.$$eval('thead th', (els) => els.map((e) => e.textContent));
+		if (!heads.includes('Epoch loss')) throw new Error('jobs table heads: ' + heads.join(', '));
+		const cell = await rp.textContent(`tr[data-job="${rid}"] td[data-label="Epoch loss"]`);
+		if (cell !== want) throw new Error('jobs table shows loss ' + cell + ', the summary\'s epoch loss is ' + want);
+		await rp.close();
+	});
+
 	check('no script errors on the pages', pageErrors.length === 0, pageErrors.join('; '));
 	check('nothing the page asked for was missing', missing.length === 0, missing.join(' '));
 	await context.close();

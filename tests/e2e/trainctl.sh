@@ -125,6 +125,14 @@ tc ls >"$work/o"
 check "ls exits 0" test $? -eq 0
 check "ls has a header" has "$work/o" "^ID  NAME"
 check "ls lists the job" test "$(grep -c ' small ' "$work/o")" -eq 2
+check "ls heads whole-run figures" has "$work/o" "EPOCH LOSS  SAMPLES/S"
+# A completed job's listed loss and samples/s are the summary's whole-run
+# figures (the newest epoch's mean loss), not its last step's.
+tc show --json "$id" >"$work/j"
+want=$(python3 -c "import json; s=json.load(open('$work/j'))['summary']; print('%.4f %.0f' % (s['epoch_loss'], s['samples_per_sec']))")
+check "ls shows the summary's epoch loss and samples/s ($want)" test -n "$(grep "^ *$id .* ${want% *} *${want#* } " "$work/o")"
+tc show "$id" >"$work/o2"
+check "show has the epoch loss" has "$work/o2" "^epoch loss  *${want% *}\$"
 tc ls --json >"$work/o"
 check "ls --json is JSON" python3 -c "import json,sys; j=json.load(open('$work/o')); assert len(j)==2"
 tc ls --state running >"$work/o"
@@ -216,6 +224,24 @@ check "watch of a failed job exits 1" test $? -eq 1
 check "watch prints the failure" has "$work/o" "^job $bad failed: .*step [0-9]*: the loss is"
 tc submit --wait "$work/diverges.json" >"$work/o" 2>&1
 check "submit --wait of a failing job exits 1" test $? -eq 1
+# A spec with several problems: every one is printed, not only the first.
+cat >"$work/three-bad.json" <<'JSON'
+{"name": "bad", "model": {"layers": [{"type": "dense", "units": 0}]},
+ "data": {"train": {"format": "synthetic", "samples": 64, "features": 2, "classes": 2}},
+ "batch_size": -1, "epochs": 1, "optimizer": {"type": "sgd", "lr": -1}}
+JSON
+tc submit "$work/three-bad.json" >/dev/null 2>"$work/e"
+check "submit of a bad spec exits 4" test $? -eq 4
+for p in /model/layers/0/units /batch_size /optimizer/lr; do
+	check "submit prints the problem at $p" has "$work/e" "$p"
+done
+# Followed from the queue, piped: the total (and so the ETA) is unknown
+# until the trainer set up, and lines used to say "step 151/0 (0%) ... eta -".
+tc submit --wait "$work/long.json" >"$work/o" 2>&1
+check "submit --wait piped exits 0" test $? -eq 0
+check "submit --wait piped prints progress" has "$work/o" "^step [0-9]*/300 "
+check "submit --wait piped never shows a total of 0" test "$(count "$work/o" '^step [0-9]*/0 ')" -eq 0
+check "submit --wait piped has an ETA on every line" test "$(count "$work/o" '^step .* eta -$')" -eq 0
 long=$(tc submit "$work/long.json")
 wait_state "$long" running
 tc watch "$long" >"$work/o" 2>&1 &

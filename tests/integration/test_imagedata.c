@@ -174,9 +174,16 @@ Test(imagedata, bad_image_fails_the_job_naming_the_file)
 
 	write_classes();
 	write_png("pets/dog/zz-grey.png", 8, 8, 1, 0);
-	id = submit_job(&d, images_job("pets"));
-	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
-	cr_assert(strstr(job_error(id), "pets/dog/zz-grey.png: 1 channel, the first image has 3"), "%s", job_error(id));
+	/* Found at submit (the folder is small enough to open then), naming
+	 * both the odd image and the first. */
+	http(&d, "POST", "/jobs", images_job("pets"), NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%ld %s", r.status, r.body);
+	cr_assert(strstr(r.body, "pets/dog/zz-grey.png: 1 channel, the first image ") &&
+			  strstr(r.body, "pets/cat/01.png has 3"),
+		  "%s", r.body);
+	cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "pointer")),
+			 "/data/train");
+	http_free(&r);
 
 	/* A file where the folder should be, and a folder outside the roots:
 	 * refused at submit, with the pointer. */
@@ -193,6 +200,56 @@ Test(imagedata, bad_image_fails_the_job_naming_the_file)
 	remove(in_root("pets/dog/zz-grey.png"));
 	id = submit_job(&d, images_job("pets"));
 	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 90), "completed", "%s", job_error(id));
+}
+
+/* ---- errors that depend on the data, found at submit ---- */
+
+/* A patches job on small images: each mistake is a 400 with its pointer
+ * at submit, not a job that fails once it leaves the queue. */
+Test(imagedata, data_errors_are_found_at_submit)
+{
+	struct http_reply r;
+	static const struct {
+		const char *model, *patch, *pointer, *says;
+	} cases[] = {
+		/* a patch larger than an image: the image named */
+		{"\"layers\": [{\"type\": \"conv2d\", \"filters\": 1, \"kernel\": 3, \"padding\": 1}], \"loss\": "
+		 "\"mse\"",
+		 "32", "/data/train", "small/b.png: 24x24 is smaller than the 32x32 patch_size"},
+		/* softmax on an image target */
+		{"\"layers\": [{\"type\": \"conv2d\", \"filters\": 2, \"kernel\": 3, \"padding\": 1}], \"loss\": "
+		 "\"softmax_cross_entropy\"",
+		 "8", "/model/loss", "its targets are images: use mse"},
+		/* a dense layer after a convolution, with no flatten */
+		{"\"layers\": [{\"type\": \"conv2d\", \"filters\": 2, \"kernel\": 3}, {\"type\": \"dense\", "
+		 "\"units\": 64}], \"loss\": \"mse\"",
+		 "8", "/model/layers/1", "flatten"},
+	};
+	mkdir_in("small");
+	write_png("small/a.png", 40, 40, 1, 1);
+	write_png("small/b.png", 24, 24, 1, 2);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char spec[1024];
+		snprintf(spec, sizeof spec,
+			 "{\"name\": \"early\", \"model\": {%s}, \"data\": {\"train\": {\"format\": \"patches\","
+			 " \"path\": \"small\", \"patch_size\": %s, \"degrade\": {\"type\": \"downscale\","
+			 " \"factor\": 2}}}, \"batch_size\": 4, \"epochs\": 1,"
+			 " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}",
+			 cases[i].model, cases[i].patch);
+		http(&d, "POST", "/jobs", spec, NULL, NULL, &r);
+		cr_assert_eq(r.status, 400, "case %zu: %ld %s", i, r.status, r.body);
+		json_t *e = json_object_get(r.json, "error");
+		cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "invalid_spec", "%s", r.body);
+		cr_assert_str_eq(json_string_value(json_object_get(e, "pointer")), cases[i].pointer, "case %zu: %s", i,
+				 r.body);
+		cr_assert(strstr(json_string_value(json_object_get(e, "message")), cases[i].says), "case %zu: %s", i,
+			  r.body);
+		http_free(&r);
+	}
+	/* Nothing was queued. */
+	http(&d, "GET", "/jobs", NULL, NULL, NULL, &r);
+	cr_assert_eq(json_array_size(json_object_get(r.json, "jobs")), 0, "%s", r.body);
+	http_free(&r);
 }
 
 /* ---- SIGKILL and resume of a patches job ---- */

@@ -395,8 +395,9 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	cr_assert_eq(r.status, 200);
 	json_t *sum = json_object_get(r.json, "summary");
 	cr_assert(json_is_object(sum), "%s", r.body);
-	const char *keys[] = {"loss", "val_loss", "val_accuracy", "samples_per_sec", "data_wait_fraction", "step"};
-	for (size_t i = 0; i < 6; i++)
+	const char *keys[] = {"loss", "epoch_loss", "val_loss", "val_accuracy", "samples_per_sec", "data_wait_fraction",
+			      "step"};
+	for (size_t i = 0; i < 7; i++)
 		cr_assert(is_num_or_null(json_object_get(sum, keys[i])), "summary.%s", keys[i]);
 	/* A completed classification job with validation knows them all. */
 	cr_assert_eq(json_integer_value(json_object_get(sum, "step")),
@@ -427,6 +428,38 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 				   want);
 		http_free(&r);
 	}
+	/* Whole-run figures: samples over the recorded steps' time, not the
+	 * last step's throughput; the newest epoch's mean loss. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=samples_per_sec,step_ms,loss&max_points=0&epochs=true",
+		 id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	json_t *sps = json_object_get(series(&r, "samples_per_sec"), "values");
+	json_t *ms = json_object_get(series(&r, "step_ms"), "values");
+	json_t *loss = json_object_get(series(&r, "loss"), "values");
+	json_t *loss_epochs = json_object_get(series(&r, "loss"), "epochs");
+	cr_assert_eq(json_array_size(sps), json_array_size(ms));
+	double samples = 0, time_ms = 0, last_epoch_sum = 0;
+	for (size_t k = 0; k < json_array_size(sps); k++) {
+		samples += json_number_value(json_array_get(sps, k)) * json_number_value(json_array_get(ms, k));
+		time_ms += json_number_value(json_array_get(ms, k));
+	}
+	json_int_t last_epoch = json_integer_value(json_array_get(loss_epochs, json_array_size(loss_epochs) - 1));
+	int in_last = 0;
+	for (size_t k = 0; k < json_array_size(loss); k++)
+		if (json_integer_value(json_array_get(loss_epochs, k)) == last_epoch) {
+			last_epoch_sum += json_number_value(json_array_get(loss, k));
+			in_last++;
+		}
+	cr_assert_gt(in_last, 1, "%s", r.body);
+	http_free(&r);
+	double want_sps = samples / time_ms, want_loss = last_epoch_sum / in_last;
+	cr_assert_float_eq(json_number_value(json_object_get(stored, "samples_per_sec")), want_sps, 1e-9 * want_sps,
+			   "summary.samples_per_sec is not the whole run's %g", want_sps);
+	cr_assert(json_is_real(json_object_get(stored, "epoch_loss")), "no summary.epoch_loss");
+	cr_assert_float_eq(json_number_value(json_object_get(stored, "epoch_loss")), want_loss,
+			   1e-9 * (1 + fabs(want_loss)), "summary.epoch_loss is not the last epoch's mean %g",
+			   want_loss);
 	json_decref(stored);
 
 	/* A queued job knows nothing yet. */
@@ -462,5 +495,136 @@ Test(metrics_api, summary_and_fields, .init = start1, .fini = stop1, .timeout = 
 	cr_assert_eq(r.status, 400);
 	const char *msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
 	cr_assert(msg && strncmp(msg, "fields:", 7) == 0 && strstr(msg, "bogus"), "%s", msg);
+	http_free(&r);
+}
+
+/* ---- re-posted points replace, pushed series can be deleted ---- */
+
+static double ramp(long i)
+{
+	return (double)i;
+}
+
+static double sunk(long i)
+{
+	(void)i;
+	return -5;
+}
+
+/* Re-posting a step replaces its point: no duplicate in the raw series,
+ * and the downsampled envelope (the rollup) forgets the old value. */
+Test(metrics_api, repost_replaces_and_series_delete, .init = start1, .fini = stop1, .timeout = 120)
+{
+	long long id = finished_job();
+	char path[160];
+	struct http_reply r;
+	push_series(id, "eval.psnr", 0, 1, 100, ramp); /* steps 0..99, the max 99 at step 99 */
+	push_series(id, "eval.psnr", 99, 1, 1, sunk);  /* step 99 again: -5 */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr&max_points=0", id);
+	json_t *ser;
+	/* push_series saw step 99 already there: wait for the new value. */
+	for (double t0 = now_s();; usleep(50000)) {
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		ser = series(&r, "eval.psnr");
+		json_t *values = json_object_get(ser, "values");
+		if (json_number_value(json_array_get(values, json_array_size(values) - 1)) == -5)
+			break;
+		cr_assert_lt(now_s() - t0, 20 * TR_TEST_SLOW, "the re-posted point never arrived: %s", r.body);
+		http_free(&r);
+	}
+	cr_assert_eq(npoints(ser), 100, "%s", r.body);
+	cr_assert_eq(step_at(ser, 99), 99);
+	cr_assert_float_eq(json_number_value(json_array_get(json_object_get(ser, "values"), 99)), -5, 1e-12);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr&max_points=2", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	ser = series(&r, "eval.psnr");
+	json_t *maxs = json_object_get(ser, "max");
+	cr_assert_eq(npoints(ser), 2, "%s", r.body);
+	cr_assert_float_eq(json_number_value(json_array_get(maxs, 1)), 98, 1e-12, "old value kept: %s", r.body);
+	http_free(&r);
+
+	/* Deleting: write role route; the engine's own series are refused. */
+	snprintf(path, sizeof path, "/jobs/%lld/metrics/loss", id);
+	http(&d, "DELETE", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics/eval.psnr", id);
+	http(&d, "DELETE", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 204, "%s", r.body);
+	http_free(&r);
+	http(&d, "DELETE", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 404, "%s", r.body);
+	http_free(&r);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr,loss&max_points=2", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_null(series(&r, "eval.psnr"), "%s", r.body);
+	cr_assert_not_null(series(&r, "loss"));
+	http_free(&r);
+	/* A series pushed again after a delete starts afresh (no rollup left). */
+	push_series(id, "eval.psnr", 7, 1, 1, ramp);
+	snprintf(path, sizeof path, "/jobs/%lld/metrics?names=eval.psnr&max_points=1", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	ser = series(&r, "eval.psnr");
+	cr_assert_eq(npoints(ser), 1, "%s", r.body);
+	cr_assert_eq(step_at(ser, 0), 7);
+	http_free(&r);
+}
+
+/* ---- elapsed time across a resume ---- */
+
+static json_t *job_progress(long long id, struct http_reply *r)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, r);
+	cr_assert_eq(r->status, 200, "%s", r->body);
+	return json_object_get(r->json, "progress");
+}
+
+/* A job paused for 2 s and resumed: its elapsed time counts the training
+ * of both runs (more than the first run's), and not the pause. */
+Test(metrics_api, elapsed_counts_every_run_not_the_pause, .init = start1, .fini = stop1, .timeout = 120)
+{
+	struct http_reply r;
+	char path[64];
+	double t0 = now_s();
+	long long id =
+		submit_job(&d, "{\"name\": \"slow\", \"seed\": 3, \"model\": {\"layers\": [{\"type\": \"dense\","
+			       " \"units\": 3}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 640,"
+			       " \"features\": 6, \"classes\": 3, \"load_cost_us\": 2000}}, \"batch_size\": 32,"
+			       " \"epochs\": 3, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}");
+	double first = 0;
+	for (;;) {
+		json_t *p = job_progress(id, &r);
+		first = json_number_value(json_object_get(p, "elapsed_s"));
+		bool far = json_integer_value(json_object_get(p, "step")) >= 5;
+		http_free(&r);
+		if (far && first > 0)
+			break;
+		cr_assert_lt(now_s() - t0, 30 * TR_TEST_SLOW, "the job did not reach step 5");
+		usleep(20000);
+	}
+	snprintf(path, sizeof path, "/jobs/%lld/pause", id);
+	http(&d, "POST", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, id, "paused|completed", 30), "paused");
+	json_t *p = job_progress(id, &r);
+	double ran = json_number_value(json_object_get(p, "elapsed_s"));
+	cr_assert(ran >= first, "a paused job shows %g s of training, it had %g before the pause: %s", ran, first,
+		  r.body);
+	http_free(&r);
+	sleep(2);
+	snprintf(path, sizeof path, "/jobs/%lld/resume", id);
+	http(&d, "POST", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 202, "%s", r.body);
+	http_free(&r);
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed", 60), "completed");
+	double wall = now_s() - t0;
+	p = job_progress(id, &r);
+	double total = json_number_value(json_object_get(p, "elapsed_s"));
+	cr_assert(total > ran, "elapsed %g s does not count the second run (the first had %g): %s", total, ran, r.body);
+	cr_assert(total < wall - 1.5, "elapsed %g s counts the 2 s pause (all took %g s)", total, wall);
 	http_free(&r);
 }

@@ -683,9 +683,12 @@ Test(resume, stopped_job_resumed_with_more_epochs_equals_the_longer_run, .fini =
 	cr_assert_not_null(strstr(log, "its end is now epochs 4"), "log:\n%s", log);
 	assert_same_result(&da, ref, &da, id, MORE_STEPS, "more-epochs");
 
-	/* A completed job cannot be resumed, even with more epochs. */
+	/* A completed job cannot be resumed, even with more epochs; the
+	 * refusal says how to start a new job from its weights. */
 	cr_assert_eq(post_body(&da, path, "{\"epochs\": 8}", body, sizeof body), 409, "%s", body);
 	cr_assert(strstr(body, "only a paused or stopped job can be resumed"), "%s", body);
+	snprintf(want, sizeof want, "{\\\"from\\\": {\\\"job\\\": %lld, \\\"step\\\": \\\"latest\\\"}}", id);
+	cr_assert(strstr(body, want), "no %s in %s", want, body);
 }
 
 /* ---- 3. a corrupt newest checkpoint -------------------------------------- */

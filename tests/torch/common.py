@@ -32,13 +32,20 @@ def check(cond, what):
         failures.append(what)
 
 
-def st_write(path, tensors):
+def st_write(path, tensors, as_save_file=False):
+    """Writes tensors as a safetensors file: all F32 (trainerd's own
+    layout), or with as_save_file as safetensors.torch.save_file writes a
+    state_dict (names sorted, int64 kept as I64), which Debian cannot
+    import."""
     header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
+    for name in sorted(tensors) if as_save_file else tensors:
+        t = tensors[name]
+        i64 = as_save_file and t.dtype == torch.int64
         # (np.ascontiguousarray would make num_batches_tracked's 0-d
         # array 1-d)
-        a = np.array(t.detach().cpu().numpy(), dtype=np.float32, order="C")
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + a.nbytes]}
+        a = np.array(t.detach().cpu().numpy(), dtype=np.int64 if i64 else np.float32, order="C")
+        header[name] = {"dtype": "I64" if i64 else "F32", "shape": list(t.shape),
+                        "data_offsets": [off, off + a.nbytes]}
         blobs.append(a.tobytes())
         off += a.nbytes
     h = json.dumps(header).encode()
@@ -56,7 +63,8 @@ def st_read(path):
         if name == "__metadata__":
             continue
         s, t = e["data_offsets"]
-        a = np.frombuffer(b[8 + n + s:8 + n + t], dtype=np.float32).reshape(e["shape"]).copy()
+        dt = {"F32": np.float32, "I64": np.int64}[e["dtype"]]
+        a = np.frombuffer(b[8 + n + s:8 + n + t], dtype=dt).reshape(e["shape"]).copy()
         out[name] = torch.from_numpy(a)
     return out
 

@@ -86,7 +86,13 @@ Test(job, refusals_name_the_states_that_allow_the_request)
 {
 	struct tr_error e = {0};
 	cr_assert_eq(tr_job_check(3, TR_JOB_COMPLETED, TR_JOB_RESUME, NULL, &e), -EBUSY);
-	cr_assert_str_eq(e.message, "job 3 is completed; only a paused or stopped job can be resumed");
+	/* A completed job cannot be extended; the refusal says how to go on
+	 * from its weights instead. */
+	cr_assert_str_eq(e.message, "job 3 is completed; only a paused or stopped job can be resumed; to train it "
+				    "further, submit a new job with \"init\": {\"from\": {\"job\": 3, \"step\": "
+				    "\"latest\"}}");
+	cr_assert_eq(tr_job_check(3, TR_JOB_FAILED, TR_JOB_RESUME, NULL, &e), -EBUSY);
+	cr_assert_str_eq(e.message, "job 3 is failed; only a paused or stopped job can be resumed");
 	cr_assert_eq(tr_job_check(4, TR_JOB_QUEUED, TR_JOB_STOP, NULL, &e), 0);
 	cr_assert_eq(tr_job_check(4, TR_JOB_RUNNING, TR_JOB_DELETE, NULL, &e), -EBUSY);
 	cr_assert_str_eq(e.message, "job 4 is running; only a stopped, completed, failed or cancelled job can be "

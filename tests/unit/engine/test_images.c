@@ -435,6 +435,7 @@ Test(images, bad_images_are_named)
 	open_fail(&s);
 	expect_err("set/bee/c.png");
 	expect_err("1 channel");
+	expect_err("set/ant/z.PNG has 3"); /* both images named */
 	remove(tmp_path("set/bee/c.png"));
 
 	/* Not a PNG at all. */

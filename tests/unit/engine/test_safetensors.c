@@ -159,3 +159,49 @@ Test(safetensors, init_from_loads_weights_and_checks_shapes)
 	cr_assert_not_null(strstr(err.message, "[8, 4]"), "%s", err.message);
 	cr_assert_not_null(strstr(err.message, "[9, 4]"), "%s", err.message);
 }
+
+/* A file with one I64 tensor, as safetensors.torch.save_file writes a
+ * counter (shape [] or [1], little-endian). */
+static size_t i64_file(uint8_t *buf, const char *shape, int64_t value)
+{
+	char head[128];
+	int n = snprintf(head, sizeof head, "{\"c\":{\"dtype\":\"I64\",\"shape\":%s,\"data_offsets\":[0,8]}}", shape);
+	while (n % 8)
+		head[n++] = ' ';
+	for (int i = 0; i < 8; i++)
+		buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
+	memcpy(buf + 8, head, (size_t)n);
+	for (int i = 0; i < 8; i++)
+		buf[8 + n + i] = (uint8_t)((uint64_t)value >> (8 * i));
+	return 16 + (size_t)n;
+}
+
+Test(safetensors, counters_read_from_i64)
+{
+	uint8_t buf[256];
+	const char *shapes[] = {"[]", "[1]"};
+	for (int k = 0; k < 2; k++) {
+		tr_st_file_t *f = NULL;
+		struct tr_error err = {0};
+		size_t len = i64_file(buf, shapes[k], 1364);
+		cr_assert_eq(tr_st_open_mem(buf, len, "state_dict", &f, &err), 0, "%s", err.message);
+		float v = -1;
+		cr_assert_eq(tr_st_read_count(f, "c", &v, &err), 0, "%s", err.message);
+		cr_assert_eq(v, 1364.0f);
+		/* Weights stay F32 only. */
+		cr_assert_eq(tr_st_read_f32(f, "c", 0, NULL, &v, &err), -EINVAL);
+		tr_st_close(f);
+	}
+	/* A value a float cannot count exactly, or a negative one, is refused. */
+	int64_t bad[] = {-1, (INT64_C(1) << 24) + 1};
+	for (int k = 0; k < 2; k++) {
+		tr_st_file_t *f = NULL;
+		struct tr_error err = {0};
+		size_t len = i64_file(buf, "[]", bad[k]);
+		cr_assert_eq(tr_st_open_mem(buf, len, "state_dict", &f, &err), 0, "%s", err.message);
+		float v;
+		cr_assert_eq(tr_st_read_count(f, "c", &v, &err), -EINVAL);
+		cr_assert(strstr(err.message, "'c'"), "%s", err.message);
+		tr_st_close(f);
+	}
+}
