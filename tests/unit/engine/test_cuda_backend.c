@@ -186,9 +186,12 @@ static void check_bounded(const char *what, const float *got, const float *want,
 	}
 }
 
-/* Every .timeout in this file is the same 300 s: Criterion 2.4.1 leaks
- * (and LeakSanitizer fails the ASan run) when tests with different
- * timeouts run in parallel. */
+/* Every .timeout in this file is the same: Criterion 2.4.1 leaks (and
+ * LeakSanitizer fails the ASan run) when tests with different timeouts run
+ * in parallel.  60 s, the --timeout tests/gpu/check.sh passes too, is well
+ * inside each of its stages' limits, so a hung test fails alone instead of
+ * taking its stage (and the GPU) with it. */
+#define CUDA_TEST_TIMEOUT_S 60
 
 static const int sizes[] = {1, 7, 1023};
 #define N_SIZES 3
@@ -565,7 +568,7 @@ Test(cuda, memory_is_zeroed_and_round_trips)
  * copies_fence sees the data, and sync waits for the copy stream as well.
  * 64 MiB take milliseconds to copy, so a missing fence would let the
  * kernel read the zeros the buffer starts with. */
-Test(cuda, copy_stream_upload_fence_and_sync, .timeout = 300)
+Test(cuda, copy_stream_upload_fence_and_sync, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	cr_assert_not_null(gpu->i->to_device_async);
@@ -696,7 +699,7 @@ static void gemm_case(tr_backend_t *g, bool ta, bool tb, int m, int n, int k, fl
 	free(got);
 }
 
-Test(cuda, gemm_all_transposes_and_odd_shapes, .timeout = 300)
+Test(cuda, gemm_all_transposes_and_odd_shapes, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	for (int t = 0; t < 4; t++)
@@ -1307,7 +1310,7 @@ static void conv_case(const struct tr_conv2d_desc *d, int rows, bool bias)
  * with and without bias, and a batch the workspace rule splits into two
  * chunks (3x64x64, 8 filters: 29 samples per chunk), so that dW's
  * accumulation over chunks is covered. */
-Test(cuda, conv2d_matches_cpu, .timeout = 300)
+Test(cuda, conv2d_matches_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	struct tr_conv2d_desc d;
@@ -1420,7 +1423,7 @@ static void pool_case(const struct tr_pool2d_desc *d, int rows)
 	dfree(d_dx);
 }
 
-Test(cuda, pooling_matches_cpu_exactly, .timeout = 300)
+Test(cuda, pooling_matches_cpu_exactly, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	struct tr_pool2d_desc d;
@@ -1477,7 +1480,7 @@ static const struct bn_case bn_cases[] = {
 
 /* Every bn_* kernel against the CPU's on the same inputs; each step is fed
  * the CPU's previous results, so each kernel is tested alone. */
-Test(cuda, batchnorm2d_kernels_match_cpu, .timeout = 300)
+Test(cuda, batchnorm2d_kernels_match_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	const float eps = 1e-5f, momentum = 0.1f;
@@ -1643,7 +1646,7 @@ static const struct gn_case gn_cases[] = {
 
 /* groupnorm forward against the CPU, then backward from the CPU's
  * statistics, with dx separate, in place (dx = dy) and absent. */
-Test(cuda, groupnorm_matches_cpu, .timeout = 300)
+Test(cuda, groupnorm_matches_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	const float eps = 1e-5f;
@@ -1910,7 +1913,7 @@ static const char *JOB_NORM =
 	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.02, \"momentum\": 0.9}}";
 
 /* The jobs above must stay valid specs even where no GPU runs them. */
-Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
+Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV, JOB_NORM};
 	tr_backend_t *c = tr_cpu_backend_create(1, 1);
@@ -1940,7 +1943,7 @@ Test(cuda_job_spec, jobs_parse_and_train_on_cpu, .timeout = 300)
 	tr_backend_destroy(c);
 }
 
-Test(cuda_job, loss_curve_matches_cpu, .timeout = 300)
+Test(cuda_job, loss_curve_matches_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	const char *jobs[] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV, JOB_NORM};
@@ -1957,7 +1960,7 @@ Test(cuda_job, loss_curve_matches_cpu, .timeout = 300)
 }
 
 /* docs/design.md's promise across backends: one GPU equals four CPU devices. */
-Test(cuda_job, one_gpu_equals_four_cpu_devices, .timeout = 300)
+Test(cuda_job, one_gpu_equals_four_cpu_devices, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	tr_backend_t *cpu4 = tr_cpu_backend_create(4, 4);
@@ -1976,7 +1979,7 @@ Test(cuda_job, one_gpu_equals_four_cpu_devices, .timeout = 300)
 }
 
 /* Two runs on the GPU give the same bits: no atomics in any reduction. */
-Test(cuda_job, repeatable_bit_for_bit, .timeout = 300)
+Test(cuda_job, repeatable_bit_for_bit, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	struct run_result a, b;
@@ -1993,7 +1996,7 @@ Test(cuda_job, repeatable_bit_for_bit, .timeout = 300)
 /* Uploading each step's share ahead on the copy stream changes no bit:
  * the same job with the backend's upload-ahead ops removed (the trainer's
  * synchronous path) gives the same losses and weights. */
-Test(cuda_job, upload_ahead_is_bit_identical_to_synchronous, .timeout = 300)
+Test(cuda_job, upload_ahead_is_bit_identical_to_synchronous, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
 	struct run_result ahead, plain;
@@ -2030,7 +2033,7 @@ static int need_gpus(const char *who, int n)
 }
 #define NEED_GPUS(n) need_gpus(__func__, (n))
 
-Test(cuda_multi, jobs_on_several_gpus_match_cpu, .timeout = 300)
+Test(cuda_multi, jobs_on_several_gpus_match_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	int have = NEED_GPUS(2);
 	for (int d = 2; d <= (have < 4 ? have : 4); d++) {
@@ -2054,7 +2057,7 @@ Test(cuda_multi, jobs_on_several_gpus_match_cpu, .timeout = 300)
  * devices' sums): the norm job on 2..4 GPUs, idle ranks at each epoch's
  * one-sample step included, gives one GPU's losses, evaluations (running
  * statistics) and weights within the job tolerance. */
-Test(cuda_multi, batchnorm_job_is_device_count_invariant, .timeout = 300)
+Test(cuda_multi, batchnorm_job_is_device_count_invariant, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	int have = NEED_GPUS(2);
 	struct run_result one;
@@ -2091,7 +2094,7 @@ static void *ar_thread(void *p)
 	return NULL;
 }
 
-Test(cuda_multi, allreduce_sums_and_agrees_on_every_rank, .timeout = 300)
+Test(cuda_multi, allreduce_sums_and_agrees_on_every_rank, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	int nd = NEED_GPUS(2);
 	size_t lens[] = {1, 7, 1023, (1u << 22) + 5};
@@ -2152,7 +2155,7 @@ static bool wait_finished(struct ar_arg *a, double seconds)
 
 /* Rank 1 never arrives; rank 0 waits in sync behind its collective until
  * comm_abort releases it, and later calls are cancelled. */
-Test(cuda_multi, abort_releases_a_waiting_rank, .timeout = 300)
+Test(cuda_multi, abort_releases_a_waiting_rank, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPUS(2);
 	int devs[2] = {0, 1};
@@ -2178,7 +2181,7 @@ Test(cuda_multi, abort_releases_a_waiting_rank, .timeout = 300)
 }
 
 /* Different lengths would make NCCL hang or read out of bounds. */
-Test(cuda_multi, length_mismatch_fails_without_hanging, .timeout = 300)
+Test(cuda_multi, length_mismatch_fails_without_hanging, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPUS(2);
 	tr_comm_t *comm = gpu->i->comm_create(gpu, 2, NULL);

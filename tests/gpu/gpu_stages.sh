@@ -1,0 +1,65 @@
+# shellcheck shell=bash disable=SC2034  # sourced by check.sh, whose variables it sets
+# tests/gpu/gpu_stages.sh: sourced by tests/gpu/check.sh.  The stages that
+# need a GPU, in the order of what they teach per second: the CUDA tests,
+# NCCL, compute-sanitizer's memcheck and synccheck, the benchmarks.  In a
+# rehearsal (PLAN_ONLY=1) `stage` prints them instead.
+#
+# Needs: BUILD, ROOT, REPORT, WORK, CUDA_TESTS, SANITIZER (may be empty).
+
+# Every CUDA test's own limit (Criterion --timeout, and the .timeout of the
+# tests in tests/unit/engine/test_cuda_backend.c): well inside any stage's.
+PER_TEST_S=60
+
+# cuda_tests_stage NAME LIMIT_S LOG GPUS CRITERION_ARGS...: the CUDA test
+# binary through `stage`, then the skip rule (tests/gpu/skips.sh).
+cuda_tests_stage() {
+	local name=$1 limit=$2 logf=$3 gpus=$4
+	shift 4
+	stage "$name" "$limit" "$logf" "$CUDA_TESTS" --verbose --timeout "$PER_TEST_S" "$@"
+	[ "$PLAN_ONLY" = 1 ] || skip_rule "$name" "$logf" "$gpus"
+}
+
+gpu_stages() {
+	local gpus=$1
+	if [ "$PLAN_ONLY" != 1 ] && [ ! -x "$CUDA_TESTS" ]; then
+		row "CUDA backend tests" "FAILED: $CUDA_TESTS was not built (build.log)"
+		headline "the CUDA test binary was not built: see build.log"
+		FAILED=1
+	else
+		# Single-device tests in parallel; the NCCL ones (2+ GPUs) one at a
+		# time, so that no two processes' communicators compete for the same
+		# GPUs and the abort test's timing is its own.
+		cuda_tests_stage "CUDA backend tests" 150 "$REPORT/cuda_tests.log" "$gpus" --filter='!(cuda_multi)/*'
+		if [ "$gpus" -ge 2 ]; then
+			cuda_tests_stage "CUDA multi-GPU tests (serial)" 90 "$REPORT/cuda_multi.log" "$gpus" \
+				--jobs 1 --filter='cuda_multi/*'
+		else
+			if [ "$PLAN_ONLY" = 1 ]; then
+				echo "  (multi-GPU tests: not run with one GPU)"
+			else
+				row "CUDA multi-GPU tests" "not run: one GPU"
+			fi
+		fi
+		# compute-sanitizer follows Criterion's worker processes; the kernel
+		# tests (suite cuda) only: whole jobs under memcheck take minutes.
+		if [ -n "$SANITIZER" ] || [ "$PLAN_ONLY" = 1 ]; then
+			stage "compute-sanitizer memcheck (suite cuda)" 100 "$REPORT/sanitizer.log" \
+				"${SANITIZER:-compute-sanitizer}" --tool memcheck --error-exitcode 1 --print-limit 20 \
+				"$CUDA_TESTS" --timeout "$PER_TEST_S" --jobs 4 --filter='cuda/*'
+			stage "compute-sanitizer synccheck (suite cuda)" 70 "$REPORT/sanitizer.log" \
+				"${SANITIZER:-compute-sanitizer}" --tool synccheck --error-exitcode 1 --print-limit 20 \
+				"$CUDA_TESTS" --timeout "$PER_TEST_S" --jobs 4 --filter='cuda/*'
+		else
+			row "compute-sanitizer" "FAILED: not found beside nvcc or on PATH"
+			headline "compute-sanitizer not found: memcheck and synccheck did not run"
+			FAILED=1
+		fi
+	fi
+	if [ "$PLAN_ONLY" = 1 ] || [ -x "$BUILD/daemon/trainerd" ]; then
+		stage "GPU benchmarks (quick)" 120 "$WORK/logs/bench.log" \
+			sh "$ROOT/bench/gpu/run.sh" "$BUILD" "$WORK/bench" --quick
+	else
+		row "GPU benchmarks" "FAILED: trainerd was not built (build.log)"
+		FAILED=1
+	fi
+}
