@@ -6,7 +6,8 @@
 # Report (REPORT_DIR; few files, to collect as they are):
 #   report.md       verdict, headlines, stages, environment, failures, benchmarks
 #   build.log       meson and ninja output
-#   cuda_tests.log  the CUDA tests (cuda_multi.log with 2+ GPUs)
+#   cuda_tests.log  the CUDA tests; cuda_nccl.log, cuda_large.log their stages of
+#                   their own (cuda_multi.log with 2+ GPUs)
 #   sanitizer.log   compute-sanitizer memcheck and synccheck
 #   bench.md, bench.json   bench/gpu/bench_gpu.py results
 #   logs.tar.gz     everything else (dependency notes, benchmark runs)
@@ -29,7 +30,7 @@ write_report() {
 		cat "$TABLE"
 		echo ""
 		cat "$WORK/environment.md" 2>/dev/null
-		for f in cuda_tests cuda_multi; do
+		for f in cuda_tests cuda_nccl cuda_large cuda_multi; do
 			[ -f "$REPORT/$f.log" ] || continue
 			echo ""
 			echo "## $f.log"
@@ -40,6 +41,13 @@ write_report() {
 				grep -v -e '_impl: ' -e 'Test is disabled' | head -60
 			echo '```'
 		done
+		if cat "$REPORT"/cuda_*.log 2>/dev/null | grep -q '^\[FIGURE\]'; then
+			echo ""
+			echo "## Figures"
+			echo '```'
+			cat "$REPORT"/cuda_*.log | grep '^\[FIGURE\]' | sort -u
+			echo '```'
+		fi
 		[ -f "$REPORT/sanitizer.log" ] && {
 			echo ""
 			echo "## compute-sanitizer"

@@ -103,6 +103,9 @@ static void need_gpu(const char *who)
 TestSuite(cuda, .fini = close_backends);
 TestSuite(cuda_job, .fini = close_backends);
 TestSuite(cuda_multi, .fini = close_backends);
+TestSuite(cuda_nccl, .fini = close_backends);
+TestSuite(cuda_sticky, .fini = close_backends);
+TestSuite(cuda_large, .fini = close_backends);
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -2201,4 +2204,283 @@ Test(cuda_multi, length_mismatch_fails_without_hanging, .timeout = CUDA_TEST_TIM
 	gpu->i->comm_destroy(comm);
 	for (int r = 0; r < 2; r++)
 		gpu->i->free(gpu, r, a[r].buf);
+}
+
+/* ---- NCCL with one rank (TRAINERD_CUDA_NCCL_ONE_RANK) --------------------- */
+
+/* One rank normally skips NCCL; the switch makes its communicator a real
+ * NCCL one, so a one-GPU machine runs creation, ncclAllReduce, the grouped
+ * finalize and abort.  20 rounds of each must leave the device's free
+ * memory where it was.  Run alone (tests/gpu/check.sh gives it a stage of
+ * its own): free memory is the whole GPU's, other processes included. */
+#define NCCL_ROUNDS 20
+#define NCCL_DRIFT_SLACK (2u << 20) /* cudaMemGetInfo's granularity */
+
+static size_t free_device_memory(void)
+{
+	size_t total = 0, fr = 0;
+	cr_assert_eq(gpu->i->memory_info(gpu, 0, &total, &fr), 0, "%s", gpu->i->last_error(gpu));
+	return fr;
+}
+
+/* create, allreduce (checked: one rank's sum is its own buffer), then
+ * destroy, or abort and destroy; returns free memory while it lived. */
+static size_t nccl_round(float *d, const float *x, size_t n, bool abort_it)
+{
+	tr_comm_t *cm = gpu->i->comm_create(gpu, 1, NULL);
+	cr_assert_not_null(cm, "comm_create: %s", gpu->i->last_error(gpu));
+	size_t live = free_device_memory();
+	cr_assert_eq(gpu->i->allreduce_sum(cm, 0, d, n), 0, "allreduce_sum: %s", gpu->i->last_error(gpu));
+	float *h = down(d, n);
+	check_exact("one-rank allreduce", h, x, n);
+	free(h);
+	if (abort_it) {
+		gpu->i->comm_abort(cm);
+		cr_assert_eq(gpu->i->allreduce_sum(cm, 0, d, n), -ECANCELED);
+	}
+	gpu->i->comm_destroy(cm);
+	return live;
+}
+
+Test(cuda_nccl, one_rank_through_nccl_keeps_device_memory, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	setenv("TRAINERD_CUDA_NCCL_ONE_RANK", "1", 1);
+	NEED_GPU();
+	size_t n = 4099;
+	float *x = frand(n, -1, 1), *d = up(x, n);
+	/* the first communicator loads NCCL's lasting state (plugins, proxy) */
+	nccl_round(d, x, n, false);
+	size_t free0 = free_device_memory(), live = 0;
+	for (int i = 0; i < NCCL_ROUNDS; i++)
+		live = nccl_round(d, x, n, false);
+	size_t free1 = free_device_memory();
+	for (int i = 0; i < NCCL_ROUNDS; i++)
+		nccl_round(d, x, n, true);
+	size_t free2 = free_device_memory();
+	fprintf(stderr,
+		"[FIGURE] nccl one rank: a communicator holds %.1f MiB; free device memory drift after %d "
+		"create/allreduce/destroy %+.1f MiB, after %d create/allreduce/abort %+.1f MiB\n",
+		((double)free0 - (double)live) / 1048576.0, NCCL_ROUNDS, ((double)free1 - (double)free0) / 1048576.0,
+		NCCL_ROUNDS, ((double)free2 - (double)free0) / 1048576.0);
+	cr_assert_lt(live, free0, "a one-rank communicator took no device memory: NCCL was not used");
+	cr_assert_geq(free1 + NCCL_DRIFT_SLACK, free0, "create/destroy leaked %zu bytes", free0 - free1);
+	cr_assert_geq(free2 + NCCL_DRIFT_SLACK, free0, "create/abort leaked %zu bytes", free0 - free2);
+	free(x);
+	dfree(d);
+}
+
+/* ---- sticky errors ------------------------------------------------------- */
+
+/* A kernel writing through a pointer that is no allocation: the context
+ * is broken for good (cudaErrorIllegalAddress), so the device refuses
+ * every later call with "restart needed" instead of failing each one with
+ * a different error.  Not under compute-sanitizer (it would report the
+ * fault this provokes). */
+static float *const not_an_allocation = (float *)(uintptr_t)0x1000;
+
+Test(cuda_sticky, illegal_address_makes_the_device_refuse_with_restart_needed, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	int rc = gpu->i->scale(gpu, 0, 1u << 20, not_an_allocation, 2.0f);
+	if (rc == 0)
+		rc = gpu->i->sync(gpu, 0);
+	cr_assert_lt(rc, 0, "a write to address 0x1000 was not reported");
+	cr_assert(strstr(gpu->i->last_error(gpu), "restart needed"), "%s", gpu->i->last_error(gpu));
+	cr_assert_null(gpu->i->alloc(gpu, 0, 64));
+	cr_assert(strstr(gpu->i->last_error(gpu), "unusable after") &&
+			  strstr(gpu->i->last_error(gpu), "restart needed"),
+		  "%s", gpu->i->last_error(gpu));
+	cr_assert_lt(gpu->i->sync(gpu, 0), 0);
+}
+
+/* TRAINERD_CUDA_SYNC_LAUNCHES=1: the fault is reported by the launch that
+ * caused it, named. */
+Test(cuda_sticky, sync_launches_names_the_faulting_kernel, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	setenv("TRAINERD_CUDA_SYNC_LAUNCHES", "1", 1);
+	NEED_GPU();
+	cr_assert_lt(gpu->i->scale(gpu, 0, 1u << 20, not_an_allocation, 2.0f), 0);
+	cr_assert(strstr(gpu->i->last_error(gpu), "launch k_scale"), "%s", gpu->i->last_error(gpu));
+}
+
+/* ---- large sizes --------------------------------------------------------- */
+
+/* Every other test is at most 1,023 rows.  Here the elementwise ops, sumsq
+ * and dropout run over more than 2^31 elements (index arithmetic past 32
+ * signed bits, the grid-stride loops), compared with the CPU at sampled
+ * points; softmax_ce over 100,003 rows, compared everywhere.  Buffers are
+ * filled by repeating a pattern of LARGE_P values (odd, so that an index
+ * off by a power of two reads another value). */
+#define LARGE_ROWS ((1 << 21) + 3)
+#define LARGE_COLS 1024
+#define LARGE_N ((size_t)LARGE_ROWS * LARGE_COLS)
+#define LARGE_P (((size_t)1 << 24) - 3)
+#define LARGE_SAMPLES 48
+
+static void fill_pattern(float *d, const float *pattern)
+{
+	for (size_t off = 0; off < LARGE_N; off += LARGE_P) {
+		size_t k = LARGE_N - off < LARGE_P ? LARGE_N - off : LARGE_P;
+		cr_assert_eq(gpu->i->to_device(gpu, 0, d + off, pattern, k * sizeof(float)), 0, "%s",
+			     gpu->i->last_error(gpu));
+	}
+}
+
+static float at(const float *d, size_t i)
+{
+	float v;
+	cr_assert_eq(gpu->i->to_host(gpu, 0, &v, d + i, sizeof v), 0, "%s", gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->sync(gpu, 0), 0, "%s", gpu->i->last_error(gpu));
+	return v;
+}
+
+/* The points compared: both ends, around 2^31 and the pattern's period,
+ * and random ones. */
+static void large_samples(size_t *idx)
+{
+	size_t fixed[] = {0,
+			  1,
+			  LARGE_P - 1,
+			  LARGE_P,
+			  ((size_t)1 << 31) - 1,
+			  (size_t)1 << 31,
+			  ((size_t)1 << 31) + 1,
+			  LARGE_N - LARGE_COLS,
+			  LARGE_N - 1};
+	size_t nf = sizeof fixed / sizeof fixed[0];
+	for (size_t i = 0; i < LARGE_SAMPLES; i++)
+		idx[i] = i < nf ? fixed[i] : (size_t)((rnd() + 1.0) / 2.0 * (double)(LARGE_N - 1));
+}
+
+static void large_exact(const char *what, const float *d, const size_t *idx,
+			float (*want)(size_t, const float *, const float *), const float *pa, const float *pb)
+{
+	for (size_t s = 0; s < LARGE_SAMPLES; s++) {
+		float got = at(d, idx[s]), w = want(idx[s], pa, pb);
+		cr_assert(memcmp(&got, &w, sizeof got) == 0, "%s[%zu]: cuda %.9g cpu %.9g", what, idx[s], (double)got,
+			  (double)w);
+	}
+}
+
+static float want_scaled(size_t i, const float *pa, const float *pb)
+{
+	(void)pb;
+	return 2.0f * pa[i % LARGE_P];
+}
+
+static float want_add(size_t i, const float *pa, const float *pb)
+{
+	return 2.0f * pa[i % LARGE_P] + pb[i % LARGE_P];
+}
+
+static float want_mul(size_t i, const float *pa, const float *pb)
+{
+	return (2.0f * pa[i % LARGE_P]) * pb[i % LARGE_P];
+}
+
+static float want_relu(size_t i, const float *pa, const float *pb)
+{
+	float x = 2.0f * pa[i % LARGE_P], y;
+	(void)pb;
+	cr_assert_eq(cpu->i->act_forward(cpu, 0, TR_ACT_RELU, 1, &x, &y), 0);
+	return y;
+}
+
+Test(cuda_large, elementwise_sumsq_and_dropout_past_2_to_the_31, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	size_t bytes = LARGE_N * sizeof(float), fr = free_device_memory();
+	if (fr < 3 * bytes + ((size_t)1 << 30)) {
+		fprintf(stderr, "[SKIP] %s: needs %.1f GiB of device memory, %.1f GiB free\n", __func__,
+			(double)(3 * bytes) / 1073741824.0, (double)fr / 1073741824.0);
+		cr_skip_test("needs %.1f GiB of device memory, %.1f GiB free", (double)(3 * bytes) / 1073741824.0,
+			     (double)fr / 1073741824.0);
+	}
+	float *pa = frand(LARGE_P, -2, 2), *pb = frand(LARGE_P, -2, 2);
+	float *a = gpu->i->alloc(gpu, 0, bytes), *b = gpu->i->alloc(gpu, 0, bytes), *out = gpu->i->alloc(gpu, 0, bytes);
+	cr_assert(a && b && out, "alloc: %s", gpu->i->last_error(gpu));
+	size_t idx[LARGE_SAMPLES];
+	large_samples(idx);
+	fill_pattern(a, pa);
+	fill_pattern(b, pb);
+
+	cr_assert_eq(gpu->i->scale(gpu, 0, LARGE_N, a, 2.0f), 0, "%s", gpu->i->last_error(gpu));
+	large_exact("scale", a, idx, want_scaled, pa, pb);
+	cr_assert_eq(gpu->i->add(gpu, 0, LARGE_N, a, b, out), 0, "%s", gpu->i->last_error(gpu));
+	large_exact("add", out, idx, want_add, pa, pb);
+	cr_assert_eq(gpu->i->mul(gpu, 0, LARGE_N, a, b, out), 0, "%s", gpu->i->last_error(gpu));
+	large_exact("mul", out, idx, want_mul, pa, pb);
+	cr_assert_eq(gpu->i->act_forward(gpu, 0, TR_ACT_RELU, LARGE_N, a, out), 0, "%s", gpu->i->last_error(gpu));
+	large_exact("relu", out, idx, want_relu, pa, pb);
+
+	/* sumsq of a = 2 x pattern: whole periods plus the rest, in double */
+	double period = 0, rest = 0, got = 0;
+	size_t full = LARGE_N / LARGE_P, tail = LARGE_N % LARGE_P;
+	for (size_t i = 0; i < LARGE_P; i++) {
+		double v = (double)(2.0f * pa[i]);
+		period += v * v;
+		if (i < tail)
+			rest += v * v;
+	}
+	double want = period * (double)full + rest;
+	cr_assert_eq(gpu->i->sumsq(gpu, 0, LARGE_N, a, &got), 0, "%s", gpu->i->last_error(gpu));
+	fprintf(stderr, "[FIGURE] sumsq over %zu elements: relative error %.3g (tolerance 1e-9)\n", LARGE_N,
+		fabs(got - want) / want);
+	cr_assert(fabs(got - want) <= 1e-9 * want, "sumsq: cuda %.17g cpu %.17g", got, want);
+
+	/* dropout: each sampled element's row through the CPU backend */
+	uint64_t key = tr_rng_key(42, 7, 3, TR_RNG_DROPOUT);
+	int64_t row0 = 11;
+	cr_assert_eq(gpu->i->dropout_forward(gpu, 0, LARGE_ROWS, LARGE_COLS, 0.5f, key, row0, a, out, b), 0, "%s",
+		     gpu->i->last_error(gpu));
+	float xrow[LARGE_COLS], yrow[LARGE_COLS], mrow[LARGE_COLS];
+	for (size_t s = 0; s < LARGE_SAMPLES; s++) {
+		size_t r = idx[s] / LARGE_COLS, c = idx[s] % LARGE_COLS;
+		for (size_t j = 0; j < LARGE_COLS; j++)
+			xrow[j] = 2.0f * pa[(r * LARGE_COLS + j) % LARGE_P];
+		cr_assert_eq(cpu->i->dropout_forward(cpu, 0, 1, LARGE_COLS, 0.5f, key, row0 + (int64_t)r, xrow, yrow,
+						     mrow),
+			     0);
+		float gy = at(out, idx[s]), gm = at(b, idx[s]);
+		cr_assert(memcmp(&gy, &yrow[c], sizeof gy) == 0 && memcmp(&gm, &mrow[c], sizeof gm) == 0,
+			  "dropout[%zu]: cuda y %.9g mask %.9g, cpu y %.9g mask %.9g", idx[s], (double)gy, (double)gm,
+			  (double)yrow[c], (double)mrow[c]);
+	}
+	fprintf(stderr, "[FIGURE] %zu elements: scale, add, mul, relu, dropout exact at %d sampled points\n", LARGE_N,
+		LARGE_SAMPLES);
+	free(pa);
+	free(pb);
+	dfree(a);
+	dfree(b);
+	dfree(out);
+}
+
+Test(cuda_large, softmax_ce_over_100003_rows, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	int rows = 100003, classes = 10;
+	size_t n = (size_t)rows * classes;
+	float *z = frand(n, -8, 8), *labels = malloc((size_t)rows * sizeof(float)), *dz = malloc(n * sizeof(float));
+	cr_assert(labels && dz);
+	for (int r = 0; r < rows; r++)
+		labels[r] = (float)tr_rng_below(rng_state + 11, (uint64_t)r, (uint64_t)classes);
+	double out_cpu[2] = {0, 0}, out_gpu[2] = {0, 0};
+	cr_assert_eq(cpu->i->softmax_ce(cpu, 0, rows, classes, z, labels, 0.25f, dz, out_cpu), 0);
+	float *d_z = up(z, n), *d_l = up(labels, (size_t)rows), *d_dz = up(z, n);
+	cr_assert_eq(gpu->i->softmax_ce(gpu, 0, rows, classes, d_z, d_l, 0.25f, d_dz, out_gpu), 0, "%s",
+		     gpu->i->last_error(gpu));
+	float *gdz = down(d_dz, n);
+	check_close("softmax_ce dlogits over 100003 rows", gdz, dz, n, 1e-5, 5e-7);
+	fprintf(stderr, "[FIGURE] softmax_ce over %d rows: loss relative error %.3g (tolerance 1e-6)\n", rows,
+		fabs(out_gpu[0] - out_cpu[0]) / fabs(out_cpu[0]));
+	cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-6 * fabs(out_cpu[0]), "loss: cuda %.12g cpu %.12g", out_gpu[0],
+		  out_cpu[0]);
+	cr_assert_eq(out_gpu[1], out_cpu[1], "correct count");
+	free(z);
+	free(labels);
+	free(dz);
+	free(gdz);
+	dfree(d_z);
+	dfree(d_l);
+	dfree(d_dz);
 }
