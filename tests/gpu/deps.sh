@@ -162,8 +162,8 @@ check_module_lists() {
 }
 
 # check_carried_debs DIR: every package of fetch_debs.sh's list has its
-# .deb in DIR, and unpacked into a scratch prefix they give pkg-config
-# every module (the system's own .pc files out of sight).
+# .deb in DIR, and unpacked into a scratch prefix as the run does it they
+# give pkg-config every module (the system's own .pc files out of sight).
 check_carried_debs() {
 	local dir=$1 p missing="" m bad=""
 	for p in $(sh "$ROOT/tests/gpu/fetch_debs.sh" --list); do
@@ -174,13 +174,13 @@ check_carried_debs() {
 		return 1
 	fi
 	(
+		# the run's own unpacking (use_debs), with the system's .pc files
+		# out of sight, so that every module must come from the carried ones
 		DEPS=$WORK/deps-trial
 		rm -rf "$DEPS"
-		mkdir -p "$DEPS"
-		for f in "$dir"/*.deb; do unpack_deb "$(cd "$dir" && pwd)/$(basename "$f")" || exit 1; done
-		find "$DEPS" -name '*.pc' -exec sed -i -e "s|=/usr|=$DEPS/usr|g" {} +
-		lib=$DEPS/usr/lib/x86_64-linux-gnu
-		export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$DEPS/usr/share/pkgconfig"
+		mkdir -p "$DEPS/stubpc"
+		export PKG_CONFIG_LIBDIR=$DEPS/stubpc
+		use_debs "$dir" >/dev/null || exit 1
 		for m in $(module_names); do
 			pkg-config --exists "$m" || bad="$bad $m"
 		done

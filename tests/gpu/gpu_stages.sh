@@ -65,6 +65,10 @@ gpu_stages() {
 		fi
 	fi
 	if [ "$PLAN_ONLY" = 1 ] || [ -x "$BUILD/daemon/trainerd" ]; then
+		# 20 jobs through a real daemon (an out-of-memory job, a bad label,
+		# a mid-step cancel among them): no drift in free device memory.
+		stage "daemon: 20 jobs, device memory drift" 90 "$REPORT/daemon_jobs.log" \
+			python3 "$ROOT/tests/gpu/daemon_jobs.py" "$BUILD/daemon/trainerd" "$WORK/daemon-jobs" --backend cuda
 		stage "GPU benchmarks (quick)" 120 "$WORK/logs/bench.log" \
 			sh "$ROOT/bench/gpu/run.sh" "$BUILD" "$WORK/bench" --quick
 	else

@@ -9,6 +9,7 @@
 #   cuda_tests.log  the CUDA tests; cuda_nccl.log, cuda_large.log their stages of
 #                   their own (cuda_multi.log with 2+ GPUs)
 #   sanitizer.log   compute-sanitizer memcheck and synccheck
+#   daemon_jobs.log tests/gpu/daemon_jobs.py: 20 jobs, device memory drift
 #   bench.md, bench.json   bench/gpu/bench_gpu.py results
 #   logs.tar.gz     everything else (dependency notes, benchmark runs)
 
@@ -41,11 +42,11 @@ write_report() {
 				grep -v -e '_impl: ' -e 'Test is disabled' | head -60
 			echo '```'
 		done
-		if cat "$REPORT"/cuda_*.log 2>/dev/null | grep -q '^\[FIGURE\]'; then
+		if cat "$REPORT"/cuda_*.log "$REPORT"/daemon_jobs.log 2>/dev/null | grep -q '^\[FIGURE\]'; then
 			echo ""
 			echo "## Figures"
 			echo '```'
-			cat "$REPORT"/cuda_*.log | grep '^\[FIGURE\]' | sort -u
+			cat "$REPORT"/cuda_*.log "$REPORT"/daemon_jobs.log 2>/dev/null | grep '^\[FIGURE\]' | sort -u
 			echo '```'
 		fi
 		[ -f "$REPORT/sanitizer.log" ] && {

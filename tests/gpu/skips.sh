@@ -47,7 +47,22 @@ rehearse_selftests() {
 		row "self-test: stage time limit" "FAILED: exit $rc, left over: ${left_over:-none}, $((SECONDS - t0)) s"
 		FAILED=1
 	fi
-	# 2. The skip rule, on the CUDA test binary's real output here (no GPU:
+	# 2. The daemon-jobs flow (tests/gpu/daemon_jobs.py) on CPU devices:
+	#    the GPU stage's script against this build's API.
+	local td=${TR_CHECK_TRAINERD:-$BUILD/daemon/trainerd}
+	if [ -x "$td" ]; then
+		if bounded 150 python3 "$ROOT/tests/gpu/daemon_jobs.py" "$td" "$WORK/daemon-jobs" --backend cpu \
+			>"$WORK/logs/daemon_jobs_cpu.log" 2>&1; then
+			row "self-test: daemon jobs on CPU devices" "ok: $(grep '^RESULT' "$WORK/logs/daemon_jobs_cpu.log")"
+		else
+			row "self-test: daemon jobs on CPU devices" "FAILED: $(grep -m1 '^FAIL' "$WORK/logs/daemon_jobs_cpu.log")"
+			failure_excerpt "self-test: daemon jobs" "$WORK/logs/daemon_jobs_cpu.log"
+			FAILED=1
+		fi
+	else
+		row "self-test: daemon jobs on CPU devices" "not run: no trainerd built ($td)"
+	fi
+	# 3. The skip rule, on the CUDA test binary's real output here (no GPU:
 	#    every GPU test skips): passes with no GPU seen, fails with one.
 	bin=${TR_CHECK_TEST_BINARY:-$CUDA_TESTS}
 	if [ ! -x "$bin" ]; then
