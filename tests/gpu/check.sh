@@ -221,7 +221,7 @@ if [ $MODE = rehearse ]; then
 	export CCACHE_BASEDIR=$SRC CCACHE_NOHASHDIR=1
 fi
 FIRST="daemon/trainerd tests/engine_test_cuda_backend"
-[ $CUDA_OPT = enabled ] && FIRST="$FIRST daemon/trainerd-cuda.so"
+[ $CUDA_OPT = enabled ] && FIRST="$FIRST daemon/trainerd-cuda.so bench/gpu/allreduce_bw"
 if [ $QUICK = 1 ]; then
 	# make test's rehearsal: the dashboard's assets as this configuration
 	# embeds them, and two of the module's objects (its host side and an
