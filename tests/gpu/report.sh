@@ -10,6 +10,7 @@
 #                   their own (cuda_multi.log with 2+ GPUs)
 #   sanitizer.log   compute-sanitizer memcheck and synccheck
 #   daemon_jobs.log tests/gpu/daemon_jobs.py: 20 jobs, device memory drift
+#   RESULTS.md      a draft of bench/gpu/RESULTS.md: the figures and benchmarks
 #   bench.md, bench.json   bench/gpu/bench_gpu.py results
 #   logs.tar.gz     everything else (dependency notes, benchmark runs)
 
@@ -74,10 +75,32 @@ write_report() {
 		}
 	} >"$MD"
 	[ -f "$WORK/bench/bench.md" ] && cp "$WORK/bench/bench.md" "$WORK/bench/bench.json" "$REPORT/" 2>/dev/null
+	[ "$MODE" = run ] && write_results_draft
 	local items=(logs)
 	[ -d "$WORK/bench/runs" ] && items+=(bench/runs)
 	tar -czf "$REPORT/logs.tar.gz" -C "$WORK" "${items[@]}" 2>/dev/null
 	# a rehearsal under make test: its log explains itself
 	[ "$MODE" = rehearse ] && sed '/^## Plan/,$d' "$MD"
 	log "report in $MD: $([ "$FAILED" -eq 0 ] && echo PASS || echo FAIL)"
+}
+
+# The run's figures (the tests' [FIGURE] lines, the daemon jobs' memory
+# drift, the benchmark table) as a draft of bench/gpu/RESULTS.md, to be
+# read and committed by hand: figures of record need a person's look.
+write_results_draft() {
+	{
+		echo "# GPU results"
+		echo ""
+		echo "From \`tests/gpu/check.sh\` on $(date -u '+%Y-%m-%d'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), verdict $([ "$FAILED" -eq 0 ] && echo PASS || echo FAIL)."
+		echo ""
+		cat "$WORK/environment.md" 2>/dev/null
+		echo ""
+		echo "## Figures from the tests"
+		echo ""
+		cat "$REPORT"/cuda_*.log "$REPORT"/daemon_jobs.log 2>/dev/null | sed -n 's/^\[FIGURE\] /- /p' | sort -u
+		echo ""
+		echo "## Benchmarks (bench/gpu/run.sh --quick)"
+		echo ""
+		cat "$WORK/bench/bench.md" 2>/dev/null || echo "not run"
+	} >"$REPORT/RESULTS.md"
 }
