@@ -159,23 +159,19 @@ if [ -z "$NVCC" ]; then
 	headline "nvcc not found: CUDA compile not rehearsed"
 	CUDA_OPT=disabled
 fi
-# These change the environment, so they run in this shell, not as stages.
-if deps >>"$WORK/logs/deps.log" 2>&1; then
-	row "pkg-config modules" ok
-else
-	row "pkg-config modules" "FAILED: $(tail -1 "$WORK/logs/deps.log")"
-	headline "$(tail -1 "$WORK/logs/deps.log")"
-	FAILED=1
-fi
-if [ $CUDA_OPT = enabled ]; then
-	if cuda_libs >>"$WORK/logs/deps.log" 2>&1; then
-		row "cuBLAS, NCCL" ok
+# check_step NAME FUNC: a check that may change the environment, so it
+# runs in this shell (not as a stage); its last line is its verdict.
+check_step() {
+	if "$2" >>"$WORK/logs/deps.log" 2>&1; then
+		row "$1" "ok: $(tail -1 "$WORK/logs/deps.log")"
 	else
-		row "cuBLAS, NCCL" "FAILED: $(tail -1 "$WORK/logs/deps.log")"
-		headline "cuBLAS/NCCL: $(tail -1 "$WORK/logs/deps.log")"
+		row "$1" "FAILED: $(tail -1 "$WORK/logs/deps.log")"
+		headline "$1: $(tail -1 "$WORK/logs/deps.log")"
 		FAILED=1
 	fi
-fi
+}
+check_step "pkg-config modules" deps
+[ $CUDA_OPT = enabled ] && check_step "cuBLAS, NCCL" cuda_libs
 if [ -n "${PKG_CONFIG_PATH:-}" ]; then
 	PKG_CONFIG=$(command -v pkg-config)
 	export PKG_CONFIG
@@ -186,20 +182,12 @@ if [ ! -f "$SRC/node_modules/uplot/dist/uPlot.iife.min.js" ]; then
 	row "dashboard assets" "absent (node_modules/uplot): built with -Ddashboard=placeholder"
 fi
 if [ $MODE = rehearse ]; then
-	if check_module_lists >>"$WORK/logs/deps.log" 2>&1; then
-		row "module lists (meson vs carried)" ok
-	else
-		row "module lists (meson vs carried)" "FAILED: $(tail -1 "$WORK/logs/deps.log")"
-		FAILED=1
-	fi
+	check_step "module lists (meson vs carried)" check_module_lists
 	debs=${TR_DEBS:-$ROOT/.debs}
 	if ls "$debs"/*.deb >/dev/null 2>&1; then
-		if check_carried_debs "$debs" >>"$WORK/logs/deps.log" 2>&1; then
-			row "carried packages ($debs)" "$(tail -1 "$WORK/logs/deps.log")"
-		else
-			row "carried packages ($debs)" "FAILED: $(tail -1 "$WORK/logs/deps.log")"
-			FAILED=1
-		fi
+		# shellcheck disable=SC2317  # called through check_step
+		check_carried() { check_carried_debs "$debs"; }
+		check_step "carried packages ($debs)" check_carried
 	else
 		row "carried packages" "none in $debs: a machine without them needs $(sh "$ROOT/tests/gpu/fetch_debs.sh" --list | wc -l) packages (tests/gpu/fetch_debs.sh)"
 	fi

@@ -1016,6 +1016,34 @@ Test(cuda, layernorm_forward_and_backward)
 
 /* ---- losses ---------------------------------------------------------------- */
 
+/* softmax_ce on both backends, its sums starting from (base, 2) on each:
+ * dlogits, the loss and the correct count must agree.  Returns the CPU's
+ * loss sum. */
+static double softmax_ce_check(const char *what, int rows, int classes, const float *z, const float *labels,
+			       const float *d_z, const float *d_l, double base)
+{
+	size_t n = (size_t)rows * classes;
+	float *dz = malloc(n * sizeof(float));
+	double out_cpu[2] = {base, 2.0}, out_gpu[2] = {base, 2.0}; /* added to */
+	cr_assert_not_null(dz);
+	cr_assert_eq(cpu->i->softmax_ce(cpu, 0, rows, classes, z, labels, 0.25f, dz, out_cpu), 0);
+	float *d_dz = up(z, n);
+	cr_assert_eq(gpu->i->softmax_ce(gpu, 0, rows, classes, d_z, d_l, 0.25f, d_dz, out_gpu), 0, "%s",
+		     gpu->i->last_error(gpu));
+	float *gdz = down(d_dz, n);
+	/* atol: the label's entry is p - scale, which cancels when p ~ scale */
+	check_close(what, gdz, dz, n, 1e-5, 5e-7);
+	double rel = fabs(out_gpu[0] - out_cpu[0]) / fabs(out_cpu[0]);
+	fprintf(stderr, "[FIGURE] %s: loss relative error %.3g (tolerance 1e-6)\n", what, rel);
+	cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-6 * fabs(out_cpu[0]) + 1e-9, "%s loss: cuda %.12g cpu %.12g",
+		  what, out_gpu[0], out_cpu[0]);
+	cr_assert_eq(out_gpu[1], out_cpu[1], "%s correct count", what);
+	free(dz);
+	free(gdz);
+	dfree(d_dz);
+	return out_cpu[0];
+}
+
 Test(cuda, softmax_ce_matches_cpu)
 {
 	NEED_GPU();
@@ -1029,35 +1057,21 @@ Test(cuda, softmax_ce_matches_cpu)
 				labels[r] = (float)tr_rng_below(rng_state + 7, (uint64_t)r, (uint64_t)classes);
 			for (int r = 0; r < rows; r += 3) /* some right answers for the accuracy count */
 				z[(size_t)r * classes + (size_t)labels[r]] = 9.0f;
-			float *dz = malloc(n * sizeof(float));
-			double out_cpu[2] = {1.5, 2.0}, out_gpu[2] = {1.5, 2.0}; /* added to */
-			cr_assert_eq(cpu->i->softmax_ce(cpu, 0, rows, classes, z, labels, 0.25f, dz, out_cpu), 0);
-			float *d_z = up(z, n), *d_l = up(labels, (size_t)rows), *d_dz = up(z, n);
-			cr_assert_eq(gpu->i->softmax_ce(gpu, 0, rows, classes, d_z, d_l, 0.25f, d_dz, out_gpu), 0, "%s",
-				     gpu->i->last_error(gpu));
-			float *gdz = down(d_dz, n);
+			float *d_z = up(z, n), *d_l = up(labels, (size_t)rows);
 			char what[64];
 			snprintf(what, sizeof what, "softmax_ce dlogits %dx%d", rows, classes);
-			/* atol: the label's entry is p - scale, which cancels when p ~ scale */
-			check_close(what, gdz, dz, n, 1e-5, 5e-7);
-			cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-6 * fabs(out_cpu[0]) + 1e-9,
-				  "softmax_ce loss %dx%d: cuda %.12g cpu %.12g", rows, classes, out_gpu[0], out_cpu[0]);
-			cr_assert_eq(out_gpu[1], out_cpu[1], "softmax_ce correct count %dx%d", rows, classes);
+			double loss_cpu = softmax_ce_check(what, rows, classes, z, labels, d_z, d_l, 1.5);
 			/* evaluation: no gradient */
 			double ev[2] = {0, 0};
 			cr_assert_eq(gpu->i->softmax_ce(gpu, 0, rows, classes, d_z, d_l, 0.0f, NULL, ev), 0);
-			cr_assert(fabs(ev[0] - (out_cpu[0] - 1.5)) <= 1e-6 * fabs(out_cpu[0]) + 1e-9);
+			cr_assert(fabs(ev[0] - (loss_cpu - 1.5)) <= 1e-6 * fabs(loss_cpu) + 1e-9);
 			free(z);
 			free(labels);
-			free(dz);
-			free(gdz);
 			dfree(d_z);
 			dfree(d_l);
-			dfree(d_dz);
 		}
 }
 
-/* A bad label is an error that leaves the outputs untouched, as on CPU. */
 Test(cuda, softmax_ce_rejects_bad_labels)
 {
 	NEED_GPU();
@@ -2460,27 +2474,14 @@ Test(cuda_large, softmax_ce_over_100003_rows, .timeout = CUDA_TEST_TIMEOUT_S)
 	NEED_GPU();
 	int rows = 100003, classes = 10;
 	size_t n = (size_t)rows * classes;
-	float *z = frand(n, -8, 8), *labels = malloc((size_t)rows * sizeof(float)), *dz = malloc(n * sizeof(float));
-	cr_assert(labels && dz);
+	float *z = frand(n, -8, 8), *labels = malloc((size_t)rows * sizeof(float));
+	cr_assert_not_null(labels);
 	for (int r = 0; r < rows; r++)
 		labels[r] = (float)tr_rng_below(rng_state + 11, (uint64_t)r, (uint64_t)classes);
-	double out_cpu[2] = {0, 0}, out_gpu[2] = {0, 0};
-	cr_assert_eq(cpu->i->softmax_ce(cpu, 0, rows, classes, z, labels, 0.25f, dz, out_cpu), 0);
-	float *d_z = up(z, n), *d_l = up(labels, (size_t)rows), *d_dz = up(z, n);
-	cr_assert_eq(gpu->i->softmax_ce(gpu, 0, rows, classes, d_z, d_l, 0.25f, d_dz, out_gpu), 0, "%s",
-		     gpu->i->last_error(gpu));
-	float *gdz = down(d_dz, n);
-	check_close("softmax_ce dlogits over 100003 rows", gdz, dz, n, 1e-5, 5e-7);
-	fprintf(stderr, "[FIGURE] softmax_ce over %d rows: loss relative error %.3g (tolerance 1e-6)\n", rows,
-		fabs(out_gpu[0] - out_cpu[0]) / fabs(out_cpu[0]));
-	cr_assert(fabs(out_gpu[0] - out_cpu[0]) <= 1e-6 * fabs(out_cpu[0]), "loss: cuda %.12g cpu %.12g", out_gpu[0],
-		  out_cpu[0]);
-	cr_assert_eq(out_gpu[1], out_cpu[1], "correct count");
+	float *d_z = up(z, n), *d_l = up(labels, (size_t)rows);
+	softmax_ce_check("softmax_ce over 100003 rows", rows, classes, z, labels, d_z, d_l, 0.0);
 	free(z);
 	free(labels);
-	free(dz);
-	free(gdz);
 	dfree(d_z);
 	dfree(d_l);
-	dfree(d_dz);
 }
