@@ -98,6 +98,9 @@ fi
 
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+# TR_CHECK_NO_NVCC=1: behave as on a machine without the toolkit (to
+# rehearse that path where nvcc is installed)
+[ "${TR_CHECK_NO_NVCC:-0}" = 1 ] && NVCC=
 CUDA_HOME=
 if [ -n "$NVCC" ]; then
 	CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
