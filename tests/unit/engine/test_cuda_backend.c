@@ -2331,10 +2331,22 @@ Test(cuda_sticky, sync_launches_names_the_faulting_kernel, .timeout = CUDA_TEST_
 #define LARGE_P (((size_t)1 << 24) - 3)
 #define LARGE_SAMPLES 48
 
-static void fill_pattern(float *d, const float *pattern)
+/* Skips the calling test, saying why, when the device has too little free. */
+static void need_device_memory(const char *who, size_t bytes)
 {
-	for (size_t off = 0; off < LARGE_N; off += LARGE_P) {
-		size_t k = LARGE_N - off < LARGE_P ? LARGE_N - off : LARGE_P;
+	size_t fr = free_device_memory();
+	if (fr < bytes + ((size_t)1 << 30)) {
+		fprintf(stderr, "[SKIP] %s: needs %.1f GiB of device memory, %.1f GiB free\n", who,
+			(double)bytes / 1073741824.0, (double)fr / 1073741824.0);
+		cr_skip_test("needs %.1f GiB of device memory, %.1f GiB free", (double)bytes / 1073741824.0,
+			     (double)fr / 1073741824.0);
+	}
+}
+
+static void fill_pattern(float *d, const float *pattern, size_t n)
+{
+	for (size_t off = 0; off < n; off += LARGE_P) {
+		size_t k = n - off < LARGE_P ? n - off : LARGE_P;
 		cr_assert_eq(gpu->i->to_device(gpu, 0, d + off, pattern, k * sizeof(float)), 0, "%s",
 			     gpu->i->last_error(gpu));
 	}
@@ -2350,7 +2362,7 @@ static float at(const float *d, size_t i)
 
 /* The points compared: both ends, around 2^31 and the pattern's period,
  * and random ones. */
-static void large_samples(size_t *idx)
+static void large_samples(size_t *idx, size_t n)
 {
 	size_t fixed[] = {0,
 			  1,
@@ -2359,11 +2371,11 @@ static void large_samples(size_t *idx)
 			  ((size_t)1 << 31) - 1,
 			  (size_t)1 << 31,
 			  ((size_t)1 << 31) + 1,
-			  LARGE_N - LARGE_COLS,
-			  LARGE_N - 1};
+			  n - LARGE_COLS,
+			  n - 1};
 	size_t nf = sizeof fixed / sizeof fixed[0];
 	for (size_t i = 0; i < LARGE_SAMPLES; i++)
-		idx[i] = i < nf ? fixed[i] : (size_t)((rnd() + 1.0) / 2.0 * (double)(LARGE_N - 1));
+		idx[i] = i < nf ? fixed[i] : (size_t)((rnd() + 1.0) / 2.0 * (double)(n - 1));
 }
 
 static void large_exact(const char *what, const float *d, const size_t *idx,
@@ -2400,23 +2412,43 @@ static float want_relu(size_t i, const float *pa, const float *pb)
 	return y;
 }
 
+/* dropout_forward over rows x LARGE_COLS of x (= x_scale x the pattern pa)
+ * into y and mask; each sampled element's row through the CPU backend. */
+static void dropout_check(int rows, float x_scale, const float *pa, const float *x, float *y, float *mask,
+			  const size_t *idx)
+{
+	uint64_t key = tr_rng_key(42, 7, 3, TR_RNG_DROPOUT);
+	int64_t row0 = 11;
+	float xrow[LARGE_COLS], yrow[LARGE_COLS], mrow[LARGE_COLS];
+
+	cr_assert_eq(gpu->i->dropout_forward(gpu, 0, rows, LARGE_COLS, 0.5f, key, row0, x, y, mask), 0, "%s",
+		     gpu->i->last_error(gpu));
+	for (size_t s = 0; s < LARGE_SAMPLES; s++) {
+		size_t r = idx[s] / LARGE_COLS, c = idx[s] % LARGE_COLS;
+		for (size_t j = 0; j < LARGE_COLS; j++)
+			xrow[j] = x_scale * pa[(r * LARGE_COLS + j) % LARGE_P];
+		cr_assert_eq(cpu->i->dropout_forward(cpu, 0, 1, LARGE_COLS, 0.5f, key, row0 + (int64_t)r, xrow, yrow,
+						     mrow),
+			     0);
+		float gy = at(y, idx[s]), gm = at(mask, idx[s]);
+		cr_assert(memcmp(&gy, &yrow[c], sizeof gy) == 0 && memcmp(&gm, &mrow[c], sizeof gm) == 0,
+			  "dropout[%zu]: cuda y %.9g mask %.9g, cpu y %.9g mask %.9g", idx[s], (double)gy, (double)gm,
+			  (double)yrow[c], (double)mrow[c]);
+	}
+}
+
 Test(cuda_large, elementwise_sumsq_and_dropout_past_2_to_the_31, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	NEED_GPU();
-	size_t bytes = LARGE_N * sizeof(float), fr = free_device_memory();
-	if (fr < 3 * bytes + ((size_t)1 << 30)) {
-		fprintf(stderr, "[SKIP] %s: needs %.1f GiB of device memory, %.1f GiB free\n", __func__,
-			(double)(3 * bytes) / 1073741824.0, (double)fr / 1073741824.0);
-		cr_skip_test("needs %.1f GiB of device memory, %.1f GiB free", (double)(3 * bytes) / 1073741824.0,
-			     (double)fr / 1073741824.0);
-	}
+	size_t bytes = LARGE_N * sizeof(float);
+	need_device_memory(__func__, 3 * bytes);
 	float *pa = frand(LARGE_P, -2, 2), *pb = frand(LARGE_P, -2, 2);
 	float *a = gpu->i->alloc(gpu, 0, bytes), *b = gpu->i->alloc(gpu, 0, bytes), *out = gpu->i->alloc(gpu, 0, bytes);
 	cr_assert(a && b && out, "alloc: %s", gpu->i->last_error(gpu));
 	size_t idx[LARGE_SAMPLES];
-	large_samples(idx);
-	fill_pattern(a, pa);
-	fill_pattern(b, pb);
+	large_samples(idx, LARGE_N);
+	fill_pattern(a, pa, LARGE_N);
+	fill_pattern(b, pb, LARGE_N);
 
 	cr_assert_eq(gpu->i->scale(gpu, 0, LARGE_N, a, 2.0f), 0, "%s", gpu->i->last_error(gpu));
 	large_exact("scale", a, idx, want_scaled, pa, pb);
@@ -2442,24 +2474,7 @@ Test(cuda_large, elementwise_sumsq_and_dropout_past_2_to_the_31, .timeout = CUDA
 		fabs(got - want) / want);
 	cr_assert(fabs(got - want) <= 1e-9 * want, "sumsq: cuda %.17g cpu %.17g", got, want);
 
-	/* dropout: each sampled element's row through the CPU backend */
-	uint64_t key = tr_rng_key(42, 7, 3, TR_RNG_DROPOUT);
-	int64_t row0 = 11;
-	cr_assert_eq(gpu->i->dropout_forward(gpu, 0, LARGE_ROWS, LARGE_COLS, 0.5f, key, row0, a, out, b), 0, "%s",
-		     gpu->i->last_error(gpu));
-	float xrow[LARGE_COLS], yrow[LARGE_COLS], mrow[LARGE_COLS];
-	for (size_t s = 0; s < LARGE_SAMPLES; s++) {
-		size_t r = idx[s] / LARGE_COLS, c = idx[s] % LARGE_COLS;
-		for (size_t j = 0; j < LARGE_COLS; j++)
-			xrow[j] = 2.0f * pa[(r * LARGE_COLS + j) % LARGE_P];
-		cr_assert_eq(cpu->i->dropout_forward(cpu, 0, 1, LARGE_COLS, 0.5f, key, row0 + (int64_t)r, xrow, yrow,
-						     mrow),
-			     0);
-		float gy = at(out, idx[s]), gm = at(b, idx[s]);
-		cr_assert(memcmp(&gy, &yrow[c], sizeof gy) == 0 && memcmp(&gm, &mrow[c], sizeof gm) == 0,
-			  "dropout[%zu]: cuda y %.9g mask %.9g, cpu y %.9g mask %.9g", idx[s], (double)gy, (double)gm,
-			  (double)yrow[c], (double)mrow[c]);
-	}
+	dropout_check(LARGE_ROWS, 2.0f, pa, a, out, b, idx);
 	fprintf(stderr, "[FIGURE] %zu elements: scale, add, mul, relu, dropout exact at %d sampled points\n", LARGE_N,
 		LARGE_SAMPLES);
 	free(pa);
@@ -2467,6 +2482,33 @@ Test(cuda_large, elementwise_sumsq_and_dropout_past_2_to_the_31, .timeout = CUDA
 	dfree(a);
 	dfree(b);
 	dfree(out);
+}
+
+/* Past 2^32 elements dropout takes its 64-bit index path (index32_ok in
+ * engine/cuda/kernels_common.cuh); the case above, its 32-bit one. */
+#define HUGE_ROWS ((1 << 22) + 5)
+#define HUGE_N ((size_t)HUGE_ROWS * LARGE_COLS)
+
+Test(cuda_large, dropout_past_2_to_the_32_takes_the_64_bit_index_path, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	size_t bytes = HUGE_N * sizeof(float);
+	need_device_memory(__func__, 3 * bytes);
+	float *pa = frand(LARGE_P, -2, 2);
+	float *x = gpu->i->alloc(gpu, 0, bytes), *y = gpu->i->alloc(gpu, 0, bytes),
+	      *mask = gpu->i->alloc(gpu, 0, bytes);
+	cr_assert(x && y && mask, "alloc: %s", gpu->i->last_error(gpu));
+	size_t idx[LARGE_SAMPLES];
+	large_samples(idx, HUGE_N);
+	idx[LARGE_SAMPLES - 1] = ((size_t)1 << 32) + 1; /* past 32 bits */
+	fill_pattern(x, pa, HUGE_N);
+	dropout_check(HUGE_ROWS, 1.0f, pa, x, y, mask, idx);
+	fprintf(stderr, "[FIGURE] %zu elements: dropout exact at %d sampled points (64-bit index path)\n", HUGE_N,
+		LARGE_SAMPLES);
+	free(pa);
+	dfree(x);
+	dfree(y);
+	dfree(mask);
 }
 
 Test(cuda_large, softmax_ce_over_100003_rows, .timeout = CUDA_TEST_TIMEOUT_S)
