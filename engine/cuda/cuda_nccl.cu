@@ -22,7 +22,7 @@
  *
  * One rank needs no NCCL (the allreduce is the identity), so a one-GPU
  * machine would never run it.  TRAINERD_CUDA_NCCL_ONE_RANK=1 (for tests:
- * tests/unit/engine/test_cuda_backend.c, suite cuda_nccl) makes a
+ * tests/unit/engine/test_cuda_backend.c, suite cuda_alone) makes a
  * one-rank communicator a real NCCL one, so that its creation, allreduce,
  * finalize and abort run there too.
  *

@@ -31,11 +31,11 @@ gpu_stages() {
 		# so that no two processes' communicators compete for the same GPUs
 		# and the abort test's timing is its own.
 		cuda_tests_stage "CUDA backend tests" 150 "$REPORT/cuda_tests.log" "$gpus" \
-			--filter='!(cuda_multi|cuda_nccl|cuda_large)/*'
+			--filter='!(cuda_multi|cuda_alone|cuda_large)/*'
 		# NCCL through a real one-rank communicator: 20 create/allreduce/
 		# destroy and 20 create/abort rounds against free device memory,
 		# which is the whole GPU's, so nothing else runs meanwhile.
-		cuda_tests_stage "NCCL, one rank (alone)" 60 "$REPORT/cuda_nccl.log" "$gpus" --jobs 1 --filter='cuda_nccl/*'
+		cuda_tests_stage "NCCL one rank, memory figures (alone)" 60 "$REPORT/cuda_alone.log" "$gpus" --jobs 1 --filter='cuda_alone/*'
 		# More than 2^31 elements (26 GiB of device memory) and softmax over
 		# 100,003 rows, against the CPU.
 		cuda_tests_stage "large sizes" 90 "$REPORT/cuda_large.log" "$gpus" --jobs 2 --filter='cuda_large/*'

@@ -6,7 +6,7 @@
 # Report (REPORT_DIR; few files, to collect as they are):
 #   report.md       verdict, headlines, stages, environment, failures, benchmarks
 #   build.log       meson and ninja output
-#   cuda_tests.log  the CUDA tests; cuda_nccl.log, cuda_large.log their stages of
+#   cuda_tests.log  the CUDA tests; cuda_alone.log, cuda_large.log their stages of
 #                   their own (cuda_multi.log with 2+ GPUs)
 #   sanitizer.log   compute-sanitizer memcheck and synccheck
 #   daemon_jobs.log tests/gpu/daemon_jobs.py: 20 jobs, device memory drift
@@ -32,7 +32,7 @@ write_report() {
 		cat "$TABLE"
 		echo ""
 		cat "$WORK/environment.md" 2>/dev/null
-		for f in cuda_tests cuda_nccl cuda_large cuda_multi; do
+		for f in cuda_tests cuda_alone cuda_large cuda_multi; do
 			[ -f "$REPORT/$f.log" ] || continue
 			echo ""
 			echo "## $f.log"

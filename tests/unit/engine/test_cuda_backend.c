@@ -103,7 +103,7 @@ static void need_gpu(const char *who)
 TestSuite(cuda, .fini = close_backends);
 TestSuite(cuda_job, .fini = close_backends);
 TestSuite(cuda_multi, .fini = close_backends);
-TestSuite(cuda_nccl, .fini = close_backends);
+TestSuite(cuda_alone, .fini = close_backends);
 TestSuite(cuda_sticky, .fini = close_backends);
 TestSuite(cuda_large, .fini = close_backends);
 
@@ -2220,7 +2220,37 @@ Test(cuda_multi, length_mismatch_fails_without_hanging, .timeout = CUDA_TEST_TIM
 		gpu->i->free(gpu, r, a[r].buf);
 }
 
-/* ---- NCCL with one rank (TRAINERD_CUDA_NCCL_ONE_RANK) --------------------- */
+/* ---- run alone: the whole GPU's free memory ------------------------------ */
+
+/* What the backend holds on device 0 once created and after its first
+ * gemm (the CUDA context, the cuBLAS handle and its workspace, the
+ * reduction scratch) against what the memory estimate assumes for them
+ * (engine/cuda/cuda.h, TR_CUDA_CONTEXT_BYTES, and cuda_estimate.c's 32 MiB
+ * cuBLAS workspace).  Suite cuda_alone: cudaMemGetInfo counts every
+ * process on the GPU, so tests/gpu/check.sh runs it with nothing else. */
+#define ESTIMATED_BACKEND_BYTES (TR_CUDA_CONTEXT_BYTES + ((size_t)32 << 20) + ((size_t)64 << 10))
+
+Test(cuda_alone, context_and_cublas_memory_within_the_estimate, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	float *a = frand(64 * 64, -1, 1), *da = up(a, 64 * 64), *dc = up(a, 64 * 64);
+	cr_assert_eq(gpu->i->gemm(gpu, 0, false, false, 64, 64, 64, 1.0f, da, da, 0.0f, dc), 0, "%s",
+		     gpu->i->last_error(gpu));
+	cr_assert_eq(gpu->i->sync(gpu, 0), 0, "%s", gpu->i->last_error(gpu));
+	size_t total = 0, fr = 0;
+	cr_assert_eq(gpu->i->memory_info(gpu, 0, &total, &fr), 0, "%s", gpu->i->last_error(gpu));
+	size_t used = total - fr;
+	fprintf(stderr,
+		"[FIGURE] device 0 after backend creation and one gemm: %.1f MiB used (context, cuBLAS, scratch, "
+		"two 16 KiB buffers); the estimate assumes %.1f MiB\n",
+		(double)used / 1048576.0, (double)ESTIMATED_BACKEND_BYTES / 1048576.0);
+	cr_assert_leq(used, ESTIMATED_BACKEND_BYTES + ((size_t)2 << 20), "the estimate is low: %zu bytes used", used);
+	free(a);
+	dfree(da);
+	dfree(dc);
+}
+
+/* NCCL with one rank (TRAINERD_CUDA_NCCL_ONE_RANK). */
 
 /* One rank normally skips NCCL; the switch makes its communicator a real
  * NCCL one, so a one-GPU machine runs creation, ncclAllReduce, the grouped
@@ -2256,7 +2286,7 @@ static size_t nccl_round(float *d, const float *x, size_t n, bool abort_it)
 	return live;
 }
 
-Test(cuda_nccl, one_rank_through_nccl_keeps_device_memory, .timeout = CUDA_TEST_TIMEOUT_S)
+Test(cuda_alone, one_rank_through_nccl_keeps_device_memory, .timeout = CUDA_TEST_TIMEOUT_S)
 {
 	setenv("TRAINERD_CUDA_NCCL_ONE_RANK", "1", 1);
 	NEED_GPU();
