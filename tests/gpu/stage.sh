@@ -66,18 +66,19 @@ alive() {
 # by itself also has its group ended, so that nothing it left behind (a
 # daemon, a hung worker) holds the GPU into the next stage.
 bounded() {
-	local limit=$1 pid t=0 rc
+	local limit=$1 pid end rc
 	shift
 	setsid "$@" &
 	pid=$!
+	# by the clock, not by counting sleeps (which a loaded machine stretches)
+	end=$((SECONDS + limit))
 	while kill -0 "$pid" 2>/dev/null; do
-		if [ $t -ge $((limit * 5)) ]; then
+		if [ $SECONDS -ge $end ]; then
 			kill_stage "$pid"
 			wait "$pid" 2>/dev/null
 			return 124
 		fi
 		sleep 0.2
-		t=$((t + 1))
 	done
 	wait "$pid"
 	rc=$?
