@@ -140,7 +140,7 @@ if [ $MODE = run ] && [ "$GPUS" -eq 0 ]; then
 fi
 
 MISSING=
-for t in meson ninja python3 cc setsid pgrep git tar; do
+for t in meson ninja python3 cc setsid tar; do
 	command -v $t >/dev/null || MISSING="$MISSING $t"
 done
 if [ -n "$MISSING" ]; then

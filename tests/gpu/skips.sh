@@ -28,6 +28,18 @@ skip_rule() {
 	return 0
 }
 
+# procs_running ARG0 ARG1: the pids whose command line starts with those
+# two words (read from /proc: no procps needed).
+procs_running() {
+	local f a0 a1 pid
+	for f in /proc/[0-9]*/cmdline; do
+		{ IFS= read -r -d "" a0 && IFS= read -r -d "" a1; } 2>/dev/null <"$f" || continue
+		if [ "$a0" != "$1" ] || [ "$a1" != "$2" ]; then continue; fi
+		pid=${f#/proc/}
+		printf '%s ' "${pid%/cmdline}"
+	done
+}
+
 # What a rehearsal can test of the GPU run's own machinery here.
 rehearse_selftests() {
 	local bin log t0 left_over rc mark=$RANDOM$RANDOM
@@ -38,7 +50,7 @@ rehearse_selftests() {
 	bounded 2 bash -c "setsid sleep 300.$mark & sleep 300.$mark & sleep 300.$mark" >>"$log" 2>&1
 	rc=$?
 	sleep 0.5
-	left_over=$(pgrep -f "^sleep 300\\.$mark\$" | tr '\n' ' ')
+	left_over=$(procs_running "sleep" "300.$mark")
 	# shellcheck disable=SC2086  # pids this self-test started
 	[ -z "$left_over" ] || kill $left_over
 	if [ $rc -eq 124 ] && [ -z "$left_over" ] && [ $((SECONDS - t0)) -le 8 ]; then

@@ -56,8 +56,22 @@ kill_stage() {
 
 # alive LEADER PIDS: true while a process of the session LEADER or of
 # PIDS runs (zombies, which wait for their parent's wait, do not count).
+# Read from /proc/*/stat without forking: no procps needed on a bare machine.
 alive() {
-	ps -o stat= -s "$1" -p "$(echo "$2" | tr -s ' ' ',' | sed 's/^,//; s/,$//')" 2>/dev/null | grep -qv '^Z'
+	local leader=$1 list=" $2 " f line pid
+	for f in /proc/[0-9]*/stat; do
+		read -r line 2>/dev/null <"$f" || continue
+		pid=${f#/proc/}
+		pid=${pid%/stat}
+		# after the command's name, in parentheses: state ppid pgrp session
+		line=${line##*) }
+		# shellcheck disable=SC2086  # the fields, split on purpose
+		set -- $line
+		[ "$1" = Z ] && continue
+		[ "$4" = "$leader" ] && return 0
+		case $list in *" $pid "*) return 0 ;; esac
+	done
+	return 1
 }
 
 # bounded LIMIT_S CMD...: runs CMD in a session of its own (a process
