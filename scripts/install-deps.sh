@@ -14,7 +14,7 @@ packages=(
 	libopenblas-dev libdnnl-dev libjansson-dev libcriterion-dev zlib1g-dev libpng-dev libjpeg-dev
 	dataset-fashion-mnist python3-skimage
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev nettle-dev
-	nodejs chromium systemd openssl clang clang-format procps
+	nodejs chromium systemd openssl clang clang-format
 	"$@"
 )
 # A nodejs package that bundles npm (as nodesource's does) conflicts with
