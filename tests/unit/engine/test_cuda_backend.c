@@ -2317,6 +2317,134 @@ Test(cuda_job, peak_device_memory_within_the_estimate, .timeout = CUDA_TEST_TIME
 	peak_within_the_estimate(gpu, true);
 }
 
+/* Host waits per step: on CUDA, sync, the losses (softmax_ce, mse) and
+ * sumsq wait for the device (engine/cuda/cuda_backend.cu); every other
+ * call only enqueues.  A copy of the table counts those calls and the
+ * wall time spent in them, against the job's steps and wall time. */
+static struct {
+	const tr_backend_i *orig;
+	pthread_mutex_t lock;
+	long calls;
+	double seconds;
+} waits = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void count_wait(double t0)
+{
+	double dt = mono_s() - t0;
+	pthread_mutex_lock(&waits.lock);
+	waits.calls++;
+	waits.seconds += dt;
+	pthread_mutex_unlock(&waits.lock);
+}
+
+static int waiting_sync(tr_backend_t *be, int dev)
+{
+	double t0 = mono_s();
+	int rc = waits.orig->sync(be, dev);
+	count_wait(t0);
+	return rc;
+}
+
+static int waiting_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double *out)
+{
+	double t0 = mono_s();
+	int rc = waits.orig->sumsq(be, dev, n, x, out);
+	count_wait(t0);
+	return rc;
+}
+
+static int waiting_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits,
+			      const float *labels, float scale, float *dlogits, double *out)
+{
+	double t0 = mono_s();
+	int rc = waits.orig->softmax_ce(be, dev, rows, classes, logits, labels, scale, dlogits, out);
+	count_wait(t0);
+	return rc;
+}
+
+static int waiting_mse(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target,
+		       float scale, float *dpred, double *out)
+{
+	double t0 = mono_s();
+	int rc = waits.orig->mse(be, dev, rows, cols, pred, target, scale, dpred, out);
+	count_wait(t0);
+	return rc;
+}
+
+/* The four jobs, and the adamw one with per-layer gradient norms every
+ * step, on one device of be: each one's waiting calls per step (returned
+ * in per_step, in that order) and, as figures when `figures`, the share
+ * of its wall time spent in them. */
+#define WAIT_JOBS 5
+static void host_waits_per_step(tr_backend_t *be, bool figures, double *per_step)
+{
+	static const char *job_per_layer =
+		"{\"seed\": 21, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 64}, {\"type\": \"gelu\"},"
+		" {\"type\": \"layernorm\"}, {\"type\": \"dense\", \"units\": 5}]}, \"data\": {\"train\": {\"format\":"
+		" \"synthetic\", \"samples\": 203, \"features\": 7, \"classes\": 5}}, \"batch_size\": 16, \"epochs\": 1,"
+		" \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.005}, \"clip_grad_norm\": 1.0, \"monitors\":"
+		" [{\"metric\": \"grad_norm\", \"every_steps\": 1, \"per_layer\": true}]}";
+	const char *jobs[WAIT_JOBS] = {JOB_ADAMW, JOB_SGD_MSE, JOB_CONV, JOB_NORM, job_per_layer};
+	const char *names[WAIT_JOBS] = {"adamw", "sgd/mse", "conv", "norm", "adamw, per-layer grad norms"};
+	const tr_backend_i *orig = be->i;
+	tr_backend_i table = *orig;
+	waits.orig = orig;
+	table.sync = waiting_sync;
+	table.sumsq = waiting_sumsq;
+	table.softmax_ce = waiting_softmax_ce;
+	table.mse = waiting_mse;
+	for (int j = 0; j < WAIT_JOBS; j++) {
+		waits.calls = 0;
+		waits.seconds = 0;
+		struct run_result r;
+		be->i = &table;
+		double t0 = mono_s();
+		run_job(jobs[j], be, 1, &r);
+		double wall = mono_s() - t0;
+		be->i = orig;
+		cr_assert_eq(r.rc, 0, "%s job: %s", names[j], r.err.message);
+		cr_assert_gt(r.nloss, 0);
+		per_step[j] = (double)waits.calls / (double)r.nloss;
+		if (figures)
+			fprintf(stderr,
+				"[FIGURE] %s job on one GPU: %.2f host waits per step (%ld over %lld steps, set-up and "
+				"evaluations included), %.1f%% of its %.3f s in them\n",
+				names[j], per_step[j], waits.calls, (long long)r.nloss, 100.0 * waits.seconds / wall,
+				wall);
+		free(r.params);
+	}
+}
+
+/* The counting itself, where no GPU is: the CPU runs the same calls.  At
+ * least the loss and the final sync wait in every step; clipping adds
+ * sumsq, per-layer norms one sumsq per weight and bias. */
+Test(cuda_estimate, host_waits_are_counted_on_cpu, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	tr_backend_t *c = tr_cpu_backend_create(1, 1);
+	cr_assert_not_null(c);
+	double per_step[WAIT_JOBS];
+	host_waits_per_step(c, false, per_step);
+	for (int j = 0; j < WAIT_JOBS; j++)
+		cr_assert_geq(per_step[j], 2.0, "job %d: %.2f waits per step", j, per_step[j]);
+	cr_assert_gt(per_step[4], per_step[0] + 4.0, "per-layer norms: %.2f waits per step, adamw %.2f", per_step[4],
+		     per_step[0]);
+	tr_backend_destroy(c);
+}
+
+Test(cuda_job, host_waits_per_step, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	double per_step[WAIT_JOBS];
+	host_waits_per_step(gpu, true, per_step);
+}
+
 /* ---- several GPUs: NCCL ------------------------------------------------------ */
 
 static int need_gpus(const char *who, int n)
