@@ -162,7 +162,9 @@ int tr_trainer_unlend(struct tr_trainer *t, bool keep_values)
 
 /* Sum of squares of each layer's parameters (weight and bias together) in
  * buf, a parameter-sized buffer on rank 0's device; 0 for layers without
- * parameters. */
+ * parameters.  Weight and bias are adjacent (tr_model_build), so one
+ * sumsq covers both: on CUDA each sumsq waits for the device, and this
+ * runs every step that per-layer norms are due. */
 int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out)
 {
 	const tr_model_t *m = &t->model;
@@ -172,6 +174,12 @@ int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out)
 		const struct tr_layer *l = &m->layers[i];
 		double w = 0, b = 0;
 		int ret;
+		if (l->w_len && l->b_len && l->b_off == l->w_off + l->w_len) {
+			if ((ret = be->i->sumsq(be, dev, l->w_len + l->b_len, buf + l->w_off, &w)) < 0)
+				return ret;
+			out[i] = w;
+			continue;
+		}
 		if (l->w_len && (ret = be->i->sumsq(be, dev, l->w_len, buf + l->w_off, &w)) < 0)
 			return ret;
 		if (l->b_len && (ret = be->i->sumsq(be, dev, l->b_len, buf + l->b_off, &b)) < 0)

@@ -8,7 +8,7 @@
  * Prints one JSON object per size on stdout.  algbw = bytes / time; busbw
  * = algbw * 2 (n - 1) / n, the figure nccl-tests reports, comparable
  * across device counts (a ring moves 2 (n - 1) / n of the buffer over each
- * link).  Built by bench/gpu/run.sh against a -Dcuda=enabled build.
+ * link).  Built with the CUDA module (bench/gpu/meson.build).
  */
 #include <pthread.h>
 #include <stdio.h>

@@ -16,7 +16,9 @@ whose per-sample cost then shows up as data_wait.
 
 Per trainerd run: end-to-end samples/s (median step incl. waiting for
 data), device samples/s (median device0_step_ms: upload, forward,
-backward, optimizer, sync) and the gemm TFLOP/s that implies.  PyTorch:
+backward, optimizer, sync), the gemm TFLOP/s that implies, and GPU 0's
+idle fraction (nvidia-smi's utilization sampled every 100 ms over the
+whole process, start-up included: an upper bound).  PyTorch:
 bench/gpu/torch_peer.py, "synced" (loss read every step, inputs copied
 from pinned memory: trainerd's pattern) and "pipelined".  With 2 or more
 GPUs also the same job on all of them and the allreduce bus bandwidth.
@@ -27,6 +29,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,6 +86,48 @@ def prepare_data(spec, data_dir, samples):
     return spec
 
 
+class UtilSampler:
+    """nvidia-smi's utilization.gpu of device 0 every 100 ms while a run
+    lasts: the share of each sample period in which a kernel ran.  One
+    minus its mean is the GPU's idle fraction over the whole process
+    (start-up and data preparation included, so an upper bound on the
+    steps' own).  None without nvidia-smi or samples."""
+
+    def __init__(self):
+        self.p = None
+        try:
+            self.p = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu",
+                                       "--format=csv,noheader,nounits", "-lms", "100"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                      start_new_session=True)
+        except OSError:
+            pass
+
+    def idle_fraction(self):
+        if not self.p:
+            return None
+        # its whole group: a wrapper's children would hold the pipe open
+        try:
+            os.killpg(self.p.pid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            out, _ = self.p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            out, _ = self.p.communicate(timeout=10)
+        vals = []
+        for line in out.splitlines():
+            try:
+                vals.append(float(line.strip()))
+            except ValueError:
+                pass
+        return 1.0 - statistics.mean(vals) / 100.0 if vals else None
+
+
 def run_trainerd(args, spec, tag, devices=1, warm=5):
     d = os.path.join(args.out, "runs", tag)
     os.makedirs(d, exist_ok=True)
@@ -93,7 +138,11 @@ def run_trainerd(args, spec, tag, devices=1, warm=5):
         json.dump(spec, f, indent=1)
     cmd = [args.trainerd, "run", path, "--backend", "cuda", "--devices", str(devices), "--out", d, "--quiet"]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    util = UtilSampler()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    finally:
+        idle = util.idle_fraction()
     proc_s = time.perf_counter() - t0
     with open(os.path.join(d, "stderr.txt"), "w") as f:
         f.write(p.stdout + p.stderr)
@@ -128,6 +177,7 @@ def run_trainerd(args, spec, tag, devices=1, warm=5):
         "median_data_wait_ms": med(wait[warm:]),
         "median_device0_step_ms": med(dev0[warm:]),
         "final_loss": summ["final_loss"],
+        "gpu0_idle_fraction": idle,
     }
     res["samples_per_sec"] = batch / (res["median_step_ms"] / 1e3)
     res["device_samples_per_sec"] = batch / (res["median_device0_step_ms"] / 1e3)
@@ -176,25 +226,27 @@ def fmt(x, spec="%.0f"):
 def write_md(path, res):
     lines = ["# trainerd CUDA backend vs PyTorch (%s)" % res.get("gpu", "?"), ""]
     lines.append("| workload | runner | samples/s (end to end) | samples/s (device) | step ms | TFLOP/s | "
-                 "data wait | final loss |")
-    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+                 "data wait | GPU 0 idle | final loss |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, w in res["workloads"].items():
         for r in w["trainerd"]:
             if "error" in r:
-                lines.append("| %s | trainerd %s | error: %s | | | | | |" % (key, r["tag"], r["error"][:200]))
+                lines.append("| %s | trainerd %s | error: %s | | | | | | |" % (key, r["tag"], r["error"][:200]))
                 continue
-            lines.append("| %s | trainerd, %d GPU%s | %s | %s | %s | %s | %.1f%% | %.4f |" % (
+            idle = r.get("gpu0_idle_fraction")
+            lines.append("| %s | trainerd, %d GPU%s | %s | %s | %s | %s | %.1f%% | %s | %.4f |" % (
                 key, r["devices"], ", tf32" if r["tag"].endswith("-tf32") else "",
                 fmt(r["samples_per_sec"]), fmt(r["device_samples_per_sec"]),
                 fmt(r["median_device0_step_ms"], "%.2f"), fmt(r["device_tflops"], "%.1f"),
-                100 * r["data_wait_fraction"], r["final_loss"]))
+                100 * r["data_wait_fraction"], fmt(100 * idle, "%.0f%%") if idle is not None else "-",
+                r["final_loss"]))
         for name, t in w["torch"].items():
             if "error" in t:
-                lines.append("| %s | %s | error: %s | | | | | |" % (key, name, t["error"][:200]))
+                lines.append("| %s | %s | error: %s | | | | | | |" % (key, name, t["error"][:200]))
                 continue
-            lines.append("| %s | %s (synced) | %s | | %s | | | |" % (
+            lines.append("| %s | %s (synced) | %s | | %s | | | | |" % (
                 key, name, fmt(t["synced_samples_per_sec"]), fmt(t["synced_median_step_ms"], "%.2f")))
-            lines.append("| %s | %s (pipelined) | %s | | %s | | | |" % (
+            lines.append("| %s | %s (pipelined) | %s | | %s | | | | |" % (
                 key, name, fmt(t["pipelined_samples_per_sec"]), fmt(t["pipelined_step_ms"], "%.2f")))
     ar = res.get("allreduce", {})
     lines += ["", "## Allreduce (CUDA backend, NCCL)", ""]

@@ -3,9 +3,9 @@
 #
 # GPU benchmarks of a -Dcuda=enabled build (see bench/gpu/bench_gpu.py):
 # trainerd --backend cuda on the two MLPs, the PyTorch peer on the same
-# GPU, and with 2 or more GPUs the allreduce bandwidth probe, which this
-# script builds first (bench/gpu/allreduce_bw.c against BUILD's engine
-# libraries).  Needs a GPU; on a machine without one it stops at once.
+# GPU, and with 2 or more GPUs the allreduce bandwidth probe
+# (bench/gpu/allreduce_bw.c, built with the module by bench/gpu/meson.build).
+# Needs a GPU; on a machine without one it stops at once.
 set -eu
 
 BUILD=${1:?usage: bench/gpu/run.sh BUILD OUTDIR [--quick]}
@@ -24,14 +24,12 @@ if ! "$BUILD/daemon/trainerd" --version | grep -q cuda; then
 	exit 1
 fi
 
-# Plain cc against the engine library, which loads the CUDA module
-# (engine/cuda/module.h) named by TRAINERD_CUDA_MODULE: allreduce_bw links
-# no CUDA library itself.
+# The allreduce probe is part of the build (bench/gpu/meson.build); it
+# loads the CUDA module (engine/cuda/module.h) named by TRAINERD_CUDA_MODULE.
 export TRAINERD_CUDA_MODULE="$BUILD/daemon/trainerd-cuda.so"
-AR_BIN=$OUT/allreduce_bw
-if ! cc -O2 -std=c11 -D_GNU_SOURCE -o "$AR_BIN" -I"$ROOT" "$ROOT/bench/gpu/allreduce_bw.c" \
-	"$BUILD/engine/libtrengine.a" -ldl -lpthread -lm 2>"$OUT/allreduce_build.log"; then
-	echo "bench-gpu: allreduce_bw did not build (see $OUT/allreduce_build.log); skipping it" >&2
+AR_BIN=$BUILD/bench/gpu/allreduce_bw
+if [ ! -x "$AR_BIN" ]; then
+	echo "bench-gpu: $AR_BIN was not built (ninja -C $BUILD bench/gpu/allreduce_bw); no allreduce figures" >&2
 	AR_BIN=
 fi
 

@@ -53,6 +53,47 @@ int tr_cuda_set_error(tr_backend_t *be, int code, const char *fmt, ...)
 	return code;
 }
 
+/* Errors after which the CUDA context is unusable until the process ends
+ * (CUDA's documentation calls them sticky): every later call fails too. */
+static bool sticky_error(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorECCUncorrectable:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorAssert:
+	case cudaErrorLaunchTimeout:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* Marks the current device unusable (the first reason is kept). */
+static void mark_broken(struct cuda_backend *b, cudaError_t e, const char *what)
+{
+	int ord = -1;
+
+	if (cudaGetDevice(&ord) != cudaSuccess)
+		return;
+	for (int i = 0; i < b->ndev; i++) {
+		struct cuda_dev *d = &b->dev[i];
+		int expected = 0;
+		if (d->ordinal != ord)
+			continue;
+		/* claim the slot first (2: being written), then publish (1) */
+		if (__atomic_compare_exchange_n(&d->broken, &expected, 2, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			snprintf(d->broken_why, sizeof d->broken_why, "%s in %s", cudaGetErrorName(e), what);
+			__atomic_store_n(&d->broken, 1, __ATOMIC_RELEASE);
+		}
+	}
+}
+
 int tr_cuda_check_rt(tr_backend_t *be, cudaError_t e, const char *what, const char *file, int line)
 {
 	if (e == cudaSuccess)
@@ -60,8 +101,23 @@ int tr_cuda_check_rt(tr_backend_t *be, cudaError_t e, const char *what, const ch
 	/* A non-sticky error stays pending until read; clear it so that the
 	 * next launch check does not report it a second time. */
 	(void)cudaGetLastError();
+	if (sticky_error(e)) {
+		mark_broken(cuda_be(be), e, what);
+		return tr_cuda_set_error(be, -EIO,
+					 "%s (%s:%d): %s: %s; this device's CUDA context is broken: restart needed",
+					 what, file, line, cudaGetErrorName(e), cudaGetErrorString(e));
+	}
 	return tr_cuda_set_error(be, e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO, "%s (%s:%d): %s: %s", what, file,
 				 line, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+int tr_cuda_launch_check(tr_backend_t *be, const char *what, const char *file, int line)
+{
+	int rc = tr_cuda_check_rt(be, cudaGetLastError(), what, file, line);
+
+	if (rc || !cuda_be(be)->sync_launches)
+		return rc;
+	return tr_cuda_check_rt(be, cudaDeviceSynchronize(), what, file, line);
 }
 
 int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, const char *file, int line)
@@ -79,6 +135,9 @@ int tr_cuda_use(tr_backend_t *be, int dev, const char *what)
 
 	if (dev < 0 || dev >= b->ndev)
 		return tr_cuda_set_error(be, -EINVAL, "%s: device %d out of range [0, %d)", what, dev, b->ndev);
+	if (__atomic_load_n(&b->dev[dev].broken, __ATOMIC_ACQUIRE) == 1)
+		return tr_cuda_set_error(be, -EIO, "%s: device %d (%s) is unusable after %s: restart needed", what, dev,
+					 b->dev[dev].name, b->dev[dev].broken_why);
 	/* cheap when dev is already current: a thread-local compare */
 	return tr_cuda_check_rt(be, cudaSetDevice(b->dev[dev].ordinal), what, __FILE__, __LINE__);
 }
@@ -514,6 +573,8 @@ static tr_backend_t *cuda_create(const struct tr_cuda_options *opt, const struct
 	b->base.i = &b->table;
 	b->id = next_id.fetch_add(1);
 	b->tf32 = opt->tf32;
+	b->sync_launches = getenv("TRAINERD_CUDA_SYNC_LAUNCHES") &&
+			   strcmp(getenv("TRAINERD_CUDA_SYNC_LAUNCHES"), "1") == 0;
 	cuda_fill_table(&b->table, host);
 
 	for (int i = 0; i < n; i++) {

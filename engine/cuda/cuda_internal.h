@@ -53,6 +53,12 @@ struct cuda_dev {
 	char name[256];
 	size_t total_mem;
 	int cc_major, cc_minor;
+	/* Set once (__atomic, release) when a sticky error (an illegal
+	 * address, a launch failure, an ECC error...) broke this device's
+	 * context: every later call on it fails with "restart needed".
+	 * broken_why is written before the flag and never again. */
+	int broken;
+	char broken_why[256];
 };
 
 struct cuda_backend {
@@ -60,6 +66,10 @@ struct cuda_backend {
 	tr_backend_i table;
 	uint64_t id; /* never reused, unlike the address */
 	bool tf32;   /* every device's initial math mode; set_tf32 changes one */
+	/* TRAINERD_CUDA_SYNC_LAUNCHES=1: synchronise after every kernel
+	 * launch, so that a fault is reported by the launch that caused it
+	 * (debugging only: it serialises the host with the device). */
+	bool sync_launches;
 	int ndev;
 	struct cuda_dev *dev;
 	pthread_mutex_t err_mu;
@@ -78,6 +88,9 @@ int tr_cuda_set_error(tr_backend_t *be, int code, const char *fmt, ...) __attrib
  * clears the runtime's pending error and returns -ENOMEM for allocation
  * failures, -EIO for everything else. */
 int tr_cuda_check_rt(tr_backend_t *be, cudaError_t e, const char *what, const char *file, int line);
+/* After a kernel launch (LAUNCH_CHECK): the launch's own error, and with
+ * sync_launches also the kernel's, named after `what`. */
+int tr_cuda_launch_check(tr_backend_t *be, const char *what, const char *file, int line);
 int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, const char *file, int line);
 /* Checks that dev exists and makes it current for the calling thread. */
 int tr_cuda_use(tr_backend_t *be, int dev, const char *what);
@@ -111,12 +124,13 @@ int tr_cuda_kernels_probe(tr_backend_t *be, int dev);
 	} while (0)
 
 /* After a kernel launch: configuration errors show up here, faults inside
- * the kernel at the next synchronising call. */
-#define LAUNCH_CHECK(be, kernel)                                                                            \
-	do {                                                                                                \
-		int rc_ = tr_cuda_check_rt((be), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__); \
-		if (rc_)                                                                                    \
-			return rc_;                                                                         \
+ * the kernel at the next synchronising call (at once with
+ * TRAINERD_CUDA_SYNC_LAUNCHES=1). */
+#define LAUNCH_CHECK(be, kernel)                                                            \
+	do {                                                                                \
+		int rc_ = tr_cuda_launch_check((be), "launch " kernel, __FILE__, __LINE__); \
+		if (rc_)                                                                    \
+			return rc_;                                                         \
 	} while (0)
 
 #endif

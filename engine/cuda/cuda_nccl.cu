@@ -20,6 +20,12 @@
  * (in sync or sumsq) waiting for a peer that will never come.  Ranks that
  * call allreduce_sum afterwards get -ECANCELED.
  *
+ * One rank needs no NCCL (the allreduce is the identity), so a one-GPU
+ * machine would never run it.  TRAINERD_CUDA_NCCL_ONE_RANK=1 (for tests:
+ * tests/unit/engine/test_cuda_backend.c, suite cuda_alone) makes a
+ * one-rank communicator a real NCCL one, so that its creation, allreduce,
+ * finalize and abort run there too.
+ *
  * Determinism: NCCL's sum order is fixed for a given device count,
  * topology and NCCL version (ring or tree, chosen by size) and every rank
  * receives the same bits, so replicas stay identical and runs repeat; but
@@ -53,6 +59,7 @@ struct nccl_rank {
 struct tr_comm {
 	tr_backend_t *be; /* borrowed, for errors and streams */
 	int ndev;
+	bool nccl;   /* ranks have NCCL communicators (ndev > 1, or forced) */
 	int aborted; /* __atomic access: set once, never cleared */
 	pthread_mutex_t check_mu;
 	struct nccl_rank *ranks;
@@ -252,6 +259,12 @@ static int init_nccl(struct tr_comm *cm)
 	return first == ncclInProgress ? -ETIMEDOUT : -EIO;
 }
 
+static bool one_rank_nccl_forced(void)
+{
+	const char *v = getenv("TRAINERD_CUDA_NCCL_ONE_RANK");
+	return v && strcmp(v, "1") == 0;
+}
+
 /* devs may be NULL (devices 0..ndev-1); otherwise distinct valid ids. */
 static tr_comm_t *cuda_comm_create(tr_backend_t *be, int ndev, const int *devs)
 {
@@ -296,7 +309,8 @@ static tr_comm_t *cuda_comm_create(tr_backend_t *be, int ndev, const int *devs)
 			goto fail;
 	}
 	/* one rank needs no NCCL: allreduce is the identity */
-	if (ndev > 1 && init_nccl(cm) < 0)
+	cm->nccl = ndev > 1 || one_rank_nccl_forced();
+	if (cm->nccl && init_nccl(cm) < 0)
 		goto fail;
 	return cm;
 fail:
@@ -343,7 +357,7 @@ static int cuda_allreduce_sum(tr_comm_t *cm, int rank, float *buf, size_t n)
 
 	if (is_aborted(cm))
 		return -ECANCELED;
-	if (cm->ndev == 1)
+	if (!cm->nccl)
 		return 0;
 	if (check_length(cm, rank, n, &other, &other_n)) {
 		tr_cuda_set_error(be, -EINVAL, "allreduce_sum: rank %d passed %zu elements, rank %d passed %zu", rank,
@@ -412,20 +426,21 @@ static void cuda_comm_abort(tr_comm_t *cm)
 {
 	if (!cm || __atomic_exchange_n(&cm->aborted, 1, __ATOMIC_ACQ_REL))
 		return;
-	if (cm->ndev > 1)
+	if (cm->nccl)
 		abort_all(cm);
 }
 
 /* After every rank has stopped calling.  A clean shutdown waits for the
  * last collectives, finalizes all communicators (non-blocking, so all of
- * them from this thread) and then destroys them; if any of that fails or
+ * them from this thread, inside one group as NCCL's documentation asks of
+ * a thread that finalizes several) and then destroys them; if any of that fails or
  * stalls past FINALIZE_TIMEOUT_S, abort instead, so that teardown always
  * ends. */
 static void cuda_comm_destroy(tr_comm_t *cm)
 {
 	if (!cm)
 		return;
-	if (cm->ndev > 1 && !is_aborted(cm)) {
+	if (cm->nccl && !is_aborted(cm)) {
 		struct cuda_backend *b = cuda_be(cm->be);
 		ncclResult_t st = ncclSuccess;
 		double deadline = mono_s() + FINALIZE_TIMEOUT_S;
@@ -437,10 +452,21 @@ static void cuda_comm_destroy(tr_comm_t *cm)
 				st = ncclUnhandledCudaError;
 			(void)cudaGetLastError();
 		}
-		for (int r = 0; r < cm->ndev && st == ncclSuccess; r++) {
-			ncclResult_t q = ncclCommFinalize(cm->ranks[r].nc);
-			if (NCCL_FAILED(q))
-				st = q;
+		if (st == ncclSuccess) {
+			ncclResult_t g = ncclGroupStart();
+			if (g != ncclSuccess)
+				st = g;
+			for (int r = 0; r < cm->ndev && st == ncclSuccess; r++) {
+				ncclResult_t q = ncclCommFinalize(cm->ranks[r].nc);
+				if (NCCL_FAILED(q))
+					st = q;
+			}
+			/* a started group is always ended; in progress is settled below */
+			if (g == ncclSuccess) {
+				g = ncclGroupEnd();
+				if (st == ncclSuccess && NCCL_FAILED(g))
+					st = g;
+			}
 		}
 		if (st == ncclSuccess)
 			st = settle_all(cm, FINALIZE_TIMEOUT_S, &bad);

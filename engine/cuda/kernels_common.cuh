@@ -108,6 +108,11 @@ static __device__ __forceinline__ void block_sum2(double *a, double *b)
 
 #define GRID_STRIDE(i, n) \
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+/* The same with an index of type I: kernels whose index math divides
+ * (row = i / cols) are instantiated for uint32_t, used when index32_ok,
+ * since 64-bit / and % cost several times the 32-bit ones. */
+#define GRID_STRIDE_T(I, i, n) \
+	for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (I)gridDim.x * blockDim.x)
 
 /* ==== host helpers ======================================================= */
 
@@ -115,6 +120,13 @@ static inline unsigned grid_for(size_t n)
 {
 	size_t g = (n + BLOCK - 1) / BLOCK;
 	return g > MAX_GRID ? MAX_GRID : (unsigned)g;
+}
+
+/* 32-bit indices are safe when n plus one grid-stride step (at most
+ * MAX_GRID x BLOCK threads) stays below 2^32: i += step cannot wrap. */
+static inline bool index32_ok(size_t n)
+{
+	return n <= (size_t)UINT32_MAX - (size_t)MAX_GRID * BLOCK;
 }
 
 /* Blocks for a warp-per-row reduction over `rows`: at most one slot each. */

@@ -12,10 +12,10 @@ __global__ void k_scale_or_zero(size_t n, float *c, float beta)
 	c[i] = beta == 0.0f ? 0.0f : beta * c[i];
 }
 
-__global__ void k_add_bias(size_t n, int cols, float *y, const float *bias)
+template <typename I> __global__ void k_add_bias(I n, I cols, float *y, const float *bias)
 {
-	GRID_STRIDE(i, n)
-	y[i] += bias[i % (size_t)cols];
+	GRID_STRIDE_T(I, i, n)
+	y[i] += bias[i % cols];
 }
 
 /* Block (COL_TILE, COL_ROWS): thread (x, y) sums rows y, y + COL_ROWS, ...
@@ -54,7 +54,10 @@ static int launch_add_bias(tr_backend_t *be, cudaStream_t s, int rows, int cols,
 {
 	size_t n = (size_t)rows * cols;
 	assert(rows > 0 && cols > 0 && y && bias);
-	k_add_bias<<<grid_for(n), BLOCK, 0, s>>>(n, cols, y, bias);
+	if (index32_ok(n))
+		k_add_bias<uint32_t><<<grid_for(n), BLOCK, 0, s>>>((uint32_t)n, (uint32_t)cols, y, bias);
+	else
+		k_add_bias<uint64_t><<<grid_for(n), BLOCK, 0, s>>>((uint64_t)n, (uint64_t)cols, y, bias);
 	LAUNCH_CHECK(be, "k_add_bias");
 	return 0;
 }

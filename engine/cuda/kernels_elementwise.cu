@@ -72,12 +72,13 @@ __global__ void k_act_backward(size_t n, const float *x, const float *y, const f
 	dx[i] = act_bwd<A>(x[i], (A == TR_ACT_TANH || A == TR_ACT_SIGMOID) ? y[i] : 0.0f, dy[i]);
 }
 
-__global__ void k_dropout(size_t n, int cols, float rate, float keep_scale, uint64_t key, int64_t row0, const float *x,
+template <typename I>
+__global__ void k_dropout(I n, I cols, float rate, float keep_scale, uint64_t key, int64_t row0, const float *x,
 			  float *y, float *mask)
 {
-	GRID_STRIDE(i, n)
+	GRID_STRIDE_T(I, i, n)
 	{
-		uint64_t r = i / (uint64_t)cols, c = i % (uint64_t)cols;
+		uint64_t r = i / cols, c = i % cols;
 		uint64_t counter = ((uint64_t)row0 + r) * (uint64_t)cols + c;
 		float mk = d_rng_uniform(key, counter) >= rate ? keep_scale : 0.0f;
 		float v = x[i]; /* before the stores: y may be x */
@@ -154,7 +155,12 @@ static int launch_dropout(tr_backend_t *be, cudaStream_t s, int rows, int cols, 
 	assert(rows > 0 && cols > 0 && row0 >= 0 && rate >= 0.0f && rate < 1.0f && x && y && mask);
 	/* the CPU's expression, evaluated on the host: the same float */
 	float keep_scale = 1.0f / (1.0f - rate);
-	k_dropout<<<grid_for(n), BLOCK, 0, s>>>(n, cols, rate, keep_scale, key, row0, x, y, mask);
+	if (index32_ok(n))
+		k_dropout<uint32_t><<<grid_for(n), BLOCK, 0, s>>>((uint32_t)n, (uint32_t)cols, rate, keep_scale, key,
+								  row0, x, y, mask);
+	else
+		k_dropout<uint64_t><<<grid_for(n), BLOCK, 0, s>>>((uint64_t)n, (uint64_t)cols, rate, keep_scale, key,
+								  row0, x, y, mask);
 	LAUNCH_CHECK(be, "k_dropout");
 	return 0;
 }

@@ -1,5 +1,6 @@
 #!/bin/sh
 # tests/gpu/fetch_debs.sh DIR
+# tests/gpu/fetch_debs.sh --list     the package names, one a line
 #
 # Downloads (does not install) the Debian packages that trainerd needs to
 # build and test, into DIR, for a GPU machine that cannot reach a package
@@ -13,10 +14,6 @@
 # libsystemd-dev is left out: the build treats it as optional.
 set -eu
 
-DIR=${1:?usage: tests/gpu/fetch_debs.sh DIR}
-mkdir -p "$DIR"
-cd "$DIR"
-
 packages="
 pkgconf pkgconf-bin libpkgconf3
 libjansson-dev libjansson4
@@ -29,7 +26,19 @@ libcriterion-dev libcriterion3 libnanomsg5 libgit2-1.5 libhttp-parser2.9
 libmbedcrypto7 libmbedtls14 libmbedx509-1
 libgnutls30 libnettle8 libhogweed6 libtasn1-6 libp11-kit0 libidn2-0 libunistring2 libgmp10
 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 libsasl2-2 libsasl2-modules-db
+zlib1g-dev zlib1g
+libpng-dev libpng16-16
+libjpeg-dev libjpeg62-turbo-dev libjpeg62-turbo
 "
+
+if [ "${1:-}" = --list ]; then
+	# shellcheck disable=SC2086  # one name a line
+	printf '%s\n' $packages
+	exit 0
+fi
+DIR=${1:?usage: tests/gpu/fetch_debs.sh DIR}
+mkdir -p "$DIR"
+cd "$DIR"
 
 # shellcheck disable=SC2086  # a list of names, split on purpose
 if ! apt-get download $packages >/dev/null 2>apt.err; then
