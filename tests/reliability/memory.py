@@ -63,13 +63,22 @@ def put(d, path, data):
 
 def fails_with(d, name, spec, code, needles, timeout=60):
     """Submits spec; it must fail with `code` and every needle in its
-    message, and the daemon must live on."""
-    jid = d.submit(spec)
-    state = d.wait_state(jid, ("failed", "completed", "cancelled"), timeout)
-    err = (d.job(jid) or {}).get("error") or {}
-    msg = err.get("message", "")
-    check("%s: failed" % name, state == "failed", "state %s" % state)
-    check("%s: code %s" % (name, code), err.get("code") == code, "%s" % err)
+    message, or be refused at submit (400 invalid_spec: submit opens small
+    data to check it against the model) with the same message, and the
+    daemon must live on."""
+    st, j = d.request("POST", "/jobs", body=spec)
+    if st == 400:
+        err = (j or {}).get("error") or {}
+        msg = err.get("message", "")
+        check("%s: refused at submit as invalid_spec" % name, err.get("code") == "invalid_spec", "%s" % err)
+    else:
+        check("%s: accepted" % name, st in (200, 201, 202), "%s %s" % (st, j))
+        jid = (j or {}).get("id")
+        state = d.wait_state(jid, ("failed", "completed", "cancelled"), timeout)
+        err = (d.job(jid) or {}).get("error") or {}
+        msg = err.get("message", "")
+        check("%s: failed" % name, state == "failed", "state %s" % state)
+        check("%s: code %s" % (name, code), err.get("code") == code, "%s" % err)
     for n in needles:
         check("%s: message has %r" % (name, n), n in msg, msg)
     check("%s: daemon alive" % name, d.alive(), d.log_tail())
