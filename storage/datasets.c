@@ -186,14 +186,17 @@ static int write_record(const char *path, const char *hex, int64_t bytes, uint64
 
 /* Deletes what interrupted uploads left in one dataset's directory and
  * adds its files' sizes to *used; removes the directory when it is empty. */
-static void sweep_dataset(tr_datasets_t *d, const char *name, int64_t *used)
+static void sweep_dataset(int top, const char *name, int64_t *used)
 {
-	char path[PATH_MAX];
-	if (tr_datasets_path(d, name, NULL, path, sizeof path) < 0)
+	/* Beneath the datasets directory's descriptor, following no link: the
+	 * cleanup deletes files, and must delete only its own. */
+	int fd = openat(top, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!dir) {
+		if (fd >= 0)
+			close(fd);
 		return;
-	DIR *dir = opendir(path);
-	if (!dir)
-		return;
+	}
 	struct dirent *e;
 	struct stat st;
 	while ((e = readdir(dir))) {
@@ -209,7 +212,7 @@ static void sweep_dataset(tr_datasets_t *d, const char *name, int64_t *used)
 			*used += st.st_size;
 	}
 	closedir(dir);
-	rmdir(path); /* only when empty */
+	unlinkat(top, name, AT_REMOVEDIR); /* only when empty */
 }
 
 int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, struct tr_error *err)
@@ -219,23 +222,34 @@ int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, 
 		return tr_error_set(err, -EINVAL, 0, NULL, "the datasets directory must be an absolute path");
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dir, strerror(errno));
-	struct stat st;
-	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+	/* Not a link: one planted there would lead uploads, deletions and the
+	 * cleanup below into someone else's folder. */
+	int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (top < 0) {
+		struct stat st;
+		if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode))
+			return tr_error_set(err, -ELOOP, 0, NULL,
+					    "%s is a symbolic link; the datasets directory must be a directory of the "
+					    "daemon's own (remove the link)",
+					    dir);
 		return tr_error_set(err, -ENOTDIR, 0, NULL, "%s: not a directory", dir);
+	}
 	tr_datasets_t *d = calloc(1, sizeof *d);
 	if (!d || !(d->dir = strdup(dir))) {
 		free(d);
+		close(top);
 		return tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
 	}
 	d->max_bytes = max_bytes > 0 ? max_bytes : 0;
 	pthread_mutex_init(&d->lock, NULL);
-	DIR *top = opendir(dir);
+	DIR *list = fdopendir(dup(top));
 	struct dirent *e;
-	while (top && (e = readdir(top)))
+	while (list && (e = readdir(list)))
 		if (e->d_name[0] != '.' && tr_datasets_check_name("dataset name", e->d_name, NULL) == 0)
-			sweep_dataset(d, e->d_name, &d->used);
-	if (top)
-		closedir(top);
+			sweep_dataset(top, e->d_name, &d->used);
+	if (list)
+		closedir(list);
+	close(top);
 	*out = d;
 	return 0;
 }
