@@ -137,6 +137,13 @@ void tr_api_auth_free(struct tr_api_auth_entry *v, size_t n);
  * 0, or -1 with 401/403 in rp. */
 int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp);
 
+/* ---- origin.c ---- */
+
+/* Refuses a foreign Host when no tokens are configured, and a request
+ * other than GET/HEAD from another origin or site (api/origin.c).  0, or
+ * -1 with 403 in rp. */
+int tr_api_origin_check(struct tr_api_request *rq, struct tr_api_reply *rp);
+
 /* ---- listen.c ---- */
 
 bool tr_api_is_loopback(const struct sockaddr *sa);

@@ -5,7 +5,7 @@
  * other clients; connections are capped (in all and per client address)
  * and requests have a deadline to arrive, see limits.c.  Each
  * request is admitted as soon as its headers arrive: routing (404/405),
- * bearer auth, Content-Type and a declared Content-Length over the cap
+ * a foreign Host or a cross-site origin (origin.c), bearer auth, Content-Type and a declared Content-Length over the cap
  * are answered before a byte of body is read (the last only when the
  * client waits for "100 Continue"; otherwise the body, if not huge, is
  * read and dropped first, so the client sees the 413 and not a reset).
@@ -248,7 +248,7 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return -1;
 	rq->route = tr_api_route_match(method, rq->url, rq->params, TR_API_MAX_PARAMS, &rq->nparams, &known);
 	rq->max_body = atomic_load(&api->max_body);
-	if (tr_api_auth_check(rq, rp) < 0)
+	if (tr_api_origin_check(rq, rp) < 0 || tr_api_auth_check(rq, rp) < 0)
 		return -1;
 	if (!rq->route && !known) {
 		tr_api_fail(rp, 404, "not_found", NULL, "no route for %s", rq->url);
