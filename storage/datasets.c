@@ -44,7 +44,7 @@ struct tr_dataset_upload {
 	int64_t declared; /* -1 = unknown */
 	int64_t written;
 	int64_t reserved; /* what this upload holds of d->reserved */
-	int64_t replaces; /* bytes of the file it replaces, at begin */
+	int64_t replaces; /* bytes of the file it replaces, at the last reservation */
 	struct tr_sha256 sha;
 	bool failed;
 };
@@ -285,9 +285,23 @@ int64_t tr_datasets_used_bytes(tr_datasets_t *d)
 
 /* Takes `more` bytes of the quota for up (under d->lock): -EFBIG when they
  * do not fit.  The file up replaces counts as free. */
+/* The size of the file up replaces as it is now (under d->lock): another
+ * upload may have replaced it, or a delete removed it, since up began, and
+ * counting what it was then let each round of that grow the used bytes by
+ * the replaced file's size past the quota. */
+static int64_t replaced_now_locked(const tr_dataset_upload_t *up)
+{
+	char fpath[PATH_MAX];
+	struct stat st;
+	if (tr_datasets_path(up->d, up->name, up->file, fpath, sizeof fpath) < 0)
+		return 0;
+	return lstat(fpath, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0;
+}
+
 static int reserve_locked(tr_dataset_upload_t *up, int64_t more, struct tr_error *err)
 {
 	tr_datasets_t *d = up->d;
+	up->replaces = replaced_now_locked(up);
 	if (d->max_bytes > 0) {
 		int64_t after = d->used - up->replaces + d->reserved + more;
 		if (after > d->max_bytes) {
@@ -333,9 +347,6 @@ int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *fil
 		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s/%s: the path is too long", name, file);
 	}
 	pthread_mutex_lock(&d->lock);
-	struct stat st;
-	if (lstat(fpath, &st) == 0 && S_ISREG(st.st_mode))
-		up->replaces = st.st_size;
 	rc = reserve_locked(up, declared > 0 ? declared : 0, err);
 	if (rc == 0 && mkdir(dpath, 0700) < 0 && errno != EEXIST)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dpath, strerror(errno));
@@ -451,12 +462,19 @@ int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *o
 	fchmod(up->fd, 0600);
 
 	pthread_mutex_lock(&d->lock);
-	/* What it replaces now (another upload may have committed since). */
-	struct stat old;
-	int64_t replaced = lstat(fpath, &old) == 0 && S_ISREG(old.st_mode) ? old.st_size : 0;
+	/* What it replaces now (another upload may have committed since, or
+	 * the file been deleted): the quota must hold with that. */
+	int64_t replaced = replaced_now_locked(up);
+	int64_t after = d->used - replaced + (d->reserved - up->reserved) + up->written;
+	if (d->max_bytes > 0 && after > d->max_bytes)
+		rc = tr_error_set(err, -EFBIG, 0, NULL,
+				  "%s/%s: %" PRId64 " bytes no longer fit the datasets quota of %" PRId64
+				  " bytes: the file it replaces changed while it was sent (datasets-max-bytes sets it)",
+				  up->name, up->file, up->written, d->max_bytes);
 	/* The record first: until the rename below it names an inode that is
 	 * not FILE's yet, and a crash in between shows the checksum unknown. */
-	rc = write_record(rec, hex, up->written, (uint64_t)st.st_ino, err);
+	if (rc == 0)
+		rc = write_record(rec, hex, up->written, (uint64_t)st.st_ino, err);
 	if (rc == 0 && rename(up->tmp, fpath) < 0)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s/%s: cannot rename into place: %s", up->name, up->file,
 				  strerror(errno));

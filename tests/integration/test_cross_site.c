@@ -91,9 +91,7 @@ Test(cross_site, post_from_another_origin_changes_nothing)
 	struct http_reply r;
 
 	const char *refused[][2] = {
-		{"Origin: http://attacker.example", NULL},
-		{"Origin: null", NULL},
-		{"Sec-Fetch-Site: cross-site", NULL},
+		{"Origin: http://attacker.example", NULL}, {"Origin: null", NULL}, {"Sec-Fetch-Site: cross-site", NULL},
 		{"Origin: https://127.0.0.1", NULL}, /* another scheme and port */
 		{own, "Sec-Fetch-Site: cross-site"},
 	};

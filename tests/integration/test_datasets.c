@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -311,6 +312,94 @@ Test(datasets, over_quota_is_413)
 	cr_assert_eq(json_integer_value(json_object_get(r.json, "freed_bytes")), 2000000);
 	http_free(&r);
 	cr_assert_eq(entries("q"), -1);
+}
+
+/* GET /datasets's used_bytes. */
+static long long used_bytes(void)
+{
+	struct http_reply r;
+	http(&d, "GET", "/datasets", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	long long used = json_integer_value(json_object_get(r.json, "used_bytes"));
+	http_free(&r);
+	return used;
+}
+
+/* Writes n bytes of 'a' on fd as chunks of at most 64 KiB. */
+static void send_chunks(int fd, size_t n)
+{
+	static char block[65536];
+	memset(block, 'a', sizeof block);
+	while (n) {
+		size_t k = n < sizeof block ? n : sizeof block;
+		char head[32];
+		int hl = snprintf(head, sizeof head, "%zx\r\n", k);
+		cr_assert_eq(write(fd, head, (size_t)hl), hl);
+		for (size_t done = 0; done < k;) {
+			ssize_t w = write(fd, block + done, k - done);
+			cr_assert_gt(w, 0, "%s", strerror(errno));
+			done += (size_t)w;
+		}
+		cr_assert_eq(write(fd, "\r\n", 2), 2);
+		n -= k;
+	}
+}
+
+/* A chunked upload A of FILE (2 MB) begins; while it streams, FILE is
+ * replaced by 1 byte and another file takes the room that frees; then A
+ * sends its 2 MB.  The quota used to discount the size FILE had when A
+ * began, so A was accepted and the used bytes ended 2 MB over the quota
+ * (each round of this adds as much again).  Now A gets 413. */
+Test(datasets, replaced_while_streaming_keeps_the_quota)
+{
+	struct http_reply r;
+	put_stream("/datasets/q3/f.bin", 2000000, 'f', false, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+
+	int port = 0;
+	cr_assert_eq(sscanf(d.base_url, "http://127.0.0.1:%d", &port), 1);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+	const char *head = "PUT /datasets/q3/f.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+			   "application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+	cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+	send_chunks(fd, 1);
+	/* f.bin, its record and A's temporary file. */
+	cr_assert_eq(wait_entries("q3", 3), 3, "the upload did not start");
+
+	http(&d, "PUT", "/datasets/q3/f.bin", "x", "application/octet-stream", NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+	put_stream("/datasets/q3/g.bin", 2900000, 'g', false, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+
+	send_chunks(fd, 1999999);
+	cr_assert_eq(write(fd, "0\r\n\r\n", 5), 5);
+	char answer[4096] = "";
+	size_t got = 0;
+	struct timeval tv = {.tv_sec = 30};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	while (got < sizeof answer - 1 && !strstr(answer, "}")) {
+		ssize_t n = read(fd, answer + got, sizeof answer - 1 - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+		answer[got] = 0;
+	}
+	close(fd);
+	cr_assert(strncmp(answer, "HTTP/1.1 413", 12) == 0, "A was answered: %.300s", answer);
+	cr_assert(strstr(answer, "quota"), "%.300s", answer);
+	long long used = used_bytes();
+	cr_assert_leq(used, 3000000, "used_bytes %lld is over the quota of 3000000", used);
+	cr_assert_eq(used, 2900001);
+
+	http(&d, "DELETE", "/datasets/q3", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
 }
 
 /* A PUT whose URL is sent exactly as written (no dot-segment removal).
