@@ -137,6 +137,14 @@ void tr_api_auth_free(struct tr_api_auth_entry *v, size_t n);
  * 0, or -1 with 401/403 in rp. */
 int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp);
 
+/* ---- url.c ---- */
+
+/* MHD_OPTION_UNESCAPE_CALLBACK: MHD's decoding, with a decoded NUL kept
+ * visible as 0x7f. */
+size_t tr_api_unescape(void *cls, struct MHD_Connection *conn, char *s);
+/* 400 for a path or query with a control character.  0 or -1 with rp. */
+int tr_api_url_check(struct tr_api_request *rq, struct tr_api_reply *rp);
+
 /* ---- origin.c ---- */
 
 /* Refuses a foreign Host when no tokens are configured, and a request

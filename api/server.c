@@ -244,7 +244,7 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	 * only look at the status. */
 	const char *method = strcmp(rq->method, MHD_HTTP_METHOD_HEAD) == 0 ? MHD_HTTP_METHOD_GET : rq->method;
 
-	if (check_lengths(rq, rp) < 0)
+	if (check_lengths(rq, rp) < 0 || tr_api_url_check(rq, rp) < 0)
 		return -1;
 	rq->route = tr_api_route_match(method, rq->url, rq->params, TR_API_MAX_PARAMS, &rq->nparams, &known);
 	rq->max_body = atomic_load(&api->max_body);
@@ -622,9 +622,9 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, struct tr_error *e)
 	api->mhd = MHD_start_daemon(flags, 0, tr_api_limits_accept, api, on_request, api, MHD_OPTION_LISTEN_SOCKET, fd,
 				    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)api->cfg.max_connections,
 				    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)TR_API_CONNECTION_TIMEOUT_S,
-				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_NOTIFY_CONNECTION,
-				    tr_api_limits_notify, api, MHD_OPTION_ARRAY, api->tls_cert ? tls : tls + 2,
-				    MHD_OPTION_END);
+				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_UNESCAPE_CALLBACK,
+				    tr_api_unescape, api, MHD_OPTION_NOTIFY_CONNECTION, tr_api_limits_notify, api,
+				    MHD_OPTION_ARRAY, api->tls_cert ? tls : tls + 2, MHD_OPTION_END);
 	if (!api->mhd) {
 		/* The socket is not closed here: whether MHD already closed it
 		 * on its failure path differs between versions, and closing a

@@ -430,6 +430,10 @@ Test(datasets, path_escapes_are_refused)
 	cr_assert_eq(put_as_is("/datasets/a/..%2F..%2Fescape"), 404); /* decoded: more segments, no route */
 	cr_assert_eq(put_as_is("/datasets/a/.hidden"), 400);
 	cr_assert_eq(put_as_is("/datasets/a/b%20c"), 400);
+	/* An encoded NUL used to end the name early: b%00c wrote b. */
+	cr_assert_eq(put_as_is("/datasets/nul/b%00c"), 400);
+	cr_assert_eq(put_as_is("/datasets/nul%00x/b"), 400);
+	cr_assert_eq(entries("nul"), -1, "a file was written for a name with an encoded NUL");
 	char p[300];
 	snprintf(p, sizeof p, "%s/escape", d.dir);
 	cr_assert_neq(access(p, F_OK), 0, "a file was written outside the datasets directory");
