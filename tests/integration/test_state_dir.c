@@ -178,3 +178,41 @@ Test(state_dir, planted_links_are_not_followed)
 	cr_assert(file_has(victim, "precious"), "listen.addr.tmp's target was overwritten");
 	unlink(victim);
 }
+
+/* The mode bits group and others have on path (-1: no such file). */
+static int others_bits(const char *dir, const char *name)
+{
+	char path[300];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	return stat(path, &st) == 0 ? (int)(st.st_mode & 077) : -1;
+}
+
+/* Under umask 022 the database was made 0644: another local user read
+ * jobs and logs with sqlite3 while the API answered 401.  Now it and its
+ * -wal and -shm files are 0600, also when an older daemon left them 0644. */
+Test(state_dir, database_files_are_private)
+{
+	mode_t old = umask(022);
+	daemon_start(&d, 1, NULL);
+	umask(old);
+	long long id = submit_job(&d, long_job);
+	cr_assert_str_eq(wait_state(&d, id, "running", 30), "running");
+	const char *files[] = {"trainerd.db", "trainerd.db-wal", "trainerd.db-shm"};
+	for (size_t i = 0; i < 3; i++)
+		cr_assert_eq(others_bits(d.dir, files[i]), 0, "%s: group/other mode bits %03o", files[i],
+			     others_bits(d.dir, files[i]));
+	daemon_stop(&d, NULL);
+
+	char path[300];
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(path, sizeof path, "%s/%s", d.dir, files[i]);
+		chmod(path, 0644);
+	}
+	daemon_restart(&d, 1, NULL);
+	for (size_t i = 0; i < 3; i++) {
+		int bits = others_bits(d.dir, files[i]);
+		cr_assert(bits == 0 || bits == -1, "%s left by an older daemon: group/other mode bits %03o", files[i],
+			  bits);
+	}
+}
