@@ -7,7 +7,8 @@
 // refetches that step range (from_step/to_step); Stop, after confirmation,
 // stops the job and the page shows it; when a page shows a job stopped,
 // cancelled, failed or completed, its curves already reach the job's final
-// step; the submit form shows each of a bad spec's
+// step; info keys named like Object.prototype's members show as
+// themselves; the submit form shows each of a bad spec's
 // errors at its JSON pointer; the device panel shows the loader threads the
 // daemon says the job runs with, and for an ended job the devices it ran on
 // without the memory figures of whoever holds them now; a page of another
@@ -314,6 +315,18 @@ try {
 		/* The engine's "epoch" info field (last finished) is not shown
 		 * under a bare name that reads like the current one. */
 		if (labels.includes('epoch') || labels.includes('Epoch')) throw new Error('ambiguous epoch label: ' + labels.join(', '));
+		/* Keys that name Object.prototype's members show as themselves,
+		 * not as the text of a function found there. */
+		const tricky = ['constructor', '__proto__', 'toString'];
+		const r = await fetch(d.url + '/jobs/' + id + '/info', { method: 'PUT', headers: { 'Content-Type': 'application/json' },
+			body: '{"constructor": "c", "__proto__": "p", "toString": "t"}' });
+		if (r.status !== 200) throw new Error('PUT info: HTTP ' + r.status + ' ' + (await r.text()));
+		await waitFor('the info keys on the page', async () => {
+			const now = await page.$$eval('#job-info dt', (els) => els.map((e) => e.textContent));
+			return tricky.every((k) => now.includes(k));
+		}, 10000).catch(async () => {
+			throw new Error('labels: ' + (await page.$$eval('#job-info dt', (els) => els.map((e) => e.textContent))).join(' | '));
+		});
 	});
 
 	await step('job page: device panel shows the loader threads the job runs with, and its devices\' memory', async () => {
