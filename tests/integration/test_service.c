@@ -506,7 +506,7 @@ Test(service, revoked_token_ends_its_event_stream, .timeout = 120)
 	snprintf(tokens, sizeof tokens, "%s/tokens", s.d.dir);
 	write_file(tokens, "read:reader-secret-1\nadmin:admin-secret-1\n", 0600);
 	snprintf(arg, sizeof arg, "--token-file=%s", tokens);
-	const char *args[] = {arg, NULL};
+	const char *args[] = {"--listen=127.0.0.1:0", arg, NULL};
 	spawn_env(&s, NULL, args, -1, true);
 
 	struct http_reply r;
