@@ -33,7 +33,7 @@ size_t tr_escape_controls(const char *in, char *out, size_t cap)
 		return 0;
 	for (; *in; in++) {
 		unsigned char c = (unsigned char)*in;
-		bool ctl = c < 0x20 || c == 0x7f;
+		bool ctl = (c < 0x20 && c != '\t') || c == 0x7f;
 		size_t need = ctl ? 4 : 1;
 		if (o + need >= cap)
 			break;

@@ -39,7 +39,7 @@ int tr_error_set(struct tr_error *e, int ret, int kind, const char *pointer, con
 	__attribute__((format(printf, 5, 6)));
 /* Cuts a trailing incomplete UTF-8 sequence that truncation may leave. */
 void tr_error_utf8_trim(char *s);
-/* Control characters (bytes below 0x20 and 0x7f) that a data path or a
+/* Control characters (bytes below 0x20 but tab, and 0x7f) that a data path or a
  * file's bytes bring into a message would reach terminals (ESC sequences,
  * BEL) and split log lines: they are written as "\xNN".  Copies in to out
  * (cap bytes with the NUL, cut at a whole character) and returns the
