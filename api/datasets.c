@@ -21,9 +21,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "storage/datasets.h"
 
@@ -82,39 +85,99 @@ static tr_datasets_t *datasets_of(struct tr_api_request *rq, struct tr_api_reply
 
 /* ---- which jobs use a file ---- */
 
-/* Whether text names the file: "dataset:NAME/FILE" (or any file of NAME
- * when file is NULL) or its resolved path. */
-static bool names_file(const char *text, const char *ref, const char *abs, bool whole)
+/* What a job's path must not be: the file (or the dataset's directory) by
+ * identity, device and inode, so that every spelling of it counts
+ * (`iu//train.csv`, `./iu/train.csv`, the path through the state
+ * directory), and the directories above it, which a folder job (`images`,
+ * `patches`) reads whole. */
+#define MAX_ANCESTORS 64
+struct target {
+	const char *ref; /* "dataset:NAME/FILE" or "dataset:NAME/" */
+	bool whole;      /* any file of the dataset */
+	bool have_file;  /* file: it exists now */
+	struct stat file;
+	struct stat dir; /* the dataset's directory */
+	struct stat up[MAX_ANCESTORS];
+	int n_up; /* the directory itself and those above it */
+};
+
+static bool same_id(const struct stat *a, const struct stat *b)
 {
-	if (whole)
-		return strncmp(text, ref, strlen(ref)) == 0 || strncmp(text, abs, strlen(abs)) == 0;
-	return strcmp(text, ref) == 0 || strcmp(text, abs) == 0;
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-static bool json_names_file(const json_t *j, const char *ref, const char *abs, bool whole)
+static void target_init(struct target *t, const char *dirpath)
+{
+	char path[PATH_MAX];
+
+	if (!realpath(dirpath, path))
+		return;
+	for (;;) {
+		if (t->n_up < MAX_ANCESTORS && stat(path, &t->up[t->n_up]) == 0)
+			t->n_up++;
+		char *slash = strrchr(path, '/');
+		if (!slash || slash == path) {
+			if (strcmp(path, "/") != 0 && t->n_up < MAX_ANCESTORS && stat("/", &t->up[t->n_up]) == 0)
+				t->n_up++;
+			break;
+		}
+		*slash = '\0';
+	}
+}
+
+/* Whether a string of a job's spec names the target: its dataset: text,
+ * or, for an absolute path, what the path leads to now. */
+static bool names_target(const char *text, const struct target *t)
+{
+	struct stat st;
+
+	if (t->whole ? strncmp(text, t->ref, strlen(t->ref)) == 0 : strcmp(text, t->ref) == 0)
+		return true;
+	if (text[0] != '/' || stat(text, &st) < 0)
+		return false;
+	if (S_ISDIR(st.st_mode)) {
+		for (int i = 0; i < t->n_up; i++)
+			if (same_id(&st, &t->up[i]))
+				return true;
+		return false;
+	}
+	if (t->have_file && same_id(&st, &t->file))
+		return true;
+	if (t->whole && t->n_up > 0) {
+		char parent[PATH_MAX];
+		snprintf(parent, sizeof parent, "%s", text);
+		char *slash = strrchr(parent, '/');
+		if (slash)
+			*(slash == parent ? slash + 1 : slash) = '\0';
+		return slash && stat(parent, &st) == 0 && same_id(&st, &t->up[0]);
+	}
+	return false;
+}
+
+static bool json_names_target(const json_t *j, const struct target *t)
 {
 	const char *key;
 	json_t *v;
 	size_t i;
 
 	if (json_is_string(j))
-		return names_file(json_string_value(j), ref, abs, whole);
+		return names_target(json_string_value(j), t);
 	if (json_is_object(j)) {
 		json_object_foreach((json_t *)j, key, v)
-			if (json_names_file(v, ref, abs, whole))
+			if (json_names_target(v, t))
 				return true;
 	} else if (json_is_array(j)) {
 		json_array_foreach(j, i, v)
-			if (json_names_file(v, ref, abs, whole))
+			if (json_names_target(v, t))
 				return true;
 	}
 	return false;
 }
 
-static bool spec_names_file(const char *text, const char *ref, const char *abs, bool whole)
+static bool spec_names_target(const char *text, const struct target *t)
 {
 	json_t *j = text ? json_loads(text, 0, NULL) : NULL;
-	bool hit = j && json_names_file(j, ref, abs, whole);
+	bool hit = j && json_names_target(j, t);
 
 	json_decref(j);
 	return hit;
@@ -127,18 +190,26 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 {
 	tr_store_t *store = rq->api->cfg.store;
 	struct tr_job_row *rows = NULL;
-	char ref[2 * TR_DATASET_NAME_MAX + 16], abs[4200];
+	char ref[2 * TR_DATASET_NAME_MAX + 16], path[PATH_MAX];
 	int count = 0, rc = -1;
 	struct tr_error e = {0};
+	struct target *t = calloc(1, sizeof(*t));
 
+	if (!t) {
+		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
+		return -1;
+	}
+	t->ref = ref;
+	t->whole = !file;
 	if (file) {
 		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/%s", name, file);
-		tr_datasets_path(d, name, file, abs, sizeof(abs));
+		if (tr_datasets_path(d, name, file, path, sizeof(path)) == 0)
+			t->have_file = stat(path, &t->file) == 0;
 	} else {
 		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/", name);
-		tr_datasets_path(d, name, NULL, abs, sizeof(abs) - 1);
-		strcat(abs, "/");
 	}
+	if (tr_datasets_path(d, name, NULL, path, sizeof(path)) == 0)
+		target_init(t, path);
 	if (tr_store_job_list_states(store, live_states, (int)(sizeof live_states / sizeof *live_states), &rows, &count,
 				     &e) < 0) {
 		tr_api_fail_store_err(rp, &e, "listing jobs");
@@ -146,8 +217,7 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 	}
 	rc = 0;
 	for (int i = 0; i < count; i++) {
-		if (spec_names_file(rows[i].spec, ref, abs, !file) ||
-		    spec_names_file(rows[i].normalized, ref, abs, !file)) {
+		if (spec_names_target(rows[i].spec, t) || spec_names_target(rows[i].normalized, t)) {
 			tr_api_fail(rp, 409, "dataset_in_use", NULL,
 				    "%s%s%s is used by job %" PRId64 " (%s); wait until it ends or cancel it", name,
 				    file ? "/" : "", file ? file : "", rows[i].id, tr_job_state_name(rows[i].state));
@@ -158,6 +228,7 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 	for (int i = 0; i < count; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
+	free(t);
 	return rc;
 }
 

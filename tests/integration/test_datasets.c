@@ -497,6 +497,40 @@ Test(datasets, delete_while_used_is_409)
 	cr_assert_eq(entries("busy"), -1);
 }
 
+/* "In use" compared strings: a job naming the file as iu//train.csv,
+ * ./iu/train.csv or through the state directory did not hold it, and the
+ * file could be deleted under the running job.  Now the file's identity
+ * (device and inode) is compared. */
+Test(datasets, in_use_whatever_the_spelling)
+{
+	struct http_reply r;
+	http(&d, "PUT", "/datasets/iu/train.csv", toy_csv(), "text/csv", NULL, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+	const char *spellings[] = {"iu//train.csv", "./iu/train.csv", "datasets/iu/train.csv"};
+	for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+		long long id = submit_job(&d, csv_job("spelled", spellings[i], 1000000));
+		cr_assert_str_eq(wait_state(&d, id, "running", 30), "running", "%s", spellings[i]);
+		http(&d, "DELETE", "/datasets/iu/train.csv", NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 409, "%s: %ld %s", spellings[i], r.status, r.body);
+		http_free(&r);
+		http(&d, "DELETE", "/datasets/iu", NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 409, "%s: %ld %s", spellings[i], r.status, r.body);
+		http_free(&r);
+		http(&d, "PUT", "/datasets/iu/train.csv", "1,2,0\n", "text/csv", NULL, &r);
+		cr_assert_eq(r.status, 409, "%s: %ld %s", spellings[i], r.status, r.body);
+		http_free(&r);
+		char path[64];
+		snprintf(path, sizeof path, "/jobs/%lld/cancel", id);
+		http(&d, "POST", path, NULL, NULL, NULL, &r);
+		http_free(&r);
+		cr_assert_str_eq(wait_state(&d, id, "cancelled", 30), "cancelled");
+	}
+	http(&d, "DELETE", "/datasets/iu", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+}
+
 /* A path outside the data roots gets an answer that lists the roots (the
  * datasets directory among them) and names the option that sets them. */
 Test(datasets, outside_the_roots_lists_them_and_the_option)
