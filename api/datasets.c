@@ -246,49 +246,97 @@ static json_t *file_json(const struct tr_dataset_file *f)
 
 /* ---- GET /datasets ---- */
 
+/* Files per page: with tens of thousands of files one reply was megabytes
+ * and tens of MB of memory per request. */
+#define LIST_DEFAULT 1000
+#define LIST_MAX 10000
+
+/* Index of the first file after the cursor "NAME/FILE" in the sorted
+ * files (the cursor itself may have been deleted since). */
+static size_t page_start(const struct tr_dataset_file *files, size_t n, const char *after)
+{
+	const char *slash = after ? strchr(after, '/') : NULL;
+	if (!slash)
+		return 0;
+	size_t nlen = (size_t)(slash - after), i = 0;
+	for (; i < n; i++) {
+		int c = strncmp(files[i].name, after, nlen);
+		if (c == 0 && files[i].name[nlen])
+			c = 1;
+		if (c > 0 || (c == 0 && strcmp(files[i].file, slash + 1) > 0))
+			break;
+	}
+	return i;
+}
+
+/* Bytes of every file of dataset name (on all pages): files are sorted,
+ * so they run from i both ways. */
+static json_int_t dataset_bytes(const struct tr_dataset_file *files, size_t n, size_t i)
+{
+	json_int_t sum = 0;
+	size_t lo = i;
+	while (lo > 0 && strcmp(files[lo - 1].name, files[i].name) == 0)
+		lo--;
+	for (; lo < n && strcmp(files[lo].name, files[i].name) == 0; lo++)
+		sum += files[lo].bytes;
+	return sum;
+}
+
 void tr_api_datasets_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_datasets_t *d = datasets_of(rq, rp);
 	struct tr_dataset_file *files = NULL;
 	size_t n = 0;
 	struct tr_error why;
+	int64_t limit;
+	const char *after = tr_api_query(rq, "after");
 
-	if (!d)
+	if (!d || tr_api_query_int(rq, rp, "limit", 1, LIST_MAX, LIST_DEFAULT, &limit) < 0)
 		return;
+	if (after && !strchr(after, '/')) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "after: must be NAME/FILE, the \"next\" of the previous page");
+		return;
+	}
 	if (tr_datasets_list(d, &files, &n, &why) < 0) {
 		tr_api_fail(rp, 500, "internal", NULL, "listing datasets: %s", why.message);
 		return;
 	}
+	size_t first = page_start(files, n, after), end = first + (size_t)limit < n ? first + (size_t)limit : n;
 	json_t *list = json_array(), *cur = NULL, *cur_files = NULL;
-	json_int_t cur_bytes = 0;
-	for (size_t i = 0; i < n && list; i++) {
+	for (size_t i = first; i < end && list; i++) {
 		if (!cur || strcmp(json_string_value(json_object_get(cur, "name")), files[i].name) != 0) {
-			if (cur)
-				json_object_set_new(cur, "bytes", json_integer(cur_bytes));
 			cur_files = json_array();
-			cur = json_pack("{s:s, s:o}", "name", files[i].name, "files", cur_files);
-			cur_bytes = 0;
+			cur = json_pack("{s:s, s:I, s:o}", "name", files[i].name, "bytes", dataset_bytes(files, n, i),
+					"files", cur_files);
 			if (!cur || json_array_append_new(list, cur) < 0) {
 				json_decref(list);
 				list = NULL;
 				break;
 			}
 		}
-		cur_bytes += files[i].bytes;
 		json_array_append_new(cur_files, file_json(&files[i]));
 	}
-	if (cur && list)
-		json_object_set_new(cur, "bytes", json_integer(cur_bytes));
+	/* The cursor is the page's last file; null on the last page. */
+	json_t *next = json_null();
+	if (list && end < n && end > first) {
+		char buf[2 * TR_DATASET_NAME_MAX + 2];
+		snprintf(buf, sizeof buf, "%s/%s", files[end - 1].name, files[end - 1].file);
+		next = json_string(buf);
+	}
 	free(files);
 	if (!list) {
+		json_decref(next);
 		tr_api_fail(rp, 500, "internal", NULL, "the datasets cannot be rendered");
 		return;
 	}
-	int64_t max = tr_datasets_max_bytes(d);
+	int64_t max = tr_datasets_max_bytes(d), max_files = tr_datasets_max_files(d);
 	tr_api_reply_json(rp, 200,
-			  json_pack("{s:o, s:I, s:o}", "datasets", list, "used_bytes",
+			  json_pack("{s:o, s:o, s:I, s:o, s:I, s:o}", "datasets", list, "next", next, "used_bytes",
 				    (json_int_t)tr_datasets_used_bytes(d), "max_bytes",
-				    max > 0 ? json_integer(max) : json_null()));
+				    max > 0 ? json_integer(max) : json_null(), "files",
+				    (json_int_t)tr_datasets_file_count(d), "max_files",
+				    max_files > 0 ? json_integer(max_files) : json_null()));
 }
 
 /* ---- PUT /datasets/{name}/{file} ---- */
@@ -301,6 +349,7 @@ static void fail_upload(struct tr_api_reply *rp, int rc, const char *why)
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
 		break;
 	case -EFBIG:
+	case -EMFILE: /* the file-count limit */
 		tr_api_fail(rp, 413, "payload_too_large", NULL, "%s", why);
 		break;
 	case -EPROTO:

@@ -193,6 +193,10 @@ static const struct tr_field options[] = {
 	 .def = 10737418240.0,
 	 .help = "quota in bytes for the files uploaded with PUT /datasets/NAME/FILE, all together (0 = none); an "
 		 "upload past it is answered 413"},
+	{.key = "datasets-max-files", .kind = K_I64, .off = CFG(datasets_max_files), .flags = F_LO, .lo = 0,
+	 .def = 10000,
+	 .help = "most files uploaded with PUT /datasets/NAME/FILE, all datasets together (0 = none); an upload of "
+		 "a new file past it is answered 413 (empty files take no quota bytes but an inode each)"},
 	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
 	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
 		 "given on the command line: prefer token-file"},

@@ -38,6 +38,7 @@ struct tr_config {
 	int64_t metrics_queue;          /* points buffered before drops */
 	int64_t state_max_bytes;        /* database size cap, 0 = none */
 	int64_t datasets_max_bytes;     /* uploaded datasets together, 0 = none */
+	int64_t datasets_max_files;     /* uploaded files together, 0 = none */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024]; /* role:token lines; see daemon/tokens.c */

@@ -262,6 +262,7 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "datasets: %s", serr.message);
 		goto out;
 	}
+	tr_datasets_set_max_files(datasets, cfg.datasets_max_files);
 	/* What daemon/main.c set, as OpenBLAS read it back. */
 	if (be->i->kind == TR_BACKEND_KIND_CPU && openblas_thread_timeout && openblas_thread_timeout() > 0)
 		tr_log(TR_LOG_INF, "BLAS workers sleep after 2^%d cycles without work (OPENBLAS_THREAD_TIMEOUT)",

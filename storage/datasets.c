@@ -32,8 +32,11 @@ struct tr_datasets {
 	char *dir;
 	int64_t max_bytes; /* 0 = none */
 	pthread_mutex_t lock;
-	int64_t used;     /* committed files; under lock */
-	int64_t reserved; /* uploads in progress; under lock */
+	int64_t used;      /* committed files; under lock */
+	int64_t reserved;  /* uploads in progress; under lock */
+	int64_t max_files; /* 0 = none */
+	int64_t files;     /* committed files; under lock */
+	int64_t new_slots; /* uploads in progress of a file that did not exist; under lock */
 };
 
 struct tr_dataset_upload {
@@ -45,6 +48,7 @@ struct tr_dataset_upload {
 	int64_t written;
 	int64_t reserved; /* what this upload holds of d->reserved */
 	int64_t replaces; /* bytes of the file it replaces, at the last reservation */
+	bool new_slot;    /* holds one of d->new_slots */
 	struct tr_sha256 sha;
 	bool failed;
 };
@@ -186,7 +190,7 @@ static int write_record(const char *path, const char *hex, int64_t bytes, uint64
 
 /* Deletes what interrupted uploads left in one dataset's directory and
  * adds its files' sizes to *used; removes the directory when it is empty. */
-static void sweep_dataset(int top, const char *name, int64_t *used)
+static void sweep_dataset(int top, const char *name, int64_t *used, int64_t *files)
 {
 	/* Beneath the datasets directory's descriptor, following no link: the
 	 * cleanup deletes files, and must delete only its own. */
@@ -208,8 +212,10 @@ static void sweep_dataset(int top, const char *name, int64_t *used)
 			unlinkat(dirfd(dir), n, 0);
 			continue;
 		}
-		if (n[0] != '.' && fstatat(dirfd(dir), n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+		if (n[0] != '.' && fstatat(dirfd(dir), n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
 			*used += st.st_size;
+			++*files;
+		}
 	}
 	closedir(dir);
 	unlinkat(top, name, AT_REMOVEDIR); /* only when empty */
@@ -246,7 +252,7 @@ int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, 
 	struct dirent *e;
 	while (list && (e = readdir(list)))
 		if (e->d_name[0] != '.' && tr_datasets_check_name("dataset name", e->d_name, NULL) == 0)
-			sweep_dataset(top, e->d_name, &d->used);
+			sweep_dataset(top, e->d_name, &d->used, &d->files);
 	if (list)
 		closedir(list);
 	close(top);
@@ -271,6 +277,29 @@ const char *tr_datasets_dir(const tr_datasets_t *d)
 int64_t tr_datasets_max_bytes(const tr_datasets_t *d)
 {
 	return d->max_bytes;
+}
+
+void tr_datasets_set_max_files(tr_datasets_t *d, int64_t max_files)
+{
+	pthread_mutex_lock(&d->lock);
+	d->max_files = max_files > 0 ? max_files : 0;
+	pthread_mutex_unlock(&d->lock);
+}
+
+int64_t tr_datasets_max_files(tr_datasets_t *d)
+{
+	pthread_mutex_lock(&d->lock);
+	int64_t v = d->max_files;
+	pthread_mutex_unlock(&d->lock);
+	return v;
+}
+
+int64_t tr_datasets_file_count(tr_datasets_t *d)
+{
+	pthread_mutex_lock(&d->lock);
+	int64_t v = d->files;
+	pthread_mutex_unlock(&d->lock);
+	return v;
 }
 
 int64_t tr_datasets_used_bytes(tr_datasets_t *d)
@@ -318,6 +347,26 @@ static int reserve_locked(tr_dataset_upload_t *up, int64_t more, struct tr_error
 	return 0;
 }
 
+/* Takes a place among max_files for an upload of a file that does not
+ * exist yet (under d->lock): -EMFILE when the files and the new files
+ * being uploaded fill them.  Empty files take no quota bytes but an inode
+ * each, and enough of them exhausted a file system's inodes. */
+static int take_file_slot_locked(tr_dataset_upload_t *up, const char *fpath, struct tr_error *err)
+{
+	tr_datasets_t *d = up->d;
+	struct stat st;
+	if (lstat(fpath, &st) == 0)
+		return 0; /* a replacement adds no file */
+	if (d->max_files > 0 && d->files + d->new_slots >= d->max_files)
+		return tr_error_set(err, -EMFILE, 0, NULL,
+				    "%s/%s: the datasets hold %" PRId64 " files (with uploads in progress), the limit "
+				    "of %" PRId64 " files (datasets-max-files sets it)",
+				    up->name, up->file, d->files + d->new_slots, d->max_files);
+	d->new_slots++;
+	up->new_slot = true;
+	return 0;
+}
+
 /* ---- uploads ---------------------------------------------------------------- */
 
 int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *file, int64_t declared,
@@ -348,12 +397,15 @@ int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *fil
 	}
 	pthread_mutex_lock(&d->lock);
 	rc = reserve_locked(up, declared > 0 ? declared : 0, err);
+	if (rc == 0)
+		rc = take_file_slot_locked(up, fpath, err);
 	if (rc == 0 && mkdir(dpath, 0700) < 0 && errno != EEXIST)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dpath, strerror(errno));
 	if (rc == 0 && (up->fd = mkostemp(up->tmp, O_CLOEXEC)) < 0)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create a file: %s", dpath, strerror(errno));
 	if (rc < 0) {
 		d->reserved -= up->reserved;
+		d->new_slots -= up->new_slot;
 		rmdir(dpath); /* a dataset this upload would have started */
 	}
 	pthread_mutex_unlock(&d->lock);
@@ -414,6 +466,7 @@ static void upload_free(tr_dataset_upload_t *up, int64_t committed)
 	tr_datasets_t *d = up->d;
 	pthread_mutex_lock(&d->lock);
 	d->reserved -= up->reserved;
+	d->new_slots -= up->new_slot;
 	d->used += committed;
 	if (!committed) {
 		/* A dataset that only this upload had started goes with it. */
@@ -465,6 +518,8 @@ int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *o
 	/* What it replaces now (another upload may have committed since, or
 	 * the file been deleted): the quota must hold with that. */
 	int64_t replaced = replaced_now_locked(up);
+	struct stat old;
+	bool adds_file = lstat(fpath, &old) < 0;
 	int64_t after = d->used - replaced + (d->reserved - up->reserved) + up->written;
 	if (d->max_bytes > 0 && after > d->max_bytes)
 		rc = tr_error_set(err, -EFBIG, 0, NULL,
@@ -480,6 +535,7 @@ int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *o
 				  strerror(errno));
 	if (rc == 0) {
 		d->used -= replaced;
+		d->files += adds_file;
 		sync_dir(dpath);
 	}
 	pthread_mutex_unlock(&d->lock);
@@ -611,6 +667,7 @@ static int remove_file_locked(tr_datasets_t *d, const char *name, const char *fi
 		return tr_error_set(err, -errno, 0, NULL, "%s/%s: cannot delete: %s", name, file, strerror(errno));
 	unlink(rec);
 	d->used -= st.st_size;
+	d->files--;
 	*freed += st.st_size;
 	return 0;
 }

@@ -582,3 +582,96 @@ Test(datasets, large_upload_is_not_held_in_memory)
 	cr_assert_eq(json_integer_value(json_object_get(f, "bytes")), (json_int_t)96 << 20);
 	json_decref(f);
 }
+
+/* PUT of a one-byte file; returns the status. */
+static long put_small(const char *name, const char *file)
+{
+	char path[300];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/datasets/%s/%s", name, file);
+	http(&d, "PUT", path, "x", "text/plain", NULL, &r);
+	long status = r.status;
+	if (status == 413)
+		cr_assert(strstr(r.body, "datasets-max-files") && strstr(r.body, "of 5 files"), "%s", r.body);
+	http_free(&r);
+	return status;
+}
+
+/* Small files take no quota bytes but an inode each: past the file-count
+ * limit a new file is 413; a replacement still fits, and a delete frees a
+ * place. */
+Test(datasets, file_count_limit_is_413)
+{
+	daemon_cleanup(&d);
+	const char *flags[] = {"--datasets-max-files", "5", NULL};
+	daemon_start(&d, 1, flags);
+	const char *files[] = {"a", "b", "c", "d", "e"};
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(put_small(i < 3 ? "fa" : "fb", files[i]), 201, "file %d", i);
+	cr_assert_eq(put_small("fc", "f"), 413);
+	cr_assert_eq(entries("fc"), -1, "a refused upload leaves no dataset");
+	cr_assert_eq(put_small("fa", "a"), 200, "replacing a file adds none");
+	struct http_reply r;
+	http(&d, "GET", "/datasets", NULL, NULL, NULL, &r);
+	cr_assert_eq(json_integer_value(json_object_get(r.json, "files")), 5, "%s", r.body);
+	cr_assert_eq(json_integer_value(json_object_get(r.json, "max_files")), 5, "%s", r.body);
+	http_free(&r);
+	http(&d, "DELETE", "/datasets/fb/e", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+	cr_assert_eq(put_small("fc", "f"), 201);
+	/* Counted again from the disk at start. */
+	daemon_stop(&d, NULL);
+	daemon_restart(&d, 1, flags);
+	cr_assert_eq(put_small("fc", "g"), 413);
+}
+
+/* GET /datasets pages by file: limit files a page and "next" the cursor
+ * for after=, null on the last page.  A dataset split across pages keeps
+ * its whole size on each. */
+Test(datasets, list_pages)
+{
+	const char *names[][2] = {{"pa", "1"}, {"pa", "2"}, {"pa", "3"}, {"pb", "1"}, {"pc", "1"}};
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(put_small(names[i][0], names[i][1]), 201);
+	char after[300] = "", path[400];
+	int seen = 0, pages = 0;
+	for (; pages < 10; pages++) {
+		struct http_reply r;
+		snprintf(path, sizeof path, "/datasets?limit=2%s%s", after[0] ? "&after=" : "", after);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200, "%s", r.body);
+		json_t *ds;
+		size_t i;
+		int here = 0;
+		json_array_foreach(json_object_get(r.json, "datasets"), i, ds) {
+			json_t *f;
+			size_t j;
+			json_array_foreach(json_object_get(ds, "files"), j, f) {
+				cr_assert_str_eq(json_string_value(json_object_get(ds, "name")), names[seen][0]);
+				cr_assert_str_eq(json_string_value(json_object_get(f, "file")), names[seen][1]);
+				seen++, here++;
+			}
+			if (strcmp(json_string_value(json_object_get(ds, "name")), "pa") == 0)
+				cr_assert_eq(json_integer_value(json_object_get(ds, "bytes")), 3, "%s", r.body);
+		}
+		cr_assert_leq(here, 2, "%s", r.body);
+		const char *next = json_string_value(json_object_get(r.json, "next"));
+		if (next)
+			snprintf(after, sizeof after, "%s", next);
+		cr_assert_eq(json_object_get(r.json, "used_bytes") != NULL, 1);
+		http_free(&r);
+		if (!next)
+			break;
+	}
+	cr_assert_eq(seen, 5);
+	cr_assert_eq(pages, 2, "three pages of two, the last without next");
+	struct http_reply r;
+	http(&d, "GET", "/datasets?after=nocursor", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	cr_assert(strstr(r.body, "after"), "%s", r.body);
+	http_free(&r);
+	http(&d, "GET", "/datasets?limit=0", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	http_free(&r);
+}
