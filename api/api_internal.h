@@ -104,6 +104,7 @@ struct tr_api_request {
 	size_t max_body;           /* the body cap when the request arrived */
 	bool answered;             /* a response was queued */
 	void *upload;              /* an upload route's state (api/datasets.c), until committed or aborted */
+	int64_t upload_len;        /* an upload's Content-Length; -1 when chunked */
 	struct tr_api_reply *held; /* a refusal answered once the body has been read and dropped */
 	double started;            /* tr_prom_clock() at the headers, for /metrics */
 };

@@ -18,7 +18,8 @@
  * no request deadline (MHD's idle timeout still cuts a stalled client).
  * A refusal found before or during the body is held and answered when the
  * body is over, read and dropped up to the discard limit, as for a JSON
- * body over the cap.
+ * body over the cap (a full disk: up to the declared Content-Length, so
+ * that the client sees the 507 rather than a broken pipe).
  * Handlers fill a struct tr_api_reply; this file turns it into a response.
  */
 #include "api/api_internal.h"
@@ -205,6 +206,7 @@ static int admit_upload(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_fail(rp, 400, "invalid_request", NULL, "Content-Length '%.40s' is not a byte count", v);
 		return -1;
 	}
+	rq->upload_len = len;
 	if (tr_api_datasets_upload_begin(rq, rp, len) == 0) {
 		tr_api_limits_request_read(rq);
 		return 0;
@@ -228,7 +230,15 @@ static bool take_upload(struct tr_api_request *rq, const char *data, size_t size
 	if (!rq->held)
 		return true;
 	rq->discarded += size;
-	return rq->discarded <= DISCARD_LIMIT;
+	/* A full disk found midway: the client is past "100 Continue" and
+	 * sending, so cutting it off at the discard limit showed it a broken
+	 * pipe instead of the 507.  The rest of a declared body is read and
+	 * dropped (no disk, and the client sends it in any case); a chunked
+	 * body, of no known end, is still cut off past the limit. */
+	size_t limit = DISCARD_LIMIT;
+	if (rq->held->status == 507 && rq->upload_len > (int64_t)limit)
+		limit = (size_t)rq->upload_len;
+	return rq->discarded <= limit;
 }
 
 /* Runs on the request's headers.  Returns -1 with rp filled when the

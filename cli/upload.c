@@ -142,6 +142,14 @@ int tr_cmd_upload(struct tr_ctl *c, int argc, char **argv)
 		tr_ctl_reply_finish(&r);
 		return rc;
 	}
+	if (r.status == 507) {
+		/* Not sent again: it would fill the same disk. */
+		const char *msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+		fprintf(stderr, "trainctl: the daemon's disk is full (%s); free space on it and upload again\n",
+			msg ? msg : "HTTP 507");
+		tr_ctl_reply_finish(&r);
+		return TR_CTL_HTTP;
+	}
 	if (r.status < 200 || r.status >= 300) {
 		rc = tr_ctl_http_error(c, &r);
 		tr_ctl_reply_finish(&r);

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -674,4 +676,45 @@ Test(datasets, list_pages)
 	http(&d, "GET", "/datasets?limit=0", NULL, NULL, NULL, &r);
 	cr_assert_eq(r.status, 400, "%s", r.body);
 	http_free(&r);
+}
+
+/* The datasets directory on a 2 MiB tmpfs, mounted in a mount namespace
+ * of this test's own (criterion runs each test in a process of its own,
+ * and the daemon it starts inherits the namespace): nothing outside sees
+ * it, and it goes with the process.  false when that is not allowed. */
+static bool small_datasets_fs(void)
+{
+	char path[300];
+	snprintf(path, sizeof path, "%s/datasets", d.dir);
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		return false;
+	return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=2m,mode=0700") == 0;
+}
+
+/* A disk that fills during an upload, past "100 Continue" and well past
+ * the bytes the daemon drops after a refusal: the client gets 507 naming
+ * the full disk, not a broken connection, nothing of the upload is left,
+ * and the daemon goes on serving. */
+Test(datasets, disk_full_midway_is_507)
+{
+	daemon_stop(&d, NULL);
+	if (!small_datasets_fs())
+		cr_skip_test("needs a private mount namespace and a tmpfs (root, or CAP_SYS_ADMIN): %s",
+			     strerror(errno));
+	const char *flags[] = {"--datasets-max-bytes", "0", NULL};
+	daemon_restart(&d, 1, flags);
+	struct http_reply r;
+	put_stream("/datasets/full/big.bin", (size_t)24 << 20, 'f', false, &r);
+	cr_assert_eq(r.status, 507, "status %ld: %s", r.status, r.body ? r.body : "");
+	cr_assert(strstr(r.body, "big.bin") && strstr(r.body, "No space left"), "%s", r.body);
+	http_free(&r);
+	cr_assert_eq(wait_entries("full", -1), -1, "the partial upload is deleted");
+	cr_assert_eq(put_small("after", "ok"), 201);
+	json_t *f = listed("after", "ok");
+	cr_assert(f, "the daemon serves after a full disk");
+	json_decref(f);
+	daemon_stop(&d, NULL);
+	char path[300];
+	snprintf(path, sizeof path, "%s/datasets", d.dir);
+	umount2(path, MNT_DETACH);
 }
