@@ -66,8 +66,9 @@ struct tr_api {
 	pthread_rwlock_t auth_lock;
 	struct tr_api_auth_entry *auth;
 	size_t n_auth;
-	bool loopback;  /* the listener is on loopback */
-	char *tls_cert; /* PEM text, or NULL for plain HTTP */
+	atomic_uint auth_gen; /* bumped by each swap of the table */
+	bool loopback;        /* the listener is on loopback */
+	char *tls_cert;       /* PEM text, or NULL for plain HTTP */
 	char *tls_key;
 	_Atomic size_t max_body; /* changes on reload; each request keeps its own */
 	int port;
@@ -103,6 +104,7 @@ struct tr_api_request {
 	size_t max_body;           /* the body cap when the request arrived */
 	bool answered;             /* a response was queued */
 	void *upload;              /* an upload route's state (api/datasets.c), until committed or aborted */
+	int64_t upload_len;        /* an upload's Content-Length; -1 when chunked */
 	struct tr_api_reply *held; /* a refusal answered once the body has been read and dropped */
 	double started;            /* tr_prom_clock() at the headers, for /metrics */
 };
@@ -136,6 +138,27 @@ void tr_api_auth_free(struct tr_api_auth_entry *v, size_t n);
 /* Checks the request's bearer token against the role its route needs.
  * 0, or -1 with 401/403 in rp. */
 int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* A counter that changes whenever the tokens do (a reload). */
+unsigned tr_api_auth_generation(tr_api_t *api);
+/* Whether the Authorization header value (may be NULL) still grants need
+ * under the tokens now in force: for responses that outlive their
+ * admission, such as event streams. */
+bool tr_api_auth_still_allows(tr_api_t *api, const char *authorization, enum tr_api_role need);
+
+/* ---- url.c ---- */
+
+/* MHD_OPTION_UNESCAPE_CALLBACK: MHD's decoding, with a decoded NUL kept
+ * visible as 0x7f. */
+size_t tr_api_unescape(void *cls, struct MHD_Connection *conn, char *s);
+/* 400 for a path or query with a control character.  0 or -1 with rp. */
+int tr_api_url_check(struct tr_api_request *rq, struct tr_api_reply *rp);
+
+/* ---- origin.c ---- */
+
+/* Refuses a foreign Host when no tokens are configured, and a request
+ * other than GET/HEAD from another origin or site (api/origin.c).  0, or
+ * -1 with 403 in rp. */
+int tr_api_origin_check(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 /* ---- listen.c ---- */
 

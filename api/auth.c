@@ -143,17 +143,42 @@ int tr_api_set_tokens(tr_api_t *api, const char *const *tokens, const struct tr_
 	old_n = api->n_auth;
 	api->auth = v;
 	api->n_auth = n;
+	/* Open event streams check their token again (api/events.c). */
+	atomic_fetch_add(&api->auth_gen, 1);
 	pthread_rwlock_unlock(&api->auth_lock);
 	free_entries(old, old_n);
 	return 0;
 }
 
+/* The role the Authorization header value h grants: TR_ROLE_NONE when it
+ * is no bearer token or not one of ours.  Called under auth_lock (read). */
+static enum tr_api_role role_of_locked(const tr_api_t *api, const char *h)
+{
+	enum tr_api_role have = TR_ROLE_NONE;
+	size_t len;
+
+	if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+		return TR_ROLE_NONE;
+	h += 7;
+	while (*h == ' ')
+		h++;
+	len = strlen(h);
+	/* No early exit and no branch on a match: every token is compared
+	 * and the best role kept. */
+	for (size_t i = 0; i < api->n_auth; i++) {
+		unsigned mask = 0u - token_equal(h, len, api->auth[i].token, api->auth[i].len);
+		unsigned role = (unsigned)api->auth[i].role & mask;
+
+		have = (enum tr_api_role)(role > (unsigned)have ? role : (unsigned)have);
+	}
+	return have;
+}
+
 int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_api_t *api = rq->api;
-	enum tr_api_role need = TR_ROLE_READ, have = TR_ROLE_NONE;
+	enum tr_api_role need = TR_ROLE_READ, have;
 	const char *h;
-	size_t len;
 
 	/* Unknown paths need a token too (read), so the route list does not
 	 * leak to unauthenticated clients. */
@@ -174,18 +199,7 @@ int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_reply_header(rp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"trainerd\"");
 		return -1;
 	}
-	h += 7;
-	while (*h == ' ')
-		h++;
-	len = strlen(h);
-	/* No early exit and no branch on a match: every token is compared
-	 * and the best role kept. */
-	for (size_t i = 0; i < api->n_auth; i++) {
-		unsigned mask = 0u - token_equal(h, len, api->auth[i].token, api->auth[i].len);
-		unsigned role = (unsigned)api->auth[i].role & mask;
-
-		have = (enum tr_api_role)(role > (unsigned)have ? role : (unsigned)have);
-	}
+	have = role_of_locked(api, h);
 	pthread_rwlock_unlock(&api->auth_lock);
 	if (have == TR_ROLE_NONE) {
 		tr_api_fail(rp, 403, "forbidden", NULL, "the bearer token is not valid");
@@ -198,4 +212,17 @@ int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return -1;
 	}
 	return 0;
+}
+
+unsigned tr_api_auth_generation(tr_api_t *api)
+{
+	return atomic_load(&api->auth_gen);
+}
+
+bool tr_api_auth_still_allows(tr_api_t *api, const char *authorization, enum tr_api_role need)
+{
+	pthread_rwlock_rdlock(&api->auth_lock);
+	bool ok = api->n_auth == 0 || role_of_locked(api, authorization) >= need;
+	pthread_rwlock_unlock(&api->auth_lock);
+	return ok;
 }

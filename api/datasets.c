@@ -21,9 +21,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "storage/datasets.h"
 
@@ -82,39 +85,99 @@ static tr_datasets_t *datasets_of(struct tr_api_request *rq, struct tr_api_reply
 
 /* ---- which jobs use a file ---- */
 
-/* Whether text names the file: "dataset:NAME/FILE" (or any file of NAME
- * when file is NULL) or its resolved path. */
-static bool names_file(const char *text, const char *ref, const char *abs, bool whole)
+/* What a job's path must not be: the file (or the dataset's directory) by
+ * identity, device and inode, so that every spelling of it counts
+ * (`iu//train.csv`, `./iu/train.csv`, the path through the state
+ * directory), and the directories above it, which a folder job (`images`,
+ * `patches`) reads whole. */
+#define MAX_ANCESTORS 64
+struct target {
+	const char *ref; /* "dataset:NAME/FILE" or "dataset:NAME/" */
+	bool whole;      /* any file of the dataset */
+	bool have_file;  /* file: it exists now */
+	struct stat file;
+	struct stat dir; /* the dataset's directory */
+	struct stat up[MAX_ANCESTORS];
+	int n_up; /* the directory itself and those above it */
+};
+
+static bool same_id(const struct stat *a, const struct stat *b)
 {
-	if (whole)
-		return strncmp(text, ref, strlen(ref)) == 0 || strncmp(text, abs, strlen(abs)) == 0;
-	return strcmp(text, ref) == 0 || strcmp(text, abs) == 0;
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-static bool json_names_file(const json_t *j, const char *ref, const char *abs, bool whole)
+static void target_init(struct target *t, const char *dirpath)
+{
+	char path[PATH_MAX];
+
+	if (!realpath(dirpath, path))
+		return;
+	for (;;) {
+		if (t->n_up < MAX_ANCESTORS && stat(path, &t->up[t->n_up]) == 0)
+			t->n_up++;
+		char *slash = strrchr(path, '/');
+		if (!slash || slash == path) {
+			if (strcmp(path, "/") != 0 && t->n_up < MAX_ANCESTORS && stat("/", &t->up[t->n_up]) == 0)
+				t->n_up++;
+			break;
+		}
+		*slash = '\0';
+	}
+}
+
+/* Whether a string of a job's spec names the target: its dataset: text,
+ * or, for an absolute path, what the path leads to now. */
+static bool names_target(const char *text, const struct target *t)
+{
+	struct stat st;
+
+	if (t->whole ? strncmp(text, t->ref, strlen(t->ref)) == 0 : strcmp(text, t->ref) == 0)
+		return true;
+	if (text[0] != '/' || stat(text, &st) < 0)
+		return false;
+	if (S_ISDIR(st.st_mode)) {
+		for (int i = 0; i < t->n_up; i++)
+			if (same_id(&st, &t->up[i]))
+				return true;
+		return false;
+	}
+	if (t->have_file && same_id(&st, &t->file))
+		return true;
+	if (t->whole && t->n_up > 0) {
+		char parent[PATH_MAX];
+		snprintf(parent, sizeof parent, "%s", text);
+		char *slash = strrchr(parent, '/');
+		if (slash)
+			*(slash == parent ? slash + 1 : slash) = '\0';
+		return slash && stat(parent, &st) == 0 && same_id(&st, &t->up[0]);
+	}
+	return false;
+}
+
+static bool json_names_target(const json_t *j, const struct target *t)
 {
 	const char *key;
 	json_t *v;
 	size_t i;
 
 	if (json_is_string(j))
-		return names_file(json_string_value(j), ref, abs, whole);
+		return names_target(json_string_value(j), t);
 	if (json_is_object(j)) {
 		json_object_foreach((json_t *)j, key, v)
-			if (json_names_file(v, ref, abs, whole))
+			if (json_names_target(v, t))
 				return true;
 	} else if (json_is_array(j)) {
 		json_array_foreach(j, i, v)
-			if (json_names_file(v, ref, abs, whole))
+			if (json_names_target(v, t))
 				return true;
 	}
 	return false;
 }
 
-static bool spec_names_file(const char *text, const char *ref, const char *abs, bool whole)
+static bool spec_names_target(const char *text, const struct target *t)
 {
 	json_t *j = text ? json_loads(text, 0, NULL) : NULL;
-	bool hit = j && json_names_file(j, ref, abs, whole);
+	bool hit = j && json_names_target(j, t);
 
 	json_decref(j);
 	return hit;
@@ -127,18 +190,26 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 {
 	tr_store_t *store = rq->api->cfg.store;
 	struct tr_job_row *rows = NULL;
-	char ref[2 * TR_DATASET_NAME_MAX + 16], abs[4200];
+	char ref[2 * TR_DATASET_NAME_MAX + 16], path[PATH_MAX];
 	int count = 0, rc = -1;
 	struct tr_error e = {0};
+	struct target *t = calloc(1, sizeof(*t));
 
+	if (!t) {
+		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
+		return -1;
+	}
+	t->ref = ref;
+	t->whole = !file;
 	if (file) {
 		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/%s", name, file);
-		tr_datasets_path(d, name, file, abs, sizeof(abs));
+		if (tr_datasets_path(d, name, file, path, sizeof(path)) == 0)
+			t->have_file = stat(path, &t->file) == 0;
 	} else {
 		snprintf(ref, sizeof(ref), TR_DATASET_REF_PREFIX "%s/", name);
-		tr_datasets_path(d, name, NULL, abs, sizeof(abs) - 1);
-		strcat(abs, "/");
 	}
+	if (tr_datasets_path(d, name, NULL, path, sizeof(path)) == 0)
+		target_init(t, path);
 	if (tr_store_job_list_states(store, live_states, (int)(sizeof live_states / sizeof *live_states), &rows, &count,
 				     &e) < 0) {
 		tr_api_fail_store_err(rp, &e, "listing jobs");
@@ -146,8 +217,7 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 	}
 	rc = 0;
 	for (int i = 0; i < count; i++) {
-		if (spec_names_file(rows[i].spec, ref, abs, !file) ||
-		    spec_names_file(rows[i].normalized, ref, abs, !file)) {
+		if (spec_names_target(rows[i].spec, t) || spec_names_target(rows[i].normalized, t)) {
 			tr_api_fail(rp, 409, "dataset_in_use", NULL,
 				    "%s%s%s is used by job %" PRId64 " (%s); wait until it ends or cancel it", name,
 				    file ? "/" : "", file ? file : "", rows[i].id, tr_job_state_name(rows[i].state));
@@ -158,6 +228,7 @@ static int check_unused(struct tr_api_request *rq, struct tr_api_reply *rp, tr_d
 	for (int i = 0; i < count; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
+	free(t);
 	return rc;
 }
 
@@ -175,49 +246,97 @@ static json_t *file_json(const struct tr_dataset_file *f)
 
 /* ---- GET /datasets ---- */
 
+/* Files per page: with tens of thousands of files one reply was megabytes
+ * and tens of MB of memory per request. */
+#define LIST_DEFAULT 1000
+#define LIST_MAX 10000
+
+/* Index of the first file after the cursor "NAME/FILE" in the sorted
+ * files (the cursor itself may have been deleted since). */
+static size_t page_start(const struct tr_dataset_file *files, size_t n, const char *after)
+{
+	const char *slash = after ? strchr(after, '/') : NULL;
+	if (!slash)
+		return 0;
+	size_t nlen = (size_t)(slash - after), i = 0;
+	for (; i < n; i++) {
+		int c = strncmp(files[i].name, after, nlen);
+		if (c == 0 && files[i].name[nlen])
+			c = 1;
+		if (c > 0 || (c == 0 && strcmp(files[i].file, slash + 1) > 0))
+			break;
+	}
+	return i;
+}
+
+/* Bytes of every file of dataset name (on all pages): files are sorted,
+ * so they run from i both ways. */
+static json_int_t dataset_bytes(const struct tr_dataset_file *files, size_t n, size_t i)
+{
+	json_int_t sum = 0;
+	size_t lo = i;
+	while (lo > 0 && strcmp(files[lo - 1].name, files[i].name) == 0)
+		lo--;
+	for (; lo < n && strcmp(files[lo].name, files[i].name) == 0; lo++)
+		sum += files[lo].bytes;
+	return sum;
+}
+
 void tr_api_datasets_list(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	tr_datasets_t *d = datasets_of(rq, rp);
 	struct tr_dataset_file *files = NULL;
 	size_t n = 0;
 	struct tr_error why;
+	int64_t limit;
+	const char *after = tr_api_query(rq, "after");
 
-	if (!d)
+	if (!d || tr_api_query_int(rq, rp, "limit", 1, LIST_MAX, LIST_DEFAULT, &limit) < 0)
 		return;
+	if (after && !strchr(after, '/')) {
+		tr_api_fail(rp, 400, "invalid_parameter", NULL,
+			    "after: must be NAME/FILE, the \"next\" of the previous page");
+		return;
+	}
 	if (tr_datasets_list(d, &files, &n, &why) < 0) {
 		tr_api_fail(rp, 500, "internal", NULL, "listing datasets: %s", why.message);
 		return;
 	}
+	size_t first = page_start(files, n, after), end = first + (size_t)limit < n ? first + (size_t)limit : n;
 	json_t *list = json_array(), *cur = NULL, *cur_files = NULL;
-	json_int_t cur_bytes = 0;
-	for (size_t i = 0; i < n && list; i++) {
+	for (size_t i = first; i < end && list; i++) {
 		if (!cur || strcmp(json_string_value(json_object_get(cur, "name")), files[i].name) != 0) {
-			if (cur)
-				json_object_set_new(cur, "bytes", json_integer(cur_bytes));
 			cur_files = json_array();
-			cur = json_pack("{s:s, s:o}", "name", files[i].name, "files", cur_files);
-			cur_bytes = 0;
+			cur = json_pack("{s:s, s:I, s:o}", "name", files[i].name, "bytes", dataset_bytes(files, n, i),
+					"files", cur_files);
 			if (!cur || json_array_append_new(list, cur) < 0) {
 				json_decref(list);
 				list = NULL;
 				break;
 			}
 		}
-		cur_bytes += files[i].bytes;
 		json_array_append_new(cur_files, file_json(&files[i]));
 	}
-	if (cur && list)
-		json_object_set_new(cur, "bytes", json_integer(cur_bytes));
+	/* The cursor is the page's last file; null on the last page. */
+	json_t *next = json_null();
+	if (list && end < n && end > first) {
+		char buf[2 * TR_DATASET_NAME_MAX + 2];
+		snprintf(buf, sizeof buf, "%s/%s", files[end - 1].name, files[end - 1].file);
+		next = json_string(buf);
+	}
 	free(files);
 	if (!list) {
+		json_decref(next);
 		tr_api_fail(rp, 500, "internal", NULL, "the datasets cannot be rendered");
 		return;
 	}
-	int64_t max = tr_datasets_max_bytes(d);
+	int64_t max = tr_datasets_max_bytes(d), max_files = tr_datasets_max_files(d);
 	tr_api_reply_json(rp, 200,
-			  json_pack("{s:o, s:I, s:o}", "datasets", list, "used_bytes",
+			  json_pack("{s:o, s:o, s:I, s:o, s:I, s:o}", "datasets", list, "next", next, "used_bytes",
 				    (json_int_t)tr_datasets_used_bytes(d), "max_bytes",
-				    max > 0 ? json_integer(max) : json_null()));
+				    max > 0 ? json_integer(max) : json_null(), "files",
+				    (json_int_t)tr_datasets_file_count(d), "max_files",
+				    max_files > 0 ? json_integer(max_files) : json_null()));
 }
 
 /* ---- PUT /datasets/{name}/{file} ---- */
@@ -230,6 +349,7 @@ static void fail_upload(struct tr_api_reply *rp, int rc, const char *why)
 		tr_api_fail(rp, 400, "invalid_parameter", NULL, "%s", why);
 		break;
 	case -EFBIG:
+	case -EMFILE: /* the file-count limit */
 		tr_api_fail(rp, 413, "payload_too_large", NULL, "%s", why);
 		break;
 	case -EPROTO:

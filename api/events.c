@@ -55,6 +55,12 @@ struct stream {
 	unsigned types;                /* TR_EVENT_* mask (types=) */
 	double last_write, last_event; /* monotonic seconds */
 	int fd;                        /* the connection's socket, -1 when unknown */
+	/* The request's Authorization value and the role the route needs:
+	 * a stream outlives its admission, so when the tokens change (a
+	 * reload) it checks again, and one whose token was revoked ends. */
+	char *authorization;
+	enum tr_api_role need;
+	unsigned auth_gen;
 };
 
 static double mono_now(void)
@@ -208,6 +214,12 @@ static ssize_t fill(void *cls, uint64_t pos, char *out, size_t max)
 
 	(void)pos;
 	for (;;) {
+		unsigned gen = tr_api_auth_generation(api);
+		if (gen != s->auth_gen) {
+			s->auth_gen = gen;
+			if (!tr_api_auth_still_allows(api, s->authorization, s->need))
+				return MHD_CONTENT_READER_END_WITH_ERROR;
+		}
 		if (s->off < s->len) {
 			size_t n = s->len - s->off < max ? s->len - s->off : max;
 
@@ -275,6 +287,7 @@ static void free_stream(void *cls)
 	struct stream *s = cls;
 
 	free(s->buf);
+	free(s->authorization);
 	free(s);
 }
 
@@ -344,6 +357,15 @@ void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp)
 	s->last_id = after;
 	s->types = types;
 	s->fd = -1;
+	s->need = tr_api_route_role(rq->route);
+	s->auth_gen = tr_api_auth_generation(api);
+	const char *authorization =
+		MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	if (authorization && !(s->authorization = strdup(authorization))) {
+		free_stream(s);
+		tr_api_fail(rp, 500, "internal", NULL, "out of memory");
+		return;
+	}
 	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, fill, s, free_stream);
 	if (!resp) {
 		free_stream(s);

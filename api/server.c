@@ -5,7 +5,7 @@
  * other clients; connections are capped (in all and per client address)
  * and requests have a deadline to arrive, see limits.c.  Each
  * request is admitted as soon as its headers arrive: routing (404/405),
- * bearer auth, Content-Type and a declared Content-Length over the cap
+ * a foreign Host or a cross-site origin (origin.c), bearer auth, Content-Type and a declared Content-Length over the cap
  * are answered before a byte of body is read (the last only when the
  * client waits for "100 Continue"; otherwise the body, if not huge, is
  * read and dropped first, so the client sees the 413 and not a reset).
@@ -18,7 +18,8 @@
  * no request deadline (MHD's idle timeout still cuts a stalled client).
  * A refusal found before or during the body is held and answered when the
  * body is over, read and dropped up to the discard limit, as for a JSON
- * body over the cap.
+ * body over the cap (a full disk: up to the declared Content-Length, so
+ * that the client sees the 507 rather than a broken pipe).
  * Handlers fill a struct tr_api_reply; this file turns it into a response.
  */
 #include "api/api_internal.h"
@@ -205,6 +206,7 @@ static int admit_upload(struct tr_api_request *rq, struct tr_api_reply *rp)
 		tr_api_fail(rp, 400, "invalid_request", NULL, "Content-Length '%.40s' is not a byte count", v);
 		return -1;
 	}
+	rq->upload_len = len;
 	if (tr_api_datasets_upload_begin(rq, rp, len) == 0) {
 		tr_api_limits_request_read(rq);
 		return 0;
@@ -228,7 +230,15 @@ static bool take_upload(struct tr_api_request *rq, const char *data, size_t size
 	if (!rq->held)
 		return true;
 	rq->discarded += size;
-	return rq->discarded <= DISCARD_LIMIT;
+	/* A full disk found midway: the client is past "100 Continue" and
+	 * sending, so cutting it off at the discard limit showed it a broken
+	 * pipe instead of the 507.  The rest of a declared body is read and
+	 * dropped (no disk, and the client sends it in any case); a chunked
+	 * body, of no known end, is still cut off past the limit. */
+	size_t limit = DISCARD_LIMIT;
+	if (rq->held->status == 507 && rq->upload_len > (int64_t)limit)
+		limit = (size_t)rq->upload_len;
+	return rq->discarded <= limit;
 }
 
 /* Runs on the request's headers.  Returns -1 with rp filled when the
@@ -244,11 +254,11 @@ static int admit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	 * only look at the status. */
 	const char *method = strcmp(rq->method, MHD_HTTP_METHOD_HEAD) == 0 ? MHD_HTTP_METHOD_GET : rq->method;
 
-	if (check_lengths(rq, rp) < 0)
+	if (check_lengths(rq, rp) < 0 || tr_api_url_check(rq, rp) < 0)
 		return -1;
 	rq->route = tr_api_route_match(method, rq->url, rq->params, TR_API_MAX_PARAMS, &rq->nparams, &known);
 	rq->max_body = atomic_load(&api->max_body);
-	if (tr_api_auth_check(rq, rp) < 0)
+	if (tr_api_origin_check(rq, rp) < 0 || tr_api_auth_check(rq, rp) < 0)
 		return -1;
 	if (!rq->route && !known) {
 		tr_api_fail(rp, 404, "not_found", NULL, "no route for %s", rq->url);
@@ -622,9 +632,9 @@ tr_api_t *tr_api_start(const struct tr_api_config *cfg, struct tr_error *e)
 	api->mhd = MHD_start_daemon(flags, 0, tr_api_limits_accept, api, on_request, api, MHD_OPTION_LISTEN_SOCKET, fd,
 				    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)api->cfg.max_connections,
 				    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)TR_API_CONNECTION_TIMEOUT_S,
-				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_NOTIFY_CONNECTION,
-				    tr_api_limits_notify, api, MHD_OPTION_ARRAY, api->tls_cert ? tls : tls + 2,
-				    MHD_OPTION_END);
+				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, api, MHD_OPTION_UNESCAPE_CALLBACK,
+				    tr_api_unescape, api, MHD_OPTION_NOTIFY_CONNECTION, tr_api_limits_notify, api,
+				    MHD_OPTION_ARRAY, api->tls_cert ? tls : tls + 2, MHD_OPTION_END);
 	if (!api->mhd) {
 		/* The socket is not closed here: whether MHD already closed it
 		 * on its failure path differs between versions, and closing a

@@ -142,6 +142,14 @@ int tr_cmd_upload(struct tr_ctl *c, int argc, char **argv)
 		tr_ctl_reply_finish(&r);
 		return rc;
 	}
+	if (r.status == 507) {
+		/* Not sent again: it would fill the same disk. */
+		const char *msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+		fprintf(stderr, "trainctl: the daemon's disk is full (%s); free space on it and upload again\n",
+			msg ? msg : "HTTP 507");
+		tr_ctl_reply_finish(&r);
+		return TR_CTL_HTTP;
+	}
 	if (r.status < 200 || r.status >= 300) {
 		rc = tr_ctl_http_error(c, &r);
 		tr_ctl_reply_finish(&r);
@@ -163,11 +171,57 @@ int tr_cmd_upload(struct tr_ctl *c, int argc, char **argv)
 	return TR_CTL_OK;
 }
 
+/* GET /datasets, every page (the API's cursor until it says there is no
+ * more), into one reply: a dataset whose files run across pages is one
+ * entry.  *out is the first page's object with "next" null. */
+static int list_all_pages(struct tr_ctl *c, json_t **out)
+{
+	char path[400], after[2 * NAME_MAX_LEN + 2] = "";
+	json_t *all = NULL;
+	int rc = TR_CTL_OK;
+	/* Bounded: a daemon holds at most datasets-max-files files, 1000 a page. */
+	for (int page = 0; page < 100000; page++) {
+		struct tr_ctl_reply r;
+		snprintf(path, sizeof path, "/datasets?limit=1000%s%s", after[0] ? "&after=" : "", after);
+		rc = tr_ctl_call(c, "GET", path, NULL, &r);
+		if (rc)
+			break;
+		const char *next = json_string_value(json_object_get(r.json, "next"));
+		bool more = next && strcmp(next, after) != 0;
+		if (more)
+			snprintf(after, sizeof after, "%s", next);
+		if (!all) {
+			all = json_incref(r.json);
+		} else {
+			json_t *sets = json_object_get(all, "datasets"), *d;
+			size_t i;
+			json_array_foreach(json_object_get(r.json, "datasets"), i, d) {
+				json_t *last = json_array_get(sets, json_array_size(sets) - 1);
+				const char *a = json_string_value(json_object_get(last, "name")),
+					   *b = json_string_value(json_object_get(d, "name"));
+				if (last && a && b && strcmp(a, b) == 0)
+					json_array_extend(json_object_get(last, "files"), json_object_get(d, "files"));
+				else
+					json_array_append(sets, d);
+			}
+		}
+		tr_ctl_reply_finish(&r);
+		if (!more)
+			break;
+	}
+	if (rc) {
+		json_decref(all);
+		return rc;
+	}
+	json_object_set_new(all, "next", json_null());
+	*out = all;
+	return TR_CTL_OK;
+}
+
 int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv)
 {
 	static const char *heads[] = {"PATH", "SIZE", "UPLOADED", "SHA256"};
 	static const bool right[] = {false, true, false, false};
-	struct tr_ctl_reply r;
 	struct tr_table t;
 	size_t i, j;
 	json_t *d, *f;
@@ -176,16 +230,17 @@ int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv)
 		return tr_ctl_help("datasets");
 	if (argc >= 2 && strcmp(argv[1], "--json") != 0)
 		return tr_ctl_usage("datasets", "takes no arguments but --json");
-	int rc = tr_ctl_call(c, "GET", "/datasets", NULL, &r);
+	json_t *all = NULL;
+	int rc = list_all_pages(c, &all);
 	if (rc)
 		return rc;
 	if (argc >= 2) {
-		tr_print_json(r.json, stdout);
-		tr_ctl_reply_finish(&r);
+		tr_print_json(all, stdout);
+		json_decref(all);
 		return TR_CTL_OK;
 	}
 	tr_table_init(&t, 4, heads, right);
-	json_array_foreach(json_object_get(r.json, "datasets"), i, d) {
+	json_array_foreach(json_object_get(all, "datasets"), i, d) {
 		json_array_foreach(json_object_get(d, "files"), j, f) {
 			char size[32], when[32];
 
@@ -198,8 +253,8 @@ int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv)
 	tr_table_print(&t, stdout);
 	tr_table_finish(&t);
 	char used[32], max[48] = "no quota";
-	const json_t *m = json_object_get(r.json, "max_bytes");
-	tr_fmt_bytes(used, sizeof used, (double)json_integer_value(json_object_get(r.json, "used_bytes")));
+	const json_t *m = json_object_get(all, "max_bytes");
+	tr_fmt_bytes(used, sizeof used, (double)json_integer_value(json_object_get(all, "used_bytes")));
 	if (json_is_integer(m)) {
 		char q[32];
 
@@ -207,7 +262,7 @@ int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv)
 		snprintf(max, sizeof max, "of %s", q);
 	}
 	printf("%s used (%s)\n", used, max);
-	tr_ctl_reply_finish(&r);
+	json_decref(all);
 	return TR_CTL_OK;
 }
 

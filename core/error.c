@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +24,41 @@ void tr_error_utf8_trim(char *s)
 		s[j - 1] = '\0';
 }
 
+size_t tr_escape_controls(const char *in, char *out, size_t cap)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+
+	if (!cap)
+		return 0;
+	for (; *in; in++) {
+		unsigned char c = (unsigned char)*in;
+		bool ctl = (c < 0x20 && c != '\t') || c == 0x7f;
+		size_t need = ctl ? 4 : 1;
+		if (o + need >= cap)
+			break;
+		if (ctl) {
+			out[o++] = '\\';
+			out[o++] = 'x';
+			out[o++] = hex[c >> 4];
+			out[o++] = hex[c & 15];
+		} else {
+			out[o++] = (char)c;
+		}
+	}
+	out[o] = '\0';
+	tr_error_utf8_trim(out);
+	return strlen(out);
+}
+
+void tr_error_escape_controls(char *s, size_t cap)
+{
+	char copy[4096];
+
+	snprintf(copy, sizeof copy, "%s", s);
+	tr_escape_controls(copy, s, cap);
+}
+
 int tr_error_set(struct tr_error *e, int ret, int kind, const char *pointer, const char *fmt, ...)
 {
 	va_list ap;
@@ -34,6 +70,6 @@ int tr_error_set(struct tr_error *e, int ret, int kind, const char *pointer, con
 	va_start(ap, fmt);
 	vsnprintf(e->message, sizeof e->message, fmt, ap);
 	va_end(ap);
-	tr_error_utf8_trim(e->message);
+	tr_error_escape_controls(e->message, sizeof e->message);
 	return ret;
 }

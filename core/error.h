@@ -39,5 +39,14 @@ int tr_error_set(struct tr_error *e, int ret, int kind, const char *pointer, con
 	__attribute__((format(printf, 5, 6)));
 /* Cuts a trailing incomplete UTF-8 sequence that truncation may leave. */
 void tr_error_utf8_trim(char *s);
+/* Control characters (bytes below 0x20 but tab, and 0x7f) that a data path or a
+ * file's bytes bring into a message would reach terminals (ESC sequences,
+ * BEL) and split log lines: they are written as "\xNN".  Copies in to out
+ * (cap bytes with the NUL, cut at a whole character) and returns the
+ * length.  Every message is made so: tr_error_set, tr_job_fail, job log
+ * lines (storage) and the daemon's log. */
+size_t tr_escape_controls(const char *in, char *out, size_t cap);
+/* The same in place, for s of cap bytes (messages up to 4 KiB). */
+void tr_error_escape_controls(char *s, size_t cap);
 
 #endif

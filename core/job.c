@@ -122,7 +122,7 @@ int tr_job_fail(struct tr_error *e, enum tr_job_err kind, const char *pointer, c
 	va_start(ap, fmt);
 	vsnprintf(e->message, sizeof e->message, fmt, ap);
 	va_end(ap);
-	tr_error_utf8_trim(e->message);
+	tr_error_escape_controls(e->message, sizeof e->message);
 	return -1;
 }
 

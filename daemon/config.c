@@ -7,6 +7,7 @@
  * as text and are typed by the row (tr_fields_parse_text).
  */
 #include "daemon/config.h"
+#include "daemon/tokens.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -193,6 +194,10 @@ static const struct tr_field options[] = {
 	 .def = 10737418240.0,
 	 .help = "quota in bytes for the files uploaded with PUT /datasets/NAME/FILE, all together (0 = none); an "
 		 "upload past it is answered 413"},
+	{.key = "datasets-max-files", .kind = K_I64, .off = CFG(datasets_max_files), .flags = F_LO, .lo = 0,
+	 .def = 10000,
+	 .help = "most files uploaded with PUT /datasets/NAME/FILE, all datasets together (0 = none); an upload of "
+		 "a new file past it is answered 413 (empty files take no quota bytes but an inode each)"},
 	{.key = "image-max-pixels", I64_IN(image_max_pixels, 1, 268435456), .def = 16777216,
 	 .help = "largest image (width x height) the image readers decode; a larger one is refused from its header "
 		 "with 'image too large to decode'"},
@@ -298,13 +303,14 @@ static char *trim(char *s)
 
 int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *err)
 {
-	FILE *f = fopen(path, "r");
+	FILE *f = fopen(path, "re");
 	if (!f) {
 		int rc = -errno;
 		return tr_error_set(err, rc, 0, NULL, "--config %s: %s", path, strerror(-rc));
 	}
 	char line[4096], where[1200];
 	int lineno = 0, rc = 0;
+	bool has_token = false;
 	while (rc == 0 && fgets(line, sizeof line, f)) {
 		lineno++;
 		char *s = trim(line);
@@ -323,7 +329,17 @@ int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *
 			rc = tr_error_set(err, -EINVAL, 0, NULL, "%sunknown option '%s'", where, name);
 			break;
 		}
+		has_token |= strcmp(o->key, "token") == 0;
 		rc = set_option(c, o, value, where, err);
+	}
+	/* A file with tokens in it follows the token file's rules (checked on
+	 * the descriptor read, so the file checked is the file read). */
+	struct stat st;
+	if (rc == 0 && has_token) {
+		if (fstat(fileno(f), &st) < 0)
+			rc = tr_error_set(err, -errno, 0, NULL, "--config %s: %s", path, strerror(errno));
+		else
+			rc = tr_secret_file_check("--config", path, &st, err);
 	}
 	fclose(f);
 	return rc;

@@ -38,6 +38,7 @@ struct tr_config {
 	int64_t metrics_queue;          /* points buffered before drops */
 	int64_t state_max_bytes;        /* database size cap, 0 = none */
 	int64_t datasets_max_bytes;     /* uploaded datasets together, 0 = none */
+	int64_t datasets_max_files;     /* uploaded files together, 0 = none */
 	int64_t image_max_pixels;       /* width x height one image may decode to */
 	int max_job_crashes;            /* daemon deaths a job may be running at before it fails; 0 = no limit */
 	int64_t memory_available;       /* bytes jobs may use; 0 = MemAvailable at each admission */

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/error.h"
 #include "core/rfc3339.h"
 
 #ifdef TR_HAVE_SYSTEMD
@@ -62,10 +63,14 @@ void tr_log_set_times(bool on)
 	atomic_store(&with_times, on);
 }
 
-static void emit(int level, const char *msg)
+static void emit(int level, const char *raw)
 {
 	char when[TR_RFC3339_LEN + 1] = "";
+	char msg[4096];
 	struct timespec ts;
+
+	/* A data path's ESC or newline stays on its line, harmless. */
+	tr_escape_controls(raw, msg, sizeof msg);
 
 	if (tr_log_to_journal()) {
 		fprintf(stderr, "<%d>%s\n", level, msg);
@@ -102,7 +107,9 @@ void tr_log_job(int level, long long job_id, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	snprintf(buf, sizeof buf, "job %lld: %s", job_id, msg);
+	char esc[2048];
+	tr_escape_controls(msg, esc, sizeof esc);
+	snprintf(buf, sizeof buf, "job %lld: %s", job_id, esc);
 #ifdef TR_HAVE_SYSTEMD
 	if (tr_log_to_journal() && sd_journal_send("MESSAGE=%s", buf, "PRIORITY=%d", level, "TRAINERD_JOB_ID=%lld",
 						   job_id, "SYSLOG_IDENTIFIER=trainerd", NULL) >= 0)

@@ -30,6 +30,7 @@
 #include "daemon/log.h"
 #include "daemon/scheduler.h"
 #include "daemon/service.h"
+#include "daemon/state_dir.h"
 #include "daemon/tokens.h"
 #include "engine/backend.h"
 #include "engine/data/image.h"
@@ -60,19 +61,16 @@ static tr_backend_t *pick_backend(const struct tr_config *c, char *fallback, siz
 	return be;
 }
 
-static int write_listen_file(const char *dir, bool tls, const char *host, int port)
+/* listen.addr, for clients that find the port there (a test's harness,
+ * trainctl).  Made beneath the directory's descriptor without following
+ * a link (daemon/state_dir.h). */
+static int write_listen_file(const struct tr_state_dir *sd, bool tls, const char *host, int port)
 {
-	char path[1200], tmp[1300];
-	snprintf(path, sizeof path, "%s/listen.addr", dir);
-	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
-		return -errno;
+	char line[256];
 	bool v6 = strchr(host, ':') != NULL;
-	fprintf(f, "%s://%s%s%s:%d\n", tls ? "https" : "http", v6 ? "[" : "", host, v6 ? "]" : "", port);
-	if (fclose(f) != 0 || rename(tmp, path) != 0)
-		return -errno;
-	return 0;
+	snprintf(line, sizeof line, "%s://%s%s%s:%d\n", tls ? "https" : "http", v6 ? "[" : "", host, v6 ? "]" : "",
+		 port);
+	return tr_state_dir_write_file(sd, "listen.addr", line);
 }
 
 /* The tokens in force: --token (admin) and the token file's. */
@@ -229,6 +227,12 @@ int tr_cmd_serve(int argc, char **argv)
 	char fallback[600] = "";
 
 	struct tr_error serr;
+	/* First: another daemon's state must not be touched, not even read. */
+	struct tr_state_dir sd;
+	if (tr_state_dir_open(cfg.state_dir, &sd, &serr) < 0) {
+		tr_log(TR_LOG_ERR, "%s", serr.message);
+		goto out;
+	}
 	int listen_fd = tr_service_listen_fd(&serr);
 	if (listen_fd == -2) {
 		tr_log(TR_LOG_ERR, "%s", serr.message);
@@ -236,10 +240,6 @@ int tr_cmd_serve(int argc, char **argv)
 	}
 	if (load_tokens(&cfg, &auth.file, &serr) < 0) {
 		tr_log(TR_LOG_ERR, "%s", serr.message);
-		goto out;
-	}
-	if (mkdir(cfg.state_dir, 0750) < 0 && errno != EEXIST) {
-		tr_log(TR_LOG_ERR, "--state-dir %s: %s", cfg.state_dir, strerror(errno));
 		goto out;
 	}
 	char db[1200];
@@ -269,6 +269,7 @@ int tr_cmd_serve(int argc, char **argv)
 		tr_log(TR_LOG_ERR, "datasets: %s", serr.message);
 		goto out;
 	}
+	tr_datasets_set_max_files(datasets, cfg.datasets_max_files);
 	/* What daemon/main.c set, as OpenBLAS read it back. */
 	if (be->i->kind == TR_BACKEND_KIND_CPU && openblas_thread_timeout && openblas_thread_timeout() > 0)
 		tr_log(TR_LOG_INF, "BLAS workers sleep after 2^%d cycles without work (OPENBLAS_THREAD_TIMEOUT)",
@@ -328,8 +329,9 @@ int tr_cmd_serve(int argc, char **argv)
 	}
 	int port = tr_api_port(api);
 	bool tls = tr_api_is_tls(api);
-	if (write_listen_file(cfg.state_dir, tls, host, port) < 0)
-		tr_log(TR_LOG_WARN, "cannot write %s/listen.addr: %s", cfg.state_dir, strerror(errno));
+	int wrc = write_listen_file(&sd, tls, host, port);
+	if (wrc < 0)
+		tr_log(TR_LOG_WARN, "cannot write %s/listen.addr: %s", cfg.state_dir, strerror(-wrc));
 	bool v6 = strchr(host, ':') != NULL;
 	int ndev = be->i->device_count(be);
 	tr_log(TR_LOG_NOTICE, "listening on %s://%s%s%s:%d%s (%d %s devices, state in %s)", tls ? "https" : "http",
@@ -385,6 +387,7 @@ out:
 	tr_store_close(store);
 	tr_backend_destroy(be);
 	tr_tokens_finish(&auth.file);
+	tr_state_dir_close(&sd);
 	tr_config_finish(&cfg);
 	if (exit_code == 0)
 		tr_log(TR_LOG_NOTICE, "stopped");

@@ -39,6 +39,20 @@ static char *trim(char *s)
 	return s;
 }
 
+int tr_secret_file_check(const char *what, const char *path, const struct stat *st, struct tr_error *err)
+{
+	/* Whoever owns the file chooses the tokens (and can read them). */
+	if (st->st_uid != geteuid() && st->st_uid != 0)
+		return tr_error_set(err, -EPERM, 0, NULL,
+				    "%s %s is owned by uid %u, not by the daemon's user (uid %u) or root: its owner "
+				    "chooses the tokens; chown %u %s",
+				    what, path, (unsigned)st->st_uid, (unsigned)geteuid(), (unsigned)geteuid(), path);
+	if (st->st_mode & (S_IRWXG | S_IRWXO))
+		return tr_error_set(err, -EPERM, 0, NULL, "%s %s: mode %04o lets group or others read it; chmod 600 %s",
+				    what, path, (unsigned)(st->st_mode & 07777), path);
+	return 0;
+}
+
 int tr_tokens_load(const char *path, struct tr_token_list *out, struct tr_error *err)
 {
 	struct stat st;
@@ -59,9 +73,7 @@ int tr_tokens_load(const char *path, struct tr_token_list *out, struct tr_error 
 		close(fd);
 		return -EINVAL;
 	}
-	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-		tr_error_set(err, 0, 0, NULL, "token-file %s: mode %04o lets group or others read it; chmod 600 %s",
-			     path, (unsigned)(st.st_mode & 07777), path);
+	if (tr_secret_file_check("token-file", path, &st, err) < 0) {
 		close(fd);
 		return -EPERM;
 	}

@@ -5,6 +5,7 @@
 #define TR_DAEMON_TOKENS_H
 
 #include <stddef.h>
+#include <sys/stat.h>
 
 #include "api/api.h"
 #include "core/error.h"
@@ -13,6 +14,11 @@ struct tr_token_list {
 	struct tr_api_token *v; /* tokens owned */
 	size_t n;
 };
+
+/* The rules for a file that holds tokens (the token file, and a config
+ * file with a `token` line): owned by the daemon's user or root, no
+ * permission for group or others.  0, or -EPERM with the fix in err. */
+int tr_secret_file_check(const char *what, const char *path, const struct stat *st, struct tr_error *err);
 
 /* Reads path into *out (freed with tr_tokens_finish).  0, or a negative
  * errno with a message naming the file and line, never a token, in err

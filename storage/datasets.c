@@ -32,8 +32,11 @@ struct tr_datasets {
 	char *dir;
 	int64_t max_bytes; /* 0 = none */
 	pthread_mutex_t lock;
-	int64_t used;     /* committed files; under lock */
-	int64_t reserved; /* uploads in progress; under lock */
+	int64_t used;      /* committed files; under lock */
+	int64_t reserved;  /* uploads in progress; under lock */
+	int64_t max_files; /* 0 = none */
+	int64_t files;     /* committed files; under lock */
+	int64_t new_slots; /* uploads in progress of a file that did not exist; under lock */
 };
 
 struct tr_dataset_upload {
@@ -44,7 +47,8 @@ struct tr_dataset_upload {
 	int64_t declared; /* -1 = unknown */
 	int64_t written;
 	int64_t reserved; /* what this upload holds of d->reserved */
-	int64_t replaces; /* bytes of the file it replaces, at begin */
+	int64_t replaces; /* bytes of the file it replaces, at the last reservation */
+	bool new_slot;    /* holds one of d->new_slots */
 	struct tr_sha256 sha;
 	bool failed;
 };
@@ -186,14 +190,17 @@ static int write_record(const char *path, const char *hex, int64_t bytes, uint64
 
 /* Deletes what interrupted uploads left in one dataset's directory and
  * adds its files' sizes to *used; removes the directory when it is empty. */
-static void sweep_dataset(tr_datasets_t *d, const char *name, int64_t *used)
+static void sweep_dataset(int top, const char *name, int64_t *used, int64_t *files)
 {
-	char path[PATH_MAX];
-	if (tr_datasets_path(d, name, NULL, path, sizeof path) < 0)
+	/* Beneath the datasets directory's descriptor, following no link: the
+	 * cleanup deletes files, and must delete only its own. */
+	int fd = openat(top, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!dir) {
+		if (fd >= 0)
+			close(fd);
 		return;
-	DIR *dir = opendir(path);
-	if (!dir)
-		return;
+	}
 	struct dirent *e;
 	struct stat st;
 	while ((e = readdir(dir))) {
@@ -205,11 +212,13 @@ static void sweep_dataset(tr_datasets_t *d, const char *name, int64_t *used)
 			unlinkat(dirfd(dir), n, 0);
 			continue;
 		}
-		if (n[0] != '.' && fstatat(dirfd(dir), n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+		if (n[0] != '.' && fstatat(dirfd(dir), n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
 			*used += st.st_size;
+			++*files;
+		}
 	}
 	closedir(dir);
-	rmdir(path); /* only when empty */
+	unlinkat(top, name, AT_REMOVEDIR); /* only when empty */
 }
 
 int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, struct tr_error *err)
@@ -219,23 +228,34 @@ int tr_datasets_create(const char *dir, int64_t max_bytes, tr_datasets_t **out, 
 		return tr_error_set(err, -EINVAL, 0, NULL, "the datasets directory must be an absolute path");
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dir, strerror(errno));
-	struct stat st;
-	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+	/* Not a link: one planted there would lead uploads, deletions and the
+	 * cleanup below into someone else's folder. */
+	int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (top < 0) {
+		struct stat st;
+		if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode))
+			return tr_error_set(err, -ELOOP, 0, NULL,
+					    "%s is a symbolic link; the datasets directory must be a directory of the "
+					    "daemon's own (remove the link)",
+					    dir);
 		return tr_error_set(err, -ENOTDIR, 0, NULL, "%s: not a directory", dir);
+	}
 	tr_datasets_t *d = calloc(1, sizeof *d);
 	if (!d || !(d->dir = strdup(dir))) {
 		free(d);
+		close(top);
 		return tr_error_set(err, -ENOMEM, 0, NULL, "out of memory");
 	}
 	d->max_bytes = max_bytes > 0 ? max_bytes : 0;
 	pthread_mutex_init(&d->lock, NULL);
-	DIR *top = opendir(dir);
+	DIR *list = fdopendir(dup(top));
 	struct dirent *e;
-	while (top && (e = readdir(top)))
+	while (list && (e = readdir(list)))
 		if (e->d_name[0] != '.' && tr_datasets_check_name("dataset name", e->d_name, NULL) == 0)
-			sweep_dataset(d, e->d_name, &d->used);
-	if (top)
-		closedir(top);
+			sweep_dataset(top, e->d_name, &d->used, &d->files);
+	if (list)
+		closedir(list);
+	close(top);
 	*out = d;
 	return 0;
 }
@@ -259,6 +279,29 @@ int64_t tr_datasets_max_bytes(const tr_datasets_t *d)
 	return d->max_bytes;
 }
 
+void tr_datasets_set_max_files(tr_datasets_t *d, int64_t max_files)
+{
+	pthread_mutex_lock(&d->lock);
+	d->max_files = max_files > 0 ? max_files : 0;
+	pthread_mutex_unlock(&d->lock);
+}
+
+int64_t tr_datasets_max_files(tr_datasets_t *d)
+{
+	pthread_mutex_lock(&d->lock);
+	int64_t v = d->max_files;
+	pthread_mutex_unlock(&d->lock);
+	return v;
+}
+
+int64_t tr_datasets_file_count(tr_datasets_t *d)
+{
+	pthread_mutex_lock(&d->lock);
+	int64_t v = d->files;
+	pthread_mutex_unlock(&d->lock);
+	return v;
+}
+
 int64_t tr_datasets_used_bytes(tr_datasets_t *d)
 {
 	pthread_mutex_lock(&d->lock);
@@ -271,9 +314,23 @@ int64_t tr_datasets_used_bytes(tr_datasets_t *d)
 
 /* Takes `more` bytes of the quota for up (under d->lock): -EFBIG when they
  * do not fit.  The file up replaces counts as free. */
+/* The size of the file up replaces as it is now (under d->lock): another
+ * upload may have replaced it, or a delete removed it, since up began, and
+ * counting what it was then let each round of that grow the used bytes by
+ * the replaced file's size past the quota. */
+static int64_t replaced_now_locked(const tr_dataset_upload_t *up)
+{
+	char fpath[PATH_MAX];
+	struct stat st;
+	if (tr_datasets_path(up->d, up->name, up->file, fpath, sizeof fpath) < 0)
+		return 0;
+	return lstat(fpath, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0;
+}
+
 static int reserve_locked(tr_dataset_upload_t *up, int64_t more, struct tr_error *err)
 {
 	tr_datasets_t *d = up->d;
+	up->replaces = replaced_now_locked(up);
 	if (d->max_bytes > 0) {
 		int64_t after = d->used - up->replaces + d->reserved + more;
 		if (after > d->max_bytes) {
@@ -287,6 +344,26 @@ static int reserve_locked(tr_dataset_upload_t *up, int64_t more, struct tr_error
 	}
 	d->reserved += more;
 	up->reserved += more;
+	return 0;
+}
+
+/* Takes a place among max_files for an upload of a file that does not
+ * exist yet (under d->lock): -EMFILE when the files and the new files
+ * being uploaded fill them.  Empty files take no quota bytes but an inode
+ * each, and enough of them exhausted a file system's inodes. */
+static int take_file_slot_locked(tr_dataset_upload_t *up, const char *fpath, struct tr_error *err)
+{
+	tr_datasets_t *d = up->d;
+	struct stat st;
+	if (lstat(fpath, &st) == 0)
+		return 0; /* a replacement adds no file */
+	if (d->max_files > 0 && d->files + d->new_slots >= d->max_files)
+		return tr_error_set(err, -EMFILE, 0, NULL,
+				    "%s/%s: the datasets hold %" PRId64 " files (with uploads in progress), the limit "
+				    "of %" PRId64 " files (datasets-max-files sets it)",
+				    up->name, up->file, d->files + d->new_slots, d->max_files);
+	d->new_slots++;
+	up->new_slot = true;
 	return 0;
 }
 
@@ -319,16 +396,16 @@ int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *fil
 		return tr_error_set(err, -ENAMETOOLONG, 0, NULL, "%s/%s: the path is too long", name, file);
 	}
 	pthread_mutex_lock(&d->lock);
-	struct stat st;
-	if (lstat(fpath, &st) == 0 && S_ISREG(st.st_mode))
-		up->replaces = st.st_size;
 	rc = reserve_locked(up, declared > 0 ? declared : 0, err);
+	if (rc == 0)
+		rc = take_file_slot_locked(up, fpath, err);
 	if (rc == 0 && mkdir(dpath, 0700) < 0 && errno != EEXIST)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create: %s", dpath, strerror(errno));
 	if (rc == 0 && (up->fd = mkostemp(up->tmp, O_CLOEXEC)) < 0)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s: cannot create a file: %s", dpath, strerror(errno));
 	if (rc < 0) {
 		d->reserved -= up->reserved;
+		d->new_slots -= up->new_slot;
 		rmdir(dpath); /* a dataset this upload would have started */
 	}
 	pthread_mutex_unlock(&d->lock);
@@ -389,6 +466,7 @@ static void upload_free(tr_dataset_upload_t *up, int64_t committed)
 	tr_datasets_t *d = up->d;
 	pthread_mutex_lock(&d->lock);
 	d->reserved -= up->reserved;
+	d->new_slots -= up->new_slot;
 	d->used += committed;
 	if (!committed) {
 		/* A dataset that only this upload had started goes with it. */
@@ -437,17 +515,27 @@ int tr_datasets_upload_commit(tr_dataset_upload_t *up, struct tr_dataset_file *o
 	fchmod(up->fd, 0600);
 
 	pthread_mutex_lock(&d->lock);
-	/* What it replaces now (another upload may have committed since). */
+	/* What it replaces now (another upload may have committed since, or
+	 * the file been deleted): the quota must hold with that. */
+	int64_t replaced = replaced_now_locked(up);
 	struct stat old;
-	int64_t replaced = lstat(fpath, &old) == 0 && S_ISREG(old.st_mode) ? old.st_size : 0;
+	bool adds_file = lstat(fpath, &old) < 0;
+	int64_t after = d->used - replaced + (d->reserved - up->reserved) + up->written;
+	if (d->max_bytes > 0 && after > d->max_bytes)
+		rc = tr_error_set(err, -EFBIG, 0, NULL,
+				  "%s/%s: %" PRId64 " bytes no longer fit the datasets quota of %" PRId64
+				  " bytes: the file it replaces changed while it was sent (datasets-max-bytes sets it)",
+				  up->name, up->file, up->written, d->max_bytes);
 	/* The record first: until the rename below it names an inode that is
 	 * not FILE's yet, and a crash in between shows the checksum unknown. */
-	rc = write_record(rec, hex, up->written, (uint64_t)st.st_ino, err);
+	if (rc == 0)
+		rc = write_record(rec, hex, up->written, (uint64_t)st.st_ino, err);
 	if (rc == 0 && rename(up->tmp, fpath) < 0)
 		rc = tr_error_set(err, -errno, 0, NULL, "%s/%s: cannot rename into place: %s", up->name, up->file,
 				  strerror(errno));
 	if (rc == 0) {
 		d->used -= replaced;
+		d->files += adds_file;
 		sync_dir(dpath);
 	}
 	pthread_mutex_unlock(&d->lock);
@@ -579,6 +667,7 @@ static int remove_file_locked(tr_datasets_t *d, const char *name, const char *fi
 		return tr_error_set(err, -errno, 0, NULL, "%s/%s: cannot delete: %s", name, file, strerror(errno));
 	unlink(rec);
 	d->used -= st.st_size;
+	d->files--;
 	*freed += st.st_size;
 	return 0;
 }

@@ -20,6 +20,9 @@
  * Quota: the files together (and uploads in progress, counted by what they
  * declared or have written) may take at most max_bytes; a file being
  * replaced counts as free.  Past it an upload fails with -EFBIG.
+ * File count: at most max_files files (tr_datasets_set_max_files), counting
+ * uploads in progress of new files; an upload of a new file past it fails
+ * with -EMFILE at begin.  Replacing a file adds none.
  *
  * Errors are negative errno codes with the message in the caller's struct
  * tr_error (core/error.h; docs/design.md, "Errors"); err may be NULL.
@@ -58,6 +61,11 @@ void tr_datasets_destroy(tr_datasets_t *d); /* accepts NULL; no upload may be op
 
 const char *tr_datasets_dir(const tr_datasets_t *d);
 int64_t tr_datasets_max_bytes(const tr_datasets_t *d); /* 0 = none */
+/* The file-count limit (0 = none, the default). */
+void tr_datasets_set_max_files(tr_datasets_t *d, int64_t max_files);
+int64_t tr_datasets_max_files(tr_datasets_t *d);
+/* Committed files now. */
+int64_t tr_datasets_file_count(tr_datasets_t *d);
 /* Bytes the committed files take now. */
 int64_t tr_datasets_used_bytes(tr_datasets_t *d);
 
@@ -76,7 +84,8 @@ int tr_datasets_path(const tr_datasets_t *d, const char *name, const char *file,
 
 /* Starts an upload of NAME/FILE.  declared: the body's size when known
  * (Content-Length), else -1.  -EINVAL for a bad name, -EFBIG when declared
- * does not fit the quota (nothing is created then), another code when the
+ * does not fit the quota, -EMFILE when a new file would pass the file-count
+ * limit (nothing is created then), another code when the
  * temporary file cannot be created. */
 int tr_datasets_upload_begin(tr_datasets_t *d, const char *name, const char *file, int64_t declared,
 			     tr_dataset_upload_t **out, struct tr_error *err);

@@ -177,7 +177,15 @@ int tr_store_log_append(tr_store_t *s, int64_t job_id, int level, const char *me
 	if (!message)
 		return tr_error_set(e, -EINVAL, 0, NULL, "log line: message is NULL");
 	struct qitem it = {.job_id = job_id, .wall = tr_store_now(), .level = level};
-	int err = set_text(&it, message, e);
+	/* Control characters a data path brought in (ESC, BEL) would reach
+	 * the terminal of whoever reads the log (trainctl logs). */
+	size_t cap = strlen(message) * 4 + 1;
+	char *escaped = malloc(cap);
+	if (!escaped)
+		return tr_error_set(e, -ENOMEM, 0, NULL, "log line: out of memory");
+	tr_escape_controls(message, escaped, cap);
+	int err = set_text(&it, escaped, e);
+	free(escaped);
 	if (err < 0)
 		return err;
 	/* A log line may quote a data file's bytes; keep it, readable. */

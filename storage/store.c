@@ -11,13 +11,17 @@
 #include "storage/internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "storage/checkpoints.h"
 
@@ -428,6 +432,33 @@ static void init_cond_monotonic(pthread_cond_t *cv)
 	pthread_condattr_destroy(&a);
 }
 
+/* The database holds every job's spec, logs and metrics: under umask 022
+ * SQLite made it 0644, and another local user read it with sqlite3 while
+ * the API answered 401.  So the file is made (or set) 0600 before SQLite
+ * opens it; SQLite gives its -wal and -shm files the database's mode, and
+ * ones an older daemon left are set 0600 too. */
+static int make_private(const char *path, struct tr_error *e)
+{
+	/* A file that cannot be opened or changed here (a read-only state
+	 * directory or file system) is left to SQLite, whose open names the
+	 * problem as before; nobody can have widened its mode then either. */
+	int fd = open(path, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return 0;
+	int rc = 0;
+	if (fchmod(fd, 0600) < 0 && errno != EROFS && errno != EPERM)
+		rc = tr_error_set(e, -errno, 0, NULL, "%s: chmod 600: %s", path, strerror(errno));
+	close(fd);
+	const char *sides[] = {"-wal", "-shm"};
+	for (size_t i = 0; rc == 0 && i < 2; i++) {
+		char side[PATH_MAX];
+		snprintf(side, sizeof side, "%s%s", path, sides[i]);
+		if (chmod(side, 0600) < 0 && errno != ENOENT && errno != EROFS && errno != EPERM)
+			rc = tr_error_set(e, -errno, 0, NULL, "%s: chmod 600: %s", side, strerror(errno));
+	}
+	return rc;
+}
+
 int tr_store_open(const char *path, const struct tr_store_options *opts, tr_store_t **out, struct tr_error *e)
 {
 	int rc;
@@ -467,6 +498,9 @@ int tr_store_open(const char *path, const struct tr_store_options *opts, tr_stor
 		goto fail;
 	}
 
+	rc = make_private(path, &oe);
+	if (rc < 0)
+		goto fail;
 	rc = tr_store_conn_open(&s->wconn, path, &oe);
 	if (rc < 0)
 		goto fail;

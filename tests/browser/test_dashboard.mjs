@@ -7,10 +7,12 @@
 // refetches that step range (from_step/to_step); Stop, after confirmation,
 // stops the job and the page shows it; when a page shows a job stopped,
 // cancelled, failed or completed, its curves already reach the job's final
-// step; the submit form shows each of a bad spec's
+// step; info keys named like Object.prototype's members show as
+// themselves; the submit form shows each of a bad spec's
 // errors at its JSON pointer; the device panel shows the loader threads the
 // daemon says the job runs with, and for an ended job the devices it ran on
-// without the memory figures of whoever holds them now; with a token configured the page asks for it
+// without the memory figures of whoever holds them now; a page of another
+// origin cannot pause or cancel a job, and a rebinding name gets 403; with a token configured the page asks for it
 // once, keeps it out of every URL, and works; on a phone no field of the
 // jobs and devices tables is off the screen; a series of one point is
 // drawn.  Screenshots of each page go to ARTIFACT_DIR.
@@ -20,6 +22,7 @@
 // and the whole run is killed after 240 s.
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
+import http from 'node:http';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -172,7 +175,8 @@ async function waitFor(what, fn, timeoutMs) {
 
 try {
 	browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-		args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'] });
+		args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage',
+			'--host-resolver-rules=MAP rebind.example 127.0.0.1'] });
 
 	// ---- daemon without a token ----
 	// Four devices: the long job and one submitted from the page both run.
@@ -311,6 +315,18 @@ try {
 		/* The engine's "epoch" info field (last finished) is not shown
 		 * under a bare name that reads like the current one. */
 		if (labels.includes('epoch') || labels.includes('Epoch')) throw new Error('ambiguous epoch label: ' + labels.join(', '));
+		/* Keys that name Object.prototype's members show as themselves,
+		 * not as the text of a function found there. */
+		const tricky = ['constructor', '__proto__', 'toString'];
+		const r = await fetch(d.url + '/jobs/' + id + '/info', { method: 'PUT', headers: { 'Content-Type': 'application/json' },
+			body: '{"constructor": "c", "__proto__": "p", "toString": "t"}' });
+		if (r.status !== 200) throw new Error('PUT info: HTTP ' + r.status + ' ' + (await r.text()));
+		await waitFor('the info keys on the page', async () => {
+			const now = await page.$$eval('#job-info dt', (els) => els.map((e) => e.textContent));
+			return tricky.every((k) => now.includes(k));
+		}, 10000).catch(async () => {
+			throw new Error('labels: ' + (await page.$$eval('#job-info dt', (els) => els.map((e) => e.textContent))).join(' | '));
+		});
 	});
 
 	await step('job page: device panel shows the loader threads the job runs with, and its devices\' memory', async () => {
@@ -457,6 +473,44 @@ try {
 		await dev.waitForSelector(`#devices-table tr[data-device="1"] a[href="#/jobs/${id}"]`, { timeout: 10000 });
 		await dev.screenshot({ path: path.join(artifacts, 'devices.png'), fullPage: true });
 		await dev.close();
+	});
+
+	/* A page of another origin (a server of this test on another port)
+	 * tries a no-cors fetch and an auto-submitted form, both POSTs without
+	 * a body: refused (403), the job runs on.  A name of the attacker's
+	 * that resolves to loopback (DNS rebinding, made with the browser's
+	 * host resolver rules) gets 403 too.  The dashboard's own POSTs
+	 * (submit above, Stop below) still work. */
+	await step('a page of another origin cannot pause or cancel a job; a rebinding name gets 403', async () => {
+		const evil = http.createServer((req, res) => {
+			res.writeHead(200, { 'Content-Type': 'text/html' });
+			res.end(`<!doctype html><iframe name="sink"></iframe>
+<form id="f" method="POST" action="${d.url}/jobs/${id}/cancel" target="sink"></form>
+<script>
+window.fetched = fetch('${d.url}/jobs/${id}/pause', { method: 'POST', mode: 'no-cors' })
+	.then(() => 'sent', (e) => 'error ' + e);
+document.getElementById('f').submit();
+</script>`);
+		});
+		await new Promise((r) => evil.listen(0, '127.0.0.1', r));
+		const cross = await context.newPage();
+		const refusals = [];
+		cross.on('response', (r) => { if (r.url().startsWith(d.url + '/jobs/')) refusals.push(r.status()); });
+		try {
+			await cross.goto(`http://127.0.0.1:${evil.address().port}/`);
+			await cross.evaluate(() => window.fetched);
+			await waitFor('both requests answered', async () => refusals.length >= 2, 10000);
+			if (refusals.some((s) => s !== 403)) throw new Error('answers: ' + refusals.join(', '));
+			await new Promise((r) => setTimeout(r, 500));
+			const state = await jobState(d, id);
+			if (state !== 'running') throw new Error('the job is ' + state + ' after the other origin\'s POSTs');
+			const port = new URL(d.url).port;
+			const r = await cross.goto(`http://rebind.example:${port}/jobs`);
+			if (r.status() !== 403) throw new Error('a rebinding name got HTTP ' + r.status());
+		} finally {
+			await cross.close();
+			evil.close();
+		}
 	});
 
 	await step('Stop asks for confirmation, stops the job, and the page shows it', async () => {

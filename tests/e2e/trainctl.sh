@@ -400,6 +400,34 @@ check "rm-dataset of a dataset exits 0" test $? -eq 0
 check "nothing is left" test "$(tc datasets | grep -c '^dataset:')" -eq 0
 unset TRAINERD_TOKEN
 
+# ---- a full disk during an upload: said as such, and not sent again ----
+# The datasets directory on a 2 MiB tmpfs in a mount namespace of the
+# daemon's own (unshare -m, as root); skipped where that is not allowed.
+# 24 MB: past what the daemon drops after a refusal before cutting off.
+stop
+mkdir -p "$work/state5/datasets"
+chmod 700 "$work/state5" "$work/state5/datasets"
+truncate -s 24000000 "$work/big.bin"
+if unshare -m --propagation private true 2>/dev/null; then
+	rm -f "$work/state5/listen.addr"
+	unshare -m --propagation private sh -c 'mount -t tmpfs -o size=2m,mode=0700 tmpfs "$1/datasets" &&
+		exec "$2" serve --listen 127.0.0.1:0 --state-dir "$1" --data-root "$1" --cpu-devices 1 --backend cpu' \
+		sh "$work/state5" "$TRAINERD" >>"$work/daemon.log" 2>&1 &
+	daemon_pid=$!
+	for _ in $(seq 150); do
+		[ -s "$work/state5/listen.addr" ] && break
+		sleep 0.1
+	done
+	TRAINERD_URL=$(cat "$work/state5/listen.addr")
+	tc upload "$work/big.bin" full >/dev/null 2>"$work/e"
+	check "upload to a full disk: exit 4" test $? -eq 4
+	check "upload to a full disk: says so" has "$work/e" "the daemon's disk is full"
+	check "upload to a full disk: not sent again" test "$(count "$work/e" 'sending it again')" -eq 0
+	stop
+else
+	echo "trainctl.sh: the full-disk upload is skipped: unshare -m is not allowed here (it needs root)" >&2
+fi
+
 if [ "$fail" -ne 0 ]; then
 	echo "---- daemon log ----" >&2
 	tail -50 "$work/daemon.log" >&2

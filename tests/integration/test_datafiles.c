@@ -463,3 +463,54 @@ Test(datafiles, a_bad_label_fails_the_job_at_start_naming_file_and_line, .timeou
 		  "%s", r.body);
 	http_free(&r);
 }
+
+/* Whether text holds a control character (ESC, BEL, a newline...). */
+static bool has_control(const char *text)
+{
+	for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+		if (*p < 0x20 || *p == 0x7f)
+			return true;
+	return false;
+}
+
+/* A data path with ESC and BEL (a terminal title and a screen clear) in it
+ * reached terminals through the job's error, its log (trainctl show/logs)
+ * and the daemon's log; each now shows them as \xNN. */
+Test(datafiles, control_characters_in_a_path_are_escaped_in_messages, .timeout = 120)
+{
+	const char *name = "ctl\x1b]0;owned\x07\x1b[2J.csv";
+	char p[512];
+	in_dir(p, sizeof p, d.dir, name);
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs("1,1.5,2\n1,2.5,1\n1,3.5,0\n1,4.5,3\n", f); /* label 3 is out of range */
+	cr_assert_eq(fclose(f), 0);
+	long long id = submit_job(&d, csv_job("ctl", "ctl\\u001b]0;owned\\u0007\\u001b[2J.csv", 1, 1));
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 60), "failed");
+	const char *msg = job_error(id, NULL, 0);
+	cr_assert(!has_control(msg), "a control character in the job's error: %s", msg);
+	cr_assert(strstr(msg, "ctl\\x1b]0;owned\\x07\\x1b[2J.csv"), "%s", msg);
+
+	char path[64];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/jobs/%lld/logs", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	size_t i;
+	json_t *line;
+	json_array_foreach(json_object_get(r.json, "logs"), i, line) {
+		const char *text = json_string_value(json_object_get(line, "message"));
+		cr_assert(text && !has_control(text), "a control character in a log line: %s", text ? text : "(none)");
+	}
+	http_free(&r);
+
+	/* The daemon's own log (stderr), the whole file so far. */
+	FILE *log = fopen(d.log_path, "r");
+	cr_assert_not_null(log);
+	int c, esc = 0;
+	while ((c = fgetc(log)) != EOF)
+		esc += c == 0x1b || c == 0x07;
+	fclose(log);
+	cr_assert_eq(esc, 0, "%d ESC or BEL bytes in the daemon's log", esc);
+	unlink(p);
+}

@@ -15,8 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -313,6 +316,94 @@ Test(datasets, over_quota_is_413)
 	cr_assert_eq(entries("q"), -1);
 }
 
+/* GET /datasets's used_bytes. */
+static long long used_bytes(void)
+{
+	struct http_reply r;
+	http(&d, "GET", "/datasets", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	long long used = json_integer_value(json_object_get(r.json, "used_bytes"));
+	http_free(&r);
+	return used;
+}
+
+/* Writes n bytes of 'a' on fd as chunks of at most 64 KiB. */
+static void send_chunks(int fd, size_t n)
+{
+	static char block[65536];
+	memset(block, 'a', sizeof block);
+	while (n) {
+		size_t k = n < sizeof block ? n : sizeof block;
+		char head[32];
+		int hl = snprintf(head, sizeof head, "%zx\r\n", k);
+		cr_assert_eq(write(fd, head, (size_t)hl), hl);
+		for (size_t done = 0; done < k;) {
+			ssize_t w = write(fd, block + done, k - done);
+			cr_assert_gt(w, 0, "%s", strerror(errno));
+			done += (size_t)w;
+		}
+		cr_assert_eq(write(fd, "\r\n", 2), 2);
+		n -= k;
+	}
+}
+
+/* A chunked upload A of FILE (2 MB) begins; while it streams, FILE is
+ * replaced by 1 byte and another file takes the room that frees; then A
+ * sends its 2 MB.  The quota used to discount the size FILE had when A
+ * began, so A was accepted and the used bytes ended 2 MB over the quota
+ * (each round of this adds as much again).  Now A gets 413. */
+Test(datasets, replaced_while_streaming_keeps_the_quota)
+{
+	struct http_reply r;
+	put_stream("/datasets/q3/f.bin", 2000000, 'f', false, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+
+	int port = 0;
+	cr_assert_eq(sscanf(d.base_url, "http://127.0.0.1:%d", &port), 1);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+	const char *head = "PUT /datasets/q3/f.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+			   "application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+	cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+	send_chunks(fd, 1);
+	/* f.bin, its record and A's temporary file. */
+	cr_assert_eq(wait_entries("q3", 3), 3, "the upload did not start");
+
+	http(&d, "PUT", "/datasets/q3/f.bin", "x", "application/octet-stream", NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+	put_stream("/datasets/q3/g.bin", 2900000, 'g', false, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+
+	send_chunks(fd, 1999999);
+	cr_assert_eq(write(fd, "0\r\n\r\n", 5), 5);
+	char answer[4096] = "";
+	size_t got = 0;
+	struct timeval tv = {.tv_sec = 30};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	while (got < sizeof answer - 1 && !strstr(answer, "}")) {
+		ssize_t n = read(fd, answer + got, sizeof answer - 1 - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+		answer[got] = 0;
+	}
+	close(fd);
+	cr_assert(strncmp(answer, "HTTP/1.1 413", 12) == 0, "A was answered: %.300s", answer);
+	cr_assert(strstr(answer, "quota"), "%.300s", answer);
+	long long used = used_bytes();
+	cr_assert_leq(used, 3000000, "used_bytes %lld is over the quota of 3000000", used);
+	cr_assert_eq(used, 2900001);
+
+	http(&d, "DELETE", "/datasets/q3", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+}
+
 /* A PUT whose URL is sent exactly as written (no dot-segment removal).
  * Not recorded: no route of the OpenAPI document has such a path. */
 static long put_as_is(const char *path)
@@ -341,6 +432,10 @@ Test(datasets, path_escapes_are_refused)
 	cr_assert_eq(put_as_is("/datasets/a/..%2F..%2Fescape"), 404); /* decoded: more segments, no route */
 	cr_assert_eq(put_as_is("/datasets/a/.hidden"), 400);
 	cr_assert_eq(put_as_is("/datasets/a/b%20c"), 400);
+	/* An encoded NUL used to end the name early: b%00c wrote b. */
+	cr_assert_eq(put_as_is("/datasets/nul/b%00c"), 400);
+	cr_assert_eq(put_as_is("/datasets/nul%00x/b"), 400);
+	cr_assert_eq(entries("nul"), -1, "a file was written for a name with an encoded NUL");
 	char p[300];
 	snprintf(p, sizeof p, "%s/escape", d.dir);
 	cr_assert_neq(access(p, F_OK), 0, "a file was written outside the datasets directory");
@@ -404,6 +499,40 @@ Test(datasets, delete_while_used_is_409)
 	cr_assert_eq(entries("busy"), -1);
 }
 
+/* "In use" compared strings: a job naming the file as iu//train.csv,
+ * ./iu/train.csv or through the state directory did not hold it, and the
+ * file could be deleted under the running job.  Now the file's identity
+ * (device and inode) is compared. */
+Test(datasets, in_use_whatever_the_spelling)
+{
+	struct http_reply r;
+	http(&d, "PUT", "/datasets/iu/train.csv", toy_csv(), "text/csv", NULL, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+	const char *spellings[] = {"iu//train.csv", "./iu/train.csv", "datasets/iu/train.csv"};
+	for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+		long long id = submit_job(&d, csv_job("spelled", spellings[i], 1000000));
+		cr_assert_str_eq(wait_state(&d, id, "running", 30), "running", "%s", spellings[i]);
+		http(&d, "DELETE", "/datasets/iu/train.csv", NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 409, "%s: %ld %s", spellings[i], r.status, r.body);
+		http_free(&r);
+		http(&d, "DELETE", "/datasets/iu", NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 409, "%s: %ld %s", spellings[i], r.status, r.body);
+		http_free(&r);
+		http(&d, "PUT", "/datasets/iu/train.csv", "1,2,0\n", "text/csv", NULL, &r);
+		cr_assert_eq(r.status, 409, "%s: %ld %s", spellings[i], r.status, r.body);
+		http_free(&r);
+		char path[64];
+		snprintf(path, sizeof path, "/jobs/%lld/cancel", id);
+		http(&d, "POST", path, NULL, NULL, NULL, &r);
+		http_free(&r);
+		cr_assert_str_eq(wait_state(&d, id, "cancelled", 30), "cancelled");
+	}
+	http(&d, "DELETE", "/datasets/iu", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+}
+
 /* A path outside the data roots gets an answer that lists the roots (the
  * datasets directory among them) and names the option that sets them. */
 Test(datasets, outside_the_roots_lists_them_and_the_option)
@@ -454,4 +583,138 @@ Test(datasets, large_upload_is_not_held_in_memory)
 	json_t *f = listed("large", "ones.bin");
 	cr_assert_eq(json_integer_value(json_object_get(f, "bytes")), (json_int_t)96 << 20);
 	json_decref(f);
+}
+
+/* PUT of a one-byte file; returns the status. */
+static long put_small(const char *name, const char *file)
+{
+	char path[300];
+	struct http_reply r;
+	snprintf(path, sizeof path, "/datasets/%s/%s", name, file);
+	http(&d, "PUT", path, "x", "text/plain", NULL, &r);
+	long status = r.status;
+	if (status == 413)
+		cr_assert(strstr(r.body, "datasets-max-files") && strstr(r.body, "of 5 files"), "%s", r.body);
+	http_free(&r);
+	return status;
+}
+
+/* Small files take no quota bytes but an inode each: past the file-count
+ * limit a new file is 413; a replacement still fits, and a delete frees a
+ * place. */
+Test(datasets, file_count_limit_is_413)
+{
+	daemon_cleanup(&d);
+	const char *flags[] = {"--datasets-max-files", "5", NULL};
+	daemon_start(&d, 1, flags);
+	const char *files[] = {"a", "b", "c", "d", "e"};
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(put_small(i < 3 ? "fa" : "fb", files[i]), 201, "file %d", i);
+	cr_assert_eq(put_small("fc", "f"), 413);
+	cr_assert_eq(entries("fc"), -1, "a refused upload leaves no dataset");
+	cr_assert_eq(put_small("fa", "a"), 200, "replacing a file adds none");
+	struct http_reply r;
+	http(&d, "GET", "/datasets", NULL, NULL, NULL, &r);
+	cr_assert_eq(json_integer_value(json_object_get(r.json, "files")), 5, "%s", r.body);
+	cr_assert_eq(json_integer_value(json_object_get(r.json, "max_files")), 5, "%s", r.body);
+	http_free(&r);
+	http(&d, "DELETE", "/datasets/fb/e", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	http_free(&r);
+	cr_assert_eq(put_small("fc", "f"), 201);
+	/* Counted again from the disk at start. */
+	daemon_stop(&d, NULL);
+	daemon_restart(&d, 1, flags);
+	cr_assert_eq(put_small("fc", "g"), 413);
+}
+
+/* GET /datasets pages by file: limit files a page and "next" the cursor
+ * for after=, null on the last page.  A dataset split across pages keeps
+ * its whole size on each. */
+Test(datasets, list_pages)
+{
+	const char *names[][2] = {{"pa", "1"}, {"pa", "2"}, {"pa", "3"}, {"pb", "1"}, {"pc", "1"}};
+	for (int i = 0; i < 5; i++)
+		cr_assert_eq(put_small(names[i][0], names[i][1]), 201);
+	char after[300] = "", path[400];
+	int seen = 0, pages = 0;
+	for (; pages < 10; pages++) {
+		struct http_reply r;
+		snprintf(path, sizeof path, "/datasets?limit=2%s%s", after[0] ? "&after=" : "", after);
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200, "%s", r.body);
+		json_t *ds;
+		size_t i;
+		int here = 0;
+		json_array_foreach(json_object_get(r.json, "datasets"), i, ds) {
+			json_t *f;
+			size_t j;
+			json_array_foreach(json_object_get(ds, "files"), j, f) {
+				cr_assert_str_eq(json_string_value(json_object_get(ds, "name")), names[seen][0]);
+				cr_assert_str_eq(json_string_value(json_object_get(f, "file")), names[seen][1]);
+				seen++, here++;
+			}
+			if (strcmp(json_string_value(json_object_get(ds, "name")), "pa") == 0)
+				cr_assert_eq(json_integer_value(json_object_get(ds, "bytes")), 3, "%s", r.body);
+		}
+		cr_assert_leq(here, 2, "%s", r.body);
+		const char *next = json_string_value(json_object_get(r.json, "next"));
+		if (next)
+			snprintf(after, sizeof after, "%s", next);
+		cr_assert_eq(json_object_get(r.json, "used_bytes") != NULL, 1);
+		http_free(&r);
+		if (!next)
+			break;
+	}
+	cr_assert_eq(seen, 5);
+	cr_assert_eq(pages, 2, "three pages of two, the last without next");
+	struct http_reply r;
+	http(&d, "GET", "/datasets?after=nocursor", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	cr_assert(strstr(r.body, "after"), "%s", r.body);
+	http_free(&r);
+	http(&d, "GET", "/datasets?limit=0", NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 400, "%s", r.body);
+	http_free(&r);
+}
+
+/* The datasets directory on a 2 MiB tmpfs, mounted in a mount namespace
+ * of this test's own (criterion runs each test in a process of its own,
+ * and the daemon it starts inherits the namespace): nothing outside sees
+ * it, and it goes with the process.  false when that is not allowed. */
+static bool small_datasets_fs(void)
+{
+	char path[300];
+	snprintf(path, sizeof path, "%s/datasets", d.dir);
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		return false;
+	return mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=2m,mode=0700") == 0;
+}
+
+/* A disk that fills during an upload, past "100 Continue" and well past
+ * the bytes the daemon drops after a refusal: the client gets 507 naming
+ * the full disk, not a broken connection, nothing of the upload is left,
+ * and the daemon goes on serving. */
+Test(datasets, disk_full_midway_is_507)
+{
+	daemon_stop(&d, NULL);
+	if (!small_datasets_fs())
+		cr_skip_test("needs a private mount namespace and a tmpfs (root, or CAP_SYS_ADMIN): %s",
+			     strerror(errno));
+	const char *flags[] = {"--datasets-max-bytes", "0", NULL};
+	daemon_restart(&d, 1, flags);
+	struct http_reply r;
+	put_stream("/datasets/full/big.bin", (size_t)24 << 20, 'f', false, &r);
+	cr_assert_eq(r.status, 507, "status %ld: %s", r.status, r.body ? r.body : "");
+	cr_assert(strstr(r.body, "big.bin") && strstr(r.body, "No space left"), "%s", r.body);
+	http_free(&r);
+	cr_assert_eq(wait_entries("full", -1), -1, "the partial upload is deleted");
+	cr_assert_eq(put_small("after", "ok"), 201);
+	json_t *f = listed("after", "ok");
+	cr_assert(f, "the daemon serves after a full disk");
+	json_decref(f);
+	daemon_stop(&d, NULL);
+	char path[300];
+	snprintf(path, sizeof path, "%s/datasets", d.dir);
+	umount2(path, MNT_DETACH);
 }

@@ -264,9 +264,10 @@ Test(limits, trickling_requests_are_cut_at_the_deadline)
 	const char *flags[] = {"--request-timeout", "2", NULL};
 
 	daemon_start(&d, 1, flags);
-	expect_cut("GET /healthz HTTP/1.1\r\nHost: x\r\n", "X", 2);
-	expect_cut("POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
-		   " ", 2);
+	expect_cut("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n", "X", 2);
+	expect_cut(
+		"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+		" ", 2);
 	/* Ordinary requests are not affected. */
 	struct http_reply r;
 	http(&d, "GET", "/healthz", NULL, NULL, NULL, &r);
@@ -279,10 +280,11 @@ Test(limits, trickling_requests_are_cut_at_the_deadline)
 Test(limits, disagreeing_content_lengths_are_refused)
 {
 	daemon_start(&d, 1, NULL);
-	char *a = exchange("127.0.0.1",
-			   "POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
-			   "Content-Length: 30\r\n\r\n{}",
-			   5);
+	char *a = exchange(
+		"127.0.0.1",
+		"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+		"Content-Length: 30\r\n\r\n{}",
+		5);
 	cr_assert_not_null(a, "no answer to a request with two Content-Length headers");
 	cr_expect_eq(status_of(a), 400, "two disagreeing Content-Length headers: %s", a);
 	cr_expect_not_null(strstr(a, "Content-Length headers that disagree"), "%s", a);

@@ -474,6 +474,79 @@ Test(service, token_file_roles_and_reload, .timeout = 120)
 	svc_cleanup(&s);
 }
 
+/* What the revoked stream's callback needs: when its first bytes came,
+ * the tokens are rewritten without its own and the daemon reloads. */
+struct revoke {
+	const struct daemon *d;
+	const char *tokens;
+	double reloaded; /* 0 until then */
+	size_t bytes;
+};
+
+static size_t revoke_on_first_bytes(char *p, size_t size, size_t n, void *cls)
+{
+	struct revoke *rv = cls;
+	(void)p;
+	rv->bytes += size * n;
+	if (!rv->reloaded) {
+		write_file(rv->tokens, "admin:admin-secret-1\n", 0600);
+		kill(rv->d->pid, SIGHUP);
+		rv->reloaded = now_s();
+	}
+	return size * n;
+}
+
+/* A token revoked by a reload kept its open event stream, which went on
+ * delivering (207 MB in 10 s); the stream now ends within about a second. */
+Test(service, revoked_token_ends_its_event_stream, .timeout = 120)
+{
+	struct svc s;
+	svc_init(&s, false);
+	char tokens[200], arg[220];
+	snprintf(tokens, sizeof tokens, "%s/tokens", s.d.dir);
+	write_file(tokens, "read:reader-secret-1\nadmin:admin-secret-1\n", 0600);
+	snprintf(arg, sizeof arg, "--token-file=%s", tokens);
+	const char *args[] = {"--listen=127.0.0.1:0", arg, NULL};
+	spawn_env(&s, NULL, args, -1, true);
+
+	struct http_reply r;
+	http(&s.d, "POST", "/jobs",
+	     "{\"name\": \"long\", \"seed\": 1, \"model\": {\"inputs\": 4, \"layers\": [{\"type\": \"dense\", "
+	     "\"units\": 2}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"classification\", "
+	     "\"samples\": 64, \"features\": 4, \"classes\": 2}}, \"batch_size\": 16, \"epochs\": 1000000, "
+	     "\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": 1}",
+	     NULL, "Authorization: Bearer admin-secret-1", &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	long long id = json_integer_value(json_object_get(r.json, "id"));
+	http_free(&r);
+
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld/events", id);
+	struct revoke rv = {.d = &s.d, .tokens = tokens};
+	CURLcode res;
+	struct tr_test_request rq = {.base_url = s.d.base_url,
+				     .method = "GET",
+				     .path = path,
+				     .token = "reader-secret-1",
+				     .recv_fn = revoke_on_first_bytes,
+				     .recv_cls = &rv,
+				     .timeout_ms = 15000,
+				     .result = &res};
+	struct tr_test_reply tr;
+	tr_test_http(&rq, &tr);
+	double ended = now_s();
+	tr_test_reply_free(&tr);
+	cr_assert_gt(rv.reloaded, 0, "the stream delivered nothing");
+	cr_assert(wait_log(&s.d, "reload: tokens now 0 read, 0 write, 1 admin", 10));
+	cr_assert_lt(ended - rv.reloaded, 6 * TR_TEST_SLOW,
+		     "the stream ran on for %.1f s after its token was revoked (%zu bytes)", ended - rv.reloaded,
+		     rv.bytes);
+	/* The admin token, still in force, streams on. */
+	cr_assert_eq(get_with_token(&s.d, "GET", "/jobs", "admin-secret-1"), 200);
+	cr_assert_eq(get_with_token(&s.d, "GET", "/jobs", "reader-secret-1"), 403);
+	svc_cleanup(&s);
+}
+
 /* ---- HTTPS ---- */
 
 /* GET base/healthz through the shared client, trusting the CA file ca

@@ -148,6 +148,14 @@ Test(ui, unknown_files_and_methods, .init = start_plain, .fini = stop, .timeout 
 	http(&d, "POST", "/", "{}", NULL, NULL, &r);
 	cr_assert_eq(r.status, 405);
 	http_free(&r);
+	/* An encoded NUL used to end the name early and serve app.js. */
+	const char *nul[] = {"/ui/app.js%00", "/ui/app.js%00.png", "/jobs?limit=1%00", "/ui/app%01.js"};
+	for (size_t i = 0; i < sizeof nul / sizeof nul[0]; i++) {
+		http(&d, "GET", nul[i], NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 400, "%s: %ld %s", nul[i], r.status, r.body);
+		cr_assert(strstr(r.body, "control character"), "%s: %s", nul[i], r.body);
+		http_free(&r);
+	}
 }
 
 Test(ui, open_without_token_while_the_api_is_not, .init = start_token, .fini = stop, .timeout = 60)

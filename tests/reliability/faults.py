@@ -230,7 +230,7 @@ def stop_cont(ref, rid, d, spec, steps):
     while d.step(jid) < 10 and time.time() - t0 < 60:
         time.sleep(0.05)
     s = socket.create_connection((d.host, d.port), timeout=10)
-    s.sendall(("GET /jobs/%d/events HTTP/1.1\r\nHost: x\r\n\r\n" % jid).encode())
+    s.sendall(("GET /jobs/%d/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % jid).encode())
     before = s.recv(65536)
     os.kill(d.pid, signal.SIGSTOP)
     add("faults_injected")

@@ -45,7 +45,7 @@ def sse_client(d, jid, src, kind, stop, out):
             s.bind((src, 0))
             s.settimeout(5 * SLOW)
             s.connect((d.host, d.port))
-            s.sendall(("GET /jobs/%d/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n" % jid).encode())
+            s.sendall(("GET /jobs/%d/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n" % jid).encode())
             first = s.recv(200)
             status = int(first.split(b" ", 2)[1]) if first.startswith(b"HTTP/1.") else 0
             out["status"].append(status)

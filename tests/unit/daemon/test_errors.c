@@ -1,4 +1,5 @@
-/* The upload area (storage/datasets.h) and the token file (daemon/tokens.h)
+/* The upload area (storage/datasets.h), the token file (daemon/tokens.h) and
+ * a config file holding tokens (daemon/config.h)
  * give their messages through the caller's struct tr_error (core/error.h;
  * docs/design.md, "Errors"): the message names what and where, the kind
  * is none and there is no JSON pointer, whatever the struct held before. */
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "daemon/config.h"
 #include "daemon/tokens.h"
 #include "storage/datasets.h"
 
@@ -101,6 +103,64 @@ Test(errors, token_file_message_arrives_in_callers_struct)
 	cr_assert_eq(tr_tokens_load(path, &list, &e), 0, "%s", e.message);
 	cr_assert_eq(list.n, 1);
 	tr_tokens_finish(&list);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A token file owned by another user (not root) was accepted: its owner
+ * chooses the tokens.  Only testable where this process may chown. */
+Test(errors, token_file_of_another_user_is_refused)
+{
+	char dir[] = "/tmp/trainerd-tkown-XXXXXX", path[128], want[512];
+	struct tr_error e = used();
+	struct tr_token_list list = {0};
+
+	cr_assert_not_null(mkdtemp(dir));
+	write_file(dir, "read:abc\n", 0600, path, sizeof path);
+	if (geteuid() != 0) {
+		unlink(path);
+		rmdir(dir);
+		cr_skip_test("changing a file's owner takes root");
+	}
+	cr_assert_eq(chown(path, 65534, (gid_t)-1), 0);
+	cr_assert_eq(tr_tokens_load(path, &list, &e), -EPERM);
+	snprintf(want, sizeof want,
+		 "token-file %s is owned by uid 65534, not by the daemon's user (uid 0) or root: its owner chooses "
+		 "the tokens; chown 0 %s",
+		 path, path);
+	cr_assert_str_eq(e.message, want);
+	cr_assert_eq(list.n, 0);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A config file holding a token follows the token file's rules; one
+ * without a token may stay world-readable (systemd's example config). */
+Test(errors, config_file_with_a_token_needs_the_token_file_rules)
+{
+	char dir[] = "/tmp/trainerd-cferr-XXXXXX", path[128], want[512];
+	struct tr_error e = used();
+	struct tr_config c;
+
+	cr_assert_not_null(mkdtemp(dir));
+	write_file(dir, "log-level = debug\ntoken = secret-token\n", 0644, path, sizeof path);
+	tr_config_defaults(&c);
+	cr_assert_eq(tr_config_load_file(&c, path, &e), -EPERM);
+	snprintf(want, sizeof want, "--config %s: mode 0644 lets group or others read it; chmod 600 %s", path, path);
+	cr_assert_str_eq(e.message, want);
+	cr_assert_null(strstr(e.message, "secret-token"), "a token never goes into a message");
+	tr_config_finish(&c);
+
+	chmod(path, 0600);
+	tr_config_defaults(&c);
+	cr_assert_eq(tr_config_load_file(&c, path, &e), 0, "%s", e.message);
+	cr_assert_eq(c.n_tokens, 1);
+	tr_config_finish(&c);
+
+	write_file(dir, "log-level = debug\n", 0644, path, sizeof path);
+	tr_config_defaults(&c);
+	cr_assert_eq(tr_config_load_file(&c, path, &e), 0, "%s", e.message);
+	tr_config_finish(&c);
 	unlink(path);
 	rmdir(dir);
 }
