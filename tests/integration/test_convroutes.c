@@ -90,6 +90,7 @@ Test(convroutes, a_jobs_route_and_autos_remembered_choice)
 	cr_expect_eq(access(file, R_OK), 0, "%s not written", file);
 
 	/* a repeat after a restart: the file decides, same choice, same bits */
+	daemon_stop(&d, NULL);
 	daemon_restart(&d, 1, NULL);
 	job_result(submit_job(&d, conv_job("auto")), again, &loss2);
 	cr_expect_str_eq(again, routes);
