@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from protocol import cpuinfo  # bench/protocol.py, beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = os.path.join(HERE, "workloads")
 
@@ -510,14 +512,8 @@ def cpu_model():
 
 def cpu_detail():
     """Family/model/flags: the model name alone says only "AMD EPYC" under KVM."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if ":" in line:
-                    k, v = line.split(":", 1)
-                    info.setdefault(k.strip(), v.strip())
-    except OSError:
+    info = cpuinfo()
+    if not info:
         return ""
     flags = info.get("flags", "").split()
     simd = "avx512f" if "avx512f" in flags else ("avx2" if "avx2" in flags else "sse")

@@ -70,7 +70,8 @@ def spread(xs):
     return statistics.median(xs), min(xs), max(xs)
 
 
-def _cpuinfo():
+def cpuinfo():
+    """/proc/cpuinfo's first processor as a dict ({} where it cannot be read)."""
     info = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -128,7 +129,7 @@ def machine(binary):
     executable, whose OpenBLAS and oneDNN are asked (this process inherits
     the environment it runs under, OPENBLAS_CORETYPE and ONEDNN_MAX_CPU_ISA
     included, so the answers are the ones trainerd gets)."""
-    info = _cpuinfo()
+    info = cpuinfo()
     flags = set(info.get("flags", "").split())
     return {
         "cpu_model": info.get("model name", platform.processor() or "unknown"),

@@ -12,26 +12,19 @@ TRAINERD=${1:?usage: predict_images.sh TRAINERD}
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 make_work
 need_numpy predict_images
+# the PNG writer of the image-to-image checks (tests/e2e/imagelib.py)
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # Data: 8x8 grey PNGs (written with zlib alone) in three classes, stripes
 # across, stripes down, a bright centre, with noise; train/<class>/, the
 # same test images under test/<class>/ and flat/ (named so that flat/'s
 # sorted order is test/'s), and a few bad folders.
 "$py" - "$work" <<'PY'
-import os, struct, sys, zlib
+import os, sys
 import numpy as np
+from imagelib import png_write as png
 w = sys.argv[1]
 rng = np.random.default_rng(5)
-def png(path, a):
-    a = np.asarray(a, np.uint8)
-    h, wd = a.shape[:2]
-    ch = 1 if a.ndim == 2 else a.shape[2]
-    raw = b"".join(b"\0" + a[y].tobytes() for y in range(h))
-    def chunk(t, d):
-        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
-    ihdr = struct.pack(">IIBBBBB", wd, h, 8, {1: 0, 3: 2}[ch], 0, 0, 0)
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 def sample(c, size=8):
     x = rng.normal(60, 25, (size, size))
     if c == 0:
