@@ -103,7 +103,15 @@ NVCC=$(command -v nvcc || true)
 [ "${TR_CHECK_NO_NVCC:-0}" = 1 ] && NVCC=
 CUDA_HOME=
 if [ -n "$NVCC" ]; then
-	CUDA_HOME=$(cd "$(dirname "$NVCC")/.." && pwd)
+	# nvcc on PATH may be a wrapper script or a link (/usr/local/bin/nvcc
+	# that execs the toolkit's): the toolkit's own root is what nvcc
+	# reports as TOP, where cuBLAS and NCCL are looked for.
+	CUDA_HOME=$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+	if [ -n "$CUDA_HOME" ] && [ -d "$CUDA_HOME" ]; then
+		CUDA_HOME=$(cd "$CUDA_HOME" && pwd -P)
+	else
+		CUDA_HOME=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd -P)
+	fi
 	PATH="$(dirname "$NVCC"):$PATH"
 	export PATH
 fi
@@ -124,6 +132,7 @@ SANITIZER=$(command -v compute-sanitizer || true)
 	fi
 	echo "GPUs seen by nvidia-smi: $GPUS"
 	echo "nvcc: ${NVCC:-not found} $([ -n "$NVCC" ] && "$NVCC" --version | tail -1)"
+	[ -n "$CUDA_HOME" ] && echo "toolkit root (nvcc's TOP): $CUDA_HOME"
 	echo "compute-sanitizer: ${SANITIZER:-not found}"
 	echo "cc: $(cc --version 2>&1 | head -1)"
 	echo "meson: $(meson --version 2>&1 | head -1); ninja: $(ninja --version 2>&1 | head -1)"
@@ -174,7 +183,30 @@ check_step() {
 	fi
 }
 check_step "pkg-config modules" deps
-[ $CUDA_OPT = enabled ] && check_step "cuBLAS, NCCL" cuda_libs
+# TR_CHECK_NO_CUDA_LIBS=1: behave as if cuBLAS and NCCL were missing
+if [ $CUDA_OPT = enabled ]; then
+	if [ "${TR_CHECK_NO_CUDA_LIBS:-0}" = 1 ]; then
+		echo "cublas, nccl: hidden (TR_CHECK_NO_CUDA_LIBS=1)" >>"$WORK/logs/deps.log"
+		libs_found=0
+	elif cuda_libs >>"$WORK/logs/deps.log" 2>&1; then
+		libs_found=1
+	else
+		libs_found=0
+	fi
+	if [ $libs_found = 1 ]; then
+		row "cuBLAS, NCCL" "ok: $(tail -1 "$WORK/logs/deps.log")"
+	elif [ $MODE = rehearse ]; then
+		# a toolkit without cuBLAS or NCCL (nvcc alone): the GPU run would
+		# fail here; a rehearsal says so and rehearses the rest
+		row "cuBLAS, NCCL" "not found beside nvcc ($CUDA_HOME): $(tail -1 "$WORK/logs/deps.log"); CUDA compile not rehearsed"
+		headline "cuBLAS or NCCL not found beside nvcc: CUDA compile not rehearsed"
+		CUDA_OPT=disabled
+	else
+		row "cuBLAS, NCCL" "FAILED: $(tail -1 "$WORK/logs/deps.log")"
+		headline "cuBLAS, NCCL: $(tail -1 "$WORK/logs/deps.log")"
+		FAILED=1
+	fi
+fi
 if [ -n "${PKG_CONFIG_PATH:-}" ]; then
 	PKG_CONFIG=$(command -v pkg-config)
 	export PKG_CONFIG
