@@ -15,6 +15,7 @@ packages=(
 	dataset-fashion-mnist python3-skimage
 	libsqlite3-dev libmicrohttpd-dev libcurl4-openssl-dev libsystemd-dev nettle-dev
 	nodejs chromium systemd openssl clang clang-format
+	openmpi-bin libopenmpi-dev slurm-wlm munge
 	"$@"
 )
 # A nodejs package that bundles npm (as nodesource's does) conflicts with
