@@ -15,12 +15,15 @@
 #include "harness.h"
 
 /* An MLP over 8192 features: with SGD and `units` 1024 its estimate is
- * about 160 MiB, with Adam and 2048 about 440 MiB.  load_cost_us slows
- * its steps. */
-#define JOB(units, optimizer, load_cost_us)                                                                       \
+ * about 160 MiB, with Adam and 2048 about 440 MiB (the sample count does
+ * not change it).  load_cost_us slows its steps.  The jobs that must
+ * complete have 16 steps: a step of this size takes 0.3-0.8 s under
+ * AddressSanitizer on a loaded machine. */
+#define JOB(units, optimizer, samples, load_cost_us)                                                              \
 	"{\"name\": \"admission\", \"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": " units \
 	"}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\":"      \
-	" \"synthetic\", \"samples\": 2048, \"features\": 8192, \"classes\": 4, \"load_cost_us\": " load_cost_us  \
+	" \"synthetic\", \"samples\": " samples                                                                   \
+	", \"features\": 8192, \"classes\": 4, \"load_cost_us\": " load_cost_us                                   \
 	"}}, \"batch_size\": 32, \"epochs\": 1, \"optimizer\": {\"type\": \"" optimizer "\", \"lr\": 0.01},"      \
 	" \"devices\": 1}"
 
@@ -32,7 +35,7 @@ static void cleanup(void)
 	daemon_cleanup(&d);
 }
 
-TestSuite(admission, .fini = cleanup, .timeout = 120);
+TestSuite(admission, .fini = cleanup, .timeout = 240);
 
 static json_t *job(long long id)
 {
@@ -51,7 +54,7 @@ static void assert_healthy(void)
 Test(admission, job_that_can_never_fit_fails_at_once_with_both_figures)
 {
 	daemon_start(&d, 2, flags);
-	long long id = submit_job(&d, JOB("2048", "adam", "0"));
+	long long id = submit_job(&d, JOB("2048", "adam", "512", "0"));
 	cr_assert_str_eq(wait_state(&d, id, "failed|completed", 30), "failed");
 	json_t *j = job(id);
 	json_t *e = json_object_get(j, "error");
@@ -62,18 +65,18 @@ Test(admission, job_that_can_never_fit_fails_at_once_with_both_figures)
 	json_decref(j);
 	/* The daemon serves on, and a job that fits runs. */
 	assert_healthy();
-	long long ok = submit_job(&d, JOB("1024", "sgd", "0"));
-	cr_assert_str_eq(wait_state(&d, ok, "failed|completed", 60), "completed");
+	long long ok = submit_job(&d, JOB("1024", "sgd", "512", "0"));
+	cr_assert_str_eq(wait_state(&d, ok, "failed|completed", 120), "completed");
 }
 
 Test(admission, job_that_fits_once_another_ends_waits_queued_with_its_reason)
 {
 	daemon_start(&d, 2, flags);
-	/* A: about 160 MiB, 64 steps of 32 x 5 ms. */
-	long long a = submit_job(&d, JOB("1024", "sgd", "5000"));
+	/* A: about 160 MiB, 64 steps of 32 x 5 ms (cancelled below). */
+	long long a = submit_job(&d, JOB("1024", "sgd", "2048", "5000"));
 	cr_assert_str_eq(wait_state(&d, a, "running", 30), "running");
 	/* B: another 160 MiB; 320 do not fit in 250, though a device is free. */
-	long long b = submit_job(&d, JOB("1024", "sgd", "0"));
+	long long b = submit_job(&d, JOB("1024", "sgd", "512", "0"));
 	double deadline = now_s() + 30;
 	const char *reason = NULL;
 	json_t *j = NULL;
@@ -100,7 +103,7 @@ Test(admission, job_that_fits_once_another_ends_waits_queued_with_its_reason)
 	http(&d, "POST", path, NULL, NULL, NULL, &r);
 	cr_assert_lt(r.status, 300, "%s", r.body);
 	http_free(&r);
-	cr_assert_str_eq(wait_state(&d, b, "failed|completed", 60), "completed");
+	cr_assert_str_eq(wait_state(&d, b, "failed|completed", 120), "completed");
 	j = job(b);
 	cr_assert_null(json_object_get(json_object_get(j, "info"), "queued_reason"));
 	json_decref(j);
