@@ -39,12 +39,12 @@ static void collect(void *ctx, const struct tr_metric_point *p)
 
 /* 16 -> 16 -> 16 -> 1 channels on 6x5 images: three conv2d layers, relu
  * and tanh between them; MIDDLE is put between the first two. */
-#define JOB(MIDDLE)                                                                                              \
-	"{\"seed\": 5, \"model\": {\"inputs\": [16, 6, 5], \"layers\": [{\"type\": \"conv2d\", \"filters\": 16,"  \
-	" \"kernel\": 3, \"padding\": 1}, " MIDDLE ", {\"type\": \"conv2d\", \"filters\": 16, \"kernel\": 3,"     \
+#define JOB(MIDDLE)                                                                                                  \
+	"{\"seed\": 5, \"model\": {\"inputs\": [16, 6, 5], \"layers\": [{\"type\": \"conv2d\", \"filters\": 16,"     \
+	" \"kernel\": 3, \"padding\": 1}, " MIDDLE ", {\"type\": \"conv2d\", \"filters\": 16, \"kernel\": 3,"        \
 	" \"padding\": 1}, {\"type\": \"tanh\"}, {\"type\": \"conv2d\", \"filters\": 1, \"kernel\": 3, \"padding\":" \
-	" 1}], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\","     \
-	" \"samples\": 45, \"shape\": [16, 6, 5], \"outputs\": 30, \"noise\": 0.1}, \"shuffle\": true},"          \
+	" 1}], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\","      \
+	" \"samples\": 45, \"shape\": [16, 6, 5], \"outputs\": 30, \"noise\": 0.1}, \"shuffle\": true},"             \
 	" \"batch_size\": 10, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01, \"momentum\": 0.9}}"
 
 static const char *CHAIN_JOB = JOB("{\"type\": \"relu\"}");
@@ -86,8 +86,8 @@ static void expect_same_bits(const struct result *a, const struct result *b, con
 	cr_assert(!memcmp(a->loss, b->loss, (size_t)a->nloss * sizeof a->loss[0]), "%s: the losses differ", what);
 	cr_assert_eq(a->nparams, b->nparams);
 	for (size_t i = 0; i < a->nparams; i++)
-		cr_assert(!memcmp(&a->params[i], &b->params[i], sizeof(float)), "%s: weight %zu: %.9g vs %.9g", what,
-			  i, (double)a->params[i], (double)b->params[i]);
+		cr_assert(!memcmp(&a->params[i], &b->params[i], sizeof(float)), "%s: weight %zu: %.9g vs %.9g", what, i,
+			  (double)a->params[i], (double)b->params[i]);
 }
 
 static void skip_without_onednn(void)
@@ -104,8 +104,22 @@ Test(conv_chain, same_bits_fewer_reorders_on_one_and_two_devices)
 		run(CHAIN_JOB, devices, false, &off);
 		run(CHAIN_JOB, devices, true, &on);
 		expect_same_bits(&off, &on, devices == 1 ? "1 device" : "2 devices");
-		struct tr_conv2d_geom g = {.n = 10, .c = 16, .h = 6, .w = 5, .k = 16, .kh = 3, .kw = 3, .sh = 1,
-					   .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1, .oh = 6, .ow = 5};
+		struct tr_conv2d_geom g = {.n = 10,
+					   .c = 16,
+					   .h = 6,
+					   .w = 5,
+					   .k = 16,
+					   .kh = 3,
+					   .kw = 3,
+					   .sh = 1,
+					   .sw = 1,
+					   .ph = 1,
+					   .pw = 1,
+					   .dh = 1,
+					   .dw = 1,
+					   .groups = 1,
+					   .oh = 6,
+					   .ow = 5};
 		if (tr_dnnl_conv_prefers_blocked(&g, false) && tr_dnnl_conv_prefers_blocked(&g, true))
 			/* the two tensors inside the chain are no longer reordered:
 			 * at least 2 x (forward out, in; backward in twice, out) */
