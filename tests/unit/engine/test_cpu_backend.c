@@ -244,6 +244,17 @@ Test(cpu, gemm_transposes_and_beta)
 					  bz ? 1.0f : 0.0f);
 }
 
+/* Products large enough to be cut into tiles, along C's rows and along its
+ * columns: with beta 0 each tile clears its own part of C (NaN here), so
+ * a tile that missed part of C or cleared another's shows. */
+Test(cpu, gemm_tiles_clear_their_own_part_of_c)
+{
+	static const int shapes[][3] = {{48, 1040, 1400}, {1040, 48, 1400}};
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (int t = 0; t < 4; t += 3)
+			gemm_case(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f);
+}
+
 Test(cpu, gemm_degenerate)
 {
 	float c[6] = {1, 2, 3, 4, 5, 6};
