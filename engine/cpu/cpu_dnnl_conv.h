@@ -6,7 +6,9 @@
  * in/groups, kh, kw], PyTorch's layout), plain float arrays.  oneDNN runs
  * fastest on its own blocked layouts, so each call reorders into blocked
  * scratch buffers, runs the primitive there, and reorders the result back;
- * primitives and scratch are cached per device and shape.  oneDNN's
+ * primitives and scratch are cached per device and shape.  Inside a chain
+ * of convolutions the activations already lie in nChw16c
+ * (tr_conv2d_geom.x_blocked, y_blocked) and are not reordered.  oneDNN's
  * threads are OpenMP's: each call sets the calling device thread's OpenMP
  * team size to the device's share of the thread budget, so the thread
  * count (and with it the order of every sum) follows from the backend and
