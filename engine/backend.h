@@ -56,6 +56,12 @@ struct tr_conv2d_desc {
 	 * the backend's setting).  Set by the job from its spec's cpu_conv and
 	 * the measured choice (tr_cpu_conv_route); other backends ignore it. */
 	int route;
+	/* CPU devices, route ONEDNN only: 1 when x and dx (x_blocked), or y
+	 * and dy (y_blocked), lie in oneDNN's blocked layout nChw16c instead
+	 * of NCHW, so that a chain of convolutions (with elementwise
+	 * activations between them) needs no reorder between its layers.  Set
+	 * by the job where tr_cpu_conv_chain_ok says so; 0 everywhere else. */
+	int x_blocked, y_blocked;
 };
 
 /* Shapes of one 2-D pooling window sweep, NCHW, per sample: x [rows, c, h,
@@ -410,6 +416,19 @@ void tr_cpu_conv_choices_forget(void);
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be);
 /* The setting itself (the route of a job whose spec names none). */
 enum tr_cpu_conv tr_cpu_backend_conv(tr_backend_t *be);
+/* Whether the activation between conv2d layers a and b (b reads a's
+ * output, through elementwise activations only) may stay in oneDNN's
+ * blocked layout (tr_conv2d_desc.x_blocked, y_blocked) on this CPU backend
+ * at `rows` samples per device: both layers take the ONEDNN route, have no
+ * groups, the channels are a multiple of 16, oneDNN prefers that layout on
+ * both sides, and the backend's chains are on.  Values are the same bits
+ * either way; only reorders are saved (docs/design.md, "Convolution on
+ * CPU devices"). */
+bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b, int rows);
+/* Chains are on unless turned off here or by TRAINERD_CPU_CONV_CHAINS=0 in
+ * the environment when the backend is created (to compare the two). */
+void tr_cpu_backend_set_conv_chains(tr_backend_t *be, bool on);
+bool tr_cpu_backend_conv_chains(tr_backend_t *be);
 
 /* Creates the CUDA backend (engine/cuda/cuda.h has the options); NULL
  * with a reason in err when no GPU is usable or the module is missing. */

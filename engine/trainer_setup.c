@@ -432,6 +432,39 @@ static int choose_conv_routes(struct tr_trainer *t, int rows, struct tr_error *e
 	return 0;
 }
 
+/* Activations that need no layout: elementwise, whatever the order of the
+ * elements (dropout's mask is keyed by position, so it is not one). */
+static bool layout_free(enum tr_layer_type type)
+{
+	return type == TR_LAYER_RELU || type == TR_LAYER_GELU || type == TR_LAYER_TANH || type == TR_LAYER_SIGMOID;
+}
+
+/* Chains of top-level conv2d layers joined by elementwise activations keep
+ * the activations between them in oneDNN's blocked layout where the
+ * backend allows (tr_cpu_conv_chain_ok), so only the chain's ends are
+ * reordered (docs/design.md, "Convolution on CPU devices").  After the
+ * routes: only oneDNN layers chain.  The same bits either way. */
+static void mark_conv_chains(struct tr_trainer *t, int rows)
+{
+	tr_model_t *m = &t->model;
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return;
+	for (int i = 0; i < m->n_layers; i++) {
+		struct tr_layer *a = &m->layers[i];
+		int j = i + 1;
+		while (j < m->n_layers && layout_free(m->layers[j].type))
+			j++;
+		if (a->type != TR_LAYER_CONV2D || j >= m->n_layers || m->layers[j].type != TR_LAYER_CONV2D)
+			continue;
+		struct tr_layer *b = &m->layers[j];
+		if (tr_cpu_conv_chain_ok(t->be, &a->conv, &b->conv, rows)) {
+			a->conv.y_blocked = b->conv.x_blocked = 1;
+			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layers %s and %s: oneDNN's blocked layout between them",
+					a->path, b->path);
+		}
+	}
+}
+
 int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, struct tr_error *err)
 {
 	const struct tr_spec *s = opt->spec;
@@ -528,6 +561,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		free(host);
 		goto fail;
 	}
+	mark_conv_chains(t, max_rows);
 	for (int i = 0; i < t->ndev; i++) {
 		struct rank_ctx *r = &t->ranks[i];
 		r->t = t;

@@ -49,6 +49,7 @@ struct cpu_backend {
 	pthread_mutex_t err_mu;
 	char err[ERR_LEN];     /* latest error from any thread, under err_mu */
 	enum tr_cpu_conv conv; /* the conv2d route (tr_cpu_backend_set_conv) */
+	bool no_chains;        /* tr_cpu_backend_set_conv_chains */
 	/* per device, made by its thread on first use */
 	struct tr_cpu_pool *pool[TR_CPU_MAX_DEVICES];
 	tr_dnnl_conv_t **dnnl[TR_CPU_MAX_DEVICES]; /* one per pool thread */
@@ -363,6 +364,16 @@ enum tr_cpu_conv tr_cpu_backend_conv(tr_backend_t *be)
 	return cpu(be)->conv;
 }
 
+void tr_cpu_backend_set_conv_chains(tr_backend_t *be, bool on)
+{
+	cpu(be)->no_chains = !on;
+}
+
+bool tr_cpu_backend_conv_chains(tr_backend_t *be)
+{
+	return !cpu(be)->no_chains;
+}
+
 const char *tr_cpu_backend_conv_name(const tr_backend_t *be)
 {
 	const struct cpu_backend *b = (const struct cpu_backend *)be;
@@ -410,6 +421,8 @@ tr_backend_t *tr_cpu_backend_create(int devices, int blas_threads)
 	tr_cpu_comm_fill(&b->table);
 	tr_cpu_norm2d_fill(&b->table);
 	b->conv = TR_CPU_CONV_IM2COL;
+	const char *chains = getenv("TRAINERD_CPU_CONV_CHAINS");
+	b->no_chains = chains && !strcmp(chains, "0");
 	b->base.i = &b->table;
 	b->devices = devices;
 	b->id = atomic_fetch_add(&next_id, 1);

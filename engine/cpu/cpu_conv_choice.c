@@ -308,6 +308,13 @@ static int route_of(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, i
 	return 0;
 }
 
+/* im2col reads NCHW only: a blocked layer on it would compute garbage */
+static int not_plain(tr_backend_t *be, const char *what)
+{
+	return tr_cpu_set_error(be, -EINVAL, "%s: a layer in oneDNN's blocked layout cannot take the im2col route",
+				what);
+}
+
 static int conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
 			  const float *w, const float *bias, float *y, float *work)
 {
@@ -317,6 +324,8 @@ static int conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc
 		return rc;
 	if (route == TR_CPU_CONV_ONEDNN)
 		return tr_cpu_dnnl_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
+	if (d->x_blocked || d->y_blocked)
+		return not_plain(be, "conv2d_forward");
 	return tr_cpu_im2col_conv2d_forward(be, dev, d, rows, x, w, bias, y, work);
 }
 
@@ -329,6 +338,8 @@ static int conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_des
 		return rc;
 	if (route == TR_CPU_CONV_ONEDNN)
 		return tr_cpu_dnnl_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
+	if (d->x_blocked || d->y_blocked)
+		return not_plain(be, "conv2d_backward");
 	return tr_cpu_im2col_conv2d_backward(be, dev, d, rows, x, w, dy, dx, dw, dbias, work);
 }
 

@@ -15,6 +15,7 @@
 #include "engine/cpu/cpu_internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,15 +122,28 @@ void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc)
 	free(dc);
 }
 
+static _Atomic unsigned long long activation_reorders;
+
+unsigned long long tr_dnnl_conv_activation_reorders(void)
+{
+	return atomic_load(&activation_reorders);
+}
+
+/* The caller's layout of an activation: NCHW, or nChw16c inside a chain */
+static dnnl_format_tag_t act_tag(bool any, int blocked)
+{
+	return any ? dnnl_format_tag_any : blocked ? dnnl_nChw16c : dnnl_nchw;
+}
+
 static dnnl_status_t plain_md(dnnl_memory_desc_t *md, int which, const struct tr_conv2d_geom *g, bool any)
 {
 	if (which == DNNL_ARG_SRC || which == DNNL_ARG_DIFF_SRC) {
 		dnnl_dims_t d = {g->n, g->c, g->h, g->w};
-		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, act_tag(any, g->x_blocked));
 	}
 	if (which == DNNL_ARG_DST || which == DNNL_ARG_DIFF_DST) {
 		dnnl_dims_t d = {g->n, g->k, g->oh, g->ow};
-		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+		return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, act_tag(any, g->y_blocked));
 	}
 	if (which == DNNL_ARG_WEIGHTS || which == DNNL_ARG_DIFF_WEIGHTS) {
 		if (g->groups > 1) {
@@ -290,6 +304,39 @@ static struct entry *lookup(tr_dnnl_conv_t *dc, enum dir dir, const struct tr_co
 	return victim;
 }
 
+static void count_reorder(const struct slot *s)
+{
+	if (s->arg == DNNL_ARG_SRC || s->arg == DNNL_ARG_DST || s->arg == DNNL_ARG_DIFF_SRC ||
+	    s->arg == DNNL_ARG_DIFF_DST)
+		atomic_fetch_add_explicit(&activation_reorders, 1, memory_order_relaxed);
+}
+
+bool tr_dnnl_conv_prefers_blocked(const struct tr_conv2d_geom *g, bool dst)
+{
+	struct tr_error why, *err = &why;
+	tr_dnnl_conv_t *dc = tr_dnnl_conv_create(1, err);
+	dnnl_primitive_desc_t pd = NULL;
+	dnnl_convolution_desc_t cd;
+	dnnl_memory_desc_t want;
+	bool yes = false;
+	if (!dc)
+		return false;
+	/* the team size the slices run with: it can change oneDNN's pick */
+	omp_set_num_threads(1);
+	struct tr_conv2d_geom b = *g;
+	b.x_blocked = b.y_blocked = 1;
+	DN(fwd_desc(&cd, g, true), "convolution_forward_desc_init");
+	DN(dnnl_primitive_desc_create(&pd, &cd, NULL, dc->eng, NULL), "convolution forward");
+	DN(plain_md(&want, dst ? DNNL_ARG_DST : DNNL_ARG_SRC, &b, false), "memory_desc_init");
+	yes = dnnl_memory_desc_equal(&want,
+				     dnnl_primitive_desc_query_md(pd, dst ? dnnl_query_dst_md : dnnl_query_src_md, 0));
+fail:
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	tr_dnnl_conv_destroy(dc);
+	return yes;
+}
+
 /* ptrs[i] is the caller's buffer for slots[i] */
 static int run(tr_dnnl_conv_t *dc, struct entry *e, void *const *ptrs, struct tr_error *err)
 {
@@ -301,6 +348,7 @@ static int run(tr_dnnl_conv_t *dc, struct entry *e, void *const *ptrs, struct tr
 		if (s->to_prim) {
 			dnnl_exec_arg_t ra[] = {{DNNL_ARG_FROM, s->user}, {DNNL_ARG_TO, s->prim}};
 			DN(dnnl_primitive_execute(s->to_prim, dc->strm, 2, ra), "reorder");
+			count_reorder(s);
 		}
 		args[i].arg = s->arg;
 		args[i].memory = s->prim;
@@ -311,6 +359,7 @@ static int run(tr_dnnl_conv_t *dc, struct entry *e, void *const *ptrs, struct tr
 		if (s->to_user) {
 			dnnl_exec_arg_t ra[] = {{DNNL_ARG_FROM, s->prim}, {DNNL_ARG_TO, s->user}};
 			DN(dnnl_primitive_execute(s->to_user, dc->strm, 2, ra), "reorder");
+			count_reorder(s);
 		}
 	}
 	DN(dnnl_stream_wait(dc->strm), "stream_wait");
@@ -381,6 +430,17 @@ void tr_dnnl_conv_destroy(tr_dnnl_conv_t *dc)
 	(void)dc;
 }
 
+bool tr_dnnl_conv_prefers_blocked(const struct tr_conv2d_geom *g, bool dst)
+{
+	(void)g, (void)dst;
+	return false;
+}
+
+unsigned long long tr_dnnl_conv_activation_reorders(void)
+{
+	return 0;
+}
+
 int tr_dnnl_conv_forward(tr_dnnl_conv_t *dc, const struct tr_conv2d_geom *g, const float *x, const float *w,
 			 const float *b, float *y, struct tr_error *err)
 {
@@ -426,7 +486,9 @@ static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
 				       .dw = d->dw,
 				       .groups = d->groups,
 				       .oh = d->ho,
-				       .ow = d->wo};
+				       .ow = d->wo,
+				       .x_blocked = d->x_blocked,
+				       .y_blocked = d->y_blocked};
 }
 
 /* The batch is cut into slices of about SLICE_POS output positions per
@@ -497,6 +559,18 @@ static int dnnl_slice_samples(const struct tr_conv2d_desc *d)
 {
 	size_t P = (size_t)d->ho * d->wo;
 	return P >= SLICE_POS ? 1 : (int)((SLICE_POS + P - 1) / P);
+}
+
+bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b, int rows)
+{
+	if (be->i->kind != TR_BACKEND_KIND_CPU || !tr_cpu_backend_conv_chains(be) || rows < 1 ||
+	    a->route != TR_CPU_CONV_ONEDNN || b->route != TR_CPU_CONV_ONEDNN || a->groups != 1 || b->groups != 1 ||
+	    a->f != b->c || a->ho != b->h || a->wo != b->w || a->f % 16)
+		return false;
+	/* at the slices' sample counts, as the primitives will run */
+	int na = dnnl_slice_samples(a), nb = dnnl_slice_samples(b);
+	struct tr_conv2d_geom ga = geom_of(a, rows < na ? rows : na), gb = geom_of(b, rows < nb ? rows : nb);
+	return tr_dnnl_conv_prefers_blocked(&ga, true) && tr_dnnl_conv_prefers_blocked(&gb, false);
 }
 
 int tr_cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,

@@ -6,7 +6,9 @@
  * in/groups, kh, kw], PyTorch's layout), plain float arrays.  oneDNN runs
  * fastest on its own blocked layouts, so each call reorders into blocked
  * scratch buffers, runs the primitive there, and reorders the result back;
- * primitives and scratch are cached per device and shape.  oneDNN's
+ * primitives and scratch are cached per device and shape.  Inside a chain
+ * of convolutions the activations already lie in nChw16c
+ * (tr_conv2d_geom.x_blocked, y_blocked) and are not reordered.  oneDNN's
  * threads are OpenMP's: each call sets the calling device thread's OpenMP
  * team size to the device's share of the thread budget, so the thread
  * count (and with it the order of every sum) follows from the backend and
@@ -28,11 +30,28 @@ struct tr_conv2d_geom {
 	int k, kh, kw;  /* filters and kernel */
 	int sh, sw, ph, pw, dh, dw, groups;
 	int oh, ow; /* output, as PyTorch computes it */
+	/* 1: x and dx (x_blocked), y and dy (y_blocked) lie in oneDNN's
+	 * blocked layout nChw16c (channels a multiple of 16) instead of NCHW,
+	 * so a chain of convolutions needs no reorder between its layers
+	 * (tr_cpu_conv_chain_ok).  ints, not bools: the struct is a cache key
+	 * compared with memcmp, so it must have no padding. */
+	int x_blocked, y_blocked;
 };
 
 typedef struct tr_dnnl_conv tr_dnnl_conv_t;
 
 bool tr_dnnl_available(void);
+
+/* Whether oneDNN's forward convolution of g, asked for its preferred
+ * layouts, takes its input (src) or gives its output (dst) in nChw16c:
+ * where both sides of a tensor between two convolutions do, it can stay
+ * blocked.  false on any failure. */
+bool tr_dnnl_conv_prefers_blocked(const struct tr_conv2d_geom *g, bool dst);
+
+/* Reorders of activations (x, y, dx, dy; not weights) between the
+ * caller's layout and the primitive's, run by this process so far
+ * (tests count them). */
+unsigned long long tr_dnnl_conv_activation_reorders(void);
 
 /* One per device; threads is the OpenMP team size for its calls.  NULL
  * with a reason in err when oneDNN is missing or fails to start. */

@@ -38,6 +38,7 @@
 
 struct gemm_job {
 	bool ta, tb, by_rows;
+	bool zero_c; /* C is cleared first (beta 0), tile by tile */
 	int m, n, k, tiles;
 	float alpha, beta;
 	const float *a, *b;
@@ -66,11 +67,16 @@ static int gemm_tile(void *arg, int t, int slot)
 		return 0;
 	if (g->by_rows) {
 		/* rows lo.. of op(A) and C */
+		if (g->zero_c)
+			memset(g->c + (size_t)lo * g->n, 0, (size_t)len * g->n * sizeof(float));
 		const float *a = g->a + (g->ta ? (size_t)lo : (size_t)lo * lda);
 		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, len,
 			    g->n, g->k, g->alpha, a, lda, g->b, ldb, g->beta, g->c + (size_t)lo * g->n, g->n);
 	} else {
 		/* columns lo.. of op(B) and C */
+		if (g->zero_c)
+			for (int r = 0; r < g->m; r++)
+				memset(g->c + (size_t)r * g->n + lo, 0, (size_t)len * sizeof(float));
 		const float *b = g->b + (g->tb ? (size_t)lo * ldb : (size_t)lo);
 		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->m,
 			    len, g->k, g->alpha, g->a, lda, b, ldb, g->beta, g->c + lo, g->n);
@@ -94,15 +100,17 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 			c[i] = beta == 0.0f ? 0.0f : beta * c[i];
 		return 0;
 	}
-	if (beta == 0.0f) {
-		/* OpenBLAS implements beta 0 as a zeroing pass (sgemm_beta) and
-		 * then accumulates; its loop is several times slower than memset
-		 * (measured: 6 us of a 90 us step of the 64-128-10 MLP), and the
-		 * sum is the same bits either way. */
-		memset(c, 0, (size_t)m * n * sizeof(float));
+	/* OpenBLAS implements beta 0 as a zeroing pass (sgemm_beta) and then
+	 * accumulates; its loop is several times slower than memset (measured:
+	 * 6 us of a 90 us step of the 64-128-10 MLP), and the sum is the same
+	 * bits either way.  Each tile clears its own part of C (zero_c): one
+	 * memset of all of C on the device's thread, before the tiles, had
+	 * the other core wait for 11 MB a step of the MLP 784-1024-1024-10. */
+	bool zero_c = beta == 0.0f;
+	if (zero_c)
 		beta = 1.0f;
-	}
 	struct gemm_job g = {.ta = trans_a,
+			     .zero_c = zero_c,
 			     .tb = trans_b,
 			     .by_rows = m > n,
 			     .m = m,
@@ -329,14 +337,12 @@ static int cpu_scale(tr_backend_t *be, int dev, size_t n, float *x, float alpha)
 	return 0;
 }
 
-static int cpu_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double *out)
+/* Eight partial sums, then combined in a fixed order: one chain of
+ * dependent adds ran at ~6 GB/s, a quarter of what the memory gives, and
+ * stop_on_nan takes this sum every step.  The order is fixed, so the
+ * result is the same on every run and every rank. */
+static double sumsq_span(const float *x, size_t n)
 {
-	ENSURE_DEV("sumsq");
-	ENSURE(out, "sumsq: NULL output");
-	/* Eight partial sums, then combined in a fixed order: one chain of
-	 * dependent adds ran at ~6 GB/s, a quarter of what the memory gives,
-	 * and stop_on_nan takes this sum every step.  The order is fixed, so
-	 * the result is the same on every run and every rank. */
 	double p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 	size_t i = 0;
 	for (; i + 8 <= n; i += 8)
@@ -344,7 +350,53 @@ static int cpu_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double
 			p[k] += (double)x[i + k] * (double)x[i + k];
 	for (int k = 0; i < n; i++, k++)
 		p[k] += (double)x[i] * (double)x[i];
-	*out = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+	return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+/* Over more than SUMSQ_CHUNK elements the sum is cut into at most
+ * SUMSQ_MAX_CHUNKS chunks (sizes from n alone, multiples of 8) that the
+ * device's threads take, and the chunks' sums are added in order: on one
+ * thread, the sum over the MLP 784-1024-1024-10's gradients every step
+ * left the other core idle.  Up to SUMSQ_CHUNK elements the sum is one
+ * span, as before. */
+#define SUMSQ_CHUNK ((size_t)1 << 16)
+#define SUMSQ_MAX_CHUNKS 256
+
+struct sumsq_job {
+	const float *x;
+	size_t n, chunk;
+	double part[SUMSQ_MAX_CHUNKS];
+};
+
+static int sumsq_task(void *arg, int t, int slot)
+{
+	struct sumsq_job *j = arg;
+	size_t lo = (size_t)t * j->chunk;
+	(void)slot;
+	j->part[t] = sumsq_span(j->x + lo, j->n - lo < j->chunk ? j->n - lo : j->chunk);
+	return 0;
+}
+
+static int cpu_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double *out)
+{
+	ENSURE_DEV("sumsq");
+	ENSURE(out, "sumsq: NULL output");
+	if (n <= SUMSQ_CHUNK) {
+		*out = sumsq_span(x, n);
+		return 0;
+	}
+	struct sumsq_job j = {.x = x, .n = n, .chunk = SUMSQ_CHUNK};
+	size_t even = (n + SUMSQ_MAX_CHUNKS - 1) / SUMSQ_MAX_CHUNKS;
+	if (even > j.chunk)
+		j.chunk = (even + 7) / 8 * 8;
+	int chunks = (int)((n + j.chunk - 1) / j.chunk);
+	int rc = tr_cpu_parallel(be, dev, chunks, sumsq_task, &j);
+	if (rc < 0)
+		return rc;
+	double sum = 0;
+	for (int t = 0; t < chunks; t++)
+		sum += j.part[t];
+	*out = sum;
 	return 0;
 }
 
@@ -542,19 +594,51 @@ static bool outputs_apart(const float *const *in, int nin, float *const *out, in
 	return true;
 }
 
+/* Optimizer updates over more than UPD_CHUNK elements are cut into chunks
+ * that the device's threads take: on one thread, the SGD update of the
+ * MLP 784-1024-1024-10's 1.9M parameters (37 MB read and written) left
+ * the other core idle.  Each element's update depends on its own inputs
+ * only, so any split gives the same bits. */
+#define UPD_CHUNK ((size_t)1 << 16)
+
+struct upd_job {
+	size_t n;
+	const float *p, *gr, *s1, *s2; /* s1, s2: the optimizer's state (NULL when it has none) */
+	float *p_out, *s1_out, *s2_out;
+	const struct tr_optim_hp *hp;
+	void (*span)(const struct upd_job *j, size_t lo, size_t len);
+};
+
+static int upd_task(void *arg, int t, int slot)
+{
+	const struct upd_job *j = arg;
+	size_t lo = (size_t)t * UPD_CHUNK;
+	(void)slot;
+	j->span(j, lo, j->n - lo < UPD_CHUNK ? j->n - lo : UPD_CHUNK);
+	return 0;
+}
+
+static int upd_run(tr_backend_t *be, int dev, const struct upd_job *j)
+{
+	if (j->n <= UPD_CHUNK) {
+		j->span(j, 0, j->n);
+		return 0;
+	}
+	return tr_cpu_parallel(be, dev, (int)((j->n + UPD_CHUNK - 1) / UPD_CHUNK), upd_task, (void *)j);
+}
+
 /* torch.optim.SGD, _single_tensor_sgd:
  *   g = grad + wd * p
  *   buf = g (first step) | buf = momentum * buf + (1 - dampening) * g
  *   g = nesterov ? g + momentum * buf : buf
  *   p -= lr * g                                                          */
-static int sgd_update(tr_backend_t *be, int dev, size_t n, const float *p, const float *gr, const float *buf,
-		      float *p_out, float *buf_out, const struct tr_optim_hp *hp)
+static void sgd_span(const struct upd_job *j, size_t lo, size_t n)
 {
-	ENSURE_DEV("sgd_step");
-	ENSURE(hp && hp->step >= 1, "sgd_step: step must be >= 1");
-	ENSURE(hp->momentum == 0.0f || (buf && buf_out), "sgd_step: momentum needs a state buffer");
+	const struct tr_optim_hp *hp = j->hp;
 	const float lr = hp->lr, wd = hp->weight_decay, mom = hp->momentum;
 	const float damp1 = (float)(1.0 - (double)hp->dampening);
+	const float *p = j->p + lo, *gr = j->gr + lo;
+	float *p_out = j->p_out + lo;
 
 	if (mom == 0.0f) {
 		IVDEP
@@ -563,7 +647,11 @@ static int sgd_update(tr_backend_t *be, int dev, size_t n, const float *p, const
 			float g = gr[i] + wd * pi;
 			p_out[i] = pi + -lr * g;
 		}
-	} else if (hp->step == 1) {
+		return;
+	}
+	const float *buf = j->s1 + lo;
+	float *buf_out = j->s1_out + lo;
+	if (hp->step == 1) {
 		IVDEP
 		for (size_t i = 0; i < n; i++) {
 			float pi = p[i];
@@ -591,7 +679,19 @@ static int sgd_update(tr_backend_t *be, int dev, size_t n, const float *p, const
 			p_out[i] = pi + -lr * b;
 		}
 	}
-	return 0;
+}
+
+static int sgd_update(tr_backend_t *be, int dev, size_t n, const float *p, const float *gr, const float *buf,
+		      float *p_out, float *buf_out, const struct tr_optim_hp *hp)
+{
+	ENSURE_DEV("sgd_step");
+	ENSURE(hp && hp->step >= 1, "sgd_step: step must be >= 1");
+	ENSURE(hp->momentum == 0.0f || (buf && buf_out), "sgd_step: momentum needs a state buffer");
+	if (n == 0)
+		return 0;
+	struct upd_job j = {
+		.n = n, .p = p, .gr = gr, .s1 = buf, .p_out = p_out, .s1_out = buf_out, .hp = hp, .span = sgd_span};
+	return upd_run(be, dev, &j);
 }
 
 static int cpu_sgd_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
@@ -616,12 +716,9 @@ static int cpu_sgd_step_into(tr_backend_t *be, int dev, size_t n, const float *p
  *   denom = sqrt(v) / sqrt(1 - b2^t) + eps
  *   p += -(lr / (1 - b1^t)) * (m / denom)
  * Scalars are formed in double, as Python does, then rounded to float. */
-static int adam_update(tr_backend_t *be, int dev, size_t n, const float *p, const float *gr, const float *m,
-		       const float *v, float *p_out, float *m_out, float *v_out, const struct tr_optim_hp *hp)
+static void adam_span(const struct upd_job *j, size_t lo, size_t n)
 {
-	ENSURE_DEV("adam_step");
-	ENSURE(hp && hp->step >= 1, "adam_step: step must be >= 1");
-	ENSURE(n == 0 || (m && v && m_out && v_out), "adam_step: needs two state buffers");
+	const struct tr_optim_hp *hp = j->hp;
 	const double b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, wd = hp->weight_decay;
 	const float wd_g = hp->decoupled ? 0.0f : (float)wd;
 	const float p_keep = hp->decoupled ? (float)(1.0 - lr * wd) : 1.0f;
@@ -629,6 +726,8 @@ static int adam_update(tr_backend_t *be, int dev, size_t n, const float *p, cons
 	const float neg_step = (float)(-(lr / (1.0 - pow(b1, (double)hp->step))));
 	const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)hp->step));
 	const float eps = hp->eps;
+	const float *p = j->p + lo, *gr = j->gr + lo, *m = j->s1 + lo, *v = j->s2 + lo;
+	float *p_out = j->p_out + lo, *m_out = j->s1_out + lo, *v_out = j->s2_out + lo;
 
 	IVDEP
 	for (size_t i = 0; i < n; i++) {
@@ -642,7 +741,27 @@ static int adam_update(tr_backend_t *be, int dev, size_t n, const float *p, cons
 		v_out[i] = vi;
 		p_out[i] = pi + neg_step * (mi / denom);
 	}
-	return 0;
+}
+
+static int adam_update(tr_backend_t *be, int dev, size_t n, const float *p, const float *gr, const float *m,
+		       const float *v, float *p_out, float *m_out, float *v_out, const struct tr_optim_hp *hp)
+{
+	ENSURE_DEV("adam_step");
+	ENSURE(hp && hp->step >= 1, "adam_step: step must be >= 1");
+	ENSURE(n == 0 || (m && v && m_out && v_out), "adam_step: needs two state buffers");
+	if (n == 0)
+		return 0;
+	struct upd_job j = {.n = n,
+			    .p = p,
+			    .gr = gr,
+			    .s1 = m,
+			    .s2 = v,
+			    .p_out = p_out,
+			    .s1_out = m_out,
+			    .s2_out = v_out,
+			    .hp = hp,
+			    .span = adam_span};
+	return upd_run(be, dev, &j);
 }
 
 static int cpu_adam_step(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *m, float *v,

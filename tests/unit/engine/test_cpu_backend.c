@@ -244,6 +244,17 @@ Test(cpu, gemm_transposes_and_beta)
 					  bz ? 1.0f : 0.0f);
 }
 
+/* Products large enough to be cut into tiles, along C's rows and along its
+ * columns: with beta 0 each tile clears its own part of C (NaN here), so
+ * a tile that missed part of C or cleared another's shows. */
+Test(cpu, gemm_tiles_clear_their_own_part_of_c)
+{
+	static const int shapes[][3] = {{48, 1040, 1400}, {1040, 48, 1400}};
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (int t = 0; t < 4; t += 3)
+			gemm_case(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f);
+}
+
 Test(cpu, gemm_degenerate)
 {
 	float c[6] = {1, 2, 3, 4, 5, 6};
@@ -436,6 +447,34 @@ Test(cpu, dropout_keep_fraction_and_edges)
 	free(x);
 	free(y);
 	free(mask);
+}
+
+/* Long sums are cut into chunks that the device's threads take: the sum
+ * matches a direct one, is the same bits on one thread and on two, and
+ * sees a NaN in the last chunk (stop_on_nan relies on it). */
+Test(cpu, long_sumsq_in_chunks)
+{
+	size_t sizes[] = {((size_t)1 << 16) + 1, 3 * ((size_t)1 << 16) + 5};
+	tr_backend_t *one = tr_cpu_backend_create(1, 1), *two = tr_cpu_backend_create(1, 2);
+	cr_assert(one && two);
+	for (size_t s = 0; s < 2; s++) {
+		size_t n = sizes[s];
+		float *a = frand(n, -2, 2);
+		double ss = 0, got1 = -1, got2 = -1;
+		for (size_t i = 0; i < n; i++)
+			ss += (double)a[i] * a[i];
+		cr_assert_eq(one->i->sumsq(one, 0, n, a, &got1), 0);
+		cr_assert_eq(two->i->sumsq(two, 0, n, a, &got2), 0);
+		cr_assert(fabs(got1 - ss) <= 1e-12 * ss, "sumsq of %zu: %.17g vs %.17g", n, got1, ss);
+		cr_assert(!memcmp(&got1, &got2, sizeof got1), "sumsq of %zu: %.17g on one thread, %.17g on two", n,
+			  got1, got2);
+		a[n - 1] = NAN;
+		cr_assert_eq(two->i->sumsq(two, 0, n, a, &got2), 0);
+		cr_assert(isnan(got2), "a NaN in the last chunk gave %g", got2);
+		free(a);
+	}
+	tr_backend_destroy(one);
+	tr_backend_destroy(two);
 }
 
 Test(cpu, mul_scale_sumsq)

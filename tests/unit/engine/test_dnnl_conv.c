@@ -2,8 +2,10 @@
  * forward, data gradient and weight/bias gradients against a direct
  * double-precision convolution, on shapes that stress the geometry
  * (stride, padding beyond half the kernel, dilation, groups, 1x1 images,
- * kernel = image, stride > kernel), and the shape cache reused with other
- * buffers.  Skipped, visibly, in a build without oneDNN.
+ * kernel = image, stride > kernel), the shape cache reused with other
+ * buffers, and activations in the blocked layout nChw16c (the chains of
+ * docs/design.md, "Convolution on CPU devices") giving the same bits as
+ * NCHW without reordering them.  Skipped, visibly, in a build without oneDNN.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -113,8 +115,8 @@ Test(dnnl_conv, matches_direct_convolution)
 	cr_assert(dc, "%s", err.message);
 	for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
 		const struct cs *c = &cases[ci];
-		struct tr_conv2d_geom g = {c->n,  c->c,  c->h,  c->w,  c->k,  c->kh,     c->kw, c->sh,
-					   c->sw, c->ph, c->pw, c->dh, c->dw, c->groups, 0,     0};
+		struct tr_conv2d_geom g = {c->n,  c->c,  c->h,  c->w,  c->k,      c->kh, c->kw, c->sh, c->sw,
+					   c->ph, c->pw, c->dh, c->dw, c->groups, 0,     0,     0,     0};
 		g.oh = out_size(g.h, g.kh, g.sh, g.ph, g.dh);
 		g.ow = out_size(g.w, g.kw, g.sw, g.pw, g.dw);
 		size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.k * g.oh * g.ow;
@@ -144,5 +146,95 @@ Test(dnnl_conv, matches_direct_convolution)
 		free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
 		free(ry), free(rdx), free(rdw), free(rdb);
 	}
+	tr_dnnl_conv_destroy(dc);
+}
+
+/* NCHW <-> nChw16c (c a multiple of 16): [n][c/16][h][w][16] */
+static size_t blocked_at(int n, int c, int hw, int C, int HW)
+{
+	return (((size_t)n * (C / 16) + c / 16) * HW + hw) * 16 + c % 16;
+}
+
+static float *to_blocked(const float *p, int N, int C, int HW)
+{
+	float *o = malloc((size_t)N * C * HW * sizeof *o);
+	cr_assert(o);
+	for (int n = 0; n < N; n++)
+		for (int c = 0; c < C; c++)
+			for (int i = 0; i < HW; i++)
+				o[blocked_at(n, c, i, C, HW)] = p[((size_t)n * C + c) * HW + i];
+	return o;
+}
+
+static void expect_same_as_blocked(const char *what, const float *plain, const float *blocked, int N, int C, int HW)
+{
+	for (int n = 0; n < N; n++)
+		for (int c = 0; c < C; c++)
+			for (int i = 0; i < HW; i++) {
+				float a = plain[((size_t)n * C + c) * HW + i], b = blocked[blocked_at(n, c, i, C, HW)];
+				cr_assert(!memcmp(&a, &b, sizeof a), "%s[%d,%d,%d]: NCHW %.9g, blocked %.9g", what, n,
+					  c, i, (double)a, (double)b);
+			}
+}
+
+/* A layer inside a chain reads x and dy and writes y and dx in nChw16c:
+ * the same bits as on NCHW, and no activation is reordered where oneDNN
+ * prefers that layout itself (AVX-512 machines). */
+Test(dnnl_conv, blocked_activations_give_the_same_bits_without_reorders)
+{
+	if (!tr_dnnl_available())
+		cr_skip_test("this build has no oneDNN (libdnnl-dev)");
+	struct tr_error err;
+	tr_dnnl_conv_t *dc = tr_dnnl_conv_create(1, &err);
+	cr_assert(dc, "%s", err.message);
+	struct tr_conv2d_geom g = {.n = 3,
+				   .c = 16,
+				   .h = 9,
+				   .w = 7,
+				   .k = 32,
+				   .kh = 3,
+				   .kw = 3,
+				   .sh = 1,
+				   .sw = 1,
+				   .ph = 1,
+				   .pw = 1,
+				   .dh = 1,
+				   .dw = 1,
+				   .groups = 1,
+				   .oh = 9,
+				   .ow = 7};
+	int HW = g.h * g.w, OHW = g.oh * g.ow;
+	size_t nx = (size_t)g.n * g.c * HW, ny = (size_t)g.n * g.k * OHW, nw = (size_t)g.k * g.c * g.kh * g.kw;
+	float *x = frand(nx), *w = frand(nw), *b = frand(g.k), *dy = frand(ny);
+	float *y = frand(ny), *dx = frand(nx), *dw = frand(nw), *db = frand(g.k);
+	float *by = frand(ny), *bdx = frand(nx), *bdw = frand(nw), *bdb = frand(g.k);
+	float *bx = to_blocked(x, g.n, g.c, HW), *bdy = to_blocked(dy, g.n, g.k, OHW);
+	cr_assert_eq(tr_dnnl_conv_forward(dc, &g, x, w, b, y, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_dnnl_conv_backward_data(dc, &g, w, dy, dx, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &g, x, dy, dw, db, &err), 0, "%s", err.message);
+
+	struct tr_conv2d_geom bg = g;
+	bg.x_blocked = bg.y_blocked = 1;
+	bool native = tr_dnnl_conv_prefers_blocked(&g, false) && tr_dnnl_conv_prefers_blocked(&g, true);
+	unsigned long long before = tr_dnnl_conv_activation_reorders();
+	cr_assert_eq(tr_dnnl_conv_forward(dc, &bg, bx, w, b, by, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_dnnl_conv_backward_data(dc, &bg, w, bdy, bdx, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_dnnl_conv_backward_weights(dc, &bg, bx, bdy, bdw, bdb, &err), 0, "%s", err.message);
+	unsigned long long reorders = tr_dnnl_conv_activation_reorders() - before;
+	expect_same_as_blocked("y", y, by, g.n, g.k, OHW);
+	expect_same_as_blocked("dx", dx, bdx, g.n, g.c, HW);
+	cr_assert(!memcmp(dw, bdw, nw * sizeof *dw), "dw differs between the layouts");
+	cr_assert(!memcmp(db, bdb, g.k * sizeof *db), "db differs between the layouts");
+	if (native)
+		cr_assert_eq(reorders, 0, "%llu activation reorders in a chain oneDNN lays out itself", reorders);
+	else
+		cr_log_warn("oneDNN prefers another layout on this CPU: reorders not checked");
+	/* the plain calls reorder every activation */
+	before = tr_dnnl_conv_activation_reorders();
+	cr_assert_eq(tr_dnnl_conv_forward(dc, &g, x, w, b, y, &err), 0, "%s", err.message);
+	if (native)
+		cr_assert_eq(tr_dnnl_conv_activation_reorders() - before, 2, "x in and y out");
+	free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
+	free(by), free(bdx), free(bdw), free(bdb), free(bx), free(bdy);
 	tr_dnnl_conv_destroy(dc);
 }

@@ -298,6 +298,44 @@ static void into_matches_in_place(const char *what, const struct tr_spec *spec)
 	be->i->free(be, 0, g);
 }
 
+/* Updates of many parameters are cut into chunks the device's threads
+ * take: every element, chunk edges and the tail included, must get the
+ * same bits as when it is updated alone. */
+Test(optim, chunked_updates_match_one_element_at_a_time)
+{
+	enum { MANY = 3 * 65536 + 77 };
+	tr_backend_t *two = tr_cpu_backend_create(1, 2);
+	cr_assert(two);
+	float *p = malloc(4 * MANY * sizeof(float)), *g = p + MANY, *s1 = p + 2 * MANY, *s2 = p + 3 * MANY;
+	float *q = malloc(4 * MANY * sizeof(float)), *t1 = q + 2 * MANY, *t2 = q + 3 * MANY;
+	cr_assert(p && q);
+	for (size_t i = 0; i < 4 * (size_t)MANY; i++)
+		p[i] = (float)sin((double)i * 0.001) * 0.5f;
+	for (size_t i = 0; i < MANY; i++) /* Adam's second moment is never negative */
+		s2[i] = fabsf(s2[i]);
+	memcpy(q, p, 4 * MANY * sizeof(float));
+	struct tr_spec sgd = make_spec(TR_OPT_SGD, 0.05f), adam = make_spec(TR_OPT_ADAMW, 0.01f);
+	sgd.optimizer.momentum = 0.9f;
+	sgd.optimizer.weight_decay = 0.01f;
+	adam.optimizer.weight_decay = 0.02f;
+	for (int step = 1; step <= 2; step++) {
+		const struct tr_spec *spec = step == 1 ? &sgd : &adam;
+		struct tr_optim_hp hp = tr_optim_hp_from_spec(spec, spec->optimizer.lr, step);
+		cr_assert_eq(tr_optim_apply(two, 0, spec->optimizer.type, MANY, p, g, s1, s2, &hp), 0, "%s",
+			     two->i->last_error(two));
+		for (size_t i = 0; i < MANY; i++)
+			cr_assert_eq(tr_optim_apply(be, 0, spec->optimizer.type, 1, q + i, g + i, t1 + i, t2 + i, &hp),
+				     0);
+		cr_assert(!memcmp(p, q, MANY * sizeof(float)), "step %d: parameters differ", step);
+		cr_assert(!memcmp(s1, t1, MANY * sizeof(float)), "step %d: first state differs", step);
+		if (step == 2)
+			cr_assert(!memcmp(s2, t2, MANY * sizeof(float)), "second state differs");
+	}
+	free(p);
+	free(q);
+	tr_backend_destroy(two);
+}
+
 Test(optim, into_matches_in_place)
 {
 	struct tr_spec s = make_spec(TR_OPT_SGD, 0.1f);
