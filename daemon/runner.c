@@ -430,7 +430,7 @@ static void *runner_main(void *arg)
 	pthread_mutex_lock(&s->lock);
 	j->trainer = t;
 	/* A control request may have arrived while the trainer was built. */
-	if (atomic_load(&j->cancel_requested))
+	if (atomic_load(&j->cancel_requested) || atomic_load(&j->preempt_hard))
 		tr_trainer_cancel(t);
 	else if (atomic_load(&j->stop_requested) && s->shutting_down)
 		tr_trainer_stop_for(t, TR_STOP_SHUTDOWN);
