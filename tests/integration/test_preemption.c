@@ -26,8 +26,8 @@
 
 /* 2000 samples, batch 32, 2 epochs = 126 steps in exact mode, a
  * checkpoint every 10 steps; load_cost_us sets the step time. */
-#define JOB_FMT                                                                                                   \
-	"{\"name\": \"%s\", \"seed\": %d, \"exact\": true, \"model\": {\"layers\": [{\"type\": \"dense\", "     \
+#define JOB_FMT                                                                                                  \
+	"{\"name\": \"%s\", \"seed\": %d, \"exact\": true, \"model\": {\"layers\": [{\"type\": \"dense\", "      \
 	"\"units\": 32}, {\"type\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", "   \
 	"\"units\": 4}]}, \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": %d, \"features\": 16, " \
 	"\"classes\": 4, \"noise\": 0.5, \"load_cost_us\": %d}, \"shuffle\": true}, \"batch_size\": %d, "        \
@@ -351,16 +351,57 @@ Test(preemption, a_job_not_preemptible_is_never_preempted)
 	cr_assert_str_eq(wait_state(&da, high, "completed|failed", 30), "completed");
 }
 
+/* trainctl's output for args against daemon d (malloc'd). */
+static char *trainctl(const struct daemon *d, const char *args)
+{
+	const char *exe = getenv("TR_TRAINCTL");
+	cr_assert_not_null(exe, "TR_TRAINCTL is not set");
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "'%s' --url %s %s 2>&1", exe, d->base_url, args);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t cap = 1 << 16, n = 0, got;
+	char *out = malloc(cap);
+	while (n + 1 < cap && (got = fread(out + n, 1, cap - 1 - n, p)) > 0)
+		n += got;
+	out[n] = 0;
+	cr_assert_eq(pclose(p), 0, "trainctl %s: %s", args, out);
+	return out;
+}
+
 Test(preemption, a_preempted_job_cancelled_while_queued_stays_cancelled)
 {
 	start_pair("0", "30");
-	long long low = submit(&da, "?preemptible=true", low_spec(2, 2000));
+	/* Submitted with trainctl's --preemptible. */
+	char file[256], args[512];
+	snprintf(file, sizeof file, "%s/low.json", da.dir);
+	FILE *f = fopen(file, "w");
+	cr_assert_not_null(f);
+	fputs(low_spec(2, 2000), f);
+	fclose(f);
+	snprintf(args, sizeof args, "submit --preemptible '%s'", file);
+	char *out = trainctl(&da, args);
+	long long low = atoll(out);
+	free(out);
+	cr_assert_gt(low, 0);
 	wait_step(&da, low, 10, 30);
 	/* A longer high job, so that the low one waits while it runs. */
 	char spec[2048];
 	snprintf(spec, sizeof spec, JOB_FMT, "high", 9, 2000, 600, 32, 2, 2);
 	long long high = submit(&da, "?priority=1", spec);
 	cr_assert_str_eq(wait_state(&da, low, "preempted|completed|failed", 30), "preempted");
+	/* trainctl names who preempted whom. */
+	char want[64];
+	out = trainctl(&da, "ls");
+	snprintf(want, sizeof want, "preempted by %lld", high);
+	cr_assert(strstr(out, want), "trainctl ls does not say '%s':\n%s", want, out);
+	free(out);
+	snprintf(args, sizeof args, "show %lld", low);
+	out = trainctl(&da, args);
+	snprintf(want, sizeof want, "preempted by job %lld (priority 1 > 0)", high);
+	cr_assert(strstr(out, want) && strstr(out, "0, preemptible"), "trainctl show does not say '%s':\n%s", want,
+		  out);
+	free(out);
 	char path[64];
 	snprintf(path, sizeof path, "/jobs/%lld/cancel", low);
 	expect_ok(&da, "POST", path);
