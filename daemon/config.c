@@ -313,25 +313,22 @@ static char *trim(char *s)
 	return s;
 }
 
-/* "[name]": the options after it are "name-KEY" given as "KEY = value"
- * (the file's sections; the command line spells them --name-KEY).  A
- * section is a prefix some option has. */
+/* The config file's sections: after "[name]" a line "KEY = value" sets
+ * the option "name-KEY" (the command line spells it --name-KEY). */
+static const char *const sections[] = {"preemption", NULL};
+
 static int enter_section(const char *line, char *section, size_t size, const char *where, struct tr_error *err)
 {
 	size_t n = strlen(line);
-	char name[32];
-	if (n < 3 || line[n - 1] != ']' || n - 2 >= sizeof name)
-		return tr_error_set(err, -EINVAL, 0, NULL, "%sexpected '[section]'", where);
-	snprintf(name, sizeof name, "%.*s", (int)(n - 2), line + 1);
-	for (const struct tr_field *o = options; o->key; o++) {
-		size_t len = strlen(name);
-		if (strncmp(o->key, name, len) == 0 && o->key[len] == '-') {
-			snprintf(section, size, "%s", name);
+
+	for (int i = 0; line[n - 1] == ']' && sections[i]; i++) {
+		if (n - 2 == strlen(sections[i]) && strncmp(line + 1, sections[i], n - 2) == 0) {
+			snprintf(section, size, "%s", sections[i]);
 			return 0;
 		}
 	}
-	return tr_error_set(err, -EINVAL, 0, NULL, "%sunknown section [%s] (the file has one: [preemption])", where,
-			    name);
+	return tr_error_set(err, -EINVAL, 0, NULL, "%sunknown section %.64s (the file has one: [preemption])", where,
+			    line);
 }
 
 int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *err)
