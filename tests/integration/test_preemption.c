@@ -199,6 +199,17 @@ static json_t *preemption_of(const struct daemon *d, long long id)
 	return p;
 }
 
+/* Submits the job that preempts `victim` (*high gets its id) and waits
+ * until the victim shows preempted; returns the seconds that took. */
+static double preempt_with(const struct daemon *d, long long victim, const char *query, const char *spec,
+			   long long *high)
+{
+	double t0 = now_s();
+	*high = submit(d, query, spec);
+	cr_assert_str_eq(wait_state(d, victim, "preempted|completed|failed", 30), "preempted");
+	return now_s() - t0;
+}
+
 static void start_pair(const char *min_run, const char *grace)
 {
 	const char *flags[] = {"--preemption-min-run", min_run, "--preemption-grace", grace, NULL};
@@ -212,10 +223,8 @@ Test(preemption, preempts_resumes_and_gives_the_same_bits)
 	long long ref = submit(&db, "", low_spec(2, 2000)); /* the same job, run alone */
 	long long low = submit(&da, "?priority=0&preemptible=true", low_spec(2, 2000));
 	wait_step(&da, low, 20, 30);
-	double t0 = now_s();
-	long long high = submit(&da, "?priority=10", high_spec(2));
-	cr_assert_str_eq(wait_state(&da, low, "preempted|completed|failed", 30), "preempted");
-	double took = now_s() - t0;
+	long long high;
+	double took = preempt_with(&da, low, "?priority=10", high_spec(2), &high);
 	/* One step (~10 ms) plus the checkpoint, on a loaded machine. */
 	cr_assert_lt(took, 3.0 * TR_TEST_SLOW, "preempted %.2f s after the high job arrived", took);
 	json_t *p = preemption_of(&da, low);
@@ -283,10 +292,8 @@ Test(preemption, grace_expiry_cancels_back_to_the_checkpoint)
 	long long slow = submit(&da, "?preemptible=true", slow_spec());
 	cr_assert_str_eq(wait_state(&da, slow, "running|failed", 30), "running");
 	usleep(300000); /* set up; its first step takes about 4 s */
-	double t0 = now_s();
-	long long high = submit(&da, "?priority=1", high_spec(2));
-	cr_assert_str_eq(wait_state(&da, slow, "preempted|completed|failed", 30), "preempted");
-	double took = now_s() - t0;
+	long long high;
+	double took = preempt_with(&da, slow, "?priority=1", high_spec(2), &high);
 	/* The grace (1 s) and the dispatcher's round (1 s), not the step. */
 	cr_assert_lt(took, 3.5 * TR_TEST_SLOW, "preempted %.2f s after the high job arrived", took);
 	json_t *p = preemption_of(&da, slow);
