@@ -175,21 +175,21 @@ void tr_preempt_record(struct running_job *j, int64_t step)
 	tr_rfc3339_format((double)time(NULL), at, sizeof at);
 	pthread_mutex_lock(&s->lock);
 	int64_t by = j->preempted_by;
-	int by_priority = j->by_priority;
+	int by_priority = j->by_priority, priority = j->priority;
 	pthread_mutex_unlock(&s->lock);
 	char message[256];
 	if (hard)
 		snprintf(message, sizeof message,
 			 "preempted by job %lld (priority %d > %d); no step boundary within the grace time, so it was "
 			 "cancelled at step %lld and resumes from its newest checkpoint",
-			 (long long)by, by_priority, j->priority, (long long)step);
+			 (long long)by, by_priority, priority, (long long)step);
 	else
 		snprintf(message, sizeof message,
 			 "preempted by job %lld (priority %d > %d) after step %lld, with a checkpoint; it resumes when "
 			 "devices free up",
-			 (long long)by, by_priority, j->priority, (long long)step);
+			 (long long)by, by_priority, priority, (long long)step);
 	json_t *o = json_pack("{s:I, s:i, s:i, s:s, s:I, s:s, s:s}", "by", (json_int_t)by, "by_priority", by_priority,
-			      "priority", j->priority, "at", at, "step", (json_int_t)step, "mode",
+			      "priority", priority, "at", at, "step", (json_int_t)step, "mode",
 			      hard ? "hard" : "checkpoint", "message", message);
 	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);

@@ -48,7 +48,8 @@ struct running_job {
 	 * a training job.  Its `spec` then only holds the device count. */
 	json_t *eval;
 	/* Priority preemption (daemon/preemption.c).  priority and
-	 * preemptible are the row's when the job started; started_at is
+	 * preemptible are the row's when the job started (a PATCH of the
+	 * priority updates it, under sched lock); started_at is
 	 * monotonic seconds.  preempt_requested: a higher-priority job asked
 	 * for its devices (by preempted_by, priority by_priority, at asked_at,
 	 * all guarded by sched lock); preempt_hard: its grace ran out and it

@@ -378,8 +378,15 @@ static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_error 
 	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority, &se) < 0)
 		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	tr_job_row_finish(&row);
-	if (rc == 0)
+	if (rc == 0) {
+		/* Preemption compares the priorities of running jobs too. */
+		pthread_mutex_lock(&s->lock);
+		struct running_job *j = find_running(s, id);
+		if (j)
+			j->priority = priority;
+		pthread_mutex_unlock(&s->lock);
 		tr_sched_kick(s);
+	}
 	return rc < 0 ? -1 : 0;
 }
 

@@ -456,3 +456,29 @@ Test(preemption, a_bad_preemptible_value_is_refused)
 	cr_assert(strstr(r.body, "preemptible: must be true or false"), "%s", r.body);
 	http_free(&r);
 }
+
+/* A PATCH of a running job's priority counts: raised above the queued
+ * job's, it is not preempted. */
+Test(preemption, a_raised_priority_protects_a_running_job)
+{
+	start_pair("0", "30");
+	long long low = submit(&da, "?preemptible=true", low_spec(2, 6000));
+	wait_step(&da, low, 5, 30);
+	char path[64];
+	snprintf(path, sizeof path, "/jobs/%lld", low);
+	struct http_reply r;
+	http(&da, "PATCH", path, "{\"priority\": 10}", NULL, NULL, &r);
+	cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body);
+	http_free(&r);
+	long long high = submit(&da, "?priority=5", high_spec(2));
+	stays(&da, high, "queued", 1.0);
+	json_t *j = get_job_json(&da, low);
+	cr_assert_str_eq(json_string_value(json_object_get(j, "state")), "running");
+	/* Not preempted and taken back at once either (it would have been
+	 * first in the queue with its new priority). */
+	cr_assert(json_is_null(json_object_get(j, "preemption")), "job %lld was preempted", low);
+	json_decref(j);
+	snprintf(path, sizeof path, "/jobs/%lld/cancel", low);
+	expect_ok(&da, "POST", path);
+	cr_assert_str_eq(wait_state(&da, high, "completed|failed", 30), "completed");
+}
