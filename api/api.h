@@ -70,6 +70,7 @@ struct tr_api_submit {
 	size_t body_len;
 	const char *idempotency_key; /* or NULL */
 	int priority;                /* from "?priority=" or 0 */
+	bool preemptible;            /* from "?preemptible=true": a higher priority may preempt it */
 	/* Out (may be NULL): every problem of a refused spec, the first of
 	 * which the op's struct tr_error reports (docs/design.md §8). */
 	struct tr_error_list *problems;

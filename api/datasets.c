@@ -13,7 +13,7 @@
  * nothing: tr_api_datasets_upload_cleanup runs when libmicrohttpd reports
  * the request over, and deletes what was written.
  *
- * A file that a queued, running, paused or interrupted job names
+ * A file that a queued, running, paused, interrupted or preempted job names
  * ("dataset:NAME/FILE" in its spec, or the file's path in the spec the
  * daemon resolved) is neither replaced nor deleted: 409.
  */
@@ -32,8 +32,8 @@
 
 /* Jobs that may still read their data: everything but the states a job
  * never leaves (a stopped job can be resumed). */
-static const enum tr_job_state live_states[] = {TR_JOB_QUEUED, TR_JOB_RUNNING,     TR_JOB_STOPPING,
-						TR_JOB_PAUSED, TR_JOB_INTERRUPTED, TR_JOB_STOPPED};
+static const enum tr_job_state live_states[] = {TR_JOB_QUEUED,      TR_JOB_RUNNING, TR_JOB_STOPPING, TR_JOB_PAUSED,
+						TR_JOB_INTERRUPTED, TR_JOB_STOPPED, TR_JOB_PREEMPTED};
 
 /* ---- paths ---- */
 

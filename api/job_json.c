@@ -83,6 +83,12 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 	/* Daemon deaths in a row while it ran without a step (max-job-crashes). */
 	if (job)
 		json_object_set_new(job, "crashes", json_integer(row->crashes));
+	/* Priority preemption (daemon/preemption.c): whether the job may be
+	 * preempted, and its newest preemption (who, when, how) or null. */
+	if (job) {
+		json_object_set_new(job, "preemptible", json_boolean(row->preemptible));
+		json_object_set_new(job, "preemption", parsed(row->preemption, json_null()));
+	}
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));

@@ -50,7 +50,8 @@ void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	char location[64];
 	int rc;
 
-	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0)
+	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0 ||
+	    tr_api_query_bool(rq, rp, "preemptible", false, &req.preemptible) < 0)
 		return;
 	key = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Idempotency-Key");
 	if (key && !valid_idempotency_key(key)) {

@@ -56,6 +56,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct route_stats routes[MAX_ROUTES + 1];
 static uint64_t ckpt_buckets_n[N_CKPT_BUCKETS], ckpt_count, ckpt_bytes;
 static double ckpt_sum;
+static uint64_t preemptions[2]; /* [0] at a step boundary, [1] hard (grace expired) */
 
 /* Every state, from the job module (core/job.h). */
 #define job_states tr_job_state_names
@@ -111,6 +112,13 @@ void tr_prom_request_done(const struct tr_api_route *route, int status, double s
 		r->buckets[b]++;
 	r->count++;
 	r->sum += seconds;
+	pthread_mutex_unlock(&lock);
+}
+
+void tr_prom_preemption(bool hard)
+{
+	pthread_mutex_lock(&lock);
+	preemptions[hard ? 1 : 0]++;
 	pthread_mutex_unlock(&lock);
 }
 
@@ -249,6 +257,7 @@ static void put_counters(struct out *o)
 	cc = ckpt_count;
 	csum = ckpt_sum;
 	cbytes = ckpt_bytes;
+	uint64_t preempted[2] = {preemptions[0], preemptions[1]};
 	pthread_mutex_unlock(&lock);
 
 	head(o, "trainerd_http_requests_total", "counter", "HTTP requests answered, by route pattern and status.");
@@ -284,6 +293,12 @@ static void put_counters(struct out *o)
 	histogram(o, "trainerd_checkpoint_write_duration_seconds", "", ckpt_buckets, N_CKPT_BUCKETS, cb, cc, csum);
 	head(o, "trainerd_checkpoint_bytes_total", "counter", "Bytes of checkpoints written.");
 	put(o, "trainerd_checkpoint_bytes_total %" PRIu64 "\n", cbytes);
+	head(o, "trainerd_preemptions_total", "counter",
+	     "Jobs preempted for higher-priority ones, by how they let go: at a step boundary with a checkpoint, "
+	     "or hard when the grace time ran out (back to the newest checkpoint); the log and the jobs' "
+	     "preemption records name who preempted whom.");
+	put(o, "trainerd_preemptions_total{mode=\"checkpoint\"} %" PRIu64 "\n", preempted[0]);
+	put(o, "trainerd_preemptions_total{mode=\"hard\"} %" PRIu64 "\n", preempted[1]);
 }
 
 /* Jobs by state and ever submitted; -1 when the store fails. */

@@ -9,6 +9,7 @@
 #ifndef TR_API_PROMETHEUS_H
 #define TR_API_PROMETHEUS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct tr_api_route;
@@ -20,5 +21,9 @@ double tr_prom_clock(void);
 void tr_prom_request_done(const struct tr_api_route *route, int status, double seconds);
 /* One checkpoint written and committed: its write time and size. */
 void tr_prom_checkpoint_written(double seconds, uint64_t bytes);
+/* One job preempted for a higher-priority one (daemon/preemption.c): hard
+ * when its grace expired before a step boundary and it was cancelled back
+ * to its newest checkpoint, else it checkpointed at a step boundary. */
+void tr_prom_preemption(bool hard);
 
 #endif

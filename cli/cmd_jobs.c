@@ -60,12 +60,13 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 {
 	static const struct option opts[] = {{"wait", no_argument, NULL, 'w'},
 					     {"priority", required_argument, NULL, 'p'},
+					     {"preemptible", no_argument, NULL, 'P'},
 					     {"idempotency-key", required_argument, NULL, 'k'},
 					     {"help", no_argument, NULL, 'h'},
 					     {NULL, 0, NULL, 0}};
-	bool wait = false;
+	bool wait = false, preemptible = false;
 	const char *prio = NULL, *key = NULL;
-	char keybuf[40], path[64], header[300];
+	char keybuf[40], path[96], header[300];
 	struct tr_ctl_reply r = {0};
 	char *body = NULL;
 	size_t len;
@@ -76,6 +77,9 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 		switch (ch) {
 		case 'w':
 			wait = true;
+			break;
+		case 'P':
+			preemptible = true;
 			break;
 		case 'p':
 			prio = optarg;
@@ -122,7 +126,10 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 		key = keybuf;
 	}
 	snprintf(header, sizeof header, "Idempotency-Key: %s", key);
-	snprintf(path, sizeof path, "/jobs%s%s", prio ? "?priority=" : "", prio ? prio : "");
+	snprintf(path, sizeof path, "/jobs%s%s%s", prio ? "?priority=" : "", prio ? prio : "",
+		 !preemptible ? ""
+		 : prio       ? "&preemptible=true"
+			      : "?preemptible=true");
 	const char *hdrs[] = {header, NULL};
 
 	/* The same key on every try: a job the first try made (its answer
@@ -179,6 +186,18 @@ static void progress_cells(const json_t *job, char *step, size_t slen, char *pct
 	number_cell(loss, llen, l, "%.4f");
 }
 
+/* The state, and for a preempted job who preempted it ("preempted by 5"). */
+static const char *state_cell(const json_t *job, char *buf)
+{
+	const char *st = json_string_value(json_object_get(job, "state"));
+	const json_t *by = json_object_get(json_object_get(job, "preemption"), "by");
+
+	if (!st || strcmp(st, "preempted") != 0 || !json_is_integer(by))
+		return st;
+	snprintf(buf, 48, "preempted by %lld", (long long)json_integer_value(by));
+	return buf;
+}
+
 int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 {
 	static const struct option opts[] = {{"state", required_argument, NULL, 's'},
@@ -230,7 +249,7 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 		 * fields= names it; --json keeps every other key as before. */
 		snprintf(path, sizeof path, "/jobs?limit=1000%s%s%s%s%s", state ? "&state=" : "", state ? state : "",
 			 after[0] ? "&after=" : "", after,
-			 as_json ? "" : "&fields=id,name,state,priority,progress,summary,submitted_at");
+			 as_json ? "" : "&fields=id,name,state,priority,progress,summary,submitted_at,preemption");
 		rc = tr_ctl_call(c, "GET", path, NULL, &r);
 		if (rc)
 			break;
@@ -255,7 +274,7 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 
 		tr_table_init(&t, 9, heads, right);
 		json_array_foreach(all, i, job) {
-			char id[24], prio[16], step[48], pct[16], loss[32], sps[32], when[32];
+			char id[24], prio[16], step[48], pct[16], loss[32], sps[32], when[32], state[48];
 			const json_t *sum = json_object_get(job, "summary");
 
 			snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(job, "id")));
@@ -265,9 +284,8 @@ int tr_cmd_ls(struct tr_ctl *c, int argc, char **argv)
 			number_cell(loss, sizeof loss, json_object_get(sum, "epoch_loss"), "%.4f");
 			number_cell(sps, sizeof sps, json_object_get(sum, "samples_per_sec"), "%.0f");
 			tr_fmt_time(when, sizeof when, json_string_value(json_object_get(job, "submitted_at")));
-			tr_table_add(&t, id, json_string_value(json_object_get(job, "name")),
-				     json_string_value(json_object_get(job, "state")), prio, step, pct, loss, sps,
-				     when);
+			tr_table_add(&t, id, json_string_value(json_object_get(job, "name")), state_cell(job, state),
+				     prio, step, pct, loss, sps, when);
 		}
 		tr_table_print(&t, stdout);
 		tr_table_finish(&t);
@@ -309,8 +327,11 @@ int tr_cmd_show(struct tr_ctl *c, int argc, char **argv)
 	field("id", buf);
 	field("name", json_string_value(json_object_get(j, "name")));
 	field("state", json_string_value(json_object_get(j, "state")));
-	snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(json_object_get(j, "priority")));
+	snprintf(buf, sizeof buf, "%lld%s", (long long)json_integer_value(json_object_get(j, "priority")),
+		 json_is_true(json_object_get(j, "preemptible")) ? ", preemptible" : "");
 	field("priority", buf);
+	/* Its newest preemption: who, when, how (daemon/preemption.c). */
+	field("preempted", json_string_value(json_object_get(json_object_get(j, "preemption"), "message")));
 	progress_cells(j, step, sizeof step, pct, sizeof pct, loss, sizeof loss);
 	snprintf(buf, sizeof buf, "%s (%s)", step, pct);
 	field("step", buf);

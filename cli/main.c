@@ -26,7 +26,7 @@ struct command {
 };
 
 static const struct command commands[] = {
-	{"submit", tr_cmd_submit, "submit [--wait] [--priority N] [--idempotency-key KEY] FILE|-",
+	{"submit", tr_cmd_submit, "submit [--wait] [--priority N] [--preemptible] [--idempotency-key KEY] FILE|-",
 	 "submit a job spec; prints the job's id",
 	 "Sends the job spec (a JSON file, or standard input for -) to POST /jobs and\n"
 	 "prints the new job's id.  An Idempotency-Key is sent (a random one unless\n"
@@ -34,12 +34,15 @@ static const struct command commands[] = {
 	 "the answer is lost, so a retry never makes a second job.\n"
 	 "  --wait            follow the job like `watch` and exit with its outcome\n"
 	 "  --priority N      queue priority (higher runs first; default 0)\n"
+	 "  --preemptible     a job of higher priority may preempt it: it checkpoints,\n"
+	 "                    waits as 'preempted' and resumes on its own\n"
 	 "  --idempotency-key KEY  use KEY: the same KEY and spec always give the same job\n"},
 	{"ls", tr_cmd_ls, "ls [--state STATE] [--json]", "list jobs",
 	 "Lists jobs as a table: id, name, state, priority, step/total, done, latest\n"
 	 "loss and submit time (local).\n"
 	 "  --state STATE  only jobs in STATE: queued running stopping paused stopped\n"
-	 "                 completed failed cancelled interrupted\n"
+	 "                 completed failed cancelled interrupted preempted\n"
+	 "                 (a preempted job shows who preempted it: 'preempted by 5')\n"
 	 "  --json         the jobs as a JSON array, as the API returns them\n"},
 	{"show", tr_cmd_show, "show [--json] ID", "show one job",
 	 "Shows a job's state, progress (step, epoch, loss, throughput, data wait,\n"

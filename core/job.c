@@ -10,10 +10,10 @@
 #include <string.h>
 
 const char *const tr_job_state_names[TR_JOB_NSTATES + 1] = {
-	[TR_JOB_QUEUED] = "queued", [TR_JOB_RUNNING] = "running",     [TR_JOB_STOPPING] = "stopping",
-	[TR_JOB_PAUSED] = "paused", [TR_JOB_STOPPED] = "stopped",     [TR_JOB_COMPLETED] = "completed",
-	[TR_JOB_FAILED] = "failed", [TR_JOB_CANCELLED] = "cancelled", [TR_JOB_INTERRUPTED] = "interrupted",
-	[TR_JOB_NSTATES] = NULL,
+	[TR_JOB_QUEUED] = "queued",       [TR_JOB_RUNNING] = "running",     [TR_JOB_STOPPING] = "stopping",
+	[TR_JOB_PAUSED] = "paused",       [TR_JOB_STOPPED] = "stopped",     [TR_JOB_COMPLETED] = "completed",
+	[TR_JOB_FAILED] = "failed",       [TR_JOB_CANCELLED] = "cancelled", [TR_JOB_INTERRUPTED] = "interrupted",
+	[TR_JOB_PREEMPTED] = "preempted", [TR_JOB_NSTATES] = NULL,
 };
 
 static const char *const request_names[TR_JOB_NREQUESTS] = {
@@ -49,7 +49,9 @@ static const char *const request_phrase[TR_JOB_NREQUESTS] = {
  * - stopped and paused jobs resume the same way (queued again, continuing
  *   from their newest checkpoint); a stopped one may be given more steps;
  * - a stopped job's priority still matters, since it may run again;
- * - a repeated stop while stopping is accepted and changes nothing. */
+ * - a repeated stop while stopping is accepted and changes nothing;
+ * - a preempted job waits in the queue like an interrupted one: cancel or
+ *   stop end it, pause takes it out of the queue (resume puts it back). */
 static const struct tr_job_transition table[TR_JOB_NSTATES][TR_JOB_NREQUESTS] = {
 	/*                     cancel          stop             pause          resume       prio         delete       ckpt */
 	[TR_JOB_QUEUED]      = {SET(CANCELLED), SET(CANCELLED), SET(PAUSED),   R,           K(QUEUED),   R,           R},
@@ -61,6 +63,7 @@ static const struct tr_job_transition table[TR_JOB_NSTATES][TR_JOB_NREQUESTS] = 
 	[TR_JOB_FAILED]      = {R,              R,              R,             R,           R,           K(FAILED),   R},
 	[TR_JOB_CANCELLED]   = {R,              R,              R,             R,           R,           K(CANCELLED), R},
 	[TR_JOB_INTERRUPTED] = {SET(CANCELLED), SET(CANCELLED), SET(PAUSED),   R,           K(INTERRUPTED), R,        R},
+	[TR_JOB_PREEMPTED]   = {SET(CANCELLED), SET(CANCELLED), SET(PAUSED),   R,           K(PREEMPTED), R,          R},
 };
 /* clang-format on */
 
@@ -85,7 +88,7 @@ int tr_job_state_parse(const char *name)
 const char *tr_job_state_list(void)
 {
 	/* Kept equal to tr_job_state_names by a unit test (tests/unit/core). */
-	return "queued, running, stopping, paused, stopped, completed, failed, cancelled, interrupted";
+	return "queued, running, stopping, paused, stopped, completed, failed, cancelled, interrupted, preempted";
 }
 
 bool tr_job_state_terminal(enum tr_job_state state)

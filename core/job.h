@@ -28,6 +28,8 @@ enum tr_job_state {
 	TR_JOB_FAILED,
 	TR_JOB_CANCELLED,
 	TR_JOB_INTERRUPTED, /* the daemon stopped while it ran; queued again at start */
+	TR_JOB_PREEMPTED,   /* checkpointed and set aside for a higher-priority job; in the queue,
+			       resumed on its own (daemon/preemption.c) */
 	TR_JOB_NSTATES
 };
 

@@ -27,6 +27,7 @@ static const char *const level_names[] = {"emerg",  "alert", "crit",  "error", "
 					  "notice", "info",  "debug", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const cpu_conv_names[] = {"auto", "im2col", "onednn", NULL};
+static const char *const off_on_names[] = {"off", "on", NULL};
 
 /* ---- custom rows ---- */
 
@@ -207,6 +208,17 @@ static const struct tr_field options[] = {
 	{.key = "memory-available", .kind = K_I64, .off = CFG(memory_available), .flags = F_LO, .lo = 0, .def = 0,
 	 .help = "bytes of memory jobs may use together, in place of /proc/meminfo's MemAvailable (0 = read "
 		 "MemAvailable at each admission)"},
+	/* The [preemption] section of the config file (its keys are these
+	 * without the prefix; docs/design.md, "Preemption"). */
+	{.key = "preemption-enabled", .kind = K_BOOLENUM, .off = CFG(preemption_enabled), .names = off_on_names,
+	 .def = 1, .defstr = "on",
+	 .help = "on: a queued job that lower-priority preemptible jobs keep from starting preempts the fewest of "
+		 "them (off: jobs only wait)"},
+	{.key = "preemption-grace", INT_IN(preemption_grace_s, 0, 86400), .def = 60,
+	 .help = "seconds a preempted job has to reach a step boundary and checkpoint; past it the job is cancelled "
+		 "and resumes from its newest earlier checkpoint (the steps since are done again)"},
+	{.key = "preemption-min-run", INT_IN(preemption_min_run_s, 0, 86400), .def = 60,
+	 .help = "seconds a job must have run since it (re)started before it may be preempted (again)"},
 	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
 	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
 		 "given on the command line: prefer token-file"},
@@ -301,6 +313,24 @@ static char *trim(char *s)
 	return s;
 }
 
+/* The config file's sections: after "[name]" a line "KEY = value" sets
+ * the option "name-KEY" (the command line spells it --name-KEY). */
+static const char *const sections[] = {"preemption", NULL};
+
+static int enter_section(const char *line, char *section, size_t size, const char *where, struct tr_error *err)
+{
+	size_t n = strlen(line);
+
+	for (int i = 0; line[n - 1] == ']' && sections[i]; i++) {
+		if (n - 2 == strlen(sections[i]) && strncmp(line + 1, sections[i], n - 2) == 0) {
+			snprintf(section, size, "%s", sections[i]);
+			return 0;
+		}
+	}
+	return tr_error_set(err, -EINVAL, 0, NULL, "%sunknown section %.64s (the file has one: [preemption])", where,
+			    line);
+}
+
 int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *err)
 {
 	FILE *f = fopen(path, "re");
@@ -308,7 +338,7 @@ int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *
 		int rc = -errno;
 		return tr_error_set(err, rc, 0, NULL, "--config %s: %s", path, strerror(-rc));
 	}
-	char line[4096], where[1200];
+	char line[4096], where[1200], section[32] = "";
 	int lineno = 0, rc = 0;
 	bool has_token = false;
 	while (rc == 0 && fgets(line, sizeof line, f)) {
@@ -318,15 +348,21 @@ int tr_config_load_file(struct tr_config *c, const char *path, struct tr_error *
 			continue;
 		char *eq = strchr(s, '=');
 		snprintf(where, sizeof where, "%s:%d: ", path, lineno);
+		if (*s == '[') {
+			rc = enter_section(s, section, sizeof section, where, err);
+			continue;
+		}
 		if (!eq) {
 			rc = tr_error_set(err, -EINVAL, 0, NULL, "%sexpected 'name = value'", where);
 			break;
 		}
 		*eq = 0;
-		char *name = trim(s), *value = trim(eq + 1);
-		const struct tr_field *o = tr_fields_find_field(options, name);
+		char *name = trim(s), *value = trim(eq + 1), full[128];
+		snprintf(full, sizeof full, "%s%s%.64s", section, *section ? "-" : "", name);
+		const struct tr_field *o = tr_fields_find_field(options, full);
 		if (!o) {
-			rc = tr_error_set(err, -EINVAL, 0, NULL, "%sunknown option '%s'", where, name);
+			rc = tr_error_set(err, -EINVAL, 0, NULL, "%sunknown option '%s'%s%s%s", where, name,
+					  *section ? " in section [" : "", section, *section ? "]" : "");
 			break;
 		}
 		has_token |= strcmp(o->key, "token") == 0;

@@ -4,6 +4,7 @@
 #ifndef TR_DAEMON_CONFIG_H
 #define TR_DAEMON_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,9 @@ struct tr_config {
 	int64_t image_max_pixels;       /* width x height one image may decode to */
 	int max_job_crashes;            /* daemon deaths a job may be running at before it fails; 0 = no limit */
 	int64_t memory_available;       /* bytes jobs may use; 0 = MemAvailable at each admission */
+	bool preemption_enabled;        /* [preemption] enabled: higher priorities preempt preemptible jobs */
+	int preemption_grace_s;         /* [preemption] grace: seconds to a step boundary before a hard stop */
+	int preemption_min_run_s;       /* [preemption] min-run: seconds a job runs before it may be preempted */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024]; /* role:token lines; see daemon/tokens.c */

@@ -430,12 +430,14 @@ static void *runner_main(void *arg)
 	pthread_mutex_lock(&s->lock);
 	j->trainer = t;
 	/* A control request may have arrived while the trainer was built. */
-	if (atomic_load(&j->cancel_requested))
+	if (atomic_load(&j->cancel_requested) || atomic_load(&j->preempt_hard))
 		tr_trainer_cancel(t);
 	else if (atomic_load(&j->stop_requested) && s->shutting_down)
 		tr_trainer_stop_for(t, TR_STOP_SHUTDOWN);
 	else if (atomic_load(&j->stop_requested))
-		tr_trainer_stop_for(t, atomic_load(&j->pause_requested) ? TR_STOP_PAUSE : TR_STOP_STOP);
+		tr_trainer_stop_for(t, atomic_load(&j->pause_requested)     ? TR_STOP_PAUSE
+				       : atomic_load(&j->preempt_requested) ? TR_STOP_PREEMPT
+									    : TR_STOP_STOP);
 	pthread_mutex_unlock(&s->lock);
 
 	rc = tr_trainer_run(t, &err);
@@ -458,7 +460,12 @@ static void *runner_main(void *arg)
 
 	bool cancelled = atomic_load(&j->cancel_requested);
 	bool paused = atomic_load(&j->pause_requested);
-	bool ends_completed = rc == 0 && (!sum.stopped || (!shutdown && !paused)); /* as below */
+	/* Preempted (daemon/preemption.c): at a step boundary with its
+	 * checkpoint, or cancelled when its grace ran out; a client's cancel,
+	 * pause or stop meanwhile wins. */
+	bool preempted = atomic_load(&j->preempt_requested) && !shutdown && !cancelled && !paused &&
+			 ((rc == 0 && sum.stopped) || (rc == -ECANCELED && atomic_load(&j->preempt_hard)));
+	bool ends_completed = rc == 0 && (!sum.stopped || (!shutdown && !paused && !preempted)); /* as below */
 	if (ends_completed && final_weights_missing(j, sum.steps, &err)) {
 		finish(j, TR_JOB_FAILED, "checkpoint_failed", err.message, sum.steps);
 	} else if (rc == 0 && !sum.stopped) {
@@ -467,6 +474,9 @@ static void *runner_main(void *arg)
 		snprintf(line, sizeof line, "interrupted by daemon shutdown at step %lld", (long long)sum.steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
 		finish(j, TR_JOB_INTERRUPTED, NULL, NULL, sum.steps);
+	} else if (preempted) {
+		tr_preempt_record(j, sum.steps);
+		finish(j, TR_JOB_PREEMPTED, NULL, NULL, sum.steps);
 	} else if (rc == 0 && paused) {
 		snprintf(line, sizeof line, "paused at step %lld", (long long)sum.steps);
 		tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);

@@ -171,11 +171,12 @@ static void release_spec(struct tr_scheduler *s, int64_t id, struct running_job 
  * with the lock held. */
 static void start_queued(struct tr_scheduler *s)
 {
-	static const enum tr_job_state queued[] = {TR_JOB_QUEUED};
+	/* Preempted jobs wait in the same queue, in priority order. */
+	static const enum tr_job_state queued[] = {TR_JOB_QUEUED, TR_JOB_PREEMPTED};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
 	struct tr_error se = {0};
-	if (tr_store_job_list_states(s->cfg.store, queued, 1, &rows, &n, &se) < 0) {
+	if (tr_store_job_list_states(s->cfg.store, queued, 2, &rows, &n, &se) < 0) {
 		tr_log(TR_LOG_ERR, "cannot read the queue: %s", se.message);
 		return;
 	}
@@ -196,10 +197,16 @@ static void start_queued(struct tr_scheduler *s)
 			free(job);
 			continue;
 		}
-		job->ndev = tr_memory_blocks(s, r->id) ? 0 : reserve(s, &job->spec, r->id, job->devices);
+		bool mem_blocked = tr_memory_blocks(s, r->id);
+		job->ndev = mem_blocked ? 0 : reserve(s, &job->spec, r->id, job->devices);
+		if (job->ndev == 0 && !mem_blocked)
+			job->ndev = tr_preempt_resize(s, r, &job->spec, job->devices);
 		if (job->ndev == 0) {
 			/* Strict order: nothing overtakes the first job that
-			 * waits.  Its spec is kept for the next look. */
+			 * waits, but it may preempt lower-priority jobs that
+			 * hold its devices.  Its spec is kept for the next look. */
+			if (!mem_blocked)
+				tr_preempt_for(s, r, &job->spec);
 			release_spec(s, r->id, job);
 			free(job);
 			blocked = true;
@@ -207,6 +214,12 @@ static void start_queued(struct tr_scheduler *s)
 		}
 		job->sched = s;
 		job->id = r->id;
+		job->priority = r->priority;
+		job->preemptible = r->preemptible;
+		job->started_at = tr_sched_mono_now();
+		if (r->state == TR_JOB_PREEMPTED)
+			tr_log_job(TR_LOG_NOTICE, (long long)r->id, "resumes after its preemption on %d device(s)",
+				   job->ndev);
 		json_t *devs = json_array();
 		for (int d = 0; d < job->ndev; d++)
 			json_array_append_new(devs, json_integer(job->devices[d]));
@@ -303,6 +316,7 @@ static void *dispatcher_main(void *arg)
 		atomic_store(&s->beat_ns, mono_ns());
 		stall_if_asked(s);
 		reap(s);
+		tr_preempt_enforce_grace(s);
 		if (s->dirty && !s->shutting_down) {
 			s->dirty = false;
 			start_queued(s);
@@ -464,7 +478,7 @@ void tr_scheduler_destroy(tr_scheduler_t *s)
 
 void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
 {
-	static const enum tr_job_state states[] = {TR_JOB_QUEUED};
+	static const enum tr_job_state states[] = {TR_JOB_QUEUED, TR_JOB_PREEMPTED};
 	struct tr_job_row *rows = NULL;
 	int n = 0;
 	*running = 0;
@@ -472,7 +486,7 @@ void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
 	for (struct running_job *j = s->running; j; j = j->next)
 		*running += !j->finished;
 	pthread_mutex_unlock(&s->lock);
-	if (tr_store_job_list_states(s->cfg.store, states, 1, &rows, &n, NULL) < 0)
+	if (tr_store_job_list_states(s->cfg.store, states, 2, &rows, &n, NULL) < 0)
 		n = 0;
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);

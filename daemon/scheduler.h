@@ -16,6 +16,19 @@
 
 typedef struct tr_scheduler tr_scheduler_t;
 
+/* Priority preemption (daemon/preemption.c; the config's "preemption"
+ * section). */
+struct tr_preemption_policy {
+	bool enabled;
+	/* Seconds a preempted job has to reach a step boundary and write its
+	 * checkpoint; past it the job is cancelled back to its newest
+	 * checkpoint (a "hard" preemption). */
+	int grace_s;
+	/* Seconds a job must have run (since it last started) before it may
+	 * be preempted (again): no thrashing. */
+	int min_run_s;
+};
+
 struct tr_scheduler_config {
 	tr_store_t *store;             /* borrowed */
 	tr_backend_t *backend;         /* borrowed: its devices are the pool */
@@ -28,6 +41,7 @@ struct tr_scheduler_config {
 	 * step in between) before it is failed with crashed_daemon instead
 	 * of queued again; 0 = no limit. */
 	int max_job_crashes;
+	struct tr_preemption_policy preemption;
 };
 
 /* 0, or a negative code with err filled (docs/design.md, "Errors"). */

@@ -47,6 +47,20 @@ struct running_job {
 	/* An evaluate job (daemon/evaluate.c): its normalized spec; NULL for
 	 * a training job.  Its `spec` then only holds the device count. */
 	json_t *eval;
+	/* Priority preemption (daemon/preemption.c).  priority and
+	 * preemptible are the row's when the job started (a PATCH of the
+	 * priority updates it, under sched lock); started_at is
+	 * monotonic seconds.  preempt_requested: a higher-priority job asked
+	 * for its devices (by preempted_by, priority by_priority, at asked_at,
+	 * all guarded by sched lock); preempt_hard: its grace ran out and it
+	 * was cancelled back to its newest checkpoint. */
+	int priority;
+	bool preemptible;
+	double started_at;
+	atomic_bool preempt_requested, preempt_hard;
+	int64_t preempted_by;
+	int by_priority;
+	double asked_at;
 	struct running_job *next;
 };
 
@@ -115,6 +129,22 @@ int tr_submit_check_data(struct tr_scheduler *s, const struct tr_spec *spec, str
  * state, then the scheduler is told its devices are free. */
 void tr_runner_finish(struct running_job *j, enum tr_job_state state, const char *code, const char *message,
 		      int64_t step);
+
+/* Priority preemption (preemption.c), all with the scheduler lock held.
+ * tr_preempt_for: the first queued job (row r, wanting `spec`'s devices)
+ * cannot start: asks the fewest lower-priority preemptible jobs whose
+ * devices let it start to let go at their next step boundary, unless
+ * enough are being freed already.  tr_preempt_enforce_grace: cancels the
+ * preempted jobs whose grace ran out.  tr_preempt_resize: the devices a
+ * preempted job may resume on when fewer than it asks for are free (exact
+ * mode makes the count not matter); 0 = wait. */
+void tr_preempt_for(struct tr_scheduler *s, const struct tr_job_row *r, const struct tr_spec *spec);
+void tr_preempt_enforce_grace(struct tr_scheduler *s);
+int tr_preempt_resize(struct tr_scheduler *s, const struct tr_job_row *r, const struct tr_spec *spec, int *devs);
+/* The runner's side: records the job's preemption (who, how, at which
+ * step) and logs it, before the state change to preempted. */
+void tr_preempt_record(struct running_job *j, int64_t step);
+double tr_sched_mono_now(void);
 
 /* Memory admission (admission.c).  tr_admit_memory: trainer.h's
  * admit_memory hook (ctx: the running job): 0 and the estimate reserved,

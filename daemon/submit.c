@@ -110,6 +110,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		.name = spec.name,
 		.state = TR_JOB_QUEUED,
 		.priority = req->priority,
+		.preemptible = req->preemptible,
 		.spec = spec_text,
 		.normalized = norm_text,
 		.devices = "[]",
@@ -272,16 +273,20 @@ static int set_now(struct tr_scheduler *s, const struct tr_job_row *row, const s
 		/* Held and shown when storage refuses it: the job must not
 		 * come back.  Cancel or stop before it ran: nothing to wind
 		 * down. */
-		bool paused = row->state == TR_JOB_PAUSED;
+		bool paused = row->state == TR_JOB_PAUSED, preempted = row->state == TR_JOB_PREEMPTED;
 		rc = tr_store_job_record_state(
 			s->cfg.store, id, TR_JOB_CANCELLED,
-			paused ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
-			       : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
+			paused      ? "{\"code\":\"cancelled\",\"message\":\"cancelled while paused\"}"
+			: preempted ? "{\"code\":\"cancelled\",\"message\":\"cancelled while preempted\"}"
+				    : "{\"code\":\"cancelled\",\"message\":\"cancelled before it started\"}",
 			NULL, &se);
 		if (rc < 0)
 			return tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 		if (!paused)
-			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancelled while queued", NULL);
+			tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
+					    preempted ? "cancelled while preempted (in the queue)"
+						      : "cancelled while queued",
+					    NULL);
 		tr_sched_drop_spec(s, id);
 	} else {
 		return tr_job_fail(err, TR_JOB_E_INTERNAL, "", "job %lld: no way to set %s", (long long)id,
@@ -304,6 +309,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		 * records the job as paused and frees its devices. */
 		atomic_store(&j->pause_requested, true);
 		atomic_store(&j->stop_requested, true);
+		atomic_store(&j->preempt_requested, false); /* the client's pause wins */
 		if (j->trainer)
 			tr_trainer_stop_for(j->trainer, TR_STOP_PAUSE);
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE,
@@ -315,6 +321,7 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 		tr_store_log_append(s->cfg.store, id, TR_LOG_NOTICE, "cancel requested", NULL);
 	} else if (op == TR_JOB_STOP) {
 		atomic_store(&j->stop_requested, true);
+		atomic_store(&j->preempt_requested, false); /* the client's stop wins */
 		if (j->trainer)
 			tr_trainer_stop(j->trainer);
 		tr_store_job_record_state(s->cfg.store, id, TR_JOB_STOPPING, NULL, NULL, NULL);
@@ -371,8 +378,15 @@ static int op_set_priority(void *ctx, int64_t id, int priority, struct tr_error 
 	if (rc == 0 && tr_store_job_set_priority(s->cfg.store, id, priority, &se) < 0)
 		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "%s", se.message);
 	tr_job_row_finish(&row);
-	if (rc == 0)
+	if (rc == 0) {
+		/* Preemption compares the priorities of running jobs too. */
+		pthread_mutex_lock(&s->lock);
+		struct running_job *j = find_running(s, id);
+		if (j)
+			j->priority = priority;
+		pthread_mutex_unlock(&s->lock);
 		tr_sched_kick(s);
+	}
 	return rc < 0 ? -1 : 0;
 }
 

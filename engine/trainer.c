@@ -233,6 +233,8 @@ static const char *stop_reason_name(int why)
 		return "pause";
 	case TR_STOP_SHUTDOWN:
 		return "shutdown";
+	case TR_STOP_PREEMPT:
+		return "preempt";
 	default:
 		return "stop";
 	}

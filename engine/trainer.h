@@ -138,6 +138,7 @@ enum tr_stop_reason {
 	TR_STOP_STOP,     /* "stop": asked to stop */
 	TR_STOP_PAUSE,    /* "pause": to be resumed later */
 	TR_STOP_SHUTDOWN, /* "shutdown": the process is going away */
+	TR_STOP_PREEMPT,  /* "preempt": set aside for a higher-priority job, resumed later */
 };
 
 /* Graceful: finish the current step, then return.  Async-signal-safe. */

@@ -13,9 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define JOB_COLS                                                                                       \
-	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, " \
-	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info, loader_threads, crashes, train_s"
+#define JOB_COLS                                                                                                                      \
+	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, "                                \
+	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info, loader_threads, crashes, train_s, " \
+	"preemptible, preemption"
 
 void tr_job_row_finish(struct tr_job_row *row)
 {
@@ -29,6 +30,7 @@ void tr_job_row_finish(struct tr_job_row *row)
 	free(row->idempotency_key);
 	free(row->request_hash);
 	free(row->info);
+	free(row->preemption);
 	memset(row, 0, sizeof *row);
 }
 
@@ -75,6 +77,7 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 	r->loader_threads = sqlite3_column_int(st, 19); /* NULL reads 0: not started */
 	r->crashes = sqlite3_column_int(st, 20);
 	r->train_s = sqlite3_column_double(st, 21);
+	r->preemptible = sqlite3_column_int(st, 22) != 0;
 	int err = col_state(c, st, 2, r->id, &r->state);
 	if (err < 0) {
 		memset(r, 0, sizeof *r);
@@ -88,6 +91,7 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 	err |= col_strdup(st, 8, &r->idempotency_key);
 	err |= col_strdup(st, 9, &r->request_hash);
 	err |= col_strdup(st, 18, &r->info);
+	err |= col_strdup(st, 23, &r->preemption);
 	if (err) {
 		tr_job_row_finish(r);
 		return tr_store_cfail(c, -ENOMEM, "out of memory");
@@ -153,6 +157,19 @@ static char *state_event_data(enum tr_job_state state, const char *error_json)
 			      "terminal", tr_job_state_terminal(state));
 	char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
+	return text;
+}
+
+/* A state event's data with one more key holding JSON text; NULL when
+ * either text is not JSON (the event is then sent without it). */
+static char *state_event_with(const char *data, const char *key, const char *json_text)
+{
+	json_t *o = json_loads(data, 0, NULL), *v = json_loads(json_text, 0, NULL);
+	char *text = NULL;
+	if (json_is_object(o) && v && json_object_set(o, key, v) == 0)
+		text = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	json_decref(v);
 	return text;
 }
 
@@ -230,7 +247,8 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 	double submitted = row->submitted_at > 0 ? row->submitted_at : now;
 	static const char insert_sql[] =
 		"INSERT INTO jobs (name, state, priority, spec, normalized, devices, error, idempotency_key,"
-		" request_hash, submitted_at, updated_at) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)";
+		" request_hash, submitted_at, updated_at, preemptible)"
+		" VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)";
 	st = tr_store_stmt(c, insert_sql);
 	if (!st) {
 		err = -EIO;
@@ -245,6 +263,7 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 	sqlite3_bind_text(st, 7, row->idempotency_key, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 8, row->request_hash, -1, SQLITE_STATIC);
 	sqlite3_bind_double(st, 9, submitted);
+	sqlite3_bind_int(st, 10, row->preemptible);
 	int rc = sqlite3_step(st);
 	if (rc != SQLITE_DONE) {
 		err = SQLFAIL(c, rc, "INSERT INTO jobs");
@@ -582,7 +601,7 @@ int tr_store_job_write_state(struct conn *c, int64_t id, enum tr_job_state state
 	int err = tr_store_begin(c, true);
 	if (err < 0)
 		goto cleanup;
-	sqlite3_stmt *st = tr_store_stmt(c, "SELECT state, finished_at FROM jobs WHERE id = ?1");
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT state, finished_at, preemption FROM jobs WHERE id = ?1");
 	if (!st) {
 		err = -EIO;
 		goto cleanup;
@@ -600,6 +619,15 @@ int tr_store_job_write_state(struct conn *c, int64_t id, enum tr_job_state state
 	enum tr_job_state was = TR_JOB_QUEUED; /* set by col_state on success */
 	err = col_state(c, st, 0, id, &was);
 	double finished_at = sqlite3_column_double(st, 1);
+	/* A change to preempted says who preempted the job (its preemption
+	 * record, written just before), so the event stream names both. */
+	if (err == 0 && state == TR_JOB_PREEMPTED && sqlite3_column_type(st, 2) == SQLITE_TEXT) {
+		char *with = state_event_with(data, "preemption", (const char *)sqlite3_column_text(st, 2));
+		if (with) {
+			free(data);
+			data = with;
+		}
+	}
 	sqlite3_reset(st);
 	if (err < 0)
 		goto cleanup;
@@ -749,6 +777,23 @@ int tr_store_job_add_train_s(tr_store_t *s, int64_t id, double seconds, struct t
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e)
 {
 	return set_int_column(s, id, "UPDATE jobs SET priority = ?2 WHERE id = ?1", priority, e);
+}
+
+int tr_store_job_set_preemption(tr_store_t *s, int64_t id, const char *preemption_json, struct tr_error *e)
+{
+	int err = check_json(e, preemption_json, JSON_OBJECT, "preemption");
+	if (err < 0)
+		return err;
+	struct conn *c = tr_store_conn_lend(s, e);
+	err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET preemption = ?2 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_text(st, 2, preemption_json, -1, SQLITE_STATIC);
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
 }
 
 int tr_store_job_set_spec(tr_store_t *s, int64_t id, const char *spec, const char *normalized, struct tr_error *e)

@@ -150,6 +150,12 @@ static const char *const migrations[] = {
 	 * a pause, stop or shutdown adds its own), so a resumed job's
 	 * elapsed time counts every run and no paused gap. */
 	"ALTER TABLE jobs ADD COLUMN train_s REAL NOT NULL DEFAULT 0;",
+
+	/* 11: priority preemption (daemon/preemption.c): whether a job may be
+	 * preempted (submit's ?preemptible=true), and its newest preemption
+	 * as a JSON object (who preempted it, when, how), NULL when never. */
+	"ALTER TABLE jobs ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE jobs ADD COLUMN preemption TEXT;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

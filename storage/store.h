@@ -94,6 +94,8 @@ struct tr_job_row {
 	int loader_threads; /* the loader threads its trainer runs (ran) with; 0 until it started */
 	int crashes;        /* daemon deaths in a row while it ran without making a step */
 	double train_s;     /* seconds of training of its runs that ended (a running one's not yet) */
+	bool preemptible;   /* a higher-priority job may preempt it (daemon/preemption.c) */
+	char *preemption;   /* JSON object text of its newest preemption, NULL when never preempted */
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -188,6 +190,10 @@ int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
 int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
 			      struct tr_error *e);
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e);
+/* Records a job's newest preemption (a JSON object; daemon/preemption.c
+ * says its keys), shown with the job and carried by the "state" event of
+ * its next change to preempted. */
+int tr_store_job_set_preemption(tr_store_t *s, int64_t id, const char *preemption_json, struct tr_error *e);
 /* What the job's trainer resolved its loader thread count to (the spec's
  * prefetch.workers or its default), set by the runner as it starts. */
 int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e);

@@ -22,7 +22,7 @@
 	/* The daemon's job states (docs/design.md, "The job"), for the state
 	 * filter only: whether a state is an end comes with each job
 	 * (`terminal`) and each state event. */
-	const STATES = ['queued', 'running', 'stopping', 'paused', 'stopped', 'completed', 'failed', 'cancelled', 'interrupted'];
+	const STATES = ['queued', 'running', 'stopping', 'paused', 'stopped', 'completed', 'failed', 'cancelled', 'interrupted', 'preempted'];
 	const PALETTE = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#db2777', '#65a30d'];
 	const LEVELS = { 0: 'emerg', 1: 'alert', 2: 'crit', 3: 'error', 4: 'warn', 5: 'notice', 6: 'info', 7: 'debug' };
 
@@ -190,6 +190,17 @@
 	function stateBadge(state, extra) {
 		return h('span', { class: 'state ' + state, 'data-state': state, text: extra || state });
 	}
+	/* Priority preemption (docs/design.md, "Preemption"): a preempted
+	 * job's badge names who preempted it, with the reason as its title;
+	 * a preemptible one that runs or waits says it may be. */
+	function preemptBadge(job) {
+		const p = job.preemption;
+		if (job.state === 'preempted' && p)
+			return h('span', { class: 'badge preempted', 'data-preempted-by': p.by, title: p.message || '', text: 'by #' + p.by });
+		if (job.preemptible && !job.terminal)
+			return h('span', { class: 'badge preemptible', title: 'a job of higher priority may preempt it', text: 'preemptible' });
+		return null;
+	}
 
 	/* ---- JSON pointer → place in the spec text ---- */
 	/* Parses text as JSON and records where each value is, by JSON pointer
@@ -289,7 +300,7 @@
 	}
 
 	/* ---- Jobs page ---- */
-	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error';
+	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error,preemptible,preemption';
 	async function fetchJobs(state) {
 		const jobs = [];
 		let after = null;
@@ -346,7 +357,7 @@
 		 * phone stacks a row's cells (app.css, table.stack). */
 		const tr = h('tr', { class: 'job-row', 'data-job': job.id },
 			h('td', { class: 'name' }, link),
-			h('td', { 'data-label': 'State' }, stateBadge(job.state)),
+			h('td', { 'data-label': 'State' }, stateBadge(job.state), preemptBadge(job)),
 			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
 			h('td', { class: 'num', 'data-label': 'ETA', text: job.terminal ? '–' : fmtDuration(p.eta_s) }),
@@ -366,6 +377,8 @@
 		text.addEventListener('input', () => sessionStorage.setItem('trainerd.draft', text.value));
 		const file = h('input', { type: 'file', id: 'spec-file', accept: '.json,application/json' });
 		const prio = h('input', { type: 'number', id: 'spec-priority', min: -1000, max: 1000, value: 0, style: 'width:6rem' });
+		const preemptible = h('input', { type: 'checkbox', id: 'spec-preemptible',
+			title: 'a job of higher priority may preempt it: it checkpoints, waits as preempted and resumes on its own' });
 		const out = h('div', { id: 'submit-result', 'aria-live': 'polite' });
 		const btn = h('button', { type: 'submit', class: 'primary', id: 'submit-btn', text: 'Submit job' });
 		file.addEventListener('change', async () => {
@@ -379,6 +392,7 @@
 			h('div', { class: 'row', style: 'margin-top:.5rem' },
 				h('label', { for: 'spec-file', text: 'File' }), file,
 				h('label', { for: 'spec-priority', text: 'Priority' }), prio,
+				preemptible, h('label', { for: 'spec-preemptible', text: 'Preemptible' }),
 				h('span', { class: 'spacer' }), btn),
 			out);
 		form.addEventListener('submit', async (ev) => {
@@ -387,7 +401,7 @@
 			btn.disabled = true;
 			btn.textContent = 'Submitting…';
 			try {
-				const job = await api('/jobs?priority=' + encodeURIComponent(prio.value || '0'),
+				const job = await api('/jobs?priority=' + encodeURIComponent(prio.value || '0') + (preemptible.checked ? '&preemptible=true' : ''),
 					{ method: 'POST', headers: { 'Content-Type': 'application/json' }, body: text.value });
 				sessionStorage.removeItem('trainerd.draft');
 				toast('Submitted job #' + job.id);
@@ -641,9 +655,9 @@
 			'aria-label': 'Epochs in all when resumed (optional)', disabled: true });
 		const ACTIONS = [
 			['stop', 'Stop', 'finishes its current step, takes a final checkpoint and ends as stopped (it can be resumed later)', ['running']],
-			['pause', 'Pause', 'takes a checkpoint and leaves its devices until resumed', ['queued', 'running']],
+			['pause', 'Pause', 'takes a checkpoint and leaves its devices until resumed', ['queued', 'running', 'preempted']],
 			['resume', 'Resume', 'queues it again; it continues from its newest checkpoint', ['paused', 'stopped']],
-			['cancel', 'Cancel', 'ends it at once, without a final checkpoint', ['queued', 'running', 'stopping', 'paused', 'interrupted']],
+			['cancel', 'Cancel', 'ends it at once, without a final checkpoint', ['queued', 'running', 'stopping', 'paused', 'interrupted', 'preempted']],
 		];
 		for (const [op, label, what, states] of ACTIONS) {
 			const b = h('button', { type: 'button', id: 'btn-' + op, class: op === 'cancel' ? 'danger' : '', text: label, disabled: true });
@@ -694,7 +708,7 @@
 			const job = st.job, p = job.progress || {}, s = job.summary || {};
 			title.textContent = '#' + job.id + ' ' + job.name;
 			document.title = '#' + job.id + ' ' + job.name + ' – trainerd';
-			badge.replaceChildren(stateBadge(job.state));
+			badge.replaceChildren(stateBadge(job.state), preemptBadge(job) || '');
 			/* A request's feedback lasts until the job has ended. */
 			if (job.terminal && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
 			for (const b of Object.values(buttons))
@@ -717,7 +731,8 @@
 				/* The last step's wait; its share of the step time is in the
 				 * device panel. */
 				['Data wait (ms/step)', fmtMs(s.data_wait_ms !== undefined ? s.data_wait_ms : lastValue('data_wait_ms'))],
-				['Priority', job.priority],
+				['Priority', job.priority + (job.preemptible ? ' (preemptible)' : '')],
+				...(job.preemption ? [['Preempted', job.preemption.message]] : []),
 				['Submitted', job.submitted_at ? age(job.submitted_at) + ' ago' : '–'],
 				['Started', job.started_at ? age(job.started_at) + ' ago' : '–'],
 				['Finished', job.finished_at ? age(job.finished_at) + ' ago' : '–'],

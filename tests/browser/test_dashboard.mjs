@@ -15,7 +15,8 @@
 // origin cannot pause or cancel a job, and a rebinding name gets 403; with a token configured the page asks for it
 // once, keeps it out of every URL, and works; on a phone no field of the
 // jobs and devices tables is off the screen; a series of one point is
-// drawn.  Screenshots of each page go to ARTIFACT_DIR.
+// drawn; the submit form's Preemptible box submits a preemptible job, and
+// once a higher-priority job preempts it its badge names who, with why.  Screenshots of each page go to ARTIFACT_DIR.
 //
 // Usage: node tests/browser/test_dashboard.mjs TRAINERD ARTIFACT_DIR
 // Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
@@ -640,6 +641,36 @@ document.getElementById('f').submit();
 	check('no script errors on the pages', pageErrors.length === 0, pageErrors.join('; '));
 	check('nothing the page asked for was missing', missing.length === 0, missing.join(' '));
 	await context.close();
+
+	// ---- priority preemption: the form's box, the badge naming who ----
+	const pd = await startDaemon(2, ['--preemption-min-run', '0']);
+	const pctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+	const ppage = await pctx.newPage();
+	const perrors = [];
+	ppage.on('pageerror', (e) => perrors.push(e.message));
+	await step('preemption: a preemptible job shows who preempted it, and why', async () => {
+		await ppage.goto(pd.url + '/');
+		await ppage.click('#submit summary');
+		await ppage.fill('#spec-text', JSON.stringify({ ...longJob, name: 'browser-low' }, null, 2));
+		await ppage.check('#spec-preemptible');
+		await ppage.click('#submit-btn');
+		await ppage.waitForURL(/#\/jobs\/\d+$/, { timeout: 10000 });
+		const low = Number(/(\d+)$/.exec(ppage.url())[1]);
+		const lowJob = await (await fetch(pd.url + '/jobs/' + low)).json();
+		if (lowJob.preemptible !== true) throw new Error('the form did not submit it preemptible');
+		await waitFor('the low job runs', async () => (await jobState(pd, low)) === 'running', 20000);
+		const r = await fetch(pd.url + '/jobs?priority=5', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+			body: JSON.stringify({ ...longJob, name: 'browser-high' }) }); /* runs until cancelled below */
+		const high = (await r.json()).id;
+		await ppage.goto(pd.url + '/');
+		const badge = await ppage.waitForSelector(`tr[data-job="${low}"] .badge.preempted[data-preempted-by="${high}"]`, { timeout: 20000 });
+		const title = await badge.getAttribute('title');
+		if (!title.includes('preempted by job ' + high)) throw new Error('badge title: ' + title);
+		await ppage.screenshot({ path: path.join(artifacts, 'preempted.png'), fullPage: true });
+		for (const id of [low, high]) await fetch(pd.url + '/jobs/' + id + '/cancel', { method: 'POST' });
+	});
+	check('preemption: no script errors', perrors.length === 0, perrors.join('; '));
+	await pctx.close();
 
 	// ---- daemon with a token ----
 	const t = await startDaemon(2, ['--token', TOKEN]);

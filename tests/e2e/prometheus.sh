@@ -71,6 +71,7 @@ for name in 'trainerd_build_info{version="' 'trainerd_jobs{state="running"} 1' '
 	'trainerd_http_requests_total{method="other",route="unmatched",code="404"} 1' \
 	'trainerd_http_request_duration_seconds_bucket{method="GET",route="/jobs/{id}",le="+Inf"}' \
 	'trainerd_checkpoint_write_duration_seconds_count' 'trainerd_checkpoint_bytes_total' \
+	'trainerd_preemptions_total{mode="checkpoint"} 0' 'trainerd_preemptions_total{mode="hard"} 0' \
 	'trainerd_metric_points_dropped_total 0' 'process_resident_memory_bytes' 'process_open_fds' \
 	'process_cpu_seconds_total' 'process_start_time_seconds' 'process_max_fds'; do
 	check "/metrics has $name" has "$work/m1" "^$name"

@@ -130,8 +130,9 @@ Test(api, list_refuses_an_unknown_state_filter)
 
 	expect_status(&r, 400, "unknown state");
 	cr_assert_str_eq(jstr(r.json, "error.code"), "invalid_parameter");
-	cr_assert_str_eq(jstr(r.json, "error.message"), "state: must be one of queued, running, stopping, paused, "
-							"stopped, completed, failed, cancelled, interrupted");
+	cr_assert_str_eq(jstr(r.json, "error.message"),
+			 "state: must be one of queued, running, stopping, paused, "
+			 "stopped, completed, failed, cancelled, interrupted, preempted");
 	resp_free(&r);
 }
 

@@ -18,7 +18,7 @@
 
 /* The expected table, written out independently of core/job.c: rows in
  * enum order (queued running stopping paused stopped completed failed
- * cancelled interrupted), columns cancel stop pause resume priority
+ * cancelled interrupted preempted), columns cancel stop pause resume priority
  * delete checkpoint; for S and G the state the job shows right after. */
 static const struct {
 	char action[TR_JOB_NREQUESTS];
@@ -33,6 +33,7 @@ static const struct {
 	/* failed */ {{R, R, R, R, R, K, R}, {0, 0, 0, 0, 0, "failed", 0}},
 	/* cancelled */ {{R, R, R, R, R, K, R}, {0, 0, 0, 0, 0, "cancelled", 0}},
 	/* interrupted */ {{S, S, S, R, K, R, R}, {"cancelled", "cancelled", "paused", 0, "interrupted", 0, 0}},
+	/* preempted */ {{S, S, S, R, K, R, R}, {"cancelled", "cancelled", "paused", 0, "preempted", 0, 0}},
 };
 
 static char action_letter(enum tr_job_action a)
@@ -79,7 +80,7 @@ Test(job, every_state_and_request)
 			cells++;
 		}
 	}
-	cr_assert_eq(cells, 9 * 7);
+	cr_assert_eq(cells, 10 * 7);
 }
 
 Test(job, refusals_name_the_states_that_allow_the_request)
@@ -98,8 +99,8 @@ Test(job, refusals_name_the_states_that_allow_the_request)
 	cr_assert_str_eq(e.message, "job 4 is running; only a stopped, completed, failed or cancelled job can be "
 				    "deleted (cancel it first)");
 	cr_assert_eq(tr_job_check(5, TR_JOB_STOPPED, TR_JOB_CANCEL, NULL, &e), -EBUSY);
-	cr_assert_str_eq(e.message, "job 5 is stopped; only a queued, running, stopping, paused or interrupted job "
-				    "can be cancelled");
+	cr_assert_str_eq(e.message, "job 5 is stopped; only a queued, running, stopping, paused, interrupted or "
+				    "preempted job can be cancelled");
 	cr_assert_eq(tr_job_check(6, TR_JOB_FAILED, TR_JOB_CHECKPOINT, NULL, &e), -EBUSY);
 	cr_assert_str_eq(e.message, "job 6 is failed; only a running or stopping job can take a checkpoint");
 	/* A state out of range is a bug elsewhere, not the client's fault. */

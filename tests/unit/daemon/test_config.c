@@ -219,3 +219,53 @@ Test(config, diff_names_changed_options_and_reloadability)
 	tr_config_finish(&a);
 	tr_config_finish(&b);
 }
+
+/* The [preemption] section: its keys are the preemption-KEY options, the
+ * flags spell them out, and errors name the file, line and section. */
+Test(config, preemption_section)
+{
+	struct tr_config c;
+	char err[1024] = "", want[600];
+	char *path = write_file("max-body = 4096\n[preemption]\nenabled = off\ngrace = 5\nmin-run = 0\n");
+	char *argv[] = {"--config", path, "--preemption-grace", "7"};
+
+	tr_config_defaults(&c);
+	cr_assert(c.preemption_enabled);
+	cr_assert_eq(c.preemption_grace_s, 60);
+	cr_assert_eq(c.preemption_min_run_s, 60);
+	tr_config_finish(&c);
+	cr_assert_eq(parse(&c, err, sizeof err, 4, argv), 0, "%s", err);
+	cr_assert_eq(c.max_body, 4096);
+	cr_assert(!c.preemption_enabled);
+	cr_assert_eq(c.preemption_grace_s, 7);
+	cr_assert_eq(c.preemption_min_run_s, 0);
+	tr_config_finish(&c);
+	unlink(path);
+	free(path);
+
+	path = write_file("[preemption]\nmax-body = 4096\n");
+	tr_config_defaults(&c);
+	cr_assert_eq(load(&c, path, err, sizeof err), -EINVAL);
+	snprintf(want, sizeof want, "%s:2: unknown option 'max-body' in section [preemption]", path);
+	cr_assert_str_eq(err, want);
+	tr_config_finish(&c);
+	unlink(path);
+	free(path);
+
+	path = write_file("[preemption]\nenabled = maybe\n");
+	tr_config_defaults(&c);
+	cr_assert_eq(load(&c, path, err, sizeof err), -EINVAL);
+	cr_assert(strstr(err, ":2: preemption-enabled: "), "%s", err);
+	tr_config_finish(&c);
+	unlink(path);
+	free(path);
+
+	path = write_file("[scheduling]\n");
+	tr_config_defaults(&c);
+	cr_assert_eq(load(&c, path, err, sizeof err), -EINVAL);
+	snprintf(want, sizeof want, "%s:1: unknown section [scheduling] (the file has one: [preemption])", path);
+	cr_assert_str_eq(err, want);
+	tr_config_finish(&c);
+	unlink(path);
+	free(path);
+}

@@ -284,6 +284,51 @@ Test(jobs, idempotency_key)
 	tr_store_close(s);
 }
 
+/* Priority preemption (migration 11): a job's preemptible flag and its
+ * preemption record are stored, and the change to preempted carries the
+ * record in its state event (the other changes do not). */
+Test(jobs, preemptible_and_the_preemption_record)
+{
+	tr_store_t *s = open_store(NULL);
+	struct tr_job_row r = {.name = "low", .spec = "{\"epochs\":1}", .preemptible = true};
+	cr_assert_eq(tr_store_job_insert(s, &r, NULL, NULL), 0);
+	int64_t id = r.id, other = add_job(s, "high", 5);
+	const char *rec = "{\"by\":2,\"by_priority\":5,\"priority\":0,\"step\":30,\"mode\":\"checkpoint\"}";
+	cr_assert_eq(tr_store_job_set_preemption(s, id, "[1]", NULL), -EINVAL, "not an object");
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, "[0,1]", NULL), 0);
+	cr_assert_eq(tr_store_job_set_preemption(s, id, rec, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_PREEMPTED, NULL, NULL, NULL), 0);
+	cr_assert_eq(tr_store_job_set_state(s, id, TR_JOB_RUNNING, NULL, NULL, NULL), 0);
+	struct tr_job_row got;
+	cr_assert_eq(tr_store_job_get(s, id, &got, NULL), 0);
+	cr_assert(got.preemptible);
+	cr_assert_str_eq(got.preemption, rec);
+	cr_assert_eq(got.state, TR_JOB_RUNNING);
+	tr_job_row_finish(&got);
+	cr_assert_eq(tr_store_job_get(s, other, &got, NULL), 0);
+	cr_assert(!got.preemptible);
+	cr_assert_null(got.preemption);
+	tr_job_row_finish(&got);
+
+	struct tr_event *ev;
+	int n;
+	cr_assert_eq(tr_store_events_after(s, id, 0, 0, &ev, &n, NULL), 0);
+	cr_assert_eq(n, 4); /* queued, running, preempted, running */
+	for (int i = 0; i < n; i++) {
+		json_t *d = json_loads(ev[i].data, 0, NULL);
+		json_t *p = json_object_get(d, "preemption");
+		if (i == 2) {
+			cr_assert_str_eq(json_string_value(json_object_get(d, "state")), "preempted");
+			cr_assert_eq(json_integer_value(json_object_get(p, "by")), 2, "%s", ev[i].data);
+		} else {
+			cr_assert_null(p, "event %d: %s", i, ev[i].data);
+		}
+		json_decref(d);
+	}
+	tr_events_free(ev, n);
+	tr_store_close(s);
+}
+
 Test(jobs, set_state_stamps_times_and_adds_events)
 {
 	tr_store_t *s = open_store(NULL);
