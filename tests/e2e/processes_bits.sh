@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Training across processes (docs/design.md, "Processes and the
+# communicator"): `trainerd run --processes P --devices D` through mpirun
+# gives model.safetensors the same SHA-256, and the same reported losses
+# and validation figures, as one process on one device, for processes x
+# devices in {2x1, 2x2, 3x1, 4x1}, on an MLP and on a conv net with
+# batchnorm2d (whose statistics cross processes too), each with a short
+# last batch; a run resumed on another process count ends with the same
+# bits; bad values are refused naming the field.  Open MPI's settings for
+# running as root and for more ranks than cores are this test's alone.
+# Usage: processes_bits.sh PATH/TO/trainerd   (run from the repository root)
+set -u
+TRAINERD=${1:?usage: processes_bits.sh TRAINERD}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if [ ! -e "$(dirname "$TRAINERD")/trainerd-mpi.so" ] || ! command -v mpirun >/dev/null; then
+	echo "processes_bits: skipped, needs a build with MPI (libopenmpi-dev) and mpirun (openmpi-bin)"
+	exit 77
+fi
+make_work
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# shared memory between ranks of one machine; no network probing
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+cat >"$work/mlp.json" <<'JSON'
+{"name": "procs-mlp", "seed": 7, "exact": true,
+ "model": {"layers": [{"type": "dense", "units": 24}, {"type": "relu"}, {"type": "dense", "units": 4}]},
+ "data": {"train": {"format": "synthetic", "samples": 150, "features": 6, "classes": 4}, "validation_split": 0.2},
+ "batch_size": 32, "epochs": 2, "optimizer": {"type": "adamw", "lr": 0.01}}
+JSON
+cat >"$work/bn.json" <<'JSON'
+{"name": "procs-bn", "seed": 5, "exact": {"shards": 8}, "cpu_conv": "im2col",
+ "model": {"inputs": [2, 6, 6], "layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": 1},
+    {"type": "batchnorm2d"}, {"type": "relu"}, {"type": "maxpool2d", "kernel": 2},
+    {"type": "flatten"}, {"type": "dense", "units": 3}]},
+ "data": {"train": {"format": "synthetic", "samples": 67, "shape": [2, 6, 6], "classes": 3}, "validation_split": 0.1},
+ "batch_size": 16, "epochs": 2, "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}
+JSON
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+figures() { grep -E '"name":"(loss|val_loss|val_accuracy)"' "$1" | md5sum; }
+run() { timeout 120 "$TRAINERD" run "$@" --backend cpu --quiet; }
+
+for job in mlp bn; do
+	run "$work/$job.json" --devices 1 --out "$work/$job-1x1" 2>"$work/$job-1x1.err"
+	check "$job: one process exits 0" test $? -eq 0
+	one=$(sha "$work/$job-1x1/model.safetensors")
+	for pd in 2x1 2x2 3x1 4x1; do
+		run "$work/$job.json" --processes "${pd%x*}" --devices "${pd#*x}" --out "$work/$job-$pd" \
+			2>"$work/$job-$pd.err"
+		check "$job: $pd exits 0" test $? -eq 0
+		check "$job: $pd gives the SHA-256 of 1x1" test "$(sha "$work/$job-$pd/model.safetensors")" = "$one"
+		check "$job: $pd gives the losses of 1x1" test "$(figures "$work/$job-$pd/metrics.jsonl")" = \
+			"$(figures "$work/$job-1x1/metrics.jsonl")"
+		check "$job: $pd ran ${pd%x*} processes" grep -q "\"processes\": ${pd%x*}" "$work/$job-$pd/summary.json"
+	done
+done
+check "validation figures are recorded" grep -q '"name":"val_loss"' "$work/bn-2x1/metrics.jsonl"
+
+# Resume on another process count: 2 processes for 3 steps, then 3
+# processes x 1 device to the end, gives the one-process run's bits.
+for job in mlp bn; do
+	run "$work/$job.json" --processes 2 --out "$work/$job-r" --set /max_steps=3 2>/dev/null
+	check "$job: first part exits 0" test $? -eq 0
+	check "$job: first part stopped at step 3" grep -q '"steps": 3' "$work/$job-r/summary.json"
+	run --resume "$work/$job-r" --set /max_steps=1000 --processes 3 --devices 1 2>"$work/$job-r.err"
+	check "$job: resumed on 3 processes exits 0" test $? -eq 0
+	check "$job: resumed on 3 processes, the same SHA-256" test "$(sha "$work/$job-r/model.safetensors")" = \
+		"$(sha "$work/$job-1x1/model.safetensors")"
+done
+
+# Bad values: refused before any rank starts, naming the field.
+run "$work/mlp.json" --set /exact=false --processes 2 --out "$work/bad1" 2>"$work/bad1.err"
+check "--processes 2 without exact mode: exit 2" test $? -eq 2
+check "... naming /processes and exact mode" grep -q '/processes: more than one process needs exact mode' \
+	"$work/bad1.err"
+run "$work/mlp.json" --set /exact=false --set /processes=2 --out "$work/bad2" 2>"$work/bad2.err"
+check "\"processes\": 2 without exact mode: exit 2" test $? -eq 2
+check "... naming /processes" grep -q '/processes' "$work/bad2.err"
+run "$work/mlp.json" --set /processes=0 --out "$work/bad3" 2>"$work/bad3.err"
+check "\"processes\": 0: exit 2" test $? -eq 2
+check "... naming /processes" grep -q '/processes' "$work/bad3.err"
+run "$work/mlp.json" --processes 0 --out "$work/bad4" 2>"$work/bad4.err"
+check "--processes 0: exit 2" test $? -eq 2
+check "... naming --processes" grep -q -- '--processes' "$work/bad4.err"
+TRAINERD_MPIRUN=/nonexistent/mpirun run "$work/mlp.json" --processes 2 --out "$work/bad5" 2>"$work/bad5.err"
+check "a missing launcher: exit 1" test $? -eq 1
+check "... naming it" grep -q '/nonexistent/mpirun' "$work/bad5.err"
+
+finish
