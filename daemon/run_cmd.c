@@ -50,6 +50,7 @@ static void on_sigint(int sig)
 		tr_trainer_stop(t); /* only sets an atomic flag */
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
+	signal(SIGUSR1, SIG_DFL);
 }
 
 /* A failed process ends the group (the others would wait for it in their
@@ -676,9 +677,13 @@ int tr_cmd_run(int argc, char **argv)
 	running_trainer = t;
 	signal(SIGINT, on_sigint);
 	signal(SIGTERM, on_sigint);
+	/* how `trainerd run --processes` passes a stop on through mpirun */
+	if (nproc > 1)
+		signal(SIGUSR1, on_sigint);
 	rc = tr_trainer_run(t, &errbuf);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
+	signal(SIGUSR1, SIG_DFL);
 	running_trainer = NULL;
 	tr_progress_finish(&ctx.progress);
 

@@ -68,6 +68,42 @@ for job in mlp bn; do
 		"$(sha "$work/$job-1x1/model.safetensors")"
 done
 
+# SIGTERM to `trainerd run --processes 2` mid-run: every rank stops after
+# the same step, process 0 keeps the checkpoint of that step, the exit
+# status is 0 and no rank is left; resumed on 3 processes the run ends
+# with the uninterrupted one-process bits.  Loading is slowed so that the
+# signal lands mid-run.
+cat >"$work/slow.json" <<'JSON'
+{"name": "procs-slow", "seed": 3, "exact": true,
+ "model": {"layers": [{"type": "dense", "units": 16}, {"type": "relu"}, {"type": "dense", "units": 4}]},
+ "data": {"train": {"format": "synthetic", "samples": 1600, "features": 8, "classes": 4, "load_cost_us": 1000}},
+ "batch_size": 32, "epochs": 1, "optimizer": {"type": "adamw", "lr": 0.01}}
+JSON
+run "$work/slow.json" --devices 1 --out "$work/slow-1x1" 2>/dev/null
+check "slow: one process exits 0" test $? -eq 0
+("$TRAINERD" run "$work/slow.json" --processes 2 --out "$work/slow-t" --backend cpu --quiet 2>"$work/slow-t.err") &
+pid=$!
+(sleep 60 && kill -KILL $pid 2>/dev/null) & # bounds the wait below
+watchdog=$!
+for _ in $(seq 100); do # at most 10 s
+	n=$(grep -c '"name":"loss"' "$work/slow-t/metrics.jsonl" 2>/dev/null)
+	[ "${n:-0}" -ge 3 ] && break
+	sleep 0.1
+done
+kill -TERM $pid
+wait $pid
+check "SIGTERM: exit 0" test $? -eq 0
+kill $watchdog 2>/dev/null
+check "SIGTERM: the run says stopped" grep -q '"state": "stopped"' "$work/slow-t/summary.json"
+steps=$(sed -n 's/.*"steps": \([0-9]*\).*/\1/p' "$work/slow-t/summary.json")
+check "SIGTERM: stopped mid-run (step $steps of 50)" test "${steps:-0}" -ge 3 -a "${steps:-50}" -lt 50
+check "SIGTERM: a checkpoint" test -s "$work/slow-t/checkpoint.safetensors"
+check "SIGTERM: no rank left" test -z "$(pgrep -f -- "--out $work/slow-t")"
+run --resume "$work/slow-t" --processes 3 2>/dev/null
+check "SIGTERM: resumed on 3 processes exits 0" test $? -eq 0
+check "SIGTERM: resumed, the uninterrupted SHA-256" test "$(sha "$work/slow-t/model.safetensors")" = \
+	"$(sha "$work/slow-1x1/model.safetensors")"
+
 # Bad values: refused before any rank starts, naming the field.
 run "$work/mlp.json" --set /exact=false --processes 2 --out "$work/bad1" 2>"$work/bad1.err"
 check "--processes 2 without exact mode: exit 2" test $? -eq 2

@@ -162,8 +162,10 @@ static void *proc_main(void *arg)
 	cr_assert_eq(tr_spec_parse_text(p->job, &spec, &err), 0, "%s", err.message);
 	tr_backend_t *be = tr_cpu_backend_create(p->devices, 1);
 	cr_assert(be);
-	struct tr_trainer_options opt = {
-		.spec = &spec, .backend = be, .devices = p->devices, .pcomm = p->comm.g->size > 1 ? &p->comm.base : NULL};
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = p->devices,
+					 .pcomm = p->comm.g->size > 1 ? &p->comm.base : NULL};
 	tr_trainer_t *t;
 	p->create_rc = tr_trainer_create(&opt, &t, &err);
 	if (p->create_rc == 0) {
