@@ -86,6 +86,7 @@ static void on_metric(void *ctx, const struct tr_metric_point *p)
 static void on_progress(void *ctx, const struct tr_progress *p)
 {
 	struct run_ctx *rc = ctx;
+	tr_run_watchdog_beat(); /* a step finished */
 	if (!rc->quiet)
 		tr_progress_update(&rc->progress, p);
 }
@@ -535,11 +536,15 @@ int tr_cmd_run(int argc, char **argv)
 		tr_spec_finish(&spec);
 		return 2;
 	}
+	struct tr_error errbuf = {0};
 	if (nproc > 1 && !launched) {
 		tr_spec_finish(&spec);
+		if (tr_pcomm_probe(&errbuf) < 0) {
+			fprintf(stderr, "trainerd run: --processes %d: %s\n", nproc, errbuf.message);
+			return 1;
+		}
 		return tr_run_launch(nproc, argc, argv);
 	}
-	struct tr_error errbuf = {0};
 	tr_pcomm_t *pcomm = tr_pcomm_open(NULL, NULL, &errbuf);
 	if (!pcomm) {
 		fprintf(stderr, "trainerd run: %s\n", errbuf.message);
@@ -678,9 +683,13 @@ int tr_cmd_run(int argc, char **argv)
 	signal(SIGINT, on_sigint);
 	signal(SIGTERM, on_sigint);
 	/* how `trainerd run --processes` passes a stop on through mpirun */
-	if (nproc > 1)
+	if (nproc > 1) {
 		signal(SIGUSR1, on_sigint);
+		if (tr_run_watchdog_start(spec.collective_timeout_s ? spec.collective_timeout_s : 300, rank, nproc) < 0)
+			fprintf(stderr, "trainerd run: cannot start the collective_timeout_s watchdog\n");
+	}
 	rc = tr_trainer_run(t, &errbuf);
+	tr_run_watchdog_stop();
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
 	signal(SIGUSR1, SIG_DFL);

@@ -17,11 +17,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/cli.h"
@@ -110,4 +114,68 @@ int tr_run_launch(int nproc, int argc, char **argv)
 	if (WIFEXITED(status))
 		return WEXITSTATUS(status);
 	return 128 + WTERMSIG(status);
+}
+
+/* ---- the rank's watchdog -------------------------------------------------- */
+
+/* A rank that hangs (stopped, stuck in I/O) leaves the others waiting in
+ * their next collective for ever, and MPI has no timeout for that.  So
+ * each rank of several watches its own steps: when none has finished for
+ * the timeout, it says so and exits, and mpirun, seeing a rank fail, ends
+ * every rank, the hung one included (SIGKILL reaches a stopped process).
+ * It exits rather than calling MPI_Abort, which may not be called while
+ * the run thread is inside a collective (MPI_THREAD_SERIALIZED). */
+static _Atomic double last_beat;
+static atomic_bool watch_on;
+static pthread_t watch_thread;
+static struct {
+	int timeout_s, rank, nproc;
+} watch;
+
+void tr_run_watchdog_beat(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	atomic_store(&last_beat, ts.tv_sec + ts.tv_nsec / 1e9);
+}
+
+static void *watch_main(void *arg)
+{
+	(void)arg;
+	const struct timespec tick = {0, 100 * 1000 * 1000};
+	while (atomic_load(&watch_on)) {
+		nanosleep(&tick, NULL);
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		double idle = ts.tv_sec + ts.tv_nsec / 1e9 - atomic_load(&last_beat);
+		if (atomic_load(&watch_on) && idle > watch.timeout_s) {
+			fprintf(stderr,
+				"trainerd run: process %d of %d: no step finished in %d s (collective_timeout_s): "
+				"another process hung or died; ending the group\n",
+				watch.rank, watch.nproc, watch.timeout_s);
+			_exit(1);
+		}
+	}
+	return NULL;
+}
+
+int tr_run_watchdog_start(int timeout_s, int rank, int nproc)
+{
+	watch.timeout_s = timeout_s;
+	watch.rank = rank;
+	watch.nproc = nproc;
+	tr_run_watchdog_beat();
+	atomic_store(&watch_on, true);
+	if (pthread_create(&watch_thread, NULL, watch_main, NULL) != 0) {
+		atomic_store(&watch_on, false);
+		return -EAGAIN;
+	}
+	return 0;
+}
+
+void tr_run_watchdog_stop(void)
+{
+	if (!atomic_exchange(&watch_on, false))
+		return;
+	pthread_join(watch_thread, NULL);
 }

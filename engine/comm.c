@@ -179,6 +179,12 @@ static int find_module(const struct tr_mpi_module **out, struct tr_error *err)
 	return -ENOENT;
 }
 
+int tr_pcomm_probe(struct tr_error *err)
+{
+	const struct tr_mpi_module *m;
+	return find_module(&m, err);
+}
+
 tr_pcomm_t *tr_pcomm_open(int *argc, char ***argv, struct tr_error *err)
 {
 	int size;

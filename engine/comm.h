@@ -83,6 +83,10 @@ bool tr_pcomm_launched(int *size);
  * argc/argv are MPI_Init's.  NULL with the reason in err when the module
  * is missing (a build without MPI) or MPI cannot start. */
 tr_pcomm_t *tr_pcomm_open(int *argc, char ***argv, struct tr_error *err);
+/* Whether this build can run several processes: 0 when the MPI module
+ * loads (nothing is initialised), else a negative code with the reason
+ * in err.  For a launcher that should not start ranks that cannot work. */
+int tr_pcomm_probe(struct tr_error *err);
 
 /* The interface between the loader (engine/comm.c) and the module. */
 #define TR_MPI_MODULE_FILE "trainerd-mpi.so"

@@ -1048,6 +1048,8 @@ static const struct tr_field root_fields[] = {
 	{.key = "devices", .kind = K_CUSTOM, .parse = parse_devices, .emit = emit_devices},
 	{.key = "processes", .kind = K_INT, .off = SPEC(processes), .flags = F_LO | F_HI | F_OMIT0, .lo = 1,
 	 .hi = TR_MAX_PROCESSES},
+	{.key = "collective_timeout_s", .kind = K_INT, .off = SPEC(collective_timeout_s),
+	 .flags = F_LO | F_HI | F_OMIT0, .lo = 1, .hi = 86400},
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},
 	{.key = "cpu_conv", .kind = K_ENUM, .off = SPEC(cpu_conv), .flags = F_OMIT0, .names = cpu_conv_names},

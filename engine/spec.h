@@ -259,6 +259,10 @@ struct tr_spec {
 	 * together (`trainerd run --processes`, docs/design.md, "Processes");
 	 * more than 1 needs exact mode.  0 = not given: 1. */
 	int processes;
+	/* "collective_timeout_s": with several processes, the longest a
+	 * process waits for the next step to finish (a rank that hangs or
+	 * died) before it ends the group.  0 = not given: 300. */
+	int collective_timeout_s;
 	/* devices */
 	int device_count; /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];

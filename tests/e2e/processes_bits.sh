@@ -104,6 +104,37 @@ check "SIGTERM: resumed on 3 processes exits 0" test $? -eq 0
 check "SIGTERM: resumed, the uninterrupted SHA-256" test "$(sha "$work/slow-t/model.safetensors")" = \
 	"$(sha "$work/slow-1x1/model.safetensors")"
 
+# A rank that dies or hangs ends the whole group: after SIGKILL of one
+# rank, or SIGSTOP of one with collective_timeout_s 2, the run fails
+# within bounds and leaves no process behind.
+for how in KILL STOP; do
+	("$TRAINERD" run "$work/slow.json" --processes 2 --set /collective_timeout_s=2 --out "$work/fail-$how" \
+		--backend cpu --quiet 2>"$work/fail-$how.err") &
+	pid=$!
+	(sleep 60 && kill -KILL $pid 2>/dev/null) &
+	watchdog=$!
+	for _ in $(seq 100); do
+		n=$(grep -c '"name":"loss"' "$work/fail-$how/metrics.jsonl" 2>/dev/null)
+		[ "${n:-0}" -ge 3 ] && break
+		sleep 0.1
+	done
+	launcher=$(pgrep -P $pid | head -1)            # mpirun
+	rank=$(pgrep -P "${launcher:-0}" | tail -1) # one of its ranks
+	t0=$(date +%s)
+	[ -n "$rank" ] && kill -"$how" "$rank"
+	wait $pid
+	rc=$?
+	t1=$(date +%s)
+	kill $watchdog 2>/dev/null
+	check "$how of one rank: found it" test -n "$rank"
+	check "$how of one rank: the run fails" test $rc -ne 0
+	check "$how of one rank: within 30 s ($((t1 - t0)) s)" test $((t1 - t0)) -le 30
+	check "$how of one rank: no process left" test -z "$(pgrep -f -- "--out $work/fail-$how")"
+done
+check "the timeout is named" grep -q 'no step finished in 2 s (collective_timeout_s)' "$work/fail-STOP.err"
+run "$work/mlp.json" --set /collective_timeout_s=0 --out "$work/bad7" 2>"$work/bad7.err"
+check "\"collective_timeout_s\": 0: exit 2 naming it" grep -q '/collective_timeout_s' "$work/bad7.err"
+
 # Bad values: refused before any rank starts, naming the field.
 run "$work/mlp.json" --set /exact=false --processes 2 --out "$work/bad1" 2>"$work/bad1.err"
 check "--processes 2 without exact mode: exit 2" test $? -eq 2
@@ -121,5 +152,9 @@ check "... naming --processes" grep -q -- '--processes' "$work/bad4.err"
 TRAINERD_MPIRUN=/nonexistent/mpirun run "$work/mlp.json" --processes 2 --out "$work/bad5" 2>"$work/bad5.err"
 check "a missing launcher: exit 1" test $? -eq 1
 check "... naming it" grep -q '/nonexistent/mpirun' "$work/bad5.err"
+TRAINERD_MPI_MODULE=/nonexistent/trainerd-mpi.so run "$work/mlp.json" --processes 2 --out "$work/bad6" \
+	2>"$work/bad6.err"
+check "no MPI module: exit 1 before any rank starts" test $? -eq 1
+check "... naming it" grep -q 'MPI module /nonexistent/trainerd-mpi.so does not exist' "$work/bad6.err"
 
 finish
