@@ -551,6 +551,13 @@ int tr_cmd_run(int argc, char **argv)
 		tr_spec_finish(&spec);
 		return 1;
 	}
+	if (pcomm->i->size(pcomm) != nproc) {
+		fprintf(stderr, "trainerd run: the environment gives %d ranks, but MPI started %d\n", nproc,
+			pcomm->i->size(pcomm));
+		end_processes(pcomm, 2);
+		tr_spec_finish(&spec);
+		return 2;
+	}
 	spec.processes = nproc > 1 ? nproc : 0;
 	/* Process 0 speaks and writes the outputs; the others compute. */
 	int rank = pcomm->i->rank(pcomm);

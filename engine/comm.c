@@ -112,9 +112,12 @@ static int env_int(const char *name)
 
 bool tr_pcomm_launched(int *size)
 {
+	/* srun sets SLURM_STEP_NUM_TASKS for the ranks of a step; a batch
+	 * script has SLURM_NTASKS and SLURM_PROCID too, but it is one
+	 * process, not a rank of several */
 	int n = env_int("OMPI_COMM_WORLD_SIZE");
 	if (n < 0 && (env_int("PMIX_RANK") >= 0 || env_int("SLURM_PROCID") >= 0))
-		n = env_int("SLURM_NTASKS");
+		n = env_int("SLURM_STEP_NUM_TASKS");
 	*size = n > 1 ? n : 1;
 	return n > 1;
 }

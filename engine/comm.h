@@ -71,10 +71,11 @@ struct tr_pcomm {
  * frees nothing). */
 tr_pcomm_t *tr_pcomm_single(void);
 
-/* Whether an MPI launcher (mpirun, or srun with PMIx) started this
- * process as one of several ranks: OMPI_COMM_WORLD_SIZE, PMIX_RANK with
- * SLURM_NTASKS, or SLURM_NTASKS > 1 with SLURM_PROCID.  *size receives the
- * rank count the environment gives (1 when none). */
+/* Whether an MPI launcher (mpirun, or srun) started this process as one
+ * of several ranks: OMPI_COMM_WORLD_SIZE > 1, or PMIX_RANK or
+ * SLURM_PROCID with SLURM_STEP_NUM_TASKS > 1 (srun's, which a batch
+ * script lacks).  *size receives the rank count the environment gives (1
+ * when none); the communicator's own size is the truth once open. */
 bool tr_pcomm_launched(int *size);
 
 /* The communicator of this process: the mpi engine when tr_pcomm_launched,
