@@ -260,3 +260,39 @@ Test(processes, several_without_exact_mode_are_refused_naming_the_field, .timeou
 		cr_assert_str_eq(p[r].err, "/exact");
 	}
 }
+
+/* Which environments are ranks of a launcher: mpirun's, srun's (its step
+ * task count), and not a batch script's (SLURM_NTASKS and SLURM_PROCID
+ * without a step) nor a group of one. */
+Test(processes, launcher_environments)
+{
+	static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+					   "SLURM_STEP_NUM_TASKS"};
+	static const struct {
+		const char *set[5]; /* values of vars, NULL = unset */
+		bool launched;
+		int size;
+	} cases[] = {
+		{{NULL, NULL, NULL, NULL, NULL}, false, 1},
+		{{"3", NULL, NULL, NULL, NULL}, true, 3},
+		{{"1", NULL, NULL, NULL, NULL}, false, 1},
+		{{NULL, NULL, "0", "4", "4"}, true, 4},
+		{{NULL, "1", NULL, NULL, "2"}, true, 2},
+		{{NULL, NULL, "0", "4", NULL}, false, 1}, /* a batch script */
+		{{NULL, NULL, "0", "1", "1"}, false, 1},
+		{{"x", NULL, NULL, NULL, NULL}, false, 1},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		for (int v = 0; v < 5; v++) {
+			if (cases[i].set[v])
+				setenv(vars[v], cases[i].set[v], 1);
+			else
+				unsetenv(vars[v]);
+		}
+		int size = -1;
+		cr_assert_eq(tr_pcomm_launched(&size), cases[i].launched, "case %zu", i);
+		cr_assert_eq(size, cases[i].size, "case %zu", i);
+	}
+	for (int v = 0; v < 5; v++)
+		unsetenv(vars[v]);
+}
