@@ -14,6 +14,14 @@
 
 /* trainerd run JOB.json [...]: one job in the foreground. */
 int tr_cmd_run(int argc, char **argv);
+/* daemon/run_procs.c: replaces the process with `mpirun -n nproc trainerd
+ * run ARGV...` (argv[0] is "run"); returns 1 only when that fails. */
+int tr_run_launch(int nproc, int argc, char **argv);
+/* A rank's watchdog (daemon/run_procs.c): exits the process when no beat
+ * came for timeout_s seconds; beat after each step; stop before the end. */
+int tr_run_watchdog_start(int timeout_s, int rank, int nproc);
+void tr_run_watchdog_beat(void);
+void tr_run_watchdog_stop(void);
 
 /* trainerd run's checkpoint in its output directory (run_ckpt.c): written
  * atomically (temporary file, fsync, rename), read back by --resume. */

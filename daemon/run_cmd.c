@@ -24,6 +24,7 @@
 #include "daemon/backend_open.h"
 #include "daemon/cli.h"
 #include "engine/backend.h"
+#include "engine/comm.h"
 #include "engine/data/roots.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
@@ -49,6 +50,18 @@ static void on_sigint(int sig)
 		tr_trainer_stop(t); /* only sets an atomic flag */
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
+	signal(SIGUSR1, SIG_DFL);
+}
+
+/* A failed process ends the group (the others would wait for it in their
+ * next collective); a finished one leaves it. */
+static void end_processes(tr_pcomm_t *pcomm, int exit_code)
+{
+	if (exit_code != 0 && pcomm->i->size(pcomm) > 1) {
+		fflush(NULL);
+		pcomm->i->abort(pcomm, exit_code);
+	}
+	pcomm->i->finish(pcomm);
 }
 
 static void on_info(void *ctx, const char *key, const char *value)
@@ -73,6 +86,7 @@ static void on_metric(void *ctx, const struct tr_metric_point *p)
 static void on_progress(void *ctx, const struct tr_progress *p)
 {
 	struct run_ctx *rc = ctx;
+	tr_run_watchdog_beat(); /* a step finished */
 	if (!rc->quiet)
 		tr_progress_update(&rc->progress, p);
 }
@@ -137,8 +151,8 @@ static int user_cache_file(char *path, size_t n, const char *name)
 	return more < 0 || (size_t)more >= room ? -1 : 0;
 }
 
-static int write_summary(const char *path, const struct tr_summary *s, int ndev, int workers, const char *state,
-			 const char *conv_routes, const char *error)
+static int write_summary(const char *path, const struct tr_summary *s, int ndev, int nproc, int workers,
+			 const char *state, const char *conv_routes, const char *error)
 {
 	json_t *j = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i, s:i, s:s}", "steps", (json_int_t)s->steps,
 			      "epochs", (json_int_t)s->epochs, "samples", (json_int_t)s->samples, "final_loss",
@@ -147,6 +161,7 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 			      state);
 	if (!j)
 		return -ENOMEM;
+	json_object_set_new(j, "processes", json_integer(nproc)); /* of ndev devices each */
 	json_object_set_new(j, "val_loss", isfinite(s->val_loss) ? json_real(s->val_loss) : json_null());
 	json_object_set_new(j, "val_accuracy", isfinite(s->val_accuracy) ? json_real(s->val_accuracy) : json_null());
 	/* data.test's figures, only those the run has (docs/model-format.md). */
@@ -178,7 +193,8 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
-		     "                    [--workers W] [--cpu-conv auto|im2col|onednn] [--out DIR] [--quiet]\n"
+		     "                    [--processes P] [--workers W] [--cpu-conv auto|im2col|onednn]\n"
+		     "                    [--out DIR] [--quiet]\n"
 		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
 }
 
@@ -193,6 +209,9 @@ static void help(void)
 	      "                        read (repeatable; VALUE is parsed as JSON, else taken\n"
 	      "                        as a string): --set /epochs=20 --set /optimizer/lr=3e-4\n"
 	      "  --devices N           CPU devices (default: the spec's, else one per core)\n"
+	      "  --processes P         run as P processes of N devices each through mpirun\n"
+	      "                        (needs \"exact\": true; the same bits as one process);\n"
+	      "                        under srun or mpirun the launcher gives the count\n"
 	      "  --backend cpu|cuda    override the spec's backend\n"
 	      "  --workers W           data loader threads (default: the spec's, 2)\n"
 	      "  --cpu-conv ROUTE      how CPU devices compute conv2d: im2col (OpenBLAS sgemm),\n"
@@ -206,6 +225,7 @@ static void help(void)
 	      "                        Ctrl-C, at the end and every checkpoint.every_steps),\n"
 	      "                        with the spec it saved (DIR/spec.json) unless JOB.json\n"
 	      "                        is given; use the same --devices for identical results\n"
+	      "                        (any --devices and --processes in exact mode)\n"
 	      "  -q, --quiet           no progress display, warnings and errors only\n"
 	      "  -h, --help            this text\n"
 	      "\n"
@@ -365,7 +385,7 @@ int tr_cmd_run(int argc, char **argv)
 	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
 	enum tr_cpu_conv cpu_conv = TR_CPU_CONV_AUTO;
 	const char *sets[64];
-	int devices = 0, workers = 0, quiet = 0, nsets = 0;
+	int devices = 0, workers = 0, quiet = 0, nsets = 0, processes = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -387,6 +407,10 @@ int tr_cmd_run(int argc, char **argv)
 			sets[nsets++] = a + 6;
 		} else if (strcmp(a, "--devices") == 0) {
 			if (parse_int_arg(a, v, 1, 64, &devices) < 0)
+				return 2;
+			i++;
+		} else if (strcmp(a, "--processes") == 0) {
+			if (parse_int_arg(a, v, 1, TR_MAX_PROCESSES, &processes) < 0)
 				return 2;
 			i++;
 		} else if (strcmp(a, "--workers") == 0) {
@@ -491,7 +515,54 @@ int tr_cmd_run(int argc, char **argv)
 		}
 	}
 
+	/* Several processes (docs/design.md, "Processes and the
+	 * communicator"): started here through mpirun, or already started by
+	 * a launcher, which then gives the count. */
+	int launched_size;
+	bool launched = tr_pcomm_launched(&launched_size);
+	if (processes)
+		spec.processes = processes;
+	int nproc = launched ? launched_size : spec.processes > 1 ? spec.processes : 1;
+	if (launched && processes && processes != launched_size) {
+		fprintf(stderr, "trainerd run: --processes %d, but the launcher started %d ranks\n", processes,
+			launched_size);
+		tr_spec_finish(&spec);
+		return 2;
+	}
+	if (nproc > 1 && !spec.exact_shards) {
+		fprintf(stderr,
+			"trainerd run: %s: /processes: more than one process needs exact mode (\"exact\": true)\n",
+			job);
+		tr_spec_finish(&spec);
+		return 2;
+	}
 	struct tr_error errbuf = {0};
+	if (nproc > 1 && !launched) {
+		tr_spec_finish(&spec);
+		if (tr_pcomm_probe(&errbuf) < 0) {
+			fprintf(stderr, "trainerd run: --processes %d: %s\n", nproc, errbuf.message);
+			return 1;
+		}
+		return tr_run_launch(nproc, argc, argv);
+	}
+	tr_pcomm_t *pcomm = tr_pcomm_open(NULL, NULL, &errbuf);
+	if (!pcomm) {
+		fprintf(stderr, "trainerd run: %s\n", errbuf.message);
+		tr_spec_finish(&spec);
+		return 1;
+	}
+	if (pcomm->i->size(pcomm) != nproc) {
+		fprintf(stderr, "trainerd run: the environment gives %d ranks, but MPI started %d\n", nproc,
+			pcomm->i->size(pcomm));
+		end_processes(pcomm, 2);
+		tr_spec_finish(&spec);
+		return 2;
+	}
+	spec.processes = nproc > 1 ? nproc : 0;
+	/* Process 0 speaks and writes the outputs; the others compute. */
+	int rank = pcomm->i->rank(pcomm);
+	if (rank != 0)
+		quiet = 1;
 	/* The devices the job asks for: --devices, the spec's count, or as
 	 * many as its highest device id needs; 0 = every device there is. */
 	int n = devices;
@@ -502,8 +573,11 @@ int tr_cmd_run(int argc, char **argv)
 			if (spec.device_ids[i] + 1 > n)
 				n = spec.device_ids[i] + 1;
 	struct tr_backend_options bopt = {
+		/* GPU ranks (NCCL) are not implemented: several processes
+		 * take CPU devices unless the spec insists */
 		.kind = spec.backend == TR_BACKEND_CPU    ? TR_BACKEND_KIND_CPU
 			: spec.backend == TR_BACKEND_CUDA ? TR_BACKEND_KIND_CUDA
+			: nproc > 1                       ? TR_BACKEND_KIND_CPU
 							  : TR_BACKEND_KIND_AUTO,
 		.devices = n,
 		.tf32 = spec.tf32,
@@ -513,6 +587,7 @@ int tr_cmd_run(int argc, char **argv)
 	if (!be) {
 		fprintf(stderr, "trainerd run: /backend: %s\n", errbuf.message);
 		tr_spec_finish(&spec);
+		end_processes(pcomm, 1);
 		return bopt.kind == TR_BACKEND_KIND_CUDA ? 2 : 1;
 	}
 
@@ -530,6 +605,7 @@ int tr_cmd_run(int argc, char **argv)
 		fprintf(stderr, "trainerd run: --out %s: %s\n", out_dir, strerror(-rc));
 		tr_backend_destroy(be);
 		tr_spec_finish(&spec);
+		end_processes(pcomm, 2);
 		return 2;
 	}
 	char path[PATH_MAX + 64];
@@ -543,14 +619,17 @@ int tr_cmd_run(int argc, char **argv)
 	tr_cpu_conv_cache_open(path);
 	if (user_cache_file(path, sizeof path, "conv_routes.json") == 0)
 		tr_cpu_conv_cache_open(path);
-	/* The effective spec (after --set, defaults filled in), for --resume. */
+	/* The effective spec (after --set, defaults filled in), for --resume:
+	 * by process 0, once every process has read the one --resume names. */
 	snprintf(path, sizeof path, "%s/spec.json", out_dir);
 	json_t *effective = tr_spec_to_json(&spec);
-	if (!effective || json_dump_file(effective, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0) {
+	if (pcomm->i->barrier(pcomm) < 0 || !effective ||
+	    (rank == 0 && json_dump_file(effective, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		json_decref(effective);
 		tr_backend_destroy(be);
 		tr_spec_finish(&spec);
+		end_processes(pcomm, 2);
 		return 2;
 	}
 	json_decref(effective);
@@ -561,12 +640,13 @@ int tr_cmd_run(int argc, char **argv)
 		.devices = devices,
 		.workers = workers,
 		.data_roots = NULL, /* a person's own files: paths as written */
-		.hooks = {.metric = on_metric,
+		.hooks = {.metric = rank == 0 ? on_metric : NULL,
 			  .progress = on_progress,
-			  .log = on_log,
-			  .checkpoint = on_checkpoint,
+			  .log = rank == 0 ? on_log : NULL,
+			  .checkpoint = rank == 0 ? on_checkpoint : NULL,
 			  .info = on_info,
 			  .ctx = &ctx},
+		.pcomm = pcomm,
 	};
 	tr_trainer_t *t = NULL;
 	int exit_code = 0;
@@ -596,12 +676,12 @@ int tr_cmd_run(int argc, char **argv)
 				"trainerd: the checkpoint was written by a run on %s devices, this one has %d: "
 				"the result will differ slightly from an uninterrupted run\n",
 				was, tr_trainer_device_count(t));
-		if ((rc = tr_run_metrics_truncate(path, snap->step)) < 0)
+		if (rank == 0 && (rc = tr_run_metrics_truncate(path, snap->step)) < 0)
 			fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(-rc));
 		tr_snapshot_free(snap);
 	}
-	ctx.metrics = fopen(path, resume ? "a" : "w");
-	if (!ctx.metrics) {
+	ctx.metrics = rank == 0 ? fopen(path, resume ? "a" : "w") : NULL;
+	if (rank == 0 && !ctx.metrics) {
 		fprintf(stderr, "trainerd run: %s: %s\n", path, strerror(errno));
 		exit_code = 2;
 		goto out;
@@ -609,9 +689,17 @@ int tr_cmd_run(int argc, char **argv)
 	running_trainer = t;
 	signal(SIGINT, on_sigint);
 	signal(SIGTERM, on_sigint);
+	/* how `trainerd run --processes` passes a stop on through mpirun */
+	if (nproc > 1) {
+		signal(SIGUSR1, on_sigint);
+		if (tr_run_watchdog_start(spec.collective_timeout_s ? spec.collective_timeout_s : 300, rank, nproc) < 0)
+			fprintf(stderr, "trainerd run: cannot start the collective_timeout_s watchdog\n");
+	}
 	rc = tr_trainer_run(t, &errbuf);
+	tr_run_watchdog_stop();
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
+	signal(SIGUSR1, SIG_DFL);
 	running_trainer = NULL;
 	tr_progress_finish(&ctx.progress);
 
@@ -620,18 +708,22 @@ int tr_cmd_run(int argc, char **argv)
 	const char *state = rc < 0 ? "failed" : sum.stopped ? "stopped" : "completed";
 	snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
 	struct tr_error werr;
-	if (tr_trainer_save_weights(t, path, &werr) < 0) {
+	if (rank == 0 && tr_trainer_save_weights(t, path, &werr) < 0) {
 		fprintf(stderr, "trainerd run: %s\n", werr.message);
 		exit_code = 1;
 	}
 	snprintf(path, sizeof path, "%s/summary.json", out_dir);
-	if (write_summary(path, &sum, tr_trainer_device_count(t), workers ? workers : spec.prefetch_workers, state,
-			  ctx.conv_routes, rc < 0 ? errbuf.message : NULL) < 0) {
+	if (rank == 0 &&
+	    write_summary(path, &sum, tr_trainer_device_count(t), nproc, workers ? workers : spec.prefetch_workers,
+			  state, ctx.conv_routes, rc < 0 ? errbuf.message : NULL) < 0) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		exit_code = 1;
 	}
 	if (rc < 0) {
-		fprintf(stderr, "trainerd run: failed: %s\n", errbuf.message);
+		if (nproc > 1)
+			fprintf(stderr, "trainerd run: process %d of %d failed: %s\n", rank, nproc, errbuf.message);
+		else
+			fprintf(stderr, "trainerd run: failed: %s\n", errbuf.message);
 		exit_code = 1;
 	} else if (!quiet) {
 		fprintf(stderr, "trainerd: %s after %lld steps (%lld samples) in %.2f s: loss %.6f", state,
@@ -657,5 +749,6 @@ out:
 	tr_trainer_destroy(t);
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
+	end_processes(pcomm, exit_code);
 	return exit_code;
 }

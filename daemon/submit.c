@@ -73,6 +73,14 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	if (tr_spec_parse_all(req->spec, &spec, &serr, req->problems) < 0)
 		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
 	int rc = check_devices(s, &spec, err);
+	/* The daemon does not supervise jobs of several processes yet
+	 * (docs/design.md, "Processes and the communicator"). */
+	if (rc == 0 && spec.processes > 1)
+		rc = tr_job_fail(
+			err, TR_JOB_E_INVALID_SPEC, "/processes",
+			"/processes: a job of %d processes runs with `trainerd run --processes %d`; the daemon "
+			"runs jobs of one process",
+			spec.processes, spec.processes);
 	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, &serr) : 0;
 	if (paths < 0)
 		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, serr.pointer, "%s",

@@ -9,7 +9,11 @@
  * writes its parts into their slots of an all-shards buffer that is zero
  * elsewhere, allreduce_sum adds the ranks' buffers (each slot has one
  * non-zero contributor, so the float sum is exact), and every rank folds
- * the slots in order with `add`.
+ * the slots in order with `add`.  Across processes (engine/comm.h) the
+ * same slots travel: each process's ranks fill its own shards' slots,
+ * its rank 0 gathers every process's (MPI_Allgatherv: the bytes as
+ * written), and every rank folds all S slots in order, so the chain of
+ * additions is again the one of a single device.
  */
 #ifndef TR_ENGINE_EXACT_H
 #define TR_ENGINE_EXACT_H
@@ -17,6 +21,15 @@
 #include <stddef.h>
 
 #include "engine/backend.h"
+#include "engine/comm.h"
+
+/* The job's processes, when it has several (engine/comm.h): process p
+ * holds shards first[p] .. first[p] + count[p] - 1. */
+struct tr_exact_procs {
+	tr_pcomm_t *pcomm;
+	int proc, nproc;
+	int first[TR_MAX_PROCESSES], count[TR_MAX_PROCESSES];
+};
 
 /* One rank's side of the sum; filled by the trainer. */
 struct tr_exact_ctx {
@@ -30,11 +43,16 @@ struct tr_exact_ctx {
 	 * floats. */
 	float *slots;
 	size_t slot_floats;
+	/* Several processes (procs->nproc > 1; NULL otherwise): the process's
+	 * rank 0 gathers every process's slots into its own, which the other
+	 * ranks read (host memory) through leader_slots. */
+	const struct tr_exact_procs *procs;
+	float *const *leader_slots;
 };
 
 /* Floats of slots a rank needs for sums of up to n floats (0 when the
  * backend's own collective does the work). */
-size_t tr_exact_slot_floats(const tr_backend_t *be, int ndev, int shards, size_t n);
+size_t tr_exact_slot_floats(const tr_backend_t *be, int ndev, int nproc, int shards, size_t n);
 
 /* tr_shard_set.sum: parts are this rank's nparts shards from ctx->first
  * on; out receives the sum over every rank's shards on every rank.

@@ -1046,6 +1046,10 @@ static const struct tr_field root_fields[] = {
 	{.key = "stop_on_nan", .kind = K_BOOL, .off = SPEC(stop_on_nan), .def = 1},
 	{.key = "exact", .kind = K_CUSTOM, .parse = parse_exact, .emit = emit_exact},
 	{.key = "devices", .kind = K_CUSTOM, .parse = parse_devices, .emit = emit_devices},
+	{.key = "processes", .kind = K_INT, .off = SPEC(processes), .flags = F_LO | F_HI | F_OMIT0, .lo = 1,
+	 .hi = TR_MAX_PROCESSES},
+	{.key = "collective_timeout_s", .kind = K_INT, .off = SPEC(collective_timeout_s),
+	 .flags = F_LO | F_HI | F_OMIT0, .lo = 1, .hi = 86400},
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},
 	{.key = "cpu_conv", .kind = K_ENUM, .off = SPEC(cpu_conv), .flags = F_OMIT0, .names = cpu_conv_names},
@@ -1200,6 +1204,9 @@ static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
 		tr_fields_enter(c, "schedule");
 		return tr_fields_fail(c, "min_lr", "must be <= the optimizer's lr (%g)", (double)spec->optimizer.lr);
 	}
+	/* only the exact sum crosses processes (docs/design.md, "Processes") */
+	if (spec->processes > 1 && !spec->exact_shards)
+		return tr_fields_fail(c, "processes", "more than one process needs exact mode (\"exact\": true)");
 	if ((rc = check_synthetic(c, spec)))
 		return rc;
 	if ((rc = check_model(c, spec)))

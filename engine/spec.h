@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "engine/comm.h"
 
 #define TR_SPEC_MAX_LAYERS 64
 #define TR_SPEC_MAX_TRANSFORMS 16
@@ -254,6 +255,14 @@ struct tr_spec {
 	 * same bits on any device count (docs/design.md, "Exact mode");
 	 * 0 = "exact": false, the float allreduce of the devices' shares. */
 	int exact_shards;
+	/* "processes": ranks of `devices` devices each that run the job
+	 * together (`trainerd run --processes`, docs/design.md, "Processes");
+	 * more than 1 needs exact mode.  0 = not given: 1. */
+	int processes;
+	/* "collective_timeout_s": with several processes, the longest a
+	 * process waits for the next step to finish (a rank that hangs or
+	 * died) before it ends the group.  0 = not given: 300. */
+	int collective_timeout_s;
 	/* devices */
 	int device_count; /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];

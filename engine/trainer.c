@@ -371,6 +371,8 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 		.depth = s->prefetch_depth,
 		.first_step = t->start_step,
 		.end_step = total,
+		.rows = t->nproc > 1 ? tr_trainer_proc_rows : NULL,
+		.rows_ctx = t,
 	};
 	tr_prefetch_t *pf;
 	if ((rc = tr_prefetch_create(&pc, &pf, err)) < 0)
@@ -407,11 +409,12 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 			t->summary.early_stopped = true;
 			break;
 		}
-		if (atomic_load(&t->stop_requested)) {
+		/* Several processes stop together, at the step they agreed on. */
+		if (t->nproc > 1 ? t->agreed_stop : atomic_load(&t->stop_requested)) {
 			t->summary.stopped = true;
 			break;
 		}
-		if (atomic_load(&t->cancel_requested)) {
+		if (t->nproc > 1 ? t->agreed_cancel : atomic_load(&t->cancel_requested)) {
 			rc = -ECANCELED;
 			tr_error_set(err, 0, 0, NULL, "cancelled");
 			break;
@@ -450,6 +453,8 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 			}
 			break;
 		}
+		if ((rc = tr_trainer_procs_sync(t, err)) < 0)
+			break;
 		double loss_sum = s->exact_shards ? tr_trainer_exact_loss(t) : 0;
 		for (int i = 0; i < t->ndev && !s->exact_shards; i++)
 			loss_sum += t->ranks[i].loss[0];

@@ -101,6 +101,14 @@ struct tr_trainer_options {
 	 * (-ENOMEM: it can never fit; -EBUSY: not now).  NULL: the job is
 	 * checked alone against the memory available (tr_mem_admit_alone). */
 	int (*admit_memory)(void *ctx, const struct tr_mem_estimate *e, struct tr_error *err);
+	/* Optional, borrowed: the communicator of the job's processes
+	 * (engine/comm.h; NULL: this process alone).  With several, every
+	 * process creates its trainer with the same spec and device count and
+	 * runs it in step: the exact sum and the step's losses cross
+	 * processes, each process computes its own shards, and stop and
+	 * cancel take effect at the step the processes agree on.  Hooks are
+	 * the caller's: only process 0 should write outputs. */
+	struct tr_pcomm *pcomm;
 	/* Tests only: after every update fill each gradient buffer with garbage,
 	 * so a device that does not clear its buffer corrupts the next step. */
 	bool debug_poison_grads;

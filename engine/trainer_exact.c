@@ -19,10 +19,12 @@
 
 #include "engine/trainer_internal.h"
 
-/* The shards of rank `rank`: the first and how many. */
+/* The shards of this process's rank `rank`: the first and how many.  The
+ * shards are cut over the job's ranks in all its processes (global rank
+ * proc * ndev + rank), so a process's shards are contiguous. */
 static void rank_shards(const struct tr_trainer *t, int rank, int *first, int *count)
 {
-	tr_plan_share(t->spec->exact_shards, t->ndev, rank, first, count);
+	tr_plan_share(t->spec->exact_shards, t->gdev, t->proc * t->ndev + rank, first, count);
 }
 
 /* Whether rank rc folds its shards as it computes them: it holds the first
@@ -92,8 +94,8 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 	rank_shards(t, rc->rank, &k0, &count);
 	size_t scratch = (size_t)shard_rows(t->spec) * (size_t)m->max_width;
 	size_t stride = tr_model_partial_floats(m);
-	size_t slots =
-		tr_exact_slot_floats(be, t->ndev, t->spec->exact_shards, m->n_params > stride ? m->n_params : stride);
+	size_t slots = tr_exact_slot_floats(be, t->ndev, t->nproc, t->spec->exact_shards,
+					    m->n_params > stride ? m->n_params : stride);
 	bool failed = false;
 	rc->n_shard_bufs = folds_prefix(t, rc) ? 1 : count;
 	for (int k = 0; k < rc->n_shard_bufs; k++)
@@ -121,7 +123,9 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 					 .shards = t->spec->exact_shards,
 					 .first = k0,
 					 .slots = rc->xctx.slots,
-					 .slot_floats = slots ? slots / t->spec->exact_shards : 0};
+					 .slot_floats = slots ? slots / t->spec->exact_shards : 0,
+					 .procs = t->nproc > 1 ? &t->procs : NULL,
+					 .leader_slots = &t->ranks[0].xctx.slots};
 	rc->shards.sum = tr_exact_sum;
 	rc->shards.sum_ctx = &rc->xctx;
 	rc->shards.partials = rc->partials;
@@ -218,4 +222,101 @@ double tr_trainer_exact_loss(const struct tr_trainer *t)
 	for (int k = 0; k < t->spec->exact_shards; k++)
 		sum += t->shard_loss[k][0];
 	return sum;
+}
+
+int tr_trainer_procs_setup(struct tr_trainer *t, float *host, struct tr_error *err)
+{
+	tr_pcomm_t *pc = t->pcomm;
+	const int S = t->spec->exact_shards;
+	if (t->nproc <= 1)
+		return 0;
+	/* Every process must cut the shards the same way: equal device
+	 * counts (the sum and the sum of squares agree only then). */
+	double n[2] = {t->ndev, (double)t->ndev * t->ndev};
+	int rc = pc->i->sum_f64(pc, n, 2);
+	if (rc < 0) {
+		tr_error_set(err, 0, 0, NULL, "processes: %s", pc->i->last_error(pc));
+		return rc;
+	}
+	if (n[0] != (double)t->nproc * t->ndev || n[1] != (double)t->nproc * t->ndev * t->ndev) {
+		tr_error_set(err, 0, 0, "/devices",
+			     "/devices: every process needs the same device count (process %d has %d, the %d "
+			     "processes %g in all)",
+			     t->proc, t->ndev, t->nproc, n[0]);
+		return -EINVAL;
+	}
+	t->procs.pcomm = pc;
+	t->procs.proc = t->proc;
+	t->procs.nproc = t->nproc;
+	for (int p = 0; p < t->nproc; p++) {
+		int f0, c0, f1, c1;
+		tr_plan_share(S, t->gdev, p * t->ndev, &f0, &c0);
+		tr_plan_share(S, t->gdev, p * t->ndev + t->ndev - 1, &f1, &c1);
+		t->procs.first[p] = f0;
+		t->procs.count[p] = f1 + c1 - f0;
+	}
+	/* The same seed gives the same weights everywhere; process 0's are
+	 * sent anyway, so that no local difference (an init.from file read
+	 * differently) can split the processes' models. */
+	size_t bytes = t->model.n_params * sizeof(float);
+	for (size_t off = 0; off < bytes && rc == 0; off += (size_t)1 << 30)
+		rc = pc->i->bcast(pc, (char *)host + off,
+				  bytes - off < ((size_t)1 << 30) ? bytes - off : (size_t)1 << 30, 0);
+	if (rc < 0)
+		tr_error_set(err, 0, 0, NULL, "processes: the initial weights: %s", pc->i->last_error(pc));
+	return rc;
+}
+
+int tr_trainer_procs_sync(struct tr_trainer *t, struct tr_error *err)
+{
+	enum { STOP = 2 * TR_SPEC_MAX_SHARDS, CANCEL, REASON };
+	double buf[REASON + 3];
+	const int S = t->spec->exact_shards, pf = t->procs.first[t->proc], pc = t->procs.count[t->proc];
+	if (t->nproc <= 1)
+		return 0;
+	memset(buf, 0, sizeof buf);
+	/* this process's shards only: every element has one contributor */
+	for (int k = pf; k < pf + pc; k++) {
+		buf[2 * k] = t->shard_loss[k][0];
+		buf[2 * k + 1] = t->shard_loss[k][1];
+	}
+	bool stop = atomic_load(&t->stop_requested);
+	buf[STOP] = stop;
+	buf[CANCEL] = atomic_load(&t->cancel_requested);
+	if (stop)
+		buf[REASON + atomic_load(&t->stop_reason)] = 1;
+	int rc = t->pcomm->i->sum_f64(t->pcomm, buf, sizeof buf / sizeof buf[0]);
+	if (rc < 0) {
+		tr_error_set(err, 0, 0, NULL, "processes: after step %lld: %s", (long long)t->step + 1,
+			     t->pcomm->i->last_error(t->pcomm));
+		return rc;
+	}
+	for (int k = 0; k < S; k++) {
+		t->shard_loss[k][0] = buf[2 * k];
+		t->shard_loss[k][1] = buf[2 * k + 1];
+	}
+	t->agreed_stop = buf[STOP] > 0;
+	t->agreed_cancel = buf[CANCEL] > 0;
+	/* a process that was not asked stops for the reason of one that was
+	 * (the highest: shutdown over pause over stop) */
+	for (int why = 2; why >= 0 && t->agreed_stop; why--)
+		if (buf[REASON + why] > 0) {
+			tr_trainer_stop_for(t, (enum tr_stop_reason)why);
+			break;
+		}
+	return 0;
+}
+
+void tr_trainer_proc_rows(void *ctx, int count, int *begin, int *end)
+{
+	const struct tr_trainer *t = ctx;
+	const int S = t->spec->exact_shards, pf = t->procs.first[t->proc], pc = t->procs.count[t->proc];
+	int off, len;
+	*begin = *end = 0;
+	if (pc == 0)
+		return; /* more ranks than shards: this process has none */
+	tr_plan_share(count, S, pf, &off, &len);
+	*begin = off;
+	tr_plan_share(count, S, pf + pc - 1, &off, &len);
+	*end = off + len;
 }

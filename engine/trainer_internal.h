@@ -18,6 +18,7 @@
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
 #include "engine/early_stop.h"
+#include "engine/comm.h"
 #include "engine/exact.h"
 #include "engine/trainer.h"
 
@@ -71,6 +72,17 @@ struct tr_trainer {
 	 * snapshot's and model file's metadata. */
 	json_t *model_meta;
 	tr_comm_t *comm;
+	/* The job's processes (engine/comm.h): this one is process `proc` of
+	 * nproc, each with ndev devices, so the job has gdev = nproc * ndev
+	 * ranks and this process's device i is global rank proc * ndev + i.
+	 * nproc > 1 only in exact mode on host-memory devices. */
+	tr_pcomm_t *pcomm;
+	int proc, nproc, gdev;
+	struct tr_exact_procs procs;
+	/* nproc > 1: the stop and cancel requests the processes agreed on
+	 * after the last step (read instead of the flags, which each
+	 * process receives at its own time) */
+	bool agreed_stop, agreed_cancel;
 	struct rank_ctx ranks[TR_SPEC_MAX_DEVICES];
 	int opt_buffers;
 	bool upload_ahead; /* the backend has a copy stream (to_device_async) */
@@ -156,6 +168,16 @@ void tr_trainer_exact_free(struct tr_trainer *t, struct rank_ctx *rc);
 int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, int len);
 /* The step's loss sum, shard by shard in order. */
 double tr_trainer_exact_loss(const struct tr_trainer *t);
+/* nproc > 1: makes every process's shard losses those of the whole step
+ * and agrees on stop and cancel (agreed_*); after each step. */
+int tr_trainer_procs_sync(struct tr_trainer *t, struct tr_error *err);
+/* tr_prefetch_config.rows of a job of several processes: the rows of this
+ * process's shards (ctx is the trainer). */
+void tr_trainer_proc_rows(void *ctx, int count, int *begin, int *end);
+/* nproc > 1: checks that every process has the same device count, fills
+ * t->procs and gives every process process 0's initial weights (host,
+ * n_params floats). */
+int tr_trainer_procs_setup(struct tr_trainer *t, float *host, struct tr_error *err);
 
 /* trainer_monitors.c */
 void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, struct tr_error *err);

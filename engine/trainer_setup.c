@@ -465,6 +465,62 @@ static void mark_conv_chains(struct tr_trainer *t, int rows)
 	}
 }
 
+/* Several processes take process 0's conv2d routes: each measures its
+ * own, and routes that differ would give shards different bits. */
+static int share_conv_routes(struct tr_trainer *t, struct tr_error *err)
+{
+	const tr_model_t *m = &t->model;
+	if (t->nproc <= 1 || m->n_nodes == 0)
+		return 0;
+	int *routes = calloc((size_t)m->n_nodes, sizeof *routes);
+	if (!routes) {
+		tr_error_set(err, 0, 0, NULL, "out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < m->n_nodes; i++)
+		routes[i] = m->layers[i].conv.route;
+	int rc = t->pcomm->i->bcast(t->pcomm, routes, (size_t)m->n_nodes * sizeof *routes, 0);
+	for (int i = 0; i < m->n_nodes && rc == 0; i++)
+		if (m->layers[i].type == TR_LAYER_CONV2D)
+			t->model.layers[i].conv.route = routes[i];
+	if (rc < 0)
+		tr_error_set(err, 0, 0, NULL, "processes: conv2d routes: %s", t->pcomm->i->last_error(t->pcomm));
+	free(routes);
+	return rc;
+}
+
+/* The job's processes (engine/comm.h): one unless the caller passes a
+ * communicator of several, which only exact mode on host-memory devices
+ * can use: its sum gathers each process's shard slots (engine/exact.c). */
+static int join_processes(struct tr_trainer *t, const struct tr_trainer_options *opt, struct tr_error *err)
+{
+	t->pcomm = opt->pcomm ? opt->pcomm : tr_pcomm_single();
+	t->nproc = t->pcomm->i->size(t->pcomm);
+	t->proc = t->pcomm->i->rank(t->pcomm);
+	t->gdev = t->nproc * t->ndev;
+	if (t->nproc <= 1)
+		return 0;
+	if (t->nproc > TR_MAX_PROCESSES) {
+		tr_error_set(err, 0, 0, "/processes", "/processes: %d processes, at most %d", t->nproc,
+			     TR_MAX_PROCESSES);
+		return -EINVAL;
+	}
+	if (!t->spec->exact_shards) {
+		tr_error_set(err, 0, 0, "/exact",
+			     "/exact: a job of %d processes needs exact mode (\"exact\": true): only the exact sum "
+			     "crosses processes",
+			     t->nproc);
+		return -EINVAL;
+	}
+	if (!t->be->i->memory_is_host) {
+		tr_error_set(err, 0, 0, "/processes",
+			     "/processes: %d processes need CPU devices: GPU ranks (NCCL) are not implemented yet",
+			     t->nproc);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, struct tr_error *err)
 {
 	const struct tr_spec *s = opt->spec;
@@ -514,6 +570,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 			t->devs[i] = i;
 	}
 
+	if ((rc = join_processes(t, opt, err)) < 0)
+		goto fail;
 	if (setup_cancelled(t, err)) {
 		rc = -ECANCELED;
 		goto fail;
@@ -538,7 +596,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 
 	t->opt_buffers = tr_optim_state_buffers(s->optimizer.type, s);
-	int max_rows = tr_trainer_max_rows(s, t->ndev);
+	int max_rows = tr_trainer_max_rows(s, t->gdev);
 	if ((rc = admit_host_memory(t, max_rows, err)) < 0)
 		goto fail;
 	float *host = malloc(t->model.n_params * sizeof(float));
@@ -553,11 +611,12 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		rc = -ECANCELED;
 		goto fail;
 	}
-	if (s->init_from && (rc = load_init(t, host, err)) < 0) {
+	if ((s->init_from && (rc = load_init(t, host, err)) < 0) || (rc = tr_trainer_procs_setup(t, host, err)) < 0) {
 		free(host);
 		goto fail;
 	}
-	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0) {
+	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0 ||
+	    (rc = share_conv_routes(t, err)) < 0) {
 		free(host);
 		goto fail;
 	}

@@ -22,6 +22,7 @@ struct slot {
 	enum slot_state state;
 	int chunks; /* row ranges of this step */
 	int done;   /* chunks finished */
+	int lo, hi; /* the rows loaded (cfg.rows; else all) */
 	struct tr_batch batch;
 };
 
@@ -104,7 +105,11 @@ static int fill_rows(struct tr_prefetch *pf, struct tr_batch *b, int64_t step, i
 static void open_slot(struct tr_prefetch *pf, struct slot *s, int64_t step)
 {
 	int count = tr_plan_step_count(pf->cfg.plan, step, &s->batch.epoch);
-	int chunks = count / MIN_CHUNK_ROWS;
+	s->lo = 0;
+	s->hi = count;
+	if (pf->cfg.rows)
+		pf->cfg.rows(pf->cfg.rows_ctx, count, &s->lo, &s->hi);
+	int chunks = (s->hi - s->lo) / MIN_CHUNK_ROWS;
 	if (chunks > pf->cfg.workers)
 		chunks = pf->cfg.workers;
 	s->state = SLOT_LOADING;
@@ -159,8 +164,9 @@ static void *loader_main(void *arg)
 			pf->claim_step++;
 			pf->claim_chunk = 0;
 		}
-		int64_t count = s->batch.count, epoch = s->batch.epoch;
-		int begin = (int)(count * chunk / s->chunks), end = (int)(count * (chunk + 1) / s->chunks);
+		int64_t rows = s->hi - s->lo, epoch = s->batch.epoch;
+		int begin = s->lo + (int)(rows * chunk / s->chunks),
+		    end = s->lo + (int)(rows * (chunk + 1) / s->chunks);
 		pthread_mutex_unlock(&pf->lock);
 
 		err.message[0] = 0;

@@ -46,6 +46,12 @@ struct tr_prefetch_config {
 	/* Evaluation and prediction: transforms run as at inference time
 	 * (training-only ones such as noise are skipped). */
 	bool inference;
+	/* Optional: rows [*begin, *end) of a step of `count` rows are the
+	 * ones to load (a process of a job of several loads its own shards'
+	 * rows alone); the others' x, y and index are left as they were.
+	 * NULL: every row. */
+	void (*rows)(void *ctx, int count, int *begin, int *end);
+	void *rows_ctx;
 };
 
 typedef struct tr_prefetch tr_prefetch_t;

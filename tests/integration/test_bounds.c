@@ -125,6 +125,35 @@ Test(bounds, sizes_past_what_the_engine_indexes_are_refused, .init = start, .fin
 	expect_healthy_and_training();
 }
 
+/* "processes" (docs/design.md, "Processes and the communicator"): out of
+ * range or without exact mode it is a bad spec; a legal count above 1 is
+ * refused too, since the daemon runs jobs of one process (trainerd run
+ * --processes runs the others). */
+Test(bounds, processes_beyond_one_are_refused_naming_the_field, .init = start, .fini = stop, .timeout = 120)
+{
+	static const char *const values[] = {"0", "65", "2", "{\"p\": 2}"};
+	struct http_reply r;
+	for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+		char *spec = small_with("/processes", values[i]);
+		http(&d, "POST", "/jobs", spec, NULL, NULL, &r);
+		expect_error(&r, 400, "invalid_spec", "/processes");
+		http_free(&r);
+		free(spec);
+	}
+	json_t *doc = json_loads(SMALL_JOB, 0, NULL);
+	json_object_set_new(doc, "exact", json_true());
+	json_object_set_new(doc, "processes", json_integer(2));
+	char *spec = json_dumps(doc, JSON_COMPACT);
+	json_decref(doc);
+	http(&d, "POST", "/jobs", spec, NULL, NULL, &r);
+	expect_error(&r, 400, "invalid_spec", "/processes");
+	cr_assert(strstr(r.body, "trainerd run --processes 2"), "%.300s", r.body);
+	http_free(&r);
+	free(spec);
+	cr_assert_eq(job_count(), 0, "a refused spec was stored");
+	expect_healthy_and_training();
+}
+
 Test(bounds, free_strings_are_bounded, .init = start, .fini = stop, .timeout = 120)
 {
 	struct http_reply r;

@@ -1,0 +1,298 @@
+/* A job of several processes (engine/comm.h, docs/design.md, "Processes
+ * and the communicator") without MPI: each "process" is a thread with a
+ * CPU backend and a trainer of its own, and a communicator whose
+ * collectives exchange through shared memory stands in for the mpi
+ * engine.  What crosses processes is then the trainer's alone: the exact
+ * sum's gathered slots, batchnorm2d's statistics, the step's losses, the
+ * rows each process loads, the agreed stop.  2x1, 2x2 and 3x1 processes x
+ * devices end with the weights of 1x1; every process ends with the same
+ * weights; a stop asked of one process stops all after the same step; and
+ * several processes without exact mode are refused naming the field.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/comm.h"
+#include "engine/trainer.h"
+
+#define MAXP 4
+
+/* ---- a communicator of threads ---- */
+
+struct group {
+	int size;
+	pthread_barrier_t bar;
+	void *bufs[MAXP];
+};
+
+struct fake {
+	struct tr_pcomm base;
+	struct group *g;
+	int rank;
+};
+
+static struct fake *of(tr_pcomm_t *c)
+{
+	return (struct fake *)c;
+}
+
+static int f_rank(tr_pcomm_t *c)
+{
+	return of(c)->rank;
+}
+
+static int f_size(tr_pcomm_t *c)
+{
+	return of(c)->g->size;
+}
+
+static void publish(struct fake *f, void *buf)
+{
+	f->g->bufs[f->rank] = buf;
+	pthread_barrier_wait(&f->g->bar);
+}
+
+static int f_gather(tr_pcomm_t *c, float *buf, size_t n, const int *first, const int *count)
+{
+	struct fake *f = of(c);
+	publish(f, buf);
+	for (int q = 0; q < f->g->size; q++)
+		if (q != f->rank)
+			memcpy(buf + (size_t)first[q] * n, (float *)f->g->bufs[q] + (size_t)first[q] * n,
+			       (size_t)count[q] * n * sizeof(float));
+	pthread_barrier_wait(&f->g->bar);
+	return 0;
+}
+
+static int f_sum(tr_pcomm_t *c, double *buf, size_t n)
+{
+	struct fake *f = of(c);
+	double *acc = calloc(n, sizeof *acc);
+	cr_assert(acc);
+	publish(f, buf);
+	for (int q = 0; q < f->g->size; q++)
+		for (size_t i = 0; i < n; i++)
+			acc[i] += ((double *)f->g->bufs[q])[i];
+	pthread_barrier_wait(&f->g->bar); /* everyone has read every buf */
+	memcpy(buf, acc, n * sizeof *acc);
+	free(acc);
+	return 0;
+}
+
+static int f_bcast(tr_pcomm_t *c, void *buf, size_t bytes, int root)
+{
+	struct fake *f = of(c);
+	publish(f, buf);
+	if (f->rank != root)
+		memcpy(buf, f->g->bufs[root], bytes);
+	pthread_barrier_wait(&f->g->bar);
+	return 0;
+}
+
+static int f_barrier(tr_pcomm_t *c)
+{
+	pthread_barrier_wait(&of(c)->g->bar);
+	return 0;
+}
+
+static void f_abort(tr_pcomm_t *c, int code)
+{
+	(void)c;
+	cr_assert_fail("a process aborted the group (%d)", code);
+}
+
+static void f_finish(tr_pcomm_t *c)
+{
+	(void)c;
+}
+
+static const char *f_error(tr_pcomm_t *c)
+{
+	(void)c;
+	return "";
+}
+
+static const tr_pcomm_i fake_i = {
+	.name = "threads",
+	.engine = TR_PCOMM_MPI,
+	.rank = f_rank,
+	.size = f_size,
+	.gather_shards = f_gather,
+	.sum_f64 = f_sum,
+	.bcast = f_bcast,
+	.barrier = f_barrier,
+	.abort = f_abort,
+	.finish = f_finish,
+	.last_error = f_error,
+};
+
+/* ---- processes of trainers ---- */
+
+/* A batchnorm2d net (statistics across processes) with dropout,
+ * validation and a short last batch (35 rows: 8, 8, 8, 8, 3). */
+static const char *JOB =
+	"{\"seed\": 9, \"exact\": {\"shards\": 6}, \"cpu_conv\": \"im2col\", \"model\": {\"inputs\": [2, 5, 5],"
+	" \"layers\": [{\"type\": \"conv2d\", \"filters\": 3, \"kernel\": 3, \"padding\": 1},"
+	" {\"type\": \"batchnorm2d\"}, {\"type\": \"relu\"}, {\"type\": \"flatten\"},"
+	" {\"type\": \"dropout\", \"rate\": 0.2}, {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 44, \"shape\": [2, 5, 5], \"classes\": 3},"
+	" \"validation_split\": 0.2}, \"batch_size\": 8, \"epochs\": 2, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}}";
+
+struct proc {
+	struct fake comm;
+	int devices;
+	bool stop_first; /* asked to stop before its first step */
+	const char *job;
+	float *w;
+	size_t n;
+	struct tr_summary sum;
+	int create_rc;
+	char err[512];
+};
+
+static void *proc_main(void *arg)
+{
+	struct proc *p = arg;
+	struct tr_spec spec;
+	struct tr_error err;
+	cr_assert_eq(tr_spec_parse_text(p->job, &spec, &err), 0, "%s", err.message);
+	tr_backend_t *be = tr_cpu_backend_create(p->devices, 1);
+	cr_assert(be);
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = p->devices,
+					 .pcomm = p->comm.g->size > 1 ? &p->comm.base : NULL};
+	tr_trainer_t *t;
+	p->create_rc = tr_trainer_create(&opt, &t, &err);
+	if (p->create_rc == 0) {
+		if (p->stop_first)
+			tr_trainer_stop(t);
+		cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
+		tr_trainer_summary(t, &p->sum);
+		p->n = tr_trainer_model(t)->n_params;
+		p->w = malloc(p->n * sizeof(float));
+		cr_assert_eq(tr_trainer_copy_params(t, 0, p->w), 0);
+		tr_trainer_destroy(t);
+	} else {
+		snprintf(p->err, sizeof p->err, "%s", err.pointer);
+	}
+	tr_backend_destroy(be);
+	tr_spec_finish(&spec);
+	return NULL;
+}
+
+/* Runs the job as nproc processes of `devices` devices; p[] holds each
+ * one's outcome. */
+static void run_group(const char *job, int nproc, int devices, int stop_rank, struct proc *p)
+{
+	struct group g = {.size = nproc};
+	pthread_t th[MAXP];
+	pthread_barrier_init(&g.bar, NULL, (unsigned)nproc);
+	for (int r = 0; r < nproc; r++) {
+		p[r] = (struct proc){.comm = {.base = {.i = &fake_i}, .g = &g, .rank = r},
+				     .devices = devices,
+				     .stop_first = r == stop_rank,
+				     .job = job};
+		cr_assert_eq(pthread_create(&th[r], NULL, proc_main, &p[r]), 0);
+	}
+	for (int r = 0; r < nproc; r++)
+		pthread_join(th[r], NULL);
+	pthread_barrier_destroy(&g.bar);
+}
+
+static void free_group(struct proc *p, int nproc)
+{
+	for (int r = 0; r < nproc; r++)
+		free(p[r].w);
+}
+
+Test(processes, same_weights_as_one_process_on_one_device, .timeout = 120)
+{
+	struct proc one[1], p[MAXP];
+	run_group(JOB, 1, 1, -1, one);
+	cr_assert_eq(one[0].create_rc, 0);
+	static const int shapes[][2] = {{2, 1}, {2, 2}, {3, 1}, {4, 1}};
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+		int P = shapes[i][0], D = shapes[i][1];
+		run_group(JOB, P, D, -1, p);
+		for (int r = 0; r < P; r++) {
+			cr_assert_eq(p[r].create_rc, 0, "%dx%d: process %d: %s", P, D, r, p[r].err);
+			cr_assert_eq(p[r].n, one[0].n);
+			cr_assert_eq(memcmp(p[r].w, one[0].w, one[0].n * sizeof(float)), 0,
+				     "%dx%d: process %d's weights differ from 1x1's", P, D, r);
+			cr_assert_eq(p[r].sum.final_loss, one[0].sum.final_loss, "%dx%d: process %d's loss", P, D, r);
+			cr_assert_eq(p[r].sum.val_loss, one[0].sum.val_loss, "%dx%d: process %d's val_loss", P, D, r);
+		}
+		free_group(p, P);
+	}
+	free_group(one, 1);
+}
+
+Test(processes, a_stop_asked_of_one_process_stops_all_after_the_same_step, .timeout = 120)
+{
+	struct proc p[2];
+	run_group(JOB, 2, 1, 1, p);
+	for (int r = 0; r < 2; r++) {
+		cr_assert_eq(p[r].create_rc, 0, "%s", p[r].err);
+		cr_assert(p[r].sum.stopped, "process %d did not stop", r);
+		cr_assert_eq(p[r].sum.steps, 1, "process %d stopped after step %lld", r, (long long)p[r].sum.steps);
+	}
+	cr_assert_eq(memcmp(p[0].w, p[1].w, p[0].n * sizeof(float)), 0);
+	free_group(p, 2);
+}
+
+Test(processes, several_without_exact_mode_are_refused_naming_the_field, .timeout = 60)
+{
+	/* the spec parser refuses "processes" > 1 without exact mode; a caller
+	 * that passes a communicator of several is refused by the trainer */
+	const char *plain = "{\"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 3}]},"
+			    " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 20, \"features\": 4,"
+			    " \"classes\": 3}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\","
+			    " \"lr\": 0.1}}";
+	struct proc p[2];
+	run_group(plain, 2, 1, -1, p);
+	for (int r = 0; r < 2; r++) {
+		cr_assert_eq(p[r].create_rc, -EINVAL);
+		cr_assert_str_eq(p[r].err, "/exact");
+	}
+}
+
+/* Which environments are ranks of a launcher: mpirun's, srun's (its step
+ * task count), and not a batch script's (SLURM_NTASKS and SLURM_PROCID
+ * without a step) nor a group of one. */
+Test(processes, launcher_environments)
+{
+	static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+					   "SLURM_STEP_NUM_TASKS"};
+	static const struct {
+		const char *set[5]; /* values of vars, NULL = unset */
+		bool launched;
+		int size;
+	} cases[] = {
+		{{NULL, NULL, NULL, NULL, NULL}, false, 1},
+		{{"3", NULL, NULL, NULL, NULL}, true, 3},
+		{{"1", NULL, NULL, NULL, NULL}, false, 1},
+		{{NULL, NULL, "0", "4", "4"}, true, 4},
+		{{NULL, "1", NULL, NULL, "2"}, true, 2},
+		{{NULL, NULL, "0", "4", NULL}, false, 1}, /* a batch script */
+		{{NULL, NULL, "0", "1", "1"}, false, 1},
+		{{"x", NULL, NULL, NULL, NULL}, false, 1},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		for (int v = 0; v < 5; v++) {
+			if (cases[i].set[v])
+				setenv(vars[v], cases[i].set[v], 1);
+			else
+				unsetenv(vars[v]);
+		}
+		int size = -1;
+		cr_assert_eq(tr_pcomm_launched(&size), cases[i].launched, "case %zu", i);
+		cr_assert_eq(size, cases[i].size, "case %zu", i);
+	}
+	for (int v = 0; v < 5; v++)
+		unsetenv(vars[v]);
+}
