@@ -13,6 +13,9 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -127,6 +130,60 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 	if (g.tiles == 1)
 		return gemm_tile(&g, 0, 0);
 	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);
+}
+
+/* gemm with beta 1 equals gemm into zeros then `add` (backend.h,
+ * gemm_accumulate_max_k) when sgemm reads and writes C once, adding the
+ * whole sum over K: OpenBLAS's driver cuts K into blocks of its GEMM_Q
+ * (a few hundred on its x86-64 sgemm kernels) and adds each block's sum
+ * to C, so a K of one block qualifies.  That is OpenBLAS's inside, not
+ * its contract, so the first call checks it on the kernels this process
+ * got (a probe of the largest K promised, on random values: a second pass
+ * over C would round twice and differ) and promises nothing if it fails.
+ * The shape is past OpenBLAS's small-matrix path, whose kernels add to C
+ * once anyway. */
+#define GEMM_ACCUMULATE_MAX_K 128
+
+static int gemm_accumulate_k;
+static pthread_once_t gemm_accumulate_once = PTHREAD_ONCE_INIT;
+
+static void gemm_accumulate_probe(void)
+{
+	enum { M = 256, N = 256, K = GEMM_ACCUMULATE_MAX_K };
+	float *a = malloc(sizeof(float) * (size_t)K * M), *b = malloc(sizeof(float) * (size_t)K * N);
+	float *c = malloc(sizeof(float) * (size_t)M * N), *p = calloc((size_t)M * N, sizeof(float));
+	bool same = a && b && c && p;
+	uint32_t x = 12345u;
+	for (size_t i = 0; same && i < (size_t)K * M + (size_t)K * N + (size_t)M * N; i++) {
+		x = x * 1664525u + 1013904223u;
+		float v = (float)(x >> 8) / (float)(1u << 24) - 0.5f;
+		if (i < (size_t)K * M)
+			a[i] = v;
+		else if (i < (size_t)K * (M + N))
+			b[i - (size_t)K * M] = v;
+		else
+			c[i - (size_t)K * (M + N)] = v * 8.0f;
+	}
+	if (same) {
+		/* the dense weight gradient's form: dW = dy^T x */
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, K, 1.0f, a, M, b, N, 1.0f, p, N);
+		for (size_t i = 0; i < (size_t)M * N; i++)
+			p[i] = c[i] + p[i];
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, K, 1.0f, a, M, b, N, 1.0f, c, N);
+		same = memcmp(c, p, sizeof(float) * (size_t)M * N) == 0;
+	}
+	gemm_accumulate_k = same ? GEMM_ACCUMULATE_MAX_K : 0;
+	free(a);
+	free(b);
+	free(c);
+	free(p);
+}
+
+static int cpu_gemm_accumulate_max_k(tr_backend_t *be)
+{
+	(void)be;
+	pthread_once(&gemm_accumulate_once, gemm_accumulate_probe);
+	return gemm_accumulate_k;
 }
 
 static int cpu_add_bias(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias)
@@ -664,6 +721,7 @@ static int cpu_adam_step_into(tr_backend_t *be, int dev, size_t n, const float *
 void tr_cpu_kernels_fill(tr_backend_i *t)
 {
 	t->gemm = cpu_gemm;
+	t->gemm_accumulate_max_k = cpu_gemm_accumulate_max_k;
 	t->add_bias = cpu_add_bias;
 	t->col_sum = cpu_col_sum;
 	t->act_forward = cpu_act_forward;
