@@ -138,45 +138,44 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
  * (a few hundred on its x86-64 sgemm kernels) and adds each block's sum
  * to C, so a K of one block qualifies.  That is OpenBLAS's inside, not
  * its contract, so the first call checks it on the kernels this process
- * got (a probe of the largest K promised, on random values: a second pass
- * over C would round twice and differ) and promises nothing if it fails.
- * The shape is past OpenBLAS's small-matrix path, whose kernels add to C
- * once anyway. */
-#define GEMM_ACCUMULATE_MAX_K 128
+ * got: a probe at K = 256, else 128, 64, 32, on random values (a second
+ * pass over C would round twice and differ), promising the largest K that
+ * passes, or nothing.  The shape is past OpenBLAS's small-matrix path,
+ * whose kernels add to C once anyway. */
+#define GEMM_ACCUMULATE_PROBE_K 256
 
 static int gemm_accumulate_k;
 static pthread_once_t gemm_accumulate_once = PTHREAD_ONCE_INIT;
 
+/* Whether gemm with beta 1 is gemm into zeros then `add` at K = k, in the
+ * dense weight gradient's form dW = dy^T x; a, b hold k x 256 values
+ * each, c and p 256 x 256. */
+static bool gemm_accumulates_at(int k, const float *a, const float *b, float *c, float *p)
+{
+	enum { M = 256, N = 256 };
+	memset(p, 0, sizeof(float) * M * N);
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, k, 1.0f, a, M, b, N, 1.0f, p, N);
+	for (size_t i = 0; i < (size_t)M * N; i++)
+		p[i] = c[i] + p[i];
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, k, 1.0f, a, M, b, N, 1.0f, c, N);
+	return memcmp(c, p, sizeof(float) * M * N) == 0;
+}
+
 static void gemm_accumulate_probe(void)
 {
-	enum { M = 256, N = 256, K = GEMM_ACCUMULATE_MAX_K };
-	float *a = malloc(sizeof(float) * (size_t)K * M), *b = malloc(sizeof(float) * (size_t)K * N);
-	float *c = malloc(sizeof(float) * (size_t)M * N), *p = calloc((size_t)M * N, sizeof(float));
-	bool same = a && b && c && p;
+	enum { M = 256, N = 256, K = GEMM_ACCUMULATE_PROBE_K };
+	size_t na = (size_t)K * M, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *v = malloc(sizeof(float) * (na + nb + 2 * nc));
 	uint32_t x = 12345u;
-	for (size_t i = 0; same && i < (size_t)K * M + (size_t)K * N + (size_t)M * N; i++) {
-		x = x * 1664525u + 1013904223u;
-		float v = (float)(x >> 8) / (float)(1u << 24) - 0.5f;
-		if (i < (size_t)K * M)
-			a[i] = v;
-		else if (i < (size_t)K * (M + N))
-			b[i - (size_t)K * M] = v;
-		else
-			c[i - (size_t)K * (M + N)] = v * 8.0f;
+	for (int k = K; v && k >= 32 && !gemm_accumulate_k; k /= 2) {
+		for (size_t i = 0; i < na + nb + nc; i++) {
+			x = x * 1664525u + 1013904223u;
+			v[i] = ((float)(x >> 8) / (float)(1u << 24) - 0.5f) * (i < na + nb ? 1.0f : 8.0f);
+		}
+		if (gemm_accumulates_at(k, v, v + na, v + na + nb, v + na + nb + nc))
+			gemm_accumulate_k = k;
 	}
-	if (same) {
-		/* the dense weight gradient's form: dW = dy^T x */
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, K, 1.0f, a, M, b, N, 1.0f, p, N);
-		for (size_t i = 0; i < (size_t)M * N; i++)
-			p[i] = c[i] + p[i];
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, K, 1.0f, a, M, b, N, 1.0f, c, N);
-		same = memcmp(c, p, sizeof(float) * (size_t)M * N) == 0;
-	}
-	gemm_accumulate_k = same ? GEMM_ACCUMULATE_MAX_K : 0;
-	free(a);
-	free(b);
-	free(c);
-	free(p);
+	free(v);
 }
 
 static int cpu_gemm_accumulate_max_k(tr_backend_t *be)
