@@ -174,6 +174,14 @@ typedef struct tr_backend_i {
 	/* C[m,n] = alpha * op(A) op(B) + beta * C; op(A) is m x k. */
 	int (*gemm)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 		    const float *a, const float *b, float beta, float *c);
+	/* Optional: the largest k for which gemm with alpha = 1 and beta = 1
+	 * adds each element of the product to C in one rounding, C + P, P
+	 * being what gemm with beta = 0 writes at the same shape: the bits of
+	 * gemm into a zeroed buffer followed by `add`, without the buffer.
+	 * Exact mode folds the first shards' dense weight gradients into
+	 * their running sum this way (docs/design.md, "Exact mode").  NULL
+	 * or 0: never relied on. */
+	int (*gemm_accumulate_max_k)(tr_backend_t *be);
 	/* y[r,c] += bias[c] */
 	int (*add_bias)(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias);
 	/* out[c] = sum_r x[r,c] (overwrites out) */

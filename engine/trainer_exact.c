@@ -19,6 +19,8 @@
 
 #include "engine/trainer_internal.h"
 
+static int shard_rows(const struct tr_spec *s);
+
 /* The shards of this process's rank `rank`: the first and how many.  The
  * shards are cut over the job's ranks in all its processes (global rank
  * proc * ndev + rank), so a process's shards are contiguous. */
@@ -34,6 +36,22 @@ static bool folds_prefix(const struct tr_trainer *t, const struct rank_ctx *rc)
 	int k0, m;
 	rank_shards(t, rc->rank, &k0, &m);
 	return k0 == 0 && m > 0 && !t->model.collective;
+}
+
+/* Whether rank rc, folding its shards as it computes them, lets the dense
+ * layers add their gradients to the running sum themselves (model.h,
+ * grad_sum): every layer with parameters is dense, and the backend's
+ * gemm accumulates exactly over a shard's rows. */
+static bool folds_in_gemm(const struct tr_trainer *t, const struct rank_ctx *rc)
+{
+	const tr_backend_i *bi = t->be->i;
+	if (!folds_prefix(t, rc) || !bi->gemm_accumulate_max_k ||
+	    bi->gemm_accumulate_max_k(t->be) < shard_rows(t->spec))
+		return false;
+	for (int i = 0; i < t->model.n_nodes; i++)
+		if (t->model.layers[i].n_tensors && t->model.layers[i].ops->type != TR_LAYER_DENSE)
+			return false;
+	return true;
 }
 
 /* Shard k's whole forward and backward pass, through its view. */
@@ -191,10 +209,12 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		 * additions (the prefix, summed from +0.0, is never -0.0). */
 		tr_backend_t *be = t->be;
 		float *g = rc->shard_grads[0];
+		bool in_gemm = folds_in_gemm(t, rc);
 		ret = be->i->memset0(be, r->dev, r->grads, t->model.n_params * sizeof(float));
 		for (int k = 0; k < set->count && ret == 0; k++) {
 			set->views[k].grads = g;
-			if ((ret = shard_pass(t, set, k, off, scale, t->shard_loss[k0 + k])) == 0)
+			set->views[k].grad_sum = in_gemm ? r->grads : NULL;
+			if ((ret = shard_pass(t, set, k, off, scale, t->shard_loss[k0 + k])) == 0 && !in_gemm)
 				ret = be->i->add(be, r->dev, t->model.n_params, r->grads, g, r->grads);
 		}
 		if (ret < 0)

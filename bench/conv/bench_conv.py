@@ -21,7 +21,12 @@ Each round first waits (bounded by --wait-s) for the 1-minute load average
 to drop below --max-load; a round that starts above it is marked loaded and
 left out of the tables.  Within a round every workload runs all its arms
 (trainerd auto, im2col, onednn; PyTorch; for the MLP trainerd, PyTorch and
-sgemm_rate) one after the other, the order rotated from round to round.
+sgemm_rate; for LeNet, VDSR and the MLP also trainerd auto in exact mode)
+one after the other, the order rotated from round to round.  The trainerd
+arms pin "exact": false (the float path) but the exact arm, which runs
+"exact": true (8 shards): its same-round ratio to auto is exact mode's
+cost, which must stay within 10% for exact mode to be the default
+(docs/design.md, "Exact mode").
 Tables give medians over the quiet rounds and the median and min-max of
 same-round ratios.  After the rounds conv_rate times the LeNet and VDSR
 convolutions' kernels alone.
@@ -41,15 +46,17 @@ from protocol import (QUIET_LOAD, machine, machine_markdown, med, rounds_markdow
                       spread, wait_quiet)
 
 ROUTES = ["auto", "im2col", "onednn"]
+EXACT = "exact"  # the auto route in exact mode (8 shards)
+EXACT_MAX_COST = 1.10  # exact mode's step time / the float path's, at most
 # spec file, steps per run, warm-up steps left out of the median step, arms, target
 PLAN = {
-    "lenet": {"spec": os.path.join(HERE, "workloads", "lenet.json"), "steps": 40, "warm": 3, "arms": ROUTES,
+    "lenet": {"spec": os.path.join(HERE, "workloads", "lenet.json"), "steps": 40, "warm": 3, "arms": ROUTES + [EXACT],
               "title": "LeNet-style, [1, 28, 28], batch 128", "target": ("torch", 1.5)},
-    "vdsr": {"spec": os.path.join(HERE, "workloads", "vdsr.json"), "steps": 8, "warm": 2, "arms": ROUTES,
+    "vdsr": {"spec": os.path.join(HERE, "workloads", "vdsr.json"), "steps": 8, "warm": 2, "arms": ROUTES + [EXACT],
              "title": "VDSR-style, 10 x conv 3x3 64, 41x41, batch 32", "target": ("torch", 1.0)},
     "patches24": {"spec": os.path.join(HERE, "workloads", "patches24.json"), "steps": 16, "warm": 2, "arms": ROUTES,
                   "title": "5 x conv 3x3 (64 filters) on 24x24 patches, batch 64", "target": ("torch", 1.2)},
-    "mlp": {"spec": os.path.join(BENCH, "workloads", "mlp_large.json"), "steps": 80, "warm": 5, "arms": ["auto"],
+    "mlp": {"spec": os.path.join(BENCH, "workloads", "mlp_large.json"), "steps": 80, "warm": 5, "arms": ["auto", EXACT],
             "title": "MLP 784-1024-1024-10, batch 256", "target": ("sgemm", 0.85)},
 }
 
@@ -63,12 +70,13 @@ def spec_of(name):
         return json.load(f)
 
 
-def run_trainerd(args, name, route, rnd):
+def run_trainerd(args, name, arm, rnd):
     plan = PLAN[name]
-    d = os.path.join(args.out, "runs", f"{name}-{route}-{rnd}")
+    d = os.path.join(args.out, "runs", f"{name}-{arm}-{rnd}")
     os.makedirs(d, exist_ok=True)
+    route, exact = ("auto", "true") if arm == EXACT else (arm, "false")
     cmd = [args.trainerd, "run", plan["spec"], "--set", f"/max_steps={plan['steps']}", "--set", "/epochs=1000",
-           "--devices", "1", "--cpu-conv", route, "--out", d, "--quiet"]
+           "--set", f"/exact={exact}", "--devices", "1", "--cpu-conv", route, "--out", d, "--quiet"]
     p = subprocess_run(cmd)
     with open(os.path.join(d, "stderr.txt"), "w") as f:
         f.write(p.stdout + p.stderr)
@@ -193,7 +201,7 @@ def render(res):
     if loaded:
         out.append("**No round started below the load threshold: every figure below is from a loaded machine "
                    "and is not a figure of record.**\n")
-    labels = {"auto": "trainerd, auto (the default)", "im2col": "trainerd, im2col + OpenBLAS",
+    labels = {"auto": "trainerd, auto (the default route), float path", EXACT: "trainerd, auto, exact mode", "im2col": "trainerd, im2col + OpenBLAS",
               "onednn": "trainerd, oneDNN", "torch": "PyTorch", "sgemm": "sgemm ceiling (sgemm_rate)"}
     for name, runs in res["runs"].items():
         plan = PLAN[name]
@@ -218,7 +226,12 @@ def render(res):
         verdict = "met" if m >= target else "missed"
         out.append(f"\nTarget auto >= {unit} {'of ' if peer_key == 'sgemm' else ''}{what}: **{verdict}{' (loaded machine)' if loaded else ''}** "
                    f"({got}, same-round median, min-max {lo:.2f}-{hi:.2f}).")
-        fixed = [a for a in plan["arms"] if a != "auto"]
+        if EXACT in runs:
+            m, lo, hi = spread([runs[EXACT][i]["median_step_ms"] / runs["auto"][i]["median_step_ms"] for i in idx])
+            verdict = "met" if m <= EXACT_MAX_COST else "missed"
+            out.append(f"Exact mode's cost, median step exact / float path, same round: {m:.3f}x (min-max {lo:.3f}-{hi:.3f}); "
+                       f"target <= {EXACT_MAX_COST:.2f}x: **{verdict}{' (loaded machine)' if loaded else ''}**.")
+        fixed = [a for a in plan["arms"] if a not in ("auto", EXACT)]
         if fixed:
             best = [max(runs[a][i]["samples_per_sec"] for a in fixed) for i in idx]
             m, lo, hi = spread([runs["auto"][i]["samples_per_sec"] / b for i, b in zip(idx, best)])

@@ -1,8 +1,9 @@
 #!/bin/sh
 # bench/conv/run.sh BUILD_DIR: the four target workloads (LeNet-style,
 # VDSR-style, the 24x24 patch net, the 784-1024-1024-10 MLP) against
-# PyTorch, every CPU convolution route, under the benchmark protocol
-# (bench/README.md, "Figures of record"; bench/conv/RESULTS.md).
+# PyTorch, every CPU convolution route, and exact mode against the float
+# path on LeNet, VDSR and the MLP (the "exact" arm), under the benchmark
+# protocol (bench/README.md, "Figures of record"; bench/conv/RESULTS.md).
 #
 # Compiles bench/conv/conv_rate.c (OpenBLAS, oneDNN, OpenMP; needs
 # libdnnl-dev) and bench/sgemm_rate.c, and runs bench/conv/bench_conv.py
@@ -10,7 +11,7 @@
 # bench/results/conv-<timestamp>/ (results.md, results.json, runs/ with each
 # trainerd run's outputs); bench/results/conv-latest points at the newest.
 # Extra driver arguments: BENCH_CONV_ARGS, e.g. "--rounds 3 --only lenet".
-# Killed after 40 min (5 rounds take an estimated 8 minutes on a quiet 2-core
+# Killed after 40 min (5 rounds take an estimated 9 minutes on a quiet 2-core
 # machine; waiting for a quiet machine takes up to --wait-s per round).
 set -eu
 

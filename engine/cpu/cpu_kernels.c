@@ -13,6 +13,9 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -135,6 +138,59 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 	if (g.tiles == 1)
 		return gemm_tile(&g, 0, 0);
 	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);
+}
+
+/* gemm with beta 1 equals gemm into zeros then `add` (backend.h,
+ * gemm_accumulate_max_k) when sgemm reads and writes C once, adding the
+ * whole sum over K: OpenBLAS's driver cuts K into blocks of its GEMM_Q
+ * (a few hundred on its x86-64 sgemm kernels) and adds each block's sum
+ * to C, so a K of one block qualifies.  That is OpenBLAS's inside, not
+ * its contract, so the first call checks it on the kernels this process
+ * got: a probe at K = 256, else 128, 64, 32, on random values (a second
+ * pass over C would round twice and differ), promising the largest K that
+ * passes, or nothing.  The shape is past OpenBLAS's small-matrix path,
+ * whose kernels add to C once anyway. */
+#define GEMM_ACCUMULATE_PROBE_K 256
+
+static int gemm_accumulate_k;
+static pthread_once_t gemm_accumulate_once = PTHREAD_ONCE_INIT;
+
+/* Whether gemm with beta 1 is gemm into zeros then `add` at K = k, in the
+ * dense weight gradient's form dW = dy^T x; a, b hold k x 256 values
+ * each, c and p 256 x 256. */
+static bool gemm_accumulates_at(int k, const float *a, const float *b, float *c, float *p)
+{
+	enum { M = 256, N = 256 };
+	memset(p, 0, sizeof(float) * M * N);
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, k, 1.0f, a, M, b, N, 1.0f, p, N);
+	for (size_t i = 0; i < (size_t)M * N; i++)
+		p[i] = c[i] + p[i];
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, k, 1.0f, a, M, b, N, 1.0f, c, N);
+	return memcmp(c, p, sizeof(float) * M * N) == 0;
+}
+
+static void gemm_accumulate_probe(void)
+{
+	enum { M = 256, N = 256, K = GEMM_ACCUMULATE_PROBE_K };
+	size_t na = (size_t)K * M, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *v = malloc(sizeof(float) * (na + nb + 2 * nc));
+	uint32_t x = 12345u;
+	for (int k = K; v && k >= 32 && !gemm_accumulate_k; k /= 2) {
+		for (size_t i = 0; i < na + nb + nc; i++) {
+			x = x * 1664525u + 1013904223u;
+			v[i] = ((float)(x >> 8) / (float)(1u << 24) - 0.5f) * (i < na + nb ? 1.0f : 8.0f);
+		}
+		if (gemm_accumulates_at(k, v, v + na, v + na + nb, v + na + nb + nc))
+			gemm_accumulate_k = k;
+	}
+	free(v);
+}
+
+static int cpu_gemm_accumulate_max_k(tr_backend_t *be)
+{
+	(void)be;
+	pthread_once(&gemm_accumulate_once, gemm_accumulate_probe);
+	return gemm_accumulate_k;
 }
 
 static int cpu_add_bias(tr_backend_t *be, int dev, int rows, int cols, float *y, const float *bias)
@@ -783,6 +839,7 @@ static int cpu_adam_step_into(tr_backend_t *be, int dev, size_t n, const float *
 void tr_cpu_kernels_fill(tr_backend_i *t)
 {
 	t->gemm = cpu_gemm;
+	t->gemm_accumulate_max_k = cpu_gemm_accumulate_max_k;
 	t->add_bias = cpu_add_bias;
 	t->col_sum = cpu_col_sum;
 	t->act_forward = cpu_act_forward;

@@ -131,6 +131,13 @@ typedef struct tr_replica {
 	/* Exact mode, a model with collective layers, during a training
 	 * step: this replica's shards (above); NULL otherwise. */
 	const struct tr_shard_set *shards;
+	/* Exact mode, a shard view of the device holding the first shards,
+	 * when the backend's gemm accumulates exactly (backend.h,
+	 * gemm_accumulate_max_k): the running sum of the shards before this
+	 * one, r->grads' layout.  Dense layers add their weight gradient to
+	 * it, and their bias gradient after writing it to grads, instead of
+	 * leaving both in grads; NULL otherwise. */
+	float *grad_sum;
 } tr_replica_t;
 
 /* The float counts of every buffer tr_replica_init allocates, in its

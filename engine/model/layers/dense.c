@@ -28,17 +28,26 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 	return rc;
 }
 
-/* dW[out,in] = dy^T x ; db = sum over rows of dy ; dx = dy W */
+/* dW[out,in] = dy^T x ; db = sum over rows of dy ; dx = dy W.  With
+ * r->grad_sum (exact mode, model.h) dW and db are added to it instead:
+ * dW by gemm with beta 1, the same bits as dW into grads and then `add`
+ * (the trainer checks gemm_accumulate_max_k), without writing and
+ * reading a whole gradient buffer per shard. */
 static int backward(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *y, const float *dy,
 		    float *dx)
 {
 	tr_replica_t *r = p->r;
 	const tr_backend_i *bi = r->be->i;
+	float *dw = r->grad_sum ? r->grad_sum : r->grads;
 	(void)y;
-	int rc = bi->gemm(r->be, r->dev, true, false, l->out, l->in, p->rows, 1.0f, dy, x, 0.0f,
-			  r->grads + l->tensors[0].off);
-	if (rc == 0 && l->n_tensors > 1)
-		rc = bi->col_sum(r->be, r->dev, p->rows, l->out, dy, r->grads + l->tensors[1].off);
+	int rc = bi->gemm(r->be, r->dev, true, false, l->out, l->in, p->rows, 1.0f, dy, x, r->grad_sum ? 1.0f : 0.0f,
+			  dw + l->tensors[0].off);
+	if (rc == 0 && l->n_tensors > 1) {
+		size_t b = l->tensors[1].off;
+		rc = bi->col_sum(r->be, r->dev, p->rows, l->out, dy, r->grads + b);
+		if (rc == 0 && r->grad_sum)
+			rc = bi->add(r->be, r->dev, (size_t)l->out, r->grad_sum + b, r->grads + b, r->grad_sum + b);
+	}
 	if (rc == 0 && dx)
 		rc = bi->gemm(r->be, r->dev, false, false, p->rows, l->in, l->out, 1.0f, dy,
 			      r->params + l->tensors[0].off, 0.0f, dx);

@@ -87,6 +87,7 @@ Test(backend_ops, a_missing_op_is_named)
 	t = *be->i;
 	t.set_tf32 = NULL;
 	t.memory_info = NULL;
+	t.gemm_accumulate_max_k = NULL;
 	cr_assert_eq(tr_backend_check_ops(&t, &err), 0, "optional ops: %s", err.message);
 
 	t = *be->i;

@@ -266,6 +266,42 @@ Test(cpu, gemm_degenerate)
 	cr_assert_eq(be->i->gemm(be, 0, false, false, -1, 3, 4, 1.0f, c, c, 0.0f, c), -EINVAL);
 }
 
+/* gemm_accumulate_max_k's promise at the shapes exact mode folds (the
+ * dense weight gradient dW = dy^T x over a shard's rows, in one tile or
+ * several): gemm with beta 1 into C has the bits of gemm into zeros and
+ * then add.  The bench MLP's shards (32 rows) must qualify, or exact mode
+ * falls back to a buffer per shard there. */
+Test(cpu, gemm_accumulates_exactly)
+{
+	static const int shapes[][2] = {{1024, 784}, {1024, 1024}, {10, 1024}, {33, 7}};
+	int kmax = be->i->gemm_accumulate_max_k(be);
+	cr_assert_geq(kmax, 32, "gemm_accumulate_max_k %d: exact mode's fold would not cover 32-row shards", kmax);
+	const int ks[] = {1, 7, 32, kmax};
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		for (size_t j = 0; j < sizeof ks / sizeof ks[0]; j++) {
+			int m = shapes[s][0], n = shapes[s][1], k = ks[j];
+			size_t mn = (size_t)m * n;
+			float *dy = frand((size_t)k * m, -1, 1), *x = frand((size_t)k * n, -1, 1);
+			float *sum = frand(mn, -4, 4), *fused = malloc(mn * sizeof(float)),
+			      *p = malloc(mn * sizeof(float));
+			cr_assert(fused && p);
+			memcpy(fused, sum, mn * sizeof(float));
+			cr_assert_eq(be->i->gemm(be, 0, true, false, m, n, k, 1.0f, dy, x, 0.0f, p), 0);
+			cr_assert_eq(be->i->add(be, 0, mn, sum, p, sum), 0);
+			cr_assert_eq(be->i->gemm(be, 0, true, false, m, n, k, 1.0f, dy, x, 1.0f, fused), 0);
+			for (size_t i = 0; i < mn; i++)
+				cr_assert(memcmp(&sum[i], &fused[i], sizeof(float)) == 0,
+					  "%dx%dx%d [%zu]: gemm then add %.9g, gemm with beta 1 %.9g", m, n, k, i,
+					  (double)sum[i], (double)fused[i]);
+			free(dy);
+			free(x);
+			free(sum);
+			free(fused);
+			free(p);
+		}
+	}
+}
+
 /* ---- bias and column sums ------------------------------------------------ */
 
 Test(cpu, add_bias_and_col_sum)

@@ -145,14 +145,30 @@ static const char *BN_JOB =
 	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 35, \"shape\": [2, 5, 5], \"classes\": 3}},"
 	" \"batch_size\": 8, \"epochs\": 2, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}}";
 
-static float *train(int devices, bool generic, size_t *n)
+/* Dense layers only (two inside a residual block), a short last batch:
+ * the device holding the first shards folds their gradients in the gemm
+ * (model.h, grad_sum). */
+static const char *DENSE_JOB =
+	"{\"seed\": 4, \"exact\": true, \"model\": {\"inputs\": 6, \"layers\": ["
+	"{\"type\": \"dense\", \"units\": 16}, {\"type\": \"relu\"}, {\"type\": \"residual\", \"layers\": ["
+	"{\"type\": \"dense\", \"units\": 16}, {\"type\": \"gelu\"}, {\"type\": \"dense\", \"units\": 16}]},"
+	" {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"classification\", \"samples\": 150,"
+	" \"features\": 6, \"classes\": 3}},"
+	" \"batch_size\": 64, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}";
+
+/* no_fold: without the backend's gemm_accumulate_max_k, so every shard
+ * goes through a gradient buffer of its own and `add`. */
+static float *train_job(const char *job, int devices, bool generic, bool no_fold, size_t *n)
 {
 	struct tr_spec spec;
 	struct tr_error err;
-	cr_assert_eq(tr_spec_parse_text(BN_JOB, &spec, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_spec_parse_text(job, &spec, &err), 0, "%s", err.message);
 	tr_backend_t *be = tr_cpu_backend_create(devices, 1);
 	if (generic)
 		((tr_backend_i *)be->i)->exact_sum = NULL;
+	if (no_fold)
+		((tr_backend_i *)be->i)->gemm_accumulate_max_k = NULL;
 	struct tr_trainer_options opt = {.spec = &spec, .backend = be, .devices = devices};
 	tr_trainer_t *t;
 	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
@@ -164,6 +180,24 @@ static float *train(int devices, bool generic, size_t *n)
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
 	return w;
+}
+
+static float *train(int devices, bool generic, size_t *n)
+{
+	return train_job(BN_JOB, devices, generic, false, n);
+}
+
+Test(exact, dense_fold_in_gemm_same_bits_as_shard_buffers)
+{
+	size_t n1, n2, n3;
+	float *fold = train_job(DENSE_JOB, 1, false, false, &n1), *buffers = train_job(DENSE_JOB, 1, false, true, &n2);
+	float *three = train_job(DENSE_JOB, 3, true, false, &n3);
+	cr_assert(n1 == n2 && n1 == n3);
+	cr_assert_eq(memcmp(fold, buffers, n1 * sizeof(float)), 0, "the fold in gemm differs from shard buffers");
+	cr_assert_eq(memcmp(fold, three, n1 * sizeof(float)), 0, "3 devices (generic sum) differ from 1");
+	free(fold);
+	free(buffers);
+	free(three);
 }
 
 Test(exact, batchnorm_job_through_generic_path)
