@@ -156,9 +156,10 @@ static inline cudaStream_t stream_of(tr_backend_t *be, int dev)
 
 /* kernels_reduce.cu: the second pass of every reduction.  nparts blocks
  * of the first pass left partials of two quantities in d->partials (at i
- * and TR_CUDA_RED_SLOTS + i); their sums land in d->result->sum. */
-int tr_cuda_finish_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, unsigned nparts);
-/* Brings d->result to the host; the one place a kernel call waits. */
-int tr_cuda_read_result(tr_backend_t *be, struct cuda_dev *d);
+ * and TR_CUDA_RED_SLOTS + i); the first nout (1 or 2) sums are written
+ * to, or with `add` added to, dst[0..nout): device memory, never read on
+ * the host here. */
+int tr_cuda_finish_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, unsigned nparts, double *dst, int nout,
+			bool add);
 
 #endif
