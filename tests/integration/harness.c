@@ -34,8 +34,29 @@ static pid_t live_pids[MAX_LIVE];
 static char live_dirs[MAX_LIVE][128];
 static bool reaper_registered;
 
+/* The end of a left-over daemon's log, before its dir goes: the failed
+ * test's evidence. */
+static void dump_log_tail(const char *dir)
+{
+	char path[192], line[1024];
+	snprintf(path, sizeof path, "%s/daemon.log", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return;
+	long keep = 0;
+	if (fseek(f, 0, SEEK_END) == 0 && (keep = ftell(f)) > 8192)
+		fseek(f, keep - 8192, SEEK_SET);
+	else
+		rewind(f);
+	fprintf(stderr, "---- end of the daemon log left in %s ----\n", dir);
+	while (fgets(line, sizeof line, f))
+		fputs(line, stderr);
+	fclose(f);
+}
+
 static void reap_leftovers(void)
 {
+	bool left_running = false;
 	for (int i = 0; i < MAX_LIVE; i++) {
 		/* Only a child of this process still running: one that a test
 		 * reaped itself is no longer ours (ECHILD), and its pid may be
@@ -44,11 +65,14 @@ static void reap_leftovers(void)
 			fprintf(stderr, "harness: ending daemon %d that the test left running\n", (int)live_pids[i]);
 			kill(live_pids[i], SIGKILL);
 			waitpid(live_pids[i], NULL, 0);
+			left_running = true;
 		}
 		live_pids[i] = 0;
 	}
 	for (int i = 0; i < MAX_LIVE; i++) {
 		if (live_dirs[i][0]) {
+			if (left_running)
+				dump_log_tail(live_dirs[i]);
 			tr_test_rmtree(live_dirs[i]);
 			live_dirs[i][0] = 0;
 		}
