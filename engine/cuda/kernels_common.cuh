@@ -3,7 +3,8 @@
  * The kernels are grouped by op family, one file each (as llm.c keeps one
  * op per file): kernels_dense.cu (gemm, bias, column sums),
  * kernels_elementwise.cu (activations, dropout, mul, add, scale),
- * kernels_reduce.cu (the two-pass reductions, sumsq, the start-up probe),
+ * kernels_reduce.cu (the two-pass reductions, sumsq, per-range sums of
+ * squares, clipping on the device, the start-up probe),
  * kernels_norm.cu (layernorm), kernels_norm2d.cu (batchnorm2d's
  * per-channel sums and groupnorm), kernels_loss.cu (softmax cross-entropy,
  * mse), kernels_optim.cu (sgd, adam), kernels_conv.cu (convolution as
