@@ -25,8 +25,8 @@
 	X(maxpool2d_forward) X(maxpool2d_backward) X(avgpool2d_forward) X(avgpool2d_backward)                  \
 	X(layernorm_forward) X(layernorm_backward) X(bn_sums) X(bn_apply) X(bn_running_update)                  \
 	X(bn_backward_sums) X(bn_backward_apply) X(groupnorm_forward) X(groupnorm_backward) X(softmax_ce)        \
-	X(mse) X(scale) X(sumsq) X(sgd_step) X(adam_step) X(comm_create) X(allreduce_sum) X(comm_abort)          \
-	X(comm_destroy)
+	X(mse) X(scale) X(sumsq) X(sumsq_ranges) X(clip_scale) X(sgd_step) X(adam_step) X(comm_create)          \
+	X(allreduce_sum) X(comm_abort) X(comm_destroy)
 /* clang-format on */
 
 int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err)

@@ -7,6 +7,11 @@
  * calling thread (BLAS may use more threads).  A CUDA backend enqueues the
  * same calls on a stream and only blocks in `sync`.
  *
+ * Results a kernel computes (loss sums, sums of squares) stay in device
+ * memory: the caller brings them to the host with to_host into host_alloc
+ * memory and reads them after the next `sync` (docs/design.md, "Host
+ * waits").  No call in the middle of a step needs the host to wait.
+ *
  * Matrices are row-major.  Every function returns 0 or a negative errno-style
  * code; the backend records a human-readable reason retrievable with
  * `last_error`.  Nothing here logs or exits.
@@ -27,6 +32,9 @@ struct tr_model; /* engine/model/model.h */
 /* Which backend: a job spec's "backend", the daemon's --backend, and the
  * `kind` of an open backend (never AUTO there). */
 enum tr_backend_kind { TR_BACKEND_KIND_AUTO, TR_BACKEND_KIND_CPU, TR_BACKEND_KIND_CUDA };
+
+/* Ranges one sumsq_ranges call takes: two per layer (weight, bias). */
+#define TR_SUMSQ_MAX_RANGES 128
 
 /* CPU devices one backend can have. */
 #define TR_CPU_MAX_DEVICES 64
@@ -117,6 +125,12 @@ struct tr_optim_hp {
 	bool decoupled; /* adamw: decay the weights, not the gradient */
 	int64_t step;   /* 1-based update count, for bias correction and
 			   for sgd's "first step copies the gradient" rule */
+	/* stop_on_nan on the device: NULL, or device memory holding one
+	 * double (the gradient's sum of squares); when it is not finite the
+	 * update leaves param and state as they were (an _into update copies
+	 * them to its outputs), so that no host decision is needed before
+	 * the update is enqueued. */
+	const double *skip_unless_finite;
 };
 
 /* A backend is its function table: the operations below and the
@@ -232,17 +246,34 @@ typedef struct tr_backend_i {
 				  float *dbeta);
 	/* Softmax cross-entropy with integer class labels stored as floats.
 	 * dlogits = scale * (softmax - onehot); out[0] += sum of per-sample
-	 * losses (unscaled), out[1] += number of correct argmax predictions.
-	 * A label outside [0, classes) is an error (-EINVAL). */
+	 * losses (unscaled), out[1] += number of correct argmax predictions;
+	 * out is DEVICE memory (two doubles), added to on the device.
+	 * A label outside [0, classes) is an error (-EINVAL), returned by this
+	 * call or, where finding it would make the host wait (CUDA), by the
+	 * next `sync` of dev; out and dlogits are then left as they were. */
 	int (*softmax_ce)(tr_backend_t *be, int dev, int rows, int classes, const float *logits, const float *labels,
 			  float scale, float *dlogits, double *out);
 	/* Mean squared error per sample = mean over cols of (p - t)^2.
-	 * dpred = scale * 2 (p - t) / cols; out[0] += sum of per-sample losses. */
+	 * dpred = scale * 2 (p - t) / cols; out[0] += sum of per-sample losses
+	 * (out: DEVICE memory, one double). */
 	int (*mse)(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target, float scale,
 		   float *dpred, double *out);
 	int (*scale)(tr_backend_t *be, int dev, size_t n, float *x, float alpha);
-	/* Sum of squares, accumulated in double, written to host *out. */
+	/* Sum of squares, accumulated in double, written to *out: DEVICE
+	 * memory (one double), overwritten. */
 	int (*sumsq)(tr_backend_t *be, int dev, size_t n, const float *x, double *out);
+	/* The sums of squares of nranges ranges of x in one pass (per-layer
+	 * norms): out[k] = sum of x[off[k] + i]^2, i < len[k], in double;
+	 * out is DEVICE memory (nranges doubles), off and len host arrays
+	 * read during the call; 0 < nranges <= TR_SUMSQ_MAX_RANGES. */
+	int (*sumsq_ranges)(tr_backend_t *be, int dev, int nranges, const size_t *off, const size_t *len,
+			    const float *x, double *out);
+	/* Gradient clipping decided on the device, as
+	 * torch.nn.utils.clip_grad_norm_: coef = max_norm / (sqrt(*sumsq) +
+	 * 1e-6), computed in double; when coef < 1, x *= (float)coef (a
+	 * sum that is not finite never scales).  sumsq: DEVICE memory, one
+	 * double, written by earlier work on dev (sumsq). */
+	int (*clip_scale)(tr_backend_t *be, int dev, size_t n, float *x, float max_norm, const double *sumsq);
 	/* One optimizer update of n parameters.  state1/state2: momentum buffer
 	 * (sgd) or first/second moments (adam); sgd ignores state2. */
 	int (*sgd_step)(tr_backend_t *be, int dev, size_t n, float *param, const float *grad, float *state1,
@@ -315,6 +346,12 @@ typedef struct tr_backend_i {
 	size_t (*memory_estimate)(const struct tr_model *m, int max_rows, int label_dim, int opt_state_buffers,
 				  int ndev);
 	size_t memory_context_bytes;
+	/* Optional (NULL: not counted): how many times the host has waited
+	 * for a device of this backend so far (every stream or device
+	 * synchronisation: `sync` and any hidden one, such as a copy into
+	 * pageable memory; not the frees), for the GPU check's host-waits
+	 * figure. */
+	uint64_t (*host_waits)(tr_backend_t *be);
 
 	/* Collectives over a job's devices.  comm_create is called once by the
 	 * job; every rank then calls allreduce_sum from its own thread with its

@@ -27,6 +27,11 @@
 #include "engine/model/model.h"
 #include "engine/spec.h"
 
+/* Device memory the trainer keeps per device for a step's results (its
+ * loss and sums of squares, read after the step's sync: docs/design.md,
+ * "Host waits"), in doubles, for the device-memory estimate. */
+#define TR_TRAINER_RESULT_DOUBLES (4 + 2 * TR_SUMSQ_MAX_RANGES)
+
 struct tr_metric_point {
 	const char *name;
 	int64_t step;  /* 1-based count of updates done */

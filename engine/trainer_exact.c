@@ -183,7 +183,7 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 	for (int k = k0; k < k0 + m; k++) {
 		int o, l;
 		tr_plan_share(count, S, k, &o, &l);
-		t->shard_loss[k][0] = t->shard_loss[k][1] = 0.0;
+		t->shard_loss[k][0] = t->shard_loss[k][1] = 0.0; /* read after the sync */
 		if (l == 0)
 			continue; /* the empty shards are the last ones */
 		set->off[set->count] = o - off;
@@ -197,7 +197,7 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		r->shards = set;
 		ret = tr_replica_forward(r, len, off, t->step, 1);
 		for (int k = 0; k < set->count && ret == 0; k++)
-			ret = tr_replica_shard_loss(r, k, scale, t->shard_loss[k0 + k]);
+			ret = tr_replica_shard_loss(r, k, scale, rc->stats_dev + STAT_SHARDS + 2 * k);
 		if (ret == 0)
 			ret = tr_replica_backward(r, len);
 		r->shards = NULL;
@@ -214,7 +214,8 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		for (int k = 0; k < set->count && ret == 0; k++) {
 			set->views[k].grads = g;
 			set->views[k].grad_sum = in_gemm ? r->grads : NULL;
-			if ((ret = shard_pass(t, set, k, off, scale, t->shard_loss[k0 + k])) == 0 && !in_gemm)
+			if ((ret = shard_pass(t, set, k, off, scale, rc->stats_dev + STAT_SHARDS + 2 * k)) == 0 &&
+			    !in_gemm)
 				ret = be->i->add(be, r->dev, t->model.n_params, r->grads, g, r->grads);
 		}
 		if (ret < 0)
@@ -223,7 +224,7 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		return tr_exact_sum(&rc->xctx, prefix, set->count ? 1 : 0, r->grads, t->model.n_params);
 	} else {
 		for (int k = 0; k < set->count && ret == 0; k++)
-			ret = shard_pass(t, set, k, off, scale, t->shard_loss[k0 + k]);
+			ret = shard_pass(t, set, k, off, scale, rc->stats_dev + STAT_SHARDS + 2 * k);
 	}
 	if (ret < 0)
 		return ret;
@@ -234,6 +235,16 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 	 * part (batchnorm2d's running statistics) is zero in every shard, and
 	 * the sum keeps it zero whatever was written there before. */
 	return tr_exact_sum(&rc->xctx, parts, set->count, r->grads, t->model.n_params);
+}
+
+void tr_trainer_exact_losses_read(struct tr_trainer *t, const struct rank_ctx *rc)
+{
+	int k0, m;
+	rank_shards(t, rc->rank, &k0, &m);
+	for (int k = 0; k < m; k++) {
+		t->shard_loss[k0 + k][0] = rc->stats_host[STAT_SHARDS + 2 * k];
+		t->shard_loss[k0 + k][1] = rc->stats_host[STAT_SHARDS + 2 * k + 1];
+	}
 }
 
 double tr_trainer_exact_loss(const struct tr_trainer *t)

@@ -24,6 +24,22 @@
 
 #define ERRLEN 512
 
+/* A rank's step results, in doubles, kept on its device until the step's
+ * final sync (docs/design.md, "Host waits"): the loss sum and correct
+ * count, the gradient's sum of squares, per-layer sums of squares (rank 0,
+ * one per range of tr_trainer_layer_ranges), exact mode's per-shard loss
+ * pairs, and a slot for monitors' reads after the step. */
+enum {
+	STAT_LOSS = 0,
+	STAT_GRAD = 2,
+	STAT_LAYERS = 3,
+	STAT_SHARDS = STAT_LAYERS + TR_SUMSQ_MAX_RANGES,
+	STAT_SCRATCH = STAT_SHARDS + 2 * TR_SPEC_MAX_SHARDS,
+	STAT_COUNT = STAT_SCRATCH + 1,
+};
+_Static_assert(STAT_COUNT == TR_TRAINER_RESULT_DOUBLES, "the estimate's count of the step results");
+_Static_assert(TR_SPEC_MAX_SHARDS == TR_SUMSQ_MAX_RANGES / 2, "TR_TRAINER_RESULT_DOUBLES's shard pairs");
+
 struct rank_ctx {
 	struct tr_trainer *t;
 	int rank;
@@ -32,6 +48,9 @@ struct rank_ctx {
 	 * replica's when it holds the step about to run. */
 	float *spare_input, *spare_labels;
 	int64_t ahead_step; /* the step whose share the spare pair holds, or -1 */
+	/* STAT_COUNT doubles on the device, and their host_alloc copy, read
+	 * only after the sync that follows the to_host of them. */
+	double *stats_dev, *stats_host;
 	pthread_t thread;
 	bool started;
 	double loss[2]; /* this step: loss sum, correct count */
@@ -147,6 +166,20 @@ typedef int (*copy_to_device_fn)(tr_backend_t *be, int dev, void *dst, const voi
 bool tr_trainer_can_lend(const tr_backend_t *be);
 int tr_trainer_copy_rows(copy_to_device_fn copy, tr_backend_t *be, int dev, float *dx, float *dy, const float *x,
 			 const float *y, int off, int len, int F, int L);
+/* Each layer's parameters in a parameter-sized buffer as ranges for
+ * sumsq_ranges (one per layer where weight and bias are adjacent, as
+ * tr_model_build lays them out); layer_of[k] is range k's layer.  Returns
+ * the count (0 for a model without parameters). */
+int tr_trainer_layer_ranges(const struct tr_trainer *t, size_t *off, size_t *len, int *layer_of);
+/* Enqueues the per-layer sums of squares of buf on rank 0's device into
+ * its STAT_LAYERS; tr_trainer_layer_sums_read turns their host copy into
+ * one sum per layer (0 for layers without parameters). */
+int tr_trainer_layer_sums_enqueue(struct tr_trainer *t, const float *buf);
+void tr_trainer_layer_sums_read(const struct tr_trainer *t, const double *host, double *out);
+/* After a step, on the caller's thread (monitors): the sum of squares of
+ * n floats of x on rank 0's device, or each layer's of buf, read at once
+ * (one host wait). */
+int tr_trainer_read_sumsq(struct tr_trainer *t, size_t n, const float *x, double *out);
 int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out);
 int tr_trainer_run_step_all(struct tr_trainer *t, struct tr_error *err);
 int tr_trainer_start_rank_threads(struct tr_trainer *t, struct tr_error *err);
@@ -166,6 +199,9 @@ void tr_trainer_exact_free(struct tr_trainer *t, struct rank_ctx *rc);
  * off + len) of the step, then the exact sum of every shard's gradient
  * into the replica's. */
 int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, int len);
+/* After the step's sync: this rank's shards' loss pairs from the host copy
+ * of its STAT_SHARDS into the trainer's per-shard table. */
+void tr_trainer_exact_losses_read(struct tr_trainer *t, const struct rank_ctx *rc);
 /* The step's loss sum, shard by shard in order. */
 double tr_trainer_exact_loss(const struct tr_trainer *t);
 /* nproc > 1: makes every process's shard losses those of the whole step

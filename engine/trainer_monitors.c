@@ -157,7 +157,7 @@ void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t ep
 		} else if (strcmp(mon->name, "weight_norm") == 0) {
 			double ss = 0, layers[TR_SPEC_MAX_LAYERS];
 			tr_replica_t *r = &t->ranks[0].rep;
-			if (t->be->i->sumsq(t->be, r->dev, t->model.n_params, r->params, &ss) == 0)
+			if (tr_trainer_read_sumsq(t, t->model.n_params, r->params, &ss) == 0)
 				tr_trainer_emit(t, "weight_norm", done, epoch, sqrt(ss));
 			if (mon->per_layer && tr_trainer_layer_sumsq(t, r->params, layers) == 0)
 				emit_per_layer(t, "weight_norm", done, epoch, layers);
@@ -198,7 +198,7 @@ void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double lo
 		struct tr_param_view v;
 		double ss = 0;
 		tr_model_param_view(&t->model, i, &v);
-		if (t->be->i->sumsq(t->be, r->dev, v.len, r->grads + v.offset, &ss) == 0 && !isfinite(ss))
+		if (tr_trainer_read_sumsq(t, v.len, r->grads + v.offset, &ss) == 0 && !isfinite(ss))
 			snprintf(first, sizeof first, "%s", v.name);
 	}
 	if (!isfinite(loss))

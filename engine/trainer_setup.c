@@ -382,6 +382,30 @@ static void free_spare(struct tr_trainer *t, int rank)
 	r->spare_input = r->spare_labels = NULL;
 }
 
+/* The rank's step results on its device and their host copy. */
+static int alloc_stats(struct tr_trainer *t, struct rank_ctx *r, struct tr_error *err)
+{
+	tr_backend_t *be = t->be;
+	r->stats_dev = be->i->alloc(be, r->rep.dev, STAT_COUNT * sizeof(double));
+	r->stats_host = be->i->host_alloc(be, STAT_COUNT * sizeof(double));
+	if (!r->stats_dev || !r->stats_host) {
+		tr_error_set(err, 0, 0, NULL, "device %d: out of memory for the step's results: %s", r->rep.dev,
+			     be->i->last_error(be));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void free_stats(struct tr_trainer *t, int rank)
+{
+	struct rank_ctx *r = &t->ranks[rank];
+	if (r->stats_dev)
+		t->be->i->free(t->be, t->devs[rank], r->stats_dev);
+	if (r->stats_host)
+		t->be->i->host_free(t->be, r->stats_host);
+	r->stats_dev = r->stats_host = NULL;
+}
+
 /* Each conv2d layer's route on CPU devices (docs/design.md, "Convolution
  * on CPU devices"): the spec's cpu_conv, else the backend's setting; "auto"
  * is measured at this job's rows per device (or taken from what this
@@ -632,6 +656,8 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		if (rc == 0 && t->upload_ahead)
 			rc = alloc_spare(t, r, err);
 		if (rc == 0)
+			rc = alloc_stats(t, r, err);
+		if (rc == 0)
 			rc = be->i->to_device(be, t->devs[i], r->rep.params, host, t->model.n_params * sizeof(float));
 		if (rc == 0)
 			rc = be->i->sync(be, t->devs[i]);
@@ -690,6 +716,7 @@ void tr_trainer_destroy(tr_trainer_t *t)
 	tr_trainer_unlend(t, false);
 	for (int i = 0; i < t->ndev; i++) {
 		free_spare(t, i);
+		free_stats(t, i);
 		tr_trainer_exact_free(t, &t->ranks[i]);
 		tr_replica_finish(&t->ranks[i].rep);
 	}

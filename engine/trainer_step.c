@@ -160,33 +160,74 @@ int tr_trainer_unlend(struct tr_trainer *t, bool keep_values)
 	return 0;
 }
 
-/* Sum of squares of each layer's parameters (weight and bias together) in
- * buf, a parameter-sized buffer on rank 0's device; 0 for layers without
- * parameters.  Weight and bias are adjacent (tr_model_build), so one
- * sumsq covers both: on CUDA each sumsq waits for the device, and this
- * runs every step that per-layer norms are due. */
-int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out)
+int tr_trainer_layer_ranges(const struct tr_trainer *t, size_t *off, size_t *len, int *layer_of)
 {
 	const tr_model_t *m = &t->model;
-	tr_backend_t *be = t->be;
-	int dev = t->ranks[0].rep.dev;
+	int n = 0;
 	for (int i = 0; i < m->n_layers; i++) {
 		const struct tr_layer *l = &m->layers[i];
-		double w = 0, b = 0;
-		int ret;
 		if (l->w_len && l->b_len && l->b_off == l->w_off + l->w_len) {
-			if ((ret = be->i->sumsq(be, dev, l->w_len + l->b_len, buf + l->w_off, &w)) < 0)
-				return ret;
-			out[i] = w;
+			off[n] = l->w_off, len[n] = l->w_len + l->b_len, layer_of[n++] = i;
 			continue;
 		}
-		if (l->w_len && (ret = be->i->sumsq(be, dev, l->w_len, buf + l->w_off, &w)) < 0)
-			return ret;
-		if (l->b_len && (ret = be->i->sumsq(be, dev, l->b_len, buf + l->b_off, &b)) < 0)
-			return ret;
-		out[i] = w + b;
+		if (l->w_len)
+			off[n] = l->w_off, len[n] = l->w_len, layer_of[n++] = i;
+		if (l->b_len)
+			off[n] = l->b_off, len[n] = l->b_len, layer_of[n++] = i;
 	}
-	return 0;
+	return n;
+}
+
+/* One sumsq_ranges call for every layer: per-layer norms were one sumsq
+ * (and on CUDA one host wait) per layer. */
+int tr_trainer_layer_sums_enqueue(struct tr_trainer *t, const float *buf)
+{
+	size_t off[TR_SUMSQ_MAX_RANGES], len[TR_SUMSQ_MAX_RANGES];
+	int layer_of[TR_SUMSQ_MAX_RANGES];
+	struct rank_ctx *rc = &t->ranks[0];
+	int n = tr_trainer_layer_ranges(t, off, len, layer_of);
+	if (n == 0)
+		return 0;
+	return t->be->i->sumsq_ranges(t->be, rc->rep.dev, n, off, len, buf, rc->stats_dev + STAT_LAYERS);
+}
+
+void tr_trainer_layer_sums_read(const struct tr_trainer *t, const double *host, double *out)
+{
+	size_t off[TR_SUMSQ_MAX_RANGES], len[TR_SUMSQ_MAX_RANGES];
+	int layer_of[TR_SUMSQ_MAX_RANGES];
+	int n = tr_trainer_layer_ranges(t, off, len, layer_of);
+	for (int i = 0; i < t->model.n_layers; i++)
+		out[i] = 0.0;
+	for (int k = 0; k < n; k++)
+		out[layer_of[k]] += host[STAT_LAYERS + k];
+}
+
+/* Brings rank 0's results [first, first + count) to its host copy: one
+ * host wait, for reads after a step (monitors, stop_on_nan's message). */
+static int read_stats_now(struct tr_trainer *t, int first, int count)
+{
+	struct rank_ctx *rc = &t->ranks[0];
+	tr_backend_t *be = t->be;
+	int ret = be->i->to_host(be, rc->rep.dev, rc->stats_host + first, rc->stats_dev + first,
+				 (size_t)count * sizeof(double));
+	return ret < 0 ? ret : be->i->sync(be, rc->rep.dev);
+}
+
+int tr_trainer_read_sumsq(struct tr_trainer *t, size_t n, const float *x, double *out)
+{
+	struct rank_ctx *rc = &t->ranks[0];
+	int ret = t->be->i->sumsq(t->be, rc->rep.dev, n, x, rc->stats_dev + STAT_SCRATCH);
+	if (ret == 0 && (ret = read_stats_now(t, STAT_SCRATCH, 1)) == 0)
+		*out = rc->stats_host[STAT_SCRATCH];
+	return ret;
+}
+
+int tr_trainer_layer_sumsq(struct tr_trainer *t, const float *buf, double *out)
+{
+	int ret = tr_trainer_layer_sums_enqueue(t, buf);
+	if (ret == 0 && (ret = read_stats_now(t, STAT_LAYERS, TR_SUMSQ_MAX_RANGES)) == 0)
+		tr_trainer_layer_sums_read(t, t->ranks[0].stats_host, out);
+	return ret;
 }
 
 static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
@@ -200,6 +241,11 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	bool exact = t->spec->exact_shards > 0;
 	tr_trainer_share(t, b->count, rc->rank, &off, &len);
 	rc->loss[0] = rc->loss[1] = 0.0;
+	double *stats = rc->stats_dev;
+	/* The losses add into their slots; nothing is read before the final
+	 * sync (docs/design.md, "Host waits"). */
+	if ((ret = be->i->memset0(be, r->dev, stats, STAT_COUNT * sizeof(double))) < 0)
+		goto fail;
 
 	/* Never reused from the last step: the backward pass overwrites every
 	 * gradient, and an idle rank clears its buffer so that its contribution
@@ -224,7 +270,7 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 	} else {
 		if ((len > 0 || t->model.collective) &&
 		    ((ret = tr_replica_forward(r, len, off, t->step, 1)) < 0 ||
-		     (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, rc->loss)) < 0 ||
+		     (ret = tr_replica_loss(r, len, 1.0f / (float)b->count, stats + STAT_LOSS)) < 0 ||
 		     (ret = tr_replica_backward(r, len)) < 0))
 			goto fail;
 		if (t->ndev > 1 && (ret = be->i->allreduce_sum(t->comm, rc->rank, r->grads, np)) < 0)
@@ -233,33 +279,26 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 
 	float clip = t->spec->clip_grad_norm;
 	bool stop_on_nan = t->spec->stop_on_nan;
-	rc->grad_sumsq = 0.0;
-	rc->grads_nonfinite = false;
-	if (clip > 0.0f || t->want_grad_norm || stop_on_nan) {
-		if ((ret = be->i->sumsq(be, r->dev, np, r->grads, &rc->grad_sumsq)) < 0)
-			goto fail;
-	}
-	/* The sum of squares (in double: no overflow from finite floats) is
-	 * finite exactly when every gradient is.  After the allreduce every
-	 * rank holds the same gradient and reaches the same verdict, so all
-	 * skip the update together and the replicas stay equal; the run loop
-	 * then fails the job before any checkpoint can take the bad step. */
-	if (stop_on_nan && !isfinite(rc->grad_sumsq)) {
-		rc->grads_nonfinite = true;
-		goto synced;
-	}
+	bool want_norm = clip > 0.0f || t->want_grad_norm || stop_on_nan;
+	bool want_layers = rc->rank == 0 && t->want_layer_grad_norms;
+	if (want_norm && (ret = be->i->sumsq(be, r->dev, np, r->grads, stats + STAT_GRAD)) < 0)
+		goto fail;
 	/* Per layer, before clipping like the global norm (the allreduced
 	 * gradient is the same on every rank, so rank 0's serves). */
-	if (rc->rank == 0 && t->want_layer_grad_norms &&
-	    (ret = tr_trainer_layer_sumsq(t, r->grads, t->layer_grad_sumsq)) < 0)
+	if (want_layers && (ret = tr_trainer_layer_sums_enqueue(t, r->grads)) < 0)
 		goto fail;
-	if (clip > 0.0f) {
-		/* torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped at 1 */
-		double coef = clip / (sqrt(rc->grad_sumsq) + 1e-6);
-		if (coef < 1.0 && (ret = be->i->scale(be, r->dev, np, r->grads, (float)coef)) < 0)
-			goto fail;
-	}
+	/* torch.nn.utils.clip_grad_norm_, its coefficient formed on the device */
+	if (clip > 0.0f && (ret = be->i->clip_scale(be, r->dev, np, r->grads, clip, stats + STAT_GRAD)) < 0)
+		goto fail;
 	struct tr_optim_hp hp = tr_optim_hp_from_spec(t->spec, t->lr, t->step + 1);
+	/* The sum of squares (in double: no overflow from finite floats) is
+	 * finite exactly when every gradient is.  After the allreduce every
+	 * rank holds the same gradient and reaches the same verdict on its
+	 * device, so all skip the update together and the replicas stay
+	 * equal; the run loop then fails the job before any checkpoint can
+	 * take the bad step. */
+	if (stop_on_nan)
+		hp.skip_unless_finite = stats + STAT_GRAD;
 	if (rc->rank == 0 && t->lent)
 		ret = update_lent(t, r, &hp);
 	else
@@ -277,11 +316,21 @@ static int rank_step(struct tr_trainer *t, struct rank_ctx *rc)
 			free(garbage);
 		}
 	}
-synced:
+	if ((ret = be->i->to_host(be, r->dev, rc->stats_host, stats, STAT_COUNT * sizeof(double))) < 0)
+		goto fail;
 	if ((ret = upload_ahead(t, rc)) < 0)
 		goto fail;
+	/* The step's one host wait: only now are its results read. */
 	if ((ret = be->i->sync(be, r->dev)) < 0)
 		goto fail;
+	rc->loss[0] = rc->stats_host[STAT_LOSS];
+	rc->loss[1] = rc->stats_host[STAT_LOSS + 1];
+	rc->grad_sumsq = want_norm ? rc->stats_host[STAT_GRAD] : 0.0;
+	rc->grads_nonfinite = stop_on_nan && !isfinite(rc->grad_sumsq);
+	if (want_layers)
+		tr_trainer_layer_sums_read(t, rc->stats_host, t->layer_grad_sumsq);
+	if (exact)
+		tr_trainer_exact_losses_read(t, rc);
 	rc->step_ms = (tr_trainer_mono_s() - t0) * 1e3;
 	return 0;
 fail:

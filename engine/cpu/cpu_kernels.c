@@ -456,6 +456,46 @@ static int cpu_sumsq(tr_backend_t *be, int dev, size_t n, const float *x, double
 	return 0;
 }
 
+/* Each range as cpu_sumsq, so a range's sum has the same bits as sumsq's
+ * over it. */
+static int cpu_sumsq_ranges(tr_backend_t *be, int dev, int nranges, const size_t *off, const size_t *len,
+			    const float *x, double *out)
+{
+	ENSURE_DEV("sumsq_ranges");
+	ENSURE(nranges > 0 && nranges <= TR_SUMSQ_MAX_RANGES, "sumsq_ranges: %d ranges (1 to %d)", nranges,
+	       TR_SUMSQ_MAX_RANGES);
+	ENSURE(off && len && out, "sumsq_ranges: NULL pointer");
+	for (int k = 0; k < nranges; k++) {
+		int rc = cpu_sumsq(be, dev, len[k], x + off[k], &out[k]);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static int cpu_clip_scale(tr_backend_t *be, int dev, size_t n, float *x, float max_norm, const double *sumsq)
+{
+	ENSURE_DEV("clip_scale");
+	ENSURE(sumsq, "clip_scale: NULL sum of squares");
+	double coef = max_norm / (sqrt(*sumsq) + 1e-6);
+	if (coef < 1.0)
+		return cpu_scale(be, dev, n, x, (float)coef);
+	return 0;
+}
+
+/* stop_on_nan's gate (struct tr_optim_hp): true when the update must leave
+ * everything as it was; an out-of-place update then copies its inputs. */
+static bool update_skipped(const struct tr_optim_hp *hp)
+{
+	return hp->skip_unless_finite && !isfinite(*hp->skip_unless_finite);
+}
+
+static void copy_if_apart(float *dst, const float *src, size_t n)
+{
+	if (dst && src && dst != src)
+		memcpy(dst, src, n * sizeof(float));
+}
+
 /* ---- layernorm ---------------------------------------------------------- */
 
 /* Biased variance with eps inside the square root, as torch.nn.LayerNorm.
@@ -696,6 +736,12 @@ static void sgd_span(const struct upd_job *j, size_t lo, size_t n)
 	const float *p = j->p + lo, *gr = j->gr + lo;
 	float *p_out = j->p_out + lo;
 
+	if (update_skipped(hp)) {
+		copy_if_apart(p_out, p, n);
+		copy_if_apart(buf_out, buf, n);
+		return 0;
+	}
+
 	if (mom == 0.0f) {
 		IVDEP
 		for (size_t i = 0; i < n; i++) {
@@ -785,6 +831,12 @@ static void adam_span(const struct upd_job *j, size_t lo, size_t n)
 	const float *p = j->p + lo, *gr = j->gr + lo, *m = j->s1 + lo, *v = j->s2 + lo;
 	float *p_out = j->p_out + lo, *m_out = j->s1_out + lo, *v_out = j->s2_out + lo;
 
+	if (update_skipped(hp)) {
+		copy_if_apart(p_out, p, n);
+		copy_if_apart(m_out, m, n);
+		copy_if_apart(v_out, v, n);
+		return 0;
+	}
 	IVDEP
 	for (size_t i = 0; i < n; i++) {
 		float pi = p[i] * p_keep;
@@ -852,6 +904,8 @@ void tr_cpu_kernels_fill(tr_backend_i *t)
 	t->mse = cpu_mse;
 	t->scale = cpu_scale;
 	t->sumsq = cpu_sumsq;
+	t->sumsq_ranges = cpu_sumsq_ranges;
+	t->clip_scale = cpu_clip_scale;
 	t->sgd_step = cpu_sgd_step;
 	t->adam_step = cpu_adam_step;
 	t->sgd_step_into = cpu_sgd_step_into;

@@ -117,6 +117,7 @@ int tr_cuda_launch_check(tr_backend_t *be, const char *what, const char *file, i
 
 	if (rc || !cuda_be(be)->sync_launches)
 		return rc;
+	tr_cuda_count_wait(be);
 	return tr_cuda_check_rt(be, cudaDeviceSynchronize(), what, file, line);
 }
 
@@ -410,6 +411,13 @@ static int cuda_copies_fence(tr_backend_t *be, int dev)
  * into pinned memory dst is valid after sync. */
 static int cuda_to_host(tr_backend_t *be, int dev, void *dst, const void *src, size_t bytes)
 {
+	cudaPointerAttributes at;
+	if (bytes && dst) {
+		if (cudaPointerGetAttributes(&at, dst) != cudaSuccess)
+			(void)cudaGetLastError();
+		else if (at.type == cudaMemoryTypeUnregistered)
+			tr_cuda_count_wait(be); /* pageable: the copy returns only when done */
+	}
 	return enqueue_copy(be, dev, dst, src, bytes, cudaMemcpyDeviceToHost, false, "to_host");
 }
 
@@ -462,10 +470,32 @@ static int cuda_sync(tr_backend_t *be, int dev)
 	if (rc)
 		return rc;
 	struct cuda_dev *d = &cuda_be(be)->dev[dev];
+	tr_cuda_count_wait(be);
 	int copy_rc = tr_cuda_check_rt(be, cudaStreamSynchronize(d->copy_stream), "cudaStreamSynchronize(copy_stream)",
 				       __FILE__, __LINE__);
 	CUDA_CHECK(be, cudaStreamSynchronize(d->stream));
-	return copy_rc;
+	if (copy_rc)
+		return copy_rc;
+	/* softmax_ce's label check, read here rather than in the call, which
+	 * would have waited (engine/backend.h) */
+	if (d->label_pending) {
+		unsigned long long bad = d->host_res->bad_label;
+		d->label_pending = false;
+		if (bad != TR_CUDA_NO_BAD_LABEL) {
+			unsigned bits = (unsigned)(bad & 0xffffffffu);
+			float l;
+			memcpy(&l, &bits, sizeof l);
+			return tr_cuda_set_error(be, -EINVAL,
+						 "softmax_ce: row %d: label %g is not an integer class in [0, %d)",
+						 (int)(bad >> 32), (double)l, d->label_classes);
+		}
+	}
+	return 0;
+}
+
+static uint64_t cuda_host_waits(tr_backend_t *be)
+{
+	return __atomic_load_n(&cuda_be(be)->host_waits, __ATOMIC_RELAXED);
 }
 
 /* Per device, for the job that owns it (the daemon runs jobs with
@@ -518,6 +548,7 @@ static void cuda_fill_table(tr_backend_i *t, const struct tr_cuda_host *host)
 	t->copy = cuda_copy;
 	t->memset0 = cuda_memset0;
 	t->sync = cuda_sync;
+	t->host_waits = cuda_host_waits;
 	t->to_device_async = cuda_to_device_async;
 	t->copies_fence = cuda_copies_fence;
 	t->set_tf32 = cuda_set_tf32;

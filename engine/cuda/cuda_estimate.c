@@ -4,13 +4,14 @@
  * test can check the arithmetic) in any build.  The replica part is the
  * model's own list of its allocations (tr_replica_buffer_sizes, which
  * tr_replica_init allocates from), plus the second input and label buffers
- * tr_trainer_create allocates for upload-ahead.
+ * tr_trainer_create allocates for upload-ahead and its step results.
  */
 #include <stddef.h>
 #include <stdint.h>
 
 #include "engine/cuda/cuda.h"
 #include "engine/model/model.h"
+#include "engine/trainer.h"
 
 /* cudaMalloc hands out 256-byte aligned blocks carved from larger pages;
  * rounding every request to 512 bytes covers the padding. */
@@ -52,6 +53,8 @@ size_t tr_cuda_estimate_bytes(const struct tr_model *m, int max_rows, int label_
 	 * arrives there while this step computes). */
 	total += block(rows * (size_t)label_dim);
 	total += block(rows * (size_t)m->inputs);
+	/* The step's results, kept on the device until its sync. */
+	total += block(2 * (size_t)TR_TRAINER_RESULT_DOUBLES);
 
 	total += BACKEND_SCRATCH + CUBLAS_WORKSPACE + TR_CUDA_CONTEXT_BYTES;
 	if (ndev > 1)

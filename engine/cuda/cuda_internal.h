@@ -29,16 +29,16 @@ extern "C" {
  * quantity, the second pass sums them in index order.  The grid depends
  * only on the problem size, so every reduction is deterministic. */
 #define TR_CUDA_RED_SLOTS 1024
-/* "No bad label": larger than any row count a device can hold, and what
- * cudaMemsetAsync with byte 0x7f writes. */
-#define TR_CUDA_NO_BAD_ROW 0x7f7f7f7f
+/* "No bad label": what cudaMemsetAsync with byte 0xff writes; a bad label
+ * is recorded as (row << 32 | the label's float bits), the smallest row
+ * winning (atomicMin). */
+#define TR_CUDA_NO_BAD_LABEL 0xffffffffffffffffull
 
-/* What a reduction hands back to the host: two sums and, for softmax_ce,
- * the first row whose label is not a class. */
+/* softmax_ce's label check, read on the host only by `sync`
+ * (docs/design.md, "Host waits"): the first bad label since the last
+ * sync, on the device and its pinned copy. */
 struct cuda_result {
-	double sum[2];
-	int bad_row;
-	int pad_;
+	unsigned long long bad_label;
 };
 
 struct cuda_dev {
@@ -50,6 +50,11 @@ struct cuda_dev {
 	double *partials;             /* device: 2 x TR_CUDA_RED_SLOTS */
 	struct cuda_result *result;   /* device */
 	struct cuda_result *host_res; /* pinned host mirror of `result` */
+	/* A softmax_ce was enqueued since the last sync: `sync` then reports
+	 * its bad label, if any (classes: its class count, for the message).
+	 * Only the thread driving the device touches these. */
+	bool label_pending;
+	int label_classes;
 	char name[256];
 	size_t total_mem;
 	int cc_major, cc_minor;
@@ -72,6 +77,8 @@ struct cuda_backend {
 	bool sync_launches;
 	int ndev;
 	struct cuda_dev *dev;
+	/* Times the host waited for a device (host_waits in the table). */
+	unsigned long long host_waits;
 	pthread_mutex_t err_mu;
 	char err[TR_CUDA_ERR_LEN]; /* latest error from any thread, under err_mu */
 };
@@ -92,6 +99,11 @@ int tr_cuda_check_rt(tr_backend_t *be, cudaError_t e, const char *what, const ch
  * sync_launches also the kernel's, named after `what`. */
 int tr_cuda_launch_check(tr_backend_t *be, const char *what, const char *file, int line);
 int tr_cuda_check_blas(tr_backend_t *be, cublasStatus_t s, const char *what, const char *file, int line);
+/* Counts one host wait (engine/backend.h, host_waits). */
+static inline void tr_cuda_count_wait(tr_backend_t *be)
+{
+	__atomic_add_fetch(&cuda_be(be)->host_waits, 1, __ATOMIC_RELAXED);
+}
 /* Checks that dev exists and makes it current for the calling thread. */
 int tr_cuda_use(tr_backend_t *be, int dev, const char *what);
 

@@ -3,7 +3,8 @@
  * The kernels are grouped by op family, one file each (as llm.c keeps one
  * op per file): kernels_dense.cu (gemm, bias, column sums),
  * kernels_elementwise.cu (activations, dropout, mul, add, scale),
- * kernels_reduce.cu (the two-pass reductions, sumsq, the start-up probe),
+ * kernels_reduce.cu (the two-pass reductions, sumsq, per-range sums of
+ * squares, clipping on the device, the start-up probe),
  * kernels_norm.cu (layernorm), kernels_norm2d.cu (batchnorm2d's
  * per-channel sums and groupnorm), kernels_loss.cu (softmax cross-entropy,
  * mse), kernels_optim.cu (sgd, adam), kernels_conv.cu (convolution as
@@ -156,9 +157,10 @@ static inline cudaStream_t stream_of(tr_backend_t *be, int dev)
 
 /* kernels_reduce.cu: the second pass of every reduction.  nparts blocks
  * of the first pass left partials of two quantities in d->partials (at i
- * and TR_CUDA_RED_SLOTS + i); their sums land in d->result->sum. */
-int tr_cuda_finish_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, unsigned nparts);
-/* Brings d->result to the host; the one place a kernel call waits. */
-int tr_cuda_read_result(tr_backend_t *be, struct cuda_dev *d);
+ * and TR_CUDA_RED_SLOTS + i); the first nout (1 or 2) sums are written
+ * to, or with `add` added to, dst[0..nout): device memory, never read on
+ * the host here. */
+int tr_cuda_finish_sums(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, unsigned nparts, double *dst, int nout,
+			bool add);
 
 #endif

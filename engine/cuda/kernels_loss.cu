@@ -1,20 +1,22 @@
 /* CUDA kernels, loss family: softmax cross-entropy (with the label check
  * that runs before anything is written) and mean squared error
- * (engine/cuda/kernels_common.cuh).  Both are reductions whose sums the
- * host reads, so their backend functions wait for the device.
+ * (engine/cuda/kernels_common.cuh).  Both are reductions whose sums are
+ * added into the caller's device memory: nothing waits, and a bad label
+ * is reported by the next `sync` (docs/design.md, "Host waits").
  */
 #include "engine/cuda/kernels_common.cuh"
 
 /* ==== kernels ============================================================ */
 
-/* Records the first row whose label is not an integer class. */
-__global__ void k_check_labels(int rows, int classes, const float *labels, int *bad_row)
+/* Records the first row whose label is not an integer class, with the
+ * label's bits for the message (TR_CUDA_NO_BAD_LABEL: none). */
+__global__ void k_check_labels(int rows, int classes, const float *labels, unsigned long long *bad)
 {
 	GRID_STRIDE(i, (size_t)rows)
 	{
 		float l = labels[i];
 		if (!(l >= 0.0f && l < (float)classes) || l != floorf(l))
-			atomicMin(bad_row, (int)i);
+			atomicMin(bad, (unsigned long long)i << 32 | __float_as_uint(l));
 	}
 }
 
@@ -22,9 +24,9 @@ __global__ void k_check_labels(int rows, int classes, const float *labels, int *
  * the loss sum and the correct count.  Does nothing when k_check_labels
  * found a bad label, so that dlogits stays untouched (as on the CPU). */
 __global__ void k_softmax_ce(int rows, int classes, const float *logits, const float *labels, float scale,
-			     float *dlogits, const int *bad_row, double *partials)
+			     float *dlogits, const unsigned long long *bad, double *partials)
 {
-	if (*bad_row != TR_CUDA_NO_BAD_ROW)
+	if (*bad != TR_CUDA_NO_BAD_LABEL)
 		return; /* the same answer for every thread: no barrier is skipped */
 	int lane = threadIdx.x & 31;
 	double loss = 0.0, correct = 0.0;
@@ -114,36 +116,43 @@ __global__ void k_mse(int rows, int cols, const float *pred, const float *target
 
 /* ==== host launchers ===================================================== */
 
-/* Label check, loss and gradient, and the final sum into d->result. */
+/* Label check, loss and gradient, and the sums added into out.  The check
+ * is cleared by the first call after a sync, so a bad label stops every
+ * later call until `sync` reports it; its pinned copy is refreshed after
+ * each call, so the one sync reads the latest. */
 static int launch_softmax_ce(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, int rows, int classes,
-			     const float *logits, const float *labels, float scale, float *dlogits)
+			     const float *logits, const float *labels, float scale, float *dlogits, double *out)
 {
 	assert(rows > 0 && classes > 0 && logits && labels);
-	int *bad = &d->result->bad_row;
-	CUDA_CHECK(be, cudaMemsetAsync(bad, 0x7f, sizeof(*bad), s)); /* TR_CUDA_NO_BAD_ROW */
+	unsigned long long *bad = &d->result->bad_label;
+	if (!d->label_pending) {
+		CUDA_CHECK(be, cudaMemsetAsync(bad, 0xff, sizeof(*bad), s)); /* TR_CUDA_NO_BAD_LABEL */
+		d->label_pending = true;
+	}
+	d->label_classes = classes;
 	k_check_labels<<<grid_for((size_t)rows), BLOCK, 0, s>>>(rows, classes, labels, bad);
 	LAUNCH_CHECK(be, "k_check_labels");
 	unsigned grid = row_grid(rows);
 	k_softmax_ce<<<grid, BLOCK, 0, s>>>(rows, classes, logits, labels, scale, dlogits, bad, d->partials);
 	LAUNCH_CHECK(be, "k_softmax_ce");
-	return tr_cuda_finish_sums(be, s, d, grid);
+	CUDA_CHECK(be, cudaMemcpyAsync(&d->host_res->bad_label, bad, sizeof(*bad), cudaMemcpyDeviceToHost, s));
+	return out ? tr_cuda_finish_sums(be, s, d, grid, out, 2, true) : 0;
 }
 
 static int launch_mse(tr_backend_t *be, cudaStream_t s, struct cuda_dev *d, int rows, int cols, const float *pred,
-		      const float *target, float coef, float *dpred)
+		      const float *target, float coef, float *dpred, double *out)
 {
 	assert(rows > 0 && cols > 0 && pred && target);
 	unsigned grid = row_grid(rows);
 	k_mse<<<grid, BLOCK, 0, s>>>(rows, cols, pred, target, coef, dpred, d->partials);
 	LAUNCH_CHECK(be, "k_mse");
-	return tr_cuda_finish_sums(be, s, d, grid);
+	return out ? tr_cuda_finish_sums(be, s, d, grid, out, 1, true) : 0;
 }
 
 /* ==== backend functions ================================================== */
 
-/* Waits for the device (out is a host pointer).  A bad label is found on
- * the device before anything is written, so out and dlogits stay as they
- * were; only then is the label itself fetched, for the message. */
+/* Enqueues only.  A bad label is found on the device before anything is
+ * written, so out and dlogits stay as they were; `sync` reports it. */
 static int cuda_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, const float *logits, const float *labels,
 			   float scale, float *dlogits, double *out)
 {
@@ -153,23 +162,7 @@ static int cuda_softmax_ce(tr_backend_t *be, int dev, int rows, int classes, con
 		return 0;
 	ENSURE(logits && labels, "softmax_ce: NULL pointer");
 	struct cuda_dev *d = &cuda_be(be)->dev[dev];
-	int rc = launch_softmax_ce(be, d->stream, d, rows, classes, logits, labels, scale, dlogits);
-	if (rc == 0)
-		rc = tr_cuda_read_result(be, d);
-	if (rc)
-		return rc;
-	if (d->host_res->bad_row != TR_CUDA_NO_BAD_ROW) {
-		int r = d->host_res->bad_row;
-		float l = NAN;
-		CUDA_CHECK(be, cudaMemcpy(&l, labels + r, sizeof(l), cudaMemcpyDeviceToHost));
-		return tr_cuda_set_error(be, -EINVAL, "softmax_ce: row %d: label %g is not an integer class in [0, %d)",
-					 r, (double)l, classes);
-	}
-	if (out) {
-		out[0] += d->host_res->sum[0];
-		out[1] += d->host_res->sum[1];
-	}
-	return 0;
+	return launch_softmax_ce(be, d->stream, d, rows, classes, logits, labels, scale, dlogits, out);
 }
 
 static int cuda_mse(tr_backend_t *be, int dev, int rows, int cols, const float *pred, const float *target, float scale,
@@ -182,12 +175,7 @@ static int cuda_mse(tr_backend_t *be, int dev, int rows, int cols, const float *
 	ENSURE(pred && target, "mse: NULL pointer");
 	struct cuda_dev *d = &cuda_be(be)->dev[dev];
 	float coef = scale * 2.0f / (float)cols; /* as the CPU, left to right */
-	int rc = launch_mse(be, d->stream, d, rows, cols, pred, target, coef, dpred);
-	if (rc == 0)
-		rc = tr_cuda_read_result(be, d);
-	if (rc == 0 && out)
-		out[0] += d->host_res->sum[0];
-	return rc;
+	return launch_mse(be, d->stream, d, rows, cols, pred, target, coef, dpred, out);
 }
 
 void tr_cuda_loss_fill(tr_backend_i *t)

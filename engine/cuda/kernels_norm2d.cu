@@ -142,12 +142,15 @@ template <class W> __global__ void k_channel_finish(int c, unsigned slices, cons
 }
 
 /* y = (x - mean) / sqrt(var + eps) * gamma + beta, the CPU's float order. */
-__global__ void k_bn_apply(size_t total, int c, int hw, float eps, const float *x, const float *mean, const float *var,
+/* Instantiated for uint32_t below 2^32 elements (index32_ok): the
+ * channel's / and % are the cost of these elementwise passes. */
+template <typename I>
+__global__ void k_bn_apply(I total, I c, I hw, float eps, const float *x, const float *mean, const float *var,
 			   const float *gamma, const float *beta, float *y)
 {
-	GRID_STRIDE(o, total)
+	GRID_STRIDE_T(I, o, total)
 	{
-		int ch = (int)((o / (size_t)hw) % (size_t)c);
+		int ch = (int)((o / hw) % c);
 		float is = (float)(1.0 / sqrt((double)var[ch] + eps));
 		y[o] = (x[o] - mean[ch]) * is * gamma[ch] + beta[ch];
 	}
@@ -166,13 +169,13 @@ __global__ void k_bn_running_update(int c, float momentum, float unbias, const f
 }
 
 /* torch's batch_norm_backward_elemt, as cpu_bn_backward_apply. */
-__global__ void k_bn_backward_apply(size_t total, int c, int hw, float eps, double count, const float *x,
-				    const float *mean, const float *var, const float *gamma, const float *sums,
-				    const float *dy, float *dx)
+template <typename I>
+__global__ void k_bn_backward_apply(I total, I c, I hw, float eps, double count, const float *x, const float *mean,
+				    const float *var, const float *gamma, const float *sums, const float *dy, float *dx)
 {
-	GRID_STRIDE(o, total)
+	GRID_STRIDE_T(I, o, total)
 	{
-		int ch = (int)((o / (size_t)hw) % (size_t)c);
+		int ch = (int)((o / hw) % c);
 		double is = 1.0 / sqrt((double)var[ch] + eps);
 		float mdy = (float)(sums[ch] / count);
 		float k = (float)(is * is * (sums[c + ch] / count));
@@ -293,7 +296,12 @@ static int launch_bn_apply(tr_backend_t *be, cudaStream_t s, size_t total, int c
 			   const float *mean, const float *var, const float *gamma, const float *beta, float *y)
 {
 	assert(total > 0 && c > 0 && hw > 0 && x && mean && var && gamma && beta && y);
-	k_bn_apply<<<grid_for(total), BLOCK, 0, s>>>(total, c, hw, eps, x, mean, var, gamma, beta, y);
+	if (index32_ok(total))
+		k_bn_apply<uint32_t><<<grid_for(total), BLOCK, 0, s>>>((uint32_t)total, (uint32_t)c, (uint32_t)hw, eps,
+								       x, mean, var, gamma, beta, y);
+	else
+		k_bn_apply<uint64_t><<<grid_for(total), BLOCK, 0, s>>>((uint64_t)total, (uint64_t)c, (uint64_t)hw, eps,
+								       x, mean, var, gamma, beta, y);
 	LAUNCH_CHECK(be, "k_bn_apply");
 	return 0;
 }
@@ -314,8 +322,14 @@ static int launch_bn_backward_apply(tr_backend_t *be, cudaStream_t s, size_t tot
 				    const float *gamma, const float *sums, const float *dy, float *dx)
 {
 	assert(total > 0 && c > 0 && hw > 0 && count > 0.0 && x && mean && var && gamma && sums && dy && dx);
-	k_bn_backward_apply<<<grid_for(total), BLOCK, 0, s>>>(total, c, hw, eps, count, x, mean, var, gamma, sums, dy,
-							      dx);
+	if (index32_ok(total))
+		k_bn_backward_apply<uint32_t><<<grid_for(total), BLOCK, 0, s>>>((uint32_t)total, (uint32_t)c,
+										(uint32_t)hw, eps, count, x, mean, var,
+										gamma, sums, dy, dx);
+	else
+		k_bn_backward_apply<uint64_t><<<grid_for(total), BLOCK, 0, s>>>((uint64_t)total, (uint64_t)c,
+										(uint64_t)hw, eps, count, x, mean, var,
+										gamma, sums, dy, dx);
 	LAUNCH_CHECK(be, "k_bn_backward_apply");
 	return 0;
 }

@@ -7,12 +7,21 @@
 
 /* ==== kernels ============================================================ */
 
+/* stop_on_nan's gate (struct tr_optim_hp): read by every thread, the same
+ * answer for all, so a skipped update writes nothing. */
+__device__ __forceinline__ bool d_update_skipped(const double *gate)
+{
+	return gate && !isfinite(*gate);
+}
+
 /* torch.optim.SGD (see cpu_sgd_step); the branch is uniform per launch. */
 enum sgd_mode { SGD_PLAIN, SGD_FIRST, SGD_NESTEROV, SGD_MOMENTUM };
 
 __global__ void k_sgd(size_t n, float *p, const float *grad, float *buf, float lr, float wd, float mom, float damp1,
-		      int mode, bool nesterov)
+		      int mode, bool nesterov, const double *gate)
 {
+	if (d_update_skipped(gate))
+		return;
 	GRID_STRIDE(i, n)
 	{
 		float g = grad[i] + wd * p[i];
@@ -43,8 +52,10 @@ __global__ void k_sgd(size_t n, float *p, const float *grad, float *buf, float l
 
 /* torch.optim.Adam / AdamW (see cpu_adam_step); scalars come from the host. */
 __global__ void k_adam(size_t n, float *p, const float *grad, float *m, float *v, float p_keep, float wd_g, float w1,
-		       float beta2, float w2, float neg_step, float bc2_sqrt, float eps)
+		       float beta2, float w2, float neg_step, float bc2_sqrt, float eps, const double *gate)
 {
+	if (d_update_skipped(gate))
+		return;
 	GRID_STRIDE(i, n)
 	{
 		float pi = p[i] * p_keep;
@@ -70,7 +81,7 @@ static int launch_sgd(tr_backend_t *be, cudaStream_t s, size_t n, float *p, cons
 					: SGD_MOMENTUM;
 	float damp1 = (float)(1.0 - (double)hp->dampening);
 	k_sgd<<<grid_for(n), BLOCK, 0, s>>>(n, p, g, buf, hp->lr, hp->weight_decay, hp->momentum, damp1, mode,
-					    hp->nesterov);
+					    hp->nesterov, hp->skip_unless_finite);
 	LAUNCH_CHECK(be, "k_sgd");
 	return 0;
 }
@@ -86,7 +97,8 @@ static int launch_adam(tr_backend_t *be, cudaStream_t s, size_t n, float *p, con
 	const float w1 = (float)(1.0 - b1), beta2 = (float)b2, w2 = (float)(1.0 - b2);
 	const float neg_step = (float)(-(lr / (1.0 - pow(b1, (double)hp->step))));
 	const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, (double)hp->step));
-	k_adam<<<grid_for(n), BLOCK, 0, s>>>(n, p, g, m, v, p_keep, wd_g, w1, beta2, w2, neg_step, bc2_sqrt, hp->eps);
+	k_adam<<<grid_for(n), BLOCK, 0, s>>>(n, p, g, m, v, p_keep, wd_g, w1, beta2, w2, neg_step, bc2_sqrt, hp->eps,
+					     hp->skip_unless_finite);
 	LAUNCH_CHECK(be, "k_adam");
 	return 0;
 }

@@ -157,7 +157,7 @@ int tr_replica_forward(tr_replica_t *r, int rows, int64_t row0, int64_t step, in
 
 /* Loss of the last forward against r->labels; writes the output gradient
  * scaled by `scale` into the first dbuf and ADDS (loss sum, correct count)
- * to out[0..1]. */
+ * to out[0..1], DEVICE memory of r's device (read it after a sync). */
 int tr_replica_loss(tr_replica_t *r, int rows, float scale, double *out);
 
 /* Backward pass after tr_replica_loss (rows >= 1).  Overwrites every entry

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -18,6 +19,106 @@
 double now_s(void)
 {
 	return tr_test_now();
+}
+
+/* Every daemon this test process started and has not stopped, and every
+ * state dir not yet cleaned up.  A failed assertion leaves its test
+ * without running the daemon_cleanup at its end, and Criterion's worker
+ * then exits: the atexit handler ends what is left here, by pid, and
+ * removes the dirs.  A worker killed outright (a timeout, a crash) runs no
+ * handler, so each daemon also asks the kernel to kill it when its parent
+ * dies (PR_SET_PDEATHSIG).  One test per worker process; its threads
+ * are HTTP clients that never start daemons, so no lock. */
+#define MAX_LIVE 16
+static pid_t live_pids[MAX_LIVE];
+static char live_dirs[MAX_LIVE][128];
+static bool reaper_registered;
+
+/* The end of a left-over daemon's log, before its dir goes: the failed
+ * test's evidence. */
+static void dump_log_tail(const char *dir)
+{
+	char path[192], line[1024];
+	snprintf(path, sizeof path, "%s/daemon.log", dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return;
+	long keep = 0;
+	if (fseek(f, 0, SEEK_END) == 0 && (keep = ftell(f)) > 8192)
+		fseek(f, keep - 8192, SEEK_SET);
+	else
+		rewind(f);
+	fprintf(stderr, "---- end of the daemon log left in %s ----\n", dir);
+	while (fgets(line, sizeof line, f))
+		fputs(line, stderr);
+	fclose(f);
+}
+
+static void reap_leftovers(void)
+{
+	bool left_running = false;
+	for (int i = 0; i < MAX_LIVE; i++) {
+		/* Only a child of this process still running: one that a test
+		 * reaped itself is no longer ours (ECHILD), and its pid may be
+		 * someone else's by now. */
+		if (live_pids[i] > 0 && waitpid(live_pids[i], NULL, WNOHANG) == 0) {
+			fprintf(stderr, "harness: ending daemon %d that the test left running\n", (int)live_pids[i]);
+			kill(live_pids[i], SIGKILL);
+			waitpid(live_pids[i], NULL, 0);
+			left_running = true;
+		}
+		live_pids[i] = 0;
+	}
+	for (int i = 0; i < MAX_LIVE; i++) {
+		if (live_dirs[i][0]) {
+			if (left_running)
+				dump_log_tail(live_dirs[i]);
+			tr_test_rmtree(live_dirs[i]);
+			live_dirs[i][0] = 0;
+		}
+	}
+}
+
+static void reaper_register(void)
+{
+	if (!reaper_registered && atexit(reap_leftovers) == 0)
+		reaper_registered = true;
+}
+
+static void live_pid_add(pid_t pid)
+{
+	reaper_register();
+	for (int i = 0; i < MAX_LIVE; i++) {
+		if (live_pids[i] <= 0) {
+			live_pids[i] = pid;
+			return;
+		}
+	}
+	/* More than MAX_LIVE at once: the death signal still covers it. */
+}
+
+static void live_pid_drop(pid_t pid)
+{
+	for (int i = 0; i < MAX_LIVE; i++)
+		if (live_pids[i] == pid)
+			live_pids[i] = 0;
+}
+
+static void live_dir_set(const char *dir, bool live)
+{
+	reaper_register();
+	int free_slot = -1;
+	for (int i = 0; i < MAX_LIVE; i++) {
+		if (strcmp(live_dirs[i], dir) == 0) {
+			if (!live)
+				live_dirs[i][0] = 0;
+			return;
+		}
+		if (!live_dirs[i][0] && free_slot < 0)
+			free_slot = i;
+	}
+	if (live && free_slot >= 0)
+		snprintf(live_dirs[free_slot], sizeof live_dirs[free_slot], "%s", dir);
 }
 
 static void spawn(struct daemon *d, int cpu_devices, const char *const *extra)
@@ -36,9 +137,14 @@ static void spawn(struct daemon *d, int cpu_devices, const char *const *extra)
 	for (int i = 0; extra && extra[i] && argc < 62; i++)
 		argv[argc++] = extra[i];
 	argv[argc] = NULL;
+	pid_t parent = getpid();
 	pid_t pid = fork();
 	cr_assert_neq(pid, -1);
 	if (pid == 0) {
+		/* Killed with the test process, whatever ends it; a parent
+		 * already gone before the prctl is checked for. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+			_exit(127);
 		int fd = open(d->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		if (fd >= 0) {
 			dup2(fd, 1);
@@ -48,6 +154,7 @@ static void spawn(struct daemon *d, int cpu_devices, const char *const *extra)
 		_exit(127);
 	}
 	d->pid = pid;
+	live_pid_add(pid);
 	double deadline = now_s() + 15;
 	while (now_s() < deadline) {
 		FILE *f = fopen(addr_file, "r");
@@ -77,6 +184,7 @@ void daemon_start(struct daemon *d, int cpu_devices, const char *const *extra)
 	memset(d, 0, sizeof *d);
 	snprintf(d->dir, sizeof d->dir, "/tmp/trainerd-it-XXXXXX");
 	cr_assert_not_null(mkdtemp(d->dir));
+	live_dir_set(d->dir, true);
 	snprintf(d->log_path, sizeof d->log_path, "%s/daemon.log", d->dir);
 	spawn(d, cpu_devices, extra);
 }
@@ -103,6 +211,7 @@ double daemon_stop(struct daemon *d, int *status)
 		}
 		usleep(10000);
 	}
+	live_pid_drop(d->pid);
 	d->pid = 0;
 	if (status)
 		*status = st;
@@ -114,6 +223,7 @@ void daemon_kill(struct daemon *d)
 	if (d->pid > 0) {
 		kill(d->pid, SIGKILL);
 		waitpid(d->pid, NULL, 0);
+		live_pid_drop(d->pid);
 	}
 	d->pid = 0;
 }
@@ -123,6 +233,7 @@ void daemon_cleanup(struct daemon *d)
 	if (d->pid > 0)
 		daemon_stop(d, NULL);
 	tr_test_rmtree(d->dir);
+	live_dir_set(d->dir, false);
 }
 
 void daemon_dump_log(const struct daemon *d)

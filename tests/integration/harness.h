@@ -2,7 +2,11 @@
  * loopback port with a temporary state directory and talks HTTP to it
  * through the tests' shared client (tests/common/http_client.h, which the
  * API's unit tests use too: tr_test_http with d->base_url reaches every
- * option, e.g. chunked bodies).  The binary comes from $TR_TRAINERD. */
+ * option, e.g. chunked bodies).  The binary comes from $TR_TRAINERD.
+ * A daemon started here never outlives its test process: one a failed
+ * assertion left running is ended (by pid) when the process exits, its
+ * state dir removed, and one whose test process was killed (a timeout)
+ * gets SIGKILL from the kernel (PR_SET_PDEATHSIG). */
 #ifndef TR_TEST_HARNESS_H
 #define TR_TEST_HARNESS_H
 

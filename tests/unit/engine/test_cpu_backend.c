@@ -1073,3 +1073,84 @@ Test(cpu, concurrent_gemm_from_device_threads)
 		cr_assert(args[i].ok, "device %d got a wrong product", i);
 	}
 }
+
+/* ---- a step's device-side results (docs/design.md, "Host waits") -------- */
+
+/* Per-layer norms in one call: each range's sum as sumsq's over it. */
+Test(cpu, sumsq_ranges_as_sumsq)
+{
+	float x[40];
+	for (int i = 0; i < 40; i++)
+		x[i] = (float)(i % 7) - 3.5f;
+	size_t off[3] = {0, 10, 33}, len[3] = {10, 0, 7};
+	double got[3] = {-1, -1, -1};
+	cr_assert_eq(be->i->sumsq_ranges(be, 0, 3, off, len, x, got), 0);
+	for (int k = 0; k < 3; k++) {
+		double want = -1;
+		cr_assert_eq(be->i->sumsq(be, 0, len[k], x + off[k], &want), 0);
+		cr_assert(memcmp(&got[k], &want, sizeof want) == 0, "range %d: %.17g vs %.17g", k, got[k], want);
+	}
+	cr_assert_eq(got[1], 0.0);
+	cr_assert_eq(be->i->sumsq_ranges(be, 0, 0, off, len, x, got), -EINVAL);
+	cr_assert_eq(be->i->sumsq_ranges(be, 0, TR_SUMSQ_MAX_RANGES + 1, off, len, x, got), -EINVAL);
+}
+
+/* torch.nn.utils.clip_grad_norm_: scaled by max / (norm + 1e-6) below the
+ * norm, untouched at or above it and when the sum is not finite. */
+Test(cpu, clip_scale_as_torch)
+{
+	float x[4] = {3, 4, 0, 0}; /* norm 5 */
+	double ss = 25.0;
+	cr_assert_eq(be->i->clip_scale(be, 0, 4, x, 1.0f, &ss), 0);
+	float coef = (float)(1.0 / (5.0 + 1e-6));
+	cr_assert(x[0] == 3 * coef && x[1] == 4 * coef && x[2] == 0, "%g %g", x[0], x[1]);
+	float y[2] = {3, 4};
+	cr_assert_eq(be->i->clip_scale(be, 0, 2, y, 10.0f, &ss), 0);
+	cr_assert(y[0] == 3 && y[1] == 4, "scaled above the norm");
+	double bad = NAN;
+	cr_assert_eq(be->i->clip_scale(be, 0, 2, y, 1.0f, &bad), 0);
+	cr_assert(y[0] == 3 && y[1] == 4, "scaled by a NaN norm");
+}
+
+/* stop_on_nan's gate: a sum that is not finite leaves param and state as
+ * they were (an _into update copies them to its outputs); a finite one
+ * updates as without the gate. */
+Test(cpu, optimizer_gate)
+{
+	const size_t n = 5;
+	for (int adam = 0; adam < 2; adam++) {
+		for (int finite = 0; finite < 2; finite++) {
+			float p[5] = {1, -2, 3, -4, 5}, g[5] = {0.5f, 0.25f, -1, 2, 0}, m[5] = {0}, v[5] = {0};
+			float p0[5], po[5] = {0}, mo[5] = {0}, vo[5] = {0};
+			memcpy(p0, p, sizeof p);
+			double gate = finite ? 1.0 : INFINITY;
+			struct tr_optim_hp hp = {.lr = 0.1f,
+						 .momentum = 0.9f,
+						 .beta1 = 0.9f,
+						 .beta2 = 0.999f,
+						 .eps = 1e-8f,
+						 .step = 1,
+						 .skip_unless_finite = &gate};
+			struct tr_optim_hp plain = hp;
+			plain.skip_unless_finite = NULL;
+			float pp[5], pm[5] = {0}, pv[5] = {0};
+			memcpy(pp, p, sizeof p);
+			if (adam) {
+				cr_assert_eq(be->i->adam_step_into(be, 0, n, p, g, m, v, po, mo, vo, &hp), 0);
+				cr_assert_eq(be->i->adam_step(be, 0, n, p, g, m, v, &hp), 0);
+				cr_assert_eq(be->i->adam_step(be, 0, n, pp, g, pm, pv, &plain), 0);
+			} else {
+				cr_assert_eq(be->i->sgd_step_into(be, 0, n, p, g, m, po, mo, &hp), 0);
+				cr_assert_eq(be->i->sgd_step(be, 0, n, p, g, m, &hp), 0);
+				cr_assert_eq(be->i->sgd_step(be, 0, n, pp, g, pm, &plain), 0);
+			}
+			cr_assert(memcmp(po, p, sizeof p) == 0, "adam %d finite %d: _into differs", adam, finite);
+			if (finite)
+				cr_assert(memcmp(p, pp, sizeof p) == 0, "adam %d: a finite gate changed the update",
+					  adam);
+			else
+				cr_assert(memcmp(p, p0, sizeof p) == 0 && memcmp(mo, m, sizeof m) == 0,
+					  "adam %d: updated behind a gate that is not finite", adam);
+		}
+	}
+}
