@@ -42,6 +42,8 @@ struct tr_config {
 	int64_t image_max_pixels;       /* width x height one image may decode to */
 	int max_job_crashes;            /* daemon deaths a job may be running at before it fails; 0 = no limit */
 	int64_t memory_available;       /* bytes jobs may use; 0 = MemAvailable at each admission */
+	int allocator;                  /* jobs without "resources": 0 local, 1 slurm (daemon/slurm.c) */
+	char slurm_bin_dir[1024];       /* where sbatch, squeue, scontrol, scancel are; "" = PATH */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024]; /* role:token lines; see daemon/tokens.c */

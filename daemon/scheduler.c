@@ -196,8 +196,14 @@ static void start_queued(struct tr_scheduler *s)
 			free(job);
 			continue;
 		}
-		job->ndev = tr_memory_blocks(s, r->id) ? 0 : reserve(s, &job->spec, r->id, job->devices);
-		if (job->ndev == 0) {
+		/* A Slurm job's devices are the cluster's: it holds none here
+		 * and never waits for them. */
+		job->slurm = !job->eval && (job->spec.resources.allocator == TR_ALLOC_SLURM ||
+					    (job->spec.resources.allocator == TR_ALLOC_DEFAULT && s->cfg.allocator_slurm));
+		job->ndev = job->slurm			? 0
+			    : tr_memory_blocks(s, r->id) ? 0
+							 : reserve(s, &job->spec, r->id, job->devices);
+		if (job->ndev == 0 && !job->slurm) {
 			/* Strict order: nothing overtakes the first job that
 			 * waits.  Its spec is kept for the next look. */
 			release_spec(s, r->id, job);
@@ -228,7 +234,9 @@ static void start_queued(struct tr_scheduler *s)
 			break;
 		}
 		if (rc == 0)
-			rc = job->eval ? tr_eval_runner_start(job, &err) : tr_runner_start(job, &err);
+			rc = job->eval	  ? tr_eval_runner_start(job, &err)
+			     : job->slurm ? tr_slurm_runner_start(job, &err)
+					  : tr_runner_start(job, &err);
 		else
 			tr_error_set(&err, rc, 0, NULL, "store: %s", se.message);
 		if (rc < 0) {

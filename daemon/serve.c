@@ -283,6 +283,9 @@ int tr_cmd_serve(int argc, char **argv)
 		.datasets_dir = tr_datasets_dir(datasets),
 		.max_queued = cfg.max_queued_jobs,
 		.max_job_crashes = cfg.max_job_crashes,
+		.allocator_slurm = cfg.allocator == 1,
+		.slurm_bin_dir = cfg.slurm_bin_dir,
+		.state_dir = cfg.state_dir,
 	};
 	struct tr_error scerr = {0};
 	if (tr_scheduler_create(&scfg, &sched, &scerr) < 0 || tr_scheduler_start(sched, &scerr) < 0) {
