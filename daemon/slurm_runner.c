@@ -144,6 +144,11 @@ static int submit(struct sjob *sj, struct tr_error *err)
 	if (n <= 0)
 		return tr_error_set(err, -errno, 0, NULL, "cannot find the trainerd executable: %s", strerror(errno));
 	worker[n] = 0;
+	/* An executable replaced since the daemon started (an upgrade): its
+	 * successor at the same path is the one to run. */
+	size_t wl = strlen(worker);
+	if (wl > 10 && !strcmp(worker + wl - 10, " (deleted)"))
+		worker[wl - 10] = 0;
 	snprintf(path, sizeof path, "%s/job.sh", sj->dir);
 	if ((rc = tr_slurm_write_script(path, j->id, sj->dir, worker, sj->bin)) < 0)
 		return tr_error_set(err, rc, 0, NULL, "cannot write %s: %s", path, strerror(-rc));
@@ -155,8 +160,9 @@ static int submit(struct sjob *sj, struct tr_error *err)
 	snprintf(out, sizeof out, "--output=%s/slurm-%%j.out", sj->dir);
 	snprintf(nodes, sizeof nodes, "--nodes=%d", r->nodes > 0 ? r->nodes : 1);
 	snprintf(tasks, sizeof tasks, "--ntasks-per-node=%d", r->tasks_per_node > 0 ? r->tasks_per_node : 1);
-	char *argv[16] = {"sbatch", "--parsable", "--requeue", signal, name, out, nodes, tasks};
-	int argc = 8;
+	/* --open-mode=append: the output of every start, not only the last. */
+	char *argv[16] = {"sbatch", "--parsable", "--requeue", "--open-mode=append", signal, name, out, nodes, tasks};
+	int argc = 9;
 	if (r->time_limit_s > 0) {
 		snprintf(limit, sizeof limit, "--time=%d", (r->time_limit_s + 59) / 60); /* minutes */
 		argv[argc++] = limit;

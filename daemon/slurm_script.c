@@ -29,8 +29,9 @@ static int quoted(char *buf, size_t n, const char *s)
  * requeue) runs the worker under srun, resuming from the folder's
  * checkpoint when there is one.  USR1 (from --signal=B:USR1@S before the
  * time limit, or `scancel --batch --signal=USR1`) reaches the batch shell
- * only: it is passed to srun, which passes it to every task, whose
- * trainer writes a checkpoint at its next step boundary and exits; the
+ * only: it passes it on to every task with `scancel --signal=USR1` (srun
+ * would die of it), whose trainer writes a checkpoint at its next step
+ * boundary and exits; the
  * script then requeues the job, which resumes from that checkpoint.  A
  * requeue by Slurm itself (scontrol requeue, preemption) sends TERM,
  * which the worker answers the same way. */
@@ -60,7 +61,8 @@ int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const c
 		"fi\n"
 		"echo \"trainerd: Slurm job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0}: ${args[*]}\"\n"
 		"requeue=0\n"
-		"trap 'requeue=1; kill -USR1 \"$srun_pid\" 2>/dev/null' USR1\n"
+		"# srun itself dies of USR1: Slurm passes it to the tasks (not to this shell).\n"
+		"trap 'requeue=1; cmd scancel --signal=USR1 \"$SLURM_JOB_ID\"' USR1\n"
 		"cmd srun --kill-on-bad-exit=1 \"$worker\" \"${args[@]}\" &\n"
 		"srun_pid=$!\n"
 		"# wait returns early when the trap runs: wait again until srun has ended.\n"
