@@ -198,9 +198,10 @@ static void start_queued(struct tr_scheduler *s)
 		}
 		/* A Slurm job's devices are the cluster's: it holds none here
 		 * and never waits for them. */
-		job->slurm = !job->eval && (job->spec.resources.allocator == TR_ALLOC_SLURM ||
-					    (job->spec.resources.allocator == TR_ALLOC_DEFAULT && s->cfg.allocator_slurm));
-		job->ndev = job->slurm			? 0
+		job->slurm = !job->eval &&
+			     (job->spec.resources.allocator == TR_ALLOC_SLURM ||
+			      (job->spec.resources.allocator == TR_ALLOC_DEFAULT && s->cfg.allocator_slurm));
+		job->ndev = job->slurm                   ? 0
 			    : tr_memory_blocks(s, r->id) ? 0
 							 : reserve(s, &job->spec, r->id, job->devices);
 		if (job->ndev == 0 && !job->slurm) {
@@ -234,7 +235,7 @@ static void start_queued(struct tr_scheduler *s)
 			break;
 		}
 		if (rc == 0)
-			rc = job->eval	  ? tr_eval_runner_start(job, &err)
+			rc = job->eval    ? tr_eval_runner_start(job, &err)
 			     : job->slurm ? tr_slurm_runner_start(job, &err)
 					  : tr_runner_start(job, &err);
 		else

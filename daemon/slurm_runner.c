@@ -232,8 +232,8 @@ static void tail_metrics(struct sjob *sj)
 		long long step, epoch;
 		char name[64];
 		double value;
-		if (sscanf(line, "{\"step\":%lld,\"epoch\":%lld,\"name\":\"%63[^\"]\",\"value\":%lf", &step, &epoch, name,
-			   &value) == 4) {
+		if (sscanf(line, "{\"step\":%lld,\"epoch\":%lld,\"name\":\"%63[^\"]\",\"value\":%lf", &step, &epoch,
+			   name, &value) == 4) {
 			tr_store_metric_append(st, j->id, name, step, epoch, wall_s(), value, NULL);
 			if (!strcmp(name, "loss")) {
 				p.step = step;
@@ -442,7 +442,8 @@ static void ended(struct sjob *sj, const char *slurm_state)
 	}
 	if (!strcmp(slurm_state, "COMPLETED") && have && strcmp(state, "failed") != 0) {
 		if (store_checkpoint(sj, &step, &e) < 0) {
-			snprintf(msg, sizeof msg, "training ended at step %lld, but its final weights could not be stored: %s",
+			snprintf(msg, sizeof msg,
+				 "training ended at step %lld, but its final weights could not be stored: %s",
 				 (long long)steps, e.message);
 			tr_runner_finish(j, TR_JOB_FAILED, "checkpoint_failed", msg, steps);
 			return;
@@ -450,9 +451,15 @@ static void ended(struct sjob *sj, const char *slurm_state)
 		bool stopped = !strcmp(state, "stopped");
 		bool paused = stopped && atomic_load(&j->pause_requested);
 		job_log(sj, TR_LOG_NOTICE, "Slurm job %s %s at step %lld; its checkpoint is stored", sj->id,
-			paused ? "paused" : stopped ? "stopped" : "completed", (long long)step);
-		tr_runner_finish(j, paused ? TR_JOB_PAUSED : stopped ? TR_JOB_STOPPED : TR_JOB_COMPLETED, NULL, NULL,
-				 step);
+			paused    ? "paused"
+			: stopped ? "stopped"
+				  : "completed",
+			(long long)step);
+		tr_runner_finish(j,
+				 paused    ? TR_JOB_PAUSED
+				 : stopped ? TR_JOB_STOPPED
+					   : TR_JOB_COMPLETED,
+				 NULL, NULL, step);
 		return;
 	}
 	output_tail(sj, tail, sizeof tail);
@@ -503,8 +510,8 @@ static void *slurm_runner_main(void *arg)
 		pthread_mutex_unlock(&s->lock);
 		if (shutdown) {
 			/* The Slurm job runs on; the next daemon follows it. */
-			job_log(&sj, TR_LOG_NOTICE, "the daemon stops; Slurm job %s runs on and is followed again at restart",
-				sj.id);
+			job_log(&sj, TR_LOG_NOTICE,
+				"the daemon stops; Slurm job %s runs on and is followed again at restart", sj.id);
 			tr_runner_finish(j, TR_JOB_INTERRUPTED, NULL, NULL, j->progress.step);
 			return NULL;
 		}

@@ -126,7 +126,7 @@ int tr_slurm_parse_job(const char *text, struct tr_slurm_job_state *out)
 
 bool tr_slurm_state_final(const char *s)
 {
-	static const char *const fin[] = {"COMPLETED", "CANCELLED", "FAILED",      "TIMEOUT",   "NODE_FAIL",
+	static const char *const fin[] = {"COMPLETED", "CANCELLED", "FAILED",        "TIMEOUT",   "NODE_FAIL",
 					  "BOOT_FAIL", "DEADLINE",  "OUT_OF_MEMORY", "PREEMPTED", NULL};
 	for (int i = 0; fin[i]; i++)
 		if (!strcmp(s, fin[i]))

@@ -19,8 +19,8 @@ static int parse_hms(const char *s)
 {
 	unsigned h, m, sec;
 	int used = 0;
-	if (sscanf(s, "%3u:%2u:%2u%n", &h, &m, &sec, &used) != 3 || s[used] || m > 59 || sec > 59 ||
-	    strlen(s) < 7 || s[strlen(s) - 3] != ':' || s[strlen(s) - 6] != ':')
+	if (sscanf(s, "%3u:%2u:%2u%n", &h, &m, &sec, &used) != 3 || s[used] || m > 59 || sec > 59 || strlen(s) < 7 ||
+	    s[strlen(s) - 3] != ':' || s[strlen(s) - 6] != ':')
 		return -1;
 	return (int)(h * 3600 + m * 60 + sec);
 }
