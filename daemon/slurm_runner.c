@@ -37,6 +37,7 @@ struct sjob {
 	int restarts_seen;
 	double last_progress_store;
 	bool cancel_sent, stop_sent;
+	bool requeued; /* info slurm_requeued */
 	double end_asked_at;
 };
 
@@ -280,8 +281,17 @@ static bool poll_state(struct sjob *sj, char *why, size_t whylen)
 	}
 	if (strcmp(st.state, sj->st.state))
 		set_info(sj, "slurm_state", json_string(st.state));
+	/* Requeued and not running again yet: preempted, as far as the job
+	 * is concerned (it resumes from its checkpoint when Slurm starts it). */
+	bool requeued = st.restarts > 0 && strcmp(st.state, "RUNNING") != 0 && !tr_slurm_state_final(st.state);
+	if (requeued != sj->requeued || !sj->st.state[0]) {
+		sj->requeued = requeued;
+		set_info(sj, "slurm_requeued", json_string(requeued ? "true" : "false"));
+	}
 	if (st.restarts != sj->st.restarts) {
-		set_info(sj, "slurm_restarts", json_integer(st.restarts));
+		char n[16];
+		snprintf(n, sizeof n, "%d", st.restarts);
+		set_info(sj, "slurm_restarts", json_string(n)); /* info fields are strings */
 		job_log(sj, TR_LOG_NOTICE, "Slurm job %s was requeued (restart %d); it resumes from its checkpoint",
 			sj->id, st.restarts);
 	}
@@ -512,7 +522,10 @@ static void *slurm_runner_main(void *arg)
 			/* The Slurm job runs on; the next daemon follows it. */
 			job_log(&sj, TR_LOG_NOTICE,
 				"the daemon stops; Slurm job %s runs on and is followed again at restart", sj.id);
-			tr_runner_finish(j, TR_JOB_INTERRUPTED, NULL, NULL, j->progress.step);
+			pthread_mutex_lock(&s->lock);
+			int64_t step = j->progress.step;
+			pthread_mutex_unlock(&s->lock);
+			tr_runner_finish(j, TR_JOB_INTERRUPTED, NULL, NULL, step);
 			return NULL;
 		}
 		if (atomic_load(&j->cancel_requested) && !sj.cancel_sent) {

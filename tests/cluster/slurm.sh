@@ -140,6 +140,9 @@ sid=$(mid_run "$warned") && scancel --batch --signal=USR1 "$sid"
 # ---- cancel through the API ----
 mid_run "$cancelled" >/dev/null
 curl -sf -X POST "$url/jobs/$cancelled/cancel" >/dev/null
+# Requeued, Slurm holds it back for cred_expire (10 s here) before it starts again.
+check "requeue: the job's info says it was requeued" wait_for 20 "$requeued" \
+	'd["state"]=="running" and d["info"].get("slurm_requeued")=="true"'
 check "cancel: the job is cancelled" wait_for 30 "$cancelled" 'd["state"]=="cancelled"'
 sid=$(field "$cancelled" 'd["info"]["slurm_job_id"]')
 check "cancel: the Slurm job is CANCELLED" sh -c "scontrol show job -o $sid | grep -q JobState=CANCELLED"
@@ -151,12 +154,12 @@ n=$(curl -sf "$url/jobs/$plain/metrics?names=loss&max_points=100000" |
 check "plain: every loss point reached the daemon ($n of $ref_losses)" test "$n" = "$ref_losses"
 
 check "requeue: completed after one restart" wait_for 120 "$requeued" \
-	'd["state"]=="completed" and d["info"].get("slurm_restarts")==1'
+	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1" and d["info"]["slurm_requeued"]=="false"'
 check "requeue: the second start resumed from the checkpoint" sh -c "$(declare -f slurm_out); work=$work; slurm_out $requeued | grep -q -- 'start 1: run --resume'"
 check "requeue: the model is the local run's bits" test "$(model_sha "$requeued")" = "$ref"
 
 check "USR1: completed after one restart" wait_for 120 "$warned" \
-	'd["state"]=="completed" and d["info"].get("slurm_restarts")==1'
+	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1"'
 check "USR1: the worker checkpointed and the script requeued" sh -c "$(declare -f slurm_out); work=$work; slurm_out $warned | grep -q 'checkpointed for the time limit; requeueing'"
 check "USR1: the model is the local run's bits" test "$(model_sha "$warned")" = "$ref"
 

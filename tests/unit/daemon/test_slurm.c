@@ -94,8 +94,8 @@ static char *run_script(const char *tmp, bool checkpoint, const char *srun_body)
 	snprintf(cmd, sizeof cmd, "rm -f %s/checkpoint.safetensors %s/spec.json %s/log; %s", tmp, tmp, tmp,
 		 checkpoint ? "" : "true");
 	if (checkpoint)
-		snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "touch %s/checkpoint.safetensors %s/spec.json", tmp,
-			 tmp);
+		snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "touch %s/checkpoint.safetensors %s/spec.json",
+			 tmp, tmp);
 	cr_assert_eq(system(cmd), 0);
 	/* The batch shell's pid in shell.pid, for a stub to signal. */
 	snprintf(cmd, sizeof cmd,
@@ -129,11 +129,12 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	 * ("stopped" summary), then the job is requeued. */
 	/* The worker stub: as Slurm before a time limit, it signals the
 	 * batch shell, then waits for the USR1 that scancel passes on. */
-	const char *worker = "echo $$ >\"$TMPD/worker.pid\"; stop=0; trap stop=1 USR1;"
-			     " for i in $(seq 50); do [ -s \"$TMPD/shell.pid\" ] && break; sleep 0.05; done;"
-			     " kill -USR1 $(cat \"$TMPD/shell.pid\");"
-			     " for i in $(seq 100); do [ $stop = 1 ] && break; sleep 0.05; done;"
-			     " echo '{\"state\": \"stopped\"}' >\"$TMPD/summary.json\"; echo worker-stopped-$stop >>\"$LOG\"";
+	const char *worker =
+		"echo $$ >\"$TMPD/worker.pid\"; stop=0; trap stop=1 USR1;"
+		" for i in $(seq 50); do [ -s \"$TMPD/shell.pid\" ] && break; sleep 0.05; done;"
+		" kill -USR1 $(cat \"$TMPD/shell.pid\");"
+		" for i in $(seq 100); do [ $stop = 1 ] && break; sleep 0.05; done;"
+		" echo '{\"state\": \"stopped\"}' >\"$TMPD/summary.json\"; echo worker-stopped-$stop >>\"$LOG\"";
 	char cmd[600];
 	snprintf(cmd, sizeof cmd, "rm -f %s/worker.pid %s/summary.json", tmp, tmp);
 	cr_assert_eq(system(cmd), 0);

@@ -7,9 +7,10 @@
 
 #include "engine/spec.h"
 
-static const char *base = "{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
-			  " \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 8, \"features\": 2,"
-			  " \"classes\": 2}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}%s}";
+static const char *base =
+	"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 8, \"features\": 2,"
+	" \"classes\": 2}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}%s}";
 
 static int parse(const char *resources, struct tr_spec *spec, struct tr_error *err)
 {
@@ -40,8 +41,8 @@ Test(spec_resources, slurm_round_trips)
 {
 	struct tr_spec spec;
 	struct tr_error err;
-	cr_assert_eq(parse("{\"allocator\": \"slurm\", \"time_limit\": \"26:03:09\", \"partition\": \"gpu-a.1\"}", &spec,
-			   &err),
+	cr_assert_eq(parse("{\"allocator\": \"slurm\", \"time_limit\": \"26:03:09\", \"partition\": \"gpu-a.1\"}",
+			   &spec, &err),
 		     0, "%s", err.message);
 	cr_expect_eq(spec.resources.allocator, TR_ALLOC_SLURM);
 	cr_expect_eq(spec.resources.nodes, 1);
@@ -72,7 +73,8 @@ Test(spec_resources, bad_values_name_their_pointer)
 		{"{\"allocator\": \"slurm\", \"nodes\": 2}", "/resources/nodes", "at most 1"},
 		{"{\"allocator\": \"slurm\", \"time_limit\": \"10\"}", "/resources/time_limit", "HH:MM:SS"},
 		{"{\"allocator\": \"slurm\", \"time_limit\": \"1:60:00\"}", "/resources/time_limit", "HH:MM:SS"},
-		{"{\"allocator\": \"slurm\", \"time_limit\": \"00:00:00\"}", "/resources/time_limit", "longer than zero"},
+		{"{\"allocator\": \"slurm\", \"time_limit\": \"00:00:00\"}", "/resources/time_limit",
+		 "longer than zero"},
 		{"{\"allocator\": \"slurm\", \"time_limit\": 60}", "/resources/time_limit", "HH:MM:SS"},
 		{"{\"allocator\": \"slurm\", \"partition\": \"a b\"}", "/resources/partition", "partition name"},
 		{"{\"allocator\": \"slurm\", \"partition\": \"\"}", "/resources/partition", "partition name"},
