@@ -126,15 +126,15 @@ EOF
 
 	# -i: ignore state from an earlier run in this directory; -c: clear it.
 	slurmctld -c -i || die "slurmctld did not start: $(tail -n 20 "$dir/log/slurmctld.log" 2>/dev/null)"
-	wait_for 20 scontrol ping || {
+	wait_for 60 scontrol ping || {
 		tail -n 20 "$dir/log/slurmctld.log" >&2
 		die "slurmctld does not answer scontrol ping"
 	}
 	slurmd -N "$host" || die "slurmd did not start: $(tail -n 20 "$dir/log/slurmd.log" 2>/dev/null)"
-	if ! wait_for 30 sh -c "sinfo -h -N -o %t | grep -qx idle"; then
+	if ! wait_for 90 sh -c "sinfo -h -N -o %t | grep -qx idle"; then
 		echo "node state: $(sinfo -h -N -o '%t %E' 2>&1)" >&2
 		tail -n 20 "$dir/log/slurmd.log" >&2
-		die "the node did not become idle within 30 s"
+		die "the node did not become idle within 90 s"
 	fi
 	cat "$dir/env"
 }
