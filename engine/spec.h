@@ -267,22 +267,11 @@ struct tr_spec {
 		TR_SPEC_CONV_IM2COL,
 		TR_SPEC_CONV_ONEDNN
 	} cpu_conv;
-	int prefetch_workers;  /* default 2 */
-	int prefetch_depth;    /* default 4 */
-	int log_every_steps;   /* default 1 */
-	int eval_every_epochs; /* default 1 */
-	int eval_every_steps;  /* 0 = not given: also every this many steps */
-	/* "resources": where the job runs (engine/spec_resources.c).  The
-	 * local allocator (the default, left out of the normalized form) is
-	 * this daemon's own devices; slurm submits the job to a Slurm
-	 * cluster (daemon/slurm.c, docs/design.md "Slurm allocator"). */
-	struct tr_resources {
-		enum tr_allocator { TR_ALLOC_DEFAULT, TR_ALLOC_LOCAL, TR_ALLOC_SLURM } allocator;
-		int nodes;          /* slurm: default 1 */
-		int tasks_per_node; /* slurm: default 1 */
-		int time_limit_s;   /* slurm: 0 = the partition's limit */
-		char partition[64]; /* slurm: "" = the cluster's default */
-	} resources;
+	int prefetch_workers;       /* default 2 */
+	int prefetch_depth;         /* default 4 */
+	int log_every_steps;        /* default 1 */
+	int eval_every_epochs;      /* default 1 */
+	int eval_every_steps;       /* 0 = not given: also every this many steps */
 	int checkpoint_every_steps; /* 0 = off */
 	int checkpoint_every_seconds;
 	int checkpoint_keep; /* default 3 */
@@ -292,6 +281,17 @@ struct tr_spec {
 	char *init_from;   /* safetensors path or NULL */
 	int64_t init_job;  /* > 0: initialise from this job's checkpoint */
 	int64_t init_step; /* that checkpoint's step; -1 = the newest */
+	/* "resources": where the job runs (engine/spec_resources.c).  The
+	 * local allocator (the default, left out of the normalized form) is
+	 * this daemon's own devices; slurm submits the job to a Slurm
+	 * cluster (daemon/slurm.h, docs/design.md "Slurm allocator"). */
+	struct tr_resources {
+		enum tr_allocator { TR_ALLOC_DEFAULT, TR_ALLOC_LOCAL, TR_ALLOC_SLURM } allocator;
+		int nodes;          /* slurm: default 1 */
+		int tasks_per_node; /* slurm: default 1 */
+		int time_limit_s;   /* slurm: 0 = the partition's limit */
+		char partition[64]; /* slurm: "" = the cluster's default */
+	} resources;
 };
 
 /* Parses and validates `doc` (borrowed).  Returns 0, or -EINVAL with *err
