@@ -130,6 +130,8 @@ static int emit_tokens(const void *base, json_t *obj, const char *key)
 	return emit_list(((const struct tr_config *)base)->tokens, obj, key);
 }
 
+static const char *const allocator_names[] = {"local", "slurm", NULL};
+
 /* ---- the table ---- */
 
 #define CFG(m) offsetof(struct tr_config, m)
@@ -219,6 +221,11 @@ static const struct tr_field options[] = {
 		 "and resumes from its newest earlier checkpoint (the steps since are done again)"},
 	{.key = "preemption-min-run", INT_IN(preemption_min_run_s, 0, 86400), .def = 60,
 	 .help = "seconds a job must have run since it (re)started before it may be preempted (again)"},
+	{.key = "allocator", .kind = K_ENUM, .off = CFG(allocator), .names = allocator_names, .def = 0,
+	 .help = "where a job without a \"resources\" section runs: local (this daemon's devices) or slurm (submitted "
+		 "to the Slurm cluster with sbatch; docs/slurm.md)"},
+	{.key = "slurm-bin-dir", TEXT(slurm_bin_dir), .defstr = "",
+	 .help = "directory of Slurm's commands (sbatch, squeue, scontrol, scancel, srun); empty: found on PATH"},
 	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
 	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
 		 "given on the command line: prefer token-file"},

@@ -46,6 +46,8 @@ struct tr_config {
 	bool preemption_enabled;        /* [preemption] enabled: higher priorities preempt preemptible jobs */
 	int preemption_grace_s;         /* [preemption] grace: seconds to a step boundary before a hard stop */
 	int preemption_min_run_s;       /* [preemption] min-run: seconds a job runs before it may be preempted */
+	int allocator;                  /* jobs without "resources": 0 local, 1 slurm (daemon/slurm.c) */
+	char slurm_bin_dir[1024];       /* where sbatch, squeue, scontrol, scancel are; "" = PATH */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024]; /* role:token lines; see daemon/tokens.c */

@@ -1,8 +1,9 @@
 /* `trainerd run JOB.json`: one job in the foreground, no daemon.
  *
  * Writes DIR/model.safetensors, DIR/metrics.jsonl and DIR/summary.json
- * (docs/design.md).  Ctrl-C asks the trainer to stop after the current step,
- * so the outputs are still written; a second Ctrl-C kills the process.
+ * (docs/design.md).  Ctrl-C (or TERM, or USR1: Slurm's warning before a
+ * time limit) asks the trainer to stop after the current step, so the
+ * outputs are still written; a second Ctrl-C kills the process.
  * `--set /POINTER=VALUE` edits the spec before it is parsed, so an
  * experiment does not need a copy of the file.  Every data file is opened
  * once before anything else, so a missing one is a spec error (exit 2)
@@ -50,7 +51,7 @@ static void on_sigint(int sig)
 		tr_trainer_stop(t); /* only sets an atomic flag */
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
-	signal(SIGUSR1, SIG_DFL);
+	signal(SIGUSR1, SIG_IGN); /* one checkpoint; a second USR1 must not kill it */
 }
 
 /* A failed process ends the group (the others would wait for it in their
@@ -689,17 +690,18 @@ int tr_cmd_run(int argc, char **argv)
 	running_trainer = t;
 	signal(SIGINT, on_sigint);
 	signal(SIGTERM, on_sigint);
-	/* how `trainerd run --processes` passes a stop on through mpirun */
-	if (nproc > 1) {
-		signal(SIGUSR1, on_sigint);
-		if (tr_run_watchdog_start(spec.collective_timeout_s ? spec.collective_timeout_s : 300, rank, nproc) < 0)
-			fprintf(stderr, "trainerd run: cannot start the collective_timeout_s watchdog\n");
-	}
+	/* USR1: Slurm's warning before a time limit (daemon/slurm.h), and
+	 * how `trainerd run --processes` passes a stop on through mpirun: the
+	 * same checkpoint at the next step boundary, then the run ends. */
+	signal(SIGUSR1, on_sigint);
+	if (nproc > 1 &&
+	    tr_run_watchdog_start(spec.collective_timeout_s ? spec.collective_timeout_s : 300, rank, nproc) < 0)
+		fprintf(stderr, "trainerd run: cannot start the collective_timeout_s watchdog\n");
 	rc = tr_trainer_run(t, &errbuf);
 	tr_run_watchdog_stop();
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
-	signal(SIGUSR1, SIG_DFL);
+	signal(SIGUSR1, SIG_IGN); /* the outputs are written next */
 	running_trainer = NULL;
 	tr_progress_finish(&ctx.progress);
 

@@ -197,11 +197,16 @@ static void start_queued(struct tr_scheduler *s)
 			free(job);
 			continue;
 		}
-		bool mem_blocked = tr_memory_blocks(s, r->id);
-		job->ndev = mem_blocked ? 0 : reserve(s, &job->spec, r->id, job->devices);
-		if (job->ndev == 0 && !mem_blocked)
+		/* A Slurm job's devices are the cluster's: it holds none here
+		 * and never waits for them. */
+		job->slurm = !job->eval &&
+			     (job->spec.resources.allocator == TR_ALLOC_SLURM ||
+			      (job->spec.resources.allocator == TR_ALLOC_DEFAULT && s->cfg.allocator_slurm));
+		bool mem_blocked = !job->slurm && tr_memory_blocks(s, r->id);
+		job->ndev = job->slurm || mem_blocked ? 0 : reserve(s, &job->spec, r->id, job->devices);
+		if (job->ndev == 0 && !job->slurm && !mem_blocked)
 			job->ndev = tr_preempt_resize(s, r, &job->spec, job->devices);
-		if (job->ndev == 0) {
+		if (job->ndev == 0 && !job->slurm) {
 			/* Strict order: nothing overtakes the first job that
 			 * waits, but it may preempt lower-priority jobs that
 			 * hold its devices.  Its spec is kept for the next look. */
@@ -241,7 +246,9 @@ static void start_queued(struct tr_scheduler *s)
 			break;
 		}
 		if (rc == 0)
-			rc = job->eval ? tr_eval_runner_start(job, &err) : tr_runner_start(job, &err);
+			rc = job->eval    ? tr_eval_runner_start(job, &err)
+			     : job->slurm ? tr_slurm_runner_start(job, &err)
+					  : tr_runner_start(job, &err);
 		else
 			tr_error_set(&err, rc, 0, NULL, "store: %s", se.message);
 		if (rc < 0) {

@@ -42,6 +42,10 @@ struct tr_scheduler_config {
 	 * of queued again; 0 = no limit. */
 	int max_job_crashes;
 	struct tr_preemption_policy preemption;
+	/* Jobs without "resources" go to Slurm (daemon/slurm.c). */
+	bool allocator_slurm;
+	const char *slurm_bin_dir; /* Slurm's commands; "" or NULL = PATH */
+	const char *state_dir;     /* Slurm jobs' folders are STATE_DIR/slurm/job-ID */
 };
 
 /* 0, or a negative code with err filled (docs/design.md, "Errors"). */

@@ -37,6 +37,7 @@ struct running_job {
 	struct tr_progress progress;
 	bool have_progress;
 	bool crashes_cleared; /* its first step in this run cleared the stored crash count */
+	bool slurm;           /* run by the Slurm allocator (daemon/slurm_runner.c): no devices here */
 	/* Memory admission (daemon/admission.c), guarded by sched lock: the
 	 * job's admitted estimate (0 until admitted), and whether its memory
 	 * is allocated (its first step is made), so that MemAvailable already
@@ -165,6 +166,9 @@ void tr_memory_admitted(struct running_job *j);
 bool tr_eval_spec_is(const char *normalized);
 int tr_eval_prepare(struct running_job *j, const char *normalized, struct tr_error *err);
 int tr_eval_runner_start(struct running_job *j, struct tr_error *err);
+
+/* Slurm jobs (slurm_runner.c): the runner that submits and follows one. */
+int tr_slurm_runner_start(struct running_job *j, struct tr_error *err);
 int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 
 #endif

@@ -286,6 +286,9 @@ int tr_cmd_serve(int argc, char **argv)
 		.preemption = {.enabled = cfg.preemption_enabled,
 			       .grace_s = cfg.preemption_grace_s,
 			       .min_run_s = cfg.preemption_min_run_s},
+		.allocator_slurm = cfg.allocator == 1,
+		.slurm_bin_dir = cfg.slurm_bin_dir,
+		.state_dir = cfg.state_dir,
 	};
 	struct tr_error scerr = {0};
 	if (tr_scheduler_create(&scfg, &sched, &scerr) < 0 || tr_scheduler_start(sched, &scerr) < 0) {

@@ -14,6 +14,7 @@
 #include "engine/model/layer_spec.h"
 #include "engine/model/model.h"
 #include "engine/spec_fields.h"
+#include "engine/spec_resources.h"
 
 #include <errno.h>
 #include <float.h>
@@ -1063,6 +1064,7 @@ static const struct tr_field root_fields[] = {
 	 .post = post_monitors},
 	{.key = "early_stopping", .kind = K_CUSTOM, .parse = parse_early_stopping, .emit = emit_early_stopping},
 	{.key = "init", .kind = K_OBJECT, .sub = init_fields},
+	{.key = "resources", .kind = K_CUSTOM, .parse = tr_spec_parse_resources, .emit = tr_spec_emit_resources},
 	{0},
 };
 /* clang-format on */

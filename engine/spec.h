@@ -290,6 +290,17 @@ struct tr_spec {
 	char *init_from;   /* safetensors path or NULL */
 	int64_t init_job;  /* > 0: initialise from this job's checkpoint */
 	int64_t init_step; /* that checkpoint's step; -1 = the newest */
+	/* "resources": where the job runs (engine/spec_resources.c).  The
+	 * local allocator (the default, left out of the normalized form) is
+	 * this daemon's own devices; slurm submits the job to a Slurm
+	 * cluster (daemon/slurm.h, docs/design.md "Slurm allocator"). */
+	struct tr_resources {
+		enum tr_allocator { TR_ALLOC_DEFAULT, TR_ALLOC_LOCAL, TR_ALLOC_SLURM } allocator;
+		int nodes;          /* slurm: default 1 */
+		int tasks_per_node; /* slurm: default 1 */
+		int time_limit_s;   /* slurm: 0 = the partition's limit */
+		char partition[64]; /* slurm: "" = the cluster's default */
+	} resources;
 };
 
 /* Parses and validates `doc` (borrowed).  Returns 0, or -EINVAL with *err

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The Slurm allocator against a real one-node Slurm cluster
+# (tests/cluster/slurm_cluster.sh starts munged, slurmctld and slurmd in a
+# temporary folder on their own ports and stops them by pid):
+#   - a job with "resources": {"allocator": "slurm"} completes, and the
+#     model.safetensors the daemon serves is the bits of a local
+#     `trainerd run` of the same spec;
+#   - `scontrol requeue` mid-run: the worker checkpoints on TERM, the job
+#     starts again with --resume, and the final model is the same bits;
+#   - USR1 to the batch shell (what --signal=B:USR1@S sends before the time
+#     limit): a checkpoint, the script requeues the job, the same bits;
+#   - cancel through the API is scancel: the Slurm job ends CANCELLED;
+#   - the daemon restarted while the Slurm job runs follows it again and
+#     records its end, the same bits;
+#   - a bad "resources" is a 400 naming its JSON pointer.
+# Usage: slurm.sh TRAINERD   (as root: slurmd runs jobs as their user)
+# Skipped (77) without Slurm's and munge's commands or without root. Every
+# wait is bounded (generously: each ends as soon as its condition holds);
+# about a minute and a half on two busy cores, several under a load of 20.
+set -u
+TRAINERD=$(realpath "${1:?usage: slurm.sh TRAINERD}")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../e2e/lib.sh"
+cluster="$here/slurm_cluster.sh"
+
+missing=$("$cluster" missing)
+if [ -n "$missing" ]; then
+	echo "slurm.sh: skipped, missing$missing (scripts/install-deps.sh installs slurm-wlm, slurmctld, slurmd, munge)"
+	exit 77
+fi
+if [ "$(id -u)" != 0 ]; then
+	echo "slurm.sh: skipped, needs root (slurmd starts jobs as the submitting user; CI runs as root)"
+	exit 77
+fi
+
+work=$(mktemp -d)
+daemon_pid=
+stop_daemon() {
+	[ -n "$daemon_pid" ] || return 0
+	kill "$daemon_pid" 2>/dev/null
+	wait "$daemon_pid" 2>/dev/null
+	daemon_pid=
+}
+cleanup() {
+	stop_daemon
+	"$cluster" stop "$work/cluster"
+	[ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+if ! "$cluster" start "$work/cluster" >"$work/cluster.out" 2>&1; then
+	cat "$work/cluster.out" >&2
+	check "the one-node Slurm cluster starts" false
+	finish
+	exit 1
+fi
+export SLURM_CONF="$work/cluster/slurm.conf"
+
+start_daemon() {
+	rm -f "$work/state/listen.addr"
+	"$TRAINERD" serve --listen 127.0.0.1:0 --state-dir "$work/state" --backend cpu --cpu-devices 1 \
+		>>"$work/daemon.log" 2>&1 &
+	daemon_pid=$!
+	for _ in $(seq 150); do
+		[ -s "$work/state/listen.addr" ] && break
+		sleep 0.1
+	done
+	url=$(cat "$work/state/listen.addr" 2>/dev/null)
+	[ -n "$url" ] || { echo "trainerd did not start" >&2; cat "$work/daemon.log" >&2; exit 1; }
+}
+mkdir -m 700 "$work/state"
+start_daemon
+
+# 378 steps; load_cost_us makes it last several seconds, so there is time
+# to act mid-run.
+cat >"$work/job.json" <<'JSON'
+{"name": "slurmed", "seed": 7,
+ "model": {"layers": [{"type": "dense", "units": 16}, {"type": "relu"}, {"type": "dense", "units": 3}]},
+ "data": {"train": {"format": "synthetic", "samples": 2000, "features": 5, "classes": 3, "load_cost_us": 2500}},
+ "batch_size": 32, "epochs": 6, "optimizer": {"type": "adamw", "lr": 0.01}, "devices": 1, "backend": "cpu",
+ "checkpoint": {"every_steps": 50, "keep": 2},
+ "resources": {"allocator": "slurm", "nodes": 1, "tasks_per_node": 1, "time_limit": "00:10:00"}}
+JSON
+
+# field ID EXPR: a Python expression over the job's JSON (d).
+field() {
+	curl -sf "$url/jobs/$1" | python3 -c "import json,sys; d=json.load(sys.stdin); print($2)" 2>/dev/null
+}
+submit() {
+	curl -sf -X POST "$url/jobs" -H 'Content-Type: application/json' --data-binary @"$work/job.json" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])'
+}
+# wait_for SECONDS ID EXPR: until the Python condition over d holds.
+wait_for() {
+	local end=$((SECONDS + $1)) v
+	while ((SECONDS < end)); do
+		v=$(field "$2" "$3")
+		[ "$v" = True ] && return 0
+		sleep 0.2
+	done
+	echo "job $2: '$3' not true within $1 s; job: $(curl -sf "$url/jobs/$2" | head -c 600)" >&2
+	return 1
+}
+model_sha() {
+	curl -sf "$url/jobs/$1/checkpoints/latest/model.safetensors" | sha256sum | cut -d' ' -f1
+}
+slurm_out() { cat "$work/state/slurm/job-$1"/slurm-*.out 2>/dev/null; }
+# mid_run ID: waits (120 s at most: a start under a load of 20 on two
+# cores took more than 30) until the worker has made a step, read
+# from the job's folder (asking the API through curl and python takes
+# seconds on a busy machine, and the job lasts about fifteen), then prints
+# the Slurm job id.
+mid_run() {
+	local d="$work/state/slurm/job-$1" end=$((SECONDS + 120))
+	while ((SECONDS < end)); do
+		if [ -s "$d/slurm_job_id" ] && grep -q '"name":"loss"' "$d/metrics.jsonl" 2>/dev/null; then
+			cat "$d/slurm_job_id"
+			return 0
+		fi
+		sleep 0.1
+	done
+	echo "job $1: no step within 120 s" >&2
+	return 1
+}
+
+# The reference: the same spec run here, without Slurm.
+"$TRAINERD" run "$work/job.json" --out "$work/local" --quiet
+ref=$(sha256sum "$work/local/model.safetensors" | cut -d' ' -f1)
+ref_losses=$(grep -c '"name":"loss"' "$work/local/metrics.jsonl")
+
+# ---- submit and complete, concurrently with the interrupted ones ----
+plain=$(submit)
+requeued=$(submit)
+warned=$(submit)
+cancelled=$(submit)
+check "jobs were submitted" test -n "$plain" -a -n "$cancelled"
+
+# ---- scontrol requeue mid-run ----
+sid=$(mid_run "$requeued") && scontrol requeue "$sid"
+# Requeued, Slurm holds it back for cred_expire (10 s here) before it starts again.
+check "requeue: the job's info says it was requeued" wait_for 15 "$requeued" \
+	'd["state"]=="running" and d["info"].get("slurm_requeued")=="true"'
+# ---- USR1 to the batch shell, as before a time limit ----
+sid=$(mid_run "$warned") && scancel --batch --signal=USR1 "$sid"
+# ---- cancel through the API ----
+mid_run "$cancelled" >/dev/null
+curl -sf -X POST "$url/jobs/$cancelled/cancel" >/dev/null
+check "cancel: the job is cancelled" wait_for 90 "$cancelled" 'd["state"]=="cancelled"'
+sid=$(field "$cancelled" 'd["info"]["slurm_job_id"]')
+check "cancel: the Slurm job is CANCELLED" sh -c "scontrol show job -o $sid | grep -q JobState=CANCELLED"
+
+check "plain: completed, with the Slurm job id in its info" wait_for 240 "$plain" 'd["state"]=="completed" and d["info"]["slurm_state"]=="COMPLETED" and d["info"]["slurm_job_id"].isdigit() and d["devices"]==[]'
+check "plain: the model is the local run's bits" test "$(model_sha "$plain")" = "$ref"
+n=$(curl -sf "$url/jobs/$plain/metrics?names=loss&max_points=100000" |
+	python3 -c 'import json,sys; print(len(json.load(sys.stdin)["series"]["loss"]["steps"]))')
+check "plain: every loss point reached the daemon ($n of $ref_losses)" test "$n" = "$ref_losses"
+
+check "requeue: completed after one restart" wait_for 240 "$requeued" \
+	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1" and d["info"]["slurm_requeued"]=="false"'
+check "requeue: the second start resumed from the checkpoint" sh -c "$(declare -f slurm_out); work=$work; slurm_out $requeued | grep -q -- 'start 1: run --resume'"
+check "requeue: the model is the local run's bits" test "$(model_sha "$requeued")" = "$ref"
+
+check "USR1: completed after one restart" wait_for 240 "$warned" \
+	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1"'
+check "USR1: the worker checkpointed and the script requeued" sh -c "$(declare -f slurm_out); work=$work; slurm_out $warned | grep -q 'checkpointed for the time limit; requeueing'"
+check "USR1: the model is the local run's bits" test "$(model_sha "$warned")" = "$ref"
+
+# ---- the daemon restarts while the Slurm job runs ----
+followed=$(submit)
+mid_run "$followed" >/dev/null
+stop_daemon
+sid=$(cat "$work/state/slurm/job-$followed/slurm_job_id")
+check "restart: the Slurm job runs on without the daemon" sh -c "scontrol show job -o $sid | grep -Eq 'JobState=(RUNNING|COMPLETING|COMPLETED)'"
+start_daemon
+check "restart: the job is followed again and completes" wait_for 240 "$followed" 'd["state"]=="completed"'
+check "restart: the log says so" sh -c "curl -sf '$url/jobs/$followed/logs' | grep -q 'following Slurm job $sid again'"
+check "restart: the model is the local run's bits" test "$(model_sha "$followed")" = "$ref"
+
+# ---- bad resources ----
+code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Content-Type: application/json' \
+	--data-binary "$(sed 's/"00:10:00"/"10 minutes"/' "$work/job.json")")
+check "a bad time_limit is a 400" test "$code" = 400
+check "... naming /resources/time_limit" has "$work/bad.json" '/resources/time_limit'
+code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Content-Type: application/json' \
+	--data-binary '{"model": {"layers": [{"type": "dense", "units": 2}]}, "data": {"train": {"format": "synthetic", "samples": 8, "features": 2, "classes": 2}}, "batch_size": 4, "optimizer": {"type": "sgd", "lr": 0.1}, "resources": {"partition": "gpu"}}')
+check "a Slurm key with the local allocator is a 400" test "$code" = 400
+check "... naming /resources/partition" has "$work/bad.json" '/resources/partition'
+
+finish

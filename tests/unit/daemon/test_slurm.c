@@ -1,0 +1,147 @@
+/* The Slurm allocator's pieces that need no cluster (daemon/slurm_*.c):
+ * reading `scontrol show job -o`, the final states, the USR1 lead before
+ * the time limit, the batch script (run by bash with stub srun and
+ * scontrol) and the command runner's bounds. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/slurm.h"
+
+Test(slurm, parses_scontrol_show_job)
+{
+	struct tr_slurm_job_state st;
+	const char *line = "JobId=12 JobName=trainerd-3 UserId=root(0) JobState=PENDING Reason=BeginTime "
+			   "Dependency=(null) Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:15 RunTime=00:00:00\n";
+	cr_assert_eq(tr_slurm_parse_job(line, &st), 0);
+	cr_expect_str_eq(st.state, "PENDING");
+	cr_expect_str_eq(st.reason, "BeginTime");
+	cr_expect_eq(st.restarts, 2);
+	cr_expect_eq(st.exit_code, 0);
+	cr_expect_eq(st.exit_signal, 15);
+	/* A key inside another key's value or name is not the key. */
+	cr_assert_eq(tr_slurm_parse_job("OldJobState=RUNNING JobState=COMPLETED", &st), 0);
+	cr_expect_str_eq(st.state, "COMPLETED");
+	cr_expect_eq(tr_slurm_parse_job("slurm_load_jobs error: Invalid job id specified", &st), -EINVAL);
+}
+
+Test(slurm, final_states)
+{
+	cr_expect(tr_slurm_state_final("COMPLETED"));
+	cr_expect(tr_slurm_state_final("CANCELLED"));
+	cr_expect(tr_slurm_state_final("TIMEOUT"));
+	cr_expect(tr_slurm_state_final("FAILED"));
+	cr_expect_not(tr_slurm_state_final("PENDING"));
+	cr_expect_not(tr_slurm_state_final("RUNNING"));
+	cr_expect_not(tr_slurm_state_final("REQUEUED"));
+	cr_expect_not(tr_slurm_state_final("COMPLETING"));
+}
+
+Test(slurm, signal_lead)
+{
+	struct tr_resources r = {.time_limit_s = 0};
+	cr_expect_eq(tr_slurm_signal_lead_s(&r), 120);
+	r.time_limit_s = 3600;
+	cr_expect_eq(tr_slurm_signal_lead_s(&r), 120);
+	r.time_limit_s = 60;
+	cr_expect_eq(tr_slurm_signal_lead_s(&r), 30);
+	r.time_limit_s = 1;
+	cr_expect_eq(tr_slurm_signal_lead_s(&r), 1);
+}
+
+Test(slurm, command_output_status_and_timeout)
+{
+	char out[64];
+	char *ok[] = {"sh", "-c", "echo 123';'cluster; exit 3", NULL};
+	cr_expect_eq(tr_slurm_command(NULL, ok, out, sizeof out, 10), 3);
+	cr_expect_str_eq(out, "123;cluster\n");
+	char *slow[] = {"sleep", "5", NULL};
+	cr_expect_eq(tr_slurm_command(NULL, slow, out, sizeof out, 1), -ETIMEDOUT);
+	char *none[] = {"no-such-slurm-command", NULL};
+	cr_expect_lt(tr_slurm_command("/nonexistent", none, out, sizeof out, 5), 0);
+	cr_expect_not_null(strstr(out, "/nonexistent/no-such-slurm-command"), "%s", out);
+	/* Output past the buffer is read to the end and cut. */
+	char *big[] = {"sh", "-c", "yes | head -c 100000", NULL};
+	cr_expect_eq(tr_slurm_command(NULL, big, out, sizeof out, 10), 0);
+	cr_expect_eq(strlen(out), sizeof out - 1);
+}
+
+/* Runs the batch script with stub srun/scancel/scontrol in bin (they log
+ * their arguments) and returns the log. */
+static char *run_script(const char *tmp, bool checkpoint, const char *srun_body)
+{
+	char path[512], cmd[1024];
+	snprintf(path, sizeof path, "%s/bin", tmp);
+	mkdir(path, 0700);
+	const char *stubs[][2] = {{"srun", srun_body},
+				  {"scancel", "echo scancel \"$@\" >>\"$LOG\"; kill -USR1 $(cat \"$TMPD/worker.pid\")"},
+				  {"scontrol", "echo scontrol \"$@\" >>\"$LOG\""}};
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof path, "%s/bin/%s", tmp, stubs[i][0]);
+		FILE *f = fopen(path, "w");
+		fprintf(f, "#!/bin/bash\n%s\n", stubs[i][1]);
+		fclose(f);
+		chmod(path, 0755);
+	}
+	snprintf(path, sizeof path, "%s/job.sh", tmp);
+	char bin[512];
+	snprintf(bin, sizeof bin, "%s/bin", tmp);
+	cr_assert_eq(tr_slurm_write_script(path, 7, tmp, "/opt/trainerd", bin), 0);
+	snprintf(cmd, sizeof cmd, "rm -f %s/checkpoint.safetensors %s/spec.json %s/log; %s", tmp, tmp, tmp,
+		 checkpoint ? "" : "true");
+	if (checkpoint)
+		snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "touch %s/checkpoint.safetensors %s/spec.json",
+			 tmp, tmp);
+	cr_assert_eq(system(cmd), 0);
+	/* The batch shell's pid in shell.pid, for a stub to signal. */
+	snprintf(cmd, sizeof cmd,
+		 "cd %s && rm -f shell.pid && { SLURM_JOB_ID=41 TMPD=%s LOG=%s/log bash %s/job.sh >%s/out 2>&1 & "
+		 "echo $! >shell.pid.tmp; mv shell.pid.tmp shell.pid; wait $!; echo $? >>%s/log; }",
+		 tmp, tmp, tmp, tmp, tmp, tmp);
+	system(cmd);
+	snprintf(path, sizeof path, "%s/log", tmp);
+	FILE *f = fopen(path, "r");
+	static char buf[4096];
+	size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+	buf[n] = 0;
+	if (f)
+		fclose(f);
+	return buf;
+}
+
+Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
+{
+	char tmp[] = "/tmp/tr-slurm-XXXXXX";
+	cr_assert_not_null(mkdtemp(tmp));
+	/* A first start runs the spec into the folder. */
+	char *log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");
+	cr_expect_not_null(strstr(log, "srun --kill-on-bad-exit=1 /opt/trainerd run "), "%s", log);
+	cr_expect_not_null(strstr(log, "/job.json --out "), "%s", log);
+	cr_expect_null(strstr(log, "scontrol"), "%s", log);
+	/* With a checkpoint it resumes. */
+	log = run_script(tmp, true, "echo srun \"$@\" >>\"$LOG\"");
+	cr_expect_not_null(strstr(log, "run --resume "), "%s", log);
+	/* USR1 to the shell: passed on with scancel, the worker stops
+	 * ("stopped" summary), then the job is requeued. */
+	/* The worker stub: as Slurm before a time limit, it signals the
+	 * batch shell, then waits for the USR1 that scancel passes on. */
+	const char *worker =
+		"echo $$ >\"$TMPD/worker.pid\"; stop=0; trap stop=1 USR1;"
+		" for i in $(seq 50); do [ -s \"$TMPD/shell.pid\" ] && break; sleep 0.05; done;"
+		" kill -USR1 $(cat \"$TMPD/shell.pid\");"
+		" for i in $(seq 100); do [ $stop = 1 ] && break; sleep 0.05; done;"
+		" echo '{\"state\": \"stopped\"}' >\"$TMPD/summary.json\"; echo worker-stopped-$stop >>\"$LOG\"";
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -f %s/worker.pid %s/summary.json", tmp, tmp);
+	cr_assert_eq(system(cmd), 0);
+	log = run_script(tmp, false, worker);
+	cr_expect_not_null(strstr(log, "scancel --signal=USR1 41"), "%s", log);
+	cr_expect_not_null(strstr(log, "worker-stopped-1"), "%s", log);
+	cr_expect_not_null(strstr(log, "scontrol requeue 41"), "%s", log);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+	system(cmd);
+}
