@@ -716,6 +716,12 @@ static int upd_task(void *arg, int t, int slot)
 
 static int upd_run(tr_backend_t *be, int dev, const struct upd_job *j)
 {
+	if (update_skipped(j->hp)) {
+		copy_if_apart(j->p_out, j->p, j->n);
+		copy_if_apart(j->s1_out, j->s1, j->n);
+		copy_if_apart(j->s2_out, j->s2, j->n);
+		return 0;
+	}
 	if (j->n <= UPD_CHUNK) {
 		j->span(j, 0, j->n);
 		return 0;
@@ -735,12 +741,6 @@ static void sgd_span(const struct upd_job *j, size_t lo, size_t n)
 	const float damp1 = (float)(1.0 - (double)hp->dampening);
 	const float *p = j->p + lo, *gr = j->gr + lo;
 	float *p_out = j->p_out + lo;
-
-	if (update_skipped(hp)) {
-		copy_if_apart(p_out, p, n);
-		copy_if_apart(buf_out, buf, n);
-		return 0;
-	}
 
 	if (mom == 0.0f) {
 		IVDEP
@@ -831,12 +831,6 @@ static void adam_span(const struct upd_job *j, size_t lo, size_t n)
 	const float *p = j->p + lo, *gr = j->gr + lo, *m = j->s1 + lo, *v = j->s2 + lo;
 	float *p_out = j->p_out + lo, *m_out = j->s1_out + lo, *v_out = j->s2_out + lo;
 
-	if (update_skipped(hp)) {
-		copy_if_apart(p_out, p, n);
-		copy_if_apart(m_out, m, n);
-		copy_if_apart(v_out, v, n);
-		return 0;
-	}
 	IVDEP
 	for (size_t i = 0; i < n; i++) {
 		float pi = p[i] * p_keep;
