@@ -21,6 +21,7 @@ static const struct tr_api_route routes[] = {
 	{"GET", "/readyz", tr_api_ready, 0, TR_ROLE_READ},
 	{"GET", "/version", tr_api_version, 0, TR_ROLE_READ},
 	{"GET", "/devices", tr_api_devices, 0, TR_ROLE_READ},
+	{"GET", "/whoami", tr_api_whoami, 0, TR_ROLE_READ},
 	{"GET", "/openapi.yaml", tr_api_openapi, 0, TR_ROLE_READ},
 	{"POST", "/reload", tr_api_reload, 0, TR_ROLE_ADMIN},
 	{"GET", "/metrics", tr_api_prometheus, 0, TR_ROLE_READ},

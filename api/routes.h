@@ -69,6 +69,8 @@ void tr_api_health(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_ready(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_version(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_devices(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* GET /whoami (api/whoami.c) */
+void tr_api_whoami(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* GET /metrics (api/prometheus.c) */
 void tr_api_prometheus(struct tr_api_request *rq, struct tr_api_reply *rp);
