@@ -128,6 +128,11 @@ struct tr_api_ops {
 	int (*experiment_list)(void *ctx, const char *state, int64_t after, int limit, json_t **out,
 			       struct tr_error *err);
 	int (*experiment_control)(void *ctx, int64_t id, enum tr_job_request op, struct tr_error *err);
+	/* Experiments by state, counts[TR_EXP_NSTATES] indexed by enum
+	 * tr_experiment_state, for GET /metrics (trainerd_experiments);
+	 * NULL: that family is left out.  0, or -1 with err (the scrape
+	 * is then 500, as when the job counts cannot be read). */
+	int (*experiment_counts)(void *ctx, int64_t *counts, struct tr_error *err);
 };
 
 /* Access roles, each including the ones below it (docs/design.md, API):
