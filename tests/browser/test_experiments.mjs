@@ -18,75 +18,21 @@
 // Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
 // and the whole run is killed after 240 s.
 import { chromium } from 'playwright-core';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
+import { browserTest, waitFor } from './lib.mjs';
 
-const [trainerd, artifacts] = process.argv.slice(2);
-if (!trainerd || !artifacts) {
-	console.error('usage: test_experiments.mjs TRAINERD ARTIFACT_DIR');
-	process.exit(2);
-}
-fs.mkdirSync(artifacts, { recursive: true });
+const run = browserTest('test_experiments', 240000);
+const { artifacts, check, step } = run;
 const READ_TOKEN = 'experiments-read-token', WRITE_TOKEN = 'experiments-write-token';
-let passed = 0, failed = 0, daemon = null, browser = null;
+let daemon = null, browser = null;
 
-const hardStop = setTimeout(() => {
-	console.error('test_experiments: took over 240 s; giving up');
-	finish(1);
-}, 240000);
-
-function check(name, ok, detail) {
-	if (ok) passed++;
-	else failed++;
-	console.log(`${ok ? 'ok  ' : 'FAIL'} ${name}${!ok && detail ? ': ' + detail : ''}`);
-}
-async function step(name, fn) {
-	try {
-		await fn();
-		check(name, true);
-	} catch (e) {
-		check(name, false, e && e.message ? e.message.split('\n')[0] : String(e));
-	}
-}
-async function finish(code) {
-	clearTimeout(hardStop);
-	if (browser) await browser.close().catch(() => {});
-	if (daemon) {
-		try { daemon.proc.kill('SIGTERM'); } catch (e) { /* already gone */ }
-		const how = await Promise.race([daemon.exit, new Promise((r) => setTimeout(() => r(null), 20000))]);
-		try { daemon.proc.kill('SIGKILL'); } catch (e) { /* already gone */ }
-		const report = /ERROR: \w+Sanitizer|runtime error:/.exec(fs.readFileSync(daemon.log, 'utf8'));
-		if (code === undefined)
-			check('daemon exits cleanly on SIGTERM', how && how.code === 0 && !report,
-				how ? 'exit ' + how.code + ' signal ' + how.signal + (report ? ', ' + report[0] + ' in its log' : '') : 'still running after 20 s');
-		fs.rmSync(daemon.dir, { recursive: true, force: true });
-	}
-	console.log(`RESULT: ${passed} passed, ${failed} failed`);
-	process.exit(code === undefined ? (failed ? 1 : 0) : code);
-}
-
+/* Tokens of two roles, from a token file (mode 0600, as the daemon wants). */
 async function startDaemon(devices) {
-	const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'trainerd-browser-exp-'));
-	const tokens = path.join(dir, 'tokens');
+	const tokens = path.join(artifacts, 'tokens');
+	fs.rmSync(tokens, { force: true });
 	fs.writeFileSync(tokens, `read:${READ_TOKEN}\nwrite:${WRITE_TOKEN}\n`, { mode: 0o600 });
-	const log = path.join(artifacts, 'daemon-experiments.log');
-	const proc = spawn(trainerd, ['serve', '--listen', '127.0.0.1:0', '--state-dir', dir, '--data-root', dir,
-		'--cpu-devices', String(devices), '--backend', 'cpu', '--openapi', '', '--token-file', tokens],
-	{ stdio: ['ignore', 'ignore', fs.openSync(log, 'w')] });
-	const d = { proc, dir, log, url: null };
-	d.exit = new Promise((r) => proc.on('exit', (c, sig) => r({ code: c, signal: sig })));
-	daemon = d;
-	for (let i = 0; i < 100 && !d.url; i++) {
-		await new Promise((r) => setTimeout(r, 100));
-		try {
-			const addr = fs.readFileSync(path.join(dir, 'listen.addr'), 'utf8').trim();
-			d.url = addr.startsWith('http') ? addr : 'http://' + addr;
-		} catch (e) { /* not yet */ }
-	}
-	if (!d.url) throw new Error('trainerd did not start (see ' + log + ')');
-	return d;
+	daemon = await run.startDaemon(devices, ['--token-file', tokens]);
 }
 async function call(method, p, body) {
 	const headers = { Authorization: 'Bearer ' + WRITE_TOKEN };
@@ -95,14 +41,6 @@ async function call(method, p, body) {
 	const text = await r.text();
 	if (!r.ok) throw new Error(method + ' ' + p + ': HTTP ' + r.status + ' ' + text);
 	return JSON.parse(text);
-}
-async function waitFor(what, fn, timeoutMs) {
-	const end = Date.now() + timeoutMs;
-	while (Date.now() < end) {
-		if ((await fn().catch(() => false)) === true) return;
-		await new Promise((r) => setTimeout(r, 200));
-	}
-	throw new Error('timed out waiting for ' + what);
 }
 
 /* A small classifier: each trial takes well under a second a rung. */
@@ -344,7 +282,7 @@ async function tokenContext(tok, viewport) {
 }
 
 try {
-	browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+	browser = run.browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
 		args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'] });
 	await startDaemon(2);
 	const pageErrors = [];
@@ -447,4 +385,4 @@ try {
 } catch (e) {
 	check('setup', false, e && e.message ? e.message : String(e));
 }
-await finish();
+await run.finish();
