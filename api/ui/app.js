@@ -666,7 +666,7 @@
 		const ctl = new AbortController(), signal = ctl.signal;
 		const st = {
 			job: null, series: {}, overlays: new Map(), charts: [], x: 'step', log: false, smooth: 0.6, envelope: true,
-			logLines: [], polling: false,
+			logLines: [], polling: false, role: null,
 		};
 		/* ---- layout ---- */
 		const title = h('h1', { id: 'job-title', text: 'Job #' + id });
@@ -739,9 +739,15 @@
 				trialOf.append('trial ' + job.trial + ' of ', h('a', { href: '#/experiments/' + job.experiment, text: 'experiment #' + job.experiment }));
 			/* A request's feedback lasts until the job has ended. */
 			if (job.terminal && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
-			for (const b of Object.values(buttons))
+			/* A token whose role may not control jobs (GET /whoami) sees
+			 * no controls; until its role is known they show, as before. */
+			const may = st.role === null || roleAtLeast(st.role, 'write');
+			for (const b of Object.values(buttons)) {
+				b.hidden = !may;
 				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
+			}
 			resumeEpochs.disabled = buttons.resume.disabled;
+			resumeEpochs.hidden = !may;
 			const rows = [
 				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
 				/* 1-based for people; the engine's info field "epoch" is the
@@ -1385,6 +1391,7 @@
 			}
 			loadDevices().catch(() => {});
 			loadCheckpoints().catch(() => {});
+			myRole().then((role) => { st.role = role; if (st.job) renderJob(); }, () => {});
 			await firstMetrics;
 			if (signal.aborted) return;
 			if (!live()) loadLogsOnce().catch(() => {});

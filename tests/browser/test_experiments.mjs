@@ -1,18 +1,24 @@
 // Browser test of the dashboard's experiment pages (#/experiments,
 // #/experiments/<id>): Debian's chromium driven by playwright-core, as
-// tests/browser/test_dashboard.mjs, against a real daemon on loopback
-// running a real ASHA sweep of the learning rate on synthetic data.
+// tests/browser/test_dashboard.mjs, against a real daemon on loopback.
+// The pages are checked twice: against a stubbed experiment (fixed data
+// answered by the browser: ties, a failed trial, a pending one, a choice
+// parameter) and against a real ASHA sweep of the learning rate on
+// synthetic data (run once the daemon offers experiments).
 //
 // Checks: the list shows the experiment; its page shows one row per trial
-// with the learning rate, state, rung and metric the daemon gives, each
-// linked to its job's page (which links back); the table sorts by metric and by parameter,
-// both ways; the best trial's row is marked and its curve is the bold one
-// of a chart that has a line per trial that reported, ending at the
-// job's last point; the metric-against-learning-rate chart has a point
-// per trial that reported, the best one marked and each linked to its job;
-// a read-only token sees no controls, a write token pauses, resumes and
-// cancels a whole experiment (after confirmation) and the page shows each
-// state; an unknown experiment says so.  Screenshots go to ARTIFACT_DIR.
+// with the parameters, state, rung, metric and steps the daemon gives,
+// each linked to its job's page (which links back); the table sorts by
+// metric and by parameter, both ways, trials without a metric last; the
+// best trial (the daemon's) is marked and its curve is the bold one of a
+// chart with a line per trial that reported, each ending at its job's
+// last point; each parameter's chart has a point per trial with a metric,
+// placed by value (log axis for log_uniform), the best marked and each
+// linked to its job; a read-only token sees no controls (on a job's page
+// neither), a write token pauses, resumes and cancels a whole experiment
+// (after confirmation) and the page shows each state; an unknown
+// experiment says so; a phone stacks the table.  Screenshots go to
+// ARTIFACT_DIR.
 //
 // Usage: node tests/browser/test_experiments.mjs TRAINERD ARTIFACT_DIR
 // Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
@@ -310,6 +316,22 @@ try {
 			await new Promise((r) => setTimeout(r, 300));
 			const shown = await rp.$$eval('#experiment-actions button', (bs) => bs.filter((b) => !b.hidden).map((b) => b.textContent));
 			if (shown.length) throw new Error('buttons shown: ' + shown);
+		});
+		await step('a read-only token sees no job controls either; a write token does', async () => {
+			const job = (await call('POST', '/jobs', { ...baseSpec, name: 'browser-roles' })).id;
+			const rp = await rctx.newPage();
+			const whoami = rp.waitForResponse((r) => r.url().endsWith('/whoami'), { timeout: 15000 });
+			await rp.goto(daemon.url + '/#/jobs/' + job);
+			await whoami;
+			await rp.waitForSelector('#job-state [data-state]', { timeout: 15000 });
+			await waitFor('the job controls hidden', async () =>
+				(await rp.$$eval('#job-actions button, #job-actions input', (els) => els.filter((e) => !e.hidden).length)) === 0, 5000)
+				.catch(async () => { throw new Error('shown: ' + (await rp.$$eval('#job-actions button', (bs) => bs.filter((b) => !b.hidden).map((b) => b.id)))); });
+			await page.goto(daemon.url + '/#/jobs/' + job);
+			await page.waitForSelector('#job-state [data-state]', { timeout: 15000 });
+			await new Promise((r) => setTimeout(r, 500));
+			const shown = await page.$$eval('#job-actions button', (bs) => bs.filter((b) => !b.hidden).map((b) => b.id));
+			if (shown.length !== 4) throw new Error('write token sees ' + shown);
 		});
 		await checkControls(page, 'stub', x.id, async () => x.state);
 		check('stub: each control was one POST with the write token', JSON.stringify(posts.map((q) => q.op)) === '["pause","resume","cancel"]' &&
