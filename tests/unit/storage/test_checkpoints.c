@@ -1009,6 +1009,9 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 			     " last_epoch; ALTER TABLE metrics_rollup DROP COLUMN last_wall; ALTER TABLE metrics_rollup"
 			     " DROP COLUMN last_value; ALTER TABLE jobs DROP COLUMN loader_threads;"
 			     " ALTER TABLE jobs DROP COLUMN crashes; ALTER TABLE jobs DROP COLUMN train_s;"
+			     " DROP INDEX jobs_by_trial; ALTER TABLE jobs DROP COLUMN experiment_id;"
+			     " ALTER TABLE jobs DROP COLUMN trial; ALTER TABLE jobs DROP COLUMN pause_at;"
+			     " DROP TABLE experiment_events; DROP TABLE experiments;"
 			     " PRAGMA user_version = 2;",
 			     NULL, NULL, NULL),
 		SQLITE_OK, "%s", sqlite3_errmsg(db));
