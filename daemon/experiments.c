@@ -650,6 +650,17 @@ static int op_submit(void *ctx, const json_t *body, int priority, int64_t *id, s
 	return 0;
 }
 
+/* Experiments by state, for GET /metrics. */
+static int op_counts(void *ctx, int64_t *counts, struct tr_error *err)
+{
+	struct tr_scheduler *s = ctx;
+	struct tr_error se = {0};
+
+	if (tr_store_experiment_counts(s->cfg.store, counts, &se) < 0)
+		return store_fail(err, &se);
+	return 0;
+}
+
 static int op_control(void *ctx, int64_t id, enum tr_job_request op, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
@@ -712,4 +723,5 @@ void tr_experiments_api_ops(struct tr_api_ops *ops)
 	ops->experiment_get = op_get;
 	ops->experiment_list = op_list;
 	ops->experiment_control = op_control;
+	ops->experiment_counts = op_counts;
 }

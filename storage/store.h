@@ -330,6 +330,10 @@ int tr_store_experiment_event_add(tr_store_t *s, int64_t id, const struct tr_exp
  * when *count is 0). */
 int tr_store_experiment_events(tr_store_t *s, int64_t id, struct tr_experiment_event **events, int *count,
 			       struct tr_error *e);
+/* Experiments by state, counts indexed by enum tr_experiment_state
+ * (storage/experiment_counts.c); -EBADMSG naming a state the store does
+ * not know. */
+int tr_store_experiment_counts(tr_store_t *s, int64_t counts[TR_EXP_NSTATES], struct tr_error *e);
 
 /* ---- metrics ------------------------------------------------------------- */
 
