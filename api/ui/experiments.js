@@ -357,7 +357,7 @@
 		 * its job's page, the best one larger and outlined.  SVG, built with
 		 * the DOM: a few dozen points need no chart library. */
 		function scatter(name, spec, trials, metric, best) {
-			const W = 360, H = 220, L = 58, R = 12, T = 10, B = 38;
+			const W = 360, H = 220, L = 58, R = 22, T = 10, B = 38;
 			const pts = trials.filter((t) => (t.parameters || {})[name] !== undefined);
 			const ax = paramAxis(spec, pts.map((t) => t.parameters[name]));
 			const ys = pts.map((t) => t.metric);
