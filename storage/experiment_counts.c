@@ -24,7 +24,8 @@ int tr_store_experiment_counts(tr_store_t *s, int64_t counts[TR_EXP_NSTATES], st
 			err = tr_store_cfail(
 				c, -EBADMSG,
 				"%lld experiment(s) have an unknown state \"%s\" in the state database (not one of %s)",
-				(long long)sqlite3_column_int64(st, 1), name ? name : "(null)", tr_experiment_state_list());
+				(long long)sqlite3_column_int64(st, 1), name ? name : "(null)",
+				tr_experiment_state_list());
 			sqlite3_reset(st);
 			goto cleanup;
 		}

@@ -63,11 +63,12 @@ Test(experiment_counts, by_state)
 	add(TR_EXP_COMPLETED);
 	cr_assert_eq(tr_store_experiment_set_state(store, moved, TR_EXP_CANCELLED, NULL, &e), 0, "%s", e.message);
 	cr_assert_eq(tr_store_experiment_counts(store, counts, &e), 0, "%s", e.message);
-	const int64_t want[TR_EXP_NSTATES] = {[TR_EXP_QUEUED] = 1, [TR_EXP_RUNNING] = 1, [TR_EXP_COMPLETED] = 1,
-					      [TR_EXP_CANCELLED] = 1};
+	const int64_t want[TR_EXP_NSTATES] = {
+		[TR_EXP_QUEUED] = 1, [TR_EXP_RUNNING] = 1, [TR_EXP_COMPLETED] = 1, [TR_EXP_CANCELLED] = 1};
 	for (int i = 0; i < TR_EXP_NSTATES; i++)
-		cr_assert_eq(counts[i], want[i], "%s: %lld, want %lld", tr_experiment_state_name((enum tr_experiment_state)i),
-			     (long long)counts[i], (long long)want[i]);
+		cr_assert_eq(counts[i], want[i], "%s: %lld, want %lld",
+			     tr_experiment_state_name((enum tr_experiment_state)i), (long long)counts[i],
+			     (long long)want[i]);
 }
 
 Test(experiment_counts, an_unknown_state_is_named)
