@@ -18,7 +18,7 @@
 
 #define SUBMIT_TRIES 3
 
-static char *read_all(FILE *f, size_t *len)
+char *tr_ctl_read_all(FILE *f, size_t *len)
 {
 	size_t cap = 65536, n = 0, got;
 	char *buf = malloc(cap + 1), *nb;
@@ -99,14 +99,14 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 			return tr_ctl_usage("submit", "--priority: not an integer: %s", prio);
 	}
 	if (strcmp(argv[optind], "-") == 0) {
-		body = read_all(stdin, &len);
+		body = tr_ctl_read_all(stdin, &len);
 	} else {
 		f = fopen(argv[optind], "rb");
 		if (!f) {
 			fprintf(stderr, "trainctl: %s: %s\n", argv[optind], strerror(errno));
 			return TR_CTL_LOCAL;
 		}
-		body = read_all(f, &len);
+		body = tr_ctl_read_all(f, &len);
 		fclose(f);
 	}
 	if (!body) {
