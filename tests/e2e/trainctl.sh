@@ -351,6 +351,7 @@ check "completion of commands" test "$(comp trainctl me)" = "metrics"
 check "completion of options" test "$(comp trainctl ls --st)" = "--state"
 check "completion of states" test "$(comp trainctl ls --state c)" = "completed cancelled"
 check "completion of aliases" test "$(comp trainctl download 3 l)" = "latest"
+check "completion of experiment subcommands" test "$(comp trainctl experiment s)" = "submit show"
 
 # ---- tokens ----
 echo "sekrit" >"$work/token"
