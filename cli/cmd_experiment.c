@@ -152,26 +152,14 @@ static int submit(struct tr_ctl *c, int argc, char **argv)
 			return usage("--priority: not an integer in [-1000, 1000]: %s", prio);
 	}
 	size_t len;
-	char *body;
-	if (strcmp(argv[optind], "-") == 0) {
-		body = tr_ctl_read_all(stdin, &len);
-	} else {
-		FILE *f = fopen(argv[optind], "rb");
-		if (!f) {
-			fprintf(stderr, "trainctl: %s: %s\n", argv[optind], strerror(errno));
-			return TR_CTL_LOCAL;
-		}
-		body = tr_ctl_read_all(f, &len);
-		fclose(f);
-	}
-	if (!body) {
-		fprintf(stderr, "trainctl: cannot read %s\n", argv[optind]);
-		return TR_CTL_LOCAL;
-	}
+	char *body = NULL;
+	int rc = tr_ctl_read_input(argv[optind], &body, &len);
+	if (rc)
+		return rc;
 	char path[64];
 	struct tr_ctl_reply r = {0};
 	snprintf(path, sizeof path, "/experiments%s%s", prio ? "?priority=" : "", prio ? prio : "");
-	int rc = tr_ctl_call(c, "POST", path, body, &r);
+	rc = tr_ctl_call(c, "POST", path, body, &r);
 	free(body);
 	if (rc)
 		return rc;
