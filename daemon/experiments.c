@@ -322,7 +322,9 @@ static void drive(struct tr_scheduler *s, int64_t id)
 					set_state(s, &v, TR_EXP_RUNNING, NULL, NULL);
 					break;
 				}
-		v.st.started = v.ntrials;
+		/* Trials start in index order; rows come by index.  A trial whose
+		 * job was deleted by hand is not started again. */
+		v.st.started = v.ntrials > 0 ? v.trials[v.ntrials - 1].trial + 1 : 0;
 		v.st.active = active_trials(&v);
 		struct tr_search_decision d = tr_search_next(&v.cfg, &v.st, v.st.active < v.search.max_concurrent);
 		int rc = 0;

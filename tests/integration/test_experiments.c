@@ -122,7 +122,7 @@ Test(experiments, asha_sweep_survives_a_restart_and_matches_the_grid, .timeout =
 	json_t *trials = json_object_get(e, "trials");
 	cr_assert_eq(json_array_size(trials), 9);
 	struct http_reply r;
-	http(&d, "GET", "/jobs?limit=1000", NULL, NULL, NULL, &r);
+	http(&d, "GET", "/jobs?limit=1000&fields=experiment,trial", NULL, NULL, NULL, &r);
 	cr_assert_eq(r.status, 200);
 	size_t i, jobs_of_experiment = 0;
 	json_t *job, *t;
