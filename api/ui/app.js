@@ -327,7 +327,7 @@
 	}
 
 	/* ---- Jobs page ---- */
-	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error';
+	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error,experiment,trial';
 	async function fetchJobs(state) {
 		const jobs = [];
 		let after = null;
@@ -383,7 +383,8 @@
 		/* data-label: the column's name, shown beside each value where a
 		 * phone stacks a row's cells (app.css, table.stack). */
 		const tr = h('tr', { class: 'job-row', 'data-job': job.id },
-			h('td', { class: 'name' }, link),
+			h('td', { class: 'name' }, link, job.experiment ? h('a', { class: 'trial-of muted small', href: '#/experiments/' + job.experiment,
+				text: ' (trial ' + job.trial + ' of experiment #' + job.experiment + ')' }) : null),
 			h('td', { 'data-label': 'State' }, stateBadge(job.state)),
 			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),

@@ -388,6 +388,14 @@ try {
 			const s = (await call('GET', '/jobs/' + job + '/metrics?names=' + x.search.metric + '&max_points=2')).series[x.search.metric];
 			return { step: s.steps.at(-1), value: s.values.at(-1) };
 		});
+		await step('sweep: the jobs list says which experiment each trial serves', async () => {
+			await page.goto(daemon.url + '/#/');
+			await page.waitForSelector(`tr[data-job="${x.best.job}"] a.trial-of`, { timeout: 15000 });
+			const a = await page.$eval(`tr[data-job="${x.best.job}"] a.trial-of`, (el) => [el.getAttribute('href'), el.textContent]);
+			if (a[0] !== '#/experiments/' + x.id || !a[1].includes('trial ' + x.best.trial)) throw new Error('row says ' + a);
+			await page.goto(daemon.url + '/#/experiments/' + x.id);
+			await page.waitForSelector('#trials-table tbody tr', { timeout: 15000 });
+		});
 		await step('sweep: a trial\'s job page links back to its experiment', async () => {
 			await page.click(`#trials-table tr[data-trial="${x.best.trial}"] a[href^="#/jobs/"]`);
 			await page.waitForURL(new RegExp('#/jobs/' + x.best.job + '$'), { timeout: 5000 });
