@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/experiment.h"
 #include "core/job.h"
 #include "storage/checkpoints.h"
 #include "storage/datasets.h"
@@ -112,6 +113,27 @@ struct tr_api_ops {
 	/* Asks the daemon to re-read its configuration (POST /reload, 202);
 	 * NULL = 501. */
 	int (*reload)(void *ctx, struct tr_error *err);
+	/* Experiments (docs/experiments.md); NULL = 503 unavailable.
+	 * experiment_submit validates the request body (borrowed) and stores
+	 * the experiment (*id receives its id); problems (may be NULL) gets
+	 * every problem of a refused one.  experiment_get renders one
+	 * experiment as the API shows it (*out: new reference; 404 unknown).
+	 * experiment_list renders a page of them in ascending id after
+	 * `after`, of one state (NULL: any) (*out: a new array).
+	 * experiment_control pauses (TR_JOB_PAUSE), resumes (TR_JOB_RESUME)
+	 * or cancels (TR_JOB_CANCEL) a whole experiment; 409 when its state
+	 * does not allow it. */
+	int (*experiment_submit)(void *ctx, const json_t *body, int priority, int64_t *id,
+				 struct tr_error_list *problems, struct tr_error *err);
+	int (*experiment_get)(void *ctx, int64_t id, json_t **out, struct tr_error *err);
+	int (*experiment_list)(void *ctx, const char *state, int64_t after, int limit, json_t **out,
+			       struct tr_error *err);
+	int (*experiment_control)(void *ctx, int64_t id, enum tr_job_request op, struct tr_error *err);
+	/* Experiments by state, counts[TR_EXP_NSTATES] indexed by enum
+	 * tr_experiment_state, for GET /metrics (trainerd_experiments);
+	 * NULL: that family is left out.  0, or -1 with err (the scrape
+	 * is then 500, as when the job counts cannot be read). */
+	int (*experiment_counts)(void *ctx, int64_t *counts, struct tr_error *err);
 };
 
 /* Access roles, each including the ones below it (docs/design.md, API):

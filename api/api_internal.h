@@ -138,6 +138,10 @@ void tr_api_auth_free(struct tr_api_auth_entry *v, size_t n);
 /* Checks the request's bearer token against the role its route needs.
  * 0, or -1 with 401/403 in rp. */
 int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* The role the request's bearer token grants (admin when the daemon has
+ * no tokens: every request may do everything); *tokens says whether it
+ * has any. */
+enum tr_api_role tr_api_auth_role(struct tr_api_request *rq, bool *tokens);
 /* A counter that changes whenever the tokens do (a reload). */
 unsigned tr_api_auth_generation(tr_api_t *api);
 /* Whether the Authorization header value (may be NULL) still grants need

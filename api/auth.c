@@ -214,6 +214,20 @@ int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp)
 	return 0;
 }
 
+enum tr_api_role tr_api_auth_role(struct tr_api_request *rq, bool *tokens)
+{
+	tr_api_t *api = rq->api;
+	enum tr_api_role have;
+
+	pthread_rwlock_rdlock(&api->auth_lock);
+	*tokens = api->n_auth > 0;
+	have = api->n_auth == 0 ? TR_ROLE_ADMIN
+				: role_of_locked(api, MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND,
+										  MHD_HTTP_HEADER_AUTHORIZATION));
+	pthread_rwlock_unlock(&api->auth_lock);
+	return have;
+}
+
 unsigned tr_api_auth_generation(tr_api_t *api)
 {
 	return atomic_load(&api->auth_gen);

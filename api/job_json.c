@@ -89,6 +89,12 @@ json_t *tr_api_job_json(const struct tr_job_row *row, const json_t *live)
 		json_object_set_new(job, "preemptible", json_boolean(row->preemptible));
 		json_object_set_new(job, "preemption", parsed(row->preemption, json_null()));
 	}
+	/* An experiment's trial names its experiment and index
+	 * (docs/experiments.md); plain jobs carry neither. */
+	if (job && row->experiment > 0) {
+		json_object_set_new(job, "experiment", json_integer(row->experiment));
+		json_object_set_new(job, "trial", json_integer(row->trial));
+	}
 	/* Info fields (api/info.c): named short strings, {} when none. */
 	if (job)
 		json_object_set_new(job, "info", parsed(row->info, json_object()));

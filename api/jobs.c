@@ -98,6 +98,9 @@ static bool job_key_known(const char *key, size_t len)
 	const char *k;
 	json_t *v;
 	bool known = len == strlen("summary") && strncmp(key, "summary", len) == 0;
+	/* A trial's keys, absent from a plain job (the reference above). */
+	known |= (len == strlen("experiment") && strncmp(key, "experiment", len) == 0) ||
+		 (len == strlen("trial") && strncmp(key, "trial", len) == 0);
 
 	json_object_foreach(ref, k, v)
 		known |= strlen(k) == len && strncmp(k, key, len) == 0;

@@ -8,8 +8,8 @@
  * finished job's series disappear; routes are the route table's patterns,
  * never raw paths).  Request and checkpoint counters live here, fed by
  * server.c and the checkpoint writer (api/prometheus.h); job counts come
- * from one store query, running jobs' numbers and devices from the
- * daemon's operations, process_* from /proc/self.  A scrape takes one
+ * from one store query, running jobs' numbers, experiment counts and
+ * devices from the daemon's operations, process_* from /proc/self.  A scrape takes one
  * short lock for the counters and never waits on a job.
  */
 #include "api/prometheus.h"
@@ -320,6 +320,24 @@ static int put_jobs(struct out *o, tr_api_t *api, struct tr_error *e)
 	return 0;
 }
 
+/* Experiments by state (docs/experiments.md), every state on its line
+ * so a dashboard's query finds zeros rather than nothing; left out
+ * where the daemon offers no experiments.  -1 when they cannot be read. */
+static int put_experiments(struct out *o, tr_api_t *api, struct tr_error *e)
+{
+	int64_t counts[TR_EXP_NSTATES] = {0};
+
+	if (!api->cfg.ops.experiment_counts)
+		return 0;
+	if (api->cfg.ops.experiment_counts(api->cfg.ctx, counts, e) < 0)
+		return -1;
+	head(o, "trainerd_experiments", "gauge", "Experiments (hyperparameter sweeps) in the store, by state.");
+	for (int i = 0; i < TR_EXP_NSTATES; i++)
+		put(o, "trainerd_experiments{state=\"%s\"} %" PRId64 "\n",
+		    tr_experiment_state_name((enum tr_experiment_state)i), counts[i]);
+	return 0;
+}
+
 struct job_sample {
 	int64_t id;
 	double step, sps, loss, wait;
@@ -508,6 +526,11 @@ void tr_api_prometheus(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (put_jobs(&o, api, &e) < 0 || put_running(&o, api, &e) < 0) {
 		free(o.p);
 		tr_api_fail_store_err(rp, &e, "reading jobs for /metrics");
+		return;
+	}
+	if (put_experiments(&o, api, &e) < 0) {
+		free(o.p);
+		tr_api_fail_store_err(rp, &e, "reading experiments for /metrics");
 		return;
 	}
 	put_devices(&o, api);

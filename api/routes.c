@@ -13,7 +13,8 @@
 
 /* The role column (docs/design.md, API): read for everything that only
  * looks, write for submitting and controlling jobs, pushing (and deleting
- * pushed) metrics and uploading datasets, admin for deleting (jobs, datasets) and reloading. */
+ * pushed) metrics, uploading datasets and submitting and controlling
+ * experiments, admin for deleting (jobs, datasets) and reloading. */
 static const struct tr_api_route routes[] = {
 	{"GET", "/", tr_api_ui_index, TR_ROUTE_PUBLIC, TR_ROLE_READ},
 	{"GET", "/ui/{asset}", tr_api_ui_asset, TR_ROUTE_PUBLIC, TR_ROLE_READ},
@@ -21,6 +22,7 @@ static const struct tr_api_route routes[] = {
 	{"GET", "/readyz", tr_api_ready, 0, TR_ROLE_READ},
 	{"GET", "/version", tr_api_version, 0, TR_ROLE_READ},
 	{"GET", "/devices", tr_api_devices, 0, TR_ROLE_READ},
+	{"GET", "/whoami", tr_api_whoami, 0, TR_ROLE_READ},
 	{"GET", "/openapi.yaml", tr_api_openapi, 0, TR_ROLE_READ},
 	{"POST", "/reload", tr_api_reload, 0, TR_ROLE_ADMIN},
 	{"GET", "/metrics", tr_api_prometheus, 0, TR_ROLE_READ},
@@ -44,6 +46,12 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/checkpoints", tr_api_checkpoints_request, 0, TR_ROLE_WRITE},
 	{"GET", "/jobs/{id}/checkpoints/{step}/model.safetensors", tr_api_checkpoints_model, 0, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/checkpoints/{step}/checkpoint.safetensors", tr_api_checkpoints_blob, 0, TR_ROLE_READ},
+	{"POST", "/experiments", tr_api_experiments_submit, TR_ROUTE_JSON_BODY, TR_ROLE_WRITE},
+	{"GET", "/experiments", tr_api_experiments_list, 0, TR_ROLE_READ},
+	{"GET", "/experiments/{id}", tr_api_experiments_get, 0, TR_ROLE_READ},
+	{"POST", "/experiments/{id}/pause", tr_api_experiments_pause, 0, TR_ROLE_WRITE},
+	{"POST", "/experiments/{id}/resume", tr_api_experiments_resume, 0, TR_ROLE_WRITE},
+	{"POST", "/experiments/{id}/cancel", tr_api_experiments_cancel, 0, TR_ROLE_WRITE},
 	{"GET", "/datasets", tr_api_datasets_list, 0, TR_ROLE_READ},
 	{"PUT", "/datasets/{name}/{file}", tr_api_datasets_put, TR_ROUTE_UPLOAD, TR_ROLE_WRITE},
 	{"DELETE", "/datasets/{name}/{file}", tr_api_datasets_delete_file, 0, TR_ROLE_ADMIN},

@@ -69,6 +69,8 @@ void tr_api_health(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_ready(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_version(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_devices(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* GET /whoami (api/whoami.c) */
+void tr_api_whoami(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_openapi(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* GET /metrics (api/prometheus.c) */
 void tr_api_prometheus(struct tr_api_request *rq, struct tr_api_reply *rp);
@@ -83,6 +85,12 @@ void tr_api_jobs_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_info_put(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_evaluate(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_cancel(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_experiments_submit(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_experiments_list(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_experiments_get(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_experiments_pause(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_experiments_resume(struct tr_api_request *rq, struct tr_api_reply *rp);
+void tr_api_experiments_cancel(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_stop(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_pause(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_jobs_resume(struct tr_api_request *rq, struct tr_api_reply *rp);

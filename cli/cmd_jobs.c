@@ -18,7 +18,7 @@
 
 #define SUBMIT_TRIES 3
 
-static char *read_all(FILE *f, size_t *len)
+char *tr_ctl_read_all(FILE *f, size_t *len)
 {
 	size_t cap = 65536, n = 0, got;
 	char *buf = malloc(cap + 1), *nb;
@@ -39,6 +39,24 @@ static char *read_all(FILE *f, size_t *len)
 		buf[n] = '\0';
 	*len = n;
 	return buf;
+}
+
+int tr_ctl_read_input(const char *arg, char **body, size_t *len)
+{
+	FILE *f = strcmp(arg, "-") == 0 ? stdin : fopen(arg, "rb");
+
+	if (!f) {
+		fprintf(stderr, "trainctl: %s: %s\n", arg, strerror(errno));
+		return TR_CTL_LOCAL;
+	}
+	*body = tr_ctl_read_all(f, len);
+	if (f != stdin)
+		fclose(f);
+	if (!*body) {
+		fprintf(stderr, "trainctl: cannot read %s\n", arg);
+		return TR_CTL_LOCAL;
+	}
+	return 0;
 }
 
 static int random_key(char *out, size_t len)
@@ -70,7 +88,6 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 	struct tr_ctl_reply r = {0};
 	char *body = NULL;
 	size_t len;
-	FILE *f;
 	int ch, rc;
 
 	while ((ch = getopt_long(argc, argv, "wp:k:h", opts, NULL)) != -1) {
@@ -102,21 +119,8 @@ int tr_cmd_submit(struct tr_ctl *c, int argc, char **argv)
 		if (*end || !*prio || v < -1000000 || v > 1000000)
 			return tr_ctl_usage("submit", "--priority: not an integer: %s", prio);
 	}
-	if (strcmp(argv[optind], "-") == 0) {
-		body = read_all(stdin, &len);
-	} else {
-		f = fopen(argv[optind], "rb");
-		if (!f) {
-			fprintf(stderr, "trainctl: %s: %s\n", argv[optind], strerror(errno));
-			return TR_CTL_LOCAL;
-		}
-		body = read_all(f, &len);
-		fclose(f);
-	}
-	if (!body) {
-		fprintf(stderr, "trainctl: cannot read %s\n", argv[optind]);
-		return TR_CTL_LOCAL;
-	}
+	if ((rc = tr_ctl_read_input(argv[optind], &body, &len)) != 0)
+		return rc;
 	if (!key) {
 		if (random_key(keybuf, sizeof keybuf) < 0) {
 			fprintf(stderr, "trainctl: cannot read /dev/urandom for an idempotency key\n");

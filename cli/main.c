@@ -120,6 +120,14 @@ static const struct command commands[] = {
 	 "file that a job which has not ended uses is refused (exit 4).\n"},
 	{"devices", tr_cmd_devices, "devices [--json]", "list the daemon's devices",
 	 "Lists devices: id, name, kind, memory, free memory and the job holding it.\n"},
+	{"experiment", tr_cmd_experiment,
+	 "experiment submit [--wait] [--priority N] FILE|- | ls [--state STATE] [--json] |\n"
+	 "                  show [--json] [--wait] ID | cancel ID | pause ID | resume ID",
+	 "submit, list, show or control hyperparameter sweeps",
+	 "Experiments (docs/experiments.md): `submit` prints the new experiment's\n"
+	 "id; with --wait (and `show --wait`) it waits for the experiment to end and\n"
+	 "prints its trials, best trial and checkpoint; exit code 0 when it\n"
+	 "completed, 1 when it failed or was cancelled.\n"},
 	{"version", tr_cmd_version, "version", "print trainctl's and the daemon's version",
 	 "Prints the client's version, then asks the daemon for its own.\n"},
 };

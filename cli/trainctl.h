@@ -156,6 +156,13 @@ int tr_cmd_upload(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_dataset_rm(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_version(struct tr_ctl *c, int argc, char **argv);
+int tr_cmd_experiment(struct tr_ctl *c, int argc, char **argv); /* submit ls show cancel pause resume */
+/* All of f (a spec file, standard input), NUL-terminated; *len its
+ * length.  malloc'd; NULL when out of memory. */
+char *tr_ctl_read_all(FILE *f, size_t *len);
+/* Reads the file named arg ("-": standard input) into *body (malloc'd);
+ * 0, or TR_CTL_LOCAL after printing why. */
+int tr_ctl_read_input(const char *arg, char **body, size_t *len);
 
 /* Follows a job's events until it ends (watch, submit --wait): exit code
  * 0 completed, 1 failed or cancelled, 3 when the daemon stays away past

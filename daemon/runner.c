@@ -45,6 +45,26 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 	j->progress = *p;
 	j->have_progress = true;
 	pthread_mutex_unlock(&s->lock);
+	/* An experiment's trial at its rung: paused as POST /jobs/{id}/pause
+	 * would, after this step (the trainer checks the flag before the
+	 * next one, after this step's evaluation), with its checkpoint. */
+	if (j->pause_at > 0 && !j->pause_at_asked && p->step < p->total_steps) {
+		int64_t at = j->pause_at;
+		if (j->spec.max_steps == 0 && p->epochs > 0) /* epochs: each epoch has the same steps */
+			at = p->total_steps / p->epochs * j->pause_at;
+		if (p->step >= at) {
+			j->pause_at_asked = true;
+			char line[128];
+			snprintf(line, sizeof line, "experiment rung reached at step %lld: pausing",
+				 (long long)p->step);
+			tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, line, NULL);
+			pthread_mutex_lock(&s->lock);
+			atomic_store(&j->pause_requested, true);
+			atomic_store(&j->stop_requested, true);
+			pthread_mutex_unlock(&s->lock);
+			tr_trainer_stop_for(j->trainer_for_hooks, TR_STOP_PAUSE);
+		}
+	}
 	/* The row is for listings and restarts; the live view comes from
 	 * memory, so once a second is plenty and keeps SQLite off the step. */
 	double now = mono_now();
@@ -190,6 +210,7 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 		tr_snapshot_free(snap);
 		if (rc < 0)
 			return -1;
+		j->resumed_step = step;
 		snprintf(line, sizeof line, "resuming from the checkpoint at step %lld", (long long)step);
 		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line, NULL);
 		/* Points the interrupted run wrote after the checkpoint are
@@ -354,6 +375,12 @@ static void *runner_main(void *arg)
 		finish(j, TR_JOB_FAILED, "start_failed", err.message, 0);
 		return NULL;
 	}
+	struct tr_job_row row = {0};
+	if (tr_store_job_get(s->cfg.store, j->id, &row, NULL) == 0) {
+		j->pause_at = row.pause_at;
+		j->planned_steps = row.total_steps;
+	}
+	tr_job_row_finish(&row);
 	snprintf(line, sizeof line, "started on %d %s device(s), %s matrix products", j->ndev, s->cfg.backend->i->name,
 		 precision);
 	tr_store_log_append(s->cfg.store, j->id, TR_LOG_INF, line, NULL);
@@ -426,6 +453,19 @@ static void *runner_main(void *arg)
 		tr_trainer_destroy(t);
 		finish(j, TR_JOB_FAILED, "invalid_init", err.message, 0);
 		return NULL;
+	}
+	/* A trial resumed from the checkpoint of its rung (its pause was
+	 * written, then the daemon died before the state was): paused again
+	 * before any step, so the rung's weights stay exactly the rung's. */
+	if (j->pause_at > 0 && j->resumed_step > 0) {
+		int64_t at = j->pause_at;
+		if (j->spec.max_steps == 0 && j->spec.epochs > 0)
+			at = j->planned_steps > 0 ? j->planned_steps / j->spec.epochs * j->pause_at : INT64_MAX;
+		if (j->resumed_step >= at) {
+			j->pause_at_asked = true;
+			atomic_store(&j->pause_requested, true);
+			atomic_store(&j->stop_requested, true);
+		}
 	}
 	pthread_mutex_lock(&s->lock);
 	j->trainer = t;

@@ -45,6 +45,14 @@ struct running_job {
 	uint64_t mem_estimate;
 	bool mem_settled;
 	double last_store_progress;
+	/* An experiment's trial pauses itself here, its ASHA rung (in the
+	 * spec's unit: steps, or epochs when the spec ends by epochs); 0 =
+	 * never.  Read from its row when the runner starts; training thread
+	 * only. */
+	int64_t pause_at;
+	bool pause_at_asked;
+	int64_t planned_steps; /* the row's total_steps when the runner started (0 before a first run) */
+	int64_t resumed_step;  /* the checkpoint's step this run continues from (0: from the start) */
 	/* An evaluate job (daemon/evaluate.c): its normalized spec; NULL for
 	 * a training job.  Its `spec` then only holds the device count. */
 	json_t *eval;
@@ -88,6 +96,8 @@ struct tr_scheduler {
 	 * stored text again.  Guarded by lock. */
 	struct kept_spec *kept;
 	pthread_t dispatcher;
+	/* The experiments' driver (daemon/experiments.c); NULL when none. */
+	struct tr_experiments *experiments;
 	/* Memory admission (daemon/admission.c): the job sent back to the
 	 * queue to wait for memory, which is not tried again until a job has
 	 * ended (ended counts them) or MEM_RETRY_S have passed; 0 = none. */
@@ -110,6 +120,18 @@ struct kept_spec {
 void tr_sched_keep_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool paths_resolved);
 bool tr_sched_take_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec, bool *paths_resolved);
 void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id);
+
+/* An experiment's trial (daemon/experiments.c): submits spec as a job
+ * carrying tag's experiment, trial and pause_at, with the checks of POST
+ * /jobs; a trial whose job exists already is refused (TR_JOB_E_CONFLICT).
+ * tr_sched_control applies a control request as POST
+ * /jobs/{id}/<request> does. */
+int tr_sched_submit_trial(struct tr_scheduler *s, const json_t *spec, int priority, const struct tr_job_row *tag,
+			  int64_t *job_id, struct tr_error_list *problems, struct tr_error *err);
+int tr_sched_control(struct tr_scheduler *s, int64_t id, enum tr_job_request op, struct tr_error *err);
+/* The checks of a submit without storing anything (a spec refused as
+ * POST /jobs would refuse it, 400 or 422); 0 or -1 with err filled. */
+int tr_sched_check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_error *err);
 
 /* Wakes the dispatcher to look at the queue again. */
 void tr_sched_kick(struct tr_scheduler *s);

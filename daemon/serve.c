@@ -27,6 +27,7 @@
 #include "daemon/backend_open.h"
 #include "daemon/cli.h"
 #include "daemon/config.h"
+#include "daemon/experiments.h"
 #include "daemon/log.h"
 #include "daemon/scheduler.h"
 #include "daemon/service.h"
@@ -221,6 +222,7 @@ int tr_cmd_serve(int argc, char **argv)
 	tr_backend_t *be = NULL;
 	tr_scheduler_t *sched = NULL;
 	tr_api_t *api = NULL;
+	tr_experiments_t *experiments = NULL;
 	tr_datasets_t *datasets = NULL;
 	tr_service_t *svc = tr_service_create();
 	struct auth_state auth = {.n_plain = cfg.n_tokens};
@@ -328,6 +330,11 @@ int tr_cmd_serve(int argc, char **argv)
 	};
 	tr_scheduler_api_ops(sched, &acfg.ops, &acfg.ctx);
 	acfg.ops.reload = reload_op;
+	if (!(experiments = tr_experiments_start(sched, &scerr))) {
+		tr_log(TR_LOG_ERR, "%s", scerr.message);
+		goto out;
+	}
+	tr_experiments_api_ops(&acfg.ops);
 	struct tr_error aerr;
 	if (!(api = tr_api_start(&acfg, &aerr))) {
 		tr_log(TR_LOG_ERR, "%s", aerr.message);
@@ -371,6 +378,7 @@ out:
 	 * checkpoints (the service thread renews it). */
 	tr_service_stopping(svc);
 	tr_api_stop(api);
+	tr_experiments_stop(experiments);
 	if (sched)
 		tr_scheduler_shutdown(sched, cfg.shutdown_grace_s);
 	tr_service_destroy(svc);

@@ -64,48 +64,72 @@ static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, str
 	return 0;
 }
 
-static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed, struct tr_error *err)
+static int op_control(void *ctx, int64_t id, const struct tr_api_control *req, struct tr_error *err);
+
+/* Every check of a submit before anything is stored: the spec, the
+ * devices, the data paths and data, init.from.  0 with *spec parsed
+ * (release it), or -1 with err filled and nothing to release. */
+static int check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_spec *spec, struct tr_error_list *problems,
+		      struct tr_error *err)
 {
-	struct tr_scheduler *s = ctx;
-	struct tr_spec spec;
 	struct tr_error serr;
-	*replayed = false;
-	if (tr_spec_parse_all(req->spec, &spec, &serr, req->problems) < 0)
+	if (tr_spec_parse_all(doc, spec, &serr, problems) < 0)
 		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
-	int rc = check_devices(s, &spec, err);
+	int rc = check_devices(s, spec, err);
 	/* The daemon does not supervise jobs of several processes yet
 	 * (docs/design.md, "Processes and the communicator"). */
-	if (rc == 0 && spec.processes > 1)
+	if (rc == 0 && spec->processes > 1)
 		rc = tr_job_fail(
 			err, TR_JOB_E_INVALID_SPEC, "/processes",
 			"/processes: a job of %d processes runs with `trainerd run --processes %d`; the daemon "
 			"runs jobs of one process",
-			spec.processes, spec.processes);
-	int paths = rc == 0 ? tr_resolve_spec_paths(s, &spec, &serr) : 0;
+			spec->processes, spec->processes);
+	int paths = rc == 0 ? tr_resolve_spec_paths(s, spec, &serr) : 0;
 	if (paths < 0)
 		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, serr.pointer, "%s",
 				 serr.message);
 	if (rc == 0)
-		rc = tr_submit_check_data(s, &spec, err);
-	if (rc == 0 && spec.init_job > 0) {
+		rc = tr_submit_check_data(s, spec, err);
+	if (rc == 0 && spec->init_job > 0) {
 		struct tr_ckpt_row ck = {0};
-		if (tr_store_ckpt_get(s->cfg.store, spec.init_job, spec.init_step, &ck, NULL) < 0) {
-			if (spec.init_step >= 0)
+		if (tr_store_ckpt_get(s->cfg.store, spec->init_job, spec->init_step, &ck, NULL) < 0) {
+			if (spec->init_step >= 0)
 				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 						 "/init/from: job %lld has no checkpoint at step %lld",
-						 (long long)spec.init_job, (long long)spec.init_step);
+						 (long long)spec->init_job, (long long)spec->init_step);
 			else
 				rc = tr_job_fail(err, TR_JOB_E_INVALID_INIT, "/init/from",
 						 "/init/from: job %lld does not exist or has no checkpoint yet",
-						 (long long)spec.init_job);
+						 (long long)spec->init_job);
 		}
 		tr_ckpt_row_finish(&ck);
 	}
-	if (rc < 0) {
-		tr_spec_finish(&spec);
+	if (rc < 0)
+		tr_spec_finish(spec);
+	return rc < 0 ? -1 : 0;
+}
+
+int tr_sched_check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_error *err)
+{
+	struct tr_spec spec;
+	if (check_spec(s, doc, &spec, NULL, err) < 0)
+		return -1;
+	tr_spec_finish(&spec);
+	return 0;
+}
+
+/* Submits a job; tag (NULL for a plain job) makes it an experiment's
+ * trial: its experiment, trial index and pause_at are stored with it. */
+static int submit_job(struct tr_scheduler *s, const struct tr_api_submit *req, const struct tr_job_row *tag,
+		      int64_t *job_id, bool *replayed, struct tr_error *err)
+{
+	struct tr_spec spec;
+	*replayed = false;
+	int rc = check_spec(s, req->spec, &spec, req->problems, err);
+	if (rc < 0)
 		return rc;
-	}
 	json_t *norm = tr_spec_to_json(&spec);
+
 	char *norm_text = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
 	/* "The spec as given": the request's own text when it is there. */
 	char *spec_text = req->body
@@ -125,6 +149,9 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 		.idempotency_key = (char *)req->idempotency_key,
 		.request_hash = digest,
 		.loss = NAN,
+		.experiment = tag ? tag->experiment : 0,
+		.trial = tag ? tag->trial : 0,
+		.pause_at = tag ? tag->pause_at : 0,
 	};
 	int64_t existing = 0;
 	struct tr_error se = {0};
@@ -141,7 +168,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	if (rc == -EAGAIN) {
 		tr_log(TR_LOG_WARNING, "submit refused: %s", se.message);
 		rc = tr_job_fail(err, TR_JOB_E_QUEUE_FULL, "", "%s; retry when some have started", se.message);
-	} else if (rc == -EEXIST) {
+	} else if (rc == -EEXIST && req->idempotency_key) {
 		struct tr_job_row old = {0};
 		rc = tr_store_job_get(s->cfg.store, existing, &old, &se);
 		if (rc == 0 && old.request_hash && strcmp(old.request_hash, digest) == 0) {
@@ -155,6 +182,8 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 			rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "store: %s", se.message);
 		}
 		tr_job_row_finish(&old);
+	} else if (rc == -EEXIST) { /* the trial's job exists: it never runs twice */
+		rc = tr_job_fail(err, TR_JOB_E_CONFLICT, "", "%s", se.message);
 	} else if (rc < 0) {
 		rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the job: %s", se.message);
 	} else {
@@ -166,6 +195,32 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 	free(norm_text);
 	tr_spec_finish(&spec);
 	return rc < 0 ? -1 : 0;
+}
+
+static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id, bool *replayed, struct tr_error *err)
+{
+	return submit_job(ctx, req, NULL, job_id, replayed, err);
+}
+
+int tr_sched_submit_trial(struct tr_scheduler *s, const json_t *spec, int priority, const struct tr_job_row *tag,
+			  int64_t *job_id, struct tr_error_list *problems, struct tr_error *err)
+{
+	char *body = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+	struct tr_api_submit req = {.spec = spec,
+				    .body = body,
+				    .body_len = body ? strlen(body) : 0,
+				    .priority = priority,
+				    .problems = problems};
+	bool replayed = false;
+	int rc = submit_job(s, &req, tag, job_id, &replayed, err);
+	free(body);
+	return rc;
+}
+
+int tr_sched_control(struct tr_scheduler *s, int64_t id, enum tr_job_request op, struct tr_error *err)
+{
+	struct tr_api_control req = {.op = op};
+	return op_control(s, id, &req, err);
 }
 
 /* Reads job id into row; refuses with not found or storage errors. */

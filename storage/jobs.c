@@ -16,7 +16,7 @@
 #define JOB_COLS                                                                                                                      \
 	"id, name, state, priority, spec, normalized, devices, error, idempotency_key, request_hash, "                                \
 	"submitted_at, started_at, finished_at, step, total_steps, epoch, loss, updated_at, info, loader_threads, crashes, train_s, " \
-	"preemptible, preemption"
+	"preemptible, preemption, experiment_id, trial, pause_at"
 
 void tr_job_row_finish(struct tr_job_row *row)
 {
@@ -78,6 +78,9 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_job_row *r)
 	r->crashes = sqlite3_column_int(st, 20);
 	r->train_s = sqlite3_column_double(st, 21);
 	r->preemptible = sqlite3_column_int(st, 22) != 0;
+	r->experiment = sqlite3_column_int64(st, 24); /* NULL reads 0: a plain job */
+	r->trial = sqlite3_column_int(st, 25);
+	r->pause_at = sqlite3_column_int64(st, 26);
 	int err = col_state(c, st, 2, r->id, &r->state);
 	if (err < 0) {
 		memset(r, 0, sizeof *r);
@@ -247,8 +250,8 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 	double submitted = row->submitted_at > 0 ? row->submitted_at : now;
 	static const char insert_sql[] =
 		"INSERT INTO jobs (name, state, priority, spec, normalized, devices, error, idempotency_key,"
-		" request_hash, submitted_at, updated_at, preemptible)"
-		" VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)";
+		" request_hash, submitted_at, updated_at, preemptible, experiment_id, trial, pause_at)"
+		" VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)";
 	st = tr_store_stmt(c, insert_sql);
 	if (!st) {
 		err = -EIO;
@@ -264,7 +267,17 @@ int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t m
 	sqlite3_bind_text(st, 8, row->request_hash, -1, SQLITE_STATIC);
 	sqlite3_bind_double(st, 9, submitted);
 	sqlite3_bind_int(st, 10, row->preemptible);
+	if (row->experiment > 0) {
+		sqlite3_bind_int64(st, 11, row->experiment);
+		sqlite3_bind_int(st, 12, row->trial);
+	}
+	sqlite3_bind_int64(st, 13, row->pause_at);
 	int rc = sqlite3_step(st);
+	if (rc == SQLITE_CONSTRAINT_UNIQUE && row->experiment > 0) {
+		err = tr_store_cfail(c, -EEXIST, "experiment %lld has a job for trial %d already",
+				     (long long)row->experiment, row->trial);
+		goto cleanup;
+	}
 	if (rc != SQLITE_DONE) {
 		err = SQLFAIL(c, rc, "INSERT INTO jobs");
 		goto cleanup;
@@ -449,6 +462,22 @@ static int cmp_row_queue(const void *a, const void *b)
 	if (x->submitted_at != y->submitted_at)
 		return x->submitted_at < y->submitted_at ? -1 : 1;
 	return (x->id > y->id) - (x->id < y->id);
+}
+
+int tr_store_job_list_trials(tr_store_t *s, int64_t experiment, struct tr_job_row **rows, int *count,
+			     struct tr_error *e)
+{
+	*rows = NULL;
+	*count = 0;
+	struct conn *c = tr_store_conn_lend(s, e);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "SELECT " JOB_COLS " FROM jobs WHERE experiment_id = ?1 ORDER BY trial");
+	if (st) {
+		sqlite3_bind_int64(st, 1, experiment);
+		err = read_rows(c, st, rows, count);
+	}
+	tr_store_conn_put(s, c);
+	return err;
 }
 
 int tr_store_job_list(tr_store_t *s, const enum tr_job_state *state, int64_t after, int limit, struct tr_job_row **rows,
@@ -751,6 +780,20 @@ static int set_int_column(tr_store_t *s, int64_t id, const char *sql, int value,
 int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, struct tr_error *e)
 {
 	return set_int_column(s, id, "UPDATE jobs SET loader_threads = ?2 WHERE id = ?1", threads, e);
+}
+
+int tr_store_job_set_pause_at(tr_store_t *s, int64_t id, int64_t pause_at, struct tr_error *e)
+{
+	struct conn *c = tr_store_conn_lend(s, e);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET pause_at = ?2 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int64(st, 2, pause_at);
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
 }
 
 int tr_store_job_set_crashes(tr_store_t *s, int64_t id, int crashes, struct tr_error *e)

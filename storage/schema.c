@@ -156,6 +156,38 @@ static const char *const migrations[] = {
 	 * as a JSON object (who preempted it, when, how), NULL when never. */
 	"ALTER TABLE jobs ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 0;"
 	"ALTER TABLE jobs ADD COLUMN preemption TEXT;",
+	/* 12: experiments (storage/experiments.c, docs/experiments.md).  A
+	 * trial is a job row carrying its experiment and index; the unique
+	 * index makes a trial's job exist at most once, so a daemon that dies
+	 * between deciding and recording never starts a trial twice.
+	 * pause_at: the step or epoch (the spec's own unit) at which the job
+	 * pauses itself, its ASHA rung; 0 = none.  experiment_events holds the
+	 * searcher's inputs in arrival order (reports and promotions), from
+	 * which core/searcher.h decides again after a restart. */
+	"ALTER TABLE jobs ADD COLUMN experiment_id INTEGER;"
+	"ALTER TABLE jobs ADD COLUMN trial INTEGER;"
+	"ALTER TABLE jobs ADD COLUMN pause_at INTEGER NOT NULL DEFAULT 0;"
+	"CREATE UNIQUE INDEX jobs_by_trial ON jobs(experiment_id, trial) WHERE experiment_id IS NOT NULL;"
+	"CREATE TABLE experiments ("
+	"  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  name TEXT NOT NULL,"
+	"  state TEXT NOT NULL,"
+	"  priority INTEGER NOT NULL DEFAULT 0,"
+	"  request TEXT NOT NULL,"
+	"  error TEXT,"
+	"  submitted_at REAL NOT NULL,"
+	"  finished_at REAL NOT NULL DEFAULT 0"
+	");"
+	"CREATE TABLE experiment_events ("
+	"  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+	"  experiment_id INTEGER NOT NULL REFERENCES experiments(id) ON DELETE CASCADE,"
+	"  kind TEXT NOT NULL,"
+	"  trial INTEGER NOT NULL,"
+	"  rung INTEGER NOT NULL,"
+	"  metric REAL,"
+	"  failed INTEGER NOT NULL DEFAULT 0"
+	");"
+	"CREATE INDEX experiment_events_by_experiment ON experiment_events(experiment_id, seq);",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/experiment.h"
 #include "core/job.h"
 
 typedef struct tr_store tr_store_t;
@@ -96,6 +97,13 @@ struct tr_job_row {
 	double train_s;     /* seconds of training of its runs that ended (a running one's not yet) */
 	bool preemptible;   /* a higher-priority job may preempt it (daemon/preemption.c) */
 	char *preemption;   /* JSON object text of its newest preemption, NULL when never preempted */
+	/* An experiment's trial (docs/experiments.md): its experiment's id (0
+	 * for a plain job) and index; pause_at, the step or epoch (the spec's
+	 * own unit) where it pauses itself at its rung, 0 = none.  Written
+	 * by the insert. */
+	int64_t experiment;
+	int trial;
+	int64_t pause_at;
 };
 
 void tr_job_row_finish(struct tr_job_row *row); /* frees strings; accepts zeroed rows */
@@ -137,6 +145,12 @@ int tr_store_job_insert(tr_store_t *s, struct tr_job_row *row, int64_t *existing
 int tr_store_job_insert_bounded(tr_store_t *s, struct tr_job_row *row, int64_t max_queued, int64_t *existing_id,
 				struct tr_error *e);
 int tr_store_job_get(tr_store_t *s, int64_t id, struct tr_job_row *out, struct tr_error *e); /* -ENOENT */
+/* The trials of experiment `experiment`, by trial index (same ownership
+ * as tr_store_job_list). */
+int tr_store_job_list_trials(tr_store_t *s, int64_t experiment, struct tr_job_row **rows, int *count,
+			     struct tr_error *e);
+/* Sets a trial's pause_at (its next rung; 0 = none). */
+int tr_store_job_set_pause_at(tr_store_t *s, int64_t id, int64_t pause_at, struct tr_error *e);
 /* Jobs with id > after (0 = from the start), ascending id, at most limit;
  * state NULL = any, else the one state *state.  *rows is malloc'd (free
  * each with tr_job_row_finish, then free the array). */
@@ -282,6 +296,50 @@ int tr_store_wait_events(tr_store_t *s, int64_t job_id, int64_t after, int timeo
  * do not end the wait. */
 int tr_store_wait_events_types(tr_store_t *s, int64_t job_id, int64_t after, unsigned types, int timeout_ms);
 void tr_store_wake_all(tr_store_t *s);
+
+/* ---- experiments (storage/experiments.c) ---------------------------------- */
+
+struct tr_experiment_row {
+	int64_t id;
+	char *name;
+	enum tr_experiment_state state; /* kept as its name */
+	int priority;
+	char *request;                    /* JSON text: {"spec", "search" (defaults filled), "parameters"} */
+	char *error;                      /* JSON object text {"code","message"} or NULL */
+	double submitted_at, finished_at; /* Unix seconds; finished_at 0 until an end */
+};
+void tr_experiment_row_finish(struct tr_experiment_row *row); /* frees strings; accepts zeroed rows */
+
+/* One input of the searcher, in arrival order: a report (failed or with
+ * its metric, NaN for none) or a promotion of trial from rung. */
+struct tr_experiment_event {
+	int64_t seq;
+	bool promotion;
+	int trial, rung;
+	double metric;
+	bool failed;
+};
+
+/* Inserts row (state as given), setting id and submitted_at. */
+int tr_store_experiment_insert(tr_store_t *s, struct tr_experiment_row *row, struct tr_error *e);
+int tr_store_experiment_get(tr_store_t *s, int64_t id, struct tr_experiment_row *out, struct tr_error *e); /* -ENOENT */
+/* Experiments with id > after, ascending, at most limit (<= 0: all), of
+ * one state (NULL: any).  *rows malloc'd: finish each, free the array. */
+int tr_store_experiment_list(tr_store_t *s, const enum tr_experiment_state *state, int64_t after, int limit,
+			     struct tr_experiment_row **rows, int *count, struct tr_error *e);
+/* Sets state and error (NULL = none); stamps finished_at on an end. */
+int tr_store_experiment_set_state(tr_store_t *s, int64_t id, enum tr_experiment_state state, const char *error_json,
+				  struct tr_error *e);
+/* Appends one searcher input. */
+int tr_store_experiment_event_add(tr_store_t *s, int64_t id, const struct tr_experiment_event *ev, struct tr_error *e);
+/* Every input of experiment id in order; *events malloc'd (may be NULL
+ * when *count is 0). */
+int tr_store_experiment_events(tr_store_t *s, int64_t id, struct tr_experiment_event **events, int *count,
+			       struct tr_error *e);
+/* Experiments by state, counts indexed by enum tr_experiment_state
+ * (storage/experiment_counts.c); -EBADMSG naming a state the store does
+ * not know. */
+int tr_store_experiment_counts(tr_store_t *s, int64_t counts[TR_EXP_NSTATES], struct tr_error *e);
 
 /* ---- metrics ------------------------------------------------------------- */
 

@@ -2,6 +2,7 @@
  * API, from the same origin, and builds every element with the DOM (no
  * HTML from data), so a job name cannot inject markup.  Pages: #/ (jobs and
  * the submit form), #/jobs/<id> (charts, info, log, checkpoints, controls),
+ * #/experiments and #/experiments/<id> (experiments.js, through addPage),
  * #/devices.  Charts are uPlot (chosen by bench/dashboard: fastest of the
  * maintained candidates at four series of 100,000 points). */
 'use strict';
@@ -154,6 +155,10 @@
 
 	/* ---- router: each page returns a cleanup function ---- */
 	let cleanup = null;
+	/* Pages of other files (experiments.js): a hash pattern whose groups
+	 * are the render function's arguments, and the nav link it marks. */
+	const pages = [];
+	function addPage(pattern, nav, render) { pages.push({ pattern, nav, render }); }
 	function route() {
 		if (cleanup) { try { cleanup(); } catch (e) { /* the old page is gone anyway */ } }
 		cleanup = null;
@@ -161,12 +166,14 @@
 		const main = $('#main');
 		main.replaceChildren();
 		const hash = location.hash || '#/';
-		let m, page = 'jobs';
-		if ((m = /^#\/jobs\/(\d+)$/.exec(hash))) { page = 'job'; cleanup = jobPage(main, Number(m[1])); }
-		else if (hash === '#/devices') { page = 'devices'; cleanup = devicesPage(main); }
+		let m, page = 'jobs', nav = 'jobs';
+		const extra = pages.find((p) => p.pattern.test(hash));
+		if (extra) { page = nav = extra.nav; cleanup = extra.render(main, ...extra.pattern.exec(hash).slice(1)); }
+		else if ((m = /^#\/jobs\/(\d+)$/.exec(hash))) { page = 'job'; cleanup = jobPage(main, Number(m[1])); }
+		else if (hash === '#/devices') { page = nav = 'devices'; cleanup = devicesPage(main); }
 		else cleanup = jobsPage(main);
 		for (const a of document.querySelectorAll('[data-nav]'))
-			a.toggleAttribute('aria-current', a.dataset.nav === page || (page === 'job' && a.dataset.nav === 'jobs'));
+			a.toggleAttribute('aria-current', a.dataset.nav === nav);
 		for (const a of document.querySelectorAll('[data-nav]'))
 			if (a.hasAttribute('aria-current')) a.setAttribute('aria-current', 'page');
 	}
@@ -187,6 +194,37 @@
 			}
 		})();
 	}
+	/* Asks before a control acts; resolves true when confirmed. */
+	async function confirmDialog(text, okLabel) {
+		const dlg = $('#confirm-dialog');
+		$('#confirm-text').textContent = text;
+		$('#confirm-ok').textContent = okLabel;
+		$('#confirm-title').textContent = okLabel + '?';
+		dlg.returnValue = '';
+		return new Promise((resolve) => {
+			dlg.addEventListener('close', () => resolve(dlg.returnValue === 'ok'), { once: true });
+			dlg.showModal();
+			$('#confirm-cancel').focus();
+		});
+	}
+	/* The role the token in use grants (GET /whoami), asked once per
+	 * token: controls a role may not use are not offered.  A daemon
+	 * without the route is taken to allow all (it still checks). */
+	let roleAsk = null, roleToken = null;
+	function myRole() {
+		const tok = sessionStorage.getItem(TOKEN_KEY);
+		if (!roleAsk || tok !== roleToken) {
+			roleToken = tok;
+			roleAsk = api('/whoami').then((r) => r.role, (e) => {
+				roleAsk = null;
+				if (e.status === 404) return 'admin';
+				throw e;
+			});
+		}
+		return roleAsk;
+	}
+	const ROLES = ['read', 'write', 'admin'];
+	const roleAtLeast = (have, need) => ROLES.indexOf(have) >= ROLES.indexOf(need);
 	function stateBadge(state, extra) {
 		return h('span', { class: 'state ' + state, 'data-state': state, text: extra || state });
 	}
@@ -300,7 +338,7 @@
 	}
 
 	/* ---- Jobs page ---- */
-	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error,preemptible,preemption';
+	let listFields = 'id,name,state,terminal,priority,devices,progress,summary,submitted_at,started_at,finished_at,error,preemptible,preemption,experiment,trial';
 	async function fetchJobs(state) {
 		const jobs = [];
 		let after = null;
@@ -356,7 +394,8 @@
 		/* data-label: the column's name, shown beside each value where a
 		 * phone stacks a row's cells (app.css, table.stack). */
 		const tr = h('tr', { class: 'job-row', 'data-job': job.id },
-			h('td', { class: 'name' }, link),
+			h('td', { class: 'name' }, link, job.experiment ? h('a', { class: 'trial-of muted small', href: '#/experiments/' + job.experiment,
+				text: ' (trial ' + job.trial + ' of experiment #' + job.experiment + ')' }) : null),
 			h('td', { 'data-label': 'State' }, stateBadge(job.state), preemptBadge(job)),
 			h('td', { 'data-label': 'Progress' }, h('progress', { max: total || 1, value: total ? step : 0, 'aria-label': 'progress of job ' + job.id }),
 				h('span', { class: 'pct', text: total ? step + '/' + total + ' (' + pct.toFixed(0) + '%)' : step ? String(step) : '' })),
@@ -642,11 +681,13 @@
 		const ctl = new AbortController(), signal = ctl.signal;
 		const st = {
 			job: null, series: {}, overlays: new Map(), charts: [], x: 'step', log: false, smooth: 0.6, envelope: true,
-			logLines: [], polling: false,
+			logLines: [], polling: false, role: null,
 		};
 		/* ---- layout ---- */
 		const title = h('h1', { id: 'job-title', text: 'Job #' + id });
 		const badge = h('span', { id: 'job-state' });
+		/* A trial of an experiment links back to it. */
+		const trialOf = h('span', { id: 'job-experiment', class: 'muted' });
 		const buttons = {};
 		const actions = h('div', { class: 'row', id: 'job-actions' });
 		/* A resume may give the job a new end: epochs in all (empty: unchanged). */
@@ -687,7 +728,7 @@
 		const overlayChips = h('span', { class: 'chips', id: 'overlay-chips' });
 
 		main.append(
-			h('div', { class: 'job-head' }, h('a', { href: '#/', text: '← Jobs' }), title, badge, h('span', { class: 'spacer' }), feedback, actions),
+			h('div', { class: 'job-head' }, h('a', { href: '#/', text: '← Jobs' }), title, badge, trialOf, h('span', { class: 'spacer' }), feedback, actions),
 			h('div', { class: 'job-grid' },
 				h('div', {},
 					h('div', { class: 'card controls', id: 'chart-controls' },
@@ -709,11 +750,19 @@
 			title.textContent = '#' + job.id + ' ' + job.name;
 			document.title = '#' + job.id + ' ' + job.name + ' – trainerd';
 			badge.replaceChildren(stateBadge(job.state), preemptBadge(job) || '');
+			if (job.experiment && !trialOf.firstChild)
+				trialOf.append('trial ' + job.trial + ' of ', h('a', { href: '#/experiments/' + job.experiment, text: 'experiment #' + job.experiment }));
 			/* A request's feedback lasts until the job has ended. */
 			if (job.terminal && !Object.values(buttons).some((b) => b.dataset.busy)) feedback.textContent = '';
-			for (const b of Object.values(buttons))
+			/* A token whose role may not control jobs (GET /whoami) sees
+			 * no controls; until its role is known they show, as before. */
+			const may = st.role === null || roleAtLeast(st.role, 'write');
+			for (const b of Object.values(buttons)) {
+				b.hidden = !may;
 				if (!b.dataset.busy) b.disabled = !b.dataset.states.split(' ').includes(job.state);
+			}
 			resumeEpochs.disabled = buttons.resume.disabled;
+			resumeEpochs.hidden = !may;
 			const rows = [
 				['Step', (p.step || 0) + (p.total_steps ? ' / ' + p.total_steps : '')],
 				/* 1-based for people; the engine's info field "epoch" is the
@@ -858,18 +907,6 @@
 		}
 
 		/* ---- controls ---- */
-		async function confirmDialog(text, okLabel) {
-			const dlg = $('#confirm-dialog');
-			$('#confirm-text').textContent = text;
-			$('#confirm-ok').textContent = okLabel;
-			$('#confirm-title').textContent = okLabel + '?';
-			dlg.returnValue = '';
-			return new Promise((resolve) => {
-				dlg.addEventListener('close', () => resolve(dlg.returnValue === 'ok'), { once: true });
-				dlg.showModal();
-				$('#confirm-cancel').focus();
-			});
-		}
 		async function control(op, label, what, b) {
 			if (!(await confirmDialog('Job #' + id + ' ' + what + '.', label + ' job #' + id))) return;
 			const old = b.textContent;
@@ -1370,6 +1407,7 @@
 			}
 			loadDevices().catch(() => {});
 			loadCheckpoints().catch(() => {});
+			myRole().then((role) => { st.role = role; if (st.job) renderJob(); }, () => {});
 			await firstMetrics;
 			if (signal.aborted) return;
 			if (!live()) loadLogsOnce().catch(() => {});
@@ -1390,6 +1428,13 @@
 	 * computations. */
 	window.trainerdDashboard = Object.freeze({ ema, fmtMs, pointerMap, mergeSeries, compact, joinTables, epochLength, SMOOTH_MIN_POINTS });
 
+	/* For the dashboard's other files (experiments.js): the helpers they
+	 * share with these pages. */
+	window.trainerdUi = Object.freeze({ h, $, api, ApiError, poller, stateBadge, fmtNum, fmtDuration, age, toast,
+		confirmDialog, myRole, roleAtLeast, joinTables, setConn, addPage, PALETTE });
+
 	window.addEventListener('hashchange', route);
-	route();
+	/* After every script of the page has added its pages. */
+	if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', route, { once: true });
+	else route();
 })();

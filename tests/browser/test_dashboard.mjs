@@ -22,81 +22,16 @@
 // Prints "RESULT: N passed, M failed".  Bounded: each wait has a timeout
 // and the whole run is killed after 240 s.
 import { chromium } from 'playwright-core';
-import { spawn } from 'node:child_process';
 import http from 'node:http';
-import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
+import { browserTest, waitFor } from './lib.mjs';
 
-const [trainerd, artifacts] = process.argv.slice(2);
-if (!trainerd || !artifacts) {
-	console.error('usage: test_dashboard.mjs TRAINERD ARTIFACT_DIR');
-	process.exit(2);
-}
-fs.mkdirSync(artifacts, { recursive: true });
+const t0 = browserTest('test_dashboard', 240000);
+const { artifacts, check, step } = t0;
+const startDaemon = t0.startDaemon, finish = t0.finish;
 const TOKEN = 'dashboard-test-token';
-let passed = 0, failed = 0;
-const daemons = [];
 let browser = null;
 
-const hardStop = setTimeout(() => {
-	console.error('test_dashboard: took over 240 s; giving up');
-	finish(1);
-}, 240000);
-
-function check(name, ok, detail) {
-	if (ok) passed++;
-	else failed++;
-	console.log(`${ok ? 'ok  ' : 'FAIL'} ${name}${!ok && detail ? ': ' + detail : ''}`);
-}
-async function step(name, fn) {
-	try {
-		await fn();
-		check(name, true);
-	} catch (e) {
-		check(name, false, e && e.message ? e.message.split('\n')[0] : String(e));
-	}
-}
-async function finish(code) {
-	clearTimeout(hardStop);
-	if (browser) await browser.close().catch(() => {});
-	/* Each daemon must shut down cleanly on SIGTERM, without a sanitizer
-	 * report (the ASan build runs this test too). */
-	for (const d of daemons) {
-		const exited = d.exit || new Promise((r) => setTimeout(() => r(null), 20000));
-		try { d.proc.kill('SIGTERM'); } catch (e) { /* already gone */ }
-		const how = await Promise.race([exited, new Promise((r) => setTimeout(() => r(null), 20000))]);
-		try { d.proc.kill('SIGKILL'); } catch (e) { /* already gone */ }
-		const log = fs.readFileSync(d.log, 'utf8');
-		const report = /ERROR: \w+Sanitizer|runtime error:/.exec(log);
-		if (code === undefined)
-			check('daemon ' + path.basename(d.log) + ' exits cleanly on SIGTERM', how && how.code === 0 && !report,
-				how ? 'exit ' + how.code + ' signal ' + how.signal + (report ? ', ' + report[0] + ' in its log' : '') : 'still running after 20 s');
-		fs.rmSync(d.dir, { recursive: true, force: true });
-	}
-	console.log(`RESULT: ${passed} passed, ${failed} failed`);
-	process.exit(code === undefined ? (failed ? 1 : 0) : code);
-}
-
-async function startDaemon(devices, extra) {
-	const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'trainerd-browser-'));
-	const log = path.join(artifacts, `daemon-${daemons.length}.log`);
-	const proc = spawn(trainerd, ['serve', '--listen', '127.0.0.1:0', '--state-dir', dir, '--data-root', dir,
-		'--cpu-devices', String(devices), '--backend', 'cpu', '--openapi', '', ...extra],
-	{ stdio: ['ignore', 'ignore', fs.openSync(log, 'w')] });
-	const d = { proc, dir, log, url: null };
-	d.exit = new Promise((r) => proc.on('exit', (c, sig) => r({ code: c, signal: sig })));
-	daemons.push(d);
-	for (let i = 0; i < 100 && !d.url; i++) {
-		await new Promise((r) => setTimeout(r, 100));
-		try {
-			const addr = fs.readFileSync(path.join(dir, 'listen.addr'), 'utf8').trim();
-			d.url = addr.startsWith('http') ? addr : 'http://' + addr;
-		} catch (e) { /* not yet */ }
-	}
-	if (!d.url) throw new Error('trainerd did not start (see daemon log in ' + artifacts + ')');
-	return d;
-}
 async function submit(d, spec, token) {
 	const headers = { 'Content-Type': 'application/json' };
 	if (token) headers.Authorization = 'Bearer ' + token;
@@ -163,19 +98,9 @@ async function checkEnd(page, d, id, want) {
 	}
 	if (seen.charts[0].loss !== final) throw new Error(`the loss ended at step ${seen.charts[0].loss}, the job at ${final}`);
 }
-async function waitFor(what, fn, timeoutMs) {
-	const end = Date.now() + timeoutMs;
-	let last;
-	while (Date.now() < end) {
-		last = await fn().catch((e) => { last = e; return false; });
-		if (last === true) return;
-		await new Promise((r) => setTimeout(r, 200));
-	}
-	throw new Error('timed out waiting for ' + what);
-}
 
 try {
-	browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+	browser = t0.browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
 		args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage',
 			'--host-resolver-rules=MAP rebind.example 127.0.0.1'] });
 

@@ -288,6 +288,34 @@ for _ in $(seq 100); do
 	sleep 0.1
 done
 sleep 0.5
+# Experiments: submit --wait ends 0 on a completed one (its best trial
+# named), 1 on one whose every trial failed (a learning rate that makes the
+# loss NaN); ls and show; cancel of an ended one is the daemon's 409.
+cat >"$work/exp.json" <<'JSON'
+{"name": "sweep", "spec": {"seed": 2,
+ "model": {"layers": [{"type": "dense", "units": 8}, {"type": "relu"}, {"type": "dense", "units": 3}]},
+ "data": {"train": {"format": "synthetic", "samples": 600, "features": 5, "classes": 3}, "validation_split": 0.2},
+ "batch_size": 32, "epochs": 3, "optimizer": {"type": "sgd", "lr": 0.1}},
+ "search": {"method": "grid"}, "parameters": {"/optimizer/lr": {"grid": [0.3, 0.03]}}}
+JSON
+sed 's/\[0.3, 0.03\]/[1e30]/' "$work/exp.json" >"$work/exp-nan.json"
+tc experiment submit --wait "$work/exp.json" >"$work/o" 2>"$work/e"
+check "experiment submit --wait: exit 0 when completed" test $? -eq 0
+check "experiment submit --wait: completed" has "$work/o" "^state  *completed"
+check "experiment submit --wait: names the best trial" has "$work/o" "^best  *trial [01] (job"
+exp_id=$(head -1 "$work/o")
+tc experiment submit --wait "$work/exp-nan.json" >"$work/o" 2>"$work/e"
+check "experiment submit --wait: exit 1 when failed" test $? -eq 1
+check "experiment submit --wait: failed" has "$work/o" "^state  *failed"
+tc experiment ls >"$work/o"
+check "experiment ls: lists both" test "$(count "$work/o" ' grid ')" -eq 2
+tc experiment show "$exp_id" >"$work/o"
+check "experiment show: the trials" test "$(count "$work/o" '/optimizer/lr')" -eq 2
+tc experiment cancel "$exp_id" >/dev/null 2>"$work/e"
+check "experiment cancel of an ended one: exit 4" test $? -eq 4
+tc experiment frobnicate 2>/dev/null
+check "experiment with an unknown subcommand: exit 2" test $? -eq 2
+
 stop
 sleep 1
 start "$port"
@@ -323,6 +351,7 @@ check "completion of commands" test "$(comp trainctl me)" = "metrics"
 check "completion of options" test "$(comp trainctl ls --st)" = "--state"
 check "completion of states" test "$(comp trainctl ls --state c)" = "completed cancelled"
 check "completion of aliases" test "$(comp trainctl download 3 l)" = "latest"
+check "completion of experiment subcommands" test "$(comp trainctl experiment s)" = "submit show"
 
 # ---- tokens ----
 echo "sekrit" >"$work/token"

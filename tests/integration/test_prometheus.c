@@ -1,4 +1,5 @@
-/* GET /metrics and ranged checkpoint downloads over HTTP, through the
+/* GET /metrics (jobs and experiments by state) and ranged checkpoint
+ * downloads over HTTP, through the
  * harness, so that tests/openapi/validate_responses.py checks these
  * responses (text format, 206 with Content-Range, 416) against
  * openapi/openapi.yaml.  tests/e2e/prometheus.sh checks the exposition
@@ -47,6 +48,39 @@ Test(prometheus, metrics_after_a_job, .init = start1, .fini = stop1, .timeout = 
 	cr_assert_null(strstr(r.body, line), "%s", r.body);
 	/* Requests are counted under the route pattern. */
 	cr_assert_not_null(strstr(r.body, "route=\"/jobs/{id}\",code=\"200\"}"), "%s", r.body);
+	http_free(&r);
+}
+
+/* Experiments by state: a two-trial sweep of JOB's learning rate, counted
+ * as running while it runs and as completed once it has ended. */
+Test(prometheus, experiments_by_state, .init = start1, .fini = stop1, .timeout = 120)
+{
+	const char *x = "{\"name\": \"prom-sweep\", \"spec\": " JOB ", \"search\": {\"method\": \"random\","
+			" \"metric\": \"loss\", \"max_trials\": 2, \"max_concurrent\": 1},"
+			" \"parameters\": {\"/optimizer/lr\": {\"uniform\": [0.001, 0.01]}}}";
+	struct http_reply r;
+	bool ended = false;
+
+	http(&d, "POST", "/experiments", x, "application/json", NULL, &r);
+	cr_assert_eq(r.status, 201, "%s", r.body);
+	http_free(&r);
+	http(&d, "GET", "/metrics", NULL, NULL, NULL, &r);
+	cr_assert(strstr(r.body, "\ntrainerd_experiments{state=\"queued\"} 1\n") ||
+			  strstr(r.body, "\ntrainerd_experiments{state=\"running\"} 1\n"),
+		  "%s", r.body);
+	http_free(&r);
+	for (int i = 0; i < 600 && !ended; i++) {
+		http(&d, "GET", "/experiments/1", NULL, NULL, NULL, &r);
+		cr_assert_eq(r.status, 200, "%s", r.body);
+		ended = strstr(r.body, "\"terminal\": true") || strstr(r.body, "\"terminal\":true");
+		http_free(&r);
+		if (!ended)
+			usleep(100000);
+	}
+	cr_assert(ended, "the sweep did not end in 60 s");
+	http(&d, "GET", "/metrics", NULL, NULL, NULL, &r);
+	cr_assert_not_null(strstr(r.body, "\ntrainerd_experiments{state=\"completed\"} 1\n"), "%s", r.body);
+	cr_assert_not_null(strstr(r.body, "\ntrainerd_experiments{state=\"running\"} 0\n"), "%s", r.body);
 	http_free(&r);
 }
 

@@ -5,6 +5,7 @@
  * request and checkpoint counters as tr_prom_request_done and
  * tr_prom_checkpoint_written feed them, a route's codes past the table's
  * room counted as "other"; jobs by state and the running job's gauges;
+ * experiments by state where the daemon offers them;
  * label values escaped.  Over real HTTP against the in-process API of
  * tests/unit/api/fixture.h.  The counters are process-wide, so the tests
  * compare before and after.
@@ -340,4 +341,62 @@ Test(api, label_values_are_escaped)
 	cr_assert_eq(sample(text, "trainerd_build_info{version=\"1.0 \\\"beta\\\"\\\\x\\nnext\"}"), 1, "%s", text);
 	check_format(text);
 	free(text);
+}
+
+/* ---- experiments by state ---- */
+
+/* What the fake experiment_counts op answers: counts by state, or a
+ * failure. */
+static int64_t exp_counts[TR_EXP_NSTATES];
+static bool exp_fail;
+
+static int fake_experiment_counts(void *ctx, int64_t *counts, struct tr_error *err)
+{
+	(void)ctx;
+	if (exp_fail) {
+		snprintf(err->message, sizeof err->message, "experiments unreadable");
+		return -1;
+	}
+	memcpy(counts, exp_counts, sizeof exp_counts);
+	return 0;
+}
+
+static void with_experiments(struct tr_api_config *cfg)
+{
+	cfg->ops.experiment_counts = fake_experiment_counts;
+}
+
+Test(api, experiments_by_state)
+{
+	struct start_opts o = {.tweak = with_experiments};
+	char series[128], *text;
+	struct tr_test_reply r;
+
+	/* A daemon without experiments leaves the family out. */
+	text = scrape();
+	cr_assert_null(strstr(text, "trainerd_experiments"), "%s", text);
+	free(text);
+
+	restart(&o);
+	for (int i = 0; i < TR_EXP_NSTATES; i++)
+		exp_counts[i] = 10 * i + 3;
+	text = scrape();
+	check_format(text);
+	promtool_check(text);
+	/* Every state on its own line, with its own count. */
+	for (int i = 0; i < TR_EXP_NSTATES; i++) {
+		snprintf(series, sizeof series, "trainerd_experiments{state=\"%s\"}",
+			 tr_experiment_state_name((enum tr_experiment_state)i));
+		cr_assert_eq(sample(text, series), 10 * i + 3, "%s in %s", series, text);
+	}
+	cr_assert_not_null(strstr(text, "# TYPE trainerd_experiments gauge\n"), "%s", text);
+	free(text);
+
+	/* Unreadable counts fail the scrape (as unreadable jobs do), saying why. */
+	exp_fail = true;
+	r = http("GET", "/metrics", NULL);
+	exp_fail = false;
+	expect_status(&r, 500, "experiments unreadable");
+	cr_assert_not_null(strstr(jstr(r.json, "error.message"), "experiments unreadable"), "%s", r.body.data);
+	resp_free(&r);
 }
