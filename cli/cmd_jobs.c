@@ -190,15 +190,21 @@ static void progress_cells(const json_t *job, char *step, size_t slen, char *pct
 	number_cell(loss, llen, l, "%.4f");
 }
 
-/* The state, and for a preempted job who preempted it ("preempted by 5"). */
+/* The state, and for a preempted job who preempted it ("preempted by 5",
+ * or "preempted by slurm" for a Slurm job that Slurm requeued). */
 static const char *state_cell(const json_t *job, char *buf)
 {
 	const char *st = json_string_value(json_object_get(job, "state"));
 	const json_t *by = json_object_get(json_object_get(job, "preemption"), "by");
 
-	if (!st || strcmp(st, "preempted") != 0 || !json_is_integer(by))
+	if (!st || strcmp(st, "preempted") != 0)
 		return st;
-	snprintf(buf, 48, "preempted by %lld", (long long)json_integer_value(by));
+	if (json_is_integer(by))
+		snprintf(buf, 48, "preempted by %lld", (long long)json_integer_value(by));
+	else if (json_is_string(by))
+		snprintf(buf, 48, "preempted by %.20s", json_string_value(by));
+	else
+		return st;
 	return buf;
 }
 

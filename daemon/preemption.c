@@ -41,10 +41,11 @@ static bool letting_go(const struct running_job *j)
 	       atomic_load(&j->cancel_requested);
 }
 
-/* Whether the queued job (priority prio) may preempt j now. */
+/* Whether the queued job (priority prio) may preempt j now.  A Slurm
+ * job holds no devices here: Slurm preempts it (daemon/slurm_preempt.c). */
 static bool may_preempt(const struct tr_scheduler *s, const struct running_job *j, int prio, double now)
 {
-	return j->preemptible && !j->eval && j->priority < prio && !letting_go(j) &&
+	return j->preemptible && !j->eval && !j->slurm && j->priority < prio && !letting_go(j) &&
 	       now - j->started_at >= s->cfg.preemption.min_run_s;
 }
 

@@ -167,6 +167,14 @@ static void release_spec(struct tr_scheduler *s, int64_t id, struct running_job 
 	tr_sched_keep_spec(s, id, &job->spec, job->paths_resolved);
 }
 
+static bool has_runner(const struct tr_scheduler *s, int64_t id)
+{
+	for (const struct running_job *j = s->running; j; j = j->next)
+		if (j->id == id && !j->finished)
+			return true;
+	return false;
+}
+
 /* Starts queued jobs in order until the first that does not fit.  Called
  * with the lock held. */
 static void start_queued(struct tr_scheduler *s)
@@ -183,6 +191,11 @@ static void start_queued(struct tr_scheduler *s)
 	bool blocked = false;
 	for (int i = 0; i < n && !blocked; i++) {
 		struct tr_job_row *r = &rows[i];
+		/* A Slurm job that Slurm holds after a requeue is preempted but
+		 * still has its runner (daemon/slurm_runner.c): it needs no
+		 * start here, and holds up nobody. */
+		if (r->state == TR_JOB_PREEMPTED && has_runner(s, r->id))
+			continue;
 		struct running_job *job = calloc(1, sizeof *job);
 		struct tr_error serr;
 		if (!job)

@@ -50,4 +50,18 @@ int tr_slurm_parse_job(const char *text, struct tr_slurm_job_state *out);
 /* Whether a JobState is final (the job will not run again by itself). */
 bool tr_slurm_state_final(const char *state);
 
+/* A requeue seen as a preemption (daemon/slurm_preempt.c).  While Slurm
+ * holds a requeued job back (restarts > 0 and PENDING or REQUEUED*), the
+ * daemon shows it `preempted`; when Slurm starts it again, `running`.
+ * tr_slurm_checkpoint_step: the step of the checkpoint in the job's
+ * folder that the next start resumes from (its header only), -1 when
+ * there is none.  tr_slurm_preemption_json: the job's preemption record
+ * (malloc'd JSON text): daemon/preemption.c's shape with "by": "slurm",
+ * no by_priority, and the Slurm job id, restart count and reason; step
+ * < 0 (no checkpoint) makes it mode "hard". */
+bool tr_slurm_held_after_requeue(const struct tr_slurm_job_state *st);
+int64_t tr_slurm_checkpoint_step(const char *dir);
+char *tr_slurm_preemption_json(const char *slurm_id, const struct tr_slurm_job_state *st, int priority, int64_t step,
+			       const char *at);
+
 #endif

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/prometheus.h"
+#include "core/rfc3339.h"
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "daemon/slurm.h"
@@ -37,7 +39,8 @@ struct sjob {
 	int restarts_seen;
 	double last_progress_store;
 	bool cancel_sent, stop_sent;
-	bool requeued; /* info slurm_requeued */
+	bool requeued;  /* info slurm_requeued */
+	bool preempted; /* the job shows `preempted` (Slurm holds it after a requeue) */
 	double end_asked_at;
 };
 
@@ -266,6 +269,46 @@ static void tail_metrics(struct sjob *sj)
 	}
 }
 
+/* Slurm holds the job back after a requeue: it is `preempted`, with a
+ * preemption record naming Slurm (written first: the state event carries
+ * it), until Slurm starts it again.  Its runner follows it meanwhile, so
+ * the dispatcher leaves it be (scheduler.c). */
+static void show_preempted(struct sjob *sj, const struct tr_slurm_job_state *st)
+{
+	struct running_job *j = sj->j;
+	tr_store_t *store = j->sched->cfg.store;
+	char at[40] = "";
+	tr_rfc3339_format((double)time(NULL), at, sizeof at);
+	pthread_mutex_lock(&j->sched->lock);
+	int priority = j->priority;
+	pthread_mutex_unlock(&j->sched->lock);
+	int64_t step = tr_slurm_checkpoint_step(sj->dir);
+	char *record = tr_slurm_preemption_json(sj->id, st, priority, step, at);
+	json_t *parsed = record ? json_loads(record, 0, NULL) : NULL;
+	const char *message = json_string_value(json_object_get(parsed, "message"));
+	struct tr_error e = {0};
+	if (!record || tr_store_job_set_preemption(store, j->id, record, &e) < 0)
+		job_log(sj, TR_LOG_WARN, "its preemption record is not stored: %s",
+			record ? e.message : "out of memory");
+	if (tr_store_job_set_state(store, j->id, TR_JOB_PREEMPTED, NULL, NULL, &e) < 0)
+		job_log(sj, TR_LOG_WARN, "cannot show it preempted: %s", e.message);
+	job_log(sj, TR_LOG_NOTICE, "%s", message ? message : "preempted by Slurm");
+	tr_prom_preemption(step < 0);
+	json_decref(parsed);
+	free(record);
+	sj->preempted = true;
+}
+
+static void show_running_again(struct sjob *sj, const struct tr_slurm_job_state *st)
+{
+	struct tr_error e = {0};
+	if (tr_store_job_set_state(sj->j->sched->cfg.store, sj->j->id, TR_JOB_RUNNING, NULL, NULL, &e) < 0)
+		job_log(sj, TR_LOG_WARN, "cannot show it running again: %s", e.message);
+	job_log(sj, TR_LOG_NOTICE, "Slurm started job %s again (restart %d): running, from its checkpoint", sj->id,
+		st->restarts);
+	sj->preempted = false;
+}
+
 /* Asks Slurm for the job's state; false when it does not answer or no
  * longer knows the job (purged after MinJobAge). */
 static bool poll_state(struct sjob *sj, char *why, size_t whylen)
@@ -295,6 +338,10 @@ static bool poll_state(struct sjob *sj, char *why, size_t whylen)
 		job_log(sj, TR_LOG_NOTICE, "Slurm job %s was requeued (restart %d); it resumes from its checkpoint",
 			sj->id, st.restarts);
 	}
+	if (!sj->preempted && tr_slurm_held_after_requeue(&st))
+		show_preempted(sj, &st);
+	else if (sj->preempted && !strcmp(st.state, "RUNNING"))
+		show_running_again(sj, &st);
 	sj->st = st;
 	return true;
 }

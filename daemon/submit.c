@@ -399,6 +399,32 @@ static int signal_runner(struct tr_scheduler *s, const struct tr_job_row *row, e
 	return 0;
 }
 
+/* A preempted job whose runner still follows it is a Slurm job that
+ * Slurm holds after a requeue (daemon/slurm_preempt.c): the table's "at
+ * once" answers for a preempted job in the queue do not fit it.  Cancel
+ * and stop (which cancels a job that is not running, as the table says)
+ * go to its runner, which runs scancel; a pause is refused, since no
+ * worker runs to checkpoint (its newest checkpoint is already its resume
+ * point).  Lock held. */
+static int slurm_held_request(struct tr_scheduler *s, const struct tr_job_row *row, enum tr_job_request op,
+			      struct tr_job_transition *t, struct tr_error *err)
+{
+	struct running_job *j = row->state == TR_JOB_PREEMPTED ? find_running(s, row->id) : NULL;
+	if (!j || j->finished || !j->slurm || t->action != TR_JOB_SET)
+		return 0;
+	if (op == TR_JOB_PAUSE)
+		return tr_job_fail(
+			err, TR_JOB_E_ILLEGAL, "",
+			"job %lld is preempted by Slurm and waits for Slurm to start it again; pause it once "
+			"it runs, or cancel it",
+			(long long)row->id);
+	if (op == TR_JOB_CANCEL || op == TR_JOB_STOP) {
+		*t = (struct tr_job_transition){TR_JOB_KEEP, TR_JOB_PREEMPTED}; /* done here */
+		return signal_runner(s, row, TR_JOB_CANCEL, err);
+	}
+	return 0;
+}
+
 static int op_control(void *ctx, int64_t id, const struct tr_api_control *req, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
@@ -410,6 +436,8 @@ static int op_control(void *ctx, int64_t id, const struct tr_api_control *req, s
 		rc = tr_job_check(id, row.state, req->op, &t, err);
 	if (rc == 0 && (req->epochs || req->max_steps) && req->op != TR_JOB_RESUME)
 		rc = tr_job_fail(err, TR_JOB_E_INVALID_REQUEST, "", "only a resume takes a new end");
+	if (rc == 0)
+		rc = slurm_held_request(s, &row, req->op, &t, err);
 	if (rc == 0 && t.action == TR_JOB_SET)
 		rc = set_now(s, &row, req, t.to, err);
 	else if (rc == 0 && t.action == TR_JOB_SIGNAL)

@@ -234,7 +234,7 @@
 	function preemptBadge(job) {
 		const p = job.preemption;
 		if (job.state === 'preempted' && p)
-			return h('span', { class: 'badge preempted', 'data-preempted-by': p.by, title: p.message || '', text: 'by #' + p.by });
+			return h('span', { class: 'badge preempted', 'data-preempted-by': p.by, title: p.message || '', text: p.by === 'slurm' ? 'by Slurm' : 'by #' + p.by });
 		if (job.preemptible && !job.terminal)
 			return h('span', { class: 'badge preemptible', title: 'a job of higher priority may preempt it', text: 'preemptible' });
 		return null;

@@ -5,11 +5,14 @@
 #   - a job with "resources": {"allocator": "slurm"} completes, and the
 #     model.safetensors the daemon serves is the bits of a local
 #     `trainerd run` of the same spec;
-#   - `scontrol requeue` mid-run: the worker checkpoints on TERM, the job
-#     starts again with --resume, and the final model is the same bits;
+#   - `scontrol requeue` mid-run: the worker checkpoints on TERM, the job is
+#     `preempted` by Slurm (record, event stream, log) while Slurm holds it,
+#     running again with --resume, and the final model is the same bits;
 #   - USR1 to the batch shell (what --signal=B:USR1@S sends before the time
 #     limit): a checkpoint, the script requeues the job, the same bits;
-#   - cancel through the API is scancel: the Slurm job ends CANCELLED;
+#   - a job Slurm requeued and holds (`scontrol requeuehold`) is preempted;
+#     cancel through the API is then scancel, the Slurm job ends CANCELLED
+#     (a pause meanwhile is a 409);
 #   - the daemon restarted while the Slurm job runs follows it again and
 #     records its end, the same bits;
 #   - a bad "resources" is a 400 naming its JSON pointer.
@@ -135,19 +138,27 @@ warned=$(submit)
 cancelled=$(submit)
 check "jobs were submitted" test -n "$plain" -a -n "$cancelled"
 
-# ---- scontrol requeue mid-run ----
+# ---- scontrol requeue, USR1 and requeuehold mid-run, one right after
+# the other (each job lasts seconds) ----
 sid=$(mid_run "$requeued") && scontrol requeue "$sid"
-# Requeued, Slurm holds it back for cred_expire (10 s here) before it starts again.
-check "requeue: the job's info says it was requeued" wait_for 15 "$requeued" \
-	'd["state"]=="running" and d["info"].get("slurm_requeued")=="true"'
-# ---- USR1 to the batch shell, as before a time limit ----
-sid=$(mid_run "$warned") && scancel --batch --signal=USR1 "$sid"
-# ---- cancel through the API ----
-mid_run "$cancelled" >/dev/null
+# USR1 to the batch shell, as before a time limit.
+wsid=$(mid_run "$warned") && scancel --batch --signal=USR1 "$wsid"
+# Requeued and held: Slurm keeps it back until released, so it stays
+# preempted while the API is asked about it.
+csid=$(mid_run "$cancelled") && scontrol requeuehold "$csid"
+# Requeued, Slurm holds it back for cred_expire (10 s here) before it
+# starts again: meanwhile the job is preempted, by Slurm (the event stream
+# below shows it after the fact too).
+check "requeue: the job is preempted by Slurm while Slurm holds it, the record naming the Slurm job and step" \
+	wait_for 15 "$requeued" 'd["state"]=="preempted" and d["preemption"]["by"]=="slurm" and d["preemption"]["slurm_job_id"]=="'"$sid"'" and d["preemption"]["mode"]=="checkpoint" and d["preemption"]["step"]>0 and d["info"].get("slurm_requeued")=="true"'
+# ---- cancel through the API, while Slurm holds the job after a requeue ----
+check "cancel: requeued and held, the job is preempted" wait_for 30 "$cancelled" 'd["state"]=="preempted"'
+code=$(curl -s -o "$work/pause.json" -w '%{http_code}' -X POST "$url/jobs/$cancelled/pause")
+check "cancel: a preempted Slurm job's pause is a 409" test "$code" = 409
+check "... saying Slurm holds it" has "$work/pause.json" 'preempted by Slurm'
 curl -sf -X POST "$url/jobs/$cancelled/cancel" >/dev/null
 check "cancel: the job is cancelled" wait_for 90 "$cancelled" 'd["state"]=="cancelled"'
-sid=$(field "$cancelled" 'd["info"]["slurm_job_id"]')
-check "cancel: the Slurm job is CANCELLED" sh -c "scontrol show job -o $sid | grep -q JobState=CANCELLED"
+check "cancel: the Slurm job is CANCELLED" sh -c "scontrol show job -o $csid | grep -q JobState=CANCELLED"
 
 check "plain: completed, with the Slurm job id in its info" wait_for 240 "$plain" 'd["state"]=="completed" and d["info"]["slurm_state"]=="COMPLETED" and d["info"]["slurm_job_id"].isdigit() and d["devices"]==[]'
 check "plain: the model is the local run's bits" test "$(model_sha "$plain")" = "$ref"
@@ -159,11 +170,21 @@ check "requeue: completed after one restart" wait_for 240 "$requeued" \
 	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1" and d["info"]["slurm_requeued"]=="false"'
 check "requeue: the second start resumed from the checkpoint" sh -c "$(declare -f slurm_out); work=$work; slurm_out $requeued | grep -q -- 'start 1: run --resume'"
 check "requeue: the model is the local run's bits" test "$(model_sha "$requeued")" = "$ref"
+# job_events ID: the job's event history (the stream, cut after 3 s).
+job_events() { curl -sN --max-time 3 "$url/jobs/$1/events" 2>/dev/null; }
+job_events "$requeued" >"$work/events.txt"
+check "requeue: the event stream has the state preempted, by Slurm" \
+	grep -q '"state":"preempted".*"by":"slurm"' "$work/events.txt"
+check "requeue: ... then running again" sh -c "grep -A100000 '\"state\":\"preempted\"' '$work/events.txt' | grep -q '\"state\":\"running\"'"
+curl -sf "$url/jobs/$requeued/logs" >"$work/requeued.log"
+check "requeue: the log says Slurm preempted it and started it again" \
+	sh -c "grep -q 'preempted by Slurm: Slurm job' '$work/requeued.log' && grep -q 'Slurm started job .* again' '$work/requeued.log'"
 
 check "USR1: completed after one restart" wait_for 240 "$warned" \
 	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1"'
 check "USR1: the worker checkpointed and the script requeued" sh -c "$(declare -f slurm_out); work=$work; slurm_out $warned | grep -q 'checkpointed for the time limit; requeueing'"
 check "USR1: the model is the local run's bits" test "$(model_sha "$warned")" = "$ref"
+check "USR1: the job was preempted by Slurm" sh -c "curl -sf '$url/jobs/$warned/logs' | grep -q 'preempted by Slurm'"
 
 # ---- the daemon restarts while the Slurm job runs ----
 followed=$(submit)

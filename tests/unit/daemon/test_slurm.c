@@ -1,9 +1,11 @@
 /* The Slurm allocator's pieces that need no cluster (daemon/slurm_*.c):
  * reading `scontrol show job -o`, the final states, the USR1 lead before
  * the time limit, the batch script (run by bash with stub srun and
- * scontrol) and the command runner's bounds. */
+ * scontrol), the command runner's bounds, and a requeue seen as a
+ * preemption (when, at which checkpoint step, the record). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,4 +146,94 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	cr_expect_not_null(strstr(log, "scontrol requeue 41"), "%s", log);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
 	system(cmd);
+}
+
+static struct tr_slurm_job_state job_state(const char *state, int restarts)
+{
+	struct tr_slurm_job_state st = {.restarts = restarts};
+	snprintf(st.state, sizeof st.state, "%s", state);
+	snprintf(st.reason, sizeof st.reason, "BeginTime");
+	return st;
+}
+
+Test(slurm, held_after_requeue_is_preempted)
+{
+	struct tr_slurm_job_state st = job_state("PENDING", 1);
+	cr_expect(tr_slurm_held_after_requeue(&st));
+	st = job_state("REQUEUED", 2);
+	cr_expect(tr_slurm_held_after_requeue(&st));
+	st = job_state("REQUEUE_HOLD", 1);
+	cr_expect(tr_slurm_held_after_requeue(&st));
+	/* Pending before any start is waiting, not preempted. */
+	st = job_state("PENDING", 0);
+	cr_expect_not(tr_slurm_held_after_requeue(&st));
+	/* Started again, or ending for good after a restart. */
+	st = job_state("RUNNING", 1);
+	cr_expect_not(tr_slurm_held_after_requeue(&st));
+	st = job_state("COMPLETING", 1);
+	cr_expect_not(tr_slurm_held_after_requeue(&st));
+	st = job_state("COMPLETED", 1);
+	cr_expect_not(tr_slurm_held_after_requeue(&st));
+}
+
+/* A checkpoint file with this header JSON and some bytes of data. */
+static void write_checkpoint(const char *dir, const char *header)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/checkpoint.safetensors", dir);
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	uint64_t n = strlen(header);
+	for (int i = 0; i < 8; i++)
+		fputc((int)(n >> (8 * i) & 0xff), f);
+	fputs(header, f);
+	fputs("12345678", f);
+	fclose(f);
+}
+
+Test(slurm, checkpoint_step_from_the_header)
+{
+	char tmp[] = "/tmp/tr-slurm-ckpt-XXXXXX";
+	cr_assert_not_null(mkdtemp(tmp));
+	cr_expect_eq(tr_slurm_checkpoint_step(tmp), -1);
+	write_checkpoint(tmp, "{\"__metadata__\":{\"step\":\"150\",\"epoch\":\"2\"},\"w\":{}}");
+	cr_expect_eq(tr_slurm_checkpoint_step(tmp), 150);
+	write_checkpoint(tmp, "{\"__metadata__\":{\"step\":\"15x\"}}");
+	cr_expect_eq(tr_slurm_checkpoint_step(tmp), -1);
+	write_checkpoint(tmp, "not json");
+	cr_expect_eq(tr_slurm_checkpoint_step(tmp), -1);
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+	system(cmd);
+}
+
+Test(slurm, preemption_record_names_slurm)
+{
+	struct tr_slurm_job_state st = job_state("PENDING", 1);
+	char *text = tr_slurm_preemption_json("41", &st, 3, 150, "2026-01-02T03:04:05Z");
+	cr_assert_not_null(text);
+	json_t *o = json_loads(text, 0, NULL);
+	cr_assert_not_null(o, "%s", text);
+	cr_expect_str_eq(json_string_value(json_object_get(o, "by")), "slurm");
+	cr_expect_eq(json_integer_value(json_object_get(o, "priority")), 3);
+	cr_expect_eq(json_integer_value(json_object_get(o, "step")), 150);
+	cr_expect_str_eq(json_string_value(json_object_get(o, "mode")), "checkpoint");
+	cr_expect_str_eq(json_string_value(json_object_get(o, "at")), "2026-01-02T03:04:05Z");
+	cr_expect_str_eq(json_string_value(json_object_get(o, "slurm_job_id")), "41");
+	cr_expect_eq(json_integer_value(json_object_get(o, "restarts")), 1);
+	cr_expect_str_eq(json_string_value(json_object_get(o, "reason")), "BeginTime");
+	const char *m = json_string_value(json_object_get(o, "message"));
+	cr_expect_not_null(strstr(m, "preempted by Slurm: Slurm job 41 was requeued"), "%s", m);
+	cr_expect_not_null(strstr(m, "after step 150"), "%s", m);
+	cr_expect_null(json_object_get(o, "by_priority"));
+	json_decref(o);
+	free(text);
+	/* Requeued before its first checkpoint: its steps are lost. */
+	text = tr_slurm_preemption_json("41", &st, 0, -1, "2026-01-02T03:04:05Z");
+	o = json_loads(text, 0, NULL);
+	cr_expect_str_eq(json_string_value(json_object_get(o, "mode")), "hard");
+	cr_expect_eq(json_integer_value(json_object_get(o, "step")), 0);
+	cr_expect_not_null(strstr(json_string_value(json_object_get(o, "message")), "from step 0"));
+	json_decref(o);
+	free(text);
 }
