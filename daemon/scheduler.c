@@ -508,10 +508,16 @@ void tr_scheduler_counts(tr_scheduler_t *s, int *running, int *queued)
 	pthread_mutex_unlock(&s->lock);
 	if (tr_store_job_list_states(s->cfg.store, states, 2, &rows, &n, NULL) < 0)
 		n = 0;
+	/* A Slurm job that Slurm holds after a requeue is preempted, but its
+	 * runner counts it as running already. */
+	*queued = n;
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < n; i++)
+		*queued -= rows[i].state == TR_JOB_PREEMPTED && has_runner(s, rows[i].id);
+	pthread_mutex_unlock(&s->lock);
 	for (int i = 0; i < n; i++)
 		tr_job_row_finish(&rows[i]);
 	free(rows);
-	*queued = n;
 }
 
 double tr_scheduler_last_beat(tr_scheduler_t *s)
