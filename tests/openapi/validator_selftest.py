@@ -57,6 +57,10 @@ OCTETS = "application/octet-stream"
 CKPT = {"step": 200, "epoch": 1, "created_at": "2026-11-29T18:56:41.118Z", "bytes": 1024, "sha256": "0" * 64}
 MODEL_HEADERS = ['Content-Disposition: attachment; filename="job-17-step-200-model.safetensors"']
 
+SLURM_PREEMPTION = {"by": "slurm", "priority": 0, "at": "2026-12-05T06:50:01Z", "step": 150, "mode": "checkpoint",
+                    "message": "preempted by Slurm: Slurm job 41 was requeued", "slurm_job_id": "41",
+                    "restarts": 1, "reason": "BeginTime"}
+
 CASES = [
     # (what, exchange, must find a problem)
     ("healthz ok", rec("GET", "/healthz", 200, {"status": "ok"}), False),
@@ -86,6 +90,14 @@ CASES = [
     ("job with an unknown state", rec("GET", "/jobs/17", 200, job(state="sleeping")), True),
     ("job with a bad timestamp", rec("GET", "/jobs/17", 200, job(submitted_at="yesterday")), True),
     ("job with a float id", rec("GET", "/jobs/17", 200, job(id=17.0)), True),
+    # A Slurm job's preemption by a requeue (docs/slurm.md): its own record shape.
+    ("job preempted by Slurm", rec("GET", "/jobs/17", 200, job(state="preempted", preemption=SLURM_PREEMPTION)),
+     False),
+    ("job preempted by Slurm without its Slurm job id",
+     rec("GET", "/jobs/17", 200, job(state="preempted", preemption={
+         k: v for k, v in SLURM_PREEMPTION.items() if k != "slurm_job_id"})), True),
+    ("job preempted by a job named by a string", rec("GET", "/jobs/17", 200, job(state="preempted", preemption=dict(
+        SLURM_PREEMPTION, by="job 5"))), True),
     ("job missing progress", rec("GET", "/jobs/17", 200, {k: v for k, v in JOB.items() if k != "progress"}), True),
     ("job 500", rec("GET", "/jobs/17", 500, err("internal")), True),
     ("delete 204", rec("DELETE", "/jobs/17", 204), False),
