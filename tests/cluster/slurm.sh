@@ -16,12 +16,14 @@
 #   - the daemon restarted while the Slurm job runs follows it again and
 #     records its end, the same bits;
 #   - a bad "resources" is a 400 naming its JSON pointer.
-# Usage: slurm.sh TRAINERD   (as root: slurmd runs jobs as their user)
+# Usage: slurm.sh TRAINERD [TRAINCTL]   (as root: slurmd runs jobs as their
+# user; with TRAINCTL, its `ls` must name Slurm as the preempter too)
 # Skipped (77) without Slurm's and munge's commands or without root. Every
 # wait is bounded (generously: each ends as soon as its condition holds);
 # about a minute and a half on two busy cores, several under a load of 20.
 set -u
-TRAINERD=$(realpath "${1:?usage: slurm.sh TRAINERD}")
+TRAINERD=$(realpath "${1:?usage: slurm.sh TRAINERD [TRAINCTL]}")
+TRAINCTL=${2:+$(realpath "$2")}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../e2e/lib.sh"
 cluster="$here/slurm_cluster.sh"
@@ -153,6 +155,10 @@ check "requeue: the job is preempted by Slurm while Slurm holds it, the record n
 	wait_for 15 "$requeued" 'd["state"]=="preempted" and d["preemption"]["by"]=="slurm" and d["preemption"]["slurm_job_id"]=="'"$sid"'" and d["preemption"]["mode"]=="checkpoint" and d["preemption"]["step"]>0 and d["info"].get("slurm_requeued")=="true"'
 # ---- cancel through the API, while Slurm holds the job after a requeue ----
 check "cancel: requeued and held, the job is preempted" wait_for 30 "$cancelled" 'd["state"]=="preempted"'
+if [ -n "$TRAINCTL" ]; then
+	"$TRAINCTL" --url "$url" ls >"$work/ls.txt" 2>&1
+	check "cancel: trainctl ls says preempted by slurm" grep -Eq "^ *$cancelled .*preempted by slurm" "$work/ls.txt"
+fi
 code=$(curl -s -o "$work/pause.json" -w '%{http_code}' -X POST "$url/jobs/$cancelled/pause")
 check "cancel: a preempted Slurm job's pause is a 409" test "$code" = 409
 check "... saying Slurm holds it" has "$work/pause.json" 'preempted by Slurm'
