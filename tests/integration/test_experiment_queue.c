@@ -12,8 +12,7 @@
  * best one included, bit-identical to the other experiment's, which was
  * never preempted.
  *
- * The model is tiny (64-32-10) and an epoch of digits is 12 steps, so a
- * trial's 20 epochs take a few seconds.
+ * A trial's 150 steps take about 1.5 s.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -23,14 +22,16 @@
 
 #include "harness.h"
 
-#define SPEC_FMT                                                                                              \
-	"{\"name\": \"%s\", \"seed\": 1, \"model\": {\"inputs\": 64, \"layers\": [{\"type\": \"dense\", "     \
-	"\"units\": 32}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 10}], \"loss\": "             \
-	"\"softmax_cross_entropy\"}, \"data\": {\"train\": {\"format\": \"csv\", \"path\": "                  \
-	"\"digits-train.csv\", \"label\": -1}, \"validation\": {\"format\": \"csv\", \"path\": "              \
-	"\"digits-val.csv\", \"label\": -1}, \"transforms\": [{\"type\": \"scale\", \"factor\": 0.0625}]}, "  \
-	"\"batch_size\": 128, \"epochs\": %d, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": " \
-	"0.9}, \"devices\": %d, \"prefetch\": {\"workers\": 1}}"
+/* 1000 synthetic samples (a fifth for validation), batch 32: 25 steps
+ * an epoch; the loaders sleep (load_cost_us), so a step takes about 10 ms
+ * of wall time but little CPU, on a fast machine as on a loaded one. */
+#define SPEC_FMT                                                                                                 \
+	"{\"name\": \"%s\", \"seed\": 5, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 16}, "        \
+	"{\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\": "       \
+	"\"synthetic\", \"samples\": 1000, \"features\": 16, \"classes\": 4, \"noise\": 0.5, \"load_cost_us\": " \
+	"600}, \"validation_split\": 0.2, \"shuffle\": true}, \"batch_size\": 32, \"epochs\": %d, "              \
+	"\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}, \"devices\": %d, \"prefetch\": {\"workers\": 2, "      \
+	"\"depth\": 2}}"
 
 static struct daemon d;
 
@@ -48,12 +49,12 @@ static const char *spec(const char *name, int epochs, int devices)
 	return buf;
 }
 
-/* A 2-trial grid of 20-epoch trials. */
+/* A 2-trial grid of 6-epoch trials (150 steps). */
 static const char *sweep(const char *name)
 {
 	static char buf[4096];
 	char base[2048];
-	snprintf(base, sizeof base, "%s", spec("t", 20, 1));
+	snprintf(base, sizeof base, "%s", spec("t", 6, 1));
 	snprintf(buf, sizeof buf,
 		 "{\"name\": \"%s\", \"spec\": %s, \"search\": {\"method\": \"grid\", \"max_concurrent\": 2},"
 		 " \"parameters\": {\"/optimizer/lr\": {\"grid\": [0.1, 0.02]}}}",
@@ -152,9 +153,6 @@ Test(experiment_queue, experiments_and_jobs_share_the_queue_and_trials_are_preem
 {
 	const char *flags[] = {"--preemption-min-run", "0", "--preemption-grace", "30", NULL};
 	daemon_start(&d, 2, flags);
-	char cmd[512];
-	snprintf(cmd, sizeof cmd, "python3 examples/digits_csv.py %s >/dev/null", d.dir);
-	cr_assert_eq(system(cmd), 0, "examples/digits_csv.py failed (python3-sklearn installed?)");
 
 	/* A bad preemptible value is refused as for jobs. */
 	struct http_reply r;
@@ -173,7 +171,8 @@ Test(experiment_queue, experiments_and_jobs_share_the_queue_and_trials_are_preem
 	cr_assert(json_is_true(json_object_get(elo, "preemptible")));
 	cr_assert(json_is_false(json_object_get(ehi, "preemptible")));
 	cr_assert_eq(json_integer_value(json_object_get(elo, "priority")), 1);
-	long long lo_jobs[2] = {trial_job(elo, 0), trial_job(elo, 1)}, hi_jobs[2] = {trial_job(ehi, 0), trial_job(ehi, 1)};
+	long long lo_jobs[2] = {trial_job(elo, 0), trial_job(elo, 1)},
+		  hi_jobs[2] = {trial_job(ehi, 0), trial_job(ehi, 1)};
 	json_decref(elo);
 	json_decref(ehi);
 	/* Every trial is a job of its experiment's priority and flag. */
@@ -198,13 +197,15 @@ Test(experiment_queue, experiments_and_jobs_share_the_queue_and_trials_are_preem
 	/* The low trials run: a plain job of priority 10 preempts one. */
 	double until = now_s() + 120 * TR_TEST_SLOW;
 	const char *st;
-	while (step_of(lo_jobs[0], &st) < 24 || strcmp(st, "running") != 0 || step_of(lo_jobs[1], &st) < 24 ||
+	while (step_of(lo_jobs[0], &st) < 10 || strcmp(st, "running") != 0 || step_of(lo_jobs[1], &st) < 10 ||
 	       strcmp(st, "running") != 0) {
 		cr_assert(now_s() < until, "the low trials did not both run");
 		cr_assert(strcmp(st, "completed") != 0, "a low trial completed before it could be preempted");
 		usleep(10 * 1000);
 	}
-	long long urgent = post("/jobs?priority=10", spec("urgent", 2, 1));
+	/* As long as a trial: the victim waits preempted for several of
+	 * the experiment driver's rounds (200 ms). */
+	long long urgent = post("/jobs?priority=10", spec("urgent", 6, 1));
 	/* The victim: the trial whose job records the preemption (it may
 	 * have resumed already when this poll sees it). */
 	int victim = -1;
@@ -219,16 +220,21 @@ Test(experiment_queue, experiments_and_jobs_share_the_queue_and_trials_are_preem
 			}
 			json_decref(j);
 		}
-		cr_assert(now_s() < until, "no low trial was preempted");
+		if (now_s() > until) {
+			daemon_dump_log(&d);
+			cr_assert_fail("no low trial was preempted");
+		}
 		usleep(10 * 1000);
 	}
 	/* Preempted is neither a failure nor a report: the trial is still
-	 * under way in its experiment. */
+	 * under way in its experiment, after a few of the driver's rounds. */
+	usleep(700 * 1000);
 	json_t *e = get("/experiments/%lld", lo);
 	const json_t *vt = trial(e, (size_t)victim);
 	const char *vs = json_string_value(json_object_get(vt, "state"));
-	cr_assert(strcmp(vs, "preempted") == 0 || strcmp(vs, "queued") == 0 || strcmp(vs, "running") == 0,
-		  "the preempted trial shows %s", vs);
+	step_of(urgent, &st);
+	cr_assert(strcmp(vs, "preempted") == 0 || strcmp(st, "running") != 0,
+		  "the preempted trial shows %s while the job that preempted it runs", vs);
 	cr_assert(json_is_null(json_object_get(vt, "metric")), "the preempted trial was reported");
 	cr_assert_eq(json_array_size(json_object_get(vt, "rung_metrics")), 0);
 	cr_assert(json_is_false(json_object_get(e, "terminal")));
@@ -262,10 +268,12 @@ Test(experiment_queue, experiments_and_jobs_share_the_queue_and_trials_are_preem
 		double ml = json_real_value(json_object_get(trial(elo, i), "metric"));
 		double mh = json_real_value(json_object_get(trial(ehi, i), "metric"));
 		cr_assert(ml == mh, "trial %zu: %.17g with preemption, %.17g without", i, ml, mh);
-		cr_assert_eq(json_integer_value(json_object_get(trial(elo, i), "steps")), 20 * 12);
+		cr_assert_eq(json_integer_value(json_object_get(trial(elo, i), "steps")),
+			     json_integer_value(json_object_get(trial(ehi, i), "steps")));
 	}
 	const json_t *bl = json_object_get(elo, "best"), *bh = json_object_get(ehi, "best");
-	cr_assert_eq(json_integer_value(json_object_get(bl, "trial")), json_integer_value(json_object_get(bh, "trial")));
+	cr_assert_eq(json_integer_value(json_object_get(bl, "trial")),
+		     json_integer_value(json_object_get(bh, "trial")));
 	cr_assert(json_real_value(json_object_get(bl, "metric")) == json_real_value(json_object_get(bh, "metric")));
 	json_decref(elo);
 	json_decref(ehi);
