@@ -115,7 +115,8 @@ struct tr_api_ops {
 	int (*reload)(void *ctx, struct tr_error *err);
 	/* Experiments (docs/experiments.md); NULL = 503 unavailable.
 	 * experiment_submit validates the request body (borrowed) and stores
-	 * the experiment (*id receives its id); problems (may be NULL) gets
+	 * the experiment with its priority and preemptible flag (which every
+	 * trial job carries) (*id receives its id); problems (may be NULL) gets
 	 * every problem of a refused one.  experiment_get renders one
 	 * experiment as the API shows it (*out: new reference; 404 unknown).
 	 * experiment_list renders a page of them in ascending id after
@@ -123,7 +124,7 @@ struct tr_api_ops {
 	 * experiment_control pauses (TR_JOB_PAUSE), resumes (TR_JOB_RESUME)
 	 * or cancels (TR_JOB_CANCEL) a whole experiment; 409 when its state
 	 * does not allow it. */
-	int (*experiment_submit)(void *ctx, const json_t *body, int priority, int64_t *id,
+	int (*experiment_submit)(void *ctx, const json_t *body, int priority, bool preemptible, int64_t *id,
 				 struct tr_error_list *problems, struct tr_error *err);
 	int (*experiment_get)(void *ctx, int64_t id, json_t **out, struct tr_error *err);
 	int (*experiment_list)(void *ctx, const char *state, int64_t after, int limit, json_t **out,

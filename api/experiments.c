@@ -43,18 +43,22 @@ void tr_api_experiments_submit(struct tr_api_request *rq, struct tr_api_reply *r
 	struct tr_error err = {0};
 	struct tr_error_list *problems;
 	int64_t priority, id = 0;
+	bool preemptible = false;
 	json_t *body;
 	char location[64];
 	int rc;
 
-	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0)
+	/* The same parameters, parsed the same way, as POST /jobs: the
+	 * trials are jobs (docs/experiments.md, "Priority and preemption"). */
+	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0 ||
+	    tr_api_query_bool(rq, rp, "preemptible", false, &preemptible) < 0)
 		return;
 	if (ops_missing(rp, api->cfg.ops.experiment_submit && api->cfg.ops.experiment_get))
 		return;
 	if (tr_api_body_object(rq, rp, &body) < 0)
 		return;
 	problems = calloc(1, sizeof *problems);
-	rc = api->cfg.ops.experiment_submit(api->cfg.ctx, body, (int)priority, &id, problems, &err);
+	rc = api->cfg.ops.experiment_submit(api->cfg.ctx, body, (int)priority, preemptible, &id, problems, &err);
 	json_decref(body);
 	if (rc < 0) {
 		tr_api_fail_problems(rp, &err, problems);

@@ -39,6 +39,8 @@ static void print_experiment(const json_t *e)
 	printf("id          %" JSON_INTEGER_FORMAT "\n", json_integer_value(json_object_get(e, "id")));
 	printf("name        %s\n", json_string_value(json_object_get(e, "name")));
 	printf("state       %s\n", json_string_value(json_object_get(e, "state")));
+	printf("priority    %" JSON_INTEGER_FORMAT "%s\n", json_integer_value(json_object_get(e, "priority")),
+	       json_is_true(json_object_get(e, "preemptible")) ? ", preemptible" : "");
 	printf("search      %s, %s %s\n", json_string_value(json_object_get(search, "method")),
 	       json_string_value(json_object_get(search, "goal")),
 	       json_string_value(json_object_get(search, "metric")));
@@ -131,15 +133,18 @@ static int submit(struct tr_ctl *c, int argc, char **argv)
 {
 	static const struct option opts[] = {{"wait", no_argument, NULL, 'w'},
 					     {"priority", required_argument, NULL, 'p'},
+					     {"preemptible", no_argument, NULL, 'P'},
 					     {NULL, 0, NULL, 0}};
-	bool wait = false;
+	bool wait = false, preemptible = false;
 	const char *prio = NULL;
 	int ch;
-	while ((ch = getopt_long(argc, argv, "wp:", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "wp:P", opts, NULL)) != -1) {
 		if (ch == 'w')
 			wait = true;
 		else if (ch == 'p')
 			prio = optarg;
+		else if (ch == 'P')
+			preemptible = true;
 		else
 			return usage("submit: unknown option", NULL);
 	}
@@ -156,9 +161,12 @@ static int submit(struct tr_ctl *c, int argc, char **argv)
 	int rc = tr_ctl_read_input(argv[optind], &body, &len);
 	if (rc)
 		return rc;
-	char path[64];
+	char path[96];
 	struct tr_ctl_reply r = {0};
-	snprintf(path, sizeof path, "/experiments%s%s", prio ? "?priority=" : "", prio ? prio : "");
+	snprintf(path, sizeof path, "/experiments%s%s%s", prio ? "?priority=" : "", prio ? prio : "",
+		 !preemptible ? ""
+		 : prio       ? "&preemptible=true"
+			      : "?preemptible=true");
 	rc = tr_ctl_call(c, "POST", path, body, &r);
 	free(body);
 	if (rc)

@@ -121,13 +121,16 @@ static const struct command commands[] = {
 	{"devices", tr_cmd_devices, "devices [--json]", "list the daemon's devices",
 	 "Lists devices: id, name, kind, memory, free memory and the job holding it.\n"},
 	{"experiment", tr_cmd_experiment,
-	 "experiment submit [--wait] [--priority N] FILE|- | ls [--state STATE] [--json] |\n"
+	 "experiment submit [--wait] [--priority N] [--preemptible] FILE|- |\n"
+	 "                  ls [--state STATE] [--json] |\n"
 	 "                  show [--json] [--wait] ID | cancel ID | pause ID | resume ID",
 	 "submit, list, show or control hyperparameter sweeps",
 	 "Experiments (docs/experiments.md): `submit` prints the new experiment's\n"
 	 "id; with --wait (and `show --wait`) it waits for the experiment to end and\n"
 	 "prints its trials, best trial and checkpoint; exit code 0 when it\n"
-	 "completed, 1 when it failed or was cancelled.\n"},
+	 "completed, 1 when it failed or was cancelled.  --priority and --preemptible\n"
+	 "are those of `submit`, for every trial: a preemptible trial that a job of\n"
+	 "higher priority preempts resumes from its checkpoint, bit-identically.\n"},
 	{"version", tr_cmd_version, "version", "print trainctl's and the daemon's version",
 	 "Prints the client's version, then asks the daemon for its own.\n"},
 };

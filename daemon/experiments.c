@@ -10,6 +10,9 @@
  * nothing; a promotion sets the job's next rung and resumes it before the
  * promotion is recorded, and a second resume of a running job is refused
  * and ignored.  One lock serialises rounds and the control operations.
+ * The trials of an experiment submitted preemptible are preemptible jobs
+ * (daemon/preemption.c): a preempted one waits in the queue and resumes
+ * on its own, so the driver just waits for it.
  */
 #include "daemon/experiments.h"
 
@@ -203,6 +206,10 @@ static int sync_reports(struct tr_scheduler *s, struct view *v, struct tr_error 
 			   job->state == TR_JOB_STOPPED) {
 			ev.failed = true;
 		} else {
+			/* Still under way: queued, running, or preempted or
+			 * interrupted (back in the queue, it resumes from its
+			 * checkpoint bit-identically and reports then).  A
+			 * preempted trial is no rung pause and no failure. */
 			continue;
 		}
 		struct tr_error se = {0};
@@ -218,7 +225,8 @@ static int sync_reports(struct tr_scheduler *s, struct view *v, struct tr_error 
 	return added;
 }
 
-/* Trials training now: not waiting at a rung and not ended. */
+/* Trials training now: not waiting at a rung and not ended.  A
+ * preempted trial counts: it holds its slot until it resumes. */
 static int active_trials(const struct view *v)
 {
 	int n = 0;
@@ -258,7 +266,10 @@ static int start_trial(struct tr_scheduler *s, struct view *v, int trial, struct
 	char name[256];
 	snprintf(name, sizeof name, "%.200s-%d", v->row.name, trial);
 	json_object_set_new(spec, "name", json_string(name));
-	struct tr_job_row tag = {.experiment = v->row.id, .trial = trial, .pause_at = pause_for(v, 0)};
+	struct tr_job_row tag = {.experiment = v->row.id,
+				 .trial = trial,
+				 .pause_at = pause_for(v, 0),
+				 .preemptible = v->row.preemptible};
 	int64_t id = 0;
 	int rc = tr_sched_submit_trial(s, spec, v->row.priority, &tag, &id, NULL, err);
 	json_decref(params);
@@ -550,14 +561,14 @@ static json_t *experiment_json(struct tr_scheduler *s, const struct view *v)
 	for (int i = 0; i < v->ntrials; i++)
 		steps += v->trials[i].step;
 	json_t *error = v->row.error ? json_loads(v->row.error, 0, NULL) : NULL;
-	return json_pack("{s:I, s:s, s:s, s:b, s:i, s:O, s:O, s:O, s:o, s:o, s:o, s:I, s:o, s:o, s:o}", "id",
+	return json_pack("{s:I, s:s, s:s, s:b, s:i, s:b, s:O, s:O, s:O, s:o, s:o, s:o, s:I, s:o, s:o, s:o}", "id",
 			 (json_int_t)v->row.id, "name", v->row.name, "state", tr_experiment_state_name(v->row.state),
-			 "terminal", tr_experiment_state_terminal(v->row.state), "priority", v->row.priority, "spec",
-			 json_object_get(v->request, "spec"), "search", json_object_get(v->request, "search"),
-			 "parameters", json_object_get(v->request, "parameters"), "trials", trials, "best",
-			 best_json(s, v), "rungs", rungs_json(v), "steps", (json_int_t)steps, "error",
-			 error ? error : json_null(), "submitted_at", time_json(v->row.submitted_at), "finished_at",
-			 time_json(v->row.finished_at));
+			 "terminal", tr_experiment_state_terminal(v->row.state), "priority", v->row.priority,
+			 "preemptible", v->row.preemptible, "spec", json_object_get(v->request, "spec"), "search",
+			 json_object_get(v->request, "search"), "parameters", json_object_get(v->request, "parameters"),
+			 "trials", trials, "best", best_json(s, v), "rungs", rungs_json(v), "steps", (json_int_t)steps,
+			 "error", error ? error : json_null(), "submitted_at", time_json(v->row.submitted_at),
+			 "finished_at", time_json(v->row.finished_at));
 }
 
 /* ---- operations --------------------------------------------------------- */
@@ -604,8 +615,8 @@ static int op_list(void *ctx, const char *state, int64_t after, int limit, json_
 	return 0;
 }
 
-static int op_submit(void *ctx, const json_t *body, int priority, int64_t *id, struct tr_error_list *problems,
-		     struct tr_error *err)
+static int op_submit(void *ctx, const json_t *body, int priority, bool preemptible, int64_t *id,
+		     struct tr_error_list *problems, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
 	struct tr_error se = {0};
@@ -636,6 +647,7 @@ static int op_submit(void *ctx, const json_t *body, int priority, int64_t *id, s
 		struct tr_experiment_row row = {.name = (char *)json_string_value(json_object_get(request, "name")),
 						.state = TR_EXP_QUEUED,
 						.priority = priority,
+						.preemptible = preemptible,
 						.request = text};
 		if (tr_store_experiment_insert(s->cfg.store, &row, &se) < 0)
 			rc = tr_job_fail(err, TR_JOB_E_STORAGE, "", "cannot store the experiment: %s", se.message);

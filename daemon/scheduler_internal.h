@@ -122,8 +122,9 @@ bool tr_sched_take_spec(struct tr_scheduler *s, int64_t id, struct tr_spec *spec
 void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id);
 
 /* An experiment's trial (daemon/experiments.c): submits spec as a job
- * carrying tag's experiment, trial and pause_at, with the checks of POST
- * /jobs; a trial whose job exists already is refused (TR_JOB_E_CONFLICT).
+ * carrying tag's experiment, trial, pause_at and preemptible flag, with
+ * the checks of POST /jobs; a trial whose job exists already is refused
+ * (TR_JOB_E_CONFLICT).
  * tr_sched_control applies a control request as POST
  * /jobs/{id}/<request> does. */
 int tr_sched_submit_trial(struct tr_scheduler *s, const json_t *spec, int priority, const struct tr_job_row *tag,

@@ -119,7 +119,8 @@ int tr_sched_check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_err
 }
 
 /* Submits a job; tag (NULL for a plain job) makes it an experiment's
- * trial: its experiment, trial index and pause_at are stored with it. */
+ * trial: its experiment, trial index and pause_at are stored with it
+ * (its preemptible flag is the request's, set from the tag). */
 static int submit_job(struct tr_scheduler *s, const struct tr_api_submit *req, const struct tr_job_row *tag,
 		      int64_t *job_id, bool *replayed, struct tr_error *err)
 {
@@ -210,6 +211,7 @@ int tr_sched_submit_trial(struct tr_scheduler *s, const json_t *spec, int priori
 				    .body = body,
 				    .body_len = body ? strlen(body) : 0,
 				    .priority = priority,
+				    .preemptible = tag && tag->preemptible,
 				    .problems = problems};
 	bool replayed = false;
 	int rc = submit_job(s, &req, tag, job_id, &replayed, err);

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXP_COLS "id, name, state, priority, request, error, submitted_at, finished_at"
+#define EXP_COLS "id, name, state, priority, request, error, submitted_at, finished_at, preemptible"
 
 void tr_experiment_row_finish(struct tr_experiment_row *row)
 {
@@ -42,6 +42,7 @@ static int read_row(struct conn *c, sqlite3_stmt *st, struct tr_experiment_row *
 	r->priority = sqlite3_column_int(st, 3);
 	r->submitted_at = sqlite3_column_double(st, 6);
 	r->finished_at = sqlite3_column_double(st, 7);
+	r->preemptible = sqlite3_column_int(st, 8) != 0;
 	r->name = col_text(st, 1);
 	r->request = col_text(st, 4);
 	r->error = col_text(st, 5);
@@ -57,14 +58,15 @@ int tr_store_experiment_insert(tr_store_t *s, struct tr_experiment_row *row, str
 	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	double now = tr_store_now();
-	sqlite3_stmt *st = tr_store_stmt(c, "INSERT INTO experiments (name, state, priority, request, submitted_at)"
-					    " VALUES (?1, ?2, ?3, ?4, ?5)");
+	sqlite3_stmt *st = tr_store_stmt(c, "INSERT INTO experiments (name, state, priority, request, submitted_at,"
+					    " preemptible) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
 	if (st) {
 		sqlite3_bind_text(st, 1, row->name ? row->name : "experiment", -1, SQLITE_STATIC);
 		sqlite3_bind_text(st, 2, tr_experiment_state_name(row->state), -1, SQLITE_STATIC);
 		sqlite3_bind_int(st, 3, row->priority);
 		sqlite3_bind_text(st, 4, row->request, -1, SQLITE_STATIC);
 		sqlite3_bind_double(st, 5, now);
+		sqlite3_bind_int(st, 6, row->preemptible);
 		int rc = sqlite3_step(st);
 		if (rc == SQLITE_DONE) {
 			row->id = sqlite3_last_insert_rowid(c->db);

@@ -188,6 +188,11 @@ static const char *const migrations[] = {
 	"  failed INTEGER NOT NULL DEFAULT 0"
 	");"
 	"CREATE INDEX experiment_events_by_experiment ON experiment_events(experiment_id, seq);",
+
+	/* 13: preemptible experiments (docs/experiments.md): submit's
+	 * ?preemptible=true, which every trial job of the experiment carries
+	 * (jobs.preemptible), so a higher-priority job may preempt a trial. */
+	"ALTER TABLE experiments ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

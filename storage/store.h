@@ -304,6 +304,7 @@ struct tr_experiment_row {
 	char *name;
 	enum tr_experiment_state state; /* kept as its name */
 	int priority;
+	bool preemptible;                 /* its trials are submitted preemptible (daemon/preemption.c) */
 	char *request;                    /* JSON text: {"spec", "search" (defaults filled), "parameters"} */
 	char *error;                      /* JSON object text {"code","message"} or NULL */
 	double submitted_at, finished_at; /* Unix seconds; finished_at 0 until an end */

@@ -313,6 +313,11 @@ tc experiment show "$exp_id" >"$work/o"
 check "experiment show: the trials" test "$(count "$work/o" '/optimizer/lr')" -eq 2
 tc experiment cancel "$exp_id" >/dev/null 2>"$work/e"
 check "experiment cancel of an ended one: exit 4" test $? -eq 4
+# --priority and --preemptible reach the experiment (and so its trials).
+exp_pre=$(tc experiment submit --priority 2 --preemptible "$work/exp.json")
+tc experiment show "$exp_pre" >"$work/o"
+check "experiment submit --preemptible: show says so" has "$work/o" "^priority  *2, preemptible$"
+tc experiment cancel "$exp_pre" >/dev/null 2>&1
 tc experiment frobnicate 2>/dev/null
 check "experiment with an unknown subcommand: exit 2" test $? -eq 2
 

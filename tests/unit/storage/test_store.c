@@ -284,6 +284,39 @@ Test(jobs, idempotency_key)
 	tr_store_close(s);
 }
 
+/* Preemptible experiments (migration 13): an experiment keeps its
+ * priority and preemptible flag, which its trials are submitted with; the
+ * default is not preemptible. */
+Test(store, an_experiment_keeps_its_preemptible_flag)
+{
+	tr_store_t *s = open_store(NULL);
+	struct tr_experiment_row a = {.name = "a",
+				      .state = TR_EXP_QUEUED,
+				      .priority = 3,
+				      .preemptible = true,
+				      .request = "{}"},
+				 b = {.name = "b", .state = TR_EXP_QUEUED, .request = "{}"};
+	cr_assert_eq(tr_store_experiment_insert(s, &a, NULL), 0);
+	cr_assert_eq(tr_store_experiment_insert(s, &b, NULL), 0);
+	struct tr_experiment_row got;
+	cr_assert_eq(tr_store_experiment_get(s, a.id, &got, NULL), 0);
+	cr_assert(got.preemptible);
+	cr_assert_eq(got.priority, 3);
+	tr_experiment_row_finish(&got);
+	cr_assert_eq(tr_store_experiment_get(s, b.id, &got, NULL), 0);
+	cr_assert(!got.preemptible);
+	tr_experiment_row_finish(&got);
+	struct tr_experiment_row *rows = NULL;
+	int n = 0;
+	cr_assert_eq(tr_store_experiment_list(s, NULL, 0, 0, &rows, &n, NULL), 0);
+	cr_assert_eq(n, 2);
+	cr_assert(rows[0].preemptible && !rows[1].preemptible);
+	for (int i = 0; i < n; i++)
+		tr_experiment_row_finish(&rows[i]);
+	free(rows);
+	tr_store_close(s);
+}
+
 /* Priority preemption (migration 11): a job's preemptible flag and its
  * preemption record are stored, and the change to preempted carries the
  * record in its state event (the other changes do not). */
