@@ -118,10 +118,12 @@ void tr_wait_for_memory(struct running_job *j, const char *reason)
 	s->mem_wait_ended = s->ended;
 	s->mem_wait_since = mono_s();
 	pthread_mutex_unlock(&s->lock);
+	/* The state first, then its reason: a reader never sees a running
+	 * job with a queued_reason (briefly a queued one without it). */
+	tr_store_job_record_state(s->cfg.store, j->id, TR_JOB_QUEUED, NULL, "[]", NULL);
 	set_queued_reason(j, reason);
 	tr_store_log_append(s->cfg.store, j->id, TR_LOG_NOTICE, reason, NULL);
 	tr_log_job(TR_LOG_INF, (long long)j->id, "%s", reason);
-	tr_store_job_record_state(s->cfg.store, j->id, TR_JOB_QUEUED, NULL, "[]", NULL);
 	pthread_mutex_lock(&s->lock);
 	j->finished = true; /* the dispatcher joins the thread and frees the devices */
 	j->trainer = NULL;
