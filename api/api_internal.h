@@ -219,6 +219,12 @@ int tr_api_query_int(const struct tr_api_request *rq, struct tr_api_reply *rp, c
 		     int64_t max, int64_t def, int64_t *out);
 /* "true" or "false"; def when absent; -1 with rp filled otherwise. */
 int tr_api_query_bool(const struct tr_api_request *rq, struct tr_api_reply *rp, const char *name, bool def, bool *out);
+/* A submit's place in the queue, ?priority= (-1000..1000, default 0) and
+ * ?preemptible= (default false): POST /jobs and POST /experiments take
+ * the same, as an experiment's trials are jobs (api/jobs.c).  -1 with
+ * the 400 written. */
+int tr_api_query_queue_place(const struct tr_api_request *rq, struct tr_api_reply *rp, int64_t *priority,
+			     bool *preemptible);
 /* Parses text as an integer in [min, max]; 0 or -1, no reply. */
 int tr_api_parse_int(const char *text, int64_t min, int64_t max, int64_t *out);
 /* The "{id}" path parameter as a positive job id; -1 with 400

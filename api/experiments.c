@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PRIORITY_MIN -1000
-#define PRIORITY_MAX 1000
 #define LIST_DEFAULT 100
 #define LIST_MAX 1000
 
@@ -48,10 +46,9 @@ void tr_api_experiments_submit(struct tr_api_request *rq, struct tr_api_reply *r
 	char location[64];
 	int rc;
 
-	/* The same parameters, parsed the same way, as POST /jobs: the
-	 * trials are jobs (docs/experiments.md, "Priority and preemption"). */
-	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0 ||
-	    tr_api_query_bool(rq, rp, "preemptible", false, &preemptible) < 0)
+	/* The same parameters as POST /jobs: the trials are jobs
+	 * (docs/experiments.md, "Priority and preemption"). */
+	if (tr_api_query_queue_place(rq, rp, &priority, &preemptible) < 0)
 		return;
 	if (ops_missing(rp, api->cfg.ops.experiment_submit && api->cfg.ops.experiment_get))
 		return;

@@ -24,6 +24,15 @@ static bool ops_missing(struct tr_api_reply *rp, bool present)
 	return true;
 }
 
+int tr_api_query_queue_place(const struct tr_api_request *rq, struct tr_api_reply *rp, int64_t *priority,
+			     bool *preemptible)
+{
+	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, priority) < 0 ||
+	    tr_api_query_bool(rq, rp, "preemptible", false, preemptible) < 0)
+		return -1;
+	return 0;
+}
+
 /* Printable ASCII, 1..255 characters: keys are echoed into logs and
  * compared byte for byte, so nothing invisible or multi-byte. */
 static bool valid_idempotency_key(const char *key)
@@ -50,8 +59,7 @@ void tr_api_jobs_submit(struct tr_api_request *rq, struct tr_api_reply *rp)
 	char location[64];
 	int rc;
 
-	if (tr_api_query_int(rq, rp, "priority", PRIORITY_MIN, PRIORITY_MAX, 0, &priority) < 0 ||
-	    tr_api_query_bool(rq, rp, "preemptible", false, &req.preemptible) < 0)
+	if (tr_api_query_queue_place(rq, rp, &priority, &req.preemptible) < 0)
 		return;
 	key = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Idempotency-Key");
 	if (key && !valid_idempotency_key(key)) {
