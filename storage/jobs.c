@@ -763,14 +763,14 @@ int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t t
 }
 
 /* UPDATE jobs SET <one integer column> = ?2 WHERE id = ?1, as sql says. */
-static int set_int_column(tr_store_t *s, int64_t id, const char *sql, int value, struct tr_error *e)
+static int set_int_column(tr_store_t *s, int64_t id, const char *sql, int64_t value, struct tr_error *e)
 {
 	struct conn *c = tr_store_conn_lend(s, e);
 	int err = -EIO;
 	sqlite3_stmt *st = tr_store_stmt(c, sql);
 	if (st) {
 		sqlite3_bind_int64(st, 1, id);
-		sqlite3_bind_int(st, 2, value);
+		sqlite3_bind_int64(st, 2, value);
 		err = update_one(s, c, st, id);
 	}
 	tr_store_conn_put(s, c);
@@ -784,16 +784,7 @@ int tr_store_job_set_loader_threads(tr_store_t *s, int64_t id, int threads, stru
 
 int tr_store_job_set_pause_at(tr_store_t *s, int64_t id, int64_t pause_at, struct tr_error *e)
 {
-	struct conn *c = tr_store_conn_lend(s, e);
-	int err = -EIO;
-	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET pause_at = ?2 WHERE id = ?1");
-	if (st) {
-		sqlite3_bind_int64(st, 1, id);
-		sqlite3_bind_int64(st, 2, pause_at);
-		err = update_one(s, c, st, id);
-	}
-	tr_store_conn_put(s, c);
-	return err;
+	return set_int_column(s, id, "UPDATE jobs SET pause_at = ?2 WHERE id = ?1", pause_at, e);
 }
 
 int tr_store_job_set_crashes(tr_store_t *s, int64_t id, int crashes, struct tr_error *e)
