@@ -18,7 +18,9 @@
  * about 160 MiB, with Adam and 2048 about 440 MiB (the sample count does
  * not change it).  load_cost_us slows its steps.  The jobs that must
  * complete have 16 steps: a step of this size takes 0.3-0.8 s under
- * AddressSanitizer on a loaded machine. */
+ * AddressSanitizer on a loaded machine, and the waits for them are
+ * TR_TEST_SLOW times longer under ThreadSanitizer (harness.h), where 120 s
+ * did not suffice at a load of 20 on two cores. */
 #define JOB(units, optimizer, samples, load_cost_us)                                                              \
 	"{\"name\": \"admission\", \"seed\": 1, \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": " units \
 	"}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, \"data\": {\"train\": {\"format\":"      \
@@ -55,7 +57,7 @@ Test(admission, job_that_can_never_fit_fails_at_once_with_both_figures)
 {
 	daemon_start(&d, 2, flags);
 	long long id = submit_job(&d, JOB("2048", "adam", "512", "0"));
-	cr_assert_str_eq(wait_state(&d, id, "failed|completed", 30), "failed");
+	cr_assert_str_eq(wait_state(&d, id, "failed|completed", 30 * TR_TEST_SLOW), "failed");
 	json_t *j = job(id);
 	json_t *e = json_object_get(j, "error");
 	const char *msg = json_string_value(json_object_get(e, "message"));
@@ -66,7 +68,7 @@ Test(admission, job_that_can_never_fit_fails_at_once_with_both_figures)
 	/* The daemon serves on, and a job that fits runs. */
 	assert_healthy();
 	long long ok = submit_job(&d, JOB("1024", "sgd", "512", "0"));
-	cr_assert_str_eq(wait_state(&d, ok, "failed|completed", 120), "completed");
+	cr_assert_str_eq(wait_state(&d, ok, "failed|completed", 120 * TR_TEST_SLOW), "completed");
 }
 
 Test(admission, job_that_fits_once_another_ends_waits_queued_with_its_reason)
@@ -74,10 +76,10 @@ Test(admission, job_that_fits_once_another_ends_waits_queued_with_its_reason)
 	daemon_start(&d, 2, flags);
 	/* A: about 160 MiB, 64 steps of 32 x 5 ms (cancelled below). */
 	long long a = submit_job(&d, JOB("1024", "sgd", "2048", "5000"));
-	cr_assert_str_eq(wait_state(&d, a, "running", 30), "running");
+	cr_assert_str_eq(wait_state(&d, a, "running", 30 * TR_TEST_SLOW), "running");
 	/* B: another 160 MiB; 320 do not fit in 250, though a device is free. */
 	long long b = submit_job(&d, JOB("1024", "sgd", "512", "0"));
-	double deadline = now_s() + 30;
+	double deadline = now_s() + 30 * TR_TEST_SLOW;
 	const char *reason = NULL;
 	json_t *j = NULL;
 	while (now_s() < deadline) {
@@ -103,7 +105,7 @@ Test(admission, job_that_fits_once_another_ends_waits_queued_with_its_reason)
 	http(&d, "POST", path, NULL, NULL, NULL, &r);
 	cr_assert_lt(r.status, 300, "%s", r.body);
 	http_free(&r);
-	cr_assert_str_eq(wait_state(&d, b, "failed|completed", 120), "completed");
+	cr_assert_str_eq(wait_state(&d, b, "failed|completed", 120 * TR_TEST_SLOW), "completed");
 	j = job(b);
 	cr_assert_null(json_object_get(json_object_get(j, "info"), "queued_reason"));
 	json_decref(j);
