@@ -230,10 +230,33 @@ void daemon_kill(struct daemon *d)
 	d->pid = 0;
 }
 
+/* A sanitizer's report from the daemon lands in its log (its stderr),
+ * which goes with the state dir: it is shown here, in the test's output,
+ * where tests/run_tests.py (make test-asan, make test-tsan) counts it as a
+ * failure. */
+static void show_sanitizer_reports(const struct daemon *d)
+{
+	static const char *const marks[] = {"WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
+					    "ERROR: LeakSanitizer", "runtime error:"};
+	FILE *f = fopen(d->log_path, "r");
+	char line[1024];
+	bool found = false;
+	if (!f)
+		return;
+	while (!found && fgets(line, sizeof line, f))
+		for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++)
+			found = found || strstr(line, marks[i]) != NULL;
+	fclose(f);
+	if (found)
+		daemon_dump_log(d);
+}
+
 void daemon_cleanup(struct daemon *d)
 {
 	if (d->pid > 0)
 		daemon_stop(d, NULL);
+	if (d->log_path[0])
+		show_sanitizer_reports(d);
 	tr_test_rmtree(d->dir);
 	live_dir_set(d->dir, false);
 }
