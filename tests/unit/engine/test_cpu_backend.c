@@ -578,6 +578,41 @@ Test(cpu, long_sumsq_in_chunks)
 	tr_backend_destroy(two);
 }
 
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The device's threads watch for work for a moment after each run
+ * (cpu_pool.c) and then sleep: a device with nothing to do must not keep
+ * burning a core.  Runs back to back still give the right sums (the
+ * handoff without a system call). */
+Test(cpu, idle_pool_sleeps)
+{
+	size_t n = 4 * ((size_t)1 << 16);
+	float *a = frand(n, -1, 1);
+	double want = 0, got = 0;
+	for (size_t i = 0; i < n; i++)
+		want += (double)a[i] * a[i];
+	tr_backend_t *two = tr_cpu_backend_create(1, 2);
+	cr_assert(two);
+	for (int i = 0; i < 200; i++) {
+		cr_assert_eq(two->i->sumsq(two, 0, n, a, &got), 0);
+		cr_assert(fabs(got - want) <= 1e-12 * want, "run %d: sumsq %.17g vs %.17g", i, got, want);
+	}
+	double c0 = cpu_s();
+	struct timespec pause = {.tv_nsec = 300 * 1000 * 1000};
+	nanosleep(&pause, NULL);
+	double idle_ms = (cpu_s() - c0) * 1e3;
+	/* Spinning for the whole pause would take about 300 ms of CPU on an
+	 * idle machine; the watch before sleeping is 0.1 ms. */
+	cr_assert(idle_ms < 5.0, "an idle pool used %.1f ms of CPU in 300 ms", idle_ms);
+	tr_backend_destroy(two);
+	free(a);
+}
+
 Test(cpu, mul_scale_sumsq)
 {
 	for (size_t s = 0; s < N_ODD; s++) {
