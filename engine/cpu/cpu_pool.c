@@ -10,39 +10,22 @@
  * computes does not.  The device's own thread takes tasks too, so a pool
  * of T threads has T - 1 workers; a budget of one thread has none and runs
  * every task in order on the caller.
- *
- * A step hands work to the pool a dozen times or more (each gemm, each
- * activation, the update), often a few tens of microseconds apart.  A
- * worker that went to sleep on the condition variable must be woken by
- * the kernel for each (a futex wake, and in a virtual machine an
- * interrupt to an idle virtual CPU), and so must a caller that waits for
- * the last task.  So both first watch the atomics for up to SPIN_NS and
- * only then sleep: the handoffs inside a step cost no system call, and
- * a pool with nothing to do stops burning CPU after SPIN_NS.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "engine/cpu/cpu_internal.h"
-
-/* How long a thread watches for its wake-up before it sleeps: longer than
- * the gaps between a step's parallel calls (the small serial kernels
- * between them), short enough that an idle device gives its cores back
- * at once, and a loaded machine loses little to the watching. */
-#define SPIN_NS 100000
 
 struct tr_cpu_pool {
 	pthread_mutex_t mu;
 	pthread_cond_t go, done;
 	pthread_t *th;
 	int workers;
-	atomic_bool stop;
-	/* bumped (under mu) for each run; workers wait for a new value */
-	_Atomic uint64_t gen;
-	atomic_int busy; /* workers not yet finished with this run */
+	bool stop;
+	uint64_t gen; /* bumped for each run; workers wait for a new value */
+	int busy;     /* workers not yet finished with this run */
 	/* the current run */
 	tr_cpu_task_fn fn;
 	void *arg;
@@ -72,46 +55,6 @@ struct worker_arg {
 	int slot;
 };
 
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
-
-/* Watches until done(p, ctx) or SPIN_NS have passed; returns done's last
- * answer.  The clock is read every 64 rounds only. */
-static bool spin_until(struct tr_cpu_pool *p, bool (*done)(struct tr_cpu_pool *p, uint64_t ctx), uint64_t ctx)
-{
-	int64_t t0 = now_ns();
-	for (unsigned i = 1;; i++) {
-		if (done(p, ctx))
-			return true;
-		if (i % 64 == 0 && now_ns() - t0 > SPIN_NS)
-			return false;
-		cpu_relax();
-	}
-}
-
-static bool new_run_or_stop(struct tr_cpu_pool *p, uint64_t seen)
-{
-	return atomic_load_explicit(&p->gen, memory_order_acquire) != seen ||
-	       atomic_load_explicit(&p->stop, memory_order_acquire);
-}
-
-static bool workers_done(struct tr_cpu_pool *p, uint64_t unused)
-{
-	(void)unused;
-	return atomic_load_explicit(&p->busy, memory_order_acquire) == 0;
-}
-
 static void *worker(void *v)
 {
 	struct worker_arg wa = *(struct worker_arg *)v;
@@ -119,25 +62,20 @@ static void *worker(void *v)
 	uint64_t seen = 0;
 
 	free(v);
+	pthread_mutex_lock(&p->mu);
 	for (;;) {
-		if (!spin_until(p, new_run_or_stop, seen)) {
-			pthread_mutex_lock(&p->mu);
-			while (!new_run_or_stop(p, seen))
-				pthread_cond_wait(&p->go, &p->mu);
-			pthread_mutex_unlock(&p->mu);
-		}
-		if (atomic_load_explicit(&p->stop, memory_order_acquire))
+		while (!p->stop && p->gen == seen)
+			pthread_cond_wait(&p->go, &p->mu);
+		if (p->stop)
 			break;
-		seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+		seen = p->gen;
+		pthread_mutex_unlock(&p->mu);
 		drain(p, wa.slot);
-		/* The last worker wakes a caller that went to sleep: under mu,
-		 * so the caller's check of busy and its wait are one step. */
-		if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
-			pthread_mutex_lock(&p->mu);
+		pthread_mutex_lock(&p->mu);
+		if (--p->busy == 0)
 			pthread_cond_signal(&p->done);
-			pthread_mutex_unlock(&p->mu);
-		}
 	}
+	pthread_mutex_unlock(&p->mu);
 	return NULL;
 }
 
@@ -146,7 +84,7 @@ void tr_cpu_pool_destroy(struct tr_cpu_pool *p)
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->mu);
-	atomic_store(&p->stop, true);
+	p->stop = true;
 	pthread_cond_broadcast(&p->go);
 	pthread_mutex_unlock(&p->mu);
 	for (int i = 0; i < p->workers; i++)
@@ -203,24 +141,20 @@ int tr_cpu_pool_run(struct tr_cpu_pool *p, int n, tr_cpu_task_fn fn, void *arg)
 		}
 		return 0;
 	}
-	/* Every worker has finished the last run (busy was 0), so none reads
-	 * these until it sees the new gen, which publishes them. */
+	pthread_mutex_lock(&p->mu);
 	p->fn = fn;
 	p->arg = arg;
 	p->n = n;
 	atomic_store(&p->next, 0);
 	atomic_store(&p->rc, 0);
-	atomic_store(&p->busy, p->workers);
-	pthread_mutex_lock(&p->mu);
-	atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+	p->busy = p->workers;
+	p->gen++;
 	pthread_cond_broadcast(&p->go);
 	pthread_mutex_unlock(&p->mu);
 	drain(p, 0);
-	if (!spin_until(p, workers_done, 0)) {
-		pthread_mutex_lock(&p->mu);
-		while (!workers_done(p, 0))
-			pthread_cond_wait(&p->done, &p->mu);
-		pthread_mutex_unlock(&p->mu);
-	}
+	pthread_mutex_lock(&p->mu);
+	while (p->busy > 0)
+		pthread_cond_wait(&p->done, &p->mu);
+	pthread_mutex_unlock(&p->mu);
 	return atomic_load(&p->rc);
 }

@@ -585,10 +585,10 @@ static double cpu_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The device's threads watch for work for a moment after each run
- * (cpu_pool.c) and then sleep: a device with nothing to do must not keep
- * burning a core.  Runs back to back still give the right sums (the
- * handoff without a system call). */
+/* A device with nothing to do must not keep burning a core: its pool's
+ * threads sleep between runs (cpu_pool.c; a watch for work before
+ * sleeping, tried for faster handoffs, must stay short).  Runs back to
+ * back still give the right sums. */
 Test(cpu, idle_pool_sleeps)
 {
 	size_t n = 4 * ((size_t)1 << 16);
@@ -607,7 +607,7 @@ Test(cpu, idle_pool_sleeps)
 	nanosleep(&pause, NULL);
 	double idle_ms = (cpu_s() - c0) * 1e3;
 	/* Spinning for the whole pause would take about 300 ms of CPU on an
-	 * idle machine; the watch before sleeping is 0.1 ms. */
+	 * idle machine. */
 	cr_assert(idle_ms < 5.0, "an idle pool used %.1f ms of CPU in 300 ms", idle_ms);
 	tr_backend_destroy(two);
 	free(a);
