@@ -188,6 +188,12 @@ typedef struct tr_backend_i {
 	/* C[m,n] = alpha * op(A) op(B) + beta * C; op(A) is m x k. */
 	int (*gemm)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
 		    const float *a, const float *b, float beta, float *c);
+	/* Optional: C[m,n] = op(A) op(B) + bias[j] on every row of C, with the
+	 * bits of gemm (alpha 1, beta 0) followed by add_bias, in one call
+	 * (a dense layer's forward: the CPU backend adds the bias while each
+	 * tile of C is in cache).  NULL: the caller makes the two calls. */
+	int (*gemm_bias)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+			 const float *b, const float *bias, float *c);
 	/* Optional: the largest k for which gemm with alpha = 1 and beta = 1
 	 * adds each element of the product to C in one rounding, C + P, P
 	 * being what gemm with beta = 0 writes at the same shape: the bits of

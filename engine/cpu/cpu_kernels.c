@@ -45,8 +45,22 @@ struct gemm_job {
 	int m, n, k, tiles;
 	float alpha, beta;
 	const float *a, *b;
+	const float *bias; /* gemm_bias: added to every row of the tile's C, or NULL */
 	float *c;
 };
+
+/* c[r, j] += bias[j] over a rows x cols block of a matrix with row stride
+ * ld: add_bias's arithmetic, shared with gemm_bias's tiles so that both
+ * give the same bits. */
+static void add_bias_block(float *c, size_t ld, int rows, int cols, const float *bias)
+{
+	for (int r = 0; r < rows; r++) {
+		float *restrict cr = c + (size_t)r * ld;
+		const float *restrict br = bias;
+		for (int j = 0; j < cols; j++)
+			cr[j] += br[j];
+	}
+}
 
 /* Tile t of `tiles` starts here: the span's 16-row units spread evenly
  * (tiles differ by at most one unit; the last takes the rows past the
@@ -75,6 +89,8 @@ static int gemm_tile(void *arg, int t, int slot)
 		const float *a = g->a + (g->ta ? (size_t)lo : (size_t)lo * lda);
 		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, len,
 			    g->n, g->k, g->alpha, a, lda, g->b, ldb, g->beta, g->c + (size_t)lo * g->n, g->n);
+		if (g->bias)
+			add_bias_block(g->c + (size_t)lo * g->n, (size_t)g->n, len, g->n, g->bias);
 	} else {
 		/* columns lo.. of op(B) and C */
 		if (g->zero_c)
@@ -83,14 +99,19 @@ static int gemm_tile(void *arg, int t, int slot)
 		const float *b = g->b + (g->tb ? (size_t)lo * ldb : (size_t)lo);
 		cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, g->m,
 			    len, g->k, g->alpha, g->a, lda, b, ldb, g->beta, g->c + lo, g->n);
+		if (g->bias)
+			add_bias_block(g->c + lo, (size_t)g->n, g->m, len, g->bias + lo);
 	}
 	return 0;
 }
 
-static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-		    const float *a, const float *b, float beta, float *c)
+/* gemm, and gemm_bias when bias is set (then beta is 0): the bias is added
+ * by each tile right after its sgemm, while its part of C is in cache,
+ * and on the device's threads; a separate add_bias was one more pass over
+ * C, on one thread. */
+static int gemm_run(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+		    const float *a, const float *b, float beta, const float *bias, float *c)
 {
-	ENSURE_DEV("gemm");
 	ENSURE(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=%d n=%d k=%d", m, n, k);
 	if (m == 0 || n == 0)
 		return 0;
@@ -101,6 +122,8 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 		size_t mn = (size_t)m * n;
 		for (size_t i = 0; i < mn; i++)
 			c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+		if (bias)
+			add_bias_block(c, (size_t)n, m, n, bias);
 		return 0;
 	}
 	/* OpenBLAS implements beta 0 as a zeroing pass (sgemm_beta) and then
@@ -123,6 +146,7 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 			     .beta = beta,
 			     .a = a,
 			     .b = b,
+			     .bias = bias,
 			     .c = c};
 	int64_t mnk = (int64_t)m * n * k, span = g.by_rows ? m : n;
 	int64_t tiles = mnk / GEMM_TILE_MNK;
@@ -138,6 +162,21 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 	if (g.tiles == 1)
 		return gemm_tile(&g, 0, 0);
 	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);
+}
+
+static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+		    const float *a, const float *b, float beta, float *c)
+{
+	ENSURE_DEV("gemm");
+	return gemm_run(be, dev, trans_a, trans_b, m, n, k, alpha, a, b, beta, NULL, c);
+}
+
+static int cpu_gemm_bias(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+			 const float *b, const float *bias, float *c)
+{
+	ENSURE_DEV("gemm_bias");
+	ENSURE(bias, "gemm_bias: NULL bias");
+	return gemm_run(be, dev, trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, bias, c);
 }
 
 /* gemm with beta 1 equals gemm into zeros then `add` (backend.h,
@@ -197,29 +236,54 @@ static int cpu_add_bias(tr_backend_t *be, int dev, int rows, int cols, float *y,
 {
 	ENSURE_DEV("add_bias");
 	ENSURE(rows >= 0 && cols >= 0, "add_bias: negative size %dx%d", rows, cols);
-	for (int r = 0; r < rows; r++) {
-		float *restrict yr = y + (size_t)r * cols;
-		const float *restrict br = bias;
-		for (int c = 0; c < cols; c++)
-			yr[c] += br[c];
+	add_bias_block(y, (size_t)cols, rows, cols, bias);
+	return 0;
+}
+
+/* Sums over more than COLSUM_CHUNK elements are cut into column blocks
+ * (multiples of 16 columns, from the shape alone) that the device's
+ * threads take: on one thread, the bias gradients of the MLP
+ * 784-1024-1024-10 left the other core idle.  Every column is still summed
+ * over the rows in order, so any split gives the same bits. */
+#define COLSUM_CHUNK ((int64_t)1 << 16)
+#define COLSUM_MAX_TASKS 64
+
+struct colsum_job {
+	int rows, cols, tasks;
+	const float *x;
+	float *out;
+};
+
+/* Row by row so the inner loop runs along memory and vectorises. */
+static int colsum_task(void *arg, int t, int slot)
+{
+	const struct colsum_job *j = arg;
+	int lo = tile_start(j->cols, j->tasks, t), hi = tile_start(j->cols, j->tasks, t + 1);
+	float *restrict o = j->out + lo;
+	(void)slot;
+	for (int c = 0; c < hi - lo; c++)
+		o[c] = 0.0f;
+	for (int r = 0; r < j->rows; r++) {
+		const float *restrict xr = j->x + (size_t)r * j->cols + lo;
+		for (int c = 0; c < hi - lo; c++)
+			o[c] += xr[c];
 	}
 	return 0;
 }
 
-/* Row by row so the inner loop runs along memory and vectorises. */
 static int cpu_col_sum(tr_backend_t *be, int dev, int rows, int cols, const float *x, float *out)
 {
 	ENSURE_DEV("col_sum");
 	ENSURE(rows >= 0 && cols >= 0, "col_sum: negative size %dx%d", rows, cols);
-	float *restrict o = out;
-	for (int c = 0; c < cols; c++)
-		o[c] = 0.0f;
-	for (int r = 0; r < rows; r++) {
-		const float *restrict xr = x + (size_t)r * cols;
-		for (int c = 0; c < cols; c++)
-			o[c] += xr[c];
-	}
-	return 0;
+	int64_t tasks = (int64_t)rows * cols / COLSUM_CHUNK;
+	if (tasks > cols / 16)
+		tasks = cols / 16;
+	if (tasks > COLSUM_MAX_TASKS)
+		tasks = COLSUM_MAX_TASKS;
+	struct colsum_job j = {.rows = rows, .cols = cols, .tasks = tasks > 1 ? (int)tasks : 1, .x = x, .out = out};
+	if (j.tasks == 1)
+		return colsum_task(&j, 0, 0);
+	return tr_cpu_parallel(be, dev, j.tasks, colsum_task, &j);
 }
 
 /* ---- activations ------------------------------------------------------- */
@@ -885,6 +949,7 @@ static int cpu_adam_step_into(tr_backend_t *be, int dev, size_t n, const float *
 void tr_cpu_kernels_fill(tr_backend_i *t)
 {
 	t->gemm = cpu_gemm;
+	t->gemm_bias = cpu_gemm_bias;
 	t->gemm_accumulate_max_k = cpu_gemm_accumulate_max_k;
 	t->add_bias = cpu_add_bias;
 	t->col_sum = cpu_col_sum;

@@ -21,8 +21,11 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 {
 	tr_replica_t *r = p->r;
 	const tr_backend_i *bi = r->be->i;
-	int rc = bi->gemm(r->be, r->dev, false, true, p->rows, l->out, l->in, 1.0f, x, r->params + l->tensors[0].off,
-			  0.0f, y);
+	const float *w = r->params + l->tensors[0].off;
+	if (l->n_tensors > 1 && bi->gemm_bias)
+		return bi->gemm_bias(r->be, r->dev, false, true, p->rows, l->out, l->in, x, w,
+				     r->params + l->tensors[1].off, y);
+	int rc = bi->gemm(r->be, r->dev, false, true, p->rows, l->out, l->in, 1.0f, x, w, 0.0f, y);
 	if (rc == 0 && l->n_tensors > 1)
 		rc = bi->add_bias(r->be, r->dev, p->rows, l->out, y, r->params + l->tensors[1].off);
 	return rc;

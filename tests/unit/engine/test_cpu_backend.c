@@ -331,6 +331,71 @@ Test(cpu, add_bias_and_col_sum)
 	}
 }
 
+/* gemm_bias is gemm (beta 0) then add_bias, bit for bit, whether the
+ * product is one tile or cut along C's rows or columns (each tile adds its
+ * own part of the bias: a tile that added another's, or missed its own,
+ * shows), and with k = 0 (the bias alone). */
+Test(cpu, gemm_bias_is_gemm_then_add_bias)
+{
+	static const int shapes[][3] = {{7, 33, 5}, {48, 1040, 1400}, {1040, 48, 1400}, {3, 5, 0}};
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		for (int t = 0; t < 4; t++) {
+			bool ta = t & 1, tb = t & 2;
+			int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+			size_t mn = (size_t)m * n;
+			float *a = frand((size_t)m * k + 1, -1, 1), *b = frand((size_t)k * n + 1, -1, 1);
+			float *bias = frand((size_t)n, -1, 1), *want = malloc(mn * sizeof(float));
+			float *got = malloc(mn * sizeof(float));
+			cr_assert(want && got);
+			for (size_t i = 0; i < mn; i++)
+				got[i] = NAN; /* beta 0: C is not read */
+			cr_assert_eq(be->i->gemm(be, 1, ta, tb, m, n, k, 1.0f, a, b, 0.0f, want), 0);
+			cr_assert_eq(be->i->add_bias(be, 1, m, n, want, bias), 0);
+			cr_assert_eq(be->i->gemm_bias(be, 1, ta, tb, m, n, k, a, b, bias, got), 0);
+			for (size_t i = 0; i < mn; i++)
+				cr_assert(memcmp(&want[i], &got[i], sizeof(float)) == 0,
+					  "gemm_bias ta=%d tb=%d %dx%dx%d [%zu]: %.9g, gemm then add_bias %.9g", ta, tb,
+					  m, n, k, i, (double)got[i], (double)want[i]);
+			free(a);
+			free(b);
+			free(bias);
+			free(want);
+			free(got);
+		}
+	}
+}
+
+/* Long column sums are cut into column blocks that the device's threads
+ * take: every column is still the float sum over the rows in order, so
+ * one thread and two give those bits exactly, for widths that are and
+ * are not multiples of the blocks. */
+Test(cpu, long_col_sum_in_blocks)
+{
+	static const int shapes[][2] = {{256, 1024}, {300, 1000}, {70000, 1}, {1, 70000}, {129, 517}};
+	tr_backend_t *one = tr_cpu_backend_create(1, 1), *two = tr_cpu_backend_create(1, 2);
+	cr_assert(one && two);
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+		int rows = shapes[s][0], cols = shapes[s][1];
+		float *x = frand((size_t)rows * cols, -1, 1), *want = calloc((size_t)cols, sizeof(float));
+		float *got1 = frand((size_t)cols, 5, 6), *got2 = frand((size_t)cols, 5, 6);
+		cr_assert(want);
+		for (int r = 0; r < rows; r++)
+			for (int c = 0; c < cols; c++)
+				want[c] += x[(size_t)r * cols + c];
+		cr_assert_eq(one->i->col_sum(one, 0, rows, cols, x, got1), 0);
+		cr_assert_eq(two->i->col_sum(two, 0, rows, cols, x, got2), 0);
+		cr_assert(!memcmp(want, got1, (size_t)cols * sizeof(float)), "col_sum %dx%d on one thread", rows, cols);
+		cr_assert(!memcmp(want, got2, (size_t)cols * sizeof(float)), "col_sum %dx%d on two threads", rows,
+			  cols);
+		free(x);
+		free(want);
+		free(got1);
+		free(got2);
+	}
+	tr_backend_destroy(one);
+	tr_backend_destroy(two);
+}
+
 /* ---- activations ---------------------------------------------------------- */
 
 static double act_ref(enum tr_act act, double x)
@@ -511,6 +576,41 @@ Test(cpu, long_sumsq_in_chunks)
 	}
 	tr_backend_destroy(one);
 	tr_backend_destroy(two);
+}
+
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A device with nothing to do must not keep burning a core: its pool's
+ * threads sleep between runs (cpu_pool.c; a watch for work before
+ * sleeping, tried for faster handoffs, must stay short).  Runs back to
+ * back still give the right sums. */
+Test(cpu, idle_pool_sleeps)
+{
+	size_t n = 4 * ((size_t)1 << 16);
+	float *a = frand(n, -1, 1);
+	double want = 0, got = 0;
+	for (size_t i = 0; i < n; i++)
+		want += (double)a[i] * a[i];
+	tr_backend_t *two = tr_cpu_backend_create(1, 2);
+	cr_assert(two);
+	for (int i = 0; i < 200; i++) {
+		cr_assert_eq(two->i->sumsq(two, 0, n, a, &got), 0);
+		cr_assert(fabs(got - want) <= 1e-12 * want, "run %d: sumsq %.17g vs %.17g", i, got, want);
+	}
+	double c0 = cpu_s();
+	struct timespec pause = {.tv_nsec = 300 * 1000 * 1000};
+	nanosleep(&pause, NULL);
+	double idle_ms = (cpu_s() - c0) * 1e3;
+	/* Spinning for the whole pause would take about 300 ms of CPU on an
+	 * idle machine. */
+	cr_assert(idle_ms < 5.0, "an idle pool used %.1f ms of CPU in 300 ms", idle_ms);
+	tr_backend_destroy(two);
+	free(a);
 }
 
 Test(cpu, mul_scale_sumsq)
