@@ -151,6 +151,9 @@ Test(thread_count, onednn_conv_is_independent_of_threads)
 		cr_skip_test("this build has no oneDNN route");
 	conv_same_bits(TR_CPU_CONV_ONEDNN, &mid, 24);
 	conv_same_bits(TR_CPU_CONV_ONEDNN, &odd, 13);
+	/* batches of exact mode's shard size: slices of even sizes */
+	conv_same_bits(TR_CPU_CONV_ONEDNN, &mid, 4);
+	conv_same_bits(TR_CPU_CONV_ONEDNN, &odd, 7);
 }
 
 /* The dense layers' products: forward x W^T, dW = dY^T x, dx = dY W, of
