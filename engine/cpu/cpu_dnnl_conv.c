@@ -500,14 +500,16 @@ static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
  * threads gave three different dW), so this keeps the results the same
  * bits for any budget (docs/design.md, "Convolution on CPU devices").
  *
- * A batch that makes fewer than MIN_SLICES such slices is cut into
- * min(rows, MIN_SLICES) slices of even sizes instead (sizes differ by at
- * most one): exact mode's shards are such batches, and the first rule
- * alone gave a VDSR shard of 4 samples slices of 3 and 1 and LeNet's
- * second convolution one slice of a 16-sample shard, so one thread of two
- * did most of the work (docs/design.md, "Exact mode").  Batches of
- * MIN_SLICES slices or more are cut as before.  Either way the cut
- * follows from the shape alone. */
+ * A batch that makes fewer than MIN_SLICES such slices is cut into as
+ * many slices rounded up to an even count (at most one per sample), of
+ * even sizes (sizes differ by at most one): exact mode's shards are such
+ * batches, and the first rule alone gave a VDSR shard of 4 samples slices
+ * of 3 and 1 and LeNet's second convolution one slice of a 16-sample
+ * shard, so one thread of two did most of the work (docs/design.md,
+ * "Exact mode").  Not more slices than that: oneDNN's cost per sample
+ * grows as slices shrink (4 one-sample slices of a VDSR shard took 40%
+ * more CPU time than 3 + 1, on a loaded machine).  Batches of MIN_SLICES slices or more are cut
+ * as before.  Either way the cut follows from the shape alone. */
 #define SLICE_POS 4096
 #define MIN_SLICES 4
 
@@ -582,8 +584,8 @@ static void dnnl_slices(struct dnnl_job *j)
 	j->sb = dnnl_slice_samples(j->d);
 	j->ns = (j->rows + j->sb - 1) / j->sb;
 	j->even = j->ns < MIN_SLICES;
-	if (j->even)
-		j->ns = j->rows < MIN_SLICES ? j->rows : MIN_SLICES;
+	if (j->even && j->ns % 2)
+		j->ns = j->ns + 1 < j->rows ? j->ns + 1 : j->rows;
 }
 
 int tr_cpu_dnnl_slices(const struct tr_conv2d_desc *d, int rows, int *largest)

@@ -243,11 +243,11 @@ Test(dnnl_conv, blocked_activations_give_the_same_bits_without_reorders)
 /* The slices the device's threads share (cpu_dnnl_conv.c): exact mode's
  * shards (docs/design.md, "Exact mode") are small batches, which the
  * rule of about 4,096 output positions per slice alone left to one thread
- * or cut 3 + 1; they get 4 slices of even sizes.  Larger batches keep that
- * rule's slices. */
+ * or cut 3 + 1; they get an even count of slices of even sizes.  Larger
+ * batches keep that rule's slices. */
 Test(dnnl_conv, small_batches_are_cut_into_even_slices)
 {
-	/* VDSR's 3x3 convolutions on 41x41, LeNet's second on 13x13 */
+	/* VDSR's 3x3 convolutions on 41x41, LeNet's on 28x28 and 13x13 */
 	static const struct tr_conv2d_desc vdsr = {.c = 64,
 						   .h = 41,
 						   .w = 41,
@@ -263,6 +263,19 @@ Test(dnnl_conv, small_batches_are_cut_into_even_slices)
 						   .dh = 1,
 						   .dw = 1,
 						   .groups = 1};
+	static const struct tr_conv2d_desc lenet1 = {.c = 1,
+						     .h = 28,
+						     .w = 28,
+						     .f = 32,
+						     .ho = 26,
+						     .wo = 26,
+						     .kh = 3,
+						     .kw = 3,
+						     .sh = 1,
+						     .sw = 1,
+						     .dh = 1,
+						     .dw = 1,
+						     .groups = 1};
 	static const struct tr_conv2d_desc lenet2 = {.c = 32,
 						     .h = 13,
 						     .w = 13,
@@ -280,11 +293,12 @@ Test(dnnl_conv, small_batches_are_cut_into_even_slices)
 		const struct tr_conv2d_desc *d;
 		int rows, slices, largest;
 	} cases[] = {
-		{&vdsr, 4, 4, 1},     /* a shard of batch 32: was 3 + 1 */
-		{&vdsr, 3, 3, 1},     /* fewer rows than MIN_SLICES: one each */
+		{&vdsr, 4, 2, 2},     /* a shard of batch 32: was 3 + 1 */
+		{&vdsr, 3, 2, 2},     /* one slice of the first rule: two */
 		{&vdsr, 1, 1, 1},     /* one sample */
-		{&lenet2, 16, 4, 4},  /* a shard of batch 128: was one slice */
-		{&lenet2, 17, 4, 5},  /* sizes differ by at most one */
+		{&lenet1, 16, 4, 4},  /* three slices of 7 samples: four of 4 */
+		{&lenet2, 16, 2, 8},  /* a shard of batch 128: was one slice */
+		{&lenet2, 17, 2, 9},  /* sizes differ by at most one */
 		{&vdsr, 32, 11, 3},   /* the float path's batch: 4,096 positions per slice */
 		{&lenet2, 128, 4, 34} /* exactly MIN_SLICES of the first rule */
 	};
