@@ -498,14 +498,27 @@ static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
  * slice are partial sums of its own, added in slice order.  oneDNN's own
  * threading splits its reductions by thread count (measured: 1, 2 and 3
  * threads gave three different dW), so this keeps the results the same
- * bits for any budget (docs/design.md, "Convolution on CPU devices"). */
+ * bits for any budget (docs/design.md, "Convolution on CPU devices").
+ *
+ * A batch that makes fewer than MIN_SLICES such slices is cut into as
+ * many slices rounded up to an even count (at most one per sample), of
+ * even sizes (sizes differ by at most one): exact mode's shards are such
+ * batches, and the first rule alone gave a VDSR shard of 4 samples slices
+ * of 3 and 1 and LeNet's second convolution one slice of a 16-sample
+ * shard, so one thread of two did most of the work (docs/design.md,
+ * "Exact mode").  Not more slices than that: oneDNN's cost per sample
+ * grows as slices shrink (4 one-sample slices of a VDSR shard took 40%
+ * more CPU time than 3 + 1, on a loaded machine).  Batches of MIN_SLICES slices or more are cut
+ * as before.  Either way the cut follows from the shape alone. */
 #define SLICE_POS 4096
+#define MIN_SLICES 4
 
 struct dnnl_job {
 	tr_backend_t *be;
 	int dev;
 	const struct tr_conv2d_desc *d;
-	int rows, sb;
+	int rows, sb, ns;
+	bool even; /* ns slices of even sizes, not of sb samples */
 	const float *x, *w, *bias, *dy;
 	float *y, *dx;
 	float *dw_part, *db_part; /* per slice */
@@ -513,6 +526,10 @@ struct dnnl_job {
 
 static int dnnl_slice(const struct dnnl_job *j, int t, int *s0)
 {
+	if (j->even) {
+		*s0 = (int)((int64_t)t * j->rows / j->ns);
+		return (int)((int64_t)(t + 1) * j->rows / j->ns) - *s0;
+	}
 	*s0 = t * j->sb;
 	return j->rows - *s0 < j->sb ? j->rows - *s0 : j->sb;
 }
@@ -561,6 +578,36 @@ static int dnnl_slice_samples(const struct tr_conv2d_desc *d)
 	return P >= SLICE_POS ? 1 : (int)((SLICE_POS + P - 1) / P);
 }
 
+/* The slices of a batch of rows (rows >= 1), the two rules above. */
+static void dnnl_slices(struct dnnl_job *j)
+{
+	j->sb = dnnl_slice_samples(j->d);
+	j->ns = (j->rows + j->sb - 1) / j->sb;
+	j->even = j->ns < MIN_SLICES;
+	if (j->even && j->ns % 2)
+		j->ns = j->ns + 1 < j->rows ? j->ns + 1 : j->rows;
+}
+
+int tr_cpu_dnnl_slices(const struct tr_conv2d_desc *d, int rows, int *largest)
+{
+	struct dnnl_job j = {.d = d, .rows = rows > 0 ? rows : 1};
+	int s0;
+	dnnl_slices(&j);
+	*largest = 0;
+	for (int t = 0; t < j.ns; t++) {
+		int len = dnnl_slice(&j, t, &s0);
+		*largest = len > *largest ? len : *largest;
+	}
+	return j.ns;
+}
+
+static int dnnl_largest_slice(const struct tr_conv2d_desc *d, int rows)
+{
+	int largest;
+	tr_cpu_dnnl_slices(d, rows, &largest);
+	return largest;
+}
+
 bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b, int rows)
 {
 	if (be->i->kind != TR_BACKEND_KIND_CPU || !tr_cpu_backend_conv_chains(be) || rows < 1 ||
@@ -568,8 +615,8 @@ bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, cons
 	    a->f != b->c || a->ho != b->h || a->wo != b->w || a->f % 16)
 		return false;
 	/* at the slices' sample counts, as the primitives will run */
-	int na = dnnl_slice_samples(a), nb = dnnl_slice_samples(b);
-	struct tr_conv2d_geom ga = geom_of(a, rows < na ? rows : na), gb = geom_of(b, rows < nb ? rows : nb);
+	struct tr_conv2d_geom ga = geom_of(a, dnnl_largest_slice(a, rows)),
+			      gb = geom_of(b, dnnl_largest_slice(b, rows));
 	return tr_dnnl_conv_prefers_blocked(&ga, true) && tr_dnnl_conv_prefers_blocked(&gb, false);
 }
 
@@ -587,16 +634,9 @@ int tr_cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d
 	/* the device thread's state first: it makes the per-slot array */
 	if (!tr_cpu_dnnl_for(be, dev, 0))
 		return -EIO;
-	struct dnnl_job j = {.be = be,
-			     .dev = dev,
-			     .d = d,
-			     .rows = rows,
-			     .sb = dnnl_slice_samples(d),
-			     .x = x,
-			     .w = w,
-			     .bias = bias,
-			     .y = y};
-	return tr_cpu_parallel(be, dev, (rows + j.sb - 1) / j.sb, dnnl_forward_slice, &j);
+	struct dnnl_job j = {.be = be, .dev = dev, .d = d, .rows = rows, .x = x, .w = w, .bias = bias, .y = y};
+	dnnl_slices(&j);
+	return tr_cpu_parallel(be, dev, j.ns, dnnl_forward_slice, &j);
 }
 
 int tr_cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,
@@ -619,21 +659,14 @@ int tr_cpu_dnnl_conv2d_backward(tr_backend_t *be, int dev, const struct tr_conv2
 	}
 	if (!tr_cpu_dnnl_for(be, dev, 0))
 		return -EIO;
-	int sb = dnnl_slice_samples(d), ns = (rows + sb - 1) / sb;
+	struct dnnl_job j = {.be = be, .dev = dev, .d = d, .rows = rows, .x = x, .w = w, .dy = dy, .dx = dx};
+	dnnl_slices(&j);
+	int ns = j.ns;
 	float *scr = tr_cpu_scratch(be, dev, (size_t)ns * (nw + (size_t)d->f) * sizeof(float));
 	if (!scr)
 		return -ENOMEM;
-	struct dnnl_job j = {.be = be,
-			     .dev = dev,
-			     .d = d,
-			     .rows = rows,
-			     .sb = sb,
-			     .x = x,
-			     .w = w,
-			     .dy = dy,
-			     .dx = dx,
-			     .dw_part = scr,
-			     .db_part = dbias ? scr + (size_t)ns * nw : NULL};
+	j.dw_part = scr;
+	j.db_part = dbias ? scr + (size_t)ns * nw : NULL;
 	if ((rc = tr_cpu_parallel(be, dev, ns, dnnl_backward_slice, &j)) < 0)
 		return rc;
 	/* the slices' partial sums, in slice order */

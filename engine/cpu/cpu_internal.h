@@ -51,6 +51,14 @@ int tr_cpu_threads(tr_backend_t *be);
 /* Runs the tasks on device dev's pool (made on first use by the device's
  * thread, the only one that calls this for dev). */
 int tr_cpu_parallel(tr_backend_t *be, int dev, int n, tr_cpu_task_fn fn, void *arg);
+/* How many tiles gemm cuts an m x n x k product into, along the longer of
+ * C's dimensions (cpu_kernels.c): a function of the shape alone, so the
+ * bits do not depend on the thread count. */
+int tr_cpu_gemm_tiles(int m, int n, int k);
+/* How many slices the oneDNN route cuts a batch of rows into for the
+ * device's threads (cpu_dnnl_conv.c), and the samples of the largest: a
+ * function of the shape alone. */
+int tr_cpu_dnnl_slices(const struct tr_conv2d_desc *d, int rows, int *largest);
 /* Device dev's scratch of at least `bytes`, 64-byte aligned, kept until
  * the next call for dev; NULL (error recorded) when out of memory. */
 void *tr_cpu_scratch(tr_backend_t *be, int dev, size_t bytes);

@@ -35,9 +35,40 @@
  * per call), so tiles must be large: with 4M multiply-adds (0.1 ms on one
  * AVX2 core) packing took a quarter of the MLP 784-1024-1024-10's step;
  * 32M (about 0.8 ms) cut its CPU time per step by a quarter (measured on
- * one core, bench/README.md, "Development measurements"). */
+ * one core, bench/README.md, "Development measurements").
+ *
+ * What a tile packs again is the other operand, (other side) x K, against
+ * (tile's span) x (other side) x K multiply-adds: its cost relative to the
+ * tile's work is 1 / span, whatever M, N and K are.  So a gemm too small
+ * for two GEMM_TILE_MNK tiles still gets tiles of at least GEMM_TILE_SPAN
+ * rows or columns and GEMM_MIN_TILE_MNK multiply-adds: exact mode's shard
+ * products (32 rows against the MLP's 1024 x 1024 weights, 33M
+ * multiply-adds) ran on one thread of two with the first rule alone, which
+ * made its step twice the float path's (docs/design.md, "Exact mode").
+ * The float path's large gemms are cut by the first rule as before. */
 #define GEMM_TILE_MNK ((int64_t)1 << 25)
+#define GEMM_MIN_TILE_MNK ((int64_t)1 << 23)
+#define GEMM_TILE_SPAN 256
 #define GEMM_MAX_TILES 64
+
+int tr_cpu_gemm_tiles(int m, int n, int k)
+{
+	int64_t mnk = (int64_t)m * n * k, span = m > n ? m : n;
+	int64_t tiles = mnk / GEMM_TILE_MNK, thin = mnk / GEMM_MIN_TILE_MNK;
+	if (thin > span / GEMM_TILE_SPAN)
+		thin = span / GEMM_TILE_SPAN;
+	if (tiles < thin)
+		tiles = thin;
+	if (tiles > GEMM_MAX_TILES)
+		tiles = GEMM_MAX_TILES;
+	if (tiles > span / 16)
+		tiles = span / 16;
+	if (tiles > 1 && tiles % 2)
+		tiles++; /* an even count: two threads get equal shares */
+	if (tiles > span / 16)
+		tiles = span / 16;
+	return tiles > 1 ? (int)tiles : 1;
+}
 
 struct gemm_job {
 	bool ta, tb, by_rows;
@@ -148,17 +179,7 @@ static int gemm_run(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 			     .b = b,
 			     .bias = bias,
 			     .c = c};
-	int64_t mnk = (int64_t)m * n * k, span = g.by_rows ? m : n;
-	int64_t tiles = mnk / GEMM_TILE_MNK;
-	if (tiles > GEMM_MAX_TILES)
-		tiles = GEMM_MAX_TILES;
-	if (tiles > span / 16)
-		tiles = span / 16;
-	if (tiles > 1 && tiles % 2)
-		tiles++; /* an even count: two threads get equal shares */
-	if (tiles > span / 16)
-		tiles = span / 16;
-	g.tiles = tiles > 1 ? (int)tiles : 1;
+	g.tiles = tr_cpu_gemm_tiles(m, n, k);
 	if (g.tiles == 1)
 		return gemm_tile(&g, 0, 0);
 	return tr_cpu_parallel(be, dev, g.tiles, gemm_tile, &g);

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "engine/backend.h"
+#include "engine/cpu/cpu_internal.h"
 #include "engine/rng.h"
 
 #define NDEV 7
@@ -300,6 +301,34 @@ Test(cpu, gemm_accumulates_exactly)
 			free(p);
 		}
 	}
+}
+
+/* Exact mode's shard products (docs/design.md, "Exact mode": 32-row
+ * shards of the bench MLP 784-1024-1024-10 at batch 256, forward, weight
+ * and data gradients) are cut into tiles for the device's threads; with
+ * the first rule alone (two tiles of 32M multiply-adds) they ran on one
+ * thread of two.  A float-path product keeps the first rule's tiles, and
+ * no tile is narrower than 16 rows or columns. */
+Test(cpu, gemm_tiles_share_shard_products)
+{
+	static const int shard[][3] = {{32, 1024, 784}, {32, 1024, 1024}, {1024, 1024, 32}, {1024, 784, 32}};
+	for (size_t s = 0; s < sizeof shard / sizeof shard[0]; s++) {
+		int t = tr_cpu_gemm_tiles(shard[s][0], shard[s][1], shard[s][2]);
+		cr_expect_geq(t, 2, "%dx%dx%d: %d tile", shard[s][0], shard[s][1], shard[s][2], t);
+		cr_expect_eq(t % 2, 0, "%dx%dx%d: %d tiles, not an even count", shard[s][0], shard[s][1], shard[s][2],
+			     t);
+	}
+	/* the float path's 256-row products: 268M multiply-adds, 8 tiles */
+	cr_expect_eq(tr_cpu_gemm_tiles(256, 1024, 1024), 8);
+	cr_expect_eq(tr_cpu_gemm_tiles(1024, 1024, 256), 8);
+	/* small products stay on one thread */
+	cr_expect_eq(tr_cpu_gemm_tiles(32, 128, 64), 1);
+	cr_expect_eq(tr_cpu_gemm_tiles(256, 10, 1024), 1);
+	for (int m = 1; m <= 4096; m *= 4)
+		for (int n = 1; n <= 4096; n *= 4) {
+			int t = tr_cpu_gemm_tiles(m, n, 1024), span = m > n ? m : n;
+			cr_expect(t == 1 || span / t >= 16, "%dx%dx1024: %d tiles of %d", m, n, t, span / t);
+		}
 }
 
 /* ---- bias and column sums ------------------------------------------------ */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/cpu/cpu_dnnl_conv.h"
+#include "engine/cpu/cpu_internal.h"
 #include "engine/rng.h"
 
 static uint64_t rs = 0x243f6a8885a308d3ULL;
@@ -237,4 +238,75 @@ Test(dnnl_conv, blocked_activations_give_the_same_bits_without_reorders)
 	free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
 	free(by), free(bdx), free(bdw), free(bdb), free(bx), free(bdy);
 	tr_dnnl_conv_destroy(dc);
+}
+
+/* The slices the device's threads share (cpu_dnnl_conv.c): exact mode's
+ * shards (docs/design.md, "Exact mode") are small batches, which the
+ * rule of about 4,096 output positions per slice alone left to one thread
+ * or cut 3 + 1; they get an even count of slices of even sizes.  Larger
+ * batches keep that rule's slices. */
+Test(dnnl_conv, small_batches_are_cut_into_even_slices)
+{
+	/* VDSR's 3x3 convolutions on 41x41, LeNet's on 28x28 and 13x13 */
+	static const struct tr_conv2d_desc vdsr = {.c = 64,
+						   .h = 41,
+						   .w = 41,
+						   .f = 64,
+						   .ho = 41,
+						   .wo = 41,
+						   .kh = 3,
+						   .kw = 3,
+						   .sh = 1,
+						   .sw = 1,
+						   .ph = 1,
+						   .pw = 1,
+						   .dh = 1,
+						   .dw = 1,
+						   .groups = 1};
+	static const struct tr_conv2d_desc lenet1 = {.c = 1,
+						     .h = 28,
+						     .w = 28,
+						     .f = 32,
+						     .ho = 26,
+						     .wo = 26,
+						     .kh = 3,
+						     .kw = 3,
+						     .sh = 1,
+						     .sw = 1,
+						     .dh = 1,
+						     .dw = 1,
+						     .groups = 1};
+	static const struct tr_conv2d_desc lenet2 = {.c = 32,
+						     .h = 13,
+						     .w = 13,
+						     .f = 64,
+						     .ho = 11,
+						     .wo = 11,
+						     .kh = 3,
+						     .kw = 3,
+						     .sh = 1,
+						     .sw = 1,
+						     .dh = 1,
+						     .dw = 1,
+						     .groups = 1};
+	const struct {
+		const struct tr_conv2d_desc *d;
+		int rows, slices, largest;
+	} cases[] = {
+		{&vdsr, 4, 2, 2},     /* a shard of batch 32: was 3 + 1 */
+		{&vdsr, 3, 2, 2},     /* one slice of the first rule: two */
+		{&vdsr, 1, 1, 1},     /* one sample */
+		{&lenet1, 16, 4, 4},  /* three slices of 7 samples: four of 4 */
+		{&lenet2, 16, 2, 8},  /* a shard of batch 128: was one slice */
+		{&lenet2, 17, 2, 9},  /* sizes differ by at most one */
+		{&vdsr, 32, 11, 3},   /* the float path's batch: 4,096 positions per slice */
+		{&lenet2, 128, 4, 34} /* exactly MIN_SLICES of the first rule */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int largest = 0, n = tr_cpu_dnnl_slices(cases[i].d, cases[i].rows, &largest);
+		cr_expect_eq(n, cases[i].slices, "case %zu, %d rows: %d slices, want %d", i, cases[i].rows, n,
+			     cases[i].slices);
+		cr_expect_eq(largest, cases[i].largest, "case %zu, %d rows: largest slice %d, want %d", i,
+			     cases[i].rows, largest, cases[i].largest);
+	}
 }

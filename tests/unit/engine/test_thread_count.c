@@ -151,12 +151,15 @@ Test(thread_count, onednn_conv_is_independent_of_threads)
 		cr_skip_test("this build has no oneDNN route");
 	conv_same_bits(TR_CPU_CONV_ONEDNN, &mid, 24);
 	conv_same_bits(TR_CPU_CONV_ONEDNN, &odd, 13);
+	/* batches of exact mode's shard size: slices of even sizes */
+	conv_same_bits(TR_CPU_CONV_ONEDNN, &mid, 4);
+	conv_same_bits(TR_CPU_CONV_ONEDNN, &odd, 7);
 }
 
-/* The dense layers' products: forward x W^T, dW = dY^T x, dx = dY W. */
-Test(thread_count, dense_gemm_is_independent_of_threads)
+/* The dense layers' products: forward x W^T, dW = dY^T x, dx = dY W, of
+ * b rows. */
+static void dense_same_bits(int B, int IN, int OUT)
 {
-	enum { B = 160, IN = 384, OUT = 320 };
 	float *x = frand((size_t)B * IN, 5), *w = frand((size_t)OUT * IN, 6), *dy = frand((size_t)B * OUT, 7);
 	float *ref[3] = {0}, *got[3] = {0};
 	size_t n[3] = {(size_t)B * OUT, (size_t)OUT * IN, (size_t)B * IN};
@@ -180,7 +183,7 @@ Test(thread_count, dense_gemm_is_independent_of_threads)
 			continue;
 		for (int j = 0; j < 3; j++)
 			cr_expect_eq(memcmp(o[j], ref[j], n[j] * sizeof(float)), 0,
-				     "budget %d: gemm %d differs from 1 thread's", budgets[k], j);
+				     "%dx%dx%d, budget %d: gemm %d differs from 1 thread's", B, IN, OUT, budgets[k], j);
 	}
 	for (int j = 0; j < 3; j++) {
 		free(ref[j]);
@@ -189,6 +192,15 @@ Test(thread_count, dense_gemm_is_independent_of_threads)
 	free(x);
 	free(w);
 	free(dy);
+}
+
+Test(thread_count, dense_gemm_is_independent_of_threads)
+{
+	dense_same_bits(160, 384, 320);
+	/* an exact-mode shard of the bench MLP: 32 rows, cut into tiles
+	 * (tr_cpu_gemm_tiles) that the threads share */
+	dense_same_bits(32, 784, 1024);
+	dense_same_bits(32, 1024, 1024);
 }
 
 /* A few steps of a small conv net through the whole trainer. */
