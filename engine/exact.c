@@ -116,33 +116,42 @@ void tr_exact_overlap_begin(struct tr_exact_ctx *x, const float *const *parts, i
 	ov->n = n;
 	ov->hi = ov->params_end;
 	ov->next = ov->n_layers - 1;
+	ov->nb = 0;
 }
 
-/* Floats [lo, hi) of every slot: this process's parts written into their
- * slots (zeros for its empty shards), as cross_process_sum does for the
- * whole slot, then their gather started. */
+/* Floats [lo, hi) of the sum, one bucket: this process's parts written
+ * into the bucket's slots (zeros for its empty shards), as
+ * cross_process_sum does for whole slots, then their gather started.
+ * The bucket's S slots lie together (tr_exact_overlap.b_lo), so that a
+ * process's shards of it are one contiguous block for MPI rather than S
+ * strided pieces. */
 static int send_bucket(struct tr_exact_ctx *x, size_t lo, size_t hi)
 {
 	tr_backend_t *be = x->be;
 	struct tr_exact_overlap *ov = &x->ov;
 	const struct tr_exact_procs *pr = x->procs;
 	const int pf = pr->first[pr->proc], pc = pr->count[pr->proc];
-	const size_t len = hi - lo, n = ov->n;
+	const size_t len = hi - lo;
+	float *base = x->slots + (size_t)x->shards * lo;
 	int rc = 0;
 	if (len == 0)
 		return 0;
+	if (ov->nb == (int)(sizeof ov->b_lo / sizeof ov->b_lo[0]))
+		return -EINVAL;
 	if (ov->add)
 		rc = be->i->add(be, x->dev, len, ov->parts[0] + lo, ov->add + lo, (float *)ov->parts[0] + lo);
 	for (int s = pf; s < pf + pc && rc == 0; s++) {
-		float *slot = x->slots + (size_t)s * n + lo;
+		float *slot = base + (size_t)s * len;
 		int k = s - x->first;
 		rc = k >= 0 && k < ov->nparts ? be->i->copy(be, x->dev, slot, ov->parts[k] + lo, len * sizeof(float))
 					      : be->i->memset0(be, x->dev, slot, len * sizeof(float));
 	}
 	if (rc < 0)
 		return rc;
+	ov->b_lo[ov->nb] = lo;
+	ov->b_len[ov->nb++] = len;
 	double t0 = now_ms();
-	rc = pr->pcomm->i->gather_start(pr->pcomm, x->slots, n, lo, len, pr->first, pr->count);
+	rc = pr->pcomm->i->gather_start(pr->pcomm, base, len, 0, len, pr->first, pr->count);
 	x->comm_ms += now_ms() - t0;
 	return rc;
 }
@@ -192,10 +201,13 @@ int tr_exact_overlap_end(struct tr_exact_ctx *x, float *out)
 	double ms = now_ms() - t0;
 	x->comm_ms += ms;
 	x->wait_ms += ms;
-	if (rc < 0)
-		return rc;
-	const float *slot[TR_SPEC_MAX_SHARDS];
-	for (int k = 0; k < x->shards; k++)
-		slot[k] = x->slots + (size_t)k * n;
-	return fold(x->be, x->dev, slot, x->shards, out, n);
+	/* bucket by bucket, the same chain of additions per element */
+	for (int b = 0; b < ov->nb && rc == 0; b++) {
+		const float *slot[TR_SPEC_MAX_SHARDS];
+		const float *base = x->slots + (size_t)x->shards * ov->b_lo[b];
+		for (int k = 0; k < x->shards; k++)
+			slot[k] = base + (size_t)k * ov->b_len[b];
+		rc = fold(x->be, x->dev, slot, x->shards, out + ov->b_lo[b], ov->b_len[b]);
+	}
+	return rc;
 }

@@ -36,8 +36,9 @@ struct tr_exact_procs {
  * device per process, the cross-process gather goes in buckets, one per
  * top-level layer with parameters, started as the backward pass of the
  * process's last shard finishes that layer (tr_replica_t.layer_done) and
- * waited for before the fold.  The slots receive the same bytes as the
- * whole gather's, so the sum has the same bits. */
+ * waited for before the fold, bucket by bucket.  The slots receive the
+ * same bytes as the whole gather's (laid out by bucket), and each element
+ * the same chain of additions, so the sum has the same bits. */
 struct tr_exact_overlap {
 	/* per top-level layer i: the lowest offset of the parameters of
 	 * layers i .. n_layers - 1 (each layer's lie below the next one's,
@@ -55,6 +56,11 @@ struct tr_exact_overlap {
 	const float *add;
 	size_t n, hi;
 	int next;
+	/* the buckets started: floats [lo, lo + len) of the sum, whose S
+	 * slots lie together at slots + S * lo (len floats each), so that
+	 * each process's part of a bucket is one contiguous block */
+	size_t b_lo[TR_SPEC_MAX_LAYERS + 2], b_len[TR_SPEC_MAX_LAYERS + 2];
+	int nb;
 };
 
 /* One rank's side of the sum; filled by the trainer. */

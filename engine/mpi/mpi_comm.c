@@ -7,7 +7,8 @@
  * each slot arrives as the bytes its process wrote.
  * gather_start is its non-blocking form for one bucket, a range of
  * every slot (MPI_Iallgatherv with that range, resized to a slot's
- * extent, as the datatype), progressed by gather_test (MPI_Testall) and
+ * extent, as the datatype: contiguous where the trainer's buckets keep
+ * their slots together), progressed by gather_test (MPI_Testall) and
  * ended by gather_wait (MPI_Waitall).  MPI is started with
  * MPI_THREAD_SERIALIZED: the trainer calls from one thread at a time,
  * not always the one that started it.  Errors return instead of aborting
