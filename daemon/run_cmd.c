@@ -163,6 +163,10 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 	if (!j)
 		return -ENOMEM;
 	json_object_set_new(j, "processes", json_integer(nproc)); /* of ndev devices each */
+	if (nproc > 1) { /* the gathers between processes: all, and waited for */
+		json_object_set_new(j, "comm_ms", json_real(s->comm_ms));
+		json_object_set_new(j, "comm_wait_ms", json_real(s->comm_wait_ms));
+	}
 	json_object_set_new(j, "val_loss", isfinite(s->val_loss) ? json_real(s->val_loss) : json_null());
 	json_object_set_new(j, "val_accuracy", isfinite(s->val_accuracy) ? json_real(s->val_accuracy) : json_null());
 	/* data.test's figures, only those the run has (docs/model-format.md). */

@@ -34,6 +34,10 @@
 /* The most processes of one job. */
 #define TR_MAX_PROCESSES 64
 
+/* The most gathers gather_start keeps in flight; one more waits for them
+ * first. */
+#define TR_PCOMM_MAX_PENDING 64
+
 enum tr_pcomm_engine { TR_PCOMM_SINGLE, TR_PCOMM_MPI, TR_PCOMM_NCCL /* not implemented */ };
 
 typedef struct tr_pcomm tr_pcomm_t;
@@ -61,6 +65,18 @@ typedef struct tr_pcomm_i {
 	/* The last call: leaves the group (MPI_Finalize) and frees c. */
 	void (*finish)(tr_pcomm_t *c);
 	const char *(*last_error)(tr_pcomm_t *c);
+	/* Optional, NULL where the engine cannot (single): gather_shards in
+	 * buckets that overlap the backward pass.  gather_start starts the
+	 * gather of floats [off, off + len) of every slot (slots n floats
+	 * apart) and returns without waiting; buf's range must stay
+	 * untouched until gather_wait.  gather_test lets started gathers
+	 * advance (Open MPI progresses them only inside its calls) and never
+	 * waits; gather_wait waits for every started one.  Every process
+	 * starts the same ranges in the same order. */
+	int (*gather_start)(tr_pcomm_t *c, float *buf, size_t n, size_t off, size_t len, const int *first,
+			    const int *count);
+	int (*gather_test)(tr_pcomm_t *c);
+	int (*gather_wait)(tr_pcomm_t *c);
 } tr_pcomm_i;
 
 struct tr_pcomm {

@@ -985,26 +985,31 @@ static int emit_init_from(const void *base, json_t *obj, const char *key)
 }
 
 /* "exact": false (the default), true (the default shard count) or
- * {"shards": S}.  Off by default: it cost more than 10% of the step time
+ * {"shards": S, "overlap": B}.  Off by default: it cost more than 10% of the step time
  * of the bench MLP (docs/design.md, "Exact mode"). */
 static int parse_exact(struct tr_fields_ctx *c, const json_t *v, void *base)
 {
 	struct tr_spec *spec = base;
 
 	spec->exact_shards = 0;
+	spec->exact_no_overlap = false;
 	if (!v || json_is_false(v))
 		return 0;
 	spec->exact_shards = TR_SPEC_DEFAULT_SHARDS;
 	if (json_is_true(v))
 		return 0;
 	if (!json_is_object(v))
-		return tr_fields_fail(c, NULL, "must be false, true or {\"shards\": S}");
+		return tr_fields_fail(c, NULL, "must be false, true or {\"shards\": S, \"overlap\": true|false}");
 	const char *key;
 	const json_t *e;
 	json_object_foreach((json_t *)v, key, e) {
-		if (strcmp(key, "shards") != 0)
+		if (strcmp(key, "shards") != 0 && strcmp(key, "overlap") != 0)
 			return tr_fields_fail(c, key, "unknown key '%s'", key);
 	}
+	const json_t *ov = json_object_get(v, "overlap");
+	if (ov && !json_is_boolean(ov))
+		return tr_fields_fail(c, "overlap", "must be true or false");
+	spec->exact_no_overlap = ov && json_is_false(ov);
 	const json_t *n = json_object_get(v, "shards");
 	if (!n)
 		return 0;
@@ -1020,6 +1025,9 @@ static int emit_exact(const void *base, json_t *obj, const char *key)
 
 	if (!spec->exact_shards)
 		return json_object_set_new(obj, key, json_false());
+	if (spec->exact_no_overlap)
+		return json_object_set_new(obj, key,
+					   json_pack("{s:i,s:b}", "shards", spec->exact_shards, "overlap", 0));
 	return json_object_set_new(obj, key, json_pack("{s:i}", "shards", spec->exact_shards));
 }
 

@@ -255,6 +255,11 @@ struct tr_spec {
 	 * same bits on any device count (docs/design.md, "Exact mode");
 	 * 0 = "exact": false, the float allreduce of the devices' shares. */
 	int exact_shards;
+	/* "exact": {"overlap": false}: with several processes, the shards'
+	 * gather waits for the whole backward pass instead of going layer by
+	 * layer beside it (docs/design.md, "Processes and the communicator");
+	 * for comparison.  Default false: overlapped. */
+	bool exact_no_overlap;
 	/* "processes": ranks of `devices` devices each that run the job
 	 * together (`trainerd run --processes`, docs/design.md, "Processes");
 	 * more than 1 needs exact mode.  0 = not given: 1. */

@@ -470,6 +470,10 @@ int tr_trainer_run(tr_trainer_t *t, struct tr_error *err)
 		t->summary.samples = (int64_t)samples;
 		t->summary.final_loss = loss;
 		t->summary.epochs = epoch + 1;
+		if (t->nproc > 1) {
+			t->summary.comm_ms += t->ranks[0].xctx.comm_ms;
+			t->summary.comm_wait_ms += t->ranks[0].xctx.wait_ms;
+		}
 		tr_trainer_emit_step_metrics(t, step + 1, epoch, count, loss, step_ms, wait_ms);
 		/* The step is done once its update is applied: reported before
 		 * the evaluation that may follow, so that a job cancelled or failed

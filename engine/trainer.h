@@ -133,6 +133,11 @@ struct tr_summary {
 	double best_value;  /* early_stopping: best metric value, NAN before the first */
 	int64_t best_step;  /* its step, -1 before the first */
 	int64_t first_step; /* 0, or the step a resumed run started at */
+	/* Several processes: milliseconds of this run's steps inside the
+	 * gathers between processes, and of those waiting for them to end
+	 * (the rest overlapped the backward pass; docs/design.md, "Processes
+	 * and the communicator"); 0 with one process. */
+	double comm_ms, comm_wait_ms;
 };
 
 typedef struct tr_trainer tr_trainer_t;

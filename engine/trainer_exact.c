@@ -14,6 +14,7 @@
  * adding their zeros (the sum starts from +0.0).
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,57 @@ static bool folds_in_gemm(const struct tr_trainer *t, const struct rank_ctx *rc)
 		if (t->model.layers[i].n_tensors && t->model.layers[i].ops->type != TR_LAYER_DENSE)
 			return false;
 	return true;
+}
+
+/* Overlap's buckets (exact.h): for each top-level layer, the lowest
+ * offset of its parameters and those of the layers after it.  False
+ * where a layer's parameters do not all lie below the next ones' (then a
+ * finished layer would not be a finished range). */
+static bool bucket_bounds(const tr_model_t *m, size_t *lo_of, size_t *params_end)
+{
+	size_t lo = 0;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		if (l->w_len)
+			lo = l->w_off + l->w_len > lo ? l->w_off + l->w_len : lo;
+		if (l->b_len)
+			lo = l->b_off + l->b_len > lo ? l->b_off + l->b_len : lo;
+	}
+	*params_end = lo; /* layers after the last with parameters finish nothing */
+	for (int i = m->n_layers - 1; i >= 0; i--) {
+		const struct tr_layer *l = &m->layers[i];
+		size_t a = SIZE_MAX, b = 0;
+		if (l->w_len)
+			a = l->w_off, b = l->w_off + l->w_len;
+		if (l->b_len) {
+			a = l->b_off < a ? l->b_off : a;
+			b = l->b_off + l->b_len > b ? l->b_off + l->b_len : b;
+		}
+		if (a != SIZE_MAX) {
+			if (b > lo)
+				return false;
+			lo = a;
+		}
+		lo_of[i] = lo;
+	}
+	return true;
+}
+
+/* Whether rank rc's gather overlaps its backward pass (exact.h): several
+ * processes of one device each, an engine that can, a model without
+ * collective layers (whose sums cross mid-pass) and not switched off. */
+static bool overlaps(const struct tr_trainer *t, const struct rank_ctx *rc)
+{
+	return rc->xctx.procs && t->ndev == 1 && rc->xctx.ov.lo_of && !t->model.collective &&
+	       !t->spec->exact_no_overlap && t->pcomm->i->gather_start;
+}
+
+/* The view of the process's last shard reports its finished layers to
+ * the overlapped gather. */
+static void report_layers(struct rank_ctx *rc, tr_replica_t *view)
+{
+	view->layer_done = tr_exact_overlap_layer;
+	view->layer_done_ctx = &rc->xctx;
 }
 
 /* Shard k's whole forward and backward pass, through its view. */
@@ -144,6 +196,10 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 					 .slot_floats = slots ? slots / t->spec->exact_shards : 0,
 					 .procs = t->nproc > 1 ? &t->procs : NULL,
 					 .leader_slots = &t->ranks[0].xctx.slots};
+	size_t end = 0;
+	if (t->nproc > 1 && bucket_bounds(m, rc->bucket_lo, &end))
+		rc->xctx.ov =
+			(struct tr_exact_overlap){.lo_of = rc->bucket_lo, .params_end = end, .n_layers = m->n_layers};
 	rc->shards.sum = tr_exact_sum;
 	rc->shards.sum_ctx = &rc->xctx;
 	rc->shards.partials = rc->partials;
@@ -178,7 +234,9 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 	const int S = t->spec->exact_shards, count = t->batch->count;
 	const float scale = 1.0f / (float)count;
 	int k0, m, ret = 0;
+	bool ov = overlaps(t, rc);
 	rank_shards(t, rc->rank, &k0, &m);
+	rc->xctx.comm_ms = rc->xctx.wait_ms = 0.0;
 	set->count = 0;
 	for (int k = k0; k < k0 + m; k++) {
 		int o, l;
@@ -191,6 +249,9 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		set->count++;
 	}
 	tr_shard_views(r, set, rc->shard_grads, rc->shard_scratch);
+	const float *parts[TR_SPEC_MAX_SHARDS];
+	for (int k = 0; k < set->count; k++)
+		parts[k] = rc->shard_grads[k];
 	if (t->model.collective) {
 		/* node by node: batchnorm2d needs every shard's sums before
 		 * any shard can go on (engine/model/model.h) */
@@ -210,27 +271,41 @@ int tr_trainer_exact_grads(struct tr_trainer *t, struct rank_ctx *rc, int off, i
 		tr_backend_t *be = t->be;
 		float *g = rc->shard_grads[0];
 		bool in_gemm = folds_in_gemm(t, rc);
+		const float *prefix[1] = {r->grads};
+		/* overlapped: the last shard's gradient is added bucket by
+		 * bucket as its layers finish (the same additions) */
+		if (ov)
+			tr_exact_overlap_begin(&rc->xctx, prefix, set->count ? 1 : 0, in_gemm ? NULL : g,
+					       t->model.n_params);
 		ret = be->i->memset0(be, r->dev, r->grads, t->model.n_params * sizeof(float));
 		for (int k = 0; k < set->count && ret == 0; k++) {
+			bool last = k == set->count - 1;
 			set->views[k].grads = g;
 			set->views[k].grad_sum = in_gemm ? r->grads : NULL;
+			if (ov && last)
+				report_layers(rc, &set->views[k]);
 			if ((ret = shard_pass(t, set, k, off, scale, rc->stats_dev + STAT_SHARDS + 2 * k)) == 0 &&
-			    !in_gemm)
+			    !in_gemm && !(ov && last))
 				ret = be->i->add(be, r->dev, t->model.n_params, r->grads, g, r->grads);
 		}
 		if (ret < 0)
 			return ret;
-		const float *prefix[1] = {r->grads};
+		if (ov)
+			return tr_exact_overlap_end(&rc->xctx, r->grads);
 		return tr_exact_sum(&rc->xctx, prefix, set->count ? 1 : 0, r->grads, t->model.n_params);
 	} else {
-		for (int k = 0; k < set->count && ret == 0; k++)
+		if (ov)
+			tr_exact_overlap_begin(&rc->xctx, parts, set->count, NULL, t->model.n_params);
+		for (int k = 0; k < set->count && ret == 0; k++) {
+			if (ov && k == set->count - 1)
+				report_layers(rc, &set->views[k]);
 			ret = shard_pass(t, set, k, off, scale, rc->stats_dev + STAT_SHARDS + 2 * k);
+		}
+		if (ret == 0 && ov)
+			return tr_exact_overlap_end(&rc->xctx, r->grads);
 	}
 	if (ret < 0)
 		return ret;
-	const float *parts[TR_SPEC_MAX_SHARDS];
-	for (int k = 0; k < set->count; k++)
-		parts[k] = rc->shard_grads[k];
 	/* The whole buffer, as the float path's allreduce: the buffers'
 	 * part (batchnorm2d's running statistics) is zero in every shard, and
 	 * the sum keeps it zero whatever was written there before. */

@@ -68,6 +68,8 @@ struct rank_ctx {
 	float *partials;
 	struct tr_shard_set shards;
 	struct tr_exact_ctx xctx;
+	/* xctx.ov.lo_of's array (trainer_exact.c) */
+	size_t bucket_lo[TR_MODEL_MAX_NODES];
 };
 
 struct tr_trainer {

@@ -145,6 +145,10 @@ void tr_trainer_emit_step_metrics(struct tr_trainer *t, int64_t done, int64_t ep
 		tr_trainer_emit(t, "step_ms", done, epoch, step_ms);
 		tr_trainer_emit(t, "data_wait_ms", done, epoch, wait_ms);
 		tr_trainer_emit(t, "samples_per_sec", done, epoch, step_ms > 0 ? count / (step_ms / 1e3) : 0.0);
+		if (t->nproc > 1) { /* this step's gathers between processes */
+			tr_trainer_emit(t, "comm_ms", done, epoch, t->ranks[0].xctx.comm_ms);
+			tr_trainer_emit(t, "comm_wait_ms", done, epoch, t->ranks[0].xctx.wait_ms);
+		}
 	}
 	for (int m = 0; m < s->n_monitors; m++) {
 		const struct tr_monitor_spec *mon = &s->monitors[m];

@@ -617,6 +617,9 @@ int tr_model_seq_backward(const struct tr_pass *p, int first, int count, const f
 			for (int k = 0; k < sh->count && rc == 0; k++)
 				rc = shard_backward(p, l, k, xi, dy, dx);
 		}
+		/* the top level's layers only (inner nodes come after them) */
+		if (rc == 0 && first == 0 && r->layer_done)
+			rc = r->layer_done(r->layer_done_ctx, i);
 		if (rc < 0)
 			return rc;
 		if (want)

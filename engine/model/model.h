@@ -138,6 +138,13 @@ typedef struct tr_replica {
 	 * it, and their bias gradient after writing it to grads, instead of
 	 * leaving both in grads; NULL otherwise. */
 	float *grad_sum;
+	/* Exact mode across processes, the view of the last shard a process
+	 * computes (engine/exact.h, overlap): called after the backward pass
+	 * of each of the model's top-level layers, last to first, so that
+	 * the gradients it has finished can travel while the pass goes on;
+	 * NULL otherwise.  A negative return ends the pass with it. */
+	int (*layer_done)(void *ctx, int layer);
+	void *layer_done_ctx;
 } tr_replica_t;
 
 /* The float counts of every buffer tr_replica_init allocates, in its

@@ -4,7 +4,12 @@
  *
  * gather_shards is MPI_Allgatherv in place, with one shard (n floats) as
  * the datatype, so that counts stay small whatever the model's size and
- * each slot arrives as the bytes its process wrote.  MPI is started with
+ * each slot arrives as the bytes its process wrote.
+ * gather_start is its non-blocking form for one bucket, a range of
+ * every slot (MPI_Iallgatherv with that range, resized to a slot's
+ * extent, as the datatype: contiguous where the trainer's buckets keep
+ * their slots together), progressed by gather_test (MPI_Testall) and
+ * ended by gather_wait (MPI_Waitall).  MPI is started with
  * MPI_THREAD_SERIALIZED: the trainer calls from one thread at a time,
  * not always the one that started it.  Errors return instead of aborting
  * (MPI_ERRORS_RETURN), so that the caller can name the failed step before
@@ -23,6 +28,9 @@ struct mpi_comm {
 	struct tr_pcomm base;
 	MPI_Comm world;
 	int rank, size;
+	/* gather_start's gathers not yet waited for */
+	MPI_Request pending[TR_PCOMM_MAX_PENDING];
+	int n_pending;
 	char err[MPI_MAX_ERROR_STRING + 64];
 };
 
@@ -67,6 +75,66 @@ static int mpi_gather_shards(tr_pcomm_t *c, float *buf, size_t n, const int *fir
 		MPI_Type_free(&shard);
 	}
 	return rc == MPI_SUCCESS ? 0 : fail(m, rc, "MPI_Allgatherv of the shard partials");
+}
+
+/* One bucket of the shard gather: floats [off, off + len) of each slot.
+ * The datatype is that range with a slot's extent, so that the counts
+ * and displacements are in shards as in gather_shards. */
+static int mpi_gather_start(tr_pcomm_t *c, float *buf, size_t n, size_t off, size_t len, const int *first,
+			    const int *count)
+{
+	struct mpi_comm *m = of(c);
+	MPI_Datatype range, slot;
+	if (len == 0)
+		return 0;
+	if (n > (size_t)INT_MAX / sizeof(float) || off + len > n) {
+		snprintf(m->err, sizeof m->err, "a bucket [%zu, %zu) of a %zu-float shard is out of MPI's range", off,
+			 off + len, n);
+		return -E2BIG;
+	}
+	if (m->n_pending == TR_PCOMM_MAX_PENDING) {
+		int rc = MPI_Waitall(m->n_pending, m->pending, MPI_STATUSES_IGNORE);
+		if (rc != MPI_SUCCESS)
+			return fail(m, rc, "MPI_Waitall of the shard buckets");
+		m->n_pending = 0;
+	}
+	int rc = MPI_Type_contiguous((int)len, MPI_FLOAT, &range);
+	if (rc == MPI_SUCCESS) {
+		rc = MPI_Type_create_resized(range, 0, (MPI_Aint)(n * sizeof(float)), &slot);
+		MPI_Type_free(&range);
+	}
+	if (rc == MPI_SUCCESS && (rc = MPI_Type_commit(&slot)) == MPI_SUCCESS) {
+		rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + off, count, first, slot, m->world,
+				     &m->pending[m->n_pending]);
+		/* freed now, kept by MPI until the gather ends */
+		MPI_Type_free(&slot);
+	}
+	if (rc != MPI_SUCCESS)
+		return fail(m, rc, "MPI_Iallgatherv of a shard bucket");
+	m->n_pending++;
+	return 0;
+}
+
+static int mpi_gather_test(tr_pcomm_t *c)
+{
+	struct mpi_comm *m = of(c);
+	int done = 0;
+	if (m->n_pending == 0)
+		return 0;
+	int rc = MPI_Testall(m->n_pending, m->pending, &done, MPI_STATUSES_IGNORE);
+	if (rc != MPI_SUCCESS)
+		return fail(m, rc, "MPI_Testall of the shard buckets");
+	if (done)
+		m->n_pending = 0;
+	return 0;
+}
+
+static int mpi_gather_wait(tr_pcomm_t *c)
+{
+	struct mpi_comm *m = of(c);
+	int rc = m->n_pending ? MPI_Waitall(m->n_pending, m->pending, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+	m->n_pending = 0;
+	return rc == MPI_SUCCESS ? 0 : fail(m, rc, "MPI_Waitall of the shard buckets");
 }
 
 static int mpi_sum_f64(tr_pcomm_t *c, double *buf, size_t n)
@@ -124,6 +192,9 @@ static const tr_pcomm_i mpi_i = {
 	.abort = mpi_abort,
 	.finish = mpi_finish,
 	.last_error = mpi_last_error,
+	.gather_start = mpi_gather_start,
+	.gather_test = mpi_gather_test,
+	.gather_wait = mpi_gather_wait,
 };
 
 static tr_pcomm_t *mpi_open(int *argc, char ***argv, char *err, size_t errlen)

@@ -6,8 +6,12 @@
 # devices in {2x1, 2x2, 3x1, 4x1}, on an MLP and on a conv net with
 # batchnorm2d (whose statistics cross processes too), each with a short
 # last batch; a run resumed on another process count ends with the same
-# bits; bad values are refused naming the field.  Open MPI's settings for
-# running as root and for more ranks than cores are this test's alone.
+# bits; bad values are refused naming the field.  3x1 is the resumed
+# runs' count (from step 4 on: a launch less per job).  The MLP's 2x1 and
+# 3x1 gather in buckets beside the backward pass, its 4x1 with "overlap":
+# false after it, and comm_ms and comm_wait_ms tell them apart.  Open
+# MPI's settings for running as root and for more ranks than cores are
+# this test's alone.
 # Usage: processes_bits.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: processes_bits.sh TRAINERD}
@@ -50,8 +54,10 @@ for job in mlp bn; do
 	run "$work/$job.json" --devices 1 --out "$work/$job-1x1" 2>"$work/$job-1x1.err"
 	check "$job: one process exits 0" test $? -eq 0
 	one=$(sha "$work/$job-1x1/model.safetensors")
-	for pd in 2x1 2x2 3x1 4x1; do
-		run "$work/$job.json" --processes "${pd%x*}" --devices "${pd#*x}" --out "$work/$job-$pd" \
+	for pd in 2x1 2x2 4x1; do
+		serial=()
+		[ "$job$pd" = mlp4x1 ] && serial=(--set '/exact={"shards": 8, "overlap": false}')
+		run "$work/$job.json" --processes "${pd%x*}" --devices "${pd#*x}" --out "$work/$job-$pd" "${serial[@]}" \
 			2>"$work/$job-$pd.err"
 		check "$job: $pd exits 0" test $? -eq 0
 		check "$job: $pd gives the SHA-256 of 1x1" test "$(sha "$work/$job-$pd/model.safetensors")" = "$one"
@@ -61,6 +67,26 @@ for job in mlp bn; do
 	done
 done
 check "validation figures are recorded" grep -q '"name":"val_loss"' "$work/bn-2x1/metrics.jsonl"
+
+# comm_ms and comm_wait_ms of each logged step: overlapped, the step also
+# spent time starting and testing buckets (comm_ms > comm_wait_ms); not
+# overlapped, all of it was the wait.
+comm() { # comm RUN_DIR: "<comm_ms> <comm_wait_ms>" per logged step
+	python3 -c 'import json, sys
+m = {}
+for line in open(sys.argv[1]):
+    p = json.loads(line)
+    if p["name"] in ("comm_ms", "comm_wait_ms"):
+        m.setdefault(p["step"], {})[p["name"]] = p["value"]
+for s in sorted(m):
+    print(m[s].get("comm_ms", -1), m[s].get("comm_wait_ms", -1))' "$1/metrics.jsonl"
+}
+check "mlp 2x1: comm_ms and comm_wait_ms at every logged step" test "$(comm "$work/mlp-2x1" | wc -l)" -ge 8
+check "mlp 2x1 (overlapped): comm_ms > comm_wait_ms >= 0 at every step" \
+	test -z "$(comm "$work/mlp-2x1" | awk '!($1 > $2 && $2 >= 0)')"
+check "mlp 4x1 (\"overlap\": false): comm_ms = comm_wait_ms > 0 at every step" \
+	test -z "$(comm "$work/mlp-4x1" | awk '!($1 == $2 && $2 > 0)')"
+check "mlp 4x1: the run's totals in summary.json" grep -q '"comm_wait_ms"' "$work/mlp-4x1/summary.json"
 
 # Resume on another process count: 2 processes for 3 steps, then 3
 # processes x 1 device to the end, gives the one-process run's bits.

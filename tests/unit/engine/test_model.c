@@ -398,3 +398,60 @@ Test(model, backend_without_kernels_refuses_the_layer)
 	cr_log_info("%s", err.message);
 	teardown_model(&f);
 }
+
+/* ---- layer_done: the backward pass reports each finished layer ---- */
+
+struct done_log {
+	struct fixture *f;
+	int layers[TR_MODEL_MAX_NODES], n;
+};
+
+/* Layer i is reported once its own gradients are written (NaN before the
+ * pass) and before any layer below it has written its own. */
+static int record_done(void *ctx, int layer)
+{
+	struct done_log *d = ctx;
+	const tr_model_t *m = &d->f->model;
+	d->layers[d->n++] = layer;
+	for (int i = 0; i < m->n_layers; i++) {
+		const struct tr_layer *l = &m->layers[i];
+		size_t end = l->b_len ? l->b_off + l->b_len : l->w_off + l->w_len;
+		for (size_t k = l->w_len ? l->w_off : end; k < end; k++)
+			cr_assert_eq(isnan(d->f->rep.grads[k]), i < layer,
+				     "reporting layer %d: layer %d's gradient %zu is %g", layer, i, k,
+				     d->f->rep.grads[k]);
+	}
+	return 0;
+}
+
+Test(model, layer_done_reports_each_top_level_layer_after_its_gradients)
+{
+	struct fixture f;
+	setup_model(&f,
+		    "[{\"type\": \"dense\", \"units\": 4}, {\"type\": \"relu\"}, {\"type\": \"residual\", \"layers\":"
+		    " [{\"type\": \"dense\", \"units\": 4}, {\"type\": \"tanh\"}]}, {\"type\": \"layernorm\"},"
+		    " {\"type\": \"dense\", \"units\": 3}]",
+		    "softmax_cross_entropy", 5, 4, 1);
+	loss_of(&f);
+	cr_assert_eq(tr_replica_backward(&f.rep, f.rows), 0);
+	float *plain = malloc(f.model.n_params * sizeof(float));
+	cr_assert(plain);
+	memcpy(plain, f.rep.grads, f.model.n_params * sizeof(float));
+
+	struct done_log d = {.f = &f};
+	for (size_t i = 0; i < f.model.n_params; i++)
+		f.rep.grads[i] = NAN;
+	f.rep.layer_done = record_done;
+	f.rep.layer_done_ctx = &d;
+	loss_of(&f);
+	cr_assert_eq(tr_replica_backward(&f.rep, f.rows), 0);
+	/* the top level's five layers, last to first: not the residual's
+	 * inner nodes */
+	cr_assert_eq(d.n, f.model.n_layers);
+	cr_assert_eq(d.n, 5);
+	for (int k = 0; k < d.n; k++)
+		cr_assert_eq(d.layers[k], d.n - 1 - k);
+	cr_assert_eq(memcmp(plain, f.rep.grads, f.model.n_params * sizeof(float)), 0);
+	free(plain);
+	teardown_model(&f);
+}

@@ -29,10 +29,21 @@ struct group {
 	void *bufs[MAXP];
 };
 
+/* A bucket gather_start has started: exchanged only in gather_wait, as
+ * an engine that makes no progress before it would. */
+struct bucket {
+	float *buf;
+	size_t n, off, len;
+	const int *first, *count;
+};
+
 struct fake {
 	struct tr_pcomm base;
 	struct group *g;
 	int rank;
+	struct bucket pending[TR_PCOMM_MAX_PENDING];
+	int n_pending;
+	int started; /* buckets over the whole run */
 };
 
 static struct fake *of(tr_pcomm_t *c)
@@ -65,6 +76,41 @@ static int f_gather(tr_pcomm_t *c, float *buf, size_t n, const int *first, const
 			memcpy(buf + (size_t)first[q] * n, (float *)f->g->bufs[q] + (size_t)first[q] * n,
 			       (size_t)count[q] * n * sizeof(float));
 	pthread_barrier_wait(&f->g->bar);
+	return 0;
+}
+
+static int f_gather_start(tr_pcomm_t *c, float *buf, size_t n, size_t off, size_t len, const int *first,
+			  const int *count)
+{
+	struct fake *f = of(c);
+	cr_assert_lt(f->n_pending, TR_PCOMM_MAX_PENDING);
+	cr_assert_leq(off + len, n);
+	f->pending[f->n_pending++] = (struct bucket){buf, n, off, len, first, count};
+	f->started++;
+	return 0;
+}
+
+static int f_gather_test(tr_pcomm_t *c)
+{
+	(void)c;
+	return 0;
+}
+
+/* Every process waits for the same buckets in the same order, or the
+ * barriers pair the wrong ones (and the weights differ, or it hangs). */
+static int f_gather_wait(tr_pcomm_t *c)
+{
+	struct fake *f = of(c);
+	for (int b = 0; b < f->n_pending; b++) {
+		struct bucket *k = &f->pending[b];
+		publish(f, k->buf);
+		for (int q = 0; q < f->g->size; q++)
+			for (int s = k->first[q]; s < k->first[q] + k->count[q] && q != f->rank; s++)
+				memcpy(k->buf + (size_t)s * k->n + k->off,
+				       (float *)f->g->bufs[q] + (size_t)s * k->n + k->off, k->len * sizeof(float));
+		pthread_barrier_wait(&f->g->bar);
+	}
+	f->n_pending = 0;
 	return 0;
 }
 
@@ -130,6 +176,24 @@ static const tr_pcomm_i fake_i = {
 	.last_error = f_error,
 };
 
+/* The same with the overlapped gather's buckets. */
+static const tr_pcomm_i fake_buckets_i = {
+	.name = "threads, buckets",
+	.engine = TR_PCOMM_MPI,
+	.rank = f_rank,
+	.size = f_size,
+	.gather_shards = f_gather,
+	.sum_f64 = f_sum,
+	.bcast = f_bcast,
+	.barrier = f_barrier,
+	.abort = f_abort,
+	.finish = f_finish,
+	.last_error = f_error,
+	.gather_start = f_gather_start,
+	.gather_test = f_gather_test,
+	.gather_wait = f_gather_wait,
+};
+
 /* ---- processes of trainers ---- */
 
 /* A batchnorm2d net (statistics across processes) with dropout,
@@ -187,13 +251,13 @@ static void *proc_main(void *arg)
 
 /* Runs the job as nproc processes of `devices` devices; p[] holds each
  * one's outcome. */
-static void run_group(const char *job, int nproc, int devices, int stop_rank, struct proc *p)
+static void run_group_on(const tr_pcomm_i *ci, const char *job, int nproc, int devices, int stop_rank, struct proc *p)
 {
 	struct group g = {.size = nproc};
 	pthread_t th[MAXP];
 	pthread_barrier_init(&g.bar, NULL, (unsigned)nproc);
 	for (int r = 0; r < nproc; r++) {
-		p[r] = (struct proc){.comm = {.base = {.i = &fake_i}, .g = &g, .rank = r},
+		p[r] = (struct proc){.comm = {.base = {.i = ci}, .g = &g, .rank = r},
 				     .devices = devices,
 				     .stop_first = r == stop_rank,
 				     .job = job};
@@ -202,6 +266,11 @@ static void run_group(const char *job, int nproc, int devices, int stop_rank, st
 	for (int r = 0; r < nproc; r++)
 		pthread_join(th[r], NULL);
 	pthread_barrier_destroy(&g.bar);
+}
+
+static void run_group(const char *job, int nproc, int devices, int stop_rank, struct proc *p)
+{
+	run_group_on(&fake_i, job, nproc, devices, stop_rank, p);
 }
 
 static void free_group(struct proc *p, int nproc)
@@ -258,6 +327,57 @@ Test(processes, several_without_exact_mode_are_refused_naming_the_field, .timeou
 	for (int r = 0; r < 2; r++) {
 		cr_assert_eq(p[r].create_rc, -EINVAL);
 		cr_assert_str_eq(p[r].err, "/exact");
+	}
+}
+
+/* Overlap (engine/exact.h): an MLP with dropout and a short last batch
+ * (35 samples: steps of 32 and 3 rows; the 3 fill shards 0-2 only, so
+ * of 4 processes the last two have no rows then) whose gather goes
+ * in buckets, one per layer with parameters, started during the backward
+ * pass and exchanged only when waited for, ends with 1x1's weights on
+ * 2x1, 3x1 and 4x1, with the expected buckets; "overlap": false gathers
+ * whole, without buckets, to the same weights.  With a layernorm, the
+ * first process adds its last shard into its running sum bucket by bucket
+ * (its gemm cannot fold a layernorm); without, its dense layers fold. */
+static const char *MLP =
+	"{\"seed\": 4, \"exact\": {\"shards\": 6%s}, \"model\": {\"inputs\": 5, \"layers\": ["
+	" {\"type\": \"dense\", \"units\": 7}, {\"type\": \"relu\"}, {\"type\": \"dropout\", \"rate\": 0.2},"
+	" {\"type\": \"dense\", \"units\": 6}, {\"type\": \"tanh\"}%s, {\"type\": \"dense\", \"units\": 3}]},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 35, \"features\": 5, \"classes\": 3}},"
+	" \"batch_size\": 32, \"epochs\": 3, \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}}";
+
+Test(processes, overlapped_buckets_give_the_weights_of_one_process, .timeout = 120)
+{
+	static const char *const extra[] = {"", ", {\"type\": \"layernorm\"}"};
+	for (int e = 0; e < 2; e++) {
+		char on[1024], off[1024];
+		snprintf(on, sizeof on, MLP, "", extra[e]);
+		snprintf(off, sizeof off, MLP, ", \"overlap\": false", extra[e]);
+		struct proc one[1], p[MAXP];
+		run_group(on, 1, 1, -1, one);
+		cr_assert_eq(one[0].create_rc, 0, "%s", one[0].err);
+		/* one bucket per layer with parameters */
+		const int steps = (int)one[0].sum.steps, buckets = e ? 4 : 3;
+		cr_assert_eq(steps, 6);
+		for (int P = 2; P <= 4; P++) {
+			for (int o = 0; o < 2; o++) {
+				run_group_on(&fake_buckets_i, o ? off : on, P, 1, -1, p);
+				for (int r = 0; r < P; r++) {
+					cr_assert_eq(p[r].create_rc, 0, "%dx1: process %d: %s", P, r, p[r].err);
+					cr_assert_eq(memcmp(p[r].w, one[0].w, one[0].n * sizeof(float)), 0,
+						     "%s%dx1, overlap %s: process %d's weights differ from 1x1's",
+						     extra[e], P, o ? "off" : "on", r);
+					cr_assert_eq(p[r].sum.final_loss, one[0].sum.final_loss);
+					cr_assert_eq(p[r].comm.started, o ? 0 : steps * buckets,
+						     "%dx1, overlap %s: process %d started %d buckets", P,
+						     o ? "off" : "on", r, p[r].comm.started);
+					cr_assert(p[r].sum.comm_ms >= p[r].sum.comm_wait_ms &&
+						  p[r].sum.comm_wait_ms >= 0);
+				}
+				free_group(p, P);
+			}
+		}
+		free_group(one, 1);
 	}
 }
 

@@ -451,6 +451,29 @@ Test(spec, round_trip)
 	}
 }
 
+/* "exact": {"overlap": false} is kept in the normalized form; the
+ * default (overlapped) is left out of it, as before the key existed. */
+Test(spec, exact_overlap_switch)
+{
+	static const char *const given[] = {"true", "{\"shards\": 4}", "{\"shards\": 4, \"overlap\": true}",
+					    "{\"shards\": 4, \"overlap\": false}"};
+	for (int i = 0; i < 4; i++) {
+		json_error_t je;
+		json_t *doc = json_loads(base_spec, 0, &je), *v = json_loads(given[i], JSON_DECODE_ANY, &je);
+		cr_assert(doc && v);
+		json_object_set_new(doc, "exact", v);
+		struct tr_spec s;
+		struct tr_error err;
+		cr_assert_eq(tr_spec_parse(doc, &s, &err), 0, "%s", err.message);
+		cr_expect_eq(s.exact_no_overlap, i == 3, "%s", given[i]);
+		json_t *j = tr_spec_to_json(&s), *o = json_object_get(json_object_get(j, "exact"), "overlap");
+		cr_expect(i == 3 ? json_is_false(o) : o == NULL, "%s: normalized overlap", given[i]);
+		json_decref(j);
+		json_decref(doc);
+		tr_spec_finish(&s);
+	}
+}
+
 /* cpu_conv: absent is the daemon's setting (left out of the normalized
  * form, so a job keeps following the daemon's); given, it is kept. */
 Test(spec, cpu_conv_is_per_job)
@@ -633,6 +656,7 @@ ParameterizedTestParameters(spec, invalid)
 		{"/exact", "{\"shards\": 65}", "/exact/shards"},
 		{"/exact", "{\"shards\": 2.5}", "/exact/shards"},
 		{"/exact", "{\"shard\": 4}", "/exact/shard"},
+		{"/exact", "{\"overlap\": 0}", "/exact/overlap"},
 		{"/prefetch", "{\"workers\": 0}", "/prefetch/workers"},
 		{"/prefetch", "{\"depth\": 257}", "/prefetch/depth"},
 		{"/checkpoint", "{\"keep\": 0}", "/checkpoint/keep"},
