@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# `trainctl manifest --kubernetes` (docs/clusters.md, "Kubernetes"): each
+# spec of tests/k8s/specs against its golden manifest, the structure
+# check of tests/k8s/check_manifest.py on each (YAML and JSON forms), the
+# checker's own self-test (broken manifests must be caught), and bad
+# input: exit 2 with the flag or the spec's JSON pointer named.
+# No cluster is needed or contacted.
+# Usage: manifest.sh TRAINCTL   (from the repository root)
+# TR_UPDATE_GOLDEN=1 rewrites the golden files from the current output
+# (then read the diff before committing it).
+set -u
+TRAINCTL=$(realpath "${1:?usage: manifest.sh TRAINCTL}")
+here=$(dirname "${BASH_SOURCE[0]}")
+check=(/usr/bin/python3 "$here/check_manifest.py")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if ! /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
+	echo "SKIP: Debian's python3-yaml is missing (scripts/install-deps.sh installs it)"
+	exit 77
+fi
+failures=0
+fail() {
+	echo "FAIL: $*"
+	failures=$((failures + 1))
+}
+
+# golden NAME ARGS...: specs/NAME.json with ARGS against golden/NAME.yaml
+golden() {
+	local name=$1
+	shift
+	local out=$work/$name.yaml
+	if ! "$TRAINCTL" manifest --kubernetes "$@" "$here/specs/$name.json" >"$out" 2>"$work/err"; then
+		fail "$name: exit $?: $(cat "$work/err")"
+		return
+	fi
+	"$TRAINCTL" manifest --kubernetes --format json "$@" "$here/specs/$name.json" >"$work/$name.json" ||
+		fail "$name: --format json failed"
+	if [ "${TR_UPDATE_GOLDEN:-}" = 1 ]; then
+		cp "$out" "$here/golden/$name.yaml"
+		echo "updated $here/golden/$name.yaml"
+	elif ! diff -u "$here/golden/$name.yaml" "$out"; then
+		fail "$name: the manifest differs from golden/$name.yaml (TR_UPDATE_GOLDEN=1 rewrites it)"
+	fi
+	"${check[@]}" "$out" "$work/$name.json" || fail "$name: the structure check failed"
+	echo "ok: $name"
+}
+golden one-pod --image registry.example/ml/trainerd:1
+golden gpu-pod --image registry.example/ml/trainerd:1 --gpus-per-pod 2 --namespace vision --data-volume vision-data
+golden four-ranks --image registry.example/ml/trainerd:1 --name fmnist4 --namespace vision --ssh-secret fmnist-ssh
+
+# The checker catches each broken copy of a valid manifest.
+for name in one-pod four-ranks; do
+	"${check[@]}" --selftest "$work/$name.yaml" >"$work/selftest" || {
+		cat "$work/selftest"
+		fail "$name: the checker's self-test"
+	}
+done
+
+# The default image is this version's; the default name the spec's.
+version=$("$TRAINCTL" --version | awk '{print $2}')
+"$TRAINCTL" manifest --kubernetes - <"$here/specs/one-pod.json" >"$work/default.yaml" || fail "spec from stdin"
+grep -q "image: \"trainerd:$version\"" "$work/default.yaml" || fail "the default image is not trainerd:$version"
+grep -q "^  name: synthetic-mlp$" "$work/default.yaml" || fail "the default name is not the spec's, as a DNS label"
+grep -q "claimName: trainerd-data$" "$work/default.yaml" || fail "the default data volume is not trainerd-data"
+
+# bad NAME WANT ARGS...: exit 2 and WANT (a fixed string) on stderr
+bad() {
+	local what=$1 want=$2
+	shift 2
+	"$TRAINCTL" manifest "$@" >"$work/out" 2>"$work/err"
+	local rc=$?
+	if [ "$rc" != 2 ]; then
+		fail "$what: exit $rc, want 2 ($(cat "$work/err"))"
+	elif ! grep -qF -- "$want" "$work/err"; then
+		fail "$what: stderr does not name '$want': $(cat "$work/err")"
+	elif [ -s "$work/out" ]; then
+		fail "$what: printed a manifest anyway"
+	else
+		echo "ok: $what: $(head -n 1 "$work/err")"
+	fi
+}
+spec=$here/specs/one-pod.json
+# edit OUT PYTHON: the spec one-pod.json as d, changed by PYTHON, into OUT
+edit() {
+	/usr/bin/python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+exec(sys.argv[3])
+json.dump(d, open(sys.argv[2], "w"))' "$spec" "$work/$1" "$2"
+}
+edit noproc.json 'del d["processes"]'
+edit badlr.json 'd["optimizer"]["lr"] = -1'
+edit upload.json 'd["data"]["train"] = {"format": "csv", "path": "dataset:digits/train.csv", "label": -1}'
+edit inexact.json 'd["processes"] = 2'
+edit two.json 'd.update(processes=2, exact=True)'
+edit slurm.json 'd["resources"] = {"allocator": "slurm"}'
+bad "unknown flag" "--frobnicate" --kubernetes --frobnicate "$spec"
+bad "no --kubernetes" "--kubernetes" "$spec"
+bad "a flag without its value" "--image" --kubernetes "$spec" --image
+bad "spec without processes" "/processes" --kubernetes "$work/noproc.json"
+bad "invalid spec" "/optimizer/lr" --kubernetes "$work/badlr.json"
+bad "several processes without exact mode" "/processes" --kubernetes "$work/inexact.json"
+bad "a daemon's dataset" "/data/train/path" --kubernetes "$work/upload.json"
+bad "the slurm allocator" "/resources/allocator" --kubernetes "$work/slurm.json"
+bad "a name that is no DNS label" "--name" --kubernetes --name Big_Job "$spec"
+bad "a bad namespace" "--namespace" --kubernetes --namespace "-x" "$spec"
+bad "a bad volume name" "--data-volume" --kubernetes --data-volume "my volume" "$spec"
+bad "a bad GPU count" "--gpus-per-pod" --kubernetes --gpus-per-pod many "$spec"
+bad "GPUs for CPU ranks" "--gpus-per-pod" --kubernetes --gpus-per-pod 1 "$work/two.json"
+bad "a CUDA spec without GPUs" "--gpus-per-pod" --kubernetes "$here/specs/gpu-pod.json"
+bad "too few GPUs for the devices" "--gpus-per-pod" --kubernetes --gpus-per-pod 1 "$here/specs/gpu-pod.json"
+bad "an image with a space" "--image" --kubernetes --image "a b" "$spec"
+bad "a bad format" "--format" --kubernetes --format toml "$spec"
+"$TRAINCTL" manifest --kubernetes "$work/missing.json" >/dev/null 2>&1
+[ $? = 5 ] || fail "a missing spec file: exit status is not 5"
+
+if [ "$failures" != 0 ]; then
+	echo "$failures check(s) failed"
+	exit 1
+fi
+echo "all manifest checks passed"
