@@ -186,13 +186,15 @@ static char *pod_script(const char *name, int procs)
 		     "# One pod of the trainerd job %s (trainctl manifest --kubernetes;\n"
 		     "# docs/clusters.md).  Pod 0 runs the job; with several processes the\n"
 		     "# other pods serve ssh for its mpirun until pod 0 says the job ended.\n"
+		     "# It runs in the data volume (the working directory); its files are\n"
+		     "# beside it (the ConfigMap's mount).\n"
 		     "set -u\n"
 		     "procs=%d\n"
-		     "conf=/etc/trainerd\n"
+		     "conf=$(cd \"$(dirname \"$0\")\" && pwd)\n"
 		     "keys=/etc/trainerd-ssh\n"
 		     "port=%d\n"
-		     "out=%s/%s\n",
-		     name, procs, TR_K8S_SSH_PORT, TR_K8S_OUT_DIR, name) < 0)
+		     "out=$PWD/trainerd/%s\n",
+		     name, procs, TR_K8S_SSH_PORT, name) < 0)
 		return NULL;
 	char *b = NULL;
 	if (asprintf(&b, body, TR_K8S_EXIT_RESUME) < 0) {

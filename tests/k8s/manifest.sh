@@ -3,17 +3,24 @@
 # spec of tests/k8s/specs against its golden manifest, the structure
 # check of tests/k8s/check_manifest.py on each (YAML and JSON forms), the
 # checker's own self-test (broken manifests must be caught), and bad
-# input: exit 2 with the flag or the spec's JSON pointer named.
-# No cluster is needed or contacted.
-# Usage: manifest.sh TRAINCTL   (from the repository root)
+# input: exit 2 with the flag or the spec's JSON pointer named.  Then the
+# pods' script of a one-process manifest runs here as pod 0 would (in a
+# folder standing for the data volume, with the ConfigMap's files): it
+# completes; stopped by TERM mid-run it exits 75 with a checkpoint, and
+# run again it resumes to the same model.safetensors bits.
+# No cluster is needed or contacted; several pods (ssh, mpirun between
+# pods) are not run here.
+# Usage: manifest.sh TRAINCTL TRAINERD   (from the repository root)
 # TR_UPDATE_GOLDEN=1 rewrites the golden files from the current output
 # (then read the diff before committing it).
 set -u
-TRAINCTL=$(realpath "${1:?usage: manifest.sh TRAINCTL}")
+TRAINCTL=$(realpath "${1:?usage: manifest.sh TRAINCTL TRAINERD}")
+TRAINERD=$(realpath "${2:?usage: manifest.sh TRAINCTL TRAINERD}")
 here=$(dirname "${BASH_SOURCE[0]}")
 check=(/usr/bin/python3 "$here/check_manifest.py")
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+pod_pid=
+trap '[ -n "$pod_pid" ] && kill "$pod_pid" 2>/dev/null; rm -rf "$work"' EXIT
 if ! /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
 	echo "SKIP: Debian's python3-yaml is missing (scripts/install-deps.sh installs it)"
 	exit 77
@@ -112,6 +119,55 @@ bad "an image with a space" "--image" --kubernetes --image "a b" "$spec"
 bad "a bad format" "--format" --kubernetes --format toml "$spec"
 "$TRAINCTL" manifest --kubernetes "$work/missing.json" >/dev/null 2>&1
 [ $? = 5 ] || fail "a missing spec file: exit status is not 5"
+
+# The pod script, run as pod 0 of a one-process Job: the ConfigMap's files
+# in conf/, the working directory standing for the data volume.
+edit run.json 'd.update(epochs=3, data={"train": dict(d["data"]["train"], samples=2048, load_cost_us=300)},
+	checkpoint={"every_steps": 5}); d["model"]["layers"][0]["units"] = 8'
+"$TRAINCTL" manifest --kubernetes --name run "$work/run.json" >"$work/run.yaml" || fail "the run manifest"
+mkdir -p "$work/conf" "$work/vol1" "$work/vol2"
+/usr/bin/python3 -c 'import sys, yaml
+cm = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap")
+for k, v in cm["data"].items():
+    open(sys.argv[2] + "/" + k, "w").write(v)' "$work/run.yaml" "$work/conf"
+bin=$(dirname "$TRAINERD")
+# pod0 DIR: the script as pod 0 in DIR (a subshell that becomes sh, so
+# that $! of `pod0 DIR &` is the script's own pid)
+pod0() { cd "$1" && exec env PATH="$bin:$PATH" JOB_COMPLETION_INDEX=0 sh "$work/conf/pod.sh"; }
+(pod0 "$work/vol1") >"$work/pod1.log" 2>&1
+rc=$?
+out1=$work/vol1/trainerd/run
+if [ "$rc" != 0 ] || ! grep -q '"state": "completed"' "$out1/summary.json" 2>/dev/null; then
+	fail "pod 0 did not complete the job (exit $rc): $(tail -n 3 "$work/pod1.log")"
+else
+	echo "ok: pod 0 ran the job to its end"
+fi
+# TERM (an eviction) once the first checkpoint is there: a stop, exit 75
+(pod0 "$work/vol2") >"$work/pod2.log" 2>&1 &
+pod_pid=$!
+out2=$work/vol2/trainerd/run
+for _ in $(seq 300); do
+	[ -f "$out2/checkpoint.safetensors" ] && break
+	sleep 0.05
+done
+kill -TERM "$pod_pid"
+wait "$pod_pid"
+rc=$?
+pod_pid=
+if [ "$rc" != 75 ] || ! grep -q '"state": "stopped"' "$out2/summary.json" 2>/dev/null; then
+	fail "pod 0 sent TERM: exit $rc, want 75 with a stopped summary: $(tail -n 3 "$work/pod2.log")"
+else
+	echo "ok: TERM stopped pod 0 with a checkpoint (exit 75)"
+fi
+(pod0 "$work/vol2") >"$work/pod3.log" 2>&1
+rc=$?
+if [ "$rc" != 0 ] || ! grep -q "trainerd run --resume" "$work/pod3.log"; then
+	fail "a new pod 0 did not resume (exit $rc): $(head -n 3 "$work/pod3.log")"
+elif ! cmp -s "$out1/model.safetensors" "$out2/model.safetensors"; then
+	fail "the resumed job's model.safetensors differs from the uninterrupted one's"
+else
+	echo "ok: a new pod 0 resumed to the uninterrupted model's bits"
+fi
 
 if [ "$failures" != 0 ]; then
 	echo "$failures check(s) failed"
