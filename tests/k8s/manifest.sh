@@ -120,6 +120,15 @@ bad "a bad format" "--format" --kubernetes --format toml "$spec"
 "$TRAINCTL" manifest --kubernetes "$work/missing.json" >/dev/null 2>&1
 [ $? = 5 ] || fail "a missing spec file: exit status is not 5"
 
+# bash completion of the command and its options
+comp() { # comp WORDS...: the completions of the last word
+	bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _trainctl; echo "${COMPREPLY[*]}"' \
+		_ cli/trainctl.bash-completion "$@"
+}
+[ "$(comp trainctl mani)" = manifest ] || fail "completion of manifest"
+[ "$(comp trainctl manifest --kub)" = --kubernetes ] || fail "completion of --kubernetes"
+[ "$(comp trainctl manifest --format y)" = yaml ] || fail "completion of --format yaml"
+
 # The pod script, run as pod 0 of a one-process Job: the ConfigMap's files
 # in conf/, the working directory standing for the data volume.
 edit run.json 'd.update(epochs=3, data={"train": dict(d["data"]["train"], samples=2048, load_cost_us=300)},
