@@ -8,8 +8,15 @@
 # folder standing for the data volume, with the ConfigMap's files): it
 # completes; stopped by TERM mid-run it exits 75 with a checkpoint, and
 # run again it resumes to the same model.safetensors bits.
-# No cluster is needed or contacted; several pods (ssh, mpirun between
-# pods) are not run here.
+# Last, two pods of a two-process manifest, simulated on this machine: each
+# a mount namespace (its own /tmp) running the pod script with the Job's
+# environment; ssh and sshd are stand-ins (fakebin/ssh, sim-sshd) that
+# run a command in the named pod's namespace.  Pod 0 must wait for pod 1,
+# run both ranks through mpirun (on this machine: a local hostfile) to the
+# bits of one process, and tell pod 1, which must exit 0.  Needs root,
+# unshare, nsenter and the MPI module; skipped (said so) without them.
+# No cluster is needed or contacted; Kubernetes, real sshd and pods on
+# several machines are not.
 # Usage: manifest.sh TRAINCTL TRAINERD   (from the repository root)
 # TR_UPDATE_GOLDEN=1 rewrites the golden files from the current output
 # (then read the diff before committing it).
@@ -20,7 +27,21 @@ here=$(dirname "${BASH_SOURCE[0]}")
 check=(/usr/bin/python3 "$here/check_manifest.py")
 work=$(mktemp -d)
 pod_pid=
-trap '[ -n "$pod_pid" ] && kill "$pod_pid" 2>/dev/null; rm -rf "$work"' EXIT
+sim=
+# The simulated pods are ended with KILL: TERM would make a worker pod
+# signal the trainerd processes it sees, and outside a pod's own PID
+# namespace that is every one of the machine.
+cleanup() {
+	[ -n "$pod_pid" ] && kill "$pod_pid" 2>/dev/null
+	if [ -n "$sim" ]; then
+		for f in "$sim"/pid.* "$sim"/hosts/*; do
+			[ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null
+		done
+		rm -rf "$sim"
+	fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
 if ! /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
 	echo "SKIP: Debian's python3-yaml is missing (scripts/install-deps.sh installs it)"
 	exit 77
@@ -176,6 +197,85 @@ elif ! cmp -s "$out1/model.safetensors" "$out2/model.safetensors"; then
 	fail "the resumed job's model.safetensors differs from the uninterrupted one's"
 else
 	echo "ok: a new pod 0 resumed to the uninterrupted model's bits"
+fi
+
+# Two pods, simulated (see the top).  Their folder is not under /tmp,
+# which each pod replaces with its own.
+edit two.json 'd.update(name="two", epochs=2, exact=True, processes=2,
+	data={"train": dict(d["data"]["train"], samples=2048)}); d["model"]["layers"][0]["units"] = 8; del d["checkpoint"]'
+mpi_module=$(dirname "$TRAINERD")/trainerd-mpi.so
+if [ "$(id -u)" != 0 ] || ! command -v unshare nsenter mpirun >/dev/null || [ ! -f "$mpi_module" ]; then
+	echo "SKIP (part): two simulated pods need root, unshare, nsenter, mpirun and $mpi_module"
+elif ! unshare -m true 2>/dev/null; then
+	echo "SKIP (part): two simulated pods: unshare -m is not allowed here"
+else
+	sim=$(mktemp -d -p /var/tmp)
+	mkdir -p "$sim/conf" "$sim/hosts" "$sim/vol"
+	"$TRAINCTL" manifest --kubernetes "$work/two.json" >"$work/two.yaml" || fail "the two-pod manifest"
+	# the ConfigMap's files, and the container's environment as NAME=VALUE lines
+	/usr/bin/python3 -c 'import shlex, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cm = next(d for d in docs if d["kind"] == "ConfigMap")
+for k, v in cm["data"].items():
+    open(sys.argv[2] + "/" + k, "w").write(v)
+job = next(d for d in docs if d["kind"] == "Job")
+with open(sys.argv[3], "w") as f:
+    for e in job["spec"]["template"]["spec"]["containers"][0]["env"]:
+        f.write("export %s=%s\n" % (e["name"], shlex.quote(e["value"])))' "$work/two.yaml" "$sim/conf" "$sim/env"
+	echo "localhost slots=2" >"$sim/hostfile.local"
+	# sim_pod INDEX: the pod script as that pod, in its own mount namespace
+	sim_pod() {
+		local host
+		host=$(sed -n "$(($1 + 1))p" "$sim/conf/hostfile" | cut -d' ' -f1)
+		exec unshare -m --propagation private sh -c '
+			sim=$1 here=$2 bin=$3
+			mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /usr/sbin &&
+				cp "$here/sim-sshd" /usr/sbin/sshd || exit 99
+			cd "$sim/vol" || exit 99
+			. "$sim/env"
+			# every rank runs in pod 0 here: mpirun gets a local hostfile
+			export OMPI_MCA_orte_default_hostfile="$sim/hostfile.local"
+			export PATH="$here/fakebin:$bin:$PATH" SIM_HOSTS="$sim/hosts" SIM_POD="$4" JOB_COMPLETION_INDEX="$5"
+			exec sh "$sim/conf/pod.sh"' _ "$sim" "$(realpath "$here")" "$(dirname "$TRAINERD")" "$host" "$1"
+	}
+	(sim_pod 0) >"$sim/pod0.log" 2>&1 &
+	echo $! >"$sim/pid.0"
+	# pod 1 comes up later: once pod 0's own sshd is there, pod 0 must
+	# still wait (longer than its 2 s between tries) for pod 1's
+	host0=$(head -n 1 "$sim/conf/hostfile" | cut -d' ' -f1)
+	for _ in $(seq 100); do
+		[ -s "$sim/hosts/$host0" ] && break
+		sleep 0.1
+	done
+	sleep 3
+	grep -q "trainerd: pod 0 of 2" "$sim/pod0.log" && fail "two pods: pod 0 started the job before pod 1 was up"
+	(sim_pod 1) >"$sim/pod1.log" 2>&1 &
+	echo $! >"$sim/pid.1"
+	rc0=timeout rc1=timeout
+	for _ in $(seq 600); do
+		if [ "$rc0" = timeout ] && ! kill -0 "$(cat "$sim/pid.0")" 2>/dev/null; then
+			wait "$(cat "$sim/pid.0")"
+			rc0=$?
+		fi
+		if [ "$rc1" = timeout ] && ! kill -0 "$(cat "$sim/pid.1")" 2>/dev/null; then
+			wait "$(cat "$sim/pid.1")"
+			rc1=$?
+		fi
+		[ "$rc0" != timeout ] && [ "$rc1" != timeout ] && break
+		sleep 0.1
+	done
+	out=$sim/vol/trainerd/two
+	(cd "$sim/vol" && "$TRAINERD" run "$sim/conf/job.json" --processes 1 --out "$sim/one" >/dev/null 2>&1) ||
+		fail "the one-process run of the two-pod spec"
+	if [ "$rc0" != 0 ] || [ "$rc1" != 0 ]; then
+		fail "two pods: pod 0 exit $rc0, pod 1 exit $rc1 (0 and 0 wanted): $(tail -n 3 "$sim/pod0.log") / $(tail -n 3 "$sim/pod1.log")"
+	elif ! grep -q '"processes": 2' "$out/summary.json"; then
+		fail "two pods: the job did not run as two processes: $(cat "$out/summary.json")"
+	elif ! cmp -s "$out/model.safetensors" "$sim/one/model.safetensors"; then
+		fail "two pods: model.safetensors differs from one process's"
+	else
+		echo "ok: two simulated pods: pod 0 waited for pod 1, ran 2 ranks to one process's bits, and both exited 0"
+	fi
 fi
 
 if [ "$failures" != 0 ]; then
