@@ -65,37 +65,6 @@ static void name_from_spec(const char *spec_name, char *out, size_t max)
 		snprintf(out, max + 1, "trainerd");
 }
 
-/* "dataset:" paths name files uploaded to a daemon, which no pod has. */
-static const char *daemon_only_path(const struct tr_spec *spec, char *ptr, size_t n)
-{
-	const struct {
-		const struct tr_source_spec *src;
-		const char *base;
-	} srcs[] = {{&spec->train, "/data/train"},
-		    {&spec->validation, "/data/validation"},
-		    {&spec->test, "/data/test"}};
-	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
-		const struct tr_source_spec *s = srcs[i].src;
-		const struct {
-			const char *path, *key;
-		} files[] = {{s->path, "path"},
-			     {s->x_path, "x"},
-			     {s->y_path, "y"},
-			     {s->images_path, "images"},
-			     {s->labels_path, "labels"},
-			     {s->input_path, "input_path"},
-			     {s->response_path, "response_path"}};
-		if (!s->present)
-			continue;
-		for (size_t f = 0; f < sizeof files / sizeof files[0]; f++)
-			if (files[f].path && strncmp(files[f].path, "dataset:", 8) == 0) {
-				snprintf(ptr, n, "%s/%s", srcs[i].base, files[f].key);
-				return files[f].path;
-			}
-	}
-	return NULL;
-}
-
 /* The pods' script.  Pod 0 runs `trainerd run` in the data volume's job
  * folder, resuming from its checkpoint when there is one (a new pod 0
  * after a failure or an eviction, or the same Job applied again); with
@@ -339,8 +308,6 @@ static json_t *job(const char *name, const char *ns, const struct tr_k8s_options
 json_t *tr_k8s_manifest(const struct tr_spec *spec, const struct tr_k8s_options *o, char *err, size_t errlen)
 {
 	int procs = spec->processes;
-	char ptr[64];
-	const char *path;
 	if (procs < 1)
 		return fail(err, errlen,
 			    "/processes: required: the Job runs one pod per process (\"processes\": 1 for one pod)");
@@ -348,11 +315,15 @@ json_t *tr_k8s_manifest(const struct tr_spec *spec, const struct tr_k8s_options 
 		return fail(err, errlen,
 			    "/resources/allocator: slurm: a Kubernetes Job is its own allocator; leave out "
 			    "\"resources\"");
-	if ((path = daemon_only_path(spec, ptr, sizeof ptr)) != NULL)
-		return fail(err, errlen,
-			    "%s: %s names a file uploaded to a daemon, which the pods do not have; give its path "
-			    "on the data volume (relative to " TR_K8S_DATA_DIR ")",
-			    ptr, path);
+	/* "dataset:" paths name files uploaded to a daemon, which no pod has */
+	struct tr_spec_path paths[TR_SPEC_MAX_PATHS];
+	int npaths = tr_spec_paths((struct tr_spec *)spec, paths); /* only read here */
+	for (int i = 0; i < npaths; i++)
+		if (strncmp(*paths[i].field, "dataset:", 8) == 0)
+			return fail(err, errlen,
+				    "%s: %s names a file uploaded to a daemon, which the pods do not have; give its "
+				    "path on the data volume (relative to " TR_K8S_DATA_DIR ")",
+				    paths[i].pointer, *paths[i].field);
 	if (spec->init_job > 0)
 		return fail(err, errlen,
 			    "/init/from: job %lld's checkpoint is the daemon's; give a safetensors file on the data "
