@@ -258,14 +258,19 @@ static json_t *container(const char *image, int procs, int gpus)
 			 "-p %d -i /etc/trainerd-ssh/id_ed25519 -o BatchMode=yes -o StrictHostKeyChecking=no "
 			 "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
 			 TR_K8S_SSH_PORT);
-		/* Open MPI reads its parameters from OMPI_MCA_*; a container
-		 * runs as root, which Open MPI refuses unless told. */
-		json_object_set_new(c, "env",
-				    json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "name",
-					      "OMPI_MCA_orte_default_hostfile", "value", "/etc/trainerd/hostfile",
-					      "name", "OMPI_MCA_plm_rsh_agent", "value", "ssh", "name",
-					      "OMPI_MCA_plm_rsh_args", "value", args, "name", "OMPI_ALLOW_RUN_AS_ROOT",
-					      "value", "1", "name", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value", "1"));
+		/* Open MPI reads its parameters from OMPI_MCA_*.  It cuts a
+		 * host's name at the first dot unless told to keep it, and
+		 * NAME-I alone does not resolve (the pods' DNS names need the
+		 * Service's subdomain).  A container runs as root, which Open
+		 * MPI refuses unless told. */
+		json_object_set_new(
+			c, "env",
+			json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "name",
+				  "OMPI_MCA_orte_default_hostfile", "value", "/etc/trainerd/hostfile", "name",
+				  "OMPI_MCA_orte_keep_fqdn_hostnames", "value", "1", "name", "OMPI_MCA_plm_rsh_agent",
+				  "value", "ssh", "name", "OMPI_MCA_plm_rsh_args", "value", args, "name",
+				  "OMPI_ALLOW_RUN_AS_ROOT", "value", "1", "name", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+				  "value", "1"));
 		json_object_set_new(c, "ports",
 				    json_pack("[{s:s, s:i}]", "name", "ssh", "containerPort", TR_K8S_SSH_PORT));
 		json_array_append_new(mounts, json_pack("{s:s, s:s, s:b}", "name", "ssh", "mountPath",

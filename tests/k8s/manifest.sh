@@ -9,12 +9,14 @@
 # completes; stopped by TERM mid-run it exits 75 with a checkpoint, and
 # run again it resumes to the same model.safetensors bits.
 # Last, two pods of a two-process manifest, simulated on this machine: each
-# a mount namespace (its own /tmp) running the pod script with the Job's
-# environment; ssh and sshd are stand-ins (fakebin/ssh, sim-sshd) that
-# run a command in the named pod's namespace.  Pod 0 must wait for pod 1,
-# run both ranks through mpirun (on this machine: a local hostfile) to the
-# bits of one process, and tell pod 1, which must exit 0.  Needs root,
-# unshare, nsenter and the MPI module; skipped (said so) without them.
+# a mount and UTS namespace (its own /tmp, the pod's hostname NAME-I)
+# running the pod script with the Job's environment; ssh and sshd are
+# stand-ins (fakebin/ssh, sim-sshd) that run a command in the named pod's
+# namespaces.  Pod 0 must wait for pod 1, and its mpirun must start a rank
+# in each pod by the hostfile's DNS names (orted through the ssh
+# stand-in), to the bits of one process; pod 0 then tells pod 1, which
+# must exit 0.  Needs root, unshare, nsenter and the MPI module; skipped
+# (said so) without them.
 # No cluster is needed or contacted; Kubernetes, real sshd and pods on
 # several machines are not.
 # Usage: manifest.sh TRAINCTL TRAINERD   (from the repository root)
@@ -222,19 +224,19 @@ job = next(d for d in docs if d["kind"] == "Job")
 with open(sys.argv[3], "w") as f:
     for e in job["spec"]["template"]["spec"]["containers"][0]["env"]:
         f.write("export %s=%s\n" % (e["name"], shlex.quote(e["value"])))' "$work/two.yaml" "$sim/conf" "$sim/env"
-	echo "localhost slots=2" >"$sim/hostfile.local"
 	# sim_pod INDEX: the pod script as that pod, in its own mount namespace
 	sim_pod() {
 		local host
 		host=$(sed -n "$(($1 + 1))p" "$sim/conf/hostfile" | cut -d' ' -f1)
-		exec unshare -m --propagation private sh -c '
+		exec unshare -m -u --propagation private sh -c '
 			sim=$1 here=$2 bin=$3
+			hostname "${4%%.*}" || exit 99
 			mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /usr/sbin &&
 				cp "$here/sim-sshd" /usr/sbin/sshd || exit 99
 			cd "$sim/vol" || exit 99
 			. "$sim/env"
-			# every rank runs in pod 0 here: mpirun gets a local hostfile
-			export OMPI_MCA_orte_default_hostfile="$sim/hostfile.local"
+			# the ConfigMap is not at /etc/trainerd here
+			export OMPI_MCA_orte_default_hostfile="$sim/conf/hostfile"
 			export PATH="$here/fakebin:$bin:$PATH" SIM_HOSTS="$sim/hosts" SIM_POD="$4" JOB_COMPLETION_INDEX="$5"
 			exec sh "$sim/conf/pod.sh"' _ "$sim" "$(realpath "$here")" "$(dirname "$TRAINERD")" "$host" "$1"
 	}
@@ -274,7 +276,7 @@ with open(sys.argv[3], "w") as f:
 	elif ! cmp -s "$out/model.safetensors" "$sim/one/model.safetensors"; then
 		fail "two pods: model.safetensors differs from one process's"
 	else
-		echo "ok: two simulated pods: pod 0 waited for pod 1, ran 2 ranks to one process's bits, and both exited 0"
+		echo "ok: two simulated pods: pod 0 waited for pod 1, mpirun ran a rank in each to one process's bits, both exited 0"
 	fi
 fi
 
