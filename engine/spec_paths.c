@@ -11,7 +11,9 @@ int tr_spec_paths(struct tr_spec *spec, struct tr_spec_path out[TR_SPEC_MAX_PATH
 	struct {
 		struct tr_source_spec *src;
 		const char *base;
-	} srcs[] = {{&spec->train, "/data/train"}, {&spec->validation, "/data/validation"}, {&spec->test, "/data/test"}};
+	} srcs[] = {{&spec->train, "/data/train"},
+		    {&spec->validation, "/data/validation"},
+		    {&spec->test, "/data/test"}};
 	int n = 0;
 	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
 		struct tr_source_spec *s = srcs[i].src;
