@@ -131,6 +131,32 @@ static const struct command commands[] = {
 	 "completed, 1 when it failed or was cancelled.  --priority and --preemptible\n"
 	 "are those of `submit`, for every trial: a preemptible trial that a job of\n"
 	 "higher priority preempts resumes from its checkpoint, bit-identically.\n"},
+	{"manifest", tr_cmd_manifest,
+	 "manifest --kubernetes [--name NAME] [--namespace NS] [--image IMAGE] [--gpus-per-pod N]\n"
+	 "                  [--data-volume PVC] [--ssh-secret SECRET] [--format yaml|json] FILE|-",
+	 "print a job spec as Kubernetes objects (offline)",
+	 "Prints the job spec FILE (or standard input for -) as Kubernetes objects for\n"
+	 "`kubectl apply -f`: a ConfigMap (the spec and the pods' script), a headless\n"
+	 "Service and an Indexed Job of one pod per process (the spec's \"processes\",\n"
+	 "required).  Pod 0 runs `trainerd run`; with several processes its mpirun\n"
+	 "reaches the other pods over ssh.  The spec is checked as the daemon checks\n"
+	 "it; no daemon or cluster is asked.  Details: docs/clusters.md.\n"
+	 "  --kubernetes        the kind of manifest (the only one so far; required)\n"
+	 "  --name NAME         the objects' name and the pods' DNS subdomain (default:\n"
+	 "                      the spec's name, lowercased, other characters as '-')\n"
+	 "  --namespace NS      default: default\n"
+	 "  --image IMAGE       an image with trainerd, Open MPI and OpenSSH (default:\n"
+	 "                      trainerd:VERSION)\n"
+	 "  --gpus-per-pod N    nvidia.com/gpu per pod (default 0: CPU devices)\n"
+	 "  --data-volume PVC   the PersistentVolumeClaim the pods work in, mounted at\n"
+	 "                      /data: the spec's relative paths and the outputs\n"
+	 "                      (/data/trainerd/NAME); ReadWriteMany for several pods\n"
+	 "                      (default: trainerd-data)\n"
+	 "  --ssh-secret SECRET several processes: the Secret with id_ed25519 and\n"
+	 "                      authorized_keys for mpirun's ssh (default: trainerd-ssh)\n"
+	 "  --format yaml|json  YAML documents (default), or one JSON List\n"
+	 "Exit: 2 for a bad option or spec (the option or the spec's JSON pointer is\n"
+	 "named), 5 when FILE cannot be read.\n"},
 	{"version", tr_cmd_version, "version", "print trainctl's and the daemon's version",
 	 "Prints the client's version, then asks the daemon for its own.\n"},
 };

@@ -157,6 +157,7 @@ int tr_cmd_datasets(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_dataset_rm(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_version(struct tr_ctl *c, int argc, char **argv);
 int tr_cmd_experiment(struct tr_ctl *c, int argc, char **argv); /* submit ls show cancel pause resume */
+int tr_cmd_manifest(struct tr_ctl *c, int argc, char **argv);   /* offline: a spec as cluster objects */
 /* All of f (a spec file, standard input), NUL-terminated; *len its
  * length.  malloc'd; NULL when out of memory. */
 char *tr_ctl_read_all(FILE *f, size_t *len);

@@ -88,43 +88,12 @@ static int resolve_one(struct tr_scheduler *s, char **field, int want_dir, const
 	return -1;
 }
 
-static int resolve_source(struct tr_scheduler *s, struct tr_source_spec *src, const char *base, struct tr_error *e)
-{
-	if (!src->present)
-		return 0;
-	struct {
-		char **field;
-		const char *key;
-	} fields[] = {
-		{&src->path, "path"},
-		{&src->x_path, "x"},
-		{&src->y_path, "y"},
-		{&src->images_path, "images"},
-		{&src->labels_path, "labels"},
-		{&src->input_path, "input_path"},
-		{&src->response_path, "response_path"},
-	};
-	/* Image sources name folders. */
-	int dirs = src->format == TR_DATA_IMAGES || src->format == TR_DATA_PATCHES;
-	for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-		if (!*fields[i].field)
-			continue;
-		char ptr[128];
-		snprintf(ptr, sizeof ptr, "%s/%s", base, fields[i].key);
-		int rc = resolve_one(s, fields[i].field, dirs, ptr, e);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
 int tr_resolve_spec_paths(struct tr_scheduler *s, struct tr_spec *spec, struct tr_error *e)
 {
-	int rc = resolve_source(s, &spec->train, "/data/train", e);
-	if (rc == 0)
-		rc = resolve_source(s, &spec->validation, "/data/validation", e);
-	if (rc == 0)
-		rc = resolve_source(s, &spec->test, "/data/test", e);
+	struct tr_spec_path paths[TR_SPEC_MAX_PATHS];
+	int n = tr_spec_paths(spec, paths), rc = 0;
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = resolve_one(s, paths[i].field, paths[i].dir, paths[i].pointer, e);
 	if (rc == 0 && spec->init_from)
 		rc = resolve_one(s, &spec->init_from, 0, "/init/from", e);
 	return rc;

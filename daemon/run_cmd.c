@@ -324,42 +324,20 @@ out:
 /* Opens each data file the spec names, as the trainer will: a missing one
  * is a spec error naming its pointer (and, for a relative path, the
  * directory it was looked for in) before any device is set up. */
-static int check_data_paths(const struct tr_spec *spec, const char *job)
+static int check_data_paths(struct tr_spec *spec, const char *job)
 {
-	const struct {
-		const struct tr_source_spec *src;
-		const char *base;
-	} srcs[] = {{&spec->train, "/data/train"},
-		    {&spec->validation, "/data/validation"},
-		    {&spec->test, "/data/test"}};
-	for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
-		const struct tr_source_spec *src = srcs[i].src;
-		if (!src->present || src->format == TR_DATA_SYNTHETIC)
-			continue;
-		const struct {
-			const char *path, *key;
-		} files[] = {{src->path, "path"},
-			     {src->x_path, "x"},
-			     {src->y_path, "y"},
-			     {src->images_path, "images"},
-			     {src->labels_path, "labels"},
-			     {src->input_path, "input_path"},
-			     {src->response_path, "response_path"}};
-		/* Image sources name folders. */
-		int dirs = src->format == TR_DATA_IMAGES || src->format == TR_DATA_PATCHES;
-		for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
-			struct tr_error why;
-			if (!files[f].path)
-				continue;
-			int fd = dirs ? tr_data_open_dir(NULL, files[f].path, NULL, 0, &why)
-				      : tr_data_open(NULL, files[f].path, NULL, NULL, 0, &why);
-			if (fd < 0) {
-				fprintf(stderr, "trainerd run: %s: %s/%s: %s\n", job, srcs[i].base, files[f].key,
-					why.message);
-				return -1;
-			}
-			close(fd);
+	struct tr_spec_path paths[TR_SPEC_MAX_PATHS];
+	int n = tr_spec_paths(spec, paths);
+	for (int i = 0; i < n; i++) {
+		struct tr_error why;
+		const char *path = *paths[i].field;
+		int fd = paths[i].dir ? tr_data_open_dir(NULL, path, NULL, 0, &why)
+				      : tr_data_open(NULL, path, NULL, NULL, 0, &why);
+		if (fd < 0) {
+			fprintf(stderr, "trainerd run: %s: %s: %s\n", job, paths[i].pointer, why.message);
+			return -1;
 		}
+		close(fd);
 	}
 	if (spec->init_from) {
 		struct tr_error why;

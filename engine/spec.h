@@ -328,4 +328,15 @@ json_t *tr_spec_to_json(const struct tr_spec *spec);
 /* Output width of the model (units of the last dense layer). */
 int tr_spec_output_dim(const struct tr_spec *spec);
 
+/* The files and folders the data sources name (not init.from), each with
+ * its JSON pointer ("/data/train/path"); field points into the spec, so
+ * a resolver may replace the path.  Returns how many (engine/spec_paths.c). */
+#define TR_SPEC_MAX_PATHS 21 /* 3 sources x 7 keys */
+struct tr_spec_path {
+	char **field;
+	char pointer[32];
+	bool dir; /* image sources name folders */
+};
+int tr_spec_paths(struct tr_spec *spec, struct tr_spec_path out[TR_SPEC_MAX_PATHS]);
+
 #endif
