@@ -6,7 +6,8 @@
  * STATE_DIR/slurm/job-ID (job.json, the spec; job.sh, the batch script),
  * submits the script with `sbatch --parsable --requeue --signal=B:USR1@S`
  * and follows the Slurm job until it ends.  The script runs the worker,
- * `srun trainerd run`, into that folder; the runner tails its
+ * `srun trainerd run`, into that folder, one rank per task (several in
+ * exact mode only, started through PMIx); the runner tails its
  * metrics.jsonl into the store and, when it ends, stores its final
  * checkpoint as the job's.  The Slurm job's id and state are the job's
  * info fields slurm_job_id, slurm_state and slurm_restarts.  Only Slurm's
@@ -30,7 +31,10 @@ int tr_slurm_command(const char *bin_dir, char *const argv[], char *out, size_t 
 /* Seconds before the time limit at which Slurm sends USR1 to the batch
  * script (--signal=B:USR1@S): time for the step in progress, the
  * checkpoint and Slurm's own lateness (it may signal up to 60 s early
- * or late), at most half the limit. */
+ * or late), at most half the limit.  The first two are measured by the
+ * script at each warning ("checkpointed for the time limit in X s");
+ * they are not known before a job's first run, so S is fixed at 120 s,
+ * which leaves a minute for them (docs/design.md, "Slurm allocator"). */
 int tr_slurm_signal_lead_s(const struct tr_resources *r);
 
 /* The batch script of job `id`, for `dir` (its folder) and `worker` (the

@@ -39,6 +39,7 @@ struct sjob {
 	int restarts_seen;
 	double last_progress_store;
 	bool cancel_sent, stop_sent;
+	bool withdrawn; /* stopped or paused before Slurm started it: scancel'd while held */
 	bool requeued;  /* info slurm_requeued */
 	bool preempted; /* the job shows `preempted` (Slurm holds it after a requeue) */
 	double end_asked_at;
@@ -365,6 +366,33 @@ static void scancel(struct sjob *sj, const char *signal)
 	}
 }
 
+/* A stop or pause of a job Slurm has not started (PENDING, no worker to
+ * checkpoint): `scontrol hold` first, so that it cannot start meanwhile,
+ * then, if it is still PENDING, scancel; true then.  A job that runs
+ * (a hold does not stop it) is released again: the worker is there to
+ * get TERM. */
+static bool withdraw_pending(struct sjob *sj)
+{
+	char out[512], why[512];
+	char *hold[] = {"scontrol", "hold", sj->id, NULL};
+	int rc = tr_slurm_command(sj->bin, hold, out, sizeof out, CMD_TIMEOUT_S);
+	if (rc != 0)
+		return false;
+	if (poll_state(sj, why, sizeof why) && !strcmp(sj->st.state, "PENDING")) {
+		sj->withdrawn = true;
+		scancel(sj, NULL);
+		job_log(sj, TR_LOG_NOTICE, "Slurm had not started job %s: held and cancelled (scancel)", sj->id);
+		return true;
+	}
+	char *release[] = {"scontrol", "release", sj->id, NULL};
+	rc = tr_slurm_command(sj->bin, release, out, sizeof out, CMD_TIMEOUT_S);
+	if (rc != 0) {
+		out[strcspn(out, "\n")] = 0;
+		job_log(sj, TR_LOG_WARN, "scontrol release %s failed (%d): %s", sj->id, rc, out);
+	}
+	return false;
+}
+
 /* The summary.json the worker wrote as it ended: its state and, for a
  * failure, the error.  False when there is none. */
 static bool read_summary(struct sjob *sj, char *state, size_t n, char *error, size_t en, int64_t *steps)
@@ -490,6 +518,24 @@ static void ended(struct sjob *sj, const char *slurm_state)
 	struct tr_error e = {0};
 	forget_slurm_id(sj);
 	set_info(sj, "slurm_state", json_string(slurm_state));
+	if (sj->withdrawn && !atomic_load(&j->cancel_requested)) {
+		/* As for a job in the local queue: a pause keeps its place to
+		 * resume from (the folder's checkpoint, if an earlier start
+		 * left one; a resume submits a new Slurm job), a stop of a job
+		 * that never ran cancels it. */
+		if (atomic_load(&j->pause_requested)) {
+			int64_t at = tr_slurm_checkpoint_step(sj->dir);
+			job_log(sj, TR_LOG_NOTICE, "paused before Slurm started job %s; a resume submits it again",
+				sj->id);
+			tr_runner_finish(j, TR_JOB_PAUSED, NULL, NULL, at > 0 ? at : 0);
+		} else {
+			tr_runner_finish(
+				j, TR_JOB_CANCELLED, "cancelled",
+				"stopped before Slurm started it: the pending Slurm job was cancelled (scancel)",
+				steps);
+		}
+		return;
+	}
 	if (!strcmp(slurm_state, "CANCELLED") || atomic_load(&j->cancel_requested)) {
 		tr_runner_finish(j, TR_JOB_CANCELLED, "cancelled",
 				 atomic_load(&j->cancel_requested) ? "cancelled by request (scancel)"
@@ -583,7 +629,8 @@ static void *slurm_runner_main(void *arg)
 			/* TERM: the worker checkpoints at its next step and ends "stopped". */
 			sj.stop_sent = true;
 			sj.end_asked_at = mono_s();
-			scancel(&sj, "TERM");
+			if (!withdraw_pending(&sj))
+				scancel(&sj, "TERM");
 		}
 		tail_metrics(&sj);
 		if (poll_state(&sj, why, sizeof why)) {

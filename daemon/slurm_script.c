@@ -26,8 +26,9 @@ static int quoted(char *buf, size_t n, const char *s)
 }
 
 /* The script: each start of the Slurm job (the first, and each after a
- * requeue) runs the worker under srun, resuming from the folder's
- * checkpoint when there is one.  USR1 (from --signal=B:USR1@S before the
+ * requeue) runs the worker under srun, one rank per task (MPI through
+ * PMIx when there are several), resuming from the folder's checkpoint
+ * when there is one.  USR1 (from --signal=B:USR1@S before the
  * time limit, or `scancel --batch --signal=USR1`) reaches the batch shell
  * only: it passes it on to every task with `scancel --signal=USR1` (srun
  * would die of it), whose trainer writes a checkpoint at its next step
@@ -59,11 +60,17 @@ int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const c
 		"else\n"
 		"\targs=(run \"$dir/job.json\" --out \"$dir\" --quiet)\n"
 		"fi\n"
-		"echo \"trainerd: Slurm job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0}: ${args[*]}\"\n"
+		"# Several tasks are the job's ranks: Open MPI starts through PMIx, which\n"
+		"# Debian's Slurm and Open MPI share (TRAINERD_SLURM_MPI names another plugin).\n"
+		"mpi=()\n"
+		"if [ \"${SLURM_NTASKS:-1}\" -gt 1 ]; then mpi=(\"--mpi=${TRAINERD_SLURM_MPI:-pmix}\"); fi\n"
+		"echo \"trainerd: Slurm job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0}: ${args[*]}\" \\\n"
+		"\t\"(${SLURM_NTASKS:-1} tasks${mpi:+, ${mpi[*]}})\"\n"
 		"requeue=0\n"
+		"usr1_at=\n"
 		"# srun itself dies of USR1: Slurm passes it to the tasks (not to this shell).\n"
-		"trap 'requeue=1; cmd scancel --signal=USR1 \"$SLURM_JOB_ID\"' USR1\n"
-		"cmd srun --kill-on-bad-exit=1 \"$worker\" \"${args[@]}\" &\n"
+		"trap 'requeue=1; usr1_at=${usr1_at:-$EPOCHREALTIME}; cmd scancel --signal=USR1 \"$SLURM_JOB_ID\"' USR1\n"
+		"cmd srun --kill-on-bad-exit=1 \"${mpi[@]}\" \"$worker\" \"${args[@]}\" &\n"
 		"srun_pid=$!\n"
 		"# wait returns early when the trap runs: wait again until srun has ended.\n"
 		"while :; do\n"
@@ -74,7 +81,10 @@ int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const c
 		"# A worker that ended its last step anyway has nothing left to run.\n"
 		"if [ \"$requeue\" = 1 ] && [ \"$rc\" = 0 ] &&\n"
 		"\tgrep -Eq '\"state\": ?\"stopped\"' \"$dir/summary.json\" 2>/dev/null; then\n"
-		"\techo \"trainerd: checkpointed for the time limit; requeueing\"\n"
+		"\t# How long the warning's lead S must cover (daemon/slurm.h): from USR1\n"
+		"\t# to the worker's end, its last step and checkpoint included.\n"
+		"\ttook=$(awk -v a=\"$usr1_at\" -v b=\"$EPOCHREALTIME\" 'BEGIN { printf \"%%.2f\", b - a }')\n"
+		"\techo \"trainerd: checkpointed for the time limit in $took s after USR1; requeueing\"\n"
 		"\tcmd scontrol requeue \"$SLURM_JOB_ID\"\n"
 		"fi\n"
 		"exit \"$rc\"\n",

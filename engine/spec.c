@@ -1203,6 +1203,28 @@ done:
 	return rc;
 }
 
+/* A Slurm job's tasks are its processes (srun starts one rank each):
+ * several need exact mode, and a "processes" count must agree. */
+static int check_slurm_tasks(struct tr_fields_ctx *c, const struct tr_spec *spec)
+{
+	const struct tr_resources *r = &spec->resources;
+	int tasks = r->nodes * r->tasks_per_node;
+	if (r->allocator != TR_ALLOC_SLURM)
+		return 0;
+	if (spec->processes > 0 && spec->processes != tasks)
+		return tr_fields_fail(c, "processes",
+				      "must be nodes x tasks_per_node (%d) with the Slurm allocator, or left out",
+				      tasks);
+	if (tasks > 1 && !spec->exact_shards) {
+		tr_fields_enter(c, "resources");
+		return tr_fields_fail(c, r->tasks_per_node > 1 ? "tasks_per_node" : "nodes",
+				      "%d tasks (nodes x tasks_per_node) need exact mode (\"exact\": true): only the "
+				      "exact sum crosses processes",
+				      tasks);
+	}
+	return 0;
+}
+
 static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
 {
 	int rc;
@@ -1217,6 +1239,8 @@ static int check_cross(struct tr_fields_ctx *c, const struct tr_spec *spec)
 	/* only the exact sum crosses processes (docs/design.md, "Processes") */
 	if (spec->processes > 1 && !spec->exact_shards)
 		return tr_fields_fail(c, "processes", "more than one process needs exact mode (\"exact\": true)");
+	if ((rc = check_slurm_tasks(c, spec)))
+		return rc;
 	if ((rc = check_synthetic(c, spec)))
 		return rc;
 	if ((rc = check_model(c, spec)))

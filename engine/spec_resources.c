@@ -78,8 +78,7 @@ int tr_spec_parse_resources(struct tr_fields_ctx *c, const json_t *v, void *base
 		return rc;
 	if (r->nodes * r->tasks_per_node > TR_SLURM_MAX_TASKS)
 		return tr_fields_fail(c, r->tasks_per_node > 1 ? "tasks_per_node" : "nodes",
-				      "nodes x tasks_per_node must be at most %d: a job runs as one worker "
-				      "process until training across processes is available",
+				      "nodes x tasks_per_node must be at most %d (a job's processes)",
 				      TR_SLURM_MAX_TASKS);
 	const json_t *t = json_object_get(v, "time_limit");
 	if (t) {

@@ -2,20 +2,29 @@
 # The Slurm allocator against a real one-node Slurm cluster
 # (tests/cluster/slurm_cluster.sh starts munged, slurmctld and slurmd in a
 # temporary folder on their own ports and stops them by pid):
-#   - a job with "resources": {"allocator": "slurm"} completes, and the
+#   - a 2-task job with "resources": {"allocator": "slurm"} (two ranks
+#     under srun --mpi=pmix, exact mode) completes, and the
 #     model.safetensors the daemon serves is the bits of a local
-#     `trainerd run` of the same spec;
-#   - `scontrol requeue` mid-run: the worker checkpoints on TERM, the job is
-#     `preempted` by Slurm (record, event stream, log) while Slurm holds it,
-#     running again with --resume, and the final model is the same bits;
-#   - USR1 to the batch shell (what --signal=B:USR1@S sends before the time
-#     limit): a checkpoint, the script requeues the job, the same bits;
+#     `trainerd run` of the same spec, which are those of a local
+#     `trainerd run --processes 2` (a 1-task job completes below);
+#   - `scontrol requeue` mid-run of a 2-task job: every rank stops on TERM at
+#     the step they agree on, the job is `preempted` by Slurm (record, event
+#     stream, log) while Slurm holds it, running again with --resume, and the
+#     final model is the same bits;
+#   - USR1 to the batch shell of a 2-task job (what --signal=B:USR1@S sends
+#     before the time limit): a checkpoint, the script requeues the job, the
+#     same bits; the time from USR1 to the worker's end (what the lead S
+#     must cover) is measured and within S;
+#   - a job Slurm has not started (partition `parked`): pause holds and
+#     cancels the Slurm job and shows it paused, resume submits it again,
+#     stop then cancels it;
 #   - a job Slurm requeued and holds (`scontrol requeuehold`) is preempted;
 #     cancel through the API is then scancel, the Slurm job ends CANCELLED
 #     (a pause meanwhile is a 409);
-#   - the daemon restarted while the Slurm job runs follows it again and
-#     records its end, the same bits;
-#   - a bad "resources" is a 400 naming its JSON pointer.
+#   - the daemon restarted while a 1-task Slurm job runs follows it again
+#     and records its end, the same bits;
+#   - a bad "resources" is a 400 naming its JSON pointer (2 tasks without
+#     exact mode too).
 # Usage: slurm.sh TRAINERD [TRAINCTL]   (as root: slurmd runs jobs as their
 # user; with TRAINCTL, its `ls` must name Slurm as the preempter too)
 # Skipped (77) without Slurm's and munge's commands or without root. Every
@@ -79,7 +88,7 @@ start_daemon
 # 378 steps; load_cost_us makes it last several seconds, so there is time
 # to act mid-run.
 cat >"$work/job.json" <<'JSON'
-{"name": "slurmed", "seed": 7,
+{"name": "slurmed", "seed": 7, "exact": true,
  "model": {"layers": [{"type": "dense", "units": 16}, {"type": "relu"}, {"type": "dense", "units": 3}]},
  "data": {"train": {"format": "synthetic", "samples": 2000, "features": 5, "classes": 3, "load_cost_us": 2500}},
  "batch_size": 32, "epochs": 6, "optimizer": {"type": "adamw", "lr": 0.01}, "devices": 1, "backend": "cpu",
@@ -87,13 +96,26 @@ cat >"$work/job.json" <<'JSON'
  "resources": {"allocator": "slurm", "nodes": 1, "tasks_per_node": 1, "time_limit": "00:10:00"}}
 JSON
 
+# The same job as two tasks (ranks), and on a partition Slurm never starts.
+# A build without MPI (no trainerd-mpi.so) runs the 2-task jobs as one.
+tasks=2
+if [ ! -e "$(dirname "$TRAINERD")/trainerd-mpi.so" ]; then
+	tasks=1
+	echo "slurm.sh: this build has no trainerd-mpi.so: the 2-task jobs run as 1 task, no local 2-process run"
+fi
+sed 's/"tasks_per_node": 1/"tasks_per_node": '$tasks'/' "$work/job.json" >"$work/job2.json"
+sed 's/"time_limit"/"partition": "parked", "time_limit"/' "$work/job.json" >"$work/parked.json"
+
 # field ID EXPR: a Python expression over the job's JSON (d).
 field() {
 	curl -sf "$url/jobs/$1" | python3 -c "import json,sys; d=json.load(sys.stdin); print($2)" 2>/dev/null
 }
+# submit [SPEC]: job.json unless named; prints the job id (the answer's
+# first key: sed rather than python, whose start takes seconds on a busy
+# machine, and the jobs to interrupt last about fifteen).
 submit() {
-	curl -sf -X POST "$url/jobs" -H 'Content-Type: application/json' --data-binary @"$work/job.json" |
-		python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])'
+	curl -sf -X POST "$url/jobs" -H 'Content-Type: application/json' --data-binary @"${1:-$work/job.json}" |
+		sed -n 's/^{"id":\([0-9]*\),.*/\1/p'
 }
 # wait_for SECONDS ID EXPR: until the Python condition over d holds.
 wait_for() {
@@ -128,17 +150,10 @@ mid_run() {
 	return 1
 }
 
-# The reference: the same spec run here, without Slurm.
-"$TRAINERD" run "$work/job.json" --out "$work/local" --quiet
-ref=$(sha256sum "$work/local/model.safetensors" | cut -d' ' -f1)
-ref_losses=$(grep -c '"name":"loss"' "$work/local/metrics.jsonl")
-
-# ---- submit and complete, concurrently with the interrupted ones ----
-plain=$(submit)
-requeued=$(submit)
-warned=$(submit)
+# ---- submit; the jobs to interrupt first, as each lasts seconds ----
+requeued=$(submit "$work/job2.json")
+warned=$(submit "$work/job2.json")
 cancelled=$(submit)
-check "jobs were submitted" test -n "$plain" -a -n "$cancelled"
 
 # ---- scontrol requeue, USR1 and requeuehold mid-run, one right after
 # the other (each job lasts seconds) ----
@@ -148,6 +163,22 @@ wsid=$(mid_run "$warned") && scancel --batch --signal=USR1 "$wsid"
 # Requeued and held: Slurm keeps it back until released, so it stays
 # preempted while the API is asked about it.
 csid=$(mid_run "$cancelled") && scontrol requeuehold "$csid"
+
+# ---- a job that completes undisturbed, as two tasks (one task completes
+# below, after a daemon restart) ----
+plain=$(submit "$work/job2.json")
+check "jobs were submitted" test -n "$requeued" -a -n "$warned" -a -n "$cancelled" -a -n "$plain"
+# The references, meanwhile: the same spec run here without Slurm, as one
+# process and as two through mpirun (Open MPI's settings for root and two
+# cores in this command's environment only).
+"$TRAINERD" run "$work/job.json" --out "$work/local" --quiet &
+local1_pid=$!
+local2_pid=
+if [ "$tasks" = 2 ]; then
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+		"$TRAINERD" run "$work/job.json" --processes 2 --out "$work/local2" --quiet >"$work/local2.log" 2>&1 &
+	local2_pid=$!
+fi
 # Requeued, Slurm holds it back for cred_expire (10 s here) before it
 # starts again: meanwhile the job is preempted, by Slurm (the event stream
 # below shows it after the fact too).
@@ -166,15 +197,40 @@ curl -sf -X POST "$url/jobs/$cancelled/cancel" >/dev/null
 check "cancel: the job is cancelled" wait_for 90 "$cancelled" 'd["state"]=="cancelled"'
 check "cancel: the Slurm job is CANCELLED" sh -c "scontrol show job -o $csid | grep -q JobState=CANCELLED"
 
+# ---- a job Slurm has not started: pause, resume, stop (while the
+# others run) ----
+parked=$(submit "$work/parked.json")
+check "pending: Slurm holds the job PENDING" wait_for 30 "$parked" 'd["info"].get("slurm_state")=="PENDING"'
+psid=$(cat "$work/state/slurm/job-$parked/slurm_job_id")
+curl -sf -X POST "$url/jobs/$parked/pause" >/dev/null
+check "pending: a pause shows it paused" wait_for 30 "$parked" 'd["state"]=="paused"'
+check "pending: ... and its Slurm job is cancelled" sh -c "scontrol show job -o $psid | grep -q JobState=CANCELLED"
+curl -sf -X POST "$url/jobs/$parked/resume" >/dev/null
+check "pending: resume submits a new Slurm job" wait_for 30 "$parked" 'd["state"]=="running" and d["info"].get("slurm_state")=="PENDING" and d["info"]["slurm_job_id"]!="'"$psid"'"'
+psid=$(cat "$work/state/slurm/job-$parked/slurm_job_id")
+curl -sf -X POST "$url/jobs/$parked/stop" >/dev/null
+check "pending: a stop cancels it, saying why" wait_for 30 "$parked" 'd["state"]=="cancelled" and "before Slurm started it" in d["error"]["message"]'
+check "pending: ... and its Slurm job is cancelled" sh -c "scontrol show job -o $psid | grep -q JobState=CANCELLED"
+
+wait "$local1_pid"
+ref=$(sha256sum "$work/local/model.safetensors" | cut -d' ' -f1)
+ref_losses=$(grep -c '"name":"loss"' "$work/local/metrics.jsonl")
+if [ -n "$local2_pid" ]; then
+	wait "$local2_pid" || cat "$work/local2.log" >&2
+	check "local: 2 processes give the bits of 1" test "$(sha256sum <"$work/local2/model.safetensors" | cut -d' ' -f1)" = "$ref"
+fi
+
 check "plain: completed, with the Slurm job id in its info" wait_for 240 "$plain" 'd["state"]=="completed" and d["info"]["slurm_state"]=="COMPLETED" and d["info"]["slurm_job_id"].isdigit() and d["devices"]==[]'
-check "plain: the model is the local run's bits" test "$(model_sha "$plain")" = "$ref"
+check "plain: the model of $tasks tasks is the bits of the local runs (1 and 2 processes)" test "$(model_sha "$plain")" = "$ref"
+[ "$tasks" = 1 ] ||
+	check "plain: srun started the ranks through PMIx" sh -c "$(declare -f slurm_out); work=$work; slurm_out $plain | grep -q '(2 tasks, --mpi=pmix)'"
 n=$(curl -sf "$url/jobs/$plain/metrics?names=loss&max_points=100000" |
 	python3 -c 'import json,sys; print(len(json.load(sys.stdin)["series"]["loss"]["steps"]))')
-check "plain: every loss point reached the daemon ($n of $ref_losses)" test "$n" = "$ref_losses"
+check "plain: every loss point reached the daemon from rank 0 ($n of $ref_losses)" test "$n" = "$ref_losses"
 
 check "requeue: completed after one restart" wait_for 240 "$requeued" \
 	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1" and d["info"]["slurm_requeued"]=="false"'
-check "requeue: the second start resumed from the checkpoint" sh -c "$(declare -f slurm_out); work=$work; slurm_out $requeued | grep -q -- 'start 1: run --resume'"
+check "requeue: the second start resumed from the checkpoint" sh -c "$(declare -f slurm_out); work=$work; slurm_out $requeued | grep -q -- 'start 1: run --resume .*($tasks tasks'"
 check "requeue: the model is the local run's bits" test "$(model_sha "$requeued")" = "$ref"
 # job_events ID: the job's event history (the stream, cut after 3 s).
 job_events() { curl -sN --max-time 3 "$url/jobs/$1/events" 2>/dev/null; }
@@ -188,7 +244,12 @@ check "requeue: the log says Slurm preempted it and started it again" \
 
 check "USR1: completed after one restart" wait_for 240 "$warned" \
 	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1"'
-check "USR1: the worker checkpointed and the script requeued" sh -c "$(declare -f slurm_out); work=$work; slurm_out $warned | grep -q 'checkpointed for the time limit; requeueing'"
+check "USR1: the worker checkpointed and the script requeued" sh -c "$(declare -f slurm_out); work=$work; slurm_out $warned | grep -q 'checkpointed for the time limit in .* s after USR1; requeueing'"
+# S, the lead of --signal=B:USR1@S, must cover the step in progress and the
+# checkpoint: here measured from USR1 to the end of both ranks.
+took=$(slurm_out "$warned" | sed -n 's/.*checkpointed for the time limit in \([0-9.]*\) s after USR1.*/\1/p' | head -n 1)
+echo "slurm.sh: USR1 to the end of a $tasks-rank worker: ${took:-?} s (the lead S for a 10 minute limit: 120 s)"
+check "USR1: the checkpoint took ${took:-?} s, within the lead S (120 s)" awk -v t="${took:-999}" 'BEGIN { exit !(t > 0 && t < 120) }'
 check "USR1: the model is the local run's bits" test "$(model_sha "$warned")" = "$ref"
 check "USR1: the job was preempted by Slurm" sh -c "curl -sf '$url/jobs/$warned/logs' | grep -q 'preempted by Slurm'"
 
@@ -201,7 +262,7 @@ check "restart: the Slurm job runs on without the daemon" sh -c "scontrol show j
 start_daemon
 check "restart: the job is followed again and completes" wait_for 240 "$followed" 'd["state"]=="completed"'
 check "restart: the log says so" sh -c "curl -sf '$url/jobs/$followed/logs' | grep -q 'following Slurm job $sid again'"
-check "restart: the model is the local run's bits" test "$(model_sha "$followed")" = "$ref"
+check "restart: the model (1 task) is the local run's bits" test "$(model_sha "$followed")" = "$ref"
 
 # ---- bad resources ----
 code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Content-Type: application/json' \
@@ -212,5 +273,9 @@ code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Con
 	--data-binary '{"model": {"layers": [{"type": "dense", "units": 2}]}, "data": {"train": {"format": "synthetic", "samples": 8, "features": 2, "classes": 2}}, "batch_size": 4, "optimizer": {"type": "sgd", "lr": 0.1}, "resources": {"partition": "gpu"}}')
 check "a Slurm key with the local allocator is a 400" test "$code" = 400
 check "... naming /resources/partition" has "$work/bad.json" '/resources/partition'
+code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Content-Type: application/json' \
+	--data-binary "$(sed 's/, "exact": true//; s/"tasks_per_node": 1/"tasks_per_node": 2/' "$work/job.json")")
+check "2 tasks without exact mode are a 400" test "$code" = 400
+check "... naming /resources/tasks_per_node" has "$work/bad.json" '/resources/tasks_per_node'
 
 finish

@@ -5,7 +5,8 @@
 #   tests/cluster/slurm_cluster.sh stop DIR
 #
 # start generates a munge key and a slurm.conf in DIR (one node with 2 CPUs,
-# oversubscribed so more tasks than cores can run, its own free TCP ports,
+# oversubscribed so more tasks than cores can run, a partition `parked` that
+# queues jobs and never starts them, its own free TCP ports,
 # spool, state and logs in DIR, no cgroup plugin: proctrack/linuxproc works
 # in a container), starts munged, slurmctld and slurmd and waits until sinfo
 # shows the node idle. Every daemon is remembered by pid in DIR/*.pid and
@@ -120,6 +121,8 @@ EOF
 	cat >>"$dir/slurm.conf" <<EOF
 NodeName=$host NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+# Takes jobs and never starts them: a job Slurm holds PENDING, for as long as a test needs.
+PartitionName=parked Nodes=$host MaxTime=INFINITE State=DOWN
 EOF
 	echo "SLURM_CONF=$dir/slurm.conf" >"$dir/env"
 	export SLURM_CONF="$dir/slurm.conf"

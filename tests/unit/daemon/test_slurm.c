@@ -124,6 +124,16 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	cr_expect_not_null(strstr(log, "srun --kill-on-bad-exit=1 /opt/trainerd run "), "%s", log);
 	cr_expect_not_null(strstr(log, "/job.json --out "), "%s", log);
 	cr_expect_null(strstr(log, "scontrol"), "%s", log);
+	cr_expect_null(strstr(log, "--mpi"), "one task needs no MPI plugin: %s", log);
+	/* Several tasks are ranks that Open MPI starts through PMIx. */
+	setenv("SLURM_NTASKS", "2", 1);
+	log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");
+	cr_expect_not_null(strstr(log, "srun --kill-on-bad-exit=1 --mpi=pmix /opt/trainerd run "), "%s", log);
+	setenv("TRAINERD_SLURM_MPI", "pmi2", 1);
+	log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");
+	cr_expect_not_null(strstr(log, "srun --kill-on-bad-exit=1 --mpi=pmi2 /opt/trainerd run "), "%s", log);
+	unsetenv("TRAINERD_SLURM_MPI");
+	unsetenv("SLURM_NTASKS");
 	/* With a checkpoint it resumes. */
 	log = run_script(tmp, true, "echo srun \"$@\" >>\"$LOG\"");
 	cr_expect_not_null(strstr(log, "run --resume "), "%s", log);
@@ -144,6 +154,11 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	cr_expect_not_null(strstr(log, "scancel --signal=USR1 41"), "%s", log);
 	cr_expect_not_null(strstr(log, "worker-stopped-1"), "%s", log);
 	cr_expect_not_null(strstr(log, "scontrol requeue 41"), "%s", log);
+	/* It says how long the worker took from USR1 to its end (the lead
+	 * S must cover that). */
+	snprintf(cmd, sizeof cmd, "grep -Eq 'checkpointed for the time limit in [0-9]+\\.[0-9]{2} s after USR1' %s/out",
+		 tmp);
+	cr_expect_eq(system(cmd), 0, "the script's output does not give the time from USR1 to the worker's end");
 	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
 	system(cmd);
 }

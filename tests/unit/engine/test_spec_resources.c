@@ -69,8 +69,10 @@ Test(spec_resources, bad_values_name_their_pointer)
 		{"{\"partition\": \"gpu\"}", "/resources/partition", "\"allocator\": \"slurm\" only"},
 		{"{\"allocator\": \"slurm\", \"nodes\": 0}", "/resources/nodes", "from 1 to"},
 		{"{\"allocator\": \"slurm\", \"tasks_per_node\": 2.5}", "/resources/tasks_per_node", "from 1 to"},
-		{"{\"allocator\": \"slurm\", \"tasks_per_node\": 2}", "/resources/tasks_per_node", "at most 1"},
-		{"{\"allocator\": \"slurm\", \"nodes\": 2}", "/resources/nodes", "at most 1"},
+		{"{\"allocator\": \"slurm\", \"tasks_per_node\": 2}", "/resources/tasks_per_node", "exact mode"},
+		{"{\"allocator\": \"slurm\", \"nodes\": 2}", "/resources/nodes", "exact mode"},
+		{"{\"allocator\": \"slurm\", \"nodes\": 5, \"tasks_per_node\": 13}", "/resources/tasks_per_node",
+		 "at most 64"},
 		{"{\"allocator\": \"slurm\", \"time_limit\": \"10\"}", "/resources/time_limit", "HH:MM:SS"},
 		{"{\"allocator\": \"slurm\", \"time_limit\": \"1:60:00\"}", "/resources/time_limit", "HH:MM:SS"},
 		{"{\"allocator\": \"slurm\", \"time_limit\": \"00:00:00\"}", "/resources/time_limit",
@@ -87,4 +89,29 @@ Test(spec_resources, bad_values_name_their_pointer)
 		cr_expect_not_null(strstr(err.message, rows[i].words), "%s: '%s' lacks '%s'", rows[i].resources,
 				   err.message, rows[i].words);
 	}
+}
+
+/* Several tasks are the job's processes: exact mode runs them, and a
+ * "processes" count must be the task count. */
+Test(spec_resources, several_tasks_in_exact_mode)
+{
+	static const char *fmt =
+		"{\"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]},"
+		" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 8, \"features\": 2,"
+		" \"classes\": 2}}, \"batch_size\": 4, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},"
+		" \"exact\": true%s, \"resources\": {\"allocator\": \"slurm\", \"nodes\": 2, \"tasks_per_node\": 3}}";
+	char text[1024];
+	struct tr_spec spec;
+	struct tr_error err = {0};
+	snprintf(text, sizeof text, fmt, "");
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &err), 0, "%s", err.message);
+	cr_expect_eq(spec.resources.nodes * spec.resources.tasks_per_node, 6);
+	tr_spec_finish(&spec);
+	snprintf(text, sizeof text, fmt, ", \"processes\": 6");
+	cr_assert_eq(tr_spec_parse_text(text, &spec, &err), 0, "%s", err.message);
+	tr_spec_finish(&spec);
+	snprintf(text, sizeof text, fmt, ", \"processes\": 2");
+	cr_expect_neq(tr_spec_parse_text(text, &spec, &err), 0);
+	cr_expect_str_eq(err.pointer, "/processes");
+	cr_expect_not_null(strstr(err.message, "nodes x tasks_per_node (6)"), "%s", err.message);
 }
