@@ -74,7 +74,21 @@ rehearse_selftests() {
 	else
 		row "self-test: daemon jobs on CPU devices" "not run: no trainerd built ($td)"
 	fi
-	# 3. The skip rule, on the CUDA test binary's real output here (no GPU:
+	# 3. The GPU ranks' script (tests/gpu/nccl_ranks.sh) on CPU devices,
+	#    which have no group communicator: the script itself, in seconds.
+	if [ -x "$td" ]; then
+		if bounded 60 bash "$ROOT/tests/gpu/nccl_ranks.sh" "$td" "$WORK/nccl-ranks" 1 cpu \
+			>"$WORK/logs/nccl_ranks_cpu.log" 2>&1; then
+			row "self-test: NCCL ranks script on CPU devices" "ok: $(grep '^RESULT' "$WORK/logs/nccl_ranks_cpu.log")"
+		else
+			row "self-test: NCCL ranks script on CPU devices" "FAILED: $(grep -m1 '^FAIL' "$WORK/logs/nccl_ranks_cpu.log")"
+			failure_excerpt "self-test: NCCL ranks script" "$WORK/logs/nccl_ranks_cpu.log"
+			FAILED=1
+		fi
+	else
+		row "self-test: NCCL ranks script on CPU devices" "not run: no trainerd built ($td)"
+	fi
+	# 4. The skip rule, on the CUDA test binary's real output here (no GPU:
 	#    every GPU test skips): passes with no GPU seen, fails with one.
 	bin=${TR_CHECK_TEST_BINARY:-$CUDA_TESTS}
 	if [ ! -x "$bin" ]; then
