@@ -555,14 +555,19 @@ int tr_cmd_run(int argc, char **argv)
 		for (int i = 0; i < spec.n_device_ids; i++)
 			if (spec.device_ids[i] + 1 > n)
 				n = spec.device_ids[i] + 1;
+	/* GPU ranks (engine/comm_group.h) are asked for by name: several
+	 * processes take CPU devices unless the spec or --backend says cuda.
+	 * Each then sees every GPU of the machine and takes those of its
+	 * local rank, one unless --devices or the spec gives a count. */
+	bool gpu_ranks = nproc > 1 && spec.backend == TR_BACKEND_CUDA;
+	if (gpu_ranks && devices == 0 && spec.n_device_ids == 0)
+		devices = spec.device_count > 0 ? spec.device_count : 1;
 	struct tr_backend_options bopt = {
-		/* GPU ranks (NCCL) are not implemented: several processes
-		 * take CPU devices unless the spec insists */
 		.kind = spec.backend == TR_BACKEND_CPU    ? TR_BACKEND_KIND_CPU
 			: spec.backend == TR_BACKEND_CUDA ? TR_BACKEND_KIND_CUDA
 			: nproc > 1                       ? TR_BACKEND_KIND_CPU
 							  : TR_BACKEND_KIND_AUTO,
-		.devices = n,
+		.devices = gpu_ranks ? 0 : n,
 		.tf32 = spec.tf32,
 		.cpu_conv = cpu_conv,
 	};

@@ -56,6 +56,11 @@ int tr_backend_check_ops(const tr_backend_i *t, struct tr_error *err)
 			     t->name);
 		return -ENOSYS;
 	}
+	if (!t->comm_group_id != !t->comm_group_create) {
+		tr_error_set(err, 0, 0, NULL, "backend %s: comm_group_id and comm_group_create must be set together",
+			     t->name);
+		return -ENOSYS;
+	}
 	return 0;
 }
 

@@ -377,7 +377,22 @@ typedef struct tr_backend_i {
 	 * 1.  NULL: the engine builds the same sum from allreduce_sum over
 	 * disjoint slots and `add` (engine/exact.c). */
 	int (*exact_sum)(tr_comm_t *comm, int rank, const float *const *parts, int nparts, float *out, size_t n);
+	/* Optional, both or neither: a communicator whose ranks span the
+	 * job's processes (docs/design.md, "Processes and the
+	 * communicator"): the CUDA module's, through NCCL.  One process fills
+	 * id (TR_COMM_GROUP_ID_BYTES) with comm_group_id; every process passes
+	 * those bytes to comm_group_create with its ndev devices as ranks
+	 * first_rank .. first_rank + ndev - 1 of nranks.  allreduce_sum,
+	 * comm_abort and comm_destroy then work on it as on comm_create's
+	 * (rank is the process's own index, 0 .. ndev - 1), and the sum is
+	 * over every process's ranks. */
+	int (*comm_group_id)(tr_backend_t *be, void *id);
+	tr_comm_t *(*comm_group_create)(tr_backend_t *be, int ndev, const int *devs, const void *id, int nranks,
+					int first_rank);
 } tr_backend_i;
+
+/* The bytes of a group communicator's id (NCCL's ncclUniqueId). */
+#define TR_COMM_GROUP_ID_BYTES 128
 
 struct tr_backend {
 	const tr_backend_i *i;

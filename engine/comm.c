@@ -122,6 +122,16 @@ bool tr_pcomm_launched(int *size)
 	return n > 1;
 }
 
+int tr_pcomm_local_rank(void)
+{
+	int l = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
+	if (l < 0)
+		l = env_int("SLURM_LOCALID");
+	if (l < 0)
+		l = env_int("MPI_LOCALRANKID"); /* MPICH's Hydra */
+	return l > 0 ? l : 0;
+}
+
 /* ---- the mpi module ----------------------------------------------------------- */
 
 /* 1: not there (try the next place); 0: loaded into *out; < 0: there but

@@ -15,9 +15,11 @@
  *     tr_pcomm_open loads only when the environment says an MPI launcher
  *     started this process, so that the daemon and a one-process run never
  *     map libmpi;
- *   - nccl: GPU ranks, not implemented: TR_PCOMM_NCCL names its place.
- *     Exact mode then needs an int64 or gather-based sum on the devices and
- *     the ncclUniqueId broadcast over the mpi engine's bcast.
+ *   - nccl: GPU ranks are no engine of this interface (TR_PCOMM_NCCL is
+ *     unused): they keep mpi for the host's values, and the device sums
+ *     cross processes through the backend's group communicator (NCCL,
+ *     whose ncclUniqueId process 0 makes and bcast sends:
+ *     engine/comm_group.h).
  *
  * Every operation returns 0 or a negative errno-style code with the reason
  * in the communicator's last_error.  A failure of one rank is the whole
@@ -38,7 +40,7 @@
  * first. */
 #define TR_PCOMM_MAX_PENDING 64
 
-enum tr_pcomm_engine { TR_PCOMM_SINGLE, TR_PCOMM_MPI, TR_PCOMM_NCCL /* not implemented */ };
+enum tr_pcomm_engine { TR_PCOMM_SINGLE, TR_PCOMM_MPI, TR_PCOMM_NCCL /* unused: engine/comm_group.h */ };
 
 typedef struct tr_pcomm tr_pcomm_t;
 
@@ -93,6 +95,12 @@ tr_pcomm_t *tr_pcomm_single(void);
  * script lacks).  *size receives the rank count the environment gives (1
  * when none); the communicator's own size is the truth once open. */
 bool tr_pcomm_launched(int *size);
+
+/* This process's index among the job's processes on its machine (the
+ * launcher's local rank: OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
+ * MPI_LOCALRANKID), 0 when none says: which GPUs are its own
+ * (engine/comm_group.h). */
+int tr_pcomm_local_rank(void);
 
 /* The communicator of this process: the mpi engine when tr_pcomm_launched,
  * else the single one.  Loads trainerd-mpi.so (TRAINERD_MPI_MODULE, else

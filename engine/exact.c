@@ -84,9 +84,9 @@ int tr_exact_sum(void *arg, const float *const *parts, int nparts, float *out, s
 	tr_backend_t *be = x->be;
 	if (x->procs)
 		return cross_process_sum(x, parts, nparts, out, n);
-	if (be->i->exact_sum)
+	if (be->i->exact_sum && !x->group)
 		return be->i->exact_sum(x->comm, x->rank, parts, nparts, out, n);
-	if (x->ndev <= 1)
+	if (x->ndev <= 1 && !x->group)
 		return fold(be, x->dev, parts, nparts, out, n);
 	if (!x->slots || n > x->slot_floats || x->first + nparts > x->shards)
 		return -EINVAL;

@@ -18,6 +18,7 @@
 #ifndef TR_ENGINE_EXACT_H
 #define TR_ENGINE_EXACT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "engine/backend.h"
@@ -85,6 +86,10 @@ struct tr_exact_ctx {
 	 * communicator's gathers (comm_ms) and, of those, waiting for them to
 	 * end (wait_ms: all of a blocking gather); the trainer clears them. */
 	double comm_ms, wait_ms;
+	/* comm is a group communicator over every process's devices
+	 * (engine/comm_group.h): the slots and allreduce_sum carry the sum
+	 * across processes, also with one device here; procs is NULL. */
+	bool group;
 };
 
 /* Floats of slots a rank needs for sums of up to n floats (0 when the

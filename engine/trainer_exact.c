@@ -164,8 +164,10 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 	rank_shards(t, rc->rank, &k0, &count);
 	size_t scratch = (size_t)shard_rows(t->spec) * (size_t)m->max_width;
 	size_t stride = tr_model_partial_floats(m);
-	size_t slots = tr_exact_slot_floats(be, t->ndev, t->nproc, t->spec->exact_shards,
-					    m->n_params > stride ? m->n_params : stride);
+	size_t width = m->n_params > stride ? m->n_params : stride;
+	/* a group communicator sums every process's slots itself */
+	size_t slots = t->comm_group ? (size_t)t->spec->exact_shards * width
+				     : tr_exact_slot_floats(be, t->ndev, t->nproc, t->spec->exact_shards, width);
 	bool failed = false;
 	rc->n_shard_bufs = folds_prefix(t, rc) ? 1 : count;
 	for (int k = 0; k < rc->n_shard_bufs; k++)
@@ -194,10 +196,11 @@ int tr_trainer_exact_alloc(struct tr_trainer *t, struct rank_ctx *rc, struct tr_
 					 .first = k0,
 					 .slots = rc->xctx.slots,
 					 .slot_floats = slots ? slots / t->spec->exact_shards : 0,
-					 .procs = t->nproc > 1 ? &t->procs : NULL,
-					 .leader_slots = &t->ranks[0].xctx.slots};
+					 .procs = t->nproc > 1 && !t->comm_group ? &t->procs : NULL,
+					 .leader_slots = &t->ranks[0].xctx.slots,
+					 .group = t->comm_group};
 	size_t end = 0;
-	if (t->nproc > 1 && bucket_bounds(m, rc->bucket_lo, &end))
+	if (t->nproc > 1 && !t->comm_group && bucket_bounds(m, rc->bucket_lo, &end))
 		rc->xctx.ov =
 			(struct tr_exact_overlap){.lo_of = rc->bucket_lo, .params_end = end, .n_layers = m->n_layers};
 	rc->shards.sum = tr_exact_sum;

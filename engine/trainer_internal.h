@@ -96,9 +96,12 @@ struct tr_trainer {
 	/* The job's processes (engine/comm.h): this one is process `proc` of
 	 * nproc, each with ndev devices, so the job has gdev = nproc * ndev
 	 * ranks and this process's device i is global rank proc * ndev + i.
-	 * nproc > 1 only in exact mode on host-memory devices. */
+	 * nproc > 1 only in exact mode, on host-memory devices or a backend
+	 * with a group communicator: comm_group says comm is one, over every
+	 * process's devices (engine/comm_group.h). */
 	tr_pcomm_t *pcomm;
 	int proc, nproc, gdev;
+	bool comm_group;
 	struct tr_exact_procs procs;
 	/* nproc > 1: the stop and cancel requests the processes agreed on
 	 * after the last step (read instead of the flags, which each

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/comm_group.h"
 #include "engine/data/plan.h"
 #include "engine/data/prefetch.h"
 #include "engine/model_meta.h"
@@ -514,14 +515,26 @@ static int share_conv_routes(struct tr_trainer *t, struct tr_error *err)
 }
 
 /* The job's processes (engine/comm.h): one unless the caller passes a
- * communicator of several, which only exact mode on host-memory devices
- * can use: its sum gathers each process's shard slots (engine/exact.c). */
+ * communicator of several, which only exact mode can use: on host-memory
+ * devices its sum gathers each process's shard slots (engine/exact.c),
+ * on a backend with a group communicator (GPUs: NCCL) the sum goes
+ * through that (engine/comm_group.h), over the process's own devices:
+ * those of its local rank on the machine, when devices are counted. */
 static int join_processes(struct tr_trainer *t, const struct tr_trainer_options *opt, struct tr_error *err)
 {
 	t->pcomm = opt->pcomm ? opt->pcomm : tr_pcomm_single();
 	t->nproc = t->pcomm->i->size(t->pcomm);
 	t->proc = t->pcomm->i->rank(t->pcomm);
 	t->gdev = t->nproc * t->ndev;
+	t->comm_group = tr_comm_group_used(t->be, t->nproc);
+	if (t->comm_group && t->spec->n_device_ids == 0) {
+		int first =
+			tr_comm_group_first_device(tr_pcomm_local_rank(), t->ndev, t->be->i->device_count(t->be), err);
+		if (first < 0)
+			return first;
+		for (int i = 0; i < t->ndev; i++)
+			t->devs[i] = first + i;
+	}
 	if (t->nproc <= 1)
 		return 0;
 	if (t->nproc > TR_MAX_PROCESSES) {
@@ -536,10 +549,11 @@ static int join_processes(struct tr_trainer *t, const struct tr_trainer_options 
 			     t->nproc);
 		return -EINVAL;
 	}
-	if (!t->be->i->memory_is_host) {
+	if (!t->be->i->memory_is_host && !t->comm_group) {
 		tr_error_set(err, 0, 0, "/processes",
-			     "/processes: %d processes need CPU devices: GPU ranks (NCCL) are not implemented yet",
-			     t->nproc);
+			     "/processes: %d processes on %s devices need the backend's communicator across "
+			     "processes (the CUDA module's NCCL), which this one lacks",
+			     t->nproc, t->be->i->name);
 		return -EINVAL;
 	}
 	return 0;
@@ -671,7 +685,12 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 	free(host);
 	/* exact mode's sum is a collective of the backend's even on one
 	 * device, where it has one (engine/exact.h) */
-	if (t->ndev > 1 || (s->exact_shards && be->i->exact_sum)) {
+	if (t->comm_group) {
+		if (!(t->comm = tr_comm_group_open(be, t->pcomm, t->ndev, t->devs, err))) {
+			rc = -EIO;
+			goto fail;
+		}
+	} else if (t->ndev > 1 || (s->exact_shards && be->i->exact_sum)) {
 		t->comm = be->i->comm_create(be, t->ndev, t->devs);
 		if (!t->comm) {
 			tr_error_set(err, 0, 0, NULL, "cannot create a communicator over %d devices: %s", t->ndev,

@@ -26,6 +26,13 @@
  * one-rank communicator a real NCCL one, so that its creation, allreduce,
  * finalize and abort run there too.
  *
+ * GPU ranks of several processes (engine/comm_group.h):
+ * comm_group_create builds this process's ranks of a group whose
+ * ncclUniqueId another process made (comm_group_id) and the caller
+ * carried over MPI; everything else is as above.  The trainer sums
+ * exact mode's disjoint shard slots through it, so the order NCCL adds in
+ * does not matter there (each element has one non-zero contributor).
+ *
  * Determinism: NCCL's sum order is fixed for a given device count,
  * topology and NCCL version (ring or tree, chosen by size) and every rank
  * receives the same bits, so replicas stay identical and runs repeat; but
@@ -211,20 +218,20 @@ static int init_rank(struct tr_comm *cm, int r, int dev)
 	return 0;
 }
 
-/* All ranks from this thread, in one group: ncclCommInitRank would
- * otherwise wait for the other ranks inside the call. */
-static int init_nccl(struct tr_comm *cm)
+/* All of this process's ranks from this thread, in one group:
+ * ncclCommInitRank would otherwise wait for the other ranks inside the
+ * call.  They are ranks first_rank .. first_rank + ndev - 1 of nranks
+ * (other processes hold the rest: comm_group_create), id the group's. */
+static int init_nccl(struct tr_comm *cm, const ncclUniqueId *id, int nranks, int first_rank)
 {
 	tr_backend_t *be = cm->be;
 	struct cuda_backend *b = cuda_be(be);
-	ncclUniqueId id;
 	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
 	ncclResult_t r, first = ncclSuccess;
 	int bad = -1;
 
 	cfg.blocking = 0;
 	cfg.commName = "trainerd";
-	NCCL_CHECK(be, NULL, ncclGetUniqueId(&id));
 	NCCL_CHECK(be, NULL, ncclGroupStart());
 	for (int i = 0; i < cm->ndev; i++) {
 		struct nccl_rank *rk = &cm->ranks[i];
@@ -234,7 +241,7 @@ static int init_nccl(struct tr_comm *cm)
 			bad = i;
 			break;
 		}
-		r = ncclCommInitRankConfig(&rk->nc, cm->ndev, id, i, &cfg);
+		r = ncclCommInitRankConfig(&rk->nc, nranks, *id, first_rank + i, &cfg);
 		if (NCCL_FAILED(r)) {
 			first = r;
 			bad = i;
@@ -250,8 +257,8 @@ static int init_nccl(struct tr_comm *cm)
 		return 0;
 	if (first == ncclInProgress)
 		tr_cuda_set_error(be, -ETIMEDOUT,
-				  "comm_create: NCCL initialisation of %d ranks did not finish in %.0f s", cm->ndev,
-				  INIT_TIMEOUT_S);
+				  "comm_create: NCCL initialisation of ranks %d .. %d of %d did not finish in %.0f s",
+				  first_rank, first_rank + cm->ndev - 1, nranks, INIT_TIMEOUT_S);
 	else
 		nccl_error(be, first, bad >= 0 ? cm->ranks[bad].nc : NULL, "comm_create: ncclCommInitRankConfig",
 			   __FILE__, __LINE__);
@@ -265,8 +272,12 @@ static bool one_rank_nccl_forced(void)
 	return v && strcmp(v, "1") == 0;
 }
 
-/* devs may be NULL (devices 0..ndev-1); otherwise distinct valid ids. */
-static tr_comm_t *cuda_comm_create(tr_backend_t *be, int ndev, const int *devs)
+/* devs may be NULL (devices 0..ndev-1); otherwise distinct valid ids.
+ * id NULL: the process's own communicator, which makes its id and holds
+ * every rank (NCCL only when ndev > 1 or forced); else ranks first_rank ..
+ * of nranks of the group id names, always NCCL. */
+static tr_comm_t *create(tr_backend_t *be, int ndev, const int *devs, const ncclUniqueId *id, int nranks,
+			 int first_rank)
 {
 	int count = cuda_be(be)->ndev;
 	struct tr_comm *cm;
@@ -309,13 +320,54 @@ static tr_comm_t *cuda_comm_create(tr_backend_t *be, int ndev, const int *devs)
 			goto fail;
 	}
 	/* one rank needs no NCCL: allreduce is the identity */
-	cm->nccl = ndev > 1 || one_rank_nccl_forced();
-	if (cm->nccl && init_nccl(cm) < 0)
+	cm->nccl = id || ndev > 1 || one_rank_nccl_forced();
+	if (cm->nccl && !id) {
+		ncclUniqueId own;
+		ncclResult_t r = ncclGetUniqueId(&own);
+		if (r != ncclSuccess) {
+			nccl_error(be, r, NULL, "comm_create: ncclGetUniqueId", __FILE__, __LINE__);
+			goto fail;
+		}
+		if (init_nccl(cm, &own, ndev, 0) < 0)
+			goto fail;
+	} else if (id && init_nccl(cm, id, nranks, first_rank) < 0) {
 		goto fail;
+	}
 	return cm;
 fail:
 	free_comm(cm);
 	return NULL;
+}
+
+static tr_comm_t *cuda_comm_create(tr_backend_t *be, int ndev, const int *devs)
+{
+	return create(be, ndev, devs, NULL, ndev, 0);
+}
+
+/* GPU ranks of a job's processes (engine/comm_group.h): the id is NCCL's,
+ * made here by one process and carried to the others by the caller. */
+static_assert(sizeof(ncclUniqueId) <= TR_COMM_GROUP_ID_BYTES, "ncclUniqueId fits the group id");
+
+static int cuda_comm_group_id(tr_backend_t *be, void *id)
+{
+	ncclUniqueId u;
+	memset(id, 0, TR_COMM_GROUP_ID_BYTES);
+	NCCL_CHECK(be, NULL, ncclGetUniqueId(&u));
+	memcpy(id, &u, sizeof u);
+	return 0;
+}
+
+static tr_comm_t *cuda_comm_group_create(tr_backend_t *be, int ndev, const int *devs, const void *id, int nranks,
+					 int first_rank)
+{
+	ncclUniqueId u;
+	if (!id || nranks < ndev || first_rank < 0 || first_rank > nranks - ndev) {
+		tr_cuda_set_error(be, -EINVAL, "comm_group_create: ranks %d .. %d of %d", first_rank,
+				  first_rank + ndev - 1, nranks);
+		return NULL;
+	}
+	memcpy(&u, id, sizeof u);
+	return create(be, ndev, devs, &u, nranks, first_rank);
 }
 
 /* Lengths are compared among ranks at the same call count.  The trainer
@@ -488,4 +540,6 @@ void tr_cuda_comm_fill(tr_backend_i *t)
 	t->allreduce_sum = cuda_allreduce_sum;
 	t->comm_abort = cuda_comm_abort;
 	t->comm_destroy = cuda_comm_destroy;
+	t->comm_group_id = cuda_comm_group_id;
+	t->comm_group_create = cuda_comm_group_create;
 }

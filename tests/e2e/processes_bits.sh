@@ -6,12 +6,12 @@
 # devices in {2x1, 2x2, 3x1, 4x1}, on an MLP and on a conv net with
 # batchnorm2d (whose statistics cross processes too), each with a short
 # last batch; a run resumed on another process count ends with the same
-# bits; bad values are refused naming the field.  3x1 is the resumed
-# runs' count (from step 4 on: a launch less per job).  The MLP's 2x1 and
-# 3x1 gather in buckets beside the backward pass, its 4x1 with "overlap":
-# false after it, and comm_ms and comm_wait_ms tell them apart.  Open
-# MPI's settings for running as root and for more ranks than cores are
-# this test's alone.
+# bits; bad values are refused naming the field; GPU ranks without a GPU
+# fail naming the missing driver.  3x1 is the resumed runs' count (from
+# step 4 on: a launch less per job).  The MLP's 2x1 and 3x1 gather in
+# buckets beside the backward pass, its 4x1 with "overlap": false after
+# it, and comm_ms and comm_wait_ms tell them apart.  Open MPI's settings
+# for running as root and for more ranks than cores are this test's alone.
 # Usage: processes_bits.sh PATH/TO/trainerd   (run from the repository root)
 set -u
 TRAINERD=${1:?usage: processes_bits.sh TRAINERD}
@@ -188,5 +188,16 @@ TRAINERD_MPI_MODULE=/nonexistent/trainerd-mpi.so run "$work/mlp.json" --processe
 	2>"$work/bad6.err"
 check "no MPI module: exit 1 before any rank starts" test $? -eq 1
 check "... naming it" grep -q 'MPI module /nonexistent/trainerd-mpi.so does not exist' "$work/bad6.err"
+
+# GPU ranks on a machine without a GPU: every rank fails at its backend
+# naming the cause, and the group ends with no rank left.
+if [ ! -e /dev/nvidiactl ]; then
+	timeout 120 "$TRAINERD" run "$work/mlp.json" --processes 2 --backend cuda --quiet --out "$work/nogpu" \
+		2>"$work/nogpu.err"
+	rc=$?
+	check "--backend cuda without a GPU: the run fails (exit $rc)" test $rc -ne 0 -a $rc -ne 124
+	check "... naming the missing driver" grep -q '/backend: .*no NVIDIA driver' "$work/nogpu.err"
+	check "... no rank left" test -z "$(pgrep -f -- "--out $work/nogpu")"
+fi
 
 finish

@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034  # sourced by check.sh, whose variables it sets
 # tests/gpu/gpu_stages.sh: sourced by tests/gpu/check.sh.  The stages that
 # need a GPU, in the order of what they teach per second: the CUDA tests,
-# NCCL, compute-sanitizer's memcheck and synccheck, the benchmarks.  In a
+# NCCL (one rank, then GPU ranks), compute-sanitizer's memcheck and synccheck, the benchmarks.  In a
 # rehearsal (PLAN_ONLY=1) `stage` prints them instead.
 #
 # Needs: BUILD, ROOT, REPORT, WORK, CUDA_TESTS, SANITIZER (may be empty).
@@ -36,6 +36,16 @@ gpu_stages() {
 		# destroy and 20 create/abort rounds against free device memory,
 		# which is the whole GPU's, so nothing else runs meanwhile.
 		cuda_tests_stage "NCCL one rank, memory figures (alone)" 60 "$REPORT/cuda_alone.log" "$gpus" --jobs 1 --filter='cuda_alone/*'
+		# GPU ranks (engine/comm_group.h): NCCL's cross-process path on one
+		# GPU, and on 2+ GPUs two devices and two processes (mpirun), each
+		# against one GPU's SHA-256 of model.safetensors (every run 60 s at
+		# most).
+		if [ "$PLAN_ONLY" = 1 ] || [ -x "$BUILD/daemon/trainerd" ]; then
+			stage "NCCL ranks: SHA-256 against one GPU" 90 "$REPORT/nccl_ranks.log" \
+				bash "$ROOT/tests/gpu/nccl_ranks.sh" "$BUILD/daemon/trainerd" "$WORK/nccl-ranks" "$gpus" cuda
+			[ "$PLAN_ONLY" = 1 ] ||
+				row "NCCL ranks, runs" "$(grep -hE '^(RESULT|NOT RUN)' "$REPORT/nccl_ranks.log" | tr '\n' ' ')"
+		fi
 		# More than 2^31 elements (26 GiB of device memory) and softmax over
 		# 100,003 rows, against the CPU.
 		cuda_tests_stage "large sizes" 90 "$REPORT/cuda_large.log" "$gpus" --jobs 2 --filter='cuda_large/*'

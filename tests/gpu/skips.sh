@@ -40,6 +40,23 @@ procs_running() {
 	done
 }
 
+# script_selftest TITLE TRAINERD LIMIT LOG CMD...: a GPU stage's script
+# run on CPU devices within LIMIT seconds; its RESULT line, or its first
+# FAIL line and an excerpt.  Not run without a trainerd.
+script_selftest() {
+	local title=$1 td=$2 limit=$3 logf=$4
+	shift 4
+	if [ ! -x "$td" ]; then
+		row "self-test: $title" "not run: no trainerd built ($td)"
+	elif bounded "$limit" "$@" >"$logf" 2>&1; then
+		row "self-test: $title" "ok: $(grep '^RESULT' "$logf")"
+	else
+		row "self-test: $title" "FAILED: $(grep -m1 '^FAIL' "$logf")"
+		failure_excerpt "self-test: $title" "$logf"
+		FAILED=1
+	fi
+}
+
 # What a rehearsal can test of the GPU run's own machinery here.
 rehearse_selftests() {
 	local bin log t0 left_over rc mark=$RANDOM$RANDOM
@@ -62,19 +79,13 @@ rehearse_selftests() {
 	# 2. The daemon-jobs flow (tests/gpu/daemon_jobs.py) on CPU devices:
 	#    the GPU stage's script against this build's API.
 	local td=${TR_CHECK_TRAINERD:-$BUILD/daemon/trainerd}
-	if [ -x "$td" ]; then
-		if bounded 150 python3 "$ROOT/tests/gpu/daemon_jobs.py" "$td" "$WORK/daemon-jobs" --backend cpu \
-			>"$WORK/logs/daemon_jobs_cpu.log" 2>&1; then
-			row "self-test: daemon jobs on CPU devices" "ok: $(grep '^RESULT' "$WORK/logs/daemon_jobs_cpu.log")"
-		else
-			row "self-test: daemon jobs on CPU devices" "FAILED: $(grep -m1 '^FAIL' "$WORK/logs/daemon_jobs_cpu.log")"
-			failure_excerpt "self-test: daemon jobs" "$WORK/logs/daemon_jobs_cpu.log"
-			FAILED=1
-		fi
-	else
-		row "self-test: daemon jobs on CPU devices" "not run: no trainerd built ($td)"
-	fi
-	# 3. The skip rule, on the CUDA test binary's real output here (no GPU:
+	script_selftest "daemon jobs on CPU devices" "$td" 150 "$WORK/logs/daemon_jobs_cpu.log" \
+		python3 "$ROOT/tests/gpu/daemon_jobs.py" "$td" "$WORK/daemon-jobs" --backend cpu
+	# 3. The GPU ranks' script (tests/gpu/nccl_ranks.sh) on CPU devices,
+	#    which have no group communicator: the script itself, in seconds.
+	script_selftest "NCCL ranks script on CPU devices" "$td" 60 "$WORK/logs/nccl_ranks_cpu.log" \
+		bash "$ROOT/tests/gpu/nccl_ranks.sh" "$td" "$WORK/nccl-ranks" 1 cpu
+	# 4. The skip rule, on the CUDA test binary's real output here (no GPU:
 	#    every GPU test skips): passes with no GPU seen, fails with one.
 	bin=${TR_CHECK_TEST_BINARY:-$CUDA_TESTS}
 	if [ ! -x "$bin" ]; then

@@ -114,6 +114,9 @@ Test(backend_ops, cuda_module_table_has_every_required_op)
 	cr_assert_eq(t.memory_context_bytes, TR_CUDA_CONTEXT_BYTES);
 	cr_assert_not_null(t.memory_info);
 	cr_assert_not_null(t.set_tf32);
+	/* GPU ranks across processes (engine/comm_group.h) */
+	cr_assert_not_null(t.comm_group_id);
+	cr_assert_not_null(t.comm_group_create);
 }
 
 /* ---- tr_backend_open ---------------------------------------------------- */

@@ -2784,6 +2784,67 @@ Test(cuda_multi, allreduce_sums_and_agrees_on_every_rank, .timeout = CUDA_TEST_T
 	gpu->i->comm_destroy(comm);
 }
 
+/* GPU ranks of two processes (engine/comm_group.h), played by two
+ * threads: one id, each joining with one GPU as its rank of two, then the
+ * allreduce across the two communicators. */
+struct join_arg {
+	const void *id;
+	int dev;
+	tr_comm_t *comm;
+};
+
+static void *join_thread(void *p)
+{
+	struct join_arg *a = p;
+	a->comm = gpu->i->comm_group_create(gpu, 1, &a->dev, a->id, 2, a->dev);
+	return NULL;
+}
+
+Test(cuda_multi, two_groups_of_one_rank_join_by_one_id_and_sum, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPUS(2);
+	unsigned char id[TR_COMM_GROUP_ID_BYTES];
+	cr_assert_eq(gpu->i->comm_group_id(gpu, id), 0, "%s", gpu->i->last_error(gpu));
+	struct join_arg j[2] = {{.id = id, .dev = 0}, {.id = id, .dev = 1}};
+	pthread_t th[2];
+	for (int r = 0; r < 2; r++)
+		pthread_create(&th[r], NULL, join_thread, &j[r]);
+	for (int r = 0; r < 2; r++)
+		pthread_join(th[r], NULL);
+	cr_assert_not_null(j[0].comm, "%s", gpu->i->last_error(gpu));
+	cr_assert_not_null(j[1].comm, "%s", gpu->i->last_error(gpu));
+	size_t n = 4099;
+	float *h[2] = {frand(n, -1, 1), frand(n, -1, 1)};
+	struct ar_arg args[2];
+	for (int r = 0; r < 2; r++) {
+		/* rank 0 of its own communicator, on GPU r */
+		args[r] = (struct ar_arg){.comm = j[r].comm, .rank = 0, .n = n};
+		args[r].buf = gpu->i->alloc(gpu, r, n * sizeof(float));
+		cr_assert_eq(gpu->i->to_device(gpu, r, args[r].buf, h[r], n * sizeof(float)), 0);
+	}
+	for (int r = 0; r < 2; r++)
+		pthread_create(&th[r], NULL, ar_thread, &args[r]);
+	for (int r = 0; r < 2; r++)
+		pthread_join(th[r], NULL);
+	float *got[2];
+	for (int r = 0; r < 2; r++) {
+		cr_assert_eq(args[r].rc, 0, "rank %d: %s", r, gpu->i->last_error(gpu));
+		cr_assert_eq(gpu->i->sync(gpu, r), 0, "%s", gpu->i->last_error(gpu));
+		got[r] = malloc(n * sizeof(float));
+		cr_assert_eq(gpu->i->to_host(gpu, r, got[r], args[r].buf, n * sizeof(float)), 0);
+		cr_assert_eq(gpu->i->sync(gpu, r), 0);
+	}
+	cr_assert_eq(memcmp(got[0], got[1], n * sizeof(float)), 0, "the two ranks differ");
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(got[0][i], h[0][i] + h[1][i], "sum[%zu]", i); /* two terms: one rounding */
+	for (int r = 0; r < 2; r++) {
+		gpu->i->comm_destroy(j[r].comm);
+		gpu->i->free(gpu, r, args[r].buf);
+		free(got[r]);
+		free(h[r]);
+	}
+}
+
 static bool wait_finished(struct ar_arg *a, double seconds)
 {
 	for (int i = 0; i < (int)(seconds * 100); i++) {
@@ -2908,6 +2969,31 @@ static size_t nccl_round(float *d, const float *x, size_t n, bool abort_it)
 	}
 	gpu->i->comm_destroy(cm);
 	return live;
+}
+
+/* GPU ranks' group communicator with one rank (engine/comm_group.h): the
+ * id made here, the group joined with it, the allreduce the identity
+ * through NCCL; ranks outside the group are refused naming them. */
+Test(cuda_alone, a_group_of_one_rank_with_its_own_id, .timeout = CUDA_TEST_TIMEOUT_S)
+{
+	NEED_GPU();
+	unsigned char id[TR_COMM_GROUP_ID_BYTES];
+	cr_assert_eq(gpu->i->comm_group_id(gpu, id), 0, "%s", gpu->i->last_error(gpu));
+	cr_assert_null(gpu->i->comm_group_create(gpu, 1, NULL, id, 1, 1));
+	cr_assert(strstr(gpu->i->last_error(gpu), "ranks 1 .. 1 of 1"), "%s", gpu->i->last_error(gpu));
+	size_t free0 = free_device_memory();
+	tr_comm_t *cm = gpu->i->comm_group_create(gpu, 1, NULL, id, 1, 0);
+	cr_assert_not_null(cm, "comm_group_create: %s", gpu->i->last_error(gpu));
+	cr_assert_lt(free_device_memory(), free0, "a group communicator took no device memory: NCCL was not used");
+	size_t n = 4099;
+	float *x = frand(n, -1, 1), *d = up(x, n);
+	cr_assert_eq(gpu->i->allreduce_sum(cm, 0, d, n), 0, "allreduce_sum: %s", gpu->i->last_error(gpu));
+	float *h = down(d, n);
+	check_exact("one-rank group allreduce", h, x, n);
+	gpu->i->comm_destroy(cm);
+	gpu->i->free(gpu, 0, d);
+	free(h);
+	free(x);
 }
 
 Test(cuda_alone, one_rank_through_nccl_keeps_device_memory, .timeout = CUDA_TEST_TIMEOUT_S)

@@ -8,6 +8,9 @@
  * devices end with the weights of 1x1; every process ends with the same
  * weights; a stop asked of one process stops all after the same step; and
  * several processes without exact mode are refused naming the field.
+ * GPU ranks (engine/comm_group.h) are rehearsed on a CPU backend dressed
+ * as one with a group communicator: the id made once and broadcast, each
+ * process's ranks in the group, and the bits of 1x1 again.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -17,6 +20,7 @@
 
 #include "engine/backend.h"
 #include "engine/comm.h"
+#include "engine/comm_group.h"
 #include "engine/trainer.h"
 
 #define MAXP 4
@@ -216,7 +220,12 @@ struct proc {
 	struct tr_summary sum;
 	int create_rc;
 	char err[512];
+	char msg[1024]; /* the error's message */
 };
+
+/* When set (before run_group), every process's CPU backend takes this
+ * table: a backend dressed as another (the GPU ranks' tests below). */
+static const tr_backend_i *backend_table;
 
 static void *proc_main(void *arg)
 {
@@ -226,6 +235,8 @@ static void *proc_main(void *arg)
 	cr_assert_eq(tr_spec_parse_text(p->job, &spec, &err), 0, "%s", err.message);
 	tr_backend_t *be = tr_cpu_backend_create(p->devices, 1);
 	cr_assert(be);
+	if (backend_table)
+		be->i = backend_table;
 	struct tr_trainer_options opt = {.spec = &spec,
 					 .backend = be,
 					 .devices = p->devices,
@@ -243,6 +254,7 @@ static void *proc_main(void *arg)
 		tr_trainer_destroy(t);
 	} else {
 		snprintf(p->err, sizeof p->err, "%s", err.pointer);
+		snprintf(p->msg, sizeof p->msg, "%s", err.message);
 	}
 	tr_backend_destroy(be);
 	tr_spec_finish(&spec);
@@ -414,5 +426,225 @@ Test(processes, launcher_environments)
 		cr_assert_eq(size, cases[i].size, "case %zu", i);
 	}
 	for (int v = 0; v < 5; v++)
+		unsetenv(vars[v]);
+}
+
+/* ---- GPU ranks: a group communicator of threads ---- */
+
+/* The CPU backend dressed as a backend with a group communicator, as the
+ * CUDA module's NCCL one: its own exact_sum is hidden, so that the exact
+ * sum takes the GPU ranks' way (disjoint slots, the group's allreduce,
+ * the fold), and comm_group_* join every process's devices into one
+ * sum over threads.  What the processes asked of it is recorded for the
+ * tests to check. */
+#define MAXR (MAXP * 2)
+static const char ID_MAGIC[] = "fake-group";
+
+static struct {
+	pthread_mutex_t mu;
+	int ids_made, joins, nranks;
+	int first_seen[MAXR]; /* joins per first rank */
+	bool id_fails;
+	bool inited;
+	pthread_barrier_t bar;
+	float *bufs[MAXR];
+} grp = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+struct tr_comm {
+	int first, ndev;
+};
+
+static tr_backend_i group_i;
+static const tr_backend_i *cpu_i;
+
+static int g_id(tr_backend_t *be, void *id)
+{
+	(void)be;
+	pthread_mutex_lock(&grp.mu);
+	grp.ids_made++;
+	pthread_mutex_unlock(&grp.mu);
+	if (grp.id_fails)
+		return -EIO;
+	memset(id, 0, TR_COMM_GROUP_ID_BYTES);
+	memcpy(id, ID_MAGIC, sizeof ID_MAGIC);
+	return 0;
+}
+
+static tr_comm_t *g_create(tr_backend_t *be, int ndev, const int *devs, const void *id, int nranks, int first)
+{
+	(void)be, (void)devs;
+	cr_assert_eq(memcmp(id, ID_MAGIC, sizeof ID_MAGIC), 0, "the id process 0 made did not arrive");
+	cr_assert(nranks <= MAXR && first >= 0 && first + ndev <= nranks);
+	pthread_mutex_lock(&grp.mu);
+	if (!grp.inited) {
+		grp.nranks = nranks;
+		pthread_barrier_init(&grp.bar, NULL, (unsigned)nranks);
+		grp.inited = true;
+	}
+	cr_assert_eq(nranks, grp.nranks, "processes disagree on the group's size");
+	grp.joins++;
+	grp.first_seen[first]++;
+	pthread_mutex_unlock(&grp.mu);
+	struct tr_comm *c = calloc(1, sizeof *c);
+	cr_assert(c);
+	*c = (struct tr_comm){.first = first, .ndev = ndev};
+	return c;
+}
+
+/* Every rank of every process: the sum in global rank order. */
+static int g_allreduce(tr_comm_t *c, int rank, float *buf, size_t n)
+{
+	cr_assert(rank >= 0 && rank < c->ndev);
+	if (n == 0)
+		return 0;
+	float *acc = calloc(n, sizeof *acc);
+	cr_assert(acc);
+	grp.bufs[c->first + rank] = buf;
+	pthread_barrier_wait(&grp.bar);
+	for (int q = 0; q < grp.nranks; q++)
+		for (size_t i = 0; i < n; i++)
+			acc[i] += grp.bufs[q][i];
+	pthread_barrier_wait(&grp.bar); /* everyone has read every buf */
+	memcpy(buf, acc, n * sizeof *acc);
+	free(acc);
+	return 0;
+}
+
+static void g_abort(tr_comm_t *c)
+{
+	(void)c;
+	cr_assert_fail("a rank aborted the group");
+}
+
+static void g_destroy(tr_comm_t *c)
+{
+	free(c);
+}
+
+static const char *g_error(tr_backend_t *be)
+{
+	return grp.id_fails ? "no id today" : cpu_i->last_error(be);
+}
+
+/* The table of the dressed CPU backend, before any process starts. */
+static void dress_cpu_backend(bool host_memory, bool with_group)
+{
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	cr_assert(be);
+	cpu_i = be->i;
+	group_i = *be->i;
+	tr_backend_destroy(be);
+	group_i.memory_is_host = host_memory;
+	group_i.exact_sum = NULL;
+	group_i.last_error = g_error;
+	if (with_group) {
+		group_i.comm_group_id = g_id;
+		group_i.comm_group_create = g_create;
+		group_i.allreduce_sum = g_allreduce;
+		group_i.comm_abort = g_abort;
+		group_i.comm_destroy = g_destroy;
+	}
+	backend_table = &group_i;
+}
+
+static void group_reset(void)
+{
+	if (grp.inited)
+		pthread_barrier_destroy(&grp.bar);
+	grp.inited = false;
+	grp.ids_made = grp.joins = grp.nranks = 0;
+	memset(grp.first_seen, 0, sizeof grp.first_seen);
+}
+
+Test(gpu_ranks, the_group_sum_gives_the_weights_of_one_process_on_one_device, .timeout = 120)
+{
+	struct proc one[1], p[MAXP];
+	run_group(JOB, 1, 1, -1, one); /* the CPU backend's own exact_sum */
+	cr_assert_eq(one[0].create_rc, 0);
+	dress_cpu_backend(true, true);
+	/* one process through the group too, as the GPU check's one-rank run */
+	setenv("TRAINERD_COMM_GROUP", "1", 1);
+	run_group(JOB, 1, 1, -1, p);
+	unsetenv("TRAINERD_COMM_GROUP");
+	cr_assert_eq(p[0].create_rc, 0, "%s", p[0].msg);
+	cr_assert_eq(grp.joins, 1, "TRAINERD_COMM_GROUP=1 did not take the group's way");
+	cr_assert_eq(memcmp(p[0].w, one[0].w, one[0].n * sizeof(float)), 0, "1x1 through the group differs");
+	free_group(p, 1);
+	static const int shapes[][2] = {{2, 1}, {2, 2}, {3, 1}, {4, 1}};
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+		int P = shapes[i][0], D = shapes[i][1];
+		group_reset();
+		run_group(JOB, P, D, -1, p);
+		cr_assert_eq(grp.ids_made, 1, "%dx%d: %d ids made: only process 0 makes one", P, D, grp.ids_made);
+		cr_assert_eq(grp.joins, P, "%dx%d: %d processes joined the group", P, D, grp.joins);
+		cr_assert_eq(grp.nranks, P * D);
+		for (int r = 0; r < P; r++) {
+			cr_assert_eq(grp.first_seen[r * D], 1, "%dx%d: process %d is not ranks %d..", P, D, r, r * D);
+			cr_assert_eq(p[r].create_rc, 0, "%dx%d: process %d: %s", P, D, r, p[r].msg);
+			cr_assert_eq(memcmp(p[r].w, one[0].w, one[0].n * sizeof(float)), 0,
+				     "%dx%d: process %d's weights differ from 1x1's", P, D, r);
+			cr_assert_eq(p[r].sum.final_loss, one[0].sum.final_loss, "%dx%d: process %d's loss", P, D, r);
+		}
+		free_group(p, P);
+	}
+	free_group(one, 1);
+	group_reset();
+}
+
+Test(gpu_ranks, an_id_process_0_cannot_make_fails_every_process_naming_the_cause, .timeout = 60)
+{
+	struct proc p[2];
+	dress_cpu_backend(true, true);
+	grp.id_fails = true;
+	run_group(JOB, 2, 1, -1, p);
+	cr_assert_eq(grp.ids_made, 1);
+	cr_assert_eq(grp.joins, 0);
+	for (int r = 0; r < 2; r++)
+		cr_assert_lt(p[r].create_rc, 0, "process %d", r);
+	cr_assert(strstr(p[0].msg, "cannot make the id") && strstr(p[0].msg, "no id today"), "%s", p[0].msg);
+	cr_assert(strstr(p[1].msg, "process 0 could not make the id"), "%s", p[1].msg);
+}
+
+Test(gpu_ranks, device_memory_without_a_group_communicator_is_refused_naming_the_field, .timeout = 60)
+{
+	struct proc p[2];
+	dress_cpu_backend(false, false);
+	run_group(JOB, 2, 1, -1, p);
+	for (int r = 0; r < 2; r++) {
+		cr_assert_eq(p[r].create_rc, -EINVAL);
+		cr_assert_str_eq(p[r].err, "/processes");
+		cr_assert(strstr(p[r].msg, "NCCL"), "%s", p[r].msg);
+	}
+}
+
+/* Which GPUs are a process's own: its local rank's, or all it sees when a
+ * launcher gave it exactly its own. */
+Test(gpu_ranks, local_ranks_take_their_own_devices)
+{
+	struct tr_error err;
+	cr_assert_eq(tr_comm_group_first_device(0, 1, 1, &err), 0);
+	cr_assert_eq(tr_comm_group_first_device(0, 1, 4, &err), 0);
+	cr_assert_eq(tr_comm_group_first_device(1, 1, 2, &err), 1);
+	cr_assert_eq(tr_comm_group_first_device(3, 1, 4, &err), 3);
+	cr_assert_eq(tr_comm_group_first_device(1, 2, 4, &err), 2);
+	cr_assert_eq(tr_comm_group_first_device(1, 2, 2, &err), 0, "bound by the launcher");
+	cr_assert_eq(tr_comm_group_first_device(2, 1, 2, &err), -EINVAL);
+	cr_assert_str_eq(err.pointer, "/devices");
+	cr_assert(strstr(err.message, "local rank 2") && strstr(err.message, "sees 2"), "%s", err.message);
+	cr_assert_eq(tr_comm_group_first_device(1, 2, 3, &err), -EINVAL);
+
+	static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+	for (int v = 0; v < 3; v++)
+		unsetenv(vars[v]);
+	cr_assert_eq(tr_pcomm_local_rank(), 0);
+	setenv("MPI_LOCALRANKID", "1", 1);
+	cr_assert_eq(tr_pcomm_local_rank(), 1);
+	setenv("SLURM_LOCALID", "2", 1);
+	cr_assert_eq(tr_pcomm_local_rank(), 2);
+	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+	cr_assert_eq(tr_pcomm_local_rank(), 3);
+	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x", 1);
+	cr_assert_eq(tr_pcomm_local_rank(), 2);
+	for (int v = 0; v < 3; v++)
 		unsetenv(vars[v]);
 }
