@@ -392,9 +392,11 @@ Test(preemption, a_preempted_job_cancelled_while_queued_stays_cancelled)
 	free(out);
 	cr_assert_gt(low, 0);
 	wait_step(&da, low, 10, 30);
-	/* A longer high job, so that the low one waits while it runs. */
+	/* A longer high job (about 6 s of loading), so that the low one
+	 * still waits while trainctl is asked about it, also under a
+	 * sanitizer on a loaded machine. */
 	char spec[2048];
-	snprintf(spec, sizeof spec, JOB_FMT, "high", 9, 2000, 600, 32, 2, 2);
+	snprintf(spec, sizeof spec, JOB_FMT, "high", 9, 2000, 3000, 32, 2, 2);
 	long long high = submit(&da, "?priority=1", spec);
 	cr_assert_str_eq(wait_state(&da, low, "preempted|completed|failed", 30), "preempted");
 	/* trainctl names who preempted whom. */
