@@ -157,7 +157,8 @@ void tr_preempt_enforce_grace(struct tr_scheduler *s)
 
 int tr_preempt_resize(struct tr_scheduler *s, const struct tr_job_row *r, const struct tr_spec *spec, int *devs)
 {
-	if (r->state != TR_JOB_PREEMPTED || spec->exact_shards <= 0 || spec->n_device_ids > 0)
+	/* A multi-process job's ranks take a fixed share each. */
+	if (r->state != TR_JOB_PREEMPTED || spec->exact_shards <= 0 || spec->n_device_ids > 0 || spec->processes > 1)
 		return 0;
 	int got = 0;
 	for (int d = 0; d < s->ndev; d++)

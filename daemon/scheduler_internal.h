@@ -38,6 +38,7 @@ struct running_job {
 	bool have_progress;
 	bool crashes_cleared; /* its first step in this run cleared the stored crash count */
 	bool slurm;           /* run by the Slurm allocator (daemon/slurm_runner.c): no devices here */
+	bool procs;           /* several processes the daemon starts (daemon/procs_runner.c) */
 	/* Memory admission (daemon/admission.c), guarded by sched lock: the
 	 * job's admitted estimate (0 until admitted), and whether its memory
 	 * is allocated (its first step is made), so that MemAvailable already
@@ -192,6 +193,9 @@ int tr_eval_runner_start(struct running_job *j, struct tr_error *err);
 
 /* Slurm jobs (slurm_runner.c): the runner that submits and follows one. */
 int tr_slurm_runner_start(struct running_job *j, struct tr_error *err);
+/* Jobs of several processes (procs_runner.c): the runner that starts and
+ * supervises their group. */
+int tr_procs_runner_start(struct running_job *j, struct tr_error *err);
 int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 
 #endif
