@@ -368,6 +368,29 @@ Test(procjobs, max_restarts_spent_fails_naming_the_rank)
 	assert_group_gone(sid, 10);
 }
 
+/* A rank that hangs (SIGSTOP) ends the group once no step has finished
+ * for collective_timeout_s, the stopped rank included; with max_restarts
+ * 0 the job fails naming the timeout. */
+Test(procjobs, a_hung_rank_ends_the_group_within_collective_timeout_s)
+{
+	long long id =
+		submit_job(&d, job(2000, ", \"processes\": 2, \"max_restarts\": 0, \"collective_timeout_s\": 2"));
+	wait_step(id, 5, 60);
+	int sid = group_session(id), pids[16], n = session_procs(sid, "trainerd", pids, 16);
+	cr_assert_eq(n, 2, "%d ranks", n);
+	cr_assert_eq(kill(pids[1], SIGSTOP), 0);
+	double stopped_at = now_s();
+	const char *state = wait_state(&d, id, "completed|failed|cancelled", 30 * TR_TEST_SLOW);
+	double took = now_s() - stopped_at;
+	json_t *j = job_json(id);
+	const char *msg = error_message(j);
+	cr_assert_str_eq(state, "failed", "job %lld: %s", id, msg);
+	cr_assert(strstr(msg, "collective_timeout_s"), "the error does not name the timeout: %s", msg);
+	json_decref(j);
+	cr_assert_lt(took, 2 + 8 * TR_TEST_SLOW, "the group took %.1f s to end", took);
+	assert_group_gone(sid, 5);
+}
+
 /* Cancel ends the whole group; pause checkpoints every rank at one step,
  * and resume continues from it to the undisturbed run's bits. */
 Test(procjobs, cancel_pause_and_resume_through_the_api)
