@@ -79,8 +79,28 @@ static pid_t session_of(pid_t pid)
 	return session;
 }
 
-/* Sends sig to every live process of session sid; returns how many. */
-static int signal_session(pid_t sid, int sig)
+/* Whether process pid's command line holds `text` (the job's folder). */
+static bool cmdline_holds(pid_t pid, const char *text)
+{
+	char path[64], buf[8192];
+	snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	for (ssize_t i = 0; i < n; i++)
+		if (!buf[i])
+			buf[i] = ' ';
+	buf[n] = 0;
+	return strstr(buf, text) != NULL;
+}
+
+/* Sends sig to every live process of session sid (whose command line
+ * holds `only`, when not NULL); returns how many. */
+static int signal_session(pid_t sid, int sig, const char *only)
 {
 	DIR *d = opendir("/proc");
 	if (!d)
@@ -90,7 +110,7 @@ static int signal_session(pid_t sid, int sig)
 	while ((e = readdir(d)) != NULL) {
 		char *end;
 		long pid = strtol(e->d_name, &end, 10);
-		if (*end || pid <= 1 || session_of((pid_t)pid) != sid)
+		if (*end || pid <= 1 || session_of((pid_t)pid) != sid || (only && !cmdline_holds((pid_t)pid, only)))
 			continue;
 		if (kill((pid_t)pid, sig) == 0)
 			n++;
@@ -99,13 +119,14 @@ static int signal_session(pid_t sid, int sig)
 	return n;
 }
 
-/* Kills every process left in session sid and waits (bounded) until none
- * is alive.  Returns how many were still alive at the end. */
-static int end_session(pid_t sid)
+/* Kills every process left in session sid (see signal_session for
+ * `only`) and waits (bounded) until none is alive.  Returns how many were
+ * still alive at the end. */
+static int end_session(pid_t sid, const char *only)
 {
 	int left = 0;
 	for (int round = 0; round < 100; round++) {
-		if ((left = signal_session(sid, SIGKILL)) == 0)
+		if ((left = signal_session(sid, SIGKILL, only)) == 0)
 			return 0;
 		struct timespec ts = {.tv_sec = 0, .tv_nsec = 20 * 1000000L};
 		nanosleep(&ts, NULL);
@@ -127,17 +148,17 @@ static void end_leftover_group(struct pjob *pj)
 	bool ok = fscanf(f, "%d", &sid) == 1 && sid > 1;
 	fclose(f);
 	unlink(path);
-	/* Only a session led by a launcher (its leader still there) or
-	 * orphaned ranks of one: a recycled id names someone else's. */
+	/* Only the processes of this job's group, whose command lines name
+	 * its folder: after a reboot the id may name someone else's session. */
 	if (!ok || sid == getsid(0))
 		return;
-	int n = signal_session(sid, 0);
+	int n = signal_session(sid, 0, pj->w.dir);
 	if (n > 0) {
 		tr_wjob_log(&pj->w, TR_LOG_NOTICE,
 			    "%d process(es) of the group started before the daemon restarted were still running "
 			    "(session %d); ended",
 			    n, sid);
-		end_session(sid);
+		end_session(sid, pj->w.dir);
 	}
 }
 
@@ -224,7 +245,7 @@ static int start_group(struct pjob *pj, char *msg, size_t msglen)
  * and forgets it.  status: the launcher's, when it was reaped. */
 static void group_gone(struct pjob *pj)
 {
-	int left = end_session(pj->launcher);
+	int left = end_session(pj->launcher, NULL);
 	if (left)
 		tr_wjob_log(&pj->w, TR_LOG_WARN, "%d process(es) of session %d did not end after SIGKILL", left,
 			    (int)pj->launcher);
@@ -239,7 +260,7 @@ static void kill_group(struct pjob *pj)
 {
 	if (pj->launcher <= 0)
 		return;
-	end_session(pj->launcher);
+	end_session(pj->launcher, NULL);
 	while (waitpid(pj->launcher, NULL, 0) < 0 && errno == EINTR)
 		;
 	group_gone(pj);

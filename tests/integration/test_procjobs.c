@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -456,4 +457,36 @@ Test(procjobs, a_daemon_killed_or_stopped_under_the_group_leaves_nothing_running
 	cr_assert_str_eq(final_sha(id), final_sha(ref), "the job's weights differ from the undisturbed run's");
 	assert_group_gone(sid, 1);
 	assert_group_gone(sid2, 1);
+}
+
+/* A group that outlives its daemon (here a launcher wrapper that ignores
+ * the SIGTERM the daemon's death sends it) is ended by the next daemon
+ * before it runs the job again, which then completes. */
+Test(procjobs, a_group_left_by_a_killed_daemon_is_ended_at_restart)
+{
+	char wrapper[256];
+	snprintf(wrapper, sizeof wrapper, "%s/mpirun-deaf", d.dir);
+	FILE *f = fopen(wrapper, "w");
+	cr_assert_not_null(f);
+	fputs("#!/bin/bash\ntrap '' TERM\nmpirun \"$@\" &\nwait $!\n", f);
+	fclose(f);
+	cr_assert_eq(chmod(wrapper, 0755), 0);
+	int status = 0;
+	daemon_stop(&d, &status);
+	setenv("TRAINERD_MPIRUN", wrapper, 1);
+	daemon_restart(&d, 2, NULL);
+	unsetenv("TRAINERD_MPIRUN");
+	long long id = submit_job(&d, job(8000, ", \"processes\": 2"));
+	wait_step(id, 8, 60);
+	int sid = group_session(id), pids[16];
+	daemon_kill(&d);
+	usleep(1000 * 1000);
+	cr_assert_geq(session_procs(sid, "trainerd", pids, 16), 1, "the group did not outlive the daemon");
+	daemon_restart(&d, 2, NULL);
+	assert_group_gone(sid, 10);
+	const char *state = wait_state(&d, id, "completed|failed|cancelled", 120 * TR_TEST_SLOW);
+	json_t *j = job_json(id);
+	cr_assert_str_eq(state, "completed", "job %lld: %s", id, error_message(j));
+	json_decref(j);
+	cr_assert(log_has(id, "were still running"), "the leftover group's end is not logged");
 }
