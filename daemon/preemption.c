@@ -111,7 +111,7 @@ void tr_preempt_for(struct tr_scheduler *s, const struct tr_job_row *r, const st
 				cand[ncand++] = j;
 		}
 	} else {
-		int want = spec->device_count > 0 ? spec->device_count : s->ndev, coming = 0;
+		int want = tr_sched_wanted_devices(s, spec), coming = 0;
 		for (int d = 0; d < s->ndev; d++)
 			coming += !s->owner[d];
 		for (struct running_job *j = s->running; j; j = j->next) {

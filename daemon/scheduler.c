@@ -112,7 +112,7 @@ void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id)
 }
 
 /* How many devices a spec asks for, and which when it names them. */
-static int wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec)
+int tr_sched_wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec)
 {
 	/* A job of several processes holds every rank's devices, so that
 	 * the pool is not overcommitted: processes x devices (a count; 1
@@ -127,7 +127,7 @@ static int wanted_devices(const struct tr_scheduler *s, const struct tr_spec *sp
 /* Reserves devices for `spec` when free; returns the count or 0. */
 static int reserve(struct tr_scheduler *s, const struct tr_spec *spec, int64_t id, int *devs)
 {
-	int want = wanted_devices(s, spec);
+	int want = tr_sched_wanted_devices(s, spec);
 	if (spec->n_device_ids > 0) {
 		for (int i = 0; i < spec->n_device_ids; i++)
 			if (spec->device_ids[i] >= s->ndev || s->owner[spec->device_ids[i]])

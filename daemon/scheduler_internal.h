@@ -135,6 +135,9 @@ int tr_sched_control(struct tr_scheduler *s, int64_t id, enum tr_job_request op,
  * POST /jobs would refuse it, 400 or 422); 0 or -1 with err filled. */
 int tr_sched_check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_error *err);
 
+/* How many of the pool's devices a job of `spec` holds (a multi-process
+ * job: processes x devices). */
+int tr_sched_wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec);
 /* Wakes the dispatcher to look at the queue again. */
 void tr_sched_kick(struct tr_scheduler *s);
 /* Starts a job's runner thread; devices already reserved.  0, or a
