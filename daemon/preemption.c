@@ -111,7 +111,7 @@ void tr_preempt_for(struct tr_scheduler *s, const struct tr_job_row *r, const st
 				cand[ncand++] = j;
 		}
 	} else {
-		int want = spec->device_count > 0 ? spec->device_count : s->ndev, coming = 0;
+		int want = tr_sched_wanted_devices(s, spec), coming = 0;
 		for (int d = 0; d < s->ndev; d++)
 			coming += !s->owner[d];
 		for (struct running_job *j = s->running; j; j = j->next) {
@@ -157,7 +157,8 @@ void tr_preempt_enforce_grace(struct tr_scheduler *s)
 
 int tr_preempt_resize(struct tr_scheduler *s, const struct tr_job_row *r, const struct tr_spec *spec, int *devs)
 {
-	if (r->state != TR_JOB_PREEMPTED || spec->exact_shards <= 0 || spec->n_device_ids > 0)
+	/* A multi-process job's ranks take a fixed share each. */
+	if (r->state != TR_JOB_PREEMPTED || spec->exact_shards <= 0 || spec->n_device_ids > 0 || spec->processes > 1)
 		return 0;
 	int got = 0;
 	for (int d = 0; d < s->ndev; d++)

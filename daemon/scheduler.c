@@ -112,8 +112,19 @@ void tr_sched_drop_spec(struct tr_scheduler *s, int64_t id)
 }
 
 /* How many devices a spec asks for, and which when it names them. */
-static int wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec)
+bool tr_sched_runs_on_slurm(const struct tr_scheduler *s, const struct tr_spec *spec)
 {
+	return spec->resources.allocator == TR_ALLOC_SLURM ||
+	       (spec->resources.allocator == TR_ALLOC_DEFAULT && s->cfg.allocator_slurm);
+}
+
+int tr_sched_wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec)
+{
+	/* A job of several processes holds every rank's devices, so that
+	 * the pool is not overcommitted: processes x devices (a count; 1
+	 * when not given, docs/design.md "Multi-process jobs"). */
+	if (spec->processes > 1)
+		return spec->processes * (spec->device_count > 0 ? spec->device_count : 1);
 	if (spec->n_device_ids > 0)
 		return spec->n_device_ids;
 	return spec->device_count > 0 ? spec->device_count : s->ndev;
@@ -122,7 +133,7 @@ static int wanted_devices(const struct tr_scheduler *s, const struct tr_spec *sp
 /* Reserves devices for `spec` when free; returns the count or 0. */
 static int reserve(struct tr_scheduler *s, const struct tr_spec *spec, int64_t id, int *devs)
 {
-	int want = wanted_devices(s, spec);
+	int want = tr_sched_wanted_devices(s, spec);
 	if (spec->n_device_ids > 0) {
 		for (int i = 0; i < spec->n_device_ids; i++)
 			if (spec->device_ids[i] >= s->ndev || s->owner[spec->device_ids[i]])
@@ -212,9 +223,8 @@ static void start_queued(struct tr_scheduler *s)
 		}
 		/* A Slurm job's devices are the cluster's: it holds none here
 		 * and never waits for them. */
-		job->slurm = !job->eval &&
-			     (job->spec.resources.allocator == TR_ALLOC_SLURM ||
-			      (job->spec.resources.allocator == TR_ALLOC_DEFAULT && s->cfg.allocator_slurm));
+		job->slurm = !job->eval && tr_sched_runs_on_slurm(s, &job->spec);
+		job->procs = !job->eval && !job->slurm && job->spec.processes > 1;
 		bool mem_blocked = !job->slurm && tr_memory_blocks(s, r->id);
 		job->ndev = job->slurm || mem_blocked ? 0 : reserve(s, &job->spec, r->id, job->devices);
 		if (job->ndev == 0 && !job->slurm && !mem_blocked)
@@ -261,6 +271,7 @@ static void start_queued(struct tr_scheduler *s)
 		if (rc == 0)
 			rc = job->eval    ? tr_eval_runner_start(job, &err)
 			     : job->slurm ? tr_slurm_runner_start(job, &err)
+			     : job->procs ? tr_procs_runner_start(job, &err)
 					  : tr_runner_start(job, &err);
 		else
 			tr_error_set(&err, rc, 0, NULL, "store: %s", se.message);

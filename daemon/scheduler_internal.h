@@ -38,6 +38,7 @@ struct running_job {
 	bool have_progress;
 	bool crashes_cleared; /* its first step in this run cleared the stored crash count */
 	bool slurm;           /* run by the Slurm allocator (daemon/slurm_runner.c): no devices here */
+	bool procs;           /* several processes the daemon starts (daemon/procs_runner.c) */
 	/* Memory admission (daemon/admission.c), guarded by sched lock: the
 	 * job's admitted estimate (0 until admitted), and whether its memory
 	 * is allocated (its first step is made), so that MemAvailable already
@@ -134,6 +135,13 @@ int tr_sched_control(struct tr_scheduler *s, int64_t id, enum tr_job_request op,
  * POST /jobs would refuse it, 400 or 422); 0 or -1 with err filled. */
 int tr_sched_check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_error *err);
 
+/* How many of the pool's devices a job of `spec` holds (a multi-process
+ * job: processes x devices). */
+int tr_sched_wanted_devices(const struct tr_scheduler *s, const struct tr_spec *spec);
+/* Whether the Slurm allocator runs this job (its spec says so, or it
+ * leaves the allocator to the daemon's --allocator slurm): its devices
+ * and processes are then the cluster's, not this daemon's. */
+bool tr_sched_runs_on_slurm(const struct tr_scheduler *s, const struct tr_spec *spec);
 /* Wakes the dispatcher to look at the queue again. */
 void tr_sched_kick(struct tr_scheduler *s);
 /* Starts a job's runner thread; devices already reserved.  0, or a
@@ -192,6 +200,9 @@ int tr_eval_runner_start(struct running_job *j, struct tr_error *err);
 
 /* Slurm jobs (slurm_runner.c): the runner that submits and follows one. */
 int tr_slurm_runner_start(struct running_job *j, struct tr_error *err);
+/* Jobs of several processes (procs_runner.c): the runner that starts and
+ * supervises their group. */
+int tr_procs_runner_start(struct running_job *j, struct tr_error *err);
 int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
 
 #endif

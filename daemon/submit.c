@@ -64,6 +64,28 @@ static int check_devices(struct tr_scheduler *s, const struct tr_spec *spec, str
 	return 0;
 }
 
+/* A job of several processes runs as CPU ranks the daemon starts
+ * (daemon/procs_runner.c), each on `devices` devices (a count) of the
+ * daemon's: processes x devices must fit its pool. */
+static int check_processes(struct tr_scheduler *s, const struct tr_spec *spec, struct tr_error *err)
+{
+	if (spec->n_device_ids > 0)
+		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, "/devices",
+				   "/devices: a job of %d processes takes a device count per process, not a list",
+				   spec->processes);
+	if (s->cfg.backend->i->kind != TR_BACKEND_KIND_CPU || spec->backend == TR_BACKEND_CUDA)
+		return tr_job_fail(err, TR_JOB_E_NO_BACKEND, "/processes",
+				   "/processes: jobs of several processes run on CPU devices only; this daemon's "
+				   "are %s",
+				   s->cfg.backend->i->name);
+	int per = spec->device_count > 0 ? spec->device_count : 1;
+	if (spec->processes * per > s->ndev)
+		return tr_job_fail(err, TR_JOB_E_CANNOT_FIT, "/processes",
+				   "/processes: %d processes of %d device(s) hold %d devices, this daemon has %d",
+				   spec->processes, per, spec->processes * per, s->ndev);
+	return 0;
+}
+
 static int op_control(void *ctx, int64_t id, const struct tr_api_control *req, struct tr_error *err);
 
 /* Every check of a submit before anything is stored: the spec, the
@@ -76,14 +98,8 @@ static int check_spec(struct tr_scheduler *s, const json_t *doc, struct tr_spec 
 	if (tr_spec_parse_all(doc, spec, &serr, problems) < 0)
 		return tr_job_fail(err, TR_JOB_E_INVALID_SPEC, serr.pointer, "%s", serr.message);
 	int rc = check_devices(s, spec, err);
-	/* The daemon does not supervise jobs of several processes yet
-	 * (docs/design.md, "Processes and the communicator"). */
-	if (rc == 0 && spec->processes > 1)
-		rc = tr_job_fail(
-			err, TR_JOB_E_INVALID_SPEC, "/processes",
-			"/processes: a job of %d processes runs with `trainerd run --processes %d`; the daemon "
-			"runs jobs of one process",
-			spec->processes, spec->processes);
+	if (rc == 0 && spec->processes > 1 && !tr_sched_runs_on_slurm(s, spec))
+		rc = check_processes(s, spec, err);
 	int paths = rc == 0 ? tr_resolve_spec_paths(s, spec, &serr) : 0;
 	if (paths < 0)
 		rc = tr_job_fail(err, paths == -2 ? TR_JOB_E_INVALID_SPEC : TR_JOB_E_INVALID_PATH, serr.pointer, "%s",

@@ -1031,6 +1031,31 @@ static int emit_exact(const void *base, json_t *obj, const char *key)
 	return json_object_set_new(obj, key, json_pack("{s:i}", "shards", spec->exact_shards));
 }
 
+static int parse_max_restarts(struct tr_fields_ctx *c, const json_t *v, void *base)
+{
+	struct tr_spec *spec = base;
+
+	spec->max_restarts_given = v != NULL;
+	spec->max_restarts = TR_SPEC_DEFAULT_MAX_RESTARTS;
+	if (!v)
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > TR_SPEC_MAX_RESTARTS)
+		return tr_fields_fail(c, NULL, "must be an integer from 0 to %d", TR_SPEC_MAX_RESTARTS);
+	spec->max_restarts = (int)json_integer_value(v);
+	return 0;
+}
+
+/* Left out of the normalized form when not given, like the other
+ * multi-process fields. */
+static int emit_max_restarts(const void *base, json_t *obj, const char *key)
+{
+	const struct tr_spec *spec = base;
+
+	if (!spec->max_restarts_given)
+		return 0;
+	return json_object_set_new(obj, key, json_integer(spec->max_restarts));
+}
+
 static const struct tr_field init_fields[] = {
 	{.key = "from", .kind = K_CUSTOM, .flags = F_REQ, .parse = parse_init_from, .emit = emit_init_from},
 	{0},
@@ -1059,6 +1084,7 @@ static const struct tr_field root_fields[] = {
 	 .hi = TR_MAX_PROCESSES},
 	{.key = "collective_timeout_s", .kind = K_INT, .off = SPEC(collective_timeout_s),
 	 .flags = F_LO | F_HI | F_OMIT0, .lo = 1, .hi = 86400},
+	{.key = "max_restarts", .kind = K_CUSTOM, .parse = parse_max_restarts, .emit = emit_max_restarts},
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},
 	{.key = "cpu_conv", .kind = K_ENUM, .off = SPEC(cpu_conv), .flags = F_OMIT0, .names = cpu_conv_names},

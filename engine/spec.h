@@ -27,6 +27,8 @@
  * shard it computes. */
 #define TR_SPEC_MAX_SHARDS 64
 #define TR_SPEC_DEFAULT_SHARDS 8
+#define TR_SPEC_DEFAULT_MAX_RESTARTS 2
+#define TR_SPEC_MAX_RESTARTS 100
 #define TR_SPEC_MAX_LABEL_COLS 64
 
 /* Upper bounds on every size in a spec, so that no index, product or
@@ -268,6 +270,13 @@ struct tr_spec {
 	 * process waits for the next step to finish (a rank that hangs or
 	 * died) before it ends the group.  0 = not given: 300. */
 	int collective_timeout_s;
+	/* "max_restarts": a multi-process job the daemon runs
+	 * (docs/design.md, "Multi-process jobs") whose group fails (a rank
+	 * died, was killed or hung) restarts from its last checkpoint at most
+	 * this many times, then fails; 0 = never.  Not given:
+	 * TR_SPEC_DEFAULT_MAX_RESTARTS (max_restarts_given false). */
+	int max_restarts;
+	bool max_restarts_given;
 	/* devices */
 	int device_count; /* 0 = "all" */
 	int device_ids[TR_SPEC_MAX_DEVICES];

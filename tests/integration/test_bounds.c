@@ -126,10 +126,27 @@ Test(bounds, sizes_past_what_the_engine_indexes_are_refused, .init = start, .fin
 }
 
 /* "processes" (docs/design.md, "Processes and the communicator"): out of
- * range or without exact mode it is a bad spec; a legal count above 1 is
- * refused too, since the daemon runs jobs of one process (trainerd run
- * --processes runs the others). */
-Test(bounds, processes_beyond_one_are_refused_naming_the_field, .init = start, .fini = stop, .timeout = 120)
+ * range or without exact mode it is a bad spec; a legal count the daemon
+ * cannot run (docs/design.md, "Multi-process jobs") is refused too: more
+ * devices than it has (processes x devices), or a device list instead of
+ * a count per process. */
+static void expect_processes_refused(int processes, const char *devices, long status, const char *code,
+				     const char *pointer)
+{
+	json_t *doc = json_loads(SMALL_JOB, 0, NULL);
+	json_object_set_new(doc, "exact", json_true());
+	json_object_set_new(doc, "processes", json_integer(processes));
+	json_object_set_new(doc, "devices", json_loads(devices, JSON_DECODE_ANY, NULL));
+	char *spec = json_dumps(doc, JSON_COMPACT);
+	json_decref(doc);
+	struct http_reply r;
+	http(&d, "POST", "/jobs", spec, NULL, NULL, &r);
+	expect_error(&r, status, code, pointer);
+	http_free(&r);
+	free(spec);
+}
+
+Test(bounds, processes_the_daemon_cannot_run_are_refused_naming_the_field, .init = start, .fini = stop, .timeout = 120)
 {
 	static const char *const values[] = {"0", "65", "2", "{\"p\": 2}"};
 	struct http_reply r;
@@ -140,16 +157,9 @@ Test(bounds, processes_beyond_one_are_refused_naming_the_field, .init = start, .
 		http_free(&r);
 		free(spec);
 	}
-	json_t *doc = json_loads(SMALL_JOB, 0, NULL);
-	json_object_set_new(doc, "exact", json_true());
-	json_object_set_new(doc, "processes", json_integer(2));
-	char *spec = json_dumps(doc, JSON_COMPACT);
-	json_decref(doc);
-	http(&d, "POST", "/jobs", spec, NULL, NULL, &r);
-	expect_error(&r, 400, "invalid_spec", "/processes");
-	cr_assert(strstr(r.body, "trainerd run --processes 2"), "%.300s", r.body);
-	http_free(&r);
-	free(spec);
+	expect_processes_refused(3, "1", 422, "unsatisfiable", "/processes");
+	expect_processes_refused(2, "2", 422, "unsatisfiable", "/processes");
+	expect_processes_refused(2, "[0, 1]", 400, "invalid_spec", "/devices");
 	cr_assert_eq(job_count(), 0, "a refused spec was stored");
 	expect_healthy_and_training();
 }
