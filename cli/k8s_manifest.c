@@ -337,8 +337,8 @@ json_t *tr_k8s_manifest(const struct tr_spec *spec, const struct tr_k8s_options 
 	int gpus = o->gpus_per_pod;
 	if (gpus > 0 && procs > 1)
 		return fail(err, errlen,
-			    "--gpus-per-pod: a job of %d processes runs on CPU devices (GPU ranks are not "
-			    "implemented); leave it out",
+			    "--gpus-per-pod: a job of %d processes runs on CPU devices here (GPU ranks have "
+			    "not run on a GPU, so the manifest does not offer them); leave it out",
 			    procs);
 	if (gpus > 0 && spec->backend == TR_BACKEND_CPU)
 		return fail(err, errlen, "--gpus-per-pod: the spec's /backend is cpu: the GPUs would sit idle");
