@@ -631,6 +631,12 @@ Test(cpu, idle_pool_sleeps)
 		cr_assert_eq(two->i->sumsq(two, 0, n, a, &got), 0);
 		cr_assert(fabs(got - want) <= 1e-12 * want, "run %d: sumsq %.17g vs %.17g", i, got, want);
 	}
+	/* OpenBLAS's own threads, once woken (with OPENBLAS_NUM_THREADS=1
+	 * this test measured nothing before the wait), watch for work for
+	 * about 0.1 s before they sleep (its thread timeout): let that pass
+	 * before measuring the pool's. */
+	struct timespec settle = {.tv_nsec = 500 * 1000 * 1000};
+	nanosleep(&settle, NULL);
 	double c0 = cpu_s();
 	struct timespec pause = {.tv_nsec = 300 * 1000 * 1000};
 	nanosleep(&pause, NULL);
