@@ -275,6 +275,7 @@ static void failure_cause(struct pjob *pj, int status, char *buf, size_t n)
 	folder_path(pj, "launcher.out", path, sizeof path);
 	FILE *f = fopen(path, "r");
 	char line[1024], own[1024] = "", noticed[1024] = "", name[64] = "", code[32] = "";
+	const char *refusal = NULL; /* mpirun's own refusal to start, in words a user can act on */
 	if (f) {
 		fseeko(f, pj->out_from, SEEK_SET);
 		for (int i = 0; i < 100000 && fgets(line, sizeof line, f); i++) {
@@ -288,12 +289,22 @@ static void failure_cause(struct pjob *pj, int status, char *buf, size_t n)
 				snprintf(name, sizeof name, "%s", t + 13 + strspn(t + 13, " "));
 			else if (!code[0] && !strncmp(t, "Exit code:", 10))
 				snprintf(code, sizeof code, "%s", t + 10 + strspn(t + 10, " "));
+			else if (!refusal && strstr(t, "attempt to run as root"))
+				refusal = "mpirun refuses to run as root: set OMPI_ALLOW_RUN_AS_ROOT=1 and "
+					  "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the daemon's environment, or run "
+					  "the daemon as another user";
+			else if (!refusal && strstr(t, "not enough slots available"))
+				refusal = "mpirun found fewer slots (cores) than processes: set "
+					  "OMPI_MCA_rmaps_base_oversubscribe=1 in the daemon's environment, or "
+					  "ask for fewer processes";
 		}
 		fclose(f);
 	}
 	/* "Process name: [[JOB,1],RANK]" */
 	const char *rank = strrchr(name, ',');
-	if (own[0])
+	if (refusal)
+		snprintf(buf, n, "%s (see %.900s)", refusal, path);
+	else if (own[0])
 		snprintf(buf, n, "%s", own);
 	else if (noticed[0])
 		snprintf(buf, n, "%s", noticed);

@@ -507,3 +507,31 @@ Test(procjobs, a_group_left_by_a_killed_daemon_is_ended_at_restart)
 	json_decref(j);
 	cr_assert(log_has(id, "were still running"), "the leftover group's end is not logged");
 }
+
+/* A launcher that refuses to start (here a stand-in that says what
+ * Open MPI's mpirun says when run as root without its two variables)
+ * fails the job with the remedy in words, not only the launcher's exit
+ * status. */
+Test(procjobs, a_launcher_refusing_root_is_named_with_its_remedy)
+{
+	char wrapper[256];
+	snprintf(wrapper, sizeof wrapper, "%s/mpirun-root", d.dir);
+	FILE *f = fopen(wrapper, "w");
+	cr_assert_not_null(f);
+	fputs("#!/bin/sh\necho 'mpirun has detected an attempt to run as root.' >&2\nexit 1\n", f);
+	fclose(f);
+	cr_assert_eq(chmod(wrapper, 0755), 0);
+	int status = 0;
+	daemon_stop(&d, &status);
+	setenv("TRAINERD_MPIRUN", wrapper, 1);
+	daemon_restart(&d, 2, NULL);
+	unsetenv("TRAINERD_MPIRUN");
+	long long id = submit_job(&d, job(0, ", \"processes\": 2, \"max_restarts\": 0"));
+	const char *state = wait_state(&d, id, "completed|failed|cancelled", 60 * TR_TEST_SLOW);
+	cr_assert_str_eq(state, "failed");
+	json_t *j = job_json(id);
+	const char *msg = error_message(j);
+	cr_assert(strstr(msg, "OMPI_ALLOW_RUN_AS_ROOT=1") && strstr(msg, "launcher.out"),
+		  "the error does not name the remedy: %s", msg);
+	json_decref(j);
+}
