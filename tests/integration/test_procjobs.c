@@ -296,6 +296,24 @@ static const char *error_message(json_t *j)
 	return m ? m : "";
 }
 
+/* Restarts the daemon with TRAINERD_MPIRUN naming a launcher script
+ * `name` (in the daemon's folder) whose text is `script`. */
+static void restart_with_launcher(const char *name, const char *script)
+{
+	char wrapper[256];
+	snprintf(wrapper, sizeof wrapper, "%s/%s", d.dir, name);
+	FILE *f = fopen(wrapper, "w");
+	cr_assert_not_null(f);
+	fputs(script, f);
+	fclose(f);
+	cr_assert_eq(chmod(wrapper, 0755), 0);
+	int status = 0;
+	daemon_stop(&d, &status);
+	setenv("TRAINERD_MPIRUN", wrapper, 1);
+	daemon_restart(&d, 2, NULL);
+	unsetenv("TRAINERD_MPIRUN");
+}
+
 TestSuite(procjobs, .init = setup, .fini = teardown, .timeout = 240);
 
 /* 2 processes x 1 device give the bits of 1 process x 1 device: the
@@ -481,18 +499,7 @@ Test(procjobs, a_daemon_killed_or_stopped_under_the_group_leaves_nothing_running
  * before it runs the job again, which then completes. */
 Test(procjobs, a_group_left_by_a_killed_daemon_is_ended_at_restart)
 {
-	char wrapper[256];
-	snprintf(wrapper, sizeof wrapper, "%s/mpirun-deaf", d.dir);
-	FILE *f = fopen(wrapper, "w");
-	cr_assert_not_null(f);
-	fputs("#!/bin/bash\ntrap '' TERM\nmpirun \"$@\" &\nwait $!\n", f);
-	fclose(f);
-	cr_assert_eq(chmod(wrapper, 0755), 0);
-	int status = 0;
-	daemon_stop(&d, &status);
-	setenv("TRAINERD_MPIRUN", wrapper, 1);
-	daemon_restart(&d, 2, NULL);
-	unsetenv("TRAINERD_MPIRUN");
+	restart_with_launcher("mpirun-deaf", "#!/bin/bash\ntrap '' TERM\nmpirun \"$@\" &\nwait $!\n");
 	long long id = submit_job(&d, job(8000, ", \"processes\": 2"));
 	wait_step(id, 8, 60);
 	int sid = group_session(id), pids[16];
@@ -514,18 +521,8 @@ Test(procjobs, a_group_left_by_a_killed_daemon_is_ended_at_restart)
  * status. */
 Test(procjobs, a_launcher_refusing_root_is_named_with_its_remedy)
 {
-	char wrapper[256];
-	snprintf(wrapper, sizeof wrapper, "%s/mpirun-root", d.dir);
-	FILE *f = fopen(wrapper, "w");
-	cr_assert_not_null(f);
-	fputs("#!/bin/sh\necho 'mpirun has detected an attempt to run as root.' >&2\nexit 1\n", f);
-	fclose(f);
-	cr_assert_eq(chmod(wrapper, 0755), 0);
-	int status = 0;
-	daemon_stop(&d, &status);
-	setenv("TRAINERD_MPIRUN", wrapper, 1);
-	daemon_restart(&d, 2, NULL);
-	unsetenv("TRAINERD_MPIRUN");
+	restart_with_launcher("mpirun-root",
+			      "#!/bin/sh\necho 'mpirun has detected an attempt to run as root.' >&2\nexit 1\n");
 	long long id = submit_job(&d, job(0, ", \"processes\": 2, \"max_restarts\": 0"));
 	const char *state = wait_state(&d, id, "completed|failed|cancelled", 60 * TR_TEST_SLOW);
 	cr_assert_str_eq(state, "failed");
