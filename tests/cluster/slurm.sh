@@ -69,14 +69,7 @@ if ! "$cluster" start "$work/cluster" >"$work/cluster.out" 2>&1; then
 	exit 1
 fi
 export SLURM_CONF="$work/cluster/slurm.conf"
-# Under AddressSanitizer (make test-asan): Open MPI's allocations that
-# outlive MPI_Finalize are suppressed by library (tests/lsan.supp), which
-# needs its components kept loaded and full stacks, as in
-# tests/e2e/processes_bits.sh.  The daemon's environment reaches the
-# tasks (sbatch exports it).  No effect otherwise.
-export OMPI_MCA_mca_base_component_disable_dlclose=1 PMIX_MCA_mca_base_component_disable_dlclose=1
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}fast_unwind_on_malloc=0"
+. "$here/../e2e/mpi_sanitizer_env.sh" # the daemon's environment reaches the tasks (sbatch exports it)
 
 start_daemon() {
 	rm -f "$work/state/listen.addr"

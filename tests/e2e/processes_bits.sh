@@ -24,12 +24,7 @@ make_work
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # shared memory between ranks of one machine; no network probing
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-# Under AddressSanitizer (make test-asan): Open MPI's own allocations that
-# outlive MPI_Finalize are suppressed by library (tests/lsan.supp), which
-# needs its components kept loaded and full stacks.  No effect otherwise.
-export OMPI_MCA_mca_base_component_disable_dlclose=1 PMIX_MCA_mca_base_component_disable_dlclose=1
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}fast_unwind_on_malloc=0"
+. "$(dirname "${BASH_SOURCE[0]}")/mpi_sanitizer_env.sh"
 
 cat >"$work/mlp.json" <<'JSON'
 {"name": "procs-mlp", "seed": 7, "exact": true,

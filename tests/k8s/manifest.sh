@@ -211,13 +211,7 @@ if [ "$(id -u)" != 0 ] || ! command -v unshare nsenter mpirun >/dev/null || [ ! 
 elif ! unshare -m true 2>/dev/null; then
 	echo "SKIP (part): two simulated pods: unshare -m is not allowed here"
 else
-	# Under AddressSanitizer (make test-asan): Open MPI's allocations that
-	# outlive MPI_Finalize are suppressed by library (tests/lsan.supp),
-	# which needs its components kept loaded and full stacks, as in
-	# tests/e2e/processes_bits.sh.  No effect otherwise.
-	export OMPI_MCA_mca_base_component_disable_dlclose=1 PMIX_MCA_mca_base_component_disable_dlclose=1
-	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-	export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}fast_unwind_on_malloc=0"
+	. "$here/../e2e/mpi_sanitizer_env.sh"
 	sim=$(mktemp -d -p /var/tmp)
 	mkdir -p "$sim/conf" "$sim/hosts" "$sim/vol"
 	"$TRAINCTL" manifest --kubernetes "$work/two.json" >"$work/two.yaml" || fail "the two-pod manifest"
