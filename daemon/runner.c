@@ -206,11 +206,17 @@ static int restore(struct running_job *j, tr_trainer_t *t, struct tr_error *err)
 	if (!unreadable)
 		drop_checkpoints_after(st, j->id, snap ? step : -1);
 	if (snap) {
+		int64_t epoch = snap->epoch;
 		int rc = tr_trainer_restore(t, snap, false, err);
 		tr_snapshot_free(snap);
 		if (rc < 0)
 			return -1;
 		j->resumed_step = step;
+		/* The row shows the killed run's last progress (written once a
+		 * second, maybe past this checkpoint or short of it); a run that
+		 * pauses again before its first step (a trial at its rung) must
+		 * show the step its weights are at. */
+		tr_store_job_set_position(st, j->id, step, epoch, NULL);
 		snprintf(line, sizeof line, "resuming from the checkpoint at step %lld", (long long)step);
 		tr_store_log_append(st, j->id, TR_LOG_NOTICE, line, NULL);
 		/* Points the interrupted run wrote after the checkpoint are

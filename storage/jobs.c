@@ -762,6 +762,24 @@ int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t t
 	return err;
 }
 
+/* A resumed run's position: the row said where the killed run had got to
+ * (written once a second), but training goes on from its checkpoint. */
+int tr_store_job_set_position(tr_store_t *s, int64_t id, int64_t step, int64_t epoch, struct tr_error *e)
+{
+	struct conn *c = tr_store_conn_lend(s, e);
+	int err = -EIO;
+	sqlite3_stmt *st = tr_store_stmt(c, "UPDATE jobs SET step = ?2, epoch = ?3, updated_at = ?4 WHERE id = ?1");
+	if (st) {
+		sqlite3_bind_int64(st, 1, id);
+		sqlite3_bind_int64(st, 2, step);
+		sqlite3_bind_int64(st, 3, epoch);
+		sqlite3_bind_double(st, 4, tr_store_now());
+		err = update_one(s, c, st, id);
+	}
+	tr_store_conn_put(s, c);
+	return err;
+}
+
 /* UPDATE jobs SET <one integer column> = ?2 WHERE id = ?1, as sql says. */
 static int set_int_column(tr_store_t *s, int64_t id, const char *sql, int64_t value, struct tr_error *e)
 {

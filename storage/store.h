@@ -204,6 +204,9 @@ int tr_store_health(tr_store_t *s, char *msg, size_t msglen);
 int tr_store_job_set_progress(tr_store_t *s, int64_t id, int64_t step, int64_t total_steps, int64_t epoch, double loss,
 			      struct tr_error *e);
 int tr_store_job_set_priority(tr_store_t *s, int64_t id, int priority, struct tr_error *e);
+/* Where a resumed run continues (its checkpoint's step and epoch), written
+ * as it resumes: the row held the killed run's last throttled progress. */
+int tr_store_job_set_position(tr_store_t *s, int64_t id, int64_t step, int64_t epoch, struct tr_error *e);
 /* Records a job's newest preemption (a JSON object; daemon/preemption.c
  * says its keys), shown with the job and carried by the "state" event of
  * its next change to preempted. */

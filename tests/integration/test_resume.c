@@ -755,6 +755,48 @@ Test(resume, corrupt_newest_checkpoint_is_skipped, .fini = cleanup_daemons, .tim
 	assert_same_result(&da, ref, &db, id, EXACT_STEPS, "corrupt");
 }
 
+/* A run that resumes and pauses again before its first step (an
+ * experiment's trial whose rung checkpoint was written just before the
+ * daemon died) shows the step of its weights, not the killed run's last
+ * throttled progress: the experiments' driver reads that step to decide
+ * that the trial reached its rung.  The test stages that case while the
+ * daemon is down: the row's step made stale (1) and a pause at the end of
+ * epoch 1 (63 steps), which the newest checkpoint is past. */
+Test(resume, paused_before_a_step_shows_its_checkpoint_step, .fini = cleanup_daemons, .timeout = 120)
+{
+	daemon_start(&da, 1, NULL);
+	long long id = submit_job(&da, exact_job("exact", 1, 800, NULL));
+	wait_live_step(&da, id, 100, 60);
+	daemon_kill(&da);
+
+	char dbpath[256];
+	snprintf(dbpath, sizeof dbpath, "%s/trainerd.db", da.dir);
+	sqlite3 *h;
+	cr_assert_eq(sqlite3_open_v2(dbpath, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+	sqlite3_busy_timeout(h, 5000);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(h, "SELECT max(step) FROM checkpoints WHERE job_id = ?1 AND complete = 1", -1,
+					&st, NULL),
+		     SQLITE_OK, "%s", sqlite3_errmsg(h));
+	sqlite3_bind_int64(st, 1, id);
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+	long long newest = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	cr_assert_geq(newest, 70, "newest checkpoint at step %lld", newest);
+	char sql[128];
+	snprintf(sql, sizeof sql, "UPDATE jobs SET step = 1, pause_at = 1 WHERE id = %lld", id);
+	cr_assert_eq(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+	cr_assert_eq(sqlite3_close(h), SQLITE_OK);
+
+	daemon_restart(&da, 1, NULL);
+	cr_assert_str_eq(wait_state(&da, id, "paused|completed|failed|cancelled", 60), "paused");
+	char state[32];
+	long long shown = job_step(&da, id, state, NULL);
+	char *log = job_logs(&da, id);
+	cr_assert_eq(shown, newest, "paused at its checkpoint (step %lld), the job shows step %lld; log:\n%s", newest,
+		     shown, log);
+}
+
 /* ---- 4. the database fills up while a checkpoint is written -------------- */
 
 Test(resume, full_database_keeps_the_previous_checkpoint, .fini = cleanup_daemons, .timeout = 180)
