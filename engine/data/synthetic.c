@@ -38,7 +38,7 @@ struct synth_reader {
 	int classes;
 	float noise;
 	int64_t load_cost_us;
-	float *w;       /* regression: [outputs, features] */
+	float *w;       /* regression: [features, outputs], see synth_targets */
 	float *centers; /* classification: [classes, features], NULL when too large */
 };
 
@@ -89,6 +89,38 @@ void tr_data_pay_deferred_wait(void)
 	owed_us = 0;
 }
 
+/* y = W x + noise, each target summed in double over the features in
+ * order.  W lies transposed ([features, outputs]) so that a block of
+ * outputs is summed side by side: each target's sum is the same sequence
+ * of the same operations as one dot product at a time (the same bits),
+ * but the block's independent sums vectorise and do not wait on each
+ * other's additions.  One dot product at a time, VDSR-sized targets
+ * (1,681 x 1,681) took ~82 ms of CPU time a batch of 32 (a quarter of a
+ * training step, taken from the cores the step runs on); in blocks of
+ * 32, ~29 ms (blocks of 64 spill the accumulators out of the registers
+ * and took 55-120 ms; measured on a loaded machine). */
+enum { TARGET_BLOCK = 32 };
+
+static void synth_targets(const struct synth_reader *s, uint64_t key, const float *x, float *y)
+{
+	int nf = s->base.info.features, no = s->base.info.label_dim;
+
+	for (int o0 = 0; o0 < no; o0 += TARGET_BLOCK) {
+		int nb = no - o0 < TARGET_BLOCK ? no - o0 : TARGET_BLOCK;
+		double acc[TARGET_BLOCK] = {0};
+
+		for (int j = 0; j < nf; j++) {
+			const float *wj = s->w + (size_t)j * (size_t)no + (size_t)o0;
+			double xj = x[j];
+
+			for (int k = 0; k < nb; k++)
+				acc[k] += (double)wj[k] * xj;
+		}
+		for (int k = 0; k < nb; k++)
+			y[o0 + k] = (float)acc[k] + s->noise * noise_normal(key, 1 + (uint64_t)nf + (uint64_t)(o0 + k));
+	}
+}
+
 static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, struct tr_error *err)
 {
 	struct synth_reader *s = (struct synth_reader *)r;
@@ -122,14 +154,7 @@ static int synth_get(tr_reader_t *r, int64_t index, float *x, float *y, struct t
 	} else {
 		for (int j = 0; j < nf; j++)
 			x[j] = noise_normal(key, 1 + (uint64_t)j);
-		for (int o = 0; o < r->info.label_dim; o++) {
-			const float *w = s->w + (size_t)o * (size_t)nf;
-			double acc = 0.0;
-
-			for (int j = 0; j < nf; j++)
-				acc += (double)w[j] * x[j];
-			y[o] = (float)acc + s->noise * noise_normal(key, 1 + (uint64_t)nf + (uint64_t)o);
-		}
+		synth_targets(s, key, x, y);
 	}
 	return 0;
 }
@@ -220,8 +245,10 @@ int tr_synthetic_open(const struct tr_source_spec *src, uint64_t seed, tr_reader
 		s->w = malloc(nw * sizeof(float));
 		if (!s->w)
 			goto oom;
+		/* draw i is W[o][j] with i = o * features + j, stored at [j][o] */
 		for (size_t i = 0; i < nw; i++)
-			s->w[i] = gain * tr_rng_normal(wkey, i);
+			s->w[i % (size_t)src->features * (size_t)outputs + i / (size_t)src->features] =
+				gain * tr_rng_normal(wkey, i);
 	}
 	*out = &s->base;
 	return 0;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine/data/reader.h"
+#include "engine/rng.h"
 #include "tests/unit/engine/fixtures.h"
 
 TestSuite(data, .init = fixture_setup, .fini = fixture_teardown);
@@ -702,6 +703,35 @@ Test(data, synthetic_regression)
 	s.outputs = 0;
 	r = open_ok(&s);
 	cr_assert_eq(r->info.label_dim, 1);
+	tr_reader_destroy(r);
+}
+
+/* The targets are the definition's: W's entry [o][j] is draw o * features
+ * + j of the weight stream (scaled by 1/sqrt(features)), and each target
+ * is summed in double over j in order, so the same data set has the same
+ * bits in every version, however the sums are arranged (synth_targets sums
+ * a block of outputs side by side).  70 outputs: one full block and a
+ * partial one. */
+Test(data, synthetic_regression_targets_are_the_definitions_bits)
+{
+	enum { F = 37, O = 70, SEED = 9 };
+	struct tr_source_spec s = synth_src(TR_SYNTH_REGRESSION, 12, F, 0, 0.0f, SEED);
+	float x[F], y[O], ref[O];
+	uint64_t wkey = tr_rng_key(SEED, 0, 2 /* the weight stream */, TR_RNG_SYNTH);
+	float gain = 1.0f / sqrtf((float)F);
+
+	s.outputs = O;
+	tr_reader_t *r = open_ok(&s);
+	for (int i = 0; i < 12; i++) {
+		get_ok(r, i, x, y);
+		for (int o = 0; o < O; o++) {
+			double acc = 0.0;
+			for (int j = 0; j < F; j++)
+				acc += (double)(gain * tr_rng_normal(wkey, (uint64_t)o * F + (uint64_t)j)) * x[j];
+			ref[o] = (float)acc;
+		}
+		cr_assert_arr_eq(y, ref, sizeof(y), "sample %d", i);
+	}
 	tr_reader_destroy(r);
 }
 
