@@ -244,8 +244,10 @@ Test(dnnl_conv, blocked_activations_give_the_same_bits_without_reorders)
  * shards (docs/design.md, "Exact mode") are small batches, which the
  * rule of about 4,096 output positions per slice alone left to one thread
  * or cut 3 + 1; they get an even count of slices of even sizes.  Larger
- * batches keep that rule's slices. */
-Test(dnnl_conv, small_batches_are_cut_into_even_slices)
+ * batches get that rule's count rounded down to a multiple of 4, of even
+ * sizes, so that 2 or 4 threads take equal shares (VDSR's batch of 32 was
+ * 10 slices of 3 and one of 2: 17 and 15 samples on two threads). */
+Test(dnnl_conv, batches_are_cut_into_even_slices)
 {
 	/* VDSR's 3x3 convolutions on 41x41, LeNet's on 28x28 and 13x13 */
 	static const struct tr_conv2d_desc vdsr = {.c = 64,
@@ -293,14 +295,16 @@ Test(dnnl_conv, small_batches_are_cut_into_even_slices)
 		const struct tr_conv2d_desc *d;
 		int rows, slices, largest;
 	} cases[] = {
-		{&vdsr, 4, 2, 2},     /* a shard of batch 32: was 3 + 1 */
-		{&vdsr, 3, 2, 2},     /* one slice of the first rule: two */
-		{&vdsr, 1, 1, 1},     /* one sample */
-		{&lenet1, 16, 4, 4},  /* three slices of 7 samples: four of 4 */
-		{&lenet2, 16, 2, 8},  /* a shard of batch 128: was one slice */
-		{&lenet2, 17, 2, 9},  /* sizes differ by at most one */
-		{&vdsr, 32, 11, 3},   /* the float path's batch: 4,096 positions per slice */
-		{&lenet2, 128, 4, 34} /* exactly MIN_SLICES of the first rule */
+		{&vdsr, 4, 2, 2},      /* a shard of batch 32: was 3 + 1 */
+		{&vdsr, 3, 2, 2},      /* one slice of the first rule: two */
+		{&vdsr, 1, 1, 1},      /* one sample */
+		{&lenet1, 16, 4, 4},   /* three slices of 7 samples: four of 4 */
+		{&lenet2, 16, 2, 8},   /* a shard of batch 128: was one slice */
+		{&lenet2, 17, 2, 9},   /* sizes differ by at most one */
+		{&vdsr, 32, 8, 4},     /* the float path's batch: 11 slices of 4,096 positions, 8 of 4 samples */
+		{&vdsr, 30, 8, 4},     /* 10 slices of 3: 8 of 3 or 4 */
+		{&lenet1, 128, 16, 8}, /* 19 slices of 7: 16 of 8 */
+		{&lenet2, 128, 4, 32}  /* exactly MIN_SLICES of the first rule, even sizes */
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		int largest = 0, n = tr_cpu_dnnl_slices(cases[i].d, cases[i].rows, &largest);
