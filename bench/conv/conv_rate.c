@@ -14,7 +14,12 @@
  * Prints one JSON object.  Threads: OpenBLAS and OpenMP (oneDNN) both get
  * the count given with -t.
  *
- *   conv_rate lenet|vdsr [-b BATCH] [-t THREADS] [-r REPS]
+ *   conv_rate lenet|vdsr [-b BATCH] [-t THREADS] [-r REPS] [-c cpu]
+ *
+ * -c cpu times with the calling thread's CPU time instead of the wall
+ * clock: with -t 1 (the calling thread does all the work) a figure that a
+ * loaded machine disturbs less, to compare shapes (oneDNN's cost per
+ * sample for the batch slices of trainerd's oneDNN route, bench/README.md).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -31,10 +36,12 @@ struct conv {
 	int c, h, w, k, r, s, pad;
 };
 
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
 static double now(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(clock_id, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -195,7 +202,7 @@ static double dnnl_time(const struct conv *cv, int batch, int reps, int plain, c
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: conv_rate lenet|vdsr [-b BATCH] [-t THREADS] [-r REPS]\n");
+		fprintf(stderr, "usage: conv_rate lenet|vdsr [-b BATCH] [-t THREADS] [-r REPS] [-c cpu]\n");
 		return 2;
 	}
 	const char *wl = argv[1];
@@ -207,6 +214,8 @@ int main(int argc, char **argv)
 			threads = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "-r"))
 			reps = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "-c") && !strcmp(argv[i + 1], "cpu"))
+			clock_id = CLOCK_THREAD_CPUTIME_ID;
 	}
 	static const struct conv lenet[] = {{1, 28, 28, 32, 3, 3, 0}, {32, 13, 13, 64, 3, 3, 0}};
 	static const struct conv vdsr[] = {{1, 41, 41, 64, 3, 3, 1},
