@@ -313,4 +313,16 @@ Test(dnnl_conv, batches_are_cut_into_even_slices)
 		cr_expect_eq(largest, cases[i].largest, "case %zu, %d rows: largest slice %d, want %d", i,
 			     cases[i].rows, largest, cases[i].largest);
 	}
+	/* Every batch: at most one slice per sample, a multiple of 4 slices
+	 * from 4 on (equal shares for 1, 2 or 4 threads), sizes that differ
+	 * by at most one. */
+	const struct tr_conv2d_desc *shapes[] = {&vdsr, &lenet1, &lenet2};
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+		for (int rows = 1; rows <= 256; rows++) {
+			int largest = 0, n = tr_cpu_dnnl_slices(shapes[i], rows, &largest);
+			cr_assert(n >= 1 && n <= rows, "shape %zu, %d rows: %d slices", i, rows, n);
+			cr_assert(n < 4 || n % 4 == 0, "shape %zu, %d rows: %d slices", i, rows, n);
+			cr_assert_eq(largest, (rows + n - 1) / n, "shape %zu, %d rows: largest %d of %d slices", i,
+				     rows, largest, n);
+		}
 }
