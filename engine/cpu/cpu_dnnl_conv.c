@@ -514,11 +514,12 @@ static struct tr_conv2d_geom geom_of(const struct tr_conv2d_desc *d, int rows)
  * rounded down to a multiple of MIN_SLICES, again of even sizes, so that
  * 1, 2 or 4 threads get equal shares: the first rule alone cut VDSR's
  * batch of 32 into ten slices of 3 and one of 2, and two threads took 17
- * and 15 samples of every call, the second thread idle for a sixteenth of
- * each convolution; now eight of 4.  Rounding down, not up: bigger slices
- * cost oneDNN no more CPU time per sample (2 to 16 samples of VDSR's
- * 64-channel layer measured alike, on a loaded machine), smaller ones at
- * one sample more.  Either way the cut follows from the shape alone. */
+ * and 15 samples of every call, so each call took 17/16 of its balanced
+ * time; now eight of 4.  Rounded down rather than up (to 12 smaller
+ * slices): fewer slices mean fewer partial gradients to add and fewer
+ * primitives, and bigger slices cost oneDNN no more CPU time per sample
+ * (2 to 16 samples of VDSR's 64-channel layer measured alike, on a
+ * loaded machine).  Either way the cut follows from the shape alone. */
 #define SLICE_POS 4096
 #define MIN_SLICES 4
 
