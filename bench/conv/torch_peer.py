@@ -4,8 +4,9 @@
 Builds the same nn.Sequential as a workload spec (conv2d, maxpool2d,
 flatten, dense, relu; bench/workloads/'s MLPs too), SGD with momentum, random batches of the spec's
 shape pre-generated in memory and cycled, so it measures compute only.
-Prints one JSON object: samples/s over the timed steps and the per-step
-times.
+Prints one JSON object: samples/s over all of the run's steps (as
+trainerd's summary.json counts them: the first, warm-up, steps included)
+and the per-step times after the warm-up steps.
 
     torch_peer.py WORKLOAD.json --threads 2 --steps 40 --warmup 5
 """
@@ -96,8 +97,9 @@ def main():
         opt.step()
         return loss
 
-    for i in range(a.warmup):
-        step(i)
+    # The same window as trainerd's summary.json: every one of the run's
+    # steps, the first (warm-up) ones included, in the whole-run figure;
+    # the median step leaves the first `warmup` out (bench_conv.py).
     times = []
     t0 = time.perf_counter()
     for i in range(a.steps):
@@ -105,8 +107,9 @@ def main():
         step(i)
         times.append((time.perf_counter() - s) * 1e3)
     wall = time.perf_counter() - t0
-    json.dump({"samples_per_sec": batch * a.steps / wall, "wall_s": wall, "step_ms": times,
-               "threads": a.threads, "mkldnn": a.mkldnn, "torch": torch.__version__}, sys.stdout)
+    json.dump({"samples_per_sec": batch * a.steps / wall, "wall_s": wall, "step_ms": times[a.warmup:],
+               "warmup_step_ms": times[:a.warmup], "threads": a.threads, "mkldnn": a.mkldnn,
+               "torch": torch.__version__}, sys.stdout)
     print()
 
 
