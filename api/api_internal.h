@@ -149,6 +149,13 @@ unsigned tr_api_auth_generation(tr_api_t *api);
  * admission, such as event streams. */
 bool tr_api_auth_still_allows(tr_api_t *api, const char *authorization, enum tr_api_role need);
 
+/* ---- report.c ---- */
+
+/* The check of a report route (TR_ROUTE_JOB_TOKEN): the job's own report
+ * token, or a role token with the route's role.  0, or -1 with 401 (no
+ * token, not the job's) or 403 (another job's, a role too low) in rp. */
+int tr_api_report_auth(struct tr_api_request *rq, struct tr_api_reply *rp);
+
 /* ---- url.c ---- */
 
 /* MHD_OPTION_UNESCAPE_CALLBACK: MHD's decoding, with a decoded NUL kept

@@ -133,6 +133,16 @@ void tr_wjob_tail_metrics(struct tr_worker_job *w)
 	struct running_job *j = w->j;
 	tr_store_t *st = j->sched->cfg.store;
 	char path[PATH_MAX + 16];
+	/* A worker that reports over the API (daemon/report.c) is the
+	 * source of its points: its file, where the daemon sees one, is not
+	 * read too (after a restart, the folder's mark says so). */
+	if (atomic_load(&j->reported))
+		return;
+	snprintf(path, sizeof path, "%s/%s", w->dir, TR_WJOB_REPORTED_FILE);
+	if (access(path, F_OK) == 0) {
+		atomic_store(&j->reported, true);
+		return;
+	}
 	snprintf(path, sizeof path, "%s/metrics.jsonl", w->dir);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)

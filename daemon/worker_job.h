@@ -18,6 +18,11 @@
 
 struct running_job;
 
+/* In the job's folder once its worker has reported over the API
+ * (daemon/report.c): the file tail then reads no metric points, after a
+ * daemon restart too. */
+#define TR_WJOB_REPORTED_FILE "reported"
+
 struct tr_worker_job {
 	struct running_job *j;
 	char dir[1100]; /* STATE_DIR/KIND/job-ID */
