@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
@@ -50,6 +51,12 @@ int tr_report_op(void *ctx, int64_t id, const struct tr_api_report *r, struct tr
 		j->have_progress = true;
 	}
 	bool first = !atomic_exchange(&j->reported, true);
+	/* A round of the file tail under way appends its points first
+	 * (worker_job.c; it takes no scheduler lock meanwhile): the API's
+	 * points then replace them by step instead of the other way round.
+	 * Bounded: a round reads at most 100000 lines. */
+	for (int i = 0; first && atomic_load(&j->tailing) && i < 10000; i++)
+		nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
 	folder(j, dir, sizeof dir);
 	pthread_mutex_unlock(&s->lock);
 

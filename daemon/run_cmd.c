@@ -27,6 +27,7 @@
 #include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/data/roots.h"
+#include "daemon/run_report.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
 
@@ -38,7 +39,8 @@ struct run_ctx {
 	tr_trainer_t *trainer; /* for the checkpoint hook */
 	const char *out_dir;
 	enum tr_optim_type optim;
-	char conv_routes[160]; /* the trainer's info field: each conv2d layer's CPU route */
+	char conv_routes[160];   /* the trainer's info field: each conv2d layer's CPU route */
+	tr_run_report_t *report; /* rank 0 with --report-url: reports to the daemon */
 };
 
 static tr_trainer_t *volatile running_trainer;
@@ -76,6 +78,7 @@ static void on_metric(void *ctx, const struct tr_metric_point *p)
 {
 	struct run_ctx *rc = ctx;
 	tr_progress_metric(&rc->progress, p->name, p->epoch, p->value);
+	tr_run_report_metric(rc->report, p);
 	if (!rc->metrics)
 		return;
 	/* %.9g keeps floats exact enough to compare runs. */
@@ -88,6 +91,7 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 {
 	struct run_ctx *rc = ctx;
 	tr_run_watchdog_beat(); /* a step finished */
+	tr_run_report_progress(rc->report, p);
 	if (!rc->quiet)
 		tr_progress_update(&rc->progress, p);
 }
@@ -199,7 +203,7 @@ static void usage(FILE *out)
 {
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
 		     "                    [--processes P] [--workers W] [--cpu-conv auto|im2col|onednn]\n"
-		     "                    [--out DIR] [--quiet]\n"
+		     "                    [--out DIR] [--quiet] [--report-url URL --report-token-file FILE]\n"
 		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
 }
 
@@ -232,6 +236,11 @@ static void help(void)
 	      "                        is given; use the same --devices for identical results\n"
 	      "                        (any --devices and --processes in exact mode)\n"
 	      "  -q, --quiet           no progress display, warnings and errors only\n"
+	      "  --report-url URL      also report progress, metrics and the summary to a\n"
+	      "                        daemon's POST /jobs/{id}/report (URL), from a background\n"
+	      "                        thread (a Slurm job's worker; rank 0); HTTPS checks the\n"
+	      "                        system's CAs or CURL_CA_BUNDLE's file\n"
+	      "  --report-token-file FILE  the job's report token (a file only its owner reads)\n"
 	      "  -h, --help            this text\n"
 	      "\n"
 	      "Relative data paths resolve against the working directory.  Ctrl-C stops\n"
@@ -366,6 +375,7 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 int tr_cmd_run(int argc, char **argv)
 {
 	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
+	const char *report_url = NULL, *report_token_file = NULL;
 	enum tr_cpu_conv cpu_conv = TR_CPU_CONV_AUTO;
 	const char *sets[64];
 	int devices = 0, workers = 0, quiet = 0, nsets = 0, processes = 0;
@@ -403,6 +413,12 @@ int tr_cmd_run(int argc, char **argv)
 		} else if (strcmp(a, "--resume") == 0 && v) {
 			resume = v;
 			i++;
+		} else if (strcmp(a, "--report-url") == 0 && v) {
+			report_url = v;
+			i++;
+		} else if (strcmp(a, "--report-token-file") == 0 && v) {
+			report_token_file = v;
+			i++;
 		} else if (strcmp(a, "--out") == 0 && v) {
 			out_dir = v;
 			i++;
@@ -431,6 +447,10 @@ int tr_cmd_run(int argc, char **argv)
 		} else {
 			job = a;
 		}
+	}
+	if (!report_url != !report_token_file) {
+		fprintf(stderr, "trainerd run: --report-url and --report-token-file go together\n");
+		return 2;
 	}
 	char saved_spec[PATH_MAX];
 	if (resume) {
@@ -621,6 +641,14 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	json_decref(effective);
+	if (rank == 0 && report_url && !(ctx.report = tr_run_report_start(report_url, report_token_file, &errbuf))) {
+		fprintf(stderr, "trainerd run: %s\n", errbuf.message);
+		tr_backend_destroy(be);
+		tr_spec_finish(&spec);
+		end_processes(pcomm, 2);
+		return 2;
+	}
+	bool summary_written = false;
 
 	struct tr_trainer_options opt = {
 		.spec = &spec,
@@ -707,6 +735,8 @@ int tr_cmd_run(int argc, char **argv)
 			  state, ctx.conv_routes, rc < 0 ? errbuf.message : NULL) < 0) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		exit_code = 1;
+	} else {
+		summary_written = rank == 0;
 	}
 	if (rc < 0) {
 		if (nproc > 1)
@@ -729,6 +759,15 @@ int tr_cmd_run(int argc, char **argv)
 			sum.data_wait_fraction * 100, out_dir);
 	}
 out:
+	if (ctx.report) {
+		/* This run's summary (not an earlier run's, left in DIR). */
+		snprintf(path, sizeof path, "%s/summary.json", out_dir);
+		json_t *sum = summary_written ? json_load_file(path, 0, NULL) : NULL;
+		char *text = sum ? json_dumps(sum, JSON_COMPACT) : NULL;
+		tr_run_report_finish(ctx.report, text, 60);
+		free(text);
+		json_decref(sum);
+	}
 	if (ctx.metrics && fclose(ctx.metrics) != 0)
 		ctx.metrics_failed = 1;
 	if (ctx.metrics_failed) {

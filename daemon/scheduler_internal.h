@@ -42,6 +42,10 @@ struct running_job {
 	/* Its worker reports over the API (daemon/report.c): the file tail
 	 * then reads no metric points, so that each point has one source. */
 	atomic_bool reported;
+	/* Set while the file tail appends points: the first report waits
+	 * for the round to end (daemon/report.c), so that no point of the
+	 * file lands after the API's point of the same step. */
+	atomic_bool tailing;
 	/* Memory admission (daemon/admission.c), guarded by sched lock: the
 	 * job's admitted estimate (0 until admitted), and whether its memory
 	 * is allocated (its first step is made), so that MemAvailable already

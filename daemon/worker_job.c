@@ -128,21 +128,35 @@ int tr_wjob_worker_path(char *worker, size_t len, struct tr_error *err)
  * the store.  A resumed worker rewrites the file without the points after
  * its checkpoint (a new file): the store's points are dropped and the
  * file read again from its start. */
+static void tail_file(struct tr_worker_job *w);
+
 void tr_wjob_tail_metrics(struct tr_worker_job *w)
 {
 	struct running_job *j = w->j;
-	tr_store_t *st = j->sched->cfg.store;
 	char path[PATH_MAX + 16];
 	/* A worker that reports over the API (daemon/report.c) is the
 	 * source of its points: its file, where the daemon sees one, is not
 	 * read too (after a restart, the folder's mark says so). */
-	if (atomic_load(&j->reported))
-		return;
 	snprintf(path, sizeof path, "%s/%s", w->dir, TR_WJOB_REPORTED_FILE);
-	if (access(path, F_OK) == 0) {
+	if (!atomic_load(&j->reported) && access(path, F_OK) == 0)
 		atomic_store(&j->reported, true);
+	/* Busy first, then the flag (both sequentially consistent): a first
+	 * report either stops this round here or waits for its end. */
+	atomic_store(&j->tailing, true);
+	if (atomic_load(&j->reported)) {
+		atomic_store(&j->tailing, false);
 		return;
 	}
+	tail_file(w);
+	atomic_store(&j->tailing, false);
+}
+
+/* One round of the tail (tr_wjob_tail_metrics). */
+static void tail_file(struct tr_worker_job *w)
+{
+	struct running_job *j = w->j;
+	tr_store_t *st = j->sched->cfg.store;
+	char path[PATH_MAX + 16];
 	snprintf(path, sizeof path, "%s/metrics.jsonl", w->dir);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -190,6 +204,9 @@ void tr_wjob_tail_metrics(struct tr_worker_job *w)
 		w->metrics_off += (off_t)len;
 	}
 	fclose(f);
+	/* The points are in; the rest takes the scheduler's lock, which a
+	 * first report holds while it waits for this (daemon/report.c). */
+	atomic_store(&j->tailing, false);
 	if (!have || !any_loss)
 		return;
 	struct tr_scheduler *s = j->sched;

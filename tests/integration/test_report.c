@@ -301,3 +301,51 @@ Test(report, a_job_token_reports_for_its_job_alone)
 	cr_assert(!file_has(d.log_path, tb), "the token in the daemon's log");
 	cr_assert_eq(status_of("POST", pb, progress, tb), 200, "the other job reports on");
 }
+
+/* A real `trainerd run --report-url --report-token-file` as the job's
+ * worker (here into the job's folder, as on a shared file system): its
+ * progress, total_steps, every metric point once and its summary reach the
+ * daemon over the API, and the job completes with its final weights. */
+Test(report, a_worker_run_reports_over_the_api)
+{
+	long long a = submit(SLURM_JOB);
+	cr_assert_str_eq(wait_for(a, "running|failed", 30), "running");
+	char token[128], dir[300], cmd[2000], path[400];
+	read_token(a, token, sizeof token);
+	snprintf(dir, sizeof dir, "%s/slurm/job-%lld", d.dir, a);
+	snprintf(cmd, sizeof cmd,
+		 "'%s' run '%s/job.json' --out '%s' --backend cpu --devices 1 --quiet"
+		 " --report-url '%s/jobs/%lld/report' --report-token-file '%s/report.token'",
+		 getenv("TR_TRAINERD"), dir, dir, d.base_url, a, dir);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	/* The worker has ended: its last report (the summary) was answered. */
+	snprintf(path, sizeof path, "%s/reported", dir);
+	cr_assert_eq(access(path, F_OK), 0, "no report arrived");
+	char sid[32] = "";
+	snprintf(path, sizeof path, "%s/slurm_job_id", dir);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	cr_assert(fgets(sid, sizeof sid, f));
+	fclose(f);
+	snprintf(path, sizeof path, "%s/ended-%s", bin, sid);
+	write_file(path, "COMPLETED", 0644);
+	cr_assert_str_eq(wait_for(a, "completed|failed|cancelled", 30), "completed");
+	json_t *j = job_get(a);
+	json_t *p = json_object_get(j, "progress");
+	cr_assert_eq(json_integer_value(json_object_get(p, "total_steps")), 8, "%s", json_dumps(j, 0));
+	cr_assert_eq(json_integer_value(json_object_get(p, "step")), 8, "%s", json_dumps(j, 0));
+	json_decref(j);
+	/* Each point of the worker's file once (the file was not read too). */
+	int lines = 0;
+	snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	char line[512];
+	while (fgets(line, sizeof line, f))
+		lines += strstr(line, "\"name\":\"loss\"") != NULL;
+	fclose(f);
+	long long steps[64];
+	usleep(500 * 1000); /* the store's flush */
+	cr_assert_eq(series_steps(a, "loss", steps, 64), lines, "loss points: the file has %d", lines);
+	cr_assert_eq(lines, 8);
+}
