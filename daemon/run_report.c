@@ -102,8 +102,8 @@ static char *next_report(struct tr_run_report *r, size_t *npoints, bool *with_su
 		for (size_t i = 0; i < n; i++) {
 			const struct point *p = &r->q[(r->head + i) % TR_RUN_REPORT_QUEUE];
 			json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:f}", "name", p->name, "step",
-							   (json_int_t)p->step, "epoch", (json_int_t)p->epoch,
-							   "value", p->value));
+							   (json_int_t)p->step, "epoch", (json_int_t)p->epoch, "value",
+							   p->value));
 		}
 		json_object_set_new(body, "points", a);
 	}

@@ -76,7 +76,7 @@ static int submit(struct sjob *sj, struct tr_error *err)
 	if ((rc = tr_job_token_issue(j->sched->cfg.store, j->id, sj->w.dir, err)) < 0)
 		return rc;
 	snprintf(path, sizeof path, "%s/job.sh", sj->w.dir);
-	if ((rc = tr_slurm_write_script(path, j->id, sj->w.dir, worker, sj->bin)) < 0)
+	if ((rc = tr_slurm_write_script(path, j->id, sj->w.dir, worker, sj->bin, j->sched->cfg.report_url)) < 0)
 		return tr_error_set(err, rc, 0, NULL, "cannot write %s: %s", path, strerror(-rc));
 
 	const struct tr_resources *r = &j->spec.resources;
