@@ -375,6 +375,11 @@ Test(procjobs, a_killed_rank_restarts_the_group_from_its_checkpoint)
 	int sid = group_session(id);
 	kill_one_rank(id);
 	assert_group_gone(sid, 15);
+	/* A daemon restart meanwhile keeps the count (it was shown as 0). */
+	wait_step(id, 30, 60);
+	int status = 0;
+	daemon_stop(&d, &status);
+	daemon_restart(&d, 2, NULL);
 	const char *state = wait_state(&d, id, "completed|failed|cancelled", 120 * TR_TEST_SLOW);
 	json_t *j = job_json(id);
 	cr_assert_str_eq(state, "completed", "job %lld: %s", id, error_message(j));
