@@ -1,6 +1,7 @@
 /* `trainerd run JOB.json`: one job in the foreground, no daemon.
  *
- * Writes DIR/model.safetensors, DIR/metrics.jsonl and DIR/summary.json
+ * Writes DIR/model.safetensors, DIR/metrics.jsonl, DIR/summary.json and
+ * DIR/plan.json (the run's total_steps, for a daemon following the files)
  * (docs/design.md).  Ctrl-C (or TERM, or USR1: Slurm's warning before a
  * time limit) asks the trainer to stop after the current step, so the
  * outputs are still written; a second Ctrl-C kills the process.
@@ -28,6 +29,7 @@
 #include "engine/comm.h"
 #include "engine/data/roots.h"
 #include "daemon/run_report.h"
+#include "daemon/worker_job.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
 
@@ -41,6 +43,8 @@ struct run_ctx {
 	enum tr_optim_type optim;
 	char conv_routes[160];   /* the trainer's info field: each conv2d layer's CPU route */
 	tr_run_report_t *report; /* rank 0 with --report-url: reports to the daemon */
+	bool rank0;
+	int64_t plan_written; /* the total_steps in DIR/plan.json (0: none yet) */
 };
 
 static tr_trainer_t *volatile running_trainer;
@@ -92,6 +96,17 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 	struct run_ctx *rc = ctx;
 	tr_run_watchdog_beat(); /* a step finished */
 	tr_run_report_progress(rc->report, p);
+	/* The steps the run makes in all, which metrics.jsonl does not say:
+	 * for a daemon that follows this run through its files (a worker
+	 * job's total_steps, daemon/worker_job.c).  Written when it changes,
+	 * so once a run. */
+	if (rc->rank0 && p->total_steps > 0 && p->total_steps != rc->plan_written) {
+		char path[PATH_MAX + 16], text[64];
+		snprintf(path, sizeof path, "%s/plan.json", rc->out_dir);
+		snprintf(text, sizeof text, "{\"total_steps\": %lld}\n", (long long)p->total_steps);
+		if (tr_wjob_write_text(path, text) == 0)
+			rc->plan_written = p->total_steps;
+	}
 	if (!rc->quiet)
 		tr_progress_update(&rc->progress, p);
 }
@@ -617,7 +632,7 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	char path[PATH_MAX + 64];
-	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type};
+	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type, .rank0 = rank == 0};
 	tr_progress_init(&ctx.progress, stderr);
 	/* The measured conv2d routes live with the outputs, so --resume DIR
 	 * takes the same ones, and in the user's cache, so that a run into

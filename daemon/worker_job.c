@@ -209,9 +209,14 @@ static void tail_file(struct tr_worker_job *w)
 	atomic_store(&j->tailing, false);
 	if (!have || !any_loss)
 		return;
+	/* The worker's plan.json says how many steps it makes in all. */
+	snprintf(path, sizeof path, "%s/plan.json", w->dir);
+	json_t *plan = json_load_file(path, 0, NULL);
+	int64_t total = json_integer_value(json_object_get(plan, "total_steps"));
+	json_decref(plan);
 	struct tr_scheduler *s = j->sched;
 	pthread_mutex_lock(&s->lock);
-	p.total_steps = j->progress.total_steps;
+	p.total_steps = total > 0 ? total : j->progress.total_steps;
 	j->progress = p;
 	j->have_progress = true;
 	pthread_mutex_unlock(&s->lock);
