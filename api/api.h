@@ -149,6 +149,9 @@ struct tr_api_ops {
 	 * from then on the API, not the file tail, is the job's source.  409
 	 * when the job is not a worker job running here; NULL = 503. */
 	int (*report)(void *ctx, int64_t job_id, const struct tr_api_report *r, struct tr_error *err);
+	/* The folder of a worker job running here, where its uploaded files
+	 * go (PUT /jobs/{id}/report/{file}); 409 otherwise, NULL = 503. */
+	int (*report_folder)(void *ctx, int64_t job_id, char *dir, size_t n, struct tr_error *err);
 };
 
 /* Access roles, each including the ones below it (docs/design.md, API):

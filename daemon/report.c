@@ -24,6 +24,28 @@ static void folder(const struct running_job *j, char *buf, size_t n)
 	snprintf(buf, n, "%s/%s/job-%lld", state_dir ? state_dir : ".", j->slurm ? "slurm" : "procs", (long long)j->id);
 }
 
+static int not_a_worker_job(int64_t id, struct tr_error *err)
+{
+	return tr_job_fail(err, TR_JOB_E_ILLEGAL, "",
+			   "job %lld is not a worker job running here (Slurm or several processes): "
+			   "only their workers report",
+			   (long long)id);
+}
+
+int tr_report_folder_op(void *ctx, int64_t id, char *dir, size_t n, struct tr_error *err)
+{
+	struct tr_scheduler *s = ctx;
+	pthread_mutex_lock(&s->lock);
+	struct running_job *j = s->running;
+	while (j && j->id != id)
+		j = j->next;
+	bool ok = j && (j->slurm || j->procs);
+	if (ok)
+		folder(j, dir, n);
+	pthread_mutex_unlock(&s->lock);
+	return ok ? 0 : not_a_worker_job(id, err);
+}
+
 int tr_report_op(void *ctx, int64_t id, const struct tr_api_report *r, struct tr_error *err)
 {
 	struct tr_scheduler *s = ctx;
@@ -34,10 +56,7 @@ int tr_report_op(void *ctx, int64_t id, const struct tr_api_report *r, struct tr
 		j = j->next;
 	if (!j || !(j->slurm || j->procs)) {
 		pthread_mutex_unlock(&s->lock);
-		return tr_job_fail(err, TR_JOB_E_ILLEGAL, "",
-				   "job %lld is not a worker job running here (Slurm or several processes): "
-				   "only their workers report",
-				   (long long)id);
+		return not_a_worker_job(id, err);
 	}
 	struct tr_progress p = j->progress;
 	if (r->have_progress) {

@@ -779,7 +779,7 @@ out:
 		snprintf(path, sizeof path, "%s/summary.json", out_dir);
 		json_t *sum = summary_written ? json_load_file(path, 0, NULL) : NULL;
 		char *text = sum ? json_dumps(sum, JSON_COMPACT) : NULL;
-		tr_run_report_finish(ctx.report, text, 60);
+		tr_run_report_finish(ctx.report, summary_written ? out_dir : NULL, text, 60);
 		free(text);
 		json_decref(sum);
 	}

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BATCH_MAX 5000 /* points per post (the route takes up to 10000) */
 #define BACKOFF_MAX_S 30.0
@@ -89,6 +90,72 @@ static int post(struct tr_run_report *r, const char *body, char *why, size_t why
 	else if (status < 200 || status > 299)
 		snprintf(why, whylen, "HTTP %ld", status);
 	return rc == CURLE_OK && status >= 200 && status <= 299 ? 0 : -1;
+}
+
+/* One PUT of a file to URL/NAME (the report route's file upload); 0 on
+ * 2xx. */
+static int put_file(struct tr_run_report *r, const char *path, const char *name, char *why, size_t whylen)
+{
+	FILE *f = fopen(path, "rb");
+	struct stat sb;
+	if (!f || fstat(fileno(f), &sb) < 0) {
+		snprintf(why, whylen, "%.200s: %s", path, strerror(errno));
+		if (f)
+			fclose(f);
+		return -1;
+	}
+	CURL *c = curl_easy_init();
+	char url[2048], ebuf[CURL_ERROR_SIZE] = "";
+	snprintf(url, sizeof url, "%s/%s", r->url, name);
+	struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/octet-stream");
+	h = curl_slist_append(h, r->auth);
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+	curl_easy_setopt(c, CURLOPT_READDATA, f);
+	curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)sb.st_size);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 5L);
+	curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+	curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
+	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, ebuf);
+	const char *ca = getenv("CURL_CA_BUNDLE");
+	if (ca && ca[0])
+		curl_easy_setopt(c, CURLOPT_CAINFO, ca);
+	CURLcode rc = curl_easy_perform(c);
+	long status = 0;
+	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+	curl_slist_free_all(h);
+	curl_easy_cleanup(c);
+	fclose(f);
+	if (rc != CURLE_OK)
+		snprintf(why, whylen, "%s", ebuf[0] ? ebuf : curl_easy_strerror(rc));
+	else if (status < 200 || status > 299)
+		snprintf(why, whylen, "PUT %s: HTTP %ld", name, status);
+	return rc == CURLE_OK && status >= 200 && status <= 299 ? 0 : -1;
+}
+
+/* Uploads the run's final files, retrying with backoff until end. */
+static bool upload_files(struct tr_run_report *r, const char *out_dir, double end)
+{
+	static const char *const names[] = {"model.safetensors", "checkpoint.safetensors"};
+	for (size_t i = 0; i < 2; i++) {
+		char path[4096], why[CURL_ERROR_SIZE + 64] = "";
+		snprintf(path, sizeof path, "%s/%s", out_dir, names[i]);
+		if (access(path, R_OK) != 0)
+			continue; /* a run that failed early has none */
+		double backoff = 1;
+		while (put_file(r, path, names[i], why, sizeof why) < 0) {
+			if (mono_s() + backoff > end) {
+				snprintf(r->last_error, sizeof r->last_error, "%s", why);
+				return false;
+			}
+			nanosleep(&(struct timespec){.tv_sec = (time_t)backoff}, NULL);
+			backoff = fmin(backoff * 2, BACKOFF_MAX_S);
+		}
+	}
+	return true;
 }
 
 /* Builds the next report from what is queued (under lock); *npoints how
@@ -266,10 +333,14 @@ void tr_run_report_progress(tr_run_report_t *r, const struct tr_progress *p)
 	pthread_mutex_unlock(&r->lock);
 }
 
-int tr_run_report_finish(tr_run_report_t *r, const char *summary_json, double timeout_s)
+int tr_run_report_finish(tr_run_report_t *r, const char *out_dir, const char *summary_json, double timeout_s)
 {
 	if (!r)
 		return 0;
+	double end = mono_s() + timeout_s;
+	/* The weights first: the daemon stores them when the job ends,
+	 * which follows the worker's exit. */
+	bool files = !out_dir || upload_files(r, out_dir, end);
 	pthread_mutex_lock(&r->lock);
 	r->summary = summary_json ? strdup(summary_json) : NULL;
 	r->summary_sent = !r->summary;
@@ -277,7 +348,7 @@ int tr_run_report_finish(tr_run_report_t *r, const char *summary_json, double ti
 	pthread_cond_signal(&r->wake);
 	pthread_mutex_unlock(&r->lock);
 	/* Bounded: a daemon that cannot be reached does not keep the worker. */
-	for (double end = mono_s() + timeout_s;;) {
+	for (;;) {
 		pthread_mutex_lock(&r->lock);
 		bool done = r->summary_sent && r->count == 0 && (!r->have_progress || r->progress_sent);
 		if (done || mono_s() > end)
@@ -291,12 +362,12 @@ int tr_run_report_finish(tr_run_report_t *r, const char *summary_json, double ti
 	pthread_cond_signal(&r->wake);
 	pthread_mutex_unlock(&r->lock);
 	pthread_join(r->thread, NULL);
-	int rc = r->summary_sent && r->count == 0 ? 0 : -ETIMEDOUT;
+	int rc = files && r->summary_sent && r->count == 0 ? 0 : -ETIMEDOUT;
 	if (rc < 0)
 		fprintf(stderr,
-			"trainerd run: %zu metric points and %s were not reported to the daemon (%s); the files "
+			"trainerd run: %s%zu metric points and %s were not reported to the daemon (%s); the files "
 			"have them\n",
-			r->count, r->summary_sent ? "no summary" : "the summary",
+			files ? "" : "the final weights, ", r->count, r->summary_sent ? "no summary" : "the summary",
 			r->last_error[0] ? r->last_error : "timed out");
 	if (r->dropped)
 		fprintf(stderr, "trainerd run: the report queue dropped %llu metric points; metrics.jsonl has them\n",

@@ -29,10 +29,11 @@ tr_run_report_t *tr_run_report_start(const char *url, const char *token_file, st
 /* Hooks' halves: never block on the network. */
 void tr_run_report_metric(tr_run_report_t *r, const struct tr_metric_point *p);
 void tr_run_report_progress(tr_run_report_t *r, const struct tr_progress *p);
-/* Sends the summary (the summary.json text) and what is still queued,
- * waiting at most timeout_s, then stops the thread and frees.  0 when
- * everything was delivered, -ETIMEDOUT otherwise (a line on stderr says
- * so; the files have it all). */
-int tr_run_report_finish(tr_run_report_t *r, const char *summary_json, double timeout_s);
+/* Uploads DIR/model.safetensors and DIR/checkpoint.safetensors (out_dir
+ * may be NULL: none), then sends the summary (the summary.json text) and
+ * what is still queued, waiting at most timeout_s in all, then stops the
+ * thread and frees.  0 when everything was delivered, -ETIMEDOUT
+ * otherwise (a line on stderr says so; the files have it all). */
+int tr_run_report_finish(tr_run_report_t *r, const char *out_dir, const char *summary_json, double timeout_s);
 
 #endif

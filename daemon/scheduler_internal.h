@@ -214,5 +214,6 @@ int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, 
 /* Worker reports over the API (report.c): the API's report operation
  * (ctx: the scheduler). */
 int tr_report_op(void *ctx, int64_t job_id, const struct tr_api_report *r, struct tr_error *err);
+int tr_report_folder_op(void *ctx, int64_t job_id, char *dir, size_t n, struct tr_error *err);
 
 #endif

@@ -303,22 +303,28 @@ Test(report, a_job_token_reports_for_its_job_alone)
 }
 
 /* A real `trainerd run --report-url --report-token-file` as the job's
- * worker (here into the job's folder, as on a shared file system): its
- * progress, total_steps, every metric point once and its summary reach the
- * daemon over the API, and the job completes with its final weights. */
+ * worker, writing into a folder of its own that the daemon does not read
+ * (as on a node without a shared file system): its progress, total_steps,
+ * every metric point once, its summary and its final weights reach the
+ * daemon over the API, and the job completes serving the worker's
+ * model.safetensors byte for byte. */
 Test(report, a_worker_run_reports_over_the_api)
 {
 	long long a = submit(SLURM_JOB);
 	cr_assert_str_eq(wait_for(a, "running|failed", 30), "running");
-	char token[128], dir[300], cmd[2000], path[400];
+	char token[128], dir[300], out[300], cmd[2000], path[400];
 	read_token(a, token, sizeof token);
 	snprintf(dir, sizeof dir, "%s/slurm/job-%lld", d.dir, a);
+	snprintf(out, sizeof out, "%s/node-local", bin);
+	/* The token file as the worker gets it, beside its outputs. */
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -p '%s/report.token' '%s/' && cp '%s/job.json' '%s/'", out, dir,
+		 out, dir, out);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
 	snprintf(cmd, sizeof cmd,
 		 "'%s' run '%s/job.json' --out '%s' --backend cpu --devices 1 --quiet"
 		 " --report-url '%s/jobs/%lld/report' --report-token-file '%s/report.token'",
-		 getenv("TR_TRAINERD"), dir, dir, d.base_url, a, dir);
+		 getenv("TR_TRAINERD"), out, out, d.base_url, a, out);
 	cr_assert_eq(system(cmd), 0, "%s", cmd);
-	/* The worker has ended: its last report (the summary) was answered. */
 	snprintf(path, sizeof path, "%s/reported", dir);
 	cr_assert_eq(access(path, F_OK), 0, "no report arrived");
 	char sid[32] = "";
@@ -335,9 +341,9 @@ Test(report, a_worker_run_reports_over_the_api)
 	cr_assert_eq(json_integer_value(json_object_get(p, "total_steps")), 8, "%s", json_dumps(j, 0));
 	cr_assert_eq(json_integer_value(json_object_get(p, "step")), 8, "%s", json_dumps(j, 0));
 	json_decref(j);
-	/* Each point of the worker's file once (the file was not read too). */
+	/* Each point of the worker's file once. */
 	int lines = 0;
-	snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+	snprintf(path, sizeof path, "%s/metrics.jsonl", out);
 	f = fopen(path, "r");
 	cr_assert_not_null(f);
 	char line[512];
@@ -348,4 +354,27 @@ Test(report, a_worker_run_reports_over_the_api)
 	usleep(500 * 1000); /* the store's flush */
 	cr_assert_eq(series_steps(a, "loss", steps, 64), lines, "loss points: the file has %d", lines);
 	cr_assert_eq(lines, 8);
+	/* The weights served are the worker's file, byte for byte. */
+	snprintf(path, sizeof path, "/jobs/%lld/checkpoints/latest/model.safetensors", a);
+	struct http_reply r;
+	http(&d, "GET", path, NULL, NULL, "Authorization: Bearer " READER, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	snprintf(path, sizeof path, "%s/model.safetensors", out);
+	f = fopen(path, "rb");
+	cr_assert_not_null(f);
+	static char want[1 << 20];
+	size_t n = fread(want, 1, sizeof want, f);
+	fclose(f);
+	cr_assert(n > 0 && n == r.len && memcmp(want, r.body, n) == 0, "served %zu bytes, the worker wrote %zu", r.len,
+		  n);
+	http_free(&r);
+	/* An upload with another credential than the job's token. */
+	long long b = submit(SLURM_JOB);
+	cr_assert_str_eq(wait_for(b, "running|failed", 30), "running");
+	char pb[64];
+	snprintf(pb, sizeof pb, "/jobs/%lld/report/model.safetensors", b);
+	cr_assert_eq(status_of("PUT", pb, "x", READER), 403);
+	cr_assert_eq(status_of("PUT", pb, "x", NULL), 401);
+	snprintf(pb, sizeof pb, "/jobs/%lld/report/other.bin", b);
+	cr_assert_eq(status_of("PUT", pb, "x", WRITER), 400);
 }
