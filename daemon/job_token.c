@@ -11,30 +11,10 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "daemon/worker_job.h"
 #include "storage/sha256.h"
 
 #define TOKEN_BYTES 32
-
-static int write_private(const char *path, const char *text, size_t len)
-{
-	char tmp[PATH_MAX + 8];
-	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	unlink(tmp);
-	/* 0600 from its creation: never readable by others, not even briefly. */
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return -errno;
-	int rc = write(fd, text, len) == (ssize_t)len ? 0 : -EIO;
-	if (rc == 0 && fsync(fd) < 0)
-		rc = -errno;
-	if (close(fd) < 0 && rc == 0)
-		rc = -EIO;
-	if (rc == 0 && rename(tmp, path) < 0)
-		rc = -errno;
-	if (rc < 0)
-		unlink(tmp);
-	return rc;
-}
 
 int tr_job_token_issue(tr_store_t *st, int64_t id, const char *dir, struct tr_error *err)
 {
@@ -51,7 +31,7 @@ int tr_job_token_issue(tr_store_t *st, int64_t id, const char *dir, struct tr_er
 	tr_sha256_final_hex(&c, hash);
 	snprintf(path, sizeof path, "%s/%s", dir, TR_JOB_TOKEN_FILE);
 	token[2 * TOKEN_BYTES] = '\n';
-	int rc = write_private(path, token, 2 * TOKEN_BYTES + 1);
+	int rc = tr_wjob_write_file(path, token, 2 * TOKEN_BYTES + 1, 0600);
 	explicit_bzero(token, sizeof token);
 	if (rc < 0)
 		return tr_error_set(err, rc, 0, NULL, "cannot write %s: %s", path, strerror(-rc));

@@ -56,24 +56,21 @@ static size_t discard(char *p, size_t size, size_t n, void *ctx)
 	return size * n;
 }
 
-/* One POST; 0 on 2xx, -1 otherwise with r->last_error (under no lock). */
-static int post(struct tr_run_report *r, const char *body, char *why, size_t whylen)
+/* Sends a request c holds (its URL and body set) with the token, the
+ * content type and the CA; frees c.  0 on 2xx, -1 otherwise with why. */
+static int perform(struct tr_run_report *r, CURL *c, const char *content_type, const char *what, char *why,
+		   size_t whylen)
 {
-	CURL *c = curl_easy_init();
-	if (!c) {
-		snprintf(why, whylen, "cannot start libcurl");
-		return -1;
-	}
-	char ebuf[CURL_ERROR_SIZE] = "";
-	struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+	char ebuf[CURL_ERROR_SIZE] = "", type[80];
+	snprintf(type, sizeof type, "Content-Type: %s", content_type);
+	struct curl_slist *h = curl_slist_append(NULL, type);
 	h = curl_slist_append(h, r->auth);
-	curl_easy_setopt(c, CURLOPT_URL, r->url);
 	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
 	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+	/* Slow is fine (a large checkpoint), stalled is not. */
+	curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+	curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
 	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, ebuf);
 	curl_easy_setopt(c, CURLOPT_USERAGENT, "trainerd-run/" TR_VERSION);
@@ -86,10 +83,25 @@ static int post(struct tr_run_report *r, const char *body, char *why, size_t why
 	curl_slist_free_all(h);
 	curl_easy_cleanup(c);
 	if (rc != CURLE_OK)
-		snprintf(why, whylen, "%s", ebuf[0] ? ebuf : curl_easy_strerror(rc));
+		snprintf(why, whylen, "%s: %s", what, ebuf[0] ? ebuf : curl_easy_strerror(rc));
 	else if (status < 200 || status > 299)
-		snprintf(why, whylen, "HTTP %ld", status);
+		snprintf(why, whylen, "%s: HTTP %ld", what, status);
 	return rc == CURLE_OK && status >= 200 && status <= 299 ? 0 : -1;
+}
+
+/* One POST of a report; 0 on 2xx. */
+static int post(struct tr_run_report *r, const char *body, char *why, size_t whylen)
+{
+	CURL *c = curl_easy_init();
+	if (!c) {
+		snprintf(why, whylen, "cannot start libcurl");
+		return -1;
+	}
+	curl_easy_setopt(c, CURLOPT_URL, r->url);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+	return perform(r, c, "application/json", "POST", why, whylen);
 }
 
 /* One PUT of a file to URL/NAME (the report route's file upload); 0 on
@@ -105,35 +117,21 @@ static int put_file(struct tr_run_report *r, const char *path, const char *name,
 		return -1;
 	}
 	CURL *c = curl_easy_init();
-	char url[2048], ebuf[CURL_ERROR_SIZE] = "";
+	if (!c) {
+		snprintf(why, whylen, "cannot start libcurl");
+		fclose(f);
+		return -1;
+	}
+	char url[2048], what[64];
 	snprintf(url, sizeof url, "%s/%s", r->url, name);
-	struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/octet-stream");
-	h = curl_slist_append(h, r->auth);
+	snprintf(what, sizeof what, "PUT %s", name);
 	curl_easy_setopt(c, CURLOPT_URL, url);
 	curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
 	curl_easy_setopt(c, CURLOPT_READDATA, f);
 	curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)sb.st_size);
-	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-	curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
-	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, ebuf);
-	const char *ca = getenv("CURL_CA_BUNDLE");
-	if (ca && ca[0])
-		curl_easy_setopt(c, CURLOPT_CAINFO, ca);
-	CURLcode rc = curl_easy_perform(c);
-	long status = 0;
-	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-	curl_slist_free_all(h);
-	curl_easy_cleanup(c);
+	int rc = perform(r, c, "application/octet-stream", what, why, whylen);
 	fclose(f);
-	if (rc != CURLE_OK)
-		snprintf(why, whylen, "%s", ebuf[0] ? ebuf : curl_easy_strerror(rc));
-	else if (status < 200 || status > 299)
-		snprintf(why, whylen, "PUT %s: HTTP %ld", name, status);
-	return rc == CURLE_OK && status >= 200 && status <= 299 ? 0 : -1;
+	return rc;
 }
 
 /* Uploads the run's final files, retrying with backoff until end. */

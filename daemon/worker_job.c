@@ -56,24 +56,31 @@ void tr_wjob_set_info(struct tr_worker_job *w, const char *key, json_t *value)
 	json_decref(o);
 }
 
-int tr_wjob_write_text(const char *path, const char *text)
+int tr_wjob_write_file(const char *path, const void *data, size_t len, mode_t mode)
 {
 	char tmp[PATH_MAX + 8];
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
+	unlink(tmp);
+	/* Created with its mode (a private file is never readable by others,
+	 * not even briefly), never through a link. */
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+	if (fd < 0)
 		return -errno;
-	fputs(text, f);
-	int rc = ferror(f) ? -EIO : 0;
-	if (fflush(f) != 0 || fsync(fileno(f)) != 0)
+	int rc = write(fd, data, len) == (ssize_t)len ? 0 : -EIO;
+	if (rc == 0 && fsync(fd) != 0)
 		rc = -EIO;
-	if (fclose(f) != 0 && rc == 0)
+	if (close(fd) != 0 && rc == 0)
 		rc = -EIO;
 	if (rc == 0 && rename(tmp, path) < 0)
 		rc = -errno;
 	if (rc < 0)
 		unlink(tmp);
 	return rc;
+}
+
+int tr_wjob_write_text(const char *path, const char *text)
+{
+	return tr_wjob_write_file(path, text, strlen(text), 0666);
 }
 
 static int mkdir_one(const char *path)
