@@ -79,6 +79,15 @@ struct tr_api_submit {
 
 /* Implemented by the daemon.  Every function is called from API threads,
  * concurrently; each returns 0 or fills *err (and returns negative). */
+/* One report of a worker job's rank 0 (POST /jobs/{id}/report), checked
+ * by the API; its metric points the API stores itself. */
+struct tr_api_report {
+	bool have_progress;
+	int64_t step, total_steps, epoch;
+	double loss;         /* NAN when the report has none */
+	const char *summary; /* the worker's summary, a JSON object text, or NULL */
+};
+
 struct tr_api_ops {
 	/* Validates and queues a job; *job_id receives its id.  When the
 	 * idempotency key matches an earlier request with the same body,
@@ -135,6 +144,14 @@ struct tr_api_ops {
 	 * NULL: that family is left out.  0, or -1 with err (the scrape
 	 * is then 500, as when the job counts cannot be read). */
 	int (*experiment_counts)(void *ctx, int64_t *counts, struct tr_error *err);
+	/* A report of a worker job's rank 0 (docs/design.md, "Worker
+	 * reports"): the job's live progress and, as it ends, its summary;
+	 * from then on the API, not the file tail, is the job's source.  409
+	 * when the job is not a worker job running here; NULL = 503. */
+	int (*report)(void *ctx, int64_t job_id, const struct tr_api_report *r, struct tr_error *err);
+	/* The folder of a worker job running here, where its uploaded files
+	 * go (PUT /jobs/{id}/report/{file}); 409 otherwise, NULL = 503. */
+	int (*report_folder)(void *ctx, int64_t job_id, char *dir, size_t n, struct tr_error *err);
 };
 
 /* Access roles, each including the ones below it (docs/design.md, API):

@@ -98,15 +98,16 @@ struct tr_api_request {
 	int nparams;
 	char *body; /* NUL-terminated; only buffered for routes that take one */
 	size_t body_len, body_cap;
-	size_t discarded;          /* bytes thrown away past the cap */
-	bool too_large;            /* the body went past cfg.max_body */
-	int64_t declared_len;      /* Content-Length when it alone made the body too large */
-	size_t max_body;           /* the body cap when the request arrived */
-	bool answered;             /* a response was queued */
-	void *upload;              /* an upload route's state (api/datasets.c), until committed or aborted */
-	int64_t upload_len;        /* an upload's Content-Length; -1 when chunked */
-	struct tr_api_reply *held; /* a refusal answered once the body has been read and dropped */
-	double started;            /* tr_prom_clock() at the headers, for /metrics */
+	size_t discarded;     /* bytes thrown away past the cap */
+	bool too_large;       /* the body went past cfg.max_body */
+	int64_t declared_len; /* Content-Length when it alone made the body too large */
+	size_t max_body;      /* the body cap when the request arrived */
+	bool answered;        /* a response was queued */
+	void *upload;         /* an upload route's state (api/datasets.c), until committed or aborted */
+	const struct tr_api_upload_ops *upload_ops; /* the upload route's, from its admission */
+	int64_t upload_len;                         /* an upload's Content-Length; -1 when chunked */
+	struct tr_api_reply *held;                  /* a refusal answered once the body has been read and dropped */
+	double started;                             /* tr_prom_clock() at the headers, for /metrics */
 };
 
 struct tr_api_header {
@@ -148,6 +149,13 @@ unsigned tr_api_auth_generation(tr_api_t *api);
  * under the tokens now in force: for responses that outlive their
  * admission, such as event streams. */
 bool tr_api_auth_still_allows(tr_api_t *api, const char *authorization, enum tr_api_role need);
+
+/* ---- report.c ---- */
+
+/* The check of a report route (TR_ROUTE_JOB_TOKEN): the job's own report
+ * token, or a role token with the route's role.  0, or -1 with 401 (no
+ * token, not the job's) or 403 (another job's, a role too low) in rp. */
+int tr_api_report_auth(struct tr_api_request *rq, struct tr_api_reply *rp);
 
 /* ---- url.c ---- */
 
@@ -288,6 +296,21 @@ int tr_api_limits_stream_open(struct tr_api_request *rq, struct tr_api_reply *rp
  * an event-stream client has nothing to send, but does not shut its
  * sending side down while it still reads. */
 bool tr_api_peer_gone(int fd);
+
+/* How an upload route (TR_ROUTE_UPLOAD) takes its body: begin on the
+ * headers (declared is Content-Length, or -1; 0, or -1 with the refusal
+ * in rp), data for each piece (0, or -1 with the refusal in rp, the
+ * upload then aborted and rq->upload NULL), cleanup when the request
+ * ends without the route's handler committing it (accepts rq->upload
+ * NULL).  The route's handler commits. */
+struct tr_api_upload_ops {
+	int (*begin)(struct tr_api_request *rq, struct tr_api_reply *rp, int64_t declared);
+	int (*data)(struct tr_api_request *rq, struct tr_api_reply *rp, const char *data, size_t size);
+	void (*cleanup)(struct tr_api_request *rq);
+};
+/* PUT /datasets/{name}/{file} (datasets.c) and PUT
+ * /jobs/{id}/report/{file} (report_upload.c). */
+extern const struct tr_api_upload_ops tr_api_datasets_upload_ops, tr_api_report_upload_ops;
 
 /* ---- datasets.c ---- */
 

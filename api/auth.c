@@ -185,6 +185,10 @@ int tr_api_auth_check(struct tr_api_request *rq, struct tr_api_reply *rp)
 	if (rq->route) {
 		if (rq->route->flags & TR_ROUTE_PUBLIC)
 			return 0;
+		/* Checked with or without role tokens: a worker always
+		 * reports with its job's token (api/report.c). */
+		if (rq->route->flags & TR_ROUTE_JOB_TOKEN)
+			return tr_api_report_auth(rq, rp);
 		need = tr_api_route_role(rq->route);
 	}
 	pthread_rwlock_rdlock(&api->auth_lock);

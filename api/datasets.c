@@ -402,6 +402,12 @@ void tr_api_datasets_upload_cleanup(struct tr_api_request *rq)
 	rq->upload = NULL;
 }
 
+const struct tr_api_upload_ops tr_api_datasets_upload_ops = {
+	.begin = tr_api_datasets_upload_begin,
+	.data = tr_api_datasets_upload_data,
+	.cleanup = tr_api_datasets_upload_cleanup,
+};
+
 void tr_api_datasets_put(struct tr_api_request *rq, struct tr_api_reply *rp)
 {
 	struct tr_dataset_file f;

@@ -33,6 +33,9 @@ enum {
 	 * one is taken whatever its Content-Type (clients that POST nothing
 	 * often send a form type). */
 	TR_ROUTE_BODY_OPTIONAL = 1u << 3,
+	/* A worker report route (api/report.c): the job's own report token
+	 * is accepted, besides a role token with the route's role. */
+	TR_ROUTE_JOB_TOKEN = 1u << 4,
 };
 
 struct tr_api_route {
@@ -103,6 +106,11 @@ void tr_api_metrics_cache_start(tr_store_t *store);
  * keeping them current. */
 void tr_api_metrics_cache_forget(const tr_store_t *store);
 void tr_api_metrics_push(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* POST /jobs/{id}/report: a worker job's rank 0 reports (api/report.c). */
+void tr_api_report_post(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* PUT /jobs/{id}/report/{file}: its final weights and checkpoint, streamed
+ * into the job's folder (api/report_upload.c). */
+void tr_api_report_file_put(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* DELETE /jobs/{id}/metrics/{name}: a pushed series, whole. */
 void tr_api_metrics_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);

@@ -207,7 +207,9 @@ static int admit_upload(struct tr_api_request *rq, struct tr_api_reply *rp)
 		return -1;
 	}
 	rq->upload_len = len;
-	if (tr_api_datasets_upload_begin(rq, rp, len) == 0) {
+	rq->upload_ops = rq->route->handler == tr_api_report_file_put ? &tr_api_report_upload_ops
+								      : &tr_api_datasets_upload_ops;
+	if (rq->upload_ops->begin(rq, rp, len) == 0) {
 		tr_api_limits_request_read(rq);
 		return 0;
 	}
@@ -223,7 +225,7 @@ static bool take_upload(struct tr_api_request *rq, const char *data, size_t size
 {
 	struct tr_api_reply rp = {0};
 
-	if (!rq->held && tr_api_datasets_upload_data(rq, &rp, data, size) < 0 && hold_reply(rq, &rp) < 0) {
+	if (!rq->held && rq->upload_ops->data(rq, &rp, data, size) < 0 && hold_reply(rq, &rp) < 0) {
 		tr_api_reply_finish(&rp);
 		return false;
 	}
@@ -381,7 +383,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		rp = *rq->held;
 		free(rq->held);
 		rq->held = NULL;
-		tr_api_datasets_upload_cleanup(rq);
+		if (rq->upload_ops)
+			rq->upload_ops->cleanup(rq);
 		return send_reply(rq, &rp);
 	}
 	if (rq->too_large) {
@@ -401,7 +404,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	if (!rq)
 		return;
 	/* A broken upload's partial file goes with its request. */
-	tr_api_datasets_upload_cleanup(rq);
+	if (rq->upload_ops)
+		rq->upload_ops->cleanup(rq);
 	if (rq->held) {
 		tr_api_reply_finish(rq->held);
 		free(rq->held);

@@ -226,6 +226,10 @@ static const struct tr_field options[] = {
 		 "to the Slurm cluster with sbatch; docs/slurm.md)"},
 	{.key = "slurm-bin-dir", TEXT(slurm_bin_dir), .defstr = "",
 	 .help = "directory of Slurm's commands (sbatch, squeue, scontrol, scancel, srun); empty: found on PATH"},
+	{.key = "report-url", TEXT(report_url), .defstr = "",
+	 .help = "this daemon's URL as the Slurm nodes reach it (https://head:8443): a Slurm job's worker reports "
+		 "its progress, metrics and summary there with its job's token (docs/slurm.md); empty: the daemon "
+		 "reads them from the worker's files"},
 	{.key = "token", .kind = K_CUSTOM, .parse = parse_token, .emit = emit_tokens,
 	 .help = "bearer token with the admin role (repeatable); visible to every user in the process list when "
 		 "given on the command line: prefer token-file"},

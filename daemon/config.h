@@ -48,6 +48,7 @@ struct tr_config {
 	int preemption_min_run_s;       /* [preemption] min-run: seconds a job runs before it may be preempted */
 	int allocator;                  /* jobs without "resources": 0 local, 1 slurm (daemon/slurm.c) */
 	char slurm_bin_dir[1024];       /* where sbatch, squeue, scontrol, scancel are; "" = PATH */
+	char report_url[1024];          /* where a Slurm job's worker reports; "" = it does not */
 	char *tokens[TR_CONFIG_MAX_TOKENS + 1]; /* NULL-terminated */
 	int n_tokens;
 	char token_file[1024]; /* role:token lines; see daemon/tokens.c */

@@ -404,6 +404,22 @@ static int64_t live_step(struct running_job *j)
 	return step;
 }
 
+/* The restarts an earlier run of the job made (its info field), so that
+ * a daemon restart neither shows them as 0 nor grants max_restarts anew. */
+static int stored_restarts(struct running_job *j)
+{
+	struct tr_job_row row = {0};
+	int n = 0;
+	if (tr_store_job_get(j->sched->cfg.store, j->id, &row, NULL) == 0) {
+		json_t *info = json_loads(row.info ? row.info : "{}", 0, NULL);
+		const char *v = json_string_value(json_object_get(info, "process_restarts"));
+		n = v ? atoi(v) : 0;
+		json_decref(info);
+		tr_job_row_finish(&row);
+	}
+	return n > 0 ? n : 0;
+}
+
 static void *procs_runner_main(void *arg)
 {
 	struct pjob pj = {.w.j = arg};
@@ -424,6 +440,7 @@ static void *procs_runner_main(void *arg)
 		return NULL;
 	}
 	end_leftover_group(&pj);
+	pj.restarts = stored_restarts(j);
 	set_restarts(&pj);
 	if (start_group(&pj, msg, sizeof msg) < 0) {
 		tr_runner_finish(j, TR_JOB_FAILED, "start_failed", msg, 0);

@@ -1,6 +1,7 @@
 /* `trainerd run JOB.json`: one job in the foreground, no daemon.
  *
- * Writes DIR/model.safetensors, DIR/metrics.jsonl and DIR/summary.json
+ * Writes DIR/model.safetensors, DIR/metrics.jsonl, DIR/summary.json and
+ * DIR/plan.json (the run's total_steps, for a daemon following the files)
  * (docs/design.md).  Ctrl-C (or TERM, or USR1: Slurm's warning before a
  * time limit) asks the trainer to stop after the current step, so the
  * outputs are still written; a second Ctrl-C kills the process.
@@ -27,6 +28,8 @@
 #include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/data/roots.h"
+#include "daemon/run_report.h"
+#include "daemon/worker_job.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
 
@@ -38,7 +41,10 @@ struct run_ctx {
 	tr_trainer_t *trainer; /* for the checkpoint hook */
 	const char *out_dir;
 	enum tr_optim_type optim;
-	char conv_routes[160]; /* the trainer's info field: each conv2d layer's CPU route */
+	char conv_routes[160];   /* the trainer's info field: each conv2d layer's CPU route */
+	tr_run_report_t *report; /* rank 0 with --report-url: reports to the daemon */
+	bool rank0;
+	int64_t plan_written; /* the total_steps in DIR/plan.json (0: none yet) */
 };
 
 static tr_trainer_t *volatile running_trainer;
@@ -76,6 +82,7 @@ static void on_metric(void *ctx, const struct tr_metric_point *p)
 {
 	struct run_ctx *rc = ctx;
 	tr_progress_metric(&rc->progress, p->name, p->epoch, p->value);
+	tr_run_report_metric(rc->report, p);
 	if (!rc->metrics)
 		return;
 	/* %.9g keeps floats exact enough to compare runs. */
@@ -88,6 +95,18 @@ static void on_progress(void *ctx, const struct tr_progress *p)
 {
 	struct run_ctx *rc = ctx;
 	tr_run_watchdog_beat(); /* a step finished */
+	tr_run_report_progress(rc->report, p);
+	/* The steps the run makes in all, which metrics.jsonl does not say:
+	 * for a daemon that follows this run through its files (a worker
+	 * job's total_steps, daemon/worker_job.c).  Written when it changes,
+	 * so once a run. */
+	if (rc->rank0 && p->total_steps > 0 && p->total_steps != rc->plan_written) {
+		char path[PATH_MAX + 16], text[64];
+		snprintf(path, sizeof path, "%s/plan.json", rc->out_dir);
+		snprintf(text, sizeof text, "{\"total_steps\": %lld}\n", (long long)p->total_steps);
+		if (tr_wjob_write_text(path, text) == 0)
+			rc->plan_written = p->total_steps;
+	}
 	if (!rc->quiet)
 		tr_progress_update(&rc->progress, p);
 }
@@ -199,7 +218,7 @@ static void usage(FILE *out)
 {
 	fprintf(out, "usage: trainerd run JOB.json [--set /POINTER=VALUE]... [--devices N] [--backend cpu|cuda]\n"
 		     "                    [--processes P] [--workers W] [--cpu-conv auto|im2col|onednn]\n"
-		     "                    [--out DIR] [--quiet]\n"
+		     "                    [--out DIR] [--quiet] [--report-url URL --report-token-file FILE]\n"
 		     "       trainerd run --resume DIR [--set /POINTER=VALUE]... [options]\n");
 }
 
@@ -232,6 +251,11 @@ static void help(void)
 	      "                        is given; use the same --devices for identical results\n"
 	      "                        (any --devices and --processes in exact mode)\n"
 	      "  -q, --quiet           no progress display, warnings and errors only\n"
+	      "  --report-url URL      also report progress, metrics and the summary to a\n"
+	      "                        daemon's POST /jobs/{id}/report (URL), from a background\n"
+	      "                        thread (a Slurm job's worker; rank 0); HTTPS checks the\n"
+	      "                        system's CAs or CURL_CA_BUNDLE's file\n"
+	      "  --report-token-file FILE  the job's report token (a file only its owner reads)\n"
 	      "  -h, --help            this text\n"
 	      "\n"
 	      "Relative data paths resolve against the working directory.  Ctrl-C stops\n"
@@ -366,6 +390,7 @@ static int parse_int_arg(const char *flag, const char *v, int lo, int hi, int *o
 int tr_cmd_run(int argc, char **argv)
 {
 	const char *job = NULL, *out_dir = NULL, *backend_name = NULL, *resume = NULL;
+	const char *report_url = NULL, *report_token_file = NULL;
 	enum tr_cpu_conv cpu_conv = TR_CPU_CONV_AUTO;
 	const char *sets[64];
 	int devices = 0, workers = 0, quiet = 0, nsets = 0, processes = 0;
@@ -403,6 +428,12 @@ int tr_cmd_run(int argc, char **argv)
 		} else if (strcmp(a, "--resume") == 0 && v) {
 			resume = v;
 			i++;
+		} else if (strcmp(a, "--report-url") == 0 && v) {
+			report_url = v;
+			i++;
+		} else if (strcmp(a, "--report-token-file") == 0 && v) {
+			report_token_file = v;
+			i++;
 		} else if (strcmp(a, "--out") == 0 && v) {
 			out_dir = v;
 			i++;
@@ -431,6 +462,10 @@ int tr_cmd_run(int argc, char **argv)
 		} else {
 			job = a;
 		}
+	}
+	if (!report_url != !report_token_file) {
+		fprintf(stderr, "trainerd run: --report-url and --report-token-file go together\n");
+		return 2;
 	}
 	char saved_spec[PATH_MAX];
 	if (resume) {
@@ -597,7 +632,7 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	char path[PATH_MAX + 64];
-	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type};
+	struct run_ctx ctx = {.quiet = quiet, .out_dir = out_dir, .optim = spec.optimizer.type, .rank0 = rank == 0};
 	tr_progress_init(&ctx.progress, stderr);
 	/* The measured conv2d routes live with the outputs, so --resume DIR
 	 * takes the same ones, and in the user's cache, so that a run into
@@ -621,6 +656,14 @@ int tr_cmd_run(int argc, char **argv)
 		return 2;
 	}
 	json_decref(effective);
+	if (rank == 0 && report_url && !(ctx.report = tr_run_report_start(report_url, report_token_file, &errbuf))) {
+		fprintf(stderr, "trainerd run: %s\n", errbuf.message);
+		tr_backend_destroy(be);
+		tr_spec_finish(&spec);
+		end_processes(pcomm, 2);
+		return 2;
+	}
+	bool summary_written = false;
 
 	struct tr_trainer_options opt = {
 		.spec = &spec,
@@ -707,6 +750,8 @@ int tr_cmd_run(int argc, char **argv)
 			  state, ctx.conv_routes, rc < 0 ? errbuf.message : NULL) < 0) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		exit_code = 1;
+	} else {
+		summary_written = rank == 0;
 	}
 	if (rc < 0) {
 		if (nproc > 1)
@@ -729,6 +774,15 @@ int tr_cmd_run(int argc, char **argv)
 			sum.data_wait_fraction * 100, out_dir);
 	}
 out:
+	if (ctx.report) {
+		/* This run's summary (not an earlier run's, left in DIR). */
+		snprintf(path, sizeof path, "%s/summary.json", out_dir);
+		json_t *sum = summary_written ? json_load_file(path, 0, NULL) : NULL;
+		char *text = sum ? json_dumps(sum, JSON_COMPACT) : NULL;
+		tr_run_report_finish(ctx.report, summary_written ? out_dir : NULL, text, 60);
+		free(text);
+		json_decref(sum);
+	}
 	if (ctx.metrics && fclose(ctx.metrics) != 0)
 		ctx.metrics_failed = 1;
 	if (ctx.metrics_failed) {

@@ -45,7 +45,11 @@ struct tr_scheduler_config {
 	/* Jobs without "resources" go to Slurm (daemon/slurm.c). */
 	bool allocator_slurm;
 	const char *slurm_bin_dir; /* Slurm's commands; "" or NULL = PATH */
-	const char *state_dir;     /* Slurm jobs' folders are STATE_DIR/slurm/job-ID */
+	/* The daemon's URL as Slurm's nodes reach it, where a Slurm job's
+	 * worker reports (docs/design.md, "Worker reports"); "" or NULL: the
+	 * worker's files are tailed instead. */
+	const char *report_url;
+	const char *state_dir; /* Slurm jobs' folders are STATE_DIR/slurm/job-ID */
 };
 
 /* 0, or a negative code with err filled (docs/design.md, "Errors"). */

@@ -39,6 +39,13 @@ struct running_job {
 	bool crashes_cleared; /* its first step in this run cleared the stored crash count */
 	bool slurm;           /* run by the Slurm allocator (daemon/slurm_runner.c): no devices here */
 	bool procs;           /* several processes the daemon starts (daemon/procs_runner.c) */
+	/* Its worker reports over the API (daemon/report.c): the file tail
+	 * then reads no metric points, so that each point has one source. */
+	atomic_bool reported;
+	/* Set while the file tail appends points: the first report waits
+	 * for the round to end (daemon/report.c), so that no point of the
+	 * file lands after the API's point of the same step. */
+	atomic_bool tailing;
 	/* Memory admission (daemon/admission.c), guarded by sched lock: the
 	 * job's admitted estimate (0 until admitted), and whether its memory
 	 * is allocated (its first step is made), so that MemAvailable already
@@ -204,5 +211,9 @@ int tr_slurm_runner_start(struct running_job *j, struct tr_error *err);
  * supervises their group. */
 int tr_procs_runner_start(struct running_job *j, struct tr_error *err);
 int tr_eval_op(void *ctx, int64_t job_id, const json_t *body, int64_t *eval_id, struct tr_error *err);
+/* Worker reports over the API (report.c): the API's report operation
+ * (ctx: the scheduler). */
+int tr_report_op(void *ctx, int64_t job_id, const struct tr_api_report *r, struct tr_error *err);
+int tr_report_folder_op(void *ctx, int64_t job_id, char *dir, size_t n, struct tr_error *err);
 
 #endif

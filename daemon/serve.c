@@ -290,6 +290,7 @@ int tr_cmd_serve(int argc, char **argv)
 			       .min_run_s = cfg.preemption_min_run_s},
 		.allocator_slurm = cfg.allocator == 1,
 		.slurm_bin_dir = cfg.slurm_bin_dir,
+		.report_url = cfg.report_url,
 		.state_dir = cfg.state_dir,
 	};
 	struct tr_error scerr = {0};

@@ -38,8 +38,12 @@ int tr_slurm_command(const char *bin_dir, char *const argv[], char *out, size_t 
 int tr_slurm_signal_lead_s(const struct tr_resources *r);
 
 /* The batch script of job `id`, for `dir` (its folder) and `worker` (the
- * trainerd executable).  Returns 0 or -errno. */
-int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const char *worker, const char *bin_dir);
+ * trainerd executable).  With report_url (the daemon's URL as the nodes
+ * reach it; NULL or "" for none) the worker reports to
+ * REPORT_URL/jobs/ID/report with the token in DIR/report.token
+ * (docs/design.md, "Worker reports").  Returns 0 or -errno. */
+int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const char *worker, const char *bin_dir,
+			  const char *report_url);
 
 /* What `scontrol show job -o ID` says of a job. */
 struct tr_slurm_job_state {

@@ -16,6 +16,7 @@
 
 #include "api/prometheus.h"
 #include "core/rfc3339.h"
+#include "daemon/job_token.h"
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "daemon/slurm.h"
@@ -70,8 +71,12 @@ static int submit(struct sjob *sj, struct tr_error *err)
 	int rc = tr_wjob_write_spec(&sj->w, err);
 	if (rc < 0 || (rc = tr_wjob_worker_path(worker, sizeof worker, err)) < 0)
 		return rc;
+	/* A new token for each submission: the worker reports with it
+	 * (daemon/job_token.h); revoked as the job ends. */
+	if ((rc = tr_job_token_issue(j->sched->cfg.store, j->id, sj->w.dir, err)) < 0)
+		return rc;
 	snprintf(path, sizeof path, "%s/job.sh", sj->w.dir);
-	if ((rc = tr_slurm_write_script(path, j->id, sj->w.dir, worker, sj->bin)) < 0)
+	if ((rc = tr_slurm_write_script(path, j->id, sj->w.dir, worker, sj->bin, j->sched->cfg.report_url)) < 0)
 		return tr_error_set(err, rc, 0, NULL, "cannot write %s: %s", path, strerror(-rc));
 
 	const struct tr_resources *r = &j->spec.resources;
@@ -269,6 +274,8 @@ static void ended(struct sjob *sj, const char *slurm_state)
 {
 	struct running_job *j = sj->w.j;
 	tr_wjob_tail_metrics(&sj->w);
+	/* Its worker reports nothing more. */
+	tr_job_token_revoke(j->sched->cfg.store, j->id, sj->w.dir);
 	char state[32], error[512], msg[1024], tail[400];
 	int64_t steps = 0, step = 0;
 	bool have = tr_wjob_read_summary(&sj->w, state, sizeof state, error, sizeof error, &steps);
@@ -350,6 +357,7 @@ static void *slurm_runner_main(void *arg)
 		tr_wjob_log(&sj.w, TR_LOG_NOTICE,
 			    "following Slurm job %s again (submitted before the daemon restarted)", sj.id);
 	} else if (submit(&sj, &err) < 0) {
+		tr_job_token_revoke(s->cfg.store, j->id, sj.w.dir);
 		tr_runner_finish(j, TR_JOB_FAILED, "slurm_submit_failed", err.message, 0);
 		return NULL;
 	} else {

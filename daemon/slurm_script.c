@@ -36,11 +36,19 @@ static int quoted(char *buf, size_t n, const char *s)
  * script then requeues the job, which resumes from that checkpoint.  A
  * requeue by Slurm itself (scontrol requeue, preemption) sends TERM,
  * which the worker answers the same way. */
-int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const char *worker, const char *bin_dir)
+int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const char *worker, const char *bin_dir,
+			  const char *report_url)
 {
-	char qdir[1100], qworker[1100], qbin[1100];
+	char qdir[1100], qworker[1100], qbin[1100], url[1100], qurl[1200];
+	/* The route of this job, under the URL without its trailing '/'. */
+	size_t ul = report_url ? strlen(report_url) : 0;
+	while (ul > 0 && report_url[ul - 1] == '/')
+		ul--;
+	snprintf(url, sizeof url, "%.*s", (int)ul, ul ? report_url : "");
+	if (ul)
+		snprintf(url + strlen(url), sizeof url - strlen(url), "/jobs/%lld/report", (long long)id);
 	if (quoted(qdir, sizeof qdir, dir) < 0 || quoted(qworker, sizeof qworker, worker) < 0 ||
-	    quoted(qbin, sizeof qbin, bin_dir && bin_dir[0] ? bin_dir : "") < 0)
+	    quoted(qbin, sizeof qbin, bin_dir && bin_dir[0] ? bin_dir : "") < 0 || quoted(qurl, sizeof qurl, url) < 0)
 		return -EINVAL;
 	char tmp[1100];
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -54,11 +62,17 @@ int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const c
 		"dir=%s\n"
 		"worker=%s\n"
 		"bin=%s\n"
+		"report_url=%s\n"
 		"cmd() { if [ -n \"$bin\" ]; then \"$bin/$1\" \"${@:2}\"; else \"$@\"; fi; }\n"
 		"if [ -f \"$dir/checkpoint.safetensors\" ] && [ -f \"$dir/spec.json\" ]; then\n"
 		"\targs=(run --resume \"$dir\" --quiet)\n"
 		"else\n"
 		"\targs=(run \"$dir/job.json\" --out \"$dir\" --quiet)\n"
+		"fi\n"
+		"# Rank 0 reports to the daemon with the job's token (a file: never on\n"
+		"# a command line).\n"
+		"if [ -n \"$report_url\" ]; then\n"
+		"\targs+=(--report-url \"$report_url\" --report-token-file \"$dir/report.token\")\n"
 		"fi\n"
 		"# Several tasks are the job's ranks: Open MPI starts through PMIx, which\n"
 		"# Debian's Slurm and Open MPI share (TRAINERD_SLURM_MPI names another plugin).\n"
@@ -88,7 +102,7 @@ int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const c
 		"\tcmd scontrol requeue \"$SLURM_JOB_ID\"\n"
 		"fi\n"
 		"exit \"$rc\"\n",
-		(long long)id, qdir, qworker, qbin);
+		(long long)id, qdir, qworker, qbin, qurl);
 	int rc = ferror(f) ? -EIO : 0;
 	if (fclose(f) != 0 && rc == 0)
 		rc = -EIO;

@@ -586,6 +586,8 @@ void tr_scheduler_api_ops(tr_scheduler_t *s, struct tr_api_ops *ops, void **ctx)
 		.ready = op_ready,
 		.checkpoint_now = op_checkpoint_now,
 		.evaluate = tr_eval_op,
+		.report = tr_report_op,
+		.report_folder = tr_report_folder_op,
 	};
 	*ctx = s;
 }

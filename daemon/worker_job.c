@@ -56,24 +56,31 @@ void tr_wjob_set_info(struct tr_worker_job *w, const char *key, json_t *value)
 	json_decref(o);
 }
 
-int tr_wjob_write_text(const char *path, const char *text)
+int tr_wjob_write_file(const char *path, const void *data, size_t len, mode_t mode)
 {
 	char tmp[PATH_MAX + 8];
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
+	unlink(tmp);
+	/* Created with its mode (a private file is never readable by others,
+	 * not even briefly), never through a link. */
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+	if (fd < 0)
 		return -errno;
-	fputs(text, f);
-	int rc = ferror(f) ? -EIO : 0;
-	if (fflush(f) != 0 || fsync(fileno(f)) != 0)
+	int rc = write(fd, data, len) == (ssize_t)len ? 0 : -EIO;
+	if (rc == 0 && fsync(fd) != 0)
 		rc = -EIO;
-	if (fclose(f) != 0 && rc == 0)
+	if (close(fd) != 0 && rc == 0)
 		rc = -EIO;
 	if (rc == 0 && rename(tmp, path) < 0)
 		rc = -errno;
 	if (rc < 0)
 		unlink(tmp);
 	return rc;
+}
+
+int tr_wjob_write_text(const char *path, const char *text)
+{
+	return tr_wjob_write_file(path, text, strlen(text), 0666);
 }
 
 static int mkdir_one(const char *path)
@@ -128,7 +135,31 @@ int tr_wjob_worker_path(char *worker, size_t len, struct tr_error *err)
  * the store.  A resumed worker rewrites the file without the points after
  * its checkpoint (a new file): the store's points are dropped and the
  * file read again from its start. */
+static void tail_file(struct tr_worker_job *w);
+
 void tr_wjob_tail_metrics(struct tr_worker_job *w)
+{
+	struct running_job *j = w->j;
+	char path[PATH_MAX + 16];
+	/* A worker that reports over the API (daemon/report.c) is the
+	 * source of its points: its file, where the daemon sees one, is not
+	 * read too (after a restart, the folder's mark says so). */
+	snprintf(path, sizeof path, "%s/%s", w->dir, TR_WJOB_REPORTED_FILE);
+	if (!atomic_load(&j->reported) && access(path, F_OK) == 0)
+		atomic_store(&j->reported, true);
+	/* Busy first, then the flag (both sequentially consistent): a first
+	 * report either stops this round here or waits for its end. */
+	atomic_store(&j->tailing, true);
+	if (atomic_load(&j->reported)) {
+		atomic_store(&j->tailing, false);
+		return;
+	}
+	tail_file(w);
+	atomic_store(&j->tailing, false);
+}
+
+/* One round of the tail (tr_wjob_tail_metrics). */
+static void tail_file(struct tr_worker_job *w)
 {
 	struct running_job *j = w->j;
 	tr_store_t *st = j->sched->cfg.store;
@@ -180,11 +211,19 @@ void tr_wjob_tail_metrics(struct tr_worker_job *w)
 		w->metrics_off += (off_t)len;
 	}
 	fclose(f);
+	/* The points are in; the rest takes the scheduler's lock, which a
+	 * first report holds while it waits for this (daemon/report.c). */
+	atomic_store(&j->tailing, false);
 	if (!have || !any_loss)
 		return;
+	/* The worker's plan.json says how many steps it makes in all. */
+	snprintf(path, sizeof path, "%s/plan.json", w->dir);
+	json_t *plan = json_load_file(path, 0, NULL);
+	int64_t total = json_integer_value(json_object_get(plan, "total_steps"));
+	json_decref(plan);
 	struct tr_scheduler *s = j->sched;
 	pthread_mutex_lock(&s->lock);
-	p.total_steps = j->progress.total_steps;
+	p.total_steps = total > 0 ? total : j->progress.total_steps;
 	j->progress = p;
 	j->have_progress = true;
 	pthread_mutex_unlock(&s->lock);

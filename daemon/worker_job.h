@@ -18,6 +18,11 @@
 
 struct running_job;
 
+/* In the job's folder once its worker has reported over the API
+ * (daemon/report.c): the file tail then reads no metric points, after a
+ * daemon restart too. */
+#define TR_WJOB_REPORTED_FILE "reported"
+
 struct tr_worker_job {
 	struct running_job *j;
 	char dir[1100]; /* STATE_DIR/KIND/job-ID */
@@ -32,7 +37,10 @@ double tr_wjob_mono_s(void);
 void tr_wjob_log(struct tr_worker_job *w, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Merges one info field into the job's (value's reference is taken). */
 void tr_wjob_set_info(struct tr_worker_job *w, const char *key, json_t *value);
-/* Writes a whole file through a temporary and a rename.  0 or -errno. */
+/* Writes a whole file through a temporary (created with mode, less the
+ * umask) and a rename.  0 or -errno. */
+int tr_wjob_write_file(const char *path, const void *data, size_t len, mode_t mode);
+/* The same for text, mode 0666 (less the umask). */
 int tr_wjob_write_text(const char *path, const char *text);
 /* Makes the job's folder STATE_DIR/kind/job-ID into w->dir.  0, or -errno
  * with msg saying why. */

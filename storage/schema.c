@@ -193,6 +193,15 @@ static const char *const migrations[] = {
 	 * ?preemptible=true, which every trial job of the experiment carries
 	 * (jobs.preemptible), so a higher-priority job may preempt a trial. */
 	"ALTER TABLE experiments ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 0;",
+
+	/* 14: per-job report tokens (storage/job_tokens.c, docs/design.md,
+	 * "Worker reports"): the SHA-256 (hex) of the token a Slurm job's
+	 * worker reports with, never the token; the row is deleted when the
+	 * job ends (and with its job). */
+	"CREATE TABLE job_tokens ("
+	"  job_id INTEGER PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,"
+	"  hash TEXT NOT NULL UNIQUE"
+	");",
 };
 
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -120,6 +120,15 @@ int tr_store_job_info_merge(tr_store_t *s, int64_t id, const char *fields_json, 
  * is malloc'd (caller frees); -ENOENT when the job has none. */
 int tr_store_job_result_set(tr_store_t *s, int64_t id, const char *result_json, struct tr_error *e);
 int tr_store_job_result_get(tr_store_t *s, int64_t id, char **result_json, struct tr_error *e);
+/* A job's report token (docs/design.md, "Worker reports"), stored only as
+ * its SHA-256 in hex (64 digits).  set replaces the job's; clear deletes
+ * it (0 also when there was none); hash_of reads the job's (-ENOENT when
+ * it has none); job_of finds the job whose token has this hash (-ENOENT
+ * when none). */
+int tr_store_job_token_set(tr_store_t *s, int64_t id, const char *hash_hex, struct tr_error *e);
+int tr_store_job_token_clear(tr_store_t *s, int64_t id, struct tr_error *e);
+int tr_store_job_token_hash_of(tr_store_t *s, int64_t id, char hash_hex[65], struct tr_error *e);
+int tr_store_job_token_job_of(tr_store_t *s, const char *hash_hex, int64_t *id, struct tr_error *e);
 /* What PUT /jobs/{id}/info may leave a job with; the engine's own fields
  * (TR_INFO_ENGINE_FIELDS at most) always fit on top. */
 #define TR_INFO_MAX_FIELDS 64

@@ -23,6 +23,10 @@
 #     (a pause meanwhile is a 409);
 #   - the daemon restarted while a 1-task Slurm job runs follows it again
 #     and records its end, the same bits;
+#   - with the daemon's report-url (set at that restart), a 2-task job's
+#     rank 0 reports over the API with the job's token: live progress with
+#     total_steps, every loss point once, the same bits; the token file is
+#     0600, revoked at the end, and in no log or Slurm output;
 #   - a bad "resources" is a 400 naming its JSON pointer (2 tasks without
 #     exact mode too).
 # Usage: slurm.sh TRAINERD [TRAINCTL]   (as root: slurmd runs jobs as their
@@ -71,9 +75,10 @@ fi
 export SLURM_CONF="$work/cluster/slurm.conf"
 . "$here/../e2e/mpi_sanitizer_env.sh" # the daemon's environment reaches the tasks (sbatch exports it)
 
+# start_daemon [OPTION...]: on 127.0.0.1, an ephemeral port unless told.
 start_daemon() {
 	rm -f "$work/state/listen.addr"
-	"$TRAINERD" serve --listen 127.0.0.1:0 --state-dir "$work/state" --backend cpu --cpu-devices 1 \
+	"$TRAINERD" serve --listen 127.0.0.1:0 --state-dir "$work/state" --backend cpu --cpu-devices 1 "$@" \
 		>>"$work/daemon.log" 2>&1 &
 	daemon_pid=$!
 	for _ in $(seq 150); do
@@ -260,10 +265,35 @@ mid_run "$followed" >/dev/null
 stop_daemon
 sid=$(cat "$work/state/slurm/job-$followed/slurm_job_id")
 check "restart: the Slurm job runs on without the daemon" sh -c "scontrol show job -o $sid | grep -Eq 'JobState=(RUNNING|COMPLETING|COMPLETED)'"
-start_daemon
+# Restarted on the port it had, with its URL as the nodes reach it: the
+# jobs submitted from now on report over the API (docs/slurm.md).
+port=${url##*:}
+start_daemon --listen "127.0.0.1:$port" --report-url "http://127.0.0.1:$port"
 check "restart: the job is followed again and completes" wait_for 240 "$followed" 'd["state"]=="completed"'
 check "restart: the log says so" sh -c "curl -sf '$url/jobs/$followed/logs' | grep -q 'following Slurm job $sid again'"
 check "restart: the model (1 task) is the local run's bits" test "$(model_sha "$followed")" = "$ref"
+
+# ---- reports over the API (report-url) ----
+reported=$(submit "$work/job2.json")
+rdir="$work/state/slurm/job-$reported"
+# The token file, read as soon as it is there (it goes as the job ends).
+for _ in $(seq 300); do [ -s "$rdir/report.token" ] && break; sleep 0.1; done
+mode=$(stat -c %a "$rdir/report.token" 2>/dev/null)
+token=$(cat "$rdir/report.token" 2>/dev/null)
+check "report: the token file is 0600 ($mode)" test "$mode" = 600
+check "report: live progress with total_steps, from rank 0's reports" wait_for 120 "$reported" \
+	'd["state"]=="running" and d["progress"]["total_steps"]==378 and d["progress"]["step"]>0'
+check "report: the worker reported (the folder's mark)" test -e "$rdir/reported"
+check "report: completed" wait_for 240 "$reported" 'd["state"]=="completed" and d["progress"]["total_steps"]==378'
+check "report: the model of $tasks tasks is the local run's bits" test "$(model_sha "$reported")" = "$ref"
+n=$(curl -sf "$url/jobs/$reported/metrics?names=loss&max_points=100000" |
+	python3 -c 'import json,sys; print(len(json.load(sys.stdin)["series"]["loss"]["steps"]))')
+check "report: every loss point once ($n of $ref_losses)" test "$n" = "$ref_losses"
+check "report: the token is revoked (its file gone)" test ! -e "$rdir/report.token"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$url/jobs/$reported/report" -H 'Content-Type: application/json' \
+	-H "Authorization: Bearer $token" --data-binary '{"progress": {"step": 1}}')
+check "report: a revoked token is a 401" test "$code" = 401
+check "report: the token is in no log or Slurm output" sh -c "test -n '$token' && ! grep -rqF -- '$token' '$work/daemon.log' $rdir/slurm-*.out"
 
 # ---- bad resources ----
 code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Content-Type: application/json' \

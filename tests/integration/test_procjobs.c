@@ -342,6 +342,9 @@ Test(procjobs, two_processes_give_the_bits_of_one)
 	cr_assert_str_eq(state, "completed", "job %lld: %s", two, error_message(j));
 	cr_assert_str_eq(info(j, "process_restarts"), "0");
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "progress"), "step")), STEPS);
+	/* From the worker's plan.json (metrics.jsonl does not say it). */
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "progress"), "total_steps")), STEPS, "%s",
+		     json_dumps(json_object_get(j, "progress"), 0));
 	json_decref(j);
 	const char *served = download_final(two);
 	cr_assert_str_eq(sha256_of(served), sha256_of(out),
@@ -375,6 +378,11 @@ Test(procjobs, a_killed_rank_restarts_the_group_from_its_checkpoint)
 	int sid = group_session(id);
 	kill_one_rank(id);
 	assert_group_gone(sid, 15);
+	/* A daemon restart meanwhile keeps the count (it was shown as 0). */
+	wait_step(id, 30, 60);
+	int status = 0;
+	daemon_stop(&d, &status);
+	daemon_restart(&d, 2, NULL);
 	const char *state = wait_state(&d, id, "completed|failed|cancelled", 120 * TR_TEST_SLOW);
 	json_t *j = job_json(id);
 	cr_assert_str_eq(state, "completed", "job %lld: %s", id, error_message(j));

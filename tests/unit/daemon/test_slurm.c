@@ -74,6 +74,8 @@ Test(slurm, command_output_status_and_timeout)
 
 /* Runs the batch script with stub srun/scancel/scontrol in bin (they log
  * their arguments) and returns the log. */
+static const char *report_url;
+
 static char *run_script(const char *tmp, bool checkpoint, const char *srun_body)
 {
 	char path[512], cmd[1024];
@@ -92,7 +94,7 @@ static char *run_script(const char *tmp, bool checkpoint, const char *srun_body)
 	snprintf(path, sizeof path, "%s/job.sh", tmp);
 	char bin[512];
 	snprintf(bin, sizeof bin, "%s/bin", tmp);
-	cr_assert_eq(tr_slurm_write_script(path, 7, tmp, "/opt/trainerd", bin), 0);
+	cr_assert_eq(tr_slurm_write_script(path, 7, tmp, "/opt/trainerd", bin, report_url), 0);
 	snprintf(cmd, sizeof cmd, "rm -f %s/checkpoint.safetensors %s/spec.json %s/log; %s", tmp, tmp, tmp,
 		 checkpoint ? "" : "true");
 	if (checkpoint)
@@ -125,6 +127,14 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	cr_expect_not_null(strstr(log, "/job.json --out "), "%s", log);
 	cr_expect_null(strstr(log, "scontrol"), "%s", log);
 	cr_expect_null(strstr(log, "--mpi"), "one task needs no MPI plugin: %s", log);
+	cr_expect_null(strstr(log, "--report"), "no report URL, no reports: %s", log);
+	/* With the daemon's report URL: this job's route and its token file. */
+	report_url = "https://head:8443/";
+	log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");
+	cr_expect_not_null(strstr(log, " --report-url https://head:8443/jobs/7/report --report-token-file "), "%s",
+			   log);
+	cr_expect_not_null(strstr(log, "/report.token"), "%s", log);
+	report_url = NULL;
 	/* Several tasks are ranks that Open MPI starts through PMIx. */
 	setenv("SLURM_NTASKS", "2", 1);
 	log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");

@@ -1012,7 +1012,7 @@ Test(ckpt, older_checkpoints_move_into_files_at_open)
 			     " ALTER TABLE jobs DROP COLUMN preemptible; ALTER TABLE jobs DROP COLUMN preemption;"
 			     " DROP INDEX jobs_by_trial; ALTER TABLE jobs DROP COLUMN experiment_id;"
 			     " ALTER TABLE jobs DROP COLUMN trial; ALTER TABLE jobs DROP COLUMN pause_at;"
-			     " DROP TABLE experiment_events; DROP TABLE experiments;"
+			     " DROP TABLE experiment_events; DROP TABLE experiments; DROP TABLE job_tokens;"
 			     " PRAGMA user_version = 2;",
 			     NULL, NULL, NULL),
 		SQLITE_OK, "%s", sqlite3_errmsg(db));

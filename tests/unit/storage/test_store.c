@@ -2096,3 +2096,28 @@ Test(events, job_data_generation_survives_eviction, .timeout = 120)
 	}
 	tr_store_close(s);
 }
+
+/* Report tokens (migration 14): only a hash is kept, one per job, found
+ * by job and by hash, cleared when the job ends and gone with its job. */
+Test(jobs, report_token_hashes)
+{
+	tr_store_t *s = open_store(NULL);
+	int64_t a = add_job(s, "a", 0), b = add_job(s, "b", 0), found = 0;
+	char ha[65] = "", hb[65] = "", got[65];
+	memset(ha, 'a', 64);
+	memset(hb, 'b', 64);
+	cr_assert_eq(tr_store_job_token_hash_of(s, a, got, NULL), -ENOENT);
+	cr_assert_eq(tr_store_job_token_set(s, a, ha, NULL), 0);
+	cr_assert_eq(tr_store_job_token_set(s, b, hb, NULL), 0);
+	cr_assert_eq(tr_store_job_token_hash_of(s, a, got, NULL), 0);
+	cr_assert_str_eq(got, ha);
+	cr_assert_eq(tr_store_job_token_job_of(s, hb, &found, NULL), 0);
+	cr_assert_eq(found, b);
+	cr_assert_eq(tr_store_job_token_set(s, 999, ha, NULL), -ENOENT, "no token for a job that is not there");
+	cr_assert_eq(tr_store_job_token_clear(s, a, NULL), 0);
+	cr_assert_eq(tr_store_job_token_job_of(s, ha, &found, NULL), -ENOENT, "a cleared token finds no job");
+	cr_assert_eq(tr_store_job_token_clear(s, a, NULL), 0, "clearing twice is no error");
+	cr_assert_eq(tr_store_job_delete(s, b, NULL), 0);
+	cr_assert_eq(tr_store_job_token_job_of(s, hb, &found, NULL), -ENOENT, "gone with its job");
+	tr_store_close(s);
+}
