@@ -1,0 +1,73 @@
+/* Each dense layer's route on CPU devices (docs/design.md, "Dense layers
+ * on CPU devices"): OpenBLAS or oneDNN tiles, whichever measured faster at
+ * this job's rows per device (or what this machine measured before:
+ * tr_cpu_dense_route).  The layers keep it, so every device and every
+ * step of the job takes the same route; with several processes all take
+ * process 0's, since routes that differ would give shards different bits. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/trainer_internal.h"
+
+/* Process 0's routes for every process (nproc > 1). */
+static int share_dense_routes(struct tr_trainer *t, struct tr_error *err)
+{
+	tr_model_t *m = &t->model;
+	if (m->n_nodes <= 0)
+		return 0;
+	int *routes = calloc((size_t)m->n_nodes, sizeof *routes);
+	if (!routes) {
+		tr_error_set(err, 0, 0, NULL, "out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < m->n_nodes; i++)
+		routes[i] = (int)m->layers[i].gemm_route;
+	int rc = t->pcomm->i->bcast(t->pcomm, routes, (size_t)m->n_nodes * sizeof *routes, 0);
+	for (int i = 0; i < m->n_nodes && rc == 0; i++)
+		m->layers[i].gemm_route = (enum tr_cpu_gemm)routes[i];
+	if (rc < 0)
+		tr_error_set(err, 0, 0, NULL, "processes: dense routes: %s", t->pcomm->i->last_error(t->pcomm));
+	free(routes);
+	return rc;
+}
+
+int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err)
+{
+	char routes[160] = "";
+	size_t used = 0;
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return 0;
+	for (int i = 0; i < t->model.n_nodes; i++) {
+		struct tr_layer *l = &t->model.layers[i];
+		if (l->type != TR_LAYER_DENSE)
+			continue;
+		struct tr_dense_choice c;
+		int rc = tr_cpu_dense_route(t->be, t->devs[0], l->in, l->out, rows, TR_CPU_GEMM_AUTO, &c, err);
+		if (rc < 0)
+			return rc;
+		l->gemm_route = c.route;
+		const char *name = tr_cpu_dense_route_name(c.route);
+		if (c.openblas_ms > 0 || c.onednn_ms > 0)
+			tr_trainer_logf(
+				t, TR_LOG_INFO,
+				"dense layer %s: %s (%s; forward + gradients: OpenBLAS %.2f ms, oneDNN %.2f ms)",
+				l->path, name,
+				c.measured ? "measured now at this job's rows per device"
+					   : "measured before on this machine",
+				c.openblas_ms, c.onednn_ms);
+		else
+			tr_trainer_logf(t, TR_LOG_INFO, "dense layer %s: %s (this build has no oneDNN)", l->path, name);
+		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
+		if (n > 0 && (size_t)n < sizeof routes - used)
+			used += (size_t)n;
+	}
+	if (t->nproc > 1) {
+		int rc = share_dense_routes(t, err);
+		if (rc < 0)
+			return rc;
+	}
+	if (used && t->opt.hooks.info)
+		t->opt.hooks.info(t->opt.hooks.ctx, "dense_routes", routes);
+	return 0;
+}
