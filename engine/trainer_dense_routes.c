@@ -43,7 +43,11 @@ int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err
 		if (l->type != TR_LAYER_DENSE)
 			continue;
 		struct tr_dense_choice c;
-		int rc = tr_cpu_dense_route(t->be, t->devs[0], l->in, l->out, rows, TR_CPU_GEMM_AUTO, &c, err);
+		/* the spec's names follow enum tr_cpu_gemm */
+		int rc = tr_cpu_dense_route(t->be, t->devs[0], l->in, l->out, rows,
+					    (enum tr_cpu_gemm)t->spec->cpu_dense, &c, err);
+		if (rc == -ENOTSUP)
+			tr_error_set(err, 0, 0, "/cpu_dense", "/cpu_dense: %s", err->message);
 		if (rc < 0)
 			return rc;
 		l->gemm_route = c.route;
@@ -57,7 +61,8 @@ int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err
 					   : "measured before on this machine",
 				c.openblas_ms, c.onednn_ms);
 		else
-			tr_trainer_logf(t, TR_LOG_INFO, "dense layer %s: %s (this build has no oneDNN)", l->path, name);
+			tr_trainer_logf(t, TR_LOG_INFO, "dense layer %s: %s (%s)", l->path, name,
+					t->spec->cpu_dense ? "as the job asks" : "this build has no oneDNN");
 		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
 		if (n > 0 && (size_t)n < sizeof routes - used)
 			used += (size_t)n;

@@ -28,14 +28,16 @@ static void stop(void)
 
 TestSuite(denseroutes, .init = start, .fini = stop, .timeout = 240);
 
-/* two dense layers of different shapes; a few steps */
-static const char *const JOB =
-	"{\"name\": \"denseroutes\", \"seed\": 5,"
-	"\"model\": {\"inputs\": 20, \"layers\": [{\"type\": \"dense\", \"units\": 16}, {\"type\": \"relu\"},"
-	" {\"type\": \"dense\", \"units\": 3}], \"loss\": \"softmax_cross_entropy\"},"
-	"\"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"classification\", \"samples\": 64,"
-	" \"features\": 20, \"classes\": 3}},"
-	"\"batch_size\": 16, \"max_steps\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}";
+/* two dense layers of different shapes; a few steps; FIELD: the spec's
+ * cpu_dense, if any */
+#define JOB_WITH(FIELD)                                                                                        \
+	"{\"name\": \"denseroutes\", \"seed\": 5," FIELD                                                       \
+	"\"model\": {\"inputs\": 20, \"layers\": [{\"type\": \"dense\", \"units\": 16}, {\"type\": \"relu\"}," \
+	" {\"type\": \"dense\", \"units\": 3}], \"loss\": \"softmax_cross_entropy\"},"                         \
+	"\"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"classification\", \"samples\": 64,"     \
+	" \"features\": 20, \"classes\": 3}},"                                                                 \
+	"\"batch_size\": 16, \"max_steps\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}"
+static const char *const JOB = JOB_WITH("");
 
 /* The finished job's info.dense_routes and its final loss (bits). */
 static void job_result(long long id, char routes[64], double *loss)
@@ -98,4 +100,22 @@ Test(denseroutes, each_layers_route_is_shown_and_remembered)
 	job_result(submit_job(&d, JOB), again, &loss2);
 	cr_expect_str_eq(again, routes);
 	cr_expect(memcmp(&loss, &loss2, sizeof loss) == 0, "final loss %.9g then %.9g", loss, loss2);
+}
+
+/* A job's spec may name the route (cpu_dense); a bad name is refused at
+ * submit, naming the field. */
+Test(denseroutes, the_spec_names_the_route)
+{
+	char routes[64];
+	double loss;
+	job_result(submit_job(&d, JOB_WITH("\"cpu_dense\": \"openblas\",")), routes, &loss);
+	cr_expect_str_eq(routes, "openblas,openblas");
+	job_result(submit_job(&d, JOB_WITH("\"cpu_dense\": \"onednn\",")), routes, &loss);
+	cr_expect_str_eq(routes, "onednn,onednn");
+
+	struct http_reply r;
+	http(&d, "POST", "/jobs", JOB_WITH("\"cpu_dense\": \"fastest\","), "application/json", NULL, &r);
+	cr_expect(r.status == 400 || r.status == 422, "status %ld", r.status);
+	cr_expect(r.body && strstr(r.body, "/cpu_dense"), "%s", r.body ? r.body : "");
+	http_free(&r);
 }
