@@ -3,9 +3,17 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+static atomic_ullong primitives_made;
+
+unsigned long long tr_dnnl_gemm_primitives_made(void)
+{
+	return atomic_load(&primitives_made);
+}
 
 #ifdef TR_HAVE_DNNL
 #include <omp.h>
@@ -134,6 +142,7 @@ static int entry_make(struct entry *e, const struct key *k, struct tr_error *err
 	omp_set_num_threads(1);
 	DN(dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL), "matmul primitive_desc_create");
 	DN(dnnl_primitive_create(&e->prim, pd), "matmul primitive_create");
+	atomic_fetch_add(&primitives_made, 1);
 	DN(dnnl_memory_create(&e->a, &a, engine, DNNL_MEMORY_NONE), "memory_create");
 	DN(dnnl_memory_create(&e->b, &b, engine, DNNL_MEMORY_NONE), "memory_create");
 	DN(dnnl_memory_create(&e->c, &c, engine, DNNL_MEMORY_NONE), "memory_create");

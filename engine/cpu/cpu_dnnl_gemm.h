@@ -25,4 +25,8 @@
 int tr_dnnl_gemm(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
 		 float *c, int ldc, struct tr_error *err);
 
+/* Matmul primitives made by this process so far (tests check that a
+ * step makes none once the shapes are known). */
+unsigned long long tr_dnnl_gemm_primitives_made(void);
+
 #endif

@@ -15,6 +15,7 @@
 
 #include "engine/backend.h"
 #include "engine/cpu/cpu_dnnl_conv.h"
+#include "engine/cpu/cpu_dnnl_gemm.h"
 
 #define NEED_DNNL()                                                             \
 	do {                                                                    \
@@ -130,6 +131,34 @@ Test(dense_route, onednn_bits_do_not_depend_on_the_thread_budget)
 		free(one);
 		operands_free(&o);
 	}
+}
+
+/* Primitives are made once per tile shape: repeating the products (the
+ * steps of a job) on the same backend makes none. */
+Test(dense_route, steps_make_no_primitives)
+{
+	NEED_DNNL();
+	tr_backend_t *be = tr_cpu_backend_create(1, 2);
+	cr_assert(be);
+	const struct product *p = &products[0];
+	struct operands o = operands(p);
+	float *c = malloc((size_t)p->m * p->n * sizeof *c);
+	cr_assert(c);
+	unsigned long long made = 0;
+	for (int step = 0; step < 4; step++) {
+		if (step == 1)
+			made = tr_dnnl_gemm_primitives_made();
+		cr_assert_eq(be->i->gemm_route(be, 0, TR_CPU_GEMM_ONEDNN, p->ta, p->tb, p->m, p->n, p->k, o.a, o.b,
+					       o.bias, c),
+			     0, "%s", be->i->last_error(be));
+	}
+	/* the first call made one per tile shape and thread at most */
+	cr_expect_gt(made, 0);
+	cr_expect_eq(tr_dnnl_gemm_primitives_made(), made, "steps 2-4 made %llu primitives",
+		     tr_dnnl_gemm_primitives_made() - made);
+	free(c);
+	operands_free(&o);
+	tr_backend_destroy(be);
 }
 
 Test(dense_route, both_routes_agree_with_a_double_reference)
