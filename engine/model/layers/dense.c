@@ -33,9 +33,9 @@ static int forward(const struct tr_pass *p, const struct tr_layer *l, const floa
 	return rc;
 }
 
-/* dW through the layer's route (gemm_route, beta 0): with r->grad_sum
- * into grads and then added to it, gemm_accumulate_max_k's promise being
- * the OpenBLAS route's alone. */
+/* dW on the oneDNN route (gemm_route, beta 0): with r->grad_sum into
+ * grads and then added to it, gemm_accumulate_max_k's promise being
+ * gemm's, the OpenBLAS route's, alone. */
 static int routed_dw(const struct tr_pass *p, const struct tr_layer *l, const float *x, const float *dy)
 {
 	tr_replica_t *r = p->r;
@@ -61,9 +61,11 @@ static int backward(const struct tr_pass *p, const struct tr_layer *l, const flo
 	float *dw = r->grad_sum ? r->grad_sum : r->grads;
 	bool routed = l->gemm_route && bi->gemm_route;
 	(void)y;
-	int rc = routed ? routed_dw(p, l, x, dy)
-			: bi->gemm(r->be, r->dev, true, false, l->out, l->in, p->rows, 1.0f, dy, x,
-				   r->grad_sum ? 1.0f : 0.0f, dw + l->tensors[0].off);
+	/* the OpenBLAS route's dW is gemm's (with beta 1 into grad_sum) */
+	int rc = routed && l->gemm_route == TR_CPU_GEMM_ONEDNN
+			 ? routed_dw(p, l, x, dy)
+			 : bi->gemm(r->be, r->dev, true, false, l->out, l->in, p->rows, 1.0f, dy, x,
+				    r->grad_sum ? 1.0f : 0.0f, dw + l->tensors[0].off);
 	if (rc == 0 && l->n_tensors > 1) {
 		size_t b = l->tensors[1].off;
 		rc = bi->col_sum(r->be, r->dev, p->rows, l->out, dy, r->grads + b);
