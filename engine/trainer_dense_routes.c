@@ -2,35 +2,12 @@
  * on CPU devices"): OpenBLAS or oneDNN tiles, whichever measured faster at
  * this job's rows per device (or what this machine measured before:
  * tr_cpu_dense_route).  The layers keep it, so every device and every
- * step of the job takes the same route; with several processes all take
- * process 0's, since routes that differ would give shards different bits. */
+ * step of the job takes the same route (with several processes, process
+ * 0's: share_routes in trainer_setup.c). */
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "engine/trainer_internal.h"
-
-/* Process 0's routes for every process (nproc > 1). */
-static int share_dense_routes(struct tr_trainer *t, struct tr_error *err)
-{
-	tr_model_t *m = &t->model;
-	if (m->n_nodes <= 0)
-		return 0;
-	int *routes = calloc((size_t)m->n_nodes, sizeof *routes);
-	if (!routes) {
-		tr_error_set(err, 0, 0, NULL, "out of memory");
-		return -ENOMEM;
-	}
-	for (int i = 0; i < m->n_nodes; i++)
-		routes[i] = (int)m->layers[i].gemm_route;
-	int rc = t->pcomm->i->bcast(t->pcomm, routes, (size_t)m->n_nodes * sizeof *routes, 0);
-	for (int i = 0; i < m->n_nodes && rc == 0; i++)
-		m->layers[i].gemm_route = (enum tr_cpu_gemm)routes[i];
-	if (rc < 0)
-		tr_error_set(err, 0, 0, NULL, "processes: dense routes: %s", t->pcomm->i->last_error(t->pcomm));
-	free(routes);
-	return rc;
-}
 
 int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err)
 {
@@ -66,11 +43,6 @@ int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err
 		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
 		if (n > 0 && (size_t)n < sizeof routes - used)
 			used += (size_t)n;
-	}
-	if (t->nproc > 1) {
-		int rc = share_dense_routes(t, err);
-		if (rc < 0)
-			return rc;
 	}
 	if (used && t->opt.hooks.info)
 		t->opt.hooks.info(t->opt.hooks.ctx, "dense_routes", routes);
