@@ -23,8 +23,11 @@ int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err
 		/* the spec's names follow enum tr_cpu_gemm */
 		int rc = tr_cpu_dense_route(t->be, t->devs[0], l->in, l->out, rows,
 					    (enum tr_cpu_gemm)t->spec->cpu_dense, &c, err);
-		if (rc == -ENOTSUP)
-			tr_error_set(err, 0, 0, "/cpu_dense", "/cpu_dense: %s", err->message);
+		if (rc == -ENOTSUP) {
+			char why[sizeof err->message]; /* not formatted into itself */
+			snprintf(why, sizeof why, "%s", err->message);
+			tr_error_set(err, 0, 0, "/cpu_dense", "/cpu_dense: %s", why);
+		}
 		if (rc < 0)
 			return rc;
 		l->gemm_route = c.route;

@@ -6,6 +6,7 @@
  * the per-machine file.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -319,6 +320,12 @@ Test(dense_route, fixed_routes_are_not_measured)
 	if (tr_dnnl_available()) {
 		cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_ONEDNN, &c, &err), 0, "%s", err.message);
 		cr_expect(!c.measured && c.route == TR_CPU_GEMM_ONEDNN);
+	} else {
+		cr_expect_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_ONEDNN, &c, &err), -ENOTSUP);
+		cr_expect(strstr(err.message, "oneDNN"), "%s", err.message);
+		/* auto takes OpenBLAS without measuring */
+		cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_AUTO, &c, &err), 0, "%s", err.message);
+		cr_expect(!c.measured && c.route == TR_CPU_GEMM_OPENBLAS);
 	}
 	tr_backend_destroy(be);
 }
