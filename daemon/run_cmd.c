@@ -42,6 +42,7 @@ struct run_ctx {
 	const char *out_dir;
 	enum tr_optim_type optim;
 	char conv_routes[160];   /* the trainer's info field: each conv2d layer's CPU route */
+	char dense_routes[160];  /* and each dense layer's */
 	tr_run_report_t *report; /* rank 0 with --report-url: reports to the daemon */
 	bool rank0;
 	int64_t plan_written; /* the total_steps in DIR/plan.json (0: none yet) */
@@ -76,6 +77,8 @@ static void on_info(void *ctx, const char *key, const char *value)
 	struct run_ctx *rc = ctx;
 	if (!strcmp(key, "conv_routes"))
 		snprintf(rc->conv_routes, sizeof rc->conv_routes, "%s", value);
+	else if (!strcmp(key, "dense_routes"))
+		snprintf(rc->dense_routes, sizeof rc->dense_routes, "%s", value);
 }
 
 static void on_metric(void *ctx, const struct tr_metric_point *p)
@@ -171,8 +174,22 @@ static int user_cache_file(char *path, size_t n, const char *name)
 	return more < 0 || (size_t)more >= room ? -1 : 0;
 }
 
+/* A route info field ("onednn,im2col") as the summary's list, as the
+ * bench reads it; nothing when the job had no such layers. */
+static void set_routes(json_t *j, const char *key, const char *routes)
+{
+	if (!routes[0])
+		return;
+	json_t *a = json_array();
+	char buf[160], *save = NULL;
+	snprintf(buf, sizeof buf, "%s", routes);
+	for (char *r = strtok_r(buf, ",", &save); r; r = strtok_r(NULL, ",", &save))
+		json_array_append_new(a, json_string(r));
+	json_object_set_new(j, key, a);
+}
+
 static int write_summary(const char *path, const struct tr_summary *s, int ndev, int nproc, int workers,
-			 const char *state, const char *conv_routes, const char *error)
+			 const char *state, const char *conv_routes, const char *dense_routes, const char *error)
 {
 	json_t *j = json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i, s:i, s:s}", "steps", (json_int_t)s->steps,
 			      "epochs", (json_int_t)s->epochs, "samples", (json_int_t)s->samples, "final_loss",
@@ -200,14 +217,8 @@ static int write_summary(const char *path, const struct tr_summary *s, int ndev,
 	for (size_t i = 0; i < sizeof test / sizeof test[0]; i++)
 		if (isfinite(test[i].v))
 			json_object_set_new(j, test[i].name, json_real(test[i].v));
-	if (conv_routes[0]) { /* "onednn,im2col": a list, as the bench reads it */
-		json_t *a = json_array();
-		char buf[160], *save = NULL;
-		snprintf(buf, sizeof buf, "%s", conv_routes);
-		for (char *r = strtok_r(buf, ",", &save); r; r = strtok_r(NULL, ",", &save))
-			json_array_append_new(a, json_string(r));
-		json_object_set_new(j, "conv_routes", a);
-	}
+	set_routes(j, "conv_routes", conv_routes);
+	set_routes(j, "dense_routes", dense_routes);
 	json_object_set_new(j, "error", error ? json_string(error) : json_null());
 	int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	json_decref(j);
@@ -747,7 +758,7 @@ int tr_cmd_run(int argc, char **argv)
 	snprintf(path, sizeof path, "%s/summary.json", out_dir);
 	if (rank == 0 &&
 	    write_summary(path, &sum, tr_trainer_device_count(t), nproc, workers ? workers : spec.prefetch_workers,
-			  state, ctx.conv_routes, rc < 0 ? errbuf.message : NULL) < 0) {
+			  state, ctx.conv_routes, ctx.dense_routes, rc < 0 ? errbuf.message : NULL) < 0) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
 		exit_code = 1;
 	} else {

@@ -194,6 +194,12 @@ typedef struct tr_backend_i {
 	 * tile of C is in cache).  NULL: the caller makes the two calls. */
 	int (*gemm_bias)(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
 			 const float *b, const float *bias, float *c);
+	/* Optional (CPU devices): gemm_bias's product (bias may be NULL)
+	 * through `route`, enum tr_cpu_gemm: OPENBLAS, gemm_bias's bits, or
+	 * ONEDNN (a dense layer's route, tr_cpu_dense_route).  NULL: the
+	 * caller takes gemm_bias or gemm. */
+	int (*gemm_route)(tr_backend_t *be, int dev, int route, bool trans_a, bool trans_b, int m, int n, int k,
+			  const float *a, const float *b, const float *bias, float *c);
 	/* Optional: the largest k for which gemm with alpha = 1 and beta = 1
 	 * adds each element of the product to C in one rounding, C + P, P
 	 * being what gemm with beta = 0 writes at the same shape: the bits of
@@ -408,6 +414,14 @@ struct tr_backend {
  * unless told otherwise. */
 enum tr_cpu_conv { TR_CPU_CONV_AUTO, TR_CPU_CONV_IM2COL, TR_CPU_CONV_ONEDNN };
 
+/* How CPU devices compute a dense layer's products (docs/design.md,
+ * "Dense layers on CPU devices"): OpenBLAS sgemm tiles, oneDNN matmul
+ * tiles where the build has them, or AUTO: per layer shape, whichever
+ * measured faster (tr_cpu_dense_route).  The values of OPENBLAS and
+ * ONEDNN match tr_cpu_conv's IM2COL and ONEDNN (one file keeps both
+ * choices). */
+enum tr_cpu_gemm { TR_CPU_GEMM_AUTO, TR_CPU_GEMM_OPENBLAS, TR_CPU_GEMM_ONEDNN };
+
 /* How a command asks for its devices (tr_backend_open). */
 struct tr_backend_options {
 	enum tr_backend_kind kind; /* AUTO: CUDA when a GPU is usable, else CPU */
@@ -476,6 +490,21 @@ const char *tr_cpu_conv_route_name(enum tr_cpu_conv route);
  * holds for this CPU.  Up to two files: the first opened wins where both
  * hold a shape, and new choices are written to both.  NULL: nothing. */
 void tr_cpu_conv_cache_open(const char *path);
+/* The route a CPU device takes for a dense layer of `in` inputs and `out`
+ * units when its job asks for `want`, as tr_cpu_conv_route does for
+ * conv2d: AUTO is measured (the forward, weight and data gradient
+ * products of both routes at `rows`), once per (in, out) and process,
+ * kept with the conv2d choices (shape "dense in%d out%d").  0 and *out
+ * (OPENBLAS or ONEDNN), or a negative errno with the reason in err. */
+struct tr_dense_choice {
+	enum tr_cpu_gemm route;
+	bool measured;                 /* measured by this call, not remembered */
+	double openblas_ms, onednn_ms; /* the three products, when measured (now or before) */
+};
+int tr_cpu_dense_route(tr_backend_t *be, int dev, int in, int out, int rows, enum tr_cpu_gemm want,
+		       struct tr_dense_choice *choice, struct tr_error *err);
+/* "openblas", "onednn" or "auto". */
+const char *tr_cpu_dense_route_name(enum tr_cpu_gemm route);
 /* Forgets every choice (tests). */
 void tr_cpu_conv_choices_forget(void);
 /* "im2col", "onednn" or "auto". */

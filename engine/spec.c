@@ -45,6 +45,7 @@ static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", "linear", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const cpu_conv_names[] = {"default", "auto", "im2col", "onednn", NULL};
+static const char *const cpu_dense_names[] = {"auto", "openblas", "onednn", NULL};
 static const char *const precision_names[] = {"fp32", "tf32", NULL};
 static const char *const es_metric_names[] = {"loss", "val_loss", "val_accuracy", NULL};
 static const char *const es_mode_names[] = {"min", "max", NULL};
@@ -1088,6 +1089,7 @@ static const struct tr_field root_fields[] = {
 	{.key = "backend", .kind = K_ENUM, .off = SPEC(backend), .names = backend_names},
 	{.key = "precision", .kind = K_BOOLENUM, .off = SPEC(tf32), .names = precision_names},
 	{.key = "cpu_conv", .kind = K_ENUM, .off = SPEC(cpu_conv), .flags = F_OMIT0, .names = cpu_conv_names},
+	{.key = "cpu_dense", .kind = K_ENUM, .off = SPEC(cpu_dense), .flags = F_OMIT0, .names = cpu_dense_names},
 	{.key = "prefetch", .kind = K_OBJECT, .sub = prefetch_fields},
 	{.key = "log_every_steps", .kind = K_INT, .off = SPEC(log_every_steps), .flags = POSITIVE, .def = 1},
 	{.key = "eval_every_epochs", .kind = K_INT, .off = SPEC(eval_every_epochs), .flags = POSITIVE, .def = 1},

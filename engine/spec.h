@@ -290,6 +290,9 @@ struct tr_spec {
 		TR_SPEC_CONV_IM2COL,
 		TR_SPEC_CONV_ONEDNN
 	} cpu_conv;
+	/* "cpu_dense": CPU devices' dense route, the order of enum
+	 * tr_cpu_gemm; AUTO (measured) unless the spec names one */
+	enum tr_spec_cpu_dense { TR_SPEC_DENSE_AUTO, TR_SPEC_DENSE_OPENBLAS, TR_SPEC_DENSE_ONEDNN } cpu_dense;
 	int prefetch_workers;       /* default 2 */
 	int prefetch_depth;         /* default 4 */
 	int log_every_steps;        /* default 1 */

@@ -490,26 +490,31 @@ static void mark_conv_chains(struct tr_trainer *t, int rows)
 	}
 }
 
-/* Several processes take process 0's conv2d routes: each measures its
- * own, and routes that differ would give shards different bits. */
-static int share_conv_routes(struct tr_trainer *t, struct tr_error *err)
+/* Several processes take process 0's conv2d and dense routes: each
+ * measures its own, and routes that differ would give shards different
+ * bits.  Two per node: conv.route, gemm_route. */
+static int share_routes(struct tr_trainer *t, struct tr_error *err)
 {
-	const tr_model_t *m = &t->model;
+	tr_model_t *m = &t->model;
 	if (t->nproc <= 1 || m->n_nodes == 0)
 		return 0;
-	int *routes = calloc((size_t)m->n_nodes, sizeof *routes);
+	int *routes = calloc(2 * (size_t)m->n_nodes, sizeof *routes);
 	if (!routes) {
 		tr_error_set(err, 0, 0, NULL, "out of memory");
 		return -ENOMEM;
 	}
-	for (int i = 0; i < m->n_nodes; i++)
-		routes[i] = m->layers[i].conv.route;
-	int rc = t->pcomm->i->bcast(t->pcomm, routes, (size_t)m->n_nodes * sizeof *routes, 0);
-	for (int i = 0; i < m->n_nodes && rc == 0; i++)
+	for (int i = 0; i < m->n_nodes; i++) {
+		routes[2 * i] = m->layers[i].conv.route;
+		routes[2 * i + 1] = (int)m->layers[i].gemm_route;
+	}
+	int rc = t->pcomm->i->bcast(t->pcomm, routes, 2 * (size_t)m->n_nodes * sizeof *routes, 0);
+	for (int i = 0; i < m->n_nodes && rc == 0; i++) {
 		if (m->layers[i].type == TR_LAYER_CONV2D)
-			t->model.layers[i].conv.route = routes[i];
+			m->layers[i].conv.route = routes[2 * i];
+		m->layers[i].gemm_route = (enum tr_cpu_gemm)routes[2 * i + 1];
+	}
 	if (rc < 0)
-		tr_error_set(err, 0, 0, NULL, "processes: conv2d routes: %s", t->pcomm->i->last_error(t->pcomm));
+		tr_error_set(err, 0, 0, NULL, "processes: layer routes: %s", t->pcomm->i->last_error(t->pcomm));
 	free(routes);
 	return rc;
 }
@@ -654,7 +659,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0 ||
-	    (rc = share_conv_routes(t, err)) < 0) {
+	    (rc = tr_trainer_dense_routes(t, max_rows, err)) < 0 || (rc = share_routes(t, err)) < 0) {
 		free(host);
 		goto fail;
 	}

@@ -872,6 +872,9 @@
 					/* CPU conv2d route per conv layer, as the job measured or was told */
 					(job.info || {}).conv_routes ? [h('dt', { text: 'Conv routes' }),
 						h('dd', { 'data-key': 'conv_routes', text: job.info.conv_routes.split(',').join(', ') })] : [],
+					/* and each dense layer's: OpenBLAS or oneDNN tiles */
+					(job.info || {}).dense_routes ? [h('dt', { text: 'Dense routes' }),
+						h('dd', { 'data-key': 'dense_routes', text: job.info.dense_routes.split(',').join(', ') })] : [],
 					mine.flatMap((dv) => [h('dt', { text: dv.name }),
 						h('dd', { 'data-device': dv.id, text: dv.kind + memory(dv) })])));
 		}

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "engine/cpu/cpu_dnnl_gemm.h"
 #include "engine/cpu/cpu_internal.h"
 #include "engine/rng.h"
 
@@ -71,6 +72,8 @@ int tr_cpu_gemm_tiles(int m, int n, int k)
 }
 
 struct gemm_job {
+	tr_backend_t *be;
+	bool onednn; /* tiles through tr_dnnl_gemm (alpha 1, beta 0), not sgemm */
 	bool ta, tb, by_rows;
 	bool zero_c; /* C is cleared first (beta 0), tile by tile */
 	int m, n, k, tiles;
@@ -103,6 +106,27 @@ static int tile_start(int span, int tiles, int t)
 	return (int)((int64_t)t * (span / 16) / tiles) * 16;
 }
 
+/* gemm_tile's oneDNN route: the matmul overwrites C, so no clearing;
+ * the bias is added as on the sgemm route. */
+static int gemm_tile_onednn(const struct gemm_job *g, int lo, int len)
+{
+	int lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n, rc;
+	struct tr_error err;
+	if (g->by_rows) {
+		const float *a = g->a + (g->ta ? (size_t)lo : (size_t)lo * lda);
+		float *c = g->c + (size_t)lo * g->n;
+		rc = tr_dnnl_gemm(g->ta, g->tb, len, g->n, g->k, a, lda, g->b, ldb, c, g->n, &err);
+		if (rc == 0 && g->bias)
+			add_bias_block(c, (size_t)g->n, len, g->n, g->bias);
+	} else {
+		const float *b = g->b + (g->tb ? (size_t)lo * ldb : (size_t)lo);
+		rc = tr_dnnl_gemm(g->ta, g->tb, g->m, len, g->k, g->a, lda, b, ldb, g->c + lo, g->n, &err);
+		if (rc == 0 && g->bias)
+			add_bias_block(g->c + lo, (size_t)g->n, g->m, len, g->bias + lo);
+	}
+	return rc < 0 ? tr_cpu_set_error(g->be, rc, "gemm: %s", err.message) : 0;
+}
+
 static int gemm_tile(void *arg, int t, int slot)
 {
 	const struct gemm_job *g = arg;
@@ -113,6 +137,8 @@ static int gemm_tile(void *arg, int t, int slot)
 	(void)slot;
 	if (len <= 0)
 		return 0;
+	if (g->onednn)
+		return gemm_tile_onednn(g, lo, len);
 	if (g->by_rows) {
 		/* rows lo.. of op(A) and C */
 		if (g->zero_c)
@@ -140,8 +166,8 @@ static int gemm_tile(void *arg, int t, int slot)
  * by each tile right after its sgemm, while its part of C is in cache,
  * and on the device's threads; a separate add_bias was one more pass over
  * C, on one thread. */
-static int gemm_run(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-		    const float *a, const float *b, float beta, const float *bias, float *c)
+static int gemm_run(tr_backend_t *be, int dev, bool onednn, bool trans_a, bool trans_b, int m, int n, int k,
+		    float alpha, const float *a, const float *b, float beta, const float *bias, float *c)
 {
 	ENSURE(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=%d n=%d k=%d", m, n, k);
 	if (m == 0 || n == 0)
@@ -166,7 +192,9 @@ static int gemm_run(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 	bool zero_c = beta == 0.0f;
 	if (zero_c)
 		beta = 1.0f;
-	struct gemm_job g = {.ta = trans_a,
+	struct gemm_job g = {.be = be,
+			     .onednn = onednn,
+			     .ta = trans_a,
 			     .zero_c = zero_c,
 			     .tb = trans_b,
 			     .by_rows = m > n,
@@ -189,7 +217,7 @@ static int cpu_gemm(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m
 		    const float *a, const float *b, float beta, float *c)
 {
 	ENSURE_DEV("gemm");
-	return gemm_run(be, dev, trans_a, trans_b, m, n, k, alpha, a, b, beta, NULL, c);
+	return gemm_run(be, dev, false, trans_a, trans_b, m, n, k, alpha, a, b, beta, NULL, c);
 }
 
 static int cpu_gemm_bias(tr_backend_t *be, int dev, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
@@ -197,7 +225,21 @@ static int cpu_gemm_bias(tr_backend_t *be, int dev, bool trans_a, bool trans_b, 
 {
 	ENSURE_DEV("gemm_bias");
 	ENSURE(bias, "gemm_bias: NULL bias");
-	return gemm_run(be, dev, trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, bias, c);
+	return gemm_run(be, dev, false, trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f, bias, c);
+}
+
+/* A dense layer's product through its route: the same tiles on either,
+ * each one call of one thread, so neither route's bits depend on the
+ * thread count. */
+static int cpu_gemm_route(tr_backend_t *be, int dev, int route, bool trans_a, bool trans_b, int m, int n, int k,
+			  const float *a, const float *b, const float *bias, float *c)
+{
+	ENSURE_DEV("gemm_route");
+	ENSURE(route == TR_CPU_GEMM_OPENBLAS || route == TR_CPU_GEMM_ONEDNN, "gemm_route: route %d is not a route",
+	       route);
+	/* k == 0 is gemm_run's, on either route */
+	return gemm_run(be, dev, route == TR_CPU_GEMM_ONEDNN && k > 0, trans_a, trans_b, m, n, k, 1.0f, a, b, 0.0f,
+			bias, c);
 }
 
 /* gemm with beta 1 equals gemm into zeros then `add` (backend.h,
@@ -971,6 +1013,7 @@ void tr_cpu_kernels_fill(tr_backend_i *t)
 {
 	t->gemm = cpu_gemm;
 	t->gemm_bias = cpu_gemm_bias;
+	t->gemm_route = cpu_gemm_route;
 	t->gemm_accumulate_max_k = cpu_gemm_accumulate_max_k;
 	t->add_bias = cpu_add_bias;
 	t->col_sum = cpu_col_sum;

@@ -107,6 +107,9 @@ struct tr_layer {
 	float rate, eps;
 	struct tr_conv2d_desc conv;
 	struct tr_pool2d_desc pool;
+	/* dense on CPU devices: the route of its products (enum tr_cpu_gemm,
+	 * set by the job: tr_trainer_dense_routes); AUTO: gemm_bias and gemm */
+	enum tr_cpu_gemm gemm_route;
 };
 
 struct tr_replica;

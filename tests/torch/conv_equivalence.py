@@ -15,7 +15,8 @@ PyTorch's initialisation, handed to trainerd through init.from.  Checked:
     in near-zero gradients into lr-sized steps, so exact agreement is not
     a property even PyTorch has;
   - on every CPU convolution route (im2col, and oneDNN where built), each
-    asked for by the job spec's cpu_conv;
+    asked for by the job spec's cpu_conv, the dense layers on the matching
+    route (cpu_dense: openblas with im2col, onednn with oneDNN);
   - 1 and 3 devices agree (device-count invariance);
   - the exported model.safetensors loads into torch.nn.Sequential with
     strict names and shapes, a residual block included, and gives
@@ -89,7 +90,8 @@ def torch_run(*args):
 def trainerd_run(trainerd, tmp, net_name, opt_name, devices, epochs, init_path, route):
     # the spec's cpu_conv (a job's own route) rather than --cpu-conv
     return common.trainerd_run(trainerd, tmp, NETS, OPTS, net_name, opt_name, devices, epochs, init_path,
-                               suffix=f"-{route}", args=("--set", f"/cpu_conv={route}"))
+                               suffix=f"-{route}", args=("--set", f"/cpu_conv={route}", "--set",
+                                                         f"/cpu_dense={'onednn' if route == 'onednn' else 'openblas'}"))
 
 
 def main():

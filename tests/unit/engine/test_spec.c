@@ -474,6 +474,43 @@ Test(spec, exact_overlap_switch)
 	}
 }
 
+/* cpu_dense: absent is auto (left out of the normalized form); given,
+ * it is kept; another name is refused naming the field. */
+Test(spec, cpu_dense_is_per_job)
+{
+	struct tr_spec s;
+	parse_ok(base_spec, &s);
+	cr_expect_eq(s.cpu_dense, TR_SPEC_DENSE_AUTO);
+	json_t *j = tr_spec_to_json(&s);
+	cr_assert(j);
+	cr_expect_null(json_object_get(j, "cpu_dense"));
+	json_decref(j);
+	tr_spec_finish(&s);
+	static const char *const names[] = {"openblas", "onednn", "fastest"};
+	static const enum tr_spec_cpu_dense want[] = {TR_SPEC_DENSE_OPENBLAS, TR_SPEC_DENSE_ONEDNN};
+	for (int i = 0; i < 3; i++) {
+		json_error_t je;
+		json_t *doc = json_loads(base_spec, 0, &je);
+		cr_assert(doc);
+		json_object_set_new(doc, "cpu_dense", json_string(names[i]));
+		struct tr_error err;
+		int rc = tr_spec_parse(doc, &s, &err);
+		if (i == 2) {
+			cr_expect_lt(rc, 0);
+			cr_expect(strstr(err.message, "/cpu_dense"), "%s", err.message);
+			json_decref(doc);
+			continue;
+		}
+		cr_assert_eq(rc, 0, "%s", err.message);
+		cr_expect_eq(s.cpu_dense, want[i], "%s", names[i]);
+		j = tr_spec_to_json(&s);
+		cr_expect_str_eq(json_string_value(json_object_get(j, "cpu_dense")), names[i]);
+		json_decref(j);
+		json_decref(doc);
+		tr_spec_finish(&s);
+	}
+}
+
 /* cpu_conv: absent is the daemon's setting (left out of the normalized
  * form, so a job keeps following the daemon's); given, it is kept. */
 Test(spec, cpu_conv_is_per_job)

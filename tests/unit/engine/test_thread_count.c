@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/cpu/cpu_dnnl_conv.h"
 #include "engine/rng.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
@@ -301,6 +302,27 @@ Test(thread_count, conv_net_steps_default_route)
 Test(thread_count, conv_net_steps_im2col_route)
 {
 	job_same_bits(job, TR_CPU_CONV_IM2COL);
+}
+
+/* An MLP whose dense products are cut into tiles (784 x 512 x 64: two),
+ * on the oneDNN route (cpu_dense), as float and as exact mode. */
+static const char mlp_job[] =
+	"{\"name\": \"threads-mlp\", \"seed\": 4, \"cpu_dense\": \"onednn\","
+	" \"model\": {\"inputs\": 784, \"layers\": [{\"type\": \"dense\", \"units\": 512}, {\"type\": \"relu\"},"
+	"  {\"type\": \"dense\", \"units\": 10}], \"loss\": \"softmax_cross_entropy\"},"
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"classification\", \"samples\": 256,"
+	"  \"features\": 784, \"classes\": 10}, \"last_batch\": \"drop\"},"
+	" \"batch_size\": 64, \"epochs\": 2,"
+	" \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}}";
+
+Test(thread_count, mlp_steps_onednn_dense_route)
+{
+	if (!tr_dnnl_available())
+		cr_skip_test("this build has no oneDNN (libdnnl-dev)");
+	job_same_bits(mlp_job, TR_CPU_CONV_AUTO);
+	char text[sizeof mlp_job + 32];
+	snprintf(text, sizeof text, "{\"exact\": true, %s", mlp_job + 1);
+	job_same_bits(text, TR_CPU_CONV_AUTO);
 }
 
 /* Exact mode: each shard's passes, and the exact sum, which the device's

@@ -934,6 +934,15 @@ static int rec_gemm(tr_backend_t *be, int dev, bool ta, bool tb, int m, int n, i
 	return rec.orig->gemm(be, dev, ta, tb, m, n, k, alpha, a, b, beta, c);
 }
 
+/* a dense layer's products on their route (its forward too: the first
+ * compute of a step) */
+static int rec_gemm_route(tr_backend_t *be, int dev, int route, bool ta, bool tb, int m, int n, int k, const float *a,
+			  const float *b, const float *bias, float *c)
+{
+	log_ev(dev, EV_GEMM, 0);
+	return rec.orig->gemm_route(be, dev, route, ta, tb, m, n, k, a, b, bias, c);
+}
+
 static int rec_sync(tr_backend_t *be, int dev)
 {
 	log_ev(dev, EV_SYNC, 0);
@@ -973,6 +982,7 @@ static tr_backend_t *rec_backend(int devices, bool ahead)
 	rec.table.copies_fence = ahead ? rec_copies_fence : NULL;
 	rec.table.memset0 = rec_memset0;
 	rec.table.gemm = rec_gemm;
+	rec.table.gemm_route = rec_gemm_route;
 	rec.table.sync = rec_sync;
 	rec.table.sgd_step = rec_sgd_step;
 	/* Rank 0's update after a checkpoint would go through sgd_step_into,

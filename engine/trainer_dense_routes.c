@@ -1,0 +1,53 @@
+/* Each dense layer's route on CPU devices (docs/design.md, "Dense layers
+ * on CPU devices"): OpenBLAS or oneDNN tiles, whichever measured faster at
+ * this job's rows per device (or what this machine measured before:
+ * tr_cpu_dense_route).  The layers keep it, so every device and every
+ * step of the job takes the same route (with several processes, process
+ * 0's: share_routes in trainer_setup.c). */
+#include <errno.h>
+#include <stdio.h>
+
+#include "engine/trainer_internal.h"
+
+int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err)
+{
+	char routes[160] = "";
+	size_t used = 0;
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return 0;
+	for (int i = 0; i < t->model.n_nodes; i++) {
+		struct tr_layer *l = &t->model.layers[i];
+		if (l->type != TR_LAYER_DENSE)
+			continue;
+		struct tr_dense_choice c;
+		/* the spec's names follow enum tr_cpu_gemm */
+		int rc = tr_cpu_dense_route(t->be, t->devs[0], l->in, l->out, rows,
+					    (enum tr_cpu_gemm)t->spec->cpu_dense, &c, err);
+		if (rc == -ENOTSUP) {
+			char why[sizeof err->message]; /* not formatted into itself */
+			snprintf(why, sizeof why, "%s", err->message);
+			tr_error_set(err, 0, 0, "/cpu_dense", "/cpu_dense: %s", why);
+		}
+		if (rc < 0)
+			return rc;
+		l->gemm_route = c.route;
+		const char *name = tr_cpu_dense_route_name(c.route);
+		if (c.openblas_ms > 0 || c.onednn_ms > 0)
+			tr_trainer_logf(
+				t, TR_LOG_INFO,
+				"dense layer %s: %s (%s; forward + gradients: OpenBLAS %.2f ms, oneDNN %.2f ms)",
+				l->path, name,
+				c.measured ? "measured now at this job's rows per device"
+					   : "measured before on this machine",
+				c.openblas_ms, c.onednn_ms);
+		else
+			tr_trainer_logf(t, TR_LOG_INFO, "dense layer %s: %s (%s)", l->path, name,
+					t->spec->cpu_dense ? "as the job asks" : "this build has no oneDNN");
+		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
+		if (n > 0 && (size_t)n < sizeof routes - used)
+			used += (size_t)n;
+	}
+	if (used && t->opt.hooks.info)
+		t->opt.hooks.info(t->opt.hooks.ctx, "dense_routes", routes);
+	return 0;
+}

@@ -1,0 +1,134 @@
+/* The CPU route of a job's dense layers against a real daemon
+ * (docs/design.md, "Dense layers on CPU devices"): each dense layer's
+ * route (OpenBLAS or oneDNN tiles, measured per layer shape) is the job's
+ * info field dense_routes; the choice lands in the state directory's
+ * conv_routes.json, and a repeat of the job after a restart decides the
+ * same way and trains to the same loss bits.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static struct daemon d;
+
+static void start(void)
+{
+	daemon_start(&d, 1, NULL);
+}
+
+static void stop(void)
+{
+	daemon_cleanup(&d);
+}
+
+TestSuite(denseroutes, .init = start, .fini = stop, .timeout = 240);
+
+/* two dense layers of different shapes; a few steps; FIELD: the spec's
+ * cpu_dense, if any */
+#define JOB_WITH(FIELD)                                                                                        \
+	"{\"name\": \"denseroutes\", \"seed\": 5," FIELD                                                       \
+	"\"model\": {\"inputs\": 20, \"layers\": [{\"type\": \"dense\", \"units\": 16}, {\"type\": \"relu\"}," \
+	" {\"type\": \"dense\", \"units\": 3}], \"loss\": \"softmax_cross_entropy\"},"                         \
+	"\"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"classification\", \"samples\": 64,"     \
+	" \"features\": 20, \"classes\": 3}},"                                                                 \
+	"\"batch_size\": 16, \"max_steps\": 4, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05}}"
+static const char *const JOB = JOB_WITH("");
+
+/* The finished job's info.dense_routes and its final loss (bits). */
+static void job_result(long long id, char routes[64], double *loss)
+{
+	char path[64];
+	struct http_reply r;
+	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 120), "completed");
+	snprintf(path, sizeof path, "/jobs/%lld", id);
+	http(&d, "GET", path, NULL, NULL, NULL, &r);
+	cr_assert_eq(r.status, 200);
+	const char *v = json_string_value(json_object_get(json_object_get(r.json, "info"), "dense_routes"));
+	cr_assert(v, "job %lld has no info.dense_routes", id);
+	snprintf(routes, 64, "%s", v);
+	json_t *l = json_object_get(json_object_get(r.json, "summary"), "loss");
+	cr_assert(json_is_number(l), "job %lld has no summary.loss", id);
+	*loss = json_number_value(l);
+	http_free(&r);
+}
+
+static bool is_route(const char *s)
+{
+	return !strcmp(s, "openblas") || !strcmp(s, "onednn");
+}
+
+/* The state directory's file holds the layer shape's choice, as named. */
+static const char *file_route(const char *shape)
+{
+	static char route[16];
+	char file[256];
+	json_error_t je;
+	snprintf(file, sizeof file, "%s/conv_routes.json", d.dir);
+	json_t *doc = json_load_file(file, 0, &je), *e;
+	cr_assert(doc, "%s: %s", file, je.text);
+	size_t i;
+	route[0] = 0;
+	json_array_foreach(json_object_get(doc, "entries"), i, e) {
+		const char *sh = json_string_value(json_object_get(e, "shape"));
+		const char *r = json_string_value(json_object_get(e, "route"));
+		if (sh && r && !strcmp(sh, shape))
+			snprintf(route, sizeof route, "%s", r);
+	}
+	json_decref(doc);
+	return route;
+}
+
+Test(denseroutes, each_layers_route_is_shown_and_remembered)
+{
+	char routes[64], again[64], first[16], second[16];
+	double loss, loss2;
+
+	job_result(submit_job(&d, JOB), routes, &loss);
+	cr_assert_eq(sscanf(routes, "%15[a-z],%15[a-z]", first, second), 2, "one route per dense layer: '%s'", routes);
+	cr_expect(is_route(first) && is_route(second), "'%s'", routes);
+	cr_expect_str_eq(file_route("dense in20 out16"), first);
+	cr_expect_str_eq(file_route("dense in16 out3"), second);
+
+	/* a repeat after a restart: the file decides, same choice, same bits */
+	daemon_stop(&d, NULL);
+	daemon_restart(&d, 1, NULL);
+	job_result(submit_job(&d, JOB), again, &loss2);
+	cr_expect_str_eq(again, routes);
+	cr_expect(memcmp(&loss, &loss2, sizeof loss) == 0, "final loss %.9g then %.9g", loss, loss2);
+}
+
+/* A job's spec may name the route (cpu_dense); a bad name is refused at
+ * submit, naming the field. */
+Test(denseroutes, the_spec_names_the_route)
+{
+	char routes[64];
+	double loss;
+	job_result(submit_job(&d, JOB_WITH("\"cpu_dense\": \"openblas\",")), routes, &loss);
+	cr_expect_str_eq(routes, "openblas,openblas");
+	/* onednn: taken, or (a build without oneDNN) the job fails naming
+	 * the field */
+	long long id = submit_job(&d, JOB_WITH("\"cpu_dense\": \"onednn\","));
+	if (!strcmp(wait_state(&d, id, "completed|failed|cancelled", 120), "failed")) {
+		char path[64];
+		struct http_reply f;
+		snprintf(path, sizeof path, "/jobs/%lld", id);
+		http(&d, "GET", path, NULL, NULL, NULL, &f);
+		const char *msg = json_string_value(json_object_get(json_object_get(f.json, "error"), "message"));
+		cr_expect(msg && strstr(msg, "/cpu_dense") && strstr(msg, "oneDNN"), "%s", msg ? msg : "(none)");
+		http_free(&f);
+	} else {
+		job_result(id, routes, &loss);
+		cr_expect_str_eq(routes, "onednn,onednn");
+	}
+
+	struct http_reply r;
+	http(&d, "POST", "/jobs", JOB_WITH("\"cpu_dense\": \"fastest\","), "application/json", NULL, &r);
+	cr_expect(r.status == 400 || r.status == 422, "status %ld", r.status);
+	cr_expect(r.body && strstr(r.body, "/cpu_dense"), "%s", r.body ? r.body : "");
+	http_free(&r);
+}
