@@ -432,8 +432,11 @@ static int choose_conv_routes(struct tr_trainer *t, int rows, struct tr_error *e
 		struct tr_conv_choice c;
 		l->conv.route = TR_CPU_CONV_AUTO;
 		int rc = tr_cpu_conv_route(t->be, t->devs[0], &l->conv, rows, want, &c, err);
-		if (rc == -ENOTSUP)
-			tr_error_set(err, 0, 0, "/cpu_conv", "/cpu_conv: %s", err->message);
+		if (rc == -ENOTSUP) {
+			char why[sizeof err->message]; /* not formatted into itself */
+			snprintf(why, sizeof why, "%s", err->message);
+			tr_error_set(err, 0, 0, "/cpu_conv", "/cpu_conv: %s", why);
+		}
 		if (rc < 0)
 			return rc;
 		l->conv.route = c.route;
