@@ -490,19 +490,16 @@ const char *tr_cpu_conv_route_name(enum tr_cpu_conv route);
  * holds for this CPU.  Up to two files: the first opened wins where both
  * hold a shape, and new choices are written to both.  NULL: nothing. */
 void tr_cpu_conv_cache_open(const char *path);
-/* The route a CPU device takes for a dense layer of `in` inputs and `out`
- * units when its job asks for `want`, as tr_cpu_conv_route does for
- * conv2d: AUTO is measured (the forward, weight and data gradient
- * products of both routes at `rows`), once per (in, out) and process,
- * kept with the conv2d choices (shape "dense in%d out%d").  0 and *out
- * (OPENBLAS or ONEDNN), or a negative errno with the reason in err. */
+/* The route a CPU device takes for a dense layer when its job asks for
+ * `want`: AUTO is oneDNN's matmul tiles where the build has oneDNN,
+ * OpenBLAS's otherwise (a fixed rule: the routes' bits differ, so the
+ * choice must not depend on a measurement).  0 and *out (OPENBLAS or
+ * ONEDNN), or -ENOTSUP with the reason in err (ONEDNN without oneDNN). */
 struct tr_dense_choice {
 	enum tr_cpu_gemm route;
-	bool measured;                 /* measured by this call, not remembered */
-	double openblas_ms, onednn_ms; /* the three products, when measured (now or before) */
+	bool asked; /* the job named it */
 };
-int tr_cpu_dense_route(tr_backend_t *be, int dev, int in, int out, int rows, enum tr_cpu_gemm want,
-		       struct tr_dense_choice *choice, struct tr_error *err);
+int tr_cpu_dense_route(tr_backend_t *be, enum tr_cpu_gemm want, struct tr_dense_choice *choice, struct tr_error *err);
 /* "openblas", "onednn" or "auto". */
 const char *tr_cpu_dense_route_name(enum tr_cpu_gemm route);
 /* Forgets every choice (tests). */

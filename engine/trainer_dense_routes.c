@@ -1,15 +1,14 @@
 /* Each dense layer's route on CPU devices (docs/design.md, "Dense layers
- * on CPU devices"): OpenBLAS or oneDNN tiles, whichever measured faster at
- * this job's rows per device (or what this machine measured before:
- * tr_cpu_dense_route).  The layers keep it, so every device and every
- * step of the job takes the same route (with several processes, process
- * 0's: share_routes in trainer_setup.c). */
+ * on CPU devices"): OpenBLAS or oneDNN tiles, by tr_cpu_dense_route's
+ * fixed rule or as the job names it.  The layers keep it, so every device
+ * and every step of the job takes the same route (with several processes,
+ * process 0's: share_routes in trainer_setup.c). */
 #include <errno.h>
 #include <stdio.h>
 
 #include "engine/trainer_internal.h"
 
-int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err)
+int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err)
 {
 	char routes[160] = "";
 	size_t used = 0;
@@ -21,8 +20,7 @@ int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err
 			continue;
 		struct tr_dense_choice c;
 		/* the spec's names follow enum tr_cpu_gemm */
-		int rc = tr_cpu_dense_route(t->be, t->devs[0], l->in, l->out, rows,
-					    (enum tr_cpu_gemm)t->spec->cpu_dense, &c, err);
+		int rc = tr_cpu_dense_route(t->be, (enum tr_cpu_gemm)t->spec->cpu_dense, &c, err);
 		if (rc == -ENOTSUP) {
 			char why[sizeof err->message]; /* not formatted into itself */
 			snprintf(why, sizeof why, "%s", err->message);
@@ -32,17 +30,10 @@ int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err
 			return rc;
 		l->gemm_route = c.route;
 		const char *name = tr_cpu_dense_route_name(c.route);
-		if (c.openblas_ms > 0 || c.onednn_ms > 0)
-			tr_trainer_logf(
-				t, TR_LOG_INFO,
-				"dense layer %s: %s (%s; forward + gradients: OpenBLAS %.2f ms, oneDNN %.2f ms)",
-				l->path, name,
-				c.measured ? "measured now at this job's rows per device"
-					   : "measured before on this machine",
-				c.openblas_ms, c.onednn_ms);
-		else
-			tr_trainer_logf(t, TR_LOG_INFO, "dense layer %s: %s (%s)", l->path, name,
-					t->spec->cpu_dense ? "as the job asks" : "this build has no oneDNN");
+		tr_trainer_logf(t, TR_LOG_INFO, "dense layer %s: %s (%s)", l->path, name,
+				c.asked                         ? "as the job asks"
+				: c.route == TR_CPU_GEMM_ONEDNN ? "oneDNN's matmul tiles, this build's default"
+								: "this build has no oneDNN");
 		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
 		if (n > 0 && (size_t)n < sizeof routes - used)
 			used += (size_t)n;

@@ -221,9 +221,8 @@ void tr_trainer_proc_rows(void *ctx, int count, int *begin, int *end);
 int tr_trainer_procs_setup(struct tr_trainer *t, float *host, struct tr_error *err);
 
 /* trainer_dense_routes.c: each dense layer's route on CPU devices
- * (tr_cpu_dense_route at `rows` per device), logged and shown as the
- * info field dense_routes. */
-int tr_trainer_dense_routes(struct tr_trainer *t, int rows, struct tr_error *err);
+ * (tr_cpu_dense_route), logged and shown as the info field dense_routes. */
+int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err);
 
 /* trainer_monitors.c */
 void tr_trainer_describe_nonfinite(struct tr_trainer *t, int64_t done, double loss, struct tr_error *err);

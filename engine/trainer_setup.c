@@ -662,7 +662,7 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		goto fail;
 	}
 	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0 ||
-	    (rc = tr_trainer_dense_routes(t, max_rows, err)) < 0 || (rc = share_routes(t, err)) < 0) {
+	    (rc = tr_trainer_dense_routes(t, err)) < 0 || (rc = share_routes(t, err)) < 0) {
 		free(host);
 		goto fail;
 	}

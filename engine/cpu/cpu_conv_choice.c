@@ -25,7 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/cpu/cpu_choice_store.h"
 #include "engine/cpu/cpu_internal.h"
 
 #define MAX_CHOICES 256
@@ -99,18 +98,9 @@ static struct choice *add(const char *shape, enum tr_cpu_conv route, double im2c
 	return c;
 }
 
-/* The route that competes with oneDNN at a shape: im2col for conv2d
- * layers, OpenBLAS for dense layers (shapes "dense ...", kept here too:
- * cpu_dense_choice.c). */
-static const char *other_route(const char *shape)
-{
-	return strncmp(shape, "dense ", 6) ? "im2col" : "openblas";
-}
-
-/* The file: {"entries": [{"cpu", "shape", "route", "im2col_ms" (or
- * "openblas_ms"), "onednn_ms"}, ...]}, every machine's entries kept (a
- * state directory moved to another machine decides afresh there). Under
- * mu. */
+/* The file: {"entries": [{"cpu", "shape", "route", "im2col_ms",
+ * "onednn_ms"}, ...]}, every machine's entries kept (a state directory
+ * moved to another machine decides afresh there). Under mu. */
 static void cache_save_to(const char *cache_path)
 {
 	json_t *doc = NULL, *entries = NULL;
@@ -131,14 +121,13 @@ static void cache_save_to(const char *cache_path)
 			if (cpu && sh && !strcmp(cpu, cpu_model) && !strcmp(sh, choices[i].shape))
 				have = true;
 		}
-		const char *other = other_route(choices[i].shape);
-		char other_ms[32];
-		snprintf(other_ms, sizeof other_ms, "%s_ms", other);
 		if (!have)
-			json_array_append_new(
-				entries, json_pack("{s:s,s:s,s:s,s:f,s:f}", "cpu", cpu_model, "shape", choices[i].shape,
-						   "route", choices[i].route == TR_CPU_CONV_ONEDNN ? "onednn" : other,
-						   other_ms, choices[i].im2col_ms, "onednn_ms", choices[i].onednn_ms));
+			json_array_append_new(entries,
+					      json_pack("{s:s,s:s,s:s,s:f,s:f}", "cpu", cpu_model, "shape",
+							choices[i].shape, "route",
+							choices[i].route == TR_CPU_CONV_ONEDNN ? "onednn" : "im2col",
+							"im2col_ms", choices[i].im2col_ms, "onednn_ms",
+							choices[i].onednn_ms));
 	}
 	char tmp[1100];
 	snprintf(tmp, sizeof tmp, "%s.tmp%ld", cache_path, (long)getpid());
@@ -172,13 +161,10 @@ void tr_cpu_conv_cache_open(const char *path)
 		if (!cpu || !sh || !route || strcmp(cpu, cpu_model) || find(sh) ||
 		    strlen(sh) >= sizeof choices[0].shape)
 			continue;
-		const char *other = other_route(sh);
-		char other_ms[32];
-		snprintf(other_ms, sizeof other_ms, "%s_ms", other);
-		if (strcmp(route, "onednn") && strcmp(route, other))
+		if (strcmp(route, "onednn") && strcmp(route, "im2col"))
 			continue;
 		add(sh, strcmp(route, "onednn") ? TR_CPU_CONV_IM2COL : TR_CPU_CONV_ONEDNN,
-		    json_number_value(json_object_get(e, other_ms)),
+		    json_number_value(json_object_get(e, "im2col_ms")),
 		    json_number_value(json_object_get(e, "onednn_ms")));
 	}
 	json_decref(doc);
@@ -191,34 +177,6 @@ void tr_cpu_conv_choices_forget(void)
 	n_choices = 0;
 	n_cache_paths = 0;
 	pthread_mutex_unlock(&mu);
-}
-
-bool tr_cpu_choice_find(const char *shape, int *route, double ms[2])
-{
-	pthread_mutex_lock(&mu);
-	if (!cpu_model[0])
-		read_cpu_model();
-	struct choice *ch = find(shape);
-	if (ch) {
-		*route = (int)ch->route;
-		ms[0] = ch->im2col_ms;
-		ms[1] = ch->onednn_ms;
-	}
-	pthread_mutex_unlock(&mu);
-	return ch != NULL;
-}
-
-int tr_cpu_choice_keep(const char *shape, int route, const double ms[2])
-{
-	pthread_mutex_lock(&mu);
-	struct choice *ch = find(shape);
-	if (!ch) {
-		ch = add(shape, (enum tr_cpu_conv)route, ms[0], ms[1]);
-		cache_save();
-	}
-	route = (int)ch->route;
-	pthread_mutex_unlock(&mu);
-	return route;
 }
 
 static double now_ms(void)

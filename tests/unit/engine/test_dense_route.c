@@ -211,121 +211,34 @@ Test(dense_route, a_bad_route_is_an_error)
 	tr_backend_destroy(be);
 }
 
-static void tmp_path(char *buf, size_t n)
+/* auto is a fixed rule, the same for every ask (rows, device counts,
+ * processes, daemons): oneDNN's tiles where the build has oneDNN. */
+Test(dense_route, auto_is_onednn_where_the_build_has_it)
 {
-	snprintf(buf, n, "/tmp/trainerd-dense-route-%ld.json", (long)getpid());
-	unlink(buf);
-}
-
-/* The file's entry for the dense shape, or NULL. */
-static json_t *file_entry(json_t *doc, const char *shape)
-{
-	size_t i;
-	json_t *e;
-	json_array_foreach(json_object_get(doc, "entries"), i, e) {
-		const char *sh = json_string_value(json_object_get(e, "shape"));
-		if (sh && !strcmp(sh, shape))
-			return e;
-	}
-	return NULL;
-}
-
-Test(dense_route, auto_is_measured_once_then_remembered_by_the_machine)
-{
-	NEED_DNNL();
-	char path[128];
-	tmp_path(path, sizeof path);
-	tr_cpu_conv_choices_forget();
-	tr_cpu_conv_cache_open(path);
-	tr_backend_t *be = tr_cpu_backend_create(1, 1);
-	cr_assert(be);
-	struct tr_dense_choice a, b, c;
-	struct tr_error err;
-	cr_assert_eq(tr_cpu_dense_route(be, 0, 72, 40, 16, TR_CPU_GEMM_AUTO, &a, &err), 0, "%s", err.message);
-	cr_expect(a.measured, "the first ask measures");
-	cr_expect(a.openblas_ms > 0 && a.onednn_ms > 0, "both routes timed: %g, %g", a.openblas_ms, a.onednn_ms);
-	cr_expect_eq(a.route, a.onednn_ms < a.openblas_ms ? TR_CPU_GEMM_ONEDNN : TR_CPU_GEMM_OPENBLAS,
-		     "the faster wins");
-	/* other rows (another device count): the same decision, not measured */
-	cr_assert_eq(tr_cpu_dense_route(be, 0, 72, 40, 5, TR_CPU_GEMM_AUTO, &b, &err), 0, "%s", err.message);
-	cr_expect(!b.measured, "the second ask remembers");
-	cr_expect_eq(b.route, a.route);
-
-	/* the file holds it under the dense names, next to conv2d's */
-	json_error_t je;
-	json_t *doc = json_load_file(path, 0, &je);
-	cr_assert(doc, "%s: %s", path, je.text);
-	json_t *e = file_entry(doc, "dense in72 out40");
-	cr_assert(e, "no entry for the dense shape in %s", path);
-	cr_expect_str_eq(json_string_value(json_object_get(e, "route")), tr_cpu_dense_route_name(a.route));
-	cr_expect(json_number_value(json_object_get(e, "openblas_ms")) > 0);
-	json_decref(doc);
-
-	/* a new process (forgotten choices) reads it instead of measuring */
-	tr_cpu_conv_choices_forget();
-	tr_cpu_conv_cache_open(path);
-	cr_assert_eq(tr_cpu_dense_route(be, 0, 72, 40, 16, TR_CPU_GEMM_AUTO, &c, &err), 0, "%s", err.message);
-	cr_expect(!c.measured, "the file's choice is taken");
-	cr_expect_eq(c.route, a.route);
-	tr_cpu_conv_choices_forget();
-	tr_backend_destroy(be);
-	unlink(path);
-}
-
-/* A remembered choice from the file decides, whichever is faster now:
- * the file's "onednn" and "openblas" both come back as written. */
-Test(dense_route, the_files_choice_wins)
-{
-	NEED_DNNL();
-	static const char *const names[] = {"openblas", "onednn"};
-	char path[128];
-	tmp_path(path, sizeof path);
-	tr_backend_t *be = tr_cpu_backend_create(1, 1);
-	cr_assert(be);
-	for (int r = 0; r < 2; r++) {
-		/* this machine's CPU name, as a measurement writes it */
-		tr_cpu_conv_choices_forget();
-		tr_cpu_conv_cache_open(path);
-		struct tr_dense_choice c;
-		struct tr_error err;
-		cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_AUTO, &c, &err), 0, "%s", err.message);
-		json_error_t je;
-		json_t *doc = json_load_file(path, 0, &je);
-		cr_assert(doc);
-		json_t *e = file_entry(doc, "dense in8 out4");
-		cr_assert(e);
-		json_object_set_new(e, "route", json_string(names[r]));
-		cr_assert_eq(json_dump_file(doc, path, 0), 0);
-		json_decref(doc);
-		tr_cpu_conv_choices_forget();
-		tr_cpu_conv_cache_open(path);
-		cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_AUTO, &c, &err), 0, "%s", err.message);
-		cr_expect(!c.measured);
-		cr_expect_str_eq(tr_cpu_dense_route_name(c.route), names[r]);
-		unlink(path);
-	}
-	tr_cpu_conv_choices_forget();
-	tr_backend_destroy(be);
-}
-
-Test(dense_route, fixed_routes_are_not_measured)
-{
-	tr_cpu_conv_choices_forget();
 	tr_backend_t *be = tr_cpu_backend_create(1, 1);
 	cr_assert(be);
 	struct tr_dense_choice c;
 	struct tr_error err;
-	cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_OPENBLAS, &c, &err), 0, "%s", err.message);
-	cr_expect(!c.measured && c.route == TR_CPU_GEMM_OPENBLAS);
+	cr_assert_eq(tr_cpu_dense_route(be, TR_CPU_GEMM_AUTO, &c, &err), 0, "%s", err.message);
+	cr_expect_eq(c.route, tr_dnnl_available() ? TR_CPU_GEMM_ONEDNN : TR_CPU_GEMM_OPENBLAS);
+	cr_expect(!c.asked);
+	tr_backend_destroy(be);
+}
+
+Test(dense_route, fixed_routes_are_taken_as_asked)
+{
+	tr_backend_t *be = tr_cpu_backend_create(1, 1);
+	cr_assert(be);
+	struct tr_dense_choice c;
+	struct tr_error err;
+	cr_assert_eq(tr_cpu_dense_route(be, TR_CPU_GEMM_OPENBLAS, &c, &err), 0, "%s", err.message);
+	cr_expect(c.asked && c.route == TR_CPU_GEMM_OPENBLAS);
 	if (tr_dnnl_available()) {
-		cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_ONEDNN, &c, &err), 0, "%s", err.message);
-		cr_expect(!c.measured && c.route == TR_CPU_GEMM_ONEDNN);
+		cr_assert_eq(tr_cpu_dense_route(be, TR_CPU_GEMM_ONEDNN, &c, &err), 0, "%s", err.message);
+		cr_expect(c.asked && c.route == TR_CPU_GEMM_ONEDNN);
 	} else {
-		cr_expect_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_ONEDNN, &c, &err), -ENOTSUP);
+		cr_expect_eq(tr_cpu_dense_route(be, TR_CPU_GEMM_ONEDNN, &c, &err), -ENOTSUP);
 		cr_expect(strstr(err.message, "oneDNN"), "%s", err.message);
-		/* auto takes OpenBLAS without measuring */
-		cr_assert_eq(tr_cpu_dense_route(be, 0, 8, 4, 2, TR_CPU_GEMM_AUTO, &c, &err), 0, "%s", err.message);
-		cr_expect(!c.measured && c.route == TR_CPU_GEMM_OPENBLAS);
 	}
 	tr_backend_destroy(be);
 }
