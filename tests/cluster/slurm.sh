@@ -294,10 +294,10 @@ for _ in $(seq 300); do [ -s "$rdir/report.token" ] && break; sleep 0.1; done
 mode=$(stat -c %a "$rdir/report.token" 2>/dev/null)
 token=$(cat "$rdir/report.token" 2>/dev/null)
 rsid=$(cat "$rdir/slurm_job_id" 2>/dev/null)
-# Requeued once its worker has reported (the folder's mark): it
-# checkpoints on TERM and uploads the checkpoint, which the next start,
-# which has no other, fetches.
-for _ in $(seq 1200); do [ -e "$mdir/reported" ] && [ -s "$mdir/slurm_job_id" ] && break; sleep 0.1; done
+# Requeued once its worker has uploaded its first periodic checkpoint
+# (step 50): the next start, which has no other, fetches it (or the one
+# the worker took on TERM, uploaded as it ended).
+for _ in $(seq 1200); do [ -s "$mdir/checkpoint.safetensors" ] && [ -s "$mdir/slurm_job_id" ] && break; sleep 0.1; done
 msid=$(cat "$mdir/slurm_job_id" 2>/dev/null)
 node_outs+=("$(node_out "$reported" "$rsid")" "$(node_out "$moved" "$msid")")
 scontrol requeue "$msid"
@@ -330,6 +330,7 @@ only_daemon_files() {
 	[ -z "$bad" ] || { echo "the worker wrote into $1:$bad" >&2; return 1; }
 }
 check "node-local: the worker wrote nothing into the job's folder" only_daemon_files "$rdir"
+check "node-local: the worker uploaded a periodic checkpoint mid-run" test -s "$mdir/checkpoint.safetensors"
 check "node-local: the requeued job completed after one restart" wait_for 240 "$moved" \
 	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1"'
 check "node-local: its second start resumed from the checkpoint fetched over the API" \
