@@ -48,11 +48,13 @@ static void setup(void)
 	char dir[] = "/tmp/tr-report-XXXXXX", path[300], tokens[300];
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(bin, sizeof bin, "%s", dir);
-	/* Job ids from a counter; a job is RUNNING until ended-ID (its state
-	 * in it) or cancelled-ID exists. */
+	/* Job ids from a counter (under a lock: the runners submit at the
+	 * same time, and two jobs of one Slurm id would end together); a job
+	 * is RUNNING until ended-ID (its state in it) or cancelled-ID exists. */
 	snprintf(path, sizeof path, "%s/sbatch", bin);
 	write_file(path,
-		   "#!/bin/bash\nd=$(dirname \"$0\")\nn=$(( $(cat \"$d/next\" 2>/dev/null || echo 100) + 1 ))\n"
+		   "#!/bin/bash\nd=$(dirname \"$0\")\nexec 9>>\"$d/next.lock\"\nflock 9\n"
+		   "n=$(( $(cat \"$d/next\" 2>/dev/null || echo 100) + 1 ))\n"
 		   "echo $n >\"$d/next\"\necho $n\n",
 		   0755);
 	snprintf(path, sizeof path, "%s/scontrol", bin);
