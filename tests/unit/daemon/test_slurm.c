@@ -239,6 +239,21 @@ Test(slurm, batch_script_with_a_report_url_runs_in_a_node_local_folder)
 	log = run_script(tmp, false, worker);
 	cr_expect_not_null(strstr(log, "run --resume /"), "%s", log);
 	cr_expect_null(strstr(log, " --out "), "%s", log);
+	/* TERM to the batch shell (a requeue): it waits for the worker, which
+	 * checkpoints and uploads from the folder, and removes it after. */
+	const char *termed = "for a; do case $a in */job.json) l=${a%/job.json};; esac; done;"
+			     " for i in $(seq 50); do [ -s \"$TMPD/shell.pid\" ] && break; sleep 0.05; done;"
+			     " kill -TERM $(cat \"$TMPD/shell.pid\"); sleep 0.5;"
+			     " [ -d \"$l\" ] && echo folder-kept >>\"$LOG\"; echo \"$l\" >\"$TMPD/local\"";
+	log = run_script(tmp, false, termed);
+	cr_expect_not_null(strstr(log, "folder-kept\n0\n"), "the shell ended under its worker: %s", log);
+	snprintf(path, sizeof path, "%s/local", tmp);
+	f = fopen(path, "r");
+	cr_assert_not_null(f, "the worker did not run: %s", log);
+	cr_assert(fgets(local, sizeof local, f));
+	fclose(f);
+	local[strcspn(local, "\n")] = 0;
+	cr_expect_eq(access(local, F_OK), -1, "%s is not removed at exit", local);
 	/* The daemon does not answer: the job fails, saying why, and no
 	 * worker starts from the beginning as if nothing had been lost. */
 	snprintf(cmd, sizeof cmd, "echo 000 >%s/curl-code", tmp);
