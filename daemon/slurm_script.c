@@ -106,11 +106,11 @@ static int write_node_local(FILE *f, int64_t id, const char *dir)
 			"\texit 1\n"
 			"\t;;\n"
 			"esac\n"
+			"rm -f \"$out/auth.header\"\n"
 			"if [ \"$nodes\" -gt 1 ]; then\n"
 			"\tcmd srun --ntasks-per-node=1 --ntasks=\"$nodes\" mkdir -p -m 700 \"$out\" || exit 1\n"
 			"\tfor file in \"$out\"/*; do cmd sbcast -f \"$file\" \"$file\" || exit 1; done\n"
-			"fi\n"
-			"rm -f \"$out/auth.header\"\n",
+			"fi\n",
 			(long long)id, spec, spec[0] && spec[strlen(spec) - 1] == '\n' ? "" : "\n", token, token);
 	}
 	if (token)
