@@ -240,13 +240,17 @@ Test(slurm, batch_script_with_a_report_url_runs_in_a_node_local_folder)
 	cr_expect_not_null(strstr(log, "run --resume /"), "%s", log);
 	cr_expect_null(strstr(log, " --out "), "%s", log);
 	/* TERM to the batch shell (a requeue): it waits for the worker, which
-	 * checkpoints and uploads from the folder, and removes it after. */
+	 * checkpoints and uploads from the folder, and removes it after, also
+	 * when a task outlives srun. */
 	const char *termed = "for a; do case $a in */job.json) l=${a%/job.json};; esac; done;"
 			     " for i in $(seq 50); do [ -s \"$TMPD/shell.pid\" ] && break; sleep 0.05; done;"
 			     " kill -TERM $(cat \"$TMPD/shell.pid\"); sleep 0.5;"
-			     " [ -d \"$l\" ] && echo folder-kept >>\"$LOG\"; echo \"$l\" >\"$TMPD/local\"";
+			     " [ -d \"$l\" ] && echo folder-kept >>\"$LOG\"; echo \"$l\" >\"$TMPD/local\";"
+			     " bash -c 'sleep 0.6; [ -d \"$1\" ] && echo late-kept >>\"$LOG\"' x \"$l/\" &";
 	log = run_script(tmp, false, termed);
-	cr_expect_not_null(strstr(log, "folder-kept\n0\n"), "the shell ended under its worker: %s", log);
+	cr_expect_not_null(strstr(log, "folder-kept\n"), "the shell ended under its worker: %s", log);
+	/* A task that outlives srun (as after a requeue's TERM) keeps it too. */
+	cr_expect_not_null(strstr(log, "late-kept\n0\n"), "the folder went under a task still in it: %s", log);
 	snprintf(path, sizeof path, "%s/local", tmp);
 	f = fopen(path, "r");
 	cr_assert_not_null(f, "the worker did not run: %s", log);
