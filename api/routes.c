@@ -43,6 +43,7 @@ static const struct tr_api_route routes[] = {
 	{"POST", "/jobs/{id}/report", tr_api_report_post, TR_ROUTE_JSON_BODY | TR_ROUTE_JOB_TOKEN, TR_ROLE_WRITE},
 	{"PUT", "/jobs/{id}/report/{file}", tr_api_report_file_put, TR_ROUTE_UPLOAD | TR_ROUTE_JOB_TOKEN,
 	 TR_ROLE_WRITE},
+	{"GET", "/jobs/{id}/report/{file}", tr_api_report_file_get, TR_ROUTE_JOB_TOKEN, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/events", tr_api_events_stream, 0, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/logs", tr_api_logs_get, 0, TR_ROLE_READ},
 	{"GET", "/jobs/{id}/checkpoints", tr_api_checkpoints_list, 0, TR_ROLE_READ},

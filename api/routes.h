@@ -111,6 +111,9 @@ void tr_api_report_post(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* PUT /jobs/{id}/report/{file}: its final weights and checkpoint, streamed
  * into the job's folder (api/report_upload.c). */
 void tr_api_report_file_put(struct tr_api_request *rq, struct tr_api_reply *rp);
+/* GET /jobs/{id}/report/{file}: the checkpoint uploaded so far, for a
+ * worker that resumes on another node (api/report_download.c). */
+void tr_api_report_file_get(struct tr_api_request *rq, struct tr_api_reply *rp);
 /* DELETE /jobs/{id}/metrics/{name}: a pushed series, whole. */
 void tr_api_metrics_delete(struct tr_api_request *rq, struct tr_api_reply *rp);
 void tr_api_events_stream(struct tr_api_request *rq, struct tr_api_reply *rp);

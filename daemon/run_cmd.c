@@ -125,14 +125,16 @@ static void on_log(void *ctx, enum tr_log_level lvl, const char *msg)
 }
 
 /* Keeps DIR/checkpoint.safetensors current: at checkpoint.every_steps and
- * at the end (completed or stopped), for --resume. */
+ * at the end (completed or stopped), for --resume; a periodic one is also
+ * uploaded to the daemon when the run reports to one. */
 static int on_checkpoint(void *ctx, struct tr_snapshot *snap, bool final)
 {
-	(void) final;
 	struct run_ctx *rc = ctx;
 	struct tr_error err;
 	if (tr_run_ckpt_write(rc->out_dir, tr_trainer_model(rc->trainer), rc->optim, snap, &err) < 0)
 		on_log(ctx, TR_LOG_WARNING, err.message);
+	else if (!final)
+		tr_run_report_checkpoint(rc->report, rc->out_dir); /* the final one goes at the end */
 	tr_snapshot_free(snap);
 	return 0;
 }

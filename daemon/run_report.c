@@ -39,6 +39,11 @@ struct tr_run_report {
 	char *summary;
 	bool summary_sent;
 	int stop; /* 1: finish asked (send the rest now), 2: give up */
+	/* A periodic checkpoint to upload (its path), and whether the thread
+	 * is uploading one: finish waits for it, as two uploads of one file
+	 * at once would interleave in the daemon's temporary file. */
+	char *ckpt_path;
+	bool ckpt_due, ckpt_busy;
 	char last_error[CURL_ERROR_SIZE + 64];
 };
 
@@ -196,6 +201,23 @@ static void *report_main(void *arg)
 	double backoff = 0;
 	pthread_mutex_lock(&r->lock);
 	for (;;) {
+		if (r->ckpt_due && !r->stop) {
+			/* The newest periodic checkpoint, so that a requeue on a
+			 * node without it resumes from it (one try: the next
+			 * checkpoint tries again). */
+			char *path = strdup(r->ckpt_path), why[CURL_ERROR_SIZE + 64] = "";
+			r->ckpt_due = false;
+			r->ckpt_busy = true;
+			pthread_mutex_unlock(&r->lock);
+			int rc = path ? put_file(r, path, "checkpoint.safetensors", why, sizeof why) : -1;
+			free(path);
+			pthread_mutex_lock(&r->lock);
+			r->ckpt_busy = false;
+			if (rc < 0)
+				snprintf(r->last_error, sizeof r->last_error, "%s", why[0] ? why : "out of memory");
+			pthread_cond_broadcast(&r->wake);
+			continue;
+		}
 		size_t n;
 		bool with_summary;
 		char *body = next_report(r, &n, &with_summary);
@@ -320,6 +342,18 @@ void tr_run_report_metric(tr_run_report_t *r, const struct tr_metric_point *p)
 	pthread_mutex_unlock(&r->lock);
 }
 
+void tr_run_report_checkpoint(tr_run_report_t *r, const char *out_dir)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->lock);
+	if (!r->ckpt_path && asprintf(&r->ckpt_path, "%s/checkpoint.safetensors", out_dir) < 0)
+		r->ckpt_path = NULL;
+	r->ckpt_due = r->ckpt_path != NULL;
+	pthread_cond_signal(&r->wake);
+	pthread_mutex_unlock(&r->lock);
+}
+
 void tr_run_report_progress(tr_run_report_t *r, const struct tr_progress *p)
 {
 	if (!r)
@@ -336,6 +370,17 @@ int tr_run_report_finish(tr_run_report_t *r, const char *out_dir, const char *su
 	if (!r)
 		return 0;
 	double end = mono_s() + timeout_s;
+	/* No periodic upload from now on, and none left running: the final
+	 * files replace it. */
+	pthread_mutex_lock(&r->lock);
+	r->ckpt_due = false;
+	while (r->ckpt_busy && mono_s() < end) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&r->wake, &r->lock, &ts);
+	}
+	pthread_mutex_unlock(&r->lock);
 	/* The weights first: the daemon stores them when the job ends,
 	 * which follows the worker's exit. */
 	bool files = !out_dir || upload_files(r, out_dir, end);
@@ -374,6 +419,7 @@ int tr_run_report_finish(tr_run_report_t *r, const char *out_dir, const char *su
 	pthread_mutex_destroy(&r->lock);
 	pthread_cond_destroy(&r->wake);
 	free(r->summary);
+	free(r->ckpt_path);
 	free(r->url);
 	free(r->q);
 	free(r);

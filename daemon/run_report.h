@@ -29,6 +29,10 @@ tr_run_report_t *tr_run_report_start(const char *url, const char *token_file, st
 /* Hooks' halves: never block on the network. */
 void tr_run_report_metric(tr_run_report_t *r, const struct tr_metric_point *p);
 void tr_run_report_progress(tr_run_report_t *r, const struct tr_progress *p);
+/* A periodic checkpoint was written to OUT_DIR/checkpoint.safetensors:
+ * the thread uploads it (PUT .../checkpoint.safetensors) when it can, so
+ * that a requeue on a node without this one's files loses little. */
+void tr_run_report_checkpoint(tr_run_report_t *r, const char *out_dir);
 /* Uploads DIR/model.safetensors and DIR/checkpoint.safetensors (out_dir
  * may be NULL: none), then sends the summary (the summary.json text) and
  * what is still queued, waiting at most timeout_s in all, then stops the

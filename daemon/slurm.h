@@ -9,7 +9,10 @@
  * `srun trainerd run`, into that folder, one rank per task (several in
  * exact mode only, started through PMIx); the runner tails its
  * metrics.jsonl into the store and, when it ends, stores its final
- * checkpoint as the job's.  The Slurm job's id and state are the job's
+ * checkpoint as the job's.  With the daemon's report-url the worker runs
+ * in a private folder on the node instead and sends all of that over the
+ * API (docs/design.md, "Worker reports"), so the nodes need not see the
+ * folder.  The Slurm job's id and state are the job's
  * info fields slurm_job_id, slurm_state and slurm_restarts.  Only Slurm's
  * commands are used, never libslurm. */
 #ifndef TR_DAEMON_SLURM_H
@@ -40,8 +43,11 @@ int tr_slurm_signal_lead_s(const struct tr_resources *r);
 /* The batch script of job `id`, for `dir` (its folder) and `worker` (the
  * trainerd executable).  With report_url (the daemon's URL as the nodes
  * reach it; NULL or "" for none) the worker reports to
- * REPORT_URL/jobs/ID/report with the token in DIR/report.token
- * (docs/design.md, "Worker reports").  Returns 0 or -errno. */
+ * REPORT_URL/jobs/ID/report with the job's token
+ * (docs/design.md, "Worker reports"): the script then carries DIR/job.json
+ * and DIR/report.token (it is written 0600), and the worker runs in a
+ * node-local folder, resuming from the checkpoint it fetches from
+ * REPORT_URL/jobs/ID/report/checkpoint.safetensors.  Returns 0 or -errno. */
 int tr_slurm_write_script(const char *path, int64_t id, const char *dir, const char *worker, const char *bin_dir,
 			  const char *report_url);
 

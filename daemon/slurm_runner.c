@@ -28,6 +28,9 @@
 /* A Slurm job asked to end (scancel) that is still not over after this
  * long is recorded as ended anyway, with a log line naming it. */
 #define END_WAIT_S 60
+/* Slurm's --output for a job whose node may not see its folder (a
+ * report URL): a path every node has.  %j is Slurm's job id. */
+#define NODE_OUTPUT "/tmp/trainerd-job-%lld-slurm-%%j.out"
 
 struct sjob {
 	struct tr_worker_job w; /* the job, its folder and metrics tail */
@@ -83,7 +86,13 @@ static int submit(struct sjob *sj, struct tr_error *err)
 	char name[32], signal[32], out[1200], nodes[32], tasks[40], limit[32], part[80];
 	snprintf(name, sizeof name, "--job-name=trainerd-%lld", (long long)j->id);
 	snprintf(signal, sizeof signal, "--signal=B:USR1@%d", tr_slurm_signal_lead_s(r));
-	snprintf(out, sizeof out, "--output=%s/slurm-%%j.out", sj->w.dir);
+	/* Slurm's output where the node writes it: with a report URL the
+	 * node need not see the job's folder, so on the node's /tmp (the
+	 * failure message names it); else in the folder. */
+	if (j->sched->cfg.report_url && j->sched->cfg.report_url[0])
+		snprintf(out, sizeof out, "--output=" NODE_OUTPUT, (long long)j->id);
+	else
+		snprintf(out, sizeof out, "--output=%s/slurm-%%j.out", sj->w.dir);
 	snprintf(nodes, sizeof nodes, "--nodes=%d", r->nodes > 0 ? r->nodes : 1);
 	/* A spec of P processes without tasks of its own (a job of a daemon
 	 * started with --allocator slurm) runs as P tasks on one node. */
@@ -247,15 +256,23 @@ static bool withdraw_pending(struct sjob *sj)
 	return false;
 }
 
-/* The last lines of the Slurm job's output file, for a failure's message. */
+/* The last lines of the Slurm job's output file, for a failure's message;
+ * where the node wrote it, when it is not in the folder. */
 static void output_tail(struct sjob *sj, char *buf, size_t n)
 {
 	char path[PATH_MAX + 64];
 	snprintf(path, sizeof path, "%s/slurm-%s.out", sj->w.dir, sj->id);
 	buf[0] = 0;
 	FILE *f = fopen(path, "r");
-	if (!f)
+	if (!f) {
+		char node[96];
+		snprintf(node, sizeof node, NODE_OUTPUT, (long long)sj->w.j->id);
+		char *pct = strstr(node, "%j");
+		if (pct)
+			snprintf(pct, sizeof node - (size_t)(pct - node), "%s.out", sj->id);
+		snprintf(buf, n, "; its output is %s on the node that ran it", node);
 		return;
+	}
 	fseek(f, 0, SEEK_END);
 	long size = ftell(f);
 	long from = size > (long)n - 1 ? size - ((long)n - 1) : 0;
@@ -266,6 +283,11 @@ static void output_tail(struct sjob *sj, char *buf, size_t n)
 	for (char *p = buf; *p; p++)
 		if (*p == '\n')
 			*p = ' ';
+	if (got > 0) {
+		char *text = strdup(buf);
+		snprintf(buf, n, "; its output ends: %s", text ? text : "");
+		free(text);
+	}
 }
 
 /* The Slurm job has ended (or Slurm no longer knows it): record the job's
@@ -333,8 +355,8 @@ static void ended(struct sjob *sj, const char *slurm_state)
 	if (have && !strcmp(state, "failed"))
 		snprintf(msg, sizeof msg, "the worker failed in Slurm job %s: %s", sj->id, error);
 	else
-		snprintf(msg, sizeof msg, "Slurm job %s ended %s (exit code %d, signal %d)%s%s", sj->id, slurm_state,
-			 sj->st.exit_code, sj->st.exit_signal, tail[0] ? "; its output ends: " : "", tail);
+		snprintf(msg, sizeof msg, "Slurm job %s ended %s (exit code %d, signal %d)%s", sj->id, slurm_state,
+			 sj->st.exit_code, sj->st.exit_signal, tail);
 	tr_runner_finish(j, TR_JOB_FAILED, have && !strcmp(state, "failed") ? "training_failed" : "slurm_failed", msg,
 			 steps);
 }

@@ -27,6 +27,11 @@
 #     rank 0 reports over the API with the job's token: live progress with
 #     total_steps, every loss point once, the same bits; the token file is
 #     0600, revoked at the end, and in no log or Slurm output;
+#   - with report-url the worker runs in a folder of its own on the node
+#     (the nodes need not share the daemon's): it writes nothing into the
+#     job's folder on the daemon's side (only the daemon's files and the
+#     worker's uploads are there), and a job requeued mid-run resumes from
+#     the checkpoint it fetches over the API, the same bits;
 #   - a bad "resources" is a 400 naming its JSON pointer (2 tasks without
 #     exact mode too).
 # Usage: slurm.sh TRAINERD [TRAINCTL]   (as root: slurmd runs jobs as their
@@ -59,8 +64,13 @@ stop_daemon() {
 	wait "$daemon_pid" 2>/dev/null
 	daemon_pid=
 }
+# Slurm's output of the jobs that ran in a node-local folder (report-url):
+# on the node's /tmp, removed at the end.
+node_outs=()
+node_out() { echo "/tmp/trainerd-job-$1-slurm-$(cat "$work/state/slurm/job-$1/slurm_job_id" 2>/dev/null || echo "$2").out"; }
 cleanup() {
 	stop_daemon
+	[ ${#node_outs[@]} = 0 ] || [ -n "${KEEP:-}" ] || rm -f "${node_outs[@]}"
 	"$cluster" stop "$work/cluster"
 	[ -n "${KEEP:-}" ] || rm -rf "$work"
 }
@@ -273,13 +283,24 @@ check "restart: the job is followed again and completes" wait_for 240 "$followed
 check "restart: the log says so" sh -c "curl -sf '$url/jobs/$followed/logs' | grep -q 'following Slurm job $sid again'"
 check "restart: the model (1 task) is the local run's bits" test "$(model_sha "$followed")" = "$ref"
 
-# ---- reports over the API (report-url) ----
+# ---- reports over the API (report-url): the worker in a node-local
+# folder ----
 reported=$(submit "$work/job2.json")
+moved=$(submit "$work/job2.json")
 rdir="$work/state/slurm/job-$reported"
+mdir="$work/state/slurm/job-$moved"
 # The token file, read as soon as it is there (it goes as the job ends).
 for _ in $(seq 300); do [ -s "$rdir/report.token" ] && break; sleep 0.1; done
 mode=$(stat -c %a "$rdir/report.token" 2>/dev/null)
 token=$(cat "$rdir/report.token" 2>/dev/null)
+rsid=$(cat "$rdir/slurm_job_id" 2>/dev/null)
+# Requeued once its worker has uploaded its first periodic checkpoint
+# (step 50): the next start, which has no other, fetches it (or the one
+# the worker took on TERM, uploaded as it ended).
+for _ in $(seq 1200); do [ -s "$mdir/checkpoint.safetensors" ] && [ -s "$mdir/slurm_job_id" ] && break; sleep 0.1; done
+msid=$(cat "$mdir/slurm_job_id" 2>/dev/null)
+node_outs+=("$(node_out "$reported" "$rsid")" "$(node_out "$moved" "$msid")")
+scontrol requeue "$msid"
 check "report: the token file is 0600 ($mode)" test "$mode" = 600
 check "report: live progress with total_steps, from rank 0's reports" wait_for 120 "$reported" \
 	'd["state"]=="running" and d["progress"]["total_steps"]==378 and d["progress"]["step"]>0'
@@ -293,7 +314,29 @@ check "report: the token is revoked (its file gone)" test ! -e "$rdir/report.tok
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$url/jobs/$reported/report" -H 'Content-Type: application/json' \
 	-H "Authorization: Bearer $token" --data-binary '{"progress": {"step": 1}}')
 check "report: a revoked token is a 401" test "$code" = 401
-check "report: the token is in no log or Slurm output" sh -c "test -n '$token' && ! grep -rqF -- '$token' '$work/daemon.log' $rdir/slurm-*.out"
+check "report: the token is in no log or Slurm output" sh -c "test -n '$token' && ! grep -rqF -- '$token' '$work/daemon.log' '${node_outs[0]}'"
+check "report: Slurm's output is on the node's /tmp" test -s "${node_outs[0]}"
+# What the job's folder may hold: the daemon's own files (the spec, the
+# script, the token and Slurm job id while it runs, the mark) and what the
+# worker uploaded or reported (weights, checkpoint, summary).
+only_daemon_files() {
+	local f bad=
+	for f in "$1"/*; do
+		case "${f##*/}" in
+		job.json | job.sh | report.token | slurm_job_id | reported | summary.json | model.safetensors | checkpoint.safetensors) ;;
+		*) bad="$bad ${f##*/}" ;;
+		esac
+	done
+	[ -z "$bad" ] || { echo "the worker wrote into $1:$bad" >&2; return 1; }
+}
+check "node-local: the worker wrote nothing into the job's folder" only_daemon_files "$rdir"
+check "node-local: the worker uploaded a periodic checkpoint mid-run" test -s "$mdir/checkpoint.safetensors"
+check "node-local: the requeued job completed after one restart" wait_for 240 "$moved" \
+	'd["state"]=="completed" and d["info"].get("slurm_restarts")=="1"'
+check "node-local: its second start resumed from the checkpoint fetched over the API" \
+	grep -q "start 1: run --resume /.*($tasks tasks" "${node_outs[1]}"
+check "node-local: the requeued job's model is the local run's bits" test "$(model_sha "$moved")" = "$ref"
+check "node-local: ... and it wrote nothing into the job's folder" only_daemon_files "$mdir"
 
 # ---- bad resources ----
 code=$(curl -s -o "$work/bad.json" -w '%{http_code}' -X POST "$url/jobs" -H 'Content-Type: application/json' \

@@ -113,6 +113,9 @@ SchedulerParameters=sched_interval=1,bf_interval=1
 MessageTimeout=10
 KillWait=5
 MinJobAge=600
+# Job ids of their own: two test clusters on one machine name no file
+# (a node-local Slurm output, /tmp/trainerd-job-N-slurm-ID.out) alike.
+FirstJobId=$(((RANDOM % 30000 + 1) * 1000))
 # cred_expire (above) is also how long a requeued job waits before it starts again.
 EOF
 	# Oversubscribe: the node claims more CPUs than the machine has

@@ -14,8 +14,12 @@
  *     reports, a metrics.jsonl in the job's folder is not read as well;
  *   - the summary reported decides the job's end (here a failure with
  *     its message); the token is then revoked (401, file gone), and it
- *     appears in no log line and no reply. */
+ *     appears in no log line and no reply;
+ *   - a requeued worker fetches the checkpoint its job uploaded (GET
+ *     .../report/checkpoint.safetensors, the same auth), and a real worker
+ *     uploads each periodic checkpoint as it writes it. */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,11 +48,13 @@ static void setup(void)
 	char dir[] = "/tmp/tr-report-XXXXXX", path[300], tokens[300];
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(bin, sizeof bin, "%s", dir);
-	/* Job ids from a counter; a job is RUNNING until ended-ID (its state
-	 * in it) or cancelled-ID exists. */
+	/* Job ids from a counter (under a lock: the runners submit at the
+	 * same time, and two jobs of one Slurm id would end together); a job
+	 * is RUNNING until ended-ID (its state in it) or cancelled-ID exists. */
 	snprintf(path, sizeof path, "%s/sbatch", bin);
 	write_file(path,
-		   "#!/bin/bash\nd=$(dirname \"$0\")\nn=$(( $(cat \"$d/next\" 2>/dev/null || echo 100) + 1 ))\n"
+		   "#!/bin/bash\nd=$(dirname \"$0\")\nexec 9>>\"$d/next.lock\"\nflock 9\n"
+		   "n=$(( $(cat \"$d/next\" 2>/dev/null || echo 100) + 1 ))\n"
 		   "echo $n >\"$d/next\"\necho $n\n",
 		   0755);
 	snprintf(path, sizeof path, "%s/scontrol", bin);
@@ -82,6 +88,12 @@ TestSuite(report, .init = setup, .fini = teardown, .timeout = 120);
 	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 64, \"features\": 8, \"classes\": 4}}," \
 	" \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},"                    \
 	" \"resources\": {\"allocator\": \"slurm\"}}"
+/* 40 steps of about 0.15 s, a checkpoint every 2. */
+#define SLURM_JOB_SLOW                                                                                                   \
+	"{\"name\": \"rep-slow\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 4}]},"                       \
+	" \"data\": {\"train\": {\"format\": \"synthetic\", \"samples\": 320, \"features\": 8, \"classes\": 4,"          \
+	" \"load_cost_us\": 20000}}, \"batch_size\": 8, \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}," \
+	" \"checkpoint\": {\"every_steps\": 2}, \"resources\": {\"allocator\": \"slurm\"}}"
 
 static long post(const char *path, const char *body, const char *token, struct http_reply *r)
 {
@@ -380,4 +392,95 @@ Test(report, a_worker_run_reports_over_the_api)
 	cr_assert_eq(status_of("PUT", pb, "x", NULL), 401);
 	snprintf(pb, sizeof pb, "/jobs/%lld/report/other.bin", b);
 	cr_assert_eq(status_of("PUT", pb, "x", WRITER), 400);
+}
+
+/* The step in a checkpoint's header (safetensors: 8-byte length, then
+ * JSON whose __metadata__ has the step as a string); -1 when none. */
+static long long checkpoint_step(const char *body, size_t len)
+{
+	unsigned long long n = 0;
+	for (int i = 7; len >= 8 && i >= 0; i--)
+		n = n << 8 | (unsigned char)body[i];
+	if (len < 8 || n == 0 || n > len - 8)
+		return -1;
+	json_t *h = json_loadb(body + 8, n, 0, NULL);
+	const char *s = json_string_value(json_object_get(json_object_get(h, "__metadata__"), "step"));
+	long long step = s ? atoll(s) : -1;
+	json_decref(h);
+	return step;
+}
+
+/* A worker that starts again after a requeue, on a node without the
+ * daemon's folder, fetches the checkpoint the job uploaded with
+ * GET /jobs/{id}/report/checkpoint.safetensors: with the job's token
+ * (another job's is 403, none or a wrong one 401; a read role token
+ * reads it too), 404 while none was uploaded, 400 for another file.  A
+ * real worker uploads its periodic checkpoints as it writes them: killed
+ * (SIGKILL, no final upload) after one, the daemon serves a checkpoint
+ * of a step before its last. */
+Test(report, a_worker_fetches_the_checkpoint_it_uploaded)
+{
+	long long a = submit(SLURM_JOB_SLOW), b = submit(SLURM_JOB);
+	cr_assert_str_eq(wait_for(a, "running|failed", 30), "running");
+	cr_assert_str_eq(wait_for(b, "running|failed", 30), "running");
+	char ta[128], tb[128], path[128], dir[300], out[300], cmd[2000], file[400];
+	read_token(a, ta, sizeof ta);
+	read_token(b, tb, sizeof tb);
+	snprintf(path, sizeof path, "/jobs/%lld/report/checkpoint.safetensors", a);
+	cr_expect_eq(status_of("GET", path, NULL, NULL), 401);
+	cr_expect_eq(status_of("GET", path, NULL, "not-a-token"), 401);
+	cr_expect_eq(status_of("GET", path, NULL, tb), 403, "another job's token");
+	cr_expect_eq(status_of("GET", path, NULL, ta), 404, "nothing uploaded yet");
+	cr_expect_eq(status_of("GET", path, NULL, READER), 404);
+	char other[128];
+	snprintf(other, sizeof other, "/jobs/%lld/report/model.safetensors", a);
+	cr_expect_eq(status_of("GET", other, NULL, ta), 400);
+
+	/* The worker, in a folder of its own, checkpointing every 2 steps. */
+	snprintf(dir, sizeof dir, "%s/slurm/job-%lld", d.dir, a);
+	snprintf(out, sizeof out, "%s/node-a", bin);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -p '%s/report.token' '%s/' && cp '%s/job.json' '%s/'", out, dir,
+		 out, dir, out);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	snprintf(cmd, sizeof cmd,
+		 "exec '%s' run '%s/job.json' --out '%s' --backend cpu --devices 1 --quiet"
+		 " --report-url '%s/jobs/%lld/report' --report-token-file '%s/report.token' & echo $! >'%s/pid'",
+		 getenv("TR_TRAINERD"), out, out, d.base_url, a, out, out);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+	snprintf(file, sizeof file, "%s/pid", out);
+	FILE *f = fopen(file, "r");
+	cr_assert_not_null(f);
+	int pid = 0;
+	cr_assert_eq(fscanf(f, "%d", &pid), 1);
+	fclose(f);
+	/* Until the daemon's folder has a checkpoint (bounded), then killed. */
+	snprintf(file, sizeof file, "%s/checkpoint.safetensors", dir);
+	double end = now_s() + 60;
+	while (access(file, F_OK) != 0 && now_s() < end)
+		usleep(20 * 1000);
+	kill(pid, SIGKILL);
+	cr_assert_eq(access(file, F_OK), 0, "no periodic checkpoint was uploaded within 60 s");
+	snprintf(file, sizeof file, "%s/summary.json", out);
+	cr_expect_neq(access(file, F_OK), 0, "the worker ended before it was killed: a test too slow to tell");
+	struct http_reply r;
+	char h[200];
+	snprintf(h, sizeof h, "Authorization: Bearer %s", ta);
+	http(&d, "GET", path, NULL, NULL, h, &r);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	long long step = checkpoint_step(r.body, r.len);
+	cr_expect(step >= 2 && step < 40, "the checkpoint served is of step %lld (periodic: 2, 4, ...; the last is 40)",
+		  step);
+	http_free(&r);
+	/* The job ends: its token goes, and with it the fetch. */
+	char sid[32] = "";
+	snprintf(file, sizeof file, "%s/slurm_job_id", dir);
+	f = fopen(file, "r");
+	cr_assert_not_null(f);
+	cr_assert(fgets(sid, sizeof sid, f));
+	fclose(f);
+	sid[strcspn(sid, "\n")] = 0;
+	snprintf(file, sizeof file, "%s/cancelled-%s", bin, sid);
+	write_file(file, "", 0644);
+	wait_for(a, "cancelled|failed|completed", 30);
+	cr_expect_eq(status_of("GET", path, NULL, ta), 401);
 }

@@ -81,10 +81,17 @@ static char *run_script(const char *tmp, bool checkpoint, const char *srun_body)
 	char path[512], cmd[1024];
 	snprintf(path, sizeof path, "%s/bin", tmp);
 	mkdir(path, 0700);
-	const char *stubs[][2] = {{"srun", srun_body},
-				  {"scancel", "echo scancel \"$@\" >>\"$LOG\"; kill -USR1 $(cat \"$TMPD/worker.pid\")"},
-				  {"scontrol", "echo scontrol \"$@\" >>\"$LOG\""}};
-	for (int i = 0; i < 3; i++) {
+	/* curl (from PATH) answers with the code in TMPD/curl-code (404 when
+	 * none), writing a checkpoint into its -o file on a 200. */
+	const char *stubs[][2] = {
+		{"srun", srun_body},
+		{"scancel", "echo scancel \"$@\" >>\"$LOG\"; kill -USR1 $(cat \"$TMPD/worker.pid\")"},
+		{"scontrol", "echo scontrol \"$@\" >>\"$LOG\""},
+		{"curl",
+		 "echo curl \"$@\" >>\"$LOG\"; code=$(cat \"$TMPD/curl-code\" 2>/dev/null || echo 404);"
+		 " while [ $# -gt 0 ]; do [ \"$1\" = -o ] && o=$2; [ \"$1\" = -H ] && cp \"${2#@}\" \"$TMPD/header\";"
+		 " shift; done; [ \"$code\" = 200 ] && echo fetched >\"$o\"; printf %s \"$code\""}};
+	for (int i = 0; i < 4; i++) {
 		snprintf(path, sizeof path, "%s/bin/%s", tmp, stubs[i][0]);
 		FILE *f = fopen(path, "w");
 		fprintf(f, "#!/bin/bash\n%s\n", stubs[i][1]);
@@ -103,7 +110,8 @@ static char *run_script(const char *tmp, bool checkpoint, const char *srun_body)
 	cr_assert_eq(system(cmd), 0);
 	/* The batch shell's pid in shell.pid, for a stub to signal. */
 	snprintf(cmd, sizeof cmd,
-		 "cd %s && rm -f shell.pid && { SLURM_JOB_ID=41 TMPD=%s LOG=%s/log bash %s/job.sh >%s/out 2>&1 & "
+		 "cd %s && rm -f shell.pid && { PATH=$PWD/bin:$PATH SLURM_JOB_ID=41 TMPD=%s LOG=%s/log bash %s/job.sh "
+		 ">%s/out 2>&1 & "
 		 "echo $! >shell.pid.tmp; mv shell.pid.tmp shell.pid; wait $!; echo $? >>%s/log; }",
 		 tmp, tmp, tmp, tmp, tmp, tmp);
 	system(cmd);
@@ -128,13 +136,6 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	cr_expect_null(strstr(log, "scontrol"), "%s", log);
 	cr_expect_null(strstr(log, "--mpi"), "one task needs no MPI plugin: %s", log);
 	cr_expect_null(strstr(log, "--report"), "no report URL, no reports: %s", log);
-	/* With the daemon's report URL: this job's route and its token file. */
-	report_url = "https://head:8443/";
-	log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");
-	cr_expect_not_null(strstr(log, " --report-url https://head:8443/jobs/7/report --report-token-file "), "%s",
-			   log);
-	cr_expect_not_null(strstr(log, "/report.token"), "%s", log);
-	report_url = NULL;
 	/* Several tasks are ranks that Open MPI starts through PMIx. */
 	setenv("SLURM_NTASKS", "2", 1);
 	log = run_script(tmp, false, "echo srun \"$@\" >>\"$LOG\"");
@@ -169,6 +170,110 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
 	snprintf(cmd, sizeof cmd, "grep -Eq 'checkpointed for the time limit in [0-9]+\\.[0-9]{2} s after USR1' %s/out",
 		 tmp);
 	cr_expect_eq(system(cmd), 0, "the script's output does not give the time from USR1 to the worker's end");
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+	system(cmd);
+}
+
+#define TOKEN "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+/* With a report URL the node need not see the job's folder: the script
+ * carries the spec and the token into a private folder of its own on the
+ * node, fetches the job's checkpoint from the daemon with the token (a
+ * header file, never an argument) and resumes from it when there is one;
+ * the folder is gone at exit, and the script is 0600. */
+Test(slurm, batch_script_with_a_report_url_runs_in_a_node_local_folder)
+{
+	char tmp[] = "/tmp/tr-slurm-XXXXXX", path[600], cmd[1200];
+	cr_assert_not_null(mkdtemp(tmp));
+	snprintf(path, sizeof path, "%s/job.json", tmp);
+	FILE *f = fopen(path, "w");
+	fputs("{\"name\": \"it's $HOME `x`\"}\n", f);
+	fclose(f);
+	snprintf(path, sizeof path, "%s/report.token", tmp);
+	f = fopen(path, "w");
+	fputs(TOKEN "\n", f);
+	fclose(f);
+	chmod(path, 0600);
+	/* The worker stub logs its arguments and the spec and token it finds. */
+	const char *worker =
+		"echo srun \"$@\" >>\"$LOG\"; for a; do case $a in */report.token) cat \"$a\" >>\"$LOG\";;"
+		" */job.json) cat \"$a\" >>\"$LOG\"; echo \"${a%/job.json}\" >\"$TMPD/local\";; esac; done";
+	report_url = "https://head:8443/";
+	char *log = run_script(tmp, false, worker);
+	cr_expect_not_null(strstr(log, "curl "), "%s", log);
+	cr_expect_not_null(strstr(log, " https://head:8443/jobs/7/report/checkpoint.safetensors"), "%s", log);
+	cr_expect_not_null(strstr(log, " --report-url https://head:8443/jobs/7/report --report-token-file "), "%s",
+			   log);
+	cr_expect_not_null(strstr(log, "{\"name\": \"it's $HOME `x`\"}"), "the spec, verbatim: %s", log);
+	/* No checkpoint on the daemon (404): a first start, into the node's
+	 * folder, not the daemon's. */
+	cr_expect_not_null(strstr(log, "/job.json --out "), "%s", log);
+	char local[300] = "";
+	snprintf(path, sizeof path, "%s/local", tmp);
+	f = fopen(path, "r");
+	cr_assert_not_null(f, "the worker did not run: %s", log);
+	cr_assert(fgets(local, sizeof local, f));
+	fclose(f);
+	local[strcspn(local, "\n")] = 0;
+	cr_expect_neq(strncmp(local, tmp, strlen(tmp)), 0, "the worker runs in the daemon's folder %s", local);
+	cr_expect_eq(access(local, F_OK), -1, "%s is not removed at exit", local);
+	/* The token reached the worker's file and curl's header file, never
+	 * an argument. */
+	cr_expect_not_null(strstr(log, TOKEN "\n"), "%s", log);
+	cr_expect_not_null(strstr(log, "curl "), "%s", log);
+	for (const char *line = log; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != 0)) {
+		size_t len = strcspn(line, "\n");
+		bool command = !strncmp(line, "curl ", 5) || !strncmp(line, "srun ", 5);
+		cr_expect(!command || !memmem(line, len, TOKEN, strlen(TOKEN)), "the token is on a command line: %.*s",
+			  (int)len, line);
+	}
+	snprintf(cmd, sizeof cmd, "grep -qx 'Authorization: Bearer " TOKEN "' %s/header", tmp);
+	cr_expect_eq(system(cmd), 0, "curl did not get the token as a header file");
+	struct stat sb;
+	snprintf(path, sizeof path, "%s/job.sh", tmp);
+	cr_assert_eq(stat(path, &sb), 0);
+	cr_expect_eq(sb.st_mode & 0777, 0600, "the script holds the token: %o", sb.st_mode & 0777);
+	/* A checkpoint on the daemon (200): the worker resumes from it. */
+	snprintf(cmd, sizeof cmd, "echo 200 >%s/curl-code", tmp);
+	cr_assert_eq(system(cmd), 0);
+	log = run_script(tmp, false, worker);
+	cr_expect_not_null(strstr(log, "run --resume /"), "%s", log);
+	cr_expect_null(strstr(log, " --out "), "%s", log);
+	/* TERM to the batch shell (a requeue): it waits for the worker, which
+	 * checkpoints and uploads from the folder, and removes it after, also
+	 * when a task outlives srun. */
+	const char *termed = "for a; do case $a in */job.json) l=${a%/job.json};; esac; done;"
+			     " for i in $(seq 50); do [ -s \"$TMPD/shell.pid\" ] && break; sleep 0.05; done;"
+			     " kill -TERM $(cat \"$TMPD/shell.pid\"); sleep 0.5;"
+			     " [ -d \"$l\" ] && echo folder-kept >>\"$LOG\"; echo \"$l\" >\"$TMPD/local\";"
+			     " bash -c 'sleep 0.6; [ -d \"$1\" ] && echo late-kept >>\"$LOG\"' x \"$l/\" &";
+	log = run_script(tmp, false, termed);
+	cr_expect_not_null(strstr(log, "folder-kept\n"), "the shell ended under its worker: %s", log);
+	/* A task that outlives srun (as after a requeue's TERM) keeps it too. */
+	cr_expect_not_null(strstr(log, "late-kept\n0\n"), "the folder went under a task still in it: %s", log);
+	snprintf(path, sizeof path, "%s/local", tmp);
+	f = fopen(path, "r");
+	cr_assert_not_null(f, "the worker did not run: %s", log);
+	cr_assert(fgets(local, sizeof local, f));
+	fclose(f);
+	local[strcspn(local, "\n")] = 0;
+	cr_expect_eq(access(local, F_OK), -1, "%s is not removed at exit", local);
+	/* The daemon does not answer: the job fails, saying why, and no
+	 * worker starts from the beginning as if nothing had been lost. */
+	snprintf(cmd, sizeof cmd, "echo 000 >%s/curl-code", tmp);
+	cr_assert_eq(system(cmd), 0);
+	log = run_script(tmp, false, worker);
+	cr_expect_null(strstr(log, "srun"), "%s", log);
+	cr_expect_not_null(strstr(log, "\n1\n"), "the script's exit status: %s", log);
+	snprintf(cmd, sizeof cmd,
+		 "grep -q 'cannot fetch the job.s checkpoint from https://head:8443/jobs/7/report' %s/out", tmp);
+	cr_expect_eq(system(cmd), 0, "the script does not say why it failed");
+	/* A folder without the token file: no script. */
+	snprintf(path, sizeof path, "%s/report.token", tmp);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/job.sh", tmp);
+	cr_expect_lt(tr_slurm_write_script(path, 7, tmp, "/opt/trainerd", NULL, report_url), 0);
+	report_url = NULL;
 	snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
 	system(cmd);
 }
