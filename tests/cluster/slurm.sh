@@ -304,7 +304,9 @@ scontrol requeue "$msid"
 check "report: the token file is 0600 ($mode)" test "$mode" = 600
 check "report: live progress with total_steps, from rank 0's reports" wait_for 120 "$reported" \
 	'd["state"]=="running" and d["progress"]["total_steps"]==378 and d["progress"]["step"]>0'
-check "report: the worker reported (the folder's mark)" test -e "$rdir/reported"
+# The mark is written just after the first report's progress is shown.
+check "report: the worker reported (the folder's mark)" \
+	sh -c "for i in \$(seq 100); do test -e '$rdir/reported' && exit 0; sleep 0.1; done; exit 1"
 check "report: completed" wait_for 240 "$reported" 'd["state"]=="completed" and d["progress"]["total_steps"]==378'
 check "report: the model of $tasks tasks is the local run's bits" test "$(model_sha "$reported")" = "$ref"
 n=$(curl -sf "$url/jobs/$reported/metrics?names=loss&max_points=100000" |
