@@ -786,7 +786,8 @@
 				['Started', job.started_at ? age(job.started_at) + ' ago' : '–'],
 				['Finished', job.finished_at ? age(job.finished_at) + ' ago' : '–'],
 			];
-			for (const [k, v] of Object.entries(job.info || {})) rows.push([INFO_LABELS.get(k) || k, v, k]);
+			for (const [k, v] of Object.entries(job.info || {}))
+				if (!IN_DEVICES_PANEL.has(k)) rows.push([INFO_LABELS.get(k) || k, v, k]);
 			if (job.error) rows.push(['Error', job.error.code + ': ' + job.error.message + (job.error.step !== undefined ? ' (step ' + job.error.step + ')' : '')]);
 			setRows(rows);
 			/* A control's toast ("… is stopping") gives way to the state the
@@ -800,6 +801,8 @@
 		 * people; others show their own key.  A Map, not an object: a user's
 		 * key "constructor", "__proto__" or "toString" would find a label in
 		 * Object.prototype. */
+		/* Info fields the Devices panel shows (named there), not listed twice. */
+		const IN_DEVICES_PANEL = new Set(['conv_routes', 'dense_routes']);
 		const INFO_LABELS = new Map([['epoch', 'Epochs finished'], ['phase', 'Phase'], ['best_val_loss', 'Best val loss'],
 			['best_val_loss_step', 'Best val loss at step'], ['stop_reason', 'Stop reason']]);
 		/* The rows change text every second: only changed text is written,

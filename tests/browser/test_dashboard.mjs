@@ -241,6 +241,12 @@ try {
 		/* The engine's "epoch" info field (last finished) is not shown
 		 * under a bare name that reads like the current one. */
 		if (labels.includes('epoch') || labels.includes('Epoch')) throw new Error('ambiguous epoch label: ' + labels.join(', '));
+		/* The routes are the device panel's, named there, not listed
+		 * again under their raw keys. */
+		if (!labels.includes('Dense routes')) throw new Error('no "Dense routes" in ' + labels.join(', '));
+		const infoLabels = await page.$$eval('#job-info dt', (els) => els.map((e) => e.textContent));
+		for (const raw of ['dense_routes', 'conv_routes'])
+			if (infoLabels.includes(raw)) throw new Error(raw + ' listed raw in the info panel: ' + infoLabels.join(', '));
 		/* Keys that name Object.prototype's members show as themselves,
 		 * not as the text of a function found there. */
 		const tricky = ['constructor', '__proto__', 'toString'];
