@@ -21,11 +21,8 @@ int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err)
 		struct tr_dense_choice c;
 		/* the spec's names follow enum tr_cpu_gemm */
 		int rc = tr_cpu_dense_route(t->be, (enum tr_cpu_gemm)t->spec->cpu_dense, &c, err);
-		if (rc == -ENOTSUP) {
-			char why[sizeof err->message]; /* not formatted into itself */
-			snprintf(why, sizeof why, "%s", err->message);
-			tr_error_set(err, 0, 0, "/cpu_dense", "/cpu_dense: %s", why);
-		}
+		if (rc == -ENOTSUP)
+			tr_trainer_error_at(err, "/cpu_dense");
 		if (rc < 0)
 			return rc;
 		l->gemm_route = c.route;

@@ -220,6 +220,10 @@ void tr_trainer_proc_rows(void *ctx, int count, int *begin, int *end);
  * n_params floats). */
 int tr_trainer_procs_setup(struct tr_trainer *t, float *host, struct tr_error *err);
 
+/* Points err at a spec field: its message prefixed with the pointer
+ * ("/cpu_dense: this build has no oneDNN ..."). */
+void tr_trainer_error_at(struct tr_error *err, const char *pointer);
+
 /* trainer_dense_routes.c: each dense layer's route on CPU devices
  * (tr_cpu_dense_route), logged and shown as the info field dense_routes. */
 int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err);

@@ -407,6 +407,13 @@ static void free_stats(struct tr_trainer *t, int rank)
 	r->stats_dev = r->stats_host = NULL;
 }
 
+void tr_trainer_error_at(struct tr_error *err, const char *pointer)
+{
+	char why[sizeof err->message]; /* not formatted into itself */
+	snprintf(why, sizeof why, "%s", err->message);
+	tr_error_set(err, 0, 0, pointer, "%s: %s", pointer, why);
+}
+
 /* Each conv2d layer's route on CPU devices (docs/design.md, "Convolution
  * on CPU devices"): the spec's cpu_conv, else the backend's setting; "auto"
  * is measured at this job's rows per device (or taken from what this
@@ -432,11 +439,8 @@ static int choose_conv_routes(struct tr_trainer *t, int rows, struct tr_error *e
 		struct tr_conv_choice c;
 		l->conv.route = TR_CPU_CONV_AUTO;
 		int rc = tr_cpu_conv_route(t->be, t->devs[0], &l->conv, rows, want, &c, err);
-		if (rc == -ENOTSUP) {
-			char why[sizeof err->message]; /* not formatted into itself */
-			snprintf(why, sizeof why, "%s", err->message);
-			tr_error_set(err, 0, 0, "/cpu_conv", "/cpu_conv: %s", why);
-		}
+		if (rc == -ENOTSUP)
+			tr_trainer_error_at(err, "/cpu_conv");
 		if (rc < 0)
 			return rc;
 		l->conv.route = c.route;

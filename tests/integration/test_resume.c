@@ -692,6 +692,17 @@ Test(resume, stopped_job_resumed_with_more_epochs_equals_the_longer_run, .fini =
 	cr_assert(strstr(body, want), "no %s in %s", want, body);
 }
 
+/* The stopped daemon's state database, opened for writing. */
+static sqlite3 *open_state_db(const struct daemon *d)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/trainerd.db", d->dir);
+	sqlite3 *h = NULL;
+	cr_assert_eq(sqlite3_open_v2(path, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK, "%s", path);
+	sqlite3_busy_timeout(h, 5000);
+	return h;
+}
+
 /* ---- 3. a corrupt newest checkpoint -------------------------------------- */
 
 Test(resume, corrupt_newest_checkpoint_is_skipped, .fini = cleanup_daemons, .timeout = 240)
@@ -707,9 +718,7 @@ Test(resume, corrupt_newest_checkpoint_is_skipped, .fini = cleanup_daemons, .tim
 	 * complete checkpoint's first chunk (its data, past the header). */
 	char dbpath[256];
 	snprintf(dbpath, sizeof dbpath, "%s/trainerd.db", db.dir);
-	sqlite3 *h;
-	cr_assert_eq(sqlite3_open_v2(dbpath, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-	sqlite3_busy_timeout(h, 5000);
+	sqlite3 *h = open_state_db(&db);
 	sqlite3_stmt *st;
 	cr_assert_eq(sqlite3_prepare_v2(h,
 					"SELECT id, step FROM checkpoints WHERE job_id = ?1 AND complete = 1"
@@ -769,11 +778,7 @@ Test(resume, paused_before_a_step_shows_its_checkpoint_step, .fini = cleanup_dae
 	wait_live_step(&da, id, 100, 60);
 	daemon_kill(&da);
 
-	char dbpath[256];
-	snprintf(dbpath, sizeof dbpath, "%s/trainerd.db", da.dir);
-	sqlite3 *h;
-	cr_assert_eq(sqlite3_open_v2(dbpath, &h, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-	sqlite3_busy_timeout(h, 5000);
+	sqlite3 *h = open_state_db(&da);
 	sqlite3_stmt *st;
 	cr_assert_eq(sqlite3_prepare_v2(h, "SELECT max(step) FROM checkpoints WHERE job_id = ?1 AND complete = 1", -1,
 					&st, NULL),

@@ -17,6 +17,7 @@
 #include "engine/backend.h"
 #include "engine/cpu/cpu_dnnl_conv.h"
 #include "engine/cpu/cpu_dnnl_gemm.h"
+#include "engine/trainer_internal.h"
 
 #define NEED_DNNL()                                                             \
 	do {                                                                    \
@@ -241,4 +242,16 @@ Test(dense_route, fixed_routes_are_taken_as_asked)
 		cr_expect(strstr(err.message, "oneDNN"), "%s", err.message);
 	}
 	tr_backend_destroy(be);
+}
+
+/* A route the build cannot take fails the job naming the spec's field,
+ * with the backend's reason after it (the message is not formatted into
+ * itself). */
+Test(dense_route, a_refused_route_names_the_field)
+{
+	struct tr_error err = {0};
+	snprintf(err.message, sizeof err.message, "this build has no oneDNN matmul");
+	tr_trainer_error_at(&err, "/cpu_dense");
+	cr_expect_str_eq(err.pointer, "/cpu_dense");
+	cr_expect_str_eq(err.message, "/cpu_dense: this build has no oneDNN matmul");
 }
