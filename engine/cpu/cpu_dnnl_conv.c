@@ -12,6 +12,7 @@
  */
 #include "engine/cpu/cpu_dnnl_conv.h"
 
+#include "engine/cpu/cpu_dnnl_check.h"
 #include "engine/cpu/cpu_internal.h"
 
 #include <errno.h>
@@ -63,15 +64,6 @@ bool tr_dnnl_available(void)
 {
 	return true;
 }
-
-#define DN(call, what)                                                                                  \
-	do {                                                                                            \
-		dnnl_status_t st_ = (call);                                                             \
-		if (st_ != dnnl_success) {                                                              \
-			tr_error_set(err, 0, 0, NULL, "oneDNN: %s failed (status %d)", what, (int)st_); \
-			goto fail;                                                                      \
-		}                                                                                       \
-	} while (0)
 
 tr_dnnl_conv_t *tr_dnnl_conv_create(int threads, struct tr_error *err)
 {

@@ -19,6 +19,8 @@ unsigned long long tr_dnnl_gemm_primitives_made(void)
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include "engine/cpu/cpu_dnnl_check.h"
+
 /* per thread: a dense layer's three products at two tile sizes each, for
  * the training, last and validation batch sizes of a few layers */
 #define CACHE 64
@@ -78,15 +80,6 @@ static void engine_start(void)
 	if (pthread_key_create(&state_key, state_free) != 0 && engine_status == dnnl_success)
 		engine_status = dnnl_out_of_memory;
 }
-
-#define DN(call, what)                                                                                  \
-	do {                                                                                            \
-		dnnl_status_t st_ = (call);                                                             \
-		if (st_ != dnnl_success) {                                                              \
-			tr_error_set(err, 0, 0, NULL, "oneDNN: %s failed (status %d)", what, (int)st_); \
-			goto fail;                                                                      \
-		}                                                                                       \
-	} while (0)
 
 static struct thread_state *thread_state(struct tr_error *err)
 {
