@@ -359,6 +359,19 @@ json_t *get_job_json(const struct daemon *d, long long id)
 	return j;
 }
 
+void job_info_and_loss(const struct daemon *d, long long id, const char *key, char *out, size_t n, double *loss)
+{
+	cr_assert_str_eq(wait_state(d, id, "completed|failed|cancelled", 120), "completed");
+	json_t *j = get_job_json(d, id);
+	const char *v = json_string_value(json_object_get(json_object_get(j, "info"), key));
+	cr_assert(v, "job %lld has no info.%s", id, key);
+	snprintf(out, n, "%s", v);
+	json_t *l = json_object_get(json_object_get(j, "summary"), "loss");
+	cr_assert(json_is_number(l), "job %lld has no summary.loss", id);
+	*loss = json_number_value(l);
+	json_decref(j);
+}
+
 const char *wait_state(const struct daemon *d, long long id, const char *states, double timeout_s)
 {
 	static char state[32];

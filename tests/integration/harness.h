@@ -67,6 +67,10 @@ long http_download(const struct daemon *d, const char *path, const char *file, s
 long long submit_job(const struct daemon *d, const char *spec_json);
 /* GET /jobs/{id} as JSON (asserts 200; the caller decrefs). */
 json_t *get_job_json(const struct daemon *d, long long id);
+/* Waits (120 s) for the job to complete (asserts "completed"), then gives
+ * its info field `key` (asserted present) in out (n bytes) and its final
+ * loss, bit for bit (summary.loss, asserted a number). */
+void job_info_and_loss(const struct daemon *d, long long id, const char *key, char *out, size_t n, double *loss);
 /* Polls GET /jobs/{id} until the state is one of `states` ('|'-separated)
  * or timeout_s passes; returns the final state (static buffer). */
 const char *wait_state(const struct daemon *d, long long id, const char *states, double timeout_s);

@@ -41,19 +41,7 @@ static const char *const JOB = JOB_WITH("");
 /* The finished job's info.dense_routes and its final loss (bits). */
 static void job_result(long long id, char routes[64], double *loss)
 {
-	char path[64];
-	struct http_reply r;
-	cr_assert_str_eq(wait_state(&d, id, "completed|failed|cancelled", 120), "completed");
-	snprintf(path, sizeof path, "/jobs/%lld", id);
-	http(&d, "GET", path, NULL, NULL, NULL, &r);
-	cr_assert_eq(r.status, 200);
-	const char *v = json_string_value(json_object_get(json_object_get(r.json, "info"), "dense_routes"));
-	cr_assert(v, "job %lld has no info.dense_routes", id);
-	snprintf(routes, 64, "%s", v);
-	json_t *l = json_object_get(json_object_get(r.json, "summary"), "loss");
-	cr_assert(json_is_number(l), "job %lld has no summary.loss", id);
-	*loss = json_number_value(l);
-	http_free(&r);
+	job_info_and_loss(&d, id, "dense_routes", routes, 64, loss);
 }
 
 static bool is_route(const char *s)
