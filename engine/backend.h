@@ -483,6 +483,21 @@ struct tr_conv_choice {
 };
 int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, enum tr_cpu_conv want,
 		      struct tr_conv_choice *out, struct tr_error *err);
+/* Two conv2d layers in a row (only elementwise activations between them)
+ * whose routes, each chosen alone, differ: one im2col, one oneDNN.  Alone,
+ * a layer's measurement leaves out the reorders at the break between
+ * them, which both on oneDNN would not need (tr_cpu_conv_chain_ok), so
+ * the pair is measured as it would run both ways, and `join` says
+ * whether both should take oneDNN.  Like a layer's choice, the decision
+ * is kept per process and in the machine's file, keyed by both shapes
+ * and routes.  Nothing is measured (join false, chainable false) where
+ * the routes agree or oneDNN could not chain the two. */
+struct tr_conv_pair_choice {
+	bool chainable, join, measured;
+	double split_ms, chain_ms; /* both layers' forward + backward, each way */
+};
+int tr_cpu_conv_pair_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b,
+			   int rows, struct tr_conv_pair_choice *out, struct tr_error *err);
 /* "im2col", "onednn" or "auto". */
 const char *tr_cpu_conv_route_name(enum tr_cpu_conv route);
 /* Keeps the measured choices in `path` too (JSON, keyed by CPU model and

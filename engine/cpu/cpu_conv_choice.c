@@ -29,8 +29,11 @@
 
 #define MAX_CHOICES 256
 
+/* A layer's shape key, or a pair's ("pair " A " | " B) */
+#define KEY_LEN 224
+
 struct choice {
-	char shape[96];
+	char shape[KEY_LEN];
 	enum tr_cpu_conv route;
 	double im2col_ms, onednn_ms;
 };
@@ -209,36 +212,72 @@ static double time_route(tr_backend_t *be, int dev, enum tr_cpu_conv route, cons
 	return now_ms() - t0;
 }
 
-/* Measures both routes for d at `rows` (under mu): each once to warm up
- * (oneDNN creates its primitives, caches fill), then TIMED_ROUNDS rounds
- * of both, the minimum of each kept, so that a burst of other work on the
- * machine hits both routes alike. */
-#define TIMED_ROUNDS 3
-static int measure(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, double *ms)
+/* Buffers for one layer's forward and backward at `rows`: x, w, bias, y,
+ * dy, dx, dw, dbias, work (a blocked activation of a chain takes as many
+ * floats as its plain one: chains need channels in 16s).  0, or an error
+ * set on the backend. */
+#define NBUF 9
+static int alloc_buffers(tr_backend_t *be, const struct tr_conv2d_desc *d, int rows, float **buf)
 {
 	size_t in = (size_t)rows * d->c * d->h * d->w, out = (size_t)rows * d->f * d->ho * d->wo;
 	size_t nw = (size_t)d->f * (d->c / d->groups) * d->kh * d->kw;
-	size_t n[9] = {in, nw, (size_t)d->f, out, out, in, nw, (size_t)d->f, tr_conv2d_workspace(d, rows)};
-	float *buf[9] = {0};
-	int rc = 0;
-	for (int i = 0; i < 9 && rc == 0; i++) {
+	size_t n[NBUF] = {in, nw, (size_t)d->f, out, out, in, nw, (size_t)d->f, tr_conv2d_workspace(d, rows)};
+	for (int i = 0; i < NBUF; i++) {
 		buf[i] = malloc((n[i] ? n[i] : 1) * sizeof(float));
 		if (!buf[i])
-			rc = tr_cpu_set_error(be, -ENOMEM, "conv2d: out of memory to measure the routes");
-		else
-			for (size_t e = 0; e < n[i]; e++) /* small values of both signs, no denormals */
-				buf[i][e] = (float)((int)(e * 2654435761u % 17) - 8) * 0.01f;
+			return tr_cpu_set_error(be, -ENOMEM, "conv2d: out of memory to measure the routes");
+		for (size_t e = 0; e < n[i]; e++) /* small values of both signs, no denormals */
+			buf[i][e] = (float)((int)(e * 2654435761u % 17) - 8) * 0.01f;
 	}
-	for (int round = 0; round <= TIMED_ROUNDS && rc == 0; round++)
-		for (int r = 0; r < 2 && rc == 0; r++) {
-			double t = time_route(be, dev, r ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, d, rows, buf);
+	return 0;
+}
+
+static void free_buffers(float **buf)
+{
+	for (int i = 0; i < NBUF; i++)
+		free(buf[i]), buf[i] = NULL;
+}
+
+/* Runs `arms` candidates, each timed by time_arm(arm, ctx), once to warm
+ * up (oneDNN creates its primitives, caches fill), then TIMED_ROUNDS
+ * rounds of all of them in turn, the minimum of each kept in ms[arm], so
+ * that a burst of other work on the machine hits every arm alike. */
+#define TIMED_ROUNDS 3
+static int race(int arms, double (*time_arm)(int arm, void *ctx), void *ctx, double *ms)
+{
+	for (int round = 0; round <= TIMED_ROUNDS; round++)
+		for (int r = 0; r < arms; r++) {
+			double t = time_arm(r, ctx);
 			if (t < 0)
-				rc = (int)t;
-			else if (round == 1 || (round > 1 && t < ms[r]))
+				return (int)t;
+			if (round == 1 || (round > 1 && t < ms[r]))
 				ms[r] = t;
 		}
-	for (int i = 0; i < 9; i++)
-		free(buf[i]);
+	return 0;
+}
+
+struct layer_race {
+	tr_backend_t *be;
+	int dev, rows;
+	const struct tr_conv2d_desc *d;
+	float *buf[NBUF];
+};
+
+/* arm 0: im2col, arm 1: oneDNN */
+static double time_layer_arm(int arm, void *ctx)
+{
+	struct layer_race *lr = ctx;
+	return time_route(lr->be, lr->dev, arm ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, lr->d, lr->rows, lr->buf);
+}
+
+/* Measures both routes for d at `rows` (under mu). */
+static int measure(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, double *ms)
+{
+	struct layer_race lr = {.be = be, .dev = dev, .rows = rows, .d = d};
+	int rc = alloc_buffers(be, d, rows, lr.buf);
+	if (rc == 0)
+		rc = race(2, time_layer_arm, &lr, ms);
+	free_buffers(lr.buf);
 	return rc;
 }
 
@@ -258,7 +297,7 @@ int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d,
 			*out = c;
 		return 0;
 	}
-	char shape[96];
+	char shape[KEY_LEN];
 	shape_key(d, shape, sizeof shape);
 	pthread_mutex_lock(&mu);
 	if (!cpu_model[0])
@@ -286,6 +325,87 @@ int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d,
 	}
 	if (out)
 		*out = c;
+	return 0;
+}
+
+/* ---- two neighbours on different routes ------------------------------------ */
+
+struct pair_race {
+	tr_backend_t *be;
+	int dev, rows;
+	struct tr_conv2d_desc arm[2][2]; /* [split, chain][a, b] */
+	float *buf[2][NBUF];
+};
+
+/* arm 0: each layer on its own route, NCHW between them; arm 1: both on
+ * oneDNN, its blocked layout between them.  Each layer's forward and
+ * backward. */
+static double time_pair_arm(int arm, void *ctx)
+{
+	struct pair_race *pr = ctx;
+	double total = 0;
+	for (int i = 0; i < 2; i++) {
+		const struct tr_conv2d_desc *d = &pr->arm[arm][i];
+		double t = time_route(pr->be, pr->dev, (enum tr_cpu_conv)d->route, d, pr->rows, pr->buf[i]);
+		if (t < 0)
+			return t;
+		total += t;
+	}
+	return total;
+}
+
+int tr_cpu_conv_pair_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b,
+			   int rows, struct tr_conv_pair_choice *out, struct tr_error *err)
+{
+	struct pair_race pr = {.be = be, .dev = dev, .rows = rows < 1 ? 1 : rows};
+	*out = (struct tr_conv_pair_choice){0};
+	if (a->route == b->route || a->route == TR_CPU_CONV_AUTO || b->route == TR_CPU_CONV_AUTO)
+		return 0;
+	for (int i = 0; i < 2; i++) {
+		pr.arm[i][0] = *a;
+		pr.arm[i][1] = *b;
+		pr.arm[i][0].y_blocked = pr.arm[i][1].x_blocked = i;
+		if (i)
+			pr.arm[i][0].route = pr.arm[i][1].route = TR_CPU_CONV_ONEDNN;
+	}
+	if (!tr_cpu_conv_chain_ok(be, &pr.arm[1][0], &pr.arm[1][1], pr.rows))
+		return 0;
+	out->chainable = true;
+	char ka[96], kb[96], key[KEY_LEN];
+	shape_key(a, ka, sizeof ka);
+	shape_key(b, kb, sizeof kb);
+	snprintf(key, sizeof key, "pair %s %s | %s %s", ka, tr_cpu_conv_route_name((enum tr_cpu_conv)a->route), kb,
+		 tr_cpu_conv_route_name((enum tr_cpu_conv)b->route));
+	pthread_mutex_lock(&mu);
+	if (!cpu_model[0])
+		read_cpu_model();
+	struct choice *ch = find(key);
+	int rc = 0;
+	out->measured = !ch;
+	if (!ch) {
+		double ms[2];
+		for (int i = 0; i < 2 && rc == 0; i++)
+			rc = alloc_buffers(be, i ? b : a, pr.rows, pr.buf[i]);
+		if (rc == 0)
+			rc = race(2, time_pair_arm, &pr, ms);
+		if (rc == 0) {
+			/* a tie keeps the routes each layer chose alone */
+			ch = add(key, ms[1] < ms[0] ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, ms[0], ms[1]);
+			cache_save();
+		}
+		for (int i = 0; i < 2; i++)
+			free_buffers(pr.buf[i]);
+	}
+	if (ch) {
+		out->join = ch->route == TR_CPU_CONV_ONEDNN;
+		out->split_ms = ch->im2col_ms;
+		out->chain_ms = ch->onednn_ms;
+	}
+	pthread_mutex_unlock(&mu);
+	if (rc < 0) {
+		tr_error_set(err, 0, 0, NULL, "conv2d: measuring a pair of layers failed: %s", be->i->last_error(be));
+		return rc;
+	}
 	return 0;
 }
 
