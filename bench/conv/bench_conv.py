@@ -48,6 +48,8 @@ from protocol import (QUIET_LOAD, machine, machine_markdown, med, rounds_markdow
 ROUTES = ["auto", "im2col", "onednn"]
 EXACT = "exact"  # the auto route in exact mode (8 shards)
 EXACT_MAX_COST = 1.10  # exact mode's step time / the float path's, at most
+# the MLP's fixed dense routes (spec cpu_dense), against which its auto is held
+DENSE_ARMS = {"dense-openblas": "openblas", "dense-onednn": "onednn"}
 # spec file, steps per run, warm-up steps left out of the median step, arms, target
 PLAN = {
     "lenet": {"spec": os.path.join(HERE, "workloads", "lenet.json"), "steps": 40, "warm": 3, "arms": ROUTES + [EXACT],
@@ -56,7 +58,7 @@ PLAN = {
              "title": "VDSR-style, 10 x conv 3x3 64, 41x41, batch 32", "target": ("torch", 1.0)},
     "patches24": {"spec": os.path.join(HERE, "workloads", "patches24.json"), "steps": 16, "warm": 2, "arms": ROUTES,
                   "title": "5 x conv 3x3 (64 filters) on 24x24 patches, batch 64", "target": ("torch", 1.2)},
-    "mlp": {"spec": os.path.join(BENCH, "workloads", "mlp_large.json"), "steps": 80, "warm": 5, "arms": ["auto", EXACT],
+    "mlp": {"spec": os.path.join(BENCH, "workloads", "mlp_large.json"), "steps": 80, "warm": 5, "arms": ["auto"] + list(DENSE_ARMS) + [EXACT],
             "title": "MLP 784-1024-1024-10, batch 256", "target": ("sgemm", 0.85)},
 }
 
@@ -74,9 +76,11 @@ def run_trainerd(args, name, arm, rnd):
     plan = PLAN[name]
     d = os.path.join(args.out, "runs", f"{name}-{arm}-{rnd}")
     os.makedirs(d, exist_ok=True)
-    route, exact = ("auto", "true") if arm == EXACT else (arm, "false")
+    route, exact = ("auto", "true") if arm == EXACT else ("auto", "false") if arm in DENSE_ARMS else (arm, "false")
     cmd = [args.trainerd, "run", plan["spec"], "--set", f"/max_steps={plan['steps']}", "--set", "/epochs=1000",
            "--set", f"/exact={exact}", "--devices", "1", "--cpu-conv", route, "--out", d, "--quiet"]
+    if arm in DENSE_ARMS:
+        cmd += ["--set", f"/cpu_dense={DENSE_ARMS[arm]}"]
     p = subprocess_run(cmd)
     with open(os.path.join(d, "stderr.txt"), "w") as f:
         f.write(p.stdout + p.stderr)
@@ -87,8 +91,9 @@ def run_trainerd(args, name, arm, rnd):
     ms = med(step_ms[plan["warm"]:])
     r = {"samples_per_sec": summ["samples_per_sec"], "median_step_ms": ms, "steady_samples_per_sec": batch / (ms / 1e3),
          "data_wait_fraction": summ["data_wait_fraction"], "final_loss": summ["final_loss"], "steps": summ["steps"]}
-    if "conv_routes" in summ:
-        r["conv_routes"] = summ["conv_routes"]
+    for key in ("conv_routes", "dense_routes"):
+        if key in summ:
+            r[key] = summ[key]
     return r
 
 
@@ -202,7 +207,9 @@ def render(res):
         out.append("**No round started below the load threshold: every figure below is from a loaded machine "
                    "and is not a figure of record.**\n")
     labels = {"auto": "trainerd, auto (the default route), float path", EXACT: "trainerd, auto, exact mode", "im2col": "trainerd, im2col + OpenBLAS",
-              "onednn": "trainerd, oneDNN", "torch": "PyTorch", "sgemm": "sgemm ceiling (sgemm_rate)"}
+              "onednn": "trainerd, oneDNN",
+              "dense-openblas": "trainerd, dense layers on OpenBLAS tiles", "dense-onednn": "trainerd, dense layers on oneDNN tiles",
+              "torch": "PyTorch", "sgemm": "sgemm ceiling (sgemm_rate)"}
     for name, runs in res["runs"].items():
         plan = PLAN[name]
         peer_key, target = plan["target"]
@@ -238,9 +245,10 @@ def render(res):
             verdict = "met" if m >= 0.95 else "missed"
             out.append(f"Target auto >= 0.95x the best fixed route of the same round: **{verdict}** ({m:.2f}x, "
                        f"min-max {lo:.2f}-{hi:.2f}).")
-        routes = runs["auto"][idx[0]].get("conv_routes") if idx else None
-        if routes:
-            out.append(f"auto's choice per conv layer: {', '.join(routes)}.")
+        for key, what in (("conv_routes", "conv"), ("dense_routes", "dense")):
+            routes = runs["auto"][idx[0]].get(key) if idx else None
+            if routes:
+                out.append(f"auto's choice per {what} layer: {', '.join(routes)}.")
         cr = res.get("conv_rate", {}).get(name)
         if cr:
             out.append(f"\nKernels alone (conv_rate, forward + data gradient + weight gradient of every conv, "
