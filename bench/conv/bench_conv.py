@@ -81,7 +81,11 @@ def run_trainerd(args, name, arm, rnd):
            "--set", f"/exact={exact}", "--devices", "1", "--cpu-conv", route, "--out", d, "--quiet"]
     if arm in DENSE_ARMS:
         cmd += ["--set", f"/cpu_dense={DENSE_ARMS[arm]}"]
-    p = subprocess_run(cmd)
+    # auto's choices measured by this build in this benchmark's first round
+    # (then reused), not read from what an older build left in the user's
+    # cache (trainerd run keeps them in $XDG_CACHE_HOME/trainerd/)
+    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(args.out, "cache"))
+    p = subprocess_run(cmd, env=env)
     with open(os.path.join(d, "stderr.txt"), "w") as f:
         f.write(p.stdout + p.stderr)
     if p.returncode != 0:
@@ -97,8 +101,8 @@ def run_trainerd(args, name, arm, rnd):
     return r
 
 
-def subprocess_run(cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+def subprocess_run(cmd, env=None):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
 
 
 def run_torch(args, name):
