@@ -224,6 +224,20 @@ int tr_trainer_procs_setup(struct tr_trainer *t, float *host, struct tr_error *e
  * ("/cpu_dense: this build has no oneDNN ..."). */
 void tr_trainer_error_at(struct tr_error *err, const char *pointer);
 
+/* trainer_conv_routes.c: each conv2d layer's route on CPU devices (the
+ * spec's, the daemon's, or "auto" measured per layer and per pair of
+ * neighbours), logged and shown as the info field conv_routes; then the
+ * chains of oneDNN layers in its blocked layout.  A checkpoint keeps the
+ * routes as text ("onednn,im2col", one per conv2d layer in node order,
+ * "" without conv2d layers or off CPU devices), and a resumed run adopts
+ * the checkpoint's (logging a warning where it cannot: another model, or
+ * oneDNN missing from this build). */
+#define TR_CONV_ROUTES_TEXT 1024
+int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err);
+void tr_trainer_conv_chains(struct tr_trainer *t, int rows);
+void tr_trainer_conv_routes_text(const struct tr_trainer *t, char *buf, size_t n);
+void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text);
+
 /* trainer_dense_routes.c: each dense layer's route on CPU devices
  * (tr_cpu_dense_route), logged and shown as the info field dense_routes. */
 int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err);

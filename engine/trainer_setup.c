@@ -414,144 +414,6 @@ void tr_trainer_error_at(struct tr_error *err, const char *pointer)
 	tr_error_set(err, 0, 0, pointer, "%s: %s", pointer, why);
 }
 
-/* Activations that need no layout: elementwise, whatever the order of the
- * elements (dropout's mask is keyed by position, so it is not one). */
-static bool layout_free(enum tr_layer_type type)
-{
-	return type == TR_LAYER_RELU || type == TR_LAYER_GELU || type == TR_LAYER_TANH || type == TR_LAYER_SIGMOID;
-}
-
-/* The top-level conv2d layer that takes layer i's output with only
- * elementwise activations between them, when layer i is a conv2d: its
- * index, else -1.  Such pairs can chain (mark_conv_chains). */
-static int next_conv(const tr_model_t *m, int i)
-{
-	int j = i + 1;
-	while (j < m->n_layers && layout_free(m->layers[j].type))
-		j++;
-	if (m->layers[i].type != TR_LAYER_CONV2D || j >= m->n_layers || m->layers[j].type != TR_LAYER_CONV2D)
-		return -1;
-	return j;
-}
-
-/* Under "auto": two neighbours that chose different routes alone are
- * measured as a pair, because the reorders at the break between them
- * count against the pair and neither layer's own measurement sees them
- * (VDSR's first layer, 1 channel in, measured faster on im2col alone,
- * and its 64-channel output then cost the next layer a reorder each
- * way).  Left to right, so a layer moved to oneDNN is then weighed with
- * its other neighbour as it now stands. */
-static int join_conv_pairs(struct tr_trainer *t, int rows, struct tr_error *err)
-{
-	tr_model_t *m = &t->model;
-	for (int i = 0; i < m->n_layers; i++) {
-		int j = next_conv(m, i);
-		if (j < 0)
-			continue;
-		struct tr_layer *a = &m->layers[i], *b = &m->layers[j];
-		struct tr_conv_pair_choice c;
-		int rc = tr_cpu_conv_pair_route(t->be, t->devs[0], &a->conv, &b->conv, rows, &c, err);
-		if (rc < 0)
-			return rc;
-		if (!c.chainable)
-			continue;
-		struct tr_layer *moved = a->conv.route == TR_CPU_CONV_IM2COL ? a : b;
-		tr_trainer_logf(t, TR_LOG_INFO,
-				"conv2d layers %s and %s as a pair (%s; forward + backward: as chosen alone %.2f ms, "
-				"both oneDNN with its blocked layout between them %.2f ms): layer %s takes %s",
-				a->path, b->path,
-				c.measured ? "measured now at this job's rows per device"
-					   : "measured before on this machine",
-				c.split_ms, c.chain_ms, moved->path, c.join ? "onednn" : "im2col as before");
-		if (c.join)
-			moved->conv.route = TR_CPU_CONV_ONEDNN;
-	}
-	return 0;
-}
-
-/* Each conv2d layer's route on CPU devices (docs/design.md, "Convolution
- * on CPU devices"): the spec's cpu_conv, else the backend's setting; "auto"
- * is measured at this job's rows per device (or taken from what this
- * machine measured before), per layer and then per pair of neighbours
- * (join_conv_pairs), logged, and shown as the info field conv_routes.
- * The layers keep it, so every device and every step of the job takes
- * the same route. */
-static int choose_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err)
-{
-	static const enum tr_cpu_conv want_of[] = {[TR_SPEC_CONV_AUTO] = TR_CPU_CONV_AUTO,
-						   [TR_SPEC_CONV_IM2COL] = TR_CPU_CONV_IM2COL,
-						   [TR_SPEC_CONV_ONEDNN] = TR_CPU_CONV_ONEDNN};
-	char routes[160] = "";
-	size_t used = 0;
-	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
-		return 0;
-	/* no cpu_conv in the spec: the daemon's setting */
-	enum tr_cpu_conv want = t->spec->cpu_conv == TR_SPEC_CONV_DEFAULT ? tr_cpu_backend_conv(t->be)
-									  : want_of[t->spec->cpu_conv];
-	for (int i = 0; i < t->model.n_nodes; i++) {
-		struct tr_layer *l = &t->model.layers[i];
-		if (l->type != TR_LAYER_CONV2D)
-			continue;
-		struct tr_conv_choice c;
-		l->conv.route = TR_CPU_CONV_AUTO;
-		int rc = tr_cpu_conv_route(t->be, t->devs[0], &l->conv, rows, want, &c, err);
-		if (rc == -ENOTSUP)
-			tr_trainer_error_at(err, "/cpu_conv");
-		if (rc < 0)
-			return rc;
-		l->conv.route = c.route;
-		const char *name = tr_cpu_conv_route_name(c.route);
-		if (c.im2col_ms > 0 || c.onednn_ms > 0)
-			tr_trainer_logf(t, TR_LOG_INFO,
-					"conv2d layer %s: %s (%s; forward + backward: im2col %.2f ms, oneDNN %.2f ms)",
-					l->path, name,
-					c.measured ? "measured now at this job's rows per device"
-						   : "measured before on this machine",
-					c.im2col_ms, c.onednn_ms);
-		else
-			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layer %s: %s (as the job or daemon asks)", l->path,
-					name);
-	}
-	int rc = want == TR_CPU_CONV_AUTO ? join_conv_pairs(t, rows, err) : 0;
-	if (rc < 0)
-		return rc;
-	for (int i = 0; i < t->model.n_nodes; i++) {
-		const struct tr_layer *l = &t->model.layers[i];
-		if (l->type != TR_LAYER_CONV2D)
-			continue;
-		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "",
-				 tr_cpu_conv_route_name((enum tr_cpu_conv)l->conv.route));
-		if (n > 0 && (size_t)n < sizeof routes - used)
-			used += (size_t)n;
-	}
-	if (used && t->opt.hooks.info)
-		t->opt.hooks.info(t->opt.hooks.ctx, "conv_routes", routes);
-	return 0;
-}
-
-/* Chains of top-level conv2d layers joined by elementwise activations keep
- * the activations between them in oneDNN's blocked layout where the
- * backend allows (tr_cpu_conv_chain_ok), so only the chain's ends are
- * reordered (docs/design.md, "Convolution on CPU devices").  After the
- * routes: only oneDNN layers chain.  The same bits either way. */
-static void mark_conv_chains(struct tr_trainer *t, int rows)
-{
-	tr_model_t *m = &t->model;
-	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
-		return;
-	for (int i = 0; i < m->n_layers; i++) {
-		int j = next_conv(m, i);
-		if (j < 0)
-			continue;
-		struct tr_layer *a = &m->layers[i], *b = &m->layers[j];
-		if (tr_cpu_conv_chain_ok(t->be, &a->conv, &b->conv, rows)) {
-			a->conv.y_blocked = b->conv.x_blocked = 1;
-			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layers %s and %s: oneDNN's blocked layout between them",
-					a->path, b->path);
-		}
-	}
-}
-
 /* Several processes take process 0's conv2d and dense routes: each
  * measures its own, and routes that differ would give shards different
  * bits.  Two per node: conv.route, gemm_route. */
@@ -720,12 +582,12 @@ int tr_trainer_create(const struct tr_trainer_options *opt, tr_trainer_t **out, 
 		free(host);
 		goto fail;
 	}
-	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = choose_conv_routes(t, max_rows, err)) < 0 ||
+	if ((rc = check_device_memory(t, max_rows, err)) < 0 || (rc = tr_trainer_conv_routes(t, max_rows, err)) < 0 ||
 	    (rc = tr_trainer_dense_routes(t, err)) < 0 || (rc = share_routes(t, err)) < 0) {
 		free(host);
 		goto fail;
 	}
-	mark_conv_chains(t, max_rows);
+	tr_trainer_conv_chains(t, max_rows);
 	for (int i = 0; i < t->ndev; i++) {
 		struct rank_ctx *r = &t->ranks[i];
 		r->t = t;

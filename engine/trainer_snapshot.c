@@ -93,6 +93,11 @@ struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t e
 	json_object_set_new(snap->meta, "optimizer", json_string(opt_names[t->spec->optimizer.type]));
 	json_object_set_new(snap->meta, "reason", json_string(reason));
 	save_early_stop(t, snap->meta);
+	/* so that a resumed run computes as this one did */
+	char routes[TR_CONV_ROUTES_TEXT];
+	tr_trainer_conv_routes_text(t, routes, sizeof routes);
+	if (routes[0])
+		json_object_set_new(snap->meta, "conv_routes", json_string(routes));
 	/* The model's description: a checkpoint is usable on its own. */
 	json_object_update(snap->meta, t->model_meta);
 	return snap;
@@ -173,6 +178,7 @@ int tr_trainer_restore(tr_trainer_t *t, const struct tr_snapshot *snap, bool wei
 	if (!weights_only) {
 		t->start_step = snap->step;
 		restore_early_stop(t, snap);
+		tr_trainer_conv_routes_adopt(t, json_string_value(json_object_get(snap->meta, "conv_routes")));
 	}
 	return 0;
 }

@@ -1,4 +1,4 @@
-/* Chains of oneDNN convolutions (engine/trainer_setup.c mark_conv_chains,
+/* Chains of oneDNN convolutions (engine/trainer_conv_routes.c tr_trainer_conv_chains,
  * tr_cpu_conv_chain_ok; docs/design.md, "Convolution on CPU devices"): a
  * job whose conv2d layers are joined by elementwise activations keeps the
  * activations between them in oneDNN's blocked layout.  It must train to

@@ -5,7 +5,10 @@
  * its own route with NCHW between them, or both on oneDNN with its
  * blocked layout between them), once, then remembered in the process and
  * in the machine's file; a job takes what the pair's decision says, and
- * a job that names its route is not second-guessed.  Skipped, visibly,
+ * a job that names its route is not second-guessed.  A checkpoint keeps
+ * the routes, and a run resumed from it takes them even where its own
+ * process decides otherwise (engine/trainer_conv_routes.c), so it ends
+ * with the uninterrupted run's bits.  Skipped, visibly,
  * in a build without oneDNN or on a CPU where oneDNN would not chain the
  * two.
  */
@@ -17,31 +20,45 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/checkpoint.h"
 #include "engine/cpu/cpu_dnnl_conv.h"
 #include "engine/spec.h"
 #include "engine/trainer.h"
 
 TestSuite(conv_pair, .timeout = 120);
 
-/* 1 -> 16 -> 16 channels on 12x12 images, as the JOB below */
-static const struct tr_conv2d_desc first = {
-	.c = 1, .h = 12, .w = 12, .f = 16, .ho = 12, .wo = 12, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1,
-	.dh = 1, .dw = 1, .groups = 1};
-static const struct tr_conv2d_desc second = {
-	.c = 16, .h = 12, .w = 12, .f = 16, .ho = 12, .wo = 12, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1,
-	.dh = 1, .dw = 1, .groups = 1};
+/* A 3x3 convolution of c -> f channels on 12x12 images, padded to keep
+ * the size: the JOB's layers below are 1 -> 16, 16 -> 16 and 16 -> 1. */
+static struct tr_conv2d_desc conv3x3(int c, int f)
+{
+	return (struct tr_conv2d_desc){.c = c,
+				       .f = f,
+				       .h = 12,
+				       .w = 12,
+				       .ho = 12,
+				       .wo = 12,
+				       .kh = 3,
+				       .kw = 3,
+				       .sh = 1,
+				       .sw = 1,
+				       .ph = 1,
+				       .pw = 1,
+				       .dh = 1,
+				       .dw = 1,
+				       .groups = 1};
+}
 
 #define FIRST_KEY "c1 h12 w12 f16 k3x3 s1x1 p1x1 d1x1 g1"
 #define SECOND_KEY "c16 h12 w12 f16 k3x3 s1x1 p1x1 d1x1 g1"
 #define LAST_KEY "c16 h12 w12 f1 k3x3 s1x1 p1x1 d1x1 g1"
 
-#define JOB(CPU_CONV)                                                                                                  \
+#define JOB(CPU_CONV)                                                                                                 \
 	"{\"seed\": 3, " CPU_CONV "\"model\": {\"inputs\": [1, 12, 12], \"layers\": [{\"type\": \"conv2d\","          \
 	" \"filters\": 16, \"kernel\": 3, \"padding\": 1}, {\"type\": \"relu\"}, {\"type\": \"conv2d\", \"filters\":" \
 	" 16, \"kernel\": 3, \"padding\": 1}, {\"type\": \"relu\"}, {\"type\": \"conv2d\", \"filters\": 1,"           \
-	" \"kernel\": 3, \"padding\": 1}], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\","    \
-	" \"task\": \"regression\", \"samples\": 16, \"shape\": [1, 12, 12], \"outputs\": 144, \"noise\": 0.1}},"   \
-	" \"batch_size\": 8, \"max_steps\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}"
+	" \"kernel\": 3, \"padding\": 1}], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\","     \
+	" \"task\": \"regression\", \"samples\": 16, \"shape\": [1, 12, 12], \"outputs\": 144, \"noise\": 0.1}},"     \
+	" \"batch_size\": 8, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}"
 
 static tr_backend_t *backend(void)
 {
@@ -62,7 +79,7 @@ static void tmp_path(char *buf, size_t n)
  * two layers chose alone; skips where oneDNN would not chain them */
 static struct tr_conv_pair_choice ask(tr_backend_t *be, enum tr_cpu_conv a, enum tr_cpu_conv b)
 {
-	struct tr_conv2d_desc x = first, y = second;
+	struct tr_conv2d_desc x = conv3x3(1, 16), y = conv3x3(16, 16);
 	x.route = a;
 	y.route = b;
 	struct tr_conv_pair_choice c;
@@ -75,7 +92,7 @@ static void need_a_chain(tr_backend_t *be)
 {
 	if (!tr_dnnl_available())
 		cr_skip_test("this build has no oneDNN (libdnnl-dev)");
-	struct tr_conv2d_desc x = first, y = second;
+	struct tr_conv2d_desc x = conv3x3(1, 16), y = conv3x3(16, 16);
 	x.route = y.route = TR_CPU_CONV_ONEDNN;
 	if (!tr_cpu_conv_chain_ok(be, &x, &y, 8))
 		cr_skip_test("oneDNN prefers another layout for these shapes on this CPU: no chain to weigh");
@@ -112,7 +129,7 @@ Test(conv_pair, nothing_to_weigh_where_routes_agree_or_cannot_chain)
 	c = ask(be, TR_CPU_CONV_IM2COL, TR_CPU_CONV_IM2COL);
 	cr_expect(!c.chainable && !c.measured && !c.join, "both on im2col: no break between them to price");
 	/* 15 channels between them: oneDNN's blocks are 16 wide, no chain */
-	struct tr_conv2d_desc x = first, y = second;
+	struct tr_conv2d_desc x = conv3x3(1, 16), y = conv3x3(16, 16);
 	x.f = y.c = 15;
 	x.route = TR_CPU_CONV_IM2COL;
 	y.route = TR_CPU_CONV_ONEDNN;
@@ -158,8 +175,11 @@ static void routes_of(const char *job, const char *path, char routes[160])
 	tr_cpu_conv_cache_open(path);
 	cr_assert_eq(tr_spec_parse_text(job, &spec, &err), 0, "spec: %s", err.message);
 	tr_backend_t *be = backend();
-	struct tr_trainer_options opt = {
-		.spec = &spec, .backend = be, .devices = 1, .workers = 1, .hooks = {.info = keep_routes, .ctx = routes}};
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = 1,
+					 .workers = 1,
+					 .hooks = {.info = keep_routes, .ctx = routes}};
 	tr_trainer_t *t = NULL;
 	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
 	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
@@ -177,13 +197,14 @@ static void this_cpu(const char *path, char *cpu, size_t n)
 	tr_backend_t *be = backend();
 	struct tr_conv_choice c;
 	struct tr_error err;
+	struct tr_conv2d_desc first = conv3x3(1, 16);
 	cr_assert_eq(tr_cpu_conv_route(be, 0, &first, 1, TR_CPU_CONV_AUTO, &c, &err), 0, "%s", err.message);
 	tr_backend_destroy(be);
 	json_error_t je;
 	json_t *doc = json_load_file(path, 0, &je);
 	cr_assert(doc, "%s", je.text);
-	snprintf(cpu, n, "%s", json_string_value(json_object_get(json_array_get(json_object_get(doc, "entries"), 0),
-								  "cpu")));
+	snprintf(cpu, n, "%s",
+		 json_string_value(json_object_get(json_array_get(json_object_get(doc, "entries"), 0), "cpu")));
 	json_decref(doc);
 	unlink(path);
 }
@@ -209,6 +230,104 @@ Test(conv_pair, a_job_takes_the_pairs_decision)
 	write_file(path, cpu, "onednn");
 	routes_of(JOB("\"cpu_conv\": \"im2col\", "), path, routes);
 	cr_expect_str_eq(routes, "im2col,im2col,im2col");
+	tr_cpu_conv_choices_forget();
+	unlink(path);
+}
+
+struct run {
+	char routes[160]; /* the last conv_routes shown */
+	struct tr_snapshot *snaps[8];
+	int nsnaps;
+};
+
+static void keep_run_routes(void *ctx, const char *key, const char *value)
+{
+	struct run *r = ctx;
+	keep_routes(r->routes, key, value);
+}
+
+static int keep_snapshot(void *ctx, struct tr_snapshot *snap, bool final)
+{
+	struct run *r = ctx;
+	(void) final;
+	if (r->nsnaps == 8)
+		return -1;
+	r->snaps[r->nsnaps++] = snap;
+	return 0;
+}
+
+/* JOB's 4 steps (a checkpoint every 2), resumed from `from` if not NULL:
+ * its final weights.  The machine file at `path` decides the routes. */
+static float *train(const char *path, const struct tr_snapshot *from, struct run *r, size_t *n)
+{
+	struct tr_error err;
+	struct tr_spec spec;
+	memset(r, 0, sizeof *r);
+	tr_cpu_conv_choices_forget();
+	tr_cpu_conv_cache_open(path);
+	cr_assert_eq(tr_spec_parse_text(JOB("\"checkpoint\": {\"every_steps\": 2}, "), &spec, &err), 0, "spec: %s",
+		     err.message);
+	tr_backend_t *be = backend();
+	struct tr_trainer_options opt = {.spec = &spec,
+					 .backend = be,
+					 .devices = 1,
+					 .workers = 1,
+					 .hooks = {.info = keep_run_routes, .checkpoint = keep_snapshot, .ctx = r}};
+	tr_trainer_t *t = NULL;
+	cr_assert_eq(tr_trainer_create(&opt, &t, &err), 0, "%s", err.message);
+	if (from)
+		cr_assert_eq(tr_trainer_restore(t, from, false, &err), 0, "%s", err.message);
+	cr_assert_eq(tr_trainer_run(t, &err), 0, "%s", err.message);
+	*n = tr_trainer_model(t)->n_params;
+	float *params = malloc(*n * sizeof(float));
+	cr_assert(params);
+	cr_assert_eq(tr_trainer_copy_params(t, 0, params), 0);
+	tr_trainer_destroy(t);
+	tr_spec_finish(&spec);
+	tr_backend_destroy(be);
+	return params;
+}
+
+static void free_run(struct run *r)
+{
+	for (int i = 0; i < r->nsnaps; i++)
+		tr_snapshot_free(r->snaps[i]);
+}
+
+Test(conv_pair, a_resumed_run_takes_its_checkpoints_routes)
+{
+	char path[128], cpu[256];
+	size_t n, n2, n3;
+	tmp_path(path, sizeof path);
+	tr_backend_t *be = backend();
+	need_a_chain(be);
+	tr_backend_destroy(be);
+	this_cpu(path, cpu, sizeof cpu);
+
+	struct run first_run, other, resumed;
+	write_file(path, cpu, "im2col");
+	float *straight = train(path, NULL, &first_run, &n);
+	cr_assert_str_eq(first_run.routes, "im2col,onednn,onednn");
+	cr_assert_geq(first_run.nsnaps, 2, "checkpoints at steps 2 and 4");
+	const struct tr_snapshot *mid = first_run.snaps[0];
+	cr_assert_eq(mid->step, 2);
+	cr_expect_str_eq(json_string_value(json_object_get(mid->meta, "conv_routes")), "im2col,onednn,onednn",
+			 "the checkpoint keeps the routes");
+
+	/* this machine now decides otherwise (its file changed, or another machine) */
+	write_file(path, cpu, "onednn");
+	float *elsewise = train(path, NULL, &other, &n2);
+	cr_assert_str_eq(other.routes, "onednn,onednn,onednn");
+	cr_assert_eq(n2, n);
+	cr_assert(memcmp(elsewise, straight, n * sizeof(float)) != 0,
+		  "the two routes give the same bits here: the test cannot tell them apart");
+
+	float *again = train(path, mid, &resumed, &n3);
+	cr_expect_str_eq(resumed.routes, "im2col,onednn,onednn", "the resumed run shows the checkpoint's routes");
+	cr_expect(memcmp(again, straight, n * sizeof(float)) == 0,
+		  "the resumed run ends with other bits than the uninterrupted one");
+	free(straight), free(elsewise), free(again);
+	free_run(&first_run), free_run(&other), free_run(&resumed);
 	tr_cpu_conv_choices_forget();
 	unlink(path);
 }

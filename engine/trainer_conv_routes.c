@@ -1,0 +1,229 @@
+/* Each conv2d layer's route on CPU devices and the chains of oneDNN
+ * layers between them (docs/design.md, "Convolution on CPU devices"):
+ * chosen when a job starts, kept in its checkpoints, and taken from the
+ * checkpoint when a job resumes, so that a resumed run computes as the
+ * first did even where this process would have decided otherwise.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/cpu/cpu_dnnl_conv.h"
+#include "engine/trainer_internal.h"
+
+void tr_trainer_conv_routes_text(const struct tr_trainer *t, char *buf, size_t n)
+{
+	size_t used = 0;
+	buf[0] = 0;
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return;
+	for (int i = 0; i < t->model.n_nodes; i++) {
+		const struct tr_layer *l = &t->model.layers[i];
+		if (l->type != TR_LAYER_CONV2D)
+			continue;
+		int w = snprintf(buf + used, n - used, "%s%s", used ? "," : "",
+				 tr_cpu_conv_route_name((enum tr_cpu_conv)l->conv.route));
+		if (w < 0 || (size_t)w >= n - used) { /* too many layers to list: none */
+			buf[0] = 0;
+			return;
+		}
+		used += (size_t)w;
+	}
+}
+
+/* The info field conv_routes, where the model has conv2d layers */
+static void show_routes(struct tr_trainer *t)
+{
+	char routes[TR_CONV_ROUTES_TEXT];
+	tr_trainer_conv_routes_text(t, routes, sizeof routes);
+	if (routes[0] && t->opt.hooks.info)
+		t->opt.hooks.info(t->opt.hooks.ctx, "conv_routes", routes);
+}
+
+/* Activations that need no layout: elementwise, whatever the order of the
+ * elements (dropout's mask is keyed by position, so it is not one). */
+static bool layout_free(enum tr_layer_type type)
+{
+	return type == TR_LAYER_RELU || type == TR_LAYER_GELU || type == TR_LAYER_TANH || type == TR_LAYER_SIGMOID;
+}
+
+/* The top-level conv2d layer that takes layer i's output with only
+ * elementwise activations between them, when layer i is a conv2d: its
+ * index, else -1.  Such pairs can chain (tr_trainer_conv_chains). */
+static int next_conv(const tr_model_t *m, int i)
+{
+	int j = i + 1;
+	while (j < m->n_layers && layout_free(m->layers[j].type))
+		j++;
+	if (m->layers[i].type != TR_LAYER_CONV2D || j >= m->n_layers || m->layers[j].type != TR_LAYER_CONV2D)
+		return -1;
+	return j;
+}
+
+/* Under "auto": two neighbours that chose different routes alone are
+ * measured as a pair, because the reorders at the break between them
+ * count against the pair and neither layer's own measurement sees them
+ * (VDSR's first layer, 1 channel in, measured faster on im2col alone,
+ * and its 64-channel output then cost the next layer a reorder each
+ * way).  Left to right, so a layer moved to oneDNN is then weighed with
+ * its other neighbour as it now stands. */
+static int join_conv_pairs(struct tr_trainer *t, int rows, struct tr_error *err)
+{
+	tr_model_t *m = &t->model;
+	for (int i = 0; i < m->n_layers; i++) {
+		int j = next_conv(m, i);
+		if (j < 0)
+			continue;
+		struct tr_layer *a = &m->layers[i], *b = &m->layers[j];
+		struct tr_conv_pair_choice c;
+		int rc = tr_cpu_conv_pair_route(t->be, t->devs[0], &a->conv, &b->conv, rows, &c, err);
+		if (rc < 0)
+			return rc;
+		if (!c.chainable)
+			continue;
+		struct tr_layer *moved = a->conv.route == TR_CPU_CONV_IM2COL ? a : b;
+		tr_trainer_logf(t, TR_LOG_INFO,
+				"conv2d layers %s and %s as a pair (%s; forward + backward: as chosen alone %.2f ms, "
+				"both oneDNN with its blocked layout between them %.2f ms): layer %s takes %s",
+				a->path, b->path,
+				c.measured ? "measured now at this job's rows per device"
+					   : "measured before on this machine",
+				c.split_ms, c.chain_ms, moved->path, c.join ? "onednn" : "im2col as before");
+		if (c.join)
+			moved->conv.route = TR_CPU_CONV_ONEDNN;
+	}
+	return 0;
+}
+
+/* Each conv2d layer's route on CPU devices (docs/design.md, "Convolution
+ * on CPU devices"): the spec's cpu_conv, else the backend's setting; "auto"
+ * is measured at this job's rows per device (or taken from what this
+ * machine measured before), per layer and then per pair of neighbours
+ * (join_conv_pairs), logged, shown as the info field conv_routes and kept
+ * in checkpoints (tr_trainer_conv_routes_text).
+ * The layers keep it, so every device and every step of the job takes
+ * the same route. */
+int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err)
+{
+	static const enum tr_cpu_conv want_of[] = {[TR_SPEC_CONV_AUTO] = TR_CPU_CONV_AUTO,
+						   [TR_SPEC_CONV_IM2COL] = TR_CPU_CONV_IM2COL,
+						   [TR_SPEC_CONV_ONEDNN] = TR_CPU_CONV_ONEDNN};
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return 0;
+	/* no cpu_conv in the spec: the daemon's setting */
+	enum tr_cpu_conv want = t->spec->cpu_conv == TR_SPEC_CONV_DEFAULT ? tr_cpu_backend_conv(t->be)
+									  : want_of[t->spec->cpu_conv];
+	for (int i = 0; i < t->model.n_nodes; i++) {
+		struct tr_layer *l = &t->model.layers[i];
+		if (l->type != TR_LAYER_CONV2D)
+			continue;
+		struct tr_conv_choice c;
+		l->conv.route = TR_CPU_CONV_AUTO;
+		int rc = tr_cpu_conv_route(t->be, t->devs[0], &l->conv, rows, want, &c, err);
+		if (rc == -ENOTSUP)
+			tr_trainer_error_at(err, "/cpu_conv");
+		if (rc < 0)
+			return rc;
+		l->conv.route = c.route;
+		const char *name = tr_cpu_conv_route_name(c.route);
+		if (c.im2col_ms > 0 || c.onednn_ms > 0)
+			tr_trainer_logf(t, TR_LOG_INFO,
+					"conv2d layer %s: %s (%s; forward + backward: im2col %.2f ms, oneDNN %.2f ms)",
+					l->path, name,
+					c.measured ? "measured now at this job's rows per device"
+						   : "measured before on this machine",
+					c.im2col_ms, c.onednn_ms);
+		else
+			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layer %s: %s (as the job or daemon asks)", l->path,
+					name);
+	}
+	int rc = want == TR_CPU_CONV_AUTO ? join_conv_pairs(t, rows, err) : 0;
+	if (rc < 0)
+		return rc;
+	show_routes(t);
+	return 0;
+}
+
+/* Chains of top-level conv2d layers joined by elementwise activations keep
+ * the activations between them in oneDNN's blocked layout where the
+ * backend allows (tr_cpu_conv_chain_ok), so only the chain's ends are
+ * reordered (docs/design.md, "Convolution on CPU devices").  After the
+ * routes: only oneDNN layers chain.  The same bits either way. */
+void tr_trainer_conv_chains(struct tr_trainer *t, int rows)
+{
+	tr_model_t *m = &t->model;
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
+		return;
+	for (int i = 0; i < m->n_layers; i++) {
+		int j = next_conv(m, i);
+		if (j < 0)
+			continue;
+		struct tr_layer *a = &m->layers[i], *b = &m->layers[j];
+		if (tr_cpu_conv_chain_ok(t->be, &a->conv, &b->conv, rows)) {
+			a->conv.y_blocked = b->conv.x_blocked = 1;
+			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layers %s and %s: oneDNN's blocked layout between them",
+					a->path, b->path);
+		}
+	}
+}
+
+
+/* The routes a checkpoint names, one per conv2d layer in node order, into
+ * routes[]: their count, or -1 where the text is not such a list. */
+static int parse_routes(const char *text, enum tr_cpu_conv *routes, int max)
+{
+	int n = 0;
+	for (const char *p = text; *p;) {
+		size_t len = strcspn(p, ",");
+		if (n == max)
+			return -1;
+		if (len == 6 && !strncmp(p, "im2col", 6))
+			routes[n++] = TR_CPU_CONV_IM2COL;
+		else if (len == 6 && !strncmp(p, "onednn", 6))
+			routes[n++] = TR_CPU_CONV_ONEDNN;
+		else
+			return -1;
+		p += len;
+		if (*p == ',' && *++p == 0)
+			return -1;
+	}
+	return n;
+}
+
+void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text)
+{
+	tr_model_t *m = &t->model;
+	char now[TR_CONV_ROUTES_TEXT];
+	if (t->be->i->kind != TR_BACKEND_KIND_CPU || !text || !text[0])
+		return; /* a checkpoint of another backend or an older build */
+	tr_trainer_conv_routes_text(t, now, sizeof now);
+	if (!strcmp(now, text))
+		return;
+	int convs = 0;
+	for (int i = 0; i < m->n_nodes; i++)
+		convs += m->layers[i].type == TR_LAYER_CONV2D;
+	enum tr_cpu_conv *routes = calloc((size_t)convs + 1, sizeof *routes);
+	int n = routes ? parse_routes(text, routes, convs) : -1;
+	bool need_dnnl = false;
+	for (int i = 0; i < n; i++)
+		need_dnnl = need_dnnl || routes[i] == TR_CPU_CONV_ONEDNN;
+	if (n != convs || (need_dnnl && !tr_dnnl_available())) {
+		tr_trainer_logf(t, TR_LOG_WARNING,
+				"the checkpoint's conv2d routes (%s) %s: the resumed run keeps %s, so its results "
+				"differ from an uninterrupted run's",
+				text, n != convs ? "do not fit this model" : "need oneDNN, which this build lacks", now);
+		free(routes);
+		return;
+	}
+	for (int i = 0, k = 0; i < m->n_nodes; i++) {
+		struct tr_layer *l = &m->layers[i];
+		if (l->type != TR_LAYER_CONV2D)
+			continue;
+		l->conv.route = routes[k++];
+		l->conv.x_blocked = l->conv.y_blocked = 0;
+	}
+	free(routes);
+	tr_trainer_logf(t, TR_LOG_INFO, "conv2d routes from the checkpoint: %s (this process chose %s)", text, now);
+	tr_trainer_conv_chains(t, tr_trainer_max_rows(t->spec, t->gdev));
+	show_routes(t);
+}
