@@ -104,7 +104,10 @@ void tr_data_pay_deferred_wait(void)
  * 64 sums, is the slowest). */
 enum { TARGET_BLOCK = 64 };
 
-#if defined(__x86_64__) && defined(__GNUC__)
+/* Not under ThreadSanitizer: the clones' resolver runs while the dynamic
+ * linker relocates the program, before TSan's runtime is up, and TSan's
+ * instrumentation of it crashed every TSan binary at start-up. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define VECTOR_CLONES
