@@ -41,9 +41,9 @@ struct run_ctx {
 	tr_trainer_t *trainer; /* for the checkpoint hook */
 	const char *out_dir;
 	enum tr_optim_type optim;
-	char conv_routes[160];   /* the trainer's info field: each conv2d layer's CPU route */
-	char dense_routes[160];  /* and each dense layer's */
-	tr_run_report_t *report; /* rank 0 with --report-url: reports to the daemon */
+	char conv_routes[TR_ROUTES_TEXT];  /* the trainer's info field: each conv2d layer's CPU route */
+	char dense_routes[TR_ROUTES_TEXT]; /* and each dense layer's */
+	tr_run_report_t *report;           /* rank 0 with --report-url: reports to the daemon */
 	bool rank0;
 	int64_t plan_written; /* the total_steps in DIR/plan.json (0: none yet) */
 };
@@ -183,7 +183,7 @@ static void set_routes(json_t *j, const char *key, const char *routes)
 	if (!routes[0])
 		return;
 	json_t *a = json_array();
-	char buf[160], *save = NULL;
+	char buf[TR_ROUTES_TEXT], *save = NULL;
 	snprintf(buf, sizeof buf, "%s", routes);
 	for (char *r = strtok_r(buf, ",", &save); r; r = strtok_r(NULL, ",", &save))
 		json_array_append_new(a, json_string(r));

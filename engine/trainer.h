@@ -49,6 +49,11 @@ struct tr_progress {
 	double data_wait_fraction;
 };
 
+/* The longest conv_routes or dense_routes info value, with its NUL: one
+ * route name and a comma per layer; a model with more layers than fit
+ * shows none. */
+#define TR_ROUTES_TEXT 1024
+
 enum tr_log_level { TR_LOG_ERROR = 3, TR_LOG_WARNING = 4, TR_LOG_INFO = 6, TR_LOG_DEBUG = 7 };
 
 struct tr_trainer_hooks {
@@ -65,8 +70,9 @@ struct tr_trainer_hooks {
 	 * skips copying the model for nothing. */
 	bool (*checkpoint_busy)(void *ctx);
 	/* Optional: an info field changed (docs/design.md, "Info fields"):
-	 * phase, epoch, best_val_loss, best_val_loss_step, stop_reason.  A few
-	 * calls per epoch; both strings are borrowed. */
+	 * phase, epoch, best_val_loss, best_val_loss_step, stop_reason, and
+	 * once conv_routes and dense_routes (at most TR_ROUTES_TEXT bytes
+	 * with the NUL).  A few calls per epoch; both strings are borrowed. */
 	void (*info)(void *ctx, const char *key, const char *value);
 	void *ctx;
 };

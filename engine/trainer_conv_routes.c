@@ -34,7 +34,7 @@ void tr_trainer_conv_routes_text(const struct tr_trainer *t, char *buf, size_t n
 /* The info field conv_routes, where the model has conv2d layers */
 static void show_routes(struct tr_trainer *t)
 {
-	char routes[TR_CONV_ROUTES_TEXT];
+	char routes[TR_ROUTES_TEXT];
 	tr_trainer_conv_routes_text(t, routes, sizeof routes);
 	if (routes[0] && t->opt.hooks.info)
 		t->opt.hooks.info(t->opt.hooks.ctx, "conv_routes", routes);
@@ -167,7 +167,6 @@ void tr_trainer_conv_chains(struct tr_trainer *t, int rows)
 	}
 }
 
-
 /* The routes a checkpoint names, one per conv2d layer in node order, into
  * routes[]: their count, or -1 where the text is not such a list. */
 static int parse_routes(const char *text, enum tr_cpu_conv *routes, int max)
@@ -193,7 +192,7 @@ static int parse_routes(const char *text, enum tr_cpu_conv *routes, int max)
 void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text)
 {
 	tr_model_t *m = &t->model;
-	char now[TR_CONV_ROUTES_TEXT];
+	char now[TR_ROUTES_TEXT];
 	if (t->be->i->kind != TR_BACKEND_KIND_CPU || !text || !text[0])
 		return; /* a checkpoint of another backend or an older build */
 	tr_trainer_conv_routes_text(t, now, sizeof now);
@@ -211,7 +210,8 @@ void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text)
 		tr_trainer_logf(t, TR_LOG_WARNING,
 				"the checkpoint's conv2d routes (%s) %s: the resumed run keeps %s, so its results "
 				"differ from an uninterrupted run's",
-				text, n != convs ? "do not fit this model" : "need oneDNN, which this build lacks", now);
+				text, n != convs ? "do not fit this model" : "need oneDNN, which this build lacks",
+				now);
 		free(routes);
 		return;
 	}

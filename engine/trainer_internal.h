@@ -232,7 +232,6 @@ void tr_trainer_error_at(struct tr_error *err, const char *pointer);
  * "" without conv2d layers or off CPU devices), and a resumed run adopts
  * the checkpoint's (logging a warning where it cannot: another model, or
  * oneDNN missing from this build). */
-#define TR_CONV_ROUTES_TEXT 1024
 int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err);
 void tr_trainer_conv_chains(struct tr_trainer *t, int rows);
 void tr_trainer_conv_routes_text(const struct tr_trainer *t, char *buf, size_t n);

@@ -162,11 +162,11 @@ static void write_file(const char *path, const char *cpu, const char *pair_route
 static void keep_routes(void *ctx, const char *key, const char *value)
 {
 	if (!strcmp(key, "conv_routes"))
-		snprintf(ctx, 160, "%s", value);
+		snprintf(ctx, TR_ROUTES_TEXT, "%s", value);
 }
 
 /* The job's conv_routes, the machine file at `path` deciding. */
-static void routes_of(const char *job, const char *path, char routes[160])
+static void routes_of(const char *job, const char *path, char routes[TR_ROUTES_TEXT])
 {
 	struct tr_error err;
 	struct tr_spec spec;
@@ -211,7 +211,7 @@ static void this_cpu(const char *path, char *cpu, size_t n)
 
 Test(conv_pair, a_job_takes_the_pairs_decision)
 {
-	char path[128], cpu[256], routes[160];
+	char path[128], cpu[256], routes[TR_ROUTES_TEXT];
 	tmp_path(path, sizeof path);
 	tr_backend_t *be = backend();
 	need_a_chain(be);
@@ -235,7 +235,7 @@ Test(conv_pair, a_job_takes_the_pairs_decision)
 }
 
 struct run {
-	char routes[160]; /* the last conv_routes shown */
+	char routes[TR_ROUTES_TEXT]; /* the last conv_routes shown */
 	struct tr_snapshot *snaps[8];
 	int nsnaps;
 };
@@ -328,6 +328,32 @@ Test(conv_pair, a_resumed_run_takes_its_checkpoints_routes)
 		  "the resumed run ends with other bits than the uninterrupted one");
 	free(straight), free(elsewise), free(again);
 	free_run(&first_run), free_run(&other), free_run(&resumed);
+	tr_cpu_conv_choices_forget();
+	unlink(path);
+}
+
+/* 40 conv2d layers: their routes are longer than a line, and every layer
+ * is listed (a list cut short would name the wrong layers). */
+Test(conv_pair, every_layer_of_a_deep_net_is_listed)
+{
+	char path[128], routes[TR_ROUTES_TEXT], job[8192];
+	size_t used = (size_t)snprintf(job, sizeof job,
+				       "{\"seed\": 1, \"cpu_conv\": \"im2col\", \"model\": {\"inputs\": [1, 4, 4], "
+				       "\"layers\": [");
+	for (int i = 0; i < 40; i++)
+		used += (size_t)snprintf(job + used, sizeof job - used,
+					 "%s{\"type\": \"conv2d\", \"filters\": 1, \"kernel\": 3, \"padding\": 1}",
+					 i ? ", " : "");
+	snprintf(job + used, sizeof job - used,
+		 "], \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\", "
+		 "\"samples\": 4, \"shape\": [1, 4, 4], \"outputs\": 16}}, \"batch_size\": 4, \"max_steps\": 1, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}");
+	tmp_path(path, sizeof path);
+	routes_of(job, path, routes);
+	int n = 0;
+	for (const char *p = routes; (p = strstr(p, "im2col")); p += 6)
+		n++;
+	cr_expect_eq(n, 40, "40 layers, %d routes listed: %s", n, routes);
 	tr_cpu_conv_choices_forget();
 	unlink(path);
 }
