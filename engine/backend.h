@@ -83,6 +83,13 @@ struct tr_pool2d_desc {
 	int kh, kw;
 	int sh, sw;
 	int ph, pw;
+	/* CPU devices, max pooling only: 1 when x and dx (x_blocked), or y
+	 * and dy (y_blocked), lie in oneDNN's blocked layout nChw16c (c a
+	 * multiple of 16), inside a chain of oneDNN convolutions; y_blocked
+	 * only with x_blocked.  Set by the job where the chain allows
+	 * (tr_trainer_conv_chains); 0 everywhere else, and on other
+	 * backends. */
+	int x_blocked, y_blocked;
 };
 
 /* The convolution kernels work on chunks of samples at once: one GEMM per
@@ -532,6 +539,11 @@ enum tr_cpu_conv tr_cpu_backend_conv(tr_backend_t *be);
  * either way; only reorders are saved (docs/design.md, "Convolution on
  * CPU devices"). */
 bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b, int rows);
+/* The two halves of that: whether layer a's output (y, dy), or layer b's
+ * input (x, dx), may lie in nChw16c, whatever is between them (a chain
+ * through max pooling, which keeps the channels). */
+bool tr_cpu_conv_blocked_out_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, int rows);
+bool tr_cpu_conv_blocked_in_ok(tr_backend_t *be, const struct tr_conv2d_desc *b, int rows);
 /* Chains are on unless turned off here or by TRAINERD_CPU_CONV_CHAINS=0 in
  * the environment when the backend is created (to compare the two). */
 void tr_cpu_backend_set_conv_chains(tr_backend_t *be, bool on);

@@ -144,25 +144,60 @@ int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err)
 	return 0;
 }
 
-/* Chains of top-level conv2d layers joined by elementwise activations keep
- * the activations between them in oneDNN's blocked layout where the
- * backend allows (tr_cpu_conv_chain_ok), so only the chain's ends are
- * reordered (docs/design.md, "Convolution on CPU devices").  After the
- * routes: only oneDNN layers chain.  The same bits either way. */
+/* Layers a chain of oneDNN layers in its blocked layout runs through:
+ * elementwise activations, and max pooling, which keeps the channels and
+ * has a kernel for that layout (tr_cpu_maxpool_blocked). */
+static bool chain_through(enum tr_layer_type type)
+{
+	return layout_free(type) || type == TR_LAYER_MAXPOOL2D;
+}
+
+/* Chains of top-level layers from a conv2d layer through elementwise
+ * activations and max pooling keep the activations in oneDNN's blocked
+ * layout where the backend allows (tr_cpu_conv_blocked_out_ok, _in_ok),
+ * so only the chain's ends are reordered (docs/design.md, "Convolution on
+ * CPU devices"): up to the next conv2d layer, or, where none follows, up
+ * to the last max pooling, which writes NCHW itself.  After the routes:
+ * only oneDNN layers chain.  The same bits either way. */
 void tr_trainer_conv_chains(struct tr_trainer *t, int rows)
 {
 	tr_model_t *m = &t->model;
 	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
 		return;
 	for (int i = 0; i < m->n_layers; i++) {
-		int j = next_conv(m, i);
-		if (j < 0)
+		struct tr_layer *a = &m->layers[i];
+		if (a->type != TR_LAYER_CONV2D)
 			continue;
-		struct tr_layer *a = &m->layers[i], *b = &m->layers[j];
-		if (tr_cpu_conv_chain_ok(t->be, &a->conv, &b->conv, rows)) {
-			a->conv.y_blocked = b->conv.x_blocked = 1;
+		int j = i + 1, last_pool = -1;
+		for (; j < m->n_layers && chain_through(m->layers[j].type); j++)
+			if (m->layers[j].type == TR_LAYER_MAXPOOL2D)
+				last_pool = j;
+		struct tr_layer *b = j < m->n_layers && m->layers[j].type == TR_LAYER_CONV2D ? &m->layers[j] : NULL;
+		bool to_b = b && (last_pool < 0 ? tr_cpu_conv_chain_ok(t->be, &a->conv, &b->conv, rows)
+						: b->conv.c == a->conv.f &&
+							  tr_cpu_conv_blocked_out_ok(t->be, &a->conv, rows) &&
+							  tr_cpu_conv_blocked_in_ok(t->be, &b->conv, rows));
+		bool to_pool = !to_b && last_pool >= 0 && tr_cpu_conv_blocked_out_ok(t->be, &a->conv, rows);
+		if (!to_b && !to_pool)
+			continue;
+		a->conv.y_blocked = 1;
+		for (int k = i + 1; k < j; k++) {
+			struct tr_layer *p = &m->layers[k];
+			if (p->type == TR_LAYER_MAXPOOL2D) {
+				p->pool.x_blocked = 1;
+				p->pool.y_blocked = to_b || k != last_pool;
+			}
+		}
+		if (to_b) {
+			b->conv.x_blocked = 1;
 			tr_trainer_logf(t, TR_LOG_INFO, "conv2d layers %s and %s: oneDNN's blocked layout between them",
 					a->path, b->path);
+		} else {
+			tr_trainer_logf(
+				t, TR_LOG_INFO,
+				"conv2d layer %s: oneDNN's blocked layout up to maxpool2d layer %s, which writes "
+				"NCHW",
+				a->path, m->layers[last_pool].path);
 		}
 	}
 }
@@ -220,7 +255,13 @@ void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text)
 		if (l->type != TR_LAYER_CONV2D)
 			continue;
 		l->conv.route = routes[k++];
-		l->conv.x_blocked = l->conv.y_blocked = 0;
+	}
+	for (int i = 0; i < m->n_nodes; i++) { /* chained as the routes now allow */
+		struct tr_layer *l = &m->layers[i];
+		if (l->type == TR_LAYER_CONV2D)
+			l->conv.x_blocked = l->conv.y_blocked = 0;
+		if (l->type == TR_LAYER_MAXPOOL2D)
+			l->pool.x_blocked = l->pool.y_blocked = 0;
 	}
 	free(routes);
 	tr_trainer_logf(t, TR_LOG_INFO, "conv2d routes from the checkpoint: %s (this process chose %s)", text, now);

@@ -411,6 +411,9 @@ static int cpu_maxpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool
 {
 	ENSURE_DEV("maxpool2d_forward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_forward: bad shape");
+	ENSURE(d->x_blocked || !d->y_blocked, "maxpool2d_forward: a blocked output needs a blocked input");
+	if (d->x_blocked)
+		return tr_cpu_maxpool_blocked(be, dev, d, rows, x, y, NULL, NULL);
 	struct maxpool_job j = {.d = d, .planes = (size_t)rows * d->c, .x = x, .y = y};
 	return maxpool_run(be, dev, &j);
 }
@@ -420,6 +423,9 @@ static int cpu_maxpool2d_backward(tr_backend_t *be, int dev, const struct tr_poo
 {
 	ENSURE_DEV("maxpool2d_backward");
 	ENSURE(pool_ok(d) && rows >= 0, "maxpool2d_backward: bad shape");
+	ENSURE(d->x_blocked || !d->y_blocked, "maxpool2d_backward: a blocked output needs a blocked input");
+	if (d->x_blocked)
+		return tr_cpu_maxpool_blocked(be, dev, d, rows, x, NULL, dy, dx);
 	struct maxpool_job j = {.d = d, .planes = (size_t)rows * d->c, .x = x, .dy = dy, .dx = dx};
 	return maxpool_run(be, dev, &j);
 }

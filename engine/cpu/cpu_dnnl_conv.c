@@ -606,16 +606,32 @@ static int dnnl_largest_slice(const struct tr_conv2d_desc *d, int rows)
 	return largest;
 }
 
-bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b, int rows)
+/* Whether layer d on the oneDNN route may keep its output (dst) or its
+ * input (src) in nChw16c: oneDNN's forward primitive prefers that layout
+ * there, at the slices' sample count, as the primitives will run. */
+static bool blocked_ok(tr_backend_t *be, const struct tr_conv2d_desc *d, int rows, bool dst)
 {
 	if (be->i->kind != TR_BACKEND_KIND_CPU || !tr_cpu_backend_conv_chains(be) || rows < 1 ||
-	    a->route != TR_CPU_CONV_ONEDNN || b->route != TR_CPU_CONV_ONEDNN || a->groups != 1 || b->groups != 1 ||
-	    a->f != b->c || a->ho != b->h || a->wo != b->w || a->f % 16)
+	    d->route != TR_CPU_CONV_ONEDNN || d->groups != 1 || (dst ? d->f : d->c) % 16)
 		return false;
-	/* at the slices' sample counts, as the primitives will run */
-	struct tr_conv2d_geom ga = geom_of(a, dnnl_largest_slice(a, rows)),
-			      gb = geom_of(b, dnnl_largest_slice(b, rows));
-	return tr_dnnl_conv_prefers_blocked(&ga, true) && tr_dnnl_conv_prefers_blocked(&gb, false);
+	struct tr_conv2d_geom g = geom_of(d, dnnl_largest_slice(d, rows));
+	return tr_dnnl_conv_prefers_blocked(&g, dst);
+}
+
+bool tr_cpu_conv_blocked_out_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, int rows)
+{
+	return blocked_ok(be, a, rows, true);
+}
+
+bool tr_cpu_conv_blocked_in_ok(tr_backend_t *be, const struct tr_conv2d_desc *b, int rows)
+{
+	return blocked_ok(be, b, rows, false);
+}
+
+bool tr_cpu_conv_chain_ok(tr_backend_t *be, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b, int rows)
+{
+	return a->f == b->c && a->ho == b->h && a->wo == b->w && tr_cpu_conv_blocked_out_ok(be, a, rows) &&
+	       tr_cpu_conv_blocked_in_ok(be, b, rows);
 }
 
 int tr_cpu_dnnl_conv2d_forward(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, const float *x,

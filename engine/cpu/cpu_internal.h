@@ -50,6 +50,11 @@ int tr_cpu_pool_run(struct tr_cpu_pool *p, int n, tr_cpu_task_fn fn, void *arg);
 int tr_cpu_threads(tr_backend_t *be);
 /* Runs the tasks on device dev's pool (made on first use by the device's
  * thread, the only one that calls this for dev). */
+/* Max pooling with x (and dx) in nChw16c and y (and dy) in nChw16c or
+ * NCHW as d says (cpu_pool_blocked.c): forward when dy is NULL (writes
+ * y), else backward (writes dx).  The same bits as the NCHW kernel. */
+int tr_cpu_maxpool_blocked(tr_backend_t *be, int dev, const struct tr_pool2d_desc *d, int rows, const float *x,
+			   float *y, const float *dy, float *dx);
 int tr_cpu_parallel(tr_backend_t *be, int dev, int n, tr_cpu_task_fn fn, void *arg);
 /* How many tiles gemm cuts an m x n x k product into, along the longer of
  * C's dimensions (cpu_kernels.c): a function of the shape alone, so the

@@ -4,7 +4,7 @@
  * activations between them in oneDNN's blocked layout.  It must train to
  * the same bits as with chains off, on one device and on two, and reorder
  * fewer activations; a layer that needs positions (dropout) breaks the
- * chain.  Skipped, visibly, in a build without oneDNN.
+ * chain, max pooling does not.  Skipped, visibly, in a build without oneDNN.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -48,6 +48,17 @@ static void collect(void *ctx, const struct tr_metric_point *p)
 	" \"batch_size\": 10, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01, \"momentum\": 0.9}}"
 
 static const char *CHAIN_JOB = JOB("{\"type\": \"relu\"}");
+/* LeNet's pattern: conv, relu, max pooling, twice, then dense layers: the
+ * first chain runs through the pooling to the second conv2d layer, the
+ * second ends at its pooling, which writes NCHW for the flatten. */
+static const char *POOL_JOB =
+	"{\"seed\": 7, \"model\": {\"inputs\": [1, 12, 12], \"layers\": [{\"type\": \"conv2d\", \"filters\": 16,"
+	" \"kernel\": 3, \"padding\": 1}, {\"type\": \"relu\"}, {\"type\": \"maxpool2d\", \"kernel\": 2},"
+	" {\"type\": \"conv2d\", \"filters\": 32, \"kernel\": 3, \"padding\": 1}, {\"type\": \"relu\"},"
+	" {\"type\": \"maxpool2d\", \"kernel\": 2}, {\"type\": \"flatten\"}, {\"type\": \"dense\", \"units\": 5}],"
+	" \"loss\": \"mse\"}, \"data\": {\"train\": {\"format\": \"synthetic\", \"task\": \"regression\","
+	" \"samples\": 45, \"shape\": [1, 12, 12], \"outputs\": 5, \"noise\": 0.1}, \"shuffle\": true},"
+	" \"batch_size\": 10, \"epochs\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01, \"momentum\": 0.9}}";
 static const char *BROKEN_JOB = JOB("{\"type\": \"dropout\", \"rate\": 0.2}");
 
 static void run(const char *text, int devices, bool chains, struct result *out)
@@ -143,4 +154,41 @@ Test(conv_chain, dropout_between_convolutions_breaks_the_chain)
 	expect_same_bits(&off, &on, "dropout between");
 	cr_assert_gt(on.reorders, chained.reorders, "the second and third layers still chain, the first not");
 	free(off.params), free(on.params), free(chained.params);
+}
+
+/* Chains through max pooling (cpu_pool_blocked.c): the same bits as
+ * without chains, on one device and on two, and fewer reorders. */
+Test(conv_chain, max_pooling_inside_a_chain_gives_the_same_bits)
+{
+	skip_without_onednn();
+	for (int devices = 1; devices <= 2; devices++) {
+		struct result off, on;
+		run(POOL_JOB, devices, false, &off);
+		run(POOL_JOB, devices, true, &on);
+		expect_same_bits(&off, &on, devices == 1 ? "1 device" : "2 devices");
+		struct tr_conv2d_geom g = {.n = 10,
+					   .c = 1,
+					   .h = 12,
+					   .w = 12,
+					   .k = 16,
+					   .kh = 3,
+					   .kw = 3,
+					   .sh = 1,
+					   .sw = 1,
+					   .ph = 1,
+					   .pw = 1,
+					   .dh = 1,
+					   .dw = 1,
+					   .groups = 1,
+					   .oh = 12,
+					   .ow = 12};
+		if (tr_dnnl_conv_prefers_blocked(&g, true))
+			/* at least the first layer's output (forward out, backward
+			 * in) and the second's (forward out, backward in twice) */
+			cr_assert_leq(on.reorders + 5, off.reorders, "%llu reorders with chains, %llu without",
+				      on.reorders, off.reorders);
+		else
+			cr_log_warn("oneDNN prefers another layout on this CPU: no chain to count");
+		free(off.params), free(on.params);
+	}
 }
