@@ -1,4 +1,5 @@
 /* The Kubernetes objects of a job spec (cli/k8s_manifest.h). */
+#include "core/json_text.h"
 #include "cli/k8s_manifest.h"
 
 #include <ctype.h>
@@ -201,7 +202,7 @@ static json_t *config_map(const struct tr_spec *spec, const char *name, const ch
 			  size_t errlen)
 {
 	json_t *norm = tr_spec_to_json(spec);
-	char *text = norm ? json_dumps(norm, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+	char *text = norm ? tr_json_dumps(norm, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(norm);
 	char *script = pod_script(name, procs);
 	char *spec_text = NULL;

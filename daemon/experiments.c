@@ -14,6 +14,7 @@
  * (daemon/preemption.c): a preempted one waits in the queue and resumes
  * on its own, so the driver just waits for it.
  */
+#include "core/json_text.h"
 #include "daemon/experiments.h"
 
 #include <errno.h>
@@ -640,7 +641,7 @@ static int op_submit(void *ctx, const json_t *body, int priority, bool preemptib
 	}
 	json_decref(params);
 	json_decref(spec);
-	char *text = rc == 0 ? json_dumps(request, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+	char *text = rc == 0 ? tr_json_dumps(request, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	if (rc == 0 && !text)
 		rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "out of memory");
 	if (rc == 0) {

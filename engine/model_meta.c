@@ -6,6 +6,7 @@
  * then checks a file's description exactly as it checks a job, and a layer
  * type added to the spec is understood here without a second list.
  */
+#include "core/json_text.h"
 #include "engine/model_meta.h"
 
 #include <errno.h>
@@ -17,9 +18,9 @@
 
 static int set_json(json_t *meta, const char *key, json_t *value)
 {
-	/* Compact, ordered as written, reals to full double precision so that
-	 * every recorded float reads back to the same float. */
-	char *text = value ? json_dumps(value, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	/* Compact, ordered as written, reals in their shortest exact form so
+	 * that every recorded float reads back to the same float. */
+	char *text = value ? tr_json_dumps(value, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(value);
 	if (!text)
 		return -ENOMEM;
