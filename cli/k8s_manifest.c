@@ -1,5 +1,4 @@
 /* The Kubernetes objects of a job spec (cli/k8s_manifest.h). */
-#include "core/json_text.h"
 #include "cli/k8s_manifest.h"
 
 #include <ctype.h>
@@ -8,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/json_text.h"
 
 static json_t *fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static json_t *fail(char *err, size_t n, const char *fmt, ...)

@@ -4,8 +4,8 @@
  * becomes one plain line every few seconds that reads well in logs and
  * greps easily, and no control characters are written.
  */
-#include "core/json_text.h"
 #include "cli/trainctl.h"
+#include "core/json_text.h"
 
 #include <math.h>
 #include <stdarg.h>

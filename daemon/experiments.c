@@ -14,7 +14,6 @@
  * (daemon/preemption.c): a preempted one waits in the queue and resumes
  * on its own, so the driver just waits for it.
  */
-#include "core/json_text.h"
 #include "daemon/experiments.h"
 
 #include <errno.h>
@@ -26,6 +25,7 @@
 #include <time.h>
 
 #include "api/api.h"
+#include "core/json_text.h"
 #include "core/rfc3339.h"
 #include "core/searcher.h"
 #include "daemon/experiment_spec.h"

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/json_text.h"
 #include "core/job.h"
+#include "core/json_text.h"
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "engine/rng.h"

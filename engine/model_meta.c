@@ -6,7 +6,6 @@
  * then checks a file's description exactly as it checks a job, and a layer
  * type added to the spec is understood here without a second list.
  */
-#include "core/json_text.h"
 #include "engine/model_meta.h"
 
 #include <errno.h>
@@ -14,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_text.h"
 #include "engine/safetensors.h"
 
 static int set_json(json_t *meta, const char *key, json_t *value)
