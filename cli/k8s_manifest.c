@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_text.h"
+
 static json_t *fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static json_t *fail(char *err, size_t n, const char *fmt, ...)
 {
@@ -201,7 +203,7 @@ static json_t *config_map(const struct tr_spec *spec, const char *name, const ch
 			  size_t errlen)
 {
 	json_t *norm = tr_spec_to_json(spec);
-	char *text = norm ? json_dumps(norm, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+	char *text = norm ? tr_json_dumps(norm, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(norm);
 	char *script = pod_script(name, procs);
 	char *spec_text = NULL;

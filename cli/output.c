@@ -5,6 +5,7 @@
  * greps easily, and no control characters are written.
  */
 #include "cli/trainctl.h"
+#include "core/json_text.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -133,7 +134,7 @@ void tr_fmt_time(char *buf, size_t len, const char *t)
 
 void tr_print_json(const json_t *j, FILE *out)
 {
-	json_dumpf(j, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	tr_json_dumpf(j, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	fputc('\n', out);
 }
 

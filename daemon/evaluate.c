@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/json_text.h"
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "engine/infer.h"
@@ -170,8 +171,7 @@ int tr_eval_submit(struct tr_scheduler *s, int64_t job_id, const json_t *body, i
 		json_object_set_new(given, "job", json_integer(job_id));
 	}
 	char *norm_text = norm ? json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) : NULL;
-	char *spec_text = given ? json_dumps(given, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15))
-				: NULL;
+	char *spec_text = given ? tr_json_dumps(given, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(norm);
 	json_decref(given);
 	if (!norm_text || !spec_text) {

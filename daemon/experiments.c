@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "api/api.h"
+#include "core/json_text.h"
 #include "core/rfc3339.h"
 #include "core/searcher.h"
 #include "daemon/experiment_spec.h"
@@ -640,7 +641,7 @@ static int op_submit(void *ctx, const json_t *body, int priority, bool preemptib
 	}
 	json_decref(params);
 	json_decref(spec);
-	char *text = rc == 0 ? json_dumps(request, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+	char *text = rc == 0 ? tr_json_dumps(request, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	if (rc == 0 && !text)
 		rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "out of memory");
 	if (rc == 0) {

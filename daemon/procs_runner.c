@@ -346,6 +346,8 @@ static bool launcher_ended(struct pjob *pj, int status)
 			tr_runner_finish(j, TR_JOB_FAILED, "checkpoint_failed", msg, steps);
 			return true;
 		}
+		/* Where it ended, not its last logged loss. */
+		tr_wjob_final_progress(&pj->w);
 		bool stopped = !strcmp(state, "stopped");
 		bool paused = stopped && atomic_load(&j->pause_requested);
 		/* Preempted (daemon/preemption.c) at a step boundary: a

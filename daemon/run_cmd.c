@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/json_text.h"
 #include "daemon/backend_open.h"
 #include "daemon/cli.h"
 #include "engine/backend.h"
@@ -659,16 +660,18 @@ int tr_cmd_run(int argc, char **argv)
 	 * by process 0, once every process has read the one --resume names. */
 	snprintf(path, sizeof path, "%s/spec.json", out_dir);
 	json_t *effective = tr_spec_to_json(&spec);
-	if (pcomm->i->barrier(pcomm) < 0 || !effective ||
-	    (rank == 0 && json_dump_file(effective, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)) {
+	char *effective_text = effective ? tr_json_dumps(effective, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(effective);
+	if (pcomm->i->barrier(pcomm) < 0 || !effective_text ||
+	    (rank == 0 && tr_wjob_write_text(path, effective_text) < 0)) {
 		fprintf(stderr, "trainerd run: cannot write %s\n", path);
-		json_decref(effective);
+		free(effective_text);
 		tr_backend_destroy(be);
 		tr_spec_finish(&spec);
 		end_processes(pcomm, 2);
 		return 2;
 	}
-	json_decref(effective);
+	free(effective_text);
 	if (rank == 0 && report_url && !(ctx.report = tr_run_report_start(report_url, report_token_file, &errbuf))) {
 		fprintf(stderr, "trainerd run: %s\n", errbuf.message);
 		tr_backend_destroy(be);

@@ -337,6 +337,8 @@ static void ended(struct sjob *sj, const char *slurm_state)
 			tr_runner_finish(j, TR_JOB_FAILED, "checkpoint_failed", msg, steps);
 			return;
 		}
+		/* Where it ended, not its last logged loss. */
+		tr_wjob_final_progress(&sj->w);
 		bool stopped = !strcmp(state, "stopped");
 		bool paused = stopped && atomic_load(&j->pause_requested);
 		tr_wjob_log(&sj->w, TR_LOG_NOTICE, "Slurm job %s %s at step %lld; its checkpoint is stored", sj->id,

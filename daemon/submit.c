@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/job.h"
+#include "core/json_text.h"
 #include "daemon/log.h"
 #include "daemon/scheduler_internal.h"
 #include "engine/rng.h"
@@ -149,9 +150,8 @@ static int submit_job(struct tr_scheduler *s, const struct tr_api_submit *req, c
 
 	char *norm_text = json_dumps(norm, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
 	/* "The spec as given": the request's own text when it is there. */
-	char *spec_text = req->body
-				  ? strndup(req->body, req->body_len)
-				  : json_dumps(req->spec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+	char *spec_text = req->body ? strndup(req->body, req->body_len)
+				    : tr_json_dumps(req->spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	json_decref(norm);
 	char digest[33];
 	body_digest(req->body ? req->body : "", req->body_len, digest);
@@ -222,7 +222,7 @@ static int op_submit(void *ctx, const struct tr_api_submit *req, int64_t *job_id
 int tr_sched_submit_trial(struct tr_scheduler *s, const json_t *spec, int priority, const struct tr_job_row *tag,
 			  int64_t *job_id, struct tr_error_list *problems, struct tr_error *err)
 {
-	char *body = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+	char *body = tr_json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	struct tr_api_submit req = {.spec = spec,
 				    .body = body,
 				    .body_len = body ? strlen(body) : 0,
@@ -296,8 +296,10 @@ static int extend(struct tr_scheduler *s, const struct tr_job_row *row, const st
 			json_object_del(doc, "epochs");
 			json_object_del(doc, "max_steps");
 			json_object_set_new(doc, key, json_integer(value));
-			out[i] = json_dumps(doc, JSON_COMPACT | (i ? JSON_SORT_KEYS : JSON_PRESERVE_ORDER) |
-							 JSON_REAL_PRECISION(i ? 9 : 15));
+			/* The normalized spec keeps its 9 digits (its floats are
+			 * floats, shortened already: tr_fields_short_double). */
+			out[i] = i ? json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(9))
+				   : tr_json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER);
 			if (!out[i])
 				rc = tr_job_fail(err, TR_JOB_E_INTERNAL, "", "out of memory");
 		}
@@ -609,7 +611,7 @@ int tr_scheduler_submit_if_empty(tr_scheduler_t *s, const char *path, struct tr_
 	json_t *doc = json_load_file(path, 0, &jerr);
 	if (!doc)
 		return tr_error_set(err, -EINVAL, 0, NULL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-	char *body = json_dumps(doc, JSON_COMPACT);
+	char *body = tr_json_dumps(doc, JSON_COMPACT);
 	struct tr_api_submit req = {.spec = doc, .body = body, .body_len = body ? strlen(body) : 0};
 	struct tr_error aerr = {0};
 	int64_t id;

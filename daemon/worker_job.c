@@ -158,6 +158,18 @@ void tr_wjob_tail_metrics(struct tr_worker_job *w)
 	atomic_store(&j->tailing, false);
 }
 
+/* How many steps the worker makes in all, from its plan.json; 0 when
+ * it has not said. */
+static int64_t plan_total_steps(struct tr_worker_job *w)
+{
+	char path[PATH_MAX + 16];
+	snprintf(path, sizeof path, "%s/plan.json", w->dir);
+	json_t *plan = json_load_file(path, 0, NULL);
+	int64_t total = json_integer_value(json_object_get(plan, "total_steps"));
+	json_decref(plan);
+	return total;
+}
+
 /* One round of the tail (tr_wjob_tail_metrics). */
 static void tail_file(struct tr_worker_job *w)
 {
@@ -216,11 +228,7 @@ static void tail_file(struct tr_worker_job *w)
 	atomic_store(&j->tailing, false);
 	if (!have || !any_loss)
 		return;
-	/* The worker's plan.json says how many steps it makes in all. */
-	snprintf(path, sizeof path, "%s/plan.json", w->dir);
-	json_t *plan = json_load_file(path, 0, NULL);
-	int64_t total = json_integer_value(json_object_get(plan, "total_steps"));
-	json_decref(plan);
+	int64_t total = plan_total_steps(w);
 	struct tr_scheduler *s = j->sched;
 	pthread_mutex_lock(&s->lock);
 	p.total_steps = total > 0 ? total : j->progress.total_steps;
@@ -254,6 +262,37 @@ bool tr_wjob_read_summary(struct tr_worker_job *w, char *state, size_t n, char *
 	*steps = json_integer_value(json_object_get(s, "steps"));
 	json_decref(s);
 	return state[0] != 0;
+}
+
+void tr_wjob_final_progress(struct tr_worker_job *w)
+{
+	char path[PATH_MAX + 16];
+	snprintf(path, sizeof path, "%s/summary.json", w->dir);
+	json_t *sum = json_load_file(path, 0, NULL);
+	json_t *steps = json_object_get(sum, "steps"), *loss = json_object_get(sum, "final_loss");
+	int64_t epochs = json_integer_value(json_object_get(sum, "epochs"));
+	if (!json_is_integer(steps) || json_integer_value(steps) < 0) {
+		json_decref(sum);
+		return;
+	}
+	int64_t total = plan_total_steps(w);
+	struct running_job *j = w->j;
+	pthread_mutex_lock(&j->sched->lock);
+	struct tr_progress p = j->progress;
+	p.step = json_integer_value(steps);
+	/* A run that made no step of its own (resumed at its end) says
+	 * nothing of the epoch or the loss: the tail's stand. */
+	if (epochs > 0) {
+		p.epoch = epochs - 1; /* "epochs" counts the one under way */
+		if (json_is_number(loss))
+			p.loss = json_number_value(loss);
+	}
+	if (total > 0)
+		p.total_steps = total;
+	j->progress = p;
+	j->have_progress = true;
+	pthread_mutex_unlock(&j->sched->lock);
+	json_decref(sum);
 }
 
 /* Reads a whole file (malloc'd). */

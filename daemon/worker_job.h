@@ -56,6 +56,13 @@ void tr_wjob_tail_metrics(struct tr_worker_job *w);
 /* The summary.json the worker wrote as it ended: its state and, for a
  * failure, the error.  False when there is none. */
 bool tr_wjob_read_summary(struct tr_worker_job *w, char *state, size_t n, char *error, size_t en, int64_t *steps);
+/* Takes the job's live progress (which the runner's end stores in its
+ * row) from the summary.json the worker wrote as it ended: its last step,
+ * epoch and loss, with total_steps from plan.json.  metrics.jsonl has a
+ * loss only every log_every_steps (and at the last step), so a run
+ * stopped or paused between two would otherwise show the last logged
+ * step, or step 0 before the first.  Nothing changes without a summary. */
+void tr_wjob_final_progress(struct tr_worker_job *w);
 /* Stores the worker's final checkpoint as the job's; *step its step. */
 int tr_wjob_store_checkpoint(struct tr_worker_job *w, int64_t *step, struct tr_error *err);
 

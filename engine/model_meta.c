@@ -13,13 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_text.h"
 #include "engine/safetensors.h"
 
 static int set_json(json_t *meta, const char *key, json_t *value)
 {
-	/* Compact, ordered as written, reals to full double precision so that
-	 * every recorded float reads back to the same float. */
-	char *text = value ? json_dumps(value, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	/* Compact, ordered as written, reals in their shortest exact form so
+	 * that every recorded float reads back to the same float. */
+	char *text = value ? tr_json_dumps(value, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(value);
 	if (!text)
 		return -ENOMEM;

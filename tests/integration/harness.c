@@ -393,3 +393,20 @@ const char *wait_state(const struct daemon *d, long long id, const char *states,
 		usleep(20000);
 	}
 }
+
+char *trainctl_output(const struct daemon *d, const char *args)
+{
+	const char *exe = getenv("TR_TRAINCTL");
+	cr_assert_not_null(exe, "TR_TRAINCTL is not set");
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "'%s' --url %s %s 2>&1", exe, d->base_url, args);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t cap = 1 << 16, n = 0, got;
+	char *out = malloc(cap);
+	while (n + 1 < cap && (got = fread(out + n, 1, cap - 1 - n, p)) > 0)
+		n += got;
+	out[n] = 0;
+	cr_assert_eq(pclose(p), 0, "trainctl %s: %s", args, out);
+	return out;
+}

@@ -71,6 +71,9 @@ json_t *get_job_json(const struct daemon *d, long long id);
  * its info field `key` (asserted present) in out (n bytes) and its final
  * loss, bit for bit (summary.loss, asserted a number). */
 void job_info_and_loss(const struct daemon *d, long long id, const char *key, char *out, size_t n, double *loss);
+/* trainctl's output (stdout and stderr) for args against daemon d
+ * (malloc'd; asserts that it exits 0). */
+char *trainctl_output(const struct daemon *d, const char *args);
 /* Polls GET /jobs/{id} until the state is one of `states` ('|'-separated)
  * or timeout_s passes; returns the final state (static buffer). */
 const char *wait_state(const struct daemon *d, long long id, const char *states, double timeout_s);

@@ -707,6 +707,76 @@ Test(daemon, sigterm_interrupts_and_restart_requeues, .init = start1, .fini = st
 	http_free(&r);
 }
 
+/* The text of one column of one row (malloc'd), read from the daemon's
+ * database while it runs. */
+static char *sql_text(const char *db, const char *sql)
+{
+	sqlite3 *h;
+	cr_assert_eq(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+	sqlite3_stmt *st;
+	cr_assert_eq(sqlite3_prepare_v2(h, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(h));
+	cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "%s", sql);
+	char *text = strdup((const char *)sqlite3_column_text(st, 0));
+	sqlite3_finalize(st);
+	sqlite3_close(h);
+	return text;
+}
+
+/* A spec's 0.1 reads back as 0.1 (core/json_text.h), not as
+ * 0.10000000000000001: in trainctl's JSON of a job, and in the texts the
+ * daemon keeps of an experiment's request and of its trial's spec. */
+Test(daemon, a_submitted_0_1_reads_back_as_0_1, .init = start1, .fini = stop1, .timeout = 60)
+{
+#define TENTH_SPEC                                                                                                    \
+	"{\"name\": \"tenth\", \"model\": {\"layers\": [{\"type\": \"dense\", \"units\": 2}]}, \"data\": {\"train\":" \
+	" {\"format\": \"synthetic\", \"samples\": 64, \"features\": 4, \"classes\": 2}}, \"batch_size\": 32,"        \
+	" \"epochs\": 1, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}}"
+	long long id = submit_job(&d, TENTH_SPEC);
+	char args[64];
+	snprintf(args, sizeof args, "show %lld --json", id);
+	char *out = trainctl_output(&d, args);
+	cr_assert(strstr(out, "\"lr\": 0.1,") && strstr(out, "\"momentum\": 0.9\n"), "%s", out);
+	free(out);
+
+	struct http_reply r;
+	http(&d, "POST", "/experiments",
+	     "{\"name\": \"tenths\", \"spec\": " TENTH_SPEC ", \"search\": {\"method\": \"grid\"},"
+	     " \"parameters\": {\"/optimizer/lr\": {\"grid\": [0.1]}}}",
+	     NULL, NULL, &r);
+	cr_assert_eq(r.status, 201, "%ld %s", r.status, r.body);
+	long long eid = json_integer_value(json_object_get(r.json, "id"));
+	http_free(&r);
+	/* Its one trial becomes a job. */
+	char path[64];
+	snprintf(path, sizeof path, "/experiments/%lld", eid);
+	long long trial = 0;
+	for (int i = 0; i < 200 && !trial; i++) {
+		http(&d, "GET", path, NULL, NULL, NULL, &r);
+		trial = json_integer_value(
+			json_object_get(json_array_get(json_object_get(r.json, "trials"), 0), "job"));
+		http_free(&r);
+		if (!trial)
+			usleep(50 * 1000);
+	}
+	cr_assert_gt(trial, 0, "experiment %lld made no trial job in 10 s", eid);
+	snprintf(args, sizeof args, "show %lld --json", trial);
+	out = trainctl_output(&d, args);
+	cr_assert(strstr(out, "\"lr\": 0.1,"), "%s", out);
+	free(out);
+	char db[256], sql[96];
+	snprintf(db, sizeof db, "%s/trainerd.db", d.dir);
+	snprintf(sql, sizeof sql, "SELECT spec FROM jobs WHERE id = %lld", trial);
+	char *text = sql_text(db, sql);
+	cr_assert(strstr(text, "\"lr\":0.1,") && strstr(text, "\"momentum\":0.9}"), "the trial's spec: %s", text);
+	free(text);
+	snprintf(sql, sizeof sql, "SELECT request FROM experiments WHERE id = %lld", eid);
+	text = sql_text(db, sql);
+	cr_assert(strstr(text, "\"lr\":0.1,") && strstr(text, "\"momentum\":0.9}"), "the experiment's request: %s",
+		  text);
+	free(text);
+#undef TENTH_SPEC
+}
+
 Test(daemon, health_version_devices, .init = start1, .fini = stop1)
 {
 	struct http_reply r;

@@ -358,24 +358,6 @@ Test(preemption, a_job_not_preemptible_is_never_preempted)
 	cr_assert_str_eq(wait_state(&da, high, "completed|failed", 30), "completed");
 }
 
-/* trainctl's output for args against daemon d (malloc'd). */
-static char *trainctl(const struct daemon *d, const char *args)
-{
-	const char *exe = getenv("TR_TRAINCTL");
-	cr_assert_not_null(exe, "TR_TRAINCTL is not set");
-	char cmd[1024];
-	snprintf(cmd, sizeof cmd, "'%s' --url %s %s 2>&1", exe, d->base_url, args);
-	FILE *p = popen(cmd, "r");
-	cr_assert_not_null(p);
-	size_t cap = 1 << 16, n = 0, got;
-	char *out = malloc(cap);
-	while (n + 1 < cap && (got = fread(out + n, 1, cap - 1 - n, p)) > 0)
-		n += got;
-	out[n] = 0;
-	cr_assert_eq(pclose(p), 0, "trainctl %s: %s", args, out);
-	return out;
-}
-
 Test(preemption, a_preempted_job_cancelled_while_queued_stays_cancelled)
 {
 	start_pair("0", "30");
@@ -387,7 +369,7 @@ Test(preemption, a_preempted_job_cancelled_while_queued_stays_cancelled)
 	fputs(low_spec(2, 2000), f);
 	fclose(f);
 	snprintf(args, sizeof args, "submit --preemptible '%s'", file);
-	char *out = trainctl(&da, args);
+	char *out = trainctl_output(&da, args);
 	long long low = atoll(out);
 	free(out);
 	cr_assert_gt(low, 0);
@@ -401,12 +383,12 @@ Test(preemption, a_preempted_job_cancelled_while_queued_stays_cancelled)
 	cr_assert_str_eq(wait_state(&da, low, "preempted|completed|failed", 30), "preempted");
 	/* trainctl names who preempted whom. */
 	char want[64];
-	out = trainctl(&da, "ls");
+	out = trainctl_output(&da, "ls");
 	snprintf(want, sizeof want, "preempted by %lld", high);
 	cr_assert(strstr(out, want), "trainctl ls does not say '%s':\n%s", want, out);
 	free(out);
 	snprintf(args, sizeof args, "show %lld", low);
-	out = trainctl(&da, args);
+	out = trainctl_output(&da, args);
 	snprintf(want, sizeof want, "preempted by job %lld (priority 1 > 0)", high);
 	cr_assert(strstr(out, want) && strstr(out, "0, preemptible"), "trainctl show does not say '%s':\n%s", want,
 		  out);

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -471,6 +472,44 @@ Test(procjobs, cancel_pause_and_resume_through_the_api)
 	cr_assert_str_eq(state, "completed", "job %lld: %s", id, error_message(j));
 	json_decref(j);
 	cr_assert_str_eq(final_sha(id), final_sha(ref), "the paused and resumed job's weights differ");
+}
+
+/* A job stopped between two logged steps (log_every_steps beyond its
+ * end: metrics.jsonl has no loss yet) shows where it stopped, as its
+ * worker's summary.json says, not step 0. */
+Test(procjobs, a_stopped_job_shows_its_last_step_not_its_last_logged_one)
+{
+	long long id = submit_job(&d, job(20000, ", \"processes\": 2, \"log_every_steps\": 1000"));
+	/* The worker writes plan.json at its first step. */
+	char plan[PATH_MAX], summary[PATH_MAX];
+	snprintf(plan, sizeof plan, "%s/procs/job-%lld/plan.json", d.dir, id);
+	snprintf(summary, sizeof summary, "%s/procs/job-%lld/summary.json", d.dir, id);
+	double until = now_s() + 60 * TR_TEST_SLOW;
+	while (access(plan, F_OK) != 0 && now_s() < until)
+		usleep(50 * 1000);
+	cr_assert_eq(access(plan, F_OK), 0, "job %lld made no step", id);
+	post(id, "stop");
+	const char *state = wait_state(&d, id, "stopped|completed|failed|cancelled", 30 * TR_TEST_SLOW);
+	json_t *j = job_json(id);
+	cr_assert_str_eq(state, "stopped", "job %lld: %s", id, error_message(j));
+	json_t *sum = json_load_file(summary, 0, NULL);
+	cr_assert_not_null(sum, "%s", summary);
+	long long steps = json_integer_value(json_object_get(sum, "steps"));
+	cr_assert(steps > 0 && steps < STEPS, "the worker stopped at step %lld", steps);
+	json_t *progress = json_object_get(j, "progress");
+	char *text = json_dumps(progress, JSON_COMPACT);
+	cr_assert_eq(json_integer_value(json_object_get(progress, "step")), steps, "%s", text);
+	cr_assert_eq(json_integer_value(json_object_get(progress, "total_steps")), STEPS, "%s", text);
+	cr_assert_eq(json_integer_value(json_object_get(progress, "epoch")),
+		     json_integer_value(json_object_get(sum, "epochs")) - 1, "%s", text);
+	/* Replies print 15 digits. */
+	double loss = json_number_value(json_object_get(sum, "final_loss"));
+	cr_assert(json_is_number(json_object_get(progress, "loss")) &&
+			  fabs(json_number_value(json_object_get(progress, "loss")) - loss) <= 1e-13 * fabs(loss),
+		  "%s; summary.json's final_loss %.17g", text, loss);
+	free(text);
+	json_decref(sum);
+	json_decref(j);
 }
 
 /* A daemon killed (SIGKILL) under a running group: the group ends with it
