@@ -113,7 +113,8 @@ int tr_cpu_maxpool_blocked(tr_backend_t *be, int dev, const struct tr_pool2d_des
 {
 	if (d->c % LANES)
 		return tr_cpu_set_error(be, -EINVAL, "maxpool2d: %d channels cannot lie in 16-channel blocks", d->c);
-	struct block_job j = {.d = d, .blocks = (size_t)rows * (size_t)(d->c / LANES), .x = x, .y = y, .dy = dy, .dx = dx};
+	struct block_job j = {
+		.d = d, .blocks = (size_t)rows * (size_t)(d->c / LANES), .x = x, .y = y, .dy = dy, .dx = dx};
 	if (j.blocks == 0)
 		return 0;
 	size_t per = (j.blocks + BLOCK_TASKS - 1) / BLOCK_TASKS;
