@@ -319,8 +319,14 @@ Test(conv_pair, a_resumed_run_takes_its_checkpoints_routes)
 	float *elsewise = train(path, NULL, &other, &n2);
 	cr_assert_str_eq(other.routes, "onednn,onednn,onednn");
 	cr_assert_eq(n2, n);
-	cr_assert(memcmp(elsewise, straight, n * sizeof(float)) != 0,
-		  "the two routes give the same bits here: the test cannot tell them apart");
+	if (memcmp(elsewise, straight, n * sizeof(float)) == 0) {
+		free(straight), free(elsewise);
+		free_run(&first_run), free_run(&other);
+		tr_cpu_conv_choices_forget();
+		unlink(path);
+		cr_skip_test("im2col and oneDNN give the same bits for this job on this CPU: a resume could not tell "
+			     "which routes it took");
+	}
 
 	float *again = train(path, mid, &resumed, &n3);
 	cr_expect_str_eq(resumed.routes, "im2col,onednn,onednn", "the resumed run shows the checkpoint's routes");
