@@ -32,10 +32,13 @@
 /* A layer's shape key, or a pair's ("pair " A " | " B) */
 #define KEY_LEN 224
 
+/* A decision between two arms, each timed: a layer's routes (IM2COL,
+ * ONEDNN), or a pair's ways (IM2COL: each layer as chosen alone; ONEDNN:
+ * both on oneDNN, chained), so that one table and one file keep both. */
 struct choice {
 	char shape[KEY_LEN];
 	enum tr_cpu_conv route;
-	double im2col_ms, onednn_ms;
+	double im2col_ms, onednn_ms; /* arm 0's time, arm 1's */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -270,14 +273,40 @@ static double time_layer_arm(int arm, void *ctx)
 	return time_route(lr->be, lr->dev, arm ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, lr->d, lr->rows, lr->buf);
 }
 
-/* Measures both routes for d at `rows` (under mu). */
-static int measure(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d, int rows, double *ms)
+/* Measures both routes of a layer_race's layer (under mu). */
+static int measure_layer(void *ctx, double ms[2])
 {
-	struct layer_race lr = {.be = be, .dev = dev, .rows = rows, .d = d};
-	int rc = alloc_buffers(be, d, rows, lr.buf);
+	struct layer_race *lr = ctx;
+	int rc = alloc_buffers(lr->be, lr->d, lr->rows, lr->buf);
 	if (rc == 0)
-		rc = race(2, time_layer_arm, &lr, ms);
-	free_buffers(lr.buf);
+		rc = race(2, time_layer_arm, lr, ms);
+	free_buffers(lr->buf);
+	return rc;
+}
+
+/* The decision kept under `key` (this process's, or the machine file's),
+ * or one made now by measure_arms: arm 1 (ONEDNN) where it measured
+ * faster than arm 0 (IM2COL), a tie going to arm 0.  A copy in *out,
+ * *measured saying which.  0, or measure_arms's negative errno. */
+static int decide(const char *key, int (*measure_arms)(void *ctx, double ms[2]), void *ctx, struct choice *out,
+		  bool *measured)
+{
+	pthread_mutex_lock(&mu);
+	if (!cpu_model[0])
+		read_cpu_model();
+	struct choice *ch = find(key);
+	int rc = 0;
+	*measured = !ch;
+	if (!ch) {
+		double ms[2];
+		if ((rc = measure_arms(ctx, ms)) == 0) {
+			ch = add(key, ms[1] < ms[0] ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, ms[0], ms[1]);
+			cache_save();
+		}
+	}
+	if (ch)
+		*out = *ch;
+	pthread_mutex_unlock(&mu);
 	return rc;
 }
 
@@ -299,30 +328,17 @@ int tr_cpu_conv_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *d,
 	}
 	char shape[KEY_LEN];
 	shape_key(d, shape, sizeof shape);
-	pthread_mutex_lock(&mu);
-	if (!cpu_model[0])
-		read_cpu_model();
-	struct choice *ch = find(shape);
-	int rc = 0;
-	c.measured = !ch;
-	if (!ch) {
-		double ms[2];
-		if ((rc = measure(be, dev, d, rows < 1 ? 1 : rows, ms)) == 0) {
-			/* a tie goes to im2col: it needs no second thread pool */
-			ch = add(shape, ms[1] < ms[0] ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, ms[0], ms[1]);
-			cache_save();
-		}
-	}
-	if (ch) {
-		c.route = ch->route;
-		c.im2col_ms = ch->im2col_ms;
-		c.onednn_ms = ch->onednn_ms;
-	}
-	pthread_mutex_unlock(&mu);
+	/* a tie goes to im2col: it needs no second thread pool */
+	struct layer_race lr = {.be = be, .dev = dev, .rows = rows < 1 ? 1 : rows, .d = d};
+	struct choice ch;
+	int rc = decide(shape, measure_layer, &lr, &ch, &c.measured);
 	if (rc < 0) {
 		tr_error_set(err, 0, 0, NULL, "conv2d: measuring the routes failed: %s", be->i->last_error(be));
 		return rc;
 	}
+	c.route = ch.route;
+	c.im2col_ms = ch.im2col_ms;
+	c.onednn_ms = ch.onednn_ms;
 	if (out)
 		*out = c;
 	return 0;
@@ -354,6 +370,20 @@ static double time_pair_arm(int arm, void *ctx)
 	return total;
 }
 
+/* Measures a pair_race's two ways (under mu). */
+static int measure_pair(void *ctx, double ms[2])
+{
+	struct pair_race *pr = ctx;
+	int rc = 0;
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = alloc_buffers(pr->be, &pr->arm[0][i], pr->rows, pr->buf[i]);
+	if (rc == 0)
+		rc = race(2, time_pair_arm, pr, ms);
+	for (int i = 0; i < 2; i++)
+		free_buffers(pr->buf[i]);
+	return rc;
+}
+
 int tr_cpu_conv_pair_route(tr_backend_t *be, int dev, const struct tr_conv2d_desc *a, const struct tr_conv2d_desc *b,
 			   int rows, struct tr_conv_pair_choice *out, struct tr_error *err)
 {
@@ -376,36 +406,16 @@ int tr_cpu_conv_pair_route(tr_backend_t *be, int dev, const struct tr_conv2d_des
 	shape_key(b, kb, sizeof kb);
 	snprintf(key, sizeof key, "pair %s %s | %s %s", ka, tr_cpu_conv_route_name((enum tr_cpu_conv)a->route), kb,
 		 tr_cpu_conv_route_name((enum tr_cpu_conv)b->route));
-	pthread_mutex_lock(&mu);
-	if (!cpu_model[0])
-		read_cpu_model();
-	struct choice *ch = find(key);
-	int rc = 0;
-	out->measured = !ch;
-	if (!ch) {
-		double ms[2];
-		for (int i = 0; i < 2 && rc == 0; i++)
-			rc = alloc_buffers(be, i ? b : a, pr.rows, pr.buf[i]);
-		if (rc == 0)
-			rc = race(2, time_pair_arm, &pr, ms);
-		if (rc == 0) {
-			/* a tie keeps the routes each layer chose alone */
-			ch = add(key, ms[1] < ms[0] ? TR_CPU_CONV_ONEDNN : TR_CPU_CONV_IM2COL, ms[0], ms[1]);
-			cache_save();
-		}
-		for (int i = 0; i < 2; i++)
-			free_buffers(pr.buf[i]);
-	}
-	if (ch) {
-		out->join = ch->route == TR_CPU_CONV_ONEDNN;
-		out->split_ms = ch->im2col_ms;
-		out->chain_ms = ch->onednn_ms;
-	}
-	pthread_mutex_unlock(&mu);
+	/* a tie keeps the routes each layer chose alone */
+	struct choice ch;
+	int rc = decide(key, measure_pair, &pr, &ch, &out->measured);
 	if (rc < 0) {
 		tr_error_set(err, 0, 0, NULL, "conv2d: measuring a pair of layers failed: %s", be->i->last_error(be));
 		return rc;
 	}
+	out->join = ch.route == TR_CPU_CONV_ONEDNN;
+	out->split_ms = ch.im2col_ms;
+	out->chain_ms = ch.onednn_ms;
 	return 0;
 }
 
