@@ -11,35 +11,6 @@
 #include "engine/cpu/cpu_dnnl_conv.h"
 #include "engine/trainer_internal.h"
 
-void tr_trainer_conv_routes_text(const struct tr_trainer *t, char *buf, size_t n)
-{
-	size_t used = 0;
-	buf[0] = 0;
-	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
-		return;
-	for (int i = 0; i < t->model.n_nodes; i++) {
-		const struct tr_layer *l = &t->model.layers[i];
-		if (l->type != TR_LAYER_CONV2D)
-			continue;
-		int w = snprintf(buf + used, n - used, "%s%s", used ? "," : "",
-				 tr_cpu_conv_route_name((enum tr_cpu_conv)l->conv.route));
-		if (w < 0 || (size_t)w >= n - used) { /* too many layers to list: none */
-			buf[0] = 0;
-			return;
-		}
-		used += (size_t)w;
-	}
-}
-
-/* The info field conv_routes, where the model has conv2d layers */
-static void show_routes(struct tr_trainer *t)
-{
-	char routes[TR_ROUTES_TEXT];
-	tr_trainer_conv_routes_text(t, routes, sizeof routes);
-	if (routes[0] && t->opt.hooks.info)
-		t->opt.hooks.info(t->opt.hooks.ctx, "conv_routes", routes);
-}
-
 /* Activations that need no layout: elementwise, whatever the order of the
  * elements (dropout's mask is keyed by position, so it is not one). */
 static bool layout_free(enum tr_layer_type type)
@@ -100,7 +71,7 @@ static int join_conv_pairs(struct tr_trainer *t, int rows, struct tr_error *err)
  * is measured at this job's rows per device (or taken from what this
  * machine measured before), per layer and then per pair of neighbours
  * (join_conv_pairs), logged, shown as the info field conv_routes and kept
- * in checkpoints (tr_trainer_conv_routes_text).
+ * in checkpoints (tr_trainer_routes_text).
  * The layers keep it, so every device and every step of the job takes
  * the same route. */
 int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err)
@@ -140,7 +111,7 @@ int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err)
 	int rc = want == TR_CPU_CONV_AUTO ? join_conv_pairs(t, rows, err) : 0;
 	if (rc < 0)
 		return rc;
-	show_routes(t);
+	tr_trainer_show_routes(t, TR_LAYER_CONV2D, "conv_routes");
 	return 0;
 }
 
@@ -230,7 +201,7 @@ void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text)
 	char now[TR_ROUTES_TEXT];
 	if (t->be->i->kind != TR_BACKEND_KIND_CPU || !text || !text[0])
 		return; /* a checkpoint of another backend or an older build */
-	tr_trainer_conv_routes_text(t, now, sizeof now);
+	tr_trainer_routes_text(t, TR_LAYER_CONV2D, now, sizeof now);
 	if (!strcmp(now, text))
 		return;
 	int convs = 0;
@@ -266,5 +237,5 @@ void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text)
 	free(routes);
 	tr_trainer_logf(t, TR_LOG_INFO, "conv2d routes from the checkpoint: %s (this process chose %s)", text, now);
 	tr_trainer_conv_chains(t, tr_trainer_max_rows(t->spec, t->gdev));
-	show_routes(t);
+	tr_trainer_show_routes(t, TR_LAYER_CONV2D, "conv_routes");
 }

@@ -4,16 +4,12 @@
  * and every step of the job takes the same route (with several processes,
  * process 0's: share_routes in trainer_setup.c). */
 #include <errno.h>
-#include <stdbool.h>
 #include <stdio.h>
 
 #include "engine/trainer_internal.h"
 
 int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err)
 {
-	char routes[TR_ROUTES_TEXT] = "";
-	size_t used = 0;
-	bool fits = true; /* a list cut short would name the wrong layers: none then */
 	if (t->be->i->kind != TR_BACKEND_KIND_CPU)
 		return 0;
 	for (int i = 0; i < t->model.n_nodes; i++) {
@@ -33,13 +29,7 @@ int tr_trainer_dense_routes(struct tr_trainer *t, struct tr_error *err)
 				c.asked                         ? "as the job asks"
 				: c.route == TR_CPU_GEMM_ONEDNN ? "oneDNN's matmul tiles, this build's default"
 								: "this build has no oneDNN");
-		int n = snprintf(routes + used, sizeof routes - used, "%s%s", used ? "," : "", name);
-		if (n > 0 && (size_t)n < sizeof routes - used)
-			used += (size_t)n;
-		else
-			fits = false;
 	}
-	if (used && fits && t->opt.hooks.info)
-		t->opt.hooks.info(t->opt.hooks.ctx, "dense_routes", routes);
+	tr_trainer_show_routes(t, TR_LAYER_DENSE, "dense_routes");
 	return 0;
 }

@@ -228,14 +228,20 @@ void tr_trainer_error_at(struct tr_error *err, const char *pointer);
  * spec's, the daemon's, or "auto" measured per layer and per pair of
  * neighbours), logged and shown as the info field conv_routes; then the
  * chains of oneDNN layers in its blocked layout.  A checkpoint keeps the
- * routes as text ("onednn,im2col", one per conv2d layer in node order,
- * "" without conv2d layers or off CPU devices), and a resumed run adopts
- * the checkpoint's (logging a warning where it cannot: another model, or
+ * routes (tr_trainer_routes_text), and a resumed run adopts the
+ * checkpoint's (logging a warning where it cannot: another model, or
  * oneDNN missing from this build). */
 int tr_trainer_conv_routes(struct tr_trainer *t, int rows, struct tr_error *err);
 void tr_trainer_conv_chains(struct tr_trainer *t, int rows);
-void tr_trainer_conv_routes_text(const struct tr_trainer *t, char *buf, size_t n);
 void tr_trainer_conv_routes_adopt(struct tr_trainer *t, const char *text);
+
+/* trainer_routes_text.c: the routes of the model's layers of `type`
+ * (TR_LAYER_CONV2D or TR_LAYER_DENSE) as text, "onednn,im2col", one per
+ * layer in node order; "" without such layers, off CPU devices, or where
+ * the list would not fit n bytes.  tr_trainer_show_routes gives it to the
+ * info hook as `key` unless it is "". */
+void tr_trainer_routes_text(const struct tr_trainer *t, enum tr_layer_type type, char *buf, size_t n);
+void tr_trainer_show_routes(struct tr_trainer *t, enum tr_layer_type type, const char *key);
 
 /* trainer_dense_routes.c: each dense layer's route on CPU devices
  * (tr_cpu_dense_route), logged and shown as the info field dense_routes. */

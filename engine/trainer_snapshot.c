@@ -95,7 +95,7 @@ struct tr_snapshot *tr_trainer_snapshot(tr_trainer_t *t, int64_t step, int64_t e
 	save_early_stop(t, snap->meta);
 	/* so that a resumed run computes as this one did */
 	char routes[TR_ROUTES_TEXT];
-	tr_trainer_conv_routes_text(t, routes, sizeof routes);
+	tr_trainer_routes_text(t, TR_LAYER_CONV2D, routes, sizeof routes);
 	if (routes[0])
 		json_object_set_new(snap->meta, "conv_routes", json_string(routes));
 	/* The model's description: a checkpoint is usable on its own. */
