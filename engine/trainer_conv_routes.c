@@ -144,12 +144,11 @@ void tr_trainer_conv_chains(struct tr_trainer *t, int rows)
 			if (m->layers[j].type == TR_LAYER_MAXPOOL2D)
 				last_pool = j;
 		struct tr_layer *b = j < m->n_layers && m->layers[j].type == TR_LAYER_CONV2D ? &m->layers[j] : NULL;
-		bool to_b = b && (last_pool < 0 ? tr_cpu_conv_chain_ok(t->be, &a->conv, &b->conv, rows)
-						: b->conv.c == a->conv.f &&
-							  tr_cpu_conv_blocked_out_ok(t->be, &a->conv, rows) &&
-							  tr_cpu_conv_blocked_in_ok(t->be, &b->conv, rows));
-		bool to_pool = !to_b && last_pool >= 0 && tr_cpu_conv_blocked_out_ok(t->be, &a->conv, rows);
-		if (!to_b && !to_pool)
+		if (!tr_cpu_conv_blocked_out_ok(t->be, &a->conv, rows))
+			continue;
+		/* the layers between keep the channels, and the model the sizes */
+		bool to_b = b && b->conv.c == a->conv.f && tr_cpu_conv_blocked_in_ok(t->be, &b->conv, rows);
+		if (!to_b && last_pool < 0)
 			continue;
 		a->conv.y_blocked = 1;
 		for (int k = i + 1; k < j; k++) {
