@@ -283,11 +283,12 @@ static bool pool_ok(const struct tr_pool2d_desc *d)
  * in row-major order, NaN winning as in PyTorch's CPU kernel. */
 static size_t window_argmax(const struct tr_pool2d_desc *d, const float *xc, int oh, int ow, float *val)
 {
-	int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+	int i0, i1, j0, j1;
 	size_t best = SIZE_MAX;
 	float m = -INFINITY;
-	for (int i = h0 < 0 ? 0 : h0; i < h0 + d->kh && i < d->h; i++) {
-		for (int j = w0 < 0 ? 0 : w0; j < w0 + d->kw && j < d->w; j++) {
+	tr_cpu_pool_window(d, oh, ow, &i0, &i1, &j0, &j1);
+	for (int i = i0; i < i1; i++) {
+		for (int j = j0; j < j1; j++) {
 			float v = xc[(size_t)i * d->w + j];
 			if (best == SIZE_MAX || v > m || isnan(v)) {
 				m = v;
@@ -441,10 +442,11 @@ static int cpu_avgpool2d_forward(tr_backend_t *be, int dev, const struct tr_pool
 		const float *xc = x + pl * hw;
 		for (int oh = 0; oh < d->ho; oh++) {
 			for (int ow = 0; ow < d->wo; ow++) {
-				int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+				int i0, i1, j0, j1;
 				float s = 0.0f;
-				for (int i = h0 < 0 ? 0 : h0; i < h0 + d->kh && i < d->h; i++)
-					for (int j = w0 < 0 ? 0 : w0; j < w0 + d->kw && j < d->w; j++)
+				tr_cpu_pool_window(d, oh, ow, &i0, &i1, &j0, &j1);
+				for (int i = i0; i < i1; i++)
+					for (int j = j0; j < j1; j++)
 						s += xc[(size_t)i * d->w + j];
 				y[pl * P + (size_t)oh * d->wo + ow] = s / div;
 			}
@@ -465,10 +467,11 @@ static int cpu_avgpool2d_backward(tr_backend_t *be, int dev, const struct tr_poo
 		float *xc = dx + pl * hw;
 		for (int oh = 0; oh < d->ho; oh++) {
 			for (int ow = 0; ow < d->wo; ow++) {
-				int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+				int i0, i1, j0, j1;
 				float g = dy[pl * P + (size_t)oh * d->wo + ow] / div;
-				for (int i = h0 < 0 ? 0 : h0; i < h0 + d->kh && i < d->h; i++)
-					for (int j = w0 < 0 ? 0 : w0; j < w0 + d->kw && j < d->w; j++)
+				tr_cpu_pool_window(d, oh, ow, &i0, &i1, &j0, &j1);
+				for (int i = i0; i < i1; i++)
+					for (int j = j0; j < j1; j++)
 						xc[(size_t)i * d->w + j] += g;
 			}
 		}

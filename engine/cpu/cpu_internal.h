@@ -50,6 +50,20 @@ int tr_cpu_pool_run(struct tr_cpu_pool *p, int n, tr_cpu_task_fn fn, void *arg);
 int tr_cpu_threads(tr_backend_t *be);
 /* Runs the tasks on device dev's pool (made on first use by the device's
  * thread, the only one that calls this for dev). */
+/* The window of pooling output (oh, ow) clipped to the plane: rows [*i0,
+ * *i1), columns [*j0, *j1); false when it holds no element.  Every
+ * pooling kernel walks its windows by this. */
+static inline bool tr_cpu_pool_window(const struct tr_pool2d_desc *d, int oh, int ow, int *i0, int *i1, int *j0,
+				      int *j1)
+{
+	int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
+	*i0 = h0 < 0 ? 0 : h0;
+	*i1 = h0 + d->kh < d->h ? h0 + d->kh : d->h;
+	*j0 = w0 < 0 ? 0 : w0;
+	*j1 = w0 + d->kw < d->w ? w0 + d->kw : d->w;
+	return *i0 < *i1 && *j0 < *j1;
+}
+
 /* Max pooling with x (and dx) in nChw16c and y (and dy) in nChw16c or
  * NCHW as d says (cpu_pool_blocked.c): forward when dy is NULL (writes
  * y), else backward (writes dx).  The same bits as the NCHW kernel. */

@@ -39,18 +39,6 @@ static size_t out_at(const struct tr_pool2d_desc *d, size_t b, size_t o, int l)
 	return d->y_blocked ? (b * P + o) * LANES + (size_t)l : (b * LANES + (size_t)l) * P + o;
 }
 
-/* The window of output (oh, ow) clipped to the plane: rows [*i0, *i1),
- * columns [*j0, *j1); false when it holds no element. */
-static bool window(const struct tr_pool2d_desc *d, int oh, int ow, int *i0, int *i1, int *j0, int *j1)
-{
-	int h0 = oh * d->sh - d->ph, w0 = ow * d->sw - d->pw;
-	*i0 = h0 < 0 ? 0 : h0;
-	*i1 = h0 + d->kh < d->h ? h0 + d->kh : d->h;
-	*j0 = w0 < 0 ? 0 : w0;
-	*j1 = w0 + d->kw < d->w ? w0 + d->kw : d->w;
-	return *i0 < *i1 && *j0 < *j1;
-}
-
 /* One block: y (forward), or dx += dy at each window's maximum (backward,
  * when dy is given; dx zeroed first). */
 static void pool_block(const struct block_job *j, size_t b)
@@ -67,7 +55,7 @@ static void pool_block(const struct block_job *j, size_t b)
 			size_t o = (size_t)oh * d->wo + ow;
 			float m[LANES];
 			size_t best[LANES];
-			if (!window(d, oh, ow, &i0, &i1, &j0, &j1)) { /* all padding: -inf, no gradient */
+			if (!tr_cpu_pool_window(d, oh, ow, &i0, &i1, &j0, &j1)) { /* all padding: -inf, no gradient */
 				for (int l = 0; l < LANES && !j->dy; l++)
 					j->y[out_at(d, b, o, l)] = -__builtin_inff();
 				continue;
