@@ -76,7 +76,8 @@ def run_trainerd(args, name, arm, rnd):
     plan = PLAN[name]
     d = os.path.join(args.out, "runs", f"{name}-{arm}-{rnd}")
     os.makedirs(d, exist_ok=True)
-    route, exact = ("auto", "true") if arm == EXACT else ("auto", "false") if arm in DENSE_ARMS else (arm, "false")
+    route = arm if arm in ROUTES else "auto"  # the exact and dense arms take auto's conv routes
+    exact = "true" if arm == EXACT else "false"
     cmd = [args.trainerd, "run", plan["spec"], "--set", f"/max_steps={plan['steps']}", "--set", "/epochs=1000",
            "--set", f"/exact={exact}", "--devices", "1", "--cpu-conv", route, "--out", d, "--quiet"]
     if arm in DENSE_ARMS:
