@@ -181,6 +181,19 @@ Test(slurm, batch_script_starts_resumes_and_requeues_after_usr1)
  * node, fetches the job's checkpoint from the daemon with the token (a
  * header file, never an argument) and resumes from it when there is one;
  * the folder is gone at exit, and the script is 0600. */
+/* The node-local folder the worker ran in, which the stand-in srun
+ * wrote to TMP/local; log is the script's, for the message. */
+static void worker_folder(const char *tmp, const char *log, char *local, size_t n)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/local", tmp);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "the worker did not run: %s", log);
+	cr_assert(fgets(local, (int)n, f));
+	fclose(f);
+	local[strcspn(local, "\n")] = 0;
+}
+
 Test(slurm, batch_script_with_a_report_url_runs_in_a_node_local_folder)
 {
 	char tmp[] = "/tmp/tr-slurm-XXXXXX", path[600], cmd[1200];
@@ -208,13 +221,8 @@ Test(slurm, batch_script_with_a_report_url_runs_in_a_node_local_folder)
 	/* No checkpoint on the daemon (404): a first start, into the node's
 	 * folder, not the daemon's. */
 	cr_expect_not_null(strstr(log, "/job.json --out "), "%s", log);
-	char local[300] = "";
-	snprintf(path, sizeof path, "%s/local", tmp);
-	f = fopen(path, "r");
-	cr_assert_not_null(f, "the worker did not run: %s", log);
-	cr_assert(fgets(local, sizeof local, f));
-	fclose(f);
-	local[strcspn(local, "\n")] = 0;
+	char local[300];
+	worker_folder(tmp, log, local, sizeof local);
 	cr_expect_neq(strncmp(local, tmp, strlen(tmp)), 0, "the worker runs in the daemon's folder %s", local);
 	cr_expect_eq(access(local, F_OK), -1, "%s is not removed at exit", local);
 	/* The token reached the worker's file and curl's header file, never
@@ -251,12 +259,7 @@ Test(slurm, batch_script_with_a_report_url_runs_in_a_node_local_folder)
 	cr_expect_not_null(strstr(log, "folder-kept\n"), "the shell ended under its worker: %s", log);
 	/* A task that outlives srun (as after a requeue's TERM) keeps it too. */
 	cr_expect_not_null(strstr(log, "late-kept\n0\n"), "the folder went under a task still in it: %s", log);
-	snprintf(path, sizeof path, "%s/local", tmp);
-	f = fopen(path, "r");
-	cr_assert_not_null(f, "the worker did not run: %s", log);
-	cr_assert(fgets(local, sizeof local, f));
-	fclose(f);
-	local[strcspn(local, "\n")] = 0;
+	worker_folder(tmp, log, local, sizeof local);
 	cr_expect_eq(access(local, F_OK), -1, "%s is not removed at exit", local);
 	/* The daemon does not answer: the job fails, saying why, and no
 	 * worker starts from the beginning as if nothing had been lost. */
