@@ -232,8 +232,15 @@ with open(sys.argv[3], "w") as f:
 		exec unshare -m -u --propagation private sh -c '
 			sim=$1 here=$2 bin=$3
 			hostname "${4%%.*}" || exit 99
-			mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /usr/sbin &&
-				cp "$here/sim-sshd" /usr/sbin/sshd || exit 99
+			# a pod has a /tmp of its own; the checkout and build, which a
+			# clone under /tmp puts there, stay where they are
+			keep=$sim/host-tmp.$5
+			mkdir -p "$keep" && mount --rbind /tmp "$keep" || exit 99
+			mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /usr/sbin || exit 99
+			for p in "$here" "$bin"; do
+				case $p in /tmp/*) mkdir -p "$p" && mount --bind "$keep${p#/tmp}" "$p" || exit 99 ;; esac
+			done
+			cp "$here/sim-sshd" /usr/sbin/sshd || exit 99
 			cd "$sim/vol" || exit 99
 			. "$sim/env"
 			# the ConfigMap is not at /etc/trainerd here
